@@ -1,0 +1,233 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Side(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SIDE_UNSPECIFIED: _ClassVar[Side]
+    SIDE_IN: _ClassVar[Side]
+    SIDE_OUT: _ClassVar[Side]
+
+class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OUTCOME_UNSPECIFIED: _ClassVar[Outcome]
+    OUTCOME_APPROVED: _ClassVar[Outcome]
+    OUTCOME_COST_CHANGED: _ClassVar[Outcome]
+    OUTCOME_NO_CAPACITY: _ClassVar[Outcome]
+    OUTCOME_NO_SUCH_FLOW: _ClassVar[Outcome]
+    OUTCOME_NOT_IMPROVING: _ClassVar[Outcome]
+    OUTCOME_BUSY: _ClassVar[Outcome]
+    OUTCOME_NOT_LINKED: _ClassVar[Outcome]
+
+class DenyReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DENY_REASON_UNSPECIFIED: _ClassVar[DenyReason]
+    DENY_REASON_NO_ROUTE: _ClassVar[DenyReason]
+    DENY_REASON_DISPLACED: _ClassVar[DenyReason]
+SIDE_UNSPECIFIED: Side
+SIDE_IN: Side
+SIDE_OUT: Side
+OUTCOME_UNSPECIFIED: Outcome
+OUTCOME_APPROVED: Outcome
+OUTCOME_COST_CHANGED: Outcome
+OUTCOME_NO_CAPACITY: Outcome
+OUTCOME_NO_SUCH_FLOW: Outcome
+OUTCOME_NOT_IMPROVING: Outcome
+OUTCOME_BUSY: Outcome
+OUTCOME_NOT_LINKED: Outcome
+DENY_REASON_UNSPECIFIED: DenyReason
+DENY_REASON_NO_ROUTE: DenyReason
+DENY_REASON_DISPLACED: DenyReason
+
+class Label(_message.Message):
+    __slots__ = ("commodity", "side", "cost", "path")
+    COMMODITY_FIELD_NUMBER: _ClassVar[int]
+    SIDE_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    commodity: str
+    side: Side
+    cost: float
+    path: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, commodity: _Optional[str] = ..., side: _Optional[_Union[Side, str]] = ..., cost: _Optional[float] = ..., path: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CostAnnounce(_message.Message):
+    __slots__ = ("labels",)
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    labels: _containers.RepeatedCompositeFieldContainer[Label]
+    def __init__(self, labels: _Optional[_Iterable[_Union[Label, _Mapping]]] = ...) -> None: ...
+
+class RequestFlow(_message.Message):
+    __slots__ = ("req_id", "commodity", "expected_cost", "forced")
+    REQ_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMODITY_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_COST_FIELD_NUMBER: _ClassVar[int]
+    FORCED_FIELD_NUMBER: _ClassVar[int]
+    req_id: int
+    commodity: str
+    expected_cost: float
+    forced: bool
+    def __init__(self, req_id: _Optional[int] = ..., commodity: _Optional[str] = ..., expected_cost: _Optional[float] = ..., forced: bool = ...) -> None: ...
+
+class FlowReply(_message.Message):
+    __slots__ = ("req_id", "commodity", "outcome", "current")
+    REQ_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMODITY_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_FIELD_NUMBER: _ClassVar[int]
+    req_id: int
+    commodity: str
+    outcome: Outcome
+    current: Label
+    def __init__(self, req_id: _Optional[int] = ..., commodity: _Optional[str] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., current: _Optional[_Union[Label, _Mapping]] = ...) -> None: ...
+
+class Deny(_message.Message):
+    __slots__ = ("commodity", "reason")
+    COMMODITY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    commodity: str
+    reason: DenyReason
+    def __init__(self, commodity: _Optional[str] = ..., reason: _Optional[_Union[DenyReason, str]] = ...) -> None: ...
+
+class Withdraw(_message.Message):
+    __slots__ = ("req_id", "commodity")
+    REQ_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMODITY_FIELD_NUMBER: _ClassVar[int]
+    req_id: int
+    commodity: str
+    def __init__(self, req_id: _Optional[int] = ..., commodity: _Optional[str] = ...) -> None: ...
+
+class Reroute(_message.Message):
+    __slots__ = ("commodity", "to")
+    COMMODITY_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    commodity: str
+    to: str
+    def __init__(self, commodity: _Optional[str] = ..., to: _Optional[str] = ...) -> None: ...
+
+class HopFlow(_message.Message):
+    __slots__ = ("commodity", "peer", "count", "cost")
+    COMMODITY_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
+    commodity: str
+    peer: str
+    count: int
+    cost: float
+    def __init__(self, commodity: _Optional[str] = ..., peer: _Optional[str] = ..., count: _Optional[int] = ..., cost: _Optional[float] = ...) -> None: ...
+
+class QueryFlows(_message.Message):
+    __slots__ = ("query_id",)
+    QUERY_ID_FIELD_NUMBER: _ClassVar[int]
+    query_id: int
+    def __init__(self, query_id: _Optional[int] = ...) -> None: ...
+
+class PeerCost(_message.Message):
+    __slots__ = ("peer", "cost")
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
+    peer: str
+    cost: float
+    def __init__(self, peer: _Optional[str] = ..., cost: _Optional[float] = ...) -> None: ...
+
+class FlowReport(_message.Message):
+    __slots__ = ("query_id", "capacity", "used", "inflows", "outflows", "next_costs")
+    QUERY_ID_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    INFLOWS_FIELD_NUMBER: _ClassVar[int]
+    OUTFLOWS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_COSTS_FIELD_NUMBER: _ClassVar[int]
+    query_id: int
+    capacity: int
+    used: int
+    inflows: _containers.RepeatedCompositeFieldContainer[HopFlow]
+    outflows: _containers.RepeatedCompositeFieldContainer[HopFlow]
+    next_costs: _containers.RepeatedCompositeFieldContainer[PeerCost]
+    def __init__(self, query_id: _Optional[int] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., inflows: _Optional[_Iterable[_Union[HopFlow, _Mapping]]] = ..., outflows: _Optional[_Iterable[_Union[HopFlow, _Mapping]]] = ..., next_costs: _Optional[_Iterable[_Union[PeerCost, _Mapping]]] = ...) -> None: ...
+
+class RequestChange(_message.Message):
+    __slots__ = ("move_id", "commodity", "requester_next", "receiver_next", "requester_delta", "temperature_accept")
+    MOVE_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMODITY_FIELD_NUMBER: _ClassVar[int]
+    REQUESTER_NEXT_FIELD_NUMBER: _ClassVar[int]
+    RECEIVER_NEXT_FIELD_NUMBER: _ClassVar[int]
+    REQUESTER_DELTA_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_ACCEPT_FIELD_NUMBER: _ClassVar[int]
+    move_id: int
+    commodity: str
+    requester_next: str
+    receiver_next: str
+    requester_delta: float
+    temperature_accept: bool
+    def __init__(self, move_id: _Optional[int] = ..., commodity: _Optional[str] = ..., requester_next: _Optional[str] = ..., receiver_next: _Optional[str] = ..., requester_delta: _Optional[float] = ..., temperature_accept: bool = ...) -> None: ...
+
+class RequestRedirect(_message.Message):
+    __slots__ = ("move_id", "commodity", "prev", "next", "via_requester_cost", "temperature_accept")
+    MOVE_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMODITY_FIELD_NUMBER: _ClassVar[int]
+    PREV_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
+    VIA_REQUESTER_COST_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_ACCEPT_FIELD_NUMBER: _ClassVar[int]
+    move_id: int
+    commodity: str
+    prev: str
+    next: str
+    via_requester_cost: float
+    temperature_accept: bool
+    def __init__(self, move_id: _Optional[int] = ..., commodity: _Optional[str] = ..., prev: _Optional[str] = ..., next: _Optional[str] = ..., via_requester_cost: _Optional[float] = ..., temperature_accept: bool = ...) -> None: ...
+
+class MoveReply(_message.Message):
+    __slots__ = ("move_id", "outcome")
+    MOVE_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    move_id: int
+    outcome: Outcome
+    def __init__(self, move_id: _Optional[int] = ..., outcome: _Optional[_Union[Outcome, str]] = ...) -> None: ...
+
+class TensorHeader(_message.Message):
+    __slots__ = ("dtype", "shape", "nbytes")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    nbytes: int
+    def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ...) -> None: ...
+
+class Envelope(_message.Message):
+    __slots__ = ("version", "sender", "cost_announce", "request_flow", "flow_reply", "deny", "withdraw", "query_flows", "flow_report", "request_change", "request_redirect", "move_reply", "reroute")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    COST_ANNOUNCE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FLOW_FIELD_NUMBER: _ClassVar[int]
+    FLOW_REPLY_FIELD_NUMBER: _ClassVar[int]
+    DENY_FIELD_NUMBER: _ClassVar[int]
+    WITHDRAW_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FLOWS_FIELD_NUMBER: _ClassVar[int]
+    FLOW_REPORT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_CHANGE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_REDIRECT_FIELD_NUMBER: _ClassVar[int]
+    MOVE_REPLY_FIELD_NUMBER: _ClassVar[int]
+    REROUTE_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    sender: str
+    cost_announce: CostAnnounce
+    request_flow: RequestFlow
+    flow_reply: FlowReply
+    deny: Deny
+    withdraw: Withdraw
+    query_flows: QueryFlows
+    flow_report: FlowReport
+    request_change: RequestChange
+    request_redirect: RequestRedirect
+    move_reply: MoveReply
+    reroute: Reroute
+    def __init__(self, version: _Optional[int] = ..., sender: _Optional[str] = ..., cost_announce: _Optional[_Union[CostAnnounce, _Mapping]] = ..., request_flow: _Optional[_Union[RequestFlow, _Mapping]] = ..., flow_reply: _Optional[_Union[FlowReply, _Mapping]] = ..., deny: _Optional[_Union[Deny, _Mapping]] = ..., withdraw: _Optional[_Union[Withdraw, _Mapping]] = ..., query_flows: _Optional[_Union[QueryFlows, _Mapping]] = ..., flow_report: _Optional[_Union[FlowReport, _Mapping]] = ..., request_change: _Optional[_Union[RequestChange, _Mapping]] = ..., request_redirect: _Optional[_Union[RequestRedirect, _Mapping]] = ..., move_reply: _Optional[_Union[MoveReply, _Mapping]] = ..., reroute: _Optional[_Union[Reroute, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,172 @@
+"""Messages of the flow-formation protocol (section V-C of the GWTF paper).
+
+These frozen dataclasses are what the protocol machines exchange.  On the
+wire each one is the protobuf message of the same name in `protos/gwtf.proto`
+(see `codec.py`); the simulator passes the dataclasses directly, which is what
+lets it run a thousand nodes quickly, and a test round-trips every message
+through protobuf so that both stay the same.
+
+Vocabulary: a *commodity* is the data node a unit of flow belongs to (every
+microbatch returns to its own data node).  A *label* is a node's announced
+cost-to-sink for one commodity on one side: `IN` is what it costs to hand the
+node a new unit, `OUT` what it costs the node to get rid of a unit it holds.
+`path` lists the residual route behind a label (side-tagged node ids, see
+`flow.py`), which keeps the distance-vector announcements loop free.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+INF = float("inf")
+
+
+class Side(enum.IntEnum):
+    IN = 1  # cost for a new unit handed to this node
+    OUT = 2  # cost for this node to send one unit it holds onwards
+
+
+class Reply(enum.IntEnum):
+    """Outcome of a request; mirrors the proto enum `Outcome`."""
+
+    APPROVED = 1  # "Done: the unit / move is yours."
+    COST_CHANGED = 2  # "My cost is not what you expected; here is the current one."
+    NO_CAPACITY = 3  # "I have no room and no cheaper way to make room."
+    NO_SUCH_FLOW = 4  # "I do not carry the flow you named (any more)."
+    NOT_IMPROVING = 5  # "By my numbers the move does not lower the cost."
+    BUSY = 6  # "I am in the middle of another move; ask again later."
+    NOT_LINKED = 7  # "I have no link to a node the move needs."
+
+
+class DenyReason(enum.IntEnum):
+    NO_ROUTE = 1  # "I cannot forward this unit: take it back and route it elsewhere."
+    DISPLACED = 2  # "A cheaper unit took your place here: route yours elsewhere."
+
+
+@dataclass(frozen=True, slots=True)
+class Label:
+    commodity: str
+    side: Side
+    cost: float
+    path: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CostAnnounce:
+    """Cost-to-sink announcement: the sender's current labels."""
+
+    labels: tuple[Label, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFlow:
+    """Hand one unit of `commodity` to the receiver, expecting its IN label to be `expected_cost`.
+
+    `forced` requests come from an agreed Request Change / Request Redirect:
+    the receiver takes the unit whatever its label, because a matching
+    `Withdraw` (or `Reroute`) takes one away from it at the same time.
+    """
+
+    req_id: int
+    commodity: str
+    expected_cost: float
+    forced: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FlowReply:
+    req_id: int
+    commodity: str
+    outcome: Reply
+    current: Label | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Deny:
+    """The receiver's unit of `commodity` sent to the sender is handed back."""
+
+    commodity: str
+    reason: DenyReason
+
+
+@dataclass(frozen=True, slots=True)
+class Withdraw:
+    """The sender asks to take back one unit of `commodity` it sends to the receiver.
+
+    The receiver owns the count of units on the link: it applies the
+    withdrawal and answers with a `FlowReply` (APPROVED, or NO_SUCH_FLOW when
+    the unit was already handed back), and the sender updates its copy then.
+    """
+
+    req_id: int
+    commodity: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reroute:
+    """The sender dropped one unit of `commodity` from the receiver; send it to `to` instead (Request Redirect)."""
+
+    commodity: str
+    to: str
+
+
+@dataclass(frozen=True, slots=True)
+class HopFlow:
+    """One entry of a flow report: `count` units of `commodity` to/from `peer` at link cost `cost`."""
+
+    commodity: str
+    peer: str
+    count: int
+    cost: float
+
+
+@dataclass(frozen=True, slots=True)
+class QueryFlows:
+    query_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class FlowReport:
+    query_id: int
+    capacity: int
+    used: int
+    inflows: tuple[HopFlow, ...]
+    outflows: tuple[HopFlow, ...]
+    next_costs: tuple[tuple[str, float], ...]  # link cost to each next-stage neighbour
+
+
+@dataclass(frozen=True, slots=True)
+class RequestChange:
+    """Swap next hops: the requester's unit to `requester_next` and the receiver's to `receiver_next`."""
+
+    move_id: int
+    commodity: str
+    requester_next: str
+    receiver_next: str
+    requester_delta: float  # d(req, receiver_next) - d(req, requester_next)
+    temperature_accept: bool  # the requester accepted a worse move by annealing
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRedirect:
+    """Route one unit of `commodity` prev -> receiver -> next through the requester instead."""
+
+    move_id: int
+    commodity: str
+    prev: str
+    next: str
+    via_requester_cost: float  # d(prev, requester) + d(requester, next)
+    temperature_accept: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MoveReply:
+    move_id: int
+    outcome: Reply
+
+
+Message = (
+    CostAnnounce | RequestFlow | FlowReply | Deny | Withdraw | QueryFlows | FlowReport
+    | RequestChange | RequestRedirect | MoveReply | Reroute
+)

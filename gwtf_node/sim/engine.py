@@ -1,0 +1,121 @@
+"""Deterministic discrete-event simulator for protocol machines.
+
+The simulator owns its event queue: a heap of `(time, seq, ...)` where `seq`
+is a global counter, so ties break in insertion order and a run is a pure
+function of the scenario, the machines' seeds and the fault plan.  Messages
+between two nodes take the link's one-way delay and are delivered in order
+(same delay, increasing seq: FIFO per directed link, as on a libp2p stream).
+Timers follow `SetTimer`/`CancelTimer` effects; setting a key again replaces
+the earlier deadline (stale heap entries are skipped by a version check).
+
+Nodes without a listed link (same-stage peers in the flow tests of Table V,
+which list training links only) still exchange control messages over the
+internet; they use `fallback_delay_s`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from ..protocol.effects import CancelTimer, Send, SetTimer
+
+
+class Machine(Protocol):
+    def start(self, now: float) -> list: ...
+    def on_message(self, now: float, sender: str, msg: Any) -> list: ...
+    def on_timer(self, now: float, key: str) -> list: ...
+
+
+_MSG, _TIMER = 0, 1
+
+
+@dataclass
+class SimStats:
+    messages: int = 0
+    messages_by_type: dict[str, int] = field(default_factory=dict)
+    events: int = 0
+
+
+class Simulator:
+    def __init__(self, delay_s: Callable[[str, str], float | None], fallback_delay_s: float = 0.01) -> None:
+        self.delay_s = delay_s
+        self.fallback_delay_s = fallback_delay_s
+        self.machines: dict[str, Machine] = {}
+        self.dead: set[str] = set()
+        self.now = 0.0
+        self._heap: list[tuple] = []
+        self._seq = 0
+        self._timer_version: dict[tuple[str, str], int] = {}
+        self._delay_cache: dict[tuple[str, str], float] = {}
+        self.stats = SimStats()
+
+    def add(self, node_id: str, machine: Machine) -> None:
+        self.machines[node_id] = machine
+
+    def start_all(self) -> None:
+        for nid in sorted(self.machines):
+            self._apply(nid, self.machines[nid].start(self.now))
+
+    def _push(self, t: float, kind: int, node: str, a: Any, b: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, node, a, b))
+
+    def _link_delay(self, a: str, b: str) -> float:
+        key = (a, b)
+        d = self._delay_cache.get(key)
+        if d is None:
+            d = self.delay_s(a, b)
+            if d is None:
+                d = self.fallback_delay_s
+            self._delay_cache[key] = d
+        return d
+
+    def _apply(self, nid: str, effects: list) -> None:
+        for e in effects:
+            if type(e) is Send:
+                self.stats.messages += 1
+                name = type(e.msg).__name__
+                self.stats.messages_by_type[name] = self.stats.messages_by_type.get(name, 0) + 1
+                self._push(self.now + self._link_delay(nid, e.to), _MSG, e.to, nid, e.msg)
+            elif type(e) is SetTimer:
+                k = (nid, e.key)
+                v = self._timer_version.get(k, 0) + 1
+                self._timer_version[k] = v
+                self._push(max(e.deadline, self.now), _TIMER, nid, e.key, v)
+            elif type(e) is CancelTimer:
+                k = (nid, e.key)
+                self._timer_version[k] = self._timer_version.get(k, 0) + 1
+            else:
+                raise TypeError(f"unknown effect {e!r} from {nid}")
+
+    def run_until(self, t_end: float, stop: Callable[[float], bool] | None = None,
+                  check_every_s: float = 1.0) -> None:
+        """Process events up to `t_end`; `stop(now)` is asked every `check_every_s`."""
+        next_check = self.now + check_every_s
+        heap = self._heap
+        while heap and heap[0][0] <= t_end:
+            t, _, kind, node, a, b = heapq.heappop(heap)
+            if stop is not None and t >= next_check:
+                self.now = next_check
+                if stop(next_check):
+                    heapq.heappush(heap, (t, _, kind, node, a, b))
+                    return
+                next_check += check_every_s
+            self.now = t
+            if node in self.dead:
+                continue
+            m = self.machines[node]
+            self.stats.events += 1
+            if kind == _MSG:
+                self._apply(node, m.on_message(t, a, b))
+            else:
+                if self._timer_version.get((node, a)) != b:
+                    continue
+                self._apply(node, m.on_timer(t, a))
+        self.now = max(self.now, t_end) if not heap or heap[0][0] > t_end else self.now
+
+    def kill(self, node_id: str) -> None:
+        """Crash a node: it stops handling events; messages to it are dropped."""
+        self.dead.add(node_id)

@@ -1,0 +1,127 @@
+"""`gwtf-node sim flow --policy gwtf`: one flow machine per node in the simulator.
+
+Each node gets only what discovery would give it: its own links (costs to
+the previous and next stage), the ids of its same-stage relays and of the
+run's data nodes.  Its RNG is `random.Random(f"{seed}:{node_id}")`, so a run
+is reproducible from the seed alone.
+
+A *round* is one period of every node's tick (`round_s` of virtual time;
+nodes tick with a random phase).  Message delays are the links' one-way
+delays.  The run ends after `rounds` rounds, or earlier once no flow has
+changed for `quiet_rounds` rounds; `converged_round` is the round of the last
+change of any flow.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+
+from ..protocol.flow import FlowConfig, FlowNode
+from ..protocol.scenario import Scenario
+from .engine import Simulator
+from .result import Flow, RoutingResult, path_cost
+
+QUIET_ROUNDS_DEFAULT = 15  # no flow changed for this long: converged, stop early
+MS = 1e-3
+
+
+def flow_configs(scenario: Scenario, base: FlowConfig | None = None) -> dict[str, FlowConfig]:
+    """What each node knows at start: its links, its stage peers, the data nodes."""
+    s = scenario.stages
+    commodities = tuple(sorted(n.id for n in scenario.data_nodes))
+    cfgs: dict[str, FlowConfig] = {}
+    for n in scenario.nodes:
+        nxt: dict[str, float] = {}
+        prv: dict[str, float] = {}
+        for peer, link in scenario.neighbours(n.id).items():
+            o = scenario.node(peer)
+            if n.is_data:
+                if not o.is_data and o.stage == 0:
+                    nxt[peer] = link.cost
+                if not o.is_data and o.stage == s - 1:
+                    prv[peer] = link.cost
+                continue
+            if o.is_data:
+                if n.stage == s - 1:
+                    nxt[peer] = link.cost
+                if n.stage == 0:
+                    prv[peer] = link.cost
+            elif o.stage == n.stage + 1:
+                nxt[peer] = link.cost
+            elif o.stage == n.stage - 1:
+                prv[peer] = link.cost
+        peers = () if n.is_data else tuple(sorted(r.id for r in scenario.relays_of_stage(n.stage) if r.id != n.id))
+        cfg = FlowConfig(n.id, n.is_data, n.capacity, commodities, nxt, prv, peers)
+        if base is not None:
+            cfg = replace(base, node_id=n.id, is_data=n.is_data, capacity=n.capacity, commodities=commodities,
+                          next_costs=nxt, prev_costs=prv, peers=peers)
+        cfgs[n.id] = cfg
+    return cfgs
+
+
+def extract_flows(scenario: Scenario, nodes: dict[str, FlowNode]) -> tuple[list[Flow], int]:
+    """Decompose the nodes' link counts into unit paths; also count links whose two ends disagree."""
+    mismatched = 0
+    for nid, m in nodes.items():
+        for d, outs in m.out.items():
+            for j, n in outs.items():
+                if nodes[j].inn[d].get(nid, 0) != n:
+                    mismatched += 1
+    remaining = {nid: {d: dict(o) for d, o in m.out.items()} for nid, m in nodes.items()}
+    flows: list[Flow] = []
+    s = scenario.stages
+    for d in sorted(n.id for n in scenario.data_nodes):
+        while True:
+            path: list[str] = []
+            cur = d
+            ok = True
+            for _ in range(s):
+                outs = remaining[cur][d]
+                nxt = next((j for j in sorted(outs) if outs[j] > 0 and not nodes[j].cfg.is_data), None)
+                if nxt is None:
+                    ok = False
+                    break
+                outs[nxt] -= 1
+                path.append(nxt)
+                cur = nxt
+            if not ok:
+                break
+            if remaining[cur][d].get(d, 0) <= 0:
+                mismatched += 1
+                break
+            remaining[cur][d][d] -= 1
+            flows.append(Flow(d, tuple(path), path_cost(scenario, d, tuple(path))))
+    return flows, mismatched
+
+
+def run_gwtf(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowConfig | None = None,
+             quiet_rounds: int = QUIET_ROUNDS_DEFAULT) -> RoutingResult:
+    cfgs = flow_configs(scenario, base)
+    round_s = next(iter(cfgs.values())).round_s
+    sim = Simulator(lambda a, b: (lambda v: None if v is None else v * MS)(scenario.delay_ms(a, b)))
+    nodes: dict[str, FlowNode] = {}
+    for nid in sorted(cfgs):
+        m = FlowNode(cfgs[nid], random.Random(f"{seed}:{nid}"))
+        nodes[nid] = m
+        sim.add(nid, m)
+    sim.start_all()
+
+    def last_change() -> float:
+        return max(m.stats.last_change for m in nodes.values())
+
+    def quiet(now: float) -> bool:
+        if now - last_change() < quiet_rounds * round_s:
+            return False
+        return all(not m.pending and not m.token_pending for m in nodes.values())
+
+    sim.run_until(rounds * round_s, stop=quiet, check_every_s=round_s)
+    flows, mismatched = extract_flows(scenario, nodes)
+    done = min(rounds, int(math.ceil(sim.now / round_s)))
+    converged = int(math.ceil(last_change() / round_s))
+    extra = {"inconsistent_links": mismatched,
+             "moves": sum(m.stats.moves_done for m in nodes.values()),
+             "messages_by_type": dict(sorted(sim.stats.messages_by_type.items()))}
+    return RoutingResult(scenario.name, "gwtf", seed, flows, rounds=done, converged_round=converged,
+                         messages=sim.stats.messages, extra=extra)
