@@ -87,7 +87,7 @@ class FlowConfig:
     path_announce_s: float = 0.1  # a changed route at an unchanged cost is announced at most this often
     launch_settle_s: float = 0.2  # a data node waits this long after a unit settled
     balance_grace_s: float = 0.3  # wait for the other half of an agreed move
-    improve: bool = True  # run Request Change / Request Redirect
+    improve: bool = False  # run Request Change / Request Redirect with annealing (off by default: see module doc)
     t0: float = T0_DEFAULT
     alpha: float = ALPHA_DEFAULT
     t_min: float = T_MIN_DEFAULT
@@ -443,7 +443,7 @@ class FlowNode:
     def _maybe_launch(self, now: float, eff: list[Effect]) -> None:
         d = self.cfg.node_id
         if self.token_pending or self.launch_pending > 0 or now < self.next_launch:
-            if self.launch_pending == 0 and not self.token_pending and now < self.next_launch:
+            if self.launch_pending <= 0 and not self.token_pending and now < self.next_launch:
                 eff.append(SetTimer("launch", self.next_launch))
             return
         if _dsum(self.out[d]) >= self.demand or self.rejects_in_row >= MAX_REJECTS_BEFORE_WAIT:
@@ -458,8 +458,13 @@ class FlowNode:
         eff.append(Send(j, RequestFlow(rid, d, self.lin[d][j].cost)))
 
     def _settled(self, now: float, eff: list[Effect]) -> None:
-        """A data node's launched unit arrived or came back."""
-        self.launch_pending = max(0, self.launch_pending - 1)
+        """A data node's launched unit arrived or came back.
+
+        The unit can reach the sink before the first hop's approval is back at
+        the data node, so the count may dip below zero for a moment; launching
+        waits while it is positive.
+        """
+        self.launch_pending -= 1
         self.next_launch = now + self.cfg.launch_settle_s
         eff.append(SetTimer("launch", self.next_launch))
 

@@ -1,0 +1,423 @@
+"""Unit tests of the FlowNode machine (gwtf_node/protocol/flow.py), driven directly, plus a pair test over the codec."""
+
+from __future__ import annotations
+
+import heapq
+import random
+
+from gwtf_node.protocol.codec import decode, encode
+from gwtf_node.protocol.effects import Send, SetTimer
+from gwtf_node.protocol.flow import FlowConfig, FlowNode
+from gwtf_node.protocol.messages import (
+    INF, CostAnnounce, Deny, DenyReason, FlowReply, Label, MoveReply, Reply, RequestChange, RequestFlow,
+    RequestRedirect, Reroute, Side, Withdraw,
+)
+from gwtf_node.protocol.scenario import parse_scenario
+from gwtf_node.sim.baselines import optimal_routing
+from gwtf_node.sim.flowsim import extract_flows, flow_configs
+from gwtf_node.sim.validate import check_routing
+
+D = "d0"
+PREV = {"P1": 2.0, "P2": 5.0}
+NEXT = {"N1": 3.0, "N2": 7.0}
+
+
+def relay(capacity=1, displace=True, node_id="R"):
+    cfg = FlowConfig(node_id, False, capacity, (D,), dict(NEXT), dict(PREV), peers=("S",), displace=displace)
+    m = FlowNode(cfg, random.Random(0))
+    m.start(0.0)
+    return m
+
+
+def in_label(node, cost, path=None):
+    return Label(D, Side.IN, cost, tuple(path) if path is not None else (node + "+", node + "-", D + "+"))
+
+
+def sends(eff, typ=None, to=None):
+    return [e for e in eff if isinstance(e, Send) and (typ is None or isinstance(e.msg, typ))
+            and (to is None or e.to == to)]
+
+
+def one(eff, typ, to=None):
+    got = sends(eff, typ, to)
+    assert len(got) == 1, f"expected one {typ.__name__} to {to}, got {eff}"
+    return got[0]
+
+
+def relay_with_n1_label(**kw):
+    """R hears N1's IN label 10: its IN label becomes 3 + 10 = 13 via N1."""
+    m = relay(**kw)
+    m.on_message(0.1, "N1", CostAnnounce((in_label("N1", 10.0),)))
+    assert m.my_in[D].cost == 13.0 and m.dec_in[D] == ("F", "N1")
+    return m
+
+
+def settled_relay(**kw):
+    """R carries one unit P1 -> R -> N1, nothing pending (quiet)."""
+    m = relay_with_n1_label(**kw)
+    eff = m.on_message(1.0, "P1", RequestFlow(1, D, 13.0))
+    fwd = one(eff, RequestFlow, "N1")
+    assert fwd.msg.expected_cost == 10.0 and not fwd.msg.forced
+    m.on_message(1.1, "N1", FlowReply(fwd.msg.req_id, D, Reply.APPROVED, None))
+    assert m.out[D] == {"N1": 1} and m.inn[D] == {"P1": 1}
+    assert not m.pending and m._quiet()
+    return m
+
+
+# ------------------------------------------------------------ Request Flow
+
+
+def test_request_flow_approved_when_expected_cost_matches():
+    m = relay_with_n1_label()
+    eff = m.on_message(1.0, "P1", RequestFlow(7, D, 13.0))
+    rep = one(eff, FlowReply, "P1")
+    assert rep.msg == FlowReply(7, D, Reply.APPROVED, None)
+    assert m.inn[D] == {"P1": 1}
+    # the machine passes the unit on along its OUT label
+    assert one(eff, RequestFlow, "N1").msg.expected_cost == 10.0
+
+
+def test_request_flow_cost_changed_carries_current_label():
+    m = relay_with_n1_label()
+    eff = m.on_message(1.0, "P1", RequestFlow(7, D, 12.0))
+    rep = one(eff, FlowReply, "P1").msg
+    assert rep.outcome == Reply.COST_CHANGED and rep.req_id == 7
+    assert rep.current is not None and rep.current.cost == 13.0 and rep.current.side == Side.IN
+    assert rep.current == m.my_in[D]
+    assert m.inn[D] == {}
+
+
+def test_request_flow_no_capacity_when_full_and_nothing_to_displace():
+    m = relay_with_n1_label(displace=False)
+    m.on_message(1.0, "P1", RequestFlow(1, D, 13.0))
+    assert m.used() == 1 and m.my_in[D].cost == INF
+    eff = m.on_message(1.1, "P2", RequestFlow(2, D, 13.0))
+    rep = one(eff, FlowReply, "P2").msg
+    assert rep.outcome == Reply.NO_CAPACITY
+    assert m.inn[D] == {"P1": 1}
+
+
+def test_request_flow_zero_capacity_relay_has_no_capacity():
+    m = relay(capacity=0)
+    m.on_message(0.1, "N1", CostAnnounce((in_label("N1", 10.0),)))
+    assert m.my_in[D].cost == INF
+    rep = one(m.on_message(1.0, "P1", RequestFlow(1, D, 13.0)), FlowReply, "P1").msg
+    assert rep.outcome == Reply.NO_CAPACITY and m.used() == 0
+
+
+def test_request_flow_from_unknown_sender_not_linked():
+    m = relay_with_n1_label()
+    eff = m.on_message(1.0, "X", RequestFlow(3, D, 13.0))
+    assert one(eff, FlowReply, "X").msg.outcome == Reply.NOT_LINKED
+    # a next-stage peer is not an upstream peer either
+    eff = m.on_message(1.0, "N2", RequestFlow(4, D, 13.0))
+    assert one(eff, FlowReply, "N2").msg.outcome == Reply.NOT_LINKED
+    # nor is an unknown commodity accepted
+    eff = m.on_message(1.0, "P1", RequestFlow(5, "zz", 13.0))
+    assert one(eff, FlowReply, "P1").msg.outcome == Reply.NOT_LINKED
+    assert m.used() == 0
+
+
+def test_full_relay_displaces_upstream_unit():
+    m = settled_relay(capacity=1, displace=True)
+    # P1's OUT label (cost to get rid of the unit it holds) is 4: displacing P1 costs 4 - d(P1,R)=2
+    m.on_message(1.2, "P1", CostAnnounce((Label(D, Side.OUT, 4.0, ("P1-", "Q+", "Q-", D + "+")),)))
+    assert m.my_in[D].cost == 2.0 and m.dec_in[D] == ("B", "P1")
+    eff = m.on_message(1.3, "P2", RequestFlow(9, D, 2.0))
+    assert one(eff, FlowReply, "P2").msg.outcome == Reply.APPROVED
+    assert one(eff, Deny, "P1").msg == Deny(D, DenyReason.DISPLACED)
+    assert m.inn[D] == {"P2": 1} and m.used() == 1
+
+
+def test_displacing_the_requesters_own_unit_is_refused():
+    m = settled_relay(capacity=1, displace=True)
+    m.on_message(1.2, "P1", CostAnnounce((Label(D, Side.OUT, 4.0, ("P1-", "Q+", "Q-", D + "+")),)))
+    eff = m.on_message(1.3, "P1", RequestFlow(9, D, 2.0))
+    rep = one(eff, FlowReply, "P1").msg
+    assert rep.outcome == Reply.NO_CAPACITY and rep.current.cost == INF
+    assert not sends(eff, Deny) and m.inn[D] == {"P1": 1}
+
+
+def test_forced_request_flow_always_accepted():
+    m = settled_relay(capacity=1, displace=False)
+    assert m.my_in[D].cost == INF
+    eff = m.on_message(2.0, "P2", RequestFlow(11, D, 0.0, forced=True))
+    assert one(eff, FlowReply, "P2").msg.outcome == Reply.APPROVED
+    assert m.inn[D] == {"P1": 1, "P2": 1} and m.used() == 2
+    assert m.grace_until >= 2.0 + m.cfg.balance_grace_s - 1e-9
+
+
+# ------------------------------------------------------------ replies, Deny, Withdraw
+
+
+def test_flow_reply_approved_increments_out_and_rejection_updates_label():
+    m = relay_with_n1_label()
+    eff = m.on_message(1.0, "P1", RequestFlow(1, D, 13.0))
+    rid = one(eff, RequestFlow, "N1").msg.req_id
+    # rejection: the label of N1 is replaced by the one N1 tells
+    eff = m.on_message(1.1, "N1", FlowReply(rid, D, Reply.COST_CHANGED, in_label("N1", 20.0)))
+    assert m.out[D] == {} and m.lin[D]["N1"].cost == 20.0
+    assert m.my_out[D].cost == 23.0
+    fwd = one(eff, RequestFlow, "N1")  # retried at once with the cost it was told
+    assert fwd.msg.expected_cost == 20.0
+    m.on_message(1.6, "N1", FlowReply(fwd.msg.req_id, D, Reply.APPROVED, None))
+    assert m.out[D] == {"N1": 1} and not m.pending and not m.token_pending
+
+
+def test_stale_flow_reply_is_ignored():
+    m = settled_relay()
+    before = m.stats.ignored
+    m.on_message(2.0, "N1", FlowReply(999, D, Reply.APPROVED, None))
+    assert m.out[D] == {"N1": 1} and m.stats.ignored == before + 1
+
+
+def test_deny_decrements_out_and_unit_is_sent_again():
+    m = settled_relay()
+    eff = m.on_message(2.0, "N1", Deny(D, DenyReason.NO_ROUTE))
+    assert m.out[D] == {}
+    assert m.inn[D] == {"P1": 1}  # the unit is held again, unpaired
+    # N1's label still says 10, so it re-dispatches (or denies upstream); either way it acts
+    assert sends(eff, RequestFlow) or sends(eff, Deny)
+
+
+def test_deny_for_a_link_without_flow_is_ignored():
+    m = settled_relay()
+    before = m.stats.ignored
+    m.on_message(2.0, "N2", Deny(D, DenyReason.NO_ROUTE))
+    assert m.out[D] == {"N1": 1} and m.stats.ignored == before + 1
+
+
+def test_withdraw_approved_then_no_such_flow():
+    m = settled_relay()
+    eff = m.on_message(2.0, "P1", Withdraw(21, D))
+    assert one(eff, FlowReply, "P1").msg == FlowReply(21, D, Reply.APPROVED, None)
+    assert m.inn[D] == {}
+    eff = m.on_message(2.1, "P1", Withdraw(22, D))
+    assert one(eff, FlowReply, "P1").msg.outcome == Reply.NO_SUCH_FLOW
+    eff = m.on_message(2.1, "P2", Withdraw(23, D))
+    assert one(eff, FlowReply, "P2").msg.outcome == Reply.NO_SUCH_FLOW
+
+
+def test_sender_of_withdraw_updates_out_on_approval():
+    m = settled_relay()
+    m._withdraw_one(2.0, D, eff := [])
+    w = one(eff, Withdraw, "N1")
+    m.on_message(2.1, "N1", FlowReply(w.msg.req_id, D, Reply.APPROVED, None))
+    assert m.out[D] == {}
+
+
+def test_reroute_sends_forced_request_to_new_hop():
+    m = settled_relay()
+    # P1 is the sender view: make a machine at stage P with R as next hop; simpler: R reroutes its own out
+    eff = m.on_message(2.0, "N1", Reroute(D, "N2"))
+    assert m.out[D] == {}
+    fwd = one(eff, RequestFlow, "N2")
+    assert fwd.msg.forced
+
+
+# ------------------------------------------------------------ CostAnnounce
+
+
+def test_cost_announce_updates_labels_and_is_forwarded_upstream():
+    m = relay()
+    assert m.my_in[D].cost == INF
+    eff = m.on_message(0.1, "N2", CostAnnounce((in_label("N2", 1.0),)))
+    assert m.lin[D]["N2"].cost == 1.0
+    assert m.my_in[D].cost == 8.0 and m.my_out[D].cost == 8.0
+    for p in PREV:
+        ann = one(eff, CostAnnounce, p).msg
+        assert any(l.side == Side.IN and l.cost == 8.0 and l.path[:2] == ("R+", "R-") for l in ann.labels)
+    # a cheaper route via N1 wins
+    m.on_message(0.2, "N1", CostAnnounce((in_label("N1", 2.0),)))
+    assert m.my_in[D].cost == 5.0 and m.dec_in[D] == ("F", "N1")
+    # and a worse one for N1 switches back to N2
+    m.on_message(0.3, "N1", CostAnnounce((in_label("N1", 50.0),)))
+    assert m.my_in[D].cost == 8.0 and m.dec_in[D] == ("F", "N2")
+
+
+def test_label_whose_path_contains_the_node_is_ignored():
+    m = relay()
+    eff = m.on_message(0.1, "N1", CostAnnounce((in_label("N1", 1.0, ("N1+", "N1-", "R-", "R+", D + "+")),)))
+    assert m.my_in[D].cost == INF and m.my_out[D].cost == INF
+    assert not sends(eff, CostAnnounce)
+    m.on_message(0.2, "N1", CostAnnounce((in_label("N1", 1.0, ("N1+", "N1-", "R+", D + "+")),)))
+    assert m.my_in[D].cost == INF  # R+ on the path: not usable for IN
+
+
+def test_announce_from_wrong_side_or_commodity_is_ignored():
+    m = relay()
+    m.on_message(0.1, "P1", CostAnnounce((in_label("P1", 1.0),)))  # IN label from upstream peer
+    m.on_message(0.1, "X", CostAnnounce((in_label("X", 1.0),)))
+    m.on_message(0.1, "N1", CostAnnounce((Label("zz", Side.IN, 1.0, ("N1+",)),)))
+    assert m.lin[D] == {} and m.my_in[D].cost == INF
+
+
+# ------------------------------------------------------------ data node
+
+
+def data_node():
+    cfg = FlowConfig(D, True, 3, (D, "d1"), {"A": 1.0}, {"Z": 2.0})
+    m = FlowNode(cfg, random.Random(0))
+    return m, m.start(0.0)
+
+
+def test_data_node_sink_label_is_zero_and_announced():
+    m, eff = data_node()
+    assert m.my_in[D].cost == 0.0 and m.my_in[D].side == Side.IN
+    ann = one(eff, CostAnnounce, "Z").msg
+    assert [l.cost for l in ann.labels if l.side == Side.IN and l.commodity == D] == [0.0]
+    assert D + "+" in m.my_in[D].path
+
+
+def test_data_node_approves_own_commodity_refuses_others():
+    m, _ = data_node()
+    eff = m.on_message(1.0, "Z", RequestFlow(1, D, 0.0))
+    assert one(eff, FlowReply, "Z").msg.outcome == Reply.APPROVED
+    assert m.inn[D] == {"Z": 1}
+    eff = m.on_message(1.0, "Z", RequestFlow(2, "d1", 0.0))
+    assert one(eff, FlowReply, "Z").msg.outcome == Reply.NO_CAPACITY
+    assert m.inn["d1"] == {}
+    eff = m.on_message(1.0, "A", RequestFlow(3, D, 0.0))
+    assert one(eff, FlowReply, "A").msg.outcome == Reply.NOT_LINKED
+
+
+def test_data_node_launches_along_its_out_label():
+    m, _ = data_node()
+    eff = m.on_message(0.1, "A", CostAnnounce((in_label("A", 4.0),)))
+    assert m.my_out[D].cost == 5.0
+    eff += m.on_timer(1.0, "tick")
+    req = one(eff, RequestFlow, "A").msg
+    assert req.expected_cost == 4.0 and not req.forced and m.token_pending
+
+
+# ------------------------------------------------------------ Request Change / Redirect
+
+
+def test_request_change_approved_when_improving():
+    m = settled_relay()
+    # requester S moves its unit to N1 and wants ours on N2: total = delta + d(N2)... wait, from R's view
+    # receiver_next=N1 (ours, dropped), requester_next=N2 (taken): total = delta + 7 - 3
+    eff = m.on_message(2.0, "S", RequestChange(5, D, "N2", "N1", -10.0, False))
+    assert one(eff, MoveReply, "S").msg == MoveReply(5, Reply.APPROVED)
+    assert one(eff, Withdraw, "N1")
+    assert one(eff, RequestFlow, "N2").msg.forced
+
+
+def test_request_change_not_improving():
+    m = settled_relay()
+    eff = m.on_message(2.0, "S", RequestChange(5, D, "N2", "N1", -4.0, False))
+    assert one(eff, MoveReply, "S").msg.outcome == Reply.NOT_IMPROVING
+    assert not sends(eff, Withdraw)
+    # annealing-accepted moves go through even when worse
+    eff = m.on_message(2.0, "S", RequestChange(6, D, "N2", "N1", 5.0, True))
+    assert one(eff, MoveReply, "S").msg.outcome == Reply.APPROVED
+
+
+def test_request_change_no_such_flow_not_linked_busy():
+    m = settled_relay()
+    eff = m.on_message(2.0, "S", RequestChange(5, D, "N1", "N2", -10.0, False))
+    assert one(eff, MoveReply, "S").msg.outcome == Reply.NO_SUCH_FLOW
+    eff = m.on_message(2.0, "S", RequestChange(6, D, "NX", "N1", -10.0, False))
+    assert one(eff, MoveReply, "S").msg.outcome == Reply.NOT_LINKED
+    busy = relay_with_n1_label()
+    busy.on_message(1.0, "P1", RequestFlow(1, D, 13.0))  # forwarding pending
+    eff = busy.on_message(1.01, "S", RequestChange(7, D, "N2", "N1", -10.0, False))
+    assert one(eff, MoveReply, "S").msg.outcome == Reply.BUSY
+
+
+def test_request_redirect_approved_when_improving():
+    m = settled_relay()
+    eff = m.on_message(2.0, "S", RequestRedirect(8, D, "P1", "N1", 1.0, False))
+    assert one(eff, MoveReply, "S").msg == MoveReply(8, Reply.APPROVED)
+    assert one(eff, Reroute, "P1").msg == Reroute(D, "S")
+    assert one(eff, Withdraw, "N1")
+    assert m.inn[D] == {}
+
+
+def test_request_redirect_refusals():
+    m = settled_relay()
+    eff = m.on_message(2.0, "S", RequestRedirect(8, D, "P1", "N1", 5.0, False))  # mine is 2 + 3 = 5
+    assert one(eff, MoveReply, "S").msg.outcome == Reply.NOT_IMPROVING
+    eff = m.on_message(2.0, "S", RequestRedirect(9, D, "P2", "N1", 1.0, False))
+    assert one(eff, MoveReply, "S").msg.outcome == Reply.NO_SUCH_FLOW
+    eff = m.on_message(2.0, "S", RequestRedirect(10, D, "P1", "N2", 1.0, False))
+    assert one(eff, MoveReply, "S").msg.outcome == Reply.NO_SUCH_FLOW
+    busy = relay_with_n1_label()
+    busy.on_message(1.0, "P1", RequestFlow(1, D, 13.0))
+    eff = busy.on_message(1.01, "S", RequestRedirect(11, D, "P1", "N1", 1.0, False))
+    assert one(eff, MoveReply, "S").msg.outcome == Reply.BUSY
+
+
+# ------------------------------------------------------------ pair test over the wire codec
+
+PAIR_SCENARIO = {
+    "name": "pair", "stages": 2,
+    "nodes": [
+        {"id": "d0", "role": "data", "capacity": 10},
+        {"id": "a0", "role": "relay", "stage": 0, "capacity": 2},
+        {"id": "a1", "role": "relay", "stage": 0, "capacity": 1},
+        {"id": "b0", "role": "relay", "stage": 1, "capacity": 1},
+        {"id": "b1", "role": "relay", "stage": 1, "capacity": 2},
+    ],
+    "links": [
+        {"a": "d0", "b": "a0", "cost": 1}, {"a": "d0", "b": "a1", "cost": 6},
+        {"a": "a0", "b": "b0", "cost": 2}, {"a": "a0", "b": "b1", "cost": 9},
+        {"a": "a1", "b": "b0", "cost": 3}, {"a": "a1", "b": "b1", "cost": 4},
+        {"a": "b0", "b": "d0", "cost": 1}, {"a": "b1", "b": "d0", "cost": 5},
+    ],
+}
+
+
+class Wire:
+    """Delivers effects between machines; every message goes through encode/decode."""
+
+    def __init__(self, machines, delay):
+        self.m, self.delay = machines, delay
+        self.heap, self.seq, self.timers, self.now, self.frames = [], 0, {}, 0.0, 0
+
+    def push(self, t, item):
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, item))
+
+    def apply(self, nid, effects):
+        for e in effects:
+            if isinstance(e, Send):
+                data = encode(nid, e.msg)
+                assert isinstance(data, bytes)
+                sender, msg = decode(data)
+                assert sender == nid and msg == e.msg
+                self.frames += 1
+                self.push(self.now + self.delay(nid, e.to), ("msg", e.to, sender, msg))
+            elif isinstance(e, SetTimer):
+                v = self.timers.get((nid, e.key), 0) + 1
+                self.timers[(nid, e.key)] = v
+                self.push(max(self.now, e.deadline), ("timer", nid, e.key, v))
+
+    def run(self, t_end):
+        for nid in sorted(self.m):
+            self.apply(nid, self.m[nid].start(0.0))
+        while self.heap and self.heap[0][0] <= t_end:
+            t, _, item = heapq.heappop(self.heap)
+            self.now = t
+            if item[0] == "msg":
+                _, to, sender, msg = item
+                self.apply(to, self.m[to].on_message(t, sender, msg))
+            else:
+                _, nid, key, v = item
+                if self.timers.get((nid, key)) == v:
+                    self.apply(nid, self.m[nid].on_timer(t, key))
+
+
+def test_pair_over_codec_reaches_optimum():
+    sc = parse_scenario(PAIR_SCENARIO)
+    cfgs = flow_configs(sc)
+    machines = {nid: FlowNode(cfg, random.Random(f"7:{nid}")) for nid, cfg in cfgs.items()}
+    wire = Wire(machines, lambda a, b: 0.001 * sc.cost(a, b))
+    wire.run(40.0)
+    flows, mismatched = extract_flows(sc, machines)
+    assert mismatched == 0
+    check_routing(sc, flows)
+    opt = optimal_routing(sc)
+    assert len(flows) == opt.num_flows == 3
+    assert sum(f.cost for f in flows) == opt.total_cost
+    assert wire.frames > 0
