@@ -73,7 +73,7 @@ def cmd_gen_flow(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_policy(scenario, policy: str, seed: int, rounds: int, anneal: bool = True):
+def run_policy(scenario, policy: str, seed: int, rounds: int, anneal: bool = False):
     """Route a scenario with one policy; shared by the CLI and the benchmark."""
     if policy == "gwtf":
         from .protocol.flow import FlowConfig
@@ -105,13 +105,37 @@ def _summary(res) -> str:
 
 def cmd_flow(args: argparse.Namespace) -> int:
     scenario = _load_scenario(args.scenario, args.activation_mb)
-    res = run_policy(scenario, args.policy, args.seed, args.rounds, anneal=not args.no_anneal)
+    res = run_policy(scenario, args.policy, args.seed, args.rounds, anneal=args.anneal)
     if args.json:
         out = res.to_json()
         out.pop("messages_by_type", None)
         print(json.dumps(out))
     else:
         print(_summary(res))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Route one generated Table V scenario with every policy and compare them side by side."""
+    from .protocol.scenario import parse_scenario
+    from .sim.scenarios import flow_setting_scenario
+
+    scenario = parse_scenario(flow_setting_scenario(args.setting, args.seed))
+    print(f"flow test: setting {args.setting} of Table V, seed {args.seed}: "
+          f"{len(scenario.data_nodes)} data node(s), {len(scenario.relays)} relays, {scenario.stages} stages")
+    results = {p: run_policy(scenario, p, args.seed, args.rounds) for p in ("gwtf", "swarm", "optimal")}
+    opt = results["optimal"]
+    bound = opt.extra.get("lp_bound_mean_cost", opt.mean_cost)
+    print(f"{'policy':<8} {'flows':>5} {'mean cost':>10} {'vs optimum':>11}  notes")
+    for name, res in results.items():
+        note = ""
+        if name == "gwtf":
+            note = f"converged in round {res.converged_round}, {res.messages} messages"
+        elif name == "optimal" and "lp_bound_mean_cost" in res.extra:
+            note = f"LP bound {bound:.2f}"
+        print(f"{name:<8} {res.num_flows:>5} {res.mean_cost:>10.2f} {res.mean_cost / bound:>10.3f}x  {note}")
+    print()
+    print(_summary(results["gwtf"]))
     return 0
 
 
@@ -127,6 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--compact", action="store_true", help="one line of JSON")
     g.set_defaults(func=cmd_gen_flow)
 
+    dm = simsub.add_parser("demo", help="GWTF, SWARM and the optimum side by side on a generated flow test")
+    dm.add_argument("--setting", type=int, choices=range(1, 7), default=3, metavar="{1..6}")
+    dm.add_argument("--seed", type=_nonneg_int, default=0)
+    dm.add_argument("--rounds", type=_positive_int, default=120)
+    dm.set_defaults(func=cmd_demo)
+
     f = simsub.add_parser("flow", help="route a scenario and print the flows reached")
     f.add_argument("--scenario", required=True, help="scenario JSON file (specs/scenario.md)")
     f.add_argument("--policy", choices=("gwtf", "swarm", "optimal"), default="gwtf")
@@ -134,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--rounds", type=_positive_int, default=120, help="most rounds to simulate (gwtf)")
     f.add_argument("--activation-mb", type=float, default=None,
                    help="activation size for links given by latency and bandwidth")
-    f.add_argument("--no-anneal", action="store_true", help="gwtf without Request Change/Redirect")
+    f.add_argument("--anneal", action="store_true",
+                   help="gwtf: also run Request Change/Redirect with simulated annealing (experimental)")
     f.add_argument("--json", action="store_true", help="print the JSON of specs/scenario.md")
     f.set_defaults(func=cmd_flow)
     return p
