@@ -10,23 +10,9 @@ import pytest
 
 from gwtf_node import cli
 from gwtf_node.protocol.scenario import parse_scenario
+from scenarios import SMALL_TWO_STAGE
 
-SMALL = {
-    "name": "small", "stages": 2,
-    "nodes": [
-        {"id": "d0", "role": "data", "capacity": 10},
-        {"id": "a0", "role": "relay", "stage": 0, "capacity": 2},
-        {"id": "a1", "role": "relay", "stage": 0, "capacity": 1},
-        {"id": "b0", "role": "relay", "stage": 1, "capacity": 1},
-        {"id": "b1", "role": "relay", "stage": 1, "capacity": 2},
-    ],
-    "links": [
-        {"a": "d0", "b": "a0", "cost": 1}, {"a": "d0", "b": "a1", "cost": 6},
-        {"a": "a0", "b": "b0", "cost": 2}, {"a": "a0", "b": "b1", "cost": 9},
-        {"a": "a1", "b": "b0", "cost": 3}, {"a": "a1", "b": "b1", "cost": 4},
-        {"a": "b0", "b": "d0", "cost": 1}, {"a": "b1", "b": "d0", "cost": 5},
-    ],
-}
+SMALL = SMALL_TWO_STAGE
 KEYS = {"scenario", "policy", "seed", "flows", "num_flows", "total_cost", "mean_cost", "max_cost",
         "rounds", "converged_round", "messages"}
 

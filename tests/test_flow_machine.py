@@ -16,6 +16,7 @@ from gwtf_node.protocol.scenario import parse_scenario
 from gwtf_node.sim.baselines import optimal_routing
 from gwtf_node.sim.flowsim import extract_flows, flow_configs
 from gwtf_node.sim.validate import check_routing
+from scenarios import SMALL_TWO_STAGE
 
 D = "d0"
 PREV = {"P1": 2.0, "P2": 5.0}
@@ -350,22 +351,7 @@ def test_request_redirect_refusals():
 
 # ------------------------------------------------------------ pair test over the wire codec
 
-PAIR_SCENARIO = {
-    "name": "pair", "stages": 2,
-    "nodes": [
-        {"id": "d0", "role": "data", "capacity": 10},
-        {"id": "a0", "role": "relay", "stage": 0, "capacity": 2},
-        {"id": "a1", "role": "relay", "stage": 0, "capacity": 1},
-        {"id": "b0", "role": "relay", "stage": 1, "capacity": 1},
-        {"id": "b1", "role": "relay", "stage": 1, "capacity": 2},
-    ],
-    "links": [
-        {"a": "d0", "b": "a0", "cost": 1}, {"a": "d0", "b": "a1", "cost": 6},
-        {"a": "a0", "b": "b0", "cost": 2}, {"a": "a0", "b": "b1", "cost": 9},
-        {"a": "a1", "b": "b0", "cost": 3}, {"a": "a1", "b": "b1", "cost": 4},
-        {"a": "b0", "b": "d0", "cost": 1}, {"a": "b1", "b": "d0", "cost": 5},
-    ],
-}
+PAIR_SCENARIO = SMALL_TWO_STAGE
 
 
 class Wire:

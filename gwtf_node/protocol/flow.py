@@ -643,6 +643,7 @@ class FlowNode:
             if not self.annealer.accepts_worse(delta, self.rng):
                 return
             annealed = True
+            self.stats.anneal_accepts += 1
         mid = self._id()
         self.move = _Move(mid, sender, kind, d, a, b, now + cfg.round_s)
         if kind == "change":
