@@ -34,6 +34,7 @@ from gwtf_node.protocol.messages import (
     Side,
     Withdraw,
 )
+from gwtf_node.protocol import messages as m
 
 ROOT = Path(__file__).resolve().parent.parent
 UINT64_MAX = 2**64 - 1
@@ -91,6 +92,26 @@ STRATEGIES: dict[type, st.SearchStrategy] = {
     ),
     MoveReply: st.builds(MoveReply, move_id=u64, outcome=st.sampled_from(Reply)),
 }
+i32 = st.integers(-(2**31), 2**31 - 1)
+tensors = st.builds(m.TensorHeader, dtype=ids, shape=small_tuples(st.integers(-(2**63), 2**63 - 1)), nbytes=u64)
+STRATEGIES.update({
+    m.Hello: st.builds(m.Hello, run_id=ids, role=ids, stage=i32, name=ids, capacity=u32,
+                       addrs=small_tuples(ids), tensor_addr=ids),
+    m.PeerList: st.builds(m.PeerList, addrs=small_tuples(ids)),
+    m.Forward: st.builds(m.Forward, data_node=ids, seq=u64, iteration=u64, path=small_tuples(ids),
+                         tensor=st.none() | tensors),
+    m.Backward: st.builds(m.Backward, data_node=ids, seq=u64, iteration=u64, tensor=st.none() | tensors),
+    m.Complete: st.builds(m.Complete, data_node=ids, seq=u64, iteration=u64),
+    m.IterationDone: st.builds(m.IterationDone, iteration=u64, completed=u32, loss_sum=costs),
+    m.BeginAggregation: st.builds(m.BeginAggregation, iteration=u64, microbatches=u32),
+    m.CanTake: st.builds(m.CanTake, iteration=u64, stage=i32),
+    m.AllReduceChunk: st.builds(m.AllReduceChunk, key=ids, part=u32, phase=u32, count=costs,
+                                tensor=st.none() | tensors),
+    m.Ping: st.builds(m.Ping, nonce=u64),
+    m.Pong: st.builds(m.Pong, nonce=u64),
+    m.StageStateRequest: st.builds(m.StageStateRequest, stage=i32),
+    m.StageState: st.builds(m.StageState, stage=i32, iteration=u64, sha256=ids, tensor=st.none() | tensors),
+})
 WIRE_TYPES = typing.get_args(messages.Message)
 any_message = st.one_of(*STRATEGIES.values())
 

@@ -192,6 +192,136 @@ class MoveReply(_message.Message):
     outcome: Outcome
     def __init__(self, move_id: _Optional[int] = ..., outcome: _Optional[_Union[Outcome, str]] = ...) -> None: ...
 
+class Hello(_message.Message):
+    __slots__ = ("run_id", "role", "stage", "name", "capacity", "addrs", "tensor_addr")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    ADDRS_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_ADDR_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    role: str
+    stage: int
+    name: str
+    capacity: int
+    addrs: _containers.RepeatedScalarFieldContainer[str]
+    tensor_addr: str
+    def __init__(self, run_id: _Optional[str] = ..., role: _Optional[str] = ..., stage: _Optional[int] = ..., name: _Optional[str] = ..., capacity: _Optional[int] = ..., addrs: _Optional[_Iterable[str]] = ..., tensor_addr: _Optional[str] = ...) -> None: ...
+
+class PeerList(_message.Message):
+    __slots__ = ("addrs",)
+    ADDRS_FIELD_NUMBER: _ClassVar[int]
+    addrs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, addrs: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Forward(_message.Message):
+    __slots__ = ("data_node", "seq", "iteration", "path", "tensor")
+    DATA_NODE_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    data_node: str
+    seq: int
+    iteration: int
+    path: _containers.RepeatedScalarFieldContainer[str]
+    tensor: TensorHeader
+    def __init__(self, data_node: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ..., path: _Optional[_Iterable[str]] = ..., tensor: _Optional[_Union[TensorHeader, _Mapping]] = ...) -> None: ...
+
+class Backward(_message.Message):
+    __slots__ = ("data_node", "seq", "iteration", "tensor")
+    DATA_NODE_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    data_node: str
+    seq: int
+    iteration: int
+    tensor: TensorHeader
+    def __init__(self, data_node: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ..., tensor: _Optional[_Union[TensorHeader, _Mapping]] = ...) -> None: ...
+
+class Complete(_message.Message):
+    __slots__ = ("data_node", "seq", "iteration")
+    DATA_NODE_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    data_node: str
+    seq: int
+    iteration: int
+    def __init__(self, data_node: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ...) -> None: ...
+
+class IterationDone(_message.Message):
+    __slots__ = ("iteration", "completed", "loss_sum")
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    LOSS_SUM_FIELD_NUMBER: _ClassVar[int]
+    iteration: int
+    completed: int
+    loss_sum: float
+    def __init__(self, iteration: _Optional[int] = ..., completed: _Optional[int] = ..., loss_sum: _Optional[float] = ...) -> None: ...
+
+class BeginAggregation(_message.Message):
+    __slots__ = ("iteration", "microbatches")
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
+    iteration: int
+    microbatches: int
+    def __init__(self, iteration: _Optional[int] = ..., microbatches: _Optional[int] = ...) -> None: ...
+
+class CanTake(_message.Message):
+    __slots__ = ("iteration", "stage")
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    iteration: int
+    stage: int
+    def __init__(self, iteration: _Optional[int] = ..., stage: _Optional[int] = ...) -> None: ...
+
+class AllReduceChunk(_message.Message):
+    __slots__ = ("key", "part", "phase", "count", "tensor")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    part: int
+    phase: int
+    count: float
+    tensor: TensorHeader
+    def __init__(self, key: _Optional[str] = ..., part: _Optional[int] = ..., phase: _Optional[int] = ..., count: _Optional[float] = ..., tensor: _Optional[_Union[TensorHeader, _Mapping]] = ...) -> None: ...
+
+class Ping(_message.Message):
+    __slots__ = ("nonce",)
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    nonce: int
+    def __init__(self, nonce: _Optional[int] = ...) -> None: ...
+
+class Pong(_message.Message):
+    __slots__ = ("nonce",)
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    nonce: int
+    def __init__(self, nonce: _Optional[int] = ...) -> None: ...
+
+class StageStateRequest(_message.Message):
+    __slots__ = ("stage",)
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    stage: int
+    def __init__(self, stage: _Optional[int] = ...) -> None: ...
+
+class StageState(_message.Message):
+    __slots__ = ("stage", "iteration", "sha256", "tensor")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    stage: int
+    iteration: int
+    sha256: str
+    tensor: TensorHeader
+    def __init__(self, stage: _Optional[int] = ..., iteration: _Optional[int] = ..., sha256: _Optional[str] = ..., tensor: _Optional[_Union[TensorHeader, _Mapping]] = ...) -> None: ...
+
 class TensorHeader(_message.Message):
     __slots__ = ("dtype", "shape", "nbytes")
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -203,7 +333,7 @@ class TensorHeader(_message.Message):
     def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class Envelope(_message.Message):
-    __slots__ = ("version", "sender", "cost_announce", "request_flow", "flow_reply", "deny", "withdraw", "query_flows", "flow_report", "request_change", "request_redirect", "move_reply", "reroute")
+    __slots__ = ("version", "sender", "cost_announce", "request_flow", "flow_reply", "deny", "withdraw", "query_flows", "flow_report", "request_change", "request_redirect", "move_reply", "reroute", "hello", "peer_list", "forward", "backward", "complete", "iteration_done", "begin_aggregation", "can_take", "all_reduce_chunk", "ping", "pong", "stage_state_request", "stage_state")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     COST_ANNOUNCE_FIELD_NUMBER: _ClassVar[int]
@@ -217,6 +347,19 @@ class Envelope(_message.Message):
     REQUEST_REDIRECT_FIELD_NUMBER: _ClassVar[int]
     MOVE_REPLY_FIELD_NUMBER: _ClassVar[int]
     REROUTE_FIELD_NUMBER: _ClassVar[int]
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    PEER_LIST_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_DONE_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_AGGREGATION_FIELD_NUMBER: _ClassVar[int]
+    CAN_TAKE_FIELD_NUMBER: _ClassVar[int]
+    ALL_REDUCE_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    PING_FIELD_NUMBER: _ClassVar[int]
+    PONG_FIELD_NUMBER: _ClassVar[int]
+    STAGE_STATE_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    STAGE_STATE_FIELD_NUMBER: _ClassVar[int]
     version: int
     sender: str
     cost_announce: CostAnnounce
@@ -230,4 +373,17 @@ class Envelope(_message.Message):
     request_redirect: RequestRedirect
     move_reply: MoveReply
     reroute: Reroute
-    def __init__(self, version: _Optional[int] = ..., sender: _Optional[str] = ..., cost_announce: _Optional[_Union[CostAnnounce, _Mapping]] = ..., request_flow: _Optional[_Union[RequestFlow, _Mapping]] = ..., flow_reply: _Optional[_Union[FlowReply, _Mapping]] = ..., deny: _Optional[_Union[Deny, _Mapping]] = ..., withdraw: _Optional[_Union[Withdraw, _Mapping]] = ..., query_flows: _Optional[_Union[QueryFlows, _Mapping]] = ..., flow_report: _Optional[_Union[FlowReport, _Mapping]] = ..., request_change: _Optional[_Union[RequestChange, _Mapping]] = ..., request_redirect: _Optional[_Union[RequestRedirect, _Mapping]] = ..., move_reply: _Optional[_Union[MoveReply, _Mapping]] = ..., reroute: _Optional[_Union[Reroute, _Mapping]] = ...) -> None: ...
+    hello: Hello
+    peer_list: PeerList
+    forward: Forward
+    backward: Backward
+    complete: Complete
+    iteration_done: IterationDone
+    begin_aggregation: BeginAggregation
+    can_take: CanTake
+    all_reduce_chunk: AllReduceChunk
+    ping: Ping
+    pong: Pong
+    stage_state_request: StageStateRequest
+    stage_state: StageState
+    def __init__(self, version: _Optional[int] = ..., sender: _Optional[str] = ..., cost_announce: _Optional[_Union[CostAnnounce, _Mapping]] = ..., request_flow: _Optional[_Union[RequestFlow, _Mapping]] = ..., flow_reply: _Optional[_Union[FlowReply, _Mapping]] = ..., deny: _Optional[_Union[Deny, _Mapping]] = ..., withdraw: _Optional[_Union[Withdraw, _Mapping]] = ..., query_flows: _Optional[_Union[QueryFlows, _Mapping]] = ..., flow_report: _Optional[_Union[FlowReport, _Mapping]] = ..., request_change: _Optional[_Union[RequestChange, _Mapping]] = ..., request_redirect: _Optional[_Union[RequestRedirect, _Mapping]] = ..., move_reply: _Optional[_Union[MoveReply, _Mapping]] = ..., reroute: _Optional[_Union[Reroute, _Mapping]] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., peer_list: _Optional[_Union[PeerList, _Mapping]] = ..., forward: _Optional[_Union[Forward, _Mapping]] = ..., backward: _Optional[_Union[Backward, _Mapping]] = ..., complete: _Optional[_Union[Complete, _Mapping]] = ..., iteration_done: _Optional[_Union[IterationDone, _Mapping]] = ..., begin_aggregation: _Optional[_Union[BeginAggregation, _Mapping]] = ..., can_take: _Optional[_Union[CanTake, _Mapping]] = ..., all_reduce_chunk: _Optional[_Union[AllReduceChunk, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., stage_state_request: _Optional[_Union[StageStateRequest, _Mapping]] = ..., stage_state: _Optional[_Union[StageState, _Mapping]] = ...) -> None: ...

@@ -166,7 +166,112 @@ class MoveReply:
     outcome: Reply
 
 
+# ---- runtime: membership, training and aggregation (the daemon) -----------
+
+
+@dataclass(frozen=True, slots=True)
+class TensorHeader:
+    """Describes the raw tensor bytes that follow a message on the wire."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    run_id: str
+    role: str
+    stage: int
+    name: str
+    capacity: int
+    addrs: tuple[str, ...]
+    tensor_addr: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PeerList:
+    addrs: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    data_node: str
+    seq: int
+    iteration: int
+    path: tuple[str, ...]
+    tensor: TensorHeader | None
+
+
+@dataclass(frozen=True, slots=True)
+class Backward:
+    data_node: str
+    seq: int
+    iteration: int
+    tensor: TensorHeader | None
+
+
+@dataclass(frozen=True, slots=True)
+class Complete:
+    data_node: str
+    seq: int
+    iteration: int
+
+
+@dataclass(frozen=True, slots=True)
+class IterationDone:
+    iteration: int
+    completed: int
+    loss_sum: float
+
+
+@dataclass(frozen=True, slots=True)
+class BeginAggregation:
+    iteration: int
+    microbatches: int
+
+
+@dataclass(frozen=True, slots=True)
+class CanTake:
+    iteration: int
+    stage: int
+
+
+@dataclass(frozen=True, slots=True)
+class AllReduceChunk:
+    key: str
+    part: int
+    phase: int
+    count: float
+    tensor: TensorHeader | None
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    nonce: int
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    nonce: int
+
+
+@dataclass(frozen=True, slots=True)
+class StageStateRequest:
+    stage: int
+
+
+@dataclass(frozen=True, slots=True)
+class StageState:
+    stage: int
+    iteration: int
+    sha256: str
+    tensor: TensorHeader | None
+
+
 Message = (
     CostAnnounce | RequestFlow | FlowReply | Deny | Withdraw | QueryFlows | FlowReport
     | RequestChange | RequestRedirect | MoveReply | Reroute
+    | Hello | PeerList | Forward | Backward | Complete | IterationDone | BeginAggregation | CanTake
+    | AllReduceChunk | Ping | Pong | StageStateRequest | StageState
 )
