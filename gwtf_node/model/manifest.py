@@ -1,0 +1,487 @@
+"""The run manifest: what is trained, how it is cut into stages, on what data, with what optimizer.
+
+Theory of operation
+-------------------
+A run is named by its manifest (DESIGN.md "Roles and the shape of a run").
+The owner writes it, signs it with an Ed25519 key, and every node checks the
+signature before it joins; the *run id* is a hash of the canonical JSON (sorted
+keys, no whitespace, signature left out), so two nodes that agree on the run
+id agree on every byte of the model config, the stage cut, the data and the
+hyperparameters.  Every node builds the full model from `model.config` with
+`torch.manual_seed(train.seed)` (see `stages.py`), so the initial weights
+follow from the manifest too and never travel.
+
+This module is deliberately free of torch and transformers: the daemon reads,
+validates and signs manifests at start-up, before it pays the seconds that
+importing the torch stack costs.  Model dimensions are therefore read from the
+HF config dict with the family's own key aliases and defaults (`model_dims`).
+
+Choices:
+
+* Dropout is refused (every `*dropout` / `*pdrop` key must be 0).  With
+  dropout, a stage recomputed after a crash (paper V-D) would draw a different
+  mask unless the RNG state travelled with every microbatch; and the
+  decentralized == centralized invariant would hold only up to RNG streams.
+* File paths (data sources, tokenizer, weights) are kept exactly as written,
+  since they are part of the signed bytes; a relative path is resolved against
+  the directory of the manifest file it was loaded from (`base_dir`, not
+  serialized), else against the working directory.  Relays never open data
+  files, so a node that received a manifest over the wire validates it with
+  `check_files=False`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+FAMILIES = ("llama", "gpt")
+OPTIMIZERS = ("adamw", "sgd")
+BYTE_VOCAB = 256  # the byte tokenizer's vocabulary
+MANIFEST_VERSION = 1  # bumped when the JSON layout changes incompatibly
+
+# HF config keys per family, with the HF defaults (transformers 5): canonical -> (aliases, default)
+_DIM_KEYS: dict[str, dict[str, tuple[tuple[str, ...], int]]] = {
+    "llama": {
+        "layers": (("num_hidden_layers",), 32),
+        "hidden": (("hidden_size",), 4096),
+        "heads": (("num_attention_heads",), 32),
+        "vocab": (("vocab_size",), 32000),
+        "max_positions": (("max_position_embeddings",), 2048),
+    },
+    "gpt": {
+        "layers": (("n_layer", "num_hidden_layers"), 12),
+        "hidden": (("n_embd", "hidden_size"), 768),
+        "heads": (("n_head", "num_attention_heads"), 12),
+        "vocab": (("vocab_size",), 50257),
+        "max_positions": (("n_positions", "max_position_embeddings"), 1024),
+    },
+}
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be used; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    family: str  # "llama" (LlamaForCausalLM) or "gpt" (GPT2LMHeadModel)
+    config: dict[str, Any]  # kwargs of LlamaConfig / GPT2Config
+    weights: str | None = None  # local state dict (.safetensors, .pt, .bin) of the full HF model
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    source: str | list[str]  # "bundled" or local .txt / .jsonl ({"text": ...} per line) files
+    tokenizer: str  # "bytes" or a local tokenizers `tokenizer.json`
+    seq_len: int  # tokens per sequence (the window read is seq_len + 1: inputs and shifted targets)
+    microbatch_size: int  # sequences per microbatch
+    microbatches_per_iteration: int  # per data node
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    optimizer: str = "adamw"
+    lr: float = 3e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    momentum: float = 0.0  # sgd only
+    seed: int = 0  # model init and data order
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int
+    max_positions: int
+
+
+@dataclass(frozen=True)
+class RunManifest:
+    run_name: str
+    model: ModelSpec
+    stages: list[tuple[int, int]]  # [start, end) layer range of each relay stage
+    data: DataSpec
+    train: TrainSpec
+    owner_public_key: str = ""  # hex raw Ed25519 public key; "" for an unsigned run
+    signature: str = ""  # hex Ed25519 signature of `signed_bytes()`
+    base_dir: str = field(default="", compare=False, repr=False)  # resolves relative paths; not serialized
+
+    # ---- serialization ----------------------------------------------------
+
+    def to_dict(self, *, with_signature: bool = True) -> dict[str, Any]:
+        d = asdict(self)
+        del d["base_dir"]
+        d["version"] = MANIFEST_VERSION
+        d["stages"] = [list(s) for s in self.stages]
+        d["train"]["betas"] = list(self.train.betas)
+        if not with_signature:
+            del d["signature"]
+        return d
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        """Stable JSON (sorted keys); `indent=None` gives the compact canonical form."""
+        separators = (",", ":") if indent is None else (",", ": ")
+        return json.dumps(self.to_dict(), sort_keys=True, indent=indent, separators=separators)
+
+    def signed_bytes(self) -> bytes:
+        """The canonical bytes that the signature covers and the run id hashes."""
+        d = self.to_dict(with_signature=False)
+        return json.dumps(d, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+    @property
+    def run_id(self) -> str:
+        return hashlib.sha256(self.signed_bytes()).hexdigest()[:16]
+
+    @classmethod
+    def from_json(cls, text: str, *, check_files: bool = False, base_dir: str = "") -> "RunManifest":
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ManifestError(f"manifest is not valid JSON: {e}") from None
+        m = _from_dict(d, base_dir)
+        m.validate(check_files=check_files)
+        return m
+
+    # ---- derived ------------------------------------------------------------
+
+    @property
+    def dims(self) -> ModelDims:
+        return model_dims(self.model)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    def resolve_path(self, p: str) -> Path:
+        path = Path(p).expanduser()
+        if not path.is_absolute() and self.base_dir:
+            path = Path(self.base_dir) / path
+        return path
+
+    # ---- validation ---------------------------------------------------------
+
+    def validate(self, *, check_files: bool = True) -> None:
+        """Raise ManifestError on the first problem found."""
+        if not isinstance(self.run_name, str) or not self.run_name:
+            raise ManifestError("run_name must be a non-empty string")
+        m = self.model
+        if m.family not in FAMILIES:
+            raise ManifestError(f"model.family is {m.family!r}; use one of {', '.join(FAMILIES)}")
+        if not isinstance(m.config, dict):
+            raise ManifestError("model.config must be an object of HF config keyword arguments")
+        dims = model_dims(m)
+        if dims.hidden % dims.heads:
+            raise ManifestError(
+                f"hidden size {dims.hidden} is not divisible by {dims.heads} attention heads: change one of them"
+            )
+        for key, value in m.config.items():
+            if (key.endswith("dropout") or key.endswith("pdrop")) and value not in (0, 0.0, None):
+                raise ManifestError(
+                    f"model.config.{key} = {value}: dropout is not supported (set it to 0.0); "
+                    "a recomputed stage must reproduce the same activations"
+                )
+        _check_stages(self.stages, dims.layers)
+        dt = self.data
+        for name in ("seq_len", "microbatch_size", "microbatches_per_iteration"):
+            v = getattr(dt, name)
+            if not _is_int(v) or v <= 0:
+                raise ManifestError(f"data.{name} is {v!r}; it must be a positive integer")
+        if dt.seq_len > dims.max_positions:
+            raise ManifestError(
+                f"data.seq_len {dt.seq_len} exceeds the model's {dims.max_positions} positions: "
+                "lower seq_len or raise max_position_embeddings / n_positions"
+            )
+        if dt.tokenizer == "bytes" and dims.vocab < BYTE_VOCAB:
+            raise ManifestError(f"vocab_size {dims.vocab} is below the byte tokenizer's {BYTE_VOCAB}")
+        if isinstance(dt.source, str):
+            if dt.source != "bundled":
+                raise ManifestError(f"data.source is {dt.source!r}; use \"bundled\" or a list of file paths")
+        elif isinstance(dt.source, list) and dt.source and all(isinstance(s, str) for s in dt.source):
+            for s in dt.source:
+                if not (s.endswith(".txt") or s.endswith(".jsonl")):
+                    raise ManifestError(f"data source {s!r} must be a .txt or .jsonl file")
+        else:
+            raise ManifestError("data.source must be \"bundled\" or a non-empty list of file paths")
+        t = self.train
+        if t.optimizer not in OPTIMIZERS:
+            raise ManifestError(f"train.optimizer is {t.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
+        for name in ("lr", "eps", "weight_decay", "momentum"):
+            v = getattr(t, name)
+            if not _is_number(v) or v < 0 or (name in ("lr", "eps") and v == 0):
+                raise ManifestError(f"train.{name} is {v!r}; it must be a finite number > 0 (>= 0 for decay/momentum)")
+        if len(t.betas) != 2 or not all(_is_number(b) and 0 <= b < 1 for b in t.betas):
+            raise ManifestError(f"train.betas is {t.betas!r}; give two numbers in [0, 1)")
+        if not _is_int(t.seed) or t.seed < 0:
+            raise ManifestError(f"train.seed is {t.seed!r}; it must be a non-negative integer")
+        if self.owner_public_key:
+            try:
+                if len(bytes.fromhex(self.owner_public_key)) != 32:
+                    raise ValueError
+            except ValueError:
+                raise ManifestError("owner_public_key must be 64 hex digits (a raw Ed25519 public key)") from None
+        if check_files:
+            self.check_files()
+
+    def check_files(self) -> None:
+        """The local files this node would open exist (data, tokenizer, weights)."""
+        paths = []
+        if isinstance(self.data.source, list):
+            paths += [("data source", p) for p in self.data.source]
+        if self.data.tokenizer != "bytes":
+            paths.append(("tokenizer", self.data.tokenizer))
+        if self.model.weights:
+            paths.append(("model weights", self.model.weights))
+        for what, p in paths:
+            if not self.resolve_path(p).is_file():
+                raise ManifestError(f"{what} file {p!r} not found (resolved to {self.resolve_path(p)})")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def model_dims(spec: ModelSpec) -> ModelDims:
+    """Layers, hidden size, heads, vocabulary and positions from the HF config dict."""
+    if spec.family not in _DIM_KEYS:
+        raise ManifestError(f"model.family is {spec.family!r}; use one of {', '.join(FAMILIES)}")
+    out = {}
+    for canon, (aliases, default) in _DIM_KEYS[spec.family].items():
+        value = next((spec.config[a] for a in aliases if a in spec.config), default)
+        if not _is_int(value) or value <= 0:
+            raise ManifestError(f"model.config.{aliases[0]} is {value!r}; it must be a positive integer")
+        out[canon] = value
+    return ModelDims(**out)
+
+
+def _check_stages(stages: Sequence[tuple[int, int]], n_layers: int) -> None:
+    if not stages:
+        raise ManifestError("stages is empty; give at least one [start, end) layer range")
+    expect = 0
+    for k, s in enumerate(stages):
+        if len(s) != 2 or not all(_is_int(x) for x in s):
+            raise ManifestError(f"stage {k} is {s!r}; a stage is a [start, end) pair of layer indices")
+        start, end = s
+        if start != expect:
+            raise ManifestError(f"stage {k} starts at layer {start} but must start at {expect}: stages are contiguous")
+        if end <= start:
+            raise ManifestError(f"stage {k} is [{start}, {end}): it must hold at least one layer")
+        expect = end
+    if expect != n_layers:
+        raise ManifestError(f"stages cover layers 0..{expect} but the model has {n_layers} layers")
+
+
+_TOP_KEYS = {"version", "run_name", "model", "stages", "data", "train", "owner_public_key", "signature"}
+
+
+def _from_dict(d: Any, base_dir: str) -> RunManifest:
+    if not isinstance(d, dict):
+        raise ManifestError("manifest must be a JSON object")
+    unknown = sorted(set(d) - _TOP_KEYS)
+    if unknown:
+        raise ManifestError(f"manifest has unknown field(s) {', '.join(unknown)}: remove them or upgrade this node")
+    version = d.get("version", MANIFEST_VERSION)
+    if version != MANIFEST_VERSION:
+        raise ManifestError(f"manifest version {version} is not supported (this node reads {MANIFEST_VERSION})")
+    try:
+        model, data, train = d["model"], d["data"], d["train"]
+        m = RunManifest(
+            run_name=d["run_name"],
+            model=ModelSpec(family=model["family"], config=dict(model["config"]), weights=model.get("weights")),
+            stages=[tuple(s) for s in d["stages"]],
+            data=DataSpec(
+                source=list(data["source"]) if isinstance(data["source"], list) else data["source"],
+                tokenizer=data["tokenizer"],
+                seq_len=data["seq_len"],
+                microbatch_size=data["microbatch_size"],
+                microbatches_per_iteration=data["microbatches_per_iteration"],
+            ),
+            train=TrainSpec(**{**train, "betas": tuple(train.get("betas", TrainSpec.betas))}),
+            owner_public_key=d.get("owner_public_key", ""),
+            signature=d.get("signature", ""),
+            base_dir=base_dir,
+        )
+    except KeyError as e:
+        raise ManifestError(f"manifest is missing the field {e.args[0]!r}") from None
+    except TypeError as e:
+        raise ManifestError(f"manifest has a malformed section: {e}") from None
+    return m
+
+
+def load_manifest(path: str | Path, *, check_files: bool = True) -> RunManifest:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ManifestError(f"cannot read manifest {str(p)!r}: {e.strerror}") from None
+    return RunManifest.from_json(text, check_files=check_files, base_dir=str(p.resolve().parent))
+
+
+def save_manifest(m: RunManifest, path: str | Path) -> None:
+    Path(path).write_text(m.to_json() + "\n")
+
+
+# ---- signing ----------------------------------------------------------------
+
+
+def public_key_hex(private_key: Ed25519PrivateKey) -> str:
+    return private_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+
+
+def sign_manifest(m: RunManifest, private_key: Ed25519PrivateKey) -> RunManifest:
+    """A copy of `m` owned by `private_key`'s holder and signed by it (this changes the run id)."""
+    owned = replace(m, owner_public_key=public_key_hex(private_key), signature="")
+    return replace(owned, signature=private_key.sign(owned.signed_bytes()).hex())
+
+
+def verify_manifest(m: RunManifest) -> None:
+    """Raise ManifestError unless `m` is signed by `owner_public_key` (or unsigned with no owner)."""
+    if not m.owner_public_key:
+        if m.signature:
+            raise ManifestError("manifest has a signature but no owner_public_key to check it against")
+        return
+    if not m.signature:
+        raise ManifestError("manifest names an owner but is not signed: sign it with the owner's key")
+    try:
+        key = Ed25519PublicKey.from_public_bytes(bytes.fromhex(m.owner_public_key))
+        key.verify(bytes.fromhex(m.signature), m.signed_bytes())
+    except (ValueError, InvalidSignature):
+        raise ManifestError(
+            "manifest signature does not match its owner's key: it was altered after signing, or signed by another key"
+        ) from None
+
+
+# ---- stage partitioning -----------------------------------------------------
+
+
+def partition_layers(
+    n_layers: int, n_stages: int, weights: Sequence[float] | None = None
+) -> list[tuple[int, int]]:
+    """Cut layers 0..n_layers into n_stages contiguous non-empty [start, end) ranges.
+
+    Without weights the sizes differ by at most one, the larger stages first.
+    With per-layer cost weights, the cut minimizes the most expensive stage
+    (the pipeline's bottleneck); ties go to the earliest cut, so the result is
+    a pure function of its arguments.
+    """
+    if not _is_int(n_layers) or n_layers <= 0:
+        raise ManifestError(f"cannot partition {n_layers!r} layers: give a positive number")
+    if not _is_int(n_stages) or n_stages <= 0:
+        raise ManifestError(f"cannot cut the model into {n_stages!r} stages: give at least 1")
+    if n_stages > n_layers:
+        raise ManifestError(f"{n_stages} stages but only {n_layers} layers: each stage needs a layer, lower the stages")
+    if weights is None:
+        base, extra = divmod(n_layers, n_stages)
+        out, start = [], 0
+        for k in range(n_stages):
+            end = start + base + (1 if k < extra else 0)
+            out.append((start, end))
+            start = end
+        return out
+    if len(weights) != n_layers or not all(_is_number(w) and w >= 0 for w in weights):
+        raise ManifestError(f"give {n_layers} non-negative finite layer weights, got {len(weights)}")
+    prefix = [0.0]
+    for w in weights:
+        prefix.append(prefix[-1] + float(w))
+    # best[k][i]: minimal bottleneck cutting layers 0..i into k stages; cut[k][i]: start of the last stage
+    inf = float("inf")
+    best = [[inf] * (n_layers + 1) for _ in range(n_stages + 1)]
+    cut = [[0] * (n_layers + 1) for _ in range(n_stages + 1)]
+    best[0][0] = 0.0
+    for k in range(1, n_stages + 1):
+        for i in range(k, n_layers + 1):
+            for j in range(k - 1, i):
+                cost = max(best[k - 1][j], prefix[i] - prefix[j])
+                if cost < best[k][i] - 1e-12:
+                    best[k][i], cut[k][i] = cost, j
+    out, end = [], n_layers
+    for k in range(n_stages, 0, -1):
+        start = cut[k][end]
+        out.append((start, end))
+        end = start
+    return out[::-1]
+
+
+# ---- the demo run -------------------------------------------------------------
+
+
+def default_manifest(
+    *,
+    family: str = "llama",
+    stages: int = 2,
+    layers: int | None = None,
+    hidden: int = 64,
+    seq_len: int = 64,
+    microbatch_size: int = 4,
+    microbatches_per_iteration: int = 4,
+    lr: float = 3e-3,
+    seed: int = 0,
+    run_name: str = "demo",
+) -> RunManifest:
+    """A small byte-level model on the bundled corpus: an iteration takes seconds on a CPU.
+
+    Two layers per stage by default; 4 heads (hidden must be a multiple of 4).
+    """
+    if family not in FAMILIES:
+        raise ManifestError(f"family is {family!r}; use one of {', '.join(FAMILIES)}")
+    n_layers = layers if layers is not None else 2 * stages
+    heads = 4
+    if family == "llama":
+        config: dict[str, Any] = {
+            "vocab_size": BYTE_VOCAB,
+            "hidden_size": hidden,
+            "intermediate_size": 4 * hidden,
+            "num_hidden_layers": n_layers,
+            "num_attention_heads": heads,
+            "num_key_value_heads": heads,
+            "max_position_embeddings": max(seq_len, 64),
+            "rms_norm_eps": 1e-5,
+            "attention_dropout": 0.0,
+            "tie_word_embeddings": False,
+            "bos_token_id": None,
+            "eos_token_id": None,
+            "pad_token_id": None,
+        }
+    else:
+        config = {
+            "vocab_size": BYTE_VOCAB,
+            "n_embd": hidden,
+            "n_layer": n_layers,
+            "n_head": heads,
+            "n_positions": max(seq_len, 64),
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+            "bos_token_id": None,
+            "eos_token_id": None,
+        }
+    m = RunManifest(
+        run_name=run_name,
+        model=ModelSpec(family=family, config=config, weights=None),
+        stages=partition_layers(n_layers, stages),
+        data=DataSpec(
+            source="bundled",
+            tokenizer="bytes",
+            seq_len=seq_len,
+            microbatch_size=microbatch_size,
+            microbatches_per_iteration=microbatches_per_iteration,
+        ),
+        train=TrainSpec(optimizer="adamw", lr=lr, seed=seed),
+    )
+    m.validate(check_files=False)
+    return m

@@ -1,0 +1,487 @@
+"""Stage execution: one node's share of the model, its optimizer and its in-flight microbatches.
+
+Theory of operation
+-------------------
+Every node builds the *full* HF model from the manifest on the CPU, under
+`torch.manual_seed(train.seed)` (or loads `model.weights`), and keeps only its
+part (DESIGN.md "Roles"):
+
+* data role: token embedding (+ GPT's position embedding), final norm, LM head
+  and the loss: the paper's first and last stage, on the same node;
+* relay stage k: decoder layers `manifest.stages[k]`, plus what those layers
+  need from the model body: LLaMA's rotary embedding (parameter-free) and the
+  causal mask, both recomputed per microbatch from the shape of the input.
+
+So every node starts from the parameters the centralized model would have,
+whether it computes on a CPU or a GPU (initialising on the device would draw
+different numbers), and the chain data.embed -> relay 0 .. S-1 -> data.head
+computes exactly `LlamaForCausalLM` / `GPT2LMHeadModel` (tested).  Both ends
+use the model's own attention implementation (sdpa by default) and the mask
+from `transformers.masking_utils.create_causal_mask`, as the HF body does.
+
+Gradients.  A forward stashes the autograd graph under the microbatch key
+(the relay's stage input is a leaf that requires grad); the matching backward
+calls `torch.autograd.grad` for the stage input and the part's parameters and
+*adds* the parameter gradients to float32 accumulators owned by this object
+(not `.grad`), so a dropped microbatch (`drop`) contributes nothing and
+`grad_vector()` is exactly the sum over the microbatches that completed here.
+The aggregation phase sums these vectors over the relays of a stage (and the
+data nodes), and every copy applies `apply_mean_grad(sum, count)`: `.grad`
+is set to sum/count, the optimizer steps, and accumulators and stash are
+cleared: a stashed graph refers to the old weights and cannot be used after
+a step, and a microbatch that had not completed is re-queued by its data node
+anyway (DESIGN.md "The invariant").
+
+Dropout is refused by the manifest, and all parts run in eval mode, so a
+forward is a pure function of (weights, input): a stage recomputed after a
+crash (paper V-D) reproduces the same activation.
+
+A StageModel is safe to call from several worker threads: every public method
+holds one lock, so calls on one node are serialized.  transformers is
+imported on the first `build_stage`, not at import time (it takes seconds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Hashable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .manifest import ManifestError, RunManifest
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+STATE_FORMAT = "gwtf-stage/1"  # tag of state_bytes(), checked on load
+_BUILD_LOCK = threading.Lock()  # model init reads the process-wide torch RNG
+
+
+def part_name(role: str, stage: int | None) -> str:
+    """"data" or "stage<k>": the name of a part in results and checkpoints."""
+    return "data" if role == "data" else f"stage{stage}"
+
+
+# ---- building the full model -------------------------------------------------
+
+
+def build_full_model(manifest: RunManifest) -> "PreTrainedModel":
+    """The whole HF model, on the CPU, in eval mode, initialised from the seed or loaded from weights."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    family = manifest.model.family
+    with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(manifest.train.seed)
+        try:
+            if family == "llama":
+                model = LlamaForCausalLM(LlamaConfig(**manifest.model.config))
+            elif family == "gpt":
+                model = GPT2LMHeadModel(GPT2Config(**manifest.model.config))
+            else:
+                raise ManifestError(f"model.family is {family!r}; use llama or gpt")
+        except (TypeError, ValueError) as e:
+            if isinstance(e, ManifestError):
+                raise
+            raise ManifestError(f"model.config is not a valid {family} config: {e}") from None
+    if manifest.model.weights:
+        _load_weights(model, str(manifest.resolve_path(manifest.model.weights)))
+    model.eval()
+    return model
+
+
+def _load_weights(model: nn.Module, path: str) -> None:
+    try:
+        if path.endswith(".safetensors"):
+            from safetensors.torch import load_file
+
+            sd = load_file(path, device="cpu")
+        else:
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError) as e:
+        raise ManifestError(f"cannot load model weights from {path!r}: {e}") from None
+    if not isinstance(sd, dict):
+        raise ManifestError(f"model weights {path!r} do not hold a state dict")
+    # a tied parameter (GPT's lm_head = wte) may be saved under one of its names only
+    names_of: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(p), []).append(name)
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    tied_ok = {n for names in names_of.values() if any(m in sd for m in names) for n in names}
+    missing = [k for k in missing if k not in tied_ok and not k.endswith("rotary_emb.inv_freq")]
+    if missing or unexpected:
+        raise ManifestError(
+            f"model weights {path!r} do not match model.config: "
+            f"missing {missing[:3]}{'...' if len(missing) > 3 else ''}, "
+            f"unexpected {unexpected[:3]}{'...' if len(unexpected) > 3 else ''}"
+        )
+
+
+# ---- the parts -------------------------------------------------------------------
+
+
+class DataPart(nn.Module):
+    """Embedding (+ positions), final norm and LM head of the full model, tie preserved."""
+
+    def __init__(self, family: str, full: nn.Module) -> None:
+        super().__init__()
+        if family == "llama":
+            self.embed_tokens = full.model.embed_tokens
+            self.wpe = None
+            self.norm = full.model.norm
+        else:
+            self.embed_tokens = full.transformer.wte
+            self.wpe = full.transformer.wpe
+            self.norm = full.transformer.ln_f
+        self.lm_head = full.lm_head  # for GPT, lm_head.weight *is* embed_tokens.weight
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)  # [B, T] -> [B, T, H]
+        if self.wpe is not None:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+            h = h + self.wpe(positions).unsqueeze(0)
+        return h
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden))  # [B, T, H] -> [B, T, V]
+
+
+class RelayPart(nn.Module):
+    """Decoder layers [start, end) of the full model, with their own rotary embedding and mask."""
+
+    def __init__(self, family: str, full: nn.Module, start: int, end: int) -> None:
+        super().__init__()
+        self.family = family
+        self.config = full.config
+        if family == "llama":
+            self.layers = nn.ModuleList(full.model.layers[start:end])
+            self.rotary_emb = full.model.rotary_emb
+        else:
+            self.layers = nn.ModuleList(full.transformer.h[start:end])
+            self.rotary_emb = None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        from transformers.masking_utils import create_causal_mask
+
+        position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)  # [1, T]
+        mask = create_causal_mask(
+            config=self.config,
+            inputs_embeds=hidden,
+            attention_mask=None,
+            past_key_values=None,
+            position_ids=position_ids,
+        )
+        if self.family == "llama":
+            position_embeddings = self.rotary_emb(hidden, position_ids=position_ids)  # (cos, sin)
+            for layer in self.layers:
+                hidden = layer(
+                    hidden, attention_mask=mask, position_embeddings=position_embeddings, position_ids=position_ids
+                )
+        else:
+            for block in self.layers:
+                hidden = block(hidden, None, mask, position_ids=position_ids)
+        return hidden
+
+
+# ---- the stage object --------------------------------------------------------------
+
+
+@dataclass
+class _Stash:
+    inp: torch.Tensor | None  # relay: the stage input (a leaf with requires_grad); data: the input ids
+    out: torch.Tensor  # the output, still attached to its graph
+
+
+class StageModel:
+    """One node's part: module, optimizer, gradient accumulators and in-flight microbatches."""
+
+    def __init__(
+        self, manifest: RunManifest, role: str, stage: int | None, module: nn.Module, names: list[str], device: Any
+    ) -> None:
+        self.manifest = manifest
+        self.role = role
+        self.stage = stage
+        self.device = torch.device(device)
+        self.module = module
+        self.names = names  # HF names of `params`, in order (a tied parameter once, under its first name)
+        self.params = list(module.parameters())  # deduplicated: GPT's tied wte/lm_head is one tensor
+        assert len(self.names) == len(self.params)
+        self.dtype = torch.float32
+        self.hidden_size = manifest.dims.hidden
+        self.vocab_size = manifest.dims.vocab
+        self.num_params = sum(p.numel() for p in self.params)
+        self.optimizer = _make_optimizer(manifest, self.params)
+        self._acc = [torch.zeros(p.shape, dtype=torch.float32, device=self.device) for p in self.params]
+        self.accumulated = 0  # microbatches whose backward was accumulated since the last step
+        self.steps = 0
+        self._stash: dict[Hashable, _Stash] = {}
+        self._lock = threading.RLock()
+
+    @property
+    def name(self) -> str:
+        return part_name(self.role, self.stage)
+
+    def expected_hidden_shape(self, microbatch_size: int | None = None) -> tuple[int, int, int]:
+        """Shape of the activations and gradients this node receives: [B, seq_len, hidden]."""
+        b = microbatch_size if microbatch_size is not None else self.manifest.data.microbatch_size
+        return (b, self.manifest.data.seq_len, self.hidden_size)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._stash)
+
+    def has(self, key: Hashable) -> bool:
+        return key in self._stash
+
+    # ---- relay ---------------------------------------------------------------
+
+    def forward(self, key: Hashable, hidden: torch.Tensor) -> torch.Tensor:
+        """Run the stage on `hidden` [B, T, H], stash the graph under `key` (replacing one there), return the output."""
+        self._require("relay", "forward")
+        self._check_hidden(hidden, "forward input")
+        with self._lock:
+            x = hidden.detach().to(self.device, self.dtype).requires_grad_(True)
+            with torch.enable_grad():
+                y = self.module(x)
+            self._stash[key] = _Stash(inp=x, out=y)
+            return y.detach()
+
+    def backward(self, key: Hashable, grad_out: torch.Tensor) -> torch.Tensor:
+        """Gradient w.r.t. the stage input of the stashed microbatch; adds parameter gradients; frees the stash."""
+        self._require("relay", "backward")
+        with self._lock:
+            st = self._pop(key)
+            self._check_hidden(grad_out, "gradient", like=st.out)
+            grads = torch.autograd.grad(
+                st.out, [st.inp, *self.params], grad_out.to(self.device, st.out.dtype), allow_unused=True
+            )
+            self._accumulate(grads[1:])
+            return grads[0].detach()
+
+    def stashed_input(self, key: Hashable) -> torch.Tensor:
+        """The stage input kept for `key` (relay) or its input ids (data): what crash recovery re-sends (V-D)."""
+        with self._lock:
+            if key not in self._stash:
+                raise KeyError(f"microbatch {key!r} is not stashed on {self.name}")
+            return self._stash[key].inp.detach()
+
+    def drop(self, key: Hashable) -> bool:
+        """Forget a stashed microbatch without a gradient contribution; False if it was not there."""
+        with self._lock:
+            return self._stash.pop(key, None) is not None
+
+    # ---- data --------------------------------------------------------------------
+
+    def embed(self, key: Hashable, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token (+ position) embedding of `input_ids` [B, T]; stashed until `embed_backward`."""
+        self._require("data", "embed")
+        if input_ids.ndim != 2 or input_ids.dtype != torch.long:
+            raise ValueError(f"input ids must be an int64 [B, T] tensor, got {input_ids.dtype} {tuple(input_ids.shape)}")
+        with self._lock:
+            ids = input_ids.to(self.device)
+            with torch.enable_grad():
+                h = self.module.embed(ids)
+            self._stash[key] = _Stash(inp=ids, out=h)
+            return h.detach()
+
+    def head_loss(self, key: Hashable, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[float, torch.Tensor]:
+        """Mean token cross-entropy of the microbatch and its gradient w.r.t. `hidden`; adds head/norm gradients.
+
+        `key` names the microbatch only for error messages: forward and backward
+        of the head happen in this one call, nothing is stashed.
+        """
+        self._require("data", "head_loss")
+        self._check_hidden(hidden, "last-stage output")
+        if targets.shape != hidden.shape[:2]:
+            raise ValueError(f"targets {tuple(targets.shape)} do not match hidden {tuple(hidden.shape)} of {key!r}")
+        with self._lock:
+            h = hidden.detach().to(self.device, self.dtype).requires_grad_(True)
+            with torch.enable_grad():
+                logits = self.module.head(h)  # [B, T, V]
+                loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.to(self.device).reshape(-1))
+            grads = torch.autograd.grad(loss, [h, *self.params], allow_unused=True)
+            self._accumulate(grads[1:], count=False)
+            return float(loss.detach()), grads[0].detach()
+
+    def embed_backward(self, key: Hashable, grad_hidden0: torch.Tensor) -> None:
+        """Add the embedding gradients of the stashed microbatch; this completes it on the data node."""
+        self._require("data", "embed_backward")
+        with self._lock:
+            st = self._pop(key)
+            self._check_hidden(grad_hidden0, "gradient", like=st.out)
+            grads = torch.autograd.grad(st.out, self.params, grad_hidden0.to(self.device, st.out.dtype), allow_unused=True)
+            self._accumulate(grads)
+
+    # ---- aggregation ---------------------------------------------------------------
+
+    def grad_vector(self) -> torch.Tensor:
+        """Sum of the parameter gradients since the last step: 1-D float32 on the CPU, params in `names` order."""
+        with self._lock:
+            return torch.cat([a.reshape(-1) for a in self._acc]).cpu()
+
+    def apply_mean_grad(self, flat: torch.Tensor, count: int | float) -> int:
+        """Step with gradient `flat / count`, then clear the accumulators and the stash.
+
+        `flat` is the sum of `grad_vector()` over all copies of this part, and
+        `count` the number of microbatches that went into it.  With `count <= 0`
+        no microbatch completed: nothing is stepped (AdamW would still move
+        weights by decay and momentum), but accumulators and stash are cleared.
+        Returns the number of stashed microbatches dropped.
+        """
+        if flat.ndim != 1 or flat.numel() != self.num_params:
+            raise ValueError(f"{self.name} has {self.num_params} parameters, got a gradient of shape {tuple(flat.shape)}")
+        with self._lock:
+            if count > 0:
+                flat = flat.to(self.device, torch.float32)
+                offset = 0
+                for p in self.params:
+                    n = p.numel()
+                    p.grad = (flat[offset : offset + n] / count).view_as(p).to(p.dtype)
+                    offset += n
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.steps += 1
+            for a in self._acc:
+                a.zero_()
+            self.accumulated = 0
+            dropped = len(self._stash)
+            self._stash.clear()
+            return dropped
+
+    # ---- state -----------------------------------------------------------------------
+
+    def param_vector(self) -> torch.Tensor:
+        with self._lock:
+            return torch.cat([p.detach().float().reshape(-1) for p in self.params]).cpu()
+
+    def state_hash(self) -> str:
+        """sha256 of the parameter names and values: equal on every node that holds the same weights."""
+        h = hashlib.sha256()
+        with self._lock:
+            for name, p in zip(self.names, self.params):
+                h.update(name.encode() + b"\0")
+                h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()
+
+    def state_bytes(self) -> bytes:
+        """Weights and optimizer state, for a newcomer taking over this stage (paper V-B)."""
+        with self._lock:
+            state = {
+                "format": STATE_FORMAT,
+                "run_id": self.manifest.run_id,
+                "part": self.name,
+                "steps": self.steps,
+                "names": list(self.names),
+                "params": [p.detach().cpu() for p in self.params],
+                "optimizer": self.optimizer.state_dict(),
+            }
+            buf = io.BytesIO()
+            torch.save(state, buf)
+            return buf.getvalue()
+
+    def load_state_bytes(self, b: bytes) -> None:
+        """Replace weights and optimizer state with `state_bytes()` of the same part of the same run."""
+        try:
+            state = torch.load(io.BytesIO(b), map_location="cpu", weights_only=True)
+        except Exception as e:  # torch raises several unrelated types for a corrupt archive
+            raise ValueError(f"stage state is not readable: {type(e).__name__}: {e}") from None
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise ValueError(f"stage state is not in format {STATE_FORMAT}")
+        if state["run_id"] != self.manifest.run_id or state["part"] != self.name:
+            raise ValueError(
+                f"stage state is for {state['part']} of run {state['run_id']}, not {self.name} of {self.manifest.run_id}"
+            )
+        if state["names"] != self.names or any(
+            t.shape != p.shape for t, p in zip(state["params"], self.params)
+        ):
+            raise ValueError(f"stage state does not match the parameters of {self.name}")
+        with self._lock:
+            with torch.no_grad():
+                for p, t in zip(self.params, state["params"]):
+                    p.copy_(t)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.steps = int(state["steps"])
+            for a in self._acc:
+                a.zero_()
+            self.accumulated = 0
+            self._stash.clear()
+
+    # ---- internals -------------------------------------------------------------------
+
+    def _require(self, role: str, op: str) -> None:
+        if self.role != role:
+            raise RuntimeError(f"{op} is a {role}-node operation, but this is {self.name}")
+
+    def _pop(self, key: Hashable) -> _Stash:
+        try:
+            return self._stash.pop(key)
+        except KeyError:
+            raise KeyError(f"microbatch {key!r} has no stashed forward on {self.name}") from None
+
+    def _check_hidden(self, t: torch.Tensor, what: str, like: torch.Tensor | None = None) -> None:
+        if like is not None:
+            if t.shape != like.shape:
+                raise ValueError(f"{what} has shape {tuple(t.shape)}, expected {tuple(like.shape)} on {self.name}")
+            return
+        if t.ndim != 3 or t.shape[2] != self.hidden_size or t.shape[1] > self.manifest.dims.max_positions:
+            raise ValueError(
+                f"{what} has shape {tuple(t.shape)}, expected [B, T <= {self.manifest.dims.max_positions}, "
+                f"{self.hidden_size}] on {self.name}"
+            )
+
+    def _accumulate(self, grads: tuple[torch.Tensor | None, ...], count: bool = True) -> None:
+        for a, g in zip(self._acc, grads):
+            if g is not None:
+                a.add_(g.float())
+        if count:
+            self.accumulated += 1
+
+
+def _make_optimizer(manifest: RunManifest, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    t = manifest.train
+    if t.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=t.lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay)
+    if t.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+    raise ManifestError(f"train.optimizer is {t.optimizer!r}; use adamw or sgd")
+
+
+def build_stage(
+    manifest: RunManifest,
+    role: str,
+    stage: int | None = None,
+    device: Any = "cpu",
+    *,
+    full: "PreTrainedModel | None" = None,
+) -> StageModel:
+    """This node's part of the model: `role` "data", or "relay" with `stage` in 0..S-1.
+
+    `full` lets a caller that builds several parts in one process (tests, the
+    centralized reference) pass one freshly built full model instead of
+    rebuilding it per part; parts taken from one `full` share no parameters.
+    """
+    if role == "data":
+        if stage is not None:
+            raise ValueError("a data node holds no relay stage: pass stage=None")
+    elif role == "relay":
+        if not isinstance(stage, int) or not 0 <= stage < manifest.num_stages:
+            raise ValueError(f"relay stage {stage!r} does not exist: the run has stages 0..{manifest.num_stages - 1}")
+    else:
+        raise ValueError(f"role is {role!r}; use data or relay")
+    if full is None:
+        full = build_full_model(manifest)
+    family = manifest.model.family
+    if role == "data":
+        module: nn.Module = DataPart(family, full)
+    else:
+        start, end = manifest.stages[stage]
+        module = RelayPart(family, full, start, end)
+    name_of = {id(p): n for n, p in full.named_parameters()}
+    names = [name_of[id(p)] for p in module.parameters()]
+    module.to(torch.device(device))
+    module.eval()
+    return StageModel(manifest, role, stage, module, names, device)
