@@ -1,0 +1,524 @@
+"""The node's network host: py-libp2p (Noise + Yamux + Kademlia) plus the fast tensor channel.
+
+What it offers the daemon (see `Host`): a peer id and addresses, `connect`,
+`send(peer, envelope, payload)` with one incoming handler, and a small DHT
+API with versioned records.  How:
+
+* Security and multiplexing are pinned: the only security transport offered
+  is Noise (no plaintext, secio or TLS fallback) and the only muxer is Yamux
+  (Mplex moves 9-16 MB/s here).  The identity is the Ed25519 key of the
+  state directory (`identity.py`), so a restarted node keeps its peer id.
+* Control frames (no payload) go on one long-lived libp2p stream per peer
+  and direction, protocol `/gwtf/ctrl/1.0.0`, framed by `frames.py`
+  (median ~2 ms request/response on loopback).  Frames with a payload go
+  over the tensor channel (`channel.py`), keyed through libp2p but moving
+  bytes over a plain TCP socket with AES-256-GCM: several times faster than
+  Yamux (numbers in docs/bench_transport.md).  Order is FIFO per peer within
+  each of the two kinds (control, payload); a control frame sent after a
+  payload frame may overtake it.  Each send is bounded by `send_timeout` and
+  fails with `PeerUnreachable`; a broken stream or channel is dropped and
+  reopened once before giving up.
+* Incoming: each libp2p stream and each channel connection is drained by
+  its own task (Yamux resets a stream whose reader stalls for 5 s), which
+  only parses frames and puts them on a per-peer queue
+  (`INBOX_FRAMES` deep); one task per peer calls the handler, so a slow
+  handler delays that peer's frames but never stalls a reader.  A frame
+  that breaks the framing rules is logged on "gwtf.transport" and its
+  stream reset (connection closed for the channel); the host carries on.
+* Traps handled (notes/py-libp2p-0.8.1.md): every read after a frame starts
+  has a deadline; `connect` lifts the 60 s negative dial cache before
+  dialling (a restarted peer can be redialled at once) and re-adds the
+  peer's addresses with a long TTL (libp2p keeps them 120 s only).
+* DHT: `KadDHT` in server mode, started after the bootstrap peers are
+  connected (its first routing-table refresh runs at start).  Records live
+  under the namespace "gwtf" and carry an 8-byte big-endian version before
+  the value; the validator's `select` picks the highest version (ties: the
+  larger bytes), so all holders converge.  `dht_get` asks the closest peers
+  as well as the local store (py-libp2p's `get_value` answers from the local
+  copy alone, which goes stale).  The DHT is for discovery; liveness is the
+  protocol's business.
+* Link shaping (`links.py`) applies to both kinds of frame: a shaped `send`
+  returns when the frame has departed, the write happens after the latency.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import struct
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import trio
+from libp2p import new_host
+from libp2p.abc import IHost, INetStream
+from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
+from libp2p.custom_types import TProtocol
+from libp2p.exceptions import BaseLibp2pError
+from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+from libp2p.network.stream.exceptions import StreamEOF
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.records.validator import Validator
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
+from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
+from libp2p.stream_muxer.yamux.yamux import Yamux
+from libp2p.tools.anyio_service import background_trio_service
+from multiaddr import Multiaddr
+
+from . import channel
+from .channel import ChannelError, RawConn, SessionKeys, TensorSender
+from .frames import DEFAULT_FRAME_TIMEOUT_S, DEFAULT_MAX_PAYLOAD_BYTES, FrameError, encode_header, read_frame
+from .identity import load_or_create_identity
+from .links import LinkShaper
+
+log = logging.getLogger("gwtf.transport")
+
+CTRL_PROTOCOL_ID = TProtocol("/gwtf/ctrl/1.0.0")
+TENSOR_PROTOCOL_ID = TProtocol(channel.TENSOR_PROTOCOL_ID)
+DHT_NAMESPACE = "gwtf"
+INBOX_FRAMES = 1024  # frames queued per peer before its readers wait for the handler
+ADDR_TTL_S = 7 * 24 * 3600  # how long connect() keeps a peer's addresses (libp2p default: 120 s)
+DEFAULT_SEND_TIMEOUT_S = 30.0  # a send (dial, handshake, write) must finish within this
+DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0  # tensor-channel handshake, both halves
+DHT_QUERY_TIMEOUT_S = 10.0  # bound on one dht_get / dht_put / find_providers
+_VERSION = struct.Struct(">Q")
+
+Handler = Callable[[str, bytes, "memoryview | bytes | bytearray"], Awaitable[None]]
+_PEER_ERRORS = (BaseLibp2pError, OSError, trio.BrokenResourceError, trio.ClosedResourceError,
+                ChannelError, trio.TooSlowError)
+
+
+class PeerUnreachable(Exception):
+    """A send to a peer failed (dial, handshake or write) within its deadline."""
+
+
+class VersionedValidator(Validator):
+    """DHT records `u64 version | value`; the highest version wins."""
+
+    def validate(self, key: str, value: bytes) -> None:
+        if len(value) < _VERSION.size:
+            raise ValueError(f"record for {key} has {len(value)} bytes, less than its 8-byte version")
+
+    def select(self, key: str, values: list[bytes]) -> int:
+        best = max(range(len(values)), key=lambda i: (_VERSION.unpack_from(values[i])[0], values[i]))
+        return best
+
+
+def pack_record(version: int, value: bytes) -> bytes:
+    return _VERSION.pack(version) + value
+
+
+def unpack_record(data: bytes) -> tuple[int, bytes]:
+    return _VERSION.unpack_from(data)[0], data[_VERSION.size:]
+
+
+async def _libp2p_reader(stream: INetStream, n: int) -> bytes:
+    try:
+        return await stream.read(n)
+    except StreamEOF:
+        return b""
+
+
+class Host:
+    """A running node host; build it with `open_host`."""
+
+    def __init__(
+        self,
+        libp2p_host: IHost,
+        nursery: trio.Nursery,
+        tensor_addr: str,
+        *,
+        links: LinkShaper,
+        max_payload: int,
+        send_timeout: float,
+        handshake_timeout: float,
+        frame_timeout: float,
+    ) -> None:
+        self.libp2p = libp2p_host
+        self._nursery = nursery
+        self.peer_id: str = libp2p_host.get_id().to_base58()
+        self.tensor_addr = tensor_addr
+        self.links = links
+        self.max_payload = max_payload
+        self.send_timeout = send_timeout
+        self.handshake_timeout = handshake_timeout
+        self.frame_timeout = frame_timeout
+        self.dht: KadDHT | None = None
+        self._handler: Handler | None = None
+        self._inbox: dict[str, trio.MemorySendChannel] = {}
+        self._ctrl_out: dict[str, INetStream] = {}
+        self._ctrl_locks: dict[str, trio.Lock] = {}
+        self._tensor_out: dict[str, TensorSender] = {}
+        self._tensor_locks: dict[str, trio.Lock] = {}
+        self._pending_sessions: dict[bytes, tuple[str, SessionKeys, float]] = {}
+        self.stats = {"frames_in": 0, "frames_out": 0, "bytes_out": 0, "bytes_in": 0, "refused": 0}
+
+    # ---- identity and addresses ---------------------------------------------
+
+    @property
+    def addrs(self) -> list[str]:
+        return [str(a) for a in self.libp2p.get_addrs()]
+
+    def connected_peers(self) -> list[str]:
+        return [p.to_base58() for p in self.libp2p.get_connected_peers()]
+
+    async def connect(self, multiaddr: str) -> str:
+        """Dial a peer by its multiaddr (ending in /p2p/<id>); returns its peer id."""
+        info = info_from_p2p_addr(Multiaddr(multiaddr))
+        swarm = self.libp2p.get_network()
+        swarm.unblock_peer(info.peer_id)  # a restarted peer must not wait out the 60 s negative cache
+        self.libp2p.get_peerstore().add_addrs(info.peer_id, info.addrs, ADDR_TTL_S)
+        try:
+            with trio.fail_after(self.send_timeout):
+                await self.libp2p.connect(info)
+        except _PEER_ERRORS as e:
+            swarm.unblock_peer(info.peer_id)
+            raise PeerUnreachable(f"cannot connect to {multiaddr}: {e}") from e
+        self.libp2p.get_peerstore().add_addrs(info.peer_id, info.addrs, ADDR_TTL_S)
+        if self.dht is not None:
+            await self.dht.add_peer(info.peer_id, skip_server_mode_check=True)
+        return info.peer_id.to_base58()
+
+    # ---- sending --------------------------------------------------------------
+
+    async def send(
+        self, peer_id: str, envelope: bytes, payload: bytes | bytearray | memoryview = b"",
+        *, wait_delivered: bool = False,
+    ) -> None:
+        """Send one frame to `peer_id`; FIFO per peer and kind; `PeerUnreachable` on failure.
+
+        With a shaped link the call returns once the frame has departed (the
+        write follows after the link's latency) unless `wait_delivered`.
+        """
+        header = encode_header(len(envelope), len(payload), self.max_payload)
+        view = memoryview(payload).cast("B") if len(payload) else memoryview(b"")
+        if len(view):
+            write = lambda: self._send_tensor(peer_id, header, envelope, view)  # noqa: E731
+        else:
+            write = lambda: self._send_ctrl(peer_id, header + envelope)  # noqa: E731
+        delivery = await self.links.submit(peer_id, len(header) + len(envelope) + len(view), write)
+        if wait_delivered:
+            await delivery.done.wait()
+            if delivery.error is not None:
+                raise delivery.error
+
+    async def _send_ctrl(self, peer_id: str, data: bytes) -> None:
+        lock = self._ctrl_locks.setdefault(peer_id, trio.Lock())
+        async with lock:
+            last: BaseException | None = None
+            for _attempt in range(2):
+                try:
+                    with trio.fail_after(self.send_timeout):
+                        stream = self._ctrl_out.get(peer_id)
+                        if stream is None:
+                            stream = await self._new_stream(peer_id, CTRL_PROTOCOL_ID)
+                            self._ctrl_out[peer_id] = stream
+                        await stream.write(data)
+                    self.stats["frames_out"] += 1
+                    self.stats["bytes_out"] += len(data)
+                    return
+                except _PEER_ERRORS as e:
+                    last = e
+                    stream = self._ctrl_out.pop(peer_id, None)
+                    if stream is not None:
+                        with trio.move_on_after(1):
+                            try:
+                                await stream.reset()
+                            except _PEER_ERRORS:
+                                pass
+            raise PeerUnreachable(f"control frame to {peer_id} failed: {last!r}") from last
+
+    async def _send_tensor(self, peer_id: str, header: bytes, envelope: bytes, payload: memoryview) -> None:
+        lock = self._tensor_locks.setdefault(peer_id, trio.Lock())
+        async with lock:
+            last: BaseException | None = None
+            for _attempt in range(2):
+                sender = self._tensor_out.get(peer_id)
+                try:
+                    with trio.fail_after(self.send_timeout):
+                        if sender is None:
+                            sender = await self._open_channel(peer_id)
+                            self._tensor_out[peer_id] = sender
+                        await sender.send_frame(header, envelope, payload)
+                    self.stats["frames_out"] += 1
+                    self.stats["bytes_out"] += len(payload)
+                    return
+                except (*_PEER_ERRORS, FrameError) as e:
+                    last = e
+                    if sender is not None:
+                        sender.close()  # a half-written frame poisons the channel: start a new one
+                    self._tensor_out.pop(peer_id, None)
+            raise PeerUnreachable(f"payload frame to {peer_id} failed: {last!r}") from last
+
+    async def _new_stream(self, peer_id: str, protocol: TProtocol) -> INetStream:
+        pid = ID.from_base58(peer_id)
+        self.libp2p.get_network().unblock_peer(pid)
+        return await self.libp2p.new_stream(pid, [protocol])
+
+    async def _open_channel(self, peer_id: str) -> TensorSender:
+        stream = await self._new_stream(peer_id, TENSOR_PROTOCOL_ID)
+        try:
+            keys, addr = await channel.initiate(
+                lambda n: _libp2p_reader(stream, n), stream.write, self.peer_id, peer_id
+            )
+        finally:
+            with trio.move_on_after(1):
+                try:
+                    await stream.close()
+                except _PEER_ERRORS:
+                    pass
+        host, _, port = addr.rpartition(":")
+        if host in ("0.0.0.0", "::", "[::]", ""):  # the peer listens everywhere: use the address we reached
+            remote = stream.get_remote_address()
+            host = remote[0] if remote else "127.0.0.1"
+        return await TensorSender.open(f"{host}:{port}", keys, peer_id, self.handshake_timeout)
+
+    # ---- receiving ------------------------------------------------------------
+
+    def set_handler(self, handler: Handler) -> None:
+        """`await handler(peer_id, envelope, payload)` for every incoming frame, in order per peer."""
+        self._handler = handler
+
+    async def _deliver(self, peer_id: str, envelope: bytes, payload: bytearray) -> None:
+        self.stats["frames_in"] += 1
+        self.stats["bytes_in"] += len(payload)
+        inbox = self._inbox.get(peer_id)
+        if inbox is None:
+            inbox, receive = trio.open_memory_channel(INBOX_FRAMES)
+            self._inbox[peer_id] = inbox
+            self._nursery.start_soon(self._dispatch, peer_id, receive)
+        try:
+            inbox.send_nowait((envelope, payload))
+        except trio.WouldBlock:
+            log.warning("inbox of %s full (%d frames): the handler is behind, readers wait", peer_id, INBOX_FRAMES)
+            await inbox.send((envelope, payload))
+
+    async def _dispatch(self, peer_id: str, receive: trio.MemoryReceiveChannel) -> None:
+        async for envelope, payload in receive:
+            if self._handler is None:
+                log.warning("frame from %s dropped: no handler set", peer_id)
+                continue
+            await self._handler(peer_id, envelope, payload)
+
+    async def _on_ctrl_stream(self, stream: INetStream) -> None:
+        peer = stream.muxed_conn.peer_id.to_base58()
+        try:
+            while True:
+                frame = await read_frame(
+                    lambda n: _libp2p_reader(stream, n), max_payload=self.max_payload, frame_timeout=self.frame_timeout
+                )
+                if frame is None:
+                    return
+                await self._deliver(peer, *frame)
+        except FrameError as e:
+            self.stats["refused"] += 1
+            log.warning("control stream from %s refused: %s; stream reset", peer, e)
+            with trio.move_on_after(1):
+                try:
+                    await stream.reset()
+                except _PEER_ERRORS:
+                    pass
+        except _PEER_ERRORS as e:
+            log.info("control stream from %s lost: %r", peer, e)
+
+    async def _on_tensor_handshake(self, stream: INetStream) -> None:
+        peer = stream.muxed_conn.peer_id.to_base58()
+        try:
+            with trio.fail_after(self.handshake_timeout):
+                keys = await channel.respond(
+                    lambda n: _libp2p_reader(stream, n), stream.write, self.peer_id, peer, self.tensor_addr
+                )
+            now = trio.current_time()
+            self._pending_sessions = {
+                sid: v for sid, v in self._pending_sessions.items() if v[2] > now
+            }
+            self._pending_sessions[keys.session_id] = (peer, keys, now + self.handshake_timeout)
+            await stream.close()
+        except (FrameError, ChannelError, trio.TooSlowError) as e:
+            self.stats["refused"] += 1
+            log.warning("tensor handshake from %s refused: %s", peer, e)
+            with trio.move_on_after(1):
+                try:
+                    await stream.reset()
+                except _PEER_ERRORS:
+                    pass
+        except _PEER_ERRORS as e:
+            log.info("tensor handshake from %s lost: %r", peer, e)
+
+    def _claim_session(self, session_id: bytes) -> tuple[str, SessionKeys] | None:
+        entry = self._pending_sessions.pop(session_id, None)
+        if entry is None or entry[2] < trio.current_time():
+            self.stats["refused"] += 1
+            return None
+        return entry[0], entry[1]
+
+    async def _on_tensor_conn(self, stream: trio.SocketStream) -> None:
+        await channel.serve_connection(
+            RawConn(stream.socket),
+            self._claim_session,
+            self._deliver,
+            max_payload=self.max_payload,
+            handshake_timeout=self.handshake_timeout,
+            frame_timeout=self.frame_timeout,
+        )
+
+    # ---- DHT ------------------------------------------------------------------
+
+    def _require_dht(self) -> KadDHT:
+        if self.dht is None:
+            raise RuntimeError("this host was opened with dht=False")
+        return self.dht
+
+    @staticmethod
+    def _key(key: str) -> str:
+        return f"/{DHT_NAMESPACE}/{key}"
+
+    async def dht_put(self, key: str, value: bytes, *, version: int | None = None) -> int:
+        """Store `value` under `key` with `version` (default: now in ns, above any known one)."""
+        dht = self._require_dht()
+        if version is None:
+            known = dht.value_store.get(self._key(key).encode())
+            floor = unpack_record(known.value)[0] + 1 if known is not None else 0
+            version = max(time.time_ns(), floor)
+        with trio.fail_after(DHT_QUERY_TIMEOUT_S):
+            await dht.put_value(self._key(key), pack_record(version, value))
+        return version
+
+    async def dht_get_record(self, key: str) -> tuple[int, bytes] | None:
+        """(version, value) of the highest version held locally or by the closest peers."""
+        dht = self._require_dht()
+        full = self._key(key)
+        kb = full.encode()
+        validator = VersionedValidator()
+        found: list[bytes] = []
+        local = dht.value_store.get(kb)
+        if local is not None:
+            found.append(local.value)
+
+        async def ask(peer: ID) -> None:
+            with trio.move_on_after(DHT_QUERY_TIMEOUT_S / 2):
+                try:
+                    value = await dht.value_store._get_from_peer(peer, kb)
+                except _PEER_ERRORS as e:
+                    log.debug("dht get %s from %s failed: %r", key, peer, e)
+                    return
+                if isinstance(value, bytes):
+                    try:
+                        validator.validate(full, value)
+                    except ValueError as e:
+                        log.warning("dht record %s from %s refused: %s", key, peer, e)
+                        return
+                    found.append(value)
+
+        peers: list[ID] = []
+        with trio.move_on_after(DHT_QUERY_TIMEOUT_S / 2):
+            peers = await dht.peer_routing.find_closest_peers_network(kb)
+        async with trio.open_nursery() as nursery:
+            for peer in set(peers):
+                if peer != self.libp2p.get_id():
+                    nursery.start_soon(ask, peer)
+        if not found:
+            return None
+        best = found[validator.select(full, found)]
+        if local is None or best != local.value:
+            dht.value_store.put(kb, best)  # refresh our stale copy
+        return unpack_record(best)
+
+    async def dht_get(self, key: str) -> bytes | None:
+        record = await self.dht_get_record(key)
+        return None if record is None else record[1]
+
+    @staticmethod
+    def _provider_key(key: str) -> str:
+        return hashlib.sha256(f"gwtf-provider:{key}".encode()).hexdigest()
+
+    async def provide(self, key: str) -> bool:
+        with trio.fail_after(DHT_QUERY_TIMEOUT_S):
+            return await self._require_dht().provide(self._provider_key(key))
+
+    async def find_providers(self, key: str) -> list[tuple[str, list[str]]]:
+        """Peers that announced `key` (deduplicated), with their addresses."""
+        with trio.fail_after(DHT_QUERY_TIMEOUT_S):
+            infos = await self._require_dht().find_providers(self._provider_key(key))
+        out: dict[str, list[str]] = {}
+        for info in infos:
+            addrs = out.setdefault(info.peer_id.to_base58(), [])
+            for a in info.addrs:
+                if str(a) not in addrs:
+                    addrs.append(str(a))
+        return list(out.items())
+
+    async def start_dht(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Run the DHT service until cancelled (open_host does this)."""
+        dht = self._require_dht()
+        async with background_trio_service(dht):
+            task_status.started()
+            await trio.sleep_forever()
+
+
+@asynccontextmanager
+async def open_host(
+    state_dir: Path,
+    listen_host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    links: LinkShaper | None = None,
+    max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    bootstrap: list[str] | tuple[str, ...] = (),
+    dht: bool = True,
+    tensor_port: int = 0,
+    send_timeout: float = DEFAULT_SEND_TIMEOUT_S,
+    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
+    frame_timeout: float = DEFAULT_FRAME_TIMEOUT_S,
+) -> AsyncIterator[Host]:
+    """A running Host listening on `listen_host:port` (libp2p) and `listen_host:tensor_port`.
+
+    `bootstrap` multiaddrs are dialled before the DHT starts; a failed
+    bootstrap dial is logged, not fatal (the first node of a swarm has none
+    to reach).  Everything started here stops when the block exits.
+    """
+    key_pair = load_or_create_identity(Path(state_dir))
+    noise_key = create_new_x25519_key_pair()
+    lp = new_host(
+        key_pair=key_pair,
+        sec_opt={TProtocol(NOISE_PROTOCOL_ID): NoiseTransport(key_pair, noise_privkey=noise_key.private_key)},
+        muxer_opt={TProtocol(YAMUX_PROTOCOL_ID): Yamux},
+    )
+    links = links if links is not None else LinkShaper()
+    listen = Multiaddr(f"/ip6/{listen_host}/tcp/{port}" if ":" in listen_host else f"/ip4/{listen_host}/tcp/{port}")
+    async with lp.run(listen_addrs=[listen]), trio.open_nursery() as nursery:
+        listeners = await trio.open_tcp_listeners(tensor_port, host=listen_host)
+        tport = listeners[0].socket.getsockname()[1]
+        host = Host(
+            lp, nursery, f"[{listen_host}]:{tport}" if ":" in listen_host else f"{listen_host}:{tport}",
+            links=links, max_payload=max_payload, send_timeout=send_timeout,
+            handshake_timeout=handshake_timeout, frame_timeout=frame_timeout,
+        )
+        lp.set_stream_handler(CTRL_PROTOCOL_ID, host._on_ctrl_stream)
+        lp.set_stream_handler(TENSOR_PROTOCOL_ID, host._on_tensor_handshake)
+        await nursery.start(trio.serve_listeners, host._on_tensor_conn, listeners)
+        links.attach(nursery)
+        try:
+            if dht:
+                host.dht = KadDHT(lp, DHTMode.SERVER)
+                host.dht.register_validator(DHT_NAMESPACE, VersionedValidator())
+            for addr in bootstrap:
+                try:
+                    await host.connect(addr)
+                except PeerUnreachable as e:
+                    log.warning("bootstrap peer unreachable: %s", e)
+            if dht:
+                await nursery.start(host.start_dht)
+            yield host
+        finally:
+            links.detach()
+            for sender in host._tensor_out.values():
+                sender.close()
+            nursery.cancel_scope.cancel()
+
+
+__all__ = ["CTRL_PROTOCOL_ID", "Host", "PeerUnreachable", "TENSOR_PROTOCOL_ID", "open_host"]
