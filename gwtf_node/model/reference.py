@@ -1,0 +1,106 @@
+"""Centralized reference: the same stages, chained in one process, on the same microbatches.
+
+Theory of operation
+-------------------
+DESIGN.md "The invariant": with no churn, the parameters after each iteration
+equal those of centralized training on the same microbatches with the same
+optimizer, up to floating-point summation order.  This module *is* that
+centralized training, written against the very `StageModel` API the daemon
+uses, so that a swarm test can compare losses and final parameters with it:
+
+* iteration t, data node i uses seqs t*M .. t*M+M-1 of
+  `MicrobatchSource(data_index=i, n_data=data_nodes)`, M =
+  microbatches_per_iteration;
+* each microbatch goes data.embed -> relay 0 .. S-1 forward -> data.head_loss,
+  then back through relay S-1 .. 0 backward -> data.embed_backward;
+* every part then applies `apply_mean_grad(sum of its gradients over all
+  microbatches of the iteration, count = data_nodes * M)`.  The data nodes
+  all hold a copy of the same embedding and head, so one data part stands for
+  all of them here: its accumulator is the sum over every data node's
+  microbatches, which is what the data nodes' all-reduce computes.
+
+The loss of an iteration is the mean of its microbatch losses (each the mean
+token cross-entropy of one microbatch, all microbatches the same size).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from .data import MicrobatchSource, encode_corpus, load_tokenizer
+from .manifest import RunManifest
+from .stages import StageModel, build_full_model, build_stage, part_name
+
+
+@dataclass
+class CentralizedResult:
+    losses: list[float] = field(default_factory=list)  # mean microbatch loss per iteration
+    samples: list[int] = field(default_factory=list)  # sequences trained on per iteration
+    params: dict[str, torch.Tensor] = field(default_factory=dict)  # final param_vector() per part_name
+    state_hashes: dict[str, str] = field(default_factory=dict)  # final state_hash() per part_name
+
+
+def build_chain(manifest: RunManifest, device: Any = "cpu") -> tuple[StageModel, list[StageModel]]:
+    """The data part and every relay stage, built from one full model."""
+    full = build_full_model(manifest)
+    data = build_stage(manifest, "data", None, device, full=full)
+    relays = [build_stage(manifest, "relay", k, device, full=full) for k in range(manifest.num_stages)]
+    return data, relays
+
+
+def run_microbatch(
+    data: StageModel, relays: list[StageModel], key: Any, input_ids: torch.Tensor, targets: torch.Tensor
+) -> float:
+    """Forward and backward of one microbatch through the chain; returns its loss."""
+    h = data.embed(key, input_ids)
+    for r in relays:
+        h = r.forward(key, h)
+    loss, g = data.head_loss(key, h, targets)
+    for r in reversed(relays):
+        g = r.backward(key, g)
+    data.embed_backward(key, g)
+    return loss
+
+
+def make_sources(manifest: RunManifest, data_nodes: int) -> list[MicrobatchSource]:
+    """One source per data node, sharing one encoding of the corpus."""
+    tok = load_tokenizer(manifest.data.tokenizer, manifest)
+    tokens = encode_corpus(manifest.data, tok, manifest)
+    return [
+        MicrobatchSource(manifest.data, tok, i, data_nodes, manifest.train.seed, tokens=tokens, manifest=manifest)
+        for i in range(data_nodes)
+    ]
+
+
+def train_centralized(
+    manifest: RunManifest,
+    iterations: int,
+    data_nodes: int = 1,
+    device: Any = "cpu",
+    on_iteration: Callable[[int, float], None] | None = None,
+) -> CentralizedResult:
+    data, relays = build_chain(manifest, device)
+    sources = make_sources(manifest, data_nodes)
+    M = manifest.data.microbatches_per_iteration
+    result = CentralizedResult()
+    for t in range(iterations):
+        losses = []
+        for i, src in enumerate(sources):
+            for seq in range(t * M, (t + 1) * M):
+                x, y = src.get(seq)
+                losses.append(run_microbatch(data, relays, (i, seq), x, y))
+        count = len(losses)
+        for part in (data, *relays):
+            part.apply_mean_grad(part.grad_vector(), count)
+        mean_loss = sum(losses) / count
+        result.losses.append(mean_loss)
+        result.samples.append(count * manifest.data.microbatch_size)
+        if on_iteration is not None:
+            on_iteration(t, mean_loss)
+    for part in (data, *relays):
+        result.params[part_name(part.role, part.stage)] = part.param_vector()
+        result.state_hashes[part.name] = part.state_hash()
+    return result

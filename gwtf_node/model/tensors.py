@@ -1,0 +1,127 @@
+"""Tensors on the wire: raw little-endian bytes after a header naming dtype, shape and size.
+
+Theory of operation
+-------------------
+An activation or gradient travels as a `TensorHeader(dtype, shape, nbytes)`
+inside the protobuf message, followed by exactly `nbytes` raw bytes
+(DESIGN.md "Runtime choices"): no pickle, nothing that executes, nothing that
+allocates before it has been checked.  `unpack` is the gate for bytes from a
+peer, so it refuses, with a `TensorError` naming the problem, everything that
+is not the tensor the caller expects: an unknown dtype, a negative or
+oversized shape, `nbytes` that disagrees with the shape, a payload of another
+length, a shape or dtype other than the expected one, and NaN/Inf in a float
+tensor (one bad peer must not poison a stage's gradient sum).  The checks on
+the header come first and cost nothing; the payload is only then viewed.
+
+Zero copy: `pack` hands out a memoryview of the contiguous CPU tensor;
+`unpack` wraps the payload with `torch.frombuffer` when it is writable and
+aligned (the tensor then *aliases* the caller's buffer: do not reuse it), else
+copies once into a fresh buffer.  Byte order is the host's; every supported
+platform (x86-64, arm64) is little-endian, and `pack` refuses otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Sequence
+
+import torch
+
+from ..protocol.messages import TensorHeader
+
+MAX_TENSOR_BYTES_DEFAULT = 1 << 30  # 1 GiB: far above one microbatch's activations, far below a bad header
+MAX_DIMS = 8  # activations are [B, T, H]; a header with more dimensions is malformed
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+
+
+class TensorError(ValueError):
+    """A tensor from the wire that is refused; the message names the problem."""
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    try:
+        return DTYPE_NAMES[dtype]
+    except KeyError:
+        raise TensorError(f"dtype {dtype} cannot travel on the wire; use one of {', '.join(DTYPES)}") from None
+
+
+def pack(t: torch.Tensor) -> tuple[TensorHeader, memoryview]:
+    """Header and raw bytes of `t` (moved to the CPU and made contiguous if needed)."""
+    if sys.byteorder != "little":
+        raise TensorError("tensors travel little-endian; this host is big-endian")
+    name = dtype_name(t.dtype)
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    raw = flat.view(torch.uint8) if flat.dtype != torch.bool else flat.to(torch.uint8)  # bool: one byte each
+    payload = memoryview(raw.numpy()).cast("B")  # the view keeps the tensor alive
+    header = TensorHeader(dtype=name, shape=tuple(int(s) for s in t.shape), nbytes=payload.nbytes)
+    return header, payload
+
+
+def unpack(
+    header: TensorHeader,
+    payload: bytes | bytearray | memoryview,
+    *,
+    expect_shape: Sequence[int | None] | None = None,
+    expect_dtype: str | torch.dtype | None = None,
+    allow_nonfinite: bool = False,
+    device: str | torch.device = "cpu",
+    max_bytes: int = MAX_TENSOR_BYTES_DEFAULT,
+) -> torch.Tensor:
+    """The tensor that `header` and `payload` describe, after every check; `None` in `expect_shape` is a wildcard."""
+    dtype = DTYPES.get(header.dtype)
+    if dtype is None:
+        raise TensorError(f"unknown tensor dtype {header.dtype!r}; expected one of {', '.join(DTYPES)}")
+    if expect_dtype is not None:
+        want = expect_dtype if isinstance(expect_dtype, str) else dtype_name(expect_dtype)
+        if header.dtype != want:
+            raise TensorError(f"tensor dtype is {header.dtype}, expected {want}")
+    shape = tuple(header.shape)
+    if len(shape) > MAX_DIMS:
+        raise TensorError(f"tensor has {len(shape)} dimensions, at most {MAX_DIMS} are accepted")
+    if any(not isinstance(s, int) or s < 0 for s in shape):
+        raise TensorError(f"tensor shape {shape} has a negative or non-integer dimension")
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * itemsize
+    if nbytes > max_bytes:
+        raise TensorError(f"tensor of shape {shape} needs {nbytes} bytes, over the {max_bytes}-byte limit")
+    if header.nbytes != nbytes:
+        raise TensorError(f"header says {header.nbytes} bytes but shape {shape} of {header.dtype} needs {nbytes}")
+    if expect_shape is not None:
+        want_shape = tuple(expect_shape)
+        if len(want_shape) != len(shape) or any(w is not None and w != s for w, s in zip(want_shape, shape)):
+            shown = tuple("*" if w is None else w for w in want_shape)
+            raise TensorError(f"tensor shape is {shape}, expected {shown}")
+    view = memoryview(payload).cast("B") if not isinstance(payload, memoryview) or payload.format != "B" else payload
+    if view.nbytes != nbytes:
+        raise TensorError(f"payload has {view.nbytes} bytes but the header announces {nbytes}")
+    if nbytes == 0:
+        out = torch.empty(shape, dtype=dtype)
+    else:
+        if view.readonly:
+            view = memoryview(bytearray(view))  # one copy, into memory the tensor may own and write
+        load_dtype = torch.uint8 if dtype == torch.bool else dtype
+        out = torch.frombuffer(view, dtype=load_dtype).reshape(shape)
+        if out.data_ptr() % itemsize:
+            out = out.clone()  # unaligned slice of a larger frame
+        if dtype == torch.bool:
+            if bool((out > 1).any()):
+                raise TensorError("bool tensor holds bytes other than 0 and 1")
+            out = out.to(torch.bool)
+    if out.is_floating_point() and not allow_nonfinite and not bool(torch.isfinite(out).all()):
+        bad = int((~torch.isfinite(out)).sum())
+        raise TensorError(f"tensor holds {bad} NaN/Inf value(s); refusing it")
+    return out.to(device) if torch.device(device).type != "cpu" else out
