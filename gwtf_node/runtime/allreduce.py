@@ -1,0 +1,250 @@
+"""Within-stage all-reduce: the sum of a flat float32 vector over the relays of one stage.
+
+Used in the aggregation phase (GWTF section V-E): the relays of a stage sum
+their gradients (and their microbatch counts, so that each can divide by the
+total) and then apply the same optimizer step.  The invariant of DESIGN.md
+needs every relay to end with *bit-identical* sums, so the order of the float
+additions must not depend on who answered first.
+
+Algorithm (reduce-scatter, then all-gather; each peer sends and receives
+about 2(n-1)/n of the vector, the bandwidth-optimal schedule):
+
+1. `group` is sorted by peer id; the vector of length L is cut into n parts,
+   part i = [i*L//n, (i+1)*L//n), owned by group[i].
+2. Phase 1 (reduce): every peer sends part i of its vector to group[i], with
+   its own `count`.
+3. The owner, once it holds all n contributions, adds them in sorted-peer-id
+   order (`acc = c[g0].clone(); acc += c[g1]; ...`), and sums the counts the
+   same way.
+4. Phase 2 (gather): the owner sends its summed part, with the total count,
+   to every other peer.  Everybody copies the owner's bytes, so the result
+   is identical everywhere, the owner included.
+
+Chunks travel as `AllReduceChunk(key, part, phase, count, tensor)` frames
+with the raw float32 bytes as payload (the tensor channel).  They may arrive
+before `all_reduce(key, ...)` is called here (a faster peer): they are
+buffered per key (at most `MAX_PENDING_KEYS` keys; chunks of a finished key
+are dropped).  Each chunk is checked: dtype float32, 1-D, nbytes matching
+the payload and the part's length, finite values, sender in the group, the
+right owner for the phase, no duplicate; a bad chunk is logged on
+"gwtf.transport" and ignored (a peer that only sends bad chunks shows up in
+the timeout error).  A timeout raises `AllReduceTimeout` naming the peers
+whose parts are missing; an unreachable peer fails the round at once with
+`AllReduceError`.  Recovery (retry without the dead peer) is the caller's
+decision: it knows the stage membership.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+import trio
+
+from ..protocol.codec import encode
+from ..protocol.messages import AllReduceChunk, TensorHeader
+from .host import Host, PeerUnreachable
+
+log = logging.getLogger("gwtf.transport")
+
+MAX_PENDING_KEYS = 64  # rounds buffered before all_reduce is called for them
+_DONE_KEYS_KEPT = 256  # finished rounds remembered, to drop their late chunks quietly
+REDUCE, GATHER = 1, 2  # AllReduceChunk.phase
+
+
+class AllReduceError(RuntimeError):
+    """An all-reduce round failed (a peer unreachable, a bad group)."""
+
+
+class AllReduceTimeout(AllReduceError):
+    """Some peers did not deliver their parts in time; `missing` lists them."""
+
+    def __init__(self, message: str, missing: list[str]) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
+def part_bounds(length: int, n: int, i: int) -> tuple[int, int]:
+    return i * length // n, (i + 1) * length // n
+
+
+@dataclass
+class _Round:
+    # (phase, part, sender) -> (count, tensor); early chunks are not yet length-checked
+    chunks: dict[tuple[int, int, str], tuple[float, torch.Tensor]] = field(default_factory=dict)
+    group: list[str] | None = None
+    length: int = 0
+    changed: trio.Event = field(default_factory=trio.Event)
+
+    def notify(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+
+class AllReducer:
+    """All-reduce rounds over a `Host`; hand it the AllReduceChunk frames with `on_chunk`."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self._rounds: OrderedDict[str, _Round] = OrderedDict()
+        self._done: OrderedDict[str, None] = OrderedDict()
+
+    @staticmethod
+    def accepts(msg: object) -> bool:
+        return isinstance(msg, AllReduceChunk)
+
+    # ---- incoming ---------------------------------------------------------------
+
+    def _refuse(self, peer_id: str, msg: AllReduceChunk, why: str) -> None:
+        log.warning("all-reduce chunk refused: key %r part %d phase %d from %s: %s",
+                    msg.key, msg.part, msg.phase, peer_id, why)
+
+    def _check_fits(self, rnd: _Round, phase: int, part: int, sender: str, t: torch.Tensor) -> str | None:
+        """Why a chunk does not fit a started round (None if it does)."""
+        group = rnd.group
+        assert group is not None
+        n = len(group)
+        me = self.host.peer_id
+        if sender not in group:
+            return f"sender is not in the group {group}"
+        if not 0 <= part < n:
+            return f"part {part} out of range for a group of {n}"
+        if phase == REDUCE and group[part] != me:
+            return f"phase-1 part {part} belongs to {group[part]}, not to this peer"
+        if phase == GATHER and group[part] != sender:
+            return f"phase-2 part {part} must come from its owner {group[part]}"
+        lo, hi = part_bounds(rnd.length, n, part)
+        if t.numel() != hi - lo:
+            return f"part has {t.numel()} floats, expected {hi - lo}"
+        return None
+
+    async def on_chunk(self, peer_id: str, msg: AllReduceChunk, payload: bytes | bytearray | memoryview) -> None:
+        if msg.key in self._done:
+            log.debug("late all-reduce chunk for finished round %r from %s dropped", msg.key, peer_id)
+            return
+        h = msg.tensor
+        if h is None:
+            return self._refuse(peer_id, msg, "no tensor header")
+        if h.dtype != "float32":
+            return self._refuse(peer_id, msg, f"dtype {h.dtype!r}, expected float32")
+        if h.nbytes != len(payload) or h.nbytes % 4 or tuple(h.shape) != (h.nbytes // 4,):
+            return self._refuse(peer_id, msg, f"header {h} does not describe the {len(payload)} payload bytes")
+        if msg.phase not in (REDUCE, GATHER):
+            return self._refuse(peer_id, msg, f"unknown phase {msg.phase}")
+        if not math.isfinite(msg.count):
+            return self._refuse(peer_id, msg, f"count {msg.count} is not finite")
+        buf = payload if isinstance(payload, bytearray) else bytearray(payload)
+        t = torch.frombuffer(buf, dtype=torch.float32) if len(buf) else torch.empty(0, dtype=torch.float32)
+        if not bool(torch.isfinite(t).all()):
+            return self._refuse(peer_id, msg, "tensor holds NaN or infinity")
+        rnd = self._rounds.get(msg.key)
+        if rnd is None:
+            if len(self._rounds) >= MAX_PENDING_KEYS:
+                return self._refuse(peer_id, msg, f"{MAX_PENDING_KEYS} rounds already pending")
+            rnd = self._rounds[msg.key] = _Round()
+        slot = (msg.phase, msg.part, peer_id)
+        if slot in rnd.chunks:
+            return self._refuse(peer_id, msg, "duplicate chunk")
+        if rnd.group is not None and (why := self._check_fits(rnd, msg.phase, msg.part, peer_id, t)):
+            return self._refuse(peer_id, msg, why)
+        rnd.chunks[slot] = (msg.count, t)
+        rnd.notify()
+
+    # ---- one round ----------------------------------------------------------------
+
+    async def _send_part(self, peer: str, key: str, part: int, phase: int, count: float, t: torch.Tensor) -> None:
+        t = t.contiguous()
+        data = memoryview(t.numpy()).cast("B") if t.numel() else b""
+        header = TensorHeader(dtype="float32", shape=(t.numel(),), nbytes=t.numel() * 4)
+        env = encode(self.host.peer_id, AllReduceChunk(key=key, part=part, phase=phase, count=count, tensor=header))
+        try:
+            await self.host.send(peer, env, data)
+        except PeerUnreachable as e:
+            raise AllReduceError(f"all-reduce {key!r}: cannot send part {part} (phase {phase}) to {peer}: {e}") from e
+
+    async def all_reduce(
+        self, key: str, group: list[str], tensor: torch.Tensor, count: float, timeout: float
+    ) -> tuple[torch.Tensor, float]:
+        """(sum of the group's tensors, sum of their counts); identical bits on every peer."""
+        me = self.host.peer_id
+        group = sorted(set(group))
+        if me not in group:
+            raise AllReduceError(f"all-reduce {key!r}: this peer {me} is not in the group {group}")
+        if tensor.dim() != 1 or tensor.dtype != torch.float32:
+            raise AllReduceError(f"all-reduce {key!r}: needs a 1-D float32 tensor, got {tensor.dtype} {tuple(tensor.shape)}")
+        if key in self._done:
+            raise AllReduceError(f"all-reduce {key!r} already ran on this peer: use a fresh key per round")
+        flat = tensor.detach().contiguous()
+        n, length = len(group), flat.numel()
+        mine = group.index(me)
+        rnd = self._rounds.get(key)
+        if rnd is None:
+            rnd = self._rounds[key] = _Round()
+        rnd.group, rnd.length = group, length
+        for (phase, part, sender), (_c, t) in list(rnd.chunks.items()):  # chunks that came early
+            if why := self._check_fits(rnd, phase, part, sender, t):
+                log.warning("all-reduce chunk refused: key %r part %d phase %d from %s: %s", key, part, phase, sender, why)
+                del rnd.chunks[(phase, part, sender)]
+        rnd.chunks[(REDUCE, mine, me)] = (float(count), flat[slice(*part_bounds(length, n, mine))])
+        result = torch.empty_like(flat)
+        total = [0.0]
+
+        def missing(phase: int) -> list[str]:
+            if phase == REDUCE:
+                return [p for p in group if (REDUCE, mine, p) not in rnd.chunks]
+            return [group[i] for i in range(n) if i != mine and (GATHER, i, group[i]) not in rnd.chunks]
+
+        async def reduce_and_gather(nursery: trio.Nursery) -> None:
+            while missing(REDUCE):
+                await rnd.changed.wait()
+            acc = rnd.chunks[(REDUCE, mine, group[0])][1].clone()
+            cnt = rnd.chunks[(REDUCE, mine, group[0])][0]
+            for p in group[1:]:  # sorted order: the same additions on every run
+                c, t = rnd.chunks[(REDUCE, mine, p)]
+                acc += t
+                cnt += c
+            result[slice(*part_bounds(length, n, mine))] = acc
+            total[0] = cnt
+            for p in group:
+                if p != me:
+                    nursery.start_soon(self._send_part, p, key, mine, GATHER, cnt, acc)
+
+        try:
+            with trio.fail_after(timeout):
+                async with trio.open_nursery() as nursery:
+                    for i, owner in enumerate(group):
+                        if owner != me:
+                            nursery.start_soon(
+                                self._send_part, owner, key, i, REDUCE, float(count), flat[slice(*part_bounds(length, n, i))]
+                            )
+                    nursery.start_soon(reduce_and_gather, nursery)
+                    while missing(GATHER):
+                        await rnd.changed.wait()
+        except trio.TooSlowError:
+            late_reduce, late_gather = missing(REDUCE), missing(GATHER)
+            who = sorted(set(late_reduce) | set(late_gather))
+            raise AllReduceTimeout(
+                f"all-reduce {key!r} timed out after {timeout} s among {n} peers: "
+                f"no phase-1 part from {late_reduce or 'nobody'}, "
+                f"no phase-2 (summed) part from {late_gather or 'nobody'}",
+                who,
+            ) from None
+        finally:
+            self._rounds.pop(key, None)
+            self._done[key] = None
+            while len(self._done) > _DONE_KEYS_KEPT:
+                self._done.popitem(last=False)
+
+        gather_count = None
+        for i in range(n):
+            if i == mine:
+                continue
+            c, t = rnd.chunks[(GATHER, i, group[i])]
+            result[slice(*part_bounds(length, n, i))] = t
+            gather_count = c if gather_count is None else gather_count
+            if c != gather_count:
+                log.warning("all-reduce %r: owners report different total counts (%s vs %s)", key, c, gather_count)
+        return result, total[0]
