@@ -474,3 +474,28 @@ def test_user_files(tmp_path) -> None:
             MicrobatchSource.for_manifest(dataclasses.replace(with_data(m, source=files)), 0, 1)
     with pytest.raises(ManifestError, match="tokenizer file"):
         MicrobatchSource.for_manifest(with_data(m, tokenizer="tok.json"), 0, 1)
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
+def test_weights_from_a_local_file(suffix: str, tmp_path) -> None:
+    m = tiny("gpt")
+    full = build_full_model(m)
+    with torch.no_grad():
+        for p in full.parameters():
+            p.add_(0.5)
+    path = tmp_path / f"w{suffix}"
+    if suffix == ".pt":
+        torch.save(full.state_dict(), path)
+    else:
+        from safetensors.torch import save_model
+
+        save_model(full, str(path))  # stores the tied lm_head / wte once
+    loaded = dataclasses.replace(m, model=dataclasses.replace(m.model, weights=path.name), base_dir=str(tmp_path))
+    data = build_stage(loaded, "data")
+    expect = torch.cat([dict(full.named_parameters())[n].detach().reshape(-1) for n in data.names])
+    assert torch.equal(data.param_vector(), expect)
+    assert data.module.lm_head.weight is data.module.embed_tokens.weight
+    torch.save({"nonsense.weight": torch.zeros(1)}, tmp_path / "bad.pt")
+    bad = dataclasses.replace(loaded, model=dataclasses.replace(m.model, weights="bad.pt"))
+    with pytest.raises(ManifestError, match="do not match model.config"):
+        build_stage(bad, "relay", 0)

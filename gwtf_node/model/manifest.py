@@ -181,6 +181,8 @@ class RunManifest:
             raise ManifestError(f"model.family is {m.family!r}; use one of {', '.join(FAMILIES)}")
         if not isinstance(m.config, dict):
             raise ManifestError("model.config must be an object of HF config keyword arguments")
+        if m.weights is not None and (not isinstance(m.weights, str) or not m.weights):
+            raise ManifestError("model.weights must be a file path or null")
         dims = model_dims(m)
         if dims.hidden % dims.heads:
             raise ManifestError(
@@ -203,6 +205,8 @@ class RunManifest:
                 f"data.seq_len {dt.seq_len} exceeds the model's {dims.max_positions} positions: "
                 "lower seq_len or raise max_position_embeddings / n_positions"
             )
+        if not isinstance(dt.tokenizer, str) or not dt.tokenizer:
+            raise ManifestError("data.tokenizer must be \"bytes\" or the path of a tokenizer.json")
         if dt.tokenizer == "bytes" and dims.vocab < BYTE_VOCAB:
             raise ManifestError(f"vocab_size {dims.vocab} is below the byte tokenizer's {BYTE_VOCAB}")
         if isinstance(dt.source, str):
@@ -318,7 +322,7 @@ def _from_dict(d: Any, base_dir: str) -> RunManifest:
         )
     except KeyError as e:
         raise ManifestError(f"manifest is missing the field {e.args[0]!r}") from None
-    except TypeError as e:
+    except (TypeError, ValueError, AttributeError) as e:
         raise ManifestError(f"manifest has a malformed section: {e}") from None
     return m
 
