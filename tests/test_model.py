@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 
 from gwtf_node.model.data import ByteTokenizer, MicrobatchSource, bundled_text, encode_corpus
 from gwtf_node.model.manifest import (
-    DataSpec,
     ManifestError,
     RunManifest,
     TrainSpec,
@@ -471,7 +470,7 @@ def test_user_files(tmp_path) -> None:
         (["short.txt"], "too short"),
     ]:
         with pytest.raises(ManifestError, match=message):
-            MicrobatchSource.for_manifest(dataclasses.replace(with_data(m, source=files)), 0, 1)
+            MicrobatchSource.for_manifest(with_data(m, source=files), 0, 1)
     with pytest.raises(ManifestError, match="tokenizer file"):
         MicrobatchSource.for_manifest(with_data(m, tokenizer="tok.json"), 0, 1)
 
