@@ -367,35 +367,45 @@ def role_ar_hivemind(args) -> None:
     from hivemind.averaging.control import AveragingStage
 
     tensor = torch.randn(args.floats, generator=torch.Generator().manual_seed(1000 + args.rank))
-    initial = None
-    if args.rank:
-        pass
     dht = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
     emit({"peer_id": str(dht.peer_id), "addrs": [str(a) for a in dht.get_visible_maddrs()]})
     cmd = json.loads(sys.stdin.readline())
-    others = [a for p in cmd["peers"] if p["peer_id"] != str(dht.peer_id) for a in p["addrs"]]
-    dht.shutdown()
-    dht = hivemind.DHT(start=True, initial_peers=others, host_maddrs=["/ip4/127.0.0.1/tcp/0"]) if initial else dht
-    averager = None
+    if args.rank:  # rejoin through rank 0, the bootstrap of this little swarm
+        dht.shutdown()
+        dht = hivemind.DHT(start=True, initial_peers=cmd["peers"][0]["addrs"], host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    averager = hivemind.averaging.DecentralizedAverager(
+        [tensor.clone()], dht, prefix="gwtf_bench", target_group_size=3, min_group_size=3,
+        min_matchmaking_time=2.0, request_timeout=5.0, start=True,
+    )
     emit({"connected": True})
-    while True:
-        cmd = json.loads(sys.stdin.readline() or '{"cmd": "quit"}')
-        if cmd["cmd"] == "quit":
-            break
-        r = cmd["round"]
-        with averager.get_tensors() if averager else _null():
-            pass
-        emit({"ready": r})
-        json.loads(sys.stdin.readline())
-    del initial, hashlib, AveragingStage, tensor
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *a):
-        return False
+    try:
+        while True:
+            cmd = json.loads(sys.stdin.readline() or '{"cmd": "quit"}')
+            if cmd["cmd"] == "quit":
+                break
+            r = cmd["round"]
+            with averager.get_tensors() as ts:  # the same input every round
+                ts[0].copy_(tensor)
+            s0 = time.monotonic()
+            control = averager.step(wait=False, require_trigger=True, timeout=STEP_TIMEOUT_S)
+            deadline = time.monotonic() + STEP_TIMEOUT_S
+            while control.stage != AveragingStage.AWAITING_TRIGGER and not control.done():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"hivemind matchmaking did not finish in {STEP_TIMEOUT_S} s")
+                time.sleep(0.005)
+            matched = time.monotonic() - s0
+            emit({"ready": r})
+            json.loads(sys.stdin.readline())  # go
+            t0 = time.monotonic()
+            control.allow_allreduce()
+            control.result(timeout=STEP_TIMEOUT_S)
+            t1 = time.monotonic()
+            with averager.get_tensors() as ts:
+                digest = hashlib.sha256(ts[0].numpy().tobytes()).hexdigest()[:16]
+            emit({"t0": t0, "t1": t1, "step_s": matched + (t1 - t0), "hash": digest})
+    finally:
+        averager.shutdown()
+        dht.shutdown()
 
 
 # ---- main ------------------------------------------------------------------------------------
