@@ -135,6 +135,211 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- the daemon
+
+def _manifest_error_types():
+    from .model.manifest import ManifestError
+    from .runtime.linkspec import LinksError
+
+    return (ManifestError, LinksError)
+
+
+def cmd_init_run(args: argparse.Namespace) -> int:
+    from .model.manifest import default_manifest, save_manifest
+
+    try:
+        man = default_manifest(family=args.family, stages=args.stages, layers=args.layers, hidden=args.hidden,
+                               seq_len=args.seq_len, microbatch_size=args.microbatch_size,
+                               microbatches_per_iteration=args.microbatches, lr=args.lr, seed=args.seed,
+                               run_name=args.name)
+        if args.data:
+            from dataclasses import replace
+            man = replace(man, data=replace(man.data, source=list(args.data)))
+            man = type(man).from_json(man.to_json())  # validates the data files
+        save_manifest(man, args.out)
+    except _manifest_error_types() as e:
+        raise CliError(str(e)) from None
+    except OSError as e:
+        raise CliError(f"cannot write {args.out}: {e.strerror}") from None
+    print(f"wrote {args.out}: run {man.run_id}, {args.family}, {len(man.stages)} stages {man.stages}")
+    return 0
+
+
+def _setup_logging(level: str, state_dir=None) -> None:
+    import logging
+
+    handlers: list = [logging.StreamHandler(sys.stderr)]
+    logging.basicConfig(level=getattr(logging, level), handlers=handlers,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("libp2p", "multiaddr", "async_service", "trio"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+
+
+def cmd_join(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import trio
+
+    from .runtime.node import NodeOptions, run_node
+
+    if args.role == "data" and args.stage not in (None, "auto"):
+        raise CliError("--stage applies to relays; data nodes host the embedding and the head")
+    stage = None
+    if args.role == "relay" and args.stage != "auto":
+        try:
+            stage = int(args.stage)
+        except ValueError:
+            raise CliError(f"--stage must be 'auto' or a stage number, got {args.stage!r}") from None
+    try:
+        from .model.manifest import load_manifest
+
+        man = load_manifest(args.run, check_files=args.role == "data")  # relays hold no data
+        if stage is not None and not 0 <= stage < len(man.stages):
+            raise CliError(f"--stage {stage} is outside the run's stages 0..{len(man.stages) - 1}")
+        if args.data_index >= args.data_nodes:
+            raise CliError(f"--data-index {args.data_index} must be below --data-nodes {args.data_nodes}")
+        if args.links:
+            from .runtime.linkspec import load_links
+            load_links(Path(args.links))
+    except _manifest_error_types() as e:
+        raise CliError(str(e)) from None
+    for b in args.bootstrap:
+        if "/p2p/" not in b:
+            raise CliError(f"--bootstrap {b!r} must be a multiaddr ending in /p2p/<peer id>")
+    _setup_logging(args.log_level)
+    opts = NodeOptions(run_path=Path(args.run), role=args.role, stage=stage, state_dir=Path(args.state_dir),
+                       bootstrap=list(args.bootstrap), name=args.name or "", port=args.port,
+                       listen_host=args.host, capacity=args.capacity, iterations=args.iterations,
+                       data_index=args.data_index, data_nodes=args.data_nodes,
+                       links=Path(args.links) if args.links else None)
+    trio.run(run_node, opts)
+    return 0
+
+
+def cmd_local(args: argparse.Namespace) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from .model.manifest import default_manifest, load_manifest, save_manifest
+
+    try:
+        if args.run:
+            man = load_manifest(args.run)
+        else:
+            man = default_manifest(family=args.family, stages=args.stages, seed=args.seed,
+                                   microbatches_per_iteration=args.microbatches)
+    except _manifest_error_types() as e:
+        raise CliError(str(e)) from None
+    if args.links and not Path(args.links).is_file():
+        raise CliError(f"--links {args.links}: no such file")
+    if args.centralized:
+        return _local_centralized(man, args)
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="gwtf-local-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    run_path = workdir / "run.json"
+    save_manifest(man, run_path)
+    from .runtime.local import LocalError, LocalSwarm, run_local
+
+    swarm = LocalSwarm(workdir, run_path, args.data_nodes, len(man.stages), args.relays_per_stage,
+                       args.iterations, links=Path(args.links) if args.links else None)
+    bar = None
+    if not args.json:
+        print(f"local swarm in {workdir}: {args.data_nodes} data node(s), {len(man.stages)} stages x "
+              f"{args.relays_per_stage} relays, {man.model.family} model, {args.iterations} iterations",
+              file=sys.stderr)
+        from tqdm import tqdm
+        bar = tqdm(total=args.iterations, unit="it", file=sys.stderr)
+
+    def show(rec: dict) -> None:
+        if args.json:
+            print(json.dumps(rec), flush=True)
+        else:
+            bar.update(1)
+            tput = rec["samples"] / rec["seconds"] if rec["seconds"] else 0.0
+            bar.set_postfix(loss=f"{rec['loss']:.4f}", mb=rec["microbatches"], samples_s=f"{tput:.1f}")
+    try:
+        records = run_local(swarm, show)
+    except LocalError as e:
+        raise CliError(str(e)) from None
+    finally:
+        if bar is not None:
+            bar.close()
+    if not args.json and records:
+        print(f"done: loss {records[0]['loss']:.4f} -> {records[-1]['loss']:.4f} over {len(records)} iterations; "
+              f"node logs and checkpoints in {workdir}", file=sys.stderr)
+    return 0
+
+
+def _local_centralized(man, args) -> int:
+    import time
+
+    from .model.reference import train_centralized
+
+    t_last = [time.monotonic()]
+
+    def on_iteration(t: int, loss: float, microbatches: int, samples: int) -> None:
+        now = time.monotonic()
+        rec = {"iteration": t, "loss": loss, "microbatches": microbatches, "samples": samples,
+               "seconds": round(now - t_last[0], 4)}
+        t_last[0] = now
+        if args.json:
+            print(json.dumps(rec), flush=True)
+        else:
+            print(f"iteration {t}: loss {loss:.4f}, {microbatches} microbatches, {rec['seconds']:.2f} s",
+                  file=sys.stderr)
+
+    train_centralized(man, args.iterations, data_nodes=args.data_nodes, on_iteration=on_iteration)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Show what the nodes whose state directories are given (or contained) are doing."""
+    import time
+    from pathlib import Path
+
+    files: list[Path] = []
+    for d in args.state_dir:
+        p = Path(d)
+        if (p / "status.json").is_file():
+            files.append(p / "status.json")
+        elif p.is_dir():
+            files += sorted(p.glob("*/status.json"))
+        else:
+            raise CliError(f"--state-dir {d}: no such directory")
+    if not files:
+        raise CliError("no status.json found: give the --state-dir of a running node (or of a local swarm)")
+    rows = []
+    for f in files:
+        try:
+            st = json.loads(f.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise CliError(f"{f}: unreadable status ({e})") from None
+        st["age_s"] = round(time.time() - st.get("time", 0), 1)
+        st["alive"] = st["age_s"] < 5
+        metrics = f.parent / "metrics.jsonl"
+        if metrics.is_file():
+            lines = metrics.read_text().splitlines()
+            if lines:
+                st["last_iteration"] = json.loads(lines[-1])
+        rows.append(st)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"{'name':<8} {'role':<6} {'stage':>5} {'alive':<6} {'peers':>5} {'iter':>5} {'refused':>7}  flows")
+    for st in rows:
+        flows = "; ".join(
+            f"{d[:8]}: " + ", ".join(f"{st['peers'].get(j, {}).get('name') or j[:8]}x{n}" for j, n in hops.items())
+            for d, hops in st.get("flows", {}).items() if hops)
+        stage = st["stage"] if st["stage"] is not None else "auto"
+        print(f"{st['name'] or st['peer_id'][:8]:<8} {st['role']:<6} {stage:>5} {str(st['alive']):<6} "
+              f"{len(st['peers']):>5} {str(st.get('iteration')):>5} {st.get('refused_frames', 0):>7}  {flows}")
+        if "last_iteration" in st:
+            li = st["last_iteration"]
+            print(f"         last iteration {li['iteration']}: loss {li['loss']:.4f}, "
+                  f"{li['microbatches']} microbatches, {li['seconds']:.2f} s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gwtf-node", description="Decentralized LLM training with GWTF flow routing.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -164,6 +369,62 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gwtf: also run Request Change/Redirect with simulated annealing (experimental)")
     f.add_argument("--json", action="store_true", help="print the JSON of specs/scenario.md")
     f.set_defaults(func=cmd_flow)
+
+    ir = sub.add_parser("init-run", help="write a run manifest with sensible defaults")
+    ir.add_argument("--out", required=True, help="where to write the manifest (JSON)")
+    ir.add_argument("--name", default="demo", help="run name")
+    ir.add_argument("--family", choices=("llama", "gpt"), default="llama")
+    ir.add_argument("--stages", type=_positive_int, default=2, help="relay stages")
+    ir.add_argument("--layers", type=_positive_int, default=None, help="transformer layers (default 2 per stage)")
+    ir.add_argument("--hidden", type=_positive_int, default=64)
+    ir.add_argument("--seq-len", type=_positive_int, default=64)
+    ir.add_argument("--microbatch-size", type=_positive_int, default=4)
+    ir.add_argument("--microbatches", type=_positive_int, default=4, help="microbatches per data node per iteration")
+    ir.add_argument("--lr", type=float, default=3e-3)
+    ir.add_argument("--seed", type=_nonneg_int, default=0)
+    ir.add_argument("--data", nargs="+", default=None, metavar="FILE",
+                    help="your own .txt / .jsonl files (default: the bundled corpus)")
+    ir.set_defaults(func=cmd_init_run)
+
+    j = sub.add_parser("join", help="start a long-lived node of a run")
+    j.add_argument("--run", required=True, help="run manifest (gwtf-node init-run)")
+    j.add_argument("--bootstrap", action="append", default=[], metavar="MULTIADDR",
+                   help="address of a node of the run, ending in /p2p/<peer id> (repeatable; none: first node)")
+    j.add_argument("--role", choices=("data", "relay"), required=True)
+    j.add_argument("--stage", default=None, help="relays: 'auto' or a stage number")
+    j.add_argument("--state-dir", default="gwtf-state", help="identity key, checkpoints, logs, metrics")
+    j.add_argument("--name", default="", help="a readable node name (also its name in --links)")
+    j.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    j.add_argument("--port", type=_nonneg_int, default=0)
+    j.add_argument("--capacity", type=_nonneg_int, default=0,
+                   help="microbatches held per iteration (0: one data node's demand)")
+    j.add_argument("--iterations", type=_nonneg_int, default=0, help="data nodes: stop after N (0: forever)")
+    j.add_argument("--data-index", type=_nonneg_int, default=0, help="data nodes: which shard of the data")
+    j.add_argument("--data-nodes", type=_positive_int, default=1, help="data nodes of the run")
+    j.add_argument("--links", default=None, help="emulated links between named nodes (resolved links file)")
+    j.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO")
+    j.set_defaults(func=cmd_join)
+
+    lo = sub.add_parser("local", help="a whole swarm of separate processes on loopback, training a small model")
+    lo.add_argument("--data-nodes", type=_positive_int, default=1)
+    lo.add_argument("--stages", type=_positive_int, default=2)
+    lo.add_argument("--relays-per-stage", type=_positive_int, default=2)
+    lo.add_argument("--iterations", type=_positive_int, default=20)
+    lo.add_argument("--microbatches", type=_positive_int, default=4, help="per data node per iteration")
+    lo.add_argument("--seed", type=_nonneg_int, default=0)
+    lo.add_argument("--family", choices=("llama", "gpt"), default="llama")
+    lo.add_argument("--run", default=None, help="use this run manifest instead of the embedded defaults")
+    lo.add_argument("--links", default=None, help="scenario or location file to emulate link latency/bandwidth")
+    lo.add_argument("--workdir", default=None, help="state directories of the nodes (default: a new temp dir)")
+    lo.add_argument("--centralized", action="store_true", help="train the same model in one process: the reference")
+    lo.add_argument("--json", action="store_true", help="one JSON object per iteration on stdout")
+    lo.set_defaults(func=cmd_local)
+
+    stt = sub.add_parser("status", help="what the nodes of given state directories are doing")
+    stt.add_argument("--state-dir", nargs="+", default=["gwtf-state"],
+                     help="a node's state directory, or a directory holding several (a local swarm's workdir)")
+    stt.add_argument("--json", action="store_true")
+    stt.set_defaults(func=cmd_status)
     return p
 
 

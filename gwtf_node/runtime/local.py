@@ -1,0 +1,158 @@
+"""`gwtf-node local`: a whole swarm of separate daemon processes on loopback.
+
+The launcher writes a run manifest (or uses the one given), starts the first
+data node, reads its listen address from its state directory, and starts the
+other data nodes and the relays with that address as their bootstrap peer:
+each is a real `gwtf-node join` process, so what runs here is what runs on
+volunteers' machines, only on 127.0.0.1.  Progress comes from the leader's
+`metrics.jsonl`; every wait has a deadline, and the swarm is taken down on
+exit, error or Ctrl-C (SIGTERM, then SIGKILL for stragglers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from .linkspec import resolve_links
+
+
+class LocalError(RuntimeError):
+    """The local swarm could not run; the message says why."""
+
+
+@dataclass
+class LocalSwarm:
+    workdir: Path
+    run_path: Path
+    data_nodes: int
+    stages: int
+    relays_per_stage: int
+    iterations: int
+    links: Path | None = None
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    startup_timeout_s: float = 120.0
+    iteration_timeout_s: float = 300.0
+    log_level: str = "INFO"
+
+    def names(self) -> list[str]:
+        return [f"d{i}" for i in range(self.data_nodes)] + [
+            f"r{k}_{i}" for k in range(self.stages) for i in range(self.relays_per_stage)
+        ]
+
+    def state_dir(self, name: str) -> Path:
+        return self.workdir / name
+
+    def _spawn(self, name: str, bootstrap: str | None, links_file: Path | None) -> None:
+        sd = self.state_dir(name)
+        sd.mkdir(parents=True, exist_ok=True)
+        (sd / "addr").unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "gwtf_node.cli", "join", "--run", str(self.run_path), "--state-dir", str(sd),
+               "--name", name, "--log-level", self.log_level]
+        if name.startswith("d"):
+            cmd += ["--role", "data", "--data-index", name[1:], "--data-nodes", str(self.data_nodes),
+                    "--iterations", str(self.iterations)]
+        else:
+            cmd += ["--role", "relay", "--stage", name[1:].split("_")[0]]
+        if bootstrap:
+            cmd += ["--bootstrap", bootstrap]
+        if links_file is not None:
+            cmd += ["--links", str(links_file)]
+        log = open(sd / "node.log", "w")
+        self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            start_new_session=True)
+
+    def _wait_addr(self, name: str) -> str:
+        path = self.state_dir(name) / "addr"
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            self._check_alive()
+            if path.exists() and path.read_text().strip():
+                return path.read_text().split()[0]
+            time.sleep(0.1)
+        raise LocalError(f"node {name} did not start listening within {self.startup_timeout_s:.0f} s "
+                         f"(see {self.state_dir(name) / 'node.log'})")
+
+    def _check_alive(self) -> None:
+        for name, p in self.procs.items():
+            rc = p.poll()
+            if rc is not None and rc != 0:
+                tail = _tail(self.state_dir(name) / "node.log")
+                raise LocalError(f"node {name} exited with status {rc}; last log lines:\n{tail}")
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        links_file = None
+        if self.links is not None:
+            links_file = self.workdir / "links.json"
+            links_file.write_text(json.dumps(resolve_links(self.links, self.names()), indent=1))
+        first = "d0"
+        self._spawn(first, None, links_file)
+        boot = self._wait_addr(first)
+        for name in self.names()[1:]:
+            self._spawn(name, boot, links_file)
+
+    def iterations_done(self) -> Iterator[dict]:
+        """Yield the leader's per-iteration records as they appear, until `iterations` are done."""
+        path = self.state_dir("d0") / "metrics.jsonl"
+        seen = 0
+        last_progress = time.monotonic()
+        budget = self.startup_timeout_s + self.iteration_timeout_s
+        while seen < self.iterations:
+            self._check_alive()
+            lines = path.read_text().splitlines() if path.exists() else []
+            for line in lines[seen:]:
+                seen += 1
+                last_progress = time.monotonic()
+                budget = self.iteration_timeout_s
+                yield json.loads(line)
+            if seen >= self.iterations:
+                break
+            if time.monotonic() - last_progress > budget:
+                raise LocalError(f"no iteration finished within {budget:.0f} s "
+                                 f"(logs in {self.workdir}/*/node.log)")
+            time.sleep(0.1)
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace_s
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait(timeout=5)
+
+
+def _tail(path: Path, n: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+def run_local(swarm: LocalSwarm, on_record: Callable[[dict], None]) -> list[dict]:
+    records: list[dict] = []
+    try:
+        swarm.start()
+        for rec in swarm.iterations_done():
+            records.append(rec)
+            on_record(rec)
+    finally:
+        swarm.stop()
+    return records

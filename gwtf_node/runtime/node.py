@@ -1,0 +1,696 @@
+"""The daemon: one gwtf-node process, driving the protocol machines for real.
+
+Theory of operation
+-------------------
+A node is a libp2p host (`host.py`: Noise, Yamux, Kademlia) plus the pure
+machines of `protocol/`: the flow machine (`flow.py`) that decides how many
+microbatch slots go through which next hop, and the phase bookkeeping
+(`pipeline.py`) of BEGIN AGGREGATION / CAN TAKE.  The node turns frames into
+machine events and machine effects into frames and timers; torch work runs in
+one worker thread (`trio.to_thread`, limiter of 1: a stage's tensors are not
+thread-safe) so that the event loop keeps answering while a stage computes.
+
+Lifecycle:
+
+1. *Discovery.*  The node connects to its bootstrap peers, starts the DHT,
+   provides the key of its run, and greets every peer it meets with `Hello`
+   (run id, role, stage, name, capacity, addresses).  Peers exchange the
+   addresses they know (`PeerList`), so a swarm of any shape finds itself from
+   one bootstrap address; the DHT's provider records are the second way in.
+   A peer of another run is refused.  A `--stage auto` relay waits for the
+   swarm to settle and takes the stage with the fewest relays (until the
+   leader-driven insertion of the membership issue replaces this).
+2. *Flow formation.*  Once membership has been quiet for `settle_s` and the
+   node knows a peer on each side, it measures a round trip to each adjacent
+   peer (`Ping`/`Pong`), computes the link costs of Equation 1 (latency from
+   the round trip, or from `--links`; bandwidth from `--links` or a nominal
+   figure; the activation size of the run) and starts its flow machine.
+   Frames for the flow machine that arrive before it exists wait in a queue.
+   Peers that appear later are not added to the flows of a running machine
+   (joining is the membership issue's work) but do take part in aggregation.
+3. *Training.*  A data node opens iteration 0 once its flows are formed (its
+   demand is placed, or flows stopped changing) and pushes its microbatches:
+   embed, `Forward` (tensor follows) to the next hop chosen among its
+   outflows; relays run their stage forward, send `Complete` upstream and
+   `Forward` on; the data node computes the loss and returns the gradient
+   (`Backward`) along the same path in reverse; the embedding backward
+   closes the microbatch.  Then the aggregation phase (`pipeline.Phases`).
+   Every relay of a stage, and every data node, takes part in the all-reduce
+   of its group, whether or not it carried a microbatch, so all copies of a
+   stage stay identical.  The update is the gradient sum divided by the number
+   of microbatches completed end to end (`BeginAggregation.microbatches`).
+4. *Metrics.*  The leader (lowest data-node peer id, until elections exist)
+   appends one JSON object per iteration to `metrics.jsonl` in its state
+   directory; every node writes `status.json` and a checkpoint.
+
+Bad input: every frame is decoded by `codec.decode` (size limit first) and
+every tensor by `model.tensors.unpack` against the shape and dtype the stage
+expects, finite values only.  A refused frame is logged with its sender and
+reason and dropped; the node keeps running.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ..protocol import codec
+from ..protocol import messages as m
+from ..protocol.cost import link_cost
+from ..protocol.effects import CancelTimer, Send, SetTimer
+from ..protocol.flow import FlowConfig, FlowNode
+from ..protocol.pipeline import DataIteration, Ledger, MbStatus, OpenIteration, Phases, StartStep, fallback_hop, pick_next_hop
+
+log = logging.getLogger("gwtf.node")
+
+DEFAULT_BANDWIDTH_MBPS = 1000.0  # assumed when no --links gives one
+FLOW_MSGS = (
+    m.CostAnnounce, m.RequestFlow, m.FlowReply, m.Deny, m.Withdraw, m.QueryFlows, m.FlowReport,
+    m.RequestChange, m.RequestRedirect, m.MoveReply, m.Reroute,
+)
+
+
+@dataclass
+class NodeOptions:
+    run_path: Path
+    role: str  # "data" | "relay"
+    stage: int | None  # None: auto
+    state_dir: Path
+    bootstrap: list[str] = field(default_factory=list)
+    name: str = ""
+    port: int = 0
+    listen_host: str = "127.0.0.1"
+    capacity: int = 0  # 0: relays take the per-iteration demand of one data node
+    iterations: int = 0  # data nodes: stop after this many (0: run forever)
+    data_index: int = 0
+    data_nodes: int = 1
+    links: Path | None = None  # scenario file shaping the links between named nodes
+    settle_s: float = 1.5
+    device: str = "cpu"
+    checkpoint_every: int = 1
+
+
+@dataclass
+class PeerInfo:
+    peer_id: str
+    role: str = "?"
+    stage: int = -2
+    name: str = ""
+    capacity: int = 0
+    addrs: tuple[str, ...] = ()
+    rtt_ms: float | None = None
+
+
+@dataclass
+class Route:
+    prev: str
+    next: str | None = None
+
+
+class Node:
+    def __init__(self, opts: NodeOptions) -> None:
+        from ..model.manifest import load_manifest, verify_manifest
+
+        self.opts = opts
+        # relays hold no data: only a data node needs the run's data files
+        self.manifest = load_manifest(opts.run_path, check_files=opts.role == "data")
+        verify_manifest(self.manifest)
+        self.run_id = self.manifest.run_id
+        self.role = opts.role
+        self.stage = -1 if opts.role == "data" else opts.stage
+        self.n_stages = len(self.manifest.stages)
+        self.name = opts.name
+        self.mb_per_it = self.manifest.data.microbatches_per_iteration
+        self.capacity = opts.capacity or (self.mb_per_it if opts.role == "data" else self.mb_per_it)
+        self.peers: dict[str, PeerInfo] = {}
+        self.last_peer_change = 0.0
+        self.flow: FlowNode | None = None
+        self.flow_queue: list[tuple[str, Any]] = []
+        self.flow_costs_next: dict[str, float] = {}
+        self.flow_costs_prev: dict[str, float] = {}
+        self.timers: dict[str, float] = {}
+        self.timer_wake = trio.Event()
+        self.routes: dict[tuple[str, int, int], Route] = {}
+        self.inflight_next: dict[tuple[str, str], int] = {}  # (commodity, next hop) -> microbatches
+        self.torch_limiter = trio.CapacityLimiter(1)
+        self.pongs: dict[int, trio.Event] = {}
+        self.refused = 0
+        self.stage_model = None
+        self.source = None
+        self.targets: dict[int, Any] = {}
+        self.losses: dict[int, float] = {}
+        self.current: DataIteration | None = None
+        self.ledger = Ledger()
+        self.phases: Phases | None = None
+        self.iter_started = 0.0
+        self.done_event = trio.Event()
+        self.links_cfg: dict[tuple[str, str], tuple[float, float]] = {}
+        self.step_counts: dict[int, int] = {}
+        self.hellos_sent: set[str] = set()
+        self.status: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ set-up
+    def _load_model(self) -> None:
+        from ..model.data import MicrobatchSource
+        from ..model.stages import build_stage
+
+        self.stage_model = build_stage(self.manifest, self.role, None if self.role == "data" else self.stage,
+                                       device=self.opts.device)
+        if self.role == "data":
+            self.source = MicrobatchSource.for_manifest(self.manifest, self.opts.data_index, self.opts.data_nodes)
+
+    def _load_links(self) -> None:
+        if self.opts.links is None:
+            return
+        from .linkspec import load_links
+
+        self.links_cfg = load_links(self.opts.links)
+
+    # ------------------------------------------------------------------ main
+    async def run(self) -> None:
+        from .host import open_host
+
+        self.opts.state_dir.mkdir(parents=True, exist_ok=True)
+        self._load_links()
+        await trio.to_thread.run_sync(self._load_model)
+        from .allreduce import AllReducer
+
+        async with open_host(self.opts.state_dir, self.opts.listen_host, self.opts.port,
+                             bootstrap=self.opts.bootstrap) as host:
+            self.host = host
+            self.me = host.peer_id
+            self.allreducer = AllReducer(host)
+            host.set_handler(self._on_frame)
+            (self.opts.state_dir / "addr").write_text("\n".join(host.addrs) + "\n")
+            log.info("node %s (%s) peer id %s listening on %s", self.name, self.role, self.me, host.addrs)
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                for addr in self.opts.bootstrap:
+                    nursery.start_soon(self._dial, addr)
+                nursery.start_soon(self._discovery_loop)
+                nursery.start_soon(self._timer_loop)
+                nursery.start_soon(self._status_loop)
+                nursery.start_soon(self._formation)
+                await self.done_event.wait()
+                nursery.cancel_scope.cancel()
+        self._checkpoint(final=True)
+
+    def stop(self) -> None:
+        self.done_event.set()
+
+    # ------------------------------------------------------------------ peers
+    def _hello(self) -> m.Hello:
+        return m.Hello(self.run_id, self.role, -2 if self.stage is None else self.stage, self.name, self.capacity,
+                       tuple(self.host.addrs), "")
+
+    async def _dial(self, addr: str) -> None:
+        try:
+            pid = await self.host.connect(addr)
+        except Exception as e:  # noqa: BLE001 - any dial failure is logged, discovery retries
+            log.warning("could not reach %s: %s", addr, e)
+            return
+        if pid != self.me:
+            await self._send(pid, self._hello())
+            self.hellos_sent.add(pid)
+
+    async def _discovery_loop(self) -> None:
+        key = f"/gwtf/run/{self.run_id}"
+        provided = False
+        while True:
+            if not provided and self.peers:
+                try:
+                    with trio.move_on_after(5):
+                        await self.host.provide(key)
+                        provided = True
+                except Exception as e:  # noqa: BLE001
+                    log.debug("provide failed: %s", e)
+            if provided:
+                try:
+                    with trio.move_on_after(5):
+                        for pid, addrs in await self.host.find_providers(key):
+                            if pid != self.me and pid not in self.peers and addrs:
+                                self.nursery.start_soon(self._dial, addrs[0])
+                except Exception as e:  # noqa: BLE001
+                    log.debug("find_providers failed: %s", e)
+            await trio.sleep(2.0)
+
+    def _on_hello(self, sender: str, msg: m.Hello) -> None:
+        if msg.run_id != self.run_id:
+            self._refuse(sender, f"Hello for run {msg.run_id!r}, this node trains run {self.run_id!r}")
+            return
+        if msg.role not in ("data", "relay") or (msg.role == "relay" and not -2 <= msg.stage < self.n_stages):
+            self._refuse(sender, f"Hello with role {msg.role!r} stage {msg.stage}")
+            return
+        old = self.peers.get(sender)
+        info = PeerInfo(sender, msg.role, msg.stage, msg.name, msg.capacity, tuple(msg.addrs),
+                        old.rtt_ms if old else None)
+        changed = old is None or (old.role, old.stage) != (info.role, info.stage)
+        self.peers[sender] = info
+        if changed:
+            shaped = self.links_cfg.get((self.name, msg.name))
+            if shaped is not None:
+                self.host.links.set_link(sender, *shaped)  # emulate the link: our sends to this peer
+            self.last_peer_change = trio.current_time()
+            log.info("peer %s: %s stage %s (%s)", msg.name or sender[:12], msg.role, msg.stage, sender)
+            known = tuple(a for p in self.peers.values() for a in p.addrs[:1] if p.peer_id != sender)
+            self.nursery.start_soon(self._send, sender, m.PeerList(tuple(self.host.addrs[:1]) + known))
+        if sender not in self.hellos_sent:
+            self.hellos_sent.add(sender)
+            self.nursery.start_soon(self._send, sender, self._hello())
+
+    def _on_peer_list(self, sender: str, msg: m.PeerList) -> None:
+        for addr in msg.addrs[:256]:
+            pid = addr.rsplit("/p2p/", 1)[-1]
+            if pid and pid != self.me and pid not in self.peers:
+                self.nursery.start_soon(self._dial, addr)
+
+    def _ids(self, role: str, stage: int | None = None) -> list[str]:
+        return sorted(p.peer_id for p in self.peers.values()
+                      if p.role == role and (stage is None or p.stage == stage))
+
+    def data_nodes(self) -> list[str]:
+        return sorted(self._ids("data") + ([self.me] if self.role == "data" else []))
+
+    def leader(self) -> str:
+        return self.data_nodes()[0]
+
+    def next_stage_ids(self) -> list[str]:
+        if self.role == "data":
+            return self._ids("relay", 0)
+        if self.stage == self.n_stages - 1:
+            return self.data_nodes()
+        return self._ids("relay", self.stage + 1)
+
+    def prev_stage_ids(self) -> list[str]:
+        if self.role == "data":
+            return self._ids("relay", self.n_stages - 1)
+        if self.stage == 0:
+            return self.data_nodes()
+        return self._ids("relay", self.stage - 1)
+
+    def stage_group(self) -> list[str]:
+        if self.role == "data":
+            return self.data_nodes()
+        return sorted(self._ids("relay", self.stage) + [self.me])
+
+    # ------------------------------------------------------------------ frames
+    async def _send(self, peer: str, msg: m.Message, payload: bytes | memoryview = b"") -> bool:
+        try:
+            await self.host.send(peer, codec.encode(self.me, msg), payload)
+            return True
+        except Exception as e:  # noqa: BLE001 - a dead or unreachable peer: logged, protocol deals with it
+            log.warning("send %s to %s failed: %s", type(msg).__name__, self._who(peer), e)
+            return False
+
+    def _who(self, peer: str) -> str:
+        p = self.peers.get(peer)
+        return p.name if p and p.name else peer[:16]
+
+    def _refuse(self, peer: str, why: str) -> None:
+        self.refused += 1
+        log.warning("refused frame from %s: %s", self._who(peer), why)
+
+    async def _on_frame(self, peer: str, envelope: bytes, payload) -> None:
+        try:
+            sender, msg = codec.decode(envelope)
+        except codec.DecodeError as e:
+            self._refuse(peer, str(e))
+            return
+        if sender != peer:
+            self._refuse(peer, f"envelope claims sender {sender[:16]}, the authenticated peer is {peer[:16]}")
+            return
+        if isinstance(msg, m.Hello):
+            self._on_hello(peer, msg)
+            return
+        if isinstance(msg, m.Ping):
+            await self._send(peer, m.Pong(msg.nonce))
+            return
+        if isinstance(msg, m.Pong):
+            ev = self.pongs.get(msg.nonce)
+            if ev is not None:
+                ev.set()
+            return
+        if peer not in self.peers:
+            self._refuse(peer, f"{type(msg).__name__} from a peer that has not said Hello")
+            return
+        try:
+            await self._dispatch(peer, msg, payload)
+        except FrameRefused as e:
+            self._refuse(peer, str(e))
+
+    async def _dispatch(self, peer: str, msg: Any, payload) -> None:
+        if isinstance(msg, m.PeerList):
+            self._on_peer_list(peer, msg)
+        elif isinstance(msg, FLOW_MSGS):
+            if self.flow is None:
+                self.flow_queue.append((peer, msg))
+            else:
+                self._apply(self.flow.on_message(trio.current_time(), peer, msg))
+        elif isinstance(msg, m.Forward):
+            await self._on_forward(peer, msg, payload)
+        elif isinstance(msg, m.Backward):
+            await self._on_backward(peer, msg, payload)
+        elif isinstance(msg, m.Complete):
+            pass  # liveness proof of the next hop; crash handling (churn issue) reads it
+        elif isinstance(msg, m.AllReduceChunk):
+            await self.allreducer.on_chunk(peer, msg, payload)
+        elif isinstance(msg, m.IterationDone):
+            if self.role != "data" or self.leader() != self.me:
+                raise FrameRefused("IterationDone sent to a node that is not the leader")
+            self._apply_phase(self.phases.on_iteration_done(peer, msg, self.data_nodes(), self._ids("relay", 0)))
+        elif isinstance(msg, m.BeginAggregation):
+            self._apply_phase(self.phases.on_begin(msg, self.next_stage_ids()))
+        elif isinstance(msg, m.CanTake):
+            self._apply_phase(self.phases.on_can_take(peer, msg, self.next_stage_ids(), self.prev_stage_ids()))
+        else:
+            raise FrameRefused(f"unexpected {type(msg).__name__}")
+
+    # ------------------------------------------------------------------ flow machine
+    def _apply(self, effects) -> None:
+        for e in effects:
+            if isinstance(e, Send):
+                self.nursery.start_soon(self._send, e.to, e.msg)
+            elif isinstance(e, SetTimer):
+                self.timers[e.key] = e.deadline
+                self.timer_wake.set()
+            elif isinstance(e, CancelTimer):
+                self.timers.pop(e.key, None)
+
+    async def _timer_loop(self) -> None:
+        while True:
+            self.timer_wake = trio.Event()
+            if self.timers:
+                key = min(self.timers, key=self.timers.get)
+                deadline = self.timers[key]
+                with trio.move_on_at(deadline):
+                    await self.timer_wake.wait()
+                    continue
+                if self.timers.get(key) == deadline:
+                    del self.timers[key]
+                    if self.flow is not None:
+                        self._apply(self.flow.on_timer(trio.current_time(), key))
+            else:
+                await self.timer_wake.wait()
+
+    async def _measure_rtt(self, peer: str) -> float | None:
+        samples = []
+        for _ in range(3):
+            nonce = random.getrandbits(63)
+            ev = trio.Event()
+            self.pongs[nonce] = ev
+            t0 = trio.current_time()
+            if not await self._send(peer, m.Ping(nonce)):
+                break
+            with trio.move_on_after(5):
+                await ev.wait()
+                samples.append((trio.current_time() - t0) * 1000.0)
+            self.pongs.pop(nonce, None)
+        return min(samples) if samples else None
+
+    def _link_cost(self, peer: str) -> float:
+        info = self.peers[peer]
+        lat = (info.rtt_ms or 1.0) / 2.0
+        bw = DEFAULT_BANDWIDTH_MBPS
+        shaped = self.links_cfg.get((self.name, info.name))
+        if shaped is not None:
+            lat, bw = shaped
+        shape = self.stage_model.expected_hidden_shape(self.manifest.data.microbatch_size)
+        size_mb = math.prod(shape) * 4 / 1e6
+        return round(link_cost(0.0, 0.0, lat, lat, bw, bw, size_mb), 3)
+
+    async def _formation(self) -> None:
+        """Wait for the swarm to settle, pick a stage if auto, measure links, start the flow machine."""
+        while True:
+            await trio.sleep(0.25)
+            quiet = trio.current_time() - self.last_peer_change >= self.opts.settle_s
+            if not quiet or not self.peers:
+                continue
+            if self.stage is None:
+                counts = {k: len(self._ids("relay", k)) for k in range(self.n_stages)}
+                self.stage = min(counts, key=lambda k: (counts[k], k))
+                log.info("stage auto: took stage %d (relays per stage: %s)", self.stage, counts)
+                await trio.to_thread.run_sync(self._load_model)
+                for pid in list(self.peers):
+                    self.nursery.start_soon(self._send, pid, self._hello())
+                self.last_peer_change = trio.current_time()
+                continue
+            nxt, prv = self.next_stage_ids(), self.prev_stage_ids()
+            if nxt and prv and (self.role != "data" or len(self.data_nodes()) >= self.opts.data_nodes):
+                break
+        for pid in sorted(set(nxt) | set(prv)):
+            self.peers[pid].rtt_ms = await self._measure_rtt(pid)
+        self.flow_costs_next = {p: self._link_cost(p) for p in nxt}
+        self.flow_costs_prev = {p: self._link_cost(p) for p in prv}
+        commodities = tuple(self.data_nodes())
+        cfg = FlowConfig(self.me, self.role == "data", self.capacity, commodities, self.flow_costs_next,
+                         self.flow_costs_prev, tuple(self._ids("relay", self.stage)) if self.role == "relay" else ())
+        seed = int.from_bytes(self.me.encode()[-8:], "big")
+        self.flow = FlowNode(cfg, random.Random(seed))
+        log.info("flow machine started: next %s prev %s", self._names(self.flow_costs_next),
+                 self._names(self.flow_costs_prev))
+        self._apply(self.flow.start(trio.current_time()))
+        queued, self.flow_queue = self.flow_queue, []
+        for peer, msg in queued:
+            if any(msg_commodity_unknown(msg, commodities)):
+                continue
+            self._apply(self.flow.on_message(trio.current_time(), peer, msg))
+        self.phases = Phases(self.me, self.stage, self.n_stages - 1)
+        if self.role == "data":
+            await self._wait_flows()
+            self._open_iteration(0)
+
+    def _names(self, costs: dict[str, float]) -> str:
+        return ", ".join(f"{self._who(p)}={c:g}" for p, c in sorted(costs.items()))
+
+    async def _wait_flows(self) -> None:
+        """A data node starts pushing once its demand is placed, or its flows stopped changing."""
+        start = trio.current_time()
+        while True:
+            placed = sum(self.flow.out[self.me].values())
+            quiet = trio.current_time() - self.flow.stats.last_change
+            if placed >= self.capacity or (placed > 0 and quiet > 3.0) or trio.current_time() - start > 60:
+                log.info("flows formed: %d of %d units placed after %.1f s: %s", placed, self.capacity,
+                         trio.current_time() - start, self._names(dict(self.flow.out[self.me])))
+                return
+            await trio.sleep(0.1)
+
+    # ------------------------------------------------------------------ training: data node
+    def _open_iteration(self, t: int) -> None:
+        if self.opts.iterations and t >= self.opts.iterations:
+            log.info("finished %d iterations", t)
+            self.done_event.set()
+            return
+        seqs = list(range(t * self.mb_per_it, (t + 1) * self.mb_per_it))
+        self.current = DataIteration(t, seqs)
+        self.ledger.add(t, seqs)
+        self.iter_started = trio.current_time()
+        self.nursery.start_soon(self._launch)
+
+    async def _launch(self) -> None:
+        it = self.current
+        if it is None:
+            return
+        costs = self.flow_costs_next
+        for seq, hop in it.launchable(dict(self.flow.out[self.me]), costs, flows_formed=True):
+            self.ledger.mark(it.iteration, seq, MbStatus.INFLIGHT)
+            ids, tgt = self.source.get(seq)
+            self.targets[seq] = tgt
+            key = (self.me, seq, it.iteration)
+            self.routes[key] = Route(prev=self.me, next=hop)
+            h = await trio.to_thread.run_sync(self.stage_model.embed, key, ids, limiter=self.torch_limiter)
+            await self._send_tensor(hop, m.Forward(self.me, seq, it.iteration, (self.me,), None), h)
+
+    async def _send_tensor(self, peer: str, msg: Any, tensor) -> bool:
+        from dataclasses import replace
+
+        from ..model.tensors import pack
+
+        header, payload = pack(tensor)
+        return await self._send(peer, replace(msg, tensor=header), payload)
+
+    def _unpack(self, msg: Any, payload, what: str):
+        from ..model.tensors import TensorError, unpack
+
+        if msg.tensor is None:
+            raise FrameRefused(f"{what} without a tensor header")
+        try:
+            return unpack(msg.tensor, payload, expect_shape=self.stage_model.expected_hidden_shape(
+                self.manifest.data.microbatch_size), expect_dtype=self.stage_model.dtype)
+        except TensorError as e:
+            raise FrameRefused(f"{what} tensor refused: {e}") from None
+
+    async def _on_forward(self, peer: str, msg: m.Forward, payload) -> None:
+        key = (msg.data_node, msg.seq, msg.iteration)
+        if self.role == "data":
+            # the sink: loss and the gradient of the last stage's output
+            if msg.data_node != self.me or self.current is None or msg.seq not in self.current.where:
+                raise FrameRefused(f"Forward of microbatch {msg.seq} that this data node did not push")
+            if key in self.losses:
+                raise FrameRefused(f"duplicate Forward of microbatch {msg.seq}")
+            h = self._unpack(msg, payload, "Forward")
+            loss, grad = await trio.to_thread.run_sync(self.stage_model.head_loss, key, h, self.targets[msg.seq],
+                                                       limiter=self.torch_limiter)
+            self.losses[key] = loss
+            self.nursery.start_soon(self._send, peer, m.Complete(*key))
+            await self._send_tensor(peer, m.Backward(*key, None), grad)
+            return
+        if self.flow is None:
+            raise FrameRefused("Forward before this relay's flows exist")
+        if key in self.routes:
+            raise FrameRefused(f"duplicate Forward of microbatch {msg.seq} of {msg.data_node[:16]}")
+        if msg.data_node not in self.peers or self.peers[msg.data_node].role != "data":
+            raise FrameRefused(f"Forward for unknown data node {msg.data_node[:16]}")
+        h = self._unpack(msg, payload, "Forward")
+        if self.stage == self.n_stages - 1:
+            hop = msg.data_node
+        else:
+            d = msg.data_node
+            inflight = {j: n for (c, j), n in self.inflight_next.items() if c == d}
+            hop = pick_next_hop(dict(self.flow.out.get(d, {})), inflight, self.flow_costs_next)
+            if hop is None:
+                hop = fallback_hop(self.flow_costs_next, inflight)
+            if hop is None:
+                raise FrameRefused("no next hop known")
+        self.routes[key] = Route(prev=peer, next=hop)
+        self.inflight_next[(msg.data_node, hop)] = self.inflight_next.get((msg.data_node, hop), 0) + 1
+        out = await trio.to_thread.run_sync(self.stage_model.forward, key, h, limiter=self.torch_limiter)
+        self.nursery.start_soon(self._send, peer, m.Complete(*key))
+        await self._send_tensor(hop, m.Forward(msg.data_node, msg.seq, msg.iteration, msg.path + (self.me,), None),
+                                out)
+
+    async def _on_backward(self, peer: str, msg: m.Backward, payload) -> None:
+        key = (msg.data_node, msg.seq, msg.iteration)
+        route = self.routes.get(key)
+        if route is None or route.next != peer:
+            raise FrameRefused(f"Backward of microbatch {msg.seq} that did not go to this peer from here")
+        g = self._unpack(msg, payload, "Backward")
+        del self.routes[key]
+        if self.role == "data":
+            await trio.to_thread.run_sync(self.stage_model.embed_backward, key, g, limiter=self.torch_limiter)
+            it = self.current
+            it.complete(msg.seq, self.losses.pop(key))
+            self.targets.pop(msg.seq, None)
+            self.ledger.mark(it.iteration, msg.seq, MbStatus.COMPLETED)
+            if it.finished:
+                done = m.IterationDone(it.iteration, len(it.done), it.loss_sum)
+                if self.leader() == self.me:
+                    self._apply_phase(self.phases.on_iteration_done(self.me, done, self.data_nodes(),
+                                                                    self._ids("relay", 0)))
+                else:
+                    await self._send(self.leader(), done)
+            else:
+                await self._launch()
+            return
+        n = self.inflight_next.get((msg.data_node, peer), 0)
+        if n <= 1:
+            self.inflight_next.pop((msg.data_node, peer), None)
+        else:
+            self.inflight_next[(msg.data_node, peer)] = n - 1
+        gin = await trio.to_thread.run_sync(self.stage_model.backward, key, g, limiter=self.torch_limiter)
+        await self._send_tensor(route.prev, m.Backward(*key, None), gin)
+
+    # ------------------------------------------------------------------ aggregation
+    def _apply_phase(self, effects) -> None:
+        for e in effects:
+            if isinstance(e, Send):
+                self.nursery.start_soon(self._send, e.to, e.msg)
+            elif isinstance(e, StartStep):
+                self.nursery.start_soon(self._step, e)
+            elif isinstance(e, OpenIteration):
+                self._open_iteration(e.iteration)
+
+    async def _step(self, e: StartStep) -> None:
+        t0 = trio.current_time()
+        grad = await trio.to_thread.run_sync(self.stage_model.grad_vector, limiter=self.torch_limiter)
+        mine = self.current and len(self.current.done) if self.role == "data" else 0
+        group = self.stage_group()
+        total, count = await self.allreducer.all_reduce(f"s{self.stage}/it{e.iteration}", group, grad,
+                                                        float(mine or 0), timeout=120.0)
+        await trio.to_thread.run_sync(self.stage_model.apply_mean_grad, total, e.microbatches,
+                                      limiter=self.torch_limiter)
+        self.step_counts[e.iteration] = e.microbatches
+        if self.opts.checkpoint_every and (e.iteration + 1) % self.opts.checkpoint_every == 0:
+            await trio.to_thread.run_sync(self._checkpoint, limiter=self.torch_limiter)
+        if self.role == "data" and self.leader() == self.me:
+            self._record_metrics(e.iteration, trio.current_time() - t0)
+        self.last_iteration = e.iteration
+        self._apply_phase(self.phases.on_step_done(e.iteration, self.next_stage_ids(), self.prev_stage_ids()))
+
+    def _record_metrics(self, t: int, step_s: float) -> None:
+        completed, loss_sum = self.phases.iteration_loss(t)
+        seconds = trio.current_time() - self.iter_started
+        rec = {
+            "iteration": t,
+            "loss": loss_sum / completed if completed else None,
+            "microbatches": completed,
+            "samples": completed * self.manifest.data.microbatch_size,
+            "seconds": round(seconds, 4),
+            "aggregation_seconds": round(step_s, 4),
+            "time": time.time(),
+        }
+        with open(self.opts.state_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        log.info("iteration %d loss %.4f microbatches %d %.2f s", t, rec["loss"] or math.nan, completed, seconds)
+
+    def _checkpoint(self, final: bool = False) -> None:
+        if self.stage_model is None:
+            return
+        import torch
+
+        path = self.opts.state_dir / "checkpoint.pt"
+        tmp = path.with_suffix(".tmp")
+        torch.save({"role": self.role, "stage": self.stage, "iteration": getattr(self, "last_iteration", -1),
+                    "params": self.stage_model.param_vector(), "state": self.stage_model.state_bytes()}, tmp)
+        os.replace(tmp, path)
+
+    async def _status_loop(self) -> None:
+        path = self.opts.state_dir / "status.json"
+        while True:
+            st = {
+                "peer_id": getattr(self, "me", ""), "name": self.name, "role": self.role, "stage": self.stage,
+                "run_id": self.run_id, "addrs": self.host.addrs, "refused_frames": self.refused,
+                "peers": {p.peer_id: {"name": p.name, "role": p.role, "stage": p.stage, "rtt_ms": p.rtt_ms}
+                          for p in self.peers.values()},
+                "flows": {d: dict(v) for d, v in self.flow.out.items()} if self.flow else {},
+                "iteration": self.current.iteration if self.current else getattr(self, "last_iteration", None),
+                "ledger": self.ledger.counts(self.current.iteration) if self.current else {},
+                "pid": os.getpid(), "time": time.time(),
+            }
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(st, indent=1))
+            os.replace(tmp, path)
+            await trio.sleep(1.0)
+
+
+class FrameRefused(Exception):
+    """A frame that is well formed but not acceptable here; logged and dropped."""
+
+
+def msg_commodity_unknown(msg: Any, commodities: tuple[str, ...]):
+    c = getattr(msg, "commodity", None)
+    yield c is not None and c not in commodities
+
+
+async def run_node(opts: NodeOptions) -> None:
+    node = Node(opts)
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            async def watch() -> None:
+                async for _ in signals:
+                    log.info("signal received: shutting down")
+                    node.stop()
+                    return
+
+            nursery.start_soon(watch)
+            await node.run()
+            nursery.cancel_scope.cancel()
