@@ -256,6 +256,10 @@ class Node:
                         old.rtt_ms if old else None)
         changed = old is None or (old.role, old.stage) != (info.role, info.stage)
         self.peers[sender] = info
+        reply: list[m.Message] = []
+        if sender not in self.hellos_sent:
+            self.hellos_sent.add(sender)
+            reply.append(self._hello())
         if changed:
             shaped = self.links_cfg.get((self.name, msg.name))
             if shaped is not None:
@@ -263,10 +267,9 @@ class Node:
             self.last_peer_change = trio.current_time()
             log.info("peer %s: %s stage %s (%s)", msg.name or sender[:12], msg.role, msg.stage, sender)
             known = tuple(a for p in self.peers.values() for a in p.addrs[:1] if p.peer_id != sender)
-            self.nursery.start_soon(self._send, sender, m.PeerList(tuple(self.host.addrs[:1]) + known))
-        if sender not in self.hellos_sent:
-            self.hellos_sent.add(sender)
-            self.nursery.start_soon(self._send, sender, self._hello())
+            reply.append(m.PeerList(tuple(self.host.addrs[:1]) + known))
+        if reply:
+            self.nursery.start_soon(self._send_all, sender, reply)
 
     def _on_peer_list(self, sender: str, msg: m.PeerList) -> None:
         for addr in msg.addrs[:256]:
@@ -312,6 +315,10 @@ class Node:
             log.warning("send %s to %s failed: %s", type(msg).__name__, self._who(peer), e)
             return False
 
+    async def _send_all(self, peer: str, msgs: list) -> None:
+        for msg in msgs:  # in order: a Hello before what depends on it
+            await self._send(peer, msg)
+
     def _who(self, peer: str) -> str:
         p = self.peers.get(peer)
         return p.name if p and p.name else peer[:16]
@@ -332,6 +339,9 @@ class Node:
         if isinstance(msg, m.Hello):
             self._on_hello(peer, msg)
             return
+        if isinstance(msg, m.PeerList):  # addresses only: harmless from anyone, and may overtake a Hello
+            self._on_peer_list(peer, msg)
+            return
         if isinstance(msg, m.Ping):
             await self._send(peer, m.Pong(msg.nonce))
             return
@@ -349,9 +359,7 @@ class Node:
             self._refuse(peer, str(e))
 
     async def _dispatch(self, peer: str, msg: Any, payload) -> None:
-        if isinstance(msg, m.PeerList):
-            self._on_peer_list(peer, msg)
-        elif isinstance(msg, FLOW_MSGS):
+        if isinstance(msg, FLOW_MSGS):
             if self.flow is None:
                 self.flow_queue.append((peer, msg))
             else:
