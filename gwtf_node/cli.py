@@ -277,7 +277,10 @@ def _local_centralized(man, args) -> int:
 
     t_last = [time.monotonic()]
 
-    def on_iteration(t: int, loss: float, microbatches: int, samples: int) -> None:
+    microbatches = man.data.microbatches_per_iteration * args.data_nodes
+    samples = microbatches * man.data.microbatch_size
+
+    def on_iteration(t: int, loss: float) -> None:
         now = time.monotonic()
         rec = {"iteration": t, "loss": loss, "microbatches": microbatches, "samples": samples,
                "seconds": round(now - t_last[0], 4)}
