@@ -241,7 +241,7 @@ def cmd_local(args: argparse.Namespace) -> int:
     from .runtime.local import LocalError, LocalSwarm, run_local
 
     swarm = LocalSwarm(workdir, run_path, args.data_nodes, len(man.stages), args.relays_per_stage,
-                       args.iterations, links=Path(args.links) if args.links else None)
+                       args.iterations, links=Path(args.links) if args.links else None, auto_stage=args.auto_stage)
     bar = None
     if not args.json:
         print(f"local swarm in {workdir}: {args.data_nodes} data node(s), {len(man.stages)} stages x "
@@ -418,6 +418,8 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--family", choices=("llama", "gpt"), default="llama")
     lo.add_argument("--run", default=None, help="use this run manifest instead of the embedded defaults")
     lo.add_argument("--links", default=None, help="scenario or location file to emulate link latency/bandwidth")
+    lo.add_argument("--auto-stage", action="store_true",
+                    help="relays join with --stage auto (one at a time) instead of being placed by the launcher")
     lo.add_argument("--workdir", default=None, help="state directories of the nodes (default: a new temp dir)")
     lo.add_argument("--centralized", action="store_true", help="train the same model in one process: the reference")
     lo.add_argument("--json", action="store_true", help="one JSON object per iteration on stdout")

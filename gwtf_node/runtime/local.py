@@ -41,6 +41,7 @@ class LocalSwarm:
     startup_timeout_s: float = 120.0
     iteration_timeout_s: float = 300.0
     log_level: str = "INFO"
+    auto_stage: bool = False  # relays join with --stage auto, one at a time
 
     def names(self) -> list[str]:
         return [f"d{i}" for i in range(self.data_nodes)] + [
@@ -60,7 +61,7 @@ class LocalSwarm:
             cmd += ["--role", "data", "--data-index", name[1:], "--data-nodes", str(self.data_nodes),
                     "--iterations", str(self.iterations)]
         else:
-            cmd += ["--role", "relay", "--stage", name[1:].split("_")[0]]
+            cmd += ["--role", "relay", "--stage", "auto" if self.auto_stage else name[1:].split("_")[0]]
         if bootstrap:
             cmd += ["--bootstrap", bootstrap]
         if links_file is not None:
@@ -98,6 +99,23 @@ class LocalSwarm:
         boot = self._wait_addr(first)
         for name in self.names()[1:]:
             self._spawn(name, boot, links_file)
+            if self.auto_stage and name.startswith("r"):
+                self._wait_stage(name)
+
+    def _wait_stage(self, name: str) -> int:
+        """An auto relay has picked its stage (it says so in its status.json)."""
+        path = self.state_dir(name) / "status.json"
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                st = json.loads(path.read_text())
+                if st.get("stage") is not None:
+                    return st["stage"]
+            except (OSError, json.JSONDecodeError):
+                pass
+            time.sleep(0.2)
+        raise LocalError(f"relay {name} did not pick a stage within {self.startup_timeout_s:.0f} s")
 
     def iterations_done(self) -> Iterator[dict]:
         """Yield the leader's per-iteration records as they appear, until `iterations` are done."""

@@ -182,7 +182,8 @@ class Node:
 
         self.opts.state_dir.mkdir(parents=True, exist_ok=True)
         self._load_links()
-        await trio.to_thread.run_sync(self._load_model)
+        if self.stage is not None:  # an auto relay builds its part once it picked a stage
+            await trio.to_thread.run_sync(self._load_model)
         from .allreduce import AllReducer
 
         async with open_host(self.opts.state_dir, self.opts.listen_host, self.opts.port,
@@ -224,22 +225,41 @@ class Node:
             self.hellos_sent.add(pid)
 
     async def _discovery_loop(self) -> None:
-        key = f"/gwtf/run/{self.run_id}"
-        provided = False
+        """Publish our DHT records and look for peers of the run there (beside Hello/PeerList).
+
+        Records (versioned, the highest version wins everywhere; see host.py):
+        `run/<run id>` holds the manifest (put by data nodes), `node/<peer id>`
+        holds {name, role, stage, addrs} (put by every node, again when its
+        stage changes); provider records on `run/<run id>` and on
+        `run/<run id>/stage/<k>` (relays) are how a newcomer finds the swarm
+        and the members of a stage.  The DHT is discovery only: who is alive is
+        decided by our own messages.
+        """
+        run_key = f"run/{self.run_id}"
+        published: tuple | None = None
         while True:
-            if not provided and self.peers:
+            if self.peers:
+                me = (self.role, self.stage, tuple(self.host.addrs))
+                if published != me:
+                    try:
+                        with trio.move_on_after(10):
+                            if self.role == "data":
+                                await self.host.dht_put(run_key, self.manifest.to_json().encode())
+                            rec = {"name": self.name, "role": self.role, "stage": self.stage,
+                                   "addrs": self.host.addrs, "run_id": self.run_id}
+                            await self.host.dht_put(f"node/{self.me}", json.dumps(rec).encode())
+                            await self.host.provide(run_key)
+                            if self.role == "relay" and self.stage is not None:
+                                await self.host.provide(f"{run_key}/stage/{self.stage}")
+                            published = me
+                    except Exception as e:  # noqa: BLE001 - the DHT is best effort; retried next round
+                        log.debug("DHT publish failed: %s", e)
                 try:
-                    with trio.move_on_after(5):
-                        await self.host.provide(key)
-                        provided = True
-                except Exception as e:  # noqa: BLE001
-                    log.debug("provide failed: %s", e)
-            if provided:
-                try:
-                    with trio.move_on_after(5):
-                        for pid, addrs in await self.host.find_providers(key):
+                    with trio.move_on_after(10):
+                        for pid, addrs in await self.host.find_providers(run_key):
                             if pid != self.me and pid not in self.peers and addrs:
-                                self.nursery.start_soon(self._dial, addrs[0])
+                                addr = addrs[0] if "/p2p/" in addrs[0] else f"{addrs[0]}/p2p/{pid}"
+                                self.nursery.start_soon(self._dial, addr)
                 except Exception as e:  # noqa: BLE001
                     log.debug("find_providers failed: %s", e)
             await trio.sleep(2.0)

@@ -1,0 +1,67 @@
+"""`gwtf-node join --stage auto` and discovery through the DHT, on real processes.
+
+Relays join one at a time with `--stage auto` and take the least-served
+stage; the swarm trains; a newcomer that knows only one address finds the
+run's manifest, the node records and the members of each stage in the DHT.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import trio
+
+from gwtf_node.model.manifest import RunManifest, default_manifest, save_manifest
+from gwtf_node.runtime.host import open_host
+from gwtf_node.runtime.local import LocalSwarm
+
+pytestmark = [pytest.mark.slow, pytest.mark.trio]
+
+
+def _records(workdir: Path) -> int:
+    p = workdir / "d0" / "metrics.jsonl"
+    return len(p.read_text().splitlines()) if p.exists() else 0
+
+
+async def test_auto_stage_and_dht_discovery(tmp_path: Path) -> None:
+    man = default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=2)
+    run = tmp_path / "run.json"
+    save_manifest(man, run)
+    swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=1, iterations=100000,
+                       auto_stage=True)
+    try:
+        await trio.to_thread.run_sync(swarm.start)
+        with trio.fail_after(180):
+            while _records(tmp_path) < 2:
+                swarm._check_alive()
+                await trio.sleep(0.2)
+        stages = {json.loads((tmp_path / n / "status.json").read_text())["stage"] for n in ("r0_0", "r1_0")}
+        assert stages == {0, 1}  # the second auto relay took the stage nobody served
+
+        boot = (tmp_path / "d0" / "addr").read_text().split()[0]
+        ids = {n: json.loads((tmp_path / n / "status.json").read_text())["peer_id"] for n in ("d0", "r0_0", "r1_0")}
+        async with open_host(tmp_path / "newcomer", bootstrap=[boot]) as host:
+            with trio.fail_after(60):
+                while True:
+                    raw = await host.dht_get(f"run/{man.run_id}")
+                    if raw is not None:
+                        break
+                    await trio.sleep(0.5)
+            assert RunManifest.from_json(raw.decode()).run_id == man.run_id
+            for name, pid in ids.items():
+                with trio.fail_after(30):
+                    while (rec := await host.dht_get(f"node/{pid}")) is None:
+                        await trio.sleep(0.5)
+                rec = json.loads(rec)
+                assert rec["name"] == name and rec["run_id"] == man.run_id
+            with trio.fail_after(30):
+                while True:
+                    found = {pid for pid, _ in await host.find_providers(f"run/{man.run_id}/stage/1")}
+                    if ids["r1_0"] in found:
+                        break
+                    await trio.sleep(0.5)
+        swarm._check_alive()
+    finally:
+        await trio.to_thread.run_sync(swarm.stop)
