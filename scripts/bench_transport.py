@@ -20,8 +20,10 @@
     `step()` time with matchmaking is reported too.  hivemind cannot be
     imported beside py-libp2p (duplicate protobuf package `crypto.pb`), so it
     runs under its own interpreter (`--hm-python`, default /work/hm-venv).
-(c) Per-microbatch protocol overhead vs stage compute: not done (placeholder
-    `bench_microbatch_overhead` below).
+(c) Per-microbatch protocol overhead vs stage compute: a real swarm of daemon
+    processes with one microbatch per iteration (a serial path); the leader's
+    time per microbatch minus the compute every node measured in its torch
+    calls (`bench_microbatch_overhead`).
 
 Usage:  python scripts/bench_transport.py [--sizes 4,16,64] [--repeats 5] [--skip-hivemind]
 The table goes to stdout (docs/bench_transport.md holds a run).
@@ -172,13 +174,57 @@ def bench_allreduce(floats: int, rounds: int, skip_hivemind: bool, hm_python: st
     return out
 
 
-def bench_microbatch_overhead() -> None:
-    """Placeholder: per-microbatch protocol overhead (Forward/Complete/Backward frames) vs stage compute.
+def bench_microbatch_overhead(iterations: int) -> list[dict]:
+    """(c) Per-microbatch protocol overhead vs stage compute, on a real swarm of processes.
 
-    Not done yet: would time a two-stage pipeline over real hosts with a
-    no-op stage and with a model stage and report the difference.
+    `gwtf-node local`'s machinery with 1 data node, 2 stages x 1 relay and ONE
+    microbatch per iteration, so the microbatch's path is strictly serial:
+    embed -> stage 0 -> stage 1 -> head/loss -> stage 1 bwd -> stage 0 bwd ->
+    embed bwd.  `pipeline_seconds` (the leader, from opening the iteration to
+    the last backward) minus the compute time every node measured inside its
+    torch calls is what the protocol and transport cost: framing, encryption,
+    the copies, the event loop and the thread hand-offs, 6 tensor frames and
+    3 Complete frames per microbatch.  Two model sizes: the demo model and a
+    larger one whose activations are 4 MB.
     """
-    raise NotImplementedError("per-microbatch overhead benchmark is not written yet")
+    import tempfile
+
+    from gwtf_node.model.manifest import default_manifest, save_manifest
+    from gwtf_node.runtime.local import LocalSwarm, run_local
+
+    configs = [
+        ("demo (hidden 64, 4x64 tokens)", dict(hidden=64, seq_len=64, microbatch_size=4)),
+        ("larger (hidden 512, 8x256 tokens)", dict(hidden=512, seq_len=256, microbatch_size=8)),
+    ]
+    rows = []
+    for label, kw in configs:
+        man = default_manifest(stages=2, microbatches_per_iteration=1, **kw)
+        with tempfile.TemporaryDirectory(prefix="gwtf-bench-") as tmp:
+            work = Path(tmp)
+            save_manifest(man, work / "run.json")
+            swarm = LocalSwarm(work, work / "run.json", data_nodes=1, stages=2, relays_per_stage=1,
+                               iterations=iterations, log_level="WARNING")
+            recs = run_local(swarm, lambda r: None)
+            compute = sum(json.loads((work / n / "status.json").read_text())["compute_s"] for n in swarm.names())
+        pipeline = sum(r["pipeline_seconds"] for r in recs)
+        act_mb = kw["microbatch_size"] * kw["seq_len"] * kw["hidden"] * 4 / 1e6
+        rows.append({"config": label, "activation_mb": act_mb, "iterations": len(recs),
+                     "pipeline_ms": 1000 * pipeline / len(recs), "compute_ms": 1000 * compute / len(recs),
+                     "overhead_ms": 1000 * (pipeline - compute) / len(recs),
+                     "ratio": (pipeline - compute) / compute if compute else float("nan")})
+        print(f"  {label}: {rows[-1]}", file=sys.stderr, flush=True)
+    return rows
+
+
+def fmt_overhead(rows: list[dict]) -> str:
+    out = ["## (c) per-microbatch protocol overhead vs stage compute (1 microbatch, 2 stages x 1 relay, processes)",
+           "",
+           "| model | activation MB | microbatch time ms | compute ms (all nodes) | overhead ms | overhead / compute |",
+           "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        out.append(f"| {r['config']} | {r['activation_mb']:.2f} | {r['pipeline_ms']:.1f} | {r['compute_ms']:.1f} | "
+                   f"{r['overhead_ms']:.1f} | {r['ratio']:.2f} |")
+    return "\n".join(out)
 
 
 # ---- worker roles ----------------------------------------------------------------------------
@@ -444,6 +490,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="timed all-reduce rounds")
     ap.add_argument("--skip-hivemind", action="store_true")
     ap.add_argument("--skip-allreduce", action="store_true")
+    ap.add_argument("--skip-throughput", action="store_true")
+    ap.add_argument("--skip-overhead", action="store_true")
+    ap.add_argument("--overhead-iterations", type=int, default=20)
     ap.add_argument("--hm-python", default=DEFAULT_HM_PYTHON)
     ap.add_argument("--role", help=argparse.SUPPRESS)
     ap.add_argument("--state", help=argparse.SUPPRESS)
@@ -460,9 +509,12 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"# bench_transport: sizes {sizes} MiB, repeats {args.repeats}, all-reduce {args.floats} floats x 3 "
           f"processes, {args.rounds} rounds; {os.cpu_count()} CPUs", flush=True)
-    tput = bench_throughput(sizes, args.repeats)
+    tput = [] if args.skip_throughput else bench_throughput(sizes, args.repeats)
     ar = None if args.skip_allreduce else bench_allreduce(args.floats, args.rounds, args.skip_hivemind, args.hm_python)
     print(fmt_table(tput, ar))
+    if not args.skip_overhead:
+        print()
+        print(fmt_overhead(bench_microbatch_overhead(args.overhead_iterations)))
 
 
 if __name__ == "__main__":

@@ -158,6 +158,9 @@ class Node:
         self.step_counts: dict[int, int] = {}
         self.hellos_sent: set[str] = set()
         self.status: dict[str, Any] = {}
+        self.compute_s = 0.0  # time inside stage forward/backward/embed/head (not the optimizer step)
+        self.compute_calls = 0
+        self.pipeline_s: dict[int, float] = {}  # leader: iteration -> open to last microbatch done
 
     # ------------------------------------------------------------------ set-up
     def _load_model(self) -> None:
@@ -204,6 +207,7 @@ class Node:
                 nursery.start_soon(self._formation)
                 await self.done_event.wait()
                 nursery.cancel_scope.cancel()
+            self._write_status()
         self._checkpoint(final=True)
 
     def stop(self) -> None:
@@ -535,8 +539,20 @@ class Node:
             self.targets[seq] = tgt
             key = (self.me, seq, it.iteration)
             self.routes[key] = Route(prev=self.me, next=hop)
-            h = await trio.to_thread.run_sync(self.stage_model.embed, key, ids, limiter=self.torch_limiter)
+            h = await self._compute(self.stage_model.embed, key, ids)
             await self._send_tensor(hop, m.Forward(self.me, seq, it.iteration, (self.me,), None), h)
+
+    async def _compute(self, fn, *args):
+        """Run a stage computation in the torch worker thread; its own time counts as compute."""
+        def timed():
+            t0 = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                self.compute_s += time.perf_counter() - t0
+                self.compute_calls += 1
+
+        return await trio.to_thread.run_sync(timed, limiter=self.torch_limiter)
 
     async def _send_tensor(self, peer: str, msg: Any, tensor) -> bool:
         from dataclasses import replace
@@ -566,8 +582,7 @@ class Node:
             if key in self.losses:
                 raise FrameRefused(f"duplicate Forward of microbatch {msg.seq}")
             h = self._unpack(msg, payload, "Forward")
-            loss, grad = await trio.to_thread.run_sync(self.stage_model.head_loss, key, h, self.targets[msg.seq],
-                                                       limiter=self.torch_limiter)
+            loss, grad = await self._compute(self.stage_model.head_loss, key, h, self.targets[msg.seq])
             self.losses[key] = loss
             self.nursery.start_soon(self._send, peer, m.Complete(*key))
             await self._send_tensor(peer, m.Backward(*key, None), grad)
@@ -591,7 +606,7 @@ class Node:
                 raise FrameRefused("no next hop known")
         self.routes[key] = Route(prev=peer, next=hop)
         self.inflight_next[(msg.data_node, hop)] = self.inflight_next.get((msg.data_node, hop), 0) + 1
-        out = await trio.to_thread.run_sync(self.stage_model.forward, key, h, limiter=self.torch_limiter)
+        out = await self._compute(self.stage_model.forward, key, h)
         self.nursery.start_soon(self._send, peer, m.Complete(*key))
         await self._send_tensor(hop, m.Forward(msg.data_node, msg.seq, msg.iteration, msg.path + (self.me,), None),
                                 out)
@@ -604,12 +619,13 @@ class Node:
         g = self._unpack(msg, payload, "Backward")
         del self.routes[key]
         if self.role == "data":
-            await trio.to_thread.run_sync(self.stage_model.embed_backward, key, g, limiter=self.torch_limiter)
+            await self._compute(self.stage_model.embed_backward, key, g)
             it = self.current
             it.complete(msg.seq, self.losses.pop(key))
             self.targets.pop(msg.seq, None)
             self.ledger.mark(it.iteration, msg.seq, MbStatus.COMPLETED)
             if it.finished:
+                self.pipeline_s[it.iteration] = trio.current_time() - self.iter_started
                 done = m.IterationDone(it.iteration, len(it.done), it.loss_sum)
                 if self.leader() == self.me:
                     self._apply_phase(self.phases.on_iteration_done(self.me, done, self.data_nodes(),
@@ -624,7 +640,7 @@ class Node:
             self.inflight_next.pop((msg.data_node, peer), None)
         else:
             self.inflight_next[(msg.data_node, peer)] = n - 1
-        gin = await trio.to_thread.run_sync(self.stage_model.backward, key, g, limiter=self.torch_limiter)
+        gin = await self._compute(self.stage_model.backward, key, g)
         await self._send_tensor(route.prev, m.Backward(*key, None), gin)
 
     # ------------------------------------------------------------------ aggregation
@@ -648,7 +664,7 @@ class Node:
                                       limiter=self.torch_limiter)
         self.step_counts[e.iteration] = e.microbatches
         if self.opts.checkpoint_every and (e.iteration + 1) % self.opts.checkpoint_every == 0:
-            await trio.to_thread.run_sync(self._checkpoint, limiter=self.torch_limiter)
+            await trio.to_thread.run_sync(self._checkpoint)
         if self.role == "data" and self.leader() == self.me:
             self._record_metrics(e.iteration, trio.current_time() - t0)
         self.last_iteration = e.iteration
@@ -664,6 +680,7 @@ class Node:
             "samples": completed * self.manifest.data.microbatch_size,
             "seconds": round(seconds, 4),
             "aggregation_seconds": round(step_s, 4),
+            "pipeline_seconds": round(self.pipeline_s.get(t, math.nan), 4),
             "time": time.time(),
         }
         with open(self.opts.state_dir / "metrics.jsonl", "a") as f:
@@ -681,22 +698,26 @@ class Node:
                     "params": self.stage_model.param_vector(), "state": self.stage_model.state_bytes()}, tmp)
         os.replace(tmp, path)
 
-    async def _status_loop(self) -> None:
+    def _write_status(self) -> None:
         path = self.opts.state_dir / "status.json"
+        st = {
+            "peer_id": getattr(self, "me", ""), "name": self.name, "role": self.role, "stage": self.stage,
+            "run_id": self.run_id, "addrs": self.host.addrs, "refused_frames": self.refused,
+            "compute_s": round(self.compute_s, 6), "compute_calls": self.compute_calls,
+            "peers": {p.peer_id: {"name": p.name, "role": p.role, "stage": p.stage, "rtt_ms": p.rtt_ms}
+                      for p in self.peers.values()},
+            "flows": {d: dict(v) for d, v in self.flow.out.items()} if self.flow else {},
+            "iteration": self.current.iteration if self.current else getattr(self, "last_iteration", None),
+            "ledger": self.ledger.counts(self.current.iteration) if self.current else {},
+            "pid": os.getpid(), "time": time.time(),
+        }
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(st, indent=1))
+        os.replace(tmp, path)
+
+    async def _status_loop(self) -> None:
         while True:
-            st = {
-                "peer_id": getattr(self, "me", ""), "name": self.name, "role": self.role, "stage": self.stage,
-                "run_id": self.run_id, "addrs": self.host.addrs, "refused_frames": self.refused,
-                "peers": {p.peer_id: {"name": p.name, "role": p.role, "stage": p.stage, "rtt_ms": p.rtt_ms}
-                          for p in self.peers.values()},
-                "flows": {d: dict(v) for d, v in self.flow.out.items()} if self.flow else {},
-                "iteration": self.current.iteration if self.current else getattr(self, "last_iteration", None),
-                "ledger": self.ledger.counts(self.current.iteration) if self.current else {},
-                "pid": os.getpid(), "time": time.time(),
-            }
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(st, indent=1))
-            os.replace(tmp, path)
+            self._write_status()
             await trio.sleep(1.0)
 
 
