@@ -42,6 +42,7 @@ class LocalSwarm:
     iteration_timeout_s: float = 300.0
     log_level: str = "INFO"
     auto_stage: bool = False  # relays join with --stage auto, one at a time
+    relay_capacity: int | None = None  # None: spread the demand, ceil(data nodes x microbatches / relays per stage)
 
     def names(self) -> list[str]:
         return [f"d{i}" for i in range(self.data_nodes)] + [
@@ -62,6 +63,8 @@ class LocalSwarm:
                     "--iterations", str(self.iterations)]
         else:
             cmd += ["--role", "relay", "--stage", "auto" if self.auto_stage else name[1:].split("_")[0]]
+            if self.relay_capacity:
+                cmd += ["--capacity", str(self.relay_capacity)]
         if bootstrap:
             cmd += ["--bootstrap", bootstrap]
         if links_file is not None:
@@ -90,6 +93,11 @@ class LocalSwarm:
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.relay_capacity is None:
+            from ..model.manifest import load_manifest
+
+            m = load_manifest(self.run_path, check_files=False).data.microbatches_per_iteration
+            self.relay_capacity = -(-self.data_nodes * m // self.relays_per_stage)
         links_file = None
         if self.links is not None:
             links_file = self.workdir / "links.json"
