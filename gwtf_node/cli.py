@@ -154,8 +154,10 @@ def cmd_init_run(args: argparse.Namespace) -> int:
                                run_name=args.name)
         if args.data:
             from dataclasses import replace
-            man = replace(man, data=replace(man.data, source=list(args.data)))
-            man = type(man).from_json(man.to_json())  # validates the data files
+            from pathlib import Path
+
+            man = replace(man, data=replace(man.data, source=[str(Path(f).resolve()) for f in args.data]))
+            man.validate(check_files=True)  # the data files exist and hold enough text
         save_manifest(man, args.out)
     except _manifest_error_types() as e:
         raise CliError(str(e)) from None
