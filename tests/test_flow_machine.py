@@ -7,7 +7,7 @@ import random
 
 from gwtf_node.protocol.codec import decode, encode
 from gwtf_node.protocol.effects import Send, SetTimer
-from gwtf_node.protocol.flow import FlowConfig, FlowNode
+from gwtf_node.protocol.flow import FlowConfig, FlowNode, _unwire
 from gwtf_node.protocol.messages import (
     INF, CostAnnounce, Deny, DenyReason, FlowReply, Label, MoveReply, Reply, RequestChange, RequestFlow,
     RequestRedirect, Reroute, Side, Withdraw,
@@ -84,7 +84,7 @@ def test_request_flow_cost_changed_carries_current_label():
     rep = one(eff, FlowReply, "P1").msg
     assert rep.outcome == Reply.COST_CHANGED and rep.req_id == 7
     assert rep.current is not None and rep.current.cost == 13.0 and rep.current.side == Side.IN
-    assert rep.current == m.my_in[D]
+    assert _unwire(rep.current) == (m.epoch[D], m.my_in[D])  # the wire label carries the wave's epoch
     assert m.inn[D] == {}
 
 
@@ -225,9 +225,13 @@ def test_cost_announce_updates_labels_and_is_forwarded_upstream():
     eff = m.on_message(0.1, "N2", CostAnnounce((in_label("N2", 1.0),)))
     assert m.lin[D]["N2"].cost == 1.0
     assert m.my_in[D].cost == 8.0 and m.my_out[D].cost == 8.0
+    # coalesced: the announcement goes out when the window closes, one message per peer
+    timer = [e for e in eff if isinstance(e, SetTimer) and e.key == "announce"]
+    assert len(timer) == 1 and not sends(eff, CostAnnounce)
+    eff = m.on_timer(timer[0].deadline, "announce")
     for p in PREV:
         ann = one(eff, CostAnnounce, p).msg
-        assert any(l.side == Side.IN and l.cost == 8.0 and l.path[:2] == ("R+", "R-") for l in ann.labels)
+        assert any(l.side == Side.IN and l.cost == 8.0 and l.path[:3] == ("@0", "R+", "R-") for l in ann.labels)
     # a cheaper route via N1 wins
     m.on_message(0.2, "N1", CostAnnounce((in_label("N1", 2.0),)))
     assert m.my_in[D].cost == 5.0 and m.dec_in[D] == ("F", "N1")
@@ -284,9 +288,11 @@ def test_data_node_approves_own_commodity_refuses_others():
 
 def test_data_node_launches_along_its_out_label():
     m, _ = data_node()
-    eff = m.on_message(0.1, "A", CostAnnounce((in_label("A", 4.0),)))
+    eff = m.on_message(0.1, "A", CostAnnounce((Label(D, Side.IN, 4.0, ("@1", "A+", "A-", D + "+")),)))
     assert m.my_out[D].cost == 5.0
-    eff += m.on_timer(1.0, "tick")
+    launch = [e for e in eff if isinstance(e, SetTimer) and e.key == "launch"]
+    assert launch and not sends(eff, RequestFlow)  # waits until the wave has settled
+    eff = m.on_timer(launch[-1].deadline, "launch")
     req = one(eff, RequestFlow, "A").msg
     assert req.expected_cost == 4.0 and not req.forced and m.token_pending
 

@@ -88,6 +88,10 @@ class FlowConfig:
     launch_settle_s: float = 0.2  # a data node waits this long after a unit settled
     balance_grace_s: float = 0.3  # wait for the other half of an agreed move
     improve: bool = False  # run Request Change / Request Redirect with annealing (off by default: see module doc)
+    announce_coalesce_s: float = 0.02  # labels changed within this window go out in one CostAnnounce per peer
+    launch_quiet_factor: float = 1.0  # data node: wait this x (time the wave took to reach it) after its last OUT change
+    noroute_grace_s: float = 0.5  # a relay with an unpaired unit and no route waits this long before a DENY
+    retry_epoch_rounds: float = 5.0  # several data nodes: a data node without a route starts a new wave this often
     t0: float = T0_DEFAULT
     alpha: float = ALPHA_DEFAULT
     t_min: float = T_MIN_DEFAULT
@@ -96,8 +100,53 @@ class FlowConfig:
 _NO_LABEL = Label("", Side.IN, INF, ())
 
 
+_EPOCH_MARK = "@"  # a wire label's path starts with "@<epoch>" (see the module doc, "Label waves")
+
+
 def _cost_differs(new: Label, old: Label | None) -> bool:
     return old is None or abs(new.cost - old.cost) > EPS or (new.cost == INF) != (old.cost == INF)
+
+
+def _wire(lab: Label, epoch: int) -> Label:
+    """The label as sent: its epoch rides as the first element of the path."""
+    return Label(lab.commodity, lab.side, lab.cost, (f"{_EPOCH_MARK}{epoch}",) + lab.path)
+
+
+def _unwire(lab: Label) -> tuple[int, Label]:
+    """(epoch, label without the epoch mark); a label without a mark is of epoch 0."""
+    p = lab.path
+    if p and p[0][:1] == _EPOCH_MARK:
+        try:
+            return int(p[0][1:]), Label(lab.commodity, lab.side, lab.cost, p[1:])
+        except ValueError:
+            return -1, lab
+    return 0, lab
+
+
+def _pick(cands: list, sticky: str | None):
+    """The cheapest (cost, peer, label); among equal costs the sticky peer, else the smallest id."""
+    if not cands:
+        return None
+    m = min(c[0] for c in cands)
+    best = None
+    for c in cands:
+        if c[0] <= m + EPS:
+            if c[1] == sticky:
+                return c
+            if best is None or c[1] < best[1]:
+                best = c
+    return best
+
+
+def _choose(f, b, sticky_kind: str | None) -> str | None:
+    """Forward ("F") or back ("B"): the cheaper; on a tie the current kind, else forward."""
+    if f is None:
+        return None if b is None else "B"
+    if b is None:
+        return "F"
+    if abs(f[0] - b[0]) <= EPS:
+        return sticky_kind if sticky_kind in ("F", "B") else "F"
+    return "F" if f[0] < b[0] else "B"
 
 
 def _dsum(d: dict[str, int]) -> int:
@@ -172,12 +221,19 @@ class FlowNode:
         self.query_target: str | None = None
         self.annealer = Annealer(config.t0, config.alpha, config.t_min)
         self.stats = FlowStats()
-        self._stale: set[tuple[str, Side]] = set()
+        self.epoch: dict[str, int] = {d: 0 for d in config.commodities}
+        self._sent: dict[tuple[str, Side], tuple[int, float, tuple[str, ...]]] = {}
+        self._dirty: set[tuple[str, Side]] = set()
+        self._force: dict[str, set[str]] = {}
         self._flush_armed = False
+        self._noroute_since: dict[str, float] = {}
         self._now = 0.0
+        self._data_prev = tuple(p for p in config.prev_costs if p in config.commodities)
         # data node only
         self.launch_pending = 0
         self.next_launch = 0.0
+        self.epoch_started = 0.0
+        self.first_out_at: float | None = None
         self.demand = config.capacity if config.is_data else 0
 
     # ------------------------------------------------------------ helpers
@@ -207,127 +263,154 @@ class FlowNode:
 
     # ------------------------------------------------------------ labels
     def _compute(self, d: str) -> None:
+        """Recompute this node's IN and OUT labels of commodity `d` from its neighbours' labels.
+
+        Ties keep the current choice (sticky): a route changes only when a
+        strictly cheaper one appears or the current one goes away, so that
+        equal-cost alternatives cannot flap and the route behind a label is the
+        one last announced.
+        """
         cfg = self.cfg
         tin, tout = self.tag_in, self.tag_out
+        prev_out, prev_in = self.dec_out.get(d), self.dec_in.get(d)
+        lin = self.lin[d]
         if cfg.is_data:
             if d != cfg.node_id:
                 return
-            best, arg = INF, None
-            for j, c in cfg.next_costs.items():
-                lab = self.lin[d].get(j)
-                if lab is None or lab.cost == INF or tout in lab.path:
-                    continue
-                v = c + lab.cost
-                if v < best - EPS or (v <= best + EPS and arg is not None and j < arg[0]):
-                    best, arg = v, (j, lab)
+            cands = [(c + lab.cost, j, lab) for j, c in cfg.next_costs.items()
+                     if (lab := lin.get(j)) is not None and lab.cost != INF and tout not in lab.path]
+            arg = _pick(cands, prev_out[1] if prev_out else None)
             if arg is None:
                 self.my_out[d], self.dec_out[d] = Label(d, Side.OUT, INF, ()), None
             else:
-                self.my_out[d] = Label(d, Side.OUT, best, (tout,) + arg[1].path)
-                self.dec_out[d] = ("F", arg[0])
+                self.my_out[d] = Label(d, Side.OUT, arg[0], (tout,) + arg[2].path)
+                self.dec_out[d] = ("F", arg[1])
             self.my_in[d] = Label(d, Side.IN, 0.0, (tin,))
             return
-        lin, lout = self.lin[d], self.lout[d]
+        lout = self.lout[d]
         # The residual path behind a label must not revisit the side it starts from:
         # F for OUT starts at i-, F for IN at i+ then i-; B for IN at i+, B for OUT at i- then i+.
-        f_out = f_in = (INF, None)
+        room = self.used() < cfg.capacity
+        fo: list = []
+        fi: list = []
         for j, c in cfg.next_costs.items():
             lab = lin.get(j)
             if lab is None or lab.cost == INF or tout in lab.path:
                 continue
-            v = c + lab.cost
-            cand = (v, j, lab)
-            if f_out[1] is None or v < f_out[0] - EPS or (v <= f_out[0] + EPS and j < f_out[1]):
-                f_out = cand
-            if tin not in lab.path and (f_in[1] is None or v < f_in[0] - EPS or (v <= f_in[0] + EPS and j < f_in[1])):
-                f_in = cand
-        b_in = b_out = (INF, None)
+            cand = (c + lab.cost, j, lab)
+            fo.append(cand)
+            if room and tin not in lab.path:
+                fi.append(cand)
+        bo: list = []
+        bi: list = []
         for p, n in self.inn[d].items():
             lab = lout.get(p)
             if n <= 0 or lab is None or lab.cost == INF or tin in lab.path:
                 continue
-            v = lab.cost - cfg.prev_costs[p]
-            cand = (v, p, lab)
-            if b_in[1] is None or v < b_in[0] - EPS or (v <= b_in[0] + EPS and p < b_in[1]):
-                b_in = cand
-            if tout not in lab.path and (b_out[1] is None or v < b_out[0] - EPS or (v <= b_out[0] + EPS and p < b_out[1])):
-                b_out = cand
-        held = _dsum(self.inn[d]) > 0
-        room = self.used() < cfg.capacity
-        if not held:
-            b_out = (INF, None)
-        if not cfg.displace:
-            b_in = (INF, None)
-        if not room:
-            f_in = (INF, None)
+            cand = (lab.cost - cfg.prev_costs[p], p, lab)
+            if cfg.displace:
+                bi.append(cand)
+            if tout not in lab.path:
+                bo.append(cand)
+        so = prev_out[1] if prev_out else None
+        si = prev_in[1] if prev_in else None
+        f_out = _pick(fo, so if prev_out and prev_out[0] == "F" else None)
+        b_out = _pick(bo, so if prev_out and prev_out[0] == "B" else None)
+        f_in = _pick(fi, si if prev_in and prev_in[0] == "F" else None)
+        b_in = _pick(bi, si if prev_in and prev_in[0] == "B" else None)
         # OUT: forward the unit, or hand one back upstream (DENY)
-        if f_out[1] is not None and (b_out[1] is None or f_out[0] <= b_out[0] + EPS):
+        kind = _choose(f_out, b_out, prev_out[0] if prev_out else None)
+        if kind == "F":
             self.my_out[d] = Label(d, Side.OUT, f_out[0], (tout,) + f_out[2].path)
             self.dec_out[d] = ("F", f_out[1])
-        elif b_out[1] is not None:
+        elif kind == "B":
             self.my_out[d] = Label(d, Side.OUT, b_out[0], (tout, tin) + b_out[2].path)
             self.dec_out[d] = ("B", b_out[1])
         else:
             self.my_out[d], self.dec_out[d] = Label(d, Side.OUT, INF, ()), None
         # IN: take the unit and forward it, or displace an upstream unit
-        if f_in[1] is not None and (b_in[1] is None or f_in[0] <= b_in[0] + EPS):
+        kind = _choose(f_in, b_in, prev_in[0] if prev_in else None)
+        if kind == "F":
             self.my_in[d] = Label(d, Side.IN, f_in[0], (tin, tout) + f_in[2].path)
             self.dec_in[d] = ("F", f_in[1])
-        elif b_in[1] is not None:
+        elif kind == "B":
             self.my_in[d] = Label(d, Side.IN, b_in[0], (tin,) + b_in[2].path)
             self.dec_in[d] = ("B", b_in[1])
         else:
             self.my_in[d], self.dec_in[d] = Label(d, Side.IN, INF, ()), None
 
     def _refresh(self, commodities, eff: list[Effect], force_to: dict[str, set[str]] | None = None) -> None:
-        """Recompute labels and announce the ones that changed to whoever uses them.
+        """Recompute labels; the ones worth announcing go out at the next flush (coalesced, latest value wins).
 
-        A changed cost is announced at once.  A route that changed at the same
-        cost is announced by the next `path_announce_s` flush: neighbours need
-        it to keep their loop checks right, but sending every such change at
-        once floods the swarm while many units move.
+        Within an epoch only news is announced: a label of a new epoch, a lower
+        cost, or a new route at the same cost.  A rise is not announced (the
+        next wave recomputes every label from scratch; until then a Request
+        Flow that expected the old cost is rejected with the current label).
         """
-        outbox: dict[str, list[Label]] = {}
         cfg = self.cfg
+        dn = cfg.node_id if cfg.is_data else None
         for d in commodities:
-            old_in, old_out = self.my_in.get(d), self.my_out.get(d)
+            if dn is not None:
+                if d != dn:
+                    continue
+                old_out = self.my_out.get(d)
             self._compute(d)
-            new_in, new_out = self.my_in.get(d), self.my_out.get(d)
-            if new_in is not None and (not cfg.is_data or d == cfg.node_id):
-                if _cost_differs(new_in, old_in):
-                    self._stale.discard((d, Side.IN))
-                    for p in cfg.prev_costs:
-                        outbox.setdefault(p, []).append(new_in)
-                elif new_in.path != old_in.path:
-                    self._stale.add((d, Side.IN))
-            if new_out is not None:
-                targets: set[str] = set()
-                if _cost_differs(new_out, old_out):
-                    self._stale.discard((d, Side.OUT))
-                    targets = set(self.out[d])
-                elif new_out.path != old_out.path:
-                    self._stale.add((d, Side.OUT))
-                if force_to and d in force_to:
-                    targets |= force_to[d]
-                for j in targets:
-                    outbox.setdefault(j, []).append(new_out)
-        if self._stale and not self._flush_armed:
-            self._flush_armed = True
-            eff.append(SetTimer("announce", self._now + cfg.path_announce_s))
-        for peer in sorted(outbox):
-            eff.append(Send(peer, CostAnnounce(tuple(outbox[peer]))))
+            if dn is not None:
+                new_out = self.my_out[d]
+                if old_out is None or _cost_differs(new_out, old_out):
+                    self._out_changed(new_out)
+            if (dn is None or d == dn) and self._worth(d, Side.IN):
+                self._dirty.add((d, Side.IN))
+            if self.out[d] and self._worth(d, Side.OUT):
+                self._dirty.add((d, Side.OUT))
+        if force_to:
+            for d, peers in force_to.items():
+                for p in peers:
+                    self._force.setdefault(p, set()).add(d)
+        if (self._dirty or self._force) and not self._flush_armed:
+            if cfg.announce_coalesce_s <= 0:
+                self._flush(eff)
+            else:
+                self._flush_armed = True
+                eff.append(SetTimer("announce", self._now + cfg.announce_coalesce_s))
+
+    def _worth(self, d: str, side: Side) -> bool:
+        lab = self.my_in.get(d) if side == Side.IN else self.my_out.get(d)
+        if lab is None or lab.cost == INF:
+            return False
+        last = self._sent.get((d, side))
+        if last is None or last[0] != self.epoch[d]:
+            return True
+        return lab.cost < last[1] - EPS or (lab.cost <= last[1] + EPS and lab.path != last[2])
 
     def _flush(self, eff: list[Effect]) -> None:
         self._flush_armed = False
         outbox: dict[str, list[Label]] = {}
-        for d, side in sorted(self._stale):
+        sent_out: set[tuple[str, str]] = set()
+        for d, side in sorted(self._dirty):
+            if not self._worth(d, side):
+                continue
+            lab = self.my_in[d] if side == Side.IN else self.my_out[d]
+            e = self.epoch[d]
+            self._sent[(d, side)] = (e, lab.cost, lab.path)
+            w = _wire(lab, e)
             if side == Side.IN:
                 for p in self.cfg.prev_costs:
-                    outbox.setdefault(p, []).append(self.my_in[d])
+                    if p in self._data_prev and p != d:
+                        continue  # another data node has no use for this commodity's labels
+                    outbox.setdefault(p, []).append(w)
             else:
                 for j in self.out[d]:
-                    outbox.setdefault(j, []).append(self.my_out[d])
-        self._stale.clear()
+                    outbox.setdefault(j, []).append(w)
+                    sent_out.add((j, d))
+        self._dirty.clear()
+        for p in sorted(self._force):
+            for d in sorted(self._force[p]):
+                lab = self.my_out.get(d)
+                if (p, d) in sent_out or lab is None or lab.cost == INF:
+                    continue
+                outbox.setdefault(p, []).append(_wire(lab, self.epoch[d]))
+        self._force.clear()
         for peer in sorted(outbox):
             eff.append(Send(peer, CostAnnounce(tuple(outbox[peer]))))
 
@@ -338,7 +421,10 @@ class FlowNode:
     def start(self, now: float) -> list[Effect]:
         eff: list[Effect] = []
         self._now = now
-        self._refresh_all(eff)  # a data node announces its (constant) sink label here
+        if self.cfg.is_data:
+            self._new_epoch(now, eff)  # the first wave: the data node announces its sink label
+        else:
+            self._refresh_all(eff)
         phase = self.rng.uniform(0.0, self.cfg.round_s)
         eff.append(SetTimer("tick", now + phase))
         return eff
@@ -350,6 +436,8 @@ class FlowNode:
             self._flush(eff)
         if key == "tick":
             eff.append(SetTimer("tick", now + self.cfg.round_s))
+            if self.cfg.is_data:
+                self._maybe_retry_wave(now, eff)
             self.rejects_in_row = 0
             if self.move is not None and now >= self.move.deadline:
                 self.move = None  # the peer never answered: give up the move
@@ -399,11 +487,16 @@ class FlowNode:
         """Move one unpaired unit along the OUT label: forward it, or DENY it back."""
         dec = self.dec_out.get(d)
         if dec is None:
-            # no route known at all: hand it back to any upstream peer
+            # no route known (yet: a new wave may be on its way): wait a little, then hand it back upstream
+            since = self._noroute_since.setdefault(d, now)
+            if now < since + self.cfg.noroute_grace_s:
+                eff.append(SetTimer("balance", since + self.cfg.noroute_grace_s))
+                return
             ups = sorted(p for p, n in self.inn[d].items() if n > 0)
             if not ups:
                 return
             dec = ("B", ups[0])
+        self._noroute_since.pop(d, None)
         kind, peer = dec
         if kind == "F":
             rid = self._id()
@@ -440,16 +533,54 @@ class FlowNode:
         self.pending[rid] = _Pending("withdraw", j, d)
         eff.append(Send(j, Withdraw(rid, d)))
 
+    def _new_epoch(self, now: float, eff: list[Effect]) -> None:
+        """Data node: start a label wave; every label of this commodity is recomputed from scratch."""
+        d = self.cfg.node_id
+        self.epoch[d] += 1
+        self.lin[d].clear()
+        self.lout[d].clear()
+        self.epoch_started = now
+        self.first_out_at = None
+        self.next_launch = INF
+        self._refresh([d], eff)
+        if self._flush_armed or self._dirty:
+            self._flush(eff)  # the wave starts now
+
+    def _out_changed(self, lab: Label) -> None:
+        """Data node: its OUT label moved; launch once it has been still for a while."""
+        now = self._now
+        if lab.cost == INF:
+            self.next_launch = INF
+            return
+        if self.first_out_at is None:
+            self.first_out_at = now
+        wave = self.first_out_at - self.epoch_started
+        self.next_launch = now + max(self.cfg.launch_settle_s, self.cfg.launch_quiet_factor * wave)
+
+    def _maybe_retry_wave(self, now: float, eff: list[Effect]) -> None:
+        """Tick of a data node: start a new wave when stuck (a rejected launch, or no route while
+        other data nodes may free capacity)."""
+        d = self.cfg.node_id
+        if self.token_pending or self.launch_pending > 0 or _dsum(self.out[d]) >= self.demand:
+            return
+        if now - self.epoch_started < self.cfg.retry_epoch_rounds * self.cfg.round_s:
+            return
+        lab = self.my_out.get(d, _NO_LABEL)
+        stuck = self.rejects_in_row > 0 or (lab.cost == INF and len(self.cfg.commodities) > 1)
+        if stuck:
+            self._new_epoch(now, eff)
+
     def _maybe_launch(self, now: float, eff: list[Effect]) -> None:
         d = self.cfg.node_id
-        if self.token_pending or self.launch_pending > 0 or now < self.next_launch:
-            if self.launch_pending <= 0 and not self.token_pending and now < self.next_launch:
-                eff.append(SetTimer("launch", self.next_launch))
+        if self.token_pending or self.launch_pending > 0:
             return
         if _dsum(self.out[d]) >= self.demand or self.rejects_in_row >= MAX_REJECTS_BEFORE_WAIT:
             return
         dec = self.dec_out.get(d)
-        if dec is None:
+        if dec is None or self.next_launch == INF:
+            return
+        if now < self.next_launch:
+            eff.append(SetTimer("launch", self.next_launch))
             return
         j = dec[1]
         rid = self._id()
@@ -458,30 +589,44 @@ class FlowNode:
         eff.append(Send(j, RequestFlow(rid, d, self.lin[d][j].cost)))
 
     def _settled(self, now: float, eff: list[Effect]) -> None:
-        """A data node's launched unit arrived or came back.
+        """A data node's launched unit arrived or came back: a new wave, then the next unit.
 
         The unit can reach the sink before the first hop's approval is back at
         the data node, so the count may dip below zero for a moment; launching
         waits while it is positive.
         """
         self.launch_pending -= 1
-        self.next_launch = now + self.cfg.launch_settle_s
-        eff.append(SetTimer("launch", self.next_launch))
+        self._new_epoch(now, eff)
 
     # ------------------------------------------------------------ handlers
+    def _ingest(self, sender: str, wire: Label) -> bool:
+        """Store a neighbour's label; a label of a newer wave clears that commodity's older ones."""
+        d = wire.commodity
+        if d not in self.lin:
+            return False
+        if wire.side == Side.IN:
+            if sender not in self.cfg.next_costs:
+                return False
+        elif sender not in self.cfg.prev_costs:
+            return False
+        e, lab = _unwire(wire)
+        cur = self.epoch[d]
+        if e < cur:
+            self.stats.ignored += 1
+            return False
+        if e > cur:
+            if self.cfg.is_data and d == self.cfg.node_id:
+                return False  # only the data node starts waves of its commodity
+            self.epoch[d] = e
+            self.lin[d].clear()
+            self.lout[d].clear()
+        (self.lin if wire.side == Side.IN else self.lout)[d][sender] = lab
+        return True
+
     def _on_announce(self, now: float, sender: str, msg: CostAnnounce, eff: list[Effect]) -> None:
-        touched = []
-        for lab in msg.labels:
-            if lab.commodity not in self.lin:
-                continue
-            if lab.side == Side.IN and sender in self.cfg.next_costs:
-                self.lin[lab.commodity][sender] = lab
-            elif lab.side == Side.OUT and sender in self.cfg.prev_costs:
-                self.lout[lab.commodity][sender] = lab
-            else:
-                continue
-            touched.append(lab.commodity)
-        self._refresh(dict.fromkeys(touched), eff)
+        touched = [lab.commodity for lab in msg.labels if self._ingest(sender, lab)]
+        if touched:
+            self._refresh(dict.fromkeys(touched), eff)
 
     def _on_request_flow(self, now: float, sender: str, msg: RequestFlow, eff: list[Effect]) -> None:
         d = msg.commodity
@@ -509,17 +654,18 @@ class FlowNode:
         lab = self.my_in.get(d, _NO_LABEL)
         if lab.cost == INF:
             self.stats.rejects += 1
-            eff.append(Send(sender, FlowReply(msg.req_id, d, Reply.NO_CAPACITY, lab)))
+            eff.append(Send(sender, FlowReply(msg.req_id, d, Reply.NO_CAPACITY, _wire(lab, self.epoch[d]))))
             return
         if abs(lab.cost - msg.expected_cost) > EPS:
             self.stats.rejects += 1
-            eff.append(Send(sender, FlowReply(msg.req_id, d, Reply.COST_CHANGED, lab)))
+            eff.append(Send(sender, FlowReply(msg.req_id, d, Reply.COST_CHANGED, _wire(lab, self.epoch[d]))))
             return
         dec = self.dec_in[d]
         if dec is not None and dec[0] == "B" and dec[1] == sender:
             # taking the unit would displace the requester's own unit: a no-op it must not retry
             self.stats.rejects += 1
-            eff.append(Send(sender, FlowReply(msg.req_id, d, Reply.NO_CAPACITY, Label(d, Side.IN, INF, ()))))
+            eff.append(Send(sender, FlowReply(msg.req_id, d, Reply.NO_CAPACITY,
+                                           _wire(Label(d, Side.IN, INF, ()), self.epoch[d]))))
             return
         _inc(self.inn[d], sender)
         self._changed(now)
@@ -553,7 +699,10 @@ class FlowNode:
         if pend.kind == "withdraw":
             return  # already handed back by the peer: its Deny/Reroute adjusts our count
         self.rejects_in_row += 1
-        self.lin[d][sender] = msg.current if msg.current is not None else Label(d, Side.IN, INF, ())
+        if msg.current is not None:
+            self._ingest(sender, msg.current)
+        else:
+            self.lin[d][sender] = Label(d, Side.IN, INF, ())
         self._refresh([d], eff)
 
     def _on_deny(self, now: float, sender: str, msg: Deny, eff: list[Effect]) -> None:
