@@ -208,8 +208,18 @@ def cmd_join(args: argparse.Namespace) -> int:
     for b in args.bootstrap:
         if "/p2p/" not in b:
             raise CliError(f"--bootstrap {b!r} must be a multiaddr ending in /p2p/<peer id>")
+    device = args.device
+    if device == "auto":
+        import torch
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif not (device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
+        raise CliError(f"--device must be auto, cpu, cuda or cuda:N, got {device!r}")
+    elif device.startswith("cuda"):
+        import torch
+        if not torch.cuda.is_available():
+            raise CliError(f"--device {device}: torch sees no CUDA device on this machine (use --device cpu)")
     _setup_logging(args.log_level)
-    opts = NodeOptions(run_path=Path(args.run), role=args.role, stage=stage, state_dir=Path(args.state_dir),
+    opts = NodeOptions(device=device, run_path=Path(args.run), role=args.role, stage=stage, state_dir=Path(args.state_dir),
                        bootstrap=list(args.bootstrap), name=args.name or "", port=args.port,
                        listen_host=args.host, capacity=args.capacity, iterations=args.iterations,
                        data_index=args.data_index, data_nodes=args.data_nodes,
@@ -407,6 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--data-index", type=_nonneg_int, default=0, help="data nodes: which shard of the data")
     j.add_argument("--data-nodes", type=_positive_int, default=1, help="data nodes of the run")
     j.add_argument("--links", default=None, help="emulated links between named nodes (resolved links file)")
+    j.add_argument("--device", default="auto", help="torch device for the stage: auto (cuda if present), cpu, cuda, cuda:N")
     j.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO")
     j.set_defaults(func=cmd_join)
 

@@ -91,6 +91,7 @@ class FlowConfig:
     announce_coalesce_s: float = 0.02  # labels changed within this window go out in one CostAnnounce per peer
     launch_quiet_factor: float = 1.0  # data node: wait this x (time the wave took to reach it) after its last OUT change
     noroute_grace_s: float = 0.5  # a relay with an unpaired unit and no route waits this long before a DENY
+    waves: bool | None = None  # label waves per augmentation; None: only with a single data node (see module doc)
     retry_epoch_rounds: float = 5.0  # several data nodes: a data node without a route starts a new wave this often
     t0: float = T0_DEFAULT
     alpha: float = ALPHA_DEFAULT
@@ -235,6 +236,7 @@ class FlowNode:
         self.epoch_started = 0.0
         self.first_out_at: float | None = None
         self.demand = config.capacity if config.is_data else 0
+        self.waves = config.waves if config.waves is not None else len(config.commodities) <= 1
 
     # ------------------------------------------------------------ helpers
     def _id(self) -> int:
@@ -376,9 +378,12 @@ class FlowNode:
 
     def _worth(self, d: str, side: Side) -> bool:
         lab = self.my_in.get(d) if side == Side.IN else self.my_out.get(d)
-        if lab is None or lab.cost == INF:
+        if lab is None or (lab.cost == INF and (self.waves or (d, side) not in self._sent)):
             return False
         last = self._sent.get((d, side))
+        if not self.waves:  # free-running labels: every change, rises included
+            return last is None or last[0] != self.epoch[d] or _cost_differs(lab, Label(d, side, last[1], ())) \
+                or lab.path != last[2]
         if last is None or last[0] != self.epoch[d]:
             return True
         return lab.cost < last[1] - EPS or (lab.cost <= last[1] + EPS and lab.path != last[2])
@@ -545,10 +550,14 @@ class FlowNode:
         self._refresh([d], eff)
         if self._flush_armed or self._dirty:
             self._flush(eff)  # the wave starts now
+        if not self.waves:
+            self.next_launch = now
 
     def _out_changed(self, lab: Label) -> None:
         """Data node: its OUT label moved; launch once it has been still for a while."""
         now = self._now
+        if not self.waves:
+            return
         if lab.cost == INF:
             self.next_launch = INF
             return
@@ -561,7 +570,7 @@ class FlowNode:
         """Tick of a data node: start a new wave when stuck (a rejected launch, or no route while
         other data nodes may free capacity)."""
         d = self.cfg.node_id
-        if self.token_pending or self.launch_pending > 0 or _dsum(self.out[d]) >= self.demand:
+        if not self.waves or self.token_pending or self.launch_pending > 0 or _dsum(self.out[d]) >= self.demand:
             return
         if now - self.epoch_started < self.cfg.retry_epoch_rounds * self.cfg.round_s:
             return
@@ -596,7 +605,11 @@ class FlowNode:
         waits while it is positive.
         """
         self.launch_pending -= 1
-        self._new_epoch(now, eff)
+        if self.waves:
+            self._new_epoch(now, eff)
+        else:
+            self.next_launch = now + self.cfg.launch_settle_s
+            eff.append(SetTimer("launch", self.next_launch))
 
     # ------------------------------------------------------------ handlers
     def _ingest(self, sender: str, wire: Label) -> bool:
