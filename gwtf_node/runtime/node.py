@@ -664,7 +664,7 @@ class Node:
                                       limiter=self.torch_limiter)
         self.step_counts[e.iteration] = e.microbatches
         if self.opts.checkpoint_every and (e.iteration + 1) % self.opts.checkpoint_every == 0:
-            await trio.to_thread.run_sync(self._checkpoint)
+            await trio.to_thread.run_sync(self._checkpoint, limiter=self.torch_limiter)
         if self.role == "data" and self.leader() == self.me:
             self._record_metrics(e.iteration, trio.current_time() - t0)
         self.last_iteration = e.iteration
