@@ -112,6 +112,18 @@ STRATEGIES.update({
     m.StageStateRequest: st.builds(m.StageStateRequest, stage=i32),
     m.StageState: st.builds(m.StageState, stage=i32, iteration=u64, sha256=ids, tensor=st.none() | tensors),
 })
+STRATEGIES.update({
+    m.MbDeny: st.builds(m.MbDeny, data_node=ids, seq=u64, iteration=u64),
+    m.Probe: st.builds(m.Probe, data_node=ids, seq=u64, iteration=u64, path=small_tuples(ids)),
+    m.ProbeAck: st.builds(m.ProbeAck, data_node=ids, seq=u64, iteration=u64),
+    m.Recover: st.builds(m.Recover, data_node=ids, seq=u64, iteration=u64, path=small_tuples(ids),
+                         rest=small_tuples(ids), tensor=st.none() | tensors),
+    m.Resume: st.builds(m.Resume, data_node=ids, seq=u64, iteration=u64, path=small_tuples(ids),
+                        rest=small_tuples(ids), tensor=st.none() | tensors),
+    m.BackwardStuck: st.builds(m.BackwardStuck, data_node=ids, seq=u64, iteration=u64, stage=i32),
+    m.Room: st.builds(m.Room, free=u32),
+    m.Release: st.builds(m.Release, data_node=ids, seq=u64, iteration=u64),
+})
 WIRE_TYPES = typing.get_args(messages.Message)
 any_message = st.one_of(*STRATEGIES.values())
 

@@ -322,6 +322,98 @@ class StageState(_message.Message):
     tensor: TensorHeader
     def __init__(self, stage: _Optional[int] = ..., iteration: _Optional[int] = ..., sha256: _Optional[str] = ..., tensor: _Optional[_Union[TensorHeader, _Mapping]] = ...) -> None: ...
 
+class MbDeny(_message.Message):
+    __slots__ = ("data_node", "seq", "iteration")
+    DATA_NODE_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    data_node: str
+    seq: int
+    iteration: int
+    def __init__(self, data_node: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ...) -> None: ...
+
+class Probe(_message.Message):
+    __slots__ = ("data_node", "seq", "iteration", "path")
+    DATA_NODE_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    data_node: str
+    seq: int
+    iteration: int
+    path: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, data_node: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ..., path: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ProbeAck(_message.Message):
+    __slots__ = ("data_node", "seq", "iteration")
+    DATA_NODE_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    data_node: str
+    seq: int
+    iteration: int
+    def __init__(self, data_node: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ...) -> None: ...
+
+class Recover(_message.Message):
+    __slots__ = ("data_node", "seq", "iteration", "path", "rest", "tensor")
+    DATA_NODE_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    REST_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    data_node: str
+    seq: int
+    iteration: int
+    path: _containers.RepeatedScalarFieldContainer[str]
+    rest: _containers.RepeatedScalarFieldContainer[str]
+    tensor: TensorHeader
+    def __init__(self, data_node: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ..., path: _Optional[_Iterable[str]] = ..., rest: _Optional[_Iterable[str]] = ..., tensor: _Optional[_Union[TensorHeader, _Mapping]] = ...) -> None: ...
+
+class Resume(_message.Message):
+    __slots__ = ("data_node", "seq", "iteration", "path", "rest", "tensor")
+    DATA_NODE_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    REST_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    data_node: str
+    seq: int
+    iteration: int
+    path: _containers.RepeatedScalarFieldContainer[str]
+    rest: _containers.RepeatedScalarFieldContainer[str]
+    tensor: TensorHeader
+    def __init__(self, data_node: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ..., path: _Optional[_Iterable[str]] = ..., rest: _Optional[_Iterable[str]] = ..., tensor: _Optional[_Union[TensorHeader, _Mapping]] = ...) -> None: ...
+
+class BackwardStuck(_message.Message):
+    __slots__ = ("data_node", "seq", "iteration", "stage")
+    DATA_NODE_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    data_node: str
+    seq: int
+    iteration: int
+    stage: int
+    def __init__(self, data_node: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ..., stage: _Optional[int] = ...) -> None: ...
+
+class Room(_message.Message):
+    __slots__ = ("free",)
+    FREE_FIELD_NUMBER: _ClassVar[int]
+    free: int
+    def __init__(self, free: _Optional[int] = ...) -> None: ...
+
+class Release(_message.Message):
+    __slots__ = ("data_node", "seq", "iteration")
+    DATA_NODE_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    data_node: str
+    seq: int
+    iteration: int
+    def __init__(self, data_node: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ...) -> None: ...
+
 class TensorHeader(_message.Message):
     __slots__ = ("dtype", "shape", "nbytes")
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -333,7 +425,7 @@ class TensorHeader(_message.Message):
     def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class Envelope(_message.Message):
-    __slots__ = ("version", "sender", "cost_announce", "request_flow", "flow_reply", "deny", "withdraw", "query_flows", "flow_report", "request_change", "request_redirect", "move_reply", "reroute", "hello", "peer_list", "forward", "backward", "complete", "iteration_done", "begin_aggregation", "can_take", "all_reduce_chunk", "ping", "pong", "stage_state_request", "stage_state")
+    __slots__ = ("version", "sender", "cost_announce", "request_flow", "flow_reply", "deny", "withdraw", "query_flows", "flow_report", "request_change", "request_redirect", "move_reply", "reroute", "hello", "peer_list", "forward", "backward", "complete", "iteration_done", "begin_aggregation", "can_take", "all_reduce_chunk", "ping", "pong", "stage_state_request", "stage_state", "mb_deny", "probe", "probe_ack", "recover", "resume", "backward_stuck", "room", "release")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     COST_ANNOUNCE_FIELD_NUMBER: _ClassVar[int]
@@ -360,6 +452,14 @@ class Envelope(_message.Message):
     PONG_FIELD_NUMBER: _ClassVar[int]
     STAGE_STATE_REQUEST_FIELD_NUMBER: _ClassVar[int]
     STAGE_STATE_FIELD_NUMBER: _ClassVar[int]
+    MB_DENY_FIELD_NUMBER: _ClassVar[int]
+    PROBE_FIELD_NUMBER: _ClassVar[int]
+    PROBE_ACK_FIELD_NUMBER: _ClassVar[int]
+    RECOVER_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_STUCK_FIELD_NUMBER: _ClassVar[int]
+    ROOM_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
     version: int
     sender: str
     cost_announce: CostAnnounce
@@ -386,4 +486,12 @@ class Envelope(_message.Message):
     pong: Pong
     stage_state_request: StageStateRequest
     stage_state: StageState
-    def __init__(self, version: _Optional[int] = ..., sender: _Optional[str] = ..., cost_announce: _Optional[_Union[CostAnnounce, _Mapping]] = ..., request_flow: _Optional[_Union[RequestFlow, _Mapping]] = ..., flow_reply: _Optional[_Union[FlowReply, _Mapping]] = ..., deny: _Optional[_Union[Deny, _Mapping]] = ..., withdraw: _Optional[_Union[Withdraw, _Mapping]] = ..., query_flows: _Optional[_Union[QueryFlows, _Mapping]] = ..., flow_report: _Optional[_Union[FlowReport, _Mapping]] = ..., request_change: _Optional[_Union[RequestChange, _Mapping]] = ..., request_redirect: _Optional[_Union[RequestRedirect, _Mapping]] = ..., move_reply: _Optional[_Union[MoveReply, _Mapping]] = ..., reroute: _Optional[_Union[Reroute, _Mapping]] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., peer_list: _Optional[_Union[PeerList, _Mapping]] = ..., forward: _Optional[_Union[Forward, _Mapping]] = ..., backward: _Optional[_Union[Backward, _Mapping]] = ..., complete: _Optional[_Union[Complete, _Mapping]] = ..., iteration_done: _Optional[_Union[IterationDone, _Mapping]] = ..., begin_aggregation: _Optional[_Union[BeginAggregation, _Mapping]] = ..., can_take: _Optional[_Union[CanTake, _Mapping]] = ..., all_reduce_chunk: _Optional[_Union[AllReduceChunk, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., stage_state_request: _Optional[_Union[StageStateRequest, _Mapping]] = ..., stage_state: _Optional[_Union[StageState, _Mapping]] = ...) -> None: ...
+    mb_deny: MbDeny
+    probe: Probe
+    probe_ack: ProbeAck
+    recover: Recover
+    resume: Resume
+    backward_stuck: BackwardStuck
+    room: Room
+    release: Release
+    def __init__(self, version: _Optional[int] = ..., sender: _Optional[str] = ..., cost_announce: _Optional[_Union[CostAnnounce, _Mapping]] = ..., request_flow: _Optional[_Union[RequestFlow, _Mapping]] = ..., flow_reply: _Optional[_Union[FlowReply, _Mapping]] = ..., deny: _Optional[_Union[Deny, _Mapping]] = ..., withdraw: _Optional[_Union[Withdraw, _Mapping]] = ..., query_flows: _Optional[_Union[QueryFlows, _Mapping]] = ..., flow_report: _Optional[_Union[FlowReport, _Mapping]] = ..., request_change: _Optional[_Union[RequestChange, _Mapping]] = ..., request_redirect: _Optional[_Union[RequestRedirect, _Mapping]] = ..., move_reply: _Optional[_Union[MoveReply, _Mapping]] = ..., reroute: _Optional[_Union[Reroute, _Mapping]] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., peer_list: _Optional[_Union[PeerList, _Mapping]] = ..., forward: _Optional[_Union[Forward, _Mapping]] = ..., backward: _Optional[_Union[Backward, _Mapping]] = ..., complete: _Optional[_Union[Complete, _Mapping]] = ..., iteration_done: _Optional[_Union[IterationDone, _Mapping]] = ..., begin_aggregation: _Optional[_Union[BeginAggregation, _Mapping]] = ..., can_take: _Optional[_Union[CanTake, _Mapping]] = ..., all_reduce_chunk: _Optional[_Union[AllReduceChunk, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., stage_state_request: _Optional[_Union[StageStateRequest, _Mapping]] = ..., stage_state: _Optional[_Union[StageState, _Mapping]] = ..., mb_deny: _Optional[_Union[MbDeny, _Mapping]] = ..., probe: _Optional[_Union[Probe, _Mapping]] = ..., probe_ack: _Optional[_Union[ProbeAck, _Mapping]] = ..., recover: _Optional[_Union[Recover, _Mapping]] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ..., backward_stuck: _Optional[_Union[BackwardStuck, _Mapping]] = ..., room: _Optional[_Union[Room, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ...) -> None: ...

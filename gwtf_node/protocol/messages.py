@@ -269,9 +269,88 @@ class StageState:
     tensor: TensorHeader | None
 
 
+# ---- crash recovery of microbatches (section V-D; protocol/recovery.py) ----
+
+
+@dataclass(frozen=True, slots=True)
+class MbDeny:
+    """The receiver's microbatch sent to the sender is handed back: the sender has no room / no route for it."""
+
+    data_node: str
+    seq: int
+    iteration: int
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """The data node's ping along a microbatch's path (backward pass); `path` = data node, then one relay per stage."""
+
+    data_node: str
+    seq: int
+    iteration: int
+    path: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeAck:
+    data_node: str
+    seq: int
+    iteration: int
+
+
+@dataclass(frozen=True, slots=True)
+class Recover:
+    """A stored activation for a live node of a crashed stage: recompute the stage and go on to `rest`."""
+
+    data_node: str
+    seq: int
+    iteration: int
+    path: tuple[str, ...]  # the path up to the sender (data node first)
+    rest: tuple[str, ...]  # the old path after the crashed node (ends with the data node)
+    tensor: TensorHeader | None
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """The sender replaced a crashed node before the receiver: resend your stored gradient to the sender."""
+
+    data_node: str
+    seq: int
+    iteration: int
+    path: tuple[str, ...]
+    rest: tuple[str, ...]
+    tensor: TensorHeader | None
+
+
+@dataclass(frozen=True, slots=True)
+class BackwardStuck:
+    """To the data node: the sender could not hand the backward of a microbatch to its upstream peer."""
+
+    data_node: str
+    seq: int
+    iteration: int
+    stage: int
+
+
+@dataclass(frozen=True, slots=True)
+class Room:
+    """The sender, which sent a DENY, has room again for `free` microbatches."""
+
+    free: int
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """The data node gave this attempt of the microbatch up: drop its stash and any gradient of it."""
+
+    data_node: str
+    seq: int
+    iteration: int
+
 Message = (
     CostAnnounce | RequestFlow | FlowReply | Deny | Withdraw | QueryFlows | FlowReport
     | RequestChange | RequestRedirect | MoveReply | Reroute
     | Hello | PeerList | Forward | Backward | Complete | IterationDone | BeginAggregation | CanTake
     | AllReduceChunk | Ping | Pong | StageStateRequest | StageState
+    | MbDeny | Probe | ProbeAck | Recover | Resume | BackwardStuck | Room | Release
 )
