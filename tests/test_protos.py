@@ -124,6 +124,18 @@ STRATEGIES.update({
     m.Room: st.builds(m.Room, free=u32),
     m.Release: st.builds(m.Release, data_node=ids, seq=u64, iteration=u64),
 })
+STRATEGIES.update({
+    m.RequestVote: st.builds(m.RequestVote, term=u64, pre=st.booleans(), sent_at=costs),
+    m.Vote: st.builds(m.Vote, term=u64, pre=st.booleans(), granted=st.booleans(), sent_at=costs),
+    m.LeaderHeartbeat: st.builds(m.LeaderHeartbeat, term=u64, sent_at=costs, data_nodes=small_tuples(ids)),
+    m.HeartbeatAck: st.builds(m.HeartbeatAck, term=u64, sent_at=costs, ok=st.booleans()),
+    m.JoinRequest: st.builds(m.JoinRequest, capacity=u32, stage_costs=small_tuples(costs)),
+    m.UtilizationQuery: st.builds(m.UtilizationQuery, query_id=u64),
+    m.UtilizationReport: st.builds(m.UtilizationReport, query_id=u64, stage=i32, flows=u32, capacity=u32,
+                                   serving=st.booleans()),
+    m.Assignment: st.builds(m.Assignment, term=u64, node=ids, stage=i32, download_from=ids,
+                            start_iteration=u64),
+})
 WIRE_TYPES = typing.get_args(messages.Message)
 any_message = st.one_of(*STRATEGIES.values())
 

@@ -424,8 +424,92 @@ class TensorHeader(_message.Message):
     nbytes: int
     def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
+class RequestVote(_message.Message):
+    __slots__ = ("term", "pre", "sent_at")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    PRE_FIELD_NUMBER: _ClassVar[int]
+    SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    pre: bool
+    sent_at: float
+    def __init__(self, term: _Optional[int] = ..., pre: bool = ..., sent_at: _Optional[float] = ...) -> None: ...
+
+class Vote(_message.Message):
+    __slots__ = ("term", "pre", "granted", "sent_at")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    PRE_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    pre: bool
+    granted: bool
+    sent_at: float
+    def __init__(self, term: _Optional[int] = ..., pre: bool = ..., granted: bool = ..., sent_at: _Optional[float] = ...) -> None: ...
+
+class LeaderHeartbeat(_message.Message):
+    __slots__ = ("term", "sent_at", "data_nodes")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    DATA_NODES_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    sent_at: float
+    data_nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, term: _Optional[int] = ..., sent_at: _Optional[float] = ..., data_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class HeartbeatAck(_message.Message):
+    __slots__ = ("term", "sent_at", "ok")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    sent_at: float
+    ok: bool
+    def __init__(self, term: _Optional[int] = ..., sent_at: _Optional[float] = ..., ok: bool = ...) -> None: ...
+
+class JoinRequest(_message.Message):
+    __slots__ = ("capacity", "stage_costs")
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    STAGE_COSTS_FIELD_NUMBER: _ClassVar[int]
+    capacity: int
+    stage_costs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, capacity: _Optional[int] = ..., stage_costs: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class UtilizationQuery(_message.Message):
+    __slots__ = ("query_id",)
+    QUERY_ID_FIELD_NUMBER: _ClassVar[int]
+    query_id: int
+    def __init__(self, query_id: _Optional[int] = ...) -> None: ...
+
+class UtilizationReport(_message.Message):
+    __slots__ = ("query_id", "stage", "flows", "capacity", "serving")
+    QUERY_ID_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    FLOWS_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    SERVING_FIELD_NUMBER: _ClassVar[int]
+    query_id: int
+    stage: int
+    flows: int
+    capacity: int
+    serving: bool
+    def __init__(self, query_id: _Optional[int] = ..., stage: _Optional[int] = ..., flows: _Optional[int] = ..., capacity: _Optional[int] = ..., serving: bool = ...) -> None: ...
+
+class Assignment(_message.Message):
+    __slots__ = ("term", "node", "stage", "download_from", "start_iteration")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    DOWNLOAD_FROM_FIELD_NUMBER: _ClassVar[int]
+    START_ITERATION_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    node: str
+    stage: int
+    download_from: str
+    start_iteration: int
+    def __init__(self, term: _Optional[int] = ..., node: _Optional[str] = ..., stage: _Optional[int] = ..., download_from: _Optional[str] = ..., start_iteration: _Optional[int] = ...) -> None: ...
+
 class Envelope(_message.Message):
-    __slots__ = ("version", "sender", "cost_announce", "request_flow", "flow_reply", "deny", "withdraw", "query_flows", "flow_report", "request_change", "request_redirect", "move_reply", "reroute", "hello", "peer_list", "forward", "backward", "complete", "iteration_done", "begin_aggregation", "can_take", "all_reduce_chunk", "ping", "pong", "stage_state_request", "stage_state", "mb_deny", "probe", "probe_ack", "recover", "resume", "backward_stuck", "room", "release")
+    __slots__ = ("version", "sender", "cost_announce", "request_flow", "flow_reply", "deny", "withdraw", "query_flows", "flow_report", "request_change", "request_redirect", "move_reply", "reroute", "hello", "peer_list", "forward", "backward", "complete", "iteration_done", "begin_aggregation", "can_take", "all_reduce_chunk", "ping", "pong", "stage_state_request", "stage_state", "mb_deny", "probe", "probe_ack", "recover", "resume", "backward_stuck", "room", "release", "request_vote", "vote", "leader_heartbeat", "heartbeat_ack", "join_request", "utilization_query", "utilization_report", "assignment")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     COST_ANNOUNCE_FIELD_NUMBER: _ClassVar[int]
@@ -460,6 +544,14 @@ class Envelope(_message.Message):
     BACKWARD_STUCK_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_VOTE_FIELD_NUMBER: _ClassVar[int]
+    VOTE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_ACK_FIELD_NUMBER: _ClassVar[int]
+    JOIN_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_QUERY_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_REPORT_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     version: int
     sender: str
     cost_announce: CostAnnounce
@@ -494,4 +586,12 @@ class Envelope(_message.Message):
     backward_stuck: BackwardStuck
     room: Room
     release: Release
-    def __init__(self, version: _Optional[int] = ..., sender: _Optional[str] = ..., cost_announce: _Optional[_Union[CostAnnounce, _Mapping]] = ..., request_flow: _Optional[_Union[RequestFlow, _Mapping]] = ..., flow_reply: _Optional[_Union[FlowReply, _Mapping]] = ..., deny: _Optional[_Union[Deny, _Mapping]] = ..., withdraw: _Optional[_Union[Withdraw, _Mapping]] = ..., query_flows: _Optional[_Union[QueryFlows, _Mapping]] = ..., flow_report: _Optional[_Union[FlowReport, _Mapping]] = ..., request_change: _Optional[_Union[RequestChange, _Mapping]] = ..., request_redirect: _Optional[_Union[RequestRedirect, _Mapping]] = ..., move_reply: _Optional[_Union[MoveReply, _Mapping]] = ..., reroute: _Optional[_Union[Reroute, _Mapping]] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., peer_list: _Optional[_Union[PeerList, _Mapping]] = ..., forward: _Optional[_Union[Forward, _Mapping]] = ..., backward: _Optional[_Union[Backward, _Mapping]] = ..., complete: _Optional[_Union[Complete, _Mapping]] = ..., iteration_done: _Optional[_Union[IterationDone, _Mapping]] = ..., begin_aggregation: _Optional[_Union[BeginAggregation, _Mapping]] = ..., can_take: _Optional[_Union[CanTake, _Mapping]] = ..., all_reduce_chunk: _Optional[_Union[AllReduceChunk, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., stage_state_request: _Optional[_Union[StageStateRequest, _Mapping]] = ..., stage_state: _Optional[_Union[StageState, _Mapping]] = ..., mb_deny: _Optional[_Union[MbDeny, _Mapping]] = ..., probe: _Optional[_Union[Probe, _Mapping]] = ..., probe_ack: _Optional[_Union[ProbeAck, _Mapping]] = ..., recover: _Optional[_Union[Recover, _Mapping]] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ..., backward_stuck: _Optional[_Union[BackwardStuck, _Mapping]] = ..., room: _Optional[_Union[Room, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ...) -> None: ...
+    request_vote: RequestVote
+    vote: Vote
+    leader_heartbeat: LeaderHeartbeat
+    heartbeat_ack: HeartbeatAck
+    join_request: JoinRequest
+    utilization_query: UtilizationQuery
+    utilization_report: UtilizationReport
+    assignment: Assignment
+    def __init__(self, version: _Optional[int] = ..., sender: _Optional[str] = ..., cost_announce: _Optional[_Union[CostAnnounce, _Mapping]] = ..., request_flow: _Optional[_Union[RequestFlow, _Mapping]] = ..., flow_reply: _Optional[_Union[FlowReply, _Mapping]] = ..., deny: _Optional[_Union[Deny, _Mapping]] = ..., withdraw: _Optional[_Union[Withdraw, _Mapping]] = ..., query_flows: _Optional[_Union[QueryFlows, _Mapping]] = ..., flow_report: _Optional[_Union[FlowReport, _Mapping]] = ..., request_change: _Optional[_Union[RequestChange, _Mapping]] = ..., request_redirect: _Optional[_Union[RequestRedirect, _Mapping]] = ..., move_reply: _Optional[_Union[MoveReply, _Mapping]] = ..., reroute: _Optional[_Union[Reroute, _Mapping]] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., peer_list: _Optional[_Union[PeerList, _Mapping]] = ..., forward: _Optional[_Union[Forward, _Mapping]] = ..., backward: _Optional[_Union[Backward, _Mapping]] = ..., complete: _Optional[_Union[Complete, _Mapping]] = ..., iteration_done: _Optional[_Union[IterationDone, _Mapping]] = ..., begin_aggregation: _Optional[_Union[BeginAggregation, _Mapping]] = ..., can_take: _Optional[_Union[CanTake, _Mapping]] = ..., all_reduce_chunk: _Optional[_Union[AllReduceChunk, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., stage_state_request: _Optional[_Union[StageStateRequest, _Mapping]] = ..., stage_state: _Optional[_Union[StageState, _Mapping]] = ..., mb_deny: _Optional[_Union[MbDeny, _Mapping]] = ..., probe: _Optional[_Union[Probe, _Mapping]] = ..., probe_ack: _Optional[_Union[ProbeAck, _Mapping]] = ..., recover: _Optional[_Union[Recover, _Mapping]] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ..., backward_stuck: _Optional[_Union[BackwardStuck, _Mapping]] = ..., room: _Optional[_Union[Room, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., request_vote: _Optional[_Union[RequestVote, _Mapping]] = ..., vote: _Optional[_Union[Vote, _Mapping]] = ..., leader_heartbeat: _Optional[_Union[LeaderHeartbeat, _Mapping]] = ..., heartbeat_ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ..., join_request: _Optional[_Union[JoinRequest, _Mapping]] = ..., utilization_query: _Optional[_Union[UtilizationQuery, _Mapping]] = ..., utilization_report: _Optional[_Union[UtilizationReport, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ...) -> None: ...

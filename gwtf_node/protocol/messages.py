@@ -347,10 +347,88 @@ class Release:
     seq: int
     iteration: int
 
+# ---- leader election among the data nodes (leader.py) ----------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RequestVote:
+    """Vote for the sender in `term` (`pre`: would you, without changing anything?)."""
+
+    term: int
+    pre: bool
+    sent_at: float  # the sender's clock; echoed in the Vote, only the sender compares it
+
+
+@dataclass(frozen=True, slots=True)
+class Vote:
+    """Answer to a RequestVote; a grant promises no other vote for a lease (see leader.py)."""
+
+    term: int  # the term voted for when granted, else the voter's current term
+    pre: bool
+    granted: bool
+    sent_at: float  # echo of RequestVote.sent_at
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderHeartbeat:
+    """The leader of `term` renews its lease and shares the list of data nodes it knows."""
+
+    term: int
+    sent_at: float  # the leader's clock; echoed in the HeartbeatAck
+    data_nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatAck:
+    term: int  # the acknowledger's current term
+    sent_at: float  # echo of LeaderHeartbeat.sent_at
+    ok: bool  # False: the heartbeat's term is stale
+
+
+# ---- joining at the bottleneck (membership.py, section V-B) ----------------
+
+
+@dataclass(frozen=True, slots=True)
+class JoinRequest:
+    """A candidate asks the leader for a stage."""
+
+    capacity: int  # microbatches it can hold at a time
+    stage_costs: tuple[float, ...]  # measured cost to each relay stage, +inf: cannot serve it
+
+
+@dataclass(frozen=True, slots=True)
+class UtilizationQuery:
+    """The leader's periodic utilization flood (one round)."""
+
+    query_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class UtilizationReport:
+    query_id: int
+    stage: int
+    flows: int  # units of flow through the reporter
+    capacity: int
+    serving: bool  # False while the reporter is still joining (downloading its stage's state)
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """The leader of `term` places `node` in `stage`; sent to the node and to its state source."""
+
+    term: int
+    node: str
+    stage: int
+    download_from: str  # a live stage member that is not joining itself
+    start_iteration: int  # the newcomer serves from this iteration on
+
+
 Message = (
     CostAnnounce | RequestFlow | FlowReply | Deny | Withdraw | QueryFlows | FlowReport
     | RequestChange | RequestRedirect | MoveReply | Reroute
     | Hello | PeerList | Forward | Backward | Complete | IterationDone | BeginAggregation | CanTake
     | AllReduceChunk | Ping | Pong | StageStateRequest | StageState
     | MbDeny | Probe | ProbeAck | Recover | Resume | BackwardStuck | Room | Release
+    | RequestVote | Vote | LeaderHeartbeat | HeartbeatAck
+    | JoinRequest | UtilizationQuery | UtilizationReport | Assignment
 )
