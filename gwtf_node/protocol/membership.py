@@ -1,0 +1,358 @@
+"""Joining at the bottleneck (section V-B of the GWTF paper): the leader's side and the newcomer's.
+
+Theory of operation
+-------------------
+A *candidate* (a node started with ``--stage auto``) finds the leader through
+the DHT and sends it a `JoinRequest`: its capacity (microbatches it can hold)
+and its measured cost to each relay stage (+inf: it cannot serve that stage,
+e.g. no link to it).  It re-sends every ``retry_s`` until it is placed, to
+whichever node is leader then (`JoinerMachine`).
+
+The leader (`MembershipMachine`, run by the data node while
+`LeaderMachine.is_leader(now)` holds) runs a *round* every
+``query_interval_s``:
+
+1. Utilization query.  The paper floods the query stage by stage, each node
+   adding its numbers and forwarding it.  We model the flood as a
+   `UtilizationQuery` to every known stage member (from the DHT records and
+   the assignments the leader made) and one `UtilizationReport` back from
+   each: stage, flows through the reporter, capacity, and whether it is
+   serving or still joining.  One hop instead of S hops gives the same sums
+   with less delay, and a member's silence is information: a member that does
+   not answer within ``report_timeout_s`` is not live for this round.
+2. Per stage: utilization = (sum of flows of its serving members) / (sum of
+   capacity of its serving members + capacity of its members still joining).
+   Joining members count in the capacity because they will serve from their
+   start iteration on: without them every round would see the same
+   bottleneck and pile all candidates onto it.
+3. Placement (`place`): candidates in decreasing capacity (ties by id); each
+   goes to the most utilized stage it can serve (finite cost) that has a
+   state source; ties go to the stage with less capacity, then to the
+   candidate's cheaper stage, then to the lower index.  After each placement
+   the stage's capacity grows by the candidate's, so utilization is
+   re-evaluated as we assign: this is the paper's "highest capacity to the
+   highest utilization, the second to the second" without its flaw of
+   sending the second candidate to the second stage when the first stage is
+   still the bottleneck after the first placement.
+4. State source: a member of the stage that answered this round, reports
+   that it serves, and is not a newcomer the leader placed and has not yet
+   seen serving: never a node that is itself joining.  Among those the one
+   with the fewest downloads handed out in this round, then the least
+   utilized, then the lowest id.  A stage without such a member takes no
+   candidate (nobody could hand it the weights); candidates wait.
+5. Announcement: an `Assignment(term, node, stage, download_from,
+   start_iteration = current iteration + 1)` to the newcomer and to its
+   source.  The newcomer downloads the state the source holds after the
+   current iteration's step and serves from `start_iteration` (the next
+   iteration boundary), or from the first boundary after its download
+   completes: the iteration in flight is not disturbed.  The leader re-sends
+   the Assignment if the newcomer asks again, and forgets a newcomer that is
+   not serving after ``join_timeout_s`` (it crashed while downloading; its
+   reserved capacity is released).
+
+A new leader starts with no memory of the old one's placements: newcomers
+that hold an Assignment keep it (the highest term wins), answer the queries
+as joining, and so count as capacity and never as sources.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from .effects import CancelTimer, Effect, Send, SetTimer
+from .messages import Assignment, JoinRequest, StageStateRequest, UtilizationQuery, UtilizationReport
+
+ROUND_TIMER = "membership.round"
+COLLECT_TIMER = "membership.collect"
+RETRY_TIMER = "membership.join_retry"
+MAX_MISSED_ROUNDS = 3  # a member silent for this many rounds in a row is forgotten
+
+
+@dataclass(frozen=True)
+class Candidate:
+    node: str
+    capacity: int
+    stage_costs: tuple[float, ...]
+
+
+@dataclass
+class StageLoad:
+    flows: int = 0
+    capacity: int = 0
+
+    @property
+    def utilization(self) -> float:
+        return self.flows / self.capacity if self.capacity > 0 else math.inf
+
+
+# ---- pure placement ---------------------------------------------------------
+
+
+def stage_loads(reports: Iterable[UtilizationReport], joining: Iterable[tuple[int, int]],
+                num_stages: int) -> dict[int, StageLoad]:
+    """Flows and capacity per stage: serving reports count both, joining (stage, capacity) only capacity."""
+    loads = {s: StageLoad() for s in range(num_stages)}
+    for r in reports:
+        if r.serving and r.stage in loads:
+            loads[r.stage].flows += r.flows
+            loads[r.stage].capacity += r.capacity
+    for stage, capacity in joining:
+        if stage in loads:
+            loads[stage].capacity += capacity
+    return loads
+
+
+def choose_stage(c: Candidate, loads: Mapping[int, StageLoad], eligible: Iterable[int]) -> int | None:
+    """The most utilized stage `c` can serve; ties: less capacity, cheaper for `c`, lower index."""
+    options = [s for s in eligible if s < len(c.stage_costs) and math.isfinite(c.stage_costs[s])]
+    if not options:
+        return None
+    return min(options, key=lambda s: (-loads[s].utilization, loads[s].capacity, c.stage_costs[s], s))
+
+
+def choose_source(sources: Iterable[str], reports: Mapping[str, UtilizationReport],
+                  downloads: Mapping[str, int]) -> str:
+    """The source with the fewest downloads handed out, then the least utilized, then the lowest id."""
+    def key(n: str) -> tuple:
+        r = reports[n]
+        return downloads.get(n, 0), (r.flows / r.capacity if r.capacity else math.inf), n
+    return min(sources, key=key)
+
+
+def place(candidates: Iterable[Candidate], loads: Mapping[int, StageLoad],
+          sources: Mapping[int, list[str]], reports: Mapping[str, UtilizationReport]
+          ) -> list[tuple[Candidate, int, str]]:
+    """(candidate, stage, source) for every candidate that can be placed, highest capacity first.
+
+    `loads` is updated in place as candidates are placed; `sources` lists the
+    eligible state sources of each stage (stages without any take nobody).
+    """
+    placed: list[tuple[Candidate, int, str]] = []
+    downloads: dict[str, int] = {}
+    eligible = [s for s in sorted(loads) if sources.get(s)]
+    for c in sorted(candidates, key=lambda c: (-c.capacity, c.node)):
+        stage = choose_stage(c, loads, eligible)
+        if stage is None:
+            continue
+        src = choose_source(sources[stage], reports, downloads)
+        downloads[src] = downloads.get(src, 0) + 1
+        loads[stage].capacity += c.capacity
+        placed.append((c, stage, src))
+    return placed
+
+
+def valid_request(msg: JoinRequest, num_stages: int) -> bool:
+    return msg.capacity >= 1 and len(msg.stage_costs) == num_stages \
+        and all(not math.isnan(x) and x >= 0 for x in msg.stage_costs)
+
+
+# ---- the leader's machine ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MembershipConfig:
+    node_id: str
+    num_stages: int
+    query_interval_s: float = 5.0
+    report_timeout_s: float = 1.0
+    join_timeout_s: float = 120.0  # a placed newcomer not serving by then is forgotten
+
+    def __post_init__(self) -> None:
+        if not 0 < self.report_timeout_s < self.query_interval_s:
+            raise ValueError(
+                f"report_timeout_s is {self.report_timeout_s} and query_interval_s {self.query_interval_s}: "
+                "a round must collect its reports before the next one starts (e.g. 1.0 and 5.0)"
+            )
+        if self.num_stages < 1:
+            raise ValueError(f"num_stages is {self.num_stages}: a run has at least one relay stage")
+
+
+@dataclass
+class _Placed:
+    assignment: Assignment
+    capacity: int
+    at: float
+
+
+@dataclass
+class MembershipMachine:
+    """The leader's side of V-B: collect candidates, measure utilization, place, announce."""
+
+    cfg: MembershipConfig
+    term: int  # the leader's term, stamped on every Assignment
+    iteration: int = 0  # the iteration in flight (set by the driver at each boundary)
+    members: dict[str, int] = field(default_factory=dict)  # known stage members -> stage
+    waiting: dict[str, Candidate] = field(default_factory=dict)
+    placed: dict[str, _Placed] = field(default_factory=dict)  # newcomers not yet seen serving
+    query_id: int = 0
+    reports: dict[str, UtilizationReport] = field(default_factory=dict)
+    queried: set[str] = field(default_factory=set)
+    missed: dict[str, int] = field(default_factory=dict)
+    invalid_requests: int = 0
+    collecting: bool = False
+
+    def add_member(self, node: str, stage: int) -> None:
+        self.members[node] = stage
+
+    def set_iteration(self, iteration: int) -> None:
+        self.iteration = iteration
+
+    def start(self, now: float) -> list[Effect]:
+        return [SetTimer(ROUND_TIMER, now)]
+
+    def on_timer(self, now: float, key: str) -> list[Effect]:
+        if key == ROUND_TIMER:
+            return self._begin_round(now)
+        if key == COLLECT_TIMER and self.collecting:
+            return self._finish_round(now)
+        return []
+
+    def on_message(self, now: float, sender: str, msg: object) -> list[Effect]:
+        if type(msg) is JoinRequest:
+            return self._on_join(now, sender, msg)
+        if type(msg) is UtilizationReport:
+            return self._on_report(now, sender, msg)
+        return []
+
+    # ---- rounds ----
+
+    def _begin_round(self, now: float) -> list[Effect]:
+        effects: list[Effect] = self._finish_round(now) if self.collecting else []
+        self.query_id += 1
+        self.reports, self.queried, self.collecting = {}, set(self.members) | set(self.placed), True
+        q = UtilizationQuery(query_id=self.query_id)
+        effects += [Send(n, q) for n in sorted(self.queried)]
+        effects += [SetTimer(COLLECT_TIMER, now + self.cfg.report_timeout_s),
+                    SetTimer(ROUND_TIMER, now + self.cfg.query_interval_s)]
+        if not self.queried:
+            effects += self._finish_round(now)
+        return effects
+
+    def _on_report(self, now: float, sender: str, r: UtilizationReport) -> list[Effect]:
+        if not self.collecting or r.query_id != self.query_id or sender not in self.queried:
+            return []
+        if not 0 <= r.stage < self.cfg.num_stages:
+            return []
+        self.reports[sender] = r
+        if len(self.reports) == len(self.queried):
+            return [CancelTimer(COLLECT_TIMER), *self._finish_round(now)]
+        return []
+
+    def _finish_round(self, now: float) -> list[Effect]:
+        self.collecting = False
+        self._update_members(now)
+        joining = {n: (p.assignment.stage, p.capacity) for n, p in self.placed.items()}
+        for n, r in self.reports.items():
+            if not r.serving:
+                joining[n] = (r.stage, r.capacity)
+        serving = [r for n, r in self.reports.items() if r.serving and n not in joining]
+        loads = stage_loads(serving, joining.values(), self.cfg.num_stages)
+        sources: dict[int, list[str]] = {}
+        for n in sorted(self.reports):
+            r = self.reports[n]
+            if r.serving and n not in joining:
+                sources.setdefault(r.stage, []).append(n)
+        effects: list[Effect] = []
+        for c, stage, src in place(self.waiting.values(), loads, sources, self.reports):
+            a = Assignment(term=self.term, node=c.node, stage=stage, download_from=src,
+                           start_iteration=self.iteration + 1)
+            self.placed[c.node] = _Placed(a, c.capacity, now)
+            del self.waiting[c.node]
+            effects += [Send(c.node, a), Send(src, a)]
+        return effects
+
+    def _update_members(self, now: float) -> None:
+        for n, r in self.reports.items():
+            self.members[n] = r.stage
+            self.missed.pop(n, None)
+            if r.serving and n in self.placed:
+                del self.placed[n]  # the newcomer serves: it may be a source from now on
+        for n in self.queried - set(self.reports):
+            self.missed[n] = self.missed.get(n, 0) + 1
+            if self.missed[n] >= MAX_MISSED_ROUNDS:
+                self.members.pop(n, None)
+                self.missed.pop(n)
+        for n in [n for n, p in self.placed.items() if now - p.at > self.cfg.join_timeout_s]:
+            del self.placed[n]  # crashed while joining: release its reserved capacity
+
+    # ---- candidates ----
+
+    def _on_join(self, now: float, sender: str, msg: JoinRequest) -> list[Effect]:
+        if not valid_request(msg, self.cfg.num_stages):
+            self.invalid_requests += 1
+            return []
+        if sender in self.placed:
+            return [Send(sender, self.placed[sender].assignment)]  # our Assignment was lost
+        self.members.pop(sender, None)  # a member that asks again lost its state: place it anew
+        self.waiting[sender] = Candidate(sender, msg.capacity, tuple(msg.stage_costs))
+        return []
+
+
+# ---- the newcomer's machine -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JoinerConfig:
+    node_id: str
+    capacity: int
+    stage_costs: tuple[float, ...]
+    retry_s: float = 5.0
+
+
+@dataclass
+class JoinerMachine:
+    """A candidate: ask the leader, keep the highest-term Assignment, fetch state, serve at the boundary."""
+
+    cfg: JoinerConfig
+    leader: str | None = None
+    assignment: Assignment | None = None
+    loaded: bool = False  # the driver verified the downloaded state (hash) and installed it
+    iteration: int = 0
+    flows: int = 0  # units through this node once serving (from its flow machine)
+
+    def start(self, now: float) -> list[Effect]:
+        return self._ask(now)
+
+    def set_leader(self, now: float, leader: str | None) -> list[Effect]:
+        changed = leader != self.leader
+        self.leader = leader
+        return self._ask(now) if changed and self.assignment is None else []
+
+    def state_loaded(self) -> None:
+        self.loaded = True
+
+    def on_iteration(self, iteration: int) -> None:
+        self.iteration = iteration
+
+    @property
+    def serving(self) -> bool:
+        return self.loaded and self.assignment is not None and self.iteration >= self.assignment.start_iteration
+
+    def on_timer(self, now: float, key: str) -> list[Effect]:
+        return self._ask(now) if key == RETRY_TIMER and self.assignment is None else []
+
+    def on_message(self, now: float, sender: str, msg: object) -> list[Effect]:
+        if type(msg) is Assignment:
+            return self._on_assignment(msg)
+        if type(msg) is UtilizationQuery and self.assignment is not None:
+            return [Send(sender, UtilizationReport(query_id=msg.query_id, stage=self.assignment.stage,
+                                                   flows=self.flows if self.serving else 0,
+                                                   capacity=self.cfg.capacity, serving=self.serving))]
+        return []
+
+    def _ask(self, now: float) -> list[Effect]:
+        effects: list[Effect] = [SetTimer(RETRY_TIMER, now + self.cfg.retry_s)]
+        if self.leader is not None:
+            effects.append(Send(self.leader, JoinRequest(self.cfg.capacity, self.cfg.stage_costs)))
+        return effects
+
+    def _on_assignment(self, a: Assignment) -> list[Effect]:
+        if a.node != self.cfg.node_id:
+            return []  # we are its state source: the driver serves StageStateRequest
+        current = self.assignment
+        if current is not None and (a.term <= current.term or self.loaded):
+            return []  # keep the newest leader's choice; once loaded, keep what we have
+        self.assignment = a
+        return [CancelTimer(RETRY_TIMER), Send(a.download_from, StageStateRequest(stage=a.stage))]
