@@ -271,6 +271,22 @@ def _stages(rng: random.Random) -> list[list[tuple[int, int]]]:
     return [[(c := rng.randint(1, 4), rng.randint(0, c)) for _ in range(3)] for _ in range(4)]
 
 
+def test_joiners_arriving_one_by_one_never_download_from_a_joiner() -> None:
+    """Rounds run while earlier newcomers are still joining: those report serving=False (and are
+    less utilized than anyone), so a wrong source rule would pick them; the harness would fail."""
+    rng = random.Random(5)
+    w = World(5, _stages(rng))
+    w.start()
+    for i in range(20):
+        t = 3.0 + 0.7 * i
+        w.run(t)
+        j = w.add_joiner(f"j{i:02d}", rng.randint(1, 4), tuple(rng.uniform(1, 10) for _ in range(4)))
+        w.sim._apply(j.cfg.node_id, j.start(t))
+    w.run(60.0)
+    assert len(w.assignments) == 20 and all(j.serving for j in w.joiners.values())
+    assert {a.download_from for _, a in w.assignments} - set(w.relays)  # served newcomers were sources
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_twenty_nodes_joining_at_once_all_get_a_stage_from_a_serving_source(seed: int) -> None:
     rng = random.Random(seed)
