@@ -1,0 +1,580 @@
+"""`gwtf-node sim train`: training iterations with churn in virtual time (Table II of the GWTF paper).
+
+One `protocol.recovery.RecoveryNode` per node; this module only executes
+their effects: messages over virtual links, timers, and computations on a
+per-node FIFO compute queue.  The same machine is meant for the daemon.
+
+The Table II setting, as modelled here (our choices where the paper is vague)
+---------------------------------------------------------------------------
+* 18 nodes = 2 persistent data nodes + 16 relays.  The paper's "6 stages" are
+  the data nodes' stage (embedding, 1 block, data, loss) plus 5 relay stages of
+  3 blocks; relays per stage 4, 3, 3, 3, 3.
+* Each data node pushes 4 microbatches per iteration.  Relay capacity
+  (microbatches held at once) 4 (homogeneous) or uniform 1-3 (heterogeneous).
+* Links: every node gets a location drawn from the 12 of
+  `../shared/data/geo12-links.json` (latency, bandwidth as published; one
+  location: 1 ms and 17 Gbit/s; the NL-London 2 Mbit/s entry, flagged there
+  as a typo, is read as 2 Gbit/s).  A transfer on a directed link takes
+  latency + size/bandwidth and links are FIFO (one transfer at a time).
+* Sizes: activation of a microbatch (4 x 512 x 1024, fp32) = 8 MiB, times 32
+  as the paper does to mimic larger models: 256 MiB; gradients the same.
+* Compute (not profiled here: torch on the 2 shared cores of this machine
+  says nothing about the paper's RTX A4000): estimated from FLOPs.  One relay
+  stage of 3 blocks (d=1024) on 2048 tokens is ~0.17 TFLOP forward; an A4000
+  at ~7 TFLOP/s effective, shared by ~3.6 logical nodes (18 nodes on 5 GPUs),
+  gives ~0.1 s x 3.6: FORWARD_S = 0.35 s, backward twice that.  Data node:
+  embedding + 1 block 0.15 s forward, head + loss + backward 0.3 s at the
+  sink, embedding/block backward 0.25 s.  Communication dominates anyway
+  (a 256 MiB hop at ~100 Mbit/s is ~20 s).
+* Aggregation: all-reduce + optimizer step AGG_S per node (+AGG_PEER_TIMEOUT_S
+  when a peer of the stage dies during it).
+* Churn P: at the start of every iteration each live relay crashes with
+  probability P at a uniform random time within the length of the previous
+  iteration (so in the forward pass, the backward pass or the aggregation).
+  A crashed relay comes back REJOIN_S later as a new joiner (new id, same
+  stage and capacity) after downloading its stage's state from a live stage
+  peer (stage state size / bandwidth); it is announced to its neighbours when
+  the next iteration opens.
+
+Flow routing (GWTF): the initial flows are the optimal multi-commodity
+routing of `baselines.optimal_routing` (what the flow machines converge to,
+`docs/bench_flow.md`, within a few percent), computed once at the start;
+after that there is no global recomputation: nodes repair flows locally
+(recovery.py: a dead next hop's units move to live peers of its stage with
+room, joiners are taken when a unit needs a new home).  The flow machines of
+`flow.py` are not run alongside (too slow for 250 runs in the time we had).
+SWARM: no flows, greedy next hop.
+
+Metrics per iteration (means over iterations are reported)
+----------------------------------------------------------
+* time per microbatch: the longest iteration over the data nodes (open to
+  next open, aggregation included) / microbatches completed in it;
+* throughput: microbatches completed end to end in the iteration;
+* communication time: seconds of tensor transfers (forward, backward,
+  recovery; resends included) of the iteration's microbatches, per completed
+  microbatch;
+* wasted compute: compute seconds spent on the iteration's microbatches minus
+  the compute of the completed ones along their final path (stage forward +
+  backward per stage, data node work), minus nothing else: so it counts dead
+  attempts, SWARM's recomputed pipelines, work of crashed relays, and
+  contributions lost inside a crashed relay;
+* lost microbatches: ledger entries neither completed nor deferred once an
+  iteration closed, plus microbatches completed twice (must be 0);
+* lost contributions: gradients of completed microbatches that died with a
+  relay before its stage's all-reduce (see the rule in recovery.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import random
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..protocol.effects import CancelTimer, Send, SetTimer
+from ..protocol.messages import Backward, Forward, Recover
+from ..protocol.pipeline import MbStatus, OpenIteration
+from ..protocol.recovery import Compute, RecoveryConfig, RecoveryNode
+from ..protocol.scenario import parse_scenario
+
+SETTINGS = ("table2-homogeneous", "table2-heterogeneous")
+STAGE_SIZES = (4, 3, 3, 3, 3)
+DATA_NODES = ("d0", "d1")
+MICROBATCHES = 4
+ACTIVATION_MB = 8.0 * 1.048576 * 32  # 8 MiB x 32, in MB
+STAGE_STATE_MB = 38e6 * 4 * 3 / 1e6  # weights + Adam moments of 3 blocks, fp32
+FORWARD_S = 0.35
+BACKWARD_S = 0.7
+DATA_FWD_S, DATA_LOSS_S, DATA_FINAL_S = 0.15, 0.3, 0.25
+AGG_S = 10.0
+AGG_PEER_TIMEOUT_S = 30.0
+REJOIN_S = 60.0
+MAX_SIM_S_PER_ITERATION = 4 * 3600.0
+LINKS_FILE = Path(__file__).resolve().parents[3] / "shared" / "data" / "geo12-links.json"
+
+_MSG, _TIMER, _DONE, _CRASH = 0, 1, 2, 3
+TENSOR_MSGS = (Forward, Backward, Recover)
+
+
+def _load_links() -> dict:
+    if LINKS_FILE.exists():
+        return json.loads(LINKS_FILE.read_text())
+    raise FileNotFoundError(f"{LINKS_FILE} is missing")
+
+
+@dataclass
+class Net:
+    loc: dict[str, str]
+    lat: dict[tuple[str, str], float]
+    bw: dict[tuple[str, str], float]
+    intra: tuple[float, float]
+
+    def link(self, a: str, b: str) -> tuple[float, float]:
+        la, lb = self.loc[a], self.loc[b]
+        if la == lb:
+            return self.intra
+        return self.lat[(la, lb)], self.bw[(la, lb)]
+
+    def transfer_s(self, a: str, b: str, mb: float) -> float:
+        lat_ms, bw = self.link(a, b)
+        return lat_ms / 1000.0 + mb * 8.0 / bw
+
+
+def make_net(nodes: list[str], rng: random.Random) -> Net:
+    raw = _load_links()
+    locs = raw["locations"]
+    lat: dict = {}
+    bw: dict = {}
+    for e in raw["links"]:
+        b = e["bandwidth_mbps"]
+        if b < 10:
+            b *= 1000.0  # the NL-London typo (see the links file's note)
+        for x, y in ((e["a"], e["b"]), (e["b"], e["a"])):
+            lat[(x, y)] = e["latency_ms"]
+            bw[(x, y)] = b
+    intra = (raw["intra_location"]["latency_ms"], raw["intra_location"]["bandwidth_mbps"])
+    return Net({n: rng.choice(locs) for n in nodes}, lat, bw, intra)
+
+
+@dataclass
+class Setting:
+    name: str
+    relays: dict[str, tuple[int, int]]  # id -> (stage, capacity)
+    net: Net
+
+
+def make_setting(name: str, seed: int) -> Setting:
+    if name not in SETTINGS:
+        raise ValueError(f"unknown setting {name!r}")
+    rng = random.Random(f"setting:{name}:{seed}")
+    relays = {}
+    for s, n in enumerate(STAGE_SIZES):
+        for i in range(n):
+            cap = MICROBATCHES if name == "table2-homogeneous" else rng.randint(1, 3)
+            relays[f"s{s}r{i}"] = (s, cap)
+    net = make_net(list(DATA_NODES) + list(relays), rng)
+    return Setting(name, relays, net)
+
+
+def compute_s(node_stage: int, kind: str, phase_hint: str = "") -> float:
+    if kind == "aggregate":
+        return AGG_S
+    if node_stage < 0:
+        if kind == "forward":
+            return DATA_FWD_S
+        return DATA_LOSS_S if phase_hint == "loss" else DATA_FINAL_S
+    return BACKWARD_S if kind == "backward" else FORWARD_S
+
+
+IDEAL_MB_S = DATA_FWD_S + DATA_LOSS_S + DATA_FINAL_S + len(STAGE_SIZES) * (FORWARD_S + BACKWARD_S)
+
+
+def _scenario(setting: Setting, data_capacity: int = MICROBATCHES):
+    nodes = [{"id": d, "role": "data", "capacity": data_capacity} for d in DATA_NODES]
+    nodes += [{"id": r, "role": "relay", "stage": s, "capacity": c} for r, (s, c) in setting.relays.items()]
+    links = []
+    S = len(STAGE_SIZES)
+
+    def add(a: str, b: str) -> None:
+        la, ba = setting.net.link(a, b)
+        lb, bb = setting.net.link(b, a)
+        links.append({"a": a, "b": b, "latency_ms": [la, lb], "bandwidth_mbps": [ba, bb]})
+
+    for r, (s, _) in setting.relays.items():
+        if s == 0 or s == S - 1:
+            for d in DATA_NODES:
+                add(d, r)
+        for r2, (s2, _) in setting.relays.items():
+            if s2 == s + 1:
+                add(r, r2)
+    return parse_scenario({"name": setting.name, "stages": S, "nodes": nodes, "links": links},
+                          activation_mb=ACTIVATION_MB)
+
+
+def initial_flows(setting: Setting) -> dict[str, dict[str, dict[str, int]]]:
+    """node -> data node -> next hop -> units, from the optimal routing.
+
+    The relays' capacity is shared fairly: each data node may place at most
+    ceil(max flow / data nodes) units (the iteration lasts as long as the
+    slowest data node), then the cheapest routing of that is taken.
+    """
+    from .baselines import max_flow_value, optimal_routing
+    total = max_flow_value(_scenario(setting))
+    share = max(1, min(MICROBATCHES, -(-total // len(DATA_NODES))))
+    res = optimal_routing(_scenario(setting, share))
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for f in res.flows:
+        hops = (f.data_node, *f.path, f.data_node)
+        for a, b in zip(hops, hops[1:-1] + (f.data_node,)):
+            if a == b:
+                continue
+            o = out.setdefault(a, {}).setdefault(f.data_node, {})
+            o[b] = o.get(b, 0) + 1
+    return out
+
+
+@dataclass
+class IterStats:
+    opened: dict[str, float] = field(default_factory=dict)
+    closed: dict[str, float] = field(default_factory=dict)
+    compute_s: float = 0.0
+    transfer_s: float = 0.0
+    lost_contrib: int = 0
+    lost_contrib_s: float = 0.0
+
+
+class TrainSim:
+    def __init__(self, setting: Setting, policy: str, churn: float, seed: int,
+                 crash_plan: list[tuple[float, str]] | None = None, rejoin: bool = True,
+                 flows: dict | None = None) -> None:
+        self.setting, self.policy, self.churn, self.seed = setting, policy, churn, seed
+        self.rng = random.Random(f"train:{seed}:{policy}:{churn}")
+        self.crash_rng = random.Random(f"churn:{seed}:{churn}")  # same crash draws for both policies
+        self.net = setting.net
+        self.nodes: dict[str, RecoveryNode] = {}
+        self.stage: dict[str, int] = {d: -1 for d in DATA_NODES}
+        self.cap: dict[str, int] = {}
+        self.dead: set[str] = set()
+        self.now = 0.0
+        self._heap: list = []
+        self._seq = 0
+        self._tv: dict = {}
+        self._busy: dict[str, float] = {}
+        self._link_free: dict[tuple[str, str], float] = {}
+        self._agg_pending: dict[str, tuple[float, int, tuple]] = {}
+        self._token = 0
+        self.iters: dict[int, IterStats] = {}
+        self.pending_joins: list[tuple[float, str, int, int]] = []
+        self.joins = 0
+        self.crashes: list[tuple[float, str]] = []
+        self.crash_plan = sorted(crash_plan or [])
+        self.rejoin = rejoin
+        self.last_iter_s = 600.0
+        self.events = 0
+        S = len(STAGE_SIZES)
+        self.S = S
+        for r, (s, c) in setting.relays.items():
+            self.stage[r], self.cap[r] = s, c
+        self.flows = flows if flows is not None else (initial_flows(setting) if policy == "gwtf" else {})
+        for nid in list(DATA_NODES) + list(setting.relays):
+            self._make(nid, self.stage[nid], self.cap.get(nid, MICROBATCHES))
+        for t, nid in self.crash_plan:
+            self._push(t, _CRASH, nid, None, None)
+
+    # ---- construction ------------------------------------------------------
+    def _peers(self, stage: int, nid: str, live_only: bool = True) -> list[str]:
+        return [r for r, s in self.stage.items() if s == stage and r != nid and r not in self.dead
+                and r not in DATA_NODES]
+
+    def _prior(self, a: str, b: str, back: bool) -> float:
+        sb = self.stage[b]
+        c = compute_s(sb, "backward" if back else "forward", "loss" if sb < 0 and not back else "")
+        return self.net.transfer_s(a, b, ACTIVATION_MB) + c * max(1, self.cap.get(b, MICROBATCHES))
+
+    def _make(self, nid: str, stage: int, cap: int) -> RecoveryNode:
+        S = self.S
+        if stage < 0:
+            nxt, prv = self._peers(0, nid), self._peers(S - 1, nid)
+        else:
+            nxt = list(DATA_NODES) if stage == S - 1 else self._peers(stage + 1, nid)
+            prv = list(DATA_NODES) if stage == 0 else self._peers(stage - 1, nid)
+        cost = lambda a, b: self.net.transfer_s(a, b, ACTIVATION_MB) + self.net.transfer_s(b, a, ACTIVATION_MB)  # noqa: E731
+        prior = {j: self._prior(nid, j, False) for j in nxt}
+        prior.update({j: self._prior(nid, j, True) for j in prv})
+        e2e = sum(
+            statistics.mean(self.net.transfer_s(a, b, ACTIVATION_MB) for a in DATA_NODES for b in self._peers(0, "")) +
+            BACKWARD_S for _ in range(S + 1))
+        cfg = RecoveryConfig(
+            node_id=nid, stage=stage, last_stage=S - 1, capacity=cap, data_nodes=DATA_NODES, leader=DATA_NODES[0],
+            next_peers={j: cost(nid, j) for j in nxt}, prev_peers={j: cost(nid, j) for j in prv},
+            peer_capacity={j: self.cap.get(j, MICROBATCHES) for j in nxt + prv}, prior_s=prior,
+            e2e_prior_s=e2e, agg_wait_s=AGG_S + 2 * AGG_PEER_TIMEOUT_S + 60.0, policy=self.policy)
+        m = RecoveryNode(cfg, random.Random(f"{self.seed}:{nid}"),
+                         first_seq=(DATA_NODES.index(nid) * 10**6 if nid in DATA_NODES else 0))
+        if self.policy == "gwtf" and nid in self.flows:
+            m.set_flows(self.flows[nid])
+        self.nodes[nid] = m
+        return m
+
+    # ---- the event loop ----------------------------------------------------
+    def _push(self, t: float, kind: int, node: str, a, b) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, node, a, b))
+
+    def _it(self, it: int) -> IterStats:
+        return self.iters.setdefault(it, IterStats())
+
+    def _apply(self, nid: str, effects: list) -> None:
+        for e in effects:
+            t = type(e)
+            if t is Send:
+                dur = 0.0
+                if type(e.msg) in TENSOR_MSGS:
+                    dur = self.net.transfer_s(nid, e.to, ACTIVATION_MB)
+                    lat = self.net.link(nid, e.to)[0] / 1000.0
+                    link = (nid, e.to)
+                    start = max(self.now, self._link_free.get(link, 0.0))
+                    self._link_free[link] = start + dur - lat
+                    self._it(e.msg.iteration).transfer_s += dur
+                    arrive = start + dur
+                else:
+                    arrive = self.now + self.net.link(nid, e.to)[0] / 1000.0
+                self._push(arrive, _MSG, e.to, nid, e.msg)
+            elif t is SetTimer:
+                k = (nid, e.key)
+                v = self._tv.get(k, 0) + 1
+                self._tv[k] = v
+                self._push(max(e.deadline, self.now), _TIMER, nid, e.key, v)
+            elif t is CancelTimer:
+                k = (nid, e.key)
+                self._tv[k] = self._tv.get(k, 0) + 1
+            elif t is Compute:
+                m = self.nodes[nid]
+                hint = ""
+                if e.kind != "aggregate" and m.is_data:
+                    mb = m.mbs.get(e.key)
+                    hint = mb.phase if mb is not None else ""
+                dur = compute_s(self.stage[nid], e.kind, hint)
+                start = max(self.now, self._busy.get(nid, 0.0))
+                end = start + dur
+                self._busy[nid] = end
+                self._token += 1
+                if e.kind == "aggregate":
+                    self._agg_pending[nid] = (end, self._token, e.key)
+                self._push(end, _DONE, nid, (e.kind, e.key, dur, start), self._token)
+            elif t is OpenIteration:
+                self._on_open(nid, e.iteration)
+            else:
+                raise TypeError(f"unknown effect {e!r} from {nid}")
+
+    def _on_open(self, nid: str, it: int) -> None:
+        self._it(it).opened[nid] = self.now
+        if it > 0:
+            self._it(it - 1).closed[nid] = self.now
+        if nid != DATA_NODES[0]:
+            return
+        if it > 0:
+            prev = self.iters[it - 1].opened.get(nid)
+            if prev is not None:
+                self.last_iter_s = max(60.0, self.now - prev)
+        # joiners whose download finished come in now
+        ready = [j for j in self.pending_joins if j[0] <= self.now]
+        self.pending_joins = [j for j in self.pending_joins if j[0] > self.now]
+        for _, old, stage, cap in ready:
+            self._join(old, stage, cap)
+        if self.churn > 0:
+            for r in sorted(self.stage):
+                if r in DATA_NODES or r in self.dead:
+                    continue
+                if self.crash_rng.random() < self.churn:
+                    self._push(self.now + self.crash_rng.random() * self.last_iter_s, _CRASH, r, None, None)
+
+    def _join(self, old: str, stage: int, cap: int) -> None:
+        self.joins += 1
+        nid = f"{old.split('~')[0]}~{self.joins}"
+        self.stage[nid], self.cap[nid] = stage, cap
+        self.net.loc[nid] = self.net.loc[old]  # the same machine, restarted
+        self._make(nid, stage, cap)
+        cost = lambda a, b: self.net.transfer_s(a, b, ACTIVATION_MB) + self.net.transfer_s(b, a, ACTIVATION_MB)  # noqa: E731
+        S = self.S
+        prv = list(DATA_NODES) if stage == 0 else self._peers(stage - 1, nid)
+        nxt = list(DATA_NODES) if stage == S - 1 else self._peers(stage + 1, nid)
+        for p in prv:
+            self._apply(p, self.nodes[p].on_peer_joined(self.now, nid, next_stage=True, capacity=cap,
+                                                       cost=cost(p, nid), prior_s=self._prior(p, nid, False)))
+        for p in nxt:
+            if p in DATA_NODES and stage != S - 1:
+                continue
+            self._apply(p, self.nodes[p].on_peer_joined(self.now, nid, next_stage=False, capacity=cap,
+                                                       cost=cost(p, nid), prior_s=self._prior(p, nid, True)))
+
+    def _crash(self, nid: str) -> None:
+        if nid in self.dead or nid not in self.nodes:
+            return
+        self.dead.add(nid)
+        self.crashes.append((self.now, nid))
+        m = self.nodes[nid]
+        for it, keys in m.contrib.items():  # gradients held here die with the node
+            st = self._it(it)
+            st.lost_contrib += len(keys)
+            st.lost_contrib_s += len(keys) * (FORWARD_S + BACKWARD_S)
+        busy = self._busy.get(nid, 0.0)
+        if busy > self.now:  # the computation in progress: count what ran
+            self._partial = getattr(self, "_partial", [])
+        stage = self.stage[nid]
+        for p, (end, tok, key) in list(self._agg_pending.items()):  # peers all-reducing with it wait
+            if p != nid and p not in self.dead and self.stage[p] == stage and end > self.now:
+                self._token += 1
+                self._agg_pending[p] = (end + AGG_PEER_TIMEOUT_S, self._token, key)
+                self._busy[p] = max(self._busy.get(p, 0.0), end + AGG_PEER_TIMEOUT_S)
+                self._push(end + AGG_PEER_TIMEOUT_S, _DONE, p, ("aggregate", key, AGG_S, end - AGG_S), self._token)
+        if self.rejoin:
+            peers = self._peers(stage, nid)
+            dl = STAGE_STATE_MB * 8.0 / min(self.net.link(p, nid)[1] for p in peers) if peers else 0.0
+            self.pending_joins.append((self.now + REJOIN_S + dl, nid, stage, self.cap[nid]))
+
+    def run(self, iterations: int) -> None:
+        for nid in sorted(self.nodes):
+            self._apply(nid, self.nodes[nid].start(self.now))
+        limit = MAX_SIM_S_PER_ITERATION * (iterations + 1)
+        lead = self.nodes[DATA_NODES[0]]
+        heap = self._heap
+        while heap:
+            if all(self.nodes[d].iteration >= iterations for d in DATA_NODES):
+                break
+            t, _, kind, node, a, b = heapq.heappop(heap)
+            if t > limit:
+                break
+            self.now = t
+            if kind == _CRASH:
+                self._crash(node)
+                continue
+            if node in self.dead:
+                if kind == _DONE and a[0] != "aggregate":  # partial work of a computation cut short
+                    pass
+                continue
+            m = self.nodes[node]
+            self.events += 1
+            if kind == _MSG:
+                self._apply(node, m.on_message(t, a, b))
+            elif kind == _TIMER:
+                if self._tv.get((node, a)) != b:
+                    continue
+                self._apply(node, m.on_timer(t, a))
+            else:
+                ckind, key, dur, start = a
+                if ckind == "aggregate":
+                    pend = self._agg_pending.get(node)
+                    if pend is None or pend[1] != b:
+                        continue
+                    del self._agg_pending[node]
+                else:
+                    self._it(key[2]).compute_s += dur
+                self._apply(node, m.on_compute_done(t, key, ckind))
+        del lead
+
+    # ---- results -----------------------------------------------------------
+    def ledger_check(self, iterations: int) -> tuple[int, int, int]:
+        """(lost, deferred, completed twice) over the closed iterations."""
+        lost = deferred = twice = 0
+        for d in DATA_NODES:
+            led = self.nodes[d].ledger
+            for it, row in led.entries.items():
+                if it >= iterations:
+                    continue
+                for st in row.values():
+                    if st in (MbStatus.PENDING, MbStatus.INFLIGHT):
+                        lost += 1
+                    elif st is MbStatus.DEFERRED:
+                        deferred += 1
+            done = led.completed_everywhere()
+            twice += len(done) - len(set(done))
+        return lost, deferred, twice
+
+    def report(self, iterations: int) -> dict:
+        per = []
+        for it in range(iterations):
+            st = self.iters.get(it)
+            completed = sum(self.nodes[d].ledger.counts(it)["completed"] for d in DATA_NODES)
+            if st is None or len(st.closed) < len(DATA_NODES):
+                per.append({"iteration": it, "finished": False, "completed": completed})
+                continue
+            dur = max(st.closed[d] - st.opened[d] for d in DATA_NODES)
+            useful = completed * IDEAL_MB_S - st.lost_contrib_s
+            per.append({
+                "iteration": it, "finished": True, "completed": completed, "iteration_s": dur,
+                "time_per_microbatch_s": dur / completed if completed else math.inf,
+                "communication_time_s": st.transfer_s / completed if completed else st.transfer_s,
+                "wasted_compute_s": max(0.0, st.compute_s - useful),
+                "lost_contributions": st.lost_contrib,
+            })
+        lost, deferred, twice = self.ledger_check(iterations)
+        unfinished = sum(1 for p in per if not p["finished"])
+        fin = [p for p in per if p["finished"]]
+
+        def mean(k: str) -> float:
+            vals = [p[k] for p in fin if math.isfinite(p[k])]
+            return statistics.fmean(vals) if vals else math.nan
+
+        stats = {k: 0 for k in ("reroutes", "denies_sent", "deferred", "probes", "recovers", "restarts",
+                                "presumed_dead", "agg_deadlines")}
+        for m in self.nodes.values():
+            for k in stats:
+                stats[k] += getattr(m.stats, k)
+        return {
+            "setting": self.setting.name, "policy": self.policy, "churn": self.churn, "seed": self.seed,
+            "iterations": iterations,
+            "time_per_microbatch_s": mean("time_per_microbatch_s"),
+            "throughput_per_iteration": statistics.fmean([p["completed"] for p in per]) if per else 0.0,
+            "communication_time_s": mean("communication_time_s"),
+            "wasted_compute_s": mean("wasted_compute_s"),
+            "lost_microbatches": lost + twice + unfinished * 0,
+            "unfinished_iterations": unfinished,
+            "deferred_microbatches": deferred,
+            "lost_contributions": sum(p.get("lost_contributions", 0) for p in fin),
+            "crashes": len(self.crashes), "joins": self.joins,
+            "protocol": stats,
+            "per_iteration": per,
+        }
+
+
+def run_train(setting: str, policy: str, churn: float, iterations: int, seed: int) -> dict:
+    s = make_setting(setting, seed)
+    sim = TrainSim(s, policy, churn, seed)
+    sim.run(iterations)
+    return sim.report(iterations)
+
+
+# ---- command line ----------------------------------------------------------------
+
+
+def _churn(text: str) -> float:
+    import argparse
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--churn must be a probability, got {text!r}") from None
+    if not 0.0 <= v <= 1.0 or math.isnan(v):
+        raise argparse.ArgumentTypeError(f"--churn must be in [0, 1], got {text!r}")
+    return v
+
+
+def add_train_parser(simsub, parser_class, nonneg_int, positive_int):
+    t = simsub.add_parser("train", help="training iterations with churn (Table II of the GWTF paper)")
+    t.add_argument("--setting", choices=SETTINGS, default="table2-heterogeneous")
+    t.add_argument("--churn", type=_churn, default=0.0, help="probability per iteration that a relay crashes")
+    t.add_argument("--policy", choices=("gwtf", "swarm"), default="gwtf")
+    t.add_argument("--iterations", type=positive_int, default=25)
+    t.add_argument("--seed", type=nonneg_int, default=0)
+    t.add_argument("--json", action="store_true", help="one JSON object with the means over the iterations")
+    t.set_defaults(func=cmd_sim_train)
+    return t
+
+
+JSON_KEYS = ("time_per_microbatch_s", "throughput_per_iteration", "communication_time_s", "wasted_compute_s",
+             "lost_microbatches")
+
+
+def cmd_sim_train(args) -> int:
+    rep = run_train(args.setting, args.policy, args.churn, args.iterations, args.seed)
+    if args.json:
+        obj = {k: rep[k] for k in JSON_KEYS}
+        obj.update({k: rep[k] for k in ("deferred_microbatches", "lost_contributions", "unfinished_iterations",
+                                        "crashes")})
+        print(json.dumps(obj, allow_nan=True))
+        return 0
+    print(f"{rep['setting']}  policy {rep['policy']}  churn {rep['churn']:g}  seed {rep['seed']}  "
+          f"iterations {rep['iterations']}")
+    print(f"  time per microbatch   {rep['time_per_microbatch_s'] / 60:.2f} min")
+    print(f"  throughput            {rep['throughput_per_iteration']:.2f} microbatches / iteration")
+    print(f"  communication time    {rep['communication_time_s'] / 60:.2f} min per microbatch")
+    print(f"  wasted compute        {rep['wasted_compute_s']:.2f} s per iteration")
+    print(f"  lost microbatches     {rep['lost_microbatches']}  (deferred {rep['deferred_microbatches']}, "
+          f"lost contributions {rep['lost_contributions']}, crashes {rep['crashes']})")
+    if rep["unfinished_iterations"]:
+        print(f"  unfinished iterations {rep['unfinished_iterations']}", file=sys.stderr)
+    return 0
