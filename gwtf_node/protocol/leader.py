@@ -50,8 +50,10 @@ Liveness bound.  Let the network be synchronous with one-way delay at most
 (crash, or cut off from the quorum) at time t0.  Every follower received the
 last heartbeat by t0 + delta, so every promise to the old leader has ended by
 t0 + delta + lease_s, and the first follower's election timer fires by
-t0 + delta + et_max (et_max = ``election_timeout_s[1]`` >= lease_s, enforced
-by the config).  A pre-vote round and a vote round take 2 delta each, so:
+t0 + delta + et_max (et_max = ``election_timeout_s[1]``; the config enforces
+lease_s <= et_min, and with et_min >= lease_s + delta, as the defaults give for
+delta <= 0.5 s, the first pre-vote finds every promise ended).  A pre-vote
+round and a vote round take 2 delta each, so:
 
     new leader acting by  t0 + delta + et_max + 4 delta
 
@@ -80,6 +82,10 @@ first.  A data node that starts later must be given the current list (from
 the run's DHT records), never only itself: a node whose list is just itself
 is a quorum of one.  Voters are never removed (that needs joint consensus):
 a run that loses a majority of its voters for good has no leader.
+
+Refusals.  A refused Vote carries only ``granted = False`` and the voter's
+term: a reason enum would need an entry in codec._ENUMS, which this change
+does not touch.
 
 Restarts.  A restarted node must not forget a promise: ``start`` refuses all
 votes for ``lease_s``, and a node that persisted ``persistent_state()``
