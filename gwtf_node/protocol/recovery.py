@@ -47,7 +47,9 @@ sent.  A node whose upstream peer does not answer tells the data node
 (`BackwardStuck`) and keeps its gradient.  The data node (also on its own
 deadline, or on an end-to-end deadline as a safety net) probes the path:
 `Probe` travels from node to node along the current next hops and is
-acknowledged hop by hop (`ProbeAck`); the last live node before a missing
+acknowledged hop by hop (`ProbeAck`; a node that holds nothing of the
+microbatch does not acknowledge: the chain is broken there as if it were
+dead); the last live node before a missing
 acknowledgement sends its stashed output (`Recover`) to a live node of the
 crashed stage chosen by its flows; that node recomputes the stage forward and
 sends `Resume` to the node after the gap, which answers `Complete` and
@@ -75,7 +77,7 @@ driver / daemon all-reduces the gradient sums and counts over the live relays
 of the stage, waiting at most a deadline for a dead one).  `CanTake` goes
 back to front: the last stage after its step; another node after its step and
 a `CanTake` from every next-stage peer it believes alive, or after
-`agg_wait_s` (the silent peers are then presumed dead).  A data node opens the
+`agg_wait_s` x (stages behind it + 1): the deadlines nest, back to front.  A data node opens the
 next iteration the same way.
 
 Contributions lost inside a crashed relay (the rule)
@@ -414,6 +416,9 @@ class RecoveryNode:
             m.full_path = tuple(msg.path)
             m.sink_prev = sender
             m.phase = "loss"
+            m.probing = False
+            eff.append(CancelTimer(f"e2e:{_k(key)}"))
+            eff.append(CancelTimer(f"pb:{_k(key)}"))
             eff.append(Compute("backward", key))
             return
         if key in self.mbs:
@@ -442,7 +447,9 @@ class RecoveryNode:
             self.contrib.pop(it, None)
             self._maybe_can_take(now, it, eff, forced=False)
             if it not in self.can_take_done:
-                eff.append(SetTimer(f"ct:{it}", now + self.cfg.agg_wait_s))
+                # CAN TAKE comes back to front: a stage d levels from the end waits up to d+1 deadlines
+                depth = self.cfg.last_stage - self.stage + 1
+                eff.append(SetTimer(f"ct:{it}", now + self.cfg.agg_wait_s * depth))
             return eff
         m = self.mbs.get(key)
         if m is None:
@@ -509,7 +516,9 @@ class RecoveryNode:
         key = m.key
         if not self.is_data:
             prev = m.prev
-            self._free(key, eff)
+            del self.mbs[key]  # no Room for this freed slot: I have no route, not just no room
+            for t in ("fw", "bk", "pb", "e2e", "rc"):
+                eff.append(CancelTimer(f"{t}:{_k(key)}"))
             self._deny(prev, key, eff)
             return
         self._free(key, eff)
@@ -591,8 +600,10 @@ class RecoveryNode:
 
     def _on_probe(self, now: float, sender: str, msg: Probe, eff: list) -> None:
         key = (msg.data_node, msg.seq, msg.iteration)
-        eff.append(Send(sender, ProbeAck(*key)))
         m = self.mbs.get(key)
+        if m is None and not self.is_data:
+            return  # I hold nothing of it: the chain is broken here; no ack, so the prober recovers past me
+        eff.append(Send(sender, ProbeAck(*key)))
         if m is None or self.is_data or m.phase != "sent" or m.next is None:
             return  # the frontier (or the sink): it is alive, the probe stops here
         m.full_path = tuple(msg.path)
@@ -605,8 +616,15 @@ class RecoveryNode:
         if self.is_data:
             if m.phase in ("grad_sent", "waitbwd"):
                 self._data_recover(now, m, eff)
+            elif m.phase == "sent":  # forward pass: resend to another first hop
+                m.rest = ()
+                self._route(now, m, eff)
             return
         if m.phase != "sent" or self.stage >= self.cfg.last_stage:
+            return
+        if not m.full_path:  # the forward pass had not reached the sink: a plain reroute
+            m.rest = ()
+            self._route(now, m, eff)
             return
         path = m.full_path
         i = self.stage + 3  # path[0] is the data node, path[s+1] the relay of stage s
@@ -638,7 +656,7 @@ class RecoveryNode:
     def _backward_trouble(self, now: float, key: Key, eff: list) -> None:
         """Data node: a backward did not come through.  GWTF probes the path; SWARM restarts the pipeline."""
         m = self.mbs.get(key)
-        if m is None or not self.is_data or m.phase not in ("grad_sent", "waitbwd"):
+        if m is None or not self.is_data or m.phase not in ("grad_sent", "waitbwd", "sent"):
             return
         if self.swarm:
             self.stats.restarts += 1
@@ -658,12 +676,13 @@ class RecoveryNode:
         self.stats.probes += 1
         eff.append(Send(m.next, Probe(*key, m.full_path)))
         eff.append(SetTimer(f"pb:{_k(key)}", self._deadline(now, m.next)))
-        m.e2e_expect *= 2
+        m.e2e_expect = min(2 * m.e2e_expect, 4 * self.e2e_est)
         eff.append(SetTimer(f"e2e:{_k(key)}", now + self.cfg.k * m.e2e_expect + self.cfg.margin_s))
 
     # ---- data node ----------------------------------------------------------
     def _open(self, now: float, it: int, eff: list) -> None:
         self.iteration = it
+        self.full.clear()  # every relay dropped its stashes in the aggregation: room again
         seqs = list(self.carry) + list(range(self.next_seq, self.next_seq + self.cfg.capacity))
         self.next_seq += self.cfg.capacity
         self.carry = []
@@ -709,6 +728,9 @@ class RecoveryNode:
             m.next, m.phase, m.sent_at = j, "sending", now
             eff.append(Send(j, Forward(*key, m.path, None)))
             eff.append(SetTimer(f"fw:{_k(key)}", self._deadline(now, j)))
+            # safety net for the forward pass (a hop that acked and died before passing it on)
+            m.e2e_expect = self.e2e_est
+            eff.append(SetTimer(f"e2e:{_k(key)}", now + 2 * self.cfg.k * m.e2e_expect + self.cfg.margin_s))
         elif m.phase == "loss":
             m.phase, m.sent_at = "grad_sent", now
             eff.append(Send(m.sink_prev, Backward(*key, None)))
@@ -767,6 +789,8 @@ class RecoveryNode:
         if not self.is_data:
             for key in [k for k in self.mbs if k[2] <= it]:
                 self._free(key, eff)
+            self.full.clear()  # the next stage drops its stashes too
+            self.denied.clear()
         eff.append(Compute("aggregate", ("agg", it), len(self.contrib.get(it, ()))))
 
     def _maybe_can_take(self, now: float, it: int, eff: list, *, forced: bool) -> None:
@@ -777,9 +801,7 @@ class RecoveryNode:
             need = {j for j in self._live_next() if j not in self.cfg.data_nodes}
             missing = need - heard
             if missing and not forced:
-                return
-            for j in missing:
-                self._presume_dead(j)
+                return  # (on the deadline the silent peers are not presumed dead: a slow chain is not a crash)
         self.can_take_done.add(it)
         eff.append(CancelTimer(f"ct:{it}"))
         if self.is_data:

@@ -292,7 +292,7 @@ class TrainSim:
             node_id=nid, stage=stage, last_stage=S - 1, capacity=cap, data_nodes=DATA_NODES, leader=DATA_NODES[0],
             next_peers={j: cost(nid, j) for j in nxt}, prev_peers={j: cost(nid, j) for j in prv},
             peer_capacity={j: self.cap.get(j, MICROBATCHES) for j in nxt + prv}, prior_s=prior,
-            e2e_prior_s=e2e, agg_wait_s=AGG_S + 2 * AGG_PEER_TIMEOUT_S + 60.0, policy=self.policy)
+            e2e_prior_s=e2e, agg_wait_s=AGG_PEER_TIMEOUT_S + 15.0, policy=self.policy)
         m = RecoveryNode(cfg, random.Random(f"{self.seed}:{nid}"),
                          first_seq=(DATA_NODES.index(nid) * 10**6 if nid in DATA_NODES else 0))
         if self.policy == "gwtf" and nid in self.flows:
