@@ -369,12 +369,31 @@ class FlowNode:
             for d, peers in force_to.items():
                 for p in peers:
                     self._force.setdefault(p, set()).add(d)
+        if not self.waves and (self._dirty or self._force):
+            # free-running labels (several data nodes): a changed cost goes out at once (measured better than
+            # coalescing), a new route at the same cost with the next `path_announce_s` flush
+            urgent = {k for k in self._dirty if self._cost_news(*k)}
+            if urgent or self._force:
+                rest = self._dirty - urgent
+                self._dirty = urgent
+                self._flush(eff, rearm=False)
+                self._dirty = rest
+            if self._dirty and not self._flush_armed:
+                self._flush_armed = True
+                eff.append(SetTimer("announce", self._now + cfg.path_announce_s))
+            return
         if (self._dirty or self._force) and not self._flush_armed:
             if cfg.announce_coalesce_s <= 0:
                 self._flush(eff)
             else:
                 self._flush_armed = True
                 eff.append(SetTimer("announce", self._now + cfg.announce_coalesce_s))
+
+    def _cost_news(self, d: str, side: Side) -> bool:
+        lab = self.my_in.get(d) if side == Side.IN else self.my_out.get(d)
+        last = self._sent.get((d, side))
+        return lab is not None and (last is None or last[0] != self.epoch[d]
+                                    or _cost_differs(lab, Label(d, side, last[1], ())))
 
     def _worth(self, d: str, side: Side) -> bool:
         lab = self.my_in.get(d) if side == Side.IN else self.my_out.get(d)
@@ -388,8 +407,9 @@ class FlowNode:
             return True
         return lab.cost < last[1] - EPS or (lab.cost <= last[1] + EPS and lab.path != last[2])
 
-    def _flush(self, eff: list[Effect]) -> None:
-        self._flush_armed = False
+    def _flush(self, eff: list[Effect], rearm: bool = True) -> None:
+        if rearm:
+            self._flush_armed = False
         outbox: dict[str, list[Label]] = {}
         sent_out: set[tuple[str, str]] = set()
         for d, side in sorted(self._dirty):

@@ -53,7 +53,10 @@ dead); the last live node before a missing
 acknowledgement sends its stashed output (`Recover`) to a live node of the
 crashed stage chosen by its flows; that node recomputes the stage forward and
 sends `Resume` to the node after the gap, which answers `Complete` and
-resends its stored gradient; the backward resumes from there.  If the node
+resends its stored gradient; the backward resumes from there.  Last resort:
+after `MAX_PROBES` probes that did not get the microbatch moving (a repair
+that went wrong under several crashes at once) the data node restarts it as
+SWARM does (counted in `stats.restarts`).  If the node
 after the gap is dead too, the recovering node treats it like a dead next hop
 and sends `Recover` on to a live peer of that stage.  No pipeline restart.
 
@@ -112,6 +115,7 @@ K_DEADLINE = 3.0  # deadline = K x expected + margin (see the module doc)
 MARGIN_S = 2.0
 EWMA_ALPHA = 0.3
 POLICIES = ("gwtf", "swarm")
+MAX_PROBES = 3  # GWTF: after this many probes that did not get a microbatch moving, restart it (last resort)
 
 Key = tuple  # (data_node, seq, iteration)
 
@@ -168,6 +172,7 @@ class Mb:
     e2e_expect: float = 0.0
     e2e_at: float | None = None
     src_wait: bool = False  # data node: waiting for the Complete of a Recover it sent
+    probes: int = 0  # data node: probes sent for this microbatch
 
 
 @dataclass
@@ -658,7 +663,7 @@ class RecoveryNode:
         m = self.mbs.get(key)
         if m is None or not self.is_data or m.phase not in ("grad_sent", "waitbwd", "sent"):
             return
-        if self.swarm:
+        if self.swarm or m.probes >= MAX_PROBES:
             self.stats.restarts += 1
             for p in m.full_path[1:]:
                 eff.append(Send(p, Release(*key)))
@@ -673,6 +678,7 @@ class RecoveryNode:
         if m.probing:
             return
         m.probing = True
+        m.probes += 1
         self.stats.probes += 1
         eff.append(Send(m.next, Probe(*key, m.full_path)))
         eff.append(SetTimer(f"pb:{_k(key)}", self._deadline(now, m.next)))

@@ -285,9 +285,11 @@ class TrainSim:
         cost = lambda a, b: self.net.transfer_s(a, b, ACTIVATION_MB) + self.net.transfer_s(b, a, ACTIVATION_MB)  # noqa: E731
         prior = {j: self._prior(nid, j, False) for j in nxt}
         prior.update({j: self._prior(nid, j, True) for j in prv})
-        e2e = sum(
-            statistics.mean(self.net.transfer_s(a, b, ACTIVATION_MB) for a in DATA_NODES for b in self._peers(0, "")) +
-            BACKWARD_S for _ in range(S + 1))
+        if not hasattr(self, "_e2e"):
+            hop = statistics.mean(self.net.transfer_s(a, b, ACTIVATION_MB) for a in DATA_NODES
+                                  for b in self._peers(0, ""))
+            self._e2e = (S + 1) * (hop + BACKWARD_S)
+        e2e = self._e2e
         cfg = RecoveryConfig(
             node_id=nid, stage=stage, last_stage=S - 1, capacity=cap, data_nodes=DATA_NODES, leader=DATA_NODES[0],
             next_peers={j: cost(nid, j) for j in nxt}, prev_peers={j: cost(nid, j) for j in prv},

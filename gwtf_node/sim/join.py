@@ -1,0 +1,615 @@
+"""`gwtf-node sim join`: the node-addition experiment (section V-B, Table IV, Figure 5 of GWTF).
+
+The system.  One data node d0 and 96 relays (97 nodes) spread over S stages,
+plus 20 candidates waiting to join (the paper's "97 nodes" are the running
+system: (N-1)/S relays per stage is 12 for S = 8 and 8 for S = 12; the 20
+candidates come on top).  Per Table IV, every number is floor(U(lo, hi)):
+
+| setting | S  | capacity | inter-stage cost | intra-stage cost      | relays per stage |
+|---------|----|----------|------------------|-----------------------|------------------|
+| 1       | 8  | U(1,20)  | U(1,100)         | phi + U(50,100)       | 12               |
+| 2       | 8  | U(1,20)  | U(20,100)        | phi + U(50,100)       | 12               |
+| 3       | 8  | U(1,5)   | U(1,100)         | phi + U(50,100)       | 12               |
+| 4       | 12 | U(1,20)  | U(1,100)         | phi + U(50,100)       | 8                |
+| 5*      | 8  | U(1,20)  | U(1,100)         | phi + U(50,100)       | random, >= 1 each    |
+
+Every relay links to every relay of the next stage, d0 to every relay of the
+first and the last stage (as in the flow tests).  A link is one physical pair
+of machines, so its cost is drawn once: a candidate has one cost to every
+existing node and to every other candidate, and uses those of its stage's
+neighbours (stages s-1 and s+1, d0 at the ends) wherever it is placed; that
+is what "each node knows its costs for each stage" means.  phi (Table IV) is
+the largest inter-stage cost of a node for the stage it is in or proposed for;
+its intra-stage cost for that stage is phi + floor(U(50,100)).  The data node's
+capacity is the total capacity of everyone: it is never the bottleneck.
+
+Routing and cost.  The routing of an assignment is the maximum flow at
+minimum total cost (what GWTF's flow algorithm converges to and what
+`baselines.optimal_routing` computes): F microbatches in flight, C the sum of
+their path costs.  With complete links between consecutive stages, F is the
+smallest stage capacity (every cut must cut a whole stage).  The cost of a
+system is the time to push a batch of B = BATCH_MICROBATCHES microbatches:
+
+    cost = (B / F) rounds x (C / F) mean path cost per round = B * C / F^2
+
+(equivalently B over the throughput F^2 / C that Little's law gives for F
+microbatches in flight with mean latency C / F).  More flow and cheaper
+flow both lower it; B cancels in improvement = (cost_now - cost_after) /
+cost_now, which is what Figure 5 plots.
+
+Intra-stage costs.  We read them as the cost for a node to talk to its own
+stage: on joining, the download of the stage's weights and optimizer state
+from a stage peer (V-B), later the within-stage aggregation.  They do not
+enter the routing, so they are not in `cost` (the steady-state figure of
+Figure 5).  Each policy reports `join_delay`, the largest intra-stage cost
+among the newcomers (downloads run in parallel; the new routing is usable
+when the slowest has its state), and our GWTF uses it to break ties.
+
+The policies (all 20 candidates join; a policy chooses their stages):
+
+- `gwtf_paper`: V-B as written.  The leader's flood gives each stage its
+  flows and capacity; candidates by capacity, highest first (ties: id), each
+  to the stage of highest utilization flows / capacity, re-evaluated after
+  each assignment with the new capacity (flows are those of the flood).
+  Every microbatch crosses every stage, so the flows are F everywhere and the
+  most utilized stage is the smallest one: capacity water-filling, blind to
+  link costs.
+- `gwtf` (ours, what the leader runs): `gwtf_paper`, then the leader refines
+  the assignment by marginal gain.  The flood also carries each node's link
+  costs to the next stage (12 numbers per node) and the candidates report
+  their measured costs to each stage (issue 5), so the leader holds the
+  layered cost graph and evaluates `cost` with a min-cost max-flow (HiGHS LP,
+  exact: the flow polytope is totally unimodular).  Local search: move one
+  candidate to another stage, or swap the stages of two candidates, keeping
+  any change that lowers `cost` (first improvement, moves before swaps, at
+  most GWTF_PASSES passes); moves that would lower F are not evaluated.
+  Ties in `cost` go to the lower join delay.  It is never worse than
+  `gwtf_paper` and typically within a fraction of a percent of the optimum.
+- `capacity_first`: the paper's baseline "adding highest capacity first".
+  Candidates by capacity, highest first, each to the stage with the fewest
+  nodes (ties: lowest index) -- it uses the candidates' capacities but no
+  utilization query; with equal stages this deals them round-robin.
+- `random`: each candidate to a uniformly random stage (seeded).
+- `optimal`: the assignment minimizing `cost`.  S^20 assignments are far too
+  many, so: exhaustive when S^n <= EXHAUSTIVE_LIMIT (small test instances),
+  otherwise exact by mixed-integer programming (HiGHS).  For each target flow
+  F* between F_now and the largest reachable bottleneck F_hi, one MILP with a
+  binary x[v,s] per candidate and stage, a binary y[s] marking a bottleneck
+  stage (the assignment's max flow is exactly F*), and continuous edge flows
+  of value F* through copies of each candidate in each stage (capacity
+  cap_v * x[v,s]) minimizes C; the answer is min over F* of B*C*(F*)/F*^2.
+  A target is skipped when a lower bound (the min-cost flow with every
+  candidate in every stage at once) cannot beat the best cost found (the
+  other policies' included).  `optimal_method` is "exhaustive", "milp"
+  (proved), or "milp-time-limit": a MILP stopped at MILP_TIME_LIMIT_S, the
+  figure is then the best assignment found (an upper bound on cost, a lower
+  bound on improvement) and `optimal_gap` bounds the missing improvement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import random
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, linprog, milp
+from scipy.sparse import coo_matrix, csc_matrix, csr_matrix, hstack, vstack
+
+BATCH_MICROBATCHES = 100  # B of the cost; it cancels in the improvement
+CANDIDATES = 20
+SYSTEM_NODES = 97  # data node included
+EXHAUSTIVE_LIMIT = 4096  # largest S^n that `optimal` tries one by one
+MILP_TIME_LIMIT_S = 30.0  # per target flow; past it `optimal` is an upper bound
+GWTF_PASSES = 4  # local-search passes of our GWTF
+POLICIES = ("gwtf", "gwtf_paper", "capacity_first", "random", "optimal")
+EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class JoinSetting:
+    stages: int
+    capacity: tuple[int, int]
+    inter_cost: tuple[int, int]
+    intra_extra: tuple[int, int] = (50, 100)
+    random_stage_sizes: bool = False
+
+
+# Table IV of the paper (top half).
+JOIN_SETTINGS: dict[int, JoinSetting] = {
+    1: JoinSetting(8, (1, 20), (1, 100)),
+    2: JoinSetting(8, (1, 20), (20, 100)),
+    3: JoinSetting(8, (1, 5), (1, 100)),
+    4: JoinSetting(12, (1, 20), (1, 100)),
+    5: JoinSetting(8, (1, 20), (1, 100), random_stage_sizes=True),
+}
+
+
+@dataclass(frozen=True)
+class JoinInstance:
+    """The running system, the candidates and every link cost (a snapshot the leader could hold)."""
+
+    name: str
+    stages: int
+    relay_stage: dict[str, int]
+    relay_cap: dict[str, int]
+    relay_intra: dict[str, int]
+    candidates: tuple[str, ...]
+    cand_cap: dict[str, int]
+    cand_intra: dict[tuple[str, int], int]  # (candidate, stage) -> intra-stage cost there
+    link: dict[tuple[str, str], int]  # sorted pair -> cost; d0 is the data node
+    data: str = "d0"
+
+    def cost(self, a: str, b: str) -> int:
+        return self.link[(a, b) if a < b else (b, a)]
+
+    def stage_members(self, s: int) -> list[str]:
+        return sorted(r for r, st in self.relay_stage.items() if st == s)
+
+    def neighbours_of_stage(self, s: int) -> list[str]:
+        """Existing nodes adjacent to stage s: stage s-1 (or d0) and s+1 (or d0)."""
+        prev = [self.data] if s == 0 else self.stage_members(s - 1)
+        nxt = [self.data] if s == self.stages - 1 else self.stage_members(s + 1)
+        return sorted(set(prev) | set(nxt))
+
+    def stage_caps(self, assign: tuple[int, ...] = ()) -> list[int]:
+        caps = [0] * self.stages
+        for r, s in self.relay_stage.items():
+            caps[s] += self.relay_cap[r]
+        for v, s in zip(self.candidates, assign):
+            caps[s] += self.cand_cap[v]
+        return caps
+
+    def join_delay(self, assign: tuple[int, ...]) -> int:
+        return max((self.cand_intra[(v, s)] for v, s in zip(self.candidates, assign)), default=0)
+
+
+def _fu(rng: random.Random, lo: int, hi: int) -> int:
+    return int(math.floor(rng.uniform(lo, hi)))
+
+
+def generate_join(setting: int, seed: int, *, relays: int = SYSTEM_NODES - 1,
+                  candidates: int = CANDIDATES, stages: int | None = None) -> JoinInstance:
+    """The instance of (setting, seed); `relays`, `candidates`, `stages` shrink it for tests."""
+    if setting not in JOIN_SETTINGS:
+        raise ValueError(f"unknown join setting {setting}: choose one of {sorted(JOIN_SETTINGS)}")
+    st = JOIN_SETTINGS[setting]
+    s_count = stages if stages is not None else st.stages
+    if relays < s_count:
+        raise ValueError(f"{relays} relays cannot fill {s_count} stages")
+    rng = random.Random(f"join-{setting}-{seed}")
+    if st.random_stage_sizes:  # a random composition of `relays` into S positive parts
+        cuts = sorted(rng.sample(range(1, relays), s_count - 1))
+        sizes = [b - a for a, b in zip([0, *cuts], [*cuts, relays])]
+    else:
+        sizes = [relays // s_count + (1 if k < relays % s_count else 0) for k in range(s_count)]
+    relay_stage: dict[str, int] = {}
+    relay_cap: dict[str, int] = {}
+    for s, n in enumerate(sizes):
+        for k in range(n):
+            rid = f"r{s}_{k}"
+            relay_stage[rid] = s
+            relay_cap[rid] = _fu(rng, *st.capacity)
+    by_stage = [[r for r in relay_stage if relay_stage[r] == s] for s in range(s_count)]
+    link: dict[tuple[str, str], int] = {}
+
+    def draw(a: str, b: str) -> None:
+        key = (a, b) if a < b else (b, a)
+        if key not in link:
+            link[key] = _fu(rng, *st.inter_cost)
+
+    for r in by_stage[0] + by_stage[-1]:
+        draw("d0", r)
+    for s in range(s_count - 1):
+        for a in by_stage[s]:
+            for b in by_stage[s + 1]:
+                draw(a, b)
+    cands = tuple(f"c{k:02d}" for k in range(candidates))
+    cand_cap = {v: _fu(rng, *st.capacity) for v in cands}
+    for v in cands:
+        for other in ("d0", *relay_stage):
+            draw(v, other)
+    for v, w in itertools.combinations(cands, 2):
+        draw(v, w)
+
+    def phi(node: str, s: int) -> int:
+        prev = ["d0"] if s == 0 else by_stage[s - 1]
+        nxt = ["d0"] if s == s_count - 1 else by_stage[s + 1]
+        return max(link[(node, o) if node < o else (o, node)] for o in (*prev, *nxt) if o != node)
+
+    relay_intra = {r: phi(r, relay_stage[r]) + _fu(rng, *st.intra_extra) for r in relay_stage}
+    cand_intra = {(v, s): phi(v, s) + _fu(rng, *st.intra_extra) for v in cands for s in range(s_count)}
+    return JoinInstance(f"join-t{setting}-s{seed}", s_count, relay_stage, relay_cap, relay_intra, cands,
+                        cand_cap, cand_intra, link)
+
+
+# ------------------------------------------------------------------ evaluation
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    flow: int  # F: microbatches in flight (maximum flow)
+    total_cost: float  # C: sum of their path costs at minimum cost
+    cost: float  # B * C / F^2
+
+
+class _FlowModel:
+    """The layered graph with a copy of every candidate in every stage, as sparse matrices.
+
+    Graph nodes: 0 = d0 as source, 1 = d0 as sink, then the relays, then the
+    copies (v, s).  An assignment keeps the copies (v, assign[v]) and the edges
+    whose two ends are kept; the min-cost flow of value F is then one LP.
+    """
+
+    def __init__(self, inst: JoinInstance) -> None:
+        self.inst = inst
+        s_count = inst.stages
+        names: list[tuple] = [("src",), ("snk",)]
+        stage_of: list[int] = [-1, s_count]
+        cap: list[int] = [0, 0]
+        for r in sorted(inst.relay_stage):
+            names.append(("r", r))
+            stage_of.append(inst.relay_stage[r])
+            cap.append(inst.relay_cap[r])
+        self.n_relays = len(names) - 2
+        self.copy_index: dict[tuple[str, int], int] = {}
+        for v in inst.candidates:
+            for s in range(s_count):
+                self.copy_index[(v, s)] = len(names)
+                names.append(("c", v, s))
+                stage_of.append(s)
+                cap.append(inst.cand_cap[v])
+        self.names, self.cap = names, np.array(cap, dtype=float)
+        by_stage: list[list[int]] = [[] for _ in range(s_count)]
+        for i in range(2, len(names)):
+            by_stage[stage_of[i]].append(i)
+
+        def machine(i: int) -> str:
+            return "d0" if i < 2 else names[i][1]
+
+        edges: list[tuple[int, int, int]] = []
+        for b in by_stage[0]:
+            edges.append((0, b, inst.cost("d0", machine(b))))
+        for s in range(s_count - 1):
+            for a in by_stage[s]:
+                for b in by_stage[s + 1]:
+                    if machine(a) != machine(b):
+                        edges.append((a, b, inst.cost(machine(a), machine(b))))
+        for a in by_stage[-1]:
+            edges.append((a, 1, inst.cost(machine(a), "d0")))
+        self.edges = edges
+        e_from = np.array([e[0] for e in edges])
+        e_to = np.array([e[1] for e in edges])
+        self.e_from, self.e_to = e_from, e_to
+        self.e_cost = np.array([e[2] for e in edges], dtype=float)
+        n, m = len(names), len(edges)
+        cols = np.arange(m)
+        # Conservation rows (one per graph node >= 2): inflow - outflow = 0.
+        inc = coo_matrix((np.ones(m), (e_to, cols)), shape=(n, m))
+        out = coo_matrix((np.ones(m), (e_from, cols)), shape=(n, m))
+        self.A_in = csc_matrix(inc)[2:]  # capacity rows: inflow <= cap
+        self.A_cons = csc_matrix(inc - out)[2:]
+        self.A_src = csc_matrix(out)[0:1]
+        self.is_copy = np.zeros(n, dtype=bool)
+        self.is_copy[2 + self.n_relays:] = True
+        self._cache: dict[tuple[int, ...], Evaluation] = {}
+
+    def active_nodes(self, assign: tuple[int, ...]) -> np.ndarray:
+        keep = ~self.is_copy.copy()
+        for v, s in zip(self.inst.candidates, assign):
+            keep[self.copy_index[(v, s)]] = True
+        return keep
+
+    def min_cost(self, keep: np.ndarray, value: int, cap: np.ndarray | None = None) -> float:
+        """Least total cost of `value` units through the kept nodes (LP; integral by total unimodularity)."""
+        cap = self.cap if cap is None else cap
+        cols = np.flatnonzero(keep[self.e_from] & keep[self.e_to])
+        rows = np.flatnonzero(keep[2:])
+        a_in = self.A_in[:, cols][rows]
+        a_eq = vstack([self.A_cons[:, cols][rows], self.A_src[:, cols]], format="csr")
+        b_eq = np.zeros(len(rows) + 1)
+        b_eq[-1] = value
+        res = linprog(self.e_cost[cols], A_ub=a_in, b_ub=cap[2:][rows], A_eq=a_eq, b_eq=b_eq,
+                      bounds=(0, None), method="highs")
+        if res.status != 0:
+            raise RuntimeError(f"{self.inst.name}: no routing of {value} units ({res.message})")
+        return float(round(res.fun))
+
+    def evaluate(self, assign: tuple[int, ...]) -> Evaluation:
+        assign = tuple(assign)
+        hit = self._cache.get(assign)
+        if hit is None:
+            f = min(self.inst.stage_caps(assign))
+            c = self.min_cost(self.active_nodes(assign), f) if f > 0 else 0.0
+            hit = Evaluation(f, c, BATCH_MICROBATCHES * c / f ** 2 if f > 0 else math.inf)
+            self._cache[assign] = hit
+        return hit
+
+
+def stage_flows(inst: JoinInstance, assign: tuple[int, ...] = ()) -> list[int]:
+    """Flows through each stage in the max-flow routing: every microbatch crosses every stage."""
+    return [min(inst.stage_caps(assign))] * inst.stages
+
+
+# -------------------------------------------------------------------- policies
+
+
+def _by_capacity(inst: JoinInstance) -> list[int]:
+    return sorted(range(len(inst.candidates)), key=lambda k: (-inst.cand_cap[inst.candidates[k]], k))
+
+
+def policy_gwtf_paper(inst: JoinInstance) -> tuple[int, ...]:
+    flows = stage_flows(inst)  # the flood's snapshot; not recomputed while assigning
+    caps = inst.stage_caps()
+    assign = [0] * len(inst.candidates)
+    for k in _by_capacity(inst):
+        s = max(range(inst.stages), key=lambda t: (flows[t] / caps[t] if caps[t] else math.inf, -t))
+        assign[k] = s
+        caps[s] += inst.cand_cap[inst.candidates[k]]
+    return tuple(assign)
+
+
+def policy_capacity_first(inst: JoinInstance) -> tuple[int, ...]:
+    count = [len(inst.stage_members(s)) for s in range(inst.stages)]
+    assign = [0] * len(inst.candidates)
+    for k in _by_capacity(inst):
+        s = min(range(inst.stages), key=lambda t: (count[t], t))
+        assign[k] = s
+        count[s] += 1
+    return tuple(assign)
+
+
+def policy_random(inst: JoinInstance, seed: int) -> tuple[int, ...]:
+    rng = random.Random(f"join-random-{inst.name}-{seed}")
+    return tuple(rng.randrange(inst.stages) for _ in inst.candidates)
+
+
+def policy_gwtf(inst: JoinInstance, model: _FlowModel | None = None,
+                passes: int = GWTF_PASSES) -> tuple[int, ...]:
+    """`gwtf_paper` refined by marginal gain (module docstring)."""
+    model = model or _FlowModel(inst)
+    cur = list(policy_gwtf_paper(inst))
+
+    def key(a) -> tuple[float, int]:
+        return (round(model.evaluate(tuple(a)).cost, 9), inst.join_delay(tuple(a)))
+
+    best = key(cur)
+    n = len(cur)
+    for _ in range(passes):
+        improved = False
+        f_cur = min(inst.stage_caps(tuple(cur)))
+        options = [(k, s) for k in range(n) for s in range(inst.stages) if s != cur[k]]
+        options += [(k, -1 - j) for k, j in itertools.combinations(range(n), 2)]
+        for k, op in options:
+            trial = list(cur)
+            if op >= 0:
+                trial[k] = op
+            else:
+                j = -1 - op
+                if cur[k] == cur[j]:
+                    continue
+                trial[k], trial[j] = cur[j], cur[k]
+            if min(inst.stage_caps(tuple(trial))) < f_cur:
+                continue
+            kt = key(trial)
+            if kt < best:
+                cur, best, improved = trial, kt, True
+                f_cur = min(inst.stage_caps(tuple(cur)))
+        if not improved:
+            break
+    return tuple(cur)
+
+
+@dataclass
+class OptimalResult:
+    assign: tuple[int, ...]
+    method: str  # "exhaustive", "milp" or "milp-time-limit"
+    lower_bound_cost: float  # no assignment costs less than this
+    milps: int = 0
+    targets: list[int] = field(default_factory=list)
+
+
+def policy_optimal(inst: JoinInstance, model: _FlowModel | None = None,
+                   incumbents: tuple[tuple[int, ...], ...] = (),
+                   time_limit_s: float = MILP_TIME_LIMIT_S) -> OptimalResult:
+    model = model or _FlowModel(inst)
+    n, s_count = len(inst.candidates), inst.stages
+    if s_count ** n <= EXHAUSTIVE_LIMIT:
+        best = min(itertools.product(range(s_count), repeat=n),
+                   key=lambda a: (model.evaluate(a).cost, inst.join_delay(a), a))
+        return OptimalResult(tuple(best), "exhaustive", model.evaluate(best).cost)
+    best = min(incumbents, key=lambda a: model.evaluate(a).cost) if incumbents else policy_gwtf_paper(inst)
+    ub = model.evaluate(best).cost
+    base = inst.stage_caps()
+    f_now, f_hi = min(base), _max_bottleneck(inst)
+    everything = np.ones(len(model.names), dtype=bool)
+    lower, method, res = math.inf, "milp", OptimalResult(best, "milp", 0.0)
+    for target in range(f_hi, f_now - 1, -1):
+        relax = BATCH_MICROBATCHES * model.min_cost(everything, target) / target ** 2
+        if relax >= ub - EPS:
+            lower = min(lower, relax)
+            continue
+        res.milps += 1
+        res.targets.append(target)
+        assign, c, bound, proved = _milp_at(inst, model, target, time_limit_s)
+        lower = min(lower, BATCH_MICROBATCHES * bound / target ** 2)
+        if not proved:
+            method = "milp-time-limit"
+        if assign is not None:
+            ev = model.evaluate(assign)
+            if ev.cost < ub - EPS:
+                best, ub = assign, ev.cost
+    res.assign, res.method, res.lower_bound_cost = best, method, min(lower, ub)
+    return res
+
+
+def _max_bottleneck(inst: JoinInstance) -> int:
+    """The largest smallest-stage capacity any assignment reaches (a small MILP)."""
+    n, s_count = len(inst.candidates), inst.stages
+    base = inst.stage_caps()
+    caps = [inst.cand_cap[v] for v in inst.candidates]
+    nv = n * s_count + 1  # x[k, s] then t
+    c = np.zeros(nv)
+    c[-1] = -1.0
+    rows, lo, hi = [], [], []
+    for k in range(n):
+        r = np.zeros(nv)
+        r[k * s_count:(k + 1) * s_count] = 1
+        rows.append(r), lo.append(1), hi.append(1)
+    for s in range(s_count):
+        r = np.zeros(nv)
+        for k in range(n):
+            r[k * s_count + s] = caps[k]
+        r[-1] = -1
+        rows.append(r), lo.append(-base[s]), hi.append(np.inf)
+    integ = np.ones(nv)
+    res = milp(c, constraints=LinearConstraint(np.array(rows), lo, hi), integrality=integ,
+               bounds=Bounds(0, [1] * (nv - 1) + [np.inf]), options={"time_limit": MILP_TIME_LIMIT_S})
+    if res.x is None:
+        return min(base)
+    return int(round(res.x[-1]))
+
+
+def _milp_at(inst: JoinInstance, model: _FlowModel, target: int, time_limit_s: float):
+    """Cheapest assignment whose maximum flow is exactly `target`: (assign or None, C, bound on C, proved)."""
+    n, s_count = len(inst.candidates), inst.stages
+    m = len(model.edges)
+    nx_, ny = n * s_count, s_count
+    nv = m + nx_ + ny
+    base = inst.stage_caps()
+    big = sum(inst.cand_cap.values()) + 1
+    copy_rows = np.zeros(len(model.names) - 2, dtype=int)  # graph node -> x column (copies only)
+    x_col: dict[int, int] = {}
+    for k, v in enumerate(inst.candidates):
+        for s in range(s_count):
+            x_col[model.copy_index[(v, s)] - 2] = m + k * s_count + s
+    cons = []
+    # Flow conservation at every relay and copy; source sends `target`.
+    cons.append(LinearConstraint(hstack([model.A_cons, csr_matrix((model.A_cons.shape[0], nx_ + ny))]), 0, 0))
+    cons.append(LinearConstraint(hstack([model.A_src, csr_matrix((1, nx_ + ny))]), target, target))
+    # Capacity: inflow <= cap (relays), inflow - cap_v x[v,s] <= 0 (copies).
+    extra = coo_matrix(([-model.cap[i + 2] for i in x_col], (list(x_col), [c - m for c in x_col.values()])),
+                       shape=(model.A_in.shape[0], nx_ + ny))
+    ub_cap = np.where(model.is_copy[2:], 0.0, model.cap[2:])
+    cons.append(LinearConstraint(hstack([model.A_in, extra]), -np.inf, ub_cap))
+    del copy_rows
+    rows, lo, hi = [], [], []
+    for k in range(n):  # every candidate joins exactly one stage
+        r = np.zeros(nv)
+        r[m + k * s_count:m + (k + 1) * s_count] = 1
+        rows.append(r), lo.append(1), hi.append(1)
+    for s in range(s_count):  # stage capacity >= target, and == target where y[s] = 1
+        r = np.zeros(nv)
+        for k, v in enumerate(inst.candidates):
+            r[m + k * s_count + s] = inst.cand_cap[v]
+        rows.append(r.copy()), lo.append(target - base[s]), hi.append(np.inf)
+        r[m + nx_ + s] = big
+        rows.append(r), lo.append(-np.inf), hi.append(target - base[s] + big)
+    r = np.zeros(nv)
+    r[m + nx_:] = 1
+    rows.append(r), lo.append(1), hi.append(np.inf)
+    cons.append(LinearConstraint(csr_matrix(np.array(rows)), lo, hi))
+    c = np.concatenate([model.e_cost, np.zeros(nx_ + ny)])
+    integ = np.concatenate([np.zeros(m), np.ones(nx_ + ny)])
+    ubounds = np.concatenate([np.full(m, np.inf), np.ones(nx_ + ny)])
+    res = milp(c, constraints=cons, integrality=integ, bounds=Bounds(0, ubounds),
+               options={"time_limit": time_limit_s})
+    proved = res.status == 0
+    bound = getattr(res, "mip_dual_bound", None)
+    if res.x is None:
+        if res.status == 2:  # infeasible: no assignment has exactly this bottleneck
+            return None, math.inf, math.inf, True
+        return None, math.inf, bound if bound is not None else 0.0, False
+    xs = np.round(res.x[m:m + nx_]).reshape(n, s_count)
+    assign = tuple(int(np.argmax(xs[k])) for k in range(n))
+    if bound is None or not np.isfinite(bound):
+        bound = res.fun if proved else 0.0
+    return assign, float(res.fun), float(res.fun) if proved else float(bound), proved
+
+
+# ------------------------------------------------------------------ experiment
+
+
+def run_join(setting: int, seed: int, *, instance: JoinInstance | None = None,
+             time_limit_s: float = MILP_TIME_LIMIT_S) -> dict:
+    """Every policy on one instance; the JSON object that `sim join --json` prints."""
+    inst = instance or generate_join(setting, seed)
+    model = _FlowModel(inst)
+    now = model.evaluate(())  # no candidate placed: the copies are all dropped
+    assigns = {
+        "gwtf": policy_gwtf(inst, model),
+        "gwtf_paper": policy_gwtf_paper(inst),
+        "capacity_first": policy_capacity_first(inst),
+        "random": policy_random(inst, seed),
+    }
+    opt = policy_optimal(inst, model, incumbents=tuple(assigns.values()), time_limit_s=time_limit_s)
+    assigns["optimal"] = opt.assign
+    out_policies = {}
+    for name in POLICIES:
+        a = assigns[name]
+        ev = model.evaluate(a)
+        out_policies[name] = {
+            "flow": ev.flow, "total_cost": ev.total_cost, "cost": round(ev.cost, 6),
+            "improvement": round((now.cost - ev.cost) / now.cost, 6),
+            "join_delay": inst.join_delay(a),
+            "stages": {v: s for v, s in zip(inst.candidates, a)},
+        }
+    best_possible = (now.cost - opt.lower_bound_cost) / now.cost
+    return {
+        "scenario": inst.name, "setting": setting, "seed": seed, "stages": inst.stages,
+        "nodes": 1 + len(inst.relay_stage), "candidates": len(inst.candidates),
+        "batch_microbatches": BATCH_MICROBATCHES,
+        "cost_definition": "B*C/F^2: F max flow, C its min total path cost, B microbatches per batch",
+        "now": {"flow": now.flow, "total_cost": now.total_cost, "cost": round(now.cost, 6)},
+        "policies": out_policies,
+        "improvement": {name: out_policies[name]["improvement"] for name in POLICIES},
+        "optimal_method": opt.method,
+        "optimal_gap": round(max(0.0, best_possible - out_policies["optimal"]["improvement"]), 6),
+        "optimal_milps": opt.milps,
+    }
+
+
+def summary(res: dict) -> str:
+    now = res["now"]
+    lines = [
+        f"node addition {res['scenario']}: setting {res['setting']} of Table IV, seed {res['seed']}: "
+        f"{res['nodes']} nodes in {res['stages']} stages, {res['candidates']} candidates",
+        f"cost = B*C/F^2 (B = {res['batch_microbatches']} microbatches, F max flow, C its min total cost)",
+        f"now: flow {now['flow']}  total cost {now['total_cost']:g}  cost {now['cost']:.2f}",
+        f"{'policy':<15} {'flow':>5} {'total cost':>10} {'cost':>9} {'improvement':>12} {'join delay':>11}",
+    ]
+    for name, p in res["policies"].items():
+        lines.append(f"{name:<15} {p['flow']:>5} {p['total_cost']:>10g} {p['cost']:>9.2f} "
+                     f"{100 * p['improvement']:>11.2f}% {p['join_delay']:>11}")
+    note = {"exhaustive": "every assignment tried", "milp": "exact (mixed-integer programme, proved)",
+            "milp-time-limit": f"best found within the MILP time limit; at most "
+                               f"{100 * res['optimal_gap']:.2f} points of improvement missing"}
+    lines.append(f"optimal: {note[res['optimal_method']]}")
+    return "\n".join(lines)
+
+
+def add_join_parser(simsub, parser_class=None, nonneg_int=int) -> argparse.ArgumentParser:
+    """Register `sim join` on the `sim` subcommands (cli.py calls this after `sim flow`)."""
+    kw = {} if parser_class is None or getattr(simsub, "_parser_class", None) is parser_class else {}
+    j = simsub.add_parser("join", help="the node-addition experiment of Table IV / Figure 5", **kw)
+    j.add_argument("--setting", type=int, choices=range(1, 6), required=True, metavar="{1..5}")
+    j.add_argument("--seed", type=nonneg_int, default=0)
+    j.add_argument("--milp-time-limit", type=float, default=MILP_TIME_LIMIT_S,
+                   help="seconds per integer programme of the optimum (past it: an upper bound)")
+    j.add_argument("--json", action="store_true", help="one JSON object; key 'improvement' per policy")
+    j.set_defaults(func=cmd_sim_join)
+    return j
+
+
+def cmd_sim_join(args: argparse.Namespace) -> int:
+    limit = args.milp_time_limit
+    if not (isinstance(limit, float) and math.isfinite(limit) and limit > 0):
+        print(f"error: --milp-time-limit must be a positive number of seconds, got {limit!r}", file=sys.stderr)
+        return 2
+    res = run_join(args.setting, args.seed, time_limit_s=limit)
+    print(json.dumps(res) if args.json else summary(res))
+    return 0

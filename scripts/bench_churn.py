@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Table II of the GWTF paper in the simulator: churn 0/10/20% x homogeneous/heterogeneous x GWTF/SWARM.
+
+    nice -n 10 python scripts/bench_churn.py [--iterations 25] [--seeds 10]
+
+Writes docs/bench_churn.md (and docs/bench_churn.json): mean and standard
+deviation over seeds of the per-run means (`gwtf_node.sim.train`), and checks
+the targets of issue 4.  Both policies see the same setting and the same crash
+draws for a given seed (the churn RNG does not depend on the policy; the
+crash times follow each run's own iteration lengths).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from gwtf_node.sim.train import SETTINGS, run_train
+
+ROOT = Path(__file__).resolve().parent.parent
+CHURNS = (0.0, 0.1, 0.2)
+KEYS = ("time_per_microbatch_s", "throughput_per_iteration", "communication_time_s", "wasted_compute_s",
+        "lost_microbatches", "deferred_microbatches", "lost_contributions", "unfinished_iterations")
+
+
+def ms(vals):
+    vals = [v for v in vals if v is not None and math.isfinite(v)]
+    if not vals:
+        return math.nan, math.nan
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--iterations", type=int, default=25)
+    ap.add_argument("--seeds", type=int, default=10)
+    args = ap.parse_args()
+    t0 = time.time()
+    rows = {}
+    for setting in SETTINGS:
+        for churn in CHURNS:
+            for policy in ("swarm", "gwtf"):
+                runs = [run_train(setting, policy, churn, args.iterations, s) for s in range(args.seeds)]
+                rows[(setting, churn, policy)] = {k: ms([r[k] for r in runs]) for k in KEYS}
+                rows[(setting, churn, policy)]["lost_total"] = sum(r["lost_microbatches"] for r in runs)
+                rows[(setting, churn, policy)]["unfinished_total"] = sum(r["unfinished_iterations"] for r in runs)
+                rows[(setting, churn, policy)]["restarts"] = sum(r["protocol"]["restarts"] for r in runs)
+                rows[(setting, churn, policy)]["recovers"] = sum(r["protocol"]["recovers"] for r in runs)
+                print(setting, churn, policy, {k: round(v[0], 2) for k, v in rows[(setting, churn, policy)].items()
+                                               if isinstance(v, tuple)}, flush=True)
+    out = [f"# Churn benchmark: Table II of the GWTF paper in the simulator\n",
+           f"`nice -n 10 python scripts/bench_churn.py --iterations {args.iterations} --seeds {args.seeds}` "
+           f"({time.time() - t0:.0f} s). Setting, model and metrics: the docstring of `gwtf_node/sim/train.py`; "
+           "protocol: `gwtf_node/protocol/recovery.py`. Mean ± std over seeds of each run's mean over its "
+           "iterations. Times in minutes (time per microbatch, communication time per completed microbatch), "
+           "wasted compute in seconds per iteration.\n"]
+    names = [("time_per_microbatch_s", "Time per microbatch (min)", 60), ("throughput_per_iteration",
+             "Throughput (#microb/iteration)", 1), ("communication_time_s", "Communication time (min / microb)", 60),
+             ("wasted_compute_s", "Wasted compute (s / iteration)", 1), ("lost_microbatches", "Lost microbatches", 1),
+             ("deferred_microbatches", "Deferred microbatches (per run)", 1),
+             ("lost_contributions", "Contributions lost in crashed relays (per run)", 1),
+             ("unfinished_iterations", "Unfinished iterations (stalls, per run)", 1)]
+    for setting in SETTINGS:
+        head = "| | " + " | ".join(f"SWARM {int(c*100)}% | GWTF {int(c*100)}%" for c in CHURNS) + " |"
+        out += [f"\n## {setting}\n", head, "|---" * 7 + "|"]
+        for key, label, div in names:
+            cells = []
+            for c in CHURNS:
+                for p in ("swarm", "gwtf"):
+                    m, sd = rows[(setting, c, p)][key]
+                    cells.append(f"{m / div:.2f} ± {sd / div:.2f}")
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
+        rr = [f"{p} {int(c*100)}%: recovers {rows[(setting, c, p)]['recovers']}, restarts "
+              f"{rows[(setting, c, p)]['restarts']}" for c in CHURNS for p in ("swarm", "gwtf")]
+        out.append("\nProtocol counts (sum over seeds): " + "; ".join(rr) + "\n")
+    # targets
+    g = rows[("table2-heterogeneous", 0.1, "gwtf")]["time_per_microbatch_s"][0]
+    s = rows[("table2-heterogeneous", 0.1, "swarm")]["time_per_microbatch_s"][0]
+    t1 = g <= 0.6 * s
+    waste = []
+    for setting in SETTINGS:
+        for c in CHURNS:
+            gw = rows[(setting, c, "gwtf")]["wasted_compute_s"][0]
+            sw = rows[(setting, c, "swarm")]["wasted_compute_s"][0]
+            waste.append((setting, c, gw, sw, gw <= sw / 10 or (gw == 0 and sw == 0)))
+    lost = sum(r["lost_total"] for k, r in rows.items() if k[2] == "gwtf")
+    unf = sum(r["unfinished_total"] for k, r in rows.items() if k[2] == "gwtf")
+    out += ["\n## Targets of issue 4\n",
+            f"- heterogeneous 10%: GWTF time per microbatch {g/60:.2f} min vs SWARM {s/60:.2f} min: "
+            f"{(1 - g/s)*100:.0f}% lower (target >= 40%): {'MET' if t1 else 'NOT MET'}",
+            "- wasted compute <= SWARM/10: " + "; ".join(
+                f"{st[7:]} {int(c*100)}%: {gw:.2f} vs {sw:.2f} s {'MET' if ok else 'NOT MET'}"
+                for st, c, gw, sw, ok in waste),
+            f"- GWTF lost microbatches over all runs: {lost}; GWTF unfinished (stalled) iterations: {unf} "
+            f"(target 0: {'MET' if lost == 0 and unf == 0 else 'NOT MET'})\n"]
+    (ROOT / "docs" / "bench_churn.md").write_text("\n".join(out))
+    (ROOT / "docs" / "bench_churn.json").write_text(json.dumps(
+        {"|".join(map(str, k)): v for k, v in rows.items()}, indent=1, default=list))
+    print("\n".join(out[-5:]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
