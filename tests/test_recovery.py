@@ -1,0 +1,150 @@
+"""Crash recovery of microbatches (protocol/recovery.py) in the training simulator (sim/train.py).
+
+Each scenario crashes one relay at a given point of the protocol, found by
+watching the machines' events, then checks the ledger: every microbatch is
+completed exactly once, or deferred and completed later; none is lost; no
+iteration stalls.  The leader itself is a persistent data node here: its
+crash (leader election) is out of this module's reach, see recovery.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gwtf_node.protocol.messages import Backward, BeginAggregation, Forward
+from gwtf_node.protocol.pipeline import MbStatus
+from gwtf_node.sim import train as T
+
+ITERS = 3
+
+
+class Spy:
+    """Wraps a machine; crashes `victim` (once) when `when(node, event, payload)` says so."""
+
+    def __init__(self, sim: T.TrainSim, nid: str, inner, when, victim_of) -> None:
+        self.sim, self.nid, self.inner, self.when, self.victim_of = sim, nid, inner, when, victim_of
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def _check(self, event, payload) -> None:
+        if not self.sim.fired and self.when(self.nid, event, payload):
+            self.sim.fired = True
+            self.sim._push(self.sim.now, T._CRASH, self.victim_of(self.nid, payload), None, None)
+
+    def on_message(self, now, sender, msg):
+        self._check("msg", (sender, msg))
+        return self.inner.on_message(now, sender, msg)
+
+    def on_compute_done(self, now, key, kind):
+        eff = self.inner.on_compute_done(now, key, kind)
+        self._check("done", (key, kind))
+        return eff
+
+
+def run(policy: str, when, victim_of=lambda nid, p: nid, setting="table2-homogeneous", seed=0):
+    s = T.make_setting(setting, seed)
+    sim = T.TrainSim(s, policy, 0.0, seed)
+    sim.fired = False
+    for nid in list(sim.nodes):
+        sim.nodes[nid] = Spy(sim, nid, sim.nodes[nid], when, victim_of)
+    sim.run(ITERS)
+    return sim, sim.report(ITERS)
+
+
+def check_ledger(sim: T.TrainSim, rep: dict) -> None:
+    assert sim.fired, "the crash point was never reached"
+    assert rep["unfinished_iterations"] == 0
+    assert rep["lost_microbatches"] == 0
+    for d in T.DATA_NODES:
+        led = sim.nodes[d].ledger
+        done = led.completed_everywhere()
+        assert len(done) == len(set(done)), "a microbatch was trained twice"
+        added: dict[int, int] = {}
+        for it, row in led.entries.items():
+            c = led.counts(it)
+            assert sum(c.values()) == len(row)
+            for seq, st in row.items():
+                added[seq] = added.get(seq, 0) + 1
+                if it < ITERS:
+                    assert st in (MbStatus.COMPLETED, MbStatus.DEFERRED)
+        for seq, n in added.items():  # deferred n-1 times, then completed (or still waiting in the open iteration)
+            statuses = [led.entries[it][seq] for it in sorted(led.entries) if seq in led.entries[it]]
+            assert all(st is MbStatus.DEFERRED for st in statuses[:-1])
+
+
+def relay(nid: str) -> bool:
+    return nid not in T.DATA_NODES
+
+
+def stage_of(nid: str) -> int:
+    return int(nid[1]) if relay(nid) else -1
+
+
+# crash points: (name, when(node, event, payload) -> crash now?, who crashes)
+POINTS = {
+    # the stage-2 relay that is about to receive a microbatch dies first: its upstream times out
+    "before_forward": (lambda n, e, p: relay(n) and stage_of(n) == 1 and e == "done" and p[1] == "forward"
+                       and p[0][2] == 1, lambda n, p: None),
+    # a relay dies right when a Forward reaches it (it never computes)
+    "during_forward": (lambda n, e, p: relay(n) and stage_of(n) == 2 and e == "msg" and type(p[1]) is Forward
+                       and p[1].iteration == 1, lambda n, p: n),
+    # a relay dies after its forward is done and passed on, before the backward comes back
+    "between_forward_and_backward": (lambda n, e, p: relay(n) and stage_of(n) == 2 and e == "done"
+                                     and p[1] == "forward" and p[0][2] == 1, lambda n, p: n),
+    # a relay dies while it computes a backward
+    "during_backward": (lambda n, e, p: relay(n) and stage_of(n) == 3 and e == "msg" and type(p[1]) is Backward
+                        and p[1].iteration == 1, lambda n, p: n),
+    # a relay dies when BEGIN AGGREGATION reaches it (its gradient contributions die with it)
+    "during_aggregation": (lambda n, e, p: relay(n) and stage_of(n) == 2 and e == "msg"
+                           and type(p[1]) is BeginAggregation and p[1].iteration == 1, lambda n, p: n),
+}
+
+
+def _victim(name):
+    when, who = POINTS[name]
+    if name == "before_forward":
+        # the next hop chosen by the stage-1 relay: crash the cheapest stage-2 relay
+        return when, (lambda n, p: "s2r0")
+    return when, who
+
+
+@pytest.mark.parametrize("policy", ["gwtf", "swarm"])
+@pytest.mark.parametrize("name", list(POINTS))
+def test_crash_point_loses_nothing(name: str, policy: str) -> None:
+    when, who = _victim(name)
+    sim, rep = run(policy, when, who)
+    check_ledger(sim, rep)
+    assert len(sim.crashes) == 1
+
+
+def test_gwtf_recovers_a_backward_without_restart_and_swarm_restarts() -> None:
+    when, who = _victim("between_forward_and_backward")
+    g, grep_ = run("gwtf", when, who)
+    s, srep = run("swarm", when, who)
+    check_ledger(g, grep_)
+    check_ledger(s, srep)
+    assert grep_["protocol"]["recovers"] >= 1 and grep_["protocol"]["restarts"] == 0
+    assert srep["protocol"]["restarts"] >= 1
+    # SWARM recomputed the whole pipeline: more wasted compute than GWTF's one recomputed stage
+    assert srep["wasted_compute_s"] > grep_["wasted_compute_s"]
+
+
+def test_lost_contributions_are_counted() -> None:
+    when, who = _victim("during_aggregation")
+    sim, rep = run("gwtf", when, who)
+    check_ledger(sim, rep)
+    assert rep["lost_contributions"] >= 1
+
+
+def test_no_churn_no_waste_both_policies() -> None:
+    for policy in ("gwtf", "swarm"):
+        rep = T.run_train("table2-homogeneous", policy, 0.0, 2, 0)
+        assert rep["lost_microbatches"] == 0 and rep["throughput_per_iteration"] == 8
+        assert rep["wasted_compute_s"] < 1e-6
+
+
+def test_churn_runs_lose_nothing() -> None:
+    for setting in T.SETTINGS:
+        rep = T.run_train(setting, "gwtf", 0.1, 8, 2)
+        assert rep["lost_microbatches"] == 0 and rep["unfinished_iterations"] == 0
