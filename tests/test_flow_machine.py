@@ -260,8 +260,8 @@ def test_announce_from_wrong_side_or_commodity_is_ignored():
 # ------------------------------------------------------------ data node
 
 
-def data_node():
-    cfg = FlowConfig(D, True, 3, (D, "d1"), {"A": 1.0}, {"Z": 2.0})
+def data_node(waves=True):
+    cfg = FlowConfig(D, True, 3, (D, "d1"), {"A": 1.0}, {"Z": 2.0}, waves=waves)
     m = FlowNode(cfg, random.Random(0))
     return m, m.start(0.0)
 
@@ -413,3 +413,14 @@ def test_pair_over_codec_reaches_optimum():
     assert len(flows) == opt.num_flows == 3
     assert sum(f.cost for f in flows) == opt.total_cost
     assert wire.frames > 0
+
+
+def test_free_running_data_node_launches_on_tick():
+    """Several data nodes (waves off by default): the data node launches as soon as it has a route."""
+    cfg = FlowConfig(D, True, 3, (D, "d1"), {"A": 1.0}, {"Z": 2.0})
+    m = FlowNode(cfg, random.Random(0))
+    m.start(0.0)
+    assert not m.waves
+    eff = m.on_message(0.1, "A", CostAnnounce((Label(D, Side.IN, 4.0, ("@1", "A+", "A-", D + "+")),)))
+    req = one(eff, RequestFlow, "A").msg
+    assert req.expected_cost == 4.0 and m.token_pending
