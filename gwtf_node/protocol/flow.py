@@ -30,6 +30,32 @@ Labels carry the residual path behind them (side-tagged ids `id+`/`id-`); a
 node ignores a neighbour's label whose path already contains it, so the
 distance-vector announcements cannot loop or count to infinity.
 
+Label waves (one data node).  Free-running distance vectors explode with
+depth: every unit that moves raises labels, and a rise explores path after
+path (80 relays x 16 stages: 326k CostAnnounce for 6 units).  So with a
+single data node the labels are recomputed in *epochs*: when its launched
+unit settles, the data node starts epoch e+1 by announcing its sink label;
+a node that hears a label of a newer epoch drops every label of the older
+one for that commodity and recomputes from scratch.  Within an epoch labels
+only fall (Bellman-Ford from infinity on a residual graph without negative
+cycles), and only news is announced: a label of a new epoch, a lower cost, or
+a new route at the same cost; a rise is not announced (the next wave
+recomputes it; meanwhile a Request Flow expecting the old cost is rejected
+with the current label).  Announcements are coalesced per node for
+`announce_coalesce_s` (latest value wins), and ties keep the current choice
+(`_pick`), so equal-cost routes cannot flap and the route a unit follows is
+the one announced (without that, a unit's walk could revisit a node whose
+state it had changed, and the augmentation was not a shortest path).  The
+data node launches once its OUT label has been still for
+`launch_quiet_factor` x the time the wave took to reach it.  The epoch rides
+on the wire as the first element of a label's path, `"@<e>"` (`_wire`);
+a label without it is of epoch 0.  With several data nodes, waves lose to
+free-running labels (each data node's wave races the others' units for
+shared capacity: measured 1.16 / 1.36 of the LP bound on settings 5 / 6
+against 1.08 / 1.15), so `waves` defaults to on only with one data node;
+free-running labels announce a changed cost at once and a new route at the
+same cost every `path_announce_s`.
+
 Request Flow: a node that holds an unpaired unit (more inflow than outflow;
 for a data node, demand not yet placed) sends Request Flow to the neighbour
 behind its OUT label with the cost it expects.  The receiver approves when its
@@ -85,7 +111,7 @@ class FlowConfig:
     displace: bool = True  # IN labels may displace an upstream unit (residual backward edge)
     round_s: float = 1.0  # one round: each node ticks once
     path_announce_s: float = 0.1  # a changed route at an unchanged cost is announced at most this often
-    launch_settle_s: float = 0.2  # a data node waits this long after a unit settled
+    launch_settle_s: float = 0.2  # data node: least wait after a unit settled (free-running) / OUT label still (waves)
     balance_grace_s: float = 0.3  # wait for the other half of an agreed move
     improve: bool = False  # run Request Change / Request Redirect with annealing (off by default: see module doc)
     announce_coalesce_s: float = 0.02  # labels changed within this window go out in one CostAnnounce per peer

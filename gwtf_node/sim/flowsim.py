@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from dataclasses import replace
 
 from ..protocol.flow import FlowConfig, FlowNode
@@ -97,7 +98,8 @@ def extract_flows(scenario: Scenario, nodes: dict[str, FlowNode]) -> tuple[list[
 
 
 def run_gwtf(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowConfig | None = None,
-             quiet_rounds: int = QUIET_ROUNDS_DEFAULT) -> RoutingResult:
+             quiet_rounds: int = QUIET_ROUNDS_DEFAULT, wall_limit_s: float | None = None) -> RoutingResult:
+    """Run the flow machines; `wall_limit_s` (benchmarks only) stops early, marking `extra["wall_limited"]`."""
     cfgs = flow_configs(scenario, base)
     round_s = next(iter(cfgs.values())).round_s
     sim = Simulator(lambda a, b: (lambda v: None if v is None else v * MS)(scenario.delay_ms(a, b)))
@@ -111,7 +113,13 @@ def run_gwtf(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowCon
     def last_change() -> float:
         return max(m.stats.last_change for m in nodes.values())
 
+    t_wall = time.perf_counter()
+    limited = []
+
     def quiet(now: float) -> bool:
+        if wall_limit_s is not None and time.perf_counter() - t_wall > wall_limit_s:
+            limited.append(now)
+            return True
         if now - last_change() < quiet_rounds * round_s:
             return False
         return all(not m.pending and not m.token_pending for m in nodes.values())
@@ -121,6 +129,7 @@ def run_gwtf(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowCon
     done = min(rounds, int(math.ceil(sim.now / round_s)))
     converged = int(math.ceil(last_change() / round_s))
     extra = {"inconsistent_links": mismatched,
+             "wall_limited": bool(limited),
              "moves": sum(m.stats.moves_done for m in nodes.values()),
              "messages_by_type": dict(sorted(sim.stats.messages_by_type.items()))}
     return RoutingResult(scenario.name, "gwtf", seed, flows, rounds=done, converged_round=converged,
