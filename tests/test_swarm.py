@@ -1,6 +1,7 @@
 """The invariant, end to end: a swarm of separate processes on loopback computes what one process computes.
 
-1 data node, 2 stages x 2 relays, no churn, 10 iterations: the loss of every
+1 data node, 2 stages x 2 relays, no churn, 10 iterations (and 2 data nodes,
+whose embedding/head gradients are all-reduced among them, for 4): the loss of every
 iteration equals the centralized reference within 1e-4 relative, and so do
 the final parameters of every stage (relative to the parameter norm; AdamW
 turns summation-order noise in near-zero gradients into ~1e-5 absolute
@@ -29,20 +30,21 @@ def _final_params(workdir: Path, name: str) -> tuple[str, int, torch.Tensor]:
     return ck["role"], ck["stage"], ck["params"]
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt"])
-def test_swarm_equals_centralized(tmp_path: Path, family: str) -> None:
+@pytest.mark.parametrize("family, data_nodes, iterations", [("llama", 1, ITERATIONS), ("gpt", 1, ITERATIONS),
+                                                           ("llama", 2, 4)])
+def test_swarm_equals_centralized(tmp_path: Path, family: str, data_nodes: int, iterations: int) -> None:
     man = default_manifest(family=family, stages=2, seq_len=32, microbatch_size=2, microbatches_per_iteration=4)
     run = tmp_path / "run.json"
     save_manifest(man, run)
-    swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=2, iterations=ITERATIONS)
+    swarm = LocalSwarm(tmp_path, run, data_nodes=data_nodes, stages=2, relays_per_stage=2, iterations=iterations)
     swarm.startup_timeout_s = 120
     swarm.iteration_timeout_s = 120
     records = run_local(swarm, lambda rec: None)
-    ref = train_centralized(man, ITERATIONS, data_nodes=1)
+    ref = train_centralized(man, iterations, data_nodes=data_nodes)
 
-    assert [r["iteration"] for r in records] == list(range(ITERATIONS))
+    assert [r["iteration"] for r in records] == list(range(iterations))
     for rec, loss in zip(records, ref.losses):
-        assert rec["microbatches"] == 4
+        assert rec["microbatches"] == 4 * data_nodes
         assert rec["loss"] == pytest.approx(loss, rel=1e-4), (rec, loss)
     assert records[-1]["loss"] < records[0]["loss"]
 
@@ -58,4 +60,4 @@ def test_swarm_equals_centralized(tmp_path: Path, family: str) -> None:
     assert seen == {"data", "stage0", "stage1"}
     # every relay did take part: both relays of a stage end with the same parameters as the reference
     status = json.loads((tmp_path / "d0" / "status.json").read_text())
-    assert len(status["peers"]) == 4
+    assert len(status["peers"]) == 4 + data_nodes - 1

@@ -126,20 +126,31 @@ class LocalSwarm:
         raise LocalError(f"relay {name} did not pick a stage within {self.startup_timeout_s:.0f} s")
 
     def iterations_done(self) -> Iterator[dict]:
-        """Yield the leader's per-iteration records as they appear, until `iterations` are done."""
-        path = self.state_dir("d0") / "metrics.jsonl"
-        seen = 0
+        """Yield the leader's per-iteration records as they appear, until `iterations` are done.
+
+        Only the leader writes `metrics.jsonl`; which data node leads is not the
+        launcher's business, so every data node's file is read and records are
+        taken by iteration number.
+        """
+        paths = [self.state_dir(f"d{i}") / "metrics.jsonl" for i in range(self.data_nodes)]
+        got: dict[int, dict] = {}
+        nxt = 0
         last_progress = time.monotonic()
         budget = self.startup_timeout_s + self.iteration_timeout_s
-        while seen < self.iterations:
+        while nxt < self.iterations:
             self._check_alive()
-            lines = path.read_text().splitlines() if path.exists() else []
-            for line in lines[seen:]:
-                seen += 1
+            for path in paths:
+                if path.exists():
+                    for line in path.read_text().splitlines():
+                        if line.strip():
+                            rec = json.loads(line)
+                            got.setdefault(rec["iteration"], rec)
+            while nxt in got and nxt < self.iterations:
                 last_progress = time.monotonic()
                 budget = self.iteration_timeout_s
-                yield json.loads(line)
-            if seen >= self.iterations:
+                yield got[nxt]
+                nxt += 1
+            if nxt >= self.iterations:
                 break
             if time.monotonic() - last_progress > budget:
                 raise LocalError(f"no iteration finished within {budget:.0f} s "
