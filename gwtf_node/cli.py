@@ -385,6 +385,10 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--json", action="store_true", help="print the JSON of specs/scenario.md")
     f.set_defaults(func=cmd_flow)
 
+    from .sim.train import add_train_parser
+
+    add_train_parser(simsub, _Parser, _nonneg_int, _positive_int)
+
     ir = sub.add_parser("init-run", help="write a run manifest with sensible defaults")
     ir.add_argument("--out", required=True, help="where to write the manifest (JSON)")
     ir.add_argument("--name", default="demo", help="run name")
