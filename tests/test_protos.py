@@ -96,20 +96,22 @@ i32 = st.integers(-(2**31), 2**31 - 1)
 tensors = st.builds(m.TensorHeader, dtype=ids, shape=small_tuples(st.integers(-(2**63), 2**63 - 1)), nbytes=u64)
 STRATEGIES.update({
     m.Hello: st.builds(m.Hello, run_id=ids, role=ids, stage=i32, name=ids, capacity=u32,
-                       addrs=small_tuples(ids), tensor_addr=ids),
+                       addrs=small_tuples(ids), tensor_addr=ids, joining=st.booleans(), ready_from=u64),
     m.PeerList: st.builds(m.PeerList, addrs=small_tuples(ids)),
     m.Forward: st.builds(m.Forward, data_node=ids, seq=u64, iteration=u64, path=small_tuples(ids),
                          tensor=st.none() | tensors),
     m.Backward: st.builds(m.Backward, data_node=ids, seq=u64, iteration=u64, tensor=st.none() | tensors),
     m.Complete: st.builds(m.Complete, data_node=ids, seq=u64, iteration=u64),
     m.IterationDone: st.builds(m.IterationDone, iteration=u64, completed=u32, loss_sum=costs),
-    m.BeginAggregation: st.builds(m.BeginAggregation, iteration=u64, microbatches=u32),
+    m.BeginAggregation: st.builds(m.BeginAggregation, iteration=u64, microbatches=u32,
+                                  groups=small_tuples(st.builds(m.StageMembers, stage=i32,
+                                                                peers=small_tuples(ids)))),
     m.CanTake: st.builds(m.CanTake, iteration=u64, stage=i32),
     m.AllReduceChunk: st.builds(m.AllReduceChunk, key=ids, part=u32, phase=u32, count=costs,
                                 tensor=st.none() | tensors),
     m.Ping: st.builds(m.Ping, nonce=u64),
     m.Pong: st.builds(m.Pong, nonce=u64),
-    m.StageStateRequest: st.builds(m.StageStateRequest, stage=i32),
+    m.StageStateRequest: st.builds(m.StageStateRequest, stage=i32, after=u64),
     m.StageState: st.builds(m.StageState, stage=i32, iteration=u64, sha256=ids, tensor=st.none() | tensors),
 })
 STRATEGIES.update({

@@ -193,7 +193,7 @@ class MoveReply(_message.Message):
     def __init__(self, move_id: _Optional[int] = ..., outcome: _Optional[_Union[Outcome, str]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("run_id", "role", "stage", "name", "capacity", "addrs", "tensor_addr")
+    __slots__ = ("run_id", "role", "stage", "name", "capacity", "addrs", "tensor_addr", "joining", "ready_from")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +201,8 @@ class Hello(_message.Message):
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     ADDRS_FIELD_NUMBER: _ClassVar[int]
     TENSOR_ADDR_FIELD_NUMBER: _ClassVar[int]
+    JOINING_FIELD_NUMBER: _ClassVar[int]
+    READY_FROM_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     role: str
     stage: int
@@ -208,7 +210,9 @@ class Hello(_message.Message):
     capacity: int
     addrs: _containers.RepeatedScalarFieldContainer[str]
     tensor_addr: str
-    def __init__(self, run_id: _Optional[str] = ..., role: _Optional[str] = ..., stage: _Optional[int] = ..., name: _Optional[str] = ..., capacity: _Optional[int] = ..., addrs: _Optional[_Iterable[str]] = ..., tensor_addr: _Optional[str] = ...) -> None: ...
+    joining: bool
+    ready_from: int
+    def __init__(self, run_id: _Optional[str] = ..., role: _Optional[str] = ..., stage: _Optional[int] = ..., name: _Optional[str] = ..., capacity: _Optional[int] = ..., addrs: _Optional[_Iterable[str]] = ..., tensor_addr: _Optional[str] = ..., joining: bool = ..., ready_from: _Optional[int] = ...) -> None: ...
 
 class PeerList(_message.Message):
     __slots__ = ("addrs",)
@@ -263,12 +267,22 @@ class IterationDone(_message.Message):
     def __init__(self, iteration: _Optional[int] = ..., completed: _Optional[int] = ..., loss_sum: _Optional[float] = ...) -> None: ...
 
 class BeginAggregation(_message.Message):
-    __slots__ = ("iteration", "microbatches")
+    __slots__ = ("iteration", "microbatches", "groups")
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
     iteration: int
     microbatches: int
-    def __init__(self, iteration: _Optional[int] = ..., microbatches: _Optional[int] = ...) -> None: ...
+    groups: _containers.RepeatedCompositeFieldContainer[StageMembers]
+    def __init__(self, iteration: _Optional[int] = ..., microbatches: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[StageMembers, _Mapping]]] = ...) -> None: ...
+
+class StageMembers(_message.Message):
+    __slots__ = ("stage", "peers")
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    stage: int
+    peers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, stage: _Optional[int] = ..., peers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CanTake(_message.Message):
     __slots__ = ("iteration", "stage")
@@ -305,10 +319,12 @@ class Pong(_message.Message):
     def __init__(self, nonce: _Optional[int] = ...) -> None: ...
 
 class StageStateRequest(_message.Message):
-    __slots__ = ("stage",)
+    __slots__ = ("stage", "after")
     STAGE_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
     stage: int
-    def __init__(self, stage: _Optional[int] = ...) -> None: ...
+    after: int
+    def __init__(self, stage: _Optional[int] = ..., after: _Optional[int] = ...) -> None: ...
 
 class StageState(_message.Message):
     __slots__ = ("stage", "iteration", "sha256", "tensor")

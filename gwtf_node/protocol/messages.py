@@ -187,6 +187,8 @@ class Hello:
     capacity: int
     addrs: tuple[str, ...]
     tensor_addr: str = ""
+    joining: bool = False
+    ready_from: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,9 +228,16 @@ class IterationDone:
 
 
 @dataclass(frozen=True, slots=True)
+class StageMembers:
+    stage: int
+    peers: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class BeginAggregation:
     iteration: int
     microbatches: int
+    groups: tuple[StageMembers, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +268,7 @@ class Pong:
 @dataclass(frozen=True, slots=True)
 class StageStateRequest:
     stage: int
+    after: int = 0
 
 
 @dataclass(frozen=True, slots=True)
