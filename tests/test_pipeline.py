@@ -7,7 +7,7 @@ import pytest
 from gwtf_node.protocol.effects import Send
 from gwtf_node.protocol.messages import BeginAggregation, CanTake, IterationDone
 from gwtf_node.protocol.pipeline import (
-    DataIteration, Ledger, MbStatus, OpenIteration, Phases, StartStep, fallback_hop, pick_next_hop,
+    DataIteration, LeftOut, Ledger, MbStatus, OpenIteration, Phases, StartStep, fallback_hop, pick_next_hop,
 )
 
 
@@ -90,3 +90,23 @@ def test_phases_two_stages_end_to_end() -> None:
     assert d1.on_step_done(0, ["a0", "a1"], ["b0", "b1"]) == []
     assert d1.on_can_take("a1", CanTake(0, 0), ["a0", "a1"], ["b0", "b1"]) == [OpenIteration(1)]
     assert d1.on_can_take("a1", CanTake(0, 0), ["a0", "a1"], ["b0", "b1"]) == []  # once
+
+
+def test_groups_named_by_the_leader_decide_who_steps_and_who_is_waited_for() -> None:
+    """A newcomer n0 of stage 0 not ready yet: left out; a0 does not wait for it, nor does the data node."""
+    lead = Phases("d0", -1, 1)
+    groups = {-1: ["d0"], 0: ["a0"], 1: ["b0"]}
+    eff = lead.on_iteration_done("d0", IterationDone(3, 2, 1.0), ["d0"], ["a0", "n0"], groups)
+    begin = next(e.msg for e in eff if isinstance(e, Send))
+    assert {e.to for e in eff if isinstance(e, Send)} == {"a0", "n0"}  # everyone at stage 0 hears it
+    assert [(g.stage, g.peers) for g in begin.groups] == [(-1, ("d0",)), (0, ("a0",)), (1, ("b0",))]
+    n0 = Phases("n0", 0, 1)
+    eff = n0.on_begin(begin, next_stage=["b0"])
+    assert LeftOut(3) in eff and not any(isinstance(e, StartStep) for e in eff)
+    a0 = Phases("a0", 0, 1)
+    assert StartStep(3, 2) in a0.on_begin(begin, next_stage=["b0", "n1"])
+    a0.on_step_done(3, ["b0", "n1"], ["d0"])
+    # n1 (a newcomer at stage 1, left out) never says CAN TAKE: a0 waits only for b0
+    assert [e.to for e in a0.on_can_take("b0", CanTake(3, 1), ["b0", "n1"], ["d0"])] == ["d0"]
+    lead.on_step_done(3, ["a0", "n0"], ["b0"])
+    assert lead.on_can_take("a0", CanTake(3, 0), ["a0", "n0"], ["b0"]) == [OpenIteration(4)]

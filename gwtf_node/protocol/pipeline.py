@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from .effects import Send
-from .messages import BeginAggregation, CanTake, IterationDone
+from .messages import BeginAggregation, CanTake, IterationDone, StageMembers
 
 
 class MbStatus(enum.Enum):
@@ -52,6 +52,13 @@ class StartStep:
 
     iteration: int
     microbatches: int  # completed end to end in the iteration, all data nodes
+
+
+@dataclass(frozen=True, slots=True)
+class LeftOut:
+    """BEGIN AGGREGATION of `iteration` does not count this node in: its state falls behind; resync it."""
+
+    iteration: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +204,7 @@ class Phases:
         self.can_take_sent: set[int] = set()
         self.done_reports: dict[int, dict[str, IterationDone]] = {}
         self.opened: set[int] = {0}
+        self.groups: dict[int, dict[int, set[str]]] = {}  # iteration -> stage -> members (from BEGIN)
 
     @property
     def is_data(self) -> bool:
@@ -204,16 +212,24 @@ class Phases:
 
     # ---- leader -----------------------------------------------------------
     def on_iteration_done(
-        self, sender: str, msg: IterationDone, data_nodes: Iterable[str], stage0: Iterable[str]
+        self, sender: str, msg: IterationDone, data_nodes: Iterable[str], stage0: Iterable[str],
+        groups: Mapping[int, Iterable[str]] | None = None,
     ) -> list:
-        """The leader collects IterationDone; with every data node heard, it opens the aggregation."""
+        """The leader collects IterationDone; with every data node heard, it opens the aggregation.
+
+        `groups` (stage -> members; -1 for the data nodes) says who takes part in
+        each stage's all-reduce: the leader decides it once and BEGIN
+        AGGREGATION carries it, so every member of a stage uses the same group
+        and every CAN TAKE waits for the same senders.
+        """
         reports = self.done_reports.setdefault(msg.iteration, {})
         reports[sender] = msg
         dn = sorted(set(data_nodes))
         if msg.iteration in self.begun or any(d not in reports for d in dn):
             return []
         total = sum(reports[d].completed for d in dn)
-        begin = BeginAggregation(msg.iteration, total)
+        members = tuple(StageMembers(k, tuple(sorted(set(v)))) for k, v in sorted((groups or {}).items()))
+        begin = BeginAggregation(msg.iteration, total, members)
         eff: list = [Send(d, begin) for d in dn if d != self.me]
         eff += [Send(r, begin) for r in sorted(set(stage0))]
         eff += self.on_begin(begin, next_stage=())
@@ -225,14 +241,30 @@ class Phases:
         return sum(r.completed for r in reports.values()), sum(r.loss_sum for r in reports.values())
 
     # ---- everyone ---------------------------------------------------------
+    def group(self, iteration: int, stage: int) -> set[str] | None:
+        """The members of `stage` taking part in the aggregation of `iteration`, if BEGIN named them."""
+        g = self.groups.get(iteration)
+        return None if g is None else g.get(stage, set())
+
     def on_begin(self, msg: BeginAggregation, next_stage: Iterable[str]) -> list:
-        """BEGIN AGGREGATION arrived (or, at the leader, was decided): pass it on once, start the step."""
+        """BEGIN AGGREGATION arrived (or, at the leader, was decided): pass it on once, start the step.
+
+        A node that BEGIN's groups leave out of its stage (a newcomer whose
+        state is not ready for this iteration) passes it on but takes no step
+        and sends no CAN TAKE: nobody waits for it.
+        """
         if msg.iteration in self.begun:
             return []
         self.begun.add(msg.iteration)
+        if msg.groups:
+            self.groups[msg.iteration] = {g.stage: set(g.peers) for g in msg.groups}
         eff: list = []
         if not self.is_data and self.stage < self.last_stage:
             eff += [Send(r, msg) for r in sorted(set(next_stage))]
+        mine = self.group(msg.iteration, self.stage)
+        if mine is not None and self.me not in mine:
+            eff.append(LeftOut(msg.iteration))
+            return eff
         eff.append(StartStep(msg.iteration, msg.microbatches))
         return eff
 
@@ -251,6 +283,9 @@ class Phases:
             return []
         heard = self.can_take_from.get(iteration, set())
         downstream = set(next_stage)
+        groups = self.groups.get(iteration)
+        if groups is not None:  # wait for exactly the members the leader named
+            downstream = groups.get(0 if self.is_data else self.stage + 1, set())
         if self.is_data:
             # a data node's "next stage" here is stage 0: the last link of the CAN TAKE chain
             if not downstream <= heard or iteration + 1 in self.opened:
