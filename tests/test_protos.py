@@ -126,6 +126,14 @@ STRATEGIES.update({
     m.Room: st.builds(m.Room, free=u32),
     m.Release: st.builds(m.Release, data_node=ids, seq=u64, iteration=u64),
 })
+STRATEGIES.update({  # recovery.py: the attempt number, the data node's probe answers and repair orders
+    m.MbState: st.builds(m.MbState, data_node=ids, seq=u64, iteration=u64, attempt=u32, stage=i32, state=ids),
+    m.RepairOrder: st.builds(m.RepairOrder, data_node=ids, seq=u64, iteration=u64, attempt=u32,
+                             rest=small_tuples(ids)),
+    m.Release: st.builds(m.Release, data_node=ids, seq=u64, iteration=u64, attempt=u32),
+    m.Forward: st.builds(m.Forward, data_node=ids, seq=u64, iteration=u64, path=small_tuples(ids),
+                         tensor=st.none() | tensors, attempt=u32),
+})
 STRATEGIES.update({
     m.RequestVote: st.builds(m.RequestVote, term=u64, pre=st.booleans(), sent_at=costs),
     m.Vote: st.builds(m.Vote, term=u64, pre=st.booleans(), granted=st.booleans(), sent_at=costs),

@@ -203,6 +203,7 @@ class Forward:
     iteration: int
     path: tuple[str, ...]
     tensor: TensorHeader | None
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +212,7 @@ class Backward:
     seq: int
     iteration: int
     tensor: TensorHeader | None
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +220,7 @@ class Complete:
     data_node: str
     seq: int
     iteration: int
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,6 +292,7 @@ class MbDeny:
     data_node: str
     seq: int
     iteration: int
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +303,7 @@ class Probe:
     seq: int
     iteration: int
     path: tuple[str, ...]
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +311,7 @@ class ProbeAck:
     data_node: str
     seq: int
     iteration: int
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,6 +324,7 @@ class Recover:
     path: tuple[str, ...]  # the path up to the sender (data node first)
     rest: tuple[str, ...]  # the old path after the crashed node (ends with the data node)
     tensor: TensorHeader | None
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,6 +337,7 @@ class Resume:
     path: tuple[str, ...]
     rest: tuple[str, ...]
     tensor: TensorHeader | None
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,6 +348,7 @@ class BackwardStuck:
     seq: int
     iteration: int
     stage: int
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,6 +365,34 @@ class Release:
     data_node: str
     seq: int
     iteration: int
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
+
+
+@dataclass(frozen=True, slots=True)
+class MbState:
+    """To the data node: what the sender holds of a microbatch (a Probe answer, or "I took it at `stage`")."""
+
+    data_node: str
+    seq: int
+    iteration: int
+    attempt: int
+    stage: int
+    state: str  # none | fwd | sending | sent | bwd | grad | done (see recovery.py)
+
+
+@dataclass(frozen=True, slots=True)
+class RepairOrder:
+    """From the data node: send your stored output of this microbatch on to a live node of the next stage.
+
+    `rest` covers the stages after the sender: "" = a replacement to choose (recompute), else the live node
+    of the old path where the recovery chain resumes (the data node itself at the end)."""
+
+    data_node: str
+    seq: int
+    iteration: int
+    attempt: int
+    rest: tuple[str, ...]
+
 
 # ---- leader election among the data nodes (leader.py) ----------------------
 
@@ -438,7 +475,7 @@ Message = (
     | RequestChange | RequestRedirect | MoveReply | Reroute
     | Hello | PeerList | Forward | Backward | Complete | IterationDone | BeginAggregation | CanTake
     | AllReduceChunk | Ping | Pong | StageStateRequest | StageState
-    | MbDeny | Probe | ProbeAck | Recover | Resume | BackwardStuck | Room | Release
+    | MbDeny | Probe | ProbeAck | Recover | Resume | BackwardStuck | Room | Release | MbState | RepairOrder
     | RequestVote | Vote | LeaderHeartbeat | HeartbeatAck
     | JoinRequest | UtilizationQuery | UtilizationReport | Assignment
 )
