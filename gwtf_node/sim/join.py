@@ -226,6 +226,27 @@ def generate_join(setting: int, seed: int, *, relays: int = SYSTEM_NODES - 1,
                         cand_cap, cand_intra, link)
 
 
+def to_scenario(inst: JoinInstance, assign: tuple[int, ...] = ()) -> dict:
+    """The system after `assign`, in the scenario file format (specs/scenario.md), to replay or cross-check.
+
+    Only the links a microbatch can use are written; intra-stage costs have no
+    place in that format and are left out.
+    """
+    stage = dict(inst.relay_stage)
+    stage.update({v: s for v, s in zip(inst.candidates, assign)})
+    cap = dict(inst.relay_cap)
+    cap.update(inst.cand_cap)
+    nodes = [{"id": inst.data, "role": "data", "capacity": sum(cap.values())}]
+    nodes += [{"id": r, "role": "relay", "stage": stage[r], "capacity": cap[r]} for r in sorted(stage)]
+    by_stage = [sorted(r for r in stage if stage[r] == s) for s in range(inst.stages)]
+    links = [{"a": inst.data, "b": r, "cost": inst.cost(inst.data, r)} for r in by_stage[0]]
+    for s in range(inst.stages - 1):
+        links += [{"a": a, "b": b, "cost": inst.cost(a, b)} for a in by_stage[s] for b in by_stage[s + 1]]
+    links += [{"a": r, "b": inst.data, "cost": inst.cost(r, inst.data)} for r in by_stage[-1]
+              if inst.stages > 1]
+    return {"name": inst.name, "stages": inst.stages, "nodes": nodes, "links": links}
+
+
 # ------------------------------------------------------------------ evaluation
 
 

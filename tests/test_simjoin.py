@@ -1,0 +1,154 @@
+"""`gwtf-node sim join`: the node-addition experiment (gwtf_node/sim/join.py).
+
+Small instances (a few relays, 3 candidates, 3 stages: 27 assignments) keep
+the whole file fast and let the optimum be exhaustive, so "optimal is never
+beaten" is checked against every assignment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+
+import pytest
+
+from gwtf_node.cli import CliError, _nonneg_int, _Parser
+from gwtf_node.protocol.scenario import parse_scenario
+from gwtf_node.sim import join
+from gwtf_node.sim.baselines import optimal_routing
+from gwtf_node.sim.join import (BATCH_MICROBATCHES, POLICIES, _FlowModel, add_join_parser, cmd_sim_join,
+                                generate_join, policy_capacity_first, policy_gwtf, policy_gwtf_paper,
+                                policy_optimal, policy_random, run_join, to_scenario)
+
+
+def small(setting: int = 1, seed: int = 0, *, relays: int = 9, candidates: int = 3, stages: int = 3):
+    return generate_join(setting, seed, relays=relays, candidates=candidates, stages=stages)
+
+
+def test_instances_follow_table_iv() -> None:
+    for setting, (s, per_stage, cap_hi, cost_lo) in {1: (8, 12, 19, 1), 2: (8, 12, 19, 20),
+                                                     3: (8, 12, 4, 1), 4: (12, 8, 19, 1)}.items():
+        inst = generate_join(setting, 3)
+        assert inst.stages == s and len(inst.relay_stage) == 96 and len(inst.candidates) == 20
+        assert all(len(inst.stage_members(k)) == per_stage for k in range(s))
+        caps = [*inst.relay_cap.values(), *inst.cand_cap.values()]
+        assert min(caps) >= 1 and max(caps) <= cap_hi
+        assert min(inst.link.values()) >= cost_lo and max(inst.link.values()) <= 99
+        for (v, k), intra in inst.cand_intra.items():  # phi + floor U(50, 100)
+            phi = max(inst.cost(v, o) for o in inst.neighbours_of_stage(k))
+            assert 50 <= intra - phi <= 99
+        for r, intra in inst.relay_intra.items():
+            phi = max(inst.cost(r, o) for o in inst.neighbours_of_stage(inst.relay_stage[r]) if o != r)
+            assert 50 <= intra - phi <= 99
+    sizes = {tuple(len(generate_join(5, seed).stage_members(k)) for k in range(8)) for seed in range(4)}
+    assert len(sizes) > 1 and all(sum(z) == 96 and min(z) >= 1 for z in sizes)
+
+
+def test_deterministic_per_seed() -> None:
+    assert generate_join(2, 7) == generate_join(2, 7)
+    assert generate_join(2, 7).link != generate_join(2, 8).link
+    inst = small(seed=4)
+    assert run_join(1, 4, instance=inst) == run_join(1, 4, instance=small(seed=4))
+    assert policy_random(inst, 1) == policy_random(inst, 1)
+
+
+def test_evaluation_matches_networkx_optimum() -> None:
+    inst = small(setting=2, seed=1, relays=8, candidates=4, stages=3)
+    model = _FlowModel(inst)
+    for assign in [(), (0, 1, 2, 0), (2, 2, 2, 2), policy_gwtf_paper(inst)]:
+        ev = model.evaluate(assign)
+        ref = optimal_routing(parse_scenario(to_scenario(inst, assign)))
+        assert ev.flow == ref.num_flows == min(inst.stage_caps(assign))
+        assert ev.total_cost == pytest.approx(ref.total_cost)
+        assert ev.cost == pytest.approx(BATCH_MICROBATCHES * ref.total_cost / ref.num_flows ** 2)
+
+
+def test_policies_respect_stages_and_capacities() -> None:
+    inst = generate_join(1, 0, relays=24, candidates=6, stages=4)
+    for assign in (policy_gwtf_paper(inst), policy_capacity_first(inst), policy_random(inst, 0), policy_gwtf(inst)):
+        assert len(assign) == 6 and all(0 <= s < 4 for s in assign)
+        total = sum(inst.stage_caps(assign))
+        assert total == sum(inst.relay_cap.values()) + sum(inst.cand_cap.values())
+    # The paper's rule: highest capacity first, each to the (then) smallest stage.
+    caps = inst.stage_caps()
+    for k in sorted(range(6), key=lambda k: (-inst.cand_cap[inst.candidates[k]], k)):
+        s = policy_gwtf_paper(inst)[k]
+        assert caps[s] == min(caps)
+        caps[s] += inst.cand_cap[inst.candidates[k]]
+    # Highest capacity first, blind to utilization: stages kept even in node count.
+    cf = policy_capacity_first(inst)
+    assert sorted(cf.count(s) for s in range(4)) == [1, 1, 2, 2]
+
+
+def test_optimal_beats_every_policy_on_exhaustive_instances() -> None:
+    for setting, seed in itertools.product((1, 3, 5), range(3)):
+        inst = small(setting, seed)
+        model = _FlowModel(inst)
+        opt = policy_optimal(inst, model)
+        assert opt.method == "exhaustive"
+        best = model.evaluate(opt.assign).cost
+        every = [model.evaluate(a).cost for a in itertools.product(range(3), repeat=3)]
+        assert best == pytest.approx(min(every))
+        for a in (policy_gwtf(inst, model), policy_gwtf_paper(inst), policy_capacity_first(inst),
+                  policy_random(inst, seed)):
+            assert best <= model.evaluate(a).cost + 1e-9
+        assert model.evaluate(policy_gwtf(inst, model)).cost <= model.evaluate(policy_gwtf_paper(inst)).cost
+
+
+def test_local_search_bound_never_below_the_policies(monkeypatch) -> None:
+    monkeypatch.setattr(join, "EXHAUSTIVE_LIMIT", 0)
+    res = run_join(1, 0, instance=generate_join(1, 0, relays=16, candidates=5, stages=4))
+    assert res["optimal_method"] == "local-search"
+    imp = res["improvement"]
+    assert all(imp["optimal"] >= imp[p] - 1e-9 for p in POLICIES)
+    assert imp["gwtf"] >= imp["gwtf_paper"] - 1e-9
+
+
+def _harness() -> argparse.ArgumentParser:
+    p = _Parser(prog="gwtf-node")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    simsub = sub.add_parser("sim").add_subparsers(dest="sim_command", required=True, parser_class=_Parser)
+    add_join_parser(simsub, _Parser, _nonneg_int)
+    return p
+
+
+def _main(argv: list[str], capsys) -> tuple[int, str, str]:
+    try:
+        args = _harness().parse_args(argv)
+        code = args.func(args)
+    except CliError as e:  # what cli.main does
+        print(f"error: {e}", file=__import__("sys").stderr)
+        code = 2
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_json_output_keys(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(join, "generate_join", lambda setting, seed: small(setting, seed))
+    code, out, err = _main(["sim", "join", "--setting", "2", "--seed", "5", "--json"], capsys)
+    assert code == 0 and not err
+    res = json.loads(out)
+    assert set(res["improvement"]) >= {"gwtf", "capacity_first", "random", "optimal"}
+    assert res["setting"] == 2 and res["seed"] == 5 and res["optimal_method"] == "exhaustive"
+    code, out, _ = _main(["sim", "join", "--setting", "2", "--seed", "5"], capsys)
+    assert code == 0 and "improvement" in out and "optimal" in out
+
+
+@pytest.mark.parametrize("argv", [
+    ["sim", "join"],
+    ["sim", "join", "--setting", "6"],
+    ["sim", "join", "--setting", "one"],
+    ["sim", "join", "--setting", "1", "--seed", "-1"],
+    ["sim", "join", "--setting", "1", "--seed", "x"],
+    ["sim", "join", "--setting", "1", "--bogus"],
+])
+def test_bad_flags_exit_2_with_one_line(argv, capsys) -> None:
+    code, out, err = _main(argv, capsys)
+    assert code == 2 and not out
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: ")
+
+
+def test_cmd_sim_join_is_the_registered_handler() -> None:
+    args = _harness().parse_args(["sim", "join", "--setting", "1"])
+    assert args.func is cmd_sim_join and args.seed == 0 and args.json is False
