@@ -1,7 +1,8 @@
 """`gwtf-node join --stage auto` and discovery through the DHT, on real processes.
 
-Relays join one at a time with `--stage auto` and take the least-served
-stage; the swarm trains; a newcomer that knows only one address finds the
+Relays join one at a time with `--stage auto` and the elected leader places
+each at the most utilized (here: the empty) stage; the swarm trains exactly
+as the centralized reference does; a newcomer that knows only one address finds the
 run's manifest, the node records and the members of each stage in the DHT.
 """
 
@@ -14,6 +15,7 @@ import pytest
 import trio
 
 from gwtf_node.model.manifest import RunManifest, default_manifest, save_manifest
+from gwtf_node.model.reference import train_centralized
 from gwtf_node.runtime.host import open_host
 from gwtf_node.runtime.local import LocalSwarm
 
@@ -38,7 +40,11 @@ async def test_auto_stage_and_dht_discovery(tmp_path: Path) -> None:
                 swarm._check_alive()
                 await trio.sleep(0.2)
         stages = {json.loads((tmp_path / n / "status.json").read_text())["stage"] for n in ("r0_0", "r1_0")}
-        assert stages == {0, 1}  # the second auto relay took the stage nobody served
+        assert stages == {0, 1}  # the leader placed the second auto relay in the stage nobody served
+        # and it is real training: the losses are the centralized reference's
+        ref = train_centralized(man, 2)
+        recs = [json.loads(x) for x in (tmp_path / "d0" / "metrics.jsonl").read_text().splitlines()[:2]]
+        assert [r["loss"] for r in recs] == pytest.approx(ref.losses, rel=1e-4)
 
         boot = (tmp_path / "d0" / "addr").read_text().split()[0]
         ids = {n: json.loads((tmp_path / n / "status.json").read_text())["peer_id"] for n in ("d0", "r0_0", "r1_0")}

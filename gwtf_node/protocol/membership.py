@@ -64,6 +64,7 @@ from typing import Iterable, Mapping
 from .effects import CancelTimer, Effect, Send, SetTimer
 from .messages import Assignment, JoinRequest, StageStateRequest, UtilizationQuery, UtilizationReport
 
+INITIAL = ""  # download_from of a placement into an empty stage before any step: the manifest's initial weights
 ROUND_TIMER = "membership.round"
 COLLECT_TIMER = "membership.collect"
 RETRY_TIMER = "membership.join_retry"
@@ -136,7 +137,7 @@ def place(candidates: Iterable[Candidate], loads: Mapping[int, StageLoad],
         stage = choose_stage(c, loads, eligible)
         if stage is None:
             continue
-        src = choose_source(sources[stage], reports, downloads)
+        src = "" if sources[stage] == [INITIAL] else choose_source(sources[stage], reports, downloads)
         downloads[src] = downloads.get(src, 0) + 1
         loads[stage].capacity += c.capacity
         placed.append((c, stage, src))
@@ -254,13 +255,22 @@ class MembershipMachine:
             r = self.reports[n]
             if r.serving and n not in joining:
                 sources.setdefault(r.stage, []).append(n)
+        if self.iteration == 0:
+            # No optimizer step yet: every copy of a stage still holds the manifest's initial
+            # weights, so a stage nobody serves (a swarm forming from scratch) can take
+            # newcomers that build their state themselves.
+            for k in range(self.cfg.num_stages):
+                if k not in sources and not any(st == k for st, _c in joining.values()):
+                    sources[k] = [INITIAL]
         effects: list[Effect] = []
         for c, stage, src in place(self.waiting.values(), loads, sources, self.reports):
             a = Assignment(term=self.term, node=c.node, stage=stage, download_from=src,
-                           start_iteration=self.iteration + 1)
+                           start_iteration=self.iteration if src == INITIAL else self.iteration + 1)
             self.placed[c.node] = _Placed(a, c.capacity, now)
             del self.waiting[c.node]
-            effects += [Send(c.node, a), Send(src, a)]
+            effects.append(Send(c.node, a))
+            if src != INITIAL:
+                effects.append(Send(src, a))
         return effects
 
     def _update_members(self, now: float) -> None:

@@ -69,7 +69,10 @@ from ..protocol import messages as m
 from ..protocol.cost import link_cost
 from ..protocol.effects import CancelTimer, Send, SetTimer
 from ..protocol.flow import FlowConfig, FlowNode
-from ..protocol.pipeline import DataIteration, Ledger, MbStatus, OpenIteration, Phases, StartStep, fallback_hop, pick_next_hop
+from ..protocol.pipeline import (
+    DataIteration, LeftOut, Ledger, MbStatus, OpenIteration, Phases, StartStep, fallback_hop, pick_next_hop,
+)
+from .membership import LEADER_MSGS, MembershipMixin
 
 log = logging.getLogger("gwtf.node")
 
@@ -109,6 +112,8 @@ class PeerInfo:
     capacity: int = 0
     addrs: tuple[str, ...] = ()
     rtt_ms: float | None = None
+    joining: bool = False
+    ready_from: int = 0
 
 
 @dataclass
@@ -117,7 +122,10 @@ class Route:
     next: str | None = None
 
 
-class Node:
+MEMBERSHIP_MSGS = LEADER_MSGS + (m.JoinRequest, m.UtilizationQuery, m.UtilizationReport, m.Assignment)
+
+
+class Node(MembershipMixin):
     def __init__(self, opts: NodeOptions) -> None:
         from ..model.manifest import load_manifest, verify_manifest
 
@@ -158,6 +166,16 @@ class Node:
         self.step_counts: dict[int, int] = {}
         self.hellos_sent: set[str] = set()
         self.status: dict[str, Any] = {}
+        self.leader_m = None  # data nodes: the election (protocol/leader.py)
+        self.member_m = None  # the acting leader: placement of joiners (protocol/membership.py)
+        self.joiner = None  # --stage auto relays until placed
+        self.known_leader: str | None = None
+        self.joining = False
+        self.ready_from = 0
+        self.applied_steps = 0  # optimizer steps applied to this node's part
+        self.steps_changed = trio.Event()
+        self.state_loaded = trio.Event()
+        self.done_sent: dict[int, str] = {}
         self.compute_s = 0.0  # time inside stage forward/backward/embed/head (not the optimizer step)
         self.compute_calls = 0
         self.pipeline_s: dict[int, float] = {}  # leader: iteration -> open to last microbatch done
@@ -216,7 +234,7 @@ class Node:
     # ------------------------------------------------------------------ peers
     def _hello(self) -> m.Hello:
         return m.Hello(self.run_id, self.role, -2 if self.stage is None else self.stage, self.name, self.capacity,
-                       tuple(self.host.addrs), "")
+                       tuple(self.host.addrs), self.host.tensor_addr, self.joining, self.ready_from)
 
     async def _dial(self, addr: str) -> None:
         try:
@@ -277,9 +295,13 @@ class Node:
             return
         old = self.peers.get(sender)
         info = PeerInfo(sender, msg.role, msg.stage, msg.name, msg.capacity, tuple(msg.addrs),
-                        old.rtt_ms if old else None)
+                        old.rtt_ms if old else None, msg.joining, msg.ready_from)
         changed = old is None or (old.role, old.stage) != (info.role, info.stage)
         self.peers[sender] = info
+        if msg.role == "data" and self.leader_m is not None and sender not in self.leader_m.cfg.data_nodes:
+            self.leader_m.add_data_node(sender)
+        if self.member_m is not None and msg.role == "relay" and msg.stage >= 0 and not msg.joining:
+            self.member_m.add_member(sender, msg.stage)
         reply: list[m.Message] = []
         if sender not in self.hellos_sent:
             self.hellos_sent.add(sender)
@@ -307,9 +329,6 @@ class Node:
 
     def data_nodes(self) -> list[str]:
         return sorted(self._ids("data") + ([self.me] if self.role == "data" else []))
-
-    def leader(self) -> str:
-        return self.data_nodes()[0]
 
     def next_stage_ids(self) -> list[str]:
         if self.role == "data":
@@ -386,8 +405,10 @@ class Node:
         if isinstance(msg, FLOW_MSGS):
             if self.flow is None:
                 self.flow_queue.append((peer, msg))
-            else:
+            elif peer in self.flow_costs_next or peer in self.flow_costs_prev or peer in self.flow.cfg.peers:
                 self._apply(self.flow.on_message(trio.current_time(), peer, msg))
+            else:  # a node that joined after our flows formed: not a neighbour of this flow machine
+                log.debug("flow message from %s, not a flow neighbour: ignored", self._who(peer))
         elif isinstance(msg, m.Forward):
             await self._on_forward(peer, msg, payload)
         elif isinstance(msg, m.Backward):
@@ -397,13 +418,23 @@ class Node:
         elif isinstance(msg, m.AllReduceChunk):
             await self.allreducer.on_chunk(peer, msg, payload)
         elif isinstance(msg, m.IterationDone):
-            if self.role != "data" or self.leader() != self.me:
-                raise FrameRefused("IterationDone sent to a node that is not the leader")
-            self._apply_phase(self.phases.on_iteration_done(peer, msg, self.data_nodes(), self._ids("relay", 0)))
+            if self.role != "data":
+                raise FrameRefused("IterationDone sent to a relay")
+            self._on_iteration_done(peer, msg)
         elif isinstance(msg, m.BeginAggregation):
+            if self.phases is None:
+                raise FrameRefused("BeginAggregation before this node has a stage")
             self._apply_phase(self.phases.on_begin(msg, self.next_stage_ids()))
         elif isinstance(msg, m.CanTake):
+            if self.phases is None:
+                raise FrameRefused("CanTake before this node has a stage")
             self._apply_phase(self.phases.on_can_take(peer, msg, self.next_stage_ids(), self.prev_stage_ids()))
+        elif isinstance(msg, MEMBERSHIP_MSGS):
+            self._on_membership_msg(peer, msg)
+        elif isinstance(msg, m.StageStateRequest):
+            await self._on_state_request(peer, msg)
+        elif isinstance(msg, m.StageState):
+            await self._on_state(peer, msg, payload)
         else:
             raise FrameRefused(f"unexpected {type(msg).__name__}")
 
@@ -429,10 +460,24 @@ class Node:
                     continue
                 if self.timers.get(key) == deadline:
                     del self.timers[key]
-                    if self.flow is not None:
-                        self._apply(self.flow.on_timer(trio.current_time(), key))
+                    self._fire(key)
             else:
                 await self.timer_wake.wait()
+
+    def _fire(self, key: str) -> None:
+        """A timer is due: hand it to the machine that set it (keys are namespaced by machine)."""
+        now = trio.current_time()
+        if key.startswith("leader."):
+            if self.leader_m is not None:
+                self._apply_leader(self.leader_m.on_timer(now, key))
+        elif key.startswith("membership."):
+            if key == "membership.join_retry":
+                if self.joiner is not None:
+                    self._apply(self.joiner.on_timer(now, key))
+            elif self.member_m is not None:
+                self._apply(self.member_m.on_timer(now, key))
+        elif self.flow is not None:
+            self._apply(self.flow.on_timer(now, key))
 
     async def _measure_rtt(self, peer: str) -> float | None:
         samples = []
@@ -467,17 +512,19 @@ class Node:
             quiet = trio.current_time() - self.last_peer_change >= self.opts.settle_s
             if not quiet or not self.peers:
                 continue
+            if self.role == "data" and self.leader_m is None and len(self.data_nodes()) >= self.opts.data_nodes:
+                self._start_leader_machine()
+                self.nursery.start_soon(self._leader_loop)
             if self.stage is None:
-                counts = {k: len(self._ids("relay", k)) for k in range(self.n_stages)}
-                self.stage = min(counts, key=lambda k: (counts[k], k))
-                log.info("stage auto: took stage %d (relays per stage: %s)", self.stage, counts)
-                await trio.to_thread.run_sync(self._load_model)
-                for pid in list(self.peers):
-                    self.nursery.start_soon(self._send, pid, self._hello())
-                self.last_peer_change = trio.current_time()
+                if self.data_nodes():
+                    await self._join()  # returns once the leader placed us; the state download goes on
                 continue
+            if self.stage_model is None:
+                continue  # a joiner is still building its stage
+            if self.phases is None:
+                self.phases = self._new_phases()
             nxt, prv = self.next_stage_ids(), self.prev_stage_ids()
-            if nxt and prv and (self.role != "data" or len(self.data_nodes()) >= self.opts.data_nodes):
+            if nxt and prv and (self.role != "data" or self.leader_m is not None):
                 break
         for pid in sorted(set(nxt) | set(prv)):
             self.peers[pid].rtt_ms = await self._measure_rtt(pid)
@@ -495,11 +542,15 @@ class Node:
         for peer, msg in queued:
             if any(msg_commodity_unknown(msg, commodities)):
                 continue
+            if peer not in self.flow_costs_next and peer not in self.flow_costs_prev and peer not in cfg.peers:
+                continue
             self._apply(self.flow.on_message(trio.current_time(), peer, msg))
-        self.phases = Phases(self.me, self.stage, self.n_stages - 1)
         if self.role == "data":
             await self._wait_flows()
             self._open_iteration(0)
+
+    def _new_phases(self) -> Phases:
+        return Phases(self.me, self.stage, self.n_stages - 1)
 
     def _names(self, costs: dict[str, float]) -> str:
         return ", ".join(f"{self._who(p)}={c:g}" for p, c in sorted(costs.items()))
@@ -626,12 +677,7 @@ class Node:
             self.ledger.mark(it.iteration, msg.seq, MbStatus.COMPLETED)
             if it.finished:
                 self.pipeline_s[it.iteration] = trio.current_time() - self.iter_started
-                done = m.IterationDone(it.iteration, len(it.done), it.loss_sum)
-                if self.leader() == self.me:
-                    self._apply_phase(self.phases.on_iteration_done(self.me, done, self.data_nodes(),
-                                                                    self._ids("relay", 0)))
-                else:
-                    await self._send(self.leader(), done)
+                await self._maybe_report_done()
             else:
                 await self._launch()
             return
@@ -650,6 +696,8 @@ class Node:
                 self.nursery.start_soon(self._send, e.to, e.msg)
             elif isinstance(e, StartStep):
                 self.nursery.start_soon(self._step, e)
+            elif isinstance(e, LeftOut):
+                self.nursery.start_soon(self._resync, e.iteration)
             elif isinstance(e, OpenIteration):
                 self._open_iteration(e.iteration)
 
@@ -657,18 +705,28 @@ class Node:
         t0 = trio.current_time()
         grad = await trio.to_thread.run_sync(self.stage_model.grad_vector, limiter=self.torch_limiter)
         mine = self.current and len(self.current.done) if self.role == "data" else 0
-        group = self.stage_group()
+        named = self.phases.group(e.iteration, self.stage)
+        group = sorted(named) if named is not None else self.stage_group()
         total, count = await self.allreducer.all_reduce(f"s{self.stage}/it{e.iteration}", group, grad,
                                                         float(mine or 0), timeout=120.0)
-        await trio.to_thread.run_sync(self.stage_model.apply_mean_grad, total, e.microbatches,
+        await trio.to_thread.run_sync(self._apply_step, total, e.microbatches, e.iteration,
                                       limiter=self.torch_limiter)
+        self.steps_changed.set()
+        self.steps_changed = trio.Event()
+        if self.joiner is not None:
+            self.joiner.on_iteration(e.iteration + 1)
         self.step_counts[e.iteration] = e.microbatches
         if self.opts.checkpoint_every and (e.iteration + 1) % self.opts.checkpoint_every == 0:
             await trio.to_thread.run_sync(self._checkpoint, limiter=self.torch_limiter)
-        if self.role == "data" and self.leader() == self.me:
+        if self.role == "data" and self.leader() == self.me:  # the leader that opened this aggregation
             self._record_metrics(e.iteration, trio.current_time() - t0)
         self.last_iteration = e.iteration
         self._apply_phase(self.phases.on_step_done(e.iteration, self.next_stage_ids(), self.prev_stage_ids()))
+
+    def _apply_step(self, total, count: int, iteration: int) -> None:
+        """The optimizer step and its count, together (a state snapshot sees both or neither)."""
+        self.stage_model.apply_mean_grad(total, count)
+        self.applied_steps = iteration + 1
 
     def _record_metrics(self, t: int, step_s: float) -> None:
         completed, loss_sum = self.phases.iteration_loss(t)
