@@ -3,99 +3,136 @@
 One `RecoveryNode` per node (data node or relay).  It is pure: it is handed
 `now`, the events (messages, timers, finished computations) and a seeded
 `random.Random`, and returns effects: `Send`, `SetTimer`, `CancelTimer` (see
-`effects.py`), `Compute` (run a stage forward / backward / recompute / the
-aggregation step, then call `on_compute_done`) and `OpenIteration`.  The
-simulator (`sim/train.py`) executes them in virtual time; the daemon will run
-the same machine with torch.
+`effects.py`), `Compute` (run a stage computation, then call
+`on_compute_done`) and `OpenIteration`.  The simulator (`sim/train.py`)
+executes them in virtual time; the daemon runs the same machine with torch.
 
-Microbatch, forward pass
-------------------------
-A microbatch key is `(data_node, seq, iteration)`.  A node that computed a
-stage sends `Complete` to the peer it got the input from *after finishing the
-computation* ("after completing a batch", V-D), then hands its output to the
-next hop and keeps that output (the stash) until the backward pass came back
-through it.  The hand-off waits for the next hop's `Complete`: the deadline is
+The invariant, and how it holds by construction
+-----------------------------------------------
+*The data node is the single owner of each of its microbatches' fate.*  A
+ledger entry leaves INFLIGHT only at its data node, and only to COMPLETED
+(the backward came back through the embedding) or DEFERRED (the data node
+gave the attempt up: it is pushed again, as a new ledger entry, in the next
+iteration).  Relays never decide a microbatch's fate; they execute, report
+and answer.  Three rules make that safe:
 
-    now + K * est(peer) * (1 + my hand-offs to that peer still waiting) + MARGIN_S
+1. *Attempt numbers.*  Every microbatch message carries the data node's
+   attempt number (`attempt`).  A relay's record is stamped with the attempt
+   that created it; a message of an older attempt than the record is stale
+   and ignored, a newer `Forward` replaces the record.  The attempt changes
+   only when the data node abandons one (SWARM's restart, or giving up) and
+   then tells every node that reported holding it (`Release`).
+2. *A watchdog per microbatch.*  While a microbatch is in flight its data node
+   always has a timer armed for it (`wd`, or `pr` while it collects probe
+   answers).  Every firing either sees progress, orders a repair, or, after
+   `MAX_ROUNDS` rounds, gives the attempt up (DEFERRED).  So nothing is
+   pending forever: no lost microbatch and no stalled iteration, whatever
+   the crash schedule (tests/test_recovery.py checks it over random
+   schedules with Hypothesis).
+3. *Recovery decisions are made by the data node, from a snapshot.*  Every
+   relay that takes a microbatch tells its data node (`MbState`, a small
+   control message), so the data node knows each stage's holder.  On
+   trouble it probes every holder of the path directly (`Probe`; answer
+   `MbState` with what the relay holds: none | fwd | sending | sent | bwd |
+   grad | done; no answer within `probe_wait_s` = dead) and decides from the
+   answers, deterministically (`_decide`), which live node repairs what
+   (`RepairOrder`).  No node guesses where the backward is, so no circular
+   state.  Every action is idempotent (duplicates are ignored by phase), so
+   a decision taken on a slightly stale snapshot is harmless.
 
-where `est(peer)` is an EWMA (weight `EWMA_ALPHA` on the newest sample) of the
-measured time from hand-off to `Complete` (transfer + queue + compute),
-initialised with the driver's prior (link model and profiled compute), and the
-factor `(1 + waiting)` covers my own earlier hand-offs queued on the same
-link.  K = 3: a measured hand-off varies by less than 2x in the Table II
-setting (queueing behind at most `capacity` microbatches), so 3x separates a
-slow peer from a dead one without waiting long.
+Forward pass (both policies; V-D "as in SWARM")
+-----------------------------------------------
+A node that computed a stage sends `Complete` to the node it got the input
+from, hands its output to a next hop and keeps it (the stash) until the
+backward came back through it.  The hand-off waits for the next hop's
+`Complete`: deadline `now + K * est(peer) * (1 + my hand-offs to that peer
+still waiting) + MARGIN_S`, `est` an EWMA of measured hand-off -> Complete
+times initialised from the driver's prior (link model, profiled compute).
+No `Complete` in time: the next hop is presumed dead, its units of flow move
+to live peers of its stage with room (local flow repair), and the output is
+resent from the stash to another next hop (GWTF: along the flows; SWARM:
+greedy).  With no alternative the node sends `MbDeny` upstream and drops it;
+recursively up to the data node, which puts it back in its queue while
+others are in flight (it gets the next free slot) or defers it.  A receiver
+without room answers `MbDeny` too; a peer that sent `MbDeny` gets no new
+work until it sends `Room`.  Capacity counts microbatches whose activations
+a node holds (taken until its backward is computed); the gradient a node
+sent upstream is kept (one tensor, for recovery) until the microbatch is
+released or the iteration aggregates.
 
-No `Complete` in time: the next hop is presumed dead, its units of flow are
-moved to live peers of its stage with room (local flow repair), and the
-microbatch is resent from the stash to another next hop: the cheapest with a
-free unit of flow of this data node, else (repair) the cheapest live peer of
-the next stage with room as far as this node knows.  With no alternative the
-node sends `MbDeny` upstream and drops the microbatch; the upstream node does
-the same, recursively up to the data node, which tries its other first hops
-and otherwise *defers* the microbatch: ledger DEFERRED in this iteration,
-pushed again (a new ledger entry) in the next one.  A receiver without room
-answers `MbDeny` too; peers that sent `MbDeny` are offered no new work until
-they send `Room` (sent when one of their slots frees).
-
-Microbatch, backward pass
+Backward pass, GWTF (V-D)
 -------------------------
-At the sink the data node computes the loss and sends `Backward` to the last
-relay; every node hands the gradient upstream and waits for `Complete` (sent
-after the upstream node's backward computation), keeping the gradient it
-sent.  A node whose upstream peer does not answer tells the data node
-(`BackwardStuck`) and keeps its gradient.  The data node (also on its own
-deadline, or on an end-to-end deadline as a safety net) probes the path:
-`Probe` travels from node to node along the current next hops and is
-acknowledged hop by hop (`ProbeAck`; a node that holds nothing of the
-microbatch does not acknowledge: the chain is broken there as if it were
-dead); the last live node before a missing
-acknowledgement sends its stashed output (`Recover`) to a live node of the
-crashed stage chosen by its flows; that node recomputes the stage forward and
-sends `Resume` to the node after the gap, which answers `Complete` and
-resends its stored gradient; the backward resumes from there.  Last resort:
-after `MAX_PROBES` probes that did not get the microbatch moving (a repair
-that went wrong under several crashes at once) the data node restarts it as
-SWARM does (counted in `stats.restarts`).  If the node
-after the gap is dead too, the recovering node treats it like a dead next hop
-and sends `Recover` on to a live peer of that stage.  No pipeline restart.
+The sink computes the loss and sends `Backward` to the last relay; each
+relay computes its backward, adds the microbatch to its contributions, sends
+`Complete` downstream and the gradient upstream, and waits for the upstream
+`Complete`; missing: `BackwardStuck` to the data node (the paper's "it
+notifies the data node").  The data node (on `BackwardStuck`, on its own
+hop deadline, or on its watchdog) runs a *round*: probe, then `_decide`:
 
-SWARM policy (`policy="swarm"`, the paper's baseline)
-----------------------------------------------------
-Greedy next hop: the cheapest live next-stage peer with room as far as this
-node knows (no flows); resend after a forward timeout (same deadline rule);
-after any backward failure the data node releases the attempt (`Release` to
-every node of the path: stashes and gradients of the attempt are dropped)
-and recomputes the *whole* pipeline from its own forward.
+* g = the lowest stage whose holder has computed its backward (bwd, grad,
+  done), else the sink.  Stages below g still need their stashed activation.
+* A *bad* stage below g is one whose holder is dead or holds nothing.  For
+  each run a..b of bad stages, the live holder of stage a-1 (the data node
+  if a = 0) is ordered to send its stash (`Recover`) to a live node of stage
+  a chosen by its flows; that node recomputes stage a's forward, goes on to
+  stage a+1 the same way while it is bad, and at the first good stage sends
+  `Resume`: that node links its upstream to the recovering node and, if it
+  holds its gradient, resends it.  The backward resumes from the stored
+  gradient: one stage forward recomputed per crashed stage, no pipeline
+  restart.
+* No bad stage: if stage g is computing, nothing to do; otherwise the
+  gradient from g to g-1 got lost in a crash race: g resends it (`Resume`).
+* Forward pass not at the sink yet: the highest live holder with a stash is
+  ordered to resend it onward (its next hop acknowledged, then died).
+
+Backward pass, SWARM (the paper's baseline)
+--------------------------------------------
+Greedy next hop (the cheapest live next-stage peer, SWARM's "closest node"),
+assuming every peer has `swarm_assumed_capacity` slots (SWARM assumes equal
+memory: a peer that has less answers `MbDeny` after the transfer); resend
+after a forward timeout (same deadline rule).  Relays do not report backward
+trouble (`BackwardStuck` is GWTF's); the data node detects a failed backward
+by its own timeouts (its hop deadline, its watchdog: `K_E2E` x the measured
+end-to-end time) and restarts the microbatch: a new attempt, `Release` of the
+old one everywhere, the whole pipeline recomputed from the embedding.
+
+Bounded rounds
+--------------
+At most `MAX_ROUNDS` rounds (GWTF) or restarts (SWARM) per microbatch and
+iteration, then the data node gives the attempt up: `Release` to every
+holder, DEFERRED, pushed again next iteration.
 
 Aggregation (V-E), with deadlines
 ---------------------------------
 A data node sends `IterationDone` to the leader when none of its microbatches
 of the iteration is pending or in flight.  The leader sends
 `BeginAggregation` to the other data nodes and to every live stage-0 relay;
-every relay passes it to every live relay of the next stage (so it reaches
+every relay passes it to every live relay of the next stage (it reaches
 everyone alive while one relay per stage lives), drops what is left of the
 iteration's microbatches and starts its step (`Compute("aggregate")`; the
 driver / daemon all-reduces the gradient sums and counts over the live relays
 of the stage, waiting at most a deadline for a dead one).  `CanTake` goes
 back to front: the last stage after its step; another node after its step and
 a `CanTake` from every next-stage peer it believes alive, or after
-`agg_wait_s` x (stages behind it + 1): the deadlines nest, back to front.  A data node opens the
-next iteration the same way.
+`agg_wait_s` x (stages behind it + 1).  A data node opens the next iteration
+the same way.
 
 Contributions lost inside a crashed relay (the rule)
 ----------------------------------------------------
 A relay accumulates the gradient of every microbatch whose backward it
-computed (`contrib[iteration]`).  If it dies before its stage's all-reduce,
-those contributions die with it.  Rule: the stage's update is the sum of the
-gradients the survivors of that stage hold divided by the number of
-microbatches those survivors hold (`Compute.count`, summed by the
-all-reduce); the microbatch stays COMPLETED at the data node and is *not*
-re-queued (the other stages did learn from it; training them on it again
-would count it twice).  The driver counts these cases (`lost_contributions`).
+computed (`contrib[iteration]`, a set: one contribution per key and node).
+If it dies before its stage's all-reduce, those contributions die with it.
+Rule: the stage's update is the sum of the gradients the survivors hold
+divided by the number of microbatches they hold (`Compute.count`); the
+microbatch stays COMPLETED and is *not* re-queued (the other stages learnt
+from it; training them again would count it twice).  The driver counts these
+cases (`lost_contributions`).  A `Release` drops the released attempt's
+contributions (SWARM's restarted attempts, duplicate branches), so a
+microbatch contributes at most once per stage among the nodes the data node
+knows of.
 
-Leader: the leader is a persistent data node here (as the two data nodes of
-Table II); its own crash (election) is the business of `leader.py`.
+Leader: a persistent data node here (as the two data nodes of Table II); its
+own crash (election) is the business of `leader.py`.
 """
 
 from __future__ import annotations
@@ -106,29 +143,35 @@ from typing import Mapping
 
 from .effects import CancelTimer, Send, SetTimer
 from .messages import (
-    Backward, BackwardStuck, BeginAggregation, CanTake, Complete, Forward, IterationDone, MbDeny, Probe,
-    ProbeAck, Recover, Release, Resume, Room,
+    Backward, BackwardStuck, BeginAggregation, CanTake, Complete, Forward, IterationDone, MbDeny, MbState, Probe,
+    Recover, Release, RepairOrder, Resume, Room,
 )
 from .pipeline import Ledger, MbStatus, OpenIteration, pick_next_hop
 
-K_DEADLINE = 3.0  # deadline = K x expected + margin (see the module doc)
+K_DEADLINE = 3.0  # hop deadline = K x expected + margin (see the module doc)
+K_E2E = 2.0  # watchdog = K_E2E x expected end-to-end time + margin
 MARGIN_S = 2.0
 EWMA_ALPHA = 0.3
 POLICIES = ("gwtf", "swarm")
-MAX_PROBES = 3  # GWTF: after this many probes that did not get a microbatch moving, restart it (last resort)
+MAX_ROUNDS = 6  # per microbatch and iteration: GWTF probe rounds / SWARM restarts, then defer
 
 Key = tuple  # (data_node, seq, iteration)
+SLOT_PHASES = ("fwd", "sending", "sent", "bwd")  # a relay holds activations: it uses a slot
+FWD_STATES = ("fwd", "sending", "sent")
+BWD_STATES = ("bwd", "grad", "done")
+TIMERS = ("fw", "bk", "wd", "pr")
 
 
 @dataclass(frozen=True, slots=True)
 class Compute:
     """Run a computation, then call `on_compute_done(now, key, kind)`.
 
-    kind: "forward" (a stage forward; at a data node the embedding side),
-    "backward" (a stage backward; at a data node the loss + head at the sink,
-    then the embedding backward), "recompute" (a stage forward redone from a
-    stored activation after a crash), "aggregate" (all-reduce + optimizer step
-    of `key = ("agg", iteration)` over `count` held microbatch contributions).
+    kind: "forward" (a relay's stage forward; at a data node the embedding
+    side), "recompute" (a relay's stage forward redone from a stored
+    activation after a crash), "backward" (a relay's stage backward), "loss"
+    (data node, at the sink: head + loss + their backward), "final" (data
+    node: the embedding-side backward), "aggregate" (all-reduce + optimizer
+    step of `key = ("agg", iteration)` over `count` held contributions).
     """
 
     kind: str
@@ -149,30 +192,51 @@ class RecoveryConfig:
     peer_capacity: Mapping[str, int] = field(default_factory=dict)
     prior_s: Mapping[str, float] = field(default_factory=dict)  # expected hand-off -> Complete time per peer
     default_prior_s: float = 10.0
-    e2e_prior_s: float = 60.0  # data node: expected loss -> last backward time
+    e2e_prior_s: float = 60.0  # data node: expected launch -> final backward time
     agg_wait_s: float = 60.0
+    probe_wait_s: float = 3.0  # data node: how long probe answers are awaited (control messages: latency only)
     policy: str = "gwtf"
+    swarm_assumed_capacity: int = 4  # SWARM: the memory it assumes every peer has
     k: float = K_DEADLINE
     margin_s: float = MARGIN_S
+    max_rounds: int = MAX_ROUNDS
 
 
 @dataclass
-class Mb:
+class Rec:
+    """A relay's record of one microbatch (one attempt)."""
+
     key: Key
-    prev: str | None  # who gave it to me (None at the data node's source side)
+    attempt: int
+    prev: str
     path: tuple[str, ...]  # the path up to me, me included
-    phase: str = "fwd"  # fwd | sending | sent | bwd | grad_sent | (data) loss | waitbwd | final
+    phase: str = "fwd"  # fwd | sending | sent | bwd | grad | done
     next: str | None = None
-    rest: tuple[str, ...] = ()  # recovery: the old path after `next`
+    rest: tuple[str, ...] = ()  # recovery chain: the stages after me ("" = replace, else resume there)
     tried: set = field(default_factory=set)
     sent_at: float = 0.0
-    full_path: tuple[str, ...] = ()  # data node: the path as it reached the sink
-    sink_prev: str | None = None  # data node: the last relay
-    probing: bool = False
-    e2e_expect: float = 0.0
-    e2e_at: float | None = None
-    src_wait: bool = False  # data node: waiting for the Complete of a Recover it sent
-    probes: int = 0  # data node: probes sent for this microbatch
+    ordered: bool = False  # executing a RepairOrder: my stash is the original forward's, keep it on failure
+
+
+@dataclass
+class DMb:
+    """A data node's record of one of its microbatches in flight."""
+
+    key: Key
+    attempt: int = 0
+    src: str = "emb"  # the embedding side: emb (computing) | sending | sent
+    next: str | None = None  # the stage-0 relay my stash went to
+    rest: tuple[str, ...] = ()
+    tried: set = field(default_factory=set)
+    sent_at: float = 0.0
+    sink: str | None = None  # None (forward not back yet) | loss | grad | wait | final
+    path: list = field(default_factory=list)  # stage -> holder (None: unknown)
+    holders: set = field(default_factory=set)  # every node that reported taking this attempt
+    launched_at: float = 0.0
+    rounds: int = 0
+    collecting: bool = False
+    snapshot: dict = field(default_factory=dict)
+    final_from: str | None = None  # the stage-0 relay the last backward came from
 
 
 @dataclass
@@ -180,11 +244,14 @@ class RecoveryStats:
     reroutes: int = 0
     denies_sent: int = 0
     deferred: int = 0
-    probes: int = 0
-    recovers: int = 0
-    restarts: int = 0
+    probes: int = 0  # GWTF probe rounds
+    recovers: int = 0  # stage forwards recomputed from a stash (Recover sent)
+    resends: int = 0  # gradients resent (Resume)
+    restarts: int = 0  # SWARM: whole-pipeline restarts
+    gave_up: int = 0  # attempts given up after MAX_ROUNDS (deferred)
     presumed_dead: int = 0
     agg_deadlines: int = 0
+    stale: int = 0  # messages of an older attempt, ignored
 
 
 class RecoveryNode:
@@ -196,6 +263,7 @@ class RecoveryNode:
         self.rng = rng
         self.stage = cfg.stage
         self.is_data = cfg.stage < 0
+        self.nstages = cfg.last_stage + 1
         self.swarm = cfg.policy == "swarm"
         self.next_peers: dict[str, float] = dict(cfg.next_peers)
         self.prev_peers: dict[str, float] = dict(cfg.prev_peers)
@@ -204,7 +272,7 @@ class RecoveryNode:
         self.dead: set[str] = set()
         self.full: set[str] = set()
         self.denied: set[str] = set()  # peers I sent MbDeny to: they get Room when a slot frees
-        self.mbs: dict[Key, Mb] = {}
+        self.mbs: dict = {}  # relay: Key -> Rec; data node: Key -> DMb
         self.out: dict[str, dict[str, int]] = {}  # gwtf flows: data node -> next hop -> units
         self.contrib: dict[int, set[Key]] = {}
         self.stats = RecoveryStats()
@@ -249,14 +317,24 @@ class RecoveryNode:
     def _live_next(self) -> list[str]:
         return [j for j in self.next_peers if j not in self.dead]
 
+    def _slots_used(self) -> int:
+        if self.is_data:
+            return 0
+        return sum(1 for r in self.mbs.values() if r.phase in SLOT_PHASES)
+
     def _inflight(self, j: str, d: str | None = None) -> int:
+        """Microbatches whose activations I sent to j and j still holds (they occupy a unit / a slot)."""
         n = 0
         for m in self.mbs.values():
-            if m.next == j and (d is None or m.key[0] == d):
+            if m.next != j or (d is not None and m.key[0] != d):
+                continue
+            if self.is_data or m.phase in SLOT_PHASES:
                 n += 1
         return n
 
     def _waiting_to(self, j: str) -> int:
+        if self.is_data:
+            return sum(1 for m in self.mbs.values() if m.next == j and m.src == "sending")
         return sum(1 for m in self.mbs.values() if m.next == j and m.phase == "sending")
 
     def _deadline(self, now: float, j: str) -> float:
@@ -268,7 +346,8 @@ class RecoveryNode:
         self.est[j] = sample if e is None else (1 - EWMA_ALPHA) * e + EWMA_ALPHA * sample
 
     def _room_for(self, j: str) -> bool:
-        return self._inflight(j) < self.peer_cap.get(j, 1)
+        cap = self.cfg.swarm_assumed_capacity if self.swarm else self.peer_cap.get(j, 1)
+        return self._inflight(j) < cap
 
     def _greedy(self, exclude: set) -> str | None:
         c = [(self.next_peers[j], j) for j in self._live_next()
@@ -278,7 +357,7 @@ class RecoveryNode:
     def _choose_next(self, d: str, exclude: set, *, fresh: bool = False) -> str | None:
         """Next hop for a microbatch of data node d; `fresh`: a new launch (flows only)."""
         if not self.is_data and self.stage == self.cfg.last_stage:
-            return None if d in exclude else d
+            return d
         if self.swarm:
             return self._greedy(exclude)
         ok = [j for j in self._live_next() if j not in self.full and j not in exclude]
@@ -294,8 +373,8 @@ class RecoveryNode:
             self.out.setdefault(d, {})[hop] = self.out.setdefault(d, {}).get(hop, 0) + 1
         return hop
 
-    def _presume_dead(self, j: str) -> None:
-        if j in self.dead or j in self.cfg.data_nodes:
+    def _presume_dead(self, j: str | None) -> None:
+        if j is None or j in self.dead or j in self.cfg.data_nodes:
             return
         self.dead.add(j)
         self.stats.presumed_dead += 1
@@ -312,137 +391,83 @@ class RecoveryNode:
                 p = cands[0][1]
                 units[p] = units.get(p, 0) + 1
 
-    def _heard(self, j: str) -> None:
-        self.dead.discard(j)
-
-    def _free(self, key: Key, eff: list) -> None:
-        m = self.mbs.pop(key, None)
-        if m is None:
-            return
-        for t in ("fw", "bk", "pb", "e2e", "rc"):
+    def _cancel(self, key: Key, eff: list) -> None:
+        for t in TIMERS:
             eff.append(CancelTimer(f"{t}:{_k(key)}"))
+
+    def _room(self, eff: list) -> None:
         if self.denied and not self.is_data:
-            free = self.cfg.capacity - len(self.mbs)
+            free = self.cfg.capacity - self._slots_used()
             if free > 0:
                 for p in sorted(self.denied):
                     eff.append(Send(p, Room(free)))
                 self.denied.clear()
 
-    def _deny(self, to: str, key: Key, eff: list) -> None:
+    def _drop(self, key: Key, eff: list) -> None:
+        if self.mbs.pop(key, None) is None:
+            return
+        self._cancel(key, eff)
+        self._room(eff)
+
+    def _deny(self, to: str, key: Key, attempt: int, eff: list) -> None:
         self.stats.denies_sent += 1
         self.denied.add(to)
-        eff.append(Send(to, MbDeny(*key)))
+        eff.append(Send(to, MbDeny(*key, attempt)))
+
+    def _report(self, key: Key, attempt: int, state: str, eff: list) -> None:
+        eff.append(Send(key[0], MbState(*key, attempt, self.stage, state)))
 
     # ------------------------------------------------------------ the events
     def on_message(self, now: float, sender: str, msg) -> list:
         eff: list = []
-        self._heard(sender)
+        self.dead.discard(sender)
         t = type(msg)
-        if t is Forward:
-            self._on_forward(now, sender, msg, eff)
-        elif t is Complete:
-            self._on_complete(now, sender, (msg.data_node, msg.seq, msg.iteration), eff)
-        elif t is Backward:
-            self._on_backward(now, sender, (msg.data_node, msg.seq, msg.iteration), eff)
-        elif t is MbDeny:
+        if t in (BeginAggregation, IterationDone, CanTake, Room):
+            if t is BeginAggregation:
+                self._on_begin(now, msg, eff)
+            elif t is IterationDone:
+                self._on_iteration_done(now, sender, msg, eff)
+            elif t is CanTake:
+                self.can_take_from.setdefault(msg.iteration, set()).add(sender)
+                self._maybe_can_take(now, msg.iteration, eff, forced=False)
+            else:
+                self.full.discard(sender)
+                if self.is_data:
+                    self._launch(now, eff)
+            return eff
+        if t is MbDeny:
             self.full.add(sender)
-            self._on_deny(now, sender, (msg.data_node, msg.seq, msg.iteration), eff)
-        elif t is Room:
-            self.full.discard(sender)
-            if self.is_data:
-                self._launch(now, eff)
-        elif t is Probe:
-            self._on_probe(now, sender, msg, eff)
-        elif t is ProbeAck:
-            eff.append(CancelTimer(f"pb:{_k((msg.data_node, msg.seq, msg.iteration))}"))
-        elif t is Recover:
-            self._on_recover(now, sender, msg, eff)
-        elif t is Resume:
-            self._on_resume(now, sender, msg, eff)
-        elif t is BackwardStuck:
-            self._backward_trouble(now, (msg.data_node, msg.seq, msg.iteration), eff)
-        elif t is Release:
-            key = (msg.data_node, msg.seq, msg.iteration)
-            self.contrib.get(msg.iteration, set()).discard(key)
-            self._free(key, eff)
-        elif t is IterationDone:
-            self._on_iteration_done(now, sender, msg, eff)
-        elif t is BeginAggregation:
-            self._on_begin(now, msg, eff)
-        elif t is CanTake:
-            self.can_take_from.setdefault(msg.iteration, set()).add(sender)
-            self._maybe_can_take(now, msg.iteration, eff, forced=False)
+        key = (msg.data_node, msg.seq, msg.iteration)
+        if self.is_data:
+            self._data_message(now, sender, key, msg, eff)
+        else:
+            self._relay_message(now, sender, key, msg, eff)
         return eff
 
-    def on_timer(self, now: float, key: str) -> list:
+    def on_timer(self, now: float, tkey: str) -> list:
         eff: list = []
-        kind, _, rest = key.partition(":")
+        kind, _, rest = tkey.partition(":")
         if kind == "ct":
             it = int(rest)
             if it not in self.can_take_done:
                 self.stats.agg_deadlines += 1
                 self._maybe_can_take(now, it, eff, forced=True)
             return eff
-        mkey = _unk(rest)
-        m = self.mbs.get(mkey)
+        key = _unk(rest)
+        m = self.mbs.get(key)
         if m is None:
+            return eff
+        if self.is_data:
+            self._data_timer(now, kind, m, eff)
             return eff
         if kind == "fw" and m.phase == "sending":
             self.stats.reroutes += 1
             self._presume_dead(m.next)
             m.tried.add(m.next)
             self._route(now, m, eff)
-        elif kind == "bk" and m.phase in ("grad_sent",):
-            self._presume_dead(m.prev if not self.is_data else m.sink_prev)
-            if self.is_data:
-                self._backward_trouble(now, mkey, eff)
-            else:
-                eff.append(Send(mkey[0], BackwardStuck(*mkey, self.stage)))
-        elif kind == "pb":
-            self._presume_dead(m.next)
-            self._recover_after(now, m, eff)
-        elif kind == "rc" and self.is_data and m.src_wait:
-            self._presume_dead(m.next)
-            m.tried.add(m.next)
-            self._data_recover(now, m, eff)
-        elif kind == "e2e" and self.is_data:
-            m.probing = False
-            self._backward_trouble(now, mkey, eff)
+        elif kind == "bk" and m.phase == "grad" and not self.swarm:
+            eff.append(Send(key[0], BackwardStuck(*key, self.stage, m.attempt)))
         return eff
-
-    # ---- forward ------------------------------------------------------------
-    def _on_forward(self, now: float, sender: str, msg: Forward, eff: list) -> None:
-        key = (msg.data_node, msg.seq, msg.iteration)
-        if self.is_data:  # at the sink
-            m = self.mbs.get(key)
-            eff.append(Send(sender, Complete(*key)))
-            if m is None or m.phase not in ("sent", "sending") or m.full_path:
-                return  # a duplicate or a stale attempt
-            m.full_path = tuple(msg.path)
-            m.sink_prev = sender
-            m.phase = "loss"
-            m.probing = False
-            eff.append(CancelTimer(f"e2e:{_k(key)}"))
-            eff.append(CancelTimer(f"pb:{_k(key)}"))
-            eff.append(Compute("backward", key))
-            return
-        if key in self.mbs:
-            self._free(key, eff)  # a stale attempt (SWARM restart, or a duplicate): the new one wins
-        if msg.iteration in self.begun or len(self.mbs) >= self.cfg.capacity:
-            self._deny(sender, key, eff)
-            return
-        self.mbs[key] = Mb(key, sender, tuple(msg.path) + (self.me,))
-        eff.append(Compute("forward", key))
-
-    def _on_recover(self, now: float, sender: str, msg: Recover, eff: list) -> None:
-        key = (msg.data_node, msg.seq, msg.iteration)
-        if key in self.mbs:
-            self._free(key, eff)
-        if msg.iteration in self.begun or len(self.mbs) >= self.cfg.capacity:
-            self._deny(sender, key, eff)
-            return
-        self.mbs[key] = Mb(key, sender, tuple(msg.path) + (self.me,), rest=tuple(msg.rest))
-        eff.append(Compute("recompute", key))
 
     def on_compute_done(self, now: float, key: tuple, kind: str) -> list:
         eff: list = []
@@ -460,75 +485,358 @@ class RecoveryNode:
         if m is None:
             return eff
         if self.is_data:
-            self._data_compute_done(now, m, eff)
+            self._data_compute_done(now, m, kind, eff)
             return eff
-        if m.phase == "fwd":
-            eff.append(Send(m.prev, Complete(*key)))
+        if m.phase == "fwd" and kind in ("forward", "recompute"):
+            eff.append(Send(m.prev, Complete(*key, m.attempt)))
             self._route(now, m, eff)
-        elif m.phase == "bwd":
+        elif m.phase == "bwd" and kind == "backward":
             self.contrib.setdefault(key[2], set()).add(key)
-            eff.append(Send(m.next, Complete(*key)))
-            eff.append(Send(m.prev, Backward(*key, None)))
-            m.phase = "grad_sent"
-            m.sent_at = now
+            eff.append(Send(m.next, Complete(*key, m.attempt)))
+            eff.append(Send(m.prev, Backward(*key, None, m.attempt)))
+            m.phase, m.sent_at = "grad", now
             eff.append(SetTimer(f"bk:{_k(key)}", self._deadline(now, m.prev)))
+            self._room(eff)
         return eff
 
-    def _route(self, now: float, m: Mb, eff: list) -> None:
-        """Hand the stashed output on.
+    # =========================================================== relay side
+    def _relay_message(self, now: float, sender: str, key: Key, msg, eff: list) -> None:
+        t = type(msg)
+        a = msg.attempt
+        r: Rec | None = self.mbs.get(key)
+        if t is Forward or t is Recover:
+            self._on_take(now, sender, key, msg, r, eff)
+            return
+        if t is Probe:
+            self._report(key, a, "none" if r is None or r.attempt > a else r.phase, eff)
+            if r is not None and r.attempt < a:
+                r.attempt = a
+            return
+        if t is Release:
+            if r is None or r.attempt <= a:
+                self.contrib.get(key[2], set()).discard(key)
+                self._drop(key, eff)
+            return
+        if r is None or a < r.attempt:
+            if r is not None:
+                self.stats.stale += 1
+            if t is Resume:
+                eff.append(Send(sender, MbDeny(*key, a)))  # I hold nothing to resume from
+            elif t is RepairOrder:
+                self._report(key, a, "none", eff)
+            return
+        r.attempt = a
+        if t is Complete:
+            if r.phase == "sending" and sender == r.next:
+                eff.append(CancelTimer(f"fw:{_k(key)}"))
+                self._measure(sender, now - r.sent_at)
+                r.phase, r.rest, r.ordered = "sent", (), False
+                r.tried.clear()
+            elif r.phase == "grad" and sender == r.prev:
+                eff.append(CancelTimer(f"bk:{_k(key)}"))
+                self._measure(sender, now - r.sent_at)
+                r.phase = "done"
+        elif t is MbDeny:
+            if r.phase == "sending" and sender == r.next:
+                eff.append(CancelTimer(f"fw:{_k(key)}"))
+                r.tried.add(sender)
+                self.stats.reroutes += 1
+                self._route(now, r, eff)
+        elif t is Backward:
+            if r.phase in ("sent", "sending"):
+                eff.append(CancelTimer(f"fw:{_k(key)}"))
+                r.next, r.phase, r.rest = sender, "bwd", ()
+                eff.append(Compute("backward", key))
+        elif t is Resume:
+            # the sender recomputed the stage before me (or the data node asks me to resend): it is my upstream
+            newprev = msg.path[-1] if msg.path else sender
+            r.prev = newprev
+            eff.append(Send(newprev, Complete(*key, a)))
+            if r.phase in ("grad", "done"):
+                self.stats.resends += 1
+                r.phase, r.sent_at = "grad", now
+                eff.append(Send(newprev, Backward(*key, None, a)))
+                eff.append(SetTimer(f"bk:{_k(key)}", self._deadline(now, newprev)))
+        elif t is RepairOrder:
+            if r.phase != "sent":
+                self._report(key, a, r.phase, eff)  # (sending: my own deadline covers it)
+                return
+            r.ordered = True
+            if self.stage < self.cfg.last_stage:
+                self._presume_dead(r.next)
+            r.tried = {r.next} if r.next is not None and r.next not in self.cfg.data_nodes else set()
+            r.rest = tuple(msg.rest)
+            self.stats.reroutes += 1
+            self._route(now, r, eff)
 
-        * `rest` and nothing tried: I recomputed a crashed stage; `Resume` the old path at `rest[0]`.
-        * `rest` and a hop tried (dead / denied): `Recover` at another live node of that stage.
-        * otherwise a plain `Forward` along the flows (or SWARM's greedy hop).
-        """
-        key = m.key
-        if m.rest and not m.tried:
-            j = m.rest[0]
-            m.next, m.rest = j, m.rest[1:]
-            m.phase, m.sent_at = "sending", now
-            eff.append(Send(j, Resume(*key, m.path, m.rest, None)))
+    def _on_take(self, now: float, sender: str, key: Key, msg, r: Rec | None, eff: list) -> None:
+        a = msg.attempt
+        if r is not None:
+            if a < r.attempt or (a == r.attempt and type(msg) is Forward):
+                # stale, or a second branch of the same attempt (an upstream presumed me dead): keep mine
+                self.stats.stale += 1
+                if r.phase != "fwd":
+                    eff.append(Send(sender, Complete(*key, a)))
+                return
+            if a > r.attempt:
+                self.contrib.get(key[2], set()).discard(key)  # the old attempt's gradient is not trained on
+            self._drop(key, eff)  # a newer attempt, or a repair the data node ordered: it supersedes mine
+        if msg.iteration in self.begun or self._slots_used() >= self.cfg.capacity:
+            self._deny(sender, key, a, eff)
+            return
+        recover = type(msg) is Recover
+        self.mbs[key] = Rec(key, a, sender, tuple(msg.path) + (self.me,), rest=tuple(msg.rest) if recover else ())
+        self._report(key, a, "rec" if recover else "fwd", eff)
+        eff.append(Compute("recompute" if recover else "forward", key))
+
+    def _route(self, now: float, r: Rec, eff: list) -> None:
+        """Hand my stashed output on: along `rest` (a recovery chain) or the flows / greedy."""
+        key, a = r.key, r.attempt
+        recovering = bool(r.rest)
+        if recovering and r.rest[0] != "" and not r.tried:
+            j = r.rest[0]
+            r.next, r.phase, r.sent_at = j, "sending", now
+            eff.append(Send(j, Resume(*key, r.path, r.rest[1:], None, a)))
             eff.append(SetTimer(f"fw:{_k(key)}", self._deadline(now, j)))
             return
-        j = self._choose_next(key[0], m.tried)
+        j = self._choose_next(key[0], r.tried)
+        if recovering and r.rest[0] != "" and j is not None and r.tried:
+            # the node to resume at did not answer: it is dead too, so its stage is recomputed as well
+            r.rest = ("",) + r.rest[1:]
         if j is None:
-            self._give_back(now, m, eff)
+            if r.ordered:
+                # I was ordered to repair and cannot: keep my stash, tell the data node (its next round decides)
+                r.phase, r.rest, r.ordered = "sent", (), False
+                r.tried.clear()
+                self._report(key, a, "sent", eff)
+                eff.append(Send(key[0], BackwardStuck(*key, self.stage, a)))
+                return
+            prev = r.prev
+            del self.mbs[key]  # no Room for this freed slot: I have no route, not just no room
+            self._cancel(key, eff)
+            self._deny(prev, key, a, eff)
             return
-        m.next, m.phase, m.sent_at = j, "sending", now
-        if m.rest:
+        r.next, r.phase, r.sent_at = j, "sending", now
+        if recovering:
             self.stats.recovers += 1
-            eff.append(Send(j, Recover(*key, m.path, m.rest, None)))
+            eff.append(Send(j, Recover(*key, r.path, r.rest[1:], None, a)))
         else:
-            eff.append(Send(j, Forward(*key, m.path, None)))
+            eff.append(Send(j, Forward(*key, r.path, None, a)))
         eff.append(SetTimer(f"fw:{_k(key)}", self._deadline(now, j)))
 
-    def _data_recover(self, now: float, m: Mb, eff: list) -> None:
-        """Data node: the stage-0 relay of a microbatch in its backward pass is dead: recover from my stash."""
-        j = self._choose_next(self.me, m.tried)
-        if j is None:  # no stage-0 relay left: give the microbatch up for this iteration
-            for p in m.full_path[1:]:
-                eff.append(Send(p, Release(*m.key)))
-            self._free(m.key, eff)
-            self._defer(m.key, eff)
-            self._maybe_done(now, m.key[2], eff)
+    # =========================================================== data node
+    def _data_message(self, now: float, sender: str, key: Key, msg, eff: list) -> None:
+        t = type(msg)
+        m: DMb | None = self.mbs.get(key)
+        if m is None or msg.attempt != m.attempt:
+            if m is not None:
+                self.stats.stale += 1
+            if t is Forward:
+                eff.append(Send(sender, Complete(*key, msg.attempt)))
             return
-        self.stats.recovers += 1
-        m.next, m.src_wait, m.sent_at = j, True, now
-        eff.append(Send(j, Recover(*m.key, (self.me,), tuple(m.full_path[2:]) + (self.me,), None)))
-        eff.append(SetTimer(f"rc:{_k(m.key)}", self._deadline(now, j)))
+        a = m.attempt
+        if t is MbState:
+            if msg.state in ("fwd", "rec", "sent", "sending", "bwd", "grad", "done"):
+                m.holders.add(sender)
+                s = msg.stage
+                if 0 <= s < self.nstages and (msg.state == "rec" or m.path[s] is None):
+                    m.path[s] = sender
+            if m.collecting:
+                m.snapshot[sender] = msg.state
+                wanted = {p for p in m.path if p is not None}
+                if wanted <= set(m.snapshot):
+                    eff.append(CancelTimer(f"pr:{_k(key)}"))
+                    self._decide(now, m, eff)
+        elif t is Complete:
+            if m.src == "sending" and sender == m.next:
+                eff.append(CancelTimer(f"fw:{_k(key)}"))
+                self._measure(sender, now - m.sent_at)
+                m.src, m.rest = "sent", ()
+                m.tried.clear()
+            elif m.sink == "grad" and sender == m.path[-1]:
+                eff.append(CancelTimer(f"bk:{_k(key)}"))
+                self._measure(sender, now - m.sent_at)
+                m.sink = "wait"
+        elif t is MbDeny:
+            if m.src == "sending" and sender == m.next:
+                eff.append(CancelTimer(f"fw:{_k(key)}"))
+                m.tried.add(sender)
+                self.stats.reroutes += 1
+                self._src_route(now, m, eff)
+        elif t is Forward:  # at the sink
+            eff.append(Send(sender, Complete(*key, a)))
+            if m.sink is not None:
+                return
+            p = list(msg.path[1:])[: self.nstages]
+            m.path = p + [None] * (self.nstages - len(p))
+            m.holders.update(x for x in p)
+            m.sink = "loss"
+            eff.append(Compute("loss", key))
+        elif t is Resume:  # a recovery chain replaced the last stage: resend the loss gradient to it
+            newprev = msg.path[-1] if msg.path else sender
+            m.path[-1] = newprev
+            eff.append(Send(newprev, Complete(*key, a)))
+            if m.sink in ("grad", "wait"):
+                self.stats.resends += 1
+                m.sink, m.sent_at = "grad", now
+                eff.append(Send(newprev, Backward(*key, None, a)))
+                eff.append(SetTimer(f"bk:{_k(key)}", self._deadline(now, newprev)))
+        elif t is Backward:
+            if m.sink in ("grad", "wait"):
+                eff.append(CancelTimer(f"bk:{_k(key)}"))
+                m.sink, m.final_from = "final", sender
+                eff.append(Compute("final", key))
+        elif t is BackwardStuck:
+            if not self.swarm and not m.collecting and m.sink is not None and m.sink != "final":
+                self._round(now, m, eff)
 
-    def _give_back(self, now: float, m: Mb, eff: list) -> None:
-        """No next hop: DENY upstream (a relay) or put the microbatch back / defer it (the data node)."""
+    def _data_timer(self, now: float, kind: str, m: DMb, eff: list) -> None:
+        if kind == "fw" and m.src == "sending":
+            self.stats.reroutes += 1
+            self._presume_dead(m.next)
+            m.tried.add(m.next)
+            self._src_route(now, m, eff)
+        elif kind == "bk" and m.sink == "grad":
+            self._trouble(now, m, eff)
+        elif kind == "wd":
+            if m.sink != "final" and not m.collecting:
+                self._trouble(now, m, eff)
+        elif kind == "pr" and m.collecting:
+            self._decide(now, m, eff)
+
+    def _arm_watchdog(self, now: float, m: DMb, eff: list) -> None:
+        eff.append(SetTimer(f"wd:{_k(m.key)}", now + K_E2E * self.e2e_est + self.cfg.margin_s))
+
+    def _trouble(self, now: float, m: DMb, eff: list) -> None:
+        """A microbatch is not progressing: GWTF runs a probe round, SWARM restarts it."""
+        if m.sink == "final" or m.src == "emb":
+            self._arm_watchdog(now, m, eff)
+            return
+        if self.swarm:
+            self._restart(now, m, eff)
+        else:
+            self._round(now, m, eff)
+
+    def _round(self, now: float, m: DMb, eff: list) -> None:
+        m.rounds += 1
+        if m.rounds > self.cfg.max_rounds:
+            self._give_up(now, m, eff)
+            return
+        self.stats.probes += 1
+        m.collecting, m.snapshot = True, {}
+        for p in sorted({p for p in m.path if p is not None}):
+            eff.append(Send(p, Probe(*m.key, tuple(x or "" for x in m.path), m.attempt)))
+        eff.append(CancelTimer(f"wd:{_k(m.key)}"))
+        eff.append(SetTimer(f"pr:{_k(m.key)}", now + self.cfg.probe_wait_s))
+
+    def _decide(self, now: float, m: DMb, eff: list) -> None:
+        """The recovery decision, from the probe answers (see the module doc)."""
+        m.collecting = False
+        S = self.nstages
+        st = [m.snapshot.get(p) if p is not None else None for p in m.path]
+        a, key = m.attempt, m.key
+        self._arm_watchdog(now, m, eff)
+        if m.sink is None:  # the forward has not reached the sink
+            f = max((s for s in range(S) if st[s] in FWD_STATES), default=-1)
+            if f < 0:
+                if m.src == "sent":
+                    self._presume_dead(m.next)
+                    m.tried = {m.next}
+                    self._src_route(now, m, eff)
+            elif st[f] == "sent":
+                eff.append(Send(m.path[f], RepairOrder(*key, a, ())))
+            return
+        if m.sink in ("loss", "final"):
+            return  # computing here
+        g = min((s for s in range(S) if st[s] in BWD_STATES), default=S)
+        if any(st[s] in ("fwd", "sending") for s in range(g)):
+            return  # a repair is under way
+        bad = [s for s in range(g) if st[s] != "sent"]
+        if not bad:
+            if g < S and st[g] == "bwd":
+                return
+            if g == S:
+                if m.sink == "grad":
+                    return  # my own hop deadline covers it
+                target = m.path[S - 1]
+                self.stats.resends += 1
+                m.sink, m.sent_at = "grad", now
+                eff.append(Send(target, Backward(*key, None, a)))
+                eff.append(SetTimer(f"bk:{_k(key)}", self._deadline(now, target)))
+            else:
+                newprev = m.path[g - 1] if g > 0 else self.me
+                eff.append(Send(m.path[g], Resume(*key, (newprev,), (), None, a)))
+            return
+        runs: list[list[int]] = []
+        for s in bad:
+            if runs and runs[-1][-1] == s - 1:
+                runs[-1].append(s)
+            else:
+                runs.append([s])
+        for run in runs:
+            lo, hi = run[0], run[-1]
+            resume_at = m.path[hi + 1] if hi + 1 < S else self.me
+            rest = ("",) * (hi - lo + 1) + (resume_at,)
+            if lo == 0:
+                self._presume_dead(m.next)
+                m.tried = {m.next} if m.next is not None else set()
+                m.rest = rest
+                self._src_route(now, m, eff)
+            else:
+                eff.append(Send(m.path[lo - 1], RepairOrder(*key, a, rest)))
+
+    def _restart(self, now: float, m: DMb, eff: list) -> None:
+        """SWARM: the whole pipeline again, from the embedding, as a new attempt."""
+        m.rounds += 1
+        if m.rounds > self.cfg.max_rounds:
+            self._give_up(now, m, eff)
+            return
+        self.stats.restarts += 1
+        for p in sorted(m.holders):
+            eff.append(Send(p, Release(*m.key, m.attempt)))
+        self._cancel(m.key, eff)
+        m.attempt += 1
+        m.src, m.next, m.rest, m.tried, m.sink = "emb", None, (), set(), None
+        m.path, m.holders, m.collecting, m.snapshot = [None] * self.nstages, set(), False, {}
+        m.launched_at = now
+        eff.append(Compute("forward", m.key))
+        self._arm_watchdog(now, m, eff)
+
+    def _give_up(self, now: float, m: DMb, eff: list) -> None:
+        self.stats.gave_up += 1
+        for p in sorted(m.holders):
+            eff.append(Send(p, Release(*m.key, m.attempt)))
+        self._cancel(m.key, eff)
+        del self.mbs[m.key]
+        self._defer(m.key, eff)
+        self._launch(now, eff)
+        self._maybe_done(now, m.key[2], eff)
+
+    def _src_route(self, now: float, m: DMb, eff: list) -> None:
+        """Hand my embedding-side output (the stash) to a stage-0 relay: a Forward, or a Recover chain."""
+        key, a = m.key, m.attempt
+        j = self._choose_next(self.me, m.tried)
+        if j is None:
+            if m.sink is None:
+                self._put_back(now, m, eff)
+            else:  # no stage-0 relay to recover through; the next round (or giving up) decides
+                m.src, m.rest = "sent", ()
+            return
+        m.next, m.src, m.sent_at = j, "sending", now
+        if m.rest:
+            self.stats.recovers += 1
+            eff.append(Send(j, Recover(*key, (self.me,), m.rest[1:], None, a)))
+        else:
+            eff.append(Send(j, Forward(*key, (self.me,), None, a)))
+        eff.append(SetTimer(f"fw:{_k(key)}", self._deadline(now, j)))
+
+    def _put_back(self, now: float, m: DMb, eff: list) -> None:
+        """No first hop for a microbatch in its forward pass: wait for a slot, or defer it."""
         key = m.key
-        if not self.is_data:
-            prev = m.prev
-            del self.mbs[key]  # no Room for this freed slot: I have no route, not just no room
-            for t in ("fw", "bk", "pb", "e2e", "rc"):
-                eff.append(CancelTimer(f"{t}:{_k(key)}"))
-            self._deny(prev, key, eff)
-            return
-        self._free(key, eff)
-        if self.ledger.status(key[2], key[1]) is MbStatus.COMPLETED:
-            return
+        for p in sorted(m.holders):
+            eff.append(Send(p, Release(*key, m.attempt)))
+        self._cancel(key, eff)
+        del self.mbs[key]
         if any(mm.key[2] == key[2] for mm in self.mbs.values()):
             self.ledger.mark(key[2], key[1], MbStatus.PENDING)  # slots will free: wait for one
             self.waiting.insert(0, key[1])
@@ -544,148 +852,38 @@ class RecoveryNode:
         self.ledger.mark(key[2], key[1], MbStatus.DEFERRED)
         self.carry.append(key[1])
 
-    def _on_complete(self, now: float, sender: str, key: Key, eff: list) -> None:
-        m = self.mbs.get(key)
-        if m is None:
-            return
-        if self.is_data and m.src_wait and sender == m.next:
-            eff.append(CancelTimer(f"rc:{_k(key)}"))
-            self._measure(sender, now - m.sent_at)
-            m.src_wait = False
-            m.tried.clear()
-            return
-        if m.phase == "sending" and sender == m.next:
-            eff.append(CancelTimer(f"fw:{_k(key)}"))
-            self._measure(sender, now - m.sent_at)
-            m.phase = "sent"
-            m.tried.clear()
-        elif m.phase == "grad_sent" and sender == (m.sink_prev if self.is_data else m.prev):
-            eff.append(CancelTimer(f"bk:{_k(key)}"))
-            self._measure(sender, now - m.sent_at)
-            if self.is_data:
-                m.phase = "waitbwd"
-            else:
-                self._free(key, eff)
-
-    def _on_deny(self, now: float, sender: str, key: Key, eff: list) -> None:
-        m = self.mbs.get(key)
-        if m is None or m.next != sender:
-            return
-        if self.is_data and m.src_wait:
-            eff.append(CancelTimer(f"rc:{_k(key)}"))
-            m.tried.add(sender)
-            self._data_recover(now, m, eff)
-            return
-        if m.phase not in ("sending", "sent") or (self.is_data and m.full_path):
-            return  # a stale deny
-        eff.append(CancelTimer(f"fw:{_k(key)}"))
-        m.tried.add(sender)
-        self.stats.reroutes += 1
-        self._route(now, m, eff)
-
-    # ---- backward -----------------------------------------------------------
-    def _on_backward(self, now: float, sender: str, key: Key, eff: list) -> None:
-        m = self.mbs.get(key)
-        if m is None:
-            return
-        ok = ("grad_sent", "waitbwd") if self.is_data else ("sent", "sending")
-        if m.phase not in ok:
-            return
-        if m.phase == "sending":
-            eff.append(CancelTimer(f"fw:{_k(key)}"))
-        m.next = sender
-        if self.is_data:
-            for t in ("bk", "rc", "e2e", "pb"):
-                eff.append(CancelTimer(f"{t}:{_k(key)}"))
-            m.src_wait = False
-            m.phase = "final"
-        else:
-            m.phase = "bwd"
-        eff.append(Compute("backward", key))
-
-    def _on_probe(self, now: float, sender: str, msg: Probe, eff: list) -> None:
-        key = (msg.data_node, msg.seq, msg.iteration)
-        m = self.mbs.get(key)
-        if m is None and not self.is_data:
-            return  # I hold nothing of it: the chain is broken here; no ack, so the prober recovers past me
-        eff.append(Send(sender, ProbeAck(*key)))
-        if m is None or self.is_data or m.phase != "sent" or m.next is None:
-            return  # the frontier (or the sink): it is alive, the probe stops here
-        m.full_path = tuple(msg.path)
-        eff.append(Send(m.next, Probe(*key, msg.path)))
-        eff.append(SetTimer(f"pb:{_k(key)}", self._deadline(now, m.next)))
-
-    def _recover_after(self, now: float, m: Mb, eff: list) -> None:
-        """My next hop on the path is dead: send my stashed output to a live node of its stage."""
-        m.tried = {m.next}
-        if self.is_data:
-            if m.phase in ("grad_sent", "waitbwd"):
-                self._data_recover(now, m, eff)
-            elif m.phase == "sent":  # forward pass: resend to another first hop
-                m.rest = ()
-                self._route(now, m, eff)
-            return
-        if m.phase != "sent" or self.stage >= self.cfg.last_stage:
-            return
-        if not m.full_path:  # the forward pass had not reached the sink: a plain reroute
-            m.rest = ()
-            self._route(now, m, eff)
-            return
-        path = m.full_path
-        i = self.stage + 3  # path[0] is the data node, path[s+1] the relay of stage s
-        m.rest = tuple(path[i:]) + (m.key[0],)
-        self._route(now, m, eff)
-
-    def _on_resume(self, now: float, sender: str, msg: Resume, eff: list) -> None:
-        key = (msg.data_node, msg.seq, msg.iteration)
-        m = self.mbs.get(key)
-        if m is None:
-            if self.is_data:
+    def _data_compute_done(self, now: float, m: DMb, kind: str, eff: list) -> None:
+        key = m.key
+        if kind == "forward" and m.src == "emb":
+            j = m.next
+            if j is None or j in self.dead or j in self.full:
+                j = self._choose_next(self.me, set())
+            if j is None:
+                self._put_back(now, m, eff)
                 return
-            self._on_recover(now, sender, Recover(*key, msg.path, msg.rest, msg.tensor), eff)
-            return
-        eff.append(Send(sender, Complete(*key)))
-        if self.is_data:
-            m.sink_prev = sender
-            if m.phase in ("grad_sent", "waitbwd"):
-                m.phase, m.sent_at = "grad_sent", now
-                eff.append(Send(sender, Backward(*key, None)))
-                eff.append(SetTimer(f"bk:{_k(key)}", self._deadline(now, sender)))
-            return
-        m.prev = sender
-        if m.phase == "grad_sent":
-            m.sent_at = now
-            eff.append(Send(sender, Backward(*key, None)))
-            eff.append(SetTimer(f"bk:{_k(key)}", self._deadline(now, sender)))
+            m.next, m.src, m.sent_at = j, "sending", now
+            eff.append(Send(j, Forward(*key, (self.me,), None, m.attempt)))
+            eff.append(SetTimer(f"fw:{_k(key)}", self._deadline(now, j)))
+        elif kind == "loss" and m.sink == "loss":
+            target = m.path[-1]
+            m.sink, m.sent_at = "grad", now
+            eff.append(Send(target, Backward(*key, None, m.attempt)))
+            eff.append(SetTimer(f"bk:{_k(key)}", self._deadline(now, target)))
+            self._arm_watchdog(now, m, eff)
+        elif kind == "final" and m.sink == "final":
+            eff.append(Send(m.final_from or m.next, Complete(*key, m.attempt)))
+            if m.rounds == 0:
+                self.e2e_est = (1 - EWMA_ALPHA) * self.e2e_est + EWMA_ALPHA * (now - m.launched_at)
+            # every holder off the final path had a duplicate branch: release it (and its contribution)
+            final = set(p for p in m.path if p is not None)
+            for p in sorted(m.holders - final):
+                eff.append(Send(p, Release(*key, m.attempt)))
+            self.ledger.mark(key[2], key[1], MbStatus.COMPLETED)
+            self._cancel(key, eff)
+            del self.mbs[key]
+            self._launch(now, eff)
+            self._maybe_done(now, key[2], eff)
 
-    def _backward_trouble(self, now: float, key: Key, eff: list) -> None:
-        """Data node: a backward did not come through.  GWTF probes the path; SWARM restarts the pipeline."""
-        m = self.mbs.get(key)
-        if m is None or not self.is_data or m.phase not in ("grad_sent", "waitbwd", "sent"):
-            return
-        if self.swarm or m.probes >= MAX_PROBES:
-            self.stats.restarts += 1
-            for p in m.full_path[1:]:
-                eff.append(Send(p, Release(*key)))
-            for p in (m.next, m.sink_prev):
-                if p is not None and p not in m.full_path:
-                    eff.append(Send(p, Release(*key)))
-            self._free(key, eff)
-            nm = Mb(key, None, (self.me,))
-            self.mbs[key] = nm
-            eff.append(Compute("forward", key))
-            return
-        if m.probing:
-            return
-        m.probing = True
-        m.probes += 1
-        self.stats.probes += 1
-        eff.append(Send(m.next, Probe(*key, m.full_path)))
-        eff.append(SetTimer(f"pb:{_k(key)}", self._deadline(now, m.next)))
-        m.e2e_expect = min(2 * m.e2e_expect, 4 * self.e2e_est)
-        eff.append(SetTimer(f"e2e:{_k(key)}", now + self.cfg.k * m.e2e_expect + self.cfg.margin_s))
-
-    # ---- data node ----------------------------------------------------------
     def _open(self, now: float, it: int, eff: list) -> None:
         self.iteration = it
         self.full.clear()  # every relay dropped its stashes in the aggregation: room again
@@ -711,48 +909,16 @@ class RecoveryNode:
             seq = self.waiting.pop(0)
             key = (self.me, seq, it)
             self.ledger.mark(it, seq, MbStatus.INFLIGHT)
-            self.mbs[key] = Mb(key, None, (self.me,), next=j, phase="fwd")
-            self.mbs[key].next = j  # reserve the slot while the embedding computes
+            m = DMb(key, next=j, path=[None] * self.nstages, launched_at=now)  # the slot is reserved
+            self.mbs[key] = m
             eff.append(Compute("forward", key))
+            self._arm_watchdog(now, m, eff)
         if self.waiting and not any(m.key[2] == it for m in self.mbs.values()):
             # nothing in flight and no first hop to take more: defer the rest
             for s in list(self.waiting):
                 self.waiting.remove(s)
                 self._defer((self.me, s, it), eff)
             self._maybe_done(now, it, eff)
-
-    def _data_compute_done(self, now: float, m: Mb, eff: list) -> None:
-        key = m.key
-        if m.phase == "fwd":  # the embedding side is done: hand it to the first hop
-            j = m.next
-            if j is None or j in self.dead or j in self.full:
-                m.next = None
-                j = self._choose_next(self.me, set(), fresh=False)
-            if j is None:
-                self._give_back(now, m, eff)
-                return
-            m.next, m.phase, m.sent_at = j, "sending", now
-            eff.append(Send(j, Forward(*key, m.path, None)))
-            eff.append(SetTimer(f"fw:{_k(key)}", self._deadline(now, j)))
-            # safety net for the forward pass (a hop that acked and died before passing it on)
-            m.e2e_expect = self.e2e_est
-            eff.append(SetTimer(f"e2e:{_k(key)}", now + 2 * self.cfg.k * m.e2e_expect + self.cfg.margin_s))
-        elif m.phase == "loss":
-            m.phase, m.sent_at = "grad_sent", now
-            eff.append(Send(m.sink_prev, Backward(*key, None)))
-            eff.append(SetTimer(f"bk:{_k(key)}", self._deadline(now, m.sink_prev)))
-            m.e2e_expect = self.e2e_est
-            m.e2e_at = now
-            eff.append(SetTimer(f"e2e:{_k(key)}", now + 2 * self.cfg.k * m.e2e_expect + self.cfg.margin_s))
-        elif m.phase == "final":
-            eff.append(Send(m.next, Complete(*key)))
-            started = m.e2e_at
-            if started is not None and not m.probing:
-                self.e2e_est = (1 - EWMA_ALPHA) * self.e2e_est + EWMA_ALPHA * (now - started)
-            self.ledger.mark(key[2], key[1], MbStatus.COMPLETED)
-            self._free(key, eff)
-            self._launch(now, eff)
-            self._maybe_done(now, key[2], eff)
 
     def _maybe_done(self, now: float, it: int, eff: list) -> None:
         if not self.is_data or it in self.reported or self.waiting:
@@ -794,7 +960,7 @@ class RecoveryNode:
                     eff.append(Send(j, msg))
         if not self.is_data:
             for key in [k for k in self.mbs if k[2] <= it]:
-                self._free(key, eff)
+                self._drop(key, eff)
             self.full.clear()  # the next stage drops its stashes too
             self.denied.clear()
         eff.append(Compute("aggregate", ("agg", it), len(self.contrib.get(it, ()))))

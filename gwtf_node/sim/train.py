@@ -160,14 +160,12 @@ def make_setting(name: str, seed: int) -> Setting:
     return Setting(name, relays, net)
 
 
-def compute_s(node_stage: int, kind: str, phase_hint: str = "") -> float:
+def compute_s(node_stage: int, kind: str) -> float:
     if kind == "aggregate":
         return AGG_S
     if node_stage < 0:
-        if kind == "forward":
-            return DATA_FWD_S
-        return DATA_LOSS_S if phase_hint == "loss" else DATA_FINAL_S
-    return BACKWARD_S if kind == "backward" else FORWARD_S
+        return {"forward": DATA_FWD_S, "loss": DATA_LOSS_S, "final": DATA_FINAL_S}[kind]
+    return BACKWARD_S if kind == "backward" else FORWARD_S  # forward, recompute
 
 
 IDEAL_MB_S = DATA_FWD_S + DATA_LOSS_S + DATA_FINAL_S + len(STAGE_SIZES) * (FORWARD_S + BACKWARD_S)
@@ -272,7 +270,7 @@ class TrainSim:
 
     def _prior(self, a: str, b: str, back: bool) -> float:
         sb = self.stage[b]
-        c = compute_s(sb, "backward" if back else "forward", "loss" if sb < 0 and not back else "")
+        c = compute_s(sb, ("final" if back else "loss") if sb < 0 else ("backward" if back else "forward"))
         return self.net.transfer_s(a, b, ACTIVATION_MB) + c * max(1, self.cap.get(b, MICROBATCHES))
 
     def _make(self, nid: str, stage: int, cap: int) -> RecoveryNode:
@@ -288,13 +286,14 @@ class TrainSim:
         if not hasattr(self, "_e2e"):
             hop = statistics.mean(self.net.transfer_s(a, b, ACTIVATION_MB) for a in DATA_NODES
                                   for b in self._peers(0, ""))
-            self._e2e = (S + 1) * (hop + BACKWARD_S)
+            self._e2e = 2 * (S + 1) * hop + IDEAL_MB_S  # launch -> final backward, no queueing
         e2e = self._e2e
         cfg = RecoveryConfig(
             node_id=nid, stage=stage, last_stage=S - 1, capacity=cap, data_nodes=DATA_NODES, leader=DATA_NODES[0],
             next_peers={j: cost(nid, j) for j in nxt}, prev_peers={j: cost(nid, j) for j in prv},
             peer_capacity={j: self.cap.get(j, MICROBATCHES) for j in nxt + prv}, prior_s=prior,
-            e2e_prior_s=e2e, agg_wait_s=AGG_PEER_TIMEOUT_S + 15.0, policy=self.policy)
+            e2e_prior_s=e2e, agg_wait_s=AGG_PEER_TIMEOUT_S + 15.0, policy=self.policy,
+            swarm_assumed_capacity=MICROBATCHES)
         m = RecoveryNode(cfg, random.Random(f"{self.seed}:{nid}"),
                          first_seq=(DATA_NODES.index(nid) * 10**6 if nid in DATA_NODES else 0))
         if self.policy == "gwtf" and nid in self.flows:
@@ -335,12 +334,7 @@ class TrainSim:
                 k = (nid, e.key)
                 self._tv[k] = self._tv.get(k, 0) + 1
             elif t is Compute:
-                m = self.nodes[nid]
-                hint = ""
-                if e.kind != "aggregate" and m.is_data:
-                    mb = m.mbs.get(e.key)
-                    hint = mb.phase if mb is not None else ""
-                dur = compute_s(self.stage[nid], e.kind, hint)
+                dur = compute_s(self.stage[nid], e.kind)
                 start = max(self.now, self._busy.get(nid, 0.0))
                 end = start + dur
                 self._busy[nid] = end
@@ -486,13 +480,14 @@ class TrainSim:
                 per.append({"iteration": it, "finished": False, "completed": completed})
                 continue
             dur = max(st.closed[d] - st.opened[d] for d in DATA_NODES)
-            useful = completed * IDEAL_MB_S - st.lost_contrib_s
+            useful = completed * IDEAL_MB_S
             per.append({
                 "iteration": it, "finished": True, "completed": completed, "iteration_s": dur,
                 "time_per_microbatch_s": dur / completed if completed else math.inf,
                 "communication_time_s": st.transfer_s / completed if completed else st.transfer_s,
                 "wasted_compute_s": max(0.0, st.compute_s - useful),
                 "lost_contributions": st.lost_contrib,
+                "lost_contribution_compute_s": st.lost_contrib_s,
             })
         lost, deferred, twice = self.ledger_check(iterations)
         unfinished = sum(1 for p in per if not p["finished"])
@@ -502,8 +497,8 @@ class TrainSim:
             vals = [p[k] for p in fin if math.isfinite(p[k])]
             return statistics.fmean(vals) if vals else math.nan
 
-        stats = {k: 0 for k in ("reroutes", "denies_sent", "deferred", "probes", "recovers", "restarts",
-                                "presumed_dead", "agg_deadlines")}
+        stats = {k: 0 for k in ("reroutes", "denies_sent", "deferred", "probes", "recovers", "resends", "restarts",
+                                "gave_up", "presumed_dead", "agg_deadlines", "stale")}
         for m in self.nodes.values():
             for k in stats:
                 stats[k] += getattr(m.stats, k)
@@ -518,6 +513,7 @@ class TrainSim:
             "unfinished_iterations": unfinished,
             "deferred_microbatches": deferred,
             "lost_contributions": sum(p.get("lost_contributions", 0) for p in fin),
+            "lost_contribution_compute_s": mean("lost_contribution_compute_s"),
             "crashes": len(self.crashes), "joins": self.joins,
             "protocol": stats,
             "per_iteration": per,
