@@ -148,3 +148,70 @@ def test_churn_runs_lose_nothing() -> None:
     for setting in T.SETTINGS:
         rep = T.run_train(setting, "gwtf", 0.1, 8, 2)
         assert rep["lost_microbatches"] == 0 and rep["unfinished_iterations"] == 0
+
+
+# ---- property: any crash schedule, exactly-once completion and a consistent ledger ---------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+RELAYS = [f"s{s}r{i}" for s, n in enumerate(T.STAGE_SIZES) for i in range(n)]
+
+
+def check_exactly_once(sim: T.TrainSim, iters: int) -> None:
+    """Every ledger entry of a closed iteration is COMPLETED or DEFERRED; a deferred seq comes back in the
+    next iteration; every seq is completed at most once; no microbatch record is left at its data node."""
+    for d in T.DATA_NODES:
+        led = sim.nodes[d].ledger
+        done = led.completed_everywhere()
+        assert len(done) == len(set(done)), "a microbatch was trained twice"
+        for it in range(iters):
+            row = led.entries[it]
+            for seq, status in row.items():
+                assert status in (MbStatus.COMPLETED, MbStatus.DEFERRED), (d, it, seq, status)
+                if status is MbStatus.DEFERRED:
+                    assert seq in led.entries.get(it + 1, {}), "a deferred microbatch was not pushed again"
+        assert not [k for k in sim.nodes[d].mbs if k[2] < iters], "a closed iteration left a record in flight"
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy=st.sampled_from(["gwtf", "swarm"]), setting=st.sampled_from(T.SETTINGS),
+       crashes=st.lists(st.tuples(st.floats(0.0, 900.0), st.sampled_from(RELAYS)), min_size=1, max_size=6),
+       rejoin=st.booleans())
+def test_random_crash_schedules_lose_nothing(policy, setting, crashes, rejoin) -> None:
+    iters = 4
+    s = T.make_setting(setting, 3)
+    sim = T.TrainSim(s, policy, 0.0, 3, crash_plan=crashes, rejoin=rejoin)
+    sim.run(iters)
+    rep = sim.report(iters)
+    assert rep["unfinished_iterations"] == 0 and rep["lost_microbatches"] == 0
+    check_exactly_once(sim, iters)
+
+
+def test_simultaneous_crashes_of_consecutive_stages_are_repaired_without_restart() -> None:
+    """Two adjacent stages of the same path die at once in the backward pass: one repair chain fixes both."""
+    fired = {}
+
+    def when(n, e, p):
+        return n == "d0" and e == "done" and p[1] == "loss" and p[0][2] == 1
+
+    def victims(n, p):
+        path = sim_holder["sim"].nodes["d0"].inner.mbs[p[0]].path
+        fired["path"] = list(path)
+        for v in path[1:3]:
+            sim_holder["sim"]._push(sim_holder["sim"].now, T._CRASH, v, None, None)
+        return path[3]
+
+    sim_holder = {}
+    s = T.make_setting("table2-homogeneous", 0)
+    sim = T.TrainSim(s, "gwtf", 0.0, 0)
+    sim_holder["sim"] = sim
+    sim.fired = False
+    for nid in list(sim.nodes):
+        sim.nodes[nid] = Spy(sim, nid, sim.nodes[nid], when, victims)
+    sim.run(ITERS)
+    rep = sim.report(ITERS)
+    check_ledger(sim, rep)
+    assert len(sim.crashes) == 3
+    assert rep["protocol"]["recovers"] >= 3 and rep["protocol"]["restarts"] == 0
+    check_exactly_once(sim, ITERS)
