@@ -113,9 +113,12 @@ iteration's microbatches and starts its step (`Compute("aggregate")`; the
 driver / daemon all-reduces the gradient sums and counts over the live relays
 of the stage, waiting at most a deadline for a dead one).  `CanTake` goes
 back to front: the last stage after its step; another node after its step and
-a `CanTake` from every next-stage peer it believes alive, or after
-`agg_wait_s` x (stages behind it + 1).  A data node opens the next iteration
-the same way.
+a `CanTake` from *a* next-stage peer ("detects that a downstream peer has also
+finished", V-E: waiting for all of them would wait for the dead ones), or
+after `agg_wait_s` x (stages behind it + 1) with none.  A data node opens the
+next iteration the same way.  A relay still aggregating iteration t answers
+`MbDeny` to a microbatch of t+1 (its parameters are not t+1's yet) and sends
+`Room` once its step is applied.
 
 Contributions lost inside a crashed relay (the rule)
 ----------------------------------------------------
@@ -149,7 +152,7 @@ from .messages import (
 from .pipeline import Ledger, MbStatus, OpenIteration, pick_next_hop
 
 K_DEADLINE = 3.0  # hop deadline = K x expected + margin (see the module doc)
-K_E2E = 2.0  # watchdog = K_E2E x expected end-to-end time + margin
+K_E2E = K_DEADLINE  # watchdog = K_E2E x expected end-to-end time + margin
 MARGIN_S = 2.0
 EWMA_ALPHA = 0.3
 POLICIES = ("gwtf", "swarm")
@@ -475,6 +478,7 @@ class RecoveryNode:
             it = key[1]
             self.stepped.add(it)
             self.contrib.pop(it, None)
+            self._room(eff)  # peers I denied while aggregating may send again
             self._maybe_can_take(now, it, eff, forced=False)
             if it not in self.can_take_done:
                 # CAN TAKE comes back to front: a stage d levels from the end waits up to d+1 deadlines
@@ -581,8 +585,9 @@ class RecoveryNode:
             if a > r.attempt:
                 self.contrib.get(key[2], set()).discard(key)  # the old attempt's gradient is not trained on
             self._drop(key, eff)  # a newer attempt, or a repair the data node ordered: it supersedes mine
-        if msg.iteration in self.begun or self._slots_used() >= self.cfg.capacity:
-            self._deny(sender, key, a, eff)
+        aggregating = (msg.iteration - 1) in self.begun and (msg.iteration - 1) not in self.stepped
+        if msg.iteration in self.begun or aggregating or self._slots_used() >= self.cfg.capacity:
+            self._deny(sender, key, a, eff)  # (aggregating: my parameters are not those of this iteration yet)
             return
         recover = type(msg) is Recover
         self.mbs[key] = Rec(key, a, sender, tuple(msg.path) + (self.me,), rest=tuple(msg.rest) if recover else ())
@@ -969,11 +974,8 @@ class RecoveryNode:
         if it not in self.stepped or it in self.can_take_done:
             return
         heard = self.can_take_from.get(it, set())
-        if self.is_data or self.stage < self.cfg.last_stage:
-            need = {j for j in self._live_next() if j not in self.cfg.data_nodes}
-            missing = need - heard
-            if missing and not forced:
-                return  # (on the deadline the silent peers are not presumed dead: a slow chain is not a crash)
+        if (self.is_data or self.stage < self.cfg.last_stage) and not heard and not forced:
+            return  # V-E: my step is done and a downstream peer has finished too (any one: a dead one never will)
         self.can_take_done.add(it)
         eff.append(CancelTimer(f"ct:{it}"))
         if self.is_data:
