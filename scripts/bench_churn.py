@@ -25,7 +25,8 @@ from gwtf_node.sim.train import SETTINGS, run_train
 ROOT = Path(__file__).resolve().parent.parent
 CHURNS = (0.0, 0.1, 0.2)
 KEYS = ("time_per_microbatch_s", "throughput_per_iteration", "communication_time_s", "wasted_compute_s",
-        "lost_microbatches", "deferred_microbatches", "lost_contributions", "unfinished_iterations")
+        "lost_microbatches", "deferred_microbatches", "lost_contributions", "lost_contribution_compute_s",
+        "unfinished_iterations")
 
 
 def ms(vals):
@@ -50,7 +51,8 @@ def main() -> int:
                 rows[(setting, churn, policy)]["lost_total"] = sum(r["lost_microbatches"] for r in runs)
                 rows[(setting, churn, policy)]["unfinished_total"] = sum(r["unfinished_iterations"] for r in runs)
                 rows[(setting, churn, policy)]["restarts"] = sum(r["protocol"]["restarts"] for r in runs)
-                rows[(setting, churn, policy)]["recovers"] = sum(r["protocol"]["recovers"] for r in runs)
+                for k in ("recovers", "resends", "probes", "gave_up"):
+                    rows[(setting, churn, policy)][k] = sum(r["protocol"][k] for r in runs)
                 print(setting, churn, policy, {k: round(v[0], 2) for k, v in rows[(setting, churn, policy)].items()
                                                if isinstance(v, tuple)}, flush=True)
     out = [f"# Churn benchmark: Table II of the GWTF paper in the simulator\n",
@@ -64,6 +66,7 @@ def main() -> int:
              ("wasted_compute_s", "Wasted compute (s / iteration)", 1), ("lost_microbatches", "Lost microbatches", 1),
              ("deferred_microbatches", "Deferred microbatches (per run)", 1),
              ("lost_contributions", "Contributions lost in crashed relays (per run)", 1),
+             ("lost_contribution_compute_s", "Their compute (s / iteration; not in wasted compute)", 1),
              ("unfinished_iterations", "Unfinished iterations (stalls, per run)", 1)]
     for setting in SETTINGS:
         head = "| | " + " | ".join(f"SWARM {int(c*100)}% | GWTF {int(c*100)}%" for c in CHURNS) + " |"
@@ -75,8 +78,9 @@ def main() -> int:
                     m, sd = rows[(setting, c, p)][key]
                     cells.append(f"{m / div:.2f} ± {sd / div:.2f}")
             out.append(f"| {label} | " + " | ".join(cells) + " |")
-        rr = [f"{p} {int(c*100)}%: recovers {rows[(setting, c, p)]['recovers']}, restarts "
-              f"{rows[(setting, c, p)]['restarts']}" for c in CHURNS for p in ("swarm", "gwtf")]
+        rr = [f"{p} {int(c*100)}%: " + ", ".join(f"{k} {rows[(setting, c, p)][k]}" for k in
+                                                 ("restarts", "probes", "recovers", "resends", "gave_up"))
+              for c in CHURNS for p in ("swarm", "gwtf")]
         out.append("\nProtocol counts (sum over seeds): " + "; ".join(rr) + "\n")
     # targets
     g = rows[("table2-heterogeneous", 0.1, "gwtf")]["time_per_microbatch_s"][0]

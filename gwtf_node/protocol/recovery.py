@@ -541,7 +541,8 @@ class RecoveryNode:
                 self._measure(sender, now - r.sent_at)
                 r.phase = "done"
         elif t is MbDeny:
-            if r.phase == "sending" and sender == r.next:
+            # (also after its Complete: the next hop acknowledged, then found no route on and handed it back)
+            if r.phase in ("sending", "sent") and sender == r.next:
                 eff.append(CancelTimer(f"fw:{_k(key)}"))
                 r.tried.add(sender)
                 self.stats.reroutes += 1
@@ -663,7 +664,7 @@ class RecoveryNode:
                 self._measure(sender, now - m.sent_at)
                 m.sink = "wait"
         elif t is MbDeny:
-            if m.src == "sending" and sender == m.next:
+            if sender == m.next and (m.src == "sending" or (m.src == "sent" and m.sink is None)):
                 eff.append(CancelTimer(f"fw:{_k(key)}"))
                 m.tried.add(sender)
                 self.stats.reroutes += 1

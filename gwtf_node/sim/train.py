@@ -43,7 +43,12 @@ after that there is no global recomputation: nodes repair flows locally
 (recovery.py: a dead next hop's units move to live peers of its stage with
 room, joiners are taken when a unit needs a new home).  The flow machines of
 `flow.py` are not run alongside (too slow for 250 runs in the time we had).
-SWARM: no flows, greedy next hop.
+SWARM: no flows, greedy next hop (the cheapest link), assuming every relay has
+the homogeneous capacity (4): SWARM assumes equal memory (paper, section I),
+so in the heterogeneous setting a relay with less room answers DENY after the
+transfer and the sender tries the next cheapest.  Detection of a failed
+backward is by the data node's own timeouts (its hop, its end-to-end
+watchdog), then the whole pipeline is recomputed (recovery.py).
 
 Metrics per iteration (means over iterations are reported)
 ----------------------------------------------------------
@@ -55,9 +60,13 @@ Metrics per iteration (means over iterations are reported)
   microbatch;
 * wasted compute: compute seconds spent on the iteration's microbatches minus
   the compute of the completed ones along their final path (stage forward +
-  backward per stage, data node work), minus nothing else: so it counts dead
-  attempts, SWARM's recomputed pipelines, work of crashed relays, and
-  contributions lost inside a crashed relay;
+  backward per stage, data node work): so it counts dead attempts, SWARM's
+  recomputed pipelines, GWTF's recomputed stage forwards (one per crashed
+  stage), work done for microbatches that were deferred and duplicate
+  branches.  Not in it: the backward of a completed microbatch whose
+  gradient then died with its relay before the all-reduce (the same for both
+  policies, a matter of when the crash falls, not of recovery): reported
+  apart as `lost_contribution_compute_s`;
 * lost microbatches: ledger entries neither completed nor deferred once an
   iteration closed, plus microbatches completed twice (must be 0);
 * lost contributions: gradients of completed microbatches that died with a
