@@ -110,6 +110,17 @@ class LocalSwarm:
             if self.auto_stage and name.startswith("r"):
                 self._wait_stage(name)
 
+    def add_relay(self, name: str, *, auto: bool = True, stage: int | None = None) -> None:
+        """Start one more relay while the swarm runs (a volunteer joining): `--stage auto` by default."""
+        boot = (self.state_dir("d0") / "addr").read_text().split()[0]
+        links_file = self.workdir / "links.json" if self.links is not None else None
+        saved = self.auto_stage
+        self.auto_stage = auto
+        try:
+            self._spawn(name if auto else f"r{stage}_{name}", boot, links_file)
+        finally:
+            self.auto_stage = saved
+
     def _wait_stage(self, name: str) -> int:
         """An auto relay has picked its stage (it says so in its status.json)."""
         path = self.state_dir(name) / "status.json"

@@ -264,8 +264,10 @@ class MembershipMixin:
         log.info("assigned to stage %d by the leader (term %d); state from %s, serving from iteration %d",
                  a.stage, a.term, self._who(a.download_from), a.start_iteration)
         self.stage = a.stage
+        self.joining = True
+        self.want_after = max(self.want_after, a.start_iteration)
+        self.phases = self._new_phases()  # from now on a BEGIN that leaves us out raises `want_after`
         await trio.to_thread.run_sync(self._load_model)
-        self.phases = self._new_phases()
         if a.download_from == INITIAL:  # an empty stage before any step: the manifest's weights are the state
             self.applied_steps = self.ready_from = 0
             self.joining = False
@@ -278,15 +280,27 @@ class MembershipMixin:
         await self._fetch_state(a.download_from, a.start_iteration)
 
     async def _fetch_state(self, source: str, after: int) -> None:
+        """Download the stage state from `source`, with at least `after` optimizer steps applied.
+
+        While it waits, a BEGIN AGGREGATION that leaves it out raises the steps
+        it needs (`_resync`); the request is then sent again, and a reply with
+        fewer steps is refused, so the state it ends with is never behind an
+        aggregation it missed.
+        """
         self.joining = True
+        self.want_after = max(self.want_after, after)
         self.state_loaded = trio.Event()
         self._hello_all()
-        while True:
-            await self._send(source, m.StageStateRequest(self.stage, after))
-            with trio.move_on_after(STATE_WAIT_S):
+        asked, deadline = -1, 0.0
+        while not self.state_loaded.is_set():
+            if asked != self.want_after or trio.current_time() > deadline:
+                if asked == self.want_after:
+                    log.warning("no state from %s within %.0f s: asking again", self._who(source), STATE_WAIT_S)
+                asked = self.want_after
+                deadline = trio.current_time() + STATE_WAIT_S
+                await self._send(source, m.StageStateRequest(self.stage, asked))
+            with trio.move_on_after(0.2):
                 await self.state_loaded.wait()
-                return
-            log.warning("no state from %s within %.0f s: asking again", self._who(source), STATE_WAIT_S)
 
     def _hello_all(self) -> None:
         for pid in list(self.peers):
@@ -316,6 +330,8 @@ class MembershipMixin:
 
         if not self.joining or msg.stage != self.stage or msg.tensor is None:
             raise_refused("StageState that this node did not ask for")
+        if msg.iteration < self.want_after:
+            raise_refused(f"StageState after {msg.iteration} steps, asked for at least {self.want_after}")
         try:
             t = unpack(msg.tensor, payload, expect_dtype="uint8", max_bytes=1 << 34)
         except TensorError as e:
@@ -338,7 +354,18 @@ class MembershipMixin:
         self.state_loaded.set()
 
     async def _resync(self, iteration: int) -> None:
-        """BEGIN AGGREGATION of `iteration` left this node out: fetch the state after that step."""
+        """BEGIN AGGREGATION of `iteration` left this node out: fetch the state after that step.
+
+        Only a node that holds a state meant for this iteration (not joining,
+        `ready_from <= iteration`) has fallen behind; a joiner's download in
+        flight already asks for a later state, and an older iteration's step
+        is in the state it holds.
+        """
+        if self.joining:
+            self.want_after = max(self.want_after, iteration + 1)  # the download must include this step
+            return
+        if iteration < self.ready_from:
+            return
         group = self.phases.group(iteration, self.stage) or set()
         sources = sorted(p for p in group if p != self.me)
         if not sources:

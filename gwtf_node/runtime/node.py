@@ -173,6 +173,7 @@ class Node(MembershipMixin):
         self.joining = False
         self.ready_from = 0
         self.applied_steps = 0  # optimizer steps applied to this node's part
+        self.want_after = 0  # a joiner: the fewest steps the state it downloads must have
         self.steps_changed = trio.Event()
         self.state_loaded = trio.Event()
         self.done_sent: dict[int, str] = {}

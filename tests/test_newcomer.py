@@ -1,0 +1,72 @@
+"""A volunteer joins a training run in flight (issue 5, on real processes).
+
+1 data node and 2 stages x 1 relay train; a new relay starts with `--stage
+auto` while they do. The leader places it, it downloads its stage's weights
+and optimizer state from the stage's relay (SHA-256 checked) and takes part
+in the aggregations from the next iteration boundary on. The run is not
+disturbed: every iteration's loss equals the centralized reference, and at
+the end the newcomer's parameters equal its stage peer's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import trio
+
+from gwtf_node.model.manifest import default_manifest, save_manifest
+from gwtf_node.model.reference import train_centralized
+from gwtf_node.runtime.local import LocalSwarm
+
+pytestmark = [pytest.mark.slow, pytest.mark.trio]
+AFTER_JOIN = 5  # iterations the newcomer takes part in before the run is stopped
+
+
+def _records(workdir: Path) -> list[dict]:
+    p = workdir / "d0" / "metrics.jsonl"
+    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+
+
+async def test_newcomer_joins_mid_run(tmp_path: Path) -> None:
+    man = default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=2)
+    run = tmp_path / "run.json"
+    save_manifest(man, run)
+    swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=1, iterations=100000)
+    newlog = tmp_path / "new" / "node.log"
+    try:
+        await trio.to_thread.run_sync(swarm.start)
+        with trio.fail_after(180):
+            while len(_records(tmp_path)) < 3:
+                swarm._check_alive()
+                await trio.sleep(0.2)
+        swarm.add_relay("new")
+        with trio.fail_after(240):
+            while "taking part from iteration" not in (newlog.read_text() if newlog.exists() else ""):
+                swarm._check_alive()
+                await trio.sleep(0.2)
+            joined_at = int(newlog.read_text().split("taking part from iteration ")[-1].split()[0])
+            while len(_records(tmp_path)) < joined_at + AFTER_JOIN:
+                swarm._check_alive()
+                await trio.sleep(0.2)
+        # stop the data node first: no new iteration opens, the aggregation in flight completes
+        swarm.procs["d0"].terminate()
+        await trio.sleep(3)
+    finally:
+        await trio.to_thread.run_sync(swarm.stop)
+
+    log = newlog.read_text()
+    assert "assigned to stage" in log and "state loaded from" in log, log[-2000:]
+    assert joined_at >= 3
+    new = torch.load(tmp_path / "new" / "checkpoint.pt", weights_only=False)
+    peer = torch.load(tmp_path / f"r{new['stage']}_0" / "checkpoint.pt", weights_only=False)
+    last = peer["iteration"]
+    assert last >= joined_at + AFTER_JOIN - 1
+    assert new["iteration"] == last  # it stepped with its stage to the end
+    assert torch.equal(new["params"], peer["params"])  # bit for bit: same state, same all-reduced update
+
+    records = _records(tmp_path)[: last + 1]
+    ref = train_centralized(man, last + 1)
+    assert [r["loss"] for r in records] == pytest.approx(ref.losses, rel=1e-4)  # the join did not disturb training
