@@ -84,7 +84,8 @@ def test_request_flow_cost_changed_carries_current_label():
     rep = one(eff, FlowReply, "P1").msg
     assert rep.outcome == Reply.COST_CHANGED and rep.req_id == 7
     assert rep.current is not None and rep.current.cost == 13.0 and rep.current.side == Side.IN
-    assert _unwire(rep.current) == (m.epoch[D], m.my_in[D])  # the wire label carries the wave's epoch
+    assert rep.current.epoch == m.epoch[D]  # the wire label carries the wave's epoch
+    assert _unwire(rep.current) == (m.epoch[D], m.my_in[D])
     assert m.inn[D] == {}
 
 
@@ -231,7 +232,7 @@ def test_cost_announce_updates_labels_and_is_forwarded_upstream():
     eff = m.on_timer(timer[0].deadline, "announce")
     for p in PREV:
         ann = one(eff, CostAnnounce, p).msg
-        assert any(l.side == Side.IN and l.cost == 8.0 and l.path[:3] == ("@0", "R+", "R-") for l in ann.labels)
+        assert any(l.side == Side.IN and l.cost == 8.0 and l.epoch == 0 and l.path[:2] == ("R+", "R-") for l in ann.labels)
     # a cheaper route via N1 wins
     m.on_message(0.2, "N1", CostAnnounce((in_label("N1", 2.0),)))
     assert m.my_in[D].cost == 5.0 and m.dec_in[D] == ("F", "N1")
@@ -288,7 +289,7 @@ def test_data_node_approves_own_commodity_refuses_others():
 
 def test_data_node_launches_along_its_out_label():
     m, _ = data_node()
-    eff = m.on_message(0.1, "A", CostAnnounce((Label(D, Side.IN, 4.0, ("@1", "A+", "A-", D + "+")),)))
+    eff = m.on_message(0.1, "A", CostAnnounce((Label(D, Side.IN, 4.0, ("A+", "A-", D + "+"), epoch=1),)))
     assert m.my_out[D].cost == 5.0
     launch = [e for e in eff if isinstance(e, SetTimer) and e.key == "launch"]
     assert launch and not sends(eff, RequestFlow)  # waits until the wave has settled
@@ -421,6 +422,6 @@ def test_free_running_data_node_launches_on_tick():
     m = FlowNode(cfg, random.Random(0))
     m.start(0.0)
     assert not m.waves
-    eff = m.on_message(0.1, "A", CostAnnounce((Label(D, Side.IN, 4.0, ("@1", "A+", "A-", D + "+")),)))
+    eff = m.on_message(0.1, "A", CostAnnounce((Label(D, Side.IN, 4.0, ("A+", "A-", D + "+"), epoch=1),)))
     req = one(eff, RequestFlow, "A").msg
     assert req.expected_cost == 4.0 and m.token_pending

@@ -50,7 +50,7 @@ u64 = st.integers(0, UINT64_MAX)
 u32 = st.integers(0, UINT32_MAX)
 small_tuples = lambda s: st.lists(s, max_size=4).map(tuple)  # noqa: E731
 
-labels = st.builds(Label, commodity=ids, side=st.sampled_from(Side), cost=costs, path=small_tuples(ids))
+labels = st.builds(Label, commodity=ids, side=st.sampled_from(Side), cost=costs, path=small_tuples(ids), epoch=u32)
 hops = st.builds(HopFlow, commodity=ids, peer=ids, count=u32, cost=costs)
 
 STRATEGIES: dict[type, st.SearchStrategy] = {

@@ -48,8 +48,7 @@ the one announced (without that, a unit's walk could revisit a node whose
 state it had changed, and the augmentation was not a shortest path).  The
 data node launches once its OUT label has been still for
 `launch_quiet_factor` x the time the wave took to reach it.  The epoch rides
-on the wire as the first element of a label's path, `"@<e>"` (`_wire`);
-a label without it is of epoch 0.  With several data nodes, waves lose to
+on the wire in `Label.epoch` (`_wire`); free-running labels stay at epoch 0.  With several data nodes, waves lose to
 free-running labels (each data node's wave races the others' units for
 shared capacity: measured 1.16 / 1.36 of the LP bound on settings 5 / 6
 against 1.08 / 1.15), so `waves` defaults to on only with one data node;
@@ -127,27 +126,18 @@ class FlowConfig:
 _NO_LABEL = Label("", Side.IN, INF, ())
 
 
-_EPOCH_MARK = "@"  # a wire label's path starts with "@<epoch>" (see the module doc, "Label waves")
-
-
 def _cost_differs(new: Label, old: Label | None) -> bool:
     return old is None or abs(new.cost - old.cost) > EPS or (new.cost == INF) != (old.cost == INF)
 
 
 def _wire(lab: Label, epoch: int) -> Label:
-    """The label as sent: its epoch rides as the first element of the path."""
-    return Label(lab.commodity, lab.side, lab.cost, (f"{_EPOCH_MARK}{epoch}",) + lab.path)
+    """The label as sent: stamped with the epoch of its wave (`Label.epoch`)."""
+    return Label(lab.commodity, lab.side, lab.cost, lab.path, epoch)
 
 
 def _unwire(lab: Label) -> tuple[int, Label]:
-    """(epoch, label without the epoch mark); a label without a mark is of epoch 0."""
-    p = lab.path
-    if p and p[0][:1] == _EPOCH_MARK:
-        try:
-            return int(p[0][1:]), Label(lab.commodity, lab.side, lab.cost, p[1:])
-        except ValueError:
-            return -1, lab
-    return 0, lab
+    """(epoch, label as stored: epoch field cleared)."""
+    return lab.epoch, (lab if lab.epoch == 0 else Label(lab.commodity, lab.side, lab.cost, lab.path))
 
 
 def _pick(cands: list, sticky: str | None):

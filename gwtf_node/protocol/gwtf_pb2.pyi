@@ -45,16 +45,18 @@ DENY_REASON_NO_ROUTE: DenyReason
 DENY_REASON_DISPLACED: DenyReason
 
 class Label(_message.Message):
-    __slots__ = ("commodity", "side", "cost", "path")
+    __slots__ = ("commodity", "side", "cost", "path", "epoch")
     COMMODITY_FIELD_NUMBER: _ClassVar[int]
     SIDE_FIELD_NUMBER: _ClassVar[int]
     COST_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     commodity: str
     side: Side
     cost: float
     path: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, commodity: _Optional[str] = ..., side: _Optional[_Union[Side, str]] = ..., cost: _Optional[float] = ..., path: _Optional[_Iterable[str]] = ...) -> None: ...
+    epoch: int
+    def __init__(self, commodity: _Optional[str] = ..., side: _Optional[_Union[Side, str]] = ..., cost: _Optional[float] = ..., path: _Optional[_Iterable[str]] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class CostAnnounce(_message.Message):
     __slots__ = ("labels",)

@@ -50,6 +50,7 @@ class Label:
     side: Side
     cost: float
     path: tuple[str, ...]
+    epoch: int = 0  # the label wave it belongs to (see flow.py, "Label waves"); 0 with free-running labels
 
 
 @dataclass(frozen=True, slots=True)
