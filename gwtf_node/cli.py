@@ -385,7 +385,10 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--json", action="store_true", help="print the JSON of specs/scenario.md")
     f.set_defaults(func=cmd_flow)
 
+    from .sim.join import add_join_parser
     from .sim.train import add_train_parser
+
+    add_join_parser(simsub, _Parser, _nonneg_int)
 
     add_train_parser(simsub, _Parser, _nonneg_int, _positive_int)
 

@@ -190,6 +190,13 @@ class Hello:
     tensor_addr: str = ""
     joining: bool = False
     ready_from: int = 0
+    leaving: bool = False
+    leave_after: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Goodbye:
+    after_iteration: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -475,7 +482,7 @@ Message = (
     CostAnnounce | RequestFlow | FlowReply | Deny | Withdraw | QueryFlows | FlowReport
     | RequestChange | RequestRedirect | MoveReply | Reroute
     | Hello | PeerList | Forward | Backward | Complete | IterationDone | BeginAggregation | CanTake
-    | AllReduceChunk | Ping | Pong | StageStateRequest | StageState
+    | AllReduceChunk | Ping | Pong | StageStateRequest | StageState | Goodbye
     | MbDeny | Probe | ProbeAck | Recover | Resume | BackwardStuck | Room | Release | MbState | RepairOrder
     | RequestVote | Vote | LeaderHeartbeat | HeartbeatAck
     | JoinRequest | UtilizationQuery | UtilizationReport | Assignment
