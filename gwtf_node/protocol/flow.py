@@ -84,7 +84,7 @@ the matching half of the move can arrive.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from .anneal import ALPHA_DEFAULT, T0_DEFAULT, T_MIN_DEFAULT, Annealer
@@ -96,6 +96,8 @@ from .messages import (
 
 EPS = 1e-9  # costs closer than this are equal
 MAX_REJECTS_BEFORE_WAIT = 4  # consecutive rejections before a unit waits for the next tick
+MAX_STASHED_SENDERS = 256  # labels kept from senders that are not (yet) neighbours (see add_neighbour)
+SIDES = ("next", "prev", "peer")
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,8 @@ class FlowConfig:
     noroute_grace_s: float = 0.5  # a relay with an unpaired unit and no route waits this long before a DENY
     waves: bool | None = None  # label waves per augmentation; None: only with a single data node (see module doc)
     retry_epoch_rounds: float = 5.0  # several data nodes: a data node without a route starts a new wave this often
+    joined: bool = False  # placed into a run whose flows already formed: run greedy moves at start (see doc)
+    join_improve_rounds: float = 20.0  # rounds of greedy Request Redirect/Change after joining / a new stage peer
     t0: float = T0_DEFAULT
     alpha: float = ALPHA_DEFAULT
     t_min: float = T_MIN_DEFAULT
@@ -246,12 +250,16 @@ class FlowNode:
         self._noroute_since: dict[str, float] = {}
         self._now = 0.0
         self._data_prev = tuple(p for p in config.prev_costs if p in config.commodities)
+        self._removed: set[str] = set()  # peers removed (and not added again): their messages are ignored
+        self._stash: dict[str, dict[tuple[str, Side], Label]] = {}  # labels from not-yet neighbours
+        self.greedy_until = -INF  # greedy improvement moves (no annealing) until then (see "Membership changes")
         # data node only
         self.launch_pending = 0
         self.next_launch = 0.0
         self.epoch_started = 0.0
         self.first_out_at: float | None = None
         self.demand = config.capacity if config.is_data else 0
+        self._relaunch_at = 0.0
         self.waves = config.waves if config.waves is not None else len(config.commodities) <= 1
 
     # ------------------------------------------------------------ helpers
@@ -466,6 +474,8 @@ class FlowNode:
             self._new_epoch(now, eff)  # the first wave: the data node announces its sink label
         else:
             self._refresh_all(eff)
+        if self.cfg.joined and not self.cfg.is_data:
+            self.greedy_until = now + self.cfg.join_improve_rounds * self.cfg.round_s
         phase = self.rng.uniform(0.0, self.cfg.round_s)
         eff.append(SetTimer("tick", now + phase))
         return eff
@@ -482,7 +492,8 @@ class FlowNode:
             self.rejects_in_row = 0
             if self.move is not None and now >= self.move.deadline:
                 self.move = None  # the peer never answered: give up the move
-            if self.cfg.improve and not self.cfg.is_data and self.move is None and self._quiet():
+            if (self.cfg.improve or now < self.greedy_until) and not self.cfg.is_data and self.move is None \
+                    and self._quiet():
                 self._start_query(now, eff)
         self._act(now, eff)
         return eff
@@ -491,10 +502,116 @@ class FlowNode:
         eff: list[Effect] = []
         self._now = now
         handler = _HANDLERS.get(type(msg))
-        if handler is None:
-            self.stats.ignored += 1
+        if handler is None or sender in self._removed:
+            self.stats.ignored += 1  # unknown, or from a removed peer (sent before it was removed)
             return eff
         handler(self, now, sender, msg, eff)
+        self._act(now, eff)
+        return eff
+
+    # ------------------------------------------------------------ membership changes
+    def add_neighbour(self, now: float, peer: str, cost: float, side: str) -> list[Effect]:
+        """`peer` is now linked to this node as a next-stage ("next"), previous-stage ("prev") or same-stage
+        ("peer") neighbour; for "next"/"prev" `cost` is d(self, peer).  Adding a known neighbour again only
+        updates its cost.  See "Membership changes" in the module doc."""
+        if side not in SIDES:
+            raise ValueError(f"side must be one of {SIDES}, not {side!r}")
+        eff: list[Effect] = []
+        self._now = now
+        cfg = self.cfg
+        if peer == cfg.node_id:
+            return eff
+        self._removed.discard(peer)
+        if side == "peer":
+            if peer not in cfg.peers:
+                self.cfg = replace(cfg, peers=cfg.peers + (peer,))
+                if not cfg.is_data:
+                    # a newcomer in the stage may be a cheaper place for our units: greedy moves for a while
+                    self.greedy_until = max(self.greedy_until, now + cfg.join_improve_rounds * cfg.round_s)
+            return eff
+        costs = dict(cfg.next_costs if side == "next" else cfg.prev_costs)
+        known = peer in costs
+        costs[peer] = float(cost)
+        self.cfg = replace(cfg, **{f"{side}_costs": costs})
+        self._data_prev = tuple(p for p in self.cfg.prev_costs if p in self.cfg.commodities)
+        touched: set[str] = set()
+        want = Side.IN if side == "next" else Side.OUT
+        for (d, s_), wire in sorted(self._stash.get(peer, {}).items()):
+            if s_ == want and self._ingest(peer, wire):
+                touched.add(d)
+        if side == "prev" and not known:
+            # the newcomer needs our IN labels to route through us; they went out before it was there
+            labs = []
+            for d in cfg.commodities:
+                lab = self.my_in.get(d)
+                if lab is None or lab.cost == INF or (peer in cfg.commodities and peer != d):
+                    continue
+                labs.append(_wire(lab, self.epoch[d]))
+            if labs:
+                eff.append(Send(peer, CostAnnounce(tuple(labs))))
+        self._refresh_all(eff)
+        self._act(now, eff)
+        return eff
+
+    def set_cost(self, now: float, peer: str, cost: float) -> list[Effect]:
+        """d(self, peer) was measured again.  Within a label wave a rise is not announced (see the module doc)."""
+        eff: list[Effect] = []
+        self._now = now
+        cfg = self.cfg
+        changes = {}
+        if peer in cfg.next_costs:
+            changes["next_costs"] = {**cfg.next_costs, peer: float(cost)}
+        if peer in cfg.prev_costs:
+            changes["prev_costs"] = {**cfg.prev_costs, peer: float(cost)}
+        if changes:
+            self.cfg = replace(cfg, **changes)
+            self._refresh_all(eff)
+            self._act(now, eff)
+        return eff
+
+    def remove_neighbour(self, now: float, peer: str) -> list[Effect]:
+        """`peer` crashed or left: forget it on every side.  Units this node sent to it are unpaired again and
+        re-routed; units it sent to this node are withdrawn downstream; requests and moves pending with it are
+        dropped; its later messages are ignored.  See "Membership changes" in the module doc."""
+        eff: list[Effect] = []
+        self._now = now
+        cfg = self.cfg
+        self._stash.pop(peer, None)
+        if peer not in cfg.next_costs and peer not in cfg.prev_costs and peer not in cfg.peers:
+            return eff
+        self._removed.add(peer)
+        self.cfg = replace(cfg, next_costs={p: c for p, c in cfg.next_costs.items() if p != peer},
+                           prev_costs={p: c for p, c in cfg.prev_costs.items() if p != peer},
+                           peers=tuple(p for p in cfg.peers if p != peer))
+        self._data_prev = tuple(p for p in self.cfg.prev_costs if p in self.cfg.commodities)
+        lost_out = False
+        for d in cfg.commodities:
+            n_out = self.out[d].pop(peer, 0)
+            n_in = self.inn[d].pop(peer, 0)
+            lost_out = lost_out or n_out > 0
+            if n_out or n_in:
+                self._changed(now)
+            self.lin[d].pop(peer, None)
+            self.lout[d].pop(peer, None)
+        for rid in [rid for rid, p in self.pending.items() if p.peer == peer]:
+            if self.pending.pop(rid).kind == "token":
+                self.token_pending = False
+        self._force.pop(peer, None)
+        if self.query_target == peer:
+            self.query_target = None
+        if self.move is not None and peer in (self.move.peer, self.move.a, self.move.b):
+            self.move = None
+        if cfg.is_data:
+            d = cfg.node_id
+            if lost_out:
+                self.launch_pending = 0  # the unit in flight may have been with it: no settlement will come
+            if self.waves:
+                self._new_epoch(now, eff)  # labels rose: recompute them all (the demand is re-placed on it)
+                self._act(now, eff)
+                return eff
+            if lost_out and self.next_launch == INF:
+                self.next_launch = now
+        self._refresh_all(eff)
         self._act(now, eff)
         return eff
 
@@ -631,6 +748,9 @@ class FlowNode:
         rid = self._id()
         self.pending[rid] = _Pending("token", j, d)
         self.token_pending = True
+        if self.waves:
+            self._relaunch_at = self.next_launch  # restored if the launch is rejected
+            self.next_launch = INF  # the next launch waits for the wave its settlement starts
         eff.append(Send(j, RequestFlow(rid, d, self.lin[d][j].cost)))
 
     def _settled(self, now: float, eff: list[Effect]) -> None:
@@ -640,7 +760,8 @@ class FlowNode:
         the data node, so the count may dip below zero for a moment; launching
         waits while it is positive.
         """
-        self.launch_pending -= 1
+        # a unit re-routed after a membership change also settles here: never count below -1
+        self.launch_pending = max(self.launch_pending - 1, -1)
         if self.waves:
             self._new_epoch(now, eff)
         else:
@@ -653,10 +774,11 @@ class FlowNode:
         d = wire.commodity
         if d not in self.lin:
             return False
-        if wire.side == Side.IN:
-            if sender not in self.cfg.next_costs:
-                return False
-        elif sender not in self.cfg.prev_costs:
+        if sender not in (self.cfg.next_costs if wire.side == Side.IN else self.cfg.prev_costs):
+            if sender not in self._removed and sender != self.cfg.node_id:
+                if sender not in self._stash and len(self._stash) >= MAX_STASHED_SENDERS:
+                    self._stash.pop(next(iter(self._stash)))
+                self._stash.setdefault(sender, {})[(d, wire.side)] = wire
             return False
         e, lab = _unwire(wire)
         cur = self.epoch[d]
@@ -747,6 +869,8 @@ class FlowNode:
             return
         if pend.kind == "withdraw":
             return  # already handed back by the peer: its Deny/Reroute adjusts our count
+        if pend.kind == "token" and self.cfg.is_data and self.waves and self.next_launch == INF:
+            self.next_launch = self._relaunch_at
         self.rejects_in_row += 1
         if msg.current is not None:
             self._ingest(sender, msg.current)
@@ -838,7 +962,7 @@ class FlowNode:
         delta, kind, d, a, b = best
         annealed = False
         if delta > 0:
-            if not self.annealer.accepts_worse(delta, self.rng):
+            if not self.cfg.improve or not self.annealer.accepts_worse(delta, self.rng):
                 return
             annealed = True
             self.stats.anneal_accepts += 1

@@ -1,0 +1,223 @@
+"""Flow machines under churn: relays crash or join after the flows formed, and the flows re-form.
+
+`run_churn` runs the flow machines of a scenario (as `flowsim.run_gwtf`) until
+they converge, then applies a `Churn`:
+
+* killed relays stop at once (`Simulator.kill`: their messages already on the
+  wire are still delivered; everything sent to them is lost); every survivor
+  linked to one (previous / next stage, same-stage peer) gets
+  `FlowNode.remove_neighbour` `detect_s` later (the COMPLETE watchdog or the
+  membership layer noticing the crash);
+* joining relays start a flow machine with the links of the changed scenario
+  (`FlowConfig.joined`), and every node linked to one gets
+  `FlowNode.add_neighbour` `detect_s` later (the leader's placement reaching
+  them).
+
+Then the machines run until no flow has changed for `quiet_rounds` rounds.
+Nothing is recomputed globally: the re-formed flows are the machines' own
+work.  The result holds the routing before and after, both as
+`RoutingResult`s of their own scenario (validate them with
+`sim.validate.check_routing`), with the rounds and messages from the churn to
+the last flow change.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field, replace
+
+from ..protocol.flow import FlowConfig, FlowNode
+from ..protocol.scenario import LinkSpec, NodeSpec, Scenario
+from .engine import Simulator
+from .flowsim import MS, QUIET_ROUNDS_DEFAULT, extract_flows, flow_configs
+from .result import RoutingResult
+
+
+@dataclass(frozen=True)
+class Churn:
+    kill: tuple[str, ...] = ()  # relay ids that crash
+    join: tuple[NodeSpec, ...] = ()  # relays that join (role "relay", with a stage)
+    join_links: tuple[LinkSpec, ...] = ()  # the joiners' links (to data nodes, adjacent stages)
+    detect_s: float = 1.0  # neighbours learn of a crash / a joiner this long after it
+
+
+@dataclass
+class ChurnResult:
+    before: RoutingResult  # on the original scenario
+    after: RoutingResult  # on `changed`
+    changed: Scenario
+    churn_at: float
+    reconverge_rounds: float  # from the churn to the last flow change
+    messages_after: int  # messages sent from the churn on
+    extra: dict = field(default_factory=dict)
+
+
+def changed_scenario(scenario: Scenario, churn: Churn) -> Scenario:
+    """The scenario after the churn: killed relays and their links gone, joiners and their links added."""
+    dead = set(churn.kill)
+    nodes = tuple(n for n in scenario.nodes if n.id not in dead) + tuple(churn.join)
+    links = tuple(l for l in scenario.links if l.a not in dead and l.b not in dead) + tuple(churn.join_links)
+    return Scenario(scenario.name + "+churn", scenario.stages, nodes, links, scenario.activation_mb)
+
+
+def random_churn(scenario: Scenario, rng: random.Random, kill_frac: float = 0.0, joins: int = 0,
+                 capacity: tuple[float, float] = (1, 3), link_cost: tuple[float, float] = (1, 20),
+                 detect_s: float = 1.0) -> Churn:
+    """Kill round(kill_frac x relays) random relays; add `joins` relays to random stages, linked like the
+    Table V generator does (data nodes for the first / last stage, every relay of the adjacent stages)."""
+    relays = sorted(r.id for r in scenario.relays)
+    k = int(round(kill_frac * len(relays)))
+    kill = tuple(sorted(rng.sample(relays, k)))
+    dead = set(kill)
+    s = scenario.stages
+    by_stage = {st: [r.id for r in scenario.relays_of_stage(st) if r.id not in dead] for st in range(s)}
+    data = [n.id for n in scenario.data_nodes]
+    join: list[NodeSpec] = []
+    links: list[LinkSpec] = []
+
+    def link(a: str, b: str) -> None:
+        c = float(math.floor(rng.uniform(*link_cost)))
+        links.append(LinkSpec(a, b, c, (c, c)))
+
+    for j in range(joins):
+        st = rng.randrange(s)
+        nid = f"j{st}_{j}"
+        join.append(NodeSpec(nid, "relay", int(math.floor(rng.uniform(*capacity))), st))
+        ups = data if st == 0 else by_stage[st - 1]
+        downs = data if st == s - 1 else by_stage[st + 1]
+        for u in ups:
+            link(u, nid)
+        for v in downs:
+            if not (st == 0 and s == 1 and v in ups):
+                link(nid, v)
+        by_stage[st].append(nid)
+    return Churn(kill, tuple(join), tuple(links), detect_s)
+
+
+def _sides(sc: Scenario, me: str, other: str) -> list[str]:
+    """How `other` is linked to `me` in `sc`, as add_neighbour sides."""
+    a, b = sc.node(me), sc.node(other)
+    s = sc.stages
+    out = []
+    if sc.cost(me, other) is not None:
+        if a.is_data:
+            if not b.is_data and b.stage == 0:
+                out.append("next")
+            if not b.is_data and b.stage == s - 1:
+                out.append("prev")
+        elif b.is_data:
+            if a.stage == s - 1:
+                out.append("next")
+            if a.stage == 0:
+                out.append("prev")
+        elif b.stage == a.stage + 1:
+            out.append("next")
+        elif b.stage == a.stage - 1:
+            out.append("prev")
+    if not a.is_data and not b.is_data and a.stage == b.stage:
+        out.append("peer")
+    return out
+
+
+class FlowRun:
+    """The flow machines of a scenario in one simulator, with membership changes applied on the fly."""
+
+    def __init__(self, scenario: Scenario, seed: int = 0, base: FlowConfig | None = None) -> None:
+        self.scenario = scenario
+        self.seed = seed
+        self.base = base
+        self.known = [scenario]  # every scenario seen: link delays of joiners
+        self.sim = Simulator(self._delay)
+        cfgs = flow_configs(scenario, base)
+        self.round_s = next(iter(cfgs.values())).round_s
+        self.nodes: dict[str, FlowNode] = {}
+        for nid in sorted(cfgs):
+            m = FlowNode(cfgs[nid], random.Random(f"{seed}:{nid}"))
+            self.nodes[nid] = m
+            self.sim.add(nid, m)
+        self.sim.start_all()
+        self.settle_from = 0.0
+
+    def _delay(self, a: str, b: str) -> float | None:
+        for sc in reversed(self.known):
+            if sc.has(a) and sc.has(b):
+                v = sc.delay_ms(a, b)
+                if v is not None:
+                    return v * MS
+        return None
+
+    def last_change(self) -> float:
+        return max(m.stats.last_change for m in self.nodes.values())
+
+    def run_quiet(self, rounds: float, quiet_rounds: int = QUIET_ROUNDS_DEFAULT) -> None:
+        """Run until no flow changed for `quiet_rounds` rounds (after `settle_from`), at most `rounds` more."""
+        def quiet(now: float) -> bool:
+            if now - max(self.last_change(), self.settle_from) < quiet_rounds * self.round_s:
+                return False
+            return all(not m.pending and not m.token_pending for m in self.nodes.values())
+        self.sim.run_until(self.sim.now + rounds * self.round_s, stop=quiet, check_every_s=self.round_s)
+
+    def _call(self, nid: str, effects: list) -> None:
+        self.sim._apply(nid, effects)  # effects of a call made from outside an event handler
+
+    def apply(self, churn: Churn) -> Scenario:
+        """Crash / start the nodes now; schedule the neighbours' add/remove `detect_s` later (run to it)."""
+        new = changed_scenario(self.scenario, churn)
+        old = self.scenario
+        self.known.append(new)
+        t0 = self.sim.now
+        for nid in churn.kill:
+            self.sim.kill(nid)
+        for n in churn.join:
+            cfg = flow_configs(new, self.base)[n.id]
+            m = FlowNode(replace(cfg, joined=True), random.Random(f"{self.seed}:{n.id}"))
+            self.nodes[n.id] = m
+            self.sim.add(n.id, m)
+            self._call(n.id, m.start(t0))
+        self.sim.run_until(t0 + churn.detect_s)
+        now = self.sim.now = t0 + churn.detect_s
+        joined = {n.id for n in churn.join}
+        for nid in sorted(self.nodes):
+            if nid in churn.kill:
+                continue
+            m = self.nodes[nid]
+            for dead in churn.kill:
+                if old.cost(nid, dead) is not None or dead in m.cfg.peers:
+                    self._call(nid, m.remove_neighbour(now, dead))
+            if nid in joined:
+                continue
+            for j in sorted(joined):
+                for side in _sides(new, nid, j):
+                    cost = new.cost(nid, j) if side != "peer" else 0.0
+                    self._call(nid, m.add_neighbour(now, j, cost, side))
+        for nid in churn.kill:
+            self.nodes.pop(nid)
+        self.scenario = new
+        self.settle_from = now
+        return new
+
+    def result(self, scenario: Scenario, rounds: int, converged: int, messages: int) -> RoutingResult:
+        flows, mismatched = extract_flows(scenario, self.nodes)
+        extra = {"inconsistent_links": mismatched,
+                 "messages_by_type": dict(sorted(self.sim.stats.messages_by_type.items()))}
+        return RoutingResult(scenario.name, "gwtf", self.seed, flows, rounds=rounds, converged_round=converged,
+                             messages=messages, extra=extra)
+
+
+def run_churn(scenario: Scenario, churn: Churn, seed: int = 0, rounds: int = 120,
+              base: FlowConfig | None = None, quiet_rounds: int = QUIET_ROUNDS_DEFAULT) -> ChurnResult:
+    """Converge, apply `churn`, converge again (each phase at most `rounds` rounds)."""
+    run = FlowRun(scenario, seed, base)
+    run.run_quiet(rounds, quiet_rounds)
+    r = run.round_s
+    before = run.result(scenario, int(math.ceil(run.sim.now / r)), int(math.ceil(run.last_change() / r)),
+                        run.sim.stats.messages)
+    t0, msgs0 = run.sim.now, run.sim.stats.messages
+    changed = run.apply(churn)
+    run.run_quiet(rounds, quiet_rounds)
+    last = max(run.last_change(), t0)
+    after = run.result(changed, int(math.ceil((run.sim.now - t0) / r)), int(math.ceil((last - t0) / r)),
+                       run.sim.stats.messages - msgs0)
+    return ChurnResult(before, after, changed, t0, (last - t0) / r, run.sim.stats.messages - msgs0,
+                       {"stuck": any(m.pending or m.token_pending for m in run.nodes.values())})
