@@ -355,6 +355,45 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_leave(args: argparse.Namespace) -> int:
+    """Ask the node of a state directory to leave gracefully (SIGTERM) and wait until it is gone."""
+    import os
+    import signal
+    import time
+    from pathlib import Path
+
+    status = Path(args.state_dir) / "status.json"
+    try:
+        st = json.loads(status.read_text())
+        pid = int(st["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise CliError(f"{status}: no running node here (start one with gwtf-node join --state-dir ...)") from None
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        raise CliError(f"the node of {args.state_dir} (pid {pid}) is not running") from None
+    except PermissionError:
+        raise CliError(f"not allowed to signal pid {pid}: run as the user that started the node") from None
+    print(f"{st.get('name') or st.get('peer_id', '')[:12]}: leaving (finishing its microbatches and aggregation)")
+    deadline = time.monotonic() + args.timeout
+    def gone() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:  # exited but not yet reaped by its parent (a zombie) counts as gone
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        except (OSError, IndexError):
+            return False
+
+    while time.monotonic() < deadline:
+        if gone():
+            print("left")
+            return 0
+        time.sleep(0.2)
+    raise CliError(f"the node (pid {pid}) is still running after {args.timeout:.0f} s; signal it again to stop at once")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gwtf-node", description="Decentralized LLM training with GWTF flow routing.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -444,6 +483,11 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--centralized", action="store_true", help="train the same model in one process: the reference")
     lo.add_argument("--json", action="store_true", help="one JSON object per iteration on stdout")
     lo.set_defaults(func=cmd_local)
+
+    lv = sub.add_parser("leave", help="make a running node leave gracefully (no work is wasted)")
+    lv.add_argument("--state-dir", default="gwtf-state", help="the node's state directory")
+    lv.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for it to be gone")
+    lv.set_defaults(func=cmd_leave)
 
     stt = sub.add_parser("status", help="what the nodes of given state directories are doing")
     stt.add_argument("--state-dir", nargs="+", default=["gwtf-state"],

@@ -53,7 +53,8 @@ from ..protocol.membership import INITIAL, JoinerConfig, JoinerMachine, Membersh
 log = logging.getLogger("gwtf.node")
 
 LEADER_MSGS = (m.RequestVote, m.Vote, m.LeaderHeartbeat, m.HeartbeatAck)
-STATE_WAIT_S = 600.0  # how long a source waits for its own steps before answering a StageStateRequest
+STATE_WAIT_S = 600.0
+LEAVE_WAIT_S = 10.0  # a leaving relay waits at most this long for the aggregation of its last iteration  # how long a source waits for its own steps before answering a StageStateRequest
 
 
 def free_memory_bytes(device: str) -> int:
@@ -171,8 +172,68 @@ class MembershipMixin:
         groups: dict[int, list[str]] = {-1: self.data_nodes()}
         for k in range(self.n_stages):
             groups[k] = sorted(p.peer_id for p in self.peers.values()
-                               if p.role == "relay" and p.stage == k and not p.joining and p.ready_from <= iteration)
+                               if p.role == "relay" and p.stage == k and not p.joining and p.ready_from <= iteration
+                               and not (p.leaving and p.leave_after < iteration))
         return groups
+
+    def _usable(self, iteration: int) -> set[str]:
+        """Next hops that may take a microbatch of `iteration` (not joining, not gone by then)."""
+        return {p.peer_id for p in self.peers.values()
+                if not p.joining and not (p.leaving and p.leave_after < iteration)}
+
+    # ---------------------------------------------------------------- graceful leave
+    def can_leave_gracefully(self) -> bool:
+        return self.role == "relay" and self.stage is not None and self.phases is not None and not self.joining
+
+    async def leave(self) -> None:
+        """Leave without wasting work (section V-B's counterpart).
+
+        The relay announces `leaving` with `leave_after` = the iteration in
+        flight: from the next iteration on nobody routes microbatches to it and
+        the leader leaves it out of the aggregation groups.  It finishes the
+        microbatches it holds, takes part in that iteration's aggregation (its
+        gradients count), then says Goodbye: its peers drop it and their flow
+        machines rebuild the flows through it.  It waits for that aggregation
+        even when it carried no microbatch (the leader may already have counted
+        it in the group), but not longer than LEAVE_WAIT_S, and not at all
+        once no data node is left.
+        """
+        t = self.applied_steps  # the iteration in flight (or about to open): our last one
+        self.leaving, self.leave_after = True, t
+        self._hello_all()
+        log.info("leaving after iteration %d: finishing its microbatches and that iteration's aggregation", t)
+        with trio.move_on_after(LEAVE_WAIT_S) as scope:
+            while t not in self.phases.can_take_sent and self.data_nodes():
+                await trio.sleep(0.05)  # (no data node left: no aggregation will come)
+        if scope.cancelled_caught:
+            log.warning("iteration %d's aggregation did not come within %.0f s: leaving anyway", t, LEAVE_WAIT_S)
+        bye = m.Goodbye(self.applied_steps - 1 if self.applied_steps else 0)
+        with trio.move_on_after(3):
+            async with trio.open_nursery() as n:
+                for pid in list(self.peers):
+                    n.start_soon(self._send, pid, bye)
+        with trio.move_on_after(3):
+            try:
+                rec = {"name": self.name, "role": self.role, "stage": self.stage, "left": True, "run_id": self.run_id}
+                await self.host.dht_put(f"node/{self.me}", json.dumps(rec).encode())
+            except Exception as e:  # noqa: BLE001 - deregistering is best effort; peers heard Goodbye
+                log.debug("DHT deregistration failed: %s", e)
+        log.info("left the run")
+        self.stop()
+
+    def _on_goodbye(self, peer: str, msg: m.Goodbye) -> None:
+        info = self.peers.pop(peer, None)
+        log.info("%s left after iteration %d", info.name if info and info.name else peer[:16], msg.after_iteration)
+        now = trio.current_time()
+        if self.flow is not None and (peer in self.flow_costs_next or peer in self.flow_costs_prev
+                                      or peer in self.flow.cfg.peers):
+            self.flow_costs_next.pop(peer, None)
+            self.flow_costs_prev.pop(peer, None)
+            remove = getattr(self.flow, "remove_neighbour", None)
+            if remove is not None:
+                self._apply(remove(now, peer))  # the flow machines rebuild the flows through it
+        if self.member_m is not None:
+            self.member_m.members.pop(peer, None)
 
     async def _leader_loop(self) -> None:
         """Data nodes: keep reporting to the current leader; the leader publishes itself."""

@@ -114,6 +114,8 @@ class PeerInfo:
     rtt_ms: float | None = None
     joining: bool = False
     ready_from: int = 0
+    leaving: bool = False
+    leave_after: int = 0
 
 
 @dataclass
@@ -174,6 +176,8 @@ class Node(MembershipMixin):
         self.ready_from = 0
         self.applied_steps = 0  # optimizer steps applied to this node's part
         self.want_after = 0  # a joiner: the fewest steps the state it downloads must have
+        self.leaving = False  # leaving gracefully (SIGTERM, `gwtf-node leave`)
+        self.leave_after = 0
         self.steps_changed = trio.Event()
         self.state_loaded = trio.Event()
         self.done_sent: dict[int, str] = {}
@@ -225,6 +229,11 @@ class Node(MembershipMixin):
                 nursery.start_soon(self._status_loop)
                 nursery.start_soon(self._formation)
                 await self.done_event.wait()
+                if self.role == "data":  # relays waiting for an aggregation of ours need not wait
+                    with trio.move_on_after(2):
+                        async with trio.open_nursery() as n:
+                            for pid in list(self.peers):
+                                n.start_soon(self._send, pid, m.Goodbye(max(0, self.applied_steps - 1)))
                 nursery.cancel_scope.cancel()
             self._write_status()
         self._checkpoint(final=True)
@@ -235,7 +244,8 @@ class Node(MembershipMixin):
     # ------------------------------------------------------------------ peers
     def _hello(self) -> m.Hello:
         return m.Hello(self.run_id, self.role, -2 if self.stage is None else self.stage, self.name, self.capacity,
-                       tuple(self.host.addrs), self.host.tensor_addr, self.joining, self.ready_from)
+                       tuple(self.host.addrs), self.host.tensor_addr, self.joining, self.ready_from,
+                       self.leaving, self.leave_after)
 
     async def _dial(self, addr: str) -> None:
         try:
@@ -296,7 +306,7 @@ class Node(MembershipMixin):
             return
         old = self.peers.get(sender)
         info = PeerInfo(sender, msg.role, msg.stage, msg.name, msg.capacity, tuple(msg.addrs),
-                        old.rtt_ms if old else None, msg.joining, msg.ready_from)
+                        old.rtt_ms if old else None, msg.joining, msg.ready_from, msg.leaving, msg.leave_after)
         changed = old is None or (old.role, old.stage) != (info.role, info.stage)
         self.peers[sender] = info
         if msg.role == "data" and self.leader_m is not None and sender not in self.leader_m.cfg.data_nodes:
@@ -432,6 +442,8 @@ class Node(MembershipMixin):
             self._apply_phase(self.phases.on_can_take(peer, msg, self.next_stage_ids(), self.prev_stage_ids()))
         elif isinstance(msg, MEMBERSHIP_MSGS):
             self._on_membership_msg(peer, msg)
+        elif isinstance(msg, m.Goodbye):
+            self._on_goodbye(peer, msg)
         elif isinstance(msg, m.StageStateRequest):
             await self._on_state_request(peer, msg)
         elif isinstance(msg, m.StageState):
@@ -584,8 +596,10 @@ class Node(MembershipMixin):
         it = self.current
         if it is None:
             return
-        costs = self.flow_costs_next
-        for seq, hop in it.launchable(dict(self.flow.out[self.me]), costs, flows_formed=True):
+        usable = self._usable(it.iteration)
+        costs = {j: c for j, c in self.flow_costs_next.items() if j in usable}
+        out = {j: n for j, n in self.flow.out[self.me].items() if j in usable}
+        for seq, hop in it.launchable(out, costs, flows_formed=True):
             self.ledger.mark(it.iteration, seq, MbStatus.INFLIGHT)
             ids, tgt = self.source.get(seq)
             self.targets[seq] = tgt
@@ -651,9 +665,11 @@ class Node(MembershipMixin):
         else:
             d = msg.data_node
             inflight = {j: n for (c, j), n in self.inflight_next.items() if c == d}
-            hop = pick_next_hop(dict(self.flow.out.get(d, {})), inflight, self.flow_costs_next)
+            usable = self._usable(msg.iteration)
+            costs = {j: c for j, c in self.flow_costs_next.items() if j in usable}
+            hop = pick_next_hop({j: n for j, n in self.flow.out.get(d, {}).items() if j in usable}, inflight, costs)
             if hop is None:
-                hop = fallback_hop(self.flow_costs_next, inflight)
+                hop = fallback_hop(costs, inflight)
             if hop is None:
                 raise FrameRefused("no next hop known")
         self.routes[key] = Route(prev=peer, next=hop)
@@ -794,7 +810,13 @@ async def run_node(opts: NodeOptions) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             async def watch() -> None:
+                first = True
                 async for _ in signals:
+                    if first and node.can_leave_gracefully():
+                        first = False
+                        log.info("signal received: leaving gracefully (signal again to stop at once)")
+                        nursery.start_soon(node.leave)
+                        continue
                     log.info("signal received: shutting down")
                     node.stop()
                     return
