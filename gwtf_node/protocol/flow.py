@@ -121,7 +121,7 @@ class FlowConfig:
     waves: bool | None = None  # label waves per augmentation; None: only with a single data node (see module doc)
     retry_epoch_rounds: float = 5.0  # several data nodes: a data node without a route starts a new wave this often
     joined: bool = False  # placed into a run whose flows already formed: run greedy moves at start (see doc)
-    join_improve_rounds: float = 20.0  # rounds of greedy Request Redirect/Change after joining / a new stage peer
+    change_improve_rounds: float = 20.0  # rounds of greedy Request Redirect/Change after joining / a membership change
     t0: float = T0_DEFAULT
     alpha: float = ALPHA_DEFAULT
     t_min: float = T_MIN_DEFAULT
@@ -475,7 +475,7 @@ class FlowNode:
         else:
             self._refresh_all(eff)
         if self.cfg.joined and not self.cfg.is_data:
-            self.greedy_until = now + self.cfg.join_improve_rounds * self.cfg.round_s
+            self.greedy_until = now + self.cfg.change_improve_rounds * self.cfg.round_s
         phase = self.rng.uniform(0.0, self.cfg.round_s)
         eff.append(SetTimer("tick", now + phase))
         return eff
@@ -525,9 +525,10 @@ class FlowNode:
         if side == "peer":
             if peer not in cfg.peers:
                 self.cfg = replace(cfg, peers=cfg.peers + (peer,))
-                if not cfg.is_data:
-                    # a newcomer in the stage may be a cheaper place for our units: greedy moves for a while
-                    self.greedy_until = max(self.greedy_until, now + cfg.join_improve_rounds * cfg.round_s)
+        if not cfg.is_data:
+            # flows may now be cheaper elsewhere: greedy moves for a while (see "Membership changes")
+            self.greedy_until = max(self.greedy_until, now + cfg.change_improve_rounds * cfg.round_s)
+        if side == "peer":
             return eff
         costs = dict(cfg.next_costs if side == "next" else cfg.prev_costs)
         known = peer in costs
@@ -601,6 +602,8 @@ class FlowNode:
             self.query_target = None
         if self.move is not None and peer in (self.move.peer, self.move.a, self.move.b):
             self.move = None
+        if not cfg.is_data:
+            self.greedy_until = max(self.greedy_until, now + cfg.change_improve_rounds * cfg.round_s)
         if cfg.is_data:
             d = cfg.node_id
             if lost_out:
@@ -728,7 +731,11 @@ class FlowNode:
         if now - self.epoch_started < self.cfg.retry_epoch_rounds * self.cfg.round_s:
             return
         lab = self.my_out.get(d, _NO_LABEL)
-        stuck = self.rejects_in_row > 0 or (lab.cost == INF and len(self.cfg.commodities) > 1)
+        # no route: with several data nodes others may free capacity; with one, a flow changed here since the
+        # wave (a membership change elsewhere: a Withdraw reached the sink, a re-routed unit arrived) may have
+        # opened a route that this wave's labels, which only fall, cannot show
+        changed = self.stats.last_change > self.epoch_started + EPS
+        stuck = self.rejects_in_row > 0 or (lab.cost == INF and (len(self.cfg.commodities) > 1 or changed))
         if stuck:
             self._new_epoch(now, eff)
 
