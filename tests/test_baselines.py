@@ -18,9 +18,7 @@ from gwtf_node.sim.result import Flow, RoutingResult, path_cost
 from gwtf_node.sim.scenarios import load_flow_setting
 from gwtf_node.sim.validate import check_routing
 
-DECCOM = Path(__file__).resolve().parents[2] / "shared" / "data" / "deccom-flow-tests"
-if not DECCOM.is_dir():
-    DECCOM = Path("/work/shared/data/deccom-flow-tests")
+DECCOM = Path(__file__).resolve().parent / "data" / "deccom-flow-tests"  # copied from ../shared/data
 
 
 def deccom(name: str):

@@ -11,7 +11,7 @@ from gwtf_node.cli import main
 from gwtf_node.model.manifest import load_manifest
 from gwtf_node.runtime.linkspec import LinksError, load_links, resolve_links
 
-GEO = Path(__file__).resolve().parents[2] / "shared" / "data" / "geo12-links.json"
+GEO = Path(__file__).resolve().parents[1] / "gwtf_node" / "data" / "geo12-links.json"
 
 
 def _one_line_error(capsys, argv: list[str]) -> str:

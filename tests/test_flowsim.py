@@ -16,7 +16,7 @@ from gwtf_node.sim.result import path_cost
 from gwtf_node.sim.scenarios import load_flow_setting
 from gwtf_node.sim.validate import check_routing
 
-DECCOM = Path("/work/shared/data/deccom-flow-tests")
+DECCOM = Path(__file__).resolve().parent / "data" / "deccom-flow-tests"
 
 
 @st.composite

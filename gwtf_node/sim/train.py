@@ -12,7 +12,7 @@ The Table II setting, as modelled here (our choices where the paper is vague)
 * Each data node pushes 4 microbatches per iteration.  Relay capacity
   (microbatches held at once) 4 (homogeneous) or uniform 1-3 (heterogeneous).
 * Links: every node gets a location drawn from the 12 of
-  `../shared/data/geo12-links.json` (latency, bandwidth as published; one
+  `gwtf_node/data/geo12-links.json` (a copy of ../shared/data/geo12-links.json; latency, bandwidth as published; one
   location: 1 ms and 17 Gbit/s; the NL-London 2 Mbit/s entry, flagged there
   as a typo, is read as 2 Gbit/s).  A transfer on a directed link takes
   latency + size/bandwidth and links are FIFO (one transfer at a time).
@@ -103,7 +103,7 @@ AGG_S = 10.0
 AGG_PEER_TIMEOUT_S = 30.0
 REJOIN_S = 60.0
 MAX_SIM_S_PER_ITERATION = 4 * 3600.0
-LINKS_FILE = Path(__file__).resolve().parents[3] / "shared" / "data" / "geo12-links.json"
+LINKS_FILE = Path(__file__).resolve().parents[1] / "data" / "geo12-links.json"  # shipped with the package
 
 _MSG, _TIMER, _DONE, _CRASH = 0, 1, 2, 3
 TENSOR_MSGS = (Forward, Backward, Recover)
