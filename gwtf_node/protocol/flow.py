@@ -719,7 +719,9 @@ class FlowNode:
             return
         if self.first_out_at is None:
             self.first_out_at = now
-        wave = self.first_out_at - self.epoch_started
+        # the time the wave took; a route that shows up long after (a node joined) does not make the data node
+        # wait that long: capped at `retry_epoch_rounds` (a wave of a static run takes well under a round)
+        wave = min(self.first_out_at - self.epoch_started, self.cfg.retry_epoch_rounds * self.cfg.round_s)
         self.next_launch = now + max(self.cfg.launch_settle_s, self.cfg.launch_quiet_factor * wave)
 
     def _maybe_retry_wave(self, now: float, eff: list[Effect]) -> None:

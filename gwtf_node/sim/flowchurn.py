@@ -63,7 +63,7 @@ def changed_scenario(scenario: Scenario, churn: Churn) -> Scenario:
 
 def random_churn(scenario: Scenario, rng: random.Random, kill_frac: float = 0.0, joins: int = 0,
                  capacity: tuple[float, float] = (1, 3), link_cost: tuple[float, float] = (1, 20),
-                 detect_s: float = 1.0) -> Churn:
+                 detect_s: float = 1.0, prefix: str = "j") -> Churn:
     """Kill round(kill_frac x relays) random relays; add `joins` relays to random stages, linked like the
     Table V generator does (data nodes for the first / last stage, every relay of the adjacent stages)."""
     relays = sorted(r.id for r in scenario.relays)
@@ -82,7 +82,7 @@ def random_churn(scenario: Scenario, rng: random.Random, kill_frac: float = 0.0,
 
     for j in range(joins):
         st = rng.randrange(s)
-        nid = f"j{st}_{j}"
+        nid = f"{prefix}{st}_{j}"
         join.append(NodeSpec(nid, "relay", int(math.floor(rng.uniform(*capacity))), st))
         ups = data if st == 0 else by_stage[st - 1]
         downs = data if st == s - 1 else by_stage[st + 1]

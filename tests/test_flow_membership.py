@@ -1,0 +1,237 @@
+"""Membership changes of the flow machine: add_neighbour / remove_neighbour / set_cost, alone and in the simulator."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gwtf_node.protocol.effects import Send
+from gwtf_node.protocol.flow import FlowConfig, FlowNode
+from gwtf_node.protocol.messages import INF, CostAnnounce, Deny, DenyReason, Label, RequestFlow, Side, Withdraw
+from gwtf_node.protocol.scenario import LinkSpec, NodeSpec, parse_scenario
+from gwtf_node.sim.baselines import max_flow_value, optimal_routing
+from gwtf_node.sim.flowchurn import Churn, FlowRun, random_churn, run_churn
+from gwtf_node.sim.scenarios import load_flow_setting
+from gwtf_node.sim.validate import check_routing
+
+D = "d0"
+
+
+def sends(eff, cls, to=None):
+    return [e for e in eff if isinstance(e, Send) and isinstance(e.msg, cls) and (to is None or e.to == to)]
+
+
+def relay(cap=2, nxt=None, prv=None, peers=()):
+    cfg = FlowConfig("R", False, cap, (D,), nxt or {"N1": 1.0}, prv or {"P1": 1.0}, peers)
+    m = FlowNode(cfg, random.Random(0))
+    m.start(0.0)
+    return m
+
+
+# ------------------------------------------------------------------ the machine alone
+def test_bad_side_is_refused():
+    with pytest.raises(ValueError):
+        relay().add_neighbour(0.0, "X", 1.0, "sideways")
+
+
+def test_remove_next_unpairs_units_and_reroutes_them():
+    m = relay(nxt={"N1": 1.0, "N2": 5.0})
+    m.on_message(0.1, "N1", CostAnnounce((Label(D, Side.IN, 1.0, ("N1+", "N1-", D + "+")),)))
+    m.on_message(0.1, "N2", CostAnnounce((Label(D, Side.IN, 1.0, ("N2+", "N2-", D + "+")),)))
+    m.inn[D] = {"P1": 1}
+    m.out[D] = {"N1": 1}
+    eff = m.remove_neighbour(1.0, "N1")
+    assert "N1" not in m.cfg.next_costs and m.out[D] == {} and m.token_pending  # the unit is unpaired again
+    req = sends(eff, RequestFlow, "N2")
+    assert len(req) == 1 and not req[0].msg.forced  # re-routed along the OUT label, at once
+    # a late message of the removed peer is ignored
+    assert m.on_message(1.1, "N1", Deny(D, DenyReason.NO_ROUTE)) == [] and m.stats.ignored >= 1
+
+
+def test_remove_prev_withdraws_downstream():
+    m = relay()
+    m.inn[D] = {"P1": 1}
+    m.out[D] = {"N1": 1}
+    eff = m.remove_neighbour(1.0, "P1")
+    assert m.inn[D] == {} and len(sends(eff, Withdraw, "N1")) == 1
+
+
+def test_remove_unknown_peer_is_a_no_op():
+    m = relay()
+    assert m.remove_neighbour(1.0, "ZZ") == [] and "ZZ" not in m._removed
+
+
+def test_add_prev_sends_our_in_labels_and_stash_is_used_on_add_next():
+    m = relay()
+    m.on_message(0.1, "N1", CostAnnounce((Label(D, Side.IN, 2.0, ("N1+", "N1-", D + "+"), epoch=3),)))
+    assert m.my_in[D].cost == 3.0
+    eff = m.add_neighbour(1.0, "P2", 4.0, "prev")
+    ann = sends(eff, CostAnnounce, "P2")
+    assert len(ann) == 1 and ann[0].msg.labels[0].cost == 3.0 and ann[0].msg.labels[0].epoch == 3
+    assert m.cfg.prev_costs["P2"] == 4.0 and m.greedy_until > 1.0
+    # a newcomer's label that arrives before we are told about it is kept and used once it is added
+    m.on_message(1.1, "N9", CostAnnounce((Label(D, Side.IN, 0.5, ("N9+", "N9-", D + "+"), epoch=3),)))
+    assert m.my_in[D].cost == 3.0
+    m.add_neighbour(1.2, "N9", 1.0, "next")
+    assert m.my_in[D].cost == 1.5 and m.dec_in[D] == ("F", "N9")
+
+
+def test_set_cost_moves_the_label():
+    m = relay()
+    m.on_message(0.1, "N1", CostAnnounce((Label(D, Side.IN, 2.0, ("N1+", "N1-", D + "+")),)))
+    m.set_cost(1.0, "N1", 5.0)
+    assert m.cfg.next_costs["N1"] == 5.0 and m.my_in[D].cost == 7.0
+
+
+def test_peer_add_and_remove():
+    m = relay(peers=("S1",))
+    m.add_neighbour(0.5, "S2", 0.0, "peer")
+    assert m.cfg.peers == ("S1", "S2")
+    m.remove_neighbour(0.6, "S1")
+    assert m.cfg.peers == ("S2",)
+
+
+def test_data_node_removal_replaces_demand_with_a_new_wave():
+    cfg = FlowConfig(D, True, 2, (D,), {"A": 1.0, "B": 3.0}, {"Z": 1.0})
+    m = FlowNode(cfg, random.Random(0))
+    m.start(0.0)
+    e0 = m.epoch[D]
+    m.out[D] = {"A": 2}
+    m.launch_pending = 1
+    eff = m.remove_neighbour(1.0, "A")
+    assert m.out[D] == {} and m.launch_pending == 0 and m.epoch[D] == e0 + 1
+    assert any(l.epoch == e0 + 1 for a in sends(eff, CostAnnounce, "Z") for l in a.msg.labels)
+
+
+# ------------------------------------------------------------------ in the simulator
+def sc_of(nodes, links, stages=2):
+    return parse_scenario({"name": "t", "stages": stages, "nodes": nodes, "links": links})
+
+
+def data(cap):
+    return {"id": D, "role": "data", "capacity": cap}
+
+
+def rl(i, stage, cap):
+    return {"id": i, "role": "relay", "stage": stage, "capacity": cap}
+
+
+def ln(a, b, c):
+    return {"a": a, "b": b, "cost": c}
+
+
+def check_after(res, exact_cost=True):
+    new = res.changed
+    check_routing(new, res.after)
+    assert res.after.extra["inconsistent_links"] == 0 and not res.extra["stuck"]
+    assert res.after.num_flows == max_flow_value(new)
+    if exact_cost and res.after.flows:
+        assert res.after.total_cost == pytest.approx(optimal_routing(new).total_cost)
+
+
+def test_remove_relay_on_the_only_path():
+    sc = sc_of([data(2), rl("a", 0, 2), rl("b", 1, 2)], [ln(D, "a", 1), ln("a", "b", 1), ln("b", D, 1)])
+    res = run_churn(sc, Churn(kill=("b",)), rounds=60)
+    assert res.before.num_flows == 2
+    check_after(res)
+    assert res.after.num_flows == 0
+
+
+def test_remove_relay_on_one_of_several_paths():
+    sc = sc_of([data(3), rl("a", 0, 3), rl("b", 1, 2), rl("c", 1, 3)],
+               [ln(D, "a", 1), ln("a", "b", 1), ln("a", "c", 5), ln("b", D, 1), ln("c", D, 5)])
+    res = run_churn(sc, Churn(kill=("b",)), rounds=60)
+    assert res.before.num_flows == 3
+    check_after(res)
+    assert res.after.num_flows == 3 and all(f.path == ("a", "c") for f in res.after.flows)
+
+
+def join(i, stage, cap, links):
+    return Churn(join=(NodeSpec(i, "relay", cap, stage),),
+                 join_links=tuple(LinkSpec(a, b, float(c), (float(c), float(c))) for a, b, c in links))
+
+
+def test_newcomer_gets_flow_when_capacity_was_the_bottleneck():
+    sc = sc_of([data(3), rl("a", 0, 3), rl("b", 1, 1)], [ln(D, "a", 1), ln("a", "b", 1), ln("b", D, 1)])
+    res = run_churn(sc, join("n", 1, 2, [("a", "n", 4), ("n", D, 4)]), rounds=60)
+    assert res.before.num_flows == 1
+    check_after(res)
+    assert res.after.num_flows == 3 and sum("n" in f.path for f in res.after.flows) == 2
+
+
+def test_flows_move_to_a_cheaper_newcomer():
+    sc = sc_of([data(2), rl("a", 0, 2), rl("b", 1, 2)], [ln(D, "a", 1), ln("a", "b", 9), ln("b", D, 9)])
+    res = run_churn(sc, join("n", 1, 2, [("a", "n", 1), ("n", D, 1)]), rounds=60)
+    check_after(res)
+    assert all(f.path == ("a", "n") for f in res.after.flows)
+
+
+def test_several_data_nodes_kill_relays():
+    sc = load_flow_setting(5, 0)
+    ch = random_churn(sc, random.Random(5), kill_frac=0.1)
+    res = run_churn(sc, ch, seed=0, rounds=80)
+    new = res.changed
+    check_routing(new, res.after)
+    assert res.after.extra["inconsistent_links"] == 0 and not res.extra["stuck"]
+    for d in (n.id for n in new.data_nodes):  # every data node is served again
+        assert any(f.data_node == d for f in res.after.flows)
+    assert res.after.num_flows >= 0.9 * optimal_routing(new).extra.get("lp_max_flow", 0)
+
+
+def test_table_v_setting1_kill_reaches_new_max_flow():
+    sc = load_flow_setting(1, 7)
+    res = run_churn(sc, random_churn(sc, random.Random(1007), kill_frac=0.1), seed=7)
+    check_after(res, exact_cost=False)
+    assert res.after.mean_cost <= 1.25 * optimal_routing(res.changed).mean_cost
+
+
+# ------------------------------------------------------------------ random add/remove sequences
+@st.composite
+def small_layered(draw):
+    s = draw(st.integers(1, 3))
+    nodes = [data(draw(st.integers(1, 5)))]
+    links = []
+    by_stage = []
+    for stage in range(s):
+        ids = [f"r{stage}_{k}" for k in range(draw(st.integers(1, 3)))]
+        by_stage.append(ids)
+        nodes += [rl(i, stage, draw(st.integers(0, 3))) for i in ids]
+    for r in by_stage[0]:
+        links.append(ln(D, r, draw(st.integers(1, 20))))
+    for r in by_stage[-1]:
+        if s > 1:
+            links.append(ln(r, D, draw(st.integers(1, 20))))
+    for k in range(s - 1):
+        for a in by_stage[k]:
+            for b in by_stage[k + 1]:
+                if draw(st.integers(0, 9)) < 8:
+                    links.append(ln(a, b, draw(st.integers(1, 20))))
+    return {"name": "hyp", "stages": s, "nodes": nodes, "links": links}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(obj=small_layered(), seed=st.integers(0, 1000),
+       steps=st.lists(st.tuples(st.floats(0.0, 0.5), st.integers(0, 2)), min_size=1, max_size=3))
+def test_random_add_remove_sequences_keep_invariants(obj, seed, steps):
+    sc = parse_scenario(obj)
+    run = FlowRun(sc, seed)
+    run.run_quiet(60)
+    for k, (kill_frac, joins) in enumerate(steps):
+        ch = random_churn(run.scenario, random.Random(seed * 10 + k), kill_frac, joins,
+                          capacity=(1, 4), detect_s=0.5, prefix=f"j{k}_")
+        new = run.apply(ch)
+        run.run_quiet(80)
+        flows, mismatched = __import__("gwtf_node.sim.flowsim", fromlist=["extract_flows"]).extract_flows(
+            new, run.nodes)
+        assert mismatched == 0
+        check_routing(new, flows)
+        for nid, m in run.nodes.items():
+            assert m.cfg.is_data or m.used() <= m.cfg.capacity
+            assert not m.pending and not m.token_pending
+            for d in m.cfg.commodities:
+                assert m.imbalance(d) == 0
+                assert all(new.has(j) for j in m.out[d]) and all(new.has(p) for p in m.inn[d])
+        assert len(flows) == max_flow_value(new)
