@@ -745,7 +745,8 @@ class FlowNode:
         d = self.cfg.node_id
         if self.token_pending or self.launch_pending > 0:
             return
-        if _dsum(self.out[d]) >= self.demand or self.rejects_in_row >= MAX_REJECTS_BEFORE_WAIT:
+        # pending forced requests count (a Reroute of an agreed Redirect is on its way to the new first hop)
+        if self._out_eff(d) >= self.demand or self.rejects_in_row >= MAX_REJECTS_BEFORE_WAIT:
             return
         dec = self.dec_out.get(d)
         if dec is None or self.next_launch == INF:
