@@ -225,13 +225,9 @@ class MembershipMixin:
         info = self.peers.pop(peer, None)
         log.info("%s left after iteration %d", info.name if info and info.name else peer[:16], msg.after_iteration)
         now = trio.current_time()
-        if self.flow is not None and (peer in self.flow_costs_next or peer in self.flow_costs_prev
-                                      or peer in self.flow.cfg.peers):
-            self.flow_costs_next.pop(peer, None)
-            self.flow_costs_prev.pop(peer, None)
-            remove = getattr(self.flow, "remove_neighbour", None)
-            if remove is not None:
-                self._apply(remove(now, peer))  # the flow machines rebuild the flows through it
+        if self.flow is not None and self._in_flow(peer):
+            self._apply(self.flow.remove_neighbour(now, peer))  # the flow machines rebuild the flows through it
+            self._sync_costs()
         if self.member_m is not None:
             self.member_m.members.pop(peer, None)
 
@@ -404,6 +400,12 @@ class MembershipMixin:
             await trio.to_thread.run_sync(self.stage_model.load_state_bytes, blob, limiter=self.torch_limiter)
         except Exception as e:  # noqa: BLE001 - refuse a state that does not fit this stage, keep running
             raise_refused(f"StageState does not load: {e}")
+        if msg.iteration < self.want_after:
+            # a BEGIN AGGREGATION left us out while this state was loading: it misses that
+            # step; the fetch loop asks again for a newer one
+            log.info("state of %d steps is behind an aggregation we missed: asking for %d",
+                     msg.iteration, self.want_after)
+            return
         self.applied_steps = msg.iteration
         self.ready_from = msg.iteration
         self.joining = False

@@ -176,6 +176,7 @@ class Node(MembershipMixin):
         self.ready_from = 0
         self.applied_steps = 0  # optimizer steps applied to this node's part
         self.want_after = 0  # a joiner: the fewest steps the state it downloads must have
+        self.adding: set[str] = set()  # peers being added to the flow machine
         self.leaving = False  # leaving gracefully (SIGTERM, `gwtf-node leave`)
         self.leave_after = 0
         self.steps_changed = trio.Event()
@@ -313,6 +314,10 @@ class Node(MembershipMixin):
             self.leader_m.add_data_node(sender)
         if self.member_m is not None and msg.role == "relay" and msg.stage >= 0 and not msg.joining:
             self.member_m.add_member(sender, msg.stage)
+        if self.flow is not None and msg.role == "relay" and not msg.joining and not msg.leaving:
+            side = self._flow_side(sender, msg.stage)
+            if side is not None and not self._in_flow(sender):
+                self.nursery.start_soon(self._add_flow_neighbour, sender, side)
         reply: list[m.Message] = []
         if sender not in self.hellos_sent:
             self.hellos_sent.add(sender)
@@ -416,10 +421,8 @@ class Node(MembershipMixin):
         if isinstance(msg, FLOW_MSGS):
             if self.flow is None:
                 self.flow_queue.append((peer, msg))
-            elif peer in self.flow_costs_next or peer in self.flow_costs_prev or peer in self.flow.cfg.peers:
+            else:  # the machine keeps what a newcomer says until it is told to add it (add_neighbour)
                 self._apply(self.flow.on_message(trio.current_time(), peer, msg))
-            else:  # a node that joined after our flows formed: not a neighbour of this flow machine
-                log.debug("flow message from %s, not a flow neighbour: ignored", self._who(peer))
         elif isinstance(msg, m.Forward):
             await self._on_forward(peer, msg, payload)
         elif isinstance(msg, m.Backward):
@@ -545,7 +548,8 @@ class Node(MembershipMixin):
         self.flow_costs_prev = {p: self._link_cost(p) for p in prv}
         commodities = tuple(self.data_nodes())
         cfg = FlowConfig(self.me, self.role == "data", self.capacity, commodities, self.flow_costs_next,
-                         self.flow_costs_prev, tuple(self._ids("relay", self.stage)) if self.role == "relay" else ())
+                         self.flow_costs_prev, tuple(self._ids("relay", self.stage)) if self.role == "relay" else (),
+                         joined=self.joiner is not None)  # placed by the leader: flows may already exist
         seed = int.from_bytes(self.me.encode()[-8:], "big")
         self.flow = FlowNode(cfg, random.Random(seed))
         log.info("flow machine started: next %s prev %s", self._names(self.flow_costs_next),
@@ -555,12 +559,44 @@ class Node(MembershipMixin):
         for peer, msg in queued:
             if any(msg_commodity_unknown(msg, commodities)):
                 continue
-            if peer not in self.flow_costs_next and peer not in self.flow_costs_prev and peer not in cfg.peers:
-                continue
             self._apply(self.flow.on_message(trio.current_time(), peer, msg))
         if self.role == "data":
             await self._wait_flows()
             self._open_iteration(0)
+
+    def _flow_side(self, peer: str, stage: int) -> str | None:
+        """Where a relay of `stage` sits for this node's flow machine: "next", "prev", "peer" or nowhere."""
+        last = self.n_stages - 1
+        if self.role == "data":
+            return "next" if stage == 0 else "prev" if stage == last else None
+        if stage == self.stage:
+            return "peer"
+        return "next" if stage == self.stage + 1 else "prev" if stage == self.stage - 1 else None
+
+    def _in_flow(self, peer: str) -> bool:
+        cfg = self.flow.cfg
+        return peer in cfg.next_costs or peer in cfg.prev_costs or peer in cfg.peers
+
+    async def _add_flow_neighbour(self, peer: str, side: str) -> None:
+        """A relay became ready next to us (a newcomer): measure the link and add it to our flow machine."""
+        if peer in self.adding:
+            return
+        self.adding.add(peer)
+        try:
+            if side != "peer":
+                self.peers[peer].rtt_ms = await self._measure_rtt(peer)
+            if peer not in self.peers or self._in_flow(peer):
+                return
+            cost = self._link_cost(peer) if side != "peer" else 0.0
+            log.info("flows: adding %s as %s neighbour (cost %g)", self._who(peer), side, cost)
+            self._apply(self.flow.add_neighbour(trio.current_time(), peer, cost, side))
+            self._sync_costs()
+        finally:
+            self.adding.discard(peer)
+
+    def _sync_costs(self) -> None:
+        self.flow_costs_next = dict(self.flow.cfg.next_costs)
+        self.flow_costs_prev = dict(self.flow.cfg.prev_costs)
 
     def _new_phases(self) -> Phases:
         return Phases(self.me, self.stage, self.n_stages - 1)
