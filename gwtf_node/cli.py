@@ -253,7 +253,8 @@ def cmd_local(args: argparse.Namespace) -> int:
     from .runtime.local import LocalError, LocalSwarm, run_local
 
     swarm = LocalSwarm(workdir, run_path, args.data_nodes, len(man.stages), args.relays_per_stage,
-                       args.iterations, links=Path(args.links) if args.links else None, auto_stage=args.auto_stage)
+                       args.iterations, links=Path(args.links) if args.links else None, auto_stage=args.auto_stage,
+                       joiners=args.joiners, join_every_s=args.join_every)
     bar = None
     if not args.json:
         print(f"local swarm in {workdir}: {args.data_nodes} data node(s), {len(man.stages)} stages x "
@@ -477,6 +478,9 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--family", choices=("llama", "gpt"), default="llama")
     lo.add_argument("--run", default=None, help="use this run manifest instead of the embedded defaults")
     lo.add_argument("--links", default=None, help="scenario or location file to emulate link latency/bandwidth")
+    lo.add_argument("--joiners", type=_nonneg_int, default=0,
+                    help="relays that join with --stage auto while the swarm trains (placed by the leader)")
+    lo.add_argument("--join-every", type=float, default=5.0, metavar="SECONDS", help="time between two joiners")
     lo.add_argument("--auto-stage", action="store_true",
                     help="relays join with --stage auto (one at a time) instead of being placed by the launcher")
     lo.add_argument("--workdir", default=None, help="state directories of the nodes (default: a new temp dir)")

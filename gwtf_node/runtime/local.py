@@ -43,11 +43,13 @@ class LocalSwarm:
     log_level: str = "INFO"
     auto_stage: bool = False  # relays join with --stage auto, one at a time
     relay_capacity: int | None = None  # None: spread the demand, ceil(data nodes x microbatches / relays per stage)
+    joiners: int = 0  # relays started with --stage auto while the swarm trains, one every `join_every_s`
+    join_every_s: float = 5.0
 
     def names(self) -> list[str]:
         return [f"d{i}" for i in range(self.data_nodes)] + [
             f"r{k}_{i}" for k in range(self.stages) for i in range(self.relays_per_stage)
-        ]
+        ] + [n for n in self.procs if n.startswith("j")]
 
     def state_dir(self, name: str) -> Path:
         return self.workdir / name
@@ -148,8 +150,16 @@ class LocalSwarm:
         nxt = 0
         last_progress = time.monotonic()
         budget = self.startup_timeout_s + self.iteration_timeout_s
+        joined, next_join = 0, None
         while nxt < self.iterations:
             self._check_alive()
+            if nxt > 0 and joined < self.joiners:
+                if next_join is None:
+                    next_join = time.monotonic() + self.join_every_s
+                if time.monotonic() >= next_join:
+                    self.add_relay(f"j{joined}")
+                    joined += 1
+                    next_join = time.monotonic() + self.join_every_s
             for path in paths:
                 if path.exists():
                     for line in path.read_text().splitlines():

@@ -223,6 +223,7 @@ class MembershipMixin:
 
     def _on_goodbye(self, peer: str, msg: m.Goodbye) -> None:
         info = self.peers.pop(peer, None)
+        self.gone.add(peer)
         log.info("%s left after iteration %d", info.name if info and info.name else peer[:16], msg.after_iteration)
         now = trio.current_time()
         if self.flow is not None and self._in_flow(peer):

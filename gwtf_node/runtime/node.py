@@ -177,6 +177,7 @@ class Node(MembershipMixin):
         self.applied_steps = 0  # optimizer steps applied to this node's part
         self.want_after = 0  # a joiner: the fewest steps the state it downloads must have
         self.adding: set[str] = set()  # peers being added to the flow machine
+        self.gone: set[str] = set()  # peers that said Goodbye
         self.leaving = False  # leaving gracefully (SIGTERM, `gwtf-node leave`)
         self.leave_after = 0
         self.steps_changed = trio.Event()
@@ -305,6 +306,7 @@ class Node(MembershipMixin):
         if msg.role not in ("data", "relay") or (msg.role == "relay" and not -2 <= msg.stage < self.n_stages):
             self._refuse(sender, f"Hello with role {msg.role!r} stage {msg.stage}")
             return
+        self.gone.discard(sender)  # back (a restart keeps its peer id)
         old = self.peers.get(sender)
         info = PeerInfo(sender, msg.role, msg.stage, msg.name, msg.capacity, tuple(msg.addrs),
                         old.rtt_ms if old else None, msg.joining, msg.ready_from, msg.leaving, msg.leave_after)
@@ -410,6 +412,9 @@ class Node(MembershipMixin):
                 ev.set()
             return
         if peer not in self.peers:
+            if peer in self.gone:  # said Goodbye: its last frames may still be on their way
+                log.debug("%s from %s, which left: ignored", type(msg).__name__, peer[:16])
+                return
             self._refuse(peer, f"{type(msg).__name__} from a peer that has not said Hello")
             return
         try:
@@ -792,6 +797,7 @@ class Node(MembershipMixin):
             "seconds": round(seconds, 4),
             "aggregation_seconds": round(step_s, 4),
             "pipeline_seconds": round(self.pipeline_s.get(t, math.nan), 4),
+            "relays": sum(len(v) for k, v in (self.phases.groups.get(t) or {}).items() if k >= 0),
             "time": time.time(),
         }
         with open(self.opts.state_dir / "metrics.jsonl", "a") as f:
