@@ -27,19 +27,9 @@ from gwtf_node.runtime.frames import HEADER
 from gwtf_node.runtime.host import CTRL_PROTOCOL_ID, open_host
 from gwtf_node.runtime.local import LocalSwarm
 
+from swarmutil import wait_records
+
 pytestmark = [pytest.mark.slow, pytest.mark.trio]
-
-
-def _records(workdir: Path) -> int:
-    p = workdir / "d0" / "metrics.jsonl"
-    return len(p.read_text().splitlines()) if p.exists() else 0
-
-
-async def _wait_records(swarm: LocalSwarm, n: int, timeout: float) -> None:
-    with trio.fail_after(timeout):
-        while _records(swarm.workdir) < n:
-            swarm._check_alive()
-            await trio.sleep(0.2)
 
 
 async def test_hostile_peer_is_refused_and_training_goes_on(tmp_path: Path) -> None:
@@ -49,7 +39,7 @@ async def test_hostile_peer_is_refused_and_training_goes_on(tmp_path: Path) -> N
     swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=1, iterations=100000)
     try:
         await trio.to_thread.run_sync(swarm.start)
-        await _wait_records(swarm, 2, 180)
+        await wait_records(swarm, 2, 180)
         target_addr = (tmp_path / "r0_0" / "addr").read_text().split()[0]
         d0 = json.loads((tmp_path / "d0" / "status.json").read_text())["peer_id"]
         shape = (man.data.microbatch_size, man.data.seq_len, man.dims.hidden)
@@ -93,8 +83,8 @@ async def test_hostile_peer_is_refused_and_training_goes_on(tmp_path: Path) -> N
             await forward(3, bad)  # NaN
             await trio.sleep(2)
 
-        after = _records(tmp_path)
-        await _wait_records(swarm, after + 3, 120)  # training goes on
+        after = len(swarm.records())
+        await wait_records(swarm, after + 3, 120)  # training goes on
         log = (tmp_path / "r0_0" / "node.log").read_text()
         refusals = [line for line in log.splitlines() if "refused" in line]
         text = "\n".join(refusals)

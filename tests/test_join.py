@@ -19,12 +19,9 @@ from gwtf_node.model.reference import train_centralized
 from gwtf_node.runtime.host import open_host
 from gwtf_node.runtime.local import LocalSwarm
 
+from swarmutil import wait_records
+
 pytestmark = [pytest.mark.slow, pytest.mark.trio]
-
-
-def _records(workdir: Path) -> int:
-    p = workdir / "d0" / "metrics.jsonl"
-    return len(p.read_text().splitlines()) if p.exists() else 0
 
 
 async def test_auto_stage_and_dht_discovery(tmp_path: Path) -> None:
@@ -35,15 +32,12 @@ async def test_auto_stage_and_dht_discovery(tmp_path: Path) -> None:
                        auto_stage=True)
     try:
         await trio.to_thread.run_sync(swarm.start)
-        with trio.fail_after(180):
-            while _records(tmp_path) < 2:
-                swarm._check_alive()
-                await trio.sleep(0.2)
+        await wait_records(swarm, 2, 180)
         stages = {json.loads((tmp_path / n / "status.json").read_text())["stage"] for n in ("r0_0", "r1_0")}
         assert stages == {0, 1}  # the leader placed the second auto relay in the stage nobody served
         # and it is real training: the losses are the centralized reference's
         ref = train_centralized(man, 2)
-        recs = [json.loads(x) for x in (tmp_path / "d0" / "metrics.jsonl").read_text().splitlines()[:2]]
+        recs = swarm.records()[:2]
         assert [r["loss"] for r in recs] == pytest.approx(ref.losses, rel=1e-4)
 
         boot = (tmp_path / "d0" / "addr").read_text().split()[0]

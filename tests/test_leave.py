@@ -9,7 +9,6 @@ loss equals the centralized reference (nothing was lost or counted twice).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -20,13 +19,10 @@ from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.model.reference import train_centralized
 from gwtf_node.runtime.local import LocalSwarm
 
+from swarmutil import wait_records
+
 pytestmark = [pytest.mark.slow, pytest.mark.trio]
 AFTER = 8  # iterations trained after the leave
-
-
-def _records(workdir: Path) -> list[dict]:
-    p = workdir / "d0" / "metrics.jsonl"
-    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
 
 
 async def test_graceful_leave(tmp_path: Path) -> None:
@@ -36,16 +32,13 @@ async def test_graceful_leave(tmp_path: Path) -> None:
     swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=2, iterations=100000)
     try:
         await trio.to_thread.run_sync(swarm.start)
-        with trio.fail_after(180):
-            while len(_records(tmp_path)) < 3:
-                swarm._check_alive()
-                await trio.sleep(0.2)
+        await wait_records(swarm, 3, 180)
         rc = await trio.to_thread.run_sync(main, ["leave", "--state-dir", str(tmp_path / "r0_1"), "--timeout", "30"])
         assert rc == 0
         assert swarm.procs["r0_1"].wait(timeout=5) == 0
-        left_at = len(_records(tmp_path))
+        left_at = len(swarm.records())
         with trio.fail_after(120):
-            while len(_records(tmp_path)) < left_at + AFTER:
+            while len(swarm.records()) < left_at + AFTER:
                 for name, p in swarm.procs.items():
                     assert name == "r0_1" or p.poll() is None, f"{name} died"
                 await trio.sleep(0.2)
@@ -58,7 +51,7 @@ async def test_graceful_leave(tmp_path: Path) -> None:
     assert "leaving after iteration" in log and "left the run" in log
     assert "leaving anyway" not in log  # it took part in its last aggregation
     assert "r0_1 left after iteration" in (tmp_path / "d0" / "node.log").read_text()
-    records = _records(tmp_path)
+    records = swarm.records()
     assert all(r["microbatches"] == 4 for r in records)  # no microbatch lost to the leave
     ref = train_centralized(man, len(records))
     assert [r["loss"] for r in records] == pytest.approx(ref.losses, rel=1e-4)

@@ -10,7 +10,6 @@ the end the newcomer's parameters equal its stage peer's.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -21,13 +20,10 @@ from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.model.reference import train_centralized
 from gwtf_node.runtime.local import LocalSwarm
 
+from swarmutil import wait_records
+
 pytestmark = [pytest.mark.slow, pytest.mark.trio]
 AFTER_JOIN = 5  # iterations the newcomer takes part in before the run is stopped
-
-
-def _records(workdir: Path) -> list[dict]:
-    p = workdir / "d0" / "metrics.jsonl"
-    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
 
 
 async def test_newcomer_joins_mid_run(tmp_path: Path) -> None:
@@ -38,19 +34,14 @@ async def test_newcomer_joins_mid_run(tmp_path: Path) -> None:
     newlog = tmp_path / "new" / "node.log"
     try:
         await trio.to_thread.run_sync(swarm.start)
-        with trio.fail_after(180):
-            while len(_records(tmp_path)) < 3:
-                swarm._check_alive()
-                await trio.sleep(0.2)
+        await wait_records(swarm, 3, 180)
         swarm.add_relay("new")
         with trio.fail_after(240):
             while "taking part from iteration" not in (newlog.read_text() if newlog.exists() else ""):
                 swarm._check_alive()
                 await trio.sleep(0.2)
             joined_at = int(newlog.read_text().split("taking part from iteration ")[-1].split()[0])
-            while len(_records(tmp_path)) < joined_at + AFTER_JOIN:
-                swarm._check_alive()
-                await trio.sleep(0.2)
+        await wait_records(swarm, joined_at + AFTER_JOIN, 120)
         # stop the data node first: no new iteration opens, the aggregation in flight completes
         swarm.procs["d0"].terminate()
         await trio.sleep(3)
@@ -67,6 +58,6 @@ async def test_newcomer_joins_mid_run(tmp_path: Path) -> None:
     assert new["iteration"] == last  # it stepped with its stage to the end
     assert torch.equal(new["params"], peer["params"])  # bit for bit: same state, same all-reduced update
 
-    records = _records(tmp_path)[: last + 1]
+    records = swarm.records()[: last + 1]
     ref = train_centralized(man, last + 1)
     assert [r["loss"] for r in records] == pytest.approx(ref.losses, rel=1e-4)  # the join did not disturb training

@@ -178,6 +178,18 @@ class LocalSwarm:
                                  f"(logs in {self.workdir}/*/node.log)")
             time.sleep(0.1)
 
+    def records(self) -> list[dict]:
+        """The leader's per-iteration records so far, in iteration order (whichever data node led)."""
+        got: dict[int, dict] = {}
+        for i in range(self.data_nodes):
+            path = self.state_dir(f"d{i}") / "metrics.jsonl"
+            if path.exists():
+                for line in path.read_text().splitlines():
+                    if line.strip():
+                        rec = json.loads(line)
+                        got.setdefault(rec["iteration"], rec)
+        return [got[k] for k in sorted(got)]
+
     def stop(self, grace_s: float = 15.0) -> None:
         for p in self.procs.values():
             if p.poll() is None:
