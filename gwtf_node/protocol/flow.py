@@ -106,6 +106,12 @@ mapping handed in at construction).
   A data node that loses first hops re-places its demand after a new wave.
 * `set_cost(now, peer, cost)`: d(self, peer) measured again.
 
+A launched unit can pair with a hole left by a removal (a relay waiting out
+`balance_grace_s` after a Withdraw) and so never reach the sink; a data node
+whose launched unit is not back after `retry_epoch_rounds` without any flow
+change, while every unit it sent is back, counts it as settled
+(`_maybe_lost_settlement`).
+
 Removal raises labels, which a wave does not announce, so a data node with
 one commodity and no route starts a new wave when a flow changed at it since
 the last one (a Withdraw reached the sink, a re-routed unit arrived).
@@ -526,6 +532,7 @@ class FlowNode:
         if key == "tick":
             eff.append(SetTimer("tick", now + self.cfg.round_s))
             if self.cfg.is_data:
+                self._maybe_lost_settlement(now, eff)
                 self._maybe_retry_wave(now, eff)
             self.rejects_in_row = 0
             if self.move is not None and now >= self.move.deadline:
@@ -761,6 +768,25 @@ class FlowNode:
         # wait that long: capped at `retry_epoch_rounds` (a wave of a static run takes well under a round)
         wave = min(self.first_out_at - self.epoch_started, self.cfg.retry_epoch_rounds * self.cfg.round_s)
         self.next_launch = now + max(self.cfg.launch_settle_s, self.cfg.launch_quiet_factor * wave)
+
+    def _maybe_lost_settlement(self, now: float, eff: list[Effect]) -> None:
+        """Tick of a data node: a launched unit whose settlement will not come counts as settled.
+
+        Units are counts, so a launched unit can cancel against a hole on its way: a relay whose inflow was
+        withdrawn or removed (a membership change) keeps the outflow for `balance_grace_s`, and a unit arriving
+        then pairs with it.  The route is complete, but no Request Flow reaches the sink, so the data node
+        would wait for the settlement forever (with waves: `next_launch` stays INF, no new wave).  Every unit
+        sent out being back (inflow >= outflow) while nothing changed here for `retry_epoch_rounds` says that
+        the unit is not in flight any more.  (Withdrawing the hole at once when a unit arrives keeps the
+        signal, but also breaks the pairing of agreed moves: measured worse on Table V setting 3 under churn.)
+        """
+        d = self.cfg.node_id
+        if self.launch_pending <= 0 or self.token_pending or self.pending:
+            return
+        if now - self.stats.last_change < self.cfg.retry_epoch_rounds * self.cfg.round_s:
+            return
+        if _dsum(self.inn[d]) >= _dsum(self.out[d]):
+            self._settled(now, eff)
 
     def _maybe_retry_wave(self, now: float, eff: list[Effect]) -> None:
         """Tick of a data node: start a new wave when stuck (a rejected launch, or no route while
