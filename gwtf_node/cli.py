@@ -267,9 +267,10 @@ def cmd_local(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(rec), flush=True)
         else:
-            bar.update(1)
             tput = rec["samples"] / rec["seconds"] if rec["seconds"] else 0.0
-            bar.set_postfix(loss=f"{rec['loss']:.4f}", mb=rec["microbatches"], samples_s=f"{tput:.1f}")
+            bar.set_postfix(loss=f"{rec['loss']:.4f}", mb=rec["microbatches"], samples_s=f"{tput:.1f}",
+                            refresh=False)
+            bar.update(1)
     try:
         records = run_local(swarm, show)
     except LocalError as e:
