@@ -342,14 +342,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    print(f"{'name':<8} {'role':<6} {'stage':>5} {'alive':<6} {'peers':>5} {'iter':>5} {'refused':>7}  flows")
+    print(f"{'name':<8} {'role':<6} {'stage':>5} {'alive':<6} {'peers':>5} {'iter':>5} {'refused':>7} "
+          f"{'state':<16} flows")
     for st in rows:
         flows = "; ".join(
             f"{d[:8]}: " + ", ".join(f"{st['peers'].get(j, {}).get('name') or j[:8]}x{n}" for j, n in hops.items())
             for d, hops in st.get("flows", {}).items() if hops)
         stage = st["stage"] if st["stage"] is not None else "auto"
+        state = "joining" if st.get("joining") else "leaving" if st.get("leaving") else ""
+        if st.get("leader") and st.get("leader") == st.get("peer_id"):
+            state = f"leader (term {st.get('term')})"
         print(f"{st['name'] or st['peer_id'][:8]:<8} {st['role']:<6} {stage:>5} {str(st['alive']):<6} "
-              f"{len(st['peers']):>5} {str(st.get('iteration')):>5} {st.get('refused_frames', 0):>7}  {flows}")
+              f"{len(st['peers']):>5} {str(st.get('iteration')):>5} {st.get('refused_frames', 0):>7} "
+              f"{state:<16} {flows}")
         if "last_iteration" in st:
             li = st["last_iteration"]
             print(f"         last iteration {li['iteration']}: loss {li['loss']:.4f}, "

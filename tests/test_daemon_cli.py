@@ -100,3 +100,25 @@ def test_bad_links_files(tmp_path: Path, content: str, needle: str) -> None:
     p.write_text(content)
     with pytest.raises(LinksError, match=needle):
         resolve_links(p, ["d0", "r0_0"])
+
+
+def test_status_reads_state_directories(tmp_path: Path, capsys) -> None:
+    import time
+
+    node = tmp_path / "d0"
+    node.mkdir()
+    (node / "status.json").write_text(json.dumps({
+        "peer_id": "P0", "name": "d0", "role": "data", "stage": -1, "run_id": "r", "addrs": [],
+        "refused_frames": 2, "leader": "P0", "term": 3, "joining": False, "leaving": False,
+        "peers": {"P1": {"name": "r0_0", "role": "relay", "stage": 0, "rtt_ms": 1.0}},
+        "flows": {"P0": {"P1": 4}}, "iteration": 7, "time": time.time()}))
+    (node / "metrics.jsonl").write_text(json.dumps(
+        {"iteration": 6, "loss": 3.5, "microbatches": 4, "samples": 16, "seconds": 0.2}) + "\n")
+    assert main(["status", "--state-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "leader (term 3)" in out and "r0_0x4" in out and "loss 3.5000" in out and "True" in out
+    assert main(["status", "--state-dir", str(tmp_path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0]["alive"] and rows[0]["last_iteration"]["iteration"] == 6
+    (node / "status.json").write_text("{broken")
+    assert "unreadable status" in _one_line_error(capsys, ["status", "--state-dir", str(node)])

@@ -821,6 +821,8 @@ class Node(MembershipMixin):
             "peer_id": getattr(self, "me", ""), "name": self.name, "role": self.role, "stage": self.stage,
             "run_id": self.run_id, "addrs": self.host.addrs, "refused_frames": self.refused,
             "compute_s": round(self.compute_s, 6), "compute_calls": self.compute_calls,
+            "leader": self.leader(), "term": self.leader_m.term if self.leader_m is not None else None,
+            "steps_applied": self.applied_steps, "joining": self.joining, "leaving": self.leaving,
             "peers": {p.peer_id: {"name": p.name, "role": p.role, "stage": p.stage, "rtt_ms": p.rtt_ms}
                       for p in self.peers.values()},
             "flows": {d: dict(v) for d, v in self.flow.out.items()} if self.flow else {},
