@@ -833,9 +833,20 @@ class FlowNode:
         The unit can reach the sink before the first hop's approval is back at
         the data node, so the count may dip below zero for a moment; launching
         waits while it is positive.
+
+        A unit that was not launched also settles here (re-routed after a
+        membership change and arriving at the sink, or DENYed back to the data
+        node): it starts a new wave (flows changed) but is not counted while no
+        launch is outstanding.  Counting it (-1) used to pre-settle the *next*
+        launch: its approval brought the count to 0, so when that unit then
+        paired with a hole on its way and never reached the sink,
+        `_maybe_lost_settlement` (which needs a launch outstanding) did not
+        fire and, with waves, `next_launch` stayed INF for good.
         """
-        # a unit re-routed after a membership change also settles here: never count below -1
-        self.launch_pending = max(self.launch_pending - 1, -1)
+        if self.launch_pending > 0:
+            self.launch_pending -= 1
+        elif self.token_pending:
+            self.launch_pending = -1  # the launch in flight reached the sink before its approval came back
         if self.waves:
             self._new_epoch(now, eff)
         else:
