@@ -110,7 +110,10 @@ A launched unit can pair with a hole left by a removal (a relay waiting out
 `balance_grace_s` after a Withdraw) and so never reach the sink; a data node
 whose launched unit is not back after `retry_epoch_rounds` without any flow
 change, while every unit it sent is back, counts it as settled
-(`_maybe_lost_settlement`).
+(`_maybe_lost_settlement`).  A unit that reaches the data node without having
+been launched (re-routed after a removal) starts a wave but settles no launch
+unless one is outstanding (`_settled`): counted, it pre-settled the next
+launch, and that launch, lost in a hole, left the data node waiting forever.
 
 Removal raises labels, which a wave does not announce, so a data node with
 one commodity and no route starts a new wave when a flow changed at it since
