@@ -237,7 +237,7 @@ class IterStats:
 class TrainSim:
     def __init__(self, setting: Setting, policy: str, churn: float, seed: int,
                  crash_plan: list[tuple[float, str]] | None = None, rejoin: bool = True,
-                 flows: dict | None = None) -> None:
+                 flows: dict | None = None, reflow: bool = True) -> None:
         self.setting, self.policy, self.churn, self.seed = setting, policy, churn, seed
         self.rng = random.Random(f"train:{seed}:{policy}:{churn}")
         self.crash_rng = random.Random(f"churn:{seed}:{churn}")  # same crash draws for both policies
@@ -262,6 +262,10 @@ class TrainSim:
         self.rejoin = rejoin
         self.last_iter_s = 600.0
         self.events = 0
+        self.trace: list | None = None  # set to a list to record (kind, ...) tuples, see `_trace_compute`
+        self._opened_once: set[int] = set()
+        self.reflow = reflow
+        self.reflows = 0
         S = len(STAGE_SIZES)
         self.S = S
         for r, (s, c) in setting.relays.items():
@@ -331,8 +335,16 @@ class TrainSim:
                     self._link_free[link] = start + dur - lat
                     self._it(e.msg.iteration).transfer_s += dur
                     arrive = start + dur
+                    if self.trace is not None:
+                        self.trace.append(("xfer", start, arrive, nid, e.to, type(e.msg).__name__,
+                                           (e.msg.data_node, e.msg.seq, e.msg.iteration), e.msg.attempt))
                 else:
                     arrive = self.now + self.net.link(nid, e.to)[0] / 1000.0
+                    if self.trace is not None:
+                        m = e.msg
+                        self.trace.append(("ctl", self.now, arrive, nid, e.to, type(m).__name__,
+                                           (getattr(m, "data_node", None), getattr(m, "seq", None),
+                                            getattr(m, "iteration", None)), getattr(m, "attempt", None)))
                 self._push(arrive, _MSG, e.to, nid, e.msg)
             elif t is SetTimer:
                 k = (nid, e.key)
@@ -358,10 +370,13 @@ class TrainSim:
 
     def _on_open(self, nid: str, it: int) -> None:
         self._it(it).opened[nid] = self.now
+        if self.trace is not None:
+            self.trace.append(("open", self.now, nid, it))
         if it > 0:
             self._it(it - 1).closed[nid] = self.now
-        if nid != DATA_NODES[0]:
+        if it in self._opened_once:
             return
+        self._opened_once.add(it)  # the first data node to open `it`: membership changes take effect now
         if it > 0:
             prev = self.iters[it - 1].opened.get(nid)
             if prev is not None:
@@ -371,12 +386,25 @@ class TrainSim:
         self.pending_joins = [j for j in self.pending_joins if j[0] > self.now]
         for _, old, stage, cap in ready:
             self._join(old, stage, cap)
+        if self.policy == "gwtf" and self.reflow and it > 0:
+            self._reflow()
         if self.churn > 0:
             for r in sorted(self.stage):
                 if r in DATA_NODES or r in self.dead:
                     continue
                 if self.crash_rng.random() < self.churn:
                     self._push(self.now + self.crash_rng.random() * self.last_iter_s, _CRASH, r, None, None)
+
+    def _reflow(self) -> None:
+        """The flows the flow machines converge to over the live membership, installed on every live node."""
+        live = {r: (self.stage[r], self.cap[r]) for r in self.stage if r not in DATA_NODES and r not in self.dead}
+        if any(not any(s == k for s, _ in live.values()) for k in range(self.S)):
+            return  # a stage with no live relay: no flow at all; keep the local repairs
+        flows = initial_flows(Setting(self.setting.name, live, self.net))
+        self.reflows += 1
+        for nid, m in self.nodes.items():
+            if nid not in self.dead:
+                m.set_flows(flows.get(nid, {}))
 
     def _join(self, old: str, stage: int, cap: int) -> None:
         self.joins += 1
@@ -402,6 +430,8 @@ class TrainSim:
             return
         self.dead.add(nid)
         self.crashes.append((self.now, nid))
+        if self.trace is not None:
+            self.trace.append(("crash", self.now, nid))
         m = self.nodes[nid]
         for it, keys in m.contrib.items():  # gradients held here die with the node
             st = self._it(it)
@@ -459,8 +489,17 @@ class TrainSim:
                     del self._agg_pending[node]
                 else:
                     self._it(key[2]).compute_s += dur
+                if self.trace is not None:
+                    self._trace_compute(node, m, ckind, key, dur, start)
                 self._apply(node, m.on_compute_done(t, key, ckind))
         del lead
+
+    def _trace_compute(self, node: str, m, ckind: str, key, dur: float, start: float) -> None:
+        self.trace.append(("compute", start, self.now, node, ckind, key, dur))
+        if ckind == "final" and node in DATA_NODES:
+            dm = getattr(m, "mbs", {}).get(key)
+            if dm is not None:
+                self.trace.append(("path", self.now, key, tuple(dm.path), dm.attempt, dm.rounds))
 
     # ---- results -----------------------------------------------------------
     def ledger_check(self, iterations: int) -> tuple[int, int, int]:
