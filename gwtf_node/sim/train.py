@@ -102,10 +102,11 @@ DATA_FWD_S, DATA_LOSS_S, DATA_FINAL_S = 0.15, 0.3, 0.25
 AGG_S = 10.0
 AGG_PEER_TIMEOUT_S = 30.0
 REJOIN_S = 60.0
+FLOW_CONVERGE_S = 60.0  # the flow machines settle this long after a change (paper: ~120 rounds, "roughly a minute")
 MAX_SIM_S_PER_ITERATION = 4 * 3600.0
 LINKS_FILE = Path(__file__).resolve().parents[1] / "data" / "geo12-links.json"  # shipped with the package
 
-_MSG, _TIMER, _DONE, _CRASH = 0, 1, 2, 3
+_MSG, _TIMER, _DONE, _CRASH, _REFLOW = 0, 1, 2, 3, 4
 TENSOR_MSGS = (Forward, Backward, Recover)
 
 
@@ -180,8 +181,9 @@ def compute_s(node_stage: int, kind: str) -> float:
 IDEAL_MB_S = DATA_FWD_S + DATA_LOSS_S + DATA_FINAL_S + len(STAGE_SIZES) * (FORWARD_S + BACKWARD_S)
 
 
-def _scenario(setting: Setting, data_capacity: int = MICROBATCHES):
-    nodes = [{"id": d, "role": "data", "capacity": data_capacity} for d in DATA_NODES]
+def _scenario(setting: Setting, data_capacity: int | dict = MICROBATCHES):
+    caps = data_capacity if isinstance(data_capacity, dict) else {d: data_capacity for d in DATA_NODES}
+    nodes = [{"id": d, "role": "data", "capacity": caps.get(d, 0)} for d in DATA_NODES]
     nodes += [{"id": r, "role": "relay", "stage": s, "capacity": c} for r, (s, c) in setting.relays.items()]
     links = []
     S = len(STAGE_SIZES)
@@ -202,17 +204,20 @@ def _scenario(setting: Setting, data_capacity: int = MICROBATCHES):
                           activation_mb=ACTIVATION_MB)
 
 
-def initial_flows(setting: Setting) -> dict[str, dict[str, dict[str, int]]]:
+def initial_flows(setting: Setting, active: tuple[str, ...] = DATA_NODES) -> dict[str, dict[str, dict[str, int]]]:
     """node -> data node -> next hop -> units, from the optimal routing.
 
-    The relays' capacity is shared fairly: each data node may place at most
-    ceil(max flow / data nodes) units (the iteration lasts as long as the
-    slowest data node), then the cheapest routing of that is taken.
+    The relays' capacity is shared fairly among the `active` data nodes (those
+    with microbatches left to push): each may place at most ceil(max flow /
+    active data nodes) units (the iteration lasts as long as the slowest data
+    node), then the cheapest routing of that is taken.
     """
     from .baselines import max_flow_value, optimal_routing
-    total = max_flow_value(_scenario(setting))
-    share = max(1, min(MICROBATCHES, -(-total // len(DATA_NODES))))
-    res = optimal_routing(_scenario(setting, share))
+    if not active:
+        return {}
+    total = max_flow_value(_scenario(setting, {d: MICROBATCHES for d in active}))
+    share = max(1, min(MICROBATCHES, -(-total // len(active))))
+    res = optimal_routing(_scenario(setting, {d: share for d in active}))
     out: dict[str, dict[str, dict[str, int]]] = {}
     for f in res.flows:
         hops = (f.data_node, *f.path, f.data_node)
@@ -266,6 +271,9 @@ class TrainSim:
         self._opened_once: set[int] = set()
         self.reflow = reflow
         self.reflows = 0
+        self._lent = False
+        self._flow_members = dict(setting.relays)
+        self._done_at: dict[tuple[str, int], float] = {}
         S = len(STAGE_SIZES)
         self.S = S
         for r, (s, c) in setting.relays.items():
@@ -386,8 +394,15 @@ class TrainSim:
         self.pending_joins = [j for j in self.pending_joins if j[0] > self.now]
         for _, old, stage, cap in ready:
             self._join(old, stage, cap)
-        if self.policy == "gwtf" and self.reflow and it > 0:
-            self._reflow()
+        if self.policy == "gwtf" and self.reflow:
+            # joiners ran the flow machines since their download finished: settled FLOW_CONVERGE_S after that
+            settle = max((t for t, *_ in ready), default=-math.inf) + FLOW_CONVERGE_S
+            if settle <= self.now:
+                self._install(self._live_members(), DATA_NODES)
+            else:
+                if self._lent:  # every data node has microbatches again: the flows shared by all of them
+                    self._install(self._flow_members, DATA_NODES)
+                self._push(settle, _REFLOW, "", self._live_members(), None)
         if self.churn > 0:
             for r in sorted(self.stage):
                 if r in DATA_NODES or r in self.dead:
@@ -395,16 +410,41 @@ class TrainSim:
                 if self.crash_rng.random() < self.churn:
                     self._push(self.now + self.crash_rng.random() * self.last_iter_s, _CRASH, r, None, None)
 
-    def _reflow(self) -> None:
-        """The flows the flow machines converge to over the live membership, installed on every live node."""
-        live = {r: (self.stage[r], self.cap[r]) for r in self.stage if r not in DATA_NODES and r not in self.dead}
-        if any(not any(s == k for s, _ in live.values()) for k in range(self.S)):
-            return  # a stage with no live relay: no flow at all; keep the local repairs
-        flows = initial_flows(Setting(self.setting.name, live, self.net))
+    # ---- flows during training (GWTF) -----------------------------------------
+    def _live_members(self) -> dict[str, tuple[int, int]]:
+        return {r: (self.stage[r], self.cap[r]) for r in self.stage if r not in DATA_NODES and r not in self.dead}
+
+    def _schedule_reflow(self) -> None:
+        """A change the flow machines see now (a crash, joiners, a data node done): they settle FLOW_CONVERGE_S
+        later on what they saw now."""
+        if self.policy != "gwtf" or not self.reflow:
+            return
+        self._push(self.now + FLOW_CONVERGE_S, _REFLOW, "", self._live_members(), None)
+
+    def _active(self) -> tuple[str, ...]:
+        """Data nodes with microbatches of their current iteration left (or already in the next one)."""
+        top = max(self.nodes[d].iteration for d in DATA_NODES)
+        return tuple(d for d in DATA_NODES
+                     if self.nodes[d].iteration < top or self.nodes[d].iteration not in self.nodes[d].reported)
+
+    def _on_reflow(self, members: dict) -> None:
+        active = self._active()
+        done_at = [self._done_at.get((d, self.nodes[d].iteration)) for d in DATA_NODES if d not in active]
+        if any(t is None or t > self.now - FLOW_CONVERGE_S + 1e-9 for t in done_at):
+            active = DATA_NODES if done_at else active  # a data node's demand went to 0 too recently to be seen
+        self._install(members, active)
+
+    def _install(self, members: dict, active: tuple[str, ...]) -> None:
+        """The flows the flow machines converge to for `members` and the `active` data nodes, on every live node."""
+        if any(not any(s == k for s, _ in members.values()) for k in range(self.S)):
+            return  # a stage with no relay: no flow at all; the nodes keep their local repairs
+        flows = initial_flows(Setting(self.setting.name, members, self.net), active)
         self.reflows += 1
-        for nid, m in self.nodes.items():
+        self._flow_members = members
+        self._lent = tuple(active) != DATA_NODES
+        for nid in sorted(self.nodes):
             if nid not in self.dead:
-                m.set_flows(flows.get(nid, {}))
+                self._apply(nid, self.nodes[nid].set_flows(flows.get(nid, {}), now=self.now))
 
     def _join(self, old: str, stage: int, cap: int) -> None:
         self.joins += 1
@@ -447,6 +487,7 @@ class TrainSim:
                 self._agg_pending[p] = (end + AGG_PEER_TIMEOUT_S, self._token, key)
                 self._busy[p] = max(self._busy.get(p, 0.0), end + AGG_PEER_TIMEOUT_S)
                 self._push(end + AGG_PEER_TIMEOUT_S, _DONE, p, ("aggregate", key, AGG_S, end - AGG_S), self._token)
+        self._schedule_reflow()
         if self.rejoin:
             peers = self._peers(stage, nid)
             dl = STAGE_STATE_MB * 8.0 / min(self.net.link(p, nid)[1] for p in peers) if peers else 0.0
@@ -467,6 +508,9 @@ class TrainSim:
             self.now = t
             if kind == _CRASH:
                 self._crash(node)
+                continue
+            if kind == _REFLOW:
+                self._on_reflow(a)
                 continue
             if node in self.dead:
                 if kind == _DONE and a[0] != "aggregate":  # partial work of a computation cut short
@@ -492,6 +536,10 @@ class TrainSim:
                 if self.trace is not None:
                     self._trace_compute(node, m, ckind, key, dur, start)
                 self._apply(node, m.on_compute_done(t, key, ckind))
+            if node in DATA_NODES and (node, m.iteration) not in self._done_at and m.iteration in m.reported:
+                self._done_at[(node, m.iteration)] = t  # its microbatches of the iteration are all settled
+                if len(self._active()) > 0:
+                    self._schedule_reflow()
         del lead
 
     def _trace_compute(self, node: str, m, ckind: str, key, dur: float, start: float) -> None:
