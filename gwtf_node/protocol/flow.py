@@ -166,6 +166,7 @@ class FlowConfig:
     launch_quiet_factor: float = 1.0  # data node: wait this x (time the wave took to reach it) after its last OUT change
     noroute_grace_s: float = 0.5  # a relay with an unpaired unit and no route waits this long before a DENY
     waves: bool | None = None  # label waves per augmentation; None: only with a single data node (see module doc)
+    same_wave_launches: bool = False  # waves: launch again on a wave while it still has a tight route (see doc)
     retry_epoch_rounds: float = 5.0  # several data nodes: a data node without a route starts a new wave this often
     joined: bool = False  # placed into a run whose flows already formed: run greedy moves at start (see doc)
     change_improve_rounds: float = 20.0  # rounds of greedy Request Redirect/Change after joining / a membership change
@@ -299,11 +300,15 @@ class FlowNode:
         self._data_prev = tuple(p for p in config.prev_costs if p in config.commodities)
         self._removed: set[str] = set()  # peers removed (and not added again): their messages are ignored
         self._stash: dict[str, dict[tuple[str, Side], Label]] = {}  # labels from not-yet neighbours
+        self._pot_out: dict[str, float] = {}  # lowest OUT of the current wave: the potential (see "Several units")
+        self._walk: dict[str, list[tuple]] = {}  # steps units took here during the current wave (see _retreat)
+        self._cache: dict[str, tuple] = {}  # commodity -> (state signature, f_out, b_out, f_in, b_in): see _compute
         self.greedy_until = -INF  # greedy improvement moves (no annealing) until then (see "Membership changes")
         # data node only
         self.launch_pending = 0
         self.next_launch = 0.0
         self.epoch_started = 0.0
+        self.epoch_launches = 0  # units launched on the current wave
         self.first_out_at: float | None = None
         self.demand = config.capacity if config.is_data else 0
         self._relaunch_at = 0.0
@@ -342,6 +347,12 @@ class FlowNode:
         strictly cheaper one appears or the current one goes away, so that
         equal-cost alternatives cannot flap and the route behind a label is the
         one last announced.
+
+        The four best candidates (forward / back, for OUT / IN) are cached with
+        the state they were computed on (`_cache`), so that a next-stage
+        neighbour's IN label, by far the most frequent news, is folded in in
+        O(1) by `_fold_in` instead of a scan over every neighbour (see "Cost of
+        a wave" in the module doc).
         """
         cfg = self.cfg
         tin, tout = self.tag_in, self.tag_out
@@ -353,12 +364,8 @@ class FlowNode:
             cands = [(c + lab.cost, j, lab) for j, c in cfg.next_costs.items()
                      if (lab := lin.get(j)) is not None and lab.cost != INF and tout not in lab.path]
             arg = _pick(cands, prev_out[1] if prev_out else None)
-            if arg is None:
-                self.my_out[d], self.dec_out[d] = Label(d, Side.OUT, INF, ()), None
-            else:
-                self.my_out[d] = Label(d, Side.OUT, arg[0], (tout,) + arg[2].path)
-                self.dec_out[d] = ("F", arg[1])
-            self.my_in[d] = Label(d, Side.IN, 0.0, (tin,))
+            self._cache[d] = (self._sig(d), arg, None, None, None)
+            self._decide_data(d, arg)
             return
         lout = self.lout[d]
         # The residual path behind a label must not revisit the side it starts from:
@@ -391,6 +398,24 @@ class FlowNode:
         b_out = _pick(bo, so if prev_out and prev_out[0] == "B" else None)
         f_in = _pick(fi, si if prev_in and prev_in[0] == "F" else None)
         b_in = _pick(bi, si if prev_in and prev_in[0] == "B" else None)
+        self._cache[d] = (self._sig(d), f_out, b_out, f_in, b_in)
+        self._decide(d, f_out, b_out, f_in, b_in)
+
+    def _sig(self, d: str) -> tuple:
+        """The state the cached candidates of `d` depend on, besides the next-stage IN labels."""
+        return (self.epoch[d], self.cfg, self.used() < self.cfg.capacity, tuple(self.inn[d].items()))
+
+    def _decide_data(self, d: str, arg) -> None:
+        if arg is None:
+            self.my_out[d], self.dec_out[d] = Label(d, Side.OUT, INF, ()), None
+        else:
+            self.my_out[d] = Label(d, Side.OUT, arg[0], (self.tag_out,) + arg[2].path)
+            self.dec_out[d] = ("F", arg[1])
+        self.my_in[d] = Label(d, Side.IN, 0.0, (self.tag_in,))
+
+    def _decide(self, d: str, f_out, b_out, f_in, b_in) -> None:
+        prev_out, prev_in = self.dec_out.get(d), self.dec_in.get(d)
+        tin, tout = self.tag_in, self.tag_out
         # OUT: forward the unit, or hand one back upstream (DENY)
         kind = _choose(f_out, b_out, prev_out[0] if prev_out else None)
         if kind == "F":
@@ -412,7 +437,60 @@ class FlowNode:
         else:
             self.my_in[d], self.dec_in[d] = Label(d, Side.IN, INF, ()), None
 
-    def _refresh(self, commodities, eff: list[Effect], force_to: dict[str, set[str]] | None = None) -> None:
+    def _fold_in(self, d: str, j: str) -> bool:
+        """Fold next-stage neighbour `j`'s new IN label into the cached candidates of `d` (O(1)).
+
+        Exactly what `_compute` would decide, except on a tie between `j` and
+        another peer that is not the current choice (`_pick` would take the
+        smaller id; here the current choice stays, which ties allow).  Returns
+        False (the caller runs `_compute`) when the cache does not apply: the
+        state changed since, or `j` was the best and got dearer or unusable.
+        """
+        cache = self._cache.get(d)
+        if cache is None or cache[0] != self._sig(d):
+            return False
+        _, f_out, b_out, f_in, b_in = cache
+        lab = self.lin[d][j]
+        cfg = self.cfg
+        if lab.cost == INF:
+            ok_o = ok_i = False
+            cand = None
+        else:
+            ok_o = self.tag_out not in lab.path
+            ok_i = ok_o and cfg.capacity > self.used() and self.tag_in not in lab.path
+            cand = (cfg.next_costs[j] + lab.cost, j, lab)
+        if cfg.is_data:
+            if f_out is not None and f_out[1] == j:
+                if not ok_o or cand[0] > f_out[0] + EPS:
+                    return False
+                f_out = cand
+            elif ok_o and (f_out is None or cand[0] < f_out[0] - EPS):
+                f_out = cand
+            else:
+                return True  # nothing changes
+            self._cache[d] = (cache[0], f_out, None, None, None)
+            self._decide_data(d, f_out)
+            return True
+        changed = False
+        if f_out is not None and f_out[1] == j:
+            if not ok_o or cand[0] > f_out[0] + EPS:
+                return False
+            f_out, changed = cand, True
+        elif ok_o and (f_out is None or cand[0] < f_out[0] - EPS):
+            f_out, changed = cand, True
+        if f_in is not None and f_in[1] == j:
+            if not ok_i or cand[0] > f_in[0] + EPS:
+                return False
+            f_in, changed = cand, True
+        elif ok_i and (f_in is None or cand[0] < f_in[0] - EPS):
+            f_in, changed = cand, True
+        if changed:
+            self._cache[d] = (cache[0], f_out, b_out, f_in, b_in)
+            self._decide(d, f_out, b_out, f_in, b_in)
+        return True
+
+    def _refresh(self, commodities, eff: list[Effect], force_to: dict[str, set[str]] | None = None,
+                 folds: dict[str, list[str]] | None = None) -> None:
         """Recompute labels; the ones worth announcing go out at the next flush (coalesced, latest value wins).
 
         Within an epoch only news is announced: a label of a new epoch, a lower
@@ -427,7 +505,12 @@ class FlowNode:
                 if d != dn:
                     continue
                 old_out = self.my_out.get(d)
-            self._compute(d)
+            fold = folds.get(d) if folds else None
+            if fold is None or not all(self._fold_in(d, j) for j in fold):
+                self._compute(d)
+            lab = self.my_out.get(d)
+            if lab is not None and lab.cost < self._pot_out.get(d, INF):
+                self._pot_out[d] = lab.cost
             if dn is not None:
                 new_out = self.my_out[d]
                 if old_out is None or _cost_differs(new_out, old_out):
@@ -678,7 +761,7 @@ class FlowNode:
             if any(self.imbalance(d) for d in self.cfg.commodities):
                 eff.append(SetTimer("balance", self.grace_until))
             return
-        if self.token_pending or self.rejects_in_row >= MAX_REJECTS_BEFORE_WAIT:
+        if self.token_pending or (self.rejects_in_row >= MAX_REJECTS_BEFORE_WAIT and not self._walk):
             return
         if self.used() > self.cfg.capacity:
             self._shed_one(now, eff)
@@ -695,6 +778,11 @@ class FlowNode:
     def _dispatch(self, now: float, d: str, eff: list[Effect]) -> None:
         """Move one unpaired unit along the OUT label: forward it, or DENY it back."""
         dec = self.dec_out.get(d)
+        if self._walk.get(d) and (dec is None or self.my_out[d].cost > self._pot_out.get(d, INF) + EPS):
+            if self._retreat(now, d, eff):
+                return
+        if self.rejects_in_row >= MAX_REJECTS_BEFORE_WAIT:
+            return
         if dec is None:
             # no route known (yet: a new wave may be on its way): wait a little, then hand it back upstream
             since = self._noroute_since.setdefault(d, now)
@@ -716,8 +804,69 @@ class FlowNode:
             _dec(self.inn[d], peer)
             self._changed(now)
             eff.append(Send(peer, Deny(d, DenyReason.NO_ROUTE)))
+            self._log(d, ("bk", peer))
             self._refresh_all(eff)
             self._act(now, eff)
+
+    # ------------------------------------------------------------ several units per wave
+    def _walking(self) -> bool:
+        return self.waves and self.cfg.same_wave_launches
+
+    def _log(self, d: str, step: tuple) -> None:
+        if self._walking():
+            self._walk.setdefault(d, []).append(step)
+
+    def _tight(self, d: str) -> bool:
+        """Data node: its OUT label is still the wave's (the potential): a launch now is a shortest path."""
+        lab = self.my_out.get(d)
+        return lab is not None and lab.cost != INF and lab.cost <= self._pot_out.get(d, INF) + EPS
+
+    def _retreat(self, now: float, d: str, eff: list[Effect]) -> bool:
+        """A unit here has no tight route any more: undo the step that brought it (see "Several units").
+
+        The reverse of a step taken on this wave is tight, so the flow keeps
+        its optimality; the unit then tries the neighbour it came from, which
+        learns of the rise from our rejection if it asks us again."""
+        walk = self._walk.get(d)
+        while walk:
+            step = walk.pop()
+            if step[0] == "in" and self.inn[d].get(step[1], 0) > 0:
+                _dec(self.inn[d], step[1])
+                self._changed(now)
+                eff.append(Send(step[1], Deny(d, DenyReason.NO_ROUTE)))
+                self._refresh_all(eff)
+                self._act(now, eff)
+                return True
+            if step[0] == "rin" and step[1] in self.cfg.next_costs:
+                # it handed us the unit along the residual arc of our OUT label: tell it that label rose
+                lab = self.my_out.get(d)
+                if lab is not None:
+                    eff.append(Send(step[1], CostAnnounce((_wire(lab, self.epoch[d]),))))
+                rid = self._id()
+                self.pending[rid] = _Pending("forced", step[1], d)
+                eff.append(Send(step[1], RequestFlow(rid, d, 0.0, forced=True)))
+                return True
+            # a step of an earlier unit of this wave ("fwd", "thru", "bk"), or one no longer possible
+        return False
+
+    def _walk_back(self, now: float, sender: str, msg: RequestFlow, eff: list[Effect]) -> bool:
+        """A forced Request Flow that undoes a step of ours (`_retreat` at `sender`): take the unit back and,
+        if it only passed through here (displacement), hand it back to where it came from."""
+        d = msg.commodity
+        walk = self._walk.get(d)
+        if not walk:
+            return False
+        top = walk[-1]
+        if not ((top[0] == "thru" and top[2] == sender) or (top[0] == "bk" and top[1] == sender)):
+            return False
+        walk.pop()
+        _inc(self.inn[d], sender)
+        self._changed(now)
+        eff.append(Send(sender, FlowReply(msg.req_id, d, Reply.APPROVED, None)))
+        if top[0] == "thru" and _dec(self.inn[d], top[1]):
+            eff.append(Send(top[1], Deny(d, DenyReason.NO_ROUTE)))
+        self._refresh_all(eff)
+        return True
 
     def _shed_one(self, now: float, eff: list[Effect]) -> None:
         """Over capacity (an agreed move raced with new work): hand the dearest inflow back."""
@@ -748,6 +897,9 @@ class FlowNode:
         self.epoch[d] += 1
         self.lin[d].clear()
         self.lout[d].clear()
+        self._cache.pop(d, None)
+        self._pot_out.pop(d, None)
+        self.epoch_launches = 0
         self.epoch_started = now
         self.first_out_at = None
         self.next_launch = INF
@@ -826,11 +978,12 @@ class FlowNode:
         self.pending[rid] = _Pending("token", j, d)
         self.token_pending = True
         if self.waves:
+            self.epoch_launches += 1
             self._relaunch_at = self.next_launch  # restored if the launch is rejected
             self.next_launch = INF  # the next launch waits for the wave its settlement starts
         eff.append(Send(j, RequestFlow(rid, d, self.lin[d][j].cost)))
 
-    def _settled(self, now: float, eff: list[Effect]) -> None:
+    def _settled(self, now: float, eff: list[Effect], arrived: bool = False) -> None:
         """A data node's launched unit arrived or came back: a new wave, then the next unit.
 
         The unit can reach the sink before the first hop's approval is back at
@@ -846,11 +999,16 @@ class FlowNode:
         `_maybe_lost_settlement` (which needs a launch outstanding) did not
         fire and, with waves, `next_launch` stayed INF for good.
         """
+        launched = self.launch_pending > 0 or self.token_pending
         if self.launch_pending > 0:
             self.launch_pending -= 1
         elif self.token_pending:
             self.launch_pending = -1  # the launch in flight reached the sink before its approval came back
         if self.waves:
+            d = self.cfg.node_id
+            if arrived and launched and self._walking() and self._tight(d) and self._out_eff(d) < self.demand:
+                self.next_launch = now  # the wave still has a tight route: the next unit goes on it
+                return
             self._new_epoch(now, eff)
         else:
             self.next_launch = now + self.cfg.launch_settle_s
@@ -879,13 +1037,31 @@ class FlowNode:
             self.epoch[d] = e
             self.lin[d].clear()
             self.lout[d].clear()
-        (self.lin if wire.side == Side.IN else self.lout)[d][sender] = lab
+            self._cache.pop(d, None)
+            self._pot_out.pop(d, None)
+            self._walk.pop(d, None)
+        if wire.side == Side.IN:
+            self.lin[d][sender] = lab
+        else:
+            self.lout[d][sender] = lab
+            self._cache.pop(d, None)
         return True
 
     def _on_announce(self, now: float, sender: str, msg: CostAnnounce, eff: list[Effect]) -> None:
-        touched = [lab.commodity for lab in msg.labels if self._ingest(sender, lab)]
+        touched: dict[str, None] = {}
+        folds: dict[str, list[str]] = {}
+        for lab in msg.labels:
+            d = lab.commodity
+            if self._ingest(sender, lab):
+                touched[d] = None
+                if lab.side == Side.IN:
+                    f = folds.setdefault(d, [])
+                    if f is not None:
+                        f.append(sender)
+                else:
+                    folds[d] = None  # an OUT label (upstream): the full recomputation
         if touched:
-            self._refresh(dict.fromkeys(touched), eff)
+            self._refresh(touched, eff, folds=folds)
 
     def _on_request_flow(self, now: float, sender: str, msg: RequestFlow, eff: list[Effect]) -> None:
         d = msg.commodity
@@ -901,7 +1077,9 @@ class FlowNode:
             self._changed(now)
             eff.append(Send(sender, FlowReply(msg.req_id, d, Reply.APPROVED, None)))
             if not msg.forced:
-                self._settled(now, eff)
+                self._settled(now, eff, arrived=True)
+            return
+        if msg.forced and self._walk_back(now, sender, msg, eff):
             return
         if msg.forced:
             _inc(self.inn[d], sender)
@@ -932,6 +1110,9 @@ class FlowNode:
         if dec is not None and dec[0] == "B":
             _dec(self.inn[d], dec[1])
             eff.append(Send(dec[1], Deny(d, DenyReason.DISPLACED)))
+            self._log(d, ("thru", sender, dec[1]))
+        else:
+            self._log(d, ("in", sender))
         self._refresh_all(eff)
 
     def _on_flow_reply(self, now: float, sender: str, msg: FlowReply, eff: list[Effect]) -> None:
@@ -951,6 +1132,8 @@ class FlowNode:
                 _inc(self.out[d], sender)
                 if self.cfg.is_data and pend.kind == "token":
                     self.launch_pending += 1
+                elif pend.kind == "token":
+                    self._log(d, ("fwd", sender))
                 if first:
                     self._refresh([d], eff, {d: {sender}})
             self._changed(now)
@@ -965,6 +1148,13 @@ class FlowNode:
         else:
             self.lin[d][sender] = Label(d, Side.IN, INF, ())
         self._refresh([d], eff)
+        if pend.kind == "token" and self.cfg.is_data and self.waves and self.cfg.same_wave_launches \
+                and d == self.cfg.node_id and self.epoch_launches > 0:
+            # a later launch of this wave found its first hop dearer: another tight first hop, else a new wave
+            if self._tight(d) and self.rejects_in_row < MAX_REJECTS_BEFORE_WAIT:
+                self.next_launch = now
+            else:
+                self._new_epoch(now, eff)
 
     def _on_deny(self, now: float, sender: str, msg: Deny, eff: list[Effect]) -> None:
         d = msg.commodity
@@ -974,6 +1164,12 @@ class FlowNode:
         self._changed(now)
         if self.cfg.is_data:
             self._settled(now, eff)
+        elif self._walking():
+            walk = self._walk.setdefault(d, [])
+            if msg.reason == DenyReason.NO_ROUTE and walk and walk[-1] == ("fwd", sender):
+                walk.pop()  # the unit we handed `sender` retreated: it is ours to route again
+            else:
+                walk.append(("rin", sender))  # a unit handed back along a residual arc (a step, not a retreat)
         self._refresh([d], eff)
 
     def _on_reroute(self, now: float, sender: str, msg: Reroute, eff: list[Effect]) -> None:
