@@ -102,11 +102,12 @@ DATA_FWD_S, DATA_LOSS_S, DATA_FINAL_S = 0.15, 0.3, 0.25
 AGG_S = 10.0
 AGG_PEER_TIMEOUT_S = 30.0
 REJOIN_S = 60.0
+DETECT_S = 60.0  # membership (heartbeats / DHT entries expiring): every node learns of a crash this long after it
 FLOW_CONVERGE_S = 60.0  # the flow machines settle this long after a change (paper: ~120 rounds, "roughly a minute")
 MAX_SIM_S_PER_ITERATION = 4 * 3600.0
 LINKS_FILE = Path(__file__).resolve().parents[1] / "data" / "geo12-links.json"  # shipped with the package
 
-_MSG, _TIMER, _DONE, _CRASH, _REFLOW = 0, 1, 2, 3, 4
+_MSG, _TIMER, _DONE, _CRASH, _REFLOW, _GONE, _JOIN = 0, 1, 2, 3, 4, 5, 6
 TENSOR_MSGS = (Forward, Backward, Recover)
 
 
@@ -242,7 +243,8 @@ class IterStats:
 class TrainSim:
     def __init__(self, setting: Setting, policy: str, churn: float, seed: int,
                  crash_plan: list[tuple[float, str]] | None = None, rejoin: bool = True,
-                 flows: dict | None = None, reflow: bool = True) -> None:
+                 flows: dict | None = None, reflow: bool = True, detect: bool = True,
+                 join_mid_iteration: bool = True) -> None:
         self.setting, self.policy, self.churn, self.seed = setting, policy, churn, seed
         self.rng = random.Random(f"train:{seed}:{policy}:{churn}")
         self.crash_rng = random.Random(f"churn:{seed}:{churn}")  # same crash draws for both policies
@@ -270,6 +272,8 @@ class TrainSim:
         self.trace: list | None = None  # set to a list to record (kind, ...) tuples, see `_trace_compute`
         self._opened_once: set[int] = set()
         self.reflow = reflow
+        self.detect = detect
+        self.join_mid_iteration = join_mid_iteration
         self.reflows = 0
         self._lent = False
         self._flow_members = dict(setting.relays)
@@ -446,6 +450,20 @@ class TrainSim:
             if nid not in self.dead:
                 self._apply(nid, self.nodes[nid].set_flows(flows.get(nid, {}), now=self.now))
 
+    def _join_now(self, old: str) -> None:
+        """A joiner whose download finished joins at once while its stage's parameters are the iteration's:
+        not while an aggregation is under way (then: at the next open, with the new parameters)."""
+        if not self.join_mid_iteration:
+            return
+        lead = self.nodes[DATA_NODES[0]]
+        if lead.iteration in lead.begun:
+            return
+        for j in [j for j in self.pending_joins if j[1] == old]:
+            self.pending_joins.remove(j)
+            self._join(old, j[2], j[3])
+            if self.policy == "gwtf" and self.reflow:
+                self._push(self.now + FLOW_CONVERGE_S, _REFLOW, "", self._live_members(), None)
+
     def _join(self, old: str, stage: int, cap: int) -> None:
         self.joins += 1
         nid = f"{old.split('~')[0]}~{self.joins}"
@@ -488,10 +506,13 @@ class TrainSim:
                 self._busy[p] = max(self._busy.get(p, 0.0), end + AGG_PEER_TIMEOUT_S)
                 self._push(end + AGG_PEER_TIMEOUT_S, _DONE, p, ("aggregate", key, AGG_S, end - AGG_S), self._token)
         self._schedule_reflow()
+        if self.detect:
+            self._push(self.now + DETECT_S, _GONE, nid, None, None)
         if self.rejoin:
             peers = self._peers(stage, nid)
             dl = STAGE_STATE_MB * 8.0 / min(self.net.link(p, nid)[1] for p in peers) if peers else 0.0
             self.pending_joins.append((self.now + REJOIN_S + dl, nid, stage, self.cap[nid]))
+            self._push(self.now + REJOIN_S + dl, _JOIN, nid, None, None)
 
     def run(self, iterations: int) -> None:
         for nid in sorted(self.nodes):
@@ -511,6 +532,14 @@ class TrainSim:
                 continue
             if kind == _REFLOW:
                 self._on_reflow(a)
+                continue
+            if kind == _JOIN:  # a joiner's download finished: it serves the iteration in training now
+                self._join_now(node)
+                continue
+            if kind == _GONE:  # the membership layer tells every live node that `node` is gone
+                for nid in sorted(self.nodes):
+                    if nid not in self.dead and nid != node:
+                        self._apply(nid, self.nodes[nid].peer_gone(t, node))
                 continue
             if node in self.dead:
                 if kind == _DONE and a[0] != "aggregate":  # partial work of a computation cut short
