@@ -33,22 +33,43 @@ The Table II setting, as modelled here (our choices where the paper is vague)
   iteration (so in the forward pass, the backward pass or the aggregation).
   A crashed relay comes back REJOIN_S later as a new joiner (new id, same
   stage and capacity) after downloading its stage's state from a live stage
-  peer (stage state size / bandwidth); it is announced to its neighbours when
-  the next iteration opens.
+  peer (stage state size / bandwidth).  It is announced to its neighbours as
+  soon as its download finished if the iteration is in training (its
+  parameters are the iteration's: no step is applied before the
+  aggregation), else when the next iteration opens (both policies).
+* Membership (both policies): every live node learns of a crash DETECT_S
+  after it (heartbeats / DHT entries expiring; `RecoveryNode.peer_gone`):
+  no more work goes to the dead node.  A SWARM data node then restarts at
+  once a microbatch in its backward pass that the dead node held
+  (`swarm_acts_on_gone`, default on: the generous reading of SWARM; off, it
+  waits for its own backward timeout).  GWTF's data node does not act on
+  it by default (`gwtf_acts_on_gone`): its relays' missing COMPLETE
+  (BackwardStuck) is as fast and repairs wasted less.
 
-Flow routing (GWTF): the initial flows are the optimal multi-commodity
-routing of `baselines.optimal_routing` (what the flow machines converge to,
-`docs/bench_flow.md`, within a few percent), computed once at the start;
-after that there is no global recomputation: nodes repair flows locally
+Flow routing (GWTF): the flows are the optimal multi-commodity routing of
+`baselines.optimal_routing` (`initial_flows`), standing for what the flow
+machines of `flow.py` converge to (they are not run alongside: too slow for
+the benchmark; `docs/bench_flow.md` measures them at the optimum with one
+data node and 8-16% above the LP bound with several, so this is optimistic
+for GWTF's routing cost).  At the start they are installed at once; after a
+change they settle FLOW_CONVERGE_S (60 s: the paper's flow algorithm runs
+~120 rounds in "roughly a minute") after it, computed on what the machines
+saw at the change: a crash, joiners (from the end of their download), or a
+data node with no microbatch left in the iteration (its units are then
+shared by the others, until the next iteration opens, when the shared flows
+come back at once).  Until a change has settled nodes repair flows locally
 (recovery.py: a dead next hop's units move to live peers of its stage with
-room, joiners are taken when a unit needs a new home).  The flow machines of
-`flow.py` are not run alongside (too slow for 250 runs in the time we had).
+room; a joiner is taken when a unit needs a new home).  `reflow=False`: the
+initial flows and local repairs only.
 SWARM: no flows, greedy next hop (the cheapest link), assuming every relay has
 the homogeneous capacity (4): SWARM assumes equal memory (paper, section I),
 so in the heterogeneous setting a relay with less room answers DENY after the
-transfer and the sender tries the next cheapest.  Detection of a failed
-backward is by the data node's own timeouts (its hop, its end-to-end
-watchdog), then the whole pipeline is recomputed (recovery.py).
+transfer and the sender tries the next cheapest; with none left it keeps its
+output until one has room (parks, as GWTF's relays do: SWARM's peers queue
+requests rather than drop them).  Detection of a failed backward is by the
+data node's own timeouts (its hop, its end-to-end watchdog) or the
+membership layer (above), then the whole pipeline is recomputed
+(recovery.py).
 
 Metrics per iteration (means over iterations are reported)
 ----------------------------------------------------------
@@ -244,7 +265,8 @@ class TrainSim:
     def __init__(self, setting: Setting, policy: str, churn: float, seed: int,
                  crash_plan: list[tuple[float, str]] | None = None, rejoin: bool = True,
                  flows: dict | None = None, reflow: bool = True, detect: bool = True,
-                 join_mid_iteration: bool = True) -> None:
+                 join_mid_iteration: bool = True, swarm_acts_on_gone: bool = True,
+                 gwtf_acts_on_gone: bool = False) -> None:
         self.setting, self.policy, self.churn, self.seed = setting, policy, churn, seed
         self.rng = random.Random(f"train:{seed}:{policy}:{churn}")
         self.crash_rng = random.Random(f"churn:{seed}:{churn}")  # same crash draws for both policies
@@ -274,6 +296,7 @@ class TrainSim:
         self.reflow = reflow
         self.detect = detect
         self.join_mid_iteration = join_mid_iteration
+        self.acts_on_gone = {"swarm": swarm_acts_on_gone, "gwtf": gwtf_acts_on_gone}[policy]
         self.reflows = 0
         self._lent = False
         self._flow_members = dict(setting.relays)
@@ -318,7 +341,7 @@ class TrainSim:
             next_peers={j: cost(nid, j) for j in nxt}, prev_peers={j: cost(nid, j) for j in prv},
             peer_capacity={j: self.cap.get(j, MICROBATCHES) for j in nxt + prv}, prior_s=prior,
             e2e_prior_s=e2e, agg_wait_s=AGG_PEER_TIMEOUT_S + 15.0, policy=self.policy,
-            swarm_assumed_capacity=MICROBATCHES)
+            swarm_assumed_capacity=MICROBATCHES, act_on_gone=self.acts_on_gone)
         m = RecoveryNode(cfg, random.Random(f"{self.seed}:{nid}"),
                          first_seq=(DATA_NODES.index(nid) * 10**6 if nid in DATA_NODES else 0))
         if self.policy == "gwtf" and nid in self.flows:
@@ -645,9 +668,10 @@ class TrainSim:
         }
 
 
-def run_train(setting: str, policy: str, churn: float, iterations: int, seed: int) -> dict:
+def run_train(setting: str, policy: str, churn: float, iterations: int, seed: int, **options) -> dict:
+    """One run; `options` are TrainSim's model switches (reflow, detect, join_mid_iteration, swarm_acts_on_gone)."""
     s = make_setting(setting, seed)
-    sim = TrainSim(s, policy, churn, seed)
+    sim = TrainSim(s, policy, churn, seed, **options)
     sim.run(iterations)
     return sim.report(iterations)
 
