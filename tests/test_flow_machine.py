@@ -7,7 +7,7 @@ import random
 
 from gwtf_node.protocol.codec import decode, encode
 from gwtf_node.protocol.effects import Send, SetTimer
-from gwtf_node.protocol.flow import FlowConfig, FlowNode, _unwire
+from gwtf_node.protocol.flow import FlowConfig, FlowNode
 from gwtf_node.protocol.messages import (
     INF, CostAnnounce, Deny, DenyReason, FlowReply, Label, MoveReply, Reply, RequestChange, RequestFlow,
     RequestRedirect, Reroute, Side, Withdraw,
@@ -23,8 +23,9 @@ PREV = {"P1": 2.0, "P2": 5.0}
 NEXT = {"N1": 3.0, "N2": 7.0}
 
 
-def relay(capacity=1, displace=True, node_id="R"):
-    cfg = FlowConfig(node_id, False, capacity, (D,), dict(NEXT), dict(PREV), peers=("S",), displace=displace)
+def relay(capacity=1, displace=True, node_id="R", same_wave_launches=True):
+    cfg = FlowConfig(node_id, False, capacity, (D,), dict(NEXT), dict(PREV), peers=("S",), displace=displace,
+                     same_wave_launches=same_wave_launches)
     m = FlowNode(cfg, random.Random(0))
     m.start(0.0)
     return m
@@ -85,7 +86,7 @@ def test_request_flow_cost_changed_carries_current_label():
     assert rep.outcome == Reply.COST_CHANGED and rep.req_id == 7
     assert rep.current is not None and rep.current.cost == 13.0 and rep.current.side == Side.IN
     assert rep.current.epoch == m.epoch[D]  # the wire label carries the wave's epoch
-    assert _unwire(rep.current) == (m.epoch[D], m.my_in[D])
+    assert (rep.current.cost, rep.current.path) == (m.my_in[D].cost, m.my_in[D].path)
     assert m.inn[D] == {}
 
 
@@ -153,7 +154,7 @@ def test_forced_request_flow_always_accepted():
 
 
 def test_flow_reply_approved_increments_out_and_rejection_updates_label():
-    m = relay_with_n1_label()
+    m = relay_with_n1_label(same_wave_launches=False)  # one unit per wave: the unit goes on at the new cost
     eff = m.on_message(1.0, "P1", RequestFlow(1, D, 13.0))
     rid = one(eff, RequestFlow, "N1").msg.req_id
     # rejection: the label of N1 is replaced by the one N1 tells
@@ -164,6 +165,38 @@ def test_flow_reply_approved_increments_out_and_rejection_updates_label():
     assert fwd.msg.expected_cost == 20.0
     m.on_message(1.6, "N1", FlowReply(fwd.msg.req_id, D, Reply.APPROVED, None))
     assert m.out[D] == {"N1": 1} and not m.pending and not m.token_pending
+
+
+def test_same_wave_unit_without_a_tight_route_retreats_to_its_sender():
+    """With several units per wave, a unit whose route rose above the wave's label is not sent on at the
+    higher cost (not a shortest path any more): it goes back to the node it came from (DENY)."""
+    m = relay_with_n1_label()
+    eff = m.on_message(1.0, "P1", RequestFlow(1, D, 13.0))
+    rid = one(eff, RequestFlow, "N1").msg.req_id
+    eff = m.on_message(1.1, "N1", FlowReply(rid, D, Reply.COST_CHANGED, in_label("N1", 20.0)))
+    assert m.my_out[D].cost == 23.0 and not sends(eff, RequestFlow)
+    assert one(eff, Deny, "P1").msg.reason == DenyReason.NO_ROUTE
+    assert m.inn[D] == {} and m.out[D] == {}
+
+
+def test_same_wave_retreat_undoes_a_displacement():
+    """A unit handed back by a displacement that finds no tight route goes back to the displacer (forced
+    Request Flow, after telling it our OUT label rose); the displacer hands its own arrival back upstream."""
+    # the displacer: full, its IN label displaces P1's unit
+    x = relay_with_n1_label()
+    x.on_message(0.2, "P1", CostAnnounce((Label(D, Side.OUT, 20.0, ("P1-", "Z+", "d0+")),)))
+    fwd = one(x.on_message(1.0, "P1", RequestFlow(1, D, 13.0)), RequestFlow, "N1")
+    x.on_message(1.1, "N1", FlowReply(fwd.msg.req_id, D, Reply.APPROVED, None))
+    x.on_message(1.2, "P1", CostAnnounce((Label(D, Side.OUT, 15.0, ("P1-", "Z+", "d0+")),)))
+    assert x.dec_in[D] == ("B", "P1") and x.my_in[D].cost == 13.0
+    eff = x.on_message(2.0, "P2", RequestFlow(2, D, 13.0))
+    assert one(eff, Deny, "P1").msg.reason == DenyReason.DISPLACED
+    assert x.inn[D] == {"P2": 1}
+    # P1 cannot place the unit at its wave's cost: it undoes the step, and x hands P2's unit back
+    eff = x.on_message(2.1, "P1", RequestFlow(3, D, 0.0, forced=True))
+    assert one(eff, FlowReply, "P1").msg.outcome == Reply.APPROVED
+    assert one(eff, Deny, "P2").msg.reason == DenyReason.NO_ROUTE
+    assert x.inn[D] == {"P1": 1}
 
 
 def test_stale_flow_reply_is_ignored():

@@ -143,6 +143,7 @@ from .messages import (
 
 EPS = 1e-9  # costs closer than this are equal
 MAX_REJECTS_BEFORE_WAIT = 4  # consecutive rejections before a unit waits for the next tick
+MAX_RETREATS_PER_WAVE = 16  # same-wave launches: more retreats at one node in one wave is a loop (see _gate)
 MAX_STASHED_SENDERS = 256  # labels kept from senders that are not (yet) neighbours (see add_neighbour)
 SIDES = ("next", "prev", "peer")
 
@@ -166,7 +167,7 @@ class FlowConfig:
     launch_quiet_factor: float = 1.0  # data node: wait this x (time the wave took to reach it) after its last OUT change
     noroute_grace_s: float = 0.5  # a relay with an unpaired unit and no route waits this long before a DENY
     waves: bool | None = None  # label waves per augmentation; None: only with a single data node (see module doc)
-    same_wave_launches: bool = False  # waves: launch again on a wave while it still has a tight route (see doc)
+    same_wave_launches: bool = True  # waves: launch again on a wave while it still has a tight route (see doc)
     retry_epoch_rounds: float = 5.0  # several data nodes: a data node without a route starts a new wave this often
     joined: bool = False  # placed into a run whose flows already formed: run greedy moves at start (see doc)
     change_improve_rounds: float = 20.0  # rounds of greedy Request Redirect/Change after joining / a membership change
@@ -185,11 +186,6 @@ def _cost_differs(new: Label, old: Label | None) -> bool:
 def _wire(lab: Label, epoch: int) -> Label:
     """The label as sent: stamped with the epoch of its wave (`Label.epoch`)."""
     return Label(lab.commodity, lab.side, lab.cost, lab.path, epoch)
-
-
-def _unwire(lab: Label) -> tuple[int, Label]:
-    """(epoch, label as stored: epoch field cleared)."""
-    return lab.epoch, (lab if lab.epoch == 0 else Label(lab.commodity, lab.side, lab.cost, lab.path))
 
 
 def _pick(cands: list, sticky: str | None):
@@ -302,7 +298,15 @@ class FlowNode:
         self._stash: dict[str, dict[tuple[str, Side], Label]] = {}  # labels from not-yet neighbours
         self._pot_out: dict[str, float] = {}  # lowest OUT of the current wave: the potential (see "Several units")
         self._walk: dict[str, list[tuple]] = {}  # steps units took here during the current wave (see _retreat)
-        self._cache: dict[str, tuple] = {}  # commodity -> (state signature, f_out, b_out, f_in, b_in): see _compute
+        self._walked: dict[str, int] = {}  # commodity -> the last wave in which a unit stepped here
+        self._hold: dict[str, int] = {}
+        self._gave_up: dict[str, int] = {}
+        self._retreats: dict[str, tuple[int, int]] = {}  # commodity -> (wave, retreats in it)  # commodity -> wave in which a held unit was let go the old way  # commodity -> wave in which a unit got stuck here (held for the next one)
+        self._heard_at: dict[str, float] = {}  # when this wave's first label arrived
+        self._quiet_at: dict[str, float] = {}  # held units move on after this (labels of the new wave still)
+        self._stuck_epoch = -1  # data node: the wave of the launch the "stuck" timer watches
+        self._cache: dict[str, tuple] = {}
+        self._idle = False  # set by a handler whose message changed nothing (on_message skips _act)  # commodity -> (state signature, f_out, b_out, f_in, b_in): see _compute
         self.greedy_until = -INF  # greedy improvement moves (no annealing) until then (see "Membership changes")
         # data node only
         self.launch_pending = 0
@@ -320,7 +324,10 @@ class FlowNode:
         return self.next_id
 
     def used(self) -> int:
-        return sum(_dsum(v) for v in self.inn.values())
+        n = 0
+        for v in self.inn.values():
+            n += sum(v.values())
+        return n
 
     def _changed(self, now: float) -> None:
         self.stats.flow_changes += 1
@@ -437,18 +444,19 @@ class FlowNode:
         else:
             self.my_in[d], self.dec_in[d] = Label(d, Side.IN, INF, ()), None
 
-    def _fold_in(self, d: str, j: str) -> bool:
+    def _fold_in(self, d: str, j: str) -> int:
         """Fold next-stage neighbour `j`'s new IN label into the cached candidates of `d` (O(1)).
 
         Exactly what `_compute` would decide, except on a tie between `j` and
         another peer that is not the current choice (`_pick` would take the
         smaller id; here the current choice stays, which ties allow).  Returns
-        False (the caller runs `_compute`) when the cache does not apply: the
-        state changed since, or `j` was the best and got dearer or unusable.
+        0 (the caller runs `_compute`) when the cache does not apply: the
+        state changed since, or `j` was the best and got dearer or unusable;
+        1 when nothing changes; 2 when the labels were recomputed from the cache.
         """
         cache = self._cache.get(d)
         if cache is None or cache[0] != self._sig(d):
-            return False
+            return 0
         _, f_out, b_out, f_in, b_in = cache
         lab = self.lin[d][j]
         cfg = self.cfg
@@ -462,32 +470,33 @@ class FlowNode:
         if cfg.is_data:
             if f_out is not None and f_out[1] == j:
                 if not ok_o or cand[0] > f_out[0] + EPS:
-                    return False
+                    return 0
                 f_out = cand
             elif ok_o and (f_out is None or cand[0] < f_out[0] - EPS):
                 f_out = cand
             else:
-                return True  # nothing changes
+                return 1  # nothing changes
             self._cache[d] = (cache[0], f_out, None, None, None)
             self._decide_data(d, f_out)
-            return True
+            return 2
         changed = False
         if f_out is not None and f_out[1] == j:
             if not ok_o or cand[0] > f_out[0] + EPS:
-                return False
+                return 0
             f_out, changed = cand, True
         elif ok_o and (f_out is None or cand[0] < f_out[0] - EPS):
             f_out, changed = cand, True
         if f_in is not None and f_in[1] == j:
             if not ok_i or cand[0] > f_in[0] + EPS:
-                return False
+                return 0
             f_in, changed = cand, True
         elif ok_i and (f_in is None or cand[0] < f_in[0] - EPS):
             f_in, changed = cand, True
         if changed:
             self._cache[d] = (cache[0], f_out, b_out, f_in, b_in)
             self._decide(d, f_out, b_out, f_in, b_in)
-        return True
+            return 2
+        return 1
 
     def _refresh(self, commodities, eff: list[Effect], force_to: dict[str, set[str]] | None = None,
                  folds: dict[str, list[str]] | None = None) -> None:
@@ -511,6 +520,10 @@ class FlowNode:
             lab = self.my_out.get(d)
             if lab is not None and lab.cost < self._pot_out.get(d, INF):
                 self._pot_out[d] = lab.cost
+                if d in self._hold and self._hold[d] != self.epoch[d]:
+                    now = self._now
+                    self._quiet_at[d] = now + max(cfg.launch_settle_s, cfg.launch_quiet_factor
+                                                  * (now - self._heard_at.get(d, now)))
             if dn is not None:
                 new_out = self.my_out[d]
                 if old_out is None or _cost_differs(new_out, old_out):
@@ -615,6 +628,8 @@ class FlowNode:
         self._now = now
         if key == "announce":
             self._flush(eff)
+        if key == "stuck" and self.cfg.is_data:
+            self._maybe_stuck(now, eff)
         if key == "tick":
             eff.append(SetTimer("tick", now + self.cfg.round_s))
             if self.cfg.is_data:
@@ -637,7 +652,10 @@ class FlowNode:
             self.stats.ignored += 1  # unknown, or from a removed peer (sent before it was removed)
             return eff
         handler(self, now, sender, msg, eff)
-        self._act(now, eff)
+        if self._idle:
+            self._idle = False
+        else:
+            self._act(now, eff)
         return eff
 
     # ------------------------------------------------------------ membership changes
@@ -778,9 +796,8 @@ class FlowNode:
     def _dispatch(self, now: float, d: str, eff: list[Effect]) -> None:
         """Move one unpaired unit along the OUT label: forward it, or DENY it back."""
         dec = self.dec_out.get(d)
-        if self._walk.get(d) and (dec is None or self.my_out[d].cost > self._pot_out.get(d, INF) + EPS):
-            if self._retreat(now, d, eff):
-                return
+        if self._walking() and self._gate(now, d, dec, eff):
+            return
         if self.rejects_in_row >= MAX_REJECTS_BEFORE_WAIT:
             return
         if dec is None:
@@ -815,11 +832,70 @@ class FlowNode:
     def _log(self, d: str, step: tuple) -> None:
         if self._walking():
             self._walk.setdefault(d, []).append(step)
+            self._walked[d] = self.epoch[d]
+
+    def _arm_stuck(self, now: float, eff: list[Effect]) -> None:
+        """Data node: if the launched unit has not settled by then, start a new wave (it is held somewhere)."""
+        wave = (self.first_out_at - self.epoch_started) if self.first_out_at is not None else self.cfg.round_s
+        self._stuck_epoch = self.epoch[self.cfg.node_id]
+        eff.append(SetTimer("stuck", now + self.cfg.launch_settle_s + 2 * wave))
+
+    def _maybe_stuck(self, now: float, eff: list[Effect]) -> None:
+        d = self.cfg.node_id
+        if self._stuck_epoch == self.epoch[d] and (self.launch_pending > 0 or self.token_pending):
+            self._new_epoch(now, eff)
+            self._arm_stuck(now, eff)
 
     def _tight(self, d: str) -> bool:
         """Data node: its OUT label is still the wave's (the potential): a launch now is a shortest path."""
         lab = self.my_out.get(d)
         return lab is not None and lab.cost != INF and lab.cost <= self._pot_out.get(d, INF) + EPS
+
+    def _gate(self, now: float, d: str, dec, eff: list[Effect]) -> bool:
+        """Same-wave launches: True when the unpaired unit must not move on along `dec` now.
+
+        No tight route (the OUT label rose above the wave's potential): retreat
+        (`_retreat`); if that is not possible, hold the unit for the next wave
+        (the data node starts one when its launch does not settle, "stuck"),
+        and move it only once the labels of that wave have been still here for
+        a while (as the data node waits before it launches)."""
+        held = self._hold.get(d)
+        e = self.epoch[d]
+        if held is not None and held == e:
+            # still no new wave (after a membership change nobody may start one): after a while, the old way
+            until = self._quiet_at.get(d, INF)
+            if now < until:
+                eff.append(SetTimer("balance", until))
+                return True
+            del self._hold[d]
+            self._gave_up[d] = e  # and for the rest of this wave
+            return False
+        if held is not None:
+            qa = self._quiet_at.get(d, INF)
+            if now < qa:
+                if qa != INF:
+                    eff.append(SetTimer("balance", qa))
+                return True
+            del self._hold[d]
+        if dec is not None and self.my_out[d].cost <= self._pot_out.get(d, INF) + EPS:
+            return False
+        if self._gave_up.get(d) == e:
+            return False
+        if self._walk.get(d):
+            n = self._retreats.get(d, (e, 0))
+            n = n[1] + 1 if n[0] == e else 1
+            self._retreats[d] = (e, n)
+            if n > MAX_RETREATS_PER_WAVE:
+                self._gave_up[d] = e  # a loop (stale steps after a membership change): the old way
+                return False
+            if self._retreat(now, d, eff):
+                return True
+        if self._walked.get(d) == e and self._gave_up.get(d) != e:
+            self._hold[d] = e
+            self._quiet_at[d] = now + self.cfg.retry_epoch_rounds * self.cfg.round_s
+            eff.append(SetTimer("balance", self._quiet_at[d]))
+            return True
+        return False
 
     def _retreat(self, now: float, d: str, eff: list[Effect]) -> bool:
         """A unit here has no tight route any more: undo the step that brought it (see "Several units").
@@ -828,7 +904,7 @@ class FlowNode:
         its optimality; the unit then tries the neighbour it came from, which
         learns of the rise from our rejection if it asks us again."""
         walk = self._walk.get(d)
-        while walk:
+        if walk and walk[-1][0] in ("in", "rin"):
             step = walk.pop()
             if step[0] == "in" and self.inn[d].get(step[1], 0) > 0:
                 _dec(self.inn[d], step[1])
@@ -846,7 +922,8 @@ class FlowNode:
                 self.pending[rid] = _Pending("forced", step[1], d)
                 eff.append(Send(step[1], RequestFlow(rid, d, 0.0, forced=True)))
                 return True
-            # a step of an earlier unit of this wave ("fwd", "thru", "bk"), or one no longer possible
+        # the last step here was a unit leaving ("fwd", "thru", "bk"): the one we hold came otherwise, and
+        # undoing older steps would unwind units that already settled: hold it for the next wave instead
         return False
 
     def _walk_back(self, now: float, sender: str, msg: RequestFlow, eff: list[Effect]) -> bool:
@@ -979,6 +1056,8 @@ class FlowNode:
         self.token_pending = True
         if self.waves:
             self.epoch_launches += 1
+            if self._walking():
+                self._arm_stuck(now, eff)
             self._relaunch_at = self.next_launch  # restored if the launch is rejected
             self.next_launch = INF  # the next launch waits for the wave its settlement starts
         eff.append(Send(j, RequestFlow(rid, d, self.lin[d][j].cost)))
@@ -1026,7 +1105,7 @@ class FlowNode:
                     self._stash.pop(next(iter(self._stash)))
                 self._stash.setdefault(sender, {})[(d, wire.side)] = wire
             return False
-        e, lab = _unwire(wire)
+        e, lab = wire.epoch, wire  # stored as received: the epoch field is only read here and re-stamped on send
         cur = self.epoch[d]
         if e < cur:
             self.stats.ignored += 1
@@ -1040,6 +1119,7 @@ class FlowNode:
             self._cache.pop(d, None)
             self._pot_out.pop(d, None)
             self._walk.pop(d, None)
+            self._heard_at[d] = self._now
         if wire.side == Side.IN:
             self.lin[d][sender] = lab
         else:
@@ -1048,6 +1128,19 @@ class FlowNode:
         return True
 
     def _on_announce(self, now: float, sender: str, msg: CostAnnounce, eff: list[Effect]) -> None:
+        labels = msg.labels
+        if len(labels) == 1 and labels[0].side == Side.IN and not self.cfg.is_data:
+            # the common case (a wave): one next-stage IN label, folded in O(1); most change nothing here
+            lab = labels[0]
+            d = lab.commodity
+            if not self._ingest(sender, lab):
+                return
+            r = self._fold_in(d, sender)
+            if r == 1:
+                self._idle = True  # no label moved: nothing for _act to do
+                return
+            self._refresh((d,), eff, folds={d: []} if r == 2 else None)
+            return
         touched: dict[str, None] = {}
         folds: dict[str, list[str]] = {}
         for lab in msg.labels:
