@@ -1,0 +1,143 @@
+"""The churn simulator (sim/train.py) and the recovery behaviours behind docs/bench_churn.md.
+
+Regression tests for the causes found in the churn benchmark (see the
+"Causes" section of docs/bench_churn.md): a recovery that found every
+stage-0 relay full waited for the data node's watchdog (iterations of
+3,000+ s), a relay that regained a route never told its upstream, a stage
+with no live relay made microbatches bounce or wait for the watchdog, and a
+whole stage lost mid-iteration deferred every microbatch although joiners
+were ready before the iteration ended.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+
+import pytest
+
+from gwtf_node.protocol.messages import Backward, Complete, Forward
+from gwtf_node.protocol.recovery import Compute, RecoveryConfig, RecoveryNode
+from gwtf_node.sim import train as T
+
+
+def test_a_recovery_with_every_stage0_relay_full_does_not_stall_the_iteration() -> None:
+    """Seed 3, heterogeneous, 10% churn: iteration 13 used to last 3,226 s (a Recover found no stage-0 relay
+    with room and nothing retried it before six watchdog rounds gave the microbatch up)."""
+    rep = T.run_train("table2-heterogeneous", "gwtf", 0.1, 25, 3)
+    assert rep["lost_microbatches"] == 0 and rep["unfinished_iterations"] == 0
+    assert max(p["iteration_s"] for p in rep["per_iteration"] if p["finished"]) < 1500
+    assert rep["protocol"]["gave_up"] == 0
+
+
+@pytest.mark.parametrize("policy", ["gwtf", "swarm"])
+def test_a_stage_dead_for_good_defers_quickly(policy: str) -> None:
+    """Every stage-1 relay dies at once and none comes back: the microbatches are deferred, iteration after
+    iteration, without stalling (found by Hypothesis: parked microbatches used to wait for six watchdog rounds
+    per iteration and the run hit the simulator's time limit)."""
+    s = T.make_setting("table2-homogeneous", 7)
+    sim = T.TrainSim(s, policy, 0.0, 7, crash_plan=[(0.0, "s1r0"), (0.0, "s1r1"), (0.0, "s1r2")], rejoin=False)
+    sim.run(4)
+    rep = sim.report(4)
+    assert rep["unfinished_iterations"] == 0 and rep["lost_microbatches"] == 0
+    assert sim.now < 4 * 1200
+
+
+@pytest.mark.parametrize("policy", ["gwtf", "swarm"])
+def test_joiners_mid_iteration_save_a_stage_lost_mid_iteration(policy: str) -> None:
+    """All of stage 2 dies in iteration 1: the joiners come in when their download finishes, the parked
+    microbatches go on, nothing is deferred."""
+    s = T.make_setting("table2-homogeneous", 0)
+    sim = T.TrainSim(s, policy, 0.0, 0, crash_plan=[(150.0, "s2r0"), (150.0, "s2r1"), (150.0, "s2r2")])
+    sim.run(4)
+    rep = sim.report(4)
+    assert rep["lost_microbatches"] == 0 and rep["deferred_microbatches"] == 0
+    assert [p["completed"] for p in rep["per_iteration"]] == [8, 8, 8, 8]
+    assert sim.joins == 3
+    # the same crashes with joiners admitted only at the next open: the iteration's microbatches are deferred
+    sim2 = T.TrainSim(s, policy, 0.0, 0, crash_plan=[(150.0, "s2r0"), (150.0, "s2r1"), (150.0, "s2r2")],
+                      join_mid_iteration=False)
+    sim2.run(4)
+    rep2 = sim2.report(4)
+    assert rep2["lost_microbatches"] == 0 and rep2["deferred_microbatches"] > 0
+
+
+def test_gwtf_data_node_never_recomputes_its_embedding_side() -> None:
+    """A microbatch put back (no first hop with room) keeps the data node's output: one embedding forward per
+    microbatch (it used to be recomputed at every relaunch)."""
+    s = T.make_setting("table2-heterogeneous", 0)
+    sim = T.TrainSim(s, "gwtf", 0.1, 0)
+    sim.trace = []
+    sim.run(25)
+    fwd = collections.Counter(e[5] for e in sim.trace
+                              if e[0] == "compute" and e[3] in T.DATA_NODES and e[4] == "forward")
+    assert fwd and max(fwd.values()) == 1
+
+
+def _relay(capacity: int = 2) -> RecoveryNode:
+    cfg = RecoveryConfig(node_id="r", stage=1, last_stage=3, capacity=capacity, data_nodes=("d",), leader="d",
+                         next_peers={"n": 1.0}, prev_peers={"p": 1.0}, peer_capacity={"n": 1},
+                         prior_s={"n": 5.0, "p": 5.0})
+    return RecoveryNode(cfg, random.Random(0))
+
+
+def _sends(eff, kind):
+    return [e for e in eff if type(getattr(e, "msg", None)) is kind]
+
+
+def test_a_relay_parks_its_output_when_the_next_stage_is_full_and_goes_on_when_a_slot_frees() -> None:
+    m = _relay()
+    k1, k2 = ("d", 1, 0), ("d", 2, 0)
+    m.on_message(0.0, "p", Forward(*k1, ("d", "p"), None, 0))
+    eff = m.on_compute_done(1.0, k1, "forward")
+    assert [e.to for e in _sends(eff, Forward)] == ["n"]
+    m.on_message(2.0, "n", Complete(*k1, 0))
+    m.on_message(3.0, "p", Forward(*k2, ("d", "p"), None, 0))
+    eff = m.on_compute_done(4.0, k2, "forward")
+    assert not _sends(eff, Forward)  # n holds k1 and has one slot: k2 waits here, with its output
+    assert m.mbs[k2].parked and m.mbs[k2].phase == "sent"
+    assert not [e for e in eff if type(getattr(e, "msg", None)).__name__ == "MbDeny"]
+    m.on_message(10.0, "n", Backward(*k1, None, 0))  # k1's backward: it leaves n ...
+    eff = m.on_compute_done(11.0, k1, "backward")  # ... and my slot at n frees: k2 goes on
+    assert [e.to for e in _sends(eff, Forward)] == ["n"]
+    assert not m.mbs[k2].parked
+
+
+def test_a_parked_relay_gives_up_once_its_deadline_passed() -> None:
+    m = _relay()
+    k1, k2 = ("d", 1, 0), ("d", 2, 0)
+    m.on_message(0.0, "p", Forward(*k1, ("d", "p"), None, 0))
+    m.on_compute_done(1.0, k1, "forward")
+    m.on_message(2.0, "n", Complete(*k1, 0))
+    m.on_message(3.0, "p", Forward(*k2, ("d", "p"), None, 0))
+    eff = m.on_compute_done(4.0, k2, "forward")
+    (timer,) = [e for e in eff if getattr(e, "key", "").startswith("fw:")]
+    eff = m.on_timer(timer.deadline, timer.key)
+    # one more try (n still holds k1): then the microbatch is denied upstream, as without parking
+    assert [e.to for e in eff if type(getattr(e, "msg", None)).__name__ == "MbDeny"] == ["p"]
+    assert k2 not in m.mbs
+
+
+def test_set_flows_during_training_lets_a_data_node_launch() -> None:
+    cfg = RecoveryConfig(node_id="d", stage=-1, last_stage=1, capacity=2, data_nodes=("d",), leader="d",
+                         next_peers={"a": 1.0}, prev_peers={"b": 1.0}, peer_capacity={"a": 2})
+    m = RecoveryNode(cfg, random.Random(0))
+    m.set_flows({"d": {"a": 1}})
+    eff = m.start(0.0)
+    assert len([e for e in eff if type(e) is Compute]) == 1  # one unit: one microbatch in flight
+    eff = m.set_flows({"d": {"a": 2}}, now=1.0)
+    assert len([e for e in eff if type(e) is Compute]) == 1  # a second unit: the second one goes
+
+
+@pytest.mark.parametrize("option", [{"reflow": False}, {"detect": False}, {"join_mid_iteration": False},
+                                    {"swarm_acts_on_gone": False}, {"gwtf_acts_on_gone": True}])
+def test_model_switches_lose_nothing(option: dict) -> None:
+    for policy in ("gwtf", "swarm"):
+        rep = T.run_train("table2-heterogeneous", policy, 0.2, 8, 1, **option)
+        assert rep["lost_microbatches"] == 0 and rep["unfinished_iterations"] == 0
+
+
+def test_runs_are_deterministic() -> None:
+    a = T.run_train("table2-homogeneous", "gwtf", 0.1, 6, 4)
+    b = T.run_train("table2-homogeneous", "gwtf", 0.1, 6, 4)
+    assert a["per_iteration"] == b["per_iteration"]
