@@ -4,10 +4,13 @@
     nice -n 10 python scripts/bench_churn.py [--iterations 25] [--seeds 10]
 
 Writes docs/bench_churn.md (and docs/bench_churn.json): mean and standard
-deviation over seeds of the per-run means (`gwtf_node.sim.train`), and checks
-the targets of issue 4.  Both policies see the same setting and the same crash
-draws for a given seed (the churn RNG does not depend on the policy; the
-crash times follow each run's own iteration lengths).
+deviation over seeds of the per-run means (`gwtf_node.sim.train`), checks
+the targets of issue 4, and measures how much the model's switches matter
+(`--no-sensitivity` to skip: TrainSim's options at 10% and 20% churn).
+Both policies see the same setting and the same crash draws for a given seed
+(the churn RNG does not depend on the policy; the crash times follow each
+run's own iteration lengths).  Everything from a "## Reading" heading of an
+existing docs/bench_churn.md on is kept (written by hand).
 """
 
 from __future__ import annotations
@@ -24,6 +27,14 @@ from gwtf_node.sim.train import SETTINGS, run_train
 
 ROOT = Path(__file__).resolve().parent.parent
 CHURNS = (0.0, 0.1, 0.2)
+# (label, policies it changes, TrainSim options)
+VARIANTS = (
+    ("SWARM restarts only on its own timeouts (no membership reaction)", ("swarm",), {"swarm_acts_on_gone": False}),
+    ("GWTF data node also acts on the membership layer", ("gwtf",), {"gwtf_acts_on_gone": True}),
+    ("GWTF flows: initial optimum + local repair only (no re-convergence)", ("gwtf",), {"reflow": False}),
+    ("joiners only at the next iteration open", ("swarm", "gwtf"), {"join_mid_iteration": False}),
+    ("no membership layer (crashes found by timeouts only)", ("swarm", "gwtf"), {"detect": False}),
+)
 KEYS = ("time_per_microbatch_s", "throughput_per_iteration", "communication_time_s", "wasted_compute_s",
         "lost_microbatches", "deferred_microbatches", "lost_contributions", "lost_contribution_compute_s",
         "unfinished_iterations")
@@ -40,6 +51,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--iterations", type=int, default=25)
     ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--no-sensitivity", action="store_true")
     args = ap.parse_args()
     t0 = time.time()
     rows = {}
@@ -102,7 +114,44 @@ def main() -> int:
                 for st, c, gw, sw, ok in waste),
             f"- GWTF lost microbatches over all runs: {lost}; GWTF unfinished (stalled) iterations: {unf} "
             f"(target 0: {'MET' if lost == 0 and unf == 0 else 'NOT MET'})\n"]
-    (ROOT / "docs" / "bench_churn.md").write_text("\n".join(out))
+    if not args.no_sensitivity:
+        out += ["\n## Sensitivity to the model's switches\n",
+                "Each row changes one option of `TrainSim` (default in parentheses in its docstring) for the "
+                "policies named, same seeds; time per microbatch (min) / wasted compute (s / iteration), mean over "
+                "seeds, next to the default run above.\n",
+                "| variant | " + " | ".join(f"{st[7:]} {int(c * 100)}% {p}" for st in SETTINGS for c in CHURNS[1:]
+                                          for p in ("SWARM", "GWTF")) + " |",
+                "|---" * (1 + 2 * len(SETTINGS) * len(CHURNS[1:])) + "|"]
+        cells = []
+        for st in SETTINGS:
+            for c in CHURNS[1:]:
+                for p in ("swarm", "gwtf"):
+                    r = rows[(st, c, p)]
+                    cells.append(f"{r['time_per_microbatch_s'][0] / 60:.2f} / {r['wasted_compute_s'][0]:.2f}")
+        out.append("| default | " + " | ".join(cells) + " |")
+        sens = {}
+        for label, pols, opt in VARIANTS:
+            cells = []
+            for st in SETTINGS:
+                for c in CHURNS[1:]:
+                    for p in ("swarm", "gwtf"):
+                        if p not in pols:
+                            cells.append("=")
+                            continue
+                        runs = [run_train(st, p, c, args.iterations, s, **opt) for s in range(args.seeds)]
+                        t = ms([r["time_per_microbatch_s"] for r in runs])[0]
+                        w = ms([r["wasted_compute_s"] for r in runs])[0]
+                        bad = sum(r["lost_microbatches"] + r["unfinished_iterations"] for r in runs)
+                        sens["|".join((label, st, str(c), p))] = {"time_per_microbatch_s": t, "wasted_compute_s": w,
+                                                                  "lost_or_unfinished": bad}
+                        cells.append(f"{t / 60:.2f} / {w:.2f}" + (f" ({bad} lost/stalled)" if bad else ""))
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
+            print(label, flush=True)
+        rows[("sensitivity",)] = sens
+    md = ROOT / "docs" / "bench_churn.md"
+    if md.exists() and "\n## Reading" in md.read_text():
+        out.append("\n## Reading" + md.read_text().split("\n## Reading", 1)[1].rstrip("\n"))
+    md.write_text("\n".join(out) + "\n")
     (ROOT / "docs" / "bench_churn.json").write_text(json.dumps(
         {"|".join(map(str, k)): v for k, v in rows.items()}, indent=1, default=list))
     print("\n".join(out[-5:]))
