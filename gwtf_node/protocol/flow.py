@@ -167,7 +167,9 @@ class FlowConfig:
     launch_quiet_factor: float = 1.0  # data node: wait this x (time the wave took to reach it) after its last OUT change
     noroute_grace_s: float = 0.5  # a relay with an unpaired unit and no route waits this long before a DENY
     waves: bool | None = None  # label waves per augmentation; None: only with a single data node (see module doc)
-    same_wave_launches: bool = True  # waves: launch again on a wave while it still has a tight route (see doc)
+    same_wave_launches: bool = True
+    wave_order_s: float = 0.005  # waves: a label L above its previous wave's floor F goes out (L - F) x this later
+    wave_order_cap_s: float = 0.05  # ... at most this much later  # waves: launch again on a wave while it still has a tight route (see doc)
     retry_epoch_rounds: float = 5.0  # several data nodes: a data node without a route starts a new wave this often
     joined: bool = False  # placed into a run whose flows already formed: run greedy moves at start (see doc)
     change_improve_rounds: float = 20.0  # rounds of greedy Request Redirect/Change after joining / a membership change
@@ -296,6 +298,8 @@ class FlowNode:
         self._data_prev = tuple(p for p in config.prev_costs if p in config.commodities)
         self._removed: set[str] = set()  # peers removed (and not added again): their messages are ignored
         self._stash: dict[str, dict[tuple[str, Side], Label]] = {}  # labels from not-yet neighbours
+        self._pot_in: dict[str, float] = {}  # lowest IN of the current wave
+        self._floor: dict[str, tuple[float, float]] = {}  # lowest (IN, OUT) of the previous wave (see _flush_delay)
         self._pot_out: dict[str, float] = {}  # lowest OUT of the current wave: the potential (see "Several units")
         self._walk: dict[str, list[tuple]] = {}  # steps units took here during the current wave (see _retreat)
         self._walked: dict[str, int] = {}  # commodity -> the last wave in which a unit stepped here
@@ -371,7 +375,7 @@ class FlowNode:
             cands = [(c + lab.cost, j, lab) for j, c in cfg.next_costs.items()
                      if (lab := lin.get(j)) is not None and lab.cost != INF and tout not in lab.path]
             arg = _pick(cands, prev_out[1] if prev_out else None)
-            self._cache[d] = (self._sig(d), arg, None, None, None)
+            self._cache[d] = (self._sig(d), arg, None, None, None, False)
             self._decide_data(d, arg)
             return
         lout = self.lout[d]
@@ -405,12 +409,16 @@ class FlowNode:
         b_out = _pick(bo, so if prev_out and prev_out[0] == "B" else None)
         f_in = _pick(fi, si if prev_in and prev_in[0] == "F" else None)
         b_in = _pick(bi, si if prev_in and prev_in[0] == "B" else None)
-        self._cache[d] = (self._sig(d), f_out, b_out, f_in, b_in)
+        self._cache[d] = (self._sig(d), f_out, b_out, f_in, b_in, room)
         self._decide(d, f_out, b_out, f_in, b_in)
 
     def _sig(self, d: str) -> tuple:
-        """The state the cached candidates of `d` depend on, besides the next-stage IN labels."""
-        return (self.epoch[d], self.cfg, self.used() < self.cfg.capacity, tuple(self.inn[d].items()))
+        """The state the cached candidates of `d` depend on, besides the next-stage IN labels (the inflows of
+        every commodity: they decide whether there is room)."""
+        inn = self.inn
+        if len(inn) == 1:
+            return (self.epoch[d], self.cfg, tuple(inn[d].items()))
+        return (self.epoch[d], self.cfg, tuple(tuple(v.items()) for v in inn.values()))
 
     def _decide_data(self, d: str, arg) -> None:
         if arg is None:
@@ -457,7 +465,7 @@ class FlowNode:
         cache = self._cache.get(d)
         if cache is None or cache[0] != self._sig(d):
             return 0
-        _, f_out, b_out, f_in, b_in = cache
+        _, f_out, b_out, f_in, b_in, room = cache
         lab = self.lin[d][j]
         cfg = self.cfg
         if lab.cost == INF:
@@ -465,7 +473,7 @@ class FlowNode:
             cand = None
         else:
             ok_o = self.tag_out not in lab.path
-            ok_i = ok_o and cfg.capacity > self.used() and self.tag_in not in lab.path
+            ok_i = ok_o and cache[5] and self.tag_in not in lab.path
             cand = (cfg.next_costs[j] + lab.cost, j, lab)
         if cfg.is_data:
             if f_out is not None and f_out[1] == j:
@@ -476,7 +484,7 @@ class FlowNode:
                 f_out = cand
             else:
                 return 1  # nothing changes
-            self._cache[d] = (cache[0], f_out, None, None, None)
+            self._cache[d] = (cache[0], f_out, None, None, None, False)
             self._decide_data(d, f_out)
             return 2
         changed = False
@@ -493,7 +501,7 @@ class FlowNode:
         elif ok_i and (f_in is None or cand[0] < f_in[0] - EPS):
             f_in, changed = cand, True
         if changed:
-            self._cache[d] = (cache[0], f_out, b_out, f_in, b_in)
+            self._cache[d] = (cache[0], f_out, b_out, f_in, b_in, room)
             self._decide(d, f_out, b_out, f_in, b_in)
             return 2
         return 1
@@ -517,6 +525,9 @@ class FlowNode:
             fold = folds.get(d) if folds else None
             if fold is None or not all(self._fold_in(d, j) for j in fold):
                 self._compute(d)
+            lab = self.my_in.get(d)
+            if lab is not None and lab.cost < self._pot_in.get(d, INF):
+                self._pot_in[d] = lab.cost
             lab = self.my_out.get(d)
             if lab is not None and lab.cost < self._pot_out.get(d, INF):
                 self._pot_out[d] = lab.cost
@@ -554,7 +565,23 @@ class FlowNode:
                 self._flush(eff)
             else:
                 self._flush_armed = True
-                eff.append(SetTimer("announce", self._now + cfg.announce_coalesce_s))
+                eff.append(SetTimer("announce", self._now + cfg.announce_coalesce_s + self._flush_delay()))
+
+    def _flush_delay(self) -> float:
+        """Waves: hold a label above its floor back in proportion to the gap (Dijkstra order, see doc)."""
+        k = self.cfg.wave_order_s
+        if k <= 0:
+            return 0.0
+        gap = 0.0
+        for d, side in self._dirty:
+            fl = self._floor.get(d)
+            if fl is None:
+                continue
+            f = fl[0] if side == Side.IN else fl[1]
+            lab = self.my_in.get(d) if side == Side.IN else self.my_out.get(d)
+            if lab is not None and lab.cost != INF and f != INF and lab.cost - f > gap:
+                gap = lab.cost - f
+        return min(k * gap, self.cfg.wave_order_cap_s)
 
     def _cost_news(self, d: str, side: Side) -> bool:
         lab = self.my_in.get(d) if side == Side.IN else self.my_out.get(d)
@@ -603,8 +630,14 @@ class FlowNode:
                     continue
                 outbox.setdefault(p, []).append(_wire(lab, self.epoch[d]))
         self._force.clear()
+        made: dict[tuple[int, ...], CostAnnounce] = {}  # peers told the same labels share one message object
         for peer in sorted(outbox):
-            eff.append(Send(peer, CostAnnounce(tuple(outbox[peer]))))
+            labs = outbox[peer]
+            key = tuple(map(id, labs))
+            msg = made.get(key)
+            if msg is None:
+                msg = made[key] = CostAnnounce(tuple(labs))
+            eff.append(Send(peer, msg))
 
     def _refresh_all(self, eff: list[Effect], force_to=None) -> None:
         self._refresh(self.cfg.commodities, eff, force_to)
@@ -834,6 +867,10 @@ class FlowNode:
             self._walk.setdefault(d, []).append(step)
             self._walked[d] = self.epoch[d]
 
+    def _next_wave(self, d: str) -> None:
+        """A new wave of `d`: this wave's lowest labels become the floor the next one cannot go below."""
+        self._floor[d] = (self._pot_in.pop(d, INF), self._pot_out.pop(d, INF))
+
     def _arm_stuck(self, now: float, eff: list[Effect]) -> None:
         """Data node: if the launched unit has not settled by then, start a new wave (it is held somewhere)."""
         wave = (self.first_out_at - self.epoch_started) if self.first_out_at is not None else self.cfg.round_s
@@ -975,7 +1012,7 @@ class FlowNode:
         self.lin[d].clear()
         self.lout[d].clear()
         self._cache.pop(d, None)
-        self._pot_out.pop(d, None)
+        self._next_wave(d)
         self.epoch_launches = 0
         self.epoch_started = now
         self.first_out_at = None
@@ -1117,7 +1154,7 @@ class FlowNode:
             self.lin[d].clear()
             self.lout[d].clear()
             self._cache.pop(d, None)
-            self._pot_out.pop(d, None)
+            self._next_wave(d)
             self._walk.pop(d, None)
             self._heard_at[d] = self._now
         if wire.side == Side.IN:

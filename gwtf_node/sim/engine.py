@@ -73,18 +73,32 @@ class Simulator:
         return d
 
     def _apply(self, nid: str, effects: list) -> None:
+        if not effects:
+            return
+        now = self.now
+        heap = self._heap
+        stats = self.stats
+        by_type = stats.messages_by_type
+        delays = self._delay_cache
         for e in effects:
-            if type(e) is Send:
-                self.stats.messages += 1
-                name = type(e.msg).__name__
-                self.stats.messages_by_type[name] = self.stats.messages_by_type.get(name, 0) + 1
-                self._push(self.now + self._link_delay(nid, e.to), _MSG, e.to, nid, e.msg)
-            elif type(e) is SetTimer:
+            te = type(e)
+            if te is Send:
+                stats.messages += 1
+                msg = e.msg
+                name = type(msg).__name__
+                by_type[name] = by_type.get(name, 0) + 1
+                to = e.to
+                d = delays.get((nid, to))
+                if d is None:
+                    d = self._link_delay(nid, to)
+                self._seq += 1
+                heapq.heappush(heap, (now + d, self._seq, _MSG, to, nid, msg))
+            elif te is SetTimer:
                 k = (nid, e.key)
                 v = self._timer_version.get(k, 0) + 1
                 self._timer_version[k] = v
-                self._push(max(e.deadline, self.now), _TIMER, nid, e.key, v)
-            elif type(e) is CancelTimer:
+                self._push(max(e.deadline, now), _TIMER, nid, e.key, v)
+            elif te is CancelTimer:
                 k = (nid, e.key)
                 self._timer_version[k] = self._timer_version.get(k, 0) + 1
             else:
