@@ -39,6 +39,16 @@ _positive_int = _int_at_least(1)
 _nonneg_int = _int_at_least(0)
 
 
+def _probability(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a probability in [0, 1), got {text!r}") from None
+    if not 0.0 <= v < 1.0:
+        raise argparse.ArgumentTypeError(f"must be a probability in [0, 1), got {text!r}")
+    return v
+
+
 def _load_scenario(path: str, activation_mb: float | None):
     from .protocol.scenario import ScenarioError, parse_scenario
 
@@ -223,7 +233,7 @@ def cmd_join(args: argparse.Namespace) -> int:
                        bootstrap=list(args.bootstrap), name=args.name or "", port=args.port,
                        listen_host=args.host, capacity=args.capacity, iterations=args.iterations,
                        data_index=args.data_index, data_nodes=args.data_nodes,
-                       links=Path(args.links) if args.links else None)
+                       links=Path(args.links) if args.links else None, policy=args.policy)
     trio.run(run_node, opts)
     return 0
 
@@ -254,7 +264,8 @@ def cmd_local(args: argparse.Namespace) -> int:
 
     swarm = LocalSwarm(workdir, run_path, args.data_nodes, len(man.stages), args.relays_per_stage,
                        args.iterations, links=Path(args.links) if args.links else None, auto_stage=args.auto_stage,
-                       joiners=args.joiners, join_every_s=args.join_every)
+                       joiners=args.joiners, join_every_s=args.join_every, policy=args.policy,
+                       churn=args.churn, seed=args.seed)
     bar = None
     if not args.json:
         print(f"local swarm in {workdir}: {args.data_nodes} data node(s), {len(man.stages)} stages x "
@@ -471,6 +482,8 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--data-nodes", type=_positive_int, default=1, help="data nodes of the run")
     j.add_argument("--links", default=None, help="emulated links between named nodes (resolved links file)")
     j.add_argument("--device", default="auto", help="torch device for the stage: auto (cuda if present), cpu, cuda, cuda:N")
+    j.add_argument("--policy", choices=("gwtf", "swarm"), default="gwtf",
+                   help="microbatch routing and crash recovery: GWTF's, or SWARM's (the baseline)")
     j.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO")
     j.set_defaults(func=cmd_join)
 
@@ -489,6 +502,11 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--join-every", type=float, default=5.0, metavar="SECONDS", help="time between two joiners")
     lo.add_argument("--auto-stage", action="store_true",
                     help="relays join with --stage auto (one at a time) instead of being placed by the launcher")
+    lo.add_argument("--policy", choices=("gwtf", "swarm"), default="gwtf",
+                    help="microbatch routing and crash recovery of every node: GWTF's, or SWARM's (the baseline)")
+    lo.add_argument("--churn", type=_probability, default=0.0, metavar="P",
+                    help="each iteration, SIGKILL each relay with probability P at a random point; it comes back "
+                         "as a new joiner")
     lo.add_argument("--workdir", default=None, help="state directories of the nodes (default: a new temp dir)")
     lo.add_argument("--centralized", action="store_true", help="train the same model in one process: the reference")
     lo.add_argument("--json", action="store_true", help="one JSON object per iteration on stdout")

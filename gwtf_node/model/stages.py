@@ -219,6 +219,7 @@ class StageModel:
         self.accumulated = 0  # microbatches whose backward was accumulated since the last step
         self.steps = 0
         self._stash: dict[Hashable, _Stash] = {}
+        self._held: dict[Hashable, list[torch.Tensor | None]] = {}  # per-microbatch parameter gradients, not yet counted
         self._lock = threading.RLock()
 
     @property
@@ -250,8 +251,14 @@ class StageModel:
             self._stash[key] = _Stash(inp=x, out=y)
             return y.detach()
 
-    def backward(self, key: Hashable, grad_out: torch.Tensor) -> torch.Tensor:
-        """Gradient w.r.t. the stage input of the stashed microbatch; adds parameter gradients; frees the stash."""
+    def backward(self, key: Hashable, grad_out: torch.Tensor, *, hold: bool = False) -> torch.Tensor:
+        """Gradient w.r.t. the stage input of the stashed microbatch; adds parameter gradients; frees the stash.
+
+        `hold`: keep this microbatch's parameter gradients apart (`commit` adds
+        them, `discard` forgets them) until it is known to count: crash
+        recovery may give an attempt up after its backward ran here.  Costs one
+        gradient copy per held microbatch.
+        """
         self._require("relay", "backward")
         with self._lock:
             st = self._pop(key)
@@ -259,8 +266,30 @@ class StageModel:
             grads = torch.autograd.grad(
                 st.out, [st.inp, *self.params], grad_out.to(self.device, st.out.dtype), allow_unused=True
             )
-            self._accumulate(grads[1:])
+            if hold:
+                self._held[key] = [None if g is None else g.detach().float() for g in grads[1:]]
+            else:
+                self._accumulate(grads[1:])
             return grads[0].detach()
+
+    def commit(self, key: Hashable, *, count: bool = True) -> bool:
+        """Add the held gradients of `key` to the accumulators (see `backward(hold=True)`); False if none."""
+        with self._lock:
+            grads = self._held.pop(key, None)
+            if grads is None:
+                return False
+            self._accumulate(tuple(grads), count=count)
+            return True
+
+    def discard(self, key: Hashable) -> bool:
+        """Forget the held gradients of `key` (its attempt does not count); False if none."""
+        with self._lock:
+            return self._held.pop(key, None) is not None
+
+    @property
+    def held(self) -> list:
+        with self._lock:
+            return list(self._held)
 
     def stashed_input(self, key: Hashable) -> torch.Tensor:
         """The stage input kept for `key` (relay) or its input ids (data): what crash recovery re-sends (V-D)."""
@@ -288,11 +317,13 @@ class StageModel:
             self._stash[key] = _Stash(inp=ids, out=h)
             return h.detach()
 
-    def head_loss(self, key: Hashable, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[float, torch.Tensor]:
+    def head_loss(self, key: Hashable, hidden: torch.Tensor, targets: torch.Tensor,
+                  *, hold: bool = False) -> tuple[float, torch.Tensor]:
         """Mean token cross-entropy of the microbatch and its gradient w.r.t. `hidden`; adds head/norm gradients.
 
-        `key` names the microbatch only for error messages: forward and backward
-        of the head happen in this one call, nothing is stashed.
+        Forward and backward of the head happen in this one call, nothing is
+        stashed.  `hold`: keep the head gradients apart until `commit(key,
+        count=False)` (the microbatch completed end to end) or `discard(key)`.
         """
         self._require("data", "head_loss")
         self._check_hidden(hidden, "last-stage output")
@@ -304,7 +335,10 @@ class StageModel:
                 logits = self.module.head(h)  # [B, T, V]
                 loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.to(self.device).reshape(-1))
             grads = torch.autograd.grad(loss, [h, *self.params], allow_unused=True)
-            self._accumulate(grads[1:], count=False)
+            if hold:
+                self._held[key] = [None if g is None else g.detach().float() for g in grads[1:]]
+            else:
+                self._accumulate(grads[1:], count=False)
             return float(loss.detach()), grads[0].detach()
 
     def embed_backward(self, key: Hashable, grad_hidden0: torch.Tensor) -> None:
@@ -350,6 +384,7 @@ class StageModel:
             self.accumulated = 0
             dropped = len(self._stash)
             self._stash.clear()
+            self._held.clear()
             return dropped
 
     # ---- state -----------------------------------------------------------------------

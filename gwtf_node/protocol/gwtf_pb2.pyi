@@ -275,14 +275,18 @@ class Complete(_message.Message):
     def __init__(self, data_node: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class IterationDone(_message.Message):
-    __slots__ = ("iteration", "completed", "loss_sum")
+    __slots__ = ("iteration", "completed", "loss_sum", "deferred", "lost")
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_FIELD_NUMBER: _ClassVar[int]
     LOSS_SUM_FIELD_NUMBER: _ClassVar[int]
+    DEFERRED_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
     iteration: int
     completed: int
     loss_sum: float
-    def __init__(self, iteration: _Optional[int] = ..., completed: _Optional[int] = ..., loss_sum: _Optional[float] = ...) -> None: ...
+    deferred: int
+    lost: int
+    def __init__(self, iteration: _Optional[int] = ..., completed: _Optional[int] = ..., loss_sum: _Optional[float] = ..., deferred: _Optional[int] = ..., lost: _Optional[int] = ...) -> None: ...
 
 class BeginAggregation(_message.Message):
     __slots__ = ("iteration", "microbatches", "groups")

@@ -236,6 +236,8 @@ class IterationDone:
     iteration: int
     completed: int
     loss_sum: float
+    deferred: int = 0  # given up in this iteration (crash recovery), pushed again in the next
+    lost: int = 0  # neither completed nor deferred when reported (the ledger's invariant: 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -268,6 +268,20 @@ class Phases:
         eff.append(StartStep(msg.iteration, msg.microbatches))
         return eff
 
+    def forget(self, peer: str, next_stage: Iterable[str], prev_stage: Iterable[str]) -> list:
+        """`peer` crashed or left: nobody waits for its CAN TAKE any more (section V-E with churn).
+
+        It leaves every aggregation group; iterations whose step is applied here
+        and that waited only for it go on."""
+        for g in self.groups.values():
+            for members in g.values():
+                members.discard(peer)
+        nxt, prv = list(next_stage), list(prev_stage)
+        eff: list = []
+        for it in sorted(self.stepped):
+            eff += self._maybe_can_take(it, nxt, prv)
+        return eff
+
     def on_step_done(self, iteration: int, next_stage: Iterable[str], prev_stage: Iterable[str]) -> list:
         self.stepped.add(iteration)
         return self._maybe_can_take(iteration, next_stage, prev_stage)

@@ -51,11 +51,20 @@ times initialised from the driver's prior (link model, profiled compute).
 No `Complete` in time: the next hop is presumed dead, its units of flow move
 to live peers of its stage with room (local flow repair), and the output is
 resent from the stash to another next hop (GWTF: along the flows; SWARM:
-greedy).  With no alternative the node sends `MbDeny` upstream and drops it;
-recursively up to the data node, which puts it back in its queue while
-others are in flight (it gets the next free slot) or defers it.  A receiver
-without room answers `MbDeny` too; a peer that sent `MbDeny` gets no new
-work until it sends `Room`.  Capacity counts microbatches whose activations
+greedy).  A receiver without room answers `MbDeny`; a peer that sent
+`MbDeny` gets no new work until it sends `Room` (a relay sends `Room` to
+the peers it denied when a slot frees, when a next-stage peer sends it
+`Room` or joins, never while it has no live next-stage peer).  With no next
+hop that has room (or no live one at all), a relay *parks* the microbatch:
+it keeps its output, its slot and any repair order, and tries again on a
+`Room`, on a slot of its own freeing, on a next-stage joiner, or once after
+a deadline (K x its slowest next-stage estimate, if a peer is left); that
+retry failing, it sends `MbDeny` upstream and drops it (or, executing a
+repair order, reports `BackwardStuck`); recursively up to the data node,
+which parks it with its embedding output (a new attempt, the holders
+released, no recompute) while others are in flight and retries on every
+slot-freeing event (`_launch`), or defers it.  A data node whose recovery
+finds every live stage-0 relay full parks it the same way.  Capacity counts microbatches whose activations
 a node holds (taken until its backward is computed); the gradient a node
 sent upstream is kept (one tensor, for recovery) until the microbatch is
 released or the iteration aggregates.
@@ -77,7 +86,11 @@ hop deadline, or on its watchdog) runs a *round*: probe, then `_decide`:
   a chosen by its flows; that node recomputes stage a's forward, goes on to
   stage a+1 the same way while it is bad, and at the first good stage sends
   `Resume`: that node links its upstream to the recovering node and, if it
-  holds its gradient, resends it.  The backward resumes from the stored
+  holds its gradient, resends it.  The order carries the holders after the
+  run up to the next bad stage (`rest`), so if the node to resume at died
+  meanwhile its stage is recomputed too and the chain resumes at the next
+  one.  A `Resume` is a control message answered at once: its deadline is
+  `probe_wait_s + margin_s`, and its answer is not a hand-off time sample.  The backward resumes from the stored
   gradient: one stage forward recomputed per crashed stage, no pipeline
   restart.
 * No bad stage: if stage g is computing, nothing to do; otherwise the
@@ -94,7 +107,10 @@ after a forward timeout (same deadline rule).  Relays do not report backward
 trouble (`BackwardStuck` is GWTF's); the data node detects a failed backward
 by its own timeouts (its hop deadline, its watchdog: `K_E2E` x the measured
 end-to-end time) and restarts the microbatch: a new attempt, `Release` of the
-old one everywhere, the whole pipeline recomputed from the embedding.
+old one everywhere, the whole pipeline recomputed from the embedding.  With
+`cfg.act_on_gone`, a data node told by the membership layer (`peer_gone`)
+that a holder of a microbatch in its backward pass is gone acts at once
+(SWARM: restart; GWTF: a round) instead of waiting for its timeouts.
 
 Bounded rounds
 --------------
@@ -200,6 +216,7 @@ class RecoveryConfig:
     probe_wait_s: float = 3.0  # data node: how long probe answers are awaited (control messages: latency only)
     policy: str = "gwtf"
     swarm_assumed_capacity: int = 4  # SWARM: the memory it assumes every peer has
+    act_on_gone: bool = True  # data node: `peer_gone` of a holder in the backward pass starts a round / restart
     k: float = K_DEADLINE
     margin_s: float = MARGIN_S
     max_rounds: int = MAX_ROUNDS
@@ -219,6 +236,7 @@ class Rec:
     tried: set = field(default_factory=set)
     sent_at: float = 0.0
     ordered: bool = False  # executing a RepairOrder: my stash is the original forward's, keep it on failure
+    parked: bool = False  # ordered to repair, every live next-stage peer full: retried on their Room
 
 
 @dataclass
@@ -240,6 +258,7 @@ class DMb:
     collecting: bool = False
     snapshot: dict = field(default_factory=dict)
     final_from: str | None = None  # the stage-0 relay the last backward came from
+    parked: bool = False  # a recovery found every live stage-0 relay full: retried when a slot frees
 
 
 @dataclass
@@ -295,9 +314,15 @@ class RecoveryNode:
         self.reported: set[int] = set()
 
     # ------------------------------------------------------------------ setup
-    def set_flows(self, out: Mapping[str, Mapping[str, int]]) -> None:
-        """Initial flows (units per data node and next hop), e.g. from the flow machines."""
+    def set_flows(self, out: Mapping[str, Mapping[str, int]], now: float | None = None) -> list:
+        """Flows (units per data node and next hop), e.g. from the flow machines.
+
+        With `now` (new flows during training): a data node launches on units that became free."""
         self.out = {d: dict(o) for d, o in out.items()}
+        eff: list = []
+        if now is not None and self.is_data:
+            self._launch(now, eff)
+        return eff
 
     def on_peer_joined(self, now: float, peer: str, *, next_stage: bool, capacity: int, cost: float,
                        prior_s: float | None = None) -> list:
@@ -308,6 +333,11 @@ class RecoveryNode:
         eff: list = []
         if self.is_data and next_stage:
             self._launch(now, eff)
+        elif next_stage:  # a route again: parked microbatches go on, peers I denied may send again
+            for r in [r for r in self.mbs.values() if r.parked]:
+                r.parked, r.tried = False, set()
+                self._route(now, r, eff)
+            self._room(eff)
         return eff
 
     def start(self, now: float) -> list:
@@ -399,7 +429,7 @@ class RecoveryNode:
             eff.append(CancelTimer(f"{t}:{_k(key)}"))
 
     def _room(self, eff: list) -> None:
-        if self.denied and not self.is_data:
+        if self.denied and not self.is_data and (self.stage == self.cfg.last_stage or self._live_next()):
             free = self.cfg.capacity - self._slots_used()
             if free > 0:
                 for p in sorted(self.denied):
@@ -437,6 +467,11 @@ class RecoveryNode:
                 self.full.discard(sender)
                 if self.is_data:
                     self._launch(now, eff)
+                else:  # a route again: retry parked repairs, and my upstream may send again (my Room)
+                    for r in [r for r in self.mbs.values() if r.parked]:
+                        r.parked, r.tried = False, set()
+                        self._route(now, r, eff)
+                    self._room(eff)
             return eff
         if t is MbDeny:
             self.full.add(sender)
@@ -467,6 +502,10 @@ class RecoveryNode:
             self.stats.reroutes += 1
             self._presume_dead(m.next)
             m.tried.add(m.next)
+            self._route(now, m, eff)
+        elif kind == "fw" and m.parked:
+            self.full.difference_update(self.next_peers)  # no Room came: offer it to them again, once
+            m.tried = {""}
             self._route(now, m, eff)
         elif kind == "bk" and m.phase == "grad" and not self.swarm:
             eff.append(Send(key[0], BackwardStuck(*key, self.stage, m.attempt)))
@@ -501,6 +540,9 @@ class RecoveryNode:
             m.phase, m.sent_at = "grad", now
             eff.append(SetTimer(f"bk:{_k(key)}", self._deadline(now, m.prev)))
             self._room(eff)
+            for r in [r for r in self.mbs.values() if r.parked]:  # my slot at my next hop freed
+                r.parked, r.tried = False, set()
+                self._route(now, r, eff)
         return eff
 
     # =========================================================== relay side
@@ -533,7 +575,8 @@ class RecoveryNode:
         if t is Complete:
             if r.phase == "sending" and sender == r.next:
                 eff.append(CancelTimer(f"fw:{_k(key)}"))
-                self._measure(sender, now - r.sent_at)
+                if not (r.rest and r.rest[0] == sender):  # (the answer to a Resume is no hand-off time)
+                    self._measure(sender, now - r.sent_at)
                 r.phase, r.rest, r.ordered = "sent", (), False
                 r.tried.clear()
             elif r.phase == "grad" and sender == r.prev:
@@ -569,7 +612,7 @@ class RecoveryNode:
             r.ordered = True
             if self.stage < self.cfg.last_stage:
                 self._presume_dead(r.next)
-            r.tried = {r.next} if r.next is not None and r.next not in self.cfg.data_nodes else set()
+            r.tried = ({r.next} if r.next is not None and r.next not in self.cfg.data_nodes else set()) | (r.tried & {""})
             r.rest = tuple(msg.rest)
             self.stats.reroutes += 1
             self._route(now, r, eff)
@@ -598,18 +641,32 @@ class RecoveryNode:
     def _route(self, now: float, r: Rec, eff: list) -> None:
         """Hand my stashed output on: along `rest` (a recovery chain) or the flows / greedy."""
         key, a = r.key, r.attempt
+        r.parked = False
         recovering = bool(r.rest)
         if recovering and r.rest[0] != "" and not r.tried:
             j = r.rest[0]
             r.next, r.phase, r.sent_at = j, "sending", now
             eff.append(Send(j, Resume(*key, r.path, r.rest[1:], None, a)))
-            eff.append(SetTimer(f"fw:{_k(key)}", self._deadline(now, j)))
+            # a Resume is a control message answered at once (Complete): no tensor hand-off to wait for
+            eff.append(SetTimer(f"fw:{_k(key)}", now + self.cfg.probe_wait_s + self.cfg.margin_s))
             return
         j = self._choose_next(key[0], r.tried)
         if recovering and r.rest[0] != "" and j is not None and r.tried:
             # the node to resume at did not answer: it is dead too, so its stage is recomputed as well
             r.rest = ("",) + r.rest[1:]
         if j is None:
+            if self.stage < self.cfg.last_stage and "" not in r.tried:
+                # every live next-stage peer is full (or none is left): keep my output (and a repair order) and
+                # my slot; retried on a Room, a slot of mine freeing, a joiner of the next stage, or once on
+                # this timer (then: as below)
+                r.phase, r.next, r.parked = "sent", None, True
+                r.tried.clear()
+                if r.ordered:
+                    self._report(key, a, "sent", eff)
+                peers = self._live_next() or list(self.next_peers)
+                wait = max((self.est.get(j, self.cfg.default_prior_s) for j in peers), default=self.cfg.default_prior_s)
+                eff.append(SetTimer(f"fw:{_k(key)}", now + self.cfg.k * wait + self.cfg.margin_s))
+                return
             if r.ordered:
                 # I was ordered to repair and cannot: keep my stash, tell the data node (its next round decides)
                 r.phase, r.rest, r.ordered = "sent", (), False
@@ -781,8 +838,9 @@ class RecoveryNode:
                 runs.append([s])
         for run in runs:
             lo, hi = run[0], run[-1]
-            resume_at = m.path[hi + 1] if hi + 1 < S else self.me
-            rest = ("",) * (hi - lo + 1) + (resume_at,)
+            # resume at the holder after the run; if it died meanwhile, at the one after it (and so on)
+            end = min([s for s in bad if s > hi] + [s for s in range(hi + 1, S) if m.path[s] is None] + [S])
+            rest = ("",) * (hi - lo + 1) + tuple(m.path[hi + 1:end]) + ((self.me,) if end == S else ())
             if lo == 0:
                 self._presume_dead(m.next)
                 m.tried = {m.next} if m.next is not None else set()
@@ -802,7 +860,7 @@ class RecoveryNode:
             eff.append(Send(p, Release(*m.key, m.attempt)))
         self._cancel(m.key, eff)
         m.attempt += 1
-        m.src, m.next, m.rest, m.tried, m.sink = "emb", None, (), set(), None
+        m.src, m.next, m.rest, m.tried, m.sink, m.parked = "emb", None, (), set(), None, False
         m.path, m.holders, m.collecting, m.snapshot = [None] * self.nstages, set(), False, {}
         m.launched_at = now
         eff.append(Compute("forward", m.key))
@@ -821,10 +879,13 @@ class RecoveryNode:
     def _src_route(self, now: float, m: DMb, eff: list) -> None:
         """Hand my embedding-side output (the stash) to a stage-0 relay: a Forward, or a Recover chain."""
         key, a = m.key, m.attempt
+        m.parked = False
         j = self._choose_next(self.me, m.tried)
         if j is None:
             if m.sink is None:
                 self._put_back(now, m, eff)
+            elif self._live_next():  # every live stage-0 relay is full: retried when a slot frees (`_launch`)
+                m.src, m.next, m.parked = "sent", None, True
             else:  # no stage-0 relay to recover through; the next round (or giving up) decides
                 m.src, m.rest = "sent", ()
             return
@@ -837,20 +898,28 @@ class RecoveryNode:
         eff.append(SetTimer(f"fw:{_k(key)}", self._deadline(now, j)))
 
     def _put_back(self, now: float, m: DMb, eff: list) -> None:
-        """No first hop for a microbatch in its forward pass: wait for a slot, or defer it."""
+        """No first hop for a microbatch in its forward pass: wait for a slot keeping my stash, or defer it."""
         key = m.key
         for p in sorted(m.holders):
             eff.append(Send(p, Release(*key, m.attempt)))
         self._cancel(key, eff)
+        if any(mm.key[2] == key[2] and not mm.parked for mm in self.mbs.values() if mm is not m):
+            # slots will free: park with my embedding output (no recompute), retried by `_launch`;
+            # a new attempt, as the released holders' records are void
+            m.attempt += 1
+            m.src, m.next, m.rest, m.tried, m.parked = "parked", None, (), set(), True
+            m.path, m.holders, m.sink = [None] * self.nstages, set(), None
+            self._arm_watchdog(now, m, eff)
+            return
         del self.mbs[key]
-        if any(mm.key[2] == key[2] for mm in self.mbs.values()):
-            self.ledger.mark(key[2], key[1], MbStatus.PENDING)  # slots will free: wait for one
-            self.waiting.insert(0, key[1])
-        else:
-            self._defer(key, eff)
-            for s in list(self.waiting):
-                self.waiting.remove(s)
-                self._defer((self.me, s, key[2]), eff)
+        self._defer(key, eff)
+        for s in list(self.waiting):
+            self.waiting.remove(s)
+            self._defer((self.me, s, key[2]), eff)
+        for mm in [mm for mm in self.mbs.values() if mm.key[2] == key[2] and mm.src == "parked"]:
+            self._cancel(mm.key, eff)  # nothing else in flight will free a slot for them either
+            del self.mbs[mm.key]
+            self._defer(mm.key, eff)
         self._maybe_done(now, key[2], eff)
 
     def _defer(self, key: Key, eff: list) -> None:
@@ -908,6 +977,10 @@ class RecoveryNode:
         it = self.iteration
         if it in self.reported:
             return
+        for m in [m for m in self.mbs.values() if m.parked]:  # a slot may have freed: parked ones first
+            if self.mbs.get(m.key) is m and m.parked:
+                m.parked, m.tried = False, set()
+                self._src_route(now, m, eff)
         while self.waiting:
             j = self._choose_next(self.me, set(), fresh=True)
             if j is None:
@@ -986,6 +1059,60 @@ class RecoveryNode:
         for p in sorted(self.prev_peers):
             if p not in self.dead:
                 eff.append(Send(p, msg))
+
+    # ---- hooks for a driver that runs the aggregation phase itself (the daemon) ----
+    # The daemon keeps `pipeline.Phases` for BEGIN AGGREGATION / CAN TAKE (it carries the
+    # membership groups of the joining issue) and uses this machine for the microbatches.
+    # It gives the machine no leader (`cfg.leader == ""`): a data node's IterationDone then
+    # goes to "" and the driver reports the iteration itself (`reported` says when).
+
+    def open_iteration(self, now: float, it: int) -> list:
+        """Data node: the previous iteration's steps are applied everywhere; push the microbatches of `it`."""
+        eff: list = []
+        self._open(now, it, eff)
+        return eff
+
+    def begin_aggregation(self, now: float, it: int) -> tuple[list, frozenset]:
+        """Relay: BEGIN AGGREGATION of `it` arrived; drop what is left of its microbatches.
+
+        Returns the effects and the contributions to count: the keys of `it`
+        whose backward this node computed and that were not released."""
+        eff: list = []
+        self.begun.add(it)
+        if not self.is_data:
+            for key in [k for k in self.mbs if k[2] <= it]:
+                self._drop(key, eff)
+            self.full.clear()
+            self.denied.clear()
+        return eff, frozenset(self.contrib.get(it, ()))
+
+    def aggregation_done(self, now: float, it: int) -> list:
+        """The step of `it` is applied here: room again for the next iteration's microbatches."""
+        eff: list = []
+        self.stepped.add(it)
+        self.contrib.pop(it, None)
+        self._room(eff)
+        return eff
+
+    def peer_gone(self, now: float, peer: str) -> list:
+        """The driver's liveness check found `peer` dead (or it left): no more work goes to it.
+
+        The microbatches it held are found by the usual means (hop deadlines,
+        BackwardStuck, the data node's watchdog and probes); with
+        `cfg.act_on_gone` a data node also acts at once on those of its
+        microbatches in their backward pass that `peer` held (a round / a
+        SWARM restart)."""
+        self._presume_dead(peer)
+        self.dead.add(peer)
+        eff: list = []
+        if self.is_data:
+            # a holder of a microbatch in its backward pass is gone: act now (GWTF: a round; SWARM: restart)
+            for m in [m for m in self.mbs.values() if self.cfg.act_on_gone and peer in m.holders
+                      and m.sink in ("grad", "wait")]:
+                if self.mbs.get(m.key) is m and not m.collecting and peer in m.holders:
+                    self._trouble(now, m, eff)
+            self._launch(now, eff)
+        return eff
 
 
 def _k(key: Key) -> str:

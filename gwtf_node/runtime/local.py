@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -45,11 +46,18 @@ class LocalSwarm:
     relay_capacity: int | None = None  # None: spread the demand, ceil(data nodes x microbatches / relays per stage)
     joiners: int = 0  # relays started with --stage auto while the swarm trains, one every `join_every_s`
     join_every_s: float = 5.0
+    policy: str = "gwtf"  # microbatch routing and recovery of every node: gwtf | swarm
+    churn: float = 0.0  # per iteration, each serving relay is SIGKILLed with this probability (see `_churn`)
+    seed: int = 0
+    rejoin_after_s: float = 2.0  # a killed relay comes back as a new --stage auto joiner this much later
+    faults: dict[str, str] = field(default_factory=dict)  # node name -> GWTF_FAULT spec (fault injection)
+    expected_dead: set[str] = field(default_factory=set)  # killed on purpose: their exit is not an error
+    kills: list[dict] = field(default_factory=list)
 
     def names(self) -> list[str]:
         return [f"d{i}" for i in range(self.data_nodes)] + [
             f"r{k}_{i}" for k in range(self.stages) for i in range(self.relays_per_stage)
-        ] + [n for n in self.procs if n.startswith("j")]
+        ] + [n for n in self.procs if n[0] in "jc"]
 
     def state_dir(self, name: str) -> Path:
         return self.workdir / name
@@ -71,9 +79,15 @@ class LocalSwarm:
             cmd += ["--bootstrap", bootstrap]
         if links_file is not None:
             cmd += ["--links", str(links_file)]
+        cmd += ["--policy", self.policy]
+        env = dict(os.environ)
+        env.pop("GWTF_FAULT", None)
+        if name in self.faults:
+            env["GWTF_FAULT"] = self.faults[name]
+            self.expected_dead.add(name)
         log = open(sd / "node.log", "w")
         self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True)
+                                            start_new_session=True, env=env)
 
     def _wait_addr(self, name: str) -> str:
         path = self.state_dir(name) / "addr"
@@ -89,7 +103,7 @@ class LocalSwarm:
     def _check_alive(self) -> None:
         for name, p in self.procs.items():
             rc = p.poll()
-            if rc is not None and rc != 0:
+            if rc is not None and rc != 0 and name not in self.expected_dead:
                 tail = _tail(self.state_dir(name) / "node.log")
                 raise LocalError(f"node {name} exited with status {rc}; last log lines:\n{tail}")
 
@@ -166,9 +180,11 @@ class LocalSwarm:
                         if line.strip():
                             rec = json.loads(line)
                             got.setdefault(rec["iteration"], rec)
+            self._churn_due()
             while nxt in got and nxt < self.iterations:
                 last_progress = time.monotonic()
                 budget = self.iteration_timeout_s
+                self._churn_plan(got[nxt])
                 yield got[nxt]
                 nxt += 1
             if nxt >= self.iterations:
@@ -177,6 +193,64 @@ class LocalSwarm:
                 raise LocalError(f"no iteration finished within {budget:.0f} s "
                                  f"(logs in {self.workdir}/*/node.log)")
             time.sleep(0.1)
+
+    # ---- churn -----------------------------------------------------------------
+    def _serving(self) -> dict[str, int]:
+        """Relays alive and serving a stage (their status.json says so): name -> stage."""
+        out = {}
+        for name, p in self.procs.items():
+            if name.startswith("d") or p.poll() is not None or name in self.expected_dead:
+                continue
+            try:
+                st = json.loads((self.state_dir(name) / "status.json").read_text())
+            except (OSError, json.JSONDecodeError):
+                continue
+            if st.get("stage") is not None and st.get("stage", -1) >= 0 and not st.get("joining"):
+                out[name] = st["stage"]
+        return out
+
+    def _churn_plan(self, rec: dict) -> None:
+        """An iteration finished: each serving relay dies with probability `churn` at a uniformly random
+        time within the next iteration's expected length (so in its forward or backward pass, or during the
+        aggregation).  At least one relay of every stage is spared: a stage with no copy left cannot be
+        recovered by anyone without checkpoints."""
+        if self.churn <= 0:
+            return
+        if not hasattr(self, "_churn_rng"):
+            self._churn_rng, self._pending_kills, self._restarts = random.Random(f"churn:{self.seed}"), [], []
+        rng = self._churn_rng
+        serving = self._serving()
+        doomed = {n for _, n in self._pending_kills}
+        span = max(0.3, float(rec.get("seconds") or 1.0))
+        for name in sorted(serving):
+            if name in doomed or rng.random() >= self.churn:
+                continue
+            stage = serving[name]
+            if sum(1 for n, s in serving.items() if s == stage and n not in doomed) <= 1:
+                continue
+            doomed.add(name)
+            self._pending_kills.append((time.monotonic() + rng.uniform(0.0, span), name))
+
+    def _churn_due(self) -> None:
+        if self.churn <= 0 or not hasattr(self, "_churn_rng"):
+            return
+        now = time.monotonic()
+        for item in [k for k in self._pending_kills if k[0] <= now]:
+            self._pending_kills.remove(item)
+            name = item[1]
+            p = self.procs.get(name)
+            if p is None or p.poll() is not None:
+                continue
+            self.expected_dead.add(name)
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            self.kills.append({"node": name, "time": time.time(), "after_iteration": len(self.records()) - 1})
+            self._restarts.append(now + self.rejoin_after_s)
+        for t in [t for t in self._restarts if t <= now]:
+            self._restarts.remove(t)
+            self.add_relay(f"c{len(self.kills)}_{len([n for n in self.procs if n.startswith('c')])}")
 
     def records(self) -> list[dict]:
         """The leader's per-iteration records so far, in iteration order (whichever data node led)."""

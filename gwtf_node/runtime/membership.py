@@ -144,7 +144,7 @@ class MembershipMixin:
     async def _maybe_report_done(self) -> None:
         """Send this data node's IterationDone to the current leader (again, if the leader changed)."""
         it = self.current
-        if self.role != "data" or it is None or not it.finished or self.phases is None:
+        if self.role != "data" or it is None or not self.iteration_reported(it.iteration) or self.phases is None:
             return
         if it.iteration in self.phases.begun:
             return
@@ -152,7 +152,8 @@ class MembershipMixin:
         if lead is None or self.done_sent.get(it.iteration) == lead:
             return
         self.done_sent[it.iteration] = lead
-        done = m.IterationDone(it.iteration, len(it.done), it.loss_sum)
+        c = self.ledger.counts(it.iteration)
+        done = m.IterationDone(it.iteration, len(it.done), it.loss_sum, c["deferred"], c["pending"] + c["inflight"])
         if lead == self.me:
             self._on_iteration_done(self.me, done)
         else:
@@ -222,15 +223,9 @@ class MembershipMixin:
         self.stop()
 
     def _on_goodbye(self, peer: str, msg: m.Goodbye) -> None:
-        info = self.peers.pop(peer, None)
-        self.gone.add(peer)
+        info = self.peers.get(peer)
         log.info("%s left after iteration %d", info.name if info and info.name else peer[:16], msg.after_iteration)
-        now = trio.current_time()
-        if self.flow is not None and self._in_flow(peer):
-            self._apply(self.flow.remove_neighbour(now, peer))  # the flow machines rebuild the flows through it
-            self._sync_costs()
-        if self.member_m is not None:
-            self.member_m.members.pop(peer, None)
+        self._forget_peer(peer)
 
     async def _leader_loop(self) -> None:
         """Data nodes: keep reporting to the current leader; the leader publishes itself."""

@@ -70,9 +70,10 @@ from ..protocol.cost import link_cost
 from ..protocol.effects import CancelTimer, Send, SetTimer
 from ..protocol.flow import FlowConfig, FlowNode
 from ..protocol.pipeline import (
-    DataIteration, LeftOut, Ledger, MbStatus, OpenIteration, Phases, StartStep, fallback_hop, pick_next_hop,
+    LeftOut, Ledger, OpenIteration, Phases, StartStep,
 )
 from .membership import LEADER_MSGS, MembershipMixin
+from .training import MB_MSGS, TIMER_PREFIX, TrainingMixin
 
 log = logging.getLogger("gwtf.node")
 
@@ -101,6 +102,7 @@ class NodeOptions:
     settle_s: float = 1.5
     device: str = "cpu"
     checkpoint_every: int = 1
+    policy: str = "gwtf"  # microbatch routing and recovery: "gwtf" or "swarm" (the baseline; recovery.py)
 
 
 @dataclass
@@ -118,16 +120,10 @@ class PeerInfo:
     leave_after: int = 0
 
 
-@dataclass
-class Route:
-    prev: str
-    next: str | None = None
-
-
 MEMBERSHIP_MSGS = LEADER_MSGS + (m.JoinRequest, m.UtilizationQuery, m.UtilizationReport, m.Assignment)
 
 
-class Node(MembershipMixin):
+class Node(MembershipMixin, TrainingMixin):
     def __init__(self, opts: NodeOptions) -> None:
         from ..model.manifest import load_manifest, verify_manifest
 
@@ -150,8 +146,6 @@ class Node(MembershipMixin):
         self.flow_costs_prev: dict[str, float] = {}
         self.timers: dict[str, float] = {}
         self.timer_wake = trio.Event()
-        self.routes: dict[tuple[str, int, int], Route] = {}
-        self.inflight_next: dict[tuple[str, str], int] = {}  # (commodity, next hop) -> microbatches
         self.torch_limiter = trio.CapacityLimiter(1)
         self.pongs: dict[int, trio.Event] = {}
         self.refused = 0
@@ -186,6 +180,7 @@ class Node(MembershipMixin):
         self.compute_s = 0.0  # time inside stage forward/backward/embed/head (not the optimizer step)
         self.compute_calls = 0
         self.pipeline_s: dict[int, float] = {}  # leader: iteration -> open to last microbatch done
+        self._init_training()
 
     # ------------------------------------------------------------------ set-up
     def _load_model(self) -> None:
@@ -230,6 +225,7 @@ class Node(MembershipMixin):
                 nursery.start_soon(self._timer_loop)
                 nursery.start_soon(self._status_loop)
                 nursery.start_soon(self._formation)
+                nursery.start_soon(self._liveness_loop)
                 await self.done_event.wait()
                 if self.role == "data":  # relays waiting for an aggregation of ours need not wait
                     with trio.move_on_after(2):
@@ -397,6 +393,8 @@ class Node(MembershipMixin):
         if sender != peer:
             self._refuse(peer, f"envelope claims sender {sender[:16]}, the authenticated peer is {peer[:16]}")
             return
+        if peer not in self.gone:
+            self._heard(peer)
         if isinstance(msg, m.Hello):
             self._on_hello(peer, msg)
             return
@@ -428,12 +426,8 @@ class Node(MembershipMixin):
                 self.flow_queue.append((peer, msg))
             else:  # the machine keeps what a newcomer says until it is told to add it (add_neighbour)
                 self._apply(self.flow.on_message(trio.current_time(), peer, msg))
-        elif isinstance(msg, m.Forward):
-            await self._on_forward(peer, msg, payload)
-        elif isinstance(msg, m.Backward):
-            await self._on_backward(peer, msg, payload)
-        elif isinstance(msg, m.Complete):
-            pass  # liveness proof of the next hop; crash handling (churn issue) reads it
+        elif isinstance(msg, MB_MSGS):
+            await self._on_mb_msg(peer, msg, payload)
         elif isinstance(msg, m.AllReduceChunk):
             await self.allreducer.on_chunk(peer, msg, payload)
         elif isinstance(msg, m.IterationDone):
@@ -443,6 +437,10 @@ class Node(MembershipMixin):
         elif isinstance(msg, m.BeginAggregation):
             if self.phases is None:
                 raise FrameRefused("BeginAggregation before this node has a stage")
+            if self.rec is not None and self.role == "relay" and msg.iteration not in self.phases.begun:
+                eff, contrib = self.rec.begin_aggregation(trio.current_time(), msg.iteration)
+                self.contrib_for[msg.iteration] = contrib
+                self._apply_rec(eff)
             self._apply_phase(self.phases.on_begin(msg, self.next_stage_ids()))
         elif isinstance(msg, m.CanTake):
             if self.phases is None:
@@ -488,7 +486,9 @@ class Node(MembershipMixin):
     def _fire(self, key: str) -> None:
         """A timer is due: hand it to the machine that set it (keys are namespaced by machine)."""
         now = trio.current_time()
-        if key.startswith("leader."):
+        if key.startswith(TIMER_PREFIX):
+            self._fire_rec(key)
+        elif key.startswith("leader."):
             if self.leader_m is not None:
                 self._apply_leader(self.leader_m.on_timer(now, key))
         elif key.startswith("membership."):
@@ -567,6 +567,8 @@ class Node(MembershipMixin):
             self._apply(self.flow.on_message(trio.current_time(), peer, msg))
         if self.role == "data":
             await self._wait_flows()
+        self._start_recovery()
+        if self.role == "data":
             self._open_iteration(0)
 
     def _flow_side(self, peer: str, stage: int) -> str | None:
@@ -621,34 +623,7 @@ class Node(MembershipMixin):
                 return
             await trio.sleep(0.1)
 
-    # ------------------------------------------------------------------ training: data node
-    def _open_iteration(self, t: int) -> None:
-        if self.opts.iterations and t >= self.opts.iterations:
-            log.info("finished %d iterations", t)
-            self.done_event.set()
-            return
-        seqs = list(range(t * self.mb_per_it, (t + 1) * self.mb_per_it))
-        self.current = DataIteration(t, seqs)
-        self.ledger.add(t, seqs)
-        self.iter_started = trio.current_time()
-        self.nursery.start_soon(self._launch)
-
-    async def _launch(self) -> None:
-        it = self.current
-        if it is None:
-            return
-        usable = self._usable(it.iteration)
-        costs = {j: c for j, c in self.flow_costs_next.items() if j in usable}
-        out = {j: n for j, n in self.flow.out[self.me].items() if j in usable}
-        for seq, hop in it.launchable(out, costs, flows_formed=True):
-            self.ledger.mark(it.iteration, seq, MbStatus.INFLIGHT)
-            ids, tgt = self.source.get(seq)
-            self.targets[seq] = tgt
-            key = (self.me, seq, it.iteration)
-            self.routes[key] = Route(prev=self.me, next=hop)
-            h = await self._compute(self.stage_model.embed, key, ids)
-            await self._send_tensor(hop, m.Forward(self.me, seq, it.iteration, (self.me,), None), h)
-
+    # ------------------------------------------------------------------ training (microbatches: training.py)
     async def _compute(self, fn, *args):
         """Run a stage computation in the torch worker thread; its own time counts as compute."""
         def timed():
@@ -661,14 +636,6 @@ class Node(MembershipMixin):
 
         return await trio.to_thread.run_sync(timed, limiter=self.torch_limiter)
 
-    async def _send_tensor(self, peer: str, msg: Any, tensor) -> bool:
-        from dataclasses import replace
-
-        from ..model.tensors import pack
-
-        header, payload = pack(tensor)
-        return await self._send(peer, replace(msg, tensor=header), payload)
-
     def _unpack(self, msg: Any, payload, what: str):
         from ..model.tensors import TensorError, unpack
 
@@ -679,73 +646,6 @@ class Node(MembershipMixin):
                 self.manifest.data.microbatch_size), expect_dtype=self.stage_model.dtype)
         except TensorError as e:
             raise FrameRefused(f"{what} tensor refused: {e}") from None
-
-    async def _on_forward(self, peer: str, msg: m.Forward, payload) -> None:
-        key = (msg.data_node, msg.seq, msg.iteration)
-        if self.role == "data":
-            # the sink: loss and the gradient of the last stage's output
-            if msg.data_node != self.me or self.current is None or msg.seq not in self.current.where:
-                raise FrameRefused(f"Forward of microbatch {msg.seq} that this data node did not push")
-            if key in self.losses:
-                raise FrameRefused(f"duplicate Forward of microbatch {msg.seq}")
-            h = self._unpack(msg, payload, "Forward")
-            loss, grad = await self._compute(self.stage_model.head_loss, key, h, self.targets[msg.seq])
-            self.losses[key] = loss
-            self.nursery.start_soon(self._send, peer, m.Complete(*key))
-            await self._send_tensor(peer, m.Backward(*key, None), grad)
-            return
-        if self.flow is None:
-            raise FrameRefused("Forward before this relay's flows exist")
-        if key in self.routes:
-            raise FrameRefused(f"duplicate Forward of microbatch {msg.seq} of {msg.data_node[:16]}")
-        if msg.data_node not in self.peers or self.peers[msg.data_node].role != "data":
-            raise FrameRefused(f"Forward for unknown data node {msg.data_node[:16]}")
-        h = self._unpack(msg, payload, "Forward")
-        if self.stage == self.n_stages - 1:
-            hop = msg.data_node
-        else:
-            d = msg.data_node
-            inflight = {j: n for (c, j), n in self.inflight_next.items() if c == d}
-            usable = self._usable(msg.iteration)
-            costs = {j: c for j, c in self.flow_costs_next.items() if j in usable}
-            hop = pick_next_hop({j: n for j, n in self.flow.out.get(d, {}).items() if j in usable}, inflight, costs)
-            if hop is None:
-                hop = fallback_hop(costs, inflight)
-            if hop is None:
-                raise FrameRefused("no next hop known")
-        self.routes[key] = Route(prev=peer, next=hop)
-        self.inflight_next[(msg.data_node, hop)] = self.inflight_next.get((msg.data_node, hop), 0) + 1
-        out = await self._compute(self.stage_model.forward, key, h)
-        self.nursery.start_soon(self._send, peer, m.Complete(*key))
-        await self._send_tensor(hop, m.Forward(msg.data_node, msg.seq, msg.iteration, msg.path + (self.me,), None),
-                                out)
-
-    async def _on_backward(self, peer: str, msg: m.Backward, payload) -> None:
-        key = (msg.data_node, msg.seq, msg.iteration)
-        route = self.routes.get(key)
-        if route is None or route.next != peer:
-            raise FrameRefused(f"Backward of microbatch {msg.seq} that did not go to this peer from here")
-        g = self._unpack(msg, payload, "Backward")
-        del self.routes[key]
-        if self.role == "data":
-            await self._compute(self.stage_model.embed_backward, key, g)
-            it = self.current
-            it.complete(msg.seq, self.losses.pop(key))
-            self.targets.pop(msg.seq, None)
-            self.ledger.mark(it.iteration, msg.seq, MbStatus.COMPLETED)
-            if it.finished:
-                self.pipeline_s[it.iteration] = trio.current_time() - self.iter_started
-                await self._maybe_report_done()
-            else:
-                await self._launch()
-            return
-        n = self.inflight_next.get((msg.data_node, peer), 0)
-        if n <= 1:
-            self.inflight_next.pop((msg.data_node, peer), None)
-        else:
-            self.inflight_next[(msg.data_node, peer)] = n - 1
-        gin = await self._compute(self.stage_model.backward, key, g)
-        await self._send_tensor(route.prev, m.Backward(*key, None), gin)
 
     # ------------------------------------------------------------------ aggregation
     def _apply_phase(self, effects) -> None:
@@ -761,14 +661,29 @@ class Node(MembershipMixin):
 
     async def _step(self, e: StartStep) -> None:
         t0 = trio.current_time()
+        self._maybe_fault("aggregate")
+        if self.role == "data":
+            mine = len(self.current.done) if self.current is not None and self.current.iteration == e.iteration else 0
+        else:  # the contributions the recovery machine names: backward computed here, attempt not released
+            keys = sorted(self.contrib_for.pop(e.iteration, frozenset()), key=repr)
+
+            def commit() -> int:
+                return sum(1 for k in keys if self.stage_model.commit(k))
+
+            mine = await trio.to_thread.run_sync(commit, limiter=self.torch_limiter)
         grad = await trio.to_thread.run_sync(self.stage_model.grad_vector, limiter=self.torch_limiter)
-        mine = self.current and len(self.current.done) if self.role == "data" else 0
         named = self.phases.group(e.iteration, self.stage)
         group = sorted(named) if named is not None else self.stage_group()
-        total, count = await self.allreducer.all_reduce(f"s{self.stage}/it{e.iteration}", group, grad,
-                                                        float(mine or 0), timeout=120.0)
-        await trio.to_thread.run_sync(self._apply_step, total, e.microbatches, e.iteration,
+        total, count = await self._all_reduce_survivors(f"s{self.stage}/it{e.iteration}", group, grad, float(mine))
+        if self.role == "relay" and count < e.microbatches:
+            # the rule (recovery.py): the survivors' mean; the missing contributions died with a relay
+            self.lost_contributions[e.iteration] = int(e.microbatches - count)
+            log.warning("iteration %d: stage %d holds %d of %d contributions (the rest died with a relay)",
+                        e.iteration, self.stage, int(count), e.microbatches)
+        await trio.to_thread.run_sync(self._apply_step, total, count, e.iteration,
                                       limiter=self.torch_limiter)
+        if self.rec is not None:
+            self._apply_rec(self.rec.aggregation_done(trio.current_time(), e.iteration))
         self.steps_changed.set()
         self.steps_changed = trio.Event()
         if self.joiner is not None:
@@ -794,6 +709,9 @@ class Node(MembershipMixin):
             "loss": loss_sum / completed if completed else None,
             "microbatches": completed,
             "samples": completed * self.manifest.data.microbatch_size,
+            "completed": completed,
+            "deferred": sum(r.deferred for r in self.phases.done_reports.get(t, {}).values()),
+            "lost": sum(r.lost for r in self.phases.done_reports.get(t, {}).values()),
             "seconds": round(seconds, 4),
             "aggregation_seconds": round(step_s, 4),
             "pipeline_seconds": round(self.pipeline_s.get(t, math.nan), 4),
@@ -828,6 +746,9 @@ class Node(MembershipMixin):
             "flows": {d: dict(v) for d, v in self.flow.out.items()} if self.flow else {},
             "iteration": self.current.iteration if self.current else getattr(self, "last_iteration", None),
             "ledger": self.ledger.counts(self.current.iteration) if self.current else {},
+            "policy": self.opts.policy, "presumed_dead": sorted(self.crashed),
+            "lost_contributions": {str(k): v for k, v in self.lost_contributions.items()},
+            "recovery": dict(vars(self.rec.stats)) if self.rec is not None else {},
             "pid": os.getpid(), "time": time.time(),
         }
         tmp = path.with_suffix(".tmp")

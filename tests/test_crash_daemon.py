@@ -1,0 +1,78 @@
+"""A relay SIGKILLed in the middle of a backward pass (issue 4, on real processes).
+
+1 data node and 2 stages x 2 relays train, separate processes on loopback.
+Relay r1_0 (stage 1) kills itself with SIGKILL as its third backward starts
+(fault injection, `GWTF_FAULT=backward:3`: its first backward of iteration
+1, so it holds no gradient of that iteration yet), with the loss gradient of
+a microbatch in hand.  The survivors find it dead (no Complete, no Pong), the
+data node probes the microbatch's path, the stage-0 relay that holds the
+activation sends it to the other stage-1 relay, which recomputes the stage
+forward, and the backward resumes from the data node's stored gradient.
+
+Must hold: training goes on to the end; the ledger shows no lost and no
+deferred microbatch; and since every microbatch completed in its own
+iteration and no contribution died with the relay, every loss and the final
+parameters of every surviving node equal the centralized reference (the
+stage's update equals the centralized update over the completed
+microbatches).  With `--policy swarm` the same crash is survived by a whole
+pipeline restart.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from gwtf_node.model.manifest import default_manifest, save_manifest
+from gwtf_node.model.reference import train_centralized
+from gwtf_node.runtime.local import LocalSwarm, run_local
+
+pytestmark = pytest.mark.slow
+ITERATIONS = 5
+
+
+def _final_params(tmp_path: Path, name: str):
+    ck = torch.load(tmp_path / name / "checkpoint.pt", weights_only=False)
+    return ck["role"], ck["stage"], ck["params"]
+
+
+@pytest.mark.parametrize("policy", ["gwtf", "swarm"])
+def test_relay_killed_in_backward(tmp_path: Path, policy: str) -> None:
+    man = default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=4)
+    run = tmp_path / "run.json"
+    save_manifest(man, run)
+    swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=2, iterations=ITERATIONS,
+                       policy=policy, faults={"r1_0": "backward:3"}, iteration_timeout_s=120)
+    records = run_local(swarm, lambda rec: None)
+    assert swarm.procs["r1_0"].returncode == -9, "the fault did not fire"
+    assert "fault injection" in (tmp_path / "r1_0" / "node.log").read_text()
+
+    assert [r["iteration"] for r in records] == list(range(ITERATIONS))
+    for r in records:
+        assert r["lost"] == 0 and r["deferred"] == 0, r
+        assert r["completed"] == r["microbatches"] == 4, r
+
+    d0 = json.loads((tmp_path / "d0" / "status.json").read_text())
+    rec = d0["recovery"]
+    if policy == "gwtf":
+        assert rec["probes"] >= 1 and rec["restarts"] == 0, rec
+    else:
+        assert rec["restarts"] >= 1 and rec["probes"] == 0, rec
+    survivors = ["d0", "r0_0", "r0_1", "r1_1"]
+    for name in survivors:
+        st = json.loads((tmp_path / name / "status.json").read_text())
+        assert not st["lost_contributions"], (name, st["lost_contributions"])
+        if name != "d0":
+            assert st["presumed_dead"] == [json.loads((tmp_path / "r1_0" / "status.json").read_text())["peer_id"]]
+
+    ref = train_centralized(man, ITERATIONS)
+    for r, loss in zip(records, ref.losses):
+        assert r["loss"] == pytest.approx(loss, rel=1e-4), (r, loss)
+    for name in survivors:
+        role, stage, params = _final_params(tmp_path, name)
+        want = ref.params["data" if role == "data" else f"stage{stage}"]
+        err = (params - want).norm() / want.norm()
+        assert err < 1e-4, (name, float(err))
