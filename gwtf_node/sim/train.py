@@ -74,7 +74,8 @@ membership layer (above), then the whole pipeline is recomputed
 Metrics per iteration (means over iterations are reported)
 ----------------------------------------------------------
 * time per microbatch: the longest iteration over the data nodes (open to
-  next open, aggregation included) / microbatches completed in it;
+  next open, aggregation included) / microbatches completed in it (an
+  iteration that completes none is left out of the mean);
 * throughput: microbatches completed end to end in the iteration;
 * communication time: seconds of tensor transfers (forward, backward,
   recovery; resends included) of the iteration's microbatches, per completed
@@ -92,6 +93,10 @@ Metrics per iteration (means over iterations are reported)
   iteration closed, plus microbatches completed twice (must be 0);
 * lost contributions: gradients of completed microbatches that died with a
   relay before its stage's all-reduce (see the rule in recovery.py).
+
+`TrainSim.trace`: set it to a list before `run` to record every computation,
+tensor transfer, control message, crash, iteration open and completed path
+(tuples, see `_apply`, `_trace_compute`): docs/bench_churn.md's analyses.
 """
 
 from __future__ import annotations
@@ -291,7 +296,7 @@ class TrainSim:
         self.rejoin = rejoin
         self.last_iter_s = 600.0
         self.events = 0
-        self.trace: list | None = None  # set to a list to record (kind, ...) tuples, see `_trace_compute`
+        self.trace: list | None = None  # set to a list to record (kind, ...) tuples (module docstring)
         self._opened_once: set[int] = set()
         self.reflow = reflow
         self.detect = detect
@@ -518,9 +523,6 @@ class TrainSim:
             st = self._it(it)
             st.lost_contrib += len(keys)
             st.lost_contrib_s += len(keys) * (FORWARD_S + BACKWARD_S)
-        busy = self._busy.get(nid, 0.0)
-        if busy > self.now:  # the computation in progress: count what ran
-            self._partial = getattr(self, "_partial", [])
         stage = self.stage[nid]
         for p, (end, tok, key) in list(self._agg_pending.items()):  # peers all-reducing with it wait
             if p != nid and p not in self.dead and self.stage[p] == stage and end > self.now:
@@ -564,9 +566,7 @@ class TrainSim:
                     if nid not in self.dead and nid != node:
                         self._apply(nid, self.nodes[nid].peer_gone(t, node))
                 continue
-            if node in self.dead:
-                if kind == _DONE and a[0] != "aggregate":  # partial work of a computation cut short
-                    pass
+            if node in self.dead:  # (a computation cut short by the crash is not counted)
                 continue
             m = self.nodes[node]
             self.events += 1
