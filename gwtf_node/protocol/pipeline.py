@@ -205,6 +205,7 @@ class Phases:
         self.done_reports: dict[int, dict[str, IterationDone]] = {}
         self.opened: set[int] = {0}
         self.groups: dict[int, dict[int, set[str]]] = {}  # iteration -> stage -> members (from BEGIN)
+        self.gone: set[str] = set()  # peers forgotten (crashed, left): never waited for again
 
     @property
     def is_data(self) -> bool:
@@ -256,8 +257,8 @@ class Phases:
         if msg.iteration in self.begun:
             return []
         self.begun.add(msg.iteration)
-        if msg.groups:
-            self.groups[msg.iteration] = {g.stage: set(g.peers) for g in msg.groups}
+        if msg.groups:  # (a peer this node already knows to be gone stays out: BEGIN may be older news)
+            self.groups[msg.iteration] = {g.stage: set(g.peers) - self.gone for g in msg.groups}
         eff: list = []
         if not self.is_data and self.stage < self.last_stage:
             eff += [Send(r, msg) for r in sorted(set(next_stage))]
@@ -273,6 +274,7 @@ class Phases:
 
         It leaves every aggregation group; iterations whose step is applied here
         and that waited only for it go on."""
+        self.gone.add(peer)
         for g in self.groups.values():
             for members in g.values():
                 members.discard(peer)

@@ -53,6 +53,7 @@ class LocalSwarm:
     faults: dict[str, str] = field(default_factory=dict)  # node name -> GWTF_FAULT spec (fault injection)
     expected_dead: set[str] = field(default_factory=set)  # killed on purpose: their exit is not an error
     kills: list[dict] = field(default_factory=list)
+    _kills_reported: int = 0
 
     def names(self) -> list[str]:
         return [f"d{i}" for i in range(self.data_nodes)] + [
@@ -185,6 +186,9 @@ class LocalSwarm:
                 last_progress = time.monotonic()
                 budget = self.iteration_timeout_s
                 self._churn_plan(got[nxt])
+                if self.churn > 0:  # relays SIGKILLed since the previous record
+                    got[nxt]["killed"] = [k["node"] for k in self.kills[self._kills_reported:]]
+                    self._kills_reported = len(self.kills)
                 yield got[nxt]
                 nxt += 1
             if nxt >= self.iterations:

@@ -286,7 +286,9 @@ class MembershipMixin:
     async def _join(self) -> None:
         """`--stage auto`: ask the leader for a stage (section V-B) and fetch its state."""
         for pid in list(self.peers):
-            self.peers[pid].rtt_ms = await self._measure_rtt(pid)
+            rtt = await self._measure_rtt(pid)
+            if pid in self.peers:  # (it may have died meanwhile)
+                self.peers[pid].rtt_ms = rtt
         cfg = JoinerConfig(self.me, self._measured_capacity(), self._stage_costs())
         self.capacity = cfg.capacity
         self.joiner = JoinerMachine(cfg)

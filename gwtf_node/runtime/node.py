@@ -288,7 +288,7 @@ class Node(MembershipMixin, TrainingMixin):
                 try:
                     with trio.move_on_after(10):
                         for pid, addrs in await self.host.find_providers(run_key):
-                            if pid != self.me and pid not in self.peers and addrs:
+                            if pid != self.me and pid not in self.peers and pid not in self.gone and addrs:
                                 addr = addrs[0] if "/p2p/" in addrs[0] else f"{addrs[0]}/p2p/{pid}"
                                 self.nursery.start_soon(self._dial, addr)
                 except Exception as e:  # noqa: BLE001
@@ -303,6 +303,8 @@ class Node(MembershipMixin, TrainingMixin):
             self._refuse(sender, f"Hello with role {msg.role!r} stage {msg.stage}")
             return
         self.gone.discard(sender)  # back (a restart keeps its peer id)
+        if self.phases is not None:
+            self.phases.gone.discard(sender)
         old = self.peers.get(sender)
         info = PeerInfo(sender, msg.role, msg.stage, msg.name, msg.capacity, tuple(msg.addrs),
                         old.rtt_ms if old else None, msg.joining, msg.ready_from, msg.leaving, msg.leave_after)
@@ -365,6 +367,9 @@ class Node(MembershipMixin, TrainingMixin):
 
     # ------------------------------------------------------------------ frames
     async def _send(self, peer: str, msg: m.Message, payload: bytes | memoryview = b"") -> bool:
+        if peer in self.gone and not isinstance(msg, (m.Hello, m.Goodbye)):
+            log.debug("%s to %s, which is gone: not sent", type(msg).__name__, peer[:16])
+            return False
         try:
             await self.host.send(peer, codec.encode(self.me, msg), payload)
             return True
@@ -451,7 +456,8 @@ class Node(MembershipMixin, TrainingMixin):
         elif isinstance(msg, m.Goodbye):
             self._on_goodbye(peer, msg)
         elif isinstance(msg, m.StageStateRequest):
-            await self._on_state_request(peer, msg)
+            # answered in its own task: it may wait for a step, and this peer's other frames (Pings) must not
+            self.nursery.start_soon(self._serve_state_request, peer, msg)
         elif isinstance(msg, m.StageState):
             await self._on_state(peer, msg, payload)
         else:
@@ -548,7 +554,11 @@ class Node(MembershipMixin, TrainingMixin):
             if nxt and prv and (self.role != "data" or self.leader_m is not None):
                 break
         for pid in sorted(set(nxt) | set(prv)):
-            self.peers[pid].rtt_ms = await self._measure_rtt(pid)
+            rtt = await self._measure_rtt(pid)
+            if pid in self.peers:  # (it may have died meanwhile)
+                self.peers[pid].rtt_ms = rtt
+        nxt = [p for p in nxt if p in self.peers or p == self.me]
+        prv = [p for p in prv if p in self.peers or p == self.me]
         self.flow_costs_next = {p: self._link_cost(p) for p in nxt}
         self.flow_costs_prev = {p: self._link_cost(p) for p in prv}
         commodities = tuple(self.data_nodes())
@@ -591,7 +601,9 @@ class Node(MembershipMixin, TrainingMixin):
         self.adding.add(peer)
         try:
             if side != "peer":
-                self.peers[peer].rtt_ms = await self._measure_rtt(peer)
+                rtt = await self._measure_rtt(peer)
+                if peer in self.peers:
+                    self.peers[peer].rtt_ms = rtt
             if peer not in self.peers or self._in_flow(peer):
                 return
             cost = self._link_cost(peer) if side != "peer" else 0.0
@@ -635,6 +647,14 @@ class Node(MembershipMixin, TrainingMixin):
                 self.compute_calls += 1
 
         return await trio.to_thread.run_sync(timed, limiter=self.torch_limiter)
+
+    async def _send_tensor(self, peer: str, msg: Any, tensor) -> bool:
+        from dataclasses import replace
+
+        from ..model.tensors import pack
+
+        header, payload = pack(tensor)
+        return await self._send(peer, replace(msg, tensor=header), payload)
 
     def _unpack(self, msg: Any, payload, what: str):
         from ..model.tensors import TensorError, unpack
@@ -754,6 +774,12 @@ class Node(MembershipMixin, TrainingMixin):
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(st, indent=1))
         os.replace(tmp, path)
+
+    async def _serve_state_request(self, peer: str, msg: m.StageStateRequest) -> None:
+        try:
+            await self._on_state_request(peer, msg)
+        except FrameRefused as e:
+            self._refuse(peer, str(e))
 
     async def _status_loop(self) -> None:
         while True:

@@ -153,6 +153,7 @@ class TrainingMixin:
         for e in effects:
             if isinstance(e, Send):
                 if e.to == "":  # IterationDone to "no leader": the daemon reports the iteration itself
+                    self.pipeline_s.setdefault(e.msg.iteration, trio.current_time() - self.iter_started)
                     self.nursery.start_soon(self._maybe_report_done)
                     continue
                 if isinstance(e.msg, (m.IterationDone, m.BeginAggregation, m.CanTake)):
