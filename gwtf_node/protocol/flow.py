@@ -167,9 +167,9 @@ class FlowConfig:
     launch_quiet_factor: float = 1.0  # data node: wait this x (time the wave took to reach it) after its last OUT change
     noroute_grace_s: float = 0.5  # a relay with an unpaired unit and no route waits this long before a DENY
     waves: bool | None = None  # label waves per augmentation; None: only with a single data node (see module doc)
-    same_wave_launches: bool = True
+    same_wave_launches: bool = True  # waves: launch again on a wave while it still has a tight route (see doc)
     wave_order_s: float = 0.005  # waves: a label L above its previous wave's floor F goes out (L - F) x this later
-    wave_order_cap_s: float = 0.05  # ... at most this much later  # waves: launch again on a wave while it still has a tight route (see doc)
+    wave_order_cap_s: float = 0.2  # ... at most this much later
     retry_epoch_rounds: float = 5.0  # several data nodes: a data node without a route starts a new wave this often
     joined: bool = False  # placed into a run whose flows already formed: run greedy moves at start (see doc)
     change_improve_rounds: float = 20.0  # rounds of greedy Request Redirect/Change after joining / a membership change
@@ -678,8 +678,24 @@ class FlowNode:
         return eff
 
     def on_message(self, now: float, sender: str, msg) -> list[Effect]:
-        eff: list[Effect] = []
         self._now = now
+        if type(msg) is CostAnnounce and len(msg.labels) == 1 and not self.cfg.is_data:
+            # the bulk of a wave: one next-stage IN label of the current wave, most of which change nothing
+            # here (what _on_announce does, without its generality)
+            lab = msg.labels[0]
+            d = lab.commodity
+            lin = self.lin.get(d)
+            if lab.side is Side.IN and lin is not None and lab.epoch == self.epoch[d] \
+                    and sender in self.cfg.next_costs and sender not in self._removed:
+                lin[sender] = lab
+                r = self._fold_in(d, sender)
+                if r == 1:
+                    return []
+                eff: list[Effect] = []
+                self._refresh((d,), eff, folds={d: []} if r == 2 else None)
+                self._act(now, eff)
+                return eff
+        eff = []
         handler = _HANDLERS.get(type(msg))
         if handler is None or sender in self._removed:
             self.stats.ignored += 1  # unknown, or from a removed peer (sent before it was removed)
