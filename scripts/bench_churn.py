@@ -58,11 +58,14 @@ def main() -> int:
     for setting in SETTINGS:
         for churn in CHURNS:
             for policy in ("swarm", "gwtf"):
-                runs = [run_train(setting, policy, churn, args.iterations, s) for s in range(args.seeds)]
+                runs = [run_train(setting, policy, churn, args.iterations, s, breakdown=True)
+                        for s in range(args.seeds)]
                 rows[(setting, churn, policy)] = {k: ms([r[k] for r in runs]) for k in KEYS}
                 rows[(setting, churn, policy)]["lost_total"] = sum(r["lost_microbatches"] for r in runs)
                 rows[(setting, churn, policy)]["unfinished_total"] = sum(r["unfinished_iterations"] for r in runs)
                 rows[(setting, churn, policy)]["restarts"] = sum(r["protocol"]["restarts"] for r in runs)
+                rows[(setting, churn, policy)]["waste_breakdown_s"] = {
+                    k: statistics.fmean(r["waste_breakdown_s"][k] for r in runs) for k in runs[0]["waste_breakdown_s"]}
                 for k in ("recovers", "resends", "probes", "gave_up"):
                     rows[(setting, churn, policy)][k] = sum(r["protocol"][k] for r in runs)
                 print(setting, churn, policy, {k: round(v[0], 2) for k, v in rows[(setting, churn, policy)].items()
@@ -114,6 +117,19 @@ def main() -> int:
                 for st, c, gw, sw, ok in waste),
             f"- GWTF lost microbatches over all runs: {lost}; GWTF unfinished (stalled) iterations: {unf} "
             f"(target 0: {'MET' if lost == 0 and unf == 0 else 'NOT MET'})\n"]
+    causes = list(rows[(SETTINGS[0], CHURNS[0], "gwtf")]["waste_breakdown_s"])
+    out += ["\n## Where the wasted compute goes\n",
+            "Seconds per iteration, mean over seeds (`TrainSim.waste_breakdown`: `lost_in_crash` = work off the "
+            "final path done by a relay that crashed afterwards; `off_path_live` = abandoned attempts or branches on "
+            "relays still alive; `repeated_on_path` = a final-path relay doing its stage again; `data_node` = a data "
+            "node's repeated work; `deferred` = work on deferred microbatches).\n",
+            "| setting | churn | policy | " + " | ".join(causes) + " | total |", "|---" * (4 + len(causes)) + "|"]
+    for setting in SETTINGS:
+        for c in CHURNS[1:]:
+            for p in ("swarm", "gwtf"):
+                b = rows[(setting, c, p)]["waste_breakdown_s"]
+                out.append(f"| {setting[7:]} | {int(c * 100)}% | {p} | " + " | ".join(f"{b[k]:.2f}" for k in causes)
+                           + f" | {sum(b.values()):.2f} |")
     if not args.no_sensitivity:
         out += ["\n## Sensitivity to the model's switches\n",
                 "Each row changes one option of `TrainSim` (default in parentheses in its docstring) for the "

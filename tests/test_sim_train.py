@@ -141,3 +141,12 @@ def test_runs_are_deterministic() -> None:
     a = T.run_train("table2-homogeneous", "gwtf", 0.1, 6, 4)
     b = T.run_train("table2-homogeneous", "gwtf", 0.1, 6, 4)
     assert a["per_iteration"] == b["per_iteration"]
+
+
+@pytest.mark.parametrize("policy", ["gwtf", "swarm"])
+def test_waste_breakdown_adds_up_to_the_reported_waste(policy: str) -> None:
+    rep = T.run_train("table2-homogeneous", policy, 0.2, 10, 0, breakdown=True)
+    assert sum(rep["waste_breakdown_s"].values()) == pytest.approx(rep["wasted_compute_s"], abs=1e-6)
+    if policy == "gwtf":  # no restart, no repeated work: only what died with crashed relays (and deferrals)
+        b = rep["waste_breakdown_s"]
+        assert b["repeated_on_path"] == b["data_node"] == b["off_path_live"] == 0.0

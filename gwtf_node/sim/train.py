@@ -602,6 +602,44 @@ class TrainSim:
                 self.trace.append(("path", self.now, key, tuple(dm.path), dm.attempt, dm.rounds))
 
     # ---- results -----------------------------------------------------------
+    def waste_breakdown(self, iterations: int) -> dict[str, float]:
+        """Wasted compute (seconds, summed over the closed iterations) by cause; needs `trace`.
+
+        Matches `report`'s wasted compute: a completed microbatch's useful work is one forward (or
+        recompute) and one backward per stage on its final path plus its data node's forward, loss and
+        final; everything else is waste, put in: `deferred` (work on microbatches deferred),
+        `lost_in_crash` (off the final path, done by a relay that crashed afterwards: it died with it),
+        `off_path_live` (off the final path on a relay still alive: abandoned attempts and branches),
+        `repeated_on_path` (a relay of the final path doing its stage again: restarts),
+        `data_node` (a data node's repeated work: restarts)."""
+        if self.trace is None:
+            raise ValueError("set `trace` to a list before `run`")
+        paths = {e[2]: e[3] for e in self.trace if e[0] == "path"}
+        crashed = {n for _, n in self.crashes}
+        out = dict.fromkeys(("deferred", "lost_in_crash", "off_path_live", "repeated_on_path", "data_node"), 0.0)
+        seen: set = set()
+        for e in self.trace:
+            if e[0] != "compute" or e[4] == "aggregate" or e[5][2] >= iterations:
+                continue
+            _, _, _, node, kind, key, dur = e
+            if key not in paths:
+                out["deferred"] += dur
+                continue
+            if node in DATA_NODES:
+                u = (key, node, kind)
+                cause = "data_node"
+            elif paths[key][self.stage[node]] == node:
+                u = (key, node, "bwd" if kind == "backward" else "fwd")
+                cause = "repeated_on_path"
+            else:
+                u = None
+                cause = "lost_in_crash" if node in crashed else "off_path_live"
+            if u is not None and u not in seen:
+                seen.add(u)
+                continue
+            out[cause] += dur
+        return out
+
     def ledger_check(self, iterations: int) -> tuple[int, int, int]:
         """(lost, deferred, completed twice) over the closed iterations."""
         lost = deferred = twice = 0
@@ -668,12 +706,21 @@ class TrainSim:
         }
 
 
-def run_train(setting: str, policy: str, churn: float, iterations: int, seed: int, **options) -> dict:
-    """One run; `options` are TrainSim's model switches (reflow, detect, join_mid_iteration, swarm_acts_on_gone)."""
+def run_train(setting: str, policy: str, churn: float, iterations: int, seed: int, *, breakdown: bool = False,
+              **options) -> dict:
+    """One run; `options` are TrainSim's model switches (reflow, detect, join_mid_iteration, swarm_acts_on_gone,
+    gwtf_acts_on_gone).  `breakdown`: trace the run and add `waste_breakdown_s` (seconds per iteration by cause,
+    `TrainSim.waste_breakdown`)."""
     s = make_setting(setting, seed)
     sim = TrainSim(s, policy, churn, seed, **options)
+    if breakdown:
+        sim.trace = []
     sim.run(iterations)
-    return sim.report(iterations)
+    rep = sim.report(iterations)
+    if breakdown:
+        n = max(1, sum(1 for p in rep["per_iteration"] if p["finished"]))
+        rep["waste_breakdown_s"] = {k: v / n for k, v in sim.waste_breakdown(iterations).items()}
+    return rep
 
 
 # ---- command line ----------------------------------------------------------------
