@@ -275,6 +275,9 @@ class Phases:
         It leaves every aggregation group; iterations whose step is applied here
         and that waited only for it go on."""
         self.gone.add(peer)
+        for it, reports in self.done_reports.items():  # a dead data node's microbatches do not count (recovery.py)
+            if it not in self.begun:
+                reports.pop(peer, None)
         for g in self.groups.values():
             for members in g.values():
                 members.discard(peer)

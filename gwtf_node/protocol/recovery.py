@@ -64,7 +64,8 @@ repair order, reports `BackwardStuck`); recursively up to the data node,
 which parks it with its embedding output (a new attempt, the holders
 released, no recompute) while others are in flight and retries on every
 slot-freeing event (`_launch`), or defers it.  A data node whose recovery
-finds every live stage-0 relay full parks it the same way.  Capacity counts microbatches whose activations
+finds every live stage-0 relay full parks it the same way.
+Capacity counts microbatches whose activations
 a node holds (taken until its backward is computed); the gradient a node
 sent upstream is kept (one tensor, for recovery) until the microbatch is
 released or the iteration aggregates.
@@ -90,7 +91,8 @@ hop deadline, or on its watchdog) runs a *round*: probe, then `_decide`:
   run up to the next bad stage (`rest`), so if the node to resume at died
   meanwhile its stage is recomputed too and the chain resumes at the next
   one.  A `Resume` is a control message answered at once: its deadline is
-  `probe_wait_s + margin_s`, and its answer is not a hand-off time sample.  The backward resumes from the stored
+  `probe_wait_s + margin_s`, and its answer is not a hand-off time sample.
+  The backward resumes from the stored
   gradient: one stage forward recomputed per crashed stage, no pipeline
   restart.
 * No bad stage: if stage g is computing, nothing to do; otherwise the
@@ -236,7 +238,7 @@ class Rec:
     tried: set = field(default_factory=set)
     sent_at: float = 0.0
     ordered: bool = False  # executing a RepairOrder: my stash is the original forward's, keep it on failure
-    parked: bool = False  # ordered to repair, every live next-stage peer full: retried on their Room
+    parked: bool = False  # no next hop with room: output (and any repair order) kept, retried (module doc)
 
 
 @dataclass
@@ -612,7 +614,9 @@ class RecoveryNode:
             r.ordered = True
             if self.stage < self.cfg.last_stage:
                 self._presume_dead(r.next)
-            r.tried = ({r.next} if r.next is not None and r.next not in self.cfg.data_nodes else set()) | (r.tried & {""})
+            tried_before = r.tried
+            r.tried = {r.next} if r.next is not None and r.next not in self.cfg.data_nodes else set()
+            r.tried |= {""} & tried_before  # (a parked record's one deadline retry is spent)
             r.rest = tuple(msg.rest)
             self.stats.reroutes += 1
             self._route(now, r, eff)
@@ -1112,6 +1116,15 @@ class RecoveryNode:
                 if self.mbs.get(m.key) is m and not m.collecting and peer in m.holders:
                     self._trouble(now, m, eff)
             self._launch(now, eff)
+        if peer in self.cfg.data_nodes and not self.is_data:
+            # a data node died: its microbatches die with it (their owner and ledger are gone).  Rule: none of
+            # its microbatches of an iteration not yet aggregated counts anywhere (which of them completed
+            # died with it), so their contributions are dropped too.
+            for key in [k for k in self.mbs if k[0] == peer]:
+                self._drop(key, eff)
+            for it, keys in self.contrib.items():
+                if it not in self.begun:
+                    self.contrib[it] = {k for k in keys if k[0] != peer}
         return eff
 
 

@@ -333,6 +333,12 @@ class TrainingMixin:
         if self.rec is not None:
             self._sync_rec()
             self._apply_rec(self.rec.peer_gone(now, peer))
+        if self.role == "data" and self.phases is not None and self.is_leader():
+            # a data node may be gone: the leader need not wait for its IterationDone any more
+            for it, reports in sorted(self.phases.done_reports.items()):
+                if it not in self.phases.begun and reports:
+                    sender, msg = next(iter(sorted(reports.items())))
+                    self._on_iteration_done(sender, msg)
         for gkey, (group, scope) in list(self._ar_scopes.items()):
             if peer in group:
                 log.info("all-reduce %s waits for %s, which is gone: redone among the survivors", gkey, self._who(peer))
