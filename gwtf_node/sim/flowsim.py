@@ -131,6 +131,7 @@ def run_gwtf(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowCon
     extra = {"inconsistent_links": mismatched,
              "wall_limited": bool(limited),
              "moves": sum(m.stats.moves_done for m in nodes.values()),
+             "waves": sum(m.epoch[nid] for nid, m in nodes.items() if m.cfg.is_data and m.waves),
              "messages_by_type": dict(sorted(sim.stats.messages_by_type.items()))}
     return RoutingResult(scenario.name, "gwtf", seed, flows, rounds=done, converged_round=converged,
                          messages=sim.stats.messages, extra=extra)
