@@ -215,3 +215,37 @@ def test_simultaneous_crashes_of_consecutive_stages_are_repaired_without_restart
     assert len(sim.crashes) == 3
     assert rep["protocol"]["recovers"] >= 3 and rep["protocol"]["restarts"] == 0
     check_exactly_once(sim, ITERS)
+
+
+@pytest.mark.parametrize("policy", ["gwtf", "swarm"])
+@pytest.mark.parametrize("moment", ["forward", "loss", "aggregation"])
+def test_leader_data_node_crash(policy: str, moment: str) -> None:
+    """The leader itself (data node d0) crashes in iteration 1: in its forward pass, at its loss, or when its
+    aggregation begins.  Its microbatches die with it (relays drop them and their gradients); d1 leads after
+    the membership layer reports the crash, and training goes on: every later iteration completes d1's
+    microbatches, nothing of d1's is lost, no iteration stalls."""
+    when = {
+        "forward": lambda n, e, p: n == "d0" and e == "done" and p[1] == "forward" and p[0][2] == 1,
+        "loss": lambda n, e, p: n == "d0" and e == "done" and p[1] == "loss" and p[0][2] == 1,
+        "aggregation": lambda n, e, p: relay(n) and e == "msg" and type(p[1]) is BeginAggregation
+        and p[1].iteration == 1,
+    }[moment]
+    iters = 4
+    s = T.make_setting("table2-homogeneous", 0)
+    sim = T.TrainSim(s, policy, 0.0, 0)
+    sim.fired = False
+    for nid in list(sim.nodes):
+        sim.nodes[nid] = Spy(sim, nid, sim.nodes[nid], when, lambda n, p: "d0")
+    sim.run(iters)
+    rep = sim.report(iters)
+    assert sim.fired and sim.crashes[0][1] == "d0"
+    assert rep["unfinished_iterations"] == 0, rep
+    assert rep["lost_microbatches"] == 0, rep
+    d1 = sim.nodes["d1"]
+    assert d1.cfg.leader == "d1" and d1.iteration >= iters
+    for it in range(iters):
+        c = d1.ledger.counts(it)
+        assert c["pending"] == c["inflight"] == 0, (it, c)
+    for nid, m in sim.nodes.items():  # nobody still holds a microbatch of the dead data node
+        if nid not in sim.dead and relay(nid):
+            assert not [k for k in m.mbs if k[0] == "d0"], nid

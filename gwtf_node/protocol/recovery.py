@@ -159,7 +159,7 @@ own crash (election) is the business of `leader.py`.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from .effects import CancelTimer, Send, SetTimer
@@ -1116,16 +1116,44 @@ class RecoveryNode:
                 if self.mbs.get(m.key) is m and not m.collecting and peer in m.holders:
                     self._trouble(now, m, eff)
             self._launch(now, eff)
-        if peer in self.cfg.data_nodes and not self.is_data:
-            # a data node died: its microbatches die with it (their owner and ledger are gone).  Rule: none of
-            # its microbatches of an iteration not yet aggregated counts anywhere (which of them completed
-            # died with it), so their contributions are dropped too.
+        if peer in self.cfg.data_nodes:
+            self._data_node_gone(now, peer, eff)
+        return eff
+
+    def _data_node_gone(self, now: float, peer: str, eff: list) -> None:
+        """A data node died: its microbatches die with it (their owner and ledger are gone).
+
+        Rule: none of its microbatches of an iteration not yet aggregated counts
+        anywhere (which of them completed died with it): relays drop them and
+        their contributions, its IterationDone no longer counts.  If it was the
+        leader, the lowest surviving data node leads (the outcome of the
+        election of `leader.py`, whose bound the driver accounts for; a driver
+        that runs the aggregation itself, with no leader here, is unaffected);
+        data nodes send their pending IterationDone to it."""
+        if not self.is_data:
             for key in [k for k in self.mbs if k[0] == peer]:
                 self._drop(key, eff)
             for it, keys in self.contrib.items():
                 if it not in self.begun:
                     self.contrib[it] = {k for k in keys if k[0] != peer}
-        return eff
+        rest = tuple(d for d in self.cfg.data_nodes if d != peer)
+        leader = self.cfg.leader
+        if leader == peer:
+            leader = min(rest) if rest else ""
+        changed = leader != self.cfg.leader
+        self.cfg = replace(self.cfg, data_nodes=rest, leader=leader)
+        if not self.is_data or not leader:
+            return
+        for it, reps in self.done_reports.items():
+            if it not in self.begun:
+                reps.pop(peer, None)
+        for it in sorted(self.reported - self.begun):
+            c = self.ledger.counts(it)
+            msg = IterationDone(it, c["completed"], 0.0)
+            if leader == self.me:
+                self._on_iteration_done(now, self.me, msg, eff)
+            elif changed:
+                eff.append(Send(leader, msg))
 
 
 def _k(key: Key) -> str:

@@ -293,6 +293,7 @@ class TrainSim:
         self.joins = 0
         self.crashes: list[tuple[float, str]] = []
         self.crash_plan = sorted(crash_plan or [])
+        self.data_crashed: dict[str, int] = {}  # a data node that crashed -> the iteration it was in
         self.rejoin = rejoin
         self.last_iter_s = 600.0
         self.events = 0
@@ -331,8 +332,8 @@ class TrainSim:
         if stage < 0:
             nxt, prv = self._peers(0, nid), self._peers(S - 1, nid)
         else:
-            nxt = list(DATA_NODES) if stage == S - 1 else self._peers(stage + 1, nid)
-            prv = list(DATA_NODES) if stage == 0 else self._peers(stage - 1, nid)
+            nxt = list(self._live_data()) if stage == S - 1 else self._peers(stage + 1, nid)
+            prv = list(self._live_data()) if stage == 0 else self._peers(stage - 1, nid)
         cost = lambda a, b: self.net.transfer_s(a, b, ACTIVATION_MB) + self.net.transfer_s(b, a, ACTIVATION_MB)  # noqa: E731
         prior = {j: self._prior(nid, j, False) for j in nxt}
         prior.update({j: self._prior(nid, j, True) for j in prv})
@@ -342,7 +343,7 @@ class TrainSim:
             self._e2e = 2 * (S + 1) * hop + IDEAL_MB_S  # launch -> final backward, no queueing
         e2e = self._e2e
         cfg = RecoveryConfig(
-            node_id=nid, stage=stage, last_stage=S - 1, capacity=cap, data_nodes=DATA_NODES, leader=DATA_NODES[0],
+            node_id=nid, stage=stage, last_stage=S - 1, capacity=cap, data_nodes=self._live_data(), leader=min(self._live_data()),
             next_peers={j: cost(nid, j) for j in nxt}, prev_peers={j: cost(nid, j) for j in prv},
             peer_capacity={j: self.cap.get(j, MICROBATCHES) for j in nxt + prv}, prior_s=prior,
             e2e_prior_s=e2e, agg_wait_s=AGG_PEER_TIMEOUT_S + 15.0, policy=self.policy,
@@ -430,10 +431,10 @@ class TrainSim:
             # joiners ran the flow machines since their download finished: settled FLOW_CONVERGE_S after that
             settle = max((t for t, *_ in ready), default=-math.inf) + FLOW_CONVERGE_S
             if settle <= self.now:
-                self._install(self._live_members(), DATA_NODES)
+                self._install(self._live_members(), self._live_data())
             else:
                 if self._lent:  # every data node has microbatches again: the flows shared by all of them
-                    self._install(self._flow_members, DATA_NODES)
+                    self._install(self._flow_members, self._live_data())
                 self._push(settle, _REFLOW, "", self._live_members(), None)
         if self.churn > 0:
             for r in sorted(self.stage):
@@ -453,17 +454,20 @@ class TrainSim:
             return
         self._push(self.now + FLOW_CONVERGE_S, _REFLOW, "", self._live_members(), None)
 
+    def _live_data(self) -> tuple[str, ...]:
+        return tuple(d for d in DATA_NODES if d not in self.dead)
+
     def _active(self) -> tuple[str, ...]:
         """Data nodes with microbatches of their current iteration left (or already in the next one)."""
-        top = max(self.nodes[d].iteration for d in DATA_NODES)
-        return tuple(d for d in DATA_NODES
+        top = max(self.nodes[d].iteration for d in self._live_data())
+        return tuple(d for d in self._live_data()
                      if self.nodes[d].iteration < top or self.nodes[d].iteration not in self.nodes[d].reported)
 
     def _on_reflow(self, members: dict) -> None:
         active = self._active()
-        done_at = [self._done_at.get((d, self.nodes[d].iteration)) for d in DATA_NODES if d not in active]
+        done_at = [self._done_at.get((d, self.nodes[d].iteration)) for d in self._live_data() if d not in active]
         if any(t is None or t > self.now - FLOW_CONVERGE_S + 1e-9 for t in done_at):
-            active = DATA_NODES if done_at else active  # a data node's demand went to 0 too recently to be seen
+            active = self._live_data() if done_at else active  # a data node's demand went to 0 too recently to be seen
         self._install(members, active)
 
     def _install(self, members: dict, active: tuple[str, ...]) -> None:
@@ -473,7 +477,7 @@ class TrainSim:
         flows = initial_flows(Setting(self.setting.name, members, self.net), active)
         self.reflows += 1
         self._flow_members = members
-        self._lent = tuple(active) != DATA_NODES
+        self._lent = tuple(active) != self._live_data()
         for nid in sorted(self.nodes):
             if nid not in self.dead:
                 self._apply(nid, self.nodes[nid].set_flows(flows.get(nid, {}), now=self.now))
@@ -483,7 +487,7 @@ class TrainSim:
         not while an aggregation is under way (then: at the next open, with the new parameters)."""
         if not self.join_mid_iteration:
             return
-        lead = self.nodes[DATA_NODES[0]]
+        lead = self.nodes[self._live_data()[0]]
         if lead.iteration in lead.begun:
             return
         for j in [j for j in self.pending_joins if j[1] == old]:
@@ -500,8 +504,8 @@ class TrainSim:
         self._make(nid, stage, cap)
         cost = lambda a, b: self.net.transfer_s(a, b, ACTIVATION_MB) + self.net.transfer_s(b, a, ACTIVATION_MB)  # noqa: E731
         S = self.S
-        prv = list(DATA_NODES) if stage == 0 else self._peers(stage - 1, nid)
-        nxt = list(DATA_NODES) if stage == S - 1 else self._peers(stage + 1, nid)
+        prv = list(self._live_data()) if stage == 0 else self._peers(stage - 1, nid)
+        nxt = list(self._live_data()) if stage == S - 1 else self._peers(stage + 1, nid)
         for p in prv:
             self._apply(p, self.nodes[p].on_peer_joined(self.now, nid, next_stage=True, capacity=cap,
                                                        cost=cost(p, nid), prior_s=self._prior(p, nid, False)))
@@ -533,7 +537,9 @@ class TrainSim:
         self._schedule_reflow()
         if self.detect:
             self._push(self.now + DETECT_S, _GONE, nid, None, None)
-        if self.rejoin:
+        if nid in DATA_NODES:
+            self.data_crashed[nid] = self.nodes[nid].iteration
+        elif self.rejoin:
             peers = self._peers(stage, nid)
             dl = STAGE_STATE_MB * 8.0 / min(self.net.link(p, nid)[1] for p in peers) if peers else 0.0
             self.pending_joins.append((self.now + REJOIN_S + dl, nid, stage, self.cap[nid]))
@@ -546,7 +552,7 @@ class TrainSim:
         lead = self.nodes[DATA_NODES[0]]
         heap = self._heap
         while heap:
-            if all(self.nodes[d].iteration >= iterations for d in DATA_NODES):
+            if all(self.nodes[d].iteration >= iterations for d in self._live_data()):
                 break
             t, _, kind, node, a, b = heapq.heappop(heap)
             if t > limit:
@@ -646,8 +652,8 @@ class TrainSim:
         for d in DATA_NODES:
             led = self.nodes[d].ledger
             for it, row in led.entries.items():
-                if it >= iterations:
-                    continue
+                if it >= iterations or it >= self.data_crashed.get(d, math.inf):
+                    continue  # (a crashed data node's open iteration died with it, its ledger too)
                 for st in row.values():
                     if st in (MbStatus.PENDING, MbStatus.INFLIGHT):
                         lost += 1
@@ -661,11 +667,13 @@ class TrainSim:
         per = []
         for it in range(iterations):
             st = self.iters.get(it)
-            completed = sum(self.nodes[d].ledger.counts(it)["completed"] for d in DATA_NODES)
-            if st is None or len(st.closed) < len(DATA_NODES):
+            completed = sum(self.nodes[d].ledger.counts(it)["completed"] for d in DATA_NODES
+                            if self.data_crashed.get(d, math.inf) > it)
+            alive = [d for d in DATA_NODES if self.data_crashed.get(d, math.inf) > it]
+            if st is None or any(d not in st.closed for d in alive):
                 per.append({"iteration": it, "finished": False, "completed": completed})
                 continue
-            dur = max(st.closed[d] - st.opened[d] for d in DATA_NODES)
+            dur = max(st.closed[d] - st.opened[d] for d in alive)
             useful = completed * IDEAL_MB_S
             per.append({
                 "iteration": it, "finished": True, "completed": completed, "iteration_s": dur,
