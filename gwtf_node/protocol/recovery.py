@@ -152,8 +152,12 @@ contributions (SWARM's restarted attempts, duplicate branches), so a
 microbatch contributes at most once per stage among the nodes the data node
 knows of.
 
-Leader: a persistent data node here (as the two data nodes of Table II); its
-own crash (election) is the business of `leader.py`.
+A data node that dies (`peer_gone`, `_data_node_gone`) takes its
+microbatches with it: relays drop them and their contributions, its
+IterationDone stops counting; if it led, the lowest surviving data node leads
+(the outcome of `leader.py`'s election, whose timing the driver accounts
+for) and the others send it their pending IterationDone.  The daemon runs the
+aggregation itself (`pipeline.Phases`) and gives this machine no leader.
 """
 
 from __future__ import annotations
