@@ -368,8 +368,15 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"{state:<16} {flows}")
         if "last_iteration" in st:
             li = st["last_iteration"]
-            print(f"         last iteration {li['iteration']}: loss {li['loss']:.4f}, "
-                  f"{li['microbatches']} microbatches, {li['seconds']:.2f} s")
+            loss = f"{li['loss']:.4f}" if li.get("loss") is not None else "-"
+            print(f"         last iteration {li['iteration']}: loss {loss}, {li['microbatches']} microbatches "
+                  f"({li.get('deferred', 0)} deferred, {li.get('lost', 0)} lost), {li['seconds']:.2f} s")
+        rec = {k: v for k, v in (st.get("recovery") or {}).items() if v}
+        if st.get("presumed_dead") or rec or st.get("lost_contributions"):
+            lost_c = sum((st.get("lost_contributions") or {}).values())
+            print(f"         crashes seen: {len(st.get('presumed_dead') or [])} peers presumed dead; "
+                  f"recovery {', '.join(f'{k} {v}' for k, v in sorted(rec.items())) or 'none'}; "
+                  f"{lost_c} contributions lost with a relay")
     return 0
 
 
