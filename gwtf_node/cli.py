@@ -292,6 +292,10 @@ def cmd_local(args: argparse.Namespace) -> int:
     if not args.json and records:
         print(f"done: loss {records[0]['loss']:.4f} -> {records[-1]['loss']:.4f} over {len(records)} iterations; "
               f"node logs and checkpoints in {workdir}", file=sys.stderr)
+    if not args.json and args.churn > 0:
+        print(f"churn: {len(swarm.kills)} relay(s) SIGKILLed and restarted as joiners; microbatches completed "
+              f"{sum(r.get('completed', 0) for r in records)}, deferred {sum(r.get('deferred', 0) for r in records)}, "
+              f"lost {sum(r.get('lost', 0) for r in records)}", file=sys.stderr)
     return 0
 
 
