@@ -34,7 +34,8 @@ Label waves (one data node).  Free-running distance vectors explode with
 depth: every unit that moves raises labels, and a rise explores path after
 path (80 relays x 16 stages: 326k CostAnnounce for 6 units).  So with a
 single data node the labels are recomputed in *epochs*: when its launched
-unit settles, the data node starts epoch e+1 by announcing its sink label;
+unit settles and the wave has no tight route left ("Several units per wave"
+below), the data node starts epoch e+1 by announcing its sink label;
 a node that hears a label of a newer epoch drops every label of the older
 one for that commodity and recomputes from scratch.  Within an epoch labels
 only fall (Bellman-Ford from infinity on a residual graph without negative
@@ -76,12 +77,17 @@ A unit that can neither go on nor retreat (its arrival is not the last step
 logged: undoing older steps would unwind settled units) is held; the data
 node starts a new wave when its launch has not settled in 2 x the wave's
 time + `launch_settle_s` ("stuck" timer), and the held unit moves once the new
-wave's labels at its node have been still for a while.  After a membership
-change nobody may start that wave: a held unit goes the old way (on its OUT
-label at any cost, or DENY) after `retry_epoch_rounds`, and so does every unit
-at a node that retreated more than MAX_RETREATS_PER_WAVE times in one wave.
+wave's labels at its node have been still for a while (the stuck timer starts
+waves while the launch is out: capping them at 4 per launch left 1,000 x 16
+at 77 of 89 flows after 120 rounds).  A
+membership change makes the steps logged and the potentials of the wave
+meaningless: at that node (and at the data node for its launches) the rest of
+the wave goes the old way, routing on the labels at any cost
+(`_membership_changed`); so does a held unit after `retry_epoch_rounds` (nobody
+may start the wave it waits for), and every unit at a node that retreated more
+than MAX_RETREATS_PER_WAVE times in one wave.
 Measured on 1,000 relays x 16 stages: 89 augmentations at 39 distinct
-distances; the waves fall from 89 to about 50.  Settings 1-4 stay at the exact
+distances take 64 waves (stuck waves included).  Settings 1-4 stay at the exact
 optimum (docs/bench_flow.md).
 
 Cost of a wave.  Almost every message of a wave is one next-stage IN label;
@@ -167,8 +173,10 @@ remaining flow may have negative cycles), so after a change the neighbours
 (and a joiner) run greedy Request Redirect / Request Change, no annealing,
 for `change_improve_rounds`: that is also how flows move to a cheaper
 newcomer.  Measured (docs/bench_flow_churn.md): Table V settings 1 / 3, 10 %
-of the relays killed, every run back at the new maximum flow at 1.03 / 1.05
-of the new optimum (worst 1.14 / 1.19).
+of the relays killed, every run back at the new maximum flow at 1.07 / 1.07
+of the new optimum (worst 1.27 / 1.34); before several units per wave 1.03 /
+1.05 (worst 1.14 / 1.19): re-forming is not exact, and starts from flows that
+more of the same-wave units took.
 """
 
 from __future__ import annotations
@@ -186,6 +194,7 @@ from .messages import (
 
 EPS = 1e-9  # costs closer than this are equal
 MAX_REJECTS_BEFORE_WAIT = 4  # consecutive rejections before a unit waits for the next tick
+MAX_STUCK_WAVES = 1000  # waves the stuck timer may start for one launch (4 left 1,000 x 16 at 77 / 89 flows)
 MAX_RETREATS_PER_WAVE = 16  # same-wave launches: more retreats at one node in one wave is a loop (see _gate)
 MAX_STASHED_SENDERS = 256  # labels kept from senders that are not (yet) neighbours (see add_neighbour)
 SIDES = ("next", "prev", "peer")
@@ -351,7 +360,8 @@ class FlowNode:
         self._retreats: dict[str, tuple[int, int]] = {}  # commodity -> (wave, retreats in it)  # commodity -> wave in which a held unit was let go the old way  # commodity -> wave in which a unit got stuck here (held for the next one)
         self._heard_at: dict[str, float] = {}  # when this wave's first label arrived
         self._quiet_at: dict[str, float] = {}  # held units move on after this (labels of the new wave still)
-        self._stuck_epoch = -1  # data node: the wave of the launch the "stuck" timer watches
+        self._stuck_epoch = -1
+        self._stuck_waves = 0  # waves started by the stuck timer for the current launch  # data node: the wave of the launch the "stuck" timer watches
         self._cache: dict[str, tuple] = {}
         self._idle = False  # set by a handler whose message changed nothing (on_message skips _act)  # commodity -> (state signature, f_out, b_out, f_in, b_in): see _compute
         self.greedy_until = -INF  # greedy improvement moves (no annealing) until then (see "Membership changes")
@@ -940,8 +950,11 @@ class FlowNode:
 
     def _maybe_stuck(self, now: float, eff: list[Effect]) -> None:
         d = self.cfg.node_id
-        if self._stuck_epoch == self.epoch[d] and (self.launch_pending > 0 or self.token_pending):
-            self._new_epoch(now, eff)  # once: a unit lost for good is `_maybe_lost_settlement`'s
+        if self._stuck_epoch == self.epoch[d] and (self.launch_pending > 0 or self.token_pending) \
+                and self._stuck_waves < MAX_STUCK_WAVES:
+            self._stuck_waves += 1
+            self._new_epoch(now, eff)
+            self._arm_stuck(now, eff)
 
     def _membership_changed(self) -> None:
         """A neighbour came or went: this wave's steps and potentials say nothing reliable any more; the
@@ -1162,6 +1175,7 @@ class FlowNode:
         if self.waves:
             self.epoch_launches += 1
             if self._walking():
+                self._stuck_waves = 0
                 self._arm_stuck(now, eff)
             self._relaunch_at = self.next_launch  # restored if the launch is rejected
             self.next_launch = INF  # the next launch waits for the wave its settlement starts
