@@ -59,7 +59,9 @@ def test_swarm_equals_centralized(tmp_path: Path, family: str, data_nodes: int, 
         assert err < 1e-4, (name, float(err))
     assert seen == {"data", "stage0", "stage1"}
     # every relay did take part: both relays of a stage end with the same parameters as the reference
-    for name in swarm.names():
-        status = json.loads((tmp_path / name / "status.json").read_text())
+    statuses = {name: json.loads((tmp_path / name / "status.json").read_text()) for name in swarm.names()}
+    data_ids = {st["peer_id"] for st in statuses.values() if st["role"] == "data"}
+    for name, status in statuses.items():
         assert status["steps_applied"] == iterations, (name, status["steps_applied"])
-        assert not status["presumed_dead"], (name, status["presumed_dead"])
+        # nobody was taken for dead while training (data nodes that finished and exited may be, at the end)
+        assert set(status["presumed_dead"]) <= data_ids, (name, status["presumed_dead"])

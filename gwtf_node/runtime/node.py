@@ -431,6 +431,8 @@ class Node(MembershipMixin, TrainingMixin):
                 self.flow_queue.append((peer, msg))
             else:  # the machine keeps what a newcomer says until it is told to add it (add_neighbour)
                 self._apply(self.flow.on_message(trio.current_time(), peer, msg))
+                if self.rec is not None and self.role == "data":
+                    self._sync_rec()  # flows that changed reach the microbatch machine
         elif isinstance(msg, MB_MSGS):
             await self._on_mb_msg(peer, msg, payload)
         elif isinstance(msg, m.AllReduceChunk):

@@ -117,7 +117,8 @@ class TrainingMixin:
             rec.est.setdefault(j, HOP_PRIOR_S)
         if self.opts.policy == "gwtf" and self.flow is not None and self._rec_flow_stamp != self.flow.stats.last_change:
             self._rec_flow_stamp = self.flow.stats.last_change
-            rec.set_flows(self.flow.out)
+            # (a data node launches waiting microbatches on units that became free)
+            self._apply_rec(rec.set_flows(self.flow.out, trio.current_time()))
 
     # ------------------------------------------------------------------ frames in
     async def _on_mb_msg(self, peer: str, msg: Any, payload) -> None:
