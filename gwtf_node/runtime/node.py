@@ -687,7 +687,7 @@ class Node(MembershipMixin, TrainingMixin):
         if self.role == "data":
             mine = len(self.current.done) if self.current is not None and self.current.iteration == e.iteration else 0
         else:  # the contributions the recovery machine names: backward computed here, attempt not released
-            keys = sorted(self.contrib_for.pop(e.iteration, frozenset()), key=repr)
+            keys = sorted(self.contrib_for.pop(e.iteration, frozenset()))  # (data node, seq, iteration)
 
             def commit() -> int:
                 return sum(1 for k in keys if self.stage_model.commit(k))
