@@ -265,7 +265,7 @@ def cmd_local(args: argparse.Namespace) -> int:
     swarm = LocalSwarm(workdir, run_path, args.data_nodes, len(man.stages), args.relays_per_stage,
                        args.iterations, links=Path(args.links) if args.links else None, auto_stage=args.auto_stage,
                        joiners=args.joiners, join_every_s=args.join_every, policy=args.policy,
-                       churn=args.churn, seed=args.seed)
+                       churn=args.churn, seed=args.seed, relay_capacity=args.relay_capacity)
     bar = None
     if not args.json:
         print(f"local swarm in {workdir}: {args.data_nodes} data node(s), {len(man.stages)} stages x "
@@ -513,6 +513,8 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--join-every", type=float, default=5.0, metavar="SECONDS", help="time between two joiners")
     lo.add_argument("--auto-stage", action="store_true",
                     help="relays join with --stage auto (one at a time) instead of being placed by the launcher")
+    lo.add_argument("--relay-capacity", type=_positive_int, default=None, metavar="C",
+                    help="microbatches a relay holds at once (default: the demand spread over the relays of a stage)")
     lo.add_argument("--policy", choices=("gwtf", "swarm"), default="gwtf",
                     help="microbatch routing and crash recovery of every node: GWTF's, or SWARM's (the baseline)")
     lo.add_argument("--churn", type=_probability, default=0.0, metavar="P",
