@@ -188,6 +188,7 @@ class LocalSwarm:
                 self._churn_plan(got[nxt])
                 if self.churn > 0:  # relays SIGKILLed since the previous record
                     got[nxt]["killed"] = [k["node"] for k in self.kills[self._kills_reported:]]
+                    got[nxt]["killed_holding"] = [k["holding"] for k in self.kills[self._kills_reported:]]
                     self._kills_reported = len(self.kills)
                 yield got[nxt]
                 nxt += 1
@@ -246,11 +247,16 @@ class LocalSwarm:
             if p is None or p.poll() is not None:
                 continue
             self.expected_dead.add(name)
+            try:  # what it held (its status.json, at most a second old): which pass the kill hit
+                holding = json.loads((self.state_dir(name) / "status.json").read_text()).get("holding", {})
+            except (OSError, json.JSONDecodeError):
+                holding = {}
             try:
                 os.killpg(p.pid, signal.SIGKILL)
             except ProcessLookupError:
                 continue
-            self.kills.append({"node": name, "time": time.time(), "after_iteration": len(self.records()) - 1})
+            self.kills.append({"node": name, "time": time.time(), "after_iteration": len(self.records()) - 1,
+                               "holding": holding})
             self._restarts.append(now + self.rejoin_after_s)
         for t in [t for t in self._restarts if t <= now]:
             self._restarts.remove(t)

@@ -771,11 +771,20 @@ class Node(MembershipMixin, TrainingMixin):
             "policy": self.opts.policy, "presumed_dead": sorted(self.crashed),
             "lost_contributions": {str(k): v for k, v in self.lost_contributions.items()},
             "recovery": dict(vars(self.rec.stats)) if self.rec is not None else {},
+            "holding": self._holding(),
             "pid": os.getpid(), "time": time.time(),
         }
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(st, indent=1))
         os.replace(tmp, path)
+
+    def _holding(self) -> dict[str, int]:
+        """Microbatches this relay holds, by phase (fwd/sending/sent: forward pass; bwd/grad/done: backward)."""
+        out: dict[str, int] = {}
+        if self.rec is not None and self.role == "relay":
+            for r in self.rec.mbs.values():
+                out[r.phase] = out.get(r.phase, 0) + 1
+        return out
 
     async def _serve_state_request(self, peer: str, msg: m.StageStateRequest) -> None:
         try:
