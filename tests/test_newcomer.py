@@ -59,5 +59,7 @@ async def test_newcomer_joins_mid_run(tmp_path: Path) -> None:
     assert torch.equal(new["params"], peer["params"])  # bit for bit: same state, same all-reduced update
 
     records = swarm.records()[: last + 1]
-    ref = train_centralized(man, last + 1)
+    # (the record of the last step may be missing: the data node was stopped while that aggregation ran)
+    assert len(records) >= last, (len(records), last)
+    ref = train_centralized(man, len(records))
     assert [r["loss"] for r in records] == pytest.approx(ref.losses, rel=1e-4)  # the join did not disturb training
