@@ -35,6 +35,8 @@ VARIANTS = (
      "flow machines ran)", ("gwtf",), {"routing": "oracle"}),
     ("GWTF flows: oracle's initial optimum + local repair only", ("gwtf",), {"routing": "oracle", "reflow": False}),
     ("GWTF without lending (a finished data node's units stay idle)", ("gwtf",), {"lend": False}),
+    ("one wave per iteration: what finds no route is deferred (the paper's reading)", ("swarm", "gwtf"),
+     {"one_wave": True}),
     ("GWTF flow machines with label waves (the simulator's setting before ordered launches)", ("gwtf",),
      {"flow_options": {"waves": True}}),
     ("joiners only at the next iteration open", ("swarm", "gwtf"), {"join_mid_iteration": False}),
@@ -143,7 +145,7 @@ def main() -> int:
         out += ["\n## Sensitivity to the model's switches\n",
                 "Each row changes one option of `TrainSim` (default in parentheses in its docstring) for the "
                 "policies named, same seeds; time per microbatch (min) / wasted compute (s / iteration), mean over "
-                "seeds, next to the default run above.\n",
+                "seeds, next to the default run above; the throughput (microbatches per iteration) where it is below 8.\n",
                 "| variant | " + " | ".join(f"{st[7:]} {int(c * 100)}% {p}" for st in SETTINGS for c in CHURNS[1:]
                                           for p in ("SWARM", "GWTF")) + " |",
                 "|---" * (1 + 2 * len(SETTINGS) * len(CHURNS[1:])) + "|"]
@@ -166,10 +168,13 @@ def main() -> int:
                         runs = [run_train(st, p, c, args.iterations, s, **opt) for s in range(args.seeds)]
                         t = ms([r["time_per_microbatch_s"] for r in runs])[0]
                         w = ms([r["wasted_compute_s"] for r in runs])[0]
+                        thr = ms([r["throughput_per_iteration"] for r in runs])[0]
                         bad = sum(r["lost_microbatches"] + r["unfinished_iterations"] for r in runs)
                         sens["|".join((label, st, str(c), p))] = {"time_per_microbatch_s": t, "wasted_compute_s": w,
+                                                                  "throughput_per_iteration": thr,
                                                                   "lost_or_unfinished": bad}
-                        cells.append(f"{t / 60:.2f} / {w:.2f}" + (f" ({bad} lost/stalled)" if bad else ""))
+                        cells.append(f"{t / 60:.2f} / {w:.2f}" + (f" ({thr:.1f} microb/it)" if thr < 7.99 else "")
+                                     + (f" ({bad} lost/stalled)" if bad else ""))
             out.append(f"| {label} | " + " | ".join(cells) + " |")
             print(label, flush=True)
         rows[("sensitivity",)] = sens

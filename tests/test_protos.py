@@ -132,6 +132,7 @@ STRATEGIES.update({
                         rest=small_tuples(ids), tensor=st.none() | tensors),
     m.BackwardStuck: st.builds(m.BackwardStuck, data_node=ids, seq=u64, iteration=u64, stage=i32),
     m.Room: st.builds(m.Room, free=u32),
+    m.Lend: st.builds(m.Lend, iteration=u64, hop=ids),
     m.Release: st.builds(m.Release, data_node=ids, seq=u64, iteration=u64),
 })
 STRATEGIES.update({  # recovery.py: the attempt number, the data node's probe answers and repair orders

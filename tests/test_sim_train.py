@@ -252,3 +252,91 @@ def test_a_relay_borrows_an_idle_unit_of_another_data_node_before_repairing_loca
 def test_lending_switch_loses_nothing(lend: bool) -> None:
     rep = T.run_train("table2-heterogeneous", "gwtf", 0.2, 8, 3, lend=lend)
     assert rep["lost_microbatches"] == 0 and rep["unfinished_iterations"] == 0
+
+
+def _sent(eff, t) -> list:
+    return [e for e in eff if hasattr(e, "msg") and type(e.msg) is t]
+
+
+@pytest.mark.parametrize("lend", [True, False])
+def test_a_unit_lent_by_the_other_data_node_is_launched_on(lend: bool) -> None:
+    """Lend: one unit of d1's flows through b is idle for the iteration; my own unit is busy: I launch on b."""
+    from gwtf_node.protocol.messages import Lend
+    m = _data(lend)
+    m.set_flows({"d0": {"a": 1}})
+    assert len([e for e in m.start(0.0) if type(e) is Compute]) == 1
+    assert len([e for e in m.on_message(5.0, "d1", Lend(1, "b")) if type(e) is Compute]) == 0  # another iteration
+    for _ in range(2):
+        eff = m.on_message(5.0, "d1", Lend(0, "b"))
+        assert len([e for e in eff if type(e) is Compute]) == (1 if lend else 0)
+    fw = [e for e in m.on_compute_done(6.0, ("d0", 1, 0), "forward") if type(e) is not Compute]
+    if lend:
+        assert [e.to for e in _sends(fw, Forward)] == ["b"]
+        assert m.stats.borrowed == 2
+
+
+def _walk_one_microbatch(m: RecoveryNode, relay: str) -> list:
+    """Drive a data node's only microbatch through a one-stage pipeline (relay `relay`); the final effects."""
+    k = ("d0", 0, 0)
+    m.on_compute_done(0.1, k, "forward")
+    m.on_message(0.5, relay, Complete(*k, 0))
+    m.on_message(1.0, relay, Forward(*k, ("d0", relay), None, 0))
+    m.on_compute_done(1.1, k, "loss")
+    m.on_message(1.5, relay, Complete(*k, 0))
+    m.on_message(2.0, relay, Backward(*k, None, 0))
+    return m.on_compute_done(2.1, k, "final")
+
+
+@pytest.mark.parametrize("lend", [True, False])
+def test_a_data_node_with_nothing_left_to_launch_lends_each_unit_that_frees(lend: bool) -> None:
+    from gwtf_node.protocol.messages import Lend
+    cfg = RecoveryConfig(node_id="d0", stage=-1, last_stage=0, capacity=1, data_nodes=("d0", "d1", "d2"),
+                         leader="d0", next_peers={"a": 1.0}, prev_peers={"a": 1.0}, peer_capacity={"a": 2},
+                         lend=lend)
+    m = RecoveryNode(cfg, random.Random(0))
+    m.set_flows({"d0": {"a": 2}})
+    m.start(0.0)
+    eff = _walk_one_microbatch(m, "a")
+    assert m.ledger.counts(0)["completed"] == 1
+    lends = _sent(eff, Lend)
+    assert sorted((e.to, e.msg) for e in lends) == ([("d1", Lend(0, "a")), ("d2", Lend(0, "a"))] if lend else [])
+
+
+def test_one_wave_defers_what_the_opening_launch_cannot_place_and_offers_it_first_next_time() -> None:
+    from gwtf_node.protocol.pipeline import MbStatus
+    cfg = RecoveryConfig(node_id="d0", stage=-1, last_stage=0, capacity=3, data_nodes=("d0",), leader="d0",
+                         next_peers={"a": 1.0}, prev_peers={"a": 1.0}, peer_capacity={"a": 3}, one_wave=True)
+    m = RecoveryNode(cfg, random.Random(0))
+    m.set_flows({"d0": {"a": 1}})
+    eff = m.start(0.0)
+    assert [e.key for e in eff if type(e) is Compute] == [("d0", 0, 0)]
+    assert m.ledger.counts(0)["deferred"] == 2 and m.carry == [1, 2]
+    _walk_one_microbatch(m, "a")  # the unit frees: nothing more is launched in this iteration
+    assert m.ledger.status(0, 0) is MbStatus.COMPLETED and not m.mbs
+    m._open(10.0, 1, [])
+    assert sorted(m.ledger.entries[1]) == [1, 2, 3]  # the two deferred, topped up with one new one
+
+
+@pytest.mark.parametrize("one_wave", [True, False])
+def test_one_wave_relay_denies_upstream_at_once_instead_of_parking(one_wave: bool) -> None:
+    from gwtf_node.protocol.messages import MbDeny
+    cfg = RecoveryConfig(node_id="r", stage=0, last_stage=1, capacity=2, data_nodes=("d0",), leader="d0",
+                         next_peers={"a": 1.0}, prev_peers={"d0": 1.0}, peer_capacity={"a": 1},
+                         prior_s={"a": 5.0}, one_wave=one_wave)
+    m = RecoveryNode(cfg, random.Random(0))
+    m.set_flows({"d0": {"a": 1}})
+    k1, k2 = ("d0", 0, 0), ("d0", 1, 0)
+    for k in (k1, k2):
+        m.on_message(0.0, "d0", Forward(*k, ("d0",), None, 0))
+    m.on_compute_done(1.0, k1, "forward")
+    eff = m.on_compute_done(1.5, k2, "forward")  # a's one slot is taken by k1
+    denies = _sent(eff, MbDeny)
+    assert [(e.to, e.msg.seq) for e in denies] == ([("d0", 1)] if one_wave else [])
+    assert (k2 in m.mbs) is (not one_wave)
+
+
+def test_one_wave_loses_nothing_and_defers_for_both_policies() -> None:
+    for policy in ("gwtf", "swarm"):
+        rep = T.run_train("table2-heterogeneous", policy, 0.2, 8, 1, one_wave=True)
+        assert rep["lost_microbatches"] == 0 and rep["unfinished_iterations"] == 0
+        assert 0 < rep["throughput_per_iteration"] < 8

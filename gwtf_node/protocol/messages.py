@@ -279,6 +279,15 @@ class IterationDone:
 
 
 @dataclass(frozen=True, slots=True)
+class Lend:
+    """Data node to data node: one unit of my flows through stage-0 relay `hop` is idle for the rest of
+    `iteration` (I have nothing left to launch): launch on it (recovery.py, "Lending")."""
+
+    iteration: int
+    hop: str
+
+
+@dataclass(frozen=True, slots=True)
 class StageMembers:
     stage: int
     peers: tuple[str, ...]
@@ -523,7 +532,7 @@ Message = (
     | RequestChange | RequestRedirect | MoveReply | Reroute | LaunchBid | Relabel | RelabelCost
     | Hello | PeerList | Forward | Backward | Complete | IterationDone | BeginAggregation | CanTake
     | AllReduceChunk | Ping | Pong | StageStateRequest | StageState | Goodbye
-    | MbDeny | Probe | ProbeAck | Recover | Resume | BackwardStuck | Room | Release | MbState | RepairOrder
+    | MbDeny | Probe | ProbeAck | Recover | Resume | BackwardStuck | Room | Release | MbState | RepairOrder | Lend
     | RequestVote | Vote | LeaderHeartbeat | HeartbeatAck
     | JoinRequest | UtilizationQuery | UtilizationReport | Assignment
 )

@@ -320,7 +320,8 @@ class TrainSim:
     `reflow` (True; oracle only: re-install the optimum FLOW_CONVERGE_S after a change), `lend` (True; machines
     only: recovery.py's lending), `flow_options` (FLOW_OPTIONS: FlowConfig fields of every flow machine),
     `detect` (True: the membership layer), `join_mid_iteration` (True), `swarm_acts_on_gone` (True),
-    `gwtf_acts_on_gone` (False); `crash_plan` / `rejoin` (True) for scripted crashes; `flows`: fixed flows
+    `gwtf_acts_on_gone` (False), `one_wave` (False: recovery.py's "One wave", the paper's one-wave iteration
+    with deferral, for both policies); `crash_plan` / `rejoin` (True) for scripted crashes; `flows`: fixed flows
     (oracle-style, no machines)."""
 
     def __init__(self, setting: Setting, policy: str, churn: float, seed: int,
@@ -328,7 +329,7 @@ class TrainSim:
                  flows: dict | None = None, reflow: bool = True, detect: bool = True,
                  join_mid_iteration: bool = True, swarm_acts_on_gone: bool = True,
                  gwtf_acts_on_gone: bool = False, routing: str = "machines", flow_options: dict | None = None,
-                 lend: bool = True) -> None:
+                 lend: bool = True, one_wave: bool = False) -> None:
         if routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {ROUTINGS}, not {routing!r}")
         self.setting, self.policy, self.churn, self.seed = setting, policy, churn, seed
@@ -379,6 +380,7 @@ class TrainSim:
             self.flows = {}
         else:
             self.flows = flows if flows is not None else (initial_flows(setting) if policy == "gwtf" else {})
+        self.one_wave = one_wave
         self.lend = lend and self.machines  # (the oracle lends by recomputing the flows without the finished one)
         self.fnodes: dict[str, FlowNode] = {}
         self.flow_options = dict(FLOW_OPTIONS if flow_options is None else flow_options)  # FlowConfig fields
@@ -421,7 +423,8 @@ class TrainSim:
             next_peers={j: cost(nid, j) for j in nxt}, prev_peers={j: cost(nid, j) for j in prv},
             peer_capacity={j: self.cap.get(j, MICROBATCHES) for j in nxt + prv}, prior_s=prior,
             e2e_prior_s=e2e, agg_wait_s=AGG_PEER_TIMEOUT_S + 15.0, policy=self.policy,
-            swarm_assumed_capacity=MICROBATCHES, act_on_gone=self.acts_on_gone, lend=self.lend)
+            swarm_assumed_capacity=MICROBATCHES, act_on_gone=self.acts_on_gone, lend=self.lend,
+            one_wave=self.one_wave)
         m = RecoveryNode(cfg, random.Random(f"{self.seed}:{nid}"),
                          first_seq=(DATA_NODES.index(nid) * 10**6 if nid in DATA_NODES else 0))
         if self.policy == "gwtf" and nid in self.flows:
@@ -916,7 +919,7 @@ class TrainSim:
 def run_train(setting: str, policy: str, churn: float, iterations: int, seed: int, *, breakdown: bool = False,
               **options) -> dict:
     """One run; `options` are TrainSim's model switches (routing, reflow, lend, flow_options, detect,
-    join_mid_iteration, swarm_acts_on_gone, gwtf_acts_on_gone: see TrainSim).  `breakdown`: trace the run and add `waste_breakdown_s` (seconds per iteration by cause,
+    join_mid_iteration, swarm_acts_on_gone, gwtf_acts_on_gone, one_wave: see TrainSim).  `breakdown`: trace the run and add `waste_breakdown_s` (seconds per iteration by cause,
     `TrainSim.waste_breakdown`)."""
     s = make_setting(setting, seed)
     sim = TrainSim(s, policy, churn, seed, **options)
@@ -954,6 +957,9 @@ def add_train_parser(simsub, parser_class, nonneg_int, positive_int):
     t.add_argument("--routing", choices=ROUTINGS, default="machines",
                    help="GWTF's flows: the flow machines run in the simulation (default), or the LP optimum "
                         "installed by an oracle (the earlier model, for comparison)")
+    t.add_argument("--one-wave", action="store_true",
+                   help="an iteration is one wave: microbatches that find no route are deferred to the next "
+                        "iteration instead of waiting for a slot (both policies; the paper's reading)")
     t.add_argument("--json", action="store_true", help="one JSON object with the means over the iterations")
     t.set_defaults(func=cmd_sim_train)
     return t
@@ -964,7 +970,8 @@ JSON_KEYS = ("time_per_microbatch_s", "throughput_per_iteration", "communication
 
 
 def cmd_sim_train(args) -> int:
-    rep = run_train(args.setting, args.policy, args.churn, args.iterations, args.seed, routing=args.routing)
+    rep = run_train(args.setting, args.policy, args.churn, args.iterations, args.seed, routing=args.routing,
+                    one_wave=args.one_wave)
     if args.json:
         obj = {k: rep[k] for k in JSON_KEYS}
         obj.update({k: rep[k] for k in ("deferred_microbatches", "lost_contributions", "unfinished_iterations",
