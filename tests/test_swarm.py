@@ -65,3 +65,6 @@ def test_swarm_equals_centralized(tmp_path: Path, family: str, data_nodes: int, 
         assert status["steps_applied"] == iterations, (name, status["steps_applied"])
         # nobody was taken for dead while training (data nodes that finished and exited may be, at the end)
         assert set(status["presumed_dead"]) <= data_ids, (name, status["presumed_dead"])
+        if status["role"] == "data" and data_nodes > 1:
+            # lending: the last microbatch of an iteration to complete frees a unit that is lent (Lend)
+            assert status["recovery"]["lent"] >= iterations, (name, status["recovery"])

@@ -104,6 +104,7 @@ class NodeOptions:
     device: str = "cpu"
     checkpoint_every: int = 1
     policy: str = "gwtf"  # microbatch routing and recovery: "gwtf" or "swarm" (the baseline; recovery.py)
+    lend: bool = True  # gwtf, several data nodes: a data node with nothing left to launch lends its units (Lend)
 
 
 @dataclass

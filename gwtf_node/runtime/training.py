@@ -62,8 +62,8 @@ from ..protocol.recovery import Compute, RecoveryConfig, RecoveryNode
 log = logging.getLogger("gwtf.node")
 
 MB_MSGS = (m.Forward, m.Backward, m.Complete, m.MbDeny, m.Probe, m.Recover, m.Resume, m.BackwardStuck, m.Room,
-           m.Release, m.MbState, m.RepairOrder)
-KEYED = tuple(t for t in MB_MSGS if t is not m.Room)
+           m.Release, m.MbState, m.RepairOrder, m.Lend)
+KEYED = tuple(t for t in MB_MSGS if t not in (m.Room, m.Lend))
 PING_EVERY_S = 1.0
 DEAD_AFTER_S = 6.0
 HOP_PRIOR_S = 1.0  # expected hand-off -> Complete before anything is measured (then an EWMA)
@@ -99,7 +99,8 @@ class TrainingMixin:
             next_peers=dict(self.flow_costs_next), prev_peers=dict(self.flow_costs_prev),
             peer_capacity={p: self.peers[p].capacity for p in self.peers},
             default_prior_s=HOP_PRIOR_S, e2e_prior_s=E2E_PRIOR_S, probe_wait_s=PROBE_WAIT_S,
-            policy=self.opts.policy, swarm_assumed_capacity=max(1, cap))
+            policy=self.opts.policy, swarm_assumed_capacity=max(1, cap),
+            lend=self.opts.lend and self.opts.policy == "gwtf")
         seed = int.from_bytes(self.me.encode()[-8:], "big")
         self.rec = RecoveryNode(cfg, random.Random(seed))
         self._sync_rec()
@@ -132,6 +133,9 @@ class TrainingMixin:
                 raise FrameRefused(f"{type(msg).__name__} for unknown data node {msg.data_node[:16]}")
             if self.role == "data" and msg.data_node != self.me:
                 raise FrameRefused(f"{type(msg).__name__} of another data node's microbatch")
+        if isinstance(msg, m.Lend):
+            if self.role != "data" or peer not in self.data_nodes():
+                raise FrameRefused("Lend is from one data node to another")
         if isinstance(msg, (m.Forward, m.Recover, m.Backward)):
             tensor = self._unpack(msg, payload, type(msg).__name__)
         elif getattr(msg, "tensor", None) is not None:
