@@ -59,6 +59,8 @@ def main() -> int:
     ap.add_argument("--iterations", type=int, default=25)
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--no-sensitivity", action="store_true")
+    ap.add_argument("--variants", nargs="+", metavar="TEXT",
+                    help="only the sensitivity rows whose label contains one of these texts")
     args = ap.parse_args()
     t0 = time.time()
     rows = {}
@@ -158,6 +160,8 @@ def main() -> int:
         out.append("| default | " + " | ".join(cells) + " |")
         sens = {}
         for label, pols, opt in VARIANTS:
+            if args.variants and not any(v in label for v in args.variants):
+                continue
             cells = []
             for st in SETTINGS:
                 for c in CHURNS[1:]:

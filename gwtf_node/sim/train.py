@@ -71,7 +71,8 @@ homogeneous / heterogeneous setting (seeds 0-9, no churn; worst 1.20 / 1.05; wit
 after the membership report, and the units are split between the two data
 nodes first come first served (e.g. 1 and 3 units of a maximum flow of 4),
 so the iteration would last as many waves as the smaller share needs: with
-`lend` (default on) a data node done with the iteration lends its idle units
+`lend` (default on) a data node with nothing left to launch lends each unit
+as it frees (`Lend`), and one done with the iteration all its idle units
 (recovery.py, "Lending"; protocol messages, no global knowledge).
 `routing="oracle"` (the model before the machines ran, for comparison): the
 optimal multi-commodity routing of `baselines.optimal_routing`
@@ -106,7 +107,12 @@ data node keeps a denied microbatch with its output (parks) and relaunches it
 when a slot frees, so every iteration completes its 8 microbatches in several
 waves, and SWARM's misdirected sends cost it only the refused transfers.
 That is a choice made for both policies (no recomputed embedding, nothing
-deferred), not a SWARM behaviour, so it stays.
+deferred), not a SWARM behaviour, so it stays.  `one_wave=True` (`sim train
+--one-wave`) runs the paper's reading instead, for both policies (recovery.py,
+"One wave"): there GWTF completes its maximum flow per iteration (~4.3 of 8 in
+the heterogeneous setting) while SWARM, whose refused microbatches are retried
+hop by hop until slots free, completes ~7.3, so the paper's throughput gap does
+not appear in this model either (docs/bench_churn.md).
 
 Metrics per iteration (means over iterations are reported)
 ----------------------------------------------------------
