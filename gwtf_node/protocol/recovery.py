@@ -136,9 +136,9 @@ launches there while its count allows; a unit lent to two data nodes may
 answer `MbDeny` to one of them, which then tries elsewhere or parks).  This
 cut the heterogeneous Table II time per microbatch by ~10 % at 0 % churn
 (5 seeds, 0.503 -> 0.454 min) and ~4 % at 10 %.  Ends with the iteration
-(`_open` starts from the flows again).  Off by default: the daemon runs the
-aggregation with its own leader (`pipeline.Phases`) and does not route
-`IterationDone` or `Lend` between data nodes.
+(`_open` starts from the flows again).  Off by default; the daemon turns it
+on but sends only `Lend` between data nodes (its `IterationDone` goes to the
+leader's aggregation, `pipeline.Phases`).
 
 One wave (`cfg.one_wave`, off by default; the simulator's `one_wave`)
 ---------------------------------------------------------------------
@@ -361,7 +361,6 @@ class RecoveryNode:
         self.reported: set[int] = set()
         self.others_done: dict[int, set[str]] = {}  # lending: iteration -> data nodes that reported it settled
         self.lent: dict[str, int] = {}  # lending: stage-0 relay -> units other data nodes lent me this iteration
-        self.lent_it = -1
 
     # ------------------------------------------------------------------ setup
     def set_flows(self, out: Mapping[str, Mapping[str, int]], now: float | None = None) -> list:
@@ -445,7 +444,7 @@ class RecoveryNode:
             return self._greedy(exclude)
         ok = [j for j in self._live_next() if j not in self.full and j not in exclude]
         units = self.out.get(d, {})
-        if self.is_data and self.lent and self.lent_it == self.iteration:  # units lent to me (Lend)
+        if self.is_data and self.lent:  # units lent to me (Lend) for this iteration
             units = dict(units)
             for j, n in self.lent.items():
                 units[j] = units.get(j, 0) + n
@@ -525,8 +524,6 @@ class RecoveryNode:
         if t in (BeginAggregation, IterationDone, CanTake, Room, Lend):
             if t is Lend:
                 if self.is_data and self.cfg.lend and not self.swarm and msg.iteration == self.iteration:
-                    if self.lent_it != msg.iteration:
-                        self.lent, self.lent_it = {}, msg.iteration
                     self.lent[msg.hop] = self.lent.get(msg.hop, 0) + 1
                     self.stats.borrowed += 1
                     self._launch(now, eff)
@@ -1041,6 +1038,7 @@ class RecoveryNode:
     def _open(self, now: float, it: int, eff: list) -> None:
         self.iteration = it
         self.full.clear()  # every relay dropped its stashes in the aggregation: room again
+        self.lent.clear()  # lent units were lent for the iteration before
         # one wave: the deferred first, topped up with new ones to `capacity` per iteration; else all of them
         fresh = max(0, self.cfg.capacity - len(self.carry)) if self.cfg.one_wave else self.cfg.capacity
         seqs = list(self.carry) + list(range(self.next_seq, self.next_seq + fresh))
