@@ -108,6 +108,13 @@ class TrainingMixin:
     def _sync_rec(self) -> None:
         """Hand the machine the current neighbours and, when they changed, the flow machine's flows."""
         rec = self.rec
+        # a peer the machine presumed dead on a hop deadline that the liveness check still hears is alive: without
+        # this, a data node that presumed its last stage-0 relay dead (e.g. slow while a peer left) deferred every
+        # microbatch from then on (it only un-presumes a peer that sends it something)
+        t = trio.current_time()
+        for p in [p for p in rec.dead if p in self.peers and p not in self.gone]:
+            if t - self.last_heard.get(p, -DEAD_AFTER_S) < DEAD_AFTER_S:
+                rec.dead.discard(p)
         usable = self._usable(self._iteration_now())
         rec.next_peers = {j: c for j, c in self.flow_costs_next.items() if j in usable or j == self.me}
         rec.prev_peers = {j: c for j, c in self.flow_costs_prev.items() if j in self.peers or j == self.me}
@@ -294,10 +301,6 @@ class TrainingMixin:
     # ------------------------------------------------------------------ liveness
     def _heard(self, peer: str) -> None:
         self.last_heard[peer] = trio.current_time()
-        if self.rec is not None:
-            # the machine's rule (a peer that sends me something is alive) for every frame, Pongs included: else a
-            # data node that presumed its last stage-0 relay dead on a hop deadline deferred every microbatch
-            self.rec.dead.discard(peer)
 
     def _watched(self) -> set[str]:
         if self.stage is None:
