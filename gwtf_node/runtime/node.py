@@ -685,11 +685,16 @@ class Node(MembershipMixin, TrainingMixin):
 
     async def _step(self, e: StartStep) -> None:
         t0 = trio.current_time()
+        keys: list = []
+        if self.role == "relay":  # the contributions the recovery machine names: backward computed here, attempt not released
+            keys = sorted(self.contrib_for.pop(e.iteration, frozenset()))  # (data node, seq, iteration)
+            log.info("iteration %d: aggregating %d contributions held here", e.iteration, len(keys))
         self._maybe_fault("aggregate")
+        if keys:
+            self._maybe_fault("aggregate_holding")
         if self.role == "data":
             mine = len(self.current.done) if self.current is not None and self.current.iteration == e.iteration else 0
-        else:  # the contributions the recovery machine names: backward computed here, attempt not released
-            keys = sorted(self.contrib_for.pop(e.iteration, frozenset()))  # (data node, seq, iteration)
+        else:
 
             def commit() -> int:
                 return sum(1 for k in keys if self.stage_model.commit(k))

@@ -223,7 +223,8 @@ class TrainingMixin:
     # ------------------------------------------------------------------ torch
     def _maybe_fault(self, kind: str) -> None:
         """Fault injection for tests and demos: `GWTF_FAULT=KIND:N` SIGKILLs this process as its N-th
-        computation of KIND (forward, recompute, backward, loss, final, aggregate) starts."""
+        computation of KIND (forward, recompute, backward, loss, final, aggregate) starts;
+        `aggregate_holding` counts only the aggregations in which this relay holds contributions."""
         spec = os.environ.get("GWTF_FAULT", "")
         want, _, n = spec.partition(":")
         if want != kind:
