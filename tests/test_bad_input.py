@@ -82,6 +82,8 @@ async def test_hostile_peer_is_refused_and_training_goes_on(tmp_path: Path) -> N
             bad[0, 0, 0] = float("nan")
             await forward(3, bad)  # NaN
             await evil.send(target, codec.encode(evil.peer_id, m.Lend(0, target)))  # a data node's message, to a relay
+            await evil.send(target, codec.encode(evil.peer_id, m.LinkCost(float("inf"))))
+            await evil.send(target, codec.encode(evil.peer_id, m.LinkCost(-1.0)))
             await trio.sleep(2)
 
         after = len(swarm.records())
@@ -95,6 +97,7 @@ async def test_hostile_peer_is_refused_and_training_goes_on(tmp_path: Path) -> N
         assert text.count("tensor refused") >= 3, text
         assert "NaN" in text or "non-finite" in text or "finite" in text, text
         assert "Lend is from one data node to another" in text, text
+        assert text.count("a link cost is finite and >= 0") == 2, text
         swarm._check_alive()
     finally:
         await trio.to_thread.run_sync(swarm.stop)

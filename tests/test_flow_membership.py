@@ -86,6 +86,39 @@ def test_set_cost_moves_the_label():
     assert m.cfg.next_costs["N1"] == 5.0 and m.my_in[D].cost == 7.0
 
 
+# Both ends of a link measured it themselves (the daemon's RTT): a link's cost at its upstream end (next_costs)
+# and at its downstream end (prev_costs).  Measured in a CI run whose flows placed 2 of 4 units and stayed there.
+_MEASURED = {("d0", "r0_1"): (0.773, 1.325), ("d0", "r0_0"): (0.85, 3.903), ("r0_0", "r1_0"): (3.457, 7.818),
+             ("r0_0", "r1_1"): (3.759, 5.29), ("r0_1", "r1_0"): (4.412, 6.307), ("r0_1", "r1_1"): (5.146, 5.666),
+             ("r1_0", "d0"): (6.528, 0.741), ("r1_1", "d0"): (1.649, 0.726)}
+
+
+@pytest.mark.parametrize("agree_at", [0.0, 0.3, 3.0])
+def test_link_costs_agreed_by_the_upstream_end_place_the_whole_demand(agree_at):
+    """The daemon's LinkCost: the downstream end adopts the upstream end's cost (`set_cost`), here before the
+    machines start or after they placed part of the demand; then the whole demand is placed (4 units over two
+    disjoint paths of capacity 2), whatever each end measured first."""
+    from gwtf_node.sim.engine import Simulator
+
+    names = ("d0", "r0_0", "r0_1", "r1_0", "r1_1")
+    for seed in range(3):
+        sim = Simulator(lambda a, b: 0.001)
+        nodes = {}
+        for n in names:
+            nxt = {b: up for (a, b), (up, _) in _MEASURED.items() if a == n}
+            prv = {a: down for (a, b), (_, down) in _MEASURED.items() if b == n}
+            peers = () if n == "d0" else tuple(p for p in names if p != n and p[:2] == n[:2])
+            nodes[n] = FlowNode(FlowConfig(n, n == "d0", 4 if n == "d0" else 2, ("d0",), nxt, prv, peers),
+                                random.Random(seed))
+            sim.add(n, nodes[n])
+        sim.start_all()
+        sim.run_until(agree_at)
+        for (a, b), (up, _) in sorted(_MEASURED.items()):
+            sim._apply(b, nodes[b].set_cost(sim.now, a, up))
+        sim.run_until(agree_at + 20.0)
+        assert dict(nodes["d0"].out["d0"]) == {"r0_0": 2, "r0_1": 2}, (seed, dict(nodes["d0"].out["d0"]))
+
+
 def test_peer_add_and_remove():
     m = relay(peers=("S1",))
     m.add_neighbour(0.5, "S2", 0.0, "peer")

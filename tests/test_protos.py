@@ -117,6 +117,7 @@ STRATEGIES.update({
     m.CanTake: st.builds(m.CanTake, iteration=u64, stage=i32),
     m.AllReduceChunk: st.builds(m.AllReduceChunk, key=ids, part=u32, phase=u32, count=costs,
                                 tensor=st.none() | tensors),
+    m.LinkCost: st.builds(m.LinkCost, cost=costs),
     m.Ping: st.builds(m.Ping, nonce=u64),
     m.Pong: st.builds(m.Pong, nonce=u64),
     m.StageStateRequest: st.builds(m.StageStateRequest, stage=i32, after=u64),

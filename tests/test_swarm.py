@@ -61,6 +61,14 @@ def test_swarm_equals_centralized(tmp_path: Path, family: str, data_nodes: int, 
     # every relay did take part: both relays of a stage end with the same parameters as the reference
     statuses = {name: json.loads((tmp_path / name / "status.json").read_text()) for name in swarm.names()}
     data_ids = {st["peer_id"] for st in statuses.values() if st["role"] == "data"}
+    # both ends of every flow link use one cost, the upstream end's measurement (LinkCost)
+    by_id = {st["peer_id"]: st for st in statuses.values()}
+    links = 0
+    for st in statuses.values():
+        for down, cost in st["link_costs"]["next"].items():
+            assert by_id[down]["link_costs"]["prev"][st["peer_id"]] == cost, (st["name"], by_id[down]["name"])
+            links += 1
+    assert links == data_nodes * 2 + 4 + 2 * data_nodes, links
     for name, status in statuses.items():
         assert status["steps_applied"] == iterations, (name, status["steps_applied"])
         # nobody was taken for dead while training (data nodes that finished and exited may be, at the end)

@@ -215,7 +215,13 @@ mapping handed in at construction).
   to the sink), so that the downstream end, which owns the count, agrees.
   Requests and moves pending with it are dropped, its later messages ignored.
   A data node that loses first hops re-places its demand after a new wave.
-* `set_cost(now, peer, cost)`: d(self, peer) measured again.
+* `set_cost(now, peer, cost)`: d(self, peer) measured again.  Both ends of a
+  link must hold the same cost: a unit's forward edge (the upstream end's
+  `next_costs`) and its residual backward edge (the downstream end's
+  `prev_costs`) cancel only then; with each end's own measurement the
+  machines can stall short of the demand (tests/test_flow_membership.py).
+  The daemon makes the downstream end adopt the upstream end's cost
+  (`LinkCost`).
 
 A launched unit can pair with a hole left by a removal (a relay waiting out
 `balance_grace_s` after a Withdraw) and so never reach the sink; a data node

@@ -316,6 +316,19 @@ class AllReduceChunk:
 
 
 @dataclass(frozen=True, slots=True)
+class LinkCost:
+    """The upstream end of a flow link to the downstream end: the cost d(i, j) I use for our link.
+
+    Each end measures the link itself (its own round trip), so the two may
+    disagree; the flow machines' residual edges assume one cost per link (a
+    unit's forward edge and its backward edge cancel), and with two different
+    values they can stall short of the demand.  The downstream end adopts the
+    upstream end's value (`FlowNode.set_cost`)."""
+
+    cost: float
+
+
+@dataclass(frozen=True, slots=True)
 class Ping:
     nonce: int
 
@@ -531,7 +544,7 @@ Message = (
     CostAnnounce | RequestFlow | FlowReply | Deny | Withdraw | QueryFlows | FlowReport
     | RequestChange | RequestRedirect | MoveReply | Reroute | LaunchBid | Relabel | RelabelCost
     | Hello | PeerList | Forward | Backward | Complete | IterationDone | BeginAggregation | CanTake
-    | AllReduceChunk | Ping | Pong | StageStateRequest | StageState | Goodbye
+    | AllReduceChunk | LinkCost | Ping | Pong | StageStateRequest | StageState | Goodbye
     | MbDeny | Probe | ProbeAck | Recover | Resume | BackwardStuck | Room | Release | MbState | RepairOrder | Lend
     | RequestVote | Vote | LeaderHeartbeat | HeartbeatAck
     | JoinRequest | UtilizationQuery | UtilizationReport | Assignment

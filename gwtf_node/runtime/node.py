@@ -146,6 +146,9 @@ class Node(MembershipMixin, TrainingMixin):
         self.flow_queue: list[tuple[str, Any]] = []
         self.flow_costs_next: dict[str, float] = {}
         self.flow_costs_prev: dict[str, float] = {}
+        # the cost the upstream end of each of our incoming flow links uses (LinkCost): ours, so both ends agree
+        self.agreed_costs: dict[str, float] = {}
+        self.link_costs_used: dict[str, dict[str, float]] = {"next": {}, "prev": {}}  # the last cost of every link
         self.timers: dict[str, float] = {}
         self.timer_wake = trio.Event()
         self.torch_limiter = trio.CapacityLimiter(1)
@@ -416,6 +419,12 @@ class Node(MembershipMixin, TrainingMixin):
             if ev is not None:
                 ev.set()
             return
+        if isinstance(msg, m.LinkCost) and peer not in self.gone:  # may overtake the sender's Hello: kept
+            try:
+                self._on_link_cost(peer, msg)
+            except FrameRefused as e:
+                self._refuse(peer, str(e))
+            return
         if peer not in self.peers:
             if peer in self.gone:  # said Goodbye: its last frames may still be on their way
                 log.debug("%s from %s, which left: ignored", type(msg).__name__, peer[:16])
@@ -564,7 +573,9 @@ class Node(MembershipMixin, TrainingMixin):
         nxt = [p for p in nxt if p in self.peers or p == self.me]
         prv = [p for p in prv if p in self.peers or p == self.me]
         self.flow_costs_next = {p: self._link_cost(p) for p in nxt}
-        self.flow_costs_prev = {p: self._link_cost(p) for p in prv}
+        self.flow_costs_prev = {p: self.agreed_costs.get(p, self._link_cost(p)) for p in prv}
+        for p, c in sorted(self.flow_costs_next.items()):
+            self.nursery.start_soon(self._send, p, m.LinkCost(c))
         commodities = tuple(self.data_nodes())
         cfg = FlowConfig(self.me, self.role == "data", self.capacity, commodities, self.flow_costs_next,
                          self.flow_costs_prev, tuple(self._ids("relay", self.stage)) if self.role == "relay" else (),
@@ -574,6 +585,7 @@ class Node(MembershipMixin, TrainingMixin):
         log.info("flow machine started: next %s prev %s", self._names(self.flow_costs_next),
                  self._names(self.flow_costs_prev))
         self._apply(self.flow.start(trio.current_time()))
+        self._sync_costs()
         queued, self.flow_queue = self.flow_queue, []
         for peer, msg in queued:
             if any(msg_commodity_unknown(msg, commodities)):
@@ -611,15 +623,37 @@ class Node(MembershipMixin, TrainingMixin):
             if peer not in self.peers or self._in_flow(peer):
                 return
             cost = self._link_cost(peer) if side != "peer" else 0.0
+            if side == "next":
+                self.nursery.start_soon(self._send, peer, m.LinkCost(cost))
+            elif side == "prev":
+                cost = self.agreed_costs.get(peer, cost)
             log.info("flows: adding %s as %s neighbour (cost %g)", self._who(peer), side, cost)
             self._apply(self.flow.add_neighbour(trio.current_time(), peer, cost, side))
             self._sync_costs()
         finally:
             self.adding.discard(peer)
 
+    def _on_link_cost(self, peer: str, msg: m.LinkCost) -> None:
+        """The upstream end of our link says which cost it uses: ours from now on (`LinkCost`)."""
+        if not math.isfinite(msg.cost) or msg.cost < 0:
+            raise FrameRefused(f"LinkCost {msg.cost!r}: a link cost is finite and >= 0")
+        info = self.peers.get(peer)
+        if info is not None and self.stage is not None and self._flow_side(peer, info.stage) != "prev":
+            raise FrameRefused(f"LinkCost from {self._who(peer)}, which is not upstream of this node")
+        self.agreed_costs[peer] = msg.cost
+        if self.flow is not None and peer in self.flow.cfg.prev_costs and self.flow.cfg.prev_costs[peer] != msg.cost:
+            log.debug("flows: link from %s costs %g (its measurement; mine was %g)", self._who(peer), msg.cost,
+                      self.flow.cfg.prev_costs[peer])
+            self._apply(self.flow.set_cost(trio.current_time(), peer, msg.cost))
+            self._sync_costs()
+            if self.rec is not None and self.role == "data":
+                self._sync_rec()
+
     def _sync_costs(self) -> None:
         self.flow_costs_next = dict(self.flow.cfg.next_costs)
         self.flow_costs_prev = dict(self.flow.cfg.prev_costs)
+        self.link_costs_used["next"].update(self.flow_costs_next)  # (status.json: peers that left stay in it)
+        self.link_costs_used["prev"].update(self.flow_costs_prev)
 
     def _new_phases(self) -> Phases:
         return Phases(self.me, self.stage, self.n_stages - 1)
@@ -773,6 +807,7 @@ class Node(MembershipMixin, TrainingMixin):
             "peers": {p.peer_id: {"name": p.name, "role": p.role, "stage": p.stage, "rtt_ms": p.rtt_ms}
                       for p in self.peers.values()},
             "flows": {d: dict(v) for d, v in self.flow.out.items()} if self.flow else {},
+            "link_costs": self.link_costs_used,
             "iteration": self.current.iteration if self.current else getattr(self, "last_iteration", None),
             "ledger": self.ledger.counts(self.current.iteration) if self.current else {},
             "policy": self.opts.policy, "presumed_dead": sorted(self.crashed),

@@ -335,6 +335,7 @@ class TrainingMixin:
         self.peers.pop(peer, None)
         self.gone.add(peer)
         self.last_heard.pop(peer, None)
+        self.agreed_costs.pop(peer, None)
         now = trio.current_time()
         if self.flow is not None and self._in_flow(peer):
             self._apply(self.flow.remove_neighbour(now, peer))  # the flow machines rebuild the flows through it

@@ -327,7 +327,8 @@ class TrainSim:
     only: recovery.py's lending), `flow_options` (FLOW_OPTIONS: FlowConfig fields of every flow machine),
     `detect` (True: the membership layer), `join_mid_iteration` (True), `swarm_acts_on_gone` (True),
     `gwtf_acts_on_gone` (False), `one_wave` (False: recovery.py's "One wave", the paper's one-wave iteration
-    with deferral, for both policies); `crash_plan` / `rejoin` (True) for scripted crashes; `flows`: fixed flows
+    with deferral, for both policies), `detect_s` (DETECT_S: how long after a crash the membership layer reports
+    it); `crash_plan` / `rejoin` (True) for scripted crashes; `flows`: fixed flows
     (oracle-style, no machines)."""
 
     def __init__(self, setting: Setting, policy: str, churn: float, seed: int,
@@ -335,7 +336,7 @@ class TrainSim:
                  flows: dict | None = None, reflow: bool = True, detect: bool = True,
                  join_mid_iteration: bool = True, swarm_acts_on_gone: bool = True,
                  gwtf_acts_on_gone: bool = False, routing: str = "machines", flow_options: dict | None = None,
-                 lend: bool = True, one_wave: bool = False) -> None:
+                 lend: bool = True, one_wave: bool = False, detect_s: float = DETECT_S) -> None:
         if routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {ROUTINGS}, not {routing!r}")
         self.setting, self.policy, self.churn, self.seed = setting, policy, churn, seed
@@ -367,6 +368,7 @@ class TrainSim:
         self._opened_once: set[int] = set()
         self.reflow = reflow
         self.detect = detect
+        self.detect_s = detect_s
         self.join_mid_iteration = join_mid_iteration
         self.acts_on_gone = {"swarm": swarm_acts_on_gone, "gwtf": gwtf_acts_on_gone}[policy]
         self.reflows = 0
@@ -712,7 +714,7 @@ class TrainSim:
                 self._push(end + AGG_PEER_TIMEOUT_S, _DONE, p, ("aggregate", key, AGG_S, end - AGG_S), self._token)
         self._schedule_reflow()
         if self.detect:
-            self._push(self.now + DETECT_S, _GONE, nid, None, None)
+            self._push(self.now + self.detect_s, _GONE, nid, None, None)
         if nid in DATA_NODES:
             self.data_crashed[nid] = self.nodes[nid].iteration
         elif self.rejoin:
