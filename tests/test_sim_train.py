@@ -340,3 +340,38 @@ def test_one_wave_loses_nothing_and_defers_for_both_policies() -> None:
         rep = T.run_train("table2-heterogeneous", policy, 0.2, 8, 1, one_wave=True)
         assert rep["lost_microbatches"] == 0 and rep["unfinished_iterations"] == 0
         assert 0 < rep["throughput_per_iteration"] < 8
+
+
+@pytest.mark.parametrize("backward_done_at_b", [True, False])
+def test_a_data_node_acts_on_a_gone_holder_only_before_its_stage_backward(backward_done_at_b: bool) -> None:
+    """SWARM, `act_on_gone`: the membership layer reports a holder of a microbatch in its backward pass dead.
+    Relays report their backward (MbState grad); a holder whose stage the backward already passed needs nothing
+    (its gradient went upstream), so no restart; one whose backward is still to come: restart at once."""
+    from gwtf_node.protocol.messages import MbState, Release
+    cfg = RecoveryConfig(node_id="d0", stage=-1, last_stage=1, capacity=1, data_nodes=("d0",), leader="d0",
+                         next_peers={"a": 1.0}, prev_peers={"b": 1.0}, peer_capacity={"a": 1}, policy="swarm")
+    m = RecoveryNode(cfg, random.Random(0))
+    m.start(0.0)
+    k = ("d0", 0, 0)
+    m.on_compute_done(0.1, k, "forward")
+    m.on_message(0.5, "a", Complete(*k, 0))
+    m.on_message(0.6, "a", MbState(*k, 0, 0, "fwd"))
+    m.on_message(0.7, "b", MbState(*k, 0, 1, "fwd"))
+    m.on_message(1.0, "b", Forward(*k, ("d0", "a", "b"), None, 0))
+    m.on_compute_done(1.1, k, "loss")
+    m.on_message(1.5, "b", Complete(*k, 0))
+    if backward_done_at_b:
+        m.on_message(1.8, "b", MbState(*k, 0, 1, "grad"))
+    eff = m.peer_gone(2.0, "b")
+    released = _sent(eff, Release)
+    assert (m.stats.restarts, len(released)) == ((0, 0) if backward_done_at_b else (1, 2)), eff
+    if backward_done_at_b:
+        eff = m.peer_gone(2.5, "a")  # stage 0's backward is still to come: restart
+        assert m.stats.restarts == 1 and {e.to for e in _sent(eff, Release)} == {"a", "b"}
+
+
+def test_the_simulated_membership_detects_a_crash_as_fast_as_the_daemon() -> None:
+    """DETECT_S models the daemon's liveness check: a peer silent for DEAD_AFTER_S is dead, pings every
+    PING_EVERY_S, so a crash is known DEAD_AFTER_S to DEAD_AFTER_S + PING_EVERY_S after it."""
+    from gwtf_node.runtime import training
+    assert T.DETECT_S == training.DEAD_AFTER_S + training.PING_EVERY_S

@@ -304,6 +304,7 @@ class DMb:
     snapshot: dict = field(default_factory=dict)
     final_from: str | None = None  # the stage-0 relay the last backward came from
     parked: bool = False  # a recovery found every live stage-0 relay full: retried when a slot frees
+    bwd_done: set = field(default_factory=set)  # stages whose holder reported its backward computed (MbState grad)
 
 
 @dataclass
@@ -609,6 +610,7 @@ class RecoveryNode:
             eff.append(Send(m.next, Complete(*key, m.attempt)))
             eff.append(Send(m.prev, Backward(*key, None, m.attempt)))
             m.phase, m.sent_at = "grad", now
+            self._report(key, m.attempt, "grad", eff)  # backward progress: the data node's act_on_gone reads it
             eff.append(SetTimer(f"bk:{_k(key)}", self._deadline(now, m.prev)))
             self._room(eff)
             for r in [r for r in self.mbs.values() if r.parked]:  # my slot at my next hop freed
@@ -778,6 +780,9 @@ class RecoveryNode:
                 s = msg.stage
                 if 0 <= s < self.nstages and (msg.state == "rec" or m.path[s] is None):
                     m.path[s] = sender
+                    m.bwd_done.discard(s)  # (a recovery recomputes the stage: its backward is to come)
+                if msg.state in ("grad", "done") and 0 <= s < self.nstages and m.path[s] == sender:
+                    m.bwd_done.add(s)
             if m.collecting:
                 m.snapshot[sender] = msg.state
                 wanted = {p for p in m.path if p is not None}
@@ -936,6 +941,7 @@ class RecoveryNode:
         m.attempt += 1
         m.src, m.next, m.rest, m.tried, m.sink, m.parked = "emb", None, (), set(), None, False
         m.path, m.holders, m.collecting, m.snapshot = [None] * self.nstages, set(), False, {}
+        m.bwd_done = set()
         m.launched_at = now
         eff.append(Compute("forward", m.key))
         self._arm_watchdog(now, m, eff)
@@ -984,6 +990,7 @@ class RecoveryNode:
             m.attempt += 1
             m.src, m.next, m.rest, m.tried, m.parked = "parked", None, (), set(), True
             m.path, m.holders, m.sink = [None] * self.nstages, set(), None
+            m.bwd_done = set()
             self._arm_watchdog(now, m, eff)
             return
         del self.mbs[key]
@@ -1207,9 +1214,11 @@ class RecoveryNode:
         self.dead.add(peer)
         eff: list = []
         if self.is_data:
-            # a holder of a microbatch in its backward pass is gone: act now (GWTF: a round; SWARM: restart)
+            # a holder of a microbatch in its backward pass is gone before its stage's backward was computed
+            # there: act now (GWTF: a round; SWARM: restart).  A stage the backward already passed needs nothing.
             for m in [m for m in self.mbs.values() if self.cfg.act_on_gone and peer in m.holders
-                      and m.sink in ("grad", "wait")]:
+                      and m.sink in ("grad", "wait")
+                      and any(h == peer and s not in m.bwd_done for s, h in enumerate(m.path))]:
                 if self.mbs.get(m.key) is m and not m.collecting and peer in m.holders:
                     self._trouble(now, m, eff)
             self._launch(now, eff)
