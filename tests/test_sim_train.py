@@ -370,8 +370,9 @@ def test_a_data_node_acts_on_a_gone_holder_only_before_its_stage_backward(backwa
         assert m.stats.restarts == 1 and {e.to for e in _sent(eff, Release)} == {"a", "b"}
 
 
-def test_the_simulated_membership_detects_a_crash_as_fast_as_the_daemon() -> None:
-    """DETECT_S models the daemon's liveness check: a peer silent for DEAD_AFTER_S is dead, pings every
+def test_daemon_detect_s_is_the_daemons_liveness_check() -> None:
+    """DAEMON_DETECT_S models the daemon's liveness check: a peer silent for DEAD_AFTER_S is dead, pings every
     PING_EVERY_S, so a crash is known DEAD_AFTER_S to DEAD_AFTER_S + PING_EVERY_S after it."""
     from gwtf_node.runtime import training
-    assert T.DETECT_S == training.DEAD_AFTER_S + training.PING_EVERY_S
+    assert T.DAEMON_DETECT_S == training.DEAD_AFTER_S + training.PING_EVERY_S
+
