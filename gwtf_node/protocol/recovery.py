@@ -453,19 +453,16 @@ class RecoveryNode:
         hop = pick_next_hop(units, inflight, self.next_peers, ok)
         if hop is not None:
             return hop
-        if self.cfg.lend:
-            if fresh:
-                if self.others_done.get(self.iteration):
-                    # another data node's microbatches of this iteration are all settled: its units are idle, I am
-                    # the only sender left at stage 0, so a relay with room by my own count has room
-                    return self._greedy(exclude)
-            else:
-                for d2 in sorted(self.out):  # an idle unit of another data node's flows, before any local repair
-                    if d2 != d:
-                        u2 = self.out[d2]
-                        hop = pick_next_hop(u2, {j: self._inflight(j, d2) for j in u2}, self.next_peers, ok)
-                        if hop is not None:
-                            return hop
+        if self.cfg.lend and fresh and self.others_done.get(self.iteration):
+            # another data node's microbatches of this iteration are all settled: its units are idle, I am the
+            # only sender left at stage 0, so a relay with room by my own count has room
+            return self._greedy(exclude)
+        if self.cfg.lend and not fresh:
+            for d2 in sorted(d2 for d2 in self.out if d2 != d):  # another data node's idle unit, before a repair
+                u2 = self.out[d2]
+                hop = pick_next_hop(u2, {j: self._inflight(j, d2) for j in u2}, self.next_peers, ok)
+                if hop is not None:
+                    return hop
         if fresh and any(units.get(j, 0) > 0 for j in ok):
             return None  # the flows are busy: wait for a slot
         hop = self._greedy(exclude)  # local repair: a live peer with room takes a unit
@@ -940,8 +937,7 @@ class RecoveryNode:
         self._cancel(m.key, eff)
         m.attempt += 1
         m.src, m.next, m.rest, m.tried, m.sink, m.parked = "emb", None, (), set(), None, False
-        m.path, m.holders, m.collecting, m.snapshot = [None] * self.nstages, set(), False, {}
-        m.bwd_done = set()
+        m.path, m.holders, m.bwd_done, m.collecting, m.snapshot = [None] * self.nstages, set(), set(), False, {}
         m.launched_at = now
         eff.append(Compute("forward", m.key))
         self._arm_watchdog(now, m, eff)
@@ -989,8 +985,7 @@ class RecoveryNode:
             # a new attempt, as the released holders' records are void
             m.attempt += 1
             m.src, m.next, m.rest, m.tried, m.parked = "parked", None, (), set(), True
-            m.path, m.holders, m.sink = [None] * self.nstages, set(), None
-            m.bwd_done = set()
+            m.path, m.holders, m.bwd_done, m.sink = [None] * self.nstages, set(), set(), None
             self._arm_watchdog(now, m, eff)
             return
         del self.mbs[key]

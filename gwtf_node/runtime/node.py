@@ -719,9 +719,9 @@ class Node(MembershipMixin, TrainingMixin):
 
     async def _step(self, e: StartStep) -> None:
         t0 = trio.current_time()
-        keys: list = []
-        if self.role == "relay":  # the contributions the recovery machine names: backward computed here, attempt not released
-            keys = sorted(self.contrib_for.pop(e.iteration, frozenset()))  # (data node, seq, iteration)
+        keys: list = []  # relay: the contributions the recovery machine names (backward computed here, attempt
+        if self.role == "relay":  # not released), as (data node, seq, iteration)
+            keys = sorted(self.contrib_for.pop(e.iteration, frozenset()))
             log.info("iteration %d: aggregating %d contributions held here", e.iteration, len(keys))
         self._maybe_fault("aggregate")
         if keys:

@@ -40,11 +40,11 @@ The Table II setting, as modelled here (our choices where the paper is vague)
 * Membership (both policies): every live node learns of a crash DETECT_S
   after it (heartbeats / DHT entries expiring; `RecoveryNode.peer_gone`; the
   daemon's own pings take 6-7 s, `detect_s=DAEMON_DETECT_S`): no more work
-  goes to the dead node.  A SWARM data node then restarts at once a microbatch in its
-  backward pass whose stage held by the dead node has not reported its
-  backward yet (`swarm_acts_on_gone`, default on: the generous reading of
-  SWARM; off, it waits for its own backward timeout).  GWTF's data node does not act on
-  it by default (`gwtf_acts_on_gone`): its relays' missing COMPLETE
+  goes to the dead node.  A SWARM data node then restarts at once a
+  microbatch in its backward pass whose stage held by the dead node has not
+  reported its backward yet (`swarm_acts_on_gone`, default on: the generous
+  reading of SWARM; off, it waits for its own backward timeout).  GWTF's
+  data node does not act on it by default (`gwtf_acts_on_gone`): its relays' missing COMPLETE
   (BackwardStuck) is as fast and repairs wasted less.
 
 Flow routing (GWTF, `routing="machines"`, the default): every node runs its
