@@ -376,3 +376,45 @@ def test_daemon_detect_s_is_the_daemons_liveness_check() -> None:
     from gwtf_node.runtime import training
     assert T.DAEMON_DETECT_S == training.DEAD_AFTER_S + training.PING_EVERY_S
 
+
+
+def _walk(m: RecoveryNode, k: tuple, relay: str, t: float, rt: float, a: int = 0) -> None:
+    """A microbatch launched at `t` through `relay` (a one-stage pipeline) comes back `rt` later."""
+    m.on_compute_done(t + 0.1, k, "forward")
+    m.on_message(t + 0.2, relay, Complete(*k, a))
+    m.on_message(t + rt / 2, relay, Forward(*k, ("d0", relay), None, a))
+    m.on_compute_done(t + rt / 2 + 0.1, k, "loss")
+    m.on_message(t + rt / 2 + 0.2, relay, Complete(*k, a))
+    m.on_message(t + rt - 0.1, relay, Backward(*k, None, a))
+    m.on_compute_done(t + rt, k, "final")
+
+
+@pytest.mark.parametrize("fastest", [True, False])
+def test_a_data_node_launches_first_on_the_unit_that_brought_microbatches_back_first(fastest: bool) -> None:
+    """recovery.py, "Fastest unit first": a's link is the cheaper, but microbatches through b came back in
+    10 s and through a in 50 s; the next iteration's first launch goes to b (without the switch: to a)."""
+    cfg = RecoveryConfig(node_id="d0", stage=-1, last_stage=0, capacity=2, data_nodes=("d0",), leader="",
+                         next_peers={"a": 1.0, "b": 2.0}, prev_peers={"a": 1.0, "b": 1.0},
+                         peer_capacity={"a": 1, "b": 1}, fastest_unit=fastest)
+    m = RecoveryNode(cfg, random.Random(0))
+    m.set_flows({"d0": {"a": 1, "b": 1}})
+    m.start(0.0)
+    hops = {k: dm.next for k, dm in m.mbs.items()}
+    assert sorted(hops.values()) == ["a", "b"]
+    for k, h in sorted(hops.items()):
+        _walk(m, k, h, 0.0, 50.0 if h == "a" else 10.0)
+    assert m.ledger.counts(0)["completed"] == 2
+    assert m.rt == ({"a": 50.0, "b": 10.0})
+    m.open_iteration(60.0, 1)
+    first = min(m.mbs)  # the first launch took the best free unit; the second the other one
+    assert m.mbs[first].next == ("b" if fastest else "a")
+    _walk(m, first, m.mbs[first].next, 60.0, 20.0)
+    assert m.ledger.counts(1)["completed"] == 1
+    h = m.rt["b" if fastest else "a"]
+    assert h == pytest.approx(0.7 * (10.0 if fastest else 50.0) + 0.3 * 20.0)  # an EWMA
+    # a microbatch that needed a new attempt (a restart, a park) is not a sample
+    other = min(m.mbs)
+    m.mbs[other].attempt = 1
+    before = dict(m.rt)
+    _walk(m, other, m.mbs[other].next, 60.0, 300.0, a=1)
+    assert m.ledger.counts(1)["completed"] == 2 and m.rt == before

@@ -71,10 +71,12 @@ class OpenIteration:
 def pick_next_hop(
     flow_out: Mapping[str, int],
     inflight: Mapping[str, int],
-    costs: Mapping[str, float],
+    costs: Mapping[str, float] | Mapping[str, tuple[float, float]],
     alive: Iterable[str] | None = None,
 ) -> str | None:
     """The cheapest next hop that still has a free unit of flow, or None.
+
+    `costs` may be any ordered keys (a data node ranks its units by measured round trip, then link cost).
 
     `flow_out[j]` units of flow go to j; `inflight[j]` microbatches are on
     their way through j.  Ties break on the peer id so every run is repeatable.

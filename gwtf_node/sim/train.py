@@ -330,7 +330,7 @@ class TrainSim:
     """One Table II run in virtual time (module docstring).  Model switches, defaults in parentheses:
     `routing` ("machines": GWTF's flows by the flow machines; "oracle": the LP optimum installed globally),
     `reflow` (True; oracle only: re-install the optimum FLOW_CONVERGE_S after a change), `lend` (True; machines
-    only: recovery.py's lending), `flow_options` (FLOW_OPTIONS: FlowConfig fields of every flow machine),
+    only: recovery.py's lending), `fastest_unit` (True; GWTF: recovery.py's "Fastest unit first"), `flow_options` (FLOW_OPTIONS: FlowConfig fields of every flow machine),
     `detect` (True: the membership layer), `join_mid_iteration` (True), `swarm_acts_on_gone` (True),
     `gwtf_acts_on_gone` (False), `one_wave` (False: recovery.py's "One wave", the paper's one-wave iteration
     with deferral, for both policies), `detect_s` (DETECT_S: how long after a crash the membership layer reports
@@ -342,7 +342,7 @@ class TrainSim:
                  flows: dict | None = None, reflow: bool = True, detect: bool = True,
                  join_mid_iteration: bool = True, swarm_acts_on_gone: bool = True,
                  gwtf_acts_on_gone: bool = False, routing: str = "machines", flow_options: dict | None = None,
-                 lend: bool = True, one_wave: bool = False, detect_s: float = DETECT_S) -> None:
+                 lend: bool = True, one_wave: bool = False, detect_s: float = DETECT_S, fastest_unit: bool = True) -> None:
         if routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {ROUTINGS}, not {routing!r}")
         self.setting, self.policy, self.churn, self.seed = setting, policy, churn, seed
@@ -396,6 +396,7 @@ class TrainSim:
             self.flows = flows if flows is not None else (initial_flows(setting) if policy == "gwtf" else {})
         self.one_wave = one_wave
         self.lend = lend and self.machines  # (the oracle lends by recomputing the flows without the finished one)
+        self.fastest_unit = fastest_unit
         self.fnodes: dict[str, FlowNode] = {}
         self.flow_options = dict(FLOW_OPTIONS if flow_options is None else flow_options)  # FlowConfig fields
         self._ftv: dict = {}
@@ -438,7 +439,7 @@ class TrainSim:
             peer_capacity={j: self.cap.get(j, MICROBATCHES) for j in nxt + prv}, prior_s=prior,
             e2e_prior_s=e2e, agg_wait_s=AGG_PEER_TIMEOUT_S + 15.0, policy=self.policy,
             swarm_assumed_capacity=MICROBATCHES, act_on_gone=self.acts_on_gone, lend=self.lend,
-            one_wave=self.one_wave)
+            one_wave=self.one_wave, fastest_unit=self.fastest_unit and self.policy == "gwtf")
         m = RecoveryNode(cfg, random.Random(f"{self.seed}:{nid}"),
                          first_seq=(DATA_NODES.index(nid) * 10**6 if nid in DATA_NODES else 0))
         if self.policy == "gwtf" and nid in self.flows:
