@@ -370,6 +370,34 @@ def test_a_data_node_acts_on_a_gone_holder_only_before_its_stage_backward(backwa
         assert m.stats.restarts == 1 and {e.to for e in _sent(eff, Release)} == {"a", "b"}
 
 
+@pytest.mark.parametrize("act_on_gone", [True, False])
+def test_a_gone_report_during_the_forward_pass_is_acted_on_at_the_sink(act_on_gone: bool) -> None:
+    """SWARM, `act_on_gone`: a holder is reported gone while the microbatch's forward is still on its way to the
+    sink (so `peer_gone` does not act: the microbatch is not in its backward pass yet).  When the loss is computed
+    the data node knows the backward cannot pass the gone holder: it restarts then, instead of sending the gradient
+    and waiting for its watchdog (minutes).  Without `act_on_gone`: the gradient goes down as before."""
+    from gwtf_node.protocol.messages import Backward, MbState, Release
+    cfg = RecoveryConfig(node_id="d0", stage=-1, last_stage=1, capacity=1, data_nodes=("d0",), leader="d0",
+                         next_peers={"a": 1.0}, prev_peers={"b": 1.0}, peer_capacity={"a": 1}, policy="swarm",
+                         act_on_gone=act_on_gone)
+    m = RecoveryNode(cfg, random.Random(0))
+    m.start(0.0)
+    k = ("d0", 0, 0)
+    m.on_compute_done(0.1, k, "forward")
+    m.on_message(0.5, "a", Complete(*k, 0))
+    m.on_message(0.6, "a", MbState(*k, 0, 0, "fwd"))
+    eff = m.peer_gone(0.8, "a")  # a handed its output on to b and died: no action yet (forward pass)
+    assert m.stats.restarts == 0 and not _sent(eff, Release)
+    m.on_message(0.7, "b", MbState(*k, 0, 1, "fwd"))
+    m.on_message(1.0, "b", Forward(*k, ("d0", "a", "b"), None, 0))
+    eff = m.on_compute_done(1.1, k, "loss")
+    if act_on_gone:
+        assert m.stats.restarts == 1 and {e.to for e in _sent(eff, Release)} == {"a", "b"}
+        assert not _sent(eff, Backward) and m.mbs[k].attempt == 1
+    else:
+        assert m.stats.restarts == 0 and [e.to for e in _sent(eff, Backward)] == ["b"]
+
+
 def test_daemon_detect_s_is_the_daemons_liveness_check() -> None:
     """DAEMON_DETECT_S models the daemon's liveness check: a peer silent for DEAD_AFTER_S is dead, pings every
     PING_EVERY_S, so a crash is known DEAD_AFTER_S to DEAD_AFTER_S + PING_EVERY_S after it."""
@@ -418,3 +446,17 @@ def test_a_data_node_launches_first_on_the_unit_that_brought_microbatches_back_f
     before = dict(m.rt)
     _walk(m, other, m.mbs[other].next, 60.0, 300.0, a=1)
     assert m.ledger.counts(1)["completed"] == 2 and m.rt == before
+
+
+def test_compute_times_follow_the_stage_profile() -> None:
+    """The simulator's compute times are scripts/profile_stages.py's measured ratios times one anchor."""
+    import json
+    doc = json.loads(T.PROFILE_FILE.read_text())
+    assert doc["format"] == "gwtf-stage-profile/1"
+    r = doc["ratio_to_relay_forward"]
+    assert r["relay_forward"] == 1.0
+    assert T.BACKWARD_S == pytest.approx(T.FORWARD_S * r["relay_backward"])
+    assert T.DATA_LOSS_S == pytest.approx(T.FORWARD_S * r["data_loss"])
+    assert T.compute_s(-1, "loss") == T.DATA_LOSS_S and T.compute_s(2, "recompute") == T.FORWARD_S
+    for k, v in doc["seconds"].items():  # the ratios are those of the measured seconds
+        assert r[k] == pytest.approx(v / doc["seconds"]["relay_forward"], abs=1e-3)

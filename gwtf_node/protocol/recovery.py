@@ -112,7 +112,10 @@ end-to-end time) and restarts the microbatch: a new attempt, `Release` of the
 old one everywhere, the whole pipeline recomputed from the embedding.  With
 `cfg.act_on_gone`, a data node told by the membership layer (`peer_gone`)
 that a holder of a microbatch in its backward pass is gone acts at once
-(SWARM: restart; GWTF: a round) instead of waiting for its timeouts.
+(SWARM: restart; GWTF: a round) instead of waiting for its timeouts; a
+microbatch whose forward was still on its way to the sink when the report came
+is acted on when its loss is computed (SWARM: restarted instead of sending the
+gradient down a path that cannot carry it).
 
 Lending (GWTF, `cfg.lend`; the simulator turns it on with the flow machines)
 ----------------------------------------------------------------------------
@@ -360,6 +363,7 @@ class RecoveryNode:
         self.peer_cap: dict[str, int] = dict(cfg.peer_capacity)
         self.est: dict[str, float] = dict(cfg.prior_s)
         self.dead: set[str] = set()
+        self.gone: set[str] = set()  # peers the membership layer reported gone (`peer_gone`)
         self.full: set[str] = set()
         self.denied: set[str] = set()  # peers I sent MbDeny to: they get Room when a slot frees
         self.mbs: dict = {}  # relay: Key -> Rec; data node: Key -> DMb
@@ -399,6 +403,7 @@ class RecoveryNode:
                        prior_s: float | None = None) -> list:
         """Discovery found a new peer of the next (or previous) stage: a joiner."""
         (self.next_peers if next_stage else self.prev_peers)[peer] = cost
+        self.gone.discard(peer)
         self.peer_cap[peer] = capacity
         self.est[peer] = prior_s if prior_s is not None else self.cfg.default_prior_s
         eff: list = []
@@ -542,6 +547,7 @@ class RecoveryNode:
     def on_message(self, now: float, sender: str, msg) -> list:
         eff: list = []
         self.dead.discard(sender)
+        self.gone.discard(sender)  # (a peer reported gone and heard from again, e.g. restarted with its id)
         t = type(msg)
         if t in (BeginAggregation, IterationDone, CanTake, Room, Lend):
             if t is Lend:
@@ -1043,9 +1049,17 @@ class RecoveryNode:
         elif kind == "loss" and m.sink == "loss":
             target = m.path[-1]
             m.sink, m.sent_at = "grad", now
+            # a holder of the path reported gone while the forward was on its way here (`peer_gone` acts only on a
+            # microbatch in its backward pass): act now, as the report would have, not on the watchdog
+            gone = self.cfg.act_on_gone and any(h in self.gone for h in m.path if h is not None)
+            if gone and self.swarm:
+                self._trouble(now, m, eff)  # (restart: no gradient sent down a path that cannot carry it)
+                return
             eff.append(Send(target, Backward(*key, None, m.attempt)))
             eff.append(SetTimer(f"bk:{_k(key)}", self._deadline(now, target)))
             self._arm_watchdog(now, m, eff)
+            if gone:
+                self._trouble(now, m, eff)
         elif kind == "final" and m.sink == "final":
             eff.append(Send(m.final_from or m.next, Complete(*key, m.attempt)))
             if m.rounds == 0:
@@ -1233,9 +1247,11 @@ class RecoveryNode:
         BackwardStuck, the data node's watchdog and probes); with
         `cfg.act_on_gone` a data node also acts at once on those of its
         microbatches in their backward pass that `peer` held (a round / a
-        SWARM restart)."""
+        SWARM restart), and on those still in their forward pass when their
+        loss is computed (`_data_compute_done`)."""
         self._presume_dead(peer)
         self.dead.add(peer)
+        self.gone.add(peer)
         eff: list = []
         if self.is_data:
             # a holder of a microbatch in its backward pass is gone before its stage's backward was computed

@@ -18,14 +18,20 @@ The Table II setting, as modelled here (our choices where the paper is vague)
   latency + size/bandwidth and links are FIFO (one transfer at a time).
 * Sizes: activation of a microbatch (4 x 512 x 1024, fp32) = 8 MiB, times 32
   as the paper does to mimic larger models: 256 MiB; gradients the same.
-* Compute (not profiled here: torch on the 2 shared cores of this machine
-  says nothing about the paper's RTX A4000): estimated from FLOPs.  One relay
-  stage of 3 blocks (d=1024) on 2048 tokens is ~0.17 TFLOP forward; an A4000
-  at ~7 TFLOP/s effective, shared by ~3.6 logical nodes (18 nodes on 5 GPUs),
-  gives ~0.1 s x 3.6: FORWARD_S = 0.35 s, backward twice that.  Data node:
-  embedding + 1 block 0.15 s forward, head + loss + backward 0.3 s at the
-  sink, embedding/block backward 0.25 s.  Communication dominates anyway
-  (a 256 MiB hop at ~100 Mbit/s is ~20 s).
+* Compute: profiled from the real stages (`scripts/profile_stages.py`: the
+  paper's LLaMA-like, d=1024, vocab 32000, microbatch 4 x 512, run with our
+  `DataPart` / `RelayPart` on this machine's CPU; `gwtf_node/data/
+  stage_profile.json`), with one absolute anchor since this CPU is not the
+  paper's RTX A4000: a relay stage's forward (3 blocks on 2048 tokens, ~0.17
+  TFLOP; an A4000 at ~7 TFLOP/s effective shared by ~3.6 logical nodes, 18
+  nodes on 5 GPUs) FORWARD_S = 0.35 s; every other time is FORWARD_S times
+  its measured ratio to the relay forward: the relay backward (~2.1 x), the
+  data node's embedding + block forward (~0.33 x), its norm + head + loss
+  with their backward at the sink (~3.3 x: the 32000-word head is the
+  biggest matmul of the model) and its block + embedding backward (~0.7 x).
+  (Before the profile these were FLOP guesses: backward 2 x, data node
+  0.15 / 0.3 / 0.25 s.)  Communication dominates anyway (a 256 MiB hop at
+  ~100 Mbit/s is ~20 s).
 * Aggregation: all-reduce + optimizer step AGG_S per node (+AGG_PEER_TIMEOUT_S
   when a peer of the stage dies during it).
 * Churn P: at the start of every iteration each live relay crashes with
@@ -38,9 +44,10 @@ The Table II setting, as modelled here (our choices where the paper is vague)
   parameters are the iteration's: no step is applied before the
   aggregation), else when the next iteration opens (both policies).
 * Membership (both policies): every live node learns of a crash DETECT_S
-  after it (heartbeats / DHT entries expiring; `RecoveryNode.peer_gone`; the
-  daemon's own pings take 6-7 s, `detect_s=DAEMON_DETECT_S`): no more work
-  goes to the dead node.  A SWARM data node then restarts at once a
+  after it (the daemon's liveness check: pings every 1 s, dead after 6 s of
+  silence; `RecoveryNode.peer_gone`; `detect_s=60` is a bench row, the
+  simulator's default before the sixth reading of docs/bench_churn.md): no
+  more work goes to the dead node.  A SWARM data node then restarts at once a
   microbatch in its backward pass whose stage held by the dead node has not
   reported its backward yet (`swarm_acts_on_gone`, default on: the generous
   reading of SWARM; off, it waits for its own backward timeout).  GWTF's
@@ -168,18 +175,22 @@ DATA_NODES = ("d0", "d1")
 MICROBATCHES = 4
 ACTIVATION_MB = 8.0 * 1.048576 * 32  # 8 MiB x 32, in MB
 STAGE_STATE_MB = 38e6 * 4 * 3 / 1e6  # weights + Adam moments of 3 blocks, fp32
-FORWARD_S = 0.35
-BACKWARD_S = 0.7
-DATA_FWD_S, DATA_LOSS_S, DATA_FINAL_S = 0.15, 0.3, 0.25
+PROFILE_FILE = Path(__file__).resolve().parents[1] / "data" / "stage_profile.json"  # scripts/profile_stages.py
+_RATIO = json.loads(PROFILE_FILE.read_text())["ratio_to_relay_forward"]
+FORWARD_S = 0.35  # the anchor: a relay stage's forward on the paper's GPU (module docstring)
+BACKWARD_S = FORWARD_S * _RATIO["relay_backward"]
+DATA_FWD_S = FORWARD_S * _RATIO["data_forward"]
+DATA_LOSS_S = FORWARD_S * _RATIO["data_loss"]
+DATA_FINAL_S = FORWARD_S * _RATIO["data_final"]
 AGG_S = 10.0
 AGG_PEER_TIMEOUT_S = 30.0
 REJOIN_S = 60.0
-# membership: every node learns of a crash this long after it (heartbeats / DHT entries expiring).  The daemon's own
-# liveness check (runtime/training.py: pings every PING_EVERY_S = 1 s, dead after DEAD_AFTER_S = 6 s of silence) is
-# DAEMON_DETECT_S, a sensitivity row of scripts/bench_churn.py (its effect on SWARM is not understood yet: see the
-# fifth reading of docs/bench_churn.md).
-DETECT_S = 60.0
+# membership: every node learns of a crash this long after it: the daemon's own liveness check (runtime/training.py:
+# pings every PING_EVERY_S = 1 s, dead after DEAD_AFTER_S = 6 s of silence; a test keeps them equal).  Until the
+# sixth reading of docs/bench_churn.md the default was 60 s (heartbeats / DHT entries expiring), now a bench row:
+# SWARM was slower with 7 s because a report that came during the forward pass was forgotten (fixed in recovery.py).
 DAEMON_DETECT_S = 7.0
+DETECT_S = DAEMON_DETECT_S
 FLOW_CONVERGE_S = 60.0  # the flow machines settle this long after a change (paper: ~120 rounds, "roughly a minute")
 MAX_SIM_S_PER_ITERATION = 4 * 3600.0
 LINKS_FILE = Path(__file__).resolve().parents[1] / "data" / "geo12-links.json"  # shipped with the package
