@@ -342,20 +342,27 @@ def test_one_wave_loses_nothing_and_defers_for_both_policies() -> None:
         assert 0 < rep["throughput_per_iteration"] < 8
 
 
+def _swarm_data_at_stage_0(**cfg) -> tuple[RecoveryNode, tuple]:
+    """A SWARM data node (pipeline d0 -> a -> b -> d0) whose one microbatch a took (MbState fwd)."""
+    from gwtf_node.protocol.messages import MbState
+    m = RecoveryNode(RecoveryConfig(node_id="d0", stage=-1, last_stage=1, capacity=1, data_nodes=("d0",),
+                                    leader="d0", next_peers={"a": 1.0}, prev_peers={"b": 1.0},
+                                    peer_capacity={"a": 1}, policy="swarm", **cfg), random.Random(0))
+    m.start(0.0)
+    k = ("d0", 0, 0)
+    m.on_compute_done(0.1, k, "forward")
+    m.on_message(0.5, "a", Complete(*k, 0))
+    m.on_message(0.6, "a", MbState(*k, 0, 0, "fwd"))
+    return m, k
+
+
 @pytest.mark.parametrize("backward_done_at_b", [True, False])
 def test_a_data_node_acts_on_a_gone_holder_only_before_its_stage_backward(backward_done_at_b: bool) -> None:
     """SWARM, `act_on_gone`: the membership layer reports a holder of a microbatch in its backward pass dead.
     Relays report their backward (MbState grad); a holder whose stage the backward already passed needs nothing
     (its gradient went upstream), so no restart; one whose backward is still to come: restart at once."""
     from gwtf_node.protocol.messages import MbState, Release
-    cfg = RecoveryConfig(node_id="d0", stage=-1, last_stage=1, capacity=1, data_nodes=("d0",), leader="d0",
-                         next_peers={"a": 1.0}, prev_peers={"b": 1.0}, peer_capacity={"a": 1}, policy="swarm")
-    m = RecoveryNode(cfg, random.Random(0))
-    m.start(0.0)
-    k = ("d0", 0, 0)
-    m.on_compute_done(0.1, k, "forward")
-    m.on_message(0.5, "a", Complete(*k, 0))
-    m.on_message(0.6, "a", MbState(*k, 0, 0, "fwd"))
+    m, k = _swarm_data_at_stage_0()
     m.on_message(0.7, "b", MbState(*k, 0, 1, "fwd"))
     m.on_message(1.0, "b", Forward(*k, ("d0", "a", "b"), None, 0))
     m.on_compute_done(1.1, k, "loss")
@@ -377,15 +384,7 @@ def test_a_gone_report_during_the_forward_pass_is_acted_on_at_the_sink(act_on_go
     the data node knows the backward cannot pass the gone holder: it restarts then, instead of sending the gradient
     and waiting for its watchdog (minutes).  Without `act_on_gone`: the gradient goes down as before."""
     from gwtf_node.protocol.messages import Backward, MbState, Release
-    cfg = RecoveryConfig(node_id="d0", stage=-1, last_stage=1, capacity=1, data_nodes=("d0",), leader="d0",
-                         next_peers={"a": 1.0}, prev_peers={"b": 1.0}, peer_capacity={"a": 1}, policy="swarm",
-                         act_on_gone=act_on_gone)
-    m = RecoveryNode(cfg, random.Random(0))
-    m.start(0.0)
-    k = ("d0", 0, 0)
-    m.on_compute_done(0.1, k, "forward")
-    m.on_message(0.5, "a", Complete(*k, 0))
-    m.on_message(0.6, "a", MbState(*k, 0, 0, "fwd"))
+    m, k = _swarm_data_at_stage_0(act_on_gone=act_on_gone)
     eff = m.peer_gone(0.8, "a")  # a handed its output on to b and died: no action yet (forward pass)
     assert m.stats.restarts == 0 and not _sent(eff, Release)
     m.on_message(0.7, "b", MbState(*k, 0, 1, "fwd"))
