@@ -275,16 +275,16 @@ def test_a_unit_lent_by_the_other_data_node_is_launched_on(lend: bool) -> None:
         assert m.stats.borrowed == 2
 
 
-def _walk_one_microbatch(m: RecoveryNode, relay: str) -> list:
-    """Drive a data node's only microbatch through a one-stage pipeline (relay `relay`); the final effects."""
-    k = ("d0", 0, 0)
-    m.on_compute_done(0.1, k, "forward")
-    m.on_message(0.5, relay, Complete(*k, 0))
-    m.on_message(1.0, relay, Forward(*k, ("d0", relay), None, 0))
-    m.on_compute_done(1.1, k, "loss")
-    m.on_message(1.5, relay, Complete(*k, 0))
-    m.on_message(2.0, relay, Backward(*k, None, 0))
-    return m.on_compute_done(2.1, k, "final")
+def _walk(m: RecoveryNode, k: tuple, relay: str, t: float, rt: float, a: int = 0) -> list:
+    """A microbatch launched at `t` through `relay` (a one-stage pipeline) comes back `rt` later; the final's
+    effects."""
+    m.on_compute_done(t + 0.1, k, "forward")
+    m.on_message(t + 0.2, relay, Complete(*k, a))
+    m.on_message(t + rt / 2, relay, Forward(*k, ("d0", relay), None, a))
+    m.on_compute_done(t + rt / 2 + 0.1, k, "loss")
+    m.on_message(t + rt / 2 + 0.2, relay, Complete(*k, a))
+    m.on_message(t + rt - 0.1, relay, Backward(*k, None, a))
+    return m.on_compute_done(t + rt, k, "final")
 
 
 @pytest.mark.parametrize("lend", [True, False])
@@ -296,7 +296,7 @@ def test_a_data_node_with_nothing_left_to_launch_lends_each_unit_that_frees(lend
     m = RecoveryNode(cfg, random.Random(0))
     m.set_flows({"d0": {"a": 2}})
     m.start(0.0)
-    eff = _walk_one_microbatch(m, "a")
+    eff = _walk(m, ("d0", 0, 0), "a", 0.0, 2.1)
     assert m.ledger.counts(0)["completed"] == 1
     lends = _sent(eff, Lend)
     assert sorted((e.to, e.msg) for e in lends) == ([("d1", Lend(0, "a")), ("d2", Lend(0, "a"))] if lend else [])
@@ -311,7 +311,7 @@ def test_one_wave_defers_what_the_opening_launch_cannot_place_and_offers_it_firs
     eff = m.start(0.0)
     assert [e.key for e in eff if type(e) is Compute] == [("d0", 0, 0)]
     assert m.ledger.counts(0)["deferred"] == 2 and m.carry == [1, 2]
-    _walk_one_microbatch(m, "a")  # the unit frees: nothing more is launched in this iteration
+    _walk(m, ("d0", 0, 0), "a", 0.0, 2.1)  # the unit frees: nothing more is launched in this iteration
     assert m.ledger.status(0, 0) is MbStatus.COMPLETED and not m.mbs
     m._open(10.0, 1, [])
     assert sorted(m.ledger.entries[1]) == [1, 2, 3]  # the two deferred, topped up with one new one
@@ -403,17 +403,6 @@ def test_daemon_detect_s_is_the_daemons_liveness_check() -> None:
     from gwtf_node.runtime import training
     assert T.DAEMON_DETECT_S == training.DEAD_AFTER_S + training.PING_EVERY_S
 
-
-
-def _walk(m: RecoveryNode, k: tuple, relay: str, t: float, rt: float, a: int = 0) -> None:
-    """A microbatch launched at `t` through `relay` (a one-stage pipeline) comes back `rt` later."""
-    m.on_compute_done(t + 0.1, k, "forward")
-    m.on_message(t + 0.2, relay, Complete(*k, a))
-    m.on_message(t + rt / 2, relay, Forward(*k, ("d0", relay), None, a))
-    m.on_compute_done(t + rt / 2 + 0.1, k, "loss")
-    m.on_message(t + rt / 2 + 0.2, relay, Complete(*k, a))
-    m.on_message(t + rt - 0.1, relay, Backward(*k, None, a))
-    m.on_compute_done(t + rt, k, "final")
 
 
 @pytest.mark.parametrize("fastest", [True, False])

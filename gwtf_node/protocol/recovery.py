@@ -451,8 +451,11 @@ class RecoveryNode:
         return now + self.cfg.k * e * (1 + self._waiting_to(j)) + self.cfg.margin_s
 
     def _measure(self, j: str, sample: float) -> None:
-        e = self.est.get(j)
-        self.est[j] = sample if e is None else (1 - EWMA_ALPHA) * e + EWMA_ALPHA * sample
+        _ewma(self.est, j, sample)
+
+    def _gone_ahead(self, m: DMb, gone: set) -> bool:
+        """A holder of m's path in `gone` whose stage has not reported its backward: the backward cannot pass it."""
+        return any(h in gone and s not in m.bwd_done for s, h in enumerate(m.path))
 
     def _room_for(self, j: str) -> bool:
         cap = self.cfg.swarm_assumed_capacity if self.swarm else self.peer_cap.get(j, 1)
@@ -1051,7 +1054,7 @@ class RecoveryNode:
             m.sink, m.sent_at = "grad", now
             # a holder of the path reported gone while the forward was on its way here (`peer_gone` acts only on a
             # microbatch in its backward pass): act now, as the report would have, not on the watchdog
-            gone = self.cfg.act_on_gone and any(h in self.gone for h in m.path if h is not None)
+            gone = self.cfg.act_on_gone and self._gone_ahead(m, self.gone)
             if gone and self.swarm:
                 self._trouble(now, m, eff)  # (restart: no gradient sent down a path that cannot carry it)
                 return
@@ -1062,13 +1065,11 @@ class RecoveryNode:
                 self._trouble(now, m, eff)
         elif kind == "final" and m.sink == "final":
             eff.append(Send(m.final_from or m.next, Complete(*key, m.attempt)))
+            hop = m.path[0] if m.path[0] is not None else m.next  # the stage-0 relay of its unit
             if m.rounds == 0:
                 self.e2e_est = (1 - EWMA_ALPHA) * self.e2e_est + EWMA_ALPHA * (now - m.launched_at)
-                hop = m.path[0]
                 if m.attempt == 0 and hop is not None:  # the round trip through this unit ("Fastest unit first")
-                    r = self.rt.get(hop)
-                    sample = now - m.launched_at
-                    self.rt[hop] = sample if r is None else (1 - EWMA_ALPHA) * r + EWMA_ALPHA * sample
+                    _ewma(self.rt, hop, now - m.launched_at)
             # every holder off the final path had a duplicate branch: release it (and its contribution)
             final = set(p for p in m.path if p is not None)
             for p in sorted(m.holders - final):
@@ -1076,7 +1077,7 @@ class RecoveryNode:
             self.ledger.mark(key[2], key[1], MbStatus.COMPLETED)
             self._cancel(key, eff)
             del self.mbs[key]
-            self._lend(key[2], m.path[0] if m.path[0] is not None else m.next, eff)
+            self._lend(key[2], hop, eff)
             self._launch(now, eff)
             self._maybe_done(now, key[2], eff)
 
@@ -1257,8 +1258,7 @@ class RecoveryNode:
             # a holder of a microbatch in its backward pass is gone before its stage's backward was computed
             # there: act now (GWTF: a round; SWARM: restart).  A stage the backward already passed needs nothing.
             for m in [m for m in self.mbs.values() if self.cfg.act_on_gone and peer in m.holders
-                      and m.sink in ("grad", "wait")
-                      and any(h == peer and s not in m.bwd_done for s, h in enumerate(m.path))]:
+                      and m.sink in ("grad", "wait") and self._gone_ahead(m, {peer})]:
                 if self.mbs.get(m.key) is m and not m.collecting and peer in m.holders:
                     self._trouble(now, m, eff)
             self._launch(now, eff)
@@ -1300,6 +1300,11 @@ class RecoveryNode:
                 self._on_iteration_done(now, self.me, msg, eff)
             elif changed:
                 eff.append(Send(leader, msg))
+
+
+def _ewma(table: dict, k: str, sample: float) -> None:
+    e = table.get(k)
+    table[k] = sample if e is None else (1 - EWMA_ALPHA) * e + EWMA_ALPHA * sample
 
 
 def _k(key: Key) -> str:

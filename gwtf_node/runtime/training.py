@@ -100,7 +100,7 @@ class TrainingMixin:
             peer_capacity={p: self.peers[p].capacity for p in self.peers},
             default_prior_s=HOP_PRIOR_S, e2e_prior_s=E2E_PRIOR_S, probe_wait_s=PROBE_WAIT_S,
             policy=self.opts.policy, swarm_assumed_capacity=max(1, cap),
-            lend=self.opts.lend and self.opts.policy == "gwtf", fastest_unit=self.opts.policy == "gwtf")
+            lend=self.opts.lend and self.opts.policy == "gwtf", fastest_unit=True)  # (SWARM: greedy, ignores it)
         seed = int.from_bytes(self.me.encode()[-8:], "big")
         self.rec = RecoveryNode(cfg, random.Random(seed))
         self._sync_rec()

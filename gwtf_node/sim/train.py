@@ -450,7 +450,7 @@ class TrainSim:
             peer_capacity={j: self.cap.get(j, MICROBATCHES) for j in nxt + prv}, prior_s=prior,
             e2e_prior_s=e2e, agg_wait_s=AGG_PEER_TIMEOUT_S + 15.0, policy=self.policy,
             swarm_assumed_capacity=MICROBATCHES, act_on_gone=self.acts_on_gone, lend=self.lend,
-            one_wave=self.one_wave, fastest_unit=self.fastest_unit and self.policy == "gwtf")
+            one_wave=self.one_wave, fastest_unit=self.fastest_unit)  # (SWARM: greedy, ignores it)
         m = RecoveryNode(cfg, random.Random(f"{self.seed}:{nid}"),
                          first_seq=(DATA_NODES.index(nid) * 10**6 if nid in DATA_NODES else 0))
         if self.policy == "gwtf" and nid in self.flows:
