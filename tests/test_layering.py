@@ -17,9 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-PKG = ROOT / "gwtf_node"
+from helpers import PKG, ROOT, imports, package_of, source_files
 
 UPPER_LAYERS = ("gwtf_node.runtime", "gwtf_node.cli", "gwtf_node.status")
 PROTOCOL_FORBIDDEN = (
@@ -35,10 +33,6 @@ PROTOCOL_FORBIDDEN = (
 )
 SIM_FORBIDDEN = UPPER_LAYERS
 MODEL_FORBIDDEN = (*UPPER_LAYERS, "gwtf_node.sim")
-
-
-def _package_of(path: Path) -> str:
-    return ".".join(path.relative_to(ROOT).parent.parts)
 
 
 def _matches(name: str, prefixes: Iterable[str]) -> str | None:
@@ -59,23 +53,17 @@ def violations(source: str, package: str, forbidden: Iterable[str], pure: bool =
             found.append(f"line {line}: imports {name} ({hit} is not allowed here)")
 
     tree = ast.parse(source)
+    for name, line, names in imports(tree, package):
+        check(name, line)
+        for alias in names:
+            check(f"{name}.{alias}", line)  # `from .. import runtime`
+            if pure and name == "random" and alias != "Random":
+                found.append(f"line {line}: from random import {alias} uses the global RNG")
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                check(alias.name, node.lineno)
                 if alias.name == "random":
                     random_names.add(alias.asname or "random")
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base_parts = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                base = ".".join(base_parts + ([node.module] if node.module else []))
-            else:
-                base = node.module or ""
-            check(base, node.lineno)
-            for alias in node.names:
-                check(f"{base}.{alias.name}", node.lineno)  # `from .. import runtime`
-                if pure and base == "random" and alias.name != "Random":
-                    found.append(f"line {node.lineno}: from random import {alias.name} uses the global RNG")
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "__import__":
             found.append(f"line {node.lineno}: __import__ hides what is imported")
     if pure:
@@ -94,7 +82,7 @@ def violations(source: str, package: str, forbidden: Iterable[str], pure: bool =
 
 
 def _files(subpackage: str) -> list[Path]:
-    return sorted((PKG / subpackage).rglob("*.py"))
+    return source_files(PKG / subpackage)
 
 
 def _report(path: Path, found: list[str]) -> str:
@@ -111,19 +99,19 @@ def test_the_protocol_layer_is_found() -> None:
 
 @pytest.mark.parametrize("path", _files("protocol"), ids=lambda p: p.name)
 def test_protocol_is_pure(path: Path) -> None:
-    found = violations(path.read_text(), _package_of(path), PROTOCOL_FORBIDDEN, pure=True)
+    found = violations(path.read_text(), package_of(path), PROTOCOL_FORBIDDEN, pure=True)
     assert not found, _report(path, found)
 
 
 @pytest.mark.parametrize("path", _files("sim"), ids=lambda p: p.name)
 def test_sim_does_not_import_runtime_or_cli(path: Path) -> None:
-    found = violations(path.read_text(), _package_of(path), SIM_FORBIDDEN)
+    found = violations(path.read_text(), package_of(path), SIM_FORBIDDEN)
     assert not found, _report(path, found)
 
 
 @pytest.mark.parametrize("path", _files("model"), ids=lambda p: p.name)
 def test_model_does_not_import_upper_layers(path: Path) -> None:
-    found = violations(path.read_text(), _package_of(path), MODEL_FORBIDDEN)
+    found = violations(path.read_text(), package_of(path), MODEL_FORBIDDEN)
     assert not found, _report(path, found)
 
 
@@ -181,5 +169,5 @@ def test_relative_imports_resolve_from_the_package() -> None:
 
 
 def test_package_of() -> None:
-    assert _package_of(PKG / "protocol" / "codec.py") == "gwtf_node.protocol"
-    assert _package_of(PKG / "protocol" / "__init__.py") == "gwtf_node.protocol"
+    assert package_of(PKG / "protocol" / "codec.py") == "gwtf_node.protocol"
+    assert package_of(PKG / "protocol" / "__init__.py") == "gwtf_node.protocol"

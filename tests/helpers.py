@@ -1,0 +1,53 @@
+"""Helpers shared by several test modules.
+
+Source checks (tests/test_layering.py, tests/test_structure.py) read the
+package with `ast` and import nothing: `module_name` names a source file,
+`imports` lists what a module imports at any depth (also inside functions),
+relative imports resolved.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "gwtf_node"
+
+
+def source_files(under: Path = PKG) -> list[Path]:
+    """Every Python source file below `under`, sorted."""
+    return sorted(under.rglob("*.py"))
+
+
+def module_name(path: Path) -> str:
+    """The dotted name of the module in `path` (a package's `__init__.py` is the package)."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_of(path: Path) -> str:
+    """The package that relative imports in `path` start from."""
+    return ".".join(path.relative_to(ROOT).parent.parts)
+
+
+def imports(tree: ast.AST, package: str) -> Iterator[tuple[str, int, tuple[str, ...]]]:
+    """(module, line, names) of every import in `tree`, a module of `package`, at any depth.
+
+    `import a.b` gives ("a.b", line, ()); `from .x import y, z` in package p
+    gives ("p.x", line, ("y", "z")): each name may be an attribute of the
+    module or a submodule of it, the caller decides.
+    """
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno, ()
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base_parts = parts[: len(parts) - (node.level - 1)]
+                base = ".".join(base_parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            yield base, node.lineno, tuple(alias.name for alias in node.names)
