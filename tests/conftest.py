@@ -1,15 +1,87 @@
-"""Hypothesis runs derandomized by default, so that CI is repeatable: the same examples every run.
+"""Test tiers, applied by what a test uses, and the Hypothesis profiles.
 
-Explore with fresh random examples locally: HYPOTHESIS_PROFILE=explore python -m pytest -q
-(a failure found that way goes into the test as an explicit @example).
+Tiers (tests/README.md): `property` for Hypothesis tests (`@given`, also
+inside the test function, and state machines), `multiprocess` for tests that start a swarm of daemon processes
+(through `gwtf_node.runtime.local`: `LocalSwarm`, `run_local`), `unit` for
+the rest.  A multi-process test is also `slow`.  The markers are set here at
+collection, so a test module needs no marker of its own to be in its tier.
+
+Hypothesis runs derandomized by default, so that CI is repeatable: the same
+examples every run.  Explore with fresh random examples locally:
+HYPOTHESIS_PROFILE=explore python -m pytest -q -m property (a failure found
+that way goes into the test as an explicit @example).
 """
 
 from __future__ import annotations
 
+import inspect
 import os
+import types
 
-from hypothesis import settings
+import pytest
+from hypothesis import given, is_hypothesis_test, settings
+
+from gwtf_node.runtime import local
 
 settings.register_profile("ci", derandomize=True, database=None)
 settings.register_profile("explore")
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+SWARM_STARTERS = (local.LocalSwarm, local.run_local)  # what makes a test multi-process
+
+
+def _code_objects(code: types.CodeType):
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _code_objects(const)
+
+
+def uses_any(func, targets: tuple, namespace: dict, _seen: set | None = None) -> bool:
+    """Whether `func` names one of `targets`, directly or through functions and classes of `namespace`."""
+    seen = set() if _seen is None else _seen
+    func = inspect.unwrap(func)
+    code = getattr(func, "__code__", None)
+    if code is None or code in seen:
+        return False
+    seen.add(code)
+    for c in _code_objects(code):
+        for name in c.co_names:
+            obj = namespace.get(name)
+            if obj is None:
+                continue
+            if any(obj is t for t in targets):
+                return True
+            if inspect.isfunction(obj) and obj.__module__ == namespace.get("__name__"):
+                if uses_any(obj, targets, namespace, seen):
+                    return True
+    return False
+
+
+def _fixture_functions(item: pytest.Item):
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in (info.name2fixturedefs.values() if info is not None else ()):
+        for d in defs:
+            yield d.func
+
+
+def tier(item: pytest.Item) -> str:
+    """"property", "multiprocess" or "unit": the tier of a collected test."""
+    func = getattr(item, "obj", None)
+    if func is None:
+        return "unit"
+    namespace = getattr(item.module, "__dict__", {}) if getattr(item, "module", None) else {}
+    if is_hypothesis_test(func) or uses_any(func, (given,), namespace):  # (also a @given inside the test)
+        return "property"
+    if any(uses_any(f, SWARM_STARTERS, getattr(inspect.getmodule(f), "__dict__", namespace))
+           for f in (func, *_fixture_functions(item))):
+        return "multiprocess"
+    return "unit"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        t = tier(item)
+        item.add_marker(t)
+        if t == "multiprocess":
+            item.add_marker("slow")

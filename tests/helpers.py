@@ -4,6 +4,9 @@ Source checks (tests/test_layering.py, tests/test_structure.py) read the
 package with `ast` and import nothing: `module_name` names a source file,
 `imports` lists what a module imports at any depth (also inside functions),
 relative imports resolved.
+
+Waiting: `until` polls a condition that no event signals, under a deadline
+(never a fixed sleep).
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 from pathlib import Path
+
+import trio
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "gwtf_node"
@@ -51,3 +56,18 @@ def imports(tree: ast.AST, package: str) -> Iterator[tuple[str, int, tuple[str, 
             else:
                 base = node.module or ""
             yield base, node.lineno, tuple(alias.name for alias in node.names)
+
+
+async def until(cond, what: str, timeout: float | None = None, poll_s: float = 0.01):
+    """Poll `cond` until it returns something true and return that; for a condition no event signals.
+
+    Bounded by `timeout` seconds (then an AssertionError naming `what`), else by the caller's deadline."""
+    if timeout is None:
+        while not (value := cond()):
+            await trio.sleep(poll_s)
+        return value
+    try:
+        with trio.fail_after(timeout):
+            return await until(cond, what, poll_s=poll_s)
+    except trio.TooSlowError:
+        raise AssertionError(f"{what}: not within {timeout} s") from None

@@ -27,6 +27,7 @@ from gwtf_node.runtime.frames import FrameError, encode_header, read_frame
 from gwtf_node.runtime.host import CTRL_PROTOCOL_ID, TENSOR_PROTOCOL_ID, _libp2p_reader, open_host
 from gwtf_node.runtime.identity import IdentityError, key_path, load_or_create_identity, peer_id_of
 from gwtf_node.runtime.links import LinkShaper
+from helpers import until
 
 DEADLINE_S = 20
 
@@ -46,12 +47,6 @@ class Inbox:
     async def wait_for(self, n: int) -> None:
         while len(self.frames) < n:
             await self.changed.wait()
-
-
-async def until(cond, what: str) -> None:
-    """Poll `cond` (no event exists for it) until true; the caller's deadline bounds it."""
-    while not cond():
-        await trio.sleep(0.01)
 
 
 async def closed_by_peer(conn: channel.RawConn) -> bool:
@@ -288,16 +283,23 @@ def _reducer_handler(reducer: AllReducer):
     return handler
 
 
+@asynccontextmanager
+async def reducing_hosts(tmp_path: Path):
+    """Three connected hosts (no DHT), each with an `AllReducer` serving its chunks: yields (hosts, reducers)."""
+    async with hosts(tmp_path, 3, dht=False) as hs:
+        for h in hs[1:]:
+            await hs[0].connect(h.addrs[0])
+        await hs[1].connect(hs[2].addrs[0])
+        reducers = [AllReducer(h) for h in hs]
+        for h, r in zip(hs, reducers):
+            h.set_handler(_reducer_handler(r))
+        yield hs, reducers
+
+
 @pytest.mark.trio
 async def test_all_reduce_three_hosts_exact_and_identical(tmp_path):
     with trio.fail_after(DEADLINE_S):
-        async with hosts(tmp_path, 3, dht=False) as hs:
-            for h in hs[1:]:
-                await hs[0].connect(h.addrs[0])
-            await hs[1].connect(hs[2].addrs[0])
-            reducers = [AllReducer(h) for h in hs]
-            for h, r in zip(hs, reducers):
-                h.set_handler(_reducer_handler(r))
+        async with reducing_hosts(tmp_path) as (hs, reducers):
             group = [h.peer_id for h in hs]
             gen = torch.Generator().manual_seed(0)
             tensors = {h.peer_id: torch.randn(1_000_003, generator=gen) for h in hs}
@@ -324,13 +326,7 @@ async def test_all_reduce_three_hosts_exact_and_identical(tmp_path):
 async def test_all_reduce_timeout_names_missing_peer_and_bad_chunks_refused(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="gwtf.transport")
     with trio.fail_after(DEADLINE_S):
-        async with hosts(tmp_path, 3, dht=False) as hs:
-            for h in hs[1:]:
-                await hs[0].connect(h.addrs[0])
-            await hs[1].connect(hs[2].addrs[0])
-            reducers = [AllReducer(h) for h in hs]
-            for h, r in zip(hs, reducers):
-                h.set_handler(_reducer_handler(r))
+        async with reducing_hosts(tmp_path) as (hs, reducers):
             silent = hs[2].peer_id
             bad = torch.tensor([float("nan")] * 4)
             await reducers[0].on_chunk(
