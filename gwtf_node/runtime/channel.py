@@ -1,10 +1,10 @@
 """The fast tensor channel: authenticated, encrypted frames over a plain TCP socket.
 
-Why: py-libp2p's Noise + Yamux moves about 80 MB/s on this machine, CPU-bound
-in pure-Python framing (notes/py-libp2p-0.8.1.md), while a 16 MB activation
-per microbatch needs hundreds of MB/s.  AES-256-GCM from `cryptography`
-(OpenSSL, AES-NI) seals 8-10 GB/s per core here, so encryption is not the
-bottleneck: the Python work per byte is.  The channel therefore keeps
+Why: py-libp2p's Noise + Yamux stream is CPU-bound in its pure-Python
+framing and several times too slow for an activation of tens of MB per
+microbatch, while AES-256-GCM from `cryptography` (OpenSSL, AES-NI) seals
+gigabytes per second per core, so encryption is not the bottleneck: the
+Python work per byte is.  The channel therefore keeps
 libp2p for what it is good at (authenticating peer ids) and moves the bytes
 over a socket with a few large system calls per MiB.
 
@@ -40,12 +40,9 @@ payload buffer (`decrypt_into`), so a payload is copied once from the
 kernel and once by the cipher.  A channel is one-way (initiator sends
 frames); each direction of a peer pair opens its own.
 
-Measured on this 2-core machine (scripts/bench_transport.py, two processes,
-loopback, docs/bench_transport.md): one 16 MiB frame at 840-900 MB/s, 0.5-0.9x
-a raw trio socket in the same run and 5-7x a py-libp2p Noise+Yamux stream
-(110-210 MB/s); 4 MiB at 750-1100 MB/s, 64 MiB at 560-600 MB/s.  Crypto stays on the event-loop thread: at
-8-10 GB/s a 1 MiB record costs ~0.1 ms, less than a `trio.to_thread` round
-trip.
+Throughput against a raw socket and a Noise+Yamux stream: docs/bench_transport.md
+(scripts/bench_transport.py).  Crypto stays on the event-loop thread: sealing
+a 1 MiB record costs less than a `trio.to_thread` round trip.
 """
 
 from __future__ import annotations
@@ -95,7 +92,8 @@ class SessionKeys:
     responder_key: bytes  # seals responder -> initiator records
 
 
-def _lp(b: bytes) -> bytes:
+def _length_prefixed(b: bytes) -> bytes:
+    """`b` behind its u16 length, so that the transcript's fields cannot run into each other."""
     return struct.pack(">H", len(b)) + b
 
 
@@ -113,8 +111,8 @@ def derive_keys(
     if shared == bytes(len(shared)):
         raise ChannelError("X25519 exchange gave the all-zero secret (a low-order public key was sent)")
     transcript = b"".join(
-        [MAGIC, _lp(initiator.encode()), _lp(responder.encode()), init_pub, init_nonce, resp_pub, resp_nonce,
-         _lp(tensor_addr.encode())]
+        [MAGIC, _length_prefixed(initiator.encode()), _length_prefixed(responder.encode()), init_pub, init_nonce, resp_pub, resp_nonce,
+         _length_prefixed(tensor_addr.encode())]
     )
     okm = HKDF(
         algorithm=hashes.SHA256(),

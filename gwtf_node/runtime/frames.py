@@ -18,8 +18,8 @@ Frames come from peers we do not trust, so the two lengths are checked
 (`DEFAULT_MAX_PAYLOAD_BYTES`, 512 MiB).  A violation is a `FrameError`; the
 caller logs it and resets the stream.
 
-py-libp2p reports a peer killed in the middle of a frame as a clean end of
-stream (notes/py-libp2p-0.8.1.md), so only the length prefix tells a
+py-libp2p (0.8.1) reports a peer killed in the middle of a frame as a clean
+end of stream, so only the length prefix tells a
 truncated frame from a complete one: end of stream exactly at a frame
 boundary is a clean close (`read_frame` returns None), anywhere else it is a
 `FrameError`.  Waiting for the *first* byte of a frame is not bounded (an

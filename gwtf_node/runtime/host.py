@@ -6,13 +6,13 @@ API with versioned records.  How:
 
 * Security and multiplexing are pinned: the only security transport offered
   is Noise (no plaintext, secio or TLS fallback) and the only muxer is Yamux
-  (Mplex moves 9-16 MB/s here).  The identity is the Ed25519 key of the
+  (py-libp2p's Mplex is slower still).  The identity is the Ed25519 key of the
   state directory (`identity.py`), so a restarted node keeps its peer id.
 * Control frames (no payload) go on one long-lived libp2p stream per peer
-  and direction, protocol `/gwtf/ctrl/1.0.0`, framed by `frames.py`
-  (median ~2 ms request/response on loopback).  Frames with a payload go
-  over the tensor channel (`channel.py`), keyed through libp2p but moving
-  bytes over a plain TCP socket with AES-256-GCM: several times faster than
+  and direction, protocol `/gwtf/ctrl/1.0.0`, framed by `frames.py`.
+  Frames with a payload go over the tensor channel (`channel.py`), keyed
+  through libp2p but moving bytes over a plain TCP socket with
+  AES-256-GCM: several times faster than
   Yamux (numbers in docs/bench_transport.md).  Order is FIFO per peer within
   each of the two kinds (control, payload); a control frame sent after a
   payload frame may overtake it.  Each send is bounded by `send_timeout` and
@@ -25,7 +25,7 @@ API with versioned records.  How:
   handler delays that peer's frames but never stalls a reader.  A frame
   that breaks the framing rules is logged on "gwtf.transport" and its
   stream reset (connection closed for the channel); the host carries on.
-* Traps handled (notes/py-libp2p-0.8.1.md): every read after a frame starts
+* Traps of py-libp2p 0.8.1 handled: every read after a frame starts
   has a deadline; `connect` lifts the 60 s negative dial cache before
   dialling (a restarted peer can be redialled at once) and re-adds the
   peer's addresses with a long TTL (libp2p keeps them 120 s only).
@@ -374,24 +374,24 @@ class Host:
         return self.dht
 
     @staticmethod
-    def _key(key: str) -> str:
+    def _dht_key(key: str) -> str:
         return f"/{DHT_NAMESPACE}/{key}"
 
     async def dht_put(self, key: str, value: bytes, *, version: int | None = None) -> int:
         """Store `value` under `key` with `version` (default: now in ns, above any known one)."""
         dht = self._require_dht()
         if version is None:
-            known = dht.value_store.get(self._key(key).encode())
+            known = dht.value_store.get(self._dht_key(key).encode())
             floor = unpack_record(known.value)[0] + 1 if known is not None else 0
             version = max(time.time_ns(), floor)
         with trio.fail_after(DHT_QUERY_TIMEOUT_S):
-            await dht.put_value(self._key(key), pack_record(version, value))
+            await dht.put_value(self._dht_key(key), pack_record(version, value))
         return version
 
     async def dht_get_record(self, key: str) -> tuple[int, bytes] | None:
         """(version, value) of the highest version held locally or by the closest peers."""
         dht = self._require_dht()
-        full = self._key(key)
+        full = self._dht_key(key)
         kb = full.encode()
         validator = VersionedValidator()
         found: list[bytes] = []

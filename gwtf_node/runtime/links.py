@@ -1,7 +1,7 @@
 """User-space link emulation: one-way latency and bandwidth per destination peer.
 
-This kernel has no netem (notes/py-libp2p-0.8.1.md), so a test swarm on one
-machine replays a geo-distributed setting by delaying frames in the sender.
+The kernels this runs on need not have netem (the test machine's has not),
+so a test swarm on one machine replays a geo-distributed setting by delaying frames in the sender.
 Each shaped destination is a *link* with its own FIFO queue and task, so a
 slow link never holds up another one.  The model is a store-and-forward
 pipe:
