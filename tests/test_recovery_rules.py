@@ -22,8 +22,9 @@ microbatches is COMPLETED, DEFERRED (and pushed again when the next iteration
 opens), or still counted (PENDING while waiting, INFLIGHT with a record at its
 data node); no microbatch is completed twice, none is lost.  At teardown the
 wire stops failing: every frame is delivered, computations finish and timers
-fire until the open iteration is settled (bounded), and then every microbatch
-of it is COMPLETED or DEFERRED.
+fire until nothing is left to happen (bounded: timers that keep re-arming
+fail it), and then every microbatch of the open iteration is COMPLETED or
+DEFERRED.
 """
 
 from __future__ import annotations
@@ -319,10 +320,12 @@ class RecoveryWire(RuleBasedStateMachine):
                 assert c["pending"] == c["inflight"] == 0, f"{d} reported iteration {self.iteration} settled: {c}"
 
     # ---- the end: a wire that no longer fails ------------------------------------------------------------------
-    def _drain(self) -> None:
-        """Deliver every frame, finish every computation and fire timers until the open iteration settles."""
+    def _drain(self, *, until_quiet: bool = False) -> None:
+        """Deliver every frame, finish every computation and fire timers until the open iteration settles.
+
+        `until_quiet`: go on until nothing is left to happen (no frame, computation or timer)."""
         for _ in range(DRAIN_STEPS):
-            if self._all_reported():
+            if self._all_reported() and not until_quiet:
                 return
             if self.wire:
                 self._deliver(0)
@@ -353,7 +356,10 @@ class RecoveryWire(RuleBasedStateMachine):
     def teardown(self) -> None:
         if not self.clean or not self.nodes:
             return  # a step failed: its error is the report
-        self._drain()
+        self._drain(until_quiet=True)
+        assert not (self.wire or self.computing or self.timers or self.gone_at), (
+            f"not quiet after {DRAIN_STEPS} events: {len(self.wire)} frames, {len(self.computing)} computations, "
+            f"timers {sorted(self.timers)[:5]}")
         self._check_settled()
 
 
