@@ -23,7 +23,8 @@ from pathlib import Path
 
 from gwtf_node.sim.join import JOIN_SETTINGS, POLICIES, run_join
 
-LABELS = {"gwtf": "GWTF (ours)", "gwtf_paper": "GWTF (paper, V-B)", "waterfill": "water-filling (runtime)",
+LABELS = {"gwtf": "GWTF (ours)", "gwtf_paper": "GWTF (paper, V-B)", "waterfill": "water-filling",
+          "leader": "daemon's leader",
           "capacity_first": "highest capacity first", "capacity_first_by_size": "cap-first by size",
           "random": "random", "optimal": "optimal (best found)", "bound": "optimum upper bound"}
 COLUMNS = (*POLICIES, "bound")

@@ -63,29 +63,14 @@ from typing import Iterable, Mapping
 
 from .effects import CancelTimer, Effect, Send, SetTimer
 from .messages import Assignment, JoinRequest, StageStateRequest, UtilizationQuery, UtilizationReport
+from .placement import (DEFAULT_MAX_EVALUATIONS, Candidate, Member, PlacementProblem, StageLoad, rank_matching,
+                        search_stages)
 
 INITIAL = ""  # download_from of a placement into an empty stage before any step: the manifest's initial weights
 ROUND_TIMER = "membership.round"
 COLLECT_TIMER = "membership.collect"
 RETRY_TIMER = "membership.join_retry"
 MAX_MISSED_ROUNDS = 3  # a member silent for this many rounds in a row is forgotten
-
-
-@dataclass(frozen=True)
-class Candidate:
-    node: str
-    capacity: int
-    stage_costs: tuple[float, ...]
-
-
-@dataclass
-class StageLoad:
-    flows: int = 0
-    capacity: int = 0
-
-    @property
-    def utilization(self) -> float:
-        return self.flows / self.capacity if self.capacity > 0 else math.inf
 
 
 # ---- pure placement ---------------------------------------------------------
@@ -144,6 +129,47 @@ def place(candidates: Iterable[Candidate], loads: Mapping[int, StageLoad],
     return placed
 
 
+def place_by_search(candidates: Iterable[Candidate], loads: Mapping[int, StageLoad],
+                    sources: Mapping[int, list[str]], reports: Mapping[str, UtilizationReport],
+                    max_evaluations: int = DEFAULT_MAX_EVALUATIONS) -> list[tuple[Candidate, int, str]]:
+    """`place`, with the stages chosen by the local search of protocol/placement.py.
+
+    The starts are water-filling (`place`) and the paper's rank matching; the
+    snapshot is what the leader holds: each stage's capacity (serving and
+    joining members, from `loads`) and each candidate's reported cost to each
+    stage.  Links between members are not reported, so they all cost the mean
+    of the candidates' finite stage costs (no stage is preferred for them).
+    Sources are then chosen as `place` does, highest capacity first.
+    """
+    eligible = [s for s in sorted(loads) if sources.get(s)]
+    num_stages = max(loads, default=-1) + 1
+    cands = []
+    for c in sorted(candidates, key=lambda c: (-c.capacity, c.node)):
+        costs = tuple(c.stage_costs[s] if s in eligible and s < len(c.stage_costs) else math.inf
+                      for s in range(num_stages))
+        if any(math.isfinite(x) for x in costs):
+            cands.append(Candidate(c.node, c.capacity, costs))
+    if not cands:
+        return []
+    waterfill = {c.node: s for c, s, _src in place(cands, {s: StageLoad(ld.flows, ld.capacity)
+                                                          for s, ld in loads.items()}, sources, reports)}
+    ranked = rank_matching(cands, loads, eligible)
+    known = [x for c in cands for x in c.stage_costs if math.isfinite(x)]
+    problem = PlacementProblem(
+        num_stages, tuple(Member(f"stage {s}", s, loads[s].capacity) for s in sorted(loads) if loads[s].capacity > 0),
+        tuple(cands), unknown_link_cost=sum(known) / len(known))
+    starts = [tuple(start[c.node] for c in cands) for start in (waterfill, ranked) if len(start) == len(cands)]
+    stages = search_stages(problem, starts, max_evaluations=max_evaluations)
+    placed: list[tuple[Candidate, int, str]] = []
+    downloads: dict[str, int] = {}
+    for c, stage in zip(cands, stages):
+        src = "" if sources[stage] == [INITIAL] else choose_source(sources[stage], reports, downloads)
+        downloads[src] = downloads.get(src, 0) + 1
+        loads[stage].capacity += c.capacity
+        placed.append((c, stage, src))
+    return placed
+
+
 def valid_request(msg: JoinRequest, num_stages: int) -> bool:
     return msg.capacity >= 1 and len(msg.stage_costs) == num_stages \
         and all(not math.isnan(x) and x >= 0 for x in msg.stage_costs)
@@ -159,6 +185,7 @@ class MembershipConfig:
     query_interval_s: float = 5.0
     report_timeout_s: float = 1.0
     join_timeout_s: float = 120.0  # a placed newcomer not serving by then is forgotten
+    placement_evaluations: int = DEFAULT_MAX_EVALUATIONS  # budget of the stage search per round
 
     def __post_init__(self) -> None:
         if not 0 < self.report_timeout_s < self.query_interval_s:
@@ -263,7 +290,8 @@ class MembershipMachine:
                 if k not in sources and not any(st == k for st, _c in joining.values()):
                     sources[k] = [INITIAL]
         effects: list[Effect] = []
-        for c, stage, src in place(self.waiting.values(), loads, sources, self.reports):
+        for c, stage, src in place_by_search(self.waiting.values(), loads, sources, self.reports,
+                                             self.cfg.placement_evaluations):
             a = Assignment(term=self.term, node=c.node, stage=stage, download_from=src,
                            start_iteration=self.iteration if src == INITIAL else self.iteration + 1)
             self.placed[c.node] = _Placed(a, c.capacity, now)

@@ -160,7 +160,8 @@ import numpy as np
 from scipy.optimize import linprog
 from scipy.sparse import coo_matrix, csc_matrix, hstack, vstack
 
-from ..protocol.membership import INITIAL, Candidate, StageLoad, place
+from ..protocol.membership import INITIAL, Candidate, StageLoad, place, place_by_search
+from ..protocol.placement import DATA, DEFAULT_MAX_EVALUATIONS, Member, PlacementProblem, search_stages
 
 BATCH_MICROBATCHES = 100  # B of the cost; it cancels in the improvement
 CANDIDATES = 20
@@ -168,7 +169,7 @@ SYSTEM_NODES = 97  # data node included
 EXHAUSTIVE_LIMIT = 4096  # largest S^n that `optimal` tries one by one
 OPTIMAL_PASSES = 3  # local-search passes (moves and swaps) of `optimal`
 GWTF_PASSES = 3  # local-search passes (moves only) of our GWTF
-POLICIES = ("gwtf", "gwtf_paper", "waterfill", "capacity_first", "capacity_first_by_size", "random", "optimal")
+POLICIES = ("gwtf", "leader", "gwtf_paper", "waterfill", "capacity_first", "capacity_first_by_size", "random", "optimal")
 EPS = 1e-9
 
 
@@ -520,6 +521,22 @@ def policy_waterfill(inst: JoinInstance) -> tuple[int, ...]:
     return tuple(assign)
 
 
+def policy_leader(inst: JoinInstance, max_evaluations: int = DEFAULT_MAX_EVALUATIONS) -> tuple[int, ...]:
+    """The daemon's leader, run by its own code (protocol/membership.place_by_search) on what the daemon tells
+    it: each stage's capacity, the max flow F at every stage, each candidate's capacity and its cost to each
+    stage (its intra-stage cost there); no link costs between members."""
+    caps = inst.stage_caps()
+    loads = {s: StageLoad(min(caps), caps[s]) for s in range(inst.stages)}
+    cands = [Candidate(v, inst.cand_cap[v], tuple(float(inst.cand_intra[(v, s)]) for s in range(inst.stages)))
+             for v in inst.candidates]
+    index = {c: k for k, c in enumerate(inst.candidates)}
+    assign = [0] * len(inst.candidates)
+    for c, s, _src in place_by_search(cands, loads, {s: [INITIAL] for s in range(inst.stages)}, {},
+                                      max_evaluations):
+        assign[index[c.node]] = s
+    return tuple(assign)
+
+
 def policy_capacity_first(inst: JoinInstance) -> tuple[int, ...]:
     """The paper's baseline "adding highest capacity first": candidates by capacity, highest first
     (ties: id), dealt to the stages in index order, one per stage per round of S (module docstring)."""
@@ -549,25 +566,41 @@ def policy_random(inst: JoinInstance, seed: int) -> tuple[int, ...]:
 LP_START_OFFSETS = (-6, -3, 0, 3, 6)  # flows around the local search's, for `lp_starts`
 
 
-def policy_gwtf(inst: JoinInstance, model: _FlowModel | None = None,
-                passes: int = GWTF_PASSES, lp_starts: bool = False) -> tuple[int, ...]:
-    """The paper's rule and the water-filling rule, each refined by marginal gain with the
-    leader's min-cost flow; the better of the two (module docstring).
+def placement_problem(inst: JoinInstance) -> PlacementProblem:
+    """The leader's snapshot of `inst`: every relay and link, each candidate's intra-stage cost per stage
+    (its join delay there)."""
+    members = tuple(Member(r, inst.relay_stage[r], inst.relay_cap[r]) for r in sorted(inst.relay_stage))
+    cands = tuple(Candidate(v, inst.cand_cap[v], tuple(float(inst.cand_intra[(v, s)]) for s in range(inst.stages)))
+                  for v in inst.candidates)
+    rename = {inst.data: DATA}
+    links = {}
+    for (a, b), c in inst.link.items():
+        a, b = rename.get(a, a), rename.get(b, b)
+        links[(a, b) if a < b else (b, a)] = float(c)
+    return PlacementProblem(inst.stages, members, cands, links)
 
-    With `lp_starts` (not the bench's default): also round the assignment LP relaxation
-    (`_FlowModel.relaxed_rounding`) at flows around the best one found, refine the best
-    rounding the same way, and keep it if better.
+
+def policy_gwtf(inst: JoinInstance, model: _FlowModel | None = None, passes: int = GWTF_PASSES,
+                lp_starts: bool = False, max_evaluations: int = 1 << 30) -> tuple[int, ...]:
+    """The leader's policy (protocol/placement.search_stages) from the paper's rule and water-filling,
+    evaluated with the simulator's LP (exact, like the leader's own min-cost flow, and faster).
+
+    With `lp_starts`: also round the assignment LP relaxation (`_FlowModel.relaxed_rounding`) at
+    flows around the best one found, refine the best rounding the same way, and keep it if better.
     """
     model = model or _FlowModel(inst)
-    rank = lambda a: (round(model.evaluate(a).cost, 9), inst.join_delay(a), a)  # noqa: E731
-    found = [_local_search(inst, model, start, passes, swaps=False)
-             for start in dict.fromkeys((policy_gwtf_paper(inst), policy_waterfill(inst)))]
-    best = min(found, key=rank)
+    problem = placement_problem(inst)
+    objective = lambda a: model.evaluate(a).cost  # noqa: E731
+    best = search_stages(problem, (policy_gwtf_paper(inst), policy_waterfill(inst)), objective=objective,
+                         max_evaluations=max_evaluations, passes=passes)
     if lp_starts:
+        rank = lambda a: (round(model.evaluate(a).cost, 9), inst.join_delay(a), a)  # noqa: E731
         f = model.evaluate(best).flow
         rounded = [a for d in LP_START_OFFSETS if (a := model.relaxed_rounding(f + d)) is not None]
         if rounded:
-            best = min(best, _local_search(inst, model, min(rounded, key=rank), passes, swaps=False), key=rank)
+            refined = search_stages(problem, (min(rounded, key=rank),), objective=objective,
+                                    max_evaluations=max_evaluations, passes=passes)
+            best = min(best, refined, key=rank)
     return best
 
 
@@ -779,6 +812,7 @@ def run_join(setting: int, seed: int, *, instance: JoinInstance | None = None, w
         "gwtf": policy_gwtf(inst, model),
         "gwtf_paper": policy_gwtf_paper(inst),
         "waterfill": policy_waterfill(inst),
+        "leader": policy_leader(inst),
         "capacity_first": policy_capacity_first(inst),
         "capacity_first_by_size": policy_capacity_first_by_size(inst),
         "random": policy_random(inst, seed),
