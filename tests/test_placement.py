@@ -12,7 +12,7 @@ from gwtf_node.protocol.placement import (
     Candidate, CostModel, Member, PlacementProblem, StageLoad, min_cost_flow, search_stages,
 )
 from gwtf_node.sim.join import (
-    _FlowModel, generate_join, placement_problem, policy_gwtf_paper, policy_waterfill,
+    FlowModel, generate_join, placement_problem, policy_gwtf_paper, policy_waterfill,
 )
 
 SMALL = [(setting, seed) for setting in (1, 2, 3, 5) for seed in range(3)]
@@ -33,7 +33,7 @@ def test_min_cost_flow_on_a_hand_example() -> None:
 @pytest.mark.parametrize("setting,seed", SMALL[:6])
 def test_the_pure_evaluation_is_the_simulators_lp(setting: int, seed: int) -> None:
     inst = small(setting, seed)
-    lp, pure = _FlowModel(inst), CostModel(placement_problem(inst))
+    lp, pure = FlowModel(inst), CostModel(placement_problem(inst))
     for a in (policy_waterfill(inst), policy_gwtf_paper(inst), tuple(k % inst.stages for k in range(8))):
         assert pure.evaluate(a).flow == lp.evaluate(a).flow
         assert pure.evaluate(a).total_cost == pytest.approx(lp.evaluate(a).total_cost)
