@@ -93,3 +93,20 @@ def test_the_leader_raises_the_max_flow_where_water_filling_does_not() -> None:
     for c, s, _src in placed:
         caps[s] += c.capacity
     assert min(caps.values()) == 10 and {c.node for c, _s, _src in placed} == {"big", "small"}
+
+
+def test_without_measured_links_the_sorted_fill_is_the_min_cost_flow() -> None:
+    import random
+
+    rng = random.Random(3)
+    for _ in range(20):
+        stages = rng.randint(1, 5)
+        members = tuple(Member(f"m{k}", rng.randrange(stages), rng.randint(1, 9)) for k in range(2 * stages))
+        cands = tuple(Candidate(f"c{k}", rng.randint(1, 9), tuple(float(rng.randint(1, 50)) for _ in range(stages)))
+                      for k in range(rng.randint(1, 6)))
+        fast = CostModel(PlacementProblem(stages, members, cands, unknown_link_cost=7.0))
+        # a measured link between two nodes of no stage: the general min-cost flow, same link model
+        flow = CostModel(PlacementProblem(stages, members, cands, {("x", "y"): 1.0}, unknown_link_cost=7.0))
+        a = tuple(rng.randrange(stages) for _ in cands)
+        assert fast.evaluate(a).flow == flow.evaluate(a).flow
+        assert fast.evaluate(a).total_cost == pytest.approx(flow.evaluate(a).total_cost)

@@ -27,11 +27,15 @@ deterministic budget, not wall time, so the leader's choice is reproducible
 and its CPU bounded by budget x the cost of one min-cost flow).
 
 What the leader knows.  `PlacementProblem.links` holds the link costs that
-were measured; a link that is not there costs what its candidate end reported
-for that stage (`Candidate.stage_costs`), or `unknown_link_cost` between two
-members.  Members of a stage without any known link are interchangeable, so
-they are merged into one node per stage; with no member link known the graph
-has one node per stage plus the candidates and an evaluation is cheap.  The
+were measured; a link that is not there costs the mean of its two ends' own
+costs: a candidate's is what it reported for its stage
+(`Candidate.stage_costs`), a member's or the data nodes' is
+`unknown_link_cost`.  Members of a stage without any known link are
+interchangeable, so they are merged into one node per stage.  With no link
+measured at all (what the daemon's leader holds today) a unit's path cost is
+a sum of node costs, the cheapest routing fills each stage's cheapest
+capacity first, and an evaluation is a sort per stage instead of a min-cost
+flow (`CostModel._separable_cost`).  The
 join delay of an assignment is the largest cost a newcomer reported for its
 stage (its state download runs over those links); it breaks ties.
 """
@@ -203,6 +207,8 @@ class CostModel:
         flow = min(p.stage_capacities(assign))
         if flow <= 0:
             return Evaluation(0, 0.0)
+        if not p.links:
+            return Evaluation(flow, self._separable_cost(assign, flow))
         # Graph nodes: (name, stage, capacity, reported stage cost or None for a member).
         nodes: list[tuple[str | None, int, int, float | None]] = [(m.node, m.stage, m.capacity, None) for m in self._own]
         nodes += [(None, s, cap, None) for s, cap in enumerate(self._merged) if cap > 0]
@@ -212,22 +218,18 @@ class CostModel:
             by_stage[nd[1]].append(i)
         source, sink = 2 * len(nodes), 2 * len(nodes) + 1
 
-        def cost(a: tuple, b_name: str) -> float:
-            known = p.link(a[0], b_name) if a[0] is not None else None
-            if known is not None:
-                return known
-            return a[3] if a[3] is not None else p.unknown_link_cost
+        def own(x: tuple) -> float:
+            return x[3] if x[3] is not None else p.unknown_link_cost
 
         def pair_cost(a: tuple, b: tuple) -> float:
             known = p.link(a[0], b[0]) if a[0] is not None and b[0] is not None else None
-            if known is not None:
-                return known
-            reported = [x[3] for x in (a, b) if x[3] is not None]
-            return sum(reported) / len(reported) if reported else p.unknown_link_cost
+            return known if known is not None else (own(a) + own(b)) / 2
+
+        data = (DATA, -1, 0, None)
 
         edges: list[tuple[int, int, int, float]] = [(2 * i, 2 * i + 1, nd[2], 0.0) for i, nd in enumerate(nodes)]
-        edges += [(source, 2 * i, _BIG, cost(nodes[i], DATA)) for i in by_stage[0]]
-        edges += [(2 * i + 1, sink, _BIG, cost(nodes[i], DATA)) for i in by_stage[-1]]
+        edges += [(source, 2 * i, _BIG, pair_cost(nodes[i], data)) for i in by_stage[0]]
+        edges += [(2 * i + 1, sink, _BIG, pair_cost(nodes[i], data)) for i in by_stage[-1]]
         for s in range(p.num_stages - 1):
             for i in by_stage[s]:
                 for j in by_stage[s + 1]:
@@ -237,6 +239,29 @@ class CostModel:
         if total is None:
             raise ValueError(f"no routing of {flow} units: a stage is not linked to the next")
         return Evaluation(flow, total)
+
+
+    def _separable_cost(self, assign: Assignment, flow: int) -> float:
+        """With no link measured every link costs the mean of its ends' costs, so a unit's path costs
+        unknown_link_cost (its two data ends) plus the cost of each node it crosses, and the cheapest
+        routing fills each stage's cheapest capacity first: no flow problem to solve."""
+        p = self.problem
+        per_stage: list[list[tuple[float, int]]] = [[] for _ in range(p.num_stages)]
+        for s, cap in enumerate(self._merged):
+            if cap > 0:
+                per_stage[s].append((p.unknown_link_cost, cap))
+        for c, s in zip(p.candidates, assign):
+            per_stage[s].append((c.stage_costs[s], c.capacity))
+        total = flow * p.unknown_link_cost
+        for options in per_stage:
+            left = flow
+            for unit_cost, cap in sorted(options):
+                take = min(left, cap)
+                total += take * unit_cost
+                left -= take
+                if left == 0:
+                    break
+        return total
 
 
 Evaluator = Callable[[Assignment], float]  # the objective of an assignment (anything proportional to C / F^2)
