@@ -25,15 +25,17 @@ The leader (`MembershipMachine`, run by the data node while
    Joining members count in the capacity because they will serve from their
    start iteration on: without them every round would see the same
    bottleneck and pile all candidates onto it.
-3. Placement (`place`): candidates in decreasing capacity (ties by id); each
-   goes to the most utilized stage it can serve (finite cost) that has a
-   state source; ties go to the stage with less capacity, then to the
-   candidate's cheaper stage, then to the lower index.  After each placement
-   the stage's capacity grows by the candidate's, so utilization is
-   re-evaluated as we assign: this is the paper's "highest capacity to the
-   highest utilization, the second to the second" without its flaw of
-   sending the second candidate to the second stage when the first stage is
-   still the bottleneck after the first placement.
+3. Placement (`place_by_search`): the stages of the waiting candidates are
+   chosen by the local search of protocol/placement.py, which minimizes the
+   time to push a batch (C / F^2: F the maximum flow, C its least cost) over
+   the leader's snapshot (each stage's capacity, each candidate's capacity
+   and cost to each stage), starting from two rules and never ending worse
+   than either: water-filling (`place`: candidates in decreasing capacity,
+   each to the most utilized stage it can serve that has a state source, with
+   utilization re-evaluated after every placement; ties: less capacity, the
+   candidate's cheaper stage, lower index) and the paper's rank matching (the
+   highest capacity to the most utilized stage, the second to the second).
+   The search spends at most `placement_evaluations` evaluations per round.
 4. State source: a member of the stage that answered this round, reports
    that it serves, and is not a newcomer the leader placed and has not yet
    seen serving: never a node that is itself joining.  Among those the one

@@ -47,7 +47,7 @@ when the slowest has its state), and our GWTF uses it to break ties.
 
 How the paper's experiment is read (line ~179 of the paper, V-B, Table IV).
 
-- Who joins.  "Iteratively, 20 nodes are added" and the issue's "20
+- Who joins.  "Iteratively, 20 nodes are added" and "20
   candidates added": all 20 candidates join under every policy, and a policy
   only chooses their stages.  The paper never mentions a larger pool from
   which some are left out (a pool would let "random nodes" pick weak ones and
@@ -63,8 +63,8 @@ How the paper's experiment is read (line ~179 of the paper, V-B, Table IV).
   (`gwtf_paper`, `capacity_first`).  The final cost depends on the final
   assignment only, so for the other policies the rounds change nothing.
 - The optimum.  The paper enumerates, per round, the permutations of the
-  round's candidates over the stages; the issue asks for "every assignment of
-  candidates to stages".  We take the issue's: S^20 assignments, a superset
+  round's candidates over the stages; the task asks for "every assignment of
+  candidates to stages".  We take that: S^20 assignments, a superset
   of the paper's (per-round permutations chained greedily), so our optimum is
   at least the paper's and the targets are, if anything, harder.
 - The baselines.  "Adding highest capacity first" names the order of the
@@ -79,7 +79,7 @@ How the paper's experiment is read (line ~179 of the paper, V-B, Table IV).
   uniformly random stage.  A random permutation per round instead would be,
   with equal stages (settings 1-4), statistically the same policy as
   capacity-first dealt in order: the paper's 1.5x vs 3.5x rules that out.
-- The cost is not defined in the paper; ours is the issue's example (above).
+- The cost is not defined in the paper; ours is the one above.
   The paper's own time per microbatch in Table II (slowest path per
   iteration / microbatches) would need the longest path of a min-sum routing,
   which depends on how the flow is split into paths; the mean path (C / F)
@@ -121,7 +121,7 @@ The policies (a policy chooses the stages of the 20 candidates):
   stage capacities and each candidate's cost to each stage, no link costs
   between members; the same search within its evaluation budget.
 - `capacity_first`: highest capacity first, dealt over the stages in index
-  order (rank r to stage r mod S).  `capacity_first_by_size`: the previous
+  order (rank r to stage r mod S).  `capacity_first_by_size`: the other
   reading, each to the stage with the fewest nodes (same in settings 1-4).
 - `random`: each candidate to a uniformly random stage (seeded).
 - `optimal`: the assignment minimizing `cost`.  S^20 assignments are far too

@@ -82,7 +82,7 @@ def policy_capacity_first(inst: JoinInstance) -> tuple[int, ...]:
 
 
 def policy_capacity_first_by_size(inst: JoinInstance) -> tuple[int, ...]:
-    """The previous reading of the baseline: highest capacity first, each to the stage with the
+    """The other reading of the baseline: highest capacity first, each to the stage with the
     fewest nodes (ties: lowest index).  Same as `policy_capacity_first` when the stages are equal."""
     count = [len(inst.stage_members(s)) for s in range(inst.stages)]
     assign = [0] * len(inst.candidates)
