@@ -208,6 +208,15 @@ def _setup_logging(level: str, state_dir=None) -> None:
         lg.propagate = True
 
 
+def cmd_sim_join(args: argparse.Namespace) -> int:
+    from .sim.join import run_join, summary
+
+    res = run_join(args.setting, args.seed, with_bound=not args.no_bound, lp_starts=args.lp_starts,
+                   leader_evaluations=args.leader_evaluations)
+    print(json.dumps(res) if args.json else summary(res))
+    return 0
+
+
 def cmd_join(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -493,10 +502,18 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--json", action="store_true", help="print the JSON of specs/scenario.md")
     f.set_defaults(func=cmd_flow)
 
-    from .sim.join import add_join_parser
     from .sim.train import add_train_parser
 
-    add_join_parser(simsub, _Parser, _nonneg_int)
+    j = simsub.add_parser("join", help="the node-addition experiment of Table IV / Figure 5")
+    j.add_argument("--setting", type=int, choices=range(1, 6), required=True, metavar="{1..5}")
+    j.add_argument("--seed", type=_nonneg_int, default=0)
+    j.add_argument("--no-bound", action="store_true", help="skip the proved upper bound on the optimum (faster)")
+    j.add_argument("--lp-starts", action="store_true",
+                   help="gwtf: also start the search from the rounded LP relaxation (docs/bench_join_lpstarts.md)")
+    j.add_argument("--leader-evaluations", type=_positive_int, default=None,
+                   help="evaluation budget of the daemon's leader policy (default: the daemon's)")
+    j.add_argument("--json", action="store_true", help="one JSON object; key 'improvement' per policy")
+    j.set_defaults(func=cmd_sim_join)
 
     add_train_parser(simsub, _Parser, _nonneg_int, _positive_int)
 

@@ -3,8 +3,8 @@
 
 For each setting 1-5 and each seed, `gwtf_node.sim.join.run_join` adds the
 20 candidates with every policy and reports improvement = (cost_now -
-cost_after) / cost_now, cost = B*C/F^2 (see the module docstring of
-gwtf_node/sim/join.py).  Prints and writes a markdown table (mean and
+cost_after) / cost_now, cost = B*C/F^2 (see the package docstring of
+gwtf_node/sim/join/).  Prints and writes a markdown table (mean and
 variance per policy and setting, the paper's target ratios) and a bar chart
 with variance whiskers like Figure 5.
 
@@ -23,7 +23,8 @@ from pathlib import Path
 
 from gwtf_node.sim.join import JOIN_SETTINGS, POLICIES, run_join
 
-LABELS = {"gwtf": "GWTF (ours)", "gwtf_paper": "GWTF (paper, V-B)", "waterfill": "water-filling (runtime)",
+LABELS = {"gwtf": "GWTF (ours)", "gwtf_paper": "GWTF (paper, V-B)", "waterfill": "water-filling",
+          "leader": "daemon's leader",
           "capacity_first": "highest capacity first", "capacity_first_by_size": "cap-first by size",
           "random": "random", "optimal": "optimal (best found)", "bound": "optimum upper bound"}
 COLUMNS = (*POLICIES, "bound")
@@ -54,7 +55,7 @@ def table(results: list[dict], settings: list[int], seeds: int) -> str:
         "",
         f"Command: `{cmd}`.  Improvement = (cost_now - cost_after) / cost_now with cost = B*C/F^2 (F: max flow, "
         "C: its min total path cost; B cancels).  Mean (variance) over seeds, in %.  Policies and the reading of "
-        "the paper behind each: module docstring of gwtf_node/sim/join.py.",
+        "the paper behind each: package docstring of gwtf_node/sim/join/.",
         "`optimal (best found)` is the best assignment a local search (moves and swaps) finds from the best other "
         "policy: a lower bound on the optimum's improvement.  `optimum upper bound` is proved: no assignment of "
         "the 20 candidates does better (LP relaxation of the assignment, one per possible max flow, "
@@ -96,7 +97,7 @@ def table(results: list[dict], settings: list[int], seeds: int) -> str:
         "",
         "All settings: mean improvement " + ", ".join(f"{LABELS[p]} {100 * allm[p]:.1f}%" for p in cols) + ".",
         "",
-        "Targets of issue 5 (the paper's figures), checked on the means over all settings and on every instance:",
+        "The paper's targets, checked on the means over all settings and on every instance:",
         "",
         f"- GWTF never more than 25% worse than optimal: worst instance, GWTF (ours) {100 * worst('gwtf', 'optimal'):.1f}% "
         f"below the best assignment found" + (f", {100 * worst('gwtf', 'bound'):.1f}% below the proved upper bound "
@@ -111,7 +112,7 @@ def table(results: list[dict], settings: list[int], seeds: int) -> str:
         f"paper rule {allm['gwtf_paper'] / allm['random']:.2f}x, best found {allm['optimal'] / allm['random']:.2f}x"
         + (f"; no assignment can exceed {allm['bound'] / allm['random']:.2f}x (bound)" if "bound" in cols else "")
         + ".",
-        f"- the same against the previous reading of that baseline (cap-first by size: each candidate to the "
+        f"- the same against the by-size reading of that baseline (cap-first by size: each candidate to the "
         f"stage with the fewest members; differs in setting 5 only): GWTF (ours) "
         f"{allm['gwtf'] / allm['capacity_first_by_size']:.2f}x, best found "
         f"{allm['optimal'] / allm['capacity_first_by_size']:.2f}x"
@@ -120,7 +121,7 @@ def table(results: list[dict], settings: list[int], seeds: int) -> str:
         "",
         "Methods of the optimum: " + ", ".join(sorted({r["optimal_method"] for r in results})) + ".  "
         "Sample of the exact MILP: docs/bench_join_exact.md; GWTF with the LP-rounding start: "
-        "docs/bench_join_lpstarts.md.",
+        "docs/bench_join_lpstarts.md; the daemon's leader: docs/bench_join_leader.md.",
     ]
     return "\n".join(rows) + "\n"
 

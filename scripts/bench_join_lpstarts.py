@@ -17,7 +17,7 @@ import time
 from multiprocessing import Pool
 from pathlib import Path
 
-from gwtf_node.sim.join import (JOIN_SETTINGS, _FlowModel, generate_join, policy_capacity_first, policy_gwtf,
+from gwtf_node.sim.join import (JOIN_SETTINGS, FlowModel, generate_join, policy_capacity_first, policy_gwtf,
                                 policy_random)
 
 
@@ -26,7 +26,7 @@ def _one(job: tuple[int, int]) -> dict:
     inst = generate_join(setting, seed)
     out = {"setting": setting, "seed": seed}
     for key, lp in (("gwtf", False), ("gwtf_lp", True)):
-        model = _FlowModel(inst)  # fresh: no evaluation cached from the other run
+        model = FlowModel(inst)  # fresh: no evaluation cached from the other run
         now = model.evaluate(()).cost
         t = time.process_time()
         a = policy_gwtf(inst, model, lp_starts=lp)

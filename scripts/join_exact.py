@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from gwtf_node.sim.join import _FlowModel, generate_join, milp_optimum, run_join
+from gwtf_node.sim.join import FlowModel, generate_join, milp_optimum, run_join
 
 
 def main(argv=None) -> int:
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
         setting, seed = map(int, item.split(":"))
         t = time.perf_counter()
         inst = generate_join(setting, seed)
-        model = _FlowModel(inst)
+        model = FlowModel(inst)
         res = run_join(setting, seed, instance=inst)
         opt_assign = tuple(res["policies"]["optimal"]["stages"][v] for v in inst.candidates)
         mr = milp_optimum(inst, model, incumbent=opt_assign, time_limit=args.time_limit, rounds=args.rounds)

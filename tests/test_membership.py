@@ -92,9 +92,11 @@ def test_joining_members_are_never_sources_and_silent_ones_are_not_either() -> N
     m.on_message(0.0, "y", JoinRequest(2, (1.0, 1.0)))
     out = _round(m, 0.0, {"a": report(0, 3, 3, serving=False), "b": report(0, 3, 3), "c": report(1, 1, 3)})
     sent = {(e.to, e.msg) for e in out if type(e) is Send and type(e.msg) is Assignment}
-    ax = Assignment(term=3, node="x", stage=0, download_from="b", start_iteration=8)
-    ay = Assignment(term=3, node="y", stage=1, download_from="c", start_iteration=8)
-    assert sent == {("x", ax), ("b", ax), ("y", ay), ("c", ay)}
+    # stage capacities 6 (a joining, b) and 3 (c; "dead" is silent): x (4) to stage 1 and y (2) to stage 0
+    # make the max flow 7, where water-filling (x to the more utilized stage 0) would make it 5
+    ax = Assignment(term=3, node="x", stage=1, download_from="c", start_iteration=8)
+    ay = Assignment(term=3, node="y", stage=0, download_from="b", start_iteration=8)
+    assert sent == {("x", ax), ("c", ax), ("y", ay), ("b", ay)}
     # a lost Assignment is sent again; an invalid request is ignored and counted
     assert m.on_message(1.0, "x", JoinRequest(4, (1.0, 1.0))) == [Send("x", ax)]
     assert m.on_message(1.0, "z", JoinRequest(0, (1.0, 1.0))) == []

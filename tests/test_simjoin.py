@@ -1,4 +1,4 @@
-"""`gwtf-node sim join`: the node-addition experiment (gwtf_node/sim/join.py).
+"""`gwtf-node sim join`: the node-addition experiment (gwtf_node/sim/join/).
 
 Small instances (a few relays, 3 candidates, 3 stages: 27 assignments) keep
 the whole file fast and let the optimum be exhaustive, so "optimal is never
@@ -13,12 +13,12 @@ import json
 
 import pytest
 
-from gwtf_node.cli import CliError, _nonneg_int, _Parser
+from gwtf_node.cli import CliError, build_parser, cmd_sim_join
 from gwtf_node.protocol.scenario import parse_scenario
 from gwtf_node.sim import join
+from gwtf_node.sim.join import experiment, policies
 from gwtf_node.sim.baselines import optimal_routing
-from gwtf_node.sim.join import (BATCH_MICROBATCHES, POLICIES, _FlowModel, add_join_parser, cmd_sim_join,
-                                generate_join, policy_capacity_first, policy_gwtf, policy_gwtf_paper,
+from gwtf_node.sim.join import (BATCH_MICROBATCHES, POLICIES, FlowModel, generate_join, policy_capacity_first, policy_gwtf, policy_gwtf_paper,
                                 policy_optimal, policy_random, run_join, to_scenario)
 
 
@@ -55,7 +55,7 @@ def test_deterministic_per_seed() -> None:
 
 def test_evaluation_matches_networkx_optimum() -> None:
     inst = small(setting=2, seed=1, relays=8, candidates=4, stages=3)
-    model = _FlowModel(inst)
+    model = FlowModel(inst)
     for assign in [(), (0, 1, 2, 0), (2, 2, 2, 2), policy_gwtf_paper(inst)]:
         ev = model.evaluate(assign)
         ref = optimal_routing(parse_scenario(to_scenario(inst, assign)))
@@ -95,7 +95,7 @@ def test_policies_respect_stages_and_capacities() -> None:
 def test_optimal_beats_every_policy_on_exhaustive_instances() -> None:
     for setting, seed in itertools.product((1, 3, 5), range(3)):
         inst = small(setting, seed)
-        model = _FlowModel(inst)
+        model = FlowModel(inst)
         opt = policy_optimal(inst, model)
         assert opt.method == "exhaustive"
         best = model.evaluate(opt.assign).cost
@@ -108,7 +108,7 @@ def test_optimal_beats_every_policy_on_exhaustive_instances() -> None:
 
 
 def test_local_search_bound_never_below_the_policies(monkeypatch) -> None:
-    monkeypatch.setattr(join, "EXHAUSTIVE_LIMIT", 0)
+    monkeypatch.setattr(policies, "EXHAUSTIVE_LIMIT", 0)
     res = run_join(1, 0, instance=generate_join(1, 0, relays=16, candidates=5, stages=4))
     assert res["optimal_method"] == "local-search"
     imp = res["improvement"]
@@ -117,11 +117,7 @@ def test_local_search_bound_never_below_the_policies(monkeypatch) -> None:
 
 
 def _harness() -> argparse.ArgumentParser:
-    p = _Parser(prog="gwtf-node")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    simsub = sub.add_parser("sim").add_subparsers(dest="sim_command", required=True, parser_class=_Parser)
-    add_join_parser(simsub, _Parser, _nonneg_int)
-    return p
+    return build_parser()
 
 
 def _main(argv: list[str], capsys) -> tuple[int, str, str]:
@@ -136,7 +132,7 @@ def _main(argv: list[str], capsys) -> tuple[int, str, str]:
 
 
 def test_json_output_keys(monkeypatch, capsys) -> None:
-    monkeypatch.setattr(join, "generate_join", lambda setting, seed: small(setting, seed))
+    monkeypatch.setattr(experiment, "generate_join", lambda setting, seed: small(setting, seed))
     code, out, err = _main(["sim", "join", "--setting", "2", "--seed", "5", "--json"], capsys)
     assert code == 0 and not err
     res = json.loads(out)
@@ -180,7 +176,7 @@ def test_bound_is_below_every_assignment_and_tighter_with_the_bottleneck() -> No
     when the bottleneck stage is imposed; so the bound's cost is below the exhaustive optimum."""
     for setting, seed in itertools.product((1, 3, 5), range(3)):
         inst = small(setting, seed)
-        model = _FlowModel(inst)
+        model = FlowModel(inst)
         every = list(itertools.product(range(3), repeat=3))
         for a in every:
             ev = model.evaluate(a)
@@ -199,7 +195,7 @@ def test_bound_is_not_trivial() -> None:
     """The bound is a real constraint: the relaxation cannot carry more than every candidate's
     capacity on top of the weakest stage, and the bound stays below 100 % improvement."""
     inst = generate_join(1, 0, relays=16, candidates=5, stages=4)
-    model = _FlowModel(inst)
+    model = FlowModel(inst)
     f_cap = min(inst.stage_caps()) + sum(inst.cand_cap.values())
     assert model.relaxed_min_cost(f_cap + 1) == float("inf")
     res = run_join(1, 0, instance=inst)
@@ -210,7 +206,7 @@ def test_bound_is_not_trivial() -> None:
 def test_milp_optimum_is_the_exhaustive_optimum() -> None:
     for setting, seed in ((1, 0), (3, 1), (5, 2)):
         inst = small(setting, seed)
-        model = _FlowModel(inst)
+        model = FlowModel(inst)
         best = min(model.evaluate(a).cost for a in itertools.product(range(3), repeat=3))
         worst = max(itertools.product(range(3), repeat=3), key=lambda a: model.evaluate(a).cost)
         res = join.milp_optimum(inst, model, incumbent=worst, time_limit=30)
@@ -221,7 +217,7 @@ def test_milp_optimum_is_the_exhaustive_optimum() -> None:
 
 def test_lp_starts_never_worse_and_rounding_is_an_assignment() -> None:
     inst = generate_join(1, 0, relays=24, candidates=6, stages=4)
-    model = _FlowModel(inst)
+    model = FlowModel(inst)
     f = min(inst.stage_caps())
     a = model.relaxed_rounding(f + 2)
     assert a is not None and len(a) == 6 and all(0 <= s < 4 for s in a)

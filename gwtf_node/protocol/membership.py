@@ -25,15 +25,17 @@ The leader (`MembershipMachine`, run by the data node while
    Joining members count in the capacity because they will serve from their
    start iteration on: without them every round would see the same
    bottleneck and pile all candidates onto it.
-3. Placement (`place`): candidates in decreasing capacity (ties by id); each
-   goes to the most utilized stage it can serve (finite cost) that has a
-   state source; ties go to the stage with less capacity, then to the
-   candidate's cheaper stage, then to the lower index.  After each placement
-   the stage's capacity grows by the candidate's, so utilization is
-   re-evaluated as we assign: this is the paper's "highest capacity to the
-   highest utilization, the second to the second" without its flaw of
-   sending the second candidate to the second stage when the first stage is
-   still the bottleneck after the first placement.
+3. Placement (`place_by_search`): the stages of the waiting candidates are
+   chosen by the local search of protocol/placement.py, which minimizes the
+   time to push a batch (C / F^2: F the maximum flow, C its least cost) over
+   the leader's snapshot (each stage's capacity, each candidate's capacity
+   and cost to each stage), starting from two rules and never ending worse
+   than either: water-filling (`place`: candidates in decreasing capacity,
+   each to the most utilized stage it can serve that has a state source, with
+   utilization re-evaluated after every placement; ties: less capacity, the
+   candidate's cheaper stage, lower index) and the paper's rank matching (the
+   highest capacity to the most utilized stage, the second to the second).
+   The search spends at most `placement_evaluations` evaluations per round.
 4. State source: a member of the stage that answered this round, reports
    that it serves, and is not a newcomer the leader placed and has not yet
    seen serving: never a node that is itself joining.  Among those the one
@@ -63,29 +65,14 @@ from typing import Iterable, Mapping
 
 from .effects import CancelTimer, Effect, Send, SetTimer
 from .messages import Assignment, JoinRequest, StageStateRequest, UtilizationQuery, UtilizationReport
+from .placement import (DEFAULT_MAX_EVALUATIONS, Candidate, Member, PlacementProblem, StageLoad, rank_matching,
+                        search_stages)
 
 INITIAL = ""  # download_from of a placement into an empty stage before any step: the manifest's initial weights
 ROUND_TIMER = "membership.round"
 COLLECT_TIMER = "membership.collect"
 RETRY_TIMER = "membership.join_retry"
 MAX_MISSED_ROUNDS = 3  # a member silent for this many rounds in a row is forgotten
-
-
-@dataclass(frozen=True)
-class Candidate:
-    node: str
-    capacity: int
-    stage_costs: tuple[float, ...]
-
-
-@dataclass
-class StageLoad:
-    flows: int = 0
-    capacity: int = 0
-
-    @property
-    def utilization(self) -> float:
-        return self.flows / self.capacity if self.capacity > 0 else math.inf
 
 
 # ---- pure placement ---------------------------------------------------------
@@ -144,6 +131,47 @@ def place(candidates: Iterable[Candidate], loads: Mapping[int, StageLoad],
     return placed
 
 
+def place_by_search(candidates: Iterable[Candidate], loads: Mapping[int, StageLoad],
+                    sources: Mapping[int, list[str]], reports: Mapping[str, UtilizationReport],
+                    max_evaluations: int = DEFAULT_MAX_EVALUATIONS) -> list[tuple[Candidate, int, str]]:
+    """`place`, with the stages chosen by the local search of protocol/placement.py.
+
+    The starts are water-filling (`place`) and the paper's rank matching; the
+    snapshot is what the leader holds: each stage's capacity (serving and
+    joining members, from `loads`) and each candidate's reported cost to each
+    stage.  Links between members are not reported, so they all cost the mean
+    of the candidates' finite stage costs (no stage is preferred for them).
+    Sources are then chosen as `place` does, highest capacity first.
+    """
+    eligible = [s for s in sorted(loads) if sources.get(s)]
+    num_stages = max(loads, default=-1) + 1
+    cands = []
+    for c in sorted(candidates, key=lambda c: (-c.capacity, c.node)):
+        costs = tuple(c.stage_costs[s] if s in eligible and s < len(c.stage_costs) else math.inf
+                      for s in range(num_stages))
+        if any(math.isfinite(x) for x in costs):
+            cands.append(Candidate(c.node, c.capacity, costs))
+    if not cands:
+        return []
+    waterfill = {c.node: s for c, s, _src in place(cands, {s: StageLoad(ld.flows, ld.capacity)
+                                                          for s, ld in loads.items()}, sources, reports)}
+    ranked = rank_matching(cands, loads, eligible)
+    known = [x for c in cands for x in c.stage_costs if math.isfinite(x)]
+    problem = PlacementProblem(
+        num_stages, tuple(Member(f"stage {s}", s, loads[s].capacity) for s in sorted(loads) if loads[s].capacity > 0),
+        tuple(cands), unknown_link_cost=sum(known) / len(known))
+    starts = [tuple(start[c.node] for c in cands) for start in (waterfill, ranked) if len(start) == len(cands)]
+    stages = search_stages(problem, starts, max_evaluations=max_evaluations)
+    placed: list[tuple[Candidate, int, str]] = []
+    downloads: dict[str, int] = {}
+    for c, stage in zip(cands, stages):
+        src = "" if sources[stage] == [INITIAL] else choose_source(sources[stage], reports, downloads)
+        downloads[src] = downloads.get(src, 0) + 1
+        loads[stage].capacity += c.capacity
+        placed.append((c, stage, src))
+    return placed
+
+
 def valid_request(msg: JoinRequest, num_stages: int) -> bool:
     return msg.capacity >= 1 and len(msg.stage_costs) == num_stages \
         and all(not math.isnan(x) and x >= 0 for x in msg.stage_costs)
@@ -159,6 +187,7 @@ class MembershipConfig:
     query_interval_s: float = 5.0
     report_timeout_s: float = 1.0
     join_timeout_s: float = 120.0  # a placed newcomer not serving by then is forgotten
+    placement_evaluations: int = DEFAULT_MAX_EVALUATIONS  # budget of the stage search per round
 
     def __post_init__(self) -> None:
         if not 0 < self.report_timeout_s < self.query_interval_s:
@@ -263,7 +292,8 @@ class MembershipMachine:
                 if k not in sources and not any(st == k for st, _c in joining.values()):
                     sources[k] = [INITIAL]
         effects: list[Effect] = []
-        for c, stage, src in place(self.waiting.values(), loads, sources, self.reports):
+        for c, stage, src in place_by_search(self.waiting.values(), loads, sources, self.reports,
+                                             self.cfg.placement_evaluations):
             a = Assignment(term=self.term, node=c.node, stage=stage, download_from=src,
                            start_iteration=self.iteration if src == INITIAL else self.iteration + 1)
             self.placed[c.node] = _Placed(a, c.capacity, now)
