@@ -4,7 +4,10 @@ One `RecoveryNode` per node (data node or relay).  It is pure: it is handed
 `now`, the events (messages, timers, finished computations) and a seeded
 `random.Random`, and returns effects: `Send`, `SetTimer`, `CancelTimer` (see
 `effects.py`), `Compute` (run a stage computation, then call
-`on_compute_done`) and `OpenIteration`.  The simulator (`sim/train.py`)
+`on_compute_done`), `OpenIteration` (a data node opened an iteration) and
+`IterationSettled` (a data node's microbatches of an iteration are all
+completed or deferred: the driver reports it to the leader through
+`phases.Phases`).  The simulator (`sim/train.py`)
 executes them in virtual time; the daemon runs the same machine with torch.
 
 The invariant, and how it holds by construction
@@ -123,25 +126,18 @@ The flow machines place each data node's units first come, first served (on
 the heterogeneous Table II settings a maximum flow of 4 is often split 1 / 3),
 and a data node pushes its microbatches in waves on its own units, so the
 iteration lasts as many waves as the smallest share needs while the other
-data node's units sit idle once it is done.  With `lend`: a data node whose
-microbatches of the iteration are all settled sends its `IterationDone` to
-the other data nodes too; a data node that hears it for its current
-iteration launches, when its own units are busy, on any stage-0 relay with
-room by its own count (the other one has nothing in flight there any more);
-and a relay with no free unit of a microbatch's data node uses a free unit of
-another data node's flows before repairing locally (greedy), so the borrowed
-microbatch follows the idle flow's path.  Earlier than that, unit by unit: a
+data node's units sit idle once it is done.  With `lend`, unit by unit: a
 data node with nothing left to launch in the iteration (nothing waiting or
 parked) sends `Lend(iteration, hop)` to the other data nodes each time one of
 its microbatches completes, naming the stage-0 relay of the unit that freed;
 a receiver adds it to its own units at that relay for the iteration (so it
 launches there while its count allows; a unit lent to two data nodes may
-answer `MbDeny` to one of them, which then tries elsewhere or parks).  This
-cut the heterogeneous Table II time per microbatch by ~10 % at 0 % churn
-(5 seeds, 0.503 -> 0.454 min) and ~4 % at 10 %.  Ends with the iteration
-(`_open` starts from the flows again).  Off by default; the daemon turns it
-on but sends only `Lend` between data nodes (its `IterationDone` goes to the
-leader's aggregation, `pipeline.Phases`).
+answer `MbDeny` to one of them, which then tries elsewhere or parks).  And a
+relay with no free unit of a microbatch's data node uses a free unit of
+another data node's flows before repairing locally (greedy), so the borrowed
+microbatch follows the idle flow's path.  Lent units end with the iteration
+(`_open` starts from the flows again).  Off by default; the daemon and the
+simulator turn it on for GWTF.
 
 Fastest unit first (GWTF, `cfg.fastest_unit`; on in the simulator and the daemon)
 -------------------------------------------------------------------------------
@@ -179,23 +175,18 @@ At most `MAX_ROUNDS` rounds (GWTF) or restarts (SWARM) per microbatch and
 iteration, then the data node gives the attempt up: `Release` to every
 holder, DEFERRED, pushed again next iteration.
 
-Aggregation (V-E), with deadlines
----------------------------------
-A data node sends `IterationDone` to the leader when none of its microbatches
-of the iteration is pending or in flight.  The leader sends
-`BeginAggregation` to the other data nodes and to every live stage-0 relay;
-every relay passes it to every live relay of the next stage (it reaches
-everyone alive while one relay per stage lives), drops what is left of the
-iteration's microbatches and starts its step (`Compute("aggregate")`; the
-driver / daemon all-reduces the gradient sums and counts over the live relays
-of the stage, waiting at most a deadline for a dead one).  `CanTake` goes
-back to front: the last stage after its step; another node after its step and
-a `CanTake` from *a* next-stage peer ("detects that a downstream peer has also
-finished", V-E: waiting for all of them would wait for the dead ones), or
-after `agg_wait_s` x (stages behind it + 1) with none.  A data node opens the
-next iteration the same way.  A relay still aggregating iteration t answers
-`MbDeny` to a microbatch of t+1 (its parameters are not t+1's yet) and sends
-`Room` once its step is applied.
+Aggregation (V-E)
+-----------------
+The aggregation phase is `phases.Phases`, driven next to this machine by the
+same driver (daemon or simulator).  This machine tells the driver when a data
+node's iteration is settled (`IterationSettled`; `reported` holds the settled
+iterations), and the driver tells it when BEGIN AGGREGATION of an iteration
+arrived (`begin_aggregation`: a relay drops what is left of the iteration's
+microbatches and names the contributions that count), when the step is
+applied (`aggregation_done`) and when a data node opens the next iteration
+(`open_iteration`).  A relay that began iteration t and has not applied its
+step answers `MbDeny` to a microbatch of t+1 (its parameters are not t+1's
+yet) and sends `Room` once its step is applied.
 
 Contributions lost inside a crashed relay (the rule)
 ----------------------------------------------------
@@ -212,11 +203,8 @@ microbatch contributes at most once per stage among the nodes the data node
 knows of.
 
 A data node that dies (`peer_gone`, `_data_node_gone`) takes its
-microbatches with it: relays drop them and their contributions, its
-IterationDone stops counting; if it led, the lowest surviving data node leads
-(the outcome of `leader.py`'s election, whose timing the driver accounts
-for) and the others send it their pending IterationDone.  The daemon runs the
-aggregation itself (`pipeline.Phases`) and gives this machine no leader.
+microbatches with it: relays drop them and their contributions (its report to
+the leader is dropped by `Phases.forget`).
 """
 
 from __future__ import annotations
@@ -227,8 +215,8 @@ from typing import Mapping
 
 from .effects import CancelTimer, Send, SetTimer
 from .messages import (
-    Backward, BackwardStuck, BeginAggregation, CanTake, Complete, Forward, IterationDone, Lend, MbDeny, MbState,
-    Probe, Recover, Release, RepairOrder, Resume, Room,
+    Backward, BackwardStuck, Complete, Forward, Lend, MbDeny, MbState, Probe, Recover, Release, RepairOrder, Resume,
+    Room,
 )
 from .pipeline import Ledger, MbStatus, OpenIteration, pick_next_hop
 
@@ -244,6 +232,8 @@ SLOT_PHASES = ("fwd", "sending", "sent", "bwd")  # a relay holds activations: it
 FWD_STATES = ("fwd", "sending", "sent")
 BWD_STATES = ("bwd", "grad", "done")
 TIMERS = ("fw", "bk", "wd", "pr")
+MB_MESSAGES = (Forward, Backward, Complete, MbDeny, Probe, Recover, Resume, BackwardStuck, Room, Release, MbState,
+               RepairOrder, Lend)
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,13 +244,20 @@ class Compute:
     side), "recompute" (a relay's stage forward redone from a stored
     activation after a crash), "backward" (a relay's stage backward), "loss"
     (data node, at the sink: head + loss + their backward), "final" (data
-    node: the embedding-side backward), "aggregate" (all-reduce + optimizer
-    step of `key = ("agg", iteration)` over `count` held contributions).
+    node: the embedding-side backward).
     """
 
     kind: str
     key: tuple
-    count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class IterationSettled:
+    """A data node's microbatches of `iteration` are all completed or deferred: report it to the leader."""
+
+    iteration: int
+    completed: int
+    deferred: int
 
 
 @dataclass(frozen=True)
@@ -270,14 +267,12 @@ class RecoveryConfig:
     last_stage: int
     capacity: int  # microbatches held at once (relays); a data node: its microbatches per iteration
     data_nodes: tuple[str, ...]
-    leader: str
     next_peers: Mapping[str, float]  # link cost to each next-stage peer (last stage: the data nodes)
     prev_peers: Mapping[str, float]  # previous stage (stage 0: the data nodes; data node: the last stage)
     peer_capacity: Mapping[str, int] = field(default_factory=dict)
     prior_s: Mapping[str, float] = field(default_factory=dict)  # expected hand-off -> Complete time per peer
     default_prior_s: float = 10.0
     e2e_prior_s: float = 60.0  # data node: expected launch -> final backward time
-    agg_wait_s: float = 60.0
     probe_wait_s: float = 3.0  # data node: how long probe answers are awaited (control messages: latency only)
     policy: str = "gwtf"
     swarm_assumed_capacity: int = 4  # SWARM: the memory it assumes every peer has
@@ -343,7 +338,6 @@ class RecoveryStats:
     lent: int = 0  # data node: units lent to other data nodes (Lend)
     borrowed: int = 0  # data node: units lent to me
     presumed_dead: int = 0
-    agg_deadlines: int = 0
     stale: int = 0  # messages of an older attempt, ignored
 
 
@@ -370,12 +364,9 @@ class RecoveryNode:
         self.out: dict[str, dict[str, int]] = {}  # gwtf flows: data node -> next hop -> units
         self.contrib: dict[int, set[Key]] = {}
         self.stats = RecoveryStats()
-        # phases
+        # the aggregation phase, as the driver reports it (begin_aggregation, aggregation_done)
         self.begun: set[int] = set()
         self.stepped: set[int] = set()
-        self.can_take_from: dict[int, set[str]] = {}
-        self.can_take_done: set[int] = set()
-        self.done_reports: dict[int, dict[str, int]] = {}
         # data node
         self.ledger = Ledger()
         self.iteration = 0
@@ -384,7 +375,6 @@ class RecoveryNode:
         self.carry: list[int] = []  # deferred seqs for the next iteration
         self.e2e_est = cfg.e2e_prior_s
         self.reported: set[int] = set()
-        self.others_done: dict[int, set[str]] = {}  # lending: iteration -> data nodes that reported it settled
         self.lent: dict[str, int] = {}  # lending: stage-0 relay -> units other data nodes lent me this iteration
         self.rt: dict[str, float] = {}  # data node: stage-0 relay -> EWMA of launch -> final time through it
 
@@ -397,23 +387,6 @@ class RecoveryNode:
         eff: list = []
         if now is not None and self.is_data:
             self._launch(now, eff)
-        return eff
-
-    def on_peer_joined(self, now: float, peer: str, *, next_stage: bool, capacity: int, cost: float,
-                       prior_s: float | None = None) -> list:
-        """Discovery found a new peer of the next (or previous) stage: a joiner."""
-        (self.next_peers if next_stage else self.prev_peers)[peer] = cost
-        self.gone.discard(peer)
-        self.peer_cap[peer] = capacity
-        self.est[peer] = prior_s if prior_s is not None else self.cfg.default_prior_s
-        eff: list = []
-        if self.is_data and next_stage:
-            self._launch(now, eff)
-        elif next_stage:  # a route again: parked microbatches go on, peers I denied may send again
-            for r in [r for r in self.mbs.values() if r.parked]:
-                r.parked, r.tried = False, set()
-                self._route(now, r, eff)
-            self._room(eff)
         return eff
 
     def start(self, now: float) -> list:
@@ -485,10 +458,6 @@ class RecoveryNode:
         hop = pick_next_hop(units, inflight, costs, ok)
         if hop is not None:
             return hop
-        if self.cfg.lend and fresh and self.others_done.get(self.iteration):
-            # another data node's microbatches of this iteration are all settled: its units are idle, I am the
-            # only sender left at stage 0, so a relay with room by my own count has room
-            return self._greedy(exclude)
         if self.cfg.lend and not fresh:
             for d2 in sorted(d2 for d2 in self.out if d2 != d):  # another data node's idle unit, before a repair
                 u2 = self.out[d2]
@@ -552,19 +521,14 @@ class RecoveryNode:
         self.dead.discard(sender)
         self.gone.discard(sender)  # (a peer reported gone and heard from again, e.g. restarted with its id)
         t = type(msg)
-        if t in (BeginAggregation, IterationDone, CanTake, Room, Lend):
+        if t not in MB_MESSAGES:
+            raise TypeError(f"{t.__name__} is not a microbatch message: the driver routes it elsewhere")
+        if t in (Room, Lend):
             if t is Lend:
                 if self.is_data and self.cfg.lend and not self.swarm and msg.iteration == self.iteration:
                     self.lent[msg.hop] = self.lent.get(msg.hop, 0) + 1
                     self.stats.borrowed += 1
                     self._launch(now, eff)
-            elif t is BeginAggregation:
-                self._on_begin(now, msg, eff)
-            elif t is IterationDone:
-                self._on_iteration_done(now, sender, msg, eff)
-            elif t is CanTake:
-                self.can_take_from.setdefault(msg.iteration, set()).add(sender)
-                self._maybe_can_take(now, msg.iteration, eff, forced=False)
             else:
                 self.full.discard(sender)
                 if self.is_data:
@@ -587,12 +551,6 @@ class RecoveryNode:
     def on_timer(self, now: float, tkey: str) -> list:
         eff: list = []
         kind, _, rest = tkey.partition(":")
-        if kind == "ct":
-            it = int(rest)
-            if it not in self.can_take_done:
-                self.stats.agg_deadlines += 1
-                self._maybe_can_take(now, it, eff, forced=True)
-            return eff
         key = _unk(rest)
         m = self.mbs.get(key)
         if m is None:
@@ -615,17 +573,6 @@ class RecoveryNode:
 
     def on_compute_done(self, now: float, key: tuple, kind: str) -> list:
         eff: list = []
-        if kind == "aggregate":
-            it = key[1]
-            self.stepped.add(it)
-            self.contrib.pop(it, None)
-            self._room(eff)  # peers I denied while aggregating may send again
-            self._maybe_can_take(now, it, eff, forced=False)
-            if it not in self.can_take_done:
-                # CAN TAKE comes back to front: a stage d levels from the end waits up to d+1 deadlines
-                depth = self.cfg.last_stage - self.stage + 1
-                eff.append(SetTimer(f"ct:{it}", now + self.cfg.agg_wait_s * depth))
-            return eff
         m = self.mbs.get(key)
         if m is None:
             return eff
@@ -1145,73 +1092,9 @@ class RecoveryNode:
         if c["pending"] or c["inflight"]:
             return
         self.reported.add(it)
-        msg = IterationDone(it, c["completed"], 0.0)
-        if self.me == self.cfg.leader:
-            self._on_iteration_done(now, self.me, msg, eff)
-        else:
-            eff.append(Send(self.cfg.leader, msg))
-        if self.cfg.lend and not self.swarm:  # lending: the other data nodes may use my idle units
-            for d in self.cfg.data_nodes:
-                if d != self.me and d != self.cfg.leader and d not in self.dead:
-                    eff.append(Send(d, msg))
+        eff.append(IterationSettled(it, c["completed"], c["deferred"]))
 
-    def _on_iteration_done(self, now: float, sender: str, msg: IterationDone, eff: list) -> None:
-        if self.cfg.lend and self.is_data and sender != self.me:
-            if msg.iteration >= self.iteration:  # older reports no longer matter
-                self.others_done = {i: v for i, v in self.others_done.items() if i >= self.iteration}
-                self.others_done.setdefault(msg.iteration, set()).add(sender)
-            if msg.iteration == self.iteration:
-                self._launch(now, eff)  # its units are idle now: launch on them
-        if self.me != self.cfg.leader:
-            return
-        reps = self.done_reports.setdefault(msg.iteration, {})
-        reps[sender] = msg.completed
-        if msg.iteration in self.begun or any(d not in reps for d in self.cfg.data_nodes):
-            return
-        begin = BeginAggregation(msg.iteration, sum(reps.values()))
-        for d in self.cfg.data_nodes:
-            if d != self.me:
-                eff.append(Send(d, begin))
-        self._on_begin(now, begin, eff)
-
-    # ---- aggregation --------------------------------------------------------
-    def _on_begin(self, now: float, msg: BeginAggregation, eff: list) -> None:
-        it = msg.iteration
-        if it in self.begun:
-            return
-        self.begun.add(it)
-        if self.is_data or self.stage < self.cfg.last_stage:
-            for j in sorted(self._live_next()):
-                if j not in self.cfg.data_nodes:
-                    eff.append(Send(j, msg))
-        if not self.is_data:
-            for key in [k for k in self.mbs if k[2] <= it]:
-                self._drop(key, eff)
-            self.full.clear()  # the next stage drops its stashes too
-            self.denied.clear()
-        eff.append(Compute("aggregate", ("agg", it), len(self.contrib.get(it, ()))))
-
-    def _maybe_can_take(self, now: float, it: int, eff: list, *, forced: bool) -> None:
-        if it not in self.stepped or it in self.can_take_done:
-            return
-        heard = self.can_take_from.get(it, set())
-        if (self.is_data or self.stage < self.cfg.last_stage) and not heard and not forced:
-            return  # V-E: my step is done and a downstream peer has finished too (any one: a dead one never will)
-        self.can_take_done.add(it)
-        eff.append(CancelTimer(f"ct:{it}"))
-        if self.is_data:
-            self._open(now, it + 1, eff)
-            return
-        msg = CanTake(it, self.stage)
-        for p in sorted(self.prev_peers):
-            if p not in self.dead:
-                eff.append(Send(p, msg))
-
-    # ---- hooks for a driver that runs the aggregation phase itself (the daemon) ----
-    # The daemon keeps `pipeline.Phases` for BEGIN AGGREGATION / CAN TAKE (it carries the
-    # membership groups of the joining issue) and uses this machine for the microbatches.
-    # It gives the machine no leader (`cfg.leader == ""`): a data node's IterationDone then
-    # goes to "" and the driver reports the iteration itself (`reported` says when).
+    # ---- the driver's hooks: the aggregation phase (`phases.Phases`) and the neighbours ----
 
     def open_iteration(self, now: float, it: int) -> list:
         """Data node: the previous iteration's steps are applied everywhere; push the microbatches of `it`."""
@@ -1240,6 +1123,52 @@ class RecoveryNode:
         self.contrib.pop(it, None)
         self._room(eff)
         return eff
+
+    def set_neighbours(self, now: float, next_peers: Mapping[str, float], prev_peers: Mapping[str, float],
+                       peer_capacity: Mapping[str, int], prior_s: float) -> list:
+        """The driver's current neighbours: link cost to each next- and previous-stage peer.
+
+        Replaces both maps; a next peer's capacity is taken from `peer_capacity`
+        (a capacity of 0 or a missing one keeps what was known, else 1); a new
+        next peer's hand-off estimate starts at `prior_s`.  A next peer that was
+        not there before is a route again: a data node launches waiting
+        microbatches, a relay retries its parked ones and sends `Room` to the
+        peers it denied."""
+        new_next = [j for j in next_peers if j not in self.next_peers]
+        self.next_peers = dict(next_peers)
+        self.prev_peers = dict(prev_peers)
+        for j in self.next_peers:
+            self.peer_cap[j] = peer_capacity.get(j) or self.peer_cap.get(j, 1)
+            self.est.setdefault(j, prior_s)
+        eff: list = []
+        if new_next:
+            self.gone.difference_update(new_next)
+            self._route_again(now, eff)
+        return eff
+
+    def peer_alive(self, now: float, peer: str) -> list:
+        """The driver's liveness check still hears `peer`: if this machine presumed it dead on a hop deadline
+        (and the membership layer did not report it gone), it is alive; a data node launches on it again.
+
+        Without this a data node that presumed its last stage-0 relay dead (slow while a peer left) would
+        defer every microbatch from then on: it only un-presumes a peer that sends it something."""
+        if peer not in self.dead or peer in self.gone:
+            return []
+        self.dead.discard(peer)
+        eff: list = []
+        if self.is_data:
+            self._launch(now, eff)
+        return eff
+
+    def _route_again(self, now: float, eff: list) -> None:
+        """A next-stage peer appeared: launch (data node), or retry parked microbatches and send Room (relay)."""
+        if self.is_data:
+            self._launch(now, eff)
+            return
+        for r in [r for r in self.mbs.values() if r.parked]:
+            r.parked, r.tried = False, set()
+            self._route(now, r, eff)
+        self._room(eff)
 
     def peer_gone(self, now: float, peer: str) -> list:
         """The driver's liveness check found `peer` dead (or it left): no more work goes to it.
@@ -1271,35 +1200,14 @@ class RecoveryNode:
 
         Rule: none of its microbatches of an iteration not yet aggregated counts
         anywhere (which of them completed died with it): relays drop them and
-        their contributions, its IterationDone no longer counts.  If it was the
-        leader, the lowest surviving data node leads (the outcome of the
-        election of `leader.py`, whose bound the driver accounts for; a driver
-        that runs the aggregation itself, with no leader here, is unaffected);
-        data nodes send their pending IterationDone to it."""
+        their contributions (its report to the leader is `Phases.forget`'s)."""
         if not self.is_data:
             for key in [k for k in self.mbs if k[0] == peer]:
                 self._drop(key, eff)
             for it, keys in self.contrib.items():
                 if it not in self.begun:
                     self.contrib[it] = {k for k in keys if k[0] != peer}
-        rest = tuple(d for d in self.cfg.data_nodes if d != peer)
-        leader = self.cfg.leader
-        if leader == peer:
-            leader = min(rest) if rest else ""
-        changed = leader != self.cfg.leader
-        self.cfg = replace(self.cfg, data_nodes=rest, leader=leader)
-        if not self.is_data or not leader:
-            return
-        for it, reps in self.done_reports.items():
-            if it not in self.begun:
-                reps.pop(peer, None)
-        for it in sorted(self.reported - self.begun):
-            c = self.ledger.counts(it)
-            msg = IterationDone(it, c["completed"], 0.0)
-            if leader == self.me:
-                self._on_iteration_done(now, self.me, msg, eff)
-            elif changed:
-                eff.append(Send(leader, msg))
+        self.cfg = replace(self.cfg, data_nodes=tuple(d for d in self.cfg.data_nodes if d != peer))
 
 
 def _ewma(table: dict, k: str, sample: float) -> None:

@@ -164,9 +164,14 @@ from pathlib import Path
 from ..protocol.cost import link_cost
 from ..protocol.effects import CancelTimer, Send, SetTimer
 from ..protocol.flow import FlowConfig, FlowNode
-from ..protocol.messages import Backward, Forward, Recover
-from ..protocol.pipeline import MbStatus, OpenIteration
-from ..protocol.recovery import Compute, RecoveryConfig, RecoveryNode
+from ..protocol.leader import LeaderConfig, LeaderMachine
+from ..protocol.messages import (
+    Backward, BeginAggregation, CanTake, Forward, HeartbeatAck, IterationDone, LeaderHeartbeat, PhaseAck, Recover,
+    RequestVote, Vote,
+)
+from ..protocol.phases import CanTakeRule, LeftOut, OpenIteration, OutOfStep, Phases, StartStep
+from ..protocol.pipeline import MbStatus
+from ..protocol.recovery import Compute, IterationSettled, RecoveryConfig, RecoveryNode
 from ..protocol.scenario import parse_scenario
 
 SETTINGS = ("table2-homogeneous", "table2-heterogeneous")
@@ -195,7 +200,10 @@ FLOW_CONVERGE_S = 60.0  # the flow machines settle this long after a change (pap
 MAX_SIM_S_PER_ITERATION = 4 * 3600.0
 LINKS_FILE = Path(__file__).resolve().parents[1] / "data" / "geo12-links.json"  # shipped with the package
 
-_MSG, _TIMER, _DONE, _CRASH, _REFLOW, _GONE, _JOIN, _FMSG, _FTIMER = 0, 1, 2, 3, 4, 5, 6, 7, 8
+_MSG, _TIMER, _DONE, _CRASH, _REFLOW, _GONE, _JOIN, _FMSG, _FTIMER, _RESYNC = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9
+PHASE_MSGS = (IterationDone, BeginAggregation, CanTake, PhaseAck)
+LEADER_MSGS = (RequestVote, Vote, LeaderHeartbeat, HeartbeatAck)
+SILENCE_S = DAEMON_DETECT_S - 1.0  # the daemon's DEAD_AFTER_S: a peer silent this long is no longer heard
 ROUTINGS = ("machines", "oracle")
 FLOWS_FORMED_QUIET_S = 3.0  # a data node opens iteration 0 once its demand is placed or its flows were still this long
 # The flow machines run with flow.py's defaults, as in the daemon: with two data nodes free-running labels with
@@ -253,19 +261,25 @@ class Setting:
     name: str
     relays: dict[str, tuple[int, int]]  # id -> (stage, capacity)
     net: Net
+    data: tuple[str, ...] = DATA_NODES
 
 
-def make_setting(name: str, seed: int) -> Setting:
+def make_setting(name: str, seed: int, data_nodes: int = len(DATA_NODES)) -> Setting:
+    """Table II's relays and links; `data_nodes` data nodes (2 in the paper; a third one draws its location
+    after the relays, so the relays' locations do not depend on it)."""
     if name not in SETTINGS:
         raise ValueError(f"unknown setting {name!r}")
+    if data_nodes < 1:
+        raise ValueError(f"data_nodes is {data_nodes}: a run needs at least one data node")
     rng = random.Random(f"setting:{name}:{seed}")
     relays = {}
     for s, n in enumerate(STAGE_SIZES):
         for i in range(n):
             cap = MICROBATCHES if name == "table2-homogeneous" else rng.randint(1, 3)
             relays[f"s{s}r{i}"] = (s, cap)
-    net = make_net(list(DATA_NODES) + list(relays), rng)
-    return Setting(name, relays, net)
+    data = tuple(f"d{i}" for i in range(data_nodes))
+    net = make_net(list(data[:2]) + list(relays) + list(data[2:]), rng)
+    return Setting(name, relays, net, data)
 
 
 def compute_s(node_stage: int, kind: str) -> float:
@@ -280,8 +294,8 @@ IDEAL_MB_S = DATA_FWD_S + DATA_LOSS_S + DATA_FINAL_S + len(STAGE_SIZES) * (FORWA
 
 
 def _scenario(setting: Setting, data_capacity: int | dict = MICROBATCHES):
-    caps = data_capacity if isinstance(data_capacity, dict) else {d: data_capacity for d in DATA_NODES}
-    nodes = [{"id": d, "role": "data", "capacity": caps.get(d, 0)} for d in DATA_NODES]
+    caps = data_capacity if isinstance(data_capacity, dict) else {d: data_capacity for d in setting.data}
+    nodes = [{"id": d, "role": "data", "capacity": caps.get(d, 0)} for d in setting.data]
     nodes += [{"id": r, "role": "relay", "stage": s, "capacity": c} for r, (s, c) in setting.relays.items()]
     links = []
     S = len(STAGE_SIZES)
@@ -293,7 +307,7 @@ def _scenario(setting: Setting, data_capacity: int | dict = MICROBATCHES):
 
     for r, (s, _) in setting.relays.items():
         if s == 0 or s == S - 1:
-            for d in DATA_NODES:
+            for d in setting.data:
                 add(d, r)
         for r2, (s2, _) in setting.relays.items():
             if s2 == s + 1:
@@ -302,7 +316,7 @@ def _scenario(setting: Setting, data_capacity: int | dict = MICROBATCHES):
                           activation_mb=ACTIVATION_MB)
 
 
-def initial_flows(setting: Setting, active: tuple[str, ...] = DATA_NODES) -> dict[str, dict[str, dict[str, int]]]:
+def initial_flows(setting: Setting, active: tuple[str, ...] | None = None) -> dict[str, dict[str, dict[str, int]]]:
     """node -> data node -> next hop -> units, from the optimal routing.
 
     The relays' capacity is shared fairly among the `active` data nodes (those
@@ -311,6 +325,8 @@ def initial_flows(setting: Setting, active: tuple[str, ...] = DATA_NODES) -> dic
     node), then the cheapest routing of that is taken.
     """
     from .baselines import max_flow_value, optimal_routing
+    if active is None:
+        active = setting.data
     if not active:
         return {}
     total = max_flow_value(_scenario(setting, {d: MICROBATCHES for d in active}))
@@ -353,15 +369,29 @@ class TrainSim:
                  flows: dict | None = None, reflow: bool = True, detect: bool = True,
                  join_mid_iteration: bool = True, swarm_acts_on_gone: bool = True,
                  gwtf_acts_on_gone: bool = False, routing: str = "machines", flow_options: dict | None = None,
-                 lend: bool = True, one_wave: bool = False, detect_s: float = DETECT_S, fastest_unit: bool = True) -> None:
+                 lend: bool = True, one_wave: bool = False, detect_s: float = DETECT_S, fastest_unit: bool = True,
+                 unpresume: bool = True, can_take: str = CanTakeRule.ALL.value) -> None:
         if routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {ROUTINGS}, not {routing!r}")
         self.setting, self.policy, self.churn, self.seed = setting, policy, churn, seed
+        self.data: tuple[str, ...] = setting.data
         self.rng = random.Random(f"train:{seed}:{policy}:{churn}")
         self.crash_rng = random.Random(f"churn:{seed}:{churn}")  # same crash draws for both policies
         self.net = setting.net
-        self.nodes: dict[str, RecoveryNode] = {}
-        self.stage: dict[str, int] = {d: -1 for d in DATA_NODES}
+        self.nodes: dict[str, RecoveryNode] = {}  # every node's microbatch machine
+        self.phases: dict[str, Phases] = {}  # every node's aggregation phase
+        self.leaders: dict[str, LeaderMachine] = {}  # every data node's election
+        self._leader_seen: dict[str, str | None] = {}  # data node -> the leader its Phases was last told of
+        self.reported_gone: set[str] = set()  # nodes the membership layer reported gone (everyone learns at once)
+        self.crashed_at: dict[str, float] = {}
+        self.unpresume = unpresume
+        self.can_take = CanTakeRule(can_take)
+        self.resyncs = 0
+        self.elections = 0
+        self.dropped = 0
+        self.observer = None  # tests: called as observer(node, "msg", (sender, msg)) / (node, "done", (key, kind))
+        self.drop = None  # tests: drop(sender, to, msg) -> True loses that control message on the wire
+        self.stage: dict[str, int] = {d: -1 for d in self.data}
         self.cap: dict[str, int] = {}
         self.dead: set[str] = set()
         self.now = 0.0
@@ -414,15 +444,18 @@ class TrainSim:
         self._fstamp: dict[str, float] = {}
         self._started: set[str] = set()
         self.flow_messages = 0
-        for nid in list(DATA_NODES) + list(setting.relays):
+        for nid in list(self.data) + list(setting.relays):
             self._make(nid, self.stage[nid], self.cap.get(nid, MICROBATCHES))
+        for d in self.data:
+            self.leaders[d] = LeaderMachine(LeaderConfig(d, self.data), random.Random(f"{seed}:{d}:leader"))
+            self._leader_seen[d] = None
         for t, nid in self.crash_plan:
             self._push(t, _CRASH, nid, None, None)
 
     # ---- construction ------------------------------------------------------
     def _peers(self, stage: int, nid: str, live_only: bool = True) -> list[str]:
         return [r for r, s in self.stage.items() if s == stage and r != nid and r not in self.dead
-                and r not in DATA_NODES]
+                and r not in self.data]
 
     def _prior(self, a: str, b: str, back: bool) -> float:
         sb = self.stage[b]
@@ -440,22 +473,23 @@ class TrainSim:
         prior = {j: self._prior(nid, j, False) for j in nxt}
         prior.update({j: self._prior(nid, j, True) for j in prv})
         if not hasattr(self, "_e2e"):
-            hop = statistics.mean(self.net.transfer_s(a, b, ACTIVATION_MB) for a in DATA_NODES
+            hop = statistics.mean(self.net.transfer_s(a, b, ACTIVATION_MB) for a in self.data
                                   for b in self._peers(0, ""))
             self._e2e = 2 * (S + 1) * hop + IDEAL_MB_S  # launch -> final backward, no queueing
         e2e = self._e2e
         cfg = RecoveryConfig(
-            node_id=nid, stage=stage, last_stage=S - 1, capacity=cap, data_nodes=self._live_data(), leader=min(self._live_data()),
+            node_id=nid, stage=stage, last_stage=S - 1, capacity=cap, data_nodes=self._live_data(),
             next_peers={j: cost(nid, j) for j in nxt}, prev_peers={j: cost(nid, j) for j in prv},
             peer_capacity={j: self.cap.get(j, MICROBATCHES) for j in nxt + prv}, prior_s=prior,
-            e2e_prior_s=e2e, agg_wait_s=AGG_PEER_TIMEOUT_S + 15.0, policy=self.policy,
+            e2e_prior_s=e2e, policy=self.policy,
             swarm_assumed_capacity=MICROBATCHES, act_on_gone=self.acts_on_gone, lend=self.lend,
             one_wave=self.one_wave, fastest_unit=self.fastest_unit)  # (SWARM: greedy, ignores it)
         m = RecoveryNode(cfg, random.Random(f"{self.seed}:{nid}"),
-                         first_seq=(DATA_NODES.index(nid) * 10**6 if nid in DATA_NODES else 0))
+                         first_seq=(self.data.index(nid) * 10**6 if nid in self.data else 0))
         if self.policy == "gwtf" and nid in self.flows:
             m.set_flows(self.flows[nid])
         self.nodes[nid] = m
+        self.phases[nid] = Phases(nid, stage, S - 1, applied=self._iteration_now(), can_take=self.can_take)
         return m
 
     # ---- the flow machines (GWTF) --------------------------------------------
@@ -475,7 +509,7 @@ class TrainSim:
             nxt = list(data) if st == S - 1 else self._peers(st + 1, nid)
             prv = list(data) if st == 0 else self._peers(st - 1, nid)
             peers = tuple(sorted(self._peers(st, nid)))
-        cfg = FlowConfig(nid, st < 0, self.cap.get(nid, MICROBATCHES), tuple(DATA_NODES),
+        cfg = FlowConfig(nid, st < 0, self.cap.get(nid, MICROBATCHES), tuple(self.data),
                          {j: self._flow_cost(nid, j) for j in sorted(nxt)},
                          {j: self._flow_cost(j, nid) for j in sorted(prv)}, peers, joined=joined,
                          **self.flow_options)
@@ -547,13 +581,14 @@ class TrainSim:
         self._sync_flows(nid)
 
     # ---- the event loop ----------------------------------------------------
-    def _timer(self, versions: dict, kind: int, nid: str, e) -> None:
-        """SetTimer / CancelTimer of `nid`: a new version of its key (a pending firing of an older version is
-        stale); SetTimer also schedules the firing."""
-        k = (nid, e.key)
+    def _timer(self, versions: dict, kind: int, nid: str, e, component: str | None = None) -> None:
+        """SetTimer / CancelTimer of `nid` (of one of its machines, `component`): a new version of its key (a
+        pending firing of an older version is stale); SetTimer also schedules the firing."""
+        key = e.key if component is None else (component, e.key)
+        k = (nid, key)
         v = versions[k] = versions.get(k, 0) + 1
         if type(e) is SetTimer:
-            self._push(max(e.deadline, self.now), kind, nid, e.key, v)
+            self._push(max(e.deadline, self.now), kind, nid, key, v)
 
     def _push(self, t: float, kind: int, node: str, a, b) -> None:
         self._seq += 1
@@ -562,45 +597,188 @@ class TrainSim:
     def _it(self, it: int) -> IterStats:
         return self.iters.setdefault(it, IterStats())
 
+    def _send(self, nid: str, e: Send) -> None:
+        """A message on the wire: a tensor waits for its link (FIFO) and takes latency + size / bandwidth; a
+        control message takes the latency (or is lost, if the `drop` hook says so)."""
+        if type(e.msg) in TENSOR_MSGS:
+            dur = self.net.transfer_s(nid, e.to, ACTIVATION_MB)
+            lat = self.net.link(nid, e.to)[0] / 1000.0
+            link = (nid, e.to)
+            start = max(self.now, self._link_free.get(link, 0.0))
+            self._link_free[link] = start + dur - lat
+            self._it(e.msg.iteration).transfer_s += dur
+            arrive = start + dur
+            if self.trace is not None:
+                self.trace.append(("xfer", start, arrive, nid, e.to, type(e.msg).__name__,
+                                   (e.msg.data_node, e.msg.seq, e.msg.iteration), e.msg.attempt))
+        else:
+            if self.drop is not None and self.drop(nid, e.to, e.msg):
+                self.dropped += 1
+                return
+            arrive = self.now + self.net.link(nid, e.to)[0] / 1000.0
+            if self.trace is not None:
+                m = e.msg
+                self.trace.append(("ctl", self.now, arrive, nid, e.to, type(m).__name__,
+                                   (getattr(m, "data_node", None), getattr(m, "seq", None),
+                                    getattr(m, "iteration", None)), getattr(m, "attempt", None)))
+        self._push(arrive, _MSG, e.to, nid, e.msg)
+
     def _apply(self, nid: str, effects: list) -> None:
+        """The microbatch machine's effects."""
         for e in effects:
             t = type(e)
             if t is Send:
-                dur = 0.0
-                if type(e.msg) in TENSOR_MSGS:
-                    dur = self.net.transfer_s(nid, e.to, ACTIVATION_MB)
-                    lat = self.net.link(nid, e.to)[0] / 1000.0
-                    link = (nid, e.to)
-                    start = max(self.now, self._link_free.get(link, 0.0))
-                    self._link_free[link] = start + dur - lat
-                    self._it(e.msg.iteration).transfer_s += dur
-                    arrive = start + dur
-                    if self.trace is not None:
-                        self.trace.append(("xfer", start, arrive, nid, e.to, type(e.msg).__name__,
-                                           (e.msg.data_node, e.msg.seq, e.msg.iteration), e.msg.attempt))
-                else:
-                    arrive = self.now + self.net.link(nid, e.to)[0] / 1000.0
-                    if self.trace is not None:
-                        m = e.msg
-                        self.trace.append(("ctl", self.now, arrive, nid, e.to, type(m).__name__,
-                                           (getattr(m, "data_node", None), getattr(m, "seq", None),
-                                            getattr(m, "iteration", None)), getattr(m, "attempt", None)))
-                self._push(arrive, _MSG, e.to, nid, e.msg)
+                self._send(nid, e)
             elif t is SetTimer or t is CancelTimer:
-                self._timer(self._tv, _TIMER, nid, e)
+                self._timer(self._tv, _TIMER, nid, e, "rec")
             elif t is Compute:
                 dur = compute_s(self.stage[nid], e.kind)
                 start = max(self.now, self._busy.get(nid, 0.0))
                 end = start + dur
                 self._busy[nid] = end
                 self._token += 1
-                if e.kind == "aggregate":
-                    self._agg_pending[nid] = (end, self._token, e.key)
                 self._push(end, _DONE, nid, (e.kind, e.key, dur, start), self._token)
             elif t is OpenIteration:
                 self._on_open(nid, e.iteration)
+            elif t is IterationSettled:
+                self._report_settled(nid, e)
             else:
-                raise TypeError(f"unknown effect {e!r} from {nid}")
+                raise TypeError(f"unknown effect {e!r} from {nid}'s microbatch machine")
+
+    # ---- the aggregation phase (phases.Phases) and the election (leader.LeaderMachine) ----------------
+    def _known(self, stage: int) -> list[str]:
+        """The nodes of `stage` (-1: the data nodes) the membership layer has not reported gone: what every
+        node knows (crashed ones until their report, joiners once announced)."""
+        if stage < 0:
+            return [d for d in self.data if d not in self.reported_gone]
+        return sorted(r for r, s in self.stage.items() if s == stage and r not in self.reported_gone
+                      and r in self.nodes and r not in self.data)
+
+    def _next_prev(self, nid: str) -> tuple[list[str], list[str]]:
+        st, last = self.stage[nid], self.S - 1
+        if st < 0:
+            return self._known(0), self._known(last)
+        return (self._known(-1) if st == last else self._known(st + 1),
+                self._known(-1) if st == 0 else self._known(st - 1))
+
+    def _groups(self) -> dict[int, list[str]]:
+        return {k: self._known(k) for k in range(-1, self.S)}
+
+    def _iteration_now(self) -> int:
+        """The iteration the live data nodes are in (the newest one opened): a joiner's parameters are its."""
+        live = [self.phases[d].iteration for d in self.data if d in self.phases and d not in self.dead]
+        return max(live, default=0)
+
+    def _leading(self, nid: str) -> bool:
+        lm = self.leaders.get(nid)
+        return lm is not None and lm.is_leader(self.now)
+
+    def _maybe_begin(self, nid: str) -> list:
+        """The acting leader opens the aggregation of every iteration whose reports it holds."""
+        ph = self.phases[nid]
+        eff: list = []
+        for it in ph.pending_iterations():
+            eff += ph.maybe_begin(self.now, it, leading=self._leading(nid), data_nodes=self._known(-1),
+                                  stage0=self._known(0), groups=self._groups())
+        return eff
+
+    def _report_settled(self, nid: str, e: IterationSettled) -> None:
+        """A data node's iteration is settled: its report goes to the leader (at the leader: maybe BEGIN)."""
+        ph = self.phases[nid]
+        eff = ph.report_done(self.now, IterationDone(e.iteration, e.completed, 0.0, e.deferred))
+        if self._leading(nid):
+            eff += self._maybe_begin(nid)
+        self._apply_phase(nid, eff)
+
+    def _apply_phase(self, nid: str, effects: list) -> None:
+        """The aggregation phase's effects: control messages, its retransmission timers, the step."""
+        for e in effects:
+            t = type(e)
+            if t is Send:
+                self._send(nid, e)
+            elif t is SetTimer or t is CancelTimer:
+                self._timer(self._tv, _TIMER, nid, e, "phase")
+            elif t is StartStep or t is LeftOut or t is OutOfStep:
+                rec = self.nodes[nid]
+                if e.iteration not in rec.begun:  # BEGIN reached this node: a relay drops what is left
+                    self._apply(nid, rec.begin_aggregation(self.now, e.iteration)[0])
+                if t is StartStep:
+                    self._start_step(nid, e.iteration)
+                else:  # the stage state of the iteration after the step, from a stage peer
+                    self.resyncs += 1
+                    peers = self._peers(self.stage[nid], nid)
+                    dl = STAGE_STATE_MB * 8.0 / min(self.net.link(p, nid)[1] for p in peers) if peers else 0.0
+                    self._push(self.now + AGG_S + dl, _RESYNC, nid, e.iteration, None)
+            elif t is OpenIteration:
+                self._apply(nid, self.nodes[nid].open_iteration(self.now, e.iteration))
+            else:
+                raise TypeError(f"unknown effect {e!r} from {nid}'s aggregation phase")
+
+    def _start_step(self, nid: str, it: int) -> None:
+        """All-reduce + optimizer step: AGG_S on the node's compute queue (longer if a stage peer dies)."""
+        start = max(self.now, self._busy.get(nid, 0.0))
+        end = start + AGG_S
+        self._busy[nid] = end
+        self._token += 1
+        self._agg_pending[nid] = (end, self._token, ("agg", it))
+        self._push(end, _DONE, nid, ("aggregate", ("agg", it), AGG_S, start), self._token)
+
+    def _step_done(self, nid: str, it: int) -> None:
+        self._apply(nid, self.nodes[nid].aggregation_done(self.now, it))
+        nxt, prv = self._next_prev(nid)
+        self._apply_phase(nid, self.phases[nid].on_step_done(self.now, it, nxt, prv))
+
+    def _phase_message(self, nid: str, sender: str, msg) -> None:
+        ph = self.phases[nid]
+        nxt, prv = self._next_prev(nid)
+        t = type(msg)
+        if t is PhaseAck:
+            eff = ph.on_ack(self.now, sender, msg)
+        elif t is IterationDone:
+            eff = ph.on_iteration_done(self.now, sender, msg, leading=self._leading(nid), data_nodes=self._known(-1),
+                                       stage0=self._known(0), groups=self._groups())
+        elif t is BeginAggregation:
+            eff = ph.on_begin(self.now, sender, msg, nxt)
+        else:
+            eff = ph.on_can_take(self.now, sender, msg, nxt, prv)
+        self._apply_phase(nid, eff)
+
+    def _leader_event(self, nid: str, effects: list) -> None:
+        """The election's effects; a change of the leader this data node knows goes to its Phases."""
+        for e in effects:
+            t = type(e)
+            if t is Send:
+                self._send(nid, e)
+            elif t is SetTimer or t is CancelTimer:
+                self._timer(self._tv, _TIMER, nid, e, "leader")
+            else:
+                raise TypeError(f"unknown effect {e!r} from {nid}'s election")
+        lead = self.leaders[nid].leader(self.now)
+        if lead == self._leader_seen[nid]:
+            return
+        self._leader_seen[nid] = lead
+        if lead == nid:
+            self.elections += 1
+        front = self._known(-1) + self._known(0)
+        eff = self.phases[nid].set_leader(self.now, lead, front=front)
+        if lead == nid:
+            eff += self._maybe_begin(nid)
+        self._apply_phase(nid, eff)
+
+    def _unpresume(self, nid: str) -> None:
+        """The daemon's liveness check: a peer the machine presumed dead that is still heard (alive, or
+        crashed less than SILENCE_S ago) is alive again for it."""
+        rec = self.nodes[nid]
+        if not self.unpresume or not rec.dead:
+            return
+        for p in sorted(rec.dead - rec.gone):
+            c = self.crashed_at.get(p)
+            if c is None or self.now - c < SILENCE_S:
+                self._apply(nid, rec.peer_alive(self.now, p))
+
+    def _aggregating(self) -> bool:
+        """An aggregation is under way: a live data node began its iteration's (until it opens the next)."""
+        return any(self.phases[d].iteration in self.phases[d].begun for d in self._live_data())
 
     def _on_open(self, nid: str, it: int) -> None:
         self._it(it).opened[nid] = self.now
@@ -631,14 +809,14 @@ class TrainSim:
                 self._push(settle, _REFLOW, "", self._live_members(), None)
         if self.churn > 0:
             for r in sorted(self.stage):
-                if r in DATA_NODES or r in self.dead:
+                if r in self.data or r in self.dead:
                     continue
                 if self.crash_rng.random() < self.churn:
                     self._push(self.now + self.crash_rng.random() * self.last_iter_s, _CRASH, r, None, None)
 
     # ---- flows during training (GWTF) -----------------------------------------
     def _live_members(self) -> dict[str, tuple[int, int]]:
-        return {r: (self.stage[r], self.cap[r]) for r in self.stage if r not in DATA_NODES and r not in self.dead}
+        return {r: (self.stage[r], self.cap[r]) for r in self.stage if r not in self.data and r not in self.dead}
 
     def _schedule_reflow(self) -> None:
         """A change the flow machines see now (a crash, joiners, a data node done): they settle FLOW_CONVERGE_S
@@ -648,7 +826,7 @@ class TrainSim:
         self._push(self.now + FLOW_CONVERGE_S, _REFLOW, "", self._live_members(), None)
 
     def _live_data(self) -> tuple[str, ...]:
-        return tuple(d for d in DATA_NODES if d not in self.dead)
+        return tuple(d for d in self.data if d not in self.dead)
 
     def _active(self) -> tuple[str, ...]:
         """Data nodes with microbatches of their current iteration left (or already in the next one)."""
@@ -680,8 +858,7 @@ class TrainSim:
         not while an aggregation is under way (then: at the next open, with the new parameters)."""
         if not self.join_mid_iteration:
             return
-        lead = self.nodes[self._live_data()[0]]
-        if lead.iteration in lead.begun:
+        if self._aggregating():
             return
         for j in [j for j in self.pending_joins if j[1] == old]:
             self.pending_joins.remove(j)
@@ -702,19 +879,24 @@ class TrainSim:
         S = self.S
         prv = list(self._live_data()) if stage == 0 else self._peers(stage - 1, nid)
         nxt = list(self._live_data()) if stage == S - 1 else self._peers(stage + 1, nid)
-        for p in prv:
-            self._apply(p, self.nodes[p].on_peer_joined(self.now, nid, next_stage=True, capacity=cap,
-                                                       cost=cost(p, nid), prior_s=self._prior(p, nid, False)))
+        for p in prv:  # (discovery: the joiner is a next-stage peer of these, as the daemon's `_sync_rec`)
+            rec = self.nodes[p]
+            self._unpresume(p)
+            self._apply(p, rec.set_neighbours(self.now, {**rec.next_peers, nid: cost(p, nid)}, rec.prev_peers,
+                                              {nid: cap}, self._prior(p, nid, False)))
         for p in nxt:
-            if p in DATA_NODES and stage != S - 1:
+            if p in self.data and stage != S - 1:
                 continue
-            self._apply(p, self.nodes[p].on_peer_joined(self.now, nid, next_stage=False, capacity=cap,
-                                                       cost=cost(p, nid), prior_s=self._prior(p, nid, True)))
+            rec = self.nodes[p]
+            self._unpresume(p)
+            self._apply(p, rec.set_neighbours(self.now, rec.next_peers, {**rec.prev_peers, nid: cost(p, nid)},
+                                              {}, self._prior(p, nid, True)))
 
     def _crash(self, nid: str) -> None:
         if nid in self.dead or nid not in self.nodes:
             return
         self.dead.add(nid)
+        self.crashed_at[nid] = self.now
         self.crashes.append((self.now, nid))
         if self.trace is not None:
             self.trace.append(("crash", self.now, nid))
@@ -731,9 +913,8 @@ class TrainSim:
                 self._busy[p] = max(self._busy.get(p, 0.0), end + AGG_PEER_TIMEOUT_S)
                 self._push(end + AGG_PEER_TIMEOUT_S, _DONE, p, ("aggregate", key, AGG_S, end - AGG_S), self._token)
         self._schedule_reflow()
-        if self.detect:
-            self._push(self.now + self.detect_s, _GONE, nid, None, None)
-        if nid in DATA_NODES:
+        self._push(self.now + self.detect_s, _GONE, nid, None, None)
+        if nid in self.data:
             self.data_crashed[nid] = self.nodes[nid].iteration
         elif self.rejoin:
             peers = self._peers(stage, nid)
@@ -747,14 +928,15 @@ class TrainSim:
                 if nid not in self.dead:
                     self._apply_flow(nid, self._make_flow(nid, joined=False).start(self.now))
             for nid in sorted(self.nodes):
-                if nid not in DATA_NODES:
+                if nid not in self.data:
                     self._started.add(nid)
                     self._apply(nid, self.nodes[nid].start(self.now))
         else:
             for nid in sorted(self.nodes):
                 self._apply(nid, self.nodes[nid].start(self.now))
+        for d in self.data:
+            self._leader_event(d, self.leaders[d].start(self.now))
         limit = MAX_SIM_S_PER_ITERATION * (iterations + 1)
-        lead = self.nodes[DATA_NODES[0]]
         heap = self._heap
         while heap:
             if all(self.nodes[d].iteration >= iterations for d in self._live_data()):
@@ -784,23 +966,40 @@ class TrainSim:
                     continue
                 self._sync_flows(node)
                 continue
-            if kind == _GONE:  # the membership layer tells every live node that `node` is gone
-                if self.machines:
-                    self._flow_gone(node)
-                for nid in sorted(self.nodes):
-                    if nid not in self.dead and nid != node:
-                        self._apply(nid, self.nodes[nid].peer_gone(t, node))
+            if kind == _GONE:
+                self._on_gone(node)
                 continue
             if node in self.dead:  # (a computation cut short by the crash is not counted)
                 continue
             m = self.nodes[node]
             self.events += 1
             if kind == _MSG:
-                self._apply(node, m.on_message(t, a, b))
+                if self.observer is not None:
+                    self.observer(node, "msg", (a, b))
+                mt = type(b)
+                if mt in PHASE_MSGS:
+                    self._phase_message(node, a, b)
+                elif mt in LEADER_MSGS:
+                    if node in self.leaders:
+                        self._leader_event(node, self.leaders[node].on_message(t, a, b))
+                else:
+                    self._unpresume(node)
+                    self._apply(node, m.on_message(t, a, b))
             elif kind == _TIMER:
                 if self._tv.get((node, a)) != b:
                     continue
-                self._apply(node, m.on_timer(t, a))
+                component, key = a
+                if component == "rec":
+                    self._unpresume(node)
+                    self._apply(node, m.on_timer(t, key))
+                elif component == "phase":
+                    self._apply_phase(node, self.phases[node].on_timer(t, key))
+                else:
+                    self._leader_event(node, self.leaders[node].on_timer(t, key))
+            elif kind == _RESYNC:
+                nxt, prv = self._next_prev(node)
+                self._apply(node, m.aggregation_done(t, a))
+                self._apply_phase(node, self.phases[node].resynced(t, a + 1, nxt, prv))
             else:
                 ckind, key, dur, start = a
                 if ckind == "aggregate":
@@ -812,16 +1011,39 @@ class TrainSim:
                     self._it(key[2]).compute_s += dur
                 if self.trace is not None:
                     self._trace_compute(node, m, ckind, key, dur, start)
-                self._apply(node, m.on_compute_done(t, key, ckind))
-            if node in DATA_NODES and (node, m.iteration) not in self._done_at and m.iteration in m.reported:
+                if ckind == "aggregate":
+                    self._step_done(node, key[1])
+                else:
+                    self._unpresume(node)
+                    self._apply(node, m.on_compute_done(t, key, ckind))
+                if self.observer is not None:
+                    self.observer(node, "done", (key, ckind))
+            if node in self.data and (node, m.iteration) not in self._done_at and m.iteration in m.reported:
                 self._done_at[(node, m.iteration)] = t  # its microbatches of the iteration are all settled
                 if len(self._active()) > 0:
                     self._schedule_reflow()
-        del lead
+
+    def _on_gone(self, gone: str) -> None:
+        """The membership layer tells every live node that `gone` is gone.  The aggregation phase always
+        hears it (the all-reduce needs the live group); the flow and microbatch machines only with `detect`
+        (without it they find crashes by their own timeouts)."""
+        self.reported_gone.add(gone)
+        if self.detect and self.machines:
+            self._flow_gone(gone)
+        for nid in sorted(self.nodes):
+            if nid in self.dead or nid == gone:
+                continue
+            nxt, prv = self._next_prev(nid)
+            self._apply_phase(nid, self.phases[nid].forget(self.now, gone, nxt, prv))
+            if self.detect:
+                self._apply(nid, self.nodes[nid].peer_gone(self.now, gone))
+        for d in self._live_data():
+            if self._leading(d):
+                self._apply_phase(d, self._maybe_begin(d))
 
     def _trace_compute(self, node: str, m, ckind: str, key, dur: float, start: float) -> None:
         self.trace.append(("compute", start, self.now, node, ckind, key, dur))
-        if ckind == "final" and node in DATA_NODES:
+        if ckind == "final" and node in self.data:
             dm = getattr(m, "mbs", {}).get(key)
             if dm is not None:
                 self.trace.append(("path", self.now, key, tuple(dm.path), dm.attempt, dm.rounds))
@@ -855,7 +1077,7 @@ class TrainSim:
             if key not in paths:
                 out["deferred"] += dur
                 continue
-            if node in DATA_NODES:
+            if node in self.data:
                 u = (key, node, kind)
                 cause = "data_node"
             elif paths[key][self.stage[node]] == node:
@@ -876,7 +1098,7 @@ class TrainSim:
     def ledger_check(self, iterations: int) -> tuple[int, int, int]:
         """(lost, deferred, completed twice) over the closed iterations."""
         lost = deferred = twice = 0
-        for d in DATA_NODES:
+        for d in self.data:
             led = self.nodes[d].ledger
             for it, row in led.entries.items():
                 if it >= iterations or it >= self.data_crashed.get(d, math.inf):
@@ -894,9 +1116,9 @@ class TrainSim:
         per = []
         for it in range(iterations):
             st = self.iters.get(it)
-            completed = sum(self.nodes[d].ledger.counts(it)["completed"] for d in DATA_NODES
+            completed = sum(self.nodes[d].ledger.counts(it)["completed"] for d in self.data
                             if self.data_crashed.get(d, math.inf) > it)
-            alive = [d for d in DATA_NODES if self.data_crashed.get(d, math.inf) > it]
+            alive = [d for d in self.data if self.data_crashed.get(d, math.inf) > it]
             if st is None or any(d not in st.closed for d in alive):
                 per.append({"iteration": it, "finished": False, "completed": completed})
                 continue
@@ -919,10 +1141,15 @@ class TrainSim:
             return statistics.fmean(vals) if vals else math.nan
 
         stats = {k: 0 for k in ("reroutes", "denies_sent", "deferred", "probes", "recovers", "resends", "restarts",
-                                "gave_up", "presumed_dead", "agg_deadlines", "stale")}
+                                "gave_up", "presumed_dead", "stale")}
         for m in self.nodes.values():
             for k in stats:
                 stats[k] += getattr(m.stats, k)
+        phase_stats = {"resent": 0, "duplicates": 0, "refused_not_leading": 0, "out_of_step": 0}
+        for ph in self.phases.values():
+            for k in phase_stats:
+                phase_stats[k] += getattr(ph.stats, k)
+        phase_stats.update(elections=self.elections, resyncs=self.resyncs, dropped=self.dropped)
         return {
             "setting": self.setting.name, "policy": self.policy, "churn": self.churn, "seed": self.seed,
             "iterations": iterations,
@@ -938,6 +1165,7 @@ class TrainSim:
             "crashes": len(self.crashes), "joins": self.joins, "routing": self.routing,
             "flow_messages": self.flow_messages,
             "protocol": stats,
+            "phases": phase_stats,
             "per_iteration": per,
         }
 
