@@ -45,9 +45,15 @@ The Table II setting, as modelled here (our choices where the paper is vague)
   aggregation), else when the next iteration opens (both policies).
 * Membership (both policies): every live node learns of a crash DETECT_S
   after it (the daemon's liveness check: pings every 1 s, dead after 6 s of
-  silence; `RecoveryNode.peer_gone`; `detect_s=60` is a bench row, the
-  simulator's default before the sixth reading of docs/bench_churn.md): no
-  more work goes to the dead node.  A SWARM data node then restarts at once a
+  silence; `RecoveryNode.peer_gone`, `Phases.forget`; `detect_s=60`,
+  heartbeats or DHT entries expiring, is a bench row): no more work goes to
+  the dead node and nobody waits for it in an aggregation.  With
+  `detect=False` only the aggregation phase hears the report (the all-reduce
+  needs its live group); the microbatch and flow machines find the crash by
+  their own timeouts.  Like the daemon's liveness check, a node that presumed
+  a peer dead on a hop deadline and still hears it (the peer is alive, or
+  crashed less than SILENCE_S ago) un-presumes it (`RecoveryNode.peer_alive`;
+  `unpresume`, default on).  A SWARM data node then restarts at once a
   microbatch in its backward pass whose stage held by the dead node has not
   reported its backward yet (`swarm_acts_on_gone`, default on: the generous
   reading of SWARM; off, it waits for its own backward timeout).  GWTF's
@@ -191,9 +197,8 @@ AGG_S = 10.0
 AGG_PEER_TIMEOUT_S = 30.0
 REJOIN_S = 60.0
 # membership: every node learns of a crash this long after it: the daemon's own liveness check (runtime/training.py:
-# pings every PING_EVERY_S = 1 s, dead after DEAD_AFTER_S = 6 s of silence; a test keeps them equal).  Until the
-# sixth reading of docs/bench_churn.md the default was 60 s (heartbeats / DHT entries expiring), now a bench row:
-# SWARM was slower with 7 s because a report that came during the forward pass was forgotten (fixed in recovery.py).
+# pings every PING_EVERY_S = 1 s, dead after DEAD_AFTER_S = 6 s of silence; a test keeps them equal).  60 s
+# (heartbeats / DHT entries expiring) is a bench row.
 DAEMON_DETECT_S = 7.0
 DETECT_S = DAEMON_DETECT_S
 FLOW_CONVERGE_S = 60.0  # the flow machines settle this long after a change (paper: ~120 rounds, "roughly a minute")
@@ -1214,6 +1219,9 @@ def add_train_parser(simsub, parser_class, nonneg_int, positive_int):
     t.add_argument("--one-wave", action="store_true",
                    help="an iteration is one wave: microbatches that find no route are deferred to the next "
                         "iteration instead of waiting for a slot (both policies; the paper's reading)")
+    t.add_argument("--can-take", choices=[r.value for r in CanTakeRule], default=CanTakeRule.ALL.value,
+                   help="CAN TAKE after every downstream member of the aggregation (default) or after any one "
+                        "(the paper's sentence read literally; protocol/phases.py)")
     t.add_argument("--json", action="store_true", help="one JSON object with the means over the iterations")
     t.set_defaults(func=cmd_sim_train)
     return t
@@ -1225,7 +1233,7 @@ JSON_KEYS = ("time_per_microbatch_s", "throughput_per_iteration", "communication
 
 def cmd_sim_train(args) -> int:
     rep = run_train(args.setting, args.policy, args.churn, args.iterations, args.seed, routing=args.routing,
-                    one_wave=args.one_wave)
+                    one_wave=args.one_wave, can_take=args.can_take)
     if args.json:
         obj = {k: rep[k] for k in JSON_KEYS}
         obj.update({k: rep[k] for k in ("deferred_microbatches", "lost_contributions", "unfinished_iterations",
