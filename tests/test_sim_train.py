@@ -129,7 +129,8 @@ def test_set_flows_during_training_lets_a_data_node_launch() -> None:
 
 @pytest.mark.parametrize("option", [{"routing": "oracle"}, {"routing": "oracle", "reflow": False}, {"detect": False},
                                     {"join_mid_iteration": False},
-                                    {"swarm_acts_on_gone": False}, {"gwtf_acts_on_gone": True}])
+                                    {"swarm_reacts_to": "timeouts"}, {"gwtf_acts_on_gone": False},
+                                    {"unpresume": False}, {"can_take": "any"}])
 def test_model_switches_lose_nothing(option: dict) -> None:
     for policy in ("gwtf", "swarm"):
         rep = T.run_train("table2-heterogeneous", policy, 0.2, 8, 1, **option)
@@ -209,7 +210,7 @@ def test_cli_sim_train_json(capsys, routing: str) -> None:
                      "--iterations", "3", "--seed", "1", "--routing", routing, "--json"]) == 0
     import json
     obj = json.loads(capsys.readouterr().out)
-    assert set(T.JSON_KEYS) <= set(obj) and obj["lost_microbatches"] == 0
+    assert set(cli.SIM_TRAIN_JSON_KEYS) <= set(obj) and obj["lost_microbatches"] == 0
 
 
 def _data(lend: bool) -> RecoveryNode:

@@ -53,12 +53,13 @@ The Table II setting, as modelled here (our choices where the paper is vague)
   their own timeouts.  Like the daemon's liveness check, a node that presumed
   a peer dead on a hop deadline and still hears it (the peer is alive, or
   crashed less than SILENCE_S ago) un-presumes it (`RecoveryNode.peer_alive`;
-  `unpresume`, default on).  A SWARM data node then restarts at once a
-  microbatch in its backward pass whose stage held by the dead node has not
-  reported its backward yet (`swarm_acts_on_gone`, default on: the generous
-  reading of SWARM; off, it waits for its own backward timeout).  GWTF's
-  data node does not act on it by default (`gwtf_acts_on_gone`): its relays' missing COMPLETE
-  (BackwardStuck) is as fast and repairs wasted less.
+  `unpresume`, default on).  A data node then acts at once on a microbatch
+  in its backward pass whose stage held by the dead node has not reported
+  its backward yet: SWARM restarts it (`swarm_reacts_to="membership"`, the
+  default and the generous reading of SWARM; "timeouts": it waits for its own
+  backward timeout, the paper's description of its baseline), GWTF runs a
+  repair round (`gwtf_acts_on_gone`, default on as in the daemon; off, it
+  waits for its relays' BackwardStuck).
 
 Flow routing (GWTF, `routing="machines"`, the default): every node runs its
 flow machine (`protocol/flow.py`'s `FlowNode`) inside this virtual time, next
@@ -163,7 +164,6 @@ import json
 import math
 import random
 import statistics
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -210,6 +210,7 @@ PHASE_MSGS = (IterationDone, BeginAggregation, CanTake, PhaseAck)
 LEADER_MSGS = (RequestVote, Vote, LeaderHeartbeat, HeartbeatAck)
 SILENCE_S = DAEMON_DETECT_S - 1.0  # the daemon's DEAD_AFTER_S: a peer silent this long is no longer heard
 ROUTINGS = ("machines", "oracle")
+SWARM_REACTIONS = ("membership", "timeouts")  # what makes a SWARM data node restart a microbatch (module docstring)
 FLOWS_FORMED_QUIET_S = 3.0  # a data node opens iteration 0 once its demand is placed or its flows were still this long
 # The flow machines run with flow.py's defaults, as in the daemon: with two data nodes free-running labels with
 # ordered launches, relabelling and cross displacement.  (Before ordered launches coalesced free-running labels, they
@@ -363,8 +364,9 @@ class TrainSim:
     `routing` ("machines": GWTF's flows by the flow machines; "oracle": the LP optimum installed globally),
     `reflow` (True; oracle only: re-install the optimum FLOW_CONVERGE_S after a change), `lend` (True; machines
     only: recovery.py's lending), `fastest_unit` (True; GWTF: recovery.py's "Fastest unit first"), `flow_options` (FLOW_OPTIONS: FlowConfig fields of every flow machine),
-    `detect` (True: the membership layer), `join_mid_iteration` (True), `swarm_acts_on_gone` (True),
-    `gwtf_acts_on_gone` (False), `one_wave` (False: recovery.py's "One wave", the paper's one-wave iteration
+    `detect` (True: the membership layer), `join_mid_iteration` (True), `swarm_reacts_to` ("membership"),
+    `gwtf_acts_on_gone` (True), `unpresume` (True: a presumed-dead peer still heard is alive again),
+    `can_take` ("all": phases.CanTakeRule), `one_wave` (False: recovery.py's "One wave", the paper's one-wave iteration
     with deferral, for both policies), `detect_s` (DETECT_S: how long after a crash the membership layer reports
     it); `crash_plan` / `rejoin` (True) for scripted crashes; `flows`: fixed flows
     (oracle-style, no machines)."""
@@ -372,8 +374,8 @@ class TrainSim:
     def __init__(self, setting: Setting, policy: str, churn: float, seed: int,
                  crash_plan: list[tuple[float, str]] | None = None, rejoin: bool = True,
                  flows: dict | None = None, reflow: bool = True, detect: bool = True,
-                 join_mid_iteration: bool = True, swarm_acts_on_gone: bool = True,
-                 gwtf_acts_on_gone: bool = False, routing: str = "machines", flow_options: dict | None = None,
+                 join_mid_iteration: bool = True, swarm_reacts_to: str = "membership",
+                 gwtf_acts_on_gone: bool = True, routing: str = "machines", flow_options: dict | None = None,
                  lend: bool = True, one_wave: bool = False, detect_s: float = DETECT_S, fastest_unit: bool = True,
                  unpresume: bool = True, can_take: str = CanTakeRule.ALL.value) -> None:
         if routing not in ROUTINGS:
@@ -422,7 +424,9 @@ class TrainSim:
         self.detect = detect
         self.detect_s = detect_s
         self.join_mid_iteration = join_mid_iteration
-        self.acts_on_gone = {"swarm": swarm_acts_on_gone, "gwtf": gwtf_acts_on_gone}[policy]
+        if swarm_reacts_to not in SWARM_REACTIONS:
+            raise ValueError(f"swarm_reacts_to must be one of {SWARM_REACTIONS}, not {swarm_reacts_to!r}")
+        self.acts_on_gone = {"swarm": swarm_reacts_to == "membership", "gwtf": gwtf_acts_on_gone}[policy]
         self.reflows = 0
         self._lent = False
         self._flow_members = dict(setting.relays)
@@ -1176,11 +1180,12 @@ class TrainSim:
 
 
 def run_train(setting: str, policy: str, churn: float, iterations: int, seed: int, *, breakdown: bool = False,
-              **options) -> dict:
+              data_nodes: int = len(DATA_NODES), **options) -> dict:
     """One run; `options` are TrainSim's model switches (routing, reflow, lend, flow_options, detect,
-    join_mid_iteration, swarm_acts_on_gone, gwtf_acts_on_gone, one_wave: see TrainSim).  `breakdown`: trace the run and add `waste_breakdown_s` (seconds per iteration by cause,
+    join_mid_iteration, swarm_reacts_to, gwtf_acts_on_gone, unpresume, can_take, one_wave, ...: see TrainSim).
+    `breakdown`: trace the run and add `waste_breakdown_s` (seconds per iteration by cause,
     `TrainSim.waste_breakdown`)."""
-    s = make_setting(setting, seed)
+    s = make_setting(setting, seed, data_nodes)
     sim = TrainSim(s, policy, churn, seed, **options)
     if breakdown:
         sim.trace = []
@@ -1190,64 +1195,3 @@ def run_train(setting: str, policy: str, churn: float, iterations: int, seed: in
         n = max(1, sum(1 for p in rep["per_iteration"] if p["finished"]))
         rep["waste_breakdown_s"] = {k: v / n for k, v in sim.waste_breakdown(iterations).items()}
     return rep
-
-
-# ---- command line ----------------------------------------------------------------
-
-
-def _churn(text: str) -> float:
-    import argparse
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--churn must be a probability, got {text!r}") from None
-    if not 0.0 <= v <= 1.0 or math.isnan(v):
-        raise argparse.ArgumentTypeError(f"--churn must be in [0, 1], got {text!r}")
-    return v
-
-
-def add_train_parser(simsub, parser_class, nonneg_int, positive_int):
-    t = simsub.add_parser("train", help="training iterations with churn (Table II of the GWTF paper)")
-    t.add_argument("--setting", choices=SETTINGS, default="table2-heterogeneous")
-    t.add_argument("--churn", type=_churn, default=0.0, help="probability per iteration that a relay crashes")
-    t.add_argument("--policy", choices=("gwtf", "swarm"), default="gwtf")
-    t.add_argument("--iterations", type=positive_int, default=25)
-    t.add_argument("--seed", type=nonneg_int, default=0)
-    t.add_argument("--routing", choices=ROUTINGS, default="machines",
-                   help="GWTF's flows: the flow machines run in the simulation (default), or the LP optimum "
-                        "installed by an oracle (the earlier model, for comparison)")
-    t.add_argument("--one-wave", action="store_true",
-                   help="an iteration is one wave: microbatches that find no route are deferred to the next "
-                        "iteration instead of waiting for a slot (both policies; the paper's reading)")
-    t.add_argument("--can-take", choices=[r.value for r in CanTakeRule], default=CanTakeRule.ALL.value,
-                   help="CAN TAKE after every downstream member of the aggregation (default) or after any one "
-                        "(the paper's sentence read literally; protocol/phases.py)")
-    t.add_argument("--json", action="store_true", help="one JSON object with the means over the iterations")
-    t.set_defaults(func=cmd_sim_train)
-    return t
-
-
-JSON_KEYS = ("time_per_microbatch_s", "throughput_per_iteration", "communication_time_s", "wasted_compute_s",
-             "lost_microbatches")
-
-
-def cmd_sim_train(args) -> int:
-    rep = run_train(args.setting, args.policy, args.churn, args.iterations, args.seed, routing=args.routing,
-                    one_wave=args.one_wave, can_take=args.can_take)
-    if args.json:
-        obj = {k: rep[k] for k in JSON_KEYS}
-        obj.update({k: rep[k] for k in ("deferred_microbatches", "lost_contributions", "unfinished_iterations",
-                                        "crashes")})
-        print(json.dumps(obj, allow_nan=True))
-        return 0
-    print(f"{rep['setting']}  policy {rep['policy']}  churn {rep['churn']:g}  seed {rep['seed']}  "
-          f"iterations {rep['iterations']}  routing {rep['routing']}")
-    print(f"  time per microbatch   {rep['time_per_microbatch_s'] / 60:.2f} min")
-    print(f"  throughput            {rep['throughput_per_iteration']:.2f} microbatches / iteration")
-    print(f"  communication time    {rep['communication_time_s'] / 60:.2f} min per microbatch")
-    print(f"  wasted compute        {rep['wasted_compute_s']:.2f} s per iteration")
-    print(f"  lost microbatches     {rep['lost_microbatches']}  (deferred {rep['deferred_microbatches']}, "
-          f"lost contributions {rep['lost_contributions']}, crashes {rep['crashes']})")
-    if rep["unfinished_iterations"]:
-        print(f"  unfinished iterations {rep['unfinished_iterations']}", file=sys.stderr)
-    return 0
