@@ -28,7 +28,7 @@ def crash_when(sim: T.TrainSim, when, victim_of) -> None:
             sim.fired = True
             victim = victim_of(nid, payload)
             if victim is not None:
-                sim._push(sim.now, T._CRASH, victim, None, None)
+                sim.crash_at(sim.now, victim)
 
     sim.observer = observe
 
@@ -188,7 +188,7 @@ def test_simultaneous_crashes_of_consecutive_stages_are_repaired_without_restart
         path = sim_holder["sim"].nodes["d0"].mbs[p[0]].path
         fired["path"] = list(path)
         for v in path[1:3]:
-            sim_holder["sim"]._push(sim_holder["sim"].now, T._CRASH, v, None, None)
+            sim_holder["sim"].crash_at(sim_holder["sim"].now, v)
         return path[3]
 
     sim_holder = {}

@@ -47,7 +47,7 @@ def test_the_leader_dies_around_begin_aggregation(policy: str, moment: str) -> N
 
     def crash(nid: str) -> None:
         state["leader"] = nid
-        sim._push(sim.now, T._CRASH, nid, None, None)
+        sim.crash_at(sim.now, nid)
 
     def observe(nid, event, payload):
         if moment == "before" and "leader" not in state and event == "msg" and sim._leading(nid) \
