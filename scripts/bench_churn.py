@@ -91,8 +91,8 @@ def main() -> int:
                                                if isinstance(v, tuple)}, flush=True)
     out = [f"# Churn benchmark: Table II of the GWTF paper in the simulator\n",
            f"`nice -n 10 python scripts/bench_churn.py --iterations {args.iterations} --seeds {args.seeds}` "
-           f"({time.time() - t0:.0f} s). Setting, model and metrics: the docstring of `gwtf_node/sim/train.py`; "
-           "protocol: `gwtf_node/protocol/recovery.py`. Mean ± std over seeds of each run's mean over its "
+           f"({time.time() - t0:.0f} s). Setting, model and metrics: the docstring of `gwtf_node/sim/train/`; "
+           "protocol: `gwtf_node/protocol/recovery/`, `gwtf_node/protocol/phases.py`. Mean ± std over seeds of each run's mean over its "
            "iterations. Times in minutes (time per microbatch, communication time per completed microbatch), "
            "wasted compute in seconds per iteration.\n"]
     names = [("time_per_microbatch_s", "Time per microbatch (min)", 60), ("throughput_per_iteration",

@@ -148,15 +148,10 @@ stage-0 relay, the launch -> final time of its microbatches through it
 (`rt`, an EWMA over those that needed no repair and no new attempt) and
 launches each new microbatch on the free unit (own or lent) with the lowest
 `rt` (a relay not measured yet counts as the data node's end-to-end
-estimate; ties by link cost).  On the heterogeneous Table II setting at 0 %
-churn (10 seeds x 10 iterations) it cut the time per microbatch from 0.502
-to 0.485 min and was never slower on a seed; a makespan plan on top (data
-nodes exchanging their units' round trips and holding back the units an
-earliest-finish-time schedule leaves idle, or holding a microbatch back for
-a faster unit of their own) was tried and was slower (0.51-0.52 min): round
-trips differ with the data node (a far data node's trips through the same
-unit are 30 % longer), and a data node waiting for its own fast unit lends
-it later.
+estimate; ties by link cost).  It is not a makespan plan: round trips
+differ with the data node (a far data node's trips through the same unit are
+longer), and a data node holding a microbatch back for its own fast unit
+would lend that unit later (`--no-fastest-unit` in `sim train` measures it).
 
 One wave (`cfg.one_wave`, off by default; the simulator's `one_wave`)
 ---------------------------------------------------------------------

@@ -156,7 +156,7 @@ def initial_flows(setting: Setting, active: tuple[str, ...] | None = None) -> di
     active data nodes) units (the iteration lasts as long as the slowest data
     node), then the cheapest routing of that is taken.
     """
-    from .baselines import max_flow_value, optimal_routing
+    from ..baselines import max_flow_value, optimal_routing
     if active is None:
         active = setting.data
     if not active:
