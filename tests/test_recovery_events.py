@@ -1,0 +1,59 @@
+"""The recovery machine's driver events (protocol/recovery/neighbours.py): `set_neighbours` and `peer_alive`, the
+only ways a driver changes what the machine knows of its neighbours."""
+
+from __future__ import annotations
+
+import random
+
+from gwtf_node.protocol.messages import Forward, MbDeny, Room
+from gwtf_node.protocol.recovery import Compute, RecoveryConfig, RecoveryNode
+
+
+def relay() -> RecoveryNode:
+    cfg = RecoveryConfig(node_id="r", stage=1, last_stage=3, capacity=2, data_nodes=("d",),
+                         next_peers={"n": 1.0}, prev_peers={"p": 1.0}, peer_capacity={"n": 1},
+                         prior_s={"n": 5.0, "p": 5.0})
+    return RecoveryNode(cfg, random.Random(0))
+
+
+def data_node() -> RecoveryNode:
+    cfg = RecoveryConfig(node_id="d", stage=-1, last_stage=1, capacity=2, data_nodes=("d",),
+                         next_peers={"a": 1.0}, prev_peers={"z": 1.0}, peer_capacity={"a": 2}, prior_s={"a": 5.0})
+    return RecoveryNode(cfg, random.Random(0))
+
+
+def test_set_neighbours_replaces_the_maps_and_keeps_known_capacities() -> None:
+    m = relay()
+    m.set_neighbours(0.0, {"n": 2.0, "x": 3.0}, {"p": 1.0, "q": 4.0}, {"n": 0, "x": 3}, prior_s=7.0)
+    assert m.next_peers == {"n": 2.0, "x": 3.0} and m.prev_peers == {"p": 1.0, "q": 4.0}
+    assert m.peer_cap["n"] == 1 and m.peer_cap["x"] == 3  # a capacity of 0 keeps what was known
+    assert m.est["n"] == 5.0 and m.est["x"] == 7.0  # a new next peer starts at the prior
+    m.set_neighbours(1.0, {"y": 1.0}, {}, {}, prior_s=7.0)
+    assert m.next_peers == {"y": 1.0} and m.peer_cap["y"] == 1  # nothing known: one slot
+
+
+def test_a_new_next_peer_is_a_route_again_for_a_parked_microbatch() -> None:
+    m = relay()
+    k = ("d", 0, 0)
+    m.on_message(0.0, "p", Forward(*k, ("d", "p"), None, 0))
+    m.on_message(0.0, "n", MbDeny(*k, 0))  # n is full
+    eff = m.on_compute_done(1.0, k, "forward")
+    assert m.mbs[k].parked and not [e for e in eff if type(getattr(e, "msg", None)) is Forward]
+    eff = m.set_neighbours(2.0, {"n": 1.0, "x": 3.0}, {"p": 1.0}, {"x": 1}, prior_s=5.0)
+    assert [e.to for e in eff if type(getattr(e, "msg", None)) is Forward] == ["x"]
+    assert not m.mbs[k].parked
+
+
+def test_peer_alive_undoes_a_presumption_not_a_membership_report() -> None:
+    m = data_node()
+    m.set_flows({"d": {"a": 2}})
+    eff = m.start(0.0)
+    assert len([e for e in eff if type(e) is Compute]) == 2
+    m._presume_dead("a")  # a hop deadline presumed it dead
+    assert "a" in m.dead
+    m.peer_alive(1.0, "a")
+    assert "a" not in m.dead
+    m.peer_gone(2.0, "a")  # the membership layer reports it gone: only a message from it undoes that
+    assert m.peer_alive(3.0, "a") == [] and "a" in m.dead
+    m.on_message(4.0, "a", Room(1))
+    assert "a" not in m.dead
