@@ -1,9 +1,9 @@
 """Recovery machines over a faulty wire: the ledger invariant under any schedule (a Hypothesis state machine).
 
 Several `RecoveryNode`s (one or two data nodes, two stages of two relays) are
-driven the way the daemon drives them: the machine has no leader
-(`leader=""`), a data node's settled iteration is reported by a `Send` of
-`IterationDone` to `""`, and the aggregation phase is run by the driver
+driven the way the daemon drives them: a data node's settled iteration is
+reported by an `IterationSettled` effect, and the aggregation phase is run by
+the driver
 (`begin_aggregation` on the relays, `aggregation_done` everywhere, then
 `open_iteration` of the next iteration on the data nodes).  Every `Send` goes
 through the real wire codec (`codec.encode` at the sender, `codec.decode` at
@@ -40,7 +40,7 @@ from gwtf_node.protocol import codec
 from gwtf_node.protocol.effects import CancelTimer, Send, SetTimer
 from gwtf_node.protocol.messages import BeginAggregation, CanTake, IterationDone
 from gwtf_node.protocol.pipeline import MbStatus, OpenIteration
-from gwtf_node.protocol.recovery import Compute, RecoveryConfig, RecoveryNode
+from gwtf_node.protocol.recovery import Compute, IterationSettled, RecoveryConfig, RecoveryNode
 
 STAGES = (("a0", "a1"), ("b0", "b1"))  # relays of stage 0 and stage 1
 RELAYS = tuple(r for stage in STAGES for r in stage)
@@ -85,7 +85,7 @@ def _config(nid: str, data_nodes: tuple[str, ...], policy: str, lend: bool, one_
         prv = data_nodes if stage == 0 else STAGES[stage - 1]
         cap = RELAY_CAPACITY
     return RecoveryConfig(
-        node_id=nid, stage=stage, last_stage=last, capacity=cap, data_nodes=data_nodes, leader="",
+        node_id=nid, stage=stage, last_stage=last, capacity=cap, data_nodes=data_nodes,
         next_peers={j: _cost(nid, j) for j in nxt}, prev_peers={j: _cost(nid, j) for j in prv},
         peer_capacity={j: RELAY_CAPACITY for j in RELAYS}, default_prior_s=1.0, e2e_prior_s=2.0,
         probe_wait_s=1.0, policy=policy, swarm_assumed_capacity=RELAY_CAPACITY, act_on_gone=act_on_gone,
@@ -124,10 +124,8 @@ class RecoveryWire(RuleBasedStateMachine):
     def _apply(self, nid: str, effects: list) -> None:
         for e in effects:
             if type(e) is Send:
-                if e.to == "" and type(e.msg) is IterationDone:  # no leader in the machine: the driver's report
-                    self.reported[nid].add(e.msg.iteration)
-                elif type(e.msg) in PHASE_SIGNALS:
-                    continue  # the daemon drops these too: its own aggregation phase sends them
+                if type(e.msg) in PHASE_SIGNALS:
+                    raise AssertionError(f"{nid} sends a phase signal of its own: {e!r}")
                 else:
                     assert e.to in self.nodes, f"{nid} sends {e.msg!r} to unknown peer {e.to!r}"
                     self.wire.append((nid, e.to, codec.encode(nid, e.msg)))
@@ -135,8 +133,10 @@ class RecoveryWire(RuleBasedStateMachine):
                 self.timers[(nid, e.key)] = e.deadline
             elif type(e) is CancelTimer:
                 self.timers.pop((nid, e.key), None)
+            elif type(e) is IterationSettled:  # the driver reports it to the leader (phases.Phases)
+                assert nid in self.data_nodes, (nid, e)
+                self.reported[nid].add(e.iteration)
             elif type(e) is Compute:
-                assert e.kind != "aggregate", f"{nid} runs an aggregation step of its own with no leader: {e!r}"
                 self.computing.append((nid, e))
             elif type(e) is OpenIteration:
                 assert nid in self.data_nodes and e.iteration == self.iteration, (nid, e)
