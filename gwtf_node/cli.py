@@ -94,14 +94,15 @@ def cmd_gen_flow(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_policy(scenario, policy: str, seed: int, rounds: int, anneal: bool = False):
-    """Route a scenario with one policy; shared by the CLI and the benchmark."""
+def run_policy(scenario, policy: str, seed: int, rounds: int, anneal: bool = False, trace=None):
+    """Route a scenario with one policy; shared by the CLI and the benchmark.  `trace` (gwtf): a text file
+    that receives every delivered message, one line each (time, sender, receiver, message)."""
     if policy == "gwtf":
         from .protocol.flow import FlowConfig
         from .sim.flowsim import run_gwtf
 
         base = FlowConfig("-", False, 0, (), {}, {}, improve=anneal)
-        return run_gwtf(scenario, seed=seed, rounds=rounds, base=base)
+        return run_gwtf(scenario, seed=seed, rounds=rounds, base=base, trace=trace)
     from .sim.baselines import optimal_routing, swarm_routing
 
     if policy == "swarm":
@@ -126,7 +127,16 @@ def _summary(res) -> str:
 
 def cmd_flow(args: argparse.Namespace) -> int:
     scenario = _load_scenario(args.scenario, args.activation_mb)
-    res = run_policy(scenario, args.policy, args.seed, args.rounds, anneal=args.anneal)
+    if args.trace is not None and args.policy != "gwtf":
+        raise CliError(f"--trace records the flow machines' messages: it needs --policy gwtf, not {args.policy}")
+    if args.trace is None:
+        res = run_policy(scenario, args.policy, args.seed, args.rounds, anneal=args.anneal)
+    else:
+        try:
+            with open(args.trace, "w", encoding="utf-8") as trace:
+                res = run_policy(scenario, args.policy, args.seed, args.rounds, anneal=args.anneal, trace=trace)
+        except OSError as e:
+            raise CliError(f"cannot write the trace file {args.trace!r}: {e.strerror}") from None
     if args.json:
         out = res.to_json()
         out.pop("messages_by_type", None)
@@ -491,6 +501,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--anneal", action="store_true",
                    help="gwtf: also run Request Change/Redirect with simulated annealing (experimental)")
     f.add_argument("--json", action="store_true", help="print the JSON of specs/scenario.md")
+    f.add_argument("--trace", metavar="FILE", default=None,
+                   help="gwtf: write every delivered message, in order, to FILE (time sender receiver message)")
     f.set_defaults(func=cmd_flow)
 
     from .sim.join import add_join_parser
