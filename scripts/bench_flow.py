@@ -11,7 +11,8 @@ the same scenario in the same run:
 * rounds to converge, messages per node and wall time of the simulation.
 
 Writes a markdown table and a bar plot (docs/bench_flow.md, docs/bench_flow.png
-by default) and prints the table.  `--scale` adds the 1,000 relays x 16
+by default; in a page that has the table's markers only the table is replaced)
+and prints the table.  `--scale` adds the 1,000 relays x 16
 stages instance.
 
     python scripts/bench_flow.py                 # settings 1-6 x 10 seeds
@@ -32,6 +33,9 @@ from gwtf_node.sim.baselines import optimal_routing, swarm_routing
 from gwtf_node.sim.flowsim import run_gwtf
 from gwtf_node.sim.scenarios import FlowSetting, generate_layered, load_flow_setting
 from gwtf_node.sim.validate import check_routing
+
+
+BEGIN, END = "<!-- table written by scripts/bench_flow.py -->", "<!-- end of table -->"
 
 
 def bench_one(scenario, seed: int, rounds: int, improve: bool) -> dict:
@@ -106,7 +110,14 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = "python scripts/bench_flow.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    out.with_suffix(".md").write_text(f"Measured with `{cmd.strip()}`\n\n{table}\n")
+    block = f"{BEGIN}\nMeasured with `{cmd.strip()}`\n\n{table}\n{END}"
+    md = out.with_suffix(".md")
+    text = md.read_text() if md.exists() else ""
+    if BEGIN in text and END in text:  # replace the table, keep the rest of the page
+        text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+    else:
+        text = block + "\n"
+    md.write_text(text)
     try:
         import matplotlib
         matplotlib.use("Agg")
