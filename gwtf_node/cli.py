@@ -101,7 +101,7 @@ def run_policy(scenario, policy: str, seed: int, rounds: int, anneal: bool = Fal
         from .protocol.flow import FlowConfig
         from .sim.flowsim import run_gwtf
 
-        base = FlowConfig("-", False, 0, (), {}, {}, improve=anneal)
+        base = FlowConfig("-", False, 0, (), {}, {}, improve=True, anneal=True) if anneal else None
         return run_gwtf(scenario, seed=seed, rounds=rounds, base=base, trace=trace)
     from .sim.baselines import optimal_routing, swarm_routing
 
@@ -499,7 +499,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--activation-mb", type=float, default=None,
                    help="activation size for links given by latency and bandwidth")
     f.add_argument("--anneal", action="store_true",
-                   help="gwtf: also run Request Change/Redirect with simulated annealing (experimental)")
+                   help="gwtf: run Request Change/Redirect all the time and take worse moves by simulated annealing "
+                        "(T0 1.7, alpha 0.95; off by default: it raises the cost, docs/bench_flow.md)")
     f.add_argument("--json", action="store_true", help="print the JSON of specs/scenario.md")
     f.add_argument("--trace", metavar="FILE", default=None,
                    help="gwtf: write every delivered message, in order, to FILE (time sender receiver message)")

@@ -2,8 +2,9 @@
 """Request Change / Request Redirect with simulated annealing: what it buys and what it costs.
 
 For each setting and seed the flow machines route the same scenario twice,
-with `FlowConfig.improve` off and on (T0 1.7, alpha 0.95: the paper's
-annealing), and, with `--churn`, re-form the flows after 10 % of the relays
+with Request Change / Request Redirect off (`FlowConfig.improve` False) and
+on all the time, with annealing (T0 1.7, alpha 0.95, as the paper) or, with
+`--greedy`, taking only moves that lower the cost; and, with `--churn`, re-form the flows after 10 % of the relays
 crashed (the churn of scripts/bench_flow_churn.py), again off and on.  Per
 run: mean cost per microbatch against the LP bound (several data nodes) or the
 min-cost max-flow optimum (one), flows against the maximum flow, messages and
@@ -11,6 +12,7 @@ rounds; the table puts the two side by side with the ratio of messages.
 
     python scripts/bench_flow_anneal.py --settings 5 6 --seeds 5
     python scripts/bench_flow_anneal.py --settings 5 --seeds 5 --churn
+    python scripts/bench_flow_anneal.py --settings 5 --seeds 5 --greedy   # moves without annealing
 """
 
 from __future__ import annotations
@@ -69,15 +71,23 @@ def main(argv=None) -> int:
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=120)
     ap.add_argument("--churn", action="store_true", help="re-formation after 10 %% of the relays crashed")
+    ap.add_argument("--greedy", action="store_true", help="the moves that are on take no worse move (no annealing)")
+    ap.add_argument("--after-change", action="store_true",
+                    help="compare FlowConfig's defaults with anneal_after_change (annealed moves after a membership "
+                         "change only; use with --churn)")
     args = ap.parse_args(argv)
     off = FlowConfig("-", False, 0, (), {}, {}, improve=False)
-    on = replace(off, improve=True)
+    on = replace(off, improve=True, anneal=not args.greedy)
+    if args.after_change:
+        off = FlowConfig("-", False, 0, (), {}, {})
+        on = replace(off, anneal_after_change=True)
     run = churn if args.churn else formation
     what = "after 10 % of the relays crashed" if args.churn else "formation"
     cmd = "python scripts/bench_flow_anneal.py " + " ".join(argv if argv is not None else sys.argv[1:])
     lines = [f"{what} (`{cmd.strip()}`)", "",
-             "| setting | instances | max flow reached (off / on) | GWTF / optimum, annealing off (mean, worst) "
-             "| annealing on (mean, worst) | better / worse / same | messages off / on (mean) | ratio on / off "
+             f"| setting | instances | max flow reached (off / on) | GWTF / optimum, {'defaults' if args.after_change else 'moves off'} (mean, worst) "
+             f"| {'greedy moves' if args.greedy else 'annealed after a change' if args.after_change else 'annealing'}"
+             " on (mean, worst) | better / worse / same | messages off / on (mean) | ratio on / off "
              "| rounds off / on (mean) | CPU s off / on (mean) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for setting in args.settings:

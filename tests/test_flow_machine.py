@@ -433,9 +433,23 @@ def test_annealer_accepts_a_worse_move_with_probability_exp_minus_delta_over_t_a
     assert abs(taken - 0.13534) < 0.03  # exp(-2 / 1)
 
 
-def asking_relay(capacity=1, improve=True, **kw):
+def test_improvement_moves_run_by_default_only_with_several_data_nodes():
+    one_data = FlowNode(FlowConfig("R", False, 1, (D,), dict(NEXT), dict(PREV), peers=("S",)), random.Random(0))
+    two_data = FlowNode(FlowConfig("R", False, 1, (D, "d1"), dict(NEXT), dict(PREV), peers=("S",)), random.Random(0))
+    assert not one_data.improving and two_data.improving and not two_data.cfg.anneal
+    for m in (one_data, two_data):
+        m.start(0.0)
+    assert not sends(one_data.on_timer(1.0, "tick"), QueryFlows)
+    assert one(two_data.on_timer(1.0, "tick"), QueryFlows, "S")
+    forced = FlowNode(FlowConfig("R", False, 1, (D, "d1"), dict(NEXT), dict(PREV), peers=("S",), improve=False),
+                      random.Random(0))
+    forced.start(0.0)
+    assert not forced.improving and not sends(forced.on_timer(1.0, "tick"), QueryFlows)
+
+
+def asking_relay(capacity=1, improve=True, anneal=True, **kw):
     """R carries P1 -> R -> N1 and, on its tick, asks its same-stage peer S for its flows."""
-    m = settled_relay(capacity=capacity, improve=improve, **kw)
+    m = settled_relay(capacity=capacity, improve=improve, anneal=anneal, **kw)
     eff = m.on_timer(2.0, "tick")
     q = one(eff, QueryFlows, "S").msg
     return m, q.query_id
@@ -497,14 +511,31 @@ def test_requester_ignores_a_report_it_did_not_ask_for_and_gives_up_an_unanswere
 
 def test_requester_takes_a_worse_move_only_by_annealing():
     worse = dict(outflows=[("N2", 1.0)], next_costs=(("N1", 5.0), ("N2", 1.0)))  # delta = 7 + 5 - 3 - 1 = 8
-    greedy, qid = asking_relay(improve=False, change_improve_rounds=50.0, joined=True, t0=1e6)
-    assert not sends(greedy.on_message(2.1, "S", report(qid, **worse)))  # greedy moves never go uphill
+    greedy, qid = asking_relay(anneal=False, t0=1e6)
+    assert not sends(greedy.on_message(2.1, "S", report(qid, **worse)))  # moves without annealing never go uphill
+    after_change, qid = asking_relay(improve=False, anneal=False, change_improve_rounds=50.0, joined=True, t0=1e6)
+    assert not sends(after_change.on_message(2.1, "S", report(qid, **worse)))  # nor the greedy ones after a change
     hot, qid = asking_relay(t0=1e6)  # exp(-8 / 1e6) ~ 1: accepted
     req = one(hot.on_message(2.1, "S", report(qid, **worse)), RequestChange, "S").msg
     assert req.temperature_accept and hot.stats.anneal_accepts == 1
     cold, qid = asking_relay(t0=0.01)  # below t_min: no exploring
     assert not sends(cold.on_message(2.1, "S", report(qid, **worse)))
     assert cold.stats.anneal_accepts == 0
+
+
+def test_after_a_membership_change_moves_anneal_only_with_anneal_after_change_and_from_t0_again():
+    worse = dict(outflows=[("N2", 1.0)], next_costs=(("N1", 5.0), ("N2", 1.0)))  # delta = 8
+    for flag in (False, True):
+        m = settled_relay(improve=False, t0=1e6, anneal_after_change=flag)
+        m.moves.annealer.temperature = 1e-3  # cooled down by earlier moves
+        m.add_neighbour(1.5, "P3", 9.0, "prev")  # a membership change: moves for change_improve_rounds
+        assert m.change_moves_until == 1.5 + m.cfg.change_improve_rounds * m.cfg.round_s
+        q = one(m.on_timer(2.0, "tick"), QueryFlows, "S").msg
+        eff = m.on_message(2.1, "S", report(q.query_id, **worse))
+        if flag:
+            assert m.moves.annealer.temperature == 1e6 and one(eff, RequestChange, "S").msg.temperature_accept
+        else:
+            assert not sends(eff, RequestChange)
 
 
 def test_an_annealed_move_is_taken_by_the_receiver_and_both_ends_stay_consistent():

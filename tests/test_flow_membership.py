@@ -73,7 +73,7 @@ def test_add_prev_sends_our_in_labels_and_stash_is_used_on_add_next():
     eff = m.add_neighbour(1.0, "P2", 4.0, "prev")
     ann = sends(eff, CostAnnounce, "P2")
     assert len(ann) == 1 and ann[0].msg.labels[0].cost == 3.0 and ann[0].msg.labels[0].epoch == 3
-    assert m.cfg.prev_costs["P2"] == 4.0 and m.greedy_until > 1.0
+    assert m.cfg.prev_costs["P2"] == 4.0 and m.change_moves_until > 1.0
     # a newcomer's label that arrives before we are told about it is kept and used once it is added
     m.on_message(1.1, "N9", CostAnnounce((Label(D, Side.IN, 0.5, ("N9+", "N9-", D + "+"), epoch=3),)))
     assert m.my_in[D].cost == 3.0

@@ -28,7 +28,10 @@ class FlowConfig:
     path_announce_s: float = 0.1  # a changed route at an unchanged cost is announced at most this often
     launch_settle_s: float = 0.2  # data node: least wait after a unit settled (free-running) / OUT label still (waves)
     balance_grace_s: float = 0.3  # wait for the other half of an agreed move
-    improve: bool = False  # run Request Change / Request Redirect with annealing (moves.py)
+    improve: bool | None = None  # Request Change / Request Redirect all the time (moves.py); None: on with several
+    # data nodes, where they lower the cost, off with one, where the flows are already optimal (docs/bench_flow.md)
+    anneal: bool = False  # improvement moves also take worse moves by simulated annealing (t0, alpha): off, because
+    # on top of ordered launches and relabelling the annealed moves raise the cost (docs/bench_flow.md)
     announce_coalesce_s: float = 0.02  # labels changed within this window go out in one CostAnnounce per peer
     launch_quiet_factor: float = 1.0  # data node: wait this x (the time the wave took to reach it) after its
     # last OUT label change
@@ -39,7 +42,8 @@ class FlowConfig:
     wave_order_cap_s: float = 0.2  # ... at most this much later
     retry_epoch_rounds: float = 5.0  # several data nodes: a data node without a route starts a new wave this often
     joined: bool = False  # placed into a run whose flows already formed: run greedy moves at start (node.py)
-    change_improve_rounds: float = 20.0  # rounds of greedy Request Redirect/Change after joining / a membership change
+    change_improve_rounds: float = 20.0  # rounds of Request Redirect/Change after joining / a membership change
+    anneal_after_change: bool = False  # ... taking worse moves by annealing too, the temperature back at t0
     ordered_launches: bool | None = None  # several data nodes: the cheapest launch goes first (LaunchBid); None: on
     # with several data nodes and free-running labels (bids.py)
     ordered_coalesce_s: float = 0.01  # ordered launches: free-running labels go out at most this often (0: at once)

@@ -157,7 +157,7 @@ def maybe_launch(node: FlowNode, now: float, eff: list[Effect]) -> None:
     if node.token_pending or node.launch.pending > 0:
         return
     # pending forced requests count (a Reroute of an agreed Redirect is on its way to the new first hop)
-    if node.out_eff(d) >= node.launch.demand or node.rejects_in_row >= MAX_REJECTS_BEFORE_WAIT:
+    if node.outflow_committed(d) >= node.launch.demand or node.rejects_in_row >= MAX_REJECTS_BEFORE_WAIT:
         return
     dec = node.dec_out.get(d)
     if dec is None or node.launch.next_at == INF:
@@ -206,7 +206,7 @@ def settled(node: FlowNode, now: float, eff: list[Effect], arrived: bool = False
     if node.waves:
         d = node.cfg.node_id
         if arrived and launched and waves.walking(node) and waves.tight(node, d) \
-                and node.out_eff(d) < node.launch.demand and node.wave.gave_up.get(d) != node.epoch[d]:
+                and node.outflow_committed(d) < node.launch.demand and node.wave.gave_up.get(d) != node.epoch[d]:
             node.launch.next_at = now  # the wave still has a tight route: the next unit goes on it
             return
         new_wave(node, now, eff)

@@ -6,17 +6,26 @@ A node asks a random same-stage peer for its flows (QueryFlows / FlowReport,
 Redirect takes a peer's unit prev -> peer -> next through the asking node when
 it has room.  The objective is the sum of link costs (Equation 2), not the
 paper's maximum, because the mean cost per microbatch is what we minimise.  A
-move that lowers the cost is proposed; a worse one only when `Annealer`
-accepts it (exp(-delta / T) > U(0, 1)), flagged `temperature_accept` so that
-the receiver takes it too.  The receiver checks the move against its own
+move that lowers the cost is proposed; a worse one only with annealing on and
+when `Annealer` accepts it (exp(-delta / T) > U(0, 1)), flagged
+`temperature_accept` so that the receiver takes it too.  The receiver checks the move against its own
 state (`on_request_change`, `on_request_redirect`); an agreed move is carried
 out with forced Request Flows and Withdraws on both sides (`apply_swap`,
 `on_move_reply`), and the requester cools (T <- alpha x T) after each.
 
-Nodes run moves all the time with `FlowConfig.improve` (annealing), and
-greedily (no worse move) for `change_improve_rounds` after a membership change
-or joining, which is how flows move to a cheaper newcomer.  One move is open
-per node at a time; a move unanswered for a round is dropped.
+When moves run.  All the time with `FlowConfig.improve`, which by default is
+on with several data nodes: there the flows that ordered launches,
+relabelling and cross displacement form leave local improvements, which the
+moves find for a few more messages (one QueryFlows / FlowReport per relay and
+round, and the label changes a move causes).  With one data node the flows are
+already optimal (successive shortest paths), so the moves would only cost
+messages.  After a membership change or joining every node runs them for
+`change_improve_rounds` whatever `improve` says, which is how flows move to a
+cheaper newcomer.  Worse moves by annealing only with `FlowConfig.anneal`: on
+top of the mechanisms above they raise the cost and multiply the messages, so
+it is off (the figures: docs/bench_flow.md, "Improvement moves and
+annealing").  One move is open per node at a time; a move unanswered for a
+round is dropped.
 """
 
 from __future__ import annotations
@@ -85,6 +94,15 @@ class MoveState:
     query_target: str | None = None  # the peer asked for its flows (its FlowReport is the one read)
 
 
+def after_change(node: FlowNode, now: float) -> None:
+    """A membership change (or this node joined): run moves for `change_improve_rounds`, annealing them from t0
+    again with `anneal_after_change`."""
+    cfg = node.cfg
+    node.change_moves_until = max(node.change_moves_until, now + cfg.change_improve_rounds * cfg.round_s)
+    if cfg.anneal_after_change:
+        node.moves.annealer.temperature = cfg.t0
+
+
 def start_query(node: FlowNode, now: float, eff: list[Effect]) -> None:
     if not node.cfg.peers:
         return
@@ -135,7 +153,8 @@ def on_report(node: FlowNode, now: float, sender: str, rep: FlowReport, eff: lis
     delta, kind, d, a, b = best
     annealed = False
     if delta > 0:
-        if not node.cfg.improve or not node.moves.annealer.accepts_worse(delta, node.rng):
+        annealing = node.cfg.anneal or (node.cfg.anneal_after_change and now < node.change_moves_until)
+        if not annealing or not node.moves.annealer.accepts_worse(delta, node.rng):
             return
         annealed = True
         node.stats.anneal_accepts += 1

@@ -36,8 +36,8 @@ machines with the messages above, never recomputed globally.
 
 Re-routing on the labels at hand forms a maximum flow but not always a
 cheapest one (the units of a crashed relay race each other on old labels), so
-after a change the neighbours (and a joiner) run greedy Request Redirect /
-Request Change for `change_improve_rounds` (moves.py).
+after a change the neighbours (and a joiner) run Request Redirect / Request
+Change for `change_improve_rounds` (moves.py).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class FlowNode:
         self.next_id = 1
         self.grace_until = 0.0  # no rebalancing before this: the other half of a move may be on its way
         self.noroute_since: dict[str, float] = {}  # an unpaired unit has had no route since then
-        self.greedy_until = -INF  # greedy improvement moves (no annealing) until then (moves.py)
+        self.change_moves_until = -INF  # improvement moves after a membership change until then (moves.py)
         # labels (labels.py): the neighbours' and our own, per commodity
         self.lin: dict[str, dict[str, Label]] = {d: {} for d in config.commodities}  # next-stage IN labels
         self.lout: dict[str, dict[str, Label]] = {d: {} for d in config.commodities}  # previous-stage OUT labels
@@ -108,12 +108,14 @@ class FlowNode:
         self.cross = self.relabel and config.cross_displace
         self.relabelling = RelabelState()
         self.moves = MoveState(Annealer(config.t0, config.alpha, config.t_min))
+        self.improving = config.improve if config.improve is not None else len(config.commodities) > 1
 
     def new_id(self) -> int:
         self.next_id += 1
         return self.next_id
 
     def used(self) -> int:
+        """Units this node receives, over every commodity (at most `capacity` for a relay)."""
         n = 0
         for v in self.inn.values():
             n += sum(v.values())
@@ -123,7 +125,8 @@ class FlowNode:
         self.stats.flow_changes += 1
         self.stats.last_change = now
 
-    def out_eff(self, d: str) -> int:
+    def outflow_committed(self, d: str) -> int:
+        """Units of `d` sent on, counting requests still out (a Request Flow as one more, a Withdraw as one less)."""
         n = total(self.out[d])
         for p in self.pending.values():
             if p.commodity == d:
@@ -134,7 +137,7 @@ class FlowNode:
         """Units held but not passed on (> 0) or passed on but not held (< 0)."""
         if self.cfg.is_data:
             return 0
-        return total(self.inn[d]) - self.out_eff(d)
+        return total(self.inn[d]) - self.outflow_committed(d)
 
     def start(self, now: float) -> list[Effect]:
         eff: list[Effect] = []
@@ -144,7 +147,7 @@ class FlowNode:
         else:
             announce.refresh_all(self, eff)
         if self.cfg.joined and not self.cfg.is_data:
-            self.greedy_until = now + self.cfg.change_improve_rounds * self.cfg.round_s
+            moves.after_change(self, now)
         phase = self.rng.uniform(0.0, self.cfg.round_s)
         eff.append(SetTimer("tick", now + phase))
         return eff
@@ -164,8 +167,8 @@ class FlowNode:
             self.rejects_in_row = 0
             if self.moves.current is not None and now >= self.moves.current.deadline:
                 self.moves.current = None  # the peer never answered: give up the move
-            if (self.cfg.improve or now < self.greedy_until) and not self.cfg.is_data and self.moves.current is None \
-                    and units.quiet(self):
+            if (self.improving or now < self.change_moves_until) and not self.cfg.is_data \
+                    and self.moves.current is None and units.quiet(self):
                 moves.start_query(self, now, eff)
             if self.relabel and not self.cfg.is_data and self.data_prev and self.moves.current is None \
                     and units.quiet(self):
@@ -234,8 +237,7 @@ class FlowNode:
             if peer not in cfg.peers:
                 self.cfg = replace(cfg, peers=cfg.peers + (peer,))
         if not cfg.is_data:
-            # flows may now be cheaper elsewhere: greedy moves for a while (see "Membership changes")
-            self.greedy_until = max(self.greedy_until, now + cfg.change_improve_rounds * cfg.round_s)
+            moves.after_change(self, now)  # flows may now be cheaper elsewhere (see "Membership changes")
         if side == "peer":
             return eff
         costs = dict(cfg.next_costs if side == "next" else cfg.prev_costs)
@@ -314,7 +316,7 @@ class FlowNode:
         if move is not None and peer in (move.peer, move.a, move.b):
             self.moves.current = None
         if not cfg.is_data:
-            self.greedy_until = max(self.greedy_until, now + cfg.change_improve_rounds * cfg.round_s)
+            moves.after_change(self, now)
         if cfg.is_data:
             d = cfg.node_id
             if lost_out:
