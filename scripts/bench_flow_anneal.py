@@ -85,7 +85,8 @@ def main(argv=None) -> int:
     what = "after 10 % of the relays crashed" if args.churn else "formation"
     cmd = "python scripts/bench_flow_anneal.py " + " ".join(argv if argv is not None else sys.argv[1:])
     lines = [f"{what} (`{cmd.strip()}`)", "",
-             f"| setting | instances | max flow reached (off / on) | GWTF / optimum, {'defaults' if args.after_change else 'moves off'} (mean, worst) "
+             "| setting | instances | max flow reached (off / on) "
+             f"| GWTF / optimum, {'defaults' if args.after_change else 'moves off'} (mean, worst) "
              f"| {'greedy moves' if args.greedy else 'annealed after a change' if args.after_change else 'annealing'}"
              " on (mean, worst) | better / worse / same | messages off / on (mean) | ratio on / off "
              "| rounds off / on (mean) | CPU s off / on (mean) |",
@@ -103,13 +104,18 @@ def main(argv=None) -> int:
         worse = sum(b["vs_opt"] > a["vs_opt"] + 1e-9 for a, b in pairs)
         m_off = statistics.mean(a["messages"] for a, _ in pairs)
         m_on = statistics.mean(b["messages"] for _, b in pairs)
+        offs, ons = [a for a, _ in pairs], [b for _, b in pairs]
+
+        def mean(rs: list, key: str) -> float:
+            return statistics.mean(r[key] for r in rs)
+
         lines.append(
-            f"| {setting} | {n} | {sum(a['flows_ok'] for a, _ in pairs)}/{n} / {sum(b['flows_ok'] for _, b in pairs)}/{n} "
-            f"| {statistics.mean(a['vs_opt'] for a, _ in pairs):.4f}, {max(a['vs_opt'] for a, _ in pairs):.4f} "
-            f"| {statistics.mean(b['vs_opt'] for _, b in pairs):.4f}, {max(b['vs_opt'] for _, b in pairs):.4f} "
+            f"| {setting} | {n} | {sum(a['flows_ok'] for a in offs)}/{n} / {sum(b['flows_ok'] for b in ons)}/{n} "
+            f"| {mean(offs, 'vs_opt'):.4f}, {max(a['vs_opt'] for a in offs):.4f} "
+            f"| {mean(ons, 'vs_opt'):.4f}, {max(b['vs_opt'] for b in ons):.4f} "
             f"| {better} / {worse} / {n - better - worse} | {m_off:.0f} / {m_on:.0f} | {m_on / m_off:.1f} "
-            f"| {statistics.mean(a['rounds'] for a, _ in pairs):.1f} / {statistics.mean(b['rounds'] for _, b in pairs):.1f} "
-            f"| {statistics.mean(a['cpu'] for a, _ in pairs):.1f} / {statistics.mean(b['cpu'] for _, b in pairs):.1f} |")
+            f"| {mean(offs, 'rounds'):.1f} / {mean(ons, 'rounds'):.1f} "
+            f"| {mean(offs, 'cpu'):.1f} / {mean(ons, 'cpu'):.1f} |")
     print("\n".join(lines))
     return 0
 

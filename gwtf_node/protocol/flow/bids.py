@@ -46,7 +46,8 @@ def update_bid(node: FlowNode, now: float, eff: list[Effect]) -> None:
         return
     d = node.cfg.node_id
     lab = node.my_out.get(d)
-    cost = lab.cost if lab is not None and node.dec_out.get(d) is not None and node.outflow_committed(d) < node.launch.demand \
+    will_launch = node.dec_out.get(d) is not None and node.outflow_committed(d) < node.launch.demand
+    cost = lab.cost if lab is not None and will_launch \
         else INF
     last = node.bid.cost
     if last is None and cost == INF:

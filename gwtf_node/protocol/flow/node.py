@@ -11,7 +11,7 @@ annealing (moves.py).
 
 Membership changes.  The daemon (or the simulator, sim/flowchurn.py) tells a
 machine about its neighbours coming and going; the flows are re-formed by the
-machines with the messages above, never recomputed globally.
+machines with their messages (units.py), never recomputed globally.
 
 * `add_neighbour(now, peer, cost, side)`, side "next" / "prev" / "peer": link
   `peer` with cost d(self, peer) (adding a known one updates its cost).  A new

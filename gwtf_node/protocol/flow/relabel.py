@@ -20,7 +20,7 @@ of a unit of another commodity B that it receives from upstream p: p routes
 that unit again (B's OUT label at p, as in a displacement), and A's unit takes
 the B unit's route from here on, relabelled (RelabelCost of (B, A)): cost
 OUT_B(p) - d(p, i) + R(B -> A), a multi-commodity augmenting path
-(`cross_in`, `Via.CROSS`).  Carried out with the messages above (Deny
+(`cross_in`, `Via.CROSS`).  Carried out with the messages of relabelling (Deny
 DISPLACED to p, Relabel down the route).  At most `cross_limit` per relay:
 more let stale labels chase units around.
 """
