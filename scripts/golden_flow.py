@@ -18,6 +18,13 @@ line identical:
     python scripts/golden_flow.py --write scripts/golden_flow.sha256   # before
     python scripts/golden_flow.py --check scripts/golden_flow.sha256   # after: exit 1 on any difference
     python scripts/golden_flow.py --traces /tmp/traces                 # also keep the traces (to diff them)
+
+scripts/golden_flow_moves_off.sha256 holds the traces of the flow machines as
+they were before the split into a package, when the improvement moves were
+off by default; `--moves-off` turns them off again, so that file checks the
+split on the current code:
+
+    python scripts/golden_flow.py --moves-off --check scripts/golden_flow_moves_off.sha256
 """
 
 from __future__ import annotations
@@ -34,7 +41,9 @@ from pathlib import Path
 
 from gwtf_node.cli import _load_scenario, run_policy
 from gwtf_node.cli import main as cli_main
+from gwtf_node.protocol.flow import FlowConfig
 from gwtf_node.sim.flowchurn import random_churn, run_churn
+from gwtf_node.sim.flowsim import run_gwtf
 from gwtf_node.sim.scenarios import FLOW_SETTINGS, load_flow_setting
 
 ANNEAL_ROUNDS = {6: 30}  # annealing on setting 6 sends ~50x the messages: a shorter run still covers every move
@@ -66,6 +75,9 @@ def case_name(setting: int, seed: int, anneal: bool) -> str:
     return f"flow-s{setting}-seed{seed}{'-anneal' if anneal else ''}{f'-r{rounds}' if rounds != 120 else ''}"
 
 
+MOVES_OFF = None  # --moves-off: FlowConfig(improve=False) for the runs without --anneal (see main)
+
+
 def flow_case(setting: int, seed: int, anneal: bool, traces: Path | None) -> tuple[str, str]:
     """`gwtf-node sim gen-flow --setting N --seed S > F; gwtf-node sim flow --scenario F --seed S --json --trace T
     [--anneal --rounds R]`, run in this process with the trace streamed into the hash (a setting-6 trace has
@@ -81,7 +93,10 @@ def flow_case(setting: int, seed: int, anneal: bool, traces: Path | None) -> tup
         sc.write_text(out.getvalue())
         scenario = _load_scenario(str(sc), None)  # as cmd_flow
     try:
-        res = run_policy(scenario, "gwtf", seed, rounds, anneal=anneal, trace=sink)
+        if MOVES_OFF is not None and not anneal:
+            res = run_gwtf(scenario, seed=seed, rounds=rounds, base=MOVES_OFF, trace=sink)
+        else:
+            res = run_policy(scenario, "gwtf", seed, rounds, anneal=anneal, trace=sink)
     finally:
         sink.close()
     result = res.to_json()
@@ -97,7 +112,7 @@ def churn_case(setting: int, seed: int, traces: Path | None) -> tuple[str, str]:
     churn = random_churn(sc, random.Random(10_000 + seed), 0.1, 0, fs.capacity, fs.link_cost, 1.0)
     sink = _Sink(traces / f"{name}.txt" if traces is not None else None)
     try:
-        res = run_churn(sc, churn, seed=seed, trace=sink)
+        res = run_churn(sc, churn, seed=seed, base=MOVES_OFF, trace=sink)
     finally:
         sink.close()
     summary = {"before": res.before.to_json(), "after": res.after.to_json(),
@@ -112,7 +127,13 @@ def main(argv=None) -> int:
     ap.add_argument("--check", metavar="FILE", help="compare with the hashes in FILE; exit 1 on a difference")
     ap.add_argument("--traces", metavar="DIR", help="also keep every trace in DIR")
     ap.add_argument("--only", nargs="+", metavar="CASE", help="run only these cases (names as printed)")
+    ap.add_argument("--moves-off", action="store_true",
+                    help="runs without --anneal with FlowConfig(improve=False): the improvement moves off, as "
+                         "before they became the default with several data nodes (scripts/golden_flow_moves_off.sha256)")
     args = ap.parse_args(argv)
+    global MOVES_OFF
+    if args.moves_off:
+        MOVES_OFF = FlowConfig("-", False, 0, (), {}, {}, improve=False)
     traces = Path(args.traces) if args.traces else None
     if traces is not None:
         traces.mkdir(parents=True, exist_ok=True)
