@@ -95,14 +95,15 @@ def cmd_gen_flow(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_policy(scenario, policy: str, seed: int, rounds: int, anneal: bool = False):
-    """Route a scenario with one policy; shared by the CLI and the benchmark."""
+def run_policy(scenario, policy: str, seed: int, rounds: int, anneal: bool = False, trace=None):
+    """Route a scenario with one policy; shared by the CLI and the benchmark.  `trace` (gwtf): a text file
+    that receives every delivered message, one line each (time, sender, receiver, message)."""
     if policy == "gwtf":
         from .protocol.flow import FlowConfig
         from .sim.flowsim import run_gwtf
 
-        base = FlowConfig("-", False, 0, (), {}, {}, improve=anneal)
-        return run_gwtf(scenario, seed=seed, rounds=rounds, base=base)
+        base = FlowConfig("-", False, 0, (), {}, {}, improve=True, anneal=True) if anneal else None
+        return run_gwtf(scenario, seed=seed, rounds=rounds, base=base, trace=trace)
     from .sim.baselines import optimal_routing, swarm_routing
 
     if policy == "swarm":
@@ -127,7 +128,16 @@ def _summary(res) -> str:
 
 def cmd_flow(args: argparse.Namespace) -> int:
     scenario = _load_scenario(args.scenario, args.activation_mb)
-    res = run_policy(scenario, args.policy, args.seed, args.rounds, anneal=args.anneal)
+    if args.trace is not None and args.policy != "gwtf":
+        raise CliError(f"--trace records the flow machines' messages: it needs --policy gwtf, not {args.policy}")
+    if args.trace is None:
+        res = run_policy(scenario, args.policy, args.seed, args.rounds, anneal=args.anneal)
+    else:
+        try:
+            with open(args.trace, "w", encoding="utf-8") as trace:
+                res = run_policy(scenario, args.policy, args.seed, args.rounds, anneal=args.anneal, trace=trace)
+        except OSError as e:
+            raise CliError(f"cannot write the trace file {args.trace!r}: {e.strerror}") from None
     if args.json:
         out = res.to_json()
         out.pop("messages_by_type", None)
@@ -603,8 +613,11 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--activation-mb", type=float, default=None,
                    help="activation size for links given by latency and bandwidth")
     f.add_argument("--anneal", action="store_true",
-                   help="gwtf: also run Request Change/Redirect with simulated annealing (experimental)")
+                   help="gwtf: run Request Change/Redirect all the time and take worse moves by simulated annealing "
+                        "(T0 1.7, alpha 0.95; off by default: it raises the cost, docs/bench_flow.md)")
     f.add_argument("--json", action="store_true", help="print the JSON of specs/scenario.md")
+    f.add_argument("--trace", metavar="FILE", default=None,
+                   help="gwtf: write every delivered message, in order, to FILE (time sender receiver message)")
     f.set_defaults(func=cmd_flow)
 
     j = simsub.add_parser("join", help="the node-addition experiment of Table IV / Figure 5")

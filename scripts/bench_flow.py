@@ -11,7 +11,8 @@ the same scenario in the same run:
 * rounds to converge, messages per node and wall time of the simulation.
 
 Writes a markdown table and a bar plot (docs/bench_flow.md, docs/bench_flow.png
-by default) and prints the table.  `--scale` adds the 1,000 relays x 16
+by default; in a page that has the table's markers only the table is replaced)
+and prints the table.  `--scale` adds the 1,000 relays x 16
 stages instance.
 
     python scripts/bench_flow.py                 # settings 1-6 x 10 seeds
@@ -34,8 +35,15 @@ from gwtf_node.sim.scenarios import FlowSetting, generate_layered, load_flow_set
 from gwtf_node.sim.validate import check_routing
 
 
-def bench_one(scenario, seed: int, rounds: int, improve: bool) -> dict:
-    base = FlowConfig("-", False, 0, (), {}, {}, improve=improve)
+BEGIN, END = "<!-- table written by scripts/bench_flow.py -->", "<!-- end of table -->"
+
+
+MOVES = {"default": None, "off": {"improve": False}, "greedy": {"improve": True},
+         "anneal": {"improve": True, "anneal": True}}
+
+
+def bench_one(scenario, seed: int, rounds: int, moves: str = "default") -> dict:
+    base = None if MOVES[moves] is None else FlowConfig("-", False, 0, (), {}, {}, **MOVES[moves])
     t = time.perf_counter()
     g = run_gwtf(scenario, seed=seed, rounds=rounds, base=base)
     wall = time.perf_counter() - t
@@ -60,16 +68,20 @@ def main(argv=None) -> int:
     ap.add_argument("--settings", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6])
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=120)
-    ap.add_argument("--anneal", action="store_true", help="also run Request Change/Redirect with annealing")
+    ap.add_argument("--moves", choices=sorted(MOVES), default="default",
+                    help="Request Change/Redirect: FlowConfig's default (on with several data nodes), off, greedy "
+                         "all the time, or all the time with worse moves taken by annealing")
+    ap.add_argument("--anneal", action="store_true", help="the same as --moves anneal")
     ap.add_argument("--scale", action="store_true", help="add 1,000 relays x 16 stages (one data node)")
     ap.add_argument("--out", default="docs/bench_flow", help="path prefix of the .md and .png written")
     args = ap.parse_args(argv)
 
+    moves = "anneal" if args.anneal else args.moves
     rows = []
     per_setting: dict[int, list[dict]] = {}
     for setting in args.settings:
         for seed in range(args.seeds):
-            r = bench_one(load_flow_setting(setting, seed), seed, args.rounds, args.anneal)
+            r = bench_one(load_flow_setting(setting, seed), seed, args.rounds, moves)
             r.update(setting=setting, seed=seed)
             per_setting.setdefault(setting, []).append(r)
             print(f"setting {setting} seed {seed}: flows {r['flows']}/{r['max_flow']}  "
@@ -95,7 +107,7 @@ def main(argv=None) -> int:
             f"| {statistics.mean(r['wall_s'] for r in rs):.2f}, {max(r['wall_s'] for r in rs):.2f} |")
     if args.scale:
         sc = parse_scenario(generate_layered("scale-1000x16", FlowSetting(1, 1000, 16, (1, 3), (1, 20)), 0))
-        r = bench_one(sc, 0, args.rounds, args.anneal)
+        r = bench_one(sc, 0, args.rounds, moves)
         lines.append(
             f"| 1000 relays x 16 stages | 1 | {int(r['flows'] >= r['max_flow'])}/1 | {r['vs_opt']:.4f} "
             f"| {r['vs_swarm']:.4f} | {int(r['gwtf_mean'] < r['swarm_mean'])}/1 | {r['converged_round']} "
@@ -106,7 +118,14 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = "python scripts/bench_flow.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    out.with_suffix(".md").write_text(f"Measured with `{cmd.strip()}`\n\n{table}\n")
+    block = f"{BEGIN}\nMeasured with `{cmd.strip()}`\n\n{table}\n{END}"
+    md = out.with_suffix(".md")
+    text = md.read_text() if md.exists() else ""
+    if BEGIN in text and END in text:  # replace the table, keep the rest of the page
+        text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+    else:
+        text = block + "\n"
+    md.write_text(text)
     try:
         import matplotlib
         matplotlib.use("Agg")

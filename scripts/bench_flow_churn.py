@@ -19,18 +19,24 @@ import sys
 import time
 from pathlib import Path
 
+from gwtf_node.protocol.flow import FlowConfig
 from gwtf_node.sim.baselines import max_flow_value, optimal_routing
 from gwtf_node.sim.flowchurn import random_churn, run_churn
 from gwtf_node.sim.scenarios import FLOW_SETTINGS, load_flow_setting
 from gwtf_node.sim.validate import check_routing
 
 
-def bench_one(setting: int, seed: int, kill: float, joins: int, detect_s: float, rounds: int) -> dict:
+MOVES = {"off": {"improve": False}, "greedy": {"improve": True}, "anneal": {"improve": True, "anneal": True}}
+
+
+def bench_one(setting: int, seed: int, kill: float, joins: int, detect_s: float, rounds: int,
+              improve: str | None = None) -> dict:
     sc = load_flow_setting(setting, seed)
     fs = FLOW_SETTINGS[setting]
     ch = random_churn(sc, random.Random(10_000 + seed), kill, joins, fs.capacity, fs.link_cost, detect_s)
     t = time.perf_counter()
-    res = run_churn(sc, ch, seed=seed, rounds=rounds)
+    base = None if improve is None else FlowConfig("-", False, 0, (), {}, {}, **MOVES[improve])
+    res = run_churn(sc, ch, seed=seed, rounds=rounds, base=base)
     wall = time.perf_counter() - t
     new = res.changed
     check_routing(new, res.after)
@@ -52,19 +58,23 @@ def main(argv=None) -> int:
     ap.add_argument("--joins", type=int, default=0, help="relays that join")
     ap.add_argument("--detect", type=float, default=1.0, help="seconds (rounds) before neighbours learn of it")
     ap.add_argument("--rounds", type=int, default=120)
+    ap.add_argument("--moves", choices=sorted(MOVES), default=None,
+                    help="Request Change/Redirect all the time: off, greedy, or with annealing (default: FlowConfig's)")
     ap.add_argument("--out", default="docs/bench_flow_churn.md")
     ap.add_argument("--append", action="store_true", help="append the table to --out")
     args = ap.parse_args(argv)
     lines = [f"### kill {args.kill:.0%} of the relays, {args.joins} join, detection {args.detect:g} s "
              f"(`python scripts/bench_flow_churn.py --settings {' '.join(map(str, args.settings))} "
-             f"--seeds {args.seeds} --kill {args.kill:g} --joins {args.joins}`)", "",
+             f"--seeds {args.seeds} --kill {args.kill:g} --joins {args.joins}"
+             f"{'' if args.moves is None else ' --moves ' + args.moves}`)", "",
              "| setting | instances | killed / joined (mean) | new max flow reached | GWTF / new optimum (mean, worst) "
              "| rounds to re-converge (mean, max) | messages after the churn (mean, per node) | inconsistent links |",
              "|---|---|---|---|---|---|---|---|"]
     for setting in args.settings:
         rs = []
         for seed in range(args.seeds):
-            r = bench_one(setting, seed, args.kill, args.joins, args.detect, args.rounds)
+            r = bench_one(setting, seed, args.kill, args.joins, args.detect, args.rounds,
+                          args.moves)
             rs.append(r)
             print(f"setting {setting} seed {seed}: {r['flows_before']} -> {r['flows']}/{r['max_flow']} "
                   f"cost/opt {r['vs_opt']:.4f} rounds {r['rounds']:.1f} msgs {r['messages']} {r['wall']:.1f}s",

@@ -1,4 +1,4 @@
-"""Unit tests of the FlowNode machine (gwtf_node/protocol/flow.py), driven directly, plus a pair test over the codec."""
+"""Unit tests of the FlowNode machine (gwtf_node/protocol/flow/), driven directly, plus a pair test over the codec."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import random
 from gwtf_node.protocol.codec import decode, encode
 from gwtf_node.protocol.effects import Send, SetTimer
 from gwtf_node.protocol.flow import FlowConfig, FlowNode
+from gwtf_node.protocol.flow import Annealer, units
+from gwtf_node.protocol.flow.state import Via
 from gwtf_node.protocol.messages import (
-    INF, CostAnnounce, Deny, DenyReason, FlowReply, Label, LaunchBid, MoveReply, Relabel, RelabelCost, Reply,
-    RequestChange, RequestFlow,
-    RequestRedirect, Reroute, Side, Withdraw,
+    INF, CostAnnounce, Deny, DenyReason, FlowReply, FlowReport, HopFlow, Label, LaunchBid, MoveReply, QueryFlows,
+    Relabel, RelabelCost, Reply, RequestChange, RequestFlow, RequestRedirect, Reroute, Side, Withdraw,
 )
 from gwtf_node.protocol.scenario import parse_scenario
 from gwtf_node.sim.baselines import optimal_routing
@@ -24,9 +25,9 @@ PREV = {"P1": 2.0, "P2": 5.0}
 NEXT = {"N1": 3.0, "N2": 7.0}
 
 
-def relay(capacity=1, displace=True, node_id="R", same_wave_launches=True):
+def relay(capacity=1, displace=True, node_id="R", same_wave_launches=True, **extra):
     cfg = FlowConfig(node_id, False, capacity, (D,), dict(NEXT), dict(PREV), peers=("S",), displace=displace,
-                     same_wave_launches=same_wave_launches)
+                     same_wave_launches=same_wave_launches, **extra)
     m = FlowNode(cfg, random.Random(0))
     m.start(0.0)
     return m
@@ -51,7 +52,7 @@ def relay_with_n1_label(**kw):
     """R hears N1's IN label 10: its IN label becomes 3 + 10 = 13 via N1."""
     m = relay(**kw)
     m.on_message(0.1, "N1", CostAnnounce((in_label("N1", 10.0),)))
-    assert m.my_in[D].cost == 13.0 and m.dec_in[D] == ("F", "N1")
+    assert m.my_in[D].cost == 13.0 and m.dec_in[D] == (Via.FORWARD, "N1")
     return m
 
 
@@ -63,7 +64,7 @@ def settled_relay(**kw):
     assert fwd.msg.expected_cost == 10.0 and not fwd.msg.forced
     m.on_message(1.1, "N1", FlowReply(fwd.msg.req_id, D, Reply.APPROVED, None))
     assert m.out[D] == {"N1": 1} and m.inn[D] == {"P1": 1}
-    assert not m.pending and m._quiet()
+    assert not m.pending and units.quiet(m)
     return m
 
 
@@ -126,28 +127,29 @@ def test_full_relay_displaces_upstream_unit():
     m = settled_relay(capacity=1, displace=True)
     # P1's OUT label (cost to get rid of the unit it holds) is 4: displacing P1 costs 4 - d(P1,R)=2
     m.on_message(1.2, "P1", CostAnnounce((Label(D, Side.OUT, 4.0, ("P1-", "Q+", "Q-", D + "+")),)))
-    assert m.my_in[D].cost == 2.0 and m.dec_in[D] == ("B", "P1")
+    assert m.my_in[D].cost == 2.0 and m.dec_in[D] == (Via.BACK, "P1")
     eff = m.on_message(1.3, "P2", RequestFlow(9, D, 2.0))
     assert one(eff, FlowReply, "P2").msg.outcome == Reply.APPROVED
     assert one(eff, Deny, "P1").msg == Deny(D, DenyReason.DISPLACED)
     assert m.inn[D] == {"P2": 1} and m.used() == 1
 
 
-def test_upstream_out_label_recomputes_only_the_back_candidates():
+def test_upstream_out_label_recomputes_only_the_back_candidates(monkeypatch):
+    from gwtf_node.protocol.flow import labels as label_module
     m = settled_relay(capacity=1, displace=True)
     calls = []
-    full = m._compute
-    m._compute = lambda d: (calls.append(d), full(d))
+    full = label_module.compute
+    monkeypatch.setattr(label_module, "compute", lambda node, d: (calls.append(d), full(node, d)))
     m.on_message(1.2, "P1", CostAnnounce((Label(D, Side.OUT, 4.0, ("P1-", "Q+", "Q-", D + "+")),)))
-    assert m.my_in[D].cost == 2.0 and m.dec_in[D] == ("B", "P1")
-    assert m.my_out[D].cost == 2.0 and m.dec_out[D] == ("B", "P1")  # cheaper than forwarding via N1 (13)
+    assert m.my_in[D].cost == 2.0 and m.dec_in[D] == (Via.BACK, "P1")
+    assert m.my_out[D].cost == 2.0 and m.dec_out[D] == (Via.BACK, "P1")  # cheaper than forwarding via N1 (13)
     # P1's OUT label rises: the cached back candidate must not stay at 4
     m.on_message(1.3, "P1", CostAnnounce((Label(D, Side.OUT, 20.0, ("P1-", "Q+", "Q-", D + "+")),)))
-    assert m.my_in[D].cost == 18.0 and m.dec_in[D] == ("B", "P1")
-    assert m.my_out[D].cost == 13.0 and m.dec_out[D] == ("F", "N1")
-    assert not calls  # folded (_fold_out): the next-stage labels were not scanned again
+    assert m.my_in[D].cost == 18.0 and m.dec_in[D] == (Via.BACK, "P1")
+    assert m.my_out[D].cost == 13.0 and m.dec_out[D] == (Via.FORWARD, "N1")
+    assert not calls  # folded (labels.fold_out): the next-stage labels were not scanned again
     labels = (m.my_in[D], m.my_out[D], m.dec_in[D], m.dec_out[D])
-    full(D)
+    full(m, D)
     assert (m.my_in[D], m.my_out[D], m.dec_in[D], m.dec_out[D]) == labels  # what a full recomputation gives
 
 
@@ -207,7 +209,7 @@ def test_same_wave_retreat_undoes_a_displacement():
     fwd = one(x.on_message(1.0, "P1", RequestFlow(1, D, 13.0)), RequestFlow, "N1")
     x.on_message(1.1, "N1", FlowReply(fwd.msg.req_id, D, Reply.APPROVED, None))
     x.on_message(1.2, "P1", CostAnnounce((Label(D, Side.OUT, 15.0, ("P1-", "Z+", "d0+")),)))
-    assert x.dec_in[D] == ("B", "P1") and x.my_in[D].cost == 13.0
+    assert x.dec_in[D] == (Via.BACK, "P1") and x.my_in[D].cost == 13.0
     eff = x.on_message(2.0, "P2", RequestFlow(2, D, 13.0))
     assert one(eff, Deny, "P1").msg.reason == DenyReason.DISPLACED
     assert x.inn[D] == {"P2": 1}
@@ -254,7 +256,7 @@ def test_withdraw_approved_then_no_such_flow():
 
 def test_sender_of_withdraw_updates_out_on_approval():
     m = settled_relay()
-    m._withdraw_one(2.0, D, eff := [])
+    units.withdraw_one(m, 2.0, D, eff := [])
     w = one(eff, Withdraw, "N1")
     m.on_message(2.1, "N1", FlowReply(w.msg.req_id, D, Reply.APPROVED, None))
     assert m.out[D] == {}
@@ -287,10 +289,10 @@ def test_cost_announce_updates_labels_and_is_forwarded_upstream():
         assert any(l.side == Side.IN and l.cost == 8.0 and l.epoch == 0 and l.path[:2] == ("R+", "R-") for l in ann.labels)
     # a cheaper route via N1 wins
     m.on_message(0.2, "N1", CostAnnounce((in_label("N1", 2.0),)))
-    assert m.my_in[D].cost == 5.0 and m.dec_in[D] == ("F", "N1")
+    assert m.my_in[D].cost == 5.0 and m.dec_in[D] == (Via.FORWARD, "N1")
     # and a worse one for N1 switches back to N2
     m.on_message(0.3, "N1", CostAnnounce((in_label("N1", 50.0),)))
-    assert m.my_in[D].cost == 8.0 and m.dec_in[D] == ("F", "N2")
+    assert m.my_in[D].cost == 8.0 and m.dec_in[D] == (Via.FORWARD, "N2")
 
 
 def test_label_whose_path_contains_the_node_is_ignored():
@@ -408,6 +410,150 @@ def test_request_redirect_refusals():
     assert one(eff, MoveReply, "S").msg.outcome == Reply.BUSY
 
 
+# ------------------------------------------------------------ the requester's side of a move, and annealing
+
+
+def test_annealer_takes_no_better_or_equal_move_and_nothing_below_t_min():
+    rng = random.Random(0)
+    a = Annealer(temperature=1.7, alpha=0.95, t_min=0.05)
+    assert not a.accepts_worse(0.0, rng) and not a.accepts_worse(-3.0, rng)
+    cold = Annealer(temperature=0.049, alpha=0.95, t_min=0.05)
+    assert not any(cold.accepts_worse(1e-6, rng) for _ in range(100))
+
+
+def test_annealer_accepts_a_worse_move_with_probability_exp_minus_delta_over_t_and_cools():
+    rng = random.Random(1)
+    a = Annealer(temperature=2.0, alpha=0.5, t_min=0.05)
+    n = 4000
+    taken = sum(a.accepts_worse(2.0, rng) for _ in range(n)) / n
+    assert abs(taken - 0.36788) < 0.03  # exp(-2 / 2)
+    a.cool()
+    assert a.temperature == 1.0
+    taken = sum(a.accepts_worse(2.0, rng) for _ in range(n)) / n
+    assert abs(taken - 0.13534) < 0.03  # exp(-2 / 1)
+
+
+def test_improvement_moves_run_by_default_only_with_several_data_nodes():
+    one_data = FlowNode(FlowConfig("R", False, 1, (D,), dict(NEXT), dict(PREV), peers=("S",)), random.Random(0))
+    two_data = FlowNode(FlowConfig("R", False, 1, (D, "d1"), dict(NEXT), dict(PREV), peers=("S",)), random.Random(0))
+    assert not one_data.improving and two_data.improving and not two_data.cfg.anneal
+    for m in (one_data, two_data):
+        m.start(0.0)
+    assert not sends(one_data.on_timer(1.0, "tick"), QueryFlows)
+    assert one(two_data.on_timer(1.0, "tick"), QueryFlows, "S")
+    forced = FlowNode(FlowConfig("R", False, 1, (D, "d1"), dict(NEXT), dict(PREV), peers=("S",), improve=False),
+                      random.Random(0))
+    forced.start(0.0)
+    assert not forced.improving and not sends(forced.on_timer(1.0, "tick"), QueryFlows)
+
+
+def asking_relay(capacity=1, improve=True, anneal=True, **kw):
+    """R carries P1 -> R -> N1 and, on its tick, asks its same-stage peer S for its flows."""
+    m = settled_relay(capacity=capacity, improve=improve, anneal=anneal, **kw)
+    eff = m.on_timer(2.0, "tick")
+    q = one(eff, QueryFlows, "S").msg
+    return m, q.query_id
+
+
+def report(query_id, inflows=(), outflows=(), next_costs=(("N1", 3.0), ("N2", 7.0)), used=1, capacity=1):
+    return FlowReport(query_id, capacity, used, tuple(HopFlow(D, p, 1, c) for p, c in inflows),
+                      tuple(HopFlow(D, j, 1, c) for j, c in outflows), tuple(next_costs))
+
+
+def test_requester_proposes_an_improving_change_and_carries_it_out_when_approved():
+    m, qid = asking_relay()
+    # S sends its unit to N2 at 20 and would reach N1 at 1: swapping saves (3 + 20) - (7 + 1) = 15
+    eff = m.on_message(2.1, "S", report(qid, outflows=[("N2", 20.0)], next_costs=(("N1", 1.0), ("N2", 20.0))))
+    req = one(eff, RequestChange, "S").msg
+    assert (req.commodity, req.requester_next, req.receiver_next) == (D, "N1", "N2")
+    assert req.requester_delta == 7.0 - 3.0 and not req.temperature_accept
+    t0 = m.moves.annealer.temperature
+    eff = m.on_message(2.2, "S", MoveReply(req.move_id, Reply.APPROVED))
+    assert one(eff, Withdraw, "N1") and one(eff, RequestFlow, "N2").msg.forced
+    assert m.moves.current is None and m.stats.moves_done == 1
+    assert m.moves.annealer.temperature == t0 * m.cfg.alpha  # cooled after an accepted move
+    assert m.grace_until > 2.2  # the other half of the swap may still be on its way
+
+
+def test_requester_proposes_an_improving_redirect_when_it_has_room():
+    m, qid = asking_relay(capacity=2)
+    # S carries P2 -> S -> N2 at 9 + 9; through R it costs d(P2, R) + d(R, N2) = 5 + 7 = 12
+    eff = m.on_message(2.1, "S", report(qid, inflows=[("P2", 9.0)], outflows=[("N2", 9.0)]))
+    req = one(eff, RequestRedirect, "S").msg
+    assert (req.prev, req.next, req.via_requester_cost, req.temperature_accept) == ("P2", "N2", 12.0, False)
+    eff = m.on_message(2.2, "S", MoveReply(req.move_id, Reply.APPROVED))
+    fwd = one(eff, RequestFlow, "N2").msg
+    assert fwd.forced and fwd.commodity == D  # P2's unit, rerouted to us by S, goes on to N2
+
+
+def test_requester_drops_a_refused_move_without_cooling_and_ignores_stale_replies():
+    m, qid = asking_relay()
+    eff = m.on_message(2.1, "S", report(qid, outflows=[("N2", 20.0)], next_costs=(("N1", 1.0), ("N2", 20.0))))
+    req = one(eff, RequestChange, "S").msg
+    t0 = m.moves.annealer.temperature
+    assert m.on_message(2.2, "S", MoveReply(req.move_id + 100, Reply.APPROVED)) == []  # not our move
+    assert m.moves.current is not None and m.stats.ignored == 1
+    eff = m.on_message(2.3, "S", MoveReply(req.move_id, Reply.BUSY))
+    assert not sends(eff) and m.moves.current is None and m.moves.annealer.temperature == t0
+    assert m.out[D] == {"N1": 1} and m.stats.moves_done == 0
+
+
+def test_requester_ignores_a_report_it_did_not_ask_for_and_gives_up_an_unanswered_move():
+    m, qid = asking_relay()
+    better = report(qid, outflows=[("N2", 20.0)], next_costs=(("N1", 1.0), ("N2", 20.0)))
+    assert not sends(m.on_message(2.1, "T", better))  # T was not asked
+    req = one(m.on_message(2.1, "S", better), RequestChange, "S").msg
+    assert not sends(m.on_message(2.15, "S", better))  # one move at a time (and the query was answered)
+    m.on_timer(2.0 + m.cfg.round_s + 0.5, "tick")  # S never answered: the move is dropped at the deadline
+    assert m.moves.current is None
+    assert not sends(m.on_message(3.6, "S", MoveReply(req.move_id, Reply.APPROVED)), Withdraw)
+
+
+def test_requester_takes_a_worse_move_only_by_annealing():
+    worse = dict(outflows=[("N2", 1.0)], next_costs=(("N1", 5.0), ("N2", 1.0)))  # delta = 7 + 5 - 3 - 1 = 8
+    greedy, qid = asking_relay(anneal=False, t0=1e6)
+    assert not sends(greedy.on_message(2.1, "S", report(qid, **worse)))  # moves without annealing never go uphill
+    after_change, qid = asking_relay(improve=False, anneal=False, change_improve_rounds=50.0, joined=True, t0=1e6)
+    assert not sends(after_change.on_message(2.1, "S", report(qid, **worse)))  # nor the greedy ones after a change
+    hot, qid = asking_relay(t0=1e6)  # exp(-8 / 1e6) ~ 1: accepted
+    req = one(hot.on_message(2.1, "S", report(qid, **worse)), RequestChange, "S").msg
+    assert req.temperature_accept and hot.stats.anneal_accepts == 1
+    cold, qid = asking_relay(t0=0.01)  # below t_min: no exploring
+    assert not sends(cold.on_message(2.1, "S", report(qid, **worse)))
+    assert cold.stats.anneal_accepts == 0
+
+
+def test_after_a_membership_change_moves_anneal_only_with_anneal_after_change_and_from_t0_again():
+    worse = dict(outflows=[("N2", 1.0)], next_costs=(("N1", 5.0), ("N2", 1.0)))  # delta = 8
+    for flag in (False, True):
+        m = settled_relay(improve=False, t0=1e6, anneal_after_change=flag)
+        m.moves.annealer.temperature = 1e-3  # cooled down by earlier moves
+        m.add_neighbour(1.5, "P3", 9.0, "prev")  # a membership change: moves for change_improve_rounds
+        assert m.change_moves_until == 1.5 + m.cfg.change_improve_rounds * m.cfg.round_s
+        q = one(m.on_timer(2.0, "tick"), QueryFlows, "S").msg
+        eff = m.on_message(2.1, "S", report(q.query_id, **worse))
+        if flag:
+            assert m.moves.annealer.temperature == 1e6 and one(eff, RequestChange, "S").msg.temperature_accept
+        else:
+            assert not sends(eff, RequestChange)
+
+
+def test_an_annealed_move_is_taken_by_the_receiver_and_both_ends_stay_consistent():
+    """Requester and receiver joined on a wire: the annealed (worse) change is carried out on both sides."""
+    req_node, qid = asking_relay(t0=1e6)
+    rec = settled_relay(node_id="S")
+    rec_report = one(rec.on_message(2.05, "R", QueryFlows(qid)), FlowReport, "R").msg
+    # S's only unit goes to N1 as ours does: no change possible; give S a unit to N2 instead
+    assert [h.peer for h in rec_report.outflows] == ["N1"]
+    eff = req_node.on_message(2.1, "S", report(qid, outflows=[("N2", 1.0)], next_costs=(("N1", 5.0), ("N2", 1.0))))
+    req = one(eff, RequestChange, "S").msg
+    rec.out[D] = {"N2": 1}  # S carries P1 -> S -> N2 (set up directly: the counts are what matters here)
+    reply = one(rec.on_message(2.2, "R", req), MoveReply, "R").msg
+    assert reply.outcome == Reply.APPROVED
+    eff = req_node.on_message(2.3, "S", reply)
+    assert one(eff, Withdraw, "N1") and one(eff, RequestFlow, "N2").msg.forced
+
+
 # ------------------------------------------------------------ pair test over the wire codec
 
 PAIR_SCENARIO = SMALL_TWO_STAGE
@@ -482,7 +628,7 @@ def test_free_running_data_node_launches_on_tick():
 
 def test_send_all_builds_the_same_sends_as_the_constructor():
     # _send_all bypasses Send.__init__ (hot path): it must stay in step with the dataclass's fields
-    from gwtf_node.protocol.flow import _send_all
+    from gwtf_node.protocol.flow.announce import send_all as _send_all
     msg = CostAnnounce((in_label("N1", 1.0),))
     eff: list = []
     _send_all(eff, ["P1", "P2"], msg)
@@ -557,11 +703,11 @@ def test_last_stage_relay_announces_the_cost_of_sending_a_unit_back_to_the_other
     m.inn["d0"]["P"] = 1
     m.out["d0"]["d0"] = 1
     eff = []
-    m._act(1.0, eff)
+    units.act(m, 1.0, eff)
     assert sorted((e.to, e.msg) for e in sends(eff, RelabelCost)) == [
         ("P", RelabelCost("d0", "d1", -3.0)), ("Q", RelabelCost("d0", "d1", -3.0))]
     eff = []
-    m._act(1.1, eff)
+    units.act(m, 1.1, eff)
     assert not sends(eff, RelabelCost)  # nothing changed: nothing sent
 
 
@@ -623,7 +769,7 @@ def test_cross_displacement_takes_a_unit_in_place_of_another_data_nodes():
     m.out["d1"]["N1"] = 1
     m.on_message(0.1, "N1", RelabelCost("d1", "d0", -2.0))
     m.on_message(0.2, "P1", CostAnnounce((Label("d1", Side.OUT, 10.0, ("P1-", "Z+", "Z-", "d1+")),)))
-    assert m.my_in["d0"].cost == 6.0 and m.dec_in["d0"] == ("X", "P1", "d1")
+    assert m.my_in["d0"].cost == 6.0 and m.dec_in["d0"] == (Via.CROSS, "P1", "d1")
     eff = m.on_message(1.0, "P2", RequestFlow(5, "d0", 6.0))
     assert one(eff, FlowReply, "P2").msg.outcome == Reply.APPROVED
     assert one(eff, Deny, "P1").msg == Deny("d1", DenyReason.DISPLACED)
@@ -649,7 +795,7 @@ def test_a_removed_data_nodes_bid_does_not_hold_relabelling_back():
     first.on_message(0.5, "M", RelabelCost("d0", "d1", 1.0))
     first.on_message(0.6, "d1", LaunchBid("d1", 1, 30.0))
     assert not sends(first.on_timer(1.0, "tick"), Relabel)
-    first._bid_heard["d9"] = 3.0  # a data node that is not a neighbour any more: dropped when removed
+    first.bid.seen_cost["d9"] = 3.0  # a data node that is not a neighbour any more: dropped when removed
     first.remove_neighbour(1.5, "d9")
     first.on_message(1.6, "d1", LaunchBid("d1", 2, INF))
     assert sends(first.on_timer(2.0, "tick"), Relabel)

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from gwtf_node.protocol.effects import Send
 from gwtf_node.protocol.flow import FlowConfig, FlowNode
+from gwtf_node.protocol.flow import units
+from gwtf_node.protocol.flow.state import Via
 from gwtf_node.protocol.messages import INF, CostAnnounce, Deny, DenyReason, Label, RequestFlow, Side, Withdraw
 from gwtf_node.protocol.scenario import LinkSpec, NodeSpec, parse_scenario
 from gwtf_node.sim.baselines import max_flow_value, optimal_routing
@@ -61,7 +63,7 @@ def test_remove_prev_withdraws_downstream():
 
 def test_remove_unknown_peer_is_a_no_op():
     m = relay()
-    assert m.remove_neighbour(1.0, "ZZ") == [] and "ZZ" not in m._removed
+    assert m.remove_neighbour(1.0, "ZZ") == [] and "ZZ" not in m.removed
 
 
 def test_add_prev_sends_our_in_labels_and_stash_is_used_on_add_next():
@@ -71,12 +73,12 @@ def test_add_prev_sends_our_in_labels_and_stash_is_used_on_add_next():
     eff = m.add_neighbour(1.0, "P2", 4.0, "prev")
     ann = sends(eff, CostAnnounce, "P2")
     assert len(ann) == 1 and ann[0].msg.labels[0].cost == 3.0 and ann[0].msg.labels[0].epoch == 3
-    assert m.cfg.prev_costs["P2"] == 4.0 and m.greedy_until > 1.0
+    assert m.cfg.prev_costs["P2"] == 4.0 and m.change_moves_until > 1.0
     # a newcomer's label that arrives before we are told about it is kept and used once it is added
     m.on_message(1.1, "N9", CostAnnounce((Label(D, Side.IN, 0.5, ("N9+", "N9-", D + "+"), epoch=3),)))
     assert m.my_in[D].cost == 3.0
     m.add_neighbour(1.2, "N9", 1.0, "next")
-    assert m.my_in[D].cost == 1.5 and m.dec_in[D] == ("F", "N9")
+    assert m.my_in[D].cost == 1.5 and m.dec_in[D] == (Via.FORWARD, "N9")
 
 
 def test_set_cost_moves_the_label():
@@ -133,9 +135,9 @@ def test_data_node_removal_replaces_demand_with_a_new_wave():
     m.start(0.0)
     e0 = m.epoch[D]
     m.out[D] = {"A": 2}
-    m.launch_pending = 1
+    m.launch.pending = 1
     eff = m.remove_neighbour(1.0, "A")
-    assert m.out[D] == {} and m.launch_pending == 0 and m.epoch[D] == e0 + 1
+    assert m.out[D] == {} and m.launch.pending == 0 and m.epoch[D] == e0 + 1
     assert any(l.epoch == e0 + 1 for a in sends(eff, CostAnnounce, "Z") for l in a.msg.labels)
 
 
@@ -146,11 +148,11 @@ def test_unit_not_launched_reaching_the_sink_does_not_presettle_the_next_launch(
     e0 = m.epoch[D]
     # a unit re-routed after a removal arrives while no launch is outstanding: a new wave, but nothing settled
     m.on_message(1.0, "Z", RequestFlow(7, D, 0.0))
-    assert m.epoch[D] == e0 + 1 and m.launch_pending == 0 and m.inn[D] == {"Z": 1}
+    assert m.epoch[D] == e0 + 1 and m.launch.pending == 0 and m.inn[D] == {"Z": 1}
     # the launch in flight reaching the sink before its approval is back still counts (-1, then 0)
     m.token_pending = True
     m.on_message(2.0, "Z", RequestFlow(8, D, 0.0))
-    assert m.launch_pending == -1
+    assert m.launch.pending == -1
 
 
 # ------------------------------------------------------------------ in the simulator

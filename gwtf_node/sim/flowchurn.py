@@ -26,11 +26,12 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field, replace
+from typing import TextIO
 
 from ..protocol.flow import FlowConfig, FlowNode
 from ..protocol.scenario import LinkSpec, NodeSpec, Scenario
 from .engine import Simulator
-from .flowsim import MS, QUIET_ROUNDS_DEFAULT, extract_flows, flow_configs
+from .flowsim import MS, QUIET_ROUNDS_DEFAULT, TracedMachine, extract_flows, flow_configs
 from .result import RoutingResult
 
 
@@ -123,8 +124,10 @@ def _sides(sc: Scenario, me: str, other: str) -> list[str]:
 class FlowRun:
     """The flow machines of a scenario in one simulator, with membership changes applied on the fly."""
 
-    def __init__(self, scenario: Scenario, seed: int = 0, base: FlowConfig | None = None) -> None:
+    def __init__(self, scenario: Scenario, seed: int = 0, base: FlowConfig | None = None,
+                 trace: TextIO | None = None) -> None:
         self.scenario = scenario
+        self.trace = trace  # receives every delivered message (flowsim.TracedMachine)
         self.seed = seed
         self.base = base
         self.known = [scenario]  # every scenario seen: link delays of joiners
@@ -135,9 +138,12 @@ class FlowRun:
         for nid in sorted(cfgs):
             m = FlowNode(cfgs[nid], random.Random(f"{seed}:{nid}"))
             self.nodes[nid] = m
-            self.sim.add(nid, m)
+            self.sim.add(nid, self._traced(nid, m))
         self.sim.start_all()
         self.settle_from = 0.0
+
+    def _traced(self, nid: str, m: FlowNode):
+        return m if self.trace is None else TracedMachine(nid, m, self.trace)
 
     def _delay(self, a: str, b: str) -> float | None:
         for sc in reversed(self.known):
@@ -173,7 +179,7 @@ class FlowRun:
             cfg = flow_configs(new, self.base)[n.id]
             m = FlowNode(replace(cfg, joined=True), random.Random(f"{self.seed}:{n.id}"))
             self.nodes[n.id] = m
-            self.sim.add(n.id, m)
+            self.sim.add(n.id, self._traced(n.id, m))
             self._call(n.id, m.start(t0))
         self.sim.run_until(t0 + churn.detect_s)
         now = self.sim.now = t0 + churn.detect_s
@@ -206,9 +212,11 @@ class FlowRun:
 
 
 def run_churn(scenario: Scenario, churn: Churn, seed: int = 0, rounds: int = 120,
-              base: FlowConfig | None = None, quiet_rounds: int = QUIET_ROUNDS_DEFAULT) -> ChurnResult:
-    """Converge, apply `churn`, converge again (each phase at most `rounds` rounds)."""
-    run = FlowRun(scenario, seed, base)
+              base: FlowConfig | None = None, quiet_rounds: int = QUIET_ROUNDS_DEFAULT,
+              trace: TextIO | None = None) -> ChurnResult:
+    """Converge, apply `churn`, converge again (each phase at most `rounds` rounds); `trace` receives every
+    delivered message."""
+    run = FlowRun(scenario, seed, base, trace)
     run.run_quiet(rounds, quiet_rounds)
     r = run.round_s
     before = run.result(scenario, int(math.ceil(run.sim.now / r)), int(math.ceil(run.last_change() / r)),

@@ -18,6 +18,7 @@ import math
 import random
 import time
 from dataclasses import replace
+from typing import Any, TextIO
 
 from ..protocol.flow import FlowConfig, FlowNode
 from ..protocol.scenario import Scenario
@@ -26,6 +27,25 @@ from .result import Flow, RoutingResult, path_cost
 
 QUIET_ROUNDS_DEFAULT = 15  # no flow changed for this long: converged, stop early
 MS = 1e-3
+
+
+class TracedMachine:
+    """A flow machine that writes every message delivered to it, in delivery order, to `out` (one line:
+    time, sender, receiver, repr of the message) before handling it; used by `sim flow --trace` and by
+    scripts/golden_flow.py to prove that a refactoring did not change a single message."""
+
+    def __init__(self, node_id: str, machine: FlowNode, out: TextIO) -> None:
+        self.node_id, self.machine, self.out = node_id, machine, out
+
+    def start(self, now: float) -> list:
+        return self.machine.start(now)
+
+    def on_timer(self, now: float, key: str) -> list:
+        return self.machine.on_timer(now, key)
+
+    def on_message(self, now: float, sender: str, msg: Any) -> list:
+        self.out.write(f"{now!r} {sender} {self.node_id} {msg!r}\n")
+        return self.machine.on_message(now, sender, msg)
 
 
 def flow_configs(scenario: Scenario, base: FlowConfig | None = None) -> dict[str, FlowConfig]:
@@ -98,8 +118,10 @@ def extract_flows(scenario: Scenario, nodes: dict[str, FlowNode]) -> tuple[list[
 
 
 def run_gwtf(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowConfig | None = None,
-             quiet_rounds: int = QUIET_ROUNDS_DEFAULT, wall_limit_s: float | None = None) -> RoutingResult:
-    """Run the flow machines; `wall_limit_s` (benchmarks only) stops early, marking `extra["wall_limited"]`."""
+             quiet_rounds: int = QUIET_ROUNDS_DEFAULT, wall_limit_s: float | None = None,
+             trace: TextIO | None = None) -> RoutingResult:
+    """Run the flow machines; `wall_limit_s` (benchmarks only) stops early, marking `extra["wall_limited"]`;
+    `trace` receives every delivered message (`TracedMachine`)."""
     cfgs = flow_configs(scenario, base)
     round_s = next(iter(cfgs.values())).round_s
     sim = Simulator(lambda a, b: (lambda v: None if v is None else v * MS)(scenario.delay_ms(a, b)))
@@ -107,7 +129,7 @@ def run_gwtf(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowCon
     for nid in sorted(cfgs):
         m = FlowNode(cfgs[nid], random.Random(f"{seed}:{nid}"))
         nodes[nid] = m
-        sim.add(nid, m)
+        sim.add(nid, m if trace is None else TracedMachine(nid, m, trace))
     sim.start_all()
 
     def last_change() -> float:

@@ -1,0 +1,224 @@
+"""The announcement scheduler: which labels go out, to whom, and when.
+
+Within a wave (one data node, launches.py) only news is announced: a label of
+a new wave, a lower cost, or a new route at the same cost.  A rise is not
+announced (the next wave recomputes every label; until then a Request Flow
+that expects the old cost is rejected with the current label).  Announcements
+are coalesced per node for `announce_coalesce_s` (latest value wins), and go
+out in Dijkstra order: distances never fall from one wave to the next
+(successive shortest paths), so the lowest labels of the previous wave are
+floors; a label L above its floor F is announced (L - F) x `wave_order_s`
+later (at most `wave_order_cap_s`), so that cheaper routes, which come the
+long way round through the residual back arcs, arrive before it is sent.
+
+Free-running labels (several data nodes) announce a changed cost at once
+(rises included) and a new route at the same cost every `path_announce_s`;
+with ordered launches (bids.py) every change is coalesced for
+`ordered_coalesce_s`, because one commodity's rises otherwise explore path
+after path.  Peers told the same labels share one CostAnnounce object, and the
+Sends of one label are built without the dataclass __init__ (`send_all`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..effects import Effect, Send, SetTimer
+from ..messages import INF, CostAnnounce, Label, Side
+from . import labels, launches
+from .state import EPS, cost_differs, stamped
+
+if TYPE_CHECKING:
+    from .node import FlowNode
+
+_IN, _OUT = Side.IN, Side.OUT  # a module global is read faster than an enum member (hot paths)
+
+
+@dataclass
+class AnnounceState:
+    sent: dict[tuple[str, Side], tuple[int, float, tuple[str, ...]]] = field(default_factory=dict)  # last told:
+    # (wave, cost, path) per (commodity, side)
+    dirty: set[tuple[str, Side]] = field(default_factory=set)  # labels to announce at the next flush
+    force: dict[str, set[str]] = field(default_factory=dict)  # peer -> commodities whose OUT label it must be told
+    armed: bool = False  # the "announce" timer is set
+    recipients: dict[str, tuple] = field(default_factory=dict)  # commodity -> (config, sorted IN label recipients)
+
+_new, _set_to, _set_msg = object.__new__, Send.to.__set__, Send.msg.__set__
+
+
+def send_all(eff: list, peers, msg) -> None:
+    """`eff += [Send(p, msg) for p in peers]`, built without the frozen dataclass's __init__ (twice as fast: a
+    wave's announcements go to every previous-stage peer); the objects are the same."""
+    for p in peers:
+        s = _new(Send)
+        _set_to(s, p)
+        _set_msg(s, msg)
+        eff.append(s)
+
+
+
+def refresh(node: FlowNode, commodities, eff: list[Effect], force_to: dict[str, set[str]] | None = None,
+             folds: dict[str, list[str]] | None = None, backs: set[str] | None = None) -> None:
+    """Recompute labels; the ones worth announcing go out at the next flush (coalesced, latest value wins).
+
+    Within an epoch only news is announced: a label of a new epoch, a lower
+    cost, or a new route at the same cost.  A rise is not announced (the
+    next wave recomputes every label from scratch; until then a Request
+    Flow that expected the old cost is rejected with the current label).
+    """
+    cfg = node.cfg
+    dn = cfg.node_id if cfg.is_data else None
+    if node.cross:
+        commodities = cfg.commodities  # IN labels depend on the other commodities' labels (_cross_in)
+    for d in commodities:
+        if dn is not None:
+            if d != dn:
+                continue
+            old_out = node.my_out.get(d)
+        fold = folds.get(d) if folds else None
+        if fold is None or not all(labels.fold_in(node, d, j) for j in fold) \
+                or (backs and d in backs and not labels.fold_out(node, d)):
+            labels.compute(node, d)
+        lab = node.my_in.get(d)
+        if lab is not None and lab.cost < node.wave.pot_in.get(d, INF):
+            node.wave.pot_in[d] = lab.cost
+        lab = node.my_out.get(d)
+        if lab is not None and lab.cost < node.wave.pot_out.get(d, INF):
+            node.wave.pot_out[d] = lab.cost
+            if d in node.wave.hold and node.wave.hold[d] != node.epoch[d]:
+                now = node.now
+                node.wave.quiet_at[d] = now + max(cfg.launch_settle_s, cfg.launch_quiet_factor
+                                              * (now - node.wave.heard_at.get(d, now)))
+        if dn is not None:
+            new_out = node.my_out[d]
+            if old_out is None or cost_differs(new_out, old_out):
+                launches.out_changed(node, new_out)
+        if (dn is None or d == dn) and worth_announcing(node, d, _IN):
+            node.announcer.dirty.add((d, _IN))
+        if node.out[d] and worth_announcing(node, d, _OUT):
+            node.announcer.dirty.add((d, _OUT))
+    if force_to:
+        for d, peers in force_to.items():
+            for p in peers:
+                node.announcer.force.setdefault(p, set()).add(d)
+    pending_news = node.announcer.dirty or node.announcer.force
+    if not node.waves and node.ordered and cfg.ordered_coalesce_s > 0 and pending_news:
+        if not node.announcer.armed:  # ordered launches: cost news coalesced too (bids.py)
+            node.announcer.armed = True
+            eff.append(SetTimer("announce", node.now + cfg.ordered_coalesce_s))
+        return
+    if not node.waves and (node.announcer.dirty or node.announcer.force):
+        # free-running labels (several data nodes): a changed cost goes out at once (it routes better than
+        # coalescing), a new route at the same cost with the next `path_announce_s` flush
+        urgent = {k for k in node.announcer.dirty if cost_news(node, *k)}
+        if urgent or node.announcer.force:
+            rest = node.announcer.dirty - urgent
+            node.announcer.dirty = urgent
+            flush(node, eff, rearm=False)
+            node.announcer.dirty = rest
+        if node.announcer.dirty and not node.announcer.armed:
+            node.announcer.armed = True
+            eff.append(SetTimer("announce", node.now + cfg.path_announce_s))
+        return
+    if (node.announcer.dirty or node.announcer.force) and not node.announcer.armed:
+        if cfg.announce_coalesce_s <= 0:
+            flush(node, eff)
+        else:
+            node.announcer.armed = True
+            eff.append(SetTimer("announce", node.now + cfg.announce_coalesce_s + flush_delay(node)))
+
+def flush_delay(node: FlowNode) -> float:
+    """Waves: hold a label above its floor back in proportion to the gap (Dijkstra order: module doc)."""
+    k = node.cfg.wave_order_s
+    if k <= 0:
+        return 0.0
+    gap = 0.0
+    for d, side in node.announcer.dirty:
+        fl = node.wave.floor.get(d)
+        if fl is None:
+            continue
+        f = fl[0] if side is _IN else fl[1]
+        lab = node.my_in.get(d) if side is _IN else node.my_out.get(d)
+        if lab is not None and lab.cost != INF and f != INF and lab.cost - f > gap:
+            gap = lab.cost - f
+    return min(k * gap, node.cfg.wave_order_cap_s)
+
+def cost_news(node: FlowNode, d: str, side: Side) -> bool:
+    lab = node.my_in.get(d) if side == Side.IN else node.my_out.get(d)
+    last = node.announcer.sent.get((d, side))
+    return lab is not None and (last is None or last[0] != node.epoch[d]
+                                or cost_differs(lab, Label(d, side, last[1], ())))
+
+def worth_announcing(node: FlowNode, d: str, side: Side) -> bool:
+    lab = node.my_in.get(d) if side is _IN else node.my_out.get(d)
+    if lab is None or (lab.cost == INF and (node.waves or (d, side) not in node.announcer.sent)):
+        return False
+    last = node.announcer.sent.get((d, side))
+    if not node.waves:  # free-running labels: every change, rises included
+        return last is None or last[0] != node.epoch[d] or cost_differs(lab, Label(d, side, last[1], ())) \
+            or lab.path != last[2]
+    if last is None or last[0] != node.epoch[d]:
+        return True
+    return lab.cost < last[1] - EPS or (lab.cost <= last[1] + EPS and lab.path != last[2])
+
+def flush(node: FlowNode, eff: list[Effect], rearm: bool = True) -> None:
+    if rearm:
+        node.announcer.armed = False
+    if len(node.announcer.dirty) == 1 and not node.announcer.force:
+        # the common case: one label, to every peer that takes it (the same as below, without the outbox)
+        d, side = next(iter(node.announcer.dirty))
+        node.announcer.dirty.clear()
+        if worth_announcing(node, d, side):
+            lab = node.my_in[d] if side is _IN else node.my_out[d]
+            e = node.epoch[d]
+            node.announcer.sent[(d, side)] = (e, lab.cost, lab.path)
+            msg = CostAnnounce((stamped(lab, e),))
+            send_all(eff, in_recipients(node, d) if side is _IN else sorted(node.out[d]), msg)
+        return
+    outbox: dict[str, list[Label]] = {}
+    sent_out: set[tuple[str, str]] = set()
+    for d, side in sorted(node.announcer.dirty):
+        if not worth_announcing(node, d, side):
+            continue
+        lab = node.my_in[d] if side is _IN else node.my_out[d]
+        e = node.epoch[d]
+        node.announcer.sent[(d, side)] = (e, lab.cost, lab.path)
+        w = stamped(lab, e)
+        if side is _IN:
+            for p in node.cfg.prev_costs:
+                if p in node.data_prev and p != d:
+                    continue  # another data node has no use for this commodity's labels
+                outbox.setdefault(p, []).append(w)
+        else:
+            for j in node.out[d]:
+                outbox.setdefault(j, []).append(w)
+                sent_out.add((j, d))
+    node.announcer.dirty.clear()
+    for p in sorted(node.announcer.force):
+        for d in sorted(node.announcer.force[p]):
+            lab = node.my_out.get(d)
+            if (p, d) in sent_out or lab is None or lab.cost == INF:
+                continue
+            outbox.setdefault(p, []).append(stamped(lab, node.epoch[d]))
+    node.announcer.force.clear()
+    made: dict[tuple[int, ...], CostAnnounce] = {}  # peers told the same labels share one message object
+    for peer in sorted(outbox):
+        labs = outbox[peer]
+        key = tuple(map(id, labs))
+        msg = made.get(key)
+        if msg is None:
+            msg = made[key] = CostAnnounce(tuple(labs))
+        eff.append(Send(peer, msg))
+
+def in_recipients(node: FlowNode, d: str) -> list[str]:
+    """Who is told this node's IN label of `d`, sorted (see `flush`); cached per config."""
+    cached = node.announcer.recipients.get(d)
+    if cached is None or cached[0] is not node.cfg:
+        dp = node.data_prev
+        cached = node.announcer.recipients[d] = (node.cfg, sorted(p for p in node.cfg.prev_costs
+                                                         if not (p in dp and p != d)))
+    return cached[1]
+
+def refresh_all(node: FlowNode, eff: list[Effect], force_to=None) -> None:
+    refresh(node, node.cfg.commodities, eff, force_to)

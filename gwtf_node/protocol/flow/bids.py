@@ -1,0 +1,110 @@
+"""Ordered launches (several data nodes): the cheapest augmentation over all data nodes goes first.
+
+Each data node's units are a commodity of their own, and shared relay
+capacity makes this a multi-commodity flow; one shortest augmenting path per
+data node at a time, all of them at once, stays well above the LP bound
+(docs/bench_flow.md).  A data node announces the cost of its next launch (its
+OUT label, INF when it will not launch) in a `LaunchBid` to its first-stage
+relays, which pass each new bid (`seq`) on to their other data-node
+neighbours.  A data node launches only when no known bid is lower (ties: the
+smaller id), `ordered_settle_s` after its first bid since its last launch
+(also its wait after a settled launch: the labels settle and the others' bids
+arrive); its bid is frozen while its launch is out, so the others wait for
+it.  A lower bid unchanged for `bid_patience_rounds` stops holding others back
+(its data node may be stuck or gone).  Bids go out at most every
+`path_announce_s` (a flapping OUT label).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..effects import Effect, Send, SetTimer
+from ..messages import INF, LaunchBid
+from .state import EPS
+
+if TYPE_CHECKING:
+    from .node import FlowNode
+
+
+@dataclass
+class BidState:
+    seq: int = 0  # data node: the seq of its last bid
+    cost: float | None = None  # data node: the cost it last announced
+    sent_at: float = float("-inf")  # ... and when
+    first_at: float | None = None  # the first bid since the last launch (see `my_turn`)
+    others: dict[str, tuple[int, float, float]] = field(default_factory=dict)  # data node: (seq, cost, heard at)
+    seen_seq: dict[str, int] = field(default_factory=dict)  # relay: the newest seq passed on per data node
+    seen_cost: dict[str, float] = field(default_factory=dict)  # relay: its cost (relabelling waits for all INF)
+
+
+def update_bid(node: FlowNode, now: float, eff: list[Effect]) -> None:
+    """Ordered launches, data node: announce the cost of its next launch when it changed (frozen while a
+    launch is out: the data node in flight keeps the lowest bid, so the others wait for it)."""
+    if node.token_pending or node.launch.pending > 0:
+        return
+    d = node.cfg.node_id
+    lab = node.my_out.get(d)
+    will_launch = node.dec_out.get(d) is not None and node.outflow_committed(d) < node.launch.demand
+    cost = lab.cost if lab is not None and will_launch \
+        else INF
+    last = node.bid.cost
+    if last is None and cost == INF:
+        return  # an unknown bid and an infinite one mean the same to the others
+    if last is not None and abs(cost - last) <= EPS or (cost == INF and last == INF):
+        return
+    if now < node.bid.sent_at + node.cfg.path_announce_s:  # at most one bid per path_announce_s (labels may flap)
+        eff.append(SetTimer("bid", node.bid.sent_at + node.cfg.path_announce_s))
+        return
+    node.bid.seq += 1
+    node.bid.cost, node.bid.sent_at = cost, now
+    if node.bid.first_at is None:
+        node.bid.first_at = now
+    msg = LaunchBid(d, node.bid.seq, cost)
+    for j in sorted(node.cfg.next_costs):
+        eff.append(Send(j, msg))
+
+def my_turn(node: FlowNode, now: float, eff: list[Effect]) -> bool:
+    """Ordered launches: launch only when no other data node bids less (ties: the smaller id), and once
+    our own bid has been out for `launch_settle_s`; a cheaper bid unchanged for `bid_patience_rounds` (its
+    data node may be stuck or gone) is ignored."""
+    cfg = node.cfg
+    mine = node.bid.cost
+    if mine is None or mine == INF:
+        return True  # not announced yet (a route this instant): nothing to compare
+    if node.bid.first_at is None:
+        node.bid.first_at = now  # the same bid as before the last launch: not sent again
+    wait = node.bid.first_at + cfg.ordered_settle_s  # let the others' bids arrive first
+    if now >= wait:
+        wait = INF
+        me = cfg.node_id
+        patience = cfg.bid_patience_rounds * cfg.round_s
+        for e, (_, c, t) in node.bid.others.items():
+            if c < mine - EPS or (c <= mine + EPS and e < me):
+                if now < t + patience:
+                    wait = min(wait, t + patience)
+    if wait == INF:
+        return True
+    eff.append(SetTimer("launch", wait))
+    return False
+
+def on_launch_bid(node: FlowNode, now: float, sender: str, msg: LaunchBid, eff: list[Effect]) -> None:
+    """A data node hears another's bid; a relay passes a bid on, once per seq, to its data-node neighbours."""
+    origin = msg.data_node
+    if node.cfg.is_data:
+        old = node.bid.others.get(origin)
+        if origin == node.cfg.node_id or (old is not None and msg.seq <= old[0]):
+            node.idle = True
+            return
+        node.bid.others[origin] = (msg.seq, msg.cost, now)
+        return
+    node.idle = True
+    if msg.seq <= node.bid.seen_seq.get(origin, 0):
+        return
+    node.bid.seen_seq[origin] = msg.seq
+    node.bid.seen_cost[origin] = msg.cost
+    cms = node.cfg.commodities
+    targets = {p for p in node.cfg.prev_costs if p in cms} | {j for j in node.cfg.next_costs if j in cms}
+    for p in sorted(targets - {sender, origin}):
+        eff.append(Send(p, msg))

@@ -1,0 +1,59 @@
+"""The flow machine's configuration: what a node knows at start, and the knobs of every mechanism.
+
+Frozen: a membership change replaces `FlowNode.cfg` with a copy (read
+`node.cfg.next_costs`, not the mapping handed in at construction).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+T0_DEFAULT = 1.7  # the paper's initial temperature (section V-C)
+ALPHA_DEFAULT = 0.95  # the paper's cooling factor
+T_MIN_DEFAULT = 0.05  # below this a worse move has p < exp(-20) for unit costs: stop exploring
+
+
+@dataclass(frozen=True)
+class FlowConfig:
+    node_id: str
+    is_data: bool
+    capacity: int
+    commodities: tuple[str, ...]  # the data nodes of the run
+    next_costs: Mapping[str, float]  # linked peers of the next stage (data node: stage 0)
+    prev_costs: Mapping[str, float]  # linked peers of the previous stage (data node: last stage)
+    peers: tuple[str, ...] = ()  # same-stage relays known from discovery
+    displace: bool = True  # IN labels may displace an upstream unit (residual backward edge)
+    round_s: float = 1.0  # one round: each node ticks once
+    path_announce_s: float = 0.1  # a changed route at an unchanged cost is announced at most this often
+    launch_settle_s: float = 0.2  # data node: least wait after a unit settled (free-running) / OUT label still (waves)
+    balance_grace_s: float = 0.3  # wait for the other half of an agreed move
+    improve: bool | None = None  # Request Change / Request Redirect all the time (moves.py); None: on with several
+    # data nodes, where they lower the cost, off with one, where the flows are already optimal (docs/bench_flow.md)
+    anneal: bool = False  # improvement moves also take worse moves by simulated annealing (t0, alpha): off, because
+    # on top of ordered launches and relabelling the annealed moves raise the cost (docs/bench_flow.md)
+    announce_coalesce_s: float = 0.02  # labels changed within this window go out in one CostAnnounce per peer
+    launch_quiet_factor: float = 1.0  # data node: wait this x (the time the wave took to reach it) after its
+    # last OUT label change
+    noroute_grace_s: float = 0.5  # a relay with an unpaired unit and no route waits this long before a DENY
+    waves: bool | None = None  # label waves per augmentation; None: only with a single data node (launches.py)
+    same_wave_launches: bool = True  # waves: launch again on a wave while it still has a tight route (waves.py)
+    wave_order_s: float = 0.005  # waves: a label L above its previous wave's floor F goes out (L - F) x this later
+    wave_order_cap_s: float = 0.2  # ... at most this much later
+    retry_epoch_rounds: float = 5.0  # several data nodes: a data node without a route starts a new wave this often
+    joined: bool = False  # placed into a run whose flows already formed: run greedy moves at start (node.py)
+    change_improve_rounds: float = 20.0  # rounds of Request Redirect/Change after joining / a membership change
+    anneal_after_change: bool = False  # ... taking worse moves by annealing too, the temperature back at t0
+    ordered_launches: bool | None = None  # several data nodes: the cheapest launch goes first (LaunchBid); None: on
+    # with several data nodes and free-running labels (bids.py)
+    ordered_coalesce_s: float = 0.01  # ordered launches: free-running labels go out at most this often (0: at once)
+    relabel: bool | None = None  # several data nodes: first-stage relays turn a unit into another data node's when
+    # that data node's first and last hops are cheaper (Relabel); None: on with several data nodes (relabel.py)
+    relabel_limit: int = 4  # relabels a first-stage relay starts at most (two of them could undo each other's)
+    cross_displace: bool = True  # relabelling on: an IN label may displace another data node's unit (relabel.py)
+    cross_limit: int = 1  # ... at most this many times per relay (stale labels can make them chase each other)
+    ordered_settle_s: float = 1.0  # ordered launches: launch_settle_s for them (labels still before the next bid)
+    bid_patience_rounds: float = 5.0  # ordered launches: a cheaper bid unchanged for this long no longer holds us back
+    t0: float = T0_DEFAULT  # annealing: initial temperature (moves.Annealer)
+    alpha: float = ALPHA_DEFAULT  # ... cooling factor per accepted move
+    t_min: float = T_MIN_DEFAULT  # ... below this no worse move is taken

@@ -1,0 +1,300 @@
+"""Labels: a node's cost-to-sink per commodity, computed from its neighbours' labels (section V-C).
+
+Cost-to-sink (the paper's announcement travelling back to front) is a pair of
+labels per commodity, computed by each node over the *residual* network, as in
+successive-shortest-path min-cost flow:
+
+* IN  = cost of handing this node one more unit.  Either it has room and
+  forwards the unit (`Via.FORWARD`: d(i, j) + IN_j, the cheapest next hop), or
+  it is full and *displaces* one unit it receives from an upstream peer p,
+  which p then routes elsewhere (`Via.BACK`: -d(p, i) + OUT_p).
+* OUT = cost for this node to get rid of a unit it holds: forward it, or hand
+  one back upstream (the paper's DENY).
+
+Labels carry the residual path behind them (side-tagged ids `id+` / `id-`); a
+node ignores a neighbour's label whose path already contains it, so the
+distance-vector announcements cannot loop or count to infinity.  Ties keep the
+current choice (`pick`), so equal-cost routes cannot flap and the route a unit
+follows is the one announced.
+
+Almost every message of a label wave is one next-stage IN label.  The four
+best candidates (forward / back, for OUT / IN) are cached with the state they
+were computed on (`FlowNode.cache`, `signature`), and such a label is folded in
+in O(1) (`fold_in`, and the fast path of `FlowNode.on_message`); `compute`
+scans every neighbour, and only the cheapest forward candidates' paths
+(`cheapest`).  An upstream OUT label recomputes only the back candidates
+(`fold_out`, waves only).
+
+A label of a newer wave (`Label.epoch`, see launches.py) clears the older
+labels of its commodity (`ingest`); a label from a sender that is not a
+neighbour yet is stashed and used when it is added (FlowNode.add_neighbour).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..effects import Effect
+from ..messages import INF, CostAnnounce, Label, Side
+from . import announce, relabel, waves
+from .state import EPS, MAX_STASHED_SENDERS, Via, cheapest, choose, cost_of, pick
+
+if TYPE_CHECKING:
+    from .node import FlowNode
+
+_IN, _OUT = Side.IN, Side.OUT  # a module global is read faster than an enum member (hot paths)
+
+def compute(node: FlowNode, d: str) -> None:
+    """Recompute this node's IN and OUT labels of commodity `d` from its neighbours' labels.
+
+    Ties keep the current choice (sticky): a route changes only when a
+    strictly cheaper one appears or the current one goes away, so that
+    equal-cost alternatives cannot flap and the route behind a label is the
+    one last announced.
+
+    The four best candidates (forward / back, for OUT / IN) are cached with
+    the state they were computed on (`FlowNode.cache`), so that a next-stage
+    neighbour's IN label, by far the most frequent news, is folded in in
+    O(1) by `fold_in` instead of a scan over every neighbour.
+    """
+    cfg = node.cfg
+    tin, tout = node.tag_in, node.tag_out
+    prev_out, prev_in = node.dec_out.get(d), node.dec_in.get(d)
+    lin = node.lin[d]
+    if cfg.is_data:
+        if d != cfg.node_id:
+            return
+        cands = [(c + lab.cost, j, lab) for j, c in cfg.next_costs.items()
+                 if (lab := lin.get(j)) is not None and lab.cost != INF and tout not in lab.path]
+        arg = pick(cands, prev_out[1] if prev_out else None)
+        node.cache[d] = (signature(node, d), arg, None, None, None, False)
+        decide_data(node, d, arg)
+        return
+    # The residual path behind a label must not revisit the side it starts from:
+    # F for OUT starts at i-, F for IN at i+ then i-; B for IN at i+, B for OUT at i- then i+.
+    room = node.used() < cfg.capacity
+    # forward candidates by cost, so that only the cheapest are scanned for our tags (cheapest)
+    fwd = sorted([(c + lab.cost, j, lab) for j, c in cfg.next_costs.items()
+                  if (lab := lin.get(j)) is not None and lab.cost != INF], key=cost_of)
+    fo = cheapest(fwd, (tout,))
+    fi = cheapest(fwd, (tout, tin)) if room else []
+    so = prev_out[1] if prev_out else None
+    si = prev_in[1] if prev_in else None
+    f_out = pick(fo, so if prev_out and prev_out[0] == Via.FORWARD else None)
+    f_in = pick(fi, si if prev_in and prev_in[0] == Via.FORWARD else None)
+    b_out, b_in = back_candidates(node, d)
+    node.cache[d] = (signature(node, d), f_out, b_out, f_in, b_in, room)
+    decide(node, d, f_out, b_out, f_in, b_in)
+
+def back_candidates(node: FlowNode, d: str) -> tuple:
+    """The best back candidates of `d` (hand a unit back upstream / displace one): from the upstream peers'
+    OUT labels, for OUT and for IN (part of `compute`)."""
+    cfg = node.cfg
+    tin, tout = node.tag_in, node.tag_out
+    lout = node.lout[d]
+    prev_out, prev_in = node.dec_out.get(d), node.dec_in.get(d)
+    bo: list = []
+    bi: list = []
+    for p, n in node.inn[d].items():
+        lab = lout.get(p)
+        if n <= 0 or lab is None or lab.cost == INF or tin in lab.path:
+            continue
+        cand = (lab.cost - cfg.prev_costs[p], p, lab)
+        if cfg.displace:
+            bi.append(cand)
+        if tout not in lab.path:
+            bo.append(cand)
+    so = prev_out[1] if prev_out else None
+    si = prev_in[1] if prev_in else None
+    return (pick(bo, so if prev_out and prev_out[0] == Via.BACK else None),
+            pick(bi, si if prev_in and prev_in[0] == Via.BACK else None))
+
+def fold_out(node: FlowNode, d: str) -> bool:
+    """Upstream OUT labels of `d` changed: recompute the back candidates only, the forward ones stay cached
+    (they do not depend on them; ties as in `fold_in`).  False (the caller runs `compute`) when the cache
+    does not apply, and with free-running labels: there the tie-breaking of a full recomputation routes
+    better in the worst case (several data nodes); with waves both decide the same."""
+    cache = node.cache.get(d)
+    if node.cfg.is_data or not node.waves or cache is None or not signature_holds(node, d, cache[0]):
+        return False
+    sig, f_out, _, f_in, _, room = cache
+    b_out, b_in = back_candidates(node, d)
+    node.cache[d] = (sig, f_out, b_out, f_in, b_in, room)
+    decide(node, d, f_out, b_out, f_in, b_in)
+    return True
+
+def signature(node: FlowNode, d: str) -> tuple:
+    """The state the cached candidates of `d` depend on, besides the next-stage IN labels (the inflows of
+    every commodity: they decide whether there is room)."""
+    inn = node.inn
+    if len(inn) == 1:
+        return (node.epoch[d], node.cfg, dict(inn[d]))
+    return (node.epoch[d], node.cfg, tuple(dict(v) for v in inn.values()))
+
+def signature_holds(node: FlowNode, d: str, sig: tuple) -> bool:
+    """`sig` (from `signature`) still describes the state: compared in place, without building a new one."""
+    cfg = sig[1]
+    if sig[0] != node.epoch[d] or (cfg is not node.cfg and cfg != node.cfg):
+        return False
+    inn = node.inn
+    return sig[2] == (inn[d] if len(inn) == 1 else tuple(inn.values()))
+
+def decide_data(node: FlowNode, d: str, arg) -> None:
+    if arg is None:
+        node.my_out[d], node.dec_out[d] = Label(d, _OUT, INF, ()), None
+    else:
+        node.my_out[d] = Label(d, Side.OUT, arg[0], (node.tag_out,) + arg[2].path)
+        node.dec_out[d] = (Via.FORWARD, arg[1])
+    node.my_in[d] = Label(d, Side.IN, 0.0, (node.tag_in,))
+
+def decide(node: FlowNode, d: str, f_out, b_out, f_in, b_in) -> None:
+    prev_out, prev_in = node.dec_out.get(d), node.dec_in.get(d)
+    tin, tout = node.tag_in, node.tag_out
+    # OUT: forward the unit, or hand one back upstream (DENY)
+    kind = choose(f_out, b_out, prev_out[0] if prev_out else None)
+    if kind == Via.FORWARD:
+        node.my_out[d] = Label(d, _OUT, f_out[0], (tout,) + f_out[2].path)
+        node.dec_out[d] = (Via.FORWARD, f_out[1])
+    elif kind == Via.BACK:
+        node.my_out[d] = Label(d, _OUT, b_out[0], (tout, tin) + b_out[2].path)
+        node.dec_out[d] = (Via.BACK, b_out[1])
+    else:
+        node.my_out[d], node.dec_out[d] = Label(d, _OUT, INF, ()), None
+    # IN: take the unit and forward it, or displace an upstream unit
+    kind = choose(f_in, b_in, prev_in[0] if prev_in else None)
+    if kind == Via.FORWARD:
+        node.my_in[d] = Label(d, _IN, f_in[0], (tin, tout) + f_in[2].path)
+        node.dec_in[d] = (Via.FORWARD, f_in[1])
+    elif kind == Via.BACK:
+        node.my_in[d] = Label(d, _IN, b_in[0], (tin,) + b_in[2].path)
+        node.dec_in[d] = (Via.BACK, b_in[1])
+    else:
+        node.my_in[d], node.dec_in[d] = Label(d, _IN, INF, ()), None
+    if node.cross:  # several data nodes: the IN label may take another data node's slot instead
+        relabel.cross_in(node, d)
+
+def fold_in(node: FlowNode, d: str, j: str) -> int:
+    """Fold next-stage neighbour `j`'s new IN label into the cached candidates of `d` (O(1)).
+
+    Exactly what `compute` would decide, except on a tie between `j` and
+    another peer that is not the current choice (`pick` would take the
+    smaller id; here the current choice stays, which ties allow).  Returns
+    0 (the caller runs `compute`) when the cache does not apply: the
+    state changed since, or `j` was the best and got dearer or unusable;
+    1 when nothing changes; 2 when the labels were recomputed from the cache.
+    """
+    cache = node.cache.get(d)
+    if cache is None or node.cross or not signature_holds(node, d, cache[0]):
+        return 0
+    _, f_out, b_out, f_in, b_in, room = cache
+    lab = node.lin[d][j]
+    cfg = node.cfg
+    if (f_out is None or f_out[1] != j) and (f_in is None or f_in[1] != j):
+        # the common case, decided on the cost alone (before the path scans): `j` is not the current
+        # choice and its candidate is no cheaper than the best forward ones
+        if lab.cost == INF:
+            return 1
+        c = cfg.next_costs[j] + lab.cost
+        if f_out is not None and c >= f_out[0] - EPS and (not room or (f_in is not None
+                                                                     and c >= f_in[0] - EPS)):
+            return 1
+    if lab.cost == INF:
+        ok_o = ok_i = False
+        cand = None
+    else:
+        ok_o = node.tag_out not in lab.path
+        ok_i = ok_o and cache[5] and node.tag_in not in lab.path
+        cand = (cfg.next_costs[j] + lab.cost, j, lab)
+    if cfg.is_data:
+        if f_out is not None and f_out[1] == j:
+            if not ok_o or cand[0] > f_out[0] + EPS:
+                return 0
+            f_out = cand
+        elif ok_o and (f_out is None or cand[0] < f_out[0] - EPS):
+            f_out = cand
+        else:
+            return 1  # nothing changes
+        node.cache[d] = (cache[0], f_out, None, None, None, False)
+        decide_data(node, d, f_out)
+        return 2
+    changed = False
+    if f_out is not None and f_out[1] == j:
+        if not ok_o or cand[0] > f_out[0] + EPS:
+            return 0
+        f_out, changed = cand, True
+    elif ok_o and (f_out is None or cand[0] < f_out[0] - EPS):
+        f_out, changed = cand, True
+    if f_in is not None and f_in[1] == j:
+        if not ok_i or cand[0] > f_in[0] + EPS:
+            return 0
+        f_in, changed = cand, True
+    elif ok_i and (f_in is None or cand[0] < f_in[0] - EPS):
+        f_in, changed = cand, True
+    if changed:
+        node.cache[d] = (cache[0], f_out, b_out, f_in, b_in, room)
+        decide(node, d, f_out, b_out, f_in, b_in)
+        return 2
+    return 1
+
+def ingest(node: FlowNode, sender: str, wire: Label) -> bool:
+    """Store a neighbour's label; a label of a newer wave clears that commodity's older ones."""
+    d = wire.commodity
+    if d not in node.lin:
+        return False
+    if sender not in (node.cfg.next_costs if wire.side == Side.IN else node.cfg.prev_costs):
+        if sender not in node.removed and sender != node.cfg.node_id:
+            if sender not in node.stash and len(node.stash) >= MAX_STASHED_SENDERS:
+                node.stash.pop(next(iter(node.stash)))
+            node.stash.setdefault(sender, {})[(d, wire.side)] = wire
+        return False
+    e, lab = wire.epoch, wire  # stored as received: the epoch field is only read here and re-stamped on send
+    cur = node.epoch[d]
+    if e < cur:
+        node.stats.ignored += 1
+        return False
+    if e > cur:
+        if node.cfg.is_data and d == node.cfg.node_id:
+            return False  # only the data node starts waves of its commodity
+        node.epoch[d] = e
+        node.lin[d].clear()
+        node.lout[d].clear()
+        node.cache.pop(d, None)
+        waves.next_wave(node, d)
+        node.wave.walk.pop(d, None)
+        node.wave.heard_at[d] = node.now
+    if wire.side == Side.IN:
+        node.lin[d][sender] = lab
+    else:
+        node.lout[d][sender] = lab  # the cached back candidates are stale: the caller refreshes (_fold_out)
+    return True
+
+def on_announce(node: FlowNode, now: float, sender: str, msg: CostAnnounce, eff: list[Effect]) -> None:
+    labels = msg.labels
+    if len(labels) == 1 and labels[0].side == Side.IN and not node.cfg.is_data:
+        # the common case (a wave): one next-stage IN label, folded in O(1); most change nothing here
+        lab = labels[0]
+        d = lab.commodity
+        if not ingest(node, sender, lab):
+            return
+        r = fold_in(node, d, sender)
+        if r == 1:
+            node.idle = True  # no label moved: nothing for units.act to do
+            return
+        announce.refresh(node, (d,), eff, folds={d: []} if r == 2 else None)
+        return
+    touched: dict[str, None] = {}
+    folds: dict[str, list[str]] = {}
+    backs: set[str] = set()
+    for lab in msg.labels:
+        d = lab.commodity
+        if ingest(node, sender, lab):
+            touched[d] = None
+            if lab.side == Side.IN:
+                f = folds.setdefault(d, [])
+                if f is not None:
+                    f.append(sender)
+            else:
+                folds.setdefault(d, [])
+                backs.add(d)  # an OUT label (upstream): the back candidates again (_fold_out)
+    if touched:
+        announce.refresh(node, touched, eff, folds=folds, backs=backs)

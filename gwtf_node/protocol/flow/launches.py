@@ -1,0 +1,215 @@
+"""The data node's launches: label waves, one unit at a time, and settlement (section V-C).
+
+A data node launches one unit at a time (Request Flow to the neighbour behind
+its OUT label) and waits for it to settle (arrive at the sink or come back),
+so that each unit follows a shortest augmenting path on converged labels: with
+one data node this is successive shortest paths, which reaches the maximum
+flow at minimum cost.  We chose this over the paper's greedy back-to-front
+pairing, which leaves a gap to the optimum that Request Change and Request
+Redirect alone do not close (the residual "displace" step closes it).
+
+Label waves (`waves`, on with one data node).  Free-running distance vectors
+explode with depth: every unit that moves raises labels, and a rise explores
+path after path.  So with a single data node the labels are recomputed in
+*waves*: when its launched unit settles and the wave has no tight route left
+(waves.py), the data node starts wave e+1 by announcing its sink label
+(`new_wave`); a node that hears a label of a newer wave drops every label of
+the older one for that commodity and recomputes from scratch
+(labels.ingest).  Within a wave labels only fall (Bellman-Ford from infinity on
+a residual graph without negative cycles).  The data node launches once its
+OUT label has been still for `launch_quiet_factor` x the time the wave took to
+reach it (`out_changed`).  The wave number rides on the wire in `Label.epoch`;
+free-running labels stay at epoch 0.  With several data nodes each data node's
+wave races the others' units for shared capacity, so waves default to off there
+(free-running labels with ordered launches, bids.py, do better: docs/bench_flow.md).
+
+Stuck launches.  The data node starts a new wave when its launch has not
+settled in 2 x the wave's time + `launch_settle_s` (`arm_stuck`, "stuck"
+timer), up to MAX_STUCK_WAVES per launch (a large swarm needs many: a held
+unit moves only on a new wave).  Units are counts, so a launched unit can
+cancel against a hole left by a removal and never reach the sink:
+`maybe_lost_settlement` counts it as settled when every unit sent is back and
+nothing changed for `retry_epoch_rounds`.  A unit that reaches the data node
+without having been launched (re-routed after a removal) starts a wave but
+settles no launch unless one is outstanding (`settled`).  With one commodity
+and no route, the data node starts a new wave when a flow changed at it since
+the last one (`maybe_retry_wave`): removals raise labels, which a wave does not
+announce.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..effects import Effect, Send, SetTimer
+from ..messages import INF, Label, RequestFlow
+from . import announce, bids, waves
+from .state import EPS, MAX_REJECTS_BEFORE_WAIT, MAX_STUCK_WAVES, NO_LABEL, Pending, PendingKind, total
+
+if TYPE_CHECKING:
+    from .node import FlowNode
+
+
+@dataclass
+class LaunchState:
+    """A data node's launches (relays leave it untouched)."""
+
+    demand: int = 0  # units to place: its capacity
+    pending: int = 0  # launched units approved by the first hop and not settled yet
+    next_at: float = 0.0  # the next launch, not before (INF: wait for a new wave)
+    relaunch_at: float = 0.0  # `next_at` restored when a launch is rejected
+    wave_started: float = 0.0  # when the current wave started
+    wave_launches: int = 0  # units launched on the current wave
+    first_out_at: float | None = None  # when this wave first gave the data node an OUT label
+    stuck_wave: int = -1  # the wave of the launch the "stuck" timer watches
+    stuck_waves: int = 0  # waves started by the stuck timer for the current launch
+
+
+def arm_stuck(node: FlowNode, now: float, eff: list[Effect]) -> None:
+    """Data node: if the launched unit has not settled by then, start a new wave (it is held somewhere)."""
+    launch = node.launch
+    wave = (launch.first_out_at - launch.wave_started) if launch.first_out_at is not None else node.cfg.round_s
+    node.launch.stuck_wave = node.epoch[node.cfg.node_id]
+    eff.append(SetTimer("stuck", now + node.cfg.launch_settle_s + 2 * wave))
+
+def maybe_stuck(node: FlowNode, now: float, eff: list[Effect]) -> None:
+    d = node.cfg.node_id
+    if node.launch.stuck_wave == node.epoch[d] and (node.launch.pending > 0 or node.token_pending) \
+            and node.launch.stuck_waves < MAX_STUCK_WAVES:
+        node.launch.stuck_waves += 1
+        new_wave(node, now, eff)
+        arm_stuck(node, now, eff)
+
+def new_wave(node: FlowNode, now: float, eff: list[Effect]) -> None:
+    """Data node: start a label wave; every label of this commodity is recomputed from scratch."""
+    d = node.cfg.node_id
+    node.epoch[d] += 1
+    node.lin[d].clear()
+    node.lout[d].clear()
+    node.cache.pop(d, None)
+    waves.next_wave(node, d)
+    node.launch.wave_launches = 0
+    node.launch.wave_started = now
+    node.launch.first_out_at = None
+    node.launch.next_at = INF
+    announce.refresh(node, [d], eff)
+    if node.announcer.armed or node.announcer.dirty:
+        announce.flush(node, eff)  # the wave starts now
+    if not node.waves:
+        node.launch.next_at = now
+
+def out_changed(node: FlowNode, lab: Label) -> None:
+    """Data node: its OUT label moved; launch once it has been still for a while."""
+    now = node.now
+    if not node.waves:
+        return
+    if lab.cost == INF:
+        node.launch.next_at = INF
+        return
+    if node.launch.first_out_at is None:
+        node.launch.first_out_at = now
+    # the time the wave took; a route that shows up long after (a node joined) does not make the data node
+    # wait that long: capped at `retry_epoch_rounds` (a wave of a static run takes well under a round)
+    wave = min(node.launch.first_out_at - node.launch.wave_started, node.cfg.retry_epoch_rounds * node.cfg.round_s)
+    node.launch.next_at = now + max(node.cfg.launch_settle_s, node.cfg.launch_quiet_factor * wave)
+
+def maybe_lost_settlement(node: FlowNode, now: float, eff: list[Effect]) -> None:
+    """Tick of a data node: a launched unit whose settlement will not come counts as settled.
+
+    Units are counts, so a launched unit can cancel against a hole on its way: a relay whose inflow was
+    withdrawn or removed (a membership change) keeps the outflow for `balance_grace_s`, and a unit arriving
+    then pairs with it.  The route is complete, but no Request Flow reaches the sink, so the data node
+    would wait for the settlement forever (with waves: `LaunchState.next_at` stays INF, no new wave).  Every unit
+    sent out being back (inflow >= outflow) while nothing changed here for `retry_epoch_rounds` says that
+    the unit is not in flight any more.  (Withdrawing the hole at once when a unit arrives keeps the
+    signal, but also breaks the pairing of agreed moves, which re-forms worse flows under churn.)
+    """
+    d = node.cfg.node_id
+    if node.launch.pending <= 0 or node.token_pending or node.pending:
+        return
+    if now - node.stats.last_change < node.cfg.retry_epoch_rounds * node.cfg.round_s:
+        return
+    if total(node.inn[d]) >= total(node.out[d]):
+        settled(node, now, eff)
+
+def maybe_retry_wave(node: FlowNode, now: float, eff: list[Effect]) -> None:
+    """Tick of a data node: start a new wave when stuck (a rejected launch, or no route while
+    other data nodes may free capacity)."""
+    d = node.cfg.node_id
+    if not node.waves or node.token_pending or node.launch.pending > 0 or total(node.out[d]) >= node.launch.demand:
+        return
+    if now - node.launch.wave_started < node.cfg.retry_epoch_rounds * node.cfg.round_s:
+        return
+    lab = node.my_out.get(d, NO_LABEL)
+    # no route: with several data nodes others may free capacity; with one, a flow changed here since the
+    # wave (a membership change elsewhere: a Withdraw reached the sink, a re-routed unit arrived) may have
+    # opened a route that this wave's labels, which only fall, cannot show
+    changed = node.stats.last_change > node.launch.wave_started + EPS
+    stuck = node.rejects_in_row > 0 or (lab.cost == INF and (len(node.cfg.commodities) > 1 or changed))
+    if stuck:
+        new_wave(node, now, eff)
+
+def maybe_launch(node: FlowNode, now: float, eff: list[Effect]) -> None:
+    d = node.cfg.node_id
+    if node.ordered:
+        bids.update_bid(node, now, eff)
+    if node.token_pending or node.launch.pending > 0:
+        return
+    # pending forced requests count (a Reroute of an agreed Redirect is on its way to the new first hop)
+    if node.outflow_committed(d) >= node.launch.demand or node.rejects_in_row >= MAX_REJECTS_BEFORE_WAIT:
+        return
+    dec = node.dec_out.get(d)
+    if dec is None or node.launch.next_at == INF:
+        return
+    if now < node.launch.next_at:
+        eff.append(SetTimer("launch", node.launch.next_at))
+        return
+    if node.ordered:
+        if not bids.my_turn(node, now, eff):
+            return
+        node.bid.first_at = None
+    j = dec[1]
+    rid = node.new_id()
+    node.pending[rid] = Pending(PendingKind.LAUNCH, j, d)
+    node.token_pending = True
+    if node.waves:
+        node.launch.wave_launches += 1
+        if waves.walking(node):
+            node.launch.stuck_waves = 0
+            arm_stuck(node, now, eff)
+        node.launch.relaunch_at = node.launch.next_at  # restored if the launch is rejected
+        node.launch.next_at = INF  # the next launch waits for the wave its settlement starts
+    eff.append(Send(j, RequestFlow(rid, d, node.lin[d][j].cost)))
+
+def settled(node: FlowNode, now: float, eff: list[Effect], arrived: bool = False) -> None:
+    """A data node's launched unit arrived or came back: a new wave, then the next unit.
+
+    The unit can reach the sink before the first hop's approval is back at
+    the data node, so the count may dip below zero for a moment; launching
+    waits while it is positive.
+
+    A unit that was not launched also settles here (re-routed after a
+    membership change and arriving at the sink, or DENYed back to the data
+    node): it starts a new wave (flows changed) but is not counted while no
+    launch is outstanding.  Counting it (-1) would pre-settle the *next*
+    launch: its approval would bring the count to 0, so if that unit then
+    paired with a hole on its way and never reached the sink,
+    `maybe_lost_settlement` (which needs a launch outstanding) would not
+    fire and, with waves, `LaunchState.next_at` would stay INF for good.
+    """
+    launched = node.launch.pending > 0 or node.token_pending
+    if node.launch.pending > 0:
+        node.launch.pending -= 1
+    elif node.token_pending:
+        node.launch.pending = -1  # the launch in flight reached the sink before its approval came back
+    if node.waves:
+        d = node.cfg.node_id
+        if arrived and launched and waves.walking(node) and waves.tight(node, d) \
+                and node.outflow_committed(d) < node.launch.demand and node.wave.gave_up.get(d) != node.epoch[d]:
+            node.launch.next_at = now  # the wave still has a tight route: the next unit goes on it
+            return
+        new_wave(node, now, eff)
+    else:
+        node.launch.next_at = now + (node.cfg.ordered_settle_s if node.ordered else node.cfg.launch_settle_s)
+        eff.append(SetTimer("launch", node.launch.next_at))

@@ -1,0 +1,350 @@
+"""The flow machine's entry points: `FlowNode`, handed `now`, an event and its seeded RNG, returns effects.
+
+Every node only knows its own links (to the previous and the next stage, given
+by discovery), its same-stage peers, and what they tell it.  The mechanisms
+live in their own modules, each owning its part of the state (a dataclass
+held here): labels (labels.py), their announcement (announce.py), moving units
+(units.py), the data node's launches and label waves (launches.py), several
+units per wave and retreats (waves.py), ordered launches (bids.py),
+relabelling and cross displacement (relabel.py), improvement moves and
+annealing (moves.py).
+
+Membership changes.  The daemon (or the simulator, sim/flowchurn.py) tells a
+machine about its neighbours coming and going; the flows are re-formed by the
+machines with their messages (units.py), never recomputed globally.
+
+* `add_neighbour(now, peer, cost, side)`, side "next" / "prev" / "peer": link
+  `peer` with cost d(self, peer) (adding a known one updates its cost).  A new
+  "prev" neighbour is sent this node's current IN labels (it joined after they
+  were announced), stamped with the current wave; a label a newcomer sent
+  before we were told about it is kept (`stash`, bounded) and used when it is
+  added.  Adding only lowers labels, which a wave allows, so a newcomer's
+  capacity shows up in the current wave.  A node placed into a run in flight
+  is started with `FlowConfig.joined`.
+* `remove_neighbour(now, peer)`: `peer` crashed or left; it is forgotten on
+  every side.  Units this node sent to it are unpaired again and re-routed
+  along the OUT label (DENY upstream when there is no route); units it sent to
+  this node are withdrawn downstream (Withdraw, recursively to the sink), so
+  that the downstream end, which owns the count, agrees.  Requests and moves
+  pending with it are dropped, its later messages ignored.  A data node that
+  loses first hops re-places its demand after a new wave.
+* `set_cost(now, peer, cost)`: d(self, peer) measured again.  Both ends of a
+  link must hold the same cost: a unit's forward edge (the upstream end's
+  `next_costs`) and its residual backward edge (the downstream end's
+  `prev_costs`) cancel only then; the daemon makes the downstream end adopt
+  the upstream end's cost (`LinkCost`).
+
+Re-routing on the labels at hand forms a maximum flow but not always a
+cheapest one (the units of a crashed relay race each other on old labels), so
+after a change the neighbours (and a joiner) run Request Redirect / Request
+Change for `change_improve_rounds` (moves.py).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+from ..effects import Effect, Send, SetTimer
+from ..messages import (
+    INF, CostAnnounce, Deny, FlowReply, FlowReport, Label, LaunchBid, MoveReply, QueryFlows, Relabel, RelabelCost,
+    RequestChange, RequestFlow, RequestRedirect, Reroute, Side, Withdraw,
+)
+from . import announce, bids, labels, launches, moves, relabel, units, waves
+from .announce import AnnounceState
+from .bids import BidState
+from .config import FlowConfig
+from .launches import LaunchState
+from .moves import Annealer, MoveState
+from .relabel import RelabelState
+from .state import EPS, SIDES, FlowStats, Pending, PendingKind, total, stamped
+from .waves import WaveState
+
+_IN = Side.IN
+
+
+class FlowNode:
+    """One node's flow machine: handed `now`, an event and its seeded RNG, returns effects."""
+
+    def __init__(self, config: FlowConfig, rng: random.Random) -> None:
+        self.cfg = config
+        self.rng = rng
+        me = config.node_id
+        self.tag_in, self.tag_out = me + "+", me + "-"  # this node in a label's residual path (labels.py)
+        # unit counts per commodity and peer (units.py)
+        self.inn: dict[str, dict[str, int]] = {d: {} for d in config.commodities}
+        self.out: dict[str, dict[str, int]] = {d: {} for d in config.commodities}
+        self.pending: dict[int, Pending] = {}  # requests awaiting their FlowReply, by request id
+        self.token_pending = False  # the unit this node routes now is out (one at a time)
+        self.rejects_in_row = 0
+        self.next_id = 1
+        self.grace_until = 0.0  # no rebalancing before this: the other half of a move may be on its way
+        self.noroute_since: dict[str, float] = {}  # an unpaired unit has had no route since then
+        self.change_moves_until = -INF  # improvement moves after a membership change until then (moves.py)
+        # labels (labels.py): the neighbours' and our own, per commodity
+        self.lin: dict[str, dict[str, Label]] = {d: {} for d in config.commodities}  # next-stage IN labels
+        self.lout: dict[str, dict[str, Label]] = {d: {} for d in config.commodities}  # previous-stage OUT labels
+        self.my_in: dict[str, Label] = {}
+        self.my_out: dict[str, Label] = {}
+        self.dec_in: dict[str, tuple | None] = {}  # (Via, peer[, commodity]) behind my_in
+        self.dec_out: dict[str, tuple | None] = {}  # (Via, peer) behind my_out
+        self.epoch: dict[str, int] = {d: 0 for d in config.commodities}  # the current label wave (launches.py)
+        self.cache: dict[str, tuple] = {}  # (state signature, f_out, b_out, f_in, b_in, room): labels.compute
+        self.stash: dict[str, dict[tuple[str, Side], Label]] = {}  # labels from not-yet neighbours
+        self.data_prev = tuple(p for p in config.prev_costs if p in config.commodities)  # data nodes upstream
+        self.removed: set[str] = set()  # peers removed (and not added again): their messages are ignored
+        self.now = 0.0  # the time of the event being handled
+        self.idle = False  # set by a handler whose message changed nothing (on_message skips units.act)
+        self.stats = FlowStats()
+        # the mechanisms' own state
+        self.announcer = AnnounceState()
+        self.wave = WaveState()
+        self.launch = LaunchState(demand=config.capacity if config.is_data else 0)
+        self.waves = config.waves if config.waves is not None else len(config.commodities) <= 1
+        self.ordered = not self.waves and (config.ordered_launches if config.ordered_launches is not None
+                                           else len(config.commodities) > 1)
+        self.bid = BidState()
+        self.relabel = len(config.commodities) > 1 if config.relabel is None else config.relabel
+        self.cross = self.relabel and config.cross_displace
+        self.relabelling = RelabelState()
+        self.moves = MoveState(Annealer(config.t0, config.alpha, config.t_min))
+        self.improving = config.improve if config.improve is not None else len(config.commodities) > 1
+
+    def new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def used(self) -> int:
+        """Units this node receives, over every commodity (at most `capacity` for a relay)."""
+        n = 0
+        for v in self.inn.values():
+            n += sum(v.values())
+        return n
+
+    def changed(self, now: float) -> None:
+        self.stats.flow_changes += 1
+        self.stats.last_change = now
+
+    def outflow_committed(self, d: str) -> int:
+        """Units of `d` sent on, counting requests still out (a Request Flow as one more, a Withdraw as one less)."""
+        n = total(self.out[d])
+        for p in self.pending.values():
+            if p.commodity == d:
+                n += 1 if p.kind != PendingKind.WITHDRAW else -1
+        return n
+
+    def imbalance(self, d: str) -> int:
+        """Units held but not passed on (> 0) or passed on but not held (< 0)."""
+        if self.cfg.is_data:
+            return 0
+        return total(self.inn[d]) - self.outflow_committed(d)
+
+    def start(self, now: float) -> list[Effect]:
+        eff: list[Effect] = []
+        self.now = now
+        if self.cfg.is_data:
+            launches.new_wave(self, now, eff)  # the first wave: the data node announces its sink label
+        else:
+            announce.refresh_all(self, eff)
+        if self.cfg.joined and not self.cfg.is_data:
+            moves.after_change(self, now)
+        phase = self.rng.uniform(0.0, self.cfg.round_s)
+        eff.append(SetTimer("tick", now + phase))
+        return eff
+
+    def on_timer(self, now: float, key: str) -> list[Effect]:
+        eff: list[Effect] = []
+        self.now = now
+        if key == "announce":
+            announce.flush(self, eff)
+        if key == "stuck" and self.cfg.is_data:
+            launches.maybe_stuck(self, now, eff)
+        if key == "tick":
+            eff.append(SetTimer("tick", now + self.cfg.round_s))
+            if self.cfg.is_data:
+                launches.maybe_lost_settlement(self, now, eff)
+                launches.maybe_retry_wave(self, now, eff)
+            self.rejects_in_row = 0
+            if self.moves.current is not None and now >= self.moves.current.deadline:
+                self.moves.current = None  # the peer never answered: give up the move
+            if (self.improving or now < self.change_moves_until) and not self.cfg.is_data \
+                    and self.moves.current is None and units.quiet(self):
+                moves.start_query(self, now, eff)
+            if self.relabel and not self.cfg.is_data and self.data_prev and self.moves.current is None \
+                    and units.quiet(self):
+                relabel.maybe_relabel(self, now, eff)
+        units.act(self, now, eff)
+        return eff
+
+    def on_message(self, now: float, sender: str, msg) -> list[Effect]:
+        self.now = now
+        if type(msg) is CostAnnounce and len(msg.labels) == 1 and not self.cfg.is_data:
+            # the bulk of a wave: one next-stage IN label of the current wave, most of which change nothing
+            # here (what labels.on_announce does, without its generality)
+            lab = msg.labels[0]
+            d = lab.commodity
+            lin = self.lin.get(d)
+            cfg = self.cfg
+            if lab.side is _IN and lin is not None and lab.epoch == self.epoch[d] \
+                    and sender in cfg.next_costs and sender not in self.removed:
+                lin[sender] = lab
+                # `labels.fold_in`'s first test, inline: no news when `sender` is not the current choice and its
+                # candidate is no cheaper than the cached best forward ones (cache still valid)
+                cache = self.cache.get(d)
+                if cache is not None:
+                    sig, f_out, _, f_in, _, room = cache
+                    inn = self.inn
+                    if sig[1] is cfg and sig[0] == self.epoch[d] and len(inn) == 1 and sig[2] == inn[d] \
+                            and f_out is not None and f_out[1] != sender and (f_in is None or f_in[1] != sender):
+                        if lab.cost == INF:
+                            return []
+                        c = cfg.next_costs[sender] + lab.cost
+                        if c >= f_out[0] - EPS and (not room or (f_in is not None and c >= f_in[0] - EPS)):
+                            return []
+                r = labels.fold_in(self, d, sender)
+                if r == 1:
+                    return []
+                eff: list[Effect] = []
+                announce.refresh(self, (d,), eff, folds={d: []} if r == 2 else None)
+                units.act(self, now, eff)
+                return eff
+        eff = []
+        handler = HANDLERS.get(type(msg))
+        if handler is None or sender in self.removed:
+            self.stats.ignored += 1  # unknown, or from a removed peer (sent before it was removed)
+            return eff
+        handler(self, now, sender, msg, eff)
+        if self.idle:
+            self.idle = False
+        else:
+            units.act(self, now, eff)
+        return eff
+
+    def add_neighbour(self, now: float, peer: str, cost: float, side: str) -> list[Effect]:
+        """`peer` is now linked to this node as a next-stage ("next"), previous-stage ("prev") or same-stage
+        ("peer") neighbour; for "next"/"prev" `cost` is d(self, peer).  Adding a known neighbour again only
+        updates its cost.  See "Membership changes" in the module doc."""
+        if side not in SIDES:
+            raise ValueError(f"side must be one of {SIDES}, not {side!r}")
+        eff: list[Effect] = []
+        self.now = now
+        cfg = self.cfg
+        if peer == cfg.node_id:
+            return eff
+        self.removed.discard(peer)
+        waves.membership_changed(self)
+        if side == "peer":
+            if peer not in cfg.peers:
+                self.cfg = replace(cfg, peers=cfg.peers + (peer,))
+        if not cfg.is_data:
+            moves.after_change(self, now)  # flows may now be cheaper elsewhere (see "Membership changes")
+        if side == "peer":
+            return eff
+        costs = dict(cfg.next_costs if side == "next" else cfg.prev_costs)
+        known = peer in costs
+        costs[peer] = float(cost)
+        self.cfg = replace(cfg, **{f"{side}_costs": costs})
+        self.data_prev = tuple(p for p in self.cfg.prev_costs if p in self.cfg.commodities)
+        touched: set[str] = set()
+        want = Side.IN if side == "next" else Side.OUT
+        for (d, s_), wire in sorted(self.stash.get(peer, {}).items()):
+            if s_ == want and labels.ingest(self, peer, wire):
+                touched.add(d)
+        if side == "prev" and not known:
+            # the newcomer needs our IN labels to route through us; they went out before it was there
+            labs = []
+            for d in cfg.commodities:
+                lab = self.my_in.get(d)
+                if lab is None or lab.cost == INF or (peer in cfg.commodities and peer != d):
+                    continue
+                labs.append(stamped(lab, self.epoch[d]))
+            if labs:
+                eff.append(Send(peer, CostAnnounce(tuple(labs))))
+        announce.refresh_all(self, eff)
+        units.act(self, now, eff)
+        return eff
+
+    def set_cost(self, now: float, peer: str, cost: float) -> list[Effect]:
+        """d(self, peer) was measured again.  Within a label wave a rise is not announced (announce.py)."""
+        eff: list[Effect] = []
+        self.now = now
+        cfg = self.cfg
+        changes = {}
+        if peer in cfg.next_costs:
+            changes["next_costs"] = {**cfg.next_costs, peer: float(cost)}
+        if peer in cfg.prev_costs:
+            changes["prev_costs"] = {**cfg.prev_costs, peer: float(cost)}
+        if changes:
+            self.cfg = replace(cfg, **changes)
+            announce.refresh_all(self, eff)
+            units.act(self, now, eff)
+        return eff
+
+    def remove_neighbour(self, now: float, peer: str) -> list[Effect]:
+        """`peer` crashed or left: forget it on every side.  Units this node sent to it are unpaired again and
+        re-routed; units it sent to this node are withdrawn downstream; requests and moves pending with it are
+        dropped; its later messages are ignored.  See "Membership changes" in the module doc."""
+        eff: list[Effect] = []
+        self.now = now
+        cfg = self.cfg
+        self.stash.pop(peer, None)
+        self.bid.seen_cost.pop(peer, None)  # a data node gone: its last bid must not hold relabelling back
+        if peer not in cfg.next_costs and peer not in cfg.prev_costs and peer not in cfg.peers:
+            return eff
+        self.removed.add(peer)
+        waves.membership_changed(self)
+        self.cfg = replace(cfg, next_costs={p: c for p, c in cfg.next_costs.items() if p != peer},
+                           prev_costs={p: c for p, c in cfg.prev_costs.items() if p != peer},
+                           peers=tuple(p for p in cfg.peers if p != peer))
+        self.data_prev = tuple(p for p in self.cfg.prev_costs if p in self.cfg.commodities)
+        lost_out = False
+        for d in cfg.commodities:
+            n_out = self.out[d].pop(peer, 0)
+            n_in = self.inn[d].pop(peer, 0)
+            lost_out = lost_out or n_out > 0
+            if n_out or n_in:
+                self.changed(now)
+            self.lin[d].pop(peer, None)
+            self.lout[d].pop(peer, None)
+        for rid in [rid for rid, p in self.pending.items() if p.peer == peer]:
+            if self.pending.pop(rid).kind == PendingKind.LAUNCH:
+                self.token_pending = False
+        self.announcer.force.pop(peer, None)
+        if self.moves.query_target == peer:
+            self.moves.query_target = None
+        move = self.moves.current
+        if move is not None and peer in (move.peer, move.a, move.b):
+            self.moves.current = None
+        if not cfg.is_data:
+            moves.after_change(self, now)
+        if cfg.is_data:
+            d = cfg.node_id
+            if lost_out:
+                self.launch.pending = 0  # the unit in flight may have been with it: no settlement will come
+            if self.waves:
+                launches.new_wave(self, now, eff)  # labels rose: recompute them all (the demand is re-placed on it)
+                units.act(self, now, eff)
+                return eff
+            if lost_out and self.launch.next_at == INF:
+                self.launch.next_at = now
+        announce.refresh_all(self, eff)
+        units.act(self, now, eff)
+        return eff
+
+
+HANDLERS = {
+    CostAnnounce: labels.on_announce,
+    RequestFlow: units.on_request_flow,
+    FlowReply: units.on_flow_reply,
+    Deny: units.on_deny,
+    Reroute: units.on_reroute,
+    Withdraw: units.on_withdraw,
+    QueryFlows: moves.on_query,
+    FlowReport: moves.on_report,
+    RequestChange: moves.on_request_change,
+    RequestRedirect: moves.on_request_redirect,
+    MoveReply: moves.on_move_reply,
+    LaunchBid: bids.on_launch_bid,
+    Relabel: relabel.on_relabel,
+    RelabelCost: relabel.on_relabel_cost,
+}

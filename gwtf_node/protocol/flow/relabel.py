@@ -1,0 +1,202 @@
+"""Relabelling and cross displacement (several data nodes): a unit becomes another data node's.
+
+Relabelling.  On each relay route the commodities differ only in the hops
+from and back to the data node, so a unit of A can become B's when B's hops
+are cheaper.  Every relay announces upstream, per pair (A, B), the cheapest
+change of the hop back when one unit of A it sends on becomes B's
+(`RelabelCost`, along the current flow: at the last stage d(i, B) - d(i, A),
+elsewhere the minimum over the next hops carrying A; `relabel_costs`).  A
+first-stage relay, quiet, on its tick, once every bid it passed on is INF
+(launching is over), relabels one unit when d(B, i) - d(A, i) plus that change
+is negative (`maybe_relabel`): it tells both data nodes and the next hop
+(`Relabel`), and each relay on the way relabels one unit it sends on, along
+its cheapest announced change, down to the last stage, which sends the unit
+back to B (`relabel_down`).  The upstream end changes the link's commodity and
+the downstream end copies it; an imbalance left is repaired as any other.  At
+most `relabel_limit` per relay: two relays can undo each other's relabels.
+
+Cross displacement.  A relay's IN label of commodity A may also take the slot
+of a unit of another commodity B that it receives from upstream p: p routes
+that unit again (B's OUT label at p, as in a displacement), and A's unit takes
+the B unit's route from here on, relabelled (RelabelCost of (B, A)): cost
+OUT_B(p) - d(p, i) + R(B -> A), a multi-commodity augmenting path
+(`cross_in`, `Via.CROSS`).  Carried out with the messages of relabelling (Deny
+DISPLACED to p, Relabel down the route).  At most `cross_limit` per relay:
+more let stale labels chase units around.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..effects import Effect, Send
+from ..messages import INF, Deny, DenyReason, Label, Relabel, RelabelCost, Side
+from . import announce
+from .state import EPS, Via, add_one, take_one
+
+if TYPE_CHECKING:
+    from .node import FlowNode
+
+
+@dataclass
+class RelabelState:
+    heard: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)  # (A, B) -> next peer -> RelabelCost
+    best: dict[tuple[str, str], tuple[float, str | None]] = field(default_factory=dict)  # (A, B) -> (cost, via whom)
+    told: dict[tuple[str, str], float] = field(default_factory=dict)  # (A, B) -> what previous-stage relays were told
+    crossed: int = 0  # cross displacements done here
+    started: int = 0  # relabels started here
+
+
+def cross_in(node: FlowNode, d: str) -> None:
+    """Cross displacement: take a unit of `d`, displace a unit of another data node B from upstream p (p routes
+    it again: B's OUT label at p) and hand ours B's route from here on, relabelled to `d` (RelabelCost)."""
+    tin = node.tag_in
+    best = None
+    if node.relabelling.crossed >= node.cfg.cross_limit:
+        return
+    for b in node.cfg.commodities:
+        if b == d:
+            continue
+        r, via = node.relabelling.best.get((b, d), (INF, None))
+        if via is None or r == INF:
+            continue
+        lout = node.lout[b]
+        for p in sorted(node.inn[b]):
+            lab = lout.get(p)
+            if node.inn[b][p] <= 0 or lab is None or lab.cost == INF or tin in lab.path:
+                continue
+            c = lab.cost - node.cfg.prev_costs[p] + r
+            if best is None or c < best[0] - EPS:
+                best = (c, p, b, lab)
+    if best is not None and best[0] < node.my_in[d].cost - EPS:
+        node.my_in[d] = Label(d, Side.IN, best[0], (tin,) + best[3].path)
+        node.dec_in[d] = (Via.CROSS, best[1], best[2])
+
+def relabel_costs(node: FlowNode, eff: list[Effect]) -> None:
+    """Relay: recompute, per pair (A, B), the cheapest change of the hop back to a data node when one unit of A
+    sent from here on becomes B's, along the current flow; tell prev relays what changed (RelabelCost)."""
+    cfg = node.cfg
+    cms = cfg.commodities
+    nxt = cfg.next_costs
+    changed: list[RelabelCost] = []
+    for a in cms:
+        outs = node.out[a]
+        for b in cms:
+            if b == a:
+                continue
+            key = (a, b)
+            best, arg = INF, None
+            rl = node.relabelling.heard.get(key, {})
+            for j in sorted(outs):
+                if outs[j] <= 0:
+                    continue
+                if j in cms:  # last stage: the unit would go back to b instead of j (= a)
+                    v = nxt[b] - nxt[j] if b in nxt and j in nxt else INF
+                else:
+                    v = rl.get(j, INF)
+                if v < best - EPS:
+                    best, arg = v, j
+            node.relabelling.best[key] = (best, arg)
+            last = node.relabelling.told.get(key)
+            if last is None and best == INF:
+                continue
+            if last is None or (best == INF) != (last == INF) or (best != INF and abs(best - last) > EPS):
+                node.relabelling.told[key] = best
+                changed.append(RelabelCost(a, b, best))
+    if changed:
+        for p in sorted(cfg.prev_costs):
+            if p not in cms:
+                for msg in changed:
+                    eff.append(Send(p, msg))
+        if node.cross:
+            announce.refresh_all(node, eff)
+
+def maybe_relabel(node: FlowNode, now: float, eff: list[Effect]) -> None:
+    """First-stage relay, quiet, on its tick: turn one unit of data node A that it receives into data node B's
+    when B's hop to here plus the change of the hop back (RelabelCost) is cheaper than A's."""
+    cfg = node.cfg
+    if node.relabelling.started >= cfg.relabel_limit:
+        return
+    if node.ordered and any(c != INF for c in node.bid.seen_cost.values()):
+        return  # a data node will still launch: relabelling now would change the routes it is shown
+    best, pick = -EPS, None
+    for a in node.data_prev:
+        if node.inn[a].get(a, 0) <= 0:
+            continue
+        for b in node.data_prev:
+            if b == a:
+                continue
+            r, via = node.relabelling.best.get((a, b), (INF, None))
+            if via is None or r == INF:
+                continue
+            gain = cfg.prev_costs[b] - cfg.prev_costs[a] + r
+            if gain < best - EPS:
+                best, pick = gain, (a, b)
+    if pick is None:
+        return
+    a, b = pick
+    node.relabelling.started += 1
+    take_one(node.inn[a], a)
+    add_one(node.inn[b], b)
+    eff.append(Send(a, Relabel(a, b)))
+    eff.append(Send(b, Relabel(a, b)))
+    relabel_down(node, now, a, b, eff)
+
+def relabel_down(node: FlowNode, now: float, a: str, b: str, eff: list[Effect]) -> None:
+    """One unit of `a` received here is now `b`'s: relabel one we send on, along the cheapest RelabelCost (a unit
+    for the last stage goes back to `b` instead).  Without an `a` unit to relabel, the imbalance this leaves is
+    repaired like any other (Request Flow / Withdraw)."""
+    cms = node.cfg.commodities
+    _, j = node.relabelling.best.get((a, b), (INF, None))
+    if j is None or node.out[a].get(j, 0) <= 0:
+        j = next((k for k in sorted(node.out[a]) if node.out[a][k] > 0), None)
+    if j is not None:
+        take_one(node.out[a], j)
+        if j in cms:  # last stage: back to b instead of a
+            if b in node.cfg.next_costs:
+                add_one(node.out[b], b)
+                eff.append(Send(b, Relabel(a, b)))
+            eff.append(Send(j, Relabel(a, b)))
+        else:
+            add_one(node.out[b], j)
+            eff.append(Send(j, Relabel(a, b)))
+    node.changed(now)
+    announce.refresh_all(node, eff)
+
+def on_relabel(node: FlowNode, now: float, sender: str, msg: Relabel, eff: list[Effect]) -> None:
+    a, b = msg.from_commodity, msg.to_commodity
+    if a not in node.inn or b not in node.inn:
+        node.idle = True
+        return
+    if node.cfg.is_data:
+        me = node.cfg.node_id
+        if sender in node.cfg.next_costs:  # a first-stage relay: a unit we send it
+            if a == me:
+                take_one(node.out[a], sender)
+            if b == me:
+                add_one(node.out[b], sender)
+        elif sender in node.cfg.prev_costs:  # a last-stage relay: a unit it sends us
+            if a == me:
+                take_one(node.inn[a], sender)
+            if b == me:
+                add_one(node.inn[b], sender)
+        node.changed(now)
+        announce.refresh_all(node, eff)
+        return
+    if not take_one(node.inn[a], sender):
+        # The unit is not here any more: we handed it back (Deny) or it was relabelled meanwhile, and the
+        # sender, crossing that, already counts it as `b`'s on this link.  Hand the `b` unit back so that both
+        # ends agree (ignoring the Relabel would leave the two ends of the link counting differently).
+        node.stats.ignored += 1
+        eff.append(Send(sender, Deny(b, DenyReason.NO_ROUTE)))
+        return
+    add_one(node.inn[b], sender)
+    relabel_down(node, now, a, b, eff)
+
+def on_relabel_cost(node: FlowNode, now: float, sender: str, msg: RelabelCost, eff: list[Effect]) -> None:
+    node.idle = True  # only a first-stage relay's tick acts on these; others pass them on in _relabel_costs
+    if sender not in node.cfg.next_costs:
+        return
+    node.relabelling.heard.setdefault((msg.from_commodity, msg.to_commodity), {})[sender] = msg.cost
+    relabel_costs(node, eff)

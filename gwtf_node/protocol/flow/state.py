@@ -1,0 +1,146 @@
+"""Shared vocabulary of the flow machine: tolerances, limits, the kinds of route, request and step, and unit counts.
+
+A node counts, per commodity (the data node a unit returns to), the units it
+receives from each upstream peer (`FlowNode.inn`) and sends to each downstream
+peer (`FlowNode.out`), as plain `dict[str, int]`; `take_one`, `add_one` and
+`total` are the only arithmetic on them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ..messages import INF, Label, Side
+
+EPS = 1e-9  # costs closer than this are equal
+MAX_REJECTS_BEFORE_WAIT = 4  # consecutive rejections before a unit waits for the next tick
+MAX_STUCK_WAVES = 1000  # waves the stuck timer may start for one launch (a large wave needs many: see launches.py)
+MAX_RETREATS_PER_WAVE = 16  # same-wave launches: more retreats at one node in one wave is a loop (see waves.gate)
+MAX_STASHED_SENDERS = 256  # labels kept from senders that are not (yet) neighbours (see FlowNode.add_neighbour)
+SIDES = ("next", "prev", "peer")  # how a neighbour is linked (FlowNode.add_neighbour)
+
+
+class Via(enum.Enum):
+    """How a label's route leaves this node."""
+
+    FORWARD = "F"  # to a next-stage peer (its IN label)
+    BACK = "B"  # back to an upstream peer along the residual arc of a unit it sends us (its OUT label)
+    CROSS = "X"  # into the slot of another data node's unit from upstream (cross displacement, relabel.py)
+
+
+class PendingKind(enum.Enum):
+    """What a request awaiting its FlowReply was for."""
+
+    LAUNCH = "token"  # the unit this node routes now (one at a time: FlowNode.token_pending)
+    FORCED = "forced"  # a forced Request Flow: half of an agreed move or a retreat, never rejected for its cost
+    WITHDRAW = "withdraw"  # a Withdraw: the downstream end takes a unit back
+
+
+class Step(enum.Enum):
+    """One step a unit took at this node during the current wave (waves.py: a retreat undoes the last one)."""
+
+    IN = "in"  # a unit arrived by Request Flow from the upstream peer
+    HANDED_BACK = "rin"  # a downstream peer handed a unit back (Deny) along a residual arc
+    FORWARD = "fwd"  # a unit went on to the downstream peer
+    THROUGH = "thru"  # a unit arrived and displaced one from another upstream peer
+    BACK = "bk"  # a unit was handed back upstream (Deny)
+
+
+@dataclass
+class Pending:
+    kind: PendingKind
+    peer: str
+    commodity: str
+
+
+@dataclass
+class FlowStats:
+    flow_changes: int = 0
+    last_change: float = 0.0
+    rejects: int = 0
+    moves_done: int = 0
+    anneal_accepts: int = 0
+    ignored: int = 0  # messages that no longer applied (stale)
+
+
+def total(d: dict[str, int]) -> int:
+    return sum(d.values())
+
+
+def take_one(d: dict[str, int], key: str) -> bool:
+    """One unit less on the link to `key`; False (and no change) when there is none."""
+    n = d.get(key, 0)
+    if n <= 0:
+        return False
+    if n == 1:
+        del d[key]
+    else:
+        d[key] = n - 1
+    return True
+
+
+def add_one(d: dict[str, int], key: str) -> None:
+    d[key] = d.get(key, 0) + 1
+
+
+# ------------------------------------------------------------------ labels: pure helpers (labels.py uses them)
+NO_LABEL = Label("", Side.IN, INF, ())
+
+
+def cost_differs(new: Label, old: Label | None) -> bool:
+    return old is None or abs(new.cost - old.cost) > EPS or (new.cost == INF) != (old.cost == INF)
+
+
+def stamped(lab: Label, epoch: int) -> Label:
+    """The label as sent: stamped with the epoch of its wave (`Label.epoch`)."""
+    return Label(lab.commodity, lab.side, lab.cost, lab.path, epoch)
+
+
+def pick(cands: list, sticky: str | None):
+    """The cheapest (cost, peer, label); among equal costs the sticky peer, else the smallest id."""
+    if not cands:
+        return None
+    m = min(c[0] for c in cands)
+    best = None
+    for c in cands:
+        if c[0] <= m + EPS:
+            if c[1] == sticky:
+                return c
+            if best is None or c[1] < best[1]:
+                best = c
+    return best
+
+
+def cost_of(cand) -> float:
+    return cand[0]
+
+
+def cheapest(cands: list, tags: tuple[str, ...]) -> list:
+    """Of `cands` (sorted by cost), the ones whose label path has none of `tags` and that tie with the cheapest
+    of those: all `pick` looks at, found without scanning the paths of dearer ones."""
+    out: list = []
+    m = INF
+    for cand in cands:
+        if cand[0] > m + EPS:
+            break
+        path = cand[2].path
+        for t in tags:
+            if t in path:
+                break
+        else:
+            if not out:
+                m = cand[0]
+            out.append(cand)
+    return out
+
+
+def choose(f, b, sticky_kind: str | None) -> str | None:
+    """Forward (Via.FORWARD) or back (Via.BACK): the cheaper; on a tie the current kind, else forward."""
+    if f is None:
+        return None if b is None else Via.BACK
+    if b is None:
+        return Via.FORWARD
+    if abs(f[0] - b[0]) <= EPS:
+        return sticky_kind if sticky_kind in (Via.FORWARD, Via.BACK) else Via.FORWARD
+    return Via.FORWARD if f[0] < b[0] else Via.BACK

@@ -1,0 +1,181 @@
+"""Several units per wave, and retreats (one data node, label waves; section V-C's flow formation, made exact).
+
+The labels of a settled wave are exact distances to the sink, i.e.
+potentials pi with every residual arc's reduced cost c(u, v) + pi(v) - pi(u)
+>= 0; a unit that moves only along *tight* arcs (reduced cost 0) follows a
+shortest augmenting path, and afterwards pi is still feasible (the reverse of
+a tight arc is tight).  So after a unit reaches the sink the data node
+launches the next one at once, without a new wave, while its OUT label still
+has the wave's value (`tight`); a node keeps, as its potential, the lowest OUT
+label of the wave (`WaveState.pot_out`) and sends a unit on only while its OUT
+label is still that (`gate`).
+
+Labels only rise within a wave and rises are not announced, so a unit may find
+its route gone (a relay filled up, a Request Flow rejected with a dearer
+label): then it *retreats* (`retreat`), undoing the step that brought it,
+which is tight too: DENY to the node whose Request Flow brought it, or, for a
+unit handed back by a displacement or a DENY, a forced Request Flow back to
+that node after telling it that our OUT label rose (`walk_back` there hands on
+the unit it had taken, to where it came from).  Each node logs the steps of
+the wave (`WaveState.walk`, `Step`).  A retreat that reaches the data node
+starts a new wave.  A unit that can neither go on nor retreat (its arrival is
+not the last step logged: undoing older steps would unwind settled units) is
+held; the data node starts a new wave when its launch does not settle
+(launches.py, "stuck"), and the held unit moves once the new wave's labels at
+its node have been still for a while.
+
+A membership change makes the logged steps and the potentials meaningless: at
+that node the rest of the wave goes the old way, routing on the labels at any
+cost (`membership_changed`); so does a held unit after `retry_epoch_rounds`
+(nobody may start the wave it waits for), and every unit at a node that
+retreated more than MAX_RETREATS_PER_WAVE times in one wave.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..effects import Effect, Send, SetTimer
+from ..messages import INF, CostAnnounce, Deny, DenyReason, FlowReply, Reply, RequestFlow
+from . import announce, units
+from .state import EPS, MAX_RETREATS_PER_WAVE, Pending, PendingKind, Step, add_one, take_one, stamped
+
+if TYPE_CHECKING:
+    from .node import FlowNode
+
+
+@dataclass
+class WaveState:
+    """A node's view of the current wave, per commodity."""
+
+    pot_in: dict[str, float] = field(default_factory=dict)  # lowest IN label of the current wave
+    pot_out: dict[str, float] = field(default_factory=dict)  # lowest OUT label: the potential (`tight`, `gate`)
+    floor: dict[str, tuple[float, float]] = field(default_factory=dict)  # lowest (IN, OUT) of the previous wave
+    walk: dict[str, list[tuple]] = field(default_factory=dict)  # (Step, peer[, peer]) units took here this wave
+    walked: dict[str, int] = field(default_factory=dict)  # the last wave in which a unit stepped here
+    hold: dict[str, int] = field(default_factory=dict)  # the wave in which a unit got stuck here (held for the next)
+    gave_up: dict[str, int] = field(default_factory=dict)  # the wave whose rest goes the old way (any cost)
+    retreats: dict[str, tuple[int, int]] = field(default_factory=dict)  # (wave, retreats in it)
+    heard_at: dict[str, float] = field(default_factory=dict)  # when this wave's first label arrived
+    quiet_at: dict[str, float] = field(default_factory=dict)  # a held unit moves on after this
+
+
+def walking(node: FlowNode) -> bool:
+    return node.waves and node.cfg.same_wave_launches
+
+def log_step(node: FlowNode, d: str, step: tuple) -> None:
+    if walking(node):
+        node.wave.walk.setdefault(d, []).append(step)
+        node.wave.walked[d] = node.epoch[d]
+
+def next_wave(node: FlowNode, d: str) -> None:
+    """A new wave of `d`: this wave's lowest labels become the floor the next one cannot go below."""
+    node.wave.floor[d] = (node.wave.pot_in.pop(d, INF), node.wave.pot_out.pop(d, INF))
+
+def membership_changed(node: FlowNode) -> None:
+    """A neighbour came or went: this wave's steps and potentials say nothing reliable any more; the
+    old way (route on the labels at any cost) until the next wave."""
+    for d in node.cfg.commodities:
+        node.wave.gave_up[d] = node.epoch[d]
+        node.wave.hold.pop(d, None)
+        node.wave.walk.pop(d, None)
+
+def tight(node: FlowNode, d: str) -> bool:
+    """Data node: its OUT label is still the wave's (the potential): a launch now is a shortest path."""
+    lab = node.my_out.get(d)
+    return lab is not None and lab.cost != INF and lab.cost <= node.wave.pot_out.get(d, INF) + EPS
+
+def gate(node: FlowNode, now: float, d: str, dec, eff: list[Effect]) -> bool:
+    """Same-wave launches: True when the unpaired unit must not move on along `dec` now.
+
+    No tight route (the OUT label rose above the wave's potential): retreat
+    (`retreat`); if that is not possible, hold the unit for the next wave
+    (the data node starts one when its launch does not settle, "stuck"),
+    and move it only once the labels of that wave have been still here for
+    a while (as the data node waits before it launches)."""
+    held = node.wave.hold.get(d)
+    e = node.epoch[d]
+    if held is not None and held == e:
+        # still no new wave (after a membership change nobody may start one): after a while, the old way
+        until = node.wave.quiet_at.get(d, INF)
+        if now < until:
+            eff.append(SetTimer("balance", until))
+            return True
+        del node.wave.hold[d]
+        node.wave.gave_up[d] = e  # and for the rest of this wave
+        return False
+    if held is not None:
+        qa = node.wave.quiet_at.get(d, INF)
+        if now < qa:
+            if qa != INF:
+                eff.append(SetTimer("balance", qa))
+            return True
+        del node.wave.hold[d]
+    if dec is not None and node.my_out[d].cost <= node.wave.pot_out.get(d, INF) + EPS:
+        return False
+    if node.wave.gave_up.get(d) == e:
+        return False
+    if node.wave.walk.get(d):
+        n = node.wave.retreats.get(d, (e, 0))
+        n = n[1] + 1 if n[0] == e else 1
+        node.wave.retreats[d] = (e, n)
+        if n > MAX_RETREATS_PER_WAVE:
+            node.wave.gave_up[d] = e  # a loop (stale steps after a membership change): the old way
+            return False
+        if retreat(node, now, d, eff):
+            return True
+    if node.wave.walked.get(d) == e and node.wave.gave_up.get(d) != e:
+        node.wave.hold[d] = e
+        node.wave.quiet_at[d] = now + node.cfg.retry_epoch_rounds * node.cfg.round_s
+        eff.append(SetTimer("balance", node.wave.quiet_at[d]))
+        return True
+    return False
+
+def retreat(node: FlowNode, now: float, d: str, eff: list[Effect]) -> bool:
+    """A unit here has no tight route any more: undo the step that brought it (module doc).
+
+    The reverse of a step taken on this wave is tight, so the flow keeps
+    its optimality; the unit then tries the neighbour it came from, which
+    learns of the rise from our rejection if it asks us again."""
+    walk = node.wave.walk.get(d)
+    if walk and walk[-1][0] in (Step.IN, Step.HANDED_BACK):
+        step = walk.pop()
+        if step[0] == Step.IN and node.inn[d].get(step[1], 0) > 0:
+            take_one(node.inn[d], step[1])
+            node.changed(now)
+            eff.append(Send(step[1], Deny(d, DenyReason.NO_ROUTE)))
+            announce.refresh_all(node, eff)
+            units.act(node, now, eff)
+            return True
+        if step[0] == Step.HANDED_BACK and step[1] in node.cfg.next_costs:
+            # it handed us the unit along the residual arc of our OUT label: tell it that label rose
+            lab = node.my_out.get(d)
+            if lab is not None:
+                eff.append(Send(step[1], CostAnnounce((stamped(lab, node.epoch[d]),))))
+            rid = node.new_id()
+            node.pending[rid] = Pending(PendingKind.FORCED, step[1], d)
+            eff.append(Send(step[1], RequestFlow(rid, d, 0.0, forced=True)))
+            return True
+    # the last step here was a unit leaving (Step.FORWARD, Step.THROUGH, Step.BACK): the one we hold came otherwise, and
+    # undoing older steps would unwind units that already settled: hold it for the next wave instead
+    return False
+
+def walk_back(node: FlowNode, now: float, sender: str, msg: RequestFlow, eff: list[Effect]) -> bool:
+    """A forced Request Flow that undoes a step of ours (`retreat` at `sender`): take the unit back and,
+    if it only passed through here (displacement), hand it back to where it came from."""
+    d = msg.commodity
+    walk = node.wave.walk.get(d)
+    if not walk:
+        return False
+    top = walk[-1]
+    if not ((top[0] == Step.THROUGH and top[2] == sender) or (top[0] == Step.BACK and top[1] == sender)):
+        return False
+    walk.pop()
+    add_one(node.inn[d], sender)
+    node.changed(now)
+    eff.append(Send(sender, FlowReply(msg.req_id, d, Reply.APPROVED, None)))
+    if top[0] == Step.THROUGH and take_one(node.inn[d], top[1]):
+        eff.append(Send(top[1], Deny(d, DenyReason.NO_ROUTE)))
+    announce.refresh_all(node, eff)
+    return True
