@@ -1,0 +1,132 @@
+"""What every command shares: input errors, argument types, scenario loading, logging.
+
+Errors a person can fix (bad flags, bad files) raise `CliError`; `main` prints
+its one line to stderr and exits with status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    """A problem with the user's input; the message says what to fix."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, as for every other input error
+        raise CliError(f"{self.prog}: {message}")
+
+
+def _int_at_least(lowest: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if v < lowest:
+            raise argparse.ArgumentTypeError(f"must be at least {lowest}, got {v}")
+        return v
+    return parse
+
+
+_positive_int = _int_at_least(1)
+
+
+_nonneg_int = _int_at_least(0)
+
+
+def _port(text: str) -> int:
+    v = _nonneg_int(text)
+    if v > 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port in 0..65535 (0: any free port), got {v}")
+    return v
+
+
+def _ip_address(text: str) -> str:
+    import ipaddress
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an IPv4 or IPv6 address to listen on, got {text!r}") from None
+
+
+def _probability(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a probability in [0, 1), got {text!r}") from None
+    if not 0.0 <= v < 1.0:
+        raise argparse.ArgumentTypeError(f"must be a probability in [0, 1), got {text!r}")
+    return v
+
+
+def _churn(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--churn must be a probability, got {text!r}") from None
+    if not 0.0 <= v <= 1.0 or math.isnan(v):
+        raise argparse.ArgumentTypeError(f"--churn must be in [0, 1], got {text!r}")
+    return v
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be seconds, got {text!r}") from None
+    if not 0.0 <= v < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text!r}")
+    return v
+
+
+def _load_scenario(path: str, activation_mb: float | None):
+    from ..protocol.scenario import ScenarioError, parse_scenario
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            obj = json.load(fh)
+    except FileNotFoundError:
+        raise CliError(f"scenario file {path!r} does not exist") from None
+    except IsADirectoryError:
+        raise CliError(f"scenario path {path!r} is a directory, not a JSON file") from None
+    except PermissionError:
+        raise CliError(f"cannot read scenario file {path!r}: permission denied") from None
+    except UnicodeDecodeError:
+        raise CliError(f"scenario file {path!r} is not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise CliError(f"scenario file {path!r} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    try:
+        return parse_scenario(obj, activation_mb=activation_mb)
+    except ScenarioError as e:
+        raise CliError(f"bad scenario {path!r}: {e}") from None
+
+
+def _manifest_error_types():
+    from ..model.manifest import ManifestError
+    from ..runtime.linkspec import LinksError
+
+    return (ManifestError, LinksError)
+
+
+def _setup_logging(level: str, state_dir=None) -> None:
+    import logging
+
+    handlers: list = [logging.StreamHandler(sys.stderr)]
+    logging.basicConfig(level=getattr(logging, level), handlers=handlers,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # libp2p configures its own logger when first imported (level WARNING, no handler, no propagation, so
+    # Python's last-resort handler printed its warnings bare into node.log: "Failed to read DHT message ...").
+    # Import it first, then route it through our handler: its errors always, its warnings with --log-level DEBUG.
+    import libp2p  # noqa: F401
+    for noisy in ("libp2p", "multiaddr", "async_service", "trio"):
+        lg = logging.getLogger(noisy)
+        lg.setLevel(logging.WARNING if level == "DEBUG" else logging.ERROR)
+        lg.propagate = True

@@ -1,0 +1,230 @@
+"""`gwtf-node sim`: flow tests, the node-addition experiment and training with churn, in virtual time."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .common import CliError, _Parser, _churn, _load_scenario, _nonneg_int, _positive_int, _seconds
+
+
+def cmd_gen_flow(args: argparse.Namespace) -> int:
+    from ..sim.scenarios import flow_setting_scenario
+
+    json.dump(flow_setting_scenario(args.setting, args.seed), sys.stdout, indent=None if args.compact else 1)
+    sys.stdout.write("\n")
+    return 0
+
+
+def run_policy(scenario, policy: str, seed: int, rounds: int, anneal: bool = False, trace=None):
+    """Route a scenario with one policy; shared by the CLI and the benchmark.  `trace` (gwtf): a text file
+    that receives every delivered message, one line each (time, sender, receiver, message)."""
+    if policy == "gwtf":
+        from ..protocol.flow import FlowConfig
+        from ..sim.flowsim import run_gwtf
+
+        base = FlowConfig("-", False, 0, (), {}, {}, improve=True, anneal=True) if anneal else None
+        return run_gwtf(scenario, seed=seed, rounds=rounds, base=base, trace=trace)
+    from ..sim.baselines import optimal_routing, swarm_routing
+
+    if policy == "swarm":
+        return swarm_routing(scenario, seed=seed)
+    return optimal_routing(scenario, seed=seed)
+
+
+def _summary(res) -> str:
+    lines = [
+        f"scenario {res.scenario}  policy {res.policy}  seed {res.seed}",
+        f"flows {res.num_flows}  total cost {res.total_cost:g}  mean {res.mean_cost:.2f}  max {res.max_cost:g}",
+    ]
+    if res.policy == "gwtf":
+        lines.append(f"converged in round {res.converged_round} of {res.rounds}  messages {res.messages}")
+    if "lp_bound_mean_cost" in res.extra:
+        lines.append(f"LP bound: mean {res.extra['lp_bound_mean_cost']:.2f} over {res.extra['lp_max_flow']:g} flows")
+    width = max((len(f.data_node) for f in res.flows), default=2)
+    for f in sorted(res.flows, key=lambda f: (f.data_node, f.cost, f.path)):
+        lines.append(f"  {f.data_node:<{width}}  {f.cost:8.2f}  {' -> '.join(f.path)}")
+    return "\n".join(lines)
+
+
+def cmd_flow(args: argparse.Namespace) -> int:
+    scenario = _load_scenario(args.scenario, args.activation_mb)
+    if args.trace is not None and args.policy != "gwtf":
+        raise CliError(f"--trace records the flow machines' messages: it needs --policy gwtf, not {args.policy}")
+    if args.trace is None:
+        res = run_policy(scenario, args.policy, args.seed, args.rounds, anneal=args.anneal)
+    else:
+        try:
+            with open(args.trace, "w", encoding="utf-8") as trace:
+                res = run_policy(scenario, args.policy, args.seed, args.rounds, anneal=args.anneal, trace=trace)
+        except OSError as e:
+            raise CliError(f"cannot write the trace file {args.trace!r}: {e.strerror}") from None
+    if args.json:
+        out = res.to_json()
+        out.pop("messages_by_type", None)
+        print(json.dumps(out))
+    else:
+        print(_summary(res))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Route one generated Table V scenario with every policy and compare them side by side."""
+    from ..protocol.scenario import parse_scenario
+    from ..sim.scenarios import flow_setting_scenario
+
+    scenario = parse_scenario(flow_setting_scenario(args.setting, args.seed))
+    print(f"flow test: setting {args.setting} of Table V, seed {args.seed}: "
+          f"{len(scenario.data_nodes)} data node(s), {len(scenario.relays)} relays, {scenario.stages} stages")
+    results = {p: run_policy(scenario, p, args.seed, args.rounds) for p in ("gwtf", "swarm", "optimal")}
+    opt = results["optimal"]
+    bound = opt.extra.get("lp_bound_mean_cost", opt.mean_cost)
+    print(f"{'policy':<8} {'flows':>5} {'mean cost':>10} {'vs optimum':>11}  notes")
+    for name, res in results.items():
+        note = ""
+        if name == "gwtf":
+            note = f"converged in round {res.converged_round}, {res.messages} messages"
+        elif name == "optimal" and "lp_bound_mean_cost" in res.extra:
+            note = f"LP bound {bound:.2f}"
+        print(f"{name:<8} {res.num_flows:>5} {res.mean_cost:>10.2f} {res.mean_cost / bound:>10.3f}x  {note}")
+    print()
+    print(_summary(results["gwtf"]))
+    return 0
+
+
+def cmd_sim_join(args: argparse.Namespace) -> int:
+    from ..sim.join import run_join, summary
+
+    res = run_join(args.setting, args.seed, with_bound=not args.no_bound, lp_starts=args.lp_starts,
+                   leader_evaluations=args.leader_evaluations)
+    print(json.dumps(res) if args.json else summary(res))
+    return 0
+
+
+def _add_train_parser(simsub) -> None:
+    """`sim train`: every model switch of `sim.train.TrainSim` that a row of docs/bench_churn.md uses is a flag;
+    the defaults are the daemon's behaviour."""
+    from ..sim.train import DETECT_S, ROUTINGS, SETTINGS, SWARM_REACTIONS
+
+    t = simsub.add_parser("train", help="training iterations with churn (Table II of the GWTF paper)")
+    t.add_argument("--setting", choices=SETTINGS, default="table2-heterogeneous")
+    t.add_argument("--churn", type=_churn, default=0.0, help="probability per iteration that a relay crashes")
+    t.add_argument("--policy", choices=("gwtf", "swarm"), default="gwtf")
+    t.add_argument("--iterations", type=_positive_int, default=25)
+    t.add_argument("--seed", type=_nonneg_int, default=0)
+    t.add_argument("--data-nodes", type=_positive_int, default=2, help="data nodes (Table II: 2)")
+    t.add_argument("--routing", choices=ROUTINGS, default="machines",
+                   help="GWTF's flows: the flow machines run in the simulation (default), or the LP optimum "
+                        "installed by an oracle (for comparison)")
+    t.add_argument("--no-reflow", dest="reflow", action="store_false",
+                   help="oracle routing: keep the initial optimum and local repairs only")
+    t.add_argument("--label-waves", action="store_true", help="GWTF's flow machines announce labels in waves")
+    t.add_argument("--no-lend", dest="lend", action="store_false",
+                   help="GWTF: a data node does not lend its idle units to the others")
+    t.add_argument("--no-fastest-unit", dest="fastest_unit", action="store_false",
+                   help="GWTF: a data node launches on the cheapest free unit, not the one that came back first")
+    t.add_argument("--one-wave", action="store_true",
+                   help="an iteration is one wave: microbatches that find no route are deferred to the next "
+                        "iteration instead of waiting for a slot (both policies; the paper's reading)")
+    t.add_argument("--swarm-reacts-to", choices=SWARM_REACTIONS, default="membership",
+                   help="what makes SWARM restart a microbatch in its backward pass: the membership layer's "
+                        "report of a crash (default), or only its own backward timeouts (the paper's baseline)")
+    t.add_argument("--gwtf-acts-on-gone", action=argparse.BooleanOptionalAction, default=True,
+                   help="GWTF's data node runs a repair round when the membership layer reports a holder gone "
+                        "(default, as the daemon), or waits for its relays' BackwardStuck")
+    t.add_argument("--no-detect", dest="detect", action="store_false",
+                   help="no membership layer for the microbatch and flow machines: crashes found by timeouts")
+    t.add_argument("--detect-s", type=_seconds, default=DETECT_S,
+                   help=f"the membership layer reports a crash this long after it (default {DETECT_S:g} s, the "
+                        "daemon's liveness check)")
+    t.add_argument("--no-unpresume", dest="unpresume", action="store_false",
+                   help="a peer presumed dead on a hop deadline stays dead even while still heard")
+    t.add_argument("--join-at-open", dest="join_mid_iteration", action="store_false",
+                   help="joiners come in only when an iteration opens")
+    t.add_argument("--can-take", choices=("all", "any"), default="all",
+                   help="CAN TAKE after every downstream member of the aggregation (default) or after any one "
+                        "(the paper's sentence read literally; protocol/phases.py)")
+    t.add_argument("--json", action="store_true", help="one JSON object with the means over the iterations")
+    t.set_defaults(func=cmd_sim_train)
+
+
+SIM_TRAIN_JSON_KEYS = ("time_per_microbatch_s", "throughput_per_iteration", "communication_time_s",
+                       "wasted_compute_s", "lost_microbatches", "deferred_microbatches", "lost_contributions",
+                       "unfinished_iterations", "crashes")
+
+
+def sim_train_options(args: argparse.Namespace) -> dict:
+    """TrainSim's options from the parsed flags of `sim train`."""
+    return dict(routing=args.routing, reflow=args.reflow, lend=args.lend, fastest_unit=args.fastest_unit,
+                one_wave=args.one_wave, swarm_reacts_to=args.swarm_reacts_to,
+                gwtf_acts_on_gone=args.gwtf_acts_on_gone, detect=args.detect, detect_s=args.detect_s,
+                unpresume=args.unpresume, join_mid_iteration=args.join_mid_iteration, can_take=args.can_take,
+                flow_options={"waves": True} if args.label_waves else None)
+
+
+def cmd_sim_train(args: argparse.Namespace) -> int:
+    from ..sim.train import run_train
+
+    rep = run_train(args.setting, args.policy, args.churn, args.iterations, args.seed, data_nodes=args.data_nodes,
+                    **sim_train_options(args))
+    if args.json:
+        print(json.dumps({k: rep[k] for k in SIM_TRAIN_JSON_KEYS}, allow_nan=True))
+        return 0
+    print(f"{rep['setting']}  policy {rep['policy']}  churn {rep['churn']:g}  seed {rep['seed']}  "
+          f"iterations {rep['iterations']}  routing {rep['routing']}")
+    print(f"  time per microbatch   {rep['time_per_microbatch_s'] / 60:.2f} min")
+    print(f"  throughput            {rep['throughput_per_iteration']:.2f} microbatches / iteration")
+    print(f"  communication time    {rep['communication_time_s'] / 60:.2f} min per microbatch")
+    print(f"  wasted compute        {rep['wasted_compute_s']:.2f} s per iteration")
+    print(f"  lost microbatches     {rep['lost_microbatches']}  (deferred {rep['deferred_microbatches']}, "
+          f"lost contributions {rep['lost_contributions']}, crashes {rep['crashes']})")
+    if rep["unfinished_iterations"]:
+        print(f"  unfinished iterations {rep['unfinished_iterations']}", file=sys.stderr)
+    return 0
+
+
+def add_sim_parsers(sub) -> None:
+    """`gwtf-node sim ...`: the deterministic simulator's commands."""
+    sim = sub.add_parser("sim", help="the deterministic simulator")
+    simsub = sim.add_subparsers(dest="sim_command", required=True, parser_class=_Parser)
+
+    g = simsub.add_parser("gen-flow", help="print a flow-test scenario of Table V of the GWTF paper")
+    g.add_argument("--setting", type=int, choices=range(1, 7), required=True, metavar="{1..6}")
+    g.add_argument("--seed", type=_nonneg_int, default=0)
+    g.add_argument("--compact", action="store_true", help="one line of JSON")
+    g.set_defaults(func=cmd_gen_flow)
+
+    dm = simsub.add_parser("demo", help="GWTF, SWARM and the optimum side by side on a generated flow test")
+    dm.add_argument("--setting", type=int, choices=range(1, 7), default=3, metavar="{1..6}")
+    dm.add_argument("--seed", type=_nonneg_int, default=0)
+    dm.add_argument("--rounds", type=_positive_int, default=120)
+    dm.set_defaults(func=cmd_demo)
+
+    f = simsub.add_parser("flow", help="route a scenario and print the flows reached")
+    f.add_argument("--scenario", required=True, help="scenario JSON file (specs/scenario.md)")
+    f.add_argument("--policy", choices=("gwtf", "swarm", "optimal"), default="gwtf")
+    f.add_argument("--seed", type=_nonneg_int, default=0)
+    f.add_argument("--rounds", type=_positive_int, default=120, help="most rounds to simulate (gwtf)")
+    f.add_argument("--activation-mb", type=float, default=None,
+                   help="activation size for links given by latency and bandwidth")
+    f.add_argument("--anneal", action="store_true",
+                   help="gwtf: run Request Change/Redirect all the time and take worse moves by simulated annealing "
+                        "(T0 1.7, alpha 0.95; off by default: it raises the cost, docs/bench_flow.md)")
+    f.add_argument("--json", action="store_true", help="print the JSON of specs/scenario.md")
+    f.add_argument("--trace", metavar="FILE", default=None,
+                   help="gwtf: write every delivered message, in order, to FILE (time sender receiver message)")
+    f.set_defaults(func=cmd_flow)
+
+    j = simsub.add_parser("join", help="the node-addition experiment of Table IV / Figure 5")
+    j.add_argument("--setting", type=int, choices=range(1, 6), required=True, metavar="{1..5}")
+    j.add_argument("--seed", type=_nonneg_int, default=0)
+    j.add_argument("--no-bound", action="store_true", help="skip the proved upper bound on the optimum (faster)")
+    j.add_argument("--lp-starts", action="store_true",
+                   help="gwtf: also start the search from the rounded LP relaxation (docs/bench_join_lpstarts.md)")
+    j.add_argument("--leader-evaluations", type=_positive_int, default=None,
+                   help="evaluation budget of the daemon's leader policy (default: the daemon's)")
+    j.add_argument("--json", action="store_true", help="one JSON object; key 'improvement' per policy")
+    j.set_defaults(func=cmd_sim_join)
+
+    _add_train_parser(simsub)
