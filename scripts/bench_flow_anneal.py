@@ -64,6 +64,28 @@ def churn(setting: int, seed: int, base: FlowConfig, rounds: int) -> dict:
             "messages": res.messages_after, "rounds": res.reconverge_rounds, "cpu": cpu, "moves": 0}
 
 
+def training(seeds: int, iterations: int) -> int:
+    """`sim train` (Table II) with the flow machines' moves on (greedy, several data nodes) against off."""
+    from gwtf_node.sim.train import run_train
+
+    lines = [f"`python scripts/bench_flow_anneal.py --train --seeds {seeds} --iterations {iterations}` (GWTF)", "",
+             "| setting | churn | time per microbatch (min) moves on | off | flow messages on | off | ratio |",
+             "|---|---|---|---|---|---|---|"]
+    for setting in ("table2-homogeneous", "table2-heterogeneous"):
+        for churn in (0.0, 0.1):
+            res = {}
+            for label, opts in (("on", {"improve": None}), ("off", {"improve": False})):
+                runs = [run_train(setting, "gwtf", churn, iterations, seed, flow_options=opts) for seed in range(seeds)]
+                res[label] = (statistics.mean(r["time_per_microbatch_s"] / 60 for r in runs),
+                              sum(r["flow_messages"] for r in runs))
+                print(setting, churn, label, res[label], file=sys.stderr, flush=True)
+            (t_on, m_on), (t_off, m_off) = res["on"], res["off"]
+            lines.append(f"| {setting.split('-')[1]} | {churn:.0%} | {t_on:.4f} | {t_off:.4f} | {m_on:,} | {m_off:,} "
+                         f"| {m_on / max(1, m_off):.1f} |")
+    print("\n".join(lines))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--settings", type=int, nargs="+", default=[5, 6])
@@ -75,7 +97,12 @@ def main(argv=None) -> int:
     ap.add_argument("--after-change", action="store_true",
                     help="compare FlowConfig's defaults with anneal_after_change (annealed moves after a membership "
                          "change only; use with --churn)")
+    ap.add_argument("--train", action="store_true",
+                    help="training with churn (sim train, Table II): moves on against off, time per microbatch")
+    ap.add_argument("--iterations", type=int, default=10, help="--train: iterations per run")
     args = ap.parse_args(argv)
+    if args.train:
+        return training(args.seeds, args.iterations)
     off = FlowConfig("-", False, 0, (), {}, {}, improve=False)
     on = replace(off, improve=True, anneal=not args.greedy)
     if args.after_change:

@@ -433,18 +433,19 @@ def test_annealer_accepts_a_worse_move_with_probability_exp_minus_delta_over_t_a
     assert abs(taken - 0.13534) < 0.03  # exp(-2 / 1)
 
 
-def test_improvement_moves_run_by_default_only_with_several_data_nodes():
-    one_data = FlowNode(FlowConfig("R", False, 1, (D,), dict(NEXT), dict(PREV), peers=("S",)), random.Random(0))
-    two_data = FlowNode(FlowConfig("R", False, 1, (D, "d1"), dict(NEXT), dict(PREV), peers=("S",)), random.Random(0))
-    assert not one_data.improving and two_data.improving and not two_data.cfg.anneal
-    for m in (one_data, two_data):
+def test_improvement_moves_are_off_by_default_and_none_runs_them_with_several_data_nodes():
+    def relay(data: tuple, **kw) -> FlowNode:
+        m = FlowNode(FlowConfig("R", False, 1, data, dict(NEXT), dict(PREV), peers=("S",), **kw), random.Random(0))
         m.start(0.0)
+        return m
+
+    default = relay((D, "d1"))
+    assert not default.improving and not default.cfg.anneal
+    assert not sends(default.on_timer(1.0, "tick"), QueryFlows)
+    one_data, two_data = relay((D,), improve=None), relay((D, "d1"), improve=None)
+    assert not one_data.improving and two_data.improving
     assert not sends(one_data.on_timer(1.0, "tick"), QueryFlows)
     assert one(two_data.on_timer(1.0, "tick"), QueryFlows, "S")
-    forced = FlowNode(FlowConfig("R", False, 1, (D, "d1"), dict(NEXT), dict(PREV), peers=("S",), improve=False),
-                      random.Random(0))
-    forced.start(0.0)
-    assert not forced.improving and not sends(forced.on_timer(1.0, "tick"), QueryFlows)
 
 
 def asking_relay(capacity=1, improve=True, anneal=True, **kw):

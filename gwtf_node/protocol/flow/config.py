@@ -28,8 +28,10 @@ class FlowConfig:
     path_announce_s: float = 0.1  # a changed route at an unchanged cost is announced at most this often
     launch_settle_s: float = 0.2  # data node: least wait after a unit settled (free-running) / OUT label still (waves)
     balance_grace_s: float = 0.3  # wait for the other half of an agreed move
-    improve: bool | None = None  # Request Change / Request Redirect all the time (moves.py); None: on with several
-    # data nodes, where they lower the cost, off with one, where the flows are already optimal (docs/bench_flow.md)
+    improve: bool | None = False  # Request Change / Request Redirect all the time (moves.py); None: on with several
+    # data nodes.  Off: they lower the flow cost of setting 5 a little (formation 1.0243 -> 1.0217 of the LP bound,
+    # re-formation after crashes 1.0987 -> 1.0548) but during training (sim train, Table II, 2 data nodes) they
+    # cost time per microbatch (up to +9 %) for 5-58x the flow messages (docs/bench_flow.md)
     anneal: bool = False  # improvement moves also take worse moves by simulated annealing (t0, alpha): off, because
     # on top of ordered launches and relabelling the annealed moves raise the cost (docs/bench_flow.md)
     announce_coalesce_s: float = 0.02  # labels changed within this window go out in one CostAnnounce per peer
