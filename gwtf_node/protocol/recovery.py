@@ -1301,6 +1301,24 @@ class RecoveryNode:
             elif changed:
                 eff.append(Send(leader, msg))
 
+    def set_neighbours(self, now: float, next_peers: Mapping[str, float], prev_peers: Mapping[str, float],
+                       peer_capacity: Mapping[str, int], prior_s: float) -> list:
+        """The driver's current neighbours: link costs of the next and previous peers, next peers' capacities.
+
+        A capacity of 0 or none keeps the one known; a new next peer's hop estimate starts at `prior_s`."""
+        self.next_peers = dict(next_peers)
+        self.prev_peers = dict(prev_peers)
+        for j in self.next_peers:
+            if peer_capacity.get(j):
+                self.peer_cap[j] = peer_capacity[j]
+            self.est.setdefault(j, prior_s)
+        return []
+
+    def peer_alive(self, now: float, peer: str) -> list:
+        """The driver's liveness check still hears `peer`: if it was presumed dead on a hop deadline, it is not."""
+        self.dead.discard(peer)
+        return []
+
 
 def _ewma(table: dict, k: str, sample: float) -> None:
     e = table.get(k)
