@@ -54,6 +54,12 @@ class LocalSwarm:
     expected_dead: set[str] = field(default_factory=set)  # killed on purpose: their exit is not an error
     kills: list[dict] = field(default_factory=list)
     _kills_reported: int = 0
+    _churn_rng: random.Random = field(init=False)
+    _pending_kills: list[tuple[float, str]] = field(init=False, default_factory=list)  # (due, relay name)
+    _restarts: list[float] = field(init=False, default_factory=list)  # when a killed relay's successor starts
+
+    def __post_init__(self) -> None:
+        self._churn_rng = random.Random(f"churn:{self.seed}")
 
     def names(self) -> list[str]:
         return [f"d{i}" for i in range(self.data_nodes)] + [
@@ -221,8 +227,6 @@ class LocalSwarm:
         recovered by anyone without checkpoints."""
         if self.churn <= 0:
             return
-        if not hasattr(self, "_churn_rng"):
-            self._churn_rng, self._pending_kills, self._restarts = random.Random(f"churn:{self.seed}"), [], []
         rng = self._churn_rng
         serving = self._serving()
         doomed = {n for _, n in self._pending_kills}
@@ -237,7 +241,7 @@ class LocalSwarm:
             self._pending_kills.append((time.monotonic() + rng.uniform(0.0, span), name))
 
     def _churn_due(self) -> None:
-        if self.churn <= 0 or not hasattr(self, "_churn_rng"):
+        if self.churn <= 0:
             return
         now = time.monotonic()
         for item in [k for k in self._pending_kills if k[0] <= now]:
