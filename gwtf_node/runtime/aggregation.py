@@ -37,6 +37,7 @@ from typing import Any, Callable
 import trio
 
 from ..protocol import messages as m
+from ..protocol.effects import Send
 from ..protocol.pipeline import Phases, StartStep
 from .faults import Faults
 from .leadership import Leadership
@@ -114,8 +115,20 @@ class Aggregation:
             log.info("IterationDone from %s while not the acting leader: ignored (it resends)", self.peers.who(sender))
             return
         self.leadership.iteration_aggregating(msg.iteration)
-        self._apply(self.phases.on_iteration_done(sender, msg, self.peers.data_nodes(), self.peers.ids("relay", 0),
-                                                  self.peers.groups(msg.iteration)))
+        eff = self.phases.on_iteration_done(sender, msg, self.peers.data_nodes(), self.peers.ids("relay", 0),
+                                            self.peers.groups(msg.iteration))
+        if any(isinstance(e, Send) and isinstance(e.msg, m.BeginAggregation) for e in eff):
+            self.faults.point("begin_open")  # the leader opens the phase; no BEGIN has left yet
+        self._apply(eff)
+
+    async def send(self, peer: str, msg: Any) -> bool:
+        """Send a phase signal (BEGIN AGGREGATION, CAN TAKE, IterationDone), through the fault points."""
+        if self.faults.lose_first(type(msg).__name__, getattr(msg, "iteration", -1), peer):
+            return True  # lost on the way, as far as the sender knows
+        ok = await self.wire.send(peer, msg)
+        if ok and isinstance(msg, m.BeginAggregation):
+            self.faults.point("begin_sent")
+        return ok
 
     async def report_done(self) -> None:
         """Send this data node's IterationDone to the current leader (again, if the leader changed)."""
@@ -133,7 +146,7 @@ class Aggregation:
         if lead == self.wire.me:
             self._collect_done(self.wire.me, done)
         else:
-            await self.wire.send(lead, done)
+            await self.send(lead, done)
 
     def report_soon(self) -> None:
         self.wire.spawn(self.report_done)

@@ -52,6 +52,7 @@ class LocalSwarm:
     rejoin_after_s: float = 2.0  # a killed relay comes back as a new --stage auto joiner this much later
     faults: dict[str, str] = field(default_factory=dict)  # node name -> GWTF_FAULT spec (fault injection)
     expected_dead: set[str] = field(default_factory=set)  # killed on purpose: their exit is not an error
+    drop_first_phase: bool = False  # every node loses the first copy of each phase signal (GWTF_DROP_FIRST_PHASE)
     kills: list[dict] = field(default_factory=list)
     _kills_reported: int = 0
     _churn_rng: random.Random = field(init=False)
@@ -89,6 +90,9 @@ class LocalSwarm:
         cmd += ["--policy", self.policy]
         env = dict(os.environ)
         env.pop("GWTF_FAULT", None)
+        env.pop("GWTF_DROP_FIRST_PHASE", None)
+        if self.drop_first_phase:
+            env["GWTF_DROP_FIRST_PHASE"] = "1"
         if name in self.faults:
             env["GWTF_FAULT"] = self.faults[name]
             self.expected_dead.add(name)

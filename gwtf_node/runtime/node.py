@@ -18,7 +18,7 @@ joining.py      a relay placed by the leader, state hand-over, leave, Goodbye
 status.py       status.json
 ==============  ===============================================================
 
-This module holds what they share: the host and the nursery, `ROUTES` (the
+This module holds what they share: the host and the nursery, `routes` (the
 one table from message type to the component that handles it), the one
 interpreter of machine effects (`_apply`: it refuses an effect no component
 handles, loudly), and the timers, keyed by (component, key).  It also wires
@@ -178,7 +178,7 @@ class Node:
         verify_manifest(self.manifest)
         self.run_id = self.manifest.run_id
         self.stage = LocalStage(self.manifest, opts.role, opts.device, opts.data_index, opts.data_nodes)
-        self.faults = Faults.from_env()
+        self.faults = Faults.from_env(opts.state_dir)
         self.timers = Timers(self._fire)
         self.done_event = trio.Event()
         self.links_cfg: dict[tuple[str, str], tuple[float, float]] = {}
@@ -187,7 +187,8 @@ class Node:
         self.routes: dict[type, Route] = {}
         self.timer_handlers: dict[Owner, Callable[[str], None]] = {}
         self.effect_handlers: dict[tuple[Owner, type], Callable[[Any], None]] = {}
-        self.ordered_senders: dict[Owner, Callable[[str, list], Awaitable[None]]] = {}
+        self.senders: dict[Owner, Callable[[str, Any], Awaitable[bool]]] = {}  # one message, one task
+        self.ordered_senders: dict[Owner, Callable[[str, list], Awaitable[None]]] = {}  # a peer's messages in order
 
     # ------------------------------------------------------------------ assembly
     def _assemble(self, host: Any, nursery: trio.Nursery) -> Parts:
@@ -230,6 +231,7 @@ class Node:
             (Owner.AGGREGATION, LeftOut): lambda e: joining.resync(e.iteration),
             (Owner.AGGREGATION, OpenIteration): lambda e: microbatches.open_iteration(e.iteration),
         }
+        self.senders = {Owner.AGGREGATION: aggregation.send}
         self.ordered_senders = {Owner.MICROBATCHES: microbatches.send_in_order}
         return parts
 
@@ -271,7 +273,7 @@ class Node:
                 if owner in self.ordered_senders:
                     ordered.setdefault(e.to, []).append(e.msg)
                 else:
-                    self.parts.wire.post(e.to, e.msg)
+                    self.parts.wire.spawn(self.senders.get(owner, self.parts.wire.send), e.to, e.msg)
             elif isinstance(e, SetTimer):
                 self.timers.set((owner, e.key), e.deadline)
             elif isinstance(e, CancelTimer):
