@@ -118,6 +118,7 @@ class Aggregation:
         eff = self.phases.on_iteration_done(sender, msg, self.peers.data_nodes(), self.peers.ids("relay", 0),
                                             self.peers.groups(msg.iteration))
         if any(isinstance(e, Send) and isinstance(e.msg, m.BeginAggregation) for e in eff):
+            log.info("iteration %d: opening the aggregation", msg.iteration)
             self.faults.point("begin_open")  # the leader opens the phase; no BEGIN has left yet
         self._apply(eff)
 
