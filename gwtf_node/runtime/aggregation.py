@@ -14,7 +14,10 @@ The step.  Every member of a stage's group takes part in the all-reduce of
 the gradient sum and the count of contributions, whether or not it carried a
 microbatch, so all copies stay identical; the update is the sum divided by
 the count (with no crash: the microbatches completed end to end).  A relay
-counts the contributions the recovery machine names at BEGIN AGGREGATION.
+counts the contributions the recovery machine names at BEGIN AGGREGATION,
+of the data nodes that BEGIN names (a data node that died before the leader
+opened the phase is left out by the leader, and so are its microbatches,
+even at a relay that has not yet noticed the death).
 If a member dies during the all-reduce, the round is cancelled and redone
 among the survivors (the round's key names its group, so peers only meet on
 the same group); the contributions that died with it are counted in
@@ -97,6 +100,9 @@ class Aggregation:
         if msg.iteration not in self.phases.begun:
             contrib = self.microbatches.begin_aggregation(msg.iteration)
             if self.peers.role == "relay" and self.microbatches.started:
+                named = [set(g.peers) for g in msg.groups if g.stage == -1]
+                if named:  # a data node that BEGIN leaves out died before it: its microbatches do not count
+                    contrib = frozenset(k for k in contrib if k[0] in set.union(*named))
                 self.contrib_for[msg.iteration] = contrib
         self._apply(self.phases.on_begin(msg, self.peers.next_stage_ids()))
 

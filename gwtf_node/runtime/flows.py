@@ -13,8 +13,9 @@ With each end's own round trip the flow machines could disagree on a link
 and stall with part of the demand unplaced.
 
 A relay that becomes ready next to this node later (a newcomer placed by the
-leader, its Hello neither joining nor leaving) is measured and added to the
-running flow machine (`add_neighbour`); a peer that crashed or left is
+leader, its Hello neither joining nor leaving, or a relay first heard of
+while the links were measured) is measured and added to the running flow
+machine (`add_neighbour`); a peer that crashed or left is
 removed (`remove_neighbour`) and the flow machines rebuild the flows through
 it.
 """
@@ -125,6 +126,8 @@ class Flows:
             if c is not None and c not in commodities:
                 continue
             self.effects(Owner.FLOWS, self.machine.on_message(now(), peer, msg))
+        for info in self.peers.infos():  # a relay first heard of while the links were measured: as a newcomer
+            self.on_peer_hello(info)
 
     async def wait_formed(self) -> None:
         """A data node starts pushing once its demand is placed, or its flows stopped changing."""
