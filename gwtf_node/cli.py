@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Sequence
 
@@ -463,6 +464,110 @@ def cmd_leave(args: argparse.Namespace) -> int:
     raise CliError(f"the node (pid {pid}) is still running after {args.timeout:.0f} s; signal it again to stop at once")
 
 
+# ---- sim train --------------------------------------------------------------------------------------------
+
+def _churn(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--churn must be a probability, got {text!r}") from None
+    if not 0.0 <= v <= 1.0 or math.isnan(v):
+        raise argparse.ArgumentTypeError(f"--churn must be in [0, 1], got {text!r}")
+    return v
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be seconds, got {text!r}") from None
+    if not 0.0 <= v < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text!r}")
+    return v
+
+
+def _add_train_parser(simsub) -> None:
+    """`sim train`: every model switch of `sim.train.TrainSim` that a row of docs/bench_churn.md uses is a flag;
+    the defaults are the daemon's behaviour."""
+    from .sim.train import DETECT_S, ROUTINGS, SETTINGS, SWARM_REACTIONS
+
+    t = simsub.add_parser("train", help="training iterations with churn (Table II of the GWTF paper)")
+    t.add_argument("--setting", choices=SETTINGS, default="table2-heterogeneous")
+    t.add_argument("--churn", type=_churn, default=0.0, help="probability per iteration that a relay crashes")
+    t.add_argument("--policy", choices=("gwtf", "swarm"), default="gwtf")
+    t.add_argument("--iterations", type=_positive_int, default=25)
+    t.add_argument("--seed", type=_nonneg_int, default=0)
+    t.add_argument("--data-nodes", type=_positive_int, default=2, help="data nodes (Table II: 2)")
+    t.add_argument("--routing", choices=ROUTINGS, default="machines",
+                   help="GWTF's flows: the flow machines run in the simulation (default), or the LP optimum "
+                        "installed by an oracle (for comparison)")
+    t.add_argument("--no-reflow", dest="reflow", action="store_false",
+                   help="oracle routing: keep the initial optimum and local repairs only")
+    t.add_argument("--label-waves", action="store_true", help="GWTF's flow machines announce labels in waves")
+    t.add_argument("--no-lend", dest="lend", action="store_false",
+                   help="GWTF: a data node does not lend its idle units to the others")
+    t.add_argument("--no-fastest-unit", dest="fastest_unit", action="store_false",
+                   help="GWTF: a data node launches on the cheapest free unit, not the one that came back first")
+    t.add_argument("--one-wave", action="store_true",
+                   help="an iteration is one wave: microbatches that find no route are deferred to the next "
+                        "iteration instead of waiting for a slot (both policies; the paper's reading)")
+    t.add_argument("--swarm-reacts-to", choices=SWARM_REACTIONS, default="membership",
+                   help="what makes SWARM restart a microbatch in its backward pass: the membership layer's "
+                        "report of a crash (default), or only its own backward timeouts (the paper's baseline)")
+    t.add_argument("--gwtf-acts-on-gone", action=argparse.BooleanOptionalAction, default=True,
+                   help="GWTF's data node runs a repair round when the membership layer reports a holder gone "
+                        "(default, as the daemon), or waits for its relays' BackwardStuck")
+    t.add_argument("--no-detect", dest="detect", action="store_false",
+                   help="no membership layer for the microbatch and flow machines: crashes found by timeouts")
+    t.add_argument("--detect-s", type=_seconds, default=DETECT_S,
+                   help=f"the membership layer reports a crash this long after it (default {DETECT_S:g} s, the "
+                        "daemon's liveness check)")
+    t.add_argument("--no-unpresume", dest="unpresume", action="store_false",
+                   help="a peer presumed dead on a hop deadline stays dead even while still heard")
+    t.add_argument("--join-at-open", dest="join_mid_iteration", action="store_false",
+                   help="joiners come in only when an iteration opens")
+    t.add_argument("--can-take", choices=("all", "any"), default="all",
+                   help="CAN TAKE after every downstream member of the aggregation (default) or after any one "
+                        "(the paper's sentence read literally; protocol/phases.py)")
+    t.add_argument("--json", action="store_true", help="one JSON object with the means over the iterations")
+    t.set_defaults(func=cmd_sim_train)
+
+
+SIM_TRAIN_JSON_KEYS = ("time_per_microbatch_s", "throughput_per_iteration", "communication_time_s",
+                       "wasted_compute_s", "lost_microbatches", "deferred_microbatches", "lost_contributions",
+                       "unfinished_iterations", "crashes")
+
+
+def sim_train_options(args: argparse.Namespace) -> dict:
+    """TrainSim's options from the parsed flags of `sim train`."""
+    return dict(routing=args.routing, reflow=args.reflow, lend=args.lend, fastest_unit=args.fastest_unit,
+                one_wave=args.one_wave, swarm_reacts_to=args.swarm_reacts_to,
+                gwtf_acts_on_gone=args.gwtf_acts_on_gone, detect=args.detect, detect_s=args.detect_s,
+                unpresume=args.unpresume, join_mid_iteration=args.join_mid_iteration, can_take=args.can_take,
+                flow_options={"waves": True} if args.label_waves else None)
+
+
+def cmd_sim_train(args: argparse.Namespace) -> int:
+    from .sim.train import run_train
+
+    rep = run_train(args.setting, args.policy, args.churn, args.iterations, args.seed, data_nodes=args.data_nodes,
+                    **sim_train_options(args))
+    if args.json:
+        print(json.dumps({k: rep[k] for k in SIM_TRAIN_JSON_KEYS}, allow_nan=True))
+        return 0
+    print(f"{rep['setting']}  policy {rep['policy']}  churn {rep['churn']:g}  seed {rep['seed']}  "
+          f"iterations {rep['iterations']}  routing {rep['routing']}")
+    print(f"  time per microbatch   {rep['time_per_microbatch_s'] / 60:.2f} min")
+    print(f"  throughput            {rep['throughput_per_iteration']:.2f} microbatches / iteration")
+    print(f"  communication time    {rep['communication_time_s'] / 60:.2f} min per microbatch")
+    print(f"  wasted compute        {rep['wasted_compute_s']:.2f} s per iteration")
+    print(f"  lost microbatches     {rep['lost_microbatches']}  (deferred {rep['deferred_microbatches']}, "
+          f"lost contributions {rep['lost_contributions']}, crashes {rep['crashes']})")
+    if rep["unfinished_iterations"]:
+        print(f"  unfinished iterations {rep['unfinished_iterations']}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gwtf-node", description="Decentralized LLM training with GWTF flow routing.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -494,11 +599,10 @@ def build_parser() -> argparse.ArgumentParser:
     f.set_defaults(func=cmd_flow)
 
     from .sim.join import add_join_parser
-    from .sim.train import add_train_parser
 
     add_join_parser(simsub, _Parser, _nonneg_int)
 
-    add_train_parser(simsub, _Parser, _nonneg_int, _positive_int)
+    _add_train_parser(simsub)
 
     ir = sub.add_parser("init-run", help="write a run manifest with sensible defaults")
     ir.add_argument("--out", required=True, help="where to write the manifest (JSON)")

@@ -27,22 +27,29 @@ from gwtf_node.sim.train import SETTINGS, run_train
 
 ROOT = Path(__file__).resolve().parent.parent
 CHURNS = (0.0, 0.1, 0.2)
-# (label, policies it changes, TrainSim options)
+# (label, policies it changes, TrainSim options, the `gwtf-node sim train` flags that set them)
 VARIANTS = (
-    ("SWARM restarts only on its own timeouts (no membership reaction)", ("swarm",), {"swarm_acts_on_gone": False}),
-    ("GWTF data node also acts on the membership layer", ("gwtf",), {"gwtf_acts_on_gone": True}),
-    ("GWTF flows: the LP optimum installed by an oracle, re-converged 60 s after a change (the model before the "
-     "flow machines ran)", ("gwtf",), {"routing": "oracle"}),
-    ("GWTF flows: oracle's initial optimum + local repair only", ("gwtf",), {"routing": "oracle", "reflow": False}),
-    ("GWTF without lending (a finished data node's units stay idle)", ("gwtf",), {"lend": False}),
+    ("SWARM restarts only on its own timeouts (no membership reaction; the paper's baseline)", ("swarm",),
+     {"swarm_reacts_to": "timeouts"}, "--swarm-reacts-to timeouts"),
+    ("GWTF data node waits for its relays' BackwardStuck (does not act on the membership layer)", ("gwtf",),
+     {"gwtf_acts_on_gone": False}, "--no-gwtf-acts-on-gone"),
+    ("a peer presumed dead on a hop deadline stays dead while still heard (no un-presume)", ("swarm", "gwtf"),
+     {"unpresume": False}, "--no-unpresume"),
+    ("CAN TAKE after any one downstream member (the paper's sentence read literally)", ("swarm", "gwtf"),
+     {"can_take": "any"}, "--can-take any"),
+    ("GWTF flows: the LP optimum installed by an oracle, re-converged 60 s after a change", ("gwtf",),
+     {"routing": "oracle"}, "--routing oracle"),
+    ("GWTF flows: oracle's initial optimum + local repair only", ("gwtf",), {"routing": "oracle", "reflow": False},
+     "--routing oracle --no-reflow"),
+    ("GWTF without lending (a finished data node's units stay idle)", ("gwtf",), {"lend": False}, "--no-lend"),
     ("one wave per iteration: what finds no route is deferred (the paper's reading)", ("swarm", "gwtf"),
-     {"one_wave": True}),
-    ("GWTF flow machines with label waves (the simulator's setting before ordered launches)", ("gwtf",),
-     {"flow_options": {"waves": True}}),
-    ("joiners only at the next iteration open", ("swarm", "gwtf"), {"join_mid_iteration": False}),
-    ("no membership layer (crashes found by timeouts only)", ("swarm", "gwtf"), {"detect": False}),
-    ("membership reports a crash 60 s after it (heartbeats / DHT entries expiring; the default before the sixth "
-     "reading)", ("swarm", "gwtf"), {"detect_s": 60.0}),
+     {"one_wave": True}, "--one-wave"),
+    ("GWTF flow machines with label waves", ("gwtf",), {"flow_options": {"waves": True}}, "--label-waves"),
+    ("joiners only at the next iteration open", ("swarm", "gwtf"), {"join_mid_iteration": False}, "--join-at-open"),
+    ("no membership layer for the microbatch and flow machines (crashes found by timeouts only)", ("swarm", "gwtf"),
+     {"detect": False}, "--no-detect"),
+    ("membership reports a crash 60 s after it (heartbeats / DHT entries expiring)", ("swarm", "gwtf"),
+     {"detect_s": 60.0}, "--detect-s 60"),
 )
 KEYS = ("time_per_microbatch_s", "throughput_per_iteration", "communication_time_s", "wasted_compute_s",
         "lost_microbatches", "deferred_microbatches", "lost_contributions", "lost_contribution_compute_s",
@@ -148,7 +155,8 @@ def main() -> int:
     if not args.no_sensitivity:
         out += ["\n## Sensitivity to the model's switches\n",
                 "Each row changes one option of `TrainSim` (default in parentheses in its docstring) for the "
-                "policies named, same seeds; time per microbatch (min) / wasted compute (s / iteration), mean over "
+                "policies named, same seeds; the flag in the row is `gwtf-node sim train`'s (the defaults are the "
+                "daemon's behaviour); time per microbatch (min) / wasted compute (s / iteration), mean over "
                 "seeds, next to the default run above; the throughput (microbatches per iteration) where it is below 8.\n",
                 "| variant | " + " | ".join(f"{st[7:]} {int(c * 100)}% {p}" for st in SETTINGS for c in CHURNS[1:]
                                           for p in ("SWARM", "GWTF")) + " |",
@@ -161,7 +169,7 @@ def main() -> int:
                     cells.append(f"{r['time_per_microbatch_s'][0] / 60:.2f} / {r['wasted_compute_s'][0]:.2f}")
         out.append("| default | " + " | ".join(cells) + " |")
         sens = {}
-        for label, pols, opt in VARIANTS:
+        for label, pols, opt, flags in VARIANTS:
             if args.variants and not any(v in label for v in args.variants):
                 continue
             cells = []
@@ -181,7 +189,7 @@ def main() -> int:
                                                                   "lost_or_unfinished": bad}
                         cells.append(f"{t / 60:.2f} / {w:.2f}" + (f" ({thr:.1f} microb/it)" if thr < 7.99 else "")
                                      + (f" ({bad} lost/stalled)" if bad else ""))
-            out.append(f"| {label} | " + " | ".join(cells) + " |")
+            out.append(f"| {label} (`{flags}`) | " + " | ".join(cells) + " |")
             print(label, flush=True)
         rows[("sensitivity",)] = sens
     md = ROOT / "docs" / "bench_churn.md"

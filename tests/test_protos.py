@@ -42,8 +42,8 @@ from gwtf_node.protocol import messages as m
 ROOT = Path(__file__).resolve().parent.parent
 UINT64_MAX = 2**64 - 1
 UINT32_MAX = 2**32 - 1
-PROTO_ENUMS = {Side: pb.Side, Reply: pb.Outcome, DenyReason: pb.DenyReason}
-PROTO_PREFIX = {Side: "SIDE_", Reply: "OUTCOME_", DenyReason: "DENY_REASON_"}
+PROTO_ENUMS = {Side: pb.Side, Reply: pb.Outcome, DenyReason: pb.DenyReason, m.PhaseKind: pb.PhaseKind}
+PROTO_PREFIX = {Side: "SIDE_", Reply: "OUTCOME_", DenyReason: "DENY_REASON_", m.PhaseKind: "PHASE_KIND_"}
 
 # ---- strategies -----------------------------------------------------------
 
@@ -115,6 +115,7 @@ STRATEGIES.update({
                                   groups=small_tuples(st.builds(m.StageMembers, stage=i32,
                                                                 peers=small_tuples(ids)))),
     m.CanTake: st.builds(m.CanTake, iteration=u64, stage=i32),
+    m.PhaseAck: st.builds(m.PhaseAck, kind=st.sampled_from(m.PhaseKind), iteration=u64),
     m.AllReduceChunk: st.builds(m.AllReduceChunk, key=ids, part=u32, phase=u32, count=costs,
                                 tensor=st.none() | tensors),
     m.LinkCost: st.builds(m.LinkCost, cost=costs),

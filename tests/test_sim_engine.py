@@ -71,3 +71,15 @@ def test_stop_inside_a_multicast_resumes_with_the_rest():
         log, asked = _run(stop_at=k)
         assert log == full, k
         assert asked[:k] == [0.001, 0.002, 0.003, 0.004, 0.005][:k]
+
+
+def test_a_drivers_own_events_come_out_by_time_then_push_order() -> None:
+    """`push` / `next_event`: the queue and clock a driver with its own kinds of events uses (sim/train)."""
+    sim = Simulator(lambda a, b: None)
+    sim.push(2.0, 7, "a", "late")
+    sim.push(1.0, 8, "b", "first")
+    sim.push(1.0, 7, "c", "second", 3)
+    assert sim.next_event(10.0) == (1.0, 8, "b", "first", None) and sim.now == 1.0
+    assert sim.next_event(10.0) == (1.0, 7, "c", "second", 3)
+    assert sim.next_event(1.5) is None and sim.now == 1.0  # after the limit: the clock stays
+    assert sim.next_event(10.0) is None  # (an event after the limit is dropped, the run ends there)

@@ -75,8 +75,7 @@ def test_gwtf_data_node_never_recomputes_its_embedding_side() -> None:
 
 
 def _relay(capacity: int = 2) -> RecoveryNode:
-    cfg = RecoveryConfig(node_id="r", stage=1, last_stage=3, capacity=capacity, data_nodes=("d",), leader="d",
-                         next_peers={"n": 1.0}, prev_peers={"p": 1.0}, peer_capacity={"n": 1},
+    cfg = RecoveryConfig(node_id="r", stage=1, last_stage=3, capacity=capacity, data_nodes=("d",), next_peers={"n": 1.0}, prev_peers={"p": 1.0}, peer_capacity={"n": 1},
                          prior_s={"n": 5.0, "p": 5.0})
     return RecoveryNode(cfg, random.Random(0))
 
@@ -119,8 +118,7 @@ def test_a_parked_relay_gives_up_once_its_deadline_passed() -> None:
 
 
 def test_set_flows_during_training_lets_a_data_node_launch() -> None:
-    cfg = RecoveryConfig(node_id="d", stage=-1, last_stage=1, capacity=2, data_nodes=("d",), leader="d",
-                         next_peers={"a": 1.0}, prev_peers={"b": 1.0}, peer_capacity={"a": 2})
+    cfg = RecoveryConfig(node_id="d", stage=-1, last_stage=1, capacity=2, data_nodes=("d",), next_peers={"a": 1.0}, prev_peers={"b": 1.0}, peer_capacity={"a": 2})
     m = RecoveryNode(cfg, random.Random(0))
     m.set_flows({"d": {"a": 1}})
     eff = m.start(0.0)
@@ -131,7 +129,8 @@ def test_set_flows_during_training_lets_a_data_node_launch() -> None:
 
 @pytest.mark.parametrize("option", [{"routing": "oracle"}, {"routing": "oracle", "reflow": False}, {"detect": False},
                                     {"join_mid_iteration": False},
-                                    {"swarm_acts_on_gone": False}, {"gwtf_acts_on_gone": True}])
+                                    {"swarm_reacts_to": "timeouts"}, {"gwtf_acts_on_gone": False},
+                                    {"unpresume": False}, {"can_take": "any"}])
 def test_model_switches_lose_nothing(option: dict) -> None:
     for policy in ("gwtf", "swarm"):
         rep = T.run_train("table2-heterogeneous", policy, 0.2, 8, 1, **option)
@@ -211,34 +210,36 @@ def test_cli_sim_train_json(capsys, routing: str) -> None:
                      "--iterations", "3", "--seed", "1", "--routing", routing, "--json"]) == 0
     import json
     obj = json.loads(capsys.readouterr().out)
-    assert set(T.JSON_KEYS) <= set(obj) and obj["lost_microbatches"] == 0
+    assert set(cli.SIM_TRAIN_JSON_KEYS) <= set(obj) and obj["lost_microbatches"] == 0
 
 
 def _data(lend: bool) -> RecoveryNode:
-    cfg = RecoveryConfig(node_id="d0", stage=-1, last_stage=1, capacity=3, data_nodes=("d0", "d1"), leader="d0",
-                         next_peers={"a": 1.0, "b": 2.0}, prev_peers={"z": 1.0}, peer_capacity={"a": 3, "b": 3},
+    cfg = RecoveryConfig(node_id="d0", stage=-1, last_stage=1, capacity=3, data_nodes=("d0", "d1"), next_peers={"a": 1.0, "b": 2.0}, prev_peers={"z": 1.0}, peer_capacity={"a": 3, "b": 3},
                          lend=lend)
     return RecoveryNode(cfg, random.Random(0))
 
 
-@pytest.mark.parametrize("lend", [True, False])
-def test_a_data_node_launches_on_idle_units_once_the_other_data_node_is_done(lend: bool) -> None:
-    """Lending (GWTF with the flow machines): my one unit is busy; once the other data node reports its
-    microbatches of this iteration settled, its units are idle and I launch on a stage-0 relay with room."""
+def test_a_settled_iteration_is_reported_once_as_an_effect() -> None:
+    """The recovery machine tells its driver that a data node's iteration is settled (IterationSettled, once);
+    it sends no aggregation message itself and refuses to be handed one."""
     from gwtf_node.protocol.messages import IterationDone
-    m = _data(lend)
+    from gwtf_node.protocol.recovery import IterationSettled
+    cfg = RecoveryConfig(node_id="d0", stage=-1, last_stage=0, capacity=1, data_nodes=("d0",),
+                         next_peers={"a": 1.0}, prev_peers={"a": 1.0}, peer_capacity={"a": 1})
+    m = RecoveryNode(cfg, random.Random(0))
     m.set_flows({"d0": {"a": 1}})
-    eff = m.start(0.0)
-    assert len([e for e in eff if type(e) is Compute]) == 1
-    eff = m.on_message(5.0, "d1", IterationDone(0, 4, 0.0))
-    launched = [e for e in eff if type(e) is Compute]
-    assert len(launched) == (2 if lend else 0)  # a has 2 slots left by my count, b 3: the two others go
+    m.start(0.0)
+    eff = _walk(m, ("d0", 0, 0), "a", 0.0, 2.0)
+    assert [e for e in eff if type(e) is IterationSettled] == [IterationSettled(0, 1, 0)]
+    assert not [e for e in eff if hasattr(e, "msg") and type(e.msg) is IterationDone]
+    assert 0 in m.reported
+    with pytest.raises(TypeError):
+        m.on_message(3.0, "d1", IterationDone(0, 1, 0.0))
 
 
 @pytest.mark.parametrize("lend", [True, False])
 def test_a_relay_borrows_an_idle_unit_of_another_data_node_before_repairing_locally(lend: bool) -> None:
-    cfg = RecoveryConfig(node_id="r", stage=0, last_stage=2, capacity=4, data_nodes=("d0", "d1"), leader="d0",
-                         next_peers={"a": 1.0, "b": 5.0}, prev_peers={"d0": 1.0, "d1": 1.0},
+    cfg = RecoveryConfig(node_id="r", stage=0, last_stage=2, capacity=4, data_nodes=("d0", "d1"), next_peers={"a": 1.0, "b": 5.0}, prev_peers={"d0": 1.0, "d1": 1.0},
                          peer_capacity={"a": 2, "b": 2}, prior_s={"a": 5.0, "b": 5.0, "d1": 5.0}, lend=lend)
     m = RecoveryNode(cfg, random.Random(0))
     m.set_flows({"d0": {"b": 1}})  # d0's unit goes to b; d1 has no flow through me
@@ -291,7 +292,7 @@ def _walk(m: RecoveryNode, k: tuple, relay: str, t: float, rt: float, a: int = 0
 def test_a_data_node_with_nothing_left_to_launch_lends_each_unit_that_frees(lend: bool) -> None:
     from gwtf_node.protocol.messages import Lend
     cfg = RecoveryConfig(node_id="d0", stage=-1, last_stage=0, capacity=1, data_nodes=("d0", "d1", "d2"),
-                         leader="d0", next_peers={"a": 1.0}, prev_peers={"a": 1.0}, peer_capacity={"a": 2},
+                         next_peers={"a": 1.0}, prev_peers={"a": 1.0}, peer_capacity={"a": 2},
                          lend=lend)
     m = RecoveryNode(cfg, random.Random(0))
     m.set_flows({"d0": {"a": 2}})
@@ -304,8 +305,7 @@ def test_a_data_node_with_nothing_left_to_launch_lends_each_unit_that_frees(lend
 
 def test_one_wave_defers_what_the_opening_launch_cannot_place_and_offers_it_first_next_time() -> None:
     from gwtf_node.protocol.pipeline import MbStatus
-    cfg = RecoveryConfig(node_id="d0", stage=-1, last_stage=0, capacity=3, data_nodes=("d0",), leader="d0",
-                         next_peers={"a": 1.0}, prev_peers={"a": 1.0}, peer_capacity={"a": 3}, one_wave=True)
+    cfg = RecoveryConfig(node_id="d0", stage=-1, last_stage=0, capacity=3, data_nodes=("d0",), next_peers={"a": 1.0}, prev_peers={"a": 1.0}, peer_capacity={"a": 3}, one_wave=True)
     m = RecoveryNode(cfg, random.Random(0))
     m.set_flows({"d0": {"a": 1}})
     eff = m.start(0.0)
@@ -320,8 +320,7 @@ def test_one_wave_defers_what_the_opening_launch_cannot_place_and_offers_it_firs
 @pytest.mark.parametrize("one_wave", [True, False])
 def test_one_wave_relay_denies_upstream_at_once_instead_of_parking(one_wave: bool) -> None:
     from gwtf_node.protocol.messages import MbDeny
-    cfg = RecoveryConfig(node_id="r", stage=0, last_stage=1, capacity=2, data_nodes=("d0",), leader="d0",
-                         next_peers={"a": 1.0}, prev_peers={"d0": 1.0}, peer_capacity={"a": 1},
+    cfg = RecoveryConfig(node_id="r", stage=0, last_stage=1, capacity=2, data_nodes=("d0",), next_peers={"a": 1.0}, prev_peers={"d0": 1.0}, peer_capacity={"a": 1},
                          prior_s={"a": 5.0}, one_wave=one_wave)
     m = RecoveryNode(cfg, random.Random(0))
     m.set_flows({"d0": {"a": 1}})
@@ -346,7 +345,7 @@ def _swarm_data_at_stage_0(**cfg) -> tuple[RecoveryNode, tuple]:
     """A SWARM data node (pipeline d0 -> a -> b -> d0) whose one microbatch a took (MbState fwd)."""
     from gwtf_node.protocol.messages import MbState
     m = RecoveryNode(RecoveryConfig(node_id="d0", stage=-1, last_stage=1, capacity=1, data_nodes=("d0",),
-                                    leader="d0", next_peers={"a": 1.0}, prev_peers={"b": 1.0},
+                                    next_peers={"a": 1.0}, prev_peers={"b": 1.0},
                                     peer_capacity={"a": 1}, policy="swarm", **cfg), random.Random(0))
     m.start(0.0)
     k = ("d0", 0, 0)
@@ -409,8 +408,7 @@ def test_daemon_detect_s_is_the_daemons_liveness_check() -> None:
 def test_a_data_node_launches_first_on_the_unit_that_brought_microbatches_back_first(fastest: bool) -> None:
     """recovery.py, "Fastest unit first": a's link is the cheaper, but microbatches through b came back in
     10 s and through a in 50 s; the next iteration's first launch goes to b (without the switch: to a)."""
-    cfg = RecoveryConfig(node_id="d0", stage=-1, last_stage=0, capacity=2, data_nodes=("d0",), leader="",
-                         next_peers={"a": 1.0, "b": 2.0}, prev_peers={"a": 1.0, "b": 1.0},
+    cfg = RecoveryConfig(node_id="d0", stage=-1, last_stage=0, capacity=2, data_nodes=("d0",), next_peers={"a": 1.0, "b": 2.0}, prev_peers={"a": 1.0, "b": 1.0},
                          peer_capacity={"a": 1, "b": 1}, fastest_unit=fastest)
     m = RecoveryNode(cfg, random.Random(0))
     m.set_flows({"d0": {"a": 1, "b": 1}})

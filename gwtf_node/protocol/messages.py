@@ -306,6 +306,22 @@ class CanTake:
     stage: int
 
 
+class PhaseKind(enum.IntEnum):
+    """Which aggregation-phase signal a `PhaseAck` acknowledges; mirrors the proto enum `PhaseKind`."""
+
+    DONE = 1  # "I have your IterationDone of this iteration: stop resending it."
+    BEGIN = 2  # "I have your BeginAggregation of this iteration: stop resending it."
+    CAN_TAKE = 3  # "I have your CanTake of this iteration: stop resending it."
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseAck:
+    """The receiver has the phase signal `kind` of `iteration` (sent for every copy: duplicates too)."""
+
+    kind: PhaseKind
+    iteration: int
+
+
 @dataclass(frozen=True, slots=True)
 class AllReduceChunk:
     key: str
@@ -543,7 +559,7 @@ class Assignment:
 Message = (
     CostAnnounce | RequestFlow | FlowReply | Deny | Withdraw | QueryFlows | FlowReport
     | RequestChange | RequestRedirect | MoveReply | Reroute | LaunchBid | Relabel | RelabelCost
-    | Hello | PeerList | Forward | Backward | Complete | IterationDone | BeginAggregation | CanTake
+    | Hello | PeerList | Forward | Backward | Complete | IterationDone | BeginAggregation | CanTake | PhaseAck
     | AllReduceChunk | LinkCost | Ping | Pong | StageStateRequest | StageState | Goodbye
     | MbDeny | Probe | ProbeAck | Recover | Resume | BackwardStuck | Room | Release | MbState | RepairOrder | Lend
     | RequestVote | Vote | LeaderHeartbeat | HeartbeatAck

@@ -53,7 +53,7 @@ log = logging.getLogger("gwtf.node")
 
 ALLREDUCE_TIMEOUT_S = 120.0
 GROUP_CHANGE_WAIT_S = 60.0
-REPORT_EVERY_S = 0.5  # a data node checks this often whether its IterationDone must go (again) to a leader
+LEADER_CHECK_S = 0.5  # a data node looks this often at who leads (a lease ends without an event)
 
 
 class Aggregation:
@@ -74,7 +74,6 @@ class Aggregation:
         self.phases: Phases | None = None  # once this node has a stage
         self.contrib_for: dict[int, frozenset] = {}  # a relay: iteration -> contributions held (from BEGIN)
         self.step_counts: dict[int, int] = {}
-        self.done_sent: dict[int, str] = {}  # iteration -> the leader its IterationDone went to
         self.lost_contributions: dict[int, int] = {}
         self.last_iteration: int | None = None  # the last iteration whose step this node applied
         self._ar_scopes: dict[str, tuple[set[str], trio.CancelScope]] = {}
@@ -89,80 +88,103 @@ class Aggregation:
     # ------------------------------------------------------------------ the phase
     def new_phases(self) -> None:
         """This node has a stage now: it takes part in the phase from here on."""
-        self.phases = Phases(self.wire.me, self.peers.stage, self.peers.n_stages - 1)
+        self.phases = Phases(self.wire.me, self.peers.stage, self.peers.n_stages - 1,
+                             applied=self.stage.applied_steps)
 
     def _apply(self, effects: list) -> None:
         self.effects(Owner.AGGREGATION, effects)
 
-    def on_begin(self, peer: str, msg: m.BeginAggregation) -> None:
+    def _require_phases(self, msg: Any) -> Phases:
         if self.phases is None:
-            raise FrameRefused("BeginAggregation before this node has a stage")
-        if msg.iteration not in self.phases.begun:
+            raise FrameRefused(f"{type(msg).__name__} before this node has a stage")
+        return self.phases
+
+    def on_timer(self, key: str) -> None:
+        if self.phases is not None:
+            self._apply(self.phases.on_timer(now(), key))
+
+    def on_ack(self, peer: str, msg: m.PhaseAck) -> None:
+        self._apply(self._require_phases(msg).on_ack(now(), peer, msg))
+
+    def on_begin(self, peer: str, msg: m.BeginAggregation) -> None:
+        ph = self._require_phases(msg)
+        if msg.iteration not in ph.begun and msg.iteration >= ph.floor:
             contrib = self.microbatches.begin_aggregation(msg.iteration)
             if self.peers.role == "relay" and self.microbatches.started:
                 named = [set(g.peers) for g in msg.groups if g.stage == -1]
                 if named:  # a data node that BEGIN leaves out died before it: its microbatches do not count
                     contrib = frozenset(k for k in contrib if k[0] in set.union(*named))
                 self.contrib_for[msg.iteration] = contrib
-        self._apply(self.phases.on_begin(msg, self.peers.next_stage_ids()))
+        self._apply(ph.on_begin(now(), peer, msg, self.peers.next_stage_ids()))
 
     def on_can_take(self, peer: str, msg: m.CanTake) -> None:
-        if self.phases is None:
-            raise FrameRefused("CanTake before this node has a stage")
-        self._apply(self.phases.on_can_take(peer, msg, self.peers.next_stage_ids(), self.peers.prev_stage_ids()))
+        ph = self._require_phases(msg)
+        self._apply(ph.on_can_take(now(), peer, msg, self.peers.next_stage_ids(), self.peers.prev_stage_ids()))
 
     def on_iteration_done(self, sender: str, msg: m.IterationDone) -> None:
         if self.peers.role != "data":
             raise FrameRefused("IterationDone sent to a relay")
-        self._collect_done(sender, msg)
-
-    def _collect_done(self, sender: str, msg: m.IterationDone) -> None:
-        if not self.leadership.is_leader():
+        ph = self._require_phases(msg)
+        leading = self.leadership.is_leader()
+        if not leading:
             log.info("IterationDone from %s while not the acting leader: ignored (it resends)", self.peers.who(sender))
-            return
-        self.leadership.iteration_aggregating(msg.iteration)
-        eff = self.phases.on_iteration_done(sender, msg, self.peers.data_nodes(), self.peers.ids("relay", 0),
-                                            self.peers.groups(msg.iteration))
-        if any(isinstance(e, Send) and isinstance(e.msg, m.BeginAggregation) for e in eff):
-            log.info("iteration %d: opening the aggregation", msg.iteration)
-            self.faults.point("begin_open")  # the leader opens the phase; no BEGIN has left yet
+        else:
+            self.leadership.iteration_aggregating(msg.iteration)
+        self._open(ph.on_iteration_done(now(), sender, msg, leading=leading, data_nodes=self.peers.data_nodes(),
+                                        stage0=self.peers.ids("relay", 0), groups=self.peers.groups(msg.iteration)))
+
+    def _maybe_begin(self, iteration: int) -> None:
+        """At the acting leader: BEGIN AGGREGATION of `iteration` once every live data node reported it."""
+        leading = self.leadership.is_leader()
+        if leading and self.phases is not None:
+            self._open(self.phases.maybe_begin(now(), iteration, leading=leading, data_nodes=self.peers.data_nodes(),
+                                               stage0=self.peers.ids("relay", 0),
+                                               groups=self.peers.groups(iteration)))
+
+    def _open(self, eff: list) -> None:
+        """Effects at the leader that may open an aggregation: the fault point sits before any BEGIN leaves."""
+        for it in sorted({e.iteration for e in eff if isinstance(e, StartStep)}):
+            if any(isinstance(e, Send) and isinstance(e.msg, m.BeginAggregation) for e in eff):
+                log.info("iteration %d: opening the aggregation", it)
+                self.faults.point("begin_open")
         self._apply(eff)
 
+    def iteration_settled(self, iteration: int) -> None:
+        """A data node's microbatches of `iteration` are all completed or deferred: report it to the leader."""
+        it = self.microbatches.current
+        if self.phases is None or it is None or it.iteration != iteration:
+            return
+        c = self.microbatches.counts(iteration)
+        done = m.IterationDone(iteration, len(it.done), it.loss_sum, c["deferred"], c["pending"] + c["inflight"])
+        self._apply(self.phases.report_done(now(), done))
+        self._maybe_begin(iteration)
+
+    def leader_changed(self) -> None:
+        """A data node hands the phase the leader the election names now (a pending report follows it)."""
+        if self.peers.role != "data" or self.phases is None:
+            return
+        lead = self.leadership.leader()
+        front = self.peers.data_nodes() + self.peers.ids("relay", 0)
+        self._apply(self.phases.set_leader(now(), lead, front=front))
+        if lead == self.wire.me:
+            for it in self.phases.pending_iterations():
+                self._maybe_begin(it)
+
+    async def leader_loop(self) -> None:
+        """Data nodes: a lease can end without an event; look at who leads every LEADER_CHECK_S."""
+        while True:
+            await trio.sleep(LEADER_CHECK_S)
+            self.leader_changed()
+
     async def send(self, peer: str, msg: Any) -> bool:
-        """Send a phase signal (BEGIN AGGREGATION, CAN TAKE, IterationDone), through the fault points."""
-        if self.faults.lose_first(type(msg).__name__, getattr(msg, "iteration", -1), peer):
+        """Send a phase signal (IterationDone, BEGIN AGGREGATION, CAN TAKE, PhaseAck), through the fault points."""
+        kind = type(msg).__name__ + (f".{msg.kind.name}" if isinstance(msg, m.PhaseAck) else "")
+        if self.faults.lose_first(kind, msg.iteration, peer):
             return True  # lost on the way, as far as the sender knows
         ok = await self.wire.send(peer, msg)
         if ok and isinstance(msg, m.BeginAggregation):
             self.faults.point("begin_sent")
         return ok
-
-    async def report_done(self) -> None:
-        """Send this data node's IterationDone to the current leader (again, if the leader changed)."""
-        it = self.microbatches.current
-        if self.peers.role != "data" or it is None or not self.microbatches.reported(it.iteration):
-            return
-        if self.phases is None or it.iteration in self.phases.begun:
-            return
-        lead = self.leadership.leader()
-        if lead is None or self.done_sent.get(it.iteration) == lead:
-            return
-        self.done_sent[it.iteration] = lead
-        c = self.microbatches.counts(it.iteration)
-        done = m.IterationDone(it.iteration, len(it.done), it.loss_sum, c["deferred"], c["pending"] + c["inflight"])
-        if lead == self.wire.me:
-            self._collect_done(self.wire.me, done)
-        else:
-            await self.send(lead, done)
-
-    def report_soon(self) -> None:
-        self.wire.spawn(self.report_done)
-
-    async def report_loop(self) -> None:
-        """Data nodes: keep reporting to the current leader."""
-        while True:
-            await trio.sleep(REPORT_EVERY_S)
-            await self.report_done()
 
     # ------------------------------------------------------------------ peers
     def peer_back(self, peer: str) -> None:
@@ -171,22 +193,25 @@ class Aggregation:
             self.phases.gone.discard(peer)
 
     def forget(self, peer: str) -> None:
-        """`peer` crashed or left: nobody waits for its CAN TAKE any more."""
+        """`peer` crashed or left: nobody waits for its signals any more, none is resent to it."""
         if self.phases is not None:
-            self._apply(self.phases.forget(peer, self.peers.next_stage_ids(), self.peers.prev_stage_ids()))
+            self._apply(self.phases.forget(now(), peer, self.peers.next_stage_ids(), self.peers.prev_stage_ids()))
 
     def after_gone(self, peer: str) -> None:
         """The leader need not wait for a gone data node's IterationDone; an all-reduce waiting for it is redone."""
-        if self.peers.role == "data" and self.phases is not None and self.leadership.is_leader():
-            for it, reports in sorted(self.phases.done_reports.items()):
-                if it not in self.phases.begun and reports:
-                    sender, msg = next(iter(sorted(reports.items())))
-                    self._collect_done(sender, msg)
+        if self.peers.role == "data" and self.phases is not None:
+            for it in self.phases.pending_iterations():
+                self._maybe_begin(it)
         for gkey, (group, scope) in list(self._ar_scopes.items()):
             if peer in group:
                 log.info("all-reduce %s waits for %s, which is gone: redone among the survivors", gkey,
                          self.peers.who(peer))
                 scope.cancel()
+
+    def resynced(self, applied: int) -> None:
+        """The stage state was installed with `applied` steps (a joiner, or after LeftOut / OutOfStep)."""
+        if self.phases is not None:
+            self._apply(self.phases.resynced(now(), applied, self.peers.next_stage_ids(), self.peers.prev_stage_ids()))
 
     # ------------------------------------------------------------------ the step
     def start_step(self, e: StartStep) -> None:
@@ -231,7 +256,8 @@ class Aggregation:
         if not relay and self.leadership.leader() == self.wire.me:  # the leader that opened this aggregation
             self._record_metrics(e.iteration, now() - t0)
         self.last_iteration = e.iteration
-        self._apply(self.phases.on_step_done(e.iteration, self.peers.next_stage_ids(), self.peers.prev_stage_ids()))
+        self._apply(self.phases.on_step_done(now(), e.iteration, self.peers.next_stage_ids(),
+                                             self.peers.prev_stage_ids()))
 
     def checkpoint(self) -> None:
         """Save this node's part (parameters and optimizer state) with the last iteration it stepped."""

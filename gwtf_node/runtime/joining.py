@@ -276,6 +276,7 @@ class Joining:
                      msg.iteration, self.want_after)
             return
         self.stage.set_steps(msg.iteration)
+        self.aggregation.resynced(msg.iteration)
         self.peers.set_standing(joining=False, ready_from=msg.iteration)
         if self.joiner is not None:
             self.joiner.state_loaded()

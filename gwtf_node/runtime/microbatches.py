@@ -12,11 +12,10 @@ the liveness check still hears (`peer_alive`), the flows (`set_flows`, when
 the flow machine changed them), a peer gone (`peer_gone`), BEGIN AGGREGATION
 and the applied step (`begin_aggregation`, `aggregation_done`).
 
-The aggregation phase is `pipeline.Phases` (aggregation.py), which carries
-the membership groups of BEGIN AGGREGATION: the machine is given no leader,
-so a data node's IterationDone goes to "" and this component reports that the
-iteration settled (`on_settled`); the machine's own BEGIN AGGREGATION and
-CAN TAKE are not sent.
+The aggregation phase is `phases.Phases` (aggregation.py): when a data node's
+microbatches of an iteration are all completed or deferred the machine says
+so (`IterationSettled`) and the aggregation component reports it to the
+leader.
 
 Tensors live in a `TensorStore`, per microbatch key: a received tensor is
 kept only if the machine takes the message (it asks for a computation on
@@ -40,9 +39,8 @@ import random
 from typing import Any, Callable
 
 from ..protocol import messages as m
-from ..protocol.effects import Send
 from ..protocol.pipeline import DataIteration, MbStatus, OpenIteration
-from ..protocol.recovery import Compute, RecoveryConfig, RecoveryNode
+from ..protocol.recovery import MB_MESSAGES, Compute, IterationSettled, RecoveryConfig, RecoveryNode
 from .faults import Faults
 from .flows import Flows
 from .liveness import Liveness
@@ -53,11 +51,9 @@ from .wire import ApplyEffects, FrameRefused, Owner, Wire, now
 
 log = logging.getLogger("gwtf.node")
 
-MB_MSGS = (m.Forward, m.Backward, m.Complete, m.MbDeny, m.Probe, m.Recover, m.Resume, m.BackwardStuck, m.Room,
-           m.Release, m.MbState, m.RepairOrder, m.Lend)
+MB_MSGS = MB_MESSAGES  # what the recovery machine takes
 KEYED = tuple(t for t in MB_MSGS if t not in (m.Room, m.Lend))
 TENSOR_MSGS = (m.Forward, m.Recover, m.Backward)
-PHASE_MSGS = (m.IterationDone, m.BeginAggregation, m.CanTake)  # the machine's own phase: Phases runs it here
 HOP_PRIOR_S = 1.0  # expected hand-off -> Complete before anything is measured (then an EWMA)
 E2E_PRIOR_S = 3.0  # expected launch -> final backward before anything is measured
 PROBE_WAIT_S = 2.0
@@ -68,7 +64,7 @@ IN_SLOT = {"forward": Slot.IN, "recompute": Slot.IN, "loss": Slot.IN, "backward"
 class Microbatches:
     def __init__(self, wire: Wire, peers: Peers, liveness: Liveness, flows: Flows, stage: LocalStage,
                  effects: ApplyEffects, faults: Faults, *, policy: str, lend: bool, iterations: int,
-                 on_settled: Callable[[], None], on_finished: Callable[[], None]) -> None:
+                 on_settled: Callable[[int], None], on_finished: Callable[[], None]) -> None:
         self.wire = wire
         self.peers = peers
         self.liveness = liveness
@@ -79,7 +75,7 @@ class Microbatches:
         self.policy = policy
         self.lend = lend
         self.iterations = iterations  # data nodes: stop after this many (0: run forever)
-        self.on_settled = on_settled  # a data node's microbatches of the current iteration are settled
+        self.report_settled = on_settled  # a data node's microbatches of an iteration are settled: it reports them
         self.on_finished = on_finished  # a data node trained its iterations
         self.rec: RecoveryNode | None = None
         self.store = TensorStore()
@@ -123,7 +119,7 @@ class Microbatches:
         cap = self.peers.capacity if relay else self.stage.manifest.data.microbatches_per_iteration
         cfg = RecoveryConfig(
             node_id=self.wire.me, stage=self.peers.stage if relay else -1, last_stage=self.peers.n_stages - 1,
-            capacity=cap, data_nodes=tuple(self.peers.data_nodes()), leader="",
+            capacity=cap, data_nodes=tuple(self.peers.data_nodes()),
             next_peers=dict(self.flows.next_costs), prev_peers=dict(self.flows.prev_costs),
             peer_capacity={p.peer_id: p.capacity for p in self.peers.infos()},
             default_prior_s=HOP_PRIOR_S, e2e_prior_s=E2E_PRIOR_S, probe_wait_s=PROBE_WAIT_S,
@@ -159,20 +155,17 @@ class Microbatches:
             self._sync()
 
     def _apply(self, effects: list) -> None:
-        """The machine's effects, less its own phase signals, to the node's interpreter; then forget tensors."""
-        out: list = []
-        for e in effects:
-            if isinstance(e, Send) and e.to == "":  # IterationDone to "no leader": this node reports it itself
-                self.pipeline_s.setdefault(e.msg.iteration, now() - self.iter_started)
-                self.on_settled()
-            elif isinstance(e, Send) and isinstance(e.msg, PHASE_MSGS):
-                continue  # the aggregation phase is pipeline.Phases' business here
-            elif isinstance(e, OpenIteration):
-                continue  # the node opens iterations itself (open_iteration, on Phases' OpenIteration)
-            else:
-                out.append(e)
-        self.effects(Owner.MICROBATCHES, out)
+        """The machine's effects to the node's interpreter; then the tensors of keys it forgot are dropped."""
+        self.effects(Owner.MICROBATCHES, effects)
         self.store.apply(self.store.drops_beside(self.rec.mbs))
+
+    def on_settled(self, e: IterationSettled) -> None:
+        """The machine's effect: this data node's microbatches of an iteration are all completed or deferred."""
+        self.pipeline_s.setdefault(e.iteration, now() - self.iter_started)
+        self.report_settled(e.iteration)
+
+    def on_opened(self, e: OpenIteration) -> None:
+        """The machine's effect: it opened the iteration this node asked it to open (`open_iteration`)."""
 
     # ------------------------------------------------------------------ frames
     async def on_message(self, peer: str, msg: Any, payload) -> None:

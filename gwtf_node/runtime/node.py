@@ -63,8 +63,8 @@ import trio
 from ..protocol import codec
 from ..protocol import messages as m
 from ..protocol.effects import CancelTimer, Send, SetTimer
-from ..protocol.pipeline import LeftOut, OpenIteration, StartStep
-from ..protocol.recovery import Compute
+from ..protocol.phases import LeftOut, OpenIteration, OutOfStep, StartStep
+from ..protocol.recovery import Compute, IterationSettled
 from .aggregation import Aggregation
 from .discovery import Discovery
 from .faults import Faults
@@ -224,11 +224,15 @@ class Node:
             Owner.LEADER: leadership.on_election_timer,
             Owner.PLACEMENT: leadership.on_placement_timer,
             Owner.JOINER: joining.on_timer,
+            Owner.AGGREGATION: aggregation.on_timer,
         }
         self.effect_handlers = {
             (Owner.MICROBATCHES, Compute): microbatches.on_compute,
+            (Owner.MICROBATCHES, IterationSettled): microbatches.on_settled,
+            (Owner.MICROBATCHES, OpenIteration): microbatches.on_opened,
             (Owner.AGGREGATION, StartStep): aggregation.start_step,
             (Owner.AGGREGATION, LeftOut): lambda e: joining.resync(e.iteration),
+            (Owner.AGGREGATION, OutOfStep): lambda e: joining.resync(e.iteration),
             (Owner.AGGREGATION, OpenIteration): lambda e: microbatches.open_iteration(e.iteration),
         }
         self.senders = {Owner.AGGREGATION: aggregation.send}
@@ -255,11 +259,11 @@ class Node:
     def _flows_changed(self) -> None:
         self.parts.microbatches.flows_changed()
 
-    def _iteration_settled(self) -> None:
-        self.parts.aggregation.report_soon()
+    def _iteration_settled(self, iteration: int) -> None:
+        self.parts.aggregation.iteration_settled(iteration)
 
     def _leadership_changed(self) -> None:
-        self.parts.aggregation.report_soon()
+        self.parts.aggregation.leader_changed()
 
     def _stepped(self, iteration: int) -> None:
         self.parts.joining.on_stepped(iteration)
@@ -367,7 +371,7 @@ class Node:
                 continue
             if role == "data" and not p.leadership.started and len(peers.data_nodes()) >= self.opts.data_nodes:
                 p.leadership.start()
-                self.parts.wire.spawn(p.aggregation.report_loop)
+                self.parts.wire.spawn(p.aggregation.leader_loop)
             if peers.stage is None:
                 if peers.data_nodes():
                     await p.joining.join()  # returns once the leader placed us; the state download goes on
@@ -409,6 +413,7 @@ def routes(p: Parts) -> dict[type, Route]:
         m.IterationDone: Route("aggregation", ag.on_iteration_done),
         m.BeginAggregation: Route("aggregation", ag.on_begin),
         m.CanTake: Route("aggregation", ag.on_can_take),
+        m.PhaseAck: Route("aggregation", ag.on_ack),
         m.UtilizationQuery: Route("joining", j.on_utilization_query),
         m.Assignment: Route("joining", j.on_assignment),
         m.Goodbye: Route("joining", j.on_goodbye),

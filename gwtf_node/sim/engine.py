@@ -11,6 +11,11 @@ the earlier deadline (stale heap entries are skipped by a version check).
 Nodes without a listed link (same-stage peers in the flow tests of Table V,
 which list training links only) still exchange control messages over the
 internet; they use `fallback_delay_s`.
+
+A driver with its own kinds of events (the training simulator, `sim/train/`:
+tensor transfers on FIFO links, compute queues, crashes, joins) uses the same
+queue and clock through `push` and `next_event` and interprets each event
+itself; such a driver does not call `run_until` (its kinds are its own).
 """
 
 from __future__ import annotations
@@ -62,6 +67,22 @@ class Simulator:
     def _push(self, t: float, kind: int, node: str, a: Any, b: Any) -> None:
         self._seq += 1
         heapq.heappush(self._heap, (t, self._seq, kind, node, a, b))
+
+    def push(self, t: float, kind: int, node: str, a: Any = None, b: Any = None) -> None:
+        """Queue a driver's own event at time `t`; events of equal time come out in the order they were pushed."""
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, kind, node, a, b))
+
+    def next_event(self, t_limit: float) -> tuple[float, int, str, Any, Any] | None:
+        """The next event `(t, kind, node, a, b)` in (time, push order), with the clock moved to `t`; None when
+        the queue is empty or the next event is after `t_limit` (then the clock stays)."""
+        if not self._heap:
+            return None
+        t, _, kind, node, a, b = heapq.heappop(self._heap)
+        if t > t_limit:
+            return None
+        self.now = t
+        return t, kind, node, a, b
 
     def _link_delay(self, a: str, b: str) -> float:
         key = (a, b)

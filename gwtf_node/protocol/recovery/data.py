@@ -1,0 +1,244 @@
+"""A data node's microbatches: launching along its units (own, lent, fastest first), the sink, parking and
+deferring, settling the iteration (module doc, "Lending", "Fastest unit first", "One wave").
+"""
+
+from __future__ import annotations
+
+from ..effects import CancelTimer, Send, SetTimer
+from ..messages import Backward, BackwardStuck, Complete, Forward, Lend, MbDeny, MbState, Recover, Release, Resume
+from ..pipeline import MbStatus, OpenIteration
+from .records import EWMA_ALPHA, Compute, DataRecord, IterationSettled, Key, ewma, timer_suffix
+
+
+class DataSide:
+    """Part of `RecoveryNode` (node.py): one mechanism of the machine, see the module docstring."""
+
+    def _data_message(self, now: float, sender: str, key: Key, msg, eff: list) -> None:
+        t = type(msg)
+        m: DataRecord | None = self.mbs.get(key)
+        if m is None or msg.attempt != m.attempt:
+            if m is not None:
+                self.stats.stale += 1
+            if t is Forward:
+                eff.append(Send(sender, Complete(*key, msg.attempt)))
+            return
+        a = m.attempt
+        if t is MbState:
+            if msg.state in ("fwd", "rec", "sent", "sending", "bwd", "grad", "done"):
+                m.holders.add(sender)
+                s = msg.stage
+                if 0 <= s < self.nstages and (msg.state == "rec" or m.path[s] is None):
+                    m.path[s] = sender
+                    m.bwd_done.discard(s)  # (a recovery recomputes the stage: its backward is to come)
+                if msg.state in ("grad", "done") and 0 <= s < self.nstages and m.path[s] == sender:
+                    m.bwd_done.add(s)
+            if m.collecting:
+                m.snapshot[sender] = msg.state
+                wanted = {p for p in m.path if p is not None}
+                if wanted <= set(m.snapshot):
+                    eff.append(CancelTimer(f"pr:{timer_suffix(key)}"))
+                    self._decide(now, m, eff)
+        elif t is Complete:
+            if m.src == "sending" and sender == m.next:
+                eff.append(CancelTimer(f"fw:{timer_suffix(key)}"))
+                self._measure(sender, now - m.sent_at)
+                m.src, m.rest = "sent", ()
+                m.tried.clear()
+            elif m.sink == "grad" and sender == m.path[-1]:
+                eff.append(CancelTimer(f"bk:{timer_suffix(key)}"))
+                self._measure(sender, now - m.sent_at)
+                m.sink = "wait"
+        elif t is MbDeny:
+            if sender == m.next and (m.src == "sending" or (m.src == "sent" and m.sink is None)):
+                eff.append(CancelTimer(f"fw:{timer_suffix(key)}"))
+                m.tried.add(sender)
+                self.stats.reroutes += 1
+                self._src_route(now, m, eff)
+        elif t is Forward:  # at the sink
+            eff.append(Send(sender, Complete(*key, a)))
+            if m.sink is not None:
+                return
+            p = list(msg.path[1:])[: self.nstages]
+            m.path = p + [None] * (self.nstages - len(p))
+            m.holders.update(x for x in p)
+            m.sink = "loss"
+            eff.append(Compute("loss", key))
+        elif t is Resume:  # a recovery chain replaced the last stage: resend the loss gradient to it
+            newprev = msg.path[-1] if msg.path else sender
+            m.path[-1] = newprev
+            eff.append(Send(newprev, Complete(*key, a)))
+            if m.sink in ("grad", "wait"):
+                self.stats.resends += 1
+                m.sink, m.sent_at = "grad", now
+                eff.append(Send(newprev, Backward(*key, None, a)))
+                eff.append(SetTimer(f"bk:{timer_suffix(key)}", self._deadline(now, newprev)))
+        elif t is Backward:
+            if m.sink in ("grad", "wait"):
+                eff.append(CancelTimer(f"bk:{timer_suffix(key)}"))
+                m.sink, m.final_from = "final", sender
+                eff.append(Compute("final", key))
+        elif t is BackwardStuck:
+            if not self.swarm and not m.collecting and m.sink is not None and m.sink != "final":
+                self._round(now, m, eff)
+
+    def _src_route(self, now: float, m: DataRecord, eff: list) -> None:
+        """Hand my embedding-side output (the stash) to a stage-0 relay: a Forward, or a Recover chain."""
+        key, a = m.key, m.attempt
+        m.parked = False
+        j = self._choose_next(self.me, m.tried)
+        if j is None:
+            if m.sink is None:
+                self._put_back(now, m, eff)
+            elif self._live_next():  # every live stage-0 relay is full: retried when a slot frees (`_launch`)
+                m.src, m.next, m.parked = "sent", None, True
+            else:  # no stage-0 relay to recover through; the next round (or giving up) decides
+                m.src, m.rest = "sent", ()
+            return
+        m.next, m.src, m.sent_at = j, "sending", now
+        if m.rest:
+            self.stats.recovers += 1
+            eff.append(Send(j, Recover(*key, (self.me,), m.rest[1:], None, a)))
+        else:
+            eff.append(Send(j, Forward(*key, (self.me,), None, a)))
+        eff.append(SetTimer(f"fw:{timer_suffix(key)}", self._deadline(now, j)))
+
+    def _put_back(self, now: float, m: DataRecord, eff: list) -> None:
+        """No first hop for a microbatch in its forward pass: wait for a slot keeping my stash, or defer it."""
+        key = m.key
+        for p in sorted(m.holders):
+            eff.append(Send(p, Release(*key, m.attempt)))
+        self._cancel(key, eff)
+        if not self.cfg.one_wave and any(
+                mm.key[2] == key[2] and not mm.parked for mm in self.mbs.values() if mm is not m):
+            # slots will free: park with my embedding output (no recompute), retried by `_launch`;
+            # a new attempt, as the released holders' records are void
+            m.attempt += 1
+            m.src, m.next, m.rest, m.tried, m.parked = "parked", None, (), set(), True
+            m.path, m.holders, m.bwd_done, m.sink = [None] * self.nstages, set(), set(), None
+            self._arm_watchdog(now, m, eff)
+            return
+        del self.mbs[key]
+        self._defer(key, eff)
+        for s in list(self.waiting):
+            self.waiting.remove(s)
+            self._defer((self.me, s, key[2]), eff)
+        for mm in [mm for mm in self.mbs.values() if mm.key[2] == key[2] and mm.src == "parked"]:
+            self._cancel(mm.key, eff)  # nothing else in flight will free a slot for them either
+            del self.mbs[mm.key]
+            self._defer(mm.key, eff)
+        self._maybe_done(now, key[2], eff)
+
+    def _defer(self, key: Key, eff: list) -> None:
+        self.stats.deferred += 1
+        self.ledger.mark(key[2], key[1], MbStatus.DEFERRED)
+        self.carry.append(key[1])
+
+    def _data_compute_done(self, now: float, m: DataRecord, kind: str, eff: list) -> None:
+        key = m.key
+        if kind == "forward" and m.src == "emb":
+            j = m.next
+            if j is None or j in self.dead or j in self.full:
+                j = self._choose_next(self.me, set())
+            if j is None:
+                self._put_back(now, m, eff)
+                return
+            m.next, m.src, m.sent_at = j, "sending", now
+            eff.append(Send(j, Forward(*key, (self.me,), None, m.attempt)))
+            eff.append(SetTimer(f"fw:{timer_suffix(key)}", self._deadline(now, j)))
+        elif kind == "loss" and m.sink == "loss":
+            target = m.path[-1]
+            m.sink, m.sent_at = "grad", now
+            # a holder of the path reported gone while the forward was on its way here (`peer_gone` acts only on a
+            # microbatch in its backward pass): act now, as the report would have, not on the watchdog
+            gone = self.cfg.act_on_gone and self._gone_ahead(m, self.gone)
+            if gone and self.swarm:
+                self._trouble(now, m, eff)  # (restart: no gradient sent down a path that cannot carry it)
+                return
+            eff.append(Send(target, Backward(*key, None, m.attempt)))
+            eff.append(SetTimer(f"bk:{timer_suffix(key)}", self._deadline(now, target)))
+            self._arm_watchdog(now, m, eff)
+            if gone:
+                self._trouble(now, m, eff)
+        elif kind == "final" and m.sink == "final":
+            eff.append(Send(m.final_from or m.next, Complete(*key, m.attempt)))
+            hop = m.path[0] if m.path[0] is not None else m.next  # the stage-0 relay of its unit
+            if m.rounds == 0:
+                self.e2e_est = (1 - EWMA_ALPHA) * self.e2e_est + EWMA_ALPHA * (now - m.launched_at)
+                if m.attempt == 0 and hop is not None:  # the round trip through this unit ("Fastest unit first")
+                    ewma(self.rt, hop, now - m.launched_at)
+            # every holder off the final path had a duplicate branch: release it (and its contribution)
+            final = set(p for p in m.path if p is not None)
+            for p in sorted(m.holders - final):
+                eff.append(Send(p, Release(*key, m.attempt)))
+            self.ledger.mark(key[2], key[1], MbStatus.COMPLETED)
+            self._cancel(key, eff)
+            del self.mbs[key]
+            self._lend(key[2], hop, eff)
+            self._launch(now, eff)
+            self._maybe_done(now, key[2], eff)
+
+    def _open(self, now: float, it: int, eff: list) -> None:
+        self.iteration = it
+        self.full.clear()  # every relay dropped its stashes in the aggregation: room again
+        self.lent.clear()  # lent units were lent for the iteration before
+        # one wave: the deferred first, topped up with new ones to `capacity` per iteration; else all of them
+        fresh = max(0, self.cfg.capacity - len(self.carry)) if self.cfg.one_wave else self.cfg.capacity
+        seqs = list(self.carry) + list(range(self.next_seq, self.next_seq + fresh))
+        self.next_seq += fresh
+        self.carry = []
+        self.ledger.add(it, seqs)
+        self.waiting = list(seqs)
+        eff.append(OpenIteration(it))
+        self._launch(now, eff)
+        self._maybe_done(now, it, eff)
+
+    def _launch(self, now: float, eff: list) -> None:
+        if not self.is_data:
+            return
+        it = self.iteration
+        if it in self.reported:
+            return
+        for m in [m for m in self.mbs.values() if m.parked]:  # a slot may have freed: parked ones first
+            if self.mbs.get(m.key) is m and m.parked:
+                m.parked, m.tried = False, set()
+                self._src_route(now, m, eff)
+        while self.waiting:
+            j = self._choose_next(self.me, set(), fresh=True)
+            if j is None:
+                break
+            seq = self.waiting.pop(0)
+            key = (self.me, seq, it)
+            self.ledger.mark(it, seq, MbStatus.INFLIGHT)
+            m = DataRecord(key, next=j, path=[None] * self.nstages, launched_at=now)  # the slot is reserved
+            self.mbs[key] = m
+            eff.append(Compute("forward", key))
+            self._arm_watchdog(now, m, eff)
+        if self.waiting and (self.cfg.one_wave or not any(m.key[2] == it for m in self.mbs.values())):
+            # one wave: what the opening launch could not place; else: nothing in flight and no first hop to
+            # take more.  Defer the rest
+            for s in list(self.waiting):
+                self.waiting.remove(s)
+                self._defer((self.me, s, it), eff)
+            self._maybe_done(now, it, eff)
+
+    def _lend(self, it: int, hop: str | None, eff: list) -> None:
+        """Lending: a unit through `hop` freed and I have nothing left to launch in this iteration: lend it."""
+        if not (self.cfg.lend and not self.swarm and hop is not None and it == self.iteration):
+            return
+        if self.waiting or any(m.parked for m in self.mbs.values() if m.key[2] == it):
+            return
+        for d in self.cfg.data_nodes:
+            if d != self.me and d not in self.dead:
+                self.stats.lent += 1
+                eff.append(Send(d, Lend(it, hop)))
+
+    def _maybe_done(self, now: float, it: int, eff: list) -> None:
+        if not self.is_data or it in self.reported or self.waiting:
+            return
+        if any(m.key[2] == it for m in self.mbs.values()):
+            return
+        c = self.ledger.counts(it)
+        if c["pending"] or c["inflight"]:
+            return
+        self.reported.add(it)
+        eff.append(IterationSettled(it, c["completed"], c["deferred"]))

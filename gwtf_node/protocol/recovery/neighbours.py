@@ -1,0 +1,109 @@
+"""What the driver tells the machine about its neighbours: flows, the current next and previous peers, a peer still
+heard, a peer gone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Mapping
+
+
+
+
+class Neighbours:
+    """Part of `RecoveryNode` (node.py): one mechanism of the machine, see the module docstring."""
+
+    def set_flows(self, out: Mapping[str, Mapping[str, int]], now: float | None = None) -> list:
+        """Flows (units per data node and next hop), e.g. from the flow machines.
+
+        With `now` (new flows during training): a data node launches on units that became free."""
+        self.out = {d: dict(o) for d, o in out.items()}
+        eff: list = []
+        if now is not None and self.is_data:
+            self._launch(now, eff)
+        return eff
+
+    def set_neighbours(self, now: float, next_peers: Mapping[str, float], prev_peers: Mapping[str, float],
+                       peer_capacity: Mapping[str, int], prior_s: float) -> list:
+        """The driver's current neighbours: link cost to each next- and previous-stage peer.
+
+        Replaces both maps; a next peer's capacity is taken from `peer_capacity`
+        (a capacity of 0 or a missing one keeps what was known, else 1); a new
+        next peer's hand-off estimate starts at `prior_s`.  A next peer that was
+        not there before is a route again: a data node launches waiting
+        microbatches, a relay retries its parked ones and sends `Room` to the
+        peers it denied."""
+        new_next = [j for j in next_peers if j not in self.next_peers]
+        self.next_peers = dict(next_peers)
+        self.prev_peers = dict(prev_peers)
+        for j in self.next_peers:
+            self.peer_cap[j] = peer_capacity.get(j) or self.peer_cap.get(j, 1)
+            self.est.setdefault(j, prior_s)
+        eff: list = []
+        if new_next:
+            self.gone.difference_update(new_next)
+            self._route_again(now, eff)
+        return eff
+
+    def peer_alive(self, now: float, peer: str) -> list:
+        """The driver's liveness check still hears `peer`: if this machine presumed it dead on a hop deadline
+        (and the membership layer did not report it gone), it is alive; a data node launches on it again.
+
+        Without this a data node that presumed its last stage-0 relay dead (slow while a peer left) would
+        defer every microbatch from then on: it only un-presumes a peer that sends it something."""
+        if peer not in self.dead or peer in self.gone:
+            return []
+        self.dead.discard(peer)
+        eff: list = []
+        if self.is_data:
+            self._launch(now, eff)
+        return eff
+
+    def _route_again(self, now: float, eff: list) -> None:
+        """A next-stage peer appeared: launch (data node), or retry parked microbatches and send Room (relay)."""
+        if self.is_data:
+            self._launch(now, eff)
+            return
+        for r in [r for r in self.mbs.values() if r.parked]:
+            r.parked, r.tried = False, set()
+            self._route(now, r, eff)
+        self._room(eff)
+
+    def peer_gone(self, now: float, peer: str) -> list:
+        """The driver's liveness check found `peer` dead (or it left): no more work goes to it.
+
+        The microbatches it held are found by the usual means (hop deadlines,
+        BackwardStuck, the data node's watchdog and probes); with
+        `cfg.act_on_gone` a data node also acts at once on those of its
+        microbatches in their backward pass that `peer` held (a round / a
+        SWARM restart), and on those still in their forward pass when their
+        loss is computed (`_data_compute_done`)."""
+        self._presume_dead(peer)
+        self.dead.add(peer)
+        self.gone.add(peer)
+        eff: list = []
+        if self.is_data:
+            # a holder of a microbatch in its backward pass is gone before its stage's backward was computed
+            # there: act now (GWTF: a round; SWARM: restart).  A stage the backward already passed needs nothing.
+            for m in [m for m in self.mbs.values() if self.cfg.act_on_gone and peer in m.holders
+                      and m.sink in ("grad", "wait") and self._gone_ahead(m, {peer})]:
+                if self.mbs.get(m.key) is m and not m.collecting and peer in m.holders:
+                    self._trouble(now, m, eff)
+            self._launch(now, eff)
+        if peer in self.cfg.data_nodes:
+            self._data_node_gone(now, peer, eff)
+        return eff
+
+    def _data_node_gone(self, now: float, peer: str, eff: list) -> None:
+        """A data node died: its microbatches die with it (their owner and ledger are gone).
+
+        Rule: none of its microbatches of an iteration not yet aggregated counts
+        anywhere (which of them completed died with it): relays drop them and
+        their contributions (its report to the leader is `Phases.forget`'s)."""
+        if not self.is_data:
+            for key in [k for k in self.mbs if k[0] == peer]:
+                self._drop(key, eff)
+            for it, keys in self.contrib.items():
+                if it not in self.begun:
+                    self.contrib[it] = {k for k in keys if k[0] != peer}
+        self.cfg = replace(self.cfg, data_nodes=tuple(d for d in self.cfg.data_nodes if d != peer))

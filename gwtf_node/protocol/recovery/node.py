@@ -1,0 +1,172 @@
+"""The recovery machine: `RecoveryNode`, its state and its entry points (events in, effects out).
+
+The mechanisms live in the mixins it is made of, one file each: `routing.py`,
+`relay.py`, `data.py`, `rounds.py`, `neighbours.py` (see the package docstring).
+"""
+
+from __future__ import annotations
+
+import random
+
+from ..effects import Send, SetTimer
+from ..messages import Backward, BackwardStuck, Complete, Lend, MbDeny, Room
+from ..pipeline import Ledger
+from .data import DataSide
+from .neighbours import Neighbours
+from .records import MB_MESSAGES, POLICIES, Key, RecoveryConfig, RecoveryStats, parse_timer_suffix, timer_suffix
+from .relay import RelaySide
+from .rounds import Rounds
+from .routing import Routing
+
+
+class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
+    """One node's microbatch machine (a data node or a relay), pure: `now` and events in, effects out."""
+
+    def __init__(self, cfg: RecoveryConfig, rng: random.Random, *, first_seq: int = 0) -> None:
+        if cfg.policy not in POLICIES:
+            raise ValueError(f"unknown policy {cfg.policy!r}")
+        self.cfg = cfg
+        self.me = cfg.node_id
+        self.rng = rng
+        self.stage = cfg.stage
+        self.is_data = cfg.stage < 0
+        self.nstages = cfg.last_stage + 1
+        self.swarm = cfg.policy == "swarm"
+        self.next_peers: dict[str, float] = dict(cfg.next_peers)
+        self.prev_peers: dict[str, float] = dict(cfg.prev_peers)
+        self.peer_cap: dict[str, int] = dict(cfg.peer_capacity)
+        self.est: dict[str, float] = dict(cfg.prior_s)
+        self.dead: set[str] = set()
+        self.gone: set[str] = set()  # peers the membership layer reported gone (`peer_gone`)
+        self.full: set[str] = set()
+        self.denied: set[str] = set()  # peers I sent MbDeny to: they get Room when a slot frees
+        self.mbs: dict = {}  # relay: Key -> RelayRecord; data node: Key -> DataRecord
+        self.out: dict[str, dict[str, int]] = {}  # gwtf flows: data node -> next hop -> units
+        self.contrib: dict[int, set[Key]] = {}
+        self.stats = RecoveryStats()
+        # the aggregation phase, as the driver reports it (begin_aggregation, aggregation_done)
+        self.begun: set[int] = set()
+        self.stepped: set[int] = set()
+        # data node
+        self.ledger = Ledger()
+        self.iteration = 0
+        self.next_seq = first_seq
+        self.waiting: list[int] = []
+        self.carry: list[int] = []  # deferred seqs for the next iteration
+        self.e2e_est = cfg.e2e_prior_s
+        self.reported: set[int] = set()
+        self.lent: dict[str, int] = {}  # lending: stage-0 relay -> units other data nodes lent me this iteration
+        self.rt: dict[str, float] = {}  # data node: stage-0 relay -> EWMA of launch -> final time through it
+
+    def start(self, now: float) -> list:
+        eff: list = []
+        if self.is_data:
+            self._open(now, 0, eff)
+        return eff
+
+    def on_message(self, now: float, sender: str, msg) -> list:
+        eff: list = []
+        self.dead.discard(sender)
+        self.gone.discard(sender)  # (a peer reported gone and heard from again, e.g. restarted with its id)
+        t = type(msg)
+        if t not in MB_MESSAGES:
+            raise TypeError(f"{t.__name__} is not a microbatch message: the driver routes it elsewhere")
+        if t in (Room, Lend):
+            if t is Lend:
+                if self.is_data and self.cfg.lend and not self.swarm and msg.iteration == self.iteration:
+                    self.lent[msg.hop] = self.lent.get(msg.hop, 0) + 1
+                    self.stats.borrowed += 1
+                    self._launch(now, eff)
+            else:
+                self.full.discard(sender)
+                if self.is_data:
+                    self._launch(now, eff)
+                else:  # a route again: retry parked repairs, and my upstream may send again (my Room)
+                    for r in [r for r in self.mbs.values() if r.parked]:
+                        r.parked, r.tried = False, set()
+                        self._route(now, r, eff)
+                    self._room(eff)
+            return eff
+        if t is MbDeny:
+            self.full.add(sender)
+        key = (msg.data_node, msg.seq, msg.iteration)
+        if self.is_data:
+            self._data_message(now, sender, key, msg, eff)
+        else:
+            self._relay_message(now, sender, key, msg, eff)
+        return eff
+
+    def on_timer(self, now: float, tkey: str) -> list:
+        eff: list = []
+        kind, _, rest = tkey.partition(":")
+        key = parse_timer_suffix(rest)
+        m = self.mbs.get(key)
+        if m is None:
+            return eff
+        if self.is_data:
+            self._data_timer(now, kind, m, eff)
+            return eff
+        if kind == "fw" and m.phase == "sending":
+            self.stats.reroutes += 1
+            self._presume_dead(m.next)
+            m.tried.add(m.next)
+            self._route(now, m, eff)
+        elif kind == "fw" and m.parked:
+            self.full.difference_update(self.next_peers)  # no Room came: offer it to them again, once
+            m.tried = {""}
+            self._route(now, m, eff)
+        elif kind == "bk" and m.phase == "grad" and not self.swarm:
+            eff.append(Send(key[0], BackwardStuck(*key, self.stage, m.attempt)))
+        return eff
+
+    def on_compute_done(self, now: float, key: tuple, kind: str) -> list:
+        eff: list = []
+        m = self.mbs.get(key)
+        if m is None:
+            return eff
+        if self.is_data:
+            self._data_compute_done(now, m, kind, eff)
+            return eff
+        if m.phase == "fwd" and kind in ("forward", "recompute"):
+            eff.append(Send(m.prev, Complete(*key, m.attempt)))
+            self._route(now, m, eff)
+        elif m.phase == "bwd" and kind == "backward":
+            self.contrib.setdefault(key[2], set()).add(key)
+            eff.append(Send(m.next, Complete(*key, m.attempt)))
+            eff.append(Send(m.prev, Backward(*key, None, m.attempt)))
+            m.phase, m.sent_at = "grad", now
+            self._report(key, m.attempt, "grad", eff)  # backward progress: the data node's act_on_gone reads it
+            eff.append(SetTimer(f"bk:{timer_suffix(key)}", self._deadline(now, m.prev)))
+            self._room(eff)
+            for r in [r for r in self.mbs.values() if r.parked]:  # my slot at my next hop freed
+                r.parked, r.tried = False, set()
+                self._route(now, r, eff)
+        return eff
+
+    def open_iteration(self, now: float, it: int) -> list:
+        """Data node: the previous iteration's steps are applied everywhere; push the microbatches of `it`."""
+        eff: list = []
+        self._open(now, it, eff)
+        return eff
+
+    def begin_aggregation(self, now: float, it: int) -> tuple[list, frozenset]:
+        """Relay: BEGIN AGGREGATION of `it` arrived; drop what is left of its microbatches.
+
+        Returns the effects and the contributions to count: the keys of `it`
+        whose backward this node computed and that were not released."""
+        eff: list = []
+        self.begun.add(it)
+        if not self.is_data:
+            for key in [k for k in self.mbs if k[2] <= it]:
+                self._drop(key, eff)
+            self.full.clear()
+            self.denied.clear()
+        return eff, frozenset(self.contrib.get(it, ()))
+
+    def aggregation_done(self, now: float, it: int) -> list:
+        """The step of `it` is applied here: room again for the next iteration's microbatches."""
+        eff: list = []
+        self.stepped.add(it)
+        self.contrib.pop(it, None)
+        self._room(eff)
+        return eff

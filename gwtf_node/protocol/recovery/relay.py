@@ -1,0 +1,157 @@
+"""A relay's side: taking a microbatch, handing it on along the flows or a recovery chain, answering probes and
+repair orders (module doc, "Forward pass" and "Backward pass, GWTF").
+"""
+
+from __future__ import annotations
+
+from ..effects import CancelTimer, Send, SetTimer
+from ..messages import Backward, BackwardStuck, Complete, Forward, MbDeny, Probe, Recover, Release, RepairOrder, Resume
+from .records import Compute, Key, RelayRecord, timer_suffix
+
+
+class RelaySide:
+    """Part of `RecoveryNode` (node.py): one mechanism of the machine, see the module docstring."""
+
+    def _relay_message(self, now: float, sender: str, key: Key, msg, eff: list) -> None:
+        t = type(msg)
+        a = msg.attempt
+        r: RelayRecord | None = self.mbs.get(key)
+        if t is Forward or t is Recover:
+            self._on_take(now, sender, key, msg, r, eff)
+            return
+        if t is Probe:
+            self._report(key, a, "none" if r is None or r.attempt > a else r.phase, eff)
+            if r is not None and r.attempt < a:
+                r.attempt = a
+            return
+        if t is Release:
+            if r is None or r.attempt <= a:
+                self.contrib.get(key[2], set()).discard(key)
+                self._drop(key, eff)
+            return
+        if r is None or a < r.attempt:
+            if r is not None:
+                self.stats.stale += 1
+            if t is Resume:
+                eff.append(Send(sender, MbDeny(*key, a)))  # I hold nothing to resume from
+            elif t is RepairOrder:
+                self._report(key, a, "none", eff)
+            return
+        r.attempt = a
+        if t is Complete:
+            if r.phase == "sending" and sender == r.next:
+                eff.append(CancelTimer(f"fw:{timer_suffix(key)}"))
+                if not (r.rest and r.rest[0] == sender):  # (the answer to a Resume is no hand-off time)
+                    self._measure(sender, now - r.sent_at)
+                r.phase, r.rest, r.ordered = "sent", (), False
+                r.tried.clear()
+            elif r.phase == "grad" and sender == r.prev:
+                eff.append(CancelTimer(f"bk:{timer_suffix(key)}"))
+                self._measure(sender, now - r.sent_at)
+                r.phase = "done"
+        elif t is MbDeny:
+            # (also after its Complete: the next hop acknowledged, then found no route on and handed it back)
+            if r.phase in ("sending", "sent") and sender == r.next:
+                eff.append(CancelTimer(f"fw:{timer_suffix(key)}"))
+                r.tried.add(sender)
+                self.stats.reroutes += 1
+                self._route(now, r, eff)
+        elif t is Backward:
+            if r.phase in ("sent", "sending"):
+                eff.append(CancelTimer(f"fw:{timer_suffix(key)}"))
+                r.next, r.phase, r.rest = sender, "bwd", ()
+                eff.append(Compute("backward", key))
+        elif t is Resume:
+            # the sender recomputed the stage before me (or the data node asks me to resend): it is my upstream
+            newprev = msg.path[-1] if msg.path else sender
+            r.prev = newprev
+            eff.append(Send(newprev, Complete(*key, a)))
+            if r.phase in ("grad", "done"):
+                self.stats.resends += 1
+                r.phase, r.sent_at = "grad", now
+                eff.append(Send(newprev, Backward(*key, None, a)))
+                eff.append(SetTimer(f"bk:{timer_suffix(key)}", self._deadline(now, newprev)))
+        elif t is RepairOrder:
+            if r.phase != "sent":
+                self._report(key, a, r.phase, eff)  # (sending: my own deadline covers it)
+                return
+            r.ordered = True
+            if self.stage < self.cfg.last_stage:
+                self._presume_dead(r.next)
+            tried_before = r.tried
+            r.tried = {r.next} if r.next is not None and r.next not in self.cfg.data_nodes else set()
+            r.tried |= {""} & tried_before  # (a parked record's one deadline retry is spent)
+            r.rest = tuple(msg.rest)
+            self.stats.reroutes += 1
+            self._route(now, r, eff)
+
+    def _on_take(self, now: float, sender: str, key: Key, msg, r: RelayRecord | None, eff: list) -> None:
+        a = msg.attempt
+        if r is not None:
+            if a < r.attempt or (a == r.attempt and type(msg) is Forward):
+                # stale, or a second branch of the same attempt (an upstream presumed me dead): keep mine
+                self.stats.stale += 1
+                if r.phase != "fwd":
+                    eff.append(Send(sender, Complete(*key, a)))
+                return
+            if a > r.attempt:
+                self.contrib.get(key[2], set()).discard(key)  # the old attempt's gradient is not trained on
+            self._drop(key, eff)  # a newer attempt, or a repair the data node ordered: it supersedes mine
+        aggregating = (msg.iteration - 1) in self.begun and (msg.iteration - 1) not in self.stepped
+        if msg.iteration in self.begun or aggregating or self._slots_used() >= self.cfg.capacity:
+            self._deny(sender, key, a, eff)  # (aggregating: my parameters are not those of this iteration yet)
+            return
+        recover = type(msg) is Recover
+        self.mbs[key] = RelayRecord(key, a, sender, tuple(msg.path) + (self.me,), rest=tuple(msg.rest) if recover else ())
+        self._report(key, a, "rec" if recover else "fwd", eff)
+        eff.append(Compute("recompute" if recover else "forward", key))
+
+    def _route(self, now: float, r: RelayRecord, eff: list) -> None:
+        """Hand my stashed output on: along `rest` (a recovery chain) or the flows / greedy."""
+        key, a = r.key, r.attempt
+        r.parked = False
+        recovering = bool(r.rest)
+        if recovering and r.rest[0] != "" and not r.tried:
+            j = r.rest[0]
+            r.next, r.phase, r.sent_at = j, "sending", now
+            eff.append(Send(j, Resume(*key, r.path, r.rest[1:], None, a)))
+            # a Resume is a control message answered at once (Complete): no tensor hand-off to wait for
+            eff.append(SetTimer(f"fw:{timer_suffix(key)}", now + self.cfg.probe_wait_s + self.cfg.margin_s))
+            return
+        j = self._choose_next(key[0], r.tried)
+        if recovering and r.rest[0] != "" and j is not None and r.tried:
+            # the node to resume at did not answer: it is dead too, so its stage is recomputed as well
+            r.rest = ("",) + r.rest[1:]
+        if j is None:
+            if self.stage < self.cfg.last_stage and "" not in r.tried and (
+                    recovering or r.ordered or not self.cfg.one_wave):
+                # every live next-stage peer is full (or none is left): keep my output (and a repair order) and
+                # my slot; retried on a Room, a slot of mine freeing, a joiner of the next stage, or once on
+                # this timer (then: as below)
+                r.phase, r.next, r.parked = "sent", None, True
+                r.tried.clear()
+                if r.ordered:
+                    self._report(key, a, "sent", eff)
+                peers = self._live_next() or list(self.next_peers)
+                wait = max((self.est.get(j, self.cfg.default_prior_s) for j in peers), default=self.cfg.default_prior_s)
+                eff.append(SetTimer(f"fw:{timer_suffix(key)}", now + self.cfg.k * wait + self.cfg.margin_s))
+                return
+            if r.ordered:
+                # I was ordered to repair and cannot: keep my stash, tell the data node (its next round decides)
+                r.phase, r.rest, r.ordered = "sent", (), False
+                r.tried.clear()
+                self._report(key, a, "sent", eff)
+                eff.append(Send(key[0], BackwardStuck(*key, self.stage, a)))
+                return
+            prev = r.prev
+            del self.mbs[key]  # no Room for this freed slot: I have no route, not just no room
+            self._cancel(key, eff)
+            self._deny(prev, key, a, eff)
+            return
+        r.next, r.phase, r.sent_at = j, "sending", now
+        if recovering:
+            self.stats.recovers += 1
+            eff.append(Send(j, Recover(*key, r.path, r.rest[1:], None, a)))
+        else:
+            eff.append(Send(j, Forward(*key, r.path, None, a)))
+        eff.append(SetTimer(f"fw:{timer_suffix(key)}", self._deadline(now, j)))

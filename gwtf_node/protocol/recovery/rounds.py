@@ -1,0 +1,136 @@
+"""A data node's recovery decisions: its watchdog, GWTF's probe rounds and `_decide`, SWARM's restarts, giving an
+attempt up (module doc, "Backward pass" and "Bounded rounds").
+"""
+
+from __future__ import annotations
+
+from ..effects import CancelTimer, Send, SetTimer
+from ..messages import Backward, Probe, Release, RepairOrder, Resume
+from .records import BWD_STATES, FWD_STATES, K_E2E, Compute, DataRecord, timer_suffix
+
+
+class Rounds:
+    """Part of `RecoveryNode` (node.py): one mechanism of the machine, see the module docstring."""
+
+    def _data_timer(self, now: float, kind: str, m: DataRecord, eff: list) -> None:
+        if kind == "fw" and m.src == "sending":
+            self.stats.reroutes += 1
+            self._presume_dead(m.next)
+            m.tried.add(m.next)
+            self._src_route(now, m, eff)
+        elif kind == "bk" and m.sink == "grad":
+            self._trouble(now, m, eff)
+        elif kind == "wd":
+            if m.sink != "final" and not m.collecting:
+                self._trouble(now, m, eff)
+        elif kind == "pr" and m.collecting:
+            self._decide(now, m, eff)
+
+    def _arm_watchdog(self, now: float, m: DataRecord, eff: list) -> None:
+        eff.append(SetTimer(f"wd:{timer_suffix(m.key)}", now + K_E2E * self.e2e_est + self.cfg.margin_s))
+
+    def _trouble(self, now: float, m: DataRecord, eff: list) -> None:
+        """A microbatch is not progressing: GWTF runs a probe round, SWARM restarts it."""
+        if m.sink == "final" or m.src == "emb":
+            self._arm_watchdog(now, m, eff)
+            return
+        if self.swarm:
+            self._restart(now, m, eff)
+        else:
+            self._round(now, m, eff)
+
+    def _round(self, now: float, m: DataRecord, eff: list) -> None:
+        m.rounds += 1
+        if m.rounds > self.cfg.max_rounds:
+            self._give_up(now, m, eff)
+            return
+        self.stats.probes += 1
+        m.collecting, m.snapshot = True, {}
+        for p in sorted({p for p in m.path if p is not None}):
+            eff.append(Send(p, Probe(*m.key, tuple(x or "" for x in m.path), m.attempt)))
+        eff.append(CancelTimer(f"wd:{timer_suffix(m.key)}"))
+        eff.append(SetTimer(f"pr:{timer_suffix(m.key)}", now + self.cfg.probe_wait_s))
+
+    def _decide(self, now: float, m: DataRecord, eff: list) -> None:
+        """The recovery decision, from the probe answers (see the module doc)."""
+        m.collecting = False
+        S = self.nstages
+        st = [m.snapshot.get(p) if p is not None else None for p in m.path]
+        a, key = m.attempt, m.key
+        self._arm_watchdog(now, m, eff)
+        if m.sink is None:  # the forward has not reached the sink
+            f = max((s for s in range(S) if st[s] in FWD_STATES), default=-1)
+            if f < 0:
+                if m.src == "sent":
+                    self._presume_dead(m.next)
+                    m.tried = {m.next}
+                    self._src_route(now, m, eff)
+            elif st[f] == "sent":
+                eff.append(Send(m.path[f], RepairOrder(*key, a, ())))
+            return
+        if m.sink in ("loss", "final"):
+            return  # computing here
+        g = min((s for s in range(S) if st[s] in BWD_STATES), default=S)
+        if any(st[s] in ("fwd", "sending") for s in range(g)):
+            return  # a repair is under way
+        bad = [s for s in range(g) if st[s] != "sent"]
+        if not bad:
+            if g < S and st[g] == "bwd":
+                return
+            if g == S:
+                if m.sink == "grad":
+                    return  # my own hop deadline covers it
+                target = m.path[S - 1]
+                self.stats.resends += 1
+                m.sink, m.sent_at = "grad", now
+                eff.append(Send(target, Backward(*key, None, a)))
+                eff.append(SetTimer(f"bk:{timer_suffix(key)}", self._deadline(now, target)))
+            else:
+                newprev = m.path[g - 1] if g > 0 else self.me
+                eff.append(Send(m.path[g], Resume(*key, (newprev,), (), None, a)))
+            return
+        runs: list[list[int]] = []
+        for s in bad:
+            if runs and runs[-1][-1] == s - 1:
+                runs[-1].append(s)
+            else:
+                runs.append([s])
+        for run in runs:
+            lo, hi = run[0], run[-1]
+            # resume at the holder after the run; if it died meanwhile, at the one after it (and so on)
+            end = min([s for s in bad if s > hi] + [s for s in range(hi + 1, S) if m.path[s] is None] + [S])
+            rest = ("",) * (hi - lo + 1) + tuple(m.path[hi + 1:end]) + ((self.me,) if end == S else ())
+            if lo == 0:
+                self._presume_dead(m.next)
+                m.tried = {m.next} if m.next is not None else set()
+                m.rest = rest
+                self._src_route(now, m, eff)
+            else:
+                eff.append(Send(m.path[lo - 1], RepairOrder(*key, a, rest)))
+
+    def _restart(self, now: float, m: DataRecord, eff: list) -> None:
+        """SWARM: the whole pipeline again, from the embedding, as a new attempt."""
+        m.rounds += 1
+        if m.rounds > self.cfg.max_rounds:
+            self._give_up(now, m, eff)
+            return
+        self.stats.restarts += 1
+        for p in sorted(m.holders):
+            eff.append(Send(p, Release(*m.key, m.attempt)))
+        self._cancel(m.key, eff)
+        m.attempt += 1
+        m.src, m.next, m.rest, m.tried, m.sink, m.parked = "emb", None, (), set(), None, False
+        m.path, m.holders, m.bwd_done, m.collecting, m.snapshot = [None] * self.nstages, set(), set(), False, {}
+        m.launched_at = now
+        eff.append(Compute("forward", m.key))
+        self._arm_watchdog(now, m, eff)
+
+    def _give_up(self, now: float, m: DataRecord, eff: list) -> None:
+        self.stats.gave_up += 1
+        for p in sorted(m.holders):
+            eff.append(Send(p, Release(*m.key, m.attempt)))
+        self._cancel(m.key, eff)
+        del self.mbs[m.key]
+        self._defer(m.key, eff)
+        self._launch(now, eff)
+        self._maybe_done(now, m.key[2], eff)

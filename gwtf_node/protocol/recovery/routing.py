@@ -1,0 +1,131 @@
+"""Choosing next hops, deadlines, room and denials: the helpers every side of the machine uses."""
+
+from __future__ import annotations
+
+from ..effects import CancelTimer, Send
+from ..messages import MbDeny, MbState, Room
+from ..pipeline import pick_next_hop
+from .records import SLOT_PHASES, TIMERS, DataRecord, Key, ewma, timer_suffix
+
+
+class Routing:
+    """Part of `RecoveryNode` (node.py): one mechanism of the machine, see the module docstring."""
+
+    def _live_next(self) -> list[str]:
+        return [j for j in self.next_peers if j not in self.dead]
+
+    def _slots_used(self) -> int:
+        if self.is_data:
+            return 0
+        return sum(1 for r in self.mbs.values() if r.phase in SLOT_PHASES)
+
+    def _inflight(self, j: str, d: str | None = None) -> int:
+        """Microbatches whose activations I sent to j and j still holds (they occupy a unit / a slot)."""
+        n = 0
+        for m in self.mbs.values():
+            if m.next != j or (d is not None and m.key[0] != d):
+                continue
+            if self.is_data or m.phase in SLOT_PHASES:
+                n += 1
+        return n
+
+    def _waiting_to(self, j: str) -> int:
+        if self.is_data:
+            return sum(1 for m in self.mbs.values() if m.next == j and m.src == "sending")
+        return sum(1 for m in self.mbs.values() if m.next == j and m.phase == "sending")
+
+    def _deadline(self, now: float, j: str) -> float:
+        e = self.est.get(j, self.cfg.default_prior_s)
+        return now + self.cfg.k * e * (1 + self._waiting_to(j)) + self.cfg.margin_s
+
+    def _measure(self, j: str, sample: float) -> None:
+        ewma(self.est, j, sample)
+
+    def _gone_ahead(self, m: DataRecord, gone: set) -> bool:
+        """A holder of m's path in `gone` whose stage has not reported its backward: the backward cannot pass it."""
+        return any(h in gone and s not in m.bwd_done for s, h in enumerate(m.path))
+
+    def _room_for(self, j: str) -> bool:
+        cap = self.cfg.swarm_assumed_capacity if self.swarm else self.peer_cap.get(j, 1)
+        return self._inflight(j) < cap
+
+    def _greedy(self, exclude: set) -> str | None:
+        c = [(self.next_peers[j], j) for j in self._live_next()
+             if j not in self.full and j not in exclude and self._room_for(j)]
+        return min(c)[1] if c else None
+
+    def _choose_next(self, d: str, exclude: set, *, fresh: bool = False) -> str | None:
+        """Next hop for a microbatch of data node d; `fresh`: a new launch (flows only)."""
+        if not self.is_data and self.stage == self.cfg.last_stage:
+            return d
+        if self.swarm:
+            return self._greedy(exclude)
+        ok = [j for j in self._live_next() if j not in self.full and j not in exclude]
+        units = self.out.get(d, {})
+        if self.is_data and self.lent:  # units lent to me (Lend) for this iteration
+            units = dict(units)
+            for j, n in self.lent.items():
+                units[j] = units.get(j, 0) + n
+        inflight = {j: self._inflight(j, d) for j in units}
+        costs = self.next_peers
+        if self.is_data and fresh and self.cfg.fastest_unit:  # module doc, "Fastest unit first"
+            costs = {j: (self.rt.get(j, self.e2e_est), self.next_peers.get(j, float("inf"))) for j in units}
+        hop = pick_next_hop(units, inflight, costs, ok)
+        if hop is not None:
+            return hop
+        if self.cfg.lend and not fresh:
+            for d2 in sorted(d2 for d2 in self.out if d2 != d):  # another data node's idle unit, before a repair
+                u2 = self.out[d2]
+                hop = pick_next_hop(u2, {j: self._inflight(j, d2) for j in u2}, self.next_peers, ok)
+                if hop is not None:
+                    return hop
+        if fresh and any(units.get(j, 0) > 0 for j in ok):
+            return None  # the flows are busy: wait for a slot
+        hop = self._greedy(exclude)  # local repair: a live peer with room takes a unit
+        if hop is not None:
+            self.out.setdefault(d, {})[hop] = self.out.setdefault(d, {}).get(hop, 0) + 1
+        return hop
+
+    def _presume_dead(self, j: str | None) -> None:
+        if j is None or j in self.dead or j in self.cfg.data_nodes:
+            return
+        self.dead.add(j)
+        self.stats.presumed_dead += 1
+        if self.swarm:
+            return
+        for d, units in self.out.items():  # local flow repair: move the units to live peers with room
+            n = units.pop(j, 0)
+            for _ in range(n):
+                cands = sorted((self.next_peers[p], p) for p in self._live_next()
+                               if p not in self.full
+                               and sum(o.get(p, 0) for o in self.out.values()) < self.peer_cap.get(p, 1))
+                if not cands:
+                    break
+                p = cands[0][1]
+                units[p] = units.get(p, 0) + 1
+
+    def _cancel(self, key: Key, eff: list) -> None:
+        for t in TIMERS:
+            eff.append(CancelTimer(f"{t}:{timer_suffix(key)}"))
+
+    def _room(self, eff: list) -> None:
+        if self.denied and not self.is_data and (self.stage == self.cfg.last_stage or self._live_next()):
+            free = self.cfg.capacity - self._slots_used()
+            if free > 0:
+                for p in sorted(self.denied):
+                    eff.append(Send(p, Room(free)))
+                self.denied.clear()
+
+    def _drop(self, key: Key, eff: list) -> None:
+        if self.mbs.pop(key, None) is None:
+            return
+        self._cancel(key, eff)
+        self._room(eff)
+
+    def _deny(self, to: str, key: Key, attempt: int, eff: list) -> None:
+        self.stats.denies_sent += 1
+        self.denied.add(to)
+        eff.append(Send(to, MbDeny(*key, attempt)))
+
+    def _report(self, key: Key, attempt: int, state: str, eff: list) -> None:
+        eff.append(Send(key[0], MbState(*key, attempt, self.stage, state)))

@@ -1,0 +1,139 @@
+"""The aggregation phase (`protocol.phases.Phases`) and the election (`protocol.leader.LeaderMachine`) on every
+node, and the step on the compute queue.
+"""
+
+from __future__ import annotations
+
+from ...protocol.effects import CancelTimer, Send, SetTimer
+from ...protocol.messages import BeginAggregation, IterationDone, PhaseAck
+from ...protocol.phases import LeftOut, OpenIteration, OutOfStep, StartStep
+from ...protocol.recovery import IterationSettled
+from .events import Event
+from .setting import AGG_S, STAGE_STATE_MB
+
+
+class AggregationDriver:
+    """Part of `TrainSim` (driver.py): one mechanism of the simulator, see the module docstring."""
+
+    def _known(self, stage: int) -> list[str]:
+        """The nodes of `stage` (-1: the data nodes) the membership layer has not reported gone: what every
+        node knows (crashed ones until their report, joiners once announced)."""
+        if stage < 0:
+            return [d for d in self.data if d not in self.reported_gone]
+        return sorted(r for r, s in self.stage.items() if s == stage and r not in self.reported_gone
+                      and r in self.nodes and r not in self.data)
+
+    def _next_prev(self, nid: str) -> tuple[list[str], list[str]]:
+        st, last = self.stage[nid], self.S - 1
+        if st < 0:
+            return self._known(0), self._known(last)
+        return (self._known(-1) if st == last else self._known(st + 1),
+                self._known(-1) if st == 0 else self._known(st - 1))
+
+    def _groups(self) -> dict[int, list[str]]:
+        return {k: self._known(k) for k in range(-1, self.S)}
+
+    def _iteration_now(self) -> int:
+        """The iteration the live data nodes are in (the newest one opened): a joiner's parameters are its."""
+        live = [self.phases[d].iteration for d in self.data if d in self.phases and d not in self.dead]
+        return max(live, default=0)
+
+    def _leading(self, nid: str) -> bool:
+        lm = self.leaders.get(nid)
+        return lm is not None and lm.is_leader(self.now)
+
+    def _maybe_begin(self, nid: str) -> list:
+        """The acting leader opens the aggregation of every iteration whose reports it holds."""
+        ph = self.phases[nid]
+        eff: list = []
+        for it in ph.pending_iterations():
+            eff += ph.maybe_begin(self.now, it, leading=self._leading(nid), data_nodes=self._known(-1),
+                                  stage0=self._known(0), groups=self._groups())
+        return eff
+
+    def _report_settled(self, nid: str, e: IterationSettled) -> None:
+        """A data node's iteration is settled: its report goes to the leader (at the leader: maybe BEGIN)."""
+        ph = self.phases[nid]
+        eff = ph.report_done(self.now, IterationDone(e.iteration, e.completed, 0.0, e.deferred))
+        if self._leading(nid):
+            eff += self._maybe_begin(nid)
+        self._apply_phase(nid, eff)
+
+    def _apply_phase(self, nid: str, effects: list) -> None:
+        """The aggregation phase's effects: control messages, its retransmission timers, the step."""
+        for e in effects:
+            t = type(e)
+            if t is Send:
+                self._send(nid, e)
+            elif t is SetTimer or t is CancelTimer:
+                self._timer(self._tv, Event.TIMER, nid, e, "phase")
+            elif t is StartStep or t is LeftOut or t is OutOfStep:
+                rec = self.nodes[nid]
+                if e.iteration not in rec.begun:  # BEGIN reached this node: a relay drops what is left
+                    self._apply(nid, rec.begin_aggregation(self.now, e.iteration)[0])
+                if t is StartStep:
+                    self._start_step(nid, e.iteration)
+                else:  # the stage state of the iteration after the step, from a stage peer
+                    self.resyncs += 1
+                    peers = self._peers(self.stage[nid], nid)
+                    dl = STAGE_STATE_MB * 8.0 / min(self.net.link(p, nid)[1] for p in peers) if peers else 0.0
+                    self._push(self.now + AGG_S + dl, Event.RESYNC, nid, e.iteration, None)
+            elif t is OpenIteration:
+                self._apply(nid, self.nodes[nid].open_iteration(self.now, e.iteration))
+            else:
+                raise TypeError(f"unknown effect {e!r} from {nid}'s aggregation phase")
+
+    def _start_step(self, nid: str, it: int) -> None:
+        """All-reduce + optimizer step: AGG_S on the node's compute queue (longer if a stage peer dies)."""
+        start = max(self.now, self._busy.get(nid, 0.0))
+        end = start + AGG_S
+        self._busy[nid] = end
+        self._token += 1
+        self._agg_pending[nid] = (end, self._token, ("agg", it))
+        self._push(end, Event.DONE, nid, ("aggregate", ("agg", it), AGG_S, start), self._token)
+
+    def _step_done(self, nid: str, it: int) -> None:
+        self._apply(nid, self.nodes[nid].aggregation_done(self.now, it))
+        nxt, prv = self._next_prev(nid)
+        self._apply_phase(nid, self.phases[nid].on_step_done(self.now, it, nxt, prv))
+
+    def _phase_message(self, nid: str, sender: str, msg) -> None:
+        ph = self.phases[nid]
+        nxt, prv = self._next_prev(nid)
+        t = type(msg)
+        if t is PhaseAck:
+            eff = ph.on_ack(self.now, sender, msg)
+        elif t is IterationDone:
+            eff = ph.on_iteration_done(self.now, sender, msg, leading=self._leading(nid), data_nodes=self._known(-1),
+                                       stage0=self._known(0), groups=self._groups())
+        elif t is BeginAggregation:
+            eff = ph.on_begin(self.now, sender, msg, nxt)
+        else:
+            eff = ph.on_can_take(self.now, sender, msg, nxt, prv)
+        self._apply_phase(nid, eff)
+
+    def _leader_event(self, nid: str, effects: list) -> None:
+        """The election's effects; a change of the leader this data node knows goes to its Phases."""
+        for e in effects:
+            t = type(e)
+            if t is Send:
+                self._send(nid, e)
+            elif t is SetTimer or t is CancelTimer:
+                self._timer(self._tv, Event.TIMER, nid, e, "leader")
+            else:
+                raise TypeError(f"unknown effect {e!r} from {nid}'s election")
+        lead = self.leaders[nid].leader(self.now)
+        if lead == self._leader_seen[nid]:
+            return
+        self._leader_seen[nid] = lead
+        if lead == nid:
+            self.elections += 1
+        front = self._known(-1) + self._known(0)
+        eff = self.phases[nid].set_leader(self.now, lead, front=front)
+        if lead == nid:
+            eff += self._maybe_begin(nid)
+        self._apply_phase(nid, eff)
+
+    def _aggregating(self) -> bool:
+        """An aggregation is under way: a live data node began its iteration's (until it opens the next)."""
+        return any(self.phases[d].iteration in self.phases[d].begun for d in self._live_data())

@@ -1,0 +1,478 @@
+"""The training simulator's driver: `TrainSim` runs every node's machines in virtual time and executes their
+effects (see the package docstring).  The aggregation phase, the flows and the report are its mixins
+(`aggregation.py`, `flows.py`, `report.py`)."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+
+from ...protocol.effects import CancelTimer, Send, SetTimer
+from ...protocol.flow import FlowNode
+from ...protocol.leader import LeaderConfig, LeaderMachine
+from ...protocol.phases import CanTakeRule, OpenIteration, Phases
+from ...protocol.recovery import Compute, IterationSettled, RecoveryConfig, RecoveryNode
+from ..engine import Simulator
+from .aggregation import AggregationDriver
+from .events import LEADER_MSGS, PHASE_MSGS, TENSOR_MSGS, Event
+from .flows import FlowDriver
+from .report import IterStats, Reporting
+from .setting import (
+    ACTIVATION_MB, AGG_PEER_TIMEOUT_S, AGG_S, BACKWARD_S, DETECT_S, FLOW_CONVERGE_S, FLOW_OPTIONS, FORWARD_S,
+    IDEAL_MB_S, MAX_SIM_S_PER_ITERATION, MICROBATCHES, REJOIN_S, ROUTINGS, SILENCE_S, STAGE_SIZES,
+    STAGE_STATE_MB, SWARM_REACTIONS, Setting, compute_s, initial_flows,
+)
+
+
+class TrainSim(AggregationDriver, FlowDriver, Reporting):
+    """One Table II run in virtual time (module docstring).  Model switches, defaults in parentheses:
+    `routing` ("machines": GWTF's flows by the flow machines; "oracle": the LP optimum installed globally),
+    `reflow` (True; oracle only: re-install the optimum FLOW_CONVERGE_S after a change), `lend` (True; machines
+    only: recovery.py's lending), `fastest_unit` (True; GWTF: recovery.py's "Fastest unit first"), `flow_options` (FLOW_OPTIONS: FlowConfig fields of every flow machine),
+    `detect` (True: the membership layer), `join_mid_iteration` (True), `swarm_reacts_to` ("membership"),
+    `gwtf_acts_on_gone` (True), `unpresume` (True: a presumed-dead peer still heard is alive again),
+    `can_take` ("all": phases.CanTakeRule), `one_wave` (False: recovery.py's "One wave", the paper's one-wave iteration
+    with deferral, for both policies), `detect_s` (DETECT_S: how long after a crash the membership layer reports
+    it); `crash_plan` / `rejoin` (True) for scripted crashes; `flows`: fixed flows
+    (oracle-style, no machines)."""
+
+    def __init__(self, setting: Setting, policy: str, churn: float, seed: int,
+                 crash_plan: list[tuple[float, str]] | None = None, rejoin: bool = True,
+                 flows: dict | None = None, reflow: bool = True, detect: bool = True,
+                 join_mid_iteration: bool = True, swarm_reacts_to: str = "membership",
+                 gwtf_acts_on_gone: bool = True, routing: str = "machines", flow_options: dict | None = None,
+                 lend: bool = True, one_wave: bool = False, detect_s: float = DETECT_S, fastest_unit: bool = True,
+                 unpresume: bool = True, can_take: str = CanTakeRule.ALL.value) -> None:
+        if routing not in ROUTINGS:
+            raise ValueError(f"routing must be one of {ROUTINGS}, not {routing!r}")
+        self.setting, self.policy, self.churn, self.seed = setting, policy, churn, seed
+        self.data: tuple[str, ...] = setting.data
+        self.rng = random.Random(f"train:{seed}:{policy}:{churn}")
+        self.crash_rng = random.Random(f"churn:{seed}:{churn}")  # same crash draws for both policies
+        self.net = setting.net
+        self.nodes: dict[str, RecoveryNode] = {}  # every node's microbatch machine
+        self.phases: dict[str, Phases] = {}  # every node's aggregation phase
+        self.leaders: dict[str, LeaderMachine] = {}  # every data node's election
+        self._leader_seen: dict[str, str | None] = {}  # data node -> the leader its Phases was last told of
+        self.reported_gone: set[str] = set()  # nodes the membership layer reported gone (everyone learns at once)
+        self.crashed_at: dict[str, float] = {}
+        self.unpresume = unpresume
+        self.can_take = CanTakeRule(can_take)
+        self.resyncs = 0
+        self.elections = 0
+        self.dropped = 0
+        self.observer = None  # tests: called as observer(node, "msg", (sender, msg)) / (node, "done", (key, kind))
+        self.drop = None  # tests: drop(sender, to, msg) -> True loses that control message on the wire
+        self.stage: dict[str, int] = {d: -1 for d in self.data}
+        self.cap: dict[str, int] = {}
+        self.dead: set[str] = set()
+        self.engine = Simulator(lambda a, b: None)  # the event queue and the clock (sim/engine.py)
+        self._tv: dict = {}
+        self._busy: dict[str, float] = {}
+        self._link_free: dict[tuple[str, str], float] = {}
+        self._agg_pending: dict[str, tuple[float, int, tuple]] = {}
+        self._token = 0
+        self.iters: dict[int, IterStats] = {}
+        self.pending_joins: list[tuple[float, str, int, int]] = []
+        self.joins = 0
+        self.crashes: list[tuple[float, str]] = []
+        self.crash_plan = sorted(crash_plan or [])
+        self.data_crashed: dict[str, int] = {}  # a data node that crashed -> the iteration it was in
+        self.rejoin = rejoin
+        self.last_iter_s = 600.0
+        self.events = 0
+        self.trace: list | None = None  # set to a list to record (kind, ...) tuples (module docstring)
+        self._opened_once: set[int] = set()
+        self.reflow = reflow
+        self.detect = detect
+        self.detect_s = detect_s
+        self.join_mid_iteration = join_mid_iteration
+        if swarm_reacts_to not in SWARM_REACTIONS:
+            raise ValueError(f"swarm_reacts_to must be one of {SWARM_REACTIONS}, not {swarm_reacts_to!r}")
+        self.acts_on_gone = {"swarm": swarm_reacts_to == "membership", "gwtf": gwtf_acts_on_gone}[policy]
+        self.reflows = 0
+        self._lent = False
+        self._flow_members = dict(setting.relays)
+        self._done_at: dict[tuple[str, int], float] = {}
+        S = len(STAGE_SIZES)
+        self.S = S
+        for r, (s, c) in setting.relays.items():
+            self.stage[r], self.cap[r] = s, c
+        # GWTF's flows: the flow machines (`flow.py`), run in this virtual time (module docstring), or the
+        # optimum of the routing LP installed by an oracle (`routing="oracle"`, the model before the machines ran)
+        self.machines = policy == "gwtf" and routing == "machines" and flows is None
+        self.routing = routing if policy == "gwtf" else "greedy"
+        if self.machines:
+            self.reflow = False
+            self.flows = {}
+        else:
+            self.flows = flows if flows is not None else (initial_flows(setting) if policy == "gwtf" else {})
+        self.one_wave = one_wave
+        self.lend = lend and self.machines  # (the oracle lends by recomputing the flows without the finished one)
+        self.fastest_unit = fastest_unit
+        self.fnodes: dict[str, FlowNode] = {}
+        self.flow_options = dict(FLOW_OPTIONS if flow_options is None else flow_options)  # FlowConfig fields
+        self._ftv: dict = {}
+        self._fstamp: dict[str, float] = {}
+        self._started: set[str] = set()
+        self.flow_messages = 0
+        for nid in list(self.data) + list(setting.relays):
+            self._make(nid, self.stage[nid], self.cap.get(nid, MICROBATCHES))
+        for d in self.data:
+            self.leaders[d] = LeaderMachine(LeaderConfig(d, self.data), random.Random(f"{seed}:{d}:leader"))
+            self._leader_seen[d] = None
+        for t, nid in self.crash_plan:
+            self._push(t, Event.CRASH, nid, None, None)
+
+    def _peers(self, stage: int, nid: str, live_only: bool = True) -> list[str]:
+        return [r for r, s in self.stage.items() if s == stage and r != nid and r not in self.dead
+                and r not in self.data]
+
+    def _prior(self, a: str, b: str, back: bool) -> float:
+        sb = self.stage[b]
+        c = compute_s(sb, ("final" if back else "loss") if sb < 0 else ("backward" if back else "forward"))
+        return self.net.transfer_s(a, b, ACTIVATION_MB) + c * max(1, self.cap.get(b, MICROBATCHES))
+
+    def _make(self, nid: str, stage: int, cap: int) -> RecoveryNode:
+        S = self.S
+        if stage < 0:
+            nxt, prv = self._peers(0, nid), self._peers(S - 1, nid)
+        else:
+            nxt = list(self._live_data()) if stage == S - 1 else self._peers(stage + 1, nid)
+            prv = list(self._live_data()) if stage == 0 else self._peers(stage - 1, nid)
+        cost = lambda a, b: self.net.transfer_s(a, b, ACTIVATION_MB) + self.net.transfer_s(b, a, ACTIVATION_MB)  # noqa: E731
+        prior = {j: self._prior(nid, j, False) for j in nxt}
+        prior.update({j: self._prior(nid, j, True) for j in prv})
+        if not hasattr(self, "_e2e"):
+            hop = statistics.mean(self.net.transfer_s(a, b, ACTIVATION_MB) for a in self.data
+                                  for b in self._peers(0, ""))
+            self._e2e = 2 * (S + 1) * hop + IDEAL_MB_S  # launch -> final backward, no queueing
+        e2e = self._e2e
+        cfg = RecoveryConfig(
+            node_id=nid, stage=stage, last_stage=S - 1, capacity=cap, data_nodes=self._live_data(),
+            next_peers={j: cost(nid, j) for j in nxt}, prev_peers={j: cost(nid, j) for j in prv},
+            peer_capacity={j: self.cap.get(j, MICROBATCHES) for j in nxt + prv}, prior_s=prior,
+            e2e_prior_s=e2e, policy=self.policy,
+            swarm_assumed_capacity=MICROBATCHES, act_on_gone=self.acts_on_gone, lend=self.lend,
+            one_wave=self.one_wave, fastest_unit=self.fastest_unit)  # (SWARM: greedy, ignores it)
+        m = RecoveryNode(cfg, random.Random(f"{self.seed}:{nid}"),
+                         first_seq=(self.data.index(nid) * 10**6 if nid in self.data else 0))
+        if self.policy == "gwtf" and nid in self.flows:
+            m.set_flows(self.flows[nid])
+        self.nodes[nid] = m
+        self.phases[nid] = Phases(nid, stage, S - 1, applied=self._iteration_now(), can_take=self.can_take)
+        return m
+
+    def _timer(self, versions: dict, kind: int, nid: str, e, component: str | None = None) -> None:
+        """SetTimer / CancelTimer of `nid` (of one of its machines, `component`): a new version of its key (a
+        pending firing of an older version is stale); SetTimer also schedules the firing."""
+        key = e.key if component is None else (component, e.key)
+        k = (nid, key)
+        v = versions[k] = versions.get(k, 0) + 1
+        if type(e) is SetTimer:
+            self._push(max(e.deadline, self.now), kind, nid, key, v)
+
+    @property
+    def now(self) -> float:
+        return self.engine.now
+
+    def _push(self, t: float, kind: Event, node: str, a, b) -> None:
+        self.engine.push(t, kind, node, a, b)
+
+    def crash_at(self, t: float, node: str) -> None:
+        """Crash `node` at time `t` (tests and fault plans; `t` no earlier than `now`)."""
+        self._push(t, Event.CRASH, node, None, None)
+
+    def _it(self, it: int) -> IterStats:
+        return self.iters.setdefault(it, IterStats())
+
+    def _send(self, nid: str, e: Send) -> None:
+        """A message on the wire: a tensor waits for its link (FIFO) and takes latency + size / bandwidth; a
+        control message takes the latency (or is lost, if the `drop` hook says so)."""
+        if type(e.msg) in TENSOR_MSGS:
+            dur = self.net.transfer_s(nid, e.to, ACTIVATION_MB)
+            lat = self.net.link(nid, e.to)[0] / 1000.0
+            link = (nid, e.to)
+            start = max(self.now, self._link_free.get(link, 0.0))
+            self._link_free[link] = start + dur - lat
+            self._it(e.msg.iteration).transfer_s += dur
+            arrive = start + dur
+            if self.trace is not None:
+                self.trace.append(("xfer", start, arrive, nid, e.to, type(e.msg).__name__,
+                                   (e.msg.data_node, e.msg.seq, e.msg.iteration), e.msg.attempt))
+        else:
+            if self.drop is not None and self.drop(nid, e.to, e.msg):
+                self.dropped += 1
+                return
+            arrive = self.now + self.net.link(nid, e.to)[0] / 1000.0
+            if self.trace is not None:
+                m = e.msg
+                self.trace.append(("ctl", self.now, arrive, nid, e.to, type(m).__name__,
+                                   (getattr(m, "data_node", None), getattr(m, "seq", None),
+                                    getattr(m, "iteration", None)), getattr(m, "attempt", None)))
+        self._push(arrive, Event.MSG, e.to, nid, e.msg)
+
+    def _apply(self, nid: str, effects: list) -> None:
+        """The microbatch machine's effects."""
+        for e in effects:
+            t = type(e)
+            if t is Send:
+                self._send(nid, e)
+            elif t is SetTimer or t is CancelTimer:
+                self._timer(self._tv, Event.TIMER, nid, e, "rec")
+            elif t is Compute:
+                dur = compute_s(self.stage[nid], e.kind)
+                start = max(self.now, self._busy.get(nid, 0.0))
+                end = start + dur
+                self._busy[nid] = end
+                self._token += 1
+                self._push(end, Event.DONE, nid, (e.kind, e.key, dur, start), self._token)
+            elif t is OpenIteration:
+                self._on_open(nid, e.iteration)
+            elif t is IterationSettled:
+                self._report_settled(nid, e)
+            else:
+                raise TypeError(f"unknown effect {e!r} from {nid}'s microbatch machine")
+
+    def _unpresume(self, nid: str) -> None:
+        """The daemon's liveness check: a peer the machine presumed dead that is still heard (alive, or
+        crashed less than SILENCE_S ago) is alive again for it."""
+        rec = self.nodes[nid]
+        if not self.unpresume or not rec.dead:
+            return
+        for p in sorted(rec.dead - rec.gone):
+            c = self.crashed_at.get(p)
+            if c is None or self.now - c < SILENCE_S:
+                self._apply(nid, rec.peer_alive(self.now, p))
+
+    def _on_open(self, nid: str, it: int) -> None:
+        self._it(it).opened[nid] = self.now
+        if self.trace is not None:
+            self.trace.append(("open", self.now, nid, it))
+        if it > 0:
+            self._it(it - 1).closed[nid] = self.now
+        if it in self._opened_once:
+            return
+        self._opened_once.add(it)  # the first data node to open `it`: membership changes take effect now
+        if it > 0:
+            prev = self.iters[it - 1].opened.get(nid)
+            if prev is not None:
+                self.last_iter_s = max(60.0, self.now - prev)
+        # joiners whose download finished come in now
+        ready = [j for j in self.pending_joins if j[0] <= self.now]
+        self.pending_joins = [j for j in self.pending_joins if j[0] > self.now]
+        for _, old, stage, cap in ready:
+            self._join(old, stage, cap)
+        if self.policy == "gwtf" and self.reflow:
+            # joiners ran the flow machines since their download finished: settled FLOW_CONVERGE_S after that
+            settle = max((t for t, *_ in ready), default=-math.inf) + FLOW_CONVERGE_S
+            if settle <= self.now:
+                self._install(self._live_members(), self._live_data())
+            else:
+                if self._lent:  # every data node has microbatches again: the flows shared by all of them
+                    self._install(self._flow_members, self._live_data())
+                self._push(settle, Event.REFLOW, "", self._live_members(), None)
+        if self.churn > 0:
+            for r in sorted(self.stage):
+                if r in self.data or r in self.dead:
+                    continue
+                if self.crash_rng.random() < self.churn:
+                    self._push(self.now + self.crash_rng.random() * self.last_iter_s, Event.CRASH, r, None, None)
+
+    def _live_data(self) -> tuple[str, ...]:
+        return tuple(d for d in self.data if d not in self.dead)
+
+    def _join_now(self, old: str) -> None:
+        """A joiner whose download finished joins at once while its stage's parameters are the iteration's:
+        not while an aggregation is under way (then: at the next open, with the new parameters)."""
+        if not self.join_mid_iteration:
+            return
+        if self._aggregating():
+            return
+        for j in [j for j in self.pending_joins if j[1] == old]:
+            self.pending_joins.remove(j)
+            self._join(old, j[2], j[3])
+            if self.policy == "gwtf" and self.reflow:
+                self._push(self.now + FLOW_CONVERGE_S, Event.REFLOW, "", self._live_members(), None)
+
+    def _join(self, old: str, stage: int, cap: int) -> None:
+        self.joins += 1
+        nid = f"{old.split('~')[0]}~{self.joins}"
+        self.stage[nid], self.cap[nid] = stage, cap
+        self.net.loc[nid] = self.net.loc[old]  # the same machine, restarted
+        self._make(nid, stage, cap)
+        if self.machines:
+            self._started.add(nid)
+            self._flow_joined(nid)
+        cost = lambda a, b: self.net.transfer_s(a, b, ACTIVATION_MB) + self.net.transfer_s(b, a, ACTIVATION_MB)  # noqa: E731
+        S = self.S
+        prv = list(self._live_data()) if stage == 0 else self._peers(stage - 1, nid)
+        nxt = list(self._live_data()) if stage == S - 1 else self._peers(stage + 1, nid)
+        for p in prv:  # (discovery: the joiner is a next-stage peer of these, as the daemon's `_sync_rec`)
+            rec = self.nodes[p]
+            self._unpresume(p)
+            self._apply(p, rec.set_neighbours(self.now, {**rec.next_peers, nid: cost(p, nid)}, rec.prev_peers,
+                                              {nid: cap}, self._prior(p, nid, False)))
+        for p in nxt:
+            if p in self.data and stage != S - 1:
+                continue
+            rec = self.nodes[p]
+            self._unpresume(p)
+            self._apply(p, rec.set_neighbours(self.now, rec.next_peers, {**rec.prev_peers, nid: cost(p, nid)},
+                                              {}, self._prior(p, nid, True)))
+
+    def _crash(self, nid: str) -> None:
+        if nid in self.dead or nid not in self.nodes:
+            return
+        self.dead.add(nid)
+        self.crashed_at[nid] = self.now
+        self.crashes.append((self.now, nid))
+        if self.trace is not None:
+            self.trace.append(("crash", self.now, nid))
+        m = self.nodes[nid]
+        for it, keys in m.contrib.items():  # gradients held here die with the node
+            st = self._it(it)
+            st.lost_contrib += len(keys)
+            st.lost_contrib_s += len(keys) * (FORWARD_S + BACKWARD_S)
+        stage = self.stage[nid]
+        for p, (end, tok, key) in list(self._agg_pending.items()):  # peers all-reducing with it wait
+            if p != nid and p not in self.dead and self.stage[p] == stage and end > self.now:
+                self._token += 1
+                self._agg_pending[p] = (end + AGG_PEER_TIMEOUT_S, self._token, key)
+                self._busy[p] = max(self._busy.get(p, 0.0), end + AGG_PEER_TIMEOUT_S)
+                self._push(end + AGG_PEER_TIMEOUT_S, Event.DONE, p, ("aggregate", key, AGG_S, end - AGG_S), self._token)
+        self._schedule_reflow()
+        self._push(self.now + self.detect_s, Event.GONE, nid, None, None)
+        if nid in self.data:
+            self.data_crashed[nid] = self.nodes[nid].iteration
+        elif self.rejoin:
+            peers = self._peers(stage, nid)
+            dl = STAGE_STATE_MB * 8.0 / min(self.net.link(p, nid)[1] for p in peers) if peers else 0.0
+            self.pending_joins.append((self.now + REJOIN_S + dl, nid, stage, self.cap[nid]))
+            self._push(self.now + REJOIN_S + dl, Event.JOIN, nid, None, None)
+
+    def run(self, iterations: int) -> None:
+        if self.machines:  # the flows form first; each data node opens iteration 0 once its own formed
+            for nid in sorted(self.nodes):
+                if nid not in self.dead:
+                    self._apply_flow(nid, self._make_flow(nid, joined=False).start(self.now))
+            for nid in sorted(self.nodes):
+                if nid not in self.data:
+                    self._started.add(nid)
+                    self._apply(nid, self.nodes[nid].start(self.now))
+        else:
+            for nid in sorted(self.nodes):
+                self._apply(nid, self.nodes[nid].start(self.now))
+        for d in self.data:
+            self._leader_event(d, self.leaders[d].start(self.now))
+        limit = MAX_SIM_S_PER_ITERATION * (iterations + 1)
+        while True:
+            if all(self.nodes[d].iteration >= iterations for d in self._live_data()):
+                break
+            event = self.engine.next_event(limit)
+            if event is None:
+                break
+            t, kind, node, a, b = event
+            if kind == Event.CRASH:
+                self._crash(node)
+                continue
+            if kind == Event.REFLOW:
+                self._on_reflow(a)
+                continue
+            if kind == Event.JOIN:  # a joiner's download finished: it serves the iteration in training now
+                self._join_now(node)
+                continue
+            if kind == Event.FLOW_MSG or kind == Event.FLOW_TIMER:
+                if node in self.dead:
+                    continue
+                fm = self.fnodes[node]
+                if kind == Event.FLOW_MSG:
+                    self._apply_flow(node, fm.on_message(t, a, b))
+                elif self._ftv.get((node, a)) == b:
+                    self._apply_flow(node, fm.on_timer(t, a))
+                else:
+                    continue
+                self._sync_flows(node)
+                continue
+            if kind == Event.GONE:
+                self._on_gone(node)
+                continue
+            if node in self.dead:  # (a computation cut short by the crash is not counted)
+                continue
+            m = self.nodes[node]
+            self.events += 1
+            if kind == Event.MSG:
+                if self.observer is not None:
+                    self.observer(node, "msg", (a, b))
+                mt = type(b)
+                if mt in PHASE_MSGS:
+                    self._phase_message(node, a, b)
+                elif mt in LEADER_MSGS:
+                    if node in self.leaders:
+                        self._leader_event(node, self.leaders[node].on_message(t, a, b))
+                else:
+                    self._unpresume(node)
+                    self._apply(node, m.on_message(t, a, b))
+            elif kind == Event.TIMER:
+                if self._tv.get((node, a)) != b:
+                    continue
+                component, key = a
+                if component == "rec":
+                    self._unpresume(node)
+                    self._apply(node, m.on_timer(t, key))
+                elif component == "phase":
+                    self._apply_phase(node, self.phases[node].on_timer(t, key))
+                else:
+                    self._leader_event(node, self.leaders[node].on_timer(t, key))
+            elif kind == Event.RESYNC:
+                nxt, prv = self._next_prev(node)
+                self._apply(node, m.aggregation_done(t, a))
+                self._apply_phase(node, self.phases[node].resynced(t, a + 1, nxt, prv))
+            else:
+                ckind, key, dur, start = a
+                if ckind == "aggregate":
+                    pend = self._agg_pending.get(node)
+                    if pend is None or pend[1] != b:
+                        continue
+                    del self._agg_pending[node]
+                else:
+                    self._it(key[2]).compute_s += dur
+                if self.trace is not None:
+                    self._trace_compute(node, m, ckind, key, dur, start)
+                if ckind == "aggregate":
+                    self._step_done(node, key[1])
+                else:
+                    self._unpresume(node)
+                    self._apply(node, m.on_compute_done(t, key, ckind))
+                if self.observer is not None:
+                    self.observer(node, "done", (key, ckind))
+            if node in self.data and (node, m.iteration) not in self._done_at and m.iteration in m.reported:
+                self._done_at[(node, m.iteration)] = t  # its microbatches of the iteration are all settled
+                if len(self._active()) > 0:
+                    self._schedule_reflow()
+
+    def _on_gone(self, gone: str) -> None:
+        """The membership layer tells every live node that `gone` is gone.  The aggregation phase always
+        hears it (the all-reduce needs the live group); the flow and microbatch machines only with `detect`
+        (without it they find crashes by their own timeouts)."""
+        self.reported_gone.add(gone)
+        if self.detect and self.machines:
+            self._flow_gone(gone)
+        for nid in sorted(self.nodes):
+            if nid in self.dead or nid == gone:
+                continue
+            nxt, prv = self._next_prev(nid)
+            self._apply_phase(nid, self.phases[nid].forget(self.now, gone, nxt, prv))
+            if self.detect:
+                self._apply(nid, self.nodes[nid].peer_gone(self.now, gone))
+        for d in self._live_data():
+            if self._leading(d):
+                self._apply_phase(d, self._maybe_begin(d))
+
+    def _trace_compute(self, node: str, m, ckind: str, key, dur: float, start: float) -> None:
+        self.trace.append(("compute", start, self.now, node, ckind, key, dur))
+        if ckind == "final" and node in self.data:
+            dm = getattr(m, "mbs", {}).get(key)
+            if dm is not None:
+                self.trace.append(("path", self.now, key, tuple(dm.path), dm.attempt, dm.rounds))

@@ -1,0 +1,142 @@
+"""GWTF's flows during training: the flow machines run in virtual time (or the oracle's optimum), handed to the
+microbatch machines.
+"""
+
+from __future__ import annotations
+
+import random
+
+from ...protocol.cost import link_cost
+from ...protocol.effects import CancelTimer, Send, SetTimer
+from ...protocol.flow import FlowConfig, FlowNode
+from .events import Event
+from .setting import (
+    ACTIVATION_MB, FLOWS_FORMED_MAX_S, FLOWS_FORMED_QUIET_S, FLOW_CONVERGE_S, MICROBATCHES, Setting,
+    initial_flows,
+)
+
+
+class FlowDriver:
+    """Part of `TrainSim` (driver.py): one mechanism of the simulator, see the module docstring."""
+
+    def _flow_cost(self, a: str, b: str) -> float:
+        """d(a, b) of Equation 1 (ms), as `parse_scenario` computes it for `_scenario`'s links."""
+        (la, ba), (lb, bb) = self.net.link(a, b), self.net.link(b, a)
+        return link_cost(0.0, 0.0, la, lb, ba, bb, ACTIVATION_MB)
+
+    def _make_flow(self, nid: str, joined: bool) -> FlowNode:
+        """A flow machine with what discovery gives `nid` now: its links to the live adjacent stages (data nodes
+        for the first / last stage), its live same-stage relays, the data nodes (as `flowsim.flow_configs`)."""
+        S, st = self.S, self.stage[nid]
+        data = self._live_data()
+        if st < 0:
+            nxt, prv, peers = self._peers(0, nid), self._peers(S - 1, nid), ()
+        else:
+            nxt = list(data) if st == S - 1 else self._peers(st + 1, nid)
+            prv = list(data) if st == 0 else self._peers(st - 1, nid)
+            peers = tuple(sorted(self._peers(st, nid)))
+        cfg = FlowConfig(nid, st < 0, self.cap.get(nid, MICROBATCHES), tuple(self.data),
+                         {j: self._flow_cost(nid, j) for j in sorted(nxt)},
+                         {j: self._flow_cost(j, nid) for j in sorted(prv)}, peers, joined=joined,
+                         **self.flow_options)
+        fm = FlowNode(cfg, random.Random(f"{self.seed}:{nid}"))
+        self.fnodes[nid] = fm
+        self._fstamp[nid] = fm.stats.last_change
+        return fm
+
+    def _apply_flow(self, nid: str, effects: list) -> None:
+        """A flow machine's effects: control messages (the link's latency) and its own timers."""
+        for e in effects:
+            t = type(e)
+            if t is Send:
+                self.flow_messages += 1
+                self._push(self.now + self.net.link(nid, e.to)[0] / 1000.0, Event.FLOW_MSG, e.to, nid, e.msg)
+            elif t is SetTimer or t is CancelTimer:
+                self._timer(self._ftv, Event.FLOW_TIMER, nid, e)
+            else:
+                raise TypeError(f"unknown flow effect {e!r} from {nid}")
+
+    def _sync_flows(self, nid: str) -> None:
+        """Hand the node's microbatch machine its flow machine's flows when they changed (as the daemon's
+        `_sync_rec`); a data node opens iteration 0 once its flows formed (as the daemon's `_wait_flows`)."""
+        fm = self.fnodes[nid]
+        changed = fm.stats.last_change != self._fstamp.get(nid)
+        if changed:
+            self._fstamp[nid] = fm.stats.last_change
+        if nid in self._started:
+            if changed:
+                self._apply(nid, self.nodes[nid].set_flows(fm.out, now=self.now))
+            return
+        placed = sum(fm.out.get(nid, {}).values())
+        quiet = self.now - fm.stats.last_change
+        if placed >= fm.cfg.capacity or (placed > 0 and quiet > FLOWS_FORMED_QUIET_S) \
+                or self.now >= FLOWS_FORMED_MAX_S:
+            self._started.add(nid)
+            self.nodes[nid].set_flows(fm.out)
+            self._apply(nid, self.nodes[nid].start(self.now))
+
+    def _flow_gone(self, gone: str) -> None:
+        """The membership layer reports `gone`: every live flow machine linked to it removes it (the daemon's
+        `_forget_peer`); the machines re-form the flows through it with their own messages."""
+        for nid in sorted(self.fnodes):
+            if nid in self.dead or nid == gone:
+                continue
+            fm = self.fnodes[nid]
+            c = fm.cfg
+            if gone in c.next_costs or gone in c.prev_costs or gone in c.peers:
+                self._apply_flow(nid, fm.remove_neighbour(self.now, gone))
+                self._sync_flows(nid)
+
+    def _flow_joined(self, nid: str) -> None:
+        """A joiner starts its flow machine (`FlowConfig.joined`); its neighbours add it (the daemon's
+        `_add_flow_neighbour`)."""
+        fm = self._make_flow(nid, joined=True)
+        self._apply_flow(nid, fm.start(self.now))
+        for j in sorted(set(fm.cfg.prev_costs) | set(fm.cfg.next_costs) | set(fm.cfg.peers)):
+            other = self.fnodes.get(j)
+            if other is None or j in self.dead:
+                continue
+            if j in fm.cfg.prev_costs:
+                side, cost = "next", fm.cfg.prev_costs[j]
+            elif j in fm.cfg.next_costs:
+                side, cost = "prev", fm.cfg.next_costs[j]
+            else:
+                side, cost = "peer", 0.0
+            self._apply_flow(j, other.add_neighbour(self.now, nid, cost, side))
+            self._sync_flows(j)
+        self._sync_flows(nid)
+
+    def _live_members(self) -> dict[str, tuple[int, int]]:
+        return {r: (self.stage[r], self.cap[r]) for r in self.stage if r not in self.data and r not in self.dead}
+
+    def _schedule_reflow(self) -> None:
+        """A change the flow machines see now (a crash, joiners, a data node done): they settle FLOW_CONVERGE_S
+        later on what they saw now."""
+        if self.policy != "gwtf" or not self.reflow:
+            return
+        self._push(self.now + FLOW_CONVERGE_S, Event.REFLOW, "", self._live_members(), None)
+
+    def _active(self) -> tuple[str, ...]:
+        """Data nodes with microbatches of their current iteration left (or already in the next one)."""
+        top = max(self.nodes[d].iteration for d in self._live_data())
+        return tuple(d for d in self._live_data()
+                     if self.nodes[d].iteration < top or self.nodes[d].iteration not in self.nodes[d].reported)
+
+    def _on_reflow(self, members: dict) -> None:
+        active = self._active()
+        done_at = [self._done_at.get((d, self.nodes[d].iteration)) for d in self._live_data() if d not in active]
+        if any(t is None or t > self.now - FLOW_CONVERGE_S + 1e-9 for t in done_at):
+            active = self._live_data() if done_at else active  # a data node's demand went to 0 too recently to be seen
+        self._install(members, active)
+
+    def _install(self, members: dict, active: tuple[str, ...]) -> None:
+        """The flows the flow machines converge to for `members` and the `active` data nodes, on every live node."""
+        if any(not any(s == k for s, _ in members.values()) for k in range(self.S)):
+            return  # a stage with no relay: no flow at all; the nodes keep their local repairs
+        flows = initial_flows(Setting(self.setting.name, members, self.net), active)
+        self.reflows += 1
+        self._flow_members = members
+        self._lent = tuple(active) != self._live_data()
+        for nid in sorted(self.nodes):
+            if nid not in self.dead:
+                self._apply(nid, self.nodes[nid].set_flows(flows.get(nid, {}), now=self.now))

@@ -1,0 +1,175 @@
+"""The Table II setting: stages, relays and capacities, links, compute times, the optimal flows (the package
+docstring says what is modelled and why)."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...protocol.scenario import parse_scenario
+
+SETTINGS = ("table2-homogeneous", "table2-heterogeneous")
+STAGE_SIZES = (4, 3, 3, 3, 3)
+DATA_NODES = ("d0", "d1")
+MICROBATCHES = 4
+ACTIVATION_MB = 8.0 * 1.048576 * 32  # 8 MiB x 32, in MB
+STAGE_STATE_MB = 38e6 * 4 * 3 / 1e6  # weights + Adam moments of 3 blocks, fp32
+PROFILE_FILE = Path(__file__).resolve().parents[2] / "data" / "stage_profile.json"  # scripts/profile_stages.py
+_RATIO = json.loads(PROFILE_FILE.read_text())["ratio_to_relay_forward"]
+FORWARD_S = 0.35  # the anchor: a relay stage's forward on the paper's GPU (module docstring)
+BACKWARD_S = FORWARD_S * _RATIO["relay_backward"]
+DATA_FWD_S = FORWARD_S * _RATIO["data_forward"]
+DATA_LOSS_S = FORWARD_S * _RATIO["data_loss"]
+DATA_FINAL_S = FORWARD_S * _RATIO["data_final"]
+AGG_S = 10.0
+AGG_PEER_TIMEOUT_S = 30.0
+REJOIN_S = 60.0
+# membership: every node learns of a crash this long after it: the daemon's own liveness check (runtime/training.py:
+# pings every PING_EVERY_S = 1 s, dead after DEAD_AFTER_S = 6 s of silence; a test keeps them equal).  60 s
+# (heartbeats / DHT entries expiring) is a bench row.
+DAEMON_DETECT_S = 7.0
+DETECT_S = DAEMON_DETECT_S
+FLOW_CONVERGE_S = 60.0  # the flow machines settle this long after a change (paper: ~120 rounds, "roughly a minute")
+MAX_SIM_S_PER_ITERATION = 4 * 3600.0
+LINKS_FILE = Path(__file__).resolve().parents[2] / "data" / "geo12-links.json"  # shipped with the package
+
+SILENCE_S = DAEMON_DETECT_S - 1.0  # the daemon's DEAD_AFTER_S: a peer silent this long is no longer heard
+ROUTINGS = ("machines", "oracle")
+SWARM_REACTIONS = ("membership", "timeouts")  # what makes a SWARM data node restart a microbatch (module docstring)
+FLOWS_FORMED_QUIET_S = 3.0  # a data node opens iteration 0 once its demand is placed or its flows were still this long
+# The flow machines run with flow.py's defaults, as in the daemon: with two data nodes free-running labels with
+# ordered launches, relabelling and cross displacement.  (Before ordered launches coalesced free-running labels, they
+# fell into a CostAnnounce storm after some crash sequences, e.g. seed 1, homogeneous, 20% churn: 800k messages
+# within 3 s of virtual time, and the simulator ran them with label waves; the same run now takes 1.4 s of CPU.
+# Waves stay a sensitivity row of scripts/bench_churn.py.)
+FLOW_OPTIONS: dict = {}
+FLOWS_FORMED_MAX_S = 60.0  # ... or this long after the start (as the daemon's `_wait_flows`)
+
+
+def _load_links() -> dict:
+    if LINKS_FILE.exists():
+        return json.loads(LINKS_FILE.read_text())
+    raise FileNotFoundError(f"{LINKS_FILE} is missing")
+
+
+@dataclass
+class Net:
+    loc: dict[str, str]
+    lat: dict[tuple[str, str], float]
+    bw: dict[tuple[str, str], float]
+    intra: tuple[float, float]
+
+    def link(self, a: str, b: str) -> tuple[float, float]:
+        la, lb = self.loc[a], self.loc[b]
+        if la == lb:
+            return self.intra
+        return self.lat[(la, lb)], self.bw[(la, lb)]
+
+    def transfer_s(self, a: str, b: str, mb: float) -> float:
+        lat_ms, bw = self.link(a, b)
+        return lat_ms / 1000.0 + mb * 8.0 / bw
+
+
+def make_net(nodes: list[str], rng: random.Random) -> Net:
+    raw = _load_links()
+    locs = raw["locations"]
+    lat: dict = {}
+    bw: dict = {}
+    for e in raw["links"]:
+        b = e["bandwidth_mbps"]
+        if b < 10:
+            b *= 1000.0  # the NL-London typo (see the links file's note)
+        for x, y in ((e["a"], e["b"]), (e["b"], e["a"])):
+            lat[(x, y)] = e["latency_ms"]
+            bw[(x, y)] = b
+    intra = (raw["intra_location"]["latency_ms"], raw["intra_location"]["bandwidth_mbps"])
+    return Net({n: rng.choice(locs) for n in nodes}, lat, bw, intra)
+
+
+@dataclass
+class Setting:
+    name: str
+    relays: dict[str, tuple[int, int]]  # id -> (stage, capacity)
+    net: Net
+    data: tuple[str, ...] = DATA_NODES
+
+
+def make_setting(name: str, seed: int, data_nodes: int = len(DATA_NODES)) -> Setting:
+    """Table II's relays and links; `data_nodes` data nodes (2 in the paper; a third one draws its location
+    after the relays, so the relays' locations do not depend on it)."""
+    if name not in SETTINGS:
+        raise ValueError(f"unknown setting {name!r}")
+    if data_nodes < 1:
+        raise ValueError(f"data_nodes is {data_nodes}: a run needs at least one data node")
+    rng = random.Random(f"setting:{name}:{seed}")
+    relays = {}
+    for s, n in enumerate(STAGE_SIZES):
+        for i in range(n):
+            cap = MICROBATCHES if name == "table2-homogeneous" else rng.randint(1, 3)
+            relays[f"s{s}r{i}"] = (s, cap)
+    data = tuple(f"d{i}" for i in range(data_nodes))
+    net = make_net(list(data[:2]) + list(relays) + list(data[2:]), rng)
+    return Setting(name, relays, net, data)
+
+
+def compute_s(node_stage: int, kind: str) -> float:
+    if kind == "aggregate":
+        return AGG_S
+    if node_stage < 0:
+        return {"forward": DATA_FWD_S, "loss": DATA_LOSS_S, "final": DATA_FINAL_S}[kind]
+    return BACKWARD_S if kind == "backward" else FORWARD_S  # forward, recompute
+
+
+IDEAL_MB_S = DATA_FWD_S + DATA_LOSS_S + DATA_FINAL_S + len(STAGE_SIZES) * (FORWARD_S + BACKWARD_S)
+
+
+def _scenario(setting: Setting, data_capacity: int | dict = MICROBATCHES):
+    caps = data_capacity if isinstance(data_capacity, dict) else {d: data_capacity for d in setting.data}
+    nodes = [{"id": d, "role": "data", "capacity": caps.get(d, 0)} for d in setting.data]
+    nodes += [{"id": r, "role": "relay", "stage": s, "capacity": c} for r, (s, c) in setting.relays.items()]
+    links = []
+    S = len(STAGE_SIZES)
+
+    def add(a: str, b: str) -> None:
+        la, ba = setting.net.link(a, b)
+        lb, bb = setting.net.link(b, a)
+        links.append({"a": a, "b": b, "latency_ms": [la, lb], "bandwidth_mbps": [ba, bb]})
+
+    for r, (s, _) in setting.relays.items():
+        if s == 0 or s == S - 1:
+            for d in setting.data:
+                add(d, r)
+        for r2, (s2, _) in setting.relays.items():
+            if s2 == s + 1:
+                add(r, r2)
+    return parse_scenario({"name": setting.name, "stages": S, "nodes": nodes, "links": links},
+                          activation_mb=ACTIVATION_MB)
+
+
+def initial_flows(setting: Setting, active: tuple[str, ...] | None = None) -> dict[str, dict[str, dict[str, int]]]:
+    """node -> data node -> next hop -> units, from the optimal routing.
+
+    The relays' capacity is shared fairly among the `active` data nodes (those
+    with microbatches left to push): each may place at most ceil(max flow /
+    active data nodes) units (the iteration lasts as long as the slowest data
+    node), then the cheapest routing of that is taken.
+    """
+    from .baselines import max_flow_value, optimal_routing
+    if active is None:
+        active = setting.data
+    if not active:
+        return {}
+    total = max_flow_value(_scenario(setting, {d: MICROBATCHES for d in active}))
+    share = max(1, min(MICROBATCHES, -(-total // len(active))))
+    res = optimal_routing(_scenario(setting, {d: share for d in active}))
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for f in res.flows:
+        hops = (f.data_node, *f.path, f.data_node)
+        for a, b in zip(hops, hops[1:-1] + (f.data_node,)):
+            if a == b:
+                continue
+            o = out.setdefault(a, {}).setdefault(f.data_node, {})
+            o[b] = o.get(b, 0) + 1
+    return out
