@@ -156,6 +156,7 @@ class Aggregation:
             return
         c = self.microbatches.counts(iteration)
         done = m.IterationDone(iteration, len(it.done), it.loss_sum, c["deferred"], c["pending"] + c["inflight"])
+        log.info("iteration %d settled: completed %s, deferred %d", iteration, json.dumps(sorted(it.done)), c["deferred"])
         self._apply(self.phases.report_done(now(), done))
         self._maybe_begin(iteration)
 
@@ -224,6 +225,8 @@ class Aggregation:
         if relay:  # not released), as (data node, seq, iteration)
             keys = sorted(self.contrib_for.pop(e.iteration, frozenset()))
             log.info("iteration %d: aggregating %d contributions held here", e.iteration, len(keys))
+            log.info("iteration %d: contributions %s", e.iteration,
+                     json.dumps(sorted([self.peers.who(d), seq] for d, seq, _it in keys)))
         self.faults.point("aggregate")
         if keys:
             self.faults.point("aggregate_holding")
