@@ -75,6 +75,11 @@ class Aggregation:
         self.contrib_for: dict[int, frozenset] = {}  # a relay: iteration -> contributions held (from BEGIN)
         self.step_counts: dict[int, int] = {}
         self.lost_contributions: dict[int, int] = {}
+        # data nodes: the IterationDone reports of each iteration, for the metrics record of whoever leads when its
+        # step ends (also a report that reaches a new leader after BEGIN; Phases keeps only those before BEGIN)
+        self.reports: dict[int, dict[str, m.IterationDone]] = {}
+        self.my_reports: dict[int, m.IterationDone] = {}
+        self._leader: str | None = None  # the leader the phase was last handed
         self.last_iteration: int | None = None  # the last iteration whose step this node applied
         self._ar_scopes: dict[str, tuple[set[str], trio.CancelScope]] = {}
 
@@ -125,6 +130,7 @@ class Aggregation:
         if self.peers.role != "data":
             raise FrameRefused("IterationDone sent to a relay")
         ph = self._require_phases(msg)
+        self.reports.setdefault(msg.iteration, {})[sender] = msg
         leading = self.leadership.is_leader()
         if not leading:
             log.info("IterationDone from %s while not the acting leader: ignored (it resends)", self.peers.who(sender))
@@ -157,6 +163,9 @@ class Aggregation:
         c = self.microbatches.counts(iteration)
         done = m.IterationDone(iteration, len(it.done), it.loss_sum, c["deferred"], c["pending"] + c["inflight"])
         log.info("iteration %d settled: completed %s, deferred %d", iteration, json.dumps(sorted(it.done)), c["deferred"])
+        self.my_reports = {i: r for i, r in self.my_reports.items() if i >= iteration - 1}
+        self.my_reports[iteration] = done
+        self.reports.setdefault(iteration, {})[self.wire.me] = done
         self._apply(self.phases.report_done(now(), done))
         self._maybe_begin(iteration)
 
@@ -170,6 +179,13 @@ class Aggregation:
         if lead == self.wire.me:
             for it in self.phases.pending_iterations():
                 self._maybe_begin(it)
+        if lead != self._leader and lead not in (None, self.wire.me):
+            # the metrics report of an iteration that began under the old leader (Phases resends only reports of
+            # iterations not begun): the new leader records that iteration when its step ends
+            begun = [i for i in self.my_reports if i in self.phases.begun]
+            if begun:
+                self.wire.post(lead, self.my_reports[max(begun)])
+        self._leader = lead
 
     async def leader_loop(self) -> None:
         """Data nodes: a lease can end without an event; look at who leads every LEADER_CHECK_S."""
@@ -196,6 +212,9 @@ class Aggregation:
     def forget(self, peer: str) -> None:
         """`peer` crashed or left: nobody waits for its signals any more, none is resent to it."""
         if self.phases is not None:
+            for it, reports in self.reports.items():  # as Phases: a dead data node's report does not count
+                if it not in self.phases.begun:
+                    reports.pop(peer, None)
             self._apply(self.phases.forget(now(), peer, self.peers.next_stage_ids(), self.peers.prev_stage_ids()))
 
     def after_gone(self, peer: str) -> None:
@@ -269,7 +288,9 @@ class Aggregation:
 
     def _record_metrics(self, t: int, step_s: float) -> None:
         ph = self.phases
-        completed, loss_sum = ph.iteration_loss(t)
+        reports = self.reports.get(t, {})
+        completed = sum(r.completed for r in reports.values())
+        loss_sum = sum(reports[d].loss_sum for d in sorted(reports))
         seconds = now() - self.microbatches.iter_started
         data = self.stage.manifest.data
         rec = {
@@ -278,8 +299,8 @@ class Aggregation:
             "microbatches": completed,
             "samples": completed * data.microbatch_size,
             "completed": completed,
-            "deferred": sum(r.deferred for r in ph.done_reports.get(t, {}).values()),
-            "lost": sum(r.lost for r in ph.done_reports.get(t, {}).values()),
+            "deferred": sum(r.deferred for r in reports.values()),
+            "lost": sum(r.lost for r in reports.values()),
             "seconds": round(seconds, 4),
             "aggregation_seconds": round(step_s, 4),
             "pipeline_seconds": round(self.microbatches.pipeline_s.get(t, math.nan), 4),
@@ -289,6 +310,8 @@ class Aggregation:
         with open(self.state_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps(rec) + "\n")
         log.info("iteration %d loss %.4f microbatches %d %.2f s", t, rec["loss"] or math.nan, completed, seconds)
+        for i in [i for i in self.reports if i < t]:
+            del self.reports[i]
 
     async def on_chunk(self, peer: str, msg: m.AllReduceChunk, payload) -> None:
         await self.allreducer.on_chunk(peer, msg, payload)
