@@ -2,15 +2,49 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any, Callable
+
 import trio
 
 from gwtf_node.runtime.local import LocalSwarm
 
 
+async def wait_for(pred: Callable[[], Any], timeout: float, what: str, swarm: LocalSwarm | None = None) -> Any:
+    """Wait until `pred()` is truthy and return it; fails after `timeout` s (or if a node of `swarm` died)."""
+    with trio.move_on_after(timeout):
+        while True:
+            if swarm is not None:
+                swarm._check_alive()
+            v = pred()
+            if v:
+                return v
+            await trio.sleep(0.2)
+    raise AssertionError(f"{what}: not within {timeout:.0f} s")
+
+
 async def wait_records(swarm: LocalSwarm, n: int, timeout: float) -> list[dict]:
     """Wait until the leader has recorded `n` iterations; fails after `timeout` s or if a node died."""
-    with trio.fail_after(timeout):
-        while len(recs := swarm.records()) < n:
-            swarm._check_alive()
-            await trio.sleep(0.2)
-    return recs
+    await wait_for(lambda: len(swarm.records()) >= n, timeout, f"{n} iterations recorded", swarm)
+    return swarm.records()
+
+
+async def wait_exit(swarm: LocalSwarm, name: str, timeout: float) -> int:
+    """Wait until the process of node `name` exited; its return code."""
+    p = swarm.procs[name]
+    await wait_for(lambda: p.poll() is not None, timeout, f"{name} exits")
+    return p.returncode
+
+
+def status(workdir: Path, name: str) -> dict:
+    """A node's status.json ({} while it does not exist or is being replaced)."""
+    try:
+        return json.loads((workdir / name / "status.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def log_text(workdir: Path, name: str) -> str:
+    path = workdir / name / "node.log"
+    return path.read_text(errors="replace") if path.exists() else ""

@@ -27,7 +27,7 @@ from gwtf_node.runtime.frames import HEADER
 from gwtf_node.runtime.host import CTRL_PROTOCOL_ID, open_host
 from gwtf_node.runtime.local import LocalSwarm
 
-from swarmutil import wait_records
+from swarmutil import log_text, wait_for, wait_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.trio]
 
@@ -84,7 +84,8 @@ async def test_hostile_peer_is_refused_and_training_goes_on(tmp_path: Path) -> N
             await evil.send(target, codec.encode(evil.peer_id, m.Lend(0, target)))  # a data node's message, to a relay
             await evil.send(target, codec.encode(evil.peer_id, m.LinkCost(float("inf"))))
             await evil.send(target, codec.encode(evil.peer_id, m.LinkCost(-1.0)))
-            await trio.sleep(2)
+            await wait_for(lambda: log_text(tmp_path, "r0_0").count("a link cost is finite and >= 0") == 2, 30,
+                           "the relay refused the last frame")
 
         after = len(swarm.records())
         await wait_records(swarm, after + 3, 120)  # training goes on

@@ -1,4 +1,4 @@
-"""A relay SIGKILLed in the middle of a backward pass (issue 4, on real processes).
+"""A relay SIGKILLed in the middle of a backward pass, or of an aggregation; a leader data node killed.
 
 1 data node and 2 stages x 2 relays train, separate processes on loopback.
 Relay r1_0 (stage 1) kills itself with SIGKILL as its first backward starts
@@ -31,6 +31,9 @@ import torch
 from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.model.reference import train_centralized
 from gwtf_node.runtime.local import LocalSwarm, run_local
+
+from swarmutil import status as node_status
+from swarmutil import wait_for
 
 pytestmark = pytest.mark.slow
 ITERATIONS = 5
@@ -113,17 +116,6 @@ def test_relay_killed_in_aggregation(tmp_path: Path) -> None:
         assert r["loss"] == pytest.approx(loss, rel=1e-4), (r, loss)
 
 
-async def _wait_for(pred, timeout: float, what: str):
-    import trio
-
-    with trio.fail_after(timeout):
-        while True:
-            v = pred()
-            if v:
-                return v
-            await trio.sleep(0.2)
-
-
 @pytest.mark.trio
 async def test_leader_data_node_killed(tmp_path: Path) -> None:
     """3 data nodes; the acting leader is SIGKILLed while an iteration is in flight.
@@ -144,24 +136,21 @@ async def test_leader_data_node_killed(tmp_path: Path) -> None:
                        iteration_timeout_s=120)
 
     def status(name: str) -> dict:
-        try:
-            return json.loads((tmp_path / name / "status.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            return {}
+        return node_status(tmp_path, name)
 
     try:
         await trio.to_thread.run_sync(swarm.start)
-        await _wait_for(lambda: len(swarm.records()) >= 3, 240, "3 iterations")
+        await wait_for(lambda: len(swarm.records()) >= 3, 240, "3 iterations")
         ids = {status(f"d{i}").get("peer_id"): f"d{i}" for i in range(3)}
         leader = ids[status("d0")["leader"]]
         killed_after = len(swarm.records())
         swarm.expected_dead.add(leader)
         os.killpg(swarm.procs[leader].pid, signal.SIGKILL)
         survivors = [n for n in ("d0", "d1", "d2") if n != leader]
-        new = await _wait_for(lambda: {status(n).get("leader") for n in survivors} - {None, status(leader).get("peer_id")},
+        new = await wait_for(lambda: {status(n).get("leader") for n in survivors} - {None, status(leader).get("peer_id")},
                               60, "a new leader")
         assert len(new) == 1 and ids[new.pop()] in survivors
-        await _wait_for(lambda: len(swarm.records()) >= killed_after + 4, 180, "4 more iterations")
+        await wait_for(lambda: len(swarm.records()) >= killed_after + 4, 180, "4 more iterations")
         swarm._check_alive()
     finally:
         await trio.to_thread.run_sync(swarm.stop)

@@ -19,7 +19,7 @@ from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.model.reference import train_centralized
 from gwtf_node.runtime.local import LocalSwarm
 
-from swarmutil import wait_records
+from swarmutil import wait_exit, wait_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.trio]
 AFTER = 8  # iterations trained after the leave
@@ -44,7 +44,7 @@ async def test_graceful_leave(tmp_path: Path) -> None:
                 await trio.sleep(0.2)
         before_stop = len(swarm.records())  # the test's own SIGTERM of d0 may close a last, partial iteration
         swarm.procs["d0"].terminate()
-        await trio.sleep(2)
+        await wait_exit(swarm, "d0", 30)
     finally:
         await trio.to_thread.run_sync(swarm.stop)
 

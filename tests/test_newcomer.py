@@ -1,4 +1,4 @@
-"""A volunteer joins a training run in flight (issue 5, on real processes).
+"""A volunteer joins a training run in flight, on real processes.
 
 1 data node and 2 stages x 1 relay train; a new relay starts with `--stage
 auto` while they do. The leader places it, it downloads its stage's weights
@@ -20,7 +20,7 @@ from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.model.reference import train_centralized
 from gwtf_node.runtime.local import LocalSwarm
 
-from swarmutil import wait_records
+from swarmutil import status, wait_exit, wait_for, wait_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.trio]
 AFTER_JOIN = 5  # iterations the newcomer takes part in before the run is stopped
@@ -44,7 +44,10 @@ async def test_newcomer_joins_mid_run(tmp_path: Path) -> None:
         await wait_records(swarm, joined_at + AFTER_JOIN, 120)
         # stop the data node first: no new iteration opens, the aggregation in flight completes
         swarm.procs["d0"].terminate()
-        await trio.sleep(3)
+        await wait_exit(swarm, "d0", 30)
+        stage = status(tmp_path, "new")["stage"]
+        await wait_for(lambda: status(tmp_path, "new").get("steps_applied")
+                       == status(tmp_path, f"r{stage}_0").get("steps_applied"), 30, "the newcomer steps with its peer")
     finally:
         await trio.to_thread.run_sync(swarm.stop)
 

@@ -1,4 +1,10 @@
-"""The daemon's runtime (trio): network host, tensor channel, framing, link emulation, all-reduce.
+"""The daemon's runtime (trio): the node and its components, network host, tensor channel, all-reduce.
+
+The node (`node.py`) and its components, each owning its state (see node.py):
+`peers`, `liveness`, `discovery`, `flows`, `microbatches` (with `tensorstore`),
+`aggregation`, `leadership`, `joining`, `status`; `stage` holds this node's
+part of the model and the torch worker, `wire` what every component is
+handed (sending, tasks, refusals), `faults` the fault-injection hook.
 
 Transport layer modules (see each module's docstring for the design and the
 measured numbers):
@@ -10,6 +16,7 @@ measured numbers):
 * `links`     - user-space latency / bandwidth emulation per destination peer
 * `allreduce` - reduce-scatter + all-gather of a float32 vector within a stage
 
+`local` starts a whole swarm of daemon processes on one machine (`gwtf-node local`).
 Submodules are imported on demand (`from gwtf_node.runtime.host import open_host`)
 so that importing `gwtf_node.runtime` stays cheap and pulls in no libp2p.
 """

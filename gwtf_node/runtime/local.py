@@ -52,8 +52,15 @@ class LocalSwarm:
     rejoin_after_s: float = 2.0  # a killed relay comes back as a new --stage auto joiner this much later
     faults: dict[str, str] = field(default_factory=dict)  # node name -> GWTF_FAULT spec (fault injection)
     expected_dead: set[str] = field(default_factory=set)  # killed on purpose: their exit is not an error
+    drop_first_phase: bool = False  # every node loses the first copy of each phase signal (GWTF_DROP_FIRST_PHASE)
     kills: list[dict] = field(default_factory=list)
     _kills_reported: int = 0
+    _churn_rng: random.Random = field(init=False)
+    _pending_kills: list[tuple[float, str]] = field(init=False, default_factory=list)  # (due, relay name)
+    _restarts: list[float] = field(init=False, default_factory=list)  # when a killed relay's successor starts
+
+    def __post_init__(self) -> None:
+        self._churn_rng = random.Random(f"churn:{self.seed}")
 
     def names(self) -> list[str]:
         return [f"d{i}" for i in range(self.data_nodes)] + [
@@ -83,6 +90,9 @@ class LocalSwarm:
         cmd += ["--policy", self.policy]
         env = dict(os.environ)
         env.pop("GWTF_FAULT", None)
+        env.pop("GWTF_DROP_FIRST_PHASE", None)
+        if self.drop_first_phase:
+            env["GWTF_DROP_FIRST_PHASE"] = "1"
         if name in self.faults:
             env["GWTF_FAULT"] = self.faults[name]
             self.expected_dead.add(name)
@@ -221,8 +231,6 @@ class LocalSwarm:
         recovered by anyone without checkpoints."""
         if self.churn <= 0:
             return
-        if not hasattr(self, "_churn_rng"):
-            self._churn_rng, self._pending_kills, self._restarts = random.Random(f"churn:{self.seed}"), [], []
         rng = self._churn_rng
         serving = self._serving()
         doomed = {n for _, n in self._pending_kills}
@@ -237,7 +245,7 @@ class LocalSwarm:
             self._pending_kills.append((time.monotonic() + rng.uniform(0.0, span), name))
 
     def _churn_due(self) -> None:
-        if self.churn <= 0 or not hasattr(self, "_churn_rng"):
+        if self.churn <= 0:
             return
         now = time.monotonic()
         for item in [k for k in self._pending_kills if k[0] <= now]:

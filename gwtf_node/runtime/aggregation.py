@@ -1,0 +1,374 @@
+"""Aggregation: the phase between iterations (section V-E), the all-reduce, the optimizer step, metrics.
+
+A data node whose microbatches of the iteration are settled sends
+`IterationDone` to the acting leader, and again to a new leader if the
+leader changes before BEGIN AGGREGATION arrives.  The leader, once it heard
+from every data node, opens the phase (`pipeline.Phases`): BEGIN AGGREGATION
+travels front to back and names the members of each stage's all-reduce (the
+data nodes, and every relay the leader knows that is not joining and whose
+state is ready for this iteration), so all copies of a stage reduce over the
+same group and CAN TAKE waits for exactly the members that step.  CAN TAKE
+travels back to front and opens the next iteration at the data nodes.
+
+The step.  Every member of a stage's group takes part in the all-reduce of
+the gradient sum and the count of contributions, whether or not it carried a
+microbatch, so all copies stay identical; the update is the sum divided by
+the count (with no crash: the microbatches completed end to end).  A relay
+counts the contributions the recovery machine names at BEGIN AGGREGATION,
+of the data nodes that BEGIN names (a data node that died before the leader
+opened the phase is left out by the leader, and so are its microbatches,
+even at a relay that has not yet noticed the death).
+If a member dies during the all-reduce, the round is cancelled and redone
+among the survivors (the round's key names its group, so peers only meet on
+the same group); the contributions that died with it are counted in
+`lost_contributions` (the survivors' mean: they are not trained again).
+
+After the step: a checkpoint every `checkpoint_every` iterations, and the
+leader appends one JSON object per iteration to `metrics.jsonl`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import trio
+
+from ..protocol import messages as m
+from ..protocol.effects import Send
+from ..protocol.pipeline import Phases, StartStep
+from .faults import Faults
+from .leadership import Leadership
+from .microbatches import Microbatches
+from .peers import Peers
+from .stage import LocalStage
+from .wire import ApplyEffects, FrameRefused, Owner, Wire, now
+
+log = logging.getLogger("gwtf.node")
+
+ALLREDUCE_TIMEOUT_S = 120.0
+GROUP_CHANGE_WAIT_S = 60.0
+LEADER_CHECK_S = 0.5  # a data node looks this often at who leads (a lease ends without an event)
+
+
+class Aggregation:
+    def __init__(self, wire: Wire, peers: Peers, stage: LocalStage, microbatches: Microbatches,
+                 leadership: Leadership, allreducer: Any, effects: ApplyEffects, faults: Faults, *,
+                 state_dir: Path, checkpoint_every: int, on_stepped: Callable[[int], None]) -> None:
+        self.wire = wire
+        self.peers = peers
+        self.stage = stage
+        self.microbatches = microbatches
+        self.leadership = leadership
+        self.allreducer = allreducer
+        self.effects = effects
+        self.faults = faults
+        self.state_dir = state_dir
+        self.checkpoint_every = checkpoint_every
+        self.on_stepped = on_stepped  # the step of an iteration is applied here
+        self.phases: Phases | None = None  # once this node has a stage
+        self.contrib_for: dict[int, frozenset] = {}  # a relay: iteration -> contributions held (from BEGIN)
+        self.step_counts: dict[int, int] = {}
+        self.lost_contributions: dict[int, int] = {}
+        # data nodes: the IterationDone reports of each iteration, for the metrics record of whoever leads when its
+        # step ends (also a report that reaches a new leader after BEGIN; Phases keeps only those before BEGIN)
+        self.reports: dict[int, dict[str, m.IterationDone]] = {}
+        self.my_reports: dict[int, m.IterationDone] = {}
+        self._leader: str | None = None  # the leader the phase was last handed
+        self.last_iteration: int | None = None  # the last iteration whose step this node applied
+        self._ar_scopes: dict[str, tuple[set[str], trio.CancelScope]] = {}
+
+    # ------------------------------------------------------------------ reading
+    def group(self, iteration: int, stage: int) -> set[str] | None:
+        return self.phases.group(iteration, stage) if self.phases is not None else None
+
+    def can_take_sent(self, iteration: int) -> bool:
+        return self.phases is not None and iteration in self.phases.can_take_sent
+
+    # ------------------------------------------------------------------ the phase
+    def new_phases(self) -> None:
+        """This node has a stage now: it takes part in the phase from here on."""
+        self.phases = Phases(self.wire.me, self.peers.stage, self.peers.n_stages - 1,
+                             applied=self.stage.applied_steps)
+
+    def _apply(self, effects: list) -> None:
+        self.effects(Owner.AGGREGATION, effects)
+
+    def _require_phases(self, msg: Any) -> Phases:
+        if self.phases is None:
+            raise FrameRefused(f"{type(msg).__name__} before this node has a stage")
+        return self.phases
+
+    def on_timer(self, key: str) -> None:
+        if self.phases is not None:
+            self._apply(self.phases.on_timer(now(), key))
+
+    def on_ack(self, peer: str, msg: m.PhaseAck) -> None:
+        self._apply(self._require_phases(msg).on_ack(now(), peer, msg))
+
+    def on_begin(self, peer: str, msg: m.BeginAggregation) -> None:
+        ph = self._require_phases(msg)
+        if msg.iteration not in ph.begun and msg.iteration >= ph.floor:
+            contrib = self.microbatches.begin_aggregation(msg.iteration)
+            if self.peers.role == "relay" and self.microbatches.started:
+                named = [set(g.peers) for g in msg.groups if g.stage == -1]
+                if named:  # a data node that BEGIN leaves out died before it: its microbatches do not count
+                    contrib = frozenset(k for k in contrib if k[0] in set.union(*named))
+                self.contrib_for[msg.iteration] = contrib
+        self._apply(ph.on_begin(now(), peer, msg, self.peers.next_stage_ids()))
+
+    def on_can_take(self, peer: str, msg: m.CanTake) -> None:
+        ph = self._require_phases(msg)
+        self._apply(ph.on_can_take(now(), peer, msg, self.peers.next_stage_ids(), self.peers.prev_stage_ids()))
+
+    def on_iteration_done(self, sender: str, msg: m.IterationDone) -> None:
+        if self.peers.role != "data":
+            raise FrameRefused("IterationDone sent to a relay")
+        ph = self._require_phases(msg)
+        self.reports.setdefault(msg.iteration, {})[sender] = msg
+        leading = self.leadership.is_leader()
+        if not leading:
+            log.info("IterationDone from %s while not the acting leader: ignored (it resends)", self.peers.who(sender))
+        else:
+            self.leadership.iteration_aggregating(msg.iteration)
+        self._open(ph.on_iteration_done(now(), sender, msg, leading=leading, data_nodes=self.peers.data_nodes(),
+                                        stage0=self.peers.ids("relay", 0), groups=self.peers.groups(msg.iteration)))
+
+    def _maybe_begin(self, iteration: int) -> None:
+        """At the acting leader: BEGIN AGGREGATION of `iteration` once every live data node reported it."""
+        leading = self.leadership.is_leader()
+        if leading and self.phases is not None:
+            self._open(self.phases.maybe_begin(now(), iteration, leading=leading, data_nodes=self.peers.data_nodes(),
+                                               stage0=self.peers.ids("relay", 0),
+                                               groups=self.peers.groups(iteration)))
+
+    def _open(self, eff: list) -> None:
+        """Effects at the leader that may open an aggregation: the fault point sits before any BEGIN leaves."""
+        for it in sorted({e.iteration for e in eff if isinstance(e, StartStep)}):
+            if any(isinstance(e, Send) and isinstance(e.msg, m.BeginAggregation) for e in eff):
+                log.info("iteration %d: opening the aggregation", it)
+                self.faults.point("begin_open")
+        self._apply(eff)
+
+    def iteration_settled(self, iteration: int) -> None:
+        """A data node's microbatches of `iteration` are all completed or deferred: report it to the leader."""
+        it = self.microbatches.current
+        if self.phases is None or it is None or it.iteration != iteration:
+            return
+        c = self.microbatches.counts(iteration)
+        done = m.IterationDone(iteration, len(it.done), it.loss_sum, c["deferred"], c["pending"] + c["inflight"])
+        log.info("iteration %d settled: completed %s, deferred %d", iteration, json.dumps(sorted(it.done)), c["deferred"])
+        self.my_reports = {i: r for i, r in self.my_reports.items() if i >= iteration - 1}
+        self.my_reports[iteration] = done
+        self.reports.setdefault(iteration, {})[self.wire.me] = done
+        self._apply(self.phases.report_done(now(), done))
+        self._maybe_begin(iteration)
+
+    def leader_changed(self) -> None:
+        """A data node hands the phase the leader the election names now (a pending report follows it)."""
+        if self.peers.role != "data" or self.phases is None:
+            return
+        lead = self.leadership.leader()
+        front = self.peers.data_nodes() + self.peers.ids("relay", 0)
+        self._apply(self.phases.set_leader(now(), lead, front=front))
+        if lead == self.wire.me:
+            for it in self.phases.pending_iterations():
+                self._maybe_begin(it)
+        if lead != self._leader and lead not in (None, self.wire.me):
+            # the metrics report of an iteration that began under the old leader (Phases resends only reports of
+            # iterations not begun): the new leader records that iteration when its step ends
+            begun = [i for i in self.my_reports if i in self.phases.begun]
+            if begun:
+                self.wire.post(lead, self.my_reports[max(begun)])
+        self._leader = lead
+
+    async def leader_loop(self) -> None:
+        """Data nodes: a lease can end without an event; look at who leads every LEADER_CHECK_S."""
+        while True:
+            await trio.sleep(LEADER_CHECK_S)
+            self.leader_changed()
+
+    async def send(self, peer: str, msg: Any) -> bool:
+        """Send a phase signal (IterationDone, BEGIN AGGREGATION, CAN TAKE, PhaseAck), through the fault points."""
+        kind = type(msg).__name__ + (f".{msg.kind.name}" if isinstance(msg, m.PhaseAck) else "")
+        if self.faults.lose_first(kind, msg.iteration, peer):
+            return True  # lost on the way, as far as the sender knows
+        ok = await self.wire.send(peer, msg)
+        if ok and isinstance(msg, m.BeginAggregation):
+            self.faults.point("begin_sent")
+        return ok
+
+    # ------------------------------------------------------------------ peers
+    def peer_back(self, peer: str) -> None:
+        """A peer said Hello again after it was forgotten (a restart keeps its peer id)."""
+        if self.phases is not None:
+            self.phases.gone.discard(peer)
+
+    def forget(self, peer: str) -> None:
+        """`peer` crashed or left: nobody waits for its signals any more, none is resent to it."""
+        if self.phases is not None:
+            for it, reports in self.reports.items():  # as Phases: a dead data node's report does not count
+                if it not in self.phases.begun:
+                    reports.pop(peer, None)
+            self._apply(self.phases.forget(now(), peer, self.peers.next_stage_ids(), self.peers.prev_stage_ids()))
+
+    def after_gone(self, peer: str) -> None:
+        """The leader need not wait for a gone data node's IterationDone; an all-reduce waiting for it is redone."""
+        if self.peers.role == "data" and self.phases is not None:
+            for it in self.phases.pending_iterations():
+                self._maybe_begin(it)
+        for gkey, (group, scope) in list(self._ar_scopes.items()):
+            if peer in group:
+                log.info("all-reduce %s waits for %s, which is gone: redone among the survivors", gkey,
+                         self.peers.who(peer))
+                scope.cancel()
+
+    def resynced(self, applied: int) -> None:
+        """The stage state was installed with `applied` steps (a joiner, or after LeftOut / OutOfStep)."""
+        if self.phases is not None:
+            self._apply(self.phases.resynced(now(), applied, self.peers.next_stage_ids(), self.peers.prev_stage_ids()))
+
+    # ------------------------------------------------------------------ the step
+    def start_step(self, e: StartStep) -> None:
+        self.wire.spawn(self._step, e)
+
+    async def _step(self, e: StartStep) -> None:
+        t0 = now()
+        relay = self.peers.role == "relay"
+        keys: list = []  # relay: the contributions the recovery machine names (backward computed here, attempt
+        if relay:  # not released), as (data node, seq, iteration)
+            keys = sorted(self.contrib_for.pop(e.iteration, frozenset()))
+            log.info("iteration %d: aggregating %d contributions held here", e.iteration, len(keys))
+            log.info("iteration %d: contributions %s", e.iteration,
+                     json.dumps(sorted([self.peers.who(d), seq] for d, seq, _it in keys)))
+        self.faults.point("aggregate")
+        if keys:
+            self.faults.point("aggregate_holding")
+        model = self.stage.model
+        if not relay:
+            cur = self.microbatches.current
+            mine = len(cur.done) if cur is not None and cur.iteration == e.iteration else 0
+        else:
+            def commit() -> int:
+                return sum(1 for k in keys if model.commit(k))
+
+            mine = await self.stage.run(commit)
+        grad = await self.stage.run(model.grad_vector)
+        stage = self.peers.stage
+        named = self.phases.group(e.iteration, stage)
+        group = sorted(named) if named is not None else self.peers.stage_group()
+        total, count = await self._all_reduce_survivors(f"s{stage}/it{e.iteration}", group, grad, float(mine))
+        if relay and count < e.microbatches:
+            # the survivors' mean (recovery.py): the missing contributions died with a relay
+            self.lost_contributions[e.iteration] = int(e.microbatches - count)
+            log.warning("iteration %d: stage %d holds %d of %d contributions (the rest died with a relay)",
+                        e.iteration, stage, int(count), e.microbatches)
+        await self.stage.run(self.stage.apply_step, total, count, e.iteration)
+        self.microbatches.aggregation_done(e.iteration)
+        self.stage.steps_done()
+        self.on_stepped(e.iteration)
+        self.step_counts[e.iteration] = e.microbatches
+        if self.checkpoint_every and (e.iteration + 1) % self.checkpoint_every == 0:
+            await self.stage.run(self.checkpoint)
+        if not relay and self.leadership.leader() == self.wire.me:  # the leader that opened this aggregation
+            self._record_metrics(e.iteration, now() - t0)
+        self.last_iteration = e.iteration
+        self._apply(self.phases.on_step_done(now(), e.iteration, self.peers.next_stage_ids(),
+                                             self.peers.prev_stage_ids()))
+
+    def checkpoint(self) -> None:
+        """Save this node's part (parameters and optimizer state) with the last iteration it stepped."""
+        it = -1 if self.last_iteration is None else self.last_iteration
+        self.stage.checkpoint(self.state_dir / "checkpoint.pt", self.peers.stage, it)
+
+    def _record_metrics(self, t: int, step_s: float) -> None:
+        ph = self.phases
+        reports = self.reports.get(t, {})
+        completed = sum(r.completed for r in reports.values())
+        loss_sum = sum(reports[d].loss_sum for d in sorted(reports))
+        seconds = now() - self.microbatches.iter_started
+        data = self.stage.manifest.data
+        rec = {
+            "iteration": t,
+            "loss": loss_sum / completed if completed else None,
+            "microbatches": completed,
+            "samples": completed * data.microbatch_size,
+            "completed": completed,
+            "deferred": sum(r.deferred for r in reports.values()),
+            "lost": sum(r.lost for r in reports.values()),
+            "seconds": round(seconds, 4),
+            "aggregation_seconds": round(step_s, 4),
+            "pipeline_seconds": round(self.microbatches.pipeline_s.get(t, math.nan), 4),
+            "relays": sum(len(v) for k, v in (ph.groups.get(t) or {}).items() if k >= 0),
+            "time": time.time(),
+        }
+        with open(self.state_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        log.info("iteration %d loss %.4f microbatches %d %.2f s", t, rec["loss"] or math.nan, completed, seconds)
+        for i in [i for i in self.reports if i < t]:
+            del self.reports[i]
+
+    async def on_chunk(self, peer: str, msg: m.AllReduceChunk, payload) -> None:
+        await self.allreducer.on_chunk(peer, msg, payload)
+
+    async def _all_reduce_survivors(self, base: str, named: list[str], grad, mine: float):
+        """All-reduce among the members of `named` still alive; redone when one dies meanwhile."""
+        from .allreduce import AllReduceError
+
+        me = self.wire.me
+
+        def alive() -> list[str]:
+            return sorted(p for p in named if p == me or (p in self.peers and not self.peers.is_gone(p)))
+
+        tried: set[str] = set()
+        while True:
+            group = alive()
+            digest = hashlib.sha256(",".join(group).encode()).hexdigest()[:12]
+            gkey = f"{base}/{digest}"
+            if gkey in tried:
+                deadline = now() + GROUP_CHANGE_WAIT_S
+                while now() < deadline:
+                    await trio.sleep(0.2)
+                    if alive() != group:
+                        break
+                else:
+                    log.error("all-reduce %s failed again with the same group: stepping on this node's gradient only",
+                              base)
+                    return grad, mine
+                continue
+            tried.add(gkey)
+            if len(group) == 1:
+                return grad, mine
+            with trio.CancelScope() as scope:
+                self._ar_scopes[gkey] = (set(group), scope)
+                try:
+                    return await self.allreducer.all_reduce(gkey, group, grad, mine, timeout=ALLREDUCE_TIMEOUT_S)
+                except Exception as e:  # noqa: BLE001 - AllReduceError, alone or in a nursery's group
+                    if not _all_reduce_failure(e, AllReduceError):
+                        raise
+                    log.warning("all-reduce %s failed: %s", gkey, _leaf(e))
+                finally:
+                    self._ar_scopes.pop(gkey, None)
+            await trio.sleep(0.2)
+
+
+def _leaves(e: BaseException):
+    if isinstance(e, BaseExceptionGroup):
+        for x in e.exceptions:
+            yield from _leaves(x)
+    else:
+        yield e
+
+
+def _all_reduce_failure(e: BaseException, kind: type) -> bool:
+    """True if `e` (maybe an exception group from a nursery) holds nothing but all-reduce failures."""
+    return all(isinstance(x, kind) for x in _leaves(e))
+
+
+def _leaf(e: BaseException) -> BaseException:
+    return next(iter(_leaves(e)), e)

@@ -1,0 +1,135 @@
+"""Discovery: how a node finds the peers of its run (Hello, PeerList, the DHT).
+
+The node connects to its bootstrap peers and greets every peer it meets with
+`Hello` (run id, role, stage, name, capacity, addresses, and its standing:
+joining / ready from / leaving after).  A peer answers a first Hello with its
+own, and with `PeerList` (the addresses it knows) whenever the sender is new
+or changed role or stage, so a swarm of any shape finds itself from one
+bootstrap address.  A peer of another run, or with a role or stage that does
+not exist, is refused.
+
+The DHT is the second way in (`loop`).  Records (versioned, the highest
+version wins everywhere; see host.py): `run/<run id>` holds the manifest (put
+by data nodes), `node/<peer id>` holds {name, role, stage, addrs} (put by
+every node, again when its stage changes); provider records on
+`run/<run id>` and on `run/<run id>/stage/<k>` (relays) are how a newcomer
+finds the swarm and the members of a stage.  The DHT is discovery only: who
+is alive is decided by our own messages (`liveness.py`).
+
+With a links file (`--links`), the link to a named peer is shaped (latency,
+bandwidth) as soon as its Hello names it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Callable
+
+import trio
+
+from ..protocol import messages as m
+from .peers import PeerInfo, Peers
+from .wire import FrameRefused, Wire, now
+
+log = logging.getLogger("gwtf.node")
+
+DHT_ROUND_S = 2.0
+DHT_WAIT_S = 10.0
+
+
+class Discovery:
+    def __init__(self, wire: Wire, peers: Peers, host: Any, manifest: Any,
+                 links_cfg: dict[tuple[str, str], tuple[float, float]],
+                 on_peer_hello: Callable[[PeerInfo], None]) -> None:
+        self.wire = wire
+        self.peers = peers
+        self.host = host
+        self.manifest = manifest
+        self.run_id = manifest.run_id
+        self.links_cfg = links_cfg
+        self.on_peer_hello = on_peer_hello
+        self.hellos_sent: set[str] = set()
+
+    def hello(self) -> m.Hello:
+        p = self.peers.place
+        return m.Hello(self.run_id, p.role, -2 if p.stage is None else p.stage, self.peers.name, p.capacity,
+                       tuple(self.host.addrs), self.host.tensor_addr, p.joining, p.ready_from, p.leaving,
+                       p.leave_after)
+
+    def hello_all(self) -> None:
+        """Tell every peer this node's place again (its stage or standing changed)."""
+        for pid in self.peers.ids_known():
+            self.wire.post(pid, self.hello())
+
+    async def dial(self, addr: str) -> None:
+        try:
+            pid = await self.host.connect(addr)
+        except Exception as e:  # noqa: BLE001 - any dial failure is logged, discovery retries
+            log.warning("could not reach %s: %s", addr, e)
+            return
+        if pid != self.wire.me:
+            await self.wire.send(pid, self.hello())
+            self.hellos_sent.add(pid)
+
+    async def loop(self) -> None:
+        """Publish our DHT records and look for peers of the run there."""
+        run_key = f"run/{self.run_id}"
+        published: tuple | None = None
+        me = self.wire.me
+        while True:
+            if self.peers.ids_known():
+                role, stage = self.peers.role, self.peers.stage
+                mine = (role, stage, tuple(self.host.addrs))
+                if published != mine:
+                    try:
+                        with trio.move_on_after(DHT_WAIT_S):
+                            if role == "data":
+                                await self.host.dht_put(run_key, self.manifest.to_json().encode())
+                            rec = {"name": self.peers.name, "role": role, "stage": stage,
+                                   "addrs": self.host.addrs, "run_id": self.run_id}
+                            await self.host.dht_put(f"node/{me}", json.dumps(rec).encode())
+                            await self.host.provide(run_key)
+                            if role == "relay" and stage is not None:
+                                await self.host.provide(f"{run_key}/stage/{stage}")
+                            published = mine
+                    except Exception as e:  # noqa: BLE001 - the DHT is best effort; retried next round
+                        log.debug("DHT publish failed: %s", e)
+                try:
+                    with trio.move_on_after(DHT_WAIT_S):
+                        for pid, addrs in await self.host.find_providers(run_key):
+                            if pid != me and pid not in self.peers and not self.peers.is_gone(pid) and addrs:
+                                addr = addrs[0] if "/p2p/" in addrs[0] else f"{addrs[0]}/p2p/{pid}"
+                                self.wire.spawn(self.dial, addr)
+                except Exception as e:  # noqa: BLE001
+                    log.debug("find_providers failed: %s", e)
+            await trio.sleep(DHT_ROUND_S)
+
+    def on_hello(self, sender: str, msg: m.Hello) -> None:
+        if msg.run_id != self.run_id:
+            raise FrameRefused(f"Hello for run {msg.run_id!r}, this node trains run {self.run_id!r}")
+        if msg.role not in ("data", "relay") or (msg.role == "relay" and not -2 <= msg.stage < self.peers.n_stages):
+            raise FrameRefused(f"Hello with role {msg.role!r} stage {msg.stage}")
+        info = PeerInfo(sender, msg.role, msg.stage, msg.name, msg.capacity, tuple(msg.addrs), None,
+                        msg.joining, msg.ready_from, msg.leaving, msg.leave_after)
+        _old, changed = self.peers.upsert(info, now())
+        self.on_peer_hello(info)
+        reply: list[m.Message] = []
+        if sender not in self.hellos_sent:
+            self.hellos_sent.add(sender)
+            reply.append(self.hello())
+        if changed:
+            shaped = self.links_cfg.get((self.peers.name, msg.name))
+            if shaped is not None:
+                self.host.links.set_link(sender, *shaped)  # emulate the link: our sends to this peer
+            log.info("peer %s: %s stage %s (%s)", msg.name or sender[:12], msg.role, msg.stage, sender)
+            known = tuple(a for p in self.peers.infos() for a in p.addrs[:1] if p.peer_id != sender)
+            reply.append(m.PeerList(tuple(self.host.addrs[:1]) + known))
+        if reply:
+            self.wire.spawn(self.wire.send_all, sender, reply)
+
+    def on_peer_list(self, sender: str, msg: m.PeerList) -> None:
+        for addr in msg.addrs[:256]:
+            pid = addr.rsplit("/p2p/", 1)[-1]
+            if pid and pid != self.wire.me and pid not in self.peers:
+                self.wire.spawn(self.dial, addr)

@@ -1,0 +1,69 @@
+"""Fault injection for tests and demos: SIGKILL this process at the N-th time it reaches a fault point.
+
+`GWTF_FAULT=KIND:N` arms the fault when the node starts; a file `fault` in
+the state directory holding `KIND:N` arms it while the node runs (a test
+that must first learn which node leads writes it there), counting from then
+on.  Kinds: a computation as it starts (forward, recompute, backward, loss,
+final), an aggregation as it starts (aggregate; aggregate_holding counts only
+the aggregations in which a relay holds contributions); at the leader, the
+opening of an aggregation before any BEGIN AGGREGATION leaves (begin_open)
+and each BEGIN AGGREGATION frame sent (begin_sent).
+
+`GWTF_DROP_FIRST_PHASE=1` loses the first copy of every phase signal this
+node sends (per kind, iteration and destination): the aggregation phase must
+recover by retransmission.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("gwtf.node")
+
+
+@dataclass
+class Faults:
+    spec: str = ""
+    kind: str = ""
+    at: int = 1
+    seen: int = 0
+    arm_path: Path | None = None  # a file whose KIND:N arms the fault at run time
+    drop_first_phase: bool = False
+    dropped: set[tuple[str, int, str]] = field(default_factory=set)
+
+    @classmethod
+    def from_env(cls, state_dir: Path | None = None) -> "Faults":
+        f = cls(arm_path=None if state_dir is None else state_dir / "fault",
+                drop_first_phase=os.environ.get("GWTF_DROP_FIRST_PHASE", "") == "1")
+        f.arm(os.environ.get("GWTF_FAULT", ""))
+        return f
+
+    def arm(self, spec: str) -> None:
+        kind, _, n = spec.strip().partition(":")
+        self.spec, self.kind, self.at, self.seen = spec.strip(), kind, int(n or 1), 0
+
+    def point(self, kind: str) -> None:
+        """A fault point was reached: kill this process if it is the one asked for."""
+        if not self.kind and self.arm_path is not None and self.arm_path.exists():
+            self.arm(self.arm_path.read_text())
+            log.warning("fault injection armed from %s: %s", self.arm_path, self.spec)
+        if not self.kind or kind != self.kind:
+            return
+        self.seen += 1
+        if self.seen == self.at:
+            log.warning("fault injection GWTF_FAULT=%s: SIGKILL now", self.spec)
+            for h in logging.getLogger().handlers:
+                h.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def lose_first(self, kind: str, iteration: int, to: str) -> bool:
+        """True if this phase signal is to be lost: the first copy of (kind, iteration, destination)."""
+        if not self.drop_first_phase or (kind, iteration, to) in self.dropped:
+            return False
+        self.dropped.add((kind, iteration, to))
+        log.info("fault injection GWTF_DROP_FIRST_PHASE: %s of iteration %d to %s lost", kind, iteration, to[:16])
+        return True

@@ -1,0 +1,215 @@
+"""Link measurement and flow formation: the flow machine (`protocol/flow.py`, section V-C) driven for real.
+
+Once the swarm has been quiet for `settle_s` and the node knows a peer on
+each side, `form` measures a round trip to each adjacent peer (Ping/Pong),
+computes the cost of each link with Equation 1 (latency from the round trip
+or from `--links`; bandwidth from `--links` or `DEFAULT_BANDWIDTH_MBPS`; the
+activation size of the run) and starts the flow machine.  Frames for the
+flow machine that arrive before it exists wait in a queue.
+
+Both ends of a link use one cost: the upstream end's measurement, which it
+sends downstream (`LinkCost`); the downstream end adopts it (`set_cost`).
+With each end's own round trip the flow machines could disagree on a link
+and stall with part of the demand unplaced.
+
+A relay that becomes ready next to this node later (a newcomer placed by the
+leader, its Hello neither joining nor leaving, or a relay first heard of
+while the links were measured) is measured and added to the running flow
+machine (`add_neighbour`); a peer that crashed or left is
+removed (`remove_neighbour`) and the flow machines rebuild the flows through
+it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from typing import Any, Callable
+
+import trio
+
+from ..protocol import messages as m
+from ..protocol.cost import link_cost
+from ..protocol.flow import FlowConfig, FlowNode
+from .liveness import Liveness
+from .peers import PeerInfo, Peers
+from .stage import LocalStage
+from .wire import ApplyEffects, FrameRefused, Owner, Wire, now
+
+log = logging.getLogger("gwtf.node")
+
+DEFAULT_BANDWIDTH_MBPS = 1000.0  # assumed when no --links gives one
+QUIET_S = 3.0  # a data node starts pushing once its flows have not changed for this long (some placed)
+FORMATION_WAIT_S = 60.0  # ... or after this long, whatever is placed
+FLOW_MSGS = (
+    m.CostAnnounce, m.RequestFlow, m.FlowReply, m.Deny, m.Withdraw, m.QueryFlows, m.FlowReport,
+    m.RequestChange, m.RequestRedirect, m.MoveReply, m.Reroute, m.LaunchBid, m.Relabel,
+    m.RelabelCost,
+)
+
+
+class Flows:
+    def __init__(self, wire: Wire, peers: Peers, liveness: Liveness, stage: LocalStage, effects: ApplyEffects,
+                 links_cfg: dict[tuple[str, str], tuple[float, float]], on_changed: Callable[[], None]) -> None:
+        self.wire = wire
+        self.peers = peers
+        self.liveness = liveness
+        self.stage = stage
+        self.effects = effects
+        self.links_cfg = links_cfg
+        self.on_changed = on_changed  # flows may have changed: the microbatch machine hears of it
+        self.machine: FlowNode | None = None
+        self.queue: list[tuple[str, Any]] = []
+        self.next_costs: dict[str, float] = {}
+        self.prev_costs: dict[str, float] = {}
+        # the cost the upstream end of each of our incoming flow links uses (LinkCost): ours, so both ends agree
+        self.agreed_costs: dict[str, float] = {}
+        self.link_costs_used: dict[str, dict[str, float]] = {"next": {}, "prev": {}}  # the last cost of every link
+        self.adding: set[str] = set()  # peers being added to the flow machine
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def started(self) -> bool:
+        return self.machine is not None
+
+    def out(self) -> dict[str, dict[str, int]]:
+        """Units of flow per data node and next hop (empty before the machine starts)."""
+        return {d: dict(v) for d, v in self.machine.out.items()} if self.machine else {}
+
+    def last_change(self) -> float | None:
+        return self.machine.stats.last_change if self.machine else None
+
+    def units_through(self) -> int:
+        """Units of flow through this node (a relay's utilization report)."""
+        return sum(sum(v.values()) for v in self.machine.inn.values()) if self.machine else 0
+
+    def _in_flow(self, peer: str) -> bool:
+        cfg = self.machine.cfg
+        return peer in cfg.next_costs or peer in cfg.prev_costs or peer in cfg.peers
+
+    # ------------------------------------------------------------------ formation
+    def link_cost(self, peer: str) -> float:
+        info = self.peers.get(peer)
+        lat = (info.rtt_ms or 1.0) / 2.0
+        bw = DEFAULT_BANDWIDTH_MBPS
+        shaped = self.links_cfg.get((self.peers.name, info.name))
+        if shaped is not None:
+            lat, bw = shaped
+        return round(link_cost(0.0, 0.0, lat, lat, bw, bw, self.stage.hidden_size_mb()), 3)
+
+    async def form(self, nxt: list[str], prv: list[str], *, joined: bool) -> None:
+        """Measure the links to `nxt` and `prv`, start the flow machine, replay what waited for it.
+
+        `joined`: this node was placed by the leader, so flows may already exist around it."""
+        for pid in sorted(set(nxt) | set(prv)):
+            self.peers.set_rtt(pid, await self.liveness.measure_rtt(pid))
+        me = self.wire.me
+        nxt = [p for p in nxt if p in self.peers or p == me]
+        prv = [p for p in prv if p in self.peers or p == me]
+        self.next_costs = {p: self.link_cost(p) for p in nxt}
+        self.prev_costs = {p: self.agreed_costs.get(p, self.link_cost(p)) for p in prv}
+        for p, c in sorted(self.next_costs.items()):
+            self.wire.post(p, m.LinkCost(c))
+        commodities = tuple(self.peers.data_nodes())
+        relay = self.peers.role == "relay"
+        cfg = FlowConfig(me, not relay, self.peers.capacity, commodities, self.next_costs, self.prev_costs,
+                         tuple(self.peers.ids("relay", self.peers.stage)) if relay else (), joined=joined)
+        seed = int.from_bytes(me.encode()[-8:], "big")
+        self.machine = FlowNode(cfg, random.Random(seed))
+        log.info("flow machine started: next %s prev %s", self._names(self.next_costs), self._names(self.prev_costs))
+        self.effects(Owner.FLOWS, self.machine.start(now()))
+        self._sync_costs()
+        queued, self.queue = self.queue, []
+        for peer, msg in queued:
+            c = getattr(msg, "commodity", None)  # (every flow message but CostAnnounce names a commodity)
+            if c is not None and c not in commodities:
+                continue
+            self.effects(Owner.FLOWS, self.machine.on_message(now(), peer, msg))
+        for info in self.peers.infos():  # a relay first heard of while the links were measured: as a newcomer
+            self.on_peer_hello(info)
+
+    async def wait_formed(self) -> None:
+        """A data node starts pushing once its demand is placed, or its flows stopped changing."""
+        start = now()
+        me = self.wire.me
+        while True:
+            placed = sum(self.machine.out[me].values())
+            quiet = now() - self.machine.stats.last_change
+            if placed >= self.peers.capacity or (placed > 0 and quiet > QUIET_S) or now() - start > FORMATION_WAIT_S:
+                log.info("flows formed: %d of %d units placed after %.1f s: %s", placed, self.peers.capacity,
+                         now() - start, self._names(dict(self.machine.out[me])))
+                return
+            await trio.sleep(0.1)
+
+    def _sync_costs(self) -> None:
+        self.next_costs = dict(self.machine.cfg.next_costs)
+        self.prev_costs = dict(self.machine.cfg.prev_costs)
+        self.link_costs_used["next"].update(self.next_costs)  # (status.json: peers that left stay in it)
+        self.link_costs_used["prev"].update(self.prev_costs)
+
+    def _names(self, costs: dict[str, float]) -> str:
+        return ", ".join(f"{self.peers.who(p)}={c:g}" for p, c in sorted(costs.items()))
+
+    # ------------------------------------------------------------------ events
+    def on_message(self, peer: str, msg: Any) -> None:
+        if self.machine is None:
+            self.queue.append((peer, msg))
+            return
+        # the machine keeps what a newcomer says until it is told to add it (add_neighbour)
+        self.effects(Owner.FLOWS, self.machine.on_message(now(), peer, msg))
+        self.on_changed()
+
+    def on_timer(self, key: str) -> None:
+        if self.machine is not None:
+            self.effects(Owner.FLOWS, self.machine.on_timer(now(), key))
+
+    def on_link_cost(self, peer: str, msg: m.LinkCost) -> None:
+        """The upstream end of our link says which cost it uses: ours from now on (`LinkCost`)."""
+        if not math.isfinite(msg.cost) or msg.cost < 0:
+            raise FrameRefused(f"LinkCost {msg.cost!r}: a link cost is finite and >= 0")
+        info = self.peers.get(peer)
+        if info is not None and self.peers.stage is not None and self.peers.flow_side(info.stage) != "prev":
+            raise FrameRefused(f"LinkCost from {self.peers.who(peer)}, which is not upstream of this node")
+        self.agreed_costs[peer] = msg.cost
+        prev = self.machine.cfg.prev_costs if self.machine is not None else {}
+        if peer in prev and prev[peer] != msg.cost:
+            log.debug("flows: link from %s costs %g (its measurement; mine was %g)", self.peers.who(peer), msg.cost,
+                      prev[peer])
+            self.effects(Owner.FLOWS, self.machine.set_cost(now(), peer, msg.cost))
+            self._sync_costs()
+            self.on_changed()
+
+    def on_peer_hello(self, info: PeerInfo) -> None:
+        """A relay ready next to us that the flow machine does not know yet (a newcomer): add it."""
+        if self.machine is None or info.role != "relay" or info.joining or info.leaving:
+            return
+        side = self.peers.flow_side(info.stage)
+        if side is not None and not self._in_flow(info.peer_id):
+            self.wire.spawn(self._add_neighbour, info.peer_id, side)
+
+    async def _add_neighbour(self, peer: str, side: str) -> None:
+        if peer in self.adding:
+            return
+        self.adding.add(peer)
+        try:
+            if side != "peer":
+                self.peers.set_rtt(peer, await self.liveness.measure_rtt(peer))
+            if peer not in self.peers or self._in_flow(peer):
+                return
+            cost = self.link_cost(peer) if side != "peer" else 0.0
+            if side == "next":
+                self.wire.post(peer, m.LinkCost(cost))
+            elif side == "prev":
+                cost = self.agreed_costs.get(peer, cost)
+            log.info("flows: adding %s as %s neighbour (cost %g)", self.peers.who(peer), side, cost)
+            self.effects(Owner.FLOWS, self.machine.add_neighbour(now(), peer, cost, side))
+            self._sync_costs()
+        finally:
+            self.adding.discard(peer)
+
+    def on_peer_gone(self, peer: str) -> None:
+        self.agreed_costs.pop(peer, None)
+        if self.machine is not None and self._in_flow(peer):
+            self.effects(Owner.FLOWS, self.machine.remove_neighbour(now(), peer))  # flows rebuilt around it
+            self._sync_costs()

@@ -1,0 +1,353 @@
+"""Joining and leaving: a relay placed by the leader, stage-state hand-over, graceful leave, Goodbye.
+
+* **Joining** (section V-B).  A relay started with `--stage auto` runs the
+  pure `JoinerMachine`: it finds the leader (DHT record `run/<id>/leader`),
+  sends its capacity (free memory over the stage's per-microbatch memory) and
+  its measured cost to each stage; the leader's `MembershipMachine`
+  (leadership.py) queries the stages' utilization and answers with an
+  `Assignment(stage, download_from, start_iteration)`.  The newcomer builds
+  its stage, says Hello with `joining=True`, and asks `download_from` for its
+  state with `after = start_iteration`: the source answers once it has
+  applied that many optimizer steps, with the weights and optimizer state
+  and their SHA-256.  The newcomer checks the hash, loads the state, and says
+  Hello with `ready_from = steps applied`: it takes part in aggregations from
+  that iteration on, and the iteration in flight is not disturbed.  Its
+  neighbours add it to their running flow machines once its Hello says it is
+  ready (flows.py), and its own flow machine starts as `joined`.
+* **Falling behind.**  If a BEGIN AGGREGATION of an iteration this node
+  should have taken part in leaves it out (its Hello came too late), it
+  fetches the state again, after that step (`resync`).
+* **Leaving** (V-B's counterpart, `leave`).  The relay announces `leaving`
+  with `leave_after` = the iteration in flight: from the next iteration on
+  nobody routes microbatches to it and the leader leaves it out of the
+  aggregation groups.  It finishes the microbatches it holds, takes part in
+  that iteration's aggregation (its gradients count), then says Goodbye: its
+  peers forget it and their flow machines rebuild the flows through it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import Any, Callable
+
+import trio
+
+from ..protocol import messages as m
+from ..protocol.effects import Send
+from ..protocol.membership import INITIAL, JoinerConfig, JoinerMachine
+from .aggregation import Aggregation
+from .discovery import Discovery
+from .flows import Flows
+from .leadership import Leadership
+from .liveness import Liveness
+from .peers import Peers
+from .stage import LocalStage
+from .wire import ApplyEffects, FrameRefused, Owner, Wire, now
+
+log = logging.getLogger("gwtf.node")
+
+STATE_WAIT_S = 600.0  # how long a source waits for its own steps before answering a StageStateRequest
+LEAVE_WAIT_S = 10.0  # a leaving relay waits at most this long for the aggregation of its last iteration
+GOODBYE_WAIT_S = 3.0
+LEADER_LOOKUP_S = 5.0
+MAX_STATE_BYTES = 1 << 34
+
+
+def free_memory_bytes(device: str) -> int:
+    """Free memory of the device the stage runs on (CUDA: the GPU's, CPU: MemAvailable)."""
+    if device.startswith("cuda"):
+        import torch
+
+        free, _total = torch.cuda.mem_get_info(torch.device(device))
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30
+
+
+class Joining:
+    def __init__(self, wire: Wire, peers: Peers, liveness: Liveness, discovery: Discovery, stage: LocalStage,
+                 flows: Flows, leadership: Leadership, aggregation: Aggregation, effects: ApplyEffects,
+                 host: Any, *, capacity_flag: int, data_nodes: int, on_gone: Callable[[str], None],
+                 on_left: Callable[[], None]) -> None:
+        self.wire = wire
+        self.peers = peers
+        self.liveness = liveness
+        self.discovery = discovery
+        self.stage = stage
+        self.flows = flows
+        self.leadership = leadership
+        self.aggregation = aggregation
+        self.effects = effects
+        self.host = host
+        self.capacity_flag = capacity_flag  # --capacity (0: measured)
+        self.data_nodes = data_nodes  # --data-nodes: the demand a relay may have to hold
+        self.on_gone = on_gone  # a peer said Goodbye: forget it everywhere
+        self.on_left = on_left  # this node left the run
+        self.manifest = stage.manifest
+        self.run_id = stage.manifest.run_id
+        self.joiner: JoinerMachine | None = None  # a --stage auto relay until placed and loaded
+        self.want_after = 0  # the fewest steps the state it downloads must have
+        self.state_loaded = trio.Event()
+
+    @property
+    def joined(self) -> bool:
+        """This node was placed by the leader (flows may already exist around it)."""
+        return self.joiner is not None
+
+    # ---------------------------------------------------------------- joining
+    def _measured_capacity(self) -> int:
+        """Microbatches this node can hold: free memory over a stage's per-microbatch memory, capped."""
+        cap_demand = self.manifest.data.microbatches_per_iteration * self.data_nodes
+        if self.capacity_flag:
+            return self.capacity_flag
+        d = self.manifest.dims
+        b, t = self.manifest.data.microbatch_size, self.manifest.data.seq_len
+        layers = max(e - s for s, e in self.manifest.stages)
+        # stashed input + ~12 activations of hidden size per layer (attention, MLP) in float32
+        per_mb = 4 * b * t * d.hidden * (1 + 12 * layers)
+        return max(1, min(cap_demand, int(0.5 * free_memory_bytes(self.stage.device) // max(1, per_mb))))
+
+    def _stage_costs(self) -> tuple[float, ...]:
+        """Measured cost to each stage: mean round trip to the peers it would talk to there."""
+        def mean_rtt(ids: list[str]) -> float:
+            rtts = [self.peers.get(p).rtt_ms for p in ids if self.peers.get(p).rtt_ms is not None]
+            return sum(rtts) / len(rtts) if rtts else 1.0
+        out = []
+        n = self.peers.n_stages
+        for k in range(n):
+            prev = self.peers.data_nodes() if k == 0 else self.peers.ids("relay", k - 1)
+            nxt = self.peers.data_nodes() if k == n - 1 else self.peers.ids("relay", k + 1)
+            out.append(round(mean_rtt(prev) / 2 + mean_rtt(nxt) / 2, 3))
+        return tuple(out)
+
+    async def join(self) -> None:
+        """`--stage auto`: ask the leader for a stage (section V-B); returns once placed (the download goes on)."""
+        for pid in self.peers.ids_known():
+            self.peers.set_rtt(pid, await self.liveness.measure_rtt(pid))
+        cfg = JoinerConfig(self.wire.me, self._measured_capacity(), self._stage_costs())
+        self.peers.set_capacity(cfg.capacity)
+        self.joiner = JoinerMachine(cfg)
+        self.peers.set_standing(joining=True)
+        log.info("joining: capacity %d, stage costs %s; waiting for the leader's assignment",
+                 cfg.capacity, cfg.stage_costs)
+        self.effects(Owner.JOINER, self.joiner.start(now()))
+        while self.peers.stage is None:
+            lead = await self._find_leader()
+            if lead is not None and lead != self.leadership.known_leader:
+                self.leadership.learned_leader(lead)
+                self.effects(Owner.JOINER, self.joiner.set_leader(now(), lead))
+            await trio.sleep(1.0)
+
+    async def _find_leader(self) -> str | None:
+        try:
+            with trio.move_on_after(LEADER_LOOKUP_S):
+                raw = await self.host.dht_get(f"run/{self.run_id}/leader")
+                if raw:
+                    pid = json.loads(raw)["peer_id"]
+                    if pid in self.peers:
+                        return pid
+        except Exception as e:  # noqa: BLE001 - the DHT is best effort
+            log.debug("leader lookup failed: %s", e)
+        return None
+
+    def on_timer(self, key: str) -> None:
+        if self.joiner is not None:
+            self.effects(Owner.JOINER, self.joiner.on_timer(now(), key))
+
+    def on_utilization_query(self, peer: str, msg: m.UtilizationQuery) -> None:
+        if self.joiner is not None and self.peers.place.joining:
+            self.effects(Owner.JOINER, self.joiner.on_message(now(), peer, msg))
+        elif self.peers.role == "relay" and self.peers.stage is not None:
+            self.wire.post(peer, m.UtilizationReport(msg.query_id, self.peers.stage, self.flows.units_through(),
+                                                     self.peers.capacity, not self.peers.place.joining))
+
+    def on_assignment(self, peer: str, msg: m.Assignment) -> None:
+        if self.joiner is None or self.peers.stage is not None:
+            return
+        effects = self.joiner.on_message(now(), peer, msg)
+        # the state request goes from _fetch_state, which asks again when it falls behind
+        self.effects(Owner.JOINER, [e for e in effects if not (isinstance(e, Send)
+                                                              and isinstance(e.msg, m.StageStateRequest))])
+        if self.joiner.assignment is not None:
+            self.wire.spawn(self._take_assignment, self.joiner.assignment)
+
+    async def _take_assignment(self, a: m.Assignment) -> None:
+        log.info("assigned to stage %d by the leader (term %d); state from %s, serving from iteration %d",
+                 a.stage, a.term, self.peers.who(a.download_from), a.start_iteration)
+        self.peers.take_stage(a.stage)
+        self.peers.set_standing(joining=True)
+        self.want_after = max(self.want_after, a.start_iteration)
+        self.aggregation.new_phases()  # from now on a BEGIN that leaves us out raises `want_after`
+        await trio.to_thread.run_sync(self.stage.build, a.stage)
+        if a.download_from == INITIAL:  # an empty stage before any step: the manifest's weights are the state
+            self.stage.set_steps(0)
+            self.peers.set_standing(joining=False, ready_from=0)
+            self.joiner.state_loaded()
+            log.info("stage %d starts from the run's initial weights", a.stage)
+            self.discovery.hello_all()
+            self.state_loaded.set()
+            return
+        self.discovery.hello_all()
+        await self._fetch_state(a.download_from, a.start_iteration)
+
+    def on_stepped(self, iteration: int) -> None:
+        if self.joiner is not None:
+            self.joiner.on_iteration(iteration + 1)
+
+    # ---------------------------------------------------------------- state hand-over
+    async def _fetch_state(self, source: str, after: int) -> None:
+        """Download the stage state from `source`, with at least `after` optimizer steps applied.
+
+        While it waits, a BEGIN AGGREGATION that leaves it out raises the steps
+        it needs (`resync`); the request is then sent again, and a reply with
+        fewer steps is refused, so the state it ends with is never behind an
+        aggregation it missed.
+        """
+        self.peers.set_standing(joining=True)
+        self.want_after = max(self.want_after, after)
+        self.state_loaded = trio.Event()
+        self.discovery.hello_all()
+        asked, deadline = -1, 0.0
+        while not self.state_loaded.is_set():
+            if asked != self.want_after or now() > deadline:
+                if asked == self.want_after:
+                    log.warning("no state from %s within %.0f s: asking again", self.peers.who(source), STATE_WAIT_S)
+                asked = self.want_after
+                deadline = now() + STATE_WAIT_S
+                await self.wire.send(source, m.StageStateRequest(self.peers.stage, asked))
+            with trio.move_on_after(0.2):
+                await self.state_loaded.wait()
+
+    def on_state_request(self, peer: str, msg: m.StageStateRequest) -> None:
+        # answered in its own task: it may wait for a step, and this peer's other frames (Pings) must not
+        self.wire.spawn(self._serve_state_request, peer, msg)
+
+    async def _serve_state_request(self, peer: str, msg: m.StageStateRequest) -> None:
+        try:
+            await self._answer_state_request(peer, msg)
+        except FrameRefused as e:
+            self.wire.refuse(peer, str(e))
+
+    async def _answer_state_request(self, peer: str, msg: m.StageStateRequest) -> None:
+        joining = self.peers.place.joining
+        if self.peers.stage is None or msg.stage != self.peers.stage or not self.stage.built or joining:
+            raise FrameRefused(f"StageStateRequest for stage {msg.stage}: this node serves stage {self.peers.stage}"
+                               + (" and is joining itself" if joining else ""))
+        await self.stage.wait_steps(msg.after, STATE_WAIT_S)
+        steps, blob = await self.stage.run(self.stage.snapshot)
+        import torch
+
+        digest = hashlib.sha256(blob).hexdigest()
+        tensor = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+        log.info("sending stage %d state (%d steps, %.1f MB) to %s", self.peers.stage, steps, len(blob) / 1e6,
+                 self.peers.who(peer))
+        await self.wire.send_tensor(peer, m.StageState(self.peers.stage, steps, digest, None), tensor)
+
+    async def on_state(self, peer: str, msg: m.StageState, payload) -> None:
+        from ..model.tensors import TensorError, unpack
+
+        if not self.peers.place.joining or msg.stage != self.peers.stage or msg.tensor is None:
+            raise FrameRefused("StageState that this node did not ask for")
+        if msg.iteration < self.want_after:
+            raise FrameRefused(f"StageState after {msg.iteration} steps, asked for at least {self.want_after}")
+        try:
+            t = unpack(msg.tensor, payload, expect_dtype="uint8", max_bytes=MAX_STATE_BYTES)
+        except TensorError as e:
+            raise FrameRefused(f"StageState tensor refused: {e}") from None
+        blob = t.numpy().tobytes()
+        if hashlib.sha256(blob).hexdigest() != msg.sha256:
+            raise FrameRefused("StageState hash mismatch: the state was corrupted or tampered with")
+        try:
+            await self.stage.run(self.stage.model.load_state_bytes, blob)
+        except Exception as e:  # noqa: BLE001 - refuse a state that does not fit this stage, keep running
+            raise FrameRefused(f"StageState does not load: {e}") from None
+        if msg.iteration < self.want_after:
+            # a BEGIN AGGREGATION left us out while this state was loading: it misses that
+            # step; the fetch loop asks again for a newer one
+            log.info("state of %d steps is behind an aggregation we missed: asking for %d",
+                     msg.iteration, self.want_after)
+            return
+        self.stage.set_steps(msg.iteration)
+        self.aggregation.resynced(msg.iteration)
+        self.peers.set_standing(joining=False, ready_from=msg.iteration)
+        if self.joiner is not None:
+            self.joiner.state_loaded()
+        log.info("stage %d state loaded from %s (%d steps, sha256 %s...): taking part from iteration %d",
+                 self.peers.stage, self.peers.who(peer), msg.iteration, msg.sha256[:12], msg.iteration)
+        self.discovery.hello_all()
+        self.state_loaded.set()
+
+    def resync(self, iteration: int) -> None:
+        """BEGIN AGGREGATION of `iteration` left this node out (Phases' LeftOut): fetch the state after that step.
+
+        Only a node that holds a state meant for this iteration (not joining,
+        `ready_from <= iteration`) has fallen behind; a joiner's download in
+        flight already asks for a later state, and an older iteration's step
+        is in the state it holds.
+        """
+        if self.peers.place.joining:
+            self.want_after = max(self.want_after, iteration + 1)  # the download must include this step
+            return
+        if iteration < self.peers.place.ready_from:
+            return
+        group = self.aggregation.group(iteration, self.peers.stage) or set()
+        sources = sorted(p for p in group if p != self.wire.me)
+        if not sources:
+            log.warning("left out of iteration %d and no stage peer to resync from", iteration)
+            return
+        log.info("left out of iteration %d's aggregation: fetching the state after it", iteration)
+        self.wire.spawn(self._fetch_state, sources[0], iteration + 1)
+
+    # ---------------------------------------------------------------- leaving
+    def can_leave_gracefully(self) -> bool:
+        return (self.peers.role == "relay" and self.peers.stage is not None and self.aggregation.phases is not None
+                and not self.peers.place.joining)
+
+    async def leave(self) -> None:
+        """Leave without wasting work: announce it, finish the iteration in flight and its aggregation, Goodbye.
+
+        It waits for that aggregation even when it carried no microbatch (the
+        leader may already have counted it in the group), but not longer than
+        LEAVE_WAIT_S, and not at all once no data node is left.
+        """
+        t = self.stage.applied_steps  # the iteration in flight (or about to open): our last one
+        self.peers.set_standing(leaving=True, leave_after=t)
+        self.discovery.hello_all()
+        log.info("leaving after iteration %d: finishing its microbatches and that iteration's aggregation", t)
+        with trio.move_on_after(LEAVE_WAIT_S) as scope:
+            while not self.aggregation.can_take_sent(t) and self.peers.data_nodes():
+                await trio.sleep(0.05)  # (no data node left: no aggregation will come)
+        if scope.cancelled_caught:
+            log.warning("iteration %d's aggregation did not come within %.0f s: leaving anyway", t, LEAVE_WAIT_S)
+        steps = self.stage.applied_steps
+        await self.goodbye_all(steps - 1 if steps else 0)
+        with trio.move_on_after(GOODBYE_WAIT_S):
+            try:
+                rec = {"name": self.peers.name, "role": self.peers.role, "stage": self.peers.stage, "left": True,
+                       "run_id": self.run_id}
+                await self.host.dht_put(f"node/{self.wire.me}", json.dumps(rec).encode())
+            except Exception as e:  # noqa: BLE001 - deregistering is best effort; peers heard Goodbye
+                log.debug("DHT deregistration failed: %s", e)
+        log.info("left the run")
+        self.on_left()
+
+    async def goodbye_all(self, after_iteration: int, wait_s: float = GOODBYE_WAIT_S) -> None:
+        """Tell every peer this node leaves after `after_iteration` (bounded: a dead peer does not hold it up)."""
+        bye = m.Goodbye(after_iteration)
+        with trio.move_on_after(wait_s):
+            async with trio.open_nursery() as n:
+                for pid in self.peers.ids_known():
+                    n.start_soon(self.wire.send, pid, bye)
+
+    def on_goodbye(self, peer: str, msg: m.Goodbye) -> None:
+        info = self.peers.get(peer)
+        log.info("%s left after iteration %d", info.name if info and info.name else peer[:16], msg.after_iteration)
+        self.on_gone(peer)

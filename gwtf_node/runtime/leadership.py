@@ -1,0 +1,163 @@
+"""Leadership: the election among data nodes and the acting leader's placement of joiners.
+
+Every data node runs the pure `protocol.leader.LeaderMachine` (terms,
+pre-votes, leases; a leader acts only while a majority of the data nodes
+granted its lease).  Its `(term, voted_for)` is saved in the state directory
+before any vote leaves the node, so a restarted data node cannot vote twice
+in a term.  The acting leader publishes `run/<id>/leader` in the DHT, opens
+the aggregation phase (aggregation.py) and places joiners with its
+`MembershipMachine` (section V-B: utilization queries through the stages,
+candidates with the highest capacity to the most utilized stages).
+
+A relay has no election: the leader it knows is the one a joiner found in
+the DHT (`learned_leader`).  Whenever leadership may have changed,
+`on_change` is called: a data node whose iteration is done reports it to
+whoever leads now.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+from pathlib import Path
+from typing import Any, Callable
+
+import trio
+
+from ..protocol import messages as m
+from ..protocol.leader import LeaderConfig, LeaderMachine
+from ..protocol.membership import MembershipConfig, MembershipMachine
+from .peers import PeerInfo, Peers
+from .wire import ApplyEffects, Owner, Wire, now
+
+log = logging.getLogger("gwtf.node")
+
+LEADER_MSGS = (m.RequestVote, m.Vote, m.LeaderHeartbeat, m.HeartbeatAck)
+PLACEMENT_MSGS = (m.JoinRequest, m.UtilizationReport)
+QUERY_INTERVAL_S = 2.0  # the acting leader's utilization rounds
+PUBLISH_WAIT_S = 10.0
+
+
+class Leadership:
+    def __init__(self, wire: Wire, peers: Peers, host: Any, effects: ApplyEffects, state_dir: Path, run_id: str,
+                 iteration_now: Callable[[], int], on_change: Callable[[], None]) -> None:
+        self.wire = wire
+        self.peers = peers
+        self.host = host
+        self.effects = effects
+        self.state_path = state_dir / "leader.json"
+        self.run_id = run_id
+        self.iteration_now = iteration_now
+        self.on_change = on_change
+        self.election: LeaderMachine | None = None  # data nodes, once the data nodes are known
+        self.placement: MembershipMachine | None = None  # the acting leader
+        self.known_leader: str | None = None  # a relay: the leader found in the DHT
+        self._persisted: tuple[int, str | None] = (0, None)
+        self._was_leader = False
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def started(self) -> bool:
+        return self.election is not None
+
+    def leader(self) -> str | None:
+        if self.peers.role == "data" and self.election is not None:
+            return self.election.leader(now())
+        return self.known_leader
+
+    def is_leader(self) -> bool:
+        return self.election is not None and self.election.is_leader(now())
+
+    def term(self) -> int | None:
+        return self.election.term if self.election is not None else None
+
+    # ------------------------------------------------------------------ the election
+    def start(self) -> None:
+        """A data node that knows every data node starts its election machine."""
+        term, voted = 0, None
+        if self.state_path.exists():
+            try:
+                saved = json.loads(self.state_path.read_text())
+                term, voted = int(saved["term"]), saved.get("voted_for")
+            except (OSError, ValueError, KeyError, TypeError):
+                log.warning("ignoring unreadable %s", self.state_path)
+        me = self.wire.me
+        cfg = LeaderConfig(me, tuple(self.peers.data_nodes()))
+        self.election = LeaderMachine(cfg, random.Random(f"{me}:leader"), term=term, voted_for=voted)
+        self._persisted = self.election.persistent_state()
+        self._was_leader = False
+        self._apply(self.election.start(now()))
+
+    def _apply(self, effects: list) -> None:
+        """Persist (term, vote) before any message leaves, then act on leadership changes."""
+        state = self.election.persistent_state()
+        if state != self._persisted:
+            tmp = self.state_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"term": state[0], "voted_for": state[1]}))
+            os.replace(tmp, self.state_path)
+            self._persisted = state
+        self.effects(Owner.LEADER, effects)
+        t = now()
+        leading = self.election.is_leader(t)
+        if leading and not self._was_leader:
+            log.info("leader of term %d", self.election.term)
+            self.placement = MembershipMachine(
+                MembershipConfig(self.wire.me, self.peers.n_stages, query_interval_s=QUERY_INTERVAL_S),
+                self.election.term, self.iteration_now())
+            for p in self.peers.infos():
+                if p.role == "relay" and p.stage >= 0 and not p.joining:
+                    self.placement.add_member(p.peer_id, p.stage)
+            self.effects(Owner.PLACEMENT, self.placement.start(t))
+            self.wire.spawn(self._publish, self.election.term)
+        if not leading and self._was_leader:
+            log.info("no longer leader (term %d)", self.election.term)
+            self.placement = None
+        self._was_leader = leading
+        self.on_change()
+
+    async def _publish(self, term: int) -> None:
+        rec = json.dumps({"peer_id": self.wire.me, "term": term, "name": self.peers.name}).encode()
+        try:
+            with trio.move_on_after(PUBLISH_WAIT_S):
+                await self.host.dht_put(f"run/{self.run_id}/leader", rec)
+        except Exception as e:  # noqa: BLE001 - discovery is best effort
+            log.debug("publishing the leader failed: %s", e)
+
+    def learned_leader(self, peer: str) -> None:
+        """A relay found the acting leader (the DHT record of a joiner's lookup)."""
+        self.known_leader = peer
+
+    # ------------------------------------------------------------------ events
+    def on_leader_msg(self, peer: str, msg: Any) -> None:
+        if self.election is None:
+            return  # not a data node, or not started yet: the sender retries
+        self._apply(self.election.on_message(now(), peer, msg))
+
+    def on_placement_msg(self, peer: str, msg: Any) -> None:
+        if self.placement is not None and self.is_leader():
+            self.effects(Owner.PLACEMENT, self.placement.on_message(now(), peer, msg))
+
+    def on_election_timer(self, key: str) -> None:
+        if self.election is not None:
+            self._apply(self.election.on_timer(now(), key))
+
+    def on_placement_timer(self, key: str) -> None:
+        if self.placement is not None:
+            self.effects(Owner.PLACEMENT, self.placement.on_timer(now(), key))
+
+    def on_peer_hello(self, info: PeerInfo) -> None:
+        if info.role == "data" and self.election is not None and info.peer_id not in self.election.cfg.data_nodes:
+            self.election.add_data_node(info.peer_id)
+        if self.placement is not None and info.role == "relay" and info.stage >= 0 and not info.joining:
+            self.placement.add_member(info.peer_id, info.stage)
+
+    def on_peer_gone(self, peer: str) -> None:
+        if self.placement is not None:
+            self.placement.members.pop(peer, None)
+
+    def iteration_aggregating(self, iteration: int) -> None:
+        """The acting leader opens the aggregation of `iteration`: joiners are placed for the next one."""
+        if self.placement is not None:
+            self.placement.set_iteration(iteration + 1)

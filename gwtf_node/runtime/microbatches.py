@@ -1,0 +1,299 @@
+"""Microbatches: the recovery machine (`protocol/recovery.py`, sections V-D/V-E) driven with torch.
+
+Every node runs one `RecoveryNode`, the pure machine that the simulator runs
+in virtual time, for the lifecycle of its microbatches: launch, Forward /
+Complete / Backward along the flows, DENY, and crash recovery (hop deadlines,
+BackwardStuck, the data node's watchdog, Probe / MbState, RepairOrder,
+Recover / Resume, Release).  This component turns frames into machine
+events and the machine's effects into frames, timers and torch work.  The
+machine hears of everything through events: its neighbours and their
+capacities (`set_neighbours`), a peer presumed dead on a hop deadline that
+the liveness check still hears (`peer_alive`), the flows (`set_flows`, when
+the flow machine changed them), a peer gone (`peer_gone`), BEGIN AGGREGATION
+and the applied step (`begin_aggregation`, `aggregation_done`).
+
+The aggregation phase is `phases.Phases` (aggregation.py): when a data node's
+microbatches of an iteration are all completed or deferred the machine says
+so (`IterationSettled`) and the aggregation component reports it to the
+leader.
+
+Tensors live in a `TensorStore`, per microbatch key: a received tensor is
+kept only if the machine takes the message (it asks for a computation on
+it), and every key the machine forgot is dropped after each event.
+
+Exactness.  A relay's backward keeps the microbatch's parameter gradients
+apart (`StageModel.backward(hold=True)`); at BEGIN AGGREGATION the machine
+names the contributions that count (backward computed here, attempt not
+released) and only those are added, in sorted key order.  A data node holds
+the head gradients of a microbatch until its final backward.  The step
+divides the all-reduced sum by the all-reduced count of contributions, so
+with no crash every stage divides by the number of microbatches completed end
+to end (the invariant), and after a crash by what the survivors hold.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+from typing import Any, Callable
+
+from ..protocol import messages as m
+from ..protocol.pipeline import DataIteration, MbStatus, OpenIteration
+from ..protocol.recovery import MB_MESSAGES, Compute, IterationSettled, RecoveryConfig, RecoveryNode
+from .faults import Faults
+from .flows import Flows
+from .liveness import Liveness
+from .peers import Peers
+from .stage import LocalStage
+from .tensorstore import Keep, Slot, TensorStore
+from .wire import ApplyEffects, FrameRefused, Owner, Wire, now
+
+log = logging.getLogger("gwtf.node")
+
+MB_MSGS = MB_MESSAGES  # what the recovery machine takes
+KEYED = tuple(t for t in MB_MSGS if t not in (m.Room, m.Lend))
+TENSOR_MSGS = (m.Forward, m.Recover, m.Backward)
+HOP_PRIOR_S = 1.0  # expected hand-off -> Complete before anything is measured (then an EWMA)
+E2E_PRIOR_S = 3.0  # expected launch -> final backward before anything is measured
+PROBE_WAIT_S = 2.0
+IN_SLOT = {"forward": Slot.IN, "recompute": Slot.IN, "loss": Slot.IN, "backward": Slot.GRAD_IN,
+           "final": Slot.GRAD_IN}  # where the tensor of a message goes, by the computation it feeds
+
+
+class Microbatches:
+    def __init__(self, wire: Wire, peers: Peers, liveness: Liveness, flows: Flows, stage: LocalStage,
+                 effects: ApplyEffects, faults: Faults, *, policy: str, lend: bool, iterations: int,
+                 on_settled: Callable[[int], None], on_finished: Callable[[], None]) -> None:
+        self.wire = wire
+        self.peers = peers
+        self.liveness = liveness
+        self.flows = flows
+        self.stage = stage
+        self.effects = effects
+        self.faults = faults
+        self.policy = policy
+        self.lend = lend
+        self.iterations = iterations  # data nodes: stop after this many (0: run forever)
+        self.report_settled = on_settled  # a data node's microbatches of an iteration are settled: it reports them
+        self.on_finished = on_finished  # a data node trained its iterations
+        self.rec: RecoveryNode | None = None
+        self.store = TensorStore()
+        self.current: DataIteration | None = None  # a data node's iteration in flight
+        self.iter_started = 0.0
+        self.pipeline_s: dict[int, float] = {}  # iteration -> open to last microbatch settled
+        self._flow_stamp: float | None = None  # the flow machine's last change the machine was told of
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def started(self) -> bool:
+        return self.rec is not None
+
+    def iteration_now(self) -> int:
+        if self.current is not None:
+            return self.current.iteration
+        return max(0, self.stage.applied_steps)
+
+    def reported(self, t: int) -> bool:
+        """A data node's microbatches of iteration `t` are all settled (completed or deferred)."""
+        return self.rec is not None and t in self.rec.reported
+
+    def counts(self, t: int) -> dict[str, int]:
+        return self.rec.ledger.counts(t) if self.rec is not None else {}
+
+    def stats(self) -> dict:
+        return dict(vars(self.rec.stats)) if self.rec is not None else {}
+
+    def holding(self) -> dict[str, int]:
+        """Microbatches this relay holds, by phase (fwd/sending/sent: forward pass; bwd/grad/done: backward)."""
+        out: dict[str, int] = {}
+        if self.rec is not None and self.peers.role == "relay":
+            for r in self.rec.mbs.values():
+                out[r.phase] = out.get(r.phase, 0) + 1
+        return out
+
+    # ------------------------------------------------------------------ the machine
+    def start(self) -> None:
+        """The flows are formed: start the microbatch machine (data nodes then open iteration 0)."""
+        relay = self.peers.role == "relay"
+        cap = self.peers.capacity if relay else self.stage.manifest.data.microbatches_per_iteration
+        cfg = RecoveryConfig(
+            node_id=self.wire.me, stage=self.peers.stage if relay else -1, last_stage=self.peers.n_stages - 1,
+            capacity=cap, data_nodes=tuple(self.peers.data_nodes()),
+            next_peers=dict(self.flows.next_costs), prev_peers=dict(self.flows.prev_costs),
+            peer_capacity={p.peer_id: p.capacity for p in self.peers.infos()},
+            default_prior_s=HOP_PRIOR_S, e2e_prior_s=E2E_PRIOR_S, probe_wait_s=PROBE_WAIT_S,
+            policy=self.policy, swarm_assumed_capacity=max(1, cap),
+            lend=self.lend and self.policy == "gwtf", fastest_unit=True)  # (SWARM: greedy, ignores it)
+        seed = int.from_bytes(self.wire.me.encode()[-8:], "big")
+        self.rec = RecoveryNode(cfg, random.Random(seed))
+        self._sync()
+
+    def _sync(self) -> None:
+        """Tell the machine who is alive, its current neighbours and, when they changed, the flows."""
+        rec, t, me = self.rec, now(), self.wire.me
+        # a peer the machine presumed dead on a hop deadline that the liveness check still hears is alive (the
+        # machine un-presumes by itself only a peer that sends it something: a data node that presumed its last
+        # stage-0 relay dead would defer every microbatch from then on)
+        eff: list = []
+        for p in self.liveness.recently_heard():
+            eff += rec.peer_alive(t, p)
+        usable = self.peers.usable(self.iteration_now())
+        nxt = {j: c for j, c in self.flows.next_costs.items() if j in usable or j == me}
+        prv = {j: c for j, c in self.flows.prev_costs.items() if j in self.peers or j == me}
+        caps = {j: self.peers.get(j).capacity for j in nxt if j in self.peers}
+        eff += rec.set_neighbours(t, nxt, prv, caps, HOP_PRIOR_S)
+        stamp = self.flows.last_change()
+        if self.policy == "gwtf" and stamp is not None and self._flow_stamp != stamp:
+            self._flow_stamp = stamp
+            # (a data node launches waiting microbatches on units that became free)
+            eff += rec.set_flows(self.flows.out(), t)
+        self._apply(eff)
+
+    def flows_changed(self) -> None:
+        if self.rec is not None and self.peers.role == "data":
+            self._sync()
+
+    def _apply(self, effects: list) -> None:
+        """The machine's effects to the node's interpreter; then the tensors of keys it forgot are dropped."""
+        self.effects(Owner.MICROBATCHES, effects)
+        self.store.apply(self.store.drops_beside(self.rec.mbs))
+
+    def on_settled(self, e: IterationSettled) -> None:
+        """The machine's effect: this data node's microbatches of an iteration are all completed or deferred."""
+        self.pipeline_s.setdefault(e.iteration, now() - self.iter_started)
+        self.report_settled(e.iteration)
+
+    def on_opened(self, e: OpenIteration) -> None:
+        """The machine's effect: it opened the iteration this node asked it to open (`open_iteration`)."""
+
+    # ------------------------------------------------------------------ frames
+    async def on_message(self, peer: str, msg: Any, payload) -> None:
+        if self.rec is None:
+            raise FrameRefused(f"{type(msg).__name__} before this node's flows exist")
+        if isinstance(msg, KEYED):
+            if msg.data_node not in self.peers and msg.data_node != self.wire.me:
+                raise FrameRefused(f"{type(msg).__name__} for unknown data node {msg.data_node[:16]}")
+            if self.peers.role == "data" and msg.data_node != self.wire.me:
+                raise FrameRefused(f"{type(msg).__name__} of another data node's microbatch")
+        if isinstance(msg, m.Lend):
+            if self.peers.role != "data" or peer not in self.peers.data_nodes():
+                raise FrameRefused("Lend is from one data node to another")
+        tensor = None
+        if isinstance(msg, TENSOR_MSGS):
+            tensor = self.stage.unpack(msg, payload, type(msg).__name__)
+        elif getattr(msg, "tensor", None) is not None:
+            raise FrameRefused(f"{type(msg).__name__} with a tensor it should not carry")
+        self._sync()
+        eff = self.rec.on_message(now(), peer, msg)
+        if tensor is not None:
+            key = (msg.data_node, msg.seq, msg.iteration)
+            self.store.apply([Keep(key, IN_SLOT[e.kind], tensor) for e in eff
+                              if isinstance(e, Compute) and e.key == key and e.kind in IN_SLOT])
+        self._apply(eff)
+
+    async def send_in_order(self, peer: str, msgs: list) -> None:
+        """The machine's messages to one peer, in order; Forward, Recover and Backward with their tensor."""
+        for msg in msgs:
+            if isinstance(msg, TENSOR_MSGS):
+                slot = Slot.GRAD_OUT if isinstance(msg, m.Backward) else Slot.OUT
+                t = self.store.get((msg.data_node, msg.seq, msg.iteration), slot)
+                if t is None:
+                    log.warning("%s of microbatch %d: its tensor is gone here, not sent", type(msg).__name__, msg.seq)
+                    continue
+                await self.wire.send_tensor(peer, msg, t)
+            else:
+                await self.wire.send(peer, msg)
+
+    def on_timer(self, key: str) -> None:
+        if self.rec is not None:
+            self._sync()
+            self._apply(self.rec.on_timer(now(), key))
+
+    # ------------------------------------------------------------------ torch
+    def on_compute(self, e: Compute) -> None:
+        self.wire.spawn(self._run_compute, e)
+
+    async def _run_compute(self, e: Compute) -> None:
+        key, kind = e.key, e.kind
+        sm, st = self.stage.model, self.store
+        self.faults.point(kind)
+        try:
+            if self.peers.role == "relay":
+                if kind in ("forward", "recompute"):
+                    st.keep(key, Slot.OUT, await self.stage.compute(sm.forward, key, _need(st, key, Slot.IN)))
+                elif kind == "backward":
+                    st.keep(key, Slot.GRAD_OUT, await self.stage.compute(functools.partial(sm.backward, hold=True),
+                                                                         key, st.take(key, Slot.GRAD_IN)))
+                else:
+                    return
+            else:
+                if kind == "forward":
+                    ids, tgt = self.stage.source.get(key[1])
+                    st.keep(key, Slot.TARGET, tgt)
+                    st.keep(key, Slot.OUT, await self.stage.compute(sm.embed, key, ids))
+                elif kind == "loss":
+                    loss, grad = await self.stage.compute(functools.partial(sm.head_loss, hold=True),
+                                                          key, st.take(key, Slot.IN), _need(st, key, Slot.TARGET))
+                    st.keep(key, Slot.LOSS, loss)
+                    st.keep(key, Slot.GRAD_OUT, grad)
+                elif kind == "final":
+                    def final(k, g):
+                        sm.commit(k, count=False)  # the head gradients of a completed microbatch count
+                        sm.embed_backward(k, g)
+
+                    await self.stage.compute(final, key, st.take(key, Slot.GRAD_IN))
+                else:
+                    return
+        except (KeyError, ValueError, RuntimeError) as err:
+            # a record superseded meanwhile (a newer attempt, a release): the machine's deadlines cover it
+            log.warning("%s of microbatch %s not computed: %s", kind, key[1], err)
+            return
+        if self.rec is None:
+            return
+        loss = st.get(key, Slot.LOSS) if kind == "final" else None
+        self._sync()
+        eff = self.rec.on_compute_done(now(), key, kind)
+        if kind == "final" and self.current is not None and key[2] == self.current.iteration:
+            if self.rec.ledger.status(key[2], key[1]) is MbStatus.COMPLETED and loss is not None:
+                self.current.done[key[1]] = loss
+        self._apply(eff)
+
+    # ------------------------------------------------------------------ iterations and the phase
+    def open_iteration(self, t: int) -> None:
+        """A data node: the previous iteration's steps are applied everywhere; push the microbatches of `t`."""
+        if self.iterations and t >= self.iterations:
+            log.info("finished %d iterations", t)
+            self.on_finished()
+            return
+        self._sync()
+        eff = self.rec.open_iteration(now(), t)
+        seqs = sorted(self.rec.ledger.entries.get(t, {}))
+        self.current = DataIteration(t, seqs)
+        self.current.waiting = []  # the recovery machine owns the microbatches
+        self.iter_started = now()
+        self._apply(eff)
+
+    def begin_aggregation(self, iteration: int) -> frozenset:
+        """A relay: BEGIN AGGREGATION of `iteration`; the contributions that count (keys held here)."""
+        if self.rec is None or self.peers.role != "relay":
+            return frozenset()
+        eff, contrib = self.rec.begin_aggregation(now(), iteration)
+        self._apply(eff)
+        return contrib
+
+    def aggregation_done(self, iteration: int) -> None:
+        if self.rec is not None:
+            self._apply(self.rec.aggregation_done(now(), iteration))
+
+    def peer_gone(self, peer: str) -> None:
+        if self.rec is not None:
+            self._sync()
+            self._apply(self.rec.peer_gone(now(), peer))
+
+
+def _need(store: TensorStore, key: tuple, slot: Slot) -> Any:
+    v = store.get(key, slot)
+    if v is None:
+        raise KeyError(key)
+    return v

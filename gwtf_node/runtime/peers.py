@@ -1,0 +1,202 @@
+"""Peers: who this node knows in its run, where each sits, and this node's own place among them.
+
+The table is filled from `Hello` frames (`discovery.py`) and emptied by
+`forget` when a peer crashes (`liveness.py`) or says Goodbye (`joining.py`).
+A forgotten peer is remembered as *gone* until it says Hello again (a
+restarted node keeps its peer id), so that its last frames in flight are
+ignored instead of refused and nothing is sent to it any more.
+
+`Place` is this node's own entry, the fields of the Hello it sends: role,
+stage (None while a `--stage auto` relay waits for the leader), capacity and
+its standing (joining and ready from which iteration, leaving after which
+iteration).  Only the joining-and-leaving component changes the standing and
+the stage; everyone reads them here.
+
+Everything here is plain data with queries over it: no I/O, no timers.
+Neighbour lists are sorted by peer id so every node and every run sees them
+in the same order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PeerInfo:
+    peer_id: str
+    role: str = "?"
+    stage: int = -2
+    name: str = ""
+    capacity: int = 0
+    addrs: tuple[str, ...] = ()
+    rtt_ms: float | None = None
+    joining: bool = False
+    ready_from: int = 0
+    leaving: bool = False
+    leave_after: int = 0
+
+
+@dataclass
+class Place:
+    """This node's own place in the run (what its Hello says)."""
+
+    role: str  # "data" | "relay"
+    stage: int | None  # -1: a data node; None: a relay waiting to be placed
+    capacity: int
+    joining: bool = False
+    ready_from: int = 0
+    leaving: bool = False
+    leave_after: int = 0
+
+
+@dataclass
+class Peers:
+    me: str
+    name: str
+    n_stages: int
+    place: Place
+    peers: dict[str, PeerInfo] = field(default_factory=dict)
+    gone: set[str] = field(default_factory=set)  # crashed or said Goodbye, not back since
+    last_heard: dict[str, float] = field(default_factory=dict)
+    last_change: float = 0.0  # when a peer last appeared or changed role or stage
+
+    # ------------------------------------------------------------------ own place
+    @property
+    def role(self) -> str:
+        return self.place.role
+
+    @property
+    def stage(self) -> int | None:
+        return self.place.stage
+
+    @property
+    def capacity(self) -> int:
+        return self.place.capacity
+
+    def take_stage(self, stage: int) -> None:
+        self.place.stage = stage
+
+    def set_capacity(self, capacity: int) -> None:
+        self.place.capacity = capacity
+
+    def set_standing(self, *, joining: bool | None = None, ready_from: int | None = None,
+                     leaving: bool | None = None, leave_after: int | None = None) -> None:
+        p = self.place
+        p.joining = p.joining if joining is None else joining
+        p.ready_from = p.ready_from if ready_from is None else ready_from
+        p.leaving = p.leaving if leaving is None else leaving
+        p.leave_after = p.leave_after if leave_after is None else leave_after
+
+    # ------------------------------------------------------------------ the table
+    def __contains__(self, peer: str) -> bool:
+        return peer in self.peers
+
+    def get(self, peer: str) -> PeerInfo | None:
+        return self.peers.get(peer)
+
+    def ids_known(self) -> list[str]:
+        return list(self.peers)
+
+    def infos(self) -> list[PeerInfo]:
+        return list(self.peers.values())
+
+    def upsert(self, info: PeerInfo, now: float) -> tuple[PeerInfo | None, bool]:
+        """A Hello from `info.peer_id`: (the entry it replaces, whether its role or stage changed)."""
+        old = self.peers.get(info.peer_id)
+        self.gone.discard(info.peer_id)  # back (a restart keeps its peer id)
+        if old is not None and info.rtt_ms is None:
+            info.rtt_ms = old.rtt_ms
+        changed = old is None or (old.role, old.stage) != (info.role, info.stage)
+        self.peers[info.peer_id] = info
+        if changed:
+            self.last_change = now
+        return old, changed
+
+    def set_rtt(self, peer: str, rtt_ms: float | None) -> None:
+        if peer in self.peers:  # (it may have died meanwhile)
+            self.peers[peer].rtt_ms = rtt_ms
+
+    def forget(self, peer: str) -> None:
+        self.peers.pop(peer, None)
+        self.gone.add(peer)
+        self.last_heard.pop(peer, None)
+
+    def is_gone(self, peer: str) -> bool:
+        return peer in self.gone
+
+    def heard(self, peer: str, now: float) -> None:
+        self.last_heard[peer] = now
+
+    def silent_for(self, peer: str, now: float) -> float:
+        """Seconds since `peer` was last heard (a peer never heard counts from now on)."""
+        return now - self.last_heard.setdefault(peer, now)
+
+    def heard_within(self, within_s: float, now: float) -> list[str]:
+        """Peers in the table, not gone, that sent anything in the last `within_s` seconds."""
+        return [p for p in self.peers if p not in self.gone
+                and now - self.last_heard.get(p, -within_s) < within_s]
+
+    def who(self, peer: str) -> str:
+        p = self.peers.get(peer)
+        return p.name if p and p.name else peer[:16]
+
+    # ------------------------------------------------------------------ neighbours
+    def ids(self, role: str, stage: int | None = None) -> list[str]:
+        return sorted(p.peer_id for p in self.peers.values()
+                      if p.role == role and (stage is None or p.stage == stage))
+
+    def data_nodes(self) -> list[str]:
+        return sorted(self.ids("data") + ([self.me] if self.role == "data" else []))
+
+    def next_stage_ids(self) -> list[str]:
+        if self.role == "data":
+            return self.ids("relay", 0)
+        if self.stage == self.n_stages - 1:
+            return self.data_nodes()
+        return self.ids("relay", self.stage + 1)
+
+    def prev_stage_ids(self) -> list[str]:
+        if self.role == "data":
+            return self.ids("relay", self.n_stages - 1)
+        if self.stage == 0:
+            return self.data_nodes()
+        return self.ids("relay", self.stage - 1)
+
+    def stage_group(self) -> list[str]:
+        if self.role == "data":
+            return self.data_nodes()
+        return sorted(self.ids("relay", self.stage) + [self.me])
+
+    def watched(self) -> set[str]:
+        """The peers this node works with: its stage, the stages before and after, the data nodes."""
+        if self.stage is None:
+            return set()
+        ids = set(self.data_nodes()) | set(self.next_stage_ids()) | set(self.prev_stage_ids())
+        if self.role == "relay":
+            ids |= set(self.ids("relay", self.stage))
+        ids.discard(self.me)
+        return {p for p in ids if p in self.peers}
+
+    def flow_side(self, stage: int) -> str | None:
+        """Where a relay of `stage` sits for this node's flow machine: "next", "prev", "peer" or nowhere."""
+        last = self.n_stages - 1
+        if self.role == "data":
+            return "next" if stage == 0 else "prev" if stage == last else None
+        if stage == self.stage:
+            return "peer"
+        return "next" if stage == self.stage + 1 else "prev" if stage == self.stage - 1 else None
+
+    def usable(self, iteration: int) -> set[str]:
+        """Next hops that may take a microbatch of `iteration` (not joining, not gone by then)."""
+        return {p.peer_id for p in self.peers.values()
+                if not p.joining and not (p.leaving and p.leave_after < iteration)}
+
+    def groups(self, iteration: int) -> dict[int, list[str]]:
+        """Who takes part in each stage's aggregation of `iteration`: relays ready for it, and the data nodes."""
+        groups: dict[int, list[str]] = {-1: self.data_nodes()}
+        for k in range(self.n_stages):
+            groups[k] = sorted(p.peer_id for p in self.peers.values()
+                               if p.role == "relay" and p.stage == k and not p.joining and p.ready_from <= iteration
+                               and not (p.leaving and p.leave_after < iteration))
+        return groups

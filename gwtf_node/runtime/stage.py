@@ -1,0 +1,119 @@
+"""This node's part of the model: its stage (or a data node's embedding and head) and the torch worker.
+
+Torch runs in one worker thread (`trio.to_thread`, a limiter of 1: a
+stage's tensors are not thread-safe) so that the event loop keeps answering
+while a stage computes.  `compute` counts the time spent inside stage
+forward/backward/embedding/head (`compute_s`, status.json); `run` is for the
+rest (optimizer step, state snapshots, checkpoints).
+
+`applied_steps` counts the optimizer steps applied to this part; it changes
+with the step itself (`apply_step`, in the worker thread) so that a state
+snapshot sees both or neither, and when a joiner installs a downloaded state.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from .wire import FrameRefused
+
+
+class LocalStage:
+    def __init__(self, manifest: Any, role: str, device: str, data_index: int, data_nodes: int) -> None:
+        self.manifest = manifest
+        self.role = role
+        self.device = device
+        self.data_index = data_index
+        self.data_nodes = data_nodes
+        self.model = None  # model.stages.StageModel, once built
+        self.source = None  # data nodes: model.data.MicrobatchSource
+        self.limiter = trio.CapacityLimiter(1)
+        self.compute_s = 0.0  # time inside stage forward/backward/embed/head (not the optimizer step)
+        self.compute_calls = 0
+        self.applied_steps = 0  # optimizer steps applied to this node's part
+        self.steps_changed = trio.Event()
+
+    @property
+    def built(self) -> bool:
+        return self.model is not None
+
+    def build(self, stage: int | None) -> None:
+        """Build the part of `stage` (a data node: the embedding and the head); in the worker thread."""
+        from ..model.data import MicrobatchSource
+        from ..model.stages import build_stage
+
+        self.model = build_stage(self.manifest, self.role, None if self.role == "data" else stage, device=self.device)
+        if self.role == "data":
+            self.source = MicrobatchSource.for_manifest(self.manifest, self.data_index, self.data_nodes)
+
+    async def compute(self, fn, *args):
+        """Run a stage computation in the torch worker thread; its own time counts as compute."""
+        def timed():
+            t0 = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                self.compute_s += time.perf_counter() - t0
+                self.compute_calls += 1
+
+        return await trio.to_thread.run_sync(timed, limiter=self.limiter)
+
+    async def run(self, fn, *args):
+        """Run torch work that is not stage compute (step, snapshot) in the worker thread."""
+        return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
+    def hidden_size_mb(self) -> float:
+        """Size of one microbatch's activation in MB (float32): the `size` of Equation 1."""
+        shape = self.model.expected_hidden_shape(self.manifest.data.microbatch_size)
+        return math.prod(shape) * 4 / 1e6
+
+    def unpack(self, msg: Any, payload, what: str):
+        """The activation or gradient a frame carries, checked against this stage's shape and dtype."""
+        from ..model.tensors import TensorError, unpack
+
+        if msg.tensor is None:
+            raise FrameRefused(f"{what} without a tensor header")
+        try:
+            return unpack(msg.tensor, payload, expect_shape=self.model.expected_hidden_shape(
+                self.manifest.data.microbatch_size), expect_dtype=self.model.dtype)
+        except TensorError as e:
+            raise FrameRefused(f"{what} tensor refused: {e}") from None
+
+    # ------------------------------------------------------------------ steps and state
+    def apply_step(self, total, count: int, iteration: int) -> None:
+        """The optimizer step and its count, together (a state snapshot sees both or neither)."""
+        self.model.apply_mean_grad(total, count)
+        self.applied_steps = iteration + 1
+
+    def steps_done(self) -> None:
+        """Wake whoever waits for the steps to change (a state request waiting for a step)."""
+        self.steps_changed.set()
+        self.steps_changed = trio.Event()
+
+    async def wait_steps(self, at_least: int, timeout_s: float) -> None:
+        with trio.move_on_after(timeout_s):
+            while self.applied_steps < at_least:
+                await self.steps_changed.wait()
+
+    def set_steps(self, steps: int) -> None:
+        """A state was installed (downloaded, or the run's initial weights) with `steps` steps applied."""
+        self.applied_steps = steps
+
+    def snapshot(self) -> tuple[int, bytes]:
+        return self.applied_steps, self.model.state_bytes()
+
+    def checkpoint(self, path: Path, stage: int | None, iteration: int) -> None:
+        if self.model is None:
+            return
+        import torch
+
+        tmp = path.with_suffix(".tmp")
+        torch.save({"role": self.role, "stage": stage, "iteration": iteration,
+                    "params": self.model.param_vector(), "state": self.model.state_bytes()}, tmp)
+        os.replace(tmp, path)

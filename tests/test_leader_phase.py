@@ -1,0 +1,160 @@
+"""The aggregation phase survives its leader and lost signals, on real processes.
+
+3 data nodes and 2 stages x 1 relay train.  Once the swarm has trained two
+iterations, the acting leader is armed (the `fault` file of its state
+directory) to SIGKILL itself (a) as it opens an aggregation, before any BEGIN
+AGGREGATION leaves, (b) once its first BEGIN AGGREGATION frame is sent, (c)
+once the first copy of BEGIN went to every data node and stage-0 relay.  The
+two others elect a new leader and training goes on; a separate run loses the
+first copy of every phase signal (GWTF_DROP_FIRST_PHASE) and trains on.
+
+Every loss equals the centralized reference of what was trained, read from
+the nodes' logs: the microbatches each data node completed in each
+iteration (a deferred one is trained in a later iteration), the dead
+leader's up to the iteration it died in (in that iteration the data part
+steps on the survivors' microbatches: the dead node's embedding gradients
+died with it), and at the relays the contributions they counted at BEGIN
+AGGREGATION (all data nodes' if the dead leader's BEGIN reached them, else
+the survivors').
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import trio
+
+from gwtf_node.model.manifest import default_manifest, save_manifest
+from gwtf_node.model.reference import build_chain, make_sources
+from gwtf_node.runtime.local import LocalSwarm
+
+from swarmutil import log_text, status, wait_exit, wait_for, wait_records
+
+pytestmark = [pytest.mark.slow, pytest.mark.trio]
+DATA_NODES = 3
+M = 2  # microbatches per data node and iteration
+AFTER = 3  # iterations trained after the one the leader died in
+
+
+Key = tuple[int, int]  # (data node index, seq)
+
+
+def reference_losses(man, plan: list[tuple[list[Key], list[Key]]]) -> list[float]:
+    """Centralized losses when iteration t trains the data part on the microbatches `plan[t][0]` (whose losses
+    make the iteration's loss) and the relay stages on `plan[t][1]`."""
+    data, relays = build_chain(man)
+    sources = make_sources(man, DATA_NODES)
+    losses = []
+    for t, (data_keys, relay_keys) in enumerate(plan):
+        batch = []
+        for i, seq in sorted(set(data_keys) | set(relay_keys)):
+            x, y = sources[i].get(seq)
+            key = (i, seq)
+            h = data.embed(key, x)
+            for r in relays:
+                h = r.forward(key, h)
+            loss, g = data.head_loss(key, h, y, hold=True)
+            for r in reversed(relays):
+                g = r.backward(key, g, hold=True)
+                if key in relay_keys:
+                    r.commit(key)
+                else:
+                    r.discard(key)
+            if key in data_keys:
+                data.commit(key, count=False)
+                data.embed_backward(key, g)
+                batch.append(loss)
+            else:
+                data.discard(key)
+                data.drop(key)
+        data.apply_mean_grad(data.grad_vector(), len(data_keys))
+        for r in relays:
+            r.apply_mean_grad(r.grad_vector(), len(relay_keys))
+        losses.append(sum(batch) / len(batch))
+    return losses
+
+
+def trained(workdir: Path, died: int | None, dead: str | None) -> list[tuple[list[Key], list[Key]]]:
+    """What each iteration trained, from the nodes' logs: the data part on the microbatches the live data nodes
+    completed (the dead leader's from the iteration it died in on are gone with it), each relay on the
+    contributions it counted at BEGIN AGGREGATION (the same at both stages)."""
+    names = [f"d{i}" for i in range(DATA_NODES)]
+    settled: dict[int, dict[str, list[int]]] = {}
+    for n in names:
+        for it, seqs in re.findall(r"iteration (\d+) settled: completed (\[[^]]*\])", log_text(workdir, n)):
+            settled.setdefault(int(it), {})[n] = json.loads(seqs)
+    ids = {status(workdir, n)["peer_id"]: n for n in names}
+
+    def counted(relay: str) -> dict[int, list[Key]]:
+        out = {}
+        for it, keys in re.findall(r"iteration (\d+): contributions (\[.*\])", log_text(workdir, relay)):
+            named = [(next((v for k, v in ids.items() if k.startswith(who)), who), seq) for who, seq in json.loads(keys)]
+            out[int(it)] = sorted((int(n[1:]), seq) for n, seq in named)
+        return out
+
+    stage0, stage1 = counted("r0_0"), counted("r1_0")
+    plan = []
+    for t in sorted(settled):
+        live = [n for n in names if died is None or t < died or n != dead]
+        data_keys = sorted((int(n[1:]), seq) for n in live for seq in settled[t].get(n, []))
+        if t in stage0:
+            assert stage0[t] == stage1.get(t), (t, stage0[t], stage1.get(t))
+        plan.append((data_keys, stage0.get(t, [])))
+    return plan
+
+
+def _swarm(tmp_path: Path, **kw) -> tuple[object, LocalSwarm]:
+    man = default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=M)
+    run = tmp_path / "run.json"
+    save_manifest(man, run)
+    swarm = LocalSwarm(tmp_path, run, data_nodes=DATA_NODES, stages=2, relays_per_stage=1, iterations=100000,
+                       iteration_timeout_s=120, **kw)
+    return man, swarm
+
+
+def _check(man, records: list[dict], plan: list[tuple[list[Key], list[Key]]]) -> None:
+    assert [r["iteration"] for r in records] == list(range(len(records)))
+    assert len(plan) >= len(records), (len(plan), len(records))
+    want = reference_losses(man, plan[:len(records)])
+    for r, (data_keys, _relay_keys), loss in zip(records, plan, want):
+        assert r["microbatches"] == len(data_keys) and r["lost"] == 0, (r, data_keys)
+        assert r["loss"] == pytest.approx(loss, rel=1e-4), (r, loss)
+
+
+@pytest.mark.parametrize("fault", ["begin_open:1", "begin_sent:1", f"begin_sent:{DATA_NODES}"],
+                         ids=["before-begin", "while-sending-begin", "after-begin"])
+async def test_leader_killed_around_begin_aggregation(tmp_path: Path, fault: str) -> None:
+    man, swarm = _swarm(tmp_path)
+    names = [f"d{i}" for i in range(DATA_NODES)]
+    try:
+        await trio.to_thread.run_sync(swarm.start)
+        await wait_records(swarm, 2, 240)
+        ids = {status(tmp_path, n)["peer_id"]: n for n in names}
+        leader = ids[await wait_for(lambda: status(tmp_path, "d0").get("leader"), 30, "a leader")]
+        swarm.expected_dead.add(leader)
+        (tmp_path / leader / "fault").write_text(fault)
+        assert await wait_exit(swarm, leader, 120) == -9, "the fault did not fire"
+        died = int(re.findall(r"iteration (\d+): opening the aggregation", log_text(tmp_path, leader))[-1])
+        survivors = [n for n in names if n != leader]
+        await wait_for(lambda: len({status(tmp_path, n).get("leader") for n in survivors} - {None}) == 1
+                       and status(tmp_path, survivors[0]).get("leader") in ids
+                       and ids[status(tmp_path, survivors[0])["leader"]] in survivors, 60, "a new leader", swarm)
+        await wait_records(swarm, died + 1 + AFTER, 240)
+    finally:
+        await trio.to_thread.run_sync(swarm.stop)
+    _check(man, swarm.records(), trained(tmp_path, died, leader))
+
+
+async def test_first_copy_of_every_phase_signal_lost(tmp_path: Path) -> None:
+    man, swarm = _swarm(tmp_path, drop_first_phase=True)
+    try:
+        await trio.to_thread.run_sync(swarm.start)
+        await wait_records(swarm, 4, 300)
+    finally:
+        await trio.to_thread.run_sync(swarm.stop)
+    lost = sum(log_text(tmp_path, n).count("GWTF_DROP_FIRST_PHASE:") for n in swarm.names())
+    assert lost >= 4 * (DATA_NODES + 2), lost  # every iteration lost at least one copy per node
+    _check(man, swarm.records(), trained(tmp_path, None, None))
