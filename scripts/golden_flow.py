@@ -19,12 +19,10 @@ line identical:
     python scripts/golden_flow.py --check scripts/golden_flow.sha256   # after: exit 1 on any difference
     python scripts/golden_flow.py --traces /tmp/traces                 # also keep the traces (to diff them)
 
-scripts/golden_flow_moves_off.sha256 holds the traces of the flow machines as
-they were before the split into a package, when the improvement moves were
-off by default; `--moves-off` turns them off again, so that file checks the
-split on the current code:
-
-    python scripts/golden_flow.py --moves-off --check scripts/golden_flow_moves_off.sha256
+`scripts/golden_flow.sha256` holds the traces of the flow machines as they
+were before their split into a package (one module per mechanism); the
+current code reproduces every one.  `--moves-off` turns the improvement moves
+off explicitly (they are off by default).
 """
 
 from __future__ import annotations
@@ -128,8 +126,7 @@ def main(argv=None) -> int:
     ap.add_argument("--traces", metavar="DIR", help="also keep every trace in DIR")
     ap.add_argument("--only", nargs="+", metavar="CASE", help="run only these cases (names as printed)")
     ap.add_argument("--moves-off", action="store_true",
-                    help="runs without --anneal with FlowConfig(improve=False): the improvement moves off, as "
-                         "before they became the default with several data nodes (scripts/golden_flow_moves_off.sha256)")
+                    help="runs without --anneal with FlowConfig(improve=False): the improvement moves off explicitly")
     args = ap.parse_args(argv)
     global MOVES_OFF
     if args.moves_off:

@@ -37,14 +37,30 @@ def package_of(path: Path) -> str:
     return ".".join(path.relative_to(ROOT).parent.parts)
 
 
-def imports(tree: ast.AST, package: str) -> Iterator[tuple[str, int, tuple[str, ...]]]:
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the import nodes inside `if TYPE_CHECKING:` blocks (never executed: annotations only)."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and (
+                (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+                or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")):
+            for stmt in node.body:
+                skip.update(id(n) for n in ast.walk(stmt))
+    return skip
+
+
+def imports(tree: ast.AST, package: str, *, runtime_only: bool = False) -> Iterator[tuple[str, int, tuple[str, ...]]]:
     """(module, line, names) of every import in `tree`, a module of `package`, at any depth.
 
     `import a.b` gives ("a.b", line, ()); `from .x import y, z` in package p
     gives ("p.x", line, ("y", "z")): each name may be an attribute of the
-    module or a submodule of it, the caller decides.
+    module or a submodule of it, the caller decides.  `runtime_only` leaves out
+    the imports under `if TYPE_CHECKING:` (for annotations, never executed).
     """
+    skip = _type_checking_only(tree) if runtime_only else set()
     for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name, node.lineno, ()

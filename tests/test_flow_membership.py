@@ -10,9 +10,8 @@ from hypothesis import strategies as st
 
 from gwtf_node.protocol.effects import Send
 from gwtf_node.protocol.flow import FlowConfig, FlowNode
-from gwtf_node.protocol.flow import units
 from gwtf_node.protocol.flow.state import Via
-from gwtf_node.protocol.messages import INF, CostAnnounce, Deny, DenyReason, Label, RequestFlow, Side, Withdraw
+from gwtf_node.protocol.messages import CostAnnounce, Deny, DenyReason, Label, RequestFlow, Side, Withdraw
 from gwtf_node.protocol.scenario import LinkSpec, NodeSpec, parse_scenario
 from gwtf_node.sim.baselines import max_flow_value, optimal_routing
 from gwtf_node.sim.flowchurn import Churn, FlowRun, random_churn, run_churn

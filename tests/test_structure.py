@@ -1,15 +1,12 @@
 """The shape of the package: no import cycle in `gwtf_node/`, no source file over the size limit.
 
 A cycle makes the import order matter and hides which layer a module belongs
-to; a file over `MAX_LINES` usually holds more than one mechanism (STYLE.md
-habit 9).  The graph is read from the sources with `ast` (nothing is
-imported): every import at any depth, also inside functions, relative
-imports resolved, each edge to the most specific module of the package it
-names.  Generated protobuf code (`*_pb2.py`) is exempt from the limit.
-
-`OVER_THE_LIMIT_TODAY` and `CYCLES_TODAY` list what is known to break the
-rules while it is being split; the test fails on anything else, and also on
-an entry that no longer breaks them, so the lists only shrink.
+to; a file over `MAX_LINES` usually holds more than one mechanism.  The
+graph is read from the sources with `ast` (nothing is imported): every import
+at any depth, also inside functions, relative imports resolved, each edge to
+the most specific module of the package it names; imports under
+`if TYPE_CHECKING:` (annotations only, never executed) are left out.
+Generated protobuf code (`*_pb2.py`) is exempt from the limit.
 """
 
 from __future__ import annotations
@@ -22,18 +19,6 @@ import pytest
 from helpers import PKG, ROOT, imports, module_name, package_of, source_files
 
 MAX_LINES = 600
-OVER_THE_LIMIT_TODAY = {  # path -> why it is allowed for now; empty this as the files are split
-    "gwtf_node/protocol/flow.py": "being split into a package by mechanism",
-    "gwtf_node/protocol/recovery.py": "being split into a package by mechanism",
-    "gwtf_node/sim/train.py": "being split into a package by mechanism",
-    "gwtf_node/sim/join.py": "being split into a package by mechanism",
-    "gwtf_node/runtime/node.py": "being split into components",
-}
-CYCLES_TODAY: list[frozenset[str]] = [  # each: the modules of one strongly connected component
-    # the node's mixins import `FrameRefused` from node.py inside functions; the daemon is being split into
-    # components that get their collaborators passed in
-    frozenset({"gwtf_node.runtime.membership", "gwtf_node.runtime.node", "gwtf_node.runtime.training"}),
-]
 
 
 def _exempt(path: Path) -> bool:
@@ -65,7 +50,7 @@ def import_graph(sources: dict[str, tuple[str, str]]) -> nx.DiGraph:
         return None
 
     for mod, (package, text) in sources.items():
-        for name, line, names in imports(ast.parse(text), package):
+        for name, line, names in imports(ast.parse(text), package, runtime_only=True):
             targets = [resolve(f"{name}.{a}") for a in names] if names else [resolve(name)]
             for target in targets:
                 if target is not None and target != mod:
@@ -98,20 +83,14 @@ def _package_sources() -> dict[str, tuple[str, str]]:
 
 def test_no_source_file_over_the_limit() -> None:
     over = oversized(source_files(PKG))
-    new = {p: n for p, n in over.items() if p not in OVER_THE_LIMIT_TODAY}
-    assert not new, "over the {}-line limit (split by mechanism): {}".format(
-        MAX_LINES, ", ".join(f"{p} has {n} lines" for p, n in sorted(new.items())))
-    fixed = sorted(set(OVER_THE_LIMIT_TODAY) - set(over))
-    assert not fixed, f"no longer over the limit: remove {fixed} from OVER_THE_LIMIT_TODAY in {Path(__file__).name}"
+    assert not over, "over the {}-line limit (split by mechanism): {}".format(
+        MAX_LINES, ", ".join(f"{p} has {n} lines" for p, n in sorted(over.items())))
 
 
 def test_no_import_cycle() -> None:
     g = import_graph(_package_sources())
     found = cycles(g)
-    new = [_describe(g, path) for comp, path in found if comp not in CYCLES_TODAY]
-    assert not new, "import cycles in gwtf_node/:\n  " + "\n  ".join(new)
-    gone = [sorted(c) for c in CYCLES_TODAY if c not in {comp for comp, _ in found}]
-    assert not gone, f"no longer cycles: remove {gone} from CYCLES_TODAY in {Path(__file__).name}"
+    assert not found, "import cycles in gwtf_node/:\n  " + "\n  ".join(_describe(g, path) for _, path in found)
 
 
 # ---- the checks themselves ------------------------------------------------
@@ -139,6 +118,7 @@ def test_cycles_are_found(modules: dict) -> None:
     {"a": "from . import b", "b": "import json"},
     {"a": "from .b import f", "b": "from .c import g", "c": "x = 1"},
     {"a": "import pkgx", "pkgx": "from pkg import a"},  # pkgx is not in the tree: a prefix is not a module
+    {"a": "from . import b", "b": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import A\n"},
 ])
 def test_no_false_cycles(modules: dict) -> None:
     assert cycles(_graph(**modules)) == []

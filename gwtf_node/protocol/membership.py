@@ -226,6 +226,10 @@ class MembershipMachine:
     def add_member(self, node: str, stage: int) -> None:
         self.members[node] = stage
 
+    def remove_member(self, node: str) -> None:
+        """`node` crashed or left: it no longer counts in a stage's load."""
+        self.members.pop(node, None)
+
     def set_iteration(self, iteration: int) -> None:
         self.iteration = iteration
 

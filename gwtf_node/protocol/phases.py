@@ -72,7 +72,7 @@ Everything here is pure: every method is handed `now` and returns effects
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from .effects import CancelTimer, Send, SetTimer
@@ -375,6 +375,10 @@ class Phases:
             self.stepped.add(it)
             eff += self._maybe_can_take(now, it, next_stage, prev_stage)
         return eff
+
+    def peer_back(self, peer: str) -> None:
+        """`peer` was forgotten and is back (a restarted node keeps its peer id): it is waited for again."""
+        self.gone.discard(peer)
 
     def forget(self, now: float, peer: str, next_stage: Iterable[str], prev_stage: Iterable[str]) -> list:
         """`peer` crashed or left: nobody waits for it any more (section V-E with churn).

@@ -207,7 +207,7 @@ class Aggregation:
     def peer_back(self, peer: str) -> None:
         """A peer said Hello again after it was forgotten (a restart keeps its peer id)."""
         if self.phases is not None:
-            self.phases.gone.discard(peer)
+            self.phases.peer_back(peer)
 
     def forget(self, peer: str) -> None:
         """`peer` crashed or left: nobody waits for its signals any more, none is resent to it."""

@@ -155,7 +155,7 @@ class Leadership:
 
     def on_peer_gone(self, peer: str) -> None:
         if self.placement is not None:
-            self.placement.members.pop(peer, None)
+            self.placement.remove_member(peer)
 
     def iteration_aggregating(self, iteration: int) -> None:
         """The acting leader opens the aggregation of `iteration`: joiners are placed for the next one."""

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 
 from ..effects import Effect, Send, SetTimer
 from ..messages import INF, CostAnnounce, Label, Side
-from . import labels, launches
 from .state import EPS, cost_differs, stamped
 
 if TYPE_CHECKING:
@@ -77,9 +76,9 @@ def refresh(node: FlowNode, commodities, eff: list[Effect], force_to: dict[str, 
                 continue
             old_out = node.my_out.get(d)
         fold = folds.get(d) if folds else None
-        if fold is None or not all(labels.fold_in(node, d, j) for j in fold) \
-                or (backs and d in backs and not labels.fold_out(node, d)):
-            labels.compute(node, d)
+        if fold is None or not all(node.fold_in_label(d, j) for j in fold) \
+                or (backs and d in backs and not node.fold_out_label(d)):
+            node.compute_label(d)
         lab = node.my_in.get(d)
         if lab is not None and lab.cost < node.wave.pot_in.get(d, INF):
             node.wave.pot_in[d] = lab.cost
@@ -93,7 +92,7 @@ def refresh(node: FlowNode, commodities, eff: list[Effect], force_to: dict[str, 
         if dn is not None:
             new_out = node.my_out[d]
             if old_out is None or cost_differs(new_out, old_out):
-                launches.out_changed(node, new_out)
+                node.out_label_changed(new_out)
         if (dn is None or d == dn) and worth_announcing(node, d, _IN):
             node.announcer.dirty.add((d, _IN))
         if node.out[d] and worth_announcing(node, d, _OUT):

@@ -139,6 +139,23 @@ class FlowNode:
             return 0
         return total(self.inn[d]) - self.outflow_committed(d)
 
+    # Calls against the modules' import order: labels, launches and units import announce and waves, so these
+    # two reach the mechanisms above them through the node (the package has no import cycle).
+    def compute_label(self, d: str) -> None:
+        labels.compute(self, d)
+
+    def fold_in_label(self, d: str, j: str) -> int:
+        return labels.fold_in(self, d, j)
+
+    def fold_out_label(self, d: str) -> bool:
+        return labels.fold_out(self, d)
+
+    def out_label_changed(self, lab) -> None:
+        launches.out_changed(self, lab)
+
+    def act_on_units(self, now: float, eff: list[Effect]) -> None:
+        units.act(self, now, eff)
+
     def start(self, now: float) -> list[Effect]:
         eff: list[Effect] = []
         self.now = now

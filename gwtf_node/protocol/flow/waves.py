@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from ..effects import Effect, Send, SetTimer
 from ..messages import INF, CostAnnounce, Deny, DenyReason, FlowReply, Reply, RequestFlow
-from . import announce, units
+from . import announce
 from .state import EPS, MAX_RETREATS_PER_WAVE, Pending, PendingKind, Step, add_one, take_one, stamped
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ def retreat(node: FlowNode, now: float, d: str, eff: list[Effect]) -> bool:
             node.changed(now)
             eff.append(Send(step[1], Deny(d, DenyReason.NO_ROUTE)))
             announce.refresh_all(node, eff)
-            units.act(node, now, eff)
+            node.act_on_units(now, eff)
             return True
         if step[0] == Step.HANDED_BACK and step[1] in node.cfg.next_costs:
             # it handed us the unit along the residual arc of our OUT label: tell it that label rose

@@ -74,9 +74,9 @@ The Table II setting, as modelled here (our choices where the paper is vague)
   waits for its relays' BackwardStuck).
 
 Flow routing (GWTF, `routing="machines"`, the default): every node runs its
-flow machine (`protocol/flow.py`'s `FlowNode`) inside this virtual time, next
+flow machine (`protocol/flow/`'s `FlowNode`) inside this virtual time, next
 to its microbatch machine, as the daemon does (`runtime/node.py`,
-`runtime/training.py`).  Each machine knows only what discovery gives it: its
+`runtime/flows.py`, `runtime/microbatches.py`).  Each machine knows only what discovery gives it: its
 links to the live adjacent stages (cost d(i, j) of Equation 1, as
 `_scenario`'s links), its live same-stage relays and the data nodes.  Flow
 messages are control messages (one-way link latency, no tensor queue); timers

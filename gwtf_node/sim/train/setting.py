@@ -26,7 +26,7 @@ DATA_FINAL_S = FORWARD_S * _RATIO["data_final"]
 AGG_S = 10.0
 AGG_PEER_TIMEOUT_S = 30.0
 REJOIN_S = 60.0
-# membership: every node learns of a crash this long after it: the daemon's own liveness check (runtime/training.py:
+# membership: every node learns of a crash this long after it: the daemon's own liveness check (runtime/liveness.py:
 # pings every PING_EVERY_S = 1 s, dead after DEAD_AFTER_S = 6 s of silence; a test keeps them equal).  60 s
 # (heartbeats / DHT entries expiring) is a bench row.
 DAEMON_DETECT_S = 7.0
