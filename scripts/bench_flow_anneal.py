@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     ap.add_argument("--churn", action="store_true", help="re-formation after 10 %% of the relays crashed")
     ap.add_argument("--greedy", action="store_true", help="the moves that are on take no worse move (no annealing)")
     ap.add_argument("--after-change", action="store_true",
-                    help="compare FlowConfig's defaults with anneal_after_change (annealed moves after a membership "
+                    help="compare greedy moves all the time with the same plus anneal_after_change (annealed moves after a membership "
                          "change only; use with --churn)")
     ap.add_argument("--train", action="store_true",
                     help="training with churn (sim train, Table II): moves on against off, time per microbatch")
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     off = FlowConfig("-", False, 0, (), {}, {}, improve=False)
     on = replace(off, improve=True, anneal=not args.greedy)
     if args.after_change:
-        off = FlowConfig("-", False, 0, (), {}, {})
+        off = FlowConfig("-", False, 0, (), {}, {}, improve=True)  # greedy moves all the time
         on = replace(off, anneal_after_change=True)
     run = churn if args.churn else formation
     what = "after 10 % of the relays crashed" if args.churn else "formation"

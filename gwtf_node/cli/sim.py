@@ -120,6 +120,9 @@ def _add_train_parser(simsub) -> None:
     t.add_argument("--no-reflow", dest="reflow", action="store_false",
                    help="oracle routing: keep the initial optimum and local repairs only")
     t.add_argument("--label-waves", action="store_true", help="GWTF's flow machines announce labels in waves")
+    t.add_argument("--flow-moves", choices=("off", "greedy", "anneal"), default="off",
+                   help="GWTF's flow machines run Request Change / Request Redirect all the time: off (default, as "
+                        "the daemon), greedy (moves that lower the cost), anneal (also worse moves, annealed)")
     t.add_argument("--no-lend", dest="lend", action="store_false",
                    help="GWTF: a data node does not lend its idle units to the others")
     t.add_argument("--no-fastest-unit", dest="fastest_unit", action="store_false",
@@ -160,7 +163,17 @@ def sim_train_options(args: argparse.Namespace) -> dict:
                 one_wave=args.one_wave, swarm_reacts_to=args.swarm_reacts_to,
                 gwtf_acts_on_gone=args.gwtf_acts_on_gone, detect=args.detect, detect_s=args.detect_s,
                 unpresume=args.unpresume, join_mid_iteration=args.join_mid_iteration, can_take=args.can_take,
-                flow_options={"waves": True} if args.label_waves else None)
+                flow_options=_flow_options(args))
+
+
+def _flow_options(args: argparse.Namespace) -> dict | None:
+    """FlowConfig fields of every flow machine of `sim train` (None: FlowConfig's defaults, the daemon's)."""
+    opts: dict = {}
+    if args.label_waves:
+        opts["waves"] = True
+    if args.flow_moves != "off":
+        opts.update(improve=True, anneal=args.flow_moves == "anneal")
+    return opts or None
 
 
 def cmd_sim_train(args: argparse.Namespace) -> int:

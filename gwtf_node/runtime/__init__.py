@@ -6,8 +6,8 @@ The node (`node.py`) and its components, each owning its state (see node.py):
 part of the model and the torch worker, `wire` what every component is
 handed (sending, tasks, refusals), `faults` the fault-injection hook.
 
-Transport layer modules (see each module's docstring for the design and the
-measured numbers):
+Transport layer modules (each module's docstring has its design; figures are in
+docs/bench_transport.md):
 
 * `identity`  - the node's Ed25519 key in the state directory (stable peer id)
 * `frames`    - length-prefixed envelope + raw payload frames, limits checked before reading
