@@ -57,3 +57,22 @@ def test_peer_alive_undoes_a_presumption_not_a_membership_report() -> None:
     assert m.peer_alive(3.0, "a") == [] and "a" in m.dead
     m.on_message(4.0, "a", Room(1))
     assert "a" not in m.dead
+
+
+def test_a_data_node_stops_a_repair_resent_to_it_for_an_attempt_it_no_longer_runs() -> None:
+    """A last-stage relay resends its repair (`Recover`) to the sink on every hop deadline; a data node that
+    holds no record of that attempt answers `Complete` (the resend stops) and, if the attempt was given up
+    (deferred), `Release` again (its first Release may have been lost); a completed one is not released."""
+    from gwtf_node.protocol.effects import Send
+    from gwtf_node.protocol.messages import Complete, Recover, Release
+    from gwtf_node.protocol.pipeline import MbStatus
+
+    m = data_node()
+    m.ledger.add(0, [0, 1])
+    m.ledger.mark(0, 0, MbStatus.DEFERRED)
+    m.ledger.mark(0, 1, MbStatus.COMPLETED)
+    for seq, released in ((0, True), (1, False)):
+        eff = m.on_message(5.0, "z", Recover("d", seq, 0, ("d", "a", "z"), (), None, 0))
+        sent = [(e.to, type(e.msg)) for e in eff if isinstance(e, Send)]
+        assert ("z", Complete) in sent
+        assert (("z", Release) in sent) == released

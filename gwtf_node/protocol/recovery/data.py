@@ -19,8 +19,13 @@ class DataSide:
         if m is None or msg.attempt != m.attempt:
             if m is not None:
                 self.stats.stale += 1
-            if t is Forward:
+            if t is Forward or t is Recover:
+                # an attempt this node no longer runs: Complete stops the sender's hop deadline (a relay resending
+                # a repair to the sink would resend forever), and an abandoned attempt is released again (the
+                # Release sent when it was given up may have been lost)
                 eff.append(Send(sender, Complete(*key, msg.attempt)))
+                if (m is not None and msg.attempt < m.attempt) or (m is None and self._abandoned(key)):
+                    eff.append(Send(sender, Release(*key, msg.attempt)))
             return
         a = m.attempt
         if t is MbState:
@@ -242,3 +247,8 @@ class DataSide:
             return
         self.reported.add(it)
         eff.append(IterationSettled(it, c["completed"], c["deferred"]))
+
+    def _abandoned(self, key: Key) -> bool:
+        """The ledger entry of `key` (data node, seq, iteration) was deferred: its attempts were given up."""
+        entries = self.ledger.entries.get(key[2], {})
+        return entries.get(key[1]) is MbStatus.DEFERRED
