@@ -800,3 +800,13 @@ def test_a_removed_data_nodes_bid_does_not_hold_relabelling_back():
     first.remove_neighbour(1.5, "d9")
     first.on_message(1.6, "d1", LaunchBid("d1", 2, INF))
     assert sends(first.on_timer(2.0, "tick"), Relabel)
+
+
+def test_flows_formed_is_one_predicate_for_the_daemon_and_the_simulator():
+    from gwtf_node.protocol.flow import FORMED_QUIET_S, FORMED_WAIT_S, flows_formed
+
+    assert flows_formed(4, 4, 0.0, 0.0)  # the whole demand placed
+    assert not flows_formed(2, 4, FORMED_QUIET_S, 1.0)  # some placed, flows still changing
+    assert flows_formed(2, 4, FORMED_QUIET_S + 0.1, 1.0)  # ... and then still
+    assert not flows_formed(0, 4, 100.0, FORMED_WAIT_S - 1)  # nothing placed: wait
+    assert flows_formed(0, 4, 0.0, FORMED_WAIT_S)  # ... at most this long

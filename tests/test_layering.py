@@ -171,3 +171,4 @@ def test_relative_imports_resolve_from_the_package() -> None:
 def test_package_of() -> None:
     assert package_of(PKG / "protocol" / "codec.py") == "gwtf_node.protocol"
     assert package_of(PKG / "protocol" / "__init__.py") == "gwtf_node.protocol"
+

@@ -16,6 +16,7 @@ import random
 
 import pytest
 
+from gwtf_node.protocol.flow import FORMED_WAIT_S
 from gwtf_node.protocol.messages import Backward, Complete, Forward
 from gwtf_node.protocol.recovery import Compute, RecoveryConfig, RecoveryNode
 from gwtf_node.sim import train as T
@@ -168,7 +169,7 @@ def test_gwtf_routes_on_the_flow_machines_flows() -> None:
     placed = {d: sum(sim.fnodes[d].out[d].values()) for d in T.DATA_NODES}
     assert all(placed.values()) and sum(placed.values()) == 3  # this setting's maximum flow (as the LP finds it)
     first = {d: next(e for e in sim.iters[0].opened.items() if e[0] == d)[1] for d in T.DATA_NODES}
-    assert 0 < max(first.values()) <= T.FLOWS_FORMED_MAX_S  # each data node opened once its flows formed
+    assert 0 < max(first.values()) <= FORMED_WAIT_S  # each data node opened once its flows formed
 
 
 def test_the_flow_machines_rebuild_the_flows_through_a_crashed_relay() -> None:
@@ -446,3 +447,28 @@ def test_compute_times_follow_the_stage_profile() -> None:
     assert T.compute_s(-1, "loss") == T.DATA_LOSS_S and T.compute_s(2, "recompute") == T.FORWARD_S
     for k, v in doc["seconds"].items():  # the ratios are those of the measured seconds
         assert r[k] == pytest.approx(v / doc["seconds"]["relay_forward"], abs=1e-3)
+
+
+def test_the_published_geo_links_are_read_the_same_by_the_daemon_and_the_simulator(tmp_path):
+    """The NL-London entry of data/geo12-links.json (about 2 Mbit/s, a typo for 2 Gbit/s) is read in Gbit/s by both."""
+    import json
+    import random
+    from pathlib import Path
+
+    from gwtf_node.runtime.linkspec import resolve_links
+    from gwtf_node.sim.train.setting import make_net
+
+    raw = json.loads((Path(__file__).resolve().parents[1] / "gwtf_node/data/geo12-links.json").read_text())
+    slow = min(raw["links"], key=lambda e: e["bandwidth_mbps"])
+    assert slow["bandwidth_mbps"] < 10
+    net = make_net(["x"], random.Random(0))
+    sim_bw = net.bw[(slow["a"], slow["b"])]
+    names = [f"n{i}" for i in range(len(raw["locations"]))]  # placed on the locations round-robin
+    path = tmp_path / "geo.json"
+    path.write_text(json.dumps(raw))
+    where = {n: raw["locations"][i] for i, n in enumerate(names)}
+    a = next(n for n in names if where[n] == slow["a"])
+    b = next(n for n in names if where[n] == slow["b"])
+    resolved = {(ln["a"], ln["b"]): ln["bandwidth_mbps"] for ln in resolve_links(path, names)["links"]}
+    daemon_bw = resolved[(a, b)]
+    assert sim_bw == daemon_bw == slow["bandwidth_mbps"] * 1000.0

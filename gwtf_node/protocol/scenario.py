@@ -216,3 +216,12 @@ def parse_scenario(obj: Any, *, activation_mb: float | None = None) -> Scenario:
     if not isinstance(name, str):
         raise ScenarioError(f"'name' must be a string, got {name!r}")
     return Scenario(name, stages, tuple(nodes), tuple(links), size)
+
+
+def published_bandwidth_mbps(mbps: float) -> float:
+    """A bandwidth of a published location file (`data/geo12-links.json`) as the simulator and the daemon use it.
+
+    The file gives the NL-London link about 2 Mbit/s, flagged in its own note as
+    a typo for about 2 Gbit/s (every other link is at least 50 Mbit/s): an
+    entry below 10 Mbit/s is read in Gbit/s."""
+    return mbps * 1000.0 if mbps < 10 else mbps

@@ -31,7 +31,7 @@ import trio
 
 from ..protocol import messages as m
 from ..protocol.cost import link_cost
-from ..protocol.flow import FlowConfig, FlowNode
+from ..protocol.flow import FlowConfig, FlowNode, flows_formed
 from .liveness import Liveness
 from .peers import PeerInfo, Peers
 from .stage import LocalStage
@@ -40,8 +40,6 @@ from .wire import ApplyEffects, FrameRefused, Owner, Wire, now
 log = logging.getLogger("gwtf.node")
 
 DEFAULT_BANDWIDTH_MBPS = 1000.0  # assumed when no --links gives one
-QUIET_S = 3.0  # a data node starts pushing once its flows have not changed for this long (some placed)
-FORMATION_WAIT_S = 60.0  # ... or after this long, whatever is placed
 FLOW_MSGS = (
     m.CostAnnounce, m.RequestFlow, m.FlowReply, m.Deny, m.Withdraw, m.QueryFlows, m.FlowReport,
     m.RequestChange, m.RequestRedirect, m.MoveReply, m.Reroute, m.LaunchBid, m.Relabel,
@@ -136,7 +134,7 @@ class Flows:
         while True:
             placed = sum(self.machine.out[me].values())
             quiet = now() - self.machine.stats.last_change
-            if placed >= self.peers.capacity or (placed > 0 and quiet > QUIET_S) or now() - start > FORMATION_WAIT_S:
+            if flows_formed(placed, self.peers.capacity, quiet, now() - start):
                 log.info("flows formed: %d of %d units placed after %.1f s: %s", placed, self.peers.capacity,
                          now() - start, self._names(dict(self.machine.out[me])))
                 return

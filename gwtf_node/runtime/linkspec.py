@@ -23,6 +23,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..protocol.scenario import published_bandwidth_mbps
+
 
 class LinksError(ValueError):
     """A links file we cannot use; the message says what to fix."""
@@ -71,8 +73,8 @@ def resolve_links(path: Path, names: list[str]) -> dict:
                 bw = _pair(ln["bandwidth_mbps"], f"links[{i}].bandwidth_mbps")
             except KeyError as e:
                 raise LinksError(f"links file {path}: links[{i}] lacks {e}") from None
-            table[(a, b)] = (lat[0], bw[0])
-            table[(b, a)] = (lat[1], bw[1])
+            table[(a, b)] = (lat[0], published_bandwidth_mbps(bw[0]))
+            table[(b, a)] = (lat[1], published_bandwidth_mbps(bw[1]))
         intra = obj.get("intra_location", {"latency_ms": 1, "bandwidth_mbps": 10000})
         same = (_num(intra.get("latency_ms", 1), "intra_location.latency_ms"),
                 _num(intra.get("bandwidth_mbps", 10000), "intra_location.bandwidth_mbps"))

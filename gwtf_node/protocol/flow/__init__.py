@@ -26,7 +26,7 @@ docs/bench_flow_churn.md.
 
 
 from .announce import send_all as _send_all
-from .config import ALPHA_DEFAULT, T0_DEFAULT, T_MIN_DEFAULT, FlowConfig
+from .config import ALPHA_DEFAULT, FORMED_QUIET_S, FORMED_WAIT_S, T0_DEFAULT, T_MIN_DEFAULT, FlowConfig, flows_formed
 from .moves import Annealer
 from .node import FlowNode
 from .state import FlowStats

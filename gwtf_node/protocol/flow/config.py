@@ -59,3 +59,16 @@ class FlowConfig:
     t0: float = T0_DEFAULT  # annealing: initial temperature (moves.Annealer)
     alpha: float = ALPHA_DEFAULT  # ... cooling factor per accepted move
     t_min: float = T_MIN_DEFAULT  # ... below this no worse move is taken
+
+
+FORMED_QUIET_S = 3.0  # a data node starts pushing once its flows have not changed for this long (some placed)
+FORMED_WAIT_S = 60.0  # ... or after this long, whatever is placed
+
+
+def flows_formed(placed: int, demand: int, quiet_s: float, waited_s: float) -> bool:
+    """A data node's flows are formed enough to start pushing microbatches (the daemon and the simulator).
+
+    Its whole demand is placed, or some of it is and the flows have not changed
+    for `FORMED_QUIET_S`, or it has waited `FORMED_WAIT_S` (whatever is placed:
+    a microbatch with no unit waits for one)."""
+    return placed >= demand or (placed > 0 and quiet_s > FORMED_QUIET_S) or waited_s >= FORMED_WAIT_S

@@ -82,11 +82,11 @@ links to the live adjacent stages (cost d(i, j) of Equation 1, as
 messages are control messages (one-way link latency, no tensor queue); timers
 are the machine's own (round_s 1 s).  The relays' microbatch machines get
 their flow machine's `out` whenever it changed (`RecoveryNode.set_flows`,
-as the daemon's `_sync_rec`); a data node opens iteration 0 once its demand
-is placed or its flows were still FLOWS_FORMED_QUIET_S (the daemon's
-`_wait_flows`).  A crash: the membership report (DETECT_S after it) makes
-every live machine linked to the dead node call `remove_neighbour` (the
-daemon's `_forget_peer`); a joiner starts a machine with `FlowConfig.joined`
+as the daemon's microbatch component); a data node opens iteration 0 once its
+flows are formed (`protocol.flow.flows_formed`, the daemon's predicate).  A
+crash: the membership report (DETECT_S after it) makes every live machine
+linked to the dead node call `remove_neighbour` (as the daemon's components
+do); a joiner starts a machine with `FlowConfig.joined`
 and its neighbours `add_neighbour` it when it is announced.  Nothing is
 recomputed globally: the flows after a change are the machines' own work.
 Until the machines moved a unit, a relay repairs locally (recovery.py: a
@@ -175,7 +175,7 @@ from .driver import TrainSim
 from .events import LEADER_MSGS, PHASE_MSGS, TENSOR_MSGS, Event
 from .setting import (
     ACTIVATION_MB, AGG_PEER_TIMEOUT_S, AGG_S, BACKWARD_S, DAEMON_DETECT_S, DATA_FINAL_S, DATA_FWD_S,
-    DATA_LOSS_S, DATA_NODES, DETECT_S, FLOWS_FORMED_MAX_S, FLOWS_FORMED_QUIET_S, FLOW_CONVERGE_S, FLOW_OPTIONS,
+    DATA_LOSS_S, DATA_NODES, DETECT_S, FLOW_CONVERGE_S, FLOW_OPTIONS,
     FORWARD_S, IDEAL_MB_S, LINKS_FILE, MAX_SIM_S_PER_ITERATION, MICROBATCHES, PROFILE_FILE, REJOIN_S, ROUTINGS,
     SETTINGS, SILENCE_S, STAGE_SIZES, STAGE_STATE_MB, SWARM_REACTIONS, Net, Setting, compute_s, initial_flows,
     make_net, make_setting,

@@ -8,10 +8,10 @@ import random
 
 from ...protocol.cost import link_cost
 from ...protocol.effects import CancelTimer, Send, SetTimer
-from ...protocol.flow import FlowConfig, FlowNode
+from ...protocol.flow import FlowConfig, FlowNode, flows_formed
 from .events import Event
 from .setting import (
-    ACTIVATION_MB, FLOWS_FORMED_MAX_S, FLOWS_FORMED_QUIET_S, FLOW_CONVERGE_S, MICROBATCHES, Setting,
+    ACTIVATION_MB, FLOW_CONVERGE_S, MICROBATCHES, Setting,
     initial_flows,
 )
 
@@ -69,8 +69,7 @@ class FlowDriver:
             return
         placed = sum(fm.out.get(nid, {}).values())
         quiet = self.now - fm.stats.last_change
-        if placed >= fm.cfg.capacity or (placed > 0 and quiet > FLOWS_FORMED_QUIET_S) \
-                or self.now >= FLOWS_FORMED_MAX_S:
+        if flows_formed(placed, fm.cfg.capacity, quiet, self.now):
             self._started.add(nid)
             self.nodes[nid].set_flows(fm.out)
             self._apply(nid, self.nodes[nid].start(self.now))

@@ -8,7 +8,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...protocol.scenario import parse_scenario
+from ...protocol.scenario import parse_scenario, published_bandwidth_mbps
 
 SETTINGS = ("table2-homogeneous", "table2-heterogeneous")
 STAGE_SIZES = (4, 3, 3, 3, 3)
@@ -38,14 +38,12 @@ LINKS_FILE = Path(__file__).resolve().parents[2] / "data" / "geo12-links.json"  
 SILENCE_S = DAEMON_DETECT_S - 1.0  # the daemon's DEAD_AFTER_S: a peer silent this long is no longer heard
 ROUTINGS = ("machines", "oracle")
 SWARM_REACTIONS = ("membership", "timeouts")  # what makes a SWARM data node restart a microbatch (module docstring)
-FLOWS_FORMED_QUIET_S = 3.0  # a data node opens iteration 0 once its demand is placed or its flows were still this long
 # The flow machines run with flow.py's defaults, as in the daemon: with two data nodes free-running labels with
 # ordered launches, relabelling and cross displacement.  (Before ordered launches coalesced free-running labels, they
 # fell into a CostAnnounce storm after some crash sequences, e.g. seed 1, homogeneous, 20% churn: 800k messages
 # within 3 s of virtual time, and the simulator ran them with label waves; the same run now takes 1.4 s of CPU.
 # Waves stay a sensitivity row of scripts/bench_churn.py.)
 FLOW_OPTIONS: dict = {}
-FLOWS_FORMED_MAX_S = 60.0  # ... or this long after the start (as the daemon's `_wait_flows`)
 
 
 def _load_links() -> dict:
@@ -78,9 +76,7 @@ def make_net(nodes: list[str], rng: random.Random) -> Net:
     lat: dict = {}
     bw: dict = {}
     for e in raw["links"]:
-        b = e["bandwidth_mbps"]
-        if b < 10:
-            b *= 1000.0  # the NL-London typo (see the links file's note)
+        b = published_bandwidth_mbps(e["bandwidth_mbps"])
         for x, y in ((e["a"], e["b"]), (e["b"], e["a"])):
             lat[(x, y)] = e["latency_ms"]
             bw[(x, y)] = b
