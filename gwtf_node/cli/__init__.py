@@ -16,9 +16,9 @@ from .common import (
     EXIT_USAGE, CliError, _ip_address, _load_scenario, _manifest_error_types, _nonneg_int, _Parser, _port,
     _positive_int, _probability, _setup_logging,
 )
-from .sim import add_sim_parsers, cmd_sim_join, cmd_sim_train, run_policy, sim_train_options
+from .sim import SIM_TRAIN_JSON_KEYS, add_sim_parsers, cmd_sim_join, cmd_sim_train, run_policy, sim_train_options
 
-__all__ = ["CliError", "EXIT_USAGE", "build_parser", "cmd_sim_join", "cmd_sim_train", "main", "run_policy",
+__all__ = ["CliError", "EXIT_USAGE", "SIM_TRAIN_JSON_KEYS", "build_parser", "cmd_sim_join", "cmd_sim_train", "main", "run_policy",
            "sim_train_options", "_load_scenario", "_setup_logging"]
 
 
