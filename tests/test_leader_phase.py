@@ -36,7 +36,7 @@ from swarmutil import log_text, status, wait_exit, wait_for, wait_records
 pytestmark = [pytest.mark.slow, pytest.mark.trio]
 DATA_NODES = 3
 M = 2  # microbatches per data node and iteration
-AFTER = 3  # iterations trained after the one the leader died in
+AFTER = 2  # iterations trained after the one the leader died in
 
 
 Key = tuple[int, int]  # (data node index, seq)
@@ -152,9 +152,9 @@ async def test_first_copy_of_every_phase_signal_lost(tmp_path: Path) -> None:
     man, swarm = _swarm(tmp_path, drop_first_phase=True)
     try:
         await trio.to_thread.run_sync(swarm.start)
-        await wait_records(swarm, 4, 300)
+        await wait_records(swarm, 3, 300)
     finally:
         await trio.to_thread.run_sync(swarm.stop)
     lost = sum(log_text(tmp_path, n).count("GWTF_DROP_FIRST_PHASE:") for n in swarm.names())
-    assert lost >= 4 * (DATA_NODES + 2), lost  # every iteration lost at least one copy per node
+    assert lost >= 3 * (DATA_NODES + 2), lost  # every iteration lost at least one copy per node
     _check(man, swarm.records(), trained(tmp_path, None, None))
