@@ -56,9 +56,9 @@ async def test_newcomer_joins_mid_run(tmp_path: Path) -> None:
     assert joined_at >= 3
     new = torch.load(tmp_path / "new" / "checkpoint.pt", weights_only=False)
     peer = torch.load(tmp_path / f"r{new['stage']}_0" / "checkpoint.pt", weights_only=False)
-    last = peer["iteration"]
+    last = peer["steps"] - 1  # the last iteration stepped
     assert last >= joined_at + AFTER_JOIN - 1
-    assert new["iteration"] == last  # it stepped with its stage to the end
+    assert new["steps"] == peer["steps"]  # it stepped with its stage to the end
     assert torch.equal(new["params"], peer["params"])  # bit for bit: same state, same all-reduced update
 
     records = swarm.records()[: last + 1]

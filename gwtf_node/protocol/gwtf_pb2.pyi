@@ -234,7 +234,7 @@ class MoveReply(_message.Message):
     def __init__(self, move_id: _Optional[int] = ..., outcome: _Optional[_Union[Outcome, str]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("run_id", "role", "stage", "name", "capacity", "addrs", "tensor_addr", "joining", "ready_from", "leaving", "leave_after")
+    __slots__ = ("run_id", "role", "stage", "name", "capacity", "addrs", "tensor_addr", "joining", "ready_from", "leaving", "leave_after", "steps")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
@@ -246,6 +246,7 @@ class Hello(_message.Message):
     READY_FROM_FIELD_NUMBER: _ClassVar[int]
     LEAVING_FIELD_NUMBER: _ClassVar[int]
     LEAVE_AFTER_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     role: str
     stage: int
@@ -257,7 +258,8 @@ class Hello(_message.Message):
     ready_from: int
     leaving: bool
     leave_after: int
-    def __init__(self, run_id: _Optional[str] = ..., role: _Optional[str] = ..., stage: _Optional[int] = ..., name: _Optional[str] = ..., capacity: _Optional[int] = ..., addrs: _Optional[_Iterable[str]] = ..., tensor_addr: _Optional[str] = ..., joining: bool = ..., ready_from: _Optional[int] = ..., leaving: bool = ..., leave_after: _Optional[int] = ...) -> None: ...
+    steps: int
+    def __init__(self, run_id: _Optional[str] = ..., role: _Optional[str] = ..., stage: _Optional[int] = ..., name: _Optional[str] = ..., capacity: _Optional[int] = ..., addrs: _Optional[_Iterable[str]] = ..., tensor_addr: _Optional[str] = ..., joining: bool = ..., ready_from: _Optional[int] = ..., leaving: bool = ..., leave_after: _Optional[int] = ..., steps: _Optional[int] = ...) -> None: ...
 
 class Goodbye(_message.Message):
     __slots__ = ("after_iteration",)

@@ -230,6 +230,7 @@ class Hello:
     ready_from: int = 0
     leaving: bool = False
     leave_after: int = 0
+    steps: int = 0  # optimizer steps applied to its part (a data node: the run's step)
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,7 +59,8 @@ LEADER_CHECK_S = 0.5  # a data node looks this often at who leads (a lease ends 
 class Aggregation:
     def __init__(self, wire: Wire, peers: Peers, stage: LocalStage, microbatches: Microbatches,
                  leadership: Leadership, allreducer: Any, effects: ApplyEffects, faults: Faults, *,
-                 state_dir: Path, checkpoint_every: int, on_stepped: Callable[[int], None]) -> None:
+                 state_dir: Path, checkpoint_every: int, checkpoint_keep: int = 3,
+                 on_stepped: Callable[[int], None]) -> None:
         self.wire = wire
         self.peers = peers
         self.stage = stage
@@ -70,6 +71,7 @@ class Aggregation:
         self.faults = faults
         self.state_dir = state_dir
         self.checkpoint_every = checkpoint_every
+        self.checkpoint_keep = checkpoint_keep  # checkpoints kept in the state directory
         self.on_stepped = on_stepped  # the step of an iteration is applied here
         self.phases: Phases | None = None  # once this node has a stage
         self.contrib_for: dict[int, frozenset] = {}  # a relay: iteration -> contributions held (from BEGIN)
@@ -282,9 +284,8 @@ class Aggregation:
                                              self.peers.prev_stage_ids()))
 
     def checkpoint(self) -> None:
-        """Save this node's part (parameters and optimizer state) with the last iteration it stepped."""
-        it = -1 if self.last_iteration is None else self.last_iteration
-        self.stage.checkpoint(self.state_dir / "checkpoint.pt", self.peers.stage, it)
+        """Save this node's part (parameters and optimizer state) with the steps applied to it (checkpoints.py)."""
+        self.stage.checkpoint(self.state_dir, self.peers.stage, self.checkpoint_keep)
 
     def _record_metrics(self, t: int, step_s: float) -> None:
         ph = self.phases

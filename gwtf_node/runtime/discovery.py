@@ -41,7 +41,7 @@ DHT_WAIT_S = 10.0
 class Discovery:
     def __init__(self, wire: Wire, peers: Peers, host: Any, manifest: Any,
                  links_cfg: dict[tuple[str, str], tuple[float, float]],
-                 on_peer_hello: Callable[[PeerInfo], None]) -> None:
+                 on_peer_hello: Callable[[PeerInfo], None], applied_steps: Callable[[], int] = lambda: 0) -> None:
         self.wire = wire
         self.peers = peers
         self.host = host
@@ -49,13 +49,14 @@ class Discovery:
         self.run_id = manifest.run_id
         self.links_cfg = links_cfg
         self.on_peer_hello = on_peer_hello
+        self.applied_steps = applied_steps  # optimizer steps applied to this node's part (its Hello says it)
         self.hellos_sent: set[str] = set()
 
     def hello(self) -> m.Hello:
         p = self.peers.place
         return m.Hello(self.run_id, p.role, -2 if p.stage is None else p.stage, self.peers.name, p.capacity,
                        tuple(self.host.addrs), self.host.tensor_addr, p.joining, p.ready_from, p.leaving,
-                       p.leave_after)
+                       p.leave_after, self.applied_steps())
 
     def hello_all(self) -> None:
         """Tell every peer this node's place again (its stage or standing changed)."""
@@ -111,7 +112,7 @@ class Discovery:
         if msg.role not in ("data", "relay") or (msg.role == "relay" and not -2 <= msg.stage < self.peers.n_stages):
             raise FrameRefused(f"Hello with role {msg.role!r} stage {msg.stage}")
         info = PeerInfo(sender, msg.role, msg.stage, msg.name, msg.capacity, tuple(msg.addrs), None,
-                        msg.joining, msg.ready_from, msg.leaving, msg.leave_after)
+                        msg.joining, msg.ready_from, msg.leaving, msg.leave_after, msg.steps)
         _old, changed = self.peers.upsert(info, now())
         self.on_peer_hello(info)
         reply: list[m.Message] = []

@@ -201,7 +201,8 @@ class Node:
         from .allreduce import AllReducer
 
         liveness = Liveness(wire, peers, on_dead=self._peer_gone)
-        discovery = Discovery(wire, peers, host, self.manifest, self.links_cfg, on_peer_hello=self._peer_hello)
+        discovery = Discovery(wire, peers, host, self.manifest, self.links_cfg, on_peer_hello=self._peer_hello,
+                              applied_steps=lambda: self.stage.applied_steps)
         flows = Flows(wire, peers, liveness, self.stage, self._apply, self.links_cfg, on_changed=self._flows_changed)
         microbatches = Microbatches(wire, peers, liveness, flows, self.stage, self._apply, self.faults,
                                     policy=o.policy, lend=o.lend, iterations=o.iterations,

@@ -35,6 +35,7 @@ class PeerInfo:
     ready_from: int = 0
     leaving: bool = False
     leave_after: int = 0
+    steps: int = 0  # optimizer steps applied to its part, as of its last Hello
 
 
 @dataclass

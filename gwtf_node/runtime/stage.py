@@ -14,7 +14,6 @@ snapshot sees both or neither, and when a joiner installs a downloaded state.
 from __future__ import annotations
 
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -108,12 +107,13 @@ class LocalStage:
     def snapshot(self) -> tuple[int, bytes]:
         return self.applied_steps, self.model.state_bytes()
 
-    def checkpoint(self, path: Path, stage: int | None, iteration: int) -> None:
+    def checkpoint(self, state_dir: Path, stage: int | None, keep: int) -> Path | None:
+        """Write a checkpoint of this part (`checkpoints.py`); in the worker thread, so the state is consistent."""
         if self.model is None:
-            return
-        import torch
+            return None
+        from . import checkpoints
 
-        tmp = path.with_suffix(".tmp")
-        torch.save({"role": self.role, "stage": stage, "iteration": iteration,
-                    "params": self.model.param_vector(), "state": self.model.state_bytes()}, tmp)
-        os.replace(tmp, path)
+        return checkpoints.write(state_dir, run_id=self.manifest.run_id, role=self.role,
+                                 stage=None if self.role == "data" else stage, steps=self.applied_steps,
+                                 state=self.model.state_bytes(), params_sha256=self.model.state_hash(),
+                                 params=self.model.param_vector(), keep=keep)

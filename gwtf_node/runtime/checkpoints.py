@@ -1,0 +1,152 @@
+"""Checkpoints in the state directory: written atomically, the last few kept, read back with clear errors.
+
+Layout of a state directory's checkpoints:
+
+    checkpoints/step-00000012.pt   one file per checkpoint, named by the optimizer steps its state holds
+    checkpoint.pt                  a hard link to the newest (what tools and tests read)
+
+A file is a `torch.save` of a dict: `format` (FORMAT), `run_id`, `role`
+("data" | "relay"), `stage` (a relay's stage; None for a data node's
+embedding and head), `steps` (optimizer steps applied to the state),
+`state` (the part's `state_bytes()`: parameters and optimizer state),
+`sha256` of `state`, `params_sha256` (`StageModel.state_hash()`: the same
+on every copy of a stage holding the same weights, so a node can compare its
+checkpoint with a stage peer's live state without moving the state), and
+`params` (the flat parameter vector, for tests and tools).
+
+Writing: to a temporary file in the same directory, flushed and fsynced,
+then renamed over the final name, so a crash leaves either the old or the
+new file, never half of one.  `keep` (KEEP by default) newest files are
+kept; older ones are removed after the new one is in place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("gwtf.node")
+
+FORMAT = "gwtf-checkpoint/1"
+KEEP = 3
+DIR = "checkpoints"
+LATEST = "checkpoint.pt"
+_NAME = re.compile(r"^step-(\d{8,})\.pt$")
+
+
+class CheckpointError(Exception):
+    """A checkpoint file that cannot be used; the message says which file and why."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    run_id: str
+    role: str  # "data" | "relay"
+    stage: int | None  # a relay's stage; None: a data node's embedding and head
+    steps: int  # optimizer steps applied to `state`
+    state: bytes  # StageModel.state_bytes()
+    sha256: str  # of `state`
+    params_sha256: str  # StageModel.state_hash() of the weights in `state`
+
+    def describe(self) -> str:
+        part = "data node part" if self.stage is None else f"stage {self.stage}"
+        return f"{part} after {self.steps} steps ({self.path})"
+
+
+def write(state_dir: Path, *, run_id: str, role: str, stage: int | None, steps: int, state: bytes,
+          params_sha256: str, params=None, keep: int = KEEP) -> Path:
+    """Write a checkpoint of `steps` steps atomically, point `checkpoint.pt` at it, keep the newest `keep`."""
+    import torch
+
+    d = Path(state_dir) / DIR
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"step-{steps:08d}.pt"
+    tmp = d / f".{path.name}.{os.getpid()}.tmp"
+    rec = {"format": FORMAT, "run_id": run_id, "role": role, "stage": stage, "steps": int(steps), "state": state,
+           "sha256": hashlib.sha256(state).hexdigest(), "params_sha256": params_sha256, "params": params}
+    with open(tmp, "wb") as f:
+        torch.save(rec, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    latest = Path(state_dir) / LATEST
+    link_tmp = Path(state_dir) / f".{LATEST}.{os.getpid()}.tmp"
+    try:
+        link_tmp.unlink(missing_ok=True)
+        os.link(path, link_tmp)
+        os.replace(link_tmp, latest)
+    except OSError:  # a file system without hard links: a copy, also renamed into place
+        import shutil
+
+        shutil.copyfile(path, link_tmp)
+        os.replace(link_tmp, latest)
+    _fsync_dir(d)
+    for old in listing(state_dir)[keep:]:
+        try:
+            old.unlink()
+        except OSError as e:
+            log.warning("could not remove old checkpoint %s: %s", old, e)
+    return path
+
+
+def listing(state_dir: Path) -> list[Path]:
+    """The checkpoint files of a state directory, newest (most steps) first."""
+    d = Path(state_dir) / DIR
+    if not d.is_dir():
+        return []
+    found = [(int(mt.group(1)), p) for p in d.iterdir() if (mt := _NAME.match(p.name))]
+    return [p for _steps, p in sorted(found, reverse=True)]
+
+
+def load(path: Path, *, run_id: str | None = None) -> Checkpoint:
+    """Read one checkpoint file; CheckpointError says what is wrong with it."""
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        rec = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch raises several unrelated types for a corrupt archive
+        raise CheckpointError(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
+    if not isinstance(rec, dict) or rec.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a gwtf-node checkpoint (format {FORMAT} expected)")
+    try:
+        state = rec["state"]
+        ck = Checkpoint(path, str(rec["run_id"]), str(rec["role"]), None if rec["stage"] is None else int(rec["stage"]),
+                        int(rec["steps"]), bytes(state), str(rec["sha256"]), str(rec["params_sha256"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: checkpoint field missing or malformed ({e})") from None
+    if hashlib.sha256(ck.state).hexdigest() != ck.sha256:
+        raise CheckpointError(f"{path}: checkpoint state does not match its sha256 (corrupted)")
+    if run_id is not None and ck.run_id != run_id:
+        raise CheckpointError(f"{path}: checkpoint of run {ck.run_id}, this node trains run {run_id}")
+    return ck
+
+
+def newest(state_dir: Path, *, run_id: str | None = None) -> Checkpoint | None:
+    """The newest usable checkpoint of a state directory (unusable files are logged and skipped)."""
+    for path in listing(state_dir):
+        try:
+            return load(path, run_id=run_id)
+        except CheckpointError as e:
+            log.warning("skipping checkpoint: %s", e)
+    return None
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
