@@ -189,6 +189,7 @@ class Bootstrap:
     async def _attempt(self) -> dict[str, str]:
         """Dial every bootstrap address at once and greet the peers reached; {address: why it failed}."""
         failures: dict[str, str] = {}
+        cut: set[str] = set()  # dials the bootstrap deadline interrupted: not the address's fault
 
         async def one(addr: str) -> None:
             start = now()
@@ -202,6 +203,8 @@ class Bootstrap:
                     failures[addr] = dial_reason(e)
                     return
             if scope.cancelled_caught:
+                if limit - start < DIAL_TIMEOUT_S:
+                    cut.add(addr)
                 failures[addr] = f"no answer within {limit - start:.1f} s"
             elif pid == self.peers.me:
                 failures[addr] = "that address is this node itself"
@@ -212,10 +215,11 @@ class Bootstrap:
         async with trio.open_nursery() as nursery:
             for addr in self.addrs:
                 nursery.start_soon(one, addr)
-        if len(self.addrs) == 1 and failures:
-            self.last_error = failures[self.addrs[0]]
-        elif failures:
-            self.last_error = "; ".join(f"{a}: {w}" for a, w in failures.items())
+        real = {a: w for a, w in failures.items() if a not in cut}
+        if len(self.addrs) == 1 and real:
+            self.last_error = real[self.addrs[0]]
+        elif real:
+            self.last_error = "; ".join(f"{a}: {w}" for a, w in real.items())
         return failures
 
     def _give_up(self) -> None:
