@@ -347,7 +347,8 @@ def test_a_node_killed_with_sigkill_restarts_at_once_on_its_port_and_state_direc
     os.killpg(swarm.d0.pid, signal.SIGKILL)
     swarm.d0.wait(timeout=10)
     (swarm.tmp / "d0" / "addr").unlink()
-    again, err, _ = _join("d0-again", swarm.tmp / "d0", swarm.run, "--role", "data", "--name", "d0", "--port", str(swarm.port))
+    again, err, _ = _join("d0-again", swarm.tmp / "d0", swarm.run, "--role", "data", "--name", "d0",
+                          "--port", str(swarm.port))
     swarm.procs.append(again)
     assert _wait_addr(swarm.tmp / "d0", again, "d0 restarted") == swarm.addr  # same port, same peer id
     assert _wait_log(err, "waiting for peers"), err.read_text()[-2000:]  # it says how others reach it

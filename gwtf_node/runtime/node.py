@@ -408,7 +408,7 @@ class Node:
 
     def _exit(self, why: NodeExit) -> None:
         """Stop by itself before it joined (no bootstrap peer answered, or a peer refused us); `run_node` returns it."""
-        self.exit = why
+        self.exit = self.exit or why  # the first reason stands
         self.done_event.set()
 
     def can_leave_gracefully(self) -> bool:
