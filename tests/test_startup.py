@@ -4,7 +4,7 @@ Unit tests: the state directory lock, the port probe (also with leftovers in
 TIME_WAIT and a SO_REUSEPORT listener like py-libp2p's), the bootstrap
 backoff schedule, the short reasons shown for a failed dial, and the rule
 that only a refusal from a peer we greeted, before any peer accepted us,
-stops a node.
+stops a node, and the `Refused` answer a refused Hello gets.
 
 Multi-process: one data node runs on a fixed port; against it, at the same
 time, `gwtf-node join` processes meet each failure: its port (a second gwtf
@@ -36,8 +36,11 @@ import trio
 from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.protocol import messages as m
 from gwtf_node.runtime.bootstrap import Bootstrap, BootstrapState, backoff_s, dial_reason, one_line
+from gwtf_node.runtime.discovery import Discovery
+from gwtf_node.runtime.peers import Peers, Place
 from gwtf_node.runtime.startup import ExitKind, NodeExit, PortInUse, check_port_free, first_startup_error
 from gwtf_node.runtime.statedir import StateDirLocked, lock_state_dir
+from gwtf_node.runtime.wire import FrameRefused
 
 BOOTSTRAP_TIMEOUT_S = 5.0
 START_S = 60.0  # a node process (torch and libp2p imports, model build) is listening within this
@@ -198,6 +201,24 @@ async def test_a_refusal_stops_the_node_only_before_any_peer_accepted_it() -> No
     b.on_refused("other", refusal)
     assert exits == [] and b.state is BootstrapState.CONNECTED
     assert b.snapshot()["state"] == "connected" and b.snapshot()["gives_up_in_s"] is None
+
+
+def test_a_refused_hello_is_answered_with_the_reason() -> None:
+    posted: list[tuple[str, m.Message]] = []
+    wire = SimpleNamespace(me="me", post=lambda peer, msg: posted.append((peer, msg)))
+    discovery = Discovery(wire, Peers("me", "d0", 2, Place("data", -1, 4)), SimpleNamespace(),
+                          SimpleNamespace(run_id="abc"), {}, on_peer_hello=lambda info: None)
+    cases = [(m.Hello("xyz", "relay", 0, "r", 1, ()), m.RefusalCode.OTHER_RUN,
+              "Hello for run 'xyz', this node trains run 'abc': your run.json differs from the swarm's"),
+             (m.Hello("abc", "boss", 0, "r", 1, ()), m.RefusalCode.NO_SUCH_ROLE, "a node is a data node or a relay"),
+             (m.Hello("abc", "relay", 2, "r", 1, ()), m.RefusalCode.NO_SUCH_STAGE, "run 'abc' has stages 0..1")]
+    for hello, code, words in cases:
+        posted.clear()
+        with pytest.raises(FrameRefused):
+            discovery.on_hello("peer", hello)
+        ((to, answer),) = posted
+        assert to == "peer" and answer.code is code and words in answer.reason, answer
+    assert discovery.peers.ids_known() == []  # nobody refused was taken in
 
 
 # ---- real processes ----------------------------------------------------------------------------------------
