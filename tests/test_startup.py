@@ -37,6 +37,7 @@ from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.protocol import messages as m
 from gwtf_node.runtime.bootstrap import Bootstrap, BootstrapState, backoff_s, dial_reason, one_line
 from gwtf_node.runtime.discovery import Discovery
+from gwtf_node.runtime.identity import load_or_create_identity, peer_id_of
 from gwtf_node.runtime.peers import Peers, Place
 from gwtf_node.runtime.startup import ExitKind, NodeExit, PortInUse, check_port_free, first_startup_error
 from gwtf_node.runtime.statedir import StateDirLocked, lock_state_dir
@@ -268,7 +269,8 @@ def _log_time(line: str) -> float:
 
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory: pytest.TempPathFactory):
-    """A data node on a fixed port, and five `join`s that must fail against it, run at the same time."""
+    """A data node d0 on a fixed port; five `join`s that must fail, run at the same time; and a relay whose
+    bootstrap peer d1 is started only once the relay's first attempt to reach it has failed."""
     tmp = tmp_path_factory.mktemp("startup")
     run, other_run = tmp / "run.json", tmp / "other-run.json"
     save_manifest(default_manifest(stages=1, layers=1, hidden=16, seq_len=8, microbatch_size=1,
@@ -279,32 +281,42 @@ def swarm(tmp_path_factory: pytest.TempPathFactory):
     procs: list[subprocess.Popen] = []
     plain = socket.socket()
     try:
-        d0, d0_err, _ = _join("d0", tmp / "d0", run, "--role", "data", "--name", "d0", "--port", str(port))
-        procs.append(d0)
-        addr = _wait_addr(tmp / "d0", d0, "d0")
         plain.bind(("127.0.0.1", 0))
         plain.listen()
-        nobody = f"/ip4/127.0.0.1/tcp/{_free_port()}/p2p/{addr.rsplit('/p2p/', 1)[1]}"  # nothing listens there
+        late_port = _free_port()  # where d1 listens once the late relay has failed to reach it
+        late_addr = f"/ip4/127.0.0.1/tcp/{late_port}/p2p/{peer_id_of(load_or_create_identity(tmp / 'd1'))}"
+        nobody = late_addr.replace(f"/tcp/{late_port}/", f"/tcp/{_free_port()}/")  # nothing ever listens there
         relay = ("--role", "relay", "--stage", "0")
-        started = {
-            "same_port": _join("same-port", tmp / "same-port", run, *relay, "--port", str(port)),
+        d0, d0_err, _ = _join("d0", tmp / "d0", run, "--role", "data", "--name", "d0", "--port", str(port))
+        late = _join("late", tmp / "late", run, *relay, "--bootstrap", late_addr, "--bootstrap-timeout", "120")
+        started = {  # first what needs no d0, then what needs d0 running
             "plain_port": _join("plain-port", tmp / "plain-port", run, *relay, "--port", str(plain.getsockname()[1])),
-            "locked": _join("locked", tmp / "d0", run, *relay),
-            "other_run": _join("other-run", tmp / "other-run", other_run, *relay, "--bootstrap", addr),
             "no_bootstrap": _join("no-bootstrap", tmp / "no-bootstrap", run, *relay, "--bootstrap", nobody,
                                   "--bootstrap-timeout", str(BOOTSTRAP_TIMEOUT_S)),
         }
-        procs += [p for p, _, _ in started.values()]
+        procs += [d0, late[0]] + [p for p, _, _ in started.values()]
+        d1 = None
+        addr = _wait_addr(tmp / "d0", d0, "d0")
+        started |= {
+            "same_port": _join("same-port", tmp / "same-port", run, *relay, "--port", str(port)),
+            "locked": _join("locked", tmp / "d0", run, *relay),
+            "other_run": _join("other-run", tmp / "other-run", other_run, *relay, "--bootstrap", addr),
+        }
+        procs += [started[n][0] for n in ("same_port", "locked", "other_run")]
         outcomes: dict[str, Outcome] = {}
         deadline = time.monotonic() + START_S + BOOTSTRAP_TIMEOUT_S + EXIT_MARGIN_S
         while len(outcomes) < len(started) and time.monotonic() < deadline:
+            if d1 is None and "unreachable (Connection refused): attempt 1," in late[1].read_text():
+                d1, _, _ = _join("d1", tmp / "d1", run, "--role", "data", "--name", "d1", "--port", str(late_port),
+                                 "--iterations", "1")  # then it stops: no training beside the other tests
+                procs.append(d1)
             for name, (proc, err, t0) in started.items():
                 if name not in outcomes and proc.poll() is not None:
                     outcomes[name] = Outcome(proc.returncode, time.monotonic() - t0, err.read_text())
             time.sleep(0.05)
         assert d0.poll() is None, f"d0 died: {d0_err.read_text()[-2000:]}"
         yield SimpleNamespace(tmp=tmp, run=run, port=port, addr=addr, d0=d0, d0_err=d0_err, outcomes=outcomes,
-                              procs=procs)
+                              procs=procs, late=late[0], late_err=late[1], d1=d1)
     finally:
         plain.close()
         for p in procs:
@@ -361,6 +373,24 @@ def test_an_unreachable_bootstrap_is_retried_then_given_up(swarm) -> None:
     status = json.loads((swarm.tmp / "no-bootstrap" / "status.json").read_text())
     assert status["bootstrap"]["state"] == "gave up" and status["bootstrap"]["attempts"] >= 2
     assert status["bootstrap"]["last_error"] == "Connection refused"
+
+
+@processes
+def test_a_bootstrap_peer_that_comes_up_late_is_joined_by_the_retries(swarm) -> None:
+    assert swarm.d1 is not None, "the late relay logged no failed first attempt"
+    deadline = time.monotonic() + START_S
+    status: dict = {}
+    while time.monotonic() < deadline:
+        assert swarm.late.poll() is None, swarm.late_err.read_text()[-3000:]
+        path = swarm.tmp / "late" / "status.json"
+        status = json.loads(path.read_text()) if path.exists() else {}
+        if status.get("bootstrap", {}).get("state") == "connected":
+            break
+        time.sleep(0.2)
+    assert status["bootstrap"]["state"] == "connected", status.get("bootstrap")
+    assert status["bootstrap"]["attempts"] >= 2 and status["bootstrap"]["gives_up_in_s"] is None
+    assert status["bootstrap"]["last_error"] == "Connection refused"  # what the failed attempts met
+    assert "joined the swarm after" in swarm.late_err.read_text()
 
 
 @processes

@@ -13,13 +13,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .common import (
     EXIT_NO_PEER, EXIT_USAGE, CliError, _ip_address, _load_scenario, _manifest_error_types, _nonneg_int, _Parser,
     _port, _positive_int, _probability, _seconds, _setup_logging,
 )
 from .sim import SIM_TRAIN_JSON_KEYS, add_sim_parsers, cmd_sim_join, cmd_sim_train, run_policy, sim_train_options
+
+if TYPE_CHECKING:
+    from ..runtime.statedir import StateDirLock
 
 __all__ = ["CliError", "EXIT_USAGE", "SIM_TRAIN_JSON_KEYS", "build_parser", "cmd_sim_join", "cmd_sim_train", "main", "run_policy",
            "sim_train_options", "_load_scenario", "_setup_logging"]
@@ -51,10 +54,8 @@ def cmd_init_run(args: argparse.Namespace) -> int:
 def cmd_join(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    import trio
-
-    from ..runtime.node import NodeOptions, run_node
-    from ..runtime.startup import ExitKind, first_startup_error
+    from ..runtime.startup import StartupError, check_port_free
+    from ..runtime.statedir import lock_state_dir
 
     if args.role == "data" and args.stage not in (None, "auto"):
         raise CliError("--stage applies to relays; data nodes host the embedding and the head")
@@ -90,6 +91,28 @@ def cmd_join(args: argparse.Namespace) -> int:
         Path(args.state_dir).mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise CliError(f"--state-dir {args.state_dir}: cannot create it ({e.strerror})") from None
+    try:  # before torch and the model are loaded: a node that cannot run says so at once
+        lock = lock_state_dir(Path(args.state_dir))
+    except StartupError as e:
+        raise CliError(str(e)) from None
+    try:
+        check_port_free(args.host, args.port)
+        return _run_join(args, stage, lock)
+    except StartupError as e:
+        raise CliError(str(e)) from None
+    finally:
+        lock.release()
+
+
+def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -> int:
+    """`join` once its input is checked and its state directory locked: run the node, say why it stopped."""
+    from pathlib import Path
+
+    import trio
+
+    from ..runtime.node import NodeOptions, run_node
+    from ..runtime.startup import ExitKind, first_startup_error
+
     device = args.device
     if device == "auto":
         import torch
@@ -108,7 +131,7 @@ def cmd_join(args: argparse.Namespace) -> int:
                        links=Path(args.links) if args.links else None, policy=args.policy,
                        bootstrap_timeout_s=args.bootstrap_timeout)
     try:
-        stopped = trio.run(run_node, opts)
+        stopped = trio.run(run_node, opts, lock)
     except BaseException as e:  # trio wraps what a nursery's body raises in exception groups: look inside
         failure = first_startup_error(e)
         if failure is None:

@@ -81,7 +81,7 @@ from .microbatches import MB_MSGS, Microbatches
 from .peers import PeerInfo, Peers, Place
 from .stage import LocalStage
 from .startup import NodeExit, check_port_free
-from .statedir import lock_state_dir
+from .statedir import StateDirLock, lock_state_dir
 from .status import Status
 from .wire import FrameRefused, Owner, UnknownEffect, Wire, now
 
@@ -446,13 +446,15 @@ def routes(p: Parts) -> dict[type, Route]:
     return table
 
 
-async def run_node(opts: NodeOptions) -> NodeExit | None:
+async def run_node(opts: NodeOptions, state_lock: StateDirLock | None = None) -> NodeExit | None:
     """Run a node until it finishes or is stopped; why it stopped by itself before it joined, if it did.
 
     The state directory is locked first (statedir.py: `StateDirLocked` if
-    another node holds it); a port in use raises `PortInUse` (startup.py).
+    another node holds it), unless the caller holds its lock already
+    (`state_lock`, released here on return); a port in use raises
+    `PortInUse` (startup.py).
     """
-    with lock_state_dir(opts.state_dir):
+    with state_lock if state_lock is not None else lock_state_dir(opts.state_dir):
         check_port_free(opts.listen_host, opts.port)  # before the model is built: fail fast (open_host checks again)
         return await _run_locked(opts)
 
