@@ -145,6 +145,28 @@ def test_the_startup_error_is_found_inside_exception_groups() -> None:
     assert first_startup_error(ExceptionGroup("outer", [ValueError("x")])) is None
 
 
+def test_join_refuses_a_locked_state_directory_and_a_port_in_use_before_starting(tmp_path: Path, capsys) -> None:
+    """The checks come before the model is built: one line, exit 2, and the lock is left as it was."""
+    from gwtf_node.cli import main
+
+    run = tmp_path / "run.json"
+    save_manifest(default_manifest(stages=1, layers=1, hidden=16, seq_len=8), run)
+    join = ["join", "--run", str(run), "--role", "relay", "--stage", "0"]
+    with lock_state_dir(tmp_path / "held"):
+        assert main([*join, "--state-dir", str(tmp_path / "held")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: state directory") and f"pid {os.getpid()}" in err and "\n" not in err
+    with socket.socket() as plain:
+        plain.bind(("127.0.0.1", 0))
+        plain.listen()
+        port = plain.getsockname()[1]
+        assert main([*join, "--state-dir", str(tmp_path / "free"), "--port", str(port)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: port {port} on 127.0.0.1 is in use") and "\n" not in err
+    lock_state_dir(tmp_path / "free").release()  # the failed join gave its lock back
+    assert not (tmp_path / "free" / "identity.key").exists()  # nothing written before the checks
+
+
 # ---- the bootstrap: backoff, reasons, refusals ---------------------------------------------------------------
 
 
