@@ -42,8 +42,10 @@ from gwtf_node.protocol import messages as m
 ROOT = Path(__file__).resolve().parent.parent
 UINT64_MAX = 2**64 - 1
 UINT32_MAX = 2**32 - 1
-PROTO_ENUMS = {Side: pb.Side, Reply: pb.Outcome, DenyReason: pb.DenyReason, m.PhaseKind: pb.PhaseKind}
-PROTO_PREFIX = {Side: "SIDE_", Reply: "OUTCOME_", DenyReason: "DENY_REASON_", m.PhaseKind: "PHASE_KIND_"}
+PROTO_ENUMS = {Side: pb.Side, Reply: pb.Outcome, DenyReason: pb.DenyReason, m.PhaseKind: pb.PhaseKind,
+               m.RefusalCode: pb.RefusalCode}
+PROTO_PREFIX = {Side: "SIDE_", Reply: "OUTCOME_", DenyReason: "DENY_REASON_", m.PhaseKind: "PHASE_KIND_",
+                m.RefusalCode: "REFUSAL_CODE_"}
 
 # ---- strategies -----------------------------------------------------------
 
@@ -156,6 +158,9 @@ STRATEGIES.update({
                                    serving=st.booleans()),
     m.Assignment: st.builds(m.Assignment, term=u64, node=ids, stage=i32, download_from=ids,
                             start_iteration=u64),
+})
+STRATEGIES.update({  # start-up: the answer to a refused Hello
+    m.Refused: st.builds(m.Refused, code=st.sampled_from(m.RefusalCode), reason=ids),
 })
 WIRE_TYPES = typing.get_args(messages.Message)
 any_message = st.one_of(*STRATEGIES.values())

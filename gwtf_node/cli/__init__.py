@@ -2,7 +2,10 @@
 
 Errors a person can fix (bad flags, bad manifests, scenario or links files)
 print one line to stderr and exit with status 2; nothing here prints a
-traceback for them.
+traceback for them.  `join` also exits with 2 when its port or state
+directory is in use or a peer refuses it (another run.json, a stage the run
+does not have), and with 3 when no bootstrap peer answered within
+`--bootstrap-timeout` (runtime/startup.py, statedir.py, bootstrap.py).
 """
 
 from __future__ import annotations
@@ -10,13 +13,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .common import (
-    EXIT_USAGE, CliError, _ip_address, _load_scenario, _manifest_error_types, _nonneg_int, _Parser, _port,
-    _positive_int, _probability, _setup_logging,
+    EXIT_NO_PEER, EXIT_USAGE, CliError, _ip_address, _load_scenario, _manifest_error_types, _nonneg_int, _Parser,
+    _port, _positive_int, _probability, _seconds, _setup_logging,
 )
 from .sim import SIM_TRAIN_JSON_KEYS, add_sim_parsers, cmd_sim_join, cmd_sim_train, run_policy, sim_train_options
+
+if TYPE_CHECKING:
+    from ..runtime.statedir import StateDirLock
 
 __all__ = ["CliError", "EXIT_USAGE", "SIM_TRAIN_JSON_KEYS", "build_parser", "cmd_sim_join", "cmd_sim_train", "main", "run_policy",
            "sim_train_options", "_load_scenario", "_setup_logging"]
@@ -48,9 +54,8 @@ def cmd_init_run(args: argparse.Namespace) -> int:
 def cmd_join(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    import trio
-
-    from ..runtime.node import NodeOptions, run_node
+    from ..runtime.startup import StartupError, check_port_free
+    from ..runtime.statedir import lock_state_dir
 
     if args.role == "data" and args.stage not in (None, "auto"):
         raise CliError("--stage applies to relays; data nodes host the embedding and the head")
@@ -86,6 +91,28 @@ def cmd_join(args: argparse.Namespace) -> int:
         Path(args.state_dir).mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise CliError(f"--state-dir {args.state_dir}: cannot create it ({e.strerror})") from None
+    try:  # before torch and the model are loaded: a node that cannot run says so at once
+        lock = lock_state_dir(Path(args.state_dir))
+    except StartupError as e:
+        raise CliError(str(e)) from None
+    try:
+        check_port_free(args.host, args.port)
+        return _run_join(args, stage, lock)
+    except StartupError as e:
+        raise CliError(str(e)) from None
+    finally:
+        lock.release()
+
+
+def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -> int:
+    """`join` once its input is checked and its state directory locked: run the node, say why it stopped."""
+    from pathlib import Path
+
+    import trio
+
+    from ..runtime.node import NodeOptions, run_node
+    from ..runtime.startup import ExitKind, first_startup_error
+
     device = args.device
     if device == "auto":
         import torch
@@ -101,9 +128,21 @@ def cmd_join(args: argparse.Namespace) -> int:
                        bootstrap=list(args.bootstrap), name=args.name or "", port=args.port,
                        listen_host=args.host, capacity=args.capacity, iterations=args.iterations,
                        data_index=args.data_index, data_nodes=args.data_nodes,
-                       links=Path(args.links) if args.links else None, policy=args.policy)
-    trio.run(run_node, opts)
-    return 0
+                       links=Path(args.links) if args.links else None, policy=args.policy,
+                       bootstrap_timeout_s=args.bootstrap_timeout)
+    try:
+        stopped = trio.run(run_node, opts, lock)
+    except BaseException as e:  # trio wraps what a nursery's body raises in exception groups: look inside
+        failure = first_startup_error(e)
+        if failure is None:
+            raise
+        raise CliError(str(failure)) from None
+    if stopped is None:
+        return 0
+    if stopped.kind is ExitKind.NO_BOOTSTRAP:
+        print(f"error: {stopped.reason}", file=sys.stderr)
+        return EXIT_NO_PEER
+    raise CliError(stopped.reason)
 
 
 def cmd_local(args: argparse.Namespace) -> int:
@@ -331,6 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--name", default="", help="a readable node name (also its name in --links)")
     j.add_argument("--host", type=_ip_address, default="127.0.0.1", help="address to listen on")
     j.add_argument("--port", type=_port, default=0, help="TCP port to listen on (0: any free port)")
+    j.add_argument("--bootstrap-timeout", type=_seconds, default=300.0, metavar="SECONDS",
+                   help="stop (exit 3) if no bootstrap peer accepted this node by then; retries with backoff "
+                        "until then (0: retry forever)")
     j.add_argument("--capacity", type=_nonneg_int, default=0,
                    help="microbatches held per iteration (0: one data node's demand)")
     j.add_argument("--iterations", type=_nonneg_int, default=0, help="data nodes: stop after N (0: forever)")

@@ -1,7 +1,9 @@
 """What every command shares: input errors, argument types, scenario loading, logging.
 
 Errors a person can fix (bad flags, bad files) raise `CliError`; `main` prints
-its one line to stderr and exits with status 2, never a traceback.
+its one line to stderr and exits with status 2 (`EXIT_USAGE`), never a
+traceback.  `join` exits with 3 (`EXIT_NO_PEER`) when no bootstrap peer
+answered in time: the input may be right and the swarm not up yet.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import math
 import sys
 
 
-EXIT_USAGE = 2
+EXIT_USAGE = 2  # an input a person can fix: bad flags or files, a port or state directory in use, refused by peers
+EXIT_NO_PEER = 3  # join: no bootstrap peer answered within --bootstrap-timeout (retrying later may help)
 
 
 class CliError(Exception):

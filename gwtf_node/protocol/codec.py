@@ -43,7 +43,7 @@ from google.protobuf.message import Message as _PbMessage
 
 from . import gwtf_pb2 as pb
 from . import messages
-from .messages import DenyReason, Message, PhaseKind, Reply, Side
+from .messages import DenyReason, Message, PhaseKind, RefusalCode, Reply, Side
 
 PROTOCOL_VERSION = 1  # Envelope.version this node sends and accepts
 # Largest Envelope accepted or sent.  Control messages are tens to hundreds of
@@ -53,7 +53,7 @@ PROTOCOL_VERSION = 1  # Envelope.version this node sends and accepts
 MAX_FRAME_BYTES = 1 << 20  # 1 MiB
 
 _ENUMS: dict[str, type[enum.IntEnum]] = {"Side": Side, "Outcome": Reply, "DenyReason": DenyReason,
-                                         "PhaseKind": PhaseKind}
+                                         "PhaseKind": PhaseKind, "RefusalCode": RefusalCode}
 _PAIR_MESSAGE = "PeerCost"  # repeated PeerCost <-> tuple[tuple[str, float], ...]
 
 _BODY = pb.Envelope.DESCRIPTOR.oneofs_by_name["body"]

@@ -557,6 +557,25 @@ class Assignment:
     start_iteration: int  # the newcomer serves from this iteration on
 
 
+# ---- start-up: a refused Hello is answered (runtime/bootstrap.py) ----------
+
+
+class RefusalCode(enum.IntEnum):
+    """Why a node refused a Hello; mirrors the proto enum `RefusalCode`."""
+
+    OTHER_RUN = 1  # "I train another run: your run.json is not the swarm's."
+    NO_SUCH_ROLE = 2  # "A node is a data node or a relay; your Hello says neither."
+    NO_SUCH_STAGE = 3  # "The stage your Hello names does not exist in this run."
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The answer to a refused Hello: the refused node stops if no peer has accepted it yet."""
+
+    code: RefusalCode
+    reason: str  # one line for a person: what differs, with both sides' values
+
+
 Message = (
     CostAnnounce | RequestFlow | FlowReply | Deny | Withdraw | QueryFlows | FlowReport
     | RequestChange | RequestRedirect | MoveReply | Reroute | LaunchBid | Relabel | RelabelCost
@@ -565,4 +584,5 @@ Message = (
     | MbDeny | Probe | ProbeAck | Recover | Resume | BackwardStuck | Room | Release | MbState | RepairOrder | Lend
     | RequestVote | Vote | LeaderHeartbeat | HeartbeatAck
     | JoinRequest | UtilizationQuery | UtilizationReport | Assignment
+    | Refused
 )

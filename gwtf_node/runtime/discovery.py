@@ -6,7 +6,8 @@ joining / ready from / leaving after).  A peer answers a first Hello with its
 own, and with `PeerList` (the addresses it knows) whenever the sender is new
 or changed role or stage, so a swarm of any shape finds itself from one
 bootstrap address.  A peer of another run, or with a role or stage that does
-not exist, is refused.
+not exist, is refused, and told why with `Refused` (bootstrap.py: a node
+refused before any peer accepted it stops with that reason).
 
 The DHT is the second way in (`loop`).  Records (versioned, the highest
 version wins everywhere; see host.py): `run/<run id>` holds the manifest (put
@@ -29,6 +30,7 @@ from typing import Any, Callable
 import trio
 
 from ..protocol import messages as m
+from .host import PeerUnreachable
 from .peers import PeerInfo, Peers
 from .wire import FrameRefused, Wire, now
 
@@ -63,15 +65,20 @@ class Discovery:
         for pid in self.peers.ids_known():
             self.wire.post(pid, self.hello())
 
+    async def greet(self, addr: str) -> str:
+        """Connect to `addr` and say Hello (not to ourselves); its peer id, or `PeerUnreachable`."""
+        pid = await self.host.connect(addr)
+        if pid != self.wire.me:
+            self.hellos_sent.add(pid)  # before sending: its answer (Hello or Refused) may come at once
+            if not await self.wire.send(pid, self.hello()):
+                raise PeerUnreachable(f"connected to {addr}, but the Hello could not be sent")
+        return pid
+
     async def dial(self, addr: str) -> None:
         try:
-            pid = await self.host.connect(addr)
+            await self.greet(addr)
         except Exception as e:  # noqa: BLE001 - any dial failure is logged, discovery retries
             log.warning("could not reach %s: %s", addr, e)
-            return
-        if pid != self.wire.me:
-            await self.wire.send(pid, self.hello())
-            self.hellos_sent.add(pid)
 
     async def loop(self) -> None:
         """Publish our DHT records and look for peers of the run there."""
@@ -108,9 +115,15 @@ class Discovery:
 
     def on_hello(self, sender: str, msg: m.Hello) -> None:
         if msg.run_id != self.run_id:
-            raise FrameRefused(f"Hello for run {msg.run_id!r}, this node trains run {self.run_id!r}")
-        if msg.role not in ("data", "relay") or (msg.role == "relay" and not -2 <= msg.stage < self.peers.n_stages):
-            raise FrameRefused(f"Hello with role {msg.role!r} stage {msg.stage}")
+            self._refuse(sender, m.RefusalCode.OTHER_RUN,
+                         f"Hello for run {msg.run_id!r}, this node trains run {self.run_id!r}",
+                         "your run.json differs from the swarm's: use the run.json of the run you join")
+        if msg.role not in ("data", "relay"):
+            self._refuse(sender, m.RefusalCode.NO_SUCH_ROLE, f"Hello with role {msg.role!r} stage {msg.stage}",
+                         "a node is a data node or a relay")
+        if msg.role == "relay" and not -2 <= msg.stage < self.peers.n_stages:
+            self._refuse(sender, m.RefusalCode.NO_SUCH_STAGE, f"Hello with role {msg.role!r} stage {msg.stage}",
+                         f"run {self.run_id!r} has stages 0..{self.peers.n_stages - 1}")
         info = PeerInfo(sender, msg.role, msg.stage, msg.name, msg.capacity, tuple(msg.addrs), None,
                         msg.joining, msg.ready_from, msg.leaving, msg.leave_after, msg.steps)
         _old, changed = self.peers.upsert(info, now())
@@ -128,6 +141,11 @@ class Discovery:
             reply.append(m.PeerList(tuple(self.host.addrs[:1]) + known))
         if reply:
             self.wire.spawn(self.wire.send_all, sender, reply)
+
+    def _refuse(self, sender: str, code: m.RefusalCode, why: str, fix: str) -> None:
+        """Tell the sender why its Hello is refused (it stops if no peer accepted it), then refuse the frame."""
+        self.wire.post(sender, m.Refused(code, f"{why}: {fix}"))
+        raise FrameRefused(why)
 
     def on_peer_list(self, sender: str, msg: m.PeerList) -> None:
         for addr in msg.addrs[:256]:

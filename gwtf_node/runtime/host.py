@@ -43,6 +43,7 @@ API with versioned records.  How:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import struct
@@ -74,6 +75,7 @@ from .channel import ChannelError, RawConn, SessionKeys, TensorSender
 from .frames import DEFAULT_FRAME_TIMEOUT_S, DEFAULT_MAX_PAYLOAD_BYTES, FrameError, encode_header, read_frame
 from .identity import load_or_create_identity
 from .links import LinkShaper
+from .startup import PortInUse, StartupError, check_port_free
 
 log = logging.getLogger("gwtf.transport")
 
@@ -452,6 +454,16 @@ class Host:
                     addrs.append(str(a))
         return list(out.items())
 
+    async def refresh_dht(self) -> None:
+        """Refresh the DHT's routing table now (bounded): after the first bootstrap peer is reached,
+        so that lookups know more than that one peer without waiting for the periodic refresh."""
+        dht = self._require_dht()
+        with trio.move_on_after(DHT_QUERY_TIMEOUT_S):
+            try:
+                await dht.refresh_routing_table()
+            except _PEER_ERRORS as e:
+                log.debug("DHT refresh failed: %r", e)
+
     async def start_dht(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Run the DHT service until cancelled (open_host does this)."""
         dht = self._require_dht()
@@ -477,10 +489,16 @@ async def open_host(
 ) -> AsyncIterator[Host]:
     """A running Host listening on `listen_host:port` (libp2p) and `listen_host:tensor_port`.
 
-    `bootstrap` multiaddrs are dialled before the DHT starts; a failed
-    bootstrap dial is logged, not fatal (the first node of a swarm has none
-    to reach).  Everything started here stops when the block exits.
+    A port given (not 0) that something already listens on raises
+    `PortInUse` before anything starts (startup.py says why py-libp2p's
+    SO_REUSEPORT needs this probe); so does a libp2p host that ends up
+    listening on no address.  `bootstrap` multiaddrs are dialled once before
+    the DHT starts; a failed bootstrap dial is logged, not fatal (the node's
+    own retries are bootstrap.py's).  Everything started here stops when the
+    block exits.
     """
+    check_port_free(listen_host, port)
+    check_port_free(listen_host, tensor_port, "tensor channel port", "choose another tensor port")
     key_pair = load_or_create_identity(Path(state_dir))
     noise_key = create_new_x25519_key_pair()
     lp = new_host(
@@ -491,7 +509,16 @@ async def open_host(
     links = links if links is not None else LinkShaper()
     listen = Multiaddr(f"/ip6/{listen_host}/tcp/{port}" if ":" in listen_host else f"/ip4/{listen_host}/tcp/{port}")
     async with lp.run(listen_addrs=[listen]), trio.open_nursery() as nursery:
-        listeners = await trio.open_tcp_listeners(tensor_port, host=listen_host)
+        if not lp.get_addrs():  # py-libp2p logs a failed listen and runs on, listening on nothing
+            if port:
+                raise PortInUse(listen_host, port)  # taken between the probe and libp2p's bind
+            raise StartupError(f"libp2p could not listen on {listen} (see the log above): check --host")
+        try:
+            listeners = await trio.open_tcp_listeners(tensor_port, host=listen_host)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise PortInUse(listen_host, tensor_port, "tensor channel port", "choose another tensor port") from None
+            raise
         tport = listeners[0].socket.getsockname()[1]
         host = Host(
             lp, nursery, f"[{listen_host}]:{tport}" if ":" in listen_host else f"{listen_host}:{tport}",

@@ -9,6 +9,7 @@ components, each owning its state and handed its collaborators:
 peers.py        who is in the run and where (PeerInfo), this node's own place
 liveness.py     Ping/Pong: round trips, and peers presumed dead after silence
 discovery.py    Hello / PeerList and the DHT records of the run
+bootstrap.py    reaching the swarm at start: retries with backoff, a refused Hello
 flows.py        link costs (Equation 1, LinkCost) and the flow machine (V-C)
 microbatches.py the recovery machine (V-D) with torch; tensors in tensorstore.py
 aggregation.py  the phase (V-E: BEGIN AGGREGATION, CAN TAKE), all-reduce, step,
@@ -25,8 +26,11 @@ handles, loudly), and the timers, keyed by (component, key).  It also wires
 the components' events to each other (a peer gone, a peer's Hello) and runs
 the node's lifecycle:
 
-1. *Discovery.*  The node dials its bootstrap peers and greets every peer it
-   meets; a peer of another run is refused.  Data nodes start their election
+1. *Discovery.*  The node locks its state directory (statedir.py), dials its
+   bootstrap peers until one accepts it, or gives up after the bootstrap
+   timeout (bootstrap.py), and greets every peer it meets; a peer of another
+   run is refused and told why, and a node refused before any peer accepted
+   it stops with that reason (`run_node` returns it).  Data nodes start their election
    once they know every data node.  A relay started with `--stage auto`
    asks the elected leader for a stage (`joining.py`) and downloads the
    stage's state from a stage peer.
@@ -66,6 +70,7 @@ from ..protocol.effects import CancelTimer, Send, SetTimer
 from ..protocol.phases import LeftOut, OpenIteration, OutOfStep, StartStep
 from ..protocol.recovery import Compute, IterationSettled
 from .aggregation import Aggregation
+from .bootstrap import DEFAULT_TIMEOUT_S, Bootstrap
 from .discovery import Discovery
 from .faults import Faults
 from .flows import FLOW_MSGS, Flows
@@ -75,6 +80,8 @@ from .liveness import Liveness
 from .microbatches import MB_MSGS, Microbatches
 from .peers import PeerInfo, Peers, Place
 from .stage import LocalStage
+from .startup import NodeExit, check_port_free
+from .statedir import StateDirLock, lock_state_dir
 from .status import Status
 from .wire import FrameRefused, Owner, UnknownEffect, Wire, now
 
@@ -104,6 +111,7 @@ class NodeOptions:
     checkpoint_every: int = 1
     policy: str = "gwtf"  # microbatch routing and recovery: "gwtf" or "swarm" (the baseline; recovery.py)
     lend: bool = True  # gwtf, several data nodes: a data node with nothing left to launch lends its units (Lend)
+    bootstrap_timeout_s: float = DEFAULT_TIMEOUT_S  # stop if no peer accepted us by then (0: retry forever)
 
 
 class Admit(enum.Enum):
@@ -135,6 +143,7 @@ class Parts:
     aggregation: Aggregation
     joining: Joining
     status: Status
+    bootstrap: Bootstrap
 
 
 class Timers:
@@ -183,6 +192,7 @@ class Node:
         self.done_event = trio.Event()
         self.links_cfg: dict[tuple[str, str], tuple[float, float]] = {}
         self.parts: Parts | None = None
+        self.exit: NodeExit | None = None  # why the node stopped by itself before it joined (bootstrap.py)
         self.peers: Peers | None = None
         self.routes: dict[type, Route] = {}
         self.timer_handlers: dict[Owner, Callable[[str], None]] = {}
@@ -215,9 +225,12 @@ class Node:
         joining = Joining(wire, peers, liveness, discovery, self.stage, flows, leadership, aggregation, self._apply,
                           host, capacity_flag=o.capacity, data_nodes=o.data_nodes, on_gone=self._peer_gone,
                           on_left=self.stop)
+        bootstrap = Bootstrap(wire, peers, discovery, host, o.bootstrap, timeout_s=o.bootstrap_timeout_s,
+                              on_exit=self._exit)
         status = Status(o.state_dir / "status.json", wire, host, peers, liveness, self.stage, flows, microbatches,
-                        aggregation, leadership, run_id=self.run_id, policy=o.policy)
-        parts = Parts(wire, liveness, discovery, flows, microbatches, leadership, aggregation, joining, status)
+                        aggregation, leadership, run_id=self.run_id, policy=o.policy, bootstrap=bootstrap)
+        parts = Parts(wire, liveness, discovery, flows, microbatches, leadership, aggregation, joining, status,
+                      bootstrap)
         self.routes = routes(parts)
         self.timer_handlers = {
             Owner.FLOWS: flows.on_timer,
@@ -243,6 +256,7 @@ class Node:
     # ------------------------------------------------------------------ events between components
     def _peer_hello(self, info: PeerInfo) -> None:
         p = self.parts
+        p.bootstrap.on_peer_hello()
         p.aggregation.peer_back(info.peer_id)
         p.leadership.on_peer_hello(info)
         p.flows.on_peer_hello(info)
@@ -340,27 +354,26 @@ class Node:
             self.links_cfg.update(load_links(self.opts.links))
         if self.opts.stage is not None or self.opts.role == "data":  # an auto relay builds its part once placed
             await trio.to_thread.run_sync(self.stage.build, self.opts.stage)
-        async with open_host(self.opts.state_dir, self.opts.listen_host, self.opts.port,
-                             bootstrap=self.opts.bootstrap) as host:
+        async with open_host(self.opts.state_dir, self.opts.listen_host, self.opts.port) as host:
             async with trio.open_nursery() as nursery:
                 self.parts = p = self._assemble(host, nursery)
                 host.set_handler(self._on_frame)
                 (self.opts.state_dir / "addr").write_text("\n".join(host.addrs) + "\n")
                 log.info("node %s (%s) peer id %s listening on %s", self.opts.name, self.opts.role, host.peer_id,
                          host.addrs)
-                for addr in self.opts.bootstrap:
-                    nursery.start_soon(p.discovery.dial, addr)
+                nursery.start_soon(p.bootstrap.run)  # dials the bootstrap peers, with retries
                 nursery.start_soon(p.discovery.loop)
                 nursery.start_soon(self.timers.loop)
                 nursery.start_soon(p.status.loop)
                 nursery.start_soon(self._formation)
                 nursery.start_soon(p.liveness.loop)
                 await self.done_event.wait()
-                if self.opts.role == "data":  # relays waiting for an aggregation of ours need not wait
+                if self.opts.role == "data" and self.exit is None:  # relays waiting for our aggregation need not wait
                     await p.joining.goodbye_all(max(0, self.stage.applied_steps - 1), GOODBYE_AT_EXIT_S)
                 nursery.cancel_scope.cancel()
             p.status.write()
-        p.aggregation.checkpoint()
+        if self.exit is None:  # a node that never joined has nothing to checkpoint
+            p.aggregation.checkpoint()
 
     async def _formation(self) -> None:
         """Wait for the swarm to settle, get a stage if placed by the leader, form flows, start training."""
@@ -394,6 +407,11 @@ class Node:
     def stop(self) -> None:
         self.done_event.set()
 
+    def _exit(self, why: NodeExit) -> None:
+        """Stop by itself before it joined (no bootstrap peer answered, or a peer refused us); `run_node` returns it."""
+        self.exit = self.exit or why  # the first reason stands
+        self.done_event.set()
+
     def can_leave_gracefully(self) -> bool:
         return self.parts is not None and self.parts.joining.can_leave_gracefully()
 
@@ -420,6 +438,7 @@ def routes(p: Parts) -> dict[type, Route]:
         m.Goodbye: Route("joining", j.on_goodbye),
         m.StageStateRequest: Route("joining", j.on_state_request),
         m.StageState: Route("joining", j.on_state, payload=True),
+        m.Refused: Route("bootstrap", p.bootstrap.on_refused, Admit.ANYONE),  # the refuser has not said Hello
     }
     table |= {t: Route("flows", f.on_message) for t in FLOW_MSGS}
     table |= {t: Route("microbatches", mb.on_message, payload=True) for t in MB_MSGS}
@@ -428,7 +447,20 @@ def routes(p: Parts) -> dict[type, Route]:
     return table
 
 
-async def run_node(opts: NodeOptions) -> None:
+async def run_node(opts: NodeOptions, state_lock: StateDirLock | None = None) -> NodeExit | None:
+    """Run a node until it finishes or is stopped; why it stopped by itself before it joined, if it did.
+
+    The state directory is locked first (statedir.py: `StateDirLocked` if
+    another node holds it), unless the caller holds its lock already
+    (`state_lock`, released here on return); a port in use raises
+    `PortInUse` (startup.py).
+    """
+    with state_lock if state_lock is not None else lock_state_dir(opts.state_dir):
+        check_port_free(opts.listen_host, opts.port)  # before the model is built: fail fast (open_host checks again)
+        return await _run_locked(opts)
+
+
+async def _run_locked(opts: NodeOptions) -> NodeExit | None:
     node = Node(opts)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
@@ -447,3 +479,4 @@ async def run_node(opts: NodeOptions) -> None:
             nursery.start_soon(watch)
             await node.run()
             nursery.cancel_scope.cancel()
+    return node.exit

@@ -17,6 +17,7 @@ from typing import Any
 import trio
 
 from .aggregation import Aggregation
+from .bootstrap import Bootstrap
 from .flows import Flows
 from .leadership import Leadership
 from .liveness import Liveness
@@ -31,7 +32,7 @@ STATUS_EVERY_S = 1.0
 class Status:
     def __init__(self, path: Path, wire: Wire, host: Any, peers: Peers, liveness: Liveness, stage: LocalStage,
                  flows: Flows, microbatches: Microbatches, aggregation: Aggregation, leadership: Leadership, *,
-                 run_id: str, policy: str) -> None:
+                 run_id: str, policy: str, bootstrap: Bootstrap | None = None) -> None:
         self.path = path
         self.wire = wire
         self.host = host
@@ -44,6 +45,7 @@ class Status:
         self.leadership = leadership
         self.run_id = run_id
         self.policy = policy
+        self.bootstrap = bootstrap  # how the node reaches the swarm at start
 
     def snapshot(self) -> dict:
         place, mb, agg = self.peers.place, self.microbatches, self.aggregation
@@ -65,6 +67,7 @@ class Status:
             "recovery": mb.stats(),
             "holding": mb.holding(),
             "pid": os.getpid(), "time": time.time(),
+            "bootstrap": self.bootstrap.snapshot() if self.bootstrap is not None else None,
         }
 
     def write(self) -> None:
