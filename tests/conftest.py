@@ -2,7 +2,8 @@
 
 Tiers (tests/README.md): `property` for Hypothesis tests (`@given`, also
 inside the test function, and state machines), `multiprocess` for tests that start a swarm of daemon processes
-(through `gwtf_node.runtime.local`: `LocalSwarm`, `run_local`), `unit` for
+(through `gwtf_node.runtime.local`: `LocalSwarm`, `run_local`, or marked
+`multiprocess` by hand when it starts `gwtf-node join` processes itself), `unit` for
 the rest.  A multi-process test is also `slow`.  The markers are set here at
 collection, so a test module needs no marker of its own to be in its tier.
 
@@ -70,6 +71,8 @@ def tier(item: pytest.Item) -> str:
     func = getattr(item, "obj", None)
     if func is None:
         return "unit"
+    if item.get_closest_marker("multiprocess") is not None:  # marked by hand: it starts daemons another way
+        return "multiprocess"
     namespace = getattr(item.module, "__dict__", {}) if getattr(item, "module", None) else {}
     if is_hypothesis_test(func) or uses_any(func, (given,), namespace):  # (also a @given inside the test)
         return "property"

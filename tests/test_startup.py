@@ -49,7 +49,7 @@ EXIT_MARGIN_S = 45.0  # process start-up and teardown around the bootstrap timeo
 
 
 def processes(test):
-    """Marks a test that runs `gwtf-node join` processes (conftest recognises only LocalSwarm ones)."""
+    """Marks a test that runs `gwtf-node join` processes itself (conftest finds LocalSwarm users on its own)."""
     return pytest.mark.multiprocess(pytest.mark.slow(test))
 
 
