@@ -6,7 +6,9 @@ joining / ready from / leaving after).  A peer answers a first Hello with its
 own, and with `PeerList` (the addresses it knows) whenever the sender is new
 or changed role or stage, so a swarm of any shape finds itself from one
 bootstrap address.  A peer of another run, or with a role or stage that does
-not exist, is refused.
+not exist, is refused.  A peer that comes back (gone, or restarted: a new
+incarnation in its Hello, see peers.py) is handed to `on_peer_back` first,
+which checks it and forgets its old incarnation.
 
 The DHT is the second way in (`loop`).  Records (versioned, the highest
 version wins everywhere; see host.py): `run/<run id>` holds the manifest (put
@@ -29,7 +31,7 @@ from typing import Any, Callable
 import trio
 
 from ..protocol import messages as m
-from .peers import PeerInfo, Peers
+from .peers import Arrival, PeerInfo, Peers
 from .wire import FrameRefused, Wire, now
 
 log = logging.getLogger("gwtf.node")
@@ -41,7 +43,9 @@ DHT_WAIT_S = 10.0
 class Discovery:
     def __init__(self, wire: Wire, peers: Peers, host: Any, manifest: Any,
                  links_cfg: dict[tuple[str, str], tuple[float, float]],
-                 on_peer_hello: Callable[[PeerInfo], None], applied_steps: Callable[[], int] = lambda: 0) -> None:
+                 on_peer_hello: Callable[[PeerInfo], None], applied_steps: Callable[[], int] = lambda: 0,
+                 incarnation: int = 0,
+                 on_peer_back: Callable[[PeerInfo, Arrival], None] = lambda info, arrival: None) -> None:
         self.wire = wire
         self.peers = peers
         self.host = host
@@ -50,13 +54,15 @@ class Discovery:
         self.links_cfg = links_cfg
         self.on_peer_hello = on_peer_hello
         self.applied_steps = applied_steps  # optimizer steps applied to this node's part (its Hello says it)
+        self.incarnation = incarnation  # drawn at each start of the process (its Hello says it)
+        self.on_peer_back = on_peer_back  # a gone or restarted peer says Hello: checked (may refuse), old one forgotten
         self.hellos_sent: set[str] = set()
 
     def hello(self) -> m.Hello:
         p = self.peers.place
         return m.Hello(self.run_id, p.role, -2 if p.stage is None else p.stage, self.peers.name, p.capacity,
                        tuple(self.host.addrs), self.host.tensor_addr, p.joining, p.ready_from, p.leaving,
-                       p.leave_after, self.applied_steps())
+                       p.leave_after, self.applied_steps(), self.incarnation)
 
     def hello_all(self) -> None:
         """Tell every peer this node's place again (its stage or standing changed)."""
@@ -112,7 +118,10 @@ class Discovery:
         if msg.role not in ("data", "relay") or (msg.role == "relay" and not -2 <= msg.stage < self.peers.n_stages):
             raise FrameRefused(f"Hello with role {msg.role!r} stage {msg.stage}")
         info = PeerInfo(sender, msg.role, msg.stage, msg.name, msg.capacity, tuple(msg.addrs), None,
-                        msg.joining, msg.ready_from, msg.leaving, msg.leave_after, msg.steps)
+                        msg.joining, msg.ready_from, msg.leaving, msg.leave_after, msg.steps, msg.incarnation)
+        arrival = self.peers.arrival(sender, msg.incarnation)
+        if arrival in (Arrival.BACK, Arrival.RESTARTED):
+            self.on_peer_back(info, arrival)
         _old, changed = self.peers.upsert(info, now())
         self.on_peer_hello(info)
         reply: list[m.Message] = []
@@ -128,6 +137,10 @@ class Discovery:
             reply.append(m.PeerList(tuple(self.host.addrs[:1]) + known))
         if reply:
             self.wire.spawn(self.wire.send_all, sender, reply)
+
+    def peer_forgotten(self, peer: str) -> None:
+        """`peer` crashed or left: if it comes back, its Hello is answered with ours again."""
+        self.hellos_sent.discard(peer)
 
     def on_peer_list(self, sender: str, msg: m.PeerList) -> None:
         for addr in msg.addrs[:256]:

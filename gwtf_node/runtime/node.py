@@ -53,6 +53,7 @@ from __future__ import annotations
 import enum
 import inspect
 import logging
+import secrets
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,7 +74,7 @@ from .joining import Joining
 from .leadership import LEADER_MSGS, PLACEMENT_MSGS, Leadership
 from .liveness import Liveness
 from .microbatches import MB_MSGS, Microbatches
-from .peers import PeerInfo, Peers, Place
+from .peers import AddressBook, Arrival, PeerInfo, Peers, Place, readmission_refusal
 from .stage import LocalStage
 from .status import Status
 from .wire import FrameRefused, Owner, UnknownEffect, Wire, now
@@ -179,6 +180,9 @@ class Node:
         self.run_id = self.manifest.run_id
         self.stage = LocalStage(self.manifest, opts.role, opts.device, opts.data_index, opts.data_nodes)
         self.faults = Faults.from_env(opts.state_dir)
+        self.incarnation = secrets.randbits(63) | 1  # this process's (Hello): peers tell a restart by it
+        self.book = AddressBook(opts.state_dir / "peers.json")
+        self._returning: set[str] = set()  # peers back whose Hello is being taken (re-admitted in `_peer_hello`)
         self.timers = Timers(self._fire)
         self.done_event = trio.Event()
         self.links_cfg: dict[tuple[str, str], tuple[float, float]] = {}
@@ -202,7 +206,8 @@ class Node:
 
         liveness = Liveness(wire, peers, on_dead=self._peer_gone)
         discovery = Discovery(wire, peers, host, self.manifest, self.links_cfg, on_peer_hello=self._peer_hello,
-                              applied_steps=lambda: self.stage.applied_steps)
+                              applied_steps=lambda: self.stage.applied_steps, incarnation=self.incarnation,
+                              on_peer_back=self._peer_back)
         flows = Flows(wire, peers, liveness, self.stage, self._apply, self.links_cfg, on_changed=self._flows_changed)
         microbatches = Microbatches(wire, peers, liveness, flows, self.stage, self._apply, self.faults,
                                     policy=o.policy, lend=o.lend, iterations=o.iterations,
@@ -241,8 +246,33 @@ class Node:
         return parts
 
     # ------------------------------------------------------------------ events between components
+    def _peer_back(self, info: PeerInfo, arrival: Arrival) -> None:
+        """A peer that is gone, or a known peer with a new incarnation, says Hello: a new join of the same identity.
+
+        It is checked (`readmission_refusal`; run and role were checked with
+        the Hello) and refused with the reason if it does not fit; a restarted
+        peer's old incarnation is forgotten everywhere first, as if it had been
+        presumed dead (its microbatches, contributions and flows died with it)."""
+        why = readmission_refusal(info, n_stages=self.peers.n_stages, my_role=self.peers.role,
+                                  my_stage=self.peers.stage, my_steps=self.stage.applied_steps)
+        name = info.name or info.peer_id[:16]
+        if why is not None:
+            raise FrameRefused(f"{name} is not taken back: {why}")
+        if arrival is Arrival.RESTARTED:
+            log.warning("peer %s restarted (a new incarnation): forgetting the old one", name)
+            self._peer_gone(info.peer_id)
+        log.info("peer %s is back (%s stage %d, %d steps, ready from iteration %d): taken back", name, info.role,
+                 info.stage, info.steps, info.ready_from)
+        self._returning.add(info.peer_id)
+
     def _peer_hello(self, info: PeerInfo) -> None:
         p = self.parts
+        self.book.note(info.peer_id, info.addrs)
+        if info.peer_id in self._returning:
+            self._returning.discard(info.peer_id)
+            p.liveness.peer_back(info.peer_id)
+            p.microbatches.peer_back(info.peer_id)
+            p.flows.peer_back(info)
         p.aggregation.peer_back(info.peer_id)
         p.leadership.on_peer_hello(info)
         p.flows.on_peer_hello(info)
@@ -251,6 +281,7 @@ class Node:
         """A peer crashed or left: out of routing, flows, aggregation groups and the recovery machine."""
         p = self.parts
         self.peers.forget(peer)
+        p.discovery.peer_forgotten(peer)  # if it comes back, it is greeted again
         p.flows.on_peer_gone(peer)  # the flow machines rebuild the flows through it
         p.leadership.on_peer_gone(peer)
         p.aggregation.forget(peer)
@@ -315,8 +346,8 @@ class Node:
         admit = route.admit if route is not None else Admit.KNOWN
         if admit is Admit.KNOWN or (admit is Admit.NOT_GONE and gone):
             if peer not in self.peers:
-                if gone:  # said Goodbye or crashed: its last frames may still be on their way
-                    log.debug("%s from %s, which left: ignored", type(msg).__name__, peer[:16])
+                if gone or isinstance(msg, m.Goodbye):  # crashed or left: its last frames may still be on their way
+                    log.debug("%s from %s, which is gone or unknown: ignored", type(msg).__name__, peer[:16])
                 else:
                     wire.refuse(peer, f"{type(msg).__name__} from a peer that has not said Hello")
                 return
@@ -340,6 +371,8 @@ class Node:
             self.links_cfg.update(load_links(self.opts.links))
         if self.opts.stage is not None or self.opts.role == "data":  # an auto relay builds its part once placed
             await trio.to_thread.run_sync(self.stage.build, self.opts.stage)
+        if self.opts.role == "data":
+            await trio.to_thread.run_sync(self._load_data_checkpoint)
         async with open_host(self.opts.state_dir, self.opts.listen_host, self.opts.port,
                              bootstrap=self.opts.bootstrap) as host:
             async with trio.open_nursery() as nursery:
@@ -348,7 +381,8 @@ class Node:
                 (self.opts.state_dir / "addr").write_text("\n".join(host.addrs) + "\n")
                 log.info("node %s (%s) peer id %s listening on %s", self.opts.name, self.opts.role, host.peer_id,
                          host.addrs)
-                for addr in self.opts.bootstrap:
+                self.book.load()
+                for addr in list(self.opts.bootstrap) + self.book.dial_addrs(host.peer_id):
                     nursery.start_soon(p.discovery.dial, addr)
                 nursery.start_soon(p.discovery.loop)
                 nursery.start_soon(self.timers.loop)
@@ -380,6 +414,10 @@ class Node:
             if not self.stage.built:
                 continue  # a joiner is still building its stage
             if p.aggregation.phases is None:
+                if role == "data":
+                    if not (peers.next_stage_ids() and peers.prev_stage_ids()):
+                        continue  # the run's step is the relays' (their Hellos say it)
+                    self._take_run_step()
                 p.aggregation.new_phases()
             nxt, prv = peers.next_stage_ids(), peers.prev_stage_ids()
             if nxt and prv and (role != "data" or p.leadership.started):
@@ -387,9 +425,52 @@ class Node:
         await p.flows.form(nxt, prv, joined=p.joining.joined)
         if role == "data":
             await p.flows.wait_formed()
-        p.microbatches.start()
+        first = self.stage.applied_steps  # the run's step: 0, or where a restarted data node resumes
+        p.microbatches.start(first)
         if role == "data":
-            p.microbatches.open_iteration(0)
+            p.microbatches.open_iteration(first)
+
+    def _load_data_checkpoint(self) -> None:
+        """A data node restarted with its state directory loads its newest checkpoint (embedding, head, optimizer).
+
+        In the worker thread, before the host starts.  The run's step it
+        resumes from is settled with the relays' in `_take_run_step`."""
+        from . import checkpoints
+
+        ck = checkpoints.newest(self.opts.state_dir, run_id=self.run_id)
+        if ck is None:
+            return
+        if ck.role != "data" or ck.stage is not None:
+            log.warning("not loading %s: it is not a data node's part (this node is a data node)", ck.describe())
+            return
+        self.stage.model.load_state_bytes(ck.state)
+        self.stage.set_steps(ck.steps)
+        log.info("data node part loaded from %s: resuming at iteration %d", ck.describe(), ck.steps)
+
+    def _take_run_step(self) -> None:
+        """A data node settles the run's step before it takes part: the steps its relays applied.
+
+        With one data node (and with several, until a data node's part can be
+        downloaded from another) a data node whose checkpoint is behind the
+        relays (it died after they applied a step and before its own
+        checkpoint) cannot resume exactly: it says so, by how many steps, and
+        goes on from the relays' step with its embedding and head that many
+        updates behind.  It goes on rather than stop because nobody else
+        holds the data node's part: stopping would end the run for good, and
+        a few missed updates of the embedding and the head are trained over.
+        Relays behind this node (restarted from older state) catch up from
+        their stage peers or from their checkpoints; this node keeps its step."""
+        mine = self.stage.applied_steps
+        relays = [p for p in self.peers.infos() if p.role == "relay" and p.stage >= 0 and not p.joining]
+        ahead = max((p.steps for p in relays), default=mine)
+        if ahead > mine:
+            log.warning("this data node's part holds %d steps but its relays applied %d: it is %d step(s) behind "
+                        "(it died after they stepped and before its checkpoint); going on from step %d, its "
+                        "embedding and head %d update(s) short of centralized training", mine, ahead, ahead - mine,
+                        ahead, ahead - mine)
+            self.stage.set_steps(ahead)
+        elif mine:
+            log.info("the run's step is %d: this data node's part and its relays agree", mine)
 
     def stop(self) -> None:
         self.done_event.set()
