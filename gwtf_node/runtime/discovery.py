@@ -122,6 +122,7 @@ class Discovery:
         arrival = self.peers.arrival(sender, msg.incarnation)
         if arrival in (Arrival.BACK, Arrival.RESTARTED):
             self.on_peer_back(info, arrival)
+            self.host.note_addrs(sender, msg.addrs)  # (it may listen elsewhere now: redials go there)
         _old, changed = self.peers.upsert(info, now())
         self.on_peer_hello(info)
         reply: list[m.Message] = []

@@ -1,0 +1,293 @@
+"""A peer presumed dead (or gone) that is heard again is taken back: table tests, machines, and node pairs.
+
+* `Peers.arrival` and `readmission_refusal`: what a Hello means, and when a
+  peer coming back is refused.
+* `AddressBook`: the peers met, kept in the state directory for a restart.
+* The recovery machine: a data node gone and back starts clean at a relay
+  (its old records and contributions are dropped; the same keys are taken
+  again).
+* The flow machines of a data node and two relays on an in-memory wire: a
+  data node restarted with a new flow machine gets its flows back only if the
+  relays forget its old waves (`data_node_back`).
+* Two daemons' components (`Node`: discovery, liveness and the frame table;
+  the other components recorded) on an in-memory wire that encodes every
+  frame: a data node presumed dead comes back (BACK) and is greeted again, a
+  data node restarted before it was found dead (RESTARTED) has its old
+  incarnation forgotten first, a relay too far ahead is refused, and frames
+  from a gone or unknown peer other than Hello are ignored, not refused.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from pathlib import Path
+from types import SimpleNamespace
+from unittest.mock import Mock
+
+import pytest
+import trio
+import trio.testing
+
+from gwtf_node.model.manifest import default_manifest, save_manifest
+from gwtf_node.protocol import codec
+from gwtf_node.protocol import messages as m
+from gwtf_node.protocol.effects import Send, SetTimer
+from gwtf_node.protocol.flow import FlowConfig, FlowNode
+from gwtf_node.protocol.recovery import RecoveryConfig, RecoveryNode
+from gwtf_node.runtime.discovery import Discovery
+from gwtf_node.runtime.liveness import Liveness
+from gwtf_node.runtime.node import Node, NodeOptions, routes
+from gwtf_node.runtime.peers import AddressBook, Arrival, PeerInfo, Peers, Place, readmission_refusal
+from gwtf_node.runtime.wire import Wire
+
+
+# ---------------------------------------------------------------------------------------------- the table
+def test_arrival_of_a_hello() -> None:
+    peers = Peers("me", "me", 2, Place("relay", 0, 4))
+    assert peers.arrival("d0", 7) is Arrival.NEW
+    peers.upsert(PeerInfo("d0", "data", -1, incarnation=7), now=0.0)
+    assert peers.arrival("d0", 7) is Arrival.SAME
+    assert peers.arrival("d0", 0) is Arrival.SAME  # (a peer that does not say its incarnation)
+    assert peers.arrival("d0", 8) is Arrival.RESTARTED
+    peers.forget("d0")
+    assert peers.arrival("d0", 7) is Arrival.BACK and peers.arrival("d0", 8) is Arrival.BACK
+    peers.upsert(PeerInfo("d0", "data", -1, incarnation=8), now=1.0)
+    assert not peers.is_gone("d0") and peers.arrival("d0", 8) is Arrival.SAME
+
+
+@pytest.mark.parametrize("info, mine, refused", [
+    (PeerInfo("r", "relay", 1, steps=5), ("relay", 1, 4), None),  # one aggregation ahead: it stepped first
+    (PeerInfo("r", "relay", 1, steps=6), ("relay", 1, 4), "more than one aggregation apart"),
+    (PeerInfo("r", "relay", 1, steps=6, joining=True), ("relay", 1, 4), None),  # it downloads the state
+    (PeerInfo("r", "relay", 0, steps=9), ("relay", 1, 4), None),  # another stage: its own history
+    (PeerInfo("r", "relay", 1, steps=0), ("relay", 1, 4), None),  # behind: it catches up as a joiner
+    (PeerInfo("r", "relay", -2), ("relay", 1, 4), None),  # --stage auto, not placed yet
+    (PeerInfo("r", "relay", 3), ("relay", 1, 4), "stages 0..1"),
+    (PeerInfo("d", "data", -1, steps=9), ("relay", 0, 4), None),  # a data node's step is settled by the data node
+])
+def test_readmission_refusal(info: PeerInfo, mine: tuple, refused: str | None) -> None:
+    role, stage, steps = mine
+    why = readmission_refusal(info, n_stages=2, my_role=role, my_stage=stage, my_steps=steps)
+    assert (why is None) if refused is None else (why is not None and refused in why), why
+
+
+def test_address_book_round_trip(tmp_path: Path) -> None:
+    book = AddressBook(tmp_path / "peers.json")
+    book.note("A", ("/ip4/127.0.0.1/tcp/1/p2p/A",))
+    book.note("B", ("/ip4/127.0.0.1/tcp/2",))
+    book.note("me", ("/ip4/127.0.0.1/tcp/3/p2p/me",))
+    book.note("C", ())  # no address: nothing to keep
+    again = AddressBook(tmp_path / "peers.json")
+    assert set(again.load()) == {"A", "B", "me"}
+    assert again.dial_addrs("me") == ["/ip4/127.0.0.1/tcp/1/p2p/A", "/ip4/127.0.0.1/tcp/2/p2p/B"]
+    (tmp_path / "peers.json").write_text("not json")
+    assert AddressBook(tmp_path / "peers.json").load() == {}
+
+
+# ---------------------------------------------------------------------------------------------- recovery
+def _relay(data_nodes=("d0",)) -> RecoveryNode:
+    cfg = RecoveryConfig(node_id="a0", stage=0, last_stage=1, capacity=4, data_nodes=data_nodes,
+                         next_peers={"b0": 1.0}, prev_peers={d: 1.0 for d in data_nodes},
+                         peer_capacity={"b0": 4}, default_prior_s=1.0, e2e_prior_s=2.0, probe_wait_s=1.0)
+    return RecoveryNode(cfg, random.Random(0))
+
+
+def test_a_data_node_back_starts_clean_at_a_relay() -> None:
+    relay = _relay()
+    key = ("d0", 9, 2)
+    eff = relay.on_message(0.0, "d0", m.Forward(*key, ("d0",), None, 0))
+    assert key in relay.mbs and any(getattr(e, "kind", None) == "forward" for e in eff)
+    relay.contrib[2] = {("d0", 8, 2)}
+    relay.peer_gone(1.0, "d0")  # presumed dead: its microbatches and contributions die with it
+    assert key not in relay.mbs and relay.contrib[2] == set() and "d0" not in relay.cfg.data_nodes
+    relay.peer_back(2.0, "d0", data_node=True)
+    assert relay.cfg.data_nodes == ("d0",) and "d0" not in relay.gone and "d0" not in relay.dead
+    # the reopened iteration's microbatch, same key and attempt as the old incarnation's: taken, computed again
+    eff = relay.on_message(3.0, "d0", m.Forward(*key, ("d0",), None, 0))
+    assert key in relay.mbs and any(getattr(e, "kind", None) == "forward" for e in eff)
+
+
+# ---------------------------------------------------------------------------------------------- flow machines
+class FlowWire:
+    """Flow machines on an in-memory wire: every Send arrives DELAY_S later, timers fire at their deadlines."""
+
+    DELAY_S = 0.005
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, FlowNode] = {}
+        self.queue: list = []
+        self.now = 0.0
+        self.seq = 0
+        self.timers: dict[tuple[str, str], float] = {}
+
+    def _push(self, t: float, item: tuple) -> None:
+        self.seq += 1
+        heapq.heappush(self.queue, (t, self.seq, item))
+
+    def apply(self, nid: str, effects: list) -> None:
+        for e in effects:
+            if isinstance(e, Send):
+                self._push(self.now + self.DELAY_S, ("msg", e.to, nid, e.msg))
+            elif isinstance(e, SetTimer):
+                self.timers[(nid, e.key)] = e.deadline
+                self._push(e.deadline, ("timer", nid, e.key, e.deadline))
+
+    def run(self, until: float) -> None:
+        while self.queue and self.queue[0][0] <= until:
+            t, _, item = heapq.heappop(self.queue)
+            self.now = t
+            if item[0] == "msg":
+                _, to, sender, msg = item
+                if to in self.nodes:
+                    self.apply(to, self.nodes[to].on_message(t, sender, msg))
+            else:
+                _, nid, key, deadline = item
+                if self.timers.get((nid, key)) == deadline and nid in self.nodes:
+                    self.apply(nid, self.nodes[nid].on_timer(t, key))
+        self.now = until
+
+
+def _flow_configs() -> dict[str, FlowConfig]:
+    return {
+        "d0": FlowConfig("d0", True, 4, ("d0",), {"a0": 1.0, "a1": 2.0}, {"b0": 1.0}),
+        "a0": FlowConfig("a0", False, 2, ("d0",), {"b0": 1.0}, {"d0": 1.0}, peers=("a1",)),
+        "a1": FlowConfig("a1", False, 2, ("d0",), {"b0": 1.0}, {"d0": 2.0}, peers=("a0",)),
+        "b0": FlowConfig("b0", False, 4, ("d0",), {"d0": 1.0}, {"a0": 1.0, "a1": 1.0}),
+    }
+
+
+def _placed(node: FlowNode) -> int:
+    return sum(node.out["d0"].values())
+
+
+@pytest.mark.parametrize("forget_waves", [True, False])
+def test_a_restarted_data_node_gets_its_flows_back(forget_waves: bool) -> None:
+    wire = FlowWire()
+    cfgs = _flow_configs()
+    for nid, cfg in cfgs.items():
+        wire.nodes[nid] = FlowNode(cfg, random.Random(nid))
+    for nid in cfgs:
+        wire.apply(nid, wire.nodes[nid].start(0.0))
+    wire.run(30.0)
+    assert _placed(wire.nodes["d0"]) == 4
+    assert wire.nodes["a0"].epoch["d0"] >= 1
+    # d0 crashes: its neighbours remove it; a relay change makes it start more waves meanwhile in real runs
+    del wire.nodes["d0"]
+    for nid in ("a0", "a1", "b0"):
+        wire.apply(nid, wire.nodes[nid].remove_neighbour(wire.now, "d0"))
+    wire.run(wire.now + 10.0)
+    assert all(sum(wire.nodes[n].inn["d0"].values()) == 0 for n in ("a0", "a1", "b0"))
+    # it comes back with a new flow machine (its waves count from the start again); its relays take it back
+    wire.nodes["d0"] = FlowNode(cfgs["d0"], random.Random("d0 again"))
+    for nid, side, cost in (("a0", "prev", 1.0), ("a1", "prev", 2.0), ("b0", "next", 1.0)):
+        if forget_waves:
+            wire.apply(nid, wire.nodes[nid].data_node_back(wire.now, "d0"))
+        wire.apply(nid, wire.nodes[nid].add_neighbour(wire.now, "d0", cost, side))
+    wire.apply("d0", wire.nodes["d0"].start(wire.now))
+    wire.run(wire.now + 30.0)
+    placed = _placed(wire.nodes["d0"])
+    if forget_waves:
+        assert placed == 4, wire.nodes["d0"].out
+    else:
+        assert placed < 4  # its new waves are older than what the relays saw: ignored
+
+
+# ---------------------------------------------------------------------------------------------- two daemons
+class FakeHost:
+    """A libp2p host on an in-memory wire: `send` hands the encoded frame to the other node's `_on_frame`."""
+
+    def __init__(self, peer_id: str, net: dict[str, "Node"]) -> None:
+        self.peer_id = peer_id
+        self.net = net
+        self.addrs = [f"/ip4/127.0.0.1/tcp/{len(net) + 4000}/p2p/{peer_id}"]
+        self.tensor_addr = "127.0.0.1:1"
+        self.links = Mock()
+        self.noted: list[tuple[str, tuple]] = []
+
+    async def connect(self, addr: str) -> str:
+        return addr.rsplit("/p2p/", 1)[-1]
+
+    def note_addrs(self, peer_id: str, addrs) -> int:
+        self.noted.append((peer_id, tuple(addrs)))
+        return len(addrs)
+
+    async def send(self, peer: str, envelope: bytes, payload=b"") -> None:
+        await self.net[peer]._on_frame(self.peer_id, envelope, payload)
+
+
+def _node(tmp_path: Path, run: Path, name: str, peer_id: str, role: str, stage: int | None, net: dict,
+          nursery: trio.Nursery, steps: int = 0) -> Node:
+    node = Node(NodeOptions(run_path=run, role=role, stage=stage, state_dir=tmp_path / name, name=name))
+    (tmp_path / name).mkdir(exist_ok=True)
+    node.stage.set_steps(steps)
+    host = FakeHost(peer_id, net)
+    peers = Peers(peer_id, name, 2, Place(role, -1 if role == "data" else stage, 4))
+    node.peers = peers
+    wire = Wire(peer_id, host, nursery, peers)
+    liveness = Liveness(wire, peers, on_dead=node._peer_gone)
+    discovery = Discovery(wire, peers, host, node.manifest, {}, on_peer_hello=node._peer_hello,
+                          applied_steps=lambda: node.stage.applied_steps, incarnation=node.incarnation,
+                          on_peer_back=node._peer_back)
+    others = {n: Mock(name=n) for n in ("flows", "microbatches", "aggregation", "leadership", "joining", "status")}
+    node.parts = SimpleNamespace(wire=wire, liveness=liveness, discovery=discovery, **others)
+    node.routes = routes(node.parts)
+    net[peer_id] = node
+    return node
+
+
+@pytest.mark.trio
+async def test_a_data_node_back_and_restarted_is_taken_back(tmp_path: Path) -> None:
+    run = tmp_path / "run.json"
+    save_manifest(default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=2), run)
+    net: dict[str, Node] = {}
+    async with trio.open_nursery() as nursery:
+        relay = _node(tmp_path, run, "r0", "R0", "relay", 0, net, nursery, steps=3)
+        peer = _node(tmp_path, run, "r0b", "R0B", "relay", 0, net, nursery, steps=3)
+        data = _node(tmp_path, run, "d0", "D0", "data", None, net, nursery, steps=3)
+        for n in (data, peer):
+            await n.parts.discovery.dial(relay.parts.discovery.host.addrs[0])
+        await trio.testing.wait_all_tasks_blocked()
+        assert "D0" in relay.peers and "R0" in data.peers and "R0B" in relay.peers
+        assert relay.book.load().keys() == {"D0", "R0B"}  # its address book, for its own restart
+
+        # presumed dead: forgotten everywhere; its late frames are ignored, not refused
+        relay.parts.liveness._presume_dead("D0", 7.0)
+        assert relay.peers.is_gone("D0") and relay.parts.liveness.crashed == {"D0"}
+        relay.parts.microbatches.peer_gone.assert_called_with("D0")
+        await data.parts.wire.send("R0", m.CanTake(2, 0))
+        await data.parts.wire.send("R0", m.Goodbye(1))
+        assert relay.parts.wire.refused == 0
+
+        # it comes back (BACK): the same peer id, a new process; greeted again, taken back everywhere
+        del net["D0"]
+        back = _node(tmp_path, run, "d0", "D0", "data", None, net, nursery, steps=3)
+        await back.parts.discovery.dial(relay.parts.discovery.host.addrs[0])
+        await trio.testing.wait_all_tasks_blocked()
+        assert "D0" in relay.peers and not relay.peers.is_gone("D0")
+        assert relay.parts.liveness.crashed == set()
+        relay.parts.microbatches.peer_back.assert_called_with("D0")
+        relay.parts.flows.peer_back.assert_called()
+        assert relay.parts.discovery.host.noted[-1][0] == "D0"  # its new addresses, for dialling it again
+        assert "R0" in back.peers  # the relay answered its Hello (it had greeted the old one)
+        assert relay.parts.wire.refused == 0
+
+        # it restarts again before anyone found it dead (RESTARTED): the old incarnation is forgotten first
+        relay.parts.microbatches.peer_gone.reset_mock()
+        del net["D0"]
+        again = _node(tmp_path, run, "d0", "D0", "data", None, net, nursery, steps=3)
+        assert again.incarnation != back.incarnation
+        await again.parts.discovery.dial(relay.parts.discovery.host.addrs[0])
+        await trio.testing.wait_all_tasks_blocked()
+        relay.parts.microbatches.peer_gone.assert_called_once_with("D0")
+        assert "D0" in relay.peers and relay.peers.get("D0").incarnation == again.incarnation
+        assert "R0" in again.peers
+
+        # a stage peer that comes back more than one aggregation ahead is refused and stays gone
+        relay.parts.liveness._presume_dead("R0B", 7.0)
+        del net["R0B"]
+        ahead = _node(tmp_path, run, "r0b", "R0B", "relay", 0, net, nursery, steps=5)
+        await ahead.parts.discovery.dial(relay.parts.discovery.host.addrs[0])
+        await trio.testing.wait_all_tasks_blocked()
+        assert relay.peers.is_gone("R0B") and relay.parts.wire.refused == 1
+        nursery.cancel_scope.cancel()
