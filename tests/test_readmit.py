@@ -6,7 +6,7 @@
 * The recovery machine: a data node gone and back starts clean at a relay
   (its old records and contributions are dropped; the same keys are taken
   again).
-* The flow machines of a data node and two relays on an in-memory wire: a
+* The flow machines of a data node and three relays in the simulator: a
   data node restarted with a new flow machine gets its flows back only if the
   relays forget its old waves (`data_node_back`).
 * Two daemons' components (`Node`: discovery, liveness and the frame table;
@@ -14,12 +14,12 @@
   frame: a data node presumed dead comes back (BACK) and is greeted again, a
   data node restarted before it was found dead (RESTARTED) has its old
   incarnation forgotten first, a relay too far ahead is refused, and frames
-  from a gone or unknown peer other than Hello are ignored, not refused.
+  from a gone or unknown peer other than Hello are ignored, not refused (so
+  is a gone peer's Hello that says it leaves).
 """
 
 from __future__ import annotations
 
-import heapq
 import random
 from pathlib import Path
 from types import SimpleNamespace
@@ -32,7 +32,6 @@ import trio.testing
 from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.protocol import codec
 from gwtf_node.protocol import messages as m
-from gwtf_node.protocol.effects import Send, SetTimer
 from gwtf_node.protocol.flow import FlowConfig, FlowNode
 from gwtf_node.protocol.recovery import RecoveryConfig, RecoveryNode
 from gwtf_node.runtime.discovery import Discovery
@@ -40,6 +39,7 @@ from gwtf_node.runtime.liveness import Liveness
 from gwtf_node.runtime.node import Node, NodeOptions, routes
 from gwtf_node.runtime.peers import AddressBook, Arrival, PeerInfo, Peers, Place, readmission_refusal
 from gwtf_node.runtime.wire import Wire
+from gwtf_node.sim.engine import Simulator
 
 
 # ---------------------------------------------------------------------------------------------- the table
@@ -109,45 +109,6 @@ def test_a_data_node_back_starts_clean_at_a_relay() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- flow machines
-class FlowWire:
-    """Flow machines on an in-memory wire: every Send arrives DELAY_S later, timers fire at their deadlines."""
-
-    DELAY_S = 0.005
-
-    def __init__(self) -> None:
-        self.nodes: dict[str, FlowNode] = {}
-        self.queue: list = []
-        self.now = 0.0
-        self.seq = 0
-        self.timers: dict[tuple[str, str], float] = {}
-
-    def _push(self, t: float, item: tuple) -> None:
-        self.seq += 1
-        heapq.heappush(self.queue, (t, self.seq, item))
-
-    def apply(self, nid: str, effects: list) -> None:
-        for e in effects:
-            if isinstance(e, Send):
-                self._push(self.now + self.DELAY_S, ("msg", e.to, nid, e.msg))
-            elif isinstance(e, SetTimer):
-                self.timers[(nid, e.key)] = e.deadline
-                self._push(e.deadline, ("timer", nid, e.key, e.deadline))
-
-    def run(self, until: float) -> None:
-        while self.queue and self.queue[0][0] <= until:
-            t, _, item = heapq.heappop(self.queue)
-            self.now = t
-            if item[0] == "msg":
-                _, to, sender, msg = item
-                if to in self.nodes:
-                    self.apply(to, self.nodes[to].on_message(t, sender, msg))
-            else:
-                _, nid, key, deadline = item
-                if self.timers.get((nid, key)) == deadline and nid in self.nodes:
-                    self.apply(nid, self.nodes[nid].on_timer(t, key))
-        self.now = until
-
-
 def _flow_configs() -> dict[str, FlowConfig]:
     return {
         "d0": FlowConfig("d0", True, 4, ("d0",), {"a0": 1.0, "a1": 2.0}, {"b0": 1.0}),
@@ -163,32 +124,35 @@ def _placed(node: FlowNode) -> int:
 
 @pytest.mark.parametrize("forget_waves", [True, False])
 def test_a_restarted_data_node_gets_its_flows_back(forget_waves: bool) -> None:
-    wire = FlowWire()
+    """The simulator's event queue (sim/engine.py) carries the frames; the relays are told of the crash and the
+    return as the daemon tells them (flows.py: `remove_neighbour`, then `data_node_back` and `add_neighbour`)."""
+    sim = Simulator(lambda a, b: 0.005)
     cfgs = _flow_configs()
-    for nid, cfg in cfgs.items():
-        wire.nodes[nid] = FlowNode(cfg, random.Random(nid))
-    for nid in cfgs:
-        wire.apply(nid, wire.nodes[nid].start(0.0))
-    wire.run(30.0)
-    assert _placed(wire.nodes["d0"]) == 4
-    assert wire.nodes["a0"].epoch["d0"] >= 1
-    # d0 crashes: its neighbours remove it; a relay change makes it start more waves meanwhile in real runs
-    del wire.nodes["d0"]
+    nodes = {nid: FlowNode(cfg, random.Random(nid)) for nid, cfg in cfgs.items()}
+    for nid, node in nodes.items():
+        sim.add(nid, node)
+    sim.start_all()
+    sim.run_until(30.0)
+    assert _placed(nodes["d0"]) == 4
+    assert nodes["a0"].epoch["d0"] >= 1
+    sim.kill("d0")  # its neighbours find it dead and remove it
     for nid in ("a0", "a1", "b0"):
-        wire.apply(nid, wire.nodes[nid].remove_neighbour(wire.now, "d0"))
-    wire.run(wire.now + 10.0)
-    assert all(sum(wire.nodes[n].inn["d0"].values()) == 0 for n in ("a0", "a1", "b0"))
+        sim._apply(nid, nodes[nid].remove_neighbour(sim.now, "d0"))
+    sim.run_until(sim.now + 10.0)
+    assert all(sum(nodes[n].inn["d0"].values()) == 0 for n in ("a0", "a1", "b0"))
     # it comes back with a new flow machine (its waves count from the start again); its relays take it back
-    wire.nodes["d0"] = FlowNode(cfgs["d0"], random.Random("d0 again"))
+    sim.dead.discard("d0")
+    nodes["d0"] = FlowNode(cfgs["d0"], random.Random("d0 again"))
+    sim.add("d0", nodes["d0"])
     for nid, side, cost in (("a0", "prev", 1.0), ("a1", "prev", 2.0), ("b0", "next", 1.0)):
         if forget_waves:
-            wire.apply(nid, wire.nodes[nid].data_node_back(wire.now, "d0"))
-        wire.apply(nid, wire.nodes[nid].add_neighbour(wire.now, "d0", cost, side))
-    wire.apply("d0", wire.nodes["d0"].start(wire.now))
-    wire.run(wire.now + 30.0)
-    placed = _placed(wire.nodes["d0"])
+            sim._apply(nid, nodes[nid].data_node_back(sim.now, "d0"))
+        sim._apply(nid, nodes[nid].add_neighbour(sim.now, "d0", cost, side))
+    sim._apply("d0", nodes["d0"].start(sim.now))
+    sim.run_until(sim.now + 30.0)
+    placed = _placed(nodes["d0"])
     if forget_waves:
-        assert placed == 4, wire.nodes["d0"].out
+        assert placed == 4, nodes["d0"].out
     else:
         assert placed < 4  # its new waves are older than what the relays saw: ignored
 
@@ -288,6 +252,11 @@ async def test_a_data_node_back_and_restarted_is_taken_back(tmp_path: Path) -> N
         del net["R0B"]
         ahead = _node(tmp_path, run, "r0b", "R0B", "relay", 0, net, nursery, steps=5)
         await ahead.parts.discovery.dial(relay.parts.discovery.host.addrs[0])
+        await trio.testing.wait_all_tasks_blocked()
+        assert relay.peers.is_gone("R0B") and relay.parts.wire.refused == 1
+        # a gone peer's Hello saying it leaves (a late frame of its leave, overtaken by its Goodbye): ignored
+        ahead.peers.set_standing(leaving=True, leave_after=5)
+        await ahead.parts.wire.send("R0", ahead.parts.discovery.hello())
         await trio.testing.wait_all_tasks_blocked()
         assert relay.peers.is_gone("R0B") and relay.parts.wire.refused == 1
         nursery.cancel_scope.cancel()

@@ -45,7 +45,7 @@ class Discovery:
                  links_cfg: dict[tuple[str, str], tuple[float, float]],
                  on_peer_hello: Callable[[PeerInfo], None], applied_steps: Callable[[], int] = lambda: 0,
                  incarnation: int = 0,
-                 on_peer_back: Callable[[PeerInfo, Arrival], None] = lambda info, arrival: None) -> None:
+                 on_peer_back: Callable[[PeerInfo, Arrival], bool] = lambda info, arrival: True) -> None:
         self.wire = wire
         self.peers = peers
         self.host = host
@@ -55,7 +55,8 @@ class Discovery:
         self.on_peer_hello = on_peer_hello
         self.applied_steps = applied_steps  # optimizer steps applied to this node's part (its Hello says it)
         self.incarnation = incarnation  # drawn at each start of the process (its Hello says it)
-        self.on_peer_back = on_peer_back  # a gone or restarted peer says Hello: checked (may refuse), old one forgotten
+        # a gone or restarted peer says Hello: checked (False: not taken back; or refused), its old one forgotten
+        self.on_peer_back = on_peer_back
         self.hellos_sent: set[str] = set()
 
     def hello(self) -> m.Hello:
@@ -121,7 +122,8 @@ class Discovery:
                         msg.joining, msg.ready_from, msg.leaving, msg.leave_after, msg.steps, msg.incarnation)
         arrival = self.peers.arrival(sender, msg.incarnation)
         if arrival in (Arrival.BACK, Arrival.RESTARTED):
-            self.on_peer_back(info, arrival)
+            if not self.on_peer_back(info, arrival):
+                return
             self.host.note_addrs(sender, msg.addrs)  # (it may listen elsewhere now: redials go there)
         _old, changed = self.peers.upsert(info, now())
         self.on_peer_hello(info)

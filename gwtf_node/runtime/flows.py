@@ -184,9 +184,9 @@ class Flows:
 
     def peer_back(self, info: PeerInfo) -> None:
         """A peer the node had forgotten is back; a data node back starts its flows over (its flow machine is new):
-        every relay forgets what it kept of that data node's waves (`data_node_back`).  Its links are added
-        again by `on_peer_hello`."""
-        if self.machine is not None and info.role == "data" and self.peers.role == "relay":
+        every node forgets what it kept of that data node's waves and bids (`data_node_back`).  Its links are
+        added again by `on_peer_hello`."""
+        if self.machine is not None and info.role == "data":
             self.effects(Owner.FLOWS, self.machine.data_node_back(now(), info.peer_id))
 
     def on_peer_hello(self, info: PeerInfo) -> None:

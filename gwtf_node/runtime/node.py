@@ -183,6 +183,7 @@ class Node:
         self.incarnation = secrets.randbits(63) | 1  # this process's (Hello): peers tell a restart by it
         self.book = AddressBook(opts.state_dir / "peers.json")
         self._returning: set[str] = set()  # peers back whose Hello is being taken (re-admitted in `_peer_hello`)
+        self.resumed = False  # a data node that loaded its checkpoint (`_load_data_checkpoint`)
         self.timers = Timers(self._fire)
         self.done_event = trio.Event()
         self.links_cfg: dict[tuple[str, str], tuple[float, float]] = {}
@@ -198,7 +199,8 @@ class Node:
     def _assemble(self, host: Any, nursery: trio.Nursery) -> Parts:
         o = self.opts
         capacity = o.capacity or self.manifest.data.microbatches_per_iteration
-        place = Place(o.role, -1 if o.role == "data" else o.stage, capacity)
+        # a data node restarted from a checkpoint is not counted in any aggregation until it settled the run's step
+        place = Place(o.role, -1 if o.role == "data" else o.stage, capacity, joining=self.resumed)
         peers = Peers(host.peer_id, o.name, len(self.manifest.stages), place)
         self.peers = peers
         wire = Wire(host.peer_id, host, nursery, peers)
@@ -246,16 +248,22 @@ class Node:
         return parts
 
     # ------------------------------------------------------------------ events between components
-    def _peer_back(self, info: PeerInfo, arrival: Arrival) -> None:
+    def _peer_back(self, info: PeerInfo, arrival: Arrival) -> bool:
         """A peer that is gone, or a known peer with a new incarnation, says Hello: a new join of the same identity.
 
         It is checked (`readmission_refusal`; run and role were checked with
         the Hello) and refused with the reason if it does not fit; a restarted
         peer's old incarnation is forgotten everywhere first, as if it had been
-        presumed dead (its microbatches, contributions and flows died with it)."""
+        presumed dead (its microbatches, contributions and flows died with it).
+        A gone peer whose Hello says it is leaving is not coming back: that
+        Hello is a late frame of its leave (sent before its Goodbye, overtaken
+        by it), ignored."""
+        name = info.name or info.peer_id[:16]
+        if arrival is Arrival.BACK and info.leaving:
+            log.debug("Hello of %s, which left, saying it leaves: ignored", name)
+            return False
         why = readmission_refusal(info, n_stages=self.peers.n_stages, my_role=self.peers.role,
                                   my_stage=self.peers.stage, my_steps=self.stage.applied_steps)
-        name = info.name or info.peer_id[:16]
         if why is not None:
             raise FrameRefused(f"{name} is not taken back: {why}")
         if arrival is Arrival.RESTARTED:
@@ -264,6 +272,7 @@ class Node:
         log.info("peer %s is back (%s stage %d, %d steps, ready from iteration %d): taken back", name, info.role,
                  info.stage, info.steps, info.ready_from)
         self._returning.add(info.peer_id)
+        return True
 
     def _peer_hello(self, info: PeerInfo) -> None:
         p = self.parts
@@ -414,11 +423,11 @@ class Node:
             if not self.stage.built:
                 continue  # a joiner is still building its stage
             if p.aggregation.phases is None:
-                if role == "data":
-                    if not (peers.next_stage_ids() and peers.prev_stage_ids()):
-                        continue  # the run's step is the relays' (their Hellos say it)
-                    self._take_run_step()
+                if role == "data" and not (peers.next_stage_ids() and peers.prev_stage_ids()):
+                    continue  # the run's step is the relays' and the other data nodes' (their Hellos say it)
                 p.aggregation.new_phases()
+                if role == "data":
+                    await self._take_run_step()
             nxt, prv = peers.next_stage_ids(), peers.prev_stage_ids()
             if nxt and prv and (role != "data" or p.leadership.started):
                 break
@@ -445,32 +454,56 @@ class Node:
             return
         self.stage.model.load_state_bytes(ck.state)
         self.stage.set_steps(ck.steps)
+        self.resumed = True
         log.info("data node part loaded from %s: resuming at iteration %d", ck.describe(), ck.steps)
 
-    def _take_run_step(self) -> None:
-        """A data node settles the run's step before it takes part: the steps its relays applied.
+    async def _take_run_step(self) -> None:
+        """A data node restarted from its checkpoint settles the run's step before it takes part again.
 
-        With one data node (and with several, until a data node's part can be
-        downloaded from another) a data node whose checkpoint is behind the
-        relays (it died after they applied a step and before its own
-        checkpoint) cannot resume exactly: it says so, by how many steps, and
-        goes on from the relays' step with its embedding and head that many
-        updates behind.  It goes on rather than stop because nobody else
-        holds the data node's part: stopping would end the run for good, and
-        a few missed updates of the embedding and the head are trained over.
-        Relays behind this node (restarted from older state) catch up from
-        their stage peers or from their checkpoints; this node keeps its step."""
+        Meanwhile its Hello says it is joining: the leader neither waits for it
+        nor counts it in an aggregation (`Peers.data_nodes_ready`).
+
+        * Other data nodes trained on without it: it downloads the data part
+          (embedding, head, optimizer) from one of them, after the step of the
+          iteration in flight there, as a relay joiner downloads its stage
+          (joining.py), and takes part from the next iteration.  Its phase
+          exists meanwhile (a BEGIN that leaves it out raises the steps it
+          asks for), so that it can lead if elected: the others' iterations go
+          on without it.
+        * It is the only data node: its checkpoint should hold the relays'
+          steps.  If the relays are ahead (it died after they applied a step
+          and before its own checkpoint), it cannot resume exactly: it says so,
+          by how many steps, and goes on from the relays' step with its
+          embedding and head that many updates behind.  It goes on rather than
+          stop because nobody else holds the data node's part: stopping would
+          end the run for good, and a few missed updates of the embedding and
+          the head are trained over.  Relays behind it (restarted from older
+          state) catch up on their own side; this node keeps its step.
+        """
+        if not self.resumed:
+            return
+        peers, p = self.peers, self.parts
         mine = self.stage.applied_steps
-        relays = [p for p in self.peers.infos() if p.role == "relay" and p.stage >= 0 and not p.joining]
-        ahead = max((p.steps for p in relays), default=mine)
+        others = [i for i in peers.infos() if i.role == "data" and not i.joining]
+        if others:
+            source = max(others, key=lambda i: (i.steps, i.peer_id))
+            log.info("other data nodes trained on: downloading the data node part from %s (%d steps there, %d in "
+                     "the checkpoint)", peers.who(source.peer_id), source.steps, mine)
+            await p.joining.fetch_state(source.peer_id, max(mine, source.steps) + 1)
+            return
+        relays = [i for i in peers.infos() if i.role == "relay" and i.stage >= 0 and not i.joining]
+        ahead = max((i.steps for i in relays), default=mine)
         if ahead > mine:
             log.warning("this data node's part holds %d steps but its relays applied %d: it is %d step(s) behind "
                         "(it died after they stepped and before its checkpoint); going on from step %d, its "
                         "embedding and head %d update(s) short of centralized training", mine, ahead, ahead - mine,
                         ahead, ahead - mine)
             self.stage.set_steps(ahead)
-        elif mine:
+            p.aggregation.resynced(ahead)
+        else:
             log.info("the run's step is %d: this data node's part and its relays agree", mine)
+        peers.set_standing(joining=False, ready_from=self.stage.applied_steps)
+        p.discovery.hello_all()
 
     def stop(self) -> None:
         self.done_event.set()

@@ -196,6 +196,15 @@ class Peers:
     def data_nodes(self) -> list[str]:
         return sorted(self.ids("data") + ([self.me] if self.role == "data" else []))
 
+    def data_nodes_ready(self, iteration: int) -> list[str]:
+        """Data nodes whose part is ready for `iteration` (this node included): those the leader waits for and
+        counts in the aggregation of `iteration`.  A data node back after a restart says Hello joining while it
+        settles the run's step, then ready from the iteration it opens first."""
+        mine = [self.me] if self.role == "data" and not self.place.joining and self.place.ready_from <= iteration \
+            else []
+        return sorted(mine + [p.peer_id for p in self.peers.values() if p.role == "data" and not p.joining
+                              and p.ready_from <= iteration])
+
     def next_stage_ids(self) -> list[str]:
         if self.role == "data":
             return self.ids("relay", 0)
@@ -240,8 +249,8 @@ class Peers:
                 if not p.joining and not (p.leaving and p.leave_after < iteration)}
 
     def groups(self, iteration: int) -> dict[int, list[str]]:
-        """Who takes part in each stage's aggregation of `iteration`: relays ready for it, and the data nodes."""
-        groups: dict[int, list[str]] = {-1: self.data_nodes()}
+        """Who takes part in each stage's aggregation of `iteration`: relays and data nodes ready for it."""
+        groups: dict[int, list[str]] = {-1: self.data_nodes_ready(iteration)}
         for k in range(self.n_stages):
             groups[k] = sorted(p.peer_id for p in self.peers.values()
                                if p.role == "relay" and p.stage == k and not p.joining and p.ready_from <= iteration

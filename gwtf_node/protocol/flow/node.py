@@ -31,8 +31,8 @@ machines with their messages (units.py), never recomputed globally.
 * `data_node_back(now, d)`: the data node of commodity `d` restarted (it
   keeps its id; its new flow machine numbers its label waves and bids from
   the start again): what this node kept of `d`'s waves and bids is
-  forgotten, so that the new ones are taken instead of ignored as old.  Its
-  links are added again with `add_neighbour`.
+  forgotten, so that the new ones are taken instead of ignored as old, and
+  its labels are kept until its links are added again (`add_neighbour`).
 * `set_cost(now, peer, cost)`: d(self, peer) measured again.  Both ends of a
   link must hold the same cost: a unit's forward edge (the upstream end's
   `next_costs`) and its residual backward edge (the downstream end's
@@ -294,6 +294,7 @@ class FlowNode:
         if d not in self.epoch or d == self.cfg.node_id:
             return eff
         self.epoch[d] = 0
+        self.removed.discard(d)  # its labels are kept (`stash`) until it is linked again (`add_neighbour`)
         self.lin[d].clear()
         self.lout[d].clear()
         self.cache.pop(d, None)
