@@ -15,6 +15,7 @@ aggregation.py  the phase (V-E: BEGIN AGGREGATION, CAN TAKE), all-reduce, step,
                 checkpoints, metrics
 leadership.py   the election among data nodes, the leader's placement of joiners
 joining.py      a relay placed by the leader, state hand-over, leave, Goodbye
+data_resume.py  a data node restarted with its state directory: checkpoint, the run's step
 status.py       status.json
 ==============  ===============================================================
 
@@ -22,12 +23,16 @@ This module holds what they share: the host and the nursery, `routes` (the
 one table from message type to the component that handles it), the one
 interpreter of machine effects (`_apply`: it refuses an effect no component
 handles, loudly), and the timers, keyed by (component, key).  It also wires
-the components' events to each other (a peer gone, a peer's Hello) and runs
-the node's lifecycle:
+the components' events to each other (a peer gone, a peer's Hello, a peer
+back: a gone peer, or a known one with a new incarnation, is checked and
+taken back everywhere as a new join of the same identity, `_peer_back`) and
+runs the node's lifecycle:
 
-1. *Discovery.*  The node dials its bootstrap peers and greets every peer it
-   meets; a peer of another run is refused.  Data nodes start their election
-   once they know every data node.  A relay started with `--stage auto`
+1. *Discovery.*  The node dials its bootstrap peers and the peers of its
+   address book (`peers.json` in the state directory: a restarted node finds
+   its old peers on any port), and greets every peer it meets; a peer of
+   another run is refused.  Data nodes start their election once they know
+   every data node.  A relay started with `--stage auto`
    asks the elected leader for a stage (`joining.py`) and downloads the
    stage's state from a stage peer.
 2. *Flow formation.*  Once membership has been quiet for `settle_s` and the
@@ -35,8 +40,9 @@ the node's lifecycle:
    machine (`flows.py`).  Relays that become ready later are added to the
    running flow machines of their neighbours; peers that crash or leave are
    removed from them.
-3. *Training.*  A data node opens iteration 0 once its flows are formed and
-   pushes its microbatches (`microbatches.py`); after each iteration comes the
+3. *Training.*  A data node opens iteration 0 (a restarted one: the run's
+   step, `data_resume.py`) once its flows are formed and pushes its
+   microbatches (`microbatches.py`); after each iteration comes the
    aggregation phase (`aggregation.py`), whose CAN TAKE opens the next one.
 4. *Metrics.*  The elected leader appends one JSON object per iteration to
    `metrics.jsonl` in its state directory; every node writes `status.json`
@@ -66,6 +72,7 @@ from ..protocol import messages as m
 from ..protocol.effects import CancelTimer, Send, SetTimer
 from ..protocol.phases import LeftOut, OpenIteration, OutOfStep, StartStep
 from ..protocol.recovery import Compute, IterationSettled
+from . import data_resume
 from .aggregation import Aggregation
 from .discovery import Discovery
 from .faults import Faults
@@ -183,7 +190,7 @@ class Node:
         self.incarnation = secrets.randbits(63) | 1  # this process's (Hello): peers tell a restart by it
         self.book = AddressBook(opts.state_dir / "peers.json")
         self._returning: set[str] = set()  # peers back whose Hello is being taken (re-admitted in `_peer_hello`)
-        self.resumed = False  # a data node that loaded its checkpoint (`_load_data_checkpoint`)
+        self.resumed = False  # a data node that loaded its checkpoint (data_resume.py)
         self.timers = Timers(self._fire)
         self.done_event = trio.Event()
         self.links_cfg: dict[tuple[str, str], tuple[float, float]] = {}
@@ -381,7 +388,7 @@ class Node:
         if self.opts.stage is not None or self.opts.role == "data":  # an auto relay builds its part once placed
             await trio.to_thread.run_sync(self.stage.build, self.opts.stage)
         if self.opts.role == "data":
-            await trio.to_thread.run_sync(self._load_data_checkpoint)
+            self.resumed = await trio.to_thread.run_sync(data_resume.load_checkpoint, self.stage, self.opts.state_dir)
         async with open_host(self.opts.state_dir, self.opts.listen_host, self.opts.port,
                              bootstrap=self.opts.bootstrap) as host:
             async with trio.open_nursery() as nursery:
@@ -427,7 +434,8 @@ class Node:
                     continue  # the run's step is the relays' and the other data nodes' (their Hellos say it)
                 p.aggregation.new_phases()
                 if role == "data":
-                    await self._take_run_step()
+                    if self.resumed:
+                        await data_resume.take_run_step(peers, self.stage, p.joining, p.aggregation, p.discovery)
             nxt, prv = peers.next_stage_ids(), peers.prev_stage_ids()
             if nxt and prv and (role != "data" or p.leadership.started):
                 break
@@ -438,72 +446,6 @@ class Node:
         p.microbatches.start(first)
         if role == "data":
             p.microbatches.open_iteration(first)
-
-    def _load_data_checkpoint(self) -> None:
-        """A data node restarted with its state directory loads its newest checkpoint (embedding, head, optimizer).
-
-        In the worker thread, before the host starts.  The run's step it
-        resumes from is settled with the relays' in `_take_run_step`."""
-        from . import checkpoints
-
-        ck = checkpoints.newest(self.opts.state_dir, run_id=self.run_id)
-        if ck is None:
-            return
-        if ck.role != "data" or ck.stage is not None:
-            log.warning("not loading %s: it is not a data node's part (this node is a data node)", ck.describe())
-            return
-        self.stage.model.load_state_bytes(ck.state)
-        self.stage.set_steps(ck.steps)
-        self.resumed = True
-        log.info("data node part loaded from %s: resuming at iteration %d", ck.describe(), ck.steps)
-
-    async def _take_run_step(self) -> None:
-        """A data node restarted from its checkpoint settles the run's step before it takes part again.
-
-        Meanwhile its Hello says it is joining: the leader neither waits for it
-        nor counts it in an aggregation (`Peers.data_nodes_ready`).
-
-        * Other data nodes trained on without it: it downloads the data part
-          (embedding, head, optimizer) from one of them, after the step of the
-          iteration in flight there, as a relay joiner downloads its stage
-          (joining.py), and takes part from the next iteration.  Its phase
-          exists meanwhile (a BEGIN that leaves it out raises the steps it
-          asks for), so that it can lead if elected: the others' iterations go
-          on without it.
-        * It is the only data node: its checkpoint should hold the relays'
-          steps.  If the relays are ahead (it died after they applied a step
-          and before its own checkpoint), it cannot resume exactly: it says so,
-          by how many steps, and goes on from the relays' step with its
-          embedding and head that many updates behind.  It goes on rather than
-          stop because nobody else holds the data node's part: stopping would
-          end the run for good, and a few missed updates of the embedding and
-          the head are trained over.  Relays behind it (restarted from older
-          state) catch up on their own side; this node keeps its step.
-        """
-        if not self.resumed:
-            return
-        peers, p = self.peers, self.parts
-        mine = self.stage.applied_steps
-        others = [i for i in peers.infos() if i.role == "data" and not i.joining]
-        if others:
-            source = max(others, key=lambda i: (i.steps, i.peer_id))
-            log.info("other data nodes trained on: downloading the data node part from %s (%d steps there, %d in "
-                     "the checkpoint)", peers.who(source.peer_id), source.steps, mine)
-            await p.joining.fetch_state(source.peer_id, max(mine, source.steps) + 1)
-            return
-        relays = [i for i in peers.infos() if i.role == "relay" and i.stage >= 0 and not i.joining]
-        ahead = max((i.steps for i in relays), default=mine)
-        if ahead > mine:
-            log.warning("this data node's part holds %d steps but its relays applied %d: it is %d step(s) behind "
-                        "(it died after they stepped and before its checkpoint); going on from step %d, its "
-                        "embedding and head %d update(s) short of centralized training", mine, ahead, ahead - mine,
-                        ahead, ahead - mine)
-            self.stage.set_steps(ahead)
-            p.aggregation.resynced(ahead)
-        else:
-            log.info("the run's step is %d: this data node's part and its relays agree", mine)
-        peers.set_standing(joining=False, ready_from=self.stage.applied_steps)
-        p.discovery.hello_all()
 
     def stop(self) -> None:
         self.done_event.set()
