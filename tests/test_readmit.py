@@ -16,6 +16,7 @@
   incarnation forgotten first, a relay too far ahead is refused, and frames
   from a gone or unknown peer other than Hello are ignored, not refused (so
   is a gone peer's Hello that says it leaves).
+* A relay with no data node says that it waits, then every 30 s.
 """
 
 from __future__ import annotations
@@ -260,3 +261,23 @@ async def test_a_data_node_back_and_restarted_is_taken_back(tmp_path: Path) -> N
         await trio.testing.wait_all_tasks_blocked()
         assert relay.peers.is_gone("R0B") and relay.parts.wire.refused == 1
         nursery.cancel_scope.cancel()
+
+
+def test_a_relay_without_a_data_node_says_that_it_waits(caplog) -> None:
+    peers = Peers("r0", "r0", 2, Place("relay", 0, 4))
+    liveness = Liveness(Mock(), peers, on_dead=lambda p: None)
+    peers.upsert(PeerInfo("d0", "data", -1), now=0.0)
+    caplog.set_level("INFO", logger="gwtf.node")
+    t0 = 1000.0
+    liveness._check_data_nodes(t0)
+    assert liveness.waiting_for_data_since is None
+    peers.forget("d0")
+    for s in range(0, 65, 1):  # 65 s without a data node: said at once, then every 30 s
+        liveness._check_data_nodes(t0 + s)
+    said = [r.getMessage() for r in caplog.records if "waiting for a data node" in r.getMessage()]
+    assert len(said) == 3 and liveness.waiting_for_data_since == t0, said
+    peers.upsert(PeerInfo("d0", "data", -1), now=70.0)
+    liveness._check_data_nodes(t0 + 70)
+    assert liveness.waiting_for_data_since is None
+    assert any("a data node is back after 70 s" in r.getMessage() for r in caplog.records)
+
