@@ -17,6 +17,9 @@
   from a gone or unknown peer other than Hello are ignored, not refused (so
   is a gone peer's Hello that says it leaves).
 * A relay with no data node says that it waits, then every 30 s.
+* A data node back from its checkpoint settles the run's step
+  (data_resume.py): alone, the relays' step (it says when it is behind);
+  among other data nodes, it downloads the data part.
 """
 
 from __future__ import annotations
@@ -281,3 +284,58 @@ def test_a_relay_without_a_data_node_says_that_it_waits(caplog) -> None:
     assert liveness.waiting_for_data_since is None
     assert any("a data node is back after 70 s" in r.getMessage() for r in caplog.records)
 
+
+
+# ---------------------------------------------------------------------------------------------- the run's step
+class _Stage:
+    def __init__(self, steps: int) -> None:
+        self.applied_steps = steps
+
+    def set_steps(self, steps: int) -> None:
+        self.applied_steps = steps
+
+
+def _data_peers(others: list[PeerInfo]) -> Peers:
+    peers = Peers("d0", "d0", 2, Place("data", -1, 4, joining=True))  # back from its checkpoint: joining
+    for info in others:
+        peers.upsert(info, now=0.0)
+    return peers
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("relay_steps, steps_after", [(5, 5), (6, 6), (4, 5)])
+async def test_a_lone_data_node_takes_the_relays_step(relay_steps: int, steps_after: int, caplog) -> None:
+    """Its checkpoint holds 5 steps.  Relays at 5: it resumes at 5.  Relays at 6 (it died after they stepped):
+    it says it is 1 step behind and goes on from 6.  Relays behind: it keeps its step."""
+    from gwtf_node.runtime import data_resume
+
+    peers = _data_peers([PeerInfo("a", "relay", 0, steps=relay_steps), PeerInfo("b", "relay", 1, steps=relay_steps),
+                         PeerInfo("j", "relay", 1, steps=9, joining=True)])  # (a joiner's steps do not count)
+    stage, joining, aggregation, discovery = _Stage(5), Mock(), Mock(), Mock()
+    assert peers.data_nodes_ready(5) == []  # nobody waits for it while it settles its step
+    await data_resume.take_run_step(peers, stage, joining, aggregation, discovery)
+    assert stage.applied_steps == steps_after
+    assert not peers.place.joining and peers.place.ready_from == steps_after
+    assert peers.data_nodes_ready(steps_after) == ["d0"] and peers.data_nodes_ready(steps_after - 1) == []
+    discovery.hello_all.assert_called_once()
+    joining.fetch_state.assert_not_called()
+    behind = [r.getMessage() for r in caplog.records if "step(s) behind" in r.getMessage()]
+    assert bool(behind) == (relay_steps > 5), behind
+    if relay_steps > 5:
+        aggregation.resynced.assert_called_once_with(6)
+
+
+@pytest.mark.trio
+async def test_a_data_node_back_among_others_downloads_the_data_part() -> None:
+    from gwtf_node.runtime import data_resume
+
+    peers = _data_peers([PeerInfo("d1", "data", -1, steps=8), PeerInfo("d2", "data", -1, steps=9),
+                         PeerInfo("d3", "data", -1, steps=12, joining=True), PeerInfo("a", "relay", 0, steps=9)])
+    stage, joining = _Stage(5), Mock()
+
+    async def fetch_state(source: str, after: int) -> None:
+        joining.asked = (source, after)
+
+    joining.fetch_state = fetch_state
+    await data_resume.take_run_step(peers, stage, joining, Mock(), Mock())
+    assert joining.asked == ("d2", 10)  # the ready data node with the most steps, after its iteration in flight
