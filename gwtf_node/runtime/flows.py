@@ -199,13 +199,14 @@ class Flows:
             self.wire.spawn(self._add_neighbour, info.peer_id, sides)
 
     def _sides(self, info: PeerInfo) -> tuple[str, ...]:
-        """Where `info` sits for this node's flow machine: a relay by its stage; a data node is the previous
-        stage of stage 0 and the next stage of the last stage (both in a one-stage run)."""
+        """Where `info` sits for this node's flow machine: a relay by its stage; a data node (one of the machine's
+        commodities) is the previous stage of stage 0 and the next stage of the last stage (both in a one-stage
+        run)."""
         if info.role == "relay":
             side = self.peers.flow_side(info.stage) if info.stage >= 0 else None
             return (side,) if side is not None else ()
-        if info.role != "data" or self.peers.role != "relay":
-            return ()
+        if info.role != "data" or self.peers.role != "relay" or info.peer_id not in self.machine.cfg.commodities:
+            return ()  # (a data node this flow machine does not carry units of is no link of it)
         last = self.peers.n_stages - 1
         return (("prev",) if self.peers.stage == 0 else ()) + (("next",) if self.peers.stage == last else ())
 
