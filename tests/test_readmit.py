@@ -77,16 +77,17 @@ def test_readmission_refusal(info: PeerInfo, mine: tuple, refused: str | None) -
 
 
 def test_address_book_round_trip(tmp_path: Path) -> None:
-    book = AddressBook(tmp_path / "peers.json")
+    book = AddressBook(tmp_path / "peers.json", "run-1")
     book.note("A", ("/ip4/127.0.0.1/tcp/1/p2p/A",))
     book.note("B", ("/ip4/127.0.0.1/tcp/2",))
     book.note("me", ("/ip4/127.0.0.1/tcp/3/p2p/me",))
     book.note("C", ())  # no address: nothing to keep
-    again = AddressBook(tmp_path / "peers.json")
+    again = AddressBook(tmp_path / "peers.json", "run-1")
     assert set(again.load()) == {"A", "B", "me"}
     assert again.dial_addrs("me") == ["/ip4/127.0.0.1/tcp/1/p2p/A", "/ip4/127.0.0.1/tcp/2/p2p/B"]
+    assert AddressBook(tmp_path / "peers.json", "run-2").load() == {}  # another run's peers would refuse it
     (tmp_path / "peers.json").write_text("not json")
-    assert AddressBook(tmp_path / "peers.json").load() == {}
+    assert AddressBook(tmp_path / "peers.json", "run-1").load() == {}
 
 
 # ---------------------------------------------------------------------------------------------- recovery

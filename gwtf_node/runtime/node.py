@@ -188,7 +188,7 @@ class Node:
         self.stage = LocalStage(self.manifest, opts.role, opts.device, opts.data_index, opts.data_nodes)
         self.faults = Faults.from_env(opts.state_dir)
         self.incarnation = secrets.randbits(63) | 1  # this process's (Hello): peers tell a restart by it
-        self.book = AddressBook(opts.state_dir / "peers.json")
+        self.book = AddressBook(opts.state_dir / "peers.json", self.run_id)
         self._returning: set[str] = set()  # peers back whose Hello is being taken (re-admitted in `_peer_hello`)
         self.resumed = False  # a data node that loaded its checkpoint (data_resume.py)
         self.timers = Timers(self._fire)

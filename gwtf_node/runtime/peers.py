@@ -282,14 +282,17 @@ def readmission_refusal(info: PeerInfo, *, n_stages: int, my_role: str, my_stage
 
 
 class AddressBook:
-    """The addresses of the peers met, kept in the state directory (`peers.json`): {peer id: [multiaddr]}.
+    """The addresses of the peers met in a run, kept in the state directory (`peers.json`):
+    {"run_id": ..., "peers": {peer id: [multiaddr]}}.
 
     A node restarted with its state directory dials them (its old peers know
     its peer id and take it back), so it needs neither its old port nor a
-    bootstrap address."""
+    bootstrap address.  A book of another run is not used (its peers would
+    refuse this node)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, run_id: str) -> None:
         self.path = Path(path)
+        self.run_id = run_id
         self.known: dict[str, list[str]] = {}
 
     def load(self) -> dict[str, list[str]]:
@@ -297,9 +300,9 @@ class AddressBook:
             raw = json.loads(self.path.read_text())
         except (OSError, ValueError):
             return {}
-        if not isinstance(raw, dict):
+        if not isinstance(raw, dict) or raw.get("run_id") != self.run_id or not isinstance(raw.get("peers"), dict):
             return {}
-        self.known = {str(p): [str(a) for a in addrs if isinstance(a, str)] for p, addrs in raw.items()
+        self.known = {str(p): [str(a) for a in addrs if isinstance(a, str)] for p, addrs in raw["peers"].items()
                       if isinstance(addrs, list)}
         return dict(self.known)
 
@@ -319,7 +322,7 @@ class AddressBook:
         self.known[peer] = list(addrs)
         tmp = self.path.with_suffix(".tmp")
         try:
-            tmp.write_text(json.dumps(self.known, indent=1, sort_keys=True))
+            tmp.write_text(json.dumps({"run_id": self.run_id, "peers": self.known}, indent=1, sort_keys=True))
             os.replace(tmp, self.path)
         except OSError as e:  # (a full disk costs the address book, not the run)
             log.warning("could not write the address book %s: %s", self.path, e)
