@@ -245,7 +245,7 @@ class MoveReply(_message.Message):
     def __init__(self, move_id: _Optional[int] = ..., outcome: _Optional[_Union[Outcome, str]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("run_id", "role", "stage", "name", "capacity", "addrs", "tensor_addr", "joining", "ready_from", "leaving", "leave_after", "steps")
+    __slots__ = ("run_id", "role", "stage", "name", "capacity", "addrs", "tensor_addr", "joining", "ready_from", "leaving", "leave_after", "steps", "incarnation")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +258,7 @@ class Hello(_message.Message):
     LEAVING_FIELD_NUMBER: _ClassVar[int]
     LEAVE_AFTER_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     role: str
     stage: int
@@ -270,7 +271,8 @@ class Hello(_message.Message):
     leaving: bool
     leave_after: int
     steps: int
-    def __init__(self, run_id: _Optional[str] = ..., role: _Optional[str] = ..., stage: _Optional[int] = ..., name: _Optional[str] = ..., capacity: _Optional[int] = ..., addrs: _Optional[_Iterable[str]] = ..., tensor_addr: _Optional[str] = ..., joining: bool = ..., ready_from: _Optional[int] = ..., leaving: bool = ..., leave_after: _Optional[int] = ..., steps: _Optional[int] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, run_id: _Optional[str] = ..., role: _Optional[str] = ..., stage: _Optional[int] = ..., name: _Optional[str] = ..., capacity: _Optional[int] = ..., addrs: _Optional[_Iterable[str]] = ..., tensor_addr: _Optional[str] = ..., joining: bool = ..., ready_from: _Optional[int] = ..., leaving: bool = ..., leave_after: _Optional[int] = ..., steps: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class Goodbye(_message.Message):
     __slots__ = ("after_iteration",)

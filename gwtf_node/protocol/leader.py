@@ -78,7 +78,9 @@ Membership of the voter set.  ``add_data_node`` adds one voter; heartbeats
 carry the leader's list and followers merge it.  Adding one voter at a time
 is safe (any majority of n and any majority of n + 1 voters intersect, Raft
 section 4.3) as long as a second addition waits until every voter knows the
-first.  A data node that starts later must be given the current list (from
+first.  A voter that restarts (the same id) is the same voter: it
+is never removed, so taking it back needs no change of the voter set; see
+"Restarts" for its promises.  A data node that starts later must be given the current list (from
 the run's DHT records), never only itself: a node whose list is just itself
 is a quorum of one.  Voters are never removed (that needs joint consensus):
 a run that loses a majority of its voters for good has no leader.

@@ -231,6 +231,7 @@ class Hello:
     leaving: bool = False
     leave_after: int = 0
     steps: int = 0  # optimizer steps applied to its part (a data node: the run's step)
+    incarnation: int = 0  # drawn at each start of the process: a new value is the same node restarted
 
 
 @dataclass(frozen=True, slots=True)

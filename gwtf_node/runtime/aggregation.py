@@ -138,14 +138,16 @@ class Aggregation:
             log.info("IterationDone from %s while not the acting leader: ignored (it resends)", self.peers.who(sender))
         else:
             self.leadership.iteration_aggregating(msg.iteration)
-        self._open(ph.on_iteration_done(now(), sender, msg, leading=leading, data_nodes=self.peers.data_nodes(),
+        self._open(ph.on_iteration_done(now(), sender, msg, leading=leading,
+                                        data_nodes=self.peers.data_nodes_ready(msg.iteration),
                                         stage0=self.peers.ids("relay", 0), groups=self.peers.groups(msg.iteration)))
 
     def _maybe_begin(self, iteration: int) -> None:
         """At the acting leader: BEGIN AGGREGATION of `iteration` once every live data node reported it."""
         leading = self.leadership.is_leader()
         if leading and self.phases is not None:
-            self._open(self.phases.maybe_begin(now(), iteration, leading=leading, data_nodes=self.peers.data_nodes(),
+            self._open(self.phases.maybe_begin(now(), iteration, leading=leading,
+                                               data_nodes=self.peers.data_nodes_ready(iteration),
                                                stage0=self.peers.ids("relay", 0),
                                                groups=self.peers.groups(iteration)))
 

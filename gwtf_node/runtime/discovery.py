@@ -7,7 +7,10 @@ own, and with `PeerList` (the addresses it knows) whenever the sender is new
 or changed role or stage, so a swarm of any shape finds itself from one
 bootstrap address.  A peer of another run, or with a role or stage that does
 not exist, is refused, and told why with `Refused` (bootstrap.py: a node
-refused before any peer accepted it stops with that reason).
+refused before any peer accepted it stops with that reason).  A peer that
+comes back (gone, or restarted: a new incarnation in its Hello, see
+peers.py) is handed to `on_peer_back` first, which checks it and forgets its
+old incarnation.
 
 The DHT is the second way in (`loop`).  Records (versioned, the highest
 version wins everywhere; see host.py): `run/<run id>` holds the manifest (put
@@ -31,7 +34,7 @@ import trio
 
 from ..protocol import messages as m
 from .host import PeerUnreachable
-from .peers import PeerInfo, Peers
+from .peers import Arrival, PeerInfo, Peers
 from .wire import FrameRefused, Wire, now
 
 log = logging.getLogger("gwtf.node")
@@ -43,7 +46,9 @@ DHT_WAIT_S = 10.0
 class Discovery:
     def __init__(self, wire: Wire, peers: Peers, host: Any, manifest: Any,
                  links_cfg: dict[tuple[str, str], tuple[float, float]],
-                 on_peer_hello: Callable[[PeerInfo], None], applied_steps: Callable[[], int] = lambda: 0) -> None:
+                 on_peer_hello: Callable[[PeerInfo], None], applied_steps: Callable[[], int] = lambda: 0,
+                 incarnation: int = 0,
+                 on_peer_back: Callable[[PeerInfo, Arrival], bool] = lambda info, arrival: True) -> None:
         self.wire = wire
         self.peers = peers
         self.host = host
@@ -52,13 +57,16 @@ class Discovery:
         self.links_cfg = links_cfg
         self.on_peer_hello = on_peer_hello
         self.applied_steps = applied_steps  # optimizer steps applied to this node's part (its Hello says it)
+        self.incarnation = incarnation  # drawn at each start of the process (its Hello says it)
+        # a gone or restarted peer says Hello: checked (False: not taken back; or refused), its old one forgotten
+        self.on_peer_back = on_peer_back
         self.hellos_sent: set[str] = set()
 
     def hello(self) -> m.Hello:
         p = self.peers.place
         return m.Hello(self.run_id, p.role, -2 if p.stage is None else p.stage, self.peers.name, p.capacity,
                        tuple(self.host.addrs), self.host.tensor_addr, p.joining, p.ready_from, p.leaving,
-                       p.leave_after, self.applied_steps())
+                       p.leave_after, self.applied_steps(), self.incarnation)
 
     def hello_all(self) -> None:
         """Tell every peer this node's place again (its stage or standing changed)."""
@@ -125,7 +133,12 @@ class Discovery:
             self._refuse(sender, m.RefusalCode.NO_SUCH_STAGE, f"Hello with role {msg.role!r} stage {msg.stage}",
                          f"run {self.run_id!r} has stages 0..{self.peers.n_stages - 1}")
         info = PeerInfo(sender, msg.role, msg.stage, msg.name, msg.capacity, tuple(msg.addrs), None,
-                        msg.joining, msg.ready_from, msg.leaving, msg.leave_after, msg.steps)
+                        msg.joining, msg.ready_from, msg.leaving, msg.leave_after, msg.steps, msg.incarnation)
+        arrival = self.peers.arrival(sender, msg.incarnation)
+        if arrival in (Arrival.BACK, Arrival.RESTARTED):
+            if not self.on_peer_back(info, arrival):
+                return
+            self.host.note_addrs(sender, msg.addrs)  # (it may listen elsewhere now: redials go there)
         _old, changed = self.peers.upsert(info, now())
         self.on_peer_hello(info)
         reply: list[m.Message] = []
@@ -146,6 +159,10 @@ class Discovery:
         """Tell the sender why its Hello is refused (it stops if no peer accepted it), then refuse the frame."""
         self.wire.post(sender, m.Refused(code, f"{why}: {fix}"))
         raise FrameRefused(why)
+
+    def peer_forgotten(self, peer: str) -> None:
+        """`peer` crashed or left: if it comes back, its Hello is answered with ours again."""
+        self.hellos_sent.discard(peer)
 
     def on_peer_list(self, sender: str, msg: m.PeerList) -> None:
         for addr in msg.addrs[:256]:

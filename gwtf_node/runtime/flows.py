@@ -17,7 +17,11 @@ leader, its Hello neither joining nor leaving, or a relay first heard of
 while the links were measured) is measured and added to the running flow
 machine (`add_neighbour`); a peer that crashed or left is
 removed (`remove_neighbour`) and the flow machines rebuild the flows through
-it.
+it.  A removed peer that comes back (a relay or a data node restarted with
+its state directory keeps its peer id) is added again the same way: the
+flow machine forgets that it was removed (`add_neighbour`), and a data node
+back is the previous stage of the stage-0 relays and the next stage of the
+last-stage relays.
 """
 
 from __future__ import annotations
@@ -178,31 +182,53 @@ class Flows:
             self._sync_costs()
             self.on_changed()
 
-    def on_peer_hello(self, info: PeerInfo) -> None:
-        """A relay ready next to us that the flow machine does not know yet (a newcomer): add it."""
-        if self.machine is None or info.role != "relay" or info.joining or info.leaving:
-            return
-        side = self.peers.flow_side(info.stage)
-        if side is not None and not self._in_flow(info.peer_id):
-            self.wire.spawn(self._add_neighbour, info.peer_id, side)
+    def peer_back(self, info: PeerInfo) -> None:
+        """A peer the node had forgotten is back; a data node back starts its flows over (its flow machine is new):
+        every node forgets what it kept of that data node's waves and bids (`data_node_back`).  Its links are
+        added again by `on_peer_hello`."""
+        if self.machine is not None and info.role == "data":
+            self.effects(Owner.FLOWS, self.machine.data_node_back(now(), info.peer_id))
 
-    async def _add_neighbour(self, peer: str, side: str) -> None:
+    def on_peer_hello(self, info: PeerInfo) -> None:
+        """A peer ready next to us that the flow machine does not know (a newcomer, or a peer back after it was
+        removed: a restarted relay or data node): add it."""
+        if self.machine is None or info.joining or info.leaving or self._in_flow(info.peer_id):
+            return
+        sides = self._sides(info)
+        if sides:
+            self.wire.spawn(self._add_neighbour, info.peer_id, sides)
+
+    def _sides(self, info: PeerInfo) -> tuple[str, ...]:
+        """Where `info` sits for this node's flow machine: a relay by its stage; a data node (one of the machine's
+        commodities) is the previous stage of stage 0 and the next stage of the last stage (both in a one-stage
+        run)."""
+        if info.role == "relay":
+            side = self.peers.flow_side(info.stage) if info.stage >= 0 else None
+            return (side,) if side is not None else ()
+        if info.role != "data" or self.peers.role != "relay" or info.peer_id not in self.machine.cfg.commodities:
+            return ()  # (a data node this flow machine does not carry units of is no link of it)
+        last = self.peers.n_stages - 1
+        return (("prev",) if self.peers.stage == 0 else ()) + (("next",) if self.peers.stage == last else ())
+
+    async def _add_neighbour(self, peer: str, sides: tuple[str, ...]) -> None:
         if peer in self.adding:
             return
         self.adding.add(peer)
         try:
-            if side != "peer":
+            if sides != ("peer",):
                 self.peers.set_rtt(peer, await self.liveness.measure_rtt(peer))
             if peer not in self.peers or self._in_flow(peer):
                 return
-            cost = self.link_cost(peer) if side != "peer" else 0.0
-            if side == "next":
-                self.wire.post(peer, m.LinkCost(cost))
-            elif side == "prev":
-                cost = self.agreed_costs.get(peer, cost)
-            log.info("flows: adding %s as %s neighbour (cost %g)", self.peers.who(peer), side, cost)
-            self.effects(Owner.FLOWS, self.machine.add_neighbour(now(), peer, cost, side))
+            for side in sides:
+                cost = self.link_cost(peer) if side != "peer" else 0.0
+                if side == "next":
+                    self.wire.post(peer, m.LinkCost(cost))
+                elif side == "prev":
+                    cost = self.agreed_costs.get(peer, cost)
+                log.info("flows: adding %s as %s neighbour (cost %g)", self.peers.who(peer), side, cost)
+                self.effects(Owner.FLOWS, self.machine.add_neighbour(now(), peer, cost, side))
             self._sync_costs()
+            self.on_changed()
         finally:
             self.adding.discard(peer)
 

@@ -61,7 +61,7 @@ from libp2p.exceptions import BaseLibp2pError
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.peer.id import ID
-from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.peer.peerinfo import InvalidAddrError, info_from_p2p_addr
 from libp2p.records.validator import Validator
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
@@ -184,6 +184,21 @@ class Host:
         if self.dht is not None:
             await self.dht.add_peer(info.peer_id, skip_server_mode_check=True)
         return info.peer_id.to_base58()
+
+    def note_addrs(self, peer_id: str, multiaddrs) -> int:
+        """`peer_id`'s own listen addresses (its Hello; each ending in /p2p/<its id>): kept for dialling it again
+        (a restarted peer listens on another port).  Addresses naming another peer are skipped; returns how many
+        were kept."""
+        kept = 0
+        for a in multiaddrs:
+            try:
+                info = info_from_p2p_addr(Multiaddr(a))
+            except (ValueError, InvalidAddrError):
+                continue
+            if info.peer_id.to_base58() == peer_id:
+                self.libp2p.get_peerstore().add_addrs(info.peer_id, info.addrs, ADDR_TTL_S)
+                kept += 1
+        return kept
 
     # ---- sending --------------------------------------------------------------
 

@@ -203,6 +203,11 @@ class Joining:
             self.joiner.on_iteration(iteration + 1)
 
     # ---------------------------------------------------------------- state hand-over
+    async def fetch_state(self, source: str, after: int) -> None:
+        """Download this node's part from `source` with at least `after` steps (a data node back after a restart
+        downloads the data part from another data node); returns once it is loaded."""
+        await self._fetch_state(source, after)
+
     async def _fetch_state(self, source: str, after: int) -> None:
         """Download the stage state from `source`, with at least `after` optimizer steps applied.
 

@@ -9,6 +9,13 @@ the aggregation phase (aggregation.py) and places joiners with its
 `MembershipMachine` (section V-B: utilization queries through the stages,
 candidates with the highest capacity to the most utilized stages).
 
+A data node that comes back (restarted with its state directory, the same
+peer id) is still a voter everywhere: voters are never removed
+(`protocol/leader.py`, "Membership of the voter set"), and its own restarted
+machine restores its (term, vote) from `leader.json` and refuses votes for a
+lease, so it cannot vote twice in a term.  While it is away, the others need
+a quorum without it (with two data nodes: none; see "Two data nodes" there).
+
 A relay has no election: the leader it knows is the one a joiner found in
 the DHT (`learned_leader`).  Whenever leadership may have changed,
 `on_change` is called: a data node whose iteration is done reports it to

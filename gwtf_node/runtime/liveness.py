@@ -8,6 +8,15 @@ machine, aggregation groups, recovery machine, all-reduce in flight).  The
 simulator models this check with the same two constants (`sim/train.py`,
 DAEMON_DETECT_S).
 
+A peer presumed dead that is heard again says Hello (a restarted node keeps
+its peer id): `peer_back` takes it off the presumed-dead list and counts it
+as heard from now on; the node re-admits it everywhere (node.py).
+
+A relay with no live data node has nothing to do and would wait without a
+word: `loop` logs that it waits for a data node when that starts, then every
+`WAITING_LOG_EVERY_S`, and `waiting_for_data_since` (status.json) says since
+when.
+
 `measure_rtt` takes the best of three Ping/Pong round trips: the latency term
 of a link's cost (Equation 1) and a joiner's cost to each stage.
 """
@@ -29,6 +38,7 @@ log = logging.getLogger("gwtf.node")
 PING_EVERY_S = 1.0
 DEAD_AFTER_S = 6.0
 PONG_WAIT_S = 5.0  # a round trip sample is given up after this long
+WAITING_LOG_EVERY_S = 30.0  # a relay with no live data node says so this often
 
 
 class Liveness:
@@ -37,12 +47,15 @@ class Liveness:
         self.peers = peers
         self.on_dead = on_dead
         self.pongs: dict[int, trio.Event] = {}
-        self.crashed: set[str] = set()  # peers presumed dead by this check
+        self.crashed: set[str] = set()  # peers presumed dead by this check (and not back since)
+        self.waiting_for_data_since: float | None = None  # a relay: no data node alive since then (trio clock)
+        self._waiting_logged_at: float | None = None
 
     async def loop(self) -> None:
         while True:
             await trio.sleep(PING_EVERY_S)
             t = now()
+            self._check_data_nodes(t)
             for pid in sorted(self.peers.watched()):
                 silent = self.peers.silent_for(pid, t)
                 if silent > DEAD_AFTER_S:
@@ -54,6 +67,25 @@ class Liveness:
         log.warning("peer %s presumed dead: silent for %.1f s", self.peers.who(peer), silent_s)
         self.crashed.add(peer)
         self.on_dead(peer)
+
+    def peer_back(self, peer: str) -> None:
+        """`peer` said Hello after it was forgotten: not presumed dead any more, heard now."""
+        self.crashed.discard(peer)
+        self.peers.heard(peer, now())
+
+    def _check_data_nodes(self, t: float) -> None:
+        """A placed relay with no data node in its table waits for one: it says so, then every 30 s."""
+        if self.peers.role != "relay" or self.peers.stage is None or self.peers.data_nodes():
+            if self.waiting_for_data_since is not None:
+                log.info("a data node is back after %.0f s without one", t - self.waiting_for_data_since)
+            self.waiting_for_data_since = self._waiting_logged_at = None
+            return
+        if self.waiting_for_data_since is None:
+            self.waiting_for_data_since = t
+        if self._waiting_logged_at is None or t - self._waiting_logged_at >= WAITING_LOG_EVERY_S:
+            self._waiting_logged_at = t
+            log.warning("waiting for a data node: none alive for %.0f s (training resumes when one comes back)",
+                        t - self.waiting_for_data_since)
 
     def recently_heard(self) -> list[str]:
         """Peers that the check would not presume dead now."""

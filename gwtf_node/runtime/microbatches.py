@@ -21,6 +21,17 @@ Tensors live in a `TensorStore`, per microbatch key: a received tensor is
 kept only if the machine takes the message (it asks for a computation on
 it), and every key the machine forgot is dropped after each event.
 
+Numbering.  A data node's microbatch is named by its seq, and
+`MicrobatchSource.get(seq)` is a pure function of it: iteration t offers the
+microbatches deferred from t-1 and then seqs t*M .. t*M+M-1 (M =
+microbatches_per_iteration), as `reference.train_centralized` trains on at
+t.  The machine counts fresh seqs on from the first iteration it opens, so
+`start(first_iteration)` hands it `first_seq = first_iteration * M`: a data
+node restarted at the run's step s pushes the microbatches of iteration s,
+not those of iteration 0.  (The deferred microbatches carried into the
+iteration in flight when a data node dies are not kept across the restart:
+the ledger lives in memory.)
+
 Exactness.  A relay's backward keeps the microbatch's parameter gradients
 apart (`StageModel.backward(hold=True)`); at BEGIN AGGREGATION the machine
 names the contributions that count (backward computed here, attempt not
@@ -113,8 +124,9 @@ class Microbatches:
         return out
 
     # ------------------------------------------------------------------ the machine
-    def start(self) -> None:
-        """The flows are formed: start the microbatch machine (data nodes then open iteration 0)."""
+    def start(self, first_iteration: int = 0) -> None:
+        """The flows are formed: start the microbatch machine (data nodes then open `first_iteration`, the run's
+        step: seqs are numbered from it, see "Numbering")."""
         relay = self.peers.role == "relay"
         cap = self.peers.capacity if relay else self.stage.manifest.data.microbatches_per_iteration
         cfg = RecoveryConfig(
@@ -126,7 +138,8 @@ class Microbatches:
             policy=self.policy, swarm_assumed_capacity=max(1, cap),
             lend=self.lend and self.policy == "gwtf", fastest_unit=True)  # (SWARM: greedy, ignores it)
         seed = int.from_bytes(self.wire.me.encode()[-8:], "big")
-        self.rec = RecoveryNode(cfg, random.Random(seed))
+        per_iteration = self.stage.manifest.data.microbatches_per_iteration
+        self.rec = RecoveryNode(cfg, random.Random(seed), first_seq=0 if relay else first_iteration * per_iteration)
         self._sync()
 
     def _sync(self) -> None:
@@ -285,6 +298,13 @@ class Microbatches:
     def aggregation_done(self, iteration: int) -> None:
         if self.rec is not None:
             self._apply(self.rec.aggregation_done(now(), iteration))
+
+    def peer_back(self, peer: str) -> None:
+        """`peer` was reported gone and said Hello again: alive, and (a data node) one of the run's again."""
+        if self.rec is not None:
+            info = self.peers.get(peer)
+            self._apply(self.rec.peer_back(now(), peer, data_node=info is not None and info.role == "data"))
+            self._sync()
 
     def peer_gone(self, peer: str) -> None:
         if self.rec is not None:

@@ -16,6 +16,7 @@ aggregation.py  the phase (V-E: BEGIN AGGREGATION, CAN TAKE), all-reduce, step,
                 checkpoints, metrics
 leadership.py   the election among data nodes, the leader's placement of joiners
 joining.py      a relay placed by the leader, state hand-over, leave, Goodbye
+data_resume.py  a data node restarted with its state directory: checkpoint, the run's step
 status.py       status.json
 ==============  ===============================================================
 
@@ -23,15 +24,19 @@ This module holds what they share: the host and the nursery, `routes` (the
 one table from message type to the component that handles it), the one
 interpreter of machine effects (`_apply`: it refuses an effect no component
 handles, loudly), and the timers, keyed by (component, key).  It also wires
-the components' events to each other (a peer gone, a peer's Hello) and runs
-the node's lifecycle:
+the components' events to each other (a peer gone, a peer's Hello, a peer
+back: a gone peer, or a known one with a new incarnation, is checked and
+taken back everywhere as a new join of the same identity, `_peer_back`) and
+runs the node's lifecycle:
 
 1. *Discovery.*  The node locks its state directory (statedir.py), dials its
-   bootstrap peers until one accepts it, or gives up after the bootstrap
-   timeout (bootstrap.py), and greets every peer it meets; a peer of another
-   run is refused and told why, and a node refused before any peer accepted
-   it stops with that reason (`run_node` returns it).  Data nodes start their election
-   once they know every data node.  A relay started with `--stage auto`
+   bootstrap peers and the peers of its address book (`peers.json` in the
+   state directory: a restarted node finds its old peers on any port) until
+   one accepts it, or gives up after the bootstrap timeout (bootstrap.py),
+   and greets every peer it meets; a peer of another run is refused and told
+   why, and a node refused before any peer accepted it stops with that
+   reason (`run_node` returns it).  Data nodes start their election once
+   they know every data node.  A relay started with `--stage auto`
    asks the elected leader for a stage (`joining.py`) and downloads the
    stage's state from a stage peer.
 2. *Flow formation.*  Once membership has been quiet for `settle_s` and the
@@ -39,8 +44,9 @@ the node's lifecycle:
    machine (`flows.py`).  Relays that become ready later are added to the
    running flow machines of their neighbours; peers that crash or leave are
    removed from them.
-3. *Training.*  A data node opens iteration 0 once its flows are formed and
-   pushes its microbatches (`microbatches.py`); after each iteration comes the
+3. *Training.*  A data node opens iteration 0 (a restarted one: the run's
+   step, `data_resume.py`) once its flows are formed and pushes its
+   microbatches (`microbatches.py`); after each iteration comes the
    aggregation phase (`aggregation.py`), whose CAN TAKE opens the next one.
 4. *Metrics.*  The elected leader appends one JSON object per iteration to
    `metrics.jsonl` in its state directory; every node writes `status.json`
@@ -57,6 +63,7 @@ from __future__ import annotations
 import enum
 import inspect
 import logging
+import secrets
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +76,7 @@ from ..protocol import messages as m
 from ..protocol.effects import CancelTimer, Send, SetTimer
 from ..protocol.phases import LeftOut, OpenIteration, OutOfStep, StartStep
 from ..protocol.recovery import Compute, IterationSettled
+from . import data_resume
 from .aggregation import Aggregation
 from .bootstrap import DEFAULT_TIMEOUT_S, Bootstrap
 from .discovery import Discovery
@@ -78,7 +86,7 @@ from .joining import Joining
 from .leadership import LEADER_MSGS, PLACEMENT_MSGS, Leadership
 from .liveness import Liveness
 from .microbatches import MB_MSGS, Microbatches
-from .peers import PeerInfo, Peers, Place
+from .peers import AddressBook, Arrival, PeerInfo, Peers, Place, readmission_refusal
 from .stage import LocalStage
 from .startup import NodeExit, check_port_free
 from .statedir import StateDirLock, lock_state_dir
@@ -188,6 +196,10 @@ class Node:
         self.run_id = self.manifest.run_id
         self.stage = LocalStage(self.manifest, opts.role, opts.device, opts.data_index, opts.data_nodes)
         self.faults = Faults.from_env(opts.state_dir)
+        self.incarnation = secrets.randbits(63) | 1  # this process's (Hello): peers tell a restart by it
+        self.book = AddressBook(opts.state_dir / "peers.json", self.run_id)
+        self._returning: set[str] = set()  # peers back whose Hello is being taken (re-admitted in `_peer_hello`)
+        self.resumed = False  # a data node that loaded its checkpoint (data_resume.py)
         self.timers = Timers(self._fire)
         self.done_event = trio.Event()
         self.links_cfg: dict[tuple[str, str], tuple[float, float]] = {}
@@ -204,7 +216,8 @@ class Node:
     def _assemble(self, host: Any, nursery: trio.Nursery) -> Parts:
         o = self.opts
         capacity = o.capacity or self.manifest.data.microbatches_per_iteration
-        place = Place(o.role, -1 if o.role == "data" else o.stage, capacity)
+        # a data node restarted from a checkpoint is not counted in any aggregation until it settled the run's step
+        place = Place(o.role, -1 if o.role == "data" else o.stage, capacity, joining=self.resumed)
         peers = Peers(host.peer_id, o.name, len(self.manifest.stages), place)
         self.peers = peers
         wire = Wire(host.peer_id, host, nursery, peers)
@@ -212,7 +225,8 @@ class Node:
 
         liveness = Liveness(wire, peers, on_dead=self._peer_gone)
         discovery = Discovery(wire, peers, host, self.manifest, self.links_cfg, on_peer_hello=self._peer_hello,
-                              applied_steps=lambda: self.stage.applied_steps)
+                              applied_steps=lambda: self.stage.applied_steps, incarnation=self.incarnation,
+                              on_peer_back=self._peer_back)
         flows = Flows(wire, peers, liveness, self.stage, self._apply, self.links_cfg, on_changed=self._flows_changed)
         microbatches = Microbatches(wire, peers, liveness, flows, self.stage, self._apply, self.faults,
                                     policy=o.policy, lend=o.lend, iterations=o.iterations,
@@ -225,8 +239,12 @@ class Node:
         joining = Joining(wire, peers, liveness, discovery, self.stage, flows, leadership, aggregation, self._apply,
                           host, capacity_flag=o.capacity, data_nodes=o.data_nodes, on_gone=self._peer_gone,
                           on_left=self.stop)
-        bootstrap = Bootstrap(wire, peers, discovery, host, o.bootstrap, timeout_s=o.bootstrap_timeout_s,
-                              on_exit=self._exit)
+        self.book.load()
+        known = [a for a in self.book.dial_addrs(host.peer_id) if a not in o.bootstrap]
+        # the address book alone (a restarted node without --bootstrap) is retried without end: its peers may be
+        # down for a while, and others can still dial this node
+        bootstrap = Bootstrap(wire, peers, discovery, host, list(o.bootstrap) + known,
+                              timeout_s=o.bootstrap_timeout_s if o.bootstrap else 0.0, on_exit=self._exit)
         status = Status(o.state_dir / "status.json", wire, host, peers, liveness, self.stage, flows, microbatches,
                         aggregation, leadership, run_id=self.run_id, policy=o.policy, bootstrap=bootstrap)
         parts = Parts(wire, liveness, discovery, flows, microbatches, leadership, aggregation, joining, status,
@@ -254,9 +272,41 @@ class Node:
         return parts
 
     # ------------------------------------------------------------------ events between components
+    def _peer_back(self, info: PeerInfo, arrival: Arrival) -> bool:
+        """A peer that is gone, or a known peer with a new incarnation, says Hello: a new join of the same identity.
+
+        It is checked (`readmission_refusal`; run and role were checked with
+        the Hello) and refused with the reason if it does not fit; a restarted
+        peer's old incarnation is forgotten everywhere first, as if it had been
+        presumed dead (its microbatches, contributions and flows died with it).
+        A gone peer whose Hello says it is leaving is not coming back: that
+        Hello is a late frame of its leave (sent before its Goodbye, overtaken
+        by it), ignored."""
+        name = info.name or info.peer_id[:16]
+        if arrival is Arrival.BACK and info.leaving:
+            log.debug("Hello of %s, which left, saying it leaves: ignored", name)
+            return False
+        why = readmission_refusal(info, n_stages=self.peers.n_stages, my_role=self.peers.role,
+                                  my_stage=self.peers.stage, my_steps=self.stage.applied_steps)
+        if why is not None:
+            raise FrameRefused(f"{name} is not taken back: {why}")
+        if arrival is Arrival.RESTARTED:
+            log.warning("peer %s restarted (a new incarnation): forgetting the old one", name)
+            self._peer_gone(info.peer_id)
+        log.info("peer %s is back (%s stage %d, %d steps, ready from iteration %d): taken back", name, info.role,
+                 info.stage, info.steps, info.ready_from)
+        self._returning.add(info.peer_id)
+        return True
+
     def _peer_hello(self, info: PeerInfo) -> None:
         p = self.parts
         p.bootstrap.on_peer_hello()
+        self.book.note(info.peer_id, info.addrs)
+        if info.peer_id in self._returning:
+            self._returning.discard(info.peer_id)
+            p.liveness.peer_back(info.peer_id)
+            p.microbatches.peer_back(info.peer_id)
+            p.flows.peer_back(info)
         p.aggregation.peer_back(info.peer_id)
         p.leadership.on_peer_hello(info)
         p.flows.on_peer_hello(info)
@@ -265,6 +315,7 @@ class Node:
         """A peer crashed or left: out of routing, flows, aggregation groups and the recovery machine."""
         p = self.parts
         self.peers.forget(peer)
+        p.discovery.peer_forgotten(peer)  # if it comes back, it is greeted again
         p.flows.on_peer_gone(peer)  # the flow machines rebuild the flows through it
         p.leadership.on_peer_gone(peer)
         p.aggregation.forget(peer)
@@ -329,8 +380,8 @@ class Node:
         admit = route.admit if route is not None else Admit.KNOWN
         if admit is Admit.KNOWN or (admit is Admit.NOT_GONE and gone):
             if peer not in self.peers:
-                if gone:  # said Goodbye or crashed: its last frames may still be on their way
-                    log.debug("%s from %s, which left: ignored", type(msg).__name__, peer[:16])
+                if gone or isinstance(msg, m.Goodbye):  # crashed or left: its last frames may still be on their way
+                    log.debug("%s from %s, which is gone or unknown: ignored", type(msg).__name__, peer[:16])
                 else:
                     wire.refuse(peer, f"{type(msg).__name__} from a peer that has not said Hello")
                 return
@@ -354,6 +405,8 @@ class Node:
             self.links_cfg.update(load_links(self.opts.links))
         if self.opts.stage is not None or self.opts.role == "data":  # an auto relay builds its part once placed
             await trio.to_thread.run_sync(self.stage.build, self.opts.stage)
+        if self.opts.role == "data":
+            self.resumed = await trio.to_thread.run_sync(data_resume.load_checkpoint, self.stage, self.opts.state_dir)
         async with open_host(self.opts.state_dir, self.opts.listen_host, self.opts.port) as host:
             async with trio.open_nursery() as nursery:
                 self.parts = p = self._assemble(host, nursery)
@@ -393,16 +446,22 @@ class Node:
             if not self.stage.built:
                 continue  # a joiner is still building its stage
             if p.aggregation.phases is None:
+                if role == "data" and not (peers.next_stage_ids() and peers.prev_stage_ids()):
+                    continue  # the run's step is the relays' and the other data nodes' (their Hellos say it)
                 p.aggregation.new_phases()
+                if role == "data":
+                    if self.resumed:
+                        await data_resume.take_run_step(peers, self.stage, p.joining, p.aggregation, p.discovery)
             nxt, prv = peers.next_stage_ids(), peers.prev_stage_ids()
             if nxt and prv and (role != "data" or p.leadership.started):
                 break
         await p.flows.form(nxt, prv, joined=p.joining.joined)
         if role == "data":
             await p.flows.wait_formed()
-        p.microbatches.start()
+        first = self.stage.applied_steps  # the run's step: 0, or where a restarted data node resumes
+        p.microbatches.start(first)
         if role == "data":
-            p.microbatches.open_iteration(0)
+            p.microbatches.open_iteration(first)
 
     def stop(self) -> None:
         self.done_event.set()

@@ -6,20 +6,41 @@ A forgotten peer is remembered as *gone* until it says Hello again (a
 restarted node keeps its peer id), so that its last frames in flight are
 ignored instead of refused and nothing is sent to it any more.
 
+Coming back.  Every process draws an `incarnation` at start and its Hello
+carries it.  `arrival` sorts a Hello: from a peer never seen (NEW), from the
+peer as we know it (SAME), from a peer that is gone (BACK: it crashed or said
+Goodbye, and was forgotten), or from a known peer with another incarnation
+(RESTARTED: it crashed and came back before the liveness check noticed).  A
+peer BACK or RESTARTED is a new join of the same identity: the node checks it
+(`readmission_refusal`) and, for RESTARTED, first forgets the old incarnation
+everywhere, as if it had been presumed dead.
+
+`AddressBook` keeps the addresses of the peers met, in the state directory,
+so that a node restarted with it (maybe on another port, maybe with no
+bootstrap address) dials them and is taken back.
+
 `Place` is this node's own entry, the fields of the Hello it sends: role,
 stage (None while a `--stage auto` relay waits for the leader), capacity and
 its standing (joining and ready from which iteration, leaving after which
 iteration).  Only the joining-and-leaving component changes the standing and
 the stage; everyone reads them here.
 
-Everything here is plain data with queries over it: no I/O, no timers.
+Everything here but `AddressBook` is plain data with queries over it: no
+I/O, no timers.
 Neighbour lists are sorted by peer id so every node and every run sees them
 in the same order.
 """
 
 from __future__ import annotations
 
+import enum
+import json
+import logging
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("gwtf.node")
 
 
 @dataclass
@@ -36,6 +57,16 @@ class PeerInfo:
     leaving: bool = False
     leave_after: int = 0
     steps: int = 0  # optimizer steps applied to its part, as of its last Hello
+    incarnation: int = 0  # drawn by its process at start (its Hello): another value is the node restarted
+
+
+class Arrival(enum.Enum):
+    """What a Hello means for the table (`Peers.arrival`)."""
+
+    NEW = "new"  # a peer never seen
+    SAME = "same"  # the peer as known: a Hello with news (stage, standing) or a repeat
+    BACK = "back"  # a peer that is gone (presumed dead or said Goodbye) says Hello again
+    RESTARTED = "restarted"  # a known peer with another incarnation: it restarted before it was found dead
 
 
 @dataclass
@@ -102,6 +133,17 @@ class Peers:
     def infos(self) -> list[PeerInfo]:
         return list(self.peers.values())
 
+    def arrival(self, peer: str, incarnation: int) -> Arrival:
+        """How a Hello from `peer` carrying `incarnation` arrives (see the module doc)."""
+        if peer in self.gone:
+            return Arrival.BACK
+        old = self.peers.get(peer)
+        if old is None:
+            return Arrival.NEW
+        if incarnation and old.incarnation and incarnation != old.incarnation:
+            return Arrival.RESTARTED
+        return Arrival.SAME
+
     def upsert(self, info: PeerInfo, now: float) -> tuple[PeerInfo | None, bool]:
         """A Hello from `info.peer_id`: (the entry it replaces, whether its role or stage changed)."""
         old = self.peers.get(info.peer_id)
@@ -126,6 +168,10 @@ class Peers:
     def is_gone(self, peer: str) -> bool:
         return peer in self.gone
 
+    def seen_before(self, peer: str) -> bool:
+        """`peer` is in the table or gone: a Hello from it is not a first meeting."""
+        return peer in self.peers or peer in self.gone
+
     def heard(self, peer: str, now: float) -> None:
         self.last_heard[peer] = now
 
@@ -149,6 +195,15 @@ class Peers:
 
     def data_nodes(self) -> list[str]:
         return sorted(self.ids("data") + ([self.me] if self.role == "data" else []))
+
+    def data_nodes_ready(self, iteration: int) -> list[str]:
+        """Data nodes whose part is ready for `iteration` (this node included): those the leader waits for and
+        counts in the aggregation of `iteration`.  A data node back after a restart says Hello joining while it
+        settles the run's step, then ready from the iteration it opens first."""
+        mine = [self.me] if self.role == "data" and not self.place.joining and self.place.ready_from <= iteration \
+            else []
+        return sorted(mine + [p.peer_id for p in self.peers.values() if p.role == "data" and not p.joining
+                              and p.ready_from <= iteration])
 
     def next_stage_ids(self) -> list[str]:
         if self.role == "data":
@@ -194,10 +249,80 @@ class Peers:
                 if not p.joining and not (p.leaving and p.leave_after < iteration)}
 
     def groups(self, iteration: int) -> dict[int, list[str]]:
-        """Who takes part in each stage's aggregation of `iteration`: relays ready for it, and the data nodes."""
-        groups: dict[int, list[str]] = {-1: self.data_nodes()}
+        """Who takes part in each stage's aggregation of `iteration`: relays and data nodes ready for it."""
+        groups: dict[int, list[str]] = {-1: self.data_nodes_ready(iteration)}
         for k in range(self.n_stages):
             groups[k] = sorted(p.peer_id for p in self.peers.values()
                                if p.role == "relay" and p.stage == k and not p.joining and p.ready_from <= iteration
                                and not (p.leaving and p.leave_after < iteration))
         return groups
+
+
+def readmission_refusal(info: PeerInfo, *, n_stages: int, my_role: str, my_stage: int | None,
+                        my_steps: int) -> str | None:
+    """Why a peer coming back (BACK or RESTARTED) is not taken back now, or None to take it back.
+
+    Run and role were checked with every Hello (discovery.py).  A relay must
+    name a stage of the run, or -2 (a `--stage auto` relay waiting to be
+    placed).  A stage peer (same stage as this relay) whose steps are ahead
+    of ours by more than one aggregation holds a state this node has not
+    seen: one of the two is not of this run's history, and taking it into
+    the stage's all-reduce would mix them.  One step ahead is normal (it
+    stepped an aggregation whose step is still running here).  A peer
+    behind is taken back: its Hello says from which iteration it is ready
+    (`ready_from`), and it catches up as a joiner does.
+    """
+    if info.role == "relay" and not (info.stage == -2 or 0 <= info.stage < n_stages):
+        return f"it comes back as a relay of stage {info.stage}, the run has stages 0..{n_stages - 1}"
+    if info.role == "relay" and my_role == "relay" and info.stage == my_stage and not info.joining \
+            and info.steps > my_steps + 1:
+        return (f"it comes back to stage {info.stage} with {info.steps} steps applied, this stage peer has "
+                f"{my_steps}: more than one aggregation apart")
+    return None
+
+
+class AddressBook:
+    """The addresses of the peers met in a run, kept in the state directory (`peers.json`):
+    {"run_id": ..., "peers": {peer id: [multiaddr]}}.
+
+    A node restarted with its state directory dials them (its old peers know
+    its peer id and take it back), so it needs neither its old port nor a
+    bootstrap address.  A book of another run is not used (its peers would
+    refuse this node)."""
+
+    def __init__(self, path: Path, run_id: str) -> None:
+        self.path = Path(path)
+        self.run_id = run_id
+        self.known: dict[str, list[str]] = {}
+
+    def load(self) -> dict[str, list[str]]:
+        try:
+            raw = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(raw, dict) or raw.get("run_id") != self.run_id or not isinstance(raw.get("peers"), dict):
+            return {}
+        self.known = {str(p): [str(a) for a in addrs if isinstance(a, str)] for p, addrs in raw["peers"].items()
+                      if isinstance(addrs, list)}
+        return dict(self.known)
+
+    def dial_addrs(self, me: str) -> list[str]:
+        """One multiaddr per peer in the book (ending in /p2p/<peer id>), this node excluded."""
+        out = []
+        for pid, addrs in sorted(self.known.items()):
+            if pid != me and addrs:
+                a = addrs[0]
+                out.append(a if "/p2p/" in a else f"{a}/p2p/{pid}")
+        return out
+
+    def note(self, peer: str, addrs: tuple[str, ...]) -> None:
+        """`peer` said Hello from `addrs`: written down when that is news (replaced atomically)."""
+        if not addrs or self.known.get(peer) == list(addrs):
+            return
+        self.known[peer] = list(addrs)
+        tmp = self.path.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps({"run_id": self.run_id, "peers": self.known}, indent=1, sort_keys=True))
+            os.replace(tmp, self.path)
+        except OSError as e:  # (a full disk costs the address book, not the run)
+            log.warning("could not write the address book %s: %s", self.path, e)

@@ -2,7 +2,8 @@
 
 It reads every component and writes none: place and standing, peers and
 their round trips, flows and link costs, the iteration and its ledger, the
-recovery machine's counters, what a relay holds, the leader and its term.
+recovery machine's counters, what a relay holds, the leader and its term,
+and how long a relay has been waiting for a data node.
 The file is replaced atomically (written beside, then renamed).
 """
 
@@ -24,7 +25,7 @@ from .liveness import Liveness
 from .microbatches import Microbatches
 from .peers import Peers
 from .stage import LocalStage
-from .wire import Wire
+from .wire import Wire, now
 
 STATUS_EVERY_S = 1.0
 
@@ -50,6 +51,7 @@ class Status:
     def snapshot(self) -> dict:
         place, mb, agg = self.peers.place, self.microbatches, self.aggregation
         cur = mb.current
+        waiting = self.liveness.waiting_for_data_since
         return {
             "peer_id": self.wire.me, "name": self.peers.name, "role": place.role, "stage": place.stage,
             "run_id": self.run_id, "addrs": self.host.addrs, "refused_frames": self.wire.refused,
@@ -63,6 +65,8 @@ class Status:
             "iteration": cur.iteration if cur else agg.last_iteration,
             "ledger": mb.counts(cur.iteration) if cur else {},
             "policy": self.policy, "presumed_dead": sorted(self.liveness.crashed),
+            # a relay with no live data node: seconds it has waited for one (None: not waiting)
+            "waiting_for_data_node_s": None if waiting is None else round(now() - waiting, 1),
             "lost_contributions": {str(k): v for k, v in agg.lost_contributions.items()},
             "recovery": mb.stats(),
             "holding": mb.holding(),

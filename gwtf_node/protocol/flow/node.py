@@ -28,6 +28,11 @@ machines with their messages (units.py), never recomputed globally.
   that the downstream end, which owns the count, agrees.  Requests and moves
   pending with it are dropped, its later messages ignored.  A data node that
   loses first hops re-places its demand after a new wave.
+* `data_node_back(now, d)`: the data node of commodity `d` restarted (it
+  keeps its id; its new flow machine numbers its label waves and bids from
+  the start again): what this node kept of `d`'s waves and bids is
+  forgotten, so that the new ones are taken instead of ignored as old, and
+  its labels are kept until its links are added again (`add_neighbour`).
 * `set_cost(now, peer, cost)`: d(self, peer) measured again.  Both ends of a
   link must hold the same cost: a unit's forward edge (the upstream end's
   `next_costs`) and its residual backward edge (the downstream end's
@@ -278,6 +283,31 @@ class FlowNode:
             if labs:
                 eff.append(Send(peer, CostAnnounce(tuple(labs))))
         announce.refresh_all(self, eff)
+        units.act(self, now, eff)
+        return eff
+
+    def data_node_back(self, now: float, d: str) -> list[Effect]:
+        """The data node of commodity `d` restarted: its waves and bids count from the start again (module doc,
+        "Membership changes").  Its units were unpaired when it was removed; nothing else of `d` is kept."""
+        eff: list[Effect] = []
+        self.now = now
+        if d not in self.epoch or d == self.cfg.node_id:
+            return eff
+        self.epoch[d] = 0
+        self.removed.discard(d)  # its labels are kept (`stash`) until it is linked again (`add_neighbour`)
+        self.lin[d].clear()
+        self.lout[d].clear()
+        self.cache.pop(d, None)
+        w = self.wave
+        for table in (w.pot_in, w.pot_out, w.floor, w.walk, w.walked, w.hold, w.gave_up, w.retreats, w.heard_at,
+                      w.quiet_at):
+            table.pop(d, None)
+        for key in [k for k in self.announcer.sent if k[0] == d]:
+            del self.announcer.sent[key]
+        self.bid.seen_seq.pop(d, None)
+        self.bid.seen_cost.pop(d, None)
+        self.bid.others.pop(d, None)
+        announce.refresh(self, (d,), eff)
         units.act(self, now, eff)
         return eff
 

@@ -94,6 +94,24 @@ class Neighbours:
             self._data_node_gone(now, peer, eff)
         return eff
 
+    def peer_back(self, now: float, peer: str, *, data_node: bool) -> list:
+        """`peer`, reported gone, is back (a restarted node keeps its peer id): a new join of the same identity.
+
+        It is neither dead nor gone here any more; a data node is one of the
+        run's data nodes again.  Nothing of its old incarnation is left to
+        forget: `peer_gone` dropped it (a data node's microbatches and
+        contributions died with it), so the microbatches it sends from now on
+        start clean, whatever their keys.  A next-stage peer back is a route
+        again (as in `set_neighbours`)."""
+        self.dead.discard(peer)
+        self.gone.discard(peer)
+        if data_node and peer not in self.cfg.data_nodes:
+            self.cfg = replace(self.cfg, data_nodes=tuple(sorted(self.cfg.data_nodes + (peer,))))
+        eff: list = []
+        if peer in self.next_peers:
+            self._route_again(now, eff)
+        return eff
+
     def _data_node_gone(self, now: float, peer: str, eff: list) -> None:
         """A data node died: its microbatches die with it (their owner and ledger are gone).
 

@@ -1,0 +1,196 @@
+"""A data node SIGKILLed mid-run and restarted with its state directory comes back and training goes on.
+
+1 data node and 2 stages x 2 relays train, separate processes on loopback.
+The data node kills itself (fault injection, `GWTF_FAULT=final:K`) in the
+middle of an iteration, as the final backward of one of its microbatches
+starts: its relays hold microbatches and gradients of that iteration, and
+its checkpoint holds the steps before it.  It is started again with the same
+state directory and the same flags; `--port 0` gives it a new port and it has
+no bootstrap address (it was the swarm's first node): it dials the peers of
+its address book, they take it back (the same peer id, a new incarnation),
+drop what they held of its iteration in flight, and it reopens that
+iteration with the microbatches the run's step says.
+
+Must hold: it trains again within 30 s of its restart; every loss recorded,
+before and after, equals centralized training on the microbatches the data
+node completed in each iteration (read from its logs: those of the iteration
+it died in were dropped everywhere and trained again after the restart); the
+relays of a stage end with equal parameters, those of the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import trio
+
+from gwtf_node.model.manifest import default_manifest, save_manifest
+from gwtf_node.model.reference import build_chain, make_sources
+from gwtf_node.runtime.local import LocalSwarm
+
+from swarmutil import log_text, status, wait_exit, wait_for, wait_records
+
+pytestmark = [pytest.mark.slow, pytest.mark.trio]
+M = 4  # microbatches per iteration
+ITERATIONS = 6
+KILL_AT_FINAL = 2 * M + 2  # the 10th final backward: iteration 2, two of its microbatches completed
+
+
+def completed_per_iteration(text: str) -> dict[int, list[int]]:
+    """The data node's log: iteration -> seqs completed end to end (its "settled" lines)."""
+    return {int(it): json.loads(seqs) for it, seqs in
+            re.findall(r"iteration (\d+) settled: completed (\[[^\]]*\])", text)}
+
+
+def reference(man, plan: list[list[tuple[int, int]]], data_nodes: int = 1):
+    """Centralized training when iteration t trains every part on the microbatches `plan[t]`, as (data node
+    index, seq); returns the losses and the final parameters of the relay stages and of the data part."""
+    data, relays = build_chain(man)
+    sources = make_sources(man, data_nodes)
+    losses = []
+    for t, keys in enumerate(plan):
+        batch = []
+        for i, seq in sorted(keys):
+            x, y = sources[i].get(seq)
+            h = data.embed((i, seq), x)
+            for r in relays:
+                h = r.forward((i, seq), h)
+            loss, g = data.head_loss((i, seq), h, y)
+            for r in reversed(relays):
+                g = r.backward((i, seq), g)
+            data.embed_backward((i, seq), g)
+            batch.append(loss)
+        for part in (data, *relays):
+            part.apply_mean_grad(part.grad_vector(), len(keys))
+        losses.append(sum(batch) / len(batch))
+    return losses, [r.param_vector() for r in relays], data.param_vector()
+
+
+async def test_data_node_restarted_with_its_state_dir(tmp_path: Path) -> None:
+    man = default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=M)
+    run = tmp_path / "run.json"
+    save_manifest(man, run)
+    swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=2, iterations=ITERATIONS,
+                       faults={"d0": f"final:{KILL_AT_FINAL}"})
+    old_log = tmp_path / "d0" / "node.log.before"
+    try:
+        await trio.to_thread.run_sync(swarm.start)
+        assert await wait_exit(swarm, "d0", 90) == -9, "the fault did not fire"
+        before = len(swarm.records())
+        old_id = status(tmp_path, "d0")["peer_id"]
+        old_addr = (tmp_path / "d0" / "addr").read_text().split()[0]
+        # the relays notice it is gone and say that they wait for a data node
+        await wait_for(lambda: all(status(tmp_path, f"r{k}_{i}").get("waiting_for_data_node_s") is not None
+                                   for k in range(2) for i in range(2)), 20, "relays waiting for a data node")
+        (tmp_path / "d0" / "node.log").rename(old_log)
+        swarm.faults.pop("d0")
+        swarm._spawn("d0", None, None)  # the same flags: no bootstrap, --port 0
+        swarm.expected_dead.discard("d0")
+        restarted = time.monotonic()
+        await wait_for(lambda: len(swarm.records()) > before, 30, "an iteration recorded after the restart", swarm)
+        back_s = time.monotonic() - restarted
+        await wait_records(swarm, ITERATIONS, 120)
+        await wait_exit(swarm, "d0", 30)
+    finally:
+        await trio.to_thread.run_sync(swarm.stop)
+
+    st = status(tmp_path, "d0")
+    assert st["peer_id"] == old_id
+    assert (tmp_path / "d0" / "addr").read_text().split()[0] != old_addr, "it came back on the same port"
+    new_text = log_text(tmp_path, "d0")
+    assert "data node part loaded from" in new_text, new_text[-3000:]
+    assert back_s < 30
+    for k in range(2):
+        for i in range(2):
+            rs = status(tmp_path, f"r{k}_{i}")
+            assert old_id not in rs["presumed_dead"], rs["presumed_dead"]
+            assert "is back" in log_text(tmp_path, f"r{k}_{i}")
+
+    records = swarm.records()
+    assert [r["iteration"] for r in records] == list(range(ITERATIONS))
+    done = completed_per_iteration(old_log.read_text())
+    died_in = max(done) + 1
+    assert died_in == KILL_AT_FINAL // M, (died_in, done)
+    after = completed_per_iteration(new_text)
+    assert min(after) == died_in, (sorted(after), died_in)
+    plan = [done[t] if t < died_in else after[t] for t in range(ITERATIONS)]
+    for t, seqs in enumerate(plan):  # nothing deferred: the run's step names the microbatches
+        assert sorted(seqs) == list(range(t * M, (t + 1) * M)), (t, seqs)
+    losses, params, _ = reference(man, [[(0, s) for s in seqs] for seqs in plan])
+    for r, loss in zip(records, losses):
+        assert r["loss"] == pytest.approx(loss, rel=1e-4), (r, loss)
+    for k in range(2):
+        got = [torch.load(tmp_path / f"r{k}_{i}" / "checkpoint.pt", weights_only=False) for i in range(2)]
+        assert got[0]["steps"] == got[1]["steps"] == ITERATIONS, [g["steps"] for g in got]
+        assert torch.equal(got[0]["params"], got[1]["params"]), k
+        err = (got[0]["params"] - params[k]).norm() / params[k].norm()
+        assert err < 1e-4, (k, float(err))
+
+
+async def test_one_of_two_data_nodes_restarted(tmp_path: Path) -> None:
+    """2 data nodes, 2 stages x 1 relay: the data node that does not lead is SIGKILLed mid-iteration and
+    restarted with its state directory and flags.  The other trains on alone meanwhile; the restarted one
+    downloads the data part from it (its checkpoint is behind), is taken back by the leader from the iteration
+    after the download, and both push microbatches again.  Every loss equals centralized training on the
+    microbatches each data node completed in each counted iteration, and the two data parts end equal."""
+    iterations = 9
+    man = default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=M)
+    run = tmp_path / "run.json"
+    save_manifest(man, run)
+    swarm = LocalSwarm(tmp_path, run, data_nodes=2, stages=2, relays_per_stage=1, iterations=iterations)
+    try:
+        await trio.to_thread.run_sync(swarm.start)
+        await wait_records(swarm, 2, 120)
+        ids = {status(tmp_path, n)["peer_id"]: n for n in ("d0", "d1")}
+        leader = ids[await wait_for(lambda: status(tmp_path, "d0").get("leader"), 30, "a leader")]
+        victim = "d1" if leader == "d0" else "d0"
+        swarm.expected_dead.add(victim)
+        (tmp_path / victim / "fault").write_text("final:2")  # its second final backward from now: mid-iteration
+        assert await wait_exit(swarm, victim, 60) == -9, "the fault did not fire"
+        (tmp_path / victim / "fault").unlink()
+        (tmp_path / victim / "node.log").rename(tmp_path / victim / "node.log.before")
+        boot = None if victim == "d0" else (tmp_path / "d0" / "addr").read_text().split()[0]
+        swarm._spawn(victim, boot, None)  # the same flags (--port 0: a new port)
+        swarm.expected_dead.discard(victim)
+        await wait_for(lambda: "taking part from iteration" in log_text(tmp_path, victim), 60,
+                       "the data part downloaded", swarm)
+        back_at = int(re.findall(r"taking part from iteration (\d+)", log_text(tmp_path, victim))[-1])
+        await wait_records(swarm, iterations, 120)
+        for n in ("d0", "d1"):
+            await wait_exit(swarm, n, 30)
+    finally:
+        await trio.to_thread.run_sync(swarm.stop)
+
+    records = swarm.records()
+    assert [r["iteration"] for r in records] == list(range(iterations))
+    index = {"d0": 0, "d1": 1}
+    settled = {n: completed_per_iteration(log_text(tmp_path, n)) for n in ("d0", "d1")}
+    before = completed_per_iteration((tmp_path / victim / "node.log.before").read_text())
+    died_in = max(before) + 1
+    assert back_at > died_in and min(settled[victim]) == back_at, (died_in, back_at, sorted(settled[victim]))
+    plan = []
+    for t in range(iterations):
+        keys = [(index[leader], s) for s in settled[leader][t]]
+        mine = before.get(t) if t < died_in else settled[victim].get(t) if t >= back_at else None
+        keys += [(index[victim], s) for s in mine or []]
+        assert records[t]["microbatches"] == len(keys), (t, records[t], keys)
+        plan.append(keys)
+    for t in list(range(died_in)) + list(range(back_at, iterations)):  # both data nodes pushed M fresh ones
+        assert sorted(s for i, s in plan[t] if i == index[victim]) == list(range(t * M, (t + 1) * M)), (t, plan[t])
+    losses, relay_params, data_params = reference(man, plan, data_nodes=2)
+    for r, loss in zip(records, losses):
+        assert r["loss"] == pytest.approx(loss, rel=1e-4), (r, loss)
+    parts = {n: torch.load(tmp_path / n / "checkpoint.pt", weights_only=False) for n in ("d0", "d1")}
+    assert parts["d0"]["steps"] == parts["d1"]["steps"] == iterations
+    assert torch.equal(parts["d0"]["params"], parts["d1"]["params"])
+    err = (parts["d0"]["params"] - data_params).norm() / data_params.norm()
+    assert err < 1e-4, float(err)
+    for k in range(2):
+        got = torch.load(tmp_path / f"r{k}_0" / "checkpoint.pt", weights_only=False)["params"]
+        err = (got - relay_params[k]).norm() / relay_params[k].norm()
+        assert err < 1e-4, (k, float(err))
