@@ -359,6 +359,7 @@ class Pong:
 class StageStateRequest:
     stage: int
     after: int = 0
+    hash_only: bool = False  # the steps and parameter hash (a relay) or the stage's steps in the run (a data node)
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,6 +368,8 @@ class StageState:
     iteration: int
     sha256: str
     tensor: TensorHeader | None
+    params_sha256: str = ""  # a relay's hash-only answer: StageModel.state_hash() at `iteration` steps
+    run_steps: int = 0  # a data node's hash-only answer: the first iteration a state installed now takes part in
 
 
 # ---- crash recovery of microbatches (section V-D; protocol/recovery.py) ----
