@@ -84,6 +84,10 @@ class Aggregation:
         self._leader: str | None = None  # the leader the phase was last handed
         self.last_iteration: int | None = None  # the last iteration whose step this node applied
         self._ar_scopes: dict[str, tuple[set[str], trio.CancelScope]] = {}
+        # a data node: stage -> the optimizer steps that stage's state holds in the run (an iteration whose
+        # aggregation found the stage empty does not step it); `stage_steps`
+        self.stage_held: dict[int, int] = {}
+        self._held_from = stage.applied_steps
 
     # ------------------------------------------------------------------ reading
     def group(self, iteration: int, stage: int) -> set[str] | None:
@@ -91,6 +95,35 @@ class Aggregation:
 
     def can_take_sent(self, iteration: int) -> bool:
         return self.phases is not None and iteration in self.phases.can_take_sent
+
+    def stage_steps(self, stage: int) -> int:
+        """A data node: optimizer steps the state of `stage` holds in the run, as far as this node knows.
+
+        It is the run's step, except after aggregations in which the stage had
+        no member (its state did not move then): what a relay coming back to an
+        empty stage compares its checkpoint with (resume.py)."""
+        held = self.stage_held.get(stage, self._held_from)
+        if self.phases is not None:
+            for it in sorted(self.phases.begun):
+                if it >= held and self.phases.group(it, stage):
+                    held = it + 1
+        return held
+
+    def run_steps(self) -> int:
+        """A data node: the first iteration whose aggregation a stage state installed now can take part in."""
+        begun = self.phases.begun if self.phases is not None else set()
+        return max([self.stage.applied_steps] + [it + 1 for it in begun])
+
+    def iteration_opened(self, iteration: int) -> None:
+        """A data node opens `iteration` (CAN TAKE of the one before came back): the stages whose group stepped
+        in the one before hold `iteration` steps."""
+        if self.phases is None or iteration < 1:
+            return
+        for k in range(self.peers.n_stages):
+            if self.phases.group(iteration - 1, k):
+                self.stage_held[k] = iteration
+            else:
+                self.stage_held.setdefault(k, self.stage_steps(k))
 
     # ------------------------------------------------------------------ the phase
     def new_phases(self) -> None:

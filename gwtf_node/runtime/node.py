@@ -104,6 +104,8 @@ class NodeOptions:
     checkpoint_every: int = 1
     policy: str = "gwtf"  # microbatch routing and recovery: "gwtf" or "swarm" (the baseline; recovery.py)
     lend: bool = True  # gwtf, several data nodes: a data node with nothing left to launch lends its units (Lend)
+    restore: Path | None = None  # relays: a checkpoint file to resume from, as from the state directory's newest
+    keep_checkpoints: int = 3  # checkpoints kept in the state directory
 
 
 class Admit(enum.Enum):
@@ -189,12 +191,39 @@ class Node:
         self.effect_handlers: dict[tuple[Owner, type], Callable[[Any], None]] = {}
         self.senders: dict[Owner, Callable[[str, Any], Awaitable[bool]]] = {}  # one message, one task
         self.ordered_senders: dict[Owner, Callable[[str, list], Awaitable[None]]] = {}  # a peer's messages in order
+        self.resume_from = self._checkpoint_to_resume()  # a relay coming back to its stage (resume.py)
+
+    def _checkpoint_to_resume(self):
+        """A relay's checkpoint to resume from: `--restore FILE` (a bad file raises CheckpointError), else the
+        newest of its state directory; only one of its stage (`--stage K`), and never a data node's."""
+        from . import checkpoints
+
+        o = self.opts
+        if o.role != "relay":
+            return None
+        ck = (checkpoints.load(o.restore, run_id=self.run_id) if o.restore is not None
+              else checkpoints.newest(o.state_dir, run_id=self.run_id))
+        if ck is None:
+            return None
+        if ck.role != "relay" or ck.stage is None or not 0 <= ck.stage < len(self.manifest.stages):
+            err = f"{ck.path}: a checkpoint of a data node's part, not of a stage of this run"
+            if o.restore is not None:
+                raise checkpoints.CheckpointError(err)
+            log.warning("ignoring checkpoint: %s", err)
+            return None
+        if o.stage is not None and o.stage != ck.stage:
+            log.info("ignoring checkpoint %s: this node serves stage %d (--stage)", ck.describe(), o.stage)
+            return None
+        log.info("resuming from checkpoint %s", ck.describe())
+        return ck
 
     # ------------------------------------------------------------------ assembly
     def _assemble(self, host: Any, nursery: trio.Nursery) -> Parts:
         o = self.opts
         capacity = o.capacity or self.manifest.data.microbatches_per_iteration
-        place = Place(o.role, -1 if o.role == "data" else o.stage, capacity)
+        ck = self.resume_from
+        place = Place(o.role, -1 if o.role == "data" else ck.stage if ck is not None else o.stage, capacity,
+                      joining=ck is not None)  # a relay back with a checkpoint is not ready before resume.py says
         peers = Peers(host.peer_id, o.name, len(self.manifest.stages), place)
         self.peers = peers
         wire = Wire(host.peer_id, host, nursery, peers)
@@ -211,12 +240,13 @@ class Node:
                                 iteration_now=microbatches.iteration_now, on_change=self._leadership_changed)
         aggregation = Aggregation(wire, peers, self.stage, microbatches, leadership, AllReducer(host), self._apply,
                                   self.faults, state_dir=o.state_dir, checkpoint_every=o.checkpoint_every,
-                                  on_stepped=self._stepped)
+                                  checkpoint_keep=o.keep_checkpoints, on_stepped=self._stepped)
         joining = Joining(wire, peers, liveness, discovery, self.stage, flows, leadership, aggregation, self._apply,
                           host, capacity_flag=o.capacity, data_nodes=o.data_nodes, on_gone=self._peer_gone,
                           on_left=self.stop)
         status = Status(o.state_dir / "status.json", wire, host, peers, liveness, self.stage, flows, microbatches,
-                        aggregation, leadership, run_id=self.run_id, policy=o.policy)
+                        aggregation, leadership, run_id=self.run_id, policy=o.policy,
+                        resume_status=lambda: joining.resume_status)
         parts = Parts(wire, liveness, discovery, flows, microbatches, leadership, aggregation, joining, status)
         self.routes = routes(parts)
         self.timer_handlers = {
@@ -234,7 +264,7 @@ class Node:
             (Owner.AGGREGATION, StartStep): aggregation.start_step,
             (Owner.AGGREGATION, LeftOut): lambda e: joining.resync(e.iteration),
             (Owner.AGGREGATION, OutOfStep): lambda e: joining.resync(e.iteration),
-            (Owner.AGGREGATION, OpenIteration): lambda e: microbatches.open_iteration(e.iteration),
+            (Owner.AGGREGATION, OpenIteration): self._open_iteration,
         }
         self.senders = {Owner.AGGREGATION: aggregation.send}
         self.ordered_senders = {Owner.MICROBATCHES: microbatches.send_in_order}
@@ -246,6 +276,7 @@ class Node:
         p.aggregation.peer_back(info.peer_id)
         p.leadership.on_peer_hello(info)
         p.flows.on_peer_hello(info)
+        p.microbatches.recheck_paused()  # a relay ready for the stage the run waits for
 
     def _peer_gone(self, peer: str) -> None:
         """A peer crashed or left: out of routing, flows, aggregation groups and the recovery machine."""
@@ -256,6 +287,10 @@ class Node:
         p.aggregation.forget(peer)
         p.microbatches.peer_gone(peer)
         p.aggregation.after_gone(peer)
+
+    def _open_iteration(self, e: OpenIteration) -> None:
+        self.parts.aggregation.iteration_opened(e.iteration)
+        self.parts.microbatches.open_iteration(e.iteration)
 
     def _flows_changed(self) -> None:
         self.parts.microbatches.flows_changed()
@@ -338,7 +373,15 @@ class Node:
             from .linkspec import load_links
 
             self.links_cfg.update(load_links(self.opts.links))
-        if self.opts.stage is not None or self.opts.role == "data":  # an auto relay builds its part once placed
+        ck = self.resume_from
+        if ck is not None:
+            def build_and_load() -> None:
+                self.stage.build(ck.stage)
+                self.stage.model.load_state_bytes(ck.state)
+                self.stage.set_steps(ck.steps)
+
+            await trio.to_thread.run_sync(build_and_load)
+        elif self.opts.stage is not None or self.opts.role == "data":  # an auto relay builds its part once placed
             await trio.to_thread.run_sync(self.stage.build, self.opts.stage)
         async with open_host(self.opts.state_dir, self.opts.listen_host, self.opts.port,
                              bootstrap=self.opts.bootstrap) as host:
@@ -365,6 +408,9 @@ class Node:
     async def _formation(self) -> None:
         """Wait for the swarm to settle, get a stage if placed by the leader, form flows, start training."""
         p, peers, role = self.parts, self.peers, self.opts.role
+        ck = self.resume_from
+        if ck is not None:
+            self.parts.wire.spawn(p.joining.resume, ck.stage, ck.steps, ck.params_sha256)
         while True:
             await trio.sleep(SETTLE_POLL_S)
             quiet = now() - peers.last_change >= self.opts.settle_s
