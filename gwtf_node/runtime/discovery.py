@@ -116,7 +116,7 @@ class Discovery:
         _old, changed = self.peers.upsert(info, now())
         self.on_peer_hello(info)
         reply: list[m.Message] = []
-        if sender not in self.hellos_sent:
+        if sender not in self.hellos_sent or _old is None:  # (a peer forgotten and back: a restart knows nobody)
             self.hellos_sent.add(sender)
             reply.append(self.hello())
         if changed:

@@ -364,6 +364,8 @@ class Microbatches:
         if self.rec is not None:
             self._sync()
             self._apply(self.rec.peer_gone(now(), peer))
+            if self.peers.role == "data":  # its first stage may be empty now: what needs it cannot complete
+                self._apply(self.rec.give_up_stranded(now()))
 
 
 def _need(store: TensorStore, key: tuple, slot: Slot) -> Any:
