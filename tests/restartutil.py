@@ -81,16 +81,38 @@ def reference_losses(man, data_nodes: int, plan) -> list[float | None]:
     return losses
 
 
-def restart(swarm: LocalSwarm, name: str) -> None:
-    """Start relay `name` again with the same state directory and flags (its earlier log is kept aside)."""
+def restart(swarm: LocalSwarm, name: str, *, auto: bool = False) -> None:
+    """Start relay `name` again with the same state directory and flags (`--stage auto` if `auto`, else the
+    stage its name says); its earlier log is kept aside, its fault disarmed."""
     d = swarm.state_dir(name)
     lives = len(list(d.glob("node.log.*")))
     if (d / "node.log").exists():
         os.replace(d / "node.log", d / f"node.log.{lives}")
+    (d / "fault").unlink(missing_ok=True)
     swarm.faults.pop(name, None)
     boot = (swarm.state_dir("d0") / "addr").read_text().split()[0]
-    swarm._spawn(name, boot, None)
+    saved, swarm.auto_stage = swarm.auto_stage, auto
+    try:
+        swarm._spawn(name, boot, None)
+    finally:
+        swarm.auto_stage = saved
     swarm.expected_dead.discard(name)
+
+
+def common_checkpoint_params(workdir: Path, a: str, b: str):
+    """(steps, params of a, params of b) at the most steps both state directories hold a checkpoint of."""
+    import torch
+
+    from gwtf_node.runtime.checkpoints import listing
+
+    def by_steps(name: str) -> dict[int, Path]:
+        return {int(p.stem.split("-")[1]): p for p in listing(workdir / name)}
+
+    sa, sb = by_steps(a), by_steps(b)
+    common = sorted(set(sa) & set(sb))
+    assert common, (a, sorted(sa), b, sorted(sb))
+    n = common[-1]
+    return n, torch.load(sa[n], weights_only=False)["params"], torch.load(sb[n], weights_only=False)["params"]
 
 
 def cpu_seconds(pid: int) -> float:

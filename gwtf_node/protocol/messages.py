@@ -370,6 +370,7 @@ class StageState:
     tensor: TensorHeader | None
     params_sha256: str = ""  # a relay's hash-only answer: StageModel.state_hash() at `iteration` steps
     run_steps: int = 0  # a data node's hash-only answer: the first iteration a state installed now takes part in
+    stage_empty: bool = False  # a data node's hash-only answer: no relay of the stage is ready
 
 
 # ---- crash recovery of microbatches (section V-D; protocol/recovery.py) ----

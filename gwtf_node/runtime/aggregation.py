@@ -279,8 +279,6 @@ class Aggregation:
         if relay:  # not released), as (data node, seq, iteration)
             keys = sorted(self.contrib_for.pop(e.iteration, frozenset()))
             log.info("iteration %d: aggregating %d contributions held here", e.iteration, len(keys))
-            log.info("iteration %d: contributions %s", e.iteration,
-                     json.dumps(sorted([self.peers.who(d), seq] for d, seq, _it in keys)))
         self.faults.point("aggregate")
         if keys:
             self.faults.point("aggregate_holding")
@@ -298,6 +296,9 @@ class Aggregation:
         named = self.phases.group(e.iteration, stage)
         group = sorted(named) if named is not None else self.peers.stage_group()
         total, count = await self._all_reduce_survivors(f"s{stage}/it{e.iteration}", group, grad, float(mine))
+        if relay:  # (once they are in the stage's sum: what the tests rebuild the centralized reference from)
+            log.info("iteration %d: contributions %s", e.iteration,
+                     json.dumps(sorted([self.peers.who(d), seq] for d, seq, _it in keys)))
         if relay and count < e.microbatches:
             # the survivors' mean (recovery.py): the missing contributions died with a relay
             self.lost_contributions[e.iteration] = int(e.microbatches - count)

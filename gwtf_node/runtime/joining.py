@@ -54,6 +54,7 @@ GOODBYE_WAIT_S = 3.0
 LEADER_LOOKUP_S = 5.0
 MAX_STATE_BYTES = 1 << 34
 RESUME_POLL_S = 2.0  # a relay coming back that waits asks its peers again this often
+RESUME_SETTLE_S = 1.0  # ... and first gives the peers it learns of from a data node this long to say Hello
 HASH_ASK_S = 15.0  # ... and waits this long at most for a hash-only answer
 HASH_ANSWER_WAIT_S = 10.0  # a stage peer waits this long at most for the steps a hash-only request asks for
 
@@ -219,9 +220,12 @@ class Joining:
 
         self.resuming = True
         self._hash_of = (steps, params_sha256)
-        self.peers.set_standing(joining=True)
-        self.discovery.hello_all()
+        self.aggregation.new_phases()  # a BEGIN that leaves it out raises the steps a download must have
         since, said = now(), ""
+        self.resume_status = {"decision": "wait", "reason": "no data node known yet", "waiting_s": 0}
+        while not [p for p in self.peers.data_nodes() if p != self.wire.me]:
+            await trio.sleep(0.2)  # (finding the run is discovery's business; it says so when it cannot)
+        await trio.sleep(RESUME_SETTLE_S)  # the Hellos of the peers the data node's PeerList names
         while True:
             d = await self._resume_decision(stage)
             self.resume_status = {"decision": d.source.value, "reason": d.reason, "waiting_s": round(now() - since)}
@@ -265,7 +269,7 @@ class Joining:
         for d in [p for p in self.peers.data_nodes() if p != self.wire.me]:
             ans = await self._ask(d, m.StageStateRequest(stage, 0, hash_only=True))
             if ans is not None:
-                run = RunAnswer(ans.iteration, ans.run_steps)
+                run = RunAnswer(ans.iteration, ans.run_steps, ans.stage_empty)
                 break
         return decide(stage, held, peer=None, run=run, empty_stage=self.manifest.empty_stage)
 
@@ -298,8 +302,10 @@ class Joining:
         if self.peers.role == "data":
             if not 0 <= msg.stage < self.peers.n_stages:
                 raise FrameRefused(f"StageStateRequest for stage {msg.stage}: the run has {self.peers.n_stages}")
+            run_steps = self.aggregation.run_steps()
             await self.wire.send(peer, m.StageState(msg.stage, self.aggregation.stage_steps(msg.stage), "", None,
-                                                    run_steps=self.aggregation.run_steps()))
+                                                    run_steps=run_steps,
+                                                    stage_empty=not self.peers.groups(run_steps)[msg.stage]))
             return
         await self.stage.wait_steps(msg.after, HASH_ANSWER_WAIT_S)
         steps, digest = await self.stage.run(lambda: (self.stage.applied_steps, self.stage.model.state_hash()))
@@ -314,10 +320,11 @@ class Joining:
         fewer steps is refused, so the state it ends with is never behind an
         aggregation it missed.
         """
-        self.peers.set_standing(joining=True)
+        if not self.peers.place.joining:  # (a joiner already said so: a second Hello could overtake the next)
+            self.peers.set_standing(joining=True)
+            self.discovery.hello_all()
         self.want_after = max(self.want_after, after)
         self.state_loaded = trio.Event()
-        self.discovery.hello_all()
         asked, deadline = -1, 0.0
         while not self.state_loaded.is_set():
             if asked != self.want_after or now() > deadline:

@@ -76,11 +76,12 @@ class PeerAnswer:
 
 @dataclass(frozen=True)
 class RunAnswer:
-    """A data node's answer to a hash-only request: the steps the stage holds in the run, and the first
-    iteration a state installed now takes part in (the run's step)."""
+    """A data node's answer to a hash-only request: the steps the stage holds in the run, the first iteration a
+    state installed now takes part in (the run's step), and whether the stage has no ready relay."""
 
     stage_steps: int
     run_steps: int
+    stage_empty: bool = True  # the data node knows no ready relay of the stage
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,8 @@ def decide(stage: int, held: Held | None, *, peer: PeerAnswer | None, run: RunAn
         return Decision(Source.DOWNLOAD, peer.steps, peer=peer.peer, reason=why)
     if run is None:
         return Decision(Source.WAIT, reason=f"stage {stage} has no ready relay and no data node answered yet")
+    if not run.stage_empty:
+        return Decision(Source.WAIT, reason=f"stage {stage} has a ready relay this node has not heard from yet")
     if held is None:
         return Decision(Source.WAIT, reason=f"stage {stage} is empty and this node holds no checkpoint of it")
     if held.steps == run.stage_steps:
