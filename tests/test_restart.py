@@ -98,6 +98,19 @@ def test_manifest_recovery_section() -> None:
             RunManifest.from_json(json.dumps(d))
 
 
+def test_join_refuses_a_bad_restore_file(tmp_path: Path, capsys) -> None:
+    from gwtf_node.cli import main
+
+    run = tmp_path / "run.json"
+    save_manifest(default_manifest(stages=2), run)
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    for path, says in [(bad, "not a readable checkpoint"), (tmp_path / "none.pt", "no such checkpoint file")]:
+        assert main(["join", "--run", str(run), "--role", "relay", "--stage", "0", "--restore", str(path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert says in err and len(err.splitlines()) == 1, err
+
+
 # ---------------------------------------------------------------- the swarm
 async def _kill_and_restart(swarm: LocalSwarm, workdir: Path, name: str, *, auto: bool) -> None:
     """SIGKILL `name`, start it again; it aggregates again within BACK_WITHIN_S."""
