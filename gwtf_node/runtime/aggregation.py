@@ -25,6 +25,12 @@ the same group); the contributions that died with it are counted in
 
 After the step: a checkpoint every `checkpoint_every` iterations, and the
 leader appends one JSON object per iteration to `metrics.jsonl`.
+
+A data node also keeps, per stage, the optimizer steps the stage's state
+holds in the run (`stage_steps`): the run's step, except that an iteration
+whose aggregation found the stage with no member does not move it.  A relay
+that comes back to an empty stage compares its checkpoint with it
+(resume.py).
 """
 
 from __future__ import annotations

@@ -29,7 +29,9 @@ the node's lifecycle:
    meets; a peer of another run is refused.  Data nodes start their election
    once they know every data node.  A relay started with `--stage auto`
    asks the elected leader for a stage (`joining.py`) and downloads the
-   stage's state from a stage peer.
+   stage's state from a stage peer.  A relay that holds a checkpoint (its
+   state directory's newest, or `--restore FILE`) goes back to that stage
+   instead, joining until `resume.py` decides which state it takes.
 2. *Flow formation.*  Once membership has been quiet for `settle_s` and the
    node knows a peer on each side, it measures its links and starts its flow
    machine (`flows.py`).  Relays that become ready later are added to the
@@ -37,7 +39,8 @@ the node's lifecycle:
    removed from them.
 3. *Training.*  A data node opens iteration 0 once its flows are formed and
    pushes its microbatches (`microbatches.py`); after each iteration comes the
-   aggregation phase (`aggregation.py`), whose CAN TAKE opens the next one.
+   aggregation phase (`aggregation.py`), whose CAN TAKE opens the next one,
+   unless a stage has no relay ready for it: then the run pauses until one is.
 4. *Metrics.*  The elected leader appends one JSON object per iteration to
    `metrics.jsonl` in its state directory; every node writes `status.json`
    and a checkpoint.
