@@ -94,6 +94,7 @@ async def test_empty_stage_pauses_then_resumes(tmp_path: Path) -> None:
         before = len(swarm.records())
         share = await trio.to_thread.run_sync(cpu_share, swarm.procs["d0"].pid, 4.0)
         assert len(swarm.records()) == before, "an iteration was recorded while stage 0 was empty"
+        print(f"paused data node: {share:.1%} of a CPU over 4 s, {len(swarm.records())} records before and after")
         assert share < 0.10, f"the paused data node used {share:.0%} of a CPU"
         assert status(tmp_path, "d0")["paused"]["iteration"] == paused["iteration"]
         log = log_text(tmp_path, "d0")
