@@ -1,17 +1,17 @@
 """A relay restarted with its state directory comes back to its stage (runtime/resume.py).
 
-The multi-process test: 1 data node and 2 stages x 1 relay train, and one
-more relay joins with `--stage auto` (the leader places it, it downloads its
-stage's state).  That relay is SIGKILLed (fault injection as a forward
-starts) and started again with the same state directory and flags: it finds
-its checkpoint, goes back to its stage without asking the leader, compares
-with its stage peer and takes part in an aggregation again within 30 s of
-listening (the interpreter's and torch's start-up, which takes tens of
-seconds on a loaded machine, is not counted).
-Then the same for its stage peer, started with `--stage K`.  At the end the
-two copies of the stage hold the same parameters at the same step (their
-checkpoints), and every loss equals the centralized reference trained on
-what the logs say each iteration trained (restartutil.py).
+The multi-process test: 1 data node and 2 stages x 2 relays train, and one
+more relay joins with `--stage auto` (the leader places it in stage k, it
+downloads its stage's state).  That relay and a relay of the other stage
+(started with `--stage K`) are SIGKILLed together and started again with the
+same state directories and flags: each finds its checkpoint, goes back to
+its stage without asking the leader, compares with its stage peers and
+takes part in an aggregation again within 30 s of listening (the
+interpreter's and torch's start-up, which takes tens of seconds on a loaded
+machine, is not counted).  At the end each holds the same parameters as a
+stage peer at the same step (their checkpoints), and every loss equals the
+centralized reference trained on what the logs say each iteration trained
+(restartutil.py).
 
 The unit tests: `resume.decide`, the choice of the state a relay coming back
 takes, case by case; the manifest's `recovery` section.
@@ -134,7 +134,7 @@ async def test_relay_restarted_with_its_state_dir(tmp_path: Path) -> None:
     man = default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=M)
     run = tmp_path / "run.json"
     save_manifest(man, run)
-    swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=1, iterations=100000,
+    swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=2, iterations=100000,
                        iteration_timeout_s=60)
     try:
         await trio.to_thread.run_sync(swarm.start)
@@ -143,21 +143,24 @@ async def test_relay_restarted_with_its_state_dir(tmp_path: Path) -> None:
         await wait_for(lambda: (st := status(tmp_path, "j0")).get("stage") is not None and not st["joining"]
                        and (tmp_path / "j0" / "checkpoint.pt").exists(), 60, "j0 placed, stepping", swarm)
         k = status(tmp_path, "j0")["stage"]
-        await _kill_and_restart(swarm, tmp_path, "j0", auto=True)
+        fixed = f"r{1 - k}_0"  # (a relay of the other stage: each stage keeps a live member)
+        async with trio.open_nursery() as n:
+            n.start_soon(lambda: _kill_and_restart(swarm, tmp_path, "j0", auto=True))
+            n.start_soon(lambda: _kill_and_restart(swarm, tmp_path, fixed, auto=False))
         assert status(tmp_path, "j0")["stage"] == k
-        await _kill_and_restart(swarm, tmp_path, f"r{k}_0", auto=False)
         n = len(swarm.records())
         await wait_records(swarm, n + 2, 60)
     finally:
         await trio.to_thread.run_sync(swarm.stop)
-    steps, a, b = common_checkpoint_params(tmp_path, "j0", f"r{k}_0")
-    back = max(int(x) for x in re.findall(r"taking part from iteration (\d+)", log_text(tmp_path, f"r{k}_0")))
-    assert steps > back, (steps, back)
-    assert (a - b).norm() <= 1e-6 * b.norm(), (steps, float((a - b).norm()))
+    for back, peer in [("j0", f"r{k}_0"), (fixed, f"r{1 - k}_1")]:
+        steps, a, b = common_checkpoint_params(tmp_path, back, peer)
+        since = max(int(x) for x in re.findall(r"taking part from iteration (\d+)", log_text(tmp_path, back)))
+        assert steps > since, (back, steps, since)
+        assert (a - b).norm() <= 1e-6 * b.norm(), (back, steps, float((a - b).norm()))
 
     records = swarm.records()
     assert [r["iteration"] for r in records] == list(range(len(records)))
-    relays = {s: [f"r{s}_0"] + (["j0"] if s == k else []) for s in range(2)}
+    relays = {s: [f"r{s}_0", f"r{s}_1"] + (["j0"] if s == k else []) for s in range(2)}
     plan = stage_plan(tmp_path, 1, relays)
     want = reference_losses(man, 1, plan[:len(records)])
     for r, (data_keys, _stages), loss in zip(records, plan, want):
