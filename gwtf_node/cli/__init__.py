@@ -76,6 +76,13 @@ def cmd_join(args: argparse.Namespace) -> int:
         if args.links:
             from ..runtime.linkspec import load_links
             load_links(Path(args.links))
+        if args.restore:
+            from ..runtime.checkpoints import CheckpointError, load as load_checkpoint
+
+            try:
+                load_checkpoint(Path(args.restore), run_id=man.run_id)
+            except CheckpointError as e:
+                raise CliError(f"--restore: {e}") from None
     except _manifest_error_types() as e:
         raise CliError(str(e)) from None
     from libp2p.peer.peerinfo import info_from_p2p_addr
@@ -129,7 +136,8 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
                        listen_host=args.host, capacity=args.capacity, iterations=args.iterations,
                        data_index=args.data_index, data_nodes=args.data_nodes,
                        links=Path(args.links) if args.links else None, policy=args.policy,
-                       bootstrap_timeout_s=args.bootstrap_timeout)
+                       bootstrap_timeout_s=args.bootstrap_timeout,
+                       restore=Path(args.restore) if args.restore else None, keep_checkpoints=args.keep_checkpoints)
     try:
         stopped = trio.run(run_node, opts, lock)
     except BaseException as e:  # trio wraps what a nursery's body raises in exception groups: look inside
@@ -382,6 +390,10 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--device", default="auto", help="torch device for the stage: auto (cuda if present), cpu, cuda, cuda:N")
     j.add_argument("--policy", choices=("gwtf", "swarm"), default="gwtf",
                    help="microbatch routing and crash recovery: GWTF's, or SWARM's (the baseline)")
+    j.add_argument("--restore", default=None, metavar="FILE",
+                   help="relays: resume from this checkpoint file, as from the newest of the state directory")
+    j.add_argument("--keep-checkpoints", type=_positive_int, default=3, metavar="N",
+                   help="checkpoints kept in the state directory (the newest N)")
     j.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO")
     j.set_defaults(func=cmd_join)
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import enum
 import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -98,6 +99,19 @@ class TrainSpec:
     seed: int = 0  # model init and data order
 
 
+class EmptyStage(str, enum.Enum):
+    """What a relay does that comes back to a stage with no live member, holding a checkpoint older than the
+    stage's state in the run (`runtime/resume.py`)."""
+
+    WAIT = "wait"  # wait for a node holding the stage's current state (the default: no training is lost)
+    RESTART_FROM_CHECKPOINT = "restart_from_checkpoint"  # resume the stage from that checkpoint: steps are lost
+
+
+@dataclass(frozen=True)
+class RecoverySpec:
+    empty_stage: EmptyStage = EmptyStage.WAIT
+
+
 @dataclass(frozen=True)
 class ModelDims:
     layers: int
@@ -116,6 +130,9 @@ class RunManifest:
     train: TrainSpec
     owner_public_key: str = ""  # hex raw Ed25519 public key; "" for an unsigned run
     signature: str = ""  # hex Ed25519 signature of `signed_bytes()`
+    # the owner's choices when a stage loses every member; None: absent from the JSON (so the run id of a
+    # manifest without it is what it always was), which means the defaults of RecoverySpec
+    recovery: RecoverySpec | None = None
     base_dir: str = field(default="", compare=False, repr=False)  # resolves relative paths; not serialized
 
     # ---- serialization ----------------------------------------------------
@@ -123,6 +140,10 @@ class RunManifest:
     def to_dict(self, *, with_signature: bool = True) -> dict[str, Any]:
         d = asdict(self)
         del d["base_dir"]
+        if self.recovery is None:
+            del d["recovery"]
+        else:
+            d["recovery"] = {"empty_stage": self.recovery.empty_stage.value}
         d["version"] = MANIFEST_VERSION
         d["stages"] = [list(s) for s in self.stages]
         d["train"]["betas"] = list(self.train.betas)
@@ -159,6 +180,11 @@ class RunManifest:
     @property
     def dims(self) -> ModelDims:
         return model_dims(self.model)
+
+    @property
+    def empty_stage(self) -> EmptyStage:
+        """What a relay coming back to an empty stage with a stale checkpoint does (RecoverySpec)."""
+        return (self.recovery or RecoverySpec()).empty_stage
 
     @property
     def num_stages(self) -> int:
@@ -290,7 +316,24 @@ def _check_stages(stages: Sequence[tuple[int, int]], n_layers: int) -> None:
         raise ManifestError(f"stages cover layers 0..{expect} but the model has {n_layers} layers")
 
 
-_TOP_KEYS = {"version", "run_name", "model", "stages", "data", "train", "owner_public_key", "signature"}
+_TOP_KEYS = {"version", "run_name", "model", "stages", "data", "train", "owner_public_key", "signature", "recovery"}
+
+
+def _recovery(d: Any) -> RecoverySpec | None:
+    """The optional `recovery` section: {"empty_stage": "wait" | "restart_from_checkpoint"}."""
+    if d is None:
+        return None
+    if not isinstance(d, dict):
+        raise ManifestError('recovery must be an object, e.g. {"empty_stage": "wait"}')
+    unknown = sorted(set(d) - {"empty_stage"})
+    if unknown:
+        raise ManifestError(f"recovery has unknown field(s) {', '.join(unknown)}: the only one is empty_stage")
+    choice = d.get("empty_stage", EmptyStage.WAIT.value)
+    try:
+        return RecoverySpec(EmptyStage(choice))
+    except ValueError:
+        raise ManifestError(f"recovery.empty_stage is {choice!r}; use one of "
+                            f"{', '.join(repr(e.value) for e in EmptyStage)}") from None
 
 
 def _from_dict(d: Any, base_dir: str) -> RunManifest:
@@ -302,6 +345,7 @@ def _from_dict(d: Any, base_dir: str) -> RunManifest:
     version = d.get("version", MANIFEST_VERSION)
     if version != MANIFEST_VERSION:
         raise ManifestError(f"manifest version {version} is not supported (this node reads {MANIFEST_VERSION})")
+    recovery = _recovery(d.get("recovery"))
     try:
         model, data, train = d["model"], d["data"], d["train"]
         m = RunManifest(
@@ -318,6 +362,7 @@ def _from_dict(d: Any, base_dir: str) -> RunManifest:
             train=TrainSpec(**{**train, "betas": tuple(train.get("betas", TrainSpec.betas))}),
             owner_public_key=d.get("owner_public_key", ""),
             signature=d.get("signature", ""),
+            recovery=recovery,
             base_dir=base_dir,
         )
     except KeyError as e:

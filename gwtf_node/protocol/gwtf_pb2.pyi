@@ -409,24 +409,32 @@ class Pong(_message.Message):
     def __init__(self, nonce: _Optional[int] = ...) -> None: ...
 
 class StageStateRequest(_message.Message):
-    __slots__ = ("stage", "after")
+    __slots__ = ("stage", "after", "hash_only")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     AFTER_FIELD_NUMBER: _ClassVar[int]
+    HASH_ONLY_FIELD_NUMBER: _ClassVar[int]
     stage: int
     after: int
-    def __init__(self, stage: _Optional[int] = ..., after: _Optional[int] = ...) -> None: ...
+    hash_only: bool
+    def __init__(self, stage: _Optional[int] = ..., after: _Optional[int] = ..., hash_only: bool = ...) -> None: ...
 
 class StageState(_message.Message):
-    __slots__ = ("stage", "iteration", "sha256", "tensor")
+    __slots__ = ("stage", "iteration", "sha256", "tensor", "params_sha256", "run_steps", "stage_empty")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     TENSOR_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_SHA256_FIELD_NUMBER: _ClassVar[int]
+    RUN_STEPS_FIELD_NUMBER: _ClassVar[int]
+    STAGE_EMPTY_FIELD_NUMBER: _ClassVar[int]
     stage: int
     iteration: int
     sha256: str
     tensor: TensorHeader
-    def __init__(self, stage: _Optional[int] = ..., iteration: _Optional[int] = ..., sha256: _Optional[str] = ..., tensor: _Optional[_Union[TensorHeader, _Mapping]] = ...) -> None: ...
+    params_sha256: str
+    run_steps: int
+    stage_empty: bool
+    def __init__(self, stage: _Optional[int] = ..., iteration: _Optional[int] = ..., sha256: _Optional[str] = ..., tensor: _Optional[_Union[TensorHeader, _Mapping]] = ..., params_sha256: _Optional[str] = ..., run_steps: _Optional[int] = ..., stage_empty: bool = ...) -> None: ...
 
 class MbDeny(_message.Message):
     __slots__ = ("data_node", "seq", "iteration", "attempt")

@@ -360,6 +360,7 @@ class Pong:
 class StageStateRequest:
     stage: int
     after: int = 0
+    hash_only: bool = False  # the steps and parameter hash (a relay) or the stage's steps in the run (a data node)
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,6 +369,9 @@ class StageState:
     iteration: int
     sha256: str
     tensor: TensorHeader | None
+    params_sha256: str = ""  # a relay's hash-only answer: StageModel.state_hash() at `iteration` steps
+    run_steps: int = 0  # a data node's hash-only answer: the first iteration a state installed now takes part in
+    stage_empty: bool = False  # a data node's hash-only answer: no relay of the stage is ready
 
 
 # ---- crash recovery of microbatches (section V-D; protocol/recovery.py) ----

@@ -64,6 +64,18 @@ stage state; nobody waits for its CanTake only if the leader left it out, so
 the driver must resync quickly (the membership layer then reports it gone
 otherwise).
 
+An empty stage
+--------------
+A stage whose group in BEGIN has no member (its last relay crashed or left,
+nobody took its place yet) passes BEGIN on to nobody, so the leader sends
+BEGIN itself to the members of the stage after it (`_past_empty`), when it
+opens the phase and again when the member it named is forgotten meanwhile;
+those relays step and pass BEGIN on as usual.  The empty stage takes no step
+in that iteration (its state stays that of the iteration before), and a data
+node whose stage-0 group is empty waits for no CAN TAKE.  Opening the next
+iteration with a stage still empty is the driver's decision (a data node
+does not: runtime/microbatches.py).
+
 Everything here is pure: every method is handed `now` and returns effects
 (`Send`, `SetTimer`, `CancelTimer`, `StartStep`, `OpenIteration`, `LeftOut`,
 `OutOfStep`).
@@ -305,10 +317,20 @@ class Phases:
     def _fan_out(self, now: float, begin: BeginAggregation, exclude: Iterable[str]) -> list:
         eff: list = []
         skip = set(exclude) | {self.me} | self.gone
-        for to in self.front:
+        for to in sorted(set(self.front) | self._past_empty(begin)):
             if to not in skip:
                 eff += self._send(now, PhaseKind.BEGIN, begin.iteration, to, begin)
         return eff
+
+    def _past_empty(self, begin: BeginAggregation) -> set[str]:
+        """Members of the stages right after a stage with no member in `begin`'s groups (module doc, "An empty
+        stage"): no relay of the empty stage passes BEGIN on to them, so the leader sends it to them itself."""
+        named = {g.stage: set(g.peers) - self.gone for g in begin.groups}
+        out: set[str] = set()
+        for k in sorted(named):
+            if k >= 1 and k - 1 in named and not named[k - 1]:
+                out |= named[k]
+        return out
 
     def iteration_loss(self, iteration: int) -> tuple[int, float]:
         """(completed microbatches, loss sum) over every data node's report of `iteration` (leader only)."""
@@ -390,6 +412,11 @@ class Phases:
         self.gone.add(peer)
         self.front = tuple(p for p in self.front if p != peer)
         eff = self._drop_unacked(lambda k: k[2] == peer)
+        if self.is_data and self.leader == self.me:  # BEGIN named it; its stage is empty now: bridge the gap
+            for it in sorted(self.begun):
+                begin = self.begin_msgs.get(it)
+                if begin is not None and any(peer in g.peers for g in begin.groups):
+                    eff += self._fan_out(now, begin, exclude=self.front)
         for it, reports in self.done_reports.items():  # a dead data node's microbatches do not count (recovery.py)
             if it not in self.begun:
                 reports.pop(peer, None)

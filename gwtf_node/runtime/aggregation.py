@@ -25,6 +25,12 @@ the same group); the contributions that died with it are counted in
 
 After the step: a checkpoint every `checkpoint_every` iterations, and the
 leader appends one JSON object per iteration to `metrics.jsonl`.
+
+A data node also keeps, per stage, the optimizer steps the stage's state
+holds in the run (`stage_steps`): the run's step, except that an iteration
+whose aggregation found the stage with no member does not move it.  A relay
+that comes back to an empty stage compares its checkpoint with it
+(resume.py).
 """
 
 from __future__ import annotations
@@ -84,6 +90,10 @@ class Aggregation:
         self._leader: str | None = None  # the leader the phase was last handed
         self.last_iteration: int | None = None  # the last iteration whose step this node applied
         self._ar_scopes: dict[str, tuple[set[str], trio.CancelScope]] = {}
+        # a data node: stage -> the optimizer steps that stage's state holds in the run (an iteration whose
+        # aggregation found the stage empty does not step it); `stage_steps`
+        self.stage_held: dict[int, int] = {}
+        self._held_from = stage.applied_steps
 
     # ------------------------------------------------------------------ reading
     def group(self, iteration: int, stage: int) -> set[str] | None:
@@ -91,6 +101,35 @@ class Aggregation:
 
     def can_take_sent(self, iteration: int) -> bool:
         return self.phases is not None and iteration in self.phases.can_take_sent
+
+    def stage_steps(self, stage: int) -> int:
+        """A data node: optimizer steps the state of `stage` holds in the run, as far as this node knows.
+
+        It is the run's step, except after aggregations in which the stage had
+        no member (its state did not move then): what a relay coming back to an
+        empty stage compares its checkpoint with (resume.py)."""
+        held = self.stage_held.get(stage, self._held_from)
+        if self.phases is not None:
+            for it in sorted(self.phases.begun):
+                if it >= held and self.phases.group(it, stage):
+                    held = it + 1
+        return held
+
+    def run_steps(self) -> int:
+        """A data node: the first iteration whose aggregation a stage state installed now can take part in."""
+        begun = self.phases.begun if self.phases is not None else set()
+        return max([self.stage.applied_steps] + [it + 1 for it in begun])
+
+    def iteration_opened(self, iteration: int) -> None:
+        """A data node opens `iteration` (CAN TAKE of the one before came back): the stages whose group stepped
+        in the one before hold `iteration` steps."""
+        if self.phases is None or iteration < 1:
+            return
+        for k in range(self.peers.n_stages):
+            if self.phases.group(iteration - 1, k):
+                self.stage_held[k] = iteration
+            else:
+                self.stage_held.setdefault(k, self.stage_steps(k))
 
     # ------------------------------------------------------------------ the phase
     def new_phases(self) -> None:
@@ -248,8 +287,6 @@ class Aggregation:
         if relay:  # not released), as (data node, seq, iteration)
             keys = sorted(self.contrib_for.pop(e.iteration, frozenset()))
             log.info("iteration %d: aggregating %d contributions held here", e.iteration, len(keys))
-            log.info("iteration %d: contributions %s", e.iteration,
-                     json.dumps(sorted([self.peers.who(d), seq] for d, seq, _it in keys)))
         self.faults.point("aggregate")
         if keys:
             self.faults.point("aggregate_holding")
@@ -267,6 +304,9 @@ class Aggregation:
         named = self.phases.group(e.iteration, stage)
         group = sorted(named) if named is not None else self.peers.stage_group()
         total, count = await self._all_reduce_survivors(f"s{stage}/it{e.iteration}", group, grad, float(mine))
+        if relay:  # (once they are in the stage's sum: what the tests rebuild the centralized reference from)
+            log.info("iteration %d: contributions %s", e.iteration,
+                     json.dumps(sorted([self.peers.who(d), seq] for d, seq, _it in keys)))
         if relay and count < e.microbatches:
             # the survivors' mean (recovery.py): the missing contributions died with a relay
             self.lost_contributions[e.iteration] = int(e.microbatches - count)

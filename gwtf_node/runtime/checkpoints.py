@@ -113,7 +113,8 @@ def load(path: Path, *, run_id: str | None = None) -> Checkpoint:
     try:
         rec = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch raises several unrelated types for a corrupt archive
-        raise CheckpointError(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
+        first = (str(e).strip().splitlines() or [""])[0]  # (torch's messages run over several lines)
+        raise CheckpointError(f"{path}: not a readable checkpoint ({type(e).__name__}: {first})") from None
     if not isinstance(rec, dict) or rec.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a gwtf-node checkpoint (format {FORMAT} expected)")
     try:

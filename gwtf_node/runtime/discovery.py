@@ -142,7 +142,9 @@ class Discovery:
         _old, changed = self.peers.upsert(info, now())
         self.on_peer_hello(info)
         reply: list[m.Message] = []
-        if sender not in self.hellos_sent:
+        # a peer forgotten and back, or back joining again before it was found dead: a restart that knows nobody
+        restarted = _old is None or changed or (msg.joining and not _old.joining)
+        if sender not in self.hellos_sent or restarted:
             self.hellos_sent.add(sender)
             reply.append(self.hello())
         if changed:

@@ -53,6 +53,10 @@ LEAVE_WAIT_S = 10.0  # a leaving relay waits at most this long for the aggregati
 GOODBYE_WAIT_S = 3.0
 LEADER_LOOKUP_S = 5.0
 MAX_STATE_BYTES = 1 << 34
+RESUME_POLL_S = 2.0  # a relay coming back that waits asks its peers again this often
+RESUME_SETTLE_S = 1.0  # ... and first gives the peers it learns of from a data node this long to say Hello
+HASH_ASK_S = 15.0  # ... and waits this long at most for a hash-only answer
+HASH_ANSWER_WAIT_S = 10.0  # a stage peer waits this long at most for the steps a hash-only request asks for
 
 
 def free_memory_bytes(device: str) -> int:
@@ -96,11 +100,16 @@ class Joining:
         self.joiner: JoinerMachine | None = None  # a --stage auto relay until placed and loaded
         self.want_after = 0  # the fewest steps the state it downloads must have
         self.state_loaded = trio.Event()
+        self.resuming = False  # a relay back with a checkpoint (resume.py)
+        self.resume_status: dict | None = None  # status.json's `resume`: what it decided and why
+        self._answers: dict[str, m.StageState] = {}  # peer -> its answer to our hash-only request
+        self._answered = trio.Event()
+        self._hash_of: tuple[int, str] | None = None  # (steps, params hash) of the state held, when last computed
 
     @property
     def joined(self) -> bool:
-        """This node was placed by the leader (flows may already exist around it)."""
-        return self.joiner is not None
+        """This node was placed by the leader or came back to its stage (flows may already exist around it)."""
+        return self.joiner is not None or self.resuming
 
     # ---------------------------------------------------------------- joining
     def _measured_capacity(self) -> int:
@@ -202,6 +211,106 @@ class Joining:
         if self.joiner is not None:
             self.joiner.on_iteration(iteration + 1)
 
+    # ---------------------------------------------------------------- resuming (resume.py)
+    async def resume(self, stage: int, steps: int, params_sha256: str) -> None:
+        """A relay back with a checkpoint of `stage` (loaded: `steps` applied, parameter hash `params_sha256`):
+        ask its peers, decide which state it takes (`resume.decide`), and take it; waits while the decision
+        says so, asking again every RESUME_POLL_S."""
+        from .resume import Source
+
+        self.resuming = True
+        self._hash_of = (steps, params_sha256)
+        self.aggregation.new_phases()  # a BEGIN that leaves it out raises the steps a download must have
+        since, said = now(), ""
+        self.resume_status = {"decision": "wait", "reason": "no data node known yet", "waiting_s": 0}
+        while not [p for p in self.peers.data_nodes() if p != self.wire.me]:
+            await trio.sleep(0.2)  # (finding the run is discovery's business; it says so when it cannot)
+        await trio.sleep(RESUME_SETTLE_S)  # the Hellos of the peers the data node's PeerList names
+        while True:
+            d = await self._resume_decision(stage)
+            self.resume_status = {"decision": d.source.value, "reason": d.reason, "waiting_s": round(now() - since)}
+            if d.source is not Source.WAIT:
+                break
+            if d.reason != said:
+                log.warning("resume: %s", d.reason)
+                said = d.reason
+            await trio.sleep(RESUME_POLL_S)
+        log.info("resume: %s", d.reason)
+        if d.source is Source.DOWNLOAD:
+            log.info("resume: downloading stage %d's state from %s", stage, self.peers.who(d.peer))
+            await self._fetch_state(d.peer, d.steps)
+            return
+        if d.source is Source.STALE_RESTART:
+            log.warning("resume: stage %d restarts from a checkpoint of %d steps: %d optimizer steps of stage %d's "
+                        "training are lost; the run goes on from iteration %d", stage, self.stage.applied_steps,
+                        d.lost, stage, d.steps)
+        self.stage.set_steps(d.steps)
+        self.aggregation.resynced(d.steps)
+        self.peers.set_standing(joining=False, ready_from=d.steps)
+        log.info("resume: stage %d from its own checkpoint (no download): taking part from iteration %d", stage,
+                 d.steps)
+        self.discovery.hello_all()
+        self.state_loaded.set()
+
+    async def _resume_decision(self, stage: int):
+        from .resume import Decision, Held, PeerAnswer, RunAnswer, Source, decide
+
+        ready = [p for p in self.peers.ids("relay", stage)
+                 if not self.peers.get(p).joining and not self.peers.get(p).leaving]
+        held = Held(self.stage.applied_steps, await self._own_hash())
+        if ready:
+            for p in ready:
+                ans = await self._ask(p, m.StageStateRequest(stage, held.steps, hash_only=True))
+                if ans is not None:
+                    return decide(stage, held, peer=PeerAnswer(p, ans.iteration, ans.params_sha256), run=None)
+            return Decision(Source.WAIT, reason=f"no answer from stage {stage}'s relays "
+                                                f"{', '.join(map(self.peers.who, ready))}")
+        run = None
+        for d in [p for p in self.peers.data_nodes() if p != self.wire.me]:
+            ans = await self._ask(d, m.StageStateRequest(stage, 0, hash_only=True))
+            if ans is not None:
+                run = RunAnswer(ans.iteration, ans.run_steps, ans.stage_empty)
+                break
+        return decide(stage, held, peer=None, run=run, empty_stage=self.manifest.empty_stage)
+
+    async def _own_hash(self) -> str:
+        steps = self.stage.applied_steps
+        if self._hash_of is None or self._hash_of[0] != steps:
+            self._hash_of = (steps, await self.stage.run(self.stage.model.state_hash))
+        return self._hash_of[1]
+
+    async def _ask(self, peer: str, msg: m.StageStateRequest) -> m.StageState | None:
+        """Send a hash-only request and wait (at most HASH_ASK_S) for the answer."""
+        self._answers.pop(peer, None)
+        if not await self.wire.send(peer, msg):
+            return None
+        with trio.move_on_after(HASH_ASK_S):
+            while peer not in self._answers:
+                await self._answered.wait()
+        return self._answers.pop(peer, None)
+
+    def _on_answer(self, peer: str, msg: m.StageState) -> None:
+        if not self.resuming:
+            raise FrameRefused("hash-only StageState that this node did not ask for")
+        self._answers[peer] = msg
+        self._answered.set()
+        self._answered = trio.Event()
+
+    async def _answer_hash_only(self, peer: str, msg: m.StageStateRequest) -> None:
+        """A relay coming back compares its checkpoint: a stage peer says its steps and parameter hash, a data
+        node the steps the stage holds in the run and the run's step (resume.py).  No state moves."""
+        if self.peers.role == "data":
+            if not 0 <= msg.stage < self.peers.n_stages:
+                raise FrameRefused(f"StageStateRequest for stage {msg.stage}: the run has {self.peers.n_stages}")
+            run_steps = self.aggregation.run_steps()
+            await self.wire.send(peer, m.StageState(msg.stage, self.aggregation.stage_steps(msg.stage), "", None,
+                                                    run_steps=run_steps,
+                                                    stage_empty=not self.peers.groups(run_steps)[msg.stage]))
+            return
+        await self.stage.wait_steps(msg.after, HASH_ANSWER_WAIT_S)
+        steps, digest = await self.stage.run(lambda: (self.stage.applied_steps, self.stage.model.state_hash()))
+        await self.wire.send(peer, m.StageState(self.peers.stage, steps, "", None, params_sha256=digest))
+
     # ---------------------------------------------------------------- state hand-over
     async def fetch_state(self, source: str, after: int) -> None:
         """Download this node's part from `source` with at least `after` steps (a data node back after a restart
@@ -216,10 +325,11 @@ class Joining:
         fewer steps is refused, so the state it ends with is never behind an
         aggregation it missed.
         """
-        self.peers.set_standing(joining=True)
+        if not self.peers.place.joining:  # (a joiner already said so: a second Hello could overtake the next)
+            self.peers.set_standing(joining=True)
+            self.discovery.hello_all()
         self.want_after = max(self.want_after, after)
         self.state_loaded = trio.Event()
-        self.discovery.hello_all()
         asked, deadline = -1, 0.0
         while not self.state_loaded.is_set():
             if asked != self.want_after or now() > deadline:
@@ -243,9 +353,15 @@ class Joining:
 
     async def _answer_state_request(self, peer: str, msg: m.StageStateRequest) -> None:
         joining = self.peers.place.joining
+        if msg.hash_only and self.peers.role == "data":
+            await self._answer_hash_only(peer, msg)
+            return
         if self.peers.stage is None or msg.stage != self.peers.stage or not self.stage.built or joining:
             raise FrameRefused(f"StageStateRequest for stage {msg.stage}: this node serves stage {self.peers.stage}"
                                + (" and is joining itself" if joining else ""))
+        if msg.hash_only:
+            await self._answer_hash_only(peer, msg)
+            return
         await self.stage.wait_steps(msg.after, STATE_WAIT_S)
         steps, blob = await self.stage.run(self.stage.snapshot)
         import torch
@@ -259,6 +375,9 @@ class Joining:
     async def on_state(self, peer: str, msg: m.StageState, payload) -> None:
         from ..model.tensors import TensorError, unpack
 
+        if msg.tensor is None and not msg.sha256:
+            self._on_answer(peer, msg)
+            return
         if not self.peers.place.joining or msg.stage != self.peers.stage or msg.tensor is None:
             raise FrameRefused("StageState that this node did not ask for")
         if msg.iteration < self.want_after:
@@ -301,6 +420,11 @@ class Joining:
         if self.peers.place.joining:
             self.want_after = max(self.want_after, iteration + 1)  # the download must include this step
             return
+        if iteration < self.stage.applied_steps:
+            # the state held here is after that step already (a relay back with the state after it, resume.py):
+            # that iteration counts as stepped here, and its CAN TAKE goes on
+            self.aggregation.resynced(self.stage.applied_steps)
+            return
         if iteration < self.peers.place.ready_from:
             return
         group = self.aggregation.group(iteration, self.peers.stage) or set()
@@ -332,6 +456,7 @@ class Joining:
                 await trio.sleep(0.05)  # (no data node left: no aggregation will come)
         if scope.cancelled_caught:
             log.warning("iteration %d's aggregation did not come within %.0f s: leaving anyway", t, LEAVE_WAIT_S)
+        await self.stage.run(self.aggregation.checkpoint)  # the state after its last aggregation (resume.py)
         steps = self.stage.applied_steps
         await self.goodbye_all(steps - 1 if steps else 0)
         with trio.move_on_after(GOODBYE_WAIT_S):

@@ -47,9 +47,12 @@ from __future__ import annotations
 import functools
 import logging
 import random
+import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..protocol import messages as m
+from ..protocol.effects import CancelTimer, SetTimer
 from ..protocol.pipeline import DataIteration, MbStatus, OpenIteration
 from ..protocol.recovery import MB_MESSAGES, Compute, IterationSettled, RecoveryConfig, RecoveryNode
 from .faults import Faults
@@ -68,8 +71,22 @@ TENSOR_MSGS = (m.Forward, m.Recover, m.Backward)
 HOP_PRIOR_S = 1.0  # expected hand-off -> Complete before anything is measured (then an EWMA)
 E2E_PRIOR_S = 3.0  # expected launch -> final backward before anything is measured
 PROBE_WAIT_S = 2.0
+PAUSE_CHECK_S = 1.0  # a paused data node looks again this often (and at every Hello)
+PAUSE_TIMER = "pause.check"
+PAUSE_FLOWS_WAIT_S = 10.0  # ... then waits this long at most for its flows to place a unit through the new relay
 IN_SLOT = {"forward": Slot.IN, "recompute": Slot.IN, "loss": Slot.IN, "backward": Slot.GRAD_IN,
            "final": Slot.GRAD_IN}  # where the tensor of a message goes, by the computation it feeds
+
+
+@dataclass(frozen=True)
+class Pause:
+    """A data node does not open `iteration`: `stages` have no relay ready for it (since `since`)."""
+
+    iteration: int
+    stages: tuple[int, ...]
+    since: float  # the node's clock (now())
+    since_wall: float  # wall time, for status.json
+    served_at: float | None = None  # when every stage had a ready relay again (the flows through it then form)
 
 
 class Microbatches:
@@ -94,6 +111,7 @@ class Microbatches:
         self.iter_started = 0.0
         self.pipeline_s: dict[int, float] = {}  # iteration -> open to last microbatch settled
         self._flow_stamp: float | None = None  # the flow machine's last change the machine was told of
+        self.paused: Pause | None = None  # a data node: the iteration it does not open while a stage is empty
 
     # ------------------------------------------------------------------ reading
     @property
@@ -219,6 +237,9 @@ class Microbatches:
                 await self.wire.send(peer, msg)
 
     def on_timer(self, key: str) -> None:
+        if key == PAUSE_TIMER:
+            self.recheck_paused()
+            return
         if self.rec is not None:
             self._sync()
             self._apply(self.rec.on_timer(now(), key))
@@ -273,12 +294,48 @@ class Microbatches:
         self._apply(eff)
 
     # ------------------------------------------------------------------ iterations and the phase
+    def empty_stages(self, t: int) -> list[int]:
+        """Stages with no relay ready for iteration `t` (none that is not joining, ready from `t`, not leaving)."""
+        groups = self.peers.groups(t)
+        return [k for k in range(self.peers.n_stages) if not groups[k]]
+
     def open_iteration(self, t: int) -> None:
-        """A data node: the previous iteration's steps are applied everywhere; push the microbatches of `t`."""
+        """A data node: the previous iteration's steps are applied everywhere; push the microbatches of `t`.
+
+        With a stage that has no relay ready for `t` the iteration is not
+        opened: every microbatch would be deferred at once and the phase would
+        open the next one at once, a busy loop of empty iterations.  The run
+        pauses instead (`paused`, in status.json), and `recheck_paused` opens
+        `t` as soon as every stage has a ready member again (on a peer's Hello,
+        and every PAUSE_CHECK_S).
+        """
         if self.iterations and t >= self.iterations:
             log.info("finished %d iterations", t)
             self.on_finished()
             return
+        empty = self.empty_stages(t)
+        if empty:
+            if self.paused is None or self.paused.stages != tuple(empty):
+                since = self.paused.since if self.paused is not None else now()
+                wall = self.paused.since_wall if self.paused is not None else time.time()
+                self.paused = Pause(t, tuple(empty), since, wall)
+                log.warning("iteration %d not opened: stage %s has no live relay ready for it; the run is paused "
+                            "until a relay with that stage's state joins", t, ", ".join(map(str, empty)))
+            self.effects(Owner.MICROBATCHES, [SetTimer(PAUSE_TIMER, now() + PAUSE_CHECK_S)])
+            return
+        if self.paused is not None:
+            p = self.paused
+            if p.served_at is None:
+                self.paused = p = Pause(t, p.stages, p.since, p.since_wall, served_at=now())
+            if not self._units_placed() and now() - p.served_at < PAUSE_FLOWS_WAIT_S:
+                # the flows through the stage's new relay are forming: without a unit placed every microbatch
+                # would be deferred at once
+                self.effects(Owner.MICROBATCHES, [SetTimer(PAUSE_TIMER, now() + PAUSE_CHECK_S / 4)])
+                return
+            log.info("stage %s has a ready relay again: opening iteration %d after a pause of %.1f s",
+                     ", ".join(map(str, self.paused.stages)), t, now() - self.paused.since)
+            self.paused = None
+            self.effects(Owner.MICROBATCHES, [CancelTimer(PAUSE_TIMER)])
         self._sync()
         eff = self.rec.open_iteration(now(), t)
         seqs = sorted(self.rec.ledger.entries.get(t, {}))
@@ -286,6 +343,23 @@ class Microbatches:
         self.current.waiting = []  # the recovery machine owns the microbatches
         self.iter_started = now()
         self._apply(eff)
+
+    def _units_placed(self) -> bool:
+        """This data node's flows place a unit on a relay of stage 0."""
+        return sum(self.flows.out().get(self.wire.me, {}).values()) > 0
+
+    def recheck_paused(self) -> None:
+        """A peer event or the pause timer: open the iteration the run waits for if every stage is served now."""
+        if self.paused is not None:
+            self.open_iteration(self.paused.iteration)
+
+    def paused_status(self) -> dict | None:
+        """status.json's `paused`: the empty stages, since when (wall time), the iteration that waits."""
+        p = self.paused
+        if p is None:
+            return None
+        return {"empty_stages": list(p.stages), "since": p.since_wall, "seconds": round(now() - p.since, 1),
+                "iteration": p.iteration}
 
     def begin_aggregation(self, iteration: int) -> frozenset:
         """A relay: BEGIN AGGREGATION of `iteration`; the contributions that count (keys held here)."""
@@ -310,6 +384,8 @@ class Microbatches:
         if self.rec is not None:
             self._sync()
             self._apply(self.rec.peer_gone(now(), peer))
+            if self.peers.role == "data":  # its first stage may be empty now: what needs it cannot complete
+                self._apply(self.rec.give_up_stranded(now()))
 
 
 def _need(store: TensorStore, key: tuple, slot: Slot) -> Any:

@@ -38,7 +38,9 @@ runs the node's lifecycle:
    reason (`run_node` returns it).  Data nodes start their election once
    they know every data node.  A relay started with `--stage auto`
    asks the elected leader for a stage (`joining.py`) and downloads the
-   stage's state from a stage peer.
+   stage's state from a stage peer.  A relay that holds a checkpoint (its
+   state directory's newest, or `--restore FILE`) goes back to that stage
+   instead, joining until `resume.py` decides which state it takes.
 2. *Flow formation.*  Once membership has been quiet for `settle_s` and the
    node knows a peer on each side, it measures its links and starts its flow
    machine (`flows.py`).  Relays that become ready later are added to the
@@ -47,7 +49,8 @@ runs the node's lifecycle:
 3. *Training.*  A data node opens iteration 0 (a restarted one: the run's
    step, `data_resume.py`) once its flows are formed and pushes its
    microbatches (`microbatches.py`); after each iteration comes the
-   aggregation phase (`aggregation.py`), whose CAN TAKE opens the next one.
+   aggregation phase (`aggregation.py`), whose CAN TAKE opens the next one,
+   unless a stage has no relay ready for it: then the run pauses until one is.
 4. *Metrics.*  The elected leader appends one JSON object per iteration to
    `metrics.jsonl` in its state directory; every node writes `status.json`
    and a checkpoint.
@@ -120,6 +123,8 @@ class NodeOptions:
     policy: str = "gwtf"  # microbatch routing and recovery: "gwtf" or "swarm" (the baseline; recovery.py)
     lend: bool = True  # gwtf, several data nodes: a data node with nothing left to launch lends its units (Lend)
     bootstrap_timeout_s: float = DEFAULT_TIMEOUT_S  # stop if no peer accepted us by then (0: retry forever)
+    restore: Path | None = None  # relays: a checkpoint file to resume from, as from the state directory's newest
+    keep_checkpoints: int = 3  # checkpoints kept in the state directory
 
 
 class Admit(enum.Enum):
@@ -211,13 +216,41 @@ class Node:
         self.effect_handlers: dict[tuple[Owner, type], Callable[[Any], None]] = {}
         self.senders: dict[Owner, Callable[[str, Any], Awaitable[bool]]] = {}  # one message, one task
         self.ordered_senders: dict[Owner, Callable[[str, list], Awaitable[None]]] = {}  # a peer's messages in order
+        self.resume_from = self._checkpoint_to_resume()  # a relay coming back to its stage (resume.py)
+
+    def _checkpoint_to_resume(self):
+        """A relay's checkpoint to resume from: `--restore FILE` (a bad file raises CheckpointError), else the
+        newest of its state directory; only one of its stage (`--stage K`), and never a data node's."""
+        from . import checkpoints
+
+        o = self.opts
+        if o.role != "relay":
+            return None
+        ck = (checkpoints.load(o.restore, run_id=self.run_id) if o.restore is not None
+              else checkpoints.newest(o.state_dir, run_id=self.run_id))
+        if ck is None:
+            return None
+        if ck.role != "relay" or ck.stage is None or not 0 <= ck.stage < len(self.manifest.stages):
+            err = f"{ck.path}: a checkpoint of a data node's part, not of a stage of this run"
+            if o.restore is not None:
+                raise checkpoints.CheckpointError(err)
+            log.warning("ignoring checkpoint: %s", err)
+            return None
+        if o.stage is not None and o.stage != ck.stage:
+            log.info("ignoring checkpoint %s: this node serves stage %d (--stage)", ck.describe(), o.stage)
+            return None
+        log.info("resuming from checkpoint %s", ck.describe())
+        return ck
 
     # ------------------------------------------------------------------ assembly
     def _assemble(self, host: Any, nursery: trio.Nursery) -> Parts:
         o = self.opts
         capacity = o.capacity or self.manifest.data.microbatches_per_iteration
-        # a data node restarted from a checkpoint is not counted in any aggregation until it settled the run's step
-        place = Place(o.role, -1 if o.role == "data" else o.stage, capacity, joining=self.resumed)
+        ck = self.resume_from
+        # a data node restarted from a checkpoint is not counted in any aggregation until it settled the run's
+        # step; a relay back with a checkpoint is not ready before resume.py says
+        place = Place(o.role, -1 if o.role == "data" else ck.stage if ck is not None else o.stage, capacity,
+                      joining=self.resumed if o.role == "data" else ck is not None)
         peers = Peers(host.peer_id, o.name, len(self.manifest.stages), place)
         self.peers = peers
         wire = Wire(host.peer_id, host, nursery, peers)
@@ -235,7 +268,7 @@ class Node:
                                 iteration_now=microbatches.iteration_now, on_change=self._leadership_changed)
         aggregation = Aggregation(wire, peers, self.stage, microbatches, leadership, AllReducer(host), self._apply,
                                   self.faults, state_dir=o.state_dir, checkpoint_every=o.checkpoint_every,
-                                  on_stepped=self._stepped)
+                                  checkpoint_keep=o.keep_checkpoints, on_stepped=self._stepped)
         joining = Joining(wire, peers, liveness, discovery, self.stage, flows, leadership, aggregation, self._apply,
                           host, capacity_flag=o.capacity, data_nodes=o.data_nodes, on_gone=self._peer_gone,
                           on_left=self.stop)
@@ -246,7 +279,8 @@ class Node:
         bootstrap = Bootstrap(wire, peers, discovery, host, list(o.bootstrap) + known,
                               timeout_s=o.bootstrap_timeout_s if o.bootstrap else 0.0, on_exit=self._exit)
         status = Status(o.state_dir / "status.json", wire, host, peers, liveness, self.stage, flows, microbatches,
-                        aggregation, leadership, run_id=self.run_id, policy=o.policy, bootstrap=bootstrap)
+                        aggregation, leadership, run_id=self.run_id, policy=o.policy, bootstrap=bootstrap,
+                        resume_status=lambda: joining.resume_status)
         parts = Parts(wire, liveness, discovery, flows, microbatches, leadership, aggregation, joining, status,
                       bootstrap)
         self.routes = routes(parts)
@@ -265,7 +299,7 @@ class Node:
             (Owner.AGGREGATION, StartStep): aggregation.start_step,
             (Owner.AGGREGATION, LeftOut): lambda e: joining.resync(e.iteration),
             (Owner.AGGREGATION, OutOfStep): lambda e: joining.resync(e.iteration),
-            (Owner.AGGREGATION, OpenIteration): lambda e: microbatches.open_iteration(e.iteration),
+            (Owner.AGGREGATION, OpenIteration): self._open_iteration,
         }
         self.senders = {Owner.AGGREGATION: aggregation.send}
         self.ordered_senders = {Owner.MICROBATCHES: microbatches.send_in_order}
@@ -310,6 +344,7 @@ class Node:
         p.aggregation.peer_back(info.peer_id)
         p.leadership.on_peer_hello(info)
         p.flows.on_peer_hello(info)
+        p.microbatches.recheck_paused()  # a relay ready for the stage the run waits for
 
     def _peer_gone(self, peer: str) -> None:
         """A peer crashed or left: out of routing, flows, aggregation groups and the recovery machine."""
@@ -321,6 +356,10 @@ class Node:
         p.aggregation.forget(peer)
         p.microbatches.peer_gone(peer)
         p.aggregation.after_gone(peer)
+
+    def _open_iteration(self, e: OpenIteration) -> None:
+        self.parts.aggregation.iteration_opened(e.iteration)
+        self.parts.microbatches.open_iteration(e.iteration)
 
     def _flows_changed(self) -> None:
         self.parts.microbatches.flows_changed()
@@ -403,7 +442,15 @@ class Node:
             from .linkspec import load_links
 
             self.links_cfg.update(load_links(self.opts.links))
-        if self.opts.stage is not None or self.opts.role == "data":  # an auto relay builds its part once placed
+        ck = self.resume_from
+        if ck is not None:
+            def build_and_load() -> None:
+                self.stage.build(ck.stage)
+                self.stage.model.load_state_bytes(ck.state)
+                self.stage.set_steps(ck.steps)
+
+            await trio.to_thread.run_sync(build_and_load)
+        elif self.opts.stage is not None or self.opts.role == "data":  # an auto relay builds its part once placed
             await trio.to_thread.run_sync(self.stage.build, self.opts.stage)
         if self.opts.role == "data":
             self.resumed = await trio.to_thread.run_sync(data_resume.load_checkpoint, self.stage, self.opts.state_dir)
@@ -431,6 +478,9 @@ class Node:
     async def _formation(self) -> None:
         """Wait for the swarm to settle, get a stage if placed by the leader, form flows, start training."""
         p, peers, role = self.parts, self.peers, self.opts.role
+        ck = self.resume_from
+        if ck is not None:
+            self.parts.wire.spawn(p.joining.resume, ck.stage, ck.steps, ck.params_sha256)
         while True:
             await trio.sleep(SETTLE_POLL_S)
             quiet = now() - peers.last_change >= self.opts.settle_s

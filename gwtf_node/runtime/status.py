@@ -13,7 +13,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import trio
 
@@ -33,7 +33,8 @@ STATUS_EVERY_S = 1.0
 class Status:
     def __init__(self, path: Path, wire: Wire, host: Any, peers: Peers, liveness: Liveness, stage: LocalStage,
                  flows: Flows, microbatches: Microbatches, aggregation: Aggregation, leadership: Leadership, *,
-                 run_id: str, policy: str, bootstrap: Bootstrap | None = None) -> None:
+                 run_id: str, policy: str, bootstrap: Bootstrap | None = None,
+                 resume_status: Callable[[], dict | None] = lambda: None) -> None:
         self.path = path
         self.wire = wire
         self.host = host
@@ -47,6 +48,7 @@ class Status:
         self.run_id = run_id
         self.policy = policy
         self.bootstrap = bootstrap  # how the node reaches the swarm at start
+        self.resume_status = resume_status  # a relay back with a checkpoint: what it decided and why (resume.py)
 
     def snapshot(self) -> dict:
         place, mb, agg = self.peers.place, self.microbatches, self.aggregation
@@ -70,6 +72,8 @@ class Status:
             "lost_contributions": {str(k): v for k, v in agg.lost_contributions.items()},
             "recovery": mb.stats(),
             "holding": mb.holding(),
+            "paused": mb.paused_status(),  # a data node: the iteration it does not open while a stage is empty
+            "resume": self.resume_status(),
             "pid": os.getpid(), "time": time.time(),
             "bootstrap": self.bootstrap.snapshot() if self.bootstrap is not None else None,
         }

@@ -125,6 +125,19 @@ class Rounds:
         eff.append(Compute("forward", m.key))
         self._arm_watchdog(now, m, eff)
 
+    def give_up_stranded(self, now: float) -> list:
+        """A data node whose first stage has no live relay left (every next peer gone or presumed dead): each
+        microbatch of it in flight whose backward has not passed that stage cannot complete (no relay holds or
+        can recompute its stage-0 activation), so it is given up now (deferred to a later iteration) rather
+        than after `max_rounds` probe rounds that cannot succeed.  The driver calls it after a peer is gone."""
+        eff: list = []
+        if not self.is_data or any(j not in self.gone and j not in self.dead for j in self.next_peers):
+            return eff
+        for m in [m for m in self.mbs.values() if isinstance(m, DataRecord) and m.sink != "final"]:
+            if self.mbs.get(m.key) is m:
+                self._give_up(now, m, eff)
+        return eff
+
     def _give_up(self, now: float, m: DataRecord, eff: list) -> None:
         self.stats.gave_up += 1
         for p in sorted(m.holders):

@@ -466,6 +466,8 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
             self._apply_phase(nid, self.phases[nid].forget(self.now, gone, nxt, prv))
             if self.detect:
                 self._apply(nid, self.nodes[nid].peer_gone(self.now, gone))
+                if nid in self.data:  # as the daemon: with its first stage empty, what needs it is given up
+                    self._apply(nid, self.nodes[nid].give_up_stranded(self.now))
         for d in self._live_data():
             if self._leading(d):
                 self._apply_phase(d, self._maybe_begin(d))

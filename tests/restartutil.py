@@ -1,0 +1,128 @@
+"""Helpers for the tests that kill a relay and start it again with its state directory.
+
+`stage_plan` reads what each iteration trained from the nodes' logs: the data
+part on the microbatches the data nodes completed ("iteration t settled:
+completed [...]"), each relay stage on the contributions its relays counted
+at BEGIN AGGREGATION ("iteration t: contributions [...]", every log of every
+relay of the stage, the logs of earlier lives of a restarted relay included).
+`reference_losses` trains the centralized reference on that plan, stage by
+stage: a stage that counted no contribution in an iteration takes no step,
+as in the swarm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+from gwtf_node.model.reference import build_chain, make_sources
+from gwtf_node.runtime.local import LocalSwarm
+
+Key = tuple[int, int]  # (data node index, seq)
+
+
+def relay_logs(workdir: Path, name: str) -> str:
+    """Every life's log of a relay: node.log.N (earlier lives, renamed before a restart) and node.log."""
+    d = workdir / name
+    older = sorted(d.glob("node.log.*"), key=lambda p: int(p.suffix[1:]))
+    return "".join(p.read_text(errors="replace") for p in older + [d / "node.log"] if p.exists())
+
+
+def stage_plan(workdir: Path, data_nodes: int, relays: dict[int, list[str]]) -> list[tuple[list[Key], dict[int, list[Key]]]]:
+    """Per iteration: (the data part's keys, stage -> the keys its relays counted)."""
+    names = [f"d{i}" for i in range(data_nodes)]
+    settled: dict[int, list[Key]] = {}
+    for n in names:
+        text = (workdir / n / "node.log").read_text(errors="replace")
+        for it, seqs in re.findall(r"iteration (\d+) settled: completed (\[[^]]*\])", text):
+            settled.setdefault(int(it), []).extend((int(n[1:]), s) for s in json.loads(seqs))
+    counted: dict[int, dict[int, list[Key]]] = {}
+    for k, names_k in relays.items():
+        for r in names_k:
+            for it, keys in re.findall(r"iteration (\d+): contributions (\[.*\])", relay_logs(workdir, r)):
+                counted.setdefault(int(it), {}).setdefault(k, []).extend((int(w[1:]), s) for w, s in json.loads(keys))
+    return [(sorted(settled[t]), {k: sorted(v) for k, v in counted.get(t, {}).items()}) for t in sorted(settled)]
+
+
+def reference_losses(man, data_nodes: int, plan) -> list[float | None]:
+    """Centralized losses of `plan` (`stage_plan`); None for an iteration that completed no microbatch."""
+    data, relays = build_chain(man)
+    sources = make_sources(man, data_nodes)
+    losses: list[float | None] = []
+    for data_keys, stage_keys in plan:
+        batch = []
+        every = set(data_keys).union(*[set(v) for v in stage_keys.values()])
+        for key in sorted(every):
+            x, y = sources[key[0]].get(key[1])
+            h = data.embed(key, x)
+            for r in relays:
+                h = r.forward(key, h)
+            loss, g = data.head_loss(key, h, y, hold=True)
+            for k in reversed(range(len(relays))):
+                g = relays[k].backward(key, g, hold=True)
+                if key in stage_keys.get(k, []):
+                    relays[k].commit(key)
+                else:
+                    relays[k].discard(key)
+            if key in data_keys:
+                data.commit(key, count=False)
+                data.embed_backward(key, g)
+                batch.append(loss)
+            else:
+                data.discard(key)
+                data.drop(key)
+        data.apply_mean_grad(data.grad_vector(), len(data_keys))
+        for k, r in enumerate(relays):
+            r.apply_mean_grad(r.grad_vector(), len(stage_keys.get(k, [])))
+        losses.append(sum(batch) / len(batch) if batch else None)
+    return losses
+
+
+def restart(swarm: LocalSwarm, name: str, *, auto: bool = False) -> None:
+    """Start relay `name` again with the same state directory and flags (`--stage auto` if `auto`, else the
+    stage its name says); its earlier log is kept aside, its fault disarmed."""
+    d = swarm.state_dir(name)
+    lives = len(list(d.glob("node.log.*")))
+    if (d / "node.log").exists():
+        os.replace(d / "node.log", d / f"node.log.{lives}")
+    (d / "fault").unlink(missing_ok=True)
+    swarm.faults.pop(name, None)
+    boot = (swarm.state_dir("d0") / "addr").read_text().split()[0]
+    saved, swarm.auto_stage = swarm.auto_stage, auto
+    try:
+        swarm._spawn(name, boot, None)
+    finally:
+        swarm.auto_stage = saved
+    swarm.expected_dead.discard(name)
+
+
+def common_checkpoint_params(workdir: Path, a: str, b: str):
+    """(steps, params of a, params of b) at the most steps both state directories hold a checkpoint of."""
+    import torch
+
+    from gwtf_node.runtime.checkpoints import listing
+
+    def by_steps(name: str) -> dict[int, Path]:
+        return {int(p.stem.split("-")[1]): p for p in listing(workdir / name)}
+
+    sa, sb = by_steps(a), by_steps(b)
+    common = sorted(set(sa) & set(sb))
+    assert common, (a, sorted(sa), b, sorted(sb))
+    n = common[-1]
+    return n, torch.load(sa[n], weights_only=False)["params"], torch.load(sb[n], weights_only=False)["params"]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` (/proc/<pid>/stat, fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_share(pid: int, wall_s: float) -> float:
+    """The share of wall time process `pid` spends on a CPU over the next `wall_s` seconds (blocking)."""
+    c0, t0 = cpu_seconds(pid), time.monotonic()
+    time.sleep(wall_s)
+    return (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
