@@ -9,7 +9,8 @@ demand is its capacity (the microbatches it pushes per iteration).
   the simulator (sim/engine.py): after every event no data node has more units
   out than its demand (`outflow_committed`, which counts a unit it is taking
   back as gone), and once the flows settle each data node sends and receives
-  exactly its demand and both ends of every link agree.
+  exactly its demand and both ends of every link agree; so with one stage
+  (a relay linked to both sides of each data node) and with three.
 * The machines alone: a data node at its demand that is handed one more unit
   by a relabel takes it back (Withdraw to the relay that relabelled), and that
   relay does not relabel into it again until the data node bids again.
@@ -100,11 +101,19 @@ def test_each_data_node_gets_its_demand_and_never_more(relays_per_stage: int, ca
                 assert nodes[j].inn[d].get(nid, 0) == n, (nid, j, d)  # both ends of the link agree
 
 
-def test_three_stages_each_data_node_gets_its_demand() -> None:
+@pytest.mark.parametrize("stages", [1, 3])
+def test_one_or_three_stages_each_data_node_gets_its_demand(stages: int) -> None:
+    """With one stage a relay links both sides of every data node (it neither relabels nor cross-displaces)."""
     for seed in range(3):
-        sim, nodes, _ = swarm(2, 4, seed, stages=3)
-        sim.run_until(40.0)
-        assert [sum(nodes[d].out[d].values()) for d in DATA] == [DEMAND, DEMAND], seed
+        for relays_per_stage, capacity in ((1, 8), (2, 4)):
+            sim, nodes, _ = swarm(relays_per_stage, capacity, seed, stages=stages)
+            sim.run_until(40.0)
+            for d in DATA:
+                assert sum(nodes[d].out[d].values()) == sum(nodes[d].inn[d].values()) == DEMAND, (seed, d)
+            for nid, m in nodes.items():
+                for d, outs in m.out.items():
+                    for j, n in outs.items():
+                        assert nodes[j].inn[d].get(nid, 0) == n, (seed, nid, j, d)
 
 
 # ---------------------------------------------------------------------------------------------- the machines alone

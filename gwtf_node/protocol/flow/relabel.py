@@ -83,12 +83,19 @@ def refuse(node: FlowNode, sender: str, eff: list[Effect]) -> None:
     eff.append(Send(sender, Withdraw(rid, me)))
 
 
+def one_stage(node: FlowNode) -> bool:
+    """A relay with data nodes on both sides (a run of one stage): a data node could not tell a Relabel of the
+    unit it sends this relay from one of the unit this relay sends it, so such a relay neither relabels nor
+    displaces across data nodes."""
+    return bool(node.data_prev) and any(j in node.cfg.commodities for j in node.cfg.next_costs)
+
+
 def cross_in(node: FlowNode, d: str) -> None:
     """Cross displacement: take a unit of `d`, displace a unit of another data node B from upstream p (p routes
     it again: B's OUT label at p) and hand ours B's route from here on, relabelled to `d` (RelabelCost)."""
     tin = node.tag_in
     best = None
-    if node.relabelling.crossed >= node.cfg.cross_limit:
+    if node.relabelling.crossed >= node.cfg.cross_limit or one_stage(node):
         return
     for b in node.cfg.commodities:
         if b == d:
@@ -151,7 +158,7 @@ def maybe_relabel(node: FlowNode, now: float, eff: list[Effect]) -> None:
     """First-stage relay, quiet, on its tick: turn one unit of data node A that it receives into data node B's
     when B's hop to here plus the change of the hop back (RelabelCost) is cheaper than A's."""
     cfg = node.cfg
-    if node.relabelling.started >= cfg.relabel_limit:
+    if node.relabelling.started >= cfg.relabel_limit or one_stage(node):
         return
     if node.ordered and any(c != INF for c in node.bid.seen_cost.values()):
         return  # a data node will still launch: relabelling now would change the routes it is shown
