@@ -34,6 +34,10 @@ OUT_B(p) - d(p, i) + R(B -> A), a multi-commodity augmenting path
 (`cross_in`, `Via.CROSS`).  Carried out with the messages of relabelling (Deny
 DISPLACED to p, Relabel down the route).  At most `cross_limit` per relay:
 more let stale labels chase units around.
+
+A relay of a one-stage run, linked to both sides of each data node, does
+neither (`one_stage`): a data node would count its Relabels on the wrong side
+of the link.
 """
 
 from __future__ import annotations
