@@ -307,6 +307,7 @@ class FlowNode:
         self.bid.seen_seq.pop(d, None)
         self.bid.seen_cost.pop(d, None)
         self.bid.others.pop(d, None)
+        self.relabelling.refused.pop(d, None)
         announce.refresh(self, (d,), eff)
         units.act(self, now, eff)
         return eff
@@ -336,6 +337,7 @@ class FlowNode:
         cfg = self.cfg
         self.stash.pop(peer, None)
         self.bid.seen_cost.pop(peer, None)  # a data node gone: its last bid must not hold relabelling back
+        self.relabelling.refused.pop(peer, None)
         if peer not in cfg.next_costs and peer not in cfg.prev_costs and peer not in cfg.peers:
             return eff
         self.removed.add(peer)

@@ -15,6 +15,17 @@ back to B (`relabel_down`).  The upstream end changes the link's commodity and
 the downstream end copies it; an imbalance left is repaired as any other.  At
 most `relabel_limit` per relay: two relays can undo each other's relabels.
 
+A data node sends at most its demand (its capacity: "Data nodes start with
+unpaired flows matching their capacity", section V-C), and a relabel gives B
+one more unit, so it is only right while B is short of its demand.  The
+first-stage relay cannot know that (B's other units go through other relays,
+and B bids INF both when it is full and when it has no route), so B decides:
+B at its demand takes the unit back at once (`refuse`: a Withdraw to the
+relay that relabelled; A, one short now, launches again, and the relay,
+withdrawing downstream in turn, makes room for it).  The relay then does not
+relabel into B again while B's bid is the one it had then (`refused`): a new
+bid from B says that B's units changed.
+
 Cross displacement.  A relay's IN label of commodity A may also take the slot
 of a unit of another commodity B that it receives from upstream p: p routes
 that unit again (B's OUT label at p, as in a displacement), and A's unit takes
@@ -23,6 +34,10 @@ OUT_B(p) - d(p, i) + R(B -> A), a multi-commodity augmenting path
 (`cross_in`, `Via.CROSS`).  Carried out with the messages of relabelling (Deny
 DISPLACED to p, Relabel down the route).  At most `cross_limit` per relay:
 more let stale labels chase units around.
+
+A relay of a one-stage run, linked to both sides of each data node, does
+neither (`one_stage`): a data node would count its Relabels on the wrong side
+of the link.
 """
 
 from __future__ import annotations
@@ -31,9 +46,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..effects import Effect, Send
-from ..messages import INF, Deny, DenyReason, Label, Relabel, RelabelCost, Side
+from ..messages import INF, Deny, DenyReason, Label, Relabel, RelabelCost, Side, Withdraw
 from . import announce
-from .state import EPS, Via, add_one, take_one
+from .state import EPS, Pending, PendingKind, Via, add_one, take_one
 
 if TYPE_CHECKING:
     from .node import FlowNode
@@ -46,6 +61,37 @@ class RelabelState:
     told: dict[tuple[str, str], float] = field(default_factory=dict)  # (A, B) -> what previous-stage relays were told
     crossed: int = 0  # cross displacements done here
     started: int = 0  # relabels started here
+    refused: dict[str, int] = field(default_factory=dict)  # data node -> the seq of its bid when it gave a unit
+    # relabelled to it back (it is at its demand): no relabel into it while its bid is that one
+
+
+def full(node: FlowNode, b: str) -> bool:
+    """First-stage relay: data node `b` gave back a unit relabelled to it and has not bid since (at its demand)."""
+    seq = node.relabelling.refused.get(b)
+    return seq is not None and seq == node.bid.seen_seq.get(b, 0)
+
+
+def refused(node: FlowNode, b: str) -> None:
+    """Relay: data node `b` takes back a unit it sends us (a Withdraw): it is over its demand (`refuse`)."""
+    if b in node.cfg.commodities and b in node.cfg.prev_costs:
+        node.relabelling.refused[b] = node.bid.seen_seq.get(b, 0)
+
+
+def refuse(node: FlowNode, sender: str, eff: list[Effect]) -> None:
+    """Data node: a relabel by first-stage relay `sender` put it over its demand; take that unit back."""
+    me = node.cfg.node_id
+    if node.outflow_committed(me) <= node.launch.demand or node.out[me].get(sender, 0) <= 0:
+        return
+    rid = node.new_id()
+    node.pending[rid] = Pending(PendingKind.WITHDRAW, sender, me)
+    eff.append(Send(sender, Withdraw(rid, me)))
+
+
+def one_stage(node: FlowNode) -> bool:
+    """A relay with data nodes on both sides (a run of one stage): a data node could not tell a Relabel of the
+    unit it sends this relay from one of the unit this relay sends it, so such a relay neither relabels nor
+    displaces across data nodes."""
+    return bool(node.data_prev) and any(j in node.cfg.commodities for j in node.cfg.next_costs)
 
 
 def cross_in(node: FlowNode, d: str) -> None:
@@ -53,7 +99,7 @@ def cross_in(node: FlowNode, d: str) -> None:
     it again: B's OUT label at p) and hand ours B's route from here on, relabelled to `d` (RelabelCost)."""
     tin = node.tag_in
     best = None
-    if node.relabelling.crossed >= node.cfg.cross_limit:
+    if node.relabelling.crossed >= node.cfg.cross_limit or one_stage(node):
         return
     for b in node.cfg.commodities:
         if b == d:
@@ -116,7 +162,7 @@ def maybe_relabel(node: FlowNode, now: float, eff: list[Effect]) -> None:
     """First-stage relay, quiet, on its tick: turn one unit of data node A that it receives into data node B's
     when B's hop to here plus the change of the hop back (RelabelCost) is cheaper than A's."""
     cfg = node.cfg
-    if node.relabelling.started >= cfg.relabel_limit:
+    if node.relabelling.started >= cfg.relabel_limit or one_stage(node):
         return
     if node.ordered and any(c != INF for c in node.bid.seen_cost.values()):
         return  # a data node will still launch: relabelling now would change the routes it is shown
@@ -125,7 +171,7 @@ def maybe_relabel(node: FlowNode, now: float, eff: list[Effect]) -> None:
         if node.inn[a].get(a, 0) <= 0:
             continue
         for b in node.data_prev:
-            if b == a:
+            if b == a or full(node, b):
                 continue
             r, via = node.relabelling.best.get((a, b), (INF, None))
             if via is None or r == INF:
@@ -176,6 +222,7 @@ def on_relabel(node: FlowNode, now: float, sender: str, msg: Relabel, eff: list[
                 take_one(node.out[a], sender)
             if b == me:
                 add_one(node.out[b], sender)
+                refuse(node, sender, eff)
         elif sender in node.cfg.prev_costs:  # a last-stage relay: a unit it sends us
             if a == me:
                 take_one(node.inn[a], sender)

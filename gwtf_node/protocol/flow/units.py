@@ -15,8 +15,9 @@ else rejects and tells its current cost (`on_request_flow`).  On approval the
 unit moves: the receiver forwards it in turn, or displaces an upstream unit
 (that peer now holds an unpaired unit), or, if it cannot go on, sends DENY
 upstream.  A forced Request Flow (half of an agreed move, or a retreat) is
-never rejected for its cost.  A node with too much outflow withdraws the unit
-on its dearest downstream route (`withdraw_one`); a node over capacity hands
+never rejected for its cost.  A node with too much outflow (a relay: more
+than its inflow; a data node: more than its demand) withdraws the unit on its
+dearest downstream route (`withdraw_one`); a node over capacity hands
 its dearest inflow back (`shed_one`).  Nodes wait `balance_grace_s` before
 acting on an imbalance a move created, so that the matching half of the move
 can arrive, and `noroute_grace_s` before handing back a unit with no route.
@@ -40,6 +41,10 @@ def quiet(node: FlowNode) -> bool:
 
 def act(node: FlowNode, now: float, eff: list[Effect]) -> None:
     if node.cfg.is_data:
+        d = node.cfg.node_id
+        if node.outflow_committed(d) > node.launch.demand:
+            withdraw_one(node, now, d, eff)  # more out than its demand (relabel.py): the dearest unit back
+            return
         launches.maybe_launch(node, now, eff)
         return
     if node.relabel:
@@ -251,6 +256,8 @@ def on_withdraw(node: FlowNode, now: float, sender: str, msg: Withdraw, eff: lis
         eff.append(Send(sender, FlowReply(msg.req_id, d, Reply.APPROVED, None)))
         if not node.cfg.is_data:
             node.grace_until = max(node.grace_until, now + node.cfg.balance_grace_s)
+            if sender in node.cfg.commodities:
+                relabel.refused(node, sender)  # a data node gives a unit back: it is at its demand
             announce.refresh_all(node, eff)
     else:
         eff.append(Send(sender, FlowReply(msg.req_id, d, Reply.NO_SUCH_FLOW, None)))
