@@ -1,10 +1,13 @@
 """The daemon's runtime (trio): the node and its components, network host, tensor channel, all-reduce.
 
 The node (`node.py`) and its components, each owning its state (see node.py):
-`peers`, `liveness`, `discovery`, `flows`, `microbatches` (with `tensorstore`),
-`aggregation`, `leadership`, `joining`, `status`; `stage` holds this node's
-part of the model and the torch worker, `wire` what every component is
-handed (sending, tasks, refusals), `faults` the fault-injection hook.
+`peers`, `liveness`, `discovery`, `bootstrap`, `flows`, `microbatches` (with
+`tensorstore`), `aggregation`, `leadership`, `joining` (with `resume` for a
+relay back with a checkpoint), `data_resume`, `status`; `stage` holds this
+node's part of the model and the torch worker, `wire` what every component
+is handed (sending, tasks, refusals), `faults` the fault-injection hook,
+`checkpoints` the state directory's checkpoint files, `statedir` its lock,
+`startup` the start-up errors.
 
 Transport layer modules (each module's docstring has its design; figures are in
 docs/bench_transport.md):

@@ -16,9 +16,14 @@ aggregation.py  the phase (V-E: BEGIN AGGREGATION, CAN TAKE), all-reduce, step,
                 checkpoints, metrics
 leadership.py   the election among data nodes, the leader's placement of joiners
 joining.py      a relay placed by the leader, state hand-over, leave, Goodbye
+resume.py       a relay back with a checkpoint: its own state, a download, or a wait
 data_resume.py  a data node restarted with its state directory: checkpoint, the run's step
 status.py       status.json
 ==============  ===============================================================
+
+Beside them: `checkpoints.py` (the state directory's checkpoint files),
+`statedir.py` (the lock on the state directory) and `startup.py` (start-up
+errors: a port in use, why a node stopped by itself).
 
 This module holds what they share: the host and the nursery, `routes` (the
 one table from message type to the component that handles it), the one
