@@ -137,6 +137,31 @@ def test_status_reads_state_directories(tmp_path: Path, capsys) -> None:
     assert "unreadable status" in _one_line_error(capsys, ["status", "--state-dir", str(node)])
 
 
+def test_status_says_what_a_node_waits_for(tmp_path: Path, capsys) -> None:
+    import time
+
+    base = {"peer_id": "P0", "name": "d0", "role": "data", "stage": -1, "peers": {}, "flows": {}, "iteration": 4,
+            "time": time.time()}
+    quiet = dict(base, bootstrap={"state": "connected", "attempts": 1})
+    waiting = dict(base, name="r0", peer_id="P1", role="relay", stage=0, waiting_for_data_node_s=12.5,
+                   paused={"empty_stages": [0], "since": time.time() - 30, "seconds": 30.0, "iteration": 5},
+                   bootstrap={"state": "retrying", "attempts": 3, "next_retry_in_s": 4.0,
+                              "last_error": "Connection refused"},
+                   resume={"decision": "wait", "reason": "stage 0's state is at step 5, this checkpoint at 3",
+                           "waiting_s": 9})
+    for name, st in (("a", quiet), ("b", waiting)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "status.json").write_text(json.dumps(st))
+    assert main(["status", "--state-dir", str(tmp_path / "a")]) == 0
+    assert "PAUSED" not in capsys.readouterr().out
+    assert main(["status", "--state-dir", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "PAUSED: stage 0 has no relay ready" in out and "iteration 5 opens" in out
+    assert "bootstrap: retrying, attempt 3, next in 4.0 s: Connection refused" in out
+    assert "waiting for a data node for 12.5 s" in out
+    assert "resume: waiting 9 s: stage 0's state is at step 5" in out
+
+
 def test_libp2p_warnings_do_not_reach_the_node_log_bare() -> None:
     """libp2p sets up its own logger on import; node logs got its warnings unformatted through Python's
     last-resort handler (hundreds of "Failed to read DHT message" lines per run)."""

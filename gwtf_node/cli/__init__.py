@@ -299,6 +299,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             loss = f"{li['loss']:.4f}" if li.get("loss") is not None else "-"
             print(f"         last iteration {li['iteration']}: loss {loss}, {li['microbatches']} microbatches "
                   f"({li.get('deferred', 0)} deferred, {li.get('lost', 0)} lost), {li['seconds']:.2f} s")
+        for line in _status_notes(st):
+            print(f"         {line}")
         rec = {k: v for k, v in (st.get("recovery") or {}).items() if v}
         if st.get("presumed_dead") or rec or st.get("lost_contributions"):
             lost_c = sum((st.get("lost_contributions") or {}).values())
@@ -306,6 +308,30 @@ def cmd_status(args: argparse.Namespace) -> int:
                   f"recovery {', '.join(f'{k} {v}' for k, v in sorted(rec.items())) or 'none'}; "
                   f"{lost_c} contributions lost with a relay")
     return 0
+
+
+def _status_notes(st: dict) -> list[str]:
+    """What a node waits for, one line each: an empty stage, its bootstrap peers, a data node, its stage's state."""
+    import time
+
+    notes = []
+    paused = st.get("paused")
+    if paused:
+        since = time.strftime("%H:%M:%S", time.localtime(paused.get("since", 0)))
+        stages = ", ".join(str(k) for k in paused.get("empty_stages", []))
+        notes.append(f"PAUSED: stage {stages} has no relay ready since {since} ({paused.get('seconds')} s); "
+                     f"iteration {paused.get('iteration')} opens when a node with that stage's state joins")
+    boot = st.get("bootstrap") or {}
+    if boot.get("state") not in (None, "connected"):
+        detail = f", attempt {boot.get('attempts')}, next in {boot.get('next_retry_in_s')} s" if boot.get("attempts") else ""
+        last = f": {boot['last_error']}" if boot.get("last_error") else ""
+        notes.append(f"bootstrap: {boot['state']}{detail}{last}")
+    if st.get("waiting_for_data_node_s") is not None:
+        notes.append(f"waiting for a data node for {st['waiting_for_data_node_s']} s")
+    resume = st.get("resume")
+    if resume and resume.get("decision") == "wait":
+        notes.append(f"resume: waiting {resume.get('waiting_s')} s: {resume.get('reason')}")
+    return notes
 
 
 def cmd_leave(args: argparse.Namespace) -> int:
