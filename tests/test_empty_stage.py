@@ -118,3 +118,54 @@ async def test_empty_stage_pauses_then_resumes(tmp_path: Path) -> None:
             assert r["loss"] is None, r
         else:
             assert r["loss"] == pytest.approx(loss, rel=1e-4), (r, loss)
+
+
+@pytest.mark.slow
+@pytest.mark.trio
+async def test_restore_restarts_an_empty_stage_from_an_older_checkpoint(tmp_path: Path) -> None:
+    """The run's owner allows a fresh start of an empty stage; a new node is given an older checkpoint of it.
+
+    Stage 0's only relay dies in iteration 2; a new relay (a new state
+    directory, a new identity) is started with `--restore` of the dead one's
+    oldest checkpoint.  It restarts stage 0 from it, says how many of that
+    stage's steps are lost, and the run goes on from where it paused."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    from gwtf_node.model.manifest import EmptyStage, RecoverySpec
+    from gwtf_node.runtime import checkpoints
+
+    man = default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=M)
+    man = dataclasses.replace(man, recovery=RecoverySpec(EmptyStage.RESTART_FROM_CHECKPOINT))
+    run = tmp_path / "run.json"
+    save_manifest(man, run)
+    swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=1, iterations=100000,
+                       iteration_timeout_s=60, faults={"r0_0": "backward:5"})
+    try:
+        await trio.to_thread.run_sync(swarm.start)
+        assert await wait_exit(swarm, "r0_0", 60) == -9, "the fault did not fire"
+        paused = await wait_for(lambda: status(tmp_path, "d0").get("paused"), 30, "the data node pauses", swarm)
+        before = len(swarm.records())
+        files = checkpoints.listing(tmp_path / "r0_0")
+        newest, oldest = checkpoints.load(files[0]), checkpoints.load(files[-1])
+        assert oldest.steps < newest.steps, [p.name for p in files]
+        sd = tmp_path / "r0_new"
+        sd.mkdir()
+        boot = (tmp_path / "d0" / "addr").read_text().split()[0]
+        cmd = [sys.executable, "-m", "gwtf_node.cli", "join", "--run", str(run), "--state-dir", str(sd), "--name",
+               "r0_new", "--role", "relay", "--stage", "0", "--bootstrap", boot, "--restore", str(oldest.path)]
+        with open(sd / "node.log", "w") as out:
+            swarm.procs["r0_new"] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        await wait_records(swarm, before + 2, 90)
+        log = log_text(tmp_path, "r0_new")
+        lost = newest.steps - oldest.steps
+        assert re.search(rf"restarts from a checkpoint of {oldest.steps} steps: {lost} optimizer steps", log), log[-3000:]
+        assert status(tmp_path, "d0").get("paused") is None
+        assert status(tmp_path, "r0_new").get("stage") == 0
+    finally:
+        await trio.to_thread.run_sync(swarm.stop)
+    records = swarm.records()
+    assert [r["iteration"] for r in records] == list(range(len(records)))
+    assert records[-1]["iteration"] >= paused["iteration"] + 1 and records[-1]["loss"] is not None

@@ -70,6 +70,20 @@ def test_empty_stage_restarts_from_a_stale_checkpoint_if_the_manifest_allows() -
     assert (d.source, d.steps, d.lost) == (Source.STALE_RESTART, 8, 2)
 
 
+def test_of_several_stale_checkpoints_the_newest_restarts_the_stage() -> None:
+    run = RunAnswer(stage_steps=7, run_steps=8)
+    allow = EmptyStage.RESTART_FROM_CHECKPOINT
+    older = decide(1, Held(4, "h4"), peer=None, run=run, empty_stage=allow, me="B", rivals={"A": 5, "C": 2})
+    assert older.source is Source.WAIT and "A" in older.reason and "5 steps" in older.reason
+    newest = decide(1, Held(5, "h5"), peer=None, run=run, empty_stage=allow, me="A", rivals={"B": 4, "C": 2})
+    assert (newest.source, newest.lost) == (Source.STALE_RESTART, 2)
+    tie_low = decide(1, Held(5, "h5"), peer=None, run=run, empty_stage=allow, me="A", rivals={"B": 5})
+    tie_high = decide(1, Held(5, "h5"), peer=None, run=run, empty_stage=allow, me="B", rivals={"A": 5})
+    assert tie_low.source is Source.STALE_RESTART and tie_high.source is Source.WAIT
+    fresh = decide(1, Held(0, "h0"), peer=None, run=run, empty_stage=allow, me="B", rivals={"A": 0})
+    assert fresh.source is Source.STALE_RESTART  # a joiner without a checkpoint (0 steps) is no rival
+
+
 def test_waits_when_the_data_node_knows_a_ready_stage_relay() -> None:
     """This node has not heard from its stage peer yet: the stage is not empty, so no empty-stage rule applies."""
     d = decide(0, Held(7, "h7"), peer=None, run=RunAnswer(7, 8, stage_empty=False),

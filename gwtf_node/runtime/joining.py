@@ -271,7 +271,9 @@ class Joining:
             if ans is not None:
                 run = RunAnswer(ans.iteration, ans.run_steps, ans.stage_empty)
                 break
-        return decide(stage, held, peer=None, run=run, empty_stage=self.manifest.empty_stage)
+        rivals = {p: self.peers.get(p).steps for p in self.peers.ids("relay", stage) if self.peers.get(p).joining}
+        return decide(stage, held, peer=None, run=run, empty_stage=self.manifest.empty_stage, me=self.wire.me,
+                      rivals=rivals)
 
     async def _own_hash(self) -> str:
         steps = self.stage.applied_steps

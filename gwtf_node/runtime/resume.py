@@ -23,9 +23,11 @@ that), which state it takes (`decide`):
   run's step on, nothing is lost.  Its state is older (or newer) than the
   stage's: it waits (`Source.WAIT`, said in the log and status.json) for a
   node holding the stage's state, unless the run manifest allows
-  `recovery.empty_stage = "restart_from_checkpoint"`: then it resumes the
-  stage from its own state (`Source.STALE_RESTART`) and the log says how many
-  of that stage's steps are lost.
+  `recovery.empty_stage = "restart_from_checkpoint"`: then the relay holding
+  the newest checkpoint among those coming back to the stage (their Hellos
+  say their steps) resumes the stage from it (`Source.STALE_RESTART`), the log
+  says how many of that stage's steps are lost, and the others wait for it
+  and download its state.
 
 What is covered: a stage emptied by crashes or leaves, brought back by a
 relay with a checkpoint of the stage's current state (exact: the run goes on
@@ -34,8 +36,9 @@ checkpoint if the owner allows it (the steps in between are lost for that
 stage only; the other stages keep theirs).  What is not: two relays of an
 empty stage coming back with different checkpoints of the same steps (the
 first one ready is taken, the second then compares with it and downloads),
-and a stage whose state nobody holds any more (no checkpoint anywhere): the
-run waits.
+a stale checkpoint on a node that does not come back to the stage, and a
+stage whose state nobody holds any more (no checkpoint anywhere): the run
+waits.
 
 `decide` is pure: it is handed what the node holds and what its peers said,
 and returns a `Decision`; `Joining.resume` (joining.py) asks the peers and
@@ -94,13 +97,17 @@ class Decision:
 
 
 def decide(stage: int, held: Held | None, *, peer: PeerAnswer | None, run: RunAnswer | None,
-           empty_stage: EmptyStage = EmptyStage.WAIT) -> Decision:
+           empty_stage: EmptyStage = EmptyStage.WAIT, me: str = "",
+           rivals: dict[str, int] | None = None) -> Decision:
     """Which state a relay coming back to `stage` takes (module doc).
 
     `held`: its own state (None: no checkpoint); `peer`: a ready stage peer's
     answer (None: no stage peer is ready); `run`: a data node's answer (None:
     none yet); `empty_stage`: the manifest's choice for a stale checkpoint in
-    an empty stage.
+    an empty stage; `rivals`: the other relays coming back to the stage
+    (joining, not ready) and the steps their Hello says they hold, so that of
+    several stale checkpoints the newest restarts the stage (ties: the lowest
+    peer id, `me` being this node's) and the others then download from it.
     """
     if peer is not None:
         if held is not None and held.steps == peer.steps and held.params_sha256 == peer.params_sha256:
@@ -121,6 +128,13 @@ def decide(stage: int, held: Held | None, *, peer: PeerAnswer | None, run: RunAn
                         reason=f"stage {stage} is empty and its state in the run holds {run.stage_steps} steps, "
                                f"as does this checkpoint")
     if empty_stage is EmptyStage.RESTART_FROM_CHECKPOINT:
+        newer = sorted((-steps, p) for p, steps in (rivals or {}).items()
+                       if steps > held.steps or (steps == held.steps and steps > 0 and p < me))
+        if newer:
+            steps, p = -newer[0][0], newer[0][1]
+            return Decision(Source.WAIT, reason=(
+                f"stage {stage} is empty and relay {p[:16]} coming back holds a newer checkpoint ({steps} steps, "
+                f"this one {held.steps}): it restarts the stage, then this node downloads from it"))
         return Decision(Source.STALE_RESTART, run.run_steps, lost=max(0, run.stage_steps - held.steps),
                         reason=f"stage {stage} is empty; its state in the run held {run.stage_steps} steps, this "
                                f"checkpoint {held.steps}; the manifest allows restarting from the checkpoint")
