@@ -39,11 +39,19 @@ def stage_plan(workdir: Path, data_nodes: int, relays: dict[int, list[str]]) -> 
         text = (workdir / n / "node.log").read_text(errors="replace")
         for it, seqs in re.findall(r"iteration (\d+) settled: completed (\[[^]]*\])", text):
             settled.setdefault(int(it), []).extend((int(n[1:]), s) for s in json.loads(seqs))
+    # a stage's sum of an iteration: the contributions every member announced for the all-reduce round that summed
+    # them (a member killed after that round completed still counts; a round redone without it does not)
     counted: dict[int, dict[int, list[Key]]] = {}
     for k, names_k in relays.items():
+        announced: dict[tuple[int, str], list[Key]] = {}
+        summed: set[tuple[int, str]] = set()
         for r in names_k:
-            for it, keys in re.findall(r"iteration (\d+): contributions (\[.*\])", relay_logs(workdir, r)):
-                counted.setdefault(int(it), {}).setdefault(k, []).extend((int(w[1:]), s) for w, s in json.loads(keys))
+            text = relay_logs(workdir, r)
+            for it, gkey, keys in re.findall(r"iteration (\d+): round (\S+): contributions (\[.*\])", text):
+                announced.setdefault((int(it), gkey), []).extend((int(w[1:]), s) for w, s in json.loads(keys))
+            summed |= {(int(it), gkey) for it, gkey in re.findall(r"iteration (\d+): summed in round (\S+)", text)}
+        for it, gkey in summed:
+            counted.setdefault(it, {}).setdefault(k, []).extend(announced.get((it, gkey), []))
     return [(sorted(settled[t]), {k: sorted(v) for k, v in counted.get(t, {}).items()}) for t in sorted(settled)]
 
 

@@ -303,10 +303,17 @@ class Aggregation:
         stage = self.peers.stage
         named = self.phases.group(e.iteration, stage)
         group = sorted(named) if named is not None else self.peers.stage_group()
-        total, count = await self._all_reduce_survivors(f"s{stage}/it{e.iteration}", group, grad, float(mine))
+        held = json.dumps(sorted([self.peers.who(d), seq] for d, seq, _it in keys))
+
+        def announce(gkey: str) -> None:  # before each round: a member that dies after its round still said it
+            if relay:
+                log.info("iteration %d: round %s: contributions %s", e.iteration, gkey, held)
+
+        total, count, gkey = await self._all_reduce_survivors(f"s{stage}/it{e.iteration}", group, grad, float(mine),
+                                                              on_round=announce)
         if relay:  # (once they are in the stage's sum: what the tests rebuild the centralized reference from)
-            log.info("iteration %d: contributions %s", e.iteration,
-                     json.dumps(sorted([self.peers.who(d), seq] for d, seq, _it in keys)))
+            log.info("iteration %d: contributions %s", e.iteration, held)
+            log.info("iteration %d: summed in round %s", e.iteration, gkey)
         if relay and count < e.microbatches:
             # the survivors' mean (recovery.py): the missing contributions died with a relay
             self.lost_contributions[e.iteration] = int(e.microbatches - count)
@@ -359,8 +366,10 @@ class Aggregation:
     async def on_chunk(self, peer: str, msg: m.AllReduceChunk, payload) -> None:
         await self.allreducer.on_chunk(peer, msg, payload)
 
-    async def _all_reduce_survivors(self, base: str, named: list[str], grad, mine: float):
-        """All-reduce among the members of `named` still alive; redone when one dies meanwhile."""
+    async def _all_reduce_survivors(self, base: str, named: list[str], grad, mine: float,
+                                    on_round: Callable[[str], None] = lambda gkey: None):
+        """All-reduce among the members of `named` still alive, redone when one dies meanwhile: (sum, count, the key
+        of the round that summed them; it names the group).  `on_round(key)` is called before each round."""
         from .allreduce import AllReduceError
 
         me = self.wire.me
@@ -382,15 +391,19 @@ class Aggregation:
                 else:
                     log.error("all-reduce %s failed again with the same group: stepping on this node's gradient only",
                               base)
-                    return grad, mine
+                    on_round(f"{base}/alone")
+                    return grad, mine, f"{base}/alone"
                 continue
             tried.add(gkey)
+            on_round(gkey)
             if len(group) == 1:
-                return grad, mine
+                return grad, mine, gkey
             with trio.CancelScope() as scope:
                 self._ar_scopes[gkey] = (set(group), scope)
                 try:
-                    return await self.allreducer.all_reduce(gkey, group, grad, mine, timeout=ALLREDUCE_TIMEOUT_S)
+                    total, count = await self.allreducer.all_reduce(gkey, group, grad, mine,
+                                                                    timeout=ALLREDUCE_TIMEOUT_S)
+                    return total, count, gkey
                 except Exception as e:  # noqa: BLE001 - AllReduceError, alone or in a nursery's group
                     if not _all_reduce_failure(e, AllReduceError):
                         raise
