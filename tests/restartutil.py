@@ -2,12 +2,13 @@
 
 `stage_plan` reads what each iteration trained from the nodes' logs: the data
 part on the microbatches the data nodes completed ("iteration t settled:
-completed [...]"), each relay stage on the contributions its relays counted
-at BEGIN AGGREGATION ("iteration t: contributions [...]", every log of every
-relay of the stage, the logs of earlier lives of a restarted relay included).
-`reference_losses` trains the centralized reference on that plan, stage by
-stage: a stage that counted no contribution in an iteration takes no step,
-as in the swarm.
+completed [...]"), each relay stage on the contributions its relays announced
+for the all-reduce round that summed them ("iteration t: round KEY:
+contributions [...]" and "summed in round KEY", every log of every relay of
+the stage, the logs of earlier lives of a restarted relay included).
+`reference_run` trains the centralized reference on a plan, stage by stage: a
+stage that counted no contribution in an iteration takes no step, as in the
+swarm.
 """
 
 from __future__ import annotations
@@ -57,6 +58,13 @@ def stage_plan(workdir: Path, data_nodes: int, relays: dict[int, list[str]]) -> 
 
 def reference_losses(man, data_nodes: int, plan) -> list[float | None]:
     """Centralized losses of `plan` (`stage_plan`); None for an iteration that completed no microbatch."""
+    return reference_run(man, data_nodes, plan)[0]
+
+
+def reference_run(man, data_nodes: int, plan):
+    """Centralized training of `plan`, a list of (the data part's keys, stage -> its keys) per iteration:
+    (the losses, None for an iteration that completed no microbatch; each relay stage's final parameters; the
+    data part's final parameters)."""
     data, relays = build_chain(man)
     sources = make_sources(man, data_nodes)
     losses: list[float | None] = []
@@ -86,7 +94,7 @@ def reference_losses(man, data_nodes: int, plan) -> list[float | None]:
         for k, r in enumerate(relays):
             r.apply_mean_grad(r.grad_vector(), len(stage_keys.get(k, [])))
         losses.append(sum(batch) / len(batch) if batch else None)
-    return losses
+    return losses, [r.param_vector() for r in relays], data.param_vector()
 
 
 def restart(swarm: LocalSwarm, name: str, *, auto: bool = False) -> None:

@@ -30,9 +30,9 @@ import torch
 import trio
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
-from gwtf_node.model.reference import build_chain, make_sources
 from gwtf_node.runtime.local import LocalSwarm
 
+from restartutil import reference_run
 from swarmutil import log_text, status, wait_exit, wait_for, wait_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.trio]
@@ -47,28 +47,9 @@ def completed_per_iteration(text: str) -> dict[int, list[int]]:
             re.findall(r"iteration (\d+) settled: completed (\[[^\]]*\])", text)}
 
 
-def reference(man, plan: list[list[tuple[int, int]]], data_nodes: int = 1):
-    """Centralized training when iteration t trains every part on the microbatches `plan[t]`, as (data node
-    index, seq); returns the losses and the final parameters of the relay stages and of the data part."""
-    data, relays = build_chain(man)
-    sources = make_sources(man, data_nodes)
-    losses = []
-    for t, keys in enumerate(plan):
-        batch = []
-        for i, seq in sorted(keys):
-            x, y = sources[i].get(seq)
-            h = data.embed((i, seq), x)
-            for r in relays:
-                h = r.forward((i, seq), h)
-            loss, g = data.head_loss((i, seq), h, y)
-            for r in reversed(relays):
-                g = r.backward((i, seq), g)
-            data.embed_backward((i, seq), g)
-            batch.append(loss)
-        for part in (data, *relays):
-            part.apply_mean_grad(part.grad_vector(), len(keys))
-        losses.append(sum(batch) / len(batch))
-    return losses, [r.param_vector() for r in relays], data.param_vector()
+def _every_part(plan: list[list[tuple[int, int]]]) -> list:
+    """A plan where every part of the model trains on the same microbatches (no relay died with one)."""
+    return [(keys, {k: keys for k in range(2)}) for keys in plan]
 
 
 async def test_data_node_restarted_with_its_state_dir(tmp_path: Path) -> None:
@@ -121,7 +102,7 @@ async def test_data_node_restarted_with_its_state_dir(tmp_path: Path) -> None:
     plan = [done[t] if t < died_in else after[t] for t in range(ITERATIONS)]
     for t, seqs in enumerate(plan):  # nothing deferred: the run's step names the microbatches
         assert sorted(seqs) == list(range(t * M, (t + 1) * M)), (t, seqs)
-    losses, params, _ = reference(man, [[(0, s) for s in seqs] for seqs in plan])
+    losses, params, _ = reference_run(man, 1, _every_part([[(0, s) for s in seqs] for seqs in plan]))
     for r, loss in zip(records, losses):
         assert r["loss"] == pytest.approx(loss, rel=1e-4), (r, loss)
     for k in range(2):
@@ -182,7 +163,7 @@ async def test_one_of_two_data_nodes_restarted(tmp_path: Path) -> None:
         plan.append(keys)
     for t in list(range(died_in)) + list(range(back_at, iterations)):  # both data nodes pushed M fresh ones
         assert sorted(s for i, s in plan[t] if i == index[victim]) == list(range(t * M, (t + 1) * M)), (t, plan[t])
-    losses, relay_params, data_params = reference(man, plan, data_nodes=2)
+    losses, relay_params, data_params = reference_run(man, 2, _every_part(plan))
     for r, loss in zip(records, losses):
         assert r["loss"] == pytest.approx(loss, rel=1e-4), (r, loss)
     parts = {n: torch.load(tmp_path / n / "checkpoint.pt", weights_only=False) for n in ("d0", "d1")}
