@@ -2,8 +2,8 @@
 
 1. `load_checkpoint` (before the host starts): the newest checkpoint of the
    state directory (`checkpoints.newest`), if it is a data node's part
-   (stage None), is loaded: embedding, head and optimizer
-   (`StageModel.load_state_bytes`), and its steps (`LocalStage.set_steps`).
+   (stage None), is loaded: embedding, head and optimizer,
+   and its steps (`LocalStage.install`).
    Until the run's step is settled the node's Hello says it is joining: the
    leader neither waits for it nor counts it in an aggregation
    (`Peers.data_nodes_ready`).
@@ -51,8 +51,7 @@ def load_checkpoint(stage: LocalStage, state_dir: Path) -> bool:
     if ck.role != "data" or ck.stage is not None:
         log.warning("not loading %s: it is not a data node's part (this node is a data node)", ck.describe())
         return False
-    stage.model.load_state_bytes(ck.state)
-    stage.set_steps(ck.steps)
+    stage.install(ck.state, ck.steps)
     log.info("data node part loaded from %s: resuming at iteration %d", ck.describe(), ck.steps)
     return True
 

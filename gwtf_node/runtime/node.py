@@ -451,8 +451,7 @@ class Node:
         if ck is not None:
             def build_and_load() -> None:
                 self.stage.build(ck.stage)
-                self.stage.model.load_state_bytes(ck.state)
-                self.stage.set_steps(ck.steps)
+                self.stage.install(ck.state, ck.steps)
 
             await trio.to_thread.run_sync(build_and_load)
         elif self.opts.stage is not None or self.opts.role == "data":  # an auto relay builds its part once placed

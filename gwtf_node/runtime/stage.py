@@ -100,6 +100,11 @@ class LocalStage:
             while self.applied_steps < at_least:
                 await self.steps_changed.wait()
 
+    def install(self, state: bytes, steps: int) -> None:
+        """Load a part's state (`state_bytes()`, from a checkpoint) holding `steps` steps; in the worker thread."""
+        self.model.load_state_bytes(state)
+        self.applied_steps = steps
+
     def set_steps(self, steps: int) -> None:
         """A state was installed (downloaded, or the run's initial weights) with `steps` steps applied."""
         self.applied_steps = steps
