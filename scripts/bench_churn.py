@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""Table II of the GWTF paper in the simulator: churn 0/10/20% x homogeneous/heterogeneous x GWTF/SWARM.
+"""Table II of the GWTF paper in the simulator: churn 0/10/20% x homogeneous/heterogeneous x GWTF/SWARM/task pool.
 
     nice -n 10 python scripts/bench_churn.py [--iterations 25] [--seeds 10]
 
 Writes docs/bench_churn.md (and docs/bench_churn.json): mean and standard
 deviation over seeds of the per-run means (`gwtf_node.sim.train`), checks
 the targets (GWTF 40 % faster than SWARM at 10 % churn, a tenth of its
-wasted compute, nothing lost), and measures how much the model's switches matter
+wasted compute, nothing lost), puts the task pool of the hybrid parameter-server
+design beside them (`--policy taskpool`, gwtf_node/sim/train/taskpool.py), and
+measures how much the model's switches matter
 (`--no-sensitivity` to skip: TrainSim's options at 10% and 20% churn).
-Both policies see the same setting and the same crash draws for a given seed
+Every policy sees the same setting and the same crash draws for a given seed
 (the churn RNG does not depend on the policy; the crash times follow each
 run's own iteration lengths).  Everything from a "## Reading" heading of an
 existing docs/bench_churn.md on is kept (written by hand).
@@ -28,6 +30,8 @@ from gwtf_node.sim.train import SETTINGS, run_train
 
 ROOT = Path(__file__).resolve().parent.parent
 CHURNS = (0.0, 0.1, 0.2)
+POLICIES = ("swarm", "gwtf", "taskpool")
+LABELS = {"swarm": "SWARM", "gwtf": "GWTF", "taskpool": "Task pool"}
 # (label, policies it changes, TrainSim options, the `gwtf-node sim train` flags that set them)
 VARIANTS = (
     ("SWARM restarts only on its own timeouts (no membership reaction; the paper's baseline)", ("swarm",),
@@ -76,7 +80,7 @@ def main() -> int:
     rows = {}
     for setting in SETTINGS:
         for churn in CHURNS:
-            for policy in ("swarm", "gwtf"):
+            for policy in POLICIES:
                 runs = [run_train(setting, policy, churn, args.iterations, s, breakdown=True)
                         for s in range(args.seeds)]
                 rows[(setting, churn, policy)] = {k: ms([r[k] for r in runs]) for k in KEYS}
@@ -90,10 +94,13 @@ def main() -> int:
                 rows[(setting, churn, policy)]["flow_messages"] = sum(r["flow_messages"] for r in runs)
                 print(setting, churn, policy, {k: round(v[0], 2) for k, v in rows[(setting, churn, policy)].items()
                                                if isinstance(v, tuple)}, flush=True)
+    flags = (" --no-sensitivity" if args.no_sensitivity else "") + (
+        " --variants " + " ".join(f'"{v}"' for v in args.variants) if args.variants and not args.no_sensitivity else "")
     out = [f"# Churn benchmark: Table II of the GWTF paper in the simulator\n",
-           f"`nice -n 10 python scripts/bench_churn.py --iterations {args.iterations} --seeds {args.seeds}` "
+           f"`nice -n 10 python scripts/bench_churn.py --iterations {args.iterations} --seeds {args.seeds}{flags}` "
            f"({time.time() - t0:.0f} s). Setting, model and metrics: the docstring of `gwtf_node/sim/train/`; "
-           "protocol: `gwtf_node/protocol/recovery/`, `gwtf_node/protocol/phases.py`. Mean ± std over seeds of each run's mean over its "
+           "protocol: `gwtf_node/protocol/recovery/`, `gwtf_node/protocol/phases.py`; task pool: "
+           "`gwtf_node/sim/train/taskpool.py`. Mean ± std over seeds of each run's mean over its "
            "iterations. Times in minutes (time per microbatch, communication time per completed microbatch), "
            "wasted compute in seconds per iteration.\n"]
     names = [("time_per_microbatch_s", "Time per microbatch (min)", 60), ("throughput_per_iteration",
@@ -104,19 +111,19 @@ def main() -> int:
              ("lost_contribution_compute_s", "Their compute (s / iteration; not in wasted compute)", 1),
              ("unfinished_iterations", "Unfinished iterations (stalls, per run)", 1)]
     for setting in SETTINGS:
-        head = "| | " + " | ".join(f"SWARM {int(c*100)}% | GWTF {int(c*100)}%" for c in CHURNS) + " |"
-        out += [f"\n## {setting}\n", head, "|---" * 7 + "|"]
+        head = "| | " + " | ".join(f"{LABELS[p]} {int(c*100)}%" for c in CHURNS for p in POLICIES) + " |"
+        out += [f"\n## {setting}\n", head, "|---" * (1 + len(CHURNS) * len(POLICIES)) + "|"]
         for key, label, div in names:
             cells = []
             for c in CHURNS:
-                for p in ("swarm", "gwtf"):
+                for p in POLICIES:
                     m, sd = rows[(setting, c, p)][key]
                     cells.append(f"{m / div:.2f} ± {sd / div:.2f}")
             out.append(f"| {label} | " + " | ".join(cells) + " |")
         rr = [f"{p} {int(c*100)}%: " + ", ".join(f"{k} {rows[(setting, c, p)][k]}" for k in
                                                  ("restarts", "probes", "recovers", "resends", "gave_up",
                                                   "flow_messages"))
-              for c in CHURNS for p in ("swarm", "gwtf")]
+              for c in CHURNS for p in POLICIES]
         out.append("\nProtocol counts (sum over seeds): " + "; ".join(rr) + "\n")
     # targets
     g = rows[("table2-heterogeneous", 0.1, "gwtf")]["time_per_microbatch_s"][0]
@@ -128,6 +135,9 @@ def main() -> int:
             gw = rows[(setting, c, "gwtf")]["wasted_compute_s"][0]
             sw = rows[(setting, c, "swarm")]["wasted_compute_s"][0]
             waste.append((setting, c, gw, sw, gw <= sw / 10 + 1e-6))
+    pool = [(st, c, rows[(st, c, "gwtf")]["time_per_microbatch_s"][0],
+             rows[(st, c, "taskpool")]["time_per_microbatch_s"][0]) for st in SETTINGS for c in CHURNS]
+    pool_lost = sum(r["lost_total"] + r["unfinished_total"] for k, r in rows.items() if k[2] == "taskpool")
     lost = sum(r["lost_total"] for k, r in rows.items() if k[2] == "gwtf")
     unf = sum(r["unfinished_total"] for k, r in rows.items() if k[2] == "gwtf")
     out += ["\n## Targets\n",
@@ -137,7 +147,10 @@ def main() -> int:
                 f"{st[7:]} {int(c*100)}%: {gw:.2f} vs {sw:.2f} s {'MET' if ok else 'NOT MET'}"
                 for st, c, gw, sw, ok in waste),
             f"- GWTF lost microbatches over all runs: {lost}; GWTF unfinished (stalled) iterations: {unf} "
-            f"(target 0: {'MET' if lost == 0 and unf == 0 else 'NOT MET'})\n"]
+            f"(target 0: {'MET' if lost == 0 and unf == 0 else 'NOT MET'})",
+            "- GWTF vs the task pool, time per microbatch (min): " + "; ".join(
+                f"{st[7:]} {int(c*100)}%: {g/60:.2f} vs {t/60:.2f} ({(1 - g/t)*100:+.0f}%)" for st, c, g, t in pool)
+            + f"; task pool lost or stalled over all runs: {pool_lost}\n"]
     causes = list(rows[(SETTINGS[0], CHURNS[0], "gwtf")]["waste_breakdown_s"])
     out += ["\n## Where the wasted compute goes\n",
             "Seconds per iteration, mean over seeds (`TrainSim.waste_breakdown`: `lost_in_crash` = work off the "
@@ -149,7 +162,7 @@ def main() -> int:
             "| setting | churn | policy | " + " | ".join(causes) + " | total |", "|---" * (4 + len(causes)) + "|"]
     for setting in SETTINGS:
         for c in CHURNS[1:]:
-            for p in ("swarm", "gwtf"):
+            for p in POLICIES:
                 b = rows[(setting, c, p)]["waste_breakdown_s"]
                 out.append(f"| {setting[7:]} | {int(c * 100)}% | {p} | " + " | ".join(f"{b[k]:.2f}" for k in causes)
                            + f" | {sum(b.values()):.2f} |")

@@ -180,20 +180,43 @@ from .setting import (
     SETTINGS, SILENCE_S, STAGE_SIZES, STAGE_STATE_MB, SWARM_REACTIONS, Net, Setting, compute_s, initial_flows,
     make_net, make_setting,
 )
+from .setting import TABLE6_SCALES, TABLE6_SETTINGS, make_table6
+
+POLICIES = ("gwtf", "swarm", "taskpool")  # taskpool: the hybrid design's task pool (taskpool.py)
+TASKPOOL_POLICIES = ("taskpool",)
 
 
 def run_train(setting: str, policy: str, churn: float, iterations: int, seed: int, *, breakdown: bool = False,
-              data_nodes: int = len(DATA_NODES), **options) -> dict:
+              data_nodes: int | None = None, dtfm_options: dict | None = None, **options) -> dict:
     """One run; `options` are TrainSim's model switches (routing, reflow, lend, flow_options, detect,
     join_mid_iteration, swarm_reacts_to, gwtf_acts_on_gone, unpresume, can_take, one_wave, ...: see TrainSim).
+    `data_nodes`: None for the setting's own number.  `routing="dtfm"`: DT-FM's scheduler (`sim/schedule/`,
+    `dtfm_options`: its method, population, generations) arranges the setting first and the run follows its
+    pipelines; the report gets `dtfm` (the schedule's cost and CPU time).
     `breakdown`: trace the run and add `waste_breakdown_s` (seconds per iteration by cause,
     `TrainSim.waste_breakdown`)."""
     s = make_setting(setting, seed, data_nodes)
-    sim = TrainSim(s, policy, churn, seed, **options)
+    sched = None
+    if options.get("routing") == "dtfm":
+        from ..schedule.routing import dtfm_routing
+
+        sched = dtfm_routing(s, seed, **(dtfm_options or {}))
+        s = sched.setting
+        options["scheduler"] = sched
+    if policy in TASKPOOL_POLICIES:
+        from .taskpool import TaskPoolSim
+
+        sim = TaskPoolSim(s, policy, churn, seed, **options)
+    else:
+        sim = TrainSim(s, policy, churn, seed, **options)
     if breakdown:
         sim.trace = []
     sim.run(iterations)
     rep = sim.report(iterations)
+    rep["flow_cpu_s"] = sim.flow_cpu_s
+    rep["flow_formation"] = dict(sim.formation)
+    if sched is not None:
+        rep["dtfm"] = dict(sched.schedule.to_json(), recomputations=sched.recomputations)
     if breakdown:
         n = max(1, sum(1 for p in rep["per_iteration"] if p["finished"]))
         rep["waste_breakdown_s"] = {k: v / n for k, v in sim.waste_breakdown(iterations).items()}

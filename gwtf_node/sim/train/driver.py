@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+import time
 
 from ...protocol.effects import CancelTimer, Send, SetTimer
 from ...protocol.flow import FlowNode
@@ -26,6 +27,7 @@ from .setting import (
 
 
 class TrainSim(AggregationDriver, FlowDriver, Reporting):
+    machine_class = RecoveryNode  # every node's microbatch machine (a policy of its own may subclass it)
     """One Table II run in virtual time (module docstring).  Model switches, defaults in parentheses:
     `routing` ("machines": GWTF's flows by the flow machines; "oracle": the LP optimum installed globally),
     `reflow` (True; oracle only: re-install the optimum FLOW_CONVERGE_S after a change), `lend` (True; machines
@@ -35,7 +37,9 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
     `can_take` ("all": phases.CanTakeRule), `one_wave` (False: recovery.py's "One wave", the paper's one-wave iteration
     with deferral, for both policies), `detect_s` (DETECT_S: how long after a crash the membership layer reports
     it); `crash_plan` / `rejoin` (True) for scripted crashes; `flows`: fixed flows
-    (oracle-style, no machines)."""
+    (oracle-style, no machines); `routing="dtfm"` with `scheduler` (a `sim.schedule.routing.DtfmRouting` built on
+    this setting): DT-FM's static pipelines, recomputed `scheduler.delay_s` after each membership report.
+    `flow_cpu_s` sums the CPU time the flow machines took (GWTF's scheduler cost)."""
 
     def __init__(self, setting: Setting, policy: str, churn: float, seed: int,
                  crash_plan: list[tuple[float, str]] | None = None, rejoin: bool = True,
@@ -43,9 +47,17 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
                  join_mid_iteration: bool = True, swarm_reacts_to: str = "membership",
                  gwtf_acts_on_gone: bool = True, routing: str = "machines", flow_options: dict | None = None,
                  lend: bool = True, one_wave: bool = False, detect_s: float = DETECT_S, fastest_unit: bool = True,
-                 unpresume: bool = True, can_take: str = CanTakeRule.ALL.value) -> None:
+                 unpresume: bool = True, can_take: str = CanTakeRule.ALL.value, scheduler=None) -> None:
         if routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {ROUTINGS}, not {routing!r}")
+        if (routing == "dtfm") != (scheduler is not None):
+            raise ValueError("routing 'dtfm' runs DT-FM's schedule: pass scheduler= (sim.schedule.dtfm_routing), "
+                             "and only with that routing")
+        if routing == "dtfm" and policy != "gwtf":
+            raise ValueError(f"routing 'dtfm' executes a schedule with the gwtf microbatch machine, not {policy!r}")
+        self.scheduler = scheduler
+        self.flow_cpu_s = 0.0
+        self.formation: dict = {}
         self.setting, self.policy, self.churn, self.seed = setting, policy, churn, seed
         self.data: tuple[str, ...] = setting.data
         self.rng = random.Random(f"train:{seed}:{policy}:{churn}")
@@ -90,7 +102,8 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
         self.join_mid_iteration = join_mid_iteration
         if swarm_reacts_to not in SWARM_REACTIONS:
             raise ValueError(f"swarm_reacts_to must be one of {SWARM_REACTIONS}, not {swarm_reacts_to!r}")
-        self.acts_on_gone = {"swarm": swarm_reacts_to == "membership", "gwtf": gwtf_acts_on_gone}[policy]
+        self.acts_on_gone = {"swarm": swarm_reacts_to == "membership", "gwtf": gwtf_acts_on_gone,
+                             "taskpool": gwtf_acts_on_gone}[policy]
         self.reflows = 0
         self._lent = False
         self._flow_members = dict(setting.relays)
@@ -107,6 +120,8 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
             self.reflow = False
             self.flows = {}
         else:
+            if routing == "dtfm":
+                flows = scheduler.flows
             self.flows = flows if flows is not None else (initial_flows(setting) if policy == "gwtf" else {})
         self.one_wave = one_wave
         self.lend = lend and self.machines  # (the oracle lends by recomputing the flows without the finished one)
@@ -124,6 +139,10 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
             self._leader_seen[d] = None
         for t, nid in self.crash_plan:
             self._push(t, Event.CRASH, nid, None, None)
+
+    def machine_policy(self) -> str:
+        """The RecoveryConfig policy of the machines (a subclass running its own machine may differ)."""
+        return self.policy
 
     def _peers(self, stage: int, nid: str, live_only: bool = True) -> list[str]:
         return [r for r, s in self.stage.items() if s == stage and r != nid and r not in self.dead
@@ -153,10 +172,10 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
             node_id=nid, stage=stage, last_stage=S - 1, capacity=cap, data_nodes=self._live_data(),
             next_peers={j: cost(nid, j) for j in nxt}, prev_peers={j: cost(nid, j) for j in prv},
             peer_capacity={j: self.cap.get(j, MICROBATCHES) for j in nxt + prv}, prior_s=prior,
-            e2e_prior_s=e2e, policy=self.policy,
+            e2e_prior_s=e2e, policy=self.machine_policy(),
             swarm_assumed_capacity=MICROBATCHES, act_on_gone=self.acts_on_gone, lend=self.lend,
             one_wave=self.one_wave, fastest_unit=self.fastest_unit)  # (SWARM: greedy, ignores it)
-        m = RecoveryNode(cfg, random.Random(f"{self.seed}:{nid}"),
+        m = self.machine_class(cfg, random.Random(f"{self.seed}:{nid}"),
                          first_seq=(self.data.index(nid) * 10**6 if nid in self.data else 0))
         if self.policy == "gwtf" and nid in self.flows:
             m.set_flows(self.flows[nid])
@@ -248,6 +267,8 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
 
     def _on_open(self, nid: str, it: int) -> None:
         self._it(it).opened[nid] = self.now
+        if it == 0:  # the flows are formed at the last data node's first open (GWTF's scheduler cost)
+            self.formation = {"formed_s": self.now, "flow_messages": self.flow_messages, "flow_cpu_s": self.flow_cpu_s}
         if self.trace is not None:
             self.trace.append(("open", self.now, nid, it))
         if it > 0:
@@ -264,9 +285,12 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
         self.pending_joins = [j for j in self.pending_joins if j[0] > self.now]
         for _, old, stage, cap in ready:
             self._join(old, stage, cap)
-        if self.policy == "gwtf" and self.reflow:
+        if self.routing == "dtfm" and self.reflow:  # a static schedule: recomputed only when joiners came in
+            if ready:
+                self._push(self.now + self._settle_s(), Event.REFLOW, "", None, None)
+        elif self.policy == "gwtf" and self.reflow:
             # joiners ran the flow machines since their download finished: settled FLOW_CONVERGE_S after that
-            settle = max((t for t, *_ in ready), default=-math.inf) + FLOW_CONVERGE_S
+            settle = max((t for t, *_ in ready), default=-math.inf) + self._settle_s()
             if settle <= self.now:
                 self._install(self._live_members(), self._live_data())
             else:
@@ -294,7 +318,7 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
             self.pending_joins.remove(j)
             self._join(old, j[2], j[3])
             if self.policy == "gwtf" and self.reflow:
-                self._push(self.now + FLOW_CONVERGE_S, Event.REFLOW, "", self._live_members(), None)
+                self._push(self.now + self._settle_s(), Event.REFLOW, "", self._live_members(), None)
 
     def _join(self, old: str, stage: int, cap: int) -> None:
         self.joins += 1
@@ -387,12 +411,15 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
                 if node in self.dead:
                     continue
                 fm = self.fnodes[node]
+                cpu0 = time.process_time()
                 if kind == Event.FLOW_MSG:
-                    self._apply_flow(node, fm.on_message(t, a, b))
+                    eff = fm.on_message(t, a, b)
                 elif self._ftv.get((node, a)) == b:
-                    self._apply_flow(node, fm.on_timer(t, a))
+                    eff = fm.on_timer(t, a)
                 else:
                     continue
+                self.flow_cpu_s += time.process_time() - cpu0  # a metric only: it decides nothing
+                self._apply_flow(node, eff)
                 self._sync_flows(node)
                 continue
             if kind == Event.GONE:
@@ -450,7 +477,7 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
             if node in self.data and (node, m.iteration) not in self._done_at and m.iteration in m.reported:
                 self._done_at[(node, m.iteration)] = t  # its microbatches of the iteration are all settled
                 if len(self._active()) > 0:
-                    self._schedule_reflow()
+                    self._schedule_reflow(done=True)
 
     def _on_gone(self, gone: str) -> None:
         """The membership layer tells every live node that `gone` is gone.  The aggregation phase always

@@ -108,10 +108,20 @@ class FlowDriver:
     def _live_members(self) -> dict[str, tuple[int, int]]:
         return {r: (self.stage[r], self.cap[r]) for r in self.stage if r not in self.data and r not in self.dead}
 
-    def _schedule_reflow(self) -> None:
+    def _settle_s(self) -> float:
+        """How long after a change the new flows are in place: the flow machines' convergence (oracle), or
+        DT-FM's recomputation (its CPU time)."""
+        return self.scheduler.delay_s if self.routing == "dtfm" else FLOW_CONVERGE_S
+
+    def _schedule_reflow(self, done: bool = False) -> None:
         """A change the flow machines see now (a crash, joiners, a data node done): they settle FLOW_CONVERGE_S
-        later on what they saw now."""
+        later on what they saw now.  DT-FM's schedule: only a crash counts (not a data node done: a static
+        schedule does not lend), recomputed once the membership layer reported it (`detect_s`)."""
         if self.policy != "gwtf" or not self.reflow:
+            return
+        if self.routing == "dtfm":
+            if not done:
+                self._push(self.now + self.detect_s + self._settle_s(), Event.REFLOW, "", None, None)
             return
         self._push(self.now + FLOW_CONVERGE_S, Event.REFLOW, "", self._live_members(), None)
 
@@ -121,7 +131,10 @@ class FlowDriver:
         return tuple(d for d in self._live_data()
                      if self.nodes[d].iteration < top or self.nodes[d].iteration not in self.nodes[d].reported)
 
-    def _on_reflow(self, members: dict) -> None:
+    def _on_reflow(self, members: dict | None) -> None:
+        if self.routing == "dtfm":  # the recomputation sees the members as they are when it completes
+            self._install(self._live_members(), self._live_data())
+            return
         active = self._active()
         done_at = [self._done_at.get((d, self.nodes[d].iteration)) for d in self._live_data() if d not in active]
         if any(t is None or t > self.now - FLOW_CONVERGE_S + 1e-9 for t in done_at):
@@ -132,7 +145,10 @@ class FlowDriver:
         """The flows the flow machines converge to for `members` and the `active` data nodes, on every live node."""
         if any(not any(s == k for s, _ in members.values()) for k in range(self.S)):
             return  # a stage with no relay: no flow at all; the nodes keep their local repairs
-        flows = initial_flows(Setting(self.setting.name, members, self.net), active)
+        if self.routing == "dtfm":
+            flows = self.scheduler.reflows(members, active, self.S)
+        else:
+            flows = initial_flows(Setting(self.setting.name, members, self.net), active)
         self.reflows += 1
         self._flow_members = members
         self._lent = tuple(active) != self._live_data()

@@ -11,6 +11,10 @@ from pathlib import Path
 from ...protocol.scenario import parse_scenario, published_bandwidth_mbps
 
 SETTINGS = ("table2-homogeneous", "table2-heterogeneous")
+# Table VI of the GWTF paper (optimality against DT-FM): 3 data nodes, 3 homogeneous relays in each of the 5 relay
+# stages, 4 microbatches per data node; "-xK": K times the data nodes and the relays (scripts/bench_optimality.py)
+TABLE6_SCALES = (1, 2, 4, 8)
+TABLE6_SETTINGS = tuple(f"table6-x{k}" for k in TABLE6_SCALES)
 STAGE_SIZES = (4, 3, 3, 3, 3)
 DATA_NODES = ("d0", "d1")
 MICROBATCHES = 4
@@ -36,7 +40,7 @@ MAX_SIM_S_PER_ITERATION = 4 * 3600.0
 LINKS_FILE = Path(__file__).resolve().parents[2] / "data" / "geo12-links.json"  # shipped with the package
 
 SILENCE_S = DAEMON_DETECT_S - 1.0  # the daemon's DEAD_AFTER_S: a peer silent this long is no longer heard
-ROUTINGS = ("machines", "oracle")
+ROUTINGS = ("machines", "oracle", "dtfm")  # dtfm: DT-FM's static schedule (`sim/schedule/`)
 SWARM_REACTIONS = ("membership", "timeouts")  # what makes a SWARM data node restart a microbatch (module docstring)
 # The flow machines run with flow.py's defaults, as in the daemon: with two data nodes free-running labels with
 # ordered launches, relabelling and cross displacement.  (Before ordered launches coalesced free-running labels, they
@@ -92,11 +96,16 @@ class Setting:
     data: tuple[str, ...] = DATA_NODES
 
 
-def make_setting(name: str, seed: int, data_nodes: int = len(DATA_NODES)) -> Setting:
-    """Table II's relays and links; `data_nodes` data nodes (2 in the paper; a third one draws its location
-    after the relays, so the relays' locations do not depend on it)."""
+def make_setting(name: str, seed: int, data_nodes: int | None = None) -> Setting:
+    """Table II's relays and links; `data_nodes` data nodes (None: 2 as in the paper; a third one draws its
+    location after the relays, so the relays' locations do not depend on it).  A Table VI name
+    (TABLE6_SETTINGS): `make_table6`."""
+    if name in TABLE6_SETTINGS:
+        return make_table6(int(name.rsplit("x", 1)[1]), seed, data_nodes)
     if name not in SETTINGS:
-        raise ValueError(f"unknown setting {name!r}")
+        raise ValueError(f"unknown setting {name!r}: one of {SETTINGS + TABLE6_SETTINGS}")
+    if data_nodes is None:
+        data_nodes = len(DATA_NODES)
     if data_nodes < 1:
         raise ValueError(f"data_nodes is {data_nodes}: a run needs at least one data node")
     rng = random.Random(f"setting:{name}:{seed}")
@@ -107,6 +116,22 @@ def make_setting(name: str, seed: int, data_nodes: int = len(DATA_NODES)) -> Set
             relays[f"s{s}r{i}"] = (s, cap)
     data = tuple(f"d{i}" for i in range(data_nodes))
     net = make_net(list(data[:2]) + list(relays) + list(data[2:]), rng)
+    return Setting(name, relays, net, data)
+
+
+def make_table6(scale: int, seed: int, data_nodes: int | None = None) -> Setting:
+    """Table VI's setting times `scale`: 3 x scale data nodes (or `data_nodes`), 3 x scale relays of capacity
+    MICROBATCHES in each of the 5 relay stages, every node at one of the 12 locations (data nodes drawn first)."""
+    if scale < 1:
+        raise ValueError(f"scale is {scale}: it must be at least 1")
+    n_data = 3 * scale if data_nodes is None else data_nodes
+    if n_data < 1:
+        raise ValueError(f"data_nodes is {n_data}: a run needs at least one data node")
+    name = f"table6-x{scale}"
+    rng = random.Random(f"setting:{name}:{seed}")
+    relays = {f"s{s}r{i}": (s, MICROBATCHES) for s in range(len(STAGE_SIZES)) for i in range(3 * scale)}
+    data = tuple(f"d{i}" for i in range(n_data))
+    net = make_net(list(data) + list(relays), rng)
     return Setting(name, relays, net, data)
 
 
