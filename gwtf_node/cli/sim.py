@@ -105,18 +105,24 @@ def cmd_sim_join(args: argparse.Namespace) -> int:
 def _add_train_parser(simsub) -> None:
     """`sim train`: every model switch of `sim.train.TrainSim` that a row of docs/bench_churn.md uses is a flag;
     the defaults are the daemon's behaviour."""
-    from ..sim.train import DETECT_S, ROUTINGS, SETTINGS, SWARM_REACTIONS
+    from ..sim.train import DETECT_S, POLICIES, ROUTINGS, SETTINGS, SWARM_REACTIONS, TABLE6_SETTINGS
 
     t = simsub.add_parser("train", help="training iterations with churn (Table II of the GWTF paper)")
-    t.add_argument("--setting", choices=SETTINGS, default="table2-heterogeneous")
+    t.add_argument("--setting", choices=SETTINGS + TABLE6_SETTINGS, default="table2-heterogeneous",
+                   help="Table II's settings, or Table VI's (table6-xK: K times its 18 nodes)")
     t.add_argument("--churn", type=_churn, default=0.0, help="probability per iteration that a relay crashes")
-    t.add_argument("--policy", choices=("gwtf", "swarm"), default="gwtf")
+    t.add_argument("--policy", choices=POLICIES, default="gwtf",
+                   help="recovery policy: gwtf, swarm, or taskpool (the hybrid design's task pool)")
     t.add_argument("--iterations", type=_positive_int, default=25)
     t.add_argument("--seed", type=_nonneg_int, default=0)
-    t.add_argument("--data-nodes", type=_positive_int, default=2, help="data nodes (Table II: 2)")
+    t.add_argument("--data-nodes", type=_positive_int, default=None,
+                   help="data nodes (default: the setting's, Table II: 2, Table VI: 3 x K)")
     t.add_argument("--routing", choices=ROUTINGS, default="machines",
                    help="GWTF's flows: the flow machines run in the simulation (default), or the LP optimum "
-                        "installed by an oracle (for comparison)")
+                        "installed by an oracle (for comparison), or DT-FM's static schedule (dtfm: its scheduler "
+                        "places the relays and forms the pipelines, recomputed after each crash)")
+    t.add_argument("--dtfm-keep-stages", action="store_true",
+                   help="--routing dtfm: every relay keeps its stage; DT-FM only forms the pipelines")
     t.add_argument("--no-reflow", dest="reflow", action="store_false",
                    help="oracle routing: keep the initial optimum and local repairs only")
     t.add_argument("--label-waves", action="store_true", help="GWTF's flow machines announce labels in waves")
@@ -179,8 +185,16 @@ def _flow_options(args: argparse.Namespace) -> dict | None:
 def cmd_sim_train(args: argparse.Namespace) -> int:
     from ..sim.train import run_train
 
+    options = sim_train_options(args)
+    if args.routing == "dtfm":
+        if args.policy != "gwtf":
+            raise CliError(f"--routing dtfm executes DT-FM's schedule with GWTF's microbatch machine: it needs "
+                           f"--policy gwtf, not {args.policy}")
+        options["dtfm_options"] = {"place": not args.dtfm_keep_stages}
+    elif args.policy == "taskpool" and args.routing != "machines":
+        raise CliError(f"--policy taskpool has no flows: drop --routing {args.routing}")
     rep = run_train(args.setting, args.policy, args.churn, args.iterations, args.seed, data_nodes=args.data_nodes,
-                    **sim_train_options(args))
+                    **options)
     if args.json:
         print(json.dumps({k: rep[k] for k in SIM_TRAIN_JSON_KEYS}, allow_nan=True))
         return 0
@@ -195,6 +209,59 @@ def cmd_sim_train(args: argparse.Namespace) -> int:
     if rep["unfinished_iterations"]:
         print(f"  unfinished iterations {rep['unfinished_iterations']}", file=sys.stderr)
     return 0
+
+
+def schedule_summary(name: str, seed: int, out: dict) -> str:
+    """`sim schedule`'s text output: the cost model's figures, the search's cost, the stages and pipelines."""
+    lines = [f"scenario {name}  method {out['method']}  seed {seed}",
+             f"COMM-COST {out['total_cost_s']:.2f} s = data parallel {out['datap_cost_s']:.2f} s + pipeline "
+             f"{out['pipelinep_cost_s']:.2f} s  (slowest forced hop back to a data node {out['closing_hop_s']:.2f} s)",
+             f"search: {out['generations']} generations, {out['evaluations']} cost-model evaluations, "
+             f"{out['cpu_s']:.2f} s CPU"]
+    for s, group in enumerate(out["stages"]):
+        lines.append(f"  stage {s}: {' '.join(group)}")
+    for p in out["pipelines"]:
+        lines.append(f"  {p['data_node']}: {' -> '.join(p['path'])} -> {p['data_node']}")
+    return "\n".join(lines)
+
+
+def cmd_sim_schedule(args: argparse.Namespace) -> int:
+    """DT-FM's scheduler on a scenario: which relay hosts which stage, and the pipelines."""
+    from ..protocol.scenario import ScenarioError
+    from ..sim.schedule import instance_from_scenario, schedule
+
+    scenario = _load_scenario(args.scenario, args.activation_mb)
+    try:
+        inst = instance_from_scenario(scenario, args.gradient_mb)
+    except ScenarioError as e:
+        raise CliError(f"scenario {args.scenario!r}: {e}") from None
+    sched = schedule(inst, args.method, args.seed, population=args.population, generations=args.generations)
+    out = sched.to_json()
+    if args.json:
+        print(json.dumps(dict(scenario=scenario.name, seed=args.seed, **out)))
+    else:
+        print(schedule_summary(scenario.name, args.seed, out))
+    return 0
+
+
+def _add_schedule_parser(simsub) -> None:
+    from ..sim.schedule import GENERATIONS, METHODS, POPULATION, STAGE_GRADIENT_MB
+
+    sc = simsub.add_parser("schedule", help="DT-FM's scheduler (the optimal-schedule baseline) on a scenario")
+    sc.add_argument("--scenario", required=True,
+                    help="scenario JSON file (specs/scenario.md); relays = stages x data nodes, every pair linked")
+    sc.add_argument("--method", choices=METHODS, default="dtfm",
+                    help="dtfm: the genetic algorithm with DT-FM's local search; kl: with Kernighan-Lin's; "
+                         "random: one random assignment")
+    sc.add_argument("--seed", type=_nonneg_int, default=0)
+    sc.add_argument("--generations", type=_nonneg_int, default=GENERATIONS)
+    sc.add_argument("--population", type=_positive_int, default=POPULATION)
+    sc.add_argument("--activation-mb", type=float, default=None,
+                    help="c_pp: activation of a microbatch (default: the scenario's activation size)")
+    sc.add_argument("--gradient-mb", type=float, default=STAGE_GRADIENT_MB,
+                    help=f"c_dp: gradients of a stage (default {STAGE_GRADIENT_MB:g} MB)")
+    sc.add_argument("--json", action="store_true", help="one JSON object")
+    sc.set_defaults(func=cmd_sim_schedule)
 
 
 def add_sim_parsers(sub) -> None:
@@ -241,3 +308,4 @@ def add_sim_parsers(sub) -> None:
     j.set_defaults(func=cmd_sim_join)
 
     _add_train_parser(simsub)
+    _add_schedule_parser(simsub)

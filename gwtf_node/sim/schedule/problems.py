@@ -110,3 +110,21 @@ def schedule(inst: Instance, method: str, seed: int, **kw) -> Schedule:
     """Run DT-FM's scheduler (`method`: dtfm, kl or random) with a seeded RNG; `kw`: population, generations."""
     res = search(inst.model, inst.problem, method, random.Random(f"dtfm:{method}:{seed}"), **kw)
     return Schedule(inst, res, arrange(inst.model, res.partition, res.costs))
+
+
+def setting_scenario(setting) -> dict:
+    """A `sim.train.Setting` as a scenario file (specs/scenario.md): every pair of nodes linked with its
+    latency and bandwidth, the relays at their given stage; `sim schedule` reads it."""
+    from ..train.setting import ACTIVATION_MB, STAGE_SIZES
+
+    names = sorted(setting.data) + sorted(setting.relays)
+    nodes = [{"id": d, "role": "data", "capacity": 4} for d in sorted(setting.data)]
+    nodes += [{"id": r, "role": "relay", "stage": setting.relays[r][0], "capacity": setting.relays[r][1]}
+              for r in sorted(setting.relays)]
+    links = []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            (la, ba), (lb, bb) = setting.net.link(a, b), setting.net.link(b, a)
+            links.append({"a": a, "b": b, "latency_ms": [la, lb], "bandwidth_mbps": [ba, bb]})
+    return {"name": setting.name, "stages": len(STAGE_SIZES), "activation_mb": ACTIVATION_MB, "nodes": nodes,
+            "links": links}

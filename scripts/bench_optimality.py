@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Table VI of the GWTF paper in the simulator: GWTF's flows against DT-FM's schedule, as the swarm grows, with
+and without churn.
+
+    nice -n 10 python scripts/bench_optimality.py [--scales 1 2] [--seeds 3] [--iterations 5] [--json]
+
+Setting (`sim.train.make_table6`): 3 x K data nodes and 3 x K relays in each
+of the 5 relay stages (the paper's 6 stages counting the data nodes'), every
+relay of capacity 4 (homogeneous), 4 microbatches per data node and
+iteration, every node at one of the 12 locations of geo12-links.json; K = 1
+is the paper's setting, `--scales 4 8` the big variants (slow: the flow
+machines of 72 / 144 nodes run in the simulator).
+
+Each (K, churn, seed) runs the same simulator three times
+(`gwtf_node.sim.train.run_train`):
+
+* `gwtf`: the flow machines form the flows and re-form them after crashes
+  (the daemon's behaviour);
+* `dtfm`: DT-FM's scheduler (`gwtf_node/sim/schedule/`) places every relay in
+  a stage and forms the pipelines; the simulator routes along them
+  (`--routing dtfm`) and recomputes after each membership change, the
+  scheduler's CPU time as the delay;
+* `dtfm_pinned`: DT-FM's pipelines over GWTF's placement (every relay keeps
+  its given stage): the routing half of its schedule, on equal terms with
+  GWTF, whose relays cannot choose their stage.
+
+Scheduler cost: GWTF's flow machines' CPU time summed over all nodes (the
+whole run; and up to the flows formed), their messages and the virtual time
+until every data node had its flows (rounds of 1 s); DT-FM's genetic
+algorithm's generations, cost-model evaluations and CPU time, times the
+number of schedules computed in the run.
+
+`--json` prints one object per (setting, churn) with `gwtf`, `dtfm` and
+`dtfm_pinned`, each holding `time_per_microbatch_s`, `throughput_per_iteration`
+and `scheduler_cpu_s` (means over the seeds); without it a table is printed
+and written to docs/bench_optimality.md (everything from a "## Reading"
+heading of the existing file on is kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from gwtf_node.sim.schedule import GENERATIONS, POPULATION
+from gwtf_node.sim.train import run_train
+
+ROOT = Path(__file__).resolve().parent.parent
+PAPER = {"dtfm": (0.44, 9.0), "gwtf": (0.51, 8.08)}  # Table VI: time per microbatch, throughput per iteration
+SYSTEMS = ("gwtf", "dtfm", "dtfm_pinned")
+
+
+def _mean(vals) -> float:
+    vals = [v for v in vals if v is not None and math.isfinite(v)]
+    return statistics.fmean(vals) if vals else math.nan
+
+
+def run_one(scale: int, churn: float, seed: int, iterations: int, dtfm_opts: dict) -> dict:
+    setting = f"table6-x{scale}"
+    out = {}
+    g = run_train(setting, "gwtf", churn, iterations, seed)
+    form = g["flow_formation"]
+    out["gwtf"] = {"time_per_microbatch_s": g["time_per_microbatch_s"],
+                   "throughput_per_iteration": g["throughput_per_iteration"],
+                   "scheduler_cpu_s": g["flow_cpu_s"], "formation_cpu_s": form.get("flow_cpu_s", math.nan),
+                   "formation_rounds": form.get("formed_s", math.nan), "flow_messages": g["flow_messages"],
+                   "formation_messages": form.get("flow_messages", math.nan),
+                   "lost_microbatches": g["lost_microbatches"], "crashes": g["crashes"]}
+    for name, place in (("dtfm", True), ("dtfm_pinned", False)):
+        d = run_train(setting, "gwtf", churn, iterations, seed, routing="dtfm",
+                      dtfm_options=dict(dtfm_opts, place=place))
+        sch = d["dtfm"]
+        out[name] = {"time_per_microbatch_s": d["time_per_microbatch_s"],
+                     "throughput_per_iteration": d["throughput_per_iteration"],
+                     "scheduler_cpu_s": sch["cpu_s"] * (1 + sch["recomputations"]), "search_cpu_s": sch["cpu_s"],
+                     "generations": sch["generations"], "evaluations": sch["evaluations"],
+                     "recomputations": sch["recomputations"], "cost_model_s": sch["total_cost_s"],
+                     "lost_microbatches": d["lost_microbatches"], "crashes": d["crashes"]}
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scales", type=int, nargs="+", default=[1, 2], choices=[1, 2, 4, 8],
+                    help="swarm sizes, times the paper's 18 nodes (4 and 8 take long)")
+    ap.add_argument("--churns", type=float, nargs="+", default=[0.0, 0.1])
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--iterations", type=int, default=5)
+    ap.add_argument("--generations", type=int, default=GENERATIONS, help="DT-FM's genetic algorithm")
+    ap.add_argument("--population", type=int, default=POPULATION, help="DT-FM's genetic algorithm")
+    ap.add_argument("--json", action="store_true", help="one JSON object per setting and churn level, no docs")
+    ap.add_argument("--scenario-out", metavar="FILE",
+                    help="write the paper's setting (table6-x1, seed 0) as a scenario file for `gwtf-node sim "
+                         "schedule` and stop")
+    args = ap.parse_args()
+    if args.scenario_out:
+        from gwtf_node.sim.schedule.problems import setting_scenario
+        from gwtf_node.sim.train import make_setting
+
+        Path(args.scenario_out).write_text(json.dumps(setting_scenario(make_setting("table6-x1", 0)), indent=None))
+        return 0
+    t0 = time.time()
+    dtfm_opts = {"generations": args.generations, "population": args.population}
+    rows = []
+    for scale in args.scales:
+        for churn in args.churns:
+            runs = [run_one(scale, churn, s, args.iterations, dtfm_opts) for s in range(args.seeds)]
+            row = {"setting": f"table6-x{scale}", "nodes": 18 * scale, "churn": churn, "seeds": args.seeds,
+                   "iterations": args.iterations}
+            for sysname in SYSTEMS:
+                row[sysname] = {k: _mean([r[sysname][k] for r in runs]) for k in runs[0][sysname]}
+                row[sysname]["per_seed_time_per_microbatch_s"] = [r[sysname]["time_per_microbatch_s"] for r in runs]
+            rows.append(row)
+            if args.json:
+                print(json.dumps(row), flush=True)
+            else:
+                print(f"x{scale} churn {churn:g}: " + "  ".join(
+                    f"{s} {row[s]['time_per_microbatch_s']:.2f} s" for s in SYSTEMS), file=sys.stderr, flush=True)
+    if args.json:
+        return 0
+    text = render(rows, args, time.time() - t0)
+    print(text)
+    md = ROOT / "docs" / "bench_optimality.md"
+    keep = ""
+    if md.exists() and "\n## Reading" in md.read_text():
+        keep = "\n## Reading" + md.read_text().split("\n## Reading", 1)[1].rstrip("\n") + "\n"
+    md.write_text(text + keep)
+    return 0
+
+
+def render(rows: list[dict], args, elapsed: float) -> str:
+    cmd = (f"nice -n 10 python scripts/bench_optimality.py --scales {' '.join(map(str, args.scales))} "
+           f"--churns {' '.join(f'{c:g}' for c in args.churns)} --seeds {args.seeds} --iterations {args.iterations}"
+           + (f" --generations {args.generations}" if args.generations != GENERATIONS else "")
+           + (f" --population {args.population}" if args.population != POPULATION else ""))
+    out = ["# Optimality: GWTF against DT-FM's schedule (Table VI of the GWTF paper)\n",
+           f"`{cmd}` ({elapsed:.0f} s on 2 cores shared with other jobs). Setting, systems and scheduler costs: the "
+           "docstring of `scripts/bench_optimality.py`; DT-FM: `gwtf_node/sim/schedule/`. Means over seeds "
+           f"0-{args.seeds - 1} of each run's mean over its iterations; time per microbatch in seconds of virtual "
+           "time (iteration length, aggregation included, over microbatches completed); throughput in microbatches "
+           "completed per iteration (12 x K pushed).\n",
+           "## Time per microbatch and throughput\n",
+           "| setting | nodes | churn | GWTF s/microb | DT-FM s/microb | DT-FM pinned s/microb | GWTF vs DT-FM | "
+           "GWTF vs DT-FM pinned | GWTF thr/it | DT-FM thr/it | DT-FM pinned thr/it |",
+           "|---" * 11 + "|"]
+    for r in rows:
+        g, d, p = (r[s] for s in SYSTEMS)
+        out.append(f"| {r['setting']} | {r['nodes']} | {int(r['churn'] * 100)}% | {g['time_per_microbatch_s']:.2f} | "
+                   f"{d['time_per_microbatch_s']:.2f} | {p['time_per_microbatch_s']:.2f} | "
+                   f"{(g['time_per_microbatch_s'] / d['time_per_microbatch_s'] - 1) * 100:+.0f}% | "
+                   f"{(g['time_per_microbatch_s'] / p['time_per_microbatch_s'] - 1) * 100:+.0f}% | "
+                   f"{g['throughput_per_iteration']:.2f} | {d['throughput_per_iteration']:.2f} | "
+                   f"{p['throughput_per_iteration']:.2f} |")
+    out += ["", f"The paper (Table VI, its own simulator, the 18-node setting, no churn): DT-FM {PAPER['dtfm'][0]} "
+            f"and GWTF {PAPER['gwtf'][0]} per microbatch (GWTF +{(PAPER['gwtf'][0] / PAPER['dtfm'][0] - 1) * 100:.0f}%), "
+            f"throughput {PAPER['dtfm'][1]} and {PAPER['gwtf'][1]} per iteration.\n",
+            "Per seed, time per microbatch (s), GWTF / DT-FM / DT-FM pinned:\n"]
+    for r in rows:
+        per = zip(*(r[s]["per_seed_time_per_microbatch_s"] for s in SYSTEMS))
+        out.append(f"- {r['setting']} {int(r['churn'] * 100)}%: " + "; ".join(" / ".join(f"{v:.1f}" for v in t)
+                                                                          for t in per))
+    out += ["\n## What each scheduler costs as the swarm grows\n",
+            "| setting | nodes | churn | GWTF flows formed (rounds of 1 s) | GWTF messages to form | GWTF messages "
+            "(run) | GWTF flow CPU s (run, all nodes) | DT-FM generations | DT-FM evaluations | DT-FM search CPU s | "
+            "DT-FM schedules computed | DT-FM scheduler CPU s (run) | crashes |",
+            "|---" * 13 + "|"]
+    for r in rows:
+        g, d = r["gwtf"], r["dtfm"]
+        out.append(f"| {r['setting']} | {r['nodes']} | {int(r['churn'] * 100)}% | {g['formation_rounds']:.0f} | "
+                   f"{g['formation_messages']:.0f} | {g['flow_messages']:.0f} | {g['scheduler_cpu_s']:.2f} | "
+                   f"{d['generations']:.0f} | {d['evaluations']:.0f} | {d['search_cpu_s']:.2f} | "
+                   f"{1 + d['recomputations']:.1f} | {d['scheduler_cpu_s']:.2f} | {g['crashes']:.1f} |")
+    out += ["", "Lost microbatches (all runs): " + ", ".join(
+        f"{r['setting']} {int(r['churn'] * 100)}% " + "/".join(f"{r[s]['lost_microbatches']:.0f}" for s in SYSTEMS)
+        for r in rows) + " (GWTF / DT-FM / DT-FM pinned).\n"]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
