@@ -187,14 +187,16 @@ TASKPOOL_POLICIES = ("taskpool",)
 
 
 def run_train(setting: str, policy: str, churn: float, iterations: int, seed: int, *, breakdown: bool = False,
-              data_nodes: int | None = None, dtfm_options: dict | None = None, **options) -> dict:
+              data_nodes: int | None = None, dtfm_options: dict | None = None, scheduler_cost: bool = False,
+              **options) -> dict:
     """One run; `options` are TrainSim's model switches (routing, reflow, lend, flow_options, detect,
     join_mid_iteration, swarm_reacts_to, gwtf_acts_on_gone, unpresume, can_take, one_wave, ...: see TrainSim).
     `data_nodes`: None for the setting's own number.  `routing="dtfm"`: DT-FM's scheduler (`sim/schedule/`,
     `dtfm_options`: its method, population, generations) arranges the setting first and the run follows its
     pipelines; the report gets `dtfm` (the schedule's cost and CPU time).
     `breakdown`: trace the run and add `waste_breakdown_s` (seconds per iteration by cause,
-    `TrainSim.waste_breakdown`)."""
+    `TrainSim.waste_breakdown`).  `scheduler_cost`: add `flow_cpu_s` and `flow_formation` (CPU times: they
+    differ from run to run, so they are not in the report by default)."""
     s = make_setting(setting, seed, data_nodes)
     sched = None
     if options.get("routing") == "dtfm":
@@ -213,8 +215,9 @@ def run_train(setting: str, policy: str, churn: float, iterations: int, seed: in
         sim.trace = []
     sim.run(iterations)
     rep = sim.report(iterations)
-    rep["flow_cpu_s"] = sim.flow_cpu_s
-    rep["flow_formation"] = dict(sim.formation)
+    if scheduler_cost:
+        rep["flow_cpu_s"] = sim.flow_cpu_s
+        rep["flow_formation"] = dict(sim.formation)
     if sched is not None:
         rep["dtfm"] = dict(sched.schedule.to_json(), recomputations=sched.recomputations)
     if breakdown:
