@@ -14,6 +14,12 @@ Every policy sees the same setting and the same crash draws for a given seed
 (the churn RNG does not depend on the policy; the crash times follow each
 run's own iteration lengths).  Everything from a "## Reading" heading of an
 existing docs/bench_churn.md on is kept (written by hand).
+
+`--reuse docs/bench_churn.json` takes every (setting, churn, policy) row and
+sensitivity cell found in that file from it and runs only the missing ones
+(e.g. a policy added since), with the same `--iterations` and `--seeds` as
+the file's run: only valid while the other policies behave as they did then,
+which `scripts/golden_train.py --check` tells.
 """
 
 from __future__ import annotations
@@ -75,12 +81,23 @@ def main() -> int:
     ap.add_argument("--no-sensitivity", action="store_true")
     ap.add_argument("--variants", nargs="+", metavar="TEXT",
                     help="only the sensitivity rows whose label contains one of these texts")
+    ap.add_argument("--reuse", metavar="JSON", help="rows of an earlier run of the same command (docstring)")
     args = ap.parse_args()
     t0 = time.time()
     rows = {}
+    old = json.loads(Path(args.reuse).read_text()) if args.reuse else {}
+    if "config" in old and old["config"] != {"iterations": args.iterations, "seeds": args.seeds}:
+        sys.exit(f"--reuse {args.reuse}: its run had {old['config']}; give the same --iterations and --seeds, or "
+                 "do not reuse it")  # (a file without 'config' predates it: its docs/bench_churn.md names the run)
+    reused = []
     for setting in SETTINGS:
         for churn in CHURNS:
             for policy in POLICIES:
+                key = "|".join(map(str, (setting, churn, policy)))
+                if key in old:
+                    rows[(setting, churn, policy)] = old[key]
+                    reused.append(key)
+                    continue
                 runs = [run_train(setting, policy, churn, args.iterations, s, breakdown=True)
                         for s in range(args.seeds)]
                 rows[(setting, churn, policy)] = {k: ms([r[k] for r in runs]) for k in KEYS}
@@ -95,14 +112,17 @@ def main() -> int:
                 print(setting, churn, policy, {k: round(v[0], 2) for k, v in rows[(setting, churn, policy)].items()
                                                if isinstance(v, tuple)}, flush=True)
     flags = (" --no-sensitivity" if args.no_sensitivity else "") + (
-        " --variants " + " ".join(f'"{v}"' for v in args.variants) if args.variants and not args.no_sensitivity else "")
+        " --variants " + " ".join(f'"{v}"' for v in args.variants) if args.variants and not args.no_sensitivity else "") + (
+        " --reuse docs/bench_churn.json" if reused else "")
     out = [f"# Churn benchmark: Table II of the GWTF paper in the simulator\n",
            f"`nice -n 10 python scripts/bench_churn.py --iterations {args.iterations} --seeds {args.seeds}{flags}` "
            f"({time.time() - t0:.0f} s). Setting, model and metrics: the docstring of `gwtf_node/sim/train/`; "
            "protocol: `gwtf_node/protocol/recovery/`, `gwtf_node/protocol/phases.py`; task pool: "
            "`gwtf_node/sim/train/taskpool.py`. Mean ± std over seeds of each run's mean over its "
            "iterations. Times in minutes (time per microbatch, communication time per completed microbatch), "
-           "wasted compute in seconds per iteration.\n"]
+           "wasted compute in seconds per iteration." + (
+               f" Rows reused from the earlier run of the same command (`--reuse`; the other policies' behaviour "
+               f"unchanged, `scripts/golden_train.py --check`): {len(reused)}." if reused else "") + "\n"]
     names = [("time_per_microbatch_s", "Time per microbatch (min)", 60), ("throughput_per_iteration",
              "Throughput (#microb/iteration)", 1), ("communication_time_s", "Communication time (min / microb)", 60),
              ("wasted_compute_s", "Wasted compute (s / iteration)", 1), ("lost_microbatches", "Lost microbatches", 1),
@@ -193,6 +213,15 @@ def main() -> int:
                         if p not in pols:
                             cells.append("=")
                             continue
+                        skey = "|".join((label, st, str(c), p))
+                        prev = old.get("sensitivity", {}).get(skey)
+                        if prev is not None:
+                            sens[skey] = prev
+                            t, w = prev["time_per_microbatch_s"], prev["wasted_compute_s"]
+                            thr, bad = prev["throughput_per_iteration"], prev["lost_or_unfinished"]
+                            cells.append(f"{t / 60:.2f} / {w:.2f}" + (f" ({thr:.1f} microb/it)" if thr < 7.99 else "")
+                                         + (f" ({bad} lost/stalled)" if bad else ""))
+                            continue
                         runs = [run_train(st, p, c, args.iterations, s, **opt) for s in range(args.seeds)]
                         t = ms([r["time_per_microbatch_s"] for r in runs])[0]
                         w = ms([r["wasted_compute_s"] for r in runs])[0]
@@ -210,8 +239,9 @@ def main() -> int:
     if md.exists() and "\n## Reading" in md.read_text():
         out.append("\n## Reading" + md.read_text().split("\n## Reading", 1)[1].rstrip("\n"))
     md.write_text("\n".join(out) + "\n")
-    (ROOT / "docs" / "bench_churn.json").write_text(json.dumps(
-        {"|".join(map(str, k)): v for k, v in rows.items()}, indent=1, default=list))
+    dump = {"|".join(map(str, k)): v for k, v in rows.items()}
+    dump["config"] = {"iterations": args.iterations, "seeds": args.seeds}
+    (ROOT / "docs" / "bench_churn.json").write_text(json.dumps(dump, indent=1, default=list))
     print("\n".join(out[-5:]))
     return 0
 

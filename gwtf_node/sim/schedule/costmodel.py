@@ -76,7 +76,9 @@ class CostModel:
     c_dp_mb: float
     anchor: int | None = None
     evaluations: int = 0
-    _pp: np.ndarray = field(init=False, repr=False)
+    _pp: np.ndarray = field(init=False, repr=False)  # 2 (alpha + c_pp / beta) per pair of devices
+    _dp_lat: np.ndarray = field(init=False, repr=False)  # alpha, both directions averaged
+    _dp_inv_bw: np.ndarray = field(init=False, repr=False)  # 1 / beta, both directions averaged
     _cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:

@@ -35,14 +35,9 @@ class Arrangement:
 
 def arrange(model: CostModel, part: Partition, costs: Costs) -> Arrangement:
     """Stage order and pipelines of a partition (module docstring); group 0 is the data group when pinned."""
-    order = costs.order
-    if model.anchor is None:  # the paper's open loop: the first group in the order plays "stage 0"
-        chains = [[d] for d in part[order[0]]]
-        groups = order[1:]
-    else:
-        chains = [[d] for d in part[model.anchor]]
-        groups = order[1:]
-    for g in groups:
+    order = costs.order  # (with an anchor, the data group comes first; open loop: its first group is "stage 0")
+    chains = [[d] for d in part[order[0]]]
+    for g in order[1:]:
         prev = tuple(c[-1] for c in chains)
         _, pairs = model.matching(prev, part[g])
         nxt = dict(pairs)

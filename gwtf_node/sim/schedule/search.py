@@ -78,10 +78,6 @@ class Problem:
         out = tuple(tuple(sorted(g)) for g in groups)
         return ((tuple(sorted(self.pinned)),) + out) if self.pinned is not None else out
 
-    def labels_of(self, part: Partition) -> dict[int, int]:
-        free_groups = part[1:] if self.pinned is not None else part
-        return {d: g for g, grp in enumerate(free_groups) for d in grp}
-
 
 def valid(problem: Problem, part: Partition) -> bool:
     """Every device in exactly one group, every group of its required size, the pinned group unchanged."""
