@@ -169,7 +169,8 @@ def main() -> int:
             f"- GWTF lost microbatches over all runs: {lost}; GWTF unfinished (stalled) iterations: {unf} "
             f"(target 0: {'MET' if lost == 0 and unf == 0 else 'NOT MET'})",
             "- GWTF vs the task pool, time per microbatch (min): " + "; ".join(
-                f"{st[7:]} {int(c*100)}%: {g/60:.2f} vs {t/60:.2f} ({(1 - g/t)*100:+.0f}%)" for st, c, g, t in pool)
+                f"{st[7:]} {int(c*100)}%: {g/60:.2f} vs {t/60:.2f} (GWTF {(1 - g/t)*100:.0f}% lower)"
+                for st, c, g, t in pool)
             + f"; task pool lost or stalled over all runs: {pool_lost}\n"]
     causes = list(rows[(SETTINGS[0], CHURNS[0], "gwtf")]["waste_breakdown_s"])
     out += ["\n## Where the wasted compute goes\n",
