@@ -108,6 +108,12 @@ with microbatches left, installed on every node at the start and
 FLOW_CONVERGE_S after every change (a crash, joiners, a data node done: its
 units lent to the others); `reflow=False`: its initial flows and local
 repairs only.
+DT-FM (`routing="dtfm"`, `sim train --routing dtfm`, Table VI settings `table6-xK`): DT-FM's scheduler
+(`sim/schedule/`) places the relays in stages and forms one pipeline per data node before the run; GWTF's
+microbatch machine follows those pipelines as fixed flows (no flow machine, no lending) and the schedule is
+recomputed after each membership report, its CPU time as the delay (`sim/schedule/routing.py`).
+The task pool (`policy="taskpool"`, `taskpool.py`): GWTF's microbatch machine whose next hop is any free node
+of the next stage, blind to links, with no flows.
 SWARM: no flows, greedy next hop (the cheapest link), assuming every relay has
 the homogeneous capacity (4): SWARM assumes equal memory (paper, section I),
 so in the heterogeneous setting a relay with less room answers DENY after the
