@@ -42,7 +42,7 @@ def test_the_task_pool_trains_every_microbatch_without_churn() -> None:
 RELAYS = [f"s{s}r{i}" for s, n in enumerate(T.STAGE_SIZES) for i in range(n)]
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(st.lists(st.tuples(st.floats(0.0, 400.0), st.sampled_from(RELAYS)), max_size=6),
        st.booleans(), st.integers(0, 3))
 def test_the_ledger_loses_nothing_and_counts_nothing_twice_under_crashes(plan, rejoin: bool, seed: int) -> None:
