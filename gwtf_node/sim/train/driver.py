@@ -27,7 +27,6 @@ from .setting import (
 
 
 class TrainSim(AggregationDriver, FlowDriver, Reporting):
-    machine_class = RecoveryNode  # every node's microbatch machine (a policy of its own may subclass it)
     """One Table II run in virtual time (module docstring).  Model switches, defaults in parentheses:
     `routing` ("machines": GWTF's flows by the flow machines; "oracle": the LP optimum installed globally),
     `reflow` (True; oracle only: re-install the optimum FLOW_CONVERGE_S after a change), `lend` (True; machines
@@ -40,6 +39,8 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
     (oracle-style, no machines); `routing="dtfm"` with `scheduler` (a `sim.schedule.routing.DtfmRouting` built on
     this setting): DT-FM's static pipelines, recomputed `scheduler.delay_s` after each membership report.
     `flow_cpu_s` sums the CPU time the flow machines took (GWTF's scheduler cost)."""
+
+    machine_class = RecoveryNode  # every node's microbatch machine (a policy of its own may subclass it)
 
     def __init__(self, setting: Setting, policy: str, churn: float, seed: int,
                  crash_plan: list[tuple[float, str]] | None = None, rejoin: bool = True,
