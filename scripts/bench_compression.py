@@ -11,16 +11,17 @@ manifests differ only in the compression, so the three runs see the same
 microbatches in the same order (equal samples); every iteration must complete
 all of its microbatches, or the run is reported as failed.
 
-Per method: seconds per iteration (mean of the leader's per-iteration
-`seconds`, the first iteration left out: it pays the flow formation and the
-first torch calls), the loss of the last iteration, its gap to `none`, and
+Per method: seconds per iteration (median of the leader's per-iteration
+`seconds`, robust to other work on the machine; the mean and standard
+deviation beside it; the first iteration left out: it pays the flow
+formation and the first torch calls), the loss of the last iteration, its gap to `none`, and
 the link ratios the senders chose (their log lines).
 
     python scripts/bench_compression.py [--iterations N] [--ratio R] [--json] [--plot docs/bench_compression.png]
 
 `--json` prints one object per method with `method`, `seconds_per_iteration`,
-`final_loss`, `loss_gap_vs_none`, `losses` and `link_ratios`.  The Markdown
-table goes to stdout otherwise (docs/bench_compression.md holds a run).
+`final_loss`, `loss_gap_vs_none`, `losses`, `seconds` and `link_ratios` (and the Markdown
+table on stderr); the table goes to stdout otherwise (docs/bench_compression.md holds a run).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
 import statistics
 import sys
 import tempfile
@@ -70,8 +72,10 @@ def run_method(method: str, args: argparse.Namespace, workdir: Path) -> dict:
     secs = [r["seconds"] for r in records[1:]] or [r["seconds"] for r in records]
     act_bytes = args.microbatch_size * args.seq_len * args.hidden * 4
     return {"method": method, "ratio": args.ratio if method != "none" else None,
-            "seconds_per_iteration": round(statistics.mean(secs), 4),
+            "seconds_per_iteration": round(statistics.median(secs), 4),
+            "seconds_per_iteration_mean": round(statistics.mean(secs), 4),
             "seconds_per_iteration_stdev": round(statistics.stdev(secs), 4) if len(secs) > 1 else 0.0,
+            "seconds": [r["seconds"] for r in records],
             "final_loss": round(records[-1]["loss"], 5), "losses": [round(r["loss"], 5) for r in records],
             "activation_bytes": act_bytes, "link_ratios": dict(sorted(ratios.items()))}
 
@@ -97,12 +101,13 @@ def plot(results: list[dict], path: Path) -> None:
 
 def table(results: list[dict], args: argparse.Namespace) -> str:
     base = next(r for r in results if r["method"] == "none")
-    lines = ["| method | ratio r | s / iteration (stdev) | speed-up vs none | final loss | loss vs none |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| method | ratio r | s / iteration, median | mean (stdev) | speed-up vs none (median) | final loss "
+             "| loss vs none |",
+             "|---|---|---|---|---|---|---|"]
     for r in results:
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:g}"
-        lines.append(f"| {r['method']} | {ratio} | "
-                     f"{r['seconds_per_iteration']:.3f} ({r['seconds_per_iteration_stdev']:.3f}) | "
+        lines.append(f"| {r['method']} | {ratio} | {r['seconds_per_iteration']:.3f} | "
+                     f"{r['seconds_per_iteration_mean']:.3f} ({r['seconds_per_iteration_stdev']:.3f}) | "
                      f"{base['seconds_per_iteration'] / r['seconds_per_iteration']:.2f}x | {r['final_loss']:.4f} | "
                      f"{100 * (r['final_loss'] - base['final_loss']) / base['final_loss']:+.2f} % |")
     lines.append("")
@@ -129,6 +134,8 @@ def main() -> int:
     p.add_argument("--plot", default=None, help="write the loss curves to this PNG")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    # SIGTERM unwinds like Ctrl-C, so that run_local takes its swarm down
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     methods = [m for m in args.methods.split(",") if m]
     if "none" not in methods:
         methods.insert(0, "none")
@@ -145,6 +152,7 @@ def main() -> int:
     if args.json:
         for r in results:
             print(json.dumps(r))
+        print(table(results, args), file=sys.stderr)  # the same figures, readable
     else:
         print(table(results, args))
     return 0
