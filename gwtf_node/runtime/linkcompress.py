@@ -30,7 +30,7 @@ import logging
 import math
 from typing import Any
 
-from ..model.adatopk import DEFAULT_RATIO, Compression, kept_count, link_ratio, sparse_overhead, transfer_s
+from ..model.adatopk import Compression, kept_count, link_ratio, sparse_overhead, transfer_s
 from .flows import DEFAULT_BANDWIDTH_MBPS
 from .peers import Peers
 
@@ -42,8 +42,8 @@ FLOAT32_BYTES = 4  # the activations' dtype for the ratio rule's overhead c (flo
 class LinkCompression:
     def __init__(self, manifest: Any, peers: Peers, links_cfg: dict[tuple[str, str], tuple[float, float]]) -> None:
         train = manifest.train
-        self.compression = Compression(getattr(train, "compression", Compression.NONE.value))
-        self.ratio = float(getattr(train, "compression_ratio", DEFAULT_RATIO))
+        self.compression = Compression(train.compression)
+        self.ratio = float(train.compression_ratio)
         self.peers = peers
         self.links_cfg = links_cfg
         self._cache: dict[str, float] = {}
