@@ -4,9 +4,10 @@
 One invocation trains the same run three times, once per `train.compression`
 (`none`, `topk`, `adatopk`, same ratio r), each on a fresh local swarm of
 separate daemon processes (`gwtf_node/runtime/local.py`): 1 data node, 2
-stages x 2 relays, the links between them emulated from
-`gwtf_node/data/geo12-links.json` (nodes placed round-robin on its locations:
-d0 Australia, r0_0 Belgium, r0_1 Canada, r1_0 Germany, r1_1 Iowa).  The
+stages x 2 relays by default (`--stages`, `--relays-per-stage`), the links
+between them emulated from `gwtf_node/data/geo12-links.json` (nodes placed
+round-robin on its locations: d0 Australia, r0_0 Belgium, r0_1 Canada, r1_0
+Germany, r1_1 Iowa; `--locations` lists other ones to place them on).  The
 manifests differ only in the compression, so the three runs see the same
 microbatches in the same order (equal samples); every iteration must complete
 all of its microbatches, or the run is reported as failed.
@@ -18,6 +19,7 @@ formation and the first torch calls), the loss of the last iteration, its gap to
 the link ratios the senders chose (their log lines).
 
     python scripts/bench_compression.py [--iterations N] [--ratio R] [--json] [--plot docs/bench_compression.png]
+        [--stages S --relays-per-stage K --locations Germany,NL,Iowa,Belgium]
 
 `--json` prints one object per method with `method`, `seconds_per_iteration`,
 `final_loss`, `loss_gap_vs_none`, `losses`, `seconds` and `link_ratios` (and the Markdown
@@ -46,16 +48,32 @@ METHODS = ("none", "topk", "adatopk")
 _RATIO_LINE = re.compile(r"compression (\w+) to (\S+): ratio ([0-9.]+)")
 
 
+def links_file(args: argparse.Namespace, workdir: Path) -> Path:
+    """geo12 as published, or with its locations listed in the order `--locations` gives (nodes are placed
+    round-robin on that list, in the order d0, r0_0, r0_1, ..., r1_0, ...; the links between locations stay)."""
+    if not args.locations:
+        return LINKS
+    geo = json.loads(LINKS.read_text())
+    order = args.locations.split(",")
+    unknown = sorted(set(order) - set(geo["locations"]))
+    if unknown:
+        raise SystemExit(f"--locations: {', '.join(unknown)} not in {LINKS.name} ({', '.join(geo['locations'])})")
+    geo["locations"] = order
+    path = workdir / "geo12-placed.json"
+    path.write_text(json.dumps(geo))
+    return path
+
+
 def run_method(method: str, args: argparse.Namespace, workdir: Path) -> dict:
-    man = default_manifest(family="llama", stages=2, hidden=args.hidden, seq_len=args.seq_len,
+    man = default_manifest(family="llama", stages=args.stages, hidden=args.hidden, seq_len=args.seq_len,
                            microbatch_size=args.microbatch_size, microbatches_per_iteration=args.microbatches,
                            seed=args.seed, compression=method, compression_ratio=args.ratio,
                            run_name=f"bench-compression-{method}")
     workdir.mkdir(parents=True, exist_ok=True)
     run = workdir / "run.json"
     save_manifest(man, run)
-    swarm = LocalSwarm(workdir, run, data_nodes=1, stages=2, relays_per_stage=2, iterations=args.iterations,
-                       links=LINKS, seed=args.seed)
+    swarm = LocalSwarm(workdir, run, data_nodes=1, stages=args.stages, relays_per_stage=args.relays_per_stage,
+                       iterations=args.iterations, links=links_file(args, workdir), seed=args.seed)
     swarm.iteration_timeout_s = 300
     records = run_local(swarm, lambda rec: print(f"  {method} iteration {rec['iteration']}: loss {rec['loss']:.4f} "
                                                  f"{rec['seconds']:.2f} s", file=sys.stderr))
@@ -80,7 +98,7 @@ def run_method(method: str, args: argparse.Namespace, workdir: Path) -> dict:
             "activation_bytes": act_bytes, "link_ratios": dict(sorted(ratios.items()))}
 
 
-def plot(results: list[dict], path: Path) -> None:
+def plot(results: list[dict], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -92,7 +110,7 @@ def plot(results: list[dict], path: Path) -> None:
         ax.plot(range(len(r["losses"])), r["losses"], label=f"{label}: {r['seconds_per_iteration']:.2f} s/it")
     ax.set_xlabel("iteration (equal samples)")
     ax.set_ylabel("training loss")
-    ax.set_title("Top-K on geo links: 1 data node, 2 stages x 2 relays")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -129,6 +147,10 @@ def main() -> int:
     p.add_argument("--microbatch-size", type=int, default=8)
     p.add_argument("--microbatches", type=int, default=4, help="per iteration")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stages", type=int, default=2)
+    p.add_argument("--relays-per-stage", type=int, default=2)
+    p.add_argument("--locations", default=None,
+                   help="comma-separated geo12 locations to place the nodes on, round-robin (default: the file's order)")
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of none,topk,adatopk")
     p.add_argument("--workdir", default=None)
     p.add_argument("--plot", default=None, help="write the loss curves to this PNG")
@@ -148,7 +170,8 @@ def main() -> int:
     for r in results:
         r["loss_gap_vs_none"] = round((r["final_loss"] - base) / base, 5)
     if args.plot:
-        plot(results, Path(args.plot))
+        plot(results, Path(args.plot), f"Top-K on geo links: 1 data node, {args.stages} stages x "
+                                       f"{args.relays_per_stage} relays")
     if args.json:
         for r in results:
             print(json.dumps(r))
