@@ -35,7 +35,8 @@ def cmd_init_run(args: argparse.Namespace) -> int:
         man = default_manifest(family=args.family, stages=args.stages, layers=args.layers, hidden=args.hidden,
                                seq_len=args.seq_len, microbatch_size=args.microbatch_size,
                                microbatches_per_iteration=args.microbatches, lr=args.lr, seed=args.seed,
-                               run_name=args.name)
+                               run_name=args.name, compression=args.compression,
+                               compression_ratio=args.compression_ratio)
         if args.data:
             from dataclasses import replace
             from pathlib import Path
@@ -392,6 +393,11 @@ def build_parser() -> argparse.ArgumentParser:
     ir.add_argument("--seed", type=_nonneg_int, default=0)
     ir.add_argument("--data", nargs="+", default=None, metavar="FILE",
                     help="your own .txt / .jsonl files (default: the bundled corpus)")
+    ir.add_argument("--compression", choices=("none", "topk", "adatopk"), default="none",
+                    help="Top-K of activations and gradients on the links: none, topk (every link at the ratio) or "
+                         "adatopk (FusionLLM's Eq. 7: only links slower than the fastest)")
+    ir.add_argument("--compression-ratio", type=float, default=10.0, metavar="R",
+                    help="Top-K keeps 1/R of the elements (adatopk: on the slowest link, R x the encoding overhead)")
     ir.set_defaults(func=cmd_init_run)
 
     j = sub.add_parser("join", help="start a long-lived node of a run")

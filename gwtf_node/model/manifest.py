@@ -44,6 +44,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from .adatopk import DEFAULT_RATIO, Compression
+
 FAMILIES = ("llama", "gpt")
 OPTIMIZERS = ("adamw", "sgd")
 BYTE_VOCAB = 256  # the byte tokenizer's vocabulary
@@ -97,6 +99,10 @@ class TrainSpec:
     weight_decay: float = 0.0
     momentum: float = 0.0  # sgd only
     seed: int = 0  # model init and data order
+    # Top-K of activations and their gradients on the links (adatopk.py: none | topk | adatopk) and its ratio r;
+    # left out of the JSON at their defaults, so that the run id of a manifest without them stays what it was
+    compression: str = "none"
+    compression_ratio: float = DEFAULT_RATIO
 
 
 class EmptyStage(str, enum.Enum):
@@ -147,6 +153,10 @@ class RunManifest:
         d["version"] = MANIFEST_VERSION
         d["stages"] = [list(s) for s in self.stages]
         d["train"]["betas"] = list(self.train.betas)
+        if self.train.compression == TrainSpec.compression:  # no compression: absent (the run id does not change)
+            del d["train"]["compression"]
+            if self.train.compression_ratio == TrainSpec.compression_ratio:
+                del d["train"]["compression_ratio"]
         if not with_signature:
             del d["signature"]
         return d
@@ -255,6 +265,7 @@ class RunManifest:
             raise ManifestError(f"train.betas is {t.betas!r}; give two numbers in [0, 1)")
         if not _is_int(t.seed) or t.seed < 0:
             raise ManifestError(f"train.seed is {t.seed!r}; it must be a non-negative integer")
+        _check_compression(t)
         if self.owner_public_key:
             try:
                 if len(bytes.fromhex(self.owner_public_key)) != 32:
@@ -314,6 +325,15 @@ def _check_stages(stages: Sequence[tuple[int, int]], n_layers: int) -> None:
         expect = end
     if expect != n_layers:
         raise ManifestError(f"stages cover layers 0..{expect} but the model has {n_layers} layers")
+
+
+def _check_compression(t: TrainSpec) -> None:
+    if t.compression not in {c.value for c in Compression}:
+        raise ManifestError(f"train.compression is {t.compression!r}; use one of "
+                            f"{', '.join(c.value for c in Compression)}")
+    if not _is_number(t.compression_ratio) or t.compression_ratio <= 1:
+        raise ManifestError(f"train.compression_ratio is {t.compression_ratio!r}; it must be a finite number > 1 "
+                            "(a ratio r keeps 1/r of the elements; 10 keeps 10 %)")
 
 
 _TOP_KEYS = {"version", "run_name", "model", "stages", "data", "train", "owner_public_key", "signature", "recovery"}
@@ -481,6 +501,8 @@ def default_manifest(
     lr: float = 3e-3,
     seed: int = 0,
     run_name: str = "demo",
+    compression: str = "none",
+    compression_ratio: float = DEFAULT_RATIO,
 ) -> RunManifest:
     """A small byte-level model on the bundled corpus: an iteration takes seconds on a CPU.
 
@@ -530,7 +552,8 @@ def default_manifest(
             microbatch_size=microbatch_size,
             microbatches_per_iteration=microbatches_per_iteration,
         ),
-        train=TrainSpec(optimizer="adamw", lr=lr, seed=seed),
+        train=TrainSpec(optimizer="adamw", lr=lr, seed=seed, compression=compression,
+                        compression_ratio=compression_ratio),
     )
     m.validate(check_files=False)
     return m

@@ -13,6 +13,14 @@ length, a shape or dtype other than the expected one, and NaN/Inf in a float
 tensor (one bad peer must not poison a stage's gradient sum).  The checks on
 the header come first and cost nothing; the payload is only then viewed.
 
+Top-K sparse tensors (`pack_topk`, `model/compression.py`): a header with
+`sparse_kept = k > 0` announces k int32 indices then k values instead of the
+dense bytes; `nbytes` is then k * (4 + itemsize).  `unpack` checks that
+size, that k does not exceed the tensor's elements, that the dtype is a float,
+and that the indices are strictly increasing and in range, before it
+rebuilds the dense tensor; the shape, dtype and finiteness checks then apply
+to that dense tensor as to any other.
+
 Zero copy: `pack` hands out a memoryview of the contiguous CPU tensor;
 `unpack` wraps the payload with `torch.frombuffer` when it is writable and
 aligned (the tensor then *aliases* the caller's buffer: do not reuse it), else
@@ -71,6 +79,32 @@ def pack(t: torch.Tensor) -> tuple[TensorHeader, memoryview]:
     return header, payload
 
 
+def pack_topk(t: torch.Tensor, k: int) -> tuple[TensorHeader, memoryview]:
+    """Header and payload of the Top-K of `t` (k int32 indices, then k values); the header keeps `t`'s shape."""
+    from .compression import topk_encode
+
+    if sys.byteorder != "little":
+        raise TensorError("tensors travel little-endian; this host is big-endian")
+    name = dtype_name(t.dtype)
+    idx, vals = topk_encode(t.detach().to("cpu"), k)
+    raw = torch.cat([idx.view(torch.uint8), vals.view(torch.uint8)])
+    payload = memoryview(raw.numpy()).cast("B")
+    header = TensorHeader(dtype=name, shape=tuple(int(s) for s in t.shape), nbytes=payload.nbytes, sparse_kept=k)
+    return header, payload
+
+
+def _sparse_dense(view: memoryview, k: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """The dense tensor of a checked-size Top-K payload; TensorError for bad indices."""
+    from .compression import INDEX_DTYPE, SparseError, topk_decode
+
+    raw = torch.frombuffer(bytearray(view), dtype=torch.uint8)  # one copy: aligned, writable
+    split = k * torch.empty((), dtype=INDEX_DTYPE).element_size()
+    try:
+        return topk_decode(raw[:split].view(INDEX_DTYPE), raw[split:].clone().view(dtype), shape)  # (aligned)
+    except SparseError as e:
+        raise TensorError(f"Top-K payload refused: {e}") from None
+
+
 def unpack(
     header: TensorHeader,
     payload: bytes | bytearray | memoryview,
@@ -98,7 +132,18 @@ def unpack(
     nbytes = math.prod(shape) * itemsize
     if nbytes > max_bytes:
         raise TensorError(f"tensor of shape {shape} needs {nbytes} bytes, over the {max_bytes}-byte limit")
-    if header.nbytes != nbytes:
+    kept = header.sparse_kept
+    if kept:
+        numel = math.prod(shape)
+        if not dtype.is_floating_point:
+            raise TensorError(f"a Top-K tensor must be floating point, not {header.dtype}")
+        if kept > numel:
+            raise TensorError(f"Top-K header keeps {kept} elements of a tensor of shape {shape} ({numel} elements)")
+        nbytes = kept * (4 + itemsize)  # int32 indices, then the values
+        if header.nbytes != nbytes:
+            raise TensorError(f"header says {header.nbytes} bytes but {kept} Top-K elements of {header.dtype} "
+                              f"need {nbytes}")
+    elif header.nbytes != nbytes:
         raise TensorError(f"header says {header.nbytes} bytes but shape {shape} of {header.dtype} needs {nbytes}")
     if expect_shape is not None:
         want_shape = tuple(expect_shape)
@@ -108,7 +153,9 @@ def unpack(
     view = memoryview(payload).cast("B") if not isinstance(payload, memoryview) or payload.format != "B" else payload
     if view.nbytes != nbytes:
         raise TensorError(f"payload has {view.nbytes} bytes but the header announces {nbytes}")
-    if nbytes == 0:
+    if kept:
+        out = _sparse_dense(view, kept, shape, dtype)
+    elif nbytes == 0:
         out = torch.empty(shape, dtype=dtype)
     else:
         if view.readonly:

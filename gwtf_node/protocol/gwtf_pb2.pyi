@@ -581,14 +581,16 @@ class RepairOrder(_message.Message):
     def __init__(self, data_node: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ..., attempt: _Optional[int] = ..., rest: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TensorHeader(_message.Message):
-    __slots__ = ("dtype", "shape", "nbytes")
+    __slots__ = ("dtype", "shape", "nbytes", "sparse_kept")
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_KEPT_FIELD_NUMBER: _ClassVar[int]
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
     nbytes: int
-    def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ...) -> None: ...
+    sparse_kept: int
+    def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ..., sparse_kept: _Optional[int] = ...) -> None: ...
 
 class RequestVote(_message.Message):
     __slots__ = ("term", "pre", "sent_at")

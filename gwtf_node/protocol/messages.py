@@ -215,6 +215,7 @@ class TensorHeader:
     dtype: str
     shape: tuple[int, ...]
     nbytes: int
+    sparse_kept: int = 0  # 0: dense; k > 0: Top-K sparse, k indices then k values (model/compression.py)
 
 
 @dataclass(frozen=True, slots=True)

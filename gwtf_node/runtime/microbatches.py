@@ -17,6 +17,11 @@ microbatches of an iteration are all completed or deferred the machine says
 so (`IterationSettled`) and the aggregation component reports it to the
 leader.
 
+Compression.  Forward, Recover and Backward carry their tensor dense, or
+its Top-K when the manifest's `train.compression` says so for the link
+(`linkcompress.py`); the store keeps the dense tensor, and the receiver
+rebuilds a dense one (`StageModel` never sees a sparse tensor).
+
 Tensors live in a `TensorStore`, per microbatch key: a received tensor is
 kept only if the machine takes the message (it asks for a computation on
 it), and every key the machine forgot is dropped after each event.
@@ -51,12 +56,14 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..model.adatopk import INDEX_BYTES
 from ..protocol import messages as m
 from ..protocol.effects import CancelTimer, SetTimer
 from ..protocol.pipeline import DataIteration, MbStatus, OpenIteration
 from ..protocol.recovery import MB_MESSAGES, Compute, IterationSettled, RecoveryConfig, RecoveryNode
 from .faults import Faults
 from .flows import Flows
+from .linkcompress import LinkCompression
 from .liveness import Liveness
 from .peers import Peers
 from .stage import LocalStage
@@ -112,6 +119,8 @@ class Microbatches:
         self.pipeline_s: dict[int, float] = {}  # iteration -> open to last microbatch settled
         self._flow_stamp: float | None = None  # the flow machine's last change the machine was told of
         self.paused: Pause | None = None  # a data node: the iteration it does not open while a stage is empty
+        # the manifest's Top-K of tensors on slow links (train.compression): the ratio of each link we send on
+        self.compression = LinkCompression(stage.manifest, peers, flows.links_cfg)
 
     # ------------------------------------------------------------------ reading
     @property
@@ -232,7 +241,10 @@ class Microbatches:
                 if t is None:
                     log.warning("%s of microbatch %d: its tensor is gone here, not sent", type(msg).__name__, msg.seq)
                     continue
-                await self.wire.send_tensor(peer, msg, t)
+                kept = self.compression.kept(peer, t)
+                if await self.wire.send_tensor(peer, msg, t, kept=kept):
+                    dense = t.numel() * t.element_size()
+                    self.compression.count(dense, dense if kept is None else kept * (INDEX_BYTES + t.element_size()))
             else:
                 await self.wire.send(peer, msg)
 

@@ -72,6 +72,7 @@ class Status:
             "lost_contributions": {str(k): v for k, v in agg.lost_contributions.items()},
             "recovery": mb.stats(),
             "holding": mb.holding(),
+            "compression": mb.compression.stats(),  # Top-K on the links: ratio per peer, bytes sent vs dense
             "paused": mb.paused_status(),  # a data node: the iteration it does not open while a stage is empty
             "resume": self.resume_status(),
             "pid": os.getpid(), "time": time.time(),

@@ -82,12 +82,13 @@ class Wire:
         for msg in msgs:  # in order: a Hello before what depends on it
             await self.send(peer, msg)
 
-    async def send_tensor(self, peer: str, msg: Any, tensor) -> bool:
+    async def send_tensor(self, peer: str, msg: Any, tensor, *, kept: int | None = None) -> bool:
+        """`msg` with `tensor` after it: dense, or its Top-K of `kept` elements (model/compression.py)."""
         from dataclasses import replace
 
-        from ..model.tensors import pack
+        from ..model.tensors import pack, pack_topk
 
-        header, payload = pack(tensor)
+        header, payload = pack(tensor) if kept is None else pack_topk(tensor, kept)
         return await self.send(peer, replace(msg, tensor=header), payload)
 
     def refuse(self, peer: str, why: str) -> None:
