@@ -87,6 +87,13 @@ cp "$repo/docker/Dockerfile" "$repo/docker/node.sh" "$ctx/docker/"
 find "$ctx" -name __pycache__ -prune -exec rm -rf {} +
 torch_version=$(sed -n 's/^ARG TORCH_VERSION=//p' "$repo/docker/Dockerfile")
 build_args=(--build-arg "BASE_IMAGE=$base_image")
+# pip inside the build trusts what the host's pip trusts (a TLS-intercepting proxy's CA, say)
+host_ca=$(pip config list 2>/dev/null | sed -n "s/.*\.cert='\(.*\)'/\1/p" | head -n 1)
+host_ca=${PIP_CERT:-${host_ca:-/etc/ssl/certs/ca-certificates.crt}}
+if [ -s "$host_ca" ]; then
+    cp "$host_ca" "$ctx/docker/wheels/host-ca.crt"
+    build_args+=(--build-arg "PIP_OPTIONS=--cert /tmp/wheels/host-ca.crt")
+fi
 if [ "$variant" = cuda ]; then
     build_args+=(--build-arg "TORCH_PIP_ARGS=--index-url https://download.pytorch.org/whl/cu128")
 else

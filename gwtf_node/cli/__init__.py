@@ -462,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     stt.add_argument("--json", action="store_true")
     stt.set_defaults(func=cmd_status)
 
-    add_service_parser(sub)  # install-service: `join` as a systemd service (service.py)
+    add_service_parser(sub, j)  # install-service: `join` as a systemd service (service.py)
     return p
 
 

@@ -158,13 +158,11 @@ def render_unit(exec_argv: list[str], *, gpu: bool, description: str = "gwtf-nod
 
 def cmd_install_service(args: argparse.Namespace) -> int:
     """Check the `join` flags (`args.join_argv`) with the `join` parser, then write (or print) the unit."""
-    from . import build_parser
-
     join_argv = list(args.join_argv)
     if not join_argv:
         raise CliError("install-service needs the flags of `gwtf-node join` (at least --run and --role), e.g. "
                        "gwtf-node install-service --run run.json --role relay --bootstrap /ip4/.../p2p/...")
-    joined = build_parser().parse_args(["join", *join_argv])  # a bad flag: CliError naming it
+    joined = args.join_parser.parse_args(join_argv)  # a bad flag: CliError naming it
     run = Path(joined.run).absolute()
     if not run.is_file():
         raise CliError(f"--run {joined.run}: no such file (the service reads the manifest from there)")
@@ -211,8 +209,8 @@ class JoinFlagsParser(_Parser):
         return ns, []
 
 
-def add_parser(sub) -> argparse.ArgumentParser:
-    """Add `install-service` to the subcommands `sub`."""
+def add_parser(sub, join_parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add `install-service` to the subcommands `sub`; `join_parser` (that of `join`) checks the join flags."""
     sv = sub.add_parser("install-service", help="write a systemd unit running `join` with the given flags",
                         description="Write /etc/systemd/system/gwtf-node.service running `gwtf-node join` with "
                                     "the join flags given here (all of them: --run, --role, --bootstrap, ...). "
@@ -222,7 +220,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     sv.add_argument("--unit-path", default=str(UNIT_PATH), help="where to write the unit (default %(default)s)")
     sv.add_argument("--exec", default=None, metavar="COMMAND",
                     help="the command starting gwtf-node, absolute (default: this installation's)")
-    sv.set_defaults(func=cmd_install_service)
+    sv.set_defaults(func=cmd_install_service, join_parser=join_parser)
     return sv
 
 

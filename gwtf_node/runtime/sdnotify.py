@@ -32,14 +32,11 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import Any
 
 import trio
 
 from .bootstrap import BootstrapState
-
-if TYPE_CHECKING:
-    from .node import Node
 
 log = logging.getLogger(__name__)
 
@@ -129,14 +126,15 @@ async def serve(notifier: Notifier, *, ready: Callable[[], bool], status: Callab
         notifier.send(STOPPING=1, STATUS="stopping")
 
 
-def node_ready(node: Node) -> bool:
+def node_ready(node: Any) -> bool:
     """Joined: listening, and accepted by a peer (or the run's first node, which has nobody to join)."""
     p = node.parts
     return p is not None and p.bootstrap.state in (BootstrapState.CONNECTED, BootstrapState.WAITING_FOR_DIAL)
 
 
-def node_status(node: Node) -> str:
-    """One line for `systemctl status`: what the node is doing."""
+def node_status(node: Any) -> str:
+    """One line for `systemctl status`: what the node (a node.Node, not imported: node.py imports this) is
+    doing."""
     p, who = node.parts, f"{node.opts.role} {node.opts.name}".rstrip()
     if p is None:
         return f"{who}: starting (loading the model)"
