@@ -92,7 +92,7 @@ host_ca=$(pip config list 2>/dev/null | sed -n "s/.*\.cert='\(.*\)'/\1/p" | head
 host_ca=${PIP_CERT:-${host_ca:-/etc/ssl/certs/ca-certificates.crt}}
 if [ -s "$host_ca" ]; then
     cp "$host_ca" "$ctx/docker/wheels/host-ca.crt"
-    build_args+=(--build-arg "PIP_OPTIONS=--cert /tmp/wheels/host-ca.crt")
+    build_args+=(--build-arg "PIP_CERT_FILE=/tmp/wheels/host-ca.crt")
 fi
 if [ "$variant" = cuda ]; then
     build_args+=(--build-arg "TORCH_PIP_ARGS=--index-url https://download.pytorch.org/whl/cu128")
