@@ -19,6 +19,7 @@ from .common import (
     EXIT_NO_PEER, EXIT_USAGE, CliError, _ip_address, _load_scenario, _manifest_error_types, _nonneg_int, _Parser,
     _port, _positive_int, _probability, _seconds, _setup_logging,
 )
+from .service import add_parser as add_service_parser
 from .sim import SIM_TRAIN_JSON_KEYS, add_sim_parsers, cmd_sim_join, cmd_sim_train, run_policy, sim_train_options
 
 if TYPE_CHECKING:
@@ -466,6 +467,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a node's state directory, or a directory holding several (a local swarm's workdir)")
     stt.add_argument("--json", action="store_true")
     stt.set_defaults(func=cmd_status)
+
+    add_service_parser(sub, j)  # install-service: `join` as a systemd service (service.py)
     return p
 
 

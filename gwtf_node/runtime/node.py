@@ -95,6 +95,7 @@ from .leadership import LEADER_MSGS, PLACEMENT_MSGS, Leadership
 from .liveness import Liveness
 from .microbatches import MB_MSGS, Microbatches
 from .peers import AddressBook, Arrival, PeerInfo, Peers, Place, readmission_refusal
+from .sdnotify import node_ready, node_status, serve_from_env
 from .stage import LocalStage
 from .startup import NodeExit, check_port_free
 from .statedir import StateDirLock, lock_state_dir
@@ -590,6 +591,9 @@ async def _run_locked(opts: NodeOptions) -> NodeExit | None:
                     return
 
             nursery.start_soon(watch)
+            service = serve_from_env(ready=lambda: node_ready(node), status=lambda: node_status(node))
+            if service is not None:  # started by systemd (Type=notify): READY, STATUS and watchdog pings
+                nursery.start_soon(service)
             await node.run()
             nursery.cancel_scope.cancel()
     return node.exit
