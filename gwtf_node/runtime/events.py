@@ -171,10 +171,10 @@ class EventFeed:
         now_seen = (leader, term)
         if now_seen == self._leader:
             return
-        first = self._leader is None
+        had_leader = self._leader is not None and self._leader[0] is not None
         self._leader = now_seen
-        if first and leader is None:
-            return  # no leader known yet at start: not news
+        if leader is None and not had_leader:
+            return  # still no leader (a term number moving before anyone wins is not news)
         self.elections.append(Election(at, term, leader))
         if leader is None:
             text = f"no acting leader (term {term})" if term is not None else "no acting leader"

@@ -103,7 +103,7 @@ from .stage import LocalStage
 from .startup import NodeExit, check_port_free
 from .statedir import StateDirLock, lock_state_dir
 from .events import EventFeed, EventLog, GoneHow
-from .status import Status
+from .status import Status, name_of as status_name_of
 from .tally import Tally
 from .wire import FrameRefused, Owner, UnknownEffect, Wire, now
 
@@ -272,7 +272,7 @@ class Node:
         wire = Wire(host.peer_id, host, nursery, peers)
         from .allreduce import AllReducer
 
-        self.feed = EventFeed(self.events, peers.who)
+        self.feed = EventFeed(self.events, functools.partial(status_name_of, peers))
         liveness = Liveness(wire, peers, on_dead=functools.partial(self._peer_gone, how=GoneHow.CRASHED))
         discovery = Discovery(wire, peers, host, self.manifest, self.links_cfg, on_peer_hello=self._peer_hello,
                               applied_steps=lambda: self.stage.applied_steps, incarnation=self.incarnation,

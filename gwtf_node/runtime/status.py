@@ -146,10 +146,7 @@ class Status:
 
     # ------------------------------------------------------------------ the view
     def name_of(self, peer: str) -> str:
-        if peer == self.wire.me:
-            return self.peers.name or short_id(peer)
-        info = self.peers.get(peer)
-        return info.name if info is not None and info.name else short_id(peer)
+        return name_of(self.peers, peer)
 
     def state(self) -> NodeState:
         place, mb, ph = self.peers.place, self.microbatches, self.aggregation.phases
@@ -359,6 +356,14 @@ class Status:
         if resume and resume.get("decision") == "wait":
             notes.append(f"resume: waiting {resume.get('waiting_s')} s: {resume.get('reason')}")
         return notes
+
+
+def name_of(peers: Peers, peer: str) -> str:
+    """A peer's readable name: its --name, else the last characters of its peer id (`events.short_id`)."""
+    if peer == peers.me:
+        return peers.name or short_id(peer)
+    info = peers.get(peer)
+    return info.name if info is not None and info.name else short_id(peer)
 
 
 def connection_kinds(host: Any) -> dict[str, str]:
