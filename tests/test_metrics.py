@@ -11,7 +11,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gwtf_node.runtime.metrics import MetricsServer, metrics_exporter
+from gwtf_node.runtime.metrics import MetricsServer
+from gwtf_node.runtime.status import NodeState
 
 DATA = Path(__file__).parent / "data"
 
@@ -32,7 +33,7 @@ def value(families: dict, sample: str, **labels: str) -> float:
 
 def test_metrics_follow_the_view_and_the_naming_conventions() -> None:
     view = json.loads((DATA / "status_view_d0.json").read_text())
-    server = MetricsServer(lambda: view, "127.0.0.1", 0)
+    server = MetricsServer(lambda: view, "127.0.0.1", 0, [s.value for s in NodeState])
     try:
         fam = scrape(server.port)
     finally:
@@ -54,11 +55,10 @@ def test_metrics_follow_the_view_and_the_naming_conventions() -> None:
     assert "process_cpu_seconds" in fam  # the process' own figures beside ours
 
 
-def test_no_view_yet_no_gwtf_series_and_no_exporter_without_a_port() -> None:
-    server = MetricsServer(lambda: None, "127.0.0.1", 0)
+def test_no_view_yet_no_gwtf_series() -> None:
+    server = MetricsServer(lambda: None, "127.0.0.1", 0, [s.value for s in NodeState])
     try:
         fam = scrape(server.port)
     finally:
         server.close()
     assert not [n for n in fam if n.startswith("gwtf_")]
-    assert metrics_exporter(lambda: None, "127.0.0.1", None) is None

@@ -5,23 +5,24 @@ kind since the node started (Prometheus counters, metrics.py).  An event is
 plain data: when (wall time, for a person), what kind, one line of text and
 the peer it is about.
 
-`EventFeed` turns what the node's components report into events and
-remembers what it needs to tell news from repeats:
+`EventFeed` turns what the status component reads once a second (status.py
+`observe`) into events, by comparing it with what it read the time before:
 
-* a peer's Hello (`peer_hello`): a peer first met or back after it was gone
-  is a join; a relay that takes a stage is placed; a peer whose Hello says it
-  is leaving starts its leave;
-* a peer presumed dead by the liveness check (`peer_crashed`), a peer that
-  said Goodbye (`peer_left`), a peer that restarted before it was found dead
-  (`peer_restarted`);
-* who leads and in which term (`leader_seen`, called whenever leadership may
-  have changed and once per status round): a change is an election, kept
-  also in the list of recent elections;
-* the recovery machine's counters (`recovery_counters`, once per status
-  round): reroutes, microbatches deferred, stage forwards recomputed and
-  gradients resent since the last round, one event per kind that moved.
-  The machine counts these inside pure code that has no event hook; reading
-  its counters once a second gives the same totals, grouped by second.
+* the peers table (`peers_seen`): a peer that appears is a join (or is back,
+  if it was gone); a relay whose stage changes is placed; a peer whose Hello
+  says it is leaving starts its leave; a peer with another incarnation
+  restarted; a peer that disappears crashed if the liveness check presumed
+  it dead, else it left (it said Goodbye);
+* who leads and in which term (`leader_seen`): a change is an election,
+  kept also in the list of recent elections;
+* the recovery machine's counters (`recovery_counters`): reroutes,
+  microbatches deferred, stage forwards recomputed and gradients resent
+  since the last round, one event per kind that moved.
+
+Reading snapshots instead of hooking every component keeps the daemon's
+code paths as they are; an event is then stamped within a second of when it
+happened, and something undone within the second (a peer presumed dead and
+back at once) shows as what it left behind (its new incarnation: a restart).
 
 Nothing here does I/O or reads a clock of its own: the callers hand in the
 wall time (`time.time()` in node.py and status.py), so the feed is tested
@@ -52,12 +53,14 @@ class EventKind(enum.Enum):
     RECOVERY = "recovery"  # stage forwards recomputed from a stash, or gradients resent
 
 
-class GoneHow(enum.Enum):
-    """Why the node forgets a peer (node.py `_peer_gone`)."""
+@dataclass(frozen=True, slots=True)
+class PeerSeen:
+    """What the feed compares of a peer from one round to the next (its Hello's fields)."""
 
-    CRASHED = "crashed"  # presumed dead by the liveness check
-    LEFT = "left"  # it said Goodbye
-    FORGOTTEN = "forgotten"  # its old incarnation, when it restarted (`peer_restarted` said so)
+    role: str
+    stage: int  # the Hello's: below 0 a data node, or a relay not placed yet
+    leaving: bool
+    incarnation: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,46 +124,42 @@ class EventFeed:
     def __init__(self, log: EventLog, names) -> None:
         self.log = log
         self.name_of = names  # peer id -> readable name
-        self.known: dict[str, tuple[str, int, bool]] = {}  # peer -> (role, stage, leaving) as last heard
+        self.known: dict[str, PeerSeen] = {}  # the peers table of the last round
+        self.names: dict[str, str] = {}  # and their names
         self.gone: set[str] = set()
         self.elections: deque[Election] = deque(maxlen=ELECTIONS_KEPT)
         self._leader: tuple[str | None, int | None] | None = None
         self._counters: dict[str, int] = {}
 
     # ------------------------------------------------------------------ peers
-    def peer_hello(self, at: float, peer: str, role: str, stage: int, leaving: bool) -> None:
-        """A Hello from `peer` (stage: the Hello's; below 0 a data node or a relay not placed yet)."""
-        who = self.name_of(peer)
-        old = self.known.get(peer)
-        placed = role == "relay" and stage >= 0
-        where = f"relay of stage {stage}" if placed else "relay, not placed yet" if role == "relay" else "data node"
-        if old is None or peer in self.gone:
-            self.log.add(at, EventKind.JOIN, f"{who} {'is back' if peer in self.gone else 'joined'} ({where})", peer)
-        elif placed and old[1] != stage:
-            self.log.add(at, EventKind.PLACED, f"{who} serves stage {stage}", peer)
-        if leaving and not (old is not None and old[2] and peer not in self.gone):
-            self.log.add(at, EventKind.LEAVE, f"{who} announced its leave", peer)
-        self.gone.discard(peer)
-        self.known[peer] = (role, stage, leaving)
-
-    def peer_gone(self, at: float, peer: str, how: GoneHow) -> None:
-        if how is GoneHow.CRASHED:
-            self.peer_crashed(at, peer)
-        elif how is GoneHow.LEFT:
-            self.peer_left(at, peer)
-
-    def peer_crashed(self, at: float, peer: str, silent_s: float | None = None) -> None:
-        detail = f" (silent for {silent_s:.1f} s)" if silent_s is not None else ""
-        self.log.add(at, EventKind.CRASH, f"{self.name_of(peer)} presumed dead{detail}", peer)
-        self.gone.add(peer)
-
-    def peer_left(self, at: float, peer: str, after_iteration: int | None = None) -> None:
-        after = f" after iteration {after_iteration}" if after_iteration is not None else ""
-        self.log.add(at, EventKind.LEAVE, f"{self.name_of(peer)} left{after}", peer)
-        self.gone.add(peer)
-
-    def peer_restarted(self, at: float, peer: str) -> None:
-        self.log.add(at, EventKind.CRASH, f"{self.name_of(peer)} restarted (a new process, same identity)", peer)
+    def peers_seen(self, at: float, table: dict[str, PeerSeen], presumed_dead: set[str]) -> None:
+        """The peers table now; `presumed_dead`: the peers the liveness check presumes dead."""
+        for peer in sorted(table):
+            new, old = table[peer], self.known.get(peer)
+            who = self.name_of(peer)
+            placed = new.role == "relay" and new.stage >= 0
+            if old is None:
+                where = f"relay of stage {new.stage}" if placed else \
+                    "relay, not placed yet" if new.role == "relay" else "data node"
+                verb = "is back" if peer in self.gone else "joined"
+                self.log.add(at, EventKind.JOIN, f"{who} {verb} ({where})", peer)
+            else:
+                if old.incarnation and new.incarnation and old.incarnation != new.incarnation:
+                    self.log.add(at, EventKind.CRASH, f"{who} restarted (a new process, same identity)", peer)
+                if placed and old.stage != new.stage:
+                    self.log.add(at, EventKind.PLACED, f"{who} serves stage {new.stage}", peer)
+            if new.leaving and not (old is not None and old.leaving):
+                self.log.add(at, EventKind.LEAVE, f"{who} announced its leave", peer)
+            self.gone.discard(peer)
+        for peer in sorted(set(self.known) - set(table)):
+            who = self.names.get(peer) or self.name_of(peer)  # (forgotten by now: the name it had)
+            if peer in presumed_dead:
+                self.log.add(at, EventKind.CRASH, f"{who} presumed dead", peer)
+            else:
+                self.log.add(at, EventKind.LEAVE, f"{who} left", peer)
+            self.gone.add(peer)
+        self.known = dict(table)
+        self.names = {p: self.name_of(p) for p in table}
 
     def me_placed(self, at: float, stage: int) -> None:
         self.log.add(at, EventKind.PLACED, f"this node serves stage {stage}")

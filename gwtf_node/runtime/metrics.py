@@ -17,14 +17,13 @@ its peer id); `gwtf_node_info` maps this node's name to its peer id.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric,
                                     StateSetMetricFamily)
 
 from .startup import PortInUse
-from .status import NodeState
 
 log = logging.getLogger("gwtf.metrics")
 
@@ -36,8 +35,9 @@ def _num(v: Any) -> float | None:
 class ViewCollector:
     """A prometheus_client collector over the latest status view (`view()` returns it, or None before the first)."""
 
-    def __init__(self, view: Callable[[], dict | None]) -> None:
+    def __init__(self, view: Callable[[], dict | None], states: Sequence[str]) -> None:
         self.view = view
+        self.states = list(states)  # every value of the node's state (status.NodeState)
 
     def describe(self) -> Iterable[Metric]:
         return []  # the series depend on the swarm (peers, stages): collected only at scrape time
@@ -46,7 +46,7 @@ class ViewCollector:
         v = self.view()
         if v is None:
             return
-        yield from _node(v)
+        yield from _node(v, self.states)
         yield from _election(v)
         yield from _microbatches(v)
         yield from _links(v)
@@ -58,7 +58,7 @@ class ViewCollector:
         yield events
 
 
-def _node(v: dict) -> Iterable[Metric]:
+def _node(v: dict, states: list[str]) -> Iterable[Metric]:
     n = v["node"]
     info = InfoMetricFamily("gwtf_node", "This node: peer id, name, role, stage, run")
     info.add_metric([], {"peer_id": n["peer_id"], "name": n["name"], "role": n["role"],
@@ -66,7 +66,7 @@ def _node(v: dict) -> Iterable[Metric]:
                          "policy": n["policy"]})
     yield info
     state = StateSetMetricFamily("gwtf_node_state", "What the node is doing")
-    state.add_metric([], {s.value: s.value == n["state"] for s in NodeState})
+    state.add_metric([], {s: s == n["state"] for s in states})
     yield state
     yield GaugeMetricFamily("gwtf_capacity_microbatches", "Microbatches this node holds per iteration",
                             value=n["capacity"])
@@ -174,9 +174,9 @@ def _stages_and_flows(v: dict) -> Iterable[Metric]:
 class MetricsServer:
     """The exporter's HTTP server (a thread of prometheus_client); `close` stops it."""
 
-    def __init__(self, view: Callable[[], dict | None], host: str, port: int) -> None:
+    def __init__(self, view: Callable[[], dict | None], host: str, port: int, states: Sequence[str]) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(ViewCollector(view))
+        self.registry.register(ViewCollector(view, states))
         self.registry.register(ProcessCollector(registry=None))
         try:
             self.server, self.thread = start_http_server(port, addr=host, registry=self.registry)
@@ -189,7 +189,3 @@ class MetricsServer:
         self.server.shutdown()
         self.server.server_close()
 
-
-def metrics_exporter(view: Callable[[], dict | None], host: str, port: int | None) -> MetricsServer | None:
-    """Start the exporter on `host:port` (None: no exporter; 0: any free port)."""
-    return None if port is None else MetricsServer(view, host, port)

@@ -93,7 +93,7 @@ class Pause:
 class Microbatches:
     def __init__(self, wire: Wire, peers: Peers, liveness: Liveness, flows: Flows, stage: LocalStage,
                  effects: ApplyEffects, faults: Faults, *, policy: str, lend: bool, iterations: int,
-                 on_settled: Callable[[int], None], on_finished: Callable[[], None], tally: Tally | None = None) -> None:
+                 on_settled: Callable[[int], None], on_finished: Callable[[], None]) -> None:
         self.wire = wire
         self.peers = peers
         self.liveness = liveness
@@ -113,7 +113,7 @@ class Microbatches:
         self.pipeline_s: dict[int, float] = {}  # iteration -> open to last microbatch settled
         self._flow_stamp: float | None = None  # the flow machine's last change the machine was told of
         self.paused: Pause | None = None  # a data node: the iteration it does not open while a stage is empty
-        self.tally = tally  # what the microbatches came to since start (tally.py: the dashboard, the metrics)
+        self.tally = Tally(stage.key_compute_s)  # what the microbatches came to since start (the dashboard)
 
     # ------------------------------------------------------------------ reading
     @property
@@ -196,7 +196,7 @@ class Microbatches:
         """The machine's effect: this data node's microbatches of an iteration are all completed or deferred."""
         self.pipeline_s.setdefault(e.iteration, now() - self.iter_started)
         cur = self.current
-        if self.tally is not None and cur is not None and cur.iteration == e.iteration:
+        if cur is not None and cur.iteration == e.iteration:
             self.tally.data_settled(e.iteration, self.wire.me, self.counts(e.iteration), dict(cur.done))
         self.report_settled(e.iteration)
 
@@ -371,8 +371,7 @@ class Microbatches:
         if self.rec is None or self.peers.role != "relay":
             return frozenset()
         eff, contrib = self.rec.begin_aggregation(now(), iteration)
-        if self.tally is not None:
-            self.tally.relay_counted(iteration, contrib)
+        self.tally.relay_counted(iteration, contrib)
         self._apply(eff)
         return contrib
 

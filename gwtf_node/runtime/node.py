@@ -18,8 +18,7 @@ leadership.py   the election among data nodes, the leader's placement of joiners
 joining.py      a relay placed by the leader, state hand-over, leave, Goodbye
 resume.py       a relay back with a checkpoint: its own state, a download, or a wait
 data_resume.py  a data node restarted with its state directory: checkpoint, the run's step
-status.py       status.json and the dashboard's view; control.py serves it (and `leave`) on
-                a unix socket, metrics.py to Prometheus; events.py and tally.py feed it
+status.py       status.json, the dashboard's view: control.py socket, metrics.py, events.py
 ==============  ===============================================================
 
 Beside them: `checkpoints.py` (the state directory's checkpoint files),
@@ -70,11 +69,9 @@ dropped; the node keeps running.
 from __future__ import annotations
 
 import enum
-import functools
 import inspect
 import logging
 import secrets
-import time
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,15 +93,12 @@ from .flows import FLOW_MSGS, Flows
 from .joining import Joining
 from .leadership import LEADER_MSGS, PLACEMENT_MSGS, Leadership
 from .liveness import Liveness
-from .metrics import metrics_exporter
 from .microbatches import MB_MSGS, Microbatches
 from .peers import AddressBook, Arrival, PeerInfo, Peers, Place, readmission_refusal
 from .stage import LocalStage
 from .startup import NodeExit, check_port_free
 from .statedir import StateDirLock, lock_state_dir
-from .events import EventFeed, EventLog, GoneHow
-from .status import Status, name_of as status_name_of
-from .tally import Tally
+from .status import Status
 from .wire import FrameRefused, Owner, UnknownEffect, Wire, now
 
 log = logging.getLogger("gwtf.node")
@@ -136,7 +130,7 @@ class NodeOptions:
     bootstrap_timeout_s: float = DEFAULT_TIMEOUT_S  # stop if no peer accepted us by then (0: retry forever)
     restore: Path | None = None  # relays: a checkpoint file to resume from, as from the state directory's newest
     keep_checkpoints: int = 3  # checkpoints kept in the state directory
-    metrics_port: int | None = None  # serve Prometheus metrics on this port (metrics.py; 0: any free port)
+    metrics_port: int | None = None  # Prometheus metrics on this port (status.py, metrics.py; 0: any free port)
     metrics_host: str = "127.0.0.1"
 
 
@@ -230,9 +224,6 @@ class Node:
         self.senders: dict[Owner, Callable[[str, Any], Awaitable[bool]]] = {}  # one message, one task
         self.ordered_senders: dict[Owner, Callable[[str, list], Awaitable[None]]] = {}  # a peer's messages in order
         self.resume_from = self._checkpoint_to_resume()  # a relay coming back to its stage (resume.py)
-        self.events = EventLog()  # recent events for the dashboard (events.py), fed through `feed`
-        self.feed: EventFeed | None = None
-        self.tally = Tally(self.stage.key_compute_s)  # what the microbatches came to (tally.py)
 
     def _checkpoint_to_resume(self):
         """A relay's checkpoint to resume from: `--restore FILE` (a bad file raises CheckpointError), else the
@@ -272,23 +263,21 @@ class Node:
         wire = Wire(host.peer_id, host, nursery, peers)
         from .allreduce import AllReducer
 
-        self.feed = EventFeed(self.events, functools.partial(status_name_of, peers))
-        liveness = Liveness(wire, peers, on_dead=functools.partial(self._peer_gone, how=GoneHow.CRASHED))
+        liveness = Liveness(wire, peers, on_dead=self._peer_gone)
         discovery = Discovery(wire, peers, host, self.manifest, self.links_cfg, on_peer_hello=self._peer_hello,
                               applied_steps=lambda: self.stage.applied_steps, incarnation=self.incarnation,
                               on_peer_back=self._peer_back)
         flows = Flows(wire, peers, liveness, self.stage, self._apply, self.links_cfg, on_changed=self._flows_changed)
         microbatches = Microbatches(wire, peers, liveness, flows, self.stage, self._apply, self.faults,
                                     policy=o.policy, lend=o.lend, iterations=o.iterations,
-                                    on_settled=self._iteration_settled, on_finished=self.done_event.set,
-                                    tally=self.tally)
+                                    on_settled=self._iteration_settled, on_finished=self.done_event.set)
         leadership = Leadership(wire, peers, host, self._apply, o.state_dir, self.run_id,
                                 iteration_now=microbatches.iteration_now, on_change=self._leadership_changed)
         aggregation = Aggregation(wire, peers, self.stage, microbatches, leadership, AllReducer(host), self._apply,
                                   self.faults, state_dir=o.state_dir, checkpoint_every=o.checkpoint_every,
                                   checkpoint_keep=o.keep_checkpoints, on_stepped=self._stepped)
         joining = Joining(wire, peers, liveness, discovery, self.stage, flows, leadership, aggregation, self._apply,
-                          host, capacity_flag=o.capacity, data_nodes=o.data_nodes, on_gone=functools.partial(self._peer_gone, how=GoneHow.LEFT),
+                          host, capacity_flag=o.capacity, data_nodes=o.data_nodes, on_gone=self._peer_gone,
                           on_left=self.stop)
         self.book.load()
         known = [a for a in self.book.dial_addrs(host.peer_id) if a not in o.bootstrap]
@@ -298,8 +287,7 @@ class Node:
                               timeout_s=o.bootstrap_timeout_s if o.bootstrap else 0.0, on_exit=self._exit)
         status = Status(o.state_dir / "status.json", wire, host, peers, liveness, self.stage, flows, microbatches,
                         aggregation, leadership, run_id=self.run_id, policy=o.policy, bootstrap=bootstrap,
-                        resume_status=lambda: joining.resume_status, events=self.events, feed=self.feed,
-                        tally=self.tally, links_cfg=self.links_cfg)
+                        resume_status=lambda: joining.resume_status)
         parts = Parts(wire, liveness, discovery, flows, microbatches, leadership, aggregation, joining, status,
                       bootstrap)
         self.routes = routes(parts)
@@ -344,7 +332,6 @@ class Node:
         if why is not None:
             raise FrameRefused(f"{name} is not taken back: {why}")
         if arrival is Arrival.RESTARTED:
-            self.feed.peer_restarted(time.time(), info.peer_id)
             log.warning("peer %s restarted (a new incarnation): forgetting the old one", name)
             self._peer_gone(info.peer_id)
         log.info("peer %s is back (%s stage %d, %d steps, ready from iteration %d): taken back", name, info.role,
@@ -354,7 +341,6 @@ class Node:
 
     def _peer_hello(self, info: PeerInfo) -> None:
         p = self.parts
-        self.feed.peer_hello(time.time(), info.peer_id, info.role, info.stage, info.leaving)
         p.bootstrap.on_peer_hello()
         self.book.note(info.peer_id, info.addrs)
         if info.peer_id in self._returning:
@@ -367,10 +353,9 @@ class Node:
         p.flows.on_peer_hello(info)
         p.microbatches.recheck_paused()  # a relay ready for the stage the run waits for
 
-    def _peer_gone(self, peer: str, how: GoneHow = GoneHow.FORGOTTEN) -> None:
+    def _peer_gone(self, peer: str) -> None:
         """A peer crashed or left: out of routing, flows, aggregation groups and the recovery machine."""
         p = self.parts
-        self.feed.peer_gone(time.time(), peer, how)
         self.peers.forget(peer)
         p.discovery.peer_forgotten(peer)  # if it comes back, it is greeted again
         p.flows.on_peer_gone(peer)  # the flow machines rebuild the flows through it
@@ -391,7 +376,6 @@ class Node:
 
     def _leadership_changed(self) -> None:
         self.parts.aggregation.leader_changed()
-        self.feed.leader_seen(time.time(), self.parts.leadership.leader(), self.parts.leadership.term())
 
     def _stepped(self, iteration: int) -> None:
         self.parts.joining.on_stepped(iteration)
@@ -486,17 +470,14 @@ class Node:
                 nursery.start_soon(p.bootstrap.run)  # dials the bootstrap peers, with retries
                 nursery.start_soon(p.discovery.loop)
                 nursery.start_soon(self.timers.loop)
-                nursery.start_soon(p.status.loop)
-                await nursery.start(control.serve, self.opts.state_dir, p.status.view, lambda: control.leave(self))
-                exporter = metrics_exporter(lambda: p.status.latest_view, self.opts.metrics_host, self.opts.metrics_port)
+                await nursery.start(p.status.serve, lambda: control.leave(self), self.opts.metrics_host,
+                                    self.opts.metrics_port)  # status.json, the control socket, Prometheus
                 nursery.start_soon(self._formation)
                 nursery.start_soon(p.liveness.loop)
                 await self.done_event.wait()
                 if self.opts.role == "data" and self.exit is None:  # relays waiting for our aggregation need not wait
                     await p.joining.goodbye_all(max(0, self.stage.applied_steps - 1), GOODBYE_AT_EXIT_S)
                 nursery.cancel_scope.cancel()
-            if exporter is not None:
-                exporter.close()
             p.status.write()
         if self.exit is None:  # a node that never joined has nothing to checkpoint
             p.aggregation.checkpoint()

@@ -17,10 +17,12 @@ It reads every component and writes none.  Two documents come out of it:
   and every peer carries a readable `name` (its --name, else the last
   characters of its peer id, `events.short_id`).
 
-Once a second `loop` writes status.json, builds the view that the metrics
-exporter reads (`latest_view`: a new dict each time, so a reader in another
-thread never sees one half-built), and hands the event feed what it watches
-by polling: who leads, the recovery machine's counters, this node's stage.
+`serve` runs it all in the node's nursery: the control socket (control.py),
+the Prometheus exporter when the node has a metrics port (metrics.py, a
+thread of its own), and once a second: the event feed's round (`observe`:
+the peers table, who leads, the recovery machine's counters, this node's
+stage), status.json, and the view the exporter reads (`latest_view`: a new
+dict each round, so a reader in another thread never sees one half-built).
 """
 
 from __future__ import annotations
@@ -34,16 +36,16 @@ from typing import Any, Callable
 
 import trio
 
+from . import control
 from .aggregation import Aggregation
 from .bootstrap import Bootstrap, BootstrapState
-from .events import EventFeed, EventLog, short_id
+from .events import EventFeed, EventLog, PeerSeen, short_id
 from .flows import DEFAULT_BANDWIDTH_MBPS, Flows
 from .leadership import Leadership
 from .liveness import Liveness
 from .microbatches import Microbatches
 from .peers import Peers
 from .stage import LocalStage
-from .tally import Tally
 from .wire import Wire, now
 
 STATUS_EVERY_S = 1.0
@@ -66,9 +68,7 @@ class Status:
     def __init__(self, path: Path, wire: Wire, host: Any, peers: Peers, liveness: Liveness, stage: LocalStage,
                  flows: Flows, microbatches: Microbatches, aggregation: Aggregation, leadership: Leadership, *,
                  run_id: str, policy: str, bootstrap: Bootstrap | None = None,
-                 resume_status: Callable[[], dict | None] = lambda: None, events: EventLog | None = None,
-                 feed: EventFeed | None = None, tally: Tally | None = None,
-                 links_cfg: dict[tuple[str, str], tuple[float, float]] | None = None) -> None:
+                 resume_status: Callable[[], dict | None] = lambda: None) -> None:
         self.path = path
         self.wire = wire
         self.host = host
@@ -83,10 +83,10 @@ class Status:
         self.policy = policy
         self.bootstrap = bootstrap  # how the node reaches the swarm at start
         self.resume_status = resume_status  # a relay back with a checkpoint: what it decided and why (resume.py)
-        self.events = events if events is not None else EventLog()
-        self.feed = feed if feed is not None else EventFeed(self.events, self.name_of)
-        self.tally = tally if tally is not None else Tally({})
-        self.links_cfg = links_cfg if links_cfg is not None else {}
+        self.events = EventLog()  # recent events (events.py), fed by `observe`
+        self.feed = EventFeed(self.events, self.name_of)
+        self.tally = microbatches.tally  # what the microbatches came to (tally.py)
+        self.links_cfg = flows.links_cfg  # emulated links (--links): their latency and bandwidth
         self.started_at = time.time()
         self.latest_view: dict | None = None  # the view of the last round (metrics.py reads it from its thread)
         self._metrics_file = path.parent / "metrics.jsonl"
@@ -128,6 +128,25 @@ class Status:
         tmp.write_text(json.dumps(self.snapshot(), indent=1))
         os.replace(tmp, self.path)
 
+    async def serve(self, leave: Callable[[], dict], metrics_host: str, metrics_port: int | None, *,
+                    task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The control socket, the exporter and the rounds of `loop` (the module doc); `started` once the
+        socket and the exporter listen."""
+        exporter = None
+        if metrics_port is not None:
+            from .metrics import MetricsServer
+
+            exporter = MetricsServer(lambda: self.latest_view, metrics_host, metrics_port,
+                                     states=[s.value for s in NodeState])
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(control.serve, self.path.parent, self.view, leave)
+                task_status.started()
+                await self.loop()
+        finally:
+            if exporter is not None:
+                exporter.close()
+
     async def loop(self) -> None:
         while True:
             self.observe()
@@ -136,8 +155,10 @@ class Status:
             await trio.sleep(STATUS_EVERY_S)
 
     def observe(self) -> None:
-        """Hand the event feed what it watches by polling (see the module doc)."""
+        """Hand the event feed what it compares from round to round (events.py)."""
         t = time.time()
+        self.feed.peers_seen(t, {p.peer_id: PeerSeen(p.role, p.stage, p.leaving, p.incarnation)
+                                 for p in self.peers.infos()}, set(self.liveness.crashed))
         self.feed.leader_seen(t, self.leadership.leader(), self.leadership.term())
         self.feed.recovery_counters(t, self.microbatches.stats())
         if self.peers.stage is not None and self.peers.role == "relay" and self.peers.stage != self._my_stage:
