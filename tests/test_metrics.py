@@ -62,3 +62,18 @@ def test_no_view_yet_no_gwtf_series() -> None:
     finally:
         server.close()
     assert not [n for n in fam if n.startswith("gwtf_")]
+
+
+def test_the_grafana_dashboard_asks_only_for_exported_series() -> None:
+    import re
+
+    view = json.loads((DATA / "status_view_d0.json").read_text())
+    server = MetricsServer(lambda: view, "127.0.0.1", 0, [s.value for s in NodeState])
+    try:
+        fam = scrape(server.port)
+    finally:
+        server.close()
+    exported = {s.name for samples in fam.values() for s in samples}
+    dash = json.loads((Path(__file__).parent.parent / "docker" / "grafana-dashboard.json").read_text())
+    asked = {name for p in dash["panels"] for t in p["targets"] for name in re.findall(r"gwtf_[a-z_]+", t["expr"])}
+    assert asked and asked <= exported, asked - exported
