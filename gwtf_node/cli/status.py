@@ -14,7 +14,8 @@ holding several: a local swarm's workdir) and draws:
 
 It refreshes every `--interval` seconds with rich's `Live` until Ctrl-C;
 `--once` (also when stdout is not a terminal) prints one frame and
-`--json` the views themselves.  With no node answering it says so and exits
+`--json` the views themselves.  With no node answering (no such directory,
+no control socket, or one left by a node that stopped) it says so and exits
 with status 1.
 """
 
@@ -26,8 +27,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-
-from .common import CliError
 
 EXIT_NO_DAEMON = 1
 NODE_MARKERS = ("control.sock", "control.path", "status.json", "node.key", "addr")
@@ -50,19 +49,21 @@ def add_status_parser(sub: Any) -> None:
 
 
 # ---------------------------------------------------------------------- finding and asking the nodes
-def node_dirs(paths: list[str]) -> list[Path]:
-    """The node state directories named by `paths`: each path itself, or the node directories inside it."""
+def node_dirs(paths: list[str]) -> tuple[list[Path], list[str]]:
+    """The node state directories named by `paths` (each path itself, or the node directories inside it), and
+    the paths that are no directory."""
     out: list[Path] = []
+    missing: list[str] = []
     for d in paths:
         p = Path(d)
         if not p.is_dir():
-            raise CliError(f"--state-dir {d}: no such directory (give the --state-dir of a running node, "
-                           "or a local swarm's workdir)")
+            missing.append(d)
+            continue
         if any((p / m).exists() for m in NODE_MARKERS):
             out.append(p)
         else:
             out += sorted(c for c in p.iterdir() if c.is_dir() and any((c / m).exists() for m in NODE_MARKERS))
-    return out
+    return out, missing
 
 
 class Nodes:
@@ -102,9 +103,12 @@ class Nodes:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    dirs = node_dirs(args.state_dir)
+    dirs, missing = node_dirs(args.state_dir)
+    for d in missing:
+        print(f"not running: {d}: no such directory", file=sys.stderr)
     if not dirs:
-        print(f"no node state directory in {', '.join(args.state_dir)} (nothing was started there)", file=sys.stderr)
+        print(f"no node is running: no node state directory in {', '.join(args.state_dir)} (give the --state-dir "
+              "of a running node, or a local swarm's workdir)", file=sys.stderr)
         return EXIT_NO_DAEMON
     nodes = Nodes(dirs)
     try:
