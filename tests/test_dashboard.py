@@ -119,7 +119,7 @@ def test_frames_render_from_real_views() -> None:
     assert "gwtf-node swarm" in swarm and "utilization" in swarm
 
 
-def test_status_with_no_daemon_says_so_and_exits_1(tmp_path: Path, capsys) -> None:
+def test_status_with_no_daemon_says_so_and_exits_1(tmp_path: Path, capsys, monkeypatch) -> None:
     node = tmp_path / "d0"
     node.mkdir()
     (node / "status.json").write_text(json.dumps({"pid": 1, "name": "d0"}))  # left by a node that stopped
@@ -131,9 +131,11 @@ def test_status_with_no_daemon_says_so_and_exits_1(tmp_path: Path, capsys) -> No
     assert main(["status", "--state-dir", str(tmp_path), "--once"]) == 1
     err = capsys.readouterr().err
     assert "left from a node that stopped" in err and "no node is running" in err
-    assert main(["status", "--state-dir", str(tmp_path / "nowhere")]) == 1
-    err = capsys.readouterr().err
-    assert "no such directory" in err and "no node is running" in err
+    assert main(["status", "--state-dir", str(tmp_path / "nowhere")]) == 2
+    assert "no such directory" in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)  # no gwtf-state here
+    assert main(["status"]) == 1
+    assert "no node is running: no node state directory in gwtf-state (the default" in capsys.readouterr().err
 
 
 def test_leave_with_no_daemon_says_so(tmp_path: Path, capsys) -> None:

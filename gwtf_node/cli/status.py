@@ -14,9 +14,10 @@ holding several: a local swarm's workdir) and draws:
 
 It refreshes every `--interval` seconds with rich's `Live` until Ctrl-C;
 `--once` (also when stdout is not a terminal) prints one frame and
-`--json` the views themselves.  With no node answering (no such directory,
-no control socket, or one left by a node that stopped) it says so and exits
-with status 1.
+`--json` the views themselves.  With no node answering (no control socket,
+one left by a node that stopped, or no default state directory) it says so
+and exits with status 1; a --state-dir that does not exist is a usage error
+(status 2).
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .common import CliError
+
 EXIT_NO_DAEMON = 1
+DEFAULT_STATE_DIR = "gwtf-state"  # join's default --state-dir
 NODE_MARKERS = ("control.sock", "control.path", "status.json", "node.key", "addr")
 KIND_STYLE = {"crash": "bold red", "leave": "yellow", "join": "green", "placed": "green", "election": "magenta",
               "reroute": "cyan", "defer": "yellow", "recovery": "cyan"}
@@ -38,7 +42,7 @@ STATE_STYLE = {"training": "green", "aggregating": "cyan", "joining": "yellow", 
 
 def add_status_parser(sub: Any) -> None:
     stt = sub.add_parser("status", help="live dashboard of running nodes (their control sockets)")
-    stt.add_argument("--state-dir", nargs="+", default=["gwtf-state"], metavar="DIR",
+    stt.add_argument("--state-dir", nargs="+", default=None, metavar="DIR",
                      help="a node's state directory (the --state-dir of its join; default gwtf-state), or a "
                           "directory holding several (a local swarm's --workdir)")
     stt.add_argument("--once", action="store_true", help="print one frame and exit (also when not on a terminal)")
@@ -103,12 +107,15 @@ class Nodes:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    dirs, missing = node_dirs(args.state_dir)
-    for d in missing:
-        print(f"not running: {d}: no such directory", file=sys.stderr)
+    given = args.state_dir is not None
+    dirs, missing = node_dirs(args.state_dir if given else [DEFAULT_STATE_DIR])
+    if missing and given:
+        raise CliError(f"--state-dir {missing[0]}: no such directory (give the --state-dir of a running node, "
+                       "or a local swarm's workdir)")
     if not dirs:
-        print(f"no node is running: no node state directory in {', '.join(args.state_dir)} (give the --state-dir "
-              "of a running node, or a local swarm's workdir)", file=sys.stderr)
+        where = ", ".join(args.state_dir) if given else f"{DEFAULT_STATE_DIR} (the default --state-dir)"
+        print(f"no node is running: no node state directory in {where}; give the --state-dir of a running node, "
+              "or a local swarm's workdir", file=sys.stderr)
         return EXIT_NO_DAEMON
     nodes = Nodes(dirs)
     try:
