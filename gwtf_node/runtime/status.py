@@ -21,8 +21,9 @@ It reads every component and writes none.  Two documents come out of it:
 the Prometheus exporter when the node has a metrics port (metrics.py, a
 thread of its own), and once a second: the event feed's round (`observe`:
 the peers table, who leads, the recovery machine's counters, this node's
-stage), status.json, and the view the exporter reads (`latest_view`: a new
-dict each round, so a reader in another thread never sees one half-built).
+stage), status.json, and with an exporter the view it reads (`latest_view`:
+a new dict each round, so a reader in another thread never sees one
+half-built).
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ class Status:
         self._metrics_file = path.parent / "metrics.jsonl"
         self._record_cache: tuple[int, dict | None] = (-1, None)  # (metrics.jsonl size, its last record)
         self._my_stage = peers.stage
+        self._reports: dict[str, Any] = {}  # the acting leader: each stage member's last UtilizationReport
 
     # ------------------------------------------------------------------ status.json
     def snapshot(self) -> dict:
@@ -142,16 +144,18 @@ class Status:
             async with trio.open_nursery() as nursery:
                 await nursery.start(control.serve, self.path.parent, self.view, leave)
                 task_status.started()
-                await self.loop()
+                await self.loop(publish=exporter is not None)
         finally:
             if exporter is not None:
                 exporter.close()
 
-    async def loop(self) -> None:
+    async def loop(self, publish: bool = False) -> None:
+        """Once a second: the event feed's round, status.json, and (`publish`: for the exporter) the view."""
         while True:
             self.observe()
             self.write()
-            self.latest_view = self.view()
+            if publish:
+                self.latest_view = self.view()
             await trio.sleep(STATUS_EVERY_S)
 
     def observe(self) -> None:
@@ -255,7 +259,11 @@ class Status:
         """Each stage's members as this node knows them; flows and capacity from the leader's utilization
         reports when this node leads (protocol/membership.py), else only this relay's own."""
         placement = self.leadership.placement if self.leadership.is_leader() else None
-        reports = placement.reports if placement is not None else {}
+        if placement is None:
+            self._reports = {}
+        else:  # the newest report of each member (a round starts empty: the last round's stand until then)
+            self._reports = {n: r for n, r in {**self._reports, **placement.reports}.items() if n in placement.members}
+        reports = self._reports
         out = []
         for k in range(self.peers.n_stages):
             members = [p for p in self.peers.infos() if p.role == "relay" and p.stage == k]
