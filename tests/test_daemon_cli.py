@@ -115,53 +115,6 @@ def test_bad_links_files(tmp_path: Path, content: str, needle: str) -> None:
         resolve_links(p, ["d0", "r0_0"])
 
 
-def test_status_reads_state_directories(tmp_path: Path, capsys) -> None:
-    import time
-
-    node = tmp_path / "d0"
-    node.mkdir()
-    (node / "status.json").write_text(json.dumps({
-        "peer_id": "P0", "name": "d0", "role": "data", "stage": -1, "run_id": "r", "addrs": [],
-        "refused_frames": 2, "leader": "P0", "term": 3, "joining": False, "leaving": False,
-        "peers": {"P1": {"name": "r0_0", "role": "relay", "stage": 0, "rtt_ms": 1.0}},
-        "flows": {"P0": {"P1": 4}}, "iteration": 7, "time": time.time()}))
-    (node / "metrics.jsonl").write_text(json.dumps(
-        {"iteration": 6, "loss": 3.5, "microbatches": 4, "samples": 16, "seconds": 0.2}) + "\n")
-    assert main(["status", "--state-dir", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert "leader (term 3)" in out and "r0_0x4" in out and "loss 3.5000" in out and "True" in out
-    assert main(["status", "--state-dir", str(tmp_path), "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
-    assert rows[0]["alive"] and rows[0]["last_iteration"]["iteration"] == 6
-    (node / "status.json").write_text("{broken")
-    assert "unreadable status" in _one_line_error(capsys, ["status", "--state-dir", str(node)])
-
-
-def test_status_says_what_a_node_waits_for(tmp_path: Path, capsys) -> None:
-    import time
-
-    base = {"peer_id": "P0", "name": "d0", "role": "data", "stage": -1, "peers": {}, "flows": {}, "iteration": 4,
-            "time": time.time()}
-    quiet = dict(base, bootstrap={"state": "connected", "attempts": 1})
-    waiting = dict(base, name="r0", peer_id="P1", role="relay", stage=0, waiting_for_data_node_s=12.5,
-                   paused={"empty_stages": [0], "since": time.time() - 30, "seconds": 30.0, "iteration": 5},
-                   bootstrap={"state": "retrying", "attempts": 3, "next_retry_in_s": 4.0,
-                              "last_error": "Connection refused"},
-                   resume={"decision": "wait", "reason": "stage 0's state is at step 5, this checkpoint at 3",
-                           "waiting_s": 9})
-    for name, st in (("a", quiet), ("b", waiting)):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "status.json").write_text(json.dumps(st))
-    assert main(["status", "--state-dir", str(tmp_path / "a")]) == 0
-    assert "PAUSED" not in capsys.readouterr().out
-    assert main(["status", "--state-dir", str(tmp_path / "b")]) == 0
-    out = capsys.readouterr().out
-    assert "PAUSED: stage 0 has no relay ready" in out and "iteration 5 opens" in out
-    assert "bootstrap: retrying, attempt 3, next in 4.0 s: Connection refused" in out
-    assert "waiting for a data node for 12.5 s" in out
-    assert "resume: waiting 9 s: stage 0's state is at step 5" in out
-
-
 def test_libp2p_warnings_do_not_reach_the_node_log_bare() -> None:
     """libp2p sets up its own logger on import; node logs got its warnings unformatted through Python's
     last-resort handler (hundreds of "Failed to read DHT message" lines per run)."""

@@ -21,6 +21,7 @@ from .common import (
 )
 from .service import add_parser as add_service_parser
 from .sim import SIM_TRAIN_JSON_KEYS, add_sim_parsers, cmd_sim_join, cmd_sim_train, run_policy, sim_train_options
+from .status import add_status_parser
 
 if TYPE_CHECKING:
     from ..runtime.statedir import StateDirLock
@@ -106,6 +107,8 @@ def cmd_join(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     try:
         check_port_free(args.host, args.port)
+        if args.metrics_port is not None:
+            check_port_free(args.metrics_host, args.metrics_port, "metrics port", "choose another --metrics-port")
         return _run_join(args, stage, lock)
     except StartupError as e:
         raise CliError(str(e)) from None
@@ -139,7 +142,8 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
                        data_index=args.data_index, data_nodes=args.data_nodes,
                        links=Path(args.links) if args.links else None, policy=args.policy,
                        bootstrap_timeout_s=args.bootstrap_timeout,
-                       restore=Path(args.restore) if args.restore else None, keep_checkpoints=args.keep_checkpoints)
+                       restore=Path(args.restore) if args.restore else None, keep_checkpoints=args.keep_checkpoints,
+                       metrics_port=args.metrics_port, metrics_host=args.metrics_host)
     try:
         stopped = trio.run(run_node, opts, lock)
     except BaseException as e:  # trio wraps what a nursery's body raises in exception groups: look inside
@@ -250,113 +254,41 @@ def _local_centralized(man, args) -> int:
     return 0
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    """Show what the nodes whose state directories are given (or contained) are doing."""
-    import time
-    from pathlib import Path
-
-    files: list[Path] = []
-    for d in args.state_dir:
-        p = Path(d)
-        if (p / "status.json").is_file():
-            files.append(p / "status.json")
-        elif p.is_dir():
-            files += sorted(p.glob("*/status.json"))
-        else:
-            raise CliError(f"--state-dir {d}: no such directory")
-    if not files:
-        raise CliError("no status.json found: give the --state-dir of a running node (or of a local swarm)")
-    rows = []
-    for f in files:
-        try:
-            st = json.loads(f.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise CliError(f"{f}: unreadable status ({e})") from None
-        st["age_s"] = round(time.time() - st.get("time", 0), 1)
-        st["alive"] = st["age_s"] < 5
-        metrics = f.parent / "metrics.jsonl"
-        if metrics.is_file():
-            lines = metrics.read_text().splitlines()
-            if lines:
-                st["last_iteration"] = json.loads(lines[-1])
-        rows.append(st)
-    if args.json:
-        print(json.dumps(rows, indent=1))
-        return 0
-    print(f"{'name':<8} {'role':<6} {'stage':>5} {'alive':<6} {'peers':>5} {'iter':>5} {'refused':>7} "
-          f"{'state':<16} flows")
-    for st in rows:
-        flows = "; ".join(
-            f"{d[:8]}: " + ", ".join(f"{st['peers'].get(j, {}).get('name') or j[:8]}x{n}" for j, n in hops.items())
-            for d, hops in st.get("flows", {}).items() if hops)
-        stage = st["stage"] if st["stage"] is not None else "auto"
-        state = "joining" if st.get("joining") else "leaving" if st.get("leaving") else ""
-        if st.get("leader") and st.get("leader") == st.get("peer_id"):
-            state = f"leader (term {st.get('term')})"
-        print(f"{st['name'] or st['peer_id'][:8]:<8} {st['role']:<6} {stage:>5} {str(st['alive']):<6} "
-              f"{len(st['peers']):>5} {str(st.get('iteration')):>5} {st.get('refused_frames', 0):>7} "
-              f"{state:<16} {flows}")
-        if "last_iteration" in st:
-            li = st["last_iteration"]
-            loss = f"{li['loss']:.4f}" if li.get("loss") is not None else "-"
-            print(f"         last iteration {li['iteration']}: loss {loss}, {li['microbatches']} microbatches "
-                  f"({li.get('deferred', 0)} deferred, {li.get('lost', 0)} lost), {li['seconds']:.2f} s")
-        for line in _status_notes(st):
-            print(f"         {line}")
-        rec = {k: v for k, v in (st.get("recovery") or {}).items() if v}
-        if st.get("presumed_dead") or rec or st.get("lost_contributions"):
-            lost_c = sum((st.get("lost_contributions") or {}).values())
-            print(f"         crashes seen: {len(st.get('presumed_dead') or [])} peers presumed dead; "
-                  f"recovery {', '.join(f'{k} {v}' for k, v in sorted(rec.items())) or 'none'}; "
-                  f"{lost_c} contributions lost with a relay")
-    return 0
-
-
-def _status_notes(st: dict) -> list[str]:
-    """What a node waits for, one line each: an empty stage, its bootstrap peers, a data node, its stage's state."""
-    import time
-
-    notes = []
-    paused = st.get("paused")
-    if paused:
-        since = time.strftime("%H:%M:%S", time.localtime(paused.get("since", 0)))
-        stages = ", ".join(str(k) for k in paused.get("empty_stages", []))
-        notes.append(f"PAUSED: stage {stages} has no relay ready since {since} ({paused.get('seconds')} s); "
-                     f"iteration {paused.get('iteration')} opens when a node with that stage's state joins")
-    boot = st.get("bootstrap") or {}
-    if boot.get("state") not in (None, "connected"):
-        detail = f", attempt {boot.get('attempts')}, next in {boot.get('next_retry_in_s')} s" if boot.get("attempts") else ""
-        last = f": {boot['last_error']}" if boot.get("last_error") else ""
-        notes.append(f"bootstrap: {boot['state']}{detail}{last}")
-    if st.get("waiting_for_data_node_s") is not None:
-        notes.append(f"waiting for a data node for {st['waiting_for_data_node_s']} s")
-    resume = st.get("resume")
-    if resume and resume.get("decision") == "wait":
-        notes.append(f"resume: waiting {resume.get('waiting_s')} s: {resume.get('reason')}")
-    return notes
-
-
 def cmd_leave(args: argparse.Namespace) -> int:
-    """Ask the node of a state directory to leave gracefully (SIGTERM) and wait until it is gone."""
+    """Ask the node of a state directory to leave gracefully and wait until it is gone: over its control socket
+    (runtime/control.py), or with SIGTERM to the pid of its status.json when it has none."""
     import os
     import signal
     import time
     from pathlib import Path
 
-    status = Path(args.state_dir) / "status.json"
+    from ..runtime.control import ControlError, NoDaemon, ask
+
     try:
-        st = json.loads(status.read_text())
-        pid = int(st["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        raise CliError(f"{status}: no running node here (start one with gwtf-node join --state-dir ...)") from None
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        raise CliError(f"the node of {args.state_dir} (pid {pid}) is not running") from None
-    except PermissionError:
-        raise CliError(f"not allowed to signal pid {pid}: run as the user that started the node") from None
-    print(f"{st.get('name') or st.get('peer_id', '')[:12]}: leaving (finishing its microbatches and aggregation)")
+        reply = ask(Path(args.state_dir), "leave")
+        pid, name = int(reply["pid"]), Path(args.state_dir).name
+        if not reply["graceful"]:
+            print(f"{name}: stopping (only a relay placed in a stage leaves gracefully)")
+    except NoDaemon:
+        status = Path(args.state_dir) / "status.json"
+        try:
+            st = json.loads(status.read_text())
+            pid = int(st["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            raise CliError(f"{args.state_dir}: no running node here (start one with gwtf-node join --state-dir "
+                           "...)") from None
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            raise CliError(f"the node of {args.state_dir} (pid {pid}) is not running") from None
+        except PermissionError:
+            raise CliError(f"not allowed to signal pid {pid}: run as the user that started the node") from None
+        name = st.get("name") or st.get("peer_id", "")[-6:]
+    except ControlError as e:
+        raise CliError(str(e)) from None
+    print(f"{name}: leaving (finishing its microbatches and aggregation)")
     deadline = time.monotonic() + args.timeout
+
     def gone() -> bool:
         try:
             os.kill(pid, 0)
@@ -428,6 +360,10 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--keep-checkpoints", type=_positive_int, default=3, metavar="N",
                    help="checkpoints kept in the state directory (the newest N)")
     j.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO")
+    j.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
+                   help="serve Prometheus metrics on this port (0: any free port; default: none)")
+    j.add_argument("--metrics-host", type=_ip_address, default="127.0.0.1",
+                   help="address the metrics are served on (default 127.0.0.1: this machine only)")
     j.set_defaults(func=cmd_join)
 
     lo = sub.add_parser("local", help="a whole swarm of separate processes on loopback, training a small model")
@@ -462,11 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     lv.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for it to be gone")
     lv.set_defaults(func=cmd_leave)
 
-    stt = sub.add_parser("status", help="what the nodes of given state directories are doing")
-    stt.add_argument("--state-dir", nargs="+", default=["gwtf-state"],
-                     help="a node's state directory, or a directory holding several (a local swarm's workdir)")
-    stt.add_argument("--json", action="store_true")
-    stt.set_defaults(func=cmd_status)
+    add_status_parser(sub)
 
     add_service_parser(sub, j)  # install-service: `join` as a systemd service (service.py)
     return p

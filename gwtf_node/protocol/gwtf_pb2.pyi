@@ -643,10 +643,12 @@ class JoinRequest(_message.Message):
     def __init__(self, capacity: _Optional[int] = ..., stage_costs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class UtilizationQuery(_message.Message):
-    __slots__ = ("query_id",)
+    __slots__ = ("query_id", "term")
     QUERY_ID_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     query_id: int
-    def __init__(self, query_id: _Optional[int] = ...) -> None: ...
+    term: int
+    def __init__(self, query_id: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
 
 class UtilizationReport(_message.Message):
     __slots__ = ("query_id", "stage", "flows", "capacity", "serving")

@@ -256,7 +256,7 @@ class MembershipMachine:
         effects: list[Effect] = self._finish_round(now) if self.collecting else []
         self.query_id += 1
         self.reports, self.queried, self.collecting = {}, set(self.members) | set(self.placed), True
-        q = UtilizationQuery(query_id=self.query_id)
+        q = UtilizationQuery(query_id=self.query_id, term=self.term)
         effects += [Send(n, q) for n in sorted(self.queried)]
         effects += [SetTimer(COLLECT_TIMER, now + self.cfg.report_timeout_s),
                     SetTimer(ROUND_TIMER, now + self.cfg.query_interval_s)]

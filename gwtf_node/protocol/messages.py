@@ -541,6 +541,7 @@ class UtilizationQuery:
     """The leader's periodic utilization flood (one round)."""
 
     query_id: int
+    term: int = 0  # the sender's leader term: a relay learns who leads, and in which term
 
 
 @dataclass(frozen=True, slots=True)

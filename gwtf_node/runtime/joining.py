@@ -172,6 +172,8 @@ class Joining:
             self.effects(Owner.JOINER, self.joiner.on_timer(now(), key))
 
     def on_utilization_query(self, peer: str, msg: m.UtilizationQuery) -> None:
+        if self.peers.role == "relay" and msg.term:  # only the acting leader queries: who leads, in which term
+            self.leadership.learned_leader(peer, msg.term)
         if self.joiner is not None and self.peers.place.joining:
             self.effects(Owner.JOINER, self.joiner.on_message(now(), peer, msg))
         elif self.peers.role == "relay" and self.peers.stage is not None:

@@ -60,7 +60,9 @@ class Leadership:
         self.on_change = on_change
         self.election: LeaderMachine | None = None  # data nodes, once the data nodes are known
         self.placement: MembershipMachine | None = None  # the acting leader
-        self.known_leader: str | None = None  # a relay: the leader found in the DHT
+        self.known_leader: str | None = None  # a relay: the leader found in the DHT or heard in its queries
+        self.known_term: int | None = None  # a relay: that leader's term (its UtilizationQuery says it)
+        self.known_at: float | None = None  # a relay: when it last heard who leads (now())
         self._persisted: tuple[int, str | None] = (0, None)
         self._was_leader = False
 
@@ -78,7 +80,7 @@ class Leadership:
         return self.election is not None and self.election.is_leader(now())
 
     def term(self) -> int | None:
-        return self.election.term if self.election is not None else None
+        return self.election.term if self.election is not None else self.known_term
 
     # ------------------------------------------------------------------ the election
     def start(self) -> None:
@@ -132,9 +134,15 @@ class Leadership:
         except Exception as e:  # noqa: BLE001 - discovery is best effort
             log.debug("publishing the leader failed: %s", e)
 
-    def learned_leader(self, peer: str) -> None:
-        """A relay found the acting leader (the DHT record of a joiner's lookup)."""
+    def learned_leader(self, peer: str, term: int | None = None) -> None:
+        """A relay found the acting leader (the DHT record of a joiner's lookup, or the leader's
+        UtilizationQuery, which names its term); an older term than the one known is ignored."""
+        if term is not None and self.known_term is not None and term < self.known_term:
+            return
         self.known_leader = peer
+        self.known_at = now()
+        if term is not None:
+            self.known_term = term
 
     # ------------------------------------------------------------------ events
     def on_leader_msg(self, peer: str, msg: Any) -> None:

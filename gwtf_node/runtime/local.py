@@ -53,6 +53,7 @@ class LocalSwarm:
     faults: dict[str, str] = field(default_factory=dict)  # node name -> GWTF_FAULT spec (fault injection)
     expected_dead: set[str] = field(default_factory=set)  # killed on purpose: their exit is not an error
     drop_first_phase: bool = False  # every node loses the first copy of each phase signal (GWTF_DROP_FIRST_PHASE)
+    extra_args: dict[str, list[str]] = field(default_factory=dict)  # node name -> more `join` flags
     kills: list[dict] = field(default_factory=list)
     _kills_reported: int = 0
     _churn_rng: random.Random = field(init=False)
@@ -88,6 +89,7 @@ class LocalSwarm:
         if links_file is not None:
             cmd += ["--links", str(links_file)]
         cmd += ["--policy", self.policy]
+        cmd += self.extra_args.get(name, [])
         env = dict(os.environ)
         env.pop("GWTF_FAULT", None)
         env.pop("GWTF_DROP_FIRST_PHASE", None)

@@ -67,6 +67,7 @@ from .linkcompress import LinkCompression
 from .liveness import Liveness
 from .peers import Peers
 from .stage import LocalStage
+from .tally import Tally
 from .tensorstore import Keep, Slot, TensorStore
 from .wire import ApplyEffects, FrameRefused, Owner, Wire, now
 
@@ -121,6 +122,7 @@ class Microbatches:
         self.paused: Pause | None = None  # a data node: the iteration it does not open while a stage is empty
         # the manifest's Top-K of tensors on slow links (train.compression): the ratio of each link we send on
         self.compression = LinkCompression(stage.manifest, peers, flows.links_cfg)
+        self.tally = Tally(stage.key_compute_s)  # what the microbatches came to since start (the dashboard)
 
     # ------------------------------------------------------------------ reading
     @property
@@ -202,6 +204,9 @@ class Microbatches:
     def on_settled(self, e: IterationSettled) -> None:
         """The machine's effect: this data node's microbatches of an iteration are all completed or deferred."""
         self.pipeline_s.setdefault(e.iteration, now() - self.iter_started)
+        cur = self.current
+        if cur is not None and cur.iteration == e.iteration:
+            self.tally.data_settled(e.iteration, self.wire.me, self.counts(e.iteration), dict(cur.done))
         self.report_settled(e.iteration)
 
     def on_opened(self, e: OpenIteration) -> None:
@@ -378,6 +383,7 @@ class Microbatches:
         if self.rec is None or self.peers.role != "relay":
             return frozenset()
         eff, contrib = self.rec.begin_aggregation(now(), iteration)
+        self.tally.relay_counted(iteration, contrib)
         self._apply(eff)
         return contrib
 

@@ -18,7 +18,7 @@ leadership.py   the election among data nodes, the leader's placement of joiners
 joining.py      a relay placed by the leader, state hand-over, leave, Goodbye
 resume.py       a relay back with a checkpoint: its own state, a download, or a wait
 data_resume.py  a data node restarted with its state directory: checkpoint, the run's step
-status.py       status.json
+status.py       status.json, the dashboard's view: control.py socket, metrics.py, events.py
 ==============  ===============================================================
 
 Beside them: `checkpoints.py` (the state directory's checkpoint files),
@@ -84,7 +84,7 @@ from ..protocol import messages as m
 from ..protocol.effects import CancelTimer, Send, SetTimer
 from ..protocol.phases import LeftOut, OpenIteration, OutOfStep, StartStep
 from ..protocol.recovery import Compute, IterationSettled
-from . import data_resume
+from . import control, data_resume
 from .aggregation import Aggregation
 from .bootstrap import DEFAULT_TIMEOUT_S, Bootstrap
 from .discovery import Discovery
@@ -131,6 +131,8 @@ class NodeOptions:
     bootstrap_timeout_s: float = DEFAULT_TIMEOUT_S  # stop if no peer accepted us by then (0: retry forever)
     restore: Path | None = None  # relays: a checkpoint file to resume from, as from the state directory's newest
     keep_checkpoints: int = 3  # checkpoints kept in the state directory
+    metrics_port: int | None = None  # Prometheus metrics on this port (status.py, metrics.py; 0: any free port)
+    metrics_host: str = "127.0.0.1"
 
 
 class Admit(enum.Enum):
@@ -469,7 +471,8 @@ class Node:
                 nursery.start_soon(p.bootstrap.run)  # dials the bootstrap peers, with retries
                 nursery.start_soon(p.discovery.loop)
                 nursery.start_soon(self.timers.loop)
-                nursery.start_soon(p.status.loop)
+                await nursery.start(p.status.serve, lambda: control.leave(self), self.opts.metrics_host,
+                                    self.opts.metrics_port)  # status.json, the control socket, Prometheus
                 nursery.start_soon(self._formation)
                 nursery.start_soon(p.liveness.loop)
                 await self.done_event.wait()

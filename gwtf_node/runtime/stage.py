@@ -3,8 +3,9 @@
 Torch runs in one worker thread (`trio.to_thread`, a limiter of 1: a
 stage's tensors are not thread-safe) so that the event loop keeps answering
 while a stage computes.  `compute` counts the time spent inside stage
-forward/backward/embedding/head (`compute_s`, status.json); `run` is for the
-rest (optimizer step, state snapshots, checkpoints).
+forward/backward/embedding/head (`compute_s`, status.json), and per microbatch
+key (`key_compute_s`, emptied by tally.py into useful and wasted compute);
+`run` is for the rest (optimizer step, state snapshots, checkpoints).
 
 `applied_steps` counts the optimizer steps applied to this part; it changes
 with the step itself (`apply_step`, in the worker thread) so that a state
@@ -35,6 +36,7 @@ class LocalStage:
         self.limiter = trio.CapacityLimiter(1)
         self.compute_s = 0.0  # time inside stage forward/backward/embed/head (not the optimizer step)
         self.compute_calls = 0
+        self.key_compute_s: dict[tuple, float] = {}  # microbatch key -> compute seconds not yet tallied (tally.py)
         self.applied_steps = 0  # optimizer steps applied to this node's part
         self.steps_changed = trio.Event()
 
@@ -52,16 +54,24 @@ class LocalStage:
             self.source = MicrobatchSource.for_manifest(self.manifest, self.data_index, self.data_nodes)
 
     async def compute(self, fn, *args):
-        """Run a stage computation in the torch worker thread; its own time counts as compute."""
+        """Run a stage computation in the torch worker thread; its own time counts as compute (also under the
+        microbatch key that is its first argument, written here in the event loop's thread)."""
+        spent = [0.0]
+
         def timed():
             t0 = time.perf_counter()
             try:
                 return fn(*args)
             finally:
-                self.compute_s += time.perf_counter() - t0
+                spent[0] = time.perf_counter() - t0
+                self.compute_s += spent[0]
                 self.compute_calls += 1
 
-        return await trio.to_thread.run_sync(timed, limiter=self.limiter)
+        try:
+            return await trio.to_thread.run_sync(timed, limiter=self.limiter)
+        finally:
+            if args and isinstance(args[0], tuple):
+                self.key_compute_s[args[0]] = self.key_compute_s.get(args[0], 0.0) + spent[0]
 
     async def run(self, fn, *args):
         """Run torch work that is not stage compute (step, snapshot) in the worker thread."""

@@ -1,14 +1,34 @@
-"""status.json: what this node is doing, rewritten every second (read by `gwtf-node status` and the tests).
+"""What this node is doing: status.json (rewritten every second) and the dashboard's view (the control socket).
 
-It reads every component and writes none: place and standing, peers and
-their round trips, flows and link costs, the iteration and its ledger, the
-recovery machine's counters, what a relay holds, the leader and its term,
-and how long a relay has been waiting for a data node.
-The file is replaced atomically (written beside, then renamed).
+It reads every component and writes none.  Two documents come out of it:
+
+* `snapshot()`: status.json, the raw figures other tools and the tests read
+  (place and standing, peers and their round trips, flows and link costs,
+  the iteration and its ledger, the recovery machine's counters, what a relay
+  holds, the leader and its term, how long a relay has waited for a data
+  node).  Replaced atomically (written beside, then renamed).
+* `view()`: what `gwtf-node status` shows and Prometheus exports
+  (control.py, metrics.py): this node (its state a `NodeState`), the
+  election, the stages with their members and utilization, the flows
+  through this node with their costs, the iteration and its phase, the loss,
+  the microbatches (tally.py), the neighbours' links and the recent events
+  (events.py).  It holds no internal sentinel: a data node has no stage
+  (`stage: null`, `role: "data"`), a relay not placed yet has `stage: null`,
+  and every peer carries a readable `name` (its --name, else the last
+  characters of its peer id, `events.short_id`).
+
+`serve` runs it all in the node's nursery: the control socket (control.py),
+the Prometheus exporter when the node has a metrics port (metrics.py, a
+thread of its own), and once a second: the event feed's round (`observe`:
+the peers table, who leads, the recovery machine's counters, this node's
+stage), status.json, and with an exporter the view it reads (`latest_view`:
+a new dict each round, so a reader in another thread never sees one
+half-built).
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import time
@@ -17,9 +37,11 @@ from typing import Any, Callable
 
 import trio
 
+from . import control
 from .aggregation import Aggregation
-from .bootstrap import Bootstrap
-from .flows import Flows
+from .bootstrap import Bootstrap, BootstrapState
+from .events import EventFeed, EventLog, PeerSeen, short_id
+from .flows import DEFAULT_BANDWIDTH_MBPS, Flows
 from .leadership import Leadership
 from .liveness import Liveness
 from .microbatches import Microbatches
@@ -28,6 +50,19 @@ from .stage import LocalStage
 from .wire import Wire, now
 
 STATUS_EVERY_S = 1.0
+VIEW_SCHEMA = 1  # the view's layout version (`gwtf-node status --json`, the control socket)
+EVENTS_SHOWN = 30
+
+
+class NodeState(enum.Enum):
+    """What the node is doing, as the dashboard says it."""
+
+    CONNECTING = "connecting"  # no peer of the run accepted it yet (dialling its bootstrap peers, or waiting)
+    JOINING = "joining"  # waiting for a stage, fetching its stage's state, or forming its flows
+    TRAINING = "training"  # microbatches of the iteration in flight
+    AGGREGATING = "aggregating"  # the iteration's microbatches are settled: all-reduce and optimizer step
+    PAUSED = "paused"  # a data node: a stage has no relay ready, the next iteration waits
+    LEAVING = "leaving"  # finishing its last iteration and aggregation before Goodbye
 
 
 class Status:
@@ -49,7 +84,18 @@ class Status:
         self.policy = policy
         self.bootstrap = bootstrap  # how the node reaches the swarm at start
         self.resume_status = resume_status  # a relay back with a checkpoint: what it decided and why (resume.py)
+        self.events = EventLog()  # recent events (events.py), fed by `observe`
+        self.feed = EventFeed(self.events, self.name_of)
+        self.tally = microbatches.tally  # what the microbatches came to (tally.py)
+        self.links_cfg = flows.links_cfg  # emulated links (--links): their latency and bandwidth
+        self.started_at = time.time()
+        self.latest_view: dict | None = None  # the view of the last round (metrics.py reads it from its thread)
+        self._metrics_file = path.parent / "metrics.jsonl"
+        self._record_cache: tuple[int, dict | None] = (-1, None)  # (metrics.jsonl size, its last record)
+        self._my_stage = peers.stage
+        self._reports: dict[str, Any] = {}  # the acting leader: each stage member's last UtilizationReport
 
+    # ------------------------------------------------------------------ status.json
     def snapshot(self) -> dict:
         place, mb, agg = self.peers.place, self.microbatches, self.aggregation
         cur = mb.current
@@ -60,6 +106,7 @@ class Status:
             "compute_s": round(self.stage.compute_s, 6), "compute_calls": self.stage.compute_calls,
             "leader": self.leadership.leader(), "term": self.leadership.term(),
             "steps_applied": self.stage.applied_steps, "joining": place.joining, "leaving": place.leaving,
+            "state": self.state().value,
             "peers": {p.peer_id: {"name": p.name, "role": p.role, "stage": p.stage, "rtt_ms": p.rtt_ms}
                       for p in self.peers.infos()},
             "flows": self.flows.out(),
@@ -84,7 +131,282 @@ class Status:
         tmp.write_text(json.dumps(self.snapshot(), indent=1))
         os.replace(tmp, self.path)
 
-    async def loop(self) -> None:
+    async def serve(self, leave: Callable[[], dict], metrics_host: str, metrics_port: int | None, *,
+                    task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The control socket, the exporter and the rounds of `loop` (the module doc); `started` once the
+        socket and the exporter listen."""
+        exporter = None
+        if metrics_port is not None:
+            from .metrics import MetricsServer
+
+            exporter = MetricsServer(lambda: self.latest_view, metrics_host, metrics_port,
+                                     states=[s.value for s in NodeState])
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(control.serve, self.path.parent, self.view, leave)
+                task_status.started()
+                await self.loop(publish=exporter is not None)
+        finally:
+            if exporter is not None:
+                exporter.close()
+
+    async def loop(self, publish: bool = False) -> None:
+        """Once a second: the event feed's round, status.json, and (`publish`: for the exporter) the view."""
         while True:
+            self.observe()
             self.write()
+            if publish:
+                self.latest_view = self.view()
             await trio.sleep(STATUS_EVERY_S)
+
+    def observe(self) -> None:
+        """Hand the event feed what it compares from round to round (events.py)."""
+        t = time.time()
+        self.feed.peers_seen(t, {p.peer_id: PeerSeen(p.role, p.stage, p.leaving, p.incarnation)
+                                 for p in self.peers.infos()}, set(self.liveness.crashed))
+        self.feed.leader_seen(t, self.leadership.leader(), self.leadership.term())
+        self.feed.recovery_counters(t, self.microbatches.stats())
+        if self.peers.stage is not None and self.peers.role == "relay" and self.peers.stage != self._my_stage:
+            self.feed.me_placed(t, self.peers.stage)
+        self._my_stage = self.peers.stage
+
+    # ------------------------------------------------------------------ the view
+    def name_of(self, peer: str) -> str:
+        return name_of(self.peers, peer)
+
+    def state(self) -> NodeState:
+        place, mb, ph = self.peers.place, self.microbatches, self.aggregation.phases
+        if place.leaving:
+            return NodeState.LEAVING
+        if self.bootstrap is not None and self.bootstrap.state is not BootstrapState.CONNECTED:
+            return NodeState.CONNECTING
+        if place.stage is None or place.joining or not mb.started:
+            return NodeState.JOINING
+        if mb.paused is not None:
+            return NodeState.PAUSED
+        if ph is not None and any(it not in ph.stepped for it in ph.begun):
+            return NodeState.AGGREGATING
+        if mb.current is not None and mb.reported(mb.current.iteration):
+            return NodeState.AGGREGATING  # a data node whose microbatches are settled waits for the step
+        return NodeState.TRAINING
+
+    def view(self) -> dict:
+        """The dashboard's document (the module doc); JSON-ready."""
+        state = self.state()
+        return {
+            "schema": VIEW_SCHEMA,
+            "time": time.time(),
+            "node": self._node(state),
+            "election": self._election(),
+            "stages": self._stages(),
+            "data_nodes": [{"peer_id": d, "name": self.name_of(d), "me": d == self.wire.me}
+                           for d in self.peers.data_nodes()],
+            "flows": self._flows(),
+            "iteration": self._iteration(state),
+            "loss": self._loss(),
+            "microbatches": {**self.tally.to_json(self.peers.role), "holding": self.microbatches.holding(),
+                             "recovery": self.microbatches.stats(),
+                             "lost_contributions": sum(self.aggregation.lost_contributions.values())},
+            "neighbours": self._neighbours(),
+            "events": [e.to_json() for e in self.events.recent(EVENTS_SHOWN)],
+            "event_counts": {k.value: v for k, v in self.events.counts.items()},
+            "notes": self._notes(),
+        }
+
+    def _node(self, state: NodeState) -> dict:
+        place = self.peers.place
+        return {
+            "peer_id": self.wire.me, "short_id": short_id(self.wire.me), "name": self.name_of(self.wire.me),
+            "role": place.role, "stage": place.stage if place.role == "relay" else None,
+            "capacity": place.capacity, "state": state.value, "run_id": self.run_id, "policy": self.policy,
+            "addrs": self.host.addrs, "pid": os.getpid(), "uptime_s": round(time.time() - self.started_at, 1),
+            "steps_applied": self.stage.applied_steps, "compute_s": round(self.stage.compute_s, 4),
+            "refused_frames": self.wire.refused, "is_leader": self.leadership.is_leader(),
+            "leave_after": place.leave_after if place.leaving else None,
+        }
+
+    def _election(self) -> dict:
+        ld, t = self.leadership, now()
+        leader = ld.leader()
+        heard = set(self.liveness.recently_heard()) | {self.wire.me}
+        out: dict[str, Any] = {
+            "leader": leader, "leader_name": self.name_of(leader) if leader else None, "term": ld.term(),
+            "is_leader": ld.is_leader(),
+            "recent": [e.to_json(self.name_of) for e in self.feed.recent_elections()],
+        }
+        el = ld.election
+        if el is None:  # a relay (or a data node before its election starts): it only hears who leads
+            out |= {"role": None, "voter": False, "voted_for": None, "voted_for_name": None,
+                    "lease_remaining_s": None, "quorum": None,
+                    "leader_heard_s_ago": None if ld.known_at is None else round(t - ld.known_at, 1),
+                    "voters": [{"peer_id": d, "name": self.name_of(d), "reachable": d in heard, "me": False}
+                               for d in self.peers.data_nodes()]}
+            return out
+        if el.is_leader(t):
+            lease = el.lease_end - t
+        elif leader is not None and el.promised_to == leader:
+            lease = el.promise_until - t  # the follower's promise to the leader it follows
+        else:
+            lease = None
+        out |= {"role": el.role.value, "voter": True, "voted_for": el.voted_for,
+                "voted_for_name": self.name_of(el.voted_for) if el.voted_for else None,
+                "lease_remaining_s": None if lease is None else round(max(0.0, lease), 2), "quorum": el.quorum,
+                "leader_heard_s_ago": None,
+                "voters": [{"peer_id": v, "name": self.name_of(v), "reachable": v in heard, "me": v == self.wire.me}
+                           for v in sorted(el.voters)]}
+        return out
+
+    def _stages(self) -> list[dict]:
+        """Each stage's members as this node knows them; flows and capacity from the leader's utilization
+        reports when this node leads (protocol/membership.py), else only this relay's own."""
+        placement = self.leadership.placement if self.leadership.is_leader() else None
+        if placement is None:
+            self._reports = {}
+        else:  # the newest report of each member (a round starts empty: the last round's stand until then)
+            self._reports = {n: r for n, r in {**self._reports, **placement.reports}.items() if n in placement.members}
+        reports = self._reports
+        out = []
+        for k in range(self.peers.n_stages):
+            members = [p for p in self.peers.infos() if p.role == "relay" and p.stage == k]
+            rows = []
+            for p in sorted(members, key=lambda p: p.peer_id):
+                r = reports.get(p.peer_id)
+                rows.append({"peer_id": p.peer_id, "name": self.name_of(p.peer_id),
+                             "state": "leaving" if p.leaving else "joining" if p.joining else "serving",
+                             "flows": r.flows if r is not None else None,
+                             "capacity": r.capacity if r is not None else p.capacity, "me": False})
+            if self.peers.role == "relay" and self.peers.stage == k:
+                place = self.peers.place
+                rows.append({"peer_id": self.wire.me, "name": self.name_of(self.wire.me),
+                             "state": "leaving" if place.leaving else "joining" if place.joining else "serving",
+                             "flows": self.flows.units_through(), "capacity": place.capacity, "me": True})
+                rows.sort(key=lambda r: r["peer_id"])
+            known = [r for r in rows if r["flows"] is not None and r["state"] == "serving"]
+            cap = sum(r["capacity"] for r in known)
+            util = round(sum(r["flows"] for r in known) / cap, 3) if cap and (reports or len(known) == len(rows)) \
+                else None
+            out.append({"stage": k, "members": rows, "utilization": util,
+                        "capacity": sum(r["capacity"] for r in rows)})
+        return out
+
+    def _flows(self) -> list[dict]:
+        m = self.flows.machine
+        if m is None:
+            return []
+        rows = []
+        for direction, table, costs in (("in", m.inn, self.flows.prev_costs), ("out", m.out, self.flows.next_costs)):
+            for d in sorted(table):
+                for hop, units in sorted(table[d].items()):
+                    if units:
+                        rows.append({"data_node": d, "data_node_name": self.name_of(d), "direction": direction,
+                                     "peer": hop, "peer_name": self.name_of(hop), "units": units,
+                                     "cost": costs.get(hop)})
+        return rows
+
+    def _iteration(self, state: NodeState) -> dict:
+        mb, agg = self.microbatches, self.aggregation
+        cur = mb.current
+        number = cur.iteration if cur is not None else (
+            agg.last_iteration + 1 if agg.last_iteration is not None else self.stage.applied_steps)
+        phase = {NodeState.TRAINING: "microbatches", NodeState.AGGREGATING: "aggregation",
+                 NodeState.PAUSED: "paused", NodeState.LEAVING: "leaving"}.get(state)
+        return {"number": number if state not in (NodeState.CONNECTING, NodeState.JOINING) else None,
+                "phase": phase, "last_completed": agg.last_iteration, "steps_applied": self.stage.applied_steps,
+                "seconds": round(now() - mb.iter_started, 2) if cur is not None else None,
+                "ledger": mb.counts(cur.iteration) if cur is not None else None}
+
+    def _run_record(self) -> dict | None:
+        """The leader's last per-iteration record (metrics.jsonl), re-read only when the file grew."""
+        try:
+            size = self._metrics_file.stat().st_size
+        except OSError:
+            return None
+        if size != self._record_cache[0]:
+            with open(self._metrics_file, "rb") as f:
+                f.seek(max(0, size - 4096))
+                lines = [ln for ln in f.read().splitlines() if ln.strip()]
+            try:
+                rec = json.loads(lines[-1]) if lines else None
+            except ValueError:  # a line being written
+                rec = self._record_cache[1]
+            self._record_cache = (size, rec)
+        return self._record_cache[1]
+
+    def _loss(self) -> dict:
+        run = self._run_record() if self.peers.role == "data" else None
+        return {"this_node": self.tally.last_loss, "this_node_iteration": self.tally.last_iteration
+                if self.peers.role == "data" else None,
+                "run": run.get("loss") if run else None, "run_iteration": run.get("iteration") if run else None,
+                "run_record": run, "recent": {str(k): v for k, v in sorted(self.tally.losses.items())}}
+
+    def _neighbours(self) -> list[dict]:
+        conns = connection_kinds(self.host)
+        heard = set(self.liveness.recently_heard())
+        side_costs = {**{p: ("prev", c) for p, c in self.flows.prev_costs.items()},
+                      **{p: ("next", c) for p, c in self.flows.next_costs.items()}}
+        rows = []
+        for pid in sorted(self.peers.watched() | set(side_costs) - {self.wire.me}):
+            info = self.peers.get(pid)
+            if info is None:
+                continue
+            shaped = self.links_cfg.get((self.peers.name, info.name)) if info.name else None
+            side, cost = side_costs.get(pid, ("peer" if info.role == "relay" and info.stage == self.peers.stage
+                                              else None, None))
+            rows.append({
+                "peer_id": pid, "name": self.name_of(pid), "role": info.role,
+                "stage": info.stage if info.role == "relay" and info.stage >= 0 else None,
+                "side": side, "rtt_ms": None if info.rtt_ms is None else round(info.rtt_ms, 2),
+                "latency_ms": round(shaped[0], 2) if shaped else
+                (None if info.rtt_ms is None else round(info.rtt_ms / 2, 2)),
+                "latency_source": "emulated" if shaped else "measured" if info.rtt_ms is not None else None,
+                "bandwidth_mbps": shaped[1] if shaped else DEFAULT_BANDWIDTH_MBPS,
+                "bandwidth_source": "emulated" if shaped else "assumed",
+                "connection": conns.get(pid, "none"), "alive": pid in heard, "link_cost": cost,
+            })
+        return rows
+
+    def _notes(self) -> list[str]:
+        """What the node waits for, one line each: an empty stage, its bootstrap peers, a data node, its state."""
+        notes = []
+        paused = self.microbatches.paused_status()
+        if paused:
+            stages = ", ".join(str(k) for k in paused["empty_stages"])
+            notes.append(f"paused for {paused['seconds']} s: stage {stages} has no relay ready; iteration "
+                         f"{paused['iteration']} opens when a node with that stage's state joins")
+        boot = self.bootstrap.snapshot() if self.bootstrap is not None else {}
+        if boot.get("state") not in (None, BootstrapState.CONNECTED.value):
+            detail = f", attempt {boot['attempts']}, next in {boot['next_retry_in_s']} s" if boot.get("attempts") \
+                else ""
+            last = f": {boot['last_error']}" if boot.get("last_error") else ""
+            notes.append(f"bootstrap: {boot['state']}{detail}{last}")
+        waiting = self.liveness.waiting_for_data_since
+        if waiting is not None:
+            notes.append(f"waiting for a data node for {now() - waiting:.0f} s")
+        resume = self.resume_status()
+        if resume and resume.get("decision") == "wait":
+            notes.append(f"resume: waiting {resume.get('waiting_s')} s: {resume.get('reason')}")
+        return notes
+
+
+def name_of(peers: Peers, peer: str) -> str:
+    """A peer's readable name: its --name, else the last characters of its peer id (`events.short_id`)."""
+    if peer == peers.me:
+        return peers.name or short_id(peer)
+    info = peers.get(peer)
+    return info.name if info is not None and info.name else short_id(peer)
+
+
+def connection_kinds(host: Any) -> dict[str, str]:
+    """How this host reaches each connected peer: "relayed" (through a circuit relay) or "direct"."""
+    libp2p = getattr(host, "libp2p", None)
+    if libp2p is None:
+        return {}
+    out = {}
+    for pid, conns in libp2p.get_network().get_connections_map().items():
+        kinds = set()
+        for c in conns:
+            addrs = [str(a) for a in c.get_transport_addresses()]
+            kinds.add("relayed" if any("/p2p-circuit" in a for a in addrs) else "direct")
+        if kinds:
+            out[pid.to_base58()] = "direct" if "direct" in kinds else "relayed"
+    return out
