@@ -36,7 +36,7 @@ import hashlib
 import json
 import enum
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -171,6 +171,8 @@ class RunManifest:
             d = json.loads(text)
         except json.JSONDecodeError as e:
             raise ManifestError(f"manifest is not valid JSON: {e}") from None
+        except RecursionError:
+            raise ManifestError("manifest is not a run manifest: its JSON is nested too deeply") from None
         m = _from_dict(d, base_dir)
         m.validate(check_files=check_files)
         return m
@@ -255,6 +257,9 @@ class RunManifest:
             raise ManifestError(f"train.betas is {t.betas!r}; give two numbers in [0, 1)")
         if not _is_int(t.seed) or t.seed < 0:
             raise ManifestError(f"train.seed is {t.seed!r}; it must be a non-negative integer")
+        for name in ("owner_public_key", "signature"):
+            if not isinstance(getattr(self, name), str):
+                raise ManifestError(f"{name} is {getattr(self, name)!r}; it must be a string of hex digits (or absent)")
         if self.owner_public_key:
             try:
                 if len(bytes.fromhex(self.owner_public_key)) != 32:
@@ -305,7 +310,7 @@ def _check_stages(stages: Sequence[tuple[int, int]], n_layers: int) -> None:
     expect = 0
     for k, s in enumerate(stages):
         if len(s) != 2 or not all(_is_int(x) for x in s):
-            raise ManifestError(f"stage {k} is {s!r}; a stage is a [start, end) pair of layer indices")
+            raise ManifestError(f"stages[{k}] is {list(s)!r}; a stage is a [start, end) pair of layer indices")
         start, end = s
         if start != expect:
             raise ManifestError(f"stage {k} starts at layer {start} but must start at {expect}: stages are contiguous")
@@ -314,6 +319,73 @@ def _check_stages(stages: Sequence[tuple[int, int]], n_layers: int) -> None:
         expect = end
     if expect != n_layers:
         raise ManifestError(f"stages cover layers 0..{expect} but the model has {n_layers} layers")
+
+
+def _json_type(v: Any) -> str:
+    """The JSON name of a parsed value's type, for error messages."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, (int, float)):
+        return "a number"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, list):
+        return "a list"
+    if isinstance(v, dict):
+        return "an object"
+    return type(v).__name__
+
+
+def _known_fields(spec: type) -> set[str]:
+    return {f.name for f in fields(spec)}
+
+
+def _check_section(d: dict, name: str, spec: type, required: Sequence[str]) -> None:
+    """Section `name` of the manifest is an object with the fields of `spec`, `required` ones present."""
+    sec = d[name]
+    if not isinstance(sec, dict):
+        raise ManifestError(f"{name} is {_json_type(sec)}; it must be an object with the fields "
+                            f"{', '.join(sorted(_known_fields(spec)))}")
+    unknown = sorted(set(sec) - _known_fields(spec))
+    if unknown:
+        raise ManifestError(f"{name} has unknown field(s) {', '.join(unknown)}: known are "
+                            f"{', '.join(sorted(_known_fields(spec)))}")
+    for key in required:
+        if key not in sec:
+            raise ManifestError(f"manifest is missing the field '{name}.{key}'")
+
+
+def _check_shapes(d: dict) -> None:
+    """Every field has the JSON type the dataclasses are built from, so that building them cannot fail on a
+    wrong type (a string where a list belongs iterates into characters).  Values are checked by `validate`."""
+    for key in ("run_name", "model", "stages", "data", "train"):
+        if key not in d:
+            raise ManifestError(f"manifest is missing the field {key!r}")
+    _check_section(d, "model", ModelSpec, ("family", "config"))
+    _check_section(d, "data", DataSpec, ("source", "tokenizer", "seq_len", "microbatch_size",
+                                         "microbatches_per_iteration"))
+    _check_section(d, "train", TrainSpec, ())
+    config = d["model"]["config"]
+    if not isinstance(config, dict):
+        raise ManifestError(f"model.config is {_json_type(config)}; it must be an object of HF config keyword "
+                            'arguments, e.g. {"hidden_size": 64, ...}')
+    stages = d["stages"]
+    if not isinstance(stages, list):
+        raise ManifestError(f"stages is {stages!r} ({_json_type(stages)}); it must be a list of [start, end) "
+                            "layer ranges, e.g. [[0, 2], [2, 4]]")
+    for k, s in enumerate(stages):
+        if not isinstance(s, list):
+            raise ManifestError(f"stages[{k}] is {s!r} ({_json_type(s)}); a stage is a [start, end) pair of "
+                                "layer indices, e.g. [0, 2]")
+    source = d["data"]["source"]
+    if not isinstance(source, (str, list)):
+        raise ManifestError(f"data.source is {source!r} ({_json_type(source)}); use \"bundled\" or a list of "
+                            ".txt / .jsonl file paths")
+    betas = d["train"].get("betas", list(TrainSpec.betas))
+    if not isinstance(betas, list) or len(betas) != 2 or not all(_is_number(b) for b in betas):
+        raise ManifestError(f"train.betas is {betas!r}; give a list of two numbers in [0, 1), e.g. [0.9, 0.95]")
 
 
 _TOP_KEYS = {"version", "run_name", "model", "stages", "data", "train", "owner_public_key", "signature", "recovery"}
@@ -343,9 +415,14 @@ def _from_dict(d: Any, base_dir: str) -> RunManifest:
     if unknown:
         raise ManifestError(f"manifest has unknown field(s) {', '.join(unknown)}: remove them or upgrade this node")
     version = d.get("version", MANIFEST_VERSION)
+    if not _is_int(version):
+        raise ManifestError(f"version is {version!r} ({_json_type(version)}); it must be the number {MANIFEST_VERSION}")
     if version != MANIFEST_VERSION:
-        raise ManifestError(f"manifest version {version} is not supported (this node reads {MANIFEST_VERSION})")
+        newer = "a newer gwtf-node wrote it: upgrade this node" if version > MANIFEST_VERSION else "rewrite it"
+        raise ManifestError(f"manifest version {version} is not supported: this node reads version "
+                            f"{MANIFEST_VERSION} only ({newer})")
     recovery = _recovery(d.get("recovery"))
+    _check_shapes(d)
     try:
         model, data, train = d["model"], d["data"], d["train"]
         m = RunManifest(
@@ -375,10 +452,21 @@ def _from_dict(d: Any, base_dir: str) -> RunManifest:
 def load_manifest(path: str | Path, *, check_files: bool = True) -> RunManifest:
     p = Path(path)
     try:
-        text = p.read_text()
+        raw = p.read_bytes()
     except OSError as e:
         raise ManifestError(f"cannot read manifest {str(p)!r}: {e.strerror}") from None
-    return RunManifest.from_json(text, check_files=check_files, base_dir=str(p.resolve().parent))
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ManifestError(f"manifest {str(p)!r} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}): "
+                            "give the run.json written by gwtf-node init-run") from None
+    if "\x00" in text:
+        raise ManifestError(f"manifest {str(p)!r} is a binary file, not JSON text: "
+                            "give the run.json written by gwtf-node init-run")
+    try:
+        return RunManifest.from_json(text, check_files=check_files, base_dir=str(p.resolve().parent))
+    except ManifestError as e:
+        raise ManifestError(f"{p}: {e}") from None
 
 
 def save_manifest(m: RunManifest, path: str | Path) -> None:
