@@ -19,6 +19,7 @@ from .common import (
     EXIT_NO_PEER, EXIT_USAGE, CliError, _ip_address, _load_scenario, _manifest_error_types, _nonneg_int, _Parser,
     _port, _positive_int, _probability, _seconds, _setup_logging,
 )
+from .config import add_config_parser, configurable
 from .sim import SIM_TRAIN_JSON_KEYS, add_sim_parsers, cmd_sim_join, cmd_sim_train, run_policy, sim_train_options
 
 if TYPE_CHECKING:
@@ -130,7 +131,10 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
         import torch
         if not torch.cuda.is_available():
             raise CliError(f"--device {device}: torch sees no CUDA device on this machine (use --device cpu)")
-    _setup_logging(args.log_level)
+    try:
+        logs = _setup_logging(args.log_level, Path(args.state_dir), max_mb=args.log_max_mb, backups=args.log_backups)
+    except OSError as e:
+        raise CliError(f"--state-dir {args.state_dir}: cannot write its log file ({e.strerror})") from None
     opts = NodeOptions(device=device, run_path=Path(args.run), role=args.role, stage=stage, state_dir=Path(args.state_dir),
                        bootstrap=list(args.bootstrap), name=args.name or "", port=args.port,
                        listen_host=args.host, capacity=args.capacity, iterations=args.iterations,
@@ -145,6 +149,8 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
         if failure is None:
             raise
         raise CliError(str(failure)) from None
+    finally:
+        logs.close()  # the counts of repeated lines still held
     if stopped is None:
         return 0
     if stopped.kind is ExitKind.NO_BOOTSTRAP:
@@ -400,7 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="address of a node of the run, ending in /p2p/<peer id> (repeatable; none: first node)")
     j.add_argument("--role", choices=("data", "relay"), required=True)
     j.add_argument("--stage", default=None, help="relays: 'auto' (the default: the leader places it) or a stage number")
-    j.add_argument("--state-dir", default="gwtf-state", help="identity key, checkpoints, logs, metrics")
+    j.add_argument("--state-dir", default="gwtf-state", help="identity key, config.toml, checkpoints, node.log, metrics")
     j.add_argument("--name", default="", help="a readable node name (also its name in --links)")
     j.add_argument("--host", type=_ip_address, default="127.0.0.1", help="address to listen on")
     j.add_argument("--port", type=_port, default=0, help="TCP port to listen on (0: any free port)")
@@ -421,7 +427,11 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--keep-checkpoints", type=_positive_int, default=3, metavar="N",
                    help="checkpoints kept in the state directory (the newest N)")
     j.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO")
-    j.set_defaults(func=cmd_join)
+    j.add_argument("--log-max-mb", type=_positive_int, default=10, metavar="MB",
+                   help="size of STATE_DIR/node.log before it is rotated to node.log.1")
+    j.add_argument("--log-backups", type=_positive_int, default=5, metavar="N", help="rotated log files kept")
+    j.set_defaults(func=configurable(j, cmd_join))  # last: every flag above is also a config key and GWTF_* variable
+    add_config_parser(sub, j)
 
     lo = sub.add_parser("local", help="a whole swarm of separate processes on loopback, training a small model")
     lo.add_argument("--data-nodes", type=_positive_int, default=1)

@@ -119,17 +119,8 @@ def _manifest_error_types():
     return (ManifestError, LinksError)
 
 
-def _setup_logging(level: str, state_dir=None) -> None:
-    import logging
+def _setup_logging(level: str, state_dir=None, *, max_mb: float = 10.0, backups: int = 5):
+    """Log to stderr and, with a state directory, to its rotating node.log (runtime/logs.py)."""
+    from ..runtime.logs import setup_logging
 
-    handlers: list = [logging.StreamHandler(sys.stderr)]
-    logging.basicConfig(level=getattr(logging, level), handlers=handlers,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # libp2p configures its own logger when first imported (level WARNING, no handler, no propagation, so
-    # Python's last-resort handler printed its warnings bare into node.log: "Failed to read DHT message ...").
-    # Import it first, then route it through our handler: its errors always, its warnings with --log-level DEBUG.
-    import libp2p  # noqa: F401
-    for noisy in ("libp2p", "multiaddr", "async_service", "trio"):
-        lg = logging.getLogger(noisy)
-        lg.setLevel(logging.WARNING if level == "DEBUG" else logging.ERROR)
-        lg.propagate = True
+    return setup_logging(level, state_dir, max_mb=max_mb, backups=backups)

@@ -44,6 +44,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from .manifest_shape import check_shapes, json_type
+
 FAMILIES = ("llama", "gpt")
 OPTIMIZERS = ("adamw", "sgd")
 BYTE_VOCAB = 256  # the byte tokenizer's vocabulary
@@ -321,72 +323,14 @@ def _check_stages(stages: Sequence[tuple[int, int]], n_layers: int) -> None:
         raise ManifestError(f"stages cover layers 0..{expect} but the model has {n_layers} layers")
 
 
-def _json_type(v: Any) -> str:
-    """The JSON name of a parsed value's type, for error messages."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "a boolean"
-    if isinstance(v, (int, float)):
-        return "a number"
-    if isinstance(v, str):
-        return "a string"
-    if isinstance(v, list):
-        return "a list"
-    if isinstance(v, dict):
-        return "an object"
-    return type(v).__name__
-
-
-def _known_fields(spec: type) -> set[str]:
-    return {f.name for f in fields(spec)}
-
-
-def _check_section(d: dict, name: str, spec: type, required: Sequence[str]) -> None:
-    """Section `name` of the manifest is an object with the fields of `spec`, `required` ones present."""
-    sec = d[name]
-    if not isinstance(sec, dict):
-        raise ManifestError(f"{name} is {_json_type(sec)}; it must be an object with the fields "
-                            f"{', '.join(sorted(_known_fields(spec)))}")
-    unknown = sorted(set(sec) - _known_fields(spec))
-    if unknown:
-        raise ManifestError(f"{name} has unknown field(s) {', '.join(unknown)}: known are "
-                            f"{', '.join(sorted(_known_fields(spec)))}")
-    for key in required:
-        if key not in sec:
-            raise ManifestError(f"manifest is missing the field '{name}.{key}'")
-
 
 def _check_shapes(d: dict) -> None:
-    """Every field has the JSON type the dataclasses are built from, so that building them cannot fail on a
-    wrong type (a string where a list belongs iterates into characters).  Values are checked by `validate`."""
-    for key in ("run_name", "model", "stages", "data", "train"):
-        if key not in d:
-            raise ManifestError(f"manifest is missing the field {key!r}")
-    _check_section(d, "model", ModelSpec, ("family", "config"))
-    _check_section(d, "data", DataSpec, ("source", "tokenizer", "seq_len", "microbatch_size",
-                                         "microbatches_per_iteration"))
-    _check_section(d, "train", TrainSpec, ())
-    config = d["model"]["config"]
-    if not isinstance(config, dict):
-        raise ManifestError(f"model.config is {_json_type(config)}; it must be an object of HF config keyword "
-                            'arguments, e.g. {"hidden_size": 64, ...}')
-    stages = d["stages"]
-    if not isinstance(stages, list):
-        raise ManifestError(f"stages is {stages!r} ({_json_type(stages)}); it must be a list of [start, end) "
-                            "layer ranges, e.g. [[0, 2], [2, 4]]")
-    for k, s in enumerate(stages):
-        if not isinstance(s, list):
-            raise ManifestError(f"stages[{k}] is {s!r} ({_json_type(s)}); a stage is a [start, end) pair of "
-                                "layer indices, e.g. [0, 2]")
-    source = d["data"]["source"]
-    if not isinstance(source, (str, list)):
-        raise ManifestError(f"data.source is {source!r} ({_json_type(source)}); use \"bundled\" or a list of "
-                            ".txt / .jsonl file paths")
-    betas = d["train"].get("betas", list(TrainSpec.betas))
-    if not isinstance(betas, list) or len(betas) != 2 or not all(_is_number(b) for b in betas):
-        raise ManifestError(f"train.betas is {betas!r}; give a list of two numbers in [0, 1), e.g. [0.9, 0.95]")
-
+    """Every field has the JSON type the dataclasses are built from (manifest_shape.py)."""
+    sections = {"model": (ModelSpec, ("family", "config")),
+                "data": (DataSpec, ("source", "tokenizer", "seq_len", "microbatch_size", "microbatches_per_iteration")),
+                "train": (TrainSpec, ())}
+    check_shapes(d, {name: ({f.name for f in fields(spec)}, req) for name, (spec, req) in sections.items()},
+                 default_betas=list(TrainSpec.betas), error=ManifestError)
 
 _TOP_KEYS = {"version", "run_name", "model", "stages", "data", "train", "owner_public_key", "signature", "recovery"}
 
@@ -416,7 +360,7 @@ def _from_dict(d: Any, base_dir: str) -> RunManifest:
         raise ManifestError(f"manifest has unknown field(s) {', '.join(unknown)}: remove them or upgrade this node")
     version = d.get("version", MANIFEST_VERSION)
     if not _is_int(version):
-        raise ManifestError(f"version is {version!r} ({_json_type(version)}); it must be the number {MANIFEST_VERSION}")
+        raise ManifestError(f"version is {version!r} ({json_type(version)}); it must be the number {MANIFEST_VERSION}")
     if version != MANIFEST_VERSION:
         newer = "a newer gwtf-node wrote it: upgrade this node" if version > MANIFEST_VERSION else "rewrite it"
         raise ManifestError(f"manifest version {version} is not supported: this node reads version "
