@@ -184,7 +184,7 @@ def cmd_local(args: argparse.Namespace) -> int:
         save_manifest(man, run_path)
     except OSError as e:
         raise CliError(f"--workdir {workdir}: cannot write there ({e.strerror})") from None
-    from ..runtime.local import LocalError, LocalSwarm, run_local
+    from ..runtime.local import LocalSwarm
 
     swarm = LocalSwarm(workdir, run_path, args.data_nodes, len(man.stages), args.relays_per_stage,
                        args.iterations, links=Path(args.links) if args.links else None, auto_stage=args.auto_stage,
@@ -196,37 +196,9 @@ def cmd_local(args: argparse.Namespace) -> int:
             resolve_links(Path(args.links), swarm.names())
         except LinksError as e:
             raise CliError(str(e)) from None
-    bar = None
-    if not args.json:
-        print(f"local swarm in {workdir}: {args.data_nodes} data node(s), {len(man.stages)} stages x "
-              f"{args.relays_per_stage} relays, {man.model.family} model, {args.iterations} iterations",
-              file=sys.stderr)
-        from tqdm import tqdm
-        bar = tqdm(total=args.iterations, unit="it", file=sys.stderr)
+    from .local import run_swarm
 
-    def show(rec: dict) -> None:
-        if args.json:
-            print(json.dumps(rec), flush=True)
-        else:
-            tput = rec["samples"] / rec["seconds"] if rec["seconds"] else 0.0
-            bar.set_postfix(loss=f"{rec['loss']:.4f}", mb=rec["microbatches"], samples_s=f"{tput:.1f}",
-                            refresh=False)
-            bar.update(1)
-    try:
-        records = run_local(swarm, show)
-    except LocalError as e:
-        raise CliError(str(e)) from None
-    finally:
-        if bar is not None:
-            bar.close()
-    if not args.json and records:
-        print(f"done: loss {records[0]['loss']:.4f} -> {records[-1]['loss']:.4f} over {len(records)} iterations; "
-              f"node logs and checkpoints in {workdir}", file=sys.stderr)
-    if not args.json and args.churn > 0:
-        print(f"churn: {len(swarm.kills)} relay(s) SIGKILLed and restarted as joiners; microbatches completed "
-              f"{sum(r.get('completed', 0) for r in records)}, deferred {sum(r.get('deferred', 0) for r in records)}, "
-              f"lost {sum(r.get('lost', 0) for r in records)}", file=sys.stderr)
-    return 0
+    return run_swarm(swarm, man, args)
 
 
 def _local_centralized(man, args) -> int:
@@ -455,7 +427,12 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--churn", type=_probability, default=0.0, metavar="P",
                     help="each iteration, SIGKILL each relay with probability P at a random point; it comes back "
                          "as a new joiner")
-    lo.add_argument("--workdir", default=None, help="state directories of the nodes (default: a new temp dir)")
+    lo.add_argument("--workdir", default=None,
+                    help="where the nodes' state directories go (default: a new directory gwtf-local-* in the temp "
+                         "directory); the run's iterations.jsonl and loss.png stay there")
+    lo.add_argument("--keep", action="store_true",
+                    help="keep the nodes' state directories (logs, checkpoints, status) in the workdir; by default "
+                         "they are removed once the swarm has stopped (kept anyway after an error)")
     lo.add_argument("--centralized", action="store_true", help="train the same model in one process: the reference")
     lo.add_argument("--json", action="store_true", help="one JSON object per iteration on stdout")
     lo.set_defaults(func=cmd_local)

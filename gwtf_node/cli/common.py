@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 
 
 EXIT_USAGE = 2  # an input a person can fix: bad flags or files, a port or state directory in use, refused by peers

@@ -324,7 +324,7 @@ def format_effective(settings: list[Setting], eff: Effective, command: str = "jo
     if eff.file is not None:
         lines.append(f"# config file: {eff.file}")
     else:
-        lines.append(f"# config file: none" + (f" ({eff.looked_for} does not exist)" if eff.looked_for else ""))
+        lines.append("# config file: none" + (f" ({eff.looked_for} does not exist)" if eff.looked_for else ""))
     rows = []
     for s in settings:
         source, detail = eff.sources[s.key]
