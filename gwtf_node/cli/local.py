@@ -48,11 +48,15 @@ def run_swarm(swarm, man, args: argparse.Namespace) -> int:
         if bar is None:
             _err(f"gwtf-node local: {text}")
             return
+        if bar.n >= args.iterations:  # the bar is closed: its figures stay those of training
+            _err(f"gwtf-node local: {text}")
+            return
+        bar.set_description_str(text, refresh=False)
         if text.startswith("training") and not training[0]:
             training[0] = True
             bar.reset(total=args.iterations)  # the rate counts training only, not the start-up
-        if not bar.disable and bar.n < args.iterations:
-            bar.set_description_str(text)
+        else:
+            bar.refresh()
 
     def show(rec: dict) -> None:
         if args.json:
