@@ -119,3 +119,28 @@ def test_no_traceback_from_the_installed_command(tmp_path: Path) -> None:
     assert "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines() == [f"error: manifest {str(run)!r} is not UTF-8 text (byte 0xff at "
                                                "offset 28): give the run.json written by gwtf-node init-run"]
+
+
+def test_an_owner_without_a_signature_is_refused_before_the_node_starts(tmp_path: Path, capsys) -> None:
+    d = json.loads(default_manifest().to_json())
+    d["owner_public_key"] = "ab" * 32
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(d))
+    err = _one_line_error(capsys, ["join", "--run", str(run), "--role", "relay", "--state-dir", str(tmp_path / "s")])
+    assert "names an owner but is not signed" in err
+    assert not (tmp_path / "s").exists()  # refused before the state directory was made
+
+
+def test_a_config_value_transformers_refuses_is_one_line(tmp_path: Path) -> None:
+    """Found only once the node builds its stage (in the daemon's event loop): still one line, exit 2."""
+    d = json.loads(default_manifest().to_json())
+    d["model"]["config"]["rope_theta"] = "fast"
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(d))
+    out = subprocess.run([sys.executable, "-m", "gwtf_node.cli", "join", "--run", str(run), "--role", "relay",
+                          "--stage", "0", "--state-dir", str(tmp_path / "s"), "--device", "cpu"],
+                         capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert out.returncode == 2
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: model.config is not a valid llama config"), last

@@ -19,6 +19,7 @@ from .common import (
     EXIT_NO_PEER, EXIT_USAGE, CliError, _ip_address, _load_scenario, _manifest_error_types, _nonneg_int, _Parser,
     _port, _positive_int, _probability, _seconds, _setup_logging,
 )
+from .common import _first_manifest_error
 from .config import add_config_parser, configurable
 from .sim import SIM_TRAIN_JSON_KEYS, add_sim_parsers, cmd_sim_join, cmd_sim_train, run_policy, sim_train_options
 
@@ -67,9 +68,10 @@ def cmd_join(args: argparse.Namespace) -> int:
         except ValueError:
             raise CliError(f"--stage must be 'auto' or a stage number, got {args.stage!r}") from None
     try:
-        from ..model.manifest import load_manifest
+        from ..model.manifest import load_manifest, verify_manifest
 
         man = load_manifest(args.run, check_files=args.role == "data")  # relays hold no data
+        verify_manifest(man)  # signed by its owner, before the node starts
         if stage is not None and not 0 <= stage < len(man.stages):
             raise CliError(f"--stage {stage} is outside the run's stages 0..{len(man.stages) - 1}")
         if args.data_index >= args.data_nodes:
@@ -145,7 +147,7 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
     try:
         stopped = trio.run(run_node, opts, lock)
     except BaseException as e:  # trio wraps what a nursery's body raises in exception groups: look inside
-        failure = first_startup_error(e)
+        failure = first_startup_error(e) or _first_manifest_error(e)
         if failure is None:
             raise
         raise CliError(str(failure)) from None

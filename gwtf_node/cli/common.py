@@ -118,6 +118,20 @@ def _manifest_error_types():
     return (ManifestError, LinksError)
 
 
+def _first_manifest_error(exc: BaseException):
+    """The manifest error inside `exc` (trio wraps what a nursery's body raises in exception groups), or None:
+    the stage or the data is built from the manifest only once the node runs (a model config transformers
+    refuses, a tokenizer file that cannot be read)."""
+    if isinstance(exc, _manifest_error_types()):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for sub in exc.exceptions:
+            found = _first_manifest_error(sub)
+            if found is not None:
+                return found
+    return None
+
+
 def _setup_logging(level: str, state_dir=None, *, max_mb: float = 10.0, backups: int = 5):
     """Log to stderr and, with a state directory, to its rotating node.log (runtime/logs.py)."""
     from ..runtime.logs import setup_logging
