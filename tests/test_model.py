@@ -140,7 +140,7 @@ def _broken(edit) -> str:
         (lambda d: d["train"].update(optimizer="lion"), "optimizer"),
         (lambda d: d["train"].update(lr=0), "train.lr"),
         (lambda d: d["train"].update(betas=[0.9]), "betas"),
-        (lambda d: d["train"].update(momentun=0.9), "malformed"),
+        (lambda d: d["train"].update(momentun=0.9), "train has unknown field"),
         (lambda d: d.update(owner_public_key="xyz"), "64 hex"),
         (lambda d: d.pop("data"), "missing the field 'data'"),
         (lambda d: d.update(extra=1), "unknown field"),

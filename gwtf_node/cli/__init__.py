@@ -20,6 +20,8 @@ from .common import (
     _port, _positive_int, _probability, _seconds, _setup_logging,
 )
 from .service import add_parser as add_service_parser
+from .common import _first_manifest_error
+from .config import add_config_parser, configurable
 from .sim import SIM_TRAIN_JSON_KEYS, add_sim_parsers, cmd_sim_join, cmd_sim_train, run_policy, sim_train_options
 from .status import add_status_parser
 
@@ -69,9 +71,10 @@ def cmd_join(args: argparse.Namespace) -> int:
         except ValueError:
             raise CliError(f"--stage must be 'auto' or a stage number, got {args.stage!r}") from None
     try:
-        from ..model.manifest import load_manifest
+        from ..model.manifest import load_manifest, verify_manifest
 
         man = load_manifest(args.run, check_files=args.role == "data")  # relays hold no data
+        verify_manifest(man)  # signed by its owner, before the node starts
         if stage is not None and not 0 <= stage < len(man.stages):
             raise CliError(f"--stage {stage} is outside the run's stages 0..{len(man.stages) - 1}")
         if args.data_index >= args.data_nodes:
@@ -135,7 +138,10 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
         import torch
         if not torch.cuda.is_available():
             raise CliError(f"--device {device}: torch sees no CUDA device on this machine (use --device cpu)")
-    _setup_logging(args.log_level)
+    try:
+        logs = _setup_logging(args.log_level, Path(args.state_dir), max_mb=args.log_max_mb, backups=args.log_backups)
+    except OSError as e:
+        raise CliError(f"--state-dir {args.state_dir}: cannot write its log file ({e.strerror})") from None
     opts = NodeOptions(device=device, run_path=Path(args.run), role=args.role, stage=stage, state_dir=Path(args.state_dir),
                        bootstrap=list(args.bootstrap), name=args.name or "", port=args.port,
                        listen_host=args.host, capacity=args.capacity, iterations=args.iterations,
@@ -147,10 +153,12 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
     try:
         stopped = trio.run(run_node, opts, lock)
     except BaseException as e:  # trio wraps what a nursery's body raises in exception groups: look inside
-        failure = first_startup_error(e)
+        failure = first_startup_error(e) or _first_manifest_error(e)
         if failure is None:
             raise
         raise CliError(str(failure)) from None
+    finally:
+        logs.close()  # the counts of repeated lines still held
     if stopped is None:
         return 0
     if stopped.kind is ExitKind.NO_BOOTSTRAP:
@@ -184,7 +192,7 @@ def cmd_local(args: argparse.Namespace) -> int:
         save_manifest(man, run_path)
     except OSError as e:
         raise CliError(f"--workdir {workdir}: cannot write there ({e.strerror})") from None
-    from ..runtime.local import LocalError, LocalSwarm, run_local
+    from ..runtime.local import LocalSwarm
 
     swarm = LocalSwarm(workdir, run_path, args.data_nodes, len(man.stages), args.relays_per_stage,
                        args.iterations, links=Path(args.links) if args.links else None, auto_stage=args.auto_stage,
@@ -196,37 +204,9 @@ def cmd_local(args: argparse.Namespace) -> int:
             resolve_links(Path(args.links), swarm.names())
         except LinksError as e:
             raise CliError(str(e)) from None
-    bar = None
-    if not args.json:
-        print(f"local swarm in {workdir}: {args.data_nodes} data node(s), {len(man.stages)} stages x "
-              f"{args.relays_per_stage} relays, {man.model.family} model, {args.iterations} iterations",
-              file=sys.stderr)
-        from tqdm import tqdm
-        bar = tqdm(total=args.iterations, unit="it", file=sys.stderr)
+    from .local import run_swarm
 
-    def show(rec: dict) -> None:
-        if args.json:
-            print(json.dumps(rec), flush=True)
-        else:
-            tput = rec["samples"] / rec["seconds"] if rec["seconds"] else 0.0
-            bar.set_postfix(loss=f"{rec['loss']:.4f}", mb=rec["microbatches"], samples_s=f"{tput:.1f}",
-                            refresh=False)
-            bar.update(1)
-    try:
-        records = run_local(swarm, show)
-    except LocalError as e:
-        raise CliError(str(e)) from None
-    finally:
-        if bar is not None:
-            bar.close()
-    if not args.json and records:
-        print(f"done: loss {records[0]['loss']:.4f} -> {records[-1]['loss']:.4f} over {len(records)} iterations; "
-              f"node logs and checkpoints in {workdir}", file=sys.stderr)
-    if not args.json and args.churn > 0:
-        print(f"churn: {len(swarm.kills)} relay(s) SIGKILLed and restarted as joiners; microbatches completed "
-              f"{sum(r.get('completed', 0) for r in records)}, deferred {sum(r.get('deferred', 0) for r in records)}, "
-              f"lost {sum(r.get('lost', 0) for r in records)}", file=sys.stderr)
-    return 0
+    return run_swarm(swarm, man, args)
 
 
 def _local_centralized(man, args) -> int:
@@ -339,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="address of a node of the run, ending in /p2p/<peer id> (repeatable; none: first node)")
     j.add_argument("--role", choices=("data", "relay"), required=True)
     j.add_argument("--stage", default=None, help="relays: 'auto' (the default: the leader places it) or a stage number")
-    j.add_argument("--state-dir", default="gwtf-state", help="identity key, checkpoints, logs, metrics")
+    j.add_argument("--state-dir", default="gwtf-state", help="identity key, config.toml, checkpoints, node.log, metrics")
     j.add_argument("--name", default="", help="a readable node name (also its name in --links)")
     j.add_argument("--host", type=_ip_address, default="127.0.0.1", help="address to listen on")
     j.add_argument("--port", type=_port, default=0, help="TCP port to listen on (0: any free port)")
@@ -364,7 +344,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve Prometheus metrics on this port (0: any free port; default: none)")
     j.add_argument("--metrics-host", type=_ip_address, default="127.0.0.1",
                    help="address the metrics are served on (default 127.0.0.1: this machine only)")
-    j.set_defaults(func=cmd_join)
+    j.add_argument("--log-max-mb", type=_positive_int, default=10, metavar="MB",
+                   help="size of STATE_DIR/node.log before it is rotated to node.log.1")
+    j.add_argument("--log-backups", type=_positive_int, default=5, metavar="N", help="rotated log files kept")
+    j.set_defaults(func=configurable(j, cmd_join))  # last: every flag above is also a config key and GWTF_* variable
+    add_config_parser(sub, j)
 
     lo = sub.add_parser("local", help="a whole swarm of separate processes on loopback, training a small model")
     lo.add_argument("--data-nodes", type=_positive_int, default=1)
@@ -388,7 +372,12 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--churn", type=_probability, default=0.0, metavar="P",
                     help="each iteration, SIGKILL each relay with probability P at a random point; it comes back "
                          "as a new joiner")
-    lo.add_argument("--workdir", default=None, help="state directories of the nodes (default: a new temp dir)")
+    lo.add_argument("--workdir", default=None,
+                    help="where the nodes' state directories go (default: a new directory gwtf-local-* in the temp "
+                         "directory); the run's iterations.jsonl and loss.png stay there")
+    lo.add_argument("--keep", action="store_true",
+                    help="keep the nodes' state directories (logs, checkpoints, status) in the workdir; by default "
+                         "they are removed once the swarm has stopped (kept anyway after an error)")
     lo.add_argument("--centralized", action="store_true", help="train the same model in one process: the reference")
     lo.add_argument("--json", action="store_true", help="one JSON object per iteration on stdout")
     lo.set_defaults(func=cmd_local)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 
 
 EXIT_USAGE = 2  # an input a person can fix: bad flags or files, a port or state directory in use, refused by peers
@@ -119,17 +118,22 @@ def _manifest_error_types():
     return (ManifestError, LinksError)
 
 
-def _setup_logging(level: str, state_dir=None) -> None:
-    import logging
+def _first_manifest_error(exc: BaseException):
+    """The manifest error inside `exc` (trio wraps what a nursery's body raises in exception groups), or None:
+    the stage or the data is built from the manifest only once the node runs (a model config transformers
+    refuses, a tokenizer file that cannot be read)."""
+    if isinstance(exc, _manifest_error_types()):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for sub in exc.exceptions:
+            found = _first_manifest_error(sub)
+            if found is not None:
+                return found
+    return None
 
-    handlers: list = [logging.StreamHandler(sys.stderr)]
-    logging.basicConfig(level=getattr(logging, level), handlers=handlers,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # libp2p configures its own logger when first imported (level WARNING, no handler, no propagation, so
-    # Python's last-resort handler printed its warnings bare into node.log: "Failed to read DHT message ...").
-    # Import it first, then route it through our handler: its errors always, its warnings with --log-level DEBUG.
-    import libp2p  # noqa: F401
-    for noisy in ("libp2p", "multiaddr", "async_service", "trio"):
-        lg = logging.getLogger(noisy)
-        lg.setLevel(logging.WARNING if level == "DEBUG" else logging.ERROR)
-        lg.propagate = True
+
+def _setup_logging(level: str, state_dir=None, *, max_mb: float = 10.0, backups: int = 5):
+    """Log to stderr and, with a state directory, to its rotating node.log (runtime/logs.py)."""
+    from ..runtime.logs import setup_logging
+
+    return setup_logging(level, state_dir, max_mb=max_mb, backups=backups)

@@ -36,7 +36,7 @@ import hashlib
 import json
 import enum
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -45,6 +45,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from .adatopk import DEFAULT_RATIO, Compression
+from .manifest_shape import check_shapes, json_type
 
 FAMILIES = ("llama", "gpt")
 OPTIMIZERS = ("adamw", "sgd")
@@ -181,6 +182,8 @@ class RunManifest:
             d = json.loads(text)
         except json.JSONDecodeError as e:
             raise ManifestError(f"manifest is not valid JSON: {e}") from None
+        except RecursionError:
+            raise ManifestError("manifest is not a run manifest: its JSON is nested too deeply") from None
         m = _from_dict(d, base_dir)
         m.validate(check_files=check_files)
         return m
@@ -266,6 +269,9 @@ class RunManifest:
         if not _is_int(t.seed) or t.seed < 0:
             raise ManifestError(f"train.seed is {t.seed!r}; it must be a non-negative integer")
         _check_compression(t)
+        for name in ("owner_public_key", "signature"):
+            if not isinstance(getattr(self, name), str):
+                raise ManifestError(f"{name} is {getattr(self, name)!r}; it must be a string of hex digits (or absent)")
         if self.owner_public_key:
             try:
                 if len(bytes.fromhex(self.owner_public_key)) != 32:
@@ -316,7 +322,7 @@ def _check_stages(stages: Sequence[tuple[int, int]], n_layers: int) -> None:
     expect = 0
     for k, s in enumerate(stages):
         if len(s) != 2 or not all(_is_int(x) for x in s):
-            raise ManifestError(f"stage {k} is {s!r}; a stage is a [start, end) pair of layer indices")
+            raise ManifestError(f"stages[{k}] is {list(s)!r}; a stage is a [start, end) pair of layer indices")
         start, end = s
         if start != expect:
             raise ManifestError(f"stage {k} starts at layer {start} but must start at {expect}: stages are contiguous")
@@ -335,6 +341,14 @@ def _check_compression(t: TrainSpec) -> None:
         raise ManifestError(f"train.compression_ratio is {t.compression_ratio!r}; it must be a finite number > 1 "
                             "(a ratio r keeps 1/r of the elements; 10 keeps 10 %)")
 
+
+def _check_shapes(d: dict) -> None:
+    """Every field has the JSON type the dataclasses are built from (manifest_shape.py)."""
+    sections = {"model": (ModelSpec, ("family", "config")),
+                "data": (DataSpec, ("source", "tokenizer", "seq_len", "microbatch_size", "microbatches_per_iteration")),
+                "train": (TrainSpec, ())}
+    check_shapes(d, {name: ({f.name for f in fields(spec)}, req) for name, (spec, req) in sections.items()},
+                 default_betas=list(TrainSpec.betas), error=ManifestError)
 
 _TOP_KEYS = {"version", "run_name", "model", "stages", "data", "train", "owner_public_key", "signature", "recovery"}
 
@@ -363,9 +377,14 @@ def _from_dict(d: Any, base_dir: str) -> RunManifest:
     if unknown:
         raise ManifestError(f"manifest has unknown field(s) {', '.join(unknown)}: remove them or upgrade this node")
     version = d.get("version", MANIFEST_VERSION)
+    if not _is_int(version):
+        raise ManifestError(f"version is {version!r} ({json_type(version)}); it must be the number {MANIFEST_VERSION}")
     if version != MANIFEST_VERSION:
-        raise ManifestError(f"manifest version {version} is not supported (this node reads {MANIFEST_VERSION})")
+        newer = "a newer gwtf-node wrote it: upgrade this node" if version > MANIFEST_VERSION else "rewrite it"
+        raise ManifestError(f"manifest version {version} is not supported: this node reads version "
+                            f"{MANIFEST_VERSION} only ({newer})")
     recovery = _recovery(d.get("recovery"))
+    _check_shapes(d)
     try:
         model, data, train = d["model"], d["data"], d["train"]
         m = RunManifest(
@@ -395,10 +414,21 @@ def _from_dict(d: Any, base_dir: str) -> RunManifest:
 def load_manifest(path: str | Path, *, check_files: bool = True) -> RunManifest:
     p = Path(path)
     try:
-        text = p.read_text()
+        raw = p.read_bytes()
     except OSError as e:
         raise ManifestError(f"cannot read manifest {str(p)!r}: {e.strerror}") from None
-    return RunManifest.from_json(text, check_files=check_files, base_dir=str(p.resolve().parent))
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ManifestError(f"manifest {str(p)!r} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}): "
+                            "give the run.json written by gwtf-node init-run") from None
+    if "\x00" in text:
+        raise ManifestError(f"manifest {str(p)!r} is a binary file, not JSON text: "
+                            "give the run.json written by gwtf-node init-run")
+    try:
+        return RunManifest.from_json(text, check_files=check_files, base_dir=str(p.resolve().parent))
+    except ManifestError as e:
+        raise ManifestError(f"{p}: {e}") from None
 
 
 def save_manifest(m: RunManifest, path: str | Path) -> None:

@@ -7,6 +7,21 @@ each is a real `gwtf-node join` process, so what runs here is what runs on
 volunteers' machines, only on 127.0.0.1.  Progress comes from the leader's
 `metrics.jsonl`; every wait has a deadline, and the swarm is taken down on
 exit, error or Ctrl-C (SIGTERM, then SIGKILL for stragglers).
+
+While the swarm starts (tens of seconds on a small machine: every process
+imports torch and libp2p, meets the others and forms its flows), the launcher
+says what it waits for through `on_phase`: the processes starting, the nodes
+the first data node has met, the microbatch slots its flows route, then
+training.  Each node's output goes to `node.log` in its state directory (the
+daemon sees that its stderr is that file and does not open it a second time,
+runtime/logs.py).  The nodes get their settings from the launcher's flags
+only: `GWTF_*` variables of the caller's environment (a port, a config file)
+configure one node, not a whole swarm, and are not passed on.
+
+`write_summary` leaves the run's per-iteration records (`iterations.jsonl`)
+and its loss curve (`loss.png`) in the workdir; `remove_state_dirs` removes the
+nodes' state directories (checkpoints, keys, logs: the bulk), which
+`gwtf-node local` does after a run unless asked to keep them.
 """
 
 from __future__ import annotations
@@ -18,9 +33,10 @@ import signal
 import subprocess
 import sys
 import time
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from .linkspec import resolve_links
 
@@ -55,6 +71,9 @@ class LocalSwarm:
     drop_first_phase: bool = False  # every node loses the first copy of each phase signal (GWTF_DROP_FIRST_PHASE)
     extra_args: dict[str, list[str]] = field(default_factory=dict)  # node name -> more `join` flags
     kills: list[dict] = field(default_factory=list)
+    on_phase: Callable[[str], None] | None = None  # told what the launcher waits for while the swarm starts
+    _phase: str = field(init=False, default="")
+    _demand: int = field(init=False, default=0)  # microbatches per iteration of one data node
     _kills_reported: int = 0
     _churn_rng: random.Random = field(init=False)
     _pending_kills: list[tuple[float, str]] = field(init=False, default_factory=list)  # (due, relay name)
@@ -90,9 +109,7 @@ class LocalSwarm:
             cmd += ["--links", str(links_file)]
         cmd += ["--policy", self.policy]
         cmd += self.extra_args.get(name, [])
-        env = dict(os.environ)
-        env.pop("GWTF_FAULT", None)
-        env.pop("GWTF_DROP_FIRST_PHASE", None)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GWTF_")}  # settings of one node only
         if self.drop_first_phase:
             env["GWTF_DROP_FIRST_PHASE"] = "1"
         if name in self.faults:
@@ -120,24 +137,35 @@ class LocalSwarm:
                 tail = _tail(self.state_dir(name) / "node.log")
                 raise LocalError(f"node {name} exited with status {rc}; last log lines:\n{tail}")
 
+    def _say(self, phase: str) -> None:
+        if phase != self._phase:
+            self._phase = phase
+            if self.on_phase is not None:
+                self.on_phase(phase)
+
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        if self.relay_capacity is None:
-            from ..model.manifest import load_manifest
+        from ..model.manifest import load_manifest
 
-            m = load_manifest(self.run_path, check_files=False).data.microbatches_per_iteration
+        m = load_manifest(self.run_path, check_files=False).data.microbatches_per_iteration
+        self._demand = m
+        if self.relay_capacity is None:
             self.relay_capacity = -(-self.data_nodes * m // self.relays_per_stage)
+        self._say(f"starting {len(self.names())} nodes")
         links_file = None
         if self.links is not None:
             links_file = self.workdir / "links.json"
             links_file.write_text(json.dumps(resolve_links(self.links, self.names()), indent=1))
         first = "d0"
         self._spawn(first, None, links_file)
+        self._say("starting d0 (the others then dial its address)")
         boot = self._wait_addr(first)
         for name in self.names()[1:]:
             self._spawn(name, boot, links_file)
             if self.auto_stage and name.startswith("r"):
+                self._say(f"{name} joins with --stage auto: waiting for its stage")
                 self._wait_stage(name)
+        self._say(f"starting {len(self.names())} nodes: waiting for them to meet d0")
 
     def add_relay(self, name: str, *, auto: bool = True, stage: int | None = None) -> None:
         """Start one more relay while the swarm runs (a volunteer joining): `--stage auto` by default."""
@@ -194,7 +222,10 @@ class LocalSwarm:
                             rec = json.loads(line)
                             got.setdefault(rec["iteration"], rec)
             self._churn_due()
+            if nxt == 0 and 0 not in got:
+                self._startup_phase()
             while nxt in got and nxt < self.iterations:
+                self._say("training")
                 last_progress = time.monotonic()
                 budget = self.iteration_timeout_s
                 self._churn_plan(got[nxt])
@@ -210,6 +241,28 @@ class LocalSwarm:
                 raise LocalError(f"no iteration finished within {budget:.0f} s "
                                  f"(logs in {self.workdir}/*/node.log)")
             time.sleep(0.1)
+
+    def _startup_phase(self) -> None:
+        """Before the first iteration ends: how many nodes d0 has met, then how many of its slots flow."""
+        try:
+            st = json.loads((self.state_dir("d0") / "status.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            return
+        nodes = len(self.names())
+        met = 1 + len(st.get("peers") or {})
+        if met < nodes:
+            self._say(f"waiting for the nodes to meet: {met}/{nodes} known to d0")
+            return
+        routed = sum((st.get("flows") or {}).get(st.get("peer_id"), {}).values())
+        if routed < self._demand:
+            self._say(f"waiting for flows to form: {routed}/{self._demand} microbatch slots of d0 routed")
+        else:
+            self._say("training: iteration 0")
+
+    def remove_state_dirs(self) -> None:
+        """Remove the nodes' state directories (checkpoints, keys, logs); the workdir's own files stay."""
+        for name in list(self.procs):
+            shutil.rmtree(self.state_dir(name), ignore_errors=True)
 
     # ---- churn -----------------------------------------------------------------
     def _serving(self) -> dict[str, int]:
@@ -310,13 +363,51 @@ def _tail(path: Path, n: int = 15) -> str:
         return "(no log)"
 
 
-def run_local(swarm: LocalSwarm, on_record: Callable[[dict], None]) -> list[dict]:
-    records: list[dict] = []
+def run_local(swarm: LocalSwarm, on_record: Callable[[dict], None], records: list[dict] | None = None) -> list[dict]:
+    """Start the swarm, hand each iteration's record to `on_record`, and take the swarm down.
+
+    `records` (if given) is filled as the records come, so that a caller interrupted by Ctrl-C keeps them.
+    """
+    records = [] if records is None else records
     try:
         swarm.start()
         for rec in swarm.iterations_done():
             records.append(rec)
             on_record(rec)
     finally:
+        swarm._say("stopping the swarm")
         swarm.stop()
     return records
+
+
+def write_summary(workdir: Path, records: Sequence[dict], title: str) -> list[Path]:
+    """Write the run's records (`iterations.jsonl`) and, with at least one, its loss curve (`loss.png`)."""
+    out = workdir / "iterations.jsonl"
+    out.write_text("".join(json.dumps(r) + "\n" for r in records))
+    written = [out]
+    if records:
+        written.append(plot_loss(records, workdir / "loss.png", title))
+    return written
+
+
+def plot_loss(records: Sequence[dict], path: Path, title: str) -> Path:
+    """The loss of each iteration against the samples seen so far, as a PNG (matplotlib, no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs, seen = [], 0
+    for r in records:
+        seen += r.get("samples", 0)
+        xs.append(seen)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(xs, [r.get("loss") for r in records], marker="o" if len(records) < 30 else None)
+    ax.set_xlabel("samples")
+    ax.set_ylabel("loss (mean over the iteration's microbatches)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
