@@ -28,6 +28,7 @@ import trio
 import trio.testing
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
+from gwtf_node.runtime.identity import load_or_create_identity, peer_id_of
 from gwtf_node.runtime.sdnotify import Notifier, serve, socket_address, watchdog_interval_s
 
 START_S = 90.0  # a node process (torch and libp2p imports, model build, a peer's Hello) is ready within this
@@ -155,17 +156,21 @@ def test_real_nodes_say_ready_when_joined_and_ping_the_watchdog(tmp_path: Path) 
     d_sock, r_sock = _listener(str(tmp_path / "d0.notify")), _listener(f"\0gwtf-r1-{os.getpid()}")
     d_got: list[dict[str, str]] = []
     r_got: list[dict[str, str]] = []
-    procs = [_join(tmp_path, "d0", str(tmp_path / "d0.notify"), "--role", "data")]
+    # both start at once: the data node's identity and port are known beforehand, and the relay retries
+    # its bootstrap dial until the data node listens
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    addr = f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer_id_of(load_or_create_identity(tmp_path / 'd0'))}"
+    procs = [_join(tmp_path, "d0", str(tmp_path / "d0.notify"), "--role", "data", "--port", str(port)),
+             _join(tmp_path, "r1", f"@gwtf-r1-{os.getpid()}", "--role", "relay", "--stage", "0",
+                   "--bootstrap", addr)]
     try:
         deadline = time.monotonic() + START_S
         _until(d_sock, deadline, lambda g: _after_ready(g, "WATCHDOG") >= 2, "READY=1 and watchdog pings", d_got)
         ready = next(g for g in d_got if "READY" in g)
         assert ready["MAINPID"] == str(procs[0].pid)
         assert "first node of the run" in ready["STATUS"]
-        addr = (tmp_path / "d0" / "addr").read_text().split()[0]
-        procs.append(_join(tmp_path, "r1", f"@gwtf-r1-{os.getpid()}", "--role", "relay", "--stage", "0",
-                           "--bootstrap", addr))
-        deadline = time.monotonic() + START_S
         _until(r_sock, deadline, lambda g: _after_ready(g, "WATCHDOG") >= 2, "the relay's READY=1", r_got)
         at = next(i for i, g in enumerate(r_got) if "READY" in g)
         assert r_got[at]["STATUS"].startswith("relay r1: joined, stage 0"), r_got[at]  # the status says so too

@@ -16,8 +16,9 @@ What the node says (`serve`):
   shown by `systemctl status`;
 - `READY=1` once, when the node has *joined*: it listens and a peer accepted
   its Hello, or it is the first node of the run (no bootstrap address), which
-  is ready once it listens.  A relay whose bootstrap peer does not answer is
-  therefore still "activating" in systemd, and its STATUS says why;
+  is ready once it listens.  A datagram that could not be sent (a full queue)
+  is sent again at the next tick.  A relay whose bootstrap peer does not
+  answer is therefore still "activating" in systemd, and its STATUS says why;
 - `WATCHDOG=1` every half watchdog interval from the trio event loop, so a
   loop that stopped answering (and therefore stopped answering peers' pings)
   is what systemd restarts;
@@ -112,15 +113,16 @@ async def serve(notifier: Notifier, *, ready: Callable[[], bool], status: Callab
             fields: dict[str, str | int] = {}
             text = status()
             if text != said:
-                fields["STATUS"] = said = text
-            if not is_ready and ready():
-                is_ready = True
+                fields["STATUS"] = text
+            becomes_ready = not is_ready and ready()
+            if becomes_ready:
                 fields["READY"] = 1
                 fields["MAINPID"] = os.getpid()
             if watchdog_s is not None:
                 fields["WATCHDOG"] = 1
-            if fields:
-                notifier.send(**fields)
+            if fields and notifier.send(**fields):  # a datagram lost (a full queue) is said again next tick
+                said = text
+                is_ready = is_ready or becomes_ready
             await trio.sleep(tick_s)
     finally:
         notifier.send(STOPPING=1, STATUS="stopping")
