@@ -97,6 +97,11 @@ class TrainSpec:
     weight_decay: float = 0.0
     momentum: float = 0.0  # sgd only
     seed: int = 0  # model init and data order
+    # L2 norm to which each part's mean gradient is clipped before the step (a relay stage, or the data nodes'
+    # embedding and head: per part, since no node holds the whole model's gradient; the centralized reference
+    # clips the same parts the same way).  None: no clipping, and absent from the JSON (the run id of a manifest
+    # without it is what it always was).
+    grad_clip_norm: float | None = None
 
 
 class EmptyStage(str, enum.Enum):
@@ -147,6 +152,8 @@ class RunManifest:
         d["version"] = MANIFEST_VERSION
         d["stages"] = [list(s) for s in self.stages]
         d["train"]["betas"] = list(self.train.betas)
+        if self.train.grad_clip_norm is None:
+            del d["train"]["grad_clip_norm"]
         if not with_signature:
             del d["signature"]
         return d
@@ -255,6 +262,9 @@ class RunManifest:
             raise ManifestError(f"train.betas is {t.betas!r}; give two numbers in [0, 1)")
         if not _is_int(t.seed) or t.seed < 0:
             raise ManifestError(f"train.seed is {t.seed!r}; it must be a non-negative integer")
+        if t.grad_clip_norm is not None and (not _is_number(t.grad_clip_norm) or t.grad_clip_norm <= 0):
+            raise ManifestError(f"train.grad_clip_norm is {t.grad_clip_norm!r}; give a finite number > 0, or leave "
+                                "it out for no clipping")
         if self.owner_public_key:
             try:
                 if len(bytes.fromhex(self.owner_public_key)) != 32:

@@ -12,6 +12,10 @@ and each BEGIN AGGREGATION frame sent (begin_sent).
 `GWTF_DROP_FIRST_PHASE=1` loses the first copy of every phase signal this
 node sends (per kind, iteration and destination): the aggregation phase must
 recover by retransmission.
+
+`GWTF_POISON_GRAD=SCALE@ITERATION` multiplies this node's gradient by SCALE
+before every all-reduce from ITERATION on (a poisoned contribution: the
+stage's part owners must refuse it, protocol/gradguard.py).
 """
 
 from __future__ import annotations
@@ -34,13 +38,27 @@ class Faults:
     arm_path: Path | None = None  # a file whose KIND:N arms the fault at run time
     drop_first_phase: bool = False
     dropped: set[tuple[str, int, str]] = field(default_factory=set)
+    poison_scale: float = 1.0  # GWTF_POISON_GRAD: the gradient is multiplied by this before the all-reduce ...
+    poison_from: int = 0  # ... from this iteration on
 
     @classmethod
     def from_env(cls, state_dir: Path | None = None) -> "Faults":
         f = cls(arm_path=None if state_dir is None else state_dir / "fault",
                 drop_first_phase=os.environ.get("GWTF_DROP_FIRST_PHASE", "") == "1")
         f.arm(os.environ.get("GWTF_FAULT", ""))
+        poison = os.environ.get("GWTF_POISON_GRAD", "")
+        if poison:
+            scale, _, start = poison.partition("@")
+            f.poison_scale, f.poison_from = float(scale), int(start or 0)
         return f
+
+    def poison(self, grad, iteration: int):
+        """The gradient this node contributes to the all-reduce of `iteration` (scaled by GWTF_POISON_GRAD)."""
+        if self.poison_scale == 1.0 or iteration < self.poison_from:
+            return grad
+        log.warning("fault injection GWTF_POISON_GRAD: gradient of iteration %d scaled by %g", iteration,
+                    self.poison_scale)
+        return grad * self.poison_scale
 
     def arm(self, spec: str) -> None:
         kind, _, n = spec.strip().partition(":")

@@ -34,7 +34,8 @@ class Status:
     def __init__(self, path: Path, wire: Wire, host: Any, peers: Peers, liveness: Liveness, stage: LocalStage,
                  flows: Flows, microbatches: Microbatches, aggregation: Aggregation, leadership: Leadership, *,
                  run_id: str, policy: str, bootstrap: Bootstrap | None = None,
-                 resume_status: Callable[[], dict | None] = lambda: None) -> None:
+                 resume_status: Callable[[], dict | None] = lambda: None,
+                 refused_values: Callable[[], dict[str, int]] = dict) -> None:
         self.path = path
         self.wire = wire
         self.host = host
@@ -49,6 +50,7 @@ class Status:
         self.policy = policy
         self.bootstrap = bootstrap  # how the node reaches the swarm at start
         self.resume_status = resume_status  # a relay back with a checkpoint: what it decided and why (resume.py)
+        self.refused_values = refused_values  # frames refused per value-bounds code (values.py)
 
     def snapshot(self) -> dict:
         place, mb, agg = self.peers.place, self.microbatches, self.aggregation
@@ -74,6 +76,7 @@ class Status:
             "holding": mb.holding(),
             "paused": mb.paused_status(),  # a data node: the iteration it does not open while a stage is empty
             "resume": self.resume_status(),
+            "refused_values": self.refused_values(),
             "pid": os.getpid(), "time": time.time(),
             "bootstrap": self.bootstrap.snapshot() if self.bootstrap is not None else None,
         }
