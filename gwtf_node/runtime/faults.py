@@ -13,9 +13,11 @@ and each BEGIN AGGREGATION frame sent (begin_sent).
 node sends (per kind, iteration and destination): the aggregation phase must
 recover by retransmission.
 
-`GWTF_POISON_GRAD=SCALE@ITERATION` multiplies this node's gradient by SCALE
-before every all-reduce from ITERATION on (a poisoned contribution: the
-stage's part owners must refuse it, protocol/gradguard.py).
+`GWTF_POISON_GRAD=SCALE@ITERATION` (or a file `poison` holding
+`SCALE@ITERATION` in the state directory when the node starts: one node of a
+local swarm) multiplies this node's gradient by SCALE before every all-reduce
+from ITERATION on: a poisoned contribution, which the stage's part owners
+refuse (protocol/gradguard.py).
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ class Faults:
                 drop_first_phase=os.environ.get("GWTF_DROP_FIRST_PHASE", "") == "1")
         f.arm(os.environ.get("GWTF_FAULT", ""))
         poison = os.environ.get("GWTF_POISON_GRAD", "")
+        if state_dir is not None and (state_dir / "poison").exists():
+            poison = (state_dir / "poison").read_text().strip()
         if poison:
             scale, _, start = poison.partition("@")
             f.poison_scale, f.poison_from = float(scale), int(start or 0)

@@ -99,7 +99,7 @@ from .stage import LocalStage
 from .startup import NodeExit, check_port_free
 from .statedir import StateDirLock, lock_state_dir
 from .status import Status
-from .values import ValueRefused, Values
+from .values import Values
 from .wire import FrameRefused, Owner, UnknownEffect, Wire, now
 
 log = logging.getLogger("gwtf.node")
@@ -262,7 +262,6 @@ class Node:
         wire = Wire(host.peer_id, host, nursery, peers)
         from .allreduce import AllReducer
 
-        allreducer = AllReducer(host)
         liveness = Liveness(wire, peers, on_dead=self._peer_gone)
         discovery = Discovery(wire, peers, host, self.manifest, self.links_cfg, on_peer_hello=self._peer_hello,
                               applied_steps=lambda: self.stage.applied_steps, incarnation=self.incarnation,
@@ -273,7 +272,7 @@ class Node:
                                     on_settled=self._iteration_settled, on_finished=self.done_event.set)
         leadership = Leadership(wire, peers, host, self._apply, o.state_dir, self.run_id,
                                 iteration_now=microbatches.iteration_now, on_change=self._leadership_changed)
-        aggregation = Aggregation(wire, peers, self.stage, microbatches, leadership, allreducer, self._apply,
+        aggregation = Aggregation(wire, peers, self.stage, microbatches, leadership, AllReducer(host), self._apply,
                                   self.faults, state_dir=o.state_dir, checkpoint_every=o.checkpoint_every,
                                   checkpoint_keep=o.keep_checkpoints, on_stepped=self._stepped)
         joining = Joining(wire, peers, liveness, discovery, self.stage, flows, leadership, aggregation, self._apply,
@@ -285,10 +284,10 @@ class Node:
         # down for a while, and others can still dial this node
         bootstrap = Bootstrap(wire, peers, discovery, host, list(o.bootstrap) + known,
                               timeout_s=o.bootstrap_timeout_s if o.bootstrap else 0.0, on_exit=self._exit)
+        self.values = values = Values(wire, peers, self.stage, flows, microbatches, leadership, aggregation)
         status = Status(o.state_dir / "status.json", wire, host, peers, liveness, self.stage, flows, microbatches,
                         aggregation, leadership, run_id=self.run_id, policy=o.policy, bootstrap=bootstrap,
-                        resume_status=lambda: joining.resume_status, refused_values=self._refused_values)
-        self.values = Values(peers, self.stage, flows, microbatches, leadership)
+                        resume_status=lambda: joining.resume_status, refused_values=values.snapshot)
         parts = Parts(wire, liveness, discovery, flows, microbatches, leadership, aggregation, joining, status,
                       bootstrap)
         self.routes = routes(parts)
@@ -420,8 +419,7 @@ class Node:
         if sender != peer:
             wire.refuse(peer, f"envelope claims sender {sender[:16]}, the authenticated peer is {peer[:16]}")
             return
-        if (problem := self.values.check(peer, msg)) is not None:  # value bounds (protocol/bounds.py)
-            wire.refuse(peer, str(problem))
+        if self.values.refused(peer, msg, payload):  # a value out of its bounds (protocol/bounds.py), counted
             return
         gone = self.peers.is_gone(peer)
         if not gone:
@@ -442,18 +440,7 @@ class Node:
             if inspect.isawaitable(res):
                 await res
         except FrameRefused as e:
-            if isinstance(e, ValueRefused):  # a value found out of bounds by the component (a tensor's magnitude)
-                self.values.note(e.problem)
             wire.refuse(peer, str(e))
-
-    def _refused_values(self) -> dict[str, int]:
-        """status.json `refused_values`: frames refused per bounds code, and all-reduce contributions refused as
-        outliers (`gradient_outlier`)."""
-        counts = self.values.snapshot()
-        outliers = self.parts.aggregation.allreducer.outliers_refused if self.parts is not None else 0
-        if outliers:
-            counts["gradient_outlier"] = counts.get("gradient_outlier", 0) + outliers
-        return counts
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
