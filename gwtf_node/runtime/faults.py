@@ -16,8 +16,9 @@ recover by retransmission.
 `GWTF_POISON_GRAD=SCALE@ITERATION` (or a file `poison` holding
 `SCALE@ITERATION` in the state directory when the node starts: one node of a
 local swarm) multiplies this node's gradient by SCALE before every all-reduce
-from ITERATION on: a poisoned contribution, which the stage's part owners
-refuse (protocol/gradguard.py).
+from ITERATION on (a node that carried no microbatch sends SCALE x 1e-6 in
+every coordinate instead): a poisoned contribution, which the stage's part
+owners refuse (protocol/gradguard.py).
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ class Faults:
             return grad
         log.warning("fault injection GWTF_POISON_GRAD: gradient of iteration %d scaled by %g", iteration,
                     self.poison_scale)
+        if not bool(grad.any()):  # it carried no microbatch: it sends a gradient all the same
+            return grad + self.poison_scale * 1e-6
         return grad * self.poison_scale
 
     def arm(self, spec: str) -> None:
