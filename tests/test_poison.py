@@ -122,3 +122,30 @@ def test_a_part_clips_its_mean_gradient_before_the_step():
     part.apply_mean_grad(total, 2)
     step = before - part.param_vector()  # SGD, lr 1: the clipped mean gradient
     assert float(step.norm()) == pytest.approx(clip, rel=1e-3)
+
+
+# ---- a state hand-over is checked against the stage's other members (runtime/handover.py) --------------------
+
+
+def test_the_hash_of_a_handed_over_state_is_the_parameter_hash_of_the_part():
+    from gwtf_node.model.manifest import default_manifest
+    from gwtf_node.model.stages import build_full_model, build_stage
+    from gwtf_node.runtime.handover import params_hash
+
+    man = default_manifest()
+    part = build_stage(man, "relay", 1, full=build_full_model(man))
+    assert params_hash(part.state_bytes()) == part.state_hash()
+    with pytest.raises(ValueError, match="not readable"):
+        params_hash(b"not a state")
+
+
+def test_a_state_is_taken_when_the_members_that_vouch_for_it_outnumber_the_others():
+    from gwtf_node.runtime.handover import verdict
+
+    assert verdict(5, "h", {})[0]  # a stage of one member: the sender's word
+    assert verdict(5, "h", {"a": (5, "h")})[0]
+    assert not verdict(5, "bad", {"a": (5, "h")})[0]  # one honest member against the sender: refused
+    assert not verdict(5, "bad", {"a": (5, "h"), "b": (5, "h")})[0]
+    assert verdict(5, "h", {"a": (5, "h"), "b": (5, "forged")})[0]  # one hostile member is outvoted
+    ok, why = verdict(5, "h", {"a": (6, "other")})  # a member that stepped meanwhile says nothing either way
+    assert ok and "sender's word" in why
