@@ -302,7 +302,9 @@ def _link_cost(msg: m.LinkCost, ctx: Context) -> Problem | None:
 def _hello(msg: m.Hello, ctx: Context) -> Problem | None:
     return _first(_strings(msg.run_id, msg.role, msg.name, msg.tensor_addr, *msg.addrs),
                   _items(msg.addrs, "Hello addrs", 64), _count(msg.capacity, "Hello capacity", MAX_CAPACITY),
-                  _stage(msg.stage, ctx, "Hello stage"))
+                  # only the absolute bound: a stage this run lacks is refused by discovery, with a Refused reply
+                  # that stops the newcomer (bootstrap.py)
+                  _stage(msg.stage, Context(), "Hello stage"))
 
 
 def _peer_list(msg: m.PeerList, ctx: Context) -> Problem | None:
