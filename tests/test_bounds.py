@@ -84,6 +84,8 @@ ACCEPTED = [
     m.IterationDone(10, 4, 12.5, 1, 0),
     m.Assignment(4, "n", 1, "s", 11),
     m.Ping(2**64 - 1),
+    m.Hello("r", "relay", -2, "auto", 1, ()),  # a relay the leader has not placed yet
+    m.Hello("r", "relay", 5, "other", 1, ()),  # a stage this run lacks: discovery refuses it, with a reply
 ]
 
 

@@ -165,9 +165,9 @@ def _strings(*values: str) -> Problem | None:
     return None
 
 
-def _stage(stage: int, ctx: Context, what: str, *, data_ok: bool = True) -> Problem | None:
+def _stage(stage: int, ctx: Context, what: str, *, data_ok: bool = True, lowest: int | None = None) -> Problem | None:
     hi = (ctx.n_stages if ctx.n_stages is not None else MAX_STAGES) - 1
-    lo = -1 if data_ok else 0
+    lo = lowest if lowest is not None else -1 if data_ok else 0
     if not lo <= stage <= hi:
         return Problem(Violation.STAGE_OUT_OF_RANGE, f"{what} is {stage}, the run's stages are {lo}..{hi}")
     return None
@@ -303,8 +303,8 @@ def _hello(msg: m.Hello, ctx: Context) -> Problem | None:
     return _first(_strings(msg.run_id, msg.role, msg.name, msg.tensor_addr, *msg.addrs),
                   _items(msg.addrs, "Hello addrs", 64), _count(msg.capacity, "Hello capacity", MAX_CAPACITY),
                   # only the absolute bound: a stage this run lacks is refused by discovery, with a Refused reply
-                  # that stops the newcomer (bootstrap.py)
-                  _stage(msg.stage, Context(), "Hello stage"))
+                  # that stops the newcomer (bootstrap.py); -2 is a relay not placed yet (discovery.py)
+                  _stage(msg.stage, Context(), "Hello stage", lowest=-2))
 
 
 def _peer_list(msg: m.PeerList, ctx: Context) -> Problem | None:
