@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import typing
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -134,4 +135,26 @@ def test_flow_machines_of_an_honest_run_never_send_a_value_out_of_bounds(obj, se
         run_gwtf(sc, seed=seed)
     finally:
         FlowNode.on_message = orig
+    assert not problems, problems[:3]
+
+
+@pytest.mark.parametrize("churn, seed", [(0.1, 3)])
+def test_the_training_simulators_messages_stay_in_bounds(churn, seed):
+    """Recovery, phases and election of a simulated run with crashes (the same machines as the daemon): every
+    message passes the checks with the absolute bounds (node ids are not peer ids there; the context is empty)."""
+    from gwtf_node.sim import train as T
+
+    s = T.make_setting("table2-homogeneous", seed)
+    sim = T.TrainSim(s, "gwtf", churn, seed)
+    problems = []
+
+    def observe(node, kind, what):
+        msg = what[1]
+        if isinstance(msg, (m.Forward, m.Backward, m.Recover)) and msg.tensor is None:
+            msg = replace(msg, tensor=H)  # the simulator moves no tensors; the daemon attaches them when it sends
+        if kind == "msg" and (p := bounds.check(msg, Context())) is not None:
+            problems.append((what[0], node, msg, p))
+
+    sim.observer = observe
+    sim.run(4)
     assert not problems, problems[:3]

@@ -385,10 +385,17 @@ def _goodbye(msg: m.Goodbye, ctx: Context) -> Problem | None:
     return _iteration(msg.after_iteration, ctx, "Goodbye after iteration")
 
 
-def _recover(msg: m.Recover | m.Resume, ctx: Context) -> Problem | None:
-    name = type(msg).__name__
-    return _first(_iteration(msg.iteration, ctx), _path(msg.path, f"{name} path"), _path(msg.rest, f"{name} rest"),
-                  _hidden(msg.tensor, ctx, name))
+def _recover(msg: m.Recover, ctx: Context) -> Problem | None:
+    """A stored activation, sent on: the stage's activation shape and dtype."""
+    return _first(_iteration(msg.iteration, ctx), _path(msg.path, "Recover path"), _path(msg.rest, "Recover rest"),
+                  _hidden(msg.tensor, ctx, "Recover"))
+
+
+def _resume(msg: m.Resume, ctx: Context) -> Problem | None:
+    """A request to resend a stored gradient: it carries no tensor itself."""
+    if msg.tensor is not None:
+        return Problem(Violation.TENSOR_SHAPE, "Resume with a tensor: it asks for one, it carries none")
+    return _first(_iteration(msg.iteration, ctx), _path(msg.path, "Resume path"), _path(msg.rest, "Resume rest"))
 
 
 def _probe(msg: m.Probe, ctx: Context) -> Problem | None:
@@ -476,7 +483,7 @@ CHECKS: dict[type, Callable[[Any, Context], Problem | None]] = {
     m.Probe: _probe,
     m.ProbeAck: _iteration_only,
     m.Recover: _recover,
-    m.Resume: _recover,
+    m.Resume: _resume,
     m.BackwardStuck: _backward_stuck,
     m.Room: _room,
     m.Release: _iteration_only,
