@@ -60,10 +60,10 @@ runs the node's lifecycle:
    `metrics.jsonl` in its state directory; every node writes `status.json`
    and a checkpoint.
 
-Bad input: every frame is decoded by `codec.decode` (size limit first) and
-every tensor is checked against the shape and dtype the stage expects,
-finite values only.  A refused frame is logged with its sender and reason and
-dropped; the node keeps running.
+Bad input: every frame is decoded by `codec.decode` (size limit first), its
+values checked against their bounds (values.py, `protocol/bounds.py`: counted
+per code), its tensor against the stage's shape and dtype.  A refused frame is
+logged with its sender and reason and dropped; the node keeps running.
 """
 
 from __future__ import annotations
