@@ -215,6 +215,7 @@ class Node:
         self.done_event = trio.Event()
         self.links_cfg: dict[tuple[str, str], tuple[float, float]] = {}
         self.parts: Parts | None = None
+        self.values: Values | None = None  # the value checks of every frame (values.py), once assembled
         self.exit: NodeExit | None = None  # why the node stopped by itself before it joined (bootstrap.py)
         self.peers: Peers | None = None
         self.routes: dict[type, Route] = {}
@@ -419,7 +420,7 @@ class Node:
         if sender != peer:
             wire.refuse(peer, f"envelope claims sender {sender[:16]}, the authenticated peer is {peer[:16]}")
             return
-        if self.values.refused(peer, msg, payload):  # a value out of its bounds (protocol/bounds.py), counted
+        if self.values is not None and self.values.refused(peer, msg, payload):  # out of bounds (bounds.py)
             return
         gone = self.peers.is_gone(peer)
         if not gone:
