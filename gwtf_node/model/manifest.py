@@ -104,6 +104,11 @@ class TrainSpec:
     # left out of the JSON at their defaults, so that the run id of a manifest without them stays what it was
     compression: str = "none"
     compression_ratio: float = DEFAULT_RATIO
+    # L2 norm to which each part's mean gradient is clipped before the step (a relay stage, or the data nodes'
+    # embedding and head: per part, since no node holds the whole model's gradient; the centralized reference
+    # clips the same parts the same way).  None: no clipping, and absent from the JSON (the run id of a manifest
+    # without it is what it always was).
+    grad_clip_norm: float | None = None
 
 
 class EmptyStage(str, enum.Enum):
@@ -158,6 +163,8 @@ class RunManifest:
             del d["train"]["compression"]
             if self.train.compression_ratio == TrainSpec.compression_ratio:
                 del d["train"]["compression_ratio"]
+        if self.train.grad_clip_norm is None:
+            del d["train"]["grad_clip_norm"]
         if not with_signature:
             del d["signature"]
         return d
@@ -272,6 +279,9 @@ class RunManifest:
         for name in ("owner_public_key", "signature"):
             if not isinstance(getattr(self, name), str):
                 raise ManifestError(f"{name} is {getattr(self, name)!r}; it must be a string of hex digits (or absent)")
+        if t.grad_clip_norm is not None and (not _is_number(t.grad_clip_norm) or t.grad_clip_norm <= 0):
+            raise ManifestError(f"train.grad_clip_norm is {t.grad_clip_norm!r}; give a finite number > 0, or leave "
+                                "it out for no clipping")
         if self.owner_public_key:
             try:
                 if len(bytes.fromhex(self.owner_public_key)) != 32:

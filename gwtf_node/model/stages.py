@@ -376,6 +376,9 @@ class StageModel:
                     n = p.numel()
                     p.grad = (flat[offset : offset + n] / count).view_as(p).to(p.dtype)
                     offset += n
+                clip = self.manifest.train.grad_clip_norm
+                if clip is not None:  # the part's mean gradient, clipped (manifest.TrainSpec.grad_clip_norm)
+                    torch.nn.utils.clip_grad_norm_(self.params, clip)
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 self.steps += 1

@@ -22,6 +22,9 @@ If a member dies during the all-reduce, the round is cancelled and redone
 among the survivors (the round's key names its group, so peers only meet on
 the same group); the contributions that died with it are counted in
 `lost_contributions` (the survivors' mean: they are not trained again).
+A contribution that a part owner refuses as an outlier (allreduce.py,
+protocol/gradguard.py) is counted there too: the part's mean is over the
+contributions accepted, as if the refused one had died with its relay.
 
 After the step: a checkpoint every `checkpoint_every` iterations, and the
 leader appends one JSON object per iteration to `metrics.jsonl`.
@@ -299,7 +302,7 @@ class Aggregation:
                 return sum(1 for k in keys if model.commit(k))
 
             mine = await self.stage.run(commit)
-        grad = await self.stage.run(model.grad_vector)
+        grad = self.faults.poison(await self.stage.run(model.grad_vector), e.iteration)
         stage = self.peers.stage
         named = self.phases.group(e.iteration, stage)
         group = sorted(named) if named is not None else self.peers.stage_group()
@@ -310,7 +313,7 @@ class Aggregation:
                 log.info("iteration %d: round %s: contributions %s", e.iteration, gkey, held)
 
         total, count, gkey = await self._all_reduce_survivors(f"s{stage}/it{e.iteration}", group, grad, float(mine),
-                                                              on_round=announce)
+                                                              on_round=announce, max_count=e.microbatches)
         if relay:  # (once they are in the stage's sum: what the tests rebuild the centralized reference from)
             log.info("iteration %d: contributions %s", e.iteration, held)
             log.info("iteration %d: summed in round %s", e.iteration, gkey)
@@ -367,7 +370,8 @@ class Aggregation:
         await self.allreducer.on_chunk(peer, msg, payload)
 
     async def _all_reduce_survivors(self, base: str, named: list[str], grad, mine: float,
-                                    on_round: Callable[[str], None] = lambda gkey: None):
+                                    on_round: Callable[[str], None] = lambda gkey: None,
+                                    max_count: float | None = None):
         """All-reduce among the members of `named` still alive, redone when one dies meanwhile: (sum, count, the key
         of the round that summed them; it names the group).  `on_round(key)` is called before each round."""
         from .allreduce import AllReduceError
@@ -402,7 +406,7 @@ class Aggregation:
                 self._ar_scopes[gkey] = (set(group), scope)
                 try:
                     total, count = await self.allreducer.all_reduce(gkey, group, grad, mine,
-                                                                    timeout=ALLREDUCE_TIMEOUT_S)
+                                                                    timeout=ALLREDUCE_TIMEOUT_S, max_count=max_count)
                     return total, count, gkey
                 except Exception as e:  # noqa: BLE001 - AllReduceError, alone or in a nursery's group
                     if not _all_reduce_failure(e, AllReduceError):

@@ -32,6 +32,16 @@ the timeout error).  A timeout raises `AllReduceTimeout` naming the peers
 whose parts are missing; an unreachable peer fails the round at once with
 `AllReduceError`.  Recovery (retry without the dead peer) is the caller's
 decision: it knows the stage membership.
+
+Outliers (protocol/gradguard.py): before summing its part, the owner judges
+every contribution to it (its count against `max_count`, the microbatches of
+the iteration, and its per-microbatch size against the recent ones) and sums
+only those it accepts; a refused one is logged and counted
+(`outliers_refused`).  Each part then carries its own count (the phase-2
+count), and where the counts of the parts differ every part is scaled to the
+smallest positive count before the result is returned, so that
+`result / count` is each part's mean over the contributions its owner
+accepted, with the same bits on every member.
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ import torch
 import trio
 
 from ..protocol.codec import encode
+from ..protocol.gradguard import Contribution, GradGuard
 from ..protocol.messages import AllReduceChunk, TensorHeader
 from .host import Host, PeerUnreachable
 
@@ -91,6 +102,8 @@ class AllReducer:
         self.host = host
         self._rounds: OrderedDict[str, _Round] = OrderedDict()
         self._done: OrderedDict[str, None] = OrderedDict()
+        self.guard = GradGuard()  # judges the contributions to the parts this node owns
+        self.outliers_refused = 0  # contributions left out of a part's sum (status.json)
 
     @staticmethod
     def accepts(msg: object) -> bool:
@@ -166,9 +179,13 @@ class AllReducer:
             raise AllReduceError(f"all-reduce {key!r}: cannot send part {part} (phase {phase}) to {peer}: {e}") from e
 
     async def all_reduce(
-        self, key: str, group: list[str], tensor: torch.Tensor, count: float, timeout: float
+        self, key: str, group: list[str], tensor: torch.Tensor, count: float, timeout: float,
+        max_count: float | None = None,
     ) -> tuple[torch.Tensor, float]:
-        """(sum of the group's tensors, sum of their counts); identical bits on every peer."""
+        """(sum of the group's tensors, sum of their counts); identical bits on every peer.
+
+        Contributions an owner refuses (`max_count`: the most microbatches one may claim) are left out of
+        their part; see the module docstring for how the result is scaled then."""
         me = self.host.peer_id
         group = sorted(set(group))
         if me not in group:
@@ -200,12 +217,20 @@ class AllReducer:
         async def reduce_and_gather(nursery: trio.Nursery) -> None:
             while missing(REDUCE):
                 await rnd.changed.wait()
-            acc = rnd.chunks[(REDUCE, mine, group[0])][1].clone()
-            cnt = rnd.chunks[(REDUCE, mine, group[0])][0]
-            for p in group[1:]:  # sorted order: the same additions on every run
+            lo, hi = part_bounds(length, n, mine)
+            contribs = [Contribution(p, rnd.chunks[(REDUCE, mine, p)][0],
+                                     float(torch.dot(rnd.chunks[(REDUCE, mine, p)][1].double(),
+                                                     rnd.chunks[(REDUCE, mine, p)][1].double())), hi - lo)
+                        for p in group]
+            verdict = self.guard.judge((lo, hi, length), contribs, max_count)
+            for p, why in sorted(verdict.refused.items()):
+                self.outliers_refused += 1
+                log.warning("all-reduce %r: contribution of %s to part %d refused: %s", key, p, mine, why)
+            acc, cnt = torch.zeros(hi - lo, dtype=torch.float32), 0.0
+            for i, p in enumerate(verdict.accepted(group)):  # sorted order: the same additions on every run
                 c, t = rnd.chunks[(REDUCE, mine, p)]
-                acc += t
-                cnt += c
+                acc = t.clone() if i == 0 else acc.add_(t)
+                cnt = c if i == 0 else cnt + c
             result[slice(*part_bounds(length, n, mine))] = acc
             total[0] = cnt
             for p in group:
@@ -238,13 +263,29 @@ class AllReducer:
             while len(self._done) > _DONE_KEYS_KEPT:
                 self._done.popitem(last=False)
 
-        gather_count = None
+        counts = [total[0] if i == mine else rnd.chunks[(GATHER, i, group[i])][0] for i in range(n)]
         for i in range(n):
-            if i == mine:
-                continue
-            c, t = rnd.chunks[(GATHER, i, group[i])]
-            result[slice(*part_bounds(length, n, i))] = t
-            gather_count = c if gather_count is None else gather_count
-            if c != gather_count:
-                log.warning("all-reduce %r: owners report different total counts (%s vs %s)", key, c, gather_count)
-        return result, total[0]
+            if i != mine:
+                result[slice(*part_bounds(length, n, i))] = rnd.chunks[(GATHER, i, group[i])][1]
+        return _common_count(result, counts, length, key)
+
+
+def _common_count(result: torch.Tensor, counts: list[float], length: int, key: str) -> tuple[torch.Tensor, float]:
+    """(result, count) with one count for every part: the smallest positive part count, each part scaled to it
+    (a part whose owner refused contributions holds fewer); a part with count 0 holds no gradient."""
+    if len(set(counts)) == 1:
+        return result, counts[0]
+    positive = [c for c in counts if c > 0]
+    if not positive:
+        return result.zero_(), 0.0
+    common = min(positive)
+    log.warning("all-reduce %r: parts summed over different counts %s (contributions refused): each part "
+                "scaled to %g", key, counts, common)
+    n = len(counts)
+    for i, c in enumerate(counts):
+        part = result[slice(*part_bounds(length, n, i))]
+        if c <= 0:
+            part.zero_()
+        elif c != common:
+            part.mul_(common / c)
+    return result, common

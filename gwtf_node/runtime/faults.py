@@ -12,6 +12,13 @@ and each BEGIN AGGREGATION frame sent (begin_sent).
 `GWTF_DROP_FIRST_PHASE=1` loses the first copy of every phase signal this
 node sends (per kind, iteration and destination): the aggregation phase must
 recover by retransmission.
+
+`GWTF_POISON_GRAD=SCALE@ITERATION` (or a file `poison` holding
+`SCALE@ITERATION` in the state directory when the node starts: one node of a
+local swarm) multiplies this node's gradient by SCALE before every all-reduce
+from ITERATION on (a node that carried no microbatch sends SCALE x 1e-6 in
+every coordinate instead): a poisoned contribution, which the stage's part
+owners refuse (protocol/gradguard.py).
 """
 
 from __future__ import annotations
@@ -34,13 +41,31 @@ class Faults:
     arm_path: Path | None = None  # a file whose KIND:N arms the fault at run time
     drop_first_phase: bool = False
     dropped: set[tuple[str, int, str]] = field(default_factory=set)
+    poison_scale: float = 1.0  # GWTF_POISON_GRAD: the gradient is multiplied by this before the all-reduce ...
+    poison_from: int = 0  # ... from this iteration on
 
     @classmethod
     def from_env(cls, state_dir: Path | None = None) -> "Faults":
         f = cls(arm_path=None if state_dir is None else state_dir / "fault",
                 drop_first_phase=os.environ.get("GWTF_DROP_FIRST_PHASE", "") == "1")
         f.arm(os.environ.get("GWTF_FAULT", ""))
+        poison = os.environ.get("GWTF_POISON_GRAD", "")
+        if state_dir is not None and (state_dir / "poison").exists():
+            poison = (state_dir / "poison").read_text().strip()
+        if poison:
+            scale, _, start = poison.partition("@")
+            f.poison_scale, f.poison_from = float(scale), int(start or 0)
         return f
+
+    def poison(self, grad, iteration: int):
+        """The gradient this node contributes to the all-reduce of `iteration` (scaled by GWTF_POISON_GRAD)."""
+        if self.poison_scale == 1.0 or iteration < self.poison_from:
+            return grad
+        log.warning("fault injection GWTF_POISON_GRAD: gradient of iteration %d scaled by %g", iteration,
+                    self.poison_scale)
+        if not bool(grad.any()):  # it carried no microbatch: it sends a gradient all the same
+            return grad + self.poison_scale * 1e-6
+        return grad * self.poison_scale
 
     def arm(self, spec: str) -> None:
         kind, _, n = spec.strip().partition(":")

@@ -105,6 +105,7 @@ class Joining:
         self._answers: dict[str, m.StageState] = {}  # peer -> its answer to our hash-only request
         self._answered = trio.Event()
         self._hash_of: tuple[int, str] | None = None  # (steps, params hash) of the state held, when last computed
+        self._verifying = False  # asking the stage's members for the hash of a downloaded state (handover.py)
 
     @property
     def joined(self) -> bool:
@@ -294,7 +295,7 @@ class Joining:
         return self._answers.pop(peer, None)
 
     def _on_answer(self, peer: str, msg: m.StageState) -> None:
-        if not self.resuming:
+        if not (self.resuming or self._verifying):
             raise FrameRefused("hash-only StageState that this node did not ask for")
         self._answers[peer] = msg
         self._answered.set()
@@ -393,6 +394,7 @@ class Joining:
         blob = t.numpy().tobytes()
         if hashlib.sha256(blob).hexdigest() != msg.sha256:
             raise FrameRefused("StageState hash mismatch: the state was corrupted or tampered with")
+        await self._check_with_members(peer, msg, blob)
         try:
             await self.stage.run(self.stage.model.load_state_bytes, blob)
         except Exception as e:  # noqa: BLE001 - refuse a state that does not fit this stage, keep running
@@ -412,6 +414,30 @@ class Joining:
                  self.peers.stage, self.peers.who(peer), msg.iteration, msg.sha256[:12], msg.iteration)
         self.discovery.hello_all()
         self.state_loaded.set()
+
+    async def _check_with_members(self, source: str, msg: m.StageState, blob: bytes) -> None:
+        """The stage's other ready members vouch for the downloaded state, or it is refused (handover.py)."""
+        from .handover import params_hash, verdict
+
+        try:
+            digest = await self.stage.run(params_hash, blob)
+        except ValueError as e:
+            raise FrameRefused(f"StageState does not load: {e}") from None
+        others = [p for p in self.peers.ids("relay", msg.stage) if p not in (source, self.wire.me)
+                  and not self.peers.get(p).joining and not self.peers.get(p).leaving]
+        answers: dict[str, tuple[int, str]] = {}
+        self._verifying = True
+        try:
+            for p in others:
+                ans = await self._ask(p, m.StageStateRequest(msg.stage, msg.iteration, hash_only=True))
+                if ans is not None:
+                    answers[p] = (ans.iteration, ans.params_sha256)
+        finally:
+            self._verifying = False
+        ok, why = verdict(msg.iteration, digest, answers)
+        if not ok:
+            raise FrameRefused(f"StageState from {self.peers.who(source)}: {why}")
+        log.info("stage %d state from %s: %s", msg.stage, self.peers.who(source), why)
 
     def resync(self, iteration: int) -> None:
         """BEGIN AGGREGATION of `iteration` left this node out (Phases' LeftOut): fetch the state after that step.

@@ -60,10 +60,10 @@ runs the node's lifecycle:
    `metrics.jsonl` in its state directory; every node writes `status.json`
    and a checkpoint.
 
-Bad input: every frame is decoded by `codec.decode` (size limit first) and
-every tensor is checked against the shape and dtype the stage expects,
-finite values only.  A refused frame is logged with its sender and reason and
-dropped; the node keeps running.
+Bad input: every frame is decoded by `codec.decode` (size limit first), its
+values checked against their bounds (values.py, `protocol/bounds.py`: counted
+per code), its tensor against the stage's shape and dtype.  A refused frame is
+logged with its sender and reason and dropped; the node keeps running.
 """
 
 from __future__ import annotations
@@ -100,6 +100,7 @@ from .stage import LocalStage
 from .startup import NodeExit, check_port_free
 from .statedir import StateDirLock, lock_state_dir
 from .status import Status
+from .values import Values
 from .wire import FrameRefused, Owner, UnknownEffect, Wire, now
 
 log = logging.getLogger("gwtf.node")
@@ -217,6 +218,7 @@ class Node:
         self.done_event = trio.Event()
         self.links_cfg: dict[tuple[str, str], tuple[float, float]] = {}
         self.parts: Parts | None = None
+        self.values: Values | None = None  # the value checks of every frame (values.py), once assembled
         self.exit: NodeExit | None = None  # why the node stopped by itself before it joined (bootstrap.py)
         self.peers: Peers | None = None
         self.routes: dict[type, Route] = {}
@@ -286,9 +288,10 @@ class Node:
         # down for a while, and others can still dial this node
         bootstrap = Bootstrap(wire, peers, discovery, host, list(o.bootstrap) + known,
                               timeout_s=o.bootstrap_timeout_s if o.bootstrap else 0.0, on_exit=self._exit)
+        self.values = values = Values(wire, peers, self.stage, flows, microbatches, leadership, aggregation)
         status = Status(o.state_dir / "status.json", wire, host, peers, liveness, self.stage, flows, microbatches,
                         aggregation, leadership, run_id=self.run_id, policy=o.policy, bootstrap=bootstrap,
-                        resume_status=lambda: joining.resume_status)
+                        resume_status=lambda: joining.resume_status, refused_values=values.snapshot)
         parts = Parts(wire, liveness, discovery, flows, microbatches, leadership, aggregation, joining, status,
                       bootstrap)
         self.routes = routes(parts)
@@ -419,6 +422,8 @@ class Node:
             return
         if sender != peer:
             wire.refuse(peer, f"envelope claims sender {sender[:16]}, the authenticated peer is {peer[:16]}")
+            return
+        if self.values is not None and self.values.refused(peer, msg, payload):  # out of bounds (bounds.py)
             return
         gone = self.peers.is_gone(peer)
         if not gone:

@@ -69,7 +69,8 @@ class Status:
     def __init__(self, path: Path, wire: Wire, host: Any, peers: Peers, liveness: Liveness, stage: LocalStage,
                  flows: Flows, microbatches: Microbatches, aggregation: Aggregation, leadership: Leadership, *,
                  run_id: str, policy: str, bootstrap: Bootstrap | None = None,
-                 resume_status: Callable[[], dict | None] = lambda: None) -> None:
+                 resume_status: Callable[[], dict | None] = lambda: None,
+                 refused_values: Callable[[], dict[str, int]] = dict) -> None:
         self.path = path
         self.wire = wire
         self.host = host
@@ -94,6 +95,7 @@ class Status:
         self._record_cache: tuple[int, dict | None] = (-1, None)  # (metrics.jsonl size, its last record)
         self._my_stage = peers.stage
         self._reports: dict[str, Any] = {}  # the acting leader: each stage member's last UtilizationReport
+        self.refused_values = refused_values  # frames refused per value-bounds code (values.py)
 
     # ------------------------------------------------------------------ status.json
     def snapshot(self) -> dict:
@@ -122,6 +124,7 @@ class Status:
             "compression": mb.compression.stats(),  # Top-K on the links: ratio per peer, bytes sent vs dense
             "paused": mb.paused_status(),  # a data node: the iteration it does not open while a stage is empty
             "resume": self.resume_status(),
+            "refused_values": self.refused_values(),
             "pid": os.getpid(), "time": time.time(),
             "bootstrap": self.bootstrap.snapshot() if self.bootstrap is not None else None,
         }

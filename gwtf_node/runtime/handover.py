@@ -1,0 +1,53 @@
+"""A state hand-over is checked against the stage's other members, not against its sender alone.
+
+A newcomer (or a relay that fell behind) downloads its stage's weights and
+optimizer state from one member (joining.py).  The SHA-256 the sender puts
+in its `StageState` only proves the bytes arrived as sent: a hostile sender
+can hash poisoned weights itself.  So before loading, the receiver computes
+the parameter hash of the state it got (`params_hash`, the same hash as
+`StageModel.state_hash`) and asks the stage's other ready members for theirs
+at the same number of steps (a hash-only `StageStateRequest`); `verdict`
+takes the state when the members that vouch for its hash (the sender
+included) outnumber those that answer a different hash at the same step.
+
+A member that answers at another step (it stepped meanwhile) or not at all
+says nothing either way; with no comparable answer (a stage of one member)
+the state is taken on the sender's word and the log says so: a quorum needs
+other members.  A majority of hostile members of one stage is out of scope
+(README "Security model").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+
+
+def params_hash(blob: bytes) -> str:
+    """`StageModel.state_hash()` of the parameters inside a `state_bytes()` blob (without loading it)."""
+    import torch
+
+    try:
+        state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+        names, params = state["names"], state["params"]
+    except Exception as e:  # noqa: BLE001 - torch raises several unrelated types for a corrupt archive
+        raise ValueError(f"stage state is not readable: {type(e).__name__}: {e}") from None
+    h = hashlib.sha256()
+    for name, p in zip(names, params):
+        h.update(name.encode() + b"\0")
+        h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def verdict(steps: int, digest: str, answers: dict[str, tuple[int, str]]) -> tuple[bool, str]:
+    """(take the state?, why) for a state of `steps` steps with parameter hash `digest`, given the other
+    members' hash-only answers `{peer: (their steps, their hash)}`; the sender vouches for its own state."""
+    same = {p: h for p, (s, h) in answers.items() if s == steps}
+    agree = 1 + sum(1 for h in same.values() if h == digest)
+    disagree = len(same) - (agree - 1)
+    if not same:
+        return True, f"no other member answered at {steps} steps: taken on the sender's word"
+    if agree > disagree:
+        return True, f"{agree} of {len(same) + 1} members hold this state at {steps} steps"
+    return False, (f"{disagree} of {len(same) + 1} members hold another state at {steps} steps than the sender's "
+                   f"(parameter hash {digest[:12]}...): refused, the state was not the stage's")
