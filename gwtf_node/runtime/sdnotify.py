@@ -11,14 +11,14 @@ depending on a package.
 
 What the node says (`serve`):
 
-- `STATUS=...` whenever its one-line description changes (starting, dialing
-  the bootstrap peers, waiting to be dialled, training stage K at iteration N),
-  shown by `systemctl status`;
+- `STATUS=...` whenever its one-line description changes (loading the model,
+  a bootstrap attempt and its last error, waiting to be dialled, joined with
+  its stage, peers and steps applied), shown by `systemctl status`;
 - `READY=1` once, when the node has *joined*: it listens and a peer accepted
   its Hello, or it is the first node of the run (no bootstrap address), which
   is ready once it listens.  A datagram that could not be sent (a full queue)
   is sent again at the next tick.  A relay whose bootstrap peer does not
-  answer is therefore still "activating" in systemd, and its STATUS says why;
+  answer stays "activating" in systemd, and its STATUS says why;
 - `WATCHDOG=1` every half watchdog interval from the trio event loop, so a
   loop that stopped answering (and therefore stopped answering peers' pings)
   is what systemd restarts;
