@@ -133,6 +133,9 @@ class RunManifest:
     # the owner's choices when a stage loses every member; None: absent from the JSON (so the run id of a
     # manifest without it is what it always was), which means the defaults of RecoverySpec
     recovery: RecoverySpec | None = None
+    # any relay may join (True), or relays too are admitted by the owner's certificate (False, absent from the
+    # JSON); data nodes always are (certificates.py)
+    open_relays: bool = False
     base_dir: str = field(default="", compare=False, repr=False)  # resolves relative paths; not serialized
 
     # ---- serialization ----------------------------------------------------
@@ -144,6 +147,8 @@ class RunManifest:
             del d["recovery"]
         else:
             d["recovery"] = {"empty_stage": self.recovery.empty_stage.value}
+        if not self.open_relays:
+            del d["open_relays"]
         d["version"] = MANIFEST_VERSION
         d["stages"] = [list(s) for s in self.stages]
         d["train"]["betas"] = list(self.train.betas)
@@ -255,6 +260,8 @@ class RunManifest:
             raise ManifestError(f"train.betas is {t.betas!r}; give two numbers in [0, 1)")
         if not _is_int(t.seed) or t.seed < 0:
             raise ManifestError(f"train.seed is {t.seed!r}; it must be a non-negative integer")
+        if not isinstance(self.open_relays, bool):
+            raise ManifestError(f"open_relays is {self.open_relays!r}; give true or false")
         if self.owner_public_key:
             try:
                 if len(bytes.fromhex(self.owner_public_key)) != 32:
@@ -316,7 +323,8 @@ def _check_stages(stages: Sequence[tuple[int, int]], n_layers: int) -> None:
         raise ManifestError(f"stages cover layers 0..{expect} but the model has {n_layers} layers")
 
 
-_TOP_KEYS = {"version", "run_name", "model", "stages", "data", "train", "owner_public_key", "signature", "recovery"}
+_TOP_KEYS = {"version", "run_name", "model", "stages", "data", "train", "owner_public_key", "signature", "recovery",
+             "open_relays"}
 
 
 def _recovery(d: Any) -> RecoverySpec | None:
@@ -363,6 +371,7 @@ def _from_dict(d: Any, base_dir: str) -> RunManifest:
             owner_public_key=d.get("owner_public_key", ""),
             signature=d.get("signature", ""),
             recovery=recovery,
+            open_relays=d.get("open_relays", False),
             base_dir=base_dir,
         )
     except KeyError as e:
@@ -396,6 +405,15 @@ def sign_manifest(m: RunManifest, private_key: Ed25519PrivateKey) -> RunManifest
     """A copy of `m` owned by `private_key`'s holder and signed by it (this changes the run id)."""
     owned = replace(m, owner_public_key=public_key_hex(private_key), signature="")
     return replace(owned, signature=private_key.sign(owned.signed_bytes()).hex())
+
+
+def require_signed(m: RunManifest, *, insecure_unsigned: bool = False) -> None:
+    """Raise ManifestError unless `m` is signed by its owner; an unsigned run passes only when the node was told
+    the run is open for testing (`insecure_unsigned`).  A badly signed manifest never passes."""
+    verify_manifest(m)
+    if not m.owner_public_key and not insecure_unsigned:
+        raise ManifestError("manifest is not signed by a run owner: sign it (gwtf-node init-run creates the owner "
+                            "key and signs), or pass --insecure-unsigned to join a run open for testing")
 
 
 def verify_manifest(m: RunManifest) -> None:

@@ -405,8 +405,10 @@ class Host:
             await dht.put_value(self._dht_key(key), pack_record(version, value))
         return version
 
-    async def dht_get_record(self, key: str) -> tuple[int, bytes] | None:
-        """(version, value) of the highest version held locally or by the closest peers."""
+    async def dht_get_record(self, key: str, *,
+                             accept: Callable[[int, bytes], bool] | None = None) -> tuple[int, bytes] | None:
+        """(version, value) of the highest version held locally or by the closest peers; with `accept`, of the
+        highest among those it accepts (records.py: a forged record of a higher version hides no genuine one)."""
         dht = self._require_dht()
         full = self._dht_key(key)
         kb = full.encode()
@@ -438,6 +440,8 @@ class Host:
             for peer in set(peers):
                 if peer != self.libp2p.get_id():
                     nursery.start_soon(ask, peer)
+        if accept is not None:
+            found = [v for v in found if accept(*unpack_record(v))]
         if not found:
             return None
         best = found[validator.select(full, found)]

@@ -99,6 +99,8 @@ from .stage import LocalStage
 from .startup import NodeExit, check_port_free
 from .statedir import StateDirLock, lock_state_dir
 from .status import Status
+from .authorize import Authorizer, Needs, Snapshot, decide
+from .records import RunRecords
 from .wire import FrameRefused, Owner, UnknownEffect, Wire, now
 
 log = logging.getLogger("gwtf.node")
@@ -130,6 +132,9 @@ class NodeOptions:
     bootstrap_timeout_s: float = DEFAULT_TIMEOUT_S  # stop if no peer accepted us by then (0: retry forever)
     restore: Path | None = None  # relays: a checkpoint file to resume from, as from the state directory's newest
     keep_checkpoints: int = 3  # checkpoints kept in the state directory
+    certificate: Path | None = None  # the owner's admission certificate (None: <state_dir>/certificate.json if any)
+    insecure_unsigned: bool = False  # join a run without an owner (open for testing: nobody's admission is checked)
+    revocations: Path | None = None  # the owner's signed revocation list (also read from the DHT)
 
 
 class Admit(enum.Enum):
@@ -146,6 +151,7 @@ class Route:
     handler: Callable[..., Any]  # handler(peer, msg[, payload]); may be a coroutine function
     admit: Admit = Admit.KNOWN
     payload: bool = False  # the handler takes the frame's raw payload (a tensor)
+    needs: Needs = Needs.NOTHING  # what its sender must be (authorize.py); checked before the handler runs
 
 
 @dataclass
@@ -197,13 +203,21 @@ class Timers:
 
 class Node:
     def __init__(self, opts: NodeOptions) -> None:
-        from ..model.manifest import load_manifest, verify_manifest
+        from ..model.manifest import load_manifest, require_signed
 
         self.opts = opts
         # relays hold no data: only a data node needs the run's data files
         self.manifest = load_manifest(opts.run_path, check_files=opts.role == "data")
-        verify_manifest(self.manifest)
+        require_signed(self.manifest, insecure_unsigned=opts.insecure_unsigned)
         self.run_id = self.manifest.run_id
+        self.authorizer = Authorizer(run_id=self.run_id, owner_public_key=self.manifest.owner_public_key,
+                                     open_relays=self.manifest.open_relays)
+        if self.authorizer.insecure:
+            log.warning("INSECURE: run %s has no owner signature and is open for testing "
+                        "(--insecure-unsigned): any peer may join it in any role", self.run_id)
+        self.certificate = _read_certificate(opts)
+        if opts.revocations is not None:
+            self.authorizer.load_revocations_file(opts.revocations)
         self.stage = LocalStage(self.manifest, opts.role, opts.device, opts.data_index, opts.data_nodes)
         self.faults = Faults.from_env(opts.state_dir)
         self.incarnation = secrets.randbits(63) | 1  # this process's (Hello): peers tell a restart by it
@@ -259,24 +273,30 @@ class Node:
         peers = Peers(host.peer_id, o.name, len(self.manifest.stages), place)
         self.peers = peers
         wire = Wire(host.peer_id, host, nursery, peers)
+        wire.on_ban = self._drop_peer
+        self.authorizer.on_revoked = self._drop_peer
+        records = RunRecords(host, self.run_id, self.manifest.owner_public_key,
+                             on_refused=lambda why: _record_refused(wire, why))
         from .allreduce import AllReducer
 
         liveness = Liveness(wire, peers, on_dead=self._peer_gone)
         discovery = Discovery(wire, peers, host, self.manifest, self.links_cfg, on_peer_hello=self._peer_hello,
                               applied_steps=lambda: self.stage.applied_steps, incarnation=self.incarnation,
-                              on_peer_back=self._peer_back)
+                              on_peer_back=self._peer_back, certificate=self.certificate,
+                              authorizer=self.authorizer, records=records)
         flows = Flows(wire, peers, liveness, self.stage, self._apply, self.links_cfg, on_changed=self._flows_changed)
         microbatches = Microbatches(wire, peers, liveness, flows, self.stage, self._apply, self.faults,
                                     policy=o.policy, lend=o.lend, iterations=o.iterations,
                                     on_settled=self._iteration_settled, on_finished=self.done_event.set)
         leadership = Leadership(wire, peers, host, self._apply, o.state_dir, self.run_id,
-                                iteration_now=microbatches.iteration_now, on_change=self._leadership_changed)
+                                iteration_now=microbatches.iteration_now, on_change=self._leadership_changed,
+                                certificate=self.certificate, records=records)
         aggregation = Aggregation(wire, peers, self.stage, microbatches, leadership, AllReducer(host), self._apply,
                                   self.faults, state_dir=o.state_dir, checkpoint_every=o.checkpoint_every,
                                   checkpoint_keep=o.keep_checkpoints, on_stepped=self._stepped)
         joining = Joining(wire, peers, liveness, discovery, self.stage, flows, leadership, aggregation, self._apply,
                           host, capacity_flag=o.capacity, data_nodes=o.data_nodes, on_gone=self._peer_gone,
-                          on_left=self.stop)
+                          on_left=self.stop, records=records)
         self.book.load()
         known = [a for a in self.book.dial_addrs(host.peer_id) if a not in o.bootstrap]
         # the address book alone (a restarted node without --bootstrap) is retried without end: its peers may be
@@ -285,7 +305,7 @@ class Node:
                               timeout_s=o.bootstrap_timeout_s if o.bootstrap else 0.0, on_exit=self._exit)
         status = Status(o.state_dir / "status.json", wire, host, peers, liveness, self.stage, flows, microbatches,
                         aggregation, leadership, run_id=self.run_id, policy=o.policy, bootstrap=bootstrap,
-                        resume_status=lambda: joining.resume_status)
+                        resume_status=lambda: joining.resume_status, security=self._security_status)
         parts = Parts(wire, liveness, discovery, flows, microbatches, leadership, aggregation, joining, status,
                       bootstrap)
         self.routes = routes(parts)
@@ -362,6 +382,30 @@ class Node:
         p.microbatches.peer_gone(peer)
         p.aggregation.after_gone(peer)
 
+    def _drop_peer(self, peer: str) -> None:
+        """A banned or revoked peer: gone everywhere, disconnected (its frames are refused from now on)."""
+        if self.parts is None:
+            return
+        if peer in self.peers or not self.peers.is_gone(peer):
+            log.warning("dropping peer %s (banned or revoked)", self.peers.who(peer))
+            self._peer_gone(peer)
+        self.parts.wire.spawn(self.parts.wire.disconnect, peer)
+
+    def _security_status(self) -> dict:
+        a, w = self.authorizer, self.parts.wire
+        return {"refused": dict(sorted(w.refused_by.items())), "insecure_unsigned": a.insecure,
+                "revoked": sorted(a.revoked), "banned": sorted(w.bans.banned_until)}
+
+    def _authorize(self, peer: str, msg: Any, route: Route | None) -> "Any | None":
+        """The refusal of `msg` from `peer` by the route's `needs` (authorize.py), or None."""
+        if route is None:
+            return None
+        if route.needs is Needs.ADMISSION:
+            return self.authorizer.check_hello(peer, msg)
+        lead = self.parts.leadership
+        snap = Snapshot(self.peers.role, self.peers.stage, self.peers.n_stages, lead.leader(), lead.term())
+        return decide(route.needs, msg, self.peers.get(peer), snap)
+
     def _open_iteration(self, e: OpenIteration) -> None:
         self.parts.aggregation.iteration_opened(e.iteration)
         self.parts.microbatches.open_iteration(e.iteration)
@@ -417,6 +461,13 @@ class Node:
         if sender != peer:
             wire.refuse(peer, f"envelope claims sender {sender[:16]}, the authenticated peer is {peer[:16]}")
             return
+        if wire.bans.banned_until and wire.is_banned(peer):
+            wire.count_refusal(m.RefusalCode.BANNED)  # dropped unread: no log line per frame of a banned peer
+            return
+        revoked = self.authorizer.check_revoked(peer)
+        if revoked is not None:
+            wire.refuse(peer, revoked.why, revoked.code)
+            return
         gone = self.peers.is_gone(peer)
         if not gone:
             self.peers.heard(peer, now())
@@ -427,8 +478,15 @@ class Node:
                 if gone or isinstance(msg, m.Goodbye):  # crashed or left: its last frames may still be on their way
                     log.debug("%s from %s, which is gone or unknown: ignored", type(msg).__name__, peer[:16])
                 else:
-                    wire.refuse(peer, f"{type(msg).__name__} from a peer that has not said Hello")
+                    wire.refuse(peer, f"{type(msg).__name__} from a peer that has not said Hello",
+                                m.RefusalCode.UNKNOWN_PEER)
                 return
+        refusal = self._authorize(peer, msg, route)
+        if refusal is not None:
+            if isinstance(msg, m.Hello):  # the sender stops if no peer accepted it yet (bootstrap.py)
+                wire.post(peer, m.Refused(refusal.code, refusal.why))
+            wire.refuse(peer, f"{type(msg).__name__}: {refusal.why}", refusal.code)
+            return
         try:
             if route is None:
                 raise FrameRefused(f"unexpected {type(msg).__name__}")
@@ -436,7 +494,7 @@ class Node:
             if inspect.isawaitable(res):
                 await res
         except FrameRefused as e:
-            wire.refuse(peer, str(e))
+            wire.refuse(peer, str(e), e.code)
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -536,28 +594,46 @@ def routes(p: Parts) -> dict[type, Route]:
     """Where every message type is handled: one line per type (or family of types), read top to bottom."""
     d, lv, f, mb, ag, ld, j = p.discovery, p.liveness, p.flows, p.microbatches, p.aggregation, p.leadership, p.joining
     table: dict[type, Route] = {
-        m.Hello: Route("discovery", d.on_hello, Admit.ANYONE),
+        m.Hello: Route("discovery", d.on_hello, Admit.ANYONE, needs=Needs.ADMISSION),
         m.PeerList: Route("discovery", d.on_peer_list, Admit.ANYONE),  # addresses only: harmless from anyone
         m.Ping: Route("liveness", lv.on_ping, Admit.ANYONE),
         m.Pong: Route("liveness", lv.on_pong, Admit.ANYONE),
         m.LinkCost: Route("flows", f.on_link_cost, Admit.NOT_GONE),  # may overtake the sender's Hello
         m.AllReduceChunk: Route("aggregation", ag.on_chunk, payload=True),
-        m.IterationDone: Route("aggregation", ag.on_iteration_done),
-        m.BeginAggregation: Route("aggregation", ag.on_begin),
+        m.IterationDone: Route("aggregation", ag.on_iteration_done, needs=Needs.DATA),
+        m.BeginAggregation: Route("aggregation", ag.on_begin, needs=Needs.UPSTREAM),
         m.CanTake: Route("aggregation", ag.on_can_take),
         m.PhaseAck: Route("aggregation", ag.on_ack),
         m.UtilizationQuery: Route("joining", j.on_utilization_query),
-        m.Assignment: Route("joining", j.on_assignment),
+        m.Assignment: Route("joining", j.on_assignment, needs=Needs.LEADER),
         m.Goodbye: Route("joining", j.on_goodbye),
         m.StageStateRequest: Route("joining", j.on_state_request),
         m.StageState: Route("joining", j.on_state, payload=True),
         m.Refused: Route("bootstrap", p.bootstrap.on_refused, Admit.ANYONE),  # the refuser has not said Hello
     }
-    table |= {t: Route("flows", f.on_message) for t in FLOW_MSGS}
-    table |= {t: Route("microbatches", mb.on_message, payload=True) for t in MB_MSGS}
-    table |= {t: Route("leadership", ld.on_leader_msg) for t in LEADER_MSGS}
+    table |= {t: Route("flows", f.on_message, needs=Needs.NEIGHBOUR) for t in FLOW_MSGS}
+    table |= {t: Route("microbatches", mb.on_message, payload=True,
+                       needs=Needs.DATA if t is m.Lend else Needs.PLACED) for t in MB_MSGS}
+    table |= {t: Route("leadership", ld.on_leader_msg, needs=Needs.DATA) for t in LEADER_MSGS}
     table |= {t: Route("leadership", ld.on_placement_msg) for t in PLACEMENT_MSGS}
     return table
+
+
+def _record_refused(wire: Wire, why: str) -> None:
+    log.warning("DHT record refused: %s", why)
+    wire.count_refusal(m.RefusalCode.BAD_RECORD)
+
+
+def _read_certificate(opts: NodeOptions) -> bytes:
+    """This node's admission certificate (`--certificate`, else `<state_dir>/certificate.json`); b"": none."""
+    from ..model.certificates import CERTIFICATE_FILE
+
+    path = opts.certificate if opts.certificate is not None else opts.state_dir / CERTIFICATE_FILE
+    if not path.exists():
+        if opts.certificate is not None:
+            raise FileNotFoundError(f"--certificate {path}: no such file")
+        return b""
+    return path.read_bytes().strip()
 
 
 async def run_node(opts: NodeOptions, state_lock: StateDirLock | None = None) -> NodeExit | None:

@@ -34,7 +34,8 @@ class Status:
     def __init__(self, path: Path, wire: Wire, host: Any, peers: Peers, liveness: Liveness, stage: LocalStage,
                  flows: Flows, microbatches: Microbatches, aggregation: Aggregation, leadership: Leadership, *,
                  run_id: str, policy: str, bootstrap: Bootstrap | None = None,
-                 resume_status: Callable[[], dict | None] = lambda: None) -> None:
+                 resume_status: Callable[[], dict | None] = lambda: None,
+                 security: Callable[[], dict] = dict) -> None:
         self.path = path
         self.wire = wire
         self.host = host
@@ -49,6 +50,7 @@ class Status:
         self.policy = policy
         self.bootstrap = bootstrap  # how the node reaches the swarm at start
         self.resume_status = resume_status  # a relay back with a checkpoint: what it decided and why (resume.py)
+        self.security = security  # refusals per code, revoked and banned peers, an insecure run (authorize.py)
 
     def snapshot(self) -> dict:
         place, mb, agg = self.peers.place, self.microbatches, self.aggregation
@@ -76,7 +78,7 @@ class Status:
             "resume": self.resume_status(),
             "pid": os.getpid(), "time": time.time(),
             "bootstrap": self.bootstrap.snapshot() if self.bootstrap is not None else None,
-        }
+        } | self.security()
 
     def write(self) -> None:
         tmp = self.path.with_suffix(".tmp")
