@@ -99,7 +99,6 @@ def load_or_create_owner_key(path: Path) -> tuple[Ed25519PrivateKey, bool]:
         return load_owner_key(path), False
     key = Ed25519PrivateKey.generate()
     seed = key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
