@@ -145,10 +145,11 @@ def cmd_peer_id(args: argparse.Namespace) -> int:
 
 
 def _check_peer_id(pid: str) -> None:
+    import multihash
     from libp2p.peer.id import ID
 
     try:
-        ID.from_base58(pid)
+        multihash.decode(ID.from_base58(pid).to_bytes())  # base58 of a multihash (identity or sha2-256)
     except Exception:  # base58 and multihash raise several types for a malformed id
         raise CliError(f"--peer-id {pid!r} is not a libp2p peer id (the node prints its own: "
                        "gwtf-node peer-id --state-dir DIR)") from None
