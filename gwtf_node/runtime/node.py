@@ -86,21 +86,22 @@ from ..protocol.phases import LeftOut, OpenIteration, OutOfStep, StartStep
 from ..protocol.recovery import Compute, IterationSettled
 from . import data_resume
 from .aggregation import Aggregation
+from .authorize import Authorizer, Needs, Snapshot, decide
 from .bootstrap import DEFAULT_TIMEOUT_S, Bootstrap
 from .discovery import Discovery
 from .faults import Faults
 from .flows import FLOW_MSGS, Flows
+from .host import DHT_NAMESPACE
 from .joining import Joining
 from .leadership import LEADER_MSGS, PLACEMENT_MSGS, Leadership
 from .liveness import Liveness
 from .microbatches import MB_MSGS, Microbatches
 from .peers import AddressBook, Arrival, PeerInfo, Peers, Place, readmission_refusal
+from .records import RunRecords, SignedRecordValidator
 from .stage import LocalStage
 from .startup import NodeExit, check_port_free
 from .statedir import StateDirLock, lock_state_dir
 from .status import Status
-from .authorize import Authorizer, Needs, Snapshot, decide
-from .records import RunRecords
 from .wire import FrameRefused, Owner, UnknownEffect, Wire, now
 
 log = logging.getLogger("gwtf.node")
@@ -518,6 +519,9 @@ class Node:
             self.resumed = await trio.to_thread.run_sync(data_resume.load_checkpoint, self.stage, self.opts.state_dir)
         async with open_host(self.opts.state_dir, self.opts.listen_host, self.opts.port) as host:
             async with trio.open_nursery() as nursery:
+                if host.dht is not None:  # holders keep only records their writers may write (records.py)
+                    host.dht.register_validator(DHT_NAMESPACE, SignedRecordValidator(
+                        self.run_id, self.manifest.owner_public_key))
                 self.parts = p = self._assemble(host, nursery)
                 host.set_handler(self._on_frame)
                 (self.opts.state_dir / "addr").write_text("\n".join(host.addrs) + "\n")

@@ -31,6 +31,11 @@ Who may write what (`check_writer`):
                             list, checked by the reader (certificates.py)
 ==========================  ==================================================
 
+Holders check too: a node's DHT validator (`SignedRecordValidator`) refuses
+to store a record that does not pass these checks, and a reader filters the
+records it is handed before comparing versions (`get_signed`), so a forged
+record of a higher version neither replaces nor hides the genuine one.
+
 Provider records (`provide` / `find_providers`) are py-libp2p's own and are
 not signed here: they only tell a newcomer whom to dial, and whoever answers
 is authenticated by Noise and admitted by the certificate in its Hello.
@@ -53,6 +58,7 @@ from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
 
 from ..model.certificates import AdmissionError, check_certificate
+from .host import DHT_NAMESPACE, VersionedValidator, unpack_record
 
 RECORD_KIND = "gwtf-record-v1"
 MAX_RECORD_BYTES = 1 << 20  # the manifest record is the largest (a few KiB); bounds what a lookup makes us parse
@@ -185,6 +191,26 @@ async def get_signed(host: Any, key: str, *, run_id: str, owner_public_key: str,
                                              owner_public_key=owner_public_key, now=time.time())
 
 
+class SignedRecordValidator(VersionedValidator):
+    """The DHT's validator (host.py) for a node of run `run_id`: a record this node stores for others, or reads,
+    is refused unless `read_record` believes it, so an honest holder never keeps a forged record."""
+
+    def __init__(self, run_id: str, owner_public_key: str) -> None:
+        self.run_id = run_id
+        self.owner_public_key = owner_public_key
+
+    def validate(self, key: str, value: bytes) -> None:
+        super().validate(key, value)
+        prefix = f"/{DHT_NAMESPACE}/"
+        name = key[len(prefix):] if key.startswith(prefix) else key
+        version, data = unpack_record(value)
+        try:
+            read_record(name, version, data, run_id=self.run_id, owner_public_key=self.owner_public_key,
+                        now=time.time())
+        except RecordError as e:
+            raise ValueError(str(e)) from None
+
+
 class RunRecords:
     """The signed records of one run, as a component uses them: `put` signs and stores, `get` reads and checks.
 
@@ -205,4 +231,4 @@ class RunRecords:
 
 
 __all__ = ["MAX_RECORD_BYTES", "RECORD_KIND", "RecordError", "SignedRecord", "check_writer", "get_signed",
-           "key_pair_of", "open_record", "put_signed", "read_record", "RunRecords", "seal"]
+           "key_pair_of", "open_record", "put_signed", "read_record", "RunRecords", "seal", "SignedRecordValidator"]
