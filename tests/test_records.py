@@ -77,7 +77,7 @@ def test_the_leader_record_is_a_data_node_naming_itself_with_its_term(owner) -> 
     cases = [
         (relay_kp, {"peer_id": r_id, "term": 99, "certificate": r_cert}, "not an admitted data node"),
         (relay_kp, {"peer_id": r_id, "term": 99, "certificate": d_cert}, "not an admitted data node"),  # stolen
-        (relay_kp, {"peer_id": r_id, "term": 99}, "not an admitted data node"),
+        (relay_kp, {"peer_id": r_id, "term": 99}, "carries no data-node certificate"),
         (relay_kp, {"peer_id": d_id, "term": 99, "certificate": d_cert}, "names another peer"),
         (data_kp, {"peer_id": d_id, "certificate": d_cert}, "carries no term"),
     ]

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from .common import CliError, _manifest_error_types
 
+PUBLISH_ATTEMPTS = 3  # each bounded by host.DHT_QUERY_TIMEOUT_S: a busy swarm answers a store late
+
 
 def owner_key_path(run: str | Path, given: str | None) -> Path:
     return Path(given) if given else Path(run).resolve().parent / "owner.key"
@@ -129,7 +131,16 @@ def _publish(addr: str, run_id: str, value: str) -> None:
                     await host.connect(addr)
                 except PeerUnreachable as e:
                     raise CliError(f"--publish-to {addr}: {e}") from None
-                await put_signed(host, f"run/{run_id}/revoked", value)
+                await host.refresh_dht()  # learn the swarm's peers beyond the one dialled: the record goes to them
+                for attempt in range(PUBLISH_ATTEMPTS):
+                    try:
+                        await put_signed(host, f"run/{run_id}/revoked", value)
+                        return
+                    except trio.TooSlowError:
+                        if attempt == PUBLISH_ATTEMPTS - 1:
+                            raise CliError(f"--publish-to {addr}: the DHT did not store the list within "
+                                           f"{PUBLISH_ATTEMPTS} attempts; give the file to the nodes "
+                                           "(--revocations) or try again") from None
 
     trio.run(go)
 

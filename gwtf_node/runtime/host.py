@@ -54,7 +54,7 @@ from pathlib import Path
 
 import trio
 from libp2p import new_host
-from libp2p.abc import IHost, INetStream
+from libp2p.abc import IHost, INetConn, INetStream, INetwork, INotifee
 from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.exceptions import BaseLibp2pError
@@ -87,6 +87,14 @@ ADDR_TTL_S = 7 * 24 * 3600  # how long connect() keeps a peer's addresses (libp2
 DEFAULT_SEND_TIMEOUT_S = 30.0  # a send (dial, handshake, write) must finish within this
 DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0  # tensor-channel handshake, both halves
 DHT_QUERY_TIMEOUT_S = 10.0  # bound on one dht_get / dht_put / find_providers
+# Per-peer bounds on what a peer can make us hold.  A node uses one libp2p connection, one control stream per
+# direction and one tensor channel per peer; a break reopens each once, and a redial may overlap the old
+# connection while it closes: twice the need, and a little more, is never reached by an honest peer.
+# (libp2p.rcmgr 0.8.1 bounds connections in total only; its per-peer ConnectionLimits are not enforced by the
+# swarm, so the per-peer bound is ours: `ConnectionBound`)
+MAX_CONNECTIONS_PER_PEER = 4  # established libp2p connections per peer; a newer one is closed
+MAX_CTRL_STREAMS_PER_PEER = 4  # incoming control streams read at once per peer; another is reset at once
+MAX_PENDING_SESSIONS_PER_PEER = 4  # tensor-channel handshakes awaiting their connection per peer; the oldest goes
 _VERSION = struct.Struct(">Q")
 
 Handler = Callable[[str, bytes, "memoryview | bytes | bytearray"], Awaitable[None]]
@@ -116,6 +124,40 @@ def pack_record(version: int, value: bytes) -> bytes:
 
 def unpack_record(data: bytes) -> tuple[int, bytes]:
     return _VERSION.unpack_from(data)[0], data[_VERSION.size:]
+
+
+class ConnectionBound(INotifee):
+    """Closes a peer's newest libp2p connection beyond `MAX_CONNECTIONS_PER_PEER`."""
+
+    def __init__(self, limit: int = MAX_CONNECTIONS_PER_PEER) -> None:
+        self.limit = limit
+        self.closed = 0
+
+    async def connected(self, network: INetwork, conn: INetConn) -> None:
+        peer = conn.muxed_conn.peer_id
+        if len(network.get_connections(peer)) > self.limit:
+            self.closed += 1
+            log.warning("connection from %s closed: it has %d open already", peer, self.limit)
+            with trio.move_on_after(1):
+                try:
+                    await conn.close()
+                except _PEER_ERRORS:
+                    pass
+
+    async def opened_stream(self, network: INetwork, stream: INetStream) -> None:
+        pass
+
+    async def closed_stream(self, network: INetwork, stream: INetStream) -> None:
+        pass
+
+    async def disconnected(self, network: INetwork, conn: INetConn) -> None:
+        pass
+
+    async def listen(self, network: INetwork, multiaddr: Multiaddr) -> None:
+        pass
+
+    async def listen_close(self, network: INetwork, multiaddr: Multiaddr) -> None:
+        pass
 
 
 async def _libp2p_reader(stream: INetStream, n: int) -> bytes:
@@ -157,6 +199,7 @@ class Host:
         self._tensor_out: dict[str, TensorSender] = {}
         self._tensor_locks: dict[str, trio.Lock] = {}
         self._pending_sessions: dict[bytes, tuple[str, SessionKeys, float]] = {}
+        self._ctrl_in: dict[str, int] = {}  # incoming control streams being read, per peer
         self.stats = {"frames_in": 0, "frames_out": 0, "bytes_out": 0, "bytes_in": 0, "refused": 0}
 
     # ---- identity and addresses ---------------------------------------------
@@ -323,6 +366,25 @@ class Host:
 
     async def _on_ctrl_stream(self, stream: INetStream) -> None:
         peer = stream.muxed_conn.peer_id.to_base58()
+        if self._ctrl_in.get(peer, 0) >= MAX_CTRL_STREAMS_PER_PEER:
+            self.stats["refused"] += 1
+            log.warning("control stream from %s refused: it has %d open already; stream reset", peer,
+                        MAX_CTRL_STREAMS_PER_PEER)
+            with trio.move_on_after(1):
+                try:
+                    await stream.reset()
+                except _PEER_ERRORS:
+                    pass
+            return
+        self._ctrl_in[peer] = self._ctrl_in.get(peer, 0) + 1
+        try:
+            await self._read_ctrl_stream(peer, stream)
+        finally:
+            self._ctrl_in[peer] -= 1
+            if not self._ctrl_in[peer]:
+                del self._ctrl_in[peer]
+
+    async def _read_ctrl_stream(self, peer: str, stream: INetStream) -> None:
         try:
             while True:
                 frame = await read_frame(
@@ -353,6 +415,9 @@ class Host:
             self._pending_sessions = {
                 sid: v for sid, v in self._pending_sessions.items() if v[2] > now
             }
+            theirs = [sid for sid, v in self._pending_sessions.items() if v[0] == peer]  # oldest first
+            for sid in theirs[:max(0, len(theirs) - MAX_PENDING_SESSIONS_PER_PEER + 1)]:
+                del self._pending_sessions[sid]
             self._pending_sessions[keys.session_id] = (peer, keys, now + self.handshake_timeout)
             await stream.close()
         except (FrameError, ChannelError, trio.TooSlowError) as e:
@@ -544,6 +609,7 @@ async def open_host(
             links=links, max_payload=max_payload, send_timeout=send_timeout,
             handshake_timeout=handshake_timeout, frame_timeout=frame_timeout,
         )
+        lp.get_network().register_notifee(ConnectionBound())
         lp.set_stream_handler(CTRL_PROTOCOL_ID, host._on_ctrl_stream)
         lp.set_stream_handler(TENSOR_PROTOCOL_ID, host._on_tensor_handshake)
         await nursery.start(trio.serve_listeners, host._on_tensor_conn, listeners)

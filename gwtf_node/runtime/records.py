@@ -131,6 +131,9 @@ def check_writer(rec: SignedRecord, *, run_id: str, owner_public_key: str, now: 
         if type(value.get("term")) is not int or value["term"] < 0:
             raise RecordError(f"{key} written by {writer[:16]} carries no term")
         if owner_public_key:
+            if not value.get("certificate"):
+                raise RecordError(f"{key} written by {writer[:16]} carries no data-node certificate: only an "
+                                  "admitted data node leads")
             try:
                 check_certificate(str(value.get("certificate", "")), owner_public_key=owner_public_key,
                                   run_id=run_id, peer_id=writer, role="data", now=now)
