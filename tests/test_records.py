@@ -115,4 +115,4 @@ def test_a_forged_record_of_a_higher_version_hides_no_genuine_one(owner) -> None
 
     rec = trio.run(main)
     assert rec is not None and rec.writer == d_id and rec.version == 10
-    assert len(refused) == 1 and "not an admitted data node" in refused[0]
+    assert len(refused) == 1 and "carries no data-node certificate" in refused[0]
