@@ -241,5 +241,29 @@ class Authorizer:
     def load_revocations_file(self, path: Path) -> None:
         self.take_revocations(Path(path).read_bytes(), str(path))
 
+    def check(self, peer: str, msg: object, needs: Needs, peers, leadership) -> Refusal | None:
+        """The refusal of `msg` from `peer` by what its route `needs`, or None (node.py `_on_frame`)."""
+        if needs is Needs.ADMISSION:
+            return self.check_hello(peer, msg)
+        snap = Snapshot(peers.role, peers.stage, peers.n_stages, leadership.leader(), leadership.term())
+        return decide(needs, msg, peers.get(peer), snap)
 
-__all__ = ["Authorizer", "Needs", "Refusal", "RefusalCode", "Snapshot", "decide"]
+    def status(self, wire) -> dict:
+        """status.json's security fields: refusals per code, an insecure run, revoked and banned peers."""
+        return {"refused": dict(sorted(wire.refused_by.items())), "insecure_unsigned": self.insecure,
+                "revoked": sorted(self.revoked), "banned": sorted(wire.bans.banned_until)}
+
+
+def read_certificate(given: Path | None, state_dir: Path) -> bytes:
+    """This node's admission certificate (`--certificate`, else `<state_dir>/certificate.json`); b"": none."""
+    from ..model.certificates import CERTIFICATE_FILE
+
+    path = given if given is not None else Path(state_dir) / CERTIFICATE_FILE
+    if not path.exists():
+        if given is not None:
+            raise FileNotFoundError(f"--certificate {path}: no such file")
+        return b""
+    return path.read_bytes().strip()
+
+
+__all__ = ["Authorizer", "Needs", "Refusal", "RefusalCode", "Snapshot", "decide", "read_certificate"]

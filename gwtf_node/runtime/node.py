@@ -86,7 +86,7 @@ from ..protocol.phases import LeftOut, OpenIteration, OutOfStep, StartStep
 from ..protocol.recovery import Compute, IterationSettled
 from . import data_resume
 from .aggregation import Aggregation
-from .authorize import Authorizer, Needs, Snapshot, decide
+from .authorize import Authorizer, Needs, read_certificate
 from .bootstrap import DEFAULT_TIMEOUT_S, Bootstrap
 from .discovery import Discovery
 from .faults import Faults
@@ -216,7 +216,7 @@ class Node:
         if self.authorizer.insecure:
             log.warning("INSECURE: run %s has no owner signature and is open for testing "
                         "(--insecure-unsigned): any peer may join it in any role", self.run_id)
-        self.certificate = _read_certificate(opts)
+        self.certificate = read_certificate(opts.certificate, opts.state_dir)
         if opts.revocations is not None:
             self.authorizer.load_revocations_file(opts.revocations)
         self.stage = LocalStage(self.manifest, opts.role, opts.device, opts.data_index, opts.data_nodes)
@@ -277,7 +277,7 @@ class Node:
         wire.on_ban = self._drop_peer
         self.authorizer.on_revoked = self._drop_peer
         records = RunRecords(host, self.run_id, self.manifest.owner_public_key,
-                             on_refused=lambda why: _record_refused(wire, why))
+                             on_refused=lambda why: wire.count_refusal(m.RefusalCode.BAD_RECORD))
         from .allreduce import AllReducer
 
         liveness = Liveness(wire, peers, on_dead=self._peer_gone)
@@ -393,19 +393,7 @@ class Node:
         self.parts.wire.spawn(self.parts.wire.disconnect, peer)
 
     def _security_status(self) -> dict:
-        a, w = self.authorizer, self.parts.wire
-        return {"refused": dict(sorted(w.refused_by.items())), "insecure_unsigned": a.insecure,
-                "revoked": sorted(a.revoked), "banned": sorted(w.bans.banned_until)}
-
-    def _authorize(self, peer: str, msg: Any, route: Route | None) -> "Any | None":
-        """The refusal of `msg` from `peer` by the route's `needs` (authorize.py), or None."""
-        if route is None:
-            return None
-        if route.needs is Needs.ADMISSION:
-            return self.authorizer.check_hello(peer, msg)
-        lead = self.parts.leadership
-        snap = Snapshot(self.peers.role, self.peers.stage, self.peers.n_stages, lead.leader(), lead.term())
-        return decide(route.needs, msg, self.peers.get(peer), snap)
+        return self.authorizer.status(self.parts.wire)
 
     def _open_iteration(self, e: OpenIteration) -> None:
         self.parts.aggregation.iteration_opened(e.iteration)
@@ -482,7 +470,8 @@ class Node:
                     wire.refuse(peer, f"{type(msg).__name__} from a peer that has not said Hello",
                                 m.RefusalCode.UNKNOWN_PEER)
                 return
-        refusal = self._authorize(peer, msg, route)
+        refusal = None if route is None else self.authorizer.check(peer, msg, route.needs, self.peers,
+                                                                   self.parts.leadership)
         if refusal is not None:
             if isinstance(msg, m.Hello):  # the sender stops if no peer accepted it yet (bootstrap.py)
                 wire.post(peer, m.Refused(refusal.code, refusal.why))
@@ -621,23 +610,6 @@ def routes(p: Parts) -> dict[type, Route]:
     table |= {t: Route("leadership", ld.on_leader_msg, needs=Needs.DATA) for t in LEADER_MSGS}
     table |= {t: Route("leadership", ld.on_placement_msg) for t in PLACEMENT_MSGS}
     return table
-
-
-def _record_refused(wire: Wire, why: str) -> None:
-    log.warning("DHT record refused: %s", why)
-    wire.count_refusal(m.RefusalCode.BAD_RECORD)
-
-
-def _read_certificate(opts: NodeOptions) -> bytes:
-    """This node's admission certificate (`--certificate`, else `<state_dir>/certificate.json`); b"": none."""
-    from ..model.certificates import CERTIFICATE_FILE
-
-    path = opts.certificate if opts.certificate is not None else opts.state_dir / CERTIFICATE_FILE
-    if not path.exists():
-        if opts.certificate is not None:
-            raise FileNotFoundError(f"--certificate {path}: no such file")
-        return b""
-    return path.read_bytes().strip()
 
 
 async def run_node(opts: NodeOptions, state_lock: StateDirLock | None = None) -> NodeExit | None:

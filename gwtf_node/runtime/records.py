@@ -47,6 +47,7 @@ tested without a network (tests/test_records.py).
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -59,6 +60,8 @@ from libp2p.peer.id import ID
 
 from ..model.certificates import AdmissionError, check_certificate
 from .host import DHT_NAMESPACE, VersionedValidator, unpack_record
+
+log = logging.getLogger("gwtf.node")
 
 RECORD_KIND = "gwtf-record-v1"
 MAX_RECORD_BYTES = 1 << 20  # the manifest record is the largest (a few KiB); bounds what a lookup makes us parse
@@ -230,7 +233,11 @@ class RunRecords:
 
     async def get(self, key: str) -> SignedRecord | None:
         return await get_signed(self.host, key, run_id=self.run_id, owner_public_key=self.owner_public_key,
-                                on_refused=self.on_refused)
+                                on_refused=self._refused)
+
+    def _refused(self, why: str) -> None:
+        log.warning("DHT record refused: %s", why)
+        self.on_refused(why)
 
 
 __all__ = ["MAX_RECORD_BYTES", "RECORD_KIND", "RecordError", "SignedRecord", "check_writer", "get_signed",
