@@ -27,8 +27,10 @@ Needs.DATA         an admitted data node: votes, heartbeats, IterationDone,
                    another data node than that term's leader is NOT_LEADER
                    (one leader per term); one of a higher term from a data
                    node is a new leader (Raft).
-Needs.LEADER       Assignment: a data node, and the leader when this node
-                   knows who leads.
+Needs.LEADER       Assignment: a data node, and at a data node the leader of
+                   its election.  A relay runs no election (the leader it
+                   learned when it joined may be stale), so it takes an
+                   Assignment from any admitted data node.
 Needs.UPSTREAM     BeginAggregation travels front to back: at a data node
                    from the leader it knows (or any data node when it knows
                    none) or a relay (the last stage passes it on; a stage
@@ -245,7 +247,10 @@ class Authorizer:
         """The refusal of `msg` from `peer` by what its route `needs`, or None (node.py `_on_frame`)."""
         if needs is Needs.ADMISSION:
             return self.check_hello(peer, msg)
-        snap = Snapshot(peers.role, peers.stage, peers.n_stages, leadership.leader(), leadership.term())
+        # a relay runs no election: the leader it learned when it joined may be stale (Assignment goes to a
+        # state source too), so it names none and takes the leader's messages from any admitted data node
+        leader = leadership.leader() if peers.role == "data" else None
+        snap = Snapshot(peers.role, peers.stage, peers.n_stages, leader, leadership.term())
         return decide(needs, msg, peers.get(peer), snap)
 
     def status(self, wire) -> dict:
