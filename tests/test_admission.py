@@ -211,3 +211,22 @@ async def test_a_hostile_member_cannot_take_the_run_over(tmp_path: Path) -> None
     ref = train_centralized(man, len(records))
     assert [r["loss"] for r in records] == pytest.approx(ref.losses, rel=1e-4)
     assert all(status(tmp_path, n).get("insecure_unsigned") is False for n in ("d0", "r0_0", "r1_0"))
+
+
+def test_a_peer_with_too_many_connections_loses_the_newest() -> None:
+    from gwtf_node.runtime.limits import ConnectionBound
+
+    class Conn:
+        def __init__(self) -> None:
+            self.muxed_conn = type("Muxed", (), {"peer_id": "p"})()
+            self.closed = False
+
+        async def close(self) -> None:
+            self.closed = True
+
+    conns = [Conn() for _ in range(5)]
+    net = type("Net", (), {"get_connections": lambda self, peer: conns[:n]})()
+    bound = ConnectionBound(limit=4)
+    for n in range(1, 6):
+        trio.run(bound.connected, net, conns[n - 1])
+    assert [c.closed for c in conns] == [False] * 4 + [True] and bound.closed == 1

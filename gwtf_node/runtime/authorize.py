@@ -182,6 +182,17 @@ class Authorizer:
         self.on_revoked: Callable[[str], None] = lambda peer: None
         self._checked: dict[tuple[str, bytes, str], int] = {}  # (peer, certificate, role) -> expiry (0: none)
 
+    @classmethod
+    def of_run(cls, manifest, *, revocations: Path | None = None) -> "Authorizer":
+        """The authorizer of a node of `manifest` (signed, or run with --insecure-unsigned: said loudly)."""
+        a = cls(run_id=manifest.run_id, owner_public_key=manifest.owner_public_key, open_relays=manifest.open_relays)
+        if a.insecure:
+            log.warning("INSECURE: run %s has no owner signature and is open for testing "
+                        "(--insecure-unsigned): any peer may join it in any role", manifest.run_id)
+        if revocations is not None:
+            a.load_revocations_file(revocations)
+        return a
+
     @property
     def insecure(self) -> bool:
         return not self.owner_public_key
@@ -252,6 +263,29 @@ class Authorizer:
         leader = leadership.leader() if peers.role == "data" else None
         snap = Snapshot(peers.role, peers.stage, peers.n_stages, leader, leadership.term())
         return decide(needs, msg, peers.get(peer), snap)
+
+    def screen(self, peer: str, wire) -> bool:
+        """Whether a frame of `peer` is read at all: a banned peer's are dropped unread (counted, not logged),
+        a revoked peer's refused."""
+        if wire.bans.banned_until and wire.is_banned(peer):
+            wire.count_refusal(RefusalCode.BANNED)
+            return False
+        revoked = self.check_revoked(peer)
+        if revoked is not None:
+            wire.refuse(peer, revoked.why, revoked.code)
+            return False
+        return True
+
+    def allow(self, peer: str, msg: object, needs: Needs, peers, leadership, wire) -> bool:
+        """Whether `peer` may send `msg`; if not, the frame is refused with its code (a refused Hello is
+        answered with `Refused`: the sender stops if no peer accepted it yet, bootstrap.py)."""
+        refusal = self.check(peer, msg, needs, peers, leadership)
+        if refusal is None:
+            return True
+        if isinstance(msg, m.Hello):
+            wire.post(peer, m.Refused(refusal.code, refusal.why))
+        wire.refuse(peer, f"{type(msg).__name__}: {refusal.why}", refusal.code)
+        return False
 
     def status(self, wire) -> dict:
         """status.json's security fields: refusals per code, an insecure run, revoked and banned peers."""

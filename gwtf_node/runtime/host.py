@@ -54,7 +54,7 @@ from pathlib import Path
 
 import trio
 from libp2p import new_host
-from libp2p.abc import IHost, INetConn, INetStream, INetwork, INotifee
+from libp2p.abc import IHost, INetStream
 from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.exceptions import BaseLibp2pError
@@ -74,6 +74,7 @@ from . import channel
 from .channel import ChannelError, RawConn, SessionKeys, TensorSender
 from .frames import DEFAULT_FRAME_TIMEOUT_S, DEFAULT_MAX_PAYLOAD_BYTES, FrameError, encode_header, read_frame
 from .identity import load_or_create_identity
+from .limits import MAX_CTRL_STREAMS_PER_PEER, MAX_PENDING_SESSIONS_PER_PEER, ConnectionBound
 from .links import LinkShaper
 from .startup import PortInUse, StartupError, check_port_free
 
@@ -87,14 +88,6 @@ ADDR_TTL_S = 7 * 24 * 3600  # how long connect() keeps a peer's addresses (libp2
 DEFAULT_SEND_TIMEOUT_S = 30.0  # a send (dial, handshake, write) must finish within this
 DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0  # tensor-channel handshake, both halves
 DHT_QUERY_TIMEOUT_S = 10.0  # bound on one dht_get / dht_put / find_providers
-# Per-peer bounds on what a peer can make us hold.  A node uses one libp2p connection, one control stream per
-# direction and one tensor channel per peer; a break reopens each once, and a redial may overlap the old
-# connection while it closes: twice the need, and a little more, is never reached by an honest peer.
-# (libp2p.rcmgr 0.8.1 bounds connections in total only; its per-peer ConnectionLimits are not enforced by the
-# swarm, so the per-peer bound is ours: `ConnectionBound`)
-MAX_CONNECTIONS_PER_PEER = 4  # established libp2p connections per peer; a newer one is closed
-MAX_CTRL_STREAMS_PER_PEER = 4  # incoming control streams read at once per peer; another is reset at once
-MAX_PENDING_SESSIONS_PER_PEER = 4  # tensor-channel handshakes awaiting their connection per peer; the oldest goes
 _VERSION = struct.Struct(">Q")
 
 Handler = Callable[[str, bytes, "memoryview | bytes | bytearray"], Awaitable[None]]
@@ -124,40 +117,6 @@ def pack_record(version: int, value: bytes) -> bytes:
 
 def unpack_record(data: bytes) -> tuple[int, bytes]:
     return _VERSION.unpack_from(data)[0], data[_VERSION.size:]
-
-
-class ConnectionBound(INotifee):
-    """Closes a peer's newest libp2p connection beyond `MAX_CONNECTIONS_PER_PEER`."""
-
-    def __init__(self, limit: int = MAX_CONNECTIONS_PER_PEER) -> None:
-        self.limit = limit
-        self.closed = 0
-
-    async def connected(self, network: INetwork, conn: INetConn) -> None:
-        peer = conn.muxed_conn.peer_id
-        if len(network.get_connections(peer)) > self.limit:
-            self.closed += 1
-            log.warning("connection from %s closed: it has %d open already", peer, self.limit)
-            with trio.move_on_after(1):
-                try:
-                    await conn.close()
-                except _PEER_ERRORS:
-                    pass
-
-    async def opened_stream(self, network: INetwork, stream: INetStream) -> None:
-        pass
-
-    async def closed_stream(self, network: INetwork, stream: INetStream) -> None:
-        pass
-
-    async def disconnected(self, network: INetwork, conn: INetConn) -> None:
-        pass
-
-    async def listen(self, network: INetwork, multiaddr: Multiaddr) -> None:
-        pass
-
-    async def listen_close(self, network: INetwork, multiaddr: Multiaddr) -> None:
-        pass
 
 
 async def _libp2p_reader(stream: INetStream, n: int) -> bytes:

@@ -19,6 +19,8 @@ joining.py      a relay placed by the leader, state hand-over, leave, Goodbye
 resume.py       a relay back with a checkpoint: its own state, a download, or a wait
 data_resume.py  a data node restarted with its state directory: checkpoint, the run's step
 status.py       status.json
+authorize.py    who may send what (each route's `Needs`, asked in `_on_frame`), revocation
+records.py      the signed DHT records (writer's signature, who may write which key)
 ==============  ===============================================================
 
 Beside them: `checkpoints.py` (the state directory's checkpoint files),
@@ -102,6 +104,7 @@ from .stage import LocalStage
 from .startup import NodeExit, check_port_free
 from .statedir import StateDirLock, lock_state_dir
 from .status import Status
+from .timers import Timers
 from .wire import FrameRefused, Owner, UnknownEffect, Wire, now
 
 log = logging.getLogger("gwtf.node")
@@ -171,37 +174,6 @@ class Parts:
     bootstrap: Bootstrap
 
 
-class Timers:
-    """Deadlines keyed by (component, key); a timer set again under the same key replaces the earlier one."""
-
-    def __init__(self, fire: Callable[[Owner, str], None]) -> None:
-        self.fire = fire
-        self.deadlines: dict[tuple[Owner, str], float] = {}
-        self.wake = trio.Event()
-
-    def set(self, key: tuple[Owner, str], deadline: float) -> None:
-        self.deadlines[key] = deadline
-        self.wake.set()
-
-    def cancel(self, key: tuple[Owner, str]) -> None:
-        self.deadlines.pop(key, None)
-
-    async def loop(self) -> None:
-        while True:
-            self.wake = trio.Event()
-            if self.deadlines:
-                key = min(self.deadlines, key=self.deadlines.get)
-                deadline = self.deadlines[key]
-                with trio.move_on_at(deadline):
-                    await self.wake.wait()
-                    continue
-                if self.deadlines.get(key) == deadline:
-                    del self.deadlines[key]
-                    self.fire(*key)
-            else:
-                await self.wake.wait()
-
-
 class Node:
     def __init__(self, opts: NodeOptions) -> None:
         from ..model.manifest import load_manifest, require_signed
@@ -211,14 +183,8 @@ class Node:
         self.manifest = load_manifest(opts.run_path, check_files=opts.role == "data")
         require_signed(self.manifest, insecure_unsigned=opts.insecure_unsigned)
         self.run_id = self.manifest.run_id
-        self.authorizer = Authorizer(run_id=self.run_id, owner_public_key=self.manifest.owner_public_key,
-                                     open_relays=self.manifest.open_relays)
-        if self.authorizer.insecure:
-            log.warning("INSECURE: run %s has no owner signature and is open for testing "
-                        "(--insecure-unsigned): any peer may join it in any role", self.run_id)
+        self.authorizer = Authorizer.of_run(self.manifest, revocations=opts.revocations)
         self.certificate = read_certificate(opts.certificate, opts.state_dir)
-        if opts.revocations is not None:
-            self.authorizer.load_revocations_file(opts.revocations)
         self.stage = LocalStage(self.manifest, opts.role, opts.device, opts.data_index, opts.data_nodes)
         self.faults = Faults.from_env(opts.state_dir)
         self.incarnation = secrets.randbits(63) | 1  # this process's (Hello): peers tell a restart by it
@@ -274,8 +240,7 @@ class Node:
         peers = Peers(host.peer_id, o.name, len(self.manifest.stages), place)
         self.peers = peers
         wire = Wire(host.peer_id, host, nursery, peers)
-        wire.on_ban = self._drop_peer
-        self.authorizer.on_revoked = self._drop_peer
+        self.authorizer.on_revoked = wire.on_ban = self._drop_peer
         records = RunRecords(host, self.run_id, self.manifest.owner_public_key,
                              on_refused=lambda why: wire.count_refusal(m.RefusalCode.BAD_RECORD))
         from .allreduce import AllReducer
@@ -306,7 +271,8 @@ class Node:
                               timeout_s=o.bootstrap_timeout_s if o.bootstrap else 0.0, on_exit=self._exit)
         status = Status(o.state_dir / "status.json", wire, host, peers, liveness, self.stage, flows, microbatches,
                         aggregation, leadership, run_id=self.run_id, policy=o.policy, bootstrap=bootstrap,
-                        resume_status=lambda: joining.resume_status, security=self._security_status)
+                        resume_status=lambda: joining.resume_status,
+                        security=lambda: self.authorizer.status(wire))
         parts = Parts(wire, liveness, discovery, flows, microbatches, leadership, aggregation, joining, status,
                       bootstrap)
         self.routes = routes(parts)
@@ -385,15 +351,11 @@ class Node:
 
     def _drop_peer(self, peer: str) -> None:
         """A banned or revoked peer: gone everywhere, disconnected (its frames are refused from now on)."""
-        if self.parts is None:
-            return
-        if peer in self.peers or not self.peers.is_gone(peer):
+        if self.parts is not None and (peer in self.peers or not self.peers.is_gone(peer)):
             log.warning("dropping peer %s (banned or revoked)", self.peers.who(peer))
             self._peer_gone(peer)
-        self.parts.wire.spawn(self.parts.wire.disconnect, peer)
-
-    def _security_status(self) -> dict:
-        return self.authorizer.status(self.parts.wire)
+        if self.parts is not None:
+            self.parts.wire.spawn(self.parts.wire.disconnect, peer)
 
     def _open_iteration(self, e: OpenIteration) -> None:
         self.parts.aggregation.iteration_opened(e.iteration)
@@ -450,12 +412,7 @@ class Node:
         if sender != peer:
             wire.refuse(peer, f"envelope claims sender {sender[:16]}, the authenticated peer is {peer[:16]}")
             return
-        if wire.bans.banned_until and wire.is_banned(peer):
-            wire.count_refusal(m.RefusalCode.BANNED)  # dropped unread: no log line per frame of a banned peer
-            return
-        revoked = self.authorizer.check_revoked(peer)
-        if revoked is not None:
-            wire.refuse(peer, revoked.why, revoked.code)
+        if not self.authorizer.screen(peer, wire):  # a banned or revoked peer (counted there)
             return
         gone = self.peers.is_gone(peer)
         if not gone:
@@ -470,13 +427,9 @@ class Node:
                     wire.refuse(peer, f"{type(msg).__name__} from a peer that has not said Hello",
                                 m.RefusalCode.UNKNOWN_PEER)
                 return
-        refusal = None if route is None else self.authorizer.check(peer, msg, route.needs, self.peers,
-                                                                   self.parts.leadership)
-        if refusal is not None:
-            if isinstance(msg, m.Hello):  # the sender stops if no peer accepted it yet (bootstrap.py)
-                wire.post(peer, m.Refused(refusal.code, refusal.why))
-            wire.refuse(peer, f"{type(msg).__name__}: {refusal.why}", refusal.code)
-            return
+        if route is not None and not self.authorizer.allow(peer, msg, route.needs, self.peers,
+                                                           self.parts.leadership, wire):
+            return  # refused and counted there
         try:
             if route is None:
                 raise FrameRefused(f"unexpected {type(msg).__name__}")

@@ -147,7 +147,6 @@ class Wire:
             log.warning("peer %s sent %d refused frames within %.0f s: disconnected and banned for %.0f s",
                         self.peers.who(peer), self.bans.limit, self.bans.window_s, self.bans.ban_s)
             self.on_ban(peer)
-            self.spawn(self.disconnect, peer)
 
     def count_refusal(self, code: m.RefusalCode) -> None:
         """Count a refusal that bans no one (a bad DHT record: its holder is not its writer)."""
