@@ -232,11 +232,14 @@ def cmd_local(args: argparse.Namespace) -> int:
         raise CliError(f"--workdir {workdir}: cannot write there ({e.strerror})") from None
     from ..runtime.local import LocalError, LocalSwarm, run_local
 
-    swarm = LocalSwarm(workdir, run_path, args.data_nodes, len(man.stages), args.relays_per_stage,
-                       args.iterations, links=Path(args.links) if args.links else None, auto_stage=args.auto_stage,
-                       joiners=args.joiners, join_every_s=args.join_every, policy=args.policy,
-                       churn=args.churn, seed=args.seed, relay_capacity=args.relay_capacity,
-                       owner_key=_local_owner_key(args.run))
+    try:  # the launcher owns the run: it signs it and admits its nodes (a signed --run needs its owner key)
+        swarm = LocalSwarm(workdir, run_path, args.data_nodes, len(man.stages), args.relays_per_stage,
+                           args.iterations, links=Path(args.links) if args.links else None,
+                           auto_stage=args.auto_stage, joiners=args.joiners, join_every_s=args.join_every,
+                           policy=args.policy, churn=args.churn, seed=args.seed, relay_capacity=args.relay_capacity,
+                           owner_key=_local_owner_key(args.run))
+    except LocalError as e:
+        raise CliError(str(e)) from None
     if args.links:
         from ..runtime.linkspec import LinksError, resolve_links
         try:  # the same check the swarm makes when it starts, before any process is spawned
