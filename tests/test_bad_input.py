@@ -47,6 +47,7 @@ async def test_hostile_peer_is_refused_and_training_goes_on(tmp_path: Path) -> N
         d0 = json.loads((tmp_path / "d0" / "status.json").read_text())["peer_id"]
         shape = (man.data.microbatch_size, man.data.seq_len, man.dims.hidden)
 
+        cert = swarm.admit(tmp_path / "attacker", "data").read_bytes()  # a member, so that its frames are read
         async with open_host(tmp_path / "attacker", dht=False) as evil:
             target = await evil.connect(target_addr)
             from libp2p.peer.id import ID
@@ -72,7 +73,8 @@ async def test_hostile_peer_is_refused_and_training_goes_on(tmp_path: Path) -> N
             await raw(HEADER.pack(len(junk), 0) + junk)
             unknown = pb.Envelope(version=1, sender=evil.peer_id).SerializeToString() + b"\xfa\x06\x02hi"
             await evil.send(target, unknown)  # an unknown message type (a field this node does not know)
-            await evil.send(target, codec.encode(evil.peer_id, m.Hello(man.run_id, "data", -1, "evil", 1, ())))
+            await evil.send(target, codec.encode(evil.peer_id, m.Hello(swarm.run_id, "data", -1, "evil", 1, (),
+                                                                 certificate=cert)))
 
             async def forward(seq: int, t: torch.Tensor) -> None:
                 header, payload = pack(t)

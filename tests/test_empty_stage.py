@@ -152,6 +152,7 @@ async def test_restore_restarts_an_empty_stage_from_an_older_checkpoint(tmp_path
         assert oldest.steps < newest.steps, [p.name for p in files]
         sd = tmp_path / "r0_new"
         sd.mkdir()
+        swarm.admit(sd, "relay")  # the run's owner admits the newcomer
         boot = (tmp_path / "d0" / "addr").read_text().split()[0]
         cmd = [sys.executable, "-m", "gwtf_node.cli", "join", "--run", str(run), "--state-dir", str(sd), "--name",
                "r0_new", "--role", "relay", "--stage", "0", "--bootstrap", boot, "--restore", str(oldest.path)]

@@ -18,6 +18,7 @@ from gwtf_node.model.manifest import RunManifest, default_manifest, save_manifes
 from gwtf_node.model.reference import train_centralized
 from gwtf_node.runtime.host import open_host
 from gwtf_node.runtime.local import LocalSwarm
+from gwtf_node.runtime.records import RunRecords
 
 from swarmutil import wait_records
 
@@ -42,23 +43,25 @@ async def test_auto_stage_and_dht_discovery(tmp_path: Path) -> None:
 
         boot = (tmp_path / "d0" / "addr").read_text().split()[0]
         ids = {n: json.loads((tmp_path / n / "status.json").read_text())["peer_id"] for n in ("d0", "r0_0", "r1_0")}
+        run_id, owner = swarm.run_id, RunManifest.from_json(run.read_text()).owner_public_key
         async with open_host(tmp_path / "newcomer", bootstrap=[boot]) as host:
+            records = RunRecords(host, run_id, owner, on_refused=lambda why: pytest.fail(why))
             with trio.fail_after(60):
                 while True:
-                    raw = await host.dht_get(f"run/{man.run_id}")
-                    if raw is not None:
+                    got = await records.get(f"run/{run_id}")
+                    if got is not None:
                         break
                     await trio.sleep(0.5)
-            assert RunManifest.from_json(raw.decode()).run_id == man.run_id
+            assert RunManifest.from_json(got.value).run_id == run_id and got.writer == ids["d0"]
             for name, pid in ids.items():
                 with trio.fail_after(30):
-                    while (rec := await host.dht_get(f"node/{pid}")) is None:
+                    while (got := await records.get(f"node/{pid}")) is None:
                         await trio.sleep(0.5)
-                rec = json.loads(rec)
-                assert rec["name"] == name and rec["run_id"] == man.run_id
+                assert got.writer == pid  # signed by the node itself (records.py)
+                assert got.value["name"] == name and got.value["run_id"] == run_id
             with trio.fail_after(30):
                 while True:
-                    found = {pid for pid, _ in await host.find_providers(f"run/{man.run_id}/stage/1")}
+                    found = {pid for pid, _ in await host.find_providers(f"run/{run_id}/stage/1")}
                     if ids["r1_0"] in found:
                         break
                     await trio.sleep(0.5)

@@ -43,7 +43,8 @@ def test_every_message_type_has_one_route() -> None:
 def test_an_effect_no_component_handles_is_refused_loudly(tmp_path: Path) -> None:
     run = tmp_path / "run.json"
     save_manifest(default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=2), run)
-    node = Node(NodeOptions(run_path=run, role="relay", stage=0, state_dir=tmp_path / "s"))
+    node = Node(NodeOptions(run_path=run, role="relay", stage=0, state_dir=tmp_path / "s",
+                            insecure_unsigned=True))
 
     class Strange:
         pass

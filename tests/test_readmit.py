@@ -187,7 +187,8 @@ class FakeHost:
 
 def _node(tmp_path: Path, run: Path, name: str, peer_id: str, role: str, stage: int | None, net: dict,
           nursery: trio.Nursery, steps: int = 0) -> Node:
-    node = Node(NodeOptions(run_path=run, role=role, stage=stage, state_dir=tmp_path / name, name=name))
+    node = Node(NodeOptions(run_path=run, role=role, stage=stage, state_dir=tmp_path / name, name=name,
+                            insecure_unsigned=True))
     (tmp_path / name).mkdir(exist_ok=True)
     node.stage.set_steps(steps)
     host = FakeHost(peer_id, net)

@@ -120,7 +120,8 @@ def test_join_refuses_a_bad_restore_file(tmp_path: Path, capsys) -> None:
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a checkpoint")
     for path, says in [(bad, "not a readable checkpoint"), (tmp_path / "none.pt", "no such checkpoint file")]:
-        assert main(["join", "--run", str(run), "--role", "relay", "--stage", "0", "--restore", str(path)]) == 2
+        assert main(["join", "--run", str(run), "--role", "relay", "--stage", "0", "--restore", str(path),
+                     "--insecure-unsigned"]) == 2
         err = capsys.readouterr().err.strip()
         assert says in err and len(err.splitlines()) == 1, err
 

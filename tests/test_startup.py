@@ -151,7 +151,7 @@ def test_join_refuses_a_locked_state_directory_and_a_port_in_use_before_starting
 
     run = tmp_path / "run.json"
     save_manifest(default_manifest(stages=1, layers=1, hidden=16, seq_len=8), run)
-    join = ["join", "--run", str(run), "--role", "relay", "--stage", "0"]
+    join = ["join", "--run", str(run), "--role", "relay", "--stage", "0", "--insecure-unsigned"]
     with lock_state_dir(tmp_path / "held"):
         assert main([*join, "--state-dir", str(tmp_path / "held")]) == 2
         err = capsys.readouterr().err.strip()
@@ -262,7 +262,8 @@ def _join(name: str, state_dir: Path, run: Path, *args: str) -> tuple[subprocess
     """Start `gwtf-node join`; its stderr (the log, then the error line) goes to `<name>.stderr` beside."""
     state_dir.mkdir(parents=True, exist_ok=True)
     err = state_dir.parent / f"{name}.stderr"
-    cmd = [sys.executable, "-m", "gwtf_node.cli", "join", "--run", str(run), "--state-dir", str(state_dir), *args]
+    cmd = [sys.executable, "-m", "gwtf_node.cli", "join", "--run", str(run), "--state-dir", str(state_dir),
+           "--insecure-unsigned", *args]
     with open(err, "w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=fh, stdin=subprocess.DEVNULL, start_new_session=True)
     return proc, err, time.monotonic()

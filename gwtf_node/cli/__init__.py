@@ -22,6 +22,7 @@ from .common import (
 from .service import add_parser as add_service_parser
 from .common import _first_manifest_error
 from .config import add_config_parser, configurable
+from .owner import add_owner_parsers, sign_run
 from .sim import SIM_TRAIN_JSON_KEYS, add_sim_parsers, cmd_sim_join, cmd_sim_train, run_policy, sim_train_options
 from .status import add_status_parser
 
@@ -47,12 +48,18 @@ def cmd_init_run(args: argparse.Namespace) -> int:
 
             man = replace(man, data=replace(man.data, source=[str(Path(f).resolve()) for f in args.data]))
             man.validate(check_files=True)  # the data files exist and hold enough text
+        if args.open_relays:
+            from dataclasses import replace
+
+            man = replace(man, open_relays=True)
+        man, key_path, created = sign_run(man, args.out, args.owner_key)
         save_manifest(man, args.out)
     except _manifest_error_types() as e:
         raise CliError(str(e)) from None
     except OSError as e:
         raise CliError(f"cannot write {args.out}: {e.strerror}") from None
-    print(f"wrote {args.out}: run {man.run_id}, {args.family}, {len(man.stages)} stages {man.stages}")
+    print(f"wrote {args.out}: run {man.run_id}, {args.family}, {len(man.stages)} stages {man.stages}, signed by "
+          f"the owner key {key_path}{' (new: keep it private)' if created else ''}")
     return 0
 
 
@@ -75,6 +82,9 @@ def cmd_join(args: argparse.Namespace) -> int:
 
         man = load_manifest(args.run, check_files=args.role == "data")  # relays hold no data
         verify_manifest(man)  # signed by its owner, before the node starts
+        from ..model.manifest import require_signed
+
+        require_signed(man, insecure_unsigned=args.insecure_unsigned)
         if stage is not None and not 0 <= stage < len(man.stages):
             raise CliError(f"--stage {stage} is outside the run's stages 0..{len(man.stages) - 1}")
         if args.data_index >= args.data_nodes:
@@ -109,6 +119,7 @@ def cmd_join(args: argparse.Namespace) -> int:
     except StartupError as e:
         raise CliError(str(e)) from None
     try:
+        _check_own_admission(args, man)
         check_port_free(args.host, args.port)
         if args.metrics_port is not None:
             check_port_free(args.metrics_host, args.metrics_port, "metrics port", "choose another --metrics-port")
@@ -117,6 +128,44 @@ def cmd_join(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     finally:
         lock.release()
+
+
+def _check_own_admission(args: argparse.Namespace, man) -> None:
+    """A node of an owned run holds the owner's certificate for its peer id and role (or the run takes any
+    relay): say so at once, with the command that admits it, rather than be refused by every peer."""
+    import time
+    from pathlib import Path
+
+    from ..model.certificates import CERTIFICATE_FILE, AdmissionError, check_certificate
+    from ..runtime.identity import load_or_create_identity, peer_id_of
+
+    if args.revocations:
+        from ..model.certificates import check_revocations
+
+        try:
+            check_revocations(Path(args.revocations).read_bytes(), owner_public_key=man.owner_public_key,
+                              run_id=man.run_id)
+        except OSError as e:
+            raise CliError(f"--revocations {args.revocations}: {e.strerror}") from None
+        except AdmissionError as e:
+            raise CliError(f"--revocations {args.revocations}: {e}") from None
+    if not man.owner_public_key:
+        return
+    path = Path(args.certificate) if args.certificate else Path(args.state_dir) / CERTIFICATE_FILE
+    pid = peer_id_of(load_or_create_identity(Path(args.state_dir)))
+    admit = f"gwtf-node admit --run {args.run} --peer-id {pid} --role {args.role} --out {path}"
+    if not path.exists():
+        if args.role == "relay" and man.open_relays and not args.certificate:
+            return
+        raise CliError(f"no certificate at {path}: run {man.run_id} admits {args.role} nodes by the owner's "
+                       f"certificate; the owner runs: {admit}")
+    try:
+        check_certificate(path.read_bytes(), owner_public_key=man.owner_public_key, run_id=man.run_id,
+                          peer_id=pid, role=args.role, now=time.time())
+    except AdmissionError as e:
+        raise CliError(f"{path}: {e}; the owner runs: {admit}") from None
+    except OSError as e:
+        raise CliError(f"cannot read the certificate {path}: {e.strerror}") from None
 
 
 def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -> int:
@@ -149,7 +198,10 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
                        links=Path(args.links) if args.links else None, policy=args.policy,
                        bootstrap_timeout_s=args.bootstrap_timeout,
                        restore=Path(args.restore) if args.restore else None, keep_checkpoints=args.keep_checkpoints,
-                       metrics_port=args.metrics_port, metrics_host=args.metrics_host)
+                       metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+                       certificate=Path(args.certificate) if args.certificate else None,
+                       insecure_unsigned=args.insecure_unsigned,
+                       revocations=Path(args.revocations) if args.revocations else None)
     try:
         stopped = trio.run(run_node, opts, lock)
     except BaseException as e:  # trio wraps what a nursery's body raises in exception groups: look inside
@@ -194,10 +246,14 @@ def cmd_local(args: argparse.Namespace) -> int:
         raise CliError(f"--workdir {workdir}: cannot write there ({e.strerror})") from None
     from ..runtime.local import LocalSwarm
 
-    swarm = LocalSwarm(workdir, run_path, args.data_nodes, len(man.stages), args.relays_per_stage,
-                       args.iterations, links=Path(args.links) if args.links else None, auto_stage=args.auto_stage,
-                       joiners=args.joiners, join_every_s=args.join_every, policy=args.policy,
-                       churn=args.churn, seed=args.seed, relay_capacity=args.relay_capacity)
+    try:  # the launcher owns the run: it signs it and admits its nodes (a signed --run needs its owner key)
+        swarm = LocalSwarm(workdir, run_path, args.data_nodes, len(man.stages), args.relays_per_stage,
+                           args.iterations, links=Path(args.links) if args.links else None,
+                           auto_stage=args.auto_stage, joiners=args.joiners, join_every_s=args.join_every,
+                           policy=args.policy, churn=args.churn, seed=args.seed, relay_capacity=args.relay_capacity,
+                           owner_key=_local_owner_key(args.run))
+    except LocalError as e:
+        raise CliError(str(e)) from None
     if args.links:
         from ..runtime.linkspec import LinksError, resolve_links
         try:  # the same check the swarm makes when it starts, before any process is spawned
@@ -207,6 +263,15 @@ def cmd_local(args: argparse.Namespace) -> int:
     from .local import run_swarm
 
     return run_swarm(swarm, man, args)
+
+
+def _local_owner_key(run: str | None):
+    """`local --run FILE` of a signed run: the owner key beside FILE admits the swarm's nodes."""
+    from pathlib import Path
+
+    if run is None:
+        return None
+    return Path(run).resolve().parent / "owner.key"
 
 
 def _local_centralized(man, args) -> int:
@@ -291,6 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gwtf-node", description="Decentralized LLM training with GWTF flow routing.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     add_sim_parsers(sub)
+    add_owner_parsers(sub)
 
     ir = sub.add_parser("init-run", help="write a run manifest with sensible defaults")
     ir.add_argument("--out", required=True, help="where to write the manifest (JSON)")
@@ -311,6 +377,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "adatopk (FusionLLM's Eq. 7: only links slower than the fastest)")
     ir.add_argument("--compression-ratio", type=float, default=10.0, metavar="R",
                     help="Top-K keeps 1/R of the elements (adatopk: on the slowest link, R x the encoding overhead)")
+    ir.add_argument("--owner-key", default=None, metavar="PATH",
+                    help="the owner key that signs the run (default: owner.key beside --out; created if missing)")
+    ir.add_argument("--open-relays", action="store_true",
+                    help="any relay may join without a certificate (data nodes are always admitted by certificate)")
     ir.set_defaults(func=cmd_init_run)
 
     j = sub.add_parser("join", help="start a long-lived node of a run")
@@ -349,6 +419,14 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--log-backups", type=_positive_int, default=5, metavar="N", help="rotated log files kept")
     j.set_defaults(func=configurable(j, cmd_join))  # last: every flag above is also a config key and GWTF_* variable
     add_config_parser(sub, j)
+    j.add_argument("--certificate", default=None, metavar="FILE",
+                   help="the run owner's admission of this node (default: certificate.json in the state directory)")
+    j.add_argument("--revocations", default=None, metavar="FILE",
+                   help="the run owner's signed revocation list (nodes also read it from the DHT)")
+    j.add_argument("--insecure-unsigned", action="store_true",
+                   help="join a run whose manifest has no owner signature (open for testing: anyone may join it "
+                        "in any role)")
+    j.set_defaults(func=cmd_join)
 
     lo = sub.add_parser("local", help="a whole swarm of separate processes on loopback, training a small model")
     lo.add_argument("--data-nodes", type=_positive_int, default=1)

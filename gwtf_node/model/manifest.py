@@ -145,6 +145,9 @@ class RunManifest:
     # the owner's choices when a stage loses every member; None: absent from the JSON (so the run id of a
     # manifest without it is what it always was), which means the defaults of RecoverySpec
     recovery: RecoverySpec | None = None
+    # any relay may join (True), or relays too are admitted by the owner's certificate (False, absent from the
+    # JSON); data nodes always are (certificates.py)
+    open_relays: bool = False
     base_dir: str = field(default="", compare=False, repr=False)  # resolves relative paths; not serialized
 
     # ---- serialization ----------------------------------------------------
@@ -156,6 +159,8 @@ class RunManifest:
             del d["recovery"]
         else:
             d["recovery"] = {"empty_stage": self.recovery.empty_stage.value}
+        if not self.open_relays:
+            del d["open_relays"]
         d["version"] = MANIFEST_VERSION
         d["stages"] = [list(s) for s in self.stages]
         d["train"]["betas"] = list(self.train.betas)
@@ -282,6 +287,8 @@ class RunManifest:
         if t.grad_clip_norm is not None and (not _is_number(t.grad_clip_norm) or t.grad_clip_norm <= 0):
             raise ManifestError(f"train.grad_clip_norm is {t.grad_clip_norm!r}; give a finite number > 0, or leave "
                                 "it out for no clipping")
+        if not isinstance(self.open_relays, bool):
+            raise ManifestError(f"open_relays is {self.open_relays!r}; give true or false")
         if self.owner_public_key:
             try:
                 if len(bytes.fromhex(self.owner_public_key)) != 32:
@@ -360,7 +367,9 @@ def _check_shapes(d: dict) -> None:
     check_shapes(d, {name: ({f.name for f in fields(spec)}, req) for name, (spec, req) in sections.items()},
                  default_betas=list(TrainSpec.betas), error=ManifestError)
 
-_TOP_KEYS = {"version", "run_name", "model", "stages", "data", "train", "owner_public_key", "signature", "recovery"}
+
+_TOP_KEYS = {"version", "run_name", "model", "stages", "data", "train", "owner_public_key", "signature", "recovery",
+             "open_relays"}
 
 
 def _recovery(d: Any) -> RecoverySpec | None:
@@ -412,6 +421,7 @@ def _from_dict(d: Any, base_dir: str) -> RunManifest:
             owner_public_key=d.get("owner_public_key", ""),
             signature=d.get("signature", ""),
             recovery=recovery,
+            open_relays=d.get("open_relays", False),
             base_dir=base_dir,
         )
     except KeyError as e:
@@ -456,6 +466,15 @@ def sign_manifest(m: RunManifest, private_key: Ed25519PrivateKey) -> RunManifest
     """A copy of `m` owned by `private_key`'s holder and signed by it (this changes the run id)."""
     owned = replace(m, owner_public_key=public_key_hex(private_key), signature="")
     return replace(owned, signature=private_key.sign(owned.signed_bytes()).hex())
+
+
+def require_signed(m: RunManifest, *, insecure_unsigned: bool = False) -> None:
+    """Raise ManifestError unless `m` is signed by its owner; an unsigned run passes only when the node was told
+    the run is open for testing (`insecure_unsigned`).  A badly signed manifest never passes."""
+    verify_manifest(m)
+    if not m.owner_public_key and not insecure_unsigned:
+        raise ManifestError("manifest is not signed by a run owner: sign it (gwtf-node init-run creates the owner "
+                            "key and signs), or pass --insecure-unsigned to join a run open for testing")
 
 
 def verify_manifest(m: RunManifest) -> None:

@@ -43,6 +43,17 @@ class RefusalCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REFUSAL_CODE_OTHER_RUN: _ClassVar[RefusalCode]
     REFUSAL_CODE_NO_SUCH_ROLE: _ClassVar[RefusalCode]
     REFUSAL_CODE_NO_SUCH_STAGE: _ClassVar[RefusalCode]
+    REFUSAL_CODE_INVALID: _ClassVar[RefusalCode]
+    REFUSAL_CODE_NOT_ADMITTED: _ClassVar[RefusalCode]
+    REFUSAL_CODE_BAD_CERTIFICATE: _ClassVar[RefusalCode]
+    REFUSAL_CODE_CERTIFICATE_EXPIRED: _ClassVar[RefusalCode]
+    REFUSAL_CODE_REVOKED: _ClassVar[RefusalCode]
+    REFUSAL_CODE_WRONG_ROLE: _ClassVar[RefusalCode]
+    REFUSAL_CODE_NOT_LEADER: _ClassVar[RefusalCode]
+    REFUSAL_CODE_NOT_NEIGHBOUR: _ClassVar[RefusalCode]
+    REFUSAL_CODE_UNKNOWN_PEER: _ClassVar[RefusalCode]
+    REFUSAL_CODE_BANNED: _ClassVar[RefusalCode]
+    REFUSAL_CODE_BAD_RECORD: _ClassVar[RefusalCode]
 SIDE_UNSPECIFIED: Side
 SIDE_IN: Side
 SIDE_OUT: Side
@@ -65,6 +76,17 @@ REFUSAL_CODE_UNSPECIFIED: RefusalCode
 REFUSAL_CODE_OTHER_RUN: RefusalCode
 REFUSAL_CODE_NO_SUCH_ROLE: RefusalCode
 REFUSAL_CODE_NO_SUCH_STAGE: RefusalCode
+REFUSAL_CODE_INVALID: RefusalCode
+REFUSAL_CODE_NOT_ADMITTED: RefusalCode
+REFUSAL_CODE_BAD_CERTIFICATE: RefusalCode
+REFUSAL_CODE_CERTIFICATE_EXPIRED: RefusalCode
+REFUSAL_CODE_REVOKED: RefusalCode
+REFUSAL_CODE_WRONG_ROLE: RefusalCode
+REFUSAL_CODE_NOT_LEADER: RefusalCode
+REFUSAL_CODE_NOT_NEIGHBOUR: RefusalCode
+REFUSAL_CODE_UNKNOWN_PEER: RefusalCode
+REFUSAL_CODE_BANNED: RefusalCode
+REFUSAL_CODE_BAD_RECORD: RefusalCode
 
 class Label(_message.Message):
     __slots__ = ("commodity", "side", "cost", "path", "epoch")
@@ -245,7 +267,7 @@ class MoveReply(_message.Message):
     def __init__(self, move_id: _Optional[int] = ..., outcome: _Optional[_Union[Outcome, str]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("run_id", "role", "stage", "name", "capacity", "addrs", "tensor_addr", "joining", "ready_from", "leaving", "leave_after", "steps", "incarnation")
+    __slots__ = ("run_id", "role", "stage", "name", "capacity", "addrs", "tensor_addr", "joining", "ready_from", "leaving", "leave_after", "steps", "incarnation", "certificate")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
@@ -259,6 +281,7 @@ class Hello(_message.Message):
     LEAVE_AFTER_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     role: str
     stage: int
@@ -272,7 +295,8 @@ class Hello(_message.Message):
     leave_after: int
     steps: int
     incarnation: int
-    def __init__(self, run_id: _Optional[str] = ..., role: _Optional[str] = ..., stage: _Optional[int] = ..., name: _Optional[str] = ..., capacity: _Optional[int] = ..., addrs: _Optional[_Iterable[str]] = ..., tensor_addr: _Optional[str] = ..., joining: bool = ..., ready_from: _Optional[int] = ..., leaving: bool = ..., leave_after: _Optional[int] = ..., steps: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    certificate: bytes
+    def __init__(self, run_id: _Optional[str] = ..., role: _Optional[str] = ..., stage: _Optional[int] = ..., name: _Optional[str] = ..., capacity: _Optional[int] = ..., addrs: _Optional[_Iterable[str]] = ..., tensor_addr: _Optional[str] = ..., joining: bool = ..., ready_from: _Optional[int] = ..., leaving: bool = ..., leave_after: _Optional[int] = ..., steps: _Optional[int] = ..., incarnation: _Optional[int] = ..., certificate: _Optional[bytes] = ...) -> None: ...
 
 class Goodbye(_message.Message):
     __slots__ = ("after_iteration",)

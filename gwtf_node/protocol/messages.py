@@ -19,6 +19,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from .refusals import RefusalCode  # noqa: F401 - re-exported: a Refused carries one
+
 INF = float("inf")
 
 
@@ -233,6 +235,7 @@ class Hello:
     leave_after: int = 0
     steps: int = 0  # optimizer steps applied to its part (a data node: the run's step)
     incarnation: int = 0  # drawn at each start of the process: a new value is the same node restarted
+    certificate: bytes = b""  # the run owner's admission certificate for this peer id and role; b"": none
 
 
 @dataclass(frozen=True, slots=True)
@@ -565,14 +568,6 @@ class Assignment:
 
 
 # ---- start-up: a refused Hello is answered (runtime/bootstrap.py) ----------
-
-
-class RefusalCode(enum.IntEnum):
-    """Why a node refused a Hello; mirrors the proto enum `RefusalCode`."""
-
-    OTHER_RUN = 1  # "I train another run: your run.json is not the swarm's."
-    NO_SUCH_ROLE = 2  # "A node is a data node or a relay; your Hello says neither."
-    NO_SUCH_STAGE = 3  # "The stage your Hello names does not exist in this run."
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,9 +13,11 @@ peers.py) is handed to `on_peer_back` first, which checks it and forgets its
 old incarnation.
 
 The DHT is the second way in (`loop`).  Records (versioned, the highest
-version wins everywhere; see host.py): `run/<run id>` holds the manifest (put
-by data nodes), `node/<peer id>` holds {name, role, stage, addrs} (put by
-every node, again when its stage changes); provider records on
+version wins everywhere; see host.py; each signed by its writer and checked
+on read, records.py): `run/<run id>` holds the manifest (put by data nodes),
+`node/<peer id>` holds {name, role, stage, addrs} (put by every node, again
+when its stage changes), `run/<run id>/revoked` the owner's revocation list
+(read every round: authorize.py drops the peers it names); provider records on
 `run/<run id>` and on `run/<run id>/stage/<k>` (relays) are how a newcomer
 finds the swarm and the members of a stage.  The DHT is discovery only: who
 is alive is decided by our own messages (`liveness.py`).
@@ -26,7 +28,6 @@ bandwidth) as soon as its Hello names it.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any, Callable
 
@@ -48,7 +49,8 @@ class Discovery:
                  links_cfg: dict[tuple[str, str], tuple[float, float]],
                  on_peer_hello: Callable[[PeerInfo], None], applied_steps: Callable[[], int] = lambda: 0,
                  incarnation: int = 0,
-                 on_peer_back: Callable[[PeerInfo, Arrival], bool] = lambda info, arrival: True) -> None:
+                 on_peer_back: Callable[[PeerInfo, Arrival], bool] = lambda info, arrival: True,
+                 certificate: bytes = b"", authorizer: Any = None, records: Any = None) -> None:
         self.wire = wire
         self.peers = peers
         self.host = host
@@ -61,12 +63,15 @@ class Discovery:
         # a gone or restarted peer says Hello: checked (False: not taken back; or refused), its old one forgotten
         self.on_peer_back = on_peer_back
         self.hellos_sent: set[str] = set()
+        self.certificate = certificate  # the owner's admission of this node, shown in every Hello
+        self.authorizer = authorizer  # takes the owner's revocation lists (authorize.py)
+        self.records = records  # signed DHT records (records.py); None: a test without a DHT
 
     def hello(self) -> m.Hello:
         p = self.peers.place
         return m.Hello(self.run_id, p.role, -2 if p.stage is None else p.stage, self.peers.name, p.capacity,
                        tuple(self.host.addrs), self.host.tensor_addr, p.joining, p.ready_from, p.leaving,
-                       p.leave_after, self.applied_steps(), self.incarnation)
+                       p.leave_after, self.applied_steps(), self.incarnation, self.certificate)
 
     def hello_all(self) -> None:
         """Tell every peer this node's place again (its stage or standing changed)."""
@@ -101,10 +106,10 @@ class Discovery:
                     try:
                         with trio.move_on_after(DHT_WAIT_S):
                             if role == "data":
-                                await self.host.dht_put(run_key, self.manifest.to_json().encode())
+                                await self.records.put(run_key, self.manifest.to_json())
                             rec = {"name": self.peers.name, "role": role, "stage": stage,
                                    "addrs": self.host.addrs, "run_id": self.run_id}
-                            await self.host.dht_put(f"node/{me}", json.dumps(rec).encode())
+                            await self.records.put(f"node/{me}", rec)
                             await self.host.provide(run_key)
                             if role == "relay" and stage is not None:
                                 await self.host.provide(f"{run_key}/stage/{stage}")
@@ -119,7 +124,24 @@ class Discovery:
                                 self.wire.spawn(self.dial, addr)
                 except Exception as e:  # noqa: BLE001
                     log.debug("find_providers failed: %s", e)
+                await self._read_revocations(f"{run_key}/revoked")
             await trio.sleep(DHT_ROUND_S)
+
+    async def _read_revocations(self, key: str) -> None:
+        """The owner's revocation list from the DHT (anyone may store it: the owner's signature is checked)."""
+        if self.authorizer is None or self.authorizer.insecure:
+            return
+        from ..model.certificates import AdmissionError
+
+        try:
+            with trio.move_on_after(DHT_WAIT_S):
+                rec = await self.records.get(key)
+                if rec is not None and isinstance(rec.value, str):
+                    self.authorizer.take_revocations(rec.value.encode(), f"the DHT (written by {rec.writer[:16]})")
+        except AdmissionError:
+            self.wire.count_refusal(m.RefusalCode.BAD_RECORD)
+        except Exception as e:  # noqa: BLE001 - the DHT is best effort; read again next round
+            log.debug("reading the revocation list failed: %s", e)
 
     def on_hello(self, sender: str, msg: m.Hello) -> None:
         if msg.run_id != self.run_id:
@@ -160,7 +182,7 @@ class Discovery:
     def _refuse(self, sender: str, code: m.RefusalCode, why: str, fix: str) -> None:
         """Tell the sender why its Hello is refused (it stops if no peer accepted it), then refuse the frame."""
         self.wire.post(sender, m.Refused(code, f"{why}: {fix}"))
-        raise FrameRefused(why)
+        raise FrameRefused(why, code)
 
     def peer_forgotten(self, peer: str) -> None:
         """`peer` crashed or left: if it comes back, its Hello is answered with ours again."""

@@ -74,6 +74,7 @@ from . import channel
 from .channel import ChannelError, RawConn, SessionKeys, TensorSender
 from .frames import DEFAULT_FRAME_TIMEOUT_S, DEFAULT_MAX_PAYLOAD_BYTES, FrameError, encode_header, read_frame
 from .identity import load_or_create_identity
+from .limits import MAX_CTRL_STREAMS_PER_PEER, MAX_PENDING_SESSIONS_PER_PEER, ConnectionBound
 from .links import LinkShaper
 from .startup import PortInUse, StartupError, check_port_free
 
@@ -157,6 +158,7 @@ class Host:
         self._tensor_out: dict[str, TensorSender] = {}
         self._tensor_locks: dict[str, trio.Lock] = {}
         self._pending_sessions: dict[bytes, tuple[str, SessionKeys, float]] = {}
+        self._ctrl_in: dict[str, int] = {}  # incoming control streams being read, per peer
         self.stats = {"frames_in": 0, "frames_out": 0, "bytes_out": 0, "bytes_in": 0, "refused": 0}
 
     # ---- identity and addresses ---------------------------------------------
@@ -323,6 +325,25 @@ class Host:
 
     async def _on_ctrl_stream(self, stream: INetStream) -> None:
         peer = stream.muxed_conn.peer_id.to_base58()
+        if self._ctrl_in.get(peer, 0) >= MAX_CTRL_STREAMS_PER_PEER:
+            self.stats["refused"] += 1
+            log.warning("control stream from %s refused: it has %d open already; stream reset", peer,
+                        MAX_CTRL_STREAMS_PER_PEER)
+            with trio.move_on_after(1):
+                try:
+                    await stream.reset()
+                except _PEER_ERRORS:
+                    pass
+            return
+        self._ctrl_in[peer] = self._ctrl_in.get(peer, 0) + 1
+        try:
+            await self._read_ctrl_stream(peer, stream)
+        finally:
+            self._ctrl_in[peer] -= 1
+            if not self._ctrl_in[peer]:
+                del self._ctrl_in[peer]
+
+    async def _read_ctrl_stream(self, peer: str, stream: INetStream) -> None:
         try:
             while True:
                 frame = await read_frame(
@@ -353,6 +374,9 @@ class Host:
             self._pending_sessions = {
                 sid: v for sid, v in self._pending_sessions.items() if v[2] > now
             }
+            theirs = [sid for sid, v in self._pending_sessions.items() if v[0] == peer]  # oldest first
+            for sid in theirs[:max(0, len(theirs) - MAX_PENDING_SESSIONS_PER_PEER + 1)]:
+                del self._pending_sessions[sid]
             self._pending_sessions[keys.session_id] = (peer, keys, now + self.handshake_timeout)
             await stream.close()
         except (FrameError, ChannelError, trio.TooSlowError) as e:
@@ -405,8 +429,10 @@ class Host:
             await dht.put_value(self._dht_key(key), pack_record(version, value))
         return version
 
-    async def dht_get_record(self, key: str) -> tuple[int, bytes] | None:
-        """(version, value) of the highest version held locally or by the closest peers."""
+    async def dht_get_record(self, key: str, *,
+                             accept: Callable[[int, bytes], bool] | None = None) -> tuple[int, bytes] | None:
+        """(version, value) of the highest version held locally or by the closest peers; with `accept`, of the
+        highest among those it accepts (records.py: a forged record of a higher version hides no genuine one)."""
         dht = self._require_dht()
         full = self._dht_key(key)
         kb = full.encode()
@@ -438,6 +464,8 @@ class Host:
             for peer in set(peers):
                 if peer != self.libp2p.get_id():
                     nursery.start_soon(ask, peer)
+        if accept is not None:
+            found = [v for v in found if accept(*unpack_record(v))]
         if not found:
             return None
         best = found[validator.select(full, found)]
@@ -540,6 +568,7 @@ async def open_host(
             links=links, max_payload=max_payload, send_timeout=send_timeout,
             handshake_timeout=handshake_timeout, frame_timeout=frame_timeout,
         )
+        lp.get_network().register_notifee(ConnectionBound())
         lp.set_stream_handler(CTRL_PROTOCOL_ID, host._on_ctrl_stream)
         lp.set_stream_handler(TENSOR_PROTOCOL_ID, host._on_tensor_handshake)
         await nursery.start(trio.serve_listeners, host._on_tensor_conn, listeners)

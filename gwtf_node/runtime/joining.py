@@ -28,7 +28,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from typing import Any, Callable
 
@@ -80,8 +79,9 @@ class Joining:
     def __init__(self, wire: Wire, peers: Peers, liveness: Liveness, discovery: Discovery, stage: LocalStage,
                  flows: Flows, leadership: Leadership, aggregation: Aggregation, effects: ApplyEffects,
                  host: Any, *, capacity_flag: int, data_nodes: int, on_gone: Callable[[str], None],
-                 on_left: Callable[[], None]) -> None:
+                 on_left: Callable[[], None], records: Any = None) -> None:
         self.wire = wire
+        self.records = records  # signed DHT records (records.py)
         self.peers = peers
         self.liveness = liveness
         self.discovery = discovery
@@ -159,9 +159,9 @@ class Joining:
     async def _find_leader(self) -> str | None:
         try:
             with trio.move_on_after(LEADER_LOOKUP_S):
-                raw = await self.host.dht_get(f"run/{self.run_id}/leader")
-                if raw:
-                    pid = json.loads(raw)["peer_id"]
+                rec = await self.records.get(f"run/{self.run_id}/leader")  # signed by an admitted data node
+                if rec is not None:
+                    pid = rec.value["peer_id"]
                     if pid in self.peers:
                         return pid
         except Exception as e:  # noqa: BLE001 - the DHT is best effort
@@ -493,7 +493,7 @@ class Joining:
             try:
                 rec = {"name": self.peers.name, "role": self.peers.role, "stage": self.peers.stage, "left": True,
                        "run_id": self.run_id}
-                await self.host.dht_put(f"node/{self.wire.me}", json.dumps(rec).encode())
+                await self.records.put(f"node/{self.wire.me}", rec)
             except Exception as e:  # noqa: BLE001 - deregistering is best effort; peers heard Goodbye
                 log.debug("DHT deregistration failed: %s", e)
         log.info("left the run")

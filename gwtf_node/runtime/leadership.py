@@ -4,7 +4,8 @@ Every data node runs the pure `protocol.leader.LeaderMachine` (terms,
 pre-votes, leases; a leader acts only while a majority of the data nodes
 granted its lease).  Its `(term, voted_for)` is saved in the state directory
 before any vote leaves the node, so a restarted data node cannot vote twice
-in a term.  The acting leader publishes `run/<id>/leader` in the DHT, opens
+in a term.  The acting leader publishes `run/<id>/leader` in the DHT (signed, with its term
+and its data-node certificate: records.py), opens
 the aggregation phase (aggregation.py) and places joiners with its
 `MembershipMachine` (section V-B: utilization queries through the stages,
 candidates with the highest capacity to the most utilized stages).
@@ -49,7 +50,8 @@ PUBLISH_WAIT_S = 10.0
 
 class Leadership:
     def __init__(self, wire: Wire, peers: Peers, host: Any, effects: ApplyEffects, state_dir: Path, run_id: str,
-                 iteration_now: Callable[[], int], on_change: Callable[[], None]) -> None:
+                 iteration_now: Callable[[], int], on_change: Callable[[], None], certificate: bytes = b"",
+                 records: Any = None) -> None:
         self.wire = wire
         self.peers = peers
         self.host = host
@@ -65,6 +67,8 @@ class Leadership:
         self.known_at: float | None = None  # a relay: when it last heard who leads (now())
         self._persisted: tuple[int, str | None] = (0, None)
         self._was_leader = False
+        self.certificate = certificate  # this data node's admission: the leader record carries it (records.py)
+        self.records = records  # signed DHT records (records.py)
 
     # ------------------------------------------------------------------ reading
     @property
@@ -127,10 +131,11 @@ class Leadership:
         self.on_change()
 
     async def _publish(self, term: int) -> None:
-        rec = json.dumps({"peer_id": self.wire.me, "term": term, "name": self.peers.name}).encode()
+        rec = {"peer_id": self.wire.me, "term": term, "name": self.peers.name,
+               "certificate": self.certificate.decode()}
         try:
             with trio.move_on_after(PUBLISH_WAIT_S):
-                await self.host.dht_put(f"run/{self.run_id}/leader", rec)
+                await self.records.put(f"run/{self.run_id}/leader", rec)
         except Exception as e:  # noqa: BLE001 - discovery is best effort
             log.debug("publishing the leader failed: %s", e)
 

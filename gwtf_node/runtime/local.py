@@ -22,6 +22,11 @@ configure one node, not a whole swarm, and are not passed on.
 and its loss curve (`loss.png`) in the workdir; `remove_state_dirs` removes the
 nodes' state directories (checkpoints, keys, logs: the bulk), which
 `gwtf-node local` does after a run unless asked to keep them.
+The launcher owns the run: it signs an unsigned manifest in place with the
+owner key beside it (`owner.key`, created if missing; `owner_key` names
+another), and admits every node it starts by writing the owner's certificate
+for the node's peer id and role into its state directory (`admit`), as a run
+owner does by hand with `gwtf-node admit` (certificates.py).
 """
 
 from __future__ import annotations
@@ -78,9 +83,45 @@ class LocalSwarm:
     _churn_rng: random.Random = field(init=False)
     _pending_kills: list[tuple[float, str]] = field(init=False, default_factory=list)  # (due, relay name)
     _restarts: list[float] = field(init=False, default_factory=list)  # when a killed relay's successor starts
+    owner_key: Path | None = None  # the run owner's key (default: owner.key beside the manifest; created if missing)
+    run_id: str = field(init=False, default="")
+    _owner: object = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         self._churn_rng = random.Random(f"churn:{self.seed}")
+        self._own_run()
+
+    def _own_run(self) -> None:
+        """Sign the manifest in place if it is unsigned (the launcher owns the run); keep the owner key to admit."""
+        from ..model.certificates import load_or_create_owner_key, public_key_hex
+        from ..model.manifest import load_manifest, save_manifest, sign_manifest, verify_manifest
+
+        man = load_manifest(self.run_path, check_files=False)
+        verify_manifest(man)
+        path = Path(self.owner_key) if self.owner_key is not None else Path(self.run_path).parent / "owner.key"
+        if not man.owner_public_key:
+            key, _ = load_or_create_owner_key(path)
+            man = sign_manifest(man, key)
+            save_manifest(man, self.run_path)
+        elif not path.exists():
+            raise LocalError(f"{self.run_path} is signed by an owner, but the owner key is not at {path}: give it "
+                             "(the launcher admits every node it starts)")
+        else:
+            key, _ = load_or_create_owner_key(path)
+            if public_key_hex(key) != man.owner_public_key:
+                raise LocalError(f"{path} is not the owner key of {self.run_path}: give the key that signed it")
+        self._owner = key
+        self.run_id = man.run_id
+
+    def admit(self, state_dir: Path, role: str) -> Path:
+        """Admit the node of `state_dir` (its identity is created if missing) as `role`: its certificate file."""
+        from ..model.certificates import CERTIFICATE_FILE, issue_certificate
+        from .identity import load_or_create_identity, peer_id_of
+
+        pid = peer_id_of(load_or_create_identity(Path(state_dir)))
+        path = Path(state_dir) / CERTIFICATE_FILE
+        path.write_text(issue_certificate(self._owner, self.run_id, pid, role).to_json() + "\n")
+        return path
 
     def names(self) -> list[str]:
         return [f"d{i}" for i in range(self.data_nodes)] + [
@@ -94,6 +135,7 @@ class LocalSwarm:
         sd = self.state_dir(name)
         sd.mkdir(parents=True, exist_ok=True)
         (sd / "addr").unlink(missing_ok=True)
+        self.admit(sd, "data" if name.startswith("d") else "relay")
         cmd = [sys.executable, "-m", "gwtf_node.cli", "join", "--run", str(self.run_path), "--state-dir", str(sd),
                "--name", name, "--log-level", self.log_level]
         if name.startswith("d"):

@@ -18,6 +18,8 @@ leadership.py   the election among data nodes, the leader's placement of joiners
 joining.py      a relay placed by the leader, state hand-over, leave, Goodbye
 resume.py       a relay back with a checkpoint: its own state, a download, or a wait
 data_resume.py  a data node restarted with its state directory: checkpoint, the run's step
+authorize.py    who may send what (each route's `Needs`, asked in `_on_frame`), revocation
+records.py      the signed DHT records (writer's signature, who may write which key)
 status.py       status.json, the dashboard's view: control.py socket, metrics.py, events.py
 ==============  ===============================================================
 
@@ -25,7 +27,7 @@ Beside them: `checkpoints.py` (the state directory's checkpoint files),
 `statedir.py` (the lock on the state directory) and `startup.py` (start-up
 errors: a port in use, why a node stopped by itself).
 
-This module holds what they share: the host and the nursery, `routes` (the
+This module holds what they share: the host and the nursery, `routes` (routes.py: the
 one table from message type to the component that handles it), the one
 interpreter of machine effects (`_apply`: it refuses an effect no component
 handles, loudly), and the timers, keyed by (component, key).  It also wires
@@ -68,7 +70,6 @@ logged with its sender and reason and dropped; the node keeps running.
 
 from __future__ import annotations
 
-import enum
 import inspect
 import logging
 import secrets
@@ -86,21 +87,26 @@ from ..protocol.phases import LeftOut, OpenIteration, OutOfStep, StartStep
 from ..protocol.recovery import Compute, IterationSettled
 from . import control, data_resume
 from .aggregation import Aggregation
+from .authorize import Authorizer, read_certificate
 from .bootstrap import DEFAULT_TIMEOUT_S, Bootstrap
 from .discovery import Discovery
 from .faults import Faults
-from .flows import FLOW_MSGS, Flows
+from .flows import Flows
+from .host import DHT_NAMESPACE
 from .joining import Joining
-from .leadership import LEADER_MSGS, PLACEMENT_MSGS, Leadership
+from .leadership import Leadership
 from .liveness import Liveness
-from .microbatches import MB_MSGS, Microbatches
+from .microbatches import Microbatches
+from .routes import Admit, Route, routes
 from .peers import AddressBook, Arrival, PeerInfo, Peers, Place, readmission_refusal
 from .sdnotify import node_ready, node_status, serve_from_env
+from .records import RunRecords, SignedRecordValidator
 from .stage import LocalStage
 from .startup import NodeExit, check_port_free
 from .statedir import StateDirLock, lock_state_dir
 from .status import Status
 from .values import Values
+from .timers import Timers
 from .wire import FrameRefused, Owner, UnknownEffect, Wire, now
 
 log = logging.getLogger("gwtf.node")
@@ -134,22 +140,9 @@ class NodeOptions:
     keep_checkpoints: int = 3  # checkpoints kept in the state directory
     metrics_port: int | None = None  # Prometheus metrics on this port (status.py, metrics.py; 0: any free port)
     metrics_host: str = "127.0.0.1"
-
-
-class Admit(enum.Enum):
-    """From whom a message type is taken."""
-
-    ANYONE = "anyone"  # even a peer that has not said Hello, or is gone (addresses, round trips)
-    NOT_GONE = "not gone"  # a peer that has not said Hello yet, unless it is gone (it may overtake its Hello)
-    KNOWN = "known"  # a peer that said Hello
-
-
-@dataclass(frozen=True)
-class Route:
-    component: str
-    handler: Callable[..., Any]  # handler(peer, msg[, payload]); may be a coroutine function
-    admit: Admit = Admit.KNOWN
-    payload: bool = False  # the handler takes the frame's raw payload (a tensor)
+    certificate: Path | None = None  # the owner's admission certificate (None: <state_dir>/certificate.json if any)
+    insecure_unsigned: bool = False  # join a run without an owner (open for testing: nobody's admission is checked)
+    revocations: Path | None = None  # the owner's signed revocation list (also read from the DHT)
 
 
 @dataclass
@@ -168,46 +161,17 @@ class Parts:
     bootstrap: Bootstrap
 
 
-class Timers:
-    """Deadlines keyed by (component, key); a timer set again under the same key replaces the earlier one."""
-
-    def __init__(self, fire: Callable[[Owner, str], None]) -> None:
-        self.fire = fire
-        self.deadlines: dict[tuple[Owner, str], float] = {}
-        self.wake = trio.Event()
-
-    def set(self, key: tuple[Owner, str], deadline: float) -> None:
-        self.deadlines[key] = deadline
-        self.wake.set()
-
-    def cancel(self, key: tuple[Owner, str]) -> None:
-        self.deadlines.pop(key, None)
-
-    async def loop(self) -> None:
-        while True:
-            self.wake = trio.Event()
-            if self.deadlines:
-                key = min(self.deadlines, key=self.deadlines.get)
-                deadline = self.deadlines[key]
-                with trio.move_on_at(deadline):
-                    await self.wake.wait()
-                    continue
-                if self.deadlines.get(key) == deadline:
-                    del self.deadlines[key]
-                    self.fire(*key)
-            else:
-                await self.wake.wait()
-
-
 class Node:
     def __init__(self, opts: NodeOptions) -> None:
-        from ..model.manifest import load_manifest, verify_manifest
+        from ..model.manifest import load_manifest, require_signed
 
         self.opts = opts
         # relays hold no data: only a data node needs the run's data files
         self.manifest = load_manifest(opts.run_path, check_files=opts.role == "data")
-        verify_manifest(self.manifest)
+        require_signed(self.manifest, insecure_unsigned=opts.insecure_unsigned)
         self.run_id = self.manifest.run_id
+        self.authorizer = Authorizer.of_run(self.manifest, revocations=opts.revocations)
+        self.certificate = read_certificate(opts.certificate, opts.state_dir)
         self.stage = LocalStage(self.manifest, opts.role, opts.device, opts.data_index, opts.data_nodes)
         self.faults = Faults.from_env(opts.state_dir)
         self.incarnation = secrets.randbits(63) | 1  # this process's (Hello): peers tell a restart by it
@@ -264,24 +228,29 @@ class Node:
         peers = Peers(host.peer_id, o.name, len(self.manifest.stages), place)
         self.peers = peers
         wire = Wire(host.peer_id, host, nursery, peers)
+        self.authorizer.on_revoked = wire.on_ban = self._drop_peer
+        records = RunRecords(host, self.run_id, self.manifest.owner_public_key,
+                             on_refused=lambda why: wire.count_refusal(m.RefusalCode.BAD_RECORD))
         from .allreduce import AllReducer
 
         liveness = Liveness(wire, peers, on_dead=self._peer_gone)
         discovery = Discovery(wire, peers, host, self.manifest, self.links_cfg, on_peer_hello=self._peer_hello,
                               applied_steps=lambda: self.stage.applied_steps, incarnation=self.incarnation,
-                              on_peer_back=self._peer_back)
+                              on_peer_back=self._peer_back, certificate=self.certificate,
+                              authorizer=self.authorizer, records=records)
         flows = Flows(wire, peers, liveness, self.stage, self._apply, self.links_cfg, on_changed=self._flows_changed)
         microbatches = Microbatches(wire, peers, liveness, flows, self.stage, self._apply, self.faults,
                                     policy=o.policy, lend=o.lend, iterations=o.iterations,
                                     on_settled=self._iteration_settled, on_finished=self.done_event.set)
         leadership = Leadership(wire, peers, host, self._apply, o.state_dir, self.run_id,
-                                iteration_now=microbatches.iteration_now, on_change=self._leadership_changed)
+                                iteration_now=microbatches.iteration_now, on_change=self._leadership_changed,
+                                certificate=self.certificate, records=records)
         aggregation = Aggregation(wire, peers, self.stage, microbatches, leadership, AllReducer(host), self._apply,
                                   self.faults, state_dir=o.state_dir, checkpoint_every=o.checkpoint_every,
                                   checkpoint_keep=o.keep_checkpoints, on_stepped=self._stepped)
         joining = Joining(wire, peers, liveness, discovery, self.stage, flows, leadership, aggregation, self._apply,
                           host, capacity_flag=o.capacity, data_nodes=o.data_nodes, on_gone=self._peer_gone,
-                          on_left=self.stop)
+                          on_left=self.stop, records=records)
         self.book.load()
         known = [a for a in self.book.dial_addrs(host.peer_id) if a not in o.bootstrap]
         # the address book alone (a restarted node without --bootstrap) is retried without end: its peers may be
@@ -291,7 +260,8 @@ class Node:
         self.values = values = Values(wire, peers, self.stage, flows, microbatches, leadership, aggregation)
         status = Status(o.state_dir / "status.json", wire, host, peers, liveness, self.stage, flows, microbatches,
                         aggregation, leadership, run_id=self.run_id, policy=o.policy, bootstrap=bootstrap,
-                        resume_status=lambda: joining.resume_status, refused_values=values.snapshot)
+                        resume_status=lambda: joining.resume_status, refused_values=values.snapshot,
+                        security=lambda: self.authorizer.status(wire))
         parts = Parts(wire, liveness, discovery, flows, microbatches, leadership, aggregation, joining, status,
                       bootstrap)
         self.routes = routes(parts)
@@ -368,6 +338,14 @@ class Node:
         p.microbatches.peer_gone(peer)
         p.aggregation.after_gone(peer)
 
+    def _drop_peer(self, peer: str) -> None:
+        """A banned or revoked peer: gone everywhere, disconnected (its frames are refused from now on)."""
+        if self.parts is not None and (peer in self.peers or not self.peers.is_gone(peer)):
+            log.warning("dropping peer %s (banned or revoked)", self.peers.who(peer))
+            self._peer_gone(peer)
+        if self.parts is not None:
+            self.parts.wire.spawn(self.parts.wire.disconnect, peer)
+
     def _open_iteration(self, e: OpenIteration) -> None:
         self.parts.aggregation.iteration_opened(e.iteration)
         self.parts.microbatches.open_iteration(e.iteration)
@@ -423,6 +401,8 @@ class Node:
         if sender != peer:
             wire.refuse(peer, f"envelope claims sender {sender[:16]}, the authenticated peer is {peer[:16]}")
             return
+        if not self.authorizer.screen(peer, wire):  # a banned or revoked peer (counted there)
+            return
         if self.values is not None and self.values.refused(peer, msg, payload):  # out of bounds (bounds.py)
             return
         gone = self.peers.is_gone(peer)
@@ -435,8 +415,12 @@ class Node:
                 if gone or isinstance(msg, m.Goodbye):  # crashed or left: its last frames may still be on their way
                     log.debug("%s from %s, which is gone or unknown: ignored", type(msg).__name__, peer[:16])
                 else:
-                    wire.refuse(peer, f"{type(msg).__name__} from a peer that has not said Hello")
+                    wire.refuse(peer, f"{type(msg).__name__} from a peer that has not said Hello",
+                                m.RefusalCode.UNKNOWN_PEER)
                 return
+        if route is not None and not self.authorizer.allow(peer, msg, route.needs, self.peers,
+                                                           self.parts.leadership, wire):
+            return  # refused and counted there
         try:
             if route is None:
                 raise FrameRefused(f"unexpected {type(msg).__name__}")
@@ -444,7 +428,7 @@ class Node:
             if inspect.isawaitable(res):
                 await res
         except FrameRefused as e:
-            wire.refuse(peer, str(e))
+            wire.refuse(peer, str(e), e.code)
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -468,6 +452,9 @@ class Node:
             self.resumed = await trio.to_thread.run_sync(data_resume.load_checkpoint, self.stage, self.opts.state_dir)
         async with open_host(self.opts.state_dir, self.opts.listen_host, self.opts.port) as host:
             async with trio.open_nursery() as nursery:
+                if host.dht is not None:  # holders keep only records their writers may write (records.py)
+                    host.dht.register_validator(DHT_NAMESPACE, SignedRecordValidator(
+                        self.run_id, self.manifest.owner_public_key))
                 self.parts = p = self._assemble(host, nursery)
                 host.set_handler(self._on_frame)
                 (self.opts.state_dir / "addr").write_text("\n".join(host.addrs) + "\n")
@@ -539,34 +526,6 @@ class Node:
 
     async def leave(self) -> None:
         await self.parts.joining.leave()
-
-
-def routes(p: Parts) -> dict[type, Route]:
-    """Where every message type is handled: one line per type (or family of types), read top to bottom."""
-    d, lv, f, mb, ag, ld, j = p.discovery, p.liveness, p.flows, p.microbatches, p.aggregation, p.leadership, p.joining
-    table: dict[type, Route] = {
-        m.Hello: Route("discovery", d.on_hello, Admit.ANYONE),
-        m.PeerList: Route("discovery", d.on_peer_list, Admit.ANYONE),  # addresses only: harmless from anyone
-        m.Ping: Route("liveness", lv.on_ping, Admit.ANYONE),
-        m.Pong: Route("liveness", lv.on_pong, Admit.ANYONE),
-        m.LinkCost: Route("flows", f.on_link_cost, Admit.NOT_GONE),  # may overtake the sender's Hello
-        m.AllReduceChunk: Route("aggregation", ag.on_chunk, payload=True),
-        m.IterationDone: Route("aggregation", ag.on_iteration_done),
-        m.BeginAggregation: Route("aggregation", ag.on_begin),
-        m.CanTake: Route("aggregation", ag.on_can_take),
-        m.PhaseAck: Route("aggregation", ag.on_ack),
-        m.UtilizationQuery: Route("joining", j.on_utilization_query),
-        m.Assignment: Route("joining", j.on_assignment),
-        m.Goodbye: Route("joining", j.on_goodbye),
-        m.StageStateRequest: Route("joining", j.on_state_request),
-        m.StageState: Route("joining", j.on_state, payload=True),
-        m.Refused: Route("bootstrap", p.bootstrap.on_refused, Admit.ANYONE),  # the refuser has not said Hello
-    }
-    table |= {t: Route("flows", f.on_message) for t in FLOW_MSGS}
-    table |= {t: Route("microbatches", mb.on_message, payload=True) for t in MB_MSGS}
-    table |= {t: Route("leadership", ld.on_leader_msg) for t in LEADER_MSGS}
-    table |= {t: Route("leadership", ld.on_placement_msg) for t in PLACEMENT_MSGS}
-    return table
 
 
 async def run_node(opts: NodeOptions, state_lock: StateDirLock | None = None) -> NodeExit | None:

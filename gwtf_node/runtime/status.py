@@ -70,7 +70,8 @@ class Status:
                  flows: Flows, microbatches: Microbatches, aggregation: Aggregation, leadership: Leadership, *,
                  run_id: str, policy: str, bootstrap: Bootstrap | None = None,
                  resume_status: Callable[[], dict | None] = lambda: None,
-                 refused_values: Callable[[], dict[str, int]] = dict) -> None:
+                 refused_values: Callable[[], dict[str, int]] = dict,
+                 security: Callable[[], dict] = dict) -> None:
         self.path = path
         self.wire = wire
         self.host = host
@@ -96,6 +97,7 @@ class Status:
         self._my_stage = peers.stage
         self._reports: dict[str, Any] = {}  # the acting leader: each stage member's last UtilizationReport
         self.refused_values = refused_values  # frames refused per value-bounds code (values.py)
+        self.security = security  # refusals per code, revoked and banned peers, an insecure run (authorize.py)
 
     # ------------------------------------------------------------------ status.json
     def snapshot(self) -> dict:
@@ -127,7 +129,7 @@ class Status:
             "refused_values": self.refused_values(),
             "pid": os.getpid(), "time": time.time(),
             "bootstrap": self.bootstrap.snapshot() if self.bootstrap is not None else None,
-        }
+        } | self.security()
 
     def write(self) -> None:
         tmp = self.path.with_suffix(".tmp")

@@ -1,0 +1,232 @@
+"""Admission and role checks (runtime/authorize.py): pure tables first, then one hostile member in a real swarm.
+
+The swarm test: a local swarm (1 data node, 2 relays placed by the leader)
+trains; a hostile member, admitted by the owner as a relay but placed in no
+stage, written with the project's own codec on a libp2p host of its own,
+tries the role attacks in turn.  Each is refused with its `RefusalCode`,
+read from the victims' status.json ("refused": {code: count}); then the owner
+revokes it through the DHT, and the victims refuse its frames as REVOKED.
+Every iteration's loss still equals the centralized reference.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from gwtf_node.model.certificates import issue_certificate, public_key_hex
+from gwtf_node.model.manifest import RunManifest, default_manifest, save_manifest
+from gwtf_node.model.reference import train_centralized
+from gwtf_node.protocol import codec
+from gwtf_node.protocol import messages as m
+from gwtf_node.runtime.authorize import Authorizer, Needs, Snapshot, decide
+from gwtf_node.runtime.host import open_host
+from gwtf_node.runtime.local import LocalSwarm
+from gwtf_node.runtime.peers import PeerInfo
+from gwtf_node.runtime.records import seal, key_pair_of
+from gwtf_node.runtime.wire import RefusalTracker
+
+from swarmutil import status, wait_for, wait_records
+
+R = m.RefusalCode
+D0, D1, R0, R1, R2, NEW = "d0", "d1", "r0", "r1", "r2", "new"
+INFO = {D0: PeerInfo(D0, "data", -1), D1: PeerInfo(D1, "data", -1), R0: PeerInfo(R0, "relay", 0),
+        R1: PeerInfo(R1, "relay", 1), R2: PeerInfo(R2, "relay", 2), NEW: PeerInfo(NEW, "relay", -2)}
+
+
+def _code(needs: Needs, msg, sender: str, *, me=("relay", 1), leader=D0, term=3):
+    snap = Snapshot(me[0], me[1], 3, leader, term)
+    r = decide(needs, msg, INFO[sender], snap)
+    return None if r is None else r.code
+
+
+def test_role_table() -> None:
+    hb = m.LeaderHeartbeat(3, 0.0, (D0, D1))
+    assert _code(Needs.DATA, hb, R0, me=("data", -1)) is R.WRONG_ROLE  # a relay takes no leadership
+    assert _code(Needs.DATA, m.LeaderHeartbeat(99, 0.0, ()), R0, me=("data", -1)) is R.WRONG_ROLE
+    assert _code(Needs.DATA, hb, D1, me=("data", -1)) is R.NOT_LEADER  # term 3 is D0's
+    assert _code(Needs.DATA, m.LeaderHeartbeat(4, 0.0, ()), D1, me=("data", -1)) is None  # a new term: Raft
+    assert _code(Needs.DATA, m.Lend(0, R0), NEW, me=("data", -1)) is R.WRONG_ROLE
+    assert _code(Needs.DATA, m.IterationDone(0, 1, 1.0), D1, me=("data", -1)) is None
+    a = m.Assignment(3, NEW, 0, R0, 5)
+    assert _code(Needs.LEADER, a, R0, me=("relay", None)) is R.NOT_LEADER
+    assert _code(Needs.LEADER, a, D1, me=("relay", None)) is R.NOT_LEADER
+    assert _code(Needs.LEADER, a, D0, me=("relay", None)) is None
+    assert _code(Needs.LEADER, a, D1, me=("relay", None), leader=None) is None  # no leader known: a data node
+    begin = m.BeginAggregation(0, 4)
+    assert _code(Needs.UPSTREAM, begin, R0, me=("relay", 1)) is None  # front to back
+    assert _code(Needs.UPSTREAM, begin, R2, me=("relay", 1)) is R.NOT_LEADER
+    assert _code(Needs.UPSTREAM, begin, NEW, me=("relay", 1)) is R.NOT_LEADER
+    assert _code(Needs.UPSTREAM, begin, D1, me=("relay", 0)) is None  # a relay cannot tell: any data node
+    assert _code(Needs.UPSTREAM, begin, D1, me=("data", -1)) is None  # the phases machine judges its term
+    assert _code(Needs.UPSTREAM, begin, R2, me=("data", -1)) is None  # the last stage passes it on
+    relabel = m.Relabel(D0, D1)
+    assert _code(Needs.NEIGHBOUR, relabel, R0, me=("relay", 1)) is None
+    assert _code(Needs.NEIGHBOUR, relabel, NEW, me=("relay", 1)) is R.NOT_NEIGHBOUR
+    assert _code(Needs.NEIGHBOUR, relabel, D0, me=("relay", 1)) is R.NOT_NEIGHBOUR  # two stages away
+    assert _code(Needs.NEIGHBOUR, relabel, D0, me=("relay", 2)) is None  # the ring: last stage -> data
+    assert decide(Needs.PLACED, relabel, None, Snapshot("relay", 1, 3, None, None)).code is R.UNKNOWN_PEER
+
+
+def test_admission_by_certificate() -> None:
+    owner = Ed25519PrivateKey.generate()
+    clock = [1_800_000_000.0]
+    a = Authorizer(run_id="run1", owner_public_key=public_key_hex(owner), open_relays=False,
+                   clock=lambda: clock[0])
+    cert = issue_certificate(owner, "run1", "P", "data", int(clock[0]) + 10).to_bytes()
+    hello = m.Hello("run1", "data", -1, "p", 1, (), certificate=cert)
+    assert a.check_hello("P", hello) is None
+    assert a.check_hello("Q", hello).code is R.BAD_CERTIFICATE  # someone else's certificate
+    assert a.check_hello("P", m.Hello("run1", "relay", 0, "p", 1, (), certificate=cert)).code is R.WRONG_ROLE
+    assert a.check_hello("P", m.Hello("run1", "data", -1, "p", 1, ())).code is R.NOT_ADMITTED
+    assert a.check_hello("P", m.Hello("run1", "relay", 0, "p", 1, ())).code is R.NOT_ADMITTED
+    clock[0] += 11
+    assert a.check_hello("P", hello).code is R.CERTIFICATE_EXPIRED  # also once it was accepted before
+    open_run = Authorizer(run_id="run1", owner_public_key=public_key_hex(owner), open_relays=True)
+    assert open_run.check_hello("P", m.Hello("run1", "relay", 0, "p", 1, ())) is None
+    assert open_run.check_hello("P", m.Hello("run1", "data", -1, "p", 1, ())).code is R.NOT_ADMITTED
+    from gwtf_node.model.certificates import sign_revocations
+
+    dropped = []
+    a.on_revoked = dropped.append
+    assert a.take_revocations(sign_revocations(owner, "run1", ["P"], 5).to_bytes(), "test") == ["P"]
+    assert a.take_revocations(sign_revocations(owner, "run1", [], 4).to_bytes(), "test") == []  # older: ignored
+    assert dropped == ["P"] and a.check_revoked("P").code is R.REVOKED
+    assert a.check_hello("P", hello).code is R.REVOKED
+
+
+def test_a_peer_that_keeps_sending_refused_frames_is_banned_for_a_while() -> None:
+    t = RefusalTracker(limit=5, window_s=10.0, ban_s=60.0)
+    assert not any(t.refused("p", i * 3.0) for i in range(20))  # one every 3 s: a slow trickle, never 5 in 10 s
+    assert [t.refused("q", 100 + i * 0.1) for i in range(5)] == [False] * 4 + [True]
+    assert t.is_banned("q", 150) and not t.is_banned("q", 160.5) and not t.is_banned("p", 100)
+
+
+# ---- one swarm and a hostile member ---------------------------------------------------------------
+
+
+def _refused(tmp_path: Path, name: str) -> dict:
+    return status(tmp_path, name).get("refused", {})
+
+
+@pytest.mark.trio
+async def test_a_hostile_member_cannot_take_the_run_over(tmp_path: Path) -> None:
+    man = default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=2)
+    run = tmp_path / "run.json"
+    save_manifest(man, run)
+    swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=1, iterations=100000)
+    assert RunManifest.from_json(run.read_text()).owner_public_key  # the launcher signed the run
+    cert = swarm.admit(tmp_path / "evil", "relay").read_bytes()  # a member the owner admitted as a relay
+    try:
+        await trio.to_thread.run_sync(swarm._spawn, "d0", None, None)
+        boot = await trio.to_thread.run_sync(swarm._wait_addr, "d0")
+        async with open_host(tmp_path / "evil", bootstrap=[boot]) as evil:
+            me = evil.peer_id
+
+            async def on_frame(peer: str, envelope: bytes, payload) -> None:
+                try:
+                    _, msg = codec.decode(envelope)
+                except codec.DecodeError:
+                    return
+                if isinstance(msg, m.Ping):  # stay alive in the victims' eyes between attacks
+                    await evil.send(peer, codec.encode(me, m.Pong(msg.nonce)))
+
+            evil.set_handler(on_frame)
+
+            async def send(peer: str, msg) -> None:
+                await evil.send(peer, codec.encode(me, msg))
+
+            # the forged leader record, under a version far above any genuine one, before the relays look
+            key = f"run/{swarm.run_id}/leader"
+            version = 2 ** 62
+            await evil.dht_put(key, seal(key_pair_of(evil), key, version, {"peer_id": me, "term": 10 ** 6}),
+                               version=version)
+            await trio.to_thread.run_sync(swarm._spawn, "r1_0", boot, None)  # --stage 1
+            swarm.auto_stage = True  # r0_0 joins with --stage auto: it reads the leader record (and the forgery)
+            await trio.to_thread.run_sync(swarm._spawn, "r0_0", boot, None)
+            for name in ("r0_0", "r1_0"):
+                await trio.to_thread.run_sync(swarm._wait_stage, name)
+            await wait_records(swarm, 1, 180)
+            ids = {n: status(tmp_path, n)["peer_id"] for n in ("d0", "r0_0", "r1_0")}
+            stage = {n: status(tmp_path, n)["stage"] for n in ("r0_0", "r1_0")}
+            first = min(stage, key=stage.get)
+            second = max(stage, key=stage.get)
+            d0, r0, r1 = ids["d0"], ids[first], ids[second]
+            for victim in (d0, r0, r1):
+                await evil.connect((tmp_path / [n for n, p in ids.items() if p == victim][0] / "addr")
+                                   .read_text().split()[0])
+                await send(victim, m.Hello(swarm.run_id, "relay", -2, "evil", 1, tuple(evil.addrs),
+                                           certificate=cert))
+            await wait_for(lambda: all(me in status(tmp_path, n).get("peers", {}) for n in ids), 30,
+                           "the victims know the hostile member")
+
+            it = len(swarm.records())
+            attacks = [  # (victim name, message, the refusal code expected there)
+                ("d0", m.LeaderHeartbeat(10 ** 6, 0.0, (me,)), R.WRONG_ROLE),
+                ("d0", m.BeginAggregation(it, 4), R.NOT_LEADER),
+                (second, m.BeginAggregation(it, 4), R.NOT_LEADER),
+                (first, m.Assignment(10 ** 6, me, 0, r0, it + 1), R.NOT_LEADER),
+                (second, m.Relabel(d0, me), R.NOT_NEIGHBOUR),
+                ("d0", m.Lend(it, r0), R.WRONG_ROLE),
+                ("d0", m.Hello(swarm.run_id, "data", -1, "evil", 1, tuple(evil.addrs)), R.NOT_ADMITTED),
+                ("d0", m.Hello(swarm.run_id, "data", -1, "evil", 1, tuple(evil.addrs), certificate=cert),
+                 R.WRONG_ROLE),
+            ]
+            expected: dict[str, dict[str, int]] = {}
+            for victim, msg, code in attacks:
+                await send(ids[victim], msg)
+                expected.setdefault(victim, {})
+                expected[victim][code.name] = expected[victim].get(code.name, 0) + 1
+            for victim, codes in expected.items():
+                await wait_for(lambda: all(_refused(tmp_path, victim).get(c, 0) >= k for c, k in codes.items()),
+                               30, f"{victim} refused {codes}")
+            # the joiner read the forged leader record and refused it; the genuine one got it placed
+            assert _refused(tmp_path, "r0_0").get("BAD_RECORD", 0) >= 1, _refused(tmp_path, "r0_0")
+            assert stage == {"r0_0": 0, "r1_0": 1}
+            assert status(tmp_path, "d0")["leader"] == d0 and status(tmp_path, "d0")["term"] < 10 ** 6
+            assert all(me not in (status(tmp_path, n).get("flows") or {}) for n in ids)
+
+            # the owner revokes the hostile member through the DHT: every victim drops it and refuses it
+            cmd = [sys.executable, "-m", "gwtf_node.cli", "revoke", "--run", str(run), "--peer-id", me,
+                   "--publish-to", boot]
+            out = await trio.to_thread.run_sync(  # (in a thread: the hostile host keeps answering meanwhile)
+                lambda: subprocess.run(cmd, capture_output=True, text=True, timeout=120))
+            assert out.returncode == 0, out.stderr
+            await wait_for(lambda: all(me in status(tmp_path, n).get("revoked", []) for n in ids), 30,
+                           "every node read the revocation list")
+            await send(d0, m.Ping(1))
+            await wait_for(lambda: _refused(tmp_path, "d0").get("REVOKED", 0) >= 1, 30, "d0 refuses the revoked")
+            assert me not in status(tmp_path, "d0")["peers"]
+        after = len(swarm.records())
+        await wait_records(swarm, after + 1, 120)  # training goes on
+        swarm._check_alive()
+    finally:
+        await trio.to_thread.run_sync(swarm.stop)
+    records = swarm.records()
+    ref = train_centralized(man, len(records))
+    assert [r["loss"] for r in records] == pytest.approx(ref.losses, rel=1e-4)
+    assert all(status(tmp_path, n).get("insecure_unsigned") is False for n in ("d0", "r0_0", "r1_0"))
+
+
+def test_a_peer_with_too_many_connections_loses_the_newest() -> None:
+    from gwtf_node.runtime.limits import ConnectionBound
+
+    class Conn:
+        def __init__(self) -> None:
+            self.muxed_conn = type("Muxed", (), {"peer_id": "p"})()
+            self.closed = False
+
+        async def close(self) -> None:
+            self.closed = True
+
+    conns = [Conn() for _ in range(5)]
+    net = type("Net", (), {"get_connections": lambda self, peer: conns[:n]})()
+    bound = ConnectionBound(limit=4)
+    for n in range(1, 6):
+        trio.run(bound.connected, net, conns[n - 1])
+    assert [c.closed for c in conns] == [False] * 4 + [True] and bound.closed == 1
