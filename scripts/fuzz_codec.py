@@ -92,6 +92,8 @@ def _fill(rng: random.Random, desc, depth: int = 0) -> dict[str, Any]:
                 return _float(rng)
             if f.type == FieldDescriptor.TYPE_BOOL:
                 return rng.random() < 0.5
+            if f.type == FieldDescriptor.TYPE_BYTES:
+                return bytes(rng.randrange(256) for _ in range(rng.randint(0, 24)))
             return _string(rng)
 
         if f.is_repeated:

@@ -102,7 +102,7 @@ def test_a_bad_variable_or_missing_file_names_it(tmp_path: Path, capsys, monkeyp
 
 def test_the_file_settings_reach_join(tmp_path: Path, capsys) -> None:
     """A config file alone (no flags but the state directory) runs join's own checks on its values."""
-    (tmp_path / "config.toml").write_text('run = "run.json"\nrole = "relay"\nstage = "7"\n')
+    (tmp_path / "config.toml").write_text('run = "run.json"\nrole = "relay"\nstage = "7"\ninsecure_unsigned = true\n')
     from gwtf_node.model.manifest import default_manifest, save_manifest
     save_manifest(default_manifest(), tmp_path / "run.json")
     assert "--stage 7 is outside the run's stages 0..1" in _one_line_error(capsys, ["join", "--state-dir", str(tmp_path)])

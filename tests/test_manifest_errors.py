@@ -138,7 +138,7 @@ def test_a_config_value_transformers_refuses_is_one_line(tmp_path: Path) -> None
     run = tmp_path / "run.json"
     run.write_text(json.dumps(d))
     out = subprocess.run([sys.executable, "-m", "gwtf_node.cli", "join", "--run", str(run), "--role", "relay",
-                          "--stage", "0", "--state-dir", str(tmp_path / "s"), "--device", "cpu"],
+                          "--stage", "0", "--state-dir", str(tmp_path / "s"), "--device", "cpu", "--insecure-unsigned"],
                          capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     assert out.returncode == 2

@@ -417,8 +417,6 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--log-max-mb", type=_positive_int, default=10, metavar="MB",
                    help="size of STATE_DIR/node.log before it is rotated to node.log.1")
     j.add_argument("--log-backups", type=_positive_int, default=5, metavar="N", help="rotated log files kept")
-    j.set_defaults(func=configurable(j, cmd_join))  # last: every flag above is also a config key and GWTF_* variable
-    add_config_parser(sub, j)
     j.add_argument("--certificate", default=None, metavar="FILE",
                    help="the run owner's admission of this node (default: certificate.json in the state directory)")
     j.add_argument("--revocations", default=None, metavar="FILE",
@@ -426,7 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--insecure-unsigned", action="store_true",
                    help="join a run whose manifest has no owner signature (open for testing: anyone may join it "
                         "in any role)")
-    j.set_defaults(func=cmd_join)
+    j.set_defaults(func=configurable(j, cmd_join))  # last: every flag above is also a config key and GWTF_* variable
+    add_config_parser(sub, j)
 
     lo = sub.add_parser("local", help="a whole swarm of separate processes on loopback, training a small model")
     lo.add_argument("--data-nodes", type=_positive_int, default=1)

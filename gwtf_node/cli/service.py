@@ -163,6 +163,9 @@ def cmd_install_service(args: argparse.Namespace) -> int:
         raise CliError("install-service needs the flags of `gwtf-node join` (at least --run and --role), e.g. "
                        "gwtf-node install-service --run run.json --role relay --bootstrap /ip4/.../p2p/...")
     joined = args.join_parser.parse_args(join_argv)  # a bad flag: CliError naming it
+    # join's flags have no argparse defaults (config.py resolves them): a flag not given is absent
+    if getattr(joined, "run", None) is None:
+        raise CliError("install-service needs --run: the service reads the manifest from there")
     run = Path(joined.run).absolute()
     if not run.is_file():
         raise CliError(f"--run {joined.run}: no such file (the service reads the manifest from there)")
@@ -173,7 +176,7 @@ def cmd_install_service(args: argparse.Namespace) -> int:
     copy_run = run_path.startswith(HIDDEN_PREFIXES)
     if copy_run:
         run_path = str(CONFIG_DIR / "run.json")
-    unit = render_unit([*exec_argv, *join_args(join_argv, run_path)], gpu=joined.device != "cpu")
+    unit = render_unit([*exec_argv, *join_args(join_argv, run_path)], gpu=getattr(joined, "device", "auto") != "cpu")
     if args.print:
         sys.stdout.write(unit)
         if copy_run:
