@@ -55,6 +55,11 @@ REFUSED = [
     (m.Backward("d", 1, 10, m.TensorHeader("float32", (2, 8, 17), 2 * 8 * 17 * 4)), Violation.TENSOR_SHAPE),
     (m.Backward("d", 1, 10, m.TensorHeader("float32", (2, 8, 16), 12)), Violation.TENSOR_SIZE),
     (m.Backward("d", 1, 10, None), Violation.TENSOR_SHAPE),
+    # Top-K (model/compression.py): k int32 indices and k values, k at most the tensor's elements
+    (m.Forward("d", 1, 10, ("d",), m.TensorHeader("float32", (2, 8, 16), 2 * 8 * 16 * 4, sparse_kept=64)),
+     Violation.TENSOR_SIZE),
+    (m.Forward("d", 1, 10, ("d",), m.TensorHeader("float32", (2, 8, 16), 300 * 8, sparse_kept=300)),
+     Violation.TENSOR_SIZE),
     (m.AllReduceChunk("k", 0, 1, 1.5, m.TensorHeader("float32", (4,), 16)), Violation.COUNT_OUT_OF_RANGE),
     (m.AllReduceChunk("k", 0, 1, 1.0, m.TensorHeader("float32", (400,), 1600)), Violation.TENSOR_SHAPE),
     (m.AllReduceChunk("k", 0, 3, 1.0, m.TensorHeader("float32", (4,), 16)), Violation.COUNT_OUT_OF_RANGE),
@@ -79,6 +84,7 @@ ACCEPTED = [
     m.CostAnnounce((m.Label("e", m.Side.IN, 3.0, (), epoch=5000),)),  # a commodity whose waves this node has not seen
     m.RelabelCost("a", "b", -7.0),
     m.Forward("d", 1, 11, ("d",), H),
+    m.Forward("d", 1, 11, ("d",), m.TensorHeader("float32", (2, 8, 16), 64 * 8, sparse_kept=64)),  # Top-K
     m.Backward("d", 1, 3, H),  # old: stale, the machines ignore it
     m.LeaderHeartbeat(3 + 64, 0.0, ("d",)),
     m.AllReduceChunk("k", 0, 2, 4.0, m.TensorHeader("float32", (100,), 400)),

@@ -216,6 +216,11 @@ def _tensor(h: m.TensorHeader | None, what: str, *, dtypes: tuple[str, ...], sha
     if shape is not None and tuple(h.shape) != tuple(shape):
         return Problem(Violation.TENSOR_SHAPE, f"{what} tensor shape {tuple(h.shape)}, expected {tuple(shape)}")
     need = math.prod(h.shape) * _ITEMSIZE[h.dtype]
+    if h.sparse_kept:  # Top-K (model/compression.py): k int32 indices, then k values
+        if h.sparse_kept < 0 or h.sparse_kept > math.prod(h.shape):
+            return Problem(Violation.TENSOR_SIZE, f"{what} header keeps {h.sparse_kept} elements of a tensor of "
+                                                  f"shape {tuple(h.shape)}")
+        need = h.sparse_kept * (4 + _ITEMSIZE[h.dtype])
     if h.nbytes != need:
         return Problem(Violation.TENSOR_SIZE, f"{what} header says {h.nbytes} bytes, shape {tuple(h.shape)} of "
                                               f"{h.dtype} needs {need}")

@@ -67,7 +67,8 @@ class Values:
         problem = bounds.check(msg, self.context(sender))
         if problem is None and (h := getattr(msg, "tensor", None)) is not None and payload is not None \
                 and len(payload) == h.nbytes > 0 and h.dtype in (*_FLOAT_DTYPES, "bfloat16"):
-            problem = bounds.check_magnitude(_max_abs(h.dtype, payload), type(msg).__name__)
+            values = payload[4 * h.sparse_kept:] if h.sparse_kept else payload  # Top-K: the indices come first
+            problem = bounds.check_magnitude(_max_abs(h.dtype, values), type(msg).__name__)
         return problem
 
     def refused(self, sender: str, msg: Any, payload: Any = b"") -> bool:
