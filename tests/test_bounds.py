@@ -90,6 +90,7 @@ ACCEPTED = [
     m.AllReduceChunk("k", 0, 2, 4.0, m.TensorHeader("float32", (100,), 400)),
     m.IterationDone(10, 4, 12.5, 1, 0),
     m.Assignment(4, "n", 1, "s", 11),
+    m.StageStateRequest(-1, 11),  # a restarted data node asks another for the data nodes' part (data_resume.py)
     m.Ping(2**64 - 1),
     m.Hello("r", "relay", -2, "auto", 1, ()),  # a relay the leader has not placed yet
     m.Hello("r", "relay", 5, "other", 1, ()),  # a stage this run lacks: discovery refuses it, with a reply

@@ -377,7 +377,8 @@ def _all_reduce_chunk(msg: m.AllReduceChunk, ctx: Context) -> Problem | None:
 
 
 def _stage_state_request(msg: m.StageStateRequest, ctx: Context) -> Problem | None:
-    return _stage(msg.stage, ctx, "StageStateRequest stage", data_ok=False) or _iteration(msg.after, ctx, "after")
+    """A relay asks for its stage's state; a restarted data node for the data nodes' part (stage -1, data_resume.py)."""
+    return _stage(msg.stage, ctx, "StageStateRequest stage") or _iteration(msg.after, ctx, "after")
 
 
 def _stage_state(msg: m.StageState, ctx: Context) -> Problem | None:
