@@ -126,7 +126,7 @@ def test_serve_says_ready_once_joined_and_pings_the_watchdog(tmp_path: Path) -> 
 def _join(tmp_path: Path, name: str, notify: str, *extra: str) -> subprocess.Popen:
     env = dict(os.environ, NOTIFY_SOCKET=notify, WATCHDOG_USEC="1000000")  # a ping every 0.5 s
     return subprocess.Popen([sys.executable, "-m", "gwtf_node.cli", "join", "--run", str(tmp_path / "run.json"),
-                             "--state-dir", str(tmp_path / name), "--name", name, "--device", "cpu", *extra],
+                             "--state-dir", str(tmp_path / name), "--name", name, "--device", "cpu", "--insecure-unsigned", *extra],
                             env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"{name}.err", "w"))
 
 
