@@ -81,7 +81,9 @@ async def test_value_attacks_are_refused_with_their_codes_and_training_equals_th
             evil.set_handler(answer_pings)
             relay = await evil.connect((tmp_path / "r0_0" / "addr").read_text().split()[0])
             data = await evil.connect((tmp_path / "d0" / "addr").read_text().split()[0])
-            hello = m.Hello(man.run_id, "relay", 0, "hostile", 0, tuple(evil.addrs), joining=True)
+            cert = swarm.admit(tmp_path / "hostile", "relay").read_bytes()  # an admitted member turned hostile
+            hello = m.Hello(swarm.run_id, "relay", 0, "hostile", 0, tuple(evil.addrs), joining=True,
+                            certificate=cert)
             for peer in (relay, data):
                 await evil.send(peer, codec.encode(evil.peer_id, hello))
             await wait_for(lambda: evil.peer_id in status(tmp_path, "r0_0").get("peers", {}), 30,

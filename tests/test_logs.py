@@ -166,7 +166,7 @@ def test_a_real_node_log_holds_our_lines_and_no_chatter(tmp_path: Path) -> None:
     dead = "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWJwRmcgBMcj11yjpfcUvqGtUmvfigLocoLkGV21pHQhr2"
     out = subprocess.run([sys.executable, "-m", "gwtf_node.cli", "join", "--run", str(run), "--role", "relay",
                           "--state-dir", str(state), "--bootstrap", dead, "--bootstrap-timeout", "4",
-                          "--device", "cpu"], capture_output=True, text=True, timeout=240, cwd=ROOT)
+                          "--device", "cpu", "--insecure-unsigned"], capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert out.returncode == 3, out.stderr[-3000:]
     log = (state / "node.log").read_text()
     assert "unreachable (Connection refused): attempt 1" in log and "attempt 2" in log
