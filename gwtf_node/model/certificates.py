@@ -99,16 +99,21 @@ def load_or_create_owner_key(path: Path) -> tuple[Ed25519PrivateKey, bool]:
         return load_owner_key(path), False
     key = Ed25519PrivateKey.generate()
     seed = key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+    write_private_file(path, _KEY_MAGIC + seed)
+    return key, True
+
+
+def write_private_file(path: Path, data: bytes) -> None:
+    """Write a secret (a private key) to `path` atomically, readable by its owner only (mode 0600)."""
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, _KEY_MAGIC + seed)
+        os.write(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.chmod(tmp, 0o600)
+    os.chmod(tmp, 0o600)  # in case the umask or an old tmp file left other bits
     os.replace(tmp, path)
-    return key, True
 
 
 # ---- canonical signed objects ------------------------------------------------------

@@ -16,6 +16,8 @@ import os
 import stat
 from pathlib import Path
 
+from ..model.certificates import write_private_file
+
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
@@ -41,15 +43,7 @@ def load_or_create_identity(state_dir: Path) -> KeyPair:
         return _load(path)
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     seed = os.urandom(_SEED_BYTES)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, _MAGIC + seed)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.chmod(tmp, 0o600)  # in case the umask or an old tmp file left other bits
-    os.replace(tmp, path)
+    write_private_file(path, _MAGIC + seed)
     return create_new_key_pair(seed)
 
 
