@@ -113,6 +113,10 @@ log = logging.getLogger("gwtf.node")
 
 SETTLE_POLL_S = 0.25
 GOODBYE_AT_EXIT_S = 2.0  # a data node that finished tells its peers, for this long at most
+# ... and then keeps its host open this long: closing the connections right after the last write can reset a
+# stream whose frame the peer has not read yet (py-libp2p drops what a reset stream still buffers), and the
+# peer would then presume this node dead instead of reading its Goodbye.
+GOODBYE_LINGER_S = 0.5
 
 
 @dataclass
@@ -470,6 +474,7 @@ class Node:
                 await self.done_event.wait()
                 if self.opts.role == "data" and self.exit is None:  # relays waiting for our aggregation need not wait
                     await p.joining.goodbye_all(max(0, self.stage.applied_steps - 1), GOODBYE_AT_EXIT_S)
+                    await trio.sleep(GOODBYE_LINGER_S)
                 nursery.cancel_scope.cancel()
             p.status.write()
         if self.exit is None:  # a node that never joined has nothing to checkpoint
