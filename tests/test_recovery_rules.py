@@ -106,6 +106,7 @@ class RecoveryWire(RuleBasedStateMachine):
         self.gone_at: dict[str, float] = {}  # crashed relay -> when the others hear of it
         self.computing: list[tuple[str, Compute]] = []
         self.reported: dict[str, set[int]] = {}  # data node -> iterations it reported settled
+        self.completed_seqs: dict[tuple[str, int], frozenset[int]] = {}  # (data node, iteration) -> its report's
         self.iteration = 0  # the iteration the driver opened last
         self.aggregating = False  # BEGIN AGGREGATION of `iteration` reached the relays, the steps are not applied
         self.finished = False  # the last iteration is aggregated: nothing more to open
@@ -136,6 +137,7 @@ class RecoveryWire(RuleBasedStateMachine):
             elif type(e) is IterationSettled:  # the driver reports it to the leader (phases.Phases)
                 assert nid in self.data_nodes, (nid, e)
                 self.reported[nid].add(e.iteration)
+                self.completed_seqs[(nid, e.iteration)] = frozenset(e.completed_seqs)
             elif type(e) is Compute:
                 self.computing.append((nid, e))
             elif type(e) is OpenIteration:
@@ -263,13 +265,24 @@ class RecoveryWire(RuleBasedStateMachine):
     @precondition(lambda self: not self.finished and not self.aggregating and self._all_reported())
     @rule()
     def begin_aggregation(self) -> None:
-        """BEGIN AGGREGATION reached every live relay: they drop what is left of the iteration."""
+        """BEGIN AGGREGATION reached every live relay: they drop what is left of the iteration.  Each counts
+        only gradients of microbatches completed at their data node, and a stage counts each one once."""
         with self._step():
             self.aggregating = True
+            it = self.iteration
+            completed = {d: self.completed_seqs[(d, it)] for d in self.data_nodes}
+            counted: dict[int, set] = {}
             for r in RELAYS:
                 if r not in self.dead:
-                    eff, _contributions = self.nodes[r].begin_aggregation(self.now, self.iteration)
+                    eff, contributions = self.nodes[r].begin_aggregation(self.now, it, completed)
                     self._apply(r, eff)
+                    for key in contributions:
+                        d, seq, _ = key
+                        status = self.nodes[d].ledger.entries[it].get(seq)
+                        assert status is MbStatus.COMPLETED, f"{r} counts the gradient of {key}, held {status} at {d}"
+                        stage = self.nodes[r].cfg.stage
+                        assert key not in counted.setdefault(stage, set()), f"stage {stage} counts {key} twice"
+                        counted[stage].add(key)
 
     @precondition(lambda self: self.aggregating)
     @rule()

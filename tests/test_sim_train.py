@@ -231,7 +231,7 @@ def test_a_settled_iteration_is_reported_once_as_an_effect() -> None:
     m.set_flows({"d0": {"a": 1}})
     m.start(0.0)
     eff = _walk(m, ("d0", 0, 0), "a", 0.0, 2.0)
-    assert [e for e in eff if type(e) is IterationSettled] == [IterationSettled(0, 1, 0)]
+    assert [e for e in eff if type(e) is IterationSettled] == [IterationSettled(0, 1, 0, (0,))]
     assert not [e for e in eff if hasattr(e, "msg") and type(e.msg) is IterationDone]
     assert 0 in m.reported
     with pytest.raises(TypeError):
@@ -472,3 +472,32 @@ def test_the_published_geo_links_are_read_the_same_by_the_daemon_and_the_simulat
     resolved = {(ln["a"], ln["b"]): ln["bandwidth_mbps"] for ln in resolve_links(path, names)["links"]}
     daemon_bw = resolved[(a, b)]
     assert sim_bw == daemon_bw == slow["bandwidth_mbps"] * 1000.0
+
+
+def _relay_with_two_gradients() -> RecoveryNode:
+    """A stage-0 relay of a one-stage pipeline that computed the backward of ("d0", 0, 0) and ("d0", 1, 0)."""
+    cfg = RecoveryConfig(node_id="a", stage=0, last_stage=0, capacity=2, data_nodes=("d0",),
+                         next_peers={"d0": 1.0}, prev_peers={"d0": 1.0}, peer_capacity={"d0": 2})
+    m = RecoveryNode(cfg, random.Random(0))
+    m.set_flows({"d0": {"d0": 2}})
+    m.start(0.0)
+    for seq in (0, 1):
+        k = ("d0", seq, 0)
+        m.on_message(1.0, "d0", Forward(*k, ("d0",), None, 0))
+        m.on_compute_done(1.1, k, "forward")
+        m.on_message(1.5, "d0", Backward(*k, None, 0))
+        m.on_compute_done(1.6, k, "backward")
+    return m
+
+
+def test_a_relay_counts_only_gradients_of_microbatches_its_data_node_completed() -> None:
+    """BEGIN names each data node's completed seqs: a gradient held for an attempt the data node gave up (its
+    Release lost) does not count; the microbatch counts in the iteration where it completes."""
+    _, everything = _relay_with_two_gradients().begin_aggregation(2.0, 0)
+    assert everything == frozenset({("d0", 0, 0), ("d0", 1, 0)})
+    m = _relay_with_two_gradients()
+    _, counted = m.begin_aggregation(2.0, 0, {"d0": {0}})
+    assert counted == frozenset({("d0", 0, 0)})
+    assert m.stats.uncounted == 1
+    _, none = _relay_with_two_gradients().begin_aggregation(2.0, 0, {"d1": {0, 1}})
+    assert none == frozenset()  # a data node BEGIN does not name (it died before BEGIN): none of its gradients

@@ -75,6 +75,9 @@ MAX_STAGES = 1 << 12
 MAX_LOSS_SUM = 1e8
 # Entries of a repeated field (paths, groups, labels, peer lists, flow reports).
 MAX_ITEMS = 4096
+# Seqs of completed microbatches one data node reports for one iteration (IterationDone, BeginAggregation):
+# each one's gradient is computed and stored at every stage, so a node's iteration holds far fewer.
+MAX_SEQS = 1 << 16
 # Characters of a string field (peer ids are ~52, multiaddrs ~100, a refusal's reason one line).
 MAX_STRING_CHARS = 2048
 # Activations and their gradients travel as float tensors.  The hidden state of
@@ -343,7 +346,10 @@ def _iteration_done(msg: m.IterationDone, ctx: Context) -> Problem | None:
     if not (0 <= msg.loss_sum <= MAX_LOSS_SUM):
         return Problem(Violation.COUNT_OUT_OF_RANGE, f"IterationDone loss sum {msg.loss_sum} outside "
                                                      f"[0, {MAX_LOSS_SUM:g}]")
-    return None
+    if len(msg.completed_seqs) > msg.completed:
+        return Problem(Violation.COUNT_OUT_OF_RANGE, f"IterationDone names {len(msg.completed_seqs)} completed "
+                                                     f"seqs for {msg.completed} completed microbatches")
+    return _items(msg.completed_seqs, "IterationDone completed seqs", MAX_SEQS)
 
 
 def _begin(msg: m.BeginAggregation, ctx: Context) -> Problem | None:
@@ -351,7 +357,10 @@ def _begin(msg: m.BeginAggregation, ctx: Context) -> Problem | None:
                                                          MAX_MICROBATCHES),
                   _items(msg.groups, "BeginAggregation groups", MAX_STAGES + 1),
                   *(_stage(g.stage, ctx, "BeginAggregation group stage") or _items(g.peers, "a group")
-                    for g in msg.groups))
+                    for g in msg.groups),
+                  _items(msg.completed, "BeginAggregation completed", MAX_ITEMS),
+                  *(_strings(c.data_node) or _items(c.seqs, "a data node's completed seqs", MAX_SEQS)
+                    for c in msg.completed))
 
 
 def _can_take(msg: m.CanTake, ctx: Context) -> Problem | None:

@@ -282,6 +282,7 @@ class IterationDone:
     loss_sum: float
     deferred: int = 0  # given up in this iteration (crash recovery), pushed again in the next
     lost: int = 0  # neither completed nor deferred when reported (the ledger's invariant: 0)
+    completed_seqs: tuple[int, ...] = ()  # the completed microbatches: only their gradients count
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,10 +301,17 @@ class StageMembers:
 
 
 @dataclass(frozen=True, slots=True)
+class CompletedSeqs:
+    data_node: str
+    seqs: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class BeginAggregation:
     iteration: int
     microbatches: int
     groups: tuple[StageMembers, ...] = ()
+    completed: tuple[CompletedSeqs, ...] = ()  # per data node (empty: count every contribution held)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,11 @@ leader (`report_done`).  The leader (`protocol/leader.py` elects it; the
 driver says who leads through `set_leader` and whether this node acts as the
 leader now through `leading=`), once it holds the report of every live data
 node, decides BEGIN AGGREGATION: the number of microbatches completed end to
-end and, per stage, the members that take part in the stage's all-reduce
-(`groups`).  BEGIN goes to every data node and to the stage-0 relays; each
+end, per data node the seqs of those microbatches (`completed`: a relay counts
+a gradient it holds only when its microbatch is among them, so the gradient of
+an attempt its data node gave up never counts, even when the Release that
+would have dropped it was lost) and, per stage, the members that take part in
+the stage's all-reduce (`groups`).  BEGIN goes to every data node and to the stage-0 relays; each
 relay passes it to the relays of the next stage it knows (front to back).
 Every member steps (`StartStep`: all-reduce, optimizer step); `CanTake(t)`
 travels back to front: the last stage sends it to the stage before once its
@@ -88,7 +91,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from .effects import CancelTimer, Send, SetTimer
-from .messages import BeginAggregation, CanTake, IterationDone, PhaseAck, PhaseKind, StageMembers
+from .messages import BeginAggregation, CanTake, CompletedSeqs, IterationDone, PhaseAck, PhaseKind, StageMembers
 
 RETRY_S = 2.0  # a phase signal not acknowledged within this is sent again
 TIMER_PREFIX = "phase."
@@ -310,7 +313,8 @@ class Phases:
             return []
         total = sum(reports[d].completed for d in dn)
         members = tuple(StageMembers(k, tuple(sorted(set(v)))) for k, v in sorted((groups or {}).items()))
-        begin = BeginAggregation(iteration, total, members)
+        completed = tuple(CompletedSeqs(d, tuple(sorted(set(reports[d].completed_seqs)))) for d in dn)
+        begin = BeginAggregation(iteration, total, members, completed)
         self.front = tuple(sorted((set(dn) | set(stage0)) - {self.me} - self.gone))
         return self._fan_out(now, begin, exclude=()) + self._apply_begin(now, begin, next_stage=())
 
@@ -336,6 +340,14 @@ class Phases:
         """(completed microbatches, loss sum) over every data node's report of `iteration` (leader only)."""
         reports = self.done_reports.get(iteration, {})
         return sum(r.completed for r in reports.values()), sum(r.loss_sum for r in reports.values())
+
+    def completed_in(self, iteration: int) -> dict[str, frozenset[int]] | None:
+        """Per data node, the seqs of `iteration` whose gradients count (the BEGIN applied here), or None when
+        that BEGIN names none (count every contribution held)."""
+        begin = self.begin_msgs.get(iteration)
+        if begin is None or not begin.completed:
+            return None
+        return {c.data_node: frozenset(c.seqs) for c in begin.completed}
 
     def pending_iterations(self) -> list[int]:
         """Iterations with reports at this leader and no BEGIN yet."""

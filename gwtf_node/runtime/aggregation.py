@@ -158,7 +158,8 @@ class Aggregation:
     def on_begin(self, peer: str, msg: m.BeginAggregation) -> None:
         ph = self._require_phases(msg)
         if msg.iteration not in ph.begun and msg.iteration >= ph.floor:
-            contrib = self.microbatches.begin_aggregation(msg.iteration)
+            completed = {c.data_node: frozenset(c.seqs) for c in msg.completed} if msg.completed else None
+            contrib = self.microbatches.begin_aggregation(msg.iteration, completed)
             if self.peers.role == "relay" and self.microbatches.started:
                 named = [set(g.peers) for g in msg.groups if g.stage == -1]
                 if named:  # a data node that BEGIN leaves out died before it: its microbatches do not count
@@ -207,7 +208,8 @@ class Aggregation:
         if self.phases is None or it is None or it.iteration != iteration:
             return
         c = self.microbatches.counts(iteration)
-        done = m.IterationDone(iteration, len(it.done), it.loss_sum, c["deferred"], c["pending"] + c["inflight"])
+        done = m.IterationDone(iteration, len(it.done), it.loss_sum, c["deferred"], c["pending"] + c["inflight"],
+                               tuple(sorted(it.done)))
         log.info("iteration %d settled: completed %s, deferred %d", iteration, json.dumps(sorted(it.done)), c["deferred"])
         self.my_reports = {i: r for i, r in self.my_reports.items() if i >= iteration - 1}
         self.my_reports[iteration] = done

@@ -54,7 +54,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Collection, Mapping
 
 from ..model.adatopk import INDEX_BYTES
 from ..protocol import messages as m
@@ -378,11 +378,12 @@ class Microbatches:
         return {"empty_stages": list(p.stages), "since": p.since_wall, "seconds": round(now() - p.since, 1),
                 "iteration": p.iteration}
 
-    def begin_aggregation(self, iteration: int) -> frozenset:
-        """A relay: BEGIN AGGREGATION of `iteration`; the contributions that count (keys held here)."""
+    def begin_aggregation(self, iteration: int, completed: Mapping[str, Collection[int]] | None = None) -> frozenset:
+        """A relay: BEGIN AGGREGATION of `iteration`; the contributions that count (keys held here whose
+        microbatch is among `completed`, each data node's completed seqs that BEGIN names)."""
         if self.rec is None or self.peers.role != "relay":
             return frozenset()
-        eff, contrib = self.rec.begin_aggregation(now(), iteration)
+        eff, contrib = self.rec.begin_aggregation(now(), iteration, completed)
         self.tally.relay_counted(iteration, contrib)
         self._apply(eff)
         return contrib

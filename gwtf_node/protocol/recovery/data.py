@@ -246,7 +246,8 @@ class DataSide:
         if c["pending"] or c["inflight"]:
             return
         self.reported.add(it)
-        eff.append(IterationSettled(it, c["completed"], c["deferred"]))
+        done = tuple(sorted(s for s, st in self.ledger.entries.get(it, {}).items() if st is MbStatus.COMPLETED))
+        eff.append(IterationSettled(it, c["completed"], c["deferred"], done))
 
     def _abandoned(self, key: Key) -> bool:
         """The ledger entry of `key` (data node, seq, iteration) was deferred: its attempts were given up."""

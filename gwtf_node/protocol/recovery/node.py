@@ -7,6 +7,7 @@ The mechanisms live in the mixins it is made of, one file each: `routing.py`,
 from __future__ import annotations
 
 import random
+from typing import Collection, Mapping
 
 from ..effects import Send, SetTimer
 from ..messages import Backward, BackwardStuck, Complete, Lend, MbDeny, Room
@@ -149,11 +150,17 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         self._open(now, it, eff)
         return eff
 
-    def begin_aggregation(self, now: float, it: int) -> tuple[list, frozenset]:
+    def begin_aggregation(self, now: float, it: int,
+                          completed: Mapping[str, Collection[int]] | None = None) -> tuple[list, frozenset]:
         """Relay: BEGIN AGGREGATION of `it` arrived; drop what is left of its microbatches.
 
         Returns the effects and the contributions to count: the keys of `it`
-        whose backward this node computed and that were not released."""
+        whose backward this node computed, that were not released and, when
+        BEGIN names each data node's completed seqs (`completed`), whose
+        microbatch is among them.  A gradient held for an attempt its data
+        node deferred (the Release that would have dropped it was lost, or
+        its holder was unknown to the data node) never counts: the
+        microbatch runs again in the next iteration and counts there."""
         eff: list = []
         self.begun.add(it)
         if not self.is_data:
@@ -161,7 +168,12 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
                 self._drop(key, eff)
             self.full.clear()
             self.denied.clear()
-        return eff, frozenset(self.contrib.get(it, ()))
+        held = self.contrib.get(it, set())
+        if completed is None:
+            return eff, frozenset(held)
+        counted = frozenset(k for k in held if k[1] in completed.get(k[0], ()))
+        self.stats.uncounted += len(held) - len(counted)
+        return eff, counted
 
     def aggregation_done(self, now: float, it: int) -> list:
         """The step of `it` is applied here: room again for the next iteration's microbatches."""

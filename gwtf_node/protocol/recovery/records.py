@@ -48,6 +48,7 @@ class IterationSettled:
     iteration: int
     completed: int
     deferred: int
+    completed_seqs: tuple[int, ...] = ()  # the seqs of the completed ones: only their gradients count
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ class RecoveryStats:
     borrowed: int = 0  # data node: units lent to me
     presumed_dead: int = 0
     stale: int = 0  # messages of an older attempt, ignored
+    uncounted: int = 0  # relay: gradients held at BEGIN whose microbatch its data node did not complete
 
 
 def ewma(table: dict, k: str, sample: float) -> None:

@@ -54,7 +54,8 @@ class AggregationDriver:
     def _report_settled(self, nid: str, e: IterationSettled) -> None:
         """A data node's iteration is settled: its report goes to the leader (at the leader: maybe BEGIN)."""
         ph = self.phases[nid]
-        eff = ph.report_done(self.now, IterationDone(e.iteration, e.completed, 0.0, e.deferred))
+        eff = ph.report_done(self.now, IterationDone(e.iteration, e.completed, 0.0, e.deferred,
+                                                     completed_seqs=e.completed_seqs))
         if self._leading(nid):
             eff += self._maybe_begin(nid)
         self._apply_phase(nid, eff)
@@ -70,7 +71,8 @@ class AggregationDriver:
             elif t is StartStep or t is LeftOut or t is OutOfStep:
                 rec = self.nodes[nid]
                 if e.iteration not in rec.begun:  # BEGIN reached this node: a relay drops what is left
-                    self._apply(nid, rec.begin_aggregation(self.now, e.iteration)[0])
+                    completed = self.phases[nid].completed_in(e.iteration)
+                    self._apply(nid, rec.begin_aggregation(self.now, e.iteration, completed)[0])
                 if t is StartStep:
                     self._start_step(nid, e.iteration)
                 else:  # the stage state of the iteration after the step, from a stage peer
