@@ -19,9 +19,10 @@ import pytest
 from gwtf_node.protocol.effects import Send
 from gwtf_node.protocol.leader import LeaderConfig, LeaderMachine
 from gwtf_node.protocol.membership import (
-    Candidate, JoinerConfig, JoinerMachine, MembershipConfig, MembershipMachine, StageLoad, choose_stage, place,
-    stage_loads,
+    Candidate, JoinerConfig, JoinerMachine, MembershipConfig, MembershipMachine, StageLoad, choose_stage,
+    known_links, place, stage_loads,
 )
+from gwtf_node.protocol.placement import DATA
 from gwtf_node.protocol.messages import (
     Assignment, HeartbeatAck, JoinRequest, LeaderHeartbeat, RequestVote, StageState, StageStateRequest,
     UtilizationQuery, UtilizationReport, Vote,
@@ -82,6 +83,40 @@ def _round(m: MembershipMachine, now: float, reports: dict[str, UtilizationRepor
     for n, r in reports.items():
         out += m.on_message(now, n, UtilizationReport(m.query_id, r.stage, r.flows, r.capacity, r.serving))
     return out + m.on_timer(now + 1.0, "membership.collect")
+
+
+def test_known_links_average_both_ends_and_merge_the_data_nodes() -> None:
+    reports = {"a": UtilizationReport(1, 0, 0, 1, True, (("d0", 2.0), ("b", 4.0))),
+               "b": UtilizationReport(1, 1, 0, 1, True, (("a", 6.0), ("d1", 1.0), ("x", INF)))}
+    links = known_links(reports, {"c": (("d0", 3.0), ("b", 2.0))}, ("d0", "d1"))
+    assert links == {(DATA, "a"): 2.0, ("a", "b"): 5.0, (DATA, "b"): 1.0, (DATA, "c"): 3.0, ("b", "c"): 2.0}
+
+
+def test_the_leader_places_joiners_by_the_link_costs_it_is_told() -> None:
+    """Two joiners, one member per stage: either split makes the max flow 2; the split c1 -> 0, c2 -> 1 routes
+    the second unit over cheap links (d-c1-b-d and d-a-c2-d, 3 each), the other over 50-cost ones.  The
+    joiners' reported stage costs point the other way, so a leader without link costs picks the dear split."""
+    near = {("d", "a"): 1, ("d", "b"): 1, ("a", "b"): 1, ("d", "c1"): 1, ("d", "c2"): 1, ("c1", "b"): 1,
+            ("a", "c2"): 1, ("c1", "c2"): 50, ("a", "c1"): 50, ("b", "c2"): 50}
+    cost = {**near, **{(y, x): c for (x, y), c in near.items()}}
+
+    def told(node: str, peers: str) -> tuple[tuple[str, float], ...]:
+        return tuple((p, float(cost[(node, p)])) for p in peers.split())
+
+    def place(with_links: bool) -> dict[str, int]:
+        m = MembershipMachine(MembershipConfig("d", 2, data_nodes=("d",)), term=1, iteration=3)
+        m.add_member("a", 0)
+        m.add_member("b", 1)
+        m.on_message(0.0, "c1", JoinRequest(1, (5.0, 1.0), told("c1", "d a b c2") if with_links else ()))
+        m.on_message(0.0, "c2", JoinRequest(1, (1.0, 5.0), told("c2", "d a b c1") if with_links else ()))
+        out = m.on_timer(0.0, "membership.round")
+        for n, s, peers in (("a", 0, "d b"), ("b", 1, "a d")):
+            out += m.on_message(0.0, n, UtilizationReport(m.query_id, s, 1, 1, True,
+                                                          told(n, peers) if with_links else ()))
+        return {e.msg.node: e.msg.stage for e in out if type(e) is Send and type(e.msg) is Assignment}
+
+    assert place(with_links=True) == {"c1": 0, "c2": 1}
+    assert place(with_links=False) == {"c1": 1, "c2": 0}
 
 
 def test_joining_members_are_never_sources_and_silent_ones_are_not_either() -> None:

@@ -445,13 +445,17 @@ def _heartbeat(msg: m.LeaderHeartbeat, ctx: Context) -> Problem | None:
 def _join_request(msg: m.JoinRequest, ctx: Context) -> Problem | None:
     return _first(_count(msg.capacity, "JoinRequest capacity", MAX_CAPACITY),
                   _items(msg.stage_costs, "JoinRequest stage costs", MAX_STAGES),
-                  *(_cost(c, "JoinRequest stage cost") for c in msg.stage_costs))
+                  *(_cost(c, "JoinRequest stage cost") for c in msg.stage_costs),
+                  _items(msg.link_costs, "JoinRequest link costs"),
+                  *(_strings(p) or _cost(c, "JoinRequest link cost", infinite_ok=False) for p, c in msg.link_costs))
 
 
 def _utilization_report(msg: m.UtilizationReport, ctx: Context) -> Problem | None:
     return _first(_stage(msg.stage, ctx, "UtilizationReport stage"),
                   _count(msg.flows, "UtilizationReport flows", MAX_CAPACITY),
-                  _count(msg.capacity, "UtilizationReport capacity", MAX_CAPACITY))
+                  _count(msg.capacity, "UtilizationReport capacity", MAX_CAPACITY),
+                  _items(msg.link_costs, "UtilizationReport link costs"),
+                  *(_strings(p) or _cost(c, "UtilizationReport link cost", infinite_ok=False) for p, c in msg.link_costs))
 
 
 def _assignment(msg: m.Assignment, ctx: Context) -> Problem | None:

@@ -671,12 +671,14 @@ class HeartbeatAck(_message.Message):
     def __init__(self, term: _Optional[int] = ..., sent_at: _Optional[float] = ..., ok: bool = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("capacity", "stage_costs")
+    __slots__ = ("capacity", "stage_costs", "link_costs")
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     STAGE_COSTS_FIELD_NUMBER: _ClassVar[int]
+    LINK_COSTS_FIELD_NUMBER: _ClassVar[int]
     capacity: int
     stage_costs: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, capacity: _Optional[int] = ..., stage_costs: _Optional[_Iterable[float]] = ...) -> None: ...
+    link_costs: _containers.RepeatedCompositeFieldContainer[PeerCost]
+    def __init__(self, capacity: _Optional[int] = ..., stage_costs: _Optional[_Iterable[float]] = ..., link_costs: _Optional[_Iterable[_Union[PeerCost, _Mapping]]] = ...) -> None: ...
 
 class UtilizationQuery(_message.Message):
     __slots__ = ("query_id", "term")
@@ -687,18 +689,20 @@ class UtilizationQuery(_message.Message):
     def __init__(self, query_id: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
 
 class UtilizationReport(_message.Message):
-    __slots__ = ("query_id", "stage", "flows", "capacity", "serving")
+    __slots__ = ("query_id", "stage", "flows", "capacity", "serving", "link_costs")
     QUERY_ID_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
     FLOWS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     SERVING_FIELD_NUMBER: _ClassVar[int]
+    LINK_COSTS_FIELD_NUMBER: _ClassVar[int]
     query_id: int
     stage: int
     flows: int
     capacity: int
     serving: bool
-    def __init__(self, query_id: _Optional[int] = ..., stage: _Optional[int] = ..., flows: _Optional[int] = ..., capacity: _Optional[int] = ..., serving: bool = ...) -> None: ...
+    link_costs: _containers.RepeatedCompositeFieldContainer[PeerCost]
+    def __init__(self, query_id: _Optional[int] = ..., stage: _Optional[int] = ..., flows: _Optional[int] = ..., capacity: _Optional[int] = ..., serving: bool = ..., link_costs: _Optional[_Iterable[_Union[PeerCost, _Mapping]]] = ...) -> None: ...
 
 class Assignment(_message.Message):
     __slots__ = ("term", "node", "stage", "download_from", "start_iteration")

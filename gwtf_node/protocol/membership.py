@@ -61,12 +61,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 from .effects import CancelTimer, Effect, Send, SetTimer
 from .messages import Assignment, JoinRequest, StageStateRequest, UtilizationQuery, UtilizationReport
-from .placement import (DEFAULT_MAX_EVALUATIONS, Candidate, Member, PlacementProblem, StageLoad, rank_matching,
-                        search_stages)
+from .placement import (DATA, DEFAULT_MAX_EVALUATIONS, Candidate, Member, PlacementProblem, StageLoad,
+                        rank_matching, search_stages)
 
 INITIAL = ""  # download_from of a placement into an empty stage before any step: the manifest's initial weights
 ROUND_TIMER = "membership.round"
@@ -131,17 +131,36 @@ def place(candidates: Iterable[Candidate], loads: Mapping[int, StageLoad],
     return placed
 
 
+def known_links(reports: Mapping[str, UtilizationReport], candidate_links: Mapping[str, Iterable[tuple[str, float]]],
+                data_nodes: Iterable[str]) -> dict[tuple[str, str], float]:
+    """The link costs the leader was told (members' reports, candidates' requests), keyed by sorted pair; the
+    data nodes are one side of the placement graph (`DATA`), so their links are averaged per node.  A link
+    reported by both ends costs the mean of the two."""
+    data = set(data_nodes)
+    seen: dict[tuple[str, str], list[float]] = {}
+    told = [(n, r.link_costs) for n, r in sorted(reports.items())] + sorted(candidate_links.items())
+    for a, costs in told:
+        for b, c in costs:
+            x, y = (DATA if a in data else a), (DATA if b in data else b)
+            if x != y and math.isfinite(c) and c >= 0:
+                seen.setdefault((x, y) if x < y else (y, x), []).append(float(c))
+    return {pair: sum(cs) / len(cs) for pair, cs in seen.items()}
+
+
 def place_by_search(candidates: Iterable[Candidate], loads: Mapping[int, StageLoad],
                     sources: Mapping[int, list[str]], reports: Mapping[str, UtilizationReport],
-                    max_evaluations: int = DEFAULT_MAX_EVALUATIONS) -> list[tuple[Candidate, int, str]]:
+                    max_evaluations: int = DEFAULT_MAX_EVALUATIONS, *, members: Sequence[Member] = (),
+                    links: Mapping[tuple[str, str], float] | None = None) -> list[tuple[Candidate, int, str]]:
     """`place`, with the stages chosen by the local search of protocol/placement.py.
 
     The starts are water-filling (`place`) and the paper's rank matching; the
-    snapshot is what the leader holds: each stage's capacity (serving and
-    joining members, from `loads`) and each candidate's reported cost to each
-    stage.  Links between members are not reported, so they all cost the mean
-    of the candidates' finite stage costs (no stage is preferred for them).
-    Sources are then chosen as `place` does, highest capacity first.
+    snapshot is what the leader holds: each stage's members (`members`: serving
+    and joining, the same capacity as `loads`), each candidate's reported cost
+    to each stage and the link costs it was told (`links`, from `known_links`).
+    With links, the search evaluates the routing's exact min-cost flow over
+    them; without (no member reported any), every link costs the mean of the
+    candidates' finite stage costs and no stage is preferred for it.  Sources
+    are then chosen as `place` does, highest capacity first.
     """
     eligible = [s for s in sorted(loads) if sources.get(s)]
     num_stages = max(loads, default=-1) + 1
@@ -156,10 +175,16 @@ def place_by_search(candidates: Iterable[Candidate], loads: Mapping[int, StageLo
     waterfill = {c.node: s for c, s, _src in place(cands, {s: StageLoad(ld.flows, ld.capacity)
                                                           for s, ld in loads.items()}, sources, reports)}
     ranked = rank_matching(cands, loads, eligible)
-    known = [x for c in cands for x in c.stage_costs if math.isfinite(x)]
-    problem = PlacementProblem(
-        num_stages, tuple(Member(f"stage {s}", s, loads[s].capacity) for s in sorted(loads) if loads[s].capacity > 0),
-        tuple(cands), unknown_link_cost=sum(known) / len(known))
+    if links and members:
+        unknown = sum(links.values()) / len(links)
+        problem = PlacementProblem(num_stages, tuple(m for m in members if m.capacity > 0 and 0 <= m.stage < num_stages),
+                                   tuple(cands), dict(links), unknown_link_cost=unknown)
+    else:
+        known = [x for c in cands for x in c.stage_costs if math.isfinite(x)]
+        problem = PlacementProblem(
+            num_stages, tuple(Member(f"stage {s}", s, loads[s].capacity) for s in sorted(loads)
+                              if loads[s].capacity > 0),
+            tuple(cands), unknown_link_cost=sum(known) / len(known))
     starts = [tuple(start[c.node] for c in cands) for start in (waterfill, ranked) if len(start) == len(cands)]
     stages = search_stages(problem, starts, max_evaluations=max_evaluations)
     placed: list[tuple[Candidate, int, str]] = []
@@ -188,6 +213,7 @@ class MembershipConfig:
     report_timeout_s: float = 1.0
     join_timeout_s: float = 120.0  # a placed newcomer not serving by then is forgotten
     placement_evaluations: int = DEFAULT_MAX_EVALUATIONS  # budget of the stage search per round
+    data_nodes: tuple[str, ...] = ()  # the run's data nodes: one side of the placement graph (`known_links`)
 
     def __post_init__(self) -> None:
         if not 0 < self.report_timeout_s < self.query_interval_s:
@@ -215,6 +241,7 @@ class MembershipMachine:
     iteration: int = 0  # the iteration in flight (set by the driver at each boundary)
     members: dict[str, int] = field(default_factory=dict)  # known stage members -> stage
     waiting: dict[str, Candidate] = field(default_factory=dict)
+    candidate_links: dict[str, tuple[tuple[str, float], ...]] = field(default_factory=dict)  # from JoinRequests
     placed: dict[str, _Placed] = field(default_factory=dict)  # newcomers not yet seen serving
     query_id: int = 0
     reports: dict[str, UtilizationReport] = field(default_factory=dict)
@@ -295,13 +322,18 @@ class MembershipMachine:
             for k in range(self.cfg.num_stages):
                 if k not in sources and not any(st == k for st, _c in joining.values()):
                     sources[k] = [INITIAL]
+        members = [Member(n, r.stage, r.capacity) for n, r in sorted(self.reports.items()) if n not in joining]
+        members += [Member(n, st, cap) for n, (st, cap) in sorted(joining.items())]
+        links = known_links(self.reports, {n: self.candidate_links.get(n, ()) for n in self.waiting},
+                            self.cfg.data_nodes)
         effects: list[Effect] = []
         for c, stage, src in place_by_search(self.waiting.values(), loads, sources, self.reports,
-                                             self.cfg.placement_evaluations):
+                                             self.cfg.placement_evaluations, members=members, links=links):
             a = Assignment(term=self.term, node=c.node, stage=stage, download_from=src,
                            start_iteration=self.iteration if src == INITIAL else self.iteration + 1)
             self.placed[c.node] = _Placed(a, c.capacity, now)
             del self.waiting[c.node]
+            self.candidate_links.pop(c.node, None)
             effects.append(Send(c.node, a))
             if src != INITIAL:
                 effects.append(Send(src, a))
@@ -331,6 +363,7 @@ class MembershipMachine:
             return [Send(sender, self.placed[sender].assignment)]  # our Assignment was lost
         self.members.pop(sender, None)  # a member that asks again lost its state: place it anew
         self.waiting[sender] = Candidate(sender, msg.capacity, tuple(msg.stage_costs))
+        self.candidate_links[sender] = tuple(msg.link_costs)
         return []
 
 
@@ -343,6 +376,7 @@ class JoinerConfig:
     capacity: int
     stage_costs: tuple[float, ...]
     retry_s: float = 5.0
+    link_costs: tuple[tuple[str, float], ...] = ()  # Eq. 1 cost of its link to each peer it measured
 
 
 @dataclass
@@ -389,7 +423,8 @@ class JoinerMachine:
     def _ask(self, now: float) -> list[Effect]:
         effects: list[Effect] = [SetTimer(RETRY_TIMER, now + self.cfg.retry_s)]
         if self.leader is not None:
-            effects.append(Send(self.leader, JoinRequest(self.cfg.capacity, self.cfg.stage_costs)))
+            effects.append(Send(self.leader, JoinRequest(self.cfg.capacity, self.cfg.stage_costs,
+                                                             self.cfg.link_costs)))
         return effects
 
     def _on_assignment(self, a: Assignment) -> list[Effect]:

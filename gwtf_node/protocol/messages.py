@@ -20,30 +20,9 @@ import enum
 from dataclasses import dataclass
 
 from .refusals import RefusalCode  # noqa: F401 - re-exported: a Refused carries one
+from .replies import DenyReason, Reply, Side  # noqa: F401 - re-exported: flow messages carry them
 
 INF = float("inf")
-
-
-class Side(enum.IntEnum):
-    IN = 1  # cost for a new unit handed to this node
-    OUT = 2  # cost for this node to send one unit it holds onwards
-
-
-class Reply(enum.IntEnum):
-    """Outcome of a request; mirrors the proto enum `Outcome`."""
-
-    APPROVED = 1  # "Done: the unit / move is yours."
-    COST_CHANGED = 2  # "My cost is not what you expected; here is the current one."
-    NO_CAPACITY = 3  # "I have no room and no cheaper way to make room."
-    NO_SUCH_FLOW = 4  # "I do not carry the flow you named (any more)."
-    NOT_IMPROVING = 5  # "By my numbers the move does not lower the cost."
-    BUSY = 6  # "I am in the middle of another move; ask again later."
-    NOT_LINKED = 7  # "I have no link to a node the move needs."
-
-
-class DenyReason(enum.IntEnum):
-    NO_ROUTE = 1  # "I cannot forward this unit: take it back and route it elsewhere."
-    DISPLACED = 2  # "A cheaper unit took your place here: route yours elsewhere."
 
 
 @dataclass(frozen=True, slots=True)
@@ -545,6 +524,7 @@ class JoinRequest:
 
     capacity: int  # microbatches it can hold at a time
     stage_costs: tuple[float, ...]  # measured cost to each relay stage, +inf: cannot serve it
+    link_costs: tuple[tuple[str, float], ...] = ()  # Eq. 1 cost of its link to each peer it measured
 
 
 @dataclass(frozen=True, slots=True)
@@ -562,6 +542,7 @@ class UtilizationReport:
     flows: int  # units of flow through the reporter
     capacity: int
     serving: bool  # False while the reporter is still joining (downloading its stage's state)
+    link_costs: tuple[tuple[str, float], ...] = ()  # Eq. 1 cost of its links to its flow neighbours
 
 
 @dataclass(frozen=True, slots=True)

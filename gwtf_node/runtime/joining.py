@@ -50,6 +50,7 @@ log = logging.getLogger("gwtf.node")
 STATE_WAIT_S = 600.0  # how long a source waits for its own steps before answering a StageStateRequest
 LEAVE_WAIT_S = 10.0  # a leaving relay waits at most this long for the aggregation of its last iteration
 GOODBYE_WAIT_S = 3.0
+MAX_LINKS_REPORTED = 1024  # link costs in a JoinRequest or UtilizationReport (the leader's placement graph)
 LEADER_LOOKUP_S = 5.0
 MAX_STATE_BYTES = 1 << 34
 RESUME_POLL_S = 2.0  # a relay coming back that waits asks its peers again this often
@@ -142,7 +143,9 @@ class Joining:
         """`--stage auto`: ask the leader for a stage (section V-B); returns once placed (the download goes on)."""
         for pid in self.peers.ids_known():
             self.peers.set_rtt(pid, await self.liveness.measure_rtt(pid))
-        cfg = JoinerConfig(self.wire.me, self._measured_capacity(), self._stage_costs())
+        measured = sorted(p for p in self.peers.ids_known() if self.peers.get(p).rtt_ms is not None)
+        links = tuple((p, self.flows.link_cost(p)) for p in measured[:MAX_LINKS_REPORTED])
+        cfg = JoinerConfig(self.wire.me, self._measured_capacity(), self._stage_costs(), link_costs=links)
         self.peers.set_capacity(cfg.capacity)
         self.joiner = JoinerMachine(cfg)
         self.peers.set_standing(joining=True)
@@ -178,8 +181,10 @@ class Joining:
         if self.joiner is not None and self.peers.place.joining:
             self.effects(Owner.JOINER, self.joiner.on_message(now(), peer, msg))
         elif self.peers.role == "relay" and self.peers.stage is not None:
+            links = {**self.flows.prev_costs, **self.flows.next_costs}  # Eq. 1 costs of its flow links
             self.wire.post(peer, m.UtilizationReport(msg.query_id, self.peers.stage, self.flows.units_through(),
-                                                     self.peers.capacity, not self.peers.place.joining))
+                                                     self.peers.capacity, not self.peers.place.joining,
+                                                     tuple(sorted(links.items()))[:MAX_LINKS_REPORTED]))
 
     def on_assignment(self, peer: str, msg: m.Assignment) -> None:
         if self.joiner is None or self.peers.stage is not None:

@@ -8,7 +8,13 @@ in a term.  The acting leader publishes `run/<id>/leader` in the DHT (signed, wi
 and its data-node certificate: records.py), opens
 the aggregation phase (aggregation.py) and places joiners with its
 `MembershipMachine` (section V-B: utilization queries through the stages,
-candidates with the highest capacity to the most utilized stages).
+then the local search of `protocol/placement.py` over the link costs the
+members and candidates reported).  The search evaluates exact min-cost flows
+in pure Python (seconds of CPU for a hundred members), so every call into the
+placement machine runs in a worker thread, one at a time and in order
+(`_placement_call`): the node's event loop, and with it the election's
+heartbeats, never waits for a search.  The status reads `placement_view`, a
+copy taken on the event loop after each call.
 
 A data node that comes back (restarted with its state directory, the same
 peer id) is still a voter everywhere: voters are never removed
@@ -61,7 +67,10 @@ class Leadership:
         self.iteration_now = iteration_now
         self.on_change = on_change
         self.election: LeaderMachine | None = None  # data nodes, once the data nodes are known
-        self.placement: MembershipMachine | None = None  # the acting leader
+        self.placement: MembershipMachine | None = None  # the acting leader; touched only by _placement_call
+        self.placement_view: tuple[dict, dict] = ({}, {})  # (reports, members) after its last call
+        self._placement_queue: list[tuple[MembershipMachine, Callable[[MembershipMachine], list]]] = []
+        self._placement_busy = False
         self.known_leader: str | None = None  # a relay: the leader found in the DHT or heard in its queries
         self.known_term: int | None = None  # a relay: that leader's term (its UtilizationQuery says it)
         self.known_at: float | None = None  # a relay: when it last heard who leads (now())
@@ -116,17 +125,20 @@ class Leadership:
         leading = self.election.is_leader(t)
         if leading and not self._was_leader:
             log.info("leader of term %d", self.election.term)
-            self.placement = MembershipMachine(
-                MembershipConfig(self.wire.me, self.peers.n_stages, query_interval_s=QUERY_INTERVAL_S),
+            machine = MembershipMachine(
+                MembershipConfig(self.wire.me, self.peers.n_stages, query_interval_s=QUERY_INTERVAL_S,
+                                 data_nodes=tuple(self.peers.data_nodes())),
                 self.election.term, self.iteration_now())
             for p in self.peers.infos():
                 if p.role == "relay" and p.stage >= 0 and not p.joining:
-                    self.placement.add_member(p.peer_id, p.stage)
-            self.effects(Owner.PLACEMENT, self.placement.start(t))
+                    machine.add_member(p.peer_id, p.stage)
+            self.placement = machine
+            self._placement_call(lambda pm: pm.start(t))
             self.wire.spawn(self._publish, self.election.term)
         if not leading and self._was_leader:
             log.info("no longer leader (term %d)", self.election.term)
             self.placement = None
+            self.placement_view = ({}, {})
         self._was_leader = leading
         self.on_change()
 
@@ -157,7 +169,8 @@ class Leadership:
 
     def on_placement_msg(self, peer: str, msg: Any) -> None:
         if self.placement is not None and self.is_leader():
-            self.effects(Owner.PLACEMENT, self.placement.on_message(now(), peer, msg))
+            t = now()
+            self._placement_call(lambda pm: pm.on_message(t, peer, msg))
 
     def on_election_timer(self, key: str) -> None:
         if self.election is not None:
@@ -165,19 +178,43 @@ class Leadership:
 
     def on_placement_timer(self, key: str) -> None:
         if self.placement is not None:
-            self.effects(Owner.PLACEMENT, self.placement.on_timer(now(), key))
+            t = now()
+            self._placement_call(lambda pm: pm.on_timer(t, key))
+
+    def _placement_call(self, call: Callable[[MembershipMachine], list]) -> None:
+        """Run `call(machine)` on the current placement machine in a worker thread, after the calls before it;
+        its effects are applied on the event loop unless the machine was replaced meanwhile (a new term)."""
+        if self.placement is None:
+            return
+        self._placement_queue.append((self.placement, call))
+        if not self._placement_busy:
+            self._placement_busy = True
+            self.wire.spawn(self._drain_placement)
+
+    async def _drain_placement(self) -> None:
+        try:
+            while self._placement_queue:
+                machine, call = self._placement_queue.pop(0)
+                if machine is not self.placement:
+                    continue  # a machine of an earlier term: nobody acts on it any more
+                effects = await trio.to_thread.run_sync(call, machine, abandon_on_cancel=True)
+                if machine is self.placement:
+                    self.placement_view = (dict(machine.reports), dict(machine.members))
+                    self.effects(Owner.PLACEMENT, effects)
+        finally:
+            self._placement_busy = False
 
     def on_peer_hello(self, info: PeerInfo) -> None:
         if info.role == "data" and self.election is not None and info.peer_id not in self.election.cfg.data_nodes:
             self.election.add_data_node(info.peer_id)
         if self.placement is not None and info.role == "relay" and info.stage >= 0 and not info.joining:
-            self.placement.add_member(info.peer_id, info.stage)
+            self._placement_call(lambda pm: pm.add_member(info.peer_id, info.stage) or [])
 
     def on_peer_gone(self, peer: str) -> None:
         if self.placement is not None:
-            self.placement.remove_member(peer)
+            self._placement_call(lambda pm: pm.remove_member(peer) or [])
 
     def iteration_aggregating(self, iteration: int) -> None:
         """The acting leader opens the aggregation of `iteration`: joiners are placed for the next one."""
         if self.placement is not None:
-            self.placement.set_iteration(iteration + 1)
+            self._placement_call(lambda pm: pm.set_iteration(iteration + 1) or [])

@@ -78,9 +78,10 @@ class LocalStage:
         return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
 
     def hidden_size_mb(self) -> float:
-        """Size of one microbatch's activation in MB (float32): the `size` of Equation 1."""
-        shape = self.model.expected_hidden_shape(self.manifest.data.microbatch_size)
-        return math.prod(shape) * 4 / 1e6
+        """Size of one microbatch's activation in MB (float32): the `size` of Equation 1 (known from the
+        manifest before the stage is built: a joiner measures its links with it)."""
+        m = self.manifest
+        return m.data.microbatch_size * m.data.seq_len * m.dims.hidden * 4 / 1e6
 
     def unpack(self, msg: Any, payload, what: str):
         """The activation or gradient a frame carries, checked against this stage's shape and dtype."""

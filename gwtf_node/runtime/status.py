@@ -268,7 +268,8 @@ class Status:
         if placement is None:
             self._reports = {}
         else:  # the newest report of each member (a round starts empty: the last round's stand until then)
-            self._reports = {n: r for n, r in {**self._reports, **placement.reports}.items() if n in placement.members}
+            reports, members = self.leadership.placement_view
+            self._reports = {n: r for n, r in {**self._reports, **reports}.items() if n in members}
         reports = self._reports
         out = []
         for k in range(self.peers.n_stages):

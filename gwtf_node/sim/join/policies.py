@@ -7,7 +7,8 @@ import math
 import random
 from dataclasses import dataclass
 
-from ...protocol.membership import INITIAL, Candidate, StageLoad, place, place_by_search
+from ...protocol.membership import INITIAL, Candidate, StageLoad, known_links, place, place_by_search
+from ...protocol.messages import UtilizationReport
 from ...protocol.placement import DATA, DEFAULT_MAX_EVALUATIONS, Member, PlacementProblem, search_stages
 from .evaluation import FlowModel
 from .instances import JoinInstance
@@ -56,18 +57,32 @@ def policy_waterfill(inst: JoinInstance) -> tuple[int, ...]:
     return tuple(assign)
 
 
-def policy_leader(inst: JoinInstance, max_evaluations: int = DEFAULT_MAX_EVALUATIONS) -> tuple[int, ...]:
-    """The daemon's leader, run by its own code (protocol/membership.place_by_search) on what the daemon tells
-    it: each stage's capacity, the max flow F at every stage, each candidate's capacity and its cost to each
-    stage (its intra-stage cost there); no link costs between members."""
+def policy_leader(inst: JoinInstance, max_evaluations: int = DEFAULT_MAX_EVALUATIONS,
+                  links: bool = True) -> tuple[int, ...]:
+    """The daemon's leader, run by its own code (protocol/membership.known_links and place_by_search) on what
+    the daemon tells it: each member's capacity and the Eq. 1 costs of its links to its flow neighbours (the
+    stages before and after it, the data node at either end: its `UtilizationReport`), each candidate's
+    capacity, its cost to each stage and the costs of its links to every node it measured (its `JoinRequest`:
+    the members and the other candidates).  `links=False`: no link costs at all (what the leader knew before
+    the reports carried them)."""
     caps = inst.stage_caps()
     loads = {s: StageLoad(min(caps), caps[s]) for s in range(inst.stages)}
     cands = [Candidate(v, inst.cand_cap[v], tuple(float(inst.cand_intra[(v, s)]) for s in range(inst.stages)))
              for v in inst.candidates]
+    reports, told = {}, {}
+    if links:
+        for r, s in sorted(inst.relay_stage.items()):
+            reports[r] = UtilizationReport(0, s, min(caps), inst.relay_cap[r], True, tuple(
+                (n, float(inst.cost(r, n))) for n in inst.neighbours_of_stage(s)))
+        everyone = sorted(inst.relay_stage) + [inst.data]
+        for v in inst.candidates:
+            told[v] = tuple((n, float(inst.cost(v, n))) for n in everyone + [u for u in inst.candidates if u != v])
+    members = [Member(r, s, inst.relay_cap[r]) for r, s in sorted(inst.relay_stage.items())]
     index = {c: k for k, c in enumerate(inst.candidates)}
     assign = [0] * len(inst.candidates)
-    for c, s, _src in place_by_search(cands, loads, {s: [INITIAL] for s in range(inst.stages)}, {},
-                                      max_evaluations):
+    for c, s, _src in place_by_search(cands, loads, {s: [INITIAL] for s in range(inst.stages)}, reports,
+                                      max_evaluations, members=members,
+                                      links=known_links(reports, told, (inst.data,))):
         assign[index[c.node]] = s
     return tuple(assign)
 
