@@ -48,23 +48,37 @@ def _code(needs: Needs, msg, sender: str, *, me=("relay", 1), leader=D0, term=3)
 
 def test_role_table() -> None:
     hb = m.LeaderHeartbeat(3, 0.0, (D0, D1))
-    assert _code(Needs.DATA, hb, R0, me=("data", -1)) is R.WRONG_ROLE  # a relay takes no leadership
-    assert _code(Needs.DATA, m.LeaderHeartbeat(99, 0.0, ()), R0, me=("data", -1)) is R.WRONG_ROLE
-    assert _code(Needs.DATA, hb, D1, me=("data", -1)) is R.NOT_LEADER  # term 3 is D0's
-    assert _code(Needs.DATA, m.LeaderHeartbeat(4, 0.0, ()), D1, me=("data", -1)) is None  # a new term: Raft
+    assert _code(Needs.LEADER, hb, R0, me=("data", -1)) is R.WRONG_ROLE  # a relay takes no leadership
+    assert _code(Needs.LEADER, m.LeaderHeartbeat(99, 0.0, ()), R0, me=("data", -1)) is R.WRONG_ROLE
+    assert _code(Needs.LEADER, hb, D1, me=("data", -1)) is R.NOT_LEADER  # term 3 is D0's
+    assert _code(Needs.LEADER, hb, D0, me=("data", -1)) is None
+    assert _code(Needs.LEADER, m.LeaderHeartbeat(4, 0.0, ()), D1, me=("data", -1)) is None  # a new term: Raft
+    assert _code(Needs.LEADER, m.LeaderHeartbeat(2, 0.0, ()), D1, me=("data", -1)) is None  # the machine says no
+    assert _code(Needs.LEADER, hb, D1, me=("data", -1), leader=None) is None  # who won term 3 is not known here
     assert _code(Needs.DATA, m.Lend(0, R0), NEW, me=("data", -1)) is R.WRONG_ROLE
     assert _code(Needs.DATA, m.IterationDone(0, 1, 1.0), D1, me=("data", -1)) is None
+    assert _code(Needs.DATA, m.RequestVote(9, False, 0.0), D1, me=("data", -1)) is None  # anyone may run
     a = m.Assignment(3, NEW, 0, R0, 5)
     assert _code(Needs.LEADER, a, R0, me=("relay", None)) is R.NOT_LEADER
     assert _code(Needs.LEADER, a, D1, me=("relay", None)) is R.NOT_LEADER
     assert _code(Needs.LEADER, a, D0, me=("relay", None)) is None
-    assert _code(Needs.LEADER, a, D1, me=("relay", None), leader=None) is None  # no leader known: a data node
-    begin = m.BeginAggregation(0, 4)
+    assert _code(Needs.LEADER, m.Assignment(2, NEW, 0, R0, 5), D0, me=("relay", None)) is R.NOT_LEADER  # stale
+    assert _code(Needs.LEADER, m.Assignment(4, NEW, 0, R0, 5), D1, me=("relay", None)) is None  # a new term
+    assert _code(Needs.LEADER, a, D1, me=("relay", None), leader=None, term=None) is None  # no leader known
+    query = m.UtilizationQuery(7, 3)
+    assert _code(Needs.LEADER, query, D1, me=("relay", 0)) is R.NOT_LEADER
+    assert _code(Needs.LEADER, query, R0, me=("relay", 1)) is R.NOT_LEADER
+    assert _code(Needs.LEADER, query, D0, me=("relay", 1)) is None
+    begin = m.BeginAggregation(0, 4, term=3)
     assert _code(Needs.UPSTREAM, begin, R0, me=("relay", 1)) is None  # front to back
     assert _code(Needs.UPSTREAM, begin, R2, me=("relay", 1)) is R.NOT_LEADER
     assert _code(Needs.UPSTREAM, begin, NEW, me=("relay", 1)) is R.NOT_LEADER
-    assert _code(Needs.UPSTREAM, begin, D1, me=("relay", 0)) is None  # a relay cannot tell: any data node
-    assert _code(Needs.UPSTREAM, begin, D1, me=("data", -1)) is None  # the phases machine judges its term
+    assert _code(Needs.UPSTREAM, begin, D0, me=("relay", 0)) is None  # the leader of term 3
+    assert _code(Needs.UPSTREAM, begin, D1, me=("relay", 0)) is R.NOT_LEADER  # another data node
+    assert _code(Needs.UPSTREAM, begin, D1, me=("data", -1)) is R.NOT_LEADER
+    assert _code(Needs.UPSTREAM, begin, D0, me=("data", -1)) is None
+    assert _code(Needs.UPSTREAM, m.BeginAggregation(0, 4, term=2), D0, me=("relay", 0)) is R.NOT_LEADER  # stale
+    assert _code(Needs.UPSTREAM, m.BeginAggregation(0, 4, term=4), D1, me=("relay", 0)) is None  # a new term
     assert _code(Needs.UPSTREAM, begin, R2, me=("data", -1)) is None  # the last stage passes it on
     relabel = m.Relabel(D0, D1)
     assert _code(Needs.NEIGHBOUR, relabel, R0, me=("relay", 1)) is None
@@ -72,6 +86,80 @@ def test_role_table() -> None:
     assert _code(Needs.NEIGHBOUR, relabel, D0, me=("relay", 1)) is R.NOT_NEIGHBOUR  # two stages away
     assert _code(Needs.NEIGHBOUR, relabel, D0, me=("relay", 2)) is None  # the ring: last stage -> data
     assert decide(Needs.PLACED, relabel, None, Snapshot("relay", 1, 3, None, None)).code is R.UNKNOWN_PEER
+
+
+class _Peers:
+    """What the authorizer reads of the peer table: roles by peer id, this node's place."""
+
+    def __init__(self, role: str, stage: int | None) -> None:
+        self.role, self.stage, self.n_stages = role, stage, 3
+
+    def get(self, peer: str) -> PeerInfo | None:
+        return INFO.get(peer)
+
+
+@pytest.mark.trio
+async def test_a_relay_learns_a_new_term_from_its_leader_first_message_and_refuses_the_old_leader_after() -> None:
+    """The race at an election: the new leader's message overtakes the news of its term.  It is taken (and
+    the relay learns the term and its leader); the deposed leader's messages are refused from then on."""
+    from gwtf_node.runtime.leadership import Leadership
+
+    lead = Leadership.__new__(Leadership)  # only the relay's view of who leads (no election: a relay)
+    lead.peers, lead.election, lead.known_leader, lead.known_term, lead.known_at = _Peers("relay", 0), None, None, \
+        None, None
+    auth = Authorizer(run_id="run1", owner_public_key="", open_relays=True)
+    refused: list = []
+    wire_like = type("W", (), {"post": lambda self, *a: None,
+                               "refuse": lambda self, peer, why, code=None: refused.append((peer, code))})()
+
+    def send(peer: str, msg, needs: Needs) -> bool:
+        return auth.allow(peer, msg, needs, lead.peers, lead, wire_like)
+
+    assert send(D0, m.UtilizationQuery(1, 3), Needs.LEADER)  # a relay that knew no leader learns D0, term 3
+    assert lead.leader_of_term() == (D0, 3)
+    assert not send(D1, m.BeginAggregation(5, 4, term=3), Needs.UPSTREAM)  # D1 does not lead term 3
+    assert send(D1, m.BeginAggregation(5, 4, term=4), Needs.UPSTREAM)  # D1 won term 4: its BEGIN came first
+    assert lead.leader_of_term() == (D1, 4)
+    assert not send(D0, m.Assignment(3, NEW, 0, R0, 6), Needs.LEADER)  # the deposed leader: stale
+    assert not send(D0, m.BeginAggregation(6, 4, term=4), Needs.UPSTREAM)  # ... and it cannot claim term 4
+    assert send(D1, m.Assignment(4, NEW, 0, R0, 6), Needs.LEADER)
+    assert not send(R1, m.UtilizationQuery(2, 9), Needs.LEADER)  # a relay never leads, whatever its term
+    assert lead.leader_of_term() == (D1, 4)
+    assert refused == [(D1, R.NOT_LEADER), (D0, R.NOT_LEADER), (D0, R.NOT_LEADER), (R1, R.NOT_LEADER)]
+
+
+@pytest.mark.trio
+async def test_a_data_node_takes_a_new_term_from_a_data_node_and_merges_only_admitted_voters(tmp_path: Path) -> None:
+    """A data node's election machine learns a newer term from an admitted data node's heartbeat (Raft), but
+    the voter list it carries is filtered to the data nodes admitted here: a stranger listed there is no voter."""
+    from types import SimpleNamespace
+
+    from gwtf_node.runtime.leadership import Leadership
+
+    class Peers(_Peers):
+        name = "d0"
+
+        def data_nodes(self) -> list[str]:
+            return [D0, D1]
+
+        def infos(self) -> list:
+            return []
+
+        def who(self, peer: str) -> str:
+            return peer
+
+    sent: list = []
+    lead = Leadership(SimpleNamespace(me=D0, spawn=lambda *a: None), Peers("data", -1), None,
+                      lambda owner, effects: sent.extend(effects), tmp_path, "run1", lambda: 0, lambda: None)
+    lead.start()
+    assert lead.leader_of_term() == (None, 0)
+    auth = Authorizer(run_id="run1", owner_public_key="", open_relays=True)
+    hb = m.LeaderHeartbeat(5, 0.0, (D0, D1, "stranger", R0))
+    assert auth.check(D1, hb, Needs.LEADER, lead.peers, lead) is None  # a newer term from a data node
+    lead.on_leader_msg(D1, hb)
+    assert lead.leader_of_term() == (D1, 5)
+    assert lead.election.voters == {D0, D1}  # neither the stranger nor the relay votes
+    assert auth.check(D0, m.LeaderHeartbeat(5, 0.0, ()), Needs.LEADER, lead.peers, lead).code is R.NOT_LEADER
 
 
 def test_admission_by_certificate() -> None:

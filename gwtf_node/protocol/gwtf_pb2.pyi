@@ -367,14 +367,16 @@ class IterationDone(_message.Message):
     def __init__(self, iteration: _Optional[int] = ..., completed: _Optional[int] = ..., loss_sum: _Optional[float] = ..., deferred: _Optional[int] = ..., lost: _Optional[int] = ...) -> None: ...
 
 class BeginAggregation(_message.Message):
-    __slots__ = ("iteration", "microbatches", "groups")
+    __slots__ = ("iteration", "microbatches", "groups", "term")
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     iteration: int
     microbatches: int
     groups: _containers.RepeatedCompositeFieldContainer[StageMembers]
-    def __init__(self, iteration: _Optional[int] = ..., microbatches: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[StageMembers, _Mapping]]] = ...) -> None: ...
+    term: int
+    def __init__(self, iteration: _Optional[int] = ..., microbatches: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[StageMembers, _Mapping]]] = ..., term: _Optional[int] = ...) -> None: ...
 
 class StageMembers(_message.Message):
     __slots__ = ("stage", "peers")

@@ -304,6 +304,7 @@ class BeginAggregation:
     iteration: int
     microbatches: int
     groups: tuple[StageMembers, ...] = ()
+    term: int = 0  # the term of the leader that sent it (its driver stamps it); relays pass it on unchanged
 
 
 @dataclass(frozen=True, slots=True)

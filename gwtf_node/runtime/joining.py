@@ -150,20 +150,23 @@ class Joining:
                  cfg.capacity, cfg.stage_costs)
         self.effects(Owner.JOINER, self.joiner.start(now()))
         while self.peers.stage is None:
-            lead = await self._find_leader()
-            if lead is not None and lead != self.leadership.known_leader:
-                self.leadership.learned_leader(lead)
+            found = await self._find_leader()
+            if found is not None and found[0] != self.leadership.known_leader:
+                self.leadership.learned_leader(*found)
+            lead = self.leadership.known_leader
+            if lead is not None and lead != self.joiner.leader:
                 self.effects(Owner.JOINER, self.joiner.set_leader(now(), lead))
             await trio.sleep(1.0)
 
-    async def _find_leader(self) -> str | None:
+    async def _find_leader(self) -> tuple[str, int] | None:
+        """(the leader, its term) from the DHT record, which an admitted data node signed (records.py)."""
         try:
             with trio.move_on_after(LEADER_LOOKUP_S):
                 rec = await self.records.get(f"run/{self.run_id}/leader")  # signed by an admitted data node
                 if rec is not None:
                     pid = rec.value["peer_id"]
                     if pid in self.peers:
-                        return pid
+                        return pid, rec.value["term"]
         except Exception as e:  # noqa: BLE001 - the DHT is best effort
             log.debug("leader lookup failed: %s", e)
         return None
@@ -173,8 +176,6 @@ class Joining:
             self.effects(Owner.JOINER, self.joiner.on_timer(now(), key))
 
     def on_utilization_query(self, peer: str, msg: m.UtilizationQuery) -> None:
-        if self.peers.role == "relay" and msg.term:  # only the acting leader queries: who leads, in which term
-            self.leadership.learned_leader(peer, msg.term)
         if self.joiner is not None and self.peers.place.joining:
             self.effects(Owner.JOINER, self.joiner.on_message(now(), peer, msg))
         elif self.peers.role == "relay" and self.peers.stage is not None:
