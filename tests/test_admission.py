@@ -1,7 +1,7 @@
 """Admission and role checks (runtime/authorize.py): pure tables first, then one hostile member in a real swarm.
 
-The swarm test: a local swarm (1 data node, 2 relays placed by the leader)
-trains; a hostile member, admitted by the owner as a relay but placed in no
+The swarm test: a swarm (1 data node, 2 relays, one placed by the leader;
+the daemons run as tasks of the test's process, tests/inproc.py) trains; a hostile member, admitted by the owner as a relay but placed in no
 stage, written with the project's own codec on a libp2p host of its own,
 tries the role attacks in turn.  Each is refused with its `RefusalCode`,
 read from the victims' status.json ("refused": {code: count}); then the owner
@@ -27,14 +27,15 @@ from gwtf_node.protocol import messages as m
 from gwtf_node.protocol.bounds import MAX_TERM_AHEAD
 from gwtf_node.runtime.authorize import Authorizer, Needs, Snapshot, decide
 from gwtf_node.runtime.host import open_host
-from gwtf_node.runtime.local import LocalSwarm
 from gwtf_node.runtime.peers import PeerInfo
 from gwtf_node.runtime.records import seal, key_pair_of
 from gwtf_node.runtime.wire import RefusalTracker
 
-from swarmutil import status, wait_for, wait_records
+from inproc import in_process_swarm
+from swarmutil import status, wait_for
 
 R = m.RefusalCode
+DEADLINE_S = 400
 D0, D1, R0, R1, R2, NEW = "d0", "d1", "r0", "r1", "r2", "new"
 INFO = {D0: PeerInfo(D0, "data", -1), D1: PeerInfo(D1, "data", -1), R0: PeerInfo(R0, "relay", 0),
         R1: PeerInfo(R1, "relay", 1), R2: PeerInfo(R2, "relay", 2), NEW: PeerInfo(NEW, "relay", -2)}
@@ -203,17 +204,18 @@ def _refused(tmp_path: Path, name: str) -> dict:
     return status(tmp_path, name).get("refused", {})
 
 
+@pytest.mark.slow  # (a swarm that trains, in this process: tens of seconds)
 @pytest.mark.trio
 async def test_a_hostile_member_cannot_take_the_run_over(tmp_path: Path) -> None:
     man = default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=2)
     run = tmp_path / "run.json"
     save_manifest(man, run)
-    swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=1, iterations=100000)
-    assert RunManifest.from_json(run.read_text()).owner_public_key  # the launcher signed the run
-    cert = swarm.admit(tmp_path / "evil", "relay").read_bytes()  # a member the owner admitted as a relay
-    try:
-        await trio.to_thread.run_sync(swarm._spawn, "d0", None, None)
-        boot = await trio.to_thread.run_sync(swarm._wait_addr, "d0")
+    async with in_process_swarm(tmp_path, run, stages=2, relays_per_stage=1, iterations=100000,
+                                deadline_s=DEADLINE_S) as swarm:
+        assert RunManifest.from_json(run.read_text()).owner_public_key  # the launcher signed the run
+        cert = swarm.admit(tmp_path / "evil", "relay").read_bytes()  # a member the owner admitted as a relay
+        await swarm.start_node("d0", None)
+        boot = swarm.addr("d0")
         async with open_host(tmp_path / "evil", bootstrap=[boot]) as evil:
             me = evil.peer_id
 
@@ -235,12 +237,12 @@ async def test_a_hostile_member_cannot_take_the_run_over(tmp_path: Path) -> None
             version = 2 ** 62
             await evil.dht_put(key, seal(key_pair_of(evil), key, version, {"peer_id": me, "term": 10 ** 6}),
                                version=version)
-            await trio.to_thread.run_sync(swarm._spawn, "r1_0", boot, None)  # --stage 1
-            swarm.auto_stage = True  # r0_0 joins with --stage auto: it reads the leader record (and the forgery)
-            await trio.to_thread.run_sync(swarm._spawn, "r0_0", boot, None)
+            await swarm.start_node("r1_0", boot)  # --stage 1
+            # r0_0 joins with --stage auto: it reads the leader record (and the forgery)
+            await swarm.start_node("r0_0", boot, auto=True)
             for name in ("r0_0", "r1_0"):
-                await trio.to_thread.run_sync(swarm._wait_stage, name)
-            await wait_records(swarm, 1, 180)
+                await swarm.wait_stage(name)
+            await swarm.wait_records(1, 180)
             ids = {n: status(tmp_path, n)["peer_id"] for n in ("d0", "r0_0", "r1_0")}
             stage = {n: status(tmp_path, n)["stage"] for n in ("r0_0", "r1_0")}
             first = min(stage, key=stage.get)
@@ -263,6 +265,7 @@ async def test_a_hostile_member_cannot_take_the_run_over(tmp_path: Path) -> None
                 ("d0", m.BeginAggregation(it, 4), R.NOT_LEADER),
                 (second, m.BeginAggregation(it, 4), R.NOT_LEADER),
                 (first, m.Assignment(high, me, 0, r0, it + 1), R.NOT_LEADER),
+                (first, m.UtilizationQuery(1, high), R.NOT_LEADER),  # it would name itself the leader
                 (second, m.Relabel(d0, me), R.NOT_NEIGHBOUR),
                 ("d0", m.Lend(it, r0), R.WRONG_ROLE),
                 ("d0", m.Hello(swarm.run_id, "data", -1, "evil", 1, tuple(evil.addrs)), R.NOT_ADMITTED),
@@ -295,10 +298,7 @@ async def test_a_hostile_member_cannot_take_the_run_over(tmp_path: Path) -> None
             await wait_for(lambda: _refused(tmp_path, "d0").get("REVOKED", 0) >= 1, 30, "d0 refuses the revoked")
             assert me not in status(tmp_path, "d0")["peers"]
         after = len(swarm.records())
-        await wait_records(swarm, after + 1, 120)  # training goes on
-        swarm._check_alive()
-    finally:
-        await trio.to_thread.run_sync(swarm.stop)
+        await swarm.wait_records(after + 1, 120)  # training goes on
     records = swarm.records()
     ref = train_centralized(man, len(records))
     assert [r["loss"] for r in records] == pytest.approx(ref.losses, rel=1e-4)
