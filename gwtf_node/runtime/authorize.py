@@ -35,6 +35,13 @@ Needs.LEADER       the leader of the message's term (`leader_of_term`):
                    learns the term (Raft: a new leader's message may
                    overtake the news of its election; a relay learns the
                    sender as that term's leader, `Authorizer.observe`).
+                   A data node that does not know who won its term (it
+                   restarted, or voted for another) takes that term's
+                   messages from any admitted data node.  The leader's
+                   driver stamps the term it led on every BEGIN it sends
+                   (aggregation.py); relays pass it on unchanged.  The
+                   voter list of a heartbeat is filtered to the data nodes
+                   admitted here (`admitted_voters`, leadership.py).
 Needs.UPSTREAM     BeginAggregation travels front to back: from the leader
                    (the rule above), at a data node from a relay placed in
                    a stage (the last stage passes it on; a stage left empty
