@@ -78,6 +78,8 @@ def test_role_table() -> None:
     assert _code(Needs.UPSTREAM, begin, D1, me=("relay", 0)) is R.NOT_LEADER  # another data node
     assert _code(Needs.UPSTREAM, begin, D1, me=("data", -1)) is R.NOT_LEADER
     assert _code(Needs.UPSTREAM, begin, D0, me=("data", -1)) is None
+    assert _code(Needs.UPSTREAM, m.BeginAggregation(0, 4, term=4), D1, me=("data", -1)) is None  # before its heartbeat
+    assert _code(Needs.UPSTREAM, m.BeginAggregation(0, 4, term=2), D0, me=("data", -1)) is R.NOT_LEADER
     assert _code(Needs.UPSTREAM, m.BeginAggregation(0, 4, term=2), D0, me=("relay", 0)) is R.NOT_LEADER  # stale
     assert _code(Needs.UPSTREAM, m.BeginAggregation(0, 4, term=4), D1, me=("relay", 0)) is None  # a new term
     assert _code(Needs.UPSTREAM, begin, R2, me=("data", -1)) is None  # the last stage passes it on
