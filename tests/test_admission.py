@@ -1,7 +1,7 @@
 """Admission and role checks (runtime/authorize.py): pure tables first, then one hostile member in a real swarm.
 
-The swarm test: a local swarm (1 data node, 2 relays placed by the leader)
-trains; a hostile member, admitted by the owner as a relay but placed in no
+The swarm test: a swarm (1 data node, 2 relays, one placed by the leader;
+the daemons run as tasks of the test's process, tests/inproc.py) trains; a hostile member, admitted by the owner as a relay but placed in no
 stage, written with the project's own codec on a libp2p host of its own,
 tries the role attacks in turn.  Each is refused with its `RefusalCode`,
 read from the victims' status.json ("refused": {code: count}); then the owner
@@ -27,14 +27,15 @@ from gwtf_node.protocol import messages as m
 from gwtf_node.protocol.bounds import MAX_TERM_AHEAD
 from gwtf_node.runtime.authorize import Authorizer, Needs, Snapshot, decide
 from gwtf_node.runtime.host import open_host
-from gwtf_node.runtime.local import LocalSwarm
 from gwtf_node.runtime.peers import PeerInfo
 from gwtf_node.runtime.records import seal, key_pair_of
 from gwtf_node.runtime.wire import RefusalTracker
 
-from swarmutil import status, wait_for, wait_records
+from inproc import in_process_swarm
+from swarmutil import status, wait_for
 
 R = m.RefusalCode
+DEADLINE_S = 400
 D0, D1, R0, R1, R2, NEW = "d0", "d1", "r0", "r1", "r2", "new"
 INFO = {D0: PeerInfo(D0, "data", -1), D1: PeerInfo(D1, "data", -1), R0: PeerInfo(R0, "relay", 0),
         R1: PeerInfo(R1, "relay", 1), R2: PeerInfo(R2, "relay", 2), NEW: PeerInfo(NEW, "relay", -2)}
@@ -48,23 +49,39 @@ def _code(needs: Needs, msg, sender: str, *, me=("relay", 1), leader=D0, term=3)
 
 def test_role_table() -> None:
     hb = m.LeaderHeartbeat(3, 0.0, (D0, D1))
-    assert _code(Needs.DATA, hb, R0, me=("data", -1)) is R.WRONG_ROLE  # a relay takes no leadership
-    assert _code(Needs.DATA, m.LeaderHeartbeat(99, 0.0, ()), R0, me=("data", -1)) is R.WRONG_ROLE
-    assert _code(Needs.DATA, hb, D1, me=("data", -1)) is R.NOT_LEADER  # term 3 is D0's
-    assert _code(Needs.DATA, m.LeaderHeartbeat(4, 0.0, ()), D1, me=("data", -1)) is None  # a new term: Raft
+    assert _code(Needs.LEADER, hb, R0, me=("data", -1)) is R.WRONG_ROLE  # a relay takes no leadership
+    assert _code(Needs.LEADER, m.LeaderHeartbeat(99, 0.0, ()), R0, me=("data", -1)) is R.WRONG_ROLE
+    assert _code(Needs.LEADER, hb, D1, me=("data", -1)) is R.NOT_LEADER  # term 3 is D0's
+    assert _code(Needs.LEADER, hb, D0, me=("data", -1)) is None
+    assert _code(Needs.LEADER, m.LeaderHeartbeat(4, 0.0, ()), D1, me=("data", -1)) is None  # a new term: Raft
+    assert _code(Needs.LEADER, m.LeaderHeartbeat(2, 0.0, ()), D1, me=("data", -1)) is None  # the machine says no
+    assert _code(Needs.LEADER, hb, D1, me=("data", -1), leader=None) is None  # who won term 3 is not known here
     assert _code(Needs.DATA, m.Lend(0, R0), NEW, me=("data", -1)) is R.WRONG_ROLE
     assert _code(Needs.DATA, m.IterationDone(0, 1, 1.0), D1, me=("data", -1)) is None
+    assert _code(Needs.DATA, m.RequestVote(9, False, 0.0), D1, me=("data", -1)) is None  # anyone may run
     a = m.Assignment(3, NEW, 0, R0, 5)
     assert _code(Needs.LEADER, a, R0, me=("relay", None)) is R.NOT_LEADER
     assert _code(Needs.LEADER, a, D1, me=("relay", None)) is R.NOT_LEADER
     assert _code(Needs.LEADER, a, D0, me=("relay", None)) is None
-    assert _code(Needs.LEADER, a, D1, me=("relay", None), leader=None) is None  # no leader known: a data node
-    begin = m.BeginAggregation(0, 4)
+    assert _code(Needs.LEADER, m.Assignment(2, NEW, 0, R0, 5), D0, me=("relay", None)) is R.NOT_LEADER  # stale
+    assert _code(Needs.LEADER, m.Assignment(4, NEW, 0, R0, 5), D1, me=("relay", None)) is None  # a new term
+    assert _code(Needs.LEADER, a, D1, me=("relay", None), leader=None, term=None) is None  # no leader known
+    query = m.UtilizationQuery(7, 3)
+    assert _code(Needs.LEADER, query, D1, me=("relay", 0)) is R.NOT_LEADER
+    assert _code(Needs.LEADER, query, R0, me=("relay", 1)) is R.NOT_LEADER
+    assert _code(Needs.LEADER, query, D0, me=("relay", 1)) is None
+    begin = m.BeginAggregation(0, 4, term=3)
     assert _code(Needs.UPSTREAM, begin, R0, me=("relay", 1)) is None  # front to back
     assert _code(Needs.UPSTREAM, begin, R2, me=("relay", 1)) is R.NOT_LEADER
     assert _code(Needs.UPSTREAM, begin, NEW, me=("relay", 1)) is R.NOT_LEADER
-    assert _code(Needs.UPSTREAM, begin, D1, me=("relay", 0)) is None  # a relay cannot tell: any data node
-    assert _code(Needs.UPSTREAM, begin, D1, me=("data", -1)) is None  # the phases machine judges its term
+    assert _code(Needs.UPSTREAM, begin, D0, me=("relay", 0)) is None  # the leader of term 3
+    assert _code(Needs.UPSTREAM, begin, D1, me=("relay", 0)) is R.NOT_LEADER  # another data node
+    assert _code(Needs.UPSTREAM, begin, D1, me=("data", -1)) is R.NOT_LEADER
+    assert _code(Needs.UPSTREAM, begin, D0, me=("data", -1)) is None
+    assert _code(Needs.UPSTREAM, m.BeginAggregation(0, 4, term=4), D1, me=("data", -1)) is None  # before its heartbeat
+    assert _code(Needs.UPSTREAM, m.BeginAggregation(0, 4, term=2), D0, me=("data", -1)) is R.NOT_LEADER
+    assert _code(Needs.UPSTREAM, m.BeginAggregation(0, 4, term=2), D0, me=("relay", 0)) is R.NOT_LEADER  # stale
+    assert _code(Needs.UPSTREAM, m.BeginAggregation(0, 4, term=4), D1, me=("relay", 0)) is None  # a new term
     assert _code(Needs.UPSTREAM, begin, R2, me=("data", -1)) is None  # the last stage passes it on
     relabel = m.Relabel(D0, D1)
     assert _code(Needs.NEIGHBOUR, relabel, R0, me=("relay", 1)) is None
@@ -72,6 +89,80 @@ def test_role_table() -> None:
     assert _code(Needs.NEIGHBOUR, relabel, D0, me=("relay", 1)) is R.NOT_NEIGHBOUR  # two stages away
     assert _code(Needs.NEIGHBOUR, relabel, D0, me=("relay", 2)) is None  # the ring: last stage -> data
     assert decide(Needs.PLACED, relabel, None, Snapshot("relay", 1, 3, None, None)).code is R.UNKNOWN_PEER
+
+
+class _Peers:
+    """What the authorizer reads of the peer table: roles by peer id, this node's place."""
+
+    def __init__(self, role: str, stage: int | None) -> None:
+        self.role, self.stage, self.n_stages = role, stage, 3
+
+    def get(self, peer: str) -> PeerInfo | None:
+        return INFO.get(peer)
+
+
+@pytest.mark.trio
+async def test_a_relay_learns_a_new_term_from_its_leader_first_message_and_refuses_the_old_leader_after() -> None:
+    """The race at an election: the new leader's message overtakes the news of its term.  It is taken (and
+    the relay learns the term and its leader); the deposed leader's messages are refused from then on."""
+    from gwtf_node.runtime.leadership import Leadership
+
+    lead = Leadership.__new__(Leadership)  # only the relay's view of who leads (no election: a relay)
+    lead.peers, lead.election, lead.known_leader, lead.known_term, lead.known_at = _Peers("relay", 0), None, None, \
+        None, None
+    auth = Authorizer(run_id="run1", owner_public_key="", open_relays=True)
+    refused: list = []
+    wire_like = type("W", (), {"post": lambda self, *a: None,
+                               "refuse": lambda self, peer, why, code=None: refused.append((peer, code))})()
+
+    def send(peer: str, msg, needs: Needs) -> bool:
+        return auth.allow(peer, msg, needs, lead.peers, lead, wire_like)
+
+    assert send(D0, m.UtilizationQuery(1, 3), Needs.LEADER)  # a relay that knew no leader learns D0, term 3
+    assert lead.leader_of_term() == (D0, 3)
+    assert not send(D1, m.BeginAggregation(5, 4, term=3), Needs.UPSTREAM)  # D1 does not lead term 3
+    assert send(D1, m.BeginAggregation(5, 4, term=4), Needs.UPSTREAM)  # D1 won term 4: its BEGIN came first
+    assert lead.leader_of_term() == (D1, 4)
+    assert not send(D0, m.Assignment(3, NEW, 0, R0, 6), Needs.LEADER)  # the deposed leader: stale
+    assert not send(D0, m.BeginAggregation(6, 4, term=4), Needs.UPSTREAM)  # ... and it cannot claim term 4
+    assert send(D1, m.Assignment(4, NEW, 0, R0, 6), Needs.LEADER)
+    assert not send(R1, m.UtilizationQuery(2, 9), Needs.LEADER)  # a relay never leads, whatever its term
+    assert lead.leader_of_term() == (D1, 4)
+    assert refused == [(D1, R.NOT_LEADER), (D0, R.NOT_LEADER), (D0, R.NOT_LEADER), (R1, R.NOT_LEADER)]
+
+
+@pytest.mark.trio
+async def test_a_data_node_takes_a_new_term_from_a_data_node_and_merges_only_admitted_voters(tmp_path: Path) -> None:
+    """A data node's election machine learns a newer term from an admitted data node's heartbeat (Raft), but
+    the voter list it carries is filtered to the data nodes admitted here: a stranger listed there is no voter."""
+    from types import SimpleNamespace
+
+    from gwtf_node.runtime.leadership import Leadership
+
+    class Peers(_Peers):
+        name = "d0"
+
+        def data_nodes(self) -> list[str]:
+            return [D0, D1]
+
+        def infos(self) -> list:
+            return []
+
+        def who(self, peer: str) -> str:
+            return peer
+
+    sent: list = []
+    lead = Leadership(SimpleNamespace(me=D0, spawn=lambda *a: None), Peers("data", -1), None,
+                      lambda owner, effects: sent.extend(effects), tmp_path, "run1", lambda: 0, lambda: None)
+    lead.start()
+    assert lead.leader_of_term() == (None, 0)
+    auth = Authorizer(run_id="run1", owner_public_key="", open_relays=True)
+    hb = m.LeaderHeartbeat(5, 0.0, (D0, D1, "stranger", R0))
+    assert auth.check(D1, hb, Needs.LEADER, lead.peers, lead) is None  # a newer term from a data node
+    lead.on_leader_msg(D1, hb)
+    assert lead.leader_of_term() == (D1, 5)
+    assert lead.election.voters == {D0, D1}  # neither the stranger nor the relay votes
+    assert auth.check(D0, m.LeaderHeartbeat(5, 0.0, ()), Needs.LEADER, lead.peers, lead).code is R.NOT_LEADER
 
 
 def test_admission_by_certificate() -> None:
@@ -115,17 +206,18 @@ def _refused(tmp_path: Path, name: str) -> dict:
     return status(tmp_path, name).get("refused", {})
 
 
+@pytest.mark.slow  # (a swarm that trains, in this process: tens of seconds)
 @pytest.mark.trio
 async def test_a_hostile_member_cannot_take_the_run_over(tmp_path: Path) -> None:
     man = default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=2)
     run = tmp_path / "run.json"
     save_manifest(man, run)
-    swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=1, iterations=100000)
-    assert RunManifest.from_json(run.read_text()).owner_public_key  # the launcher signed the run
-    cert = swarm.admit(tmp_path / "evil", "relay").read_bytes()  # a member the owner admitted as a relay
-    try:
-        await trio.to_thread.run_sync(swarm._spawn, "d0", None, None)
-        boot = await trio.to_thread.run_sync(swarm._wait_addr, "d0")
+    async with in_process_swarm(tmp_path, run, stages=2, relays_per_stage=1, iterations=100000,
+                                deadline_s=DEADLINE_S) as swarm:
+        assert RunManifest.from_json(run.read_text()).owner_public_key  # the launcher signed the run
+        cert = swarm.admit(tmp_path / "evil", "relay").read_bytes()  # a member the owner admitted as a relay
+        await swarm.start_node("d0", None)
+        boot = swarm.addr("d0")
         async with open_host(tmp_path / "evil", bootstrap=[boot]) as evil:
             me = evil.peer_id
 
@@ -147,12 +239,12 @@ async def test_a_hostile_member_cannot_take_the_run_over(tmp_path: Path) -> None
             version = 2 ** 62
             await evil.dht_put(key, seal(key_pair_of(evil), key, version, {"peer_id": me, "term": 10 ** 6}),
                                version=version)
-            await trio.to_thread.run_sync(swarm._spawn, "r1_0", boot, None)  # --stage 1
-            swarm.auto_stage = True  # r0_0 joins with --stage auto: it reads the leader record (and the forgery)
-            await trio.to_thread.run_sync(swarm._spawn, "r0_0", boot, None)
+            await swarm.start_node("r1_0", boot)  # --stage 1
+            # r0_0 joins with --stage auto: it reads the leader record (and the forgery)
+            await swarm.start_node("r0_0", boot, auto=True)
             for name in ("r0_0", "r1_0"):
-                await trio.to_thread.run_sync(swarm._wait_stage, name)
-            await wait_records(swarm, 1, 180)
+                await swarm.wait_stage(name)
+            await swarm.wait_records(1, 180)
             ids = {n: status(tmp_path, n)["peer_id"] for n in ("d0", "r0_0", "r1_0")}
             stage = {n: status(tmp_path, n)["stage"] for n in ("r0_0", "r1_0")}
             first = min(stage, key=stage.get)
@@ -175,6 +267,7 @@ async def test_a_hostile_member_cannot_take_the_run_over(tmp_path: Path) -> None
                 ("d0", m.BeginAggregation(it, 4), R.NOT_LEADER),
                 (second, m.BeginAggregation(it, 4), R.NOT_LEADER),
                 (first, m.Assignment(high, me, 0, r0, it + 1), R.NOT_LEADER),
+                (first, m.UtilizationQuery(1, high), R.NOT_LEADER),  # it would name itself the leader
                 (second, m.Relabel(d0, me), R.NOT_NEIGHBOUR),
                 ("d0", m.Lend(it, r0), R.WRONG_ROLE),
                 ("d0", m.Hello(swarm.run_id, "data", -1, "evil", 1, tuple(evil.addrs)), R.NOT_ADMITTED),
@@ -207,10 +300,7 @@ async def test_a_hostile_member_cannot_take_the_run_over(tmp_path: Path) -> None
             await wait_for(lambda: _refused(tmp_path, "d0").get("REVOKED", 0) >= 1, 30, "d0 refuses the revoked")
             assert me not in status(tmp_path, "d0")["peers"]
         after = len(swarm.records())
-        await wait_records(swarm, after + 1, 120)  # training goes on
-        swarm._check_alive()
-    finally:
-        await trio.to_thread.run_sync(swarm.stop)
+        await swarm.wait_records(after + 1, 120)  # training goes on
     records = swarm.records()
     ref = train_centralized(man, len(records))
     assert [r["loss"] for r in records] == pytest.approx(ref.losses, rel=1e-4)

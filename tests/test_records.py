@@ -116,3 +116,48 @@ def test_a_forged_record_of_a_higher_version_hides_no_genuine_one(owner) -> None
     rec = trio.run(main)
     assert rec is not None and rec.writer == d_id and rec.version == 10
     assert len(refused) == 1 and "carries no data-node certificate" in refused[0]
+
+
+def test_a_provider_is_believed_only_with_its_own_signed_node_record(owner) -> None:
+    from gwtf_node.runtime.records import RunRecords, checked_provider
+
+    kp, other = _kp(1), _kp(2)
+    me, them = peer_id_of(kp), peer_id_of(other)
+    addr = "/ip4/127.0.0.1/tcp/4001"
+
+    def node_record(writer, peer, value):
+        return _read(f"node/{peer}", 1, seal(writer, f"node/{peer}", 1, value), owner)
+
+    good = node_record(kp, me, {"run_id": RUN, "addrs": [addr], "role": "relay"})
+    assert checked_provider(me, good, run_id=RUN) == [f"{addr}/p2p/{me}"]
+    cases = [
+        (None, "no signed node record"),
+        (node_record(other, them, {"run_id": RUN, "addrs": [addr]}), "comes with the record of"),
+        (node_record(kp, me, {"run_id": "another", "addrs": [addr]}), "names another run"),
+        (node_record(kp, me, {"run_id": RUN, "addrs": [addr], "left": True}), "says it left"),
+        (node_record(kp, me, {"run_id": RUN, "addrs": []}), "no addresses"),
+    ]
+    for rec, says in cases:
+        with pytest.raises(RecordError, match=says):
+            checked_provider(me, rec, run_id=RUN)
+
+    # over a DHT whose holder answers with made-up providers: only the one with its own record is dialled, at
+    # the addresses it signed (not the holder's)
+    class Dht:
+        records = {f"node/{me}": (1, seal(kp, f"node/{me}", 1, {"run_id": RUN, "addrs": [addr]})),
+                   f"node/{them}": (1, seal(kp, f"node/{them}", 1, {"run_id": RUN, "addrs": [addr]}))}
+
+        async def find_providers(self, key):
+            return [(me, ["/ip4/6.6.6.6/tcp/1"]), (them, ["/ip4/6.6.6.6/tcp/2"]), (me, []),
+                    (peer_id_of(_kp(3)), ["/ip4/6.6.6.6/tcp/3"])]
+
+        async def dht_get_record(self, key, *, accept=None):
+            v = self.records.get(key)
+            return v if v is not None and (accept is None or accept(*v)) else None
+
+    refused: list[str] = []
+    records = RunRecords(Dht(), RUN, public_key_hex(owner), refused.append)
+    found = trio.run(records.providers, f"run/{RUN}")
+    assert found == [(me, [f"{addr}/p2p/{me}"])]
+    assert len(refused) == 3 and any("only that peer writes its own record" in r for r in refused)
+    assert trio.run(records.providers, f"run/{RUN}", lambda p: p != me) == []  # already known: not looked up

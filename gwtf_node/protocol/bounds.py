@@ -353,7 +353,7 @@ def _iteration_done(msg: m.IterationDone, ctx: Context) -> Problem | None:
 
 
 def _begin(msg: m.BeginAggregation, ctx: Context) -> Problem | None:
-    return _first(_iteration(msg.iteration, ctx), _count(msg.microbatches, "BeginAggregation microbatches",
+    return _first(_term(msg.term, ctx), _iteration(msg.iteration, ctx), _count(msg.microbatches, "BeginAggregation microbatches",
                                                          MAX_MICROBATCHES),
                   _items(msg.groups, "BeginAggregation groups", MAX_STAGES + 1),
                   *(_stage(g.stage, ctx, "BeginAggregation group stage") or _items(g.peers, "a group")

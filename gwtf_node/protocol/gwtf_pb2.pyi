@@ -369,16 +369,18 @@ class IterationDone(_message.Message):
     def __init__(self, iteration: _Optional[int] = ..., completed: _Optional[int] = ..., loss_sum: _Optional[float] = ..., deferred: _Optional[int] = ..., lost: _Optional[int] = ..., completed_seqs: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BeginAggregation(_message.Message):
-    __slots__ = ("iteration", "microbatches", "groups", "completed")
+    __slots__ = ("iteration", "microbatches", "groups", "term", "completed")
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_FIELD_NUMBER: _ClassVar[int]
     iteration: int
     microbatches: int
     groups: _containers.RepeatedCompositeFieldContainer[StageMembers]
+    term: int
     completed: _containers.RepeatedCompositeFieldContainer[CompletedSeqs]
-    def __init__(self, iteration: _Optional[int] = ..., microbatches: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[StageMembers, _Mapping]]] = ..., completed: _Optional[_Iterable[_Union[CompletedSeqs, _Mapping]]] = ...) -> None: ...
+    def __init__(self, iteration: _Optional[int] = ..., microbatches: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[StageMembers, _Mapping]]] = ..., term: _Optional[int] = ..., completed: _Optional[_Iterable[_Union[CompletedSeqs, _Mapping]]] = ...) -> None: ...
 
 class CompletedSeqs(_message.Message):
     __slots__ = ("data_node", "seqs")

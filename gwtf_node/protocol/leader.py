@@ -75,7 +75,9 @@ example a relay the run owner runs) and the quorum is 2 of 3, tolerating one
 failure.  One data node is its own quorum and is always the leader.
 
 Membership of the voter set.  ``add_data_node`` adds one voter; heartbeats
-carry the leader's list and followers merge it.  Adding one voter at a time
+carry the leader's list and followers merge it (the daemon first drops from
+it every id it does not know as an admitted data node: runtime/authorize.py
+``admitted_voters``).  Adding one voter at a time
 is safe (any majority of n and any majority of n + 1 voters intersect, Raft
 section 4.3) as long as a second addition waits until every voter knows the
 first.  A voter that restarts (the same id) is the same voter: it

@@ -290,6 +290,7 @@ class BeginAggregation:
     iteration: int
     microbatches: int
     groups: tuple[StageMembers, ...] = ()
+    term: int = 0  # the term of the leader that sent it (its driver stamps it); relays pass it on unchanged
     completed: tuple[CompletedSeqs, ...] = ()  # per data node (empty: count every contribution held)
 
 

@@ -314,7 +314,7 @@ class Phases:
         total = sum(reports[d].completed for d in dn)
         members = tuple(StageMembers(k, tuple(sorted(set(v)))) for k, v in sorted((groups or {}).items()))
         completed = tuple(CompletedSeqs(d, tuple(sorted(set(reports[d].completed_seqs)))) for d in dn)
-        begin = BeginAggregation(iteration, total, members, completed)
+        begin = BeginAggregation(iteration, total, members, completed=completed)
         self.front = tuple(sorted((set(dn) | set(stage0)) - {self.me} - self.gone))
         return self._fan_out(now, begin, exclude=()) + self._apply_begin(now, begin, next_stage=())
 

@@ -43,6 +43,7 @@ import json
 import logging
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -141,6 +142,10 @@ class Aggregation:
                              applied=self.stage.applied_steps)
 
     def _apply(self, effects: list) -> None:
+        if self.peers.role == "data":  # a data node sends BEGIN as a leader: it stamps the term it led
+            term = self.leadership.led_term
+            effects = [Send(e.to, replace(e.msg, term=term))
+                       if isinstance(e, Send) and isinstance(e.msg, m.BeginAggregation) else e for e in effects]
         self.effects(Owner.AGGREGATION, effects)
 
     def _require_phases(self, msg: Any) -> Phases:

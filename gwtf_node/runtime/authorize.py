@@ -22,24 +22,31 @@ owner) admits every Hello as it claims.
 =================  ===========================================================
 Needs.NOTHING      anyone (addresses, round trips, state downloads, phases'
                    acknowledgements; the components check what they take)
-Needs.DATA         an admitted data node: votes, heartbeats, IterationDone,
-                   Lend.  A LeaderHeartbeat of the term this node knows from
-                   another data node than that term's leader is NOT_LEADER
-                   (one leader per term); one of a higher term from a data
-                   node is a new leader (Raft).
-Needs.LEADER       Assignment: a data node, and at a data node the leader of
-                   its election.  A relay runs no election (the leader it
-                   learned when it joined may be stale), so it takes an
-                   Assignment from any admitted data node.
-Needs.UPSTREAM     BeginAggregation travels front to back: at a data node
-                   from a data node (a data node restarted mid-phase learns
-                   the new leader only from its heartbeats, after the BEGIN
-                   resends) or a relay (the last stage passes it on; a stage
-                   left empty is bridged); at a relay of stage k from a data
-                   node or a relay of a stage before k.  A relay runs no
-                   election, so it cannot tell the leader from another data
-                   node: that data node is admitted by the owner (see README
-                   "Security model").
+Needs.DATA         an admitted data node: votes, IterationDone, Lend.
+Needs.LEADER       the leader of the message's term (`leader_of_term`):
+                   LeaderHeartbeat, Assignment, UtilizationQuery, and a
+                   BeginAggregation that a data node sends.  Only an
+                   admitted data node leads.  Of the term this node knows,
+                   only that term's leader (a data node: its election
+                   machine's; a relay: the leader it learned); of an older
+                   term, nobody (a LeaderHeartbeat aside: the election
+                   machine answers it, so that a stale leader steps down);
+                   of a newer term, any admitted data node, and this node
+                   learns the term (Raft: a new leader's message may
+                   overtake the news of its election; a relay learns the
+                   sender as that term's leader, `Authorizer.observe`).
+                   A data node that does not know who won its term (it
+                   restarted, or voted for another) takes that term's
+                   messages from any admitted data node.  The leader's
+                   driver stamps the term it led on every BEGIN it sends
+                   (aggregation.py); relays pass it on unchanged.  The
+                   voter list of a heartbeat is filtered to the data nodes
+                   admitted here (`admitted_voters`, leadership.py).
+Needs.UPSTREAM     BeginAggregation travels front to back: from the leader
+                   (the rule above), at a data node from a relay placed in
+                   a stage (the last stage passes it on; a stage left empty
+                   is bridged), at a relay of stage k from a relay of a
+                   stage before k.
 Needs.NEIGHBOUR    flow messages: a peer placed in a stage adjacent to this
                    node's (or the same stage), on the ring data -> 0 -> ... ->
                    S-1 -> data.
@@ -68,6 +75,7 @@ from .peers import PeerInfo
 log = logging.getLogger("gwtf.node")
 
 RefusalCode = m.RefusalCode
+_TERMED = (m.LeaderHeartbeat, m.Assignment, m.UtilizationQuery, m.BeginAggregation)  # they carry the leader's term
 
 
 class Needs(enum.Enum):
@@ -95,8 +103,9 @@ class Snapshot:
     my_role: str
     my_stage: int | None  # None: a relay not placed yet
     n_stages: int
-    leader: str | None  # the leader this node knows (a data node: its election's; a relay: the DHT's)
-    term: int | None  # the term this node is in (data nodes)
+    leader: str | None  # the leader of `term` as far as this node knows (a data node: its election machine's;
+    #                     a relay: the one it learned from the DHT or the leader's messages); None: unknown
+    term: int | None  # the newest term this node knows; None: none yet
 
 
 _PROBLEM_CODE = {
@@ -115,6 +124,35 @@ def _ring(role: str, stage: int | None, n_stages: int) -> int | None:
     return stage + 1
 
 
+def message_term(msg: object) -> int | None:
+    """The leader term a message of the leader carries (None: it carries none)."""
+    return msg.term if isinstance(msg, _TERMED) else None
+
+
+def leader_of_term(msg: object, sender: str, snap: Snapshot) -> Refusal | None:
+    """Whether an admitted data node `sender` may send `msg` as the leader of the term it carries."""
+    name, term = type(msg).__name__, message_term(msg)
+    if term is None or snap.term is None or term > snap.term:
+        return None  # this node follows no term yet, or a newer one: learn it (Raft)
+    if term < snap.term:
+        if isinstance(msg, m.LeaderHeartbeat):
+            return None  # the election machine answers it (ok = False): the stale leader steps down
+        return Refusal(RefusalCode.NOT_LEADER, f"{name} of term {term} from {sender[:16]}: this node is in term "
+                                               f"{snap.term} already")
+    if snap.leader is not None and snap.leader != sender:
+        return Refusal(RefusalCode.NOT_LEADER, f"{name} of term {term}, whose leader is {snap.leader[:16]}, "
+                                               f"from another data node {sender[:16]}")
+    return None
+
+
+def admitted_voters(listed: tuple[str, ...], is_admitted_data: Callable[[str], bool]) -> tuple[str, ...]:
+    """The voters of a LeaderHeartbeat's list that this node knows as admitted data nodes (their Hello carried
+    the owner's certificate for the data role): a leader's list is never merged as sent, since a voter added
+    at will would let a hostile leader make the quorums of its choice.  A genuine data node missing here is
+    added by its own Hello (leadership.py `on_peer_hello`)."""
+    return tuple(p for p in listed if is_admitted_data(p))
+
+
 def decide(needs: Needs, msg: object, sender: PeerInfo | None, snap: Snapshot) -> Refusal | None:
     """Whether `sender` may send `msg` (a route that `needs` this); None: it may."""
     if needs in (Needs.NOTHING, Needs.ADMISSION):
@@ -126,26 +164,16 @@ def decide(needs: Needs, msg: object, sender: PeerInfo | None, snap: Snapshot) -
     if needs is Needs.DATA:
         if not is_data:
             return Refusal(RefusalCode.WRONG_ROLE, f"{name} from a {sender.role} (only admitted data nodes send it)")
-        if isinstance(msg, m.LeaderHeartbeat) and snap.term is not None and msg.term == snap.term \
-                and snap.leader is not None and snap.leader != sender.peer_id:
-            return Refusal(RefusalCode.NOT_LEADER, f"LeaderHeartbeat of term {msg.term}, whose leader is "
-                                                   f"{snap.leader[:16]}, from another data node")
         return None
-    if needs is Needs.LEADER:
+    if needs is Needs.LEADER or (needs is Needs.UPSTREAM and is_data):
         if not is_data:
-            return Refusal(RefusalCode.NOT_LEADER, f"{name} from a {sender.role}: only the leader sends it")
-        if snap.leader is not None and snap.leader != sender.peer_id:
-            return Refusal(RefusalCode.NOT_LEADER, f"{name} from a data node that is not the leader "
-                                                   f"{snap.leader[:16]}")
-        return None
+            code = RefusalCode.WRONG_ROLE if isinstance(msg, m.LeaderHeartbeat) else RefusalCode.NOT_LEADER
+            return Refusal(code, f"{name} from a {sender.role}: only the leader, an admitted data node, sends it")
+        return leader_of_term(msg, sender.peer_id, snap)
     if needs is Needs.UPSTREAM:
         if snap.my_role == "data":
-            if is_data:  # (not checked against the election: a restarted data node learns the leader late)
-                return None
             if _ring(sender.role, sender.stage, snap.n_stages) is None:
                 return Refusal(RefusalCode.NOT_LEADER, f"{name} from a relay in no stage")
-            return None
-        if is_data:
             return None
         if snap.my_stage is None or sender.stage < 0 or sender.stage >= snap.my_stage:
             return Refusal(RefusalCode.NOT_LEADER, f"{name} from a relay of stage {sender.stage}: it comes from "
@@ -256,11 +284,20 @@ class Authorizer:
         """The refusal of `msg` from `peer` by what its route `needs`, or None (node.py `_on_frame`)."""
         if needs is Needs.ADMISSION:
             return self.check_hello(peer, msg)
-        # a relay runs no election: the leader it learned when it joined may be stale (Assignment goes to a
-        # state source too), so it names none and takes the leader's messages from any admitted data node
-        leader = leadership.leader() if peers.role == "data" else None
-        snap = Snapshot(peers.role, peers.stage, peers.n_stages, leader, leadership.term())
+        leader, term = leadership.leader_of_term()
+        snap = Snapshot(peers.role, peers.stage, peers.n_stages, leader, term)
         return decide(needs, msg, peers.get(peer), snap)
+
+    @staticmethod
+    def observe(peer: str, msg: object, needs: Needs, peers, leadership) -> None:
+        """A relay learns the leader of a term from the leader's messages it took (a data node learns terms in
+        its election machine): the message of a newer term makes the sender that term's leader."""
+        term = message_term(msg)
+        if term is None or peers.role != "relay" or needs not in (Needs.LEADER, Needs.UPSTREAM):
+            return
+        sender = peers.get(peer)
+        if sender is not None and sender.role == "data":
+            leadership.learned_leader(peer, term)
 
     def screen(self, peer: str, wire) -> bool:
         """Whether a frame of `peer` is read at all: a banned peer's are dropped unread (counted, not logged),
@@ -279,6 +316,7 @@ class Authorizer:
         answered with `Refused`: the sender stops if no peer accepted it yet, bootstrap.py)."""
         refusal = self.check(peer, msg, needs, peers, leadership)
         if refusal is None:
+            self.observe(peer, msg, needs, peers, leadership)
             return True
         if isinstance(msg, m.Hello):
             wire.post(peer, m.Refused(refusal.code, refusal.why))
@@ -303,4 +341,5 @@ def read_certificate(given: Path | None, state_dir: Path) -> bytes:
     return path.read_bytes().strip()
 
 
-__all__ = ["Authorizer", "Needs", "Refusal", "RefusalCode", "Snapshot", "decide", "read_certificate"]
+__all__ = ["Authorizer", "Needs", "Refusal", "RefusalCode", "Snapshot", "admitted_voters", "decide", "leader_of_term",
+           "message_term", "read_certificate"]

@@ -19,7 +19,8 @@ on read, records.py): `run/<run id>` holds the manifest (put by data nodes),
 when its stage changes), `run/<run id>/revoked` the owner's revocation list
 (read every round: authorize.py drops the peers it names); provider records on
 `run/<run id>` and on `run/<run id>/stage/<k>` (relays) are how a newcomer
-finds the swarm and the members of a stage.  The DHT is discovery only: who
+finds the swarm and the members of a stage (a provider is dialled only at the
+addresses of its own signed node record: records.py `RunRecords.providers`).  The DHT is discovery only: who
 is alive is decided by our own messages (`liveness.py`).
 
 With a links file (`--links`), the link to a named peer is shaped (latency,
@@ -118,10 +119,11 @@ class Discovery:
                         log.debug("DHT publish failed: %s", e)
                 try:
                     with trio.move_on_after(DHT_WAIT_S):
-                        for pid, addrs in await self.host.find_providers(run_key):
-                            if pid != me and pid not in self.peers and not self.peers.is_gone(pid) and addrs:
-                                addr = addrs[0] if "/p2p/" in addrs[0] else f"{addrs[0]}/p2p/{pid}"
-                                self.wire.spawn(self.dial, addr)
+                        def wanted(pid: str) -> bool:
+                            return pid != me and pid not in self.peers and not self.peers.is_gone(pid)
+
+                        for pid, addrs in await self.records.providers(run_key, wanted):  # checked (records.py)
+                            self.wire.spawn(self.dial, addrs[0])
                 except Exception as e:  # noqa: BLE001
                     log.debug("find_providers failed: %s", e)
                 await self._read_revocations(f"{run_key}/revoked")

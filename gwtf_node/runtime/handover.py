@@ -13,7 +13,16 @@ included) outnumber those that answer a different hash at the same step.
 A member that answers at another step (it stepped meanwhile) or not at all
 says nothing either way; with no comparable answer (a stage of one member)
 the state is taken on the sender's word and the log says so: a quorum needs
-other members.  A majority of hostile members of one stage is out of scope
+other members.
+
+A refused state names where to get the stage's state instead
+(`next_source`): a member of the hash that more members hold than the
+sender's (a strict majority of the answers at that step), one not tried
+yet.  When no hash has such a majority (one honest member against one
+hostile one: nothing tells them apart), there is no quorum: the joiner
+loads nothing, says so in its log (and `Joining.handover`), and asks
+again after a while (joining.py `NO_QUORUM_RETRY_S`): the stage's members
+may have changed.  A majority of hostile members of one stage is out of scope
 (README "Security model").
 """
 
@@ -51,3 +60,18 @@ def verdict(steps: int, digest: str, answers: dict[str, tuple[int, str]]) -> tup
         return True, f"{agree} of {len(same) + 1} members hold this state at {steps} steps"
     return False, (f"{disagree} of {len(same) + 1} members hold another state at {steps} steps than the sender's "
                    f"(parameter hash {digest[:12]}...): refused, the state was not the stage's")
+
+
+def next_source(steps: int, digest: str, answers: dict[str, tuple[int, str]], tried: set[str]) -> str | None:
+    """After the state of `steps` steps with hash `digest` was refused: a member (not in `tried`) holding the
+    hash that a strict majority of the members answering at `steps` (the sender included) hold; None: no quorum."""
+    votes: dict[str, list[str]] = {digest: [""]}  # the sender's own vote ("": not a member to ask)
+    for p, (s, h) in sorted(answers.items()):
+        if s == steps:
+            votes.setdefault(h, []).append(p)
+    total = sum(len(v) for v in votes.values())
+    for h, holders in votes.items():
+        if h != digest and 2 * len(holders) > total:
+            fresh = [p for p in holders if p not in tried]
+            return fresh[0] if fresh else None
+    return None

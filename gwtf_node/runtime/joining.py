@@ -56,6 +56,7 @@ MAX_STATE_BYTES = 1 << 34
 RESUME_POLL_S = 2.0  # a relay coming back that waits asks its peers again this often
 RESUME_SETTLE_S = 1.0  # ... and first gives the peers it learns of from a data node this long to say Hello
 HASH_ASK_S = 15.0  # ... and waits this long at most for a hash-only answer
+NO_QUORUM_RETRY_S = 30.0  # a joiner whose state no quorum vouched for asks again after this long (handover.py)
 HASH_ANSWER_WAIT_S = 10.0  # a stage peer waits this long at most for the steps a hash-only request asks for
 
 
@@ -107,6 +108,10 @@ class Joining:
         self._answered = trio.Event()
         self._hash_of: tuple[int, str] | None = None  # (steps, params hash) of the state held, when last computed
         self._verifying = False  # asking the stage's members for the hash of a downloaded state (handover.py)
+        self.fetch_source: str | None = None  # the member the state download asks (another after a refusal)
+        self._ask_deadline = 0.0  # when the download asks again without a new reason
+        self._tried_sources: set[str] = set()  # members whose state the stage's quorum refused
+        self.handover: dict | None = None  # the last downloaded state's check: source, steps, taken, why
 
     @property
     def joined(self) -> bool:
@@ -153,20 +158,23 @@ class Joining:
                  cfg.capacity, cfg.stage_costs)
         self.effects(Owner.JOINER, self.joiner.start(now()))
         while self.peers.stage is None:
-            lead = await self._find_leader()
-            if lead is not None and lead != self.leadership.known_leader:
-                self.leadership.learned_leader(lead)
+            found = await self._find_leader()
+            if found is not None and found[0] != self.leadership.known_leader:
+                self.leadership.learned_leader(*found)
+            lead = self.leadership.known_leader
+            if lead is not None and lead != self.joiner.leader:
                 self.effects(Owner.JOINER, self.joiner.set_leader(now(), lead))
             await trio.sleep(1.0)
 
-    async def _find_leader(self) -> str | None:
+    async def _find_leader(self) -> tuple[str, int] | None:
+        """(the leader, its term) from the DHT record, which an admitted data node signed (records.py)."""
         try:
             with trio.move_on_after(LEADER_LOOKUP_S):
                 rec = await self.records.get(f"run/{self.run_id}/leader")  # signed by an admitted data node
                 if rec is not None:
                     pid = rec.value["peer_id"]
                     if pid in self.peers:
-                        return pid
+                        return pid, rec.value["term"]
         except Exception as e:  # noqa: BLE001 - the DHT is best effort
             log.debug("leader lookup failed: %s", e)
         return None
@@ -176,8 +184,6 @@ class Joining:
             self.effects(Owner.JOINER, self.joiner.on_timer(now(), key))
 
     def on_utilization_query(self, peer: str, msg: m.UtilizationQuery) -> None:
-        if self.peers.role == "relay" and msg.term:  # only the acting leader queries: who leads, in which term
-            self.leadership.learned_leader(peer, msg.term)
         if self.joiner is not None and self.peers.place.joining:
             self.effects(Owner.JOINER, self.joiner.on_message(now(), peer, msg))
         elif self.peers.role == "relay" and self.peers.stage is not None:
@@ -340,14 +346,16 @@ class Joining:
             self.discovery.hello_all()
         self.want_after = max(self.want_after, after)
         self.state_loaded = trio.Event()
-        asked, deadline = -1, 0.0
+        self.fetch_source = source
+        asked, asked_from = -1, None
         while not self.state_loaded.is_set():
-            if asked != self.want_after or now() > deadline:
-                if asked == self.want_after:
-                    log.warning("no state from %s within %.0f s: asking again", self.peers.who(source), STATE_WAIT_S)
-                asked = self.want_after
-                deadline = now() + STATE_WAIT_S
-                await self.wire.send(source, m.StageStateRequest(self.peers.stage, asked))
+            src = self.fetch_source
+            if asked != self.want_after or asked_from != src or now() > self._ask_deadline:
+                if asked == self.want_after and asked_from == src:
+                    log.warning("no state taken from %s yet: asking again", self.peers.who(src))
+                asked, asked_from = self.want_after, src
+                self._ask_deadline = now() + STATE_WAIT_S
+                await self.wire.send(src, m.StageStateRequest(self.peers.stage, asked))
             with trio.move_on_after(0.2):
                 await self.state_loaded.wait()
 
@@ -422,7 +430,7 @@ class Joining:
 
     async def _check_with_members(self, source: str, msg: m.StageState, blob: bytes) -> None:
         """The stage's other ready members vouch for the downloaded state, or it is refused (handover.py)."""
-        from .handover import params_hash, verdict
+        from .handover import next_source, params_hash, verdict
 
         try:
             digest = await self.stage.run(params_hash, blob)
@@ -440,7 +448,22 @@ class Joining:
         finally:
             self._verifying = False
         ok, why = verdict(msg.iteration, digest, answers)
+        self.handover = {"source": source, "steps": msg.iteration, "taken": ok, "why": why}
         if not ok:
+            self._tried_sources.add(source)
+            nxt = next_source(msg.iteration, digest, answers, self._tried_sources)
+            if nxt is not None:
+                log.warning("stage %d state from %s refused: %s; taking it from %s, whose state a majority holds",
+                            msg.stage, self.peers.who(source), why, self.peers.who(nxt))
+                self.fetch_source = nxt
+            else:
+                self.handover["no_quorum"] = True
+                self._tried_sources.clear()
+                self._ask_deadline = now() + NO_QUORUM_RETRY_S
+                log.error("stage %d state hand-over: no quorum of the stage's members vouches for any state at %d "
+                          "steps (%s): nothing loaded; asking again in %.0f s (a majority of the stage's members "
+                          "must be honest: README \"Security model\")", msg.stage, msg.iteration, why,
+                          NO_QUORUM_RETRY_S)
             raise FrameRefused(f"StageState from {self.peers.who(source)}: {why}")
         log.info("stage %d state from %s: %s", msg.stage, self.peers.who(source), why)
 

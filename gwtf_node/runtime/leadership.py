@@ -35,12 +35,14 @@ import json
 import logging
 import os
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 import trio
 
 from ..protocol import messages as m
+from .authorize import admitted_voters
 from ..protocol.leader import LeaderConfig, LeaderMachine
 from ..protocol.membership import MembershipConfig, MembershipMachine
 from .peers import PeerInfo, Peers
@@ -76,6 +78,7 @@ class Leadership:
         self.known_at: float | None = None  # a relay: when it last heard who leads (now())
         self._persisted: tuple[int, str | None] = (0, None)
         self._was_leader = False
+        self.led_term = 0  # the last term this node led: its BEGINs carry it (aggregation.py), resends too
         self.certificate = certificate  # this data node's admission: the leader record carries it (records.py)
         self.records = records  # signed DHT records (records.py)
 
@@ -91,6 +94,13 @@ class Leadership:
 
     def is_leader(self) -> bool:
         return self.election is not None and self.election.is_leader(now())
+
+    def leader_of_term(self) -> tuple[str | None, int | None]:
+        """(the leader of the newest term this node knows, that term), each None when unknown; a data node
+        reads its election machine (not its lease: who won the term, authorize.py), a relay what it learned."""
+        if self.peers.role == "data" and self.election is not None:
+            return self.election.leader_id, self.election.term
+        return self.known_leader, self.known_term
 
     def term(self) -> int | None:
         return self.election.term if self.election is not None else self.known_term
@@ -125,6 +135,7 @@ class Leadership:
         leading = self.election.is_leader(t)
         if leading and not self._was_leader:
             log.info("leader of term %d", self.election.term)
+            self.led_term = self.election.term
             machine = MembershipMachine(
                 MembershipConfig(self.wire.me, self.peers.n_stages, query_interval_s=QUERY_INTERVAL_S,
                                  data_nodes=tuple(self.peers.data_nodes())),
@@ -152,9 +163,14 @@ class Leadership:
             log.debug("publishing the leader failed: %s", e)
 
     def learned_leader(self, peer: str, term: int | None = None) -> None:
-        """A relay found the acting leader (the DHT record of a joiner's lookup, or the leader's
-        UtilizationQuery, which names its term); an older term than the one known is ignored."""
-        if term is not None and self.known_term is not None and term < self.known_term:
+        """A relay found the acting leader (the DHT record of a joiner's lookup, or a message of the leader's
+        that authorize.py took: it names its term); an older term than the one known is ignored, and so is
+        another leader of the term known (only the first one heard is that term's: authorize.py refuses the
+        other's messages)."""
+        if term is not None and self.known_term is not None and term <= self.known_term \
+                and not (term == self.known_term and self.known_leader is None):
+            if term == self.known_term and peer == self.known_leader:
+                self.known_at = now()
             return
         self.known_leader = peer
         self.known_at = now()
@@ -165,7 +181,21 @@ class Leadership:
     def on_leader_msg(self, peer: str, msg: Any) -> None:
         if self.election is None:
             return  # not a data node, or not started yet: the sender retries
+        if isinstance(msg, m.LeaderHeartbeat):
+            kept = admitted_voters(msg.data_nodes, self._admitted_data)
+            if len(kept) < len(msg.data_nodes):
+                log.warning("leader %s lists %d voter(s) not admitted as data nodes here: not merged (%s)",
+                            self.peers.who(peer), len(msg.data_nodes) - len(kept),
+                            ", ".join(p[:16] for p in sorted(set(msg.data_nodes) - set(kept))))
+                msg = replace(msg, data_nodes=kept)
         self._apply(self.election.on_message(now(), peer, msg))
+
+    def _admitted_data(self, peer: str) -> bool:
+        """A peer this node knows as an admitted data node (its Hello passed authorize.py), or itself."""
+        if peer == self.wire.me:
+            return True
+        info = self.peers.get(peer)
+        return info is not None and info.role == "data"
 
     def on_placement_msg(self, peer: str, msg: Any) -> None:
         if self.placement is not None and self.is_leader():

@@ -36,9 +36,15 @@ to store a record that does not pass these checks, and a reader filters the
 records it is handed before comparing versions (`get_signed`), so a forged
 record of a higher version neither replaces nor hides the genuine one.
 
-Provider records (`provide` / `find_providers`) are py-libp2p's own and are
-not signed here: they only tell a newcomer whom to dial, and whoever answers
-is authenticated by Noise and admitted by the certificate in its Hello.
+Provider records (`provide` / `find_providers`) are py-libp2p's own: an
+honest holder keeps a provider only from that provider itself, but any
+holder can answer a lookup with made-up ones (peer ids of its choice, at
+addresses of its choice).  So a provider is believed on read only with its
+signed node record (`checked_provider`): `node/<its peer id>`, signed by that
+peer, naming this run and not saying it left; the addresses dialled are the
+ones it signed, never the holder's.  A provider without one is refused (and
+counted as BAD_RECORD, like any refused record).  Whoever answers the dial is
+then authenticated by Noise and admitted by the certificate in its Hello.
 
 Everything here is a pure function of its arguments (the time is handed in),
 tested without a network (tests/test_records.py).
@@ -64,6 +70,7 @@ from .host import DHT_NAMESPACE, VersionedValidator, unpack_record
 log = logging.getLogger("gwtf.node")
 
 RECORD_KIND = "gwtf-record-v1"
+MAX_PROVIDERS_CHECKED = 16  # node records looked up per provider lookup: bounds what made-up providers cost us
 MAX_RECORD_BYTES = 1 << 20  # the manifest record is the largest (a few KiB); bounds what a lookup makes us parse
 
 
@@ -156,6 +163,24 @@ def read_record(key: str, version: int, data: bytes, *, run_id: str, owner_publi
     return rec
 
 
+def checked_provider(peer: str, rec: SignedRecord | None, *, run_id: str) -> list[str]:
+    """The addresses to dial provider `peer` at: those of its own signed node record (read and checked by
+    `read_record`), which must name run `run_id` and not say it left; RecordError otherwise."""
+    if rec is None:
+        raise RecordError(f"provider {peer[:16]} of run {run_id} has no signed node record: not dialled")
+    if rec.key != f"node/{peer}" or rec.writer != peer:
+        raise RecordError(f"provider {peer[:16]} comes with the record of {rec.writer[:16]} under {rec.key}")
+    value = rec.value
+    if not isinstance(value, dict) or value.get("run_id") != run_id:
+        raise RecordError(f"provider {peer[:16]}: its node record names another run than {run_id}")
+    if value.get("left"):
+        raise RecordError(f"provider {peer[:16]}: its node record says it left the run")
+    addrs = value.get("addrs")
+    if not isinstance(addrs, list) or not addrs or not all(isinstance(a, str) for a in addrs):
+        raise RecordError(f"provider {peer[:16]}: its node record has no addresses")
+    return [a if "/p2p/" in a else f"{a}/p2p/{peer}" for a in addrs]
+
+
 # ---- the DHT side: what the components call ---------------------------------------------------
 
 
@@ -235,10 +260,27 @@ class RunRecords:
         return await get_signed(self.host, key, run_id=self.run_id, owner_public_key=self.owner_public_key,
                                 on_refused=self._refused)
 
+    async def providers(self, key: str, wanted: Callable[[str], bool] = lambda peer: True,
+                        limit: int = MAX_PROVIDERS_CHECKED) -> list[tuple[str, list[str]]]:
+        """The providers of `key` that `wanted` picks (at most `limit` a call), each with the addresses of its own
+        signed node record (`checked_provider`); a provider without one is refused and reported."""
+        out: list[tuple[str, list[str]]] = []
+        seen: set[str] = set()
+        for peer, _addrs in await self.host.find_providers(key):  # (the holder's addresses are not used)
+            if peer in seen or not wanted(peer) or len(seen) >= limit:
+                continue
+            seen.add(peer)
+            try:
+                out.append((peer, checked_provider(peer, await self.get(f"node/{peer}"), run_id=self.run_id)))
+            except RecordError as e:
+                self._refused(str(e))
+        return out
+
     def _refused(self, why: str) -> None:
         log.warning("DHT record refused: %s", why)
         self.on_refused(why)
 
 
-__all__ = ["MAX_RECORD_BYTES", "RECORD_KIND", "RecordError", "SignedRecord", "check_writer", "get_signed",
+__all__ = ["MAX_RECORD_BYTES", "RECORD_KIND", "RecordError", "SignedRecord", "check_writer", "checked_provider",
+           "get_signed",
            "key_pair_of", "open_record", "put_signed", "read_record", "RunRecords", "seal", "SignedRecordValidator"]

@@ -55,7 +55,7 @@ def routes(p: Any) -> dict[type, Route]:
         m.BeginAggregation: Route("aggregation", ag.on_begin, needs=Needs.UPSTREAM),
         m.CanTake: Route("aggregation", ag.on_can_take),
         m.PhaseAck: Route("aggregation", ag.on_ack),
-        m.UtilizationQuery: Route("joining", j.on_utilization_query),
+        m.UtilizationQuery: Route("joining", j.on_utilization_query, needs=Needs.LEADER),
         m.Assignment: Route("joining", j.on_assignment, needs=Needs.LEADER),
         m.Goodbye: Route("joining", j.on_goodbye),
         m.StageStateRequest: Route("joining", j.on_state_request),
@@ -65,6 +65,7 @@ def routes(p: Any) -> dict[type, Route]:
     table |= {t: Route("flows", f.on_message, needs=Needs.NEIGHBOUR) for t in FLOW_MSGS}
     table |= {t: Route("microbatches", mb.on_message, payload=True,
                        needs=Needs.DATA if t is m.Lend else Needs.PLACED) for t in MB_MSGS}
-    table |= {t: Route("leadership", ld.on_leader_msg, needs=Needs.DATA) for t in LEADER_MSGS}
+    table |= {t: Route("leadership", ld.on_leader_msg,
+                       needs=Needs.LEADER if t is m.LeaderHeartbeat else Needs.DATA) for t in LEADER_MSGS}
     table |= {t: Route("leadership", ld.on_placement_msg) for t in PLACEMENT_MSGS}
     return table

@@ -1,0 +1,81 @@
+"""A peer that keeps sending refused frames is disconnected and banned, its later frames dropped, until the ban ends.
+
+Over the real wire, in one process: a relay daemon (`Node.run`, the code a
+`gwtf-node join` runs) and a hostile libp2p host written with the project's
+codec.  The hostile host sends frames the daemon refuses (a flow message
+before any Hello: UNKNOWN_PEER); at the ban limit (runtime/wire.py, here 5
+refusals in a window, a ban of a few seconds instead of minutes) the daemon
+drops and disconnects it, reads its next frames no further than the ban check
+(counted BANNED, nothing else refused), sends it nothing; once the ban is
+over, its Hello is taken again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from gwtf_node.model.manifest import default_manifest, save_manifest
+from gwtf_node.protocol import codec
+from gwtf_node.protocol import messages as m
+from gwtf_node.runtime.host import open_host
+from gwtf_node.runtime.node import Node, NodeOptions
+from gwtf_node.runtime.wire import RefusalTracker
+
+from helpers import until
+
+LIMIT = 5  # refused frames that ban (the daemon's default is BAN_REFUSALS in BAN_WINDOW_S)
+BAN_S = 3.0  # how long the ban lasts here (the daemon's default: BAN_S, minutes)
+DEADLINE_S = 60
+
+
+@pytest.mark.trio
+async def test_a_peer_sending_refused_frames_is_disconnected_banned_then_let_back(tmp_path: Path) -> None:
+    run = tmp_path / "run.json"
+    save_manifest(default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=2), run)
+    node = Node(NodeOptions(run_path=run, role="relay", stage=0, state_dir=tmp_path / "r", name="r",
+                            insecure_unsigned=True, bootstrap_timeout_s=0))
+    with trio.fail_after(DEADLINE_S):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(node.run)
+            await until(lambda: node.parts is not None and (tmp_path / "r" / "addr").exists(), "the relay listens")
+            wire = node.parts.wire
+            wire.bans = RefusalTracker(limit=LIMIT, window_s=60.0, ban_s=BAN_S)
+            addr = (tmp_path / "r" / "addr").read_text().split()[0]
+            async with open_host(tmp_path / "evil", dht=False) as evil:
+                me = evil.peer_id
+                heard: list = []
+
+                async def on_frame(peer: str, envelope: bytes, payload) -> None:
+                    heard.append(codec.decode(envelope)[1])
+
+                evil.set_handler(on_frame)
+                relay = await evil.connect(addr)
+                assert me in node.parts.wire.host.connected_peers()
+                for i in range(LIMIT):  # a flow message from a peer that has not said Hello: refused
+                    await evil.send(relay, codec.encode(me, m.Relabel(f"c{i}", "x")))
+                await until(lambda: wire.is_banned(me), "the relay bans the peer")
+                assert wire.refused_by == {"UNKNOWN_PEER": LIMIT}
+                assert me in node.authorizer.status(wire)["banned"]  # status.json "banned"
+                await until(lambda: me not in wire.host.connected_peers() and relay not in evil.connected_peers(),
+                            "the relay disconnects it")
+
+                # while banned: its frames are dropped unread (a Hello too), and nothing is sent to it
+                hello = m.Hello(node.run_id, "relay", 1, "evil", 1, tuple(evil.addrs))
+                await evil.connect(addr)
+                await evil.send(relay, codec.encode(me, hello))
+                await evil.send(relay, codec.encode(me, m.Ping(7)))
+                await until(lambda: wire.refused_by.get("BANNED", 0) >= 2, "its next frames are dropped as BANNED")
+                assert me not in node.peers and not await wire.send(me, m.Ping(1))
+                assert set(wire.refused_by) == {"UNKNOWN_PEER", "BANNED"}
+                assert not any(isinstance(x, m.Pong) for x in heard)
+
+                # the ban ends: the same Hello is taken, and the peer is answered again
+                await until(lambda: not wire.is_banned(me), "the ban ends", poll_s=0.1)
+                await evil.send(relay, codec.encode(me, hello))
+                await until(lambda: me in node.peers, "the peer is taken back after its ban")
+                await evil.send(relay, codec.encode(me, m.Ping(8)))
+                await until(lambda: any(isinstance(x, m.Pong) and x.nonce == 8 for x in heard), "it is answered")
+            node.stop()
