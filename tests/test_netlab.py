@@ -6,11 +6,13 @@ import subprocess
 import sys
 
 import pytest
-from labutil import lab, unavailable  # noqa: F401 - the fixture
+import labutil
+from labutil import unavailable
 
 from gwtf_node.testing.netlab import NetLab, leftover_namespaces
 
 pytestmark = pytest.mark.netlab
+lab = labutil.lab  # the fixture
 
 SERVER = """
 import socket, sys
