@@ -34,6 +34,7 @@ from typing import Any, Callable
 import trio
 
 from ..protocol import messages as m
+from .addresses import usable_by
 from .host import PeerUnreachable
 from .peers import Arrival, PeerInfo, Peers
 from .wire import FrameRefused, Wire, now
@@ -67,29 +68,31 @@ class Discovery:
         self.authorizer = authorizer  # takes the owner's revocation lists (authorize.py)
         self.records = records  # signed DHT records (records.py); None: a test without a DHT
 
-    def hello(self) -> m.Hello:
+    def hello(self, to: str) -> m.Hello:
+        """Our Hello to `to`, with the addresses it can use (host.addrs_for: no loopback to a remote peer)."""
         p = self.peers.place
         return m.Hello(self.run_id, p.role, -2 if p.stage is None else p.stage, self.peers.name, p.capacity,
-                       tuple(self.host.addrs), self.host.tensor_addr, p.joining, p.ready_from, p.leaving,
+                       tuple(self.host.addrs_for(to)), self.host.tensor_addr, p.joining, p.ready_from, p.leaving,
                        p.leave_after, self.applied_steps(), self.incarnation, self.certificate)
 
     def hello_all(self) -> None:
         """Tell every peer this node's place again (its stage or standing changed)."""
         for pid in self.peers.ids_known():
-            self.wire.post(pid, self.hello())
+            self.wire.post(pid, self.hello(pid))
 
-    async def greet(self, addr: str) -> str:
-        """Connect to `addr` and say Hello (not to ourselves); its peer id, or `PeerUnreachable`."""
-        pid = await self.host.connect(addr)
+    async def greet(self, addr: str, *more: str) -> str:
+        """Connect to `addr` (or `more` addresses of the same peer) and say Hello (not to ourselves); its peer id,
+        or `PeerUnreachable`."""
+        pid = await self.host.connect(addr, *more)
         if pid != self.wire.me:
             self.hellos_sent.add(pid)  # before sending: its answer (Hello or Refused) may come at once
-            if not await self.wire.send(pid, self.hello()):
+            if not await self.wire.send(pid, self.hello(pid)):
                 raise PeerUnreachable(f"connected to {addr}, but the Hello could not be sent")
         return pid
 
-    async def dial(self, addr: str) -> None:
+    async def dial(self, addr: str, *more: str) -> None:
         try:
-            await self.greet(addr)
+            await self.greet(addr, *more)
         except Exception as e:  # noqa: BLE001 - any dial failure is logged, discovery retries
             log.warning("could not reach %s: %s", addr, e)
 
@@ -119,9 +122,9 @@ class Discovery:
                 try:
                     with trio.move_on_after(DHT_WAIT_S):
                         for pid, addrs in await self.host.find_providers(run_key):
+                            addrs = [a if "/p2p/" in a else f"{a}/p2p/{pid}" for a in addrs if usable_by(a, True)]
                             if pid != me and pid not in self.peers and not self.peers.is_gone(pid) and addrs:
-                                addr = addrs[0] if "/p2p/" in addrs[0] else f"{addrs[0]}/p2p/{pid}"
-                                self.wire.spawn(self.dial, addr)
+                                self.wire.spawn(self.dial, *addrs)
                 except Exception as e:  # noqa: BLE001
                     log.debug("find_providers failed: %s", e)
                 await self._read_revocations(f"{run_key}/revoked")
@@ -154,7 +157,8 @@ class Discovery:
         if msg.role == "relay" and not -2 <= msg.stage < self.peers.n_stages:
             self._refuse(sender, m.RefusalCode.NO_SUCH_STAGE, f"Hello with role {msg.role!r} stage {msg.stage}",
                          f"run {self.run_id!r} has stages 0..{self.peers.n_stages - 1}")
-        info = PeerInfo(sender, msg.role, msg.stage, msg.name, msg.capacity, tuple(msg.addrs), None,
+        addrs = tuple(self.host.usable_addrs(sender, msg.addrs))  # (0.0.0.0 made the address it came from)
+        info = PeerInfo(sender, msg.role, msg.stage, msg.name, msg.capacity, addrs, None,
                         msg.joining, msg.ready_from, msg.leaving, msg.leave_after, msg.steps, msg.incarnation)
         arrival = self.peers.arrival(sender, msg.incarnation)
         if arrival in (Arrival.BACK, Arrival.RESTARTED):
@@ -168,14 +172,15 @@ class Discovery:
         restarted = _old is None or changed or (msg.joining and not _old.joining)
         if sender not in self.hellos_sent or restarted:
             self.hellos_sent.add(sender)
-            reply.append(self.hello())
+            reply.append(self.hello(sender))
         if changed:
             shaped = self.links_cfg.get((self.peers.name, msg.name))
             if shaped is not None:
                 self.host.links.set_link(sender, *shaped)  # emulate the link: our sends to this peer
             log.info("peer %s: %s stage %s (%s)", msg.name or sender[:12], msg.role, msg.stage, sender)
-            known = tuple(a for p in self.peers.infos() for a in p.addrs[:1] if p.peer_id != sender)
-            reply.append(m.PeerList(tuple(self.host.addrs[:1]) + known))
+            local = self.host.peer_is_local(sender)  # every usable address of every peer: the sender picks
+            known = tuple(a for p in self.peers.infos() if p.peer_id != sender for a in p.addrs if usable_by(a, local))
+            reply.append(m.PeerList(tuple(self.host.addrs_for(sender)) + known))
         if reply:
             self.wire.spawn(self.wire.send_all, sender, reply)
 
@@ -189,7 +194,11 @@ class Discovery:
         self.hellos_sent.discard(peer)
 
     def on_peer_list(self, sender: str, msg: m.PeerList) -> None:
+        """Dial the peers of the list we do not know yet, each once, with all the addresses the list gives it."""
+        by_peer: dict[str, list[str]] = {}
         for addr in msg.addrs[:256]:
             pid = addr.rsplit("/p2p/", 1)[-1]
             if pid and pid != self.wire.me and pid not in self.peers:
-                self.wire.spawn(self.dial, addr)
+                by_peer.setdefault(pid, []).append(addr)
+        for addrs in by_peer.values():
+            self.wire.spawn(self.dial, *addrs)
