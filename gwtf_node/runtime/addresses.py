@@ -164,6 +164,20 @@ def expand(endpoints: list[Endpoint], interfaces: list[str]) -> list[Endpoint]:
     return [e for e in out if not (e in seen or seen.add(e))]
 
 
+def advertised(candidates: list[str], announced: list[Endpoint], interfaces: list[str]) -> list[str]:
+    """What a node tells its peers, from libp2p's candidates (its listen addresses, and any it observed):
+    `announced` if any, else the candidates with unspecified hosts expanded (`expand`)."""
+    if announced:
+        return [e.multiaddr for e in announced]
+    found, other = [], []
+    for c in candidates:
+        try:
+            found.append(parse_endpoint(c))
+        except AddressError:
+            other.append(c)
+    return [e.multiaddr for e in expand(found, interfaces)] + other
+
+
 def host_of(multiaddr: str) -> str | None:
     """The IP address of an /ip4 or /ip6 multiaddr, else None."""
     parts = multiaddr.split("/")
@@ -216,5 +230,6 @@ def from_peer(multiaddrs, observed_host: str | None) -> list[str]:
     return out
 
 
-__all__ = ["AddressError", "Endpoint", "default_tensor_port", "expand", "from_peer", "host_of", "interface_addresses",
-           "is_loopback_host", "listen_endpoints", "parse_announce", "parse_endpoint", "usable_by"]
+__all__ = ["AddressError", "Endpoint", "advertised", "default_tensor_port", "expand", "from_peer", "host_of",
+           "interface_addresses", "is_loopback_host", "listen_endpoints", "parse_announce", "parse_endpoint",
+           "usable_by"]

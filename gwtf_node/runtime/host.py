@@ -69,8 +69,8 @@ from libp2p.stream_muxer.yamux.yamux import Yamux
 from multiaddr import Multiaddr
 
 from . import channel, conninfo
-from .addresses import Endpoint, default_tensor_port, expand, from_peer, interface_addresses, is_loopback_host
-from .addresses import listen_endpoints, parse_announce, parse_endpoint, usable_by
+from .addresses import Endpoint, advertised, default_tensor_port, from_peer, host_of, interface_addresses
+from .addresses import is_loopback_host, listen_endpoints, parse_announce, usable_by
 from .channel import ChannelError, ChannelUnreachable, RawConn, SessionKeys, TensorSender
 from .frames import DEFAULT_FRAME_TIMEOUT_S, DEFAULT_MAX_PAYLOAD_BYTES, FrameError, encode_header, read_frame
 from .hostdht import DHT_NAMESPACE, DHT_QUERY_TIMEOUT_S, HostDht, VersionedValidator, pack_record, unpack_record
@@ -171,6 +171,19 @@ class Host(HostDht):
         """Whether `peer_id` is on this machine (its connection comes from loopback); True when unknown."""
         host = self.remote_host(peer_id)
         return host is None or is_loopback_host(host)
+
+    def _behind_nat(self, peer_id: str) -> bool:
+        """`peer_id` dialled us from an address it does not advertise (its router's): its tensor channel cannot
+        be dialled, so do not wait `DIRECT_DIAL_TIMEOUT_S` to find out."""
+        if self.connection_kind(peer_id) != "inbound":
+            return False
+        remote = self.remote_host(peer_id)
+        try:
+            told = {host_of(str(a)) for a in self.libp2p.get_peerstore().addrs(ID.from_base58(peer_id))}
+        except (KeyError, ValueError, BaseLibp2pError):  # (PeerStoreError: not identified yet)
+            return False
+        told.discard(None)
+        return remote is not None and bool(told) and remote not in told and not is_loopback_host(remote)
 
     def connection_kind(self, peer_id: str) -> str | None:
         """"direct", "inbound", "relayed" or None: how we are connected to `peer_id` (conninfo.py)."""
@@ -281,6 +294,10 @@ class Host(HostDht):
     async def _send_tensor(self, peer_id: str, header: bytes, envelope: bytes, payload: memoryview) -> None:
         lock = self._tensor_locks.setdefault(peer_id, trio.Lock())
         async with lock:
+            if self._direct_blocked_until.get(peer_id, -1.0) <= trio.current_time() and self._behind_nat(peer_id):
+                self._direct_blocked_until[peer_id] = trio.current_time() + DIRECT_RETRY_S
+                log.info("%s connects from %s, none of its own addresses: behind NAT, its payloads go over the "
+                         "libp2p connection", peer_id, self.remote_host(peer_id))
             if self._direct_blocked_until.get(peer_id, -1.0) > trio.current_time():
                 await self._send_payload_libp2p(peer_id, header, envelope, payload)
                 return
@@ -515,15 +532,7 @@ async def open_host(
     interfaces = interface_addresses() if any(e.ip.is_unspecified for e in eps) else []
 
     def advertise(candidates: list[Multiaddr]) -> list[Multiaddr]:
-        if announced:
-            return [Multiaddr(e.multiaddr) for e in announced]
-        found, other = [], []
-        for c in candidates:
-            try:
-                found.append(parse_endpoint(str(c)))
-            except ValueError:
-                other.append(c)
-        return [Multiaddr(e.multiaddr) for e in expand(found, interfaces)] + other
+        return [Multiaddr(a) for a in advertised([str(c) for c in candidates], announced, interfaces)]
 
     key_pair = load_or_create_identity(Path(state_dir))
     noise_key = create_new_x25519_key_pair()
