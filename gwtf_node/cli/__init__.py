@@ -144,7 +144,7 @@ def _check_listen(args: argparse.Namespace) -> None:
     except AddressError as e:
         raise CliError(str(e)) from None
     for ep in eps:
-        check_port_free(ep.host, ep.port, fix="choose another --listen port")
+        check_port_free(ep.host, ep.port, fix="choose another --listen port" if args.listen else "choose another --port")
         check_port_free(ep.host, tport, "tensor channel port", "choose another --tensor-port")
 
 
