@@ -144,7 +144,8 @@ def _check_listen(args: argparse.Namespace) -> None:
     except AddressError as e:
         raise CliError(str(e)) from None
     for ep in eps:
-        check_port_free(ep.host, ep.port, fix="choose another --listen port" if args.listen else "choose another --port")
+        fix = "choose another --listen port" if args.listen else "choose another --port"
+        check_port_free(ep.host, ep.port, fix=fix)
         check_port_free(ep.host, tport, "tensor channel port", "choose another --tensor-port")
 
 
@@ -212,7 +213,8 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
     opts = NodeOptions(device=device, run_path=Path(args.run), role=args.role, stage=stage, state_dir=Path(args.state_dir),
                        bootstrap=list(args.bootstrap), name=args.name or "", port=args.port,
                        listen_host=args.host, listen=list(args.listen), announce=list(args.announce),
-                       tensor_port=args.tensor_port, capacity=args.capacity, iterations=args.iterations,
+                       tensor_port=args.tensor_port, relay_service=args.relay_service,
+                       capacity=args.capacity, iterations=args.iterations,
                        data_index=args.data_index, data_nodes=args.data_nodes,
                        links=Path(args.links) if args.links else None, policy=args.policy,
                        bootstrap_timeout_s=args.bootstrap_timeout,
@@ -455,6 +457,9 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--tensor-port", type=_port, default=None, metavar="PORT",
                    help="TCP port of the tensor channel, on the listen hosts (default: the libp2p port + 1; any "
                         "free port when that is 0); peers behind NAT get tensors over libp2p instead")
+    j.add_argument("--relay-service", action="store_true",
+                   help="a public node: relay connections between nodes behind different NAT routers (circuit "
+                        "relay v2; nodes with only private addresses reserve a slot on the peers they dial)")
     j.set_defaults(func=configurable(j, cmd_join))  # last: every flag above is also a config key and GWTF_* variable
     add_config_parser(sub, j)
 

@@ -13,7 +13,10 @@ Kinds (the status shows one per neighbour):
 from __future__ import annotations
 
 from libp2p.abc import IHost
+from libp2p.exceptions import BaseLibp2pError
 from libp2p.peer.id import ID
+
+from .addresses import host_of, is_loopback_host
 
 
 def connections(lp: IHost, peer_id: str) -> list:
@@ -50,4 +53,50 @@ def connection_kind(lp: IHost, peer_id: str) -> str | None:
     return next((k for k in ("direct", "inbound", "relayed") if k in kinds), None)
 
 
-__all__ = ["connection_kind", "connections", "remote_host"]
+class HostConnections:
+    """What a host knows of its connection to each peer (a base class of host.Host, which sets `libp2p` and
+    the payload paths: `_tensor_out`, `_payload_out`, `_direct_blocked_until`)."""
+
+    libp2p: IHost
+    _tensor_out: dict
+    _payload_out: dict
+    _direct_blocked_until: dict
+
+    def remote_host(self, peer_id: str) -> str | None:
+        """The IP address `peer_id`'s connection comes from (its router's, behind NAT), if connected."""
+        return remote_host(self.libp2p, peer_id)
+
+    def peer_is_local(self, peer_id: str) -> bool:
+        """Whether `peer_id` is on this machine (its connection comes from loopback); True when unknown."""
+        host = self.remote_host(peer_id)
+        return host is None or is_loopback_host(host)
+
+    def _no_channel(self, peer_id: str) -> bool:
+        """`peer_id` is reached through a relay, or dialled us from an address it does not advertise (its
+        router's): its tensor channel cannot be dialled, so do not wait `DIRECT_DIAL_TIMEOUT_S` to find out."""
+        kind = self.connection_kind(peer_id)
+        if kind != "inbound":
+            return kind == "relayed"
+        remote = self.remote_host(peer_id)
+        try:
+            told = {host_of(str(a)) for a in self.libp2p.get_peerstore().addrs(ID.from_base58(peer_id))}
+        except (KeyError, ValueError, BaseLibp2pError):  # (PeerStoreError: not identified yet)
+            return False
+        told.discard(None)
+        return remote is not None and bool(told) and remote not in told and not is_loopback_host(remote)
+
+    def connection_kind(self, peer_id: str) -> str | None:
+        """"direct", "inbound", "relayed" or None: how we are connected to `peer_id` (conninfo.py)."""
+        return connection_kind(self.libp2p, peer_id)
+
+    def payload_path(self, peer_id: str) -> str | None:
+        """How payload frames go to `peer_id`: "channel" (the tensor channel), "libp2p" (its connection), or
+        None (none sent yet)."""
+        if peer_id in self._tensor_out:
+            return "channel"
+        if peer_id in self._payload_out or peer_id in self._direct_blocked_until:
+            return "libp2p"
+        return None
+
+
+__all__ = ["HostConnections", "connection_kind", "connections", "remote_host"]

@@ -67,6 +67,7 @@ class Discovery:
         self.certificate = certificate  # the owner's admission of this node, shown in every Hello
         self.authorizer = authorizer  # takes the owner's revocation lists (authorize.py)
         self.records = records  # signed DHT records (records.py); None: a test without a DHT
+        host.on_addrs_changed = self.hello_all  # a relay reservation gave us an address: tell everyone
 
     def hello(self, to: str) -> m.Hello:
         """Our Hello to `to`, with the addresses it can use (host.addrs_for: no loopback to a remote peer)."""
@@ -166,6 +167,8 @@ class Discovery:
                 return
             self.host.note_addrs(sender, msg.addrs)  # (it may listen elsewhere now: redials go there)
         _old, changed = self.peers.upsert(info, now())
+        if _old is not None and not changed and set(_old.addrs) != set(addrs):
+            self._pass_on_addrs(sender, addrs)
         self.on_peer_hello(info)
         reply: list[m.Message] = []
         # a peer forgotten and back, or back joining again before it was found dead: a restart that knows nobody
@@ -183,6 +186,16 @@ class Discovery:
             reply.append(m.PeerList(tuple(self.host.addrs_for(sender)) + known))
         if reply:
             self.wire.spawn(self.wire.send_all, sender, reply)
+
+    def _pass_on_addrs(self, sender: str, addrs: tuple[str, ...]) -> None:
+        """`sender` can be reached at new addresses (through a relay it reserved on): tell the other peers, who
+        may not have reached it before (a PeerList of one)."""
+        for pid in self.peers.ids_known():
+            if pid != sender:
+                local = self.host.peer_is_local(pid)
+                usable = tuple(a for a in addrs if usable_by(a, local))
+                if usable:
+                    self.wire.post(pid, m.PeerList(usable))
 
     def _refuse(self, sender: str, code: m.RefusalCode, why: str, fix: str) -> None:
         """Tell the sender why its Hello is refused (it stops if no peer accepted it), then refuse the frame."""

@@ -61,7 +61,7 @@ from libp2p.exceptions import BaseLibp2pError
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.peer.id import ID
-from libp2p.peer.peerinfo import InvalidAddrError, info_from_p2p_addr
+from libp2p.peer.peerinfo import InvalidAddrError, PeerInfo, info_from_p2p_addr
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
@@ -69,7 +69,7 @@ from libp2p.stream_muxer.yamux.yamux import Yamux
 from multiaddr import Multiaddr
 
 from . import channel, conninfo
-from .addresses import Endpoint, advertised, default_tensor_port, from_peer, host_of, interface_addresses
+from .addresses import Endpoint, advertised, default_tensor_port, from_peer, interface_addresses
 from .addresses import is_loopback_host, listen_endpoints, parse_announce, usable_by
 from .channel import ChannelError, ChannelUnreachable, RawConn, SessionKeys, TensorSender
 from .frames import DEFAULT_FRAME_TIMEOUT_S, DEFAULT_MAX_PAYLOAD_BYTES, FrameError, encode_header, read_frame
@@ -77,6 +77,7 @@ from .hostdht import DHT_NAMESPACE, DHT_QUERY_TIMEOUT_S, HostDht, VersionedValid
 from .identity import load_or_create_identity
 from .limits import MAX_CTRL_STREAMS_PER_PEER, MAX_PENDING_SESSIONS_PER_PEER, ConnectionBound
 from .links import LinkShaper
+from .relay import Relaying, is_circuit, looks_natted
 from .startup import PortInUse, StartupError, check_port_free
 
 log = logging.getLogger("gwtf.transport")
@@ -111,7 +112,7 @@ async def _libp2p_reader(stream: INetStream, n: int) -> bytes:
         return b""
 
 
-class Host(HostDht):
+class Host(HostDht, conninfo.HostConnections):
     """A running node host; build it with `open_host`."""
 
     def __init__(
@@ -144,6 +145,8 @@ class Host(HostDht):
         self._tensor_locks: dict[str, trio.Lock] = {}
         self._payload_out: dict[str, INetStream] = {}  # the fallback: a libp2p stream per peer
         self._direct_blocked_until: dict[str, float] = {}  # peer -> trio time to try its tensor channel again
+        self.relaying: Relaying | None = None  # circuit relay v2 (relay.py): a relay service, or a NATed node
+        self.on_addrs_changed: Callable[[], None] = lambda: None  # our advertised addresses changed (a reservation)
         self._pending_sessions: dict[bytes, tuple[str, SessionKeys, float]] = {}
         self._ctrl_in: dict[str, int] = {}  # incoming control streams being read, per peer
         self.stats = {"frames_in": 0, "frames_out": 0, "bytes_out": 0, "bytes_in": 0, "refused": 0}
@@ -153,7 +156,7 @@ class Host(HostDht):
     @property
     def addrs(self) -> list[str]:
         """The advertised addresses (announced, or listen addresses with 0.0.0.0/:: expanded; addresses.py)."""
-        return [str(a) for a in self.libp2p.get_addrs()]
+        return [str(a) for a in self.libp2p.get_addrs()] + (self.relaying.circuit_addrs if self.relaying else [])
 
     def addrs_for(self, peer_id: str) -> list[str]:
         """The advertised addresses `peer_id` can use: loopback ones only for a peer on this machine."""
@@ -163,65 +166,46 @@ class Host(HostDht):
     def connected_peers(self) -> list[str]:
         return [p.to_base58() for p in self.libp2p.get_connected_peers()]
 
-    def remote_host(self, peer_id: str) -> str | None:
-        """The IP address `peer_id`'s connection comes from (its router's, behind NAT), if connected."""
-        return conninfo.remote_host(self.libp2p, peer_id)
-
-    def peer_is_local(self, peer_id: str) -> bool:
-        """Whether `peer_id` is on this machine (its connection comes from loopback); True when unknown."""
-        host = self.remote_host(peer_id)
-        return host is None or is_loopback_host(host)
-
-    def _behind_nat(self, peer_id: str) -> bool:
-        """`peer_id` dialled us from an address it does not advertise (its router's): its tensor channel cannot
-        be dialled, so do not wait `DIRECT_DIAL_TIMEOUT_S` to find out."""
-        if self.connection_kind(peer_id) != "inbound":
-            return False
-        remote = self.remote_host(peer_id)
-        try:
-            told = {host_of(str(a)) for a in self.libp2p.get_peerstore().addrs(ID.from_base58(peer_id))}
-        except (KeyError, ValueError, BaseLibp2pError):  # (PeerStoreError: not identified yet)
-            return False
-        told.discard(None)
-        return remote is not None and bool(told) and remote not in told and not is_loopback_host(remote)
-
-    def connection_kind(self, peer_id: str) -> str | None:
-        """"direct", "inbound", "relayed" or None: how we are connected to `peer_id` (conninfo.py)."""
-        return conninfo.connection_kind(self.libp2p, peer_id)
-
-    def payload_path(self, peer_id: str) -> str | None:
-        """How payload frames go to `peer_id`: "channel" (the tensor channel), "libp2p" (its connection), or
-        None (none sent yet)."""
-        if peer_id in self._tensor_out:
-            return "channel"
-        if peer_id in self._payload_out or peer_id in self._direct_blocked_until:
-            return "libp2p"
-        return None
-
     async def connect(self, multiaddr: str, *more: str) -> str:
-        """Dial a peer by its multiaddr (ending in /p2p/<id>); `more`: other addresses of the same peer, tried
-        too; returns its peer id."""
+        """Dial a peer by its multiaddrs (ending in /p2p/<id>; `more`: other addresses of the same peer), direct
+        ones first, then circuit-relay ones (relay.py); returns its peer id."""
         info = info_from_p2p_addr(Multiaddr(multiaddr))
-        for other in more:
+        pid, direct, circuits = info.peer_id, [], []
+        for a in (multiaddr, *more):
             try:
-                extra = info_from_p2p_addr(Multiaddr(other))
+                one = info_from_p2p_addr(Multiaddr(a))
             except (ValueError, InvalidAddrError):
                 continue
-            if extra.peer_id == info.peer_id:
-                info.addrs.extend(a for a in extra.addrs if a not in info.addrs)
+            if one.peer_id == pid:
+                circuits.append(a) if is_circuit(a) else direct.extend(x for x in one.addrs if x not in direct)
         swarm = self.libp2p.get_network()
-        swarm.unblock_peer(info.peer_id)  # a restarted peer must not wait out the 60 s negative cache
-        self.libp2p.get_peerstore().add_addrs(info.peer_id, info.addrs, ADDR_TTL_S)
+        swarm.unblock_peer(pid)  # a restarted peer must not wait out the 60 s negative cache
+        self.libp2p.get_peerstore().add_addrs(pid, direct, ADDR_TTL_S)
         try:
             with trio.fail_after(self.send_timeout):
-                await self.libp2p.connect(info)
+                await self.libp2p.connect(PeerInfo(pid, direct))
         except _PEER_ERRORS as e:
-            swarm.unblock_peer(info.peer_id)
-            raise PeerUnreachable(f"cannot connect to {multiaddr}: {e}") from e
-        self.libp2p.get_peerstore().add_addrs(info.peer_id, info.addrs, ADDR_TTL_S)
+            swarm.unblock_peer(pid)
+            if not circuits or self.relaying is None:
+                raise PeerUnreachable(f"cannot connect to {multiaddr}: {e}") from e
+            await self._connect_relayed(pid, circuits, e)
+        self.libp2p.get_peerstore().add_addrs(pid, direct, ADDR_TTL_S)
+        if self.relaying is not None and direct:
+            self.relaying.met(pid.to_base58(), multiaddr, self.addrs)
         if self.dht is not None:
-            await self.dht.add_peer(info.peer_id, skip_server_mode_check=True)
-        return info.peer_id.to_base58()
+            await self.dht.add_peer(pid, skip_server_mode_check=True)
+        return pid.to_base58()
+
+    async def _connect_relayed(self, pid: ID, circuits: list[str], direct_error: BaseException) -> None:
+        last: BaseException = direct_error
+        for c in circuits:
+            try:
+                await self.relaying.dial(c)
+                log.info("reached %s through a relay (%s); direct: %s", pid, c, direct_error)
+                return
+            except Exception as e:  # noqa: BLE001 - the circuit transport raises several types; next circuit
+                last = e
+        raise PeerUnreachable(f"cannot connect to {pid} directly ({direct_error}) or through a relay: {last}")
 
     def usable_addrs(self, peer_id: str, multiaddrs) -> list[str]:
         """`peer_id`'s addresses as it told them, made usable from here (addresses.from_peer)."""
@@ -294,10 +278,10 @@ class Host(HostDht):
     async def _send_tensor(self, peer_id: str, header: bytes, envelope: bytes, payload: memoryview) -> None:
         lock = self._tensor_locks.setdefault(peer_id, trio.Lock())
         async with lock:
-            if self._direct_blocked_until.get(peer_id, -1.0) <= trio.current_time() and self._behind_nat(peer_id):
+            if self._direct_blocked_until.get(peer_id, -1.0) <= trio.current_time() and self._no_channel(peer_id):
                 self._direct_blocked_until[peer_id] = trio.current_time() + DIRECT_RETRY_S
-                log.info("%s connects from %s, none of its own addresses: behind NAT, its payloads go over the "
-                         "libp2p connection", peer_id, self.remote_host(peer_id))
+                log.info("%s is behind NAT (connected %s from %s): its payloads go over the libp2p connection",
+                         peer_id, self.connection_kind(peer_id), self.remote_host(peer_id))
             if self._direct_blocked_until.get(peer_id, -1.0) > trio.current_time():
                 await self._send_payload_libp2p(peer_id, header, envelope, payload)
                 return
@@ -503,6 +487,7 @@ async def open_host(
     bootstrap: list[str] | tuple[str, ...] = (),
     dht: bool = True,
     tensor_port: int | None = 0,
+    relay_service: bool = False,
     send_timeout: float = DEFAULT_SEND_TIMEOUT_S,
     handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
     frame_timeout: float = DEFAULT_FRAME_TIMEOUT_S,
@@ -572,6 +557,9 @@ async def open_host(
         await nursery.start(trio.serve_listeners, host._on_tensor_conn, listeners)
         links.attach(nursery)
         try:
+            if relay_service or looks_natted(host.addrs):  # serve as a relay, or reach NATed peers through one
+                host.relaying = Relaying(lp, relay_service, on_addrs_changed=lambda: host.on_addrs_changed())
+                await nursery.start(host.relaying.run)
             if dht:
                 host.dht = KadDHT(lp, DHTMode.SERVER)
                 host.dht.register_validator(DHT_NAMESPACE, VersionedValidator())

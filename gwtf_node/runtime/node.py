@@ -129,6 +129,7 @@ class NodeOptions:
     listen: list[str] = field(default_factory=list)  # libp2p endpoints (multiaddr or host:port; none: listen_host:port)
     announce: list[str] = field(default_factory=list)  # the addresses told to peers (none: the listen ones)
     tensor_port: int | None = None  # the tensor channel's port (None: the libp2p port + 1; addresses.py)
+    relay_service: bool = False  # serve as a circuit relay for nodes behind NAT (relay.py)
     capacity: int = 0  # 0: a data node's microbatches per iteration; a relay the same unless placed (measured)
     iterations: int = 0  # data nodes: stop after this many (0: run forever)
     data_index: int = 0
@@ -455,7 +456,8 @@ class Node:
         if self.opts.role == "data":
             self.resumed = await trio.to_thread.run_sync(data_resume.load_checkpoint, self.stage, self.opts.state_dir)
         async with open_host(self.opts.state_dir, self.opts.listen_host, self.opts.port, listen=self.opts.listen,
-                             announce=self.opts.announce, tensor_port=self.opts.tensor_port) as host:
+                             announce=self.opts.announce, tensor_port=self.opts.tensor_port,
+                             relay_service=self.opts.relay_service) as host:
             async with trio.open_nursery() as nursery:
                 if host.dht is not None:  # holders keep only records their writers may write (records.py)
                     host.dht.register_validator(DHT_NAMESPACE, SignedRecordValidator(
