@@ -1,13 +1,15 @@
-"""The invariant across a NAT router: a swarm with relays behind a home router trains exactly as one process.
+"""The invariant across NAT routers: a swarm whose relays sit behind two home routers trains as one process.
 
-Lab (gwtf_node/testing/netlab.py): the data node d0 (the bootstrap) and the
-stage-1 relay on the internet, the stage-0 relay behind a home router that
-drops unsolicited inbound.  Every node listens on 0.0.0.0 (the
-daemon advertises its interface address).  The home relays dial out; public
-nodes reach them only over those connections, their activations and
-gradients over libp2p instead of the tensor channel.  Every iteration's
-loss equals the centralized reference within 1e-4 relative, as on loopback
-(tests/test_swarm.py), and the status says how each neighbour is reached.
+Lab (gwtf_node/testing/netlab.py): the data node d0 (the bootstrap, and a
+circuit relay: `--relay-service`) on the internet; the stage-0 relay behind
+one home router, the stage-1 relay behind another, both routers dropping
+unsolicited inbound.  Every node listens on 0.0.0.0 (the daemon advertises
+its interface address).  The home relays dial d0; d0 reaches them over
+those connections; they reserve a slot on d0 and reach each other through
+it (relay.py), their activations and gradients over libp2p instead of the
+tensor channel.  Every iteration's loss equals the centralized reference
+within 1e-4 relative, as on loopback (tests/test_swarm.py), and the status
+says how each neighbour is reached.
 """
 
 from __future__ import annotations
@@ -32,12 +34,12 @@ def test_swarm_behind_a_nat_router_equals_centralized(lab, tmp_path: Path) -> No
     man = default_manifest(family="llama", stages=2, seq_len=32, microbatch_size=2, microbatches_per_iteration=4)
     run = tmp_path / "run.json"
     save_manifest(man, run)
-    d0, r1_0 = lab.public("d0"), lab.public("r10")
-    home = lab.home("a")
-    where = {"d0": d0, "r1_0": r1_0, "r0_0": home.hosts[0]}
+    d0, a, b = lab.public("d0"), lab.home("a"), lab.home("b")
+    where = {"d0": d0, "r0_0": a.hosts[0], "r1_0": b.hosts[0]}
     swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=1, iterations=ITERATIONS,
                        wrap={name: ["ip", "netns", "exec", node.ns] for name, node in where.items()},
-                       extra_args={name: ["--listen", "0.0.0.0:4001"] for name in where})
+                       extra_args={name: ["--listen", "0.0.0.0:4001", *(["--relay-service"] if name == "d0" else [])]
+                                   for name in where})
     swarm.startup_timeout_s = 90
     swarm.iteration_timeout_s = 90
     records, kinds = [], {}
@@ -58,6 +60,8 @@ def test_swarm_behind_a_nat_router_equals_centralized(lab, tmp_path: Path) -> No
     for rec, loss in zip(records, ref.losses):
         assert rec["microbatches"] == 4
         assert rec["loss"] == pytest.approx(loss, rel=1e-4), (rec, loss)
-    # the public nodes reach the home relay only over the connection it opened, and send it tensors there
-    assert kinds["d0"]["r0_0"] == kinds["r1_0"]["r0_0"] == "inbound+libp2p", kinds
-    assert kinds["r0_0"] == {"d0": "direct", "r1_0": "direct"}, kinds  # it dials out, to their tensor channels
+    # d0 reaches the home relays only over the connections they opened, and sends them tensors there;
+    # the two homes reach each other through d0's relay
+    assert kinds["d0"] == {"r0_0": "inbound+libp2p", "r1_0": "inbound+libp2p"}, kinds
+    assert kinds["r0_0"] == {"d0": "direct", "r1_0": "relayed+libp2p"}, kinds
+    assert kinds["r1_0"] == {"d0": "direct", "r0_0": "relayed+libp2p"}, kinds

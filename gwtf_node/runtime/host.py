@@ -95,6 +95,7 @@ DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0  # tensor-channel handshake, both halves
 DIRECT_DIAL_TIMEOUT_S = 5.0
 DIRECT_RETRY_S = 300.0  # after a blocked dial, payloads to that peer go over libp2p this long before a new try
 LIBP2P_CHUNK_BYTES = 1 << 20  # payload bytes per Yamux write on the fallback path
+PRIVATE_DIAL_TIMEOUT_S = 3.0  # a private address of a peer with a relayed one: a LAN answers within this
 
 Handler = Callable[[str, bytes, "memoryview | bytes | bytearray"], Awaitable[None]]
 _PEER_ERRORS = (BaseLibp2pError, OSError, trio.BrokenResourceError, trio.ClosedResourceError,
@@ -181,8 +182,12 @@ class Host(HostDht, conninfo.HostConnections):
         swarm = self.libp2p.get_network()
         swarm.unblock_peer(pid)  # a restarted peer must not wait out the 60 s negative cache
         self.libp2p.get_peerstore().add_addrs(pid, direct, ADDR_TTL_S)
+        # a peer with a relayed address and only private direct ones is behind another router, most likely:
+        # do not sit through libp2p's retries of an unroutable address before taking the relay
+        limit = PRIVATE_DIAL_TIMEOUT_S if circuits and self.relaying and looks_natted(list(map(str, direct))) \
+            else self.send_timeout
         try:
-            with trio.fail_after(self.send_timeout):
+            with trio.fail_after(limit):
                 await self.libp2p.connect(PeerInfo(pid, direct))
         except _PEER_ERRORS as e:
             swarm.unblock_peer(pid)
