@@ -83,3 +83,14 @@ def test_a_peers_unspecified_address_becomes_where_it_came_from():
                                               f"/ip4/10.1.0.2/tcp/4001/p2p/{PID}"]
     # a peer on this machine: its loopback address is ours too
     assert f"/ip4/127.0.0.1/tcp/4001/p2p/{PID}" in from_peer(told, "127.0.0.1")
+
+
+def test_a_node_with_only_private_addresses_looks_natted():
+    from gwtf_node.runtime.relay import is_circuit, looks_natted
+
+    assert looks_natted([f"/ip4/10.1.0.2/tcp/4001/p2p/{PID}", f"/ip4/192.168.1.5/tcp/4001/p2p/{PID}"])
+    assert looks_natted([f"/ip4/100.64.3.4/tcp/1/p2p/{PID}", f"/ip6/fd00::5/tcp/1/p2p/{PID}"])  # CGNAT, ULA
+    assert not looks_natted([f"/ip4/10.1.0.2/tcp/1/p2p/{PID}", f"/ip4/198.18.0.10/tcp/1/p2p/{PID}"])
+    assert not looks_natted([f"/ip4/127.0.0.1/tcp/1/p2p/{PID}"])  # a swarm on one machine needs no relay
+    assert not looks_natted([])
+    assert is_circuit(f"/ip4/198.18.0.10/tcp/1/p2p/R/p2p-circuit/p2p/{PID}") and not is_circuit("/ip4/1.2.3.4/tcp/1")
