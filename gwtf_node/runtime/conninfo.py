@@ -29,12 +29,34 @@ def connections(lp: IHost, peer_id: str) -> list:
 def remote_host(lp: IHost, peer_id: str) -> str | None:
     """The IP address `peer_id`'s connection comes from, if connected."""
     for c in connections(lp, peer_id):
-        try:
-            remote = c.muxed_conn.get_remote_address()
-        except (AttributeError, OSError):
-            continue
-        if remote:
-            return str(remote[0])
+        ip = _peer_ip(c)
+        if ip is not None:
+            return ip
+    return None
+
+
+def _peer_ip(conn) -> str | None:
+    """py-libp2p's `get_remote_address()` returns None for IPv6 (it expects a 2-tuple from `getpeername()`,
+    which gives 4 for IPv6): then walk down to the socket (secure session -> Noise reader-writer -> raw
+    connection -> TCP stream -> trio stream -> socket)."""
+    try:
+        remote = conn.muxed_conn.get_remote_address()
+    except (AttributeError, OSError):
+        remote = None
+    if remote:
+        return str(remote[0])
+    obj = getattr(conn.muxed_conn, "secured_conn", None)
+    for _depth in range(8):
+        if obj is None:
+            return None
+        sock = getattr(obj, "socket", None)
+        if sock is not None and hasattr(sock, "getpeername"):
+            try:
+                return str(sock.getpeername()[0]).split("%", 1)[0]
+            except OSError:
+                return None
+        obj = next((getattr(obj, a) for a in ("conn", "read_writer", "read_write_closer", "stream")
+                    if getattr(obj, a, None) is not None), None)
     return None
 
 

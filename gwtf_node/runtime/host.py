@@ -361,8 +361,7 @@ class Host(HostDht, conninfo.HostConnections):
                 except _PEER_ERRORS:
                     pass
         host, _, port = addr.rpartition(":")
-        remote = stream.get_remote_address()
-        reached = str(remote[0]) if remote else "127.0.0.1"
+        reached = self.remote_host(peer_id) or "127.0.0.1"  # (py-libp2p gives no remote address for IPv6)
         if host in ("0.0.0.0", "::", "[::]", "") or (is_loopback_host(host) and not is_loopback_host(reached)):
             host = reached  # the peer listens everywhere (or names its own loopback): use the address we reached
         return await TensorSender.open(f"{host}:{port}", keys, peer_id, self.handshake_timeout,
