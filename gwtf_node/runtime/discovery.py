@@ -22,6 +22,12 @@ when its stage changes), `run/<run id>/revoked` the owner's revocation list
 finds the swarm and the members of a stage.  The DHT is discovery only: who
 is alive is decided by our own messages (`liveness.py`).
 
+Addresses (addresses.py): a Hello carries the addresses the receiving peer
+can use (no loopback to a remote peer, never 0.0.0.0); a PeerList carries
+every usable address of every known peer, and the receiver dials each new
+peer once with all of them; a peer whose addresses change (a relay
+reservation, relay.py) is passed on to the others at once.
+
 With a links file (`--links`), the link to a named peer is shaped (latency,
 bandwidth) as soon as its Hello names it.
 """
@@ -34,6 +40,7 @@ from typing import Any, Callable
 import trio
 
 from ..protocol import messages as m
+from ..protocol.bounds import MAX_ITEMS
 from .addresses import usable_by
 from .host import PeerUnreachable
 from .peers import Arrival, PeerInfo, Peers
@@ -43,6 +50,8 @@ log = logging.getLogger("gwtf.node")
 
 DHT_ROUND_S = 2.0
 DHT_WAIT_S = 10.0
+PEER_LIST_DIALS = 256  # peers dialled for one PeerList (each once, with all its addresses)
+ADDRS_PER_PEER = 16  # addresses of one peer passed on and dialled (IPv4, IPv6, relays: a handful in practice)
 
 
 class Discovery:
@@ -182,8 +191,9 @@ class Discovery:
                 self.host.links.set_link(sender, *shaped)  # emulate the link: our sends to this peer
             log.info("peer %s: %s stage %s (%s)", msg.name or sender[:12], msg.role, msg.stage, sender)
             local = self.host.peer_is_local(sender)  # every usable address of every peer: the sender picks
-            known = tuple(a for p in self.peers.infos() if p.peer_id != sender for a in p.addrs if usable_by(a, local))
-            reply.append(m.PeerList(tuple(self.host.addrs_for(sender)) + known))
+            known = tuple(a for p in self.peers.infos() if p.peer_id != sender
+                          for a in p.addrs[:ADDRS_PER_PEER] if usable_by(a, local))
+            reply.append(m.PeerList((tuple(self.host.addrs_for(sender)) + known)[:MAX_ITEMS]))
         if reply:
             self.wire.spawn(self.wire.send_all, sender, reply)
 
@@ -209,9 +219,9 @@ class Discovery:
     def on_peer_list(self, sender: str, msg: m.PeerList) -> None:
         """Dial the peers of the list we do not know yet, each once, with all the addresses the list gives it."""
         by_peer: dict[str, list[str]] = {}
-        for addr in msg.addrs[:256]:
+        for addr in msg.addrs:  # (at most bounds.MAX_ITEMS: checked on arrival)
             pid = addr.rsplit("/p2p/", 1)[-1]
             if pid and pid != self.wire.me and pid not in self.peers:
                 by_peer.setdefault(pid, []).append(addr)
-        for addrs in by_peer.values():
-            self.wire.spawn(self.dial, *addrs)
+        for addrs in list(by_peer.values())[:PEER_LIST_DIALS]:
+            self.wire.spawn(self.dial, *addrs[:ADDRS_PER_PEER])
