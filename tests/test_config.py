@@ -68,7 +68,7 @@ def test_config_flag_and_variable_name_the_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("content, needle", [
-    ("prot = 5\n", "unknown key 'prot' in {cfg}: known keys are bootstrap, bootstrap_timeout"),
+    ("prot = 5\n", "unknown key 'prot' in {cfg}: known keys are announce, bootstrap, bootstrap_timeout"),
     ("port = \"9000\"\n", "port in {cfg} is a string (\"9000\"); expected an integer"),
     ("port = 70000\n", "port in {cfg}: must be a TCP port in 0..65535"),
     ("port = true\n", "port in {cfg} is a boolean (true); expected an integer"),

@@ -174,12 +174,21 @@ class FakeHost:
         self.links = Mock()
         self.noted: list[tuple[str, tuple]] = []
 
-    async def connect(self, addr: str) -> str:
+    async def connect(self, addr: str, *more: str) -> str:
         return addr.rsplit("/p2p/", 1)[-1]
 
     def note_addrs(self, peer_id: str, addrs) -> int:
         self.noted.append((peer_id, tuple(addrs)))
         return len(addrs)
+
+    def addrs_for(self, peer_id: str) -> list[str]:
+        return self.addrs
+
+    def usable_addrs(self, peer_id: str, addrs) -> list[str]:
+        return list(addrs)
+
+    def peer_is_local(self, peer_id: str) -> bool:
+        return True
 
     async def send(self, peer: str, envelope: bytes, payload=b"") -> None:
         await self.net[peer]._on_frame(self.peer_id, envelope, payload)
@@ -263,7 +272,7 @@ async def test_a_data_node_back_and_restarted_is_taken_back(tmp_path: Path) -> N
         assert relay.peers.is_gone("R0B") and relay.parts.wire.refused == 1
         # a gone peer's Hello saying it leaves (a late frame of its leave, overtaken by its Goodbye): ignored
         ahead.peers.set_standing(leaving=True, leave_after=5)
-        await ahead.parts.wire.send("R0", ahead.parts.discovery.hello())
+        await ahead.parts.wire.send("R0", ahead.parts.discovery.hello("R0"))
         await trio.testing.wait_all_tasks_blocked()
         assert relay.peers.is_gone("R0B") and relay.parts.wire.refused == 1
         nursery.cancel_scope.cancel()

@@ -16,8 +16,8 @@ import sys
 from typing import TYPE_CHECKING, Sequence
 
 from .common import (
-    EXIT_NO_PEER, EXIT_USAGE, CliError, _ip_address, _load_scenario, _manifest_error_types, _nonneg_int, _Parser,
-    _port, _positive_int, _probability, _seconds, _setup_logging,
+    EXIT_NO_PEER, EXIT_USAGE, CliError, _announce_addr, _ip_address, _listen_addr, _load_scenario,
+    _manifest_error_types, _nonneg_int, _Parser, _port, _positive_int, _probability, _seconds, _setup_logging,
 )
 from .service import add_parser as add_service_parser
 from .common import _first_manifest_error
@@ -120,7 +120,7 @@ def cmd_join(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     try:
         _check_own_admission(args, man)
-        check_port_free(args.host, args.port)
+        _check_listen(args)
         if args.metrics_port is not None:
             check_port_free(args.metrics_host, args.metrics_port, "metrics port", "choose another --metrics-port")
         return _run_join(args, stage, lock)
@@ -128,6 +128,25 @@ def cmd_join(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     finally:
         lock.release()
+
+
+def _check_listen(args: argparse.Namespace) -> None:
+    """The listen endpoints and the tensor port are free (a one-line error otherwise); --listen and the older
+    --host / --port are one or the other."""
+    from ..runtime.addresses import AddressError, default_tensor_port, listen_endpoints
+    from ..runtime.startup import check_port_free
+
+    if args.listen and (args.host != "127.0.0.1" or args.port != 0):
+        raise CliError("give --listen, or the older --host / --port, not both (--host H --port P is --listen H:P)")
+    eps = listen_endpoints(args.listen, args.host, args.port)
+    try:
+        tport = default_tensor_port(eps[0].port) if args.tensor_port is None else args.tensor_port
+    except AddressError as e:
+        raise CliError(str(e)) from None
+    for ep in eps:
+        fix = "choose another --listen port" if args.listen else "choose another --port"
+        check_port_free(ep.host, ep.port, fix=fix)
+        check_port_free(ep.host, tport, "tensor channel port", "choose another --tensor-port")
 
 
 def _check_own_admission(args: argparse.Namespace, man) -> None:
@@ -193,7 +212,9 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
         raise CliError(f"--state-dir {args.state_dir}: cannot write its log file ({e.strerror})") from None
     opts = NodeOptions(device=device, run_path=Path(args.run), role=args.role, stage=stage, state_dir=Path(args.state_dir),
                        bootstrap=list(args.bootstrap), name=args.name or "", port=args.port,
-                       listen_host=args.host, capacity=args.capacity, iterations=args.iterations,
+                       listen_host=args.host, listen=list(args.listen), announce=list(args.announce),
+                       tensor_port=args.tensor_port, relay_service=args.relay_service,
+                       capacity=args.capacity, iterations=args.iterations,
                        data_index=args.data_index, data_nodes=args.data_nodes,
                        links=Path(args.links) if args.links else None, policy=args.policy,
                        bootstrap_timeout_s=args.bootstrap_timeout,
@@ -244,7 +265,7 @@ def cmd_local(args: argparse.Namespace) -> int:
         save_manifest(man, run_path)
     except OSError as e:
         raise CliError(f"--workdir {workdir}: cannot write there ({e.strerror})") from None
-    from ..runtime.local import LocalSwarm
+    from ..runtime.local import LocalError, LocalSwarm
 
     try:  # the launcher owns the run: it signs it and admits its nodes (a signed --run needs its owner key)
         swarm = LocalSwarm(workdir, run_path, args.data_nodes, len(man.stages), args.relays_per_stage,
@@ -391,7 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--stage", default=None, help="relays: 'auto' (the default: the leader places it) or a stage number")
     j.add_argument("--state-dir", default="gwtf-state", help="identity key, config.toml, checkpoints, node.log, metrics")
     j.add_argument("--name", default="", help="a readable node name (also its name in --links)")
-    j.add_argument("--host", type=_ip_address, default="127.0.0.1", help="address to listen on")
+    j.add_argument("--host", type=_ip_address, default="127.0.0.1",
+                   help="address to listen on (the older form of --listen HOST:PORT)")
     j.add_argument("--port", type=_port, default=0, help="TCP port to listen on (0: any free port)")
     j.add_argument("--bootstrap-timeout", type=_seconds, default=300.0, metavar="SECONDS",
                    help="stop (exit 3) if no bootstrap peer accepted this node by then; retries with backoff "
@@ -424,6 +446,20 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--insecure-unsigned", action="store_true",
                    help="join a run whose manifest has no owner signature (open for testing: anyone may join it "
                         "in any role)")
+    j.add_argument("--listen", action="append", type=_listen_addr, default=[], metavar="ADDR",
+                   help="libp2p endpoint to listen on, HOST:PORT, [IPv6]:PORT or /ip4|ip6/HOST/tcp/PORT (repeatable; "
+                        "default --host:--port, 127.0.0.1 and any port: this machine only); 0.0.0.0:4001 for "
+                        "a node on the internet")
+    j.add_argument("--announce", action="append", type=_announce_addr, default=[], metavar="ADDR",
+                   help="address peers are told to dial, HOST:PORT or a multiaddr (repeatable; default: the listen "
+                        "addresses, 0.0.0.0 replaced by this machine's addresses): a public IP, or a router's with a "
+                        "forwarded port")
+    j.add_argument("--tensor-port", type=_port, default=None, metavar="PORT",
+                   help="TCP port of the tensor channel, on the listen hosts (default: the libp2p port + 1; any "
+                        "free port when that is 0); peers behind NAT get tensors over libp2p instead")
+    j.add_argument("--relay-service", action="store_true",
+                   help="a public node: relay connections between nodes behind different NAT routers (circuit "
+                        "relay v2; nodes with only private addresses reserve a slot on the peers they dial)")
     j.set_defaults(func=configurable(j, cmd_join))  # last: every flag above is also a config key and GWTF_* variable
     add_config_parser(sub, j)
 

@@ -59,6 +59,24 @@ def _ip_address(text: str) -> str:
         raise argparse.ArgumentTypeError(f"must be an IPv4 or IPv6 address to listen on, got {text!r}") from None
 
 
+def _listen_addr(text: str) -> str:
+    """A `--listen` address as a multiaddr (/ip4/H/tcp/P or /ip6/H/tcp/P), from a multiaddr or HOST:PORT."""
+    from ..runtime.addresses import AddressError, parse_endpoint
+    try:
+        return parse_endpoint(text, "--listen").multiaddr
+    except AddressError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix(f"--listen {text.strip()!r}: ")) from None
+
+
+def _announce_addr(text: str) -> str:
+    """An `--announce` address as a multiaddr: a concrete host and port that peers can dial."""
+    from ..runtime.addresses import AddressError, parse_announce
+    try:
+        return parse_announce(text).multiaddr
+    except AddressError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix(f"--announce {text.strip()!r}: ")) from None
+
+
 def _probability(text: str) -> float:
     try:
         v = float(text)

@@ -40,6 +40,11 @@ payload buffer (`decrypt_into`), so a payload is copied once from the
 kernel and once by the cipher.  A channel is one-way (initiator sends
 frames); each direction of a peer pair opens its own.
 
+Where the tensor address cannot be dialled (the peer is behind NAT: its
+router drops our SYN), `TensorSender.open` raises `ChannelUnreachable` and
+the host sends that peer's payloads over the libp2p connection instead
+(host.py, `PAYLOAD_PROTOCOL_ID`), slower but always there.
+
 Throughput against a raw socket and a Noise+Yamux stream: docs/bench_transport.md
 (scripts/bench_transport.py).  Crypto stays on the event-loop thread: sealing
 a 1 MiB record costs less than a `trio.to_thread` round trip.
@@ -83,6 +88,10 @@ MAX_HEADER_RECORD_BYTES = HEADER_BYTES + MAX_FRAME_BYTES + TAG_BYTES
 
 class ChannelError(Exception):
     """The tensor channel failed: handshake refused, record not authentic, connection lost."""
+
+
+class ChannelUnreachable(ChannelError):
+    """The peer's tensor address cannot be dialled (refused, no route, or no answer: behind NAT)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,10 +293,17 @@ class TensorSender:
         self.broken = False
 
     @classmethod
-    async def open(cls, tensor_addr: str, keys: SessionKeys, peer: str, timeout: float) -> TensorSender:
+    async def open(cls, tensor_addr: str, keys: SessionKeys, peer: str, timeout: float,
+                   connect_timeout: float | None = None) -> TensorSender:
+        """Connect and prove the session; `ChannelUnreachable` if the TCP connection is not made (within
+        `connect_timeout`, default `timeout`): the caller may send over libp2p instead."""
         host, _, port = tensor_addr.rpartition(":")
         with trio.fail_after(timeout):
-            conn = await RawConn.connect(host.strip("[]"), int(port))
+            try:
+                with trio.fail_after(timeout if connect_timeout is None else connect_timeout):
+                    conn = await RawConn.connect(host.strip("[]"), int(port))
+            except (OSError, trio.TooSlowError) as e:
+                raise ChannelUnreachable(f"{tensor_addr}: {e!r}") from e
             sender = cls(conn, keys, peer)
             try:
                 out = memoryview(sender._buf)

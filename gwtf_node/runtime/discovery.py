@@ -23,6 +23,12 @@ finds the swarm and the members of a stage (a provider is dialled only at the
 addresses of its own signed node record: records.py `RunRecords.providers`).  The DHT is discovery only: who
 is alive is decided by our own messages (`liveness.py`).
 
+Addresses (addresses.py): a Hello carries the addresses the receiving peer
+can use (no loopback to a remote peer, never 0.0.0.0); a PeerList carries
+every usable address of every known peer, and the receiver dials each new
+peer once with all of them; a peer whose addresses change (a relay
+reservation, relay.py) is passed on to the others at once.
+
 With a links file (`--links`), the link to a named peer is shaped (latency,
 bandwidth) as soon as its Hello names it.
 """
@@ -35,6 +41,8 @@ from typing import Any, Callable
 import trio
 
 from ..protocol import messages as m
+from ..protocol.bounds import MAX_ITEMS
+from .addresses import usable_by
 from .host import PeerUnreachable
 from .peers import Arrival, PeerInfo, Peers
 from .wire import FrameRefused, Wire, now
@@ -43,6 +51,8 @@ log = logging.getLogger("gwtf.node")
 
 DHT_ROUND_S = 2.0
 DHT_WAIT_S = 10.0
+PEER_LIST_DIALS = 256  # peers dialled for one PeerList (each once, with all its addresses)
+ADDRS_PER_PEER = 16  # addresses of one peer passed on and dialled (IPv4, IPv6, relays: a handful in practice)
 
 
 class Discovery:
@@ -67,30 +77,33 @@ class Discovery:
         self.certificate = certificate  # the owner's admission of this node, shown in every Hello
         self.authorizer = authorizer  # takes the owner's revocation lists (authorize.py)
         self.records = records  # signed DHT records (records.py); None: a test without a DHT
+        host.on_addrs_changed = self.hello_all  # a relay reservation gave us an address: tell everyone
 
-    def hello(self) -> m.Hello:
+    def hello(self, to: str) -> m.Hello:
+        """Our Hello to `to`, with the addresses it can use (host.addrs_for: no loopback to a remote peer)."""
         p = self.peers.place
         return m.Hello(self.run_id, p.role, -2 if p.stage is None else p.stage, self.peers.name, p.capacity,
-                       tuple(self.host.addrs), self.host.tensor_addr, p.joining, p.ready_from, p.leaving,
+                       tuple(self.host.addrs_for(to)), self.host.tensor_addr, p.joining, p.ready_from, p.leaving,
                        p.leave_after, self.applied_steps(), self.incarnation, self.certificate)
 
     def hello_all(self) -> None:
         """Tell every peer this node's place again (its stage or standing changed)."""
         for pid in self.peers.ids_known():
-            self.wire.post(pid, self.hello())
+            self.wire.post(pid, self.hello(pid))
 
-    async def greet(self, addr: str) -> str:
-        """Connect to `addr` and say Hello (not to ourselves); its peer id, or `PeerUnreachable`."""
-        pid = await self.host.connect(addr)
+    async def greet(self, addr: str, *more: str) -> str:
+        """Connect to `addr` (or `more` addresses of the same peer) and say Hello (not to ourselves); its peer id,
+        or `PeerUnreachable`."""
+        pid = await self.host.connect(addr, *more)
         if pid != self.wire.me:
             self.hellos_sent.add(pid)  # before sending: its answer (Hello or Refused) may come at once
-            if not await self.wire.send(pid, self.hello()):
+            if not await self.wire.send(pid, self.hello(pid)):
                 raise PeerUnreachable(f"connected to {addr}, but the Hello could not be sent")
         return pid
 
-    async def dial(self, addr: str) -> None:
+    async def dial(self, addr: str, *more: str) -> None:
         try:
-            await self.greet(addr)
+            await self.greet(addr, *more)
         except Exception as e:  # noqa: BLE001 - any dial failure is logged, discovery retries
             log.warning("could not reach %s: %s", addr, e)
 
@@ -123,7 +136,9 @@ class Discovery:
                             return pid != me and pid not in self.peers and not self.peers.is_gone(pid)
 
                         for pid, addrs in await self.records.providers(run_key, wanted):  # checked (records.py)
-                            self.wire.spawn(self.dial, addrs[0])
+                            addrs = [a if "/p2p/" in a else f"{a}/p2p/{pid}" for a in addrs if usable_by(a, True)]
+                            if addrs:
+                                self.wire.spawn(self.dial, *addrs)
                 except Exception as e:  # noqa: BLE001
                     log.debug("find_providers failed: %s", e)
                 await self._read_revocations(f"{run_key}/revoked")
@@ -156,7 +171,8 @@ class Discovery:
         if msg.role == "relay" and not -2 <= msg.stage < self.peers.n_stages:
             self._refuse(sender, m.RefusalCode.NO_SUCH_STAGE, f"Hello with role {msg.role!r} stage {msg.stage}",
                          f"run {self.run_id!r} has stages 0..{self.peers.n_stages - 1}")
-        info = PeerInfo(sender, msg.role, msg.stage, msg.name, msg.capacity, tuple(msg.addrs), None,
+        addrs = tuple(self.host.usable_addrs(sender, msg.addrs))  # (0.0.0.0 made the address it came from)
+        info = PeerInfo(sender, msg.role, msg.stage, msg.name, msg.capacity, addrs, None,
                         msg.joining, msg.ready_from, msg.leaving, msg.leave_after, msg.steps, msg.incarnation)
         arrival = self.peers.arrival(sender, msg.incarnation)
         if arrival in (Arrival.BACK, Arrival.RESTARTED):
@@ -164,22 +180,36 @@ class Discovery:
                 return
             self.host.note_addrs(sender, msg.addrs)  # (it may listen elsewhere now: redials go there)
         _old, changed = self.peers.upsert(info, now())
+        if _old is not None and not changed and set(_old.addrs) != set(addrs):
+            self._pass_on_addrs(sender, addrs)
         self.on_peer_hello(info)
         reply: list[m.Message] = []
         # a peer forgotten and back, or back joining again before it was found dead: a restart that knows nobody
         restarted = _old is None or changed or (msg.joining and not _old.joining)
         if sender not in self.hellos_sent or restarted:
             self.hellos_sent.add(sender)
-            reply.append(self.hello())
+            reply.append(self.hello(sender))
         if changed:
             shaped = self.links_cfg.get((self.peers.name, msg.name))
             if shaped is not None:
                 self.host.links.set_link(sender, *shaped)  # emulate the link: our sends to this peer
             log.info("peer %s: %s stage %s (%s)", msg.name or sender[:12], msg.role, msg.stage, sender)
-            known = tuple(a for p in self.peers.infos() for a in p.addrs[:1] if p.peer_id != sender)
-            reply.append(m.PeerList(tuple(self.host.addrs[:1]) + known))
+            local = self.host.peer_is_local(sender)  # every usable address of every peer: the sender picks
+            known = tuple(a for p in self.peers.infos() if p.peer_id != sender
+                          for a in p.addrs[:ADDRS_PER_PEER] if usable_by(a, local))
+            reply.append(m.PeerList((tuple(self.host.addrs_for(sender)) + known)[:MAX_ITEMS]))
         if reply:
             self.wire.spawn(self.wire.send_all, sender, reply)
+
+    def _pass_on_addrs(self, sender: str, addrs: tuple[str, ...]) -> None:
+        """`sender` can be reached at new addresses (through a relay it reserved on): tell the other peers, who
+        may not have reached it before (a PeerList of one)."""
+        for pid in self.peers.ids_known():
+            if pid != sender:
+                local = self.host.peer_is_local(pid)
+                usable = tuple(a for a in addrs if usable_by(a, local))
+                if usable:
+                    self.wire.post(pid, m.PeerList(usable))
 
     def _refuse(self, sender: str, code: m.RefusalCode, why: str, fix: str) -> None:
         """Tell the sender why its Hello is refused (it stops if no peer accepted it), then refuse the frame."""
@@ -191,7 +221,11 @@ class Discovery:
         self.hellos_sent.discard(peer)
 
     def on_peer_list(self, sender: str, msg: m.PeerList) -> None:
-        for addr in msg.addrs[:256]:
+        """Dial the peers of the list we do not know yet, each once, with all the addresses the list gives it."""
+        by_peer: dict[str, list[str]] = {}
+        for addr in msg.addrs:  # (at most bounds.MAX_ITEMS: checked on arrival)
             pid = addr.rsplit("/p2p/", 1)[-1]
             if pid and pid != self.wire.me and pid not in self.peers:
-                self.wire.spawn(self.dial, addr)
+                by_peer.setdefault(pid, []).append(addr)
+        for addrs in list(by_peer.values())[:PEER_LIST_DIALS]:
+            self.wire.spawn(self.dial, *addrs[:ADDRS_PER_PEER])

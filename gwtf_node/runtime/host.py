@@ -29,14 +29,17 @@ API with versioned records.  How:
   has a deadline; `connect` lifts the 60 s negative dial cache before
   dialling (a restarted peer can be redialled at once) and re-adds the
   peer's addresses with a long TTL (libp2p keeps them 120 s only).
-* DHT: `KadDHT` in server mode, started after the bootstrap peers are
-  connected (its first routing-table refresh runs at start).  Records live
-  under the namespace "gwtf" and carry an 8-byte big-endian version before
-  the value; the validator's `select` picks the highest version (ties: the
-  larger bytes), so all holders converge.  `dht_get` asks the closest peers
-  as well as the local store (py-libp2p's `get_value` answers from the local
-  copy alone, which goes stale).  The DHT is for discovery; liveness is the
-  protocol's business.
+* Addresses (addresses.py): listen on several endpoints (`listen`), advertise
+  the announced ones or the listen ones with 0.0.0.0/:: expanded; a peer's
+  addresses are taken as usable from here (`note_addrs`), ours given as
+  usable by it (`addrs_for`: loopback only to a peer on this machine).
+* Behind NAT: a tensor channel that cannot be dialled within
+  `DIRECT_DIAL_TIMEOUT_S` (the peer's router drops the SYN) is replaced, for
+  `DIRECT_RETRY_S`, by one libp2p stream per peer (`/gwtf/payload/1.0.0`,
+  the same frames as the control stream) over the connection that exists
+  because the NATed peer dialled out.  `connection_kind` and `payload_path`
+  say which way a peer is reached.
+* DHT (hostdht.py): versioned records, the highest version wins.
 * Link shaping (`links.py`) applies to both kinds of frame: a shaped `send`
   returns when the frame has departed, the write happens after the latency.
 """
@@ -44,10 +47,7 @@ API with versioned records.  How:
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
-import struct
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -61,34 +61,41 @@ from libp2p.exceptions import BaseLibp2pError
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.peer.id import ID
-from libp2p.peer.peerinfo import InvalidAddrError, info_from_p2p_addr
-from libp2p.records.validator import Validator
+from libp2p.peer.peerinfo import InvalidAddrError, PeerInfo, info_from_p2p_addr
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
-from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
-from . import channel
-from .channel import ChannelError, RawConn, SessionKeys, TensorSender
+from . import channel, conninfo
+from .addresses import Endpoint, advertised, default_tensor_port, from_peer, interface_addresses
+from .addresses import is_loopback_host, listen_endpoints, parse_announce, usable_by
+from .channel import ChannelError, ChannelUnreachable, RawConn, SessionKeys, TensorSender
 from .frames import DEFAULT_FRAME_TIMEOUT_S, DEFAULT_MAX_PAYLOAD_BYTES, FrameError, encode_header, read_frame
+from .hostdht import DHT_NAMESPACE, DHT_QUERY_TIMEOUT_S, HostDht, VersionedValidator, pack_record, unpack_record
 from .identity import load_or_create_identity
 from .limits import MAX_CTRL_STREAMS_PER_PEER, MAX_PENDING_SESSIONS_PER_PEER, ConnectionBound
 from .links import LinkShaper
+from .relay import Relaying, is_circuit, looks_natted
 from .startup import PortInUse, StartupError, check_port_free
 
 log = logging.getLogger("gwtf.transport")
 
 CTRL_PROTOCOL_ID = TProtocol("/gwtf/ctrl/1.0.0")
 TENSOR_PROTOCOL_ID = TProtocol(channel.TENSOR_PROTOCOL_ID)
-DHT_NAMESPACE = "gwtf"
+# payload frames over the libp2p connection itself, where the peer's tensor channel cannot be dialled (NAT)
+PAYLOAD_PROTOCOL_ID = TProtocol("/gwtf/payload/1.0.0")
 INBOX_FRAMES = 1024  # frames queued per peer before its readers wait for the handler
 ADDR_TTL_S = 7 * 24 * 3600  # how long connect() keeps a peer's addresses (libp2p default: 120 s)
 DEFAULT_SEND_TIMEOUT_S = 30.0  # a send (dial, handshake, write) must finish within this
 DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0  # tensor-channel handshake, both halves
-DHT_QUERY_TIMEOUT_S = 10.0  # bound on one dht_get / dht_put / find_providers
-_VERSION = struct.Struct(">Q")
+# A tensor-channel dial not connected by then counts as blocked: a home router drops the SYN, so only a
+# timeout tells; a public peer answers within one round trip (well under a second even across the world).
+DIRECT_DIAL_TIMEOUT_S = 5.0
+DIRECT_RETRY_S = 300.0  # after a blocked dial, payloads to that peer go over libp2p this long before a new try
+LIBP2P_CHUNK_BYTES = 1 << 20  # payload bytes per Yamux write on the fallback path
+PRIVATE_DIAL_TIMEOUT_S = 3.0  # a private address of a peer with a relayed one: a LAN answers within this
 
 Handler = Callable[[str, bytes, "memoryview | bytes | bytearray"], Awaitable[None]]
 _PEER_ERRORS = (BaseLibp2pError, OSError, trio.BrokenResourceError, trio.ClosedResourceError,
@@ -99,26 +106,6 @@ class PeerUnreachable(Exception):
     """A send to a peer failed (dial, handshake or write) within its deadline."""
 
 
-class VersionedValidator(Validator):
-    """DHT records `u64 version | value`; the highest version wins."""
-
-    def validate(self, key: str, value: bytes) -> None:
-        if len(value) < _VERSION.size:
-            raise ValueError(f"record for {key} has {len(value)} bytes, less than its 8-byte version")
-
-    def select(self, key: str, values: list[bytes]) -> int:
-        best = max(range(len(values)), key=lambda i: (_VERSION.unpack_from(values[i])[0], values[i]))
-        return best
-
-
-def pack_record(version: int, value: bytes) -> bytes:
-    return _VERSION.pack(version) + value
-
-
-def unpack_record(data: bytes) -> tuple[int, bytes]:
-    return _VERSION.unpack_from(data)[0], data[_VERSION.size:]
-
-
 async def _libp2p_reader(stream: INetStream, n: int) -> bytes:
     try:
         return await stream.read(n)
@@ -126,7 +113,7 @@ async def _libp2p_reader(stream: INetStream, n: int) -> bytes:
         return b""
 
 
-class Host:
+class Host(HostDht, conninfo.HostConnections):
     """A running node host; build it with `open_host`."""
 
     def __init__(
@@ -157,6 +144,10 @@ class Host:
         self._ctrl_locks: dict[str, trio.Lock] = {}
         self._tensor_out: dict[str, TensorSender] = {}
         self._tensor_locks: dict[str, trio.Lock] = {}
+        self._payload_out: dict[str, INetStream] = {}  # the fallback: a libp2p stream per peer
+        self._direct_blocked_until: dict[str, float] = {}  # peer -> trio time to try its tensor channel again
+        self.relaying: Relaying | None = None  # circuit relay v2 (relay.py): a relay service, or a NATed node
+        self.on_addrs_changed: Callable[[], None] = lambda: None  # our advertised addresses changed (a reservation)
         self._pending_sessions: dict[bytes, tuple[str, SessionKeys, float]] = {}
         self._ctrl_in: dict[str, int] = {}  # incoming control streams being read, per peer
         self.stats = {"frames_in": 0, "frames_out": 0, "bytes_out": 0, "bytes_in": 0, "refused": 0}
@@ -165,34 +156,72 @@ class Host:
 
     @property
     def addrs(self) -> list[str]:
-        return [str(a) for a in self.libp2p.get_addrs()]
+        """The advertised addresses (announced, or listen addresses with 0.0.0.0/:: expanded; addresses.py)."""
+        return [str(a) for a in self.libp2p.get_addrs()] + (self.relaying.circuit_addrs if self.relaying else [])
+
+    def addrs_for(self, peer_id: str) -> list[str]:
+        """The advertised addresses `peer_id` can use: loopback ones only for a peer on this machine."""
+        local = self.peer_is_local(peer_id)
+        return [a for a in self.addrs if usable_by(a, local)]
 
     def connected_peers(self) -> list[str]:
         return [p.to_base58() for p in self.libp2p.get_connected_peers()]
 
-    async def connect(self, multiaddr: str) -> str:
-        """Dial a peer by its multiaddr (ending in /p2p/<id>); returns its peer id."""
+    async def connect(self, multiaddr: str, *more: str) -> str:
+        """Dial a peer by its multiaddrs (ending in /p2p/<id>; `more`: other addresses of the same peer), direct
+        ones first, then circuit-relay ones (relay.py); returns its peer id."""
         info = info_from_p2p_addr(Multiaddr(multiaddr))
+        pid, direct, circuits = info.peer_id, [], []
+        for a in (multiaddr, *more):
+            try:
+                one = info_from_p2p_addr(Multiaddr(a))
+            except (ValueError, InvalidAddrError):
+                continue
+            if one.peer_id == pid:
+                circuits.append(a) if is_circuit(a) else direct.extend(x for x in one.addrs if x not in direct)
         swarm = self.libp2p.get_network()
-        swarm.unblock_peer(info.peer_id)  # a restarted peer must not wait out the 60 s negative cache
-        self.libp2p.get_peerstore().add_addrs(info.peer_id, info.addrs, ADDR_TTL_S)
+        swarm.unblock_peer(pid)  # a restarted peer must not wait out the 60 s negative cache
+        self.libp2p.get_peerstore().add_addrs(pid, direct, ADDR_TTL_S)
+        # a peer with a relayed address and only private direct ones is behind another router, most likely:
+        # do not sit through libp2p's retries of an unroutable address before taking the relay
+        limit = PRIVATE_DIAL_TIMEOUT_S if circuits and self.relaying and looks_natted(list(map(str, direct))) \
+            else self.send_timeout
         try:
-            with trio.fail_after(self.send_timeout):
-                await self.libp2p.connect(info)
+            with trio.fail_after(limit):
+                await self.libp2p.connect(PeerInfo(pid, direct))
         except _PEER_ERRORS as e:
-            swarm.unblock_peer(info.peer_id)
-            raise PeerUnreachable(f"cannot connect to {multiaddr}: {e}") from e
-        self.libp2p.get_peerstore().add_addrs(info.peer_id, info.addrs, ADDR_TTL_S)
+            swarm.unblock_peer(pid)
+            if not circuits or self.relaying is None:
+                raise PeerUnreachable(f"cannot connect to {multiaddr}: {e}") from e
+            await self._connect_relayed(pid, circuits, e)
+        self.libp2p.get_peerstore().add_addrs(pid, direct, ADDR_TTL_S)
+        if self.relaying is not None and direct:
+            self.relaying.met(pid.to_base58(), multiaddr, self.addrs)
         if self.dht is not None:
-            await self.dht.add_peer(info.peer_id, skip_server_mode_check=True)
-        return info.peer_id.to_base58()
+            await self.dht.add_peer(pid, skip_server_mode_check=True)
+        return pid.to_base58()
+
+    async def _connect_relayed(self, pid: ID, circuits: list[str], direct_error: BaseException) -> None:
+        last: BaseException = direct_error
+        for c in circuits:
+            try:
+                await self.relaying.dial(c)
+                log.info("reached %s through a relay (%s); direct: %s", pid, c, direct_error)
+                return
+            except Exception as e:  # noqa: BLE001 - the circuit transport raises several types; next circuit
+                last = e
+        raise PeerUnreachable(f"cannot connect to {pid} directly ({direct_error}) or through a relay: {last}")
+
+    def usable_addrs(self, peer_id: str, multiaddrs) -> list[str]:
+        """`peer_id`'s addresses as it told them, made usable from here (addresses.from_peer)."""
+        return from_peer(multiaddrs, self.remote_host(peer_id))
 
     def note_addrs(self, peer_id: str, multiaddrs) -> int:
         """`peer_id`'s own listen addresses (its Hello; each ending in /p2p/<its id>): kept for dialling it again
-        (a restarted peer listens on another port).  Addresses naming another peer are skipped; returns how many
-        were kept."""
+        (a restarted peer listens on another port).  Addresses naming another peer, and addresses it cannot be
+        reached at from here (addresses.from_peer), are skipped; returns how many were kept."""
         kept = 0
-        for a in multiaddrs:
+        for a in self.usable_addrs(peer_id, multiaddrs):
             try:
                 info = info_from_p2p_addr(Multiaddr(a))
             except (ValueError, InvalidAddrError):
@@ -254,6 +283,13 @@ class Host:
     async def _send_tensor(self, peer_id: str, header: bytes, envelope: bytes, payload: memoryview) -> None:
         lock = self._tensor_locks.setdefault(peer_id, trio.Lock())
         async with lock:
+            if self._direct_blocked_until.get(peer_id, -1.0) <= trio.current_time() and self._no_channel(peer_id):
+                self._direct_blocked_until[peer_id] = trio.current_time() + DIRECT_RETRY_S
+                log.info("%s is behind NAT (connected %s from %s): its payloads go over the libp2p connection",
+                         peer_id, self.connection_kind(peer_id), self.remote_host(peer_id))
+            if self._direct_blocked_until.get(peer_id, -1.0) > trio.current_time():
+                await self._send_payload_libp2p(peer_id, header, envelope, payload)
+                return
             last: BaseException | None = None
             for _attempt in range(2):
                 sender = self._tensor_out.get(peer_id)
@@ -263,8 +299,15 @@ class Host:
                             sender = await self._open_channel(peer_id)
                             self._tensor_out[peer_id] = sender
                         await sender.send_frame(header, envelope, payload)
+                    self._direct_blocked_until.pop(peer_id, None)
                     self.stats["frames_out"] += 1
                     self.stats["bytes_out"] += len(payload)
+                    return
+                except ChannelUnreachable as e:  # behind NAT or a firewall: the libp2p connection carries it
+                    log.info("tensor channel of %s cannot be dialled (%s): its payloads go over the libp2p "
+                             "connection for %.0f s", peer_id, e, DIRECT_RETRY_S)
+                    self._direct_blocked_until[peer_id] = trio.current_time() + DIRECT_RETRY_S
+                    await self._send_payload_libp2p(peer_id, header, envelope, payload)
                     return
                 except (*_PEER_ERRORS, FrameError) as e:
                     last = e
@@ -272,6 +315,33 @@ class Host:
                         sender.close()  # a half-written frame poisons the channel: start a new one
                     self._tensor_out.pop(peer_id, None)
             raise PeerUnreachable(f"payload frame to {peer_id} failed: {last!r}") from last
+
+    async def _send_payload_libp2p(self, peer_id: str, header: bytes, envelope: bytes, payload: memoryview) -> None:
+        """One payload frame on the `PAYLOAD_PROTOCOL_ID` stream to `peer_id` (the caller holds its tensor lock)."""
+        last: BaseException | None = None
+        for _attempt in range(2):
+            try:
+                with trio.fail_after(self.send_timeout):
+                    stream = self._payload_out.get(peer_id)
+                    if stream is None:
+                        stream = await self._new_stream(peer_id, PAYLOAD_PROTOCOL_ID)
+                        self._payload_out[peer_id] = stream
+                    await stream.write(header + envelope)
+                    for off in range(0, len(payload), LIBP2P_CHUNK_BYTES):
+                        await stream.write(bytes(payload[off:off + LIBP2P_CHUNK_BYTES]))
+                self.stats["frames_out"] += 1
+                self.stats["bytes_out"] += len(payload)
+                return
+            except _PEER_ERRORS as e:
+                last = e
+                stream = self._payload_out.pop(peer_id, None)  # a half-written frame poisons the stream
+                if stream is not None:
+                    with trio.move_on_after(1):
+                        try:
+                            await stream.reset()
+                        except _PEER_ERRORS:
+                            pass
+        raise PeerUnreachable(f"payload frame to {peer_id} over libp2p failed: {last!r}") from last
 
     async def _new_stream(self, peer_id: str, protocol: TProtocol) -> INetStream:
         pid = ID.from_base58(peer_id)
@@ -291,10 +361,11 @@ class Host:
                 except _PEER_ERRORS:
                     pass
         host, _, port = addr.rpartition(":")
-        if host in ("0.0.0.0", "::", "[::]", ""):  # the peer listens everywhere: use the address we reached
-            remote = stream.get_remote_address()
-            host = remote[0] if remote else "127.0.0.1"
-        return await TensorSender.open(f"{host}:{port}", keys, peer_id, self.handshake_timeout)
+        reached = self.remote_host(peer_id) or "127.0.0.1"  # (py-libp2p gives no remote address for IPv6)
+        if host in ("0.0.0.0", "::", "[::]", "") or (is_loopback_host(host) and not is_loopback_host(reached)):
+            host = reached  # the peer listens everywhere (or names its own loopback): use the address we reached
+        return await TensorSender.open(f"{host}:{port}", keys, peer_id, self.handshake_timeout,
+                                       connect_timeout=min(DIRECT_DIAL_TIMEOUT_S, self.handshake_timeout))
 
     # ---- receiving ------------------------------------------------------------
 
@@ -407,173 +478,92 @@ class Host:
             frame_timeout=self.frame_timeout,
         )
 
-    # ---- DHT ------------------------------------------------------------------
-
-    def _require_dht(self) -> KadDHT:
-        if self.dht is None:
-            raise RuntimeError("this host was opened with dht=False")
-        return self.dht
-
-    @staticmethod
-    def _dht_key(key: str) -> str:
-        return f"/{DHT_NAMESPACE}/{key}"
-
-    async def dht_put(self, key: str, value: bytes, *, version: int | None = None) -> int:
-        """Store `value` under `key` with `version` (default: now in ns, above any known one)."""
-        dht = self._require_dht()
-        if version is None:
-            known = dht.value_store.get(self._dht_key(key).encode())
-            floor = unpack_record(known.value)[0] + 1 if known is not None else 0
-            version = max(time.time_ns(), floor)
-        with trio.fail_after(DHT_QUERY_TIMEOUT_S):
-            await dht.put_value(self._dht_key(key), pack_record(version, value))
-        return version
-
-    async def dht_get_record(self, key: str, *,
-                             accept: Callable[[int, bytes], bool] | None = None) -> tuple[int, bytes] | None:
-        """(version, value) of the highest version held locally or by the closest peers; with `accept`, of the
-        highest among those it accepts (records.py: a forged record of a higher version hides no genuine one)."""
-        dht = self._require_dht()
-        full = self._dht_key(key)
-        kb = full.encode()
-        validator = VersionedValidator()
-        found: list[bytes] = []
-        local = dht.value_store.get(kb)
-        if local is not None:
-            found.append(local.value)
-
-        async def ask(peer: ID) -> None:
-            with trio.move_on_after(DHT_QUERY_TIMEOUT_S / 2):
-                try:
-                    value = await dht.value_store._get_from_peer(peer, kb)
-                except _PEER_ERRORS as e:
-                    log.debug("dht get %s from %s failed: %r", key, peer, e)
-                    return
-                if isinstance(value, bytes):
-                    try:
-                        validator.validate(full, value)
-                    except ValueError as e:
-                        log.warning("dht record %s from %s refused: %s", key, peer, e)
-                        return
-                    found.append(value)
-
-        peers: list[ID] = []
-        with trio.move_on_after(DHT_QUERY_TIMEOUT_S / 2):
-            peers = await dht.peer_routing.find_closest_peers_network(kb)
-        async with trio.open_nursery() as nursery:
-            for peer in set(peers):
-                if peer != self.libp2p.get_id():
-                    nursery.start_soon(ask, peer)
-        if accept is not None:
-            found = [v for v in found if accept(*unpack_record(v))]
-        if not found:
-            return None
-        best = found[validator.select(full, found)]
-        if local is None or best != local.value:
-            dht.value_store.put(kb, best)  # refresh our stale copy
-        return unpack_record(best)
-
-    async def dht_get(self, key: str) -> bytes | None:
-        record = await self.dht_get_record(key)
-        return None if record is None else record[1]
-
-    @staticmethod
-    def _provider_key(key: str) -> str:
-        return hashlib.sha256(f"gwtf-provider:{key}".encode()).hexdigest()
-
-    async def provide(self, key: str) -> bool:
-        with trio.fail_after(DHT_QUERY_TIMEOUT_S):
-            return await self._require_dht().provide(self._provider_key(key))
-
-    async def find_providers(self, key: str) -> list[tuple[str, list[str]]]:
-        """Peers that announced `key` (deduplicated), with their addresses."""
-        with trio.fail_after(DHT_QUERY_TIMEOUT_S):
-            infos = await self._require_dht().find_providers(self._provider_key(key))
-        out: dict[str, list[str]] = {}
-        for info in infos:
-            addrs = out.setdefault(info.peer_id.to_base58(), [])
-            for a in info.addrs:
-                if str(a) not in addrs:
-                    addrs.append(str(a))
-        return list(out.items())
-
-    async def refresh_dht(self) -> None:
-        """Refresh the DHT's routing table now (bounded): after the first bootstrap peer is reached,
-        so that lookups know more than that one peer without waiting for the periodic refresh."""
-        dht = self._require_dht()
-        with trio.move_on_after(DHT_QUERY_TIMEOUT_S):
-            try:
-                await dht.refresh_routing_table()
-            except _PEER_ERRORS as e:
-                log.debug("DHT refresh failed: %r", e)
-
-    async def start_dht(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Run the DHT service until cancelled (open_host does this)."""
-        dht = self._require_dht()
-        async with background_trio_service(dht):
-            task_status.started()
-            await trio.sleep_forever()
-
-
 @asynccontextmanager
 async def open_host(
     state_dir: Path,
     listen_host: str = "127.0.0.1",
     port: int = 0,
     *,
+    listen: list[str] | tuple[str, ...] = (),
+    announce: list[str] | tuple[str, ...] = (),
     links: LinkShaper | None = None,
     max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES,
     bootstrap: list[str] | tuple[str, ...] = (),
     dht: bool = True,
-    tensor_port: int = 0,
+    tensor_port: int | None = 0,
+    relay_service: bool = False,
     send_timeout: float = DEFAULT_SEND_TIMEOUT_S,
     handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
     frame_timeout: float = DEFAULT_FRAME_TIMEOUT_S,
 ) -> AsyncIterator[Host]:
-    """A running Host listening on `listen_host:port` (libp2p) and `listen_host:tensor_port`.
+    """A running Host listening on `listen` (multiaddrs or host:port; default `listen_host:port`) for libp2p
+    and on the same hosts' `tensor_port` for the tensor channel (None: `addresses.default_tensor_port`).
 
+    Its advertised addresses (`Host.addrs`, and what identify tells) are
+    `announce` when given, else the listen addresses with 0.0.0.0 / ::
+    expanded to this machine's interface addresses (addresses.py).
     A port given (not 0) that something already listens on raises
     `PortInUse` before anything starts (startup.py says why py-libp2p's
     SO_REUSEPORT needs this probe); so does a libp2p host that ends up
     listening on no address.  `bootstrap` multiaddrs are dialled once before
     the DHT starts; a failed bootstrap dial is logged, not fatal (the node's
     own retries are bootstrap.py's).  Everything started here stops when the
-    block exits.
+    block exits.  A bad address raises `addresses.AddressError`.
     """
-    check_port_free(listen_host, port)
-    check_port_free(listen_host, tensor_port, "tensor channel port", "choose another tensor port")
+    eps = listen_endpoints(listen, listen_host, port)
+    announced = [parse_announce(a) for a in announce]
+    tport = default_tensor_port(eps[0].port) if tensor_port is None else tensor_port
+    tensor_hosts = list(dict.fromkeys(e.host for e in eps))
+    for e in eps:
+        check_port_free(e.host, e.port)
+    for h in tensor_hosts:
+        check_port_free(h, tport, "tensor channel port", "choose another --tensor-port")
+    interfaces = interface_addresses() if any(e.ip.is_unspecified for e in eps) else []
+
+    def advertise(candidates: list[Multiaddr]) -> list[Multiaddr]:
+        return [Multiaddr(a) for a in advertised([str(c) for c in candidates], announced, interfaces)]
+
     key_pair = load_or_create_identity(Path(state_dir))
     noise_key = create_new_x25519_key_pair()
     lp = new_host(
         key_pair=key_pair,
         sec_opt={TProtocol(NOISE_PROTOCOL_ID): NoiseTransport(key_pair, noise_privkey=noise_key.private_key)},
         muxer_opt={TProtocol(YAMUX_PROTOCOL_ID): Yamux},
+        addrs_factory=advertise,
     )
     links = links if links is not None else LinkShaper()
-    listen = Multiaddr(f"/ip6/{listen_host}/tcp/{port}" if ":" in listen_host else f"/ip4/{listen_host}/tcp/{port}")
-    async with lp.run(listen_addrs=[listen]), trio.open_nursery() as nursery:
-        if not lp.get_addrs():  # py-libp2p logs a failed listen and runs on, listening on nothing
-            if port:
-                raise PortInUse(listen_host, port)  # taken between the probe and libp2p's bind
-            raise StartupError(f"libp2p could not listen on {listen} (see the log above): check --host")
-        try:
-            listeners = await trio.open_tcp_listeners(tensor_port, host=listen_host)
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                raise PortInUse(listen_host, tensor_port, "tensor channel port", "choose another tensor port") from None
-            raise
-        tport = listeners[0].socket.getsockname()[1]
+    async with lp.run(listen_addrs=[Multiaddr(e.multiaddr) for e in eps]), trio.open_nursery() as nursery:
+        if not lp.get_transport_addrs():  # py-libp2p logs a failed listen and runs on, listening on nothing
+            busy = next((e for e in eps if e.port), None)
+            if busy is not None:
+                raise PortInUse(busy.host, busy.port)  # taken between the probe and libp2p's bind
+            raise StartupError(f"libp2p could not listen on {', '.join(e.hostport for e in eps)} (see the log "
+                               "above): check --listen")
+        listeners: list[trio.SocketListener] = []
+        for h in tensor_hosts:
+            try:
+                listeners += await trio.open_tcp_listeners(tport, host=h)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    raise PortInUse(h, tport, "tensor channel port", "choose another --tensor-port") from None
+                raise
+            tport = listeners[0].socket.getsockname()[1]  # (port 0: the others take the first one's number)
+        told = announced[0].host if announced else eps[0].host
         host = Host(
-            lp, nursery, f"[{listen_host}]:{tport}" if ":" in listen_host else f"{listen_host}:{tport}",
+            lp, nursery, Endpoint(told, tport).hostport,
             links=links, max_payload=max_payload, send_timeout=send_timeout,
             handshake_timeout=handshake_timeout, frame_timeout=frame_timeout,
         )
         lp.get_network().register_notifee(ConnectionBound())
         lp.set_stream_handler(CTRL_PROTOCOL_ID, host._on_ctrl_stream)
+        lp.set_stream_handler(PAYLOAD_PROTOCOL_ID, host._on_ctrl_stream)  # frames are frames: the same reader
         lp.set_stream_handler(TENSOR_PROTOCOL_ID, host._on_tensor_handshake)
         await nursery.start(trio.serve_listeners, host._on_tensor_conn, listeners)
         links.attach(nursery)
         try:
+            if relay_service or looks_natted(host.addrs):  # serve as a relay, or reach NATed peers through one
+                host.relaying = Relaying(lp, relay_service, on_addrs_changed=lambda: host.on_addrs_changed())
+                await nursery.start(host.relaying.run)
             if dht:
                 host.dht = KadDHT(lp, DHTMode.SERVER)
                 host.dht.register_validator(DHT_NAMESPACE, VersionedValidator())
@@ -592,4 +582,5 @@ async def open_host(
             nursery.cancel_scope.cancel()
 
 
-__all__ = ["CTRL_PROTOCOL_ID", "Host", "PeerUnreachable", "TENSOR_PROTOCOL_ID", "open_host"]
+__all__ = ["CTRL_PROTOCOL_ID", "DHT_NAMESPACE", "DHT_QUERY_TIMEOUT_S", "Host", "PAYLOAD_PROTOCOL_ID", "PeerUnreachable",
+           "TENSOR_PROTOCOL_ID", "VersionedValidator", "open_host", "pack_record", "unpack_record"]

@@ -75,6 +75,8 @@ class LocalSwarm:
     expected_dead: set[str] = field(default_factory=set)  # killed on purpose: their exit is not an error
     drop_first_phase: bool = False  # every node loses the first copy of each phase signal (GWTF_DROP_FIRST_PHASE)
     extra_args: dict[str, list[str]] = field(default_factory=dict)  # node name -> more `join` flags
+    # node name -> command prefix, e.g. `ip netns exec NS` to start it in a network namespace (testing/netlab.py)
+    wrap: dict[str, list[str]] = field(default_factory=dict)
     kills: list[dict] = field(default_factory=list)
     on_phase: Callable[[str], None] | None = None  # told what the launcher waits for while the swarm starts
     _phase: str = field(init=False, default="")
@@ -136,7 +138,8 @@ class LocalSwarm:
         sd.mkdir(parents=True, exist_ok=True)
         (sd / "addr").unlink(missing_ok=True)
         self.admit(sd, "data" if name.startswith("d") else "relay")
-        cmd = [sys.executable, "-m", "gwtf_node.cli", "join", "--run", str(self.run_path), "--state-dir", str(sd),
+        cmd = [*self.wrap.get(name, ()), sys.executable, "-m", "gwtf_node.cli", "join", "--run", str(self.run_path),
+               "--state-dir", str(sd),
                "--name", name, "--log-level", self.log_level]
         if name.startswith("d"):
             cmd += ["--role", "data", "--data-index", name[1:], "--data-nodes", str(self.data_nodes),

@@ -102,6 +102,7 @@ from .peers import AddressBook, Arrival, PeerInfo, Peers, Place, readmission_ref
 from .sdnotify import node_ready, node_status, serve_from_env
 from .records import RunRecords, SignedRecordValidator
 from .stage import LocalStage
+from .addresses import listen_endpoints
 from .startup import NodeExit, check_port_free
 from .statedir import StateDirLock, lock_state_dir
 from .status import Status
@@ -129,6 +130,10 @@ class NodeOptions:
     name: str = ""
     port: int = 0
     listen_host: str = "127.0.0.1"
+    listen: list[str] = field(default_factory=list)  # libp2p endpoints (multiaddr or host:port; none: listen_host:port)
+    announce: list[str] = field(default_factory=list)  # the addresses told to peers (none: the listen ones)
+    tensor_port: int | None = None  # the tensor channel's port (None: the libp2p port + 1; addresses.py)
+    relay_service: bool = False  # serve as a circuit relay for nodes behind NAT (relay.py)
     capacity: int = 0  # 0: a data node's microbatches per iteration; a relay the same unless placed (measured)
     iterations: int = 0  # data nodes: stop after this many (0: run forever)
     data_index: int = 0
@@ -454,7 +459,9 @@ class Node:
             await trio.to_thread.run_sync(self.stage.build, self.opts.stage)
         if self.opts.role == "data":
             self.resumed = await trio.to_thread.run_sync(data_resume.load_checkpoint, self.stage, self.opts.state_dir)
-        async with open_host(self.opts.state_dir, self.opts.listen_host, self.opts.port) as host:
+        async with open_host(self.opts.state_dir, self.opts.listen_host, self.opts.port, listen=self.opts.listen,
+                             announce=self.opts.announce, tensor_port=self.opts.tensor_port,
+                             relay_service=self.opts.relay_service) as host:
             async with trio.open_nursery() as nursery:
                 if host.dht is not None:  # holders keep only records their writers may write (records.py)
                     host.dht.register_validator(DHT_NAMESPACE, SignedRecordValidator(
@@ -542,7 +549,8 @@ async def run_node(opts: NodeOptions, state_lock: StateDirLock | None = None) ->
     `PortInUse` (startup.py).
     """
     with state_lock if state_lock is not None else lock_state_dir(opts.state_dir):
-        check_port_free(opts.listen_host, opts.port)  # before the model is built: fail fast (open_host checks again)
+        for ep in listen_endpoints(opts.listen, opts.listen_host, opts.port):  # before the model is built: fail fast
+            check_port_free(ep.host, ep.port)  # (open_host checks again)
         return await _run_locked(opts)
 
 

@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 import trio
 
-from . import control
+from . import conninfo, control
 from .aggregation import Aggregation
 from .bootstrap import Bootstrap, BootstrapState
 from .events import EventFeed, EventLog, PeerSeen, short_id
@@ -104,6 +104,7 @@ class Status:
         place, mb, agg = self.peers.place, self.microbatches, self.aggregation
         cur = mb.current
         waiting = self.liveness.waiting_for_data_since
+        conns = connection_kinds(self.host)
         return {
             "peer_id": self.wire.me, "name": self.peers.name, "role": place.role, "stage": place.stage,
             "run_id": self.run_id, "addrs": self.host.addrs, "refused_frames": self.wire.refused,
@@ -111,8 +112,8 @@ class Status:
             "leader": self.leadership.leader(), "term": self.leadership.term(),
             "steps_applied": self.stage.applied_steps, "joining": place.joining, "leaving": place.leaving,
             "state": self.state().value,
-            "peers": {p.peer_id: {"name": p.name, "role": p.role, "stage": p.stage, "rtt_ms": p.rtt_ms}
-                      for p in self.peers.infos()},
+            "peers": {p.peer_id: {"name": p.name, "role": p.role, "stage": p.stage, "rtt_ms": p.rtt_ms,
+                                  "connection": conns.get(p.peer_id, "none")} for p in self.peers.infos()},
             "flows": self.flows.out(),
             "link_costs": self.flows.link_costs_used,
             "iteration": cur.iteration if cur else agg.last_iteration,
@@ -403,16 +404,16 @@ def name_of(peers: Peers, peer: str) -> str:
 
 
 def connection_kinds(host: Any) -> dict[str, str]:
-    """How this host reaches each connected peer: "relayed" (through a circuit relay) or "direct"."""
+    """How this host reaches each connected peer (conninfo.py): "direct" (we dialled it), "inbound" (it dialled
+    us: a peer behind NAT), "relayed" (through a circuit relay); "+libp2p" when its payloads go over that
+    connection because its tensor channel cannot be dialled."""
     libp2p = getattr(host, "libp2p", None)
     if libp2p is None:
         return {}
     out = {}
-    for pid, conns in libp2p.get_network().get_connections_map().items():
-        kinds = set()
-        for c in conns:
-            addrs = [str(a) for a in c.get_transport_addresses()]
-            kinds.add("relayed" if any("/p2p-circuit" in a for a in addrs) else "direct")
-        if kinds:
-            out[pid.to_base58()] = "direct" if "direct" in kinds else "relayed"
+    for pid in libp2p.get_network().get_connections_map():
+        peer = pid.to_base58()
+        kind = conninfo.connection_kind(libp2p, peer)
+        if kind is not None:
+            out[peer] = kind + ("+libp2p" if host.payload_path(peer) == "libp2p" else "")
     return out

@@ -1,0 +1,67 @@
+"""The invariant across NAT routers: a swarm whose relays sit behind two home routers trains as one process.
+
+Lab (gwtf_node/testing/netlab.py): the data node d0 (the bootstrap, and a
+circuit relay: `--relay-service`) on the internet; the stage-0 relay behind
+one home router, the stage-1 relay behind another, both routers dropping
+unsolicited inbound.  Every node listens on 0.0.0.0 (the daemon advertises
+its interface address).  The home relays dial d0; d0 reaches them over
+those connections; they reserve a slot on d0 and reach each other through
+it (relay.py), their activations and gradients over libp2p instead of the
+tensor channel.  Every iteration's loss equals the centralized reference
+within 1e-4 relative, as on loopback (tests/test_swarm.py), and the status
+says how each neighbour is reached.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import labutil
+import pytest
+
+from gwtf_node.model.manifest import default_manifest, save_manifest
+from gwtf_node.model.reference import train_centralized
+from gwtf_node.runtime.local import LocalSwarm
+
+pytestmark = [pytest.mark.netlab, pytest.mark.multiprocess, pytest.mark.slow]
+lab = labutil.lab  # the fixture
+
+ITERATIONS = 3
+
+
+def test_swarm_behind_a_nat_router_equals_centralized(lab, tmp_path: Path) -> None:
+    man = default_manifest(family="llama", stages=2, seq_len=32, microbatch_size=2, microbatches_per_iteration=4)
+    run = tmp_path / "run.json"
+    save_manifest(man, run)
+    d0, a, b = lab.public("d0"), lab.home("a"), lab.home("b")
+    where = {"d0": d0, "r0_0": a.hosts[0], "r1_0": b.hosts[0]}
+    swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=1, iterations=ITERATIONS,
+                       wrap={name: ["ip", "netns", "exec", node.ns] for name, node in where.items()},
+                       extra_args={name: ["--listen", "0.0.0.0:4001", *(["--relay-service"] if name == "d0" else [])]
+                                   for name in where})
+    swarm.startup_timeout_s = 90
+    swarm.iteration_timeout_s = 90
+    records, kinds = [], {}
+    try:
+        swarm.start()
+        assert (tmp_path / "d0" / "addr").read_text().split()[0].startswith(f"/ip4/{d0.ip}/tcp/4001/p2p/")
+        for rec in swarm.iterations_done():
+            records.append(rec)
+        for name in swarm.names():  # while the swarm still runs: how each node reaches its peers
+            st = json.loads((tmp_path / name / "status.json").read_text())
+            kinds[name] = {p["name"]: p["connection"] for p in st["peers"].values()}
+    finally:
+        swarm.stop()
+    print("connections:", json.dumps(kinds, sort_keys=True))
+    print("records:", json.dumps(records))
+    ref = train_centralized(man, ITERATIONS, data_nodes=1)
+    assert [r["iteration"] for r in records] == list(range(ITERATIONS))
+    for rec, loss in zip(records, ref.losses):
+        assert rec["microbatches"] == 4
+        assert rec["loss"] == pytest.approx(loss, rel=1e-4), (rec, loss)
+    # d0 reaches the home relays only over the connections they opened, and sends them tensors there;
+    # the two homes reach each other through d0's relay
+    assert kinds["d0"] == {"r0_0": "inbound+libp2p", "r1_0": "inbound+libp2p"}, kinds
+    assert kinds["r0_0"] == {"d0": "direct", "r1_0": "relayed+libp2p"}, kinds
+    assert kinds["r1_0"] == {"d0": "direct", "r0_0": "relayed+libp2p"}, kinds
