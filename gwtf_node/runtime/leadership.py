@@ -67,7 +67,7 @@ class Leadership:
         self.known_leader: str | None = None  # a relay: the leader found in the DHT or heard in its queries
         self.known_term: int | None = None  # a relay: that leader's term (its UtilizationQuery says it)
         self.known_at: float | None = None  # a relay: when it last heard who leads (now())
-        self._persisted: tuple[int, str | None] = (0, None)
+        self._persisted: dict = {}
         self._was_leader = False
         self.led_term = 0  # the last term this node led: its BEGINs carry it (aggregation.py), resends too
         self.certificate = certificate  # this data node's admission: the leader record carries it (records.py)
@@ -99,16 +99,18 @@ class Leadership:
     # ------------------------------------------------------------------ the election
     def start(self) -> None:
         """A data node that knows every data node starts its election machine."""
-        term, voted = 0, None
+        me = self.wire.me
+        self._start_machine(LeaderConfig(me, tuple(self.peers.data_nodes())))
+
+    def _start_machine(self, cfg: LeaderConfig) -> None:
+        """The election machine of `cfg`, restored from `leader.json` (its term, vote and voter set) if saved."""
+        rng = random.Random(f"{cfg.node_id}:leader")
+        self.election = LeaderMachine(cfg, rng)
         if self.state_path.exists():
             try:
-                saved = json.loads(self.state_path.read_text())
-                term, voted = int(saved["term"]), saved.get("voted_for")
-            except (OSError, ValueError, KeyError, TypeError):
+                self.election = LeaderMachine.restore(cfg, rng, json.loads(self.state_path.read_text()))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 log.warning("ignoring unreadable %s", self.state_path)
-        me = self.wire.me
-        cfg = LeaderConfig(me, tuple(self.peers.data_nodes()))
-        self.election = LeaderMachine(cfg, random.Random(f"{me}:leader"), term=term, voted_for=voted)
         self._persisted = self.election.persistent_state()
         self._was_leader = False
         self._apply(self.election.start(now()))
@@ -118,7 +120,7 @@ class Leadership:
         state = self.election.persistent_state()
         if state != self._persisted:
             tmp = self.state_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"term": state[0], "voted_for": state[1]}))
+            tmp.write_text(json.dumps(state))
             os.replace(tmp, self.state_path)
             self._persisted = state
         self.effects(Owner.LEADER, effects)
