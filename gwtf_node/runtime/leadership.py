@@ -81,6 +81,7 @@ class Leadership:
         self.led_term = 0  # the last term this node led: its BEGINs carry it (aggregation.py), resends too
         self.certificate = certificate  # this data node's admission: the leader record carries it (records.py)
         self.records = records  # signed DHT records (records.py)
+        self.admitted: dict[str, str] = {}  # peer -> the role its Hello was admitted as (kept when it is gone)
         self.lease_floor_s = lease_s  # --lease: the shortest lease (measured round trips may lengthen it)
 
     # ------------------------------------------------------------------ reading
@@ -228,18 +229,19 @@ class Leadership:
         self._apply(self.election.on_message(now(), peer, msg))
 
     def _admitted_data(self, peer: str) -> bool:
-        """A peer this node knows as an admitted data node (its Hello passed authorize.py), or itself."""
+        """A peer this node knows as an admitted data node (its Hello passed authorize.py, also if it is gone
+        since), or itself."""
         if peer == self.wire.me:
             return True
         info = self.peers.get(peer)
-        return info is not None and info.role == "data"
+        return (info.role if info is not None else self.admitted.get(peer)) == "data"
 
     def _admitted_relay(self, peer: str) -> bool:
         """A peer this node knows as an admitted relay, or itself (a witness)."""
         if peer == self.wire.me:
             return self.peers.role == "relay"
         info = self.peers.get(peer)
-        return info is not None and info.role == "relay"
+        return (info.role if info is not None else self.admitted.get(peer)) == "relay"
 
     def on_placement_msg(self, peer: str, msg: Any) -> None:
         if self.placement is not None and self.is_leader():
@@ -254,6 +256,7 @@ class Leadership:
             self.effects(Owner.PLACEMENT, self.placement.on_timer(now(), key))
 
     def on_peer_hello(self, info: PeerInfo) -> None:
+        self.admitted[info.peer_id] = info.role  # a voter that is gone now is still listed until removed
         if self.election is not None:
             if info.role == "data":
                 self.election.add_data_node(info.peer_id, now())
