@@ -372,3 +372,32 @@ def test_random_schedules_keep_one_leader_and_recover(seed: int, shape: tuple, p
         net.restart(nid)
     net.run(t + 40.0)
     assert net.acting() is not None, f"seed {seed}, {shape}, plan {plan}: no leader 40 s after healing"
+
+
+def test_a_change_waits_until_a_quorum_acknowledged_the_set_in_the_leaders_term() -> None:
+    """Raft's fix of single-server changes: a new leader first commits its own term's set (the no-op), and
+    each change waits for the previous one."""
+    m = LeaderMachine(LeaderConfig("d0", ("d0", "d1", "d2")), random.Random(0))
+    m.start(0.0)
+    m.add_data_node("d3")
+    m.on_timer(3.0, "leader.election")  # pre-vote
+    m.on_message(3.01, "d1", Vote(1, True, True, 3.0))
+    m.on_message(3.02, "d1", Vote(1, False, True, 3.01))
+    assert m.is_leader(3.02) and m.cur.stamp == (1, 0)
+
+    def beat(t: float) -> LeaderHeartbeat:
+        (hb,) = {e.msg for e in m.on_timer(t, "leader.heartbeat") if type(e) is Send}
+        return hb
+
+    assert beat(3.5).cfg_version == 0  # only the leader itself holds (1, 0): no change yet
+    m.on_message(3.6, "d1", HeartbeatAck(1, 3.02, True))  # d1 acknowledges the term's first heartbeat
+    hb = beat(4.0)
+    assert hb.cfg_version == 1 and set(hb.data_nodes) == {"d0", "d1", "d2", "d3"}
+    m.add_relay("r0")
+    m.voter_left("d2")
+    assert beat(4.5).cfg_version == 1  # version 1 not acknowledged by a quorum of its 4 voters yet
+    m.on_message(4.6, "d1", HeartbeatAck(1, 4.0, True))
+    assert beat(5.0).cfg_version == 1  # 2 of 4
+    m.on_message(5.1, "d3", HeartbeatAck(1, 4.0, True))
+    hb = beat(5.5)
+    assert hb.cfg_version == 2 and set(hb.data_nodes) == {"d0", "d1", "d3"} and hb.witnesses == ()
