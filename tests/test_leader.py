@@ -329,7 +329,10 @@ def test_a_promise_blocks_votes_for_others_until_it_ends() -> None:
     (reply,) = [e for e in m.on_message(4.0, "c", RequestVote(term=2, pre=False, sent_at=4.0)) if type(e) is Send]
     assert reply.msg == Vote(term=1, pre=False, granted=False, sent_at=4.0)
     assert m.term == 1  # not adopted while the promise holds
+    # a candidate whose voter set is older than the one b took from a's heartbeat (term 1) is refused
     (reply,) = [e for e in m.on_message(5.0, "c", RequestVote(term=2, pre=False, sent_at=5.0)) if type(e) is Send]
+    assert reply.msg == Vote(term=1, pre=False, granted=False, sent_at=5.0)
+    (reply,) = [e for e in m.on_message(5.0, "c", RequestVote(2, False, 5.0, cfg_term=1)) if type(e) is Send]
     assert reply.msg == Vote(term=2, pre=False, granted=True, sent_at=5.0)
     # a stale heartbeat is refused, with the current term
     (reply,) = [e for e in m.on_message(5.1, "a", LeaderHeartbeat(1, 5.1, ("a", "b", "c"))) if type(e) is Send]

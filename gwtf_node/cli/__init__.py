@@ -16,7 +16,7 @@ import sys
 from typing import TYPE_CHECKING, Sequence
 
 from .common import (
-    EXIT_NO_PEER, EXIT_USAGE, CliError, _announce_addr, _ip_address, _listen_addr, _load_scenario,
+    EXIT_NO_PEER, EXIT_USAGE, CliError, _announce_addr, _ip_address, _lease_seconds, _listen_addr, _load_scenario,
     _manifest_error_types, _nonneg_int, _Parser, _port, _positive_int, _probability, _seconds, _setup_logging,
 )
 from .service import add_parser as add_service_parser
@@ -222,7 +222,7 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
                        metrics_port=args.metrics_port, metrics_host=args.metrics_host,
                        certificate=Path(args.certificate) if args.certificate else None,
                        insecure_unsigned=args.insecure_unsigned,
-                       revocations=Path(args.revocations) if args.revocations else None)
+                       revocations=Path(args.revocations) if args.revocations else None, lease_s=args.lease)
     try:
         stopped = trio.run(run_node, opts, lock)
     except BaseException as e:  # trio wraps what a nursery's body raises in exception groups: look inside
@@ -443,6 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the run owner's admission of this node (default: certificate.json in the state directory)")
     j.add_argument("--revocations", default=None, metavar="FILE",
                    help="the run owner's signed revocation list (nodes also read it from the DHT)")
+    j.add_argument("--lease", type=_lease_seconds, default=2.0, metavar="S",
+                   help="shortest leader lease in seconds (default 2; the lease grows to 8 round trips to the "
+                        "voters when they are slower; heartbeats every lease/4)")
     j.add_argument("--insecure-unsigned", action="store_true",
                    help="join a run whose manifest has no owner signature (open for testing: anyone may join it "
                         "in any role)")

@@ -107,6 +107,13 @@ def _seconds(text: str) -> float:
     return v
 
 
+def _lease_seconds(text: str) -> float:
+    v = _seconds(text)
+    if not 0.2 <= v <= 30.0:
+        raise argparse.ArgumentTypeError(f"must be between 0.2 and 30 seconds, got {text!r}")
+    return v
+
+
 def _load_scenario(path: str, activation_mb: float | None):
     from ..protocol.scenario import ScenarioError, parse_scenario
 

@@ -631,14 +631,20 @@ class TensorHeader(_message.Message):
     def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., nbytes: _Optional[int] = ..., sparse_kept: _Optional[int] = ...) -> None: ...
 
 class RequestVote(_message.Message):
-    __slots__ = ("term", "pre", "sent_at")
+    __slots__ = ("term", "pre", "sent_at", "cfg_term", "cfg_version", "lease_s")
     TERM_FIELD_NUMBER: _ClassVar[int]
     PRE_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    CFG_TERM_FIELD_NUMBER: _ClassVar[int]
+    CFG_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
     term: int
     pre: bool
     sent_at: float
-    def __init__(self, term: _Optional[int] = ..., pre: bool = ..., sent_at: _Optional[float] = ...) -> None: ...
+    cfg_term: int
+    cfg_version: int
+    lease_s: float
+    def __init__(self, term: _Optional[int] = ..., pre: bool = ..., sent_at: _Optional[float] = ..., cfg_term: _Optional[int] = ..., cfg_version: _Optional[int] = ..., lease_s: _Optional[float] = ...) -> None: ...
 
 class Vote(_message.Message):
     __slots__ = ("term", "pre", "granted", "sent_at")
@@ -653,14 +659,20 @@ class Vote(_message.Message):
     def __init__(self, term: _Optional[int] = ..., pre: bool = ..., granted: bool = ..., sent_at: _Optional[float] = ...) -> None: ...
 
 class LeaderHeartbeat(_message.Message):
-    __slots__ = ("term", "sent_at", "data_nodes")
+    __slots__ = ("term", "sent_at", "data_nodes", "witnesses", "cfg_version", "lease_s")
     TERM_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
     DATA_NODES_FIELD_NUMBER: _ClassVar[int]
+    WITNESSES_FIELD_NUMBER: _ClassVar[int]
+    CFG_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
     term: int
     sent_at: float
     data_nodes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, term: _Optional[int] = ..., sent_at: _Optional[float] = ..., data_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+    witnesses: _containers.RepeatedScalarFieldContainer[str]
+    cfg_version: int
+    lease_s: float
+    def __init__(self, term: _Optional[int] = ..., sent_at: _Optional[float] = ..., data_nodes: _Optional[_Iterable[str]] = ..., witnesses: _Optional[_Iterable[str]] = ..., cfg_version: _Optional[int] = ..., lease_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatAck(_message.Message):
     __slots__ = ("term", "sent_at", "ok")

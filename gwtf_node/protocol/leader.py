@@ -1,4 +1,4 @@
-"""Leader election among the data nodes: terms, pre-votes and leases.
+"""Leader election among the data nodes: terms, pre-votes, leases, witnesses and voter-set changes.
 
 GWTF needs one data node to act as *leader*: it starts the aggregation phase
 (BEGIN AGGREGATION, section V-E) and places joining nodes (section V-B).  The
@@ -10,9 +10,9 @@ only the election and the lease matter.
 
 Theory of operation
 -------------------
-*Voters* are the data nodes plus optional *witnesses* (nodes that vote but
-never run, see "Two data nodes" below).  A quorum is a strict majority of the
-voters a node knows: ``len(voters) // 2 + 1``.
+*Voters* are the data nodes plus *witnesses* (relays that vote but never
+run, see "Two data nodes" below).  A quorum is a strict majority of the
+voter set a node holds: ``len(voters) // 2 + 1``.
 
 Every grant is a *promise*.  A voter that votes for C, or acknowledges a
 heartbeat of leader L, promises not to vote (nor pre-vote) for anybody else
@@ -64,37 +64,85 @@ probability at most (voters - 1) * 4 delta / (et_max - et_min) per round
 RNG).  The old leader stops acting by t0 + lease' on its own clock, before
 anyone else can be elected.
 
-Two data nodes.  The quorum of 2 voters is 2.  If either crashes, or the two
-are partitioned, nobody can renew a lease: there is no acting leader until
-they can talk again (safe, not live).  Any rule that lets one side of a
-2-node partition act alone (lowest id wins, the last leader keeps it) either
-yields two leaders when the partition is symmetric or no leader when the
-favoured node is the one that crashed; a third vote is the only way out.
-Hence ``witnesses``: give 2 data nodes one witness (any long-lived node, for
-example a relay the run owner runs) and the quorum is 2 of 3, tolerating one
-failure.  One data node is its own quorum and is always the leader.
+Two data nodes: witnesses.  With two voters the quorum is 2: if either
+crashes, or the two are partitioned, nobody can renew a lease.  Any rule that
+lets one side of a 2-node partition act alone (lowest id wins, the last
+leader keeps it) yields two leaders when the partition is symmetric or none
+when the favoured node is the one that crashed; a third vote is the only way
+out.  Hence *witnesses*: relays that vote and acknowledge heartbeats like any
+voter but never stand (``LeaderConfig.witness``: no election timer; a voter
+grants only to a data node of its set).  A witness persists the same state
+as a data node, so a restarted witness never votes twice in a term.  The
+leader chooses them (``voters.next_change``): while the set has exactly two
+data nodes, the admitted relay with the lowest peer id that is not gone
+joins as the one witness (2 of 3 tolerates one failure).  One data node has
+none (it is the only node that may lead: a witness would add a failure and
+no availability); three or more have none.
 
-Membership of the voter set.  ``add_data_node`` adds one voter; heartbeats
-carry the leader's list and followers merge it (the daemon first drops from
-it every id it does not know as an admitted data node: runtime/authorize.py
-``admitted_voters``).  Adding one voter at a time
-is safe (any majority of n and any majority of n + 1 voters intersect, Raft
-section 4.3) as long as a second addition waits until every voter knows the
-first.  A voter that restarts (the same id) is the same voter: it
-is never removed, so taking it back needs no change of the voter set; see
-"Restarts" for its promises.  A data node that starts later must be given the current list (from
-the run's DHT records), never only itself: a node whose list is just itself
-is a quorum of one.  Voters are never removed (that needs joint consensus):
-a run that loses a majority of its voters for good has no leader.
+Voter set.  The set (data nodes and witnesses) is Raft's configuration with
+single-server changes (Ongaro's thesis section 4.3), here without a log: the
+set itself plays the log.  Every node holds one ``VoterSet`` stamped
+``(term, version)``: the term of the leader it came from and its version in
+that term.  Rules:
+
+1. Only the acting leader changes the set, by one voter at a time, and only
+   once the current set is *committed*: a quorum of it acknowledged a
+   heartbeat carrying it in the leader's own term (``committed``).  On
+   winning, the leader restamps its set with its term (Raft's no-op entry),
+   so its first change waits for a quorum of its term's acknowledgements.
+2. Heartbeats carry the set; a follower adopts it when its stamp is newer
+   than its own (an older heartbeat of the same term arriving late changes
+   nothing), and persists it before acknowledging.
+3. Every node counts quorums in the newest set it holds; a voter grants a
+   vote or a pre-vote only to a candidate whose stamp (sent in RequestVote)
+   is not older than its own (Raft's up-to-date check).
+
+Why one leader at a time still holds: two sets that differ by one voter have
+intersecting majorities, so the lease argument above goes through whenever
+the leader's set and a candidate's are equal or adjacent.  They always are:
+a leader proposes version v + 1 only after v is committed in its term, so a
+quorum of v holds a stamp of that term; a candidate still holding an older
+set (v - 1, or one from an earlier term) needs a quorum of it, which meets
+that committed quorum (adjacent sets), and there a voter with the newer
+stamp refuses it (rule 3).  A set made by a leader of an earlier term that
+never got committed is overwritten by the next leader's (rule 2), and the
+no-op of rule 1 is exactly Raft's fix of the single-server change bug: a new
+leader cannot start a change that conflicts with an uncommitted one of a
+previous term, since it first commits its own term in the old set.  The
+leader's lease is counted over its current set; promises given under the
+previous set still count (a promise is a promise) and the two are adjacent.
+
+Removal.  A voter that said Goodbye (``voter_left``) or whose acks the
+leader has not heard for ``voter_gone_s`` (``voters.VOTER_GONE_S``, 30 s:
+longer than a daemon restart, many election timeouts) is removed, one at a
+time as above; the leader never removes itself.  Additions come before
+removals for data nodes (``add_data_node``: an admitted data node is known),
+and a gone voter is removed before a witness is trimmed, so a set still
+counting a dead data node keeps its witness.  A data node outside the set
+still receives the heartbeats: its acks mark it heard, and it is added back
+(a restarted data node with the same id rejoins this way); a voter removed
+as gone is not re-added until it is heard again.  A data node that starts
+later needs no list: it starts from the initial set, whose stamp (0, 0) no
+voter of a running set grants to, and the leader adds it.
+
+Leases from round trips.  A request carries the lease it asks for
+(``lease_s``); a voter promises ``max(asked, cfg.lease_s)`` and refuses a
+request asking more than ``cfg.max_lease_s``; it persists the longest promise
+it gave, and ``start`` honours it after a restart.  The leader counts each
+grant with the lease that request asked (unknown: the floor), so it may
+change its lease at any time (``set_lease``, sized by
+``voters.lease_for_rtts`` from measured round trips, never below
+``cfg.lease_s``); heartbeats and election timeouts scale with it.
 
 Refusals.  A refused Vote carries only ``granted = False`` and the voter's
 term: a reason enum would need an entry in codec._ENUMS, which this change
 does not touch.
 
 Restarts.  A restarted node must not forget a promise: ``start`` refuses all
-votes for ``lease_s``, and a node that persisted ``persistent_state()``
-(term, voted_for) before sending each vote restores it through the
-constructor; one that did not must use a fresh identity.
+votes for the longest lease it ever promised, and a node that persisted
+``persistent_state()`` (term, vote, voter set) before sending each Vote or
+HeartbeatAck restores it with ``restore``; one that did not must use a fresh
+identity.
 """
 
 from __future__ import annotations
@@ -105,6 +153,7 @@ from dataclasses import dataclass
 
 from .effects import CancelTimer, Effect, Send, SetTimer
 from .messages import HeartbeatAck, LeaderHeartbeat, RequestVote, Vote
+from .voters import VOTER_GONE_S, VoterSet, next_change
 
 ELECTION_TIMER = "leader.election"
 HEARTBEAT_TIMER = "leader.heartbeat"
@@ -121,12 +170,15 @@ class Role(enum.Enum):
 @dataclass(frozen=True)
 class LeaderConfig:
     node_id: str
-    data_nodes: tuple[str, ...]
-    witnesses: tuple[str, ...] = ()  # vote but never run (see "Two data nodes")
-    lease_s: float = 2.0
+    data_nodes: tuple[str, ...]  # the initial voter set's data nodes (every data node starts from the same)
+    witnesses: tuple[str, ...] = ()  # the initial set's witnesses (vote but never run, see "Witnesses")
+    lease_s: float = 2.0  # the floor of every lease; a promise lasts at least this long
     election_timeout_s: tuple[float, float] = (2.5, 4.0)
-    heartbeat_s: float = 0.5
+    heartbeat_s: float = 0.5  # at a lease of lease_s; a longer lease spaces heartbeats in proportion
     max_clock_drift: float = 0.001  # bound on |clock rate - 1| between any two nodes
+    max_lease_s: float = 30.0  # the longest lease a voter promises (a request asking more is refused)
+    witness: bool = False  # this node only votes: it never stands, even if listed as a data node
+    voter_gone_s: float = VOTER_GONE_S  # the leader removes a voter not heard from for this long
 
     def __post_init__(self) -> None:
         lo, hi = self.election_timeout_s
@@ -142,25 +194,27 @@ class LeaderConfig:
                 f"election_timeout_s is {self.election_timeout_s} with lease_s {self.lease_s}: "
                 "need lease_s <= low <= high so that a follower's promise has ended when it runs"
             )
+        if not self.lease_s <= self.max_lease_s:
+            raise ValueError(f"max_lease_s is {self.max_lease_s}, below the lease floor {self.lease_s}")
         if set(self.data_nodes) & set(self.witnesses):
             raise ValueError("a node is listed both as a data node and as a witness: list it once")
 
     @property
     def effective_lease_s(self) -> float:
-        """How long a leader counts its lease, on its own clock (shortened for clock drift)."""
+        """How long a leader counts a lease of lease_s, on its own clock (shortened for clock drift)."""
         return self.lease_s * (1 - 2 * self.max_clock_drift)
 
 
 class LeaderMachine:
     """One voter's election state; a data node may become leader, a witness only votes."""
 
-    def __init__(self, cfg: LeaderConfig, rng: random.Random, term: int = 0, voted_for: str | None = None) -> None:
+    def __init__(self, cfg: LeaderConfig, rng: random.Random, term: int = 0, voted_for: str | None = None,
+                 voter_set: VoterSet | None = None, promised_max: float | None = None) -> None:
         self.cfg = cfg
         self.rng = rng
         self.id = cfg.node_id
-        self.data: set[str] = set(cfg.data_nodes)
-        self.voters: set[str] = self.data | set(cfg.witnesses)
-        if self.id not in self.voters:
+        self.cur = voter_set or VoterSet(frozenset(cfg.data_nodes), frozenset(cfg.witnesses))
+        if self.id not in self.cur.voters and not cfg.witness:
             raise ValueError(f"{self.id} is neither a data node nor a witness of this election")
         self.term = term
         self.voted_for = voted_for
@@ -172,12 +226,33 @@ class LeaderMachine:
         self.round_sent_at = NEVER  # sent_at of our current RequestVote
         self.acked: dict[str, float] = {}  # leader: voter -> latest granted send time
         self.lease_end = NEVER
+        self.lease_s = cfg.lease_s  # the lease this node asks for when it runs or leads (`set_lease`)
+        self.promised_max = cfg.lease_s if promised_max is None else min(cfg.max_lease_s, promised_max)
+        self.known_data: set[str] = set(self.cur.data)  # admitted data nodes this node knows (may become voters)
+        self.relays: set[str] = set()  # admitted relays that may be chosen as witnesses
+        self.left: set[str] = set()  # said Goodbye: removed from the voter set, never added back
+        self.last_heard: dict[str, float] = {}  # leader: node -> when its latest ack arrived (our clock)
+        self.cfg_since = NEVER  # leader: sent_at of the first heartbeat carrying the current voter set
+        self.ends: dict[str, float] = {}  # leader: voter -> when its latest promise to us ends (our clock)
+        self._asked: dict[float, float] = {}  # leader: sent_at of our requests -> the lease each asked for
 
     # ---- queries ------------------------------------------------------------
 
     @property
+    def data(self) -> frozenset[str]:
+        return self.cur.data
+
+    @property
+    def voters(self) -> frozenset[str]:
+        return self.cur.voters
+
+    @property
     def quorum(self) -> int:
-        return len(self.voters) // 2 + 1
+        return self.cur.quorum
+
+    @property
+    def may_lead(self) -> bool:
+        return not self.cfg.witness and self.id in self.cur.data
 
     def is_leader(self, now: float) -> bool:
         """True while this node is the leader of `term` and holds a quorum lease: only then may it act."""
@@ -192,20 +267,60 @@ class LeaderMachine:
             return self.leader_id
         return None
 
-    def persistent_state(self) -> tuple[int, str | None]:
-        """What a daemon must write to disk before sending a Vote, to restore after a crash."""
-        return self.term, self.voted_for
+    def committed(self) -> bool:
+        """Leader: a quorum of the current voter set acknowledged a heartbeat carrying it, in this term."""
+        return sum(1 for v in self.cur.voters if self.acked.get(v, NEVER) >= self.cfg_since) >= self.cur.quorum
+
+    def persistent_state(self) -> dict:
+        """What a daemon must write to disk before sending a Vote or HeartbeatAck, to restore after a crash
+        (`restore`): the term, the vote, and the voter set with its stamp (Raft's persisted log)."""
+        return {"term": self.term, "voted_for": self.voted_for, "data": sorted(self.cur.data),
+                "witnesses": sorted(self.cur.witnesses), "cfg_term": self.cur.term, "cfg_version": self.cur.version,
+                "promised_s": self.promised_max}
+
+    @classmethod
+    def restore(cls, cfg: LeaderConfig, rng: random.Random, saved: dict) -> "LeaderMachine":
+        """A machine from `persistent_state()` (raises ValueError/KeyError/TypeError on a malformed one)."""
+        vs = None  # a file of (term, vote) only: the initial voter set
+        if "data" in saved:
+            vs = VoterSet(frozenset(map(str, saved["data"])), frozenset(map(str, saved["witnesses"])),
+                          int(saved["cfg_term"]), int(saved["cfg_version"]))
+        voted = saved.get("voted_for")
+        return cls(cfg, rng, term=int(saved["term"]), voted_for=None if voted is None else str(voted), voter_set=vs,
+                   promised_max=float(saved.get("promised_s", cfg.max_lease_s)))
 
     # ---- events -------------------------------------------------------------
 
     def start(self, now: float) -> list[Effect]:
-        self.promised_to, self.promise_until = None, now + self.cfg.lease_s  # promises we may have forgotten
+        self.promised_to, self.promise_until = None, now + self.promised_max  # promises we may have forgotten
         return self._arm_election(now)
 
-    def add_data_node(self, node_id: str) -> None:
-        """A data node joined the run (one at a time, see the module docstring)."""
-        self.data.add(node_id)
-        self.voters.add(node_id)
+    def add_data_node(self, node_id: str, now: float | None = None) -> None:
+        """An admitted data node is known (its Hello): the leader adds it to the voter set (one change at a
+        time, "Voter set"); `now` counts as hearing from it."""
+        self.known_data.add(node_id)
+        self.left.discard(node_id)
+        if now is not None and self.role is Role.LEADER:
+            self.last_heard[node_id] = now
+
+    def add_relay(self, node_id: str) -> None:
+        """An admitted relay is known: it may be chosen as a witness."""
+        self.relays.add(node_id)
+        self.left.discard(node_id)
+
+    def forget(self, node_id: str) -> None:
+        """A peer this node no longer knows (gone from the peer table): no longer a candidate voter."""
+        self.known_data.discard(node_id)
+        self.relays.discard(node_id)
+
+    def voter_left(self, node_id: str) -> None:
+        """A peer said Goodbye: the leader removes it from the voter set."""
+        self.left.add(node_id)
+        self.forget(node_id)
+
+    def set_lease(self, lease_s: float) -> None:
+        """The lease to ask for from now on (`voters.lease_for_rtts`), within [cfg.lease_s, cfg.max_lease_s]."""
+        self.lease_s = min(self.cfg.max_lease_s, max(self.cfg.lease_s, lease_s))
 
     def on_timer(self, now: float, key: str) -> list[Effect]:
         if key == ELECTION_TIMER:
@@ -228,26 +343,35 @@ class LeaderMachine:
     # ---- running for election -----------------------------------------------
 
     def _arm_election(self, now: float) -> list[Effect]:
-        if self.id not in self.data:
-            return []  # witnesses never run
-        lo, hi = self.cfg.election_timeout_s
+        if not self.may_lead:
+            return [CancelTimer(ELECTION_TIMER)]  # witnesses (and data nodes outside the voter set) never run
+        lo, hi = self._timeouts()
         return [SetTimer(ELECTION_TIMER, now + self.rng.uniform(lo, hi))]
+
+    def _timeouts(self) -> tuple[float, float]:
+        """The election timeouts, scaled with the lease (a longer lease: longer rounds, as the round trips)."""
+        k = self.lease_s / self.cfg.lease_s
+        return self.cfg.election_timeout_s[0] * k, self.cfg.election_timeout_s[1] * k
 
     def _promised_elsewhere(self, now: float, candidate: str) -> bool:
         return now < self.promise_until and self.promised_to != candidate
 
     def _election_timeout(self, now: float) -> list[Effect]:
-        if self.role is Role.LEADER or self.id not in self.data:
+        if self.role is Role.LEADER or not self.may_lead:
             return []
         if self._promised_elsewhere(now, self.id):
-            lo, hi = self.cfg.election_timeout_s
+            lo, hi = self._timeouts()
             return [SetTimer(ELECTION_TIMER, self.promise_until + self.rng.uniform(0, hi - lo))]
         self.role = Role.PRE_CANDIDATE
         self.grants = {self.id}
         self.round_sent_at = now
         effects: list[Effect] = self._arm_election(now)  # retry if this round fails
-        effects += self._broadcast(RequestVote(term=self.term + 1, pre=True, sent_at=now))
+        effects += self._broadcast(self._request(self.term + 1, True, now))
         return effects + self._tally(now)
+
+    def _request(self, term: int, pre: bool, now: float) -> RequestVote:
+        return RequestVote(term=term, pre=pre, sent_at=now, cfg_term=self.cur.term, cfg_version=self.cur.version,
+                           lease_s=self.lease_s)
 
     def _become_candidate(self, now: float) -> list[Effect]:
         self.term += 1
@@ -256,13 +380,13 @@ class LeaderMachine:
         self.leader_id = None
         self.grants = {self.id}
         self.round_sent_at = now
-        self.promised_to, self.promise_until = self.id, now + self.cfg.lease_s
+        self.promised_to, self.promise_until = self.id, now + self.lease_s
         effects: list[Effect] = self._arm_election(now)
-        effects += self._broadcast(RequestVote(term=self.term, pre=False, sent_at=now))
+        effects += self._broadcast(self._request(self.term, False, now))
         return effects + self._tally(now)
 
     def _tally(self, now: float) -> list[Effect]:
-        if len(self.grants & self.voters) < self.quorum:
+        if len(self.grants & self.cur.voters) < self.cur.quorum:
             return []
         if self.role is Role.PRE_CANDIDATE:
             return self._become_candidate(now)
@@ -273,31 +397,69 @@ class LeaderMachine:
     def _become_leader(self, now: float) -> list[Effect]:
         self.role = Role.LEADER
         self.leader_id = self.id
-        self.acked = {v: self.round_sent_at for v in self.grants}
+        self.acked, self.ends = {}, {}
+        for v in self.grants:
+            self._granted(v, self.round_sent_at)
         self.lease_end = NEVER
         self._renew_lease()
+        self.cur = VoterSet(self.cur.data, self.cur.witnesses, self.term, 0)  # Raft's no-op entry of the term
+        self.last_heard = {v: now for v in self.cur.voters}
+        self.cfg_since = now  # the first heartbeat below carries it
         return [CancelTimer(ELECTION_TIMER), *self._heartbeat(now)]
 
     # ---- leading ------------------------------------------------------------
 
     def _heartbeat(self, now: float) -> list[Effect]:
-        self.acked[self.id] = now
-        self.promised_to, self.promise_until = self.id, now + self.cfg.lease_s
+        if self.committed():
+            self._change_voters(now)
+        self._asked[now] = self.lease_s
+        self._granted(self.id, now)
+        self.promised_to, self.promise_until = self.id, now + self.lease_s
         self._renew_lease()
-        hb = LeaderHeartbeat(term=self.term, sent_at=now, data_nodes=tuple(sorted(self.data)))
-        return [*self._broadcast(hb), SetTimer(HEARTBEAT_TIMER, now + self.cfg.heartbeat_s)]
+        hb = LeaderHeartbeat(term=self.term, sent_at=now, data_nodes=tuple(sorted(self.cur.data)),
+                             witnesses=tuple(sorted(self.cur.witnesses)), cfg_version=self.cur.version,
+                             lease_s=self.lease_s)
+        targets = self.cur.voters | self.known_data  # data nodes outside the set hear it too: their acks re-add them
+        period = self.cfg.heartbeat_s * self.lease_s / self.cfg.lease_s
+        return [*(Send(v, hb) for v in sorted(targets) if v != self.id), SetTimer(HEARTBEAT_TIMER, now + period)]
+
+    def _change_voters(self, now: float) -> None:
+        """One change of the voter set, once the current one is committed ("Voter set")."""
+        gone = {n for n, t in self.last_heard.items() if now - t > self.cfg.voter_gone_s}
+        change = next_change(self.cur, self.id, self.known_data, self.relays, self.left, gone)
+        if change is None:
+            return
+        data, witnesses = change
+        for v in (data | witnesses) - self.cur.voters:
+            self.last_heard[v] = now  # a new voter has voter_gone_s to answer
+        for v in self.cur.voters - (data | witnesses) - gone:
+            self.last_heard.pop(v, None)  # removed while live (a surplus witness): it may be chosen again
+        self.cur = VoterSet(data, witnesses, self.term, self.cur.version + 1)
+        self.cfg_since = now
+
+    def _granted(self, voter: str, sent_at: float) -> None:
+        """`voter` granted our request sent at `sent_at`: it promised for at least the lease that request asked."""
+        asked = self._asked.get(sent_at, self.cfg.lease_s)  # unknown: the floor, which every voter promises
+        self.acked[voter] = max(self.acked.get(voter, NEVER), sent_at)
+        end = sent_at + asked * (1 - 2 * self.cfg.max_clock_drift)
+        self.ends[voter] = max(self.ends.get(voter, NEVER), end)
 
     def _renew_lease(self) -> None:
-        times = sorted((self.acked[v] for v in self.voters if v in self.acked), reverse=True)
-        if len(times) >= self.quorum:
-            self.lease_end = max(self.lease_end, times[self.quorum - 1] + self.cfg.effective_lease_s)
+        ends = sorted((self.ends[v] for v in self.cur.voters if v in self.ends), reverse=True)
+        if len(ends) >= self.cur.quorum:
+            self.lease_end = max(self.lease_end, ends[self.cur.quorum - 1])
+        if len(self._asked) > 64:  # requests older than any live promise are of no use
+            oldest = max(self._asked) - self.cfg.max_lease_s
+            self._asked = {t: ls for t, ls in self._asked.items() if t >= oldest}
 
     def _on_ack(self, now: float, sender: str, msg: HeartbeatAck) -> list[Effect]:
         if msg.term > self.term:
             return self._step_down(now, msg.term)
-        if self.role is Role.LEADER and msg.ok and msg.term == self.term and sender in self.voters:
-            self.acked[sender] = max(self.acked.get(sender, NEVER), msg.sent_at)
-            self._renew_lease()
+        if self.role is Role.LEADER and msg.ok and msg.term == self.term:
+            self.last_heard[sender] = now
+            if sender in self.cur.voters:
+                self._granted(sender, msg.sent_at)
+                self._renew_lease()
         return []
 
     # ---- voting and following -----------------------------------------------
@@ -311,11 +473,20 @@ class LeaderMachine:
         effects: list[Effect] = [CancelTimer(HEARTBEAT_TIMER)] if was_leader else []
         return effects + self._arm_election(now)
 
+    def _promise_s(self, asked: float) -> float | None:
+        """How long a grant of a request asking `asked` promises; None: the request asks too much."""
+        if not asked <= self.cfg.max_lease_s:  # also NaN
+            return None
+        promise = max(self.cfg.lease_s, asked)
+        self.promised_max = max(self.promised_max, promise)  # persisted: a restart waits this long (`start`)
+        return promise
+
     def _on_request_vote(self, now: float, sender: str, msg: RequestVote) -> list[Effect]:
         effects: list[Effect] = []
-        if sender not in self.data or msg.term <= self.term - (0 if msg.pre else 1) \
-                or self._promised_elsewhere(now, sender):
-            granted = False  # unknown candidate, stale term, or a live promise to someone else
+        promise = self._promise_s(msg.lease_s)
+        if sender not in self.cur.data or msg.term <= self.term - (0 if msg.pre else 1) or promise is None \
+                or (msg.cfg_term, msg.cfg_version) < self.cur.stamp or self._promised_elsewhere(now, sender):
+            granted = False  # not a data node of our set, stale term or set, or a live promise to someone else
         elif msg.pre:
             granted = True  # a pre-vote changes nothing here
         else:
@@ -324,7 +495,7 @@ class LeaderMachine:
             granted = self.voted_for in (None, sender)
             if granted:
                 self.voted_for = sender
-                self.promised_to, self.promise_until = sender, now + self.cfg.lease_s
+                self.promised_to, self.promise_until = sender, max(self.promise_until, now + promise)
                 effects += self._arm_election(now)
         term = msg.term if granted else self.term
         return [*effects, Send(sender, Vote(term=term, pre=msg.pre, granted=granted, sent_at=msg.sent_at))]
@@ -340,7 +511,8 @@ class LeaderMachine:
         return []
 
     def _on_heartbeat(self, now: float, sender: str, msg: LeaderHeartbeat) -> list[Effect]:
-        if msg.term < self.term or sender == self.id:
+        promise = self._promise_s(msg.lease_s)
+        if msg.term < self.term or sender == self.id or promise is None:
             return [Send(sender, HeartbeatAck(term=self.term, sent_at=msg.sent_at, ok=False))]
         effects: list[Effect] = []
         if msg.term > self.term:
@@ -348,11 +520,12 @@ class LeaderMachine:
         elif self.role is Role.LEADER:  # two leaders in one term: impossible unless a peer lies
             return [Send(sender, HeartbeatAck(term=self.term, sent_at=msg.sent_at, ok=False))]
         self.role, self.leader_id = Role.FOLLOWER, sender
-        self.promised_to, self.promise_until = sender, now + self.cfg.lease_s
-        for node in msg.data_nodes:
-            self.add_data_node(node)
+        self.promised_to, self.promise_until = sender, max(self.promise_until, now + promise)
+        if (msg.term, msg.cfg_version) > self.cur.stamp and not set(msg.data_nodes) & set(msg.witnesses):
+            self.cur = VoterSet(frozenset(msg.data_nodes), frozenset(msg.witnesses), msg.term, msg.cfg_version)
+            self.known_data |= self.cur.data
         effects += self._arm_election(now)
         return [*effects, Send(sender, HeartbeatAck(term=self.term, sent_at=msg.sent_at, ok=True))]
 
     def _broadcast(self, msg: object) -> list[Effect]:
-        return [Send(v, msg) for v in sorted(self.voters) if v != self.id]
+        return [Send(v, msg) for v in sorted(self.cur.voters) if v != self.id]

@@ -22,7 +22,11 @@ owner) admits every Hello as it claims.
 =================  ===========================================================
 Needs.NOTHING      anyone (addresses, round trips, state downloads, phases'
                    acknowledgements; the components check what they take)
-Needs.DATA         an admitted data node: votes, IterationDone, Lend.
+Needs.DATA         an admitted data node: RequestVote (only data nodes
+                   stand), IterationDone, Lend.
+Needs.VOTER        an admitted data node or relay: Vote and HeartbeatAck
+                   (a relay chosen as a witness votes; the election machine
+                   counts only the voters of its set, leader.py).
 Needs.LEADER       the leader of the message's term (`leader_of_term`):
                    LeaderHeartbeat, Assignment, UtilizationQuery, and a
                    BeginAggregation that a data node sends.  Only an
@@ -84,6 +88,7 @@ class Needs(enum.Enum):
     NOTHING = "nothing"
     ADMISSION = "admission"  # the Hello: a certificate for the role it claims
     DATA = "data"
+    VOTER = "voter"
     LEADER = "leader"
     UPSTREAM = "upstream"
     NEIGHBOUR = "neighbour"
@@ -161,6 +166,10 @@ def decide(needs: Needs, msg: object, sender: PeerInfo | None, snap: Snapshot) -
     if sender is None:
         return Refusal(RefusalCode.UNKNOWN_PEER, f"{name} from a peer that has not said Hello")
     is_data = sender.role == "data"
+    if needs is Needs.VOTER:
+        if sender.role not in ("data", "relay"):
+            return Refusal(RefusalCode.WRONG_ROLE, f"{name} from a {sender.role} (only data nodes and relays vote)")
+        return None
     if needs is Needs.DATA:
         if not is_data:
             return Refusal(RefusalCode.WRONG_ROLE, f"{name} from a {sender.role} (only admitted data nodes send it)")

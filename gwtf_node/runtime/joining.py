@@ -538,4 +538,5 @@ class Joining:
     def on_goodbye(self, peer: str, msg: m.Goodbye) -> None:
         info = self.peers.get(peer)
         log.info("%s left after iteration %d", info.name if info and info.name else peer[:16], msg.after_iteration)
+        self.leadership.on_goodbye(peer)
         self.on_gone(peer)

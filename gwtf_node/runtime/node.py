@@ -152,6 +152,7 @@ class NodeOptions:
     certificate: Path | None = None  # the owner's admission certificate (None: <state_dir>/certificate.json if any)
     insecure_unsigned: bool = False  # join a run without an owner (open for testing: nobody's admission is checked)
     revocations: Path | None = None  # the owner's signed revocation list (also read from the DHT)
+    lease_s: float = 2.0  # the shortest leader lease (leadership.py: measured round trips may lengthen it)
 
 
 @dataclass
@@ -253,7 +254,7 @@ class Node:
                                     on_settled=self._iteration_settled, on_finished=self.done_event.set)
         leadership = Leadership(wire, peers, host, self._apply, o.state_dir, self.run_id,
                                 iteration_now=microbatches.iteration_now, on_change=self._leadership_changed,
-                                certificate=self.certificate, records=records)
+                                certificate=self.certificate, records=records, lease_s=o.lease_s)
         aggregation = Aggregation(wire, peers, self.stage, microbatches, leadership, AllReducer(host), self._apply,
                                   self.faults, state_dir=o.state_dir, checkpoint_every=o.checkpoint_every,
                                   checkpoint_keep=o.keep_checkpoints, on_stepped=self._stepped)

@@ -65,7 +65,7 @@ def routes(p: Any) -> dict[type, Route]:
     table |= {t: Route("flows", f.on_message, needs=Needs.NEIGHBOUR) for t in FLOW_MSGS}
     table |= {t: Route("microbatches", mb.on_message, payload=True,
                        needs=Needs.DATA if t is m.Lend else Needs.PLACED) for t in MB_MSGS}
-    table |= {t: Route("leadership", ld.on_leader_msg,
-                       needs=Needs.LEADER if t is m.LeaderHeartbeat else Needs.DATA) for t in LEADER_MSGS}
+    election_needs = {m.LeaderHeartbeat: Needs.LEADER, m.RequestVote: Needs.DATA}  # Vote, HeartbeatAck: a voter
+    table |= {t: Route("leadership", ld.on_leader_msg, needs=election_needs.get(t, Needs.VOTER)) for t in LEADER_MSGS}
     table |= {t: Route("leadership", ld.on_placement_msg) for t in PLACEMENT_MSGS}
     return table

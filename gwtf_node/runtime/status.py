@@ -109,7 +109,7 @@ class Status:
             "peer_id": self.wire.me, "name": self.peers.name, "role": place.role, "stage": place.stage,
             "run_id": self.run_id, "addrs": self.host.addrs, "refused_frames": self.wire.refused,
             "compute_s": round(self.stage.compute_s, 6), "compute_calls": self.stage.compute_calls,
-            "leader": self.leadership.leader(), "term": self.leadership.term(),
+            "leader": self.leadership.leader(), "term": self.leadership.term(), "voters": self.leadership.voters(),
             "steps_applied": self.stage.applied_steps, "joining": place.joining, "leaving": place.leaving,
             "state": self.state().value,
             "peers": {p.peer_id: {"name": p.name, "role": p.role, "stage": p.stage, "rtt_ms": p.rtt_ms,
@@ -254,7 +254,8 @@ class Status:
             lease = el.promise_until - t  # the follower's promise to the leader it follows
         else:
             lease = None
-        out |= {"role": el.role.value, "voter": True, "voted_for": el.voted_for,
+        out |= {"role": el.role.value, "voter": el.id in el.voters, "witness": el.cfg.witness,
+                "voted_for": el.voted_for,
                 "voted_for_name": self.name_of(el.voted_for) if el.voted_for else None,
                 "lease_remaining_s": None if lease is None else round(max(0.0, lease), 2), "quorum": el.quorum,
                 "leader_heard_s_ago": None,
