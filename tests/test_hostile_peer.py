@@ -100,7 +100,6 @@ async def _trains_on_as_the_reference(attacked, iterations: int) -> None:
     swarm._check_alive()
 
 
-@pytest.mark.xdist_group("attacked")
 async def test_value_attacks_are_refused_with_their_codes_and_training_equals_the_reference(attacked):
     swarm, man, tmp_path = attacked.swarm, attacked.man, attacked.tmp_path
     await wait_records(swarm, 1, 120)
@@ -156,7 +155,6 @@ async def test_value_attacks_are_refused_with_their_codes_and_training_equals_th
 
     await _trains_on_as_the_reference(attacked, 3)
 
-@pytest.mark.xdist_group("attacked")
 async def test_bad_input_is_refused_and_training_goes_on(attacked) -> None:
     swarm, man, tmp_path = attacked.swarm, attacked.man, attacked.tmp_path
     await wait_records(swarm, 2, 120)
