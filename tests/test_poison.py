@@ -3,17 +3,33 @@
 The rule on its own (pure), then three real hosts running rounds of the
 all-reduce where one member's gradient is scaled by 1e6: every owner leaves it
 out, every member ends with the same bits, the mean of the others.
+
+Then a real swarm (1 data node, 1 stage x 2 relays, separate processes).  One
+relay is a real relay process whose gradient is scaled by 1e6 before every
+all-reduce from iteration 3 on (fault injection, runtime/faults.py; if the
+flows give it no microbatch, it sends a made-up gradient all the same).  The
+part owners refuse the poisoned contribution, the status of both relays
+counts it (`gradient_outlier`), and the run stays finite.
 """
 
 from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 import trio
 
+from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.protocol.gradguard import (HISTORY_ROUNDS, OUTLIER_FACTOR, WARMUP_ROUNDS, Contribution, GradGuard,
                                           rate)
+from gwtf_node.runtime.local import LocalSwarm
 
+from swarmutil import log_text, status, wait_for, wait_records
 from test_transport import DEADLINE_S, reducing_hosts
 
 SLOT = (0, 100, 300)
@@ -149,3 +165,38 @@ def test_a_state_is_taken_when_the_members_that_vouch_for_it_outnumber_the_other
     assert verdict(5, "h", {"a": (5, "h"), "b": (5, "forged")})[0]  # one hostile member is outvoted
     ok, why = verdict(5, "h", {"a": (6, "other")})  # a member that stepped meanwhile says nothing either way
     assert ok and "sender's word" in why
+
+
+# ---------------------------------------------------------------- a real swarm
+ITERATIONS = 6
+POISON_FROM = 3
+
+
+@pytest.mark.trio
+async def test_a_poisoned_gradient_is_refused_by_the_stage_and_the_run_stays_finite(tmp_path: Path):
+    man = default_manifest(stages=1, seq_len=16, microbatch_size=2, microbatches_per_iteration=4)
+    man = replace(man, train=replace(man.train, grad_clip_norm=0.5))
+    run = tmp_path / "run.json"
+    save_manifest(man, run)
+    swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=1, relays_per_stage=2, iterations=ITERATIONS)
+    swarm.startup_timeout_s = swarm.iteration_timeout_s = 120
+    (tmp_path / "r0_1").mkdir(parents=True)
+    (tmp_path / "r0_1" / "poison").write_text(f"1e6@{POISON_FROM}")  # this relay's fault injection
+    try:
+        await trio.to_thread.run_sync(swarm.start)
+        records = await wait_records(swarm, ITERATIONS, 240)
+        assert all(math.isfinite(r["loss"]) for r in records), records
+        # the iterations in which the poisoned relay carried microbatches: those are lost (the survivors' mean)
+        held = re.findall(r"iteration (\d+): aggregating (\d+) contributions held here", log_text(tmp_path, "r0_1"))
+        carried = {it for it, k in held if int(it) >= POISON_FROM and int(k) > 0}
+        for name in ("r0_0", "r0_1"):  # each owner of a part refused the poisoned contribution to it
+            def counted(name: str = name) -> bool:
+                st = status(tmp_path, name)
+                return (st.get("refused_values", {}).get("gradient_outlier", 0) >= ITERATIONS - POISON_FROM
+                        and set(st.get("lost_contributions", {})) >= carried)
+
+            await wait_for(counted, 15, f"{name} counts the refused contributions")
+        honest = json.loads((tmp_path / "r0_0" / "status.json").read_text())
+        assert honest["steps_applied"] == ITERATIONS
+    finally:
+        await trio.to_thread.run_sync(swarm.stop)
