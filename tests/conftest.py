@@ -7,6 +7,11 @@ inside the test function, and state machines), `multiprocess` for tests that sta
 the rest.  A multi-process test is also `slow`.  The markers are set here at
 collection, so a test module needs no marker of its own to be in its tier.
 
+The suite runs in two pytest-xdist workers (`-n 2 --dist loadgroup`, the
+README's test command): tests that share a fixture wider than one test (a
+module's swarm) get one `xdist_group`, so that they run in one worker and the
+fixture is set up once.
+
 Hypothesis runs derandomized by default, so that CI is repeatable: the same
 examples every run.  Explore with fresh random examples locally:
 HYPOTHESIS_PROFILE=explore python -m pytest -q -m property (a failure found
@@ -82,9 +87,26 @@ def tier(item: pytest.Item) -> str:
     return "unit"
 
 
+def shared_fixtures(item: pytest.Item) -> list[str]:
+    """The fixtures of this project, wider than one test (module, package or session scope), that `item` uses."""
+    info = getattr(item, "_fixtureinfo", None)
+    out = []
+    for name, defs in (info.name2fixturedefs.items() if info is not None else ()):
+        d = defs[-1]
+        if d.scope != "function" and d.baseid:  # (pytest's own, such as tmp_path_factory, have no baseid)
+            out.append(f"{d.baseid}::{name}")
+    return sorted(out)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         t = tier(item)
         item.add_marker(t)
         if t == "multiprocess":
             item.add_marker("slow")
+        # tests that share a fixture (a module's swarm) run in one pytest-xdist worker (--dist loadgroup),
+        # so that it is set up once
+        shared = shared_fixtures(item)
+        if shared and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))

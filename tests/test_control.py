@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import stat
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -72,9 +74,11 @@ async def test_status_and_leave_over_the_socket(tmp_path: Path) -> None:
         control.Client(tmp_path)
 
 
-async def test_a_long_state_directory_gets_its_socket_elsewhere(tmp_path: Path, monkeypatch) -> None:
-    runtime = tmp_path / "run"
-    runtime.mkdir(mode=0o700)
+async def test_a_long_state_directory_gets_its_socket_elsewhere(tmp_path: Path, monkeypatch, request) -> None:
+    # a short runtime directory, as XDG_RUNTIME_DIR is (/run/user/UID): tmp_path itself may be long already
+    # (pytest-xdist's worker directories), too long for the socket's fallback path
+    runtime = Path(tempfile.mkdtemp(prefix="xdg-"))  # (mode 0700)
+    request.addfinalizer(lambda: shutil.rmtree(runtime, ignore_errors=True))
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     deep.mkdir(parents=True)

@@ -45,7 +45,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_in_pty(args: list[str], *, interrupt_when=None, timeout_s: float = 90) -> tuple[int, str]:
+def run_in_pty(args: list[str], *, interrupt_when=None, timeout_s: float = 180) -> tuple[int, str]:
     """Run `gwtf-node ARGS` with a pseudo-terminal as its stdin/stdout/stderr; (exit status, what it drew).
     `interrupt_when(drawn)`: Ctrl-C (SIGINT) once it is true of what was drawn so far."""
     master, slave = pty.openpty()
@@ -71,7 +71,10 @@ def run_in_pty(args: list[str], *, interrupt_when=None, timeout_s: float = 90) -
                 out += chunk
             elif proc.poll() is not None:
                 break
-        return proc.wait(timeout=10), out.decode(errors="replace")
+        drawn = out.decode(errors="replace")
+        assert interrupt_when is None or proc.poll() is not None, \
+            f"not interrupted: what it drew within {timeout_s:.0f} s never met the condition; drew {drawn[-2000:]!r}"
+        return proc.wait(timeout=30), drawn
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -156,7 +156,7 @@ async def test_relay_restarted_with_its_state_dir(tmp_path: Path) -> None:
         await wait_records(swarm, 1, 120)
         await trio.to_thread.run_sync(swarm.add_relay, "j0")
         await wait_for(lambda: (st := status(tmp_path, "j0")).get("stage") is not None and not st["joining"]
-                       and (tmp_path / "j0" / "checkpoint.pt").exists(), 60, "j0 placed, stepping", swarm)
+                       and (tmp_path / "j0" / "checkpoint.pt").exists(), 120, "j0 placed, stepping", swarm)
         k = status(tmp_path, "j0")["stage"]
         fixed = f"r{1 - k}_0"  # (a relay of the other stage: each stage keeps a live member)
         async with trio.open_nursery() as n:
