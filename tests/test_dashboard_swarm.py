@@ -54,12 +54,15 @@ def run_in_pty(args: list[str], *, interrupt_when=None, timeout_s: float = 180) 
                             env=env, start_new_session=True)
     os.close(slave)
     out = b""
-    start = time.monotonic()
+    deadline = time.monotonic() + timeout_s
+    interrupted = interrupt_when is None
     try:
-        while time.monotonic() - start < timeout_s:
-            if interrupt_when is not None and interrupt_when(out.decode(errors="replace")) and proc.poll() is None:
+        # read what it draws until it exits: a child whose terminal nobody reads blocks on its next write
+        while time.monotonic() < deadline:
+            if not interrupted and interrupt_when(out.decode(errors="replace")) and proc.poll() is None:
                 proc.send_signal(signal.SIGINT)
-                interrupt_when = None
+                interrupted = True
+                deadline = time.monotonic() + 30  # from Ctrl-C: it leaves the live view and exits
             ready, _, _ = select.select([master], [], [], 0.2)
             if ready:
                 try:
@@ -72,7 +75,7 @@ def run_in_pty(args: list[str], *, interrupt_when=None, timeout_s: float = 180) 
             elif proc.poll() is not None:
                 break
         drawn = out.decode(errors="replace")
-        assert interrupt_when is None or proc.poll() is not None, \
+        assert interrupted or proc.poll() is not None, \
             f"not interrupted: what it drew within {timeout_s:.0f} s never met the condition; drew {drawn[-2000:]!r}"
         return proc.wait(timeout=30), drawn
     finally:
