@@ -62,7 +62,10 @@ The Table II setting, as modelled here (our choices where the paper is vague)
   state source; the state after the current iteration's step comes over the
   link; then its neighbours take it).  A stage whose members all died has
   no state left to hand over after iteration 0, so it stays empty (the
-  daemon brings such a stage back only from a relay's checkpoint).
+  daemon brings such a stage back only from a relay's checkpoint): churn
+  spares the last live relay of a stage, as `gwtf-node local --churn` spares
+  a relay of every stage (`spare_last`, default on; scripted crashes are
+  never spared).
   `joining="restart"`: the model before, the relay back in its own stage
   with the state of a live stage peer (or from nowhere if none is left),
   announced as soon as its download finished if the iteration is in

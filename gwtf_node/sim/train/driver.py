@@ -43,7 +43,8 @@ class TrainSim(AggregationDriver, AllReduceDriver, FlowDriver, JoinDriver, Repor
     this setting): DT-FM's static pipelines, recomputed `scheduler.delay_s` after each membership report;
     `priors` ("links": the daemon's timing priors, protocol/recovery/priors.py; "modelled": `_prior`);
     `joining` ("machines": a relay back after a crash joins through the leader's placement, joining.py;
-    "restart": it comes back in its stage, `join_mid_iteration` says when).
+    "restart": it comes back in its stage, `join_mid_iteration` says when); `spare_last` (True: churn spares
+    the last live relay of a stage, `_spared`).
     `flow_cpu_s` sums the CPU time the flow machines took (GWTF's scheduler cost)."""
 
     machine_class = RecoveryNode  # every node's microbatch machine (a policy of its own may subclass it)
@@ -55,7 +56,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, FlowDriver, JoinDriver, Repor
                  gwtf_acts_on_gone: bool = True, routing: str = "machines", flow_options: dict | None = None,
                  lend: bool = True, one_wave: bool = False, detect_s: float = DETECT_S, fastest_unit: bool = True,
                  unpresume: bool = True, can_take: str = CanTakeRule.ALL.value, scheduler=None,
-                 priors: str = "links", joining: str = "machines") -> None:
+                 priors: str = "links", joining: str = "machines", spare_last: bool = True) -> None:
         if routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {ROUTINGS}, not {routing!r}")
         if (routing == "dtfm") != (scheduler is not None):
@@ -69,6 +70,8 @@ class TrainSim(AggregationDriver, AllReduceDriver, FlowDriver, JoinDriver, Repor
         if joining not in JOININGS:
             raise ValueError(f"joining must be one of {JOININGS}, not {joining!r}")
         self.joining = joining
+        self.spare_last = spare_last  # churn never kills the last live relay of a stage (`_spared`)
+        self.spared = 0
         self.joiners: dict = {}  # joining.py: joiner id -> its JoinerMachine, until it comes in
         self._joiner_cap: dict[str, int] = {}
         self.joiner_count = 0
@@ -343,7 +346,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, FlowDriver, JoinDriver, Repor
                 if r in self.data or r in self.dead:
                     continue
                 if self.crash_rng.random() < self.churn:
-                    self._push(self.now + self.crash_rng.random() * self.last_iter_s, Event.CRASH, r, None, None)
+                    self._push(self.now + self.crash_rng.random() * self.last_iter_s, Event.CRASH, r, "churn", None)
 
     def _live_data(self) -> tuple[str, ...]:
         return tuple(d for d in self.data if d not in self.dead)
@@ -392,6 +395,17 @@ class TrainSim(AggregationDriver, AllReduceDriver, FlowDriver, JoinDriver, Repor
             self._unpresume(p)
             self._apply(p, rec.set_neighbours(self.now, rec.next_peers, {**rec.prev_peers, nid: cost(p, nid)},
                                               {}, {nid: self._prior(p, nid, True)}))
+
+    def _spared(self, nid: str) -> bool:
+        """`spare_last`: a churn crash of the last live relay of its stage is left out, as `gwtf-node local
+        --churn` spares a relay of every stage: after the first step a stage whose members all died has no state
+        a joiner could load (the daemon brings it back only from a relay's checkpoint)."""
+        if not self.spare_last or nid in self.dead or nid not in self.nodes or nid in self.data:
+            return False
+        if self._peers(self.stage[nid], nid):
+            return False
+        self.spared += 1
+        return True
 
     def _crash(self, nid: str) -> None:
         if nid in self.dead or nid not in self.nodes:
@@ -443,6 +457,8 @@ class TrainSim(AggregationDriver, AllReduceDriver, FlowDriver, JoinDriver, Repor
                 break
             t, kind, node, a, b = event
             if kind == Event.CRASH:
+                if a == "churn" and self._spared(node):
+                    continue
                 self._crash(node)
                 continue
             if kind == Event.REFLOW:
