@@ -23,7 +23,7 @@ from .flows import FlowDriver
 from .joining import JOIN_MSGS, JOININGS, JoinDriver
 from .report import IterStats, Reporting
 from .setting import (
-    ACTIVATION_MB, BACKWARD_S, DETECT_S, FLOW_CONVERGE_S, FLOW_OPTIONS, FORWARD_S,
+    ACTIVATION_MB, BACKWARD_S, DETECT_S, FLOW_OPTIONS, FORWARD_S,
     IDEAL_MB_S, MAX_SIM_S_PER_ITERATION, MICROBATCHES, REJOIN_S, ROUTINGS, SILENCE_S, STAGE_SIZES,
     PRIOR_RULES, STAGE_STATE_MB, SWARM_REACTIONS, Setting, compute_s, initial_flows,
 )
