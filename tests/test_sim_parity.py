@@ -107,3 +107,17 @@ def test_a_member_dead_before_its_part_makes_the_survivors_redo_the_round_at_the
     sim.reported_gone.add(dead)
     sim._allreduce_gone(dead)
     assert {r: sim._agg_pending[r][0] for r in group[1:]} == pytest.approx(_round_ends(sim, group[1:]))
+
+
+def test_cli_sim_train_takes_the_parity_switches(capsys) -> None:
+    import json
+
+    from gwtf_node import cli
+    assert cli.main(["sim", "train", "--setting", "table2-homogeneous", "--churn", "0.1", "--policy", "swarm",
+                     "--iterations", "2", "--seed", "1", "--joining", "restart", "--priors", "modelled",
+                     "--no-spare-last", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["lost_microbatches"] == 0
+    args = cli.build_parser().parse_args(["sim", "train", "--setting", "table2-homogeneous", "--churn", "0",
+                                          "--policy", "gwtf", "--iterations", "1", "--seed", "0"])
+    opts = cli.sim_train_options(args)
+    assert (opts["joining"], opts["priors"], opts["spare_last"]) == ("machines", "links", True)
