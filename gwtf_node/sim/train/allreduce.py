@@ -106,8 +106,8 @@ class AllReduceDriver:
     def _allreduce_gone(self, gone: str) -> None:
         """The membership layer reports `gone`: the members of a stuck round with it redo theirs without it."""
         for key, rnd in sorted(self._rounds.items()):
-            if not rnd.stuck or gone not in rnd.group:
-                continue
+            if gone not in rnd.group or (rnd.finish and not rnd.stuck):
+                continue  # (a round that had not started everywhere when it crashed waits for it too)
             del self._rounds[key]
             for j in sorted(rnd.starts):
                 if j != gone and j not in self.dead:
