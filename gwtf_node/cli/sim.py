@@ -150,7 +150,16 @@ def _add_train_parser(simsub) -> None:
     t.add_argument("--no-unpresume", dest="unpresume", action="store_false",
                    help="a peer presumed dead on a hop deadline stays dead even while still heard")
     t.add_argument("--join-at-open", dest="join_mid_iteration", action="store_false",
-                   help="joiners come in only when an iteration opens")
+                   help="with --joining restart: joiners come in only when an iteration opens")
+    t.add_argument("--joining", choices=("machines", "restart"), default="machines",
+                   help="a crashed relay comes back as a joiner placed by the leader's membership machine, as in "
+                        "the daemon (default), or in its own stage with a stage peer's state (the older model)")
+    t.add_argument("--no-spare-last", dest="spare_last", action="store_false",
+                   help="churn may kill the last live relay of a stage (by default it is spared, as by "
+                        "`gwtf-node local --churn`: a joiner has no state to load in a stage with no member left)")
+    t.add_argument("--priors", choices=("links", "modelled"), default="links",
+                   help="the recovery machines' timing priors: the daemon's rule (the link's transfer plus a "
+                        "compute allowance, default) or the peer's profiled compute times its capacity")
     t.add_argument("--can-take", choices=("all", "any"), default="all",
                    help="CAN TAKE after every downstream member of the aggregation (default) or after any one "
                         "(the paper's sentence read literally; protocol/phases.py)")
@@ -169,7 +178,7 @@ def sim_train_options(args: argparse.Namespace) -> dict:
                 one_wave=args.one_wave, swarm_reacts_to=args.swarm_reacts_to,
                 gwtf_acts_on_gone=args.gwtf_acts_on_gone, detect=args.detect, detect_s=args.detect_s,
                 unpresume=args.unpresume, join_mid_iteration=args.join_mid_iteration, can_take=args.can_take,
-                flow_options=_flow_options(args))
+                joining=args.joining, priors=args.priors, spare_last=args.spare_last, flow_options=_flow_options(args))
 
 
 def _flow_options(args: argparse.Namespace) -> dict | None:

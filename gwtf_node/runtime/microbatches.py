@@ -61,6 +61,7 @@ from ..protocol import messages as m
 from ..protocol.effects import CancelTimer, SetTimer
 from ..protocol.pipeline import DataIteration, MbStatus, OpenIteration
 from ..protocol.recovery import MB_MESSAGES, Compute, IterationSettled, RecoveryConfig, RecoveryNode
+from ..protocol.recovery.priors import HOP_PRIOR_S, e2e_prior_s, hop_priors
 from .faults import Faults
 from .flows import Flows
 from .linkcompress import LinkCompression
@@ -76,8 +77,8 @@ log = logging.getLogger("gwtf.node")
 MB_MSGS = MB_MESSAGES  # what the recovery machine takes
 KEYED = tuple(t for t in MB_MSGS if t not in (m.Room, m.Lend))
 TENSOR_MSGS = (m.Forward, m.Recover, m.Backward)
-HOP_PRIOR_S = 1.0  # expected hand-off -> Complete before anything is measured (then an EWMA)
-E2E_PRIOR_S = 3.0  # expected launch -> final backward before anything is measured
+# (the timing priors, hand-off -> Complete and launch -> final backward before anything is measured, are the rule of
+# protocol/recovery/priors.py, which the simulator runs too: a compute allowance plus the link's transfer)
 PROBE_WAIT_S = 2.0
 PAUSE_CHECK_S = 1.0  # a paused data node looks again this often (and at every Hello)
 PAUSE_TIMER = "pause.check"
@@ -158,12 +159,14 @@ class Microbatches:
         step: seqs are numbered from it, see "Numbering")."""
         relay = self.peers.role == "relay"
         cap = self.peers.capacity if relay else self.stage.manifest.data.microbatches_per_iteration
+        links_ms = {**self.flows.prev_costs, **self.flows.next_costs}  # d(i, j) of each link, ms (flows.py)
         cfg = RecoveryConfig(
             node_id=self.wire.me, stage=self.peers.stage if relay else -1, last_stage=self.peers.n_stages - 1,
             capacity=cap, data_nodes=tuple(self.peers.data_nodes()),
             next_peers=dict(self.flows.next_costs), prev_peers=dict(self.flows.prev_costs),
             peer_capacity={p.peer_id: p.capacity for p in self.peers.infos()},
-            default_prior_s=HOP_PRIOR_S, e2e_prior_s=E2E_PRIOR_S, probe_wait_s=PROBE_WAIT_S,
+            prior_s=hop_priors(links_ms), default_prior_s=HOP_PRIOR_S,
+            e2e_prior_s=e2e_prior_s(self.peers.n_stages, self.flows.next_costs.values()), probe_wait_s=PROBE_WAIT_S,
             policy=self.policy, swarm_assumed_capacity=max(1, cap),
             lend=self.lend and self.policy == "gwtf", fastest_unit=True)  # (SWARM: greedy, ignores it)
         seed = int.from_bytes(self.wire.me.encode()[-8:], "big")
@@ -184,7 +187,7 @@ class Microbatches:
         nxt = {j: c for j, c in self.flows.next_costs.items() if j in usable or j == me}
         prv = {j: c for j, c in self.flows.prev_costs.items() if j in self.peers or j == me}
         caps = {j: self.peers.get(j).capacity for j in nxt if j in self.peers}
-        eff += rec.set_neighbours(t, nxt, prv, caps, HOP_PRIOR_S)
+        eff += rec.set_neighbours(t, nxt, prv, caps, hop_priors({**prv, **nxt}))
         stamp = self.flows.last_change()
         if self.policy == "gwtf" and stamp is not None and self._flow_stamp != stamp:
             self._flow_stamp = stamp

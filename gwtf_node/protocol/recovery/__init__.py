@@ -50,7 +50,8 @@ from, hands its output to a next hop and keeps it (the stash) until the
 backward came back through it.  The hand-off waits for the next hop's
 `Complete`: deadline `now + K * est(peer) * (1 + my hand-offs to that peer
 still waiting) + MARGIN_S`, `est` an EWMA of measured hand-off -> Complete
-times initialised from the driver's prior (link model, profiled compute).
+times initialised from the prior of `priors.py` (the link's transfer plus a
+compute allowance; the daemon and the simulator both use it).
 No `Complete` in time: the next hop is presumed dead, its units of flow move
 to live peers of its stage with room (local flow repair), and the output is
 resent from the stash to another next hop (GWTF: along the flows; SWARM:

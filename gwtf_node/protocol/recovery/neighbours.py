@@ -24,21 +24,28 @@ class Neighbours:
         return eff
 
     def set_neighbours(self, now: float, next_peers: Mapping[str, float], prev_peers: Mapping[str, float],
-                       peer_capacity: Mapping[str, int], prior_s: float) -> list:
+                       peer_capacity: Mapping[str, int], prior_s: float | Mapping[str, float]) -> list:
         """The driver's current neighbours: link cost to each next- and previous-stage peer.
 
         Replaces both maps; a next peer's capacity is taken from `peer_capacity`
         (a capacity of 0 or a missing one keeps what was known, else 1); a new
-        next peer's hand-off estimate starts at `prior_s`.  A next peer that was
+        next peer's hand-off estimate starts at `prior_s`: one value, or one per peer (priors.py), which
+        also starts the estimate of a previous peer it names (its backward hand-offs); a next peer it does not
+        name starts at `default_prior_s`.  A next peer that was
         not there before is a route again: a data node launches waiting
         microbatches, a relay retries its parked ones and sends `Room` to the
         peers it denied."""
         new_next = [j for j in next_peers if j not in self.next_peers]
         self.next_peers = dict(next_peers)
         self.prev_peers = dict(prev_peers)
+        per_peer = isinstance(prior_s, Mapping)
         for j in self.next_peers:
             self.peer_cap[j] = peer_capacity.get(j) or self.peer_cap.get(j, 1)
-            self.est.setdefault(j, prior_s)
+            self.est.setdefault(j, prior_s.get(j, self.cfg.default_prior_s) if per_peer else prior_s)
+        if per_peer:
+            for j in self.prev_peers:
+                if j in prior_s:
+                    self.est.setdefault(j, prior_s[j])
         eff: list = []
         if new_next:
             self.gone.difference_update(new_next)

@@ -42,19 +42,34 @@ The Table II setting, as modelled here (our choices where the paper is vague)
   settled reports it (`IterationDone`) to the leader it knows, and the
   acting leader's BEGIN AGGREGATION, the relays' passing it on and CAN TAKE
   are `Phases`' messages, resent until acknowledged.  The leader names the
-  members of every stage it knows (not reported gone).  A step is
-  all-reduce + optimizer step: AGG_S per node (+AGG_PEER_TIMEOUT_S when a
-  peer of the stage dies during it).  A node left out of an aggregation or
-  out of step loads its stage's state from a peer (`resyncs`).
+  members of every stage it knows (not reported gone).  A step is the
+  daemon's within-stage all-reduce (owner-based reduce-scatter and
+  all-gather of the stage's fp32 gradient over the links, 2 (n-1)/n of it
+  sent and received per member; redone among the survivors when a member
+  dies before doing its part) and the optimizer step (`allreduce.py`).  A
+  node left out of an aggregation or out of step loads its stage's state
+  from a group member (`resyncs`, `joining.py`).
+* Timing priors: the recovery machines' first hand-off and end-to-end
+  estimates are the daemon's rule (`protocol/recovery/priors.py`: the link's
+  transfer plus a compute allowance); `priors="modelled"` gives them the
+  peer's profiled compute times its capacity instead.
 * Churn P: at the start of every iteration each live relay crashes with
   probability P at a uniform random time within the length of the previous
   iteration (so in the forward pass, the backward pass or the aggregation).
-  A crashed relay comes back REJOIN_S later as a new joiner (new id, same
-  stage and capacity) after downloading its stage's state from a live stage
-  peer (stage state size / bandwidth).  It is announced to its neighbours as
-  soon as its download finished if the iteration is in training (its
-  parameters are the iteration's: no step is applied before the
-  aggregation), else when the next iteration opens (both policies).
+  A crashed relay's machine comes back REJOIN_S later as a new node and
+  joins as the daemon's do (`joining.py`: it asks the elected leader, whose
+  membership machine places it, possibly in another stage, and names a
+  state source; the state after the current iteration's step comes over the
+  link; then its neighbours take it).  A stage whose members all died has
+  no state left to hand over after iteration 0, so it stays empty (the
+  daemon brings such a stage back only from a relay's checkpoint): churn
+  spares the last live relay of a stage, as `gwtf-node local --churn` spares
+  a relay of every stage (`spare_last`, default on; scripted crashes are
+  never spared).
+  `joining="restart"`: the model before, the relay back in its own stage
+  with the state of a live stage peer (or from nowhere if none is left),
+  announced as soon as its download finished if the iteration is in
+  training (`join_mid_iteration`), else when the next iteration opens.
 * Membership (both policies): every live node learns of a crash DETECT_S
   after it (the daemon's liveness check: pings every 1 s, dead after 6 s of
   silence; `RecoveryNode.peer_gone`, `Phases.forget`; `detect_s=60`,
@@ -178,13 +193,15 @@ tensor transfer, control message, crash, iteration open and completed path
 from __future__ import annotations
 
 from .driver import TrainSim
+from .joining import JOININGS
 from .events import LEADER_MSGS, PHASE_MSGS, TENSOR_MSGS, Event
 from .setting import (
-    ACTIVATION_MB, AGG_PEER_TIMEOUT_S, AGG_S, BACKWARD_S, DAEMON_DETECT_S, DATA_FINAL_S, DATA_FWD_S,
+    ACTIVATION_MB, ALLREDUCE_TIMEOUT_S, BACKWARD_S, DAEMON_DETECT_S, DATA_FINAL_S, DATA_FWD_S,
     DATA_LOSS_S, DATA_NODES, DETECT_S, FLOW_CONVERGE_S, FLOW_OPTIONS,
-    FORWARD_S, IDEAL_MB_S, LINKS_FILE, MAX_SIM_S_PER_ITERATION, MICROBATCHES, PROFILE_FILE, REJOIN_S, ROUTINGS,
-    SETTINGS, SILENCE_S, STAGE_SIZES, STAGE_STATE_MB, SWARM_REACTIONS, Net, Setting, compute_s, initial_flows,
-    make_net, make_setting,
+    FORWARD_S, IDEAL_MB_S, LINKS_FILE, MAX_SIM_S_PER_ITERATION, MICROBATCHES, OPTIMIZER_STEP_S, PRIOR_RULES,
+    PROFILE_FILE, REJOIN_S, ROUTINGS,
+    SETTINGS, SILENCE_S, STAGE_SIZES, STAGE_STATE_MB, SWARM_REACTIONS, Net, Setting, compute_s, gradient_mb,
+    initial_flows, make_net, make_setting,
 )
 from .setting import TABLE6_SCALES, TABLE6_SETTINGS, make_table6
 

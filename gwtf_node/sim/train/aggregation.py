@@ -9,7 +9,6 @@ from ...protocol.messages import BeginAggregation, IterationDone, PhaseAck
 from ...protocol.phases import LeftOut, OpenIteration, OutOfStep, StartStep
 from ...protocol.recovery import IterationSettled
 from .events import Event
-from .setting import AGG_S, STAGE_STATE_MB
 
 
 class AggregationDriver:
@@ -75,29 +74,20 @@ class AggregationDriver:
                     self._apply(nid, rec.begin_aggregation(self.now, e.iteration, completed)[0])
                 if t is StartStep:
                     self._start_step(nid, e.iteration)
-                else:  # the stage state of the iteration after the step, from a stage peer
-                    self.resyncs += 1
-                    peers = self._peers(self.stage[nid], nid)
-                    dl = STAGE_STATE_MB * 8.0 / min(self.net.link(p, nid)[1] for p in peers) if peers else 0.0
-                    self._push(self.now + AGG_S + dl, Event.RESYNC, nid, e.iteration, None)
+                else:  # the stage state of the iteration after the step, from a stage peer (joining.py)
+                    if t is OutOfStep:
+                        self._allreduce_absent(nid, e.iteration)
+                    self._resync(nid, e.iteration)
             elif t is OpenIteration:
                 self._apply(nid, self.nodes[nid].open_iteration(self.now, e.iteration))
             else:
                 raise TypeError(f"unknown effect {e!r} from {nid}'s aggregation phase")
 
-    def _start_step(self, nid: str, it: int) -> None:
-        """All-reduce + optimizer step: AGG_S on the node's compute queue (longer if a stage peer dies)."""
-        start = max(self.now, self._busy.get(nid, 0.0))
-        end = start + AGG_S
-        self._busy[nid] = end
-        self._token += 1
-        self._agg_pending[nid] = (end, self._token, ("agg", it))
-        self._push(end, Event.DONE, nid, ("aggregate", ("agg", it), AGG_S, start), self._token)
-
     def _step_done(self, nid: str, it: int) -> None:
         self._apply(nid, self.nodes[nid].aggregation_done(self.now, it))
         nxt, prv = self._next_prev(nid)
         self._apply_phase(nid, self.phases[nid].on_step_done(self.now, it, nxt, prv))
+        self._serve_state(nid)  # state requests that waited for this step
 
     def _phase_message(self, nid: str, sender: str, msg) -> None:
         ph = self.phases[nid]
@@ -125,6 +115,7 @@ class AggregationDriver:
             else:
                 raise TypeError(f"unknown effect {e!r} from {nid}'s election")
         lead = self.leaders[nid].leader(self.now)
+        self._leadership_changed(nid)
         if lead == self._leader_seen[nid]:
             return
         self._leader_seen[nid] = lead

@@ -14,19 +14,22 @@ from ...protocol.flow import FlowNode
 from ...protocol.leader import LeaderConfig, LeaderMachine
 from ...protocol.phases import CanTakeRule, OpenIteration, Phases
 from ...protocol.recovery import Compute, IterationSettled, RecoveryConfig, RecoveryNode
+from ...protocol.recovery.priors import HOP_PRIOR_S, e2e_prior_s, hop_prior_s
 from ..engine import Simulator
 from .aggregation import AggregationDriver
+from .allreduce import AllReduceDriver
 from .events import LEADER_MSGS, PHASE_MSGS, TENSOR_MSGS, Event
 from .flows import FlowDriver
+from .joining import JOIN_MSGS, JOININGS, JoinDriver
 from .report import IterStats, Reporting
 from .setting import (
-    ACTIVATION_MB, AGG_PEER_TIMEOUT_S, AGG_S, BACKWARD_S, DETECT_S, FLOW_CONVERGE_S, FLOW_OPTIONS, FORWARD_S,
+    ACTIVATION_MB, BACKWARD_S, DETECT_S, FLOW_OPTIONS, FORWARD_S,
     IDEAL_MB_S, MAX_SIM_S_PER_ITERATION, MICROBATCHES, REJOIN_S, ROUTINGS, SILENCE_S, STAGE_SIZES,
-    STAGE_STATE_MB, SWARM_REACTIONS, Setting, compute_s, initial_flows,
+    PRIOR_RULES, STAGE_STATE_MB, SWARM_REACTIONS, Setting, compute_s, initial_flows,
 )
 
 
-class TrainSim(AggregationDriver, FlowDriver, Reporting):
+class TrainSim(AggregationDriver, AllReduceDriver, FlowDriver, JoinDriver, Reporting):
     """One Table II run in virtual time (module docstring).  Model switches, defaults in parentheses:
     `routing` ("machines": GWTF's flows by the flow machines; "oracle": the LP optimum installed globally),
     `reflow` (True; oracle only: re-install the optimum FLOW_CONVERGE_S after a change), `lend` (True; machines
@@ -37,7 +40,11 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
     with deferral, for both policies), `detect_s` (DETECT_S: how long after a crash the membership layer reports
     it); `crash_plan` / `rejoin` (True) for scripted crashes; `flows`: fixed flows
     (oracle-style, no machines); `routing="dtfm"` with `scheduler` (a `sim.schedule.routing.DtfmRouting` built on
-    this setting): DT-FM's static pipelines, recomputed `scheduler.delay_s` after each membership report.
+    this setting): DT-FM's static pipelines, recomputed `scheduler.delay_s` after each membership report;
+    `priors` ("links": the daemon's timing priors, protocol/recovery/priors.py; "modelled": `_prior`);
+    `joining` ("machines": a relay back after a crash joins through the leader's placement, joining.py;
+    "restart": it comes back in its stage, `join_mid_iteration` says when); `spare_last` (True: churn spares
+    the last live relay of a stage, `_spared`).
     `flow_cpu_s` sums the CPU time the flow machines took (GWTF's scheduler cost)."""
 
     machine_class = RecoveryNode  # every node's microbatch machine (a policy of its own may subclass it)
@@ -48,7 +55,8 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
                  join_mid_iteration: bool = True, swarm_reacts_to: str = "membership",
                  gwtf_acts_on_gone: bool = True, routing: str = "machines", flow_options: dict | None = None,
                  lend: bool = True, one_wave: bool = False, detect_s: float = DETECT_S, fastest_unit: bool = True,
-                 unpresume: bool = True, can_take: str = CanTakeRule.ALL.value, scheduler=None) -> None:
+                 unpresume: bool = True, can_take: str = CanTakeRule.ALL.value, scheduler=None,
+                 priors: str = "links", joining: str = "machines", spare_last: bool = True) -> None:
         if routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {ROUTINGS}, not {routing!r}")
         if (routing == "dtfm") != (scheduler is not None):
@@ -56,6 +64,25 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
                              "and only with that routing")
         if routing == "dtfm" and policy != "gwtf":
             raise ValueError(f"routing 'dtfm' executes a schedule with the gwtf microbatch machine, not {policy!r}")
+        if priors not in PRIOR_RULES:
+            raise ValueError(f"priors must be one of {PRIOR_RULES}, not {priors!r}")
+        self.priors = priors
+        if joining not in JOININGS:
+            raise ValueError(f"joining must be one of {JOININGS}, not {joining!r}")
+        self.joining = joining
+        self.spare_last = spare_last  # churn never kills the last live relay of a stage (`_spared`)
+        self.spared = 0
+        self.joiners: dict = {}  # joining.py: joiner id -> its JoinerMachine, until it comes in
+        self._joiner_cap: dict[str, int] = {}
+        self.joiner_count = 0
+        self.join_stats = {"asked": 0, "placed": 0, "loaded": 0, "in": 0}
+        self.placement: dict = {}  # acting leader -> its MembershipMachine
+        self._dht_leader: str | None = None  # the leader record in the DHT: the last data node that took office
+        self._state_waits: dict[str, list] = {}  # source -> state requests it holds (asker, steps)
+        self._resync_for: dict[tuple[str, str], int] = {}  # (node, source) -> the iteration it resyncs after
+        self._ready_at_open: list = []  # joiners ready during an aggregation: they come in at the next open
+        self._rounds: dict = {}  # allreduce.py: (stage, iteration, group) -> Round
+        self._absent: dict[tuple[int, int], set[str]] = {}  # (stage, iteration) -> named members that do not step
         self.scheduler = scheduler
         self.flow_cpu_s = 0.0
         self.formation: dict = {}
@@ -150,11 +177,28 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
                 and r not in self.data]
 
     def _prior(self, a: str, b: str, back: bool) -> float:
+        """`a`'s expected hand-off -> Complete time to `b` before it measured one: the daemon's rule
+        (protocol/recovery/priors.py: the link's transfer, d(a, b) without compute, plus a compute allowance), or
+        with `priors="modelled"` the transfer plus `b`'s profiled compute times its capacity (what the simulator
+        knows and a node does not)."""
+        if self.priors == "links":
+            return hop_prior_s(self._flow_cost(a, b))
         sb = self.stage[b]
         c = compute_s(sb, ("final" if back else "loss") if sb < 0 else ("backward" if back else "forward"))
         return self.net.transfer_s(a, b, ACTIVATION_MB) + c * max(1, self.cap.get(b, MICROBATCHES))
 
-    def _make(self, nid: str, stage: int, cap: int) -> RecoveryNode:
+    def _e2e_prior(self, nid: str, nxt: list[str]) -> float:
+        """A data node's expected launch -> final backward time before it measured one (`_prior`'s two rules;
+        "modelled": 2 (S + 1) mean hops of the data nodes to stage 0, plus the ideal compute of a microbatch)."""
+        if self.priors == "links":
+            return e2e_prior_s(self.S, [self._flow_cost(nid, j) for j in nxt])
+        if not hasattr(self, "_e2e"):
+            hop = statistics.mean(self.net.transfer_s(a, b, ACTIVATION_MB) for a in self.data
+                                  for b in self._peers(0, ""))
+            self._e2e = 2 * (self.S + 1) * hop + IDEAL_MB_S  # launch -> final backward, no queueing
+        return self._e2e
+
+    def _make(self, nid: str, stage: int, cap: int, applied: int | None = None) -> RecoveryNode:
         S = self.S
         if stage < 0:
             nxt, prv = self._peers(0, nid), self._peers(S - 1, nid)
@@ -164,15 +208,12 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
         cost = lambda a, b: self.net.transfer_s(a, b, ACTIVATION_MB) + self.net.transfer_s(b, a, ACTIVATION_MB)  # noqa: E731
         prior = {j: self._prior(nid, j, False) for j in nxt}
         prior.update({j: self._prior(nid, j, True) for j in prv})
-        if not hasattr(self, "_e2e"):
-            hop = statistics.mean(self.net.transfer_s(a, b, ACTIVATION_MB) for a in self.data
-                                  for b in self._peers(0, ""))
-            self._e2e = 2 * (S + 1) * hop + IDEAL_MB_S  # launch -> final backward, no queueing
-        e2e = self._e2e
+        e2e = self._e2e_prior(nid, nxt) if stage < 0 else 0.0
         cfg = RecoveryConfig(
             node_id=nid, stage=stage, last_stage=S - 1, capacity=cap, data_nodes=self._live_data(),
             next_peers={j: cost(nid, j) for j in nxt}, prev_peers={j: cost(nid, j) for j in prv},
             peer_capacity={j: self.cap.get(j, MICROBATCHES) for j in nxt + prv}, prior_s=prior,
+            default_prior_s=HOP_PRIOR_S if self.priors == "links" else RecoveryConfig.default_prior_s,
             e2e_prior_s=e2e, policy=self.machine_policy(),
             swarm_assumed_capacity=MICROBATCHES, act_on_gone=self.acts_on_gone, lend=self.lend,
             one_wave=self.one_wave, fastest_unit=self.fastest_unit)  # (SWARM: greedy, ignores it)
@@ -181,7 +222,8 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
         if self.policy == "gwtf" and nid in self.flows:
             m.set_flows(self.flows[nid])
         self.nodes[nid] = m
-        self.phases[nid] = Phases(nid, stage, S - 1, applied=self._iteration_now(), can_take=self.can_take)
+        self.phases[nid] = Phases(nid, stage, S - 1, applied=self._iteration_now() if applied is None else applied,
+                                  can_take=self.can_take)
         return m
 
     def _timer(self, versions: dict, kind: int, nid: str, e, component: str | None = None) -> None:
@@ -286,6 +328,7 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
         self.pending_joins = [j for j in self.pending_joins if j[0] > self.now]
         for _, old, stage, cap in ready:
             self._join(old, stage, cap)
+        self._ready_joiners_at_open()
         if self.routing == "dtfm" and self.reflow:  # a static schedule: recomputed only when joiners came in
             if ready:
                 self._push(self.now + self._settle_s(), Event.REFLOW, "", None, None)
@@ -303,7 +346,7 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
                 if r in self.data or r in self.dead:
                     continue
                 if self.crash_rng.random() < self.churn:
-                    self._push(self.now + self.crash_rng.random() * self.last_iter_s, Event.CRASH, r, None, None)
+                    self._push(self.now + self.crash_rng.random() * self.last_iter_s, Event.CRASH, r, "churn", None)
 
     def _live_data(self) -> tuple[str, ...]:
         return tuple(d for d in self.data if d not in self.dead)
@@ -322,11 +365,17 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
                 self._push(self.now + self._settle_s(), Event.REFLOW, "", self._live_members(), None)
 
     def _join(self, old: str, stage: int, cap: int) -> None:
-        self.joins += 1
-        nid = f"{old.split('~')[0]}~{self.joins}"
-        self.stage[nid], self.cap[nid] = stage, cap
+        """`joining="restart"`: the relay is back in its stage (a new id)."""
+        self.joiner_count += 1
+        nid = f"{old.split('~')[0]}~{self.joiner_count}"
         self.net.loc[nid] = self.net.loc[old]  # the same machine, restarted
-        self._make(nid, stage, cap)
+        self._add_node(nid, stage, cap)
+
+    def _add_node(self, nid: str, stage: int, cap: int, applied: int | None = None) -> None:
+        """A joiner comes in: its machines start and its neighbours take it (discovery: its Hello)."""
+        self.joins += 1
+        self.stage[nid], self.cap[nid] = stage, cap
+        self._make(nid, stage, cap, applied)
         if self.machines:
             self._started.add(nid)
             self._flow_joined(nid)
@@ -345,7 +394,18 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
             rec = self.nodes[p]
             self._unpresume(p)
             self._apply(p, rec.set_neighbours(self.now, rec.next_peers, {**rec.prev_peers, nid: cost(p, nid)},
-                                              {}, self._prior(p, nid, True)))
+                                              {}, {nid: self._prior(p, nid, True)}))
+
+    def _spared(self, nid: str) -> bool:
+        """`spare_last`: a churn crash of the last live relay of its stage is left out, as `gwtf-node local
+        --churn` spares a relay of every stage: after the first step a stage whose members all died has no state
+        a joiner could load (the daemon brings it back only from a relay's checkpoint)."""
+        if not self.spare_last or nid in self.dead or nid not in self.nodes or nid in self.data:
+            return False
+        if self._peers(self.stage[nid], nid):
+            return False
+        self.spared += 1
+        return True
 
     def _crash(self, nid: str) -> None:
         if nid in self.dead or nid not in self.nodes:
@@ -361,16 +421,13 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
             st.lost_contrib += len(keys)
             st.lost_contrib_s += len(keys) * (FORWARD_S + BACKWARD_S)
         stage = self.stage[nid]
-        for p, (end, tok, key) in list(self._agg_pending.items()):  # peers all-reducing with it wait
-            if p != nid and p not in self.dead and self.stage[p] == stage and end > self.now:
-                self._token += 1
-                self._agg_pending[p] = (end + AGG_PEER_TIMEOUT_S, self._token, key)
-                self._busy[p] = max(self._busy.get(p, 0.0), end + AGG_PEER_TIMEOUT_S)
-                self._push(end + AGG_PEER_TIMEOUT_S, Event.DONE, p, ("aggregate", key, AGG_S, end - AGG_S), self._token)
+        self._allreduce_crash(nid)  # its stage's round waits for the report if it had not done its part
         self._schedule_reflow()
         self._push(self.now + self.detect_s, Event.GONE, nid, None, None)
         if nid in self.data:
             self.data_crashed[nid] = self.nodes[nid].iteration
+        elif self.rejoin and self.joining == "machines":
+            self._push(self.now + REJOIN_S, Event.JOIN, nid, None, None)
         elif self.rejoin:
             peers = self._peers(stage, nid)
             dl = STAGE_STATE_MB * 8.0 / min(self.net.link(p, nid)[1] for p in peers) if peers else 0.0
@@ -400,13 +457,34 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
                 break
             t, kind, node, a, b = event
             if kind == Event.CRASH:
+                if a == "churn" and self._spared(node):
+                    continue
                 self._crash(node)
                 continue
             if kind == Event.REFLOW:
                 self._on_reflow(a)
                 continue
-            if kind == Event.JOIN:  # a joiner's download finished: it serves the iteration in training now
-                self._join_now(node)
+            if kind == Event.JOIN:
+                if self.joining == "machines":  # the crashed relay's machine is back: it asks the leader
+                    self._restart_as_joiner(node)
+                else:  # a joiner's download finished: it serves the iteration in training now
+                    self._join_now(node)
+                continue
+            if kind == Event.JOIN_LOOKUP:
+                self._lookup_leader(node)
+                continue
+            if kind == Event.JOIN_TIMER:
+                if self._tv.get((node, a)) == b:
+                    self._join_timer(node, a)
+                continue
+            if kind == Event.STATE:
+                self._state_arrived(node, b, a)
+                continue
+            if kind == Event.STEP_RETRY:
+                self._allreduce_retry(a)
+                continue
+            if kind == Event.MSG and type(b) in JOIN_MSGS:
+                self._join_message(node, a, b)
                 continue
             if kind == Event.FLOW_MSG or kind == Event.FLOW_TIMER:
                 if node in self.dead:
@@ -453,17 +531,11 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
                     self._apply_phase(node, self.phases[node].on_timer(t, key))
                 else:
                     self._leader_event(node, self.leaders[node].on_timer(t, key))
-            elif kind == Event.RESYNC:
-                nxt, prv = self._next_prev(node)
-                self._apply(node, m.aggregation_done(t, a))
-                self._apply_phase(node, self.phases[node].resynced(t, a + 1, nxt, prv))
             else:
                 ckind, key, dur, start = a
                 if ckind == "aggregate":
-                    pend = self._agg_pending.get(node)
-                    if pend is None or pend[1] != b:
+                    if not self._round_done(node, b):
                         continue
-                    del self._agg_pending[node]
                 else:
                     self._it(key[2]).compute_s += dur
                 if self.trace is not None:
@@ -485,6 +557,7 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
         hears it (the all-reduce needs the live group); the flow and microbatch machines only with `detect`
         (without it they find crashes by their own timeouts)."""
         self.reported_gone.add(gone)
+        self._placement_gone(gone)
         if self.detect and self.machines:
             self._flow_gone(gone)
         for nid in sorted(self.nodes):
@@ -499,6 +572,7 @@ class TrainSim(AggregationDriver, FlowDriver, Reporting):
         for d in self._live_data():
             if self._leading(d):
                 self._apply_phase(d, self._maybe_begin(d))
+        self._allreduce_gone(gone)  # a round that waits for it is redone among the survivors
 
     def _trace_compute(self, node: str, m, ckind: str, key, dur: float, start: float) -> None:
         self.trace.append(("compute", start, self.now, node, ckind, key, dur))

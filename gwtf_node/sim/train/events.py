@@ -23,7 +23,10 @@ class Event(enum.IntEnum):
     CRASH = 3  # `node` crashes
     REFLOW = 4  # oracle routing: the flows settle (a: the members)
     GONE = 5  # the membership layer reports `node` gone
-    JOIN = 6  # the joiner replacing `node` finished its download
+    JOIN = 6  # crashed relay `node` is back as a joiner (`joining="restart"`: its download finished)
     FLOW_MSG = 7  # a flow machine's message
     FLOW_TIMER = 8  # a flow machine's timer
-    RESYNC = 9  # `node` loaded its stage's state after the step of iteration `a`
+    STEP_RETRY = 9  # an all-reduce round waited ALLREDUCE_TIMEOUT_S for a named member that does not step (a: key)
+    JOIN_LOOKUP = 10  # joiner `node` looks the leader up in the DHT
+    JOIN_TIMER = 11  # a timer of a joiner's or a leader's membership machine (a: (component, key), b: its version)
+    STATE = 12  # a stage state reaches `node` (a: its steps, b: the source)

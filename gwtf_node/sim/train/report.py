@@ -6,6 +6,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from .joining import joining_report
 from ...protocol.pipeline import MbStatus
 from .setting import IDEAL_MB_S
 
@@ -138,7 +139,7 @@ class Reporting:
             "deferred_microbatches": deferred,
             "lost_contributions": sum(p.get("lost_contributions", 0) for p in fin),
             "lost_contribution_compute_s": mean("lost_contribution_compute_s"),
-            "crashes": len(self.crashes), "joins": self.joins, "routing": self.routing,
+            "crashes": len(self.crashes), "spared": self.spared, "joins": self.joins, "joining": joining_report(self), "routing": self.routing,
             "flow_messages": self.flow_messages,
             "protocol": stats,
             "phases": phase_stats,

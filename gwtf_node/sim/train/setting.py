@@ -19,7 +19,7 @@ STAGE_SIZES = (4, 3, 3, 3, 3)
 DATA_NODES = ("d0", "d1")
 MICROBATCHES = 4
 ACTIVATION_MB = 8.0 * 1.048576 * 32  # 8 MiB x 32, in MB
-STAGE_STATE_MB = 38e6 * 4 * 3 / 1e6  # weights + Adam moments of 3 blocks, fp32
+STAGE_STATE_MB = 38e6 * 4 * 3 / 1e6  # weights + Adam moments of 3 blocks, fp32 (RELAY_PARAMS below)
 PROFILE_FILE = Path(__file__).resolve().parents[2] / "data" / "stage_profile.json"  # scripts/profile_stages.py
 _RATIO = json.loads(PROFILE_FILE.read_text())["ratio_to_relay_forward"]
 FORWARD_S = 0.35  # the anchor: a relay stage's forward on the paper's GPU (module docstring)
@@ -27,8 +27,15 @@ BACKWARD_S = FORWARD_S * _RATIO["relay_backward"]
 DATA_FWD_S = FORWARD_S * _RATIO["data_forward"]
 DATA_LOSS_S = FORWARD_S * _RATIO["data_loss"]
 DATA_FINAL_S = FORWARD_S * _RATIO["data_final"]
-AGG_S = 10.0
-AGG_PEER_TIMEOUT_S = 30.0
+# The step of the aggregation phase (allreduce.py): the gradient of a stage is its parameters in fp32 (not scaled
+# like the activations); a relay stage has 3 blocks of d = 1024 (4 d^2 attention + 3 d x 2752 MLP: 12.6 M parameters
+# each), the data nodes' part the embedding and the head (32000 x 1024 each) and one block.
+RELAY_PARAMS = 38e6
+DATA_PARAMS = 2 * 32000 * 1024 + RELAY_PARAMS / 3
+# Adam over a relay stage reads and writes ~0.6 GB: ~5 ms on the paper's GPU (448 GB/s, shared by ~3.6 nodes); 0.1 s
+# bounds it generously, and the all-reduce's transfers (seconds) dominate anyway.
+OPTIMIZER_STEP_S = 0.1
+ALLREDUCE_TIMEOUT_S = 120.0  # the daemon's (runtime/aggregation.py): a round waits this long for a named member
 REJOIN_S = 60.0
 # membership: every node learns of a crash this long after it: the daemon's own liveness check (runtime/liveness.py:
 # pings every PING_EVERY_S = 1 s, dead after DEAD_AFTER_S = 6 s of silence; a test keeps them equal).  60 s
@@ -40,6 +47,7 @@ MAX_SIM_S_PER_ITERATION = 4 * 3600.0
 LINKS_FILE = Path(__file__).resolve().parents[2] / "data" / "geo12-links.json"  # shipped with the package
 
 SILENCE_S = DAEMON_DETECT_S - 1.0  # the daemon's DEAD_AFTER_S: a peer silent this long is no longer heard
+PRIOR_RULES = ("links", "modelled")  # the recovery machines' timing priors: the daemon's rule, or TrainSim._prior's model
 ROUTINGS = ("machines", "oracle", "dtfm")  # dtfm: DT-FM's static schedule (`sim/schedule/`)
 SWARM_REACTIONS = ("membership", "timeouts")  # what makes a SWARM data node restart a microbatch (module docstring)
 # The flow machines run with flow.py's defaults, as in the daemon: with two data nodes free-running labels with
@@ -135,9 +143,12 @@ def make_table6(scale: int, seed: int, data_nodes: int | None = None) -> Setting
     return Setting(name, relays, net, data)
 
 
+def gradient_mb(stage: int) -> float:
+    """MB of the gradient a member of `stage` (-1: the data nodes) all-reduces."""
+    return (DATA_PARAMS if stage < 0 else RELAY_PARAMS) * 4 / 1e6
+
+
 def compute_s(node_stage: int, kind: str) -> float:
-    if kind == "aggregate":
-        return AGG_S
     if node_stage < 0:
         return {"forward": DATA_FWD_S, "loss": DATA_LOSS_S, "final": DATA_FINAL_S}[kind]
     return BACKWARD_S if kind == "backward" else FORWARD_S  # forward, recompute
