@@ -119,7 +119,7 @@ def main() -> int:
     flags = (" --no-sensitivity" if args.no_sensitivity else "") + (
         " --variants " + " ".join(f'"{v}"' for v in args.variants) if args.variants and not args.no_sensitivity else "") + (
         " --reuse docs/bench_churn.json" if reused else "")
-    out = [f"# Churn benchmark: Table II of the GWTF paper in the simulator\n",
+    out = ["# Churn benchmark: Table II of the GWTF paper in the simulator\n",
            f"`nice -n 10 python scripts/bench_churn.py --iterations {args.iterations} --seeds {args.seeds}{flags}` "
            f"({time.time() - t0:.0f} s). Setting, model and metrics: the docstring of `gwtf_node/sim/train/`; "
            "protocol: `gwtf_node/protocol/recovery/`, `gwtf_node/protocol/phases.py`; task pool: "
