@@ -121,7 +121,7 @@ async def test_one_of_two_data_nodes_restarted(tmp_path: Path) -> None:
     microbatches each data node completed in each counted iteration, and the two data parts end equal.  The run
     is long enough that the survivor, which keeps the lease with the witness relay's vote, is still training when
     the restarted one is back."""
-    iterations = 30
+    iterations = 20
     man = default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=M)
     run = tmp_path / "run.json"
     save_manifest(man, run)

@@ -287,6 +287,29 @@ class Aggregation:
             self._apply(self.phases.resynced(now(), applied, self.peers.next_stage_ids(), self.peers.prev_stage_ids()))
 
     # ------------------------------------------------------------------ the step
+    def abstain(self, iteration: int) -> None:
+        """BEGIN of `iteration` names this node but its state is behind that step (OutOfStep: a newcomer that
+        loaded its state while the aggregation before ran).  Its stage-mates' all-reduce waits for every member
+        named, so it takes part with nothing: a zero sum and a zero count, which change neither the stage's sum
+        nor its count; it does not step, and fetches the state after that step from a stage peer
+        (joining.resync)."""
+        stage = self.peers.stage
+        named = self.phases.group(iteration, stage) if self.phases is not None and stage is not None else None
+        if not named or self.wire.me not in named or not self.stage.built:
+            return
+        self.wire.spawn(self._abstain, iteration, stage, sorted(named))
+
+    async def _abstain(self, iteration: int, stage: int, group: list[str]) -> None:
+        import torch
+
+        model = self.stage.model
+        log.info("iteration %d: out of step, taking part in the stage's all-reduce with nothing", iteration)
+        try:
+            zeros = await self.stage.run(lambda: torch.zeros_like(model.grad_vector()))
+            await self._all_reduce_survivors(f"s{stage}/it{iteration}", group, zeros, 0.0)
+        except Exception as e:  # noqa: BLE001 - the stage-mates then go on without it, as before
+            log.warning("iteration %d: taking part with nothing failed: %s", iteration, e)
+
     def start_step(self, e: StartStep) -> None:
         self.wire.spawn(self._step, e)
 

@@ -289,7 +289,7 @@ class Node:
             (Owner.MICROBATCHES, OpenIteration): microbatches.on_opened,
             (Owner.AGGREGATION, StartStep): aggregation.start_step,
             (Owner.AGGREGATION, LeftOut): lambda e: joining.resync(e.iteration),
-            (Owner.AGGREGATION, OutOfStep): lambda e: joining.resync(e.iteration),
+            (Owner.AGGREGATION, OutOfStep): lambda e: (aggregation.abstain(e.iteration), joining.resync(e.iteration)),
             (Owner.AGGREGATION, OpenIteration): self._open_iteration,
         }
         self.senders = {Owner.AGGREGATION: aggregation.send}
