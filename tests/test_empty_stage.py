@@ -95,7 +95,9 @@ async def test_empty_stage_pauses_then_resumes(tmp_path: Path) -> None:
         share = await trio.to_thread.run_sync(cpu_share, swarm.procs["d0"].pid, 4.0)
         assert len(swarm.records()) == before, "an iteration was recorded while stage 0 was empty"
         print(f"paused data node: {share:.1%} of a CPU over 4 s, {len(swarm.records())} records before and after")
-        assert share < 0.10, f"the paused data node used {share:.0%} of a CPU"
+        # not a speed target: a node that spins while paused uses a whole CPU; its election heartbeats, status
+        # writes and the other worker's swarm on the same cores make the idle figure vary (3-11 % seen)
+        assert share < 0.5, f"the paused data node used {share:.0%} of a CPU: it spins instead of waiting"
         assert status(tmp_path, "d0")["paused"]["iteration"] == paused["iteration"]
         log = log_text(tmp_path, "d0")
         assert len(re.findall(r"not opened: stage 0 has no live relay", log)) == 1, log[-3000:]
