@@ -25,10 +25,11 @@ async def test_payloads_fall_back_to_libp2p_when_the_tensor_channel_cannot_be_di
         if len(got) == 4:
             done.set()
 
-    with socket.socket() as closed:  # a port nobody listens on: the dial is refused at once
-        closed.bind(("127.0.0.1", 0))
-        dead_port = closed.getsockname()[1]
-    with trio.fail_after(30):
+    # a port bound but not listening, held for the whole test (closed, another listener of this test or of a
+    # parallel one could be given it): the dial is refused at once
+    with socket.socket() as held, trio.fail_after(30):
+        held.bind(("127.0.0.1", 0))
+        dead_port = held.getsockname()[1]
         async with open_host(tmp_path / "b", dht=False) as b, \
                 open_host(tmp_path / "a", dht=False, bootstrap=b.addrs) as a:
             b.set_handler(handler)
