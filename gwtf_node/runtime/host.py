@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import errno
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -255,30 +255,9 @@ class Host(HostDht, conninfo.HostConnections):
                 raise delivery.error
 
     async def _send_ctrl(self, peer_id: str, data: bytes) -> None:
-        lock = self._ctrl_locks.setdefault(peer_id, trio.Lock())
-        async with lock:
-            last: BaseException | None = None
-            for _attempt in range(2):
-                try:
-                    with trio.fail_after(self.send_timeout):
-                        stream = self._ctrl_out.get(peer_id)
-                        if stream is None:
-                            stream = await self._new_stream(peer_id, CTRL_PROTOCOL_ID)
-                            self._ctrl_out[peer_id] = stream
-                        await stream.write(data)
-                    self.stats["frames_out"] += 1
-                    self.stats["bytes_out"] += len(data)
-                    return
-                except _PEER_ERRORS as e:
-                    last = e
-                    stream = self._ctrl_out.pop(peer_id, None)
-                    if stream is not None:
-                        with trio.move_on_after(1):
-                            try:
-                                await stream.reset()
-                            except _PEER_ERRORS:
-                                pass
-            raise PeerUnreachable(f"control frame to {peer_id} failed: {last!r}") from last
+        async with self._ctrl_locks.setdefault(peer_id, trio.Lock()):
+            await self._write_frame(peer_id, self._ctrl_out, CTRL_PROTOCOL_ID, lambda: (data,), len(data),
+                                    "control frame")
 
     async def _send_tensor(self, peer_id: str, header: bytes, envelope: bytes, payload: memoryview) -> None:
         lock = self._tensor_locks.setdefault(peer_id, trio.Lock())
@@ -318,30 +297,41 @@ class Host(HostDht, conninfo.HostConnections):
 
     async def _send_payload_libp2p(self, peer_id: str, header: bytes, envelope: bytes, payload: memoryview) -> None:
         """One payload frame on the `PAYLOAD_PROTOCOL_ID` stream to `peer_id` (the caller holds its tensor lock)."""
+        def parts():
+            yield header + envelope
+            for off in range(0, len(payload), LIBP2P_CHUNK_BYTES):
+                yield bytes(payload[off:off + LIBP2P_CHUNK_BYTES])
+
+        await self._write_frame(peer_id, self._payload_out, PAYLOAD_PROTOCOL_ID, parts, len(payload),
+                                "payload frame over libp2p")
+
+    async def _write_frame(self, peer_id: str, streams: dict[str, INetStream], protocol: TProtocol,
+                           parts: Callable[[], Iterable[bytes]], counted: int, what: str) -> None:
+        """Write one frame (`parts()`) on `streams[peer_id]`, opened with `protocol` when missing; on failure once
+        more on a new stream (a half-written frame poisons a stream); `PeerUnreachable` when both fail."""
         last: BaseException | None = None
         for _attempt in range(2):
             try:
                 with trio.fail_after(self.send_timeout):
-                    stream = self._payload_out.get(peer_id)
+                    stream = streams.get(peer_id)
                     if stream is None:
-                        stream = await self._new_stream(peer_id, PAYLOAD_PROTOCOL_ID)
-                        self._payload_out[peer_id] = stream
-                    await stream.write(header + envelope)
-                    for off in range(0, len(payload), LIBP2P_CHUNK_BYTES):
-                        await stream.write(bytes(payload[off:off + LIBP2P_CHUNK_BYTES]))
+                        stream = await self._new_stream(peer_id, protocol)
+                        streams[peer_id] = stream
+                    for part in parts():
+                        await stream.write(part)
                 self.stats["frames_out"] += 1
-                self.stats["bytes_out"] += len(payload)
+                self.stats["bytes_out"] += counted
                 return
             except _PEER_ERRORS as e:
                 last = e
-                stream = self._payload_out.pop(peer_id, None)  # a half-written frame poisons the stream
+                stream = streams.pop(peer_id, None)
                 if stream is not None:
                     with trio.move_on_after(1):
                         try:
                             await stream.reset()
                         except _PEER_ERRORS:
                             pass
-        raise PeerUnreachable(f"payload frame to {peer_id} over libp2p failed: {last!r}") from last
+        raise PeerUnreachable(f"{what} to {peer_id} failed: {last!r}") from last
 
     async def _new_stream(self, peer_id: str, protocol: TProtocol) -> INetStream:
         pid = ID.from_base58(peer_id)
