@@ -1,6 +1,6 @@
 """Leader election (protocol/leader.py) in the simulator: crashes, partitions, the bound.
 
-Every machine is wrapped by `Net`, which drops messages across a partition
+Every machine is wrapped by `Net` (tests/leadernet.py), which drops messages across a partition
 (at send and at delivery) and checks the safety invariants after *every*
 event of the run: at most one node acting as leader at any instant, and never
 two nodes acting as leader of the same term.  Runs are pure functions of
@@ -10,7 +10,6 @@ their seed; a failing case prints it.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,112 +18,26 @@ from hypothesis import strategies as st
 from gwtf_node.protocol.effects import Send
 from gwtf_node.protocol.leader import LeaderConfig, LeaderMachine, Role
 from gwtf_node.protocol.messages import HeartbeatAck, LeaderHeartbeat, RequestVote, Vote
-from gwtf_node.sim.engine import Simulator
 
-LEASE_S, ET_S, HB_S = 2.0, (2.5, 4.0), 0.5
-MAX_DELAY_S = 0.05  # delta: the largest one-way delay of the simulated links
+from leadernet import ET_S, HB_S, LEASE_S, MAX_DELAY_S, LeaderNet, Wrapped, elect, takeover_bound_s
 
 
-def takeover_bound_s(delta: float = MAX_DELAY_S) -> float:
-    """leader.py's liveness bound after the leader vanishes, for one election round."""
-    return delta + ET_S[1] + 4 * delta
-
-
-class Net:
-    """Simulator + partitions + the invariants checked at every event."""
+class Net(LeaderNet):
+    """Data nodes d0.. (and witnesses w0..), every one a voter from the start."""
 
     def __init__(self, n: int, seed: int, witnesses: int = 0) -> None:
         self.ids = [f"d{i}" for i in range(n)]
         self.witness_ids = [f"w{i}" for i in range(witnesses)]
-        rng = random.Random(seed)
-        everyone = self.ids + self.witness_ids
-        delays = {(a, b): rng.uniform(0.005, MAX_DELAY_S) for a in everyone for b in everyone}
-        self.sim = Simulator(lambda a, b: delays.get((a, b)))  # later nodes: fallback delay
-        self.groups: list[set[str]] | None = None
-        self.cut_links: set[frozenset[str]] = set()  # single links down (non-transitive partitions)
-        self.machines: dict[str, LeaderMachine] = {}
-        self.leader_of_term: dict[int, str] = {}
-        self.acting_log: list[tuple[float, str, int]] = []  # (first time seen acting, node, term)
-        for nid in everyone:
+        super().__init__(self.ids + self.witness_ids, seed)
+        for nid in self.ids + self.witness_ids:
             self.add(nid, seed)
 
     def add(self, nid: str, seed: int, data_nodes: tuple[str, ...] | None = None) -> LeaderMachine:
         cfg = LeaderConfig(nid, tuple(data_nodes or self.ids), tuple(self.witness_ids), LEASE_S, ET_S, HB_S)
         m = LeaderMachine(cfg, random.Random(f"{seed}/{nid}"))
         self.machines[nid] = m
-        self.sim.add(nid, _Wrapped(self, nid, m))
+        self.sim.add(nid, Wrapped(self, nid))
         return m
-
-    # ---- partitions ----
-
-    def partition(self, *groups: set[str]) -> None:
-        self.groups = [set(g) for g in groups]
-
-    def heal(self) -> None:
-        self.groups = None
-        self.cut_links = set()
-
-    def cut(self, a: str, b: str) -> bool:
-        if frozenset((a, b)) in self.cut_links:
-            return True
-        if self.groups is None:
-            return False
-        side = {n: i for i, g in enumerate(self.groups) for n in g}  # a node in no group is isolated
-        return a != b and (a not in side or b not in side or side[a] != side[b])
-
-    # ---- invariants ----
-
-    def check(self, now: float) -> None:
-        acting = [(n, m.term) for n, m in self.machines.items() if m.is_leader(now)]
-        assert len(acting) <= 1, f"two leaders acting at t={now:.3f}: {acting}"
-        for n, term in acting:
-            holder = self.leader_of_term.setdefault(term, n)
-            assert holder == n, f"term {term} has two leaders: {holder} and {n}"
-            if not self.acting_log or self.acting_log[-1][1:] != (n, term):
-                self.acting_log.append((now, n, term))
-
-    # ---- running ----
-
-    def run(self, until: float) -> None:
-        self.sim.run_until(until)
-
-    def acting(self, now: float | None = None) -> str | None:
-        now = self.sim.now if now is None else now
-        found = [n for n, m in self.machines.items() if n not in self.sim.dead and m.is_leader(now)]
-        return found[0] if found else None
-
-    def first_acting_after(self, t: float, exclude: str | None = None) -> float | None:
-        return next((at for at, n, _ in self.acting_log if at >= t and n != exclude), None)
-
-
-@dataclass
-class _Wrapped:
-    net: Net
-    nid: str
-    m: LeaderMachine
-
-    def _out(self, now: float, effects: list) -> list:
-        self.net.check(now)
-        return [e for e in effects if not (type(e) is Send and self.net.cut(self.nid, e.to))]
-
-    def start(self, now: float) -> list:
-        return self._out(now, self.m.start(now))
-
-    def on_timer(self, now: float, key: str) -> list:
-        return self._out(now, self.m.on_timer(now, key))
-
-    def on_message(self, now: float, sender: str, msg: object) -> list:
-        if self.net.cut(sender, self.nid):
-            return []  # the partition began while the message was in flight
-        return self._out(now, self.m.on_message(now, sender, msg))
-
-
-def elect(net: Net, until: float = 15.0) -> str:
-    net.sim.start_all()
-    net.run(until)
-    leader = net.acting()
-    assert leader is not None, "no leader elected"
-    return leader
 
 
 # ---- election and stability -------------------------------------------------

@@ -1,9 +1,9 @@
 """The voter set of the election (protocol/leader.py "Voter set", protocol/voters.py): witnesses, changes, leases.
 
 Two data nodes plus relays that may be chosen as witnesses run in the
-simulator; `Net` drops, loses and duplicates messages, crashes and restarts
-machines (a restarted one is restored from what it persisted) and checks
-after *every* event that no two nodes act as leader at once (a crashed
+simulator; `Net` (on tests/leadernet.py) drops, loses and duplicates
+messages, crashes and restarts machines (a restarted one is restored from
+what it persisted) and checks after *every* event that no two nodes act as leader at once (a crashed
 incarnation counts until its lease ends) and that no term has two leaders.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -23,34 +22,22 @@ from gwtf_node.protocol.messages import HeartbeatAck, LeaderHeartbeat, RequestVo
 from gwtf_node.protocol.voters import LEASE_RTT_FACTOR, VoterSet, lease_for_rtts, next_change, witnesses_needed
 from gwtf_node.sim.engine import Simulator
 
-LEASE_S, ET_S, HB_S = 2.0, (2.5, 4.0), 0.5
+from leadernet import ET_S, HB_S, LEASE_S, LeaderNet, Wrapped, elect, takeover_bound_s
+
 GONE_S = 10.0  # the voter timeout of these runs (shorter than the daemon's, to keep runs short)
-MAX_DELAY_S = 0.05
 
 
-def takeover_bound_s(rounds: int = 1) -> float:
-    """leader.py's liveness bound after the leader vanishes, `rounds` election rounds."""
-    return MAX_DELAY_S + rounds * (ET_S[1] + 4 * MAX_DELAY_S)
+class Net(LeaderNet):
+    """Data nodes d0.. and relays r0.. that may be chosen as witnesses; crashes and restarts."""
 
-
-class Net:
     def __init__(self, n_data: int, n_relays: int, seed: int, loss: float = 0.0, dup: float = 0.0) -> None:
         self.data = [f"d{i}" for i in range(n_data)]
         self.relays = [f"r{i}" for i in range(n_relays)]
         self.everyone = self.data + self.relays
-        self.rng = random.Random(seed)
-        self.seed = seed
-        self.loss, self.dup = loss, dup
-        delays = {(a, b): self.rng.uniform(0.005, MAX_DELAY_S) for a in self.everyone for b in self.everyone}
-        self.sim = Simulator(lambda a, b: delays.get((a, b)))
-        self.groups: list[set[str]] | None = None
-        self.machines: dict[str, LeaderMachine] = {}
-        self.ghosts: list[LeaderMachine] = []  # crashed incarnations: checked until their lease ends
-        self.leader_of_term: dict[int, str] = {}
-        self.acting_log: list[tuple[float, str, int]] = []
+        super().__init__(self.everyone, seed, loss, dup)
         self.incarnation: dict[str, int] = {}
         for nid in self.everyone:
-            self.sim.add(nid, _Wrapped(self, nid))
+            self.sim.add(nid, Wrapped(self, nid))
             self.machines[nid] = self._machine(nid, None)
 
     def _machine(self, nid: str, saved: dict | None) -> LeaderMachine:
@@ -73,80 +60,6 @@ class Net:
         self.machines[nid] = self._machine(nid, old.persistent_state())
         self.sim.dead.discard(nid)
         self.sim._apply(nid, self.sim.machines[nid].start(self.sim.now))
-
-    def partition(self, *groups: set[str]) -> None:
-        self.groups = [set(g) for g in groups]
-
-    def heal(self) -> None:
-        self.groups = None
-
-    def cut(self, a: str, b: str) -> bool:
-        if self.groups is None or a == b:
-            return False
-        side = {n: i for i, g in enumerate(self.groups) for n in g}
-        return a not in side or b not in side or side[a] != side[b]
-
-    def check(self, now: float) -> None:
-        acting = [(n, m.term) for n, m in self.machines.items() if m.is_leader(now)]
-        acting += [(g.id, g.term) for g in self.ghosts if g.is_leader(now)]
-        assert len(acting) <= 1, f"two leaders acting at t={now:.3f}: {acting}"
-        for n, term in acting:
-            holder = self.leader_of_term.setdefault(term, n)
-            assert holder == n, f"term {term} has two leaders: {holder} and {n}"
-            if not self.acting_log or self.acting_log[-1][1:] != (n, term):
-                self.acting_log.append((now, n, term))
-
-    def run(self, until: float) -> None:
-        self.sim.run_until(until)
-
-    def acting(self) -> str | None:
-        now = self.sim.now
-        found = [n for n, m in self.machines.items() if n not in self.sim.dead and m.is_leader(now)]
-        return found[0] if found else None
-
-    def first_acting_after(self, t: float, exclude: str | None = None) -> float | None:
-        return next((at for at, n, _ in self.acting_log if at >= t and n != exclude), None)
-
-
-@dataclass
-class _Wrapped:
-    net: Net
-    nid: str
-
-    @property
-    def m(self) -> LeaderMachine:
-        return self.net.machines[self.nid]
-
-    def _out(self, now: float, effects: list) -> list:
-        self.net.check(now)
-        out = []
-        for e in effects:
-            if type(e) is Send:
-                if self.net.cut(self.nid, e.to) or self.net.rng.random() < self.net.loss:
-                    continue
-                if self.net.rng.random() < self.net.dup:
-                    out.append(e)
-            out.append(e)
-        return out
-
-    def start(self, now: float) -> list:
-        return self._out(now, self.m.start(now))
-
-    def on_timer(self, now: float, key: str) -> list:
-        return self._out(now, self.m.on_timer(now, key))
-
-    def on_message(self, now: float, sender: str, msg: object) -> list:
-        if self.net.cut(sender, self.nid):
-            return []
-        return self._out(now, self.m.on_message(now, sender, msg))
-
-
-def elect(net: Net, until: float = 15.0) -> str:
-    net.sim.start_all()
-    net.run(until)
-    leader = net.acting()
-    assert leader is not None, "no leader elected"
-    return leader
 
 
 # ---- witnesses --------------------------------------------------------------
@@ -326,7 +239,7 @@ def test_leases_from_slow_links_keep_a_leader() -> None:
     slow = {(a, b): 0.9 for a in net.everyone for b in net.everyone}
     net.sim = Simulator(lambda a, b: slow.get((a, b)))
     for nid in net.everyone:
-        net.sim.add(nid, _Wrapped(net, nid))
+        net.sim.add(nid, Wrapped(net, nid))
         net.machines[nid].set_lease(lease_for_rtts({p: 1.8 for p in net.everyone}, net.everyone, nid, 2.0, 30.0))
     leader = elect(net, until=60.0)
     for k in range(40):
