@@ -1,10 +1,11 @@
 """The voter set of the election (protocol/leader.py "Voter set", protocol/voters.py): witnesses, changes, leases.
 
 Two data nodes plus relays that may be chosen as witnesses run in the
-simulator; `Net` (on tests/leadernet.py) drops, loses and duplicates
-messages, crashes and restarts machines (a restarted one is restored from
-what it persisted) and checks after *every* event that no two nodes act as leader at once (a crashed
-incarnation counts until its lease ends) and that no term has two leaders.
+simulator; `Net` (on tests/leadernet.py) drops, loses and duplicates messages,
+crashes and restarts machines (a restarted one is restored from what it
+persisted) and checks after *every* event that no two nodes act as leader at
+once (a crashed incarnation counts until its lease ends) and that no term has
+two leaders.
 """
 
 from __future__ import annotations
