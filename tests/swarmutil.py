@@ -48,3 +48,22 @@ def status(workdir: Path, name: str) -> dict:
 def log_text(workdir: Path, name: str) -> str:
     path = workdir / name / "node.log"
     return path.read_text(errors="replace") if path.exists() else ""
+
+
+DIGEST = ("settled", "flows formed", "through a relay", "joined the swarm", "presumed dead", "deferred", "denied", "back after", "refused", "failed",
+          "WARNING", "ERROR")
+
+
+def log_digest(workdir: Path, names, limit: int = 1500) -> str:
+    """The lines of the nodes' logs that explain a wrong iteration record, short enough for an assertion message
+    (CI prints a failing test's message whole, but not always its output): time, node, message."""
+    out = []
+    for name in names:
+        for line in log_text(workdir, name).splitlines():
+            if "auto_connector" in line or "gwtf" not in line or not any(w in line for w in DIGEST):
+                continue
+            stamp, _, rest = line.partition(" INFO ") if " INFO " in line else line.partition(" gwtf")
+            out.append(f"{stamp[11:23]} {name}: {rest.split(': ', 1)[-1][:160]}")
+    out.sort()
+    text = " | ".join(out)
+    return text if len(text) <= limit else "…" + text[-limit:]

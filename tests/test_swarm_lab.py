@@ -19,6 +19,7 @@ from pathlib import Path
 
 import labutil
 import pytest
+from swarmutil import log_digest
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.model.reference import train_centralized
@@ -58,7 +59,7 @@ def test_swarm_behind_a_nat_router_equals_centralized(lab, tmp_path: Path) -> No
     ref = train_centralized(man, ITERATIONS, data_nodes=1)
     assert [r["iteration"] for r in records] == list(range(ITERATIONS))
     for rec, loss in zip(records, ref.losses):
-        assert rec["microbatches"] == 4
+        assert rec["microbatches"] == 4, (rec, log_digest(tmp_path, where))
         assert rec["loss"] == pytest.approx(loss, rel=1e-4), (rec, loss)
     # d0 reaches the home relays only over the connections they opened, and sends them tensors there;
     # the two homes reach each other through d0's relay
