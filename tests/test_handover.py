@@ -93,3 +93,49 @@ async def test_a_joiner_refuses_a_tampered_state_and_takes_the_stage_state_from_
                 == second.stage.model.state_hash() != hostile.stage.model.state_hash()
             for node in nodes.values():
                 node.stop()
+
+
+@pytest.mark.trio
+async def test_a_joiner_whose_state_source_dies_before_answering_takes_the_state_from_another_member(
+        tmp_path: Path) -> None:
+    run = tmp_path / "run.json"
+    save_manifest(default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=2), run)
+    nodes: dict[str, Node] = {}
+    with trio.fail_after(DEADLINE_S):
+        async with trio.open_nursery() as nursery:
+            async def start(name: str, boot: str | None) -> Node:
+                node = Node(NodeOptions(run_path=run, role="relay", stage=0, state_dir=tmp_path / name, name=name,
+                                        bootstrap=[boot] if boot else [], insecure_unsigned=True,
+                                        bootstrap_timeout_s=0, settle_s=0.2))
+                nodes[name] = node
+                nursery.start_soon(node.run)
+                await until(lambda: node.parts is not None and (tmp_path / name / "addr").exists()
+                            and node.stage.built, f"{name} listens with its stage built")
+                return node
+
+            a = await start("a", None)
+            boot = (tmp_path / "a" / "addr").read_text().split()[0]
+            silent = await start("silent", boot)
+            joiner = await start("joiner", boot)
+            ids = {n: node.parts.wire.me for n, node in nodes.items()}
+            await until(lambda: {ids["a"], ids["silent"]} <= set(joiner.peers.ids("relay", 0)),
+                        "the joiner knows the stage's members")
+            asked = trio.Event()
+
+            async def never_answer(peer, msg) -> None:
+                asked.set()
+                await trio.sleep_forever()
+
+            silent.parts.joining._answer_state_request = never_answer
+            nursery.start_soon(joiner.parts.joining.fetch_state, ids["silent"], 0)
+            with trio.fail_after(30):
+                await asked.wait()
+            silent.stop()  # dies holding the request
+            await until(lambda: joiner.peers.is_gone(ids["silent"]), "the joiner finds the source gone", 30)
+            with trio.fail_after(30):  # not the 600 s a source is given to answer
+                await joiner.parts.joining.state_loaded.wait()
+            assert joiner.parts.joining.fetch_source == ids["a"]
+            assert joiner.parts.joining.handover["source"] == ids["a"], joiner.parts.joining.handover
+            assert joiner.stage.model.state_hash() == a.stage.model.state_hash()
+            for node in nodes.values():
+                node.stop()

@@ -23,8 +23,9 @@ from gwtf_node.sim import train as T
 
 
 def test_a_recovery_with_every_stage0_relay_full_does_not_stall_the_iteration() -> None:
-    """Seed 3, heterogeneous, 10% churn: iteration 13 used to last 3,226 s (a Recover found no stage-0 relay
-    with room and nothing retried it before six watchdog rounds gave the microbatch up)."""
+    """Seed 3, heterogeneous, 10% churn: a Recover that finds no stage-0 relay with room is retried when a slot
+    frees, and a probe round presumes dead the stage-0 holder that failed, not the live relay that denied the
+    Recover (else no first hop is left and six watchdog rounds, ~2,900 s, pass before the microbatch is given up)."""
     rep = T.run_train("table2-heterogeneous", "gwtf", 0.1, 25, 3)
     assert rep["lost_microbatches"] == 0 and rep["unfinished_iterations"] == 0
     assert max(p["iteration_s"] for p in rep["per_iteration"] if p["finished"]) < 1500

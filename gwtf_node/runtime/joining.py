@@ -339,7 +339,10 @@ class Joining:
         While it waits, a BEGIN AGGREGATION that leaves it out raises the steps
         it needs (`resync`); the request is then sent again, and a reply with
         fewer steps is refused, so the state it ends with is never behind an
-        aggregation it missed.
+        aggregation it missed.  A source that is gone (presumed dead, or it
+        left) before it answered is replaced by another ready member of its
+        role and stage (`_replacement_source`); with none, the request goes
+        to it again once it is back.
         """
         if not self.peers.place.joining:  # (a joiner already said so: a second Hello could overtake the next)
             self.peers.set_standing(joining=True)
@@ -350,7 +353,15 @@ class Joining:
         asked, asked_from = -1, None
         while not self.state_loaded.is_set():
             src = self.fetch_source
-            if asked != self.want_after or asked_from != src or now() > self._ask_deadline:
+            if self.peers.is_gone(src):  # presumed dead, or it left, before it answered
+                alt = self._replacement_source(src)
+                if alt is None:
+                    asked_from = None  # nobody else: ask it again as soon as it is back (its Hello)
+                else:
+                    log.warning("state source %s is gone: asking %s", self.peers.who(src), self.peers.who(alt))
+                    self.fetch_source = src = alt
+            if not self.peers.is_gone(src) and (
+                    asked != self.want_after or asked_from != src or now() > self._ask_deadline):
                 if asked == self.want_after and asked_from == src:
                     log.warning("no state taken from %s yet: asking again", self.peers.who(src))
                 asked, asked_from = self.want_after, src
@@ -358,6 +369,15 @@ class Joining:
                 await self.wire.send(src, m.StageStateRequest(self.peers.stage, asked))
             with trio.move_on_after(0.2):
                 await self.state_loaded.wait()
+
+    def _replacement_source(self, gone: str) -> str | None:
+        """Another member to take the state from in place of `gone`: a ready member of the same role and stage (the
+        nearest first), not one whose state a quorum refused; None if there is none."""
+        cands = [p for p in self.peers.ids(self.peers.role, self.peers.stage)
+                 if p not in (gone, self.wire.me) and p not in self._tried_sources
+                 and not self.peers.get(p).joining and not self.peers.get(p).leaving]
+        rtt = {p: self.peers.get(p).rtt_ms for p in cands}
+        return min(cands, key=lambda p: (rtt[p] is None, rtt[p] or 0.0, p), default=None)
 
     def on_state_request(self, peer: str, msg: m.StageStateRequest) -> None:
         # answered in its own task: it may wait for a step, and this peer's other frames (Pings) must not

@@ -101,8 +101,11 @@ class Rounds:
             end = min([s for s in bad if s > hi] + [s for s in range(hi + 1, S) if m.path[s] is None] + [S])
             rest = ("",) * (hi - lo + 1) + tuple(m.path[hi + 1:end]) + ((self.me,) if end == S else ())
             if lo == 0:
-                self._presume_dead(m.next)
-                m.tried = {m.next} if m.next is not None else set()
+                # the stage-0 holder failed it; `m.next` may instead be a relay a Recover was offered to, which
+                # denied it (full, alive): presuming that one dead would leave no first hop to recover through
+                hop = m.path[0] if m.path[0] is not None else m.next
+                self._presume_dead(hop)
+                m.tried = {hop} if hop is not None else set()
                 m.rest = rest
                 self._src_route(now, m, eff)
             else:

@@ -79,6 +79,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, FlowDriver, JoinDriver, Repor
         self.placement: dict = {}  # acting leader -> its MembershipMachine
         self._dht_leader: str | None = None  # the leader record in the DHT: the last data node that took office
         self._state_waits: dict[str, list] = {}  # source -> state requests it holds (asker, steps)
+        self._join_source: dict[str, str] = {}  # placed joiner -> the member it asked for the stage state
         self._resync_for: dict[tuple[str, str], int] = {}  # (node, source) -> the iteration it resyncs after
         self._ready_at_open: list = []  # joiners ready during an aggregation: they come in at the next open
         self._rounds: dict = {}  # allreduce.py: (stage, iteration, group) -> Round
@@ -558,6 +559,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, FlowDriver, JoinDriver, Repor
         (without it they find crashes by their own timeouts)."""
         self.reported_gone.add(gone)
         self._placement_gone(gone)
+        self._source_gone(gone)
         if self.detect and self.machines:
             self._flow_gone(gone)
         for nid in sorted(self.nodes):

@@ -34,9 +34,11 @@ order, run by the pure machines of `protocol/membership.py` and
    ready Hello; here both happen at ready, so that no flow message reaches a
    machine that does not know its sender.)
 
-A joiner does not crash while it joins.  A joiner whose source dies before
-answering waits for good, as the daemon's does (it asks that source again
-every STATE_WAIT_S): `joining["stuck"]` in the report counts them.
+A joiner does not crash while it joins.  A joiner whose source is reported
+gone before it answered asks another ready member of the stage (the nearest),
+as the daemon's `_fetch_state`; with none left it waits for good (a crashed
+relay comes back with another id): `joining["stuck"]` in the report counts
+them.
 
 `joining="restart"` is the model before the machines ran: the relay comes
 back in the stage it left, its download (STAGE_STATE_MB from a live stage
@@ -161,7 +163,22 @@ class JoinDriver:
         if a.download_from == INITIAL:  # an empty stage before any step: the run's initial weights
             self._state_loaded(nid, 0)
             return
+        self._join_source[nid] = a.download_from
         self._send(nid, Send(a.download_from, StageStateRequest(a.stage, a.start_iteration)))
+
+    def _source_gone(self, gone: str) -> None:
+        """`gone` is reported gone: a joiner that waits for its state from it asks another ready member of the stage
+        (`Joining._replacement_source`: the nearest, never a joiner)."""
+        for nid, src in sorted(self._join_source.items()):
+            jm = self.joiners.get(nid)
+            if src != gone or jm is None or jm.loaded:
+                continue
+            a = jm.assignment
+            alts = [p for p in self._known(a.stage) if p != gone and p not in self.dead]
+            if alts:
+                alt = min(alts, key=lambda p: (self._rtt_ms(nid, p), p))
+                self._join_source[nid] = alt
+                self._send(nid, Send(alt, StageStateRequest(a.stage, a.start_iteration)))
 
     # ---------------------------------------------------------------- the state hand-over
     def _state_request(self, src: str, to: str, stage: int, after: int) -> None:
@@ -271,13 +288,9 @@ class JoinDriver:
             pm.remove_member(gone)
 
     def _stuck_joiners(self) -> int:
-        """Joiners placed whose source died before answering (they wait for good, as the daemon's)."""
-        n = 0
-        for jm in self.joiners.values():
-            a = jm.assignment
-            if a is not None and not jm.loaded and a.download_from != INITIAL and a.download_from in self.dead:
-                n += 1
-        return n
+        """Joiners placed whose source died before answering with no other member of the stage left to ask."""
+        return sum(1 for nid, jm in self.joiners.items() if jm.assignment is not None and not jm.loaded
+                   and self._join_source.get(nid) in self.dead)
 
 
 def joining_report(sim) -> dict:
