@@ -35,6 +35,11 @@ def relay_logs(workdir: Path, name: str) -> str:
 def stage_plan(workdir: Path, data_nodes: int, relays: dict[int, list[str]]) -> list[tuple[list[Key], dict[int, list[Key]]]]:
     """Per iteration: (the data part's keys, stage -> the keys its relays counted)."""
     names = [f"d{i}" for i in range(data_nodes)]
+    # a relay names a data node by its name, or by the first 16 characters of its peer id while it does not know
+    # the name (Peers.who: e.g. back after a restart, before the data node's Hello)
+    index = {n: int(n[1:]) for n in names}
+    for n in names:
+        index[(workdir / n / "addr").read_text().split()[0].rsplit("/", 1)[-1][:16]] = int(n[1:])
     settled: dict[int, list[Key]] = {}
     for n in names:
         text = (workdir / n / "node.log").read_text(errors="replace")
@@ -49,7 +54,7 @@ def stage_plan(workdir: Path, data_nodes: int, relays: dict[int, list[str]]) -> 
         for r in names_k:
             text = relay_logs(workdir, r)
             for it, gkey, keys in re.findall(r"iteration (\d+): round (\S+): contributions (\[.*\])", text):
-                announced.setdefault((int(it), gkey), []).extend((int(w[1:]), s) for w, s in json.loads(keys))
+                announced.setdefault((int(it), gkey), []).extend((index[w], s) for w, s in json.loads(keys))
             summed |= {(int(it), gkey) for it, gkey in re.findall(r"iteration (\d+): summed in round (\S+)", text)}
         for it, gkey in summed:
             counted.setdefault(it, {}).setdefault(k, []).extend(announced.get((it, gkey), []))
