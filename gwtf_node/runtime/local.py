@@ -8,8 +8,11 @@ volunteers' machines, only on 127.0.0.1.  Progress comes from the leader's
 `metrics.jsonl`; every wait has a deadline, and the swarm is taken down on
 exit, error or Ctrl-C (SIGTERM, then SIGKILL for stragglers).
 
-While the swarm starts (tens of seconds on a small machine: every process
-imports torch and libp2p, meets the others and forms its flows), the launcher
+The processes are forked from one fork server that imported torch, the
+model classes and libp2p once (zygote.py: about 7 s of CPU a node saves);
+a node started through a `wrap` prefix (another network namespace) and a
+launcher with `fork_server=False` start `python -m gwtf_node.cli` instead.
+While the swarm starts (every node meets the others and forms its flows), the launcher
 says what it waits for through `on_phase`: the processes starting, the nodes
 the first data node has met, the microbatch slots its flows route, then
 training.  Each node's output goes to `node.log` in its state directory (the
@@ -44,6 +47,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from .linkspec import resolve_links
+from .zygote import Zygote, ZygoteChild
 
 
 class LocalError(RuntimeError):
@@ -59,7 +63,7 @@ class LocalSwarm:
     relays_per_stage: int
     iterations: int
     links: Path | None = None
-    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen | ZygoteChild] = field(default_factory=dict)
     startup_timeout_s: float = 120.0
     iteration_timeout_s: float = 300.0
     log_level: str = "INFO"
@@ -79,6 +83,9 @@ class LocalSwarm:
     wrap: dict[str, list[str]] = field(default_factory=dict)
     kills: list[dict] = field(default_factory=list)
     on_phase: Callable[[str], None] | None = None  # told what the launcher waits for while the swarm starts
+    fork_server: bool = True  # fork the nodes from one process that imported what they need (zygote.py)
+    _zygote: Zygote | None = field(init=False, default=None, repr=False)
+    _spawned: int = field(init=False, default=0)
     _phase: str = field(init=False, default="")
     _demand: int = field(init=False, default=0)  # microbatches per iteration of one data node
     _kills_reported: int = 0
@@ -160,9 +167,17 @@ class LocalSwarm:
         if name in self.faults:
             env["GWTF_FAULT"] = self.faults[name]
             self.expected_dead.add(name)
-        log = open(sd / "node.log", "w")
-        self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True, env=env)
+        self._spawned += 1
+        if self.fork_server and not self.wrap.get(name):
+            if self._zygote is None:
+                self._zygote = Zygote()
+            exits = self.workdir / ".exits"
+            exits.mkdir(parents=True, exist_ok=True)
+            self.procs[name] = self._zygote.spawn(cmd[3:], env, sd / "node.log", exits / f"{name}.{self._spawned}")
+            return
+        with open(sd / "node.log", "w") as log:
+            self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                start_new_session=True, env=env)
 
     def _wait_addr(self, name: str) -> str:
         path = self.state_dir(name) / "addr"
@@ -399,6 +414,9 @@ class LocalSwarm:
                 except ProcessLookupError:
                     pass
                 p.wait(timeout=5)
+        if self._zygote is not None:
+            self._zygote.close()
+            self._zygote = None
 
 
 def _tail(path: Path, n: int = 15) -> str:
