@@ -76,3 +76,14 @@ def test_a_data_node_stops_a_repair_resent_to_it_for_an_attempt_it_no_longer_run
         sent = [(e.to, type(e.msg)) for e in eff if isinstance(e, Send)]
         assert ("z", Complete) in sent
         assert (("z", Release) in sent) == released
+
+
+def test_a_leaving_relay_denies_microbatches_of_iterations_after_its_last() -> None:
+    m = relay()
+    m.leave_after(3)
+    later, last = ("d", 8, 4), ("d", 7, 3)
+    eff = m.on_message(0.0, "p", Forward(*later, ("d", "p"), None, 0))
+    assert [(e.to, e.msg) for e in eff if type(getattr(e, "msg", None)) is MbDeny] == [("p", MbDeny(*later, 0))]
+    assert later not in m.mbs and not [e for e in eff if type(e) is Compute]
+    eff = m.on_message(0.0, "p", Forward(*last, ("d", "p"), None, 0))  # its last iteration: it still takes part
+    assert last in m.mbs and [e for e in eff if type(e) is Compute] == [Compute("forward", last)]

@@ -181,6 +181,8 @@ class Microbatches:
         # machine un-presumes by itself only a peer that sends it something: a data node that presumed its last
         # stage-0 relay dead would defer every microbatch from then on)
         eff: list = []
+        if self.peers.place.leaving:
+            rec.leave_after(self.peers.place.leave_after)
         for p in self.liveness.recently_heard():
             eff += rec.peer_alive(t, p)
         usable = self.peers.usable(self.iteration_now())

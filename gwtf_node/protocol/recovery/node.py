@@ -48,6 +48,7 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         # the aggregation phase, as the driver reports it (begin_aggregation, aggregation_done)
         self.begun: set[int] = set()
         self.stepped: set[int] = set()
+        self.last_iteration: int | None = None  # relay leaving: the last iteration it takes microbatches of
         # data node
         self.ledger = Ledger()
         self.iteration = 0
@@ -143,6 +144,11 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
                 r.parked, r.tried = False, set()
                 self._route(now, r, eff)
         return eff
+
+    def leave_after(self, it: int) -> None:
+        """Relay: it leaves once the aggregation of `it` is done; a microbatch of a later iteration is denied (its
+        contribution would leave with it while its data node counts it completed)."""
+        self.last_iteration = it
 
     def open_iteration(self, now: float, it: int) -> list:
         """Data node: the previous iteration's steps are applied everywhere; push the microbatches of `it`."""

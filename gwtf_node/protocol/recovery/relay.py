@@ -98,7 +98,8 @@ class RelaySide:
                 self.contrib.get(key[2], set()).discard(key)  # the old attempt's gradient is not trained on
             self._drop(key, eff)  # a newer attempt, or a repair the data node ordered: it supersedes mine
         aggregating = (msg.iteration - 1) in self.begun and (msg.iteration - 1) not in self.stepped
-        if msg.iteration in self.begun or aggregating or self._slots_used() >= self.cfg.capacity:
+        leaving = self.last_iteration is not None and msg.iteration > self.last_iteration
+        if msg.iteration in self.begun or aggregating or leaving or self._slots_used() >= self.cfg.capacity:
             self._deny(sender, key, a, eff)  # (aggregating: my parameters are not those of this iteration yet)
             return
         recover = type(msg) is Recover
