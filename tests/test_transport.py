@@ -146,6 +146,29 @@ async def test_control_frames_and_payload(tmp_path):
 
 
 @pytest.mark.trio
+async def test_a_payload_send_cancelled_mid_frame_does_not_poison_the_next_frames(tmp_path):
+    """The caller gives up a big payload frame half-way (an all-reduce round cancelled because another member
+    died): the frames after it reach the peer intact, on a new tensor channel, and nothing is refused."""
+    with trio.fail_after(DEADLINE_S):
+        async with hosts(tmp_path, 2, dht=False) as (a, b):
+            inbox = Inbox()
+            b.set_handler(inbox.handler)
+            await a.send(b.peer_id, b"first", b"x" * 1000)  # the channel is open and carries frames
+            await inbox.wait_for(1)
+            assert a.payload_path(b.peer_id) == "channel"
+            big = bytes(128 << 20)
+            with trio.move_on_after(0.05) as scope:
+                await a.send(b.peer_id, b"big", big)
+            assert scope.cancelled_caught, "the big frame left before the cancel: make it bigger"
+            await a.send(b.peer_id, b"after", b"y" * 1000)
+            while not any(env == b"after" for _, env, _ in inbox.frames):
+                await inbox.changed.wait()
+            assert [env for _, env, _ in inbox.frames] == [b"first", b"after"]
+            assert inbox.frames[-1][2] == b"y" * 1000
+            assert b.stats["refused"] == 0
+
+
+@pytest.mark.trio
 @pytest.mark.parametrize(
     "bad, reason",
     [

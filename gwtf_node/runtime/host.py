@@ -293,6 +293,11 @@ class Host(HostDht, conninfo.HostConnections):
                     if sender is not None:
                         sender.close()  # a half-written frame poisons the channel: start a new one
                     self._tensor_out.pop(peer_id, None)
+                except BaseException:  # cancelled by the caller (an all-reduce round given up), maybe mid-frame
+                    if sender is not None:
+                        sender.close()
+                    self._tensor_out.pop(peer_id, None)
+                    raise
             raise PeerUnreachable(f"payload frame to {peer_id} failed: {last!r}") from last
 
     async def _send_payload_libp2p(self, peer_id: str, header: bytes, envelope: bytes, payload: memoryview) -> None:
@@ -324,14 +329,21 @@ class Host(HostDht, conninfo.HostConnections):
                 return
             except _PEER_ERRORS as e:
                 last = e
-                stream = streams.pop(peer_id, None)
-                if stream is not None:
-                    with trio.move_on_after(1):
-                        try:
-                            await stream.reset()
-                        except _PEER_ERRORS:
-                            pass
+                await self._drop_stream(streams, peer_id)
+            except BaseException:  # cancelled by the caller, maybe mid-frame: the next frame takes a new stream
+                with trio.CancelScope(shield=True):
+                    await self._drop_stream(streams, peer_id)
+                raise
         raise PeerUnreachable(f"{what} to {peer_id} failed: {last!r}") from last
+
+    async def _drop_stream(self, streams: dict[str, INetStream], peer_id: str) -> None:
+        stream = streams.pop(peer_id, None)
+        if stream is not None:
+            with trio.move_on_after(1):
+                try:
+                    await stream.reset()
+                except _PEER_ERRORS:
+                    pass
 
     async def _new_stream(self, peer_id: str, protocol: TProtocol) -> INetStream:
         pid = ID.from_base58(peer_id)
