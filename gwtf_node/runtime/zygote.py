@@ -27,6 +27,7 @@ still running and exits.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import select
@@ -164,9 +165,9 @@ def _child(req: dict, told: int) -> None:
         os.environ.clear()
         os.environ.update(req["env"])
         sys.argv = ["gwtf-node", *req["argv"]]
-        from gwtf_node.cli import main
-
-        code = main(req["argv"])
+        # the command line is this child's program, as `python -m gwtf_node.cli` is a process's (imported by name:
+        # the CLI imports the launcher, which imports this module)
+        code = importlib.import_module("gwtf_node.cli").main(req["argv"])
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:  # noqa: BLE001 - the node's log says what happened, the status that it failed
@@ -186,8 +187,6 @@ PRELOAD = ("torch", "transformers.models.gpt2.modeling_gpt2", "transformers.mode
 
 
 def _serve() -> int:
-    import importlib
-
     for name in PRELOAD:  # what every node imports first: done once, here
         importlib.import_module(name)
     out = sys.stdout
