@@ -507,3 +507,11 @@ def test_a_relay_counts_only_gradients_of_microbatches_its_data_node_completed()
     assert m.stats.uncounted == 1
     _, none = _relay_with_two_gradients().begin_aggregation(2.0, 0, {"d1": {0, 1}})
     assert none == frozenset()  # a data node BEGIN does not name (it died before BEGIN): none of its gradients
+
+
+def test_a_joiner_answered_by_a_gone_source_and_by_its_replacement_comes_in_once() -> None:
+    """Heterogeneous, 20% churn, seed 2: a joiner's source is reported gone after its state left, the replacement
+    answers too; the joiner loads the first and comes in once (it came in twice, and the run failed)."""
+    rep = T.run_train("table2-heterogeneous", "gwtf", 0.2, 16, 2)
+    j = rep["joining"]
+    assert j["in"] <= j["loaded"] <= j["placed"] <= j["asked"] and rep["unfinished_iterations"] == 0, j

@@ -216,7 +216,8 @@ class JoinDriver:
         """The state `src` sent reaches `nid` (checked with the stage's members): a joiner loads it, a node that
         resynced after the step of an iteration takes it."""
         if nid in self.joiners:
-            self._state_loaded(nid, steps)
+            if not self.joiners[nid].loaded:  # (a source reported gone may have answered before it died: the
+                self._state_loaded(nid, steps)  # replacement's state then comes second, and is not loaded again)
             return
         it = self._resync_for.pop((nid, src), None)
         if it is not None and nid not in self.dead:
