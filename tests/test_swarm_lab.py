@@ -19,7 +19,7 @@ from pathlib import Path
 
 import labutil
 import pytest
-from swarmutil import log_digest
+from swarmutil import log_digest, status
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.model.reference import train_centralized
@@ -49,9 +49,9 @@ def test_swarm_behind_a_nat_router_equals_centralized(lab, tmp_path: Path) -> No
         assert (tmp_path / "d0" / "addr").read_text().split()[0].startswith(f"/ip4/{d0.ip}/tcp/4001/p2p/")
         for rec in swarm.iterations_done():
             records.append(rec)
-        for name in swarm.names():  # while the swarm still runs: how each node reaches its peers
-            st = json.loads((tmp_path / name / "status.json").read_text())
-            kinds[name] = {p["name"]: p["connection"] for p in st["peers"].values()}
+            for name in swarm.names():  # while the swarm runs: how each node reaches its peers (a peer that has
+                peers = status(tmp_path, name).get("peers", {})  # left is not listed: the snapshots are merged)
+                kinds.setdefault(name, {}).update({p["name"]: p["connection"] for p in peers.values()})
     finally:
         swarm.stop()
     print("connections:", json.dumps(kinds, sort_keys=True))
