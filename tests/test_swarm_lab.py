@@ -50,11 +50,12 @@ def test_swarm_behind_a_nat_router_equals_centralized(lab, tmp_path: Path) -> No
         for rec in swarm.iterations_done():
             records.append(rec)
             for name in swarm.names():  # while the swarm runs: how each node reaches its peers (a peer that has
-                peers = status(tmp_path, name).get("peers", {})  # left is not listed: the snapshots are merged)
-                kinds.setdefault(name, {}).update({p["name"]: p["connection"] for p in peers.values()})
+                peers = status(tmp_path, name).get("peers", {})  # left is not listed: every kind seen is kept)
+                for p in peers.values():
+                    kinds.setdefault(name, {}).setdefault(p["name"], set()).add(p["connection"])
     finally:
         swarm.stop()
-    print("connections:", json.dumps(kinds, sort_keys=True))
+    print("connections:", {n: {p: sorted(v) for p, v in k.items()} for n, k in kinds.items()})
     print("records:", json.dumps(records))
     ref = train_centralized(man, ITERATIONS, data_nodes=1)
     assert [r["iteration"] for r in records] == list(range(ITERATIONS))
@@ -63,6 +64,8 @@ def test_swarm_behind_a_nat_router_equals_centralized(lab, tmp_path: Path) -> No
         assert rec["loss"] == pytest.approx(loss, rel=1e-4), (rec, loss)
     # d0 reaches the home relays only over the connections they opened, and sends them tensors there;
     # the two homes reach each other through d0's relay
-    assert kinds["d0"] == {"r0_0": "inbound+libp2p", "r1_0": "inbound+libp2p"}, kinds
-    assert kinds["r0_0"] == {"d0": "direct", "r1_0": "relayed+libp2p"}, kinds
-    assert kinds["r1_0"] == {"d0": "direct", "r0_0": "relayed+libp2p"}, kinds
+    want = {"d0": {"r0_0": "inbound+libp2p", "r1_0": "inbound+libp2p"},
+            "r0_0": {"d0": "direct", "r1_0": "relayed+libp2p"},
+            "r1_0": {"d0": "direct", "r0_0": "relayed+libp2p"}}
+    for name, peers in want.items():  # each kind seen while the swarm trained (a payload path expires when idle)
+        assert set(kinds[name]) == set(peers) and all(k in kinds[name][p] for p, k in peers.items()), kinds
