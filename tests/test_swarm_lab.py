@@ -15,6 +15,7 @@ says how each neighbour is reached.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import labutil
@@ -29,6 +30,11 @@ pytestmark = [pytest.mark.netlab, pytest.mark.multiprocess, pytest.mark.slow]
 lab = labutil.lab  # the fixture
 
 ITERATIONS = 3
+# d0 reaches the home relays only over the connections they opened, and sends them tensors there; the two homes
+# reach each other through d0's relay
+WANT = {"d0": {"r0_0": "inbound+libp2p", "r1_0": "inbound+libp2p"},
+        "r0_0": {"d0": "direct", "r1_0": "relayed+libp2p"},
+        "r1_0": {"d0": "direct", "r0_0": "relayed+libp2p"}}
 
 
 def test_swarm_behind_a_nat_router_equals_centralized(lab, tmp_path: Path) -> None:
@@ -47,12 +53,18 @@ def test_swarm_behind_a_nat_router_equals_centralized(lab, tmp_path: Path) -> No
     try:
         swarm.start()
         assert (tmp_path / "d0" / "addr").read_text().split()[0].startswith(f"/ip4/{d0.ip}/tcp/4001/p2p/")
+        def look() -> bool:  # how each node reaches its peers, from its status.json (rewritten once a second; a
+            for name in swarm.names():  # peer that left is not listed): every kind seen is kept
+                for p in status(tmp_path, name).get("peers", {}).values():
+                    kinds.setdefault(name, {}).setdefault(p["name"], set()).add(p["connection"])
+            return all(k in kinds.get(n, {}).get(p, ()) for n, peers in WANT.items() for p, k in peers.items())
+
         for rec in swarm.iterations_done():
             records.append(rec)
-            for name in swarm.names():  # while the swarm runs: how each node reaches its peers (a peer that has
-                peers = status(tmp_path, name).get("peers", {})  # left is not listed: every kind seen is kept)
-                for p in peers.values():
-                    kinds.setdefault(name, {}).setdefault(p["name"], set()).add(p["connection"])
+            look()
+        deadline = time.monotonic() + 10  # (a run of three short iterations can end before a status is rewritten)
+        while not look() and time.monotonic() < deadline:
+            time.sleep(0.25)
     finally:
         swarm.stop()
     print("connections:", {n: {p: sorted(v) for p, v in k.items()} for n, k in kinds.items()})
@@ -62,10 +74,5 @@ def test_swarm_behind_a_nat_router_equals_centralized(lab, tmp_path: Path) -> No
     for rec, loss in zip(records, ref.losses):
         assert rec["microbatches"] == 4, (rec, log_digest(tmp_path, where))
         assert rec["loss"] == pytest.approx(loss, rel=1e-4), (rec, loss)
-    # d0 reaches the home relays only over the connections they opened, and sends them tensors there;
-    # the two homes reach each other through d0's relay
-    want = {"d0": {"r0_0": "inbound+libp2p", "r1_0": "inbound+libp2p"},
-            "r0_0": {"d0": "direct", "r1_0": "relayed+libp2p"},
-            "r1_0": {"d0": "direct", "r0_0": "relayed+libp2p"}}
-    for name, peers in want.items():  # each kind seen while the swarm trained (a payload path expires when idle)
+    for name, peers in WANT.items():  # each kind seen while the swarm ran (a payload path expires when idle)
         assert set(kinds[name]) == set(peers) and all(k in kinds[name][p] for p, k in peers.items()), kinds
