@@ -29,6 +29,19 @@ from helpers import until
 DEADLINE_S = 120
 
 
+async def _start_relay(nursery: trio.Nursery, nodes: dict, run: Path, workdir: Path, name: str,
+                       boot: str | None) -> Node:
+    """A stage-0 relay daemon `name` in `nursery` (kept in `nodes`); returns once it listens with its stage built."""
+    node = Node(NodeOptions(run_path=run, role="relay", stage=0, state_dir=workdir / name, name=name,
+                            bootstrap=[boot] if boot else [], insecure_unsigned=True,
+                            bootstrap_timeout_s=0, settle_s=0.2))
+    nodes[name] = node
+    nursery.start_soon(node.run)
+    await until(lambda: node.parts is not None and (workdir / name / "addr").exists() and node.stage.built,
+                f"{name} listens with its stage built")
+    return node
+
+
 def test_the_next_source_holds_the_hash_of_a_strict_majority() -> None:
     assert next_source(5, "bad", {"a": (5, "h"), "b": (5, "h")}, set()) == "a"
     assert next_source(5, "bad", {"a": (5, "h"), "b": (5, "h")}, {"a"}) == "b"
@@ -49,14 +62,7 @@ async def test_a_joiner_refuses_a_tampered_state_and_takes_the_stage_state_from_
     with trio.fail_after(DEADLINE_S):
         async with trio.open_nursery() as nursery:
             async def start(name: str, boot: str | None) -> Node:
-                node = Node(NodeOptions(run_path=run, role="relay", stage=0, state_dir=tmp_path / name, name=name,
-                                        bootstrap=[boot] if boot else [], insecure_unsigned=True,
-                                        bootstrap_timeout_s=0, settle_s=0.2))
-                nodes[name] = node
-                nursery.start_soon(node.run)
-                await until(lambda: node.parts is not None and (tmp_path / name / "addr").exists()
-                            and node.stage.built, f"{name} listens with its stage built")
-                return node
+                return await _start_relay(nursery, nodes, run, tmp_path, name, boot)
 
             honest = await start("honest", None)
             boot = (tmp_path / "honest" / "addr").read_text().split()[0]
@@ -104,14 +110,7 @@ async def test_a_joiner_whose_state_source_dies_before_answering_takes_the_state
     with trio.fail_after(DEADLINE_S):
         async with trio.open_nursery() as nursery:
             async def start(name: str, boot: str | None) -> Node:
-                node = Node(NodeOptions(run_path=run, role="relay", stage=0, state_dir=tmp_path / name, name=name,
-                                        bootstrap=[boot] if boot else [], insecure_unsigned=True,
-                                        bootstrap_timeout_s=0, settle_s=0.2))
-                nodes[name] = node
-                nursery.start_soon(node.run)
-                await until(lambda: node.parts is not None and (tmp_path / name / "addr").exists()
-                            and node.stage.built, f"{name} listens with its stage built")
-                return node
+                return await _start_relay(nursery, nodes, run, tmp_path, name, boot)
 
             a = await start("a", None)
             boot = (tmp_path / "a" / "addr").read_text().split()[0]
