@@ -228,6 +228,20 @@ def test_every_node_builds_the_same_part() -> None:
         build_stage(m, "worker", 0)
 
 
+def test_profiling_a_part_changes_nothing_of_it() -> None:
+    """`profile_ms` (Equation 1's compute time at start) runs forward and backward on random input, and leaves
+    the part, its gradients and the random number generator as they were."""
+    m = tiny()
+    data, relays = build_chain(m)
+    for part in (data, *relays):
+        before, rng = part.state_hash(), torch.get_rng_state()
+        ms = part.profile_ms()
+        assert 0.0 < ms < 60_000.0
+        assert part.state_hash() == before and torch.equal(torch.get_rng_state(), rng)
+        assert part.in_flight == 0 and part.accumulated == 0 and all(p.grad is None for p in part.params)
+        assert not any(bool(a.any()) for a in part._acc)
+
+
 def test_stage_refuses_misuse() -> None:
     m = tiny()
     data, relays = build_chain(m)

@@ -37,7 +37,7 @@ def test_every_message_type_has_one_route() -> None:
     # a frame with a tensor goes to a handler that takes the payload
     assert {t for t, r in table.items() if r.payload} == {
         m.Forward, m.Backward, m.Complete, m.MbDeny, m.Probe, m.Recover, m.Resume, m.BackwardStuck, m.Room,
-        m.Release, m.MbState, m.RepairOrder, m.Lend, m.AllReduceChunk, m.StageState}
+        m.Release, m.MbState, m.RepairOrder, m.Lend, m.AllReduceChunk, m.StageState, m.LinkProbe}
 
 
 def test_an_effect_no_component_handles_is_refused_loudly(tmp_path: Path) -> None:

@@ -120,9 +120,10 @@ STRATEGIES.update({
     m.PhaseAck: st.builds(m.PhaseAck, kind=st.sampled_from(m.PhaseKind), iteration=u64),
     m.AllReduceChunk: st.builds(m.AllReduceChunk, key=ids, part=u32, phase=u32, count=costs,
                                 tensor=st.none() | tensors),
-    m.LinkCost: st.builds(m.LinkCost, cost=costs),
+    m.LinkCost: st.builds(m.LinkCost, cost=costs, reform=st.booleans()),
     m.Ping: st.builds(m.Ping, nonce=u64),
-    m.Pong: st.builds(m.Pong, nonce=u64),
+    m.Pong: st.builds(m.Pong, nonce=u64, compute_ms=costs),
+    m.LinkProbe: st.builds(m.LinkProbe, nonce=u64),
     m.StageStateRequest: st.builds(m.StageStateRequest, stage=i32, after=u64),
     m.StageState: st.builds(m.StageState, stage=i32, iteration=u64, sha256=ids, tensor=st.none() | tensors),
 })

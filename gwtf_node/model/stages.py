@@ -45,7 +45,9 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Hashable
 
@@ -302,6 +304,34 @@ class StageModel:
         """Forget a stashed microbatch without a gradient contribution; False if it was not there."""
         with self._lock:
             return self._stash.pop(key, None) is not None
+
+    def profile_ms(self, repeats: int = 2) -> float:
+        """Compute time of one microbatch here, in ms (the best of `repeats`): forward and backward of the stage
+        (a data node: embedding, head and loss, and their backward) on random input.  Nothing of the part changes:
+        no stash, no gradient kept, and the random number generators are restored (a run's dropout draws stay
+        those of centralized training)."""
+        devices = [self.device] if self.device.type == "cuda" else []
+        b = self.manifest.data.microbatch_size
+        best = math.inf
+        with torch.random.fork_rng(devices=devices), self._lock:
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                with torch.enable_grad():
+                    if self.role == "relay":
+                        x = torch.randn(self.expected_hidden_shape(b), device=self.device, dtype=self.dtype,
+                                        requires_grad=True)
+                        out = self.module(x).float().sum()
+                        torch.autograd.grad(out, [x, *self.params], allow_unused=True)
+                    else:
+                        ids = torch.randint(0, self.vocab_size, (b, self.manifest.data.seq_len), device=self.device)
+                        h = self.module.embed(ids)
+                        logits = self.module.head(h)
+                        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), ids.reshape(-1))
+                        torch.autograd.grad(loss, self.params, allow_unused=True)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                best = min(best, (time.perf_counter() - t0) * 1000.0)
+        return best
 
     # ---- data --------------------------------------------------------------------
 

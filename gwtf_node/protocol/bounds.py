@@ -307,6 +307,10 @@ def _link_cost(msg: m.LinkCost, ctx: Context) -> Problem | None:
     return _cost(msg.cost, "LinkCost", infinite_ok=False)
 
 
+def _pong(msg: m.Pong, ctx: Context) -> Problem | None:
+    return _cost(msg.compute_ms, "Pong compute time", infinite_ok=False)
+
+
 def _hello(msg: m.Hello, ctx: Context) -> Problem | None:
     return _first(_strings(msg.run_id, msg.role, msg.name, msg.tensor_addr, *msg.addrs),
                   _items(msg.addrs, "Hello addrs", 64), _count(msg.capacity, "Hello capacity", MAX_CAPACITY),
@@ -494,7 +498,8 @@ CHECKS: dict[type, Callable[[Any, Context], Problem | None]] = {
     m.AllReduceChunk: _all_reduce_chunk,
     m.LinkCost: _link_cost,
     m.Ping: _nothing,
-    m.Pong: _nothing,
+    m.Pong: _pong,
+    m.LinkProbe: _nothing,
     m.StageStateRequest: _stage_state_request,
     m.StageState: _stage_state,
     m.Goodbye: _goodbye,

@@ -333,9 +333,13 @@ class LinkCost:
     disagree; the flow machines' residual edges assume one cost per link (a
     unit's forward edge and its backward edge cancel), and with two different
     values they can stall short of the demand.  The downstream end adopts the
-    upstream end's value (`FlowNode.set_cost`)."""
+    upstream end's value (`FlowNode.set_cost`).  When the upstream end's
+    measurement moves past the re-costing threshold (`runtime/linkmeter.py`),
+    `reform` is set and both ends re-form the flows over the link
+    (`FlowNode.recost`)."""
 
     cost: float
+    reform: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,6 +349,14 @@ class Ping:
 
 @dataclass(frozen=True, slots=True)
 class Pong:
+    nonce: int
+    compute_ms: float = 0.0  # the responder's compute per microbatch (Equation 1's c_j; 0: not measured yet)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkProbe:
+    """A timed transfer to a flow neighbour: its payload's transfer time measures the link's bandwidth."""
+
     nonce: int
 
 
@@ -578,7 +590,7 @@ Message = (
     CostAnnounce | RequestFlow | FlowReply | Deny | Withdraw | QueryFlows | FlowReport
     | RequestChange | RequestRedirect | MoveReply | Reroute | LaunchBid | Relabel | RelabelCost
     | Hello | PeerList | Forward | Backward | Complete | IterationDone | BeginAggregation | CanTake | PhaseAck
-    | AllReduceChunk | LinkCost | Ping | Pong | StageStateRequest | StageState | Goodbye
+    | AllReduceChunk | LinkCost | Ping | Pong | LinkProbe | StageStateRequest | StageState | Goodbye
     | MbDeny | Probe | ProbeAck | Recover | Resume | BackwardStuck | Room | Release | MbState | RepairOrder | Lend
     | RequestVote | Vote | LeaderHeartbeat | HeartbeatAck
     | JoinRequest | UtilizationQuery | UtilizationReport | Assignment

@@ -1,16 +1,23 @@
-"""Link measurement and flow formation: the flow machine (`protocol/flow.py`, section V-C) driven for real.
+"""Link measurement and flow formation: the flow machine (`protocol/flow/`, section V-C) driven for real.
 
 Once the swarm has been quiet for `settle_s` and the node knows a peer on
-each side, `form` measures a round trip to each adjacent peer (Ping/Pong),
-computes the cost of each link with Equation 1 (latency from the round trip
-or from `--links`; bandwidth from `--links` or `DEFAULT_BANDWIDTH_MBPS`; the
-activation size of the run) and starts the flow machine.  Frames for the
-flow machine that arrive before it exists wait in a queue.
+each side, `form` measures a round trip to each adjacent peer (Ping/Pong) and
+each link to a next-stage peer (`linkmeter.py`: round trip, a timed transfer,
+the compute times of both ends), computes the cost of each link with
+Equation 1 (a link declared with `--links` keeps its declared latency and
+bandwidth; the activation size of the run) and starts the flow machine.
+Frames for the flow machine that arrive before it exists wait in a queue.
 
 Both ends of a link use one cost: the upstream end's measurement, which it
-sends downstream (`LinkCost`); the downstream end adopts it (`set_cost`).
-With each end's own round trip the flow machines could disagree on a link
-and stall with part of the demand unplaced.
+sends downstream (`LinkCost`); the downstream end adopts it (the flow
+machine's `set_cost`).  With each end's own round trip the flow machines
+could disagree on a link and stall with part of the demand unplaced.
+`remeasure_loop` measures every next-stage link again each
+`linkmeter.REMEASURE_EVERY_S`; a cost that moved past the threshold
+(`linkmeter.recost_threshold`) re-forms the flows over the link at both ends
+(`FlowNode.recost`, `LinkCost(reform=True)`).  The flow machine's messages
+to a peer go in order (one task per peer and batch of effects): the flow
+machine assumes FIFO links.
 
 A relay that becomes ready next to this node later (a newcomer placed by the
 leader, its Hello neither joining nor leaving, or a relay first heard of
@@ -36,6 +43,7 @@ import trio
 from ..protocol import messages as m
 from ..protocol.cost import link_cost
 from ..protocol.flow import FlowConfig, FlowNode, flows_formed
+from .linkmeter import REMEASURE_EVERY_S, LinkMeter, recost_threshold
 from .liveness import Liveness
 from .peers import PeerInfo, Peers
 from .stage import LocalStage
@@ -43,7 +51,7 @@ from .wire import ApplyEffects, FrameRefused, Owner, Wire, now
 
 log = logging.getLogger("gwtf.node")
 
-DEFAULT_BANDWIDTH_MBPS = 1000.0  # assumed when no --links gives one
+DEFAULT_BANDWIDTH_MBPS = 1000.0  # assumed for a link whose bandwidth was neither declared nor measured
 FLOW_MSGS = (
     m.CostAnnounce, m.RequestFlow, m.FlowReply, m.Deny, m.Withdraw, m.QueryFlows, m.FlowReport,
     m.RequestChange, m.RequestRedirect, m.MoveReply, m.Reroute, m.LaunchBid, m.Relabel,
@@ -69,6 +77,8 @@ class Flows:
         self.agreed_costs: dict[str, float] = {}
         self.link_costs_used: dict[str, dict[str, float]] = {"next": {}, "prev": {}}  # the last cost of every link
         self.adding: set[str] = set()  # peers being added to the flow machine
+        self.meter = LinkMeter(wire, peers, stage)
+        self.recosts = 0  # links whose flows re-formed after a new measurement
 
     # ------------------------------------------------------------------ reading
     @property
@@ -91,14 +101,29 @@ class Flows:
         return peer in cfg.next_costs or peer in cfg.prev_costs or peer in cfg.peers
 
     # ------------------------------------------------------------------ formation
-    def link_cost(self, peer: str) -> float:
+    def declared(self, peer: str) -> tuple[float, float] | None:
+        """(latency ms, bandwidth Mbit/s) of the link to `peer` given by `--links`, if any."""
         info = self.peers.get(peer)
-        lat = (info.rtt_ms or 1.0) / 2.0
-        bw = DEFAULT_BANDWIDTH_MBPS
-        shaped = self.links_cfg.get((self.peers.name, info.name))
+        return self.links_cfg.get((self.peers.name, info.name)) if info is not None else None
+
+    def link_cost(self, peer: str) -> float:
+        """Equation 1 for the link to `peer`: declared (`--links`), else measured (`linkmeter.py`), else from the
+        round trip alone and `DEFAULT_BANDWIDTH_MBPS`."""
+        size = self.stage.hidden_size_mb()
+        shaped = self.declared(peer)
         if shaped is not None:
             lat, bw = shaped
-        return round(link_cost(0.0, 0.0, lat, lat, bw, bw, self.stage.hidden_size_mb()), 3)
+            return round(link_cost(0.0, 0.0, lat, lat, bw, bw, size), 3)
+        measured = self.meter.cost(peer, size, DEFAULT_BANDWIDTH_MBPS)
+        if measured is not None:
+            return measured
+        lat = (self.peers.get(peer).rtt_ms or 1.0) / 2.0
+        return round(link_cost(0.0, 0.0, lat, lat, DEFAULT_BANDWIDTH_MBPS, DEFAULT_BANDWIDTH_MBPS, size), 3)
+
+    async def _measure_next(self, peer: str) -> None:
+        """Measure the link to next-stage `peer` (not a declared one)."""
+        if self.declared(peer) is None:
+            await self.meter.sample(peer)
 
     async def form(self, nxt: list[str], prv: list[str], *, joined: bool) -> None:
         """Measure the links to `nxt` and `prv`, start the flow machine, replay what waited for it.
@@ -109,6 +134,9 @@ class Flows:
         me = self.wire.me
         nxt = [p for p in nxt if p in self.peers or p == me]
         prv = [p for p in prv if p in self.peers or p == me]
+        for pid in sorted(nxt):
+            if pid != me:
+                await self._measure_next(pid)
         self.next_costs = {p: self.link_cost(p) for p in nxt}
         self.prev_costs = {p: self.agreed_costs.get(p, self.link_cost(p)) for p in prv}
         for p, c in sorted(self.next_costs.items()):
@@ -144,6 +172,32 @@ class Flows:
                 return
             await trio.sleep(0.1)
 
+    async def remeasure_loop(self) -> None:
+        """Measure every next-stage link again each `REMEASURE_EVERY_S`; re-form the flows over a link whose cost
+        moved past the threshold (module doc)."""
+        while True:
+            await trio.sleep(REMEASURE_EVERY_S)
+            if self.machine is None:
+                continue
+            for peer in sorted(self.machine.cfg.next_costs):
+                if self.declared(peer) is not None or peer not in self.peers:
+                    continue
+                if await self.meter.sample(peer) is None:
+                    continue
+                old = self.machine.cfg.next_costs.get(peer)
+                new = self.link_cost(peer)
+                if old is None or not recost_threshold(old, new):
+                    continue
+                s = self.meter.samples[peer]
+                log.info("flows: link to %s re-costed %g -> %g ms (round trip %.1f ms, %s Mbit/s, compute %.1f / "
+                         "%.1f ms): its flows re-form", self.peers.who(peer), old, new, s.rtt_ms,
+                         "?" if s.bandwidth_mbps is None else f"{s.bandwidth_mbps:.1f}", self.stage.compute_ms(),
+                         s.peer_compute_ms)
+                self.recosts += 1
+                self.effects(Owner.FLOWS, self.machine.recost(now(), peer, new))
+                self._sync_costs()
+                self.on_changed()
+
     def _sync_costs(self) -> None:
         self.next_costs = dict(self.machine.cfg.next_costs)
         self.prev_costs = dict(self.machine.cfg.prev_costs)
@@ -175,10 +229,11 @@ class Flows:
             raise FrameRefused(f"LinkCost from {self.peers.who(peer)}, which is not upstream of this node")
         self.agreed_costs[peer] = msg.cost
         prev = self.machine.cfg.prev_costs if self.machine is not None else {}
-        if peer in prev and prev[peer] != msg.cost:
-            log.debug("flows: link from %s costs %g (its measurement; mine was %g)", self.peers.who(peer), msg.cost,
-                      prev[peer])
-            self.effects(Owner.FLOWS, self.machine.set_cost(now(), peer, msg.cost))
+        if peer in prev and (msg.reform or prev[peer] != msg.cost):
+            log.log(logging.INFO if msg.reform else logging.DEBUG, "flows: link from %s costs %g (its measurement; "
+                    "mine was %g)%s", self.peers.who(peer), msg.cost, prev[peer],
+                    ": its flows re-form" if msg.reform else "")
+            self.effects(Owner.FLOWS, self.machine.on_message(now(), peer, msg))
             self._sync_costs()
             self.on_changed()
 
@@ -217,6 +272,8 @@ class Flows:
         try:
             if sides != ("peer",):
                 self.peers.set_rtt(peer, await self.liveness.measure_rtt(peer))
+            if "next" in sides:
+                await self._measure_next(peer)
             if peer not in self.peers or self._in_flow(peer):
                 return
             for side in sides:
@@ -234,6 +291,7 @@ class Flows:
 
     def on_peer_gone(self, peer: str) -> None:
         self.agreed_costs.pop(peer, None)
+        self.meter.samples.pop(peer, None)
         if self.machine is not None and self._in_flow(peer):
             self.effects(Owner.FLOWS, self.machine.remove_neighbour(now(), peer))  # flows rebuilt around it
             self._sync_costs()

@@ -42,10 +42,14 @@ WAITING_LOG_EVERY_S = 30.0  # a relay with no live data node says so this often
 
 
 class Liveness:
-    def __init__(self, wire: Wire, peers: Peers, on_dead: Callable[[str], None]) -> None:
+    def __init__(self, wire: Wire, peers: Peers, on_dead: Callable[[str], None],
+                 compute_ms: Callable[[], float] = lambda: 0.0,
+                 other_pong: Callable[[str, m.Pong], bool] = lambda peer, msg: False) -> None:
         self.wire = wire
         self.peers = peers
         self.on_dead = on_dead
+        self.compute_ms = compute_ms  # this node's compute per microbatch, told in each Pong (linkmeter.py)
+        self.other_pong = other_pong  # a Pong this check did not ask for: the link meter's (linkmeter.py)
         self.pongs: dict[int, trio.Event] = {}
         self.crashed: set[str] = set()  # peers presumed dead by this check (and not back since)
         self.waiting_for_data_since: float | None = None  # a relay: no data node alive since then (trio clock)
@@ -92,12 +96,14 @@ class Liveness:
         return self.peers.heard_within(DEAD_AFTER_S, now())
 
     async def on_ping(self, peer: str, msg: m.Ping) -> None:
-        await self.wire.send(peer, m.Pong(msg.nonce))
+        await self.wire.send(peer, m.Pong(msg.nonce, self.compute_ms()))
 
     def on_pong(self, peer: str, msg: m.Pong) -> None:
         ev = self.pongs.get(msg.nonce)
         if ev is not None:
             ev.set()
+        else:
+            self.other_pong(peer, msg)
 
     async def measure_rtt(self, peer: str) -> float | None:
         """Best of three round trips to `peer`, in ms (None: no answer)."""

@@ -243,12 +243,13 @@ class Node:
                              on_refused=lambda why: wire.count_refusal(m.RefusalCode.BAD_RECORD))
         from .allreduce import AllReducer
 
-        liveness = Liveness(wire, peers, on_dead=self._peer_gone)
+        liveness = Liveness(wire, peers, on_dead=self._peer_gone, compute_ms=self.stage.compute_ms)
         discovery = Discovery(wire, peers, host, self.manifest, self.links_cfg, on_peer_hello=self._peer_hello,
                               applied_steps=lambda: self.stage.applied_steps, incarnation=self.incarnation,
                               on_peer_back=self._peer_back, certificate=self.certificate,
                               authorizer=self.authorizer, records=records)
         flows = Flows(wire, peers, liveness, self.stage, self._apply, self.links_cfg, on_changed=self._flows_changed)
+        liveness.other_pong = flows.meter.on_pong
         microbatches = Microbatches(wire, peers, liveness, flows, self.stage, self._apply, self.faults,
                                     policy=o.policy, lend=o.lend, iterations=o.iterations,
                                     on_settled=self._iteration_settled, on_finished=self.done_event.set)
@@ -293,7 +294,7 @@ class Node:
             (Owner.AGGREGATION, OpenIteration): self._open_iteration,
         }
         self.senders = {Owner.AGGREGATION: aggregation.send}
-        self.ordered_senders = {Owner.MICROBATCHES: microbatches.send_in_order}
+        self.ordered_senders = {Owner.MICROBATCHES: microbatches.send_in_order, Owner.FLOWS: wire.send_all}
         return parts
 
     # ------------------------------------------------------------------ events between components
@@ -479,6 +480,7 @@ class Node:
                                     self.opts.metrics_port)  # status.json, the control socket, Prometheus
                 nursery.start_soon(self._formation)
                 nursery.start_soon(p.liveness.loop)
+                nursery.start_soon(p.flows.remeasure_loop)
                 await self.done_event.wait()
                 if self.opts.role == "data" and self.exit is None:  # relays waiting for our aggregation need not wait
                     await p.joining.goodbye_all(max(0, self.stage.applied_steps - 1), GOODBYE_AT_EXIT_S)

@@ -6,6 +6,11 @@ while a stage computes.  `compute` counts the time spent inside stage
 forward/backward/embedding/head (`compute_s`, status.json), and per microbatch
 key (`key_compute_s`, emptied by tally.py into useful and wasted compute);
 `run` is for the rest (optimizer step, state snapshots, checkpoints).
+`compute_ms` is this node's compute per microbatch, Equation 1's c_i: the
+smoothed time of one call times the calls of one microbatch (a relay's
+forward and backward; a data node's embedding, head with its loss, and
+embedding backward), starting from a profile of one microbatch when the part
+is built (`StageModel.profile_ms`), 0 before.
 
 `applied_steps` counts the optimizer steps applied to this part; it changes
 with the step itself (`apply_step`, in the worker thread) so that a state
@@ -14,7 +19,6 @@ snapshot sees both or neither, and when a joiner installs a downloaded state.
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +26,9 @@ from typing import Any
 import trio
 
 from .wire import FrameRefused
+
+CALLS_PER_MICROBATCH = {"relay": 2, "data": 3}
+CALL_EWMA_WEIGHT = 0.1  # a call's weight in the smoothed call time: about the last twenty calls count
 
 
 class LocalStage:
@@ -38,6 +45,7 @@ class LocalStage:
         self.compute_calls = 0
         self.key_compute_s: dict[tuple, float] = {}  # microbatch key -> compute seconds not yet tallied (tally.py)
         self.applied_steps = 0  # optimizer steps applied to this node's part
+        self.call_ms: float | None = None  # smoothed time of one stage computation
         self.steps_changed = trio.Event()
 
     @property
@@ -50,6 +58,8 @@ class LocalStage:
         from ..model.stages import build_stage
 
         self.model = build_stage(self.manifest, self.role, None if self.role == "data" else stage, device=self.device)
+        # Equation 1's c_i from the first link measurement on: a profile now, the real calls later
+        self.call_ms = self.model.profile_ms() / CALLS_PER_MICROBATCH.get(self.role, 2)
         if self.role == "data":
             self.source = MicrobatchSource.for_manifest(self.manifest, self.data_index, self.data_nodes)
 
@@ -72,6 +82,13 @@ class LocalStage:
         finally:
             if args and isinstance(args[0], tuple):
                 self.key_compute_s[args[0]] = self.key_compute_s.get(args[0], 0.0) + spent[0]
+                ms = spent[0] * 1000.0
+                self.call_ms = ms if self.call_ms is None else \
+                    CALL_EWMA_WEIGHT * ms + (1 - CALL_EWMA_WEIGHT) * self.call_ms
+
+    def compute_ms(self) -> float:
+        """Compute per microbatch (module doc); 0.0 before the first call."""
+        return 0.0 if self.call_ms is None else self.call_ms * CALLS_PER_MICROBATCH.get(self.role, 2)
 
     async def run(self, fn, *args):
         """Run torch work that is not stage compute (step, snapshot) in the worker thread."""

@@ -116,6 +116,8 @@ class Status:
                                   "connection": conns.get(p.peer_id, "none")} for p in self.peers.infos()},
             "flows": self.flows.out(),
             "link_costs": self.flows.link_costs_used,
+            "compute_ms_per_microbatch": round(self.stage.compute_ms(), 3),
+            "links_recosted": self.flows.recosts,
             "iteration": cur.iteration if cur else agg.last_iteration,
             "ledger": mb.counts(cur.iteration) if cur else {},
             "policy": self.policy, "presumed_dead": sorted(self.liveness.crashed),
@@ -360,15 +362,18 @@ class Status:
             shaped = self.links_cfg.get((self.peers.name, info.name)) if info.name else None
             side, cost = side_costs.get(pid, ("peer" if info.role == "relay" and info.stage == self.peers.stage
                                               else None, None))
+            sample = self.flows.meter.samples.get(pid)  # a next-stage link's measurement (linkmeter.py)
+            rtt = sample.rtt_ms if sample is not None else info.rtt_ms
+            bw = sample.bandwidth_mbps if sample is not None else None
             rows.append({
                 "peer_id": pid, "name": self.name_of(pid), "role": info.role,
                 "stage": info.stage if info.role == "relay" and info.stage >= 0 else None,
-                "side": side, "rtt_ms": None if info.rtt_ms is None else round(info.rtt_ms, 2),
-                "latency_ms": round(shaped[0], 2) if shaped else
-                (None if info.rtt_ms is None else round(info.rtt_ms / 2, 2)),
-                "latency_source": "emulated" if shaped else "measured" if info.rtt_ms is not None else None,
-                "bandwidth_mbps": shaped[1] if shaped else DEFAULT_BANDWIDTH_MBPS,
-                "bandwidth_source": "emulated" if shaped else "assumed",
+                "side": side, "rtt_ms": None if rtt is None else round(rtt, 2),
+                "latency_ms": round(shaped[0], 2) if shaped else (None if rtt is None else round(rtt / 2, 2)),
+                "latency_source": "emulated" if shaped else "measured" if rtt is not None else None,
+                "bandwidth_mbps": shaped[1] if shaped else round(bw, 1) if bw is not None else DEFAULT_BANDWIDTH_MBPS,
+                "bandwidth_source": "emulated" if shaped else "measured" if bw is not None else "assumed",
+                "peer_compute_ms": None if sample is None else round(sample.peer_compute_ms, 2),
                 "connection": conns.get(pid, "none"), "alive": pid in heard, "link_cost": cost,
             })
         return rows

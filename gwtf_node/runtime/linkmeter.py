@@ -1,0 +1,163 @@
+"""Equation 1 from measurements: latency, bandwidth and compute time of each flow link, measured again and again.
+
+    d(i, j) = (c_i + c_j)/2 + (lat_ij + lat_ji)/2 + 2*size/(bw_ij + bw_ji)
+
+The upstream end of a flow link owns its cost (`flows.py`, `LinkCost`), so
+it is the upstream end that measures:
+
+* latency: the round trip of a Ping / Pong, halved (both directions are
+  taken as equal: one round trip cannot tell them apart);
+* bandwidth: a timed transfer, `LinkProbe` with `PROBE_BYTES` of payload
+  answered by a Pong; its time less one round trip is the payload's transfer
+  time.  The link is taken as symmetric (bw_ij = bw_ji), since only one end
+  sends the probe.  Samples are smoothed (`EWMA_WEIGHT`);
+* compute: c_i is this node's compute per microbatch (`LocalStage.compute_ms`,
+  from its own forward and backward passes); c_j comes in the peer's Pong.
+
+`sample` measures one link (at formation: `Flows.form`; for a newcomer:
+`Flows._add_neighbour`); `Flows.remeasure_loop` measures every next-stage link
+again each `REMEASURE_EVERY_S` and re-forms the flows over a link whose cost
+moved by more than `recost_threshold` (`FlowNode.recost`; both ends agree
+through `LinkCost(reform=True)`).  Links declared with `--links` (an
+emulated setting: the declared values are the truth) are not measured.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+
+import trio
+
+from ..protocol import messages as m
+from ..protocol.cost import link_cost
+from .peers import Peers
+from .stage import LocalStage
+from .wire import Wire, now
+
+log = logging.getLogger("gwtf.node")
+
+PROBE_BYTES = 256 * 1024  # long enough for the transfer to dominate a home link's round trip at 100 Mbit/s (21 ms)
+PROBE_MAX_BYTES = 1 << 20  # a LinkProbe's payload is refused beyond this
+PROBE_WAIT_S = 10.0  # a probe's Pong is given up after this long (256 KiB at 0.2 Mbit/s)
+REMEASURE_EVERY_S = 10.0  # each next-stage link is measured again this often
+EWMA_WEIGHT = 0.5  # a new bandwidth / latency sample's weight: two samples move a step change three quarters
+# A link is re-costed (its flows re-formed) when its cost moves by more than this fraction of the cost in use AND by
+# more than RECOST_MIN_MS: re-forming moves units while microbatches travel on them, so the noise of loopback and
+# LAN round trips (a millisecond that doubles) and of compute times on a loaded machine must not trigger it, while
+# a link throttled from 100 to 10 Mbit/s (a 1 MB activation: +720 ms) or a GPU that became twice as slow does.
+RECOST_RELATIVE = 0.5
+RECOST_MIN_MS = 20.0
+MIN_TRANSFER_S = 1e-4  # a probe faster than one round trip (loopback jitter) counts as this much transfer time
+MAX_BANDWIDTH_MBPS = 100_000.0  # what a probe on loopback can claim at most
+
+
+@dataclass
+class LinkSample:
+    """What was measured of one link (status.json `link_measurements`)."""
+
+    rtt_ms: float
+    bandwidth_mbps: float | None  # None: the probe was not answered
+    peer_compute_ms: float
+    at: float  # trio clock
+
+
+def recost_threshold(old: float, new: float) -> bool:
+    """Whether a link whose cost in use is `old` and now measures `new` is re-costed."""
+    return abs(new - old) > max(RECOST_RELATIVE * old, RECOST_MIN_MS)
+
+
+class LinkMeter:
+    def __init__(self, wire: Wire, peers: Peers, stage: LocalStage) -> None:
+        self.wire = wire
+        self.peers = peers
+        self.stage = stage
+        self.samples: dict[str, LinkSample] = {}  # peer -> the smoothed measurement
+        self.pongs: dict[int, tuple[trio.Event, list]] = {}  # nonce -> (answered, [the Pong])
+        self.probes_sent = 0
+
+    # ------------------------------------------------------------------ answering
+    async def on_probe(self, peer: str, msg: m.LinkProbe, payload) -> None:
+        from .wire import FrameRefused
+
+        if payload is not None and len(payload) > PROBE_MAX_BYTES:
+            raise FrameRefused(f"LinkProbe of {len(payload)} bytes: at most {PROBE_MAX_BYTES}")
+        await self.wire.send(peer, m.Pong(msg.nonce, self.stage.compute_ms()))
+
+    def on_pong(self, peer: str, msg: m.Pong) -> bool:
+        """A Pong of ours (a probe or a round trip of `sample`): True if it was."""
+        waiting = self.pongs.get(msg.nonce)
+        if waiting is None:
+            return False
+        waiting[1].append(msg)
+        waiting[0].set()
+        return True
+
+    # ------------------------------------------------------------------ measuring
+    async def _exchange(self, peer: str, msg: m.Ping | m.LinkProbe, payload: bytes = b"",
+                        wait_s: float = PROBE_WAIT_S) -> tuple[float, m.Pong] | None:
+        ev, box = trio.Event(), []
+        self.pongs[msg.nonce] = (ev, box)
+        try:
+            t0 = now()
+            if not await self.wire.send(peer, msg, payload):
+                return None
+            with trio.move_on_after(wait_s):
+                await ev.wait()
+                return now() - t0, box[0]
+            return None
+        finally:
+            self.pongs.pop(msg.nonce, None)
+
+    async def sample(self, peer: str) -> LinkSample | None:
+        """Measure the link to `peer` once (the best of two round trips, one probe) and fold it into the smoothed
+        measurement; None if `peer` does not answer."""
+        rtts = []
+        pong = None
+        for _ in range(2):
+            got = await self._exchange(peer, m.Ping(random.getrandbits(63)), wait_s=5.0)
+            if got is not None:
+                rtts.append(got[0])
+                pong = got[1]
+        if not rtts:
+            return None
+        rtt = min(rtts)
+        self.probes_sent += 1
+        got = await self._exchange(peer, m.LinkProbe(random.getrandbits(63)), bytes(PROBE_BYTES))
+        bw = None
+        if got is not None:
+            transfer = max(got[0] - rtt, MIN_TRANSFER_S)
+            bw = min(PROBE_BYTES * 8 / transfer / 1e6, MAX_BANDWIDTH_MBPS)
+            pong = got[1]
+        old = self.samples.get(peer)
+        rtt_ms = rtt * 1000.0
+        if old is not None:
+            rtt_ms = EWMA_WEIGHT * rtt_ms + (1 - EWMA_WEIGHT) * old.rtt_ms
+            if bw is not None and old.bandwidth_mbps is not None:
+                bw = EWMA_WEIGHT * bw + (1 - EWMA_WEIGHT) * old.bandwidth_mbps
+            elif bw is None:
+                bw = old.bandwidth_mbps
+        s = LinkSample(rtt_ms, bw, pong.compute_ms if pong is not None else 0.0, now())
+        self.samples[peer] = s
+        return s
+
+    def cost(self, peer: str, size_mb: float, default_bandwidth_mbps: float) -> float | None:
+        """Equation 1 for the link to `peer` from its measurement (None: never measured)."""
+        s = self.samples.get(peer)
+        if s is None:
+            return None
+        lat = s.rtt_ms / 2.0
+        bw = s.bandwidth_mbps or default_bandwidth_mbps
+        return round(link_cost(self.stage.compute_ms(), s.peer_compute_ms, lat, lat, bw, bw, size_mb), 3)
+
+    def snapshot(self) -> dict[str, dict]:
+        """status.json: the measurement of each link, by peer name."""
+        out = {}
+        for pid, s in sorted(self.samples.items()):
+            out[self.peers.who(pid)] = {
+                "rtt_ms": round(s.rtt_ms, 3),
+                "bandwidth_mbps": None if s.bandwidth_mbps is None else round(s.bandwidth_mbps, 1),
+                "peer_compute_ms": round(s.peer_compute_ms, 3),
+            }
+        return out
