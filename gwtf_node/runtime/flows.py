@@ -14,8 +14,8 @@ machine's `set_cost`).  With each end's own round trip the flow machines
 could disagree on a link and stall with part of the demand unplaced.
 `remeasure_loop` measures every next-stage link again each
 `linkmeter.REMEASURE_EVERY_S`; a cost that moved past the threshold
-(`linkmeter.recost_threshold`) re-forms the flows over the link at both ends
-(`FlowNode.recost`, `LinkCost(reform=True)`).  The flow machine's messages
+(`linkmeter.recost_threshold`) twice in a row, the same way, re-forms the
+flows over the link at both ends (`FlowNode.recost`, `LinkCost(reform=True)`).  The flow machine's messages
 to a peer go in order (one task per peer and batch of effects): the flow
 machine assumes FIFO links.
 
@@ -79,6 +79,7 @@ class Flows:
         self.adding: set[str] = set()  # peers being added to the flow machine
         self.meter = LinkMeter(wire, peers, stage)
         self.recosts = 0  # links whose flows re-formed after a new measurement
+        self.moved: dict[str, int] = {}  # peer -> the way its link's cost moved past the threshold last time
 
     # ------------------------------------------------------------------ reading
     @property
@@ -185,9 +186,14 @@ class Flows:
                 if await self.meter.sample(peer) is None:
                     continue
                 old = self.machine.cfg.next_costs.get(peer)
-                new = self.link_cost(peer)
-                if old is None or not recost_threshold(old, new):
+                if old is None:
                     continue
+                new = self.link_cost(peer)
+                way = recost_threshold(old, new)
+                if not way or self.moved.get(peer) != way:  # (once is not enough: module doc)
+                    self.moved[peer] = way
+                    continue
+                self.moved.pop(peer, None)
                 s = self.meter.samples[peer]
                 log.info("flows: link to %s re-costed %g -> %g ms (round trip %.1f ms, %s Mbit/s, compute %.1f / "
                          "%.1f ms): its flows re-form", self.peers.who(peer), old, new, s.rtt_ms,
@@ -292,6 +298,7 @@ class Flows:
     def on_peer_gone(self, peer: str) -> None:
         self.agreed_costs.pop(peer, None)
         self.meter.samples.pop(peer, None)
+        self.moved.pop(peer, None)
         if self.machine is not None and self._in_flow(peer):
             self.effects(Owner.FLOWS, self.machine.remove_neighbour(now(), peer))  # flows rebuilt around it
             self._sync_costs()

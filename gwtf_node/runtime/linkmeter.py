@@ -10,15 +10,18 @@ it is the upstream end that measures:
 * bandwidth: a timed transfer, `LinkProbe` with `PROBE_BYTES` of payload
   answered by a Pong; its time less one round trip is the payload's transfer
   time.  The link is taken as symmetric (bw_ij = bw_ji), since only one end
-  sends the probe.  Samples are smoothed (`EWMA_WEIGHT`);
+  sends the probe.  Samples are smoothed (`EWMA_WEIGHT`), the bandwidth as
+  its inverse (the time per megabit, which is what Equation 1 adds up: a
+  mean of 10,000 and 0.5 Mbit/s would be 5,000);
 * compute: c_i is this node's compute per microbatch (`LocalStage.compute_ms`,
   from its own forward and backward passes); c_j comes in the peer's Pong.
 
 `sample` measures one link (at formation: `Flows.form`; for a newcomer:
 `Flows._add_neighbour`); `Flows.remeasure_loop` measures every next-stage link
 again each `REMEASURE_EVERY_S` and re-forms the flows over a link whose cost
-moved by more than `recost_threshold` (`FlowNode.recost`; both ends agree
-through `LinkCost(reform=True)`).  Links declared with `--links` (an
+moved by more than `recost_threshold` in two measurements in a row, the same
+way (`FlowNode.recost`; both ends agree through `LinkCost(reform=True)`): one
+slow probe or one slow computation on a busy machine moves no flow.  Links declared with `--links` (an
 emulated setting: the declared values are the truth) are not measured.
 """
 
@@ -63,9 +66,12 @@ class LinkSample:
     at: float  # trio clock
 
 
-def recost_threshold(old: float, new: float) -> bool:
-    """Whether a link whose cost in use is `old` and now measures `new` is re-costed."""
-    return abs(new - old) > max(RECOST_RELATIVE * old, RECOST_MIN_MS)
+def recost_threshold(old: float, new: float) -> int:
+    """+1 / -1 if a link whose cost in use is `old` and now measures `new` moved past the threshold up / down, else
+    0."""
+    if abs(new - old) <= max(RECOST_RELATIVE * old, RECOST_MIN_MS):
+        return 0
+    return 1 if new > old else -1
 
 
 class LinkMeter:
@@ -135,7 +141,7 @@ class LinkMeter:
         if old is not None:
             rtt_ms = EWMA_WEIGHT * rtt_ms + (1 - EWMA_WEIGHT) * old.rtt_ms
             if bw is not None and old.bandwidth_mbps is not None:
-                bw = EWMA_WEIGHT * bw + (1 - EWMA_WEIGHT) * old.bandwidth_mbps
+                bw = 1.0 / (EWMA_WEIGHT / bw + (1 - EWMA_WEIGHT) / old.bandwidth_mbps)
             elif bw is None:
                 bw = old.bandwidth_mbps
         s = LinkSample(rtt_ms, bw, pong.compute_ms if pong is not None else 0.0, now())

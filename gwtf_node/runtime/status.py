@@ -118,6 +118,7 @@ class Status:
             "link_costs": self.flows.link_costs_used,
             "compute_ms_per_microbatch": round(self.stage.compute_ms(), 3),
             "links_recosted": self.flows.recosts,
+            "link_measurements": self.flows.meter.snapshot(),
             "iteration": cur.iteration if cur else agg.last_iteration,
             "ledger": mb.counts(cur.iteration) if cur else {},
             "policy": self.policy, "presumed_dead": sorted(self.liveness.crashed),
