@@ -105,7 +105,7 @@ tensors = st.builds(m.TensorHeader, dtype=ids, shape=small_tuples(st.integers(-(
 STRATEGIES.update({
     m.Hello: st.builds(m.Hello, run_id=ids, role=ids, stage=i32, name=ids, capacity=u32,
                        addrs=small_tuples(ids), tensor_addr=ids, joining=st.booleans(), ready_from=u64,
-                       leaving=st.booleans(), leave_after=u64),
+                       leaving=st.booleans(), leave_after=u64, forgot_you=st.booleans()),
     m.Goodbye: st.builds(m.Goodbye, after_iteration=u64),
     m.PeerList: st.builds(m.PeerList, addrs=small_tuples(ids)),
     m.Forward: st.builds(m.Forward, data_node=ids, seq=u64, iteration=u64, path=small_tuples(ids),

@@ -13,7 +13,8 @@
   the other components recorded) on an in-memory wire that encodes every
   frame: a data node presumed dead comes back (BACK) and is greeted again, a
   data node restarted before it was found dead (RESTARTED) has its old
-  incarnation forgotten first, a relay too far ahead is refused, and frames
+  incarnation forgotten first, a stage peer far ahead is taken back and this
+  relay told to catch up from it, and frames
   from a gone or unknown peer other than Hello are ignored, not refused (so
   is a gone peer's Hello that says it leaves).
 * A relay with no data node says that it waits, then every 30 s.
@@ -62,7 +63,7 @@ def test_arrival_of_a_hello() -> None:
 
 @pytest.mark.parametrize("info, mine, refused", [
     (PeerInfo("r", "relay", 1, steps=5), ("relay", 1, 4), None),  # one aggregation ahead: it stepped first
-    (PeerInfo("r", "relay", 1, steps=6), ("relay", 1, 4), "more than one aggregation apart"),
+    (PeerInfo("r", "relay", 1, steps=6), ("relay", 1, 4), None),  # far ahead: this node was cut off, catches up
     (PeerInfo("r", "relay", 1, steps=6, joining=True), ("relay", 1, 4), None),  # it downloads the state
     (PeerInfo("r", "relay", 0, steps=9), ("relay", 1, 4), None),  # another stage: its own history
     (PeerInfo("r", "relay", 1, steps=0), ("relay", 1, 4), None),  # behind: it catches up as a joiner
@@ -72,7 +73,7 @@ def test_arrival_of_a_hello() -> None:
 ])
 def test_readmission_refusal(info: PeerInfo, mine: tuple, refused: str | None) -> None:
     role, stage, steps = mine
-    why = readmission_refusal(info, n_stages=2, my_role=role, my_stage=stage, my_steps=steps)
+    why = readmission_refusal(info, n_stages=2)
     assert (why is None) if refused is None else (why is not None and refused in why), why
 
 
@@ -263,18 +264,48 @@ async def test_a_data_node_back_and_restarted_is_taken_back(tmp_path: Path) -> N
         assert "D0" in relay.peers and relay.peers.get("D0").incarnation == again.incarnation
         assert "R0" in again.peers
 
-        # a stage peer that comes back more than one aggregation ahead is refused and stays gone
+        # a stage peer that comes back more than one aggregation ahead (this relay was cut off while the stage
+        # stepped) is taken back, and this relay is told to catch up from it
         relay.parts.liveness._presume_dead("R0B", 7.0)
         del net["R0B"]
         ahead = _node(tmp_path, run, "r0b", "R0B", "relay", 0, net, nursery, steps=5)
         await ahead.parts.discovery.dial(relay.parts.discovery.host.addrs[0])
         await trio.testing.wait_all_tasks_blocked()
-        assert relay.peers.is_gone("R0B") and relay.parts.wire.refused == 1
+        assert "R0B" in relay.peers and relay.parts.wire.refused == 0
+        told = relay.parts.joining.catch_up.call_args.args[0]
+        assert (told.peer_id, told.steps) == ("R0B", 5)
         # a gone peer's Hello saying it leaves (a late frame of its leave, overtaken by its Goodbye): ignored
+        relay.parts.liveness._presume_dead("R0B", 7.0)
         ahead.peers.set_standing(leaving=True, leave_after=5)
         await ahead.parts.wire.send("R0", ahead.parts.discovery.hello("R0"))
         await trio.testing.wait_all_tasks_blocked()
-        assert relay.peers.is_gone("R0B") and relay.parts.wire.refused == 1
+        assert relay.peers.is_gone("R0B") and relay.parts.wire.refused == 0
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.trio
+async def test_a_peer_presumed_dead_that_is_still_there_is_redialled_and_taken_back(tmp_path: Path) -> None:
+    """A partition or a long stall: the relay presumed the data node dead, the data node did not.  The relay's
+    redial loop greets it again (at the address of its address book) after REDIAL_FIRST_S, saying it forgot it:
+    the data node forgets the relay too (both ends start over) and both take each other back."""
+    run = tmp_path / "run.json"
+    save_manifest(default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=2), run)
+    net: dict[str, Node] = {}
+    async with trio.open_nursery() as nursery:
+        relay = _node(tmp_path, run, "r0", "R0", "relay", 0, net, nursery, steps=3)
+        data = _node(tmp_path, run, "d0", "D0", "data", None, net, nursery, steps=3)
+        await data.parts.discovery.dial(relay.parts.discovery.host.addrs[0])
+        await trio.testing.wait_all_tasks_blocked()
+        relay.parts.liveness._presume_dead("D0", 7.0)
+        assert relay.peers.is_gone("D0")
+        nursery.start_soon(relay.parts.discovery.redial_loop, lambda: set(relay.parts.liveness.crashed),
+                           lambda pid: relay.book.known.get(pid, []))
+        with trio.fail_after(10):
+            while "D0" not in relay.peers:
+                await trio.sleep(0.1)
+        assert relay.parts.liveness.crashed == set() and "R0" in data.peers
+        data.parts.microbatches.peer_gone.assert_called_with("R0")  # the data node forgot it too, then took it back
+        data.parts.microbatches.peer_back.assert_called_with("R0")
         nursery.cancel_scope.cancel()
 
 

@@ -267,7 +267,7 @@ class MoveReply(_message.Message):
     def __init__(self, move_id: _Optional[int] = ..., outcome: _Optional[_Union[Outcome, str]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("run_id", "role", "stage", "name", "capacity", "addrs", "tensor_addr", "joining", "ready_from", "leaving", "leave_after", "steps", "incarnation", "certificate")
+    __slots__ = ("run_id", "role", "stage", "name", "capacity", "addrs", "tensor_addr", "joining", "ready_from", "leaving", "leave_after", "steps", "incarnation", "certificate", "forgot_you")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
@@ -282,6 +282,7 @@ class Hello(_message.Message):
     STEPS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    FORGOT_YOU_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     role: str
     stage: int
@@ -296,7 +297,8 @@ class Hello(_message.Message):
     steps: int
     incarnation: int
     certificate: bytes
-    def __init__(self, run_id: _Optional[str] = ..., role: _Optional[str] = ..., stage: _Optional[int] = ..., name: _Optional[str] = ..., capacity: _Optional[int] = ..., addrs: _Optional[_Iterable[str]] = ..., tensor_addr: _Optional[str] = ..., joining: bool = ..., ready_from: _Optional[int] = ..., leaving: bool = ..., leave_after: _Optional[int] = ..., steps: _Optional[int] = ..., incarnation: _Optional[int] = ..., certificate: _Optional[bytes] = ...) -> None: ...
+    forgot_you: bool
+    def __init__(self, run_id: _Optional[str] = ..., role: _Optional[str] = ..., stage: _Optional[int] = ..., name: _Optional[str] = ..., capacity: _Optional[int] = ..., addrs: _Optional[_Iterable[str]] = ..., tensor_addr: _Optional[str] = ..., joining: bool = ..., ready_from: _Optional[int] = ..., leaving: bool = ..., leave_after: _Optional[int] = ..., steps: _Optional[int] = ..., incarnation: _Optional[int] = ..., certificate: _Optional[bytes] = ..., forgot_you: bool = ...) -> None: ...
 
 class Goodbye(_message.Message):
     __slots__ = ("after_iteration",)

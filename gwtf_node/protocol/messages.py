@@ -215,6 +215,7 @@ class Hello:
     steps: int = 0  # optimizer steps applied to its part (a data node: the run's step)
     incarnation: int = 0  # drawn at each start of the process: a new value is the same node restarted
     certificate: bytes = b""  # the run owner's admission certificate for this peer id and role; b"": none
+    forgot_you: bool = False  # the sender presumed this peer dead and forgot it: forget the sender too, take it back
 
 
 @dataclass(frozen=True, slots=True)

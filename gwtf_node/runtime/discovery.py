@@ -31,6 +31,18 @@ reservation, relay.py) is passed on to the others at once.
 
 With a links file (`--links`), the link to a named peer is shaped (latency,
 bandwidth) as soon as its Hello names it.
+
+A peer presumed dead is redialled (`redial_loop`: after 2 s, then backing off
+to once a minute, for an hour) at the addresses it last said Hello from: a
+peer cut off by a partition, or whose frames stalled longer than the
+liveness check waits, is greeted again once it can be reached, and comes
+back through the same Hello (BACK) as a restarted one.  Nothing else would
+bring it back: liveness pings only the peers it watches, and the frames of a
+gone peer are ignored.  A peer that left (Goodbye) is not redialled.  The
+redial's Hello says `forgot_you`: a peer that had not presumed this node dead
+(one side of a stall noticed it, the other not) forgets it too and takes it
+back (Arrival.FORGOT_US, handled as a restart), so that both ends of every
+flow link and microbatch start over alike.
 """
 
 from __future__ import annotations
@@ -49,6 +61,9 @@ from .wire import FrameRefused, Wire, now
 
 log = logging.getLogger("gwtf.node")
 
+REDIAL_FIRST_S = 2.0  # a peer presumed dead is dialled again this long after, then at twice the interval each time
+REDIAL_MAX_S = 60.0  # ... up to once a minute
+REDIAL_FOR_S = 3600.0  # ... for an hour: a crashed volunteer's machine may reboot; one gone for good costs a dial a minute
 DHT_ROUND_S = 2.0
 DHT_WAIT_S = 10.0
 PEER_LIST_DIALS = 256  # peers dialled for one PeerList (each once, with all its addresses)
@@ -79,25 +94,27 @@ class Discovery:
         self.records = records  # signed DHT records (records.py); None: a test without a DHT
         host.on_addrs_changed = self.hello_all  # a relay reservation gave us an address: tell everyone
 
-    def hello(self, to: str) -> m.Hello:
+    def hello(self, to: str, *, forgot_you: bool = False) -> m.Hello:
         """Our Hello to `to`, with the addresses it can use (host.addrs_for: no loopback to a remote peer)."""
         p = self.peers.place
         return m.Hello(self.run_id, p.role, -2 if p.stage is None else p.stage, self.peers.name, p.capacity,
                        tuple(self.host.addrs_for(to)), self.host.tensor_addr, p.joining, p.ready_from, p.leaving,
-                       p.leave_after, self.applied_steps(), self.incarnation, self.certificate)
+                       p.leave_after, self.applied_steps(), self.incarnation, self.certificate, forgot_you)
 
     def hello_all(self) -> None:
         """Tell every peer this node's place again (its stage or standing changed)."""
         for pid in self.peers.ids_known():
             self.wire.post(pid, self.hello(pid))
 
-    async def greet(self, addr: str, *more: str) -> str:
+    async def greet(self, addr: str, *more: str, forgot_you: bool = False) -> str:
         """Connect to `addr` (or `more` addresses of the same peer) and say Hello (not to ourselves); its peer id,
-        or `PeerUnreachable`."""
+        or `PeerUnreachable`.  `forgot_you`: this node presumed that peer dead (a redial)."""
         pid = await self.host.connect(addr, *more)
+        if forgot_you and not self.peers.is_gone(pid):
+            return pid  # (a redial that took long: the peer is back already, and must not forget us again)
         if pid != self.wire.me:
             self.hellos_sent.add(pid)  # before sending: its answer (Hello or Refused) may come at once
-            if not await self.wire.send(pid, self.hello(pid)):
+            if not await self.wire.send(pid, self.hello(pid, forgot_you=forgot_you)):
                 raise PeerUnreachable(f"connected to {addr}, but the Hello could not be sent")
         return pid
 
@@ -144,6 +161,35 @@ class Discovery:
                 await self._read_revocations(f"{run_key}/revoked")
             await trio.sleep(DHT_ROUND_S)
 
+    async def redial_loop(self, presumed_dead: Callable[[], set[str]], addrs_of: Callable[[str], list[str]]) -> None:
+        """Greet the peers presumed dead again, with backoff (module doc)."""
+        plan: dict[str, tuple[float, float, float]] = {}  # peer -> (next dial, interval, presumed dead since)
+        self._redialling: set[str] = set()  # one redial per peer at a time
+        while True:
+            await trio.sleep(1.0)
+            t = now()
+            dead = presumed_dead()
+            for pid in [p for p in plan if p not in dead]:
+                del plan[pid]
+            for pid in sorted(dead):
+                due, every, since = plan.setdefault(pid, (t + REDIAL_FIRST_S, REDIAL_FIRST_S, t))
+                if t < due or t - since > REDIAL_FOR_S or pid in self._redialling:
+                    continue
+                plan[pid] = (t + every, min(2 * every, REDIAL_MAX_S), since)
+                addrs = [a if "/p2p/" in a else f"{a}/p2p/{pid}" for a in addrs_of(pid)][:ADDRS_PER_PEER]
+                if addrs:
+                    self.wire.spawn(self._redial, pid, addrs, every == REDIAL_FIRST_S)
+
+    async def _redial(self, peer: str, addrs: list[str], first: bool) -> None:
+        (log.info if first else log.debug)("redialling %s, presumed dead", self.peers.who(peer))
+        self._redialling.add(peer)
+        try:
+            await self.greet(*addrs, forgot_you=True)
+        except Exception as e:  # noqa: BLE001 - unreachable for now: dialled again later
+            log.debug("redial of %s failed: %s", self.peers.who(peer), e)
+        finally:
+            self._redialling.discard(peer)
+
     async def _read_revocations(self, key: str) -> None:
         """The owner's revocation list from the DHT (anyone may store it: the owner's signature is checked)."""
         if self.authorizer is None or self.authorizer.insecure:
@@ -175,7 +221,9 @@ class Discovery:
         info = PeerInfo(sender, msg.role, msg.stage, msg.name, msg.capacity, addrs, None,
                         msg.joining, msg.ready_from, msg.leaving, msg.leave_after, msg.steps, msg.incarnation)
         arrival = self.peers.arrival(sender, msg.incarnation)
-        if arrival in (Arrival.BACK, Arrival.RESTARTED):
+        if arrival is Arrival.SAME and msg.forgot_you:
+            arrival = Arrival.FORGOT_US
+        if arrival in (Arrival.BACK, Arrival.RESTARTED, Arrival.FORGOT_US):
             if not self.on_peer_back(info, arrival):
                 return
             self.host.note_addrs(sender, msg.addrs)  # (it may listen elsewhere now: redials go there)

@@ -16,7 +16,12 @@
   ready (flows.py), and its own flow machine starts as `joined`.
 * **Falling behind.**  If a BEGIN AGGREGATION of an iteration this node
   should have taken part in leaves it out (its Hello came too late), it
-  fetches the state again, after that step (`resync`).
+  fetches the state again, after that step (`resync`).  A relay that was
+  cut off (a partition) while the run stepped learns it from the first Hello
+  after it is redialled (discovery.py), a stage peer's or a data node's
+  saying more than one aggregation more than its own state: it fetches the
+  state after those steps from a stage peer (`catch_up`) and takes part
+  again from the next iteration.
 * **Leaving** (V-B's counterpart, `leave`).  The relay announces `leaving`
   with `leave_after` = the iteration in flight: from the next iteration on
   nobody routes microbatches to it and the leader leaves it out of the
@@ -41,7 +46,7 @@ from .discovery import Discovery
 from .flows import Flows
 from .leadership import Leadership
 from .liveness import Liveness
-from .peers import Peers
+from .peers import PeerInfo, Peers
 from .stage import LocalStage
 from .wire import ApplyEffects, FrameRefused, Owner, Wire, now
 
@@ -486,6 +491,27 @@ class Joining:
                           NO_QUORUM_RETRY_S)
             raise FrameRefused(f"StageState from {self.peers.who(source)}: {why}")
         log.info("stage %d state from %s: %s", msg.stage, self.peers.who(source), why)
+
+    def catch_up(self, info: PeerInfo) -> None:
+        """`info` (a Hello) says the run stepped more than one aggregation past this relay's state: this node was
+        cut off (a partition: every peer presumed it dead, it presumed them dead) while the others trained.  It
+        fetches the state after those steps from a ready member of its stage (the peer itself when it is one), as
+        a joiner does, and takes part again from the iteration after it (module doc).  A data node's steps count
+        too (the run's step), so a relay that hears its data node first waits for no stage peer to say it."""
+        place = self.peers.place
+        if self.peers.role != "relay" or self.peers.stage is None or place.joining or not self.stage.built:
+            return
+        if info.joining or info.leaving or not (info.role == "data" or info.stage == self.peers.stage):
+            return
+        if info.steps <= self.stage.applied_steps + 1:
+            return
+        source = info.peer_id if info.role == "relay" else self._replacement_source(self.wire.me)
+        if source is None:
+            return  # (no stage peer known yet: its own Hello brings it here again)
+        log.warning("behind the run: %s has %d steps applied, this node %d (cut off while the run trained): "
+                    "fetching the state from %s", self.peers.who(info.peer_id), info.steps,
+                    self.stage.applied_steps, self.peers.who(source))
+        self.wire.spawn(self._fetch_state, source, info.steps)
 
     def resync(self, iteration: int) -> None:
         """BEGIN AGGREGATION of `iteration` left this node out (Phases' LeftOut): fetch the state after that step.

@@ -312,12 +312,14 @@ class Node:
         if arrival is Arrival.BACK and info.leaving:
             log.debug("Hello of %s, which left, saying it leaves: ignored", name)
             return False
-        why = readmission_refusal(info, n_stages=self.peers.n_stages, my_role=self.peers.role,
-                                  my_stage=self.peers.stage, my_steps=self.stage.applied_steps)
+        why = readmission_refusal(info, n_stages=self.peers.n_stages)
         if why is not None:
             raise FrameRefused(f"{name} is not taken back: {why}")
         if arrival is Arrival.RESTARTED:
             log.warning("peer %s restarted (a new incarnation): forgetting the old one", name)
+            self._peer_gone(info.peer_id)
+        elif arrival is Arrival.FORGOT_US:
+            log.warning("peer %s had presumed this node dead: forgetting it too, both start over", name)
             self._peer_gone(info.peer_id)
         log.info("peer %s is back (%s stage %d, %d steps, ready from iteration %d): taken back", name, info.role,
                  info.stage, info.steps, info.ready_from)
@@ -334,6 +336,7 @@ class Node:
             p.microbatches.peer_back(info.peer_id)
             p.flows.peer_back(info)
         p.aggregation.peer_back(info.peer_id)
+        p.joining.catch_up(info)  # a peer far ahead: this node was cut off while the run stepped
         p.leadership.on_peer_hello(info)
         p.flows.on_peer_hello(info)
         p.microbatches.recheck_paused()  # a relay ready for the stage the run waits for
@@ -475,6 +478,8 @@ class Node:
                          host.addrs)
                 nursery.start_soon(p.bootstrap.run)  # dials the bootstrap peers, with retries
                 nursery.start_soon(p.discovery.loop)
+                nursery.start_soon(p.discovery.redial_loop, lambda: set(p.liveness.crashed),
+                                   lambda pid: self.book.known.get(pid, []))
                 nursery.start_soon(self.timers.loop)
                 await nursery.start(p.status.serve, lambda: control.leave(self), self.opts.metrics_host,
                                     self.opts.metrics_port)  # status.json, the control socket, Prometheus

@@ -67,6 +67,7 @@ class Arrival(enum.Enum):
     SAME = "same"  # the peer as known: a Hello with news (stage, standing) or a repeat
     BACK = "back"  # a peer that is gone (presumed dead or said Goodbye) says Hello again
     RESTARTED = "restarted"  # a known peer with another incarnation: it restarted before it was found dead
+    FORGOT_US = "forgot us"  # a known peer that presumed this node dead (a partition, a stall): both start over
 
 
 @dataclass
@@ -258,26 +259,21 @@ class Peers:
         return groups
 
 
-def readmission_refusal(info: PeerInfo, *, n_stages: int, my_role: str, my_stage: int | None,
-                        my_steps: int) -> str | None:
+def readmission_refusal(info: PeerInfo, *, n_stages: int) -> str | None:
     """Why a peer coming back (BACK or RESTARTED) is not taken back now, or None to take it back.
 
     Run and role were checked with every Hello (discovery.py).  A relay must
     name a stage of the run, or -2 (a `--stage auto` relay waiting to be
-    placed).  A stage peer (same stage as this relay) whose steps are ahead
-    of ours by more than one aggregation holds a state this node has not
-    seen: one of the two is not of this run's history, and taking it into
-    the stage's all-reduce would mix them.  One step ahead is normal (it
-    stepped an aggregation whose step is still running here).  A peer
-    behind is taken back: its Hello says from which iteration it is ready
-    (`ready_from`), and it catches up as a joiner does.
+    placed).  Steps apart are no reason to refuse: a peer behind catches
+    up as a joiner does (its Hello says from which iteration it is ready,
+    `ready_from`), and a stage peer ahead by more than one aggregation means
+    that this node was cut off (a partition) while the stage stepped: this
+    node catches up from it (`Joining.catch_up`; the state it downloads is
+    checked against the stage's other members, handover.py), and takes no
+    part in the stage's all-reduce until then.
     """
     if info.role == "relay" and not (info.stage == -2 or 0 <= info.stage < n_stages):
         return f"it comes back as a relay of stage {info.stage}, the run has stages 0..{n_stages - 1}"
-    if info.role == "relay" and my_role == "relay" and info.stage == my_stage and not info.joining \
-            and info.steps > my_steps + 1:
-        return (f"it comes back to stage {info.stage} with {info.steps} steps applied, this stage peer has "
-                f"{my_steps}: more than one aggregation apart")
     return None
 
 
