@@ -35,7 +35,6 @@ import trio
 import trio.testing
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
-from gwtf_node.protocol import codec
 from gwtf_node.protocol import messages as m
 from gwtf_node.protocol.flow import FlowConfig, FlowNode
 from gwtf_node.protocol.recovery import RecoveryConfig, RecoveryNode

@@ -336,20 +336,12 @@ class Host(HostDht, conninfo.HostConnections):
                 raise
         raise PeerUnreachable(f"{what} to {peer_id} failed: {last!r}") from last
 
-    async def drop_connections(self, peer_id: str) -> None:
-        """Close everything open to `peer_id` (presumed dead): its tensor channel, its streams and its libp2p
-        connections.  After a partition the old TCP connections are stalled in their retransmission backoff, and
-        a frame queued on one waits for it; the peer, redialled, comes back on new ones (discovery.py)."""
-        sender = self._tensor_out.pop(peer_id, None)
-        if sender is not None:
+    async def drop_streams(self, peer_id: str) -> None:
+        """Close the tensor channel and the streams to `peer_id` (`Wire.disconnect` closes its connections)."""
+        if (sender := self._tensor_out.pop(peer_id, None)) is not None:
             sender.close()
         for streams in (self._ctrl_out, self._payload_out):
             await self._drop_stream(streams, peer_id)
-        try:
-            with trio.move_on_after(5):
-                await self.libp2p.disconnect(ID.from_base58(peer_id))
-        except Exception as e:  # noqa: BLE001 - already closed, or it broke while closing
-            log.debug("disconnecting %s: %r", peer_id[:16], e)
 
     async def _drop_stream(self, streams: dict[str, INetStream], peer_id: str) -> None:
         stream = streams.pop(peer_id, None)

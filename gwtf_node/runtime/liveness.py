@@ -71,9 +71,7 @@ class Liveness:
         log.warning("peer %s presumed dead: silent for %.1f s", self.peers.who(peer), silent_s)
         self.crashed.add(peer)
         self.on_dead(peer)
-        drop = getattr(self.wire.host, "drop_connections", None)
-        if drop is not None:  # its stalled connections closed: if it is alive, the redial opens new ones
-            self.wire.spawn(drop, peer)
+        self.wire.spawn(self.wire.disconnect, peer)  # (alive after all: the redial opens new connections)
 
     def peer_back(self, peer: str) -> None:
         """`peer` said Hello after it was forgotten: not presumed dead any more, heard now."""

@@ -158,12 +158,14 @@ class Wire:
         return self.bans.is_banned(peer, now())
 
     async def disconnect(self, peer: str) -> None:
-        """Close every connection to `peer` (a banned or revoked peer)."""
+        """Close every connection to `peer` (a banned or revoked peer; one presumed dead: after a partition its
+        connections stall in TCP's retransmission backoff, and redialled it comes back on new ones)."""
         from libp2p.peer.id import ID
 
         lp = getattr(self.host, "libp2p", None)
         if lp is None:
             return
+        await self.host.drop_streams(peer)
         try:
             with trio.move_on_after(5):
                 await lp.disconnect(ID.from_base58(peer))
