@@ -1,0 +1,76 @@
+"""The bootstrap node dies after formation, and a volunteer still joins, given the address of another member.
+
+Lab (gwtf_node/testing/netlab.py): two data nodes d0 (everyone's bootstrap)
+and d1, one relay per stage, each in its own namespace on the internet
+segment.  Once the swarm trains, d0 is SIGKILLed: d1 trains on (with two data
+nodes a relay is the election's third voter, leader.py), the others presume
+d0 dead.  Then a relay j0 starts with `--stage auto` and `--bootstrap` the
+address of r0_0: it finds the run, the leader places it, it downloads its
+stage's state and computes microbatches while the run goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import labutil
+import pytest
+from swarmutil import log_digest, status
+
+from gwtf_node.model.manifest import default_manifest, save_manifest
+from gwtf_node.runtime.local import LocalSwarm
+
+pytestmark = [pytest.mark.netlab, pytest.mark.multiprocess, pytest.mark.slow]
+lab = labutil.lab  # the fixture
+
+MAX_ITERATIONS = 2000  # stopped once j0 computed and two more iterations settled
+JOINED_WITHIN_S = 150.0
+
+
+def test_a_relay_joins_through_another_member_after_the_bootstrap_died(lab, tmp_path: Path) -> None:
+    man = default_manifest(family="llama", stages=2, seq_len=32, microbatch_size=2, microbatches_per_iteration=2)
+    run = tmp_path / "run.json"
+    save_manifest(man, run)
+    names = ["d0", "d1", "r0_0", "r1_0", "j0"]
+    where = {name: lab.public(name.replace("_", "")) for name in names}
+    swarm = LocalSwarm(tmp_path, run, data_nodes=2, stages=2, relays_per_stage=1, iterations=MAX_ITERATIONS,
+                       wrap={name: ["ip", "netns", "exec", node.ns] for name, node in where.items()},
+                       extra_args={name: ["--listen", "0.0.0.0:4001"] for name in names})
+    swarm.startup_timeout_s = 120
+    swarm.iteration_timeout_s = 120
+    records: list[dict] = []
+    killed_at = started_at = joined = None
+    try:
+        swarm.start()
+        for rec in swarm.iterations_done():
+            records.append(rec)
+            if killed_at is None:
+                if len(records) >= 2:
+                    swarm.expected_dead.add("d0")
+                    os.killpg(swarm.procs["d0"].pid, signal.SIGKILL)
+                    assert swarm.procs["d0"].wait(timeout=10) == -9
+                    killed_at = len(records)
+                continue
+            if started_at is None:
+                if len(records) >= killed_at + 2:  # d1 trains on alone
+                    via = (tmp_path / "r0_0" / "addr").read_text().split()[0]
+                    swarm.add_relay("j0", bootstrap=via)
+                    started_at = time.monotonic()
+                continue
+            if joined is None:
+                st = status(tmp_path, "j0")
+                if st.get("stage") is not None and not st.get("joining") and st.get("compute_calls", 0) > 0:
+                    joined = len(records)
+                else:
+                    assert time.monotonic() - started_at < JOINED_WITHIN_S, (
+                        f"j0 not computing {JOINED_WITHIN_S:.0f} s after it started", st.get("state"),
+                        log_digest(tmp_path, where))
+            elif len(records) >= joined + 2:
+                break
+    finally:
+        swarm.stop()
+    assert joined is not None, (records, log_digest(tmp_path, where))
+    assert all(r["microbatches"] > 0 for r in records), records
