@@ -72,12 +72,13 @@ from . import channel, conninfo
 from .addresses import Endpoint, advertised, default_tensor_port, from_peer, interface_addresses
 from .addresses import is_loopback_host, listen_endpoints, parse_announce, usable_by
 from .channel import ChannelError, ChannelUnreachable, RawConn, SessionKeys, TensorSender
+from .dialback import DIALBACK_PROTOCOL_ID, serve as dialback_serve
 from .frames import DEFAULT_FRAME_TIMEOUT_S, DEFAULT_MAX_PAYLOAD_BYTES, FrameError, encode_header, read_frame
 from .hostdht import DHT_NAMESPACE, DHT_QUERY_TIMEOUT_S, HostDht, VersionedValidator, pack_record, unpack_record
 from .identity import load_or_create_identity
 from .limits import MAX_CTRL_STREAMS_PER_PEER, MAX_PENDING_SESSIONS_PER_PEER, ConnectionBound
 from .links import LinkShaper
-from .relay import Relaying, is_circuit, looks_natted
+from .relay import Relaying, is_circuit, looks_natted, routable
 from .startup import PortInUse, StartupError, check_port_free
 
 log = logging.getLogger("gwtf.transport")
@@ -156,8 +157,11 @@ class Host(HostDht, conninfo.HostConnections):
 
     @property
     def addrs(self) -> list[str]:
-        """The advertised addresses (announced, or listen addresses with 0.0.0.0/:: expanded; addresses.py)."""
-        return [str(a) for a in self.libp2p.get_addrs()] + (self.relaying.circuit_addrs if self.relaying else [])
+        """The advertised addresses (announced, or listen addresses with 0.0.0.0/:: expanded; addresses.py); only
+        the relayed ones once a dial-back said nobody reaches the others (relay.py)."""
+        circuits = self.relaying.circuit_addrs if self.relaying else []
+        unreachable = circuits and self.relaying.reachable is False
+        return list(circuits) if unreachable else [str(a) for a in self.libp2p.get_addrs()] + circuits
 
     def addrs_for(self, peer_id: str) -> list[str]:
         """The advertised addresses `peer_id` can use: loopback ones only for a peer on this machine."""
@@ -196,7 +200,7 @@ class Host(HostDht, conninfo.HostConnections):
             await self._connect_relayed(pid, circuits, e)
         self.libp2p.get_peerstore().add_addrs(pid, direct, ADDR_TTL_S)
         if self.relaying is not None and direct:
-            self.relaying.met(pid.to_base58(), multiaddr, self.addrs)
+            self.relaying.met(pid.to_base58(), multiaddr, self.addrs, self.connection_kind(pid.to_base58()) == "direct")
         if self.dht is not None:
             await self.dht.add_peer(pid, skip_server_mode_check=True)
         return pid.to_base58()
@@ -570,7 +574,8 @@ async def open_host(
         await nursery.start(trio.serve_listeners, host._on_tensor_conn, listeners)
         links.attach(nursery)
         try:
-            if relay_service or looks_natted(host.addrs):  # serve as a relay, or reach NATed peers through one
+            lp.set_stream_handler(DIALBACK_PROTOCOL_ID, dialback_serve)  # (answered by any node)
+            if relay_service or routable(host.addrs):  # serve as a relay, or reach peers (and be reached) through one
                 host.relaying = Relaying(lp, relay_service, on_addrs_changed=lambda: host.on_addrs_changed())
                 await nursery.start(host.relaying.run)
             if dht:

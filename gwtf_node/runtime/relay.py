@@ -20,7 +20,10 @@ What the library does and what is ours (../shared/notes/py-libp2p-nat.md):
   default: `RELAY_LIMITS` sizes them for a run.
 * Ours: a node reserves only when it looks unreachable (`looks_natted`:
   all its advertised addresses are private: RFC 1918, CGNAT 100.64/10, IPv6
-  ULA), on each peer it dials until it holds `MAX_RESERVATIONS`, and a peer
+  ULA) or a dial-back said it is (dialback.py: a node with a public address
+  asks the first peer it reaches directly to dial it back; behind a firewall
+  it then reserves, and advertises only its relayed addresses), on each peer
+  it dials until it holds `MAX_RESERVATIONS`, and a peer
   without the relay service just refuses the protocol; the relayed address
   is published by us (py-libp2p's `get_addrs()` never lists it), and
   `host.connect` dials circuit addresses itself (the swarm refuses them:
@@ -44,7 +47,8 @@ from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL_ID
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
-from .addresses import host_of
+from . import dialback
+from .addresses import host_of, is_loopback_host
 
 log = logging.getLogger("gwtf.transport")
 
@@ -76,6 +80,22 @@ def looks_natted(addrs: list[str]) -> bool:
     return bool(ips) and all(any(ip in net for net in _PRIVATE if net.version == ip.version) for ip in ips)
 
 
+def routable(addrs: list[str]) -> bool:
+    """Whether any advertised address is not loopback (a node on a network, not a test swarm on one machine)."""
+    return any(h is not None and not is_loopback_host(h) for h in map(host_of, addrs))
+
+
+def tcp_port(addrs: list[str]) -> int | None:
+    """The TCP port of the first direct advertised address."""
+    for a in addrs:
+        if not is_circuit(a):
+            try:
+                return int(Multiaddr(a).value_for_protocol("tcp"))
+            except Exception:  # noqa: BLE001 - no tcp component (the library raises several types)
+                continue
+    return None
+
+
 def is_circuit(multiaddr: str) -> bool:
     return "/p2p-circuit" in multiaddr
 
@@ -92,6 +112,10 @@ class Relaying:
         self.on_addrs_changed = on_addrs_changed
         self.circuit_addrs: list[str] = []  # ours, through the relays we hold a reservation on
         self.reserved: dict[str, str] = {}  # relay peer id -> its address we reached
+        self.reachable: bool | None = None  # the dial-back's answer (dialback.py); None: not known
+        self.reachable_by: str | None = None  # the peer that answered it
+        self._met: dict[str, str] = {}  # peers reached directly -> the address (relays to reserve on, if need be)
+        self._asking = False
         self._tried: set[str] = set()
         self._nursery: trio.Nursery | None = None
 
@@ -102,13 +126,42 @@ class Relaying:
             task_status.started()
             await trio.sleep_forever()
 
-    def met(self, peer_id: str, addr: str, advertised: list[str]) -> None:
-        """We dialled `peer_id` at `addr`: if this node looks unreachable, try a reservation there."""
-        if (self._nursery is None or peer_id in self.reserved or peer_id in self._tried or is_circuit(addr)
-                or len(self.reserved) >= MAX_RESERVATIONS or not looks_natted(advertised)):
+    def met(self, peer_id: str, addr: str, advertised: list[str], direct: bool = True) -> None:
+        """We dialled `peer_id` at `addr`: if this node looks unreachable, try a reservation there; a node with a
+        public address that does not know yet asks it for a dial-back (dialback.py)."""
+        if self._nursery is None or is_circuit(addr) or not direct:
+            return
+        self._met[peer_id] = addr
+        natted = looks_natted(advertised)
+        if not natted and self.reachable is None and not self._asking and routable(advertised):
+            port = tcp_port(advertised)
+            if port is not None:
+                self._asking = True
+                self._nursery.start_soon(self._dial_back, peer_id, port)
+        if natted or self.reachable is False:
+            self._reserve_on(peer_id, addr)
+
+    def _reserve_on(self, peer_id: str, addr: str) -> None:
+        if peer_id in self.reserved or peer_id in self._tried or len(self.reserved) >= MAX_RESERVATIONS:
             return
         self._tried.add(peer_id)
         self._nursery.start_soon(self._reserve, peer_id, addr)
+
+    async def _dial_back(self, peer_id: str, port: int) -> None:
+        try:
+            answer = await dialback.check(self.lp, peer_id, port)
+        finally:
+            self._asking = False
+        if answer is None:
+            return  # (the next peer met is asked)
+        self.reachable, self.reachable_by = answer, peer_id
+        if answer:
+            log.info("reachable from outside: %s dialled this node back at port %d", peer_id, port)
+            return
+        log.warning("not reachable from outside at port %d (a firewall?): reserving a slot on relays, advertising "
+                    "only relayed addresses", port)
+        for pid, addr in list(self._met.items()):
+            self._reserve_on(pid, addr)
 
     async def _reserve(self, peer_id: str, addr: str) -> None:
         pid = ID.from_base58(peer_id)
@@ -144,4 +197,4 @@ class Relaying:
             await self.transport.dial(Multiaddr(circuit_addr))
 
 
-__all__ = ["MAX_RESERVATIONS", "RELAY_LIMITS", "Relaying", "is_circuit", "looks_natted"]
+__all__ = ["MAX_RESERVATIONS", "RELAY_LIMITS", "Relaying", "is_circuit", "looks_natted", "routable"]

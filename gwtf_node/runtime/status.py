@@ -118,6 +118,7 @@ class Status:
             "link_costs": self.flows.link_costs_used,
             "compute_ms_per_microbatch": round(self.stage.compute_ms(), 3),
             "links_recosted": self.flows.recosts,
+            "reachability": self._reachability(),
             "link_measurements": self.flows.meter.snapshot(),
             "iteration": cur.iteration if cur else agg.last_iteration,
             "ledger": mb.counts(cur.iteration) if cur else {},
@@ -349,6 +350,25 @@ class Status:
                 if self.peers.role == "data" else None,
                 "run": run.get("loss") if run else None, "run_iteration": run.get("iteration") if run else None,
                 "run_record": run, "recent": {str(k): v for k, v in sorted(self.tally.losses.items())}}
+
+    def _reachability(self) -> dict:
+        """Whether peers outside reach this node (dialback.py, relay.py): `public` (a peer dialled it back),
+        `firewalled` (its public address is not reached: it is reached through relays), `behind NAT` (private
+        addresses only), `local` (loopback: a swarm on one machine) or `unknown` (not asked yet)."""
+        r = getattr(self.host, "relaying", None)
+        addrs = [a for a in self.host.addrs if "/p2p-circuit" not in a]
+        from .relay import looks_natted, routable
+
+        if r is None or not routable(addrs or self.host.addrs):
+            kind = "local" if r is None else "unknown"
+        elif r.reachable is True:
+            kind = "public"
+        elif r.reachable is False:
+            kind = "firewalled"
+        else:
+            kind = "behind NAT" if looks_natted(addrs) else "unknown"
+        return {"kind": kind, "checked_by": r.reachable_by if r is not None else None,
+                "relays": sorted(r.reserved) if r is not None else []}
 
     def _neighbours(self) -> list[dict]:
         conns = connection_kinds(self.host)

@@ -239,6 +239,16 @@ class NetLab:
         for ns, dev in node.link:
             subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], capture_output=True)
 
+    def firewall(self, node: Node | str) -> None:
+        """Drop every new inbound connection to `node` (a public node behind a firewall: it dials out, nobody dials
+        in; its own connections' replies pass)."""
+        node = self._node(node)
+        _run(["ip", "netns", "exec", node.ns, "nft", "-f", "-"], stdin="add table inet gwtf_fw\n"
+             "add chain inet gwtf_fw input { type filter hook input priority 0; policy accept; }\n"
+             "add rule inet gwtf_fw input ct state established,related accept\n"
+             "add rule inet gwtf_fw input iifname lo accept\n"
+             "add rule inet gwtf_fw input ct state new drop\n")
+
     def cut(self, node: Node | str) -> None:
         """Partition `node` (a router's `<home>-wan`: the whole home) from the rest: its uplink goes down."""
         for ns, dev in self._node(node).link:
