@@ -515,3 +515,19 @@ def test_a_joiner_answered_by_a_gone_source_and_by_its_replacement_comes_in_once
     rep = T.run_train("table2-heterogeneous", "gwtf", 0.2, 16, 2)
     j = rep["joining"]
     assert j["in"] <= j["loaded"] <= j["placed"] <= j["asked"] and rep["unfinished_iterations"] == 0, j
+
+
+def test_the_random_policy_draws_next_hops_where_swarm_takes_the_nearest() -> None:
+    """`--policy random` (the blind-routing baseline of scripts/bench_internet.py): SWARM's machinery, the next hop
+    drawn with the machine's seeded generator among the live peers with room; SWARM takes the cheapest."""
+    picks = {}
+    for policy in ("swarm", "random"):
+        m = RecoveryNode(RecoveryConfig(node_id="d0", stage=-1, last_stage=1, capacity=4, data_nodes=("d0",),
+                                        next_peers={"a": 1.0, "b": 5.0, "c": 9.0}, prev_peers={"z": 1.0},
+                                        policy=policy), random.Random(3))
+        picks[policy] = [m._greedy(set()) for _ in range(40)]
+        assert m._greedy({"a", "b", "c"}) is None
+    assert set(picks["swarm"]) == {"a"}
+    assert set(picks["random"]) == {"a", "b", "c"}
+    rep = T.run_train("table2-homogeneous", "random", 0.0, 3, 0)
+    assert rep["lost_microbatches"] == 0 and rep["throughput_per_iteration"] == 8

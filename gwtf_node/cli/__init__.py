@@ -425,8 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--data-nodes", type=_positive_int, default=1, help="data nodes of the run")
     j.add_argument("--links", default=None, help="emulated links between named nodes (resolved links file)")
     j.add_argument("--device", default="auto", help="torch device for the stage: auto (cuda if present), cpu, cuda, cuda:N")
-    j.add_argument("--policy", choices=("gwtf", "swarm"), default="gwtf",
-                   help="microbatch routing and crash recovery: GWTF's, or SWARM's (the baseline)")
+    j.add_argument("--policy", choices=("gwtf", "swarm", "random"), default="gwtf",
+                   help="microbatch routing and crash recovery: GWTF's, SWARM's (the baseline), or SWARM's with "
+                        "random next hops (blind routing)")
     j.add_argument("--restore", default=None, metavar="FILE",
                    help="relays: resume from this checkpoint file, as from the newest of the state directory")
     j.add_argument("--keep-checkpoints", type=_positive_int, default=3, metavar="N",
@@ -483,8 +484,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="relays join with --stage auto (one at a time) instead of being placed by the launcher")
     lo.add_argument("--relay-capacity", type=_positive_int, default=None, metavar="C",
                     help="microbatches a relay holds at once (default: the demand spread over the relays of a stage)")
-    lo.add_argument("--policy", choices=("gwtf", "swarm"), default="gwtf",
-                    help="microbatch routing and crash recovery of every node: GWTF's, or SWARM's (the baseline)")
+    lo.add_argument("--policy", choices=("gwtf", "swarm", "random"), default="gwtf",
+                    help="microbatch routing and crash recovery of every node: GWTF's, SWARM's (the baseline), or "
+                         "SWARM's with random next hops")
     lo.add_argument("--churn", type=_probability, default=0.0, metavar="P",
                     help="each iteration, SIGKILL each relay with probability P at a random point; it comes back "
                          "as a new joiner")

@@ -32,7 +32,7 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         self.stage = cfg.stage
         self.is_data = cfg.stage < 0
         self.nstages = cfg.last_stage + 1
-        self.swarm = cfg.policy == "swarm"
+        self.swarm = cfg.policy in ("swarm", "random")  # (random: SWARM's machinery, random next hops)
         self.next_peers: dict[str, float] = dict(cfg.next_peers)
         self.prev_peers: dict[str, float] = dict(cfg.prev_peers)
         self.peer_cap: dict[str, int] = dict(cfg.peer_capacity)

@@ -14,7 +14,9 @@ K_DEADLINE = 3.0  # hop deadline = K x expected + margin (see the module doc)
 K_E2E = K_DEADLINE  # watchdog = K_E2E x expected end-to-end time + margin
 MARGIN_S = 2.0
 EWMA_ALPHA = 0.3
-POLICIES = ("gwtf", "swarm")
+# gwtf: flows and repair rounds; swarm: greedy nearest next hop with room, pipeline restarts (the baseline);
+# random: SWARM's recovery with the next hop drawn at random among the live peers with room (blind routing)
+POLICIES = ("gwtf", "swarm", "random")
 MAX_ROUNDS = 6  # per microbatch and iteration: GWTF probe rounds / SWARM restarts, then defer
 
 Key = tuple  # (data_node, seq, iteration)

@@ -50,9 +50,12 @@ class Routing:
         return self._inflight(j) < cap
 
     def _greedy(self, exclude: set) -> str | None:
-        c = [(self.next_peers[j], j) for j in self._live_next()
-             if j not in self.full and j not in exclude and self._room_for(j)]
-        return min(c)[1] if c else None
+        """The cheapest live next peer with room (the `random` policy: one of them at random)."""
+        c = sorted((self.next_peers[j], j) for j in self._live_next()
+                   if j not in self.full and j not in exclude and self._room_for(j))
+        if not c:
+            return None
+        return self.rng.choice(c)[1] if self.cfg.policy == "random" else c[0][1]
 
     def _choose_next(self, d: str, exclude: set, *, fresh: bool = False) -> str | None:
         """Next hop for a microbatch of data node d; `fresh`: a new launch (flows only)."""

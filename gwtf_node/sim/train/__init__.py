@@ -205,7 +205,9 @@ from .setting import (
 )
 from .setting import TABLE6_SCALES, TABLE6_SETTINGS, make_table6
 
-POLICIES = ("gwtf", "swarm", "taskpool")  # taskpool: the hybrid design's task pool (taskpool.py)
+# taskpool: the hybrid design's task pool (taskpool.py); random: SWARM's machinery with random next hops (the
+# daemon's --policy random)
+POLICIES = ("gwtf", "swarm", "taskpool", "random")
 TASKPOOL_POLICIES = ("taskpool",)
 
 

@@ -131,8 +131,8 @@ class TrainSim(AggregationDriver, AllReduceDriver, FlowDriver, JoinDriver, Repor
         self.join_mid_iteration = join_mid_iteration
         if swarm_reacts_to not in SWARM_REACTIONS:
             raise ValueError(f"swarm_reacts_to must be one of {SWARM_REACTIONS}, not {swarm_reacts_to!r}")
-        self.acts_on_gone = {"swarm": swarm_reacts_to == "membership", "gwtf": gwtf_acts_on_gone,
-                             "taskpool": gwtf_acts_on_gone}[policy]
+        self.acts_on_gone = {"swarm": swarm_reacts_to == "membership", "random": swarm_reacts_to == "membership",
+                             "gwtf": gwtf_acts_on_gone, "taskpool": gwtf_acts_on_gone}[policy]
         self.reflows = 0
         self._lent = False
         self._flow_members = dict(setting.relays)
