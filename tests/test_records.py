@@ -140,6 +140,13 @@ def test_a_provider_is_believed_only_with_its_own_signed_node_record(owner) -> N
     for rec, says in cases:
         with pytest.raises(RecordError, match=says):
             checked_provider(me, rec, run_id=RUN)
+    # a record carries its expiry: one its writer stopped refreshing is not dialled (and is no forgery)
+    from gwtf_node.runtime.records import RecordExpired
+
+    dated = node_record(kp, me, {"run_id": RUN, "addrs": [addr], "expires": 1000})
+    assert checked_provider(me, dated, run_id=RUN, now=999.0) == [f"{addr}/p2p/{me}"]
+    with pytest.raises(RecordExpired, match="expired"):
+        checked_provider(me, dated, run_id=RUN, now=1001.0)
 
     # over a DHT whose holder answers with made-up providers: only the one with its own record is dialled, at
     # the addresses it signed (not the holder's)

@@ -15,8 +15,10 @@ old incarnation.
 The DHT is the second way in (`loop`).  Records (versioned, the highest
 version wins everywhere; see host.py; each signed by its writer and checked
 on read, records.py): `run/<run id>` holds the manifest (put by data nodes),
-`node/<peer id>` holds {name, role, stage, addrs} (put by every node, again
-when its stage changes), `run/<run id>/revoked` the owner's revocation list
+`node/<peer id>` holds {name, role, stage, addrs, expires} (put by every node,
+again when its stage or addresses change and every `RECORD_REFRESH_S`; a
+provider whose record expired, `RECORD_TTL_S` after it was written, is not
+dialled), `run/<run id>/revoked` the owner's revocation list
 (read every round: authorize.py drops the peers it names); provider records on
 `run/<run id>` and on `run/<run id>/stage/<k>` (relays) are how a newcomer
 finds the swarm and the members of a stage (a provider is dialled only at the
@@ -48,6 +50,7 @@ flow link and microbatch start over alike.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable
 
 import trio
@@ -61,6 +64,8 @@ from .wire import FrameRefused, Wire, now
 
 log = logging.getLogger("gwtf.node")
 
+RECORD_TTL_S = 3600.0  # a node record says it expires this long after it was written (unix time: clocks may differ)
+RECORD_REFRESH_S = 600.0  # ... and is written again this often (a node gone for an hour drops out of lookups)
 REDIAL_FIRST_S = 2.0  # a peer presumed dead is dialled again this long after, then at twice the interval each time
 REDIAL_MAX_S = 60.0  # ... up to once a minute
 REDIAL_FOR_S = 3600.0  # ... for an hour: a crashed volunteer's machine may reboot; one gone for good costs a dial a minute
@@ -128,23 +133,25 @@ class Discovery:
         """Publish our DHT records and look for peers of the run there."""
         run_key = f"run/{self.run_id}"
         published: tuple | None = None
+        refresh_at = 0.0
         me = self.wire.me
         while True:
             if self.peers.ids_known():
                 role, stage = self.peers.role, self.peers.stage
                 mine = (role, stage, tuple(self.host.addrs))
-                if published != mine:
+                if published != mine or now() >= refresh_at:
                     try:
                         with trio.move_on_after(DHT_WAIT_S):
                             if role == "data":
                                 await self.records.put(run_key, self.manifest.to_json())
                             rec = {"name": self.peers.name, "role": role, "stage": stage,
-                                   "addrs": self.host.addrs, "run_id": self.run_id}
+                                   "addrs": self.host.addrs, "run_id": self.run_id,
+                                   "expires": round(time.time() + RECORD_TTL_S)}
                             await self.records.put(f"node/{me}", rec)
                             await self.host.provide(run_key)
                             if role == "relay" and stage is not None:
                                 await self.host.provide(f"{run_key}/stage/{stage}")
-                            published = mine
+                            published, refresh_at = mine, now() + RECORD_REFRESH_S
                     except Exception as e:  # noqa: BLE001 - the DHT is best effort; retried next round
                         log.debug("DHT publish failed: %s", e)
                 try:

@@ -78,6 +78,10 @@ class RecordError(ValueError):
     """A DHT record that is not to be believed; the text says why, in one line."""
 
 
+class RecordExpired(RecordError):
+    """A node record past its `expires` time: its writer stopped refreshing it (gone for a while), not a forgery."""
+
+
 @dataclass(frozen=True)
 class SignedRecord:
     key: str
@@ -163,9 +167,10 @@ def read_record(key: str, version: int, data: bytes, *, run_id: str, owner_publi
     return rec
 
 
-def checked_provider(peer: str, rec: SignedRecord | None, *, run_id: str) -> list[str]:
+def checked_provider(peer: str, rec: SignedRecord | None, *, run_id: str, now: float | None = None) -> list[str]:
     """The addresses to dial provider `peer` at: those of its own signed node record (read and checked by
-    `read_record`), which must name run `run_id` and not say it left; RecordError otherwise."""
+    `read_record`), which must name run `run_id`, not say it left, and not be past its `expires` (unix time, by
+    `now`; a record without one does not expire); RecordError (RecordExpired) otherwise."""
     if rec is None:
         raise RecordError(f"provider {peer[:16]} of run {run_id} has no signed node record: not dialled")
     if rec.key != f"node/{peer}" or rec.writer != peer:
@@ -175,6 +180,10 @@ def checked_provider(peer: str, rec: SignedRecord | None, *, run_id: str) -> lis
         raise RecordError(f"provider {peer[:16]}: its node record names another run than {run_id}")
     if value.get("left"):
         raise RecordError(f"provider {peer[:16]}: its node record says it left the run")
+    expires = value.get("expires")
+    if isinstance(expires, (int, float)) and not isinstance(expires, bool) \
+            and expires < (time.time() if now is None else now):
+        raise RecordExpired(f"provider {peer[:16]}: its node record expired (not refreshed since)")
     addrs = value.get("addrs")
     if not isinstance(addrs, list) or not addrs or not all(isinstance(a, str) for a in addrs):
         raise RecordError(f"provider {peer[:16]}: its node record has no addresses")
@@ -272,6 +281,8 @@ class RunRecords:
             seen.add(peer)
             try:
                 out.append((peer, checked_provider(peer, await self.get(f"node/{peer}"), run_id=self.run_id)))
+            except RecordExpired as e:  # (a node gone for a while, not a forgery: not counted as refused)
+                log.debug("%s", e)
             except RecordError as e:
                 self._refused(str(e))
         return out
@@ -281,6 +292,6 @@ class RunRecords:
         self.on_refused(why)
 
 
-__all__ = ["MAX_RECORD_BYTES", "RECORD_KIND", "RecordError", "SignedRecord", "check_writer", "checked_provider",
+__all__ = ["MAX_RECORD_BYTES", "RECORD_KIND", "RecordError", "RecordExpired", "SignedRecord", "check_writer", "checked_provider",
            "get_signed",
            "key_pair_of", "open_record", "put_signed", "read_record", "RunRecords", "seal", "SignedRecordValidator"]
