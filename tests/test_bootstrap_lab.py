@@ -21,7 +21,6 @@ import pytest
 from swarmutil import log_digest, status
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
-from gwtf_node.runtime.local import LocalSwarm
 
 pytestmark = [pytest.mark.netlab, pytest.mark.multiprocess, pytest.mark.slow]
 lab = labutil.lab  # the fixture
@@ -35,12 +34,8 @@ def test_a_relay_joins_through_another_member_after_the_bootstrap_died(lab, tmp_
     run = tmp_path / "run.json"
     save_manifest(man, run)
     names = ["d0", "d1", "r0_0", "r1_0", "j0"]
-    where = {name: lab.public(name.replace("_", "")) for name in names}
-    swarm = LocalSwarm(tmp_path, run, data_nodes=2, stages=2, relays_per_stage=1, iterations=MAX_ITERATIONS,
-                       wrap={name: ["ip", "netns", "exec", node.ns] for name, node in where.items()},
-                       extra_args={name: ["--listen", "0.0.0.0:4001"] for name in names})
-    swarm.startup_timeout_s = 120
-    swarm.iteration_timeout_s = 120
+    swarm, where = labutil.public_swarm(lab, tmp_path, run, names, data_nodes=2, stages=2, relays_per_stage=1,
+                                        iterations=MAX_ITERATIONS)
     records: list[dict] = []
     killed_at = started_at = joined = None
     try:

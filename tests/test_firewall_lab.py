@@ -22,7 +22,6 @@ from swarmutil import log_digest, status
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.model.reference import train_centralized
-from gwtf_node.runtime.local import LocalSwarm
 
 pytestmark = [pytest.mark.netlab, pytest.mark.multiprocess, pytest.mark.slow]
 lab = labutil.lab  # the fixture
@@ -35,14 +34,9 @@ def test_a_firewalled_public_node_is_reached_through_a_relay(lab, tmp_path: Path
     run = tmp_path / "run.json"
     save_manifest(man, run)
     names = ["d0", "r0_0", "r1_0"]
-    where = {name: lab.public(name.replace("_", "")) for name in names}
+    swarm, where = labutil.public_swarm(lab, tmp_path, run, names, data_nodes=1, stages=2, relays_per_stage=1,
+                                        iterations=ITERATIONS, extra={"d0": ["--relay-service"]})
     lab.firewall(where["r1_0"])
-    swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=1, iterations=ITERATIONS,
-                       wrap={name: ["ip", "netns", "exec", node.ns] for name, node in where.items()},
-                       extra_args={name: ["--listen", "0.0.0.0:4001", *(["--relay-service"] if name == "d0" else [])]
-                                   for name in names})
-    swarm.startup_timeout_s = 120
-    swarm.iteration_timeout_s = 120
     records, seen, relays, addrs = [], {}, set(), set()
     try:
         swarm.start()

@@ -33,7 +33,6 @@ from swarmutil import log_digest, log_text, status
 from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.model.reference import train_centralized
 from gwtf_node.runtime import checkpoints
-from gwtf_node.runtime.local import LocalSwarm
 
 pytestmark = [pytest.mark.netlab, pytest.mark.multiprocess, pytest.mark.slow]
 lab = labutil.lab  # the fixture
@@ -54,15 +53,9 @@ def test_a_relay_partitioned_for_30_s_comes_back_and_trains(lab, tmp_path: Path)
     links = tmp_path / "links-60ms.json"
     links.write_text(json.dumps({"links": [{"a": a, "b": b, "latency_ms": 60.0, "bandwidth_mbps": 1000.0}
                                            for a in names for b in names if a != b]}))
-    where = {name: lab.public(name.replace("_", "")) for name in names}
-    swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=2, iterations=MAX_ITERATIONS,
-                       links=links,
-                       wrap={name: ["ip", "netns", "exec", node.ns] for name, node in where.items()},
-                       extra_args={name: ["--listen", "0.0.0.0:4001",
-                                          *(["--keep-checkpoints", "10000"]
-                                            if name.startswith("r0_") else [])] for name in names})
-    swarm.startup_timeout_s = 120
-    swarm.iteration_timeout_s = 120
+    swarm, where = labutil.public_swarm(lab, tmp_path, run, names, data_nodes=1, stages=2, relays_per_stage=2,
+                                        iterations=MAX_ITERATIONS, links=links,
+                                        extra={n: ["--keep-checkpoints", "10000"] for n in ("r0_0", "r0_1")})
     records: list[dict] = []
     cut_at = restored_at = back = None
     try:

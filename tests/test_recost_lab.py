@@ -23,7 +23,6 @@ from swarmutil import log_digest, status
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.model.reference import train_centralized
-from gwtf_node.runtime.local import LocalSwarm
 
 pytestmark = [pytest.mark.netlab, pytest.mark.multiprocess, pytest.mark.slow]
 lab = labutil.lab  # the fixture
@@ -42,13 +41,9 @@ def test_a_throttled_link_is_recosted_and_the_flows_move_off_it(lab, tmp_path: P
     run = tmp_path / "run.json"
     save_manifest(man, run)
     names = ["d0", "r0_0", "r0_1", "r1_0", "r1_1"]
-    where = {name: lab.public(name.replace("_", "")) for name in names}
-    swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=2, iterations=MAX_ITERATIONS,
-                       wrap={name: ["ip", "netns", "exec", node.ns] for name, node in where.items()},
-                       extra_args={name: ["--listen", "0.0.0.0:4001"] for name in names},
-                       relay_capacity=4)  # (either stage-0 relay can take all of d0's units)
-    swarm.startup_timeout_s = 120
-    swarm.iteration_timeout_s = 120
+    swarm, where = labutil.public_swarm(lab, tmp_path, run, names, data_nodes=1, stages=2, relays_per_stage=2,
+                                        iterations=MAX_ITERATIONS,
+                                        relay_capacity=4)  # (either stage-0 relay can take all of d0's units)
     records: list[dict] = []
     throttled = cost_before = moved_at = None
     seen: dict = {}

@@ -45,6 +45,14 @@ async def _read_line(stream) -> bytes:
     return buf.strip()
 
 
+async def _close(stream) -> None:
+    with trio.move_on_after(1):
+        try:
+            await stream.close()
+        except Exception:  # noqa: BLE001 - closing a stream the other side may have closed
+            pass
+
+
 async def serve(stream) -> None:
     """Answer a dial-back request: connect to the asked port at the asker's own address."""
     try:
@@ -72,11 +80,7 @@ async def serve(stream) -> None:
     except Exception as e:  # noqa: BLE001 - a broken or slow request costs the asker its answer, nothing else
         log.debug("dial-back request failed: %r", e)
     finally:
-        with trio.move_on_after(1):
-            try:
-                await stream.close()
-            except Exception:  # noqa: BLE001
-                pass
+        await _close(stream)
 
 
 async def check(lp, peer_id: str, port: int) -> bool | None:
@@ -88,11 +92,7 @@ async def check(lp, peer_id: str, port: int) -> bool | None:
                 await stream.write(f"{port}\n".encode())
                 answer = await _read_line(stream)
             finally:
-                with trio.move_on_after(1):
-                    try:
-                        await stream.close()
-                    except Exception:  # noqa: BLE001
-                        pass
+                await _close(stream)
     except Exception as e:  # noqa: BLE001 - the peer does not speak the protocol, or it broke: ask another
         log.debug("dial-back by %s: no answer (%r)", peer_id, e)
         return None

@@ -15,6 +15,9 @@ it is the upstream end that measures:
   mean of 10,000 and 0.5 Mbit/s would be 5,000);
 * compute: c_i is this node's compute per microbatch (`LocalStage.compute_ms`,
   from its own forward and backward passes); c_j comes in the peer's Pong.
+  Two nodes on one machine (the peer reached over loopback: a local swarm)
+  share its processors, so their compute times measure the machine's
+  contention of the moment, not the nodes: such a link leaves them out.
 
 `sample` measures one link (at formation: `Flows.form`; for a newcomer:
 `Flows._add_neighbour`); `Flows.remeasure_loop` measures every next-stage link
@@ -155,7 +158,9 @@ class LinkMeter:
             return None
         lat = s.rtt_ms / 2.0
         bw = s.bandwidth_mbps or default_bandwidth_mbps
-        return round(link_cost(self.stage.compute_ms(), s.peer_compute_ms, lat, lat, bw, bw, size_mb), 3)
+        local = getattr(self.wire.host, "peer_is_local", lambda p: False)(peer)
+        mine, theirs = (0.0, 0.0) if local else (self.stage.compute_ms(), s.peer_compute_ms)
+        return round(link_cost(mine, theirs, lat, lat, bw, bw, size_mb), 3)
 
     def snapshot(self) -> dict[str, dict]:
         """status.json: the measurement of each link, by peer name."""
