@@ -1,12 +1,15 @@
-"""The bootstrap node dies after formation, and a volunteer still joins, given the address of another member.
+"""A data node dies (the leader, or the other one), and a volunteer still joins, given the address of another member.
 
 Lab (gwtf_node/testing/netlab.py): two data nodes d0 (everyone's bootstrap)
 and d1, one relay per stage, each in its own namespace on the internet
-segment.  Once the swarm trains, d0 is SIGKILLed: d1 trains on (with two data
-nodes a relay is the election's third voter, leader.py), the others presume
-d0 dead.  Then a relay j0 starts with `--stage auto` and `--bootstrap` the
-address of r0_0: it finds the run, the leader places it, it downloads its
-stage's state and computes microbatches while the run goes on.
+segment.  Once the swarm trains, one data node is SIGKILLed: the leader (in
+these runs d0, the bootstrap: the node the others first dialled is gone), or
+the other one.  The survivor trains on (with two data nodes a relay is the
+election's third voter, leader.py: a survivor that was not the leader takes
+over), the others presume the dead one gone.  Then a relay j0 starts with
+`--stage auto` and `--bootstrap` the address of r0_0: it finds the run, the
+leader places it, it downloads its stage's state and computes microbatches
+while the run goes on.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ MAX_ITERATIONS = 2000  # stopped once j0 computed and two more iterations settle
 JOINED_WITHIN_S = 150.0
 
 
-def test_a_relay_joins_through_another_member_after_the_bootstrap_died(lab, tmp_path: Path) -> None:
+@pytest.mark.parametrize("victim", ["leader", "other"])
+def test_a_relay_joins_through_another_member_after_a_data_node_died(lab, tmp_path: Path, victim: str) -> None:
     man = default_manifest(family="llama", stages=2, seq_len=32, microbatch_size=2, microbatches_per_iteration=2)
     run = tmp_path / "run.json"
     save_manifest(man, run)
@@ -43,14 +47,17 @@ def test_a_relay_joins_through_another_member_after_the_bootstrap_died(lab, tmp_
         for rec in swarm.iterations_done():
             records.append(rec)
             if killed_at is None:
-                if len(records) >= 2:
-                    swarm.expected_dead.add("d0")
-                    os.killpg(swarm.procs["d0"].pid, signal.SIGKILL)
-                    assert swarm.procs["d0"].wait(timeout=10) == -9
+                leader = status(tmp_path, "d0").get("leader")
+                if len(records) >= 2 and leader:
+                    lead = next(n for n in ("d0", "d1") if status(tmp_path, n).get("peer_id") == leader)
+                    dead = lead if victim == "leader" else ({"d0", "d1"} - {lead}).pop()
+                    swarm.expected_dead.add(dead)
+                    os.killpg(swarm.procs[dead].pid, signal.SIGKILL)
+                    assert swarm.procs[dead].wait(timeout=10) == -9
                     killed_at = len(records)
                 continue
             if started_at is None:
-                if len(records) >= killed_at + 2:  # d1 trains on alone
+                if len(records) >= killed_at + 2:  # the survivor trains on alone
                     via = (tmp_path / "r0_0" / "addr").read_text().split()[0]
                     swarm.add_relay("j0", bootstrap=via)
                     started_at = time.monotonic()
