@@ -219,6 +219,8 @@ class Aggregation:
         self.my_reports = {i: r for i, r in self.my_reports.items() if i >= iteration - 1}
         self.my_reports[iteration] = done
         self.reports.setdefault(iteration, {})[self.wire.me] = done
+        if self.leadership.is_leader():  # (its own report counts too: alone, no other data node's would come)
+            self.leadership.iteration_aggregating(iteration)
         self._apply(self.phases.report_done(now(), done))
         self._maybe_begin(iteration)
 
