@@ -20,7 +20,9 @@ opened the phase is left out by the leader, and so are its microbatches,
 even at a relay that has not yet noticed the death).
 If a member dies during the all-reduce, the round is cancelled and redone
 among the survivors (the round's key names its group, so peers only meet on
-the same group); the contributions that died with it are counted in
+the same group); a member forgotten since the all-reduce began (a crash found,
+or a restart: back within seconds with a new incarnation, its contributions
+gone with the old one) stays out of it even once it is back; the contributions that died with it are counted in
 `lost_contributions` (the survivors' mean: they are not trained again).
 A contribution that a part owner refuses as an outlier (allreduce.py,
 protocol/gradguard.py) is counted there too: the part's mean is over the
@@ -94,6 +96,7 @@ class Aggregation:
         self._leader: str | None = None  # the leader the phase was last handed
         self.last_iteration: int | None = None  # the last iteration whose step this node applied
         self._ar_scopes: dict[str, tuple[set[str], trio.CancelScope]] = {}
+        self._forgotten: dict[str, int] = {}  # peer -> times it was forgotten (an all-reduce drops one forgotten since)
         # a data node: stage -> the optimizer steps that stage's state holds in the run (an iteration whose
         # aggregation found the stage empty does not step it); `stage_steps`
         self.stage_held: dict[int, int] = {}
@@ -266,6 +269,7 @@ class Aggregation:
 
     def forget(self, peer: str) -> None:
         """`peer` crashed or left: nobody waits for its signals any more, none is resent to it."""
+        self._forgotten[peer] = self._forgotten.get(peer, 0) + 1
         if self.phases is not None:
             for it, reports in self.reports.items():  # as Phases: a dead data node's report does not count
                 if it not in self.phases.begun:
@@ -409,9 +413,11 @@ class Aggregation:
         from .allreduce import AllReduceError
 
         me = self.wire.me
+        forgotten = dict(self._forgotten)
 
-        def alive() -> list[str]:
-            return sorted(p for p in named if p == me or (p in self.peers and not self.peers.is_gone(p)))
+        def alive() -> list[str]:  # (a member forgotten since, even if back: its contributions died, module doc)
+            return sorted(p for p in named if p == me or (p in self.peers and not self.peers.is_gone(p)
+                                                          and self._forgotten.get(p, 0) == forgotten.get(p, 0)))
 
         tried: set[str] = set()
         while True:
