@@ -49,6 +49,7 @@ from inproc import in_process_swarm
 pytestmark = [pytest.mark.slow, pytest.mark.trio]
 
 ITERATIONS = 6
+ATTACK_ITERATIONS = 16  # enough that the attacks (a second or two) land while the swarm still trains
 POISON_FROM = 3
 DEADLINE_S = 300
 
@@ -63,7 +64,7 @@ async def test_value_attacks_are_refused_with_their_codes_and_training_equals_th
     run = tmp_path / "run.json"
     save_manifest(man, run)
     with trio.fail_after(DEADLINE_S):
-        async with in_process_swarm(tmp_path, run, stages=2, relays_per_stage=1, iterations=ITERATIONS) as swarm:
+        async with in_process_swarm(tmp_path, run, stages=2, relays_per_stage=1, iterations=ATTACK_ITERATIONS) as swarm:
             await swarm.start()
             await swarm.wait_records(1, 120)
             d0 = swarm.peer_id("d0")
@@ -111,15 +112,15 @@ async def test_value_attacks_are_refused_with_their_codes_and_training_equals_th
                 ]
                 for _target, _code, attempt in attacks:  # one after the other, while the swarm trains
                     await attempt
-                assert len(swarm.records()) < ITERATIONS, "the attacks came after training ended"
+                assert len(swarm.records()) < ATTACK_ITERATIONS, "the attacks came after training ended"
 
                 def missing() -> list[str]:
                     return [f"{t}:{c}" for t, c, _ in attacks if codes(t).get(c, 0) < 1]
 
                 await until(lambda: not missing(), "every attack refused with its code", 30)
 
-            records = await swarm.wait_records(ITERATIONS, 180)
-    ref = train_centralized(man, ITERATIONS)
+            records = await swarm.wait_records(ATTACK_ITERATIONS, 180)
+    ref = train_centralized(man, ATTACK_ITERATIONS)
     for rec, loss in zip(records, ref.losses):
         assert rec["microbatches"] == 2
         assert rec["loss"] == pytest.approx(loss, rel=1e-4), (rec, loss)
