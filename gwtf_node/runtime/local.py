@@ -227,7 +227,8 @@ class LocalSwarm:
                 self._wait_stage(name)
         self._say(f"starting {len(self.names())} nodes: waiting for them to meet d0")
 
-    def add_relay(self, name: str, *, auto: bool = True, stage: int | None = None, bootstrap: str | None = None) -> None:
+    def add_relay(self, name: str, *, auto: bool = True, stage: int | None = None,
+                  bootstrap: str | None = None) -> None:
         """Start one more relay while the swarm runs (a volunteer joining): `--stage auto` by default, given d0's
         address unless `bootstrap` names another."""
         boot = bootstrap or (self.state_dir("d0") / "addr").read_text().split()[0]
