@@ -98,6 +98,7 @@ class Discovery:
         self.authorizer = authorizer  # takes the owner's revocation lists (authorize.py)
         self.records = records  # signed DHT records (records.py); None: a test without a DHT
         host.on_addrs_changed = self.hello_all  # a relay reservation gave us an address: tell everyone
+        self._redialling: set[str] = set()  # peers being redialled (`redial_loop`: one redial per peer at a time)
 
     def hello(self, to: str, *, forgot_you: bool = False) -> m.Hello:
         """Our Hello to `to`, with the addresses it can use (host.addrs_for: no loopback to a remote peer)."""
@@ -171,7 +172,6 @@ class Discovery:
     async def redial_loop(self, presumed_dead: Callable[[], set[str]], addrs_of: Callable[[str], list[str]]) -> None:
         """Greet the peers presumed dead again, with backoff (module doc)."""
         plan: dict[str, tuple[float, float, float]] = {}  # peer -> (next dial, interval, presumed dead since)
-        self._redialling: set[str] = set()  # one redial per peer at a time
         while True:
             await trio.sleep(1.0)
             t = now()

@@ -77,7 +77,7 @@ class Flows:
         self.agreed_costs: dict[str, float] = {}
         self.link_costs_used: dict[str, dict[str, float]] = {"next": {}, "prev": {}}  # the last cost of every link
         self.adding: set[str] = set()  # peers being added to the flow machine
-        self.meter = LinkMeter(wire, peers, stage)
+        self.meter = LinkMeter(wire, peers, liveness, stage)
         self.recosts = 0  # links whose flows re-formed after a new measurement
         self.moved: dict[str, int] = {}  # peer -> the way its link's cost moved past the threshold last time
 
@@ -121,23 +121,24 @@ class Flows:
         lat = (self.peers.get(peer).rtt_ms or 1.0) / 2.0
         return round(link_cost(0.0, 0.0, lat, lat, DEFAULT_BANDWIDTH_MBPS, DEFAULT_BANDWIDTH_MBPS, size), 3)
 
-    async def _measure_next(self, peer: str) -> None:
-        """Measure the link to next-stage `peer` (not a declared one)."""
-        if self.declared(peer) is None:
-            await self.meter.sample(peer)
+    async def _measure(self, peer: str, next_side: bool) -> None:
+        """The round trip to `peer`; a next-stage link not declared is measured whole (`LinkMeter.sample`, whose
+        round trips give the same figure)."""
+        if next_side and self.declared(peer) is None:
+            s = await self.meter.sample(peer)
+            self.peers.set_rtt(peer, None if s is None else s.rtt_ms)
+        else:
+            self.peers.set_rtt(peer, await self.liveness.measure_rtt(peer))
 
     async def form(self, nxt: list[str], prv: list[str], *, joined: bool) -> None:
         """Measure the links to `nxt` and `prv`, start the flow machine, replay what waited for it.
 
         `joined`: this node was placed by the leader, so flows may already exist around it."""
         for pid in sorted(set(nxt) | set(prv)):
-            self.peers.set_rtt(pid, await self.liveness.measure_rtt(pid))
+            await self._measure(pid, pid in nxt and pid != self.wire.me)
         me = self.wire.me
         nxt = [p for p in nxt if p in self.peers or p == me]
         prv = [p for p in prv if p in self.peers or p == me]
-        for pid in sorted(nxt):
-            if pid != me:
-                await self._measure_next(pid)
         self.next_costs = {p: self.link_cost(p) for p in nxt}
         self.prev_costs = {p: self.agreed_costs.get(p, self.link_cost(p)) for p in prv}
         for p, c in sorted(self.next_costs.items()):
@@ -277,9 +278,7 @@ class Flows:
         self.adding.add(peer)
         try:
             if sides != ("peer",):
-                self.peers.set_rtt(peer, await self.liveness.measure_rtt(peer))
-            if "next" in sides:
-                await self._measure_next(peer)
+                await self._measure(peer, "next" in sides)
             if peer not in self.peers or self._in_flow(peer):
                 return
             for side in sides:

@@ -5,7 +5,7 @@
 The upstream end of a flow link owns its cost (`flows.py`, `LinkCost`), so
 it is the upstream end that measures:
 
-* latency: the round trip of a Ping / Pong, halved (both directions are
+* latency: the best of two Ping / Pong round trips (`Liveness.measure_rtt`), halved (both directions are
   taken as equal: one round trip cannot tell them apart);
 * bandwidth: a timed transfer, `LinkProbe` with `PROBE_BYTES` of payload
   answered by a Pong; its time less one round trip is the payload's transfer
@@ -34,13 +34,12 @@ import logging
 import random
 from dataclasses import dataclass
 
-import trio
-
 from ..protocol import messages as m
 from ..protocol.cost import link_cost
+from .liveness import Liveness
 from .peers import Peers
 from .stage import LocalStage
-from .wire import Wire, now
+from .wire import FrameRefused, Wire
 
 log = logging.getLogger("gwtf.node")
 
@@ -66,7 +65,6 @@ class LinkSample:
     rtt_ms: float
     bandwidth_mbps: float | None  # None: the probe was not answered
     peer_compute_ms: float
-    at: float  # trio clock
 
 
 def recost_threshold(old: float, new: float) -> int:
@@ -78,76 +76,39 @@ def recost_threshold(old: float, new: float) -> int:
 
 
 class LinkMeter:
-    def __init__(self, wire: Wire, peers: Peers, stage: LocalStage) -> None:
+    def __init__(self, wire: Wire, peers: Peers, liveness: Liveness, stage: LocalStage) -> None:
         self.wire = wire
         self.peers = peers
+        self.liveness = liveness
         self.stage = stage
         self.samples: dict[str, LinkSample] = {}  # peer -> the smoothed measurement
-        self.pongs: dict[int, tuple[trio.Event, list]] = {}  # nonce -> (answered, [the Pong])
-        self.probes_sent = 0
 
-    # ------------------------------------------------------------------ answering
     async def on_probe(self, peer: str, msg: m.LinkProbe, payload) -> None:
-        from .wire import FrameRefused
-
         if payload is not None and len(payload) > PROBE_MAX_BYTES:
             raise FrameRefused(f"LinkProbe of {len(payload)} bytes: at most {PROBE_MAX_BYTES}")
         await self.wire.send(peer, m.Pong(msg.nonce, self.stage.compute_ms()))
 
-    def on_pong(self, peer: str, msg: m.Pong) -> bool:
-        """A Pong of ours (a probe or a round trip of `sample`): True if it was."""
-        waiting = self.pongs.get(msg.nonce)
-        if waiting is None:
-            return False
-        waiting[1].append(msg)
-        waiting[0].set()
-        return True
-
-    # ------------------------------------------------------------------ measuring
-    async def _exchange(self, peer: str, msg: m.Ping | m.LinkProbe, payload: bytes = b"",
-                        wait_s: float = PROBE_WAIT_S) -> tuple[float, m.Pong] | None:
-        ev, box = trio.Event(), []
-        self.pongs[msg.nonce] = (ev, box)
-        try:
-            t0 = now()
-            if not await self.wire.send(peer, msg, payload):
-                return None
-            with trio.move_on_after(wait_s):
-                await ev.wait()
-                return now() - t0, box[0]
-            return None
-        finally:
-            self.pongs.pop(msg.nonce, None)
-
     async def sample(self, peer: str) -> LinkSample | None:
         """Measure the link to `peer` once (the best of two round trips, one probe) and fold it into the smoothed
         measurement; None if `peer` does not answer."""
-        rtts = []
-        pong = None
-        for _ in range(2):
-            got = await self._exchange(peer, m.Ping(random.getrandbits(63)), wait_s=5.0)
-            if got is not None:
-                rtts.append(got[0])
-                pong = got[1]
-        if not rtts:
+        rtt_ms = await self.liveness.measure_rtt(peer, tries=2)
+        if rtt_ms is None:
             return None
-        rtt = min(rtts)
-        self.probes_sent += 1
-        got = await self._exchange(peer, m.LinkProbe(random.getrandbits(63)), bytes(PROBE_BYTES))
+        got = await self.liveness.exchange(peer, m.LinkProbe(random.getrandbits(63)), bytes(PROBE_BYTES),
+                                           wait_s=PROBE_WAIT_S)
+        old = self.samples.get(peer)
         bw = None
         if got is not None:
-            transfer = max(got[0] - rtt, MIN_TRANSFER_S)
+            transfer = max(got[0] - rtt_ms / 1000.0, MIN_TRANSFER_S)
             bw = min(PROBE_BYTES * 8 / transfer / 1e6, MAX_BANDWIDTH_MBPS)
-            pong = got[1]
-        old = self.samples.get(peer)
-        rtt_ms = rtt * 1000.0
         if old is not None:
             rtt_ms = EWMA_WEIGHT * rtt_ms + (1 - EWMA_WEIGHT) * old.rtt_ms
             if bw is not None and old.bandwidth_mbps is not None:
                 bw = 1.0 / (EWMA_WEIGHT / bw + (1 - EWMA_WEIGHT) / old.bandwidth_mbps)
             elif bw is None:
                 bw = old.bandwidth_mbps
-        s = LinkSample(rtt_ms, bw, pong.compute_ms if pong is not None else 0.0, now())
+        compute = got[1].compute_ms if got is not None else old.peer_compute_ms if old is not None else 0.0
+        s = LinkSample(rtt_ms, bw, compute)
         self.samples[peer] = s
         return s
 

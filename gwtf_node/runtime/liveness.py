@@ -17,8 +17,9 @@ word: `loop` logs that it waits for a data node when that starts, then every
 `WAITING_LOG_EVERY_S`, and `waiting_for_data_since` (status.json) says since
 when.
 
-`measure_rtt` takes the best of three Ping/Pong round trips: the latency term
-of a link's cost (Equation 1) and a joiner's cost to each stage.
+`exchange` sends one Ping (or a link meter's LinkProbe) and waits for its
+Pong; `measure_rtt` takes the best of three Ping/Pong round trips: the latency
+term of a link's cost (Equation 1) and a joiner's cost to each stage.
 """
 
 from __future__ import annotations
@@ -43,14 +44,12 @@ WAITING_LOG_EVERY_S = 30.0  # a relay with no live data node says so this often
 
 class Liveness:
     def __init__(self, wire: Wire, peers: Peers, on_dead: Callable[[str], None],
-                 compute_ms: Callable[[], float] = lambda: 0.0,
-                 other_pong: Callable[[str, m.Pong], bool] = lambda peer, msg: False) -> None:
+                 compute_ms: Callable[[], float] = lambda: 0.0) -> None:
         self.wire = wire
         self.peers = peers
         self.on_dead = on_dead
         self.compute_ms = compute_ms  # this node's compute per microbatch, told in each Pong (linkmeter.py)
-        self.other_pong = other_pong  # a Pong this check did not ask for: the link meter's (linkmeter.py)
-        self.pongs: dict[int, trio.Event] = {}
+        self.pongs: dict[int, tuple[trio.Event, list]] = {}  # nonce -> (answered, [the Pong])
         self.crashed: set[str] = set()  # peers presumed dead by this check (and not back since)
         self.waiting_for_data_since: float | None = None  # a relay: no data node alive since then (trio clock)
         self._waiting_logged_at: float | None = None
@@ -100,24 +99,33 @@ class Liveness:
         await self.wire.send(peer, m.Pong(msg.nonce, self.compute_ms()))
 
     def on_pong(self, peer: str, msg: m.Pong) -> None:
-        ev = self.pongs.get(msg.nonce)
-        if ev is not None:
-            ev.set()
-        else:
-            self.other_pong(peer, msg)
+        waiting = self.pongs.get(msg.nonce)
+        if waiting is not None:
+            waiting[1].append(msg)
+            waiting[0].set()
 
-    async def measure_rtt(self, peer: str) -> float | None:
-        """Best of three round trips to `peer`, in ms (None: no answer)."""
-        samples = []
-        for _ in range(3):
-            nonce = random.getrandbits(63)
-            ev = trio.Event()
-            self.pongs[nonce] = ev
+    async def exchange(self, peer: str, msg: m.Ping | m.LinkProbe, payload: bytes = b"",
+                       wait_s: float = PONG_WAIT_S) -> tuple[float, m.Pong] | None:
+        """Send `msg` (with `payload`) and wait for its Pong: (seconds it took, the Pong), or None."""
+        ev, box = trio.Event(), []
+        self.pongs[msg.nonce] = (ev, box)
+        try:
             t0 = now()
-            if not await self.wire.send(peer, m.Ping(nonce)):
-                break
-            with trio.move_on_after(PONG_WAIT_S):
+            if not await self.wire.send(peer, msg, payload):
+                return None
+            with trio.move_on_after(wait_s):
                 await ev.wait()
-                samples.append((now() - t0) * 1000.0)
-            self.pongs.pop(nonce, None)
+                return now() - t0, box[0]
+            return None
+        finally:
+            self.pongs.pop(msg.nonce, None)
+
+    async def measure_rtt(self, peer: str, tries: int = 3) -> float | None:
+        """Best of `tries` round trips to `peer`, in ms (None: no answer)."""
+        samples = []
+        for _ in range(tries):
+            got = await self.exchange(peer, m.Ping(random.getrandbits(63)))
+            if got is None:
+                break
+            samples.append(got[0] * 1000.0)
         return min(samples) if samples else None

@@ -249,7 +249,6 @@ class Node:
                               on_peer_back=self._peer_back, certificate=self.certificate,
                               authorizer=self.authorizer, records=records)
         flows = Flows(wire, peers, liveness, self.stage, self._apply, self.links_cfg, on_changed=self._flows_changed)
-        liveness.other_pong = flows.meter.on_pong
         microbatches = Microbatches(wire, peers, liveness, flows, self.stage, self._apply, self.faults,
                                     policy=o.policy, lend=o.lend, iterations=o.iterations,
                                     on_settled=self._iteration_settled, on_finished=self.done_event.set)

@@ -48,7 +48,7 @@ def routes(p: Any) -> dict[type, Route]:
         m.Hello: Route("discovery", d.on_hello, Admit.ANYONE, needs=Needs.ADMISSION),
         m.PeerList: Route("discovery", d.on_peer_list, Admit.ANYONE),  # addresses only: harmless from anyone
         m.Ping: Route("liveness", lv.on_ping, Admit.ANYONE),
-        m.Pong: Route("liveness", lv.on_pong, Admit.ANYONE),  # (the link meter's go on to it: linkmeter.py)
+        m.Pong: Route("liveness", lv.on_pong, Admit.ANYONE),  # (the link meter's too: Liveness.exchange)
         m.LinkProbe: Route("flows", f.meter.on_probe, payload=True),
         m.LinkCost: Route("flows", f.on_link_cost, Admit.NOT_GONE),  # may overtake the sender's Hello
         m.AllReduceChunk: Route("aggregation", ag.on_chunk, payload=True),

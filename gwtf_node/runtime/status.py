@@ -46,6 +46,7 @@ from .leadership import Leadership
 from .liveness import Liveness
 from .microbatches import Microbatches
 from .peers import Peers
+from .relay import looks_natted, routable
 from .stage import LocalStage
 from .wire import Wire, now
 
@@ -357,8 +358,6 @@ class Status:
         addresses only), `local` (loopback: a swarm on one machine) or `unknown` (not asked yet)."""
         r = getattr(self.host, "relaying", None)
         addrs = [a for a in self.host.addrs if "/p2p-circuit" not in a]
-        from .relay import looks_natted, routable
-
         if r is None or not routable(addrs or self.host.addrs):
             kind = "local" if r is None else "unknown"
         elif r.reachable is True:
