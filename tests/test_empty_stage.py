@@ -104,7 +104,8 @@ async def test_empty_stage_pauses_then_resumes(tmp_path: Path) -> None:
 
         restart(swarm, "r0_0")
         await wait_records(swarm, before + 3, 60)
-        assert status(tmp_path, "d0").get("paused") is None
+        await wait_for(lambda: status(tmp_path, "d0").get("paused") is None, 10,  # (status.json: once a second;
+                       "the data node's status no longer says paused", swarm)  # 3 iterations can take less)
         assert re.search(r"opening iteration \d+ after a pause of", log_text(tmp_path, "d0"))
         r0 = log_text(tmp_path, "r0_0")
         assert "from its own checkpoint (no download)" in r0, r0[-3000:]

@@ -245,10 +245,14 @@ class Flows:
             self.on_changed()
 
     def peer_back(self, info: PeerInfo) -> None:
-        """A peer the node had forgotten is back; a data node back starts its flows over (its flow machine is new):
+        """A peer the node had forgotten is back: its flow messages are kept until its links are added again
+        (`FlowNode.peer_back`); a data node back starts its flows over (its flow machine is new):
         every node forgets what it kept of that data node's waves and bids (`data_node_back`).  Its links are
         added again by `on_peer_hello`."""
-        if self.machine is not None and info.role == "data":
+        if self.machine is None:
+            return
+        self.machine.peer_back(now(), info.peer_id)
+        if info.role == "data":
             self.effects(Owner.FLOWS, self.machine.data_node_back(now(), info.peer_id))
 
     def on_peer_hello(self, info: PeerInfo) -> None:

@@ -13,6 +13,11 @@ they converge, then applies a `Churn`:
   `FlowNode.add_neighbour` `detect_s` later (the leader's placement reaching
   them).
 
+`FlowRun.partition` / `heal` cut a relay off (its messages lost both ways,
+each side removing the other once the liveness check would) and bring it
+back (each side taking the other back at once, adding the links after
+measuring them, possibly at different times).
+
 Then the machines run until no flow has changed for `quiet_rounds` rounds.
 Nothing is recomputed globally: the re-formed flows are the machines' own
 work.  The result holds the routing before and after, both as
@@ -28,6 +33,7 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import TextIO
 
+from ..protocol.effects import Send
 from ..protocol.flow import FlowConfig, FlowNode
 from ..protocol.scenario import LinkSpec, NodeSpec, Scenario
 from .engine import Simulator
@@ -121,6 +127,29 @@ def _sides(sc: Scenario, me: str, other: str) -> list[str]:
     return out
 
 
+def _uncut(nid: str, effects: list, cut: set[str]) -> list:
+    """`effects` without the messages that cross a partition."""
+    return [e for e in effects if not (isinstance(e, Send) and (nid in cut) != (e.to in cut))]
+
+
+class _Cuttable:
+    """A machine whose messages across a partition are lost, both the ones it sends and the ones it receives."""
+
+    def __init__(self, nid: str, inner, cut: set[str]) -> None:
+        self.nid, self.inner, self.cut = nid, inner, cut
+
+    def start(self, now: float) -> list:
+        return _uncut(self.nid, self.inner.start(now), self.cut)
+
+    def on_message(self, now: float, sender: str, msg) -> list:
+        if (sender in self.cut) != (self.nid in self.cut):
+            return []
+        return _uncut(self.nid, self.inner.on_message(now, sender, msg), self.cut)
+
+    def on_timer(self, now: float, key: str) -> list:
+        return _uncut(self.nid, self.inner.on_timer(now, key), self.cut)
+
+
 class FlowRun:
     """The flow machines of a scenario in one simulator, with membership changes applied on the fly."""
 
@@ -141,6 +170,7 @@ class FlowRun:
             self.sim.add(nid, self._traced(nid, m))
         self.sim.start_all()
         self.settle_from = 0.0
+        self.cut: set[str] = set()  # nodes partitioned from the others (`partition`)
 
     def _traced(self, nid: str, m: FlowNode):
         return m if self.trace is None else TracedMachine(nid, m, self.trace)
@@ -165,6 +195,8 @@ class FlowRun:
         self.sim.run_until(self.sim.now + rounds * self.round_s, stop=quiet, check_every_s=self.round_s)
 
     def _call(self, nid: str, effects: list) -> None:
+        if self.cut:
+            effects = _uncut(nid, effects, self.cut)
         self.sim._apply(nid, effects)  # effects of a call made from outside an event handler
 
     def apply(self, churn: Churn) -> Scenario:
@@ -202,6 +234,46 @@ class FlowRun:
         self.scenario = new
         self.settle_from = now
         return new
+
+    def _linked(self, nid: str) -> list[str]:
+        return [o for o in sorted(self.nodes) if o != nid and _sides(self.scenario, o, nid)]
+
+    def partition(self, nid: str, detect_s: float = 6.0) -> None:
+        """Cut `nid` off (the daemon's partition: tests/test_partition_lab.py): every message between it and the
+        others is lost from now on, also those in flight; `detect_s` later (the liveness check) it and every
+        node linked to it remove each other.  It keeps running on its own."""
+        self.cut.add(nid)
+        for k, mach in list(self.sim.machines.items()):
+            if not isinstance(mach, _Cuttable):
+                self.sim.machines[k] = _Cuttable(k, mach, self.cut)
+        t0 = self.sim.now
+        self.sim.run_until(t0 + detect_s)
+        now = self.sim.now = t0 + detect_s
+        for other in self._linked(nid):
+            self._call(other, self.nodes[other].remove_neighbour(now, nid))
+            self._call(nid, self.nodes[nid].remove_neighbour(now, other))
+
+    def heal(self, nid: str, add_after_s: dict[str, float] | None = None, default_s: float = 0.3) -> None:
+        """End `nid`'s partition.  Each side hears the other's Hello at once (`FlowNode.peer_back`) and adds the
+        links after measuring them: node `x` adds its links to / from `nid` `add_after_s[x]` later (`nid` itself
+        under its own name), `default_s` for the nodes not named (the daemon's link measurement: 5 s seen when a
+        round trip timed out)."""
+        self.cut.discard(nid)
+        now = self.sim.now
+        after = add_after_s or {}
+        adds = []
+        for other in self._linked(nid):
+            self.nodes[other].peer_back(now, nid)
+            self.nodes[nid].peer_back(now, other)
+            for a, b in ((other, nid), (nid, other)):
+                for side in _sides(self.scenario, a, b):
+                    adds.append((after.get(a, default_s), a, b, side))
+        for dt, a, b, side in sorted(adds):
+            self.sim.run_until(now + dt)
+            t = self.sim.now = max(self.sim.now, now + dt)
+            cost = self.scenario.cost(a, b) if side != "peer" else 0.0
+            self._call(a, self.nodes[a].add_neighbour(t, b, cost, side))
+        self.settle_from = now
 
     def result(self, scenario: Scenario, rounds: int, converged: int, messages: int) -> RoutingResult:
         flows, mismatched = extract_flows(scenario, self.nodes)

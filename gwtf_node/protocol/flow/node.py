@@ -28,6 +28,9 @@ machines with their messages (units.py), never recomputed globally.
   that the downstream end, which owns the count, agrees.  Requests and moves
   pending with it are dropped, its later messages ignored.  A data node that
   loses first hops re-places its demand after a new wave.
+* `peer_back(now, peer)`: a removed peer can be reached again; its messages
+  are kept until it is added (a label it announces while this node still
+  measures the link would otherwise be lost for good).
 * `data_node_back(now, d)`: the data node of commodity `d` restarted (it
   keeps its id; its new flow machine numbers its label waves and bids from
   the start again): what this node kept of `d`'s waves and bids is
@@ -299,6 +302,15 @@ class FlowNode:
         announce.refresh_all(self, eff)
         units.act(self, now, eff)
         return eff
+
+    def peer_back(self, now: float, peer: str) -> None:
+        """`peer`, removed, can be reached again (a partition healed, or it restarted): what it sends from now on
+        is new, so its labels are kept (`stash`) until it is added again instead of ignored as sent before its
+        removal.  Without this, a relay back from a partition that announced its labels to a data node which
+        had not added it yet (its link still being measured) was never used again: its announcement was
+        dropped, and it does not repeat one.  (A restarted data node also needs `data_node_back`.)"""
+        self.now = now
+        self.removed.discard(peer)
 
     def data_node_back(self, now: float, d: str) -> list[Effect]:
         """The data node of commodity `d` restarted: its waves and bids count from the start again (module doc,
