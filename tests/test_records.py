@@ -165,6 +165,6 @@ def test_a_provider_is_believed_only_with_its_own_signed_node_record(owner) -> N
     refused: list[str] = []
     records = RunRecords(Dht(), RUN, public_key_hex(owner), refused.append)
     found = trio.run(records.providers, f"run/{RUN}")
-    assert found == [(me, [f"{addr}/p2p/{me}"])]
+    assert found == [(me, [f"{addr}/p2p/{me}"], "?", None)]  # (role and stage: none in this record)
     assert len(refused) == 3 and any("only that peer writes its own record" in r for r in refused)
     assert trio.run(records.providers, f"run/{RUN}", lambda p: p != me) == []  # already known: not looked up

@@ -3,9 +3,9 @@
 The node connects to its bootstrap peers and greets every peer it meets with
 `Hello` (run id, role, stage, name, capacity, addresses, and its standing:
 joining / ready from / leaving after).  A peer answers a first Hello with its
-own, and with `PeerList` (the addresses it knows) whenever the sender is new
-or changed role or stage, so a swarm of any shape finds itself from one
-bootstrap address.  A peer of another run, or with a role or stage that does
+own, and with `PeerList` (the addresses of the peers the sender works with,
+protocol/fanout.py) whenever the sender is new or changed role or stage, so
+a swarm of any shape finds itself from one bootstrap address.  A peer of another run, or with a role or stage that does
 not exist, is refused, and told why with `Refused` (bootstrap.py: a node
 refused before any peer accepted it stops with that reason).  A peer that
 comes back (gone, or restarted: a new incarnation in its Hello, see
@@ -20,14 +20,25 @@ again when its stage or addresses change and every `RECORD_REFRESH_S`; a
 provider whose record expired, `RECORD_TTL_S` after it was written, is not
 dialled), `run/<run id>/revoked` the owner's revocation list
 (read every round: authorize.py drops the peers it names); provider records on
-`run/<run id>` and on `run/<run id>/stage/<k>` (relays) are how a newcomer
-finds the swarm and the members of a stage (a provider is dialled only at the
-addresses of its own signed node record: records.py `RunRecords.providers`).  The DHT is discovery only: who
-is alive is decided by our own messages (`liveness.py`).
+`run/<run id>` (everyone), `run/<run id>/data` (data nodes) and
+`run/<run id>/stage/<k>` (relays) are how a node finds the peers it works
+with (`fanout.provider_keys`: a relay looks at the data nodes' key and its
+neighbouring stages' keys, and dials a provider only if its own signed node
+record, read at the addresses it gives, says a role and stage it works with:
+records.py `RunRecords.providers`).  The DHT is discovery only: who is alive
+is decided by our own messages (`liveness.py`).
+
+Bounded fan-out (protocol/fanout.py): a relay knows and dials only the data
+nodes and the relays of its own and the neighbouring stages; a peer tells it
+only of those (`_knows_of`); a relay of a stage it does not work with that
+says Hello is let go of (`release`: out of the table, not gone, so nothing
+presumes it dead or redials it; the connection closed), and a candidate lets
+go of the relays of its sample that it does not work with once it is placed
+(`prune`).
 
 Addresses (addresses.py): a Hello carries the addresses the receiving peer
 can use (no loopback to a remote peer, never 0.0.0.0); a PeerList carries
-every usable address of every known peer, and the receiver dials each new
+every usable address of every peer the receiver works with, and it dials each new
 peer once with all of them; a peer whose addresses change (a relay
 reservation, relay.py) is passed on to the others at once.
 
@@ -55,6 +66,7 @@ from typing import Any, Callable
 
 import trio
 
+from ..protocol import fanout
 from ..protocol import messages as m
 from ..protocol.bounds import MAX_ITEMS
 from .addresses import usable_by
@@ -72,6 +84,7 @@ REDIAL_FOR_S = 3600.0  # ... for an hour (a volunteer's machine may reboot; one 
 DHT_ROUND_S = 2.0
 DHT_WAIT_S = 10.0
 PEER_LIST_DIALS = 256  # peers dialled for one PeerList (each once, with all its addresses)
+RELEASE_AFTER_S = 2.0  # a peer let go of is disconnected this long after (the Hello telling it our new stage first)
 ADDRS_PER_PEER = 16  # addresses of one peer passed on and dialled (IPv4, IPv6, relays: a handful in practice)
 
 
@@ -149,25 +162,78 @@ class Discovery:
                                    "addrs": self.host.addrs, "run_id": self.run_id,
                                    "expires": round(time.time() + RECORD_TTL_S)}
                             await self.records.put(f"node/{me}", rec)
-                            await self.host.provide(run_key)
-                            if role == "relay" and stage is not None:
-                                await self.host.provide(f"{run_key}/stage/{stage}")
+                            for key in fanout.provided_keys(self.run_id, role, stage):
+                                await self.host.provide(key)
                             published, refresh_at = mine, now() + RECORD_REFRESH_S
                     except Exception as e:  # noqa: BLE001 - the DHT is best effort; retried next round
                         log.debug("DHT publish failed: %s", e)
                 try:
                     with trio.move_on_after(DHT_WAIT_S):
-                        def wanted(pid: str) -> bool:
-                            return pid != me and pid not in self.peers and not self.peers.is_gone(pid)
-
-                        for pid, addrs in await self.records.providers(run_key, wanted):  # checked (records.py)
-                            addrs = [a if "/p2p/" in a else f"{a}/p2p/{pid}" for a in addrs if usable_by(a, True)]
-                            if addrs:
-                                self.wire.spawn(self.dial, *addrs)
+                        await self._dial_providers()
                 except Exception as e:  # noqa: BLE001
                     log.debug("find_providers failed: %s", e)
                 await self._read_revocations(f"{run_key}/revoked")
             await trio.sleep(DHT_ROUND_S)
+
+    def works_with(self, role: str, stage: int | None) -> bool:
+        """Whether this node dials a peer of that role and stage (protocol/fanout.py: its own and the
+        neighbouring stages, the data nodes; while not placed, a sample of each stage)."""
+        mine = self.peers.place
+        if fanout.works_with(mine.role, mine.stage, role, stage):
+            return True
+        known = len(self.peers.ids("relay", stage)) if stage is not None and stage >= 0 else 0
+        return fanout.wants_sample(mine.role, mine.stage, role, stage, known)
+
+    async def _dial_providers(self) -> None:
+        """Dial the peers this node works with that the DHT names and it does not know: the providers of the keys
+        its place looks at, each at the addresses of its own signed node record, kept if that record's role and
+        stage are ones this node works with (a provider record outlives a node's move to another stage)."""
+        me = self.wire.me
+
+        def unknown(pid: str) -> bool:
+            return pid != me and pid not in self.peers and not self.peers.is_gone(pid)
+
+        p = self.peers.place
+        for key in fanout.provider_keys(self.run_id, p.role, p.stage, self.peers.n_stages):
+            for pid, addrs, role, stage in await self.records.providers(key, unknown):  # checked (records.py)
+                addrs = [a if "/p2p/" in a else f"{a}/p2p/{pid}" for a in addrs if usable_by(a, True)]
+                if addrs and unknown(pid) and self.works_with(role, stage):
+                    self.wire.spawn(self.dial, *addrs)
+
+    def _knows_of(self, to: PeerInfo | None, info: PeerInfo) -> bool:
+        """Whether peer `to` is told of `info` (a PeerList): when `to` works with it (`works_with` from `to`'s
+        place; an unplaced relay: the data nodes and `fanout.SAMPLE_PER_STAGE` members of each stage, the
+        lowest ids)."""
+        if to is None:
+            return True
+        if fanout.works_with(to.role, to.stage, info.role, info.stage):
+            return True
+        if to.role == "data" or info.role == "data" or to.stage >= 0 or info.stage < 0:
+            return False
+        return info.peer_id in sorted(self.peers.ids("relay", info.stage))[:fanout.SAMPLE_PER_STAGE]
+
+    def prune(self) -> None:
+        """This node was placed: let go of the relays it met while it had no stage (its sample) and does not work
+        with from its stage (`release`)."""
+        for info in self.peers.infos():
+            if info.role == "relay" and info.stage >= 0 and not self.works_with(info.role, info.stage):
+                self.release(info.peer_id)
+
+    def release(self, peer: str, stage: int | None = None) -> None:
+        """Out of the table (not gone: nothing presumes it dead or redials it), and the connection closed once the
+        Hellos queued for it are out: neither end works with the other (`stage`: the one it now says)."""
+        if stage is None:
+            stage = getattr(self.peers.get(peer), "stage", None)
+        log.info("letting go of %s (stage %s): not next to this node's stage %s", self.peers.who(peer), stage,
+                 self.peers.stage)
+        self.peers.drop(peer)
+        self.hellos_sent.discard(peer)
+        self.wire.spawn(self._disconnect_later, peer)
+
+    async def _disconnect_later(self, peer: str) -> None:
+        await trio.sleep(RELEASE_AFTER_S)
+        if peer not in self.peers:
+            await self.wire.disconnect(peer)
 
     async def redial_loop(self, presumed_dead: Callable[[], set[str]], addrs_of: Callable[[str], list[str]]) -> None:
         """Greet the peers presumed dead again, with backoff (module doc)."""
@@ -227,6 +293,12 @@ class Discovery:
         addrs = tuple(self.host.usable_addrs(sender, msg.addrs))  # (0.0.0.0 made the address it came from)
         info = PeerInfo(sender, msg.role, msg.stage, msg.name, msg.capacity, addrs, None,
                         msg.joining, msg.ready_from, msg.leaving, msg.leave_after, msg.steps, msg.incarnation)
+        mine = self.peers.place
+        if msg.role == "relay" and msg.stage >= 0 and mine.role == "relay" and mine.stage is not None \
+                and mine.stage >= 0 and not fanout.works_with(mine.role, mine.stage, msg.role, msg.stage):
+            if sender in self.peers:  # (a joiner of this node's sample, placed elsewhere; or a stale address book)
+                self.release(sender, msg.stage)
+            return
         arrival = self.peers.arrival(sender, msg.incarnation)
         if arrival is Arrival.SAME and msg.forgot_you:
             arrival = Arrival.FORGOT_US
@@ -249,8 +321,8 @@ class Discovery:
             if shaped is not None:
                 self.host.links.set_link(sender, *shaped)  # emulate the link: our sends to this peer
             log.info("peer %s: %s stage %s (%s)", msg.name or sender[:12], msg.role, msg.stage, sender)
-            local = self.host.peer_is_local(sender)  # every usable address of every peer: the sender picks
-            known = tuple(a for p in self.peers.infos() if p.peer_id != sender
+            local = self.host.peer_is_local(sender)  # the usable addresses of the peers it works with
+            known = tuple(a for p in self.peers.infos() if p.peer_id != sender and self._knows_of(info, p)
                           for a in p.addrs[:ADDRS_PER_PEER] if usable_by(a, local))
             reply.append(m.PeerList((tuple(self.host.addrs_for(sender)) + known)[:MAX_ITEMS]))
         if reply:
@@ -259,8 +331,9 @@ class Discovery:
     def _pass_on_addrs(self, sender: str, addrs: tuple[str, ...]) -> None:
         """`sender` can be reached at new addresses (through a relay it reserved on): tell the other peers, who
         may not have reached it before (a PeerList of one)."""
+        about = self.peers.get(sender)
         for pid in self.peers.ids_known():
-            if pid != sender:
+            if pid != sender and (about is None or self._knows_of(self.peers.get(pid), about)):
                 local = self.host.peer_is_local(pid)
                 usable = tuple(a for a in addrs if usable_by(a, local))
                 if usable:

@@ -221,9 +221,11 @@ class Joining:
             self.joiner.state_loaded()
             log.info("stage %d starts from the run's initial weights", a.stage)
             self.discovery.hello_all()
+            self.discovery.prune()
             self.state_loaded.set()
             return
         self.discovery.hello_all()
+        self.discovery.prune()  # (its sample: the relays of the stages it does not work with)
         await self._fetch_state(a.download_from, a.start_iteration)
 
     def on_stepped(self, iteration: int) -> None:

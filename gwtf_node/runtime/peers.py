@@ -166,6 +166,12 @@ class Peers:
         self.gone.add(peer)
         self.last_heard.pop(peer, None)
 
+    def drop(self, peer: str) -> None:
+        """Out of the table without being gone: a peer this node does not work with (fanout.py).  A Hello from it
+        later is a first meeting, not a return."""
+        self.peers.pop(peer, None)
+        self.last_heard.pop(peer, None)
+
     def is_gone(self, peer: str) -> bool:
         return peer in self.gone
 

@@ -270,17 +270,22 @@ class RunRecords:
                                 on_refused=self._refused)
 
     async def providers(self, key: str, wanted: Callable[[str], bool] = lambda peer: True,
-                        limit: int = MAX_PROVIDERS_CHECKED) -> list[tuple[str, list[str]]]:
-        """The providers of `key` that `wanted` picks (at most `limit` a call), each with the addresses of its own
-        signed node record (`checked_provider`); a provider without one is refused and reported."""
-        out: list[tuple[str, list[str]]] = []
+                        limit: int = MAX_PROVIDERS_CHECKED) -> list[tuple[str, list[str], str, int | None]]:
+        """The providers of `key` that `wanted` picks (at most `limit` a call), each with the addresses, role and
+        stage of its own signed node record (`checked_provider`); a provider without one is refused and
+        reported."""
+        out: list[tuple[str, list[str], str, int | None]] = []
         seen: set[str] = set()
         for peer, _addrs in await self.host.find_providers(key):  # (the holder's addresses are not used)
             if peer in seen or not wanted(peer) or len(seen) >= limit:
                 continue
             seen.add(peer)
             try:
-                out.append((peer, checked_provider(peer, await self.get(f"node/{peer}"), run_id=self.run_id)))
+                rec = await self.get(f"node/{peer}")
+                addrs = checked_provider(peer, rec, run_id=self.run_id)
+                stage = rec.value.get("stage")
+                out.append((peer, addrs, str(rec.value.get("role", "?")),
+                            stage if isinstance(stage, int) and not isinstance(stage, bool) else None))
             except RecordExpired as e:  # (a node gone for a while, not a forgery: not counted as refused)
                 log.debug("%s", e)
             except RecordError as e:
