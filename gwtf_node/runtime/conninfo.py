@@ -7,10 +7,18 @@ Kinds (the status shows one per neighbour):
   (its router drops connections from outside, so every stream to it rides
   on the connection it opened);
 * "relayed": the connection goes through a circuit relay (`/p2p-circuit`
-  in its transport address).
+  in its transport address);
+* "hole-punched": a direct connection made by DCUtR to replace a relayed
+  one (holepunch.py), whichever side's SYN made it.
+
+With several connections to one peer the best kind is shown, in the order
+above but with "hole-punched" before "inbound" and "relayed": it is the one
+new streams take (py-libp2p prefers direct connections).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from libp2p.abc import IHost
 from libp2p.exceptions import BaseLibp2pError
@@ -60,19 +68,38 @@ def _peer_ip(conn) -> str | None:
     return None
 
 
+KINDS = ("direct", "hole-punched", "inbound", "relayed")  # best first
+
+
+def is_relayed(conn) -> bool:
+    """Whether a libp2p connection goes through a circuit relay (`/p2p-circuit` in its transport address)."""
+    try:
+        return any("/p2p-circuit" in str(a) for a in conn.get_transport_addresses())
+    except (AttributeError, OSError):
+        return False
+
+
+def kind_of(conn, punched: Callable[[object], bool] = lambda c: False) -> str:
+    """The kind of one libp2p connection; `punched(conn)`: whether a hole punch made it."""
+    if is_relayed(conn):
+        return "relayed"
+    if punched(conn):
+        return "hole-punched"
+    return "direct" if getattr(conn.muxed_conn, "is_initiator_value", False) else "inbound"
+
+
+def best_kind(kinds) -> str | None:
+    """The best of `kinds` (`KINDS` order), or None if there is none."""
+    kinds = set(kinds)
+    return next((k for k in KINDS if k in kinds), None)
+
+
 def connection_kind(lp: IHost, peer_id: str) -> str | None:
-    """"direct", "inbound" or "relayed" (the best of the peer's connections, in that order), or None."""
-    kinds = set()
-    for c in connections(lp, peer_id):
-        try:
-            addrs = [str(a) for a in c.get_transport_addresses()]
-        except (AttributeError, OSError):
-            addrs = []
-        if any("/p2p-circuit" in a for a in addrs):
-            kinds.add("relayed")
-        else:
-            kinds.add("direct" if getattr(c.muxed_conn, "is_initiator_value", False) else "inbound")
-    return next((k for k in ("direct", "inbound", "relayed") if k in kinds), None)
+    """"direct", "hole-punched", "inbound" or "relayed" (the best of the peer's connections), or None.  The
+    hole punching service registers itself on the host (`_dcutr_protocol`, py-libp2p's own hook)."""
+    dcutr = getattr(lp, "_dcutr_protocol", None)
+    punched = getattr(getattr(dcutr, "owner", None), "is_punched", lambda c: False)
+    return best_kind(kind_of(c, punched) for c in connections(lp, peer_id))
 
 
 class HostConnections:
@@ -94,11 +121,12 @@ class HostConnections:
         return host is None or is_loopback_host(host)
 
     def _no_channel(self, peer_id: str) -> bool:
-        """`peer_id` is reached through a relay, or dialled us from an address it does not advertise (its
-        router's): its tensor channel cannot be dialled, so do not wait `DIRECT_DIAL_TIMEOUT_S` to find out."""
+        """`peer_id` is reached through a relay or a hole punch (both ends behind NAT), or dialled us from an
+        address it does not advertise (its router's): its tensor channel cannot be dialled, so do not wait
+        `DIRECT_DIAL_TIMEOUT_S` to find out."""
         kind = self.connection_kind(peer_id)
         if kind != "inbound":
-            return kind == "relayed"
+            return kind in ("relayed", "hole-punched")
         remote = self.remote_host(peer_id)
         try:
             told = {host_of(str(a)) for a in self.libp2p.get_peerstore().addrs(ID.from_base58(peer_id))}
@@ -108,7 +136,7 @@ class HostConnections:
         return remote is not None and bool(told) and remote not in told and not is_loopback_host(remote)
 
     def connection_kind(self, peer_id: str) -> str | None:
-        """"direct", "inbound", "relayed" or None: how we are connected to `peer_id` (conninfo.py)."""
+        """"direct", "hole-punched", "inbound", "relayed" or None: how we are connected to `peer_id`."""
         return connection_kind(self.libp2p, peer_id)
 
     def payload_path(self, peer_id: str) -> str | None:
@@ -121,4 +149,5 @@ class HostConnections:
         return None
 
 
-__all__ = ["HostConnections", "connection_kind", "connections", "remote_host"]
+__all__ = ["KINDS", "HostConnections", "best_kind", "connection_kind", "connections", "is_relayed", "kind_of",
+           "remote_host"]

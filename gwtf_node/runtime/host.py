@@ -68,7 +68,7 @@ from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 from multiaddr import Multiaddr
 
-from . import channel, conninfo
+from . import channel, conninfo, holepunch
 from .addresses import Endpoint, advertised, default_tensor_port, from_peer, interface_addresses
 from .addresses import is_loopback_host, listen_endpoints, parse_announce, usable_by
 from .channel import ChannelError, ChannelUnreachable, RawConn, SessionKeys, TensorSender
@@ -105,6 +105,15 @@ _PEER_ERRORS = (BaseLibp2pError, OSError, trio.BrokenResourceError, trio.ClosedR
 
 class PeerUnreachable(Exception):
     """A send to a peer failed (dial, handshake or write) within its deadline."""
+
+
+async def _end(stream: INetStream, *, reset: bool = True) -> None:
+    """Reset (or close) a stream within 1 s, whatever state it is in."""
+    with trio.move_on_after(1):
+        try:
+            await (stream.reset() if reset else stream.close())
+        except _PEER_ERRORS:
+            pass
 
 
 async def _libp2p_reader(stream: INetStream, n: int) -> bytes:
@@ -347,14 +356,19 @@ class Host(HostDht, conninfo.HostConnections):
         for streams in (self._ctrl_out, self._payload_out):
             await self._drop_stream(streams, peer_id)
 
+    async def rehome_streams(self, peer_id: str) -> None:
+        """Retire the control and payload streams to `peer_id` (holepunch.py `retire`: closed once the peer has
+        read them), each under its lock so FIFO holds: the next frame opens a stream on the connection libp2p
+        prefers now (after a hole punch, the direct one)."""
+        for streams, locks in ((self._ctrl_out, self._ctrl_locks), (self._payload_out, self._tensor_locks)):
+            async with locks.setdefault(peer_id, trio.Lock()):
+                if (stream := streams.pop(peer_id, None)) is not None:
+                    await holepunch.retire(stream)
+
     async def _drop_stream(self, streams: dict[str, INetStream], peer_id: str) -> None:
         stream = streams.pop(peer_id, None)
         if stream is not None:
-            with trio.move_on_after(1):
-                try:
-                    await stream.reset()
-                except _PEER_ERRORS:
-                    pass
+            await _end(stream)
 
     async def _new_stream(self, peer_id: str, protocol: TProtocol) -> INetStream:
         pid = ID.from_base58(peer_id)
@@ -368,11 +382,7 @@ class Host(HostDht, conninfo.HostConnections):
                 lambda n: _libp2p_reader(stream, n), stream.write, self.peer_id, peer_id
             )
         finally:
-            with trio.move_on_after(1):
-                try:
-                    await stream.close()
-                except _PEER_ERRORS:
-                    pass
+            await _end(stream, reset=False)
         host, _, port = addr.rpartition(":")
         reached = self.remote_host(peer_id) or "127.0.0.1"  # (py-libp2p gives no remote address for IPv6)
         if host in ("0.0.0.0", "::", "[::]", "") or (is_loopback_host(host) and not is_loopback_host(reached)):
@@ -413,11 +423,7 @@ class Host(HostDht, conninfo.HostConnections):
             self.stats["refused"] += 1
             log.warning("control stream from %s refused: it has %d open already; stream reset", peer,
                         MAX_CTRL_STREAMS_PER_PEER)
-            with trio.move_on_after(1):
-                try:
-                    await stream.reset()
-                except _PEER_ERRORS:
-                    pass
+            await _end(stream)
             return
         self._ctrl_in[peer] = self._ctrl_in.get(peer, 0) + 1
         try:
@@ -433,17 +439,13 @@ class Host(HostDht, conninfo.HostConnections):
                 frame = await read_frame(
                     lambda n: _libp2p_reader(stream, n), max_payload=self.max_payload, frame_timeout=self.frame_timeout
                 )
-                if frame is None:
-                    return
+                if frame is None:  # the peer closed its end: close ours (holepunch.retire waits for it)
+                    return await _end(stream, reset=False)
                 await self._deliver(peer, *frame)
         except FrameError as e:
             self.stats["refused"] += 1
             log.warning("control stream from %s refused: %s; stream reset", peer, e)
-            with trio.move_on_after(1):
-                try:
-                    await stream.reset()
-                except _PEER_ERRORS:
-                    pass
+            await _end(stream)
         except _PEER_ERRORS as e:
             log.info("control stream from %s lost: %r", peer, e)
 
@@ -466,11 +468,7 @@ class Host(HostDht, conninfo.HostConnections):
         except (FrameError, ChannelError, trio.TooSlowError) as e:
             self.stats["refused"] += 1
             log.warning("tensor handshake from %s refused: %s", peer, e)
-            with trio.move_on_after(1):
-                try:
-                    await stream.reset()
-                except _PEER_ERRORS:
-                    pass
+            await _end(stream)
         except _PEER_ERRORS as e:
             log.info("tensor handshake from %s lost: %r", peer, e)
 
@@ -576,7 +574,8 @@ async def open_host(
         try:
             lp.set_stream_handler(DIALBACK_PROTOCOL_ID, dialback_serve)  # (answered by any node)
             if relay_service or routable(host.addrs):  # serve as a relay, or reach peers (and be reached) through one
-                host.relaying = Relaying(lp, relay_service, on_addrs_changed=lambda: host.on_addrs_changed())
+                host.relaying = Relaying(lp, relay_service, on_addrs_changed=lambda: host.on_addrs_changed(),
+                                         on_upgraded=host.rehome_streams)
                 await nursery.start(host.relaying.run)
             if dht:
                 host.dht = KadDHT(lp, DHTMode.SERVER)

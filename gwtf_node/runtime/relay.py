@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import trio
 from libp2p.abc import IHost
@@ -49,6 +49,7 @@ from multiaddr import Multiaddr
 
 from . import dialback
 from .addresses import host_of, is_loopback_host
+from .holepunch import HolePunching
 
 log = logging.getLogger("gwtf.transport")
 
@@ -103,13 +104,16 @@ def is_circuit(multiaddr: str) -> bool:
 class Relaying:
     """The circuit relay of one host: the service (if `serve`), reservations and relayed dials."""
 
-    def __init__(self, lp: IHost, serve: bool, on_addrs_changed: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, lp: IHost, serve: bool, on_addrs_changed: Callable[[], None] = lambda: None,
+                 on_upgraded: Callable[[str], Awaitable[None]] | None = None) -> None:
         self.lp = lp
         self.serve = serve
         self.protocol = CircuitV2Protocol(lp, limits=RELAY_LIMITS if serve else None, allow_hop=serve)
         roles = RelayRole.STOP | RelayRole.CLIENT | (RelayRole.HOP if serve else RelayRole(0))
         self.transport = CircuitV2Transport(lp, self.protocol, RelayConfig(roles=roles, limits=RELAY_LIMITS))
         self.on_addrs_changed = on_addrs_changed
+        self.on_upgraded = on_upgraded  # a hole punch replaced the relayed connection to this peer (holepunch.py)
+        self.holepunch: HolePunching | None = None  # started with the first reservation: the node needs a relay
         self.circuit_addrs: list[str] = []  # ours, through the relays we hold a reservation on
         self.reserved: dict[str, str] = {}  # relay peer id -> its address we reached
         self.reachable: bool | None = None  # the dial-back's answer (dialback.py); None: not known
@@ -189,6 +193,9 @@ class Relaying:
         self.circuit_addrs.append(f"{base}/p2p-circuit/p2p/{me}")
         log.info("reserved a slot on relay %s: peers behind other routers reach this node at %s", peer_id,
                  self.circuit_addrs[-1])
+        if self.holepunch is None and self.on_upgraded is not None:
+            self.holepunch = HolePunching(self.lp, self.on_upgraded)
+            await self._nursery.start(self.holepunch.run)
         self.on_addrs_changed()
 
     async def dial(self, circuit_addr: str) -> None:

@@ -366,8 +366,10 @@ class Status:
             kind = "firewalled"
         else:
             kind = "behind NAT" if looks_natted(addrs) else "unknown"
+        punch = getattr(r, "holepunch", None)  # (holepunch.py: runs on a node that needs a relay)
         return {"kind": kind, "checked_by": r.reachable_by if r is not None else None,
-                "relays": sorted(r.reserved) if r is not None else []}
+                "relays": sorted(r.reserved) if r is not None else [],
+                "hole_punch": punch.snapshot() if punch is not None else None}
 
     def _neighbours(self) -> list[dict]:
         conns = connection_kinds(self.host)
@@ -431,8 +433,9 @@ def name_of(peers: Peers, peer: str) -> str:
 
 def connection_kinds(host: Any) -> dict[str, str]:
     """How this host reaches each connected peer (conninfo.py): "direct" (we dialled it), "inbound" (it dialled
-    us: a peer behind NAT), "relayed" (through a circuit relay); "+libp2p" when its payloads go over that
-    connection because its tensor channel cannot be dialled."""
+    us: a peer behind NAT), "relayed" (through a circuit relay), "hole-punched" (a direct connection that
+    replaced a relayed one: holepunch.py); "+libp2p" when its payloads go over that connection because its
+    tensor channel cannot be dialled."""
     libp2p = getattr(host, "libp2p", None)
     if libp2p is None:
         return {}

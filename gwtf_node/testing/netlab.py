@@ -18,7 +18,8 @@ network):
       <prefix>-<home>   a NAT router: `wan` = 198.18.0.<n>/15 on the bridge,
                         `lan<i>` = 10.<h>.<i>.1/24 towards each of its hosts;
                         nftables masquerade on `wan` (port-preserving, which is
-                        what the kernel does unless told `random`), forward and
+                        what the kernel does unless told `random`: `random_ports`
+                        makes such a router), forward and
                         input policy drop except established/related and what
                         comes from the LAN: unsolicited inbound is dropped, as by
                         a home router
@@ -62,7 +63,7 @@ REQUIRED_COMMANDS = ("ip", "tc", "nft")
 
 ROUTER_RULES = """
 table ip nat {{
-  chain post {{ type nat hook postrouting priority 100; oifname "wan" masquerade; }}
+  chain post {{ type nat hook postrouting priority 100; oifname "wan" masquerade{random}; }}
 }}
 table inet filter {{
   chain fw_chain {{ type filter hook forward priority 0; policy drop;
@@ -189,8 +190,10 @@ class NetLab:
         self.nodes[name] = node
         return node
 
-    def home(self, name: str, hosts: int = 1, *, lan_to_lan: bool = True) -> Home:
-        """A NAT router `<prefix>-<name>` and `hosts` hosts behind it, named `<name>-<i>`."""
+    def home(self, name: str, hosts: int = 1, *, lan_to_lan: bool = True, random_ports: bool = False) -> Home:
+        """A NAT router `<prefix>-<name>` and `hosts` hosts behind it, named `<name>-<i>`; `random_ports`: the
+        router picks a random source port for each outgoing connection (`masquerade random`, as some routers
+        and carrier NATs do), which defeats TCP hole punching."""
         self._check_name(name)
         index = len(self.homes) + 1
         router = f"{self.prefix}-{name}"
@@ -215,7 +218,8 @@ class NetLab:
             node = Node(host, ns, ip, ((ns, "eth0"), (router, lan)), wan_ip, home)
             home.hosts.append(node)
             self.nodes[host] = node
-        rules = ROUTER_RULES.format(lan_to_lan='iifname "lan*" oifname "lan*" accept; ' if lan_to_lan else "")
+        rules = ROUTER_RULES.format(lan_to_lan='iifname "lan*" oifname "lan*" accept; ' if lan_to_lan else "",
+                                    random=" random" if random_ports else "")
         _run(["ip", "netns", "exec", router, "nft", "-f", "-"], stdin=rules)
         self.homes[name] = home
         self.nodes[wan.name] = wan

@@ -1,0 +1,89 @@
+"""Hole punching without a lab: the connection kinds (conninfo.py) and moving streams to a new connection.
+
+The hole punch itself needs two NAT routers: tests/test_holepunch_lab.py.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import trio
+
+from gwtf_node.runtime import conninfo
+from gwtf_node.runtime.holepunch import RETIRE_WAIT_S
+from gwtf_node.runtime.host import open_host
+
+
+class _Muxed:
+    def __init__(self, initiator: bool) -> None:
+        self.is_initiator_value = initiator
+
+
+class _Conn:
+    """What conninfo reads of a py-libp2p connection: its transport addresses and which side dialled."""
+
+    def __init__(self, addr: str, initiator: bool = True) -> None:
+        self.addr, self.muxed_conn = addr, _Muxed(initiator)
+
+    def get_transport_addresses(self):
+        return [self.addr]
+
+
+RELAYED = "/ip4/198.18.0.10/tcp/4001/p2p/QmRelay/p2p-circuit/p2p/QmPeer"
+
+
+def test_kind_of_each_connection() -> None:
+    punched = _Conn("/ip4/198.18.0.12/tcp/4001", initiator=False)
+    assert conninfo.kind_of(_Conn("/ip4/198.18.0.12/tcp/4001")) == "direct"
+    assert conninfo.kind_of(_Conn("/ip4/198.18.0.12/tcp/4001", initiator=False)) == "inbound"
+    assert conninfo.kind_of(_Conn(RELAYED)) == "relayed"
+    assert conninfo.kind_of(punched, lambda c: c is punched) == "hole-punched"
+    assert conninfo.kind_of(_Conn(RELAYED), lambda c: True) == "relayed"  # a relayed one is never "punched"
+
+
+def test_best_kind_prefers_a_hole_punched_connection_to_the_relayed_one() -> None:
+    assert conninfo.best_kind(["relayed", "hole-punched"]) == "hole-punched"
+    assert conninfo.best_kind(["inbound", "hole-punched"]) == "hole-punched"
+    assert conninfo.best_kind(["hole-punched", "direct"]) == "direct"
+    assert conninfo.best_kind(["relayed"]) == "relayed"
+    assert conninfo.best_kind([]) is None
+
+
+@pytest.mark.trio
+async def test_rehome_streams_keeps_frames_in_order(tmp_path):
+    """Frames sent before, during and after `rehome_streams` arrive once each, in order per kind; the peer
+    closes its end of a retired stream at once (no wait for `RETIRE_WAIT_S`)."""
+    got: list[bytes] = []
+    done = trio.Event()
+    n = 60
+
+    async def handler(peer, envelope, payload):
+        got.append(envelope)
+        if len(got) == 2 * n:
+            done.set()
+
+    with socket.socket() as held, trio.fail_after(60):
+        held.bind(("127.0.0.1", 0))  # a tensor address that refuses: payloads go over libp2p streams too
+        async with open_host(tmp_path / "b", dht=False) as b, \
+                open_host(tmp_path / "a", dht=False, bootstrap=b.addrs) as a:
+            b.set_handler(handler)
+            b.tensor_addr = f"127.0.0.1:{held.getsockname()[1]}"
+
+            async def sender(kind: bytes, payload: bytes) -> None:
+                for i in range(n):
+                    await a.send(b.peer_id, b"%s%03d" % (kind, i), payload)
+                    await trio.sleep(0.002)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(sender, b"c", b"")
+                nursery.start_soon(sender, b"p", b"x" * 4096)
+                for _ in range(3):
+                    await trio.sleep(0.03)
+                    t0 = trio.current_time()
+                    await a.rehome_streams(b.peer_id)
+                    assert trio.current_time() - t0 < RETIRE_WAIT_S - 1
+            await done.wait()
+            assert a.payload_path(b.peer_id) == "libp2p"
+    for kind in (b"c", b"p"):
+        assert [e for e in got if e.startswith(kind)] == [b"%s%03d" % (kind, i) for i in range(n)]
