@@ -272,6 +272,23 @@ async def test_channel_refuses_connections_without_handshake(tmp_path, caplog):
 
 
 @pytest.mark.trio
+async def test_a_payload_from_the_channel_says_how_long_it_took(tmp_path):
+    """The link meter folds the real traffic into a link's bandwidth (linkmeter.py `observe`): each payload off
+    the tensor channel carries the seconds from its frame's first byte to its last."""
+    with trio.fail_after(DEADLINE_S):
+        async with hosts(tmp_path, 2, dht=False) as (a, b):
+            got = []
+
+            async def handler(peer, envelope, payload):
+                got.append((len(payload), getattr(payload, "seconds", None)))
+            b.set_handler(handler)
+            await a.send(b.peer_id, b"big", os.urandom(8 << 20))
+            await until(lambda: got, "the payload delivered", DEADLINE_S)
+            size, seconds = got[0]
+            assert size == 8 << 20 and seconds is not None and 0 < seconds < DEADLINE_S
+
+
+@pytest.mark.trio
 async def test_link_shaper_adds_latency_and_bandwidth(tmp_path):
     with trio.fail_after(DEADLINE_S):
         links = LinkShaper()

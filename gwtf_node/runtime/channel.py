@@ -339,6 +339,13 @@ class TensorSender:
 
 # ---- receiver ----------------------------------------------------------------
 
+class TimedPayload(bytearray):
+    """A payload as it came off the channel, with the seconds from its frame's first byte to its last: what the
+    link meter folds into a link's bandwidth (linkmeter.py `observe`)."""
+
+    __slots__ = ("seconds",)
+
+
 Deliver = Callable[[str, bytes, bytearray], Awaitable[None]]
 # session id -> (peer id, keys); pops the session (each id is good for one connection)
 ClaimSession = Callable[[bytes], "tuple[str, SessionKeys] | None"]
@@ -383,6 +390,7 @@ async def serve_connection(
             k = await conn.sock.recv_into(head, 4)
             if k == 0:
                 return  # clean close at a frame boundary
+            started = trio.current_time()
             with trio.fail_after(frame_timeout):
                 if k < 4:
                     await conn.recv_into_exactly(memoryview(head)[k:], "a record length")
@@ -399,7 +407,7 @@ async def serve_connection(
                     raise FrameError(f"header record holds {len(plain) - HEADER_BYTES} envelope bytes, "
                                      f"the header says {envelope_len}")
                 envelope = bytes(plain[HEADER_BYTES:])
-                payload = bytearray(payload_len)
+                payload = TimedPayload(payload_len)
                 pview = memoryview(payload)
                 for off in range(0, payload_len, CHUNK_BYTES):
                     size = min(CHUNK_BYTES, payload_len - off)
@@ -408,6 +416,8 @@ async def serve_connection(
                         raise FrameError(f"payload record of {rn} bytes, expected {size + TAG_BYTES}")
                     await conn.recv_into_exactly(ct_view[:rn], "a payload record")
                     opener.open_into(ct_view[:rn], pview[off:off + size])
+                pview.release()
+                payload.seconds = trio.current_time() - started
             await deliver(peer, envelope, payload)
     except (ChannelError, FrameError) as e:
         log.warning("tensor channel from %s refused: %s; connection closed", peer, e)

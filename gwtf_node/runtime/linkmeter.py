@@ -9,8 +9,12 @@ it is the upstream end that measures:
   taken as equal: one round trip cannot tell them apart);
 * bandwidth: a timed transfer, `LinkProbe` with `PROBE_BYTES` of payload
   answered by a Pong; its time less one round trip is the payload's transfer
-  time.  The link is taken as symmetric (bw_ij = bw_ji), since only one end
-  sends the probe.  Samples are smoothed (`EWMA_WEIGHT`), the bandwidth as
+  time.  Then the real traffic: every gradient of at least
+  `OBSERVE_MIN_BYTES` that comes back from the peer on the tensor channel,
+  timed from its first to its last byte (`observe`; channel.py
+  `TimedPayload`; a payload over the libp2p connection is not timed).  The
+  link is taken as symmetric (bw_ij = bw_ji): the probe goes one way, the
+  gradients the other.  Samples are smoothed (`EWMA_WEIGHT`), the bandwidth as
   its inverse (the time per megabit, which is what Equation 1 adds up: a
   mean of 10,000 and 0.5 Mbit/s would be 5,000);
 * compute: c_i is this node's compute per microbatch (`LocalStage.compute_ms`,
@@ -54,6 +58,8 @@ EWMA_WEIGHT = 0.5  # a new bandwidth / latency sample's weight: two samples move
 # a link throttled from 100 to 10 Mbit/s (a 1 MB activation: +720 ms) or a GPU that became twice as slow does.
 RECOST_RELATIVE = 0.5
 RECOST_MIN_MS = 20.0
+# a payload of the real traffic shorter than this says more about scheduling than about the link (as the probe)
+OBSERVE_MIN_BYTES = PROBE_BYTES
 MIN_TRANSFER_S = 1e-4  # a probe faster than one round trip (loopback jitter) counts as this much transfer time
 MAX_BANDWIDTH_MBPS = 100_000.0  # what a probe on loopback can claim at most
 
@@ -65,6 +71,14 @@ class LinkSample:
     rtt_ms: float
     bandwidth_mbps: float | None  # None: the probe was not answered
     peer_compute_ms: float
+    observed: int = 0  # payloads of the real traffic folded into the bandwidth since the first sample (`observe`)
+
+
+def smoothed_bandwidth(old: float | None, new: float | None) -> float | None:
+    """The EWMA of a link's bandwidth, taken over its inverse (module doc); either may be missing."""
+    if new is None or old is None:
+        return old if new is None else new
+    return 1.0 / (EWMA_WEIGHT / new + (1 - EWMA_WEIGHT) / old)
 
 
 def recost_threshold(old: float, new: float) -> int:
@@ -82,6 +96,7 @@ class LinkMeter:
         self.liveness = liveness
         self.stage = stage
         self.samples: dict[str, LinkSample] = {}  # peer -> the smoothed measurement
+        self.observed = 0  # payloads of the real traffic folded in (`observe`)
 
     async def on_probe(self, peer: str, msg: m.LinkProbe, payload) -> None:
         if payload is not None and len(payload) > PROBE_MAX_BYTES:
@@ -103,14 +118,23 @@ class LinkMeter:
             bw = min(PROBE_BYTES * 8 / transfer / 1e6, MAX_BANDWIDTH_MBPS)
         if old is not None:
             rtt_ms = EWMA_WEIGHT * rtt_ms + (1 - EWMA_WEIGHT) * old.rtt_ms
-            if bw is not None and old.bandwidth_mbps is not None:
-                bw = 1.0 / (EWMA_WEIGHT / bw + (1 - EWMA_WEIGHT) / old.bandwidth_mbps)
-            elif bw is None:
-                bw = old.bandwidth_mbps
+            bw = smoothed_bandwidth(old.bandwidth_mbps, bw)
         compute = got[1].compute_ms if got is not None else old.peer_compute_ms if old is not None else 0.0
-        s = LinkSample(rtt_ms, bw, compute)
+        s = LinkSample(rtt_ms, bw, compute, old.observed if old is not None else 0)
         self.samples[peer] = s
         return s
+
+    def observe(self, peer: str, nbytes: int, seconds: float | None) -> None:
+        """A payload of `nbytes` came from `peer` over `seconds` (first to last byte, channel.py `TimedPayload`):
+        folded into the link's bandwidth like a probe, if the link is measured (a next-stage peer whose gradients
+        these are; the link is taken as symmetric) and the payload is at least `OBSERVE_MIN_BYTES`."""
+        s = self.samples.get(peer)
+        if s is None or seconds is None or nbytes < OBSERVE_MIN_BYTES:
+            return
+        bw = min(nbytes * 8 / max(seconds, MIN_TRANSFER_S) / 1e6, MAX_BANDWIDTH_MBPS)
+        self.samples[peer] = LinkSample(s.rtt_ms, smoothed_bandwidth(s.bandwidth_mbps, bw), s.peer_compute_ms,
+                                        s.observed + 1)
+        self.observed += 1
 
     def cost(self, peer: str, size_mb: float, default_bandwidth_mbps: float) -> float | None:
         """Equation 1 for the link to `peer` from its measurement (None: never measured)."""
@@ -131,5 +155,6 @@ class LinkMeter:
                 "rtt_ms": round(s.rtt_ms, 3),
                 "bandwidth_mbps": None if s.bandwidth_mbps is None else round(s.bandwidth_mbps, 1),
                 "peer_compute_ms": round(s.peer_compute_ms, 3),
+                "payloads_observed": s.observed,
             }
         return out

@@ -232,6 +232,8 @@ class Microbatches:
         tensor = None
         if isinstance(msg, TENSOR_MSGS):
             tensor = self.stage.unpack(msg, payload, type(msg).__name__)
+            if isinstance(msg, m.Backward) and payload is not None:  # a gradient back over a link this node measures
+                self.flows.meter.observe(peer, len(payload), getattr(payload, "seconds", None))
         elif getattr(msg, "tensor", None) is not None:
             raise FrameRefused(f"{type(msg).__name__} with a tensor it should not carry")
         self._sync()
