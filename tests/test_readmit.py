@@ -28,7 +28,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 from types import SimpleNamespace
-from unittest.mock import Mock
+from unittest.mock import AsyncMock, Mock
 
 import pytest
 import trio
@@ -208,8 +208,8 @@ def _node(tmp_path: Path, run: Path, name: str, peer_id: str, role: str, stage: 
     discovery = Discovery(wire, peers, host, node.manifest, {}, on_peer_hello=node._peer_hello,
                           applied_steps=lambda: node.stage.applied_steps, incarnation=node.incarnation,
                           on_peer_back=node._peer_back)
-    others = {n: Mock(name=n) for n in ("flows", "microbatches", "aggregation", "leadership", "joining", "status",
-                                        "bootstrap")}
+    others = {n: Mock(name=n) for n in ("flows", "microbatches", "aggregation", "leadership", "joining", "cutcheck",
+                                        "status", "bootstrap")}
     node.parts = SimpleNamespace(wire=wire, liveness=liveness, discovery=discovery, **others)
     node.routes = routes(node.parts)
     net[peer_id] = node
@@ -381,3 +381,65 @@ async def test_a_data_node_back_among_others_downloads_the_data_part() -> None:
     joining.fetch_state = fetch_state
     await data_resume.take_run_step(peers, stage, joining, Mock(), Mock())
     assert joining.asked == ("d2", 10)  # the ready data node with the most steps, after its iteration in flight
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("theirs, cut_off, fetched", [("other", True, True), ("same", True, False),
+                                                      ("other", False, False)])
+async def test_a_stage_peer_back_at_the_same_step_is_compared_by_the_one_cut_off(tmp_path: Path, theirs: str,
+                                                                                 cut_off: bool,
+                                                                                 fetched: bool) -> None:
+    """cutcheck.py: r0 presumed its stage peer dead, and (cut_off) was without a data node since; the peer comes
+    back saying the same step.  r0 asks it for the hash of its part at that step: a different one is fetched
+    from it (its stage stayed with the run), the same one is not; a relay that kept its data node asks nothing
+    (the peer, cut off, checks against it)."""
+    from gwtf_node.runtime.cutcheck import CutCheck
+    from gwtf_node.runtime.wire import now
+
+    run = tmp_path / "run.json"
+    save_manifest(default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=2), run)
+    net: dict[str, Node] = {}
+    async with trio.open_nursery() as nursery:
+        relay = _node(tmp_path, run, "r0", "R0", "relay", 0, net, nursery, steps=3)
+        relay.stage.build(0)
+        relay.stage.set_steps(3)
+        peer = _node(tmp_path, run, "r0b", "R0B", "relay", 0, net, nursery, steps=3)
+        data = _node(tmp_path, run, "d0", "D0", "data", None, net, nursery, steps=3)
+        for n in (data, peer):
+            await n.parts.discovery.dial(relay.parts.discovery.host.addrs[0])
+        await trio.testing.wait_all_tasks_blocked()
+        mine = relay.stage.model.state_hash()
+        joining = Mock(ask_hash=AsyncMock(return_value=m.StageState(0, 3, "", None,
+                                                                     params_sha256=mine if theirs == "same" else "x")),
+                       fetch_state=AsyncMock())
+        relay.parts.cutcheck = CutCheck(relay.parts.wire, relay.peers, relay.stage, relay.parts.liveness, joining)
+        relay.parts.liveness._presume_dead("R0B", 7.0)
+        if cut_off:
+            relay.parts.liveness._presume_dead("D0", 7.0)
+            relay.parts.liveness._check_data_nodes(now())  # no data node: waiting for one
+        await peer.parts.discovery.greet(relay.parts.discovery.host.addrs[0])  # (its Hello: back at 3 steps)
+        with trio.fail_after(10):
+            await trio.testing.wait_all_tasks_blocked()
+            while cut_off and not relay.parts.cutcheck.checks:
+                await trio.sleep(0.05)
+        assert "R0B" in relay.peers
+        if cut_off:
+            joining.ask_hash.assert_called_once()
+            assert joining.ask_hash.call_args.args[1] == m.StageStateRequest(0, 3, hash_only=True)
+            assert relay.parts.cutcheck.checks[-1]["verdict"] == ("fetch" if fetched else "same")
+        else:
+            joining.ask_hash.assert_not_called()
+        if fetched:
+            joining.fetch_state.assert_called_once_with("R0B", 3)
+        else:
+            joining.fetch_state.assert_not_called()
+        nursery.cancel_scope.cancel()
+
+
+def test_cut_check_verdict() -> None:
+    from gwtf_node.runtime.cutcheck import Verdict, verdict
+
+    assert verdict((3, "a"), (3, "a")) is Verdict.SAME
+    assert verdict((3, "a"), (3, "b")) is Verdict.FETCH
+    assert verdict((3, "a"), (4, "b")) is Verdict.UNCOMPARABLE  # it stepped meanwhile: the next BEGIN tells
+    assert verdict((3, "a"), None) is Verdict.UNCOMPARABLE

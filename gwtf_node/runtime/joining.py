@@ -296,6 +296,14 @@ class Joining:
         return decide(stage, held, peer=None, run=run, empty_stage=self.manifest.empty_stage, me=self.wire.me,
                       rivals=rivals)
 
+    async def ask_hash(self, peer: str, msg: m.StageStateRequest) -> m.StageState | None:
+        """A stage peer's (steps, parameter hash) answer to a hash-only request (cutcheck.py)."""
+        self._verifying = True
+        try:
+            return await self._ask(peer, msg)
+        finally:
+            self._verifying = False
+
     async def _own_hash(self) -> str:
         steps = self.stage.applied_steps
         if self._hash_of is None or self._hash_of[0] != steps:

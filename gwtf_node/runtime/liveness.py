@@ -52,6 +52,8 @@ class Liveness:
         self.pongs: dict[int, tuple[trio.Event, list]] = {}  # nonce -> (answered, [the Pong])
         self.crashed: set[str] = set()  # peers presumed dead by this check (and not back since)
         self.waiting_for_data_since: float | None = None  # a relay: no data node alive since then (trio clock)
+        self.data_back_at: float | None = None  # ... and when the last such wait ended
+        self.dead_at: dict[str, float] = {}  # peers presumed dead (in `crashed`): when
         self._waiting_logged_at: float | None = None
 
     async def loop(self) -> None:
@@ -69,19 +71,27 @@ class Liveness:
     def _presume_dead(self, peer: str, silent_s: float) -> None:
         log.warning("peer %s presumed dead: silent for %.1f s", self.peers.who(peer), silent_s)
         self.crashed.add(peer)
+        self.dead_at[peer] = now()
         self.on_dead(peer)
         self.wire.spawn(self.wire.disconnect, peer)  # (alive after all: the redial opens new connections)
 
-    def peer_back(self, peer: str) -> None:
-        """`peer` said Hello after it was forgotten: not presumed dead any more, heard now."""
+    def peer_back(self, peer: str) -> float | None:
+        """`peer` said Hello after it was forgotten: not presumed dead any more, heard now.  Returns when this
+        check presumed it dead (None: it did not, e.g. the peer left or forgot this node)."""
         self.crashed.discard(peer)
         self.peers.heard(peer, now())
+        return self.dead_at.pop(peer, None)
+
+    def cut_off_since(self, t: float) -> bool:
+        """This relay was without any data node at some time since `t` (trio clock): it was the one cut off."""
+        return self.waiting_for_data_since is not None or (self.data_back_at is not None and self.data_back_at >= t)
 
     def _check_data_nodes(self, t: float) -> None:
         """A placed relay with no data node in its table waits for one: it says so, then every 30 s."""
         if self.peers.role != "relay" or self.peers.stage is None or self.peers.data_nodes():
             if self.waiting_for_data_since is not None:
                 log.info("a data node is back after %.0f s without one", t - self.waiting_for_data_since)
+                self.data_back_at = t
             self.waiting_for_data_since = self._waiting_logged_at = None
             return
         if self.waiting_for_data_since is None:

@@ -89,6 +89,7 @@ from . import control, data_resume
 from .aggregation import Aggregation
 from .authorize import Authorizer, read_certificate
 from .bootstrap import DEFAULT_TIMEOUT_S, Bootstrap
+from .cutcheck import CutCheck
 from .discovery import Discovery
 from .faults import Faults
 from .flows import Flows
@@ -167,6 +168,7 @@ class Parts:
     leadership: Leadership
     aggregation: Aggregation
     joining: Joining
+    cutcheck: CutCheck
     status: Status
     bootstrap: Bootstrap
 
@@ -267,13 +269,15 @@ class Node:
         # down for a while, and others can still dial this node
         bootstrap = Bootstrap(wire, peers, discovery, host, list(o.bootstrap) + known,
                               timeout_s=o.bootstrap_timeout_s if o.bootstrap else 0.0, on_exit=self._exit)
+        cutcheck = CutCheck(wire, peers, self.stage, liveness, joining)
         self.values = values = Values(wire, peers, self.stage, flows, microbatches, leadership, aggregation)
         status = Status(o.state_dir / "status.json", wire, host, peers, liveness, self.stage, flows, microbatches,
                         aggregation, leadership, run_id=self.run_id, policy=o.policy, bootstrap=bootstrap,
                         resume_status=lambda: joining.resume_status, refused_values=values.snapshot,
+                        cut_checks=lambda: cutcheck.checks,
                         security=lambda: self.authorizer.status(wire))
-        parts = Parts(wire, liveness, discovery, flows, microbatches, leadership, aggregation, joining, status,
-                      bootstrap)
+        parts = Parts(wire, liveness, discovery, flows, microbatches, leadership, aggregation, joining, cutcheck,
+                      status, bootstrap)
         self.routes = routes(parts)
         self.timer_handlers = {
             Owner.FLOWS: flows.on_timer,
@@ -331,7 +335,8 @@ class Node:
         self.book.note(info.peer_id, info.addrs)
         if info.peer_id in self._returning:
             self._returning.discard(info.peer_id)
-            p.liveness.peer_back(info.peer_id)
+            dead_since = p.liveness.peer_back(info.peer_id)
+            p.cutcheck.peer_back(info, dead_since)  # (a stage peer at this node's step: the parameters compared)
             p.microbatches.peer_back(info.peer_id)
             p.flows.peer_back(info)
         p.aggregation.peer_back(info.peer_id)

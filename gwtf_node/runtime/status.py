@@ -71,6 +71,7 @@ class Status:
                  flows: Flows, microbatches: Microbatches, aggregation: Aggregation, leadership: Leadership, *,
                  run_id: str, policy: str, bootstrap: Bootstrap | None = None,
                  resume_status: Callable[[], dict | None] = lambda: None,
+                 cut_checks: Callable[[], list] = lambda: [],
                  refused_values: Callable[[], dict[str, int]] = dict,
                  security: Callable[[], dict] = dict) -> None:
         self.path = path
@@ -87,6 +88,7 @@ class Status:
         self.policy = policy
         self.bootstrap = bootstrap  # how the node reaches the swarm at start
         self.resume_status = resume_status  # a relay back with a checkpoint: what it decided and why (resume.py)
+        self.cut_checks = cut_checks  # a relay back from a cut at its stage's step: its parameters compared
         self.events = EventLog()  # recent events (events.py), fed by `observe`
         self.feed = EventFeed(self.events, self.name_of)
         self.tally = microbatches.tally  # what the microbatches came to (tally.py)
@@ -132,6 +134,7 @@ class Status:
             "compression": mb.compression.stats(),  # Top-K on the links: ratio per peer, bytes sent vs dense
             "paused": mb.paused_status(),  # a data node: the iteration it does not open while a stage is empty
             "resume": self.resume_status(),
+            "cut_checks": self.cut_checks(),
             "refused_values": self.refused_values(),
             "pid": os.getpid(), "time": time.time(),
             "bootstrap": self.bootstrap.snapshot() if self.bootstrap is not None else None,
