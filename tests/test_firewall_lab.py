@@ -57,6 +57,7 @@ def test_a_firewalled_public_node_is_reached_through_a_relay(lab, tmp_path: Path
         assert rec["microbatches"] == 4, (rec, log_digest(tmp_path, where))
         assert rec["loss"] == pytest.approx(loss, rel=1e-4), (rec, loss)
     assert "firewalled" in seen["r1_0"] and "public" in seen["r0_0"], seen
+    assert "public" in seen["d0"], seen  # the bootstrap, which dials nobody, asks a peer that greeted it
     d0_id = status(tmp_path, "d0")["peer_id"]
     assert relays == {d0_id}, relays
     assert addrs and all(f"/p2p/{d0_id}/p2p-circuit/" in a for a in addrs), addrs

@@ -307,6 +307,9 @@ class Discovery:
                 return
             self.host.note_addrs(sender, msg.addrs)  # (it may listen elsewhere now: redials go there)
         _old, changed = self.peers.upsert(info, now())
+        relaying = getattr(self.host, "relaying", None)
+        if _old is None and relaying is not None:
+            relaying.greeted(sender, list(self.host.addrs))  # (a dial-back, if this node does not know yet)
         if _old is not None and not changed and set(_old.addrs) != set(addrs):
             self._pass_on_addrs(sender, addrs)
         self.on_peer_hello(info)

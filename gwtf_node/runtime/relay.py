@@ -145,6 +145,17 @@ class Relaying:
         if natted or self.reachable is False:
             self._reserve_on(peer_id, addr)
 
+    def greeted(self, peer_id: str, advertised: list[str]) -> None:
+        """A peer said Hello, maybe over a connection it opened: a node with a public address that has not asked
+        yet asks it for a dial-back, so a node that never dials out (the swarm's bootstrap) learns it too."""
+        if self._nursery is None or self.reachable is not None or self._asking or looks_natted(advertised) \
+                or not routable(advertised):
+            return
+        port = tcp_port(advertised)
+        if port is not None:
+            self._asking = True
+            self._nursery.start_soon(self._dial_back, peer_id, port)
+
     def _reserve_on(self, peer_id: str, addr: str) -> None:
         if peer_id in self.reserved or peer_id in self._tried or len(self.reserved) >= MAX_RESERVATIONS:
             return
