@@ -19,11 +19,17 @@ What is ours:
 * The connection a successful punch made is remembered (`conns`): the
   status calls it "hole-punched" (conninfo.py), not "direct" or "inbound".
 * After an upgrade our long-lived streams to that peer (control, libp2p
-  payload) still ride on the relayed connection, which the library closes
-  `RELAY_CLOSE_GRACE_PERIOD` (60 s) later.  `on_upgraded(peer)` is called
-  so the host closes them (host.py `rehome_streams`): the next frame opens
-  a stream on the direct connection (py-libp2p prefers a direct connection
-  for new streams).
+  payload) still ride on the relayed connection.  `on_upgraded(peer)` is
+  called so the host retires them (host.py `rehome_streams`, `retire`
+  here): each is closed for writing under its send lock and dropped once
+  the peer has read it to the end and closed its side, so no frame is lost
+  and none is overtaken; the next frame opens a stream on the direct
+  connection (py-libp2p prefers a direct connection for new streams).
+* The relayed connection is then closed `RELAY_CLOSE_AFTER_S` (10 s) after
+  the upgrade rather than the library's 60 s: nothing of ours uses it.
+* The library's first step, a plain dial of the peer's known direct
+  addresses, is skipped: `Host.connect` did that before taking the relay,
+  and it held every upgrade back by its 10 s dial timeout.
 """
 
 from __future__ import annotations
@@ -45,6 +51,9 @@ from .conninfo import is_relayed
 log = logging.getLogger("gwtf.transport")
 
 RETIRE_WAIT_S = 5.0  # a retired stream's frames are read by the peer within this (else it is reset)
+# After an upgrade the relayed connection is closed this much later (library: 60 s).  Our streams leave it within
+# a round trip (at most RETIRE_WAIT_S); closing it sooner frees the relay's circuit for others.
+RELAY_CLOSE_AFTER_S = 10.0
 
 
 async def retire(stream: INetStream, wait_s: float = RETIRE_WAIT_S) -> bool:
@@ -95,6 +104,9 @@ class _Dcutr(DCUtRProtocol):
             self.owner.finished(peer_id, ok, made, trio.current_time() - t0)
         return ok
 
+    async def _close_relayed_conns_after_grace(self, peer_id: ID, grace: float = RELAY_CLOSE_AFTER_S) -> None:
+        await super()._close_relayed_conns_after_grace(peer_id, grace)
+
     async def _try_unilateral_upgrade(self, peer_id: ID) -> bool:
         """Skipped: the library first dials the peer's direct addresses for `dial_timeout` (10 s) before
         punching, which delays every upgrade by those 10 s (measured in the lab) and repeats what
@@ -111,8 +123,8 @@ class HolePunching:
         self.service = _Dcutr(lp, self)
         self.conns: weakref.WeakSet = weakref.WeakSet()  # connections made by a hole punch
         self.attempts = 0  # hole punches run (both ends run one; both usually start it at once: two per peer)
-        self.upgraded = 0
-        self.failed = 0
+        self.upgraded = 0  # direct connections made by them (one per success, whichever punch made it)
+        self.failed = 0  # hole punches that ended without a direct connection
         self._nursery: trio.Nursery | None = None
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -134,7 +146,6 @@ class HolePunching:
             self.failed += 1
             log.info("hole punch to %s failed after %.2f s: the connection stays relayed", peer_id, took)
             return
-        self.upgraded += 1
         direct = _direct_conns(self.lp, peer_id)
         if not made and not any(c in self.conns for c in direct):
             made = direct  # (made before this punch began: by the peer's own)
@@ -143,6 +154,7 @@ class HolePunching:
                  "" if made else " (made by the other punch under way)")
         if not made:
             return
+        self.upgraded += 1
         for c in made:
             self.conns.add(c)
         if self._nursery is not None:
@@ -159,8 +171,8 @@ class HolePunching:
 
     def snapshot(self) -> dict:
         """Counts, and for each peer reached by a hole punch the streams open on its relayed and direct
-        connections (0 on the relayed one once both ends moved theirs) and whether the relayed one is still
-        open (the library closes it `RELAY_CLOSE_GRACE_PERIOD` after the upgrade)."""
+        connections (0 on the relayed one once both ends moved theirs) and how many relayed connections are
+        still open (closed `RELAY_CLOSE_AFTER_S` after the upgrade)."""
         peers = {}
         for pid in {c.muxed_conn.peer_id for c in list(self.conns)}:
             row = {"relayed_conns": 0, "relayed_streams": 0, "direct_streams": 0}
@@ -172,4 +184,4 @@ class HolePunching:
         return {"attempts": self.attempts, "upgraded": self.upgraded, "failed": self.failed, "peers": peers}
 
 
-__all__ = ["RETIRE_WAIT_S", "HolePunching", "retire"]
+__all__ = ["RELAY_CLOSE_AFTER_S", "RETIRE_WAIT_S", "HolePunching", "retire"]
