@@ -104,6 +104,16 @@ class _Dcutr(DCUtRProtocol):
             self.owner.finished(peer_id, ok, made, trio.current_time() - t0)
         return ok
 
+    async def initiate_hole_punch(self, peer_id: ID) -> bool:
+        """Only the end with the smaller peer id starts a hole punch; the other answers.  The library's loop
+        runs on both ends and starts one from each at the same moment: each end then dials from its listen
+        port twice at once, the second dial fails (`[Errno 99] Cannot assign requested address`: the same
+        address pair), and where the two dials that got through were upgraded in clashing roles no connection
+        comes of it (seen in the lab: all six punches of a pair failed, routers letting them through)."""
+        if self.host.get_id().to_bytes() > peer_id.to_bytes():
+            return False
+        return await super().initiate_hole_punch(peer_id)
+
     async def _close_relayed_conns_after_grace(self, peer_id: ID, grace: float = RELAY_CLOSE_AFTER_S) -> None:
         await super()._close_relayed_conns_after_grace(peer_id, grace)
 
