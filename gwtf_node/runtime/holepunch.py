@@ -27,6 +27,8 @@ What is ours:
   connection (py-libp2p prefers a direct connection for new streams).
 * The relayed connection is then closed `RELAY_CLOSE_AFTER_S` (10 s) after
   the upgrade rather than the library's 60 s: nothing of ours uses it.
+* Only the end with the smaller peer id starts a hole punch (the library
+  starts one from both ends at once, and those collide: `initiate_hole_punch`).
 * The library's first step, a plain dial of the peer's known direct
   addresses, is skipped: `Host.connect` did that before taking the relay,
   and it held every upgrade back by its 10 s dial timeout.
