@@ -87,3 +87,28 @@ async def test_rehome_streams_keeps_frames_in_order(tmp_path):
             assert a.payload_path(b.peer_id) == "libp2p"
     for kind in (b"c", b"p"):
         assert [e for e in got if e.startswith(kind)] == [b"%s%03d" % (kind, i) for i in range(n)]
+
+
+@pytest.mark.trio
+async def test_only_the_end_with_the_smaller_peer_id_starts_a_hole_punch(tmp_path):
+    """Both ends run DCUtR's loop; a punch started from both at once collides, so the larger id only answers."""
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.id import ID
+
+    from gwtf_node.runtime.holepunch import HolePunching
+
+    with trio.fail_after(30):
+        async with open_host(tmp_path / "a", dht=False) as a:
+            punch = HolePunching(a.libp2p, lambda peer: trio.sleep(0))
+            me = a.libp2p.get_id().to_bytes()
+            smaller = larger = None
+            while smaller is None or larger is None:
+                pid = ID.from_pubkey(create_new_key_pair().public_key)
+                if pid.to_bytes() < me:
+                    smaller = pid
+                else:
+                    larger = pid
+            assert await punch.service.initiate_hole_punch(smaller) is False  # left to it: nothing tried
+            assert punch.service._hole_punch_attempts.get(smaller) is None
+            assert await punch.service.initiate_hole_punch(larger) is False  # tried (and failed: not connected)
+            assert punch.service._hole_punch_attempts.get(larger) == 1
