@@ -35,8 +35,9 @@ def connections(lp: IHost, peer_id: str) -> list:
 
 
 def remote_host(lp: IHost, peer_id: str) -> str | None:
-    """The IP address `peer_id`'s connection comes from, if connected."""
-    for c in connections(lp, peer_id):
+    """The IP address `peer_id`'s connection comes from, if connected (a direct one's before a relayed one's,
+    which is the relay's)."""
+    for c in sorted(connections(lp, peer_id), key=is_relayed):
         ip = _peer_ip(c)
         if ip is not None:
             return ip
