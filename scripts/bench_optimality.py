@@ -22,7 +22,10 @@ Each (K, churn, seed) runs the same simulator three times
   scheduler's CPU time as the delay;
 * `dtfm_pinned`: DT-FM's pipelines over GWTF's placement (every relay keeps
   its given stage): the routing half of its schedule, on equal terms with
-  GWTF, whose relays cannot choose their stage.
+  GWTF, whose relays cannot choose their stage;
+* `gwtf_placed`: GWTF's flows over DT-FM's placement (every relay in the
+  stage DT-FM's search gave it, `run_train(placement="dtfm")`): the other
+  way to put the two routings on equal terms.
 
 Scheduler cost: GWTF's flow machines' CPU time summed over all nodes (the
 whole run; and up to the flows formed), their messages and the virtual time
@@ -30,8 +33,8 @@ until every data node had its flows (rounds of 1 s); DT-FM's genetic
 algorithm's generations, cost-model evaluations and CPU time, times the
 number of schedules computed in the run.
 
-`--json` prints one object per (setting, churn) with `gwtf`, `dtfm` and
-`dtfm_pinned`, each holding `time_per_microbatch_s`, `throughput_per_iteration`
+`--json` prints one object per (setting, churn) with `gwtf`, `dtfm`,
+`dtfm_pinned` and `gwtf_placed`, each holding `time_per_microbatch_s`, `throughput_per_iteration`
 and `scheduler_cpu_s` (means over the seeds); without it a table is printed
 and written to docs/bench_optimality.md (everything from a "## Reading"
 heading of the existing file on is kept).
@@ -52,7 +55,7 @@ from gwtf_node.sim.train import run_train
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPER = {"dtfm": (0.44, 9.0), "gwtf": (0.51, 8.08)}  # Table VI: time per microbatch, throughput per iteration
-SYSTEMS = ("gwtf", "dtfm", "dtfm_pinned")
+SYSTEMS = ("gwtf", "dtfm", "dtfm_pinned", "gwtf_placed")
 
 
 def _mean(vals) -> float:
@@ -71,6 +74,10 @@ def run_one(scale: int, churn: float, seed: int, iterations: int, dtfm_opts: dic
                    "formation_rounds": form.get("formed_s", math.nan), "flow_messages": g["flow_messages"],
                    "formation_messages": form.get("flow_messages", math.nan),
                    "lost_microbatches": g["lost_microbatches"], "crashes": g["crashes"]}
+    p = run_train(setting, "gwtf", churn, iterations, seed, placement="dtfm", dtfm_options=dict(dtfm_opts))
+    out["gwtf_placed"] = {"time_per_microbatch_s": p["time_per_microbatch_s"],
+                          "throughput_per_iteration": p["throughput_per_iteration"],
+                          "lost_microbatches": p["lost_microbatches"], "crashes": p["crashes"]}
     for name, place in (("dtfm", True), ("dtfm_pinned", False)):
         d = run_train(setting, "gwtf", churn, iterations, seed, routing="dtfm",
                       dtfm_options=dict(dtfm_opts, place=place))
@@ -145,21 +152,24 @@ def render(rows: list[dict], args, elapsed: float) -> str:
            "time (iteration length, aggregation included, over microbatches completed); throughput in microbatches "
            "completed per iteration (12 x K pushed).\n",
            "## Time per microbatch and throughput\n",
-           "| setting | nodes | churn | GWTF s/microb | DT-FM s/microb | DT-FM pinned s/microb | GWTF vs DT-FM | "
-           "GWTF vs DT-FM pinned | GWTF thr/it | DT-FM thr/it | DT-FM pinned thr/it |",
-           "|---" * 11 + "|"]
+           "| setting | nodes | churn | GWTF s/microb | DT-FM s/microb | DT-FM pinned s/microb | GWTF placed by DT-FM "
+           "s/microb | GWTF vs DT-FM | GWTF vs DT-FM pinned | GWTF placed by DT-FM vs DT-FM | GWTF thr/it | "
+           "DT-FM thr/it | DT-FM pinned thr/it | GWTF placed by DT-FM thr/it |",
+           "|---" * 14 + "|"]
+
+    def vs(a: dict, b: dict) -> str:
+        return f"{(a['time_per_microbatch_s'] / b['time_per_microbatch_s'] - 1) * 100:+.0f}%"
     for r in rows:
-        g, d, p = (r[s] for s in SYSTEMS)
+        g, d, p, q = (r[s] for s in SYSTEMS)
         out.append(f"| {r['setting']} | {r['nodes']} | {int(r['churn'] * 100)}% | {g['time_per_microbatch_s']:.2f} | "
                    f"{d['time_per_microbatch_s']:.2f} | {p['time_per_microbatch_s']:.2f} | "
-                   f"{(g['time_per_microbatch_s'] / d['time_per_microbatch_s'] - 1) * 100:+.0f}% | "
-                   f"{(g['time_per_microbatch_s'] / p['time_per_microbatch_s'] - 1) * 100:+.0f}% | "
+                   f"{q['time_per_microbatch_s']:.2f} | {vs(g, d)} | {vs(g, p)} | {vs(q, d)} | "
                    f"{g['throughput_per_iteration']:.2f} | {d['throughput_per_iteration']:.2f} | "
-                   f"{p['throughput_per_iteration']:.2f} |")
+                   f"{p['throughput_per_iteration']:.2f} | {q['throughput_per_iteration']:.2f} |")
     out += ["", f"The paper (Table VI, its own simulator, the 18-node setting, no churn): DT-FM {PAPER['dtfm'][0]} "
             f"and GWTF {PAPER['gwtf'][0]} per microbatch (GWTF +{(PAPER['gwtf'][0] / PAPER['dtfm'][0] - 1) * 100:.0f}%), "
             f"throughput {PAPER['dtfm'][1]} and {PAPER['gwtf'][1]} per iteration.\n",
-            "Per seed, time per microbatch (s), GWTF / DT-FM / DT-FM pinned:\n"]
+            "Per seed, time per microbatch (s), GWTF / DT-FM / DT-FM pinned / GWTF placed by DT-FM:\n"]
     for r in rows:
         per = zip(*(r[s]["per_seed_time_per_microbatch_s"] for s in SYSTEMS))
         out.append(f"- {r['setting']} {int(r['churn'] * 100)}%: " + "; ".join(" / ".join(f"{v:.1f}" for v in t)
@@ -177,7 +187,7 @@ def render(rows: list[dict], args, elapsed: float) -> str:
                    f"{1 + d['recomputations']:.1f} | {d['scheduler_cpu_s']:.2f} | {g['crashes']:.1f} |")
     out += ["", "Lost microbatches (all runs): " + ", ".join(
         f"{r['setting']} {int(r['churn'] * 100)}% " + "/".join(f"{r[s]['lost_microbatches']:.0f}" for s in SYSTEMS)
-        for r in rows) + " (GWTF / DT-FM / DT-FM pinned).\n"]
+        for r in rows) + " (GWTF / DT-FM / DT-FM pinned / GWTF placed by DT-FM).\n"]
     return "\n".join(out) + "\n"
 
 

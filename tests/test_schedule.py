@@ -177,6 +177,20 @@ def test_dtfm_routing_runs_in_the_training_simulator() -> None:
     assert rep["dtfm"]["generations"] == 5 and rep["dtfm"]["recomputations"] == 0
 
 
+def test_gwtf_flows_over_dtfm_placement() -> None:
+    """`placement="dtfm"`: the relays take the stages of DT-FM's search and GWTF's flow machines route over them;
+    on Table VI's seed 0 that is within 5 % of DT-FM's own schedule, where the given placement is far behind
+    (virtual time: deterministic)."""
+    opts = {"generations": 20}
+    placed = run_train("table6-x1", "gwtf", 0.0, 3, 0, placement="dtfm", dtfm_options=opts)
+    given = run_train("table6-x1", "gwtf", 0.0, 3, 0)
+    dtfm = run_train("table6-x1", "gwtf", 0.0, 3, 0, routing="dtfm", dtfm_options=opts)
+    assert placed["routing"] == given["routing"] and placed["lost_microbatches"] == 0 and "dtfm" not in placed
+    assert placed["throughput_per_iteration"] == 12.0
+    assert placed["time_per_microbatch_s"] < 0.5 * given["time_per_microbatch_s"]
+    assert placed["time_per_microbatch_s"] <= 1.05 * dtfm["time_per_microbatch_s"], (placed, dtfm)
+
+
 def _small_scenario(tmp_path, relays_per_stage: int = 2) -> str:
     nodes = [{"id": f"d{i}", "role": "data", "capacity": 4} for i in range(2)]
     nodes += [{"id": f"r{s}_{i}", "role": "relay", "stage": s, "capacity": 4}

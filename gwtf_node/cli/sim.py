@@ -123,6 +123,9 @@ def _add_train_parser(simsub) -> None:
                         "places the relays and forms the pipelines, recomputed after each crash)")
     t.add_argument("--dtfm-keep-stages", action="store_true",
                    help="--routing dtfm: every relay keeps its stage; DT-FM only forms the pipelines")
+    t.add_argument("--placement", choices=("given", "dtfm"), default="given",
+                   help="the relays' stages: the setting's (default), or those DT-FM's search gives them (the "
+                        "routing then runs over DT-FM's placement: GWTF's flows against DT-FM's pipelines on it)")
     t.add_argument("--no-reflow", dest="reflow", action="store_false",
                    help="oracle routing: keep the initial optimum and local repairs only")
     t.add_argument("--label-waves", action="store_true", help="GWTF's flow machines announce labels in waves")
@@ -200,8 +203,12 @@ def cmd_sim_train(args: argparse.Namespace) -> int:
             raise CliError(f"--routing dtfm executes DT-FM's schedule with GWTF's microbatch machine: it needs "
                            f"--policy gwtf, not {args.policy}")
         options["dtfm_options"] = {"place": not args.dtfm_keep_stages}
+        if args.placement != "given":
+            raise CliError("--routing dtfm places the relays itself: drop --placement (or use --dtfm-keep-stages)")
     elif args.policy == "taskpool" and args.routing != "machines":
         raise CliError(f"--policy taskpool has no flows: drop --routing {args.routing}")
+    if args.placement != "given":
+        options["placement"] = args.placement
     rep = run_train(args.setting, args.policy, args.churn, args.iterations, args.seed, data_nodes=args.data_nodes,
                     **options)
     if args.json:

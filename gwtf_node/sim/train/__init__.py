@@ -218,12 +218,18 @@ def run_train(setting: str, policy: str, churn: float, iterations: int, seed: in
     join_mid_iteration, swarm_reacts_to, gwtf_acts_on_gone, unpresume, can_take, one_wave, ...: see TrainSim).
     `data_nodes`: None for the setting's own number.  `routing="dtfm"`: DT-FM's scheduler (`sim/schedule/`,
     `dtfm_options`: its method, population, generations) arranges the setting first and the run follows its
-    pipelines; the report gets `dtfm` (the schedule's cost and CPU time).
+    pipelines; the report gets `dtfm` (the schedule's cost and CPU time).  `placement="dtfm"`: the relays take
+    the stages DT-FM's search gives them (its placement alone), and the run routes as `routing` says (GWTF's
+    flows by default): the two routings compared on DT-FM's placement.
     `breakdown`: trace the run and add `waste_breakdown_s` (seconds per iteration by cause,
     `TrainSim.waste_breakdown`).  `scheduler_cost`: add `flow_cpu_s` and `flow_formation` (CPU times: they
     differ from run to run, so they are not in the report by default)."""
     s = make_setting(setting, seed, data_nodes)
     sched = None
+    if options.pop("placement", "given") == "dtfm":  # GWTF's flows over the stages DT-FM's search gave the relays
+        from ..schedule.routing import dtfm_routing
+
+        s = dtfm_routing(s, seed, **(dtfm_options or {})).setting
     if options.get("routing") == "dtfm":
         from ..schedule.routing import dtfm_routing
 
