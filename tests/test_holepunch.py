@@ -9,6 +9,7 @@ import socket
 
 import pytest
 import trio
+import trio.testing
 
 from gwtf_node.runtime import conninfo
 from gwtf_node.runtime.holepunch import RETIRE_WAIT_S
@@ -112,3 +113,32 @@ async def test_only_the_end_with_the_smaller_peer_id_starts_a_hole_punch(tmp_pat
             assert punch.service._hole_punch_attempts.get(smaller) is None
             assert await punch.service.initiate_hole_punch(larger) is False  # tried (and failed: not connected)
             assert punch.service._hole_punch_attempts.get(larger) == 1
+
+
+def test_a_peer_whose_punches_were_spent_gets_another_round_later() -> None:
+    """The library punches a peer 3 times until it reconnects; `HolePunching._retry_loop` clears its count
+    RETRY_FIRST_S after the third failure, then at twice the interval each time (virtual clock)."""
+    from types import SimpleNamespace
+    from unittest.mock import Mock
+
+    from gwtf_node.runtime import holepunch
+
+    hp = holepunch.HolePunching(Mock(), on_upgraded=None)
+    spent = {"p": 3, "q": 1}  # (q: punches left, not touched)
+    hp.service = SimpleNamespace(_hole_punch_attempts=spent, _in_progress=set())
+    clock = trio.testing.MockClock(autojump_threshold=0)
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            n.start_soon(hp._retry_loop)
+            await trio.sleep(holepunch.RETRY_FIRST_S - holepunch.RETRY_CHECK_S)
+            assert spent == {"p": 3, "q": 1}
+            await trio.sleep(3 * holepunch.RETRY_CHECK_S)
+            assert spent == {"q": 1} and hp.retries == 1  # cleared: the library's loop punches p again
+            spent["p"] = 3  # ... and those 3 fail too
+            await trio.sleep(2 * holepunch.RETRY_FIRST_S - holepunch.RETRY_CHECK_S)
+            assert spent["p"] == 3
+            await trio.sleep(3 * holepunch.RETRY_CHECK_S)
+            assert "p" not in spent and hp.retries == 2
+            n.cancel_scope.cancel()
+    trio.run(main, clock=clock)

@@ -32,6 +32,9 @@ What is ours:
 * The library's first step, a plain dial of the peer's known direct
   addresses, is skipped: `Host.connect` did that before taking the relay,
   and it held every upgrade back by its 10 s dial timeout.
+* The library gives a peer 3 punches until it reconnects; a connection that
+  stays relayed gets another round `RETRY_FIRST_S` after they failed, then
+  at doubling intervals up to `RETRY_MAX_S` (`_retry_loop`).
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from libp2p.abc import IHost, INetStream
 from libp2p.exceptions import BaseLibp2pError
 from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.peer.id import ID
-from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
+from libp2p.relay.circuit_v2.dcutr import MAX_HOLE_PUNCH_ATTEMPTS, DCUtRProtocol
 from libp2p.tools.anyio_service import background_trio_service
 
 from .conninfo import is_relayed
@@ -56,6 +59,14 @@ RETIRE_WAIT_S = 5.0  # a retired stream's frames are read by the peer within thi
 # After an upgrade the relayed connection is closed this much later (library: 60 s).  Our streams leave it within
 # a round trip (at most RETIRE_WAIT_S); closing it sooner frees the relay's circuit for others.
 RELAY_CLOSE_AFTER_S = 10.0
+# The library punches a peer at most MAX_HOLE_PUNCH_ATTEMPTS (3) times until it reconnects; a connection that stays
+# relayed (the relay's circuit lasts a day) is punched again this long after the last failure, then at twice the
+# interval each time, up to RETRY_MAX_S: a router that dropped the punches for a while (its state table full, a
+# rule changed, the two punches crossing badly) lets a later one through, and one that never will costs three
+# punches every half hour
+RETRY_FIRST_S = 30.0
+RETRY_MAX_S = 1800.0
+RETRY_CHECK_S = 5.0
 
 
 async def retire(stream: INetStream, wait_s: float = RETIRE_WAIT_S) -> bool:
@@ -137,13 +148,39 @@ class HolePunching:
         self.attempts = 0  # hole punches run (both ends run one; both usually start it at once: two per peer)
         self.upgraded = 0  # direct connections made by them (one per success, whichever punch made it)
         self.failed = 0  # hole punches that ended without a direct connection
+        self.retries = 0  # rounds of punches given to a peer after the library's budget was spent
         self._nursery: trio.Nursery | None = None
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with background_trio_service(self.service), trio.open_nursery() as nursery:
             self._nursery = nursery
+            nursery.start_soon(self._retry_loop)
             task_status.started()
             await trio.sleep_forever()
+
+    async def _retry_loop(self) -> None:
+        """Give a peer whose punches were all spent (the library's budget) another round later (`RETRY_FIRST_S`,
+        doubling): the library's loop punches it again once its count is cleared, if still relayed."""
+        interval: dict[ID, float] = {}  # peer -> the wait before its next round
+        due: dict[ID, float] = {}  # peer -> when its count is cleared
+        while True:
+            await trio.sleep(RETRY_CHECK_S)
+            t = trio.current_time()
+            spent = self.service._hole_punch_attempts  # (the library's own count: peer -> punches it started)
+            for pid in [p for p in due if spent.get(p, 0) < MAX_HOLE_PUNCH_ATTEMPTS]:
+                del due[pid]  # (reconnected: the library cleared it itself)
+            for pid, n in list(spent.items()):
+                if n < MAX_HOLE_PUNCH_ATTEMPTS or pid in self.service._in_progress:
+                    continue
+                if pid not in due:
+                    due[pid] = t + interval.setdefault(pid, RETRY_FIRST_S)
+                elif t >= due[pid]:
+                    del due[pid]
+                    spent.pop(pid, None)
+                    self.retries += 1
+                    log.info("hole punch to %s: %d punches failed; trying again (next round after %.0f s more)",
+                             pid, n, min(2 * interval[pid], RETRY_MAX_S))
+                    interval[pid] = min(2 * interval[pid], RETRY_MAX_S)
 
     def is_punched(self, conn) -> bool:
         return conn in self.conns
@@ -193,7 +230,8 @@ class HolePunching:
                 row["relayed_conns"] += relayed
                 row["relayed_streams" if relayed else "direct_streams"] += len(c.get_streams())
             peers[pid.to_base58()] = row
-        return {"attempts": self.attempts, "upgraded": self.upgraded, "failed": self.failed, "peers": peers}
+        return {"attempts": self.attempts, "upgraded": self.upgraded, "failed": self.failed, "retries": self.retries,
+                "peers": peers}
 
 
 __all__ = ["RELAY_CLOSE_AFTER_S", "RETIRE_WAIT_S", "HolePunching", "retire"]
