@@ -98,6 +98,7 @@ def test_one_filter_on_two_handlers_decides_once() -> None:
     (logging.INFO, "libp2p.network.auto_connector", logging.INFO,
      "Connections (0, in_flight=0) below target (200); initiating 200 new dials", False),
     (logging.INFO, "libp2p.transport.tcp.tcp", logging.ERROR, "Failed to open TCP stream: %s", False),
+    (logging.INFO, "libp2p.transport.tcp.tcp", logging.ERROR, "Unexpected error opening TCP stream: %s", False),
     (logging.INFO, "libp2p.host.basic_host", logging.ERROR, "Failed to open stream to peer x:", False),
     (logging.INFO, "libp2p.kad_dht.kad_dht", logging.WARNING, "Failed to read DHT message", False),
     (logging.INFO, "libp2p.kad_dht.kad_dht", logging.ERROR, "Error in DHT maintenance loop", True),

@@ -45,6 +45,9 @@ LIBRARIES = ("libp2p", "multiaddr", "async_service", "trio")  # loggers of libra
 # own that says what failed for the node (a send, a ping, a bootstrap attempt).
 ROUTINE: tuple[tuple[str, str], ...] = (
     ("libp2p.transport.tcp", "Failed to open TCP stream"),  # a dial to a peer that is gone
+    # a hole punch's dials (holepunch.py): a NATed peer's private address ("Network is unreachable"), the listen
+    # port's pair still held by the previous punch (Errno 99); the punch's own line says whether it connected
+    ("libp2p.transport.tcp", "Unexpected error opening TCP stream"),
     ("libp2p.host.basic_host", "Failed to open stream to peer"),
     ("libp2p.protocol_muxer.multiselect_client", "MultiselectClient handshake"),  # a connection closed mid-way
     ("libp2p.network.auto_connector", ""),  # "initiating 200 new dials", every 10 s
