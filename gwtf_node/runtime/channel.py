@@ -416,7 +416,6 @@ async def serve_connection(
                         raise FrameError(f"payload record of {rn} bytes, expected {size + TAG_BYTES}")
                     await conn.recv_into_exactly(ct_view[:rn], "a payload record")
                     opener.open_into(ct_view[:rn], pview[off:off + size])
-                pview.release()
                 payload.seconds = trio.current_time() - started
             await deliver(peer, envelope, payload)
     except (ChannelError, FrameError) as e:

@@ -204,19 +204,22 @@ class Discovery:
         """Whether peer `to` is told of `info` (a PeerList): when `to` works with it (`works_with` from `to`'s
         place; an unplaced relay: the data nodes and `fanout.SAMPLE_PER_STAGE` members of each stage, the
         lowest ids)."""
-        if to is None:
+        if to is None or fanout.works_with(to.role, to.stage, info.role, info.stage):
             return True
-        if fanout.works_with(to.role, to.stage, info.role, info.stage):
-            return True
-        if to.role == "data" or info.role == "data" or to.stage >= 0 or info.stage < 0:
-            return False
-        return info.peer_id in sorted(self.peers.ids("relay", info.stage))[:fanout.SAMPLE_PER_STAGE]
+        lower = sum(p < info.peer_id for p in self.peers.ids("relay", info.stage)) if info.stage >= 0 else 0
+        return fanout.wants_sample(to.role, to.stage, info.role, info.stage, lower)
+
+    def _far(self, role: str, stage: int) -> bool:
+        """A relay placed in a stage that this relay, placed, does not work with (two or more stages away)."""
+        mine = self.peers.place
+        return role == "relay" and stage >= 0 and mine.role == "relay" and mine.stage is not None \
+            and mine.stage >= 0 and not fanout.works_with(mine.role, mine.stage, role, stage)
 
     def prune(self) -> None:
         """This node was placed: let go of the relays it met while it had no stage (its sample) and does not work
         with from its stage (`release`)."""
         for info in self.peers.infos():
-            if info.role == "relay" and info.stage >= 0 and not self.works_with(info.role, info.stage):
+            if self._far(info.role, info.stage):
                 self.release(info.peer_id)
 
     def release(self, peer: str, stage: int | None = None) -> None:
@@ -293,9 +296,7 @@ class Discovery:
         addrs = tuple(self.host.usable_addrs(sender, msg.addrs))  # (0.0.0.0 made the address it came from)
         info = PeerInfo(sender, msg.role, msg.stage, msg.name, msg.capacity, addrs, None,
                         msg.joining, msg.ready_from, msg.leaving, msg.leave_after, msg.steps, msg.incarnation)
-        mine = self.peers.place
-        if msg.role == "relay" and msg.stage >= 0 and mine.role == "relay" and mine.stage is not None \
-                and mine.stage >= 0 and not fanout.works_with(mine.role, mine.stage, msg.role, msg.stage):
+        if self._far(msg.role, msg.stage):
             if sender in self.peers:  # (a joiner of this node's sample, placed elsewhere; or a stale address book)
                 self.release(sender, msg.stage)
             return

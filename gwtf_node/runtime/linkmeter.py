@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..protocol import messages as m
 from ..protocol.cost import link_cost
@@ -96,7 +96,6 @@ class LinkMeter:
         self.liveness = liveness
         self.stage = stage
         self.samples: dict[str, LinkSample] = {}  # peer -> the smoothed measurement
-        self.observed = 0  # payloads of the real traffic folded in (`observe`)
 
     async def on_probe(self, peer: str, msg: m.LinkProbe, payload) -> None:
         if payload is not None and len(payload) > PROBE_MAX_BYTES:
@@ -124,6 +123,11 @@ class LinkMeter:
         self.samples[peer] = s
         return s
 
+    @property
+    def observed(self) -> int:
+        """Payloads of the real traffic folded into the links measured now (`observe`)."""
+        return sum(s.observed for s in self.samples.values())
+
     def observe(self, peer: str, nbytes: int, seconds: float | None) -> None:
         """A payload of `nbytes` came from `peer` over `seconds` (first to last byte, channel.py `TimedPayload`):
         folded into the link's bandwidth like a probe, if the link is measured (a next-stage peer whose gradients
@@ -132,9 +136,8 @@ class LinkMeter:
         if s is None or seconds is None or nbytes < OBSERVE_MIN_BYTES:
             return
         bw = min(nbytes * 8 / max(seconds, MIN_TRANSFER_S) / 1e6, MAX_BANDWIDTH_MBPS)
-        self.samples[peer] = LinkSample(s.rtt_ms, smoothed_bandwidth(s.bandwidth_mbps, bw), s.peer_compute_ms,
-                                        s.observed + 1)
-        self.observed += 1
+        self.samples[peer] = replace(s, bandwidth_mbps=smoothed_bandwidth(s.bandwidth_mbps, bw),
+                                     observed=s.observed + 1)
 
     def cost(self, peer: str, size_mb: float, default_bandwidth_mbps: float) -> float | None:
         """Equation 1 for the link to `peer` from its measurement (None: never measured)."""

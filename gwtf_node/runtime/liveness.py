@@ -50,11 +50,15 @@ class Liveness:
         self.on_dead = on_dead
         self.compute_ms = compute_ms  # this node's compute per microbatch, told in each Pong (linkmeter.py)
         self.pongs: dict[int, tuple[trio.Event, list]] = {}  # nonce -> (answered, [the Pong])
-        self.crashed: set[str] = set()  # peers presumed dead by this check (and not back since)
         self.waiting_for_data_since: float | None = None  # a relay: no data node alive since then (trio clock)
         self.data_back_at: float | None = None  # ... and when the last such wait ended
-        self.dead_at: dict[str, float] = {}  # peers presumed dead (in `crashed`): when
+        self.dead_at: dict[str, float] = {}  # peers presumed dead by this check (and not back since) -> when
         self._waiting_logged_at: float | None = None
+
+    @property
+    def crashed(self):
+        """The peers presumed dead by this check and not back since."""
+        return self.dead_at.keys()
 
     async def loop(self) -> None:
         while True:
@@ -70,7 +74,6 @@ class Liveness:
 
     def _presume_dead(self, peer: str, silent_s: float) -> None:
         log.warning("peer %s presumed dead: silent for %.1f s", self.peers.who(peer), silent_s)
-        self.crashed.add(peer)
         self.dead_at[peer] = now()
         self.on_dead(peer)
         self.wire.spawn(self.wire.disconnect, peer)  # (alive after all: the redial opens new connections)
@@ -78,7 +81,6 @@ class Liveness:
     def peer_back(self, peer: str) -> float | None:
         """`peer` said Hello after it was forgotten: not presumed dead any more, heard now.  Returns when this
         check presumed it dead (None: it did not, e.g. the peer left or forgot this node)."""
-        self.crashed.discard(peer)
         self.peers.heard(peer, now())
         return self.dead_at.pop(peer, None)
 

@@ -136,18 +136,14 @@ class Relaying:
         if self._nursery is None or is_circuit(addr) or not direct:
             return
         self._met[peer_id] = addr
-        natted = looks_natted(advertised)
-        if not natted and self.reachable is None and not self._asking and routable(advertised):
-            port = tcp_port(advertised)
-            if port is not None:
-                self._asking = True
-                self._nursery.start_soon(self._dial_back, peer_id, port)
-        if natted or self.reachable is False:
+        self.greeted(peer_id, advertised)
+        if looks_natted(advertised) or self.reachable is False:
             self._reserve_on(peer_id, addr)
 
     def greeted(self, peer_id: str, advertised: list[str]) -> None:
-        """A peer said Hello, maybe over a connection it opened: a node with a public address that has not asked
-        yet asks it for a dial-back, so a node that never dials out (the swarm's bootstrap) learns it too."""
+        """A peer we reached or that said Hello (maybe over a connection it opened): a node with a public address
+        that has not asked yet asks it for a dial-back, so a node that never dials out (the swarm's bootstrap)
+        learns it too."""
         if self._nursery is None or self.reachable is not None or self._asking or looks_natted(advertised) \
                 or not routable(advertised):
             return
