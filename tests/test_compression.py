@@ -13,11 +13,12 @@ from hypothesis import strategies as st
 
 from gwtf_node import cli
 from gwtf_node.model.adatopk import (
-    Compression, adaptive_ratio, kept_count, link_ratio, sparse_overhead, transfer_s,
+    Compression, Gradients, adaptive_ratio, kept_count, link_ratio, sparse_overhead, transfer_s,
 )
-from gwtf_node.model.compression import SparseError, topk_decode, topk_encode
+from gwtf_node.model.compression import SparseError, gather, topk_decode, topk_encode
 from gwtf_node.model.manifest import ManifestError, RunManifest, default_manifest
-from gwtf_node.model.tensors import TensorError, pack, pack_topk, unpack
+from gwtf_node.model.crossings import Crossings
+from gwtf_node.model.tensors import TensorError, pack, pack_at, pack_topk, sparse_indices, unpack
 from gwtf_node.protocol import codec
 from gwtf_node.protocol import messages as m
 from gwtf_node.runtime.linkcompress import LinkCompression
@@ -195,6 +196,47 @@ def test_link_compression_picks_equation_7_ratios_from_the_links_table() -> None
     assert off.kept("C", torch.zeros(4, dtype=torch.int64)) is None
 
 
+# ---- the gradient at the activation's indices ------------------------------------------------------
+
+
+def test_pack_at_sends_a_gradient_at_its_activations_indices() -> None:
+    g = torch.Generator().manual_seed(3)
+    act = torch.randn(2, 8, 16, generator=g)
+    header, payload = pack_topk(act, 32)
+    idx = sparse_indices(header, payload)
+    assert idx is not None and idx.dtype == torch.int32 and idx.numel() == 32
+    assert sparse_indices(*pack(act)) is None
+    grad = torch.randn(2, 8, 16, generator=g)
+    h2, p2 = pack_at(grad, idx)
+    assert h2.sparse_kept == 32 and h2.nbytes == header.nbytes  # the same bytes as the activation's Top-K
+    back = unpack(h2, p2)
+    mask = torch.zeros(act.numel(), dtype=torch.bool)
+    mask[idx.long()] = True
+    assert torch.equal(back.reshape(-1)[mask], grad.reshape(-1)[mask])  # kept exactly
+    assert not back.reshape(-1)[~mask].any()  # zero where the activation was dropped
+    assert torch.equal(sparse_indices(h2, p2), idx)
+    with pytest.raises(SparseError, match="not strictly increasing"):
+        gather(grad, idx.flip(0))
+    with pytest.raises(SparseError, match="out of range"):
+        gather(grad[:1], idx)
+
+
+def test_aligned_gradient_is_the_exact_gradient_of_the_sparsified_pass() -> None:
+    """Autograd through a Top-K mask gives the gradient at the kept elements only: what `aligned` sends."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 6, generator=g, requires_grad=True)
+    w = torch.randn(6, 3, generator=g)
+    cross = Crossings([3.0], [3.0])
+    sparse, kept = cross.forward_at(0, x.detach())
+    mask = torch.zeros(x.numel())
+    mask[kept.long()] = 1
+    ((x * mask.reshape(x.shape)) @ w).square().sum().backward()  # the pass the receiver computes, as a function of x
+    upstream = 2 * (sparse @ w) @ w.T  # the receiver's gradient of its dense rebuild
+    assert torch.allclose(cross.backward_at(0, upstream, kept), x.grad)
+    paper = Crossings([3.0], [3.0], Gradients.TOPK)
+    assert not torch.allclose(paper.backward_at(0, upstream, kept), x.grad)
+
+
 # ---- the manifest and init-run ------------------------------------------------------------------
 
 
@@ -210,6 +252,11 @@ def test_manifest_carries_the_compression() -> None:
     assert back.run_id == ada.run_id != plain.run_id
     topk = default_manifest(compression="topk")
     assert json.loads(topk.to_json())["train"]["compression_ratio"] == 10.0  # explicit whenever compressing
+    assert "compression_gradients" not in json.loads(topk.to_json())["train"]  # aligned, the default: absent
+    paper = default_manifest(compression="topk", compression_gradients="topk")
+    assert json.loads(paper.to_json())["train"]["compression_gradients"] == "topk"
+    assert RunManifest.from_json(paper.to_json()).train.compression_gradients == "topk"
+    assert paper.run_id != topk.run_id
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -218,6 +265,7 @@ def test_manifest_carries_the_compression() -> None:
     ("compression_ratio", 1, "train.compression_ratio is 1; it must be a finite number > 1"),
     ("compression_ratio", "10", "train.compression_ratio is '10'"),
     ("compression_ratio", 0.5, "train.compression_ratio"),
+    ("compression_gradients", "dense", "train.compression_gradients is 'dense'; use one of aligned, topk"),
 ])
 def test_manifest_refuses_bad_compression(field: str, value, message: str) -> None:
     d = json.loads(default_manifest(compression="topk").to_json())
@@ -237,5 +285,7 @@ def test_init_run_flags(tmp_path, capsys) -> None:
     assert train["compression"] == "adatopk" and train["compression_ratio"] == 20
     assert cli.main(["init-run", "--out", str(out)]) == 0
     assert "compression" not in json.loads(out.read_text())["train"]
+    assert cli.main(["init-run", "--out", str(out), "--compression", "topk", "--compression-gradients", "topk"]) == 0
+    assert json.loads(out.read_text())["train"]["compression_gradients"] == "topk"
     assert cli.main(["init-run", "--out", str(out), "--compression", "topk", "--compression-ratio", "1"]) == 2
     assert "train.compression_ratio is 1.0" in capsys.readouterr().err

@@ -5,21 +5,23 @@ ratio 4 each way), 2 iterations.  The losses the leader records equal those
 of the centralized chain with the same Top-K applied at the six crossings
 (embedding -> stage 0 -> stage 1 -> head forward, and the gradients back),
 stay finite, and differ from the uncompressed run's: the tensors really
-travelled sparse and were rebuilt dense on the other side.
+travelled sparse and were rebuilt dense on the other side.  Both gradient
+rules: at the activation's indices (`aligned`) and their own Top-K (`topk`).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
 
-from gwtf_node.model.adatopk import kept_count
-from gwtf_node.model.compression import topk_decode, topk_encode
+from gwtf_node.model.adatopk import Gradients
+from gwtf_node.model.crossings import Crossings
 from gwtf_node.model.manifest import default_manifest, save_manifest
-from gwtf_node.model.reference import build_chain, make_sources, train_centralized
+from gwtf_node.model.reference import train_centralized
 from gwtf_node.runtime.local import LocalSwarm, run_local
 
 pytestmark = pytest.mark.slow
@@ -28,41 +30,10 @@ ITERATIONS = 2
 RATIO = 4.0
 
 
-def _topk(t: torch.Tensor) -> torch.Tensor:
-    k = kept_count(t.numel(), RATIO, t.element_size())
-    idx, vals = topk_encode(t, k)
-    return topk_decode(idx, vals, tuple(t.shape))
-
-
-def compressed_reference(man, iterations: int) -> list[float]:
-    """Centralized training with the Top-K of every tensor that crosses a link."""
-    data, relays = build_chain(man)
-    src = make_sources(man, 1)[0]
-    per = man.data.microbatches_per_iteration
-    losses = []
-    for t in range(iterations):
-        got = []
-        for seq in range(t * per, (t + 1) * per):
-            x, y = src.get(seq)
-            key = (0, seq)
-            h = _topk(data.embed(key, x))
-            for r in relays:
-                h = _topk(r.forward(key, h))
-            loss, g = data.head_loss(key, h, y)
-            g = _topk(g)
-            for r in reversed(relays):
-                g = _topk(r.backward(key, g))
-            data.embed_backward(key, g)
-            got.append(loss)
-        for part in (data, *relays):
-            part.apply_mean_grad(part.grad_vector(), len(got))
-        losses.append(sum(got) / len(got))
-    return losses
-
-
-def test_topk_swarm_trains_the_compressed_chain(tmp_path: Path) -> None:
+@pytest.mark.parametrize("gradients", list(Gradients))
+def test_topk_swarm_trains_the_compressed_chain(tmp_path: Path, gradients: Gradients) -> None:
     man = default_manifest(stages=2, seq_len=32, microbatch_size=2, microbatches_per_iteration=4,
-                           compression="topk", compression_ratio=RATIO)
+                           compression="topk", compression_ratio=RATIO, compression_gradients=gradients.value)
     run = tmp_path / "run.json"
     save_manifest(man, run)
     swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=1, iterations=ITERATIONS)
@@ -70,7 +41,7 @@ def test_topk_swarm_trains_the_compressed_chain(tmp_path: Path) -> None:
     swarm.iteration_timeout_s = 120
     records = run_local(swarm, lambda rec: None)
 
-    want = compressed_reference(man, ITERATIONS)
+    want = train_centralized(man, ITERATIONS, crossings=Crossings.uniform(2, RATIO, gradients)).losses
     dense = train_centralized(default_manifest(stages=2, seq_len=32, microbatch_size=2,
                                                microbatches_per_iteration=4), ITERATIONS).losses
     assert [r["microbatches"] for r in records] == [4] * ITERATIONS
@@ -82,3 +53,7 @@ def test_topk_swarm_trains_the_compressed_chain(tmp_path: Path) -> None:
     assert records[-1]["loss"] < records[0]["loss"]
     logs = "".join((tmp_path / n / "node.log").read_text(errors="replace") for n in swarm.names())
     assert "compression topk to" in logs and "ratio 4.00" in logs
+    statuses = [json.loads((tmp_path / n / "status.json").read_text()) for n in swarm.names()]
+    aligned = sum(s["compression"]["aligned_sent"] for s in statuses)
+    # every gradient of a sparse activation went back at its indices, or none did
+    assert (aligned > 0) == (gradients is Gradients.ALIGNED), aligned

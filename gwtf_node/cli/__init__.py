@@ -41,7 +41,8 @@ def cmd_init_run(args: argparse.Namespace) -> int:
                                seq_len=args.seq_len, microbatch_size=args.microbatch_size,
                                microbatches_per_iteration=args.microbatches, lr=args.lr, seed=args.seed,
                                run_name=args.name, compression=args.compression,
-                               compression_ratio=args.compression_ratio)
+                               compression_ratio=args.compression_ratio,
+                               compression_gradients=args.compression_gradients)
         if args.data:
             from dataclasses import replace
             from pathlib import Path
@@ -398,6 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "adatopk (FusionLLM's Eq. 7: only links slower than the fastest)")
     ir.add_argument("--compression-ratio", type=float, default=10.0, metavar="R",
                     help="Top-K keeps 1/R of the elements (adatopk: on the slowest link, R x the encoding overhead)")
+    ir.add_argument("--compression-gradients", choices=("aligned", "topk"), default="aligned",
+                    help="the gradient of a Top-K activation goes back at that activation's indices (aligned: the "
+                         "exact gradient of the sparsified pass) or as its own Top-K (topk: FusionLLM)")
     ir.add_argument("--owner-key", default=None, metavar="PATH",
                     help="the owner key that signs the run (default: owner.key beside --out; created if missing)")
     ir.add_argument("--open-relays", action="store_true",

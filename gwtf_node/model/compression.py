@@ -14,6 +14,10 @@ because the dropped elements are the smallest in magnitude,
 (the k largest squares hold at least k/n of the sum).  No error feedback:
 what is dropped is lost, as in FusionLLM (`adatopk.py` says why).
 
+`gather(t, indices)` is the same encoding at elements chosen elsewhere: the
+gradient of a Top-K activation is sent at the activation's own indices
+(`adatopk.Gradients.ALIGNED`), `topk_decode` rebuilds it alike.
+
 On the wire (`tensors.pack_topk` / `tensors.unpack`) the payload is the k
 indices as little-endian int32 followed by the k values; the header carries
 the dense dtype and shape and `sparse_kept = k`.  Indices are sorted so that
@@ -49,6 +53,16 @@ def topk_encode(t: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     idx = torch.topk(flat.abs(), k, largest=True, sorted=False).indices
     idx, _ = torch.sort(idx)
     return idx.to(INDEX_DTYPE), flat[idx].contiguous()
+
+
+def gather(t: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """The values of the flattened `t` at `indices` (int32, ascending): `t` sparsified at elements chosen
+    elsewhere (the gradient of a Top-K activation at that activation's indices)."""
+    if not t.is_floating_point():
+        raise SparseError(f"Top-K applies to floating-point tensors, not {t.dtype}")
+    flat = t.detach().reshape(-1)
+    check_indices(indices, flat.numel())
+    return flat[indices.to(torch.int64)].contiguous()
 
 
 def check_indices(indices: torch.Tensor, numel: int) -> None:

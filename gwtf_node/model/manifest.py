@@ -43,7 +43,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from .adatopk import DEFAULT_RATIO, Compression
+from .adatopk import DEFAULT_RATIO, Compression, Gradients
 from .manifest_shape import check_shapes, json_type
 from .partition import ManifestError, is_int as _is_int, is_number as _is_number, partition_layers  # noqa: F401
 
@@ -100,6 +100,8 @@ class TrainSpec:
     # left out of the JSON at their defaults, so that the run id of a manifest without them stays what it was
     compression: str = "none"
     compression_ratio: float = DEFAULT_RATIO
+    # how the gradient of a Top-K activation travels back (adatopk.Gradients: aligned | topk); absent at its default
+    compression_gradients: str = "aligned"
     # L2 norm to which each part's mean gradient is clipped before the step (a relay stage, or the data nodes'
     # embedding and head: per part, since no node holds the whole model's gradient; the centralized reference
     # clips the same parts the same way).  None: no clipping, and absent from the JSON (the run id of a manifest
@@ -164,6 +166,8 @@ class RunManifest:
             del d["train"]["compression"]
             if self.train.compression_ratio == TrainSpec.compression_ratio:
                 del d["train"]["compression_ratio"]
+        if self.train.compression_gradients == TrainSpec.compression_gradients:
+            del d["train"]["compression_gradients"]
         if self.train.grad_clip_norm is None:
             del d["train"]["grad_clip_norm"]
         if not with_signature:
@@ -345,6 +349,9 @@ def _check_compression(t: TrainSpec) -> None:
     if not _is_number(t.compression_ratio) or t.compression_ratio <= 1:
         raise ManifestError(f"train.compression_ratio is {t.compression_ratio!r}; it must be a finite number > 1 "
                             "(a ratio r keeps 1/r of the elements; 10 keeps 10 %)")
+    if t.compression_gradients not in {g.value for g in Gradients}:
+        raise ManifestError(f"train.compression_gradients is {t.compression_gradients!r}; use one of "
+                            f"{', '.join(g.value for g in Gradients)}")
 
 
 def _check_shapes(d: dict) -> None:
@@ -499,6 +506,7 @@ def default_manifest(
     run_name: str = "demo",
     compression: str = "none",
     compression_ratio: float = DEFAULT_RATIO,
+    compression_gradients: str = "aligned",
 ) -> RunManifest:
     """A small byte-level model on the bundled corpus: an iteration takes seconds on a CPU.
 
@@ -549,7 +557,7 @@ def default_manifest(
             microbatches_per_iteration=microbatches_per_iteration,
         ),
         train=TrainSpec(optimizer="adamw", lr=lr, seed=seed, compression=compression,
-                        compression_ratio=compression_ratio),
+                        compression_ratio=compression_ratio, compression_gradients=compression_gradients),
     )
     m.validate(check_files=False)
     return m

@@ -19,6 +19,10 @@ uses, so that a swarm test can compare losses and final parameters with it:
   all of them here: its accumulator is the sum over every data node's
   microbatches, which is what the data nodes' all-reduce computes.
 
+`crossings` (`crossings.py`) trains what a run with `train.compression`
+computes instead: the same chain with the Top-K of the tensor channel at the
+crossings between the parts.
+
 The loss of an iteration is the mean of its microbatch losses (each the mean
 token cross-entropy of one microbatch, all microbatches the same size).
 """
@@ -30,6 +34,7 @@ from typing import Any, Callable
 
 import torch
 
+from .crossings import Crossings
 from .data import MicrobatchSource, encode_corpus, load_tokenizer
 from .manifest import RunManifest
 from .stages import StageModel, build_full_model, build_stage, part_name
@@ -52,16 +57,32 @@ def build_chain(manifest: RunManifest, device: Any = "cpu") -> tuple[StageModel,
 
 
 def run_microbatch(
-    data: StageModel, relays: list[StageModel], key: Any, input_ids: torch.Tensor, targets: torch.Tensor
+    data: StageModel, relays: list[StageModel], key: Any, input_ids: torch.Tensor, targets: torch.Tensor,
+    crossings: Crossings | None = None,
 ) -> float:
-    """Forward and backward of one microbatch through the chain; returns its loss."""
+    """Forward and backward of one microbatch through the chain; returns its loss.  With `crossings`, the
+    tensors between the parts go through a compressed run's Top-K (`crossings.py`)."""
+    if crossings is None:
+        h = data.embed(key, input_ids)
+        for r in relays:
+            h = r.forward(key, h)
+        loss, g = data.head_loss(key, h, targets)
+        for r in reversed(relays):
+            g = r.backward(key, g)
+        data.embed_backward(key, g)
+        return loss
+    kept = []
     h = data.embed(key, input_ids)
-    for r in relays:
+    for i, r in enumerate(relays):
+        h, idx = crossings.forward_at(i, h)
+        kept.append(idx)
         h = r.forward(key, h)
+    h, idx = crossings.forward_at(len(relays), h)
+    kept.append(idx)
     loss, g = data.head_loss(key, h, targets)
-    for r in reversed(relays):
-        g = r.backward(key, g)
-    data.embed_backward(key, g)
+    for i in range(len(relays), 0, -1):
+        g = relays[i - 1].backward(key, crossings.backward_at(i, g, kept[i]))
+    data.embed_backward(key, crossings.backward_at(0, g, kept[0]))
     return loss
 
 
@@ -81,6 +102,7 @@ def train_centralized(
     data_nodes: int = 1,
     device: Any = "cpu",
     on_iteration: Callable[[int, float], None] | None = None,
+    crossings: Crossings | None = None,
 ) -> CentralizedResult:
     data, relays = build_chain(manifest, device)
     sources = make_sources(manifest, data_nodes)
@@ -91,7 +113,7 @@ def train_centralized(
         for i, src in enumerate(sources):
             for seq in range(t * M, (t + 1) * M):
                 x, y = src.get(seq)
-                losses.append(run_microbatch(data, relays, (i, seq), x, y))
+                losses.append(run_microbatch(data, relays, (i, seq), x, y, crossings))
         count = len(losses)
         for part in (data, *relays):
             part.apply_mean_grad(part.grad_vector(), count)

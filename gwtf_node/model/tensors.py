@@ -19,7 +19,10 @@ dense bytes; `nbytes` is then k * (4 + itemsize).  `unpack` checks that
 size, that k does not exceed the tensor's elements, that the dtype is a float,
 and that the indices are strictly increasing and in range, before it
 rebuilds the dense tensor; the shape, dtype and finiteness checks then apply
-to that dense tensor as to any other.
+to that dense tensor as to any other.  `sparse_indices` reads back which
+elements a checked Top-K payload kept, and `pack_at` sends a tensor at given
+indices in the same encoding (the gradient of a Top-K activation travels at
+that activation's indices, `model/adatopk.py`).
 
 Zero copy: `pack` hands out a memoryview of the contiguous CPU tensor;
 `unpack` wraps the payload with `torch.frombuffer` when it is writable and
@@ -83,14 +86,38 @@ def pack_topk(t: torch.Tensor, k: int) -> tuple[TensorHeader, memoryview]:
     """Header and payload of the Top-K of `t` (k int32 indices, then k values); the header keeps `t`'s shape."""
     from .compression import topk_encode
 
+    idx, vals = topk_encode(t.detach().to("cpu"), k)
+    return _pack_sparse(t, idx, vals)
+
+
+def pack_at(t: torch.Tensor, indices: torch.Tensor) -> tuple[TensorHeader, memoryview]:
+    """Header and payload of `t` at the given `indices` (ascending int32, as a Top-K payload carries them):
+    the same encoding as `pack_topk`, with the elements chosen by the caller."""
+    from .compression import gather
+
+    return _pack_sparse(t, indices, gather(t.detach().to("cpu"), indices))
+
+
+def _pack_sparse(t: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) -> tuple[TensorHeader, memoryview]:
     if sys.byteorder != "little":
         raise TensorError("tensors travel little-endian; this host is big-endian")
-    name = dtype_name(t.dtype)
-    idx, vals = topk_encode(t.detach().to("cpu"), k)
     raw = torch.cat([idx.view(torch.uint8), vals.view(torch.uint8)])
     payload = memoryview(raw.numpy()).cast("B")
-    header = TensorHeader(dtype=name, shape=tuple(int(s) for s in t.shape), nbytes=payload.nbytes, sparse_kept=k)
+    header = TensorHeader(dtype=dtype_name(t.dtype), shape=tuple(int(s) for s in t.shape), nbytes=payload.nbytes,
+                          sparse_kept=int(idx.numel()))
     return header, payload
+
+
+def sparse_indices(header: TensorHeader, payload: bytes | bytearray | memoryview) -> torch.Tensor | None:
+    """The int32 indices of a Top-K payload that `unpack` accepted (None for a dense tensor): which elements
+    of the tensor the sender kept."""
+    from .compression import INDEX_DTYPE
+
+    k = header.sparse_kept
+    if not k:
+        return None
+    view = memoryview(payload).cast("B") if not isinstance(payload, memoryview) or payload.format != "B" else payload
+    return torch.frombuffer(bytearray(view[:k * 4]), dtype=INDEX_DTYPE)
 
 
 def _sparse_dense(view: memoryview, k: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -20,6 +20,11 @@ in both directions (activations go one way, gradients the other).  Without a
 links table every link has the default bandwidth, so every link gets the
 slowest link's ratio c*r: AdaTopK then degenerates to uniform Top-K at c*r.
 
+The gradient of an activation that came Top-K sparse goes back at that
+activation's indices when the manifest says `compression_gradients = aligned`
+(the default; `microbatches.py` keeps the indices); only the other tensors
+follow the link's ratio here.
+
 The ratio of each peer is cached until the peer table changes
 (`Peers.last_change`), and logged once per peer and ratio.
 """
@@ -30,7 +35,7 @@ import logging
 import math
 from typing import Any
 
-from ..model.adatopk import Compression, kept_count, link_ratio, sparse_overhead, transfer_s
+from ..model.adatopk import Compression, Gradients, kept_count, link_ratio, sparse_overhead, transfer_s
 from .flows import DEFAULT_BANDWIDTH_MBPS
 from .peers import Peers
 
@@ -44,6 +49,7 @@ class LinkCompression:
         train = manifest.train
         self.compression = Compression(train.compression)
         self.ratio = float(train.compression_ratio)
+        self.gradients = Gradients(train.compression_gradients)
         self.peers = peers
         self.links_cfg = links_cfg
         self._cache: dict[str, float] = {}
@@ -51,10 +57,16 @@ class LinkCompression:
         self._logged: dict[str, float] = {}
         self.dense_bytes = 0  # what the tensors sent would have taken dense
         self.sent_bytes = 0  # what they took
+        self.aligned_sent = 0  # gradients sent at their activation's indices
 
     @property
     def enabled(self) -> bool:
         return self.compression is not Compression.NONE
+
+    @property
+    def aligned(self) -> bool:
+        """A gradient of an activation that came Top-K goes back at the activation's indices."""
+        return self.enabled and self.gradients is Gradients.ALIGNED
 
     # ------------------------------------------------------------------ links
     def _bandwidth(self, a_name: str, b_name: str) -> float:
@@ -115,12 +127,13 @@ class LinkCompression:
             return None
         return kept_count(tensor.numel(), self.link_ratio(peer), tensor.element_size())
 
-    def count(self, dense_bytes: int, sent_bytes: int) -> None:
+    def count(self, dense_bytes: int, sent_bytes: int, *, aligned: bool = False) -> None:
         self.dense_bytes += dense_bytes
         self.sent_bytes += sent_bytes
+        self.aligned_sent += aligned
 
     def stats(self) -> dict:
         """status.json's `compression`: the rule, the ratio per peer, bytes sent against their dense size."""
-        return {"method": self.compression.value, "ratio": self.ratio, "dense_bytes": self.dense_bytes,
-                "sent_bytes": self.sent_bytes,
+        return {"method": self.compression.value, "ratio": self.ratio, "gradients": self.gradients.value,
+                "dense_bytes": self.dense_bytes, "sent_bytes": self.sent_bytes, "aligned_sent": self.aligned_sent,
                 "link_ratios": {self.peers.who(p): round(r, 3) for p, r in sorted(self._cache.items())}}

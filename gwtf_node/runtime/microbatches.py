@@ -20,7 +20,10 @@ leader.
 Compression.  Forward, Recover and Backward carry their tensor dense, or
 its Top-K when the manifest's `train.compression` says so for the link
 (`linkcompress.py`); the store keeps the dense tensor, and the receiver
-rebuilds a dense one (`StageModel` never sees a sparse tensor).
+rebuilds a dense one (`StageModel` never sees a sparse tensor).  An
+activation that came sparse keeps its indices beside it (`Slot.IN_KEPT`), and
+with `train.compression_gradients = aligned` its gradient goes back at those
+indices (`model/adatopk.py`: the exact gradient of the sparsified pass).
 
 Tensors live in a `TensorStore`, per microbatch key: a received tensor is
 kept only if the machine takes the message (it asks for a computation on
@@ -57,6 +60,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Collection, Mapping
 
 from ..model.adatopk import INDEX_BYTES
+from ..model.tensors import sparse_indices
 from ..protocol import messages as m
 from ..protocol.effects import CancelTimer, SetTimer
 from ..protocol.pipeline import DataIteration, MbStatus, OpenIteration
@@ -229,9 +233,10 @@ class Microbatches:
         if isinstance(msg, m.Lend):
             if self.peers.role != "data" or peer not in self.peers.data_nodes():
                 raise FrameRefused("Lend is from one data node to another")
-        tensor = None
+        tensor = kept_at = None
         if isinstance(msg, TENSOR_MSGS):
             tensor = self.stage.unpack(msg, payload, type(msg).__name__)
+            kept_at = sparse_indices(msg.tensor, payload)
             if isinstance(msg, m.Backward) and payload is not None:  # a gradient back over a link this node measures
                 self.flows.meter.observe(peer, len(payload), getattr(payload, "seconds", None))
         elif getattr(msg, "tensor", None) is not None:
@@ -240,8 +245,10 @@ class Microbatches:
         eff = self.rec.on_message(now(), peer, msg)
         if tensor is not None:
             key = (msg.data_node, msg.seq, msg.iteration)
-            self.store.apply([Keep(key, IN_SLOT[e.kind], tensor) for e in eff
-                              if isinstance(e, Compute) and e.key == key and e.kind in IN_SLOT])
+            slots = [IN_SLOT[e.kind] for e in eff if isinstance(e, Compute) and e.key == key and e.kind in IN_SLOT]
+            self.store.apply([Keep(key, slot, tensor) for slot in slots])
+            if Slot.IN in slots:  # an activation: its gradient goes back at the indices it came with, if sparse
+                self.store.keep(key, Slot.IN_KEPT, kept_at)
         self._apply(eff)
 
     async def send_in_order(self, peer: str, msgs: list) -> None:
@@ -249,14 +256,18 @@ class Microbatches:
         for msg in msgs:
             if isinstance(msg, TENSOR_MSGS):
                 slot = Slot.GRAD_OUT if isinstance(msg, m.Backward) else Slot.OUT
-                t = self.store.get((msg.data_node, msg.seq, msg.iteration), slot)
+                key = (msg.data_node, msg.seq, msg.iteration)
+                t = self.store.get(key, slot)
                 if t is None:
                     log.warning("%s of microbatch %d: its tensor is gone here, not sent", type(msg).__name__, msg.seq)
                     continue
-                kept = self.compression.kept(peer, t)
-                if await self.wire.send_tensor(peer, msg, t, kept=kept):
+                at = self.store.get(key, Slot.IN_KEPT) if slot is Slot.GRAD_OUT else None
+                at = at if self.compression.aligned else None
+                kept = self.compression.kept(peer, t) if at is None else int(at.numel())
+                if await self.wire.send_tensor(peer, msg, t, kept=kept, at=at):
                     dense = t.numel() * t.element_size()
-                    self.compression.count(dense, dense if kept is None else kept * (INDEX_BYTES + t.element_size()))
+                    self.compression.count(dense, dense if kept is None else kept * (INDEX_BYTES + t.element_size()),
+                                           aligned=at is not None)
             else:
                 await self.wire.send(peer, msg)
 

@@ -5,6 +5,8 @@ tensors live here, in slots:
 
 * `IN`: the activation received (a relay's stage input; at the sink the last
   stage's output);
+* `IN_KEPT`: the indices that activation arrived with when it came Top-K
+  sparse (None when it came dense): its gradient goes back at them;
 * `OUT`: a relay's stage output, a data node's embedding: what Forward and
   Recover carry, kept for resends and repairs;
 * `GRAD_IN`: the gradient received;
@@ -28,6 +30,7 @@ from typing import Any, Iterable
 
 class Slot(enum.Enum):
     IN = "in"
+    IN_KEPT = "in_kept"
     OUT = "out"
     GRAD_IN = "grad_in"
     GRAD_OUT = "grad_out"

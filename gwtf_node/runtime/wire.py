@@ -131,13 +131,17 @@ class Wire:
         for msg in msgs:  # in order: a Hello before what depends on it
             await self.send(peer, msg)
 
-    async def send_tensor(self, peer: str, msg: Any, tensor, *, kept: int | None = None) -> bool:
-        """`msg` with `tensor` after it: dense, or its Top-K of `kept` elements (model/compression.py)."""
+    async def send_tensor(self, peer: str, msg: Any, tensor, *, kept: int | None = None, at=None) -> bool:
+        """`msg` with `tensor` after it: dense, its Top-K of `kept` elements, or its elements at the indices `at`
+        (model/compression.py)."""
         from dataclasses import replace
 
-        from ..model.tensors import pack, pack_topk
+        from ..model.tensors import pack, pack_at, pack_topk
 
-        header, payload = pack(tensor) if kept is None else pack_topk(tensor, kept)
+        if at is not None:
+            header, payload = pack_at(tensor, at)
+        else:
+            header, payload = pack(tensor) if kept is None else pack_topk(tensor, kept)
         return await self.send(peer, replace(msg, tensor=header), payload)
 
     def refuse(self, peer: str, why: str, code: m.RefusalCode = m.RefusalCode.INVALID) -> None:
