@@ -21,6 +21,16 @@ the link ratios the senders chose (their log lines).
     python scripts/bench_compression.py [--iterations N] [--ratio R] [--json] [--plot docs/bench_compression.png]
         [--stages S --relays-per-stage K --locations Germany,NL,Iowa,Belgium]
 
+`--gradients aligned,topk` runs each compressed method once per rule for the
+gradient of a sparse activation (`train.compression_gradients`; default:
+`aligned` only).
+
+`--centralized` measures the loss side without a swarm: the centralized chain
+trained with the Top-K of each method at its crossings (`model/crossings.py`),
+on the path d0 -> r0_0 -> r1_0 -> ... -> d0 with the ratios Equation 7 gives
+those links among all the swarm's links (the same placement and rule as the
+senders of a swarm); no seconds per iteration then.
+
 `--json` prints one object per method with `method`, `seconds_per_iteration`,
 `final_loss`, `loss_gap_vs_none`, `losses`, `seconds` and `link_ratios` (and the Markdown
 table on stderr); the table goes to stdout otherwise (docs/bench_compression.md holds a run).
@@ -40,7 +50,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from gwtf_node.model.adatopk import Compression, Gradients, link_ratio, sparse_overhead, transfer_s  # noqa: E402
+from gwtf_node.model.crossings import Crossings  # noqa: E402
 from gwtf_node.model.manifest import default_manifest, save_manifest  # noqa: E402
+from gwtf_node.model.reference import train_centralized  # noqa: E402
+from gwtf_node.runtime.linkspec import resolve_links  # noqa: E402
 from gwtf_node.runtime.local import LocalSwarm, run_local  # noqa: E402
 
 LINKS = ROOT / "gwtf_node" / "data" / "geo12-links.json"
@@ -64,11 +78,56 @@ def links_file(args: argparse.Namespace, workdir: Path) -> Path:
     return path
 
 
-def run_method(method: str, args: argparse.Namespace, workdir: Path) -> dict:
-    man = default_manifest(family="llama", stages=args.stages, hidden=args.hidden, seq_len=args.seq_len,
-                           microbatch_size=args.microbatch_size, microbatches_per_iteration=args.microbatches,
-                           seed=args.seed, compression=method, compression_ratio=args.ratio,
-                           run_name=f"bench-compression-{method}")
+def _manifest(method: str, gradients: str, args: argparse.Namespace):
+    return default_manifest(family="llama", stages=args.stages, hidden=args.hidden, seq_len=args.seq_len,
+                            microbatch_size=args.microbatch_size, microbatches_per_iteration=args.microbatches,
+                            seed=args.seed, compression=method, compression_ratio=args.ratio,
+                            compression_gradients=gradients, run_name=f"bench-compression-{method}")
+
+
+def swarm_names(args: argparse.Namespace) -> list[str]:
+    return ["d0"] + [f"r{k}_{i}" for k in range(args.stages) for i in range(args.relays_per_stage)]
+
+
+def chain_crossings(method: str, gradients: str, args: argparse.Namespace, workdir: Path) -> Crossings | None:
+    """The Top-K of `method` at the crossings of the path d0 -> r0_0 -> ... -> d0, with the ratios the senders
+    of the swarm choose (`runtime/linkcompress.py`: Equation 7 over all the pipeline's links)."""
+    if method == "none":
+        return None
+    names = swarm_names(args)
+    bw = {(ln["a"], ln["b"]): ln["bandwidth_mbps"]
+          for ln in resolve_links(links_file(args, workdir), names)["links"]}
+    stage = {n: (-1 if n == "d0" else int(n[1:].split("_")[0])) for n in names}
+    last = args.stages - 1
+    slowest = min(bw[(a, b)] for a in names for b in names if a != b and (
+        (stage[a] == -1 and stage[b] == 0) or (stage[a] >= 0 and stage[b] == stage[a] + 1)
+        or (stage[a] == last and stage[b] == -1)))
+    path = ["d0"] + [f"r{k}_0" for k in range(args.stages)] + ["d0"]
+    c = sparse_overhead(4)
+
+    def ratio(a: str, b: str) -> float:
+        return link_ratio(Compression(method), args.ratio, transfer_s(1, bw[(a, b)]), transfer_s(1, slowest), c)
+
+    hops = list(zip(path, path[1:]))
+    return Crossings([ratio(a, b) for a, b in hops], [ratio(b, a) for a, b in hops], Gradients(gradients))
+
+
+def run_centralized(method: str, gradients: str, args: argparse.Namespace, workdir: Path) -> dict:
+    workdir.mkdir(parents=True, exist_ok=True)
+    cross = chain_crossings(method, gradients, args, workdir)
+    res = train_centralized(_manifest(method, gradients, args), args.iterations, crossings=cross,
+                            on_iteration=lambda t, loss: print(f"  {method}/{gradients} iteration {t}: loss "
+                                                                 f"{loss:.4f}", file=sys.stderr))
+    ratios = {} if cross is None else {f"crossing {i}": [round(f, 2), round(b, 2)]
+                                       for i, (f, b) in enumerate(zip(cross.forward, cross.backward))}
+    return {"method": method, "gradients": gradients if method != "none" else None,
+            "ratio": args.ratio if method != "none" else None, "seconds_per_iteration": None,
+            "final_loss": round(res.losses[-1], 5), "losses": [round(x, 5) for x in res.losses],
+            "link_ratios": ratios}
+
+
+def run_method(method: str, gradients: str, args: argparse.Namespace, workdir: Path) -> dict:
+    man = _manifest(method, gradients, args)
     workdir.mkdir(parents=True, exist_ok=True)
     run = workdir / "run.json"
     save_manifest(man, run)
@@ -89,13 +148,20 @@ def run_method(method: str, args: argparse.Namespace, workdir: Path) -> dict:
                 ratios[f"{name}->{m.group(2)}"] = float(m.group(3))
     secs = [r["seconds"] for r in records[1:]] or [r["seconds"] for r in records]
     act_bytes = args.microbatch_size * args.seq_len * args.hidden * 4
-    return {"method": method, "ratio": args.ratio if method != "none" else None,
+    return {"method": method, "gradients": gradients if method != "none" else None,
+            "ratio": args.ratio if method != "none" else None,
             "seconds_per_iteration": round(statistics.median(secs), 4),
             "seconds_per_iteration_mean": round(statistics.mean(secs), 4),
             "seconds_per_iteration_stdev": round(statistics.stdev(secs), 4) if len(secs) > 1 else 0.0,
             "seconds": [r["seconds"] for r in records],
             "final_loss": round(records[-1]["loss"], 5), "losses": [round(r["loss"], 5) for r in records],
             "activation_bytes": act_bytes, "link_ratios": dict(sorted(ratios.items()))}
+
+
+def _label(r: dict) -> str:
+    if r["ratio"] is None:
+        return r["method"]
+    return f"{r['method']} (r={r['ratio']:g}, {r['gradients']} gradients)"
 
 
 def plot(results: list[dict], path: Path, title: str) -> None:
@@ -106,35 +172,50 @@ def plot(results: list[dict], path: Path, title: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for r in results:
-        label = r["method"] if r["ratio"] is None else f"{r['method']} (r={r['ratio']:g})"
-        ax.plot(range(len(r["losses"])), r["losses"], label=f"{label}: {r['seconds_per_iteration']:.2f} s/it")
+        secs = "" if r["seconds_per_iteration"] is None else f": {r['seconds_per_iteration']:.2f} s/it"
+        ax.plot(range(len(r["losses"])), r["losses"], label=_label(r) + secs)
     ax.set_xlabel("iteration (equal samples)")
     ax.set_ylabel("training loss")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
+def _gap(loss: float, base: float) -> str:
+    return f"{100 * (loss - base) / base:+.2f} %"
+
+
 def table(results: list[dict], args: argparse.Namespace) -> str:
     base = next(r for r in results if r["method"] == "none")
-    lines = ["| method | ratio r | s / iteration, median | mean (stdev) | speed-up vs none (median) | final loss "
-             "| loss vs none |",
-             "|---|---|---|---|---|---|---|"]
+    timed = base["seconds_per_iteration"] is not None
+    lines = ["| method | ratio r | gradients | s / iteration, median | mean (stdev) | speed-up vs none (median) "
+             "| final loss | loss vs none |" if timed else "| method | ratio r | gradients | final loss | loss vs none |",
+             "|---|---|---|---|---|---|---|---|" if timed else "|---|---|---|---|---|"]
     for r in results:
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:g}"
-        lines.append(f"| {r['method']} | {ratio} | {r['seconds_per_iteration']:.3f} | "
-                     f"{r['seconds_per_iteration_mean']:.3f} ({r['seconds_per_iteration_stdev']:.3f}) | "
-                     f"{base['seconds_per_iteration'] / r['seconds_per_iteration']:.2f}x | {r['final_loss']:.4f} | "
-                     f"{100 * (r['final_loss'] - base['final_loss']) / base['final_loss']:+.2f} % |")
-    lines.append("")
-    lines.append("Ratios the senders chose per link (1: dense):")
-    lines.append("")
+        head = f"| {r['method']} | {ratio} | {r['gradients'] or '-'} |"
+        if timed:
+            head += (f" {r['seconds_per_iteration']:.3f} | {r['seconds_per_iteration_mean']:.3f} "
+                     f"({r['seconds_per_iteration_stdev']:.3f}) | "
+                     f"{base['seconds_per_iteration'] / r['seconds_per_iteration']:.2f}x |")
+        lines.append(f"{head} {r['final_loss']:.4f} | {_gap(r['final_loss'], base['final_loss'])} |")
+    n = len(base["losses"])
+    marks = sorted({min(n - 1, i) for i in range(9, n, 10)} | {n - 1})
+    lines += ["", "Loss at equal samples along the run (gap to `none`):", "",
+              "| iteration | " + " | ".join(_label(r) for r in results) + " |",
+              "|---|" + "---|" * len(results)]
+    for i in marks:
+        cells = [f"{r['losses'][i]:.3f}" + ("" if r is base else f" ({_gap(r['losses'][i], base['losses'][i])})")
+                 for r in results]
+        lines.append(f"| {i} | " + " | ".join(cells) + " |")
+    lines += ["", "Ratios per link (1: dense)" + (" the senders chose:" if timed else
+                                                  ", forward and backward, at each crossing of the chain:"), ""]
     for r in results:
         if r["link_ratios"]:
-            shown = ", ".join(f"{k} {v:g}" for k, v in r["link_ratios"].items())
-            lines.append(f"- {r['method']}: {shown}")
+            shown = ", ".join(f"{k} {v}" if isinstance(v, list) else f"{k} {v:g}" for k, v in r["link_ratios"].items())
+            lines.append(f"- {_label(r)}: {shown}")
     return "\n".join(lines)
 
 
@@ -152,6 +233,10 @@ def main() -> int:
     p.add_argument("--locations", default=None,
                    help="comma-separated geo12 locations to place the nodes on, round-robin (default: the file's order)")
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of none,topk,adatopk")
+    p.add_argument("--gradients", default="aligned",
+                   help="comma-separated rules for the gradient of a sparse activation: aligned,topk")
+    p.add_argument("--centralized", action="store_true",
+                   help="train the centralized chain with each method's Top-K at its crossings (loss only, no swarm)")
     p.add_argument("--workdir", default=None)
     p.add_argument("--plot", default=None, help="write the loss curves to this PNG")
     p.add_argument("--json", action="store_true")
@@ -159,18 +244,29 @@ def main() -> int:
     # SIGTERM unwinds like Ctrl-C, so that run_local takes its swarm down
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     methods = [m for m in args.methods.split(",") if m]
+    unknown = sorted(set(methods) - set(METHODS))
+    rules = [g for g in args.gradients.split(",") if g]
+    bad_rules = sorted(set(rules) - {g.value for g in Gradients})
+    if unknown or bad_rules or not rules:
+        raise SystemExit(f"--methods takes {','.join(METHODS)} and --gradients aligned,topk "
+                         f"(got {args.methods!r}, {args.gradients!r})")
     if "none" not in methods:
         methods.insert(0, "none")
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="gwtf-bench-compression-"))
+    run = run_centralized if args.centralized else run_method
     results = []
     for method in methods:
-        print(f"{method}: training {args.iterations} iterations in {workdir / method}", file=sys.stderr)
-        results.append(run_method(method, args, workdir / method))
+        for rule in rules if method != "none" else rules[:1]:
+            where = workdir / (method if method == "none" else f"{method}-{rule}")
+            print(f"{method} ({rule} gradients): training {args.iterations} iterations"
+                  + ("" if args.centralized else f" in {where}"), file=sys.stderr)
+            results.append(run(method, rule, args, where))
     base = results[0]["final_loss"]
     for r in results:
         r["loss_gap_vs_none"] = round((r["final_loss"] - base) / base, 5)
     if args.plot:
-        plot(results, Path(args.plot), f"Top-K on geo links: 1 data node, {args.stages} stages x "
+        plot(results, Path(args.plot), ("Centralized chain with Top-K crossings" if args.centralized
+                                        else "Top-K on geo links") + f": 1 data node, {args.stages} stages x "
                                        f"{args.relays_per_stage} relays")
     if args.json:
         for r in results:
