@@ -207,6 +207,9 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
         import torch
         if not torch.cuda.is_available():
             raise CliError(f"--device {device}: torch sees no CUDA device on this machine (use --device cpu)")
+    if args.torch_threads:
+        import torch
+        torch.set_num_threads(args.torch_threads)
     try:
         logs = _setup_logging(args.log_level, Path(args.state_dir), max_mb=args.log_max_mb, backups=args.log_backups)
     except OSError as e:
@@ -429,6 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--data-nodes", type=_positive_int, default=1, help="data nodes of the run")
     j.add_argument("--links", default=None, help="emulated links between named nodes (resolved links file)")
     j.add_argument("--device", default="auto", help="torch device for the stage: auto (cuda if present), cpu, cuda, cuda:N")
+    j.add_argument("--torch-threads", type=_nonneg_int, default=0, metavar="N",
+                   help="CPU threads of torch's operators (0: torch's default, one per core; several nodes on one "
+                        "machine each take their share, as `gwtf-node local` does)")
     j.add_argument("--policy", choices=("gwtf", "swarm", "random"), default="gwtf",
                    help="microbatch routing and crash recovery: GWTF's, SWARM's (the baseline), or SWARM's with "
                         "random next hops (blind routing)")

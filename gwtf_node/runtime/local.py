@@ -84,6 +84,9 @@ class LocalSwarm:
     kills: list[dict] = field(default_factory=list)
     on_phase: Callable[[str], None] | None = None  # told what the launcher waits for while the swarm starts
     fork_server: bool = True  # fork the nodes from one process that imported what they need (zygote.py)
+    # torch's CPU threads per node (`join --torch-threads`); None: the machine's cores shared among the nodes, at
+    # least 1 each (nodes that each took every core would contend for them); 0: torch's default
+    torch_threads: int | None = None
     _zygote: Zygote | None = field(init=False, default=None, repr=False)
     _spawned: int = field(init=False, default=0)
     _phase: str = field(init=False, default="")
@@ -160,6 +163,11 @@ class LocalSwarm:
         if links_file is not None:
             cmd += ["--links", str(links_file)]
         cmd += ["--policy", self.policy]
+        threads = self.torch_threads
+        if threads is None:
+            threads = max(1, (os.cpu_count() or 1) // len(self.names()))
+        if threads:
+            cmd += ["--torch-threads", str(threads)]
         cmd += self.extra_args.get(name, [])
         env = {k: v for k, v in os.environ.items() if not k.startswith("GWTF_")}  # settings of one node only
         if self.drop_first_phase:
