@@ -31,9 +31,10 @@ on the path d0 -> r0_0 -> r1_0 -> ... -> d0 with the ratios Equation 7 gives
 those links among all the swarm's links (the same placement and rule as the
 senders of a swarm); no seconds per iteration then.
 
-`--json` prints one object per method with `method`, `seconds_per_iteration`,
-`final_loss`, `loss_gap_vs_none`, `losses`, `seconds` and `link_ratios` (and the Markdown
-table on stderr); the table goes to stdout otherwise (docs/bench_compression.md holds a run).
+`--json` prints one object per method with `method`, `gradients`,
+`seconds_per_iteration`, `final_loss`, `loss_gap_vs_none`, `last10_loss` (the
+mean of the last 10 iterations), `losses`, `seconds` and `link_ratios` (and
+the Markdown table on stderr); the table goes to stdout otherwise (docs/bench_compression.md holds a run).
 """
 
 from __future__ import annotations
@@ -187,12 +188,19 @@ def _gap(loss: float, base: float) -> str:
     return f"{100 * (loss - base) / base:+.2f} %"
 
 
+def _last10(r: dict) -> float:
+    """The mean loss of the last 10 iterations (one iteration's 4 microbatches move by several % from the next)."""
+    tail = r["losses"][-10:]
+    return sum(tail) / len(tail)
+
+
 def table(results: list[dict], args: argparse.Namespace) -> str:
     base = next(r for r in results if r["method"] == "none")
     timed = base["seconds_per_iteration"] is not None
     lines = ["| method | ratio r | gradients | s / iteration, median | mean (stdev) | speed-up vs none (median) "
-             "| final loss | loss vs none |" if timed else "| method | ratio r | gradients | final loss | loss vs none |",
-             "|---|---|---|---|---|---|---|---|" if timed else "|---|---|---|---|---|"]
+             "| final loss | loss vs none | mean loss, last 10 | vs none |" if timed else
+             "| method | ratio r | gradients | final loss | loss vs none | mean loss, last 10 | vs none |",
+             "|---|---|---|---|---|---|---|---|---|---|" if timed else "|---|---|---|---|---|---|---|"]
     for r in results:
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:g}"
         head = f"| {r['method']} | {ratio} | {r['gradients'] or '-'} |"
@@ -200,7 +208,8 @@ def table(results: list[dict], args: argparse.Namespace) -> str:
             head += (f" {r['seconds_per_iteration']:.3f} | {r['seconds_per_iteration_mean']:.3f} "
                      f"({r['seconds_per_iteration_stdev']:.3f}) | "
                      f"{base['seconds_per_iteration'] / r['seconds_per_iteration']:.2f}x |")
-        lines.append(f"{head} {r['final_loss']:.4f} | {_gap(r['final_loss'], base['final_loss'])} |")
+        lines.append(f"{head} {r['final_loss']:.4f} | {_gap(r['final_loss'], base['final_loss'])} | "
+                     f"{_last10(r):.4f} | {_gap(_last10(r), _last10(base))} |")
     n = len(base["losses"])
     marks = sorted({min(n - 1, i) for i in range(9, n, 10)} | {n - 1})
     lines += ["", "Loss at equal samples along the run (gap to `none`):", "",
@@ -264,6 +273,7 @@ def main() -> int:
     base = results[0]["final_loss"]
     for r in results:
         r["loss_gap_vs_none"] = round((r["final_loss"] - base) / base, 5)
+        r["last10_loss"] = round(_last10(r), 5)
     if args.plot:
         plot(results, Path(args.plot), ("Centralized chain with Top-K crossings" if args.centralized
                                         else "Top-K on geo links") + f": 1 data node, {args.stages} stages x "
