@@ -194,6 +194,8 @@ class FlowNode:
         self.now = now
         if key == "announce":
             announce.flush(self, eff)
+        if key == "relabelcost":
+            relabel.send_costs(self, eff)
         if key == "stuck" and self.cfg.is_data:
             launches.maybe_stuck(self, now, eff)
         if key == "tick":

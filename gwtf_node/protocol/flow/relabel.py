@@ -5,7 +5,11 @@ from and back to the data node, so a unit of A can become B's when B's hops
 are cheaper.  Every relay announces upstream, per pair (A, B), the cheapest
 change of the hop back when one unit of A it sends on becomes B's
 (`RelabelCost`, along the current flow: at the last stage d(i, B) - d(i, A),
-elsewhere the minimum over the next hops carrying A; `relabel_costs`).  A
+elsewhere the minimum over the next hops carrying A; `relabel_costs`); with
+the backoff of the label announcements on (announce.py) in their window, and
+only when the value then differs from the one told (`send_costs`): sent at
+once beside backed-off labels, they flap between a value and INF as units
+move.  A
 first-stage relay, quiet, on its tick, once every bid it passed on is INF
 (launching is over), relabels one unit when d(B, i) - d(A, i) plus that change
 is negative (`maybe_relabel`): it tells both data nodes and the next hop
@@ -45,7 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..effects import Effect, Send
+from ..effects import Effect, Send, SetTimer
 from ..messages import INF, Deny, DenyReason, Label, Relabel, RelabelCost, Side, Withdraw
 from . import announce
 from .state import EPS, Pending, PendingKind, Via, add_one, take_one
@@ -63,6 +67,7 @@ class RelabelState:
     started: int = 0  # relabels started here
     refused: dict[str, int] = field(default_factory=dict)  # data node -> the seq of its bid when it gave a unit
     # relabelled to it back (it is at its demand): no relabel into it while its bid is that one
+    armed: bool = False  # the "relabelcost" timer is set: `best` goes out to previous-stage relays then
 
 
 def full(node: FlowNode, b: str) -> bool:
@@ -121,10 +126,13 @@ def cross_in(node: FlowNode, d: str) -> None:
 
 def relabel_costs(node: FlowNode, eff: list[Effect]) -> None:
     """Relay: recompute, per pair (A, B), the cheapest change of the hop back to a data node when one unit of A
-    sent from here on becomes B's, along the current flow; tell prev relays what changed (RelabelCost)."""
+    sent from here on becomes B's, along the current flow; tell prev relays what changed (RelabelCost): at once,
+    or, with the announcements' backoff on, at the next `send_costs` (module doc)."""
     cfg = node.cfg
     cms = cfg.commodities
     nxt = cfg.next_costs
+    later = coalesced(node)
+    moved = False
     changed: list[RelabelCost] = []
     for a in cms:
         outs = node.out[a]
@@ -143,20 +151,54 @@ def relabel_costs(node: FlowNode, eff: list[Effect]) -> None:
                     v = rl.get(j, INF)
                 if v < best - EPS:
                     best, arg = v, j
+            if later:
+                old = node.relabelling.best.get(key)
+                moved = moved or old is None or old[1] != arg or differs(best, old[0])
             node.relabelling.best[key] = (best, arg)
-            last = node.relabelling.told.get(key)
-            if last is None and best == INF:
-                continue
-            if last is None or (best == INF) != (last == INF) or (best != INF and abs(best - last) > EPS):
+            if not later and differs(best, node.relabelling.told.get(key)):
                 node.relabelling.told[key] = best
                 changed.append(RelabelCost(a, b, best))
-    if changed:
-        for p in sorted(cfg.prev_costs):
-            if p not in cms:
-                for msg in changed:
-                    eff.append(Send(p, msg))
-        if node.cross:
-            announce.refresh_all(node, eff)
+    if later:
+        if not moved:
+            return
+        if not node.relabelling.armed and any(differs(c, node.relabelling.told.get(k))
+                                              for k, (c, _) in node.relabelling.best.items()):
+            node.relabelling.armed = True
+            eff.append(SetTimer("relabelcost", node.now + max(node.cfg.ordered_coalesce_s, node.announcer.window)))
+    elif changed:
+        tell(node, changed, eff)
+    else:
+        return
+    if node.cross:
+        announce.refresh_all(node, eff)
+
+def coalesced(node: FlowNode) -> bool:
+    """RelabelCosts go out with the label announcements' window: only with the backoff on (announce.backoff)."""
+    return node.ordered and node.cfg.coalesce_backoff_max_s > node.cfg.ordered_coalesce_s
+
+def tell(node: FlowNode, msgs: list[RelabelCost], eff: list[Effect]) -> None:
+    cms = node.cfg.commodities
+    for p in sorted(node.cfg.prev_costs):
+        if p not in cms:
+            for msg in msgs:
+                eff.append(Send(p, msg))
+
+def differs(cost: float, told: float | None) -> bool:
+    """A RelabelCost worth telling: the first finite one, or one that moved (to or from INF included)."""
+    if told is None:
+        return cost != INF
+    return (cost == INF) != (told == INF) or (cost != INF and abs(cost - told) > EPS)
+
+def send_costs(node: FlowNode, eff: list[Effect]) -> None:
+    """The "relabelcost" timer: tell previous-stage relays the RelabelCosts that differ from what they were told."""
+    node.relabelling.armed = False
+    changed: list[RelabelCost] = []
+    for key in sorted(node.relabelling.best):
+        best = node.relabelling.best[key][0]
+        if differs(best, node.relabelling.told.get(key)):
+            node.relabelling.told[key] = best
+            changed.append(RelabelCost(key[0], key[1], best))
+    tell(node, changed, eff)
 
 def maybe_relabel(node: FlowNode, now: float, eff: list[Effect]) -> None:
     """First-stage relay, quiet, on its tick: turn one unit of data node A that it receives into data node B's
