@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 
 from .adatopk import Gradients, kept_count
-from .compression import topk_decode, topk_encode
+from .compression import gather, topk_decode, topk_encode
 
 
 def _topk(t: torch.Tensor, ratio: float) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -37,9 +37,7 @@ def _topk(t: torch.Tensor, ratio: float) -> tuple[torch.Tensor, torch.Tensor | N
 
 
 def _at(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    flat = t.detach().reshape(-1)
-    keep = idx.to(torch.int64)
-    return topk_decode(idx, flat[keep].contiguous(), tuple(t.shape))
+    return topk_decode(idx, gather(t, idx), tuple(t.shape))
 
 
 @dataclass(frozen=True)

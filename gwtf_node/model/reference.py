@@ -62,27 +62,20 @@ def run_microbatch(
 ) -> float:
     """Forward and backward of one microbatch through the chain; returns its loss.  With `crossings`, the
     tensors between the parts go through a compressed run's Top-K (`crossings.py`)."""
-    if crossings is None:
-        h = data.embed(key, input_ids)
-        for r in relays:
-            h = r.forward(key, h)
-        loss, g = data.head_loss(key, h, targets)
-        for r in reversed(relays):
-            g = r.backward(key, g)
-        data.embed_backward(key, g)
-        return loss
+    forward_at = crossings.forward_at if crossings is not None else (lambda i, t: (t, None))
+    backward_at = crossings.backward_at if crossings is not None else (lambda i, g, kept: g)
     kept = []
     h = data.embed(key, input_ids)
     for i, r in enumerate(relays):
-        h, idx = crossings.forward_at(i, h)
+        h, idx = forward_at(i, h)
         kept.append(idx)
         h = r.forward(key, h)
-    h, idx = crossings.forward_at(len(relays), h)
+    h, idx = forward_at(len(relays), h)
     kept.append(idx)
     loss, g = data.head_loss(key, h, targets)
     for i in range(len(relays), 0, -1):
-        g = relays[i - 1].backward(key, crossings.backward_at(i, g, kept[i]))
-    data.embed_backward(key, crossings.backward_at(0, g, kept[0]))
+        g = relays[i - 1].backward(key, backward_at(i, g, kept[i]))
+    data.embed_backward(key, backward_at(0, g, kept[0]))
     return loss
 
 

@@ -117,7 +117,7 @@ def sparse_indices(header: TensorHeader, payload: bytes | bytearray | memoryview
     if not k:
         return None
     view = memoryview(payload).cast("B") if not isinstance(payload, memoryview) or payload.format != "B" else payload
-    return torch.frombuffer(bytearray(view[:k * 4]), dtype=INDEX_DTYPE)
+    return torch.frombuffer(bytearray(view[:k * INDEX_DTYPE.itemsize]), dtype=INDEX_DTYPE)
 
 
 def _sparse_dense(view: memoryview, k: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
