@@ -21,3 +21,16 @@ def test_local_swarm_shares_the_cores_among_its_nodes(tmp_path: Path) -> None:
             assert "--torch-threads" not in args
         else:
             assert args[args.index("--torch-threads") + 1] == str(want)
+
+
+def test_local_and_join_take_torch_threads(capsys) -> None:
+    from gwtf_node.cli import build_parser
+
+    p = build_parser()
+    assert p.parse_args(["local"]).torch_threads is None  # shared among the nodes
+    assert p.parse_args(["local", "--torch-threads", "2"]).torch_threads == 2
+    from gwtf_node import cli
+
+    for cmd in (["local"], ["join", "--run", "r.json", "--role", "relay"]):
+        assert cli.main([*cmd, "--torch-threads", "-1"]) == 2
+        assert "--torch-threads" in capsys.readouterr().err

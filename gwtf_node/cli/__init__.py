@@ -276,7 +276,7 @@ def cmd_local(args: argparse.Namespace) -> int:
                            args.iterations, links=Path(args.links) if args.links else None,
                            auto_stage=args.auto_stage, joiners=args.joiners, join_every_s=args.join_every,
                            policy=args.policy, churn=args.churn, seed=args.seed, relay_capacity=args.relay_capacity,
-                           owner_key=_local_owner_key(args.run))
+                           owner_key=_local_owner_key(args.run), torch_threads=args.torch_threads)
     except LocalError as e:
         raise CliError(str(e)) from None
     if args.links:
@@ -500,6 +500,9 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--churn", type=_probability, default=0.0, metavar="P",
                     help="each iteration, SIGKILL each relay with probability P at a random point; it comes back "
                          "as a new joiner")
+    lo.add_argument("--torch-threads", type=_nonneg_int, default=None, metavar="N",
+                    help="torch's CPU threads per node (default: the cores shared among the nodes, at least 1; "
+                         "0: torch's default in every node)")
     lo.add_argument("--workdir", default=None,
                     help="where the nodes' state directories go (default: a new directory gwtf-local-* in the temp "
                          "directory); the run's iterations.jsonl and loss.png stay there")
