@@ -79,3 +79,37 @@ async def test_a_peer_sending_refused_frames_is_disconnected_banned_then_let_bac
                 await evil.send(relay, codec.encode(me, m.Ping(8)))
                 await until(lambda: any(isinstance(x, m.Pong) and x.nonce == 8 for x in heard), "it is answered")
             node.stop()
+
+
+@pytest.mark.trio
+async def test_frames_a_node_is_not_ready_for_do_not_ban_their_sender() -> None:
+    """A node that restarts hears its peers' regular traffic (Lend, CanTake) before its flows or its stage exist:
+    refused, counted, but not the sender's fault, so never a ban (a restarted data node once banned the other
+    data node for its Lends, and could not download its part from it)."""
+    from types import SimpleNamespace
+
+    from gwtf_node.runtime.aggregation import Aggregation
+    from gwtf_node.runtime.microbatches import Microbatches
+    from gwtf_node.runtime.peers import Peers, Place
+    from gwtf_node.runtime.wire import FrameRefused, Wire
+
+    refusals = []
+    with pytest.raises(FrameRefused) as e:
+        await Microbatches.on_message(SimpleNamespace(rec=None), "P", m.Lend(3, "D"), None)
+    refusals.append(e.value)
+    with pytest.raises(FrameRefused) as e:
+        Aggregation._require_phases(SimpleNamespace(phases=None), m.CanTake(3, 0))
+    refusals.append(e.value)
+    assert [r.ban for r in refusals] == [False, False] and FrameRefused("malformed").ban
+
+    async with trio.open_nursery() as nursery:
+        wire = Wire("ME", None, nursery, Peers("ME", "me", 2, Place("data", -1, 4)))
+        wire.bans = RefusalTracker(limit=LIMIT, window_s=60.0, ban_s=BAN_S)
+        banned = []
+        wire.on_ban = banned.append
+        for r in refusals * 10:
+            wire.refuse("P", str(r), r.code, ban=r.ban)
+        assert wire.refused == 20 and not banned and not wire.is_banned("P")
+        for _ in range(LIMIT):
+            wire.refuse("P", "malformed")
+        assert banned == ["P"] and wire.is_banned("P")

@@ -153,7 +153,7 @@ class Aggregation:
 
     def _require_phases(self, msg: Any) -> Phases:
         if self.phases is None:
-            raise FrameRefused(f"{type(msg).__name__} before this node has a stage")
+            raise FrameRefused(f"{type(msg).__name__} before this node has a stage", ban=False)
         return self.phases
 
     def on_timer(self, key: str) -> None:

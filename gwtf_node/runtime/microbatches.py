@@ -224,7 +224,7 @@ class Microbatches:
     # ------------------------------------------------------------------ frames
     async def on_message(self, peer: str, msg: Any, payload) -> None:
         if self.rec is None:
-            raise FrameRefused(f"{type(msg).__name__} before this node's flows exist")
+            raise FrameRefused(f"{type(msg).__name__} before this node's flows exist", ban=False)
         if isinstance(msg, KEYED):
             if msg.data_node not in self.peers and msg.data_node != self.wire.me:
                 raise FrameRefused(f"{type(msg).__name__} for unknown data node {msg.data_node[:16]}")

@@ -446,7 +446,7 @@ class Node:
             if inspect.isawaitable(res):
                 await res
         except FrameRefused as e:
-            wire.refuse(peer, str(e), e.code)
+            wire.refuse(peer, str(e), e.code, ban=e.ban)
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:

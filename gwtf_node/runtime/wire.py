@@ -38,11 +38,15 @@ BAN_S = 300.0  # how long a banned peer stays banned (then it may come back and 
 
 
 class FrameRefused(Exception):
-    """A frame that is well formed but not acceptable here; logged, counted under `code` and dropped."""
+    """A frame that is well formed but not acceptable here; logged, counted under `code` and dropped.  `ban`
+    False: the frame is not the sender's fault but this node's state (it is not ready for it yet: a node that
+    restarts hears its peers' regular traffic before its flows or its stage exist), so it does not count
+    towards banning the sender."""
 
-    def __init__(self, why: str, code: m.RefusalCode = m.RefusalCode.INVALID) -> None:
+    def __init__(self, why: str, code: m.RefusalCode = m.RefusalCode.INVALID, *, ban: bool = True) -> None:
         super().__init__(why)
         self.code = code
+        self.ban = ban
 
 
 class RefusalTracker:
@@ -144,11 +148,12 @@ class Wire:
             header, payload = pack(tensor) if kept is None else pack_topk(tensor, kept)
         return await self.send(peer, replace(msg, tensor=header), payload)
 
-    def refuse(self, peer: str, why: str, code: m.RefusalCode = m.RefusalCode.INVALID) -> None:
-        """Drop a frame of `peer`: log it, count it under `code`, and ban a peer that keeps sending such."""
+    def refuse(self, peer: str, why: str, code: m.RefusalCode = m.RefusalCode.INVALID, *, ban: bool = True) -> None:
+        """Drop a frame of `peer`: log it, count it under `code`, and ban a peer that keeps sending such (unless
+        `ban` is False: a frame this node is not ready for yet, `FrameRefused`)."""
         self.count_refusal(code)
         log.warning("refused frame from %s (%s): %s", self.peers.who(peer), code.name, why)
-        if code is not m.RefusalCode.BANNED and self.bans.refused(peer, now()):
+        if ban and code is not m.RefusalCode.BANNED and self.bans.refused(peer, now()):
             log.warning("peer %s sent %d refused frames within %.0f s: disconnected and banned for %.0f s",
                         self.peers.who(peer), self.bans.limit, self.bans.window_s, self.bans.ban_s)
             self.on_ban(peer)
