@@ -51,7 +51,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gwtf_node.model.adatopk import Compression, Gradients, link_ratio, sparse_overhead, transfer_s  # noqa: E402
+from gwtf_node.model.adatopk import (  # noqa: E402
+    Compression, Gradients, link_ratio, pipeline_link, sparse_overhead, transfer_s,
+)
 from gwtf_node.model.crossings import Crossings  # noqa: E402
 from gwtf_node.model.manifest import default_manifest, save_manifest  # noqa: E402
 from gwtf_node.model.reference import train_centralized  # noqa: E402
@@ -100,9 +102,7 @@ def chain_crossings(method: str, gradients: str, args: argparse.Namespace, workd
           for ln in resolve_links(links_file(args, workdir), names)["links"]}
     stage = {n: (-1 if n == "d0" else int(n[1:].split("_")[0])) for n in names}
     last = args.stages - 1
-    slowest = min(bw[(a, b)] for a in names for b in names if a != b and (
-        (stage[a] == -1 and stage[b] == 0) or (stage[a] >= 0 and stage[b] == stage[a] + 1)
-        or (stage[a] == last and stage[b] == -1)))
+    slowest = min(bw[(a, b)] for a in names for b in names if a != b and pipeline_link(stage[a], stage[b], last))
     path = ["d0"] + [f"r{k}_0" for k in range(args.stages)] + ["d0"]
     c = sparse_overhead(4)
 

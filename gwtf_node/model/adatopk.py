@@ -113,6 +113,13 @@ def link_ratio(compression: Compression, ratio: float, link_s: float, slowest_s:
     return adaptive_ratio(link_s, slowest_s, ratio, overhead)
 
 
+def pipeline_link(stage_a: int, stage_b: int, last: int) -> bool:
+    """Whether a tensor goes from a node of `stage_a` to one of `stage_b` (data nodes at -1): the data nodes into
+    stage 0, stage k into k + 1, the last stage into the data nodes (the links of P in Equation 7's max)."""
+    return (stage_a == -1 and stage_b == 0) or (stage_a >= 0 and stage_b == stage_a + 1) \
+        or (stage_a == last and stage_b == -1)
+
+
 def kept_count(numel: int, ratio: float, value_bytes: int, index_bytes: int = INDEX_BYTES) -> int | None:
     """Elements a Top-K of `ratio` keeps of `numel`, or None when the dense tensor is not larger (send it dense)."""
     if numel == 0 or ratio <= 1.0:

@@ -108,6 +108,10 @@ def _pack_sparse(t: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) -> tupl
     return header, payload
 
 
+def _byte_view(payload: bytes | bytearray | memoryview) -> memoryview:
+    return memoryview(payload).cast("B") if not isinstance(payload, memoryview) or payload.format != "B" else payload
+
+
 def sparse_indices(header: TensorHeader, payload: bytes | bytearray | memoryview) -> torch.Tensor | None:
     """The int32 indices of a Top-K payload that `unpack` accepted (None for a dense tensor): which elements
     of the tensor the sender kept."""
@@ -116,7 +120,7 @@ def sparse_indices(header: TensorHeader, payload: bytes | bytearray | memoryview
     k = header.sparse_kept
     if not k:
         return None
-    view = memoryview(payload).cast("B") if not isinstance(payload, memoryview) or payload.format != "B" else payload
+    view = _byte_view(payload)
     return torch.frombuffer(bytearray(view[:k * INDEX_DTYPE.itemsize]), dtype=INDEX_DTYPE)
 
 
@@ -177,7 +181,7 @@ def unpack(
         if len(want_shape) != len(shape) or any(w is not None and w != s for w, s in zip(want_shape, shape)):
             shown = tuple("*" if w is None else w for w in want_shape)
             raise TensorError(f"tensor shape is {shape}, expected {shown}")
-    view = memoryview(payload).cast("B") if not isinstance(payload, memoryview) or payload.format != "B" else payload
+    view = _byte_view(payload)
     if view.nbytes != nbytes:
         raise TensorError(f"payload has {view.nbytes} bytes but the header announces {nbytes}")
     if kept:

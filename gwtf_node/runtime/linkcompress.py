@@ -35,7 +35,9 @@ import logging
 import math
 from typing import Any
 
-from ..model.adatopk import Compression, Gradients, kept_count, link_ratio, sparse_overhead, transfer_s
+from ..model.adatopk import (
+    Compression, Gradients, kept_count, link_ratio, pipeline_link, sparse_overhead, transfer_s,
+)
 from .flows import DEFAULT_BANDWIDTH_MBPS
 from .peers import Peers
 
@@ -93,8 +95,7 @@ class LinkCompression:
         lowest = math.inf
         for _, a, sa in nodes:
             for _, b, sb in nodes:
-                adjacent = (sa == -1 and sb == 0) or (sa >= 0 and sb == sa + 1) or (sa == last and sb == -1)
-                if adjacent and a and b:
+                if pipeline_link(sa, sb, last) and a and b:
                     lowest = min(lowest, self._bandwidth(a, b), self._bandwidth(b, a))
         return lowest
 

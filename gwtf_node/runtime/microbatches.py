@@ -236,7 +236,8 @@ class Microbatches:
         tensor = kept_at = None
         if isinstance(msg, TENSOR_MSGS):
             tensor = self.stage.unpack(msg, payload, type(msg).__name__)
-            kept_at = sparse_indices(msg.tensor, payload)
+            if self.compression.aligned and not isinstance(msg, m.Backward):  # an activation: its gradient goes
+                kept_at = sparse_indices(msg.tensor, payload)  # back at these indices (None: it came dense)
             if isinstance(msg, m.Backward) and payload is not None:  # a gradient back over a link this node measures
                 self.flows.meter.observe(peer, len(payload), getattr(payload, "seconds", None))
         elif getattr(msg, "tensor", None) is not None:
@@ -247,7 +248,7 @@ class Microbatches:
             key = (msg.data_node, msg.seq, msg.iteration)
             slots = [IN_SLOT[e.kind] for e in eff if isinstance(e, Compute) and e.key == key and e.kind in IN_SLOT]
             self.store.apply([Keep(key, slot, tensor) for slot in slots])
-            if Slot.IN in slots:  # an activation: its gradient goes back at the indices it came with, if sparse
+            if Slot.IN in slots and self.compression.aligned:
                 self.store.keep(key, Slot.IN_KEPT, kept_at)
         self._apply(eff)
 
@@ -261,8 +262,7 @@ class Microbatches:
                 if t is None:
                     log.warning("%s of microbatch %d: its tensor is gone here, not sent", type(msg).__name__, msg.seq)
                     continue
-                at = self.store.get(key, Slot.IN_KEPT) if slot is Slot.GRAD_OUT else None
-                at = at if self.compression.aligned else None
+                at = self.store.get(key, Slot.IN_KEPT) if slot is Slot.GRAD_OUT else None  # (aligned gradients)
                 kept = self.compression.kept(peer, t) if at is None else int(at.numel())
                 if await self.wire.send_tensor(peer, msg, t, kept=kept, at=at):
                     dense = t.numel() * t.element_size()
