@@ -113,3 +113,26 @@ async def test_frames_a_node_is_not_ready_for_do_not_ban_their_sender() -> None:
         for _ in range(LIMIT):
             wire.refuse("P", "malformed")
         assert banned == ["P"] and wire.is_banned("P")
+
+
+@pytest.mark.trio
+async def test_frames_delivered_after_the_node_stopped_start_nothing() -> None:
+    """The host delivers frames until it closes, after the node's nursery has ended: a handler's send then is
+    dropped, not an error that takes the node's exit down (CI saw "Nursery is closed to new arrivals" from a
+    BeginAggregation handled at exit)."""
+    from gwtf_node.runtime.peers import Peers, Place
+    from gwtf_node.runtime.wire import Wire
+
+    sent = []
+
+    async def send(peer, msg):
+        sent.append((peer, msg))
+
+    async with trio.open_nursery() as nursery:
+        wire = Wire("ME", None, nursery, Peers("ME", "me", 2, Place("data", -1, 4)))
+    with pytest.raises(RuntimeError):  # what an unguarded spawn does now
+        nursery.start_soon(send, "P", "x")
+    wire.closed = True
+    wire.spawn(send, "P", "x")
+    wire.post("P", "x")
+    assert sent == []

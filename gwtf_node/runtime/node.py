@@ -411,6 +411,8 @@ class Node:
     # ------------------------------------------------------------------ frames
     async def _on_frame(self, peer: str, envelope: bytes, payload) -> None:
         wire = self.parts.wire
+        if wire.closed:  # the node has stopped; its host is closing
+            return
         try:
             sender, msg = codec.decode(envelope)
         except codec.DecodeError as e:
@@ -495,6 +497,7 @@ class Node:
                     await p.joining.goodbye_all(max(0, self.stage.applied_steps - 1), GOODBYE_AT_EXIT_S)
                     await trio.sleep(GOODBYE_LINGER_S)
                 nursery.cancel_scope.cancel()
+            p.wire.closed = True  # the host delivers frames until it closes: they are dropped from now on
             p.status.write()
         if self.exit is None:  # a node that never joined has nothing to checkpoint
             p.aggregation.checkpoint()

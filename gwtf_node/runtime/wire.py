@@ -110,8 +110,12 @@ class Wire:
         self.refused_by: dict[str, int] = {}  # RefusalCode name -> refused frames (status.json "refused")
         self.bans = RefusalTracker()
         self.on_ban: Callable[[str], None] = lambda peer: None  # the node treats a banned peer as gone
+        self.closed = False  # the node's nursery has ended: frames still delivered by the host start nothing
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        if self.closed:
+            log.debug("node stopped: %s not started", getattr(fn, "__name__", fn))
+            return
         self.nursery.start_soon(fn, *args)
 
     async def send(self, peer: str, msg: m.Message, payload: bytes | memoryview = b"") -> bool:
@@ -129,7 +133,7 @@ class Wire:
 
     def post(self, peer: str, msg: m.Message) -> None:
         """Send in a task of its own (the caller does not wait)."""
-        self.nursery.start_soon(self.send, peer, msg)
+        self.spawn(self.send, peer, msg)
 
     async def send_all(self, peer: str, msgs: list) -> None:
         for msg in msgs:  # in order: a Hello before what depends on it
