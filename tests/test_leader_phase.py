@@ -80,15 +80,22 @@ def _swarm(tmp_path: Path, **kw) -> tuple[object, LocalSwarm]:
     return man, swarm
 
 
-def _check(man, records: list[dict], plan: list[tuple[list[Key], list[Key]]]) -> None:
+def _check(man, records: list[dict], plan: list[tuple[list[Key], list[Key]]], workdir: Path) -> None:
     assert [r["iteration"] for r in records] == list(range(len(records)))
     assert len(plan) >= len(records), (len(plan), len(records))
     # (both relay stages counted the same contributions, `trained` checks it)
     want = reference_losses(man, DATA_NODES, [(d, {k: r for k in range(len(man.stages))})
                                               for d, r in plan[:len(records)]])
     for r, (data_keys, _relay_keys), loss in zip(records, plan, want):
-        assert r["microbatches"] == len(data_keys) and r["lost"] == 0, (r, data_keys)
-        assert r["loss"] == pytest.approx(loss, rel=1e-4), (r, loss)
+        assert r["microbatches"] == len(data_keys) and r["lost"] == 0, (r, data_keys, _told(workdir, r["iteration"]))
+        assert r["loss"] == pytest.approx(loss, rel=1e-4), (r, loss, _told(workdir, r["iteration"]))
+
+
+def _told(workdir: Path, iteration: int) -> str:
+    """What the data nodes' logs say of `iteration` and of the leaders around it (for a failure's message)."""
+    pat = re.compile(rf"iteration {iteration}\b|leader|IterationDone|metrics record")
+    return "\n".join(f"{n}: {line}" for n in [f"d{i}" for i in range(DATA_NODES)]
+                     for line in log_text(workdir, n).splitlines() if pat.search(line))[-8000:]
 
 
 @pytest.mark.parametrize("fault", ["begin_open:1", "begin_sent:1", f"begin_sent:{DATA_NODES}"],
@@ -112,7 +119,11 @@ async def test_leader_killed_around_begin_aggregation(tmp_path: Path, fault: str
         await wait_records(swarm, died + 1 + AFTER, 240)
     finally:
         await trio.to_thread.run_sync(swarm.stop)
-    _check(man, swarm.records(), trained(tmp_path, died, leader))
+    try:
+        plan = trained(tmp_path, died, leader)
+    except AssertionError as e:  # the two stages counted different contributions
+        raise AssertionError(f"{e}\n{_told(tmp_path, died)}") from e
+    _check(man, swarm.records(), plan, tmp_path)
 
 
 async def test_first_copy_of_every_phase_signal_lost(tmp_path: Path) -> None:
@@ -124,4 +135,4 @@ async def test_first_copy_of_every_phase_signal_lost(tmp_path: Path) -> None:
         await trio.to_thread.run_sync(swarm.stop)
     lost = sum(log_text(tmp_path, n).count("GWTF_DROP_FIRST_PHASE:") for n in swarm.names())
     assert lost >= 3 * (DATA_NODES + 2), lost  # every iteration lost at least one copy per node
-    _check(man, swarm.records(), trained(tmp_path, None, None))
+    _check(man, swarm.records(), trained(tmp_path, None, None), tmp_path)

@@ -87,3 +87,47 @@ def test_a_leaving_relay_denies_microbatches_of_iterations_after_its_last() -> N
     assert later not in m.mbs and not [e for e in eff if type(e) is Compute]
     eff = m.on_message(0.0, "p", Forward(*last, ("d", "p"), None, 0))  # its last iteration: it still takes part
     assert last in m.mbs and [e for e in eff if type(e) is Compute] == [Compute("forward", last)]
+
+
+def _relay_holding(keys) -> RecoveryNode:
+    """A relay whose backward of `keys` ran here (forward from p, to n, backward from n)."""
+    from gwtf_node.protocol.messages import Backward
+
+    m = relay()
+    for k in keys:
+        m.on_message(0.0, "p", Forward(*k, (k[0], "p"), None, 0))
+        m.on_compute_done(0.1, k, "forward")
+        m.on_message(0.2, "n", Backward(*k, None, 0))
+        m.on_compute_done(0.3, k, "backward")
+    assert m.contrib[0] == set(keys)
+    return m
+
+
+def test_a_dead_data_nodes_contributions_count_only_when_begin_names_them() -> None:
+    """A data node that dies after reporting its iteration: the leader's BEGIN names its completed seqs, and the
+    relay counts them whether it heard of the death before that BEGIN or after (two stages once counted them
+    differently: one relay had BEGIN first, the next one the death).  A BEGIN decided without its report (it
+    names none of them), or none at all, counts none of them; nor does a new incarnation of the node."""
+    keys = [("d", 0, 0), ("d", 1, 0)]
+    named = {"d": frozenset({0, 1})}
+    m = _relay_holding(keys)
+    m.peer_gone(1.0, "d")
+    assert not m.mbs and m.begin_aggregation(2.0, 0, named)[1] == frozenset(keys)
+
+    m = _relay_holding(keys)
+    m.begin_aggregation(1.0, 0, named)
+    m.peer_gone(2.0, "d")  # after BEGIN: nothing changes
+    assert m.begin_aggregation(2.0, 0, named)[1] == frozenset(keys)
+
+    m = _relay_holding(keys)
+    m.peer_gone(1.0, "d")
+    assert m.begin_aggregation(2.0, 0, {"e": frozenset({0})})[1] == frozenset()
+
+    m = _relay_holding(keys)
+    m.peer_gone(1.0, "d")
+    assert m.begin_aggregation(2.0, 0, None)[1] == frozenset()
+
+    m = _relay_holding(keys)
+    m.peer_gone(1.0, "d")
+    m.peer_back(1.5, "d", data_node=True)  # restarted: the old incarnation's gradients are not its
+    assert m.begin_aggregation(2.0, 0, named)[1] == frozenset()

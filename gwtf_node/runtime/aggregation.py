@@ -92,6 +92,7 @@ class Aggregation:
         # data nodes: the IterationDone reports of each iteration, for the metrics record of whoever leads when its
         # step ends (also a report that reaches a new leader after BEGIN; Phases keeps only those before BEGIN)
         self.reports: dict[int, dict[str, m.IterationDone]] = {}
+        self.opened: set[int] = set()  # a data node: the recent iterations whose aggregation it opened (leading)
         self.my_reports: dict[int, m.IterationDone] = {}
         self._leader: str | None = None  # the leader the phase was last handed
         self.last_iteration: int | None = None  # the last iteration whose step this node applied
@@ -206,6 +207,7 @@ class Aggregation:
         """Effects at the leader that may open an aggregation: the fault point sits before any BEGIN leaves."""
         for it in sorted({e.iteration for e in eff if isinstance(e, StartStep)}):
             if any(isinstance(e, Send) and isinstance(e.msg, m.BeginAggregation) for e in eff):
+                self.opened = {i for i in self.opened if i >= it - 2} | {it}
                 log.info("iteration %d: opening the aggregation", it)
                 self.faults.point("begin_open")
         self._apply(eff)
@@ -365,7 +367,7 @@ class Aggregation:
         self.step_counts[e.iteration] = e.microbatches
         if self.checkpoint_every and (e.iteration + 1) % self.checkpoint_every == 0:
             await self.stage.run(self.checkpoint)
-        if not relay and self.leadership.leader() == self.wire.me:  # the leader that opened this aggregation
+        if not relay and (self.leadership.leader() == self.wire.me or e.iteration in self.opened):
             self._record_metrics(e.iteration, now() - t0)
         self.last_iteration = e.iteration
         self._apply(self.phases.on_step_done(now(), e.iteration, self.peers.next_stage_ids(),
@@ -376,8 +378,21 @@ class Aggregation:
         self.stage.checkpoint(self.state_dir, self.peers.stage, self.checkpoint_keep)
 
     def _record_metrics(self, t: int, step_s: float) -> None:
+        """metrics.jsonl's record of iteration `t`, at the data node that opened its aggregation or leads when its
+        step ends, from the reports of the data nodes its BEGIN named (a dead one's died with it: the data part
+        steps on the survivors').  A node missing a live one's records nothing: one that believed itself leader
+        for a moment during an election held its own report only, while the leader that began has them all or
+        was handed them (`leader_changed`)."""
         ph = self.phases
         reports = self.reports.get(t, {})
+        begin = ph.begin_msgs.get(t)
+        if begin is not None and begin.completed:
+            named = {c.data_node for c in begin.completed}
+            if not {d for d in named if not self.peers.is_gone(d)} <= set(reports):
+                log.info("iteration %d: no metrics record here (reports of %s missing)", t,
+                         ", ".join(self.peers.who(d) for d in sorted(named - set(reports))))
+                return
+            reports = {d: reports[d] for d in named if d in reports}
         completed = sum(r.completed for r in reports.values())
         loss_sum = sum(reports[d].loss_sum for d in sorted(reports))
         seconds = now() - self.microbatches.iter_started

@@ -199,8 +199,11 @@ microbatch contributes at most once per stage among the nodes the data node
 knows of.
 
 A data node that dies (`peer_gone`, `_data_node_gone`) takes its
-microbatches with it: relays drop them and their contributions (its report to
-the leader is dropped by `Phases.forget`).
+microbatches with it: relays drop them, and its contributions count only if
+the leader had its report, i.e. only if the BEGIN of their iteration names
+them (`orphaned`: a relay may hear of the death before or after the BEGIN
+that names them; either way the whole pipeline counts the same).  Its report
+to a leader that has not begun is dropped by `Phases.forget`.
 """
 
 from .node import RecoveryNode

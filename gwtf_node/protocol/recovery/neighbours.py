@@ -110,6 +110,8 @@ class Neighbours:
         contributions died with it), so the microbatches it sends from now on
         start clean, whatever their keys.  A next-stage peer back is a route
         again (as in `set_neighbours`)."""
+        for keys in self.orphaned.values():  # its old incarnation's: a new one may send the same keys elsewhere
+            keys -= {k for k in keys if k[0] == peer}
         self.dead.discard(peer)
         self.gone.discard(peer)
         if data_node and peer not in self.cfg.data_nodes:
@@ -123,12 +125,17 @@ class Neighbours:
         """A data node died: its microbatches die with it (their owner and ledger are gone).
 
         Rule: none of its microbatches of an iteration not yet aggregated counts
-        anywhere (which of them completed died with it): relays drop them and
-        their contributions (its report to the leader is `Phases.forget`'s)."""
+        anywhere (which of them completed died with it), unless the leader
+        had its report: relays drop its microbatches and set its contributions
+        of iterations not begun here apart (`orphaned`), which count only if
+        BEGIN names them (`begin_aggregation`: a BEGIN decided before the
+        death names them, one decided after does not; its report to the leader
+        is `Phases.forget`'s)."""
         if not self.is_data:
             for key in [k for k in self.mbs if k[0] == peer]:
                 self._drop(key, eff)
             for it, keys in self.contrib.items():
                 if it not in self.begun:
+                    self.orphaned.setdefault(it, set()).update(k for k in keys if k[0] == peer)
                     self.contrib[it] = {k for k in keys if k[0] != peer}
         self.cfg = replace(self.cfg, data_nodes=tuple(d for d in self.cfg.data_nodes if d != peer))

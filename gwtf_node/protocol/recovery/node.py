@@ -44,6 +44,7 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         self.mbs: dict = {}  # relay: Key -> RelayRecord; data node: Key -> DataRecord
         self.out: dict[str, dict[str, int]] = {}  # gwtf flows: data node -> next hop -> units
         self.contrib: dict[int, set[Key]] = {}
+        self.orphaned: dict[int, set[Key]] = {}  # relay: contributions of data nodes gone before BEGIN (its rule)
         self.stats = RecoveryStats()
         # the aggregation phase, as the driver reports it (begin_aggregation, aggregation_done)
         self.begun: set[int] = set()
@@ -166,7 +167,14 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         microbatch is among them.  A gradient held for an attempt its data
         node deferred (the Release that would have dropped it was lost, or
         its holder was unknown to the data node) never counts: the
-        microbatch runs again in the next iteration and counts there."""
+        microbatch runs again in the next iteration and counts there.
+
+        The contributions of a data node reported gone before this BEGIN
+        (`orphaned`) count only when BEGIN names their seqs: the leader
+        decided BEGIN with that node's report (it died after reporting, and
+        the BEGIN reached this stage's front before or after the death), so
+        every stage counts them, whichever of the death and the BEGIN each
+        relay heard first.  Without `completed` they never count."""
         eff: list = []
         self.begun.add(it)
         if not self.is_data:
@@ -175,9 +183,10 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
             self.full.clear()
             self.denied.clear()
         held = self.contrib.get(it, set())
+        orphans = self.orphaned.pop(it, set())
         if completed is None:
             return eff, frozenset(held)
-        counted = frozenset(k for k in held if k[1] in completed.get(k[0], ()))
+        counted = frozenset(k for k in held | orphans if k[1] in completed.get(k[0], ()))
         self.stats.uncounted += len(held) - len(counted)
         return eff, counted
 
@@ -186,5 +195,6 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         eff: list = []
         self.stepped.add(it)
         self.contrib.pop(it, None)
+        self.orphaned.pop(it, None)
         self._room(eff)
         return eff
