@@ -60,6 +60,8 @@ VARIANTS = (
      {"joining": "restart"}, "--joining restart"),
     ("... and comes in only at the next iteration open", ("swarm", "gwtf"),
      {"joining": "restart", "join_mid_iteration": False}, "--joining restart --join-at-open"),
+    ("the leader places joiners on their stage costs only (no link costs reported)", ("swarm", "gwtf"),
+     {"join_links": False}, "--no-join-links"),
     ("timing priors from the peer's profiled compute x capacity (not the daemon's rule)", ("swarm", "gwtf"),
      {"priors": "modelled"}, "--priors modelled"),
     ("no membership layer for the microbatch and flow machines (crashes found by timeouts only)", ("swarm", "gwtf"),

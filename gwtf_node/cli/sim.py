@@ -157,6 +157,9 @@ def _add_train_parser(simsub) -> None:
     t.add_argument("--joining", choices=("machines", "restart"), default="machines",
                    help="a crashed relay comes back as a joiner placed by the leader's membership machine, as in "
                         "the daemon (default), or in its own stage with a stage peer's state (the older model)")
+    t.add_argument("--no-join-links", dest="join_links", action="store_false",
+                   help="joiners and members tell the leader only their stage costs and capacities, not their link "
+                        "costs (the daemon tells both, the default; the leader's search then routes over them)")
     t.add_argument("--no-spare-last", dest="spare_last", action="store_false",
                    help="churn may kill the last live relay of a stage (by default it is spared, as by "
                         "`gwtf-node local --churn`: a joiner has no state to load in a stage with no member left)")
@@ -181,7 +184,8 @@ def sim_train_options(args: argparse.Namespace) -> dict:
                 one_wave=args.one_wave, swarm_reacts_to=args.swarm_reacts_to,
                 gwtf_acts_on_gone=args.gwtf_acts_on_gone, detect=args.detect, detect_s=args.detect_s,
                 unpresume=args.unpresume, join_mid_iteration=args.join_mid_iteration, can_take=args.can_take,
-                joining=args.joining, priors=args.priors, spare_last=args.spare_last, flow_options=_flow_options(args))
+                joining=args.joining, priors=args.priors, spare_last=args.spare_last, join_links=args.join_links,
+                flow_options=_flow_options(args))
 
 
 def _flow_options(args: argparse.Namespace) -> dict | None:

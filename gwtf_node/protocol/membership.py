@@ -73,6 +73,7 @@ ROUND_TIMER = "membership.round"
 COLLECT_TIMER = "membership.collect"
 RETRY_TIMER = "membership.join_retry"
 MAX_MISSED_ROUNDS = 3  # a member silent for this many rounds in a row is forgotten
+MAX_LINKS_REPORTED = 1024  # link costs in a JoinRequest or UtilizationReport (the leader's placement graph)
 
 
 # ---- pure placement ---------------------------------------------------------

@@ -40,7 +40,7 @@ import trio
 
 from ..protocol import messages as m
 from ..protocol.effects import Send
-from ..protocol.membership import INITIAL, JoinerConfig, JoinerMachine
+from ..protocol.membership import INITIAL, MAX_LINKS_REPORTED, JoinerConfig, JoinerMachine
 from .aggregation import Aggregation
 from .discovery import Discovery
 from .flows import Flows
@@ -55,7 +55,6 @@ log = logging.getLogger("gwtf.node")
 STATE_WAIT_S = 600.0  # how long a source waits for its own steps before answering a StageStateRequest
 LEAVE_WAIT_S = 10.0  # a leaving relay waits at most this long for the aggregation of its last iteration
 GOODBYE_WAIT_S = 3.0
-MAX_LINKS_REPORTED = 1024  # link costs in a JoinRequest or UtilizationReport (the leader's placement graph)
 LEADER_LOOKUP_S = 5.0
 MAX_STATE_BYTES = 1 << 34
 RESUME_POLL_S = 2.0  # a relay coming back that waits asks its peers again this often

@@ -43,8 +43,10 @@ class TrainSim(AggregationDriver, AllReduceDriver, FlowDriver, JoinDriver, Repor
     this setting): DT-FM's static pipelines, recomputed `scheduler.delay_s` after each membership report;
     `priors` ("links": the daemon's timing priors, protocol/recovery/priors.py; "modelled": `_prior`);
     `joining` ("machines": a relay back after a crash joins through the leader's placement, joining.py;
-    "restart": it comes back in its stage, `join_mid_iteration` says when); `spare_last` (True: churn spares
-    the last live relay of a stage, `_spared`).
+    "restart": it comes back in its stage, `join_mid_iteration` says when); `join_links` (True: a joiner's
+    JoinRequest and a member's UtilizationReport carry their link costs, as the daemon's, and the leader's search
+    routes over them; False: stage costs only); `spare_last` (True: churn spares the last live relay of a stage,
+    `_spared`).
     `flow_cpu_s` sums the CPU time the flow machines took (GWTF's scheduler cost)."""
 
     machine_class = RecoveryNode  # every node's microbatch machine (a policy of its own may subclass it)
@@ -56,7 +58,8 @@ class TrainSim(AggregationDriver, AllReduceDriver, FlowDriver, JoinDriver, Repor
                  gwtf_acts_on_gone: bool = True, routing: str = "machines", flow_options: dict | None = None,
                  lend: bool = True, one_wave: bool = False, detect_s: float = DETECT_S, fastest_unit: bool = True,
                  unpresume: bool = True, can_take: str = CanTakeRule.ALL.value, scheduler=None,
-                 priors: str = "links", joining: str = "machines", spare_last: bool = True) -> None:
+                 priors: str = "links", joining: str = "machines", spare_last: bool = True,
+                 join_links: bool = True) -> None:
         if routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {ROUTINGS}, not {routing!r}")
         if (routing == "dtfm") != (scheduler is not None):
@@ -70,6 +73,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, FlowDriver, JoinDriver, Repor
         if joining not in JOININGS:
             raise ValueError(f"joining must be one of {JOININGS}, not {joining!r}")
         self.joining = joining
+        self.join_links = join_links  # joiners and members tell the leader their link costs (joining.py)
         self.spare_last = spare_last  # churn never kills the last live relay of a stage (`_spared`)
         self.spared = 0
         self.joiners: dict = {}  # joining.py: joiner id -> its JoinerMachine, until it comes in

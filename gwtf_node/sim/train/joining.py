@@ -53,7 +53,9 @@ the first other member of its stage's group (`Joining.resync`).
 from __future__ import annotations
 
 from ...protocol.effects import CancelTimer, Send, SetTimer
-from ...protocol.membership import INITIAL, JoinerConfig, JoinerMachine, MembershipConfig, MembershipMachine
+from ...protocol.membership import (
+    INITIAL, MAX_LINKS_REPORTED, JoinerConfig, JoinerMachine, MembershipConfig, MembershipMachine,
+)
 from ...protocol.messages import Assignment, JoinRequest, StageStateRequest, UtilizationQuery, UtilizationReport
 from .events import Event
 from .setting import STAGE_STATE_MB
@@ -74,7 +76,7 @@ class JoinDriver:
         nid = f"{old.split('~')[0]}~{self.joiner_count}"
         self.net.loc[nid] = self.net.loc[old]  # the same machine, restarted
         self.join_stats["asked"] += 1
-        jm = JoinerMachine(JoinerConfig(nid, self.cap[old], self._stage_costs(nid)))
+        jm = JoinerMachine(JoinerConfig(nid, self.cap[old], self._stage_costs(nid), link_costs=self._join_links(nid)))
         self.joiners[nid] = jm
         self._joiner_cap[nid] = self.cap[old]
         self._apply_join(nid, "joiner", jm.start(self.now))
@@ -93,6 +95,25 @@ class JoinDriver:
             nxt = list(self._live_data()) if k == S - 1 else self._peers(k + 1, nid)
             out.append(round(mean_rtt(prev) / 2 + mean_rtt(nxt) / 2, 3))
         return tuple(out)
+
+    def _join_links(self, nid: str) -> tuple[tuple[str, float], ...]:
+        """What a joiner tells the leader of its links (`JoinRequest.link_costs`, as `Joining.join`): the Equation
+        1 cost of its link to each live node it measured (every data node and relay here), sorted by peer id."""
+        if not self.join_links:
+            return ()
+        peers = sorted(set(self._live_data()) | {r for r in self.stage if r not in self.dead and r not in self.data
+                                                 and r != nid})
+        return tuple((p, round(self._flow_cost(nid, p), 3)) for p in peers[:MAX_LINKS_REPORTED])
+
+    def _member_links(self, nid: str) -> tuple[tuple[str, float], ...]:
+        """What a serving relay tells the leader of its links (`UtilizationReport.link_costs`, as
+        `Joining.on_utilization_query`): the Equation 1 costs of its flow machine's links, by peer id."""
+        fm = self.fnodes.get(nid)
+        if not self.join_links or fm is None:
+            return ()
+        links = {**{p: round(c, 3) for p, c in fm.cfg.prev_costs.items()},
+                 **{p: round(c, 3) for p, c in fm.cfg.next_costs.items()}}
+        return tuple(sorted(links.items()))[:MAX_LINKS_REPORTED]
 
     def _lookup_leader(self, nid: str) -> None:
         """The joiner's DHT lookup of the leader record; again LEADER_LOOKUP_S later while it is not placed."""
@@ -146,7 +167,7 @@ class JoinDriver:
         if t is UtilizationQuery:
             if nid not in self.data:  # a serving relay reports (runtime/joining.py `on_utilization_query`)
                 self._send(nid, Send(sender, UtilizationReport(msg.query_id, self.stage[nid], self._units_through(nid),
-                                                               self.cap[nid], True)))
+                                                               self.cap[nid], True, self._member_links(nid))))
         elif t in (JoinRequest, UtilizationReport):
             if nid in self.placement and self._leading(nid):
                 pm = self.placement[nid]
