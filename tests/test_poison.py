@@ -149,3 +149,18 @@ def test_a_state_is_taken_when_the_members_that_vouch_for_it_outnumber_the_other
     assert verdict(5, "h", {"a": (5, "h"), "b": (5, "forged")})[0]  # one hostile member is outvoted
     ok, why = verdict(5, "h", {"a": (6, "other")})  # a member that stepped meanwhile says nothing either way
     assert ok and "sender's word" in why
+
+
+def test_an_honest_embedding_spike_is_not_refused() -> None:
+    """The rates of the embedding slice (part 0 of 2) of two data nodes, iterations 0-15 of the default model
+    (tests/test_long_exactness.py): at iteration 15 one data node's rate is 1.84, 2,450 times the median of the
+    recent accepted ones and 3,500 times the other data node's.  An honest gradient: it is summed."""
+    rates = [(0.0115, 0.0127), (0.00481, 0.00687), (0.00296, 0.00202), (0.00155, 0.00478), (0.00104, 0.00118),
+             (0.00357, 0.00107), (0.000975, 0.000915), (0.000913, 0.00105), (0.0009, 0.0135), (0.00456, 0.00075),
+             (0.000718, 0.000862), (0.000793, 0.000734), (0.00077, 0.000835), (0.00065, 0.00891),
+             (0.000499, 0.000596)]
+    g = GradGuard()
+    for a, b in rates:
+        assert not g.judge(SLOT, [contrib("d0", 10 * a), contrib("d1", 10 * b)], max_count=8).refused
+    assert not g.judge(SLOT, [contrib("d0", 10 * 0.000526), contrib("d1", 10 * 1.84)], max_count=8).refused
+    assert g.judge(SLOT, [contrib("d0", 10 * 0.000526), contrib("d1", 10 * 1.84e3)], max_count=8).refused  # poison

@@ -42,12 +42,17 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-# A stage's honest gradient rates swing widely while it trains: more than 30 times
-# within a few iterations of a small model in the daemon's restart test (a loss
-# spike after the norms had fallen).  A contribution a thousand times the recent
-# median is no honest gradient; what passes below it is bounded by the step
-# itself (`grad_clip_norm`, and one optimizer step per iteration).
-OUTLIER_FACTOR = 1000.0
+# A stage's honest gradient rates swing widely while it trains, most in the slices
+# that hold the token embedding, whose rows get a gradient only from the tokens a
+# microbatch holds: the default model with two data nodes (seq_len 16, 4
+# microbatches each) saw one data node's embedding slice at 2,450 times the median
+# of its recent history and 3,500 times the other data node's in the same round
+# (iteration 15: a factor of 1000 refuses that honest contribution, and the run
+# departs from the centralized reference).  Ten thousand times the recent median is
+# the bound here;
+# what passes below it is bounded by the step itself (`grad_clip_norm`, and one
+# optimizer step per iteration).
+OUTLIER_FACTOR = 10_000.0
 # Accepted rates remembered per slice: enough for a stable median, short enough
 # to follow the decay of gradient norms during training.
 HISTORY_ROUNDS = 8
