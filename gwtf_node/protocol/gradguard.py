@@ -49,9 +49,8 @@ from dataclasses import dataclass, field
 # of its recent history and 3,500 times the other data node's in the same round
 # (iteration 15: a factor of 1000 refuses that honest contribution, and the run
 # departs from the centralized reference).  Ten thousand times the recent median is
-# the bound here;
-# what passes below it is bounded by the step itself (`grad_clip_norm`, and one
-# optimizer step per iteration).
+# the bound here; what passes below it is bounded by the step itself
+# (`grad_clip_norm`, and one optimizer step per iteration).
 OUTLIER_FACTOR = 10_000.0
 # Accepted rates remembered per slice: enough for a stable median, short enough
 # to follow the decay of gradient norms during training.

@@ -76,6 +76,12 @@ MAX_MISSED_ROUNDS = 3  # a member silent for this many rounds in a row is forgot
 MAX_LINKS_REPORTED = 1024  # link costs in a JoinRequest or UtilizationReport (the leader's placement graph)
 
 
+
+def link_report(costs: Mapping[str, float]) -> tuple[tuple[str, float], ...]:
+    """The link costs a JoinRequest (a joiner's measured links) or a UtilizationReport (a member's flow links)
+    carries: (peer, cost) by peer id, at most MAX_LINKS_REPORTED of them."""
+    return tuple(sorted(costs.items()))[:MAX_LINKS_REPORTED]
+
 # ---- pure placement ---------------------------------------------------------
 
 

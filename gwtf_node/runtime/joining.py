@@ -40,7 +40,7 @@ import trio
 
 from ..protocol import messages as m
 from ..protocol.effects import Send
-from ..protocol.membership import INITIAL, MAX_LINKS_REPORTED, JoinerConfig, JoinerMachine
+from ..protocol.membership import INITIAL, JoinerConfig, JoinerMachine, link_report
 from .aggregation import Aggregation
 from .discovery import Discovery
 from .flows import Flows
@@ -153,7 +153,7 @@ class Joining:
         for pid in self.peers.ids_known():
             self.peers.set_rtt(pid, await self.liveness.measure_rtt(pid))
         measured = sorted(p for p in self.peers.ids_known() if self.peers.get(p).rtt_ms is not None)
-        links = tuple((p, self.flows.link_cost(p)) for p in measured[:MAX_LINKS_REPORTED])
+        links = link_report({p: self.flows.link_cost(p) for p in measured})
         cfg = JoinerConfig(self.wire.me, self._measured_capacity(), self._stage_costs(), link_costs=links)
         self.peers.set_capacity(cfg.capacity)
         self.joiner = JoinerMachine(cfg)
@@ -194,7 +194,7 @@ class Joining:
             links = {**self.flows.prev_costs, **self.flows.next_costs}  # Eq. 1 costs of its flow links
             self.wire.post(peer, m.UtilizationReport(msg.query_id, self.peers.stage, self.flows.units_through(),
                                                      self.peers.capacity, not self.peers.place.joining,
-                                                     tuple(sorted(links.items()))[:MAX_LINKS_REPORTED]))
+                                                     link_report(links)))
 
     def on_assignment(self, peer: str, msg: m.Assignment) -> None:
         if self.joiner is None or self.peers.stage is not None:

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from ...protocol.effects import CancelTimer, Send, SetTimer
 from ...protocol.membership import (
-    INITIAL, MAX_LINKS_REPORTED, JoinerConfig, JoinerMachine, MembershipConfig, MembershipMachine,
+    INITIAL, JoinerConfig, JoinerMachine, MembershipConfig, MembershipMachine, link_report,
 )
 from ...protocol.messages import Assignment, JoinRequest, StageStateRequest, UtilizationQuery, UtilizationReport
 from .events import Event
@@ -101,9 +101,9 @@ class JoinDriver:
         1 cost of its link to each live node it measured (every data node and relay here), sorted by peer id."""
         if not self.join_links:
             return ()
-        peers = sorted(set(self._live_data()) | {r for r in self.stage if r not in self.dead and r not in self.data
-                                                 and r != nid})
-        return tuple((p, round(self._flow_cost(nid, p), 3)) for p in peers[:MAX_LINKS_REPORTED])
+        relays = {r for r in self.stage if r not in self.dead and r not in self.data and r != nid}
+        peers = set(self._live_data()) | relays
+        return link_report({p: round(self._flow_cost(nid, p), 3) for p in peers})
 
     def _member_links(self, nid: str) -> tuple[tuple[str, float], ...]:
         """What a serving relay tells the leader of its links (`UtilizationReport.link_costs`, as
@@ -111,9 +111,7 @@ class JoinDriver:
         fm = self.fnodes.get(nid)
         if not self.join_links or fm is None:
             return ()
-        links = {**{p: round(c, 3) for p, c in fm.cfg.prev_costs.items()},
-                 **{p: round(c, 3) for p, c in fm.cfg.next_costs.items()}}
-        return tuple(sorted(links.items()))[:MAX_LINKS_REPORTED]
+        return link_report({p: round(c, 3) for p, c in {**fm.cfg.prev_costs, **fm.cfg.next_costs}.items()})
 
     def _lookup_leader(self, nid: str) -> None:
         """The joiner's DHT lookup of the leader record; again LEADER_LOOKUP_S later while it is not placed."""
