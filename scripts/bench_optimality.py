@@ -23,6 +23,9 @@ Each (K, churn, seed) runs the same simulator three times
 * `dtfm_pinned`: DT-FM's pipelines over GWTF's placement (every relay keeps
   its given stage): the routing half of its schedule, on equal terms with
   GWTF, whose relays cannot choose their stage;
+* `gwtf_swarm`: GWTF's flows over the placement its leader gives a swarm
+  forming from scratch (`protocol/swarmplace.py`: every relay placed at once
+  by the flows its links make possible; `run_train(placement="swarm")`);
 * `gwtf_placed`: GWTF's flows over DT-FM's placement (every relay in the
   stage DT-FM's search gave it, `run_train(placement="dtfm")`): the other
   way to put the two routings on equal terms.
@@ -33,8 +36,8 @@ until every data node had its flows (rounds of 1 s); DT-FM's genetic
 algorithm's generations, cost-model evaluations and CPU time, times the
 number of schedules computed in the run.
 
-`--json` prints one object per (setting, churn) with `gwtf`, `dtfm`,
-`dtfm_pinned` and `gwtf_placed`, each holding `time_per_microbatch_s`, `throughput_per_iteration`
+`--json` prints one object per (setting, churn) with `gwtf`, `gwtf_swarm`,
+`dtfm`, `dtfm_pinned` and `gwtf_placed`, each holding `time_per_microbatch_s`, `throughput_per_iteration`
 and `scheduler_cpu_s` (means over the seeds); without it a table is printed
 and written to docs/bench_optimality.md (everything from a "## Reading"
 heading of the existing file on is kept).
@@ -51,11 +54,12 @@ import time
 from pathlib import Path
 
 from gwtf_node.sim.schedule import GENERATIONS, POPULATION
-from gwtf_node.sim.train import run_train
+from gwtf_node.sim.train import make_setting, run_train, swarm_placement
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPER = {"dtfm": (0.44, 9.0), "gwtf": (0.51, 8.08)}  # Table VI: time per microbatch, throughput per iteration
-SYSTEMS = ("gwtf", "dtfm", "dtfm_pinned", "gwtf_placed")
+SYSTEMS = ("gwtf", "gwtf_swarm", "dtfm", "dtfm_pinned", "gwtf_placed")
+NAMES = ("GWTF", "GWTF swarm-placed", "DT-FM", "DT-FM pinned", "GWTF placed by DT-FM")
 
 
 def _mean(vals) -> float:
@@ -74,6 +78,13 @@ def run_one(scale: int, churn: float, seed: int, iterations: int, dtfm_opts: dic
                    "formation_rounds": form.get("formed_s", math.nan), "flow_messages": g["flow_messages"],
                    "formation_messages": form.get("flow_messages", math.nan),
                    "lost_microbatches": g["lost_microbatches"], "crashes": g["crashes"]}
+    t0 = time.process_time()
+    swarm_placement(make_setting(setting, seed))
+    place_cpu = time.process_time() - t0
+    w = run_train(setting, "gwtf", churn, iterations, seed, placement="swarm")
+    out["gwtf_swarm"] = {"time_per_microbatch_s": w["time_per_microbatch_s"],
+                         "throughput_per_iteration": w["throughput_per_iteration"], "placement_cpu_s": place_cpu,
+                         "lost_microbatches": w["lost_microbatches"], "crashes": w["crashes"]}
     p = run_train(setting, "gwtf", churn, iterations, seed, placement="dtfm", dtfm_options=dict(dtfm_opts))
     out["gwtf_placed"] = {"time_per_microbatch_s": p["time_per_microbatch_s"],
                           "throughput_per_iteration": p["throughput_per_iteration"],
@@ -152,42 +163,42 @@ def render(rows: list[dict], args, elapsed: float) -> str:
            "time (iteration length, aggregation included, over microbatches completed); throughput in microbatches "
            "completed per iteration (12 x K pushed).\n",
            "## Time per microbatch and throughput\n",
-           "| setting | nodes | churn | GWTF s/microb | DT-FM s/microb | DT-FM pinned s/microb | GWTF placed by DT-FM "
-           "s/microb | GWTF vs DT-FM | GWTF vs DT-FM pinned | GWTF placed by DT-FM vs DT-FM | GWTF thr/it | "
-           "DT-FM thr/it | DT-FM pinned thr/it | GWTF placed by DT-FM thr/it |",
-           "|---" * 14 + "|"]
+           "| setting | nodes | churn | " + " | ".join(f"{n} s/microb" for n in NAMES) + " | GWTF swarm-placed vs "
+           "DT-FM | GWTF vs DT-FM | GWTF vs DT-FM pinned | GWTF placed by DT-FM vs DT-FM | throughput / it (in the "
+           "same order) |",
+           "|---" * 13 + "|"]
 
     def vs(a: dict, b: dict) -> str:
         return f"{(a['time_per_microbatch_s'] / b['time_per_microbatch_s'] - 1) * 100:+.0f}%"
     for r in rows:
-        g, d, p, q = (r[s] for s in SYSTEMS)
-        out.append(f"| {r['setting']} | {r['nodes']} | {int(r['churn'] * 100)}% | {g['time_per_microbatch_s']:.2f} | "
-                   f"{d['time_per_microbatch_s']:.2f} | {p['time_per_microbatch_s']:.2f} | "
-                   f"{q['time_per_microbatch_s']:.2f} | {vs(g, d)} | {vs(g, p)} | {vs(q, d)} | "
-                   f"{g['throughput_per_iteration']:.2f} | {d['throughput_per_iteration']:.2f} | "
-                   f"{p['throughput_per_iteration']:.2f} | {q['throughput_per_iteration']:.2f} |")
+        g, w, d, p, q = (r[s] for s in SYSTEMS)
+        out.append(f"| {r['setting']} | {r['nodes']} | {int(r['churn'] * 100)}% | "
+                   + " | ".join(f"{r[s]['time_per_microbatch_s']:.2f}" for s in SYSTEMS)
+                   + f" | {vs(w, d)} | {vs(g, d)} | {vs(g, p)} | {vs(q, d)} | "
+                   + " / ".join(f"{r[s]['throughput_per_iteration']:.0f}" for s in SYSTEMS) + " |")
     out += ["", f"The paper (Table VI, its own simulator, the 18-node setting, no churn): DT-FM {PAPER['dtfm'][0]} "
             f"and GWTF {PAPER['gwtf'][0]} per microbatch (GWTF +{(PAPER['gwtf'][0] / PAPER['dtfm'][0] - 1) * 100:.0f}%), "
             f"throughput {PAPER['dtfm'][1]} and {PAPER['gwtf'][1]} per iteration.\n",
-            "Per seed, time per microbatch (s), GWTF / DT-FM / DT-FM pinned / GWTF placed by DT-FM:\n"]
+            f"Per seed, time per microbatch (s), {' / '.join(NAMES)}:\n"]
     for r in rows:
         per = zip(*(r[s]["per_seed_time_per_microbatch_s"] for s in SYSTEMS))
         out.append(f"- {r['setting']} {int(r['churn'] * 100)}%: " + "; ".join(" / ".join(f"{v:.1f}" for v in t)
                                                                           for t in per))
     out += ["\n## What each scheduler costs as the swarm grows\n",
             "| setting | nodes | churn | GWTF flows formed (rounds of 1 s) | GWTF messages to form | GWTF messages "
-            "(run) | GWTF flow CPU s (run, all nodes) | DT-FM generations | DT-FM evaluations | DT-FM search CPU s | "
-            "DT-FM schedules computed | DT-FM scheduler CPU s (run) | crashes |",
-            "|---" * 13 + "|"]
+            "(run) | GWTF flow CPU s (run, all nodes) | GWTF whole-swarm placement CPU s | DT-FM generations | "
+            "DT-FM evaluations | DT-FM search CPU s | DT-FM schedules computed | DT-FM scheduler CPU s (run) | crashes |",
+            "|---" * 14 + "|"]
     for r in rows:
         g, d = r["gwtf"], r["dtfm"]
         out.append(f"| {r['setting']} | {r['nodes']} | {int(r['churn'] * 100)}% | {g['formation_rounds']:.0f} | "
                    f"{g['formation_messages']:.0f} | {g['flow_messages']:.0f} | {g['scheduler_cpu_s']:.2f} | "
+                   f"{r['gwtf_swarm']['placement_cpu_s']:.2f} | "
                    f"{d['generations']:.0f} | {d['evaluations']:.0f} | {d['search_cpu_s']:.2f} | "
                    f"{1 + d['recomputations']:.1f} | {d['scheduler_cpu_s']:.2f} | {g['crashes']:.1f} |")
     out += ["", "Lost microbatches (all runs): " + ", ".join(
         f"{r['setting']} {int(r['churn'] * 100)}% " + "/".join(f"{r[s]['lost_microbatches']:.0f}" for s in SYSTEMS)
-        for r in rows) + " (GWTF / DT-FM / DT-FM pinned / GWTF placed by DT-FM).\n"]
+        for r in rows) + f" ({' / '.join(NAMES)}).\n"]
     return "\n".join(out) + "\n"
 
 

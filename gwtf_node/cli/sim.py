@@ -123,9 +123,11 @@ def _add_train_parser(simsub) -> None:
                         "places the relays and forms the pipelines, recomputed after each crash)")
     t.add_argument("--dtfm-keep-stages", action="store_true",
                    help="--routing dtfm: every relay keeps its stage; DT-FM only forms the pipelines")
-    t.add_argument("--placement", choices=("given", "dtfm"), default="given",
-                   help="the relays' stages: the setting's (default), or those DT-FM's search gives them (the "
-                        "routing then runs over DT-FM's placement: GWTF's flows against DT-FM's pipelines on it)")
+    t.add_argument("--placement", choices=("given", "swarm", "dtfm"), default="given",
+                   help="the relays' stages: the setting's (default: relays started with --stage N), those the "
+                        "leader gives a swarm forming from scratch (swarm: every relay placed at once by the flows "
+                        "its links make possible), or those DT-FM's search gives them (the routing then runs over "
+                        "DT-FM's placement: GWTF's flows against DT-FM's pipelines on it)")
     t.add_argument("--no-reflow", dest="reflow", action="store_false",
                    help="oracle routing: keep the initial optimum and local repairs only")
     t.add_argument("--label-waves", action="store_true", help="GWTF's flow machines announce labels in waves")

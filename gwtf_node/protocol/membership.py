@@ -36,6 +36,11 @@ The leader (`MembershipMachine`, run by the data node while
    candidate's cheaper stage, lower index) and the paper's rank matching (the
    highest capacity to the most utilized stage, the second to the second).
    The search spends at most `placement_evaluations` evaluations per round.
+   A swarm forming from scratch (iteration 0, no member yet, at least one
+   candidate per stage, links told) is placed as a whole instead
+   (`swarmplace.place_new_swarm`: every candidate's stage by the flows its
+   links make possible, each data node's microbatches out and back to it),
+   every stage's state the manifest's initial weights.
 4. State source: a member of the stage that answered this round, reports
    that it serves, and is not a newcomer the leader placed and has not yet
    seen serving: never a node that is itself joining.  Among those the one
@@ -67,6 +72,7 @@ from .effects import CancelTimer, Effect, Send, SetTimer
 from .messages import Assignment, JoinRequest, StageStateRequest, UtilizationQuery, UtilizationReport
 from .placement import (DATA, DEFAULT_MAX_EVALUATIONS, Candidate, Member, PlacementProblem, StageLoad,
                         rank_matching, search_stages)
+from .swarmplace import DEFAULT_SWARM_EVALUATIONS, place_new_swarm
 
 INITIAL = ""  # download_from of a placement into an empty stage before any step: the manifest's initial weights
 ROUND_TIMER = "membership.round"
@@ -221,6 +227,7 @@ class MembershipConfig:
     join_timeout_s: float = 120.0  # a placed newcomer not serving by then is forgotten
     placement_evaluations: int = DEFAULT_MAX_EVALUATIONS  # budget of the stage search per round
     data_nodes: tuple[str, ...] = ()  # the run's data nodes: one side of the placement graph (`known_links`)
+    swarm_evaluations: int = DEFAULT_SWARM_EVALUATIONS  # budget of a whole-swarm placement (0: never one)
 
     def __post_init__(self) -> None:
         if not 0 < self.report_timeout_s < self.query_interval_s:
@@ -334,8 +341,7 @@ class MembershipMachine:
         links = known_links(self.reports, {n: self.candidate_links.get(n, ()) for n in self.waiting},
                             self.cfg.data_nodes)
         effects: list[Effect] = []
-        for c, stage, src in place_by_search(self.waiting.values(), loads, sources, self.reports,
-                                             self.cfg.placement_evaluations, members=members, links=links):
+        for c, stage, src in self._place(members, loads, sources, links):
             a = Assignment(term=self.term, node=c.node, stage=stage, download_from=src,
                            start_iteration=self.iteration if src == INITIAL else self.iteration + 1)
             self.placed[c.node] = _Placed(a, c.capacity, now)
@@ -345,6 +351,20 @@ class MembershipMachine:
             if src != INITIAL:
                 effects.append(Send(src, a))
         return effects
+
+    def _place(self, members: list[Member], loads: dict[int, StageLoad], sources: dict[int, list[str]],
+               links: dict[tuple[str, str], float]) -> list[tuple[Candidate, int, str]]:
+        """A swarm forming from scratch (no step yet, no member, a candidate for every stage) is placed as a
+        whole by the links its candidates told (`swarmplace.place_new_swarm`); any other round by
+        `place_by_search`."""
+        if self.iteration == 0 and not members and self.cfg.swarm_evaluations > 0:
+            cands = [self.waiting[n] for n in sorted(self.waiting)]
+            stages = place_new_swarm(cands, {c.node: self.candidate_links.get(c.node, ()) for c in cands},
+                                     self.cfg.data_nodes, self.cfg.num_stages, self.cfg.swarm_evaluations)
+            if stages is not None:
+                return [(c, stages[c.node], INITIAL) for c in cands]
+        return place_by_search(self.waiting.values(), loads, sources, self.reports,
+                               self.cfg.placement_evaluations, members=members, links=links)
 
     def _update_members(self, now: float) -> None:
         for n, r in self.reports.items():

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..train.setting import ACTIVATION_MB, MICROBATCHES, Setting
+from ..train.setting import ACTIVATION_MB, MICROBATCHES, Setting, restage
 from .pipelines import flows_of, repin
 from .problems import Schedule, instance_from_setting, schedule
 
@@ -68,17 +68,8 @@ def dtfm_routing(setting: Setting, seed: int, method: str = "dtfm", place: bool 
         out.flows = out.reflows(dict(setting.relays), tuple(setting.data), len(STAGE_SIZES))
         out.recomputations = 0
         return out
-    relays: dict[str, tuple[int, int]] = {}
-    loc = {d: setting.net.loc[d] for d in setting.data}
-    rename: dict[str, str] = {}
-    for s, group in enumerate(sched.stages()):
-        for i, old in enumerate(group):
-            new = f"s{s}r{i}"
-            rename[old] = new
-            relays[new] = (s, setting.relays[old][1])
-            loc[new] = setting.net.loc[old]
-    net = type(setting.net)(loc, setting.net.lat, setting.net.bw, setting.net.intra)
-    staged = Setting(setting.name, relays, net, setting.data)
+    staged, rename = restage(setting, [list(g) for g in sched.stages()])
+    relays = staged.relays
     pipes = [(d, tuple(rename[r] for r in path)) for d, path in sched.pipelines()]
     units = min([MICROBATCHES] + [relays[r][1] for _, p in pipes for r in p])
     return DtfmRouting(sched, staged, flows_of(pipes, list(setting.data), units), sched.result.cpu_s)

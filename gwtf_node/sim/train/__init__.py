@@ -203,7 +203,10 @@ from .setting import (
     SETTINGS, SILENCE_S, STAGE_SIZES, STAGE_STATE_MB, SWARM_REACTIONS, Net, Setting, compute_s, gradient_mb,
     initial_flows, make_net, make_setting,
 )
-from .setting import TABLE6_SCALES, TABLE6_SETTINGS, make_table6
+from .setting import TABLE6_SCALES, TABLE6_SETTINGS, make_table6, swarm_placement
+
+# given: the setting's stages (relays started with `--stage N`); dtfm: DT-FM's search's; swarm: place_swarm's
+PLACEMENTS = ("given", "dtfm", "swarm")
 
 # taskpool: the hybrid design's task pool (taskpool.py); random: SWARM's machinery with random next hops (the
 # daemon's --policy random)
@@ -220,16 +223,22 @@ def run_train(setting: str, policy: str, churn: float, iterations: int, seed: in
     `dtfm_options`: its method, population, generations) arranges the setting first and the run follows its
     pipelines; the report gets `dtfm` (the schedule's cost and CPU time).  `placement="dtfm"`: the relays take
     the stages DT-FM's search gives them (its placement alone), and the run routes as `routing` says (GWTF's
-    flows by default): the two routings compared on DT-FM's placement.
+    flows by default): the two routings compared on DT-FM's placement.  `placement="swarm"`: every relay in
+    the stage `protocol/swarmplace.place_swarm` gives it, over every link's cost (`setting.swarm_placement`).
     `breakdown`: trace the run and add `waste_breakdown_s` (seconds per iteration by cause,
     `TrainSim.waste_breakdown`).  `scheduler_cost`: add `flow_cpu_s` and `flow_formation` (CPU times: they
     differ from run to run, so they are not in the report by default)."""
     s = make_setting(setting, seed, data_nodes)
     sched = None
-    if options.pop("placement", "given") == "dtfm":  # GWTF's flows over the stages DT-FM's search gave the relays
+    placement = options.pop("placement", "given")
+    if placement not in PLACEMENTS:
+        raise ValueError(f"unknown placement {placement!r}: one of {PLACEMENTS}")
+    if placement == "dtfm":  # GWTF's flows over the stages DT-FM's search gave the relays
         from ..schedule.routing import dtfm_routing
 
         s = dtfm_routing(s, seed, **(dtfm_options or {})).setting
+    elif placement == "swarm":  # every relay placed at once by protocol/swarmplace.py
+        s = swarm_placement(s)
     if options.get("routing") == "dtfm":
         from ..schedule.routing import dtfm_routing
 

@@ -157,6 +157,47 @@ def compute_s(node_stage: int, kind: str) -> float:
 IDEAL_MB_S = DATA_FWD_S + DATA_LOSS_S + DATA_FINAL_S + len(STAGE_SIZES) * (FORWARD_S + BACKWARD_S)
 
 
+def restage(setting: Setting, groups: list[list[str]]) -> tuple[Setting, dict[str, str]]:
+    """The setting with the relays of `groups[s]` in stage s, renamed `s<stage>r<i>` (same location, same
+    capacity), and the renaming (old id -> new id)."""
+    relays: dict[str, tuple[int, int]] = {}
+    loc = {d: setting.net.loc[d] for d in setting.data}
+    rename: dict[str, str] = {}
+    for s, group in enumerate(groups):
+        for i, old in enumerate(group):
+            new = f"s{s}r{i}"
+            rename[old] = new
+            relays[new] = (s, setting.relays[old][1])
+            loc[new] = setting.net.loc[old]
+    net = type(setting.net)(loc, setting.net.lat, setting.net.bw, setting.net.intra)
+    return Setting(setting.name, relays, net, setting.data), rename
+
+
+def swarm_placement(setting: Setting, max_evaluations: int | None = None) -> Setting:
+    """The setting with every relay where the daemon's leader puts a swarm forming from scratch
+    (`protocol/swarmplace.place_new_swarm`): every relay a candidate, each telling the Equation 1 cost of its
+    link to every other node (the daemon's joiner tells its measured links, up to MAX_LINKS_REPORTED)."""
+    from ...protocol.cost import link_cost
+    from ...protocol.placement import Candidate
+    from ...protocol.swarmplace import DEFAULT_SWARM_EVALUATIONS, place_new_swarm
+
+    S, net = len(STAGE_SIZES), setting.net
+    nodes = sorted(list(setting.data) + list(setting.relays))
+    told: dict[str, list[tuple[str, float]]] = {}
+    for r in sorted(setting.relays):
+        told[r] = []
+        for p in nodes:
+            if p != r:
+                (la, ba), (lb, bb) = net.link(r, p), net.link(p, r)
+                told[r].append((p, link_cost(0.0, 0.0, la, lb, ba, bb, ACTIVATION_MB)))
+    cands = [Candidate(r, c, (1.0,) * S) for r, (_, c) in sorted(setting.relays.items())]
+    stages = place_new_swarm(cands, told, setting.data, S,
+                             DEFAULT_SWARM_EVALUATIONS if max_evaluations is None else max_evaluations)
+    if stages is None:
+        raise ValueError(f"{setting.name}: fewer relays than stages, a whole-swarm placement does not apply")
+    return restage(setting, [sorted(r for r, k in stages.items() if k == s) for s in range(S)])[0]
+
+
 def _scenario(setting: Setting, data_capacity: int | dict = MICROBATCHES):
     caps = data_capacity if isinstance(data_capacity, dict) else {d: data_capacity for d in setting.data}
     nodes = [{"id": d, "role": "data", "capacity": caps.get(d, 0)} for d in setting.data]
