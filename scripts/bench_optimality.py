@@ -187,7 +187,8 @@ def render(rows: list[dict], args, elapsed: float) -> str:
     out += ["\n## What each scheduler costs as the swarm grows\n",
             "| setting | nodes | churn | GWTF flows formed (rounds of 1 s) | GWTF messages to form | GWTF messages "
             "(run) | GWTF flow CPU s (run, all nodes) | GWTF whole-swarm placement CPU s | DT-FM generations | "
-            "DT-FM evaluations | DT-FM search CPU s | DT-FM schedules computed | DT-FM scheduler CPU s (run) | crashes |",
+            "DT-FM evaluations | DT-FM search CPU s | DT-FM schedules computed | DT-FM scheduler CPU s (run) | "
+            "crashes |",
             "|---" * 14 + "|"]
     for r in rows:
         g, d = r["gwtf"], r["dtfm"]
