@@ -119,7 +119,8 @@ async def test_one_of_two_data_nodes_restarted(tmp_path: Path) -> None:
     downloads the data part from it (its checkpoint is behind), is taken back by the leader from the iteration
     after the download, and both push microbatches again.  Every loss equals centralized training on the
     microbatches each data node completed in each counted iteration up to 4 iterations after the restart (later
-    ones can be off by 1e-3 and more: README, known gaps), and the two data parts end equal.  The run is long
+    ones can be off by 1e-3 and more, rounding grown: README, known gaps), no node computes on parameters of
+    another step, and the two data parts end equal.  The run is long
     enough that the survivor, which keeps the lease with the witness relay's vote, is still training when the
     restarted one is back."""
     iterations = 40  # at ~0.1 s an iteration, the survivor is still training when the restarted one is back
@@ -176,10 +177,15 @@ async def test_one_of_two_data_nodes_restarted(tmp_path: Path) -> None:
     # and none is lost: every fresh one from `back_at` on counted (a microbatch deferred moves to the next iteration)
     assert set(range(back_at * M, iterations * M)) <= set(after), (back_at, after)
     losses, _, _ = reference_run(man, 2, _every_part(plan))
-    # exact to rounding up to 4 iterations after the restart; later a loss can be off the reference by 1e-3 and
-    # more (a known gap of the daemon, README): compared only up to there
+    # exact to rounding up to 4 iterations after the restart; later, on some of these trajectories, rounding
+    # differences grow (the reference itself, one tensor nudged by 1e-7 at the return, moves by 1e-3 within 20
+    # iterations: README, known gaps): compared only up to there
     for r, loss in zip(records[:back_at + 4], losses):
         assert r["loss"] == pytest.approx(loss, rel=1e-4), (r, loss)
+    # every forward, loss and backward ran on the parameters of its microbatch's iteration (microbatches.py)
+    off_step = [line for n in ("d0", "d1", "r0_0", "r1_0") for line in log_text(tmp_path, n).splitlines()
+                if "computed on parameters of" in line]
+    assert not off_step, off_step
     parts = {n: torch.load(tmp_path / n / "checkpoint.pt", weights_only=False) for n in ("d0", "d1")}
     assert parts["d0"]["steps"] == parts["d1"]["steps"] == iterations
     # the two copies of the data part agree to float precision (not always to the bit: README, known gaps)

@@ -7,7 +7,8 @@ rounding: after 40 iterations the summation order of the data nodes' gradients
 relative; the bound is 2e-4.  Over these iterations one data node's embedding
 gradient spikes (3,500 times the other's in the same round, iteration 15): an
 all-reduce that refuses it as an outlier (protocol/gradguard.py) departs from
-the reference by 1e-3 within 11 iterations, which this test catches.
+the reference by 1e-3 within 11 iterations, which this test catches.  No node
+computes a microbatch on parameters of another step than its iteration's.
 """
 
 from __future__ import annotations
@@ -53,3 +54,7 @@ async def test_two_data_nodes_train_exactly_for_40_iterations(tmp_path: Path) ->
     assert not off, off
     refused = [line for n in NAMES for line in log_text(tmp_path, n).splitlines() if "refused: gradient rate" in line]
     assert not refused, refused
+    # every forward, loss and backward ran on the parameters of its microbatch's iteration (microbatches.py)
+    off_step = [line for n in NAMES + ("r0_0", "r1_0") for line in log_text(tmp_path, n).splitlines()
+                if "computed on parameters of" in line]
+    assert not off_step, off_step

@@ -125,6 +125,7 @@ class Microbatches:
         self.pipeline_s: dict[int, float] = {}  # iteration -> open to last microbatch settled
         self._flow_stamp: float | None = None  # the flow machine's last change the machine was told of
         self.paused: Pause | None = None  # a data node: the iteration it does not open while a stage is empty
+        self.off_step = 0  # computations on parameters not of their microbatch's iteration (`_at_step`)
         # the manifest's Top-K of tensors on slow links (train.compression): the ratio of each link we send on
         self.compression = LinkCompression(stage.manifest, peers, flows.links_cfg)
         self.tally = Tally(stage.key_compute_s)  # what the microbatches came to since start (the dashboard)
@@ -283,6 +284,18 @@ class Microbatches:
     def on_compute(self, e: Compute) -> None:
         self.wire.spawn(self._run_compute, e)
 
+    def _at_step(self, fn, key, kind: str):
+        """`fn`, run in the worker after saying so if the part's parameters are not those of the microbatch's
+        iteration (`applied_steps` must equal it: the step of the iteration before was applied, and not yet the
+        step of this one), the condition of exactness; it still computes (the machine's rules decide)."""
+        def run(*args):
+            if self.stage.applied_steps != key[2]:
+                self.off_step += 1
+                log.warning("%s of microbatch %s of iteration %d computed on parameters of %d steps", kind,
+                            key[1], key[2], self.stage.applied_steps)
+            return fn(*args)
+        return run
+
     async def _run_compute(self, e: Compute) -> None:
         key, kind = e.key, e.kind
         sm, st = self.stage.model, self.store
@@ -290,20 +303,23 @@ class Microbatches:
         try:
             if self.peers.role == "relay":
                 if kind in ("forward", "recompute"):
-                    st.keep(key, Slot.OUT, await self.stage.compute(sm.forward, key, _need(st, key, Slot.IN)))
+                    st.keep(key, Slot.OUT, await self.stage.compute(self._at_step(sm.forward, key, kind), key,
+                                                                    _need(st, key, Slot.IN)))
                 elif kind == "backward":
-                    st.keep(key, Slot.GRAD_OUT, await self.stage.compute(functools.partial(sm.backward, hold=True),
-                                                                         key, st.take(key, Slot.GRAD_IN)))
+                    st.keep(key, Slot.GRAD_OUT, await self.stage.compute(
+                        self._at_step(functools.partial(sm.backward, hold=True), key, kind), key,
+                        st.take(key, Slot.GRAD_IN)))
                 else:
                     return
             else:
                 if kind == "forward":
                     ids, tgt = self.stage.source.get(key[1])
                     st.keep(key, Slot.TARGET, tgt)
-                    st.keep(key, Slot.OUT, await self.stage.compute(sm.embed, key, ids))
+                    st.keep(key, Slot.OUT, await self.stage.compute(self._at_step(sm.embed, key, kind), key, ids))
                 elif kind == "loss":
-                    loss, grad = await self.stage.compute(functools.partial(sm.head_loss, hold=True),
-                                                          key, st.take(key, Slot.IN), _need(st, key, Slot.TARGET))
+                    loss, grad = await self.stage.compute(
+                        self._at_step(functools.partial(sm.head_loss, hold=True), key, kind),
+                        key, st.take(key, Slot.IN), _need(st, key, Slot.TARGET))
                     st.keep(key, Slot.LOSS, loss)
                     st.keep(key, Slot.GRAD_OUT, grad)
                 elif kind == "final":
@@ -311,7 +327,7 @@ class Microbatches:
                         sm.commit(k, count=False)  # the head gradients of a completed microbatch count
                         sm.embed_backward(k, g)
 
-                    await self.stage.compute(final, key, st.take(key, Slot.GRAD_IN))
+                    await self.stage.compute(self._at_step(final, key, kind), key, st.take(key, Slot.GRAD_IN))
                 else:
                     return
         except (KeyError, ValueError, RuntimeError) as err:

@@ -131,6 +131,8 @@ class Status:
             "lost_contributions": {str(k): v for k, v in agg.lost_contributions.items()},
             "recovery": mb.stats(),
             "holding": mb.holding(),
+            # computations on parameters not of their microbatch's iteration (a warning each; 0 in an exact run)
+            "computed_off_step": mb.off_step,
             "compression": mb.compression.stats(),  # Top-K on the links: ratio per peer, bytes sent vs dense
             "paused": mb.paused_status(),  # a data node: the iteration it does not open while a stage is empty
             "resume": self.resume_status(),
