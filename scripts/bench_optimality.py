@@ -32,7 +32,8 @@ Each (K, churn, seed) runs the same simulator three times
 
 Scheduler cost: GWTF's flow machines' CPU time summed over all nodes (the
 whole run; and up to the flows formed), their messages and the virtual time
-until every data node had its flows (rounds of 1 s); DT-FM's genetic
+until every data node had its flows (rounds of 1 s); the CPU time of the
+leader's whole-swarm placement (`gwtf_swarm`, once per run); DT-FM's genetic
 algorithm's generations, cost-model evaluations and CPU time, times the
 number of schedules computed in the run.
 
@@ -67,29 +68,36 @@ def _mean(vals) -> float:
     return statistics.fmean(vals) if vals else math.nan
 
 
-def run_one(scale: int, churn: float, seed: int, iterations: int, dtfm_opts: dict) -> dict:
+def run_one(scale: int, churn: float, seed: int, iterations: int, dtfm_opts: dict,
+            systems: tuple[str, ...] = SYSTEMS) -> dict:
     setting = f"table6-x{scale}"
     out = {}
-    g = run_train(setting, "gwtf", churn, iterations, seed, scheduler_cost=True)
-    form = g["flow_formation"]
-    out["gwtf"] = {"time_per_microbatch_s": g["time_per_microbatch_s"],
-                   "throughput_per_iteration": g["throughput_per_iteration"],
-                   "scheduler_cpu_s": g["flow_cpu_s"], "formation_cpu_s": form.get("flow_cpu_s", math.nan),
-                   "formation_rounds": form.get("formed_s", math.nan), "flow_messages": g["flow_messages"],
-                   "formation_messages": form.get("flow_messages", math.nan),
-                   "lost_microbatches": g["lost_microbatches"], "crashes": g["crashes"]}
-    t0 = time.process_time()
-    swarm_placement(make_setting(setting, seed))
-    place_cpu = time.process_time() - t0
-    w = run_train(setting, "gwtf", churn, iterations, seed, placement="swarm")
-    out["gwtf_swarm"] = {"time_per_microbatch_s": w["time_per_microbatch_s"],
-                         "throughput_per_iteration": w["throughput_per_iteration"], "placement_cpu_s": place_cpu,
-                         "lost_microbatches": w["lost_microbatches"], "crashes": w["crashes"]}
-    p = run_train(setting, "gwtf", churn, iterations, seed, placement="dtfm", dtfm_options=dict(dtfm_opts))
-    out["gwtf_placed"] = {"time_per_microbatch_s": p["time_per_microbatch_s"],
-                          "throughput_per_iteration": p["throughput_per_iteration"],
-                          "lost_microbatches": p["lost_microbatches"], "crashes": p["crashes"]}
+    if "gwtf" in systems:
+        g = run_train(setting, "gwtf", churn, iterations, seed, scheduler_cost=True)
+        form = g["flow_formation"]
+        out["gwtf"] = {"time_per_microbatch_s": g["time_per_microbatch_s"],
+                       "throughput_per_iteration": g["throughput_per_iteration"],
+                       "scheduler_cpu_s": g["flow_cpu_s"], "formation_cpu_s": form.get("flow_cpu_s", math.nan),
+                       "formation_rounds": form.get("formed_s", math.nan), "flow_messages": g["flow_messages"],
+                       "formation_messages": form.get("flow_messages", math.nan),
+                       "lost_microbatches": g["lost_microbatches"], "crashes": g["crashes"]}
+    if "gwtf_swarm" in systems:
+        t0 = time.process_time()
+        swarm_placement(make_setting(setting, seed))
+        place_cpu = time.process_time() - t0
+        w = run_train(setting, "gwtf", churn, iterations, seed, placement="swarm", scheduler_cost=True)
+        out["gwtf_swarm"] = {"time_per_microbatch_s": w["time_per_microbatch_s"],
+                             "throughput_per_iteration": w["throughput_per_iteration"], "placement_cpu_s": place_cpu,
+                             "scheduler_cpu_s": place_cpu + w["flow_cpu_s"], "flow_messages": w["flow_messages"],
+                             "lost_microbatches": w["lost_microbatches"], "crashes": w["crashes"]}
+    if "gwtf_placed" in systems:
+        p = run_train(setting, "gwtf", churn, iterations, seed, placement="dtfm", dtfm_options=dict(dtfm_opts))
+        out["gwtf_placed"] = {"time_per_microbatch_s": p["time_per_microbatch_s"],
+                              "throughput_per_iteration": p["throughput_per_iteration"],
+                              "lost_microbatches": p["lost_microbatches"], "crashes": p["crashes"]}
     for name, place in (("dtfm", True), ("dtfm_pinned", False)):
+        if name not in systems:
+            continue
         d = run_train(setting, "gwtf", churn, iterations, seed, routing="dtfm",
                       dtfm_options=dict(dtfm_opts, place=place))
         sch = d["dtfm"]
@@ -112,10 +120,14 @@ def main() -> int:
     ap.add_argument("--generations", type=int, default=GENERATIONS, help="DT-FM's genetic algorithm")
     ap.add_argument("--population", type=int, default=POPULATION, help="DT-FM's genetic algorithm")
     ap.add_argument("--json", action="store_true", help="one JSON object per setting and churn level, no docs")
+    ap.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
+                    help="run only these (with --json: the docs table needs all of them)")
     ap.add_argument("--scenario-out", metavar="FILE",
                     help="write the paper's setting (table6-x1, seed 0) as a scenario file for `gwtf-node sim "
                          "schedule` and stop")
     args = ap.parse_args()
+    if set(args.systems) != set(SYSTEMS) and not args.json and not args.scenario_out:
+        ap.error("--systems runs a subset of the systems: add --json (the docs table shows all of them)")
     if args.scenario_out:
         from gwtf_node.sim.schedule.problems import setting_scenario
         from gwtf_node.sim.train import make_setting
@@ -127,10 +139,11 @@ def main() -> int:
     rows = []
     for scale in args.scales:
         for churn in args.churns:
-            runs = [run_one(scale, churn, s, args.iterations, dtfm_opts) for s in range(args.seeds)]
+            runs = [run_one(scale, churn, s, args.iterations, dtfm_opts, tuple(args.systems))
+                    for s in range(args.seeds)]
             row = {"setting": f"table6-x{scale}", "nodes": 18 * scale, "churn": churn, "seeds": args.seeds,
                    "iterations": args.iterations}
-            for sysname in SYSTEMS:
+            for sysname in (s for s in SYSTEMS if s in args.systems):
                 row[sysname] = {k: _mean([r[sysname][k] for r in runs]) for k in runs[0][sysname]}
                 row[sysname]["per_seed_time_per_microbatch_s"] = [r[sysname]["time_per_microbatch_s"] for r in runs]
             rows.append(row)
