@@ -193,7 +193,7 @@ def _chains(problem: SwarmProblem, quota: Sequence[int]) -> dict[str, int]:
 
 
 def place_swarm(problem: SwarmProblem, max_evaluations: int = DEFAULT_SWARM_EVALUATIONS) -> dict[str, int]:
-    """Every relay's stage (module docstring); relays of capacity 0 go to stage 0 and carry nothing."""
+    """Every relay's stage (module docstring)."""
     if not problem.relays:
         return {}
     seen: dict[tuple[int, ...], float] = {}
