@@ -224,7 +224,8 @@ def run_train(setting: str, policy: str, churn: float, iterations: int, seed: in
     pipelines; the report gets `dtfm` (the schedule's cost and CPU time).  `placement="dtfm"`: the relays take
     the stages DT-FM's search gives them (its placement alone), and the run routes as `routing` says (GWTF's
     flows by default): the two routings compared on DT-FM's placement.  `placement="swarm"`: every relay in
-    the stage `protocol/swarmplace.place_swarm` gives it, over every link's cost (`setting.swarm_placement`).
+    the stage the leader gives a swarm forming from scratch (`protocol/swarmplace.place_new_swarm` over every
+    link's cost, `setting.swarm_placement`).
     `breakdown`: trace the run and add `waste_breakdown_s` (seconds per iteration by cause,
     `TrainSim.waste_breakdown`).  `scheduler_cost`: add `flow_cpu_s` and `flow_formation` (CPU times: they
     differ from run to run, so they are not in the report by default)."""
