@@ -136,15 +136,14 @@ def relabel_costs(node: FlowNode, eff: list[Effect]) -> None:
     changed: list[RelabelCost] = []
     for a in cms:
         outs = node.out[a]
+        sent = [j for j in sorted(outs) if outs[j] > 0]  # where units of `a` go from here
         for b in cms:
             if b == a:
                 continue
             key = (a, b)
             best, arg = INF, None
             rl = node.relabelling.heard.get(key, {})
-            for j in sorted(outs):
-                if outs[j] <= 0:
-                    continue
+            for j in sent:
                 if j in cms:  # last stage: the unit would go back to b instead of j (= a)
                     v = nxt[b] - nxt[j] if b in nxt and j in nxt else INF
                 else:
