@@ -128,7 +128,7 @@ def test_the_whole_swarm_placement_applies_only_to_a_swarm_it_can_place() -> Non
 SITES = {"dA": "A", "dB": "B", "r1": "A", "r2": "A", "r3": "B", "r4": "B", "r5": "A", "r6": "B"}
 
 
-def _leader_round(evaluations: int) -> tuple[SwarmProblem, dict[str, int], list[Assignment]]:
+def _leader_round(evaluations: int) -> tuple[SwarmProblem, dict[str, int], list[Assignment], MembershipMachine]:
     """Six candidates of capacity 1 at two sites ask a leader (data nodes dA, dB) of a 3-stage swarm with no
     member yet; every link costs 1 within a site and 100 across."""
     links = {(x, y): 1.0 if SITES[x] == SITES[y] else 100.0 for x in SITES for y in SITES if x < y}
@@ -139,18 +139,19 @@ def _leader_round(evaluations: int) -> tuple[SwarmProblem, dict[str, int], list[
         m.on_message(0.0, c, JoinRequest(1, (1.0, 1.0, 1.0), tuple((x, p.cost(c, x)) for x in SITES if x != c)))
     out = m.on_timer(0.0, "membership.round") + m.on_timer(1.0, "membership.collect")
     got = [e.msg for e in out if type(e) is Send and type(e.msg) is Assignment]
-    return p, {a.node: a.stage for a in got}, got
+    return p, {a.node: a.stage for a in got}, got, m
 
 
 def test_the_leader_places_a_swarm_forming_from_scratch_as_a_whole() -> None:
-    p, stage, got = _leader_round(evaluations=100)
-    assert sorted(stage) == sorted(p.relays)
+    p, stage, got, m = _leader_round(evaluations=100)
+    assert sorted(stage) == sorted(p.relays) and m.swarm_placed == 6
     for k in range(3):  # one relay of each site per stage: each data node's chain stays at home
         assert sorted(SITES[r] for r in stage if stage[r] == k) == ["A", "B"]
     assert p.evaluate(stage) == (2, 8.0)
     assert all(a.download_from == INITIAL and a.start_iteration == 0 for a in got)
     # without it (budget 0) the round's search cannot tell the data nodes apart (they are one side of its
     # graph) and water-fills the candidates in id order: r2 and r5 share a stage, so a path crosses sites
-    _, blind, _ = _leader_round(evaluations=0)
+    _, blind, _, m = _leader_round(evaluations=0)
+    assert m.swarm_placed == 0
     assert blind == {"r1": 0, "r2": 1, "r3": 2, "r4": 0, "r5": 1, "r6": 2}
     assert p.objective(blind) > 10 * p.objective(stage)

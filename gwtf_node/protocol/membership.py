@@ -262,6 +262,7 @@ class MembershipMachine:
     queried: set[str] = field(default_factory=set)
     missed: dict[str, int] = field(default_factory=dict)
     invalid_requests: int = 0
+    swarm_placed: int = 0  # candidates placed by a whole-swarm placement (`_place`)
     collecting: bool = False
 
     def add_member(self, node: str, stage: int) -> None:
@@ -362,6 +363,7 @@ class MembershipMachine:
             stages = place_new_swarm(cands, {c.node: self.candidate_links.get(c.node, ()) for c in cands},
                                      self.cfg.data_nodes, self.cfg.num_stages, self.cfg.swarm_evaluations)
             if stages is not None:
+                self.swarm_placed += len(cands)
                 return [(c, stages[c.node], INITIAL) for c in cands]
         return place_by_search(self.waiting.values(), loads, sources, self.reports,
                                self.cfg.placement_evaluations, members=members, links=links)

@@ -208,7 +208,8 @@ class Joining:
 
     async def _take_assignment(self, a: m.Assignment) -> None:
         log.info("assigned to stage %d by the leader (term %d); state from %s, serving from iteration %d",
-                 a.stage, a.term, self.peers.who(a.download_from), a.start_iteration)
+                 a.stage, a.term, self.peers.who(a.download_from) if a.download_from != INITIAL
+                 else "the run's initial weights", a.start_iteration)
         self.peers.take_stage(a.stage)
         self.peers.set_standing(joining=True)
         self.want_after = max(self.want_after, a.start_iteration)

@@ -285,7 +285,11 @@ class Leadership:
                 machine, call = self._placement_queue.pop(0)
                 if machine is not self.placement:
                     continue  # a machine of an earlier term: nobody acts on it any more
+                before = machine.swarm_placed
                 effects = await trio.to_thread.run_sync(call, machine, abandon_on_cancel=True)
+                if machine.swarm_placed > before:
+                    log.info("placed %d relay(s) as a whole swarm (none serving yet): each stage by the links "
+                             "they told", machine.swarm_placed - before)
                 if machine is self.placement:
                     self.placement_view = (dict(machine.reports), dict(machine.members))
                     self.effects(Owner.PLACEMENT, effects)
