@@ -56,7 +56,7 @@ import time
 from pathlib import Path
 
 from gwtf_node.sim.schedule import GENERATIONS, POPULATION
-from gwtf_node.sim.train import make_setting, run_train, swarm_placement
+from gwtf_node.sim.train import run_train
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPER = {"dtfm": (0.44, 9.0), "gwtf": (0.51, 8.08)}  # Table VI: time per microbatch, throughput per iteration
@@ -83,10 +83,8 @@ def run_one(scale: int, churn: float, seed: int, iterations: int, dtfm_opts: dic
                        "formation_messages": form.get("flow_messages", math.nan),
                        "lost_microbatches": g["lost_microbatches"], "crashes": g["crashes"]}
     if "gwtf_swarm" in systems:
-        t0 = time.process_time()
-        swarm_placement(make_setting(setting, seed))
-        place_cpu = time.process_time() - t0
         w = run_train(setting, "gwtf", churn, iterations, seed, placement="swarm", scheduler_cost=True)
+        place_cpu = w["placement_cpu_s"]
         out["gwtf_swarm"] = {"time_per_microbatch_s": w["time_per_microbatch_s"],
                              "throughput_per_iteration": w["throughput_per_iteration"], "placement_cpu_s": place_cpu,
                              "scheduler_cpu_s": place_cpu + w["flow_cpu_s"], "flow_messages": w["flow_messages"],

@@ -102,6 +102,17 @@ def reference_run(man, data_nodes: int, plan):
     return losses, [r.param_vector() for r in relays], data.param_vector()
 
 
+def two_data_nodes(workdir: Path, iterations: int, microbatches: int) -> tuple:
+    """(the manifest, a LocalSwarm not started yet) of 2 data nodes and 2 stages x 1 relay, the default model
+    with `microbatches` per data node and iteration."""
+    from gwtf_node.model.manifest import default_manifest, save_manifest
+
+    man = default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=microbatches)
+    run = workdir / "run.json"
+    save_manifest(man, run)
+    return man, LocalSwarm(workdir, run, data_nodes=2, stages=2, relays_per_stage=1, iterations=iterations)
+
+
 def restart(swarm: LocalSwarm, name: str, *, auto: bool = False) -> None:
     """Start relay `name` again with the same state directory and flags (`--stage auto` if `auto`, else the
     stage its name says); its earlier log is kept aside, its fault disarmed."""

@@ -32,7 +32,7 @@ import trio
 from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.runtime.local import LocalSwarm
 
-from restartutil import reference_run
+from restartutil import reference_run, two_data_nodes
 from swarmutil import log_text, status, wait_exit, wait_for, wait_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.trio]
@@ -124,10 +124,7 @@ async def test_one_of_two_data_nodes_restarted(tmp_path: Path) -> None:
     enough that the survivor, which keeps the lease with the witness relay's vote, is still training when the
     restarted one is back."""
     iterations = 40  # at ~0.1 s an iteration, the survivor is still training when the restarted one is back
-    man = default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=M)
-    run = tmp_path / "run.json"
-    save_manifest(man, run)
-    swarm = LocalSwarm(tmp_path, run, data_nodes=2, stages=2, relays_per_stage=1, iterations=iterations)
+    man, swarm = two_data_nodes(tmp_path, iterations, M)
     try:
         await trio.to_thread.run_sync(swarm.start)
         await wait_records(swarm, 2, 120)

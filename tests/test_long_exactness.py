@@ -18,10 +18,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from gwtf_node.model.manifest import default_manifest, save_manifest
-from gwtf_node.runtime.local import LocalSwarm
 
-from restartutil import reference_run
+from restartutil import reference_run, two_data_nodes
 from swarmutil import log_text, wait_exit, wait_records
 from test_data_restart import _every_part, completed_per_iteration
 
@@ -32,10 +30,7 @@ NAMES = ("d0", "d1")
 
 
 async def test_two_data_nodes_train_exactly_for_40_iterations(tmp_path: Path) -> None:
-    man = default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=M)
-    run = tmp_path / "run.json"
-    save_manifest(man, run)
-    swarm = LocalSwarm(tmp_path, run, data_nodes=2, stages=2, relays_per_stage=1, iterations=ITERATIONS)
+    man, swarm = two_data_nodes(tmp_path, ITERATIONS, M)
     try:
         await trio.to_thread.run_sync(swarm.start)
         await wait_records(swarm, ITERATIONS, 300)

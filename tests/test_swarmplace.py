@@ -10,9 +10,9 @@ import pytest
 from gwtf_node.protocol.effects import Send
 from gwtf_node.protocol.membership import INITIAL, MembershipConfig, MembershipMachine
 from gwtf_node.protocol.messages import Assignment, JoinRequest
-from gwtf_node.protocol.placement import Candidate
+from gwtf_node.protocol.placement import Candidate, told_links
 from gwtf_node.protocol.swarmplace import (
-    SwarmProblem, _chains, _quotas, place_new_swarm, place_swarm, told_links,
+    SwarmProblem, _chains, _quotas, place_new_swarm, place_swarm,
 )
 
 
@@ -101,7 +101,7 @@ def test_water_filling_balances_the_stage_capacities() -> None:
 
 def test_told_links_average_both_ends_and_drop_bad_costs() -> None:
     got = told_links({"a": (("b", 2.0), ("c", -1.0), ("d", math.inf)), "b": (("a", 4.0), ("c", math.nan)),
-                      "c": (("c", 1.0), ("a", 5.0))})
+                      "c": (("c", 1.0), ("a", 5.0))}.items())
     assert got == {("a", "b"): 3.0, ("a", "c"): 5.0}
 
 

@@ -71,7 +71,7 @@ from typing import Iterable, Mapping, Sequence
 from .effects import CancelTimer, Effect, Send, SetTimer
 from .messages import Assignment, JoinRequest, StageStateRequest, UtilizationQuery, UtilizationReport
 from .placement import (DATA, DEFAULT_MAX_EVALUATIONS, Candidate, Member, PlacementProblem, StageLoad,
-                        rank_matching, search_stages)
+                        rank_matching, search_stages, told_links)
 from .swarmplace import DEFAULT_SWARM_EVALUATIONS, place_new_swarm
 
 INITIAL = ""  # download_from of a placement into an empty stage before any step: the manifest's initial weights
@@ -149,15 +149,8 @@ def known_links(reports: Mapping[str, UtilizationReport], candidate_links: Mappi
     """The link costs the leader was told (members' reports, candidates' requests), keyed by sorted pair; the
     data nodes are one side of the placement graph (`DATA`), so their links are averaged per node.  A link
     reported by both ends costs the mean of the two."""
-    data = set(data_nodes)
-    seen: dict[tuple[str, str], list[float]] = {}
     told = [(n, r.link_costs) for n, r in sorted(reports.items())] + sorted(candidate_links.items())
-    for a, costs in told:
-        for b, c in costs:
-            x, y = (DATA if a in data else a), (DATA if b in data else b)
-            if x != y and math.isfinite(c) and c >= 0:
-                seen.setdefault((x, y) if x < y else (y, x), []).append(float(c))
-    return {pair: sum(cs) / len(cs) for pair, cs in seen.items()}
+    return told_links(told, {d: DATA for d in data_nodes})
 
 
 def place_by_search(candidates: Iterable[Candidate], loads: Mapping[int, StageLoad],

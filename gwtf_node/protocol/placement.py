@@ -111,6 +111,21 @@ class PlacementProblem:
         return max((c.stage_costs[s] for c, s in zip(self.candidates, assign)), default=0.0)
 
 
+def told_links(told: Iterable[tuple[str, Iterable[tuple[str, float]]]],
+               alias: Mapping[str, str] | None = None) -> dict[tuple[str, str], float]:
+    """The link costs nodes told ((node, its (peer, cost) pairs), in the order given), keyed by sorted pair; a
+    link told by both ends costs the mean of what was told.  `alias` renames nodes first (the data nodes as one
+    side of the graph, `DATA`).  Self-links and negative, infinite or NaN costs are dropped."""
+    alias = alias or {}
+    seen: dict[tuple[str, str], list[float]] = {}
+    for a, costs in told:
+        for b, c in costs:
+            x, y = alias.get(a, a), alias.get(b, b)
+            if x != y and isinstance(c, (int, float)) and math.isfinite(c) and c >= 0:
+                seen.setdefault((x, y) if x < y else (y, x), []).append(float(c))
+    return {pair: sum(cs) / len(cs) for pair, cs in seen.items()}
+
+
 @dataclass(frozen=True)
 class Evaluation:
     flow: int  # F

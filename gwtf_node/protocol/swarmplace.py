@@ -47,7 +47,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
-from .placement import Candidate
+from .placement import Candidate, told_links
 
 DEFAULT_SWARM_EVALUATIONS = 3000  # assignments a whole-swarm placement evaluates at most
 # A leader's whole-swarm placement evaluates at most this many (data node x relay x relay-of-a-stage) path
@@ -242,17 +242,6 @@ def place_swarm(problem: SwarmProblem, max_evaluations: int = DEFAULT_SWARM_EVAL
             return cur
 
 
-def told_links(told: Mapping[str, Iterable[tuple[str, float]]]) -> dict[tuple[str, str], float]:
-    """The link costs nodes told (node -> (peer, cost) pairs), by sorted pair; a link told by both ends costs
-    the mean of the two; negative, infinite or NaN costs are dropped."""
-    seen: dict[tuple[str, str], list[float]] = {}
-    for a in sorted(told):
-        for b, c in told[a]:
-            if a != b and isinstance(c, (int, float)) and math.isfinite(c) and c >= 0:
-                seen.setdefault((a, b) if a < b else (b, a), []).append(float(c))
-    return {pair: sum(cs) / len(cs) for pair, cs in seen.items()}
-
-
 def place_new_swarm(candidates: Sequence[Candidate], told: Mapping[str, Iterable[tuple[str, float]]],
                     data_nodes: Sequence[str], num_stages: int,
                     max_evaluations: int = DEFAULT_SWARM_EVALUATIONS) -> dict[str, int] | None:
@@ -266,7 +255,7 @@ def place_new_swarm(candidates: Sequence[Candidate], told: Mapping[str, Iterable
     if any(len(c.stage_costs) < num_stages or not all(math.isfinite(x) for x in c.stage_costs[:num_stages])
            for c in candidates):
         return None
-    links = told_links(told)
+    links = told_links(sorted(told.items()))
     if not links:
         return None
     total = sum(c.capacity for c in candidates)

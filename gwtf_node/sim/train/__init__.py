@@ -192,6 +192,8 @@ tensor transfer, control message, crash, iteration open and completed path
 
 from __future__ import annotations
 
+import time
+
 from .driver import TrainSim
 from .joining import JOININGS
 from .events import LEADER_MSGS, PHASE_MSGS, TENSOR_MSGS, Event
@@ -228,7 +230,8 @@ def run_train(setting: str, policy: str, churn: float, iterations: int, seed: in
     link's cost, `setting.swarm_placement`).
     `breakdown`: trace the run and add `waste_breakdown_s` (seconds per iteration by cause,
     `TrainSim.waste_breakdown`).  `scheduler_cost`: add `flow_cpu_s` and `flow_formation` (CPU times: they
-    differ from run to run, so they are not in the report by default)."""
+    differ from run to run, so they are not in the report by default), and with `placement="swarm"`
+    `placement_cpu_s` (the whole-swarm placement's)."""
     s = make_setting(setting, seed, data_nodes)
     sched = None
     placement = options.pop("placement", "given")
@@ -239,7 +242,9 @@ def run_train(setting: str, policy: str, churn: float, iterations: int, seed: in
 
         s = dtfm_routing(s, seed, **(dtfm_options or {})).setting
     elif placement == "swarm":  # every relay placed at once by protocol/swarmplace.py
+        t0 = time.process_time()
         s = swarm_placement(s)
+        placement_cpu_s = time.process_time() - t0
     if options.get("routing") == "dtfm":
         from ..schedule.routing import dtfm_routing
 
@@ -259,6 +264,8 @@ def run_train(setting: str, policy: str, churn: float, iterations: int, seed: in
     if scheduler_cost:
         rep["flow_cpu_s"] = sim.flow_cpu_s
         rep["flow_formation"] = dict(sim.formation)
+        if placement == "swarm":
+            rep["placement_cpu_s"] = placement_cpu_s
     if sched is not None:
         rep["dtfm"] = dict(sched.schedule.to_json(), recomputations=sched.recomputations)
     if breakdown:

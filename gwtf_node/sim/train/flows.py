@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import random
 
-from ...protocol.cost import link_cost
 from ...protocol.effects import CancelTimer, Send, SetTimer
 from ...protocol.flow import FlowConfig, FlowNode, flows_formed
 from .events import Event
 from .setting import (
-    ACTIVATION_MB, FLOW_CONVERGE_S, MICROBATCHES, Setting,
+    FLOW_CONVERGE_S, MICROBATCHES, Setting,
     initial_flows,
 )
 
@@ -21,8 +20,7 @@ class FlowDriver:
 
     def _flow_cost(self, a: str, b: str) -> float:
         """d(a, b) of Equation 1 (ms), as `parse_scenario` computes it for `_scenario`'s links."""
-        (la, ba), (lb, bb) = self.net.link(a, b), self.net.link(b, a)
-        return link_cost(0.0, 0.0, la, lb, ba, bb, ACTIVATION_MB)
+        return self.net.flow_cost(a, b)
 
     def _make_flow(self, nid: str, joined: bool) -> FlowNode:
         """A flow machine with what discovery gives `nid` now: its links to the live adjacent stages (data nodes

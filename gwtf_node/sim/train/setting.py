@@ -8,6 +8,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...protocol.cost import link_cost
 from ...protocol.scenario import parse_scenario, published_bandwidth_mbps
 
 SETTINGS = ("table2-homogeneous", "table2-heterogeneous")
@@ -76,6 +77,12 @@ class Net:
         if la == lb:
             return self.intra
         return self.lat[(la, lb)], self.bw[(la, lb)]
+
+    def flow_cost(self, a: str, b: str) -> float:
+        """d(a, b) of Equation 1 (ms) for an activation, both directions of the link: what a flow machine and
+        the leader's placement count for it (`parse_scenario` computes the same for a scenario's links)."""
+        (la, ba), (lb, bb) = self.link(a, b), self.link(b, a)
+        return link_cost(0.0, 0.0, la, lb, ba, bb, ACTIVATION_MB)
 
     def transfer_s(self, a: str, b: str, mb: float) -> float:
         lat_ms, bw = self.link(a, b)
@@ -177,19 +184,12 @@ def swarm_placement(setting: Setting, max_evaluations: int | None = None) -> Set
     """The setting with every relay where the daemon's leader puts a swarm forming from scratch
     (`protocol/swarmplace.place_new_swarm`): every relay a candidate, each telling the Equation 1 cost of its
     link to every other node (the daemon's joiner tells its measured links, up to MAX_LINKS_REPORTED)."""
-    from ...protocol.cost import link_cost
     from ...protocol.placement import Candidate
     from ...protocol.swarmplace import DEFAULT_SWARM_EVALUATIONS, place_new_swarm
 
     S, net = len(STAGE_SIZES), setting.net
     nodes = sorted(list(setting.data) + list(setting.relays))
-    told: dict[str, list[tuple[str, float]]] = {}
-    for r in sorted(setting.relays):
-        told[r] = []
-        for p in nodes:
-            if p != r:
-                (la, ba), (lb, bb) = net.link(r, p), net.link(p, r)
-                told[r].append((p, link_cost(0.0, 0.0, la, lb, ba, bb, ACTIVATION_MB)))
+    told = {r: [(p, net.flow_cost(r, p)) for p in nodes if p != r] for r in sorted(setting.relays)}
     cands = [Candidate(r, c, (1.0,) * S) for r, (_, c) in sorted(setting.relays.items())]
     stages = place_new_swarm(cands, told, setting.data, S,
                              DEFAULT_SWARM_EVALUATIONS if max_evaluations is None else max_evaluations)
