@@ -67,7 +67,7 @@ def compute(node: FlowNode, d: str) -> None:
         cands = [(c + lab.cost, j, lab) for j, c in cfg.next_costs.items()
                  if (lab := lin.get(j)) is not None and lab.cost != INF and tout not in lab.path]
         arg = pick(cands, prev_out[1] if prev_out else None)
-        node.cache[d] = (signature(node, d), arg, None, None, None, False)
+        node.cache[d] = (cache_signature(node, d), arg, None, None, None, False)
         decide_data(node, d, arg)
         return
     # The residual path behind a label must not revisit the side it starts from:
@@ -83,7 +83,7 @@ def compute(node: FlowNode, d: str) -> None:
     f_out = pick(fo, so if prev_out and prev_out[0] == Via.FORWARD else None)
     f_in = pick(fi, si if prev_in and prev_in[0] == Via.FORWARD else None)
     b_out, b_in = back_candidates(node, d)
-    node.cache[d] = (signature(node, d), f_out, b_out, f_in, b_in, room)
+    node.cache[d] = (cache_signature(node, d), f_out, b_out, f_in, b_in, room)
     decide(node, d, f_out, b_out, f_in, b_in)
 
 def back_candidates(node: FlowNode, d: str) -> tuple:
@@ -130,6 +130,13 @@ def signature(node: FlowNode, d: str) -> tuple:
     if len(inn) == 1:
         return (node.epoch[d], node.cfg, dict(inn[d]))
     return (node.epoch[d], node.cfg, tuple(dict(v) for v in inn.values()))
+
+def cache_signature(node: FlowNode, d: str) -> tuple | None:
+    """`signature`, or None where the cache is never read: with cross displacement `fold_in` does not apply (an
+    IN label depends on every commodity) and without waves neither does `fold_out`."""
+    if node.cross and not node.waves:
+        return None
+    return signature(node, d)
 
 def signature_holds(node: FlowNode, d: str, sig: tuple) -> bool:
     """`sig` (from `signature`) still describes the state: compared in place, without building a new one."""
@@ -274,17 +281,19 @@ def on_announce(node: FlowNode, now: float, sender: str, msg: CostAnnounce, eff:
         # the common case (a wave): one next-stage IN label, folded in O(1); most change nothing here
         lab = labels[0]
         d = lab.commodity
+        e = node.epoch.get(d)
         if not ingest(node, sender, lab):
             return
         r = fold_in(node, d, sender)
         if r == 1:
             node.idle = True  # no label moved: nothing for units.act to do
             return
-        announce.refresh(node, (d,), eff, folds={d: []} if r == 2 else None)
+        announce.refresh(node, (d,), eff, folds={d: []} if r == 2 else None, narrow=node.epoch[d] == e)
         return
     touched: dict[str, None] = {}
     folds: dict[str, list[str]] = {}
     backs: set[str] = set()
+    epochs = dict(node.epoch)
     for lab in msg.labels:
         d = lab.commodity
         if ingest(node, sender, lab):
@@ -297,4 +306,4 @@ def on_announce(node: FlowNode, now: float, sender: str, msg: CostAnnounce, eff:
                 folds.setdefault(d, [])
                 backs.add(d)  # an OUT label (upstream): the back candidates again (_fold_out)
     if touched:
-        announce.refresh(node, touched, eff, folds=folds, backs=backs)
+        announce.refresh(node, touched, eff, folds=folds, backs=backs, narrow=not backs and node.epoch == epochs)

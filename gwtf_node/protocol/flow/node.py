@@ -233,7 +233,7 @@ class FlowNode:
                 if cache is not None:
                     sig, f_out, _, f_in, _, room = cache
                     inn = self.inn
-                    if sig[1] is cfg and sig[0] == self.epoch[d] and len(inn) == 1 and sig[2] == inn[d] \
+                    if len(inn) == 1 and sig[1] is cfg and sig[0] == self.epoch[d] and sig[2] == inn[d] \
                             and f_out is not None and f_out[1] != sender and (f_in is None or f_in[1] != sender):
                         if lab.cost == INF:
                             return []
@@ -244,7 +244,7 @@ class FlowNode:
                 if r == 1:
                     return []
                 eff: list[Effect] = []
-                announce.refresh(self, (d,), eff, folds={d: []} if r == 2 else None)
+                announce.refresh(self, (d,), eff, folds={d: []} if r == 2 else None, narrow=True)
                 units.act(self, now, eff)
                 return eff
         if type(msg) is LinkCost:

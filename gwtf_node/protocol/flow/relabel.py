@@ -68,6 +68,13 @@ class RelabelState:
     refused: dict[str, int] = field(default_factory=dict)  # data node -> the seq of its bid when it gave a unit
     # relabelled to it back (it is at its demand): no relabel into it while its bid is that one
     armed: bool = False  # the "relabelcost" timer is set: `best` goes out to previous-stage relays then
+    sends: dict[str, tuple[str, ...]] = field(default_factory=dict)  # A -> where units of A went at the last
+    # `relabel_costs` (its pairs (A, *) are recomputed when that changes)
+    heard_new: set[tuple[str, str]] = field(default_factory=set)  # pairs heard of since the last `relabel_costs`
+    cfg: object = None  # the config `best` was computed with (a new one: every pair again)
+    one_stage: tuple | None = None  # (config, data_prev, `one_stage`) cached
+    stale: set[str] = field(default_factory=set)  # commodities B whose `best` of some (A, B) changed since B's
+    # labels were last computed (announce.refresh: cross_in reads them)
 
 
 def full(node: FlowNode, b: str) -> bool:
@@ -96,7 +103,11 @@ def one_stage(node: FlowNode) -> bool:
     """A relay with data nodes on both sides (a run of one stage): a data node could not tell a Relabel of the
     unit it sends this relay from one of the unit this relay sends it, so such a relay neither relabels nor
     displaces across data nodes."""
-    return bool(node.data_prev) and any(j in node.cfg.commodities for j in node.cfg.next_costs)
+    cached = node.relabelling.one_stage
+    if cached is None or cached[0] is not node.cfg or cached[1] is not node.data_prev:
+        cached = node.relabelling.one_stage = (node.cfg, node.data_prev, bool(node.data_prev) and any(
+            j in node.cfg.commodities for j in node.cfg.next_costs))
+    return cached[2]
 
 
 def cross_in(node: FlowNode, d: str) -> None:
@@ -127,22 +138,43 @@ def cross_in(node: FlowNode, d: str) -> None:
 def relabel_costs(node: FlowNode, eff: list[Effect]) -> None:
     """Relay: recompute, per pair (A, B), the cheapest change of the hop back to a data node when one unit of A
     sent from here on becomes B's, along the current flow; tell prev relays what changed (RelabelCost): at once,
-    or, with the announcements' backoff on, at the next `send_costs` (module doc)."""
+    or, with the announcements' backoff on, at the next `send_costs` (module doc).  Only the pairs whose inputs
+    changed are recomputed (where A's units go, a RelabelCost heard, the config), and only the commodities B
+    whose pairs moved have their labels recomputed (`stale`, announce.refresh): 24 data nodes make 552 pairs."""
     cfg = node.cfg
     cms = cfg.commodities
     nxt = cfg.next_costs
+    rs = node.relabelling
     later = coalesced(node)
     moved = False
     changed: list[RelabelCost] = []
+    # only the pairs whose inputs changed: (A, *) when A's units go elsewhere, a pair heard of, all on a new config
+    every = rs.cfg is not cfg
+    rs.cfg = cfg
+    redo: set[str] = set()
     for a in cms:
         outs = node.out[a]
-        sent = [j for j in sorted(outs) if outs[j] > 0]  # where units of `a` go from here
+        sent = tuple(j for j in sorted(outs) if outs[j] > 0)  # where units of `a` go from here
+        if every or rs.sends.get(a) != sent:
+            rs.sends[a] = sent
+            redo.add(a)
+    heard = rs.heard_new
+    if not redo and not heard:
+        return
+    rs.heard_new = set()
+    for a in cms:
+        sent = rs.sends[a]
+        whole = a in redo
+        if not whole and not heard:
+            continue
         for b in cms:
             if b == a:
                 continue
             key = (a, b)
+            if not whole and key not in heard:
+                continue
             best, arg = INF, None
-            rl = node.relabelling.heard.get(key, {})
+            rl = rs.heard.get(key, {})
             for j in sent:
                 if j in cms:  # last stage: the unit would go back to b instead of j (= a)
                     v = nxt[b] - nxt[j] if b in nxt and j in nxt else INF
@@ -150,12 +182,14 @@ def relabel_costs(node: FlowNode, eff: list[Effect]) -> None:
                     v = rl.get(j, INF)
                 if v < best - EPS:
                     best, arg = v, j
-            if later:
-                old = node.relabelling.best.get(key)
-                moved = moved or old is None or old[1] != arg or differs(best, old[0])
-            node.relabelling.best[key] = (best, arg)
-            if not later and differs(best, node.relabelling.told.get(key)):
-                node.relabelling.told[key] = best
+            old = rs.best.get(key)
+            if old is None or old[1] != arg or old[0] != best:
+                rs.stale.add(b)
+                if later:
+                    moved = moved or old is None or old[1] != arg or differs(best, old[0])
+            rs.best[key] = (best, arg)
+            if not later and differs(best, rs.told.get(key)):
+                rs.told[key] = best
                 changed.append(RelabelCost(a, b, best))
     if later:
         if not moved:
@@ -169,7 +203,7 @@ def relabel_costs(node: FlowNode, eff: list[Effect]) -> None:
     else:
         return
     if node.cross:
-        announce.refresh_all(node, eff)
+        announce.refresh(node, (), eff, narrow=True)  # the commodities whose RelabelCosts changed (`stale`)
 
 def coalesced(node: FlowNode) -> bool:
     """RelabelCosts go out with the label announcements' window: only with the backoff on (announce.backoff)."""
@@ -286,5 +320,7 @@ def on_relabel_cost(node: FlowNode, now: float, sender: str, msg: RelabelCost, e
     node.idle = True  # only a first-stage relay's tick acts on these; others pass them on in _relabel_costs
     if sender not in node.cfg.next_costs:
         return
-    node.relabelling.heard.setdefault((msg.from_commodity, msg.to_commodity), {})[sender] = msg.cost
+    key = (msg.from_commodity, msg.to_commodity)
+    node.relabelling.heard.setdefault(key, {})[sender] = msg.cost
+    node.relabelling.heard_new.add(key)
     relabel_costs(node, eff)
