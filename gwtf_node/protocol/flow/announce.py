@@ -104,33 +104,16 @@ def refresh(node: FlowNode, commodities, eff: list[Effect], force_to: dict[str, 
             want = stale.union(commodities)
             commodities = [d for d in cfg.commodities if d in want]
         stale.clear()
-    for d in commodities:
-        if dn is not None:
-            if d != dn:
-                continue
-            old_out = node.my_out.get(d)
-        fold = folds.get(d) if folds else None
-        if fold is None or not all(node.fold_in_label(d, j) for j in fold) \
-                or (backs and d in backs and not node.fold_out_label(d)):
-            node.compute_label(d)
-        lab = node.my_in.get(d)
-        if lab is not None and lab.cost < node.wave.pot_in.get(d, INF):
-            node.wave.pot_in[d] = lab.cost
-        lab = node.my_out.get(d)
-        if lab is not None and lab.cost < node.wave.pot_out.get(d, INF):
-            node.wave.pot_out[d] = lab.cost
-            if d in node.wave.hold and node.wave.hold[d] != node.epoch[d]:
-                now = node.now
-                node.wave.quiet_at[d] = now + max(cfg.launch_settle_s, cfg.launch_quiet_factor
-                                              * (now - node.wave.heard_at.get(d, now)))
-        if dn is not None:
-            new_out = node.my_out[d]
-            if old_out is None or cost_differs(new_out, old_out):
-                node.out_label_changed(new_out)
-        if (dn is None or d == dn) and worth_announcing(node, d, _IN):
-            node.announcer.dirty.add((d, _IN))
-        if node.out[d] and worth_announcing(node, d, _OUT):
-            node.announcer.dirty.add((d, _OUT))
+    if len(commodities) == 1:
+        for d in commodities:
+            refresh_one(node, d, dn, folds, backs)
+    else:
+        node.within = [None, {}]  # what the commodities' computations share (labels.compute, relabel.cross_in)
+        try:
+            for d in commodities:
+                refresh_one(node, d, dn, folds, backs)
+        finally:
+            node.within = None
     if force_to:
         for d, peers in force_to.items():
             for p in peers:
@@ -160,6 +143,36 @@ def refresh(node: FlowNode, commodities, eff: list[Effect], force_to: dict[str, 
         else:
             node.announcer.armed = True
             eff.append(SetTimer("announce", node.now + cfg.announce_coalesce_s + flush_delay(node)))
+
+def refresh_one(node: FlowNode, d: str, dn: str | None, folds, backs) -> None:
+    """`refresh` of one commodity: its labels, the wave's floors, and whether they are news."""
+    cfg = node.cfg
+    if dn is not None:
+        if d != dn:
+            return
+        old_out = node.my_out.get(d)
+    fold = folds.get(d) if folds else None
+    if fold is None or not all(node.fold_in_label(d, j) for j in fold) \
+            or (backs and d in backs and not node.fold_out_label(d)):
+        node.compute_label(d)
+    lab = node.my_in.get(d)
+    if lab is not None and lab.cost < node.wave.pot_in.get(d, INF):
+        node.wave.pot_in[d] = lab.cost
+    lab = node.my_out.get(d)
+    if lab is not None and lab.cost < node.wave.pot_out.get(d, INF):
+        node.wave.pot_out[d] = lab.cost
+        if d in node.wave.hold and node.wave.hold[d] != node.epoch[d]:
+            now = node.now
+            node.wave.quiet_at[d] = now + max(cfg.launch_settle_s, cfg.launch_quiet_factor
+                                          * (now - node.wave.heard_at.get(d, now)))
+    if dn is not None:
+        new_out = node.my_out[d]
+        if old_out is None or cost_differs(new_out, old_out):
+            node.out_label_changed(new_out)
+    if (dn is None or d == dn) and worth_announcing(node, d, _IN):
+        node.announcer.dirty.add((d, _IN))
+    if node.out[d] and worth_announcing(node, d, _OUT):
+        node.announcer.dirty.add((d, _OUT))
 
 def backoff(node: FlowNode) -> float:
     """Ordered launches: the wait before the next flush.  The window is `ordered_coalesce_s` after a quiet spell;

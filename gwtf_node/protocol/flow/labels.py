@@ -72,7 +72,13 @@ def compute(node: FlowNode, d: str) -> None:
         return
     # The residual path behind a label must not revisit the side it starts from:
     # F for OUT starts at i-, F for IN at i+ then i-; B for IN at i+, B for OUT at i- then i+.
-    room = node.used() < cfg.capacity
+    within = node.within
+    if within is None:
+        room = node.used() < cfg.capacity
+    else:  # inside `announce.refresh`: the inflows do not change between its commodities
+        room = within[0]
+        if room is None:
+            room = within[0] = node.used() < cfg.capacity
     # forward candidates by cost, so that only the cheapest are scanned for our tags (cheapest)
     fwd = sorted([(c + lab.cost, j, lab) for j, c in cfg.next_costs.items()
                   if (lab := lin.get(j)) is not None and lab.cost != INF], key=cost_of)

@@ -127,6 +127,8 @@ class FlowNode:
         self.relabel = len(config.commodities) > 1 if config.relabel is None else config.relabel
         self.cross = self.relabel and config.cross_displace
         self.relabelling = RelabelState()
+        self.within: list | None = None  # during `announce.refresh` of several commodities: [room, {B: units of
+        # B that could be displaced}], computed once for all of them (labels.compute, relabel.cross_in)
         self.moves = MoveState(Annealer(config.t0, config.alpha, config.t_min))
         self.improving = config.improve if config.improve is not None else len(config.commodities) > 1
 

@@ -113,27 +113,40 @@ def one_stage(node: FlowNode) -> bool:
 def cross_in(node: FlowNode, d: str) -> None:
     """Cross displacement: take a unit of `d`, displace a unit of another data node B from upstream p (p routes
     it again: B's OUT label at p) and hand ours B's route from here on, relabelled to `d` (RelabelCost)."""
-    tin = node.tag_in
     best = None
     if node.relabelling.crossed >= node.cfg.cross_limit or one_stage(node):
         return
+    within = node.within
     for b in node.cfg.commodities:
         if b == d:
             continue
         r, via = node.relabelling.best.get((b, d), (INF, None))
         if via is None or r == INF:
             continue
-        lout = node.lout[b]
-        for p in sorted(node.inn[b]):
-            lab = lout.get(p)
-            if node.inn[b][p] <= 0 or lab is None or lab.cost == INF or tin in lab.path:
-                continue
-            c = lab.cost - node.cfg.prev_costs[p] + r
+        units = within[1].get(b) if within is not None else None
+        if units is None:
+            units = displaceable(node, b)
+            if within is not None:
+                within[1][b] = units
+        for x, p, lab in units:
+            c = x + r
             if best is None or c < best[0] - EPS:
                 best = (c, p, b, lab)
     if best is not None and best[0] < node.my_in[d].cost - EPS:
-        node.my_in[d] = Label(d, Side.IN, best[0], (tin,) + best[3].path)
+        node.my_in[d] = Label(d, Side.IN, best[0], (node.tag_in,) + best[3].path)
         node.dec_in[d] = (Via.CROSS, best[1], best[2])
+
+def displaceable(node: FlowNode, b: str) -> list[tuple[float, str, Label]]:
+    """The units of `b` received from upstream peers that could be displaced, as (OUT_b(p) - d(p, i), p, OUT
+    label), by peer id (part of `cross_in`; the same for every commodity crossing into them)."""
+    tin, lout, inn, prev = node.tag_in, node.lout[b], node.inn[b], node.cfg.prev_costs
+    units = []
+    for p in sorted(inn):
+        lab = lout.get(p)
+        if inn[p] <= 0 or lab is None or lab.cost == INF or tin in lab.path:
+            continue
+        units.append((lab.cost - prev[p], p, lab))
+    return units
 
 def relabel_costs(node: FlowNode, eff: list[Effect]) -> None:
     """Relay: recompute, per pair (A, B), the cheapest change of the hop back to a data node when one unit of A
