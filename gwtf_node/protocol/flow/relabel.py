@@ -72,6 +72,8 @@ class RelabelState:
     # `relabel_costs` (its pairs (A, *) are recomputed when that changes)
     heard_new: set[tuple[str, str]] = field(default_factory=set)  # pairs heard of since the last `relabel_costs`
     cfg: object = None  # the config `best` was computed with (a new one: every pair again)
+    into: dict[str, list[tuple[str, float]]] = field(default_factory=dict)  # `crossings` cached per commodity
+    into_cfg: object = None  # ... for this config
     one_stage: tuple | None = None  # (config, data_prev, `one_stage`) cached
     stale: set[str] = field(default_factory=set)  # commodities B whose `best` of some (A, B) changed since B's
     # labels were last computed (announce.refresh: cross_in reads them)
@@ -117,12 +119,7 @@ def cross_in(node: FlowNode, d: str) -> None:
     if node.relabelling.crossed >= node.cfg.cross_limit or one_stage(node):
         return
     within = node.within
-    for b in node.cfg.commodities:
-        if b == d:
-            continue
-        r, via = node.relabelling.best.get((b, d), (INF, None))
-        if via is None or r == INF:
-            continue
+    for b, r in crossings(node, d):
         units = within[1].get(b) if within is not None else None
         if units is None:
             units = displaceable(node, b)
@@ -135,6 +132,24 @@ def cross_in(node: FlowNode, d: str) -> None:
     if best is not None and best[0] < node.my_in[d].cost - EPS:
         node.my_in[d] = Label(d, Side.IN, best[0], (node.tag_in,) + best[3].path)
         node.dec_in[d] = (Via.CROSS, best[1], best[2])
+
+def crossings(node: FlowNode, d: str) -> list[tuple[str, float]]:
+    """The data nodes B whose units, sent on from here, could become `d`'s, with that RelabelCost, in commodity
+    order (part of `cross_in`; kept until a RelabelCost of (B, d) changes in `relabel_costs`)."""
+    rs = node.relabelling
+    if rs.into_cfg is not node.cfg:
+        rs.into_cfg = node.cfg
+        rs.into.clear()
+    got = rs.into.get(d)
+    if got is None:
+        got = rs.into[d] = []
+        for b in node.cfg.commodities:
+            if b == d:
+                continue
+            r, via = rs.best.get((b, d), (INF, None))
+            if via is not None and r != INF:
+                got.append((b, r))
+    return got
 
 def displaceable(node: FlowNode, b: str) -> list[tuple[float, str, Label]]:
     """The units of `b` received from upstream peers that could be displaced, as (OUT_b(p) - d(p, i), p, OUT
@@ -198,6 +213,7 @@ def relabel_costs(node: FlowNode, eff: list[Effect]) -> None:
             old = rs.best.get(key)
             if old is None or old[1] != arg or old[0] != best:
                 rs.stale.add(b)
+                rs.into.pop(b, None)
                 if later:
                     moved = moved or old is None or old[1] != arg or differs(best, old[0])
             rs.best[key] = (best, arg)
