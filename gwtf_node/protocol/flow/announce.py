@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 from ..effects import Effect, Send, SetTimer
 from ..messages import INF, CostAnnounce, Label, Side
-from .state import EPS, cost_differs, stamped
+from .state import EPS, cost_differs, costs_differ, stamped
 
 if TYPE_CHECKING:
     from .node import FlowNode
@@ -205,7 +205,7 @@ def cost_news(node: FlowNode, d: str, side: Side) -> bool:
     lab = node.my_in.get(d) if side == Side.IN else node.my_out.get(d)
     last = node.announcer.sent.get((d, side))
     return lab is not None and (last is None or last[0] != node.epoch[d]
-                                or cost_differs(lab, Label(d, side, last[1], ())))
+                                or costs_differ(lab.cost, last[1]))
 
 def worth_announcing(node: FlowNode, d: str, side: Side) -> bool:
     lab = node.my_in.get(d) if side is _IN else node.my_out.get(d)
@@ -213,7 +213,7 @@ def worth_announcing(node: FlowNode, d: str, side: Side) -> bool:
         return False
     last = node.announcer.sent.get((d, side))
     if not node.waves:  # free-running labels: every change, rises included
-        return last is None or last[0] != node.epoch[d] or cost_differs(lab, Label(d, side, last[1], ())) \
+        return last is None or last[0] != node.epoch[d] or costs_differ(lab.cost, last[1]) \
             or lab.path != last[2]
     if last is None or last[0] != node.epoch[d]:
         return True

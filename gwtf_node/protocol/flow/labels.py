@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from ..effects import Effect
 from ..messages import INF, CostAnnounce, Label, Side
 from . import announce, relabel, waves
-from .state import EPS, MAX_STASHED_SENDERS, Via, cheapest, choose, cost_of, pick
+from .state import EPS, MAX_STASHED_SENDERS, Via, cheapest, choose, cost_of, label, pick
 
 if TYPE_CHECKING:
     from .node import FlowNode
@@ -154,11 +154,11 @@ def signature_holds(node: FlowNode, d: str, sig: tuple) -> bool:
 
 def decide_data(node: FlowNode, d: str, arg) -> None:
     if arg is None:
-        node.my_out[d], node.dec_out[d] = Label(d, _OUT, INF, ()), None
+        node.my_out[d], node.dec_out[d] = label(d, _OUT, INF, ()), None
     else:
-        node.my_out[d] = Label(d, Side.OUT, arg[0], (node.tag_out,) + arg[2].path)
+        node.my_out[d] = label(d, Side.OUT, arg[0], (node.tag_out,) + arg[2].path)
         node.dec_out[d] = (Via.FORWARD, arg[1])
-    node.my_in[d] = Label(d, Side.IN, 0.0, (node.tag_in,))
+    node.my_in[d] = label(d, Side.IN, 0.0, (node.tag_in,))
 
 def decide(node: FlowNode, d: str, f_out, b_out, f_in, b_in) -> None:
     prev_out, prev_in = node.dec_out.get(d), node.dec_in.get(d)
@@ -166,23 +166,23 @@ def decide(node: FlowNode, d: str, f_out, b_out, f_in, b_in) -> None:
     # OUT: forward the unit, or hand one back upstream (DENY)
     kind = choose(f_out, b_out, prev_out[0] if prev_out else None)
     if kind == Via.FORWARD:
-        node.my_out[d] = Label(d, _OUT, f_out[0], (tout,) + f_out[2].path)
+        node.my_out[d] = label(d, _OUT, f_out[0], (tout,) + f_out[2].path)
         node.dec_out[d] = (Via.FORWARD, f_out[1])
     elif kind == Via.BACK:
-        node.my_out[d] = Label(d, _OUT, b_out[0], (tout, tin) + b_out[2].path)
+        node.my_out[d] = label(d, _OUT, b_out[0], (tout, tin) + b_out[2].path)
         node.dec_out[d] = (Via.BACK, b_out[1])
     else:
-        node.my_out[d], node.dec_out[d] = Label(d, _OUT, INF, ()), None
+        node.my_out[d], node.dec_out[d] = label(d, _OUT, INF, ()), None
     # IN: take the unit and forward it, or displace an upstream unit
     kind = choose(f_in, b_in, prev_in[0] if prev_in else None)
     if kind == Via.FORWARD:
-        node.my_in[d] = Label(d, _IN, f_in[0], (tin, tout) + f_in[2].path)
+        node.my_in[d] = label(d, _IN, f_in[0], (tin, tout) + f_in[2].path)
         node.dec_in[d] = (Via.FORWARD, f_in[1])
     elif kind == Via.BACK:
-        node.my_in[d] = Label(d, _IN, b_in[0], (tin,) + b_in[2].path)
+        node.my_in[d] = label(d, _IN, b_in[0], (tin,) + b_in[2].path)
         node.dec_in[d] = (Via.BACK, b_in[1])
     else:
-        node.my_in[d], node.dec_in[d] = Label(d, _IN, INF, ()), None
+        node.my_in[d], node.dec_in[d] = label(d, _IN, INF, ()), None
     if node.cross:  # several data nodes: the IN label may take another data node's slot instead
         relabel.cross_in(node, d)
 

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING
 from ..effects import Effect, Send, SetTimer
 from ..messages import INF, Deny, DenyReason, Label, Relabel, RelabelCost, Side, Withdraw
 from . import announce
-from .state import EPS, Pending, PendingKind, Via, add_one, take_one
+from .state import EPS, Pending, PendingKind, Via, add_one, label, take_one
 
 if TYPE_CHECKING:
     from .node import FlowNode
@@ -130,7 +130,7 @@ def cross_in(node: FlowNode, d: str) -> None:
             if best is None or c < best[0] - EPS:
                 best = (c, p, b, lab)
     if best is not None and best[0] < node.my_in[d].cost - EPS:
-        node.my_in[d] = Label(d, Side.IN, best[0], (node.tag_in,) + best[3].path)
+        node.my_in[d] = label(d, Side.IN, best[0], (node.tag_in,) + best[3].path)
         node.dec_in[d] = (Via.CROSS, best[1], best[2])
 
 def crossings(node: FlowNode, d: str) -> list[tuple[str, float]]:

@@ -89,12 +89,33 @@ NO_LABEL = Label("", Side.IN, INF, ())
 
 
 def cost_differs(new: Label, old: Label | None) -> bool:
-    return old is None or abs(new.cost - old.cost) > EPS or (new.cost == INF) != (old.cost == INF)
+    return old is None or costs_differ(new.cost, old.cost)
+
+
+def costs_differ(new: float, old: float) -> bool:
+    return abs(new - old) > EPS or (new == INF) != (old == INF)
+
+
+_new = object.__new__
+_set_c, _set_s, _set_k, _set_p, _set_e = (Label.commodity.__set__, Label.side.__set__, Label.cost.__set__,
+                                          Label.path.__set__, Label.epoch.__set__)
+
+
+def label(commodity: str, side: Side, cost: float, path: tuple[str, ...], epoch: int = 0) -> Label:
+    """`Label(...)` without the frozen dataclass's __init__ (a flow machine makes one per label it computes: 0.4
+    against 0.6 microseconds here); the object is the same."""
+    lab = _new(Label)
+    _set_c(lab, commodity)
+    _set_s(lab, side)
+    _set_k(lab, cost)
+    _set_p(lab, path)
+    _set_e(lab, epoch)
+    return lab
 
 
 def stamped(lab: Label, epoch: int) -> Label:
     """The label as sent: stamped with the epoch of its wave (`Label.epoch`)."""
-    return Label(lab.commodity, lab.side, lab.cost, lab.path, epoch)
+    return label(lab.commodity, lab.side, lab.cost, lab.path, epoch)
 
 
 def pick(cands: list, sticky: str | None):
