@@ -71,3 +71,16 @@ def test_narrowed_recomputation_changes_nothing_a_full_one_would(checked, settin
     assert checked["narrowed"] > 100 and checked["others"] > 100 and checked["pairs"] > 1000
     assert checked["label_diffs"] == 0
     assert checked["pair_diffs"] == 0
+
+
+def test_label_without_init_is_the_same_label():
+    from dataclasses import FrozenInstanceError
+
+    from gwtf_node.protocol.flow.state import label, stamped
+    from gwtf_node.protocol.messages import Label, Side
+
+    fast, slow = label("d1", Side.OUT, 2.5, ("a+", "b-")), Label("d1", Side.OUT, 2.5, ("a+", "b-"))
+    assert fast == slow and hash(fast) == hash(slow) and fast.epoch == 0
+    assert stamped(fast, 3) == Label("d1", Side.OUT, 2.5, ("a+", "b-"), 3)
+    with pytest.raises(FrozenInstanceError):
+        fast.cost = 1.0
