@@ -9,8 +9,9 @@ of the 5 relay stages (the paper's 6 stages counting the data nodes'), every
 relay of capacity 4 (homogeneous), 4 microbatches per data node and
 iteration, every node at one of the 12 locations of geo12-links.json; K = 1
 is the paper's setting, `--scales 4 8` the big variants (slow: the flow
-machines of 72 / 144 nodes run in the simulator; at 144 nodes GWTF's runs
-take hours, so `--systems dtfm dtfm_pinned --json` runs DT-FM's alone).
+machines of 72 / 144 nodes run in the simulator; at 144 nodes a GWTF run
+placed by its leader takes most of an hour, so `--systems gwtf_swarm dtfm
+dtfm_pinned --json` leaves out the GWTF runs that take hours).
 
 Each (K, churn, seed) runs the same simulator three times
 (`gwtf_node.sim.train.run_train`):
