@@ -299,10 +299,12 @@ def on_announce(node: FlowNode, now: float, sender: str, msg: CostAnnounce, eff:
     touched: dict[str, None] = {}
     folds: dict[str, list[str]] = {}
     backs: set[str] = set()
-    epochs = dict(node.epoch)
+    new_wave = False
     for lab in msg.labels:
         d = lab.commodity
+        e = node.epoch.get(d)
         if ingest(node, sender, lab):
+            new_wave = new_wave or node.epoch[d] != e
             touched[d] = None
             if lab.side == Side.IN:
                 f = folds.setdefault(d, [])
@@ -312,4 +314,4 @@ def on_announce(node: FlowNode, now: float, sender: str, msg: CostAnnounce, eff:
                 folds.setdefault(d, [])
                 backs.add(d)  # an OUT label (upstream): the back candidates again (_fold_out)
     if touched:
-        announce.refresh(node, touched, eff, folds=folds, backs=backs, narrow=not backs and node.epoch == epochs)
+        announce.refresh(node, touched, eff, folds=folds, backs=backs, narrow=not backs and not new_wave)

@@ -73,8 +73,8 @@ class RelabelState:
     heard_new: set[tuple[str, str]] = field(default_factory=set)  # pairs heard of since the last `relabel_costs`
     cfg: object = None  # the config `best` was computed with (a new one: every pair again)
     into: dict[str, list[tuple[str, float]]] = field(default_factory=dict)  # `crossings` cached per commodity
-    into_cfg: object = None  # ... for this config
-    one_stage: tuple | None = None  # (config, data_prev, `one_stage`) cached
+    # (dropped when a pair into it changes; the commodities are fixed for a machine's life)
+    one_stage: tuple | None = None  # (config, `one_stage`) cached
     stale: set[str] = field(default_factory=set)  # commodities B whose `best` of some (A, B) changed since B's
     # labels were last computed (announce.refresh: cross_in reads them)
 
@@ -105,11 +105,11 @@ def one_stage(node: FlowNode) -> bool:
     """A relay with data nodes on both sides (a run of one stage): a data node could not tell a Relabel of the
     unit it sends this relay from one of the unit this relay sends it, so such a relay neither relabels nor
     displaces across data nodes."""
-    cached = node.relabelling.one_stage
-    if cached is None or cached[0] is not node.cfg or cached[1] is not node.data_prev:
-        cached = node.relabelling.one_stage = (node.cfg, node.data_prev, bool(node.data_prev) and any(
+    cached = node.relabelling.one_stage  # data_prev is derived from the config: replaced with it
+    if cached is None or cached[0] is not node.cfg:
+        cached = node.relabelling.one_stage = (node.cfg, bool(node.data_prev) and any(
             j in node.cfg.commodities for j in node.cfg.next_costs))
-    return cached[2]
+    return cached[1]
 
 
 def cross_in(node: FlowNode, d: str) -> None:
@@ -137,9 +137,6 @@ def crossings(node: FlowNode, d: str) -> list[tuple[str, float]]:
     """The data nodes B whose units, sent on from here, could become `d`'s, with that RelabelCost, in commodity
     order (part of `cross_in`; kept until a RelabelCost of (B, d) changes in `relabel_costs`)."""
     rs = node.relabelling
-    if rs.into_cfg is not node.cfg:
-        rs.into_cfg = node.cfg
-        rs.into.clear()
     got = rs.into.get(d)
     if got is None:
         got = rs.into[d] = []
