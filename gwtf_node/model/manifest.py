@@ -507,16 +507,23 @@ def default_manifest(
     compression: str = "none",
     compression_ratio: float = DEFAULT_RATIO,
     compression_gradients: str = "aligned",
+    config: dict[str, Any] | None = None,
+    tokenizer: str = "bytes",
 ) -> RunManifest:
     """A small byte-level model on the bundled corpus: an iteration takes seconds on a CPU.
 
     Two layers per stage by default; 4 heads (hidden must be a multiple of 4).
+    `config` (an HF config dict of `family`, e.g. from `hfconfig.family_config`)
+    replaces that model: `layers` and `hidden` are then the config's.
     """
     if family not in FAMILIES:
         raise ManifestError(f"family is {family!r}; use one of {', '.join(FAMILIES)}")
     n_layers = layers if layers is not None else 2 * stages
     heads = 4
-    if family == "llama":
+    if config is not None:
+        config = dict(config)
+        n_layers = model_dims(ModelSpec(family, config)).layers
+    elif family == "llama":
         config: dict[str, Any] = {
             "vocab_size": BYTE_VOCAB,
             "hidden_size": hidden,
@@ -551,7 +558,7 @@ def default_manifest(
         stages=partition_layers(n_layers, stages),
         data=DataSpec(
             source="bundled",
-            tokenizer="bytes",
+            tokenizer=tokenizer,
             seq_len=seq_len,
             microbatch_size=microbatch_size,
             microbatches_per_iteration=microbatches_per_iteration,
