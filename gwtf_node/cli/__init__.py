@@ -180,6 +180,7 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
     if args.torch_threads:
         import torch
         torch.set_num_threads(args.torch_threads)
+    capacity = _capacity_that_fits(args, stage, device)
     try:
         logs = _setup_logging(args.log_level, Path(args.state_dir), max_mb=args.log_max_mb, backups=args.log_backups)
     except OSError as e:
@@ -188,7 +189,7 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
                        bootstrap=list(args.bootstrap), name=args.name or "", port=args.port,
                        listen_host=args.host, listen=list(args.listen), announce=list(args.announce),
                        tensor_port=args.tensor_port, relay_service=args.relay_service,
-                       capacity=args.capacity, iterations=args.iterations,
+                       capacity=capacity, iterations=args.iterations,
                        data_index=args.data_index, data_nodes=args.data_nodes,
                        links=Path(args.links) if args.links else None, policy=args.policy,
                        bootstrap_timeout_s=args.bootstrap_timeout,
@@ -212,6 +213,38 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
         print(f"error: {stopped.reason}", file=sys.stderr)
         return EXIT_NO_PEER
     raise CliError(stopped.reason)
+
+
+def _capacity_that_fits(args: argparse.Namespace, stage: int | None, device: str) -> int:
+    """The node's part fits its device (model/memory.py), else a one-line error giving the need and what is free.
+
+    `--stage K` and data nodes: the part at `--capacity`, or the most microbatches (at most the run's demand per
+    data node) that fit when it is 0.  `--stage auto`: some stage must fit one microbatch; which ones do, and
+    the capacity, are the joiner's to tell the leader (runtime/joining.py).
+    """
+    from ..model import memory
+    from ..model.hfconfig import parameter_counts
+    from ..model.manifest import load_manifest
+
+    try:
+        man = load_manifest(args.run, check_files=False)
+        counts = parameter_counts(man.model.family, man.model.config)
+    except _manifest_error_types() as e:
+        raise CliError(str(e)) from None
+    free = memory.free_bytes(device)
+    cap = args.capacity or man.data.microbatches_per_iteration
+    if args.role == "relay" and stage is None:
+        if not memory.stage_capacities(man, free, 1, counts):
+            smallest = min(range(man.num_stages), key=lambda k: memory.estimate(man, "relay", k, 1, counts).total)
+            raise CliError(memory.fit_error(man, "relay", smallest, 1, device, free, counts,
+                                            fix="no stage of the run fits: use a larger device"))
+        return args.capacity
+    if not args.capacity:
+        cap = memory.capacity_that_fits(man, args.role, stage, free, cap, counts) or 1
+    error = memory.fit_error(man, args.role, stage, cap, device, free, counts)
+    if error:
+        raise CliError(error)
+    return cap if args.role == "relay" else args.capacity
 
 
 def cmd_local(args: argparse.Namespace) -> int:
@@ -370,7 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop (exit 3) if no bootstrap peer accepted this node by then; retries with backoff "
                         "until then (0: retry forever)")
     j.add_argument("--capacity", type=_nonneg_int, default=0,
-                   help="microbatches held per iteration (0: one data node's demand)")
+                   help="microbatches held per iteration (0: as many as fit the device's free memory, at most one "
+                        "data node's demand); a node whose part does not fit exits at start")
     j.add_argument("--iterations", type=_nonneg_int, default=0, help="data nodes: stop after N (0: forever)")
     j.add_argument("--data-index", type=_nonneg_int, default=0, help="data nodes: which shard of the data")
     j.add_argument("--data-nodes", type=_positive_int, default=1, help="data nodes of the run")

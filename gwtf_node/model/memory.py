@@ -185,11 +185,25 @@ def capacity_that_fits(manifest: "RunManifest", role: str, stage: int | None, fr
 
 
 def fit_error(manifest: "RunManifest", role: str, stage: int | None, capacity: int, device: str, free: int,
-              counts: "ParamCounts | None" = None) -> str | None:
+              counts: "ParamCounts | None" = None,
+              fix: str = "join another stage, lower --capacity, or use a larger device") -> str | None:
     """One line saying that the part does not fit `free` bytes of `device`, or None when it fits."""
     need = estimate(manifest, role, stage, capacity, counts)
     if need.total <= free:
         return None
     where = "free GPU memory" if device.startswith("cuda") else "available RAM (MemAvailable)"
-    return (f"{need.describe()}, but {device} has {free / MIB:,.0f} MiB {where}: join another stage, lower "
-            "--capacity, or use a larger device")
+    return f"{need.describe()}, but {device} has {free / MIB:,.0f} MiB {where}: {fix}"
+
+
+def stage_capacities(manifest: "RunManifest", free: int, cap: int,
+                     counts: "ParamCounts | None" = None) -> dict[int, int]:
+    """Each relay stage's capacity that fits `free` bytes (1..cap), for the stages where one microbatch fits."""
+    from .hfconfig import parameter_counts
+
+    counts = counts or parameter_counts(manifest.model.family, manifest.model.config)
+    out = {}
+    for k in range(manifest.num_stages):
+        c = capacity_that_fits(manifest, "relay", k, free, cap, counts)
+        if c:
+            out[k] = c
+    return out
