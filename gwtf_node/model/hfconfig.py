@@ -164,7 +164,7 @@ def build_meta(family: str, config: dict[str, Any]) -> Any:
         with torch.device("meta"):
             return model_class(family)(cfg)
     except Exception as e:  # a config transformers accepts but cannot build (activation, sizes...)
-        raise ManifestError(f"transformers cannot build this {family} model: {str(e).splitlines()[0]}") from None
+        raise ManifestError(f"model.config is not a valid {family} config: {str(e).splitlines()[0]}") from None
 
 
 def parameter_counts(family: str, config: dict[str, Any]) -> ParamCounts:
