@@ -69,11 +69,24 @@ def write(state_dir: Path, *, run_id: str, role: str, stage: int | None, steps: 
     tmp = d / f".{path.name}.{os.getpid()}.tmp"
     rec = {"format": FORMAT, "run_id": run_id, "role": role, "stage": stage, "steps": int(steps), "state": state,
            "sha256": hashlib.sha256(state).hexdigest(), "params_sha256": params_sha256, "params": params}
-    with open(tmp, "wb") as f:
-        torch.save(rec, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(rec, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except RuntimeError as e:  # torch's writer reports a failed write (a full disk) as a RuntimeError
+        tmp.unlink(missing_ok=True)  # (leave no partial file behind)
+        import errno
+        import shutil
+
+        free = shutil.disk_usage(d).free
+        why = "no space left on device" if free < len(state) else f"write failed: {str(e).splitlines()[0]}"
+        raise OSError(errno.ENOSPC if free < len(state) else errno.EIO, f"{why} ({free // 1024} KiB free)",
+                      str(path)) from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # (leave no partial file behind)
+        raise
     latest = Path(state_dir) / LATEST
     link_tmp = Path(state_dir) / f".{LATEST}.{os.getpid()}.tmp"
     try:
