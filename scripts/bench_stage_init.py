@@ -64,7 +64,8 @@ else:
     h = part.embed("k", ids)
     _, g = part.head_loss("k", h, ids)
     part.embed_backward("k", g)
-print(json.dumps({"base": base, "built": built, "peak": peak(), "build_s": build_s, "part_params": part.num_params}))
+import gwtf_node
+print(json.dumps({"src": gwtf_node.__file__, "base": base, "built": built, "peak": peak(), "build_s": build_s, "part_params": part.num_params}))
 """
 
 
@@ -88,10 +89,13 @@ def manifest_json() -> tuple[str, int]:
 def probe(src: Path, run_json: str, role: str, stage: int | None) -> dict:
     env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-c", PROBE, run_json, role, "-" if stage is None else str(stage)],
-                          capture_output=True, text=True, env=env, timeout=900)
+                          capture_output=True, text=True, env=env, timeout=900, cwd=src)
     if proc.returncode != 0:
         raise SystemExit(f"probe of {role} {stage} with {src} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not Path(r["src"]).resolve().is_relative_to(src.resolve()):
+        raise SystemExit(f"the probe imported {r['src']}, not the code under {src}")
+    return r
 
 
 def main() -> None:

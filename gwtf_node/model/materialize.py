@@ -80,7 +80,7 @@ def build_skeleton(manifest: RunManifest) -> "PreTrainedModel":
         try:
             model = model_cls(config)
         except (TypeError, ValueError) as e:
-            raise ManifestError(f"model.config cannot build a {fam.model_class}: {e}") from None
+            raise ManifestError(f"model.config is not a valid {fam.name} config: {e}") from None
     model.eval()
     return model
 
