@@ -14,7 +14,8 @@ Python process imports torch and transformers, notes its peak resident memory
 (VmHWM), builds the part with `build_stage`, runs one microbatch (1 x 32 tokens)
 forward and backward through it, and notes the peak again.  Reported per node:
 the growth of the peak over the import-only process (MB), the build time (s),
-and the ratios after/before; and the fp32 training state of the whole model
+and the ratios after/before; and the same for the centralized reference's
+`build_chain` (every part in one process, no microbatch: row `chain`); and the fp32 training state of the whole model
 (16 bytes per parameter: parameters, gradients, Adam's two moments) that a
 relay's growth is compared with.  The two versions run one after the other in
 this one script, node by node, so their ratio is measured side by side; on a
@@ -52,6 +53,14 @@ role, stage = sys.argv[2], (None if sys.argv[3] == "-" else int(sys.argv[3]))
 import transformers.models.llama.modeling_llama, transformers.masking_utils  # both versions import them to build
 base = peak()
 t0 = time.perf_counter()
+if role == "chain":  # the centralized reference: every part in one process
+    from gwtf_node.model.reference import build_chain
+    data, relays = build_chain(m)
+    build_s = time.perf_counter() - t0
+    import gwtf_node
+    print(json.dumps({"src": gwtf_node.__file__, "base": base, "built": peak(), "peak": peak(), "build_s": build_s,
+                      "part_params": sum(p.num_params for p in (data, *relays))}))
+    sys.exit(0)
 part = build_stage(m, role, stage)
 build_s = time.perf_counter() - t0
 built = peak()
@@ -104,14 +113,14 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
     run_json, params = manifest_json()
-    nodes = [("data", None)] + [("relay", k) for k in range(4)]
+    nodes = [("data", None)] + [("relay", k) for k in range(4)] + [("chain", None)]
     out = {"params": params, "training_state_mb": 16 * params / 1e6, "before": args.before, "nodes": {}}
     with tempfile.TemporaryDirectory() as tmp:
         archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.before, "gwtf_node"], capture_output=True,
                                  check=True).stdout
         subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
         for role, stage in nodes:
-            name = "data" if role == "data" else f"relay{stage}"
+            name = role if stage is None else f"relay{stage}"
             row = {}
             for version, src in (("before", Path(tmp)), ("after", ROOT)):
                 r = probe(src, run_json, role, stage)

@@ -7,7 +7,8 @@ window shorter than the sequence) and Qwen2 (grouped-query attention, tied
 embeddings, sliding-window layers); the initial values follow transformers'
 distributions; what cannot be cut is refused naming the key; and a relay of a
 4-stage ~127M-parameter model grows a fresh process's memory by at most 0.35
-of the whole model's fp32 training state.
+of the whole model's fp32 training state, and by less than the whole model's
+parameters (which building the whole model and cutting it needed).
 """
 
 from __future__ import annotations
@@ -193,6 +194,7 @@ MEMORY_PROBE = textwrap.dedent("""
     from gwtf_node.model.stages import build_stage
     m = RunManifest.from_json(sys.argv[1])
     role, stage = sys.argv[2], (None if sys.argv[3] == "-" else int(sys.argv[3]))
+    import transformers.models.llama.modeling_llama, transformers.masking_utils  # code, not the model's memory
     base = peak()
     part = build_stage(m, role, stage)
     if role == "relay":
@@ -220,7 +222,8 @@ def model_127m(stages: int = 4) -> RunManifest:
 def measure_part(m: RunManifest, role: str, stage: int | None, pythonpath: str = ROOT) -> dict:
     env = {**os.environ, "PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-c", MEMORY_PROBE, m.to_json(indent=None), role,
-                           "-" if stage is None else str(stage)], capture_output=True, text=True, env=env, timeout=300)
+                           "-" if stage is None else str(stage)], capture_output=True, text=True, env=env, timeout=300,
+                          cwd=pythonpath)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -235,3 +238,5 @@ def test_a_relay_allocates_about_its_quarter() -> None:
     assert r["part_params"] < n_params / 4
     assert growth <= 0.35 * training_state, f"relay grew {growth / 1e6:.0f} MB, the model's state is " \
                                             f"{training_state / 1e6:.0f} MB"
+    # and it never held the whole model: building it all first (and cutting) needs its 4 bytes per parameter
+    assert growth < 4 * n_params, f"relay grew {growth / 1e6:.0f} MB, the whole model is {4 * n_params / 1e6:.0f} MB"

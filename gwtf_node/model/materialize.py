@@ -65,7 +65,7 @@ from .weights import WeightsReader, open_weights
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-_SKELETON_LOCK = threading.Lock()  # the meta device context is a process-wide torch function mode
+_SKELETON_LOCK = threading.Lock()  # one skeleton built at a time (HF model construction is not known thread-safe)
 
 
 def build_skeleton(manifest: RunManifest) -> "PreTrainedModel":
@@ -76,7 +76,7 @@ def build_skeleton(manifest: RunManifest) -> "PreTrainedModel":
         config = config_cls(**manifest.model.config)
     except (TypeError, ValueError) as e:
         raise ManifestError(f"model.config is not a valid {fam.name} config: {e}") from None
-    with _SKELETON_LOCK, torch.random.fork_rng(devices=[]), torch.device("meta"):
+    with _SKELETON_LOCK, torch.device("meta"):  # draws nothing from torch's RNG (meta tensors hold no values)
         try:
             model = model_cls(config)
         except (TypeError, ValueError) as e:
@@ -105,7 +105,7 @@ def init_parameter(fam: Family, config: Any, seed: int, name: str, module: nn.Mo
         if local == "bias":
             return torch.zeros(shape)
         if fam.name == "gpt" and name.endswith(".c_proj.weight"):
-            std = config.initializer_range / math.sqrt(2 * config.n_layer)
+            std = std / math.sqrt(2 * config.n_layer)
         return torch.empty(shape).normal_(0.0, std, generator=gen)
     if "LayerNorm" in kind or "RMSNorm" in kind:
         return torch.ones(shape) if local == "weight" else torch.zeros(shape)
