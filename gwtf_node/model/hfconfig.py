@@ -38,8 +38,10 @@ from typing import Any
 
 from .partition import ManifestError
 
-# HF model_type -> the manifest's family
-MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "gpt2": "gpt"}
+from .families import FAMILY_TABLE
+
+# HF model_type -> the manifest's family (families.py)
+MODEL_TYPES = {f.model_type: f.name for f in FAMILY_TABLE.values()}
 # keys that only mixture-of-experts models have (a MoE layer is not a dense decoder layer this project cuts)
 MOE_KEYS = ("num_local_experts", "num_experts", "num_experts_per_tok", "n_routed_experts", "n_shared_experts",
             "moe_intermediate_size", "shared_expert_intermediate_size", "decoder_sparse_step", "moe_layer_freq")
@@ -61,16 +63,11 @@ class ParamCounts:
 
 
 def config_class(family: str) -> Any:
-    from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
-
-    return {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "gpt": GPT2Config}[family]
+    return FAMILY_TABLE[family].classes()[0]
 
 
 def model_class(family: str) -> Any:
-    from transformers import GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
-
-    return {"llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM,
-            "gpt": GPT2LMHeadModel}[family]
+    return FAMILY_TABLE[family].classes()[1]
 
 
 def _json_value(v: Any) -> Any:
@@ -172,8 +169,8 @@ def parameter_counts(family: str, config: dict[str, Any]) -> ParamCounts:
     import re
 
     model = build_meta(family, config)
-    n_layers = len(model.transformer.h) if family == "gpt" else len(model.model.layers)
-    layer_re = re.compile(r"^(?:model\.layers|transformer\.h)\.(\d+)\.")
+    n_layers = len(model.get_submodule(FAMILY_TABLE[family].layers))
+    layer_re = re.compile("^" + re.escape(FAMILY_TABLE[family].layers) + r"\.(\d+)\.")
     layers = [0] * n_layers
     data = 0
     for name, p in model.named_parameters():  # a tied parameter once, under its first name
