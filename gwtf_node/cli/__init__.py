@@ -259,13 +259,14 @@ def _capacity_that_fits(args: argparse.Namespace, stage: int | None, device: str
     free = memory.free_bytes(device)
     cap = args.capacity or man.data.microbatches_per_iteration
     if args.role == "relay" and stage is None:
-        if not memory.stage_capacities(man, free, 1, counts):
-            smallest = min(range(man.num_stages), key=lambda k: memory.estimate(man, "relay", k, 1, counts).total)
+        if not memory.stage_capacities(man, free, 1, counts, device):
+            smallest = min(range(man.num_stages),
+                           key=lambda k: memory.estimate(man, "relay", k, 1, counts, device).total)
             raise CliError(memory.fit_error(man, "relay", smallest, 1, device, free, counts,
                                             fix="no stage of the run fits: use a larger device"))
         return args.capacity
     if not args.capacity:
-        cap = memory.capacity_that_fits(man, args.role, stage, free, cap, counts) or 1
+        cap = memory.capacity_that_fits(man, args.role, stage, free, cap, counts, device) or 1
     error = memory.fit_error(man, args.role, stage, cap, device, free, counts)
     if error:
         raise CliError(error)

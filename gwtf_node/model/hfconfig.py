@@ -57,6 +57,8 @@ class ParamCounts:
     total: int  # the whole model, a tied parameter once
     data: int  # embeddings (+ GPT's positions), final norm and LM head: the data nodes' part
     layers: tuple[int, ...]  # per decoder layer
+    data_largest: int = 0  # elements of the data part's largest parameter tensor
+    layer_largest: int = 0  # ... and of a decoder layer's
 
     def stage(self, start: int, end: int) -> int:
         return sum(self.layers[start:end])
@@ -172,11 +174,14 @@ def parameter_counts(family: str, config: dict[str, Any]) -> ParamCounts:
     n_layers = len(model.get_submodule(FAMILY_TABLE[family].layers))
     layer_re = re.compile("^" + re.escape(FAMILY_TABLE[family].layers) + r"\.(\d+)\.")
     layers = [0] * n_layers
-    data = 0
+    data = data_largest = layer_largest = 0
     for name, p in model.named_parameters():  # a tied parameter once, under its first name
         hit = layer_re.match(name)
         if hit:
             layers[int(hit.group(1))] += p.numel()
+            layer_largest = max(layer_largest, p.numel())
         else:
             data += p.numel()
-    return ParamCounts(total=data + sum(layers), data=data, layers=tuple(layers))
+            data_largest = max(data_largest, p.numel())
+    return ParamCounts(total=data + sum(layers), data=data, layers=tuple(layers), data_largest=data_largest,
+                       layer_largest=layer_largest)

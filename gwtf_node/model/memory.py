@@ -8,7 +8,8 @@ weights in float32 whatever the precision:
 
 * parameters: 4 P bytes;
 * gradients: the float32 accumulators StageModel keeps (4 P), and during a
-  step the summed gradient vector and `.grad` (8 P, transient);
+  step the summed gradient vector and `.grad` (8 P, transient) and AdamW's
+  temporaries (`step_temporaries`);
 * optimizer state: AdamW's two moments (8 P), SGD's momentum buffer (4 P
   when momentum > 0, else nothing);
 * activations: every in-flight microbatch keeps the autograd graph of one
@@ -21,12 +22,14 @@ weights in float32 whatever the precision:
   These coefficients were fitted, exactly, to the bytes of the distinct
   storages saved for backward (`torch.autograd.graph.saved_tensors_hooks`,
   parameters left out) of one and two layers at eight shapes and three
-  (B, T) pairs on the CPU (sdpa attention), and predict every one of them.
+  (B, T) pairs on the CPU (sdpa attention), and predict every one of them
+  exactly (tests/test_memory.py checks other shapes, GQA and Qwen2's biases).
   Under `bf16-mixed` (autocast to bfloat16 around the forward, measured
   with CPU autocast) a layer saves 30 H + 8 I + 4 KV + 4 heads + 8 bytes
   (LLaMA) or 20 H + 10 I + 4 heads + 16 (GPT-2) per token, *plus* the
   bfloat16 copy of the layer's weights that autocast makes per forward
-  (2 bytes per parameter, per microbatch).  A relay also keeps the stage's
+  (2 bytes per parameter, per microbatch); at shapes other than the fitted
+  ones these are within 1 %.  A relay also keeps the stage's
   output (B T H floats); the data part keeps the embedding output and the
   input ids.  One microbatch's backward adds its parameter gradients (4 P)
   and a layer's worth of activation gradients; the data part's head computes
@@ -124,9 +127,17 @@ def optimizer_bytes(manifest: "RunManifest", params: int) -> int:
     return 4 * params if t.momentum > 0 else 0
 
 
+def step_temporaries(manifest: "RunManifest", params: int, largest: int, device: str) -> int:
+    """Bytes AdamW allocates inside a step: per tensor on the CPU (sqrt and its quotient of the largest
+    parameter), for all parameters at once on CUDA (torch's foreach implementation); SGD works in place."""
+    if manifest.train.optimizer != "adamw":
+        return 0
+    return max(8 * largest, 4 * params if device.startswith("cuda") else 0)
+
+
 def estimate(manifest: "RunManifest", role: str, stage: int | None, capacity: int,
-             counts: "ParamCounts | None" = None) -> MemoryEstimate:
-    """The memory of this node's part holding `capacity` microbatches at once."""
+             counts: "ParamCounts | None" = None, device: str = "cpu") -> MemoryEstimate:
+    """The memory of this node's part holding `capacity` microbatches at once, on `device`."""
     from .hfconfig import parameter_counts
 
     fam, cfg = manifest.model.family, manifest.model.config
@@ -140,9 +151,11 @@ def estimate(manifest: "RunManifest", role: str, stage: int | None, capacity: in
         n = counts.data
         per_mb = hidden + 8 * tokens  # the embedding output and the input ids
         logits = 4 * tokens * manifest.dims.vocab
-        transient = 4 * n + 3 * logits + 2 * hidden
+        head = 4 * n + 3 * logits + 2 * hidden
         if precision == "bf16-mixed":
-            transient += logits // 2 + 2 * n  # bfloat16 logits and weight copy before the float32 loss
+            head += logits // 2 + 2 * n  # bfloat16 logits and weight copy before the float32 loss
+        step = 8 * n + step_temporaries(manifest, n, counts.data_largest, device)
+        transient = max(head, step - per_mb)
         name = "data"
     else:
         start, end = manifest.stages[stage]
@@ -152,7 +165,8 @@ def estimate(manifest: "RunManifest", role: str, stage: int | None, capacity: in
         per_mb = layers * per_layer + hidden  # the saved tensors and the stage output
         if precision == "bf16-mixed":
             per_mb += 2 * n  # autocast's bfloat16 weights, saved by every forward's graph
-        transient = max(4 * n, 8 * n - per_mb)  # a backward's parameter gradients / a step's vector and .grad
+        step = 8 * n + step_temporaries(manifest, n, counts.layer_largest, device)  # gradient vector, .grad
+        transient = max(4 * n, step - per_mb)  # a backward's parameter gradients, or a step
         name = f"stage{stage}"
     return MemoryEstimate(name, params=4 * n, gradients=4 * n, optimizer=optimizer_bytes(manifest, n),
                           per_microbatch=per_mb, capacity=capacity, transient=transient)
@@ -176,9 +190,9 @@ def free_bytes(device: str) -> int:
 
 
 def capacity_that_fits(manifest: "RunManifest", role: str, stage: int | None, free: int, cap: int,
-                       counts: "ParamCounts | None" = None) -> int:
+                       counts: "ParamCounts | None" = None, device: str = "cpu") -> int:
     """The most in-flight microbatches (1..cap) whose estimate fits in `free` bytes; 0 when not even one does."""
-    one = estimate(manifest, role, stage, 1, counts)
+    one = estimate(manifest, role, stage, 1, counts, device)
     if one.total > free:
         return 0
     return max(1, min(cap, 1 + (free - one.total) // max(1, one.per_microbatch)))
@@ -188,7 +202,7 @@ def fit_error(manifest: "RunManifest", role: str, stage: int | None, capacity: i
               counts: "ParamCounts | None" = None,
               fix: str = "join another stage, lower --capacity, or use a larger device") -> str | None:
     """One line saying that the part does not fit `free` bytes of `device`, or None when it fits."""
-    need = estimate(manifest, role, stage, capacity, counts)
+    need = estimate(manifest, role, stage, capacity, counts, device)
     if need.total <= free:
         return None
     where = "free GPU memory" if device.startswith("cuda") else "available RAM (MemAvailable)"
@@ -196,14 +210,14 @@ def fit_error(manifest: "RunManifest", role: str, stage: int | None, capacity: i
 
 
 def stage_capacities(manifest: "RunManifest", free: int, cap: int,
-                     counts: "ParamCounts | None" = None) -> dict[int, int]:
+                     counts: "ParamCounts | None" = None, device: str = "cpu") -> dict[int, int]:
     """Each relay stage's capacity that fits `free` bytes (1..cap), for the stages where one microbatch fits."""
     from .hfconfig import parameter_counts
 
     counts = counts or parameter_counts(manifest.model.family, manifest.model.config)
     out = {}
     for k in range(manifest.num_stages):
-        c = capacity_that_fits(manifest, "relay", k, free, cap, counts)
+        c = capacity_that_fits(manifest, "relay", k, free, cap, counts, device)
         if c:
             out[k] = c
     return out

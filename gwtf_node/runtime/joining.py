@@ -115,7 +115,8 @@ class Joining:
         from ..model import memory
 
         cap = self.capacity_flag or self.manifest.data.microbatches_per_iteration * self.data_nodes
-        fits = memory.stage_capacities(self.manifest, memory.free_bytes(str(self.stage.device)), cap)
+        device = str(self.stage.device)
+        fits = memory.stage_capacities(self.manifest, memory.free_bytes(device), cap, device=device)
         if self.capacity_flag:
             return {k: c for k, c in fits.items() if c >= self.capacity_flag}
         return fits
