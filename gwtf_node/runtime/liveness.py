@@ -31,6 +31,7 @@ from typing import Callable
 import trio
 
 from ..protocol import messages as m
+from .looplag import LoopLag
 from .peers import Peers
 from .wire import Wire, now
 
@@ -54,6 +55,7 @@ class Liveness:
         self.data_back_at: float | None = None  # ... and when the last such wait ended
         self.dead_at: dict[str, float] = {}  # peers presumed dead by this check (and not back since) -> when
         self._waiting_logged_at: float | None = None
+        self.lag = LoopLag()  # this node's event-loop lag (looplag.py), probed while the check runs
 
     @property
     def crashed(self):
@@ -61,6 +63,11 @@ class Liveness:
         return self.dead_at.keys()
 
     async def loop(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.lag.loop)
+            await self._check_loop()
+
+    async def _check_loop(self) -> None:
         while True:
             await trio.sleep(PING_EVERY_S)
             t = now()

@@ -120,6 +120,7 @@ class Status:
             "flows": self.flows.out(),
             "link_costs": self.flows.link_costs_used,
             "compute_ms_per_microbatch": round(self.stage.compute_ms(), 3),
+            "event_loop": self.liveness.lag.snapshot(),  # how late the event loop ran (looplag.py)
             "links_recosted": self.flows.recosts,
             "reachability": self._reachability(),
             "link_measurements": self.flows.meter.snapshot(),
