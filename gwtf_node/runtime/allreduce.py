@@ -33,6 +33,15 @@ whose parts are missing; an unreachable peer fails the round at once with
 `AllReduceError`.  Recovery (retry without the dead peer) is the caller's
 decision: it knows the stage membership.
 
+Threads.  Everything that touches a whole part runs in a worker thread
+(`trio.to_thread`, one at a time per `AllReducer`): copying a received payload
+and checking that it is finite, the squared norms the guard judges, the sum,
+and assembling the result.  A part of a large model is hundreds of MB; done in
+the event loop's thread, this work kept the node from answering its peers'
+pings for seconds (liveness.py, looplag.py).  The tensors are the round's own
+(a received buffer, the caller's vector, read only), so no stage lock is
+needed; the order of the additions is the same as in one thread.
+
 Outliers (protocol/gradguard.py): before summing its part, the owner judges
 every contribution to it (its count against `max_count`, the microbatches of
 the iteration, and its per-microbatch size against the recent ones) and sums
@@ -104,6 +113,10 @@ class AllReducer:
         self._done: OrderedDict[str, None] = OrderedDict()
         self.guard = GradGuard()  # judges the contributions to the parts this node owns
         self.outliers_refused = 0  # contributions left out of a part's sum (status.json)
+        self.limiter = trio.CapacityLimiter(1)  # the whole-part tensor work, off the event loop (module doc)
+
+    async def _in_thread(self, fn, *args):
+        return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
 
     @staticmethod
     def accepts(msg: object) -> bool:
@@ -149,10 +162,11 @@ class AllReducer:
             return self._refuse(peer_id, msg, f"unknown phase {msg.phase}")
         if not math.isfinite(msg.count):
             return self._refuse(peer_id, msg, f"count {msg.count} is not finite")
-        buf = payload if isinstance(payload, bytearray) else bytearray(payload)
-        t = torch.frombuffer(buf, dtype=torch.float32) if len(buf) else torch.empty(0, dtype=torch.float32)
-        if not bool(torch.isfinite(t).all()):
+        t = await self._in_thread(_finite_tensor, payload)
+        if t is None:
             return self._refuse(peer_id, msg, "tensor holds NaN or infinity")
+        if msg.key in self._done:  # (finished while the payload was checked)
+            return
         rnd = self._rounds.get(msg.key)
         if rnd is None:
             if len(self._rounds) >= MAX_PENDING_KEYS:
@@ -218,20 +232,15 @@ class AllReducer:
             while missing(REDUCE):
                 await rnd.changed.wait()
             lo, hi = part_bounds(length, n, mine)
-            contribs = [Contribution(p, rnd.chunks[(REDUCE, mine, p)][0],
-                                     float(torch.dot(rnd.chunks[(REDUCE, mine, p)][1].double(),
-                                                     rnd.chunks[(REDUCE, mine, p)][1].double())), hi - lo)
-                        for p in group]
+            mine_in = [rnd.chunks[(REDUCE, mine, p)] for p in group]
+            norms = await self._in_thread(lambda: [float(torch.dot(t.double(), t.double())) for _c, t in mine_in])
+            contribs = [Contribution(p, c, sq, hi - lo) for p, (c, _t), sq in zip(group, mine_in, norms)]
             verdict = self.guard.judge((lo, hi, length), contribs, max_count)
             for p, why in sorted(verdict.refused.items()):
                 self.outliers_refused += 1
                 log.warning("all-reduce %r: contribution of %s to part %d refused: %s", key, p, mine, why)
-            acc, cnt = torch.zeros(hi - lo, dtype=torch.float32), 0.0
-            for i, p in enumerate(verdict.accepted(group)):  # sorted order: the same additions on every run
-                c, t = rnd.chunks[(REDUCE, mine, p)]
-                acc = t.clone() if i == 0 else acc.add_(t)
-                cnt = c if i == 0 else cnt + c
-            result[slice(*part_bounds(length, n, mine))] = acc
+            accepted = [rnd.chunks[(REDUCE, mine, p)] for p in verdict.accepted(group)]
+            acc, cnt = await self._in_thread(_sum_in_order, accepted, hi - lo, result, (lo, hi))
             total[0] = cnt
             for p in group:
                 if p != me:
@@ -264,10 +273,33 @@ class AllReducer:
                 self._done.popitem(last=False)
 
         counts = [total[0] if i == mine else rnd.chunks[(GATHER, i, group[i])][0] for i in range(n)]
-        for i in range(n):
-            if i != mine:
-                result[slice(*part_bounds(length, n, i))] = rnd.chunks[(GATHER, i, group[i])][1]
-        return _common_count(result, counts, length, key)
+
+        def assemble() -> tuple[torch.Tensor, float]:
+            for i in range(n):
+                if i != mine:
+                    result[slice(*part_bounds(length, n, i))] = rnd.chunks[(GATHER, i, group[i])][1]
+            return _common_count(result, counts, length, key)
+
+        return await self._in_thread(assemble)
+
+
+def _finite_tensor(payload) -> torch.Tensor | None:
+    """The float32 tensor over (a copy of) `payload`, or None if it holds NaN or infinity; in a worker thread."""
+    buf = payload if isinstance(payload, bytearray) else bytearray(payload)
+    t = torch.frombuffer(buf, dtype=torch.float32) if len(buf) else torch.empty(0, dtype=torch.float32)
+    return t if bool(torch.isfinite(t).all()) else None
+
+
+def _sum_in_order(chunks: list[tuple[float, torch.Tensor]], length: int, result: torch.Tensor,
+                  bounds: tuple[int, int]) -> tuple[torch.Tensor, float]:
+    """The sum of the accepted contributions to this node's part, in sorted-peer order (the same additions on
+    every run), written into its place in `result`; with their count.  In a worker thread."""
+    acc, cnt = torch.zeros(length, dtype=torch.float32), 0.0
+    for i, (c, t) in enumerate(chunks):
+        acc = t.clone() if i == 0 else acc.add_(t)
+        cnt = c if i == 0 else cnt + c
+    result[slice(*bounds)] = acc
+    return acc, cnt
 
 
 def _common_count(result: torch.Tensor, counts: list[float], length: int, key: str) -> tuple[torch.Tensor, float]:
