@@ -12,6 +12,14 @@ forward and backward; a data node's embedding, head with its loss, and
 embedding backward), starting from a profile of one microbatch when the part
 is built (`StageModel.profile_ms`), 0 before.
 
+The work it measured.  `run` times each piece of work under its function's
+name (`work_s`: the last `apply_step`, `checkpoint`, `grad_vector`,
+`snapshot`, ...); `note_work` records one timed elsewhere.  `busiest_s` is
+the longest of them and of the compute per microbatch: what liveness.py
+scales its peers' deadlines with, and aggregation.py its phase-signal
+retries (a node that takes 30 s to step expects its stage-mates to take
+about as long).
+
 `applied_steps` counts the optimizer steps applied to this part; it changes
 with the step itself (`apply_step`, in the worker thread) so that a state
 snapshot sees both or neither, and when a joiner installs a downloaded state.
@@ -47,6 +55,7 @@ class LocalStage:
         self.applied_steps = 0  # optimizer steps applied to this node's part
         self.call_ms: float | None = None  # smoothed time of one stage computation
         self.steps_changed = trio.Event()
+        self.work_s: dict[str, float] = {}  # piece of work -> the seconds it took last (module doc)
 
     @property
     def built(self) -> bool:
@@ -91,8 +100,22 @@ class LocalStage:
         return 0.0 if self.call_ms is None else self.call_ms * CALLS_PER_MICROBATCH.get(self.role, 2)
 
     async def run(self, fn, *args):
-        """Run torch work that is not stage compute (step, snapshot) in the worker thread."""
-        return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+        """Run torch work that is not stage compute (step, snapshot) in the worker thread; timed in `work_s`."""
+        def timed():
+            t0 = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                self.note_work(getattr(fn, "__name__", "work"), time.perf_counter() - t0)
+
+        return await trio.to_thread.run_sync(timed, limiter=self.limiter)
+
+    def note_work(self, what: str, seconds: float) -> None:
+        self.work_s[what] = seconds
+
+    def busiest_s(self) -> float:
+        """The longest piece of work measured here: a microbatch's compute or the last of each `work_s`."""
+        return max([self.compute_ms() / 1000.0, *self.work_s.values()])
 
     def hidden_size_mb(self) -> float:
         """Size of one microbatch's activation in MB (float32): the `size` of Equation 1 (known from the
