@@ -125,7 +125,7 @@ class Liveness:
                 elif silent >= PING_EVERY_S:
                     self.wire.post(pid, m.Ping(random.getrandbits(63)))
 
-    def _presume_dead(self, peer: str, silent_s: float, deadline_s: float) -> None:
+    def _presume_dead(self, peer: str, silent_s: float, deadline_s: float = DEAD_AFTER_S) -> None:
         log.warning("peer %s presumed dead: silent for %.1f s (deadline %.1f s)", self.peers.who(peer), silent_s,
                     deadline_s)
         self.dead_at[peer] = now()
