@@ -60,7 +60,7 @@ class StepTimer(trio.abc.Instrument):
     """Times each task step; keeps the slowest since `take()` (its seconds, task name and where it waited next)."""
 
     def __init__(self) -> None:
-        self._t0 = 0.0
+        self._t0: float | None = None  # (None: the step under way began before the instrument was added)
         self.slowest: tuple[float, str, str] = (0.0, "", "")
         self.max_step_s = 0.0
 
@@ -68,6 +68,8 @@ class StepTimer(trio.abc.Instrument):
         self._t0 = time.perf_counter()
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        if self._t0 is None:
+            return
         dt = time.perf_counter() - self._t0
         if dt > self.slowest[0]:
             self.slowest = (dt, task.name, _where(task) if dt >= STALL_S / 4 else "")
