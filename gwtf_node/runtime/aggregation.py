@@ -377,6 +377,8 @@ class Aggregation:
             self.lost_contributions[e.iteration] = int(e.microbatches - count)
             log.warning("iteration %d: stage %d holds %d of %d contributions (the rest died with a relay)",
                         e.iteration, stage, int(count), e.microbatches)
+        if self.faults.busy_step_s:  # (fault injection: a step as long as a large model's)
+            await self.stage.run(self.faults.busy_step)
         await self.stage.run(self.stage.apply_step, total, count, e.iteration)
         t_ck = now()
         self.microbatches.aggregation_done(e.iteration)

@@ -85,6 +85,7 @@ class Liveness:
         self.work_s = work_s  # the longest piece of work this node measured (LocalStage.busiest_s)
         self.peer_compute_ms: dict[str, float] = {}  # each peer's compute per microbatch, from its last Pong
         self.resumed_at = float("-inf")  # when this node's loop last came back from a stall (trio clock)
+        self._last_check = 0.0  # when `check` last ran
         self.pongs: dict[int, tuple[trio.Event, list]] = {}  # nonce -> (answered, [the Pong])
         self.waiting_for_data_since: float | None = None  # a relay: no data node alive since then (trio clock)
         self.data_back_at: float | None = None  # ... and when the last such wait ended
@@ -107,23 +108,26 @@ class Liveness:
         return dead_after_s(self.peer_compute_ms.get(peer, 0.0) / 1000.0, self.work_s())
 
     async def _check_loop(self) -> None:
-        last = now()
+        self._last_check = now()
         while True:
             await trio.sleep(PING_EVERY_S)
-            t = now()
-            if t - last > PING_EVERY_S + SELF_STALL_S:
-                log.info("liveness check %.1f s late (this node's loop was held): silence counts from now",
-                         t - last - PING_EVERY_S)
-                self.resumed_at = t
-            last = t
-            self._check_data_nodes(t)
-            for pid in sorted(self.peers.watched()):
-                silent = self.peers.silent_for(pid, t)
-                deadline = self.deadline_s(pid)
-                if min(silent, t - self.resumed_at) > deadline:
-                    self._presume_dead(pid, silent, deadline)
-                elif silent >= PING_EVERY_S:
-                    self.wire.post(pid, m.Ping(random.getrandbits(63)))
+            self.check(now())
+
+    def check(self, t: float) -> None:
+        """One round of the check at time `t`: ping the quiet peers, presume dead those past their deadline."""
+        if t - self._last_check > PING_EVERY_S + SELF_STALL_S:
+            log.info("liveness check %.1f s late (this node's loop was held): silence counts from now",
+                     t - self._last_check - PING_EVERY_S)
+            self.resumed_at = t
+        self._last_check = t
+        self._check_data_nodes(t)
+        for pid in sorted(self.peers.watched()):
+            silent = self.peers.silent_for(pid, t)
+            deadline = self.deadline_s(pid)
+            if min(silent, t - self.resumed_at) > deadline:
+                self._presume_dead(pid, silent, deadline)
+            elif silent >= PING_EVERY_S:
+                self.wire.post(pid, m.Ping(random.getrandbits(63)))
 
     def _presume_dead(self, peer: str, silent_s: float, deadline_s: float = DEAD_AFTER_S) -> None:
         log.warning("peer %s presumed dead: silent for %.1f s (deadline %.1f s)", self.peers.who(peer), silent_s,
