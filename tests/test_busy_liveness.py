@@ -15,6 +15,7 @@ import trio
 
 from gwtf_node.protocol import messages as m
 from gwtf_node.runtime import liveness
+from gwtf_node.runtime.aggregation import RETRY_CAP_S, phase_retry_s
 from gwtf_node.runtime.liveness import Liveness, dead_after_s
 from gwtf_node.runtime.looplag import LoopLag
 from gwtf_node.runtime.peers import PeerInfo, Peers, Place
@@ -28,6 +29,14 @@ def test_the_deadline_is_the_floor_for_quick_work_and_scales_with_the_longest_wo
     assert dead_after_s(12.0, 1.0) == factor * 12.0  # the peer told a compute of 12 s per microbatch
     assert dead_after_s(1e9, 0.0) == liveness.MAX_DEADLINE_S  # what a peer tells cannot buy it more
     assert dead_after_s(-5.0, -1.0) == floor
+
+
+def test_phase_signals_are_resent_as_often_as_ever_for_quick_work_and_less_often_for_long_work() -> None:
+    from gwtf_node.protocol.phases import RETRY_S
+
+    assert phase_retry_s(0.01) == RETRY_S
+    assert phase_retry_s(12.0) == 12.0
+    assert phase_retry_s(1000.0) == RETRY_CAP_S
 
 
 class _Posts:

@@ -36,11 +36,13 @@ gradient vector, the all-reduce, the optimizer step, the checkpoint, in
 seconds; also `aggregation_parts` in metrics.jsonl).  The torch work runs in
 the stage's worker thread and the all-reduce's tensor work in its own
 (allreduce.py), so the event loop answers pings throughout.  Two waits scale
-with what the node measured (the all-reduce's last duration, and
-`LocalStage.busiest_s`: its longest piece of torch work): the all-reduce's timeout, `max(ALLREDUCE_TIMEOUT_S,
-ALLREDUCE_FACTOR x the last all-reduce)` (120 s, 4x), and the retransmission
-period of the phase signals, `max(pipeline RETRY_S, the longest work)` (2 s:
-a peer busy stepping for 30 s is not sent the same signal fifteen times).
+with what the node measured: the all-reduce's timeout is
+`max(ALLREDUCE_TIMEOUT_S, ALLREDUCE_FACTOR x the last all-reduce's duration)`
+(120 s, 4x: a large model over a slow link takes minutes), and the phase
+signals' retransmission period is `min(RETRY_CAP_S, max(pipeline RETRY_S,
+LocalStage.busiest_s))` (2 s to 30 s: a peer busy stepping for 20 s is not
+sent the same signal ten times, and a lost signal is still resent within
+30 s).
 
 A data node also keeps, per stage, the optimizer steps the stage's state
 holds in the run (`stage_steps`): the run's step, except that an iteration
@@ -76,6 +78,7 @@ log = logging.getLogger("gwtf.node")
 
 ALLREDUCE_TIMEOUT_S = 120.0  # the all-reduce timeout's floor ...
 ALLREDUCE_FACTOR = 4.0  # ... and its factor over the last all-reduce's duration (module doc)
+RETRY_CAP_S = 30.0  # the phase signals' retransmission period grows with the work measured, up to this
 GROUP_CHANGE_WAIT_S = 60.0
 LEADER_CHECK_S = 0.5  # a data node looks this often at who leads (a lease ends without an event)
 
@@ -504,10 +507,10 @@ class Aggregation:
 
 
 def phase_retry_s(busiest_s: float) -> float:
-    """The phase signals' retransmission period: the pipeline's RETRY_S, or the longest work measured if longer."""
+    """The phase signals' retransmission period: the longest work measured, within [pipeline RETRY_S, RETRY_CAP_S]."""
     from ..protocol.phases import RETRY_S
 
-    return max(RETRY_S, busiest_s)
+    return min(RETRY_CAP_S, max(RETRY_S, busiest_s))
 
 
 def _leaves(e: BaseException):
