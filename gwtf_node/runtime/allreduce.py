@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -114,9 +115,19 @@ class AllReducer:
         self.guard = GradGuard()  # judges the contributions to the parts this node owns
         self.outliers_refused = 0  # contributions left out of a part's sum (status.json)
         self.limiter = trio.CapacityLimiter(1)  # the whole-part tensor work, off the event loop (module doc)
+        self._work_s: dict[str, float] = {}  # round key -> seconds of tensor work in the worker thread so far
+        self.last_round: dict | None = None  # the last round that summed: key, seconds, tensor work, MB sent
 
-    async def _in_thread(self, fn, *args):
-        return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+    async def _in_thread(self, key: str, fn, *args):
+        """`fn(*args)` in the worker thread; its time counts as tensor work of round `key`."""
+        def timed():
+            t0 = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                self._work_s[key] = self._work_s.get(key, 0.0) + time.perf_counter() - t0
+
+        return await trio.to_thread.run_sync(timed, limiter=self.limiter)
 
     @staticmethod
     def accepts(msg: object) -> bool:
@@ -162,7 +173,7 @@ class AllReducer:
             return self._refuse(peer_id, msg, f"unknown phase {msg.phase}")
         if not math.isfinite(msg.count):
             return self._refuse(peer_id, msg, f"count {msg.count} is not finite")
-        t = await self._in_thread(_finite_tensor, payload)
+        t = await self._in_thread(msg.key, _finite_tensor, payload)
         if t is None:
             return self._refuse(peer_id, msg, "tensor holds NaN or infinity")
         if msg.key in self._done:  # (finished while the payload was checked)
@@ -208,6 +219,7 @@ class AllReducer:
             raise AllReduceError(f"all-reduce {key!r}: needs a 1-D float32 tensor, got {tensor.dtype} {tuple(tensor.shape)}")
         if key in self._done:
             raise AllReduceError(f"all-reduce {key!r} already ran on this peer: use a fresh key per round")
+        started = time.perf_counter()
         flat = tensor.detach().contiguous()
         n, length = len(group), flat.numel()
         mine = group.index(me)
@@ -233,14 +245,14 @@ class AllReducer:
                 await rnd.changed.wait()
             lo, hi = part_bounds(length, n, mine)
             mine_in = [rnd.chunks[(REDUCE, mine, p)] for p in group]
-            norms = await self._in_thread(lambda: [float(torch.dot(t.double(), t.double())) for _c, t in mine_in])
+            norms = await self._in_thread(key, lambda: [float(torch.dot(t.double(), t.double())) for _c, t in mine_in])
             contribs = [Contribution(p, c, sq, hi - lo) for p, (c, _t), sq in zip(group, mine_in, norms)]
             verdict = self.guard.judge((lo, hi, length), contribs, max_count)
             for p, why in sorted(verdict.refused.items()):
                 self.outliers_refused += 1
                 log.warning("all-reduce %r: contribution of %s to part %d refused: %s", key, p, mine, why)
             accepted = [rnd.chunks[(REDUCE, mine, p)] for p in verdict.accepted(group)]
-            acc, cnt = await self._in_thread(_sum_in_order, accepted, hi - lo, result, (lo, hi))
+            acc, cnt = await self._in_thread(key, _sum_in_order, accepted, hi - lo, result, (lo, hi))
             total[0] = cnt
             for p in group:
                 if p != me:
@@ -269,6 +281,8 @@ class AllReducer:
         finally:
             self._rounds.pop(key, None)
             self._done[key] = None
+            if len(self._work_s) > MAX_PENDING_KEYS:  # (rounds that failed, and late chunks' keys)
+                self._work_s.clear()
             while len(self._done) > _DONE_KEYS_KEPT:
                 self._done.popitem(last=False)
 
@@ -280,7 +294,13 @@ class AllReducer:
                     result[slice(*part_bounds(length, n, i))] = rnd.chunks[(GATHER, i, group[i])][1]
             return _common_count(result, counts, length, key)
 
-        return await self._in_thread(assemble)
+        out = await self._in_thread(key, assemble)
+        work = self._work_s.pop(key, 0.0)
+        self.last_round = {"key": key, "seconds": round(time.perf_counter() - started, 4),
+                           "tensor_work_s": round(work, 4), "sent_mb": round(2 * (n - 1) / n * length * 4 / 1e6, 3)}
+        log.info("all-reduce %r among %d: %.2f s, of which %.2f s tensor work (checks, norms, sums) in the worker "
+                 "thread; %.1f MB sent", key, n, self.last_round["seconds"], work, self.last_round["sent_mb"])
+        return out
 
 
 def _finite_tensor(payload) -> torch.Tensor | None:
