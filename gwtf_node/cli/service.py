@@ -67,14 +67,14 @@ EXIT_USAGE = 2  # cli/common.py: a mistake a restart would repeat
 
 def node_executable() -> list[str]:
     """The command that starts this very installation: the `gwtf-node` script beside the interpreter, or
-    `python -m gwtf_node.cli`; absolute paths either way (systemd needs them)."""
+    `python -m gwtf_node`; absolute paths either way (systemd needs them)."""
     script = Path(sys.executable).parent / "gwtf-node"
     if script.is_file() and os.access(script, os.X_OK):
         return [str(script)]
     found = shutil.which("gwtf-node")
     if found:
         return [str(Path(found).resolve())]
-    return [str(Path(sys.executable).absolute()), "-m", "gwtf_node.cli"]
+    return [str(Path(sys.executable).absolute()), "-m", "gwtf_node"]
 
 
 def _quote(arg: str) -> str:
