@@ -53,6 +53,10 @@ def cmd_init_run(args: argparse.Namespace) -> int:
             from dataclasses import replace
 
             man = replace(man, open_relays=True)
+        if (args.precision, args.wire_dtype) != ("fp32", "fp32"):
+            from dataclasses import replace
+
+            man = replace(man, train=replace(man.train, precision=args.precision, wire_dtype=args.wire_dtype))
         man, key_path, created = sign_run(man, args.out, args.owner_key)
         save_manifest(man, args.out)
     except _manifest_error_types() as e:
@@ -405,6 +409,10 @@ def build_parser() -> argparse.ArgumentParser:
     ir.add_argument("--compression-gradients", choices=("aligned", "topk"), default="aligned",
                     help="the gradient of a Top-K activation goes back at that activation's indices (aligned: the "
                          "exact gradient of the sparsified pass) or as its own Top-K (topk: FusionLLM)")
+    ir.add_argument("--precision", choices=("fp32", "bf16-mixed"), default="fp32",
+                    help="compute: fp32, or bf16-mixed (bfloat16 autocast, float32 weights and optimizer state)")
+    ir.add_argument("--wire-dtype", choices=("fp32", "bf16"), default="fp32",
+                    help="dtype of activations and their gradients on every link (bf16 halves the bytes)")
     ir.add_argument("--owner-key", default=None, metavar="PATH",
                     help="the owner key that signs the run (default: owner.key beside --out; created if missing)")
     ir.add_argument("--open-relays", action="store_true",
