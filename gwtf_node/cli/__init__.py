@@ -161,7 +161,7 @@ def _check_own_admission(args: argparse.Namespace, man) -> None:
     from pathlib import Path
 
     from ..model.certificates import CERTIFICATE_FILE, AdmissionError, check_certificate
-    from ..runtime.identity import load_or_create_identity, peer_id_of
+    from ..runtime.identity import IdentityError, load_or_create_identity, peer_id_of
 
     if args.revocations:
         from ..model.certificates import check_revocations
@@ -176,7 +176,12 @@ def _check_own_admission(args: argparse.Namespace, man) -> None:
     if not man.owner_public_key:
         return
     path = Path(args.certificate) if args.certificate else Path(args.state_dir) / CERTIFICATE_FILE
-    pid = peer_id_of(load_or_create_identity(Path(args.state_dir)))
+    try:
+        pid = peer_id_of(load_or_create_identity(Path(args.state_dir)))
+    except IdentityError as e:
+        raise CliError(str(e)) from None
+    except OSError as e:
+        raise CliError(f"cannot create the identity key in {args.state_dir}: {e.strerror}") from None
     admit = f"gwtf-node admit --run {args.run} --peer-id {pid} --role {args.role} --out {path}"
     if not path.exists():
         if args.role == "relay" and man.open_relays and not args.certificate:
@@ -533,8 +538,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    """The command line: exit 0, or one line on stderr and a non-zero status (2: fix the command), never a
+    traceback.  A Ctrl-C at any moment is `interrupted` (130); a reader that went away (`| head`) ends the
+    output without a word."""
     try:
+        parser = build_parser()  # (imports for seconds: a Ctrl-C may come now)
         args = parser.parse_args(argv)
         return args.func(args)
     except CliError as e:
@@ -543,3 +551,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # Python would print a traceback when it flushes stdout at exit: point stdout at /dev/null first
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a program killed by SIGPIPE
+    except OSError as e:  # a file or directory a command could not use, where no check of ours said so first
+        where = f" {e.filename}" if e.filename else ""
+        print(f"error: cannot use{where}: {e.strerror or e}", file=sys.stderr)
+        return 1
