@@ -128,6 +128,24 @@ def test_topk_of_bf16_keeps_more_elements_than_fp32_at_the_same_bytes() -> None:
     assert wire_bytes("bf16") == 2 and wire_bytes("fp32") == 4
 
 
+def test_adatopk_counts_bf16_values_in_its_overhead() -> None:
+    """Equation 7's c is (2 + 4) / 2 = 3 on a bf16 wire: the slowest link gets 3r (fp32: 2r), a link twice as
+    fast 1.5r, and the sender keeps k of a bf16 tensor at that ratio."""
+    from gwtf_node.runtime.linkcompress import LinkCompression
+    from gwtf_node.runtime.peers import PeerInfo, Peers, Place
+
+    peers = Peers(me="A", name="r0_0", n_stages=2, place=Place(role="relay", stage=0, capacity=4))
+    for pid, name, st in (("D", "d0", -1), ("C", "r1_0", 1)):
+        peers.peers[pid] = PeerInfo(pid, role="data" if st == -1 else "relay", stage=st, name=name)
+    bw = {("d0", "r0_0"): 50.0, ("r0_0", "r1_0"): 100.0, ("r1_0", "d0"): 50.0}
+    links = {k: (20.0, v) for k, v in bw.items()} | {(b, a): (20.0, v) for (a, b), v in bw.items()}
+    for wire, c in (("fp32", 2), ("bf16", 3)):
+        lc = LinkCompression(small(wire=wire, compression="adatopk", compression_ratio=10), peers, links)
+        assert lc.link_ratio("D") == pytest.approx(c * 10) and lc.link_ratio("C") == pytest.approx(c * 10 / 2)
+    act = torch.zeros(2, 32, 64, dtype=torch.bfloat16)
+    assert lc.kept("C", act) == kept_count(act.numel(), 15.0, 2)
+
+
 # ---- the stage executor -------------------------------------------------------------------------
 
 
