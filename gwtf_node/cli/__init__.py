@@ -124,6 +124,9 @@ def cmd_join(args: argparse.Namespace) -> int:
     except StartupError as e:
         raise CliError(str(e)) from None
     try:
+        from ..runtime.statedir import check_writable
+
+        check_writable(Path(args.state_dir), _checkpoint_bytes(man, args.role, stage))
         _check_own_admission(args, man)
         _check_listen(args)
         if args.metrics_port is not None:
@@ -133,6 +136,23 @@ def cmd_join(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     finally:
         lock.release()
+
+
+CHECKPOINT_BYTES_PER_PARAM = 16  # fp32 parameters and AdamW's two moments (state_bytes) and the parameter vector
+
+
+def _checkpoint_bytes(man, role: str, stage: int | None) -> int:
+    """About the size of one checkpoint of this node's part, from the manifest's dimensions alone (no torch yet):
+    12 h^2 parameters per decoder layer (attention and MLP), the data part's embedding and head 2 V h; a relay
+    without a stage yet counts the largest stage."""
+    d = man.dims
+    if role == "data":
+        params = 2 * d.vocab * d.hidden
+    else:
+        sizes = [end - start for start, end in man.stages]
+        layers = sizes[stage] if stage is not None else max(sizes)
+        params = 12 * layers * d.hidden * d.hidden
+    return CHECKPOINT_BYTES_PER_PARAM * params
 
 
 def _check_listen(args: argparse.Namespace) -> None:
