@@ -2,10 +2,13 @@
 
 The loss bound: on the 2-stage test model (hidden 64, seq 32, 2 x 4
 microbatches, 10 iterations), the centralized reference in bf16-mixed with a
-bf16 wire differed from fp32 by at most 5.7e-4 relative in any iteration's
-loss (LLaMA and GPT, seeds 0-2, measured on this CPU); the test allows 3e-3,
-about five times that, and requires the two runs to differ at all (bfloat16
-really ran).
+bf16 wire differed from fp32 in any iteration's loss by at most 3.6e-4
+relative in the test's own setting (LLaMA, seed 0), 5.7e-4 over LLaMA seeds
+0-2, and 6.5e-3 over GPT seeds 0-2 (seed 1, its last iteration: the runs
+round differently from the first step on and drift apart), measured on this
+CPU.  The test allows 1e-2, above every measured gap and the 1 % that a
+bf16 run is expected to keep to, and requires the two runs to differ at all
+(bfloat16 really ran).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from gwtf_node.model.precision import compute_context, wire_bytes
 from gwtf_node.model.reference import build_chain, make_sources, train_centralized
 from gwtf_node.model.tensors import TensorError, pack, pack_at, pack_topk, sparse_indices, unpack
 
-LOSS_GAP_BOUND = 3e-3  # 5x the largest relative gap measured (module doc)
+LOSS_GAP_BOUND = 1e-2  # above every relative gap measured (module doc)
 
 
 def small(precision: str = "fp32", wire: str = "fp32", **kw) -> RunManifest:
