@@ -85,6 +85,8 @@ def cmd_init_run(args: argparse.Namespace) -> int:
             man = replace(man, data=replace(man.data, source=[str(Path(f).resolve()) for f in args.data]))
         if args.open_relays:
             man = replace(man, open_relays=True)
+        if (args.precision, args.wire_dtype) != ("fp32", "fp32"):
+            man = replace(man, train=replace(man.train, precision=args.precision, wire_dtype=args.wire_dtype))
         man.validate(check_files=bool(args.data or args.tokenizer))  # the data and tokenizer files exist
         if args.tokenizer:
             _check_tokenizer(man, args.tokenizer)
@@ -179,6 +181,10 @@ def add_init_run_parsers(sub) -> None:
     ir.add_argument("--compression-gradients", choices=("aligned", "topk"), default="aligned",
                     help="the gradient of a Top-K activation goes back at that activation's indices (aligned: the "
                          "exact gradient of the sparsified pass) or as its own Top-K (topk: FusionLLM)")
+    ir.add_argument("--precision", choices=("fp32", "bf16-mixed"), default="fp32",
+                    help="compute: fp32, or bf16-mixed (bfloat16 autocast, float32 weights and optimizer state)")
+    ir.add_argument("--wire-dtype", choices=("fp32", "bf16"), default="fp32",
+                    help="dtype of activations and their gradients on every link (bf16 halves the bytes)")
     ir.add_argument("--owner-key", default=None, metavar="PATH",
                     help="the owner key that signs the run (default: owner.key beside --out; created if missing)")
     ir.add_argument("--open-relays", action="store_true",

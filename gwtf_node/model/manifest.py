@@ -55,6 +55,7 @@ from .adatopk import DEFAULT_RATIO, Compression, Gradients
 from .manifest_shape import check_shapes, json_type
 from .partition import ManifestError, is_int as _is_int, is_number as _is_number, partition_layers  # noqa: F401
 from .families import _DIM_KEYS, FAMILY_TABLE, ModelDims, check_config, model_dims  # noqa: F401 (re-exported)
+from .precision import check_precision
 
 FAMILIES = tuple(FAMILY_TABLE)  # llama, mistral, qwen2, gpt
 OPTIMIZERS = ("adamw", "sgd")
@@ -101,6 +102,9 @@ class TrainSpec:
     # clips the same parts the same way).  None: no clipping, and absent from the JSON (the run id of a manifest
     # without it is what it always was).
     grad_clip_norm: float | None = None
+    # compute dtype and the dtype of activations/gradients on the links (precision.py); absent at fp32
+    precision: str = "fp32"
+    wire_dtype: str = "fp32"
 
 
 class EmptyStage(str, enum.Enum):
@@ -157,6 +161,9 @@ class RunManifest:
             del d["train"]["compression_gradients"]
         if self.train.grad_clip_norm is None:
             del d["train"]["grad_clip_norm"]
+        for name in ("precision", "wire_dtype"):  # fp32: absent (the run id does not change)
+            if getattr(self.train, name) == getattr(TrainSpec, name):
+                del d["train"][name]
         if not with_signature:
             del d["signature"]
         return d
@@ -279,6 +286,7 @@ class RunManifest:
         if not _is_int(t.seed) or t.seed < 0:
             raise ManifestError(f"train.seed is {t.seed!r}; it must be a non-negative integer")
         _check_compression(t)
+        check_precision(t.precision, t.wire_dtype, ManifestError)
         for name in ("owner_public_key", "signature"):
             if not isinstance(getattr(self, name), str):
                 raise ManifestError(f"{name} is {getattr(self, name)!r}; it must be a string of hex digits (or absent)")

@@ -121,10 +121,12 @@ class LocalStage:
         return max([self.compute_ms() / 1000.0, *self.work_s.values()])
 
     def hidden_size_mb(self) -> float:
-        """Size of one microbatch's activation in MB (float32): the `size` of Equation 1 (known from the
-        manifest before the stage is built: a joiner measures its links with it)."""
+        """Size of one microbatch's activation in MB (in the run's wire dtype): the `size` of Equation 1 (known
+        from the manifest before the stage is built: a joiner measures its links with it)."""
+        from ..model.precision import wire_bytes
+
         m = self.manifest
-        return m.data.microbatch_size * m.data.seq_len * m.dims.hidden * 4 / 1e6
+        return m.data.microbatch_size * m.data.seq_len * m.dims.hidden * wire_bytes(m.train.wire_dtype) / 1e6
 
     def unpack(self, msg: Any, payload, what: str):
         """The activation or gradient a frame carries, checked against this stage's shape and dtype."""
@@ -134,7 +136,7 @@ class LocalStage:
             raise FrameRefused(f"{what} without a tensor header")
         try:
             return unpack(msg.tensor, payload, expect_shape=self.model.expected_hidden_shape(
-                self.manifest.data.microbatch_size), expect_dtype=self.model.dtype)
+                self.manifest.data.microbatch_size), expect_dtype=self.model.wire_dtype)
         except TensorError as e:
             raise FrameRefused(f"{what} tensor refused: {e}") from None
 
