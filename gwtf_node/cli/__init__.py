@@ -108,16 +108,20 @@ CHECKPOINT_BYTES_PER_PARAM = 16  # fp32 parameters and AdamW's two moments (stat
 
 
 def _checkpoint_bytes(man, role: str, stage: int | None) -> int:
-    """About the size of one checkpoint of this node's part, from the manifest's dimensions alone (no torch yet):
-    12 h^2 parameters per decoder layer (attention and MLP), the data part's embedding and head 2 V h; a relay
-    without a stage yet counts the largest stage."""
-    d = man.dims
+    """About the size of one checkpoint of this node's part: its parameters (model/hfconfig.py parameter_counts,
+    counted on the meta device) times CHECKPOINT_BYTES_PER_PARAM; a relay without a stage yet counts the largest
+    stage."""
+    from ..model.hfconfig import parameter_counts
+
+    try:
+        counts = parameter_counts(man.model.family, man.model.config)
+    except _manifest_error_types() as e:
+        raise CliError(str(e)) from None
     if role == "data":
-        params = 2 * d.vocab * d.hidden
+        params = counts.data
     else:
-        sizes = [end - start for start, end in man.stages]
-        layers = sizes[stage] if stage is not None else max(sizes)
-        params = 12 * layers * d.hidden * d.hidden
+        stages = [counts.stage(start, end) for start, end in man.stages]
+        params = stages[stage] if stage is not None else max(stages)
     return CHECKPOINT_BYTES_PER_PARAM * params
 
 
