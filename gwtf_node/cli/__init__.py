@@ -223,6 +223,7 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
                        links=Path(args.links) if args.links else None, policy=args.policy,
                        bootstrap_timeout_s=args.bootstrap_timeout,
                        restore=Path(args.restore) if args.restore else None, keep_checkpoints=args.keep_checkpoints,
+                       checkpoint_every=args.checkpoint_every,
                        metrics_port=args.metrics_port, metrics_host=args.metrics_host,
                        certificate=Path(args.certificate) if args.certificate else None,
                        insecure_unsigned=args.insecure_unsigned,
@@ -450,6 +451,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="relays: resume from this checkpoint file, as from the newest of the state directory")
     j.add_argument("--keep-checkpoints", type=_positive_int, default=3, metavar="N",
                    help="checkpoints kept in the state directory (the newest N)")
+    j.add_argument("--checkpoint-every", type=_positive_int, default=1, metavar="N",
+                   help="write a checkpoint after every N-th step (a large part's checkpoint takes seconds to tens "
+                        "of seconds of each aggregation; a restart resumes from the newest one)")
     j.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO")
     j.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
                    help="serve Prometheus metrics on this port (0: any free port; default: none)")
