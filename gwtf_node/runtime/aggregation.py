@@ -142,8 +142,10 @@ class Aggregation:
     # ------------------------------------------------------------------ the phase
     def new_phases(self) -> None:
         """This node has a stage now: it takes part in the phase from here on."""
+        from .waits import WAIT_BOUND_S
+
         self.phases = Phases(self.wire.me, self.peers.stage, self.peers.n_stages - 1,
-                             applied=self.stage.applied_steps)
+                             applied=self.stage.applied_steps, wait_bound_s=WAIT_BOUND_S)
 
     def _apply(self, effects: list) -> None:
         if self.peers.role == "data":  # a data node sends BEGIN as a leader: it stamps the term it led
