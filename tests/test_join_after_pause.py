@@ -1,9 +1,9 @@
 """A relay that joins after a paused stage came back: the run trains on, and nothing waits silently.
 
-1 data node; stage 0: r0_0 and r0_2; stage 1: r1_0.  After 4 iterations
-r0_2 leaves (`gwtf-node leave`) and r0_0 is SIGKILLed: stage 0 is empty, the
-data node pauses.  r0_0 comes back with its state directory and the run
-resumes.  Then a new relay joins stage 1 (`--stage 1`, a fresh state
+1 data node; stage 0: r0_0; stage 1: r1_0.  r0_0 kills itself with SIGKILL
+as its fifth backward starts (iteration 2, `GWTF_FAULT=backward:5`): stage 0
+is empty, the data node pauses and says so in `waiting_for`.  r0_0 comes back
+with its state directory and the run resumes.  Then a new relay joins stage 1 (`--stage 1`, a fresh state
 directory): the leader may count it in the next aggregation before stage 0's
 relay has heard of it, and stage 0 must still pass BEGIN AGGREGATION to it
 and wait for its CAN TAKE (protocol/phases.py, "Who passes a signal on").
@@ -15,10 +15,6 @@ for (`waiting_for`).
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -40,25 +36,19 @@ async def test_relay_joining_after_a_pause_trains_on(tmp_path: Path) -> None:
     run = tmp_path / "run.json"
     save_manifest(man, run)
     swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=1, iterations=100000,
-                       iteration_timeout_s=60)
+                       iteration_timeout_s=60, faults={"r0_0": "backward:5"})
     try:
         await trio.to_thread.run_sync(swarm.start)
-        swarm.add_relay("2", auto=False, stage=0)
-        await wait_records(swarm, 4, 120)
-        leave = [sys.executable, "-m", "gwtf_node.cli", "leave", "--state-dir", str(tmp_path / "r0_2")]
-        await trio.to_thread.run_sync(lambda: subprocess.run(leave, capture_output=True, timeout=60))
-        assert await wait_exit(swarm, "r0_2", 30) == 0
-        swarm.expected_dead.add("r0_0")
-        os.killpg(swarm.procs["r0_0"].pid, signal.SIGKILL)
+        assert await wait_exit(swarm, "r0_0", 60) == -9, "the fault did not fire"
         paused = await wait_for(lambda: status(tmp_path, "d0").get("paused"), 60, "the data node pauses", swarm)
         assert paused["empty_stages"] == [0], paused
         waits = await wait_for(lambda: status(tmp_path, "d0").get("waiting_for"), 10, "d0 says it waits", swarm)
         assert any(w["what"] == "paused_stage" and w["stages"] == [0] for w in waits), waits
         restart(swarm, "r0_0")
-        n = len(await wait_records(swarm, len(swarm.records()) + 2, 90))
+        n = len(await wait_records(swarm, len(swarm.records()) + 3, 90))
         swarm.add_relay("3", auto=False, stage=1)
         try:
-            await wait_records(swarm, n + 4, 120)
+            await wait_records(swarm, n + 4, 90)
         except AssertionError as e:
             waits = {name: status(tmp_path, name).get("waiting_for") for name in swarm.procs}
             raise AssertionError(f"{e}; waiting_for: {waits}\n"
@@ -69,7 +59,7 @@ async def test_relay_joining_after_a_pause_trains_on(tmp_path: Path) -> None:
         await trio.to_thread.run_sync(swarm.stop)
     records = swarm.records()
     assert [r["iteration"] for r in records] == list(range(len(records)))
-    plan = stage_plan(tmp_path, 1, {0: ["r0_0", "r0_2"], 1: ["r1_0", "r1_3"]})
+    plan = stage_plan(tmp_path, 1, {0: ["r0_0"], 1: ["r1_0", "r1_3"]})
     want = reference_losses(man, 1, plan[:len(records)])
     for r, (data_keys, _stages), loss in zip(records, plan, want):
         assert r["microbatches"] == len(data_keys), (r, data_keys)
