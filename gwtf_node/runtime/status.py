@@ -142,6 +142,12 @@ class Status:
             "flows": self.flows.out(),
             "link_costs": self.flows.link_costs_used,
             "compute_ms_per_microbatch": round(self.stage.compute_ms(), 3),
+            "event_loop": self.liveness.lag.snapshot(),  # how late the event loop ran (looplag.py)
+            # the work measured here (stage.py), the last aggregation's parts, each watched peer's deadline
+            "work_s": {k: round(v, 3) for k, v in self.stage.work_s.items()},
+            "aggregation_parts": {k: round(v, 3) for k, v in agg.parts.items()},
+            "last_all_reduce": getattr(agg.allreducer, "last_round", None),  # its time, tensor work, MB sent
+            "dead_after_s": {p: round(self.liveness.deadline_s(p), 1) for p in sorted(self.peers.watched())},
             "links_recosted": self.flows.recosts,
             "reachability": self._reachability(),
             "link_measurements": self.flows.meter.snapshot(),

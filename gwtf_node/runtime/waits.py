@@ -18,7 +18,8 @@ wait of this node, each as {"what", "iteration", "since" (wall time),
   checkpoint waits before it decides which state to take; resume.py);
 * `data_node` (a relay with no live data node; liveness.py).
 
-The phase's waits are bounded (`WAIT_BOUND_S`): one past it is logged once at
+The phase's waits are bounded (`wait_bound_s`: WAIT_BOUND_S, longer on a
+node whose measured work is long): one past it is logged once at
 WARNING with what it waits for, from whom and since when, and with what is
 done about it (`Overdue`: the report or BEGIN sent again); a paused stage
 and a relay waiting for a data node say so at WARNING when they begin
@@ -38,6 +39,12 @@ from .wire import now
 log = logging.getLogger("gwtf.node")
 
 WAIT_BOUND_S = 30.0  # a wait of the aggregation phase longer than this is logged at WARNING and resolved
+
+
+def wait_bound_s(busiest_s: float) -> float:
+    """The bound of a phase wait: WAIT_BOUND_S, or 10 times the longest work measured here if that is longer
+    (a large stage's step is not a stall)."""
+    return max(WAIT_BOUND_S, 10.0 * busiest_s)
 
 
 def _wall(since: float, t: float) -> float:
