@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -35,6 +36,26 @@ async def wait_exit(swarm: LocalSwarm, name: str, timeout: float) -> int:
     p = swarm.procs[name]
     await wait_for(lambda: p.poll() is not None, timeout, f"{name} exits")
     return p.returncode
+
+
+async def wait_summed(swarm: LocalSwarm, relays, n: int, timeout: float) -> None:
+    """Wait until each of `relays` logged its stage's sum ("iteration t: contributions [...]", aggregation.py) of
+    every iteration t < `n`; fails after `timeout` s or if a node died.
+
+    The leader records an iteration once the data nodes stepped; a relay sums the same iteration in its own
+    all-reduce, possibly later (a BEGIN AGGREGATION resent after a lost copy reaches it seconds after the data
+    nodes').  A test that rebuilds what each stage trained from the relays' logs waits for this before it stops
+    the swarm: a relay stopped before its BEGIN arrived never sums that iteration."""
+    pat = re.compile(r"iteration (\d+): contributions \[")
+
+    def summed() -> bool:
+        for r in relays:
+            done = {int(t) for t in pat.findall(log_text(swarm.workdir, r))}
+            if not done.issuperset(range(n)):
+                return False
+        return True
+
+    await wait_for(summed, timeout, f"{', '.join(relays)} summed iterations 0-{n - 1}", swarm)
 
 
 def status(workdir: Path, name: str) -> dict:
