@@ -14,15 +14,10 @@ says nobody runs there and exits 1.
 
 from __future__ import annotations
 
-import os
-import pty
-import select
-import signal
 import socket
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +27,7 @@ from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.runtime.control import ask
 from gwtf_node.runtime.local import LocalSwarm
 
+from ptyutil import run_in_pty
 from swarmutil import wait_exit, wait_for, wait_records
 from test_metrics import scrape, value
 
@@ -43,46 +39,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def run_in_pty(args: list[str], *, interrupt_when=None, timeout_s: float = 180) -> tuple[int, str]:
-    """Run `gwtf-node ARGS` with a pseudo-terminal as its stdin/stdout/stderr; (exit status, what it drew).
-    `interrupt_when(drawn)`: Ctrl-C (SIGINT) once it is true of what was drawn so far."""
-    master, slave = pty.openpty()
-    env = dict(os.environ, COLUMNS="140", LINES="60", TERM="xterm-256color")
-    proc = subprocess.Popen([sys.executable, "-m", "gwtf_node.cli", *args], stdin=slave, stdout=slave, stderr=slave,
-                            env=env, start_new_session=True)
-    os.close(slave)
-    out = b""
-    deadline = time.monotonic() + timeout_s
-    interrupted = interrupt_when is None
-    try:
-        # read what it draws until it exits: a child whose terminal nobody reads blocks on its next write
-        while time.monotonic() < deadline:
-            if not interrupted and interrupt_when(out.decode(errors="replace")) and proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-                interrupted = True
-                deadline = time.monotonic() + 30  # from Ctrl-C: it leaves the live view and exits
-            ready, _, _ = select.select([master], [], [], 0.2)
-            if ready:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:  # the child closed the terminal
-                    break
-                if not chunk:
-                    break
-                out += chunk
-            elif proc.poll() is not None:
-                break
-        drawn = out.decode(errors="replace")
-        assert interrupted or proc.poll() is not None, \
-            f"not interrupted: what it drew within {timeout_s:.0f} s never met the condition; drew {drawn[-2000:]!r}"
-        return proc.wait(timeout=30), drawn
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        os.close(master)
 
 
 async def test_dashboard_of_a_running_swarm(tmp_path: Path) -> None:
