@@ -229,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--runs must be >= 1, --load and -n >= 0, --timeout > 0")
 
     signal.signal(signal.SIGTERM, _terminated)  # (so that the load and a run in progress are stopped)
+    # Ctrl-C works also where this script started with SIGINT ignored (a background job of a script), and pytest,
+    # started from here, takes the Ctrl-C of a timeout (its fixtures stop their swarms)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     load = start_load(args.load)
     try:
         tallies = soak(args)
