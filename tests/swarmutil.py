@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -64,6 +65,25 @@ def status(workdir: Path, name: str) -> dict:
         return json.loads((workdir / name / "status.json").read_text())
     except (OSError, json.JSONDecodeError):
         return {}
+
+
+def fresh_statuses(workdir: Path, names, timeout: float) -> dict[str, dict]:
+    """Each node's status.json written after this call (a node rewrites it every second): what the nodes say now,
+    not a second ago.  Blocking (for tests that drive a swarm without trio); fails after `timeout` s."""
+    def mtime(name: str) -> int:
+        try:
+            return (workdir / name / "status.json").stat().st_mtime_ns
+        except OSError:
+            return 0
+
+    since = {n: mtime(n) for n in names}
+    deadline = time.monotonic() + timeout
+    while not all(mtime(n) > since[n] for n in names):
+        if time.monotonic() > deadline:
+            stale = [n for n in names if mtime(n) <= since[n]]
+            raise AssertionError(f"status.json of {', '.join(stale)} not rewritten within {timeout:.0f} s")
+        time.sleep(0.1)
+    return {n: status(workdir, n) for n in names}
 
 
 def log_text(workdir: Path, name: str) -> str:

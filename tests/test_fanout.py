@@ -22,7 +22,7 @@ from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.model.reference import train_centralized
 from gwtf_node.protocol import fanout
 from gwtf_node.runtime.local import LocalSwarm
-from swarmutil import log_digest, status
+from swarmutil import fresh_statuses, log_digest, status
 
 MAX_ITERATIONS = 1000  # the run is stopped once the joiner serves and 3 more iterations settled
 JOIN_WITHIN_S = 150.0
@@ -97,8 +97,7 @@ def test_a_four_stage_swarm_connects_only_what_works_together(tmp_path: Path) ->
                 assert time.monotonic() - started < JOIN_WITHIN_S, ("j0 not serving", log_digest(tmp_path, names))
             elif len(records) >= placed_at + 3:
                 break
-        time.sleep(2.0)  # (status.json: once a second)
-        statuses = {n: status(tmp_path, n) for n in names + ["j0"]}
+        statuses = fresh_statuses(tmp_path, names + ["j0"], 30)
     finally:
         swarm.stop()
     print("records", json.dumps(records))
