@@ -109,7 +109,7 @@ async def test_dashboard_of_a_running_swarm(tmp_path: Path) -> None:
         assert await wait_exit(swarm, "r1_0", 60) == 0
         # (the data node pauses once r1_0 announced its leave; its Goodbye, the "left" event, may come after)
         paused = await wait_for(lambda: (x := ask(tmp_path / "d0", "status")["status"])["node"]["state"] == "paused"
-                                and "r1_0 left" in [e["text"] for e in x["events"]] and x, 30,
+                                and "r1_0 left" in [e["text"] for e in x["events"]] and x, 60,
                                 "the data node pauses on the empty stage and says r1_0 left")
         assert any("stage 1 has no relay ready" in n for n in paused["notes"])
         gone = subprocess.run([sys.executable, "-m", "gwtf_node.cli", "status", "--state-dir",
