@@ -43,8 +43,8 @@ RELAYS = ("r0_0", "r1_0")
 Key = tuple[int, int]  # (data node index, seq)
 
 
-def trained(workdir: Path, died: int | None, dead: str | None, n: int) -> list[tuple[list[Key], list[Key]]]:
-    """What iterations 0 to n-1 trained, from the nodes' logs: the data part on the microbatches the live data
+def trained(workdir: Path, died: int | None, dead: str | None, upto: int) -> list[tuple[list[Key], list[Key]]]:
+    """What iterations 0 to upto-1 trained, from the nodes' logs: the data part on the microbatches the live data
     nodes completed (the dead leader's from the iteration it died in on are gone with it), each relay on the
     contributions it counted at BEGIN AGGREGATION (the same at both stages; the test waited for both relays to sum
     these iterations, `wait_summed`)."""
@@ -65,7 +65,7 @@ def trained(workdir: Path, died: int | None, dead: str | None, n: int) -> list[t
     stage0, stage1 = counted("r0_0"), counted("r1_0")
     plan = []
     for t in sorted(settled):
-        if t >= n:  # (trained on while the swarm stopped: a relay may not have summed it)
+        if t >= upto:  # (trained on while the swarm stopped: a relay may not have summed it)
             break
         live = [n for n in names if died is None or t < died or n != dead]
         data_keys = sorted((int(n[1:]), seq) for n in live for seq in settled[t].get(n, []))
