@@ -24,6 +24,13 @@ A volunteer's node runs for weeks, so what it logs must stay readable and bounde
   more times since 12:00:01)"), and `flush` logs the counts still held when the
   node stops.  Identical *text*, not the template: a line whose numbers change
   (an attempt number, a count) carries news and is shown.
+* **Python warnings.**  A library's `warnings.warn` (transformers' deprecation
+  notices, torch's) would go to bare stderr, and Python shows it again after any
+  `warnings.catch_warnings()` block anywhere in the process (leaving one resets
+  the once-per-location registry): one relay wrote the same two-line
+  FutureWarning thousands of times.  `WarningRouter` replaces
+  `warnings.showwarning`: the first warning of each (category, text, place) is
+  a WARNING of the logger `py.warnings` in the node log, the rest are DEBUG.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -157,6 +165,41 @@ def _clock(t: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t))
 
 
+class WarningRouter:
+    """`warnings.showwarning` that logs each distinct warning once at WARNING, its repeats at DEBUG (module doc)."""
+
+    MAX_SEEN = 1024  # distinct warnings remembered; past it, every warning is logged at DEBUG
+
+    def __init__(self) -> None:
+        self.seen: set[tuple[str, str, str, int]] = set()
+        self.log = logging.getLogger("py.warnings")
+        self._lock = threading.Lock()
+
+    def __call__(self, message, category, filename, lineno, file=None, line=None) -> None:
+        key = (getattr(category, "__name__", str(category)), str(message), str(filename), int(lineno or 0))
+        with self._lock:
+            first = key not in self.seen and len(self.seen) < self.MAX_SEEN
+            if first:
+                self.seen.add(key)
+        where = f"{os.path.basename(str(filename))}:{lineno}"
+        if first:
+            self.log.warning("%s: %s (%s; shown once, repeats at DEBUG)", key[0], key[1], where)
+        else:
+            self.log.debug("%s: %s (%s)", key[0], key[1], where)
+
+
+def route_warnings() -> WarningRouter:
+    """Send Python warnings to the log (`WarningRouter`), every occurrence, deduplicated there."""
+    router = WarningRouter()
+    warnings.showwarning = router
+    # "always": the router sees every occurrence and decides; Python's own registry is reset by any
+    # catch_warnings block in the process, so it cannot be what keeps a warning to one line
+    warnings.simplefilter("always")
+    warnings.filterwarnings("ignore", category=DeprecationWarning)  # as Python's defaults: for developers
+    warnings.filterwarnings("ignore", category=PendingDeprecationWarning)
+    return router
+
+
 @dataclass
 class LogSetup:
     """What `setup_logging` installed: its handlers, the flood filter, and the log file (None: stderr only)."""
@@ -220,4 +263,5 @@ def setup_logging(level: str = "INFO", state_dir: Path | None = None, *, max_mb:
         lg.handlers.clear()
         lg.setLevel(logging.WARNING if numeric <= logging.DEBUG else logging.ERROR)
         lg.propagate = True
+    route_warnings()
     return LogSetup(handlers=handlers, repeats=repeats, path=path)

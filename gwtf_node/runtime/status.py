@@ -63,7 +63,27 @@ class NodeState(enum.Enum):
     TRAINING = "training"  # microbatches of the iteration in flight
     AGGREGATING = "aggregating"  # the iteration's microbatches are settled: all-reduce and optimizer step
     PAUSED = "paused"  # a data node: a stage has no relay ready, the next iteration waits
+    WAITING = "waiting"  # a relay: no data node is alive (waiting for one), so no iteration can run
     LEAVING = "leaving"  # finishing its last iteration and aggregation before Goodbye
+
+
+def derive_state(*, leaving: bool, connecting: bool, joining: bool, paused: bool, waiting_for_data: bool,
+                 aggregating: bool) -> NodeState:
+    """What the node is doing now, from what it knows now, the first that holds in this order: a relay whose data
+    nodes are all gone is waiting for one (not training, whatever its last iteration was doing)."""
+    if leaving:
+        return NodeState.LEAVING
+    if connecting:
+        return NodeState.CONNECTING
+    if joining:
+        return NodeState.JOINING
+    if paused:
+        return NodeState.PAUSED
+    if waiting_for_data:
+        return NodeState.WAITING
+    if aggregating:
+        return NodeState.AGGREGATING
+    return NodeState.TRAINING
 
 
 class Status:
@@ -192,19 +212,15 @@ class Status:
 
     def state(self) -> NodeState:
         place, mb, ph = self.peers.place, self.microbatches, self.aggregation.phases
-        if place.leaving:
-            return NodeState.LEAVING
-        if self.bootstrap is not None and self.bootstrap.state is not BootstrapState.CONNECTED:
-            return NodeState.CONNECTING
-        if place.stage is None or place.joining or not mb.started:
-            return NodeState.JOINING
-        if mb.paused is not None:
-            return NodeState.PAUSED
-        if ph is not None and any(it not in ph.stepped for it in ph.begun):
-            return NodeState.AGGREGATING
-        if mb.current is not None and mb.reported(mb.current.iteration):
-            return NodeState.AGGREGATING  # a data node whose microbatches are settled waits for the step
-        return NodeState.TRAINING
+        return derive_state(
+            leaving=place.leaving,
+            connecting=self.bootstrap is not None and self.bootstrap.state is not BootstrapState.CONNECTED,
+            joining=place.stage is None or place.joining or not mb.started,
+            paused=mb.paused is not None,
+            waiting_for_data=place.role == "relay" and self.liveness.waiting_for_data_since is not None,
+            # a phase begun and not stepped; or a data node whose microbatches are settled waits for the step
+            aggregating=(ph is not None and any(it not in ph.stepped for it in ph.begun))
+            or (mb.current is not None and mb.reported(mb.current.iteration)))
 
     def view(self) -> dict:
         """The dashboard's document (the module doc); JSON-ready."""
