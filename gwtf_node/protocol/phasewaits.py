@@ -31,6 +31,7 @@ from .effects import SetTimer
 from .messages import PhaseKind
 
 WATCH_TIMER = "phase.watch"  # the check of the waits (`check_waits`)
+WAIT_BOUND_S = 30.0  # the daemon's bound of a phase wait (runtime/waits.py: longer for a node whose work is long)
 
 
 @dataclass(frozen=True, slots=True)

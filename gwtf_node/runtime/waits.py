@@ -33,12 +33,11 @@ import logging
 import time
 from typing import Any
 
-from ..protocol.phases import Overdue, Wait
+from ..protocol.phasewaits import WAIT_BOUND_S, Overdue, Wait
 from .wire import now
 
 log = logging.getLogger("gwtf.node")
 
-WAIT_BOUND_S = 30.0  # a wait of the aggregation phase longer than this is logged at WARNING and resolved
 
 
 def wait_bound_s(busiest_s: float) -> float:

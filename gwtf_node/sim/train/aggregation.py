@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ...protocol.effects import CancelTimer, Send, SetTimer
 from ...protocol.messages import BeginAggregation, IterationDone, PhaseAck
-from ...protocol.phases import LeftOut, OpenIteration, OutOfStep, StartStep
+from ...protocol.phases import LeftOut, OpenIteration, OutOfStep, Overdue, StartStep
 from ...protocol.recovery import IterationSettled
 from .events import Event
 
@@ -80,6 +80,8 @@ class AggregationDriver:
                     self._resync(nid, e.iteration)
             elif t is OpenIteration:
                 self._apply(nid, self.nodes[nid].open_iteration(self.now, e.iteration))
+            elif t is Overdue:  # the daemon logs it; its resolution comes as the Sends beside it
+                self.overdue.append((self.now, nid, e))
             else:
                 raise TypeError(f"unknown effect {e!r} from {nid}'s aggregation phase")
 

@@ -13,6 +13,7 @@ from ...protocol.effects import CancelTimer, Send, SetTimer
 from ...protocol.flow import FlowNode
 from ...protocol.leader import LeaderConfig, LeaderMachine
 from ...protocol.phases import CanTakeRule, OpenIteration, Phases
+from ...protocol.phasewaits import WAIT_BOUND_S
 from ...protocol.recovery import Compute, IterationSettled, RecoveryConfig, RecoveryNode
 from ...protocol.recovery.priors import HOP_PRIOR_S, e2e_prior_s, hop_prior_s
 from ..engine import Simulator
@@ -36,7 +37,8 @@ class TrainSim(AggregationDriver, AllReduceDriver, FlowDriver, JoinDriver, Repor
     only: recovery.py's lending), `fastest_unit` (True; GWTF: recovery.py's "Fastest unit first"), `flow_options` (FLOW_OPTIONS: FlowConfig fields of every flow machine),
     `detect` (True: the membership layer), `join_mid_iteration` (True), `swarm_reacts_to` ("membership"),
     `gwtf_acts_on_gone` (True), `unpresume` (True: a presumed-dead peer still heard is alive again),
-    `can_take` ("all": phases.CanTakeRule), `one_wave` (False: recovery.py's "One wave", the paper's one-wave iteration
+    `can_take` ("all": phases.CanTakeRule), `phase_wait_bound_s` (WAIT_BOUND_S: the daemon's bound of a phase
+    wait, after which it resends; None: never), `one_wave` (False: recovery.py's "One wave", the paper's one-wave iteration
     with deferral, for both policies), `detect_s` (DETECT_S: how long after a crash the membership layer reports
     it); `crash_plan` / `rejoin` (True) for scripted crashes; `flows`: fixed flows
     (oracle-style, no machines); `routing="dtfm"` with `scheduler` (a `sim.schedule.routing.DtfmRouting` built on
@@ -59,7 +61,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, FlowDriver, JoinDriver, Repor
                  lend: bool = True, one_wave: bool = False, detect_s: float = DETECT_S, fastest_unit: bool = True,
                  unpresume: bool = True, can_take: str = CanTakeRule.ALL.value, scheduler=None,
                  priors: str = "links", joining: str = "machines", spare_last: bool = True,
-                 join_links: bool = True) -> None:
+                 join_links: bool = True, phase_wait_bound_s: float | None = WAIT_BOUND_S) -> None:
         if routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {ROUTINGS}, not {routing!r}")
         if (routing == "dtfm") != (scheduler is not None):
@@ -104,6 +106,9 @@ class TrainSim(AggregationDriver, AllReduceDriver, FlowDriver, JoinDriver, Repor
         self.crashed_at: dict[str, float] = {}
         self.unpresume = unpresume
         self.can_take = CanTakeRule(can_take)
+        # a phase wait past this bound is resolved as the daemon resolves it (phasewaits.py); None: never
+        self.phase_wait_bound_s = phase_wait_bound_s
+        self.overdue: list = []  # every Overdue of the aggregation phase (phasewaits.Overdue), in order
         self.resyncs = 0
         self.elections = 0
         self.dropped = 0
@@ -228,7 +233,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, FlowDriver, JoinDriver, Repor
             m.set_flows(self.flows[nid])
         self.nodes[nid] = m
         self.phases[nid] = Phases(nid, stage, S - 1, applied=self._iteration_now() if applied is None else applied,
-                                  can_take=self.can_take)
+                                  can_take=self.can_take, wait_bound_s=self.phase_wait_bound_s)
         return m
 
     def _timer(self, versions: dict, kind: int, nid: str, e, component: str | None = None) -> None:
