@@ -1,0 +1,471 @@
+#!/usr/bin/env python
+"""A model of 100M+ parameters on home broadband: throughput against its bound, wire bytes, loss, memory per node.
+
+One invocation trains the same run once per wire setting (`--settings`):
+
+    fp32           fp32 compute, fp32 activations and gradients on every link
+    bf16           bf16-mixed compute (fp32 master weights), bf16 on every link
+    bf16+adatopk   as bf16, with FusionLLM's AdaTopK (Equation 7) on every link
+
+each time on a fresh network lab (`gwtf_node/testing/netlab.py`, root): 1
+data node and `--relays-per-stage` relays on each of `--stages` stages, every
+node a public host in a namespace of its own.
+
+Links.  Each node's uplink is a veth whose both ends carry a `tbf` at the
+node's rate (`--rates`, Mbit/s, given to the nodes round-robin in the order
+d0, r0_0, r0_1, r1_0, ...): its upload and its download are capped at that
+rate, shared by everything it sends or receives.  Latency is emulated by the
+daemons (`--links`, runtime/links.py; this kernel has no netem): every pair
+of nodes gets a one-way latency drawn uniformly from `--latency-ms` (seeded,
+the same in both directions).  The daemons' link emulation would also
+serialize each frame at the declared bandwidth, on top of the kernel's tbf;
+so the links file declares `DECLARED_BANDWIDTH_SCALE` times the physical
+rate, min(uplink of the sender, downlink of the receiver): the daemons' own
+serialization becomes negligible, AdaTopK's per-link ratios (which depend
+only on the ratios of the bandwidths) are those of the physical rates, and
+Equation 1's bandwidth term is understated by that factor (flow formation
+sees latency and compute).
+
+Figures per setting:
+
+* tokens_per_s: tokens of iterations 1..N-1 over the wall time from the end
+  of iteration 0 to the end of the last (iteration 0 pays the start);
+  `pipeline_tokens_per_s` over the iterations' pipeline seconds only (the
+  aggregation left out).
+* wire_bytes_per_token: bytes of activations and their gradients the nodes
+  sent (status.json `compression.sent_bytes`: after the wire dtype and
+  Top-K), over all iterations' tokens; `lab_bytes_per_token`: every byte the
+  nodes' veths sent (also the within-stage all-reduce, control messages and
+  the start), from the kernel's counters.
+* final_loss: the last iteration's loss; the settings see the same
+  microbatches (equal samples).
+* peak_memory_mb: per node, its peak resident memory (status.json
+  `resources.peak_rss_mb`) minus that of a process that only imported what a
+  node imports before it builds its part (`baseline_rss_mb`);
+  estimated_memory_mb: the node's part's estimate from the manifest
+  (`gwtf_node/model/memory.py`), null where this build has none.
+* bound_tokens_per_s (`throughput_bound`): the maximum flow of microbatches
+  per second through the stages, each node a split vertex whose capacity is
+  the least of its compute rate (1000 / `compute_ms_per_microbatch`), its
+  uplink rate over the bytes it sends per microbatch and its downlink rate
+  over the bytes it receives, each link between adjacent stages an edge of
+  capacity min(uplink, downlink) over the bytes per microbatch crossing it.
+  The nodes share the machine's `--cores`: each node's CPU seconds per
+  microbatch (status.json `resources.cpu_s` over the microbatches it handled
+  after iteration 0: its compute, step, all-reduce and event loop) is the
+  cost of a unit of flow through it, and the bound is the largest flow whose
+  total cost per second is at most the cores (a min-cost flow, searched on
+  the flow value).  utilization = tokens_per_s / bound_tokens_per_s.
+
+    sudo python scripts/bench_scale.py [--hidden H --layers L | --preset NAME] [--iterations N] [--json]
+
+`--json` prints one object per setting (the Markdown table on stderr).
+Every iteration must complete all its microbatches, else the script says so
+and exits 1.  The lab (namespaces, processes) is taken down on every exit
+path, Ctrl-C and SIGTERM included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SETTINGS = {
+    "fp32": {"precision": "fp32", "wire_dtype": "fp32", "compression": "none"},
+    "bf16": {"precision": "bf16-mixed", "wire_dtype": "bf16", "compression": "none"},
+    "bf16+adatopk": {"precision": "bf16-mixed", "wire_dtype": "bf16", "compression": "adatopk"},
+}
+DECLARED_BANDWIDTH_SCALE = 1000.0  # the links file's bandwidth over the physical one (module doc)
+STATUS_SETTLE_S = 2.5  # status.json is rewritten every second: wait for one written after the last step
+IDLE_S = 4.0  # then this long idle: each node's background CPU (pings, status) per second
+CALLS_PER_MICROBATCH = {"relay": 2, "data": 3}  # runtime/stage.py: stage calls of one microbatch
+FLOW_SCALE = 10**6  # microbatches/s -> integer units of the min-cost flow search
+COST_SCALE = 10**4  # CPU seconds per microbatch -> integer costs
+
+
+# ------------------------------------------------------------------ the bound (pure)
+def throughput_bound(stage_of: dict[str, int], node_rate: dict[str, float], link_rate: dict[tuple[str, str], float],
+                     cpu_s: dict[str, float] | None = None, cores: float | None = None) -> dict:
+    """The most microbatches per second the swarm can push end to end.
+
+    `stage_of`: node -> its stage (-1: a data node); `node_rate`: node -> the
+    microbatches per second it can handle (its split vertex's capacity);
+    `link_rate`: (a, b) -> microbatches per second the link from a to the next
+    stage's b carries (a missing pair: no link); `cpu_s`: node -> CPU seconds
+    one microbatch costs there, and `cores`: CPU seconds per second all nodes
+    share (None: no shared CPU).  A data node is the source (its capacity
+    covers its whole part: embedding, head and loss) and the sink; with
+    several data nodes the flow is a relaxation (a microbatch may come back to
+    another one), still an upper bound.
+
+    Returns `microbatches_per_s` (the bound), `flow_only` (the maximum flow,
+    CPU left out) and `limited_by` ("cpu" or "flow").
+    """
+    import networkx as nx
+
+    stages = sorted({s for s in stage_of.values() if s >= 0})
+    if not stages:
+        raise ValueError("no relay stage")
+    last = stages[-1]
+    g = nx.DiGraph()
+
+    def cap(rate: float) -> int:
+        return max(0, int(rate * FLOW_SCALE)) if math.isfinite(rate) else 10**15
+
+    def cost(node: str) -> int:
+        return round((cpu_s or {}).get(node, 0.0) * COST_SCALE)
+
+    for n, s in stage_of.items():
+        if s < 0:
+            g.add_edge("S", f"{n}:out", capacity=cap(node_rate[n]), weight=cost(n))
+            g.add_edge(f"{n}:in", "T", capacity=cap(math.inf), weight=0)
+        else:
+            g.add_edge(f"{n}:in", f"{n}:out", capacity=cap(node_rate[n]), weight=cost(n))
+    for (a, b), rate in link_rate.items():
+        sa, sb = stage_of[a], stage_of[b]
+        if (sa < 0 and sb == stages[0]) or (sa >= 0 and sb == sa + 1) or (sa == last and sb < 0):
+            g.add_edge(f"{a}:out", f"{b}:in", capacity=cap(rate), weight=0)
+    if "S" not in g or "T" not in g:
+        return {"microbatches_per_s": 0.0, "flow_only": 0.0, "limited_by": "flow"}
+    top = nx.maximum_flow_value(g, "S", "T")
+    flow_only = top / FLOW_SCALE
+    if cores is None or not cpu_s:
+        return {"microbatches_per_s": flow_only, "flow_only": flow_only, "limited_by": "flow"}
+    budget = cores * COST_SCALE * FLOW_SCALE  # cost units per second
+
+    def min_cost(units: int) -> int:
+        h = g.copy()
+        h.add_edge("S0", "S", capacity=units, weight=0)
+        return nx.cost_of_flow(h, nx.max_flow_min_cost(h, "S0", "T"))
+
+    if min_cost(top) <= budget:
+        return {"microbatches_per_s": flow_only, "flow_only": flow_only, "limited_by": "flow"}
+    lo, hi = 0, top  # min_cost is increasing and convex in the flow: the largest flow within the budget
+    while hi - lo > max(1, top // 10**6):
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if min_cost(mid) <= budget else (lo, mid)
+    return {"microbatches_per_s": lo / FLOW_SCALE, "flow_only": flow_only, "limited_by": "cpu"}
+
+
+def swarm_bound(status: dict[str, dict], window: dict[str, dict], rates: dict[str, float], cores: float) -> dict:
+    """`throughput_bound` from the nodes' last status.json (`status`) and their figures after iteration 0
+    (`window`: node -> {"microbatches", "cpu_s", "sent_bytes"} over the steady window); `rates`: node -> its
+    uplink and downlink rate in Mbit/s."""
+    stage_of, node_rate, cpu = {}, {}, {}
+    per_mb_bytes = {}
+    for n, st in status.items():
+        stage_of[n] = -1 if st["role"] == "data" else st["stage"]
+        w = window[n]
+        mbs = max(w["microbatches"], 1e-9)
+        per_mb_bytes[n] = w["sent_bytes"] / mbs  # what it sends per microbatch (activations and gradients)
+        cpu[n] = w["cpu_s"] / mbs
+        bps = rates[n] * 1e6 / 8
+        compute = 1000.0 / st["compute_ms_per_microbatch"] if st["compute_ms_per_microbatch"] > 0 else math.inf
+        # a node receives per microbatch about what it sends: an activation of the same shape, a gradient back
+        nic = bps / per_mb_bytes[n] if per_mb_bytes[n] > 0 else math.inf
+        node_rate[n] = min(compute, nic)
+    link_rate = {}
+    for a in status:
+        for b in status:
+            if a != b:
+                both = min(rates[a], rates[b]) * 1e6 / 8
+                # about half of what a node sends per microbatch is the activation forward, half the gradient
+                # back: a -> b carries a's activation, b -> a b's gradient, each direction at `both`
+                crossing = max(per_mb_bytes[a], per_mb_bytes[b]) / 2
+                link_rate[(a, b)] = both / crossing if crossing > 0 else math.inf
+    out = throughput_bound(stage_of, node_rate, link_rate, cpu, cores)
+    out["cpu_s_per_microbatch"] = {n: round(v, 4) for n, v in sorted(cpu.items())}
+    out["compute_rate"] = {n: round(v, 3) for n, v in sorted(node_rate.items())}
+    return out
+
+
+# ------------------------------------------------------------------ the run
+def manifest_for(setting: str, args: argparse.Namespace):
+    """The run of one setting: the same model, data and seed in every setting, only `train`'s wire fields differ."""
+    from gwtf_node.model.manifest import TrainSpec, default_manifest
+
+    fields = {f.name for f in dataclasses.fields(TrainSpec)}
+    wanted = {k: v for k, v in SETTINGS[setting].items() if not (k != "compression" and v == "fp32")}
+    missing = sorted(set(wanted) - fields)
+    if missing:
+        raise SystemExit(f"bench_scale: setting {setting} needs train.{', train.'.join(missing)}, which this build's "
+                         "manifest lacks: leave it out of --settings")
+    man = default_manifest(family="llama", stages=args.stages, layers=args.layers, hidden=args.hidden,
+                           seq_len=args.seq_len, microbatch_size=args.microbatch_size,
+                           microbatches_per_iteration=args.microbatches, lr=args.lr, seed=args.seed,
+                           run_name="bench-scale", compression_ratio=args.compression_ratio)
+    return dataclasses.replace(man, train=dataclasses.replace(man.train, **wanted))
+
+
+def parameter_count(man) -> int:
+    """Parameters of the whole model the manifest describes (built on the meta device: no memory)."""
+    import torch
+    from gwtf_node.model.stages import build_full_model
+
+    with torch.device("meta"):
+        model = build_full_model(man)
+    return sum(p.numel() for p in model.parameters())
+
+
+def memory_estimates(man, names: list[str]) -> dict[str, float | None]:
+    """The estimate of each node's part from the manifest (model/memory.py), None where this build has none."""
+    try:
+        from gwtf_node.model import memory
+    except ImportError:
+        return {n: None for n in names}
+    out = {}
+    for n in names:
+        role, stage = ("data", None) if n.startswith("d") else ("relay", int(n[1:].split("_")[0]))
+        out[n] = round(memory.estimate_mb(man, role=role, stage=stage), 1)
+    return out
+
+
+BASELINE_PROBE = """
+import resource, torch, gwtf_node.cli, gwtf_node.runtime.node, gwtf_node.model.stages
+from transformers import GPT2LMHeadModel, LlamaForCausalLM
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+"""
+
+
+def baseline_rss_mb() -> float:
+    """Peak resident memory of a process that imported what a node imports before it builds its part."""
+    out = subprocess.run([sys.executable, "-c", BASELINE_PROBE], capture_output=True, text=True, timeout=300,
+                         cwd=ROOT, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    if out.returncode != 0:
+        raise SystemExit(f"bench_scale: the baseline process failed: {out.stderr.strip()[-500:]}")
+    return float(out.stdout.split()[-1])
+
+
+def node_rates(names: list[str], rates: list[float]) -> dict[str, float]:
+    return {n: rates[i % len(rates)] for i, n in enumerate(names)}
+
+
+def links_file(names: list[str], rates: dict[str, float], lat: tuple[float, float], seed: int, path: Path) -> dict:
+    """A scenario links file (runtime/linkspec.py) of every pair: the seeded one-way latency, the declared
+    bandwidth (module doc); returns {(a, b): latency_ms}."""
+    rng = random.Random(f"bench-scale-latency:{seed}")
+    links, latency = [], {}
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            ms = round(rng.uniform(*lat), 1)
+            latency[(a, b)] = latency[(b, a)] = ms
+            links.append({"a": a, "b": b, "latency_ms": ms,
+                          "bandwidth_mbps": min(rates[a], rates[b]) * DECLARED_BANDWIDTH_SCALE})
+    path.write_text(json.dumps({"links": links}, indent=1))
+    return latency
+
+
+def read_status(state_dir: Path) -> dict | None:
+    try:
+        return json.loads((state_dir / "status.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def tx_bytes(ns: str) -> int:
+    """Bytes the node's uplink sent (the kernel's counter of its eth0)."""
+    out = subprocess.run(["ip", "-n", ns, "-s", "-j", "link", "show", "dev", "eth0"], capture_output=True,
+                         text=True, timeout=20)
+    link = json.loads(out.stdout)[0]
+    return int((link.get("stats64") or link["stats"])["tx"]["bytes"])
+
+
+def node_figures(st: dict) -> dict:
+    calls = CALLS_PER_MICROBATCH["data" if st["role"] == "data" else "relay"]
+    return {"microbatches": st["compute_calls"] / calls, "cpu_s": st["resources"]["cpu_s"],
+            "sent_bytes": st["compression"]["sent_bytes"], "dense_bytes": st["compression"]["dense_bytes"]}
+
+
+def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline: float) -> dict:
+    from gwtf_node.model.manifest import save_manifest
+    from gwtf_node.runtime.local import LocalSwarm
+    from gwtf_node.testing.netlab import NetLab
+
+    man = manifest_for(setting, args)
+    workdir.mkdir(parents=True, exist_ok=True)
+    run = workdir / "run.json"
+    save_manifest(man, run)
+    names = ["d0"] + [f"r{s}_{i}" for s in range(args.stages) for i in range(args.relays_per_stage)]
+    rates = node_rates(names, args.rates)
+    links_file(names, rates, args.latency_ms, args.seed, workdir / "links-scenario.json")
+    records, first, last = [], None, None
+    tokens_per_mb = args.microbatch_size * args.seq_len
+    with NetLab() as lab:
+        where = {n: lab.public(n.replace("_", "")) for n in names}
+        for n, node in where.items():
+            lab.shape(node, rates[n])
+        swarm = LocalSwarm(workdir, run, data_nodes=1, stages=args.stages, relays_per_stage=args.relays_per_stage,
+                           iterations=args.iterations, links=workdir / "links-scenario.json", seed=args.seed,
+                           wrap={n: ["ip", "netns", "exec", node.ns] for n, node in where.items()},
+                           extra_args={n: ["--listen", "0.0.0.0:4001"] for n in names})
+        swarm.startup_timeout_s = args.startup_timeout
+        swarm.iteration_timeout_s = args.iteration_timeout
+        try:
+            swarm.start()
+            for rec in swarm.iterations_done():
+                records.append(rec)
+                print(f"  {setting} iteration {rec['iteration']}: loss {rec['loss']:.4f}, {rec['microbatches']} "
+                      f"microbatches, {rec['seconds']:.1f} s (aggregation {rec['aggregation_seconds']:.1f} s)",
+                      file=sys.stderr)
+                if rec["iteration"] == 0:
+                    first = {n: read_status(swarm.state_dir(n)) for n in names}
+            time.sleep(STATUS_SETTLE_S)
+            last = {n: read_status(swarm.state_dir(n)) for n in names}
+            sent_on_wire = {n: tx_bytes(node.ns) for n, node in where.items()}
+            time.sleep(IDLE_S)
+            idle = {n: read_status(swarm.state_dir(n)) for n in names}
+        finally:
+            swarm.stop()
+    short = [f"iteration {r['iteration']}: {r['microbatches']} of {args.microbatches}" for r in records
+             if r["microbatches"] != args.microbatches]
+    if short or len(records) < args.iterations:
+        raise SystemExit(f"bench_scale: {setting}: not every iteration completed all its microbatches ("
+                         f"{'; '.join(short) or f'{len(records)} of {args.iterations} iterations'}): no figures")
+    missing = [n for n in names if not first.get(n) or not last.get(n)]
+    if missing:
+        raise SystemExit(f"bench_scale: {setting}: no status.json from {', '.join(missing)}")
+    window = {}
+    for n in names:
+        a, b = node_figures(first[n]), node_figures(last[n])
+        window[n] = {k: b[k] - a[k] for k in a}
+        # the CPU of the training less what the node spends anyway (pings, status.json), measured idle after it
+        if idle.get(n) and idle[n]["time"] > last[n]["time"]:
+            rate = (idle[n]["resources"]["cpu_s"] - b["cpu_s"]) / (idle[n]["time"] - last[n]["time"])
+            window[n]["cpu_s"] = max(0.0, window[n]["cpu_s"] - rate * (last[n]["time"] - first[n]["time"]))
+    steady = records[1:]
+    tokens = sum(r["microbatches"] for r in steady) * tokens_per_mb
+    wall = records[-1]["time"] - records[0]["time"]
+    pipeline = sum(r["pipeline_seconds"] for r in steady if r["pipeline_seconds"] == r["pipeline_seconds"])
+    bound = swarm_bound(last, window, rates, args.cores)
+    all_tokens = sum(r["microbatches"] for r in records) * tokens_per_mb
+    sent = sum(node_figures(last[n])["sent_bytes"] for n in names)
+    dense = sum(node_figures(last[n])["dense_bytes"] for n in names)
+    tps = tokens / wall
+    bound_tps = bound["microbatches_per_s"] * tokens_per_mb
+    peak = {n: round(last[n]["resources"]["peak_rss_mb"] - baseline, 1) for n in names}
+    return {
+        "setting": setting, **SETTINGS[setting], "params": parameter_count(man),
+        "tokens_per_s": round(tps, 2), "bound_tokens_per_s": round(bound_tps, 2),
+        "utilization": round(tps / bound_tps, 3) if bound_tps > 0 else None,
+        "pipeline_tokens_per_s": round(tokens / pipeline, 2) if pipeline > 0 else None,
+        "bound_limited_by": bound["limited_by"], "bound_flow_only_tokens_per_s": round(
+            bound["flow_only"] * tokens_per_mb, 2),
+        "wire_bytes_per_token": round(sent / all_tokens, 1), "dense_fp32_bytes_per_token": round(dense / all_tokens, 1),
+        "lab_bytes_per_token": round(sum(sent_on_wire.values()) / all_tokens, 1),
+        "final_loss": records[-1]["loss"], "losses": [r["loss"] for r in records],
+        "seconds": [r["seconds"] for r in records], "aggregation_seconds": [r["aggregation_seconds"] for r in records],
+        "peak_memory_mb": peak, "peak_rss_mb": {n: last[n]["resources"]["peak_rss_mb"] for n in names},
+        "baseline_rss_mb": round(baseline, 1), "estimated_memory_mb": memory_estimates(man, names),
+        "compute_ms_per_microbatch": {n: last[n]["compute_ms_per_microbatch"] for n in names},
+        "cpu_s_per_microbatch": bound["cpu_s_per_microbatch"],
+        "link_ratios": {n: last[n]["compression"]["link_ratios"] for n in names if last[n]["compression"]["link_ratios"]},
+        "rates_mbit": rates,
+    }
+
+
+def table(results: list[dict], args: argparse.Namespace) -> str:
+    r0 = results[0]
+    lines = [f"{r0['params'] / 1e6:.1f}M parameters (llama, hidden {args.hidden}, {args.layers} layers), 1 data node + "
+             f"{args.stages} stages x {args.relays_per_stage} relays, {args.microbatches} microbatches of "
+             f"{args.microbatch_size} x {args.seq_len} tokens per iteration, {args.iterations} iterations; uplinks "
+             f"{'/'.join(f'{r:g}' for r in args.rates)} Mbit/s (tbf), one-way latency {args.latency_ms[0]:g}-"
+             f"{args.latency_ms[1]:g} ms; {args.cores:g} cores shared", "",
+             "| setting | tokens/s | bound (limited by) | utilization | pipeline tokens/s | wire B/token | "
+             "vs fp32 | all veth B/token | final loss | vs fp32 |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    base = next((r for r in results if r["setting"] == "fp32"), None)
+    for r in results:
+        wire = f"{r['wire_bytes_per_token'] / base['wire_bytes_per_token']:.2f}x" if base else "-"
+        loss = f"{(r['final_loss'] / base['final_loss'] - 1) * 100:+.2f} %" if base else "-"
+        lines.append(f"| {r['setting']} | {r['tokens_per_s']:.1f} | {r['bound_tokens_per_s']:.1f} "
+                     f"({r['bound_limited_by']}) | {r['utilization']:.2f} | {r['pipeline_tokens_per_s'] or 0:.1f} | "
+                     f"{r['wire_bytes_per_token']:.0f} | {wire} | {r['lab_bytes_per_token']:.0f} | "
+                     f"{r['final_loss']:.4f} | {loss} |")
+    lines += ["", "| setting | node | peak memory MB (over baseline) | estimate MB | estimate / peak |",
+              "|---|---|---|---|---|"]
+    for r in results:
+        for n, peak in r["peak_memory_mb"].items():
+            est = r["estimated_memory_mb"].get(n)
+            lines.append(f"| {r['setting']} | {n} | {peak:.0f} | {'-' if est is None else f'{est:.0f}'} | "
+                         f"{'-' if est is None or peak <= 0 else f'{est / peak:.2f}'} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hidden", type=int, default=768)
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--microbatch-size", type=int, default=1)
+    p.add_argument("--microbatches", type=int, default=8, help="per iteration")
+    p.add_argument("--iterations", type=int, default=3)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--stages", type=int, default=4)
+    p.add_argument("--relays-per-stage", type=int, default=2)
+    p.add_argument("--compression-ratio", type=float, default=10.0, help="r of AdaTopK (Equation 7)")
+    p.add_argument("--rates", default="100,50", help="uplink Mbit/s, given round-robin to d0, r0_0, r0_1, ...")
+    p.add_argument("--latency-ms", default="20-60", help="one-way latency range of a pair of nodes, LO-HI")
+    p.add_argument("--cores", type=float, default=None, help="CPU cores the nodes share (default: this machine's)")
+    p.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated subset of {','.join(SETTINGS)}")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--startup-timeout", type=float, default=300.0)
+    p.add_argument("--iteration-timeout", type=float, default=600.0)
+    p.add_argument("--workdir", default=None)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    from gwtf_node.testing.netlab import lab_unavailable
+
+    try:
+        args.rates = [float(x) for x in args.rates.split(",") if x]
+        lo, hi = (float(x) for x in args.latency_ms.split("-"))
+        if not args.rates or min(args.rates) <= 0 or lo < 0 or hi < lo:
+            raise ValueError
+        args.latency_ms = (lo, hi)
+    except ValueError:
+        print("bench_scale: --rates takes positive Mbit/s separated by commas, --latency-ms LO-HI", file=sys.stderr)
+        return 2
+    settings = [s for s in args.settings.split(",") if s]
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown or not settings:
+        print(f"bench_scale: --settings {','.join(unknown)}: use {', '.join(SETTINGS)}", file=sys.stderr)
+        return 2
+    if args.iterations < 2:
+        print("bench_scale: --iterations must be at least 2 (iteration 0 is left out of the rates)", file=sys.stderr)
+        return 2
+    import os
+
+    args.cores = args.cores or float(len(os.sched_getaffinity(0)))
+    why = lab_unavailable()
+    if why is not None:
+        print(f"bench_scale: the network lab cannot be made here: {why}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: the lab and the swarm are taken down
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="gwtf-bench-scale-"))
+    baseline = baseline_rss_mb()
+    results = []
+    for setting in settings:
+        print(f"{setting}: training {args.iterations} iterations in {workdir / setting}", file=sys.stderr)
+        results.append(run_setting(setting, args, workdir / setting.replace("+", "-"), baseline))
+    if args.json:
+        for r in results:
+            print(json.dumps(r))
+        print(table(results, args), file=sys.stderr)
+    else:
+        print(table(results, args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
