@@ -209,14 +209,35 @@ def manifest_for(setting: str, args: argparse.Namespace):
     return dataclasses.replace(man, train=dataclasses.replace(man.train, **wanted))
 
 
-def parameter_count(man) -> int:
-    """Parameters of the whole model the manifest describes (built on the meta device: no memory)."""
+def parameter_counts(man) -> tuple[int, list[int]]:
+    """Parameters of the whole model the manifest describes, and of each relay stage's layers (the model is built
+    on the meta device: no memory)."""
+    import re
+
     import torch
     from gwtf_node.model.stages import build_full_model
 
     with torch.device("meta"):
         model = build_full_model(man)
-    return sum(p.numel() for p in model.parameters())
+    per_layer: dict[int, int] = {}
+    for name, p in model.named_parameters():
+        m = re.match(r"(?:model\.layers|transformer\.h)\.(\d+)\.", name)
+        if m:
+            per_layer[int(m[1])] = per_layer.get(int(m[1]), 0) + p.numel()
+    return sum(p.numel() for p in model.parameters()), [sum(per_layer.get(i, 0) for i in range(a, b))
+                                                         for a, b in man.stages]
+
+
+def allreduce_s(stage_params: list[int], stage_rates: list[list[float]]) -> float:
+    """The least time of an iteration's within-stage all-reduces (runtime/allreduce.py: each of n relays sends and
+    receives 2(n-1)/n of its stage's float32 gradient through its own link; the stages reduce at once, the slowest
+    member of the slowest stage binds)."""
+    worst = 0.0
+    for params, rates in zip(stage_params, stage_rates):
+        n = len(rates)
+        if n > 1:
+            worst = max(worst, 2 * (n - 1) / n * 4 * params * 8 / (min(rates) * 1e6))
+    return worst
 
 
 def memory_estimates(man, names: list[str]) -> dict[str, float | None]:
@@ -300,7 +321,7 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
     names = ["d0"] + [f"r{s}_{i}" for s in range(args.stages) for i in range(args.relays_per_stage)]
     rates = node_rates(names, args.rates)
     links_file(names, rates, args.latency_ms, args.seed, workdir / "links-scenario.json")
-    records, first, last = [], None, None
+    records, first, last, idle = [], None, None, {}
     tokens_per_mb = args.microbatch_size * args.seq_len
     with NetLab() as lab:
         where = {n: lab.public(n.replace("_", "")) for n in names}
@@ -333,6 +354,7 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
     if short or len(records) < args.iterations:
         raise SystemExit(f"bench_scale: {setting}: not every iteration completed all its microbatches ("
                          f"{'; '.join(short) or f'{len(records)} of {args.iterations} iterations'}): no figures")
+    (workdir / "statuses.json").write_text(json.dumps({"after_iteration_0": first, "end": last, "idle": idle}))
     missing = [n for n in names if not first.get(n) or not last.get(n)]
     if missing:
         raise SystemExit(f"bench_scale: {setting}: no status.json from {', '.join(missing)}")
@@ -354,11 +376,19 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
     dense = sum(node_figures(last[n])["dense_bytes"] for n in names)
     tps = tokens / wall
     bound_tps = bound["microbatches_per_s"] * tokens_per_mb
+    params, stage_params = parameter_counts(man)
+    reduce_s = allreduce_s(stage_params, [[rates[f"r{k}_{i}"] for i in range(args.relays_per_stage)]
+                                          for k in range(args.stages)])
+    iter_bound_s = (args.microbatches / bound["microbatches_per_s"] if bound["microbatches_per_s"] else math.inf) \
+        + reduce_s
     peak = {n: round(last[n]["resources"]["peak_rss_mb"] - baseline, 1) for n in names}
     return {
-        "setting": setting, **SETTINGS[setting], "params": parameter_count(man),
+        "setting": setting, **SETTINGS[setting], "params": params, "stage_params": stage_params,
         "tokens_per_s": round(tps, 2), "bound_tokens_per_s": round(bound_tps, 2),
         "utilization": round(tps / bound_tps, 3) if bound_tps > 0 else None,
+        # the bound with each iteration's all-reduce at the links' rates added to its pipeline time
+        "allreduce_bound_s": round(reduce_s, 3),
+        "iteration_bound_tokens_per_s": round(args.microbatches * tokens_per_mb / iter_bound_s, 2),
         "pipeline_tokens_per_s": round(tokens / pipeline, 2) if pipeline > 0 else None,
         "bound_limited_by": bound["limited_by"], "bound_flow_only_tokens_per_s": round(
             bound["flow_only"] * tokens_per_mb, 2),
@@ -366,6 +396,9 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
         "lab_bytes_per_token": round(sum(sent_on_wire.values()) / all_tokens, 1),
         "final_loss": records[-1]["loss"], "losses": [r["loss"] for r in records],
         "seconds": [r["seconds"] for r in records], "aggregation_seconds": [r["aggregation_seconds"] for r in records],
+        # from the data node's step to its next iteration's start: the relays' all-reduce and step, CAN TAKE
+        "between_iterations_s": round(sum(b["time"] - a["time"] - b["seconds"] for a, b in zip(records, steady))
+                                      / len(steady), 3),
         "peak_memory_mb": peak, "peak_rss_mb": {n: last[n]["resources"]["peak_rss_mb"] for n in names},
         "baseline_rss_mb": round(baseline, 1), "estimated_memory_mb": memory_estimates(man, names),
         "compute_ms_per_microbatch": {n: last[n]["compute_ms_per_microbatch"] for n in names},
@@ -382,15 +415,17 @@ def table(results: list[dict], args: argparse.Namespace) -> str:
              f"{args.microbatch_size} x {args.seq_len} tokens per iteration, {args.iterations} iterations; uplinks "
              f"{'/'.join(f'{r:g}' for r in args.rates)} Mbit/s (tbf), one-way latency {args.latency_ms[0]:g}-"
              f"{args.latency_ms[1]:g} ms; {args.cores:g} cores shared", "",
-             "| setting | tokens/s | bound (limited by) | utilization | pipeline tokens/s | wire B/token | "
-             "vs fp32 | all veth B/token | final loss | vs fp32 |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| setting | tokens/s | bound (limited by) | utilization | bound with all-reduce | utilization | "
+             "pipeline tokens/s | between iterations s | wire B/token | vs fp32 | all veth B/token | final loss | vs fp32 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     base = next((r for r in results if r["setting"] == "fp32"), None)
     for r in results:
         wire = f"{r['wire_bytes_per_token'] / base['wire_bytes_per_token']:.2f}x" if base else "-"
         loss = f"{(r['final_loss'] / base['final_loss'] - 1) * 100:+.2f} %" if base else "-"
+        it = r["iteration_bound_tokens_per_s"]
         lines.append(f"| {r['setting']} | {r['tokens_per_s']:.1f} | {r['bound_tokens_per_s']:.1f} "
-                     f"({r['bound_limited_by']}) | {r['utilization']:.2f} | {r['pipeline_tokens_per_s'] or 0:.1f} | "
+                     f"({r['bound_limited_by']}) | {r['utilization']:.2f} | {it:.1f} | {r['tokens_per_s'] / it:.2f} | "
+                     f"{r['pipeline_tokens_per_s'] or 0:.1f} | {r['between_iterations_s']:.1f} | "
                      f"{r['wire_bytes_per_token']:.0f} | {wire} | {r['lab_bytes_per_token']:.0f} | "
                      f"{r['final_loss']:.4f} | {loss} |")
     lines += ["", "| setting | node | peak memory MB (over baseline) | estimate MB | estimate / peak |",
