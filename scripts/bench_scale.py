@@ -44,18 +44,25 @@ Figures per setting:
   node imports before it builds its part (`baseline_rss_mb`);
   estimated_memory_mb: the node's part's estimate from the manifest
   (`gwtf_node/model/memory.py`), null where this build has none.
-* bound_tokens_per_s (`throughput_bound`): the maximum flow of microbatches
-  per second through the stages, each node a split vertex whose capacity is
-  the least of its compute rate (1000 / `compute_ms_per_microbatch`), its
-  uplink rate over the bytes it sends per microbatch and its downlink rate
-  over the bytes it receives, each link between adjacent stages an edge of
-  capacity min(uplink, downlink) over the bytes per microbatch crossing it.
-  The nodes share the machine's `--cores`: each node's CPU seconds per
-  microbatch (status.json `resources.cpu_s` over the microbatches it handled
-  after iteration 0: its compute, step, all-reduce and event loop) is the
-  cost of a unit of flow through it, and the bound is the largest flow whose
-  total cost per second is at most the cores (a min-cost flow, searched on
-  the flow value).  utilization = tokens_per_s / bound_tokens_per_s.
+* bound_tokens_per_s (`throughput_bound`, `swarm_bound`): the maximum flow
+  of microbatches per second through the stages, each node a split vertex
+  whose capacity is the least of its compute rate (one over its compute
+  seconds per microbatch after iteration 0: status.json `compute_s` over
+  its microbatches, the mean of what `compute_ms_per_microbatch` smooths),
+  its uplink rate over the bytes it sends per microbatch and its downlink
+  rate over about as many received, each link between adjacent stages an
+  edge of capacity min(uplink, downlink) over the bytes per microbatch
+  crossing it.  The nodes share the machine's `--cores`, and the CPU is a
+  capacity of its own: a unit of flow through a node costs its compute
+  seconds, and the bound is the largest flow whose cost per second fits in
+  the cores left after the rest the nodes spent (status.json
+  `resources.cpu_s` less `compute_s`, per second of the window: event
+  loops, serialization, steps, all-reduce sums), a min-cost flow searched
+  on the flow value.  utilization = tokens_per_s / bound_tokens_per_s.
+  The bound leaves out the within-stage all-reduce, whose time depends on
+  the parameters, not the tokens; `iteration_bound_tokens_per_s` adds it
+  (each relay sends and receives 2(n-1)/n of its stage's float32 gradient
+  at its own rate) to the pipeline time of an iteration at the bound.
 
     sudo python scripts/bench_scale.py [--hidden H --layers L | --preset NAME] [--iterations N] [--json]
 
@@ -89,7 +96,6 @@ SETTINGS = {
 }
 DECLARED_BANDWIDTH_SCALE = 1000.0  # the links file's bandwidth over the physical one (module doc)
 STATUS_SETTLE_S = 2.5  # status.json is rewritten every second: wait for one written after the last step
-IDLE_S = 4.0  # then this long idle: each node's background CPU (pings, status) per second
 CALLS_PER_MICROBATCH = {"relay": 2, "data": 3}  # runtime/stage.py: stage calls of one microbatch
 FLOW_SCALE = 10**6  # microbatches/s -> integer units of the min-cost flow search
 COST_SCALE = 10**4  # CPU seconds per microbatch -> integer costs
@@ -160,19 +166,25 @@ def throughput_bound(stage_of: dict[str, int], node_rate: dict[str, float], link
 
 
 def swarm_bound(status: dict[str, dict], window: dict[str, dict], rates: dict[str, float], cores: float) -> dict:
-    """`throughput_bound` from the nodes' last status.json (`status`) and their figures after iteration 0
-    (`window`: node -> {"microbatches", "cpu_s", "sent_bytes"} over the steady window); `rates`: node -> its
-    uplink and downlink rate in Mbit/s."""
-    stage_of, node_rate, cpu = {}, {}, {}
+    """`throughput_bound` from what the nodes measured after iteration 0 (`window`: node -> {"microbatches",
+    "compute_s", "cpu_s", "sent_bytes", "seconds"}, differences of two status.json) and their roles (`status`);
+    `rates`: node -> its uplink and downlink rate in Mbit/s.
+
+    A node's cost per microbatch is its compute time per microbatch (status.json `compute_s` over the
+    microbatches it computed); what else the nodes spent (event loops, serialization, steps, all-reduce sums,
+    status) is a load taken off the cores: `cores - sum(cpu_s - compute_s) / seconds`."""
+    stage_of, node_rate, cost = {}, {}, {}
     per_mb_bytes = {}
+    overhead = 0.0
     for n, st in status.items():
         stage_of[n] = -1 if st["role"] == "data" else st["stage"]
         w = window[n]
         mbs = max(w["microbatches"], 1e-9)
         per_mb_bytes[n] = w["sent_bytes"] / mbs  # what it sends per microbatch (activations and gradients)
-        cpu[n] = w["cpu_s"] / mbs
+        cost[n] = w["compute_s"] / mbs
+        overhead += max(0.0, w["cpu_s"] - w["compute_s"]) / w["seconds"]
         bps = rates[n] * 1e6 / 8
-        compute = 1000.0 / st["compute_ms_per_microbatch"] if st["compute_ms_per_microbatch"] > 0 else math.inf
+        compute = 1.0 / cost[n] if cost[n] > 0 else math.inf
         # a node receives per microbatch about what it sends: an activation of the same shape, a gradient back
         nic = bps / per_mb_bytes[n] if per_mb_bytes[n] > 0 else math.inf
         node_rate[n] = min(compute, nic)
@@ -185,9 +197,11 @@ def swarm_bound(status: dict[str, dict], window: dict[str, dict], rates: dict[st
                 # back: a -> b carries a's activation, b -> a b's gradient, each direction at `both`
                 crossing = max(per_mb_bytes[a], per_mb_bytes[b]) / 2
                 link_rate[(a, b)] = both / crossing if crossing > 0 else math.inf
-    out = throughput_bound(stage_of, node_rate, link_rate, cpu, cores)
-    out["cpu_s_per_microbatch"] = {n: round(v, 4) for n, v in sorted(cpu.items())}
-    out["compute_rate"] = {n: round(v, 3) for n, v in sorted(node_rate.items())}
+    left = max(cores - overhead, 1e-6)
+    out = throughput_bound(stage_of, node_rate, link_rate, cost, left)
+    out["compute_s_per_microbatch"] = {n: round(v, 4) for n, v in sorted(cost.items())}
+    out["node_rate"] = {n: round(v, 3) for n, v in sorted(node_rate.items())}
+    out["cores_for_compute"] = round(left, 3)
     return out
 
 
@@ -306,6 +320,7 @@ def tx_bytes(ns: str) -> int:
 def node_figures(st: dict) -> dict:
     calls = CALLS_PER_MICROBATCH["data" if st["role"] == "data" else "relay"]
     return {"microbatches": st["compute_calls"] / calls, "cpu_s": st["resources"]["cpu_s"],
+            "compute_s": st["compute_s"], "seconds": st["time"],
             "sent_bytes": st["compression"]["sent_bytes"], "dense_bytes": st["compression"]["dense_bytes"]}
 
 
@@ -321,7 +336,7 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
     names = ["d0"] + [f"r{s}_{i}" for s in range(args.stages) for i in range(args.relays_per_stage)]
     rates = node_rates(names, args.rates)
     links_file(names, rates, args.latency_ms, args.seed, workdir / "links-scenario.json")
-    records, first, last, idle = [], None, None, {}
+    records, first, last = [], None, None
     tokens_per_mb = args.microbatch_size * args.seq_len
     with NetLab() as lab:
         where = {n: lab.public(n.replace("_", "")) for n in names}
@@ -345,8 +360,6 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
             time.sleep(STATUS_SETTLE_S)
             last = {n: read_status(swarm.state_dir(n)) for n in names}
             sent_on_wire = {n: tx_bytes(node.ns) for n, node in where.items()}
-            time.sleep(IDLE_S)
-            idle = {n: read_status(swarm.state_dir(n)) for n in names}
         finally:
             swarm.stop()
     short = [f"iteration {r['iteration']}: {r['microbatches']} of {args.microbatches}" for r in records
@@ -354,7 +367,7 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
     if short or len(records) < args.iterations:
         raise SystemExit(f"bench_scale: {setting}: not every iteration completed all its microbatches ("
                          f"{'; '.join(short) or f'{len(records)} of {args.iterations} iterations'}): no figures")
-    (workdir / "statuses.json").write_text(json.dumps({"after_iteration_0": first, "end": last, "idle": idle}))
+    (workdir / "statuses.json").write_text(json.dumps({"after_iteration_0": first, "end": last}))
     missing = [n for n in names if not first.get(n) or not last.get(n)]
     if missing:
         raise SystemExit(f"bench_scale: {setting}: no status.json from {', '.join(missing)}")
@@ -362,10 +375,6 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
     for n in names:
         a, b = node_figures(first[n]), node_figures(last[n])
         window[n] = {k: b[k] - a[k] for k in a}
-        # the CPU of the training less what the node spends anyway (pings, status.json), measured idle after it
-        if idle.get(n) and idle[n]["time"] > last[n]["time"]:
-            rate = (idle[n]["resources"]["cpu_s"] - b["cpu_s"]) / (idle[n]["time"] - last[n]["time"])
-            window[n]["cpu_s"] = max(0.0, window[n]["cpu_s"] - rate * (last[n]["time"] - first[n]["time"]))
     steady = records[1:]
     tokens = sum(r["microbatches"] for r in steady) * tokens_per_mb
     wall = records[-1]["time"] - records[0]["time"]
@@ -402,7 +411,8 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
         "peak_memory_mb": peak, "peak_rss_mb": {n: last[n]["resources"]["peak_rss_mb"] for n in names},
         "baseline_rss_mb": round(baseline, 1), "estimated_memory_mb": memory_estimates(man, names),
         "compute_ms_per_microbatch": {n: last[n]["compute_ms_per_microbatch"] for n in names},
-        "cpu_s_per_microbatch": bound["cpu_s_per_microbatch"],
+        "compute_s_per_microbatch": bound["compute_s_per_microbatch"],
+        "cores_for_compute": bound["cores_for_compute"],
         "link_ratios": {n: last[n]["compression"]["link_ratios"] for n in names if last[n]["compression"]["link_ratios"]},
         "rates_mbit": rates,
     }
