@@ -216,10 +216,21 @@ def manifest_for(setting: str, args: argparse.Namespace):
     if missing:
         raise SystemExit(f"bench_scale: setting {setting} needs train.{', train.'.join(missing)}, which this build's "
                          "manifest lacks: leave it out of --settings")
-    man = default_manifest(family="llama", stages=args.stages, layers=args.layers, hidden=args.hidden,
-                           seq_len=args.seq_len, microbatch_size=args.microbatch_size,
+    shape: dict = {"family": "llama", "layers": args.layers, "hidden": args.hidden}
+    if args.preset:
+        try:
+            from gwtf_node.model.hfconfig import family_config
+            from gwtf_node.model.presets import PRESETS, preset_config
+        except ImportError:
+            raise SystemExit("bench_scale: this build has no model presets: give --hidden and --layers") from None
+        if args.preset not in PRESETS or PRESETS[args.preset] is None:
+            raise SystemExit(f"bench_scale: --preset {args.preset}: use one of "
+                             f"{', '.join(k for k, v in PRESETS.items() if v is not None)}")
+        family, config, _ = family_config(preset_config(args.preset))
+        shape = {"family": family, "config": config}
+    man = default_manifest(stages=args.stages, seq_len=args.seq_len, microbatch_size=args.microbatch_size,
                            microbatches_per_iteration=args.microbatches, lr=args.lr, seed=args.seed,
-                           run_name="bench-scale", compression_ratio=args.compression_ratio)
+                           run_name="bench-scale", compression_ratio=args.compression_ratio, **shape)
     return dataclasses.replace(man, train=dataclasses.replace(man.train, **wanted))
 
 
@@ -254,8 +265,10 @@ def allreduce_s(stage_params: list[int], stage_rates: list[list[float]]) -> floa
     return worst
 
 
-def memory_estimates(man, names: list[str]) -> dict[str, float | None]:
-    """The estimate of each node's part from the manifest (model/memory.py), None where this build has none."""
+def memory_estimates(man, names: list[str], capacity: dict[str, int]) -> dict[str, dict | None]:
+    """Each node's estimate from the manifest (model/memory.py `estimate`, holding `capacity[node]` microbatches):
+    `part_mb`, its part without the process, and `total_mb` with the process's fixed overhead; None where this
+    build has no estimate."""
     try:
         from gwtf_node.model import memory
     except ImportError:
@@ -263,7 +276,8 @@ def memory_estimates(man, names: list[str]) -> dict[str, float | None]:
     out = {}
     for n in names:
         role, stage = ("data", None) if n.startswith("d") else ("relay", int(n[1:].split("_")[0]))
-        out[n] = round(memory.estimate_mb(man, role=role, stage=stage), 1)
+        est = memory.estimate(man, role, stage, capacity[n])
+        out[n] = {"part_mb": round(est.part_bytes / 2**20, 1), "total_mb": round(est.total / 2**20, 1)}
     return out
 
 
@@ -391,6 +405,9 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
     iter_bound_s = (args.microbatches / bound["microbatches_per_s"] if bound["microbatches_per_s"] else math.inf) \
         + reduce_s
     peak = {n: round(last[n]["resources"]["peak_rss_mb"] - baseline, 1) for n in names}
+    relay_capacity = -(-args.microbatches // args.relays_per_stage)  # the launcher's default: the demand spread
+    est = memory_estimates(man, names, {n: args.microbatches if n.startswith("d") else relay_capacity
+                                        for n in names})
     return {
         "setting": setting, **SETTINGS[setting], "params": params, "stage_params": stage_params,
         "tokens_per_s": round(tps, 2), "bound_tokens_per_s": round(bound_tps, 2),
@@ -409,24 +426,28 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
         "between_iterations_s": round(sum(b["time"] - a["time"] - b["seconds"] for a, b in zip(records, steady))
                                       / len(steady), 3),
         "peak_memory_mb": peak, "peak_rss_mb": {n: last[n]["resources"]["peak_rss_mb"] for n in names},
-        "baseline_rss_mb": round(baseline, 1), "estimated_memory_mb": memory_estimates(man, names),
+        "baseline_rss_mb": round(baseline, 1), "estimated_memory_mb": {n: e and e["part_mb"] for n, e in est.items()},
+        "estimated_total_mb": {n: e and e["total_mb"] for n, e in est.items()},
         "compute_ms_per_microbatch": {n: last[n]["compute_ms_per_microbatch"] for n in names},
         "compute_s_per_microbatch": bound["compute_s_per_microbatch"],
         "cores_for_compute": bound["cores_for_compute"],
-        "link_ratios": {n: last[n]["compression"]["link_ratios"] for n in names if last[n]["compression"]["link_ratios"]},
+        "link_ratios": {n: last[n]["compression"]["link_ratios"] for n in names
+                        if last[n]["compression"]["link_ratios"]},
         "rates_mbit": rates,
     }
 
 
 def table(results: list[dict], args: argparse.Namespace) -> str:
     r0 = results[0]
-    lines = [f"{r0['params'] / 1e6:.1f}M parameters (llama, hidden {args.hidden}, {args.layers} layers), 1 data node + "
+    model = f"preset {args.preset}" if args.preset else f"llama, hidden {args.hidden}, {args.layers} layers"
+    lines = [f"{r0['params'] / 1e6:.1f}M parameters ({model}), 1 data node + "
              f"{args.stages} stages x {args.relays_per_stage} relays, {args.microbatches} microbatches of "
              f"{args.microbatch_size} x {args.seq_len} tokens per iteration, {args.iterations} iterations; uplinks "
              f"{'/'.join(f'{r:g}' for r in args.rates)} Mbit/s (tbf), one-way latency {args.latency_ms[0]:g}-"
              f"{args.latency_ms[1]:g} ms; {args.cores:g} cores shared", "",
              "| setting | tokens/s | bound (limited by) | utilization | bound with all-reduce | utilization | "
-             "pipeline tokens/s | between iterations s | wire B/token | vs fp32 | all veth B/token | final loss | vs fp32 |",
+             "pipeline tokens/s | between iterations s | wire B/token | vs fp32 | all veth B/token | final loss | "
+             "vs fp32 |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     base = next((r for r in results if r["setting"] == "fp32"), None)
     for r in results:
@@ -438,18 +459,28 @@ def table(results: list[dict], args: argparse.Namespace) -> str:
                      f"{r['pipeline_tokens_per_s'] or 0:.1f} | {r['between_iterations_s']:.1f} | "
                      f"{r['wire_bytes_per_token']:.0f} | {wire} | {r['lab_bytes_per_token']:.0f} | "
                      f"{r['final_loss']:.4f} | {loss} |")
-    lines += ["", "| setting | node | peak memory MB (over baseline) | estimate MB | estimate / peak |",
-              "|---|---|---|---|---|"]
+    lines += ["", f"Memory per node: peak RSS less a process that only imported what a node imports "
+              f"({r0['baseline_rss_mb']:.0f} MiB), against model/memory.py's estimate of the part; and the raw peak "
+              f"RSS against the estimate with its fixed process overhead.", "",
+              "| setting | node | peak over baseline MiB | estimate MiB | estimate / peak | peak RSS MiB | "
+              "estimate with overhead | / peak |", "|---|---|---|---|---|---|---|---|"]
+
+    def ratio(est, peak) -> str:
+        return "-" if est is None or peak <= 0 else f"{est / peak:.2f}"
+
     for r in results:
         for n, peak in r["peak_memory_mb"].items():
-            est = r["estimated_memory_mb"].get(n)
+            est, tot, rss = r["estimated_memory_mb"].get(n), r["estimated_total_mb"].get(n), r["peak_rss_mb"][n]
             lines.append(f"| {r['setting']} | {n} | {peak:.0f} | {'-' if est is None else f'{est:.0f}'} | "
-                         f"{'-' if est is None or peak <= 0 else f'{est / peak:.2f}'} |")
+                         f"{ratio(est, peak)} | {rss:.0f} | {'-' if tot is None else f'{tot:.0f}'} | "
+                         f"{ratio(tot, rss)} |")
     return "\n".join(lines)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default=None, help="a named model shape of init-run (e.g. llama-135m) instead of "
+                   "--hidden/--layers")
     p.add_argument("--hidden", type=int, default=768)
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--seq-len", type=int, default=64)
