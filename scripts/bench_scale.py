@@ -79,6 +79,8 @@ import dataclasses
 import json
 import math
 import random
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -331,6 +333,30 @@ def tx_bytes(ns: str) -> int:
     return int((link.get("stats64") or link["stats"])["tx"]["bytes"])
 
 
+AGGREGATION_LOG = re.compile(r"iteration (\d+): aggregation [\d.]+ s: (.*)$")
+
+
+def aggregation_breakdown(logs: list[Path], skip: int = 1) -> dict[str, float]:
+    """Mean seconds per phase of the relays' aggregations after iteration `skip - 1`, from their node.log lines
+    "iteration N: aggregation S s: gradient a, all_reduce b, step c, checkpoint d" (empty where none say so)."""
+    sums: dict[str, list[float]] = {}
+    for log in logs:
+        try:
+            text = log.read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            m = AGGREGATION_LOG.search(line)
+            if m and int(m[1]) >= skip:
+                for part in m[2].split(","):
+                    key, _, val = part.strip().rpartition(" ")
+                    try:
+                        sums.setdefault(key, []).append(float(val))
+                    except ValueError:
+                        pass
+    return {k: round(sum(v) / len(v), 3) for k, v in sums.items()}
+
+
 def node_figures(st: dict) -> dict:
     calls = CALLS_PER_MICROBATCH["data" if st["role"] == "data" else "relay"]
     return {"microbatches": st["compute_calls"] / calls, "cpu_s": st["resources"]["cpu_s"],
@@ -359,7 +385,7 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
         swarm = LocalSwarm(workdir, run, data_nodes=1, stages=args.stages, relays_per_stage=args.relays_per_stage,
                            iterations=args.iterations, links=workdir / "links-scenario.json", seed=args.seed,
                            wrap={n: ["ip", "netns", "exec", node.ns] for n, node in where.items()},
-                           extra_args={n: ["--listen", "0.0.0.0:4001"] for n in names})
+                           extra_args={n: ["--listen", "0.0.0.0:4001", "--keep-checkpoints", "1"] for n in names})
         swarm.startup_timeout_s = args.startup_timeout
         swarm.iteration_timeout_s = args.iteration_timeout
         try:
@@ -376,6 +402,9 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
             sent_on_wire = {n: tx_bytes(node.ns) for n, node in where.items()}
         finally:
             swarm.stop()
+            for n in names:  # a relay's checkpoints are its stage's whole state: gigabytes per setting
+                shutil.rmtree(swarm.state_dir(n) / "checkpoints", ignore_errors=True)
+                (swarm.state_dir(n) / "checkpoint.pt").unlink(missing_ok=True)
     short = [f"iteration {r['iteration']}: {r['microbatches']} of {args.microbatches}" for r in records
              if r["microbatches"] != args.microbatches]
     if short or len(records) < args.iterations:
@@ -423,6 +452,7 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
         "final_loss": records[-1]["loss"], "losses": [r["loss"] for r in records],
         "seconds": [r["seconds"] for r in records], "aggregation_seconds": [r["aggregation_seconds"] for r in records],
         # from the data node's step to its next iteration's start: the relays' all-reduce and step, CAN TAKE
+        "relay_aggregation_s": aggregation_breakdown([workdir / n / "node.log" for n in names if n[0] == "r"]),
         "between_iterations_s": round(sum(b["time"] - a["time"] - b["seconds"] for a, b in zip(records, steady))
                                       / len(steady), 3),
         "peak_memory_mb": peak, "peak_rss_mb": {n: last[n]["resources"]["peak_rss_mb"] for n in names},
