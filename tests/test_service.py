@@ -81,10 +81,12 @@ def test_the_unit_runs_join_with_the_flags_given(run_json: Path, capsys) -> None
     assert join == ["join", "--run", str(run_json), "--state-dir", "/var/lib/gwtf-node", "--role", "relay",
                     "--bootstrap", BOOTSTRAP, "--name", "home gpu 50%%", "--device", "cuda"]  # % is systemd's
     for line in ("Type=notify", "Restart=on-failure", "RestartPreventExitStatus=2", "DynamicUser=yes",
-                 "StateDirectory=gwtf-node", "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes",
+                 "StateDirectory=gwtf-node", "NoNewPrivileges=yes", "ProtectSystem=strict",
                  "PrivateTmp=yes", "DevicePolicy=closed", "DeviceAllow=char-nvidia-frontend rw"):
         assert line in text.splitlines(), line
     assert any(x.startswith("WatchdogSec=") for x in text.splitlines())
+    # homes hidden, or an empty tmpfs over them with this installation bound (test_service_sandbox.py)
+    assert "ProtectHome=yes" in text.splitlines() or "BindReadOnlyPaths=" in text
 
 
 def test_a_cpu_node_gets_no_device(run_json: Path, capsys) -> None:

@@ -120,6 +120,9 @@ def cmd_join(args: argparse.Namespace) -> int:
     except StartupError as e:
         raise CliError(str(e)) from None
     try:
+        from ..runtime.statedir import check_writable
+
+        check_writable(Path(args.state_dir), _checkpoint_bytes(man, args.role, stage))
         _check_own_admission(args, man)
         _check_listen(args)
         if args.metrics_port is not None:
@@ -129,6 +132,23 @@ def cmd_join(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     finally:
         lock.release()
+
+
+CHECKPOINT_BYTES_PER_PARAM = 16  # fp32 parameters and AdamW's two moments (state_bytes) and the parameter vector
+
+
+def _checkpoint_bytes(man, role: str, stage: int | None) -> int:
+    """About the size of one checkpoint of this node's part, from the manifest's dimensions alone (no torch yet):
+    12 h^2 parameters per decoder layer (attention and MLP), the data part's embedding and head 2 V h; a relay
+    without a stage yet counts the largest stage."""
+    d = man.dims
+    if role == "data":
+        params = 2 * d.vocab * d.hidden
+    else:
+        sizes = [end - start for start, end in man.stages]
+        layers = sizes[stage] if stage is not None else max(sizes)
+        params = 12 * layers * d.hidden * d.hidden
+    return CHECKPOINT_BYTES_PER_PARAM * params
 
 
 def _check_listen(args: argparse.Namespace) -> None:
@@ -157,7 +177,7 @@ def _check_own_admission(args: argparse.Namespace, man) -> None:
     from pathlib import Path
 
     from ..model.certificates import CERTIFICATE_FILE, AdmissionError, check_certificate
-    from ..runtime.identity import load_or_create_identity, peer_id_of
+    from ..runtime.identity import IdentityError, load_or_create_identity, peer_id_of
 
     if args.revocations:
         from ..model.certificates import check_revocations
@@ -172,7 +192,12 @@ def _check_own_admission(args: argparse.Namespace, man) -> None:
     if not man.owner_public_key:
         return
     path = Path(args.certificate) if args.certificate else Path(args.state_dir) / CERTIFICATE_FILE
-    pid = peer_id_of(load_or_create_identity(Path(args.state_dir)))
+    try:
+        pid = peer_id_of(load_or_create_identity(Path(args.state_dir)))
+    except IdentityError as e:
+        raise CliError(str(e)) from None
+    except OSError as e:
+        raise CliError(f"cannot create the identity key in {args.state_dir}: {e.strerror}") from None
     admit = f"gwtf-node admit --run {args.run} --peer-id {pid} --role {args.role} --out {path}"
     if not path.exists():
         if args.role == "relay" and man.open_relays and not args.certificate:
@@ -525,8 +550,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    """The command line: exit 0, or one line on stderr and a non-zero status (2: fix the command), never a
+    traceback.  A Ctrl-C at any moment is `interrupted` (130); a reader that went away (`| head`) ends the
+    output without a word."""
     try:
+        parser = build_parser()  # (imports for seconds: a Ctrl-C may come now)
         args = parser.parse_args(argv)
         return args.func(args)
     except CliError as e:
@@ -535,3 +563,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # Python would print a traceback when it flushes stdout at exit: point stdout at /dev/null first
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a program killed by SIGPIPE
+    except OSError as e:  # a file or directory a command could not use, where no check of ours said so first
+        where = f" {e.filename}" if e.filename else ""
+        print(f"error: cannot use{where}: {e.strerror or e}", file=sys.stderr)
+        return 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 
 
 EXIT_USAGE = 2  # an input a person can fix: bad flags or files, a port or state directory in use, refused by peers
@@ -23,7 +24,37 @@ class CliError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2, as for every other input error
-        raise CliError(f"{self.prog}: {message}")
+        raise CliError(f"{self.prog}: {message}{self._suggestion(message)}")
+
+    def parse_args(self, args=None, namespace=None):
+        self._argv = list(sys.argv[1:] if args is None else args)  # for _suggestion: which subcommand ran
+        return super().parse_args(args, namespace)
+
+    def _suggestion(self, message: str) -> str:
+        """"; did you mean --x?" for an unrecognized flag close to one of this parser's (as config keys get)."""
+        import difflib
+
+        prefix = "unrecognized arguments: "
+        if not message.startswith(prefix):
+            return ""
+        flags = _flags_of(self, getattr(self, "_argv", None) or [])
+        for word in message[len(prefix):].split():
+            if word.startswith("--"):
+                close = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1)
+                if close:
+                    return f"; did you mean {close[0]}?"
+        return ""
+
+
+def _flags_of(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """The long flags of the (sub)command that `argv` names: the parser's own, then its subcommand's, deepest."""
+    flags = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for i, word in enumerate(argv):
+                if word in a.choices:
+                    return flags + _flags_of(a.choices[word], argv[i + 1:])
+    return flags
 
 
 def _int_at_least(lowest: int):

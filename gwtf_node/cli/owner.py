@@ -152,6 +152,8 @@ def cmd_peer_id(args: argparse.Namespace) -> int:
         print(peer_id_of(load_or_create_identity(Path(args.state_dir))))
     except IdentityError as e:
         raise CliError(str(e)) from None
+    except OSError as e:
+        raise CliError(f"cannot create the identity key in {args.state_dir}: {e.strerror}") from None
     return 0
 
 

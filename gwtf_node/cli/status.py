@@ -42,9 +42,10 @@ STATE_STYLE = {"training": "green", "aggregating": "cyan", "joining": "yellow", 
 
 def add_status_parser(sub: Any) -> None:
     stt = sub.add_parser("status", help="live dashboard of running nodes (their control sockets)")
-    stt.add_argument("--state-dir", nargs="+", default=None, metavar="DIR",
+    stt.add_argument("--state-dir", nargs="+", action="extend", default=None, metavar="DIR",
                      help="a node's state directory (the --state-dir of its join; default gwtf-state), or a "
-                          "directory holding several (a local swarm's --workdir)")
+                          "directory holding several (a local swarm's --workdir); several: --state-dir a b, "
+                          "or the flag again")
     stt.add_argument("--once", action="store_true", help="print one frame and exit (also when not on a terminal)")
     stt.add_argument("--json", action="store_true", help="print the nodes' status views as JSON and exit")
     stt.add_argument("--swarm", action="store_true", help="the whole run as its leader sees it")

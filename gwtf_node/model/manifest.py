@@ -7,9 +7,17 @@ The owner writes it, signs it with an Ed25519 key, and every node checks the
 signature before it joins; the *run id* is a hash of the canonical JSON (sorted
 keys, no whitespace, signature left out), so two nodes that agree on the run
 id agree on every byte of the model config, the stage cut, the data and the
-hyperparameters.  Every node builds the full model from `model.config` with
-`torch.manual_seed(train.seed)` (see `stages.py`), so the initial weights
-follow from the manifest too and never travel.
+hyperparameters.  Every node builds its own part of the model only, each
+parameter drawn from a generator seeded by `train.seed` and the parameter's
+name (`materialize.py`), or read from `model.weights` (`weights.py`, checked
+against `model.weights_sha256` when the manifest gives it), so the initial
+weights follow from the manifest too and never travel.
+
+Families (`families.py`): llama, mistral, qwen2 (the LLaMA-like decoders:
+grouped-query attention via `num_key_value_heads`, tied embeddings via
+`tie_word_embeddings`) and gpt (GPT-2).  What a family's classes would build
+differently from what its config asks (mixture-of-experts keys, GPT-2
+cross-attention) is refused by `families.check_config`, naming the key.
 
 This module is deliberately free of torch and transformers: the daemon reads,
 validates and signs manifests at start-up, before it pays the seconds that
@@ -46,36 +54,22 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from .adatopk import DEFAULT_RATIO, Compression, Gradients
 from .manifest_shape import check_shapes, json_type
 from .partition import ManifestError, is_int as _is_int, is_number as _is_number, partition_layers  # noqa: F401
+from .families import _DIM_KEYS, FAMILY_TABLE, ModelDims, check_config, model_dims  # noqa: F401 (re-exported)
 
-FAMILIES = ("llama", "gpt")
+FAMILIES = tuple(FAMILY_TABLE)  # llama, mistral, qwen2, gpt
 OPTIMIZERS = ("adamw", "sgd")
 BYTE_VOCAB = 256  # the byte tokenizer's vocabulary
 MANIFEST_VERSION = 1  # bumped when the JSON layout changes incompatibly
 
-# HF config keys per family, with the HF defaults (transformers 5): canonical -> (aliases, default)
-_DIM_KEYS: dict[str, dict[str, tuple[tuple[str, ...], int]]] = {
-    "llama": {
-        "layers": (("num_hidden_layers",), 32),
-        "hidden": (("hidden_size",), 4096),
-        "heads": (("num_attention_heads",), 32),
-        "vocab": (("vocab_size",), 32000),
-        "max_positions": (("max_position_embeddings",), 2048),
-    },
-    "gpt": {
-        "layers": (("n_layer", "num_hidden_layers"), 12),
-        "hidden": (("n_embd", "hidden_size"), 768),
-        "heads": (("n_head", "num_attention_heads"), 12),
-        "vocab": (("vocab_size",), 50257),
-        "max_positions": (("n_positions", "max_position_embeddings"), 1024),
-    },
-}
-
-
 @dataclass(frozen=True)
 class ModelSpec:
-    family: str  # "llama" (LlamaForCausalLM) or "gpt" (GPT2LMHeadModel)
-    config: dict[str, Any]  # kwargs of LlamaConfig / GPT2Config
-    weights: str | None = None  # local state dict (.safetensors, .pt, .bin) of the full HF model
+    family: str  # llama, mistral, qwen2 (their *ForCausalLM) or gpt (GPT2LMHeadModel): families.FAMILY_TABLE
+    config: dict[str, Any]  # kwargs of the family's HF config class (LlamaConfig, ..., GPT2Config)
+    # local state dict of the full HF model: .safetensors, a sharded model.safetensors.index.json, or .pt / .bin
+    weights: str | None = None
+    # sha256 of `weights` (weights.py says what is hashed for a sharded index); None: not checked, and absent
+    # from the JSON (the run id of a manifest without it is what it always was)
+    weights_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -123,15 +117,6 @@ class RecoverySpec:
 
 
 @dataclass(frozen=True)
-class ModelDims:
-    layers: int
-    hidden: int
-    heads: int
-    vocab: int
-    max_positions: int
-
-
-@dataclass(frozen=True)
 class RunManifest:
     run_name: str
     model: ModelSpec
@@ -159,6 +144,8 @@ class RunManifest:
             d["recovery"] = {"empty_stage": self.recovery.empty_stage.value}
         if not self.open_relays:
             del d["open_relays"]
+        if self.model.weights_sha256 is None:
+            del d["model"]["weights_sha256"]
         d["version"] = MANIFEST_VERSION
         d["stages"] = [list(s) for s in self.stages]
         d["train"]["betas"] = list(self.train.betas)
@@ -234,11 +221,22 @@ class RunManifest:
             raise ManifestError("model.config must be an object of HF config keyword arguments")
         if m.weights is not None and (not isinstance(m.weights, str) or not m.weights):
             raise ManifestError("model.weights must be a file path or null")
+        if m.weights_sha256 is not None:
+            if not m.weights:
+                raise ManifestError("model.weights_sha256 is set but model.weights is not: give both, or neither")
+            if not isinstance(m.weights_sha256, str) or len(m.weights_sha256) != 64 or \
+                    any(c not in "0123456789abcdef" for c in m.weights_sha256):
+                raise ManifestError(f"model.weights_sha256 is {m.weights_sha256!r}; give 64 lowercase hex digits "
+                                    "(the sha256 of the weights file)")
+        check_config(m.family, m.config)
         dims = model_dims(m)
         if dims.hidden % dims.heads:
             raise ManifestError(
                 f"hidden size {dims.hidden} is not divisible by {dims.heads} attention heads: change one of them"
             )
+        if dims.heads % dims.kv_heads:
+            raise ManifestError(f"model.config.num_key_value_heads {dims.kv_heads} does not divide the "
+                                f"{dims.heads} attention heads: grouped-query attention needs a divisor")
         for key, value in m.config.items():
             if (key.endswith("dropout") or key.endswith("pdrop")) and value not in (0, 0.0, None):
                 raise ManifestError(
@@ -310,19 +308,6 @@ class RunManifest:
         for what, p in paths:
             if not self.resolve_path(p).is_file():
                 raise ManifestError(f"{what} file {p!r} not found (resolved to {self.resolve_path(p)})")
-
-
-def model_dims(spec: ModelSpec) -> ModelDims:
-    """Layers, hidden size, heads, vocabulary and positions from the HF config dict."""
-    if spec.family not in _DIM_KEYS:
-        raise ManifestError(f"model.family is {spec.family!r}; use one of {', '.join(FAMILIES)}")
-    out = {}
-    for canon, (aliases, default) in _DIM_KEYS[spec.family].items():
-        value = next((spec.config[a] for a in aliases if a in spec.config), default)
-        if not _is_int(value) or value <= 0:
-            raise ManifestError(f"model.config.{aliases[0]} is {value!r}; it must be a positive integer")
-        out[canon] = value
-    return ModelDims(**out)
 
 
 def _check_stages(stages: Sequence[tuple[int, int]], n_layers: int) -> None:
@@ -403,7 +388,8 @@ def _from_dict(d: Any, base_dir: str) -> RunManifest:
         model, data, train = d["model"], d["data"], d["train"]
         m = RunManifest(
             run_name=d["run_name"],
-            model=ModelSpec(family=model["family"], config=dict(model["config"]), weights=model.get("weights")),
+            model=ModelSpec(family=model["family"], config=dict(model["config"]), weights=model.get("weights"),
+                            weights_sha256=model.get("weights_sha256")),
             stages=[tuple(s) for s in d["stages"]],
             data=DataSpec(
                 source=list(data["source"]) if isinstance(data["source"], list) else data["source"],
@@ -516,7 +502,7 @@ def default_manifest(
         raise ManifestError(f"family is {family!r}; use one of {', '.join(FAMILIES)}")
     n_layers = layers if layers is not None else 2 * stages
     heads = 4
-    if family == "llama":
+    if family != "gpt":  # the LLaMA-like families take the same keys
         config: dict[str, Any] = {
             "vocab_size": BYTE_VOCAB,
             "hidden_size": hidden,

@@ -37,7 +37,7 @@ import torch
 from .crossings import Crossings
 from .data import MicrobatchSource, encode_corpus, load_tokenizer
 from .manifest import RunManifest
-from .stages import StageModel, build_full_model, build_stage, part_name
+from .stages import StageModel, build_stages, part_name
 
 
 @dataclass
@@ -49,10 +49,10 @@ class CentralizedResult:
 
 
 def build_chain(manifest: RunManifest, device: Any = "cpu") -> tuple[StageModel, list[StageModel]]:
-    """The data part and every relay stage, built from one full model."""
-    full = build_full_model(manifest)
-    data = build_stage(manifest, "data", None, device, full=full)
-    relays = [build_stage(manifest, "relay", k, device, full=full) for k in range(manifest.num_stages)]
+    """The data part and every relay stage, each built as the node holding it builds it (`build_stage`: the same
+    parameters, drawn from the same per-parameter seeds or read from the same weights), from one meta skeleton."""
+    data, *relays = build_stages(manifest, [("data", None)] + [("relay", k) for k in range(manifest.num_stages)],
+                                 device)
     return data, relays
 
 

@@ -2,22 +2,22 @@
 
 Theory of operation
 -------------------
-Every node builds the *full* HF model from the manifest on the CPU, under
-`torch.manual_seed(train.seed)` (or loads `model.weights`), and keeps only its
-part (DESIGN.md "Roles"):
+Every node builds its own part only (DESIGN.md "Roles"), from the manifest:
 
 * data role: token embedding (+ GPT's position embedding), final norm, LM head
   and the loss: the paper's first and last stage, on the same node;
 * relay stage k: decoder layers `manifest.stages[k]`, plus what those layers
-  need from the model body: LLaMA's rotary embedding (parameter-free) and the
-  causal mask, both recomputed per microbatch from the shape of the input.
+  need from the model body: the rotary embedding (parameter-free) and the
+  masks, recomputed per microbatch from the shape of the input (`parts.py`).
 
-So every node starts from the parameters the centralized model would have,
-whether it computes on a CPU or a GPU (initialising on the device would draw
-different numbers), and the chain data.embed -> relay 0 .. S-1 -> data.head
-computes exactly `LlamaForCausalLM` / `GPT2LMHeadModel` (tested).  Both ends
-use the model's own attention implementation (sdpa by default) and the mask
-from `transformers.masking_utils.create_causal_mask`, as the HF body does.
+`build_stage` builds the family's HF model as a `meta` skeleton, keeps the
+part's modules and gives only their parameters storage, each drawn from a
+generator seeded by (train.seed, the parameter's HF name) on the CPU and then
+moved to the device, or read from `model.weights` (`materialize.py`,
+`weights.py`).  So a relay allocates its stage, not the model; every node
+starts from the parameters the centralized model would have, whichever device
+it computes on; and the chain data.embed -> relay 0 .. S-1 -> data.head
+computes exactly the family's `*ForCausalLM` (tested).
 
 Gradients.  A forward stashes the autograd graph under the microbatch key
 (the relay's stage input is a leaf that requires grad); the matching backward
@@ -56,137 +56,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from .manifest import ManifestError, RunManifest
+from .materialize import build_full_model, build_parts  # noqa: F401  (build_full_model: re-exported)
+from .parts import DataPart, RelayPart  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 STATE_FORMAT = "gwtf-stage/1"  # tag of state_bytes(), checked on load
-_BUILD_LOCK = threading.Lock()  # model init reads the process-wide torch RNG
 
 
 def part_name(role: str, stage: int | None) -> str:
     """"data" or "stage<k>": the name of a part in results and checkpoints."""
     return "data" if role == "data" else f"stage{stage}"
-
-
-# ---- building the full model -------------------------------------------------
-
-
-def build_full_model(manifest: RunManifest) -> "PreTrainedModel":
-    """The whole HF model, on the CPU, in eval mode, initialised from the seed or loaded from weights."""
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
-
-    family = manifest.model.family
-    with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
-        torch.manual_seed(manifest.train.seed)
-        try:
-            if family == "llama":
-                model = LlamaForCausalLM(LlamaConfig(**manifest.model.config))
-            elif family == "gpt":
-                model = GPT2LMHeadModel(GPT2Config(**manifest.model.config))
-            else:
-                raise ManifestError(f"model.family is {family!r}; use llama or gpt")
-        except (TypeError, ValueError) as e:
-            if isinstance(e, ManifestError):
-                raise
-            raise ManifestError(f"model.config is not a valid {family} config: {e}") from None
-    if manifest.model.weights:
-        _load_weights(model, str(manifest.resolve_path(manifest.model.weights)))
-    model.eval()
-    return model
-
-
-def _load_weights(model: nn.Module, path: str) -> None:
-    try:
-        if path.endswith(".safetensors"):
-            from safetensors.torch import load_file
-
-            sd = load_file(path, device="cpu")
-        else:
-            sd = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError) as e:
-        raise ManifestError(f"cannot load model weights from {path!r}: {e}") from None
-    if not isinstance(sd, dict):
-        raise ManifestError(f"model weights {path!r} do not hold a state dict")
-    # a tied parameter (GPT's lm_head = wte) may be saved under one of its names only
-    names_of: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        names_of.setdefault(id(p), []).append(name)
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    tied_ok = {n for names in names_of.values() if any(m in sd for m in names) for n in names}
-    missing = [k for k in missing if k not in tied_ok and not k.endswith("rotary_emb.inv_freq")]
-    if missing or unexpected:
-        raise ManifestError(
-            f"model weights {path!r} do not match model.config: "
-            f"missing {missing[:3]}{'...' if len(missing) > 3 else ''}, "
-            f"unexpected {unexpected[:3]}{'...' if len(unexpected) > 3 else ''}"
-        )
-
-
-# ---- the parts -------------------------------------------------------------------
-
-
-class DataPart(nn.Module):
-    """Embedding (+ positions), final norm and LM head of the full model, tie preserved."""
-
-    def __init__(self, family: str, full: nn.Module) -> None:
-        super().__init__()
-        if family == "llama":
-            self.embed_tokens = full.model.embed_tokens
-            self.wpe = None
-            self.norm = full.model.norm
-        else:
-            self.embed_tokens = full.transformer.wte
-            self.wpe = full.transformer.wpe
-            self.norm = full.transformer.ln_f
-        self.lm_head = full.lm_head  # for GPT, lm_head.weight *is* embed_tokens.weight
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        h = self.embed_tokens(input_ids)  # [B, T] -> [B, T, H]
-        if self.wpe is not None:
-            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-            h = h + self.wpe(positions).unsqueeze(0)
-        return h
-
-    def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(hidden))  # [B, T, H] -> [B, T, V]
-
-
-class RelayPart(nn.Module):
-    """Decoder layers [start, end) of the full model, with their own rotary embedding and mask."""
-
-    def __init__(self, family: str, full: nn.Module, start: int, end: int) -> None:
-        super().__init__()
-        self.family = family
-        self.config = full.config
-        if family == "llama":
-            self.layers = nn.ModuleList(full.model.layers[start:end])
-            self.rotary_emb = full.model.rotary_emb
-        else:
-            self.layers = nn.ModuleList(full.transformer.h[start:end])
-            self.rotary_emb = None
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        from transformers.masking_utils import create_causal_mask
-
-        position_ids = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)  # [1, T]
-        mask = create_causal_mask(
-            config=self.config,
-            inputs_embeds=hidden,
-            attention_mask=None,
-            past_key_values=None,
-            position_ids=position_ids,
-        )
-        if self.family == "llama":
-            position_embeddings = self.rotary_emb(hidden, position_ids=position_ids)  # (cos, sin)
-            for layer in self.layers:
-                hidden = layer(
-                    hidden, attention_mask=mask, position_embeddings=position_embeddings, position_ids=position_ids
-                )
-        else:
-            for block in self.layers:
-                hidden = block(hidden, None, mask, position_ids=position_ids)
-        return hidden
 
 
 # ---- the stage object --------------------------------------------------------------
@@ -526,12 +407,34 @@ def build_stage(
     *,
     full: "PreTrainedModel | None" = None,
 ) -> StageModel:
-    """This node's part of the model: `role` "data", or "relay" with `stage` in 0..S-1.
+    """This node's part of the model: `role` "data", or "relay" with `stage` in 0..S-1 (module doc).
 
-    `full` lets a caller that builds several parts in one process (tests, the
-    centralized reference) pass one freshly built full model instead of
-    rebuilding it per part; parts taken from one `full` share no parameters.
+    `full`: cut the part out of this already built model instead (its
+    parameters, shared with it: tests and scripts that hold a whole model).
     """
+    _check_part(manifest, role, stage)
+    if full is not None:
+        module: nn.Module = DataPart(manifest.model.family, full) if role == "data" else \
+            RelayPart(manifest.model.family, full, *manifest.stages[stage])
+        name_of = {id(p): n for n, p in full.named_parameters()}
+        names = [name_of[id(p)] for p in module.parameters()]
+        module.to(torch.device(device))
+        module.eval()
+    else:
+        (module,) = build_parts(manifest, [(role, stage)], device)
+        names = module.hf_param_names
+    return StageModel(manifest, role, stage, module, names, device)
+
+
+def build_stages(manifest: RunManifest, wanted: list[tuple[str, int | None]], device: Any = "cpu") -> list[StageModel]:
+    """Several parts ((role, stage) pairs) from one skeleton, each as `build_stage` builds it (the reference)."""
+    for role, stage in wanted:
+        _check_part(manifest, role, stage)
+    modules = build_parts(manifest, wanted, device)
+    return [StageModel(manifest, role, stage, m, m.hf_param_names, device) for (role, stage), m in zip(wanted, modules)]
+
+
+def _check_part(manifest: RunManifest, role: str, stage: int | None) -> None:
     if role == "data":
         if stage is not None:
             raise ValueError("a data node holds no relay stage: pass stage=None")
@@ -540,16 +443,3 @@ def build_stage(
             raise ValueError(f"relay stage {stage!r} does not exist: the run has stages 0..{manifest.num_stages - 1}")
     else:
         raise ValueError(f"role is {role!r}; use data or relay")
-    if full is None:
-        full = build_full_model(manifest)
-    family = manifest.model.family
-    if role == "data":
-        module: nn.Module = DataPart(family, full)
-    else:
-        start, end = manifest.stages[stage]
-        module = RelayPart(family, full, start, end)
-    name_of = {id(p): n for n, p in full.named_parameters()}
-    names = [name_of[id(p)] for p in module.parameters()]
-    module.to(torch.device(device))
-    module.eval()
-    return StageModel(manifest, role, stage, module, names, device)

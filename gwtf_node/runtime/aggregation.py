@@ -374,8 +374,16 @@ class Aggregation:
                                              self.peers.prev_stage_ids()))
 
     def checkpoint(self) -> None:
-        """Save this node's part (parameters and optimizer state) with the steps applied to it (checkpoints.py)."""
-        self.stage.checkpoint(self.state_dir, self.peers.stage, self.checkpoint_keep)
+        """Save this node's part (parameters and optimizer state) with the steps applied to it (checkpoints.py).
+
+        A write that fails (a full disk, a directory made unwritable while the node runs) is a WARNING: the node
+        trains on, and its newest good checkpoint stays what a restart resumes from."""
+        try:
+            self.stage.checkpoint(self.state_dir, self.peers.stage, self.checkpoint_keep)
+        except OSError as e:
+            where = e.filename or self.state_dir
+            log.warning("could not write a checkpoint (%s: %s): training goes on; a restart resumes from the "
+                        "newest checkpoint written before", where, e.strerror or e)
 
     def _record_metrics(self, t: int, step_s: float) -> None:
         """metrics.jsonl's record of iteration `t`, at the data node that opened its aggregation or leads when its

@@ -69,11 +69,24 @@ def write(state_dir: Path, *, run_id: str, role: str, stage: int | None, steps: 
     tmp = d / f".{path.name}.{os.getpid()}.tmp"
     rec = {"format": FORMAT, "run_id": run_id, "role": role, "stage": stage, "steps": int(steps), "state": state,
            "sha256": hashlib.sha256(state).hexdigest(), "params_sha256": params_sha256, "params": params}
-    with open(tmp, "wb") as f:
-        torch.save(rec, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(rec, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except RuntimeError as e:  # torch's writer reports a failed write (a full disk) as a RuntimeError
+        tmp.unlink(missing_ok=True)  # (leave no partial file behind)
+        import errno
+        import shutil
+
+        free = shutil.disk_usage(d).free
+        why = "no space left on device" if free < len(state) else f"write failed: {str(e).splitlines()[0]}"
+        raise OSError(errno.ENOSPC if free < len(state) else errno.EIO, f"{why} ({free // 1024} KiB free)",
+                      str(path)) from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # (leave no partial file behind)
+        raise
     latest = Path(state_dir) / LATEST
     link_tmp = Path(state_dir) / f".{LATEST}.{os.getpid()}.tmp"
     try:
@@ -103,6 +116,17 @@ def listing(state_dir: Path) -> list[Path]:
     return [p for _steps, p in sorted(found, reverse=True)]
 
 
+def load_error(e: BaseException) -> str:
+    """What a failed `torch.load(..., weights_only=True)` says, in one line.  A file holding objects other than
+    tensors and plain values is refused as such: torch's own message advises `weights_only=False`, which would
+    run the code a file from elsewhere may carry."""
+    text = str(e).strip()
+    if "Weights only load failed" in text or "weights_only" in text:
+        return "it holds objects other than tensors and plain values, refused: loading them could run code"
+    first = (text.splitlines() or [""])[0]  # (torch's messages run over several lines)
+    return f"{type(e).__name__}: {first}"
+
+
 def load(path: Path, *, run_id: str | None = None) -> Checkpoint:
     """Read one checkpoint file; CheckpointError says what is wrong with it."""
     import torch
@@ -113,8 +137,7 @@ def load(path: Path, *, run_id: str | None = None) -> Checkpoint:
     try:
         rec = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch raises several unrelated types for a corrupt archive
-        first = (str(e).strip().splitlines() or [""])[0]  # (torch's messages run over several lines)
-        raise CheckpointError(f"{path}: not a readable checkpoint ({type(e).__name__}: {first})") from None
+        raise CheckpointError(f"{path}: not a readable checkpoint ({load_error(e)})") from None
     if not isinstance(rec, dict) or rec.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a gwtf-node checkpoint (format {FORMAT} expected)")
     try:

@@ -40,7 +40,9 @@ def params_hash(blob: bytes) -> str:
         state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
         names, params = state["names"], state["params"]
     except Exception as e:  # noqa: BLE001 - torch raises several unrelated types for a corrupt archive
-        raise ValueError(f"stage state is not readable: {type(e).__name__}: {e}") from None
+        from .checkpoints import load_error
+
+        raise ValueError(f"stage state is not readable: {load_error(e)}") from None
     h = hashlib.sha256()
     for name, p in zip(names, params):
         h.update(name.encode() + b"\0")

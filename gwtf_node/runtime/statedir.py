@@ -59,6 +59,10 @@ class StateDirLock:
         self.release()
 
 
+class StateDirUnwritable(StartupError):
+    """The state directory (or a directory in it) cannot hold what the node writes."""
+
+
 def lock_state_dir(state_dir: Path) -> StateDirLock:
     """Take the state directory's lock (creating the directory, 0700, if needed) or raise `StateDirLocked`."""
     state_dir = Path(state_dir)
@@ -85,3 +89,29 @@ def _read_pid(fd: int) -> int | None:
 
 
 __all__ = ["LOCK_FILE_NAME", "StateDirLock", "StateDirLocked", "lock_state_dir"]
+
+
+def check_writable(state_dir: Path, need_bytes: int, subdirs: tuple[str, ...] = ("checkpoints",)) -> None:
+    """Every place the node writes (the state directory and `subdirs`) is a writable directory with room for
+    `need_bytes` (a checkpoint); `StateDirUnwritable` says which and how to fix it.  Run at start-up, before the
+    node joins, so that a bad directory is one line and not a crash at the first checkpoint."""
+    import shutil
+
+    state_dir = Path(state_dir)
+    for d in (state_dir, *(state_dir / s for s in subdirs)):
+        if d.exists() and not d.is_dir():
+            raise StateDirUnwritable(f"{d} is a file, where the node keeps a directory: move it away")
+        try:
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            probe = d / f".write-probe.{os.getpid()}"
+            with open(probe, "wb") as f:
+                f.write(b"x")
+            probe.unlink()
+        except OSError as e:
+            raise StateDirUnwritable(f"{d} is not writable ({e.strerror}): the node writes its checkpoints and "
+                                     f"logs there; fix its permissions or give another --state-dir") from None
+    free = shutil.disk_usage(state_dir).free
+    if free < need_bytes:
+        raise StateDirUnwritable(f"{state_dir} has {free / 2**20:.0f} MiB free, a checkpoint of this node's part "
+                                 f"needs about {need_bytes / 2**20:.0f} MiB: free some space or give another "
+                                 f"--state-dir")
