@@ -237,15 +237,13 @@ def manifest_for(setting: str, args: argparse.Namespace):
 
 
 def parameter_counts(man) -> tuple[int, list[int]]:
-    """Parameters of the whole model the manifest describes, and of each relay stage's layers (the model is built
-    on the meta device: no memory)."""
+    """Parameters of the whole model the manifest describes, and of each relay stage's layers (its skeleton on the
+    meta device: no memory)."""
     import re
 
-    import torch
-    from gwtf_node.model.stages import build_full_model
+    from gwtf_node.model.materialize import build_skeleton
 
-    with torch.device("meta"):
-        model = build_full_model(man)
+    model = build_skeleton(man)
     per_layer: dict[int, int] = {}
     for name, p in model.named_parameters():
         m = re.match(r"(?:model\.layers|transformer\.h)\.(\d+)\.", name)
