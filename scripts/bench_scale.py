@@ -74,6 +74,7 @@ path, Ctrl-C and SIGTERM included.
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import dataclasses
 import json
@@ -85,6 +86,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -99,74 +101,9 @@ SETTINGS = {
 DECLARED_BANDWIDTH_SCALE = 1000.0  # the links file's bandwidth over the physical one (module doc)
 STATUS_SETTLE_S = 2.5  # status.json is rewritten every second: wait for one written after the last step
 CALLS_PER_MICROBATCH = {"relay": 2, "data": 3}  # runtime/stage.py: stage calls of one microbatch
-FLOW_SCALE = 10**6  # microbatches/s -> integer units of the min-cost flow search
-COST_SCALE = 10**4  # CPU seconds per microbatch -> integer costs
 
 
-# ------------------------------------------------------------------ the bound (pure)
-def throughput_bound(stage_of: dict[str, int], node_rate: dict[str, float], link_rate: dict[tuple[str, str], float],
-                     cpu_s: dict[str, float] | None = None, cores: float | None = None) -> dict:
-    """The most microbatches per second the swarm can push end to end.
-
-    `stage_of`: node -> its stage (-1: a data node); `node_rate`: node -> the
-    microbatches per second it can handle (its split vertex's capacity);
-    `link_rate`: (a, b) -> microbatches per second the link from a to the next
-    stage's b carries (a missing pair: no link); `cpu_s`: node -> CPU seconds
-    one microbatch costs there, and `cores`: CPU seconds per second all nodes
-    share (None: no shared CPU).  A data node is the source (its capacity
-    covers its whole part: embedding, head and loss) and the sink; with
-    several data nodes the flow is a relaxation (a microbatch may come back to
-    another one), still an upper bound.
-
-    Returns `microbatches_per_s` (the bound), `flow_only` (the maximum flow,
-    CPU left out) and `limited_by` ("cpu" or "flow").
-    """
-    import networkx as nx
-
-    stages = sorted({s for s in stage_of.values() if s >= 0})
-    if not stages:
-        raise ValueError("no relay stage")
-    last = stages[-1]
-    g = nx.DiGraph()
-
-    def cap(rate: float) -> int:
-        return max(0, int(rate * FLOW_SCALE)) if math.isfinite(rate) else 10**15
-
-    def cost(node: str) -> int:
-        return round((cpu_s or {}).get(node, 0.0) * COST_SCALE)
-
-    for n, s in stage_of.items():
-        if s < 0:
-            g.add_edge("S", f"{n}:out", capacity=cap(node_rate[n]), weight=cost(n))
-            g.add_edge(f"{n}:in", "T", capacity=cap(math.inf), weight=0)
-        else:
-            g.add_edge(f"{n}:in", f"{n}:out", capacity=cap(node_rate[n]), weight=cost(n))
-    for (a, b), rate in link_rate.items():
-        sa, sb = stage_of[a], stage_of[b]
-        if (sa < 0 and sb == stages[0]) or (sa >= 0 and sb == sa + 1) or (sa == last and sb < 0):
-            g.add_edge(f"{a}:out", f"{b}:in", capacity=cap(rate), weight=0)
-    if "S" not in g or "T" not in g:
-        return {"microbatches_per_s": 0.0, "flow_only": 0.0, "limited_by": "flow"}
-    top = nx.maximum_flow_value(g, "S", "T")
-    flow_only = top / FLOW_SCALE
-    if cores is None or not cpu_s:
-        return {"microbatches_per_s": flow_only, "flow_only": flow_only, "limited_by": "flow"}
-    budget = cores * COST_SCALE * FLOW_SCALE  # cost units per second
-
-    def min_cost(units: int) -> int:
-        h = g.copy()
-        h.add_edge("S0", "S", capacity=units, weight=0)
-        return nx.cost_of_flow(h, nx.max_flow_min_cost(h, "S0", "T"))
-
-    if min_cost(top) <= budget:
-        return {"microbatches_per_s": flow_only, "flow_only": flow_only, "limited_by": "flow"}
-    lo, hi = 0, top  # min_cost is increasing and convex in the flow: the largest flow within the budget
-    while hi - lo > max(1, top // 10**6):
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if min_cost(mid) <= budget else (lo, mid)
-    return {"microbatches_per_s": lo / FLOW_SCALE, "flow_only": flow_only, "limited_by": "cpu"}
-
-
+# ------------------------------------------------------------------ the bound
 def swarm_bound(status: dict[str, dict], window: dict[str, dict], rates: dict[str, float], cores: float) -> dict:
     """`throughput_bound` from what the nodes measured after iteration 0 (`window`: node -> {"microbatches",
     "compute_s", "cpu_s", "sent_bytes", "seconds"}, differences of two status.json) and their roles (`status`);
@@ -200,6 +137,8 @@ def swarm_bound(status: dict[str, dict], window: dict[str, dict], rates: dict[st
                 crossing = max(per_mb_bytes[a], per_mb_bytes[b]) / 2
                 link_rate[(a, b)] = both / crossing if crossing > 0 else math.inf
     left = max(cores - overhead, 1e-6)
+    from gwtf_node.sim.bound import throughput_bound
+
     out = throughput_bound(stage_of, node_rate, link_rate, cost, left)
     out["compute_s_per_microbatch"] = {n: round(v, 4) for n, v in sorted(cost.items())}
     out["node_rate"] = {n: round(v, 3) for n, v in sorted(node_rate.items())}
@@ -362,9 +301,49 @@ def node_figures(st: dict) -> dict:
             "sent_bytes": st["compression"]["sent_bytes"], "dense_bytes": st["compression"]["dense_bytes"]}
 
 
+def mem_available_mb() -> float | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+class MemoryGuard:
+    """Stops the swarm when the machine's available memory falls below `floor_mb` (the nodes of a large model
+    share one machine: better a failed setting than the kernel's OOM killer choosing among everyone's processes)."""
+
+    def __init__(self, swarm, floor_mb: float) -> None:
+        self.swarm, self.floor_mb = swarm, floor_mb
+        self.fired: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> MemoryGuard:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.5):
+            free = mem_available_mb()
+            if free is not None and free < self.floor_mb:
+                self.fired = f"the machine had {free:.0f} MiB available, under --min-available-mb {self.floor_mb:.0f}"
+                self.swarm.expected_dead.update(self.swarm.procs)  # the launcher then reports no crash of its own
+                self.swarm.stop(grace_s=2.0)
+                _thread.interrupt_main()  # the launcher's wait ends now, not at its timeout
+                return
+
+
 def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline: float) -> dict:
     from gwtf_node.model.manifest import save_manifest
-    from gwtf_node.runtime.local import LocalSwarm
+    from gwtf_node.runtime.local import LocalError, LocalSwarm
     from gwtf_node.testing.netlab import NetLab
 
     man = manifest_for(setting, args)
@@ -386,18 +365,26 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
                            extra_args={n: ["--listen", "0.0.0.0:4001", "--keep-checkpoints", "1"] for n in names})
         swarm.startup_timeout_s = args.startup_timeout
         swarm.iteration_timeout_s = args.iteration_timeout
+        guard = MemoryGuard(swarm, args.min_available_mb)
         try:
-            swarm.start()
-            for rec in swarm.iterations_done():
-                records.append(rec)
-                print(f"  {setting} iteration {rec['iteration']}: loss {rec['loss']:.4f}, {rec['microbatches']} "
-                      f"microbatches, {rec['seconds']:.1f} s (aggregation {rec['aggregation_seconds']:.1f} s)",
-                      file=sys.stderr)
-                if rec["iteration"] == 0:
-                    first = {n: read_status(swarm.state_dir(n)) for n in names}
-            time.sleep(STATUS_SETTLE_S)
+            with guard:
+                swarm.start()
+                for rec in swarm.iterations_done():
+                    records.append(rec)
+                    print(f"  {setting} iteration {rec['iteration']}: loss {rec['loss']:.4f}, {rec['microbatches']} "
+                          f"microbatches, {rec['seconds']:.1f} s (aggregation {rec['aggregation_seconds']:.1f} s)",
+                          file=sys.stderr)
+                    if rec["iteration"] == 0:
+                        first = {n: read_status(swarm.state_dir(n)) for n in names}
+                time.sleep(STATUS_SETTLE_S)
             last = {n: read_status(swarm.state_dir(n)) for n in names}
             sent_on_wire = {n: tx_bytes(node.ns) for n, node in where.items()}
+        except KeyboardInterrupt:
+            if guard.fired:
+                raise SystemExit(f"bench_scale: {setting}: stopped: {guard.fired}") from None
+            raise
+        except LocalError as e:
+            raise SystemExit(f"bench_scale: {setting}: {e}") from None
         finally:
             swarm.stop()
             for n in names:  # a relay's checkpoints are its stage's whole state: gigabytes per setting
@@ -524,6 +511,8 @@ def main() -> int:
     p.add_argument("--cores", type=float, default=None, help="CPU cores the nodes share (default: this machine's)")
     p.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated subset of {','.join(SETTINGS)}")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--min-available-mb", type=float, default=2048.0,
+                   help="stop a setting when the machine's available memory falls below this")
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--iteration-timeout", type=float, default=600.0)
     p.add_argument("--workdir", default=None)

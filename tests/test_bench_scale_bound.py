@@ -1,5 +1,5 @@
-"""`scripts/bench_scale.py`'s bound: the maximum flow of microbatches through the stages, with the CPU the nodes
-share as a budget on it, on a hand-made swarm whose answer is worked out below."""
+"""The throughput bound of `scripts/bench_scale.py` (`sim/bound.py`): the maximum flow of microbatches through the
+stages, with the CPU the nodes share as a budget on it, on a hand-made swarm whose answer is worked out below."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import math
 from pathlib import Path
 
 import pytest
+
+from gwtf_node.sim.bound import throughput_bound
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,7 +36,7 @@ def links(slow: float = math.inf) -> dict[tuple[str, str], float]:
 
 
 def test_bound_is_the_max_flow_through_nodes_and_links() -> None:
-    bound = _bench().throughput_bound
+    bound = throughput_bound
     assert bound(STAGE, RATE, links())["microbatches_per_s"] == pytest.approx(15.0)  # stage 0: 10 + 5
     # a's two links carry 4 each: a passes 8 of its 10
     got = bound(STAGE, RATE, links(slow=4.0))
@@ -45,7 +47,7 @@ def test_bound_is_the_max_flow_through_nodes_and_links() -> None:
 
 
 def test_shared_cores_take_the_cheapest_paths_first() -> None:
-    bound = _bench().throughput_bound
+    bound = throughput_bound
     # via a: 0.05 + 0.1 + 0.1 = 0.25 CPU s per microbatch (up to 10/s); via b: 0.35 (up to 5/s)
     two = bound(STAGE, RATE, links(), CPU, cores=2.0)
     assert two["microbatches_per_s"] == pytest.approx(8.0, rel=1e-4)  # 2 / 0.25, all through a
