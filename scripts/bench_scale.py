@@ -498,7 +498,7 @@ def main() -> int:
                    "--hidden/--layers")
     p.add_argument("--hidden", type=int, default=768)
     p.add_argument("--layers", type=int, default=12)
-    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--seq-len", type=int, default=32)
     p.add_argument("--microbatch-size", type=int, default=1)
     p.add_argument("--microbatches", type=int, default=8, help="per iteration")
     p.add_argument("--iterations", type=int, default=3)

@@ -74,3 +74,15 @@ def test_swarm_bound_turns_measurements_into_capacities() -> None:
     cpu = bench.swarm_bound(status, window, {n: 1000.0 for n in STAGE}, cores=2.5)
     assert cpu["cores_for_compute"] == pytest.approx(2.0)
     assert cpu["microbatches_per_s"] == pytest.approx(8.0, rel=1e-4) and cpu["limited_by"] == "cpu"
+
+
+@pytest.mark.parametrize("argv, says", [(["--settings", "fp16"], "--settings fp16: use fp32, bf16, bf16+adatopk"),
+                                        (["--rates", "fast"], "--rates takes positive Mbit/s"),
+                                        (["--iterations", "1"], "--iterations must be at least 2")])
+def test_bad_flags_get_one_line(argv: list[str], says: str) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_scale.py"), *argv], capture_output=True,
+                         text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr
