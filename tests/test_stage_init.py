@@ -146,6 +146,15 @@ def test_initial_values_follow_transformers_distributions() -> None:
     assert build_stage(other_seed, "relay", 0).state_hash() != relay.state_hash()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: parts drawn for cuda equal the CPU's")
+def test_a_cuda_node_holds_the_cpu_numbers() -> None:
+    m = CASES["qwen2"]
+    for role, stage in [("data", None), ("relay", 0), ("relay", 1)]:
+        on_gpu = build_stage(m, role, stage, device="cuda")
+        assert all(t.is_cuda for t in (*on_gpu.module.parameters(), *on_gpu.module.buffers()))
+        assert on_gpu.state_hash() == build_stage(m, role, stage).state_hash()
+
+
 def test_the_skeleton_has_no_storage() -> None:
     m = default_manifest(family="llama", stages=4, layers=8, hidden=1024, seq_len=64)
     skeleton = build_skeleton(m)

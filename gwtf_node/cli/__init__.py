@@ -22,7 +22,8 @@ from .common import (
 from .service import add_parser as add_service_parser
 from .common import _first_manifest_error
 from .config import add_config_parser, configurable
-from .owner import add_owner_parsers, sign_run
+from .initrun import add_init_run_parsers
+from .owner import add_owner_parsers
 from .sim import SIM_TRAIN_JSON_KEYS, add_sim_parsers, cmd_sim_join, cmd_sim_train, run_policy, sim_train_options
 from .status import add_status_parser
 
@@ -31,37 +32,6 @@ if TYPE_CHECKING:
 
 __all__ = ["CliError", "EXIT_USAGE", "SIM_TRAIN_JSON_KEYS", "build_parser", "cmd_sim_join", "cmd_sim_train", "main", "run_policy",
            "sim_train_options", "_load_scenario", "_setup_logging"]
-
-
-def cmd_init_run(args: argparse.Namespace) -> int:
-    from ..model.manifest import default_manifest, save_manifest
-
-    try:
-        man = default_manifest(family=args.family, stages=args.stages, layers=args.layers, hidden=args.hidden,
-                               seq_len=args.seq_len, microbatch_size=args.microbatch_size,
-                               microbatches_per_iteration=args.microbatches, lr=args.lr, seed=args.seed,
-                               run_name=args.name, compression=args.compression,
-                               compression_ratio=args.compression_ratio,
-                               compression_gradients=args.compression_gradients)
-        if args.data:
-            from dataclasses import replace
-            from pathlib import Path
-
-            man = replace(man, data=replace(man.data, source=[str(Path(f).resolve()) for f in args.data]))
-            man.validate(check_files=True)  # the data files exist and hold enough text
-        if args.open_relays:
-            from dataclasses import replace
-
-            man = replace(man, open_relays=True)
-        man, key_path, created = sign_run(man, args.out, args.owner_key)
-        save_manifest(man, args.out)
-    except _manifest_error_types() as e:
-        raise CliError(str(e)) from None
-    except OSError as e:
-        raise CliError(f"cannot write {args.out}: {e.strerror}") from None
-    print(f"wrote {args.out}: run {man.run_id}, {args.family}, {len(man.stages)} stages {man.stages}, signed by "
-          f"the owner key {key_path}{' (new: keep it private)' if created else ''}")
-    return 0
 
 
 def cmd_join(args: argparse.Namespace) -> int:
@@ -235,6 +205,7 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
     if args.torch_threads:
         import torch
         torch.set_num_threads(args.torch_threads)
+    capacity = _capacity_that_fits(args, stage, device)
     try:
         logs = _setup_logging(args.log_level, Path(args.state_dir), max_mb=args.log_max_mb, backups=args.log_backups)
     except OSError as e:
@@ -243,7 +214,7 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
                        bootstrap=list(args.bootstrap), name=args.name or "", port=args.port,
                        listen_host=args.host, listen=list(args.listen), announce=list(args.announce),
                        tensor_port=args.tensor_port, relay_service=args.relay_service,
-                       capacity=args.capacity, iterations=args.iterations,
+                       capacity=capacity, iterations=args.iterations,
                        data_index=args.data_index, data_nodes=args.data_nodes,
                        links=Path(args.links) if args.links else None, policy=args.policy,
                        bootstrap_timeout_s=args.bootstrap_timeout,
@@ -267,6 +238,39 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
         print(f"error: {stopped.reason}", file=sys.stderr)
         return EXIT_NO_PEER
     raise CliError(stopped.reason)
+
+
+def _capacity_that_fits(args: argparse.Namespace, stage: int | None, device: str) -> int:
+    """The node's part fits its device (model/memory.py), else a one-line error giving the need and what is free.
+
+    `--stage K` and data nodes: the part at `--capacity`, or the most microbatches (at most the run's demand per
+    data node) that fit when it is 0.  `--stage auto`: some stage must fit one microbatch; which ones do, and
+    the capacity, are the joiner's to tell the leader (runtime/joining.py).
+    """
+    from ..model import memory
+    from ..model.hfconfig import parameter_counts
+    from ..model.manifest import load_manifest
+
+    try:
+        man = load_manifest(args.run, check_files=False)
+        counts = parameter_counts(man.model.family, man.model.config)
+    except _manifest_error_types() as e:
+        raise CliError(str(e)) from None
+    free = memory.free_bytes(device)
+    cap = args.capacity or man.data.microbatches_per_iteration
+    if args.role == "relay" and stage is None:
+        if not memory.stage_capacities(man, free, 1, counts, device):
+            smallest = min(range(man.num_stages),
+                           key=lambda k: memory.estimate(man, "relay", k, 1, counts, device).total)
+            raise CliError(memory.fit_error(man, "relay", smallest, 1, device, free, counts,
+                                            fix="no stage of the run fits: use a larger device"))
+        return args.capacity
+    if not args.capacity:
+        cap = memory.capacity_that_fits(man, args.role, stage, free, cap, counts, device) or 1
+    error = memory.fit_error(man, args.role, stage, cap, device, free, counts)
+    if error:
+        raise CliError(error)
+    return cap if args.role == "relay" else args.capacity
 
 
 def cmd_local(args: argparse.Namespace) -> int:
@@ -408,33 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sim_parsers(sub)
     add_owner_parsers(sub)
 
-    ir = sub.add_parser("init-run", help="write a run manifest with sensible defaults")
-    ir.add_argument("--out", required=True, help="where to write the manifest (JSON)")
-    ir.add_argument("--name", default="demo", help="run name")
-    ir.add_argument("--family", choices=("llama", "gpt"), default="llama")
-    ir.add_argument("--stages", type=_positive_int, default=2, help="relay stages")
-    ir.add_argument("--layers", type=_positive_int, default=None, help="transformer layers (default 2 per stage)")
-    ir.add_argument("--hidden", type=_positive_int, default=64)
-    ir.add_argument("--seq-len", type=_positive_int, default=64)
-    ir.add_argument("--microbatch-size", type=_positive_int, default=4)
-    ir.add_argument("--microbatches", type=_positive_int, default=4, help="microbatches per data node per iteration")
-    ir.add_argument("--lr", type=float, default=3e-3)
-    ir.add_argument("--seed", type=_nonneg_int, default=0)
-    ir.add_argument("--data", nargs="+", default=None, metavar="FILE",
-                    help="your own .txt / .jsonl files (default: the bundled corpus)")
-    ir.add_argument("--compression", choices=("none", "topk", "adatopk"), default="none",
-                    help="Top-K of activations and gradients on the links: none, topk (every link at the ratio) or "
-                         "adatopk (FusionLLM's Eq. 7: only links slower than the fastest)")
-    ir.add_argument("--compression-ratio", type=float, default=10.0, metavar="R",
-                    help="Top-K keeps 1/R of the elements (adatopk: on the slowest link, R x the encoding overhead)")
-    ir.add_argument("--compression-gradients", choices=("aligned", "topk"), default="aligned",
-                    help="the gradient of a Top-K activation goes back at that activation's indices (aligned: the "
-                         "exact gradient of the sparsified pass) or as its own Top-K (topk: FusionLLM)")
-    ir.add_argument("--owner-key", default=None, metavar="PATH",
-                    help="the owner key that signs the run (default: owner.key beside --out; created if missing)")
-    ir.add_argument("--open-relays", action="store_true",
-                    help="any relay may join without a certificate (data nodes are always admitted by certificate)")
-    ir.set_defaults(func=cmd_init_run)
+    add_init_run_parsers(sub)
 
     j = sub.add_parser("join", help="start a long-lived node of a run")
     j.add_argument("--run", required=True, help="run manifest (gwtf-node init-run)")
@@ -451,7 +429,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop (exit 3) if no bootstrap peer accepted this node by then; retries with backoff "
                         "until then (0: retry forever)")
     j.add_argument("--capacity", type=_nonneg_int, default=0,
-                   help="microbatches held per iteration (0: one data node's demand)")
+                   help="microbatches held per iteration (0: as many as fit the device's free memory, at most one "
+                        "data node's demand); a node whose part does not fit exits at start")
     j.add_argument("--iterations", type=_nonneg_int, default=0, help="data nodes: stop after N (0: forever)")
     j.add_argument("--data-index", type=_nonneg_int, default=0, help="data nodes: which shard of the data")
     j.add_argument("--data-nodes", type=_positive_int, default=1, help="data nodes of the run")

@@ -37,6 +37,7 @@ NODE_MARKERS = ("control.sock", "control.path", "status.json", "node.key", "addr
 KIND_STYLE = {"crash": "bold red", "leave": "yellow", "join": "green", "placed": "green", "election": "magenta",
               "reroute": "cyan", "defer": "yellow", "recovery": "cyan"}
 STATE_STYLE = {"training": "green", "aggregating": "cyan", "joining": "yellow", "connecting": "yellow",
+               "waiting": "yellow",
                "paused": "bold red", "leaving": "magenta", "not running": "dim red"}
 
 

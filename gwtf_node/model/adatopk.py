@@ -20,7 +20,8 @@ indices, and the receiver rebuilds the dense tensor with zeros elsewhere.  A
   size overhead of the sparse encoding, bytes per kept element over bytes
   per dense element: the paper's 3 comes from float32 values with int64
   indices; here indices are int32, so c = (4 + 4) / 4 = 2 for float32
-  (`sparse_overhead`).  With that c, every compressed link ends up with the
+  (`sparse_overhead`), and c = (2 + 4) / 2 = 3 for bfloat16 values (a
+  run whose `train.wire_dtype` is bf16, `precision.py`).  With that c, every compressed link ends up with the
   same transfer time, R_max / r: the slowest link's time divided by the
   user's ratio.
 

@@ -87,6 +87,6 @@ def topk_decode(indices: torch.Tensor, values: torch.Tensor, shape: tuple[int, .
     if indices.numel() != values.numel():
         raise SparseError(f"{indices.numel()} indices but {values.numel()} values")
     check_indices(indices, numel)
-    out = torch.zeros(numel, dtype=values.dtype)
+    out = torch.zeros(numel, dtype=values.dtype, device=values.device)  # (a crossing of a chain on cuda)
     out[indices.to(torch.int64)] = values
     return out.reshape(shape)

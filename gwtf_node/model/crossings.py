@@ -14,7 +14,10 @@ the dense tensor leaves that crossing dense (`adatopk.kept_count`), as on the
 wire.  With the ratios the senders of a swarm chose, centralized training
 with these crossings is what that swarm computes (tests/test_compression_swarm.py),
 and it measures the loss of a compression rule without starting a swarm
-(`scripts/bench_compression.py --centralized`).
+(`scripts/bench_compression.py --centralized`).  With a bf16 wire the
+tensors at the crossings are the bfloat16 ones the parts hand out
+(`precision.py`), so the Top-K is taken of them, as the sender takes it, and
+its overhead counts 2-byte values (`kept_count` reads the element size).
 """
 
 from __future__ import annotations

@@ -61,7 +61,8 @@ class ByteTokenizer:
 
 
 class HFTokenizer:
-    """A local `tokenizers` JSON file (e.g. a tokenizer.json copied from a model repository)."""
+    """A local `tokenizers` JSON file (a tokenizer.json copied from a model repository, or written by
+    `gwtf-node train-tokenizer`: `train_bpe_tokenizer`)."""
 
     def __init__(self, path: str | Path) -> None:
         try:
@@ -89,6 +90,24 @@ def load_tokenizer(spec: str, manifest: RunManifest | None = None) -> ByteTokeni
     if not path.is_file():
         raise ManifestError(f"tokenizer file {spec!r} not found (resolved to {path})")
     return HFTokenizer(path)
+
+
+MIN_BPE_VOCAB = 257  # a byte-level BPE vocabulary: the 256 bytes and at least one merge
+
+
+def train_bpe_tokenizer(text: str, vocab_size: int) -> Any:
+    """A byte-level BPE `tokenizers.Tokenizer` of `vocab_size` tokens trained on `text` (its documents are the
+    runs separated by blank lines): GPT-2's pre-tokenization and byte alphabet, no special tokens, so every text
+    encodes and `HFTokenizer` decodes it back exactly."""
+    from tokenizers import Tokenizer as _Tok, decoders, models, pre_tokenizers, trainers
+
+    tok = _Tok(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=[], show_progress=False)
+    tok.train_from_iterator((doc for doc in text.split("\n\n") if doc.strip()), trainer=trainer)
+    return tok
 
 
 def bundled_text() -> str:

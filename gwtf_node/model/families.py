@@ -7,14 +7,12 @@ that family's Hugging Face config (`model.config`).  Construction
 (`materialize.py`) builds the family's `*ForCausalLM` skeleton from them and
 takes its pieces by the paths in this table:
 
-=======  ======================  ====================  ==================  =============  ===============
-family   model class             embedding (+pos.)     decoder layers      final norm     rotary
-=======  ======================  ====================  ==================  =============  ===============
-llama    LlamaForCausalLM        model.embed_tokens    model.layers        model.norm     model.rotary_emb
-mistral  MistralForCausalLM      model.embed_tokens    model.layers        model.norm     model.rotary_emb
-qwen2    Qwen2ForCausalLM        model.embed_tokens    model.layers        model.norm     model.rotary_emb
-gpt      GPT2LMHeadModel         transformer.wte/wpe   transformer.h       transformer.ln_f  (none)
-=======  ======================  ====================  ==================  =============  ===============
+    family   model class          embedding (+ positions)  decoder layers  final norm        rotary
+    -------  -------------------  -----------------------  --------------  ----------------  ----------------
+    llama    LlamaForCausalLM     model.embed_tokens       model.layers    model.norm        model.rotary_emb
+    mistral  MistralForCausalLM   model.embed_tokens       model.layers    model.norm        model.rotary_emb
+    qwen2    Qwen2ForCausalLM     model.embed_tokens       model.layers    model.norm        model.rotary_emb
+    gpt      GPT2LMHeadModel      transformer.wte / .wpe   transformer.h   transformer.ln_f  (none)
 
 and the LM head is `lm_head` in every family (tied to the embedding when the
 config says `tie_word_embeddings`, GPT-2's default).  LLaMA, Mistral and Qwen2

@@ -55,6 +55,7 @@ from .adatopk import DEFAULT_RATIO, Compression, Gradients
 from .manifest_shape import check_shapes, json_type
 from .partition import ManifestError, is_int as _is_int, is_number as _is_number, partition_layers  # noqa: F401
 from .families import _DIM_KEYS, FAMILY_TABLE, ModelDims, check_config, model_dims  # noqa: F401 (re-exported)
+from .precision import check_precision
 
 FAMILIES = tuple(FAMILY_TABLE)  # llama, mistral, qwen2, gpt
 OPTIMIZERS = ("adamw", "sgd")
@@ -101,6 +102,9 @@ class TrainSpec:
     # clips the same parts the same way).  None: no clipping, and absent from the JSON (the run id of a manifest
     # without it is what it always was).
     grad_clip_norm: float | None = None
+    # compute dtype and the dtype of activations/gradients on the links (precision.py); absent at fp32
+    precision: str = "fp32"
+    wire_dtype: str = "fp32"
 
 
 class EmptyStage(str, enum.Enum):
@@ -157,6 +161,9 @@ class RunManifest:
             del d["train"]["compression_gradients"]
         if self.train.grad_clip_norm is None:
             del d["train"]["grad_clip_norm"]
+        for name in ("precision", "wire_dtype"):  # fp32: absent (the run id does not change)
+            if getattr(self.train, name) == getattr(TrainSpec, name):
+                del d["train"][name]
         if not with_signature:
             del d["signature"]
         return d
@@ -279,6 +286,7 @@ class RunManifest:
         if not _is_int(t.seed) or t.seed < 0:
             raise ManifestError(f"train.seed is {t.seed!r}; it must be a non-negative integer")
         _check_compression(t)
+        check_precision(t.precision, t.wire_dtype, ManifestError)
         for name in ("owner_public_key", "signature"):
             if not isinstance(getattr(self, name), str):
                 raise ManifestError(f"{name} is {getattr(self, name)!r}; it must be a string of hex digits (or absent)")
@@ -493,16 +501,23 @@ def default_manifest(
     compression: str = "none",
     compression_ratio: float = DEFAULT_RATIO,
     compression_gradients: str = "aligned",
+    config: dict[str, Any] | None = None,
+    tokenizer: str = "bytes",
 ) -> RunManifest:
     """A small byte-level model on the bundled corpus: an iteration takes seconds on a CPU.
 
     Two layers per stage by default; 4 heads (hidden must be a multiple of 4).
+    `config` (an HF config dict of `family`, e.g. from `hfconfig.family_config`)
+    replaces that model: `layers` and `hidden` are then the config's.
     """
     if family not in FAMILIES:
         raise ManifestError(f"family is {family!r}; use one of {', '.join(FAMILIES)}")
     n_layers = layers if layers is not None else 2 * stages
     heads = 4
-    if family != "gpt":  # the LLaMA-like families take the same keys
+    if config is not None:
+        config = dict(config)
+        n_layers = model_dims(ModelSpec(family, config)).layers
+    elif family != "gpt":  # the LLaMA-like families take the same keys
         config: dict[str, Any] = {
             "vocab_size": BYTE_VOCAB,
             "hidden_size": hidden,
@@ -537,7 +552,7 @@ def default_manifest(
         stages=partition_layers(n_layers, stages),
         data=DataSpec(
             source="bundled",
-            tokenizer="bytes",
+            tokenizer=tokenizer,
             seq_len=seq_len,
             microbatch_size=microbatch_size,
             microbatches_per_iteration=microbatches_per_iteration,

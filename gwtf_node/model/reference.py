@@ -23,6 +23,13 @@ uses, so that a swarm test can compare losses and final parameters with it:
 computes instead: the same chain with the Top-K of the tensor channel at the
 crossings between the parts.
 
+Precision (`precision.py`): the chain calls the very `StageModel` methods a
+node calls, and those cast what they hand out to the run's wire dtype and run
+their forward computations under the run's autocast, so the centralized
+chain meets the casts of a bf16 wire at the crossings, where the swarm's
+links are, and the same autocast (tests/test_precision_swarm.py: equal
+losses, and final parameters equal bit for bit).
+
 The loss of an iteration is the mean of its microbatch losses (each the mean
 token cross-entropy of one microbatch, all microbatches the same size).
 """

@@ -39,6 +39,14 @@ crash (paper V-D) reproduces the same activation.
 A StageModel is safe to call from several worker threads: every public method
 holds one lock, so calls on one node are serialized.  transformers is
 imported on the first `build_stage`, not at import time (it takes seconds).
+
+Precision (`precision.py`).  Every forward computation runs in the run's
+`compute_context` (bfloat16 autocast for `train.precision = bf16-mixed`);
+parameters, accumulators and optimizer state stay float32.  What a part
+hands out to travel (an activation, the gradient of its input) is cast to
+the run's wire dtype (`wire_dtype`), what it receives is cast back to float32
+on its device: the node's tensor store, the wire and the centralized chain
+hold the same tensors.
 """
 
 from __future__ import annotations
@@ -58,6 +66,7 @@ from torch import nn
 from .manifest import ManifestError, RunManifest
 from .materialize import build_full_model, build_parts  # noqa: F401  (build_full_model: re-exported)
 from .parts import DataPart, RelayPart  # noqa: F401  (re-exported)
+from .precision import compute_context, wire_torch_dtype
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -121,6 +130,15 @@ class StageModel:
     def has(self, key: Hashable) -> bool:
         return key in self._stash
 
+    @property
+    def wire_dtype(self) -> torch.dtype:
+        """The dtype of the activations and gradients this part hands out and receives (train.wire_dtype)."""
+        return wire_torch_dtype(self.manifest.train.wire_dtype)
+
+    def _compute(self) -> Any:
+        """The context of a forward computation: bfloat16 autocast for bf16-mixed (precision.py), else none."""
+        return compute_context(self.manifest.train.precision, self.device)
+
     # ---- relay ---------------------------------------------------------------
 
     def forward(self, key: Hashable, hidden: torch.Tensor) -> torch.Tensor:
@@ -129,10 +147,10 @@ class StageModel:
         self._check_hidden(hidden, "forward input")
         with self._lock:
             x = hidden.detach().to(self.device, self.dtype).requires_grad_(True)
-            with torch.enable_grad():
+            with torch.enable_grad(), self._compute():
                 y = self.module(x)
             self._stash[key] = _Stash(inp=x, out=y)
-            return y.detach()
+            return y.detach().to(self.wire_dtype)
 
     def backward(self, key: Hashable, grad_out: torch.Tensor, *, hold: bool = False) -> torch.Tensor:
         """Gradient w.r.t. the stage input of the stashed microbatch; adds parameter gradients; frees the stash.
@@ -153,7 +171,7 @@ class StageModel:
                 self._held[key] = [None if g is None else g.detach().float() for g in grads[1:]]
             else:
                 self._accumulate(grads[1:])
-            return grads[0].detach()
+            return grads[0].detach().to(self.wire_dtype)
 
     def commit(self, key: Hashable, *, count: bool = True) -> bool:
         """Add the held gradients of `key` to the accumulators (see `backward(hold=True)`); False if none."""
@@ -179,7 +197,8 @@ class StageModel:
         with self._lock:
             if key not in self._stash:
                 raise KeyError(f"microbatch {key!r} is not stashed on {self.name}")
-            return self._stash[key].inp.detach()
+            inp = self._stash[key].inp.detach()
+            return inp.to(self.wire_dtype) if inp.is_floating_point() else inp  # a relay's input, as it came
 
     def drop(self, key: Hashable) -> bool:
         """Forget a stashed microbatch without a gradient contribution; False if it was not there."""
@@ -197,7 +216,7 @@ class StageModel:
         with torch.random.fork_rng(devices=devices), self._lock:
             for _ in range(repeats):
                 t0 = time.perf_counter()
-                with torch.enable_grad():
+                with torch.enable_grad(), self._compute():
                     if self.role == "relay":
                         x = torch.randn(self.expected_hidden_shape(b), device=self.device, dtype=self.dtype,
                                         requires_grad=True)
@@ -223,10 +242,10 @@ class StageModel:
             raise ValueError(f"input ids must be an int64 [B, T] tensor, got {input_ids.dtype} {tuple(input_ids.shape)}")
         with self._lock:
             ids = input_ids.to(self.device)
-            with torch.enable_grad():
+            with torch.enable_grad(), self._compute():
                 h = self.module.embed(ids)
             self._stash[key] = _Stash(inp=ids, out=h)
-            return h.detach()
+            return h.detach().to(self.wire_dtype)
 
     def head_loss(self, key: Hashable, hidden: torch.Tensor, targets: torch.Tensor,
                   *, hold: bool = False) -> tuple[float, torch.Tensor]:
@@ -243,14 +262,15 @@ class StageModel:
         with self._lock:
             h = hidden.detach().to(self.device, self.dtype).requires_grad_(True)
             with torch.enable_grad():
-                logits = self.module.head(h)  # [B, T, V]
+                with self._compute():
+                    logits = self.module.head(h)  # [B, T, V]
                 loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.to(self.device).reshape(-1))
             grads = torch.autograd.grad(loss, [h, *self.params], allow_unused=True)
             if hold:
                 self._held[key] = [None if g is None else g.detach().float() for g in grads[1:]]
             else:
                 self._accumulate(grads[1:], count=False)
-            return float(loss.detach()), grads[0].detach()
+            return float(loss.detach()), grads[0].detach().to(self.wire_dtype)
 
     def embed_backward(self, key: Hashable, grad_hidden0: torch.Tensor) -> None:
         """Add the embedding gradients of the stashed microbatch; this completes it on the data node."""

@@ -24,6 +24,12 @@ elements a checked Top-K payload kept, and `pack_at` sends a tensor at given
 indices in the same encoding (the gradient of a Top-K activation travels at
 that activation's indices, `model/adatopk.py`).
 
+Activations and their gradients travel in the run's wire dtype
+(`precision.py`: float32, or bfloat16 at half the bytes; a Top-K payload's
+values likewise, its indices int32), and the receiver passes that dtype as
+`expect_dtype`, so a tensor of another dtype is refused like a wrong shape.
+The NaN/Inf check applies to bfloat16 as to any float.
+
 Zero copy: `pack` hands out a memoryview of the contiguous CPU tensor;
 `unpack` wraps the payload with `torch.frombuffer` when it is writable and
 aligned (the tensor then *aliases* the caller's buffer: do not reuse it), else

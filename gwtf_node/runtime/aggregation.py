@@ -31,6 +31,19 @@ contributions accepted, as if the refused one had died with its relay.
 After the step: a checkpoint every `checkpoint_every` iterations, and the
 leader appends one JSON object per iteration to `metrics.jsonl`.
 
+Timing.  Each step logs what its aggregation was made of (`parts`: the
+gradient vector, the all-reduce, the optimizer step, the checkpoint, in
+seconds; also `aggregation_parts` in metrics.jsonl).  The torch work runs in
+the stage's worker thread and the all-reduce's tensor work in its own
+(allreduce.py), so the event loop answers pings throughout.  Two waits scale
+with what the node measured: the all-reduce's timeout is
+`max(ALLREDUCE_TIMEOUT_S, ALLREDUCE_FACTOR x the last all-reduce's duration)`
+(120 s, 4x: a large model over a slow link takes minutes), and the phase
+signals' retransmission period is `min(RETRY_CAP_S, max(pipeline RETRY_S,
+LocalStage.busiest_s))` (2 s to 30 s: a peer busy stepping for 20 s is not
+sent the same signal ten times, and a lost signal is still resent within
+30 s).
+
 A data node also keeps, per stage, the optimizer steps the stage's state
 holds in the run (`stage_steps`): the run's step, except that an iteration
 whose aggregation found the stage with no member does not move it.  A relay
@@ -63,7 +76,9 @@ from .wire import ApplyEffects, FrameRefused, Owner, Wire, now
 
 log = logging.getLogger("gwtf.node")
 
-ALLREDUCE_TIMEOUT_S = 120.0
+ALLREDUCE_TIMEOUT_S = 120.0  # the all-reduce timeout's floor ...
+ALLREDUCE_FACTOR = 4.0  # ... and its factor over the last all-reduce's duration (module doc)
+RETRY_CAP_S = 30.0  # the phase signals' retransmission period grows with the work measured, up to this
 GROUP_CHANGE_WAIT_S = 60.0
 LEADER_CHECK_S = 0.5  # a data node looks this often at who leads (a lease ends without an event)
 
@@ -102,6 +117,8 @@ class Aggregation:
         # aggregation found the stage empty does not step it); `stage_steps`
         self.stage_held: dict[int, int] = {}
         self._held_from = stage.applied_steps
+        self.allreduce_s = 0.0  # the last all-reduce round that summed, seconds (its waits included)
+        self.parts: dict[str, float] = {}  # the last step's aggregation, piece by piece (module doc), seconds
 
     # ------------------------------------------------------------------ reading
     def group(self, iteration: int, stage: int) -> set[str] | None:
@@ -143,7 +160,7 @@ class Aggregation:
     def new_phases(self) -> None:
         """This node has a stage now: it takes part in the phase from here on."""
         self.phases = Phases(self.wire.me, self.peers.stage, self.peers.n_stages - 1,
-                             applied=self.stage.applied_steps)
+                             applied=self.stage.applied_steps, retry_s=phase_retry_s(self.stage.busiest_s()))
 
     def _apply(self, effects: list) -> None:
         if self.peers.role == "data":  # a data node sends BEGIN as a leader: it stamps the term it led
@@ -340,7 +357,9 @@ class Aggregation:
                 return sum(1 for k in keys if model.commit(k))
 
             mine = await self.stage.run(commit)
+        t_grad = now()
         grad = self.faults.poison(await self.stage.run(model.grad_vector), e.iteration)
+        t_ar = now()
         stage = self.peers.stage
         named = self.phases.group(e.iteration, stage)
         group = sorted(named) if named is not None else self.peers.stage_group()
@@ -352,6 +371,7 @@ class Aggregation:
 
         total, count, gkey = await self._all_reduce_survivors(f"s{stage}/it{e.iteration}", group, grad, float(mine),
                                                               on_round=announce, max_count=e.microbatches)
+        t_step = now()
         if relay:  # (once they are in the stage's sum: what the tests rebuild the centralized reference from)
             log.info("iteration %d: contributions %s", e.iteration, held)
             log.info("iteration %d: summed in round %s", e.iteration, gkey)
@@ -360,13 +380,21 @@ class Aggregation:
             self.lost_contributions[e.iteration] = int(e.microbatches - count)
             log.warning("iteration %d: stage %d holds %d of %d contributions (the rest died with a relay)",
                         e.iteration, stage, int(count), e.microbatches)
+        if self.faults.busy_step_s:  # (fault injection: a step as long as a large model's)
+            await self.stage.run(self.faults.busy_step)
         await self.stage.run(self.stage.apply_step, total, count, e.iteration)
+        t_ck = now()
         self.microbatches.aggregation_done(e.iteration)
         self.stage.steps_done()
         self.on_stepped(e.iteration)
         self.step_counts[e.iteration] = e.microbatches
         if self.checkpoint_every and (e.iteration + 1) % self.checkpoint_every == 0:
             await self.stage.run(self.checkpoint)
+        self.parts = {"gradient": t_ar - t_grad, "all_reduce": t_step - t_ar, "step": t_ck - t_step,
+                      "checkpoint": now() - t_ck}
+        log.info("iteration %d: aggregation %.2f s: %s", e.iteration, now() - t0,
+                 ", ".join(f"{k} {v:.2f}" for k, v in self.parts.items()))
+        self.phases.retry_s = phase_retry_s(self.stage.busiest_s())
         if not relay and (self.leadership.leader() == self.wire.me or e.iteration in self.opened):
             self._record_metrics(e.iteration, now() - t0)
         self.last_iteration = e.iteration
@@ -415,6 +443,7 @@ class Aggregation:
             "lost": sum(r.lost for r in reports.values()),
             "seconds": round(seconds, 4),
             "aggregation_seconds": round(step_s, 4),
+            "aggregation_parts": {k: round(v, 4) for k, v in self.parts.items()},
             "pipeline_seconds": round(self.microbatches.pipeline_s.get(t, math.nan), 4),
             "relays": sum(len(v) for k, v in (ph.groups.get(t) or {}).items() if k >= 0),
             "time": time.time(),
@@ -424,6 +453,10 @@ class Aggregation:
         log.info("iteration %d loss %.4f microbatches %d %.2f s", t, rec["loss"] or math.nan, completed, seconds)
         for i in [i for i in self.reports if i < t]:
             del self.reports[i]
+
+    def allreduce_timeout_s(self) -> float:
+        """max(ALLREDUCE_TIMEOUT_S, ALLREDUCE_FACTOR x the last all-reduce's duration) (module doc)."""
+        return max(ALLREDUCE_TIMEOUT_S, ALLREDUCE_FACTOR * self.allreduce_s)
 
     async def on_chunk(self, peer: str, msg: m.AllReduceChunk, payload) -> None:
         await self.allreducer.on_chunk(peer, msg, payload)
@@ -466,8 +499,11 @@ class Aggregation:
             with trio.CancelScope() as scope:
                 self._ar_scopes[gkey] = (set(group), scope)
                 try:
+                    t0 = now()
                     total, count = await self.allreducer.all_reduce(gkey, group, grad, mine,
-                                                                    timeout=ALLREDUCE_TIMEOUT_S, max_count=max_count)
+                                                                    timeout=self.allreduce_timeout_s(),
+                                                                    max_count=max_count)
+                    self.allreduce_s = now() - t0
                     return total, count, gkey
                 except Exception as e:  # noqa: BLE001 - AllReduceError, alone or in a nursery's group
                     if not _all_reduce_failure(e, AllReduceError):
@@ -476,6 +512,13 @@ class Aggregation:
                 finally:
                     self._ar_scopes.pop(gkey, None)
             await trio.sleep(0.2)
+
+
+def phase_retry_s(busiest_s: float) -> float:
+    """The phase signals' retransmission period: the longest work measured, within [pipeline RETRY_S, RETRY_CAP_S]."""
+    from ..protocol.phases import RETRY_S
+
+    return min(RETRY_CAP_S, max(RETRY_S, busiest_s))
 
 
 def _leaves(e: BaseException):

@@ -33,6 +33,15 @@ whose parts are missing; an unreachable peer fails the round at once with
 `AllReduceError`.  Recovery (retry without the dead peer) is the caller's
 decision: it knows the stage membership.
 
+Threads.  Everything that touches a whole part runs in a worker thread
+(`trio.to_thread`, one at a time per `AllReducer`): copying a received payload
+and checking that it is finite, the squared norms the guard judges, the sum,
+and assembling the result.  A part of a large model is hundreds of MB; done in
+the event loop's thread, this work kept the node from answering its peers'
+pings for seconds (liveness.py, looplag.py).  The tensors are the round's own
+(a received buffer, the caller's vector, read only), so no stage lock is
+needed; the order of the additions is the same as in one thread.
+
 Outliers (protocol/gradguard.py): before summing its part, the owner judges
 every contribution to it (its count against `max_count`, the microbatches of
 the iteration, and its per-microbatch size against the recent ones) and sums
@@ -48,6 +57,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -104,6 +114,20 @@ class AllReducer:
         self._done: OrderedDict[str, None] = OrderedDict()
         self.guard = GradGuard()  # judges the contributions to the parts this node owns
         self.outliers_refused = 0  # contributions left out of a part's sum (status.json)
+        self.limiter = trio.CapacityLimiter(1)  # the whole-part tensor work, off the event loop (module doc)
+        self._work_s: dict[str, float] = {}  # round key -> seconds of tensor work in the worker thread so far
+        self.last_round: dict | None = None  # the last round that summed: key, seconds, tensor work, MB sent
+
+    async def _in_thread(self, key: str, fn, *args):
+        """`fn(*args)` in the worker thread; its time counts as tensor work of round `key`."""
+        def timed():
+            t0 = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                self._work_s[key] = self._work_s.get(key, 0.0) + time.perf_counter() - t0
+
+        return await trio.to_thread.run_sync(timed, limiter=self.limiter)
 
     @staticmethod
     def accepts(msg: object) -> bool:
@@ -149,10 +173,11 @@ class AllReducer:
             return self._refuse(peer_id, msg, f"unknown phase {msg.phase}")
         if not math.isfinite(msg.count):
             return self._refuse(peer_id, msg, f"count {msg.count} is not finite")
-        buf = payload if isinstance(payload, bytearray) else bytearray(payload)
-        t = torch.frombuffer(buf, dtype=torch.float32) if len(buf) else torch.empty(0, dtype=torch.float32)
-        if not bool(torch.isfinite(t).all()):
+        t = await self._in_thread(msg.key, _finite_tensor, payload)
+        if t is None:
             return self._refuse(peer_id, msg, "tensor holds NaN or infinity")
+        if msg.key in self._done:  # (finished while the payload was checked)
+            return
         rnd = self._rounds.get(msg.key)
         if rnd is None:
             if len(self._rounds) >= MAX_PENDING_KEYS:
@@ -194,6 +219,7 @@ class AllReducer:
             raise AllReduceError(f"all-reduce {key!r}: needs a 1-D float32 tensor, got {tensor.dtype} {tuple(tensor.shape)}")
         if key in self._done:
             raise AllReduceError(f"all-reduce {key!r} already ran on this peer: use a fresh key per round")
+        started = time.perf_counter()
         flat = tensor.detach().contiguous()
         n, length = len(group), flat.numel()
         mine = group.index(me)
@@ -218,20 +244,15 @@ class AllReducer:
             while missing(REDUCE):
                 await rnd.changed.wait()
             lo, hi = part_bounds(length, n, mine)
-            contribs = [Contribution(p, rnd.chunks[(REDUCE, mine, p)][0],
-                                     float(torch.dot(rnd.chunks[(REDUCE, mine, p)][1].double(),
-                                                     rnd.chunks[(REDUCE, mine, p)][1].double())), hi - lo)
-                        for p in group]
+            mine_in = [rnd.chunks[(REDUCE, mine, p)] for p in group]
+            norms = await self._in_thread(key, lambda: [float(torch.dot(t.double(), t.double())) for _c, t in mine_in])
+            contribs = [Contribution(p, c, sq, hi - lo) for p, (c, _t), sq in zip(group, mine_in, norms)]
             verdict = self.guard.judge((lo, hi, length), contribs, max_count)
             for p, why in sorted(verdict.refused.items()):
                 self.outliers_refused += 1
                 log.warning("all-reduce %r: contribution of %s to part %d refused: %s", key, p, mine, why)
-            acc, cnt = torch.zeros(hi - lo, dtype=torch.float32), 0.0
-            for i, p in enumerate(verdict.accepted(group)):  # sorted order: the same additions on every run
-                c, t = rnd.chunks[(REDUCE, mine, p)]
-                acc = t.clone() if i == 0 else acc.add_(t)
-                cnt = c if i == 0 else cnt + c
-            result[slice(*part_bounds(length, n, mine))] = acc
+            accepted = [rnd.chunks[(REDUCE, mine, p)] for p in verdict.accepted(group)]
+            acc, cnt = await self._in_thread(key, _sum_in_order, accepted, hi - lo, result, (lo, hi))
             total[0] = cnt
             for p in group:
                 if p != me:
@@ -260,14 +281,45 @@ class AllReducer:
         finally:
             self._rounds.pop(key, None)
             self._done[key] = None
+            if len(self._work_s) > MAX_PENDING_KEYS:  # (rounds that failed, and late chunks' keys)
+                self._work_s.clear()
             while len(self._done) > _DONE_KEYS_KEPT:
                 self._done.popitem(last=False)
 
         counts = [total[0] if i == mine else rnd.chunks[(GATHER, i, group[i])][0] for i in range(n)]
-        for i in range(n):
-            if i != mine:
-                result[slice(*part_bounds(length, n, i))] = rnd.chunks[(GATHER, i, group[i])][1]
-        return _common_count(result, counts, length, key)
+
+        def assemble() -> tuple[torch.Tensor, float]:
+            for i in range(n):
+                if i != mine:
+                    result[slice(*part_bounds(length, n, i))] = rnd.chunks[(GATHER, i, group[i])][1]
+            return _common_count(result, counts, length, key)
+
+        out = await self._in_thread(key, assemble)
+        work = self._work_s.pop(key, 0.0)
+        self.last_round = {"key": key, "seconds": round(time.perf_counter() - started, 4),
+                           "tensor_work_s": round(work, 4), "sent_mb": round(2 * (n - 1) / n * length * 4 / 1e6, 3)}
+        log.info("all-reduce %r among %d: %.2f s, of which %.2f s tensor work (checks, norms, sums) in the worker "
+                 "thread; %.1f MB sent", key, n, self.last_round["seconds"], work, self.last_round["sent_mb"])
+        return out
+
+
+def _finite_tensor(payload) -> torch.Tensor | None:
+    """The float32 tensor over (a copy of) `payload`, or None if it holds NaN or infinity; in a worker thread."""
+    buf = payload if isinstance(payload, bytearray) else bytearray(payload)
+    t = torch.frombuffer(buf, dtype=torch.float32) if len(buf) else torch.empty(0, dtype=torch.float32)
+    return t if bool(torch.isfinite(t).all()) else None
+
+
+def _sum_in_order(chunks: list[tuple[float, torch.Tensor]], length: int, result: torch.Tensor,
+                  bounds: tuple[int, int]) -> tuple[torch.Tensor, float]:
+    """The sum of the accepted contributions to this node's part, in sorted-peer order (the same additions on
+    every run), written into its place in `result`; with their count.  In a worker thread."""
+    acc, cnt = torch.zeros(length, dtype=torch.float32), 0.0
+    for i, (c, t) in enumerate(chunks):
+        acc = t.clone() if i == 0 else acc.add_(t)
+        cnt = c if i == 0 else cnt + c
+    result[slice(*bounds)] = acc
+    return acc, cnt
 
 
 def _common_count(result: torch.Tensor, counts: list[float], length: int, key: str) -> tuple[torch.Tensor, float]:

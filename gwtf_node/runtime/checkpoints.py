@@ -8,15 +8,20 @@ Layout of a state directory's checkpoints:
 A file is a `torch.save` of a dict: `format` (FORMAT), `run_id`, `role`
 ("data" | "relay"), `stage` (a relay's stage; None for a data node's
 embedding and head), `steps` (optimizer steps applied to the state),
-`state` (the part's `state_bytes()`: parameters and optimizer state),
-`sha256` of `state`, `params_sha256` (`StageModel.state_hash()`: the same
+`state` (the part's `state_bytes()`: parameters and optimizer state, stored
+as a 1-D uint8 tensor over those bytes; a file holding them as a `bytes`
+object reads the same), `sha256` of `state`, `params_sha256` (`StageModel.state_hash()`: the same
 on every copy of a stage holding the same weights, so a node can compare its
 checkpoint with a stage peer's live state without moving the state), and
 `params` (the flat parameter vector, for tests and tools).
 
 Writing: to a temporary file in the same directory, flushed and fsynced,
 then renamed over the final name, so a crash leaves either the old or the
-new file, never half of one.  `keep` (KEEP by default) newest files are
+new file, never half of one.  `write` runs in a worker thread, and nothing in
+it holds the GIL for long: the state goes in as a tensor, whose bytes torch
+copies into the file with the GIL released (pickled as `bytes`, hundreds of MB
+were copied and CRC'd in one call holding the GIL, and the node's event loop,
+which answers its peers' pings, stood still meanwhile: looplag.py).  `keep` (KEEP by default) newest files are
 kept; older ones are removed after the new one is in place.
 """
 
@@ -26,6 +31,7 @@ import hashlib
 import logging
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,13 +73,18 @@ def write(state_dir: Path, *, run_id: str, role: str, stage: int | None, steps: 
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"step-{steps:08d}.pt"
     tmp = d / f".{path.name}.{os.getpid()}.tmp"
-    rec = {"format": FORMAT, "run_id": run_id, "role": role, "stage": stage, "steps": int(steps), "state": state,
+    with warnings.catch_warnings():  # (torch warns that `bytes` are not writable: the tensor is only read)
+        warnings.simplefilter("ignore", UserWarning)
+        blob = torch.frombuffer(state, dtype=torch.uint8) if len(state) else torch.empty(0, dtype=torch.uint8)
+    rec = {"format": FORMAT, "run_id": run_id, "role": role, "stage": stage, "steps": int(steps), "state": blob,
            "sha256": hashlib.sha256(state).hexdigest(), "params_sha256": params_sha256, "params": params}
     try:
-        with open(tmp, "wb") as f:
-            torch.save(rec, f)
-            f.flush()
-            os.fsync(f.fileno())
+        torch.save(rec, str(tmp))  # (a path: torch writes the file itself, the GIL released)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except RuntimeError as e:  # torch's writer reports a failed write (a full disk) as a RuntimeError
         tmp.unlink(missing_ok=True)  # (leave no partial file behind)
@@ -142,6 +153,10 @@ def load(path: Path, *, run_id: str | None = None) -> Checkpoint:
         raise CheckpointError(f"{path}: not a gwtf-node checkpoint (format {FORMAT} expected)")
     try:
         state = rec["state"]
+        if isinstance(state, torch.Tensor):
+            if state.dtype != torch.uint8 or state.dim() != 1:
+                raise TypeError(f"state is a {state.dtype} tensor of shape {tuple(state.shape)}, not bytes")
+            state = state.numpy().tobytes()
         ck = Checkpoint(path, str(rec["run_id"]), str(rec["role"]), None if rec["stage"] is None else int(rec["stage"]),
                         int(rec["steps"]), bytes(state), str(rec["sha256"]), str(rec["params_sha256"]))
     except (KeyError, TypeError, ValueError) as e:

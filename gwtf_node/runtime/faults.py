@@ -19,6 +19,12 @@ local swarm) multiplies this node's gradient by SCALE before every all-reduce
 from ITERATION on (a node that carried no microbatch sends SCALE x 1e-6 in
 every coordinate instead): a poisoned contribution, which the stage's part
 owners refuse (protocol/gradguard.py).
+
+`GWTF_BUSY_STEP=SECONDS` (or a file `busy_step` holding SECONDS in the state
+directory when the node starts) makes this node's optimizer step longer by
+SECONDS of real work in its torch worker thread (`busy_step`: matrix
+products, as the step of a large model is): a node busy for longer than the
+liveness check's floor, which its peers must not presume dead (liveness.py).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +50,7 @@ class Faults:
     dropped: set[tuple[str, int, str]] = field(default_factory=set)
     poison_scale: float = 1.0  # GWTF_POISON_GRAD: the gradient is multiplied by this before the all-reduce ...
     poison_from: int = 0  # ... from this iteration on
+    busy_step_s: float = 0.0  # GWTF_BUSY_STEP: seconds of extra work in each optimizer step
 
     @classmethod
     def from_env(cls, state_dir: Path | None = None) -> "Faults":
@@ -55,7 +63,21 @@ class Faults:
         if poison:
             scale, _, start = poison.partition("@")
             f.poison_scale, f.poison_from = float(scale), int(start or 0)
+        busy = os.environ.get("GWTF_BUSY_STEP", "")
+        if state_dir is not None and (state_dir / "busy_step").exists():
+            busy = (state_dir / "busy_step").read_text().strip()
+        f.busy_step_s = float(busy or 0.0)
         return f
+
+    def busy_step(self) -> None:
+        """`busy_step_s` seconds of matrix products (GWTF_BUSY_STEP); in the torch worker thread."""
+        import torch
+
+        log.warning("fault injection GWTF_BUSY_STEP: %.1f s of extra work in this step", self.busy_step_s)
+        a = torch.randn(256, 256) / 16.0
+        end = time.monotonic() + self.busy_step_s
+        while time.monotonic() < end:
+            a = torch.tanh(a @ a)
 
     def poison(self, grad, iteration: int):
         """The gradient this node contributes to the all-reduce of `iteration` (scaled by GWTF_POISON_GRAD)."""

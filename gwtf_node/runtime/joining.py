@@ -2,8 +2,10 @@
 
 * **Joining** (section V-B).  A relay started with `--stage auto` runs the
   pure `JoinerMachine`: it finds the leader (DHT record `run/<id>/leader`),
-  sends its capacity (free memory over the stage's per-microbatch memory) and
-  its measured cost to each stage; the leader's `MembershipMachine`
+  sends its capacity (the microbatches that fit its device's free memory in
+  every stage it can hold, model/memory.py) and its measured cost to each
+  stage, +inf for a stage whose part does not fit (the leader never places a
+  node where its cost is infinite: protocol/membership.py `choose_stage`); the leader's `MembershipMachine`
   (leadership.py) queries the stages' utilization and answers with an
   `Assignment(stage, download_from, start_iteration)`.  The newcomer builds
   its stage, says Hello with `joining=True`, and asks `download_from` for its
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 from typing import Any, Callable
 
 import trio
@@ -62,23 +65,6 @@ RESUME_SETTLE_S = 1.0  # ... and first gives the peers it learns of from a data 
 HASH_ASK_S = 15.0  # ... and waits this long at most for a hash-only answer
 NO_QUORUM_RETRY_S = 30.0  # a joiner whose state no quorum vouched for asks again after this long (handover.py)
 HASH_ANSWER_WAIT_S = 10.0  # a stage peer waits this long at most for the steps a hash-only request asks for
-
-
-def free_memory_bytes(device: str) -> int:
-    """Free memory of the device the stage runs on (CUDA: the GPU's, CPU: MemAvailable)."""
-    if device.startswith("cuda"):
-        import torch
-
-        free, _total = torch.cuda.mem_get_info(torch.device(device))
-        return int(free)
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 << 30
 
 
 class Joining:
@@ -123,20 +109,27 @@ class Joining:
         return self.joiner is not None or self.resuming
 
     # ---------------------------------------------------------------- joining
-    def _measured_capacity(self) -> int:
-        """Microbatches this node can hold: free memory over a stage's per-microbatch memory, capped."""
-        cap_demand = self.manifest.data.microbatches_per_iteration * self.data_nodes
+    def _fitting_stages(self) -> dict[int, int]:
+        """The stages whose part fits this device's free memory, each with the capacity that fits there, at most
+        the demand of the run's data nodes (model/memory.py); --capacity, when given, must fit as it is."""
+        from ..model import memory
+
+        cap = self.capacity_flag or self.manifest.data.microbatches_per_iteration * self.data_nodes
+        device = str(self.stage.device)
+        fits = memory.stage_capacities(self.manifest, memory.free_bytes(device), cap, device=device)
+        if self.capacity_flag:
+            return {k: c for k, c in fits.items() if c >= self.capacity_flag}
+        return fits
+
+    def _measured_capacity(self, fits: dict[int, int]) -> int:
+        """Microbatches this node can hold: --capacity, or what fits every stage it can serve (the least)."""
         if self.capacity_flag:
             return self.capacity_flag
-        d = self.manifest.dims
-        b, t = self.manifest.data.microbatch_size, self.manifest.data.seq_len
-        layers = max(e - s for s, e in self.manifest.stages)
-        # stashed input + ~12 activations of hidden size per layer (attention, MLP) in float32
-        per_mb = 4 * b * t * d.hidden * (1 + 12 * layers)
-        return max(1, min(cap_demand, int(0.5 * free_memory_bytes(self.stage.device) // max(1, per_mb))))
+        return min(fits.values(), default=1)
 
-    def _stage_costs(self) -> tuple[float, ...]:
-        """Measured cost to each stage: mean round trip to the peers it would talk to there."""
+    def _stage_costs(self, fits: dict[int, int] | None = None) -> tuple[float, ...]:
+        """Measured cost to each stage: mean round trip to the peers it would talk to there; +inf for a stage
+        whose part does not fit this device (`fits`: the stages that do), so the leader never places it there."""
         def mean_rtt(ids: list[str]) -> float:
             rtts = [self.peers.get(p).rtt_ms for p in ids if self.peers.get(p).rtt_ms is not None]
             return sum(rtts) / len(rtts) if rtts else 1.0
@@ -145,7 +138,7 @@ class Joining:
         for k in range(n):
             prev = self.peers.data_nodes() if k == 0 else self.peers.ids("relay", k - 1)
             nxt = self.peers.data_nodes() if k == n - 1 else self.peers.ids("relay", k + 1)
-            out.append(round(mean_rtt(prev) / 2 + mean_rtt(nxt) / 2, 3))
+            out.append(round(mean_rtt(prev) / 2 + mean_rtt(nxt) / 2, 3) if fits is None or k in fits else math.inf)
         return tuple(out)
 
     async def join(self) -> None:
@@ -154,7 +147,11 @@ class Joining:
             self.peers.set_rtt(pid, await self.liveness.measure_rtt(pid))
         measured = sorted(p for p in self.peers.ids_known() if self.peers.get(p).rtt_ms is not None)
         links = link_report({p: self.flows.link_cost(p) for p in measured})
-        cfg = JoinerConfig(self.wire.me, self._measured_capacity(), self._stage_costs(), link_costs=links)
+        fits = self._fitting_stages()
+        if not fits:
+            log.warning("joining: no stage of the run fits this device's free memory; waiting to be placed anyway")
+        cfg = JoinerConfig(self.wire.me, self._measured_capacity(fits), self._stage_costs(fits or None),
+                           link_costs=links)
         self.peers.set_capacity(cfg.capacity)
         self.joiner = JoinerMachine(cfg)
         self.peers.set_standing(joining=True)

@@ -38,12 +38,11 @@ from typing import Any
 from ..model.adatopk import (
     Compression, Gradients, kept_count, link_ratio, pipeline_link, sparse_overhead, transfer_s,
 )
+from ..model.precision import wire_bytes
 from .flows import DEFAULT_BANDWIDTH_MBPS
 from .peers import Peers
 
 log = logging.getLogger("gwtf.node")
-
-FLOAT32_BYTES = 4  # the activations' dtype for the ratio rule's overhead c (float32 values, int32 indices)
 
 
 class LinkCompression:
@@ -52,6 +51,7 @@ class LinkCompression:
         self.compression = Compression(train.compression)
         self.ratio = float(train.compression_ratio)
         self.gradients = Gradients(train.compression_gradients)
+        self.value_bytes = wire_bytes(train.wire_dtype)  # the ratio rule's overhead c: values of the wire dtype
         self.peers = peers
         self.links_cfg = links_cfg
         self._cache: dict[str, float] = {}
@@ -114,7 +114,7 @@ class LinkCompression:
             slowest = bw if math.isinf(slowest) else min(slowest, bw)
             # the tensor size cancels out of R_i / max R_p: one byte stands for it
             r = link_ratio(self.compression, self.ratio, transfer_s(1, bw), transfer_s(1, slowest),
-                           sparse_overhead(FLOAT32_BYTES))
+                           sparse_overhead(self.value_bytes))
             self._cache[peer] = r
             if self._logged.get(peer) != r:
                 self._logged[peer] = r

@@ -245,7 +245,7 @@ class Node:
                              on_refused=lambda why: wire.count_refusal(m.RefusalCode.BAD_RECORD))
         from .allreduce import AllReducer
 
-        liveness = Liveness(wire, peers, on_dead=self._peer_gone, compute_ms=self.stage.compute_ms)
+        liveness = Liveness(wire, peers, self._peer_gone, self.stage.compute_ms, self.stage.busiest_s)
         discovery = Discovery(wire, peers, host, self.manifest, self.links_cfg, on_peer_hello=self._peer_hello,
                               applied_steps=lambda: self.stage.applied_steps, incarnation=self.incarnation,
                               on_peer_back=self._peer_back, certificate=self.certificate,

@@ -12,6 +12,14 @@ forward and backward; a data node's embedding, head with its loss, and
 embedding backward), starting from a profile of one microbatch when the part
 is built (`StageModel.profile_ms`), 0 before.
 
+The work it measured.  `run` times each piece of work under its function's
+name (`work_s`: the last `apply_step`, `checkpoint`, `grad_vector`,
+`snapshot`, ...); `note_work` records one timed elsewhere.  `busiest_s` is
+the longest of them and of the compute per microbatch: what liveness.py
+scales its peers' deadlines with, and aggregation.py its phase-signal
+retries (a node that takes 30 s to step expects its stage-mates to take
+about as long).
+
 `applied_steps` counts the optimizer steps applied to this part; it changes
 with the step itself (`apply_step`, in the worker thread) so that a state
 snapshot sees both or neither, and when a joiner installs a downloaded state.
@@ -19,6 +27,7 @@ snapshot sees both or neither, and when a joiner installs a downloaded state.
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +35,8 @@ from typing import Any
 import trio
 
 from .wire import FrameRefused
+
+log = logging.getLogger("gwtf.node")
 
 CALLS_PER_MICROBATCH = {"relay": 2, "data": 3}
 CALL_EWMA_WEIGHT = 0.1  # a call's weight in the smoothed call time: about the last twenty calls count
@@ -47,6 +58,7 @@ class LocalStage:
         self.applied_steps = 0  # optimizer steps applied to this node's part
         self.call_ms: float | None = None  # smoothed time of one stage computation
         self.steps_changed = trio.Event()
+        self.work_s: dict[str, float] = {}  # piece of work -> the seconds it took last (module doc)
 
     @property
     def built(self) -> bool:
@@ -91,14 +103,30 @@ class LocalStage:
         return 0.0 if self.call_ms is None else self.call_ms * CALLS_PER_MICROBATCH.get(self.role, 2)
 
     async def run(self, fn, *args):
-        """Run torch work that is not stage compute (step, snapshot) in the worker thread."""
-        return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+        """Run torch work that is not stage compute (step, snapshot) in the worker thread; timed in `work_s`."""
+        def timed():
+            t0 = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                self.note_work(getattr(fn, "__name__", "work"), time.perf_counter() - t0)
+
+        return await trio.to_thread.run_sync(timed, limiter=self.limiter)
+
+    def note_work(self, what: str, seconds: float) -> None:
+        self.work_s[what] = seconds
+
+    def busiest_s(self) -> float:
+        """The longest piece of work measured here: a microbatch's compute or the last of each `work_s`."""
+        return max([self.compute_ms() / 1000.0, *self.work_s.values()])
 
     def hidden_size_mb(self) -> float:
-        """Size of one microbatch's activation in MB (float32): the `size` of Equation 1 (known from the
-        manifest before the stage is built: a joiner measures its links with it)."""
+        """Size of one microbatch's activation in MB (in the run's wire dtype): the `size` of Equation 1 (known
+        from the manifest before the stage is built: a joiner measures its links with it)."""
+        from ..model.precision import wire_bytes
+
         m = self.manifest
-        return m.data.microbatch_size * m.data.seq_len * m.dims.hidden * 4 / 1e6
+        return m.data.microbatch_size * m.data.seq_len * m.dims.hidden * wire_bytes(m.train.wire_dtype) / 1e6
 
     def unpack(self, msg: Any, payload, what: str):
         """The activation or gradient a frame carries, checked against this stage's shape and dtype."""
@@ -108,7 +136,7 @@ class LocalStage:
             raise FrameRefused(f"{what} without a tensor header")
         try:
             return unpack(msg.tensor, payload, expect_shape=self.model.expected_hidden_shape(
-                self.manifest.data.microbatch_size), expect_dtype=self.model.dtype)
+                self.manifest.data.microbatch_size), expect_dtype=self.model.wire_dtype)
         except TensorError as e:
             raise FrameRefused(f"{what} tensor refused: {e}") from None
 
@@ -146,7 +174,12 @@ class LocalStage:
             return None
         from . import checkpoints
 
-        return checkpoints.write(state_dir, run_id=self.manifest.run_id, role=self.role,
+        t0 = time.perf_counter()
+        state, params_sha256, params = self.model.state_bytes(), self.model.state_hash(), self.model.param_vector()
+        t1 = time.perf_counter()
+        path = checkpoints.write(state_dir, run_id=self.manifest.run_id, role=self.role,
                                  stage=None if self.role == "data" else stage, steps=self.applied_steps,
-                                 state=self.model.state_bytes(), params_sha256=self.model.state_hash(),
-                                 params=self.model.param_vector(), keep=keep)
+                                 state=state, params_sha256=params_sha256, params=params, keep=keep)
+        log.info("checkpoint of %d steps: %.0f MB, state %.2f s, file %.2f s", self.applied_steps, len(state) / 1e6,
+                 t1 - t0, time.perf_counter() - t1)
+        return path

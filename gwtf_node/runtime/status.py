@@ -65,7 +65,27 @@ class NodeState(enum.Enum):
     TRAINING = "training"  # microbatches of the iteration in flight
     AGGREGATING = "aggregating"  # the iteration's microbatches are settled: all-reduce and optimizer step
     PAUSED = "paused"  # a data node: a stage has no relay ready, the next iteration waits
+    WAITING = "waiting"  # a relay: no data node is alive (waiting for one), so no iteration can run
     LEAVING = "leaving"  # finishing its last iteration and aggregation before Goodbye
+
+
+def derive_state(*, leaving: bool, connecting: bool, joining: bool, paused: bool, waiting_for_data: bool,
+                 aggregating: bool) -> NodeState:
+    """What the node is doing now, from what it knows now, the first that holds in this order: a relay whose data
+    nodes are all gone is waiting for one (not training, whatever its last iteration was doing)."""
+    if leaving:
+        return NodeState.LEAVING
+    if connecting:
+        return NodeState.CONNECTING
+    if joining:
+        return NodeState.JOINING
+    if paused:
+        return NodeState.PAUSED
+    if waiting_for_data:
+        return NodeState.WAITING
+    if aggregating:
+        return NodeState.AGGREGATING
+    return NodeState.TRAINING
 
 
 class Status:
@@ -122,6 +142,12 @@ class Status:
             "flows": self.flows.out(),
             "link_costs": self.flows.link_costs_used,
             "compute_ms_per_microbatch": round(self.stage.compute_ms(), 3),
+            "event_loop": self.liveness.lag.snapshot(),  # how late the event loop ran (looplag.py)
+            # the work measured here (stage.py), the last aggregation's parts, each watched peer's deadline
+            "work_s": {k: round(v, 3) for k, v in self.stage.work_s.items()},
+            "aggregation_parts": {k: round(v, 3) for k, v in agg.parts.items()},
+            "last_all_reduce": getattr(agg.allreducer, "last_round", None),  # its time, tensor work, MB sent
+            "dead_after_s": {p: round(self.liveness.deadline_s(p), 1) for p in sorted(self.peers.watched())},
             "links_recosted": self.flows.recosts,
             "reachability": self._reachability(),
             "link_measurements": self.flows.meter.snapshot(),
@@ -195,19 +221,15 @@ class Status:
 
     def state(self) -> NodeState:
         place, mb, ph = self.peers.place, self.microbatches, self.aggregation.phases
-        if place.leaving:
-            return NodeState.LEAVING
-        if self.bootstrap is not None and self.bootstrap.state is not BootstrapState.CONNECTED:
-            return NodeState.CONNECTING
-        if place.stage is None or place.joining or not mb.started:
-            return NodeState.JOINING
-        if mb.paused is not None:
-            return NodeState.PAUSED
-        if ph is not None and any(it not in ph.stepped for it in ph.begun):
-            return NodeState.AGGREGATING
-        if mb.current is not None and mb.reported(mb.current.iteration):
-            return NodeState.AGGREGATING  # a data node whose microbatches are settled waits for the step
-        return NodeState.TRAINING
+        return derive_state(
+            leaving=place.leaving,
+            connecting=self.bootstrap is not None and self.bootstrap.state is not BootstrapState.CONNECTED,
+            joining=place.stage is None or place.joining or not mb.started,
+            paused=mb.paused is not None,
+            waiting_for_data=place.role == "relay" and self.liveness.waiting_for_data_since is not None,
+            # a phase begun and not stepped; or a data node whose microbatches are settled waits for the step
+            aggregating=(ph is not None and any(it not in ph.stepped for it in ph.begun))
+            or (mb.current is not None and mb.reported(mb.current.iteration)))
 
     def view(self) -> dict:
         """The dashboard's document (the module doc); JSON-ready."""

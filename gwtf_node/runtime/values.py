@@ -58,7 +58,7 @@ class Values:
             from ..model.tensors import dtype_name
 
             hidden_shape = tuple(model.expected_hidden_shape(self.stage.manifest.data.microbatch_size))
-            hidden_dtype, grad_len = dtype_name(model.dtype), model.num_params
+            hidden_dtype, grad_len = dtype_name(model.wire_dtype), model.num_params
         placed = peers.stage is not None and not peers.place.joining
         return bounds.Context(
             n_stages=peers.n_stages,

@@ -1,0 +1,223 @@
+"""What a node's part of the model needs in memory, from the manifest alone, and whether it fits its device.
+
+Theory of operation
+-------------------
+A part (the data part, or relay stage k) holds, with P its parameters
+(`hfconfig.parameter_counts`, built on the meta device) and the master
+weights in float32 whatever the precision:
+
+* parameters: 4 P bytes;
+* gradients: the float32 accumulators StageModel keeps (4 P), and during a
+  step the summed gradient vector and `.grad` (8 P, transient) and AdamW's
+  temporaries (`step_temporaries`);
+* optimizer state: AdamW's two moments (8 P), SGD's momentum buffer (4 P
+  when momentum > 0, else nothing);
+* activations: every in-flight microbatch keeps the autograd graph of one
+  stage forward (`StageModel.forward` stashes it until the backward).  Per
+  layer and per token, the tensors autograd saves are linear in the shapes:
+  a LLaMA-family layer (llama, mistral, qwen2) saves 32 H + 16 I + 8 KV +
+  4 heads + 8 bytes in float32, a GPT-2 block 32 H + 20 I + 4 heads + 16
+  (H hidden, I intermediate, KV = key/value heads x head dim; the 4 bytes
+  per head are the attention's log-sum-exp, no T x T matrix is kept).
+  These coefficients were fitted, exactly, to the bytes of the distinct
+  storages saved for backward (`torch.autograd.graph.saved_tensors_hooks`,
+  parameters left out) of one and two layers at eight shapes and three
+  (B, T) pairs on the CPU (sdpa attention), and predict every one of them
+  exactly (tests/test_memory.py checks other shapes, GQA and Qwen2's biases).
+  Under `bf16-mixed` (autocast to bfloat16 around the forward, measured
+  with CPU autocast) a layer saves 30 H + 8 I + 4 KV + 4 heads + 8 bytes
+  (LLaMA) or 20 H + 10 I + 4 heads + 16 (GPT-2) per token, *plus* the
+  bfloat16 copy of the layer's weights that autocast makes per forward
+  (2 bytes per parameter, per microbatch); at shapes other than the fitted
+  ones these are within 1 %.  A relay also keeps the stage's
+  output (B T H floats); the data part keeps the embedding output and the
+  input ids.  One microbatch's backward adds its parameter gradients (4 P)
+  and a layer's worth of activation gradients; the data part's head computes
+  logits, their log-softmax and their gradient (3 x B T V floats) at once.
+* a fixed overhead per process (`OVERHEAD_BYTES`): the resident memory of a
+  process that imported torch, transformers and the node's runtime, measured
+  on the CPU (the device's free memory is read after its context exists).
+
+`estimate(manifest, role, stage, capacity)` adds these up; the peak is the
+resident state plus `capacity - 1` microbatches held plus the larger of the
+last one's backward (its activations and the parameter gradients) and a step
+(the summed gradient vector and `.grad`).  `fits` compares it with the free memory of the device
+(`torch.cuda.mem_get_info` on CUDA, MemAvailable of /proc/meminfo on the
+CPU) and `capacity_that_fits` is the largest capacity, at most the cap,
+whose estimate fits.  A test measures the peak of a real part (RSS growth
+of a subprocess) against the estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .hfconfig import ParamCounts
+    from .manifest import RunManifest
+
+MIB = 1 << 20
+# RSS of a python process that imported torch, transformers and gwtf_node's runtime (measured: 390-430 MiB on
+# x86-64 Linux with torch 2.13 CPU); the node's other memory (libp2p, buffers, queues) is small beside a stage
+OVERHEAD_BYTES = 512 * MIB
+LLAMA_LIKE = ("llama", "mistral", "qwen2")
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    part: str  # "data" or "stage<k>"
+    params: int  # bytes of the float32 master weights
+    gradients: int  # the float32 accumulators
+    optimizer: int  # AdamW moments / SGD momentum
+    per_microbatch: int  # activations kept per in-flight microbatch
+    capacity: int  # in-flight microbatches
+    transient: int  # the larger of one backward and one step
+    overhead: int = OVERHEAD_BYTES
+
+    @property
+    def activations(self) -> int:
+        return self.per_microbatch * self.capacity
+
+    @property
+    def part_bytes(self) -> int:
+        """The part's own peak, without the process overhead: its resident state, `capacity - 1` microbatches held
+        while the last one's backward runs (its saved tensors are freed as its gradients are made), or a step."""
+        held = self.per_microbatch * max(0, self.capacity - 1)
+        return self.params + self.gradients + self.optimizer + held + max(self.per_microbatch, 0) + self.transient
+
+    @property
+    def total(self) -> int:
+        return self.part_bytes + self.overhead
+
+    def describe(self) -> str:
+        return (f"{self.part} needs {self.total / MIB:,.0f} MiB: parameters {self.params / MIB:,.0f}, gradients "
+                f"{self.gradients / MIB:,.0f}, optimizer {self.optimizer / MIB:,.0f}, activations "
+                f"{self.capacity} x {self.per_microbatch / MIB:,.1f}, backward/step {self.transient / MIB:,.0f}, "
+                f"process {self.overhead / MIB:,.0f}")
+
+
+def _shapes(family: str, config: dict) -> dict[str, int]:
+    if family == "gpt":
+        h = config.get("n_embd", 768)
+        heads = config.get("n_head", 12)
+        return {"H": h, "I": config.get("n_inner") or 4 * h, "heads": heads, "KV": h}
+    h = config.get("hidden_size", 4096)
+    heads = config.get("num_attention_heads", 32)
+    head_dim = config.get("head_dim") or h // heads
+    kv = config.get("num_key_value_heads") or heads
+    return {"H": h, "I": config.get("intermediate_size", 11008), "heads": heads, "KV": kv * head_dim,
+            "q": heads * head_dim}
+
+
+def layer_bytes_per_token(family: str, config: dict, precision: str = "fp32") -> int:
+    """Bytes autograd saves per token in one decoder layer's forward (without autocast's weight copies)."""
+    s = _shapes(family, config)
+    h, i, kv, heads = s["H"], s["I"], s["KV"], s["heads"]
+    bf16 = precision == "bf16-mixed"
+    if family == "gpt":
+        return (20 * h + 10 * i + 4 * heads + 16) if bf16 else (32 * h + 20 * i + 4 * heads + 16)
+    return (30 * h + 8 * i + 4 * kv + 4 * heads + 8) if bf16 else (32 * h + 16 * i + 8 * kv + 4 * heads + 8)
+
+
+def optimizer_bytes(manifest: "RunManifest", params: int) -> int:
+    t = manifest.train
+    if t.optimizer == "adamw":
+        return 8 * params
+    return 4 * params if t.momentum > 0 else 0
+
+
+def step_temporaries(manifest: "RunManifest", params: int, largest: int, device: str) -> int:
+    """Bytes AdamW allocates inside a step: per tensor on the CPU (sqrt and its quotient of the largest
+    parameter), for all parameters at once on CUDA (torch's foreach implementation); SGD works in place."""
+    if manifest.train.optimizer != "adamw":
+        return 0
+    return max(8 * largest, 4 * params if device.startswith("cuda") else 0)
+
+
+def estimate(manifest: "RunManifest", role: str, stage: int | None, capacity: int,
+             counts: "ParamCounts | None" = None, device: str = "cpu") -> MemoryEstimate:
+    """The memory of this node's part holding `capacity` microbatches at once, on `device`."""
+    from .hfconfig import parameter_counts
+
+    fam, cfg = manifest.model.family, manifest.model.config
+    counts = counts or parameter_counts(fam, cfg)
+    precision = getattr(manifest.train, "precision", "fp32")
+    b, t = manifest.data.microbatch_size, manifest.data.seq_len
+    tokens = b * t
+    s = _shapes(fam, cfg)
+    hidden = 4 * tokens * s["H"]  # one [B, T, H] float32 tensor
+    if role == "data":
+        n = counts.data
+        per_mb = hidden + 8 * tokens  # the embedding output and the input ids
+        logits = 4 * tokens * manifest.dims.vocab
+        head = 4 * n + 3 * logits + 2 * hidden
+        if precision == "bf16-mixed":
+            head += logits // 2 + 2 * n  # bfloat16 logits and weight copy before the float32 loss
+        step = 8 * n + step_temporaries(manifest, n, counts.data_largest, device)
+        transient = max(head, step - per_mb)
+        name = "data"
+    else:
+        start, end = manifest.stages[stage]
+        n = counts.stage(start, end)
+        layers = end - start
+        per_layer = tokens * layer_bytes_per_token(fam, cfg, precision)
+        per_mb = layers * per_layer + hidden  # the saved tensors and the stage output
+        if precision == "bf16-mixed":
+            per_mb += 2 * n  # autocast's bfloat16 weights, saved by every forward's graph
+        step = 8 * n + step_temporaries(manifest, n, counts.layer_largest, device)  # gradient vector, .grad
+        transient = max(4 * n, step - per_mb)  # a backward's parameter gradients, or a step
+        name = f"stage{stage}"
+    return MemoryEstimate(name, params=4 * n, gradients=4 * n, optimizer=optimizer_bytes(manifest, n),
+                          per_microbatch=per_mb, capacity=capacity, transient=transient)
+
+
+def free_bytes(device: str) -> int:
+    """Free memory of `device`: the GPU's (torch.cuda.mem_get_info) or the machine's MemAvailable."""
+    if device.startswith("cuda"):
+        import torch
+
+        free, _total = torch.cuda.mem_get_info(torch.device(device))
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30
+
+
+def capacity_that_fits(manifest: "RunManifest", role: str, stage: int | None, free: int, cap: int,
+                       counts: "ParamCounts | None" = None, device: str = "cpu") -> int:
+    """The most in-flight microbatches (1..cap) whose estimate fits in `free` bytes; 0 when not even one does."""
+    one = estimate(manifest, role, stage, 1, counts, device)
+    if one.total > free:
+        return 0
+    return max(1, min(cap, 1 + (free - one.total) // max(1, one.per_microbatch)))
+
+
+def fit_error(manifest: "RunManifest", role: str, stage: int | None, capacity: int, device: str, free: int,
+              counts: "ParamCounts | None" = None,
+              fix: str = "join another stage, lower --capacity, or use a larger device") -> str | None:
+    """One line saying that the part does not fit `free` bytes of `device`, or None when it fits."""
+    need = estimate(manifest, role, stage, capacity, counts, device)
+    if need.total <= free:
+        return None
+    where = "free GPU memory" if device.startswith("cuda") else "available RAM (MemAvailable)"
+    return f"{need.describe()}, but {device} has {free / MIB:,.0f} MiB {where}: {fix}"
+
+
+def stage_capacities(manifest: "RunManifest", free: int, cap: int,
+                     counts: "ParamCounts | None" = None, device: str = "cpu") -> dict[int, int]:
+    """Each relay stage's capacity that fits `free` bytes (1..cap), for the stages where one microbatch fits."""
+    from .hfconfig import parameter_counts
+
+    counts = counts or parameter_counts(manifest.model.family, manifest.model.config)
+    out = {}
+    for k in range(manifest.num_stages):
+        c = capacity_that_fits(manifest, "relay", k, free, cap, counts, device)
+        if c:
+            out[k] = c
+    return out

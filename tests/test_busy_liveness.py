@@ -1,0 +1,150 @@
+"""Busy is not dead: the liveness deadline's rule, silence counted only while the node's own loop runs, the
+event-loop lag probe, and a checkpoint written without holding the GIL.
+
+The swarm that steps for longer than the deadline's floor is in test_busy_swarm.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from gwtf_node.protocol import messages as m
+from gwtf_node.runtime import liveness
+from gwtf_node.runtime.aggregation import RETRY_CAP_S, phase_retry_s
+from gwtf_node.runtime.liveness import Liveness, dead_after_s
+from gwtf_node.runtime.looplag import LoopLag
+from gwtf_node.runtime.peers import PeerInfo, Peers, Place
+
+
+def test_the_deadline_is_the_floor_for_quick_work_and_scales_with_the_longest_work() -> None:
+    floor, factor = liveness.DEAD_AFTER_S, liveness.BUSY_FACTOR
+    assert dead_after_s(0.0, 0.0) == floor  # nothing measured yet
+    assert dead_after_s(0.02, 0.3) == floor  # a tiny model: crashes found as quickly as ever
+    assert dead_after_s(0.0, 15.0) == factor * 15.0  # this node checkpoints for 15 s: so do its stage-mates
+    assert dead_after_s(12.0, 1.0) == factor * 12.0  # the peer told a compute of 12 s per microbatch
+    assert dead_after_s(1e9, 0.0) == liveness.MAX_DEADLINE_S  # what a peer tells cannot buy it more
+    assert dead_after_s(-5.0, -1.0) == floor
+
+
+def test_phase_signals_are_resent_as_often_as_ever_for_quick_work_and_less_often_for_long_work() -> None:
+    from gwtf_node.protocol.phases import RETRY_S
+
+    assert phase_retry_s(0.01) == RETRY_S
+    assert phase_retry_s(12.0) == 12.0
+    assert phase_retry_s(1000.0) == RETRY_CAP_S
+
+
+class _Posts:
+    """The part of `Wire` the check uses, recording what it sends (no network in this test)."""
+
+    def __init__(self) -> None:
+        self.pings: list[str] = []
+        self.spawned: list = []
+
+    def post(self, peer: str, msg) -> None:
+        assert isinstance(msg, m.Ping)
+        self.pings.append(peer)
+
+    def spawn(self, fn, *args) -> None:
+        self.spawned.append((fn, args))
+
+    async def disconnect(self, peer: str) -> None:  # pragma: no cover - only spawned
+        pass
+
+
+def _relay_with_a_data_node() -> tuple[Liveness, Peers, list[str], dict[str, float]]:
+    peers = Peers("R0", "r0", 2, Place("relay", 0, 4))
+    peers.peers["D0"] = PeerInfo("D0", role="data", stage=-1, name="d0")
+    dead: list[str] = []
+    work = {"s": 0.0}
+    lv = Liveness(_Posts(), peers, dead.append, work_s=lambda: work["s"])
+    return lv, peers, dead, work
+
+
+@pytest.mark.trio
+async def test_a_silent_peer_is_presumed_dead_after_the_floor() -> None:
+    lv, peers, dead, _work = _relay_with_a_data_node()
+    peers.heard("D0", 0.0)
+    for t in range(1, 7):
+        lv.check(float(t))
+    assert dead == [] and lv.wire.pings.count("D0") == 6
+    lv.check(7.0)
+    assert dead == ["D0"] and "D0" in lv.crashed
+
+
+@pytest.mark.trio
+async def test_the_deadline_widens_with_the_work_this_node_measured_and_with_what_the_peer_tells() -> None:
+    lv, peers, dead, work = _relay_with_a_data_node()
+    peers.heard("D0", 0.0)
+    work["s"] = 10.0  # this node's last step (or checkpoint) took 10 s
+    for t in range(1, 21):
+        lv.check(float(t))
+    assert dead == [] and lv.deadline_s("D0") == 20.0
+    lv.check(21.0)
+    assert dead == ["D0"]
+
+    lv, peers, dead, _work = _relay_with_a_data_node()
+    peers.heard("D0", 0.0)
+    lv.on_pong("D0", m.Pong(1, compute_ms=9000.0))  # the peer computes 9 s per microbatch
+    for t in range(1, 19):
+        lv.check(float(t))
+    assert dead == [] and lv.deadline_s("D0") == 18.0
+    lv.check(19.0)
+    assert dead == ["D0"]
+
+
+@pytest.mark.trio
+async def test_silence_counts_only_while_this_nodes_own_loop_ran(caplog) -> None:
+    lv, peers, dead, _work = _relay_with_a_data_node()
+    peers.heard("D0", 0.0)
+    lv.check(1.0)
+    lv.check(2.0)
+    with caplog.at_level(logging.INFO, logger="gwtf.node"):
+        lv.check(25.0)  # this node's loop was held for 22 s: the peer's frames wait unread in the sockets
+    assert dead == [] and "loop was held" in caplog.text
+    for t in range(26, 32):
+        lv.check(float(t))
+    assert dead == []  # the floor, counted from when the loop came back
+    lv.check(32.0)
+    assert dead == ["D0"]  # ... and still dead after it when it stays silent
+
+
+@pytest.mark.trio
+async def test_the_lag_probe_measures_a_blocked_loop_and_names_the_step_that_blocked_it(caplog) -> None:
+    lag = LoopLag()
+    with caplog.at_level(logging.WARNING, logger="gwtf.node"):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lag.loop)
+            await trio.sleep(0.3)
+            time.sleep(1.5)  # the event loop's thread held, as torch work in it would hold it
+            await trio.sleep(0.3)
+            nursery.cancel_scope.cancel()
+    snap = lag.snapshot()
+    assert snap["stalls"] >= 1 and snap["max_lag_s"] >= 1.0 and snap["max_step_s"] >= 1.0
+    assert "event loop stalled" in caplog.text and "test_the_lag_probe" in caplog.text
+
+
+def test_a_checkpoint_holds_the_state_as_a_tensor_that_torch_writes_without_the_gil(tmp_path: Path) -> None:
+    """The state goes into the file as a uint8 tensor (torch copies a tensor's bytes into the file with the GIL
+    released; a `bytes` object is pickled, copied and CRC'd in one call that holds it); a file holding the state
+    as `bytes` still reads the same."""
+    import torch
+
+    from gwtf_node.runtime import checkpoints
+
+    state = bytes(range(256)) * 4096
+    path = checkpoints.write(tmp_path, run_id="r", role="relay", stage=0, steps=1, state=state, params_sha256="x",
+                             params=torch.zeros(8))
+    rec = torch.load(path, weights_only=True)
+    assert isinstance(rec["state"], torch.Tensor) and rec["state"].dtype == torch.uint8
+    ck = checkpoints.load(tmp_path / "checkpoint.pt")
+    assert ck.state == state and ck.steps == 1
+
+    rec["state"] = state  # as written before
+    torch.save(rec, path)
+    assert checkpoints.load(path).state == state
