@@ -37,28 +37,29 @@ Figures per setting:
   Top-K), over all iterations' tokens; `lab_bytes_per_token`: every byte the
   nodes' veths sent (also the within-stage all-reduce, control messages and
   the start), from the kernel's counters.
-* final_loss: the last iteration's loss; the settings see the same
-  microbatches (equal samples).
+* final_loss: the last iteration's loss (the same microbatches everywhere).
 * peak_memory_mb: per node, its peak resident memory (status.json
   `resources.peak_rss_mb`) minus that of a process that only imported what a
   node imports before it builds its part (`baseline_rss_mb`);
   estimated_memory_mb: the node's part's estimate from the manifest
   (`gwtf_node/model/memory.py`), null where this build has none.
-* bound_tokens_per_s (`throughput_bound`, `swarm_bound`): the maximum flow
-  of microbatches per second through the stages, each node a split vertex
-  whose capacity is the least of its compute rate (one over its compute
-  seconds per microbatch after iteration 0: status.json `compute_s` over
-  its microbatches, the mean of what `compute_ms_per_microbatch` smooths),
-  its uplink rate over the bytes it sends per microbatch and its downlink
-  rate over about as many received, each link between adjacent stages an
-  edge of capacity min(uplink, downlink) over the bytes per microbatch
-  crossing it.  The nodes share the machine's `--cores`, and the CPU is a
-  capacity of its own: a unit of flow through a node costs its compute
-  seconds, and the bound is the largest flow whose cost per second fits in
-  the cores left after the rest the nodes spent (status.json
-  `resources.cpu_s` less `compute_s`, per second of the window: event
-  loops, serialization, steps, all-reduce sums), a min-cost flow searched
-  on the flow value.  utilization = tokens_per_s / bound_tokens_per_s.
+* bound_tokens_per_s (`gwtf_node/sim/bound.py`, `swarm_bound`): the
+  maximum flow of microbatches per second through the stages, each node a
+  split vertex whose capacity is the least of its compute rate and its
+  link's rate over the bytes it sends per microbatch (about as many come
+  in), each link between adjacent stages an edge of capacity min(uplink,
+  downlink) over the bytes per microbatch crossing it.  The nodes share
+  the machine's `--cores`, and the CPU is a capacity of its own: a unit of
+  flow through a node costs its part's CPU seconds per microbatch, and the
+  flow's cost per second must fit in the cores (a min-cost flow, bisected
+  on its value).  A part's compute rate and cost come from `calibrate`:
+  its forward and backward timed alone on one thread (CPU time) after
+  the swarm stops.  The nodes' own `compute_ms_per_microbatch` is wall
+  time in the swarm, which counts the waiting for a core shared with eight
+  other nodes (and whatever else the machine runs): it is reported beside
+  (`compute_s_per_microbatch`), as is the CPU the swarm's processes used
+  (`cores_used`: all their work, compute and the rest, per second).
+  utilization = tokens_per_s / bound_tokens_per_s.
   The bound leaves out the within-stage all-reduce, whose time depends on
   the parameters, not the tokens; `iteration_bound_tokens_per_s` adds it
   (each relay sends and receives 2(n-1)/n of its stage's float32 gradient
@@ -79,6 +80,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import random
 import re
 import shutil
@@ -104,28 +106,27 @@ CALLS_PER_MICROBATCH = {"relay": 2, "data": 3}  # runtime/stage.py: stage calls 
 
 
 # ------------------------------------------------------------------ the bound
-def swarm_bound(status: dict[str, dict], window: dict[str, dict], rates: dict[str, float], cores: float) -> dict:
-    """`throughput_bound` from what the nodes measured after iteration 0 (`window`: node -> {"microbatches",
-    "compute_s", "cpu_s", "sent_bytes", "seconds"}, differences of two status.json) and their roles (`status`);
-    `rates`: node -> its uplink and downlink rate in Mbit/s.
+def swarm_bound(status: dict[str, dict], window: dict[str, dict], rates: dict[str, float], cores: float,
+                part_cpu_s: dict[int, float]) -> dict:
+    """`throughput_bound` of the swarm: `status`, each node's status.json (its role and stage); `window`, what it
+    measured after iteration 0 (node -> {"microbatches", "sent_bytes", "cpu_s", "seconds"}, differences of two
+    status.json); `rates`, its uplink and downlink in Mbit/s; `part_cpu_s`, the CPU seconds one microbatch costs
+    each part computed alone (`calibrate`; -1: the data part).
 
-    A node's cost per microbatch is its compute time per microbatch (status.json `compute_s` over the
-    microbatches it computed); what else the nodes spent (event loops, serialization, steps, all-reduce sums,
-    status) is a load taken off the cores: `cores - sum(cpu_s - compute_s) / seconds`."""
+    A node handles at most 1 / its part's cost microbatches per second (one torch thread), and no more than its
+    link's rate over the bytes it sends per microbatch (it receives about as many: an activation of the same
+    shape, a gradient back); a unit of flow through it costs its part's CPU seconds, all nodes within `cores`."""
+    from gwtf_node.sim.bound import throughput_bound
+
     stage_of, node_rate, cost = {}, {}, {}
     per_mb_bytes = {}
-    overhead = 0.0
     for n, st in status.items():
         stage_of[n] = -1 if st["role"] == "data" else st["stage"]
         w = window[n]
-        mbs = max(w["microbatches"], 1e-9)
-        per_mb_bytes[n] = w["sent_bytes"] / mbs  # what it sends per microbatch (activations and gradients)
-        cost[n] = w["compute_s"] / mbs
-        overhead += max(0.0, w["cpu_s"] - w["compute_s"]) / w["seconds"]
-        bps = rates[n] * 1e6 / 8
+        per_mb_bytes[n] = w["sent_bytes"] / max(w["microbatches"], 1e-9)  # activations and gradients it sends
+        cost[n] = part_cpu_s[stage_of[n]]
         compute = 1.0 / cost[n] if cost[n] > 0 else math.inf
-        # a node receives per microbatch about what it sends: an activation of the same shape, a gradient back
-        nic = bps / per_mb_bytes[n] if per_mb_bytes[n] > 0 else math.inf
+        nic = rates[n] * 1e6 / 8 / per_mb_bytes[n] if per_mb_bytes[n] > 0 else math.inf
         node_rate[n] = min(compute, nic)
     link_rate = {}
     for a in status:
@@ -136,13 +137,11 @@ def swarm_bound(status: dict[str, dict], window: dict[str, dict], rates: dict[st
                 # back: a -> b carries a's activation, b -> a b's gradient, each direction at `both`
                 crossing = max(per_mb_bytes[a], per_mb_bytes[b]) / 2
                 link_rate[(a, b)] = both / crossing if crossing > 0 else math.inf
-    left = max(cores - overhead, 1e-6)
-    from gwtf_node.sim.bound import throughput_bound
-
-    out = throughput_bound(stage_of, node_rate, link_rate, cost, left)
-    out["compute_s_per_microbatch"] = {n: round(v, 4) for n, v in sorted(cost.items())}
+    out = throughput_bound(stage_of, node_rate, link_rate, cost, cores)
     out["node_rate"] = {n: round(v, 3) for n, v in sorted(node_rate.items())}
-    out["cores_for_compute"] = round(left, 3)
+    # the CPU the swarm's processes used, in cores, over the window: all of its work, the compute's and the rest
+    out["cores_used"] = round(sum(w["cpu_s"] for w in window.values()) / max(
+        max(w["seconds"] for w in window.values()), 1e-9), 3)
     return out
 
 
@@ -301,6 +300,46 @@ def node_figures(st: dict) -> dict:
             "sent_bytes": st["compression"]["sent_bytes"], "dense_bytes": st["compression"]["dense_bytes"]}
 
 
+CALIBRATE = """
+import json, sys, time, torch
+torch.set_num_threads(1)
+from gwtf_node.model.manifest import load_manifest
+from gwtf_node.model.stages import build_stage
+man = load_manifest(sys.argv[1], check_files=False)
+b, t, h, v = man.data.microbatch_size, man.data.seq_len, man.dims.hidden, man.dims.vocab
+g = torch.Generator().manual_seed(0)
+out = {}
+for k in [-1] + list(range(len(man.stages))):
+    part = build_stage(man, "data" if k < 0 else "relay", None if k < 0 else k)
+    spent = []
+    for i in range(3):
+        x, ids = torch.randn(b, t, h, generator=g), torch.randint(0, v, (b, t), generator=g)
+        t0 = time.process_time()
+        if k < 0:
+            part.embed(i, ids)
+            _, grad = part.head_loss(i, x, ids)
+            part.embed_backward(i, grad)
+        else:
+            part.forward(i, x)
+            part.backward(i, torch.randn(b, t, h, generator=g))
+        spent.append(time.process_time() - t0)
+    out[str(k)] = min(spent[1:])
+    del part
+print(json.dumps(out))
+"""
+
+
+def calibrate(run: Path) -> dict[int, float]:
+    """CPU seconds one microbatch costs each part (-1: the data part) computed alone on one thread: its forward
+    and backward (a data part's embedding, head and loss, embedding backward), the least of two after a warm-up.
+    In the swarm the nodes' compute times count the waiting for a core shared with the others; this does not."""
+    out = subprocess.run([sys.executable, "-c", CALIBRATE, str(run)], capture_output=True, text=True, timeout=900,
+                         cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    if out.returncode != 0:
+        raise SystemExit(f"bench_scale: calibrating the parts failed: {out.stderr.strip()[-500:]}")
+    return {int(k): v for k, v in json.loads(out.stdout.splitlines()[-1]).items()}
+
+
 def mem_available_mb() -> float | None:
     try:
         with open("/proc/meminfo") as f:
@@ -407,7 +446,8 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
     tokens = sum(r["microbatches"] for r in steady) * tokens_per_mb
     wall = records[-1]["time"] - records[0]["time"]
     pipeline = sum(r["pipeline_seconds"] for r in steady if r["pipeline_seconds"] == r["pipeline_seconds"])
-    bound = swarm_bound(last, window, rates, args.cores)
+    part_cpu = calibrate(run)
+    bound = swarm_bound(last, window, rates, args.cores, part_cpu)
     all_tokens = sum(r["microbatches"] for r in records) * tokens_per_mb
     sent = sum(node_figures(last[n])["sent_bytes"] for n in names)
     dense = sum(node_figures(last[n])["dense_bytes"] for n in names)
@@ -444,8 +484,10 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
         "baseline_rss_mb": round(baseline, 1), "estimated_memory_mb": {n: e and e["part_mb"] for n, e in est.items()},
         "estimated_total_mb": {n: e and e["total_mb"] for n, e in est.items()},
         "compute_ms_per_microbatch": {n: last[n]["compute_ms_per_microbatch"] for n in names},
-        "compute_s_per_microbatch": bound["compute_s_per_microbatch"],
-        "cores_for_compute": bound["cores_for_compute"],
+        "compute_s_per_microbatch": {n: round(w["compute_s"] / max(w["microbatches"], 1e-9), 3)
+                                     for n, w in window.items()},
+        "part_cpu_s_per_microbatch": {str(k): round(v, 4) for k, v in part_cpu.items()},
+        "cores_used": bound["cores_used"],
         "link_ratios": {n: last[n]["compression"]["link_ratios"] for n in names
                         if last[n]["compression"]["link_ratios"]},
         "rates_mbit": rates,
@@ -461,8 +503,7 @@ def table(results: list[dict], args: argparse.Namespace) -> str:
              f"{'/'.join(f'{r:g}' for r in args.rates)} Mbit/s (tbf), one-way latency {args.latency_ms[0]:g}-"
              f"{args.latency_ms[1]:g} ms; {args.cores:g} cores shared", "",
              "| setting | tokens/s | bound (limited by) | utilization | bound with all-reduce | utilization | "
-             "pipeline tokens/s | between iterations s | wire B/token | vs fp32 | all veth B/token | final loss | "
-             "vs fp32 |",
+             "cores used | between iterations s | wire B/token | vs fp32 | all veth B/token | final loss | vs fp32 |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     base = next((r for r in results if r["setting"] == "fp32"), None)
     for r in results:
@@ -471,7 +512,7 @@ def table(results: list[dict], args: argparse.Namespace) -> str:
         it = r["iteration_bound_tokens_per_s"]
         lines.append(f"| {r['setting']} | {r['tokens_per_s']:.1f} | {r['bound_tokens_per_s']:.1f} "
                      f"({r['bound_limited_by']}) | {r['utilization']:.2f} | {it:.1f} | {r['tokens_per_s'] / it:.2f} | "
-                     f"{r['pipeline_tokens_per_s'] or 0:.1f} | {r['between_iterations_s']:.1f} | "
+                     f"{r['cores_used']:.2f} | {r['between_iterations_s']:.1f} | "
                      f"{r['wire_bytes_per_token']:.0f} | {wire} | {r['lab_bytes_per_token']:.0f} | "
                      f"{r['final_loss']:.4f} | {loss} |")
     lines += ["", f"Memory per node: peak RSS less a process that only imported what a node imports "
@@ -537,8 +578,6 @@ def main() -> int:
     if args.iterations < 2:
         print("bench_scale: --iterations must be at least 2 (iteration 0 is left out of the rates)", file=sys.stderr)
         return 2
-    import os
-
     args.cores = args.cores or float(len(os.sched_getaffinity(0)))
     why = lab_unavailable()
     if why is not None:

@@ -61,18 +61,16 @@ def test_shared_cores_take_the_cheapest_paths_first() -> None:
 def test_swarm_bound_turns_measurements_into_capacities() -> None:
     bench = _bench()
     status = {n: {"role": "data" if s < 0 else "relay", "stage": None if s < 0 else s} for n, s in STAGE.items()}
-    # 10 microbatches in 20 s each; compute as CPU above; 0.1 CPU s per second besides the compute on each node
-    window = {n: {"microbatches": 10.0, "compute_s": 10.0 * CPU[n], "cpu_s": 10.0 * CPU[n] + 2.0,
-                  "sent_bytes": 10.0 * 125_000, "seconds": 20.0} for n in STAGE}
+    window = {n: {"microbatches": 10.0, "sent_bytes": 10.0 * 125_000, "cpu_s": 5.0, "seconds": 20.0} for n in STAGE}
+    part = {-1: 0.05, 0: 0.1, 1: 0.1}  # every part's CPU seconds per microbatch, alone
     # 125 kB per microbatch at 10 Mbit/s (1.25 MB/s): 10 microbatches/s through each node's network card
-    got = bench.swarm_bound(status, window, {n: 10.0 for n in STAGE}, cores=100.0)
+    got = bench.swarm_bound(status, window, {n: 10.0 for n in STAGE}, 100.0, part)
     assert got["node_rate"]["d0"] == pytest.approx(10.0)  # its NIC, not its compute (20/s), binds
-    assert got["node_rate"]["b"] == pytest.approx(5.0)
+    assert got["node_rate"]["b"] == pytest.approx(10.0)
     assert got["microbatches_per_s"] == pytest.approx(10.0) and got["limited_by"] == "flow"
-    assert got["compute_s_per_microbatch"]["b"] == pytest.approx(0.2)
-    # 2.5 cores less the 5 x 0.1 spent besides compute leave 2: the case of the test above
-    cpu = bench.swarm_bound(status, window, {n: 1000.0 for n in STAGE}, cores=2.5)
-    assert cpu["cores_for_compute"] == pytest.approx(2.0)
+    assert got["cores_used"] == pytest.approx(5 * 5.0 / 20.0)  # what the processes used over the window
+    # fast links, 2 cores: 0.25 CPU s per microbatch on every path
+    cpu = bench.swarm_bound(status, window, {n: 1000.0 for n in STAGE}, 2.0, part)
     assert cpu["microbatches_per_s"] == pytest.approx(8.0, rel=1e-4) and cpu["limited_by"] == "cpu"
 
 
