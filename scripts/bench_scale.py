@@ -11,20 +11,16 @@ each time on a fresh network lab (`gwtf_node/testing/netlab.py`, root): 1
 data node and `--relays-per-stage` relays on each of `--stages` stages, every
 node a public host in a namespace of its own.
 
-Links.  Each node's uplink is a veth whose both ends carry a `tbf` at the
-node's rate (`--rates`, Mbit/s, given to the nodes round-robin in the order
-d0, r0_0, r0_1, r1_0, ...): its upload and its download are capped at that
-rate, shared by everything it sends or receives.  Latency is emulated by the
-daemons (`--links`, runtime/links.py; this kernel has no netem): every pair
-of nodes gets a one-way latency drawn uniformly from `--latency-ms` (seeded,
-the same in both directions).  The daemons' link emulation would also
-serialize each frame at the declared bandwidth, on top of the kernel's tbf;
-so the links file declares `DECLARED_BANDWIDTH_SCALE` times the physical
-rate, min(uplink of the sender, downlink of the receiver): the daemons' own
-serialization becomes negligible, AdaTopK's per-link ratios (which depend
-only on the ratios of the bandwidths) are those of the physical rates, and
-Equation 1's bandwidth term is understated by that factor (flow formation
-sees latency and compute).
+Links.  Each node's uplink veth carries a `tbf` at the node's rate on both
+ends (`--rates` Mbit/s, round-robin over d0, r0_0, r0_1, r1_0, ...): upload
+and download capped, shared by all its traffic.  The daemons emulate a
+seeded one-way latency per pair from `--latency-ms` (`--links`; no netem
+here).  Their emulation would also serialize each frame at the declared
+bandwidth, on top of the tbf, so the links file declares
+`DECLARED_BANDWIDTH_SCALE` x the physical min(rate_a, rate_b): their own
+serialization is negligible, AdaTopK's ratios (which depend only on the
+ratios of the bandwidths) are the physical ones, and Equation 1's bandwidth
+term is understated by that factor.
 
 Figures per setting:
 
@@ -277,11 +273,7 @@ def aggregation_breakdown(logs: list[Path], skip: int = 1) -> dict[str, float]:
     "iteration N: aggregation S s: gradient a, all_reduce b, step c, checkpoint d" (empty where none say so)."""
     sums: dict[str, list[float]] = {}
     for log in logs:
-        try:
-            text = log.read_text(errors="replace")
-        except OSError:
-            continue
-        for line in text.splitlines():
+        for line in read_text(log).splitlines():
             m = AGGREGATION_LOG.search(line)
             if m and int(m[1]) >= skip:
                 for part in m[2].split(","):
@@ -291,6 +283,13 @@ def aggregation_breakdown(logs: list[Path], skip: int = 1) -> dict[str, float]:
                     except ValueError:
                         pass
     return {k: round(sum(v) / len(v), 3) for k, v in sums.items()}
+
+
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def node_figures(st: dict) -> dict:
@@ -477,6 +476,7 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
         "final_loss": records[-1]["loss"], "losses": [r["loss"] for r in records],
         "seconds": [r["seconds"] for r in records], "aggregation_seconds": [r["aggregation_seconds"] for r in records],
         # from the data node's step to its next iteration's start: the relays' all-reduce and step, CAN TAKE
+        "presumed_dead": sum(read_text(workdir / n / "node.log").count(" presumed dead: ") for n in names),
         "relay_aggregation_s": aggregation_breakdown([workdir / n / "node.log" for n in names if n[0] == "r"]),
         "between_iterations_s": round(sum(b["time"] - a["time"] - b["seconds"] for a, b in zip(records, steady))
                                       / len(steady), 3),
