@@ -34,11 +34,9 @@ Figures per setting:
   nodes' veths sent (also the within-stage all-reduce, control messages and
   the start), from the kernel's counters.
 * final_loss: the last iteration's loss (the same microbatches everywhere).
-* peak_memory_mb: per node, its peak resident memory (status.json
-  `resources.peak_rss_mb`) minus that of a process that only imported what a
-  node imports before it builds its part (`baseline_rss_mb`);
-  estimated_memory_mb: the node's part's estimate from the manifest
-  (`gwtf_node/model/memory.py`), null where this build has none.
+* peak_memory_mb: per node, its peak RSS (status.json `resources`) less that
+  of a process that only imported what a node imports (`baseline_rss_mb`);
+  estimated_memory_mb: model/memory.py's estimate of its part.
 * bound_tokens_per_s (`gwtf_node/sim/bound.py`, `swarm_bound`): the
   maximum flow of microbatches per second through the stages, each node a
   split vertex whose capacity is the least of its compute rate and its
