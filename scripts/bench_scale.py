@@ -25,9 +25,7 @@ term is understated by that factor.
 Figures per setting:
 
 * tokens_per_s: tokens of iterations 1..N-1 over the wall time from the end
-  of iteration 0 to the end of the last (iteration 0 pays the start);
-  `pipeline_tokens_per_s` over the iterations' pipeline seconds only (the
-  aggregation left out).
+  of iteration 0 to the end of the last (iteration 0 pays the start).
 * wire_bytes_per_token: bytes of activations and their gradients the nodes
   sent (status.json `compression.sent_bytes`: after the wire dtype and
   Top-K), over all iterations' tokens; `lab_bytes_per_token`: every byte the
