@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,12 +39,51 @@ async def wait_exit(swarm: LocalSwarm, name: str, timeout: float) -> int:
     return p.returncode
 
 
+async def wait_summed(swarm: LocalSwarm, relays, n: int, timeout: float) -> None:
+    """Wait until each of `relays` logged its stage's sum ("iteration t: contributions [...]", aggregation.py) of
+    every iteration t < `n`; fails after `timeout` s or if a node died.
+
+    The leader records an iteration once the data nodes stepped; a relay sums the same iteration in its own
+    all-reduce, possibly later (a BEGIN AGGREGATION resent after a lost copy reaches it seconds after the data
+    nodes').  A test that rebuilds what each stage trained from the relays' logs waits for this before it stops
+    the swarm: a relay stopped before its BEGIN arrived never sums that iteration."""
+    pat = re.compile(r"iteration (\d+): contributions \[")
+
+    def summed() -> bool:
+        for r in relays:
+            done = {int(t) for t in pat.findall(log_text(swarm.workdir, r))}
+            if not done.issuperset(range(n)):
+                return False
+        return True
+
+    await wait_for(summed, timeout, f"{', '.join(relays)} summed iterations 0-{n - 1}", swarm)
+
+
 def status(workdir: Path, name: str) -> dict:
     """A node's status.json ({} while it does not exist or is being replaced)."""
     try:
         return json.loads((workdir / name / "status.json").read_text())
     except (OSError, json.JSONDecodeError):
         return {}
+
+
+def fresh_statuses(workdir: Path, names, timeout: float) -> dict[str, dict]:
+    """Each node's status.json written after this call (a node rewrites it every second): what the nodes say now,
+    not a second ago.  Blocking (for tests that drive a swarm without trio); fails after `timeout` s."""
+    def mtime(name: str) -> int:
+        try:
+            return (workdir / name / "status.json").stat().st_mtime_ns
+        except OSError:
+            return 0
+
+    since = {n: mtime(n) for n in names}
+    deadline = time.monotonic() + timeout
+    while not all(mtime(n) > since[n] for n in names):
+        if time.monotonic() > deadline:
+            stale = [n for n in names if mtime(n) <= since[n]]
+            raise AssertionError(f"status.json of {', '.join(stale)} not rewritten within {timeout:.0f} s")
+        time.sleep(0.1)
+    return {n: status(workdir, n) for n in names}
 
 
 def log_text(workdir: Path, name: str) -> str:

@@ -10,16 +10,21 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import socket
 from pathlib import Path
 
 import pytest
+import trio
 from rich.console import Console
 
 from gwtf_node.cli import main
 from gwtf_node.cli.status import render
+from gwtf_node.runtime.control import serve
 from gwtf_node.runtime.events import EventFeed, EventKind, EventLog, PeerSeen, short_id
 from gwtf_node.runtime.tally import Tally
+
+from ptyutil import run_in_pty
 
 DATA = Path(__file__).parent / "data"
 A = "12D3KooWAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAaaaaaa"
@@ -117,6 +122,23 @@ def test_frames_render_from_real_views() -> None:
     assert "not running" in several and "r0_0" in several
     swarm = _frame([(Path("d0"), d0), (Path("r0_0"), r0)], swarm=True)
     assert "gwtf-node swarm" in swarm and "utilization" in swarm
+
+
+@pytest.mark.trio
+async def test_ctrl_c_leaves_the_live_view_also_when_sigint_came_ignored(tmp_path: Path) -> None:
+    """The live view refreshes until Ctrl-C, its only way out, also when `status` was started with SIGINT ignored
+    (as every command of a script's background job is: a CI runner, `nohup ... &`); the view is served by a real
+    control socket that answers with a view read from a running swarm."""
+    node = tmp_path / "d0"
+    node.mkdir()
+    view = _view("d0")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve, node, lambda: view, lambda: {"graceful": False, "pid": os.getpid()})
+        rc, drawn = await trio.to_thread.run_sync(lambda: run_in_pty(
+            ["status", "--state-dir", str(node), "--interval", "0.2"], timeout_s=120, sigint_ignored=True,
+            interrupt_when=lambda d: d.count("recent events") >= 2))
+        nursery.cancel_scope.cancel()
+    assert rc == 0 and drawn.count("recent events") >= 2, drawn[-2000:]
 
 
 def test_status_with_no_daemon_says_so_and_exits_1(tmp_path: Path, capsys, monkeypatch) -> None:

@@ -8,6 +8,12 @@ neighbouring stages (status.json `peers`; the joiner and the relays of its
 sample let go of each other), the data node knows everyone, and every iteration's
 loss equals the centralized reference (the flows, the aggregation and the
 placement of the joiner need nothing beyond those connections).
+
+The joiner is also the volunteer who joins a run in flight: placed by the
+leader after its first iteration, it loads its stage's weights and optimizer
+state from the stage's relay, takes part from the next iteration boundary
+on, and once the data node stopped it has stepped with its stage peer to the
+end, its parameters equal to the peer's bit for bit.
 """
 
 from __future__ import annotations
@@ -17,12 +23,13 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.model.reference import train_centralized
 from gwtf_node.protocol import fanout
 from gwtf_node.runtime.local import LocalSwarm
-from swarmutil import log_digest, status
+from swarmutil import fresh_statuses, log_digest, status
 
 MAX_ITERATIONS = 1000  # the run is stopped once the joiner serves and 3 more iterations settled
 JOIN_WITHIN_S = 150.0
@@ -97,8 +104,16 @@ def test_a_four_stage_swarm_connects_only_what_works_together(tmp_path: Path) ->
                 assert time.monotonic() - started < JOIN_WITHIN_S, ("j0 not serving", log_digest(tmp_path, names))
             elif len(records) >= placed_at + 3:
                 break
-        time.sleep(2.0)  # (status.json: once a second)
-        statuses = {n: status(tmp_path, n) for n in names + ["j0"]}
+        statuses = fresh_statuses(tmp_path, names + ["j0"], 30)
+        # stop the data node first: no new iteration opens, the aggregation in flight completes
+        swarm.procs["d0"].terminate()
+        swarm.procs["d0"].wait(timeout=60)
+        peer = f"r{statuses['j0']['stage']}_0"
+        deadline = time.monotonic() + 60
+        while status(tmp_path, "j0").get("steps_applied") != status(tmp_path, peer).get("steps_applied"):
+            assert time.monotonic() < deadline, ("j0 does not step with its stage peer", status(tmp_path, "j0"),
+                                                 status(tmp_path, peer))
+            time.sleep(0.2)
     finally:
         swarm.stop()
     print("records", json.dumps(records))
@@ -116,3 +131,14 @@ def test_a_four_stage_swarm_connects_only_what_works_together(tmp_path: Path) ->
         assert known[n] == want, (n, known[n], want)  # (j0 let go of its sample once placed, and they of it)
     # a relay two stages away from r0_0 is not known to it, nor it to them
     assert "r2_0" not in known["r0_0"] and "r3_0" not in known["r0_0"] and "r0_0" not in known["r3_0"]
+
+    # the joiner took its stage's state from its peer mid-run and stepped with it to the end
+    log = (tmp_path / "j0" / "node.log").read_text()
+    assert "assigned to stage" in log and "state loaded from" in log, log[-2000:]
+    joined_at = int(log.split("taking part from iteration ")[-1].split()[0])
+    assert joined_at >= 1  # (it was started once the first iteration was recorded)
+    new = torch.load(tmp_path / "j0" / "checkpoint.pt", weights_only=False)
+    mate = torch.load(tmp_path / peer / "checkpoint.pt", weights_only=False)
+    assert new["stage"] == mate["stage"] == statuses["j0"]["stage"]
+    assert new["steps"] == mate["steps"] > joined_at  # it stepped with its stage to the end
+    assert torch.equal(new["params"], mate["params"])  # bit for bit: same state, same all-reduced update

@@ -22,7 +22,7 @@ from gwtf_node.runtime.local import LocalSwarm
 from swarmutil import wait_exit, wait_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.trio]
-AFTER = 8  # iterations trained after the leave
+AFTER = 3  # iterations trained after the leave (the first already routes around the relay that left)
 
 
 async def test_graceful_leave(tmp_path: Path) -> None:
@@ -37,7 +37,7 @@ async def test_graceful_leave(tmp_path: Path) -> None:
         assert rc == 0
         assert swarm.procs["r0_1"].wait(timeout=5) == 0
         left_at = len(swarm.records())
-        with trio.fail_after(120):
+        with trio.fail_after(300):
             while len(swarm.records()) < left_at + AFTER:
                 for name, p in swarm.procs.items():
                     assert name == "r0_1" or p.poll() is None, f"{name} died"

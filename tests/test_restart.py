@@ -23,7 +23,6 @@ import json
 import os
 import re
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -147,13 +146,11 @@ async def _kill_and_restart(swarm: LocalSwarm, workdir: Path, name: str, *, auto
     assert await wait_exit(swarm, name, 10) == -9
     restart(swarm, name, auto=auto)
     await trio.to_thread.run_sync(swarm._wait_addr, name)  # (starting Python and torch is not the node's doing)
-    t0 = time.monotonic()
     await wait_for(lambda: re.search(r"iteration \d+: aggregating", log_text(workdir, name)), BACK_WITHIN_S,
                    f"{name} aggregates again", swarm)
     log = log_text(workdir, name)
     assert "resuming from checkpoint" in log and "joining: capacity" not in log, log[-3000:]
     assert re.search(r"resume: (downloading|stage \d+ from its own checkpoint)", log), log[-3000:]
-    assert time.monotonic() - t0 < BACK_WITHIN_S
 
 
 @pytest.mark.slow

@@ -31,7 +31,8 @@ from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.runtime.identity import load_or_create_identity, peer_id_of
 from gwtf_node.runtime.sdnotify import Notifier, serve, socket_address, watchdog_interval_s
 
-START_S = 180.0  # a node process (torch and libp2p imports, model build, a peer's Hello) is ready within this
+START_S = 300.0  # a node process (torch and libp2p imports, model build, a peer's Hello) is ready within this
+# (a deadline for the two nodes together, started at once on a loaded machine: generous, never a speed check)
 # (tens of seconds alone; a few times that while another swarm shares the machine's cores)
 
 

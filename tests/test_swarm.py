@@ -1,6 +1,6 @@
 """The invariant, end to end: a swarm of separate processes on loopback computes what one process computes.
 
-1 data node, 2 stages x 2 relays, no churn, 10 iterations of the LLaMA-like
+1 data node, 2 stages x 2 relays, no churn, 5 iterations of the LLaMA-like
 model; and 4 iterations of the GPT-like model with 2 data nodes, whose
 embedding/head gradients are all-reduced among them: the loss of every
 iteration equals the centralized reference within 1e-4 relative, and so do
@@ -23,7 +23,7 @@ from gwtf_node.runtime.local import LocalSwarm, run_local
 
 pytestmark = pytest.mark.slow
 
-ITERATIONS = 10
+ITERATIONS = 5
 
 
 def _final_params(workdir: Path, name: str) -> tuple[str, int, torch.Tensor]:

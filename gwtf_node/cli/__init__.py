@@ -108,16 +108,20 @@ CHECKPOINT_BYTES_PER_PARAM = 16  # fp32 parameters and AdamW's two moments (stat
 
 
 def _checkpoint_bytes(man, role: str, stage: int | None) -> int:
-    """About the size of one checkpoint of this node's part, from the manifest's dimensions alone (no torch yet):
-    12 h^2 parameters per decoder layer (attention and MLP), the data part's embedding and head 2 V h; a relay
-    without a stage yet counts the largest stage."""
-    d = man.dims
+    """About the size of one checkpoint of this node's part: its parameters (model/hfconfig.py parameter_counts,
+    counted on the meta device) times CHECKPOINT_BYTES_PER_PARAM; a relay without a stage yet counts the largest
+    stage."""
+    from ..model.hfconfig import parameter_counts
+
+    try:
+        counts = parameter_counts(man.model.family, man.model.config)
+    except _manifest_error_types() as e:
+        raise CliError(str(e)) from None
     if role == "data":
-        params = 2 * d.vocab * d.hidden
+        params = counts.data
     else:
-        sizes = [end - start for start, end in man.stages]
-        layers = sizes[stage] if stage is not None else max(sizes)
-        params = 12 * layers * d.hidden * d.hidden
+        stages = [counts.stage(start, end) for start, end in man.stages]
+        params = stages[stage] if stage is not None else max(stages)
     return CHECKPOINT_BYTES_PER_PARAM * params
 
 
@@ -219,6 +223,7 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
                        links=Path(args.links) if args.links else None, policy=args.policy,
                        bootstrap_timeout_s=args.bootstrap_timeout,
                        restore=Path(args.restore) if args.restore else None, keep_checkpoints=args.keep_checkpoints,
+                       checkpoint_every=args.checkpoint_every,
                        metrics_port=args.metrics_port, metrics_host=args.metrics_host,
                        certificate=Path(args.certificate) if args.certificate else None,
                        insecure_unsigned=args.insecure_unsigned,
@@ -446,6 +451,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="relays: resume from this checkpoint file, as from the newest of the state directory")
     j.add_argument("--keep-checkpoints", type=_positive_int, default=3, metavar="N",
                    help="checkpoints kept in the state directory (the newest N)")
+    j.add_argument("--checkpoint-every", type=_positive_int, default=1, metavar="N",
+                   help="write a checkpoint after every N-th step (a large part's checkpoint takes seconds to tens "
+                        "of seconds of each aggregation; a restart resumes from the newest one)")
     j.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"), default="INFO")
     j.add_argument("--metrics-port", type=_port, default=None, metavar="PORT",
                    help="serve Prometheus metrics on this port (0: any free port; default: none)")

@@ -159,7 +159,8 @@ def add_init_run_parsers(sub) -> None:
                     help=f"a named model shape: {', '.join(PRESETS)} (default: tiny, the demo model)")
     ir.add_argument("--model-config", default=None, metavar="FILE",
                     help="a Hugging Face config.json of a decoder (llama incl. SmolLM, mistral, qwen2, gpt2)")
-    ir.add_argument("--family", choices=("llama", "gpt"), default=None, help="the tiny model's family (llama)")
+    ir.add_argument("--family", choices=("llama", "mistral", "qwen2", "gpt"), default=None,
+                    help="the tiny model's family (llama)")
     ir.add_argument("--stages", type=_positive_int, default=2, help="relay stages (the layers are cut evenly)")
     ir.add_argument("--layers", type=_positive_int, default=None,
                     help="the tiny model's transformer layers (default 2 per stage)")

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -143,9 +145,14 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _live(nodes: Nodes, polled: list, console: Any, args: argparse.Namespace) -> int:
+    """Redraw until Ctrl-C.  Ctrl-C is the view's only way out, so it raises KeyboardInterrupt here even where the
+    process started with SIGINT ignored (every command of a script's background job does: POSIX shells ignore
+    SIGINT in asynchronous lists, and Python then installs no handler of its own)."""
     from rich.live import Live
 
     interval = max(0.2, args.interval)
+    main_thread = threading.current_thread() is threading.main_thread()  # (signal handlers are set there only)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler) if main_thread else None
     try:
         with Live(render(polled, swarm=args.swarm), console=console, screen=False, auto_refresh=False) as live:
             while True:
@@ -154,6 +161,9 @@ def _live(nodes: Nodes, polled: list, console: Any, args: argparse.Namespace) ->
                 live.update(render(polled, swarm=args.swarm), refresh=True)
     except KeyboardInterrupt:
         return 0
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGINT, before)
 
 
 # ---------------------------------------------------------------------- drawing

@@ -79,9 +79,28 @@ node whose stage-0 group is empty waits for no CAN TAKE.  Opening the next
 iteration with a stage still empty is the driver's decision (a data node
 does not: runtime/microbatches.py).
 
+Who passes a signal on
+----------------------
+BEGIN names each stage's members (`groups`), and that list, not only the
+peers a relay happens to know when BEGIN arrives, is where a relay passes it
+on: a stage-k relay sends BEGIN to every member BEGIN names for stage k+1
+as well as to the stage-(k+1) relays it knows, and CAN TAKE to every member
+named for stage k-1 (for stage 0: the data nodes BEGIN names) as well as to
+the peers it knows there.  Otherwise a relay that the leader already counts
+(its Hello reached the leader first: a newcomer) but whose Hello has not yet
+reached the stage before it gets no BEGIN, sends no CAN TAKE, and the stage
+before waits for it forever.  A copy to a peer not reachable yet is resent
+every `retry_s` like any other.
+
+No silent wait
+--------------
+Every wait of the phase is visible in `waiting` and bounded when
+`wait_bound_s` is set: `phasewaits.py` says which waits and how each is
+resolved.
+
 Everything here is pure: every method is handed `now` and returns effects
 (`Send`, `SetTimer`, `CancelTimer`, `StartStep`, `OpenIteration`, `LeftOut`,
-`OutOfStep`).
+`OutOfStep`, `Overdue`).
 """
 
 from __future__ import annotations
@@ -92,6 +111,7 @@ from typing import Iterable, Mapping
 
 from .effects import CancelTimer, Send, SetTimer
 from .messages import BeginAggregation, CanTake, CompletedSeqs, IterationDone, PhaseAck, PhaseKind, StageMembers
+from .phasewaits import WATCH_TIMER, Overdue, PhaseWaits, Wait  # noqa: F401 - Overdue, Wait: for the drivers
 
 RETRY_S = 2.0  # a phase signal not acknowledged within this is sent again
 TIMER_PREFIX = "phase."
@@ -138,6 +158,7 @@ class PhaseStats:
     duplicates: int = 0  # copies of a signal already applied (acknowledged again, not applied)
     refused_not_leading: int = 0  # IterationDone received while not the acting leader (the sender resends)
     out_of_step: int = 0  # BEGINs met with parameters of another iteration
+    overdue: int = 0  # waits that passed their bound
 
 
 def timer_key(kind: PhaseKind, iteration: int) -> str:
@@ -154,7 +175,7 @@ def _parse_timer(key: str) -> tuple[PhaseKind, int] | None:
         return None
 
 
-class Phases:
+class Phases(PhaseWaits):
     """One node's view of the aggregation phase.
 
     `stage` is the relay's stage, or -1 for a data node; `last_stage` is S-1;
@@ -164,7 +185,7 @@ class Phases:
     """
 
     def __init__(self, me: str, stage: int, last_stage: int, *, applied: int = 0, retry_s: float = RETRY_S,
-                 can_take: CanTakeRule = CanTakeRule.ALL) -> None:
+                 can_take: CanTakeRule = CanTakeRule.ALL, wait_bound_s: float | None = None) -> None:
         self.me = me
         self.stage = stage
         self.last_stage = last_stage
@@ -187,6 +208,14 @@ class Phases:
         self.unacked: dict[tuple[PhaseKind, int, str], object] = {}  # (signal, iteration, to) -> message
         self.floor = 0  # iterations below this are over here and forgotten (`_prune`): their signals are old news
         self.stats = PhaseStats()
+        # the waits (module doc, "No silent wait"): iteration -> when it began here
+        self.wait_bound_s = wait_bound_s  # None: no watch timer, no Overdue (`waiting` still answers)
+        self.reported_at: dict[int, float] = {}  # data node: its report of the iteration was made
+        self.step_at: dict[int, float] = {}  # the step began (StartStep)
+        self.stepped_at: dict[int, float] = {}  # the step was applied (then CAN TAKE is waited for)
+        self.expected: dict[int, tuple[str, ...]] = {}  # leader: the data nodes whose reports it waits for
+        self.overdue_since: dict[tuple[str, int], float] = {}  # waits that passed their bound: when last handled
+        self.watch_at: float | None = None  # the watch timer's deadline (None: not set)
 
     @property
     def is_data(self) -> bool:
@@ -214,6 +243,9 @@ class Phases:
 
     def on_timer(self, now: float, key: str) -> list:
         """A retransmission deadline: send again every copy of this signal not acknowledged yet."""
+        if key == WATCH_TIMER:
+            self.watch_at = None
+            return self.check_waits(now)
         parsed = _parse_timer(key)
         if parsed is None:
             return []
@@ -235,12 +267,14 @@ class Phases:
         `maybe_begin`."""
         self.my_reports = {i: r for i, r in self.my_reports.items() if i >= msg.iteration - 1}
         self.my_reports[msg.iteration] = msg
+        self.reported_at.setdefault(msg.iteration, now)
+        watch = self._watch(now)
         if self.leader is None or msg.iteration in self.begun:
-            return []
+            return watch
         if self.leader == self.me:
             self.done_reports.setdefault(msg.iteration, {})[self.me] = msg
-            return []
-        return self._send(now, PhaseKind.DONE, msg.iteration, self.leader, msg)
+            return watch
+        return self._send(now, PhaseKind.DONE, msg.iteration, self.leader, msg) + watch
 
     def set_leader(self, now: float, leader: str | None, *, front: Iterable[str] = ()) -> list:
         """The election names `leader` (None: nobody acts now).  `front`: when this node leads, the data
@@ -309,13 +343,16 @@ class Phases:
         forgotten (the leader no longer waits for a dead one's report)."""
         reports = self.done_reports.get(iteration, {})
         dn = sorted(set(data_nodes) - self.gone)
+        if leading and iteration not in self.begun:
+            self.expected[iteration] = tuple(dn)
         if not leading or iteration in self.begun or any(d not in reports for d in dn):
             return []
         total = sum(reports[d].completed for d in dn)
         members = tuple(StageMembers(k, tuple(sorted(set(v)))) for k, v in sorted((groups or {}).items()))
         completed = tuple(CompletedSeqs(d, tuple(sorted(set(reports[d].completed_seqs)))) for d in dn)
         begin = BeginAggregation(iteration, total, members, completed=completed)
-        self.front = tuple(sorted((set(dn) | set(stage0)) - {self.me} - self.gone))
+        named0 = {p for g in members if g.stage == 0 for p in g.peers}
+        self.front = tuple(sorted((set(dn) | set(stage0) | named0) - {self.me} - self.gone))
         return self._fan_out(now, begin, exclude=()) + self._apply_begin(now, begin, next_stage=())
 
     def _fan_out(self, now: float, begin: BeginAggregation, exclude: Iterable[str]) -> list:
@@ -386,7 +423,8 @@ class Phases:
             self.groups[it] = {g.stage: set(g.peers) - self.gone for g in msg.groups}
         eff: list = []
         if not self.is_data and self.stage < self.last_stage:
-            for r in sorted(set(next_stage) - self.gone):
+            named_next = self.groups.get(it, {}).get(self.stage + 1, set())
+            for r in sorted((set(next_stage) | named_next) - self.gone - {self.me}):
                 eff += self._send(now, PhaseKind.BEGIN, it, r, msg)
         mine = self.group(it, self.stage)
         if mine is not None and self.me not in mine:
@@ -397,7 +435,8 @@ class Phases:
             eff.append(OutOfStep(it, self.applied))
             return eff
         eff.append(StartStep(it, msg.microbatches))
-        return eff
+        self.step_at.setdefault(it, now)
+        return eff + self._watch(now)
 
     def resynced(self, now: float, applied: int, next_stage: Iterable[str], prev_stage: Iterable[str]) -> list:
         """The driver loaded the stage state holding `applied` steps (after `LeftOut` / `OutOfStep`, the state
@@ -407,8 +446,9 @@ class Phases:
         eff: list = []
         for it in sorted(i for i in self.begun if i < self.applied and i not in self.stepped):
             self.stepped.add(it)
+            self.stepped_at.setdefault(it, now)
             eff += self._maybe_can_take(now, it, next_stage, prev_stage)
-        return eff
+        return eff + (self._watch(now) if eff else [])
 
     def peer_back(self, peer: str) -> None:
         """`peer` was forgotten and is back (a restarted node keeps its peer id): it is waited for again."""
@@ -442,8 +482,9 @@ class Phases:
 
     def on_step_done(self, now: float, iteration: int, next_stage: Iterable[str], prev_stage: Iterable[str]) -> list:
         self.stepped.add(iteration)
+        self.stepped_at.setdefault(iteration, now)
         self.applied = max(self.applied, iteration + 1)
-        return self._maybe_can_take(now, iteration, next_stage, prev_stage)
+        return self._maybe_can_take(now, iteration, next_stage, prev_stage) + self._watch(now)
 
     def on_can_take(
         self, now: float, sender: str, msg: CanTake, next_stage: Iterable[str], prev_stage: Iterable[str]
@@ -486,10 +527,11 @@ class Phases:
         if self.stage < self.last_stage and not self._downstream_ready(iteration, next_stage):
             return []
         self.can_take_sent.add(iteration)
+        named_prev = self.groups.get(iteration, {}).get(self.stage - 1, set())
         self._prune(iteration)
         msg = CanTake(iteration, self.stage)
         eff: list = []
-        for p in sorted(set(prev_stage) - self.gone):
+        for p in sorted((set(prev_stage) | named_prev) - self.gone - {self.me}):
             eff += self._send(now, PhaseKind.CAN_TAKE, iteration, p, msg)
         return eff
 
@@ -497,7 +539,8 @@ class Phases:
         """Forget what iterations before `iteration - 1` needed (their signals may still be acknowledged)."""
         old = iteration - 1
         self.floor = max(self.floor, old)
-        for table in (self.done_reports, self.can_take_from, self.groups, self.begin_msgs):
+        for table in (self.done_reports, self.can_take_from, self.groups, self.begin_msgs, self.reported_at,
+                      self.step_at, self.stepped_at, self.expected):
             for i in [i for i in table if i < old]:
                 del table[i]
         for s in (self.begun, self.stepped, self.can_take_sent, self.opened):

@@ -159,8 +159,11 @@ class Aggregation:
     # ------------------------------------------------------------------ the phase
     def new_phases(self) -> None:
         """This node has a stage now: it takes part in the phase from here on."""
+        from .waits import wait_bound_s
+
         self.phases = Phases(self.wire.me, self.peers.stage, self.peers.n_stages - 1,
-                             applied=self.stage.applied_steps, retry_s=phase_retry_s(self.stage.busiest_s()))
+                             applied=self.stage.applied_steps, retry_s=phase_retry_s(self.stage.busiest_s()),
+                             wait_bound_s=wait_bound_s(self.stage.busiest_s()))
 
     def _apply(self, effects: list) -> None:
         if self.peers.role == "data":  # a data node sends BEGIN as a leader: it stamps the term it led

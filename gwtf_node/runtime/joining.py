@@ -102,6 +102,7 @@ class Joining:
         self._ask_deadline = 0.0  # when the download asks again without a new reason
         self._tried_sources: set[str] = set()  # members whose state the stage's quorum refused
         self.handover: dict | None = None  # the last downloaded state's check: source, steps, taken, why
+        self.fetch_since: float | None = None  # the last state download began then (waits.py)
 
     @property
     def joined(self) -> bool:
@@ -362,6 +363,7 @@ class Joining:
         self.want_after = max(self.want_after, after)
         self.state_loaded = trio.Event()
         self.fetch_source = source
+        self.fetch_since = now()
         asked, asked_from = -1, None
         while not self.state_loaded.is_set():
             src = self.fetch_source

@@ -83,9 +83,9 @@ import trio
 from ..protocol import codec
 from ..protocol import messages as m
 from ..protocol.effects import CancelTimer, Send, SetTimer
-from ..protocol.phases import LeftOut, OpenIteration, OutOfStep, StartStep
+from ..protocol.phases import LeftOut, OpenIteration, OutOfStep, Overdue, StartStep
 from ..protocol.recovery import Compute, IterationSettled
-from . import control, data_resume
+from . import control, data_resume, waits
 from .aggregation import Aggregation
 from .authorize import Authorizer, read_certificate
 from .bootstrap import DEFAULT_TIMEOUT_S, Bootstrap
@@ -275,7 +275,8 @@ class Node:
                         aggregation, leadership, run_id=self.run_id, policy=o.policy, bootstrap=bootstrap,
                         resume_status=lambda: joining.resume_status, refused_values=values.snapshot,
                         cut_checks=lambda: cutcheck.checks,
-                        security=lambda: self.authorizer.status(wire))
+                        security=lambda: self.authorizer.status(wire),
+                        waiting_for=lambda: waits.waiting_for(peers, aggregation, microbatches, joining, liveness))
         parts = Parts(wire, liveness, discovery, flows, microbatches, leadership, aggregation, joining, cutcheck,
                       status, bootstrap)
         self.routes = routes(parts)
@@ -295,6 +296,7 @@ class Node:
             (Owner.AGGREGATION, LeftOut): lambda e: joining.resync(e.iteration),
             (Owner.AGGREGATION, OutOfStep): lambda e: (aggregation.abstain(e.iteration), joining.resync(e.iteration)),
             (Owner.AGGREGATION, OpenIteration): self._open_iteration,
+            (Owner.AGGREGATION, Overdue): lambda e: waits.log_overdue(e, peers.who),
         }
         self.senders = {Owner.AGGREGATION: aggregation.send}
         self.ordered_senders = {Owner.MICROBATCHES: microbatches.send_in_order, Owner.FLOWS: wire.send_all}

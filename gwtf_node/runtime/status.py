@@ -95,7 +95,8 @@ class Status:
                  resume_status: Callable[[], dict | None] = lambda: None,
                  cut_checks: Callable[[], list] = lambda: [],
                  refused_values: Callable[[], dict[str, int]] = dict,
-                 security: Callable[[], dict] = dict) -> None:
+                 security: Callable[[], dict] = dict,
+                 waiting_for: Callable[[], list] = list) -> None:
         self.path = path
         self.wire = wire
         self.host = host
@@ -123,6 +124,7 @@ class Status:
         self._reports: dict[str, Any] = {}  # the acting leader: each stage member's last UtilizationReport
         self.refused_values = refused_values  # frames refused per value-bounds code (values.py)
         self.security = security  # refusals per code, revoked and banned peers, an insecure run (authorize.py)
+        self.waiting_for = waiting_for  # what the node waits for now: what, since when, from whom (waits.py)
 
     # ------------------------------------------------------------------ status.json
     def snapshot(self) -> dict:
@@ -164,6 +166,7 @@ class Status:
             "compression": mb.compression.stats(),  # Top-K on the links: ratio per peer, bytes sent vs dense
             "paused": mb.paused_status(),  # a data node: the iteration it does not open while a stage is empty
             "resume": self.resume_status(),
+            "waiting_for": self.waiting_for(),
             "cut_checks": self.cut_checks(),
             "refused_values": self.refused_values(),
             "resources": resources(self.stage.device),  # peak memory and CPU seconds of this process

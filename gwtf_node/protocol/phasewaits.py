@@ -1,0 +1,147 @@
+"""The waits of the aggregation phase: what a node waits for, since when, from whom; a wait past its bound.
+
+Theory of operation
+-------------------
+Every wait of the phase is visible and bounded (`waiting`): a data node's
+report waiting for BEGIN (from the leader), the leader waiting for the data
+nodes' reports, a step in progress, and a node whose step is applied waiting
+for CAN TAKE from the members downstream, each with since when and from
+whom.  With `wait_bound_s` set, a timer (`WATCH_TIMER`) checks them: a wait
+past its bound yields `Overdue` once (the driver logs it at WARNING with what
+it waits for) and, where a resolution exists, does it again every bound: a
+report waiting for BEGIN is sent to the leader again; a CAN TAKE that does
+not come is asked for by sending BEGIN again to the members it is missing
+from (a member that never had it steps; one that had it acknowledges, and
+its own CAN TAKE is resent until acknowledged).  A member that is gone is
+dropped from the wait by `forget` (the membership layer's decision).  The
+leader waiting for reports and a step in progress have no resolution here:
+the data nodes resend their reports, the all-reduce has its own timeout.
+
+`PhaseWaits` is the part of `phases.Phases` that does this; it reads and
+writes the phase's own tables (it is a base class of `Phases`, not a machine
+of its own).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from .effects import SetTimer
+from .messages import PhaseKind
+
+WATCH_TIMER = "phase.watch"  # the check of the waits (`check_waits`)
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Something this node waits for: `what` (begin | reports | step | can_take) of `iteration`, since `since`,
+    from the peers `peers` (empty: nobody in particular)."""
+
+    what: str
+    iteration: int
+    since: float
+    peers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Overdue:
+    """`wait` passed its bound (`Phases.wait_bound_s`); `resolution` says what is done about it ("" if nothing)."""
+
+    wait: Wait
+    resolution: str = ""
+
+
+class PhaseWaits:
+    """The waits of `phases.Phases` (module doc)."""
+
+    def _downstream_missing(self, iteration: int, next_stage: Iterable[str] = ()) -> tuple[str, ...]:
+        heard = self.can_take_from.get(iteration, set())
+        groups = self.groups.get(iteration)
+        if groups is not None:
+            downstream = groups.get(0 if self.is_data else self.stage + 1, set())
+        else:
+            downstream = set(next_stage) - self.gone
+        return tuple(sorted(downstream - heard - self.gone))
+
+    def waiting(self, now: float) -> list[Wait]:
+        """What this node's phase waits for now, the oldest first."""
+        out: list[Wait] = []
+        if self.is_data:
+            for it, at in self.reported_at.items():
+                if it not in self.begun and self.leader is not None and self.leader != self.me:
+                    out.append(Wait("begin", it, at, (self.leader,)))
+            if self.leader == self.me:
+                for it in self.pending_iterations():
+                    reports = self.done_reports.get(it, {})
+                    missing = tuple(d for d in self.expected.get(it, ()) if d not in reports and d not in self.gone)
+                    if missing:
+                        out.append(Wait("reports", it, self.reported_at.get(it, now), missing))
+        for it, at in self.step_at.items():
+            if it not in self.stepped and it in self.begun:
+                out.append(Wait("step", it, at))
+        for it, at in self.stepped_at.items():
+            done = it + 1 in self.opened if self.is_data else it in self.can_take_sent
+            if done or (not self.is_data and self.stage == self.last_stage):
+                continue
+            missing = self._downstream_missing(it)
+            if missing:
+                out.append(Wait("can_take", it, at, missing))
+        return sorted(out, key=lambda w: (w.since, w.iteration, w.what))
+
+    def _watch(self, now: float) -> list:
+        """Set the watch timer if a wait may pass its bound before it fires (none with `wait_bound_s` None)."""
+        if self.wait_bound_s is None:
+            return []
+        due = now + self.wait_bound_s
+        if self.watch_at is not None and self.watch_at <= due:
+            return []
+        self.watch_at = due
+        return [SetTimer(WATCH_TIMER, due)]
+
+    def check_waits(self, now: float) -> list:
+        """The watch timer: every wait past `wait_bound_s` yields `Overdue` once and its resolution (module doc)
+        again every bound; the timer is set again while anything is waited for."""
+        if self.wait_bound_s is None:
+            return []
+        bound = self.wait_bound_s
+        eff: list = []
+        waits = self.waiting(now)
+        live = {(w.what, w.iteration) for w in waits}
+        self.overdue_since = {k: v for k, v in self.overdue_since.items() if k in live}
+        next_due: float | None = None
+        for w in waits:
+            key = (w.what, w.iteration)
+            last = self.overdue_since.get(key)
+            due = w.since + bound if last is None else last + bound
+            if now < due:
+                next_due = due if next_due is None else min(next_due, due)
+                continue
+            resolution, acts = self._resolve(now, w)
+            if last is None:
+                self.stats.overdue += 1
+                eff.append(Overdue(w, resolution))
+            eff += acts
+            self.overdue_since[key] = now
+            next_due = now + bound if next_due is None else min(next_due, now + bound)
+        if next_due is not None:
+            self.watch_at = next_due
+            eff.append(SetTimer(WATCH_TIMER, next_due))
+        return eff
+
+    def _resolve(self, now: float, w: Wait) -> tuple[str, list]:
+        if w.what == "begin":
+            report = self.my_reports.get(w.iteration)
+            if report is None or self.leader is None:
+                return "", []
+            return "report sent to the leader again", self._send(now, PhaseKind.DONE, w.iteration, self.leader,
+                                                                 report)
+        if w.what == "can_take":
+            begin = self.begin_msgs.get(w.iteration)
+            if begin is None:
+                return "", []
+            eff: list = []
+            for p in w.peers:
+                eff += self._send(now, PhaseKind.BEGIN, w.iteration, p, begin)
+            return "BEGIN AGGREGATION sent to them again", eff
+        return "", []
