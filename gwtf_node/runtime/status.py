@@ -31,6 +31,8 @@ from __future__ import annotations
 import enum
 import json
 import os
+import resource
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -167,6 +169,7 @@ class Status:
             "waiting_for": self.waiting_for(),
             "cut_checks": self.cut_checks(),
             "refused_values": self.refused_values(),
+            "resources": resources(self.stage.device),  # peak memory and CPU seconds of this process
             "pid": os.getpid(), "time": time.time(),
             "bootstrap": self.bootstrap.snapshot() if self.bootstrap is not None else None,
         } | self.security()
@@ -451,6 +454,31 @@ class Status:
         if resume and resume.get("decision") == "wait":
             notes.append(f"resume: waiting {resume.get('waiting_s')} s: {resume.get('reason')}")
         return notes
+
+
+def resources(device: str = "cpu") -> dict:
+    """status.json's `resources`: what this process holds and has spent.
+
+    `peak_rss_mb` is the resident set's high-water mark since the process
+    started (`getrusage` ru_maxrss, kilobytes on Linux), `rss_mb` the resident
+    set now (/proc/self/statm; None where there is none), `cpu_s` the user and
+    system CPU seconds of all its threads, and `torch_peak_mb` the most memory
+    torch's CUDA allocator has held on a `cuda` device (None on CPU, or before
+    CUDA is initialized).
+    """
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    rss = None
+    try:
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        pass
+    torch_peak = None
+    torch = sys.modules.get("torch")
+    if device.startswith("cuda") and torch is not None and torch.cuda.is_initialized():
+        torch_peak = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    return {"peak_rss_mb": round(usage.ru_maxrss / 1024, 1), "rss_mb": None if rss is None else round(rss, 1),
+            "cpu_s": round(usage.ru_utime + usage.ru_stime, 3), "torch_peak_mb": torch_peak}
 
 
 def name_of(peers: Peers, peer: str) -> str:
