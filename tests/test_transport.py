@@ -312,6 +312,29 @@ async def test_link_shaper_adds_latency_and_bandwidth(tmp_path):
             assert [f[1] for f in inbox.frames] == [b"warm-up", b"ctrl", b"payload"]
 
 
+@pytest.mark.trio
+async def test_a_control_frame_is_not_held_behind_a_shaped_tensor(tmp_path):
+    """Control and tensor frames travel in lanes of their own (links.py): a ping sent while a large gradient
+    crosses a slow emulated link arrives first, as it would over a real uplink the two connections share."""
+    with trio.fail_after(DEADLINE_S):
+        links = LinkShaper()
+        async with AsyncExitStack() as stack:
+            a = await stack.enter_async_context(open_host(tmp_path / "a", dht=False, links=links))
+            b = await stack.enter_async_context(open_host(tmp_path / "b", dht=False, bootstrap=a.addrs))
+            await a.connect(b.addrs[0])
+            inbox = Inbox()
+            b.set_handler(inbox.handler)
+            await a.send(b.peer_id, b"warm-up", b"\x00" * 10)
+            await inbox.wait_for(1)
+            links.set_link(b.peer_id, latency_ms=10, bandwidth_mbps=10)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(a.send, b.peer_id, b"gradient", b"\x00" * 2_500_000)  # 2 s at 10 Mbit/s
+                await trio.sleep(0.1)
+                await a.send(b.peer_id, b"ping")
+                await inbox.wait_for(3)
+            assert [f[1] for f in inbox.frames] == [b"warm-up", b"ping", b"gradient"]
+
+
 # ---- all-reduce ----------------------------------------------------------------------------
 
 

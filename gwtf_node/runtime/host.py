@@ -261,7 +261,8 @@ class Host(HostDht, conninfo.HostConnections):
             write = lambda: self._send_tensor(peer_id, header, envelope, view)  # noqa: E731
         else:
             write = lambda: self._send_ctrl(peer_id, header + envelope)  # noqa: E731
-        delivery = await self.links.submit(peer_id, len(header) + len(envelope) + len(view), write)
+        delivery = await self.links.submit(peer_id, len(header) + len(envelope) + len(view), write,
+                                           lane="tensor" if len(view) else "ctrl")
         if wait_delivered:
             await delivery.done.wait()
             if delivery.error is not None:

@@ -19,6 +19,16 @@ ran; the write's exception, if any, is stored on the `Delivery`.  Latency is
 added on top of the real loopback transfer time, which is small next to the
 tens of milliseconds of the measured geo links (`data/geo12-links.json`).
 
+A frame travels in a *lane* of its link (`submit(lane=...)`): the daemon sends
+control frames and tensor frames over two connections (host.py, "FIFO per
+peer and kind"), and gives each its own lane, with its own queue, writer task
+and serialization clock.  So a ping is not held behind the real write of a
+56 MB gradient (which on a shaped uplink takes seconds) as it would be behind
+one queue, and as it is not on a real link, where the two connections share
+the uplink and a small frame passes within a round trip or so.  The lanes do
+not share the emulated bandwidth: a control frame's few hundred bytes are left
+out of the tensor lane's budget.
+
 An unshaped peer (no `set_link`) is not queued at all: `submit` writes
 directly.  `LinkShaper.from_scenario` builds a shaper from a scenario's
 `{(src, dst): (latency_ms, bandwidth_mbps)}` table for the local node.
@@ -62,8 +72,8 @@ class LinkShaper:
 
     def __init__(self) -> None:
         self._links: dict[str, Link] = {}
-        self._queues: dict[str, trio.MemorySendChannel] = {}
-        self._busy_until: dict[str, float] = {}
+        self._queues: dict[tuple[str, str], trio.MemorySendChannel] = {}  # (peer, lane) -> its queue
+        self._busy_until: dict[tuple[str, str], float] = {}
         self._nursery: trio.Nursery | None = None
 
     @classmethod
@@ -101,8 +111,10 @@ class LinkShaper:
             send.close()
         self._queues.clear()
 
-    async def submit(self, peer_id: str, nbytes: int, write: Callable[[], Awaitable[None]]) -> Delivery:
-        """Schedule `write` after the link's delay; returns once the frame has departed."""
+    async def submit(self, peer_id: str, nbytes: int, write: Callable[[], Awaitable[None]],
+                     lane: str = "data") -> Delivery:
+        """Schedule `write` after the link's delay, in order within `lane` (module doc); returns once the frame
+        has departed."""
         delivery = Delivery()
         link = self._links.get(peer_id)
         if link is None:
@@ -116,15 +128,16 @@ class LinkShaper:
             return delivery
         if self._nursery is None:
             raise RuntimeError("LinkShaper used outside a running host (attach() was not called)")
-        queue = self._queues.get(peer_id)
+        key = (peer_id, lane)
+        queue = self._queues.get(key)
         if queue is None:
             queue, receive = trio.open_memory_channel(_LINK_QUEUE_FRAMES)
-            self._queues[peer_id] = queue
+            self._queues[key] = queue
             self._nursery.start_soon(self._run_link, peer_id, receive)
         now = trio.current_time()
-        start = max(now, self._busy_until.get(peer_id, now))
+        start = max(now, self._busy_until.get(key, now))
         departed = start + link.transfer_s(nbytes)
-        self._busy_until[peer_id] = departed
+        self._busy_until[key] = departed
         await queue.send((departed + link.latency_ms / 1000.0, write, delivery))
         await trio.sleep_until(departed)
         return delivery
