@@ -48,8 +48,9 @@ def test_topk_swarm_trains_the_compressed_chain(tmp_path: Path, gradients: Gradi
     for rec, loss in zip(records, want):
         assert math.isfinite(rec["loss"])
         assert rec["loss"] == pytest.approx(loss, rel=1e-3), (rec, loss)
-    # not what the dense run computes (after one step on sparse gradients; the first loss barely moves)
-    assert abs(records[-1]["loss"] - dense[-1]) > 1e-2 * dense[-1], (records[-1], dense[-1])
+    # not what the dense run computes (after one step on sparse gradients; the first loss barely moves): apart by
+    # more than three times the tolerance of the match above (0.6 % at the per-parameter initialization)
+    assert abs(records[-1]["loss"] - dense[-1]) > 3e-3 * dense[-1], (records[-1], dense[-1])
     assert records[-1]["loss"] < records[0]["loss"]
     logs = "".join((tmp_path / n / "node.log").read_text(errors="replace") for n in swarm.names())
     assert "compression topk to" in logs and "ratio 4.00" in logs

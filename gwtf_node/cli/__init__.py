@@ -90,9 +90,6 @@ def cmd_join(args: argparse.Namespace) -> int:
     except StartupError as e:
         raise CliError(str(e)) from None
     try:
-        from ..runtime.statedir import check_writable
-
-        check_writable(Path(args.state_dir), _checkpoint_bytes(man, args.role, stage))
         _check_own_admission(args, man)
         _check_listen(args)
         if args.metrics_port is not None:
@@ -194,7 +191,7 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
     import trio
 
     from ..runtime.node import NodeOptions, run_node
-    from ..runtime.startup import ExitKind, first_startup_error
+    from ..runtime.startup import ExitKind, StartupError, first_startup_error
 
     device = args.device
     if device == "auto":
@@ -210,6 +207,14 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
         import torch
         torch.set_num_threads(args.torch_threads)
     capacity = _capacity_that_fits(args, stage, device)
+    try:  # the state and checkpoint directories take what the node will write (a part that fits its device)
+        from ..model.manifest import load_manifest
+        from ..runtime.statedir import check_writable
+
+        check_writable(Path(args.state_dir), _checkpoint_bytes(load_manifest(args.run, check_files=False),
+                                                               args.role, stage))
+    except StartupError as e:
+        raise CliError(str(e)) from None
     try:
         logs = _setup_logging(args.log_level, Path(args.state_dir), max_mb=args.log_max_mb, backups=args.log_backups)
     except OSError as e:

@@ -195,8 +195,8 @@ def route_warnings() -> WarningRouter:
     # "always": the router sees every occurrence and decides; Python's own registry is reset by any
     # catch_warnings block in the process, so it cannot be what keeps a warning to one line
     warnings.simplefilter("always")
-    warnings.filterwarnings("ignore", category=DeprecationWarning)  # as Python's defaults: for developers
-    warnings.filterwarnings("ignore", category=PendingDeprecationWarning)
+    for quiet in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+        warnings.filterwarnings("ignore", category=quiet)  # as Python's defaults: for developers
     return router
 
 
