@@ -13,7 +13,9 @@ PROBE = """
 import json, time
 from gwtf_node.runtime.status import resources
 before = resources()
-block = b"\\x01" * (200 << 20)  # 200 MiB written, so resident
+# 200 MiB above the high-water mark so far (importing torch can peak above what stays resident), written: resident
+extra = int(before["peak_rss_mb"] - before["rss_mb"]) + 200
+block = b"\\x01" * (extra << 20)
 during = resources()
 del block
 t = time.process_time()
@@ -32,7 +34,7 @@ def test_resources_follow_peak_memory_and_cpu() -> None:
     assert before["torch_peak_mb"] is None  # a CPU process
     assert 0 < before["rss_mb"] <= before["peak_rss_mb"] + 5  # two counters, sampled apart
     assert during["rss_mb"] - before["rss_mb"] > 180
-    assert during["peak_rss_mb"] - before["peak_rss_mb"] > 180
+    assert during["peak_rss_mb"] - before["peak_rss_mb"] > 150
     assert after["rss_mb"] < during["rss_mb"] - 150  # freed: resident again as before ...
     assert after["peak_rss_mb"] >= during["peak_rss_mb"]  # ... while the high-water mark stays
     assert after["cpu_s"] >= before["cpu_s"] + 0.25
