@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from .common import (
     EXIT_NO_PEER, EXIT_USAGE, CliError, _announce_addr, _ip_address, _lease_seconds, _listen_addr, _load_scenario,
@@ -104,16 +104,9 @@ def cmd_join(args: argparse.Namespace) -> int:
 CHECKPOINT_BYTES_PER_PARAM = 16  # fp32 parameters and AdamW's two moments (state_bytes) and the parameter vector
 
 
-def _checkpoint_bytes(man, role: str, stage: int | None) -> int:
-    """About the size of one checkpoint of this node's part: its parameters (model/hfconfig.py parameter_counts,
-    counted on the meta device) times CHECKPOINT_BYTES_PER_PARAM; a relay without a stage yet counts the largest
-    stage."""
-    from ..model.hfconfig import parameter_counts
-
-    try:
-        counts = parameter_counts(man.model.family, man.model.config)
-    except _manifest_error_types() as e:
-        raise CliError(str(e)) from None
+def _checkpoint_bytes(man, counts, role: str, stage: int | None) -> int:
+    """About the size of one checkpoint of this node's part: its parameters (`counts`: hfconfig.parameter_counts)
+    times CHECKPOINT_BYTES_PER_PARAM; a relay without a stage yet counts the largest stage."""
     if role == "data":
         params = counts.data
     else:
@@ -206,13 +199,11 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
     if args.torch_threads:
         import torch
         torch.set_num_threads(args.torch_threads)
-    capacity = _capacity_that_fits(args, stage, device)
+    capacity, man, counts = _capacity_that_fits(args, stage, device)
     try:  # the state and checkpoint directories take what the node will write (a part that fits its device)
-        from ..model.manifest import load_manifest
         from ..runtime.statedir import check_writable
 
-        check_writable(Path(args.state_dir), _checkpoint_bytes(load_manifest(args.run, check_files=False),
-                                                               args.role, stage))
+        check_writable(Path(args.state_dir), _checkpoint_bytes(man, counts, args.role, stage))
     except StartupError as e:
         raise CliError(str(e)) from None
     try:
@@ -250,8 +241,9 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
     raise CliError(stopped.reason)
 
 
-def _capacity_that_fits(args: argparse.Namespace, stage: int | None, device: str) -> int:
-    """The node's part fits its device (model/memory.py), else a one-line error giving the need and what is free.
+def _capacity_that_fits(args: argparse.Namespace, stage: int | None, device: str) -> tuple[int, Any, Any]:
+    """The node's part fits its device (model/memory.py), else a one-line error giving the need and what is free;
+    returns the capacity, with the manifest and its parameter counts (hfconfig.ParamCounts) read for it.
 
     `--stage K` and data nodes: the part at `--capacity`, or the most microbatches (at most the run's demand per
     data node) that fit when it is 0.  `--stage auto`: some stage must fit one microbatch; which ones do, and
@@ -274,13 +266,13 @@ def _capacity_that_fits(args: argparse.Namespace, stage: int | None, device: str
                            key=lambda k: memory.estimate(man, "relay", k, 1, counts, device).total)
             raise CliError(memory.fit_error(man, "relay", smallest, 1, device, free, counts,
                                             fix="no stage of the run fits: use a larger device"))
-        return args.capacity
+        return args.capacity, man, counts
     if not args.capacity:
         cap = memory.capacity_that_fits(man, args.role, stage, free, cap, counts, device) or 1
     error = memory.fit_error(man, args.role, stage, cap, device, free, counts)
     if error:
         raise CliError(error)
-    return cap if args.role == "relay" else args.capacity
+    return (cap if args.role == "relay" else args.capacity), man, counts
 
 
 def cmd_local(args: argparse.Namespace) -> int:

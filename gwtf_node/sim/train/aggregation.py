@@ -81,7 +81,7 @@ class AggregationDriver:
             elif t is OpenIteration:
                 self._apply(nid, self.nodes[nid].open_iteration(self.now, e.iteration))
             elif t is Overdue:  # the daemon logs it; its resolution comes as the Sends beside it
-                self.overdue.append((self.now, nid, e))
+                pass
             else:
                 raise TypeError(f"unknown effect {e!r} from {nid}'s aggregation phase")
 

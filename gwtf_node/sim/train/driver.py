@@ -108,7 +108,6 @@ class TrainSim(AggregationDriver, AllReduceDriver, FlowDriver, JoinDriver, Repor
         self.can_take = CanTakeRule(can_take)
         # a phase wait past this bound is resolved as the daemon resolves it (phasewaits.py); None: never
         self.phase_wait_bound_s = phase_wait_bound_s
-        self.overdue: list = []  # every Overdue of the aggregation phase (phasewaits.Overdue), in order
         self.resyncs = 0
         self.elections = 0
         self.dropped = 0
