@@ -288,18 +288,26 @@ async def test_a_payload_from_the_channel_says_how_long_it_took(tmp_path):
             assert size == 8 << 20 and seconds is not None and 0 < seconds < DEADLINE_S
 
 
+@asynccontextmanager
+async def _warm_pair(tmp_path, links: LinkShaper):
+    """Host a (sending through `links`) connected to host b, whose frames land in the inbox yielded; one frame
+    already sent unshaped, so that stream and channel are open before a link is shaped."""
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(open_host(tmp_path / "a", dht=False, links=links))
+        b = await stack.enter_async_context(open_host(tmp_path / "b", dht=False, bootstrap=a.addrs))
+        await a.connect(b.addrs[0])
+        inbox = Inbox()
+        b.set_handler(inbox.handler)
+        await a.send(b.peer_id, b"warm-up", b"\x00" * 10)
+        await inbox.wait_for(1)
+        yield a, b, inbox
+
+
 @pytest.mark.trio
 async def test_link_shaper_adds_latency_and_bandwidth(tmp_path):
     with trio.fail_after(DEADLINE_S):
         links = LinkShaper()
-        async with AsyncExitStack() as stack:
-            a = await stack.enter_async_context(open_host(tmp_path / "a", dht=False, links=links))
-            b = await stack.enter_async_context(open_host(tmp_path / "b", dht=False, bootstrap=a.addrs))
-            await a.connect(b.addrs[0])
-            inbox = Inbox()
-            b.set_handler(inbox.handler)
-            await a.send(b.peer_id, b"warm-up", b"\x00" * 10)  # opens stream and channel unshaped
-            await inbox.wait_for(1)
+        async with _warm_pair(tmp_path, links) as (a, b, inbox):
             links.set_link(b.peer_id, latency_ms=150, bandwidth_mbps=100)
             t0 = trio.current_time()
             await a.send(b.peer_id, b"ctrl")
@@ -318,14 +326,7 @@ async def test_a_control_frame_is_not_held_behind_a_shaped_tensor(tmp_path):
     crosses a slow emulated link arrives first, as it would over a real uplink the two connections share."""
     with trio.fail_after(DEADLINE_S):
         links = LinkShaper()
-        async with AsyncExitStack() as stack:
-            a = await stack.enter_async_context(open_host(tmp_path / "a", dht=False, links=links))
-            b = await stack.enter_async_context(open_host(tmp_path / "b", dht=False, bootstrap=a.addrs))
-            await a.connect(b.addrs[0])
-            inbox = Inbox()
-            b.set_handler(inbox.handler)
-            await a.send(b.peer_id, b"warm-up", b"\x00" * 10)
-            await inbox.wait_for(1)
+        async with _warm_pair(tmp_path, links) as (a, b, inbox):
             links.set_link(b.peer_id, latency_ms=10, bandwidth_mbps=10)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(a.send, b.peer_id, b"gradient", b"\x00" * 2_500_000)  # 2 s at 10 Mbit/s
