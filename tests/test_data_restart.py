@@ -56,7 +56,7 @@ async def test_data_node_restarted_with_its_state_dir(tmp_path: Path) -> None:
     run = tmp_path / "run.json"
     save_manifest(man, run)
     swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=2, iterations=ITERATIONS,
-                       faults={"d0": f"final:{KILL_AT_FINAL}"})
+                       faults={"d0": f"final:{KILL_AT_FINAL}"}, log_level="DEBUG")
     old_log = tmp_path / "d0" / "node.log.before"
     try:
         await trio.to_thread.run_sync(swarm.start)

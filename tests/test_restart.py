@@ -146,7 +146,7 @@ async def _kill_and_restart(swarm: LocalSwarm, workdir: Path, name: str, *, auto
     assert await wait_exit(swarm, name, 10) == -9
     restart(swarm, name, auto=auto)
     await trio.to_thread.run_sync(swarm._wait_addr, name)  # (starting Python and torch is not the node's doing)
-    await wait_for(lambda: re.search(r"iteration \d+: aggregating", log_text(workdir, name)), BACK_WITHIN_S,
+    await wait_for(lambda: re.search(r"iteration \d+: summed in round", log_text(workdir, name)), BACK_WITHIN_S,
                    f"{name} aggregates again", swarm)
     log = log_text(workdir, name)
     assert "resuming from checkpoint" in log and "joining: capacity" not in log, log[-3000:]
@@ -160,7 +160,7 @@ async def test_relay_restarted_with_its_state_dir(tmp_path: Path) -> None:
     run = tmp_path / "run.json"
     save_manifest(man, run)
     swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=2, iterations=100000,
-                       iteration_timeout_s=60)
+                       iteration_timeout_s=60, log_level="DEBUG")
     try:
         await trio.to_thread.run_sync(swarm.start)
         await wait_records(swarm, 1, 120)

@@ -36,6 +36,11 @@ contributions accepted, as if the refused one had died with its relay.
 After the step: a checkpoint every `checkpoint_every` iterations, and the
 leader appends one JSON object per iteration to `metrics.jsonl`.
 
+Logs.  A relay logs one INFO line per step: the round that summed it, the
+contributions held here, and the time its parts took.  What it announces
+before each round (the contributions it brings) is at DEBUG, with the
+all-reduce's and the checkpoint's own lines.
+
 Timing.  Each step logs what its aggregation was made of (`parts`: the
 gradient vector, the all-reduce, the optimizer step, the checkpoint, in
 seconds; also `aggregation_parts` in metrics.jsonl).  The torch work runs in
@@ -363,7 +368,7 @@ class Aggregation:
         keys: list = []  # relay: the contributions the recovery machine names (backward computed here, attempt
         if relay:  # not released), as (data node, seq, iteration)
             keys = sorted(self.contrib_for.pop(e.iteration, frozenset()))
-            log.info("iteration %d: aggregating %d contributions held here", e.iteration, len(keys))
+            log.debug("iteration %d: aggregating %d contributions held here", e.iteration, len(keys))
         self.faults.point("aggregate")
         if keys:
             self.faults.point("aggregate_holding")
@@ -386,14 +391,11 @@ class Aggregation:
 
         def announce(gkey: str) -> None:  # before each round: a member that dies after its round still said it
             if relay:
-                log.info("iteration %d: round %s: contributions %s", e.iteration, gkey, held)
+                log.debug("iteration %d: round %s: contributions %s", e.iteration, gkey, held)
 
         total, count, gkey, members = await self._all_reduce_survivors(
             f"s{stage}/it{e.iteration}", group, grad, float(mine), on_round=announce, max_count=e.microbatches)
         t_step = now()
-        if relay:  # (once they are in the stage's sum: what the tests rebuild the centralized reference from)
-            log.info("iteration %d: contributions %s", e.iteration, held)
-            log.info("iteration %d: summed in round %s", e.iteration, gkey)
         if relay and count < e.microbatches:
             # the survivors' mean (recovery.py): the missing contributions died with a relay
             self.lost_contributions[e.iteration] = int(e.microbatches - count)
@@ -413,8 +415,13 @@ class Aggregation:
             await self.stage.run(self.checkpoint)
         self.parts = {"gradient": t_ar - t_grad, "all_reduce": t_step - t_ar, "step": t_ck - t_step,
                       "checkpoint": now() - t_ck}
-        log.info("iteration %d: aggregation %.2f s: %s", e.iteration, now() - t0,
-                 ", ".join(f"{k} {v:.2f}" for k, v in self.parts.items()))
+        # one line per step (module doc "Logs"): at a relay the round that summed it and the contributions held here,
+        # once they are in the stage's sum (what the tests rebuild the centralized reference from)
+        took = f"aggregation {now() - t0:.2f} s: " + ", ".join(f"{k} {v:.2f}" for k, v in self.parts.items())
+        if relay:
+            log.info("iteration %d: summed in round %s: contributions %s; %s", e.iteration, gkey, held, took)
+        else:
+            log.debug("iteration %d: %s", e.iteration, took)
         self.phases.retry_s = phase_retry_s(self.stage.busiest_s())
         if not relay and (self.leadership.leader() == self.wire.me or e.iteration in self.opened):
             self._record_metrics(e.iteration, now() - t0)

@@ -154,6 +154,9 @@ class RepeatFilter(logging.Filter):
             summary.msg = f"{record.getMessage()} (repeated {repeats} more times since {_clock(since)}, last at " \
                           f"{_clock(record.created)})"
             summary.args = None
+            # stamped now, when it is written (the copied record carries the time of the last repeat)
+            summary.created = self.wall()
+            summary.msecs = (summary.created - int(summary.created)) * 1000
             summary._gwtf_repeat_shown = True  # type: ignore[attr-defined]
             for h in handlers:
                 h.handle(summary)

@@ -483,8 +483,8 @@ class Node:
                 self.parts = p = self._assemble(host, nursery)
                 host.set_handler(self._on_frame)
                 (self.opts.state_dir / "addr").write_text("\n".join(host.addrs) + "\n")
-                log.info("node %s (%s) peer id %s listening on %s", self.opts.name, self.opts.role, host.peer_id,
-                         host.addrs)
+                log.info("node %s (%s) peer id %s listening on %s", self.opts.name or "without --name",
+                         self.opts.role, host.peer_id, host.addrs)
                 nursery.start_soon(p.bootstrap.run)  # dials the bootstrap peers, with retries
                 nursery.start_soon(p.discovery.loop)
                 nursery.start_soon(p.discovery.redial_loop, lambda: set(p.liveness.crashed),

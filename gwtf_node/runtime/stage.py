@@ -180,6 +180,6 @@ class LocalStage:
         path = checkpoints.write(state_dir, run_id=self.manifest.run_id, role=self.role,
                                  stage=None if self.role == "data" else stage, steps=self.applied_steps,
                                  state=state, params_sha256=params_sha256, params=params, keep=keep)
-        log.info("checkpoint of %d steps: %.0f MB, state %.2f s, file %.2f s", self.applied_steps, len(state) / 1e6,
+        log.debug("checkpoint of %d steps: %.0f MB, state %.2f s, file %.2f s", self.applied_steps, len(state) / 1e6,
                  t1 - t0, time.perf_counter() - t1)
         return path
