@@ -379,7 +379,7 @@ class Aggregation:
             log.info("iteration %d: contributions %s", e.iteration, held)
             log.info("iteration %d: summed in round %s", e.iteration, gkey)
         if relay and count < e.microbatches:
-            # the survivors' mean (recovery.py): the missing contributions died with a relay
+            # the survivors' mean (protocol/recovery/): the missing contributions died with a relay
             self.lost_contributions[e.iteration] = int(e.microbatches - count)
             log.warning("iteration %d: stage %d holds %d of %d contributions (the rest died with a relay)",
                         e.iteration, stage, int(count), e.microbatches)
