@@ -7,11 +7,13 @@ prose.  Every such name that starts at a top-level directory of the repository
 package of `gwtf_node/` (`runtime/`, `protocol/`, `model/`, `sim/`, `cli/`,
 `testing/`: the short form the pages use after naming the package) must exist;
 a name with `*` must match at least one file, and a dotted name
-(`protocol/membership.place`) must be a module that defines it.  Every `gwtf-node <subcommand>`
-in a code span or a code block must be a subcommand of the command line's
-parser (and, for `sim` and `config`, its second word one of theirs), and
-every `--flag` on a code line of such a command must be one that parser
-takes.  The parser is built, never run: nothing here starts a process.
+(`protocol/membership.place`) must be a module that defines it.  A bare
+source file name (`node.py`, `build_image.sh`) must be the name of some file
+of the repository.  Every `gwtf-node <subcommand>` in a code span or a code
+block must be a subcommand of the command line's parser (and, for `sim` and
+`config`, its second word one of theirs), and every `--flag` on a code line
+of such a command must be one that parser takes.  The parser is built, never
+run: nothing here starts a process.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TOP = ("gwtf_node", "scripts", "tests", "docs", "protos", "docker")
 SHORT = ("runtime", "protocol", "model", "sim", "cli", "testing")  # packages of gwtf_node/, named on their own
 PATH_RE = re.compile(rf"(?<![\w./~$-])((?:{'|'.join(TOP + SHORT)})/[\w.*/-]*)")
+BARE_RE = re.compile(r"(?<![\w./~$-])([\w-]+\.(?:py|sh))\b")
 CODE_SPAN_RE = re.compile(r"`([^`\n]+)`")
 FENCE_RE = re.compile(r"^```[^\n]*\n(.*?)^```", re.M | re.S)
 COMMAND_RE = re.compile(r"(?<![\w.-])gwtf-node[ \t]+([a-z][a-z-]*)(?:[ \t]+([a-z][a-z-]*))?")
@@ -65,6 +68,20 @@ def resolve(p: str) -> list[Path]:
             rf"^(?:def|class|async def) {attr}\b|^{attr}\b.*=", source.read_text(), re.M):
         return [source]
     return []
+
+
+def _source_names() -> set[str]:
+    skip = {".git", ".venv", ".venv-ci", "node_modules"}
+    return {p.name for d in TOP for p in (ROOT / d).rglob("*") if not skip & set(p.parts)}
+
+
+SOURCE_NAMES = _source_names()
+OTHER_REPOSITORIES = {"balanced_expert.py"}  # yandex-research/swarm's, named where SWARM's baseline is compared
+
+
+def unknown_bare_names(text: str) -> set[str]:
+    """Bare source file names (`node.py`) that no file of the repository has."""
+    return {n for n in BARE_RE.findall(text) if n not in SOURCE_NAMES | OTHER_REPOSITORIES}
 
 
 def code_texts(text: str) -> list[str]:
@@ -123,6 +140,12 @@ def test_named_paths_exist(page: Path) -> None:
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_rel)
+def test_bare_file_names_exist(page: Path) -> None:
+    unknown = sorted(unknown_bare_names(page.read_text()))
+    assert not unknown, f"{_rel(page)} names source files no file of the repository is called: {unknown}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_rel)
 def test_commands_are_real(page: Path) -> None:
     text = page.read_text()
     problems = [p for line in code_texts(text) for p in command_problems(line)]
@@ -134,9 +157,10 @@ def test_the_checks_can_fail() -> None:
     assert named_paths("see `gwtf_node/runtime/nope.py` and scripts/bench_flow.py.") == {
         "gwtf_node/runtime/nope.py", "scripts/bench_flow.py"}
     assert not resolve("gwtf_node/runtime/nope.py") and resolve("scripts/bench_flow.py")
-    assert resolve("runtime/node.py") and not resolve("recovery.py/")
+    assert resolve("runtime/node.py") and not resolve("protocol/recovery.py") and resolve("protocol/recovery/")
     assert resolve("docs/bench_*.md") and not resolve("docs/nothing_*.md")
     assert resolve("protocol/membership.place") and not resolve("protocol/membership.no_such_function")
+    assert unknown_bare_names("`cli.py` and `node.py`, `scripts/build_image.sh`") == {"cli.py"}
     assert command_problems("gwtf-node frobnicate --x")
     assert command_problems("gwtf-node sim nothing")
     assert command_problems("gwtf-node join --run run.json --no-such-flag")
