@@ -9,11 +9,12 @@ package of `gwtf_node/` (`runtime/`, `protocol/`, `model/`, `sim/`, `cli/`,
 a name with `*` must match at least one file, and a dotted name
 (`protocol/membership.place`) must be a module that defines it.  A bare
 source file name (`node.py`, `build_image.sh`) must be the name of some file
-of the repository.  Every `gwtf-node <subcommand>` in a code span or a code
-block must be a subcommand of the command line's parser (and, for `sim` and
-`config`, its second word one of theirs), and every `--flag` on a code line
-of such a command must be one that parser takes.  The parser is built, never
-run: nothing here starts a process.
+of the repository, and every relative link (`[network.md](network.md)`, an
+image) must lead to a file.  Every `gwtf-node <subcommand>` in a code span
+or a code block must be a subcommand of the command line's parser (and, for
+`sim` and `config`, its second word one of theirs), and every `--flag` on a
+code line of such a command must be one that parser takes.  The parser is
+built, never run: nothing here starts a process.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ BARE_RE = re.compile(r"(?<![\w./~$-])([\w-]+\.(?:py|sh))\b")
 CODE_SPAN_RE = re.compile(r"`([^`\n]+)`")
 FENCE_RE = re.compile(r"^```[^\n]*\n(.*?)^```", re.M | re.S)
 COMMAND_RE = re.compile(r"(?<![\w.-])gwtf-node[ \t]+([a-z][a-z-]*)(?:[ \t]+([a-z][a-z-]*))?")
+LINK_RE = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
 FLAG_RE = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
 
 
@@ -139,6 +141,18 @@ def test_named_paths_exist(page: Path) -> None:
     assert not missing, f"{_rel(page)} names paths that do not exist: {missing}"
 
 
+def broken_links(page: Path, text: str) -> list[str]:
+    """Relative link targets of a page (its links and images) that lead to no file."""
+    return [t for t in LINK_RE.findall(text) if "://" not in t and not t.startswith("mailto:")
+            and not (page.parent / t).exists()]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_rel)
+def test_links_lead_somewhere(page: Path) -> None:
+    broken = broken_links(page, page.read_text())
+    assert not broken, f"{_rel(page)} links to what does not exist: {broken}"
+
+
 @pytest.mark.parametrize("page", PAGES, ids=_rel)
 def test_bare_file_names_exist(page: Path) -> None:
     unknown = sorted(unknown_bare_names(page.read_text()))
@@ -161,6 +175,8 @@ def test_the_checks_can_fail() -> None:
     assert resolve("docs/bench_*.md") and not resolve("docs/nothing_*.md")
     assert resolve("protocol/membership.place") and not resolve("protocol/membership.no_such_function")
     assert unknown_bare_names("`cli.py` and `node.py`, `scripts/build_image.sh`") == {"cli.py"}
+    assert broken_links(ROOT / "docs" / "x.md", "[a](network.md) [b](../README.md#x) [c](nope.md) [d](https://e)") == [
+        "nope.md"]
     assert command_problems("gwtf-node frobnicate --x")
     assert command_problems("gwtf-node sim nothing")
     assert command_problems("gwtf-node join --run run.json --no-such-flag")
