@@ -92,7 +92,7 @@ def log_text(workdir: Path, name: str) -> str:
 
 
 DIGEST = ("settled", "flows formed", "through a relay", "joined the swarm", "presumed dead", "deferred", "denied", "back after", "refused", "failed",
-          "WARNING", "ERROR")
+          "WARNING", "ERROR", "state loaded", "summed without", "parameters")
 
 
 def log_digest(workdir: Path, names, limit: int = 1500) -> str:

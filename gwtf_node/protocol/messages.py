@@ -19,6 +19,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from .electmsgs import HeartbeatAck, LeaderHeartbeat, RequestVote, Vote  # noqa: F401 - re-exported (leader.py)
 from .refusals import RefusalCode  # noqa: F401 - re-exported: a Refused carries one
 from .replies import DenyReason, Reply, Side  # noqa: F401 - re-exported: flow messages carry them
 
@@ -369,6 +370,15 @@ class StageStateRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class RoundRecord:
+    """How the step that brought a stage's state to `steps` was summed (protocol/roundcheck.py)."""
+
+    steps: int
+    count: float
+    members: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class StageState:
     stage: int
     iteration: int
@@ -377,6 +387,7 @@ class StageState:
     params_sha256: str = ""  # a relay's hash-only answer: StageModel.state_hash() at `iteration` steps
     run_steps: int = 0  # a data node's hash-only answer: the first iteration a state installed now takes part in
     stage_empty: bool = False  # a data node's hash-only answer: no relay of the stage is ready
+    rounds: tuple[RoundRecord, ...] = ()  # a relay's answer: how its last steps were summed (roundcheck.py)
 
 
 # ---- crash recovery of microbatches (section V-D; protocol/recovery/) ----
@@ -489,50 +500,6 @@ class RepairOrder:
     iteration: int
     attempt: int
     rest: tuple[str, ...]
-
-
-# ---- leader election among the data nodes (leader.py) ----------------------
-
-
-@dataclass(frozen=True, slots=True)
-class RequestVote:
-    """Vote for the sender in `term` (`pre`: would you, without changing anything?)."""
-
-    term: int
-    pre: bool
-    sent_at: float  # the sender's clock; echoed in the Vote, only the sender compares it
-    cfg_term: int = 0  # the candidate's voter set: the term of the leader it came from (leader.py "Voter set")
-    cfg_version: int = 0  # ... and its version in that term; a voter grants only to a set at least as new
-    lease_s: float = 0.0  # a grant promises no other vote for max(this, the voter's own lease floor)
-
-
-@dataclass(frozen=True, slots=True)
-class Vote:
-    """Answer to a RequestVote; a grant promises no other vote for a lease (see leader.py)."""
-
-    term: int  # the term voted for when granted, else the voter's current term
-    pre: bool
-    granted: bool
-    sent_at: float  # echo of RequestVote.sent_at
-
-
-@dataclass(frozen=True, slots=True)
-class LeaderHeartbeat:
-    """The leader of `term` renews its lease and shares its voter set (leader.py "Voter set")."""
-
-    term: int
-    sent_at: float  # the leader's clock; echoed in the HeartbeatAck
-    data_nodes: tuple[str, ...]  # the voters that may lead
-    witnesses: tuple[str, ...] = ()  # the voters that only vote (relays, leader.py "Witnesses")
-    cfg_version: int = 0  # version of this voter set within `term` (one change per version)
-    lease_s: float = 0.0  # an ack promises no other vote for max(this, the voter's own lease floor)
-
-
-@dataclass(frozen=True, slots=True)
-class HeartbeatAck:
-    term: int  # the acknowledger's current term
-    sent_at: float  # echo of LeaderHeartbeat.sent_at
-    ok: bool  # False: the heartbeat's term is stale
 
 
 # ---- joining at the bottleneck (membership.py, section V-B) ----------------

@@ -24,6 +24,11 @@ the same group); a member forgotten since the all-reduce began (a crash found,
 or a restart: back within seconds with a new incarnation, its contributions
 gone with the old one) stays out of it even once it is back; the contributions that died with it are counted in
 `lost_contributions` (the survivors' mean: they are not trained again).
+Members decide who survived each for itself, so two of them can step in
+different rounds (each forgot the other): a relay records how each step was
+summed (`rounds`, protocol/roundcheck.py), and after a step that left out a
+member BEGIN named it compares its parameters with that member's and one of
+the two copies is replaced by the other (cutcheck.py).
 A contribution that a part owner refuses as an outlier (allreduce.py,
 protocol/gradguard.py) is counted there too: the part's mean is over the
 contributions accepted, as if the refused one had died with its relay.
@@ -67,6 +72,7 @@ import trio
 from ..protocol import messages as m
 from ..protocol.effects import Send
 from ..protocol.pipeline import Phases, StartStep
+from ..protocol.roundcheck import RoundOf, trim
 from .faults import Faults
 from .leadership import Leadership
 from .microbatches import Microbatches
@@ -118,11 +124,21 @@ class Aggregation:
         self.stage_held: dict[int, int] = {}
         self._held_from = stage.applied_steps
         self.allreduce_s = 0.0  # the last all-reduce round that summed, seconds (its waits included)
+        self.rounds: dict[int, RoundOf] = {}  # a relay: steps -> how the step to them was summed (roundcheck.py)
+        self.on_parted: Callable[[int, list[str], float], None] = lambda it, left_out, patience_s: None
         self.parts: dict[str, float] = {}  # the last step's aggregation, piece by piece (module doc), seconds
 
     # ------------------------------------------------------------------ reading
     def group(self, iteration: int, stage: int) -> set[str] | None:
         return self.phases.group(iteration, stage) if self.phases is not None else None
+
+    def round_records(self, steps: int) -> tuple[m.RoundRecord, ...]:
+        """How the steps up to `steps` of the state held here were summed, as far as recorded (roundcheck.py)."""
+        return tuple(m.RoundRecord(s, r.count, r.members) for s, r in sorted(self.rounds.items()) if s <= steps)
+
+    def adopt_rounds(self, records: tuple[m.RoundRecord, ...], steps: int) -> None:
+        """A state of `steps` steps was installed from a peer: its round records are this node's now."""
+        self.rounds = trim({r.steps: RoundOf(r.count, tuple(r.members)) for r in records if r.steps <= steps})
 
     def can_take_sent(self, iteration: int) -> bool:
         return self.phases is not None and iteration in self.phases.can_take_sent
@@ -372,8 +388,8 @@ class Aggregation:
             if relay:
                 log.info("iteration %d: round %s: contributions %s", e.iteration, gkey, held)
 
-        total, count, gkey = await self._all_reduce_survivors(f"s{stage}/it{e.iteration}", group, grad, float(mine),
-                                                              on_round=announce, max_count=e.microbatches)
+        total, count, gkey, members = await self._all_reduce_survivors(
+            f"s{stage}/it{e.iteration}", group, grad, float(mine), on_round=announce, max_count=e.microbatches)
         t_step = now()
         if relay:  # (once they are in the stage's sum: what the tests rebuild the centralized reference from)
             log.info("iteration %d: contributions %s", e.iteration, held)
@@ -385,6 +401,8 @@ class Aggregation:
                         e.iteration, stage, int(count), e.microbatches)
         if self.faults.busy_step_s:  # (fault injection: a step as long as a large model's)
             await self.stage.run(self.faults.busy_step)
+        if relay:  # (recorded before the state holds the step: a snapshot taken meanwhile has no record of it)
+            self.rounds = trim({**self.rounds, e.iteration + 1: RoundOf(float(count), tuple(members))})
         await self.stage.run(self.stage.apply_step, total, count, e.iteration)
         t_ck = now()
         self.microbatches.aggregation_done(e.iteration)
@@ -401,6 +419,9 @@ class Aggregation:
         if not relay and (self.leadership.leader() == self.wire.me or e.iteration in self.opened):
             self._record_metrics(e.iteration, now() - t0)
         self.last_iteration = e.iteration
+        left_out = sorted(set(group) - set(members) - {self.wire.me})
+        if relay and left_out:  # a member named may have stepped in a round of its own (cutcheck.py)
+            self.on_parted(e.iteration, left_out, self.allreduce_timeout_s() + GROUP_CHANGE_WAIT_S + RETRY_CAP_S)
         self._apply(self.phases.on_step_done(now(), e.iteration, self.peers.next_stage_ids(),
                                              self.peers.prev_stage_ids()))
 
@@ -468,7 +489,7 @@ class Aggregation:
                                     on_round: Callable[[str], None] = lambda gkey: None,
                                     max_count: float | None = None):
         """All-reduce among the members of `named` still alive, redone when one dies meanwhile: (sum, count, the key
-        of the round that summed them; it names the group).  `on_round(key)` is called before each round."""
+        of the round that summed them, its members).  `on_round(key)` is called before each round."""
         from .allreduce import AllReduceError
 
         me = self.wire.me
@@ -493,12 +514,12 @@ class Aggregation:
                     log.error("all-reduce %s failed again with the same group: stepping on this node's gradient only",
                               base)
                     on_round(f"{base}/alone")
-                    return grad, mine, f"{base}/alone"
+                    return grad, mine, f"{base}/alone", [me]
                 continue
             tried.add(gkey)
             on_round(gkey)
             if len(group) == 1:
-                return grad, mine, gkey
+                return grad, mine, gkey, group
             with trio.CancelScope() as scope:
                 self._ar_scopes[gkey] = (set(group), scope)
                 try:
@@ -507,7 +528,7 @@ class Aggregation:
                                                                     timeout=self.allreduce_timeout_s(),
                                                                     max_count=max_count)
                     self.allreduce_s = now() - t0
-                    return total, count, gkey
+                    return total, count, gkey, group
                 except Exception as e:  # noqa: BLE001 - AllReduceError, alone or in a nursery's group
                     if not _all_reduce_failure(e, AllReduceError):
                         raise

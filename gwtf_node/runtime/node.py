@@ -269,7 +269,8 @@ class Node:
         # down for a while, and others can still dial this node
         bootstrap = Bootstrap(wire, peers, discovery, host, list(o.bootstrap) + known,
                               timeout_s=o.bootstrap_timeout_s if o.bootstrap else 0.0, on_exit=self._exit)
-        cutcheck = CutCheck(wire, peers, self.stage, liveness, joining)
+        cutcheck = CutCheck(wire, peers, self.stage, liveness, joining, rounds=lambda: aggregation.rounds)
+        aggregation.on_parted = cutcheck.parted
         self.values = values = Values(wire, peers, self.stage, flows, microbatches, leadership, aggregation)
         status = Status(o.state_dir / "status.json", wire, host, peers, liveness, self.stage, flows, microbatches,
                         aggregation, leadership, run_id=self.run_id, policy=o.policy, bootstrap=bootstrap,
