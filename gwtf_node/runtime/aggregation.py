@@ -397,7 +397,7 @@ class Aggregation:
             f"s{stage}/it{e.iteration}", group, grad, float(mine), on_round=announce, max_count=e.microbatches)
         t_step = now()
         if relay and count < e.microbatches:
-            # the survivors' mean (recovery.py): the missing contributions died with a relay
+            # the survivors' mean (protocol/recovery/): the missing contributions died with a relay
             self.lost_contributions[e.iteration] = int(e.microbatches - count)
             log.warning("iteration %d: stage %d holds %d of %d contributions (the rest died with a relay)",
                         e.iteration, stage, int(count), e.microbatches)

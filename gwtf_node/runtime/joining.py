@@ -499,7 +499,7 @@ class Joining:
                 self._ask_deadline = now() + NO_QUORUM_RETRY_S
                 log.error("stage %d state hand-over: no quorum of the stage's members vouches for any state at %d "
                           "steps (%s): nothing loaded; asking again in %.0f s (a majority of the stage's members "
-                          "must be honest: README \"Security model\")", msg.stage, msg.iteration, why,
+                          "must be honest: docs/security.md)", msg.stage, msg.iteration, why,
                           NO_QUORUM_RETRY_S)
             raise FrameRefused(f"StageState from {self.peers.who(source)}: {why}")
         log.info("stage %d state from %s: %s", msg.stage, self.peers.who(source), why)
