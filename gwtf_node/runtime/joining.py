@@ -444,18 +444,17 @@ class Joining:
         if hashlib.sha256(blob).hexdigest() != msg.sha256:
             raise FrameRefused("StageState hash mismatch: the state was corrupted or tampered with")
         await self._check_with_members(peer, msg, blob)
-        try:
-            await self.stage.run(self.stage.model.load_state_bytes, blob)
+        try:  # (the parameters and their steps together: a checkpoint never labels one with the other's steps)
+            await self.stage.run(self.stage.install, blob, msg.iteration)
         except Exception as e:  # noqa: BLE001 - refuse a state that does not fit this stage, keep running
             raise FrameRefused(f"StageState does not load: {e}") from None
+        self.aggregation.adopt_rounds(msg.rounds, msg.iteration)
         if msg.iteration < self.want_after:
             # a BEGIN AGGREGATION left us out while this state was loading: it misses that
             # step; the fetch loop asks again for a newer one
             log.info("state of %d steps is behind an aggregation we missed: asking for %d",
                      msg.iteration, self.want_after)
             return
-        self.stage.set_steps(msg.iteration)
-        self.aggregation.adopt_rounds(msg.rounds, msg.iteration)
         self.aggregation.resynced(msg.iteration)
         self.peers.set_standing(joining=False, ready_from=msg.iteration)
         if self.joiner is not None:
