@@ -398,6 +398,7 @@ class Aggregation:
 
         total, count, gkey, members = await self._all_reduce_survivors(
             f"s{stage}/it{e.iteration}", group, grad, float(mine), on_round=announce, max_count=e.microbatches)
+        del grad  # (the sum is `total`: this part's gradient vector is not held through the step and checkpoint)
         t_step = now()
         if relay and count < e.microbatches:
             # the survivors' mean (protocol/recovery/): the missing contributions died with a relay
@@ -409,6 +410,7 @@ class Aggregation:
         if relay:  # (recorded before the state holds the step: a snapshot taken meanwhile has no record of it)
             self.rounds = trim({**self.rounds, e.iteration + 1: RoundOf(float(count), tuple(members))})
         await self.stage.run(self.stage.apply_step, total, count, e.iteration)
+        del total  # (nor is the summed vector held through the checkpoint: model/memory.py counts it so)
         t_ck = now()
         self.microbatches.aggregation_done(e.iteration)
         self.stage.steps_done()
