@@ -147,6 +147,12 @@ class Aggregation:
         """A state of `steps` steps was installed from a peer: its round records are this node's now."""
         self.rounds = trim({r.steps: RoundOf(r.count, tuple(r.members)) for r in records if r.steps <= steps})
 
+    def stepping(self, iteration: int) -> bool:
+        """BEGIN AGGREGATION of `iteration` reached this node and its step is not applied yet (its all-reduce may
+        be running: a member that leaves first would leave its stage-mates' round without its parts)."""
+        return (self.phases is not None and iteration in self.phases.begun
+                and (self.last_iteration is None or self.last_iteration < iteration))
+
     def can_take_sent(self, iteration: int) -> bool:
         return self.phases is not None and iteration in self.phases.can_take_sent
 

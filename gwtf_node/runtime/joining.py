@@ -567,8 +567,8 @@ class Joining:
         self.discovery.hello_all()
         log.info("leaving after iteration %d: finishing its microbatches and that iteration's aggregation", t)
         with trio.move_on_after(LEAVE_WAIT_S) as scope:
-            while not self.aggregation.can_take_sent(t) and self.peers.data_nodes():
-                await trio.sleep(0.05)  # (no data node left: no aggregation will come)
+            while not self.aggregation.can_take_sent(t) and (self.peers.data_nodes() or self.aggregation.stepping(t)):
+                await trio.sleep(0.05)  # (no data node left: no aggregation will come, but one begun finishes)
         if scope.cancelled_caught:
             log.warning("iteration %d's aggregation did not come within %.0f s: leaving anyway", t, LEAVE_WAIT_S)
         await self.stage.run(self.aggregation.checkpoint)  # the state after its last aggregation (resume.py)
