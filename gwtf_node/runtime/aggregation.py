@@ -403,7 +403,8 @@ class Aggregation:
                 log.debug("iteration %d: round %s: contributions %s", e.iteration, gkey, held)
 
         total, count, gkey, members = await self._all_reduce_survivors(
-            f"s{stage}/it{e.iteration}", group, grad, float(mine), on_round=announce, max_count=e.microbatches)
+            f"s{stage}/it{e.iteration}", [self.wire.me] if self.faults.alone(e.iteration) else group, grad,
+            float(mine), on_round=announce, max_count=e.microbatches)
         del grad  # (the sum is `total`: this part's gradient vector is not held through the step and checkpoint)
         t_step = now()
         if relay and count < e.microbatches:

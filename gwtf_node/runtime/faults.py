@@ -25,6 +25,11 @@ directory when the node starts) makes this node's optimizer step longer by
 SECONDS of real work in its torch worker thread (`busy_step`: matrix
 products, as the step of a large model is): a node busy for longer than the
 liveness check's floor, which its peers must not presume dead (liveness.py).
+
+`GWTF_ALONE_AT=ITERATION` (or a file `alone_at` holding ITERATION in the state
+directory when the node starts) makes this relay sum that iteration's
+all-reduce in a round of its own, as a member that took its stage-mates for
+gone does: two stage-mates armed alike step apart (cutcheck.py repairs it).
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class Faults:
     poison_scale: float = 1.0  # GWTF_POISON_GRAD: the gradient is multiplied by this before the all-reduce ...
     poison_from: int = 0  # ... from this iteration on
     busy_step_s: float = 0.0  # GWTF_BUSY_STEP: seconds of extra work in each optimizer step
+    alone_at: int | None = None  # GWTF_ALONE_AT: the iteration whose all-reduce this node runs alone
 
     @classmethod
     def from_env(cls, state_dir: Path | None = None) -> "Faults":
@@ -67,7 +73,19 @@ class Faults:
         if state_dir is not None and (state_dir / "busy_step").exists():
             busy = (state_dir / "busy_step").read_text().strip()
         f.busy_step_s = float(busy or 0.0)
+        alone = os.environ.get("GWTF_ALONE_AT", "")
+        if state_dir is not None and (state_dir / "alone_at").exists():
+            alone = (state_dir / "alone_at").read_text().strip()
+        f.alone_at = int(alone) if alone else None
         return f
+
+    def alone(self, iteration: int) -> bool:
+        """Whether this node sums `iteration` in a round of its own (GWTF_ALONE_AT), as if its stage-mates were
+        gone."""
+        if self.alone_at != iteration:
+            return False
+        log.warning("fault injection GWTF_ALONE_AT: iteration %d summed without the stage's other members", iteration)
+        return True
 
     def busy_step(self) -> None:
         """`busy_step_s` seconds of matrix products (GWTF_BUSY_STEP); in the torch worker thread."""
