@@ -206,8 +206,7 @@ from .setting import (
     initial_flows, make_net, make_setting,
 )
 from .setting import (
-    GEO12_REGIONS, GEO12_SETTINGS, TABLE6_SCALES, TABLE6_SETTINGS, make_geo12, make_table6, opfence_placement,
-    swarm_placement,
+    GEO12_REGIONS, GEO12_SETTINGS, TABLE6_SCALES, TABLE6_SETTINGS, make_geo12, make_table6, swarm_placement,
 )
 
 # given: the setting's stages (relays started with `--stage N`); dtfm: DT-FM's search's; swarm: place_swarm's;
@@ -252,6 +251,8 @@ def run_train(setting: str, policy: str, churn: float, iterations: int, seed: in
         s = swarm_placement(s)
         placement_cpu_s = time.process_time() - t0
     elif placement == "opfence":  # GWTF's flows over the stages OP-Fence gave the relays
+        from ..schedule.routing import opfence_placement
+
         s, placement_cpu_s = opfence_placement(s, seed)
     if options.get("routing") == "dtfm":
         from ..schedule.routing import dtfm_routing

@@ -215,15 +215,6 @@ def restage(setting: Setting, groups: list[list[str]]) -> tuple[Setting, dict[st
     return Setting(setting.name, relays, net, setting.data), rename
 
 
-def opfence_placement(setting: Setting, seed: int, **kw) -> tuple[Setting, float]:
-    """The setting with every relay in the stage FusionLLM's OP-Fence gives it (`sim/schedule/opfence.py`),
-    and the scheduler's CPU seconds."""
-    from ..schedule.problems import instance_from_setting, opfence_schedule
-
-    sched = opfence_schedule(instance_from_setting(setting), seed, **kw)
-    return restage(setting, [list(g) for g in sched.stages()])[0], sched.result.cpu_s
-
-
 def swarm_placement(setting: Setting, max_evaluations: int | None = None) -> Setting:
     """The setting with every relay where the daemon's leader puts a swarm forming from scratch
     (`protocol/swarmplace.place_new_swarm`): every relay a candidate, each telling the Equation 1 cost of its
