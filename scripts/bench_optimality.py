@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Table VI of the GWTF paper in the simulator: GWTF's flows against DT-FM's schedule, as the swarm grows, with
-and without churn.
+"""Table VI of the GWTF paper in the simulator: GWTF's flows against DT-FM's and OP-Fence's schedules, as the
+swarm grows, with and without churn.
 
     nice -n 10 python scripts/bench_optimality.py [--setting table6|geo12] [--scales 1 2 4 8] [--seeds 3]
         [--iterations 5] [--json]
@@ -56,9 +56,9 @@ number of schedules computed in the run; OP-Fence's CPU time (Louvain,
 runs, chaining) per schedule and times the schedules of the `opfence` run.
 
 `--json` prints one object per (setting, churn) with `gwtf`, `gwtf_swarm`,
-`dtfm`, `dtfm_pinned`, `gwtf_placed`, `opfence` and `gwtf_opfence`, each holding `time_per_microbatch_s`,
-`throughput_per_iteration`
-and `scheduler_cpu_s` (means over the seeds); without it a table is printed
+`dtfm`, `dtfm_pinned`, `gwtf_placed`, `opfence` and `gwtf_opfence`, each
+holding `time_per_microbatch_s`, `throughput_per_iteration` and
+`scheduler_cpu_s` (means over the seeds); without it a table is printed
 and written to docs/bench_optimality.md (everything from a "## Reading"
 heading of the existing file on is kept).
 """
@@ -162,8 +162,8 @@ def main() -> int:
     ap.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
                     help="run only these (with --json: the docs table needs all of them)")
     ap.add_argument("--scenario-out", metavar="FILE",
-                    help="write the paper's setting (table6-x1, seed 0) as a scenario file for `gwtf-node sim "
-                         "schedule` and stop")
+                    help="write the first --setting at scale 1, seed 0 (table6-x1 by default: the paper's) as a "
+                         "scenario file for `gwtf-node sim schedule` and stop")
     args = ap.parse_args()
     if set(args.systems) != set(SYSTEMS) and not args.json and not args.scenario_out:
         ap.error("--systems runs a subset of the systems: add --json (the docs table shows all of them)")
@@ -171,7 +171,8 @@ def main() -> int:
         from gwtf_node.sim.schedule.problems import setting_scenario
         from gwtf_node.sim.train import make_setting
 
-        Path(args.scenario_out).write_text(json.dumps(setting_scenario(make_setting("table6-x1", 0)), indent=None))
+        Path(args.scenario_out).write_text(json.dumps(setting_scenario(make_setting(f"{args.setting[0]}-x1", 0)),
+                                                     indent=None))
         return 0
     t0 = time.time()
     dtfm_opts = {"generations": args.generations, "population": args.population}
