@@ -4,7 +4,8 @@
 part on the microbatches the data nodes completed ("iteration t settled:
 completed [...]"), each relay stage on the contributions its relays announced
 for the all-reduce round that summed them ("iteration t: round KEY:
-contributions [...]" and "summed in round KEY", every log of every relay of
+contributions [...]", logged at DEBUG: the swarms of these tests run at
+`log_level="DEBUG"`, and "summed in round KEY", every log of every relay of
 the stage, the logs of earlier lives of a restarted relay included).
 `reference_run` trains the centralized reference on a plan, stage by stage: a
 stage that counted no contribution in an iteration takes no step, as in the
@@ -55,7 +56,7 @@ def stage_plan(workdir: Path, data_nodes: int, relays: dict[int, list[str]]) -> 
             text = relay_logs(workdir, r)
             for it, gkey, keys in re.findall(r"iteration (\d+): round (\S+): contributions (\[.*\])", text):
                 announced.setdefault((int(it), gkey), []).extend((index[w], s) for w, s in json.loads(keys))
-            summed |= {(int(it), gkey) for it, gkey in re.findall(r"iteration (\d+): summed in round (\S+)", text)}
+            summed |= {(int(it), gkey) for it, gkey in re.findall(r"iteration (\d+): summed in round ([^\s:]+)", text)}
         for it, gkey in summed:
             counted.setdefault(it, {}).setdefault(k, []).extend(announced.get((it, gkey), []))
     return [(sorted(settled[t]), {k: sorted(v) for k, v in counted.get(t, {}).items()}) for t in sorted(settled)]
@@ -110,7 +111,8 @@ def two_data_nodes(workdir: Path, iterations: int, microbatches: int) -> tuple:
     man = default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=microbatches)
     run = workdir / "run.json"
     save_manifest(man, run)
-    return man, LocalSwarm(workdir, run, data_nodes=2, stages=2, relays_per_stage=1, iterations=iterations)
+    return man, LocalSwarm(workdir, run, data_nodes=2, stages=2, relays_per_stage=1, iterations=iterations,
+                           log_level="DEBUG")
 
 
 def restart(swarm: LocalSwarm, name: str, *, auto: bool = False) -> None:

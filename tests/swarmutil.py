@@ -40,14 +40,14 @@ async def wait_exit(swarm: LocalSwarm, name: str, timeout: float) -> int:
 
 
 async def wait_summed(swarm: LocalSwarm, relays, n: int, timeout: float) -> None:
-    """Wait until each of `relays` logged its stage's sum ("iteration t: contributions [...]", aggregation.py) of
+    """Wait until each of `relays` logged its stage's sum ("iteration t: summed in round ...", aggregation.py) of
     every iteration t < `n`; fails after `timeout` s or if a node died.
 
     The leader records an iteration once the data nodes stepped; a relay sums the same iteration in its own
     all-reduce, possibly later (a BEGIN AGGREGATION resent after a lost copy reaches it seconds after the data
     nodes').  A test that rebuilds what each stage trained from the relays' logs waits for this before it stops
     the swarm: a relay stopped before its BEGIN arrived never sums that iteration."""
-    pat = re.compile(r"iteration (\d+): contributions \[")
+    pat = re.compile(r"iteration (\d+): summed in round ")
 
     def summed() -> bool:
         for r in relays:
@@ -92,7 +92,7 @@ def log_text(workdir: Path, name: str) -> str:
 
 
 DIGEST = ("settled", "flows formed", "through a relay", "joined the swarm", "presumed dead", "deferred", "denied", "back after", "refused", "failed",
-          "WARNING", "ERROR")
+          "WARNING", "ERROR", "state loaded", "summed without", "parameters")
 
 
 def log_digest(workdir: Path, names, limit: int = 1500) -> str:

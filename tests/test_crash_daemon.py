@@ -95,7 +95,7 @@ def test_relay_killed_in_aggregation(tmp_path: Path) -> None:
     run = tmp_path / "run.json"
     save_manifest(man, run)
     swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=2, iterations=4,
-                       faults={"r1_0": "aggregate_holding:1"}, iteration_timeout_s=120)
+                       faults={"r1_0": "aggregate_holding:1"}, iteration_timeout_s=120, log_level="DEBUG")
     records = run_local(swarm, lambda rec: None)
     assert swarm.procs["r1_0"].returncode == -9, "the fault did not fire"
     held = re.findall(r"iteration (\d+): aggregating (\d+) contributions held here",

@@ -85,7 +85,7 @@ async def test_empty_stage_pauses_then_resumes(tmp_path: Path) -> None:
     run = tmp_path / "run.json"
     save_manifest(man, run)
     swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=1, iterations=100000,
-                       iteration_timeout_s=60, faults={"r0_0": "backward:5"})
+                       iteration_timeout_s=60, faults={"r0_0": "backward:5"}, log_level="DEBUG")
     try:
         await trio.to_thread.run_sync(swarm.start)
         assert await wait_exit(swarm, "r0_0", 60) == -9, "the fault did not fire"
@@ -144,7 +144,7 @@ async def test_restore_restarts_an_empty_stage_from_an_older_checkpoint(tmp_path
     run = tmp_path / "run.json"
     save_manifest(man, run)
     swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=1, iterations=100000,
-                       iteration_timeout_s=60, faults={"r0_0": "backward:5"})
+                       iteration_timeout_s=60, faults={"r0_0": "backward:5"}, log_level="DEBUG")
     try:
         await trio.to_thread.run_sync(swarm.start)
         assert await wait_exit(swarm, "r0_0", 60) == -9, "the fault did not fire"

@@ -40,7 +40,7 @@ async def test_relay_joining_after_a_pause_trains_on(tmp_path: Path) -> None:
     run = tmp_path / "run.json"
     save_manifest(man, run)
     swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=1, iterations=100000,
-                       iteration_timeout_s=60, faults={"r0_0": "backward:40"})
+                       iteration_timeout_s=60, faults={"r0_0": "backward:40"}, log_level="DEBUG")
     try:
         await trio.to_thread.run_sync(swarm.start)
         swarm.add_relay("2", auto=False, stage=0)

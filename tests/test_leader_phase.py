@@ -57,7 +57,7 @@ def trained(workdir: Path, died: int | None, dead: str | None, upto: int) -> lis
 
     def counted(relay: str) -> dict[int, list[Key]]:
         out = {}
-        for it, keys in re.findall(r"iteration (\d+): contributions (\[.*\])", log_text(workdir, relay)):
+        for it, keys in re.findall(r"iteration (\d+): summed in round \S+ contributions (\[.*\]);", log_text(workdir, relay)):
             named = [(next((v for k, v in ids.items() if k.startswith(who)), who), seq) for who, seq in json.loads(keys)]
             out[int(it)] = sorted((int(n[1:]), seq) for n, seq in named)
         return out

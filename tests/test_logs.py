@@ -80,6 +80,21 @@ def test_flush_reports_what_is_still_held() -> None:
     assert len(out.getvalue().splitlines()) == 2
 
 
+def test_the_flushed_count_is_stamped_when_it_is_written() -> None:
+    """The summary written at shutdown carries the time it is written, not the time of the last repeat."""
+    clock, wall = Clock(), Clock()
+    wall.t = 1_000_000.0
+    flt = RepeatFilter(window_s=3600.0, clock=clock, wall=wall)
+    lg, out = _logger("test.stamp", flt)
+    lg.handlers[0].setFormatter(logging.Formatter("%(created).0f %(message)s"))
+    for _ in range(3):
+        lg.error("all-reduce failed")
+    wall.t += 1200.0  # twenty minutes later the node stops
+    flt.flush(lg.handlers)
+    last = out.getvalue().splitlines()[-1]
+    assert last.startswith("1001200 all-reduce failed (repeated 2 more times"), last
+
+
 def test_one_filter_on_two_handlers_decides_once() -> None:
     clock = Clock()
     flt = RepeatFilter(window_s=60.0, clock=clock)
@@ -175,3 +190,52 @@ def test_a_real_node_log_holds_our_lines_and_no_chatter(tmp_path: Path) -> None:
     for chatter in ("Failed to open TCP stream", "new dials", "AUTO_CONNECTOR_STATE", "Traceback"):
         assert chatter not in log and chatter not in out.stderr, chatter
     assert log.splitlines() == [ln for ln in out.stderr.splitlines() if ln[:4].isdigit()]  # the same lines
+
+
+def test_log_words_for_a_peer_place_and_a_forgotten_peer() -> None:
+    """Peers are described in words (no internal stage numbers) and keep their names after they are forgotten."""
+    from gwtf_node.runtime.discovery import describe_place
+    from gwtf_node.runtime.peers import PeerInfo, Peers, Place
+
+    assert describe_place("data", -1) == "data node"
+    assert describe_place("relay", 2) == "relay of stage 2"
+    assert describe_place("relay", -2) == "relay without a stage yet"
+    peers = Peers("ME", "r0", 2, Place("relay", 0, 4))
+    pid = "12D3KooWEfE867xYabcdefghijklmnop"
+    peers.peers[pid] = PeerInfo(peer_id=pid, role="relay", stage=1, name="r1_0")
+    assert peers.who(pid) == "r1_0"
+    peers.forget(pid)
+    assert peers.who(pid) == "r1_0"  # ("redialling r1_0, presumed dead", not a peer-id prefix)
+    assert peers.who("12D3KooWnobodyknowsthisone") == "12D3KooWnobodykn"
+
+
+def test_a_refused_record_is_a_warning_once_per_reason(caplog) -> None:
+    from gwtf_node.runtime.records import RunRecords
+
+    counted: list[str] = []
+    recs = RunRecords(host=None, run_id="run", owner_public_key="", on_refused=counted.append)
+    with caplog.at_level(logging.DEBUG, logger="gwtf.node"):
+        for _ in range(3):
+            recs._refused("provider 12D3KooWabc: a forged record")
+        recs._refused("provider 12D3KooWdef: another reason")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["DHT record refused: provider 12D3KooWabc: a forged record",
+                        "DHT record refused: provider 12D3KooWdef: another reason"]
+    assert len(counted) == 4  # every refusal is still counted (status.json "refused")
+
+
+def test_the_lines_of_every_iteration_go_to_node_log_not_stderr(tmp_path: Path, monkeypatch) -> None:
+    """stderr (a terminal, the journal) carries the events; the routine lines of each iteration are in node.log."""
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    setup = setup_logging("INFO", tmp_path)
+    try:
+        for i in range(300):  # five minutes of one-second iterations
+            logging.getLogger("gwtf.steps").info("iteration %d: summed in round s0/it%d/abc", i, i)
+        logging.getLogger("gwtf.node").warning("peer r0_1 presumed dead")
+        logging.getLogger("gwtf.steps").warning("iteration 300: stage 0 holds 2 of 4 contributions")
+    finally:
+        setup.close()
+    log = (tmp_path / "node.log").read_text()
+    assert log.count("summed in round") == 300
+    assert err.getvalue().count("\n") == 2 and "presumed dead" in err.getvalue() and "2 of 4" in err.getvalue()

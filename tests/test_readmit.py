@@ -384,15 +384,14 @@ async def test_a_data_node_back_among_others_downloads_the_data_part() -> None:
 
 
 @pytest.mark.trio
-@pytest.mark.parametrize("theirs, cut_off, fetched", [("other", True, True), ("same", True, False),
-                                                      ("other", False, False)])
-async def test_a_stage_peer_back_at_the_same_step_is_compared_by_the_one_cut_off(tmp_path: Path, theirs: str,
-                                                                                 cut_off: bool,
-                                                                                 fetched: bool) -> None:
+@pytest.mark.parametrize("theirs, cut_off, verdict", [("other", True, "fetch"), ("same", True, "same"),
+                                                      ("other", False, "keep"), ("same", False, "same")])
+async def test_a_stage_peer_back_at_the_same_step_is_compared(tmp_path: Path, theirs: str, cut_off: bool,
+                                                            verdict: str) -> None:
     """cutcheck.py: r0 presumed its stage peer dead, and (cut_off) was without a data node since; the peer comes
-    back saying the same step.  r0 asks it for the hash of its part at that step: a different one is fetched
-    from it (its stage stayed with the run), the same one is not; a relay that kept its data node asks nothing
-    (the peer, cut off, checks against it)."""
+    back saying the same step.  r0 asks it for the hash of its part at that step.  With no round record to tell
+    the copies apart, the one cut off fetches the other's (its stage stayed with the run) and a relay that kept
+    its data node keeps its own (the peer, cut off, fetches it); the same hash changes nothing."""
     from gwtf_node.runtime.cutcheck import CutCheck
     from gwtf_node.runtime.wire import now
 
@@ -420,26 +419,57 @@ async def test_a_stage_peer_back_at_the_same_step_is_compared_by_the_one_cut_off
         await peer.parts.discovery.greet(relay.parts.discovery.host.addrs[0])  # (its Hello: back at 3 steps)
         with trio.fail_after(10):
             await trio.testing.wait_all_tasks_blocked()
-            while cut_off and not relay.parts.cutcheck.checks:
+            while not relay.parts.cutcheck.checks:
                 await trio.sleep(0.05)
         assert "R0B" in relay.peers
-        if cut_off:
-            joining.ask_hash.assert_called_once()
-            assert joining.ask_hash.call_args.args[1] == m.StageStateRequest(0, 3, hash_only=True)
-            assert relay.parts.cutcheck.checks[-1]["verdict"] == ("fetch" if fetched else "same")
-        else:
-            joining.ask_hash.assert_not_called()
-        if fetched:
+        joining.ask_hash.assert_called_once()
+        assert joining.ask_hash.call_args.args[1] == m.StageStateRequest(0, 3, hash_only=True)
+        assert relay.parts.cutcheck.checks[-1]["verdict"] == verdict
+        if verdict == "fetch":
             joining.fetch_state.assert_called_once_with("R0B", 3)
         else:
             joining.fetch_state.assert_not_called()
         nursery.cancel_scope.cancel()
 
 
-def test_cut_check_verdict() -> None:
-    from gwtf_node.runtime.cutcheck import Verdict, verdict
 
-    assert verdict((3, "a"), (3, "a")) is Verdict.SAME
-    assert verdict((3, "a"), (3, "b")) is Verdict.FETCH
-    assert verdict((3, "a"), (4, "b")) is Verdict.UNCOMPARABLE  # it stepped meanwhile: the next BEGIN tells
-    assert verdict((3, "a"), None) is Verdict.UNCOMPARABLE
+@pytest.mark.trio
+@pytest.mark.parametrize("their_count, verdict", [(3.0, "fetch"), (1.0, "keep")])
+async def test_a_step_summed_without_a_named_member_is_compared_with_it(tmp_path: Path, their_count: float,
+                                                                        verdict: str) -> None:
+    """cutcheck.py `parted`: r0 stepped iteration 3 alone (2 contributions) though BEGIN named r0b, which stepped
+    alone too.  r0 asks r0b until both hold 4 steps (r0b first answers at 3: still in its round), then compares
+    the round records where the copies parted: the copy that summed more contributions is kept, the other
+    fetched."""
+    from gwtf_node.protocol.roundcheck import RoundOf
+    from gwtf_node.runtime.cutcheck import CutCheck
+
+    run = tmp_path / "run.json"
+    save_manifest(default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=2), run)
+    net: dict[str, Node] = {}
+    async with trio.open_nursery() as nursery:
+        relay = _node(tmp_path, run, "r0", "R0", "relay", 0, net, nursery, steps=4)
+        relay.stage.build(0)
+        relay.stage.set_steps(4)
+        peer = _node(tmp_path, run, "r0b", "R0B", "relay", 0, net, nursery, steps=4)
+        await peer.parts.discovery.dial(relay.parts.discovery.host.addrs[0])
+        await trio.testing.wait_all_tasks_blocked()
+        full = m.RoundRecord(3, 4.0, ("R0", "R0B"))
+        answers = [m.StageState(0, 3, "", None, params_sha256="old", rounds=(full,)),
+                   m.StageState(0, 4, "", None, params_sha256="theirs",
+                                rounds=(full, m.RoundRecord(4, their_count, ("R0B",))))]
+        joining = Mock(ask_hash=AsyncMock(side_effect=answers), fetch_state=AsyncMock())
+        rounds = {3: RoundOf(4.0, ("R0", "R0B")), 4: RoundOf(2.0, ("R0",))}
+        check = CutCheck(relay.parts.wire, relay.peers, relay.stage, relay.parts.liveness, joining,
+                         rounds=lambda: rounds)
+        check.parted(3, ["R0B"], patience_s=10.0)
+        with trio.fail_after(10):
+            while not check.checks:
+                await trio.sleep(0.05)
+        assert joining.ask_hash.call_count == 2
+        assert check.checks[-1] == {"peer": "r0b", "steps": 4, "verdict": verdict}
+        if verdict == "fetch":
+            joining.fetch_state.assert_called_once_with("R0B", 4)
+        else:
+            joining.fetch_state.assert_not_called()
+        nursery.cancel_scope.cancel()

@@ -39,7 +39,7 @@ from swarmutil import log_text, status, wait_exit, wait_for, wait_records
 M = 2  # microbatches per iteration
 # a relay back from a restart aggregates again within this (a bound on the wait, not a speed target): usually within
 # seconds; a kill that lands in an aggregation can leave a stage-mate waiting for that step's deadline first (about
-# 30 s; README, known gaps), seen on a loaded machine
+# 30 s; docs/architecture.md, known gaps), seen on a loaded machine
 BACK_WITHIN_S = 75.0
 
 
@@ -146,7 +146,7 @@ async def _kill_and_restart(swarm: LocalSwarm, workdir: Path, name: str, *, auto
     assert await wait_exit(swarm, name, 10) == -9
     restart(swarm, name, auto=auto)
     await trio.to_thread.run_sync(swarm._wait_addr, name)  # (starting Python and torch is not the node's doing)
-    await wait_for(lambda: re.search(r"iteration \d+: aggregating", log_text(workdir, name)), BACK_WITHIN_S,
+    await wait_for(lambda: re.search(r"iteration \d+: summed in round", log_text(workdir, name)), BACK_WITHIN_S,
                    f"{name} aggregates again", swarm)
     log = log_text(workdir, name)
     assert "resuming from checkpoint" in log and "joining: capacity" not in log, log[-3000:]
@@ -160,7 +160,7 @@ async def test_relay_restarted_with_its_state_dir(tmp_path: Path) -> None:
     run = tmp_path / "run.json"
     save_manifest(man, run)
     swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=2, iterations=100000,
-                       iteration_timeout_s=60)
+                       iteration_timeout_s=60, log_level="DEBUG")
     try:
         await trio.to_thread.run_sync(swarm.start)
         await wait_records(swarm, 1, 120)
@@ -170,7 +170,7 @@ async def test_relay_restarted_with_its_state_dir(tmp_path: Path) -> None:
         k = status(tmp_path, "j0")["stage"]
         fixed = f"r{1 - k}_0"  # (a relay of the other stage: each stage keeps a live member)
         # killed while the run trains: a relay killed in an aggregation and back within seconds can leave a
-        # stage-mate that did not start that step waiting (README, known gaps)
+        # stage-mate that did not start that step waiting (docs/architecture.md, known gaps)
         await wait_for(lambda: _training(tmp_path, ["d0", *swarm.names()[1:]]), 60, "the swarm trains", swarm)
         async with trio.open_nursery() as n:
             n.start_soon(lambda: _kill_and_restart(swarm, tmp_path, "j0", auto=True))

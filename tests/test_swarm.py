@@ -69,6 +69,14 @@ def test_swarm_equals_centralized(tmp_path: Path, family: str, data_nodes: int, 
             assert by_id[down]["link_costs"]["prev"][st["peer_id"]] == cost, (st["name"], by_id[down]["name"])
             links += 1
     assert links == data_nodes * 2 + 4 + 2 * data_nodes, links
+    for name in [n for n in swarm.names() if statuses[n]["role"] == "relay"]:
+        # a quiet log: in steady state (from its first step to the one before the last: the swarm stops during the
+        # last) a relay logs at most 1.5 INFO lines per iteration: the line of each step, and the odd news
+        lines = (tmp_path / name / "node.log").read_text().splitlines()
+        steps = [i for i, ln in enumerate(lines) if " INFO gwtf.steps: iteration " in ln and "summed in round" in ln]
+        assert len(steps) == iterations, (name, steps)
+        info = [ln for ln in lines[steps[0] + 1:steps[-2] + 1] if " INFO " in ln]
+        assert len(info) <= 1.5 * (iterations - 2), (name, info)
     for name, status in statuses.items():
         assert status["steps_applied"] == iterations, (name, status["steps_applied"])
         # nobody was taken for dead while training (data nodes that finished and exited may be, at the end)

@@ -48,7 +48,7 @@ def trained(workdir: Path, died: int, dead: str) -> list[tuple[list[Key], list[K
     ids[json.loads((workdir / dead / "status.json").read_text())["peer_id"]] = dead
     held: dict[int, set[Key]] = {}
     for relay in RELAYS:
-        for it, keys in re.findall(r"iteration (\d+): contributions (\[.*\])", log_text(workdir, relay)):
+        for it, keys in re.findall(r"iteration (\d+): summed in round \S+ contributions (\[.*\]);", log_text(workdir, relay)):
             named = [(next((v for k, v in ids.items() if k.startswith(who)), who), seq) for who, seq in json.loads(keys)]
             held.setdefault(int(it), set()).update((int(n[1:]), seq) for n, seq in named)
     plan = []

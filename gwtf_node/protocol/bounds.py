@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from . import messages as m
+from .roundcheck import KEEP_ROUNDS
 
 # ---- bounds ---------------------------------------------------------------
 
@@ -397,7 +398,10 @@ def _stage_state_request(msg: m.StageStateRequest, ctx: Context) -> Problem | No
 def _stage_state(msg: m.StageState, ctx: Context) -> Problem | None:
     return _first(_stage(msg.stage, ctx, "StageState stage"), _iteration(msg.iteration, ctx, "steps"),
                   _iteration(msg.run_steps, ctx, "run steps"), _strings(msg.sha256, msg.params_sha256),
-                  _tensor(msg.tensor, "StageState", dtypes=("uint8",), shape=None, required=False))
+                  _tensor(msg.tensor, "StageState", dtypes=("uint8",), shape=None, required=False),
+                  _items(msg.rounds, "StageState rounds", KEEP_ROUNDS),
+                  *(_iteration(r.steps, ctx, "a round's steps") or _count(r.count, "a round's count", MAX_MICROBATCHES)
+                    or _items(r.members, "a round's members") or _strings(*r.members) for r in msg.rounds))
 
 
 def _goodbye(msg: m.Goodbye, ctx: Context) -> Problem | None:

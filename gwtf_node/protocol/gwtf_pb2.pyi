@@ -469,7 +469,7 @@ class StageStateRequest(_message.Message):
     def __init__(self, stage: _Optional[int] = ..., after: _Optional[int] = ..., hash_only: bool = ...) -> None: ...
 
 class StageState(_message.Message):
-    __slots__ = ("stage", "iteration", "sha256", "tensor", "params_sha256", "run_steps", "stage_empty")
+    __slots__ = ("stage", "iteration", "sha256", "tensor", "params_sha256", "run_steps", "stage_empty", "rounds")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
@@ -477,6 +477,7 @@ class StageState(_message.Message):
     PARAMS_SHA256_FIELD_NUMBER: _ClassVar[int]
     RUN_STEPS_FIELD_NUMBER: _ClassVar[int]
     STAGE_EMPTY_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
     stage: int
     iteration: int
     sha256: str
@@ -484,7 +485,18 @@ class StageState(_message.Message):
     params_sha256: str
     run_steps: int
     stage_empty: bool
-    def __init__(self, stage: _Optional[int] = ..., iteration: _Optional[int] = ..., sha256: _Optional[str] = ..., tensor: _Optional[_Union[TensorHeader, _Mapping]] = ..., params_sha256: _Optional[str] = ..., run_steps: _Optional[int] = ..., stage_empty: bool = ...) -> None: ...
+    rounds: _containers.RepeatedCompositeFieldContainer[RoundRecord]
+    def __init__(self, stage: _Optional[int] = ..., iteration: _Optional[int] = ..., sha256: _Optional[str] = ..., tensor: _Optional[_Union[TensorHeader, _Mapping]] = ..., params_sha256: _Optional[str] = ..., run_steps: _Optional[int] = ..., stage_empty: bool = ..., rounds: _Optional[_Iterable[_Union[RoundRecord, _Mapping]]] = ...) -> None: ...
+
+class RoundRecord(_message.Message):
+    __slots__ = ("steps", "count", "members")
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    steps: int
+    count: float
+    members: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, steps: _Optional[int] = ..., count: _Optional[float] = ..., members: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class MbDeny(_message.Message):
     __slots__ = ("data_node", "seq", "iteration", "attempt")

@@ -11,7 +11,7 @@ microbatch returns to its own data node).  A *label* is a node's announced
 cost-to-sink for one commodity on one side: `IN` is what it costs to hand the
 node a new unit, `OUT` what it costs the node to get rid of a unit it holds.
 `path` lists the residual route behind a label (side-tagged node ids, see
-`flow.py`), which keeps the distance-vector announcements loop free.
+`flow/`), which keeps the distance-vector announcements loop free.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from .electmsgs import HeartbeatAck, LeaderHeartbeat, RequestVote, Vote  # noqa: F401 - re-exported (leader.py)
 from .refusals import RefusalCode  # noqa: F401 - re-exported: a Refused carries one
 from .replies import DenyReason, Reply, Side  # noqa: F401 - re-exported: flow messages carry them
 
@@ -31,7 +32,7 @@ class Label:
     side: Side
     cost: float
     path: tuple[str, ...]
-    epoch: int = 0  # the label wave it belongs to (see flow.py, "Label waves"); 0 with free-running labels
+    epoch: int = 0  # the label wave it belongs to (see flow/launches.py, "Label waves"); 0 with free-running labels
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +100,7 @@ class LaunchBid:
 
     Sent by a data node to its first-stage relays, which pass it on, once per
     `seq`, to their other data-node neighbours: with several data nodes the
-    cheapest launch goes first ("Ordered launches" in flow.py).
+    cheapest launch goes first ("Ordered launches" in flow/bids.py).
     """
 
     data_node: str
@@ -111,7 +112,7 @@ class LaunchBid:
 class Relabel:
     """One unit on the link between sender and receiver changes commodity: `from_commodity` -> `to_commodity`.
 
-    Several data nodes ("Relabelling" in flow.py): a first-stage relay turns
+    Several data nodes ("Relabelling" in flow/relabel.py): a first-stage relay turns
     a unit of data node A into one of data node B when B's hops to and from
     the unit's route are cheaper; the relabel travels down the route to the
     last-stage relay, which sends the unit back to B instead of A.
@@ -235,7 +236,7 @@ class Forward:
     iteration: int
     path: tuple[str, ...]
     tensor: TensorHeader | None
-    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery/): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +245,7 @@ class Backward:
     seq: int
     iteration: int
     tensor: TensorHeader | None
-    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery/): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +253,7 @@ class Complete:
     data_node: str
     seq: int
     iteration: int
-    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery/): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,7 +269,7 @@ class IterationDone:
 @dataclass(frozen=True, slots=True)
 class Lend:
     """Data node to data node: one unit of my flows through stage-0 relay `hop` is idle for the rest of
-    `iteration` (I have nothing left to launch): launch on it (recovery.py, "Lending")."""
+    `iteration` (I have nothing left to launch): launch on it (recovery/, "Lending")."""
 
     iteration: int
     hop: str
@@ -369,6 +370,15 @@ class StageStateRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class RoundRecord:
+    """How the step that brought a stage's state to `steps` was summed (protocol/roundcheck.py)."""
+
+    steps: int
+    count: float
+    members: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class StageState:
     stage: int
     iteration: int
@@ -377,9 +387,10 @@ class StageState:
     params_sha256: str = ""  # a relay's hash-only answer: StageModel.state_hash() at `iteration` steps
     run_steps: int = 0  # a data node's hash-only answer: the first iteration a state installed now takes part in
     stage_empty: bool = False  # a data node's hash-only answer: no relay of the stage is ready
+    rounds: tuple[RoundRecord, ...] = ()  # a relay's answer: how its last steps were summed (roundcheck.py)
 
 
-# ---- crash recovery of microbatches (section V-D; protocol/recovery.py) ----
+# ---- crash recovery of microbatches (section V-D; protocol/recovery/) ----
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,7 +400,7 @@ class MbDeny:
     data_node: str
     seq: int
     iteration: int
-    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery/): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,7 +411,7 @@ class Probe:
     seq: int
     iteration: int
     path: tuple[str, ...]
-    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery/): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,7 +419,7 @@ class ProbeAck:
     data_node: str
     seq: int
     iteration: int
-    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery/): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,7 +432,7 @@ class Recover:
     path: tuple[str, ...]  # the path up to the sender (data node first)
     rest: tuple[str, ...]  # the old path after the crashed node (ends with the data node)
     tensor: TensorHeader | None
-    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery/): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,7 +445,7 @@ class Resume:
     path: tuple[str, ...]
     rest: tuple[str, ...]
     tensor: TensorHeader | None
-    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery/): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -445,7 +456,7 @@ class BackwardStuck:
     seq: int
     iteration: int
     stage: int
-    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery/): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -462,7 +473,7 @@ class Release:
     data_node: str
     seq: int
     iteration: int
-    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery/): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -474,7 +485,7 @@ class MbState:
     iteration: int
     attempt: int
     stage: int
-    state: str  # none | fwd | sending | sent | bwd | grad | done (see recovery.py)
+    state: str  # none | fwd | sending | sent | bwd | grad | done (see recovery/)
 
 
 @dataclass(frozen=True, slots=True)
@@ -489,50 +500,6 @@ class RepairOrder:
     iteration: int
     attempt: int
     rest: tuple[str, ...]
-
-
-# ---- leader election among the data nodes (leader.py) ----------------------
-
-
-@dataclass(frozen=True, slots=True)
-class RequestVote:
-    """Vote for the sender in `term` (`pre`: would you, without changing anything?)."""
-
-    term: int
-    pre: bool
-    sent_at: float  # the sender's clock; echoed in the Vote, only the sender compares it
-    cfg_term: int = 0  # the candidate's voter set: the term of the leader it came from (leader.py "Voter set")
-    cfg_version: int = 0  # ... and its version in that term; a voter grants only to a set at least as new
-    lease_s: float = 0.0  # a grant promises no other vote for max(this, the voter's own lease floor)
-
-
-@dataclass(frozen=True, slots=True)
-class Vote:
-    """Answer to a RequestVote; a grant promises no other vote for a lease (see leader.py)."""
-
-    term: int  # the term voted for when granted, else the voter's current term
-    pre: bool
-    granted: bool
-    sent_at: float  # echo of RequestVote.sent_at
-
-
-@dataclass(frozen=True, slots=True)
-class LeaderHeartbeat:
-    """The leader of `term` renews its lease and shares its voter set (leader.py "Voter set")."""
-
-    term: int
-    sent_at: float  # the leader's clock; echoed in the HeartbeatAck
-    data_nodes: tuple[str, ...]  # the voters that may lead
-    witnesses: tuple[str, ...] = ()  # the voters that only vote (relays, leader.py "Witnesses")
-    cfg_version: int = 0  # version of this voter set within `term` (one change per version)
-    lease_s: float = 0.0  # an ack promises no other vote for max(this, the voter's own lease floor)
-
-
-@dataclass(frozen=True, slots=True)
-class HeartbeatAck:
-    term: int  # the acknowledger's current term
-    sent_at: float  # echo of LeaderHeartbeat.sent_at
-    ok: bool  # False: the heartbeat's term is stale
 
 
 # ---- joining at the bottleneck (membership.py, section V-B) ----------------

@@ -24,12 +24,23 @@ the same group); a member forgotten since the all-reduce began (a crash found,
 or a restart: back within seconds with a new incarnation, its contributions
 gone with the old one) stays out of it even once it is back; the contributions that died with it are counted in
 `lost_contributions` (the survivors' mean: they are not trained again).
+Members decide who survived each for itself, so two of them can step in
+different rounds (each forgot the other): a relay records how each step was
+summed (`rounds`, protocol/roundcheck.py), and after a step that left out a
+member BEGIN named it compares its parameters with that member's and one of
+the two copies is replaced by the other (cutcheck.py).
 A contribution that a part owner refuses as an outlier (allreduce.py,
 protocol/gradguard.py) is counted there too: the part's mean is over the
 contributions accepted, as if the refused one had died with its relay.
 
 After the step: a checkpoint every `checkpoint_every` iterations, and the
 leader appends one JSON object per iteration to `metrics.jsonl`.
+
+Logs.  A relay logs one INFO line per step: the round that summed it, the
+contributions held here, and the time its parts took (logger `gwtf.steps`,
+like a data node's lines of each iteration: node.log only, not stderr).  What it announces
+before each round (the contributions it brings) is at DEBUG, with the
+all-reduce's and the checkpoint's own lines.
 
 Timing.  Each step logs what its aggregation was made of (`parts`: the
 gradient vector, the all-reduce, the optimizer step, the checkpoint, in
@@ -67,6 +78,7 @@ import trio
 from ..protocol import messages as m
 from ..protocol.effects import Send
 from ..protocol.pipeline import Phases, StartStep
+from ..protocol.roundcheck import RoundOf, trim
 from .faults import Faults
 from .leadership import Leadership
 from .microbatches import Microbatches
@@ -75,6 +87,7 @@ from .stage import LocalStage
 from .wire import ApplyEffects, FrameRefused, Owner, Wire, now
 
 log = logging.getLogger("gwtf.node")
+steps_log = logging.getLogger("gwtf.steps")  # the lines of every iteration: node.log only (runtime/logs.py)
 
 ALLREDUCE_TIMEOUT_S = 120.0  # the all-reduce timeout's floor ...
 ALLREDUCE_FACTOR = 4.0  # ... and its factor over the last all-reduce's duration (module doc)
@@ -118,11 +131,27 @@ class Aggregation:
         self.stage_held: dict[int, int] = {}
         self._held_from = stage.applied_steps
         self.allreduce_s = 0.0  # the last all-reduce round that summed, seconds (its waits included)
+        self.rounds: dict[int, RoundOf] = {}  # a relay: steps -> how the step to them was summed (roundcheck.py)
+        self.on_parted: Callable[[int, list[str], float], None] = lambda it, left_out, patience_s: None
         self.parts: dict[str, float] = {}  # the last step's aggregation, piece by piece (module doc), seconds
 
     # ------------------------------------------------------------------ reading
     def group(self, iteration: int, stage: int) -> set[str] | None:
         return self.phases.group(iteration, stage) if self.phases is not None else None
+
+    def round_records(self, steps: int) -> tuple[m.RoundRecord, ...]:
+        """How the steps up to `steps` of the state held here were summed, as far as recorded (roundcheck.py)."""
+        return tuple(m.RoundRecord(s, r.count, r.members) for s, r in sorted(self.rounds.items()) if s <= steps)
+
+    def adopt_rounds(self, records: tuple[m.RoundRecord, ...], steps: int) -> None:
+        """A state of `steps` steps was installed from a peer: its round records are this node's now."""
+        self.rounds = trim({r.steps: RoundOf(r.count, tuple(r.members)) for r in records if r.steps <= steps})
+
+    def stepping(self, iteration: int) -> bool:
+        """BEGIN AGGREGATION of `iteration` reached this node and its step is not applied yet (its all-reduce may
+        be running: a member that leaves first would leave its stage-mates' round without its parts)."""
+        return (self.phases is not None and iteration in self.phases.begun
+                and (self.last_iteration is None or self.last_iteration < iteration))
 
     def can_take_sent(self, iteration: int) -> bool:
         return self.phases is not None and iteration in self.phases.can_take_sent
@@ -228,7 +257,7 @@ class Aggregation:
         for it in sorted({e.iteration for e in eff if isinstance(e, StartStep)}):
             if any(isinstance(e, Send) and isinstance(e.msg, m.BeginAggregation) for e in eff):
                 self.opened = {i for i in self.opened if i >= it - 2} | {it}
-                log.info("iteration %d: opening the aggregation", it)
+                steps_log.info("iteration %d: opening the aggregation", it)
                 self.faults.point("begin_open")
         self._apply(eff)
 
@@ -240,7 +269,8 @@ class Aggregation:
         c = self.microbatches.counts(iteration)
         done = m.IterationDone(iteration, len(it.done), it.loss_sum, c["deferred"], c["pending"] + c["inflight"],
                                tuple(sorted(it.done)))
-        log.info("iteration %d settled: completed %s, deferred %d", iteration, json.dumps(sorted(it.done)), c["deferred"])
+        steps_log.info("iteration %d settled: completed %s, deferred %d", iteration, json.dumps(sorted(it.done)),
+                       c["deferred"])
         self.my_reports = {i: r for i, r in self.my_reports.items() if i >= iteration - 1}
         self.my_reports[iteration] = done
         self.reports.setdefault(iteration, {})[self.wire.me] = done
@@ -347,7 +377,7 @@ class Aggregation:
         keys: list = []  # relay: the contributions the recovery machine names (backward computed here, attempt
         if relay:  # not released), as (data node, seq, iteration)
             keys = sorted(self.contrib_for.pop(e.iteration, frozenset()))
-            log.info("iteration %d: aggregating %d contributions held here", e.iteration, len(keys))
+            log.debug("iteration %d: aggregating %d contributions held here", e.iteration, len(keys))
         self.faults.point("aggregate")
         if keys:
             self.faults.point("aggregate_holding")
@@ -370,22 +400,23 @@ class Aggregation:
 
         def announce(gkey: str) -> None:  # before each round: a member that dies after its round still said it
             if relay:
-                log.info("iteration %d: round %s: contributions %s", e.iteration, gkey, held)
+                log.debug("iteration %d: round %s: contributions %s", e.iteration, gkey, held)
 
-        total, count, gkey = await self._all_reduce_survivors(f"s{stage}/it{e.iteration}", group, grad, float(mine),
-                                                              on_round=announce, max_count=e.microbatches)
+        total, count, gkey, members = await self._all_reduce_survivors(
+            f"s{stage}/it{e.iteration}", group, grad, float(mine), on_round=announce, max_count=e.microbatches)
+        del grad  # (the sum is `total`: this part's gradient vector is not held through the step and checkpoint)
         t_step = now()
-        if relay:  # (once they are in the stage's sum: what the tests rebuild the centralized reference from)
-            log.info("iteration %d: contributions %s", e.iteration, held)
-            log.info("iteration %d: summed in round %s", e.iteration, gkey)
         if relay and count < e.microbatches:
-            # the survivors' mean (recovery.py): the missing contributions died with a relay
+            # the survivors' mean (protocol/recovery/): the missing contributions died with a relay
             self.lost_contributions[e.iteration] = int(e.microbatches - count)
             log.warning("iteration %d: stage %d holds %d of %d contributions (the rest died with a relay)",
                         e.iteration, stage, int(count), e.microbatches)
         if self.faults.busy_step_s:  # (fault injection: a step as long as a large model's)
             await self.stage.run(self.faults.busy_step)
+        if relay:  # (recorded before the state holds the step: a snapshot taken meanwhile has no record of it)
+            self.rounds = trim({**self.rounds, e.iteration + 1: RoundOf(float(count), tuple(members))})
         await self.stage.run(self.stage.apply_step, total, count, e.iteration)
+        del total  # (nor is the summed vector held through the checkpoint: model/memory.py counts it so)
         t_ck = now()
         self.microbatches.aggregation_done(e.iteration)
         self.stage.steps_done()
@@ -395,12 +426,20 @@ class Aggregation:
             await self.stage.run(self.checkpoint)
         self.parts = {"gradient": t_ar - t_grad, "all_reduce": t_step - t_ar, "step": t_ck - t_step,
                       "checkpoint": now() - t_ck}
-        log.info("iteration %d: aggregation %.2f s: %s", e.iteration, now() - t0,
-                 ", ".join(f"{k} {v:.2f}" for k, v in self.parts.items()))
+        # one line per step (module doc "Logs"): at a relay the round that summed it and the contributions held here,
+        # once they are in the stage's sum (what the tests rebuild the centralized reference from)
+        took = f"aggregation {now() - t0:.2f} s: " + ", ".join(f"{k} {v:.2f}" for k, v in self.parts.items())
+        if relay:
+            steps_log.info("iteration %d: summed in round %s: contributions %s; %s", e.iteration, gkey, held, took)
+        else:
+            log.debug("iteration %d: %s", e.iteration, took)
         self.phases.retry_s = phase_retry_s(self.stage.busiest_s())
         if not relay and (self.leadership.leader() == self.wire.me or e.iteration in self.opened):
             self._record_metrics(e.iteration, now() - t0)
         self.last_iteration = e.iteration
+        left_out = sorted(set(group) - set(members) - {self.wire.me})
+        if relay and left_out:  # a member named may have stepped in a round of its own (cutcheck.py)
+            self.on_parted(e.iteration, left_out, self.allreduce_timeout_s() + GROUP_CHANGE_WAIT_S + RETRY_CAP_S)
         self._apply(self.phases.on_step_done(now(), e.iteration, self.peers.next_stage_ids(),
                                              self.peers.prev_stage_ids()))
 
@@ -453,7 +492,7 @@ class Aggregation:
         }
         with open(self.state_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps(rec) + "\n")
-        log.info("iteration %d loss %.4f microbatches %d %.2f s", t, rec["loss"] or math.nan, completed, seconds)
+        steps_log.info("iteration %d loss %.4f microbatches %d %.2f s", t, rec["loss"] or math.nan, completed, seconds)
         for i in [i for i in self.reports if i < t]:
             del self.reports[i]
 
@@ -468,7 +507,7 @@ class Aggregation:
                                     on_round: Callable[[str], None] = lambda gkey: None,
                                     max_count: float | None = None):
         """All-reduce among the members of `named` still alive, redone when one dies meanwhile: (sum, count, the key
-        of the round that summed them; it names the group).  `on_round(key)` is called before each round."""
+        of the round that summed them, its members).  `on_round(key)` is called before each round."""
         from .allreduce import AllReduceError
 
         me = self.wire.me
@@ -493,12 +532,12 @@ class Aggregation:
                     log.error("all-reduce %s failed again with the same group: stepping on this node's gradient only",
                               base)
                     on_round(f"{base}/alone")
-                    return grad, mine, f"{base}/alone"
+                    return grad, mine, f"{base}/alone", [me]
                 continue
             tried.add(gkey)
             on_round(gkey)
             if len(group) == 1:
-                return grad, mine, gkey
+                return grad, mine, gkey, group
             with trio.CancelScope() as scope:
                 self._ar_scopes[gkey] = (set(group), scope)
                 try:
@@ -507,7 +546,7 @@ class Aggregation:
                                                                     timeout=self.allreduce_timeout_s(),
                                                                     max_count=max_count)
                     self.allreduce_s = now() - t0
-                    return total, count, gkey
+                    return total, count, gkey, group
                 except Exception as e:  # noqa: BLE001 - AllReduceError, alone or in a nursery's group
                     if not _all_reduce_failure(e, AllReduceError):
                         raise

@@ -298,7 +298,7 @@ class AllReducer:
         work = self._work_s.pop(key, 0.0)
         self.last_round = {"key": key, "seconds": round(time.perf_counter() - started, 4),
                            "tensor_work_s": round(work, 4), "sent_mb": round(2 * (n - 1) / n * length * 4 / 1e6, 3)}
-        log.info("all-reduce %r among %d: %.2f s, of which %.2f s tensor work (checks, norms, sums) in the worker "
+        log.debug("all-reduce %r among %d: %.2f s, of which %.2f s tensor work (checks, norms, sums) in the worker "
                  "thread; %.1f MB sent", key, n, self.last_round["seconds"], work, self.last_round["sent_mb"])
         return out
 

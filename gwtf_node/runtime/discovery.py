@@ -324,7 +324,7 @@ class Discovery:
             shaped = self.links_cfg.get((self.peers.name, msg.name))
             if shaped is not None:
                 self.host.links.set_link(sender, *shaped)  # emulate the link: our sends to this peer
-            log.info("peer %s: %s stage %s (%s)", msg.name or sender[:12], msg.role, msg.stage, sender)
+            log.info("peer %s: %s (%s)", msg.name or sender[:12], describe_place(msg.role, msg.stage), sender)
             local = self.host.peer_is_local(sender)  # the usable addresses of the peers it works with
             known = tuple(a for p in self.peers.infos() if p.peer_id != sender and self._knows_of(info, p)
                           for a in p.addrs[:ADDRS_PER_PEER] if usable_by(a, local))
@@ -361,3 +361,10 @@ class Discovery:
                 by_peer.setdefault(pid, []).append(addr)
         for addrs in list(by_peer.values())[:PEER_LIST_DIALS]:
             self.wire.spawn(self.dial, *addrs[:ADDRS_PER_PEER])
+
+
+def describe_place(role: str, stage: int) -> str:
+    """A peer's role and stage in words for the logs ("relay of stage 2", "data node", "relay without a stage")."""
+    if role == "data":
+        return "data node"
+    return f"{role} of stage {stage}" if stage >= 0 else f"{role} without a stage yet"

@@ -97,7 +97,7 @@ class Joining:
         self._answers: dict[str, m.StageState] = {}  # peer -> its answer to our hash-only request
         self._answered = trio.Event()
         self._hash_of: tuple[int, str] | None = None  # (steps, params hash) of the state held, when last computed
-        self._verifying = False  # asking the stage's members for the hash of a downloaded state (handover.py)
+        self._verifying = 0  # hash-only questions in flight (a downloaded state's vouchers: handover.py; cutcheck.py)
         self.fetch_source: str | None = None  # the member the state download asks (another after a refusal)
         self._ask_deadline = 0.0  # when the download asks again without a new reason
         self._tried_sources: set[str] = set()  # members whose state the stage's quorum refused
@@ -296,11 +296,11 @@ class Joining:
 
     async def ask_hash(self, peer: str, msg: m.StageStateRequest) -> m.StageState | None:
         """A stage peer's (steps, parameter hash) answer to a hash-only request (cutcheck.py)."""
-        self._verifying = True
+        self._verifying += 1
         try:
             return await self._ask(peer, msg)
         finally:
-            self._verifying = False
+            self._verifying -= 1
 
     async def _own_hash(self) -> str:
         steps = self.stage.applied_steps
@@ -338,7 +338,8 @@ class Joining:
             return
         await self.stage.wait_steps(msg.after, HASH_ANSWER_WAIT_S)
         steps, digest = await self.stage.run(lambda: (self.stage.applied_steps, self.stage.model.state_hash()))
-        await self.wire.send(peer, m.StageState(self.peers.stage, steps, "", None, params_sha256=digest))
+        await self.wire.send(peer, m.StageState(self.peers.stage, steps, "", None, params_sha256=digest,
+                                                rounds=self.aggregation.round_records(steps)))
 
     # ---------------------------------------------------------------- state hand-over
     async def fetch_state(self, source: str, after: int) -> None:
@@ -422,7 +423,8 @@ class Joining:
         tensor = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
         log.info("sending stage %d state (%d steps, %.1f MB) to %s", self.peers.stage, steps, len(blob) / 1e6,
                  self.peers.who(peer))
-        await self.wire.send_tensor(peer, m.StageState(self.peers.stage, steps, digest, None), tensor)
+        await self.wire.send_tensor(peer, m.StageState(self.peers.stage, steps, digest, None,
+                                                       rounds=self.aggregation.round_records(steps)), tensor)
 
     async def on_state(self, peer: str, msg: m.StageState, payload) -> None:
         from ..model.tensors import TensorError, unpack
@@ -442,17 +444,17 @@ class Joining:
         if hashlib.sha256(blob).hexdigest() != msg.sha256:
             raise FrameRefused("StageState hash mismatch: the state was corrupted or tampered with")
         await self._check_with_members(peer, msg, blob)
-        try:
-            await self.stage.run(self.stage.model.load_state_bytes, blob)
+        try:  # (the parameters and their steps together: a checkpoint never labels one with the other's steps)
+            await self.stage.run(self.stage.install, blob, msg.iteration)
         except Exception as e:  # noqa: BLE001 - refuse a state that does not fit this stage, keep running
             raise FrameRefused(f"StageState does not load: {e}") from None
+        self.aggregation.adopt_rounds(msg.rounds, msg.iteration)
         if msg.iteration < self.want_after:
             # a BEGIN AGGREGATION left us out while this state was loading: it misses that
             # step; the fetch loop asks again for a newer one
             log.info("state of %d steps is behind an aggregation we missed: asking for %d",
                      msg.iteration, self.want_after)
             return
-        self.stage.set_steps(msg.iteration)
         self.aggregation.resynced(msg.iteration)
         self.peers.set_standing(joining=False, ready_from=msg.iteration)
         if self.joiner is not None:
@@ -473,14 +475,14 @@ class Joining:
         others = [p for p in self.peers.ids("relay", msg.stage) if p not in (source, self.wire.me)
                   and not self.peers.get(p).joining and not self.peers.get(p).leaving]
         answers: dict[str, tuple[int, str]] = {}
-        self._verifying = True
+        self._verifying += 1
         try:
             for p in others:
                 ans = await self._ask(p, m.StageStateRequest(msg.stage, msg.iteration, hash_only=True))
                 if ans is not None:
                     answers[p] = (ans.iteration, ans.params_sha256)
         finally:
-            self._verifying = False
+            self._verifying -= 1
         ok, why = verdict(msg.iteration, digest, answers)
         self.handover = {"source": source, "steps": msg.iteration, "taken": ok, "why": why}
         if not ok:
@@ -496,7 +498,7 @@ class Joining:
                 self._ask_deadline = now() + NO_QUORUM_RETRY_S
                 log.error("stage %d state hand-over: no quorum of the stage's members vouches for any state at %d "
                           "steps (%s): nothing loaded; asking again in %.0f s (a majority of the stage's members "
-                          "must be honest: README \"Security model\")", msg.stage, msg.iteration, why,
+                          "must be honest: docs/security.md)", msg.stage, msg.iteration, why,
                           NO_QUORUM_RETRY_S)
             raise FrameRefused(f"StageState from {self.peers.who(source)}: {why}")
         log.info("stage %d state from %s: %s", msg.stage, self.peers.who(source), why)
@@ -565,8 +567,8 @@ class Joining:
         self.discovery.hello_all()
         log.info("leaving after iteration %d: finishing its microbatches and that iteration's aggregation", t)
         with trio.move_on_after(LEAVE_WAIT_S) as scope:
-            while not self.aggregation.can_take_sent(t) and self.peers.data_nodes():
-                await trio.sleep(0.05)  # (no data node left: no aggregation will come)
+            while not self.aggregation.can_take_sent(t) and (self.peers.data_nodes() or self.aggregation.stepping(t)):
+                await trio.sleep(0.05)  # (no data node left: no aggregation will come, but one begun finishes)
         if scope.cancelled_caught:
             log.warning("iteration %d's aggregation did not come within %.0f s: leaving anyway", t, LEAVE_WAIT_S)
         await self.stage.run(self.aggregation.checkpoint)  # the state after its last aggregation (resume.py)

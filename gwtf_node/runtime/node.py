@@ -143,7 +143,7 @@ class NodeOptions:
     settle_s: float = 1.5
     device: str = "cpu"
     checkpoint_every: int = 1
-    policy: str = "gwtf"  # microbatch routing and recovery: "gwtf" or "swarm" (the baseline; recovery.py)
+    policy: str = "gwtf"  # microbatch routing and recovery: "gwtf" or "swarm" (the baseline; protocol/recovery/)
     lend: bool = True  # gwtf, several data nodes: a data node with nothing left to launch lends its units (Lend)
     bootstrap_timeout_s: float = DEFAULT_TIMEOUT_S  # stop if no peer accepted us by then (0: retry forever)
     restore: Path | None = None  # relays: a checkpoint file to resume from, as from the state directory's newest
@@ -269,7 +269,8 @@ class Node:
         # down for a while, and others can still dial this node
         bootstrap = Bootstrap(wire, peers, discovery, host, list(o.bootstrap) + known,
                               timeout_s=o.bootstrap_timeout_s if o.bootstrap else 0.0, on_exit=self._exit)
-        cutcheck = CutCheck(wire, peers, self.stage, liveness, joining)
+        cutcheck = CutCheck(wire, peers, self.stage, liveness, joining, rounds=lambda: aggregation.rounds)
+        aggregation.on_parted = cutcheck.parted
         self.values = values = Values(wire, peers, self.stage, flows, microbatches, leadership, aggregation)
         status = Status(o.state_dir / "status.json", wire, host, peers, liveness, self.stage, flows, microbatches,
                         aggregation, leadership, run_id=self.run_id, policy=o.policy, bootstrap=bootstrap,
@@ -482,8 +483,8 @@ class Node:
                 self.parts = p = self._assemble(host, nursery)
                 host.set_handler(self._on_frame)
                 (self.opts.state_dir / "addr").write_text("\n".join(host.addrs) + "\n")
-                log.info("node %s (%s) peer id %s listening on %s", self.opts.name, self.opts.role, host.peer_id,
-                         host.addrs)
+                log.info("node %s (%s) peer id %s listening on %s", self.opts.name or "without --name",
+                         self.opts.role, host.peer_id, host.addrs)
                 nursery.start_soon(p.bootstrap.run)  # dials the bootstrap peers, with retries
                 nursery.start_soon(p.discovery.loop)
                 nursery.start_soon(p.discovery.redial_loop, lambda: set(p.liveness.crashed),

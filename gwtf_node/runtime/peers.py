@@ -91,6 +91,7 @@ class Peers:
     place: Place
     peers: dict[str, PeerInfo] = field(default_factory=dict)
     gone: set[str] = field(default_factory=set)  # crashed or said Goodbye, not back since
+    former_names: dict[str, str] = field(default_factory=dict)  # forgotten peers' names, for the logs
     last_heard: dict[str, float] = field(default_factory=dict)
     last_change: float = 0.0  # when a peer last appeared or changed role or stage
 
@@ -162,7 +163,9 @@ class Peers:
             self.peers[peer].rtt_ms = rtt_ms
 
     def forget(self, peer: str) -> None:
-        self.peers.pop(peer, None)
+        info = self.peers.pop(peer, None)
+        if info is not None and info.name:
+            self.former_names[peer] = info.name  # (logs keep calling it by its name: `who`)
         self.gone.add(peer)
         self.last_heard.pop(peer, None)
 
@@ -193,7 +196,7 @@ class Peers:
 
     def who(self, peer: str) -> str:
         p = self.peers.get(peer)
-        return p.name if p and p.name else peer[:16]
+        return p.name if p and p.name else self.former_names.get(peer, peer[:16])
 
     # ------------------------------------------------------------------ neighbours
     def ids(self, role: str, stage: int | None = None) -> list[str]:

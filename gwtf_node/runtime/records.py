@@ -72,10 +72,15 @@ log = logging.getLogger("gwtf.node")
 RECORD_KIND = "gwtf-record-v1"
 MAX_PROVIDERS_CHECKED = 16  # node records looked up per provider lookup: bounds what made-up providers cost us
 MAX_RECORD_BYTES = 1 << 20  # the manifest record is the largest (a few KiB); bounds what a lookup makes us parse
+MAX_WARNED = 256  # distinct refusal reasons remembered, so each is a WARNING once
 
 
 class RecordError(ValueError):
     """A DHT record that is not to be believed; the text says why, in one line."""
+
+
+class RecordLeft(RecordError):
+    """A provider's node record says it left the run: a node gone on purpose, not a forgery."""
 
 
 class RecordExpired(RecordError):
@@ -179,7 +184,7 @@ def checked_provider(peer: str, rec: SignedRecord | None, *, run_id: str, now: f
     if not isinstance(value, dict) or value.get("run_id") != run_id:
         raise RecordError(f"provider {peer[:16]}: its node record names another run than {run_id}")
     if value.get("left"):
-        raise RecordError(f"provider {peer[:16]}: its node record says it left the run")
+        raise RecordLeft(f"provider {peer[:16]}: its node record says it left the run")
     expires = value.get("expires")
     if isinstance(expires, (int, float)) and not isinstance(expires, bool) \
             and expires < (time.time() if now is None else now):
@@ -261,6 +266,7 @@ class RunRecords:
         self.run_id = run_id
         self.owner_public_key = owner_public_key
         self.on_refused = on_refused
+        self._warned: set[str] = set()  # reasons already logged as a WARNING
 
     async def put(self, key: str, value: Any) -> int:
         return await put_signed(self.host, key, value)
@@ -286,17 +292,24 @@ class RunRecords:
                 stage = rec.value.get("stage")
                 out.append((peer, addrs, str(rec.value.get("role", "?")),
                             stage if isinstance(stage, int) and not isinstance(stage, bool) else None))
-            except RecordExpired as e:  # (a node gone for a while, not a forgery: not counted as refused)
-                log.debug("%s", e)
+            except (RecordExpired, RecordLeft) as e:  # (a node gone for a while or on purpose, not a forgery:
+                log.debug("%s", e)  # not counted as refused)
             except RecordError as e:
                 self._refused(str(e))
         return out
 
     def _refused(self, why: str) -> None:
-        log.warning("DHT record refused: %s", why)
+        """Counted every time; logged as a WARNING the first time for each reason (the same record is met again on
+        every lookup), at DEBUG after that."""
+        if why not in self._warned:
+            if len(self._warned) < MAX_WARNED:
+                self._warned.add(why)
+            log.warning("DHT record refused: %s", why)
+        else:
+            log.debug("DHT record refused (again): %s", why)
         self.on_refused(why)
 
 
-__all__ = ["MAX_RECORD_BYTES", "RECORD_KIND", "RecordError", "RecordExpired", "SignedRecord", "check_writer", "checked_provider",
+__all__ = ["MAX_RECORD_BYTES", "RECORD_KIND", "RecordError", "RecordExpired", "RecordLeft", "SignedRecord", "check_writer", "checked_provider",
            "get_signed",
            "key_pair_of", "open_record", "put_signed", "read_record", "RunRecords", "seal", "SignedRecordValidator"]
