@@ -9,6 +9,16 @@ import sys
 from .common import CliError, _Parser, _churn, _load_scenario, _nonneg_int, _positive_int, _seconds
 
 
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
+    if not 0.0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text!r}")
+    return v
+
+
 def cmd_gen_flow(args: argparse.Namespace) -> int:
     from ..sim.scenarios import flow_setting_scenario
 
@@ -105,11 +115,12 @@ def cmd_sim_join(args: argparse.Namespace) -> int:
 def _add_train_parser(simsub) -> None:
     """`sim train`: every model switch of `sim.train.TrainSim` that a row of docs/bench_churn.md uses is a flag;
     the defaults are the daemon's behaviour."""
-    from ..sim.train import DETECT_S, POLICIES, ROUTINGS, SETTINGS, SWARM_REACTIONS, TABLE6_SETTINGS
+    from ..sim.train import DETECT_S, GEO12_SETTINGS, POLICIES, ROUTINGS, SETTINGS, SWARM_REACTIONS, TABLE6_SETTINGS
 
     t = simsub.add_parser("train", help="training iterations with churn (Table II of the GWTF paper)")
-    t.add_argument("--setting", choices=SETTINGS + TABLE6_SETTINGS, default="table2-heterogeneous",
-                   help="Table II's settings, or Table VI's (table6-xK: K times its 18 nodes)")
+    t.add_argument("--setting", choices=SETTINGS + TABLE6_SETTINGS + GEO12_SETTINGS, default="table2-heterogeneous",
+                   help="Table II's settings, or Table VI's (table6-xK: K times its 18 nodes; geo12-xK: the same "
+                        "counts dealt to the three regions of the 12 locations)")
     t.add_argument("--churn", type=_churn, default=0.0, help="probability per iteration that a relay crashes")
     t.add_argument("--policy", choices=POLICIES, default="gwtf",
                    help="recovery policy: gwtf, swarm, or taskpool (the hybrid design's task pool)")
@@ -123,11 +134,12 @@ def _add_train_parser(simsub) -> None:
                         "places the relays and forms the pipelines, recomputed after each crash)")
     t.add_argument("--dtfm-keep-stages", action="store_true",
                    help="--routing dtfm: every relay keeps its stage; DT-FM only forms the pipelines")
-    t.add_argument("--placement", choices=("given", "swarm", "dtfm"), default="given",
+    t.add_argument("--placement", choices=("given", "swarm", "dtfm", "opfence"), default="given",
                    help="the relays' stages: the setting's (default: relays started with --stage N), those the "
                         "leader gives a swarm forming from scratch (swarm: every relay placed at once by the flows "
                         "its links make possible), or those DT-FM's search gives them (the routing then runs over "
-                        "DT-FM's placement: GWTF's flows against DT-FM's pipelines on it)")
+                        "DT-FM's placement: GWTF's flows against DT-FM's pipelines on it), or those FusionLLM's "
+                        "OP-Fence gives them (Louvain clusters of the bandwidth graph)")
     t.add_argument("--no-reflow", dest="reflow", action="store_false",
                    help="oracle routing: keep the initial optimum and local repairs only")
     t.add_argument("--label-waves", action="store_true", help="GWTF's flow machines announce labels in waves")
@@ -237,9 +249,18 @@ def schedule_summary(name: str, seed: int, out: dict) -> str:
     """`sim schedule`'s text output: the cost model's figures, the search's cost, the stages and pipelines."""
     lines = [f"scenario {name}  method {out['method']}  seed {seed}",
              f"COMM-COST {out['total_cost_s']:.2f} s = data parallel {out['datap_cost_s']:.2f} s + pipeline "
-             f"{out['pipelinep_cost_s']:.2f} s  (slowest forced hop back to a data node {out['closing_hop_s']:.2f} s)",
-             f"search: {out['generations']} generations, {out['evaluations']} cost-model evaluations, "
-             f"{out['cpu_s']:.2f} s CPU"]
+             f"{out['pipelinep_cost_s']:.2f} s  (slowest forced hop back to a data node {out['closing_hop_s']:.2f} s)"]
+    if "clusters" in out:  # OP-Fence: its clusters and every pipeline's Eq. 3 estimate
+        lines.append(f"OP-Fence: {len(out['clusters'])} Louvain clusters, {out['cpu_s']:.3f} s CPU "
+                     "(COMM-COST: DT-FM's cost model of this placement)")
+        for k, c in enumerate(out["clusters"]):
+            lines.append(f"  cluster {k}: {' '.join(c)}")
+        for d, runs in out["runs"].items():
+            where = ", ".join((f"stages {a}-{b}" if b > a else f"stage {a}") + f" in cluster {k}" for k, a, b in runs)
+            lines.append(f"  {d}: runs {where}  (Eq. 3: {out['estimated_pipeline_s'][d]:.2f} s)")
+    else:
+        lines.append(f"search: {out['generations']} generations, {out['evaluations']} cost-model evaluations, "
+                     f"{out['cpu_s']:.2f} s CPU")
     for s, group in enumerate(out["stages"]):
         lines.append(f"  stage {s}: {' '.join(group)}")
     for p in out["pipelines"]:
@@ -248,16 +269,29 @@ def schedule_summary(name: str, seed: int, out: dict) -> str:
 
 
 def cmd_sim_schedule(args: argparse.Namespace) -> int:
-    """DT-FM's scheduler on a scenario: which relay hosts which stage, and the pipelines."""
+    """DT-FM's scheduler (or OP-Fence) on a scenario: which relay hosts which stage, and the pipelines."""
     from ..protocol.scenario import ScenarioError
-    from ..sim.schedule import instance_from_scenario, schedule
+    from ..sim.schedule import GENERATIONS, POPULATION, instance_from_scenario, schedule
 
+    if args.method == "opfence":
+        given = [f for f, v in (("--generations", args.generations), ("--population", args.population))
+                 if v is not None]
+        if given:
+            raise CliError(f"{' and '.join(given)} set DT-FM's genetic algorithm: OP-Fence has none, drop "
+                           f"{'them' if len(given) > 1 else 'it'} (or use --method dtfm/kl)")
+        kw = {"resolution": 1.0 if args.resolution is None else args.resolution}
+    else:
+        if args.resolution is not None:
+            raise CliError(f"--resolution is OP-Fence's Louvain resolution: it needs --method opfence, "
+                           f"not {args.method}")
+        kw = {"population": POPULATION if args.population is None else args.population,
+              "generations": GENERATIONS if args.generations is None else args.generations}
     scenario = _load_scenario(args.scenario, args.activation_mb)
     try:
         inst = instance_from_scenario(scenario, args.gradient_mb)
     except ScenarioError as e:
         raise CliError(f"scenario {args.scenario!r}: {e}") from None
-    sched = schedule(inst, args.method, args.seed, population=args.population, generations=args.generations)
+    sched = schedule(inst, args.method, args.seed, **kw)
     out = sched.to_json()
     if args.json:
         print(json.dumps(dict(scenario=scenario.name, seed=args.seed, **out)))
@@ -267,17 +301,23 @@ def cmd_sim_schedule(args: argparse.Namespace) -> int:
 
 
 def _add_schedule_parser(simsub) -> None:
-    from ..sim.schedule import GENERATIONS, METHODS, POPULATION, STAGE_GRADIENT_MB
+    from ..sim.schedule import GENERATIONS, POPULATION, SCHEDULE_METHODS, STAGE_GRADIENT_MB
 
-    sc = simsub.add_parser("schedule", help="DT-FM's scheduler (the optimal-schedule baseline) on a scenario")
+    sc = simsub.add_parser("schedule", help="DT-FM's scheduler (the optimal-schedule baseline) or FusionLLM's "
+                                            "OP-Fence on a scenario")
     sc.add_argument("--scenario", required=True,
                     help="scenario JSON file (specs/scenario.md); relays = stages x data nodes, every pair linked")
-    sc.add_argument("--method", choices=METHODS, default="dtfm",
+    sc.add_argument("--method", choices=SCHEDULE_METHODS, default="dtfm",
                     help="dtfm: the genetic algorithm with DT-FM's local search; kl: with Kernighan-Lin's; "
-                         "random: one random assignment")
+                         "random: one random assignment; opfence: FusionLLM's OP-Fence (Louvain clusters of the "
+                         "bandwidth graph, connected runs of stages per cluster)")
     sc.add_argument("--seed", type=_nonneg_int, default=0)
-    sc.add_argument("--generations", type=_nonneg_int, default=GENERATIONS)
-    sc.add_argument("--population", type=_positive_int, default=POPULATION)
+    sc.add_argument("--generations", type=_nonneg_int, default=None,
+                    help=f"DT-FM's genetic algorithm (default {GENERATIONS})")
+    sc.add_argument("--population", type=_positive_int, default=None,
+                    help=f"DT-FM's genetic algorithm (default {POPULATION})")
+    sc.add_argument("--resolution", type=_positive_float, default=None,
+                    help="opfence: the Louvain resolution (default 1; larger: smaller clusters)")
     sc.add_argument("--activation-mb", type=float, default=None,
                     help="c_pp: activation of a microbatch (default: the scenario's activation size)")
     sc.add_argument("--gradient-mb", type=float, default=STAGE_GRADIENT_MB,

@@ -11,6 +11,9 @@ paper's two ablations (Kernighan-Lin local search, random assignment),
 `pipelines.py` turns a partition into the pipelines and the units of flow the
 training simulator routes along (`sim train --routing dtfm`), and
 `problems.py` builds the problem from a scenario file or a training setting.
+`opfence.py` holds FusionLLM's OP-Fence (Louvain clusters of the bandwidth
+graph, connected runs of stages per cluster), a second placement baseline
+that `problems.schedule(..., "opfence")` returns as a Schedule too.
 
 How DT-FM's assumptions differ from GWTF's
 ------------------------------------------
@@ -42,10 +45,15 @@ c_dp, as the paper does).
 
 from .costmodel import CostModel, Costs, Partition, bottleneck_matching, tsp_path
 from .pipelines import Arrangement, arrange, flows_of, repin
-from .problems import STAGE_GRADIENT_MB, Instance, Schedule, instance_from_scenario, instance_from_setting, schedule
+from .opfence import Plan, Workload, clusters, opfence, valid_plan, workload
+from .problems import (
+    SCHEDULE_METHODS, STAGE_GRADIENT_MB, Instance, Schedule, instance_from_scenario, instance_from_setting,
+    opfence_schedule, schedule,
+)
 from .search import GENERATIONS, METHODS, POPULATION, Problem, SearchResult, search, valid
 
-__all__ = ["GENERATIONS", "METHODS", "POPULATION", "STAGE_GRADIENT_MB", "Arrangement", "CostModel", "Costs",
-           "Instance", "Partition", "Problem", "Schedule", "SearchResult", "arrange", "bottleneck_matching",
-           "flows_of", "instance_from_scenario", "instance_from_setting", "repin", "schedule", "search",
-           "tsp_path", "valid"]
+__all__ = ["GENERATIONS", "METHODS", "POPULATION", "SCHEDULE_METHODS", "STAGE_GRADIENT_MB", "Arrangement",
+           "CostModel", "Costs", "Instance", "Partition", "Plan", "Problem", "Schedule", "SearchResult",
+           "Workload", "arrange", "bottleneck_matching", "clusters", "flows_of", "instance_from_scenario",
+           "instance_from_setting", "opfence", "opfence_schedule", "repin", "schedule", "search", "tsp_path",
+           "valid", "valid_plan", "workload"]

@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ...protocol.scenario import Scenario, ScenarioError
 from .costmodel import CostModel
+from .opfence import opfence, workload
 from .pipelines import Arrangement, arrange
-from .search import Problem, SearchResult, search
+from .search import METHODS, Problem, SearchResult, search
 
 STAGE_GRADIENT_MB = 38e6 * 4 / 1e6  # c_dp: fp32 gradients of a relay stage of the Table II model (3 blocks)
+SCHEDULE_METHODS = METHODS + ("opfence",)  # opfence: FusionLLM's OP-Fence (opfence.py), no genetic search
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ class Schedule:
     instance: Instance
     result: SearchResult
     arrangement: Arrangement
+    extra: dict = field(default_factory=dict)  # opfence: its clusters and Eq. 3 estimates (node ids)
 
     def stages(self) -> list[list[str]]:
         return [[self.instance.names[d] for d in s] for s in self.arrangement.stages]
@@ -103,13 +106,39 @@ class Schedule:
             "generations": r.generations, "evaluations": r.evaluations, "cpu_s": r.cpu_s,
             "stages": self.stages(),
             "pipelines": [{"data_node": d, "path": list(p)} for d, p in self.pipelines()],
+            **self.extra,
         }
 
 
 def schedule(inst: Instance, method: str, seed: int, **kw) -> Schedule:
-    """Run DT-FM's scheduler (`method`: dtfm, kl or random) with a seeded RNG; `kw`: population, generations."""
+    """Run DT-FM's scheduler (`method`: dtfm, kl or random) with a seeded RNG, `kw`: population, generations;
+    or OP-Fence (`method="opfence"`, `kw`: resolution, microbatches; `opfence_schedule`)."""
+    if method == "opfence":
+        return opfence_schedule(inst, seed, **kw)
     res = search(inst.model, inst.problem, method, random.Random(f"dtfm:{method}:{seed}"), **kw)
     return Schedule(inst, res, arrange(inst.model, res.partition, res.costs))
+
+
+def opfence_schedule(inst: Instance, seed: int, resolution: float = 1.0, microbatches: int = 4) -> Schedule:
+    """OP-Fence's placement and pipelines (`opfence.py`) as a Schedule: DT-FM's COMM-COST of its partition
+    beside it (one cost-model evaluation, not counted in the CPU time), its clusters and Eq. 3 estimates in
+    `extra`."""
+    model, prob = inst.model, inst.problem
+    if prob.pinned is None:
+        raise ValueError("OP-Fence places relays around the data nodes: the problem needs its pinned data group")
+    data, stages = tuple(prob.pinned), len(prob.sizes)
+    wl = workload(stages, model.c_pp_mb, microbatches)
+    plan = opfence(model.latency_s, model.bandwidth_mbs, data, tuple(prob.free), stages, wl, seed, resolution)
+    part = (tuple(sorted(data)),) + plan.stages
+    evals0 = model.evaluations
+    costs = model.cost(part)
+    res = SearchResult("opfence", part, costs, 0, model.evaluations - evals0, plan.cpu_s, [costs.total_s], 1)
+    closing = max((model.pp_pair_s(p[-1], d) for d, p in plan.pipelines), default=0.0)
+    nm = inst.names
+    extra = {"clusters": [[nm[v] for v in c] for c in plan.clusters],
+             "runs": {nm[d]: [[k, a, b] for k, a, b in r] for d, r in sorted(plan.runs.items())},
+             "estimated_pipeline_s": {nm[d]: t for d, t in sorted(plan.pipeline_s.items())}}
+    return Schedule(inst, res, Arrangement(plan.stages, plan.pipelines, closing), extra)
 
 
 def setting_scenario(setting) -> dict:

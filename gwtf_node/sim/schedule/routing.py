@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from ..train.setting import ACTIVATION_MB, MICROBATCHES, Setting, restage
 from .pipelines import flows_of, repin
-from .problems import Schedule, instance_from_setting, schedule
+from .problems import Schedule, instance_from_setting, opfence_schedule, schedule
 
 
 @dataclass
@@ -73,3 +73,10 @@ def dtfm_routing(setting: Setting, seed: int, method: str = "dtfm", place: bool 
     pipes = [(d, tuple(rename[r] for r in path)) for d, path in sched.pipelines()]
     units = min([MICROBATCHES] + [relays[r][1] for _, p in pipes for r in p])
     return DtfmRouting(sched, staged, flows_of(pipes, list(setting.data), units), sched.result.cpu_s)
+
+
+def opfence_placement(setting: Setting, seed: int, **kw) -> tuple[Setting, float]:
+    """The setting with every relay in the stage FusionLLM's OP-Fence gives it (`opfence.py`; `kw`: resolution),
+    and the scheduler's CPU seconds: GWTF's flows then route over it (`run_train(placement="opfence")`)."""
+    sched = opfence_schedule(instance_from_setting(setting), seed, **kw)
+    return restage(setting, [list(g) for g in sched.stages()])[0], sched.result.cpu_s

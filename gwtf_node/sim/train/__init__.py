@@ -205,10 +205,13 @@ from .setting import (
     SETTINGS, SILENCE_S, STAGE_SIZES, STAGE_STATE_MB, SWARM_REACTIONS, Net, Setting, compute_s, gradient_mb,
     initial_flows, make_net, make_setting,
 )
-from .setting import TABLE6_SCALES, TABLE6_SETTINGS, make_table6, swarm_placement
+from .setting import (
+    GEO12_REGIONS, GEO12_SETTINGS, TABLE6_SCALES, TABLE6_SETTINGS, make_geo12, make_table6, swarm_placement,
+)
 
-# given: the setting's stages (relays started with `--stage N`); dtfm: DT-FM's search's; swarm: place_swarm's
-PLACEMENTS = ("given", "dtfm", "swarm")
+# given: the setting's stages (relays started with `--stage N`); dtfm: DT-FM's search's; swarm: place_swarm's;
+# opfence: FusionLLM's OP-Fence's (sim/schedule/opfence.py)
+PLACEMENTS = ("given", "dtfm", "swarm", "opfence")
 
 # taskpool: the hybrid design's task pool (taskpool.py); random: SWARM's machinery with random next hops (the
 # daemon's --policy random)
@@ -227,11 +230,13 @@ def run_train(setting: str, policy: str, churn: float, iterations: int, seed: in
     the stages DT-FM's search gives them (its placement alone), and the run routes as `routing` says (GWTF's
     flows by default): the two routings compared on DT-FM's placement.  `placement="swarm"`: every relay in
     the stage the leader gives a swarm forming from scratch (`protocol/swarmplace.place_new_swarm` over every
-    link's cost, `setting.swarm_placement`).
+    link's cost, `setting.swarm_placement`).  `placement="opfence"`: every relay in the stage FusionLLM's
+    OP-Fence gives it (`sim/schedule/opfence.py`); `routing="dtfm"` with `dtfm_options={"method": "opfence"}`
+    runs OP-Fence's own fixed pipelines instead (recomputed after each membership report, as DT-FM's).
     `breakdown`: trace the run and add `waste_breakdown_s` (seconds per iteration by cause,
     `TrainSim.waste_breakdown`).  `scheduler_cost`: add `flow_cpu_s` and `flow_formation` (CPU times: they
     differ from run to run, so they are not in the report by default), and with `placement="swarm"`
-    `placement_cpu_s` (the whole-swarm placement's)."""
+    `placement_cpu_s` (the whole-swarm placement's; OP-Fence's with `placement="opfence"`)."""
     s = make_setting(setting, seed, data_nodes)
     sched = None
     placement = options.pop("placement", "given")
@@ -245,6 +250,10 @@ def run_train(setting: str, policy: str, churn: float, iterations: int, seed: in
         t0 = time.process_time()
         s = swarm_placement(s)
         placement_cpu_s = time.process_time() - t0
+    elif placement == "opfence":  # GWTF's flows over the stages OP-Fence gave the relays
+        from ..schedule.routing import opfence_placement
+
+        s, placement_cpu_s = opfence_placement(s, seed)
     if options.get("routing") == "dtfm":
         from ..schedule.routing import dtfm_routing
 
@@ -264,7 +273,7 @@ def run_train(setting: str, policy: str, churn: float, iterations: int, seed: in
     if scheduler_cost:
         rep["flow_cpu_s"] = sim.flow_cpu_s
         rep["flow_formation"] = dict(sim.formation)
-        if placement == "swarm":
+        if placement in ("swarm", "opfence"):
             rep["placement_cpu_s"] = placement_cpu_s
     if sched is not None:
         rep["dtfm"] = dict(sched.schedule.to_json(), recomputations=sched.recomputations)

@@ -16,6 +16,12 @@ SETTINGS = ("table2-homogeneous", "table2-heterogeneous")
 # stages, 4 microbatches per data node; "-xK": K times the data nodes and the relays (scripts/bench_optimality.py)
 TABLE6_SCALES = (1, 2, 4, 8)
 TABLE6_SETTINGS = tuple(f"table6-x{k}" for k in TABLE6_SCALES)
+# Table VI's counts with the bandwidth clusters of geo12-links.json made real: the 12 locations grouped by region,
+# each region holding a third of the data nodes and of the relays ("-xK" as Table VI's; make_geo12)
+GEO12_REGIONS = {"Europe": ("Belgium", "Germany", "London", "NL"),
+                 "North America": ("Canada", "Iowa", "LA", "Oregon"),
+                 "Asia-Pacific": ("Australia", "Japan", "Singapore", "Taiwan")}
+GEO12_SETTINGS = tuple(f"geo12-x{k}" for k in TABLE6_SCALES)
 STAGE_SIZES = (4, 3, 3, 3, 3)
 DATA_NODES = ("d0", "d1")
 MICROBATCHES = 4
@@ -89,7 +95,8 @@ class Net:
         return lat_ms / 1000.0 + mb * 8.0 / bw
 
 
-def make_net(nodes: list[str], rng: random.Random) -> Net:
+def make_net(nodes: list[str], rng: random.Random, where: dict[str, tuple[str, ...]] | None = None) -> Net:
+    """Every node at a location drawn uniformly from the 12, or from `where[node]` when given."""
     raw = _load_links()
     locs = raw["locations"]
     lat: dict = {}
@@ -100,7 +107,11 @@ def make_net(nodes: list[str], rng: random.Random) -> Net:
             lat[(x, y)] = e["latency_ms"]
             bw[(x, y)] = b
     intra = (raw["intra_location"]["latency_ms"], raw["intra_location"]["bandwidth_mbps"])
-    return Net({n: rng.choice(locs) for n in nodes}, lat, bw, intra)
+    where = where or {}
+    for n, w in where.items():
+        if not w or set(w) - set(locs):
+            raise ValueError(f"{n}: locations {sorted(set(w) - set(locs))} are not in {LINKS_FILE.name}")
+    return Net({n: rng.choice(where.get(n, locs)) for n in nodes}, lat, bw, intra)
 
 
 @dataclass
@@ -114,11 +125,13 @@ class Setting:
 def make_setting(name: str, seed: int, data_nodes: int | None = None) -> Setting:
     """Table II's relays and links; `data_nodes` data nodes (None: 2 as in the paper; a third one draws its
     location after the relays, so the relays' locations do not depend on it).  A Table VI name
-    (TABLE6_SETTINGS): `make_table6`."""
+    (TABLE6_SETTINGS): `make_table6`; a geo12 name (GEO12_SETTINGS): `make_geo12`."""
     if name in TABLE6_SETTINGS:
         return make_table6(int(name.rsplit("x", 1)[1]), seed, data_nodes)
+    if name in GEO12_SETTINGS:
+        return make_geo12(int(name.rsplit("x", 1)[1]), seed, data_nodes)
     if name not in SETTINGS:
-        raise ValueError(f"unknown setting {name!r}: one of {SETTINGS + TABLE6_SETTINGS}")
+        raise ValueError(f"unknown setting {name!r}: one of {SETTINGS + TABLE6_SETTINGS + GEO12_SETTINGS}")
     if data_nodes is None:
         data_nodes = len(DATA_NODES)
     if data_nodes < 1:
@@ -148,6 +161,28 @@ def make_table6(scale: int, seed: int, data_nodes: int | None = None) -> Setting
     data = tuple(f"d{i}" for i in range(n_data))
     net = make_net(list(data) + list(relays), rng)
     return Setting(name, relays, net, data)
+
+
+def make_geo12(scale: int, seed: int, data_nodes: int | None = None) -> Setting:
+    """Table VI's counts (3 x scale data nodes, 3 x scale relays of capacity MICROBATCHES in each of the 5 relay
+    stages, the same names) over the three regions of GEO12_REGIONS: data node i in region i mod 3, the relays
+    dealt to the regions in equal numbers (5 x scale each) in a shuffled order, so the stages the setting gives
+    them ignore the regions; every node at one of its region's 4 locations, uniformly."""
+    if scale < 1:
+        raise ValueError(f"scale is {scale}: it must be at least 1")
+    n_data = 3 * scale if data_nodes is None else data_nodes
+    if n_data < 1:
+        raise ValueError(f"data_nodes is {n_data}: a run needs at least one data node")
+    name = f"geo12-x{scale}"
+    rng = random.Random(f"setting:{name}:{seed}")
+    regions = list(GEO12_REGIONS.values())
+    relays = {f"s{s}r{i}": (s, MICROBATCHES) for s in range(len(STAGE_SIZES)) for i in range(3 * scale)}
+    data = tuple(f"d{i}" for i in range(n_data))
+    slots = [i % len(regions) for i in range(len(relays))]
+    rng.shuffle(slots)
+    where = {d: regions[i % len(regions)] for i, d in enumerate(data)}
+    where.update({r: regions[k] for r, k in zip(relays, slots)})
+    return Setting(name, relays, make_net(list(data) + list(relays), rng, where), data)
 
 
 def gradient_mb(stage: int) -> float:
