@@ -91,6 +91,7 @@ from .authorize import Authorizer, read_certificate
 from .bootstrap import DEFAULT_TIMEOUT_S, Bootstrap
 from .cutcheck import CutCheck
 from .discovery import Discovery
+from .events import default_name
 from .faults import Faults
 from .flows import Flows
 from .host import DHT_NAMESPACE
@@ -480,10 +481,11 @@ class Node:
                 if host.dht is not None:  # holders keep only records their writers may write (records.py)
                     host.dht.register_validator(DHT_NAMESPACE, SignedRecordValidator(
                         self.run_id, self.manifest.owner_public_key))
+                self.opts.name = self.opts.name or default_name(self.opts.role, host.peer_id)  # (no --name)
                 self.parts = p = self._assemble(host, nursery)
                 host.set_handler(self._on_frame)
                 (self.opts.state_dir / "addr").write_text("\n".join(host.addrs) + "\n")
-                log.info("node %s (%s) peer id %s listening on %s", self.opts.name or "without --name",
+                log.info("node %s (%s) peer id %s listening on %s", self.opts.name,
                          self.opts.role, host.peer_id, host.addrs)
                 nursery.start_soon(p.bootstrap.run)  # dials the bootstrap peers, with retries
                 nursery.start_soon(p.discovery.loop)

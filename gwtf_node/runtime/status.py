@@ -482,11 +482,15 @@ def resources(device: str = "cpu") -> dict:
 
 
 def name_of(peers: Peers, peer: str) -> str:
-    """A peer's readable name: its --name, else the last characters of its peer id (`events.short_id`)."""
+    """A peer's readable name: the name its Hello carried (its --name, or `events.default_name`), also after it
+    was forgotten (a leader that left is still shown by its name); else the last characters of its peer id
+    (`events.short_id`)."""
     if peer == peers.me:
         return peers.name or short_id(peer)
     info = peers.get(peer)
-    return info.name if info is not None and info.name else short_id(peer)
+    if info is not None and info.name:
+        return info.name
+    return peers.former_names.get(peer) or short_id(peer)
 
 
 def connection_kinds(host: Any) -> dict[str, str]:
