@@ -118,3 +118,26 @@ def test_leave_says_one_true_thing_over_the_socket(tmp_path: Path, capsys, grace
         proc.wait(timeout=10)
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and out[0].startswith(words) and out[1] == "left", out
+
+
+def test_install_service_with_a_relative_unit_path_prints_commands_for_that_unit(tmp_path: Path, capsys,
+                                                                                 monkeypatch) -> None:
+    """`install-service --unit-path x.service`: `systemctl link` takes only an absolute path, and the unit's own
+    comment names x, not gwtf-node."""
+    from gwtf_node.model.manifest import default_manifest, save_manifest
+
+    save_manifest(default_manifest(), tmp_path / "run.json")
+    monkeypatch.chdir(tmp_path)
+    argv = ["install-service", "--unit-path", "x.service", "--service-state-dir", str(tmp_path / "state"),
+            "--run", "run.json", "--role", "relay", "--insecure-unsigned"]
+    (tmp_path / "state").mkdir()
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"systemctl link {tmp_path / 'x.service'} && systemctl daemon-reload && systemctl enable --now " \
+           "x.service" in out, out
+    assert "journalctl -fu x " in out and "gwtf-node.service" not in out
+    unit = (tmp_path / "x.service").read_text()
+    assert "journalctl -u x;" in unit and "systemctl stop x" in unit and "systemctl stop gwtf-node" not in unit
+    assert main([*argv[:2], "x.unit", *argv[3:]]) == 2  # systemd would not take it as a service
+    err = capsys.readouterr().err
+    assert "--unit-path x.unit" in err and ".service" in err and len(err.strip().splitlines()) == 1
