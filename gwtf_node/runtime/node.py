@@ -276,7 +276,7 @@ class Node:
         status = Status(o.state_dir / "status.json", wire, host, peers, liveness, self.stage, flows, microbatches,
                         aggregation, leadership, run_id=self.run_id, policy=o.policy, bootstrap=bootstrap,
                         resume_status=lambda: joining.resume_status, refused_values=values.snapshot,
-                        cut_checks=lambda: cutcheck.checks,
+                        cut_checks=lambda: cutcheck.checks, announced=bool(o.announce),
                         security=lambda: self.authorizer.status(wire),
                         waiting_for=lambda: waits.waiting_for(peers, aggregation, microbatches, joining, liveness))
         parts = Parts(wire, liveness, discovery, flows, microbatches, leadership, aggregation, joining, cutcheck,
