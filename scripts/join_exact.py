@@ -34,7 +34,7 @@ def main(argv=None) -> int:
         f"Command: `python scripts/join_exact.py --instances {' '.join(args.instances)} --time-limit "
         f"{args.time_limit:g} --rounds {args.rounds}`.  Improvement in %, cost = B*C/F^2 as in bench_join.md.  "
         "`best known`: the best assignment of the local search or the MILP; `MILP bound` and `LP bound`: proved "
-        "upper bounds on the optimum's improvement (gwtf_node/sim/join.py, `milp_optimum`, `optimum_bound`).",
+        "upper bounds on the optimum's improvement (gwtf_node/sim/join/optimum.py, `milp_optimum`, `optimum_bound`).",
         "",
         "| instance | GWTF (ours) | paper rule | cap-first | random | local search | best known | MILP bound "
         "| LP bound | MILP solves | s |",

@@ -24,7 +24,7 @@ Measured, per microbatch (median of `--repeats` after one warm-up):
 
 This machine is not the paper's GPU, so the simulator keeps one absolute
 anchor, the relay stage forward estimated from FLOPs on the paper's RTX A4000
-(train.py's docstring: 0.35 s), and takes every other time as the measured
+(the docstring of gwtf_node/sim/train/: 0.35 s), and takes every other time as the measured
 ratio to the relay forward.  The JSON file (`stage_profile.json`) is what
 `gwtf_node.sim.train` reads; re-run this script to refresh it.
 """

@@ -3,7 +3,7 @@
     python tests/memprobe.py RUN.json ROLE STAGE CAPACITY
 
 Prints one JSON object: the RSS growth from before the part is built to the peak of `CAPACITY` forwards, one
-backward and one optimizer step (the peak is reset after `build_stage` with /proc/self/clear_refs, so the
+backward, one optimizer step and the checkpoint after it (the peak is reset after `build_stage` with /proc/self/clear_refs, so the
 whole model that `build_stage` may build first and free does not count), and `memory.estimate`'s figures.
 MALLOC_MMAP_THRESHOLD_ is set low by the caller so that freed tensors leave the RSS at once.
 """
@@ -72,6 +72,16 @@ def main() -> None:
         _loss, grad = part.head_loss(0, torch.randn(b, t, h, generator=g), ids)
         part.embed_backward(0, grad)
     part.apply_mean_grad(part.grad_vector(), 1)
+    # the checkpoint after the step, as LocalStage.checkpoint writes it (the aggregation's largest piece on the CPU)
+    import tempfile
+
+    from gwtf_node.runtime import checkpoints
+
+    with tempfile.TemporaryDirectory() as tmp:
+        state, digest, params = part.state_bytes(), part.state_hash(), part.param_vector()
+        checkpoints.write(tmp, run_id=man.run_id, role=role, stage=stage_arg, steps=1, state=state,
+                          params_sha256=digest, params=params, keep=1)
+        del state, params
     peak = _status("VmHWM")
     print(json.dumps({"part": est.part, "params": part.num_params, "measured": peak - base,
                       "built": built - base, "estimate": est.part_bytes, "per_microbatch": est.per_microbatch,

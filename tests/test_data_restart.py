@@ -115,8 +115,8 @@ async def test_one_of_two_data_nodes_restarted(tmp_path: Path) -> None:
     downloads the data part from it (its checkpoint is behind), is taken back by the leader from the iteration
     after the download, and both push microbatches again.  Every loss equals centralized training on the
     microbatches each data node completed in each counted iteration up to 4 iterations after the restart (later
-    ones can be off by 1e-3 and more, rounding grown: README, known gaps), no node computes on parameters of
-    another step, and the two data parts end equal.  The run is long
+    ones can be off by 1e-3 and more, rounding grown: docs/architecture.md, known gaps), no node computes on
+    parameters of another step, and the two data parts end equal.  The run is long
     enough that the survivor, which keeps the lease with the witness relay's vote, is still training when the
     restarted one is back."""
     iterations = 40  # at ~0.1 s an iteration, the survivor is still training when the restarted one is back
@@ -172,7 +172,7 @@ async def test_one_of_two_data_nodes_restarted(tmp_path: Path) -> None:
     losses, _, _ = reference_run(man, 2, _every_part(plan))
     # exact to rounding up to 4 iterations after the restart; later, on some of these trajectories, rounding
     # differences grow (the reference itself, one tensor nudged by 1e-7 at the return, moves by 1e-3 within 20
-    # iterations: README, known gaps): compared only up to there
+    # iterations: docs/architecture.md, known gaps): compared only up to there
     for r, loss in zip(records[:back_at + 4], losses):
         assert r["loss"] == pytest.approx(loss, rel=1e-4), (r, loss)
     # every forward, loss and backward ran on the parameters of its microbatch's iteration (microbatches.py)
@@ -181,7 +181,7 @@ async def test_one_of_two_data_nodes_restarted(tmp_path: Path) -> None:
     assert not off_step, off_step
     parts = {n: torch.load(tmp_path / n / "checkpoint.pt", weights_only=False) for n in ("d0", "d1")}
     assert parts["d0"]["steps"] == parts["d1"]["steps"] == iterations
-    # the two copies of the data part agree to float precision (not always to the bit: README, known gaps)
+    # the two copies of the data part agree to float precision (not always to the bit: docs/architecture.md, known gaps)
     gap = (parts["d0"]["params"] - parts["d1"]["params"]).norm() / parts["d0"]["params"].norm()
     assert gap < 1e-6, float(gap)
     # the final parameters against the reference are the known gap (1e-5 to 1.3e-2 seen): not asserted, the

@@ -222,3 +222,20 @@ def test_a_refused_record_is_a_warning_once_per_reason(caplog) -> None:
     assert warnings == ["DHT record refused: provider 12D3KooWabc: a forged record",
                         "DHT record refused: provider 12D3KooWdef: another reason"]
     assert len(counted) == 4  # every refusal is still counted (status.json "refused")
+
+
+def test_the_lines_of_every_iteration_go_to_node_log_not_stderr(tmp_path: Path, monkeypatch) -> None:
+    """stderr (a terminal, the journal) carries the events; the routine lines of each iteration are in node.log."""
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    setup = setup_logging("INFO", tmp_path)
+    try:
+        for i in range(300):  # five minutes of one-second iterations
+            logging.getLogger("gwtf.steps").info("iteration %d: summed in round s0/it%d/abc", i, i)
+        logging.getLogger("gwtf.node").warning("peer r0_1 presumed dead")
+        logging.getLogger("gwtf.steps").warning("iteration 300: stage 0 holds 2 of 4 contributions")
+    finally:
+        setup.close()
+    log = (tmp_path / "node.log").read_text()
+    assert log.count("summed in round") == 300
+    assert err.getvalue().count("\n") == 2 and "presumed dead" in err.getvalue() and "2 of 4" in err.getvalue()

@@ -15,8 +15,8 @@ stepped apart in rounds of their own are compared and one of them repaired, cutc
 iteration completes its 4 microbatches; the losses equal the centralized
 reference until the cut.  After it they need not: a relay cut off while it
 holds gradient contributions of the iteration in flight is a crash for that
-iteration's aggregation (its contributions are lost, README "Crash
-recovery"), so the run's step differs from the centralized one from there on.
+iteration's aggregation (its contributions are lost, docs/architecture.md
+"Crashes in the daemon"), so the run's step differs from the centralized one from there on.
 """
 
 from __future__ import annotations

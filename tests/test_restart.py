@@ -39,7 +39,7 @@ from swarmutil import log_text, status, wait_exit, wait_for, wait_records
 M = 2  # microbatches per iteration
 # a relay back from a restart aggregates again within this (a bound on the wait, not a speed target): usually within
 # seconds; a kill that lands in an aggregation can leave a stage-mate waiting for that step's deadline first (about
-# 30 s; README, known gaps), seen on a loaded machine
+# 30 s; docs/architecture.md, known gaps), seen on a loaded machine
 BACK_WITHIN_S = 75.0
 
 
@@ -170,7 +170,7 @@ async def test_relay_restarted_with_its_state_dir(tmp_path: Path) -> None:
         k = status(tmp_path, "j0")["stage"]
         fixed = f"r{1 - k}_0"  # (a relay of the other stage: each stage keeps a live member)
         # killed while the run trains: a relay killed in an aggregation and back within seconds can leave a
-        # stage-mate that did not start that step waiting (README, known gaps)
+        # stage-mate that did not start that step waiting (docs/architecture.md, known gaps)
         await wait_for(lambda: _training(tmp_path, ["d0", *swarm.names()[1:]]), 60, "the swarm trains", swarm)
         async with trio.open_nursery() as n:
             n.start_soon(lambda: _kill_and_restart(swarm, tmp_path, "j0", auto=True))

@@ -73,7 +73,7 @@ def test_swarm_equals_centralized(tmp_path: Path, family: str, data_nodes: int, 
         # a quiet log: in steady state (from its first step to the one before the last: the swarm stops during the
         # last) a relay logs at most 1.5 INFO lines per iteration: the line of each step, and the odd news
         lines = (tmp_path / name / "node.log").read_text().splitlines()
-        steps = [i for i, ln in enumerate(lines) if " INFO gwtf.node: iteration " in ln and "summed in round" in ln]
+        steps = [i for i, ln in enumerate(lines) if " INFO gwtf.steps: iteration " in ln and "summed in round" in ln]
         assert len(steps) == iterations, (name, steps)
         info = [ln for ln in lines[steps[0] + 1:steps[-2] + 1] if " INFO " in ln]
         assert len(info) <= 1.5 * (iterations - 2), (name, info)

@@ -29,10 +29,10 @@ when the group changes the slices change and the warm-up starts again.  Every
 member copies the owner's sum of its part (allreduce.py), so copies stay
 identical whatever each owner decides; a refused contribution is treated as
 one lost with a relay: the part's mean is over the contributions accepted
-(the survivors' mean, recovery.py).
+(the survivors' mean, recovery/).
 
 What this does not do: a hostile *owner* of a part decides that part's sum
-alone (see README "Security model").  This module is pure: numbers in,
+alone (see docs/security.md).  This module is pure: numbers in,
 decisions out.
 """
 

@@ -11,7 +11,7 @@ microbatch returns to its own data node).  A *label* is a node's announced
 cost-to-sink for one commodity on one side: `IN` is what it costs to hand the
 node a new unit, `OUT` what it costs the node to get rid of a unit it holds.
 `path` lists the residual route behind a label (side-tagged node ids, see
-`flow.py`), which keeps the distance-vector announcements loop free.
+`flow/`), which keeps the distance-vector announcements loop free.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class Label:
     side: Side
     cost: float
     path: tuple[str, ...]
-    epoch: int = 0  # the label wave it belongs to (see flow.py, "Label waves"); 0 with free-running labels
+    epoch: int = 0  # the label wave it belongs to (see flow/launches.py, "Label waves"); 0 with free-running labels
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +100,7 @@ class LaunchBid:
 
     Sent by a data node to its first-stage relays, which pass it on, once per
     `seq`, to their other data-node neighbours: with several data nodes the
-    cheapest launch goes first ("Ordered launches" in flow.py).
+    cheapest launch goes first ("Ordered launches" in flow/bids.py).
     """
 
     data_node: str
@@ -112,7 +112,7 @@ class LaunchBid:
 class Relabel:
     """One unit on the link between sender and receiver changes commodity: `from_commodity` -> `to_commodity`.
 
-    Several data nodes ("Relabelling" in flow.py): a first-stage relay turns
+    Several data nodes ("Relabelling" in flow/relabel.py): a first-stage relay turns
     a unit of data node A into one of data node B when B's hops to and from
     the unit's route are cheaper; the relabel travels down the route to the
     last-stage relay, which sends the unit back to B instead of A.
@@ -236,7 +236,7 @@ class Forward:
     iteration: int
     path: tuple[str, ...]
     tensor: TensorHeader | None
-    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery/): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +245,7 @@ class Backward:
     seq: int
     iteration: int
     tensor: TensorHeader | None
-    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery/): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +253,7 @@ class Complete:
     data_node: str
     seq: int
     iteration: int
-    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery/): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +269,7 @@ class IterationDone:
 @dataclass(frozen=True, slots=True)
 class Lend:
     """Data node to data node: one unit of my flows through stage-0 relay `hop` is idle for the rest of
-    `iteration` (I have nothing left to launch): launch on it (recovery.py, "Lending")."""
+    `iteration` (I have nothing left to launch): launch on it (recovery/, "Lending")."""
 
     iteration: int
     hop: str
@@ -390,7 +390,7 @@ class StageState:
     rounds: tuple[RoundRecord, ...] = ()  # a relay's answer: how its last steps were summed (roundcheck.py)
 
 
-# ---- crash recovery of microbatches (section V-D; protocol/recovery.py) ----
+# ---- crash recovery of microbatches (section V-D; protocol/recovery/) ----
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,7 +400,7 @@ class MbDeny:
     data_node: str
     seq: int
     iteration: int
-    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery/): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,7 +411,7 @@ class Probe:
     seq: int
     iteration: int
     path: tuple[str, ...]
-    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery/): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,7 +419,7 @@ class ProbeAck:
     data_node: str
     seq: int
     iteration: int
-    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery/): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -432,7 +432,7 @@ class Recover:
     path: tuple[str, ...]  # the path up to the sender (data node first)
     rest: tuple[str, ...]  # the old path after the crashed node (ends with the data node)
     tensor: TensorHeader | None
-    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery/): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -445,7 +445,7 @@ class Resume:
     path: tuple[str, ...]
     rest: tuple[str, ...]
     tensor: TensorHeader | None
-    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery/): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -456,7 +456,7 @@ class BackwardStuck:
     seq: int
     iteration: int
     stage: int
-    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery/): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -473,7 +473,7 @@ class Release:
     data_node: str
     seq: int
     iteration: int
-    attempt: int = 0  # the data node's attempt number of the microbatch (recovery.py): older ones are stale
+    attempt: int = 0  # the data node's attempt number of the microbatch (recovery/): older ones are stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -485,7 +485,7 @@ class MbState:
     iteration: int
     attempt: int
     stage: int
-    state: str  # none | fwd | sending | sent | bwd | grad | done (see recovery.py)
+    state: str  # none | fwd | sending | sent | bwd | grad | done (see recovery/)
 
 
 @dataclass(frozen=True, slots=True)

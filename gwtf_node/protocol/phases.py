@@ -26,7 +26,7 @@ paper's sentence ("detects that a downstream peer has also finished", V-E)
 read literally is `CanTakeRule.ANY`: one downstream peer.  ANY lets a
 microbatch of t+1 reach a stage-(k+1) relay whose step of t is not applied
 yet: a relay that began t and is still stepping refuses it (`MbDeny`,
-recovery.py), but one whose BEGIN is still on its way (a retransmission after
+recovery/), but one whose BEGIN is still on its way (a retransmission after
 a lost frame, a long link) takes it with the parameters of t-1 and trains the
 stage on a mix of two iterations.  ALL never does, and waiting for a crashed
 member costs at most the membership layer's detection time (the report makes
@@ -469,7 +469,7 @@ class Phases(PhaseWaits):
                 begin = self.begin_msgs.get(it)
                 if begin is not None and any(peer in g.peers for g in begin.groups):
                     eff += self._fan_out(now, begin, exclude=self.front)
-        for it, reports in self.done_reports.items():  # a dead data node's microbatches do not count (recovery.py)
+        for it, reports in self.done_reports.items():  # a dead data node's microbatches do not count (recovery/)
             if it not in self.begun:
                 reports.pop(peer, None)
         for g in self.groups.values():

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 An *iteration* is one batch: every data node pushes its microbatches into the
-pipeline along the flows that the flow machines (`flow.py`) formed.  Units of
+pipeline along the flows that the flow machines (`flow/`) formed.  Units of
 flow are microbatch *slots*: a data node keeps at most `out[d][j]` of its
 microbatches in flight through next hop j, and a relay that receives a
 microbatch of data node d picks a next hop among its own outflows of d the

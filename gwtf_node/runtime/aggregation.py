@@ -37,7 +37,8 @@ After the step: a checkpoint every `checkpoint_every` iterations, and the
 leader appends one JSON object per iteration to `metrics.jsonl`.
 
 Logs.  A relay logs one INFO line per step: the round that summed it, the
-contributions held here, and the time its parts took.  What it announces
+contributions held here, and the time its parts took (logger `gwtf.steps`,
+like a data node's lines of each iteration: node.log only, not stderr).  What it announces
 before each round (the contributions it brings) is at DEBUG, with the
 all-reduce's and the checkpoint's own lines.
 
@@ -86,6 +87,7 @@ from .stage import LocalStage
 from .wire import ApplyEffects, FrameRefused, Owner, Wire, now
 
 log = logging.getLogger("gwtf.node")
+steps_log = logging.getLogger("gwtf.steps")  # the lines of every iteration: node.log only (runtime/logs.py)
 
 ALLREDUCE_TIMEOUT_S = 120.0  # the all-reduce timeout's floor ...
 ALLREDUCE_FACTOR = 4.0  # ... and its factor over the last all-reduce's duration (module doc)
@@ -249,7 +251,7 @@ class Aggregation:
         for it in sorted({e.iteration for e in eff if isinstance(e, StartStep)}):
             if any(isinstance(e, Send) and isinstance(e.msg, m.BeginAggregation) for e in eff):
                 self.opened = {i for i in self.opened if i >= it - 2} | {it}
-                log.info("iteration %d: opening the aggregation", it)
+                steps_log.info("iteration %d: opening the aggregation", it)
                 self.faults.point("begin_open")
         self._apply(eff)
 
@@ -261,7 +263,8 @@ class Aggregation:
         c = self.microbatches.counts(iteration)
         done = m.IterationDone(iteration, len(it.done), it.loss_sum, c["deferred"], c["pending"] + c["inflight"],
                                tuple(sorted(it.done)))
-        log.info("iteration %d settled: completed %s, deferred %d", iteration, json.dumps(sorted(it.done)), c["deferred"])
+        steps_log.info("iteration %d settled: completed %s, deferred %d", iteration, json.dumps(sorted(it.done)),
+                       c["deferred"])
         self.my_reports = {i: r for i, r in self.my_reports.items() if i >= iteration - 1}
         self.my_reports[iteration] = done
         self.reports.setdefault(iteration, {})[self.wire.me] = done
@@ -395,9 +398,10 @@ class Aggregation:
 
         total, count, gkey, members = await self._all_reduce_survivors(
             f"s{stage}/it{e.iteration}", group, grad, float(mine), on_round=announce, max_count=e.microbatches)
+        del grad  # (the sum is `total`: this part's gradient vector is not held through the step and checkpoint)
         t_step = now()
         if relay and count < e.microbatches:
-            # the survivors' mean (recovery.py): the missing contributions died with a relay
+            # the survivors' mean (protocol/recovery/): the missing contributions died with a relay
             self.lost_contributions[e.iteration] = int(e.microbatches - count)
             log.warning("iteration %d: stage %d holds %d of %d contributions (the rest died with a relay)",
                         e.iteration, stage, int(count), e.microbatches)
@@ -406,6 +410,7 @@ class Aggregation:
         if relay:  # (recorded before the state holds the step: a snapshot taken meanwhile has no record of it)
             self.rounds = trim({**self.rounds, e.iteration + 1: RoundOf(float(count), tuple(members))})
         await self.stage.run(self.stage.apply_step, total, count, e.iteration)
+        del total  # (nor is the summed vector held through the checkpoint: model/memory.py counts it so)
         t_ck = now()
         self.microbatches.aggregation_done(e.iteration)
         self.stage.steps_done()
@@ -419,7 +424,7 @@ class Aggregation:
         # once they are in the stage's sum (what the tests rebuild the centralized reference from)
         took = f"aggregation {now() - t0:.2f} s: " + ", ".join(f"{k} {v:.2f}" for k, v in self.parts.items())
         if relay:
-            log.info("iteration %d: summed in round %s: contributions %s; %s", e.iteration, gkey, held, took)
+            steps_log.info("iteration %d: summed in round %s: contributions %s; %s", e.iteration, gkey, held, took)
         else:
             log.debug("iteration %d: %s", e.iteration, took)
         self.phases.retry_s = phase_retry_s(self.stage.busiest_s())
@@ -481,7 +486,7 @@ class Aggregation:
         }
         with open(self.state_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps(rec) + "\n")
-        log.info("iteration %d loss %.4f microbatches %d %.2f s", t, rec["loss"] or math.nan, completed, seconds)
+        steps_log.info("iteration %d loss %.4f microbatches %d %.2f s", t, rec["loss"] or math.nan, completed, seconds)
         for i in [i for i in self.reports if i < t]:
             del self.reports[i]
 

@@ -23,7 +23,7 @@ hostile one: nothing tells them apart), there is no quorum: the joiner
 loads nothing, says so in its log (and `Joining.handover`), and asks
 again after a while (joining.py `NO_QUORUM_RETRY_S`): the stage's members
 may have changed.  A majority of hostile members of one stage is out of scope
-(README "Security model").
+(docs/security.md).
 """
 
 from __future__ import annotations

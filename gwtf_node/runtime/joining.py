@@ -444,18 +444,17 @@ class Joining:
         if hashlib.sha256(blob).hexdigest() != msg.sha256:
             raise FrameRefused("StageState hash mismatch: the state was corrupted or tampered with")
         await self._check_with_members(peer, msg, blob)
-        try:
-            await self.stage.run(self.stage.model.load_state_bytes, blob)
+        try:  # (the parameters and their steps together: a checkpoint never labels one with the other's steps)
+            await self.stage.run(self.stage.install, blob, msg.iteration)
         except Exception as e:  # noqa: BLE001 - refuse a state that does not fit this stage, keep running
             raise FrameRefused(f"StageState does not load: {e}") from None
+        self.aggregation.adopt_rounds(msg.rounds, msg.iteration)
         if msg.iteration < self.want_after:
             # a BEGIN AGGREGATION left us out while this state was loading: it misses that
             # step; the fetch loop asks again for a newer one
             log.info("state of %d steps is behind an aggregation we missed: asking for %d",
                      msg.iteration, self.want_after)
             return
-        self.stage.set_steps(msg.iteration)
-        self.aggregation.adopt_rounds(msg.rounds, msg.iteration)
         self.aggregation.resynced(msg.iteration)
         self.peers.set_standing(joining=False, ready_from=msg.iteration)
         if self.joiner is not None:
@@ -499,7 +498,7 @@ class Joining:
                 self._ask_deadline = now() + NO_QUORUM_RETRY_S
                 log.error("stage %d state hand-over: no quorum of the stage's members vouches for any state at %d "
                           "steps (%s): nothing loaded; asking again in %.0f s (a majority of the stage's members "
-                          "must be honest: README \"Security model\")", msg.stage, msg.iteration, why,
+                          "must be honest: docs/security.md)", msg.stage, msg.iteration, why,
                           NO_QUORUM_RETRY_S)
             raise FrameRefused(f"StageState from {self.peers.who(source)}: {why}")
         log.info("stage %d state from %s: %s", msg.stage, self.peers.who(source), why)

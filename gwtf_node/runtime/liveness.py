@@ -5,7 +5,7 @@ after, the data nodes) every `PING_EVERY_S` and presumes dead a peer it heard
 nothing from for longer than that peer's deadline (any frame counts, see
 `Peers.heard`).  A dead peer is handed to `on_dead`, which forgets it everywhere (routing, flow
 machine, aggregation groups, recovery machine, all-reduce in flight).  The
-simulator models this check with the same two constants (`sim/train.py`,
+simulator models this check with the same two constants (`sim/train/setting.py`,
 DAEMON_DETECT_S).
 
 Busy is not dead.  A node that computes, steps or writes a checkpoint does it

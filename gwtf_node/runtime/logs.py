@@ -17,6 +17,11 @@ A volunteer's node runs for weeks, so what it logs must stay readable and bounde
   library's records from ERROR up (WARNING up with `--log-level DEBUG`),
   whatever level the library set on its own loggers, and demotes the listed
   routine messages (`ROUTINE`) to DEBUG.
+* **Routine.**  The lines of every iteration (logger `gwtf.steps`: a data
+  node's "settled", the leader's loss, a relay's step) go to node.log only:
+  on stderr (a terminal, the journal) a line a second would bury the
+  events.  Where stderr is node.log itself, or at `--log-level DEBUG`,
+  nothing is left out.
 * **Floods.**  After a crash the same line can repeat every second for
   minutes (a failed ping to the dead peer).  `RepeatFilter` shows the first of
   identical lines (same logger, level and text) and counts the rest for
@@ -63,6 +68,7 @@ ROUTINE: tuple[tuple[str, str], ...] = (
     ("libp2p.network.swarm", "failed to upgrade security"),
 )
 REPEAT_WINDOW_S = 60.0  # identical lines within this window are counted, not shown
+ROUTINE_LOGGERS = ("gwtf.steps",)  # the lines of every iteration (module doc "Routine")
 REPEAT_KEYS_MAX = 4096  # distinct lines remembered at once (older windows are forgotten first)
 
 
@@ -205,6 +211,14 @@ def route_warnings() -> WarningRouter:
     return router
 
 
+class RoutineFilter(logging.Filter):
+    """On stderr beside a node.log: leave out the INFO lines of every iteration (`ROUTINE_LOGGERS`), see the module
+    docstring."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.INFO or record.name not in ROUTINE_LOGGERS
+
+
 @dataclass
 class LogSetup:
     """What `setup_logging` installed: its handlers, the flood filter, and the log file (None: stderr only)."""
@@ -254,6 +268,8 @@ def setup_logging(level: str = "INFO", state_dir: Path | None = None, *, max_mb:
         h.setLevel(numeric)
         h.addFilter(libraries)
         h.addFilter(repeats)
+    if len(handlers) > 1 and numeric > logging.DEBUG:
+        handlers[0].addFilter(RoutineFilter())  # (node.log has them; stderr carries the news)
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)

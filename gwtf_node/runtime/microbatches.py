@@ -1,4 +1,4 @@
-"""Microbatches: the recovery machine (`protocol/recovery.py`, sections V-D/V-E) driven with torch.
+"""Microbatches: the recovery machine (`protocol/recovery/`, sections V-D/V-E) driven with torch.
 
 Every node runs one `RecoveryNode`, the pure machine that the simulator runs
 in virtual time, for the lifecycle of its microbatches: launch, Forward /

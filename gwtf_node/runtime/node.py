@@ -144,7 +144,7 @@ class NodeOptions:
     settle_s: float = 1.5
     device: str = "cpu"
     checkpoint_every: int = 1
-    policy: str = "gwtf"  # microbatch routing and recovery: "gwtf" or "swarm" (the baseline; recovery.py)
+    policy: str = "gwtf"  # microbatch routing and recovery: "gwtf" or "swarm" (the baseline; protocol/recovery/)
     lend: bool = True  # gwtf, several data nodes: a data node with nothing left to launch lends its units (Lend)
     bootstrap_timeout_s: float = DEFAULT_TIMEOUT_S  # stop if no peer accepted us by then (0: retry forever)
     restore: Path | None = None  # relays: a checkpoint file to resume from, as from the state directory's newest

@@ -141,10 +141,16 @@ class LocalStage:
             raise FrameRefused(f"{what} tensor refused: {e}") from None
 
     # ------------------------------------------------------------------ steps and state
-    def apply_step(self, total, count: int, iteration: int) -> None:
-        """The optimizer step and its count, together (a state snapshot sees both or neither)."""
+    def apply_step(self, total, count: int, iteration: int) -> bool:
+        """The optimizer step and its count, together (a state snapshot sees both or neither).  False, and no step,
+        when the state already holds it: a state downloaded while the all-reduce ran (a repair, cutcheck.py)."""
+        if self.applied_steps > iteration:
+            log.warning("iteration %d: the state installed meanwhile holds %d steps: its step is not applied again",
+                        iteration, self.applied_steps)
+            return False
         self.model.apply_mean_grad(total, count)
         self.applied_steps = iteration + 1
+        return True
 
     def steps_done(self) -> None:
         """Wake whoever waits for the steps to change (a state request waiting for a step)."""

@@ -85,9 +85,9 @@ class UnknownEffect(RuntimeError):
 class Owner(enum.Enum):
     """The component a machine's effects and timers belong to."""
 
-    FLOWS = "flows"  # the flow machine (protocol/flow.py)
-    MICROBATCHES = "microbatches"  # the recovery machine (protocol/recovery.py)
-    AGGREGATION = "aggregation"  # the phases (protocol/pipeline.py)
+    FLOWS = "flows"  # the flow machine (protocol/flow/)
+    MICROBATCHES = "microbatches"  # the recovery machine (protocol/recovery/)
+    AGGREGATION = "aggregation"  # the phases (protocol/phases.py)
     LEADER = "leader"  # the election (protocol/leader.py)
     PLACEMENT = "placement"  # the acting leader's placement of joiners (protocol/membership.py)
     JOINER = "joiner"  # a --stage auto relay's joiner machine (protocol/membership.py)

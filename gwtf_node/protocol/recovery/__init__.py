@@ -7,7 +7,7 @@ One `RecoveryNode` per node (data node or relay).  It is pure: it is handed
 `on_compute_done`), `OpenIteration` (a data node opened an iteration) and
 `IterationSettled` (a data node's microbatches of an iteration are all
 completed or deferred: the driver reports it to the leader through
-`phases.Phases`).  The simulator (`sim/train.py`)
+`phases.Phases`).  The simulator (`sim/train/`)
 executes them in virtual time; the daemon runs the same machine with torch.
 
 The invariant, and how it holds by construction

@@ -104,9 +104,9 @@ linked to the dead node call `remove_neighbour` (as the daemon's components
 do); a joiner starts a machine with `FlowConfig.joined`
 and its neighbours `add_neighbour` it when it is announced.  Nothing is
 recomputed globally: the flows after a change are the machines' own work.
-Until the machines moved a unit, a relay repairs locally (recovery.py: a
+Until the machines moved a unit, a relay repairs locally (protocol/recovery/: a
 presumed-dead next hop's units move to live peers with room).  The
-machines run with flow.py's defaults, as the daemon's do (FLOW_OPTIONS).  What this costs GWTF against the oracle below: the machines'
+machines run with flow/'s defaults, as the daemon's do (FLOW_OPTIONS).  What this costs GWTF against the oracle below: the machines'
 flows after iteration 0 cost 1.037 / 1.014 x the optimum for the same units per data node in the
 homogeneous / heterogeneous setting (seeds 0-9, no churn; worst 1.20 / 1.05; with label waves 1.022 /
 1.010, worst 1.12 / 1.05), they re-form only
@@ -114,7 +114,7 @@ after the membership report, and the units are split between the two data
 nodes first come first served (e.g. 1 and 3 units of a maximum flow of 4),
 so the iteration would last as many waves as the smaller share needs: with
 `lend` (default on) a data node with nothing left to launch lends each unit
-as it frees (`Lend`; recovery.py, "Lending"; protocol messages, no global
+as it frees (`Lend`; protocol/recovery/, "Lending"; protocol messages, no global
 knowledge), as the daemon does.
 `routing="oracle"` (the model before the machines ran, for comparison): the
 optimal multi-commodity routing of `baselines.optimal_routing`
@@ -137,7 +137,7 @@ output until one has room (parks, as GWTF's relays do: SWARM's peers queue
 requests rather than drop them).  Detection of a failed backward is by the
 data node's own timeouts (its hop, its end-to-end watchdog) or the
 membership layer (above), then the whole pipeline is recomputed
-(recovery.py).  This is SWARM as the GWTF paper defines it.  Checked
+(protocol/recovery/).  This is SWARM as the GWTF paper defines it.  Checked
 against SWARM as published (Ryabinin et al. 2023 and its code,
 yandex-research/swarm: `moe/client/balancer.py`, `balanced_expert.py`), the
 differences all favour published SWARM, so none was added to this baseline:
@@ -156,7 +156,7 @@ when a slot frees, so every iteration completes its 8 microbatches in several
 waves, and SWARM's misdirected sends cost it only the refused transfers.
 That is a choice made for both policies (no recomputed embedding, nothing
 deferred), not a SWARM behaviour, so it stays.  `one_wave=True` (`sim train
---one-wave`) runs the paper's reading instead, for both policies (recovery.py,
+--one-wave`) runs the paper's reading instead, for both policies (protocol/recovery/,
 "One wave"): there GWTF completes its maximum flow per iteration (~4.3 of 8 in
 the heterogeneous setting) while SWARM, whose refused microbatches are retried
 hop by hop until slots free, completes ~7.3, so the paper's throughput gap does
@@ -183,7 +183,7 @@ Metrics per iteration (means over iterations are reported)
 * lost microbatches: ledger entries neither completed nor deferred once an
   iteration closed, plus microbatches completed twice (must be 0);
 * lost contributions: gradients of completed microbatches that died with a
-  relay before its stage's all-reduce (see the rule in recovery.py).
+  relay before its stage's all-reduce (see the rule in protocol/recovery/).
 
 `TrainSim.trace`: set it to a list before `run` to record every computation,
 tensor transfer, control message, crash, iteration open and completed path

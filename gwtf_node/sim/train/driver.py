@@ -34,11 +34,11 @@ class TrainSim(AggregationDriver, AllReduceDriver, FlowDriver, JoinDriver, Repor
     """One Table II run in virtual time (module docstring).  Model switches, defaults in parentheses:
     `routing` ("machines": GWTF's flows by the flow machines; "oracle": the LP optimum installed globally),
     `reflow` (True; oracle only: re-install the optimum FLOW_CONVERGE_S after a change), `lend` (True; machines
-    only: recovery.py's lending), `fastest_unit` (True; GWTF: recovery.py's "Fastest unit first"), `flow_options` (FLOW_OPTIONS: FlowConfig fields of every flow machine),
+    only: the lending of protocol/recovery/), `fastest_unit` (True; GWTF: "Fastest unit first" of protocol/recovery/), `flow_options` (FLOW_OPTIONS: FlowConfig fields of every flow machine),
     `detect` (True: the membership layer), `join_mid_iteration` (True), `swarm_reacts_to` ("membership"),
     `gwtf_acts_on_gone` (True), `unpresume` (True: a presumed-dead peer still heard is alive again),
     `can_take` ("all": phases.CanTakeRule), `phase_wait_bound_s` (WAIT_BOUND_S: the daemon's bound of a phase
-    wait, after which it resends; None: never), `one_wave` (False: recovery.py's "One wave", the paper's one-wave iteration
+    wait, after which it resends; None: never), `one_wave` (False: "One wave" of protocol/recovery/, the paper's one-wave iteration
     with deferral, for both policies), `detect_s` (DETECT_S: how long after a crash the membership layer reports
     it); `crash_plan` / `rejoin` (True) for scripted crashes; `flows`: fixed flows
     (oracle-style, no machines); `routing="dtfm"` with `scheduler` (a `sim.schedule.routing.DtfmRouting` built on
@@ -149,7 +149,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, FlowDriver, JoinDriver, Repor
         self.S = S
         for r, (s, c) in setting.relays.items():
             self.stage[r], self.cap[r] = s, c
-        # GWTF's flows: the flow machines (`flow.py`), run in this virtual time (module docstring), or the
+        # GWTF's flows: the flow machines (`protocol/flow/`), run in this virtual time (module docstring), or the
         # optimum of the routing LP installed by an oracle (`routing="oracle"`, the model before the machines ran)
         self.machines = policy == "gwtf" and routing == "machines" and flows is None
         self.routing = routing if policy == "gwtf" else "greedy"

@@ -51,7 +51,7 @@ SILENCE_S = DAEMON_DETECT_S - 1.0  # the daemon's DEAD_AFTER_S: a peer silent th
 PRIOR_RULES = ("links", "modelled")  # the recovery machines' timing priors: the daemon's rule, or TrainSim._prior's model
 ROUTINGS = ("machines", "oracle", "dtfm")  # dtfm: DT-FM's static schedule (`sim/schedule/`)
 SWARM_REACTIONS = ("membership", "timeouts")  # what makes a SWARM data node restart a microbatch (module docstring)
-# The flow machines run with flow.py's defaults, as in the daemon: with two data nodes free-running labels with
+# The flow machines run with the defaults of protocol/flow/, as in the daemon: with two data nodes free-running labels with
 # ordered launches, relabelling and cross displacement.  (Before ordered launches coalesced free-running labels, they
 # fell into a CostAnnounce storm after some crash sequences, e.g. seed 1, homogeneous, 20% churn: 800k messages
 # within 3 s of virtual time, and the simulator ran them with label waves; the same run now takes 1.4 s of CPU.
