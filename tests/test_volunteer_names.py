@@ -39,12 +39,24 @@ def test_a_forgotten_peer_keeps_its_name_on_the_dashboard() -> None:
     assert name_of(peers, "12D3KooWnever000seen") == "00seen"
 
 
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
 @pytest.mark.trio
-async def test_nodes_without_name_are_called_by_role_and_peer_id(tmp_path: Path, caplog) -> None:
+async def test_nodes_without_name_are_called_by_role_and_peer_id(tmp_path: Path) -> None:
     run = tmp_path / "run.json"
     save_manifest(default_manifest(stages=1, layers=1, hidden=16, seq_len=8, microbatch_size=1,
                                    microbatches_per_iteration=1), run)
-    caplog.set_level(logging.INFO, logger="gwtf.node")
+    node_log, lines = logging.getLogger("gwtf.node"), _Lines()  # (its own handler: whatever other tests left)
+    level = node_log.level
+    node_log.setLevel(logging.INFO)
+    node_log.addHandler(lines)
     with trio.fail_after(DEADLINE_S):
         async with trio.open_nursery() as nursery:
             swarm = InProcessSwarm(tmp_path / "w", run, nursery, stages=1, relays_per_stage=1, iterations=0)
@@ -71,5 +83,7 @@ async def test_nodes_without_name_are_called_by_role_and_peer_id(tmp_path: Path,
             finally:
                 for node in nodes.values():
                     node.stop()
-    said = caplog.text
+                node_log.removeHandler(lines)
+                node_log.setLevel(level)
+    said = "\n".join(lines.lines)
     assert f"node data-{d_id[-6:]} (data) peer id {d_id}" in said and "without --name" not in said
