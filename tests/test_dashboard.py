@@ -173,3 +173,47 @@ def test_views_hold_no_sentinels(name: str) -> None:
         assert s["stage"] >= 0 and all("12D3KooW" not in m["name"] for m in s["members"])
     assert all(nb["stage"] is None or nb["stage"] >= 0 for nb in v["neighbours"])
     assert all("12D3KooW" not in e["text"] for e in v["events"])
+
+
+def _volunteer_views() -> tuple[dict, dict]:
+    """The stored views as a volunteer's swarm shows them: default names, long events, a relayed neighbour, this
+    node's reachability (runtime/status.py `_reachability`)."""
+    d0, r0 = _view("d0"), _view("r0_0")
+    for v, name in ((d0, "data-qwmSBK"), (r0, "relay-M3uMoe")):
+        v["node"]["name"] = name
+        v["node"]["reachability"] = {"kind": "public", "basis": "announced", "checked_by": None,
+                                     "checked_by_name": None, "relays": [], "relay_names": [], "hole_punch": None}
+        v["election"]["leader_name"] = "data-qwmSBK"
+        v["events"].append({"at": 1.0e9, "kind": "crash", "text": "relay-Zq81Lm presumed dead: silent for 25.2 s "
+                            "(its microbatches are rerouted to relay-M3uMoe and relay-Pp0aaB of stage 0)"})
+    r0["neighbours"][0] |= {"connection": "hole-punched", "latency_source": "emulated"}
+    r0["neighbours"][1] |= {"connection": "relayed+libp2p", "alive": False}
+    d0["microbatches"] |= {"completed": 12345, "wasted_compute_s": 1234.5}
+    return d0, r0
+
+
+def _plain(polled, width: int, **kw) -> str:
+    buf = io.StringIO()
+    Console(file=buf, width=width, color_system=None).print(render(polled, width=width, **kw))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_frames_fit_the_width_by_leaving_columns_out_never_cutting_cells(width: int) -> None:
+    d0, r0 = _volunteer_views()
+    frames = [_plain([(Path("r0_0"), r0)], width), _plain([(Path("d0"), d0), (Path("r0_0"), r0)], width),
+              _plain([(Path("d0"), d0), (Path("r0_0"), r0), (Path("r1_0"), None)], width, swarm=True)]
+    for frame in frames:
+        assert max(len(line) for line in frame.splitlines()) <= width, frame
+        assert "…" not in frame and "..." not in frame, frame  # no cell cut short
+        for cell in ("training", "leader data-qwmSBK", "relay-M3uMoe"):  # the leader by its name
+            assert cell in frame, (cell, frame)
+    one, several, _swarm = frames
+    assert "hole-punched" in one and "relayed+libp2p" in one  # the connection kind per neighbour
+    assert "reachability public (its --announce address, not checked by a peer yet)" in " ".join(one.split())
+    assert "public" in several.split("nodes")[1].split("election")[0] or width == 80
+    if width == 80:
+        assert "too narrow for:" in several
+    else:
+        assert "too narrow for" not in "".join(frames)
+        assert "12345 / 0 / 0" in several and "1234.50" in several and "data-qwmSBK (1)" in several

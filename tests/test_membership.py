@@ -20,7 +20,7 @@ from gwtf_node.protocol.effects import Send
 from gwtf_node.protocol.leader import LeaderConfig, LeaderMachine
 from gwtf_node.protocol.membership import (
     Candidate, JoinerConfig, JoinerMachine, MembershipConfig, MembershipMachine, StageLoad, choose_stage,
-    known_links, place, stage_loads,
+    MAX_MISSED_ROUNDS, known_links, place, stage_loads,
 )
 from gwtf_node.protocol.placement import DATA
 from gwtf_node.protocol.messages import (
@@ -379,3 +379,38 @@ def test_the_leader_crashes_while_nodes_join_and_the_next_leader_places_them() -
     assert new not in (None, old)
     assert all(j.assignment is not None and j.serving for j in w.joiners.values())
     assert {a.node for _, a in w.assignments} == set(w.joiners)
+
+
+def _volunteer_round(m: MembershipMachine, now: float, silent: set[str] = frozenset()) -> dict[str, int]:
+    """One round of the volunteer's swarm: stage 0 has one relay at 100 % (3 of 3), stage 1 two at 33 % (1 of 3
+    each); the members in `silent` do not answer the query.  The stages the round assigned."""
+    out = m.on_timer(now, "membership.round")
+    for n, s, flows in (("a", 0, 3), ("b", 1, 1), ("c", 1, 1)):
+        if n not in silent:
+            out += m.on_message(now, n, UtilizationReport(m.query_id, s, flows, 3, True))
+    out += m.on_timer(now + 1.0, "membership.collect")
+    return {e.msg.node: e.msg.stage for e in out if type(e) is Send and type(e.msg) is Assignment}
+
+
+def _volunteer_swarm() -> MembershipMachine:
+    m = MembershipMachine(MembershipConfig("d0", 2, data_nodes=("d0",)), term=1, iteration=12)
+    for n, s in (("a", 0), ("b", 1), ("c", 1)):
+        m.add_member(n, s)
+    m.on_message(0.0, "x", JoinRequest(3, (1.0, 1.0)))
+    return m
+
+
+def test_the_newcomer_goes_to_the_bottleneck_stage() -> None:
+    """Stage 0: 1 relay at 100 %; stage 1: 2 relays at 33 %: a `--stage auto` relay is placed on stage 0."""
+    assert _volunteer_round(_volunteer_swarm(), 0.0) == {"x": 0}
+
+
+def test_a_round_without_the_bottlenecks_reports_places_nobody() -> None:
+    """The lone relay of the bottleneck stage answers late (after report_timeout_s): that round cannot see stage
+    0's load nor use it as a source, so it places nobody, instead of sending the newcomer to stage 1."""
+    m = _volunteer_swarm()
+    assert _volunteer_round(m, 0.0, silent={"a"}) == {} and m.rounds_held == 1 and "x" in m.waiting
+    assert _volunteer_round(m, 5.0) == {"x": 0}
+    m = _volunteer_swarm()  # a member silent for MAX_MISSED_ROUNDS is forgotten: the wait is bounded
+    got = [_volunteer_round(m, 5.0 * k, silent={"a"}) for k in range(MAX_MISSED_ROUNDS)]
+    assert got[:-1] == [{}] * (MAX_MISSED_ROUNDS - 1) and got[-1] == {"x": 1}  # stage 0 has no source left

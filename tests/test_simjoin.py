@@ -134,7 +134,14 @@ def _main(argv: list[str], capsys) -> tuple[int, str, str]:
 def test_json_output_keys(monkeypatch, capsys) -> None:
     monkeypatch.setattr(experiment, "generate_join", lambda setting, seed: small(setting, seed))
     code, out, err = _main(["sim", "join", "--setting", "2", "--seed", "5", "--json"], capsys)
-    assert code == 0 and not err
+    # stdout holds the JSON alone; stderr says what runs, each step as it finishes
+    lines = err.splitlines()
+    assert code == 0 and all(ln.startswith("sim join: ") for ln in lines), err
+    assert lines[0].startswith("sim join: setting 2, seed 5: ") and "candidates" in lines[0]
+    for step in ("policy gwtf: cost", "policy leader: cost", "policy random: cost", "optimal (exhaustive): cost",
+                 "bound on the optimum: cost"):
+        assert any(ln.startswith(f"sim join: {step}") for ln in lines), (step, err)
+    assert _main(["sim", "join", "--setting", "2", "--seed", "5", "--json", "--quiet"], capsys)[1:] == (out, "")
     res = json.loads(out)
     assert set(res["improvement"]) >= {"gwtf", "capacity_first", "random", "optimal"}
     assert res["setting"] == 2 and res["seed"] == 5 and res["optimal_method"] == "exhaustive"

@@ -368,8 +368,7 @@ def cmd_leave(args: argparse.Namespace) -> int:
     try:
         reply = ask(Path(args.state_dir), "leave")
         pid, name = int(reply["pid"]), Path(args.state_dir).name
-        if not reply["graceful"]:
-            print(f"{name}: stopping (only a relay placed in a stage leaves gracefully)")
+        graceful, role = bool(reply["graceful"]), reply.get("role")
     except NoDaemon:
         status = Path(args.state_dir) / "status.json"
         try:
@@ -385,9 +384,11 @@ def cmd_leave(args: argparse.Namespace) -> int:
         except PermissionError:
             raise CliError(f"not allowed to signal pid {pid}: run as the user that started the node") from None
         name = st.get("name") or st.get("peer_id", "")[-6:]
+        role = st.get("role")  # (SIGTERM does what the leave op does: a placed relay leaves gracefully)
+        graceful = role == "relay" and st.get("stage") is not None
     except ControlError as e:
         raise CliError(str(e)) from None
-    print(f"{name}: leaving (finishing its microbatches and aggregation)")
+    print(f"{name}: {_leave_words(graceful, role)}")
     deadline = time.monotonic() + args.timeout
 
     def gone() -> bool:
@@ -406,6 +407,16 @@ def cmd_leave(args: argparse.Namespace) -> int:
             return 0
         time.sleep(0.2)
     raise CliError(f"the node (pid {pid}) is still running after {args.timeout:.0f} s; signal it again to stop at once")
+
+
+def _leave_words(graceful: bool, role: str | None) -> str:
+    """What `leave` does to a node, in the one line it prints first."""
+    if graceful:
+        return "leaving (finishing its microbatches and aggregation)"
+    if role == "data":
+        return "stopping (a data node stops now and says Goodbye to its peers; only a relay placed in a stage " \
+               "finishes its microbatches first)"
+    return "stopping (a relay not placed in a stage yet has no microbatches to finish)"
 
 
 def build_parser() -> argparse.ArgumentParser:

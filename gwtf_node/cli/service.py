@@ -101,9 +101,10 @@ def join_args(join_argv: list[str], run_path: str) -> list[str]:
 
 
 def render_unit(exec_argv: list[str], *, gpu: bool, bound: list[Path] = (), description: str = "gwtf-node: a "
-                "volunteer node of a decentralized training run") -> str:
+                "volunteer node of a decentralized training run", name: str = "gwtf-node") -> str:
     """The text of the unit file for the command `exec_argv` (absolute executable first); `bound`: the paths
-    hidden by the sandbox that the node reads (sandbox.py), bound read-only."""
+    hidden by the sandbox that the node reads (sandbox.py), bound read-only; `name`: the unit's name (its file
+    name without .service), which its comment tells journalctl and systemctl."""
     exec_start = " ".join(_quote(a) for a in exec_argv)
     home = any(hidden_by(p) == "ProtectHome" for p in bound)
     sandbox = ["ProtectHome=tmpfs" if home else "ProtectHome=yes", "PrivateTmp=yes"]
@@ -123,7 +124,7 @@ def render_unit(exec_argv: list[str], *, gpu: bool, bound: list[Path] = (), desc
         devices += ["# --device cpu: no device at all.  For a GPU, install with --device auto (or cuda)."]
     return "\n".join([
         "# Written by `gwtf-node install-service`; rewrite it the same way rather than by hand.",
-        "# Logs: journalctl -u gwtf-node; state: " + STATE_DIR + "; leave the run: systemctl stop gwtf-node",
+        f"# Logs: journalctl -u {name}; state: {STATE_DIR}; leave the run: systemctl stop {name}",
         "[Unit]",
         f"Description={description}",
         "Wants=network-online.target",
@@ -255,12 +256,14 @@ def cmd_install_service(args: argparse.Namespace) -> int:
         why = unreadable(p, bound)
         if why:
             raise CliError(f"the service (a dynamic user) cannot read what the node needs: {why}")
+    out = Path(args.unit_path).absolute()  # (`systemctl link` takes an absolute path only)
+    if out.suffix != ".service" or out.stem in ("", "."):
+        raise CliError(f"--unit-path {args.unit_path}: a unit file's name ends in .service (e.g. gwtf-node.service)")
     unit = render_unit([*exec_argv, *join_args(join_argv, str(run))], gpu=getattr(joined, "device", "auto") != "cpu",
-                       bound=bound)
+                       bound=bound, name=out.stem)
     if args.print:
         sys.stdout.write(unit)
         return 0
-    out = Path(args.unit_path)
     if os.geteuid() != 0 and not os.access(out.parent, os.W_OK):
         raise CliError(f"writing {out} needs root: run it with sudo, or print the unit with --print "
                        f"(or write it elsewhere with --unit-path)")

@@ -106,8 +106,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_sim_join(args: argparse.Namespace) -> int:
     from ..sim.join import run_join, summary
 
+    def progress(line: str) -> None:
+        print(f"sim join: {line}", file=sys.stderr, flush=True)
+
     res = run_join(args.setting, args.seed, with_bound=not args.no_bound, lp_starts=args.lp_starts,
-                   leader_evaluations=args.leader_evaluations)
+                   leader_evaluations=args.leader_evaluations, progress=None if args.quiet else progress)
     print(json.dumps(res) if args.json else summary(res))
     return 0
 
@@ -367,6 +370,8 @@ def add_sim_parsers(sub) -> None:
     j.add_argument("--leader-evaluations", type=_positive_int, default=None,
                    help="evaluation budget of the daemon's leader policy (default: the daemon's)")
     j.add_argument("--json", action="store_true", help="one JSON object; key 'improvement' per policy")
+    j.add_argument("--quiet", action="store_true",
+                   help="no progress lines on stderr (each step and what it found, as it finishes)")
     j.set_defaults(func=cmd_sim_join)
 
     _add_train_parser(simsub)

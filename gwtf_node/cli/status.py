@@ -12,6 +12,12 @@ holding several: a local swarm's workdir) and draws:
 * `--swarm`: the run as the leader sees it (its election, stages with
   utilization, run loss, events) and a row for every node that answered.
 
+Every table fits the terminal's width (80 columns when piped): the columns
+that matter least are left out, and named, rather than cells cut (tables.py).
+The node's own reachability (public, firewalled, behind NAT, local) is in its
+header and in the nodes table, the connection kind to each neighbour (direct,
+inbound, relayed, hole-punched) in the neighbours table.
+
 It refreshes every `--interval` seconds with rich's `Live` until Ctrl-C;
 `--once` (also when stdout is not a terminal) prints one frame and
 `--json` the views themselves.  With no node answering (no control socket,
@@ -32,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import CliError
+from .tables import Col, fit_table
 
 EXIT_NO_DAEMON = 1
 DEFAULT_STATE_DIR = "gwtf-state"  # join's default --state-dir
@@ -137,7 +144,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
         console = Console()
         if args.once or not console.is_terminal:
-            console.print(render(polled, swarm=args.swarm))
+            console.print(render(polled, swarm=args.swarm, width=console.width))
             return 0
         return _live(nodes, polled, console, args)
     finally:
@@ -154,11 +161,12 @@ def _live(nodes: Nodes, polled: list, console: Any, args: argparse.Namespace) ->
     main_thread = threading.current_thread() is threading.main_thread()  # (signal handlers are set there only)
     before = signal.signal(signal.SIGINT, signal.default_int_handler) if main_thread else None
     try:
-        with Live(render(polled, swarm=args.swarm), console=console, screen=False, auto_refresh=False) as live:
+        with Live(render(polled, swarm=args.swarm, width=console.width), console=console, screen=False,
+                  auto_refresh=False) as live:
             while True:
                 time.sleep(interval)
                 polled = nodes.poll()
-                live.update(render(polled, swarm=args.swarm), refresh=True)
+                live.update(render(polled, swarm=args.swarm, width=console.width), refresh=True)
     except KeyboardInterrupt:
         return 0
     finally:
@@ -167,22 +175,24 @@ def _live(nodes: Nodes, polled: list, console: Any, args: argparse.Namespace) ->
 
 
 # ---------------------------------------------------------------------- drawing
-def render(polled: list[tuple[Path, dict | None]], *, swarm: bool = False) -> Any:
-    """One frame of the dashboard (a rich renderable) from the views of the nodes (None: not running)."""
+def render(polled: list[tuple[Path, dict | None]], *, swarm: bool = False, width: int | None = None) -> Any:
+    """One frame of the dashboard (a rich renderable) from the views of the nodes (None: not running); its tables
+    at most `width` terminal cells wide (None: as wide as they are), leaving columns out rather than cutting
+    cells (tables.py)."""
     from rich.console import Group
 
     views = [v for _, v in polled if v is not None]
     if swarm:
         lead = _leader_view(views)
-        parts = [_swarm_header(lead), _nodes_table(polled), _stages_table(lead), _election_panel(lead),
-                 _events_table(lead)]
+        parts = [_swarm_header(lead), _nodes_table(polled, width), _stages_table(lead, width),
+                 _election_panel(lead), _events_table(lead, width)]
     elif len(polled) == 1 and views:
         v = views[0]
-        parts = [_node_header(v), _election_panel(v), _iteration_panel(v), _stages_table(v), _flows_table(v),
-                 _neighbours_table(v), _events_table(v)]
+        parts = [_node_header(v), _election_panel(v), _iteration_panel(v), _stages_table(v, width),
+                 _flows_table(v, width), _neighbours_table(v, width), _events_table(v, width)]
     else:
         lead = _leader_view(views)
-        parts = [_nodes_table(polled), _election_panel(lead), _events_table(lead)]
+        parts = [_nodes_table(polled, width), _election_panel(lead), _events_table(lead, width)]
     return Group(*[p for p in parts if p is not None])
 
 
@@ -245,9 +255,34 @@ def _node_header(v: dict) -> Any:
     rec = {k: c for k, c in mb["recovery"].items() if c}
     if rec:
         lines.append("recovery " + ", ".join(f"{k} {c}" for k, c in sorted(rec.items())))
+    reach = _reach_words(n.get("reachability"))
+    if reach:
+        lines.append(f"reachability {reach}")
     for note in v["notes"]:
         lines.append(f"[yellow]{note}[/]")
     return Panel("\n".join(lines), title="gwtf-node", title_align="left")
+
+
+REACH_STYLE = {"public": "green", "local": "green", "firewalled": "yellow", "behind NAT": "yellow",
+               "unknown": "dim"}
+
+
+def _reach_short(r: dict | None) -> str:
+    return "" if not r else f"[{REACH_STYLE.get(r['kind'], 'white')}]{r['kind']}[/]"
+
+
+def _reach_words(r: dict | None) -> str:
+    """This node's reachability in words (runtime/status.py `_reachability`); "" in a view without it."""
+    if not r:
+        return ""
+    why = {"dial-back": f"a peer dialled it back{(': ' + r['checked_by_name']) if r.get('checked_by_name') else ''}"
+           if r["kind"] == "public" else "a peer's dial-back did not reach it",
+           "announced": "its --announce address, not checked by a peer yet",
+           "addresses": "loopback addresses: a swarm on one machine" if r["kind"] == "local"
+           else "private addresses only"}.get(r.get("basis") or "", "not checked by a peer yet")
+    relays = r.get("relay_names") or r.get("relays") or []
+    through = f"; reached through relay {', '.join(relays)}" if relays else ""
+    return f"{_reach_short(r)} ({why}){through}"
 
 
 def _swarm_header(v: dict) -> Any:
@@ -267,25 +302,23 @@ def _swarm_header(v: dict) -> Any:
     return Panel("\n".join(lines), title="gwtf-node swarm", title_align="left")
 
 
-def _nodes_table(polled: list[tuple[Path, dict | None]]) -> Any:
-    from rich.table import Table
-
-    t = Table(title="nodes", title_justify="left", expand=False)
-    for col in ("node", "role", "stage", "state", "iteration", "loss", "done / deferred / lost", "wasted s",
-                "leader (term)", "neighbours"):
-        t.add_column(col)
+def _nodes_table(polled: list[tuple[Path, dict | None]], width: int | None = None) -> Any:
+    cols = [Col("node", 100), Col("role", 80), Col("stage", 85), Col("state", 90), Col("iteration", 70),
+            Col("loss", 65), Col("done/deferred/lost", 40), Col("wasted s", 20), Col("leader (term)", 45),
+            Col("reach", 50), Col("neighbours", 30)]
+    rows = []
     for d, v in polled:
         if v is None:
-            t.add_row(d.name, "", "", _state("not running"), "", "", "", "", "", "")
+            rows.append([d.name, "", "", _state("not running")] + [""] * (len(cols) - 4))
             continue
         n, mb, e = v["node"], v["microbatches"], v["election"]
         lead = f"{e['leader_name']} ({e['term']})" if e["leader_name"] else "-"
         up = sum(1 for nb in v["neighbours"] if nb["alive"])
-        t.add_row(n["name"] + (" *" if n["is_leader"] else ""), n["role"], _f(n["stage"]), _state(n["state"]),
-                  _f(v["iteration"]["number"]), _f(v["loss"]["this_node"], "{:.4f}"),
-                  f"{mb['completed']} / {_f(mb['deferred'])} / {_f(mb['lost'])}", f"{mb['wasted_compute_s']:.2f}",
-                  lead, f"{up}/{len(v['neighbours'])}")
-    return t
+        rows.append([n["name"] + (" *" if n["is_leader"] else ""), n["role"], _f(n["stage"]), _state(n["state"]),
+                     _f(v["iteration"]["number"]), _f(v["loss"]["this_node"], "{:.4f}"),
+                     f"{mb['completed']} / {_f(mb['deferred'])} / {_f(mb['lost'])}", f"{mb['wasted_compute_s']:.2f}",
+                     lead, _reach_short(n.get("reachability")) or "-", f"{up}/{len(v['neighbours'])}"])
+    return fit_table("nodes", cols, rows, width)
 
 
 def _election_panel(v: dict) -> Any:
@@ -323,62 +356,48 @@ def _iteration_panel(v: dict) -> Any:
                  title="this node's microbatches", title_align="left")
 
 
-def _stages_table(v: dict) -> Any:
-    from rich.table import Table
-
-    t = Table(title=f"stages (as {v['node']['name']} knows them)", title_justify="left")
-    for col in ("stage", "members (state, flows/capacity)", "utilization"):
-        t.add_column(col)
-    t.add_row("data", ", ".join(d["name"] for d in v["data_nodes"]) or "-", "")
+def _stages_table(v: dict, width: int | None = None) -> Any:
+    cols = [Col("stage", 100), Col("members (state, flows/capacity)", 90, free=True), Col("utilization", 80)]
+    rows = [["data", ", ".join(d["name"] for d in v["data_nodes"]) or "-", ""]]
     for s in v["stages"]:
         mem = ", ".join(f"{m['name']}{'*' if m['me'] else ''} ({m['state']}, {_f(m['flows'], '{}', '?')}/"
                         f"{m['capacity']})" for m in s["members"])
         util = s["utilization"]
-        t.add_row(str(s["stage"]), mem or "[red]empty[/]",
-                  _f(util, "{:.0%}") if util is None or util <= 1 else f"[red]{util:.0%}[/]")
-    return t
+        rows.append([str(s["stage"]), mem or "[red]empty[/]",
+                     _f(util, "{:.0%}") if util is None or util <= 1 else f"[red]{util:.0%}[/]"])
+    return fit_table(f"stages (as {v['node']['name']} knows them)", cols, rows, width)
 
 
-def _flows_table(v: dict) -> Any:
+def _flows_table(v: dict, width: int | None = None) -> Any:
     if not v["flows"]:
         return None
-    from rich.table import Table
-
-    t = Table(title="flows through this node", title_justify="left")
-    for col in ("data node", "direction", "peer", "units", "link cost"):
-        t.add_column(col)
-    for f in v["flows"]:
-        t.add_row(f["data_node_name"], "from" if f["direction"] == "in" else "to", f["peer_name"], str(f["units"]),
-                  _f(f["cost"], "{:.3f}"))
-    return t
+    cols = [Col("data node", 100), Col("direction", 80), Col("peer", 90), Col("units", 70), Col("link cost", 60)]
+    rows = [[f["data_node_name"], "from" if f["direction"] == "in" else "to", f["peer_name"], str(f["units"]),
+             _f(f["cost"], "{:.3f}")] for f in v["flows"]]
+    return fit_table("flows through this node", cols, rows, width)
 
 
-def _neighbours_table(v: dict) -> Any:
+SOURCE = {"measured": "", "emulated": " em", "assumed": " ?"}  # how a link figure was found (the table's key)
+
+
+def _neighbours_table(v: dict, width: int | None = None) -> Any:
     if not v["neighbours"]:
         return None
-    from rich.table import Table
-
-    t = Table(title="neighbours", title_justify="left")
-    for col in ("peer", "where", "side", "rtt ms", "latency ms", "bandwidth Mbit/s", "connection", "alive", "cost"):
-        t.add_column(col)
+    cols = [Col("peer", 100), Col("where", 80), Col("side", 40), Col("connection", 90), Col("alive", 85),
+            Col("rtt ms", 50), Col("latency ms", 30), Col("Mbit/s", 35), Col("cost", 60)]
+    rows = []
     for nb in v["neighbours"]:
         where = "data node" if nb["role"] == "data" else f"stage {_f(nb['stage'], '{}', '?')}"
-        t.add_row(nb["name"], where, _f(nb["side"]), _f(nb["rtt_ms"], "{:.2f}"),
-                  _f(nb["latency_ms"], "{:.2f}") + (f" ({nb['latency_source']})" if nb["latency_source"] else ""),
-                  f"{nb['bandwidth_mbps']:g} ({nb['bandwidth_source']})", nb["connection"],
-                  "[green]yes[/]" if nb["alive"] else "[red]no[/]", _f(nb["link_cost"], "{:.3f}"))
-    return t
+        rows.append([nb["name"], where, _f(nb["side"]), nb["connection"],
+                     "[green]yes[/]" if nb["alive"] else "[red]no[/]", _f(nb["rtt_ms"], "{:.2f}"),
+                     _f(nb["latency_ms"], "{:.2f}") + SOURCE.get(nb["latency_source"] or "", ""),
+                     f"{nb['bandwidth_mbps']:g}" + SOURCE.get(nb["bandwidth_source"], ""),
+                     _f(nb["link_cost"], "{:.3f}")])
+    return fit_table("neighbours (em: emulated, ?: assumed)", cols, rows, width)
 
 
-def _events_table(v: dict, n: int = 10) -> Any:
-    from rich.table import Table
-
-    t = Table(title=f"recent events (at {v['node']['name']})", title_justify="left")
-    for col in ("when", "kind", "what"):
-        t.add_column(col)
-    for ev in v["events"][-n:]:
-        t.add_row(time.strftime("%H:%M:%S", time.localtime(ev["at"])),
-                  f"[{KIND_STYLE.get(ev['kind'], 'white')}]{ev['kind']}[/]", ev["text"])
-    if not v["events"]:
-        t.add_row("", "", "none yet")
-    return t
+def _events_table(v: dict, width: int | None = None, n: int = 10) -> Any:
+    cols = [Col("when", 90), Col("kind", 80), Col("what", 100, free=True)]
+    rows = [[time.strftime("%H:%M:%S", time.localtime(ev["at"])),
+             f"[{KIND_STYLE.get(ev['kind'], 'white')}]{ev['kind']}[/]", ev["text"]] for ev in v["events"][-n:]]
+    return fit_table(f"recent events (at {v['node']['name']})", cols, rows or [["", "", "none yet"]], width)

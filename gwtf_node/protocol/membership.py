@@ -41,6 +41,13 @@ The leader (`MembershipMachine`, run by the data node while
    (`swarmplace.place_new_swarm`: every candidate's stage by the flows its
    links make possible, each data node's microbatches out and back to it),
    every stage's state the manifest's initial weights.
+   In a round in which every known member of some stage was silent
+   (`silent_stages`) the candidates that could serve that stage are not
+   placed: its load is unknown and it has no source this round, so it would
+   lose them to a less utilized stage although it may be the bottleneck (a
+   relay whose report came after ``report_timeout_s``, e.g. on a busy
+   machine).  They wait for the next round; a member silent for
+   ``MAX_MISSED_ROUNDS`` rounds is forgotten, so the wait is bounded.
 4. State source: a member of the stage that answered this round, reports
    that it serves, and is not a newcomer the leader placed and has not yet
    seen serving: never a node that is itself joining.  Among those the one
@@ -256,6 +263,7 @@ class MembershipMachine:
     missed: dict[str, int] = field(default_factory=dict)
     invalid_requests: int = 0
     swarm_placed: int = 0  # candidates placed by a whole-swarm placement (`_place`)
+    rounds_held: int = 0  # rounds that placed nobody because a stage's members were all silent
     collecting: bool = False
 
     def add_member(self, node: str, stage: int) -> None:
@@ -330,12 +338,16 @@ class MembershipMachine:
             for k in range(self.cfg.num_stages):
                 if k not in sources and not any(st == k for st, _c in joining.values()):
                     sources[k] = [INITIAL]
+        silent = self.silent_stages()  # their load is unknown this round: who could serve one waits (step 3)
+        held = {n for n, c in self.waiting.items()
+                if any(s < len(c.stage_costs) and math.isfinite(c.stage_costs[s]) for s in silent)}
+        self.rounds_held += bool(held)
         members = [Member(n, r.stage, r.capacity) for n, r in sorted(self.reports.items()) if n not in joining]
         members += [Member(n, st, cap) for n, (st, cap) in sorted(joining.items())]
         links = known_links(self.reports, {n: self.candidate_links.get(n, ()) for n in self.waiting},
                             self.cfg.data_nodes)
         effects: list[Effect] = []
-        for c, stage, src in self._place(members, loads, sources, links):
+        for c, stage, src in self._place(members, loads, sources, links, held):
             a = Assignment(term=self.term, node=c.node, stage=stage, download_from=src,
                            start_iteration=self.iteration if src == INITIAL else self.iteration + 1)
             self.placed[c.node] = _Placed(a, c.capacity, now)
@@ -347,19 +359,25 @@ class MembershipMachine:
         return effects
 
     def _place(self, members: list[Member], loads: dict[int, StageLoad], sources: dict[int, list[str]],
-               links: dict[tuple[str, str], float]) -> list[tuple[Candidate, int, str]]:
+               links: dict[tuple[str, str], float], held: set[str]) -> list[tuple[Candidate, int, str]]:
         """A swarm forming from scratch (no step yet, no member, a candidate for every stage) is placed as a
         whole by the links its candidates told (`swarmplace.place_new_swarm`); any other round by
         `place_by_search`."""
-        if self.iteration == 0 and not members and self.cfg.swarm_evaluations > 0:
+        if self.iteration == 0 and not members and not held and self.cfg.swarm_evaluations > 0:
             cands = [self.waiting[n] for n in sorted(self.waiting)]
             stages = place_new_swarm(cands, {c.node: self.candidate_links.get(c.node, ()) for c in cands},
                                      self.cfg.data_nodes, self.cfg.num_stages, self.cfg.swarm_evaluations)
             if stages is not None:
                 self.swarm_placed += len(cands)
                 return [(c, stages[c.node], INITIAL) for c in cands]
-        return place_by_search(self.waiting.values(), loads, sources, self.reports,
+        return place_by_search([c for n, c in self.waiting.items() if n not in held], loads, sources, self.reports,
                                self.cfg.placement_evaluations, members=members, links=links)
+
+    def silent_stages(self) -> list[int]:
+        """Stages with a known member queried in this round and no report from any of their members."""
+        reported = {r.stage for r in self.reports.values()}
+        return sorted({s for n, s in self.members.items() if n in self.queried and n not in self.reports}
+                      - reported)
 
     def _update_members(self, now: float) -> None:
         for n, r in self.reports.items():

@@ -33,6 +33,7 @@ from __future__ import annotations
 import enum
 import logging
 import os
+import re
 from typing import Any, Callable
 
 import trio
@@ -76,14 +77,11 @@ def one_line(text: str, limit: int = REASON_MAX_CHARS) -> str:
     return flat if len(flat) <= limit else flat[:limit - 3] + "..."
 
 
-def dial_reason(exc: BaseException, limit: int = 160) -> str:
-    """The root cause of a failed dial in a few words.
+_MISMATCH = re.compile(r"remote_peer=(\w+), remote_peer_id_from_pubkey=(\w+)")
 
-    py-libp2p nests it several levels deep (SwarmDialAllFailedError >
-    MultiError > SwarmException > OpenConnectionError > OSError > the
-    socket's ConnectionRefusedError); the errno's text is what a person
-    needs.  Without one, the innermost message that is not a wrapper.
-    """
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """`exc` and every exception inside it: causes, contexts and the members of exception groups."""
     seen: set[int] = set()
     chain: list[BaseException] = []
 
@@ -99,6 +97,39 @@ def dial_reason(exc: BaseException, limit: int = 160) -> str:
         walk(e.__context__)
 
     walk(exc)
+    return chain
+
+
+def wrong_peer_id(exc: BaseException) -> tuple[str, str] | None:
+    """(the peer id the address names, the one the node there proved) when a dial failed because they differ.
+
+    The Noise handshake checks that the key the remote node signs with is the
+    one of the address's /p2p/ part; py-libp2p reports a mismatch only as
+    "handshake failed when upgrading to secure connection", with
+    `PeerIDMismatchesPubkey` (naming both ids) deep in the chain.
+    """
+    for e in _chain(exc):
+        if type(e).__name__ == "PeerIDMismatchesPubkey":
+            found = _MISMATCH.search(str(e))
+            if found:
+                return found.group(1), found.group(2)
+    return None
+
+
+def dial_reason(exc: BaseException, limit: int = 160) -> str:
+    """The root cause of a failed dial in a few words.
+
+    py-libp2p nests it several levels deep (SwarmDialAllFailedError >
+    MultiError > SwarmException > OpenConnectionError > OSError > the
+    socket's ConnectionRefusedError); the errno's text is what a person
+    needs.  Without one, the innermost message that is not a wrapper.  A node
+    that answers with another peer id than the address names is said so
+    (`wrong_peer_id`).
+    """
+    ids = wrong_peer_id(exc)
+    if ids is not None:
+        return f"the node there has peer id {ids[1]}, not the {ids[0]} of the address"
+    chain = _chain(exc)
     for e in chain:
         if isinstance(e, OSError) and e.errno:
             return os.strerror(e.errno)  # "Connection refused", without the socket's own wording around it
@@ -129,6 +160,7 @@ class Bootstrap:
         self.last_error = ""
         self._accepted = trio.Event()
         self._dht_refreshed = False
+        self.wrong_ids: dict[str, str] = {}  # bootstrap address -> the peer id that answers there instead
 
     # ------------------------------------------------------------------ events
     def on_peer_hello(self) -> None:
@@ -170,6 +202,8 @@ class Bootstrap:
             self.state = BootstrapState.RETRYING
             last = self.deadline is not None and due >= self.deadline
             for addr, why in failures.items():
+                if addr in self.wrong_ids:  # (said once, with the fix, when first seen)
+                    continue
                 log.warning("bootstrap %s unreachable (%s): attempt %d, %s in %.0f s", addr, why, self.attempts,
                             "gives up" if last else "next", max(0.0, due - now()))
             with trio.move_on_at(due):
@@ -201,6 +235,9 @@ class Bootstrap:
                     pid = await self.discovery.greet(addr)
                 except PeerUnreachable as e:
                     failures[addr] = dial_reason(e)
+                    ids = wrong_peer_id(e)
+                    if ids is not None:
+                        self._wrong_id(addr, *ids)
                     return
             if scope.cancelled_caught:
                 if limit - start < DIAL_TIMEOUT_S:
@@ -222,13 +259,26 @@ class Bootstrap:
             self.last_error = "; ".join(f"{a}: {w}" for a, w in real.items())
         return failures
 
+    def _wrong_id(self, addr: str, named: str, found: str) -> None:
+        """A node answers at `addr` with peer id `found`, not the `named` of the address: said once, with the
+        fix (the attempts go on: the node the address names may come back there)."""
+        if addr in self.wrong_ids:
+            return
+        self.wrong_ids[addr] = found
+        log.error("bootstrap %s: the node at that address has peer id %s, not %s (the /p2p/ part of the address): "
+                  "give that node's current address (its <state-dir>/addr, or gwtf-node peer-id --state-dir DIR); "
+                  "if it is the node you mean: %s", addr, found, named, addr.replace(named, found))
+
     def _give_up(self) -> None:
         self.state = BootstrapState.GAVE_UP
         self.next_retry_at = None
         addrs = ", ".join(self.addrs)
+        fix = ("check the /p2p/ part of --bootstrap: another node answers there (the node's <state-dir>/addr holds "
+               "its full address)" if self.wrong_ids and len(self.wrong_ids) == len(self.addrs) else
+               "check that the node at that address runs and that the address is its current one (its "
+               "<state-dir>/addr)")
         reason = (f"no bootstrap peer answered within {self.timeout_s:g} s ({self.attempts} attempts to {addrs}; "
-                  f"last error: {self.last_error}): check that the node at that address runs and that the address "
-                  "is its current one (its <state-dir>/addr), or raise --bootstrap-timeout (0: retry forever)")
+                  f"last error: {self.last_error}): {fix}, or raise --bootstrap-timeout (0: retry forever)")
         log.error("%s", reason)
         self.on_exit(NodeExit(ExitKind.NO_BOOTSTRAP, reason))
 
@@ -255,4 +305,4 @@ class Bootstrap:
 
 
 __all__ = ["BACKOFF_CAP_S", "BACKOFF_FIRST_S", "Bootstrap", "BootstrapState", "DEFAULT_TIMEOUT_S", "backoff_s",
-           "dial_reason", "one_line"]
+           "dial_reason", "one_line", "wrong_peer_id"]

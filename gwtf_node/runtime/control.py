@@ -194,7 +194,7 @@ def leave(node: Any) -> dict:
         node.parts.wire.spawn(node.leave)
     elif not graceful:
         node.stop()
-    return {"graceful": graceful, "pid": os.getpid()}
+    return {"graceful": graceful, "pid": os.getpid(), "role": node.peers.place.role}
 
 
 def _error(text: str) -> dict:

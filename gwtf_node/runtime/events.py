@@ -112,6 +112,12 @@ def short_id(peer_id: str) -> str:
     return peer_id[-6:]
 
 
+def default_name(role: str, peer_id: str) -> str:
+    """The name of a node started without --name: its role and `short_id`, e.g. `relay-M3uMoe`; the same
+    after every restart (the peer id comes from the state directory's key)."""
+    return f"{role}-{short_id(peer_id)}"
+
+
 class EventFeed:
     """Events from what the components report (see the module doc); `names` gives a peer's readable name."""
 

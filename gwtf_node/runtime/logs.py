@@ -64,6 +64,8 @@ ROUTINE: tuple[tuple[str, str], ...] = (
     ("libp2p.host.basic_host", "Failed to open stream to peer"),
     ("libp2p.protocol_muxer.multiselect_client", "MultiselectClient handshake"),  # a connection closed mid-way
     ("libp2p.network.auto_connector", ""),  # "initiating 200 new dials", every 10 s
+    # an outbound dial whose Noise handshake failed (bootstrap.py says why: e.g. another peer id answers there)
+    ("libp2p.network.swarm", "failed to upgrade security"),
 )
 REPEAT_WINDOW_S = 60.0  # identical lines within this window are counted, not shown
 ROUTINE_LOGGERS = ("gwtf.steps",)  # the lines of every iteration (module doc "Routine")

@@ -91,6 +91,7 @@ from .authorize import Authorizer, read_certificate
 from .bootstrap import DEFAULT_TIMEOUT_S, Bootstrap
 from .cutcheck import CutCheck
 from .discovery import Discovery
+from .events import default_name
 from .faults import Faults
 from .flows import Flows
 from .host import DHT_NAMESPACE
@@ -275,7 +276,7 @@ class Node:
         status = Status(o.state_dir / "status.json", wire, host, peers, liveness, self.stage, flows, microbatches,
                         aggregation, leadership, run_id=self.run_id, policy=o.policy, bootstrap=bootstrap,
                         resume_status=lambda: joining.resume_status, refused_values=values.snapshot,
-                        cut_checks=lambda: cutcheck.checks,
+                        cut_checks=lambda: cutcheck.checks, announced=bool(o.announce),
                         security=lambda: self.authorizer.status(wire),
                         waiting_for=lambda: waits.waiting_for(peers, aggregation, microbatches, joining, liveness))
         parts = Parts(wire, liveness, discovery, flows, microbatches, leadership, aggregation, joining, cutcheck,
@@ -480,10 +481,11 @@ class Node:
                 if host.dht is not None:  # holders keep only records their writers may write (records.py)
                     host.dht.register_validator(DHT_NAMESPACE, SignedRecordValidator(
                         self.run_id, self.manifest.owner_public_key))
+                self.opts.name = self.opts.name or default_name(self.opts.role, host.peer_id)  # (no --name)
                 self.parts = p = self._assemble(host, nursery)
                 host.set_handler(self._on_frame)
                 (self.opts.state_dir / "addr").write_text("\n".join(host.addrs) + "\n")
-                log.info("node %s (%s) peer id %s listening on %s", self.opts.name or "without --name",
+                log.info("node %s (%s) peer id %s listening on %s", self.opts.name,
                          self.opts.role, host.peer_id, host.addrs)
                 nursery.start_soon(p.bootstrap.run)  # dials the bootstrap peers, with retries
                 nursery.start_soon(p.discovery.loop)

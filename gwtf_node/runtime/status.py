@@ -8,14 +8,16 @@ It reads every component and writes none.  Two documents come out of it:
   holds, the leader and its term, how long a relay has waited for a data
   node).  Replaced atomically (written beside, then renamed).
 * `view()`: what `gwtf-node status` shows and Prometheus exports
-  (control.py, metrics.py): this node (its state a `NodeState`), the
+  (control.py, metrics.py): this node (its state a `NodeState`, its
+  reachability: `_reachability`, also in status.json), the
   election, the stages with their members and utilization, the flows
   through this node with their costs, the iteration and its phase, the loss,
   the microbatches (tally.py), the neighbours' links and the recent events
   (events.py).  It holds no internal sentinel: a data node has no stage
   (`stage: null`, `role: "data"`), a relay not placed yet has `stage: null`,
   and every peer carries a readable `name` (its --name, else the last
-  characters of its peer id, `events.short_id`).
+  characters of its peer id, `events.short_id`; a node without --name is
+  called `events.default_name`, and a forgotten peer keeps its name).
 
 `serve` runs it all in the node's nursery: the control socket (control.py),
 the Prometheus exporter when the node has a metrics port (metrics.py, a
@@ -96,7 +98,7 @@ class Status:
                  cut_checks: Callable[[], list] = lambda: [],
                  refused_values: Callable[[], dict[str, int]] = dict,
                  security: Callable[[], dict] = dict,
-                 waiting_for: Callable[[], list] = list) -> None:
+                 waiting_for: Callable[[], list] = list, announced: bool = False) -> None:
         self.path = path
         self.wire = wire
         self.host = host
@@ -125,6 +127,7 @@ class Status:
         self.refused_values = refused_values  # frames refused per value-bounds code (values.py)
         self.security = security  # refusals per code, revoked and banned peers, an insecure run (authorize.py)
         self.waiting_for = waiting_for  # what the node waits for now: what, since when, from whom (waits.py)
+        self.announced = announced  # started with --announce: told the address peers reach it at
 
     # ------------------------------------------------------------------ status.json
     def snapshot(self) -> dict:
@@ -267,6 +270,7 @@ class Status:
             "steps_applied": self.stage.applied_steps, "compute_s": round(self.stage.compute_s, 4),
             "refused_frames": self.wire.refused, "is_leader": self.leadership.is_leader(),
             "leave_after": place.leave_after if place.leaving else None,
+            "reachability": self._reachability(),
         }
 
     def _election(self) -> dict:
@@ -386,22 +390,29 @@ class Status:
                 "run_record": run, "recent": {str(k): v for k, v in sorted(self.tally.losses.items())}}
 
     def _reachability(self) -> dict:
-        """Whether peers outside reach this node (dialback.py, relay.py): `public` (a peer dialled it back),
-        `firewalled` (its public address is not reached: it is reached through relays), `behind NAT` (private
-        addresses only), `local` (loopback: a swarm on one machine) or `unknown` (not asked yet)."""
+        """Whether peers outside reach this node (dialback.py, relay.py): `public` (a peer dialled it back, or
+        the node was told its public address with --announce and no dial-back said otherwise yet: it does not
+        reserve relays then), `firewalled` (its public address is not reached: it is reached through relays),
+        `behind NAT` (private addresses only), `local` (loopback: a swarm on one machine) or `unknown` (a public
+        address of its own interfaces, not checked yet).  `basis` says which: "dial-back", "announced",
+        "addresses" (what its addresses are) or None."""
         r = getattr(self.host, "relaying", None)
         addrs = [a for a in self.host.addrs if "/p2p-circuit" not in a]
+        basis: str | None = "addresses"
         if r is None or not routable(addrs or self.host.addrs):
-            kind = "local" if r is None else "unknown"
-        elif r.reachable is True:
-            kind = "public"
-        elif r.reachable is False:
-            kind = "firewalled"
+            kind, basis = ("local", "addresses") if r is None else ("unknown", None)
+        elif r.reachable is not None:
+            kind, basis = ("public" if r.reachable else "firewalled"), "dial-back"
+        elif looks_natted(addrs):
+            kind = "behind NAT"
         else:
-            kind = "behind NAT" if looks_natted(addrs) else "unknown"
+            kind, basis = ("public", "announced") if self.announced else ("unknown", None)
         punch = getattr(r, "holepunch", None)  # (holepunch.py: runs on a node that needs a relay)
-        return {"kind": kind, "checked_by": r.reachable_by if r is not None else None,
+        checker = r.reachable_by if r is not None else None
+        return {"kind": kind, "basis": basis, "checked_by": checker,
+                "checked_by_name": self.name_of(checker) if checker else None,
                 "relays": sorted(r.reserved) if r is not None else [],
+                "relay_names": [self.name_of(p) for p in sorted(r.reserved)] if r is not None else [],
                 "hole_punch": punch.snapshot() if punch is not None else None}
 
     def _neighbours(self) -> list[dict]:
@@ -482,11 +493,15 @@ def resources(device: str = "cpu") -> dict:
 
 
 def name_of(peers: Peers, peer: str) -> str:
-    """A peer's readable name: its --name, else the last characters of its peer id (`events.short_id`)."""
+    """A peer's readable name: the name its Hello carried (its --name, or `events.default_name`), also after it
+    was forgotten (a leader that left is still shown by its name); else the last characters of its peer id
+    (`events.short_id`)."""
     if peer == peers.me:
         return peers.name or short_id(peer)
     info = peers.get(peer)
-    return info.name if info is not None and info.name else short_id(peer)
+    if info is not None and info.name:
+        return info.name
+    return peers.former_names.get(peer) or short_id(peer)
 
 
 def connection_kinds(host: Any) -> dict[str, str]:

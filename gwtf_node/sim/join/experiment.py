@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from typing import Callable
+
 from .evaluation import BATCH_MICROBATCHES, FlowModel
 from .instances import JoinInstance, generate_join
 from .optimum import optimum_bound
@@ -15,23 +18,45 @@ POLICIES = ("gwtf", "leader", "gwtf_paper", "waterfill", "capacity_first", "capa
 
 
 def run_join(setting: int, seed: int, *, instance: JoinInstance | None = None, with_bound: bool = True,
-             lp_starts: bool = False, leader_evaluations: int | None = None) -> dict:
-    """Every policy on one instance; the JSON object that `sim join --json` prints."""
+             lp_starts: bool = False, leader_evaluations: int | None = None,
+             progress: Callable[[str], None] | None = None) -> dict:
+    """Every policy on one instance; the JSON object that `sim join --json` prints.  `progress` is told, one line
+    at a time, what runs and what each step found and took (the CLI writes it to stderr)."""
+    say = progress or (lambda line: None)
     inst = instance or generate_join(setting, seed)
+    say(f"setting {setting}, seed {seed}: {1 + len(inst.relay_stage)} nodes in {inst.stages} stages, "
+        f"{len(inst.candidates)} candidates")
     model = FlowModel(inst)
     now = model.evaluate(())  # no candidate placed: the copies are all dropped
-    assigns = {
-        "gwtf": policy_gwtf(inst, model, lp_starts=lp_starts),
-        "gwtf_paper": policy_gwtf_paper(inst),
-        "waterfill": policy_waterfill(inst),
-        "leader": policy_leader(inst) if leader_evaluations is None else policy_leader(inst, leader_evaluations),
-        "capacity_first": policy_capacity_first(inst),
-        "capacity_first_by_size": policy_capacity_first_by_size(inst),
-        "random": policy_random(inst, seed),
+    policies: dict[str, Callable[[], tuple]] = {
+        "gwtf": lambda: policy_gwtf(inst, model, lp_starts=lp_starts),
+        "gwtf_paper": lambda: policy_gwtf_paper(inst),
+        "waterfill": lambda: policy_waterfill(inst),
+        "leader": lambda: policy_leader(inst) if leader_evaluations is None else policy_leader(inst,
+                                                                                               leader_evaluations),
+        "capacity_first": lambda: policy_capacity_first(inst),
+        "capacity_first_by_size": lambda: policy_capacity_first_by_size(inst),
+        "random": lambda: policy_random(inst, seed),
     }
+    assigns = {}
+    for name, policy in policies.items():
+        t0 = time.perf_counter()
+        assigns[name] = policy()
+        say(f"policy {name}: cost {model.evaluate(assigns[name]).cost:.2f} (now {now.cost:.2f}), "
+            f"{time.perf_counter() - t0:.1f} s")
+    t0 = time.perf_counter()
+    say("optimal: searching (exhaustive where the instance is small, else a local search)")
     opt = policy_optimal(inst, model, incumbents=tuple(assigns.values()))
     assigns["optimal"] = opt.assign
-    bound = optimum_bound(inst, model) if with_bound else None
+    say(f"optimal ({opt.method}): cost {model.evaluate(opt.assign).cost:.2f}, {opt.evaluations} evaluations, "
+        f"{time.perf_counter() - t0:.1f} s")
+    bound = None
+    if with_bound:
+        t0 = time.perf_counter()
+        say("bound on the optimum: solving LP relaxations (--no-bound skips it)")
+        bound = optimum_bound(inst, model)
+        say(f"bound on the optimum: cost {bound.cost:.2f}, {bound.flows_checked} LPs, "
+            f"{time.perf_counter() - t0:.1f} s")
     out_policies = {}
     for name in POLICIES:
         a = assigns[name]
