@@ -228,6 +228,9 @@ class Microbatches:
             raise FrameRefused(f"{type(msg).__name__} before this node's flows exist", ban=False)
         if isinstance(msg, KEYED):
             if msg.data_node not in self.peers and msg.data_node != self.wire.me:
+                if self.peers.is_gone(msg.data_node):  # (a late frame of its microbatches: not the sender's fault)
+                    log.debug("%s for %s, which is gone: dropped", type(msg).__name__, self.peers.who(msg.data_node))
+                    return
                 raise FrameRefused(f"{type(msg).__name__} for unknown data node {msg.data_node[:16]}")
             if self.peers.role == "data" and msg.data_node != self.wire.me:
                 raise FrameRefused(f"{type(msg).__name__} of another data node's microbatch")
