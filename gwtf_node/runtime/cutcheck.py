@@ -110,7 +110,9 @@ class CutCheck:
                 return
             steps = self.stage.applied_steps
             ans = await self.joining.ask_hash(peer, m.StageStateRequest(self.peers.stage, steps, hash_only=True))
-            if ans is not None:
+            if ans is not None and ans.iteration != self.stage.applied_steps:
+                said = f"it answered at {ans.iteration} steps, this node has {self.stage.applied_steps}"
+            elif ans is not None:  # (the same steps: hash this copy too; a part of a large model takes a second)
                 mine = await self.stage.run(lambda: (self.stage.applied_steps, self.stage.model.state_hash()))
                 rounds = {s: r for s, r in dict(self.rounds()).items() if s <= mine[0]}
                 v, at = decide(Copy(mine[0], mine[1], rounds),
