@@ -47,6 +47,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from .messages import RoundRecord
+
 KEEP_ROUNDS = 64  # the records a relay keeps (and sends): its last steps
 
 
@@ -102,6 +104,16 @@ def decide(mine: Copy, theirs: Copy, fallback: Verdict) -> tuple[Verdict, int | 
     if at is None:
         return fallback, None
     return (Verdict.KEEP if ranks_higher(mine.rounds[at], theirs.rounds[at]) else Verdict.YIELD), at
+
+
+def from_records(records: tuple[RoundRecord, ...], up_to: int | None = None) -> dict[int, RoundOf]:
+    """A StageState's round records by steps (those up to `up_to` steps, if given), the last KEEP_ROUNDS."""
+    return trim({r.steps: RoundOf(r.count, tuple(r.members)) for r in records if up_to is None or r.steps <= up_to})
+
+
+def to_records(rounds: dict[int, RoundOf], up_to: int) -> tuple[RoundRecord, ...]:
+    """The records of the steps up to `up_to`, in order, as a StageState carries them."""
+    return tuple(RoundRecord(s, r.count, r.members) for s, r in sorted(rounds.items()) if s <= up_to)
 
 
 def trim(rounds: dict[int, RoundOf]) -> dict[int, RoundOf]:

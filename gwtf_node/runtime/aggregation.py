@@ -78,7 +78,7 @@ import trio
 from ..protocol import messages as m
 from ..protocol.effects import Send
 from ..protocol.pipeline import Phases, StartStep
-from ..protocol.roundcheck import RoundOf, trim
+from ..protocol.roundcheck import RoundOf, from_records, to_records, trim
 from .faults import Faults
 from .leadership import Leadership
 from .microbatches import Microbatches
@@ -141,11 +141,11 @@ class Aggregation:
 
     def round_records(self, steps: int) -> tuple[m.RoundRecord, ...]:
         """How the steps up to `steps` of the state held here were summed, as far as recorded (roundcheck.py)."""
-        return tuple(m.RoundRecord(s, r.count, r.members) for s, r in sorted(self.rounds.items()) if s <= steps)
+        return to_records(self.rounds, steps)
 
     def adopt_rounds(self, records: tuple[m.RoundRecord, ...], steps: int) -> None:
         """A state of `steps` steps was installed from a peer: its round records are this node's now."""
-        self.rounds = trim({r.steps: RoundOf(r.count, tuple(r.members)) for r in records if r.steps <= steps})
+        self.rounds = from_records(records, steps)
 
     def stepping(self, iteration: int) -> bool:
         """BEGIN AGGREGATION of `iteration` reached this node and its step is not applied yet (its all-reduce may

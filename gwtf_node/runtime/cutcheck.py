@@ -35,7 +35,7 @@ from typing import Any
 import trio
 
 from ..protocol import messages as m
-from ..protocol.roundcheck import Copy, RoundOf, Verdict, decide
+from ..protocol.roundcheck import Copy, Verdict, decide, from_records
 from .peers import PeerInfo
 from .wire import now
 
@@ -44,11 +44,6 @@ log = logging.getLogger("gwtf.node")
 KEEP_CHECKS = 8  # the checks status.json shows
 PEER_BACK_PATIENCE_S = 30.0  # a peer back at this node's step: how long to wait for the same steps on both sides
 RETRY_S = 1.0  # between two questions while the steps differ or the peer does not answer
-
-
-def records(rounds: tuple[m.RoundRecord, ...]) -> dict[int, RoundOf]:
-    """A StageState's round records, by steps."""
-    return {r.steps: RoundOf(r.count, tuple(r.members)) for r in rounds}
 
 
 class CutCheck:
@@ -116,7 +111,7 @@ class CutCheck:
                 mine = await self.stage.run(lambda: (self.stage.applied_steps, self.stage.model.state_hash()))
                 rounds = {s: r for s, r in dict(self.rounds()).items() if s <= mine[0]}
                 v, at = decide(Copy(mine[0], mine[1], rounds),
-                               Copy(ans.iteration, ans.params_sha256, records(ans.rounds)), fallback)
+                               Copy(ans.iteration, ans.params_sha256, from_records(ans.rounds)), fallback)
                 if v is not Verdict.WAIT:
                     self._act(peer, v, at, mine, ans)
                     if v is Verdict.YIELD:
