@@ -5,7 +5,11 @@ to; a file over `MAX_LINES` usually holds more than one mechanism.  The
 graph is read from the sources with `ast` (nothing is imported): every import
 at any depth, also inside functions, relative imports resolved, each edge to
 the most specific module of the package it names; imports under
-`if TYPE_CHECKING:` (annotations only, never executed) are left out.
+`if TYPE_CHECKING:` (annotations only, never executed) are left out.  An
+import by string with a literal name (`importlib.import_module("a.b")`,
+`import_module("a.b")`, `__import__("a.b")`) is an edge like `import a.b`,
+so a cycle cannot hide behind one; and inside `gwtf_node/` there is none at
+all: no `importlib`, no `__import__` (what a module runs is a parameter).
 Generated protobuf code (`*_pb2.py`) is exempt from the limit.
 """
 
@@ -34,6 +38,31 @@ def oversized(files: list[Path], root: Path = ROOT, limit: int = MAX_LINES) -> d
     return {str(p.relative_to(root)): n for p in files if not _exempt(p) and (n := _lines(p)) > limit}
 
 
+def string_imports(tree: ast.AST) -> list[tuple[str, int]]:
+    """(module, line) of every import by string with a literal absolute name: `importlib.import_module("a.b")`,
+    `import_module("a.b")`, `__import__("a.b")`."""
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        f = node.func
+        name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+        arg = node.args[0]
+        if name in ("import_module", "__import__") and isinstance(arg, ast.Constant) and isinstance(arg.value, str) \
+                and not arg.value.startswith("."):
+            out.append((arg.value, node.lineno))
+    return out
+
+
+def dynamic_imports(tree: ast.AST, package: str) -> list[str]:
+    """What in `tree` imports by string, whatever the name: an import of `importlib`, a use of `__import__`."""
+    found = [f"line {line}: imports {name}" for name, line, names in imports(tree, package)
+             if name == "importlib" or name.startswith("importlib.")]
+    found += [f"line {node.lineno}: calls __import__" for node in ast.walk(tree)
+              if isinstance(node, ast.Name) and node.id == "__import__"]
+    return found
+
+
 def import_graph(sources: dict[str, tuple[str, str]]) -> nx.DiGraph:
     """Module -> the modules of the same tree it imports.  `sources`: module -> (package, source).
 
@@ -50,7 +79,10 @@ def import_graph(sources: dict[str, tuple[str, str]]) -> nx.DiGraph:
         return None
 
     for mod, (package, text) in sources.items():
-        for name, line, names in imports(ast.parse(text), package, runtime_only=True):
+        tree = ast.parse(text)
+        found = [(name, line, names) for name, line, names in imports(tree, package, runtime_only=True)]
+        found += [(name, line, ()) for name, line in string_imports(tree)]
+        for name, line, names in found:
             targets = [resolve(f"{name}.{a}") for a in names] if names else [resolve(name)]
             for target in targets:
                 if target is not None and target != mod:
@@ -93,6 +125,13 @@ def test_no_import_cycle() -> None:
     assert not found, "import cycles in gwtf_node/:\n  " + "\n  ".join(_describe(g, path) for _, path in found)
 
 
+@pytest.mark.parametrize("path", source_files(PKG), ids=lambda p: str(p.relative_to(PKG)))
+def test_no_import_by_string(path: Path) -> None:
+    found = dynamic_imports(ast.parse(path.read_text()), package_of(path))
+    assert not found, f"{path.relative_to(ROOT)} imports by string (take what runs as a parameter):\n  " + \
+        "\n  ".join(found)
+
+
 # ---- the checks themselves ------------------------------------------------
 
 
@@ -106,6 +145,9 @@ def _graph(**modules: str) -> nx.DiGraph:
     {"a": "import pkg.b", "b": "def f():\n    from pkg import a\n"},  # inside a function counts too
     {"a": "from .b import x", "b": "from .c import y", "c": "from .a import z"},
     {"pkg": "from .a import x", "a": "from . import b", "b": "from pkg import thing"},  # through __init__
+    {"a": "from . import b", "b": "import importlib\ndef f():\n    importlib.import_module('pkg.a').main()\n"},
+    {"a": "from . import b", "b": "from importlib import import_module\nm = import_module('pkg.a')\n"},
+    {"a": "from . import b", "b": "m = __import__('pkg.a')\n"},
 ])
 def test_cycles_are_found(modules: dict) -> None:
     found = cycles(_graph(**modules))
@@ -122,6 +164,17 @@ def test_cycles_are_found(modules: dict) -> None:
 ])
 def test_no_false_cycles(modules: dict) -> None:
     assert cycles(_graph(**modules)) == []
+
+
+@pytest.mark.parametrize("src, found", [
+    ("import importlib\nimportlib.import_module(name)", ["line 1: imports importlib"]),
+    ("from importlib import import_module", ["line 1: imports importlib"]),
+    ("import importlib.util", ["line 1: imports importlib.util"]),
+    ("m = __import__('json')", ["line 1: calls __import__"]),
+    ("import json\nfrom . import importer\nimport_module = 1", []),
+])
+def test_imports_by_string_are_found(src: str, found: list[str]) -> None:
+    assert dynamic_imports(ast.parse(src), "pkg") == found
 
 
 def test_a_cycle_is_described_with_its_lines() -> None:
