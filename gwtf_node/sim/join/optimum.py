@@ -1,4 +1,19 @@
-"""How good the optimum can be: a proved bound from the LP relaxation, and the exact optimum by MILP."""
+"""How good the optimum can be: a proved bound from the LP relaxation, and the exact optimum by MILP.
+
+How far the true optimum can be (`optimal_bound` in the output).
+`optimum_bound` proves an UPPER bound on the optimal improvement: the LP
+relaxation of the assignment (a candidate may be spread fractionally over
+the stages, sum_s x[v, s] = 1, its copy in s carrying <= cap_v x[v, s]),
+solved for every possible max flow F, with the bottleneck stage imposed where
+it matters; ~60-500 LPs, 10-20 s an instance, so the bench reports it for
+every instance.  The true optimum lies between `optimal` and `optimal_bound`.
+`milp_optimum` closes the gap exactly (Dinkelbach iterations of a MILP with
+binary assignment, one-hot max flow and bottleneck indicators; exact on the
+test instances) but takes minutes per full instance: scripts/join_exact.py
+runs it on a sample (docs/bench_join_exact.md).  The bottleneck indicator
+matters: without it the MILP is valid but loose (an assignment routing fewer
+units than its max flow is cheaper per B*C/F^2).
+"""
 
 from __future__ import annotations
 
