@@ -26,10 +26,19 @@ import os
 import types
 from pathlib import Path
 
-import pytest
-from hypothesis import given, is_hypothesis_test, settings
+# One torch thread per process: two pytest workers and their swarms share the machine's cores, and torch's
+# OpenMP threads spin waiting for each other when a core is taken (a tiny model's step costs 30x the CPU under
+# load with 2 threads).  Set before torch starts its pool; the daemons a test starts inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from gwtf_node.runtime import local
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import given, is_hypothesis_test, settings  # noqa: E402
+
+from gwtf_node.runtime import local  # noqa: E402
+
+if os.environ["OMP_NUM_THREADS"] == "1":
+    torch.set_num_threads(1)
 
 settings.register_profile("ci", derandomize=True, database=None)
 settings.register_profile("explore")
