@@ -8,6 +8,7 @@ to the last flow change.  Writes docs/bench_flow_churn.md by default.
 
     python scripts/bench_flow_churn.py                       # settings 1 3, kill 10%, 10 seeds
     python scripts/bench_flow_churn.py --kill 0 --joins 4    # 4 relays join
+    python scripts/bench_flow_churn.py --layered 320 16 --seeds 3 --out /tmp/churn.md   # 320 relays x 16 stages
 """
 
 from __future__ import annotations
@@ -22,17 +23,23 @@ from pathlib import Path
 from gwtf_node.protocol.flow import FlowConfig
 from gwtf_node.sim.baselines import max_flow_value, optimal_routing
 from gwtf_node.sim.flowchurn import random_churn, run_churn
-from gwtf_node.sim.scenarios import FLOW_SETTINGS, load_flow_setting
+from gwtf_node.protocol.scenario import parse_scenario
+from gwtf_node.sim.scenarios import FLOW_SETTINGS, FlowSetting, generate_layered, load_flow_setting
 from gwtf_node.sim.validate import check_routing
 
 
 MOVES = {"off": {"improve": False}, "greedy": {"improve": True}, "anneal": {"improve": True, "anneal": True}}
 
 
-def bench_one(setting: int, seed: int, kill: float, joins: int, detect_s: float, rounds: int,
+def bench_one(setting: int | FlowSetting, seed: int, kill: float, joins: int, detect_s: float, rounds: int,
               improve: str | None = None) -> dict:
-    sc = load_flow_setting(setting, seed)
-    fs = FLOW_SETTINGS[setting]
+    """One churn run on Table V setting `setting`, or on a layered scenario of that FlowSetting."""
+    if isinstance(setting, FlowSetting):
+        fs = setting
+        sc = parse_scenario(generate_layered(f"layered-{fs.relays}x{fs.stages}-s{seed}", fs, seed))
+    else:
+        sc = load_flow_setting(setting, seed)
+        fs = FLOW_SETTINGS[setting]
     ch = random_churn(sc, random.Random(10_000 + seed), kill, joins, fs.capacity, fs.link_cost, detect_s)
     t = time.perf_counter()
     base = None if improve is None else FlowConfig("-", False, 0, (), {}, {}, **MOVES[improve])
@@ -58,13 +65,22 @@ def main(argv=None) -> int:
     ap.add_argument("--joins", type=int, default=0, help="relays that join")
     ap.add_argument("--detect", type=float, default=1.0, help="seconds (rounds) before neighbours learn of it")
     ap.add_argument("--rounds", type=int, default=120)
+    ap.add_argument("--layered", type=int, nargs=2, metavar=("RELAYS", "STAGES"), default=None,
+                    help="instead of --settings: one data node, RELAYS relays over STAGES stages (setting 1's "
+                         "capacities and link costs)")
     ap.add_argument("--moves", choices=sorted(MOVES), default=None,
                     help="Request Change/Redirect all the time: off, greedy, or with annealing (default: FlowConfig's)")
     ap.add_argument("--out", default="docs/bench_flow_churn.md")
     ap.add_argument("--append", action="store_true", help="append the table to --out")
     args = ap.parse_args(argv)
+    if args.layered is not None:
+        if args.layered[0] < args.layered[1] or args.layered[1] < 1:
+            print("--layered RELAYS STAGES: at least one relay per stage", file=sys.stderr)
+            return 2
+        args.settings = [FlowSetting(1, args.layered[0], args.layered[1], (1, 3), (1, 20))]
     lines = [f"### kill {args.kill:.0%} of the relays, {args.joins} join, detection {args.detect:g} s "
-             f"(`python scripts/bench_flow_churn.py --settings {' '.join(map(str, args.settings))} "
+             f"(`python scripts/bench_flow_churn.py "
+             f"{'--layered ' + ' '.join(map(str, args.layered)) if args.layered else '--settings ' + ' '.join(map(str, args.settings))} "
              f"--seeds {args.seeds} --kill {args.kill:g} --joins {args.joins}"
              f"{'' if args.moves is None else ' --moves ' + args.moves}`)", "",
              "| setting | instances | killed / joined (mean) | new max flow reached | GWTF / new optimum (mean, worst) "
@@ -79,8 +95,9 @@ def main(argv=None) -> int:
             print(f"setting {setting} seed {seed}: {r['flows_before']} -> {r['flows']}/{r['max_flow']} "
                   f"cost/opt {r['vs_opt']:.4f} rounds {r['rounds']:.1f} msgs {r['messages']} {r['wall']:.1f}s",
                   file=sys.stderr, flush=True)
+        name = f"{setting.relays} x {setting.stages}" if isinstance(setting, FlowSetting) else setting
         lines.append(
-            f"| {setting} | {len(rs)} | {statistics.mean(r['killed'] for r in rs):.1f} / "
+            f"| {name} | {len(rs)} | {statistics.mean(r['killed'] for r in rs):.1f} / "
             f"{statistics.mean(r['joined'] for r in rs):.1f} | "
             f"{sum(r['flows'] >= r['max_flow'] for r in rs)}/{len(rs)} | "
             f"{statistics.mean(r['vs_opt'] for r in rs):.4f}, {max(r['vs_opt'] for r in rs):.4f} | "

@@ -10,11 +10,13 @@ wall time).
 
     nice -n 10 python scripts/bench_flow_scale.py                       # 160, 320, 1000 relays x 16 stages
     nice -n 10 python scripts/bench_flow_scale.py --relays 1000 --wall-limit 600
+    python scripts/bench_flow_scale.py --relays 160 320 --json                  # one JSON object per size
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 
@@ -31,10 +33,12 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=120)
     ap.add_argument("--wall-limit", type=float, default=300.0, help="stop a run after this many seconds of wall time")
+    ap.add_argument("--json", action="store_true", help="one JSON object per size instead of the table")
     args = ap.parse_args(argv)
-    print("| relays x stages | flows / max flow | GWTF / optimum | converged round | rounds run | waves | messages "
-          "| per node | CostAnnounce | wall s | CPU s | stopped by wall limit |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    if not args.json:
+        print("| relays x stages | flows / max flow | GWTF / optimum | converged round | rounds run | waves | messages "
+              "| per node | CostAnnounce | wall s | CPU s | stopped by wall limit |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in args.relays:
         sc = parse_scenario(generate_layered(f"scale-{n}x{args.stages}",
                                              FlowSetting(1, n, args.stages, (1, 3), (1, 20)), args.seed))
@@ -43,6 +47,16 @@ def main(argv=None) -> int:
         wall, cpu = time.perf_counter() - t, time.process_time() - c
         o = optimal_routing(sc)
         ratio = g.mean_cost / o.mean_cost if o.mean_cost else 1.0
+        if args.json:
+            print(json.dumps({"relays": n, "stages": args.stages, "flows": g.num_flows, "max_flow": o.num_flows,
+                              "cost_ratio": round(ratio, 6), "converged_round": g.converged_round,
+                              "rounds": g.rounds, "waves": g.extra["waves"], "messages": g.messages,
+                              "per_node": round(g.messages / len(sc.nodes), 1),
+                              "messages_by_type": g.extra["messages_by_type"],
+                              "inconsistent_links": g.extra["inconsistent_links"],
+                              "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+                              "wall_limited": g.extra["wall_limited"]}), flush=True)
+            continue
         print(f"| {n} x {args.stages} | {g.num_flows} / {o.num_flows} | {ratio:.4f} | {g.converged_round} "
               f"| {g.rounds} | {g.extra['waves']} | {g.messages} | {g.messages / len(sc.nodes):.0f} "
               f"| {g.extra['messages_by_type'].get('CostAnnounce', 0)} | {wall:.1f} | {cpu:.1f} "
