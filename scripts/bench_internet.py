@@ -63,7 +63,7 @@ def run_policy(policy: str, args: argparse.Namespace, workdir: Path) -> dict:
         swarm = LocalSwarm(workdir, run, data_nodes=1, stages=args.stages, relays_per_stage=args.relays_per_stage,
                            iterations=args.iterations, links=LINKS, seed=args.seed, policy=policy,
                            relay_capacity=args.relay_capacity,
-                           wrap={n: ["ip", "netns", "exec", node.ns] for n, node in where.items()},
+                           netns={n: node.ns for n, node in where.items()},
                            extra_args={n: ["--listen", "0.0.0.0:4001", *(["--relay-service"] if n == "d0" else [])]
                                        for n in names})
         swarm.startup_timeout_s = 180

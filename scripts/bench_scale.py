@@ -395,7 +395,8 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
             lab.shape(node, rates[n])
         swarm = LocalSwarm(workdir, run, data_nodes=1, stages=args.stages, relays_per_stage=args.relays_per_stage,
                            iterations=args.iterations, links=workdir / "links-scenario.json", seed=args.seed,
-                           wrap={n: ["ip", "netns", "exec", node.ns] for n, node in where.items()},
+                           netns={n: node.ns for n, node in where.items()},
+                           fork_server=False,  # (each node its own process: the memory baseline is one such)
                            extra_args={n: ["--listen", "0.0.0.0:4001", "--keep-checkpoints", "1"] for n in names})
         swarm.startup_timeout_s = args.startup_timeout
         swarm.iteration_timeout_s = args.iteration_timeout

@@ -33,12 +33,12 @@ def public_swarm(lab: NetLab, workdir, run, names: list[str], *, extra: dict[str
                  **swarm_args):
     """A `LocalSwarm` whose nodes (`names`, as the launcher names them) each sit in a namespace of their own on the
     lab's internet and listen on 0.0.0.0:4001; `extra`: more `join` flags by node name; the start-up and iteration
-    waits bounded at 120 s (wrapped nodes start without the fork server).  Returns it and the lab node of each
+    waits bounded at 120 s (the fork server forks each node into its namespace).  Returns it and the lab node of each
     name."""
     from gwtf_node.runtime.local import LocalSwarm
 
     where = {name: lab.public(name.replace("_", "")) for name in names}
-    swarm = LocalSwarm(workdir, run, wrap={name: ["ip", "netns", "exec", node.ns] for name, node in where.items()},
+    swarm = LocalSwarm(workdir, run, netns={name: node.ns for name, node in where.items()},
                        extra_args={name: ["--listen", "0.0.0.0:4001", *(extra or {}).get(name, [])] for name in names},
                        **swarm_args)
     swarm.startup_timeout_s = 120

@@ -91,7 +91,7 @@ def test_two_homes_hole_punch_and_keep_training(lab, tmp_path: Path, router_b: s
     links.write_text(json.dumps({"links": [{"a": x, "b": y, "latency_ms": 60.0, "bandwidth_mbps": 1000.0}
                                            for x in where for y in where if x != y]}))
     swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=1, iterations=MAX_ITERATIONS,
-                       links=links, wrap={name: ["ip", "netns", "exec", node.ns] for name, node in where.items()},
+                       links=links, netns={name: node.ns for name, node in where.items()},
                        extra_args={name: ["--listen", "0.0.0.0:4001", *(["--relay-service"] if name == "d0" else [])]
                                    for name in where})
     swarm.startup_timeout_s = 90

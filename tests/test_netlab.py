@@ -112,3 +112,46 @@ def test_everything_is_removed_also_on_failure():
             raise KeyboardInterrupt
     assert proc.poll() is not None  # its process is gone
     assert not leftover_namespaces(prefix)
+
+
+FORKED = """
+import socket, sys
+from gwtf_node.runtime.zygote import serve
+
+def run(argv):  # what each forked child does: dial argv[0]:5000 and write what it saw to argv[1]
+    try:
+        s = socket.create_connection((argv[0], 5000), timeout=5)
+        got = s.recv(2).decode()
+    except OSError as e:
+        got = f"FAIL {type(e).__name__}"
+    with open(argv[1], "w") as f:
+        f.write(got + " " + " ".join(name for _, name in socket.if_nameindex()))
+    return 0
+
+sys.exit(serve(run))
+"""
+
+
+def test_a_child_of_the_fork_server_runs_in_its_namespace(lab, tmp_path):
+    """LocalSwarm(netns=...) forks a lab node from the one fork server: the child enters the namespace itself
+    (zygote.enter_netns), and from there reaches a public node as a process started by `ip netns exec` does."""
+    from gwtf_node.runtime.zygote import Zygote
+
+    pub, other = lab.public("p"), lab.public("q")
+    srv = serve(lab, pub)
+    z = Zygote([sys.executable, "-c", FORKED])
+    try:
+        out = tmp_path / "out"
+        child = z.spawn([pub.ip, str(out)], {"PATH": "/usr/bin:/bin"}, tmp_path / "log", tmp_path / "exit",
+                        netns=other.ns)
+        assert child.wait(timeout=30) == 0, (tmp_path / "log").read_text()
+        got = out.read_text().split()
+        assert got[0] == "hi", got
+        assert "lo" in got and len(got) == 3, got  # the namespace's loopback and its one veth, not the host's
+        seen_ip, _ = srv.stdout.readline().split()
+        assert seen_ip == other.ip
+        bad = z.spawn([pub.ip, str(out)], {}, tmp_path / "log2", tmp_path / "exit2", netns="no-such-namespace")
+        assert bad.wait(timeout=30) == 1
+        assert "No such file or directory" in (tmp_path / "log2").read_text()
+    finally:
+        z.close()

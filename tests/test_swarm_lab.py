@@ -47,7 +47,7 @@ def test_swarm_behind_a_nat_router_equals_centralized(lab, tmp_path: Path) -> No
     d0, a, b = lab.public("d0"), lab.home("a"), lab.home("b")
     where = {"d0": d0, "r0_0": a.hosts[0], "r1_0": b.hosts[0]}
     swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=1, iterations=ITERATIONS,
-                       wrap={name: ["ip", "netns", "exec", node.ns] for name, node in where.items()},
+                       netns={name: node.ns for name, node in where.items()},
                        extra_args={name: ["--listen", "0.0.0.0:4001", *(["--relay-service"] if name == "d0" else [])]
                                    for name in where})
     swarm.startup_timeout_s = 90

@@ -10,8 +10,9 @@ exit, error or Ctrl-C (SIGTERM, then SIGKILL for stragglers).
 
 The processes are forked from one fork server that imported torch, the
 model classes and libp2p once (zygote.py: about 7 s of CPU a node saves);
-a node started through a `wrap` prefix (another network namespace) and a
-launcher with `fork_server=False` start `python -m gwtf_node.cli` instead.
+a node in another network namespace (`netns`) enters it once forked; a
+node started through a `wrap` prefix and a launcher with `fork_server=False`
+start `python -m gwtf_node.cli` instead.
 While the swarm starts (every node meets the others and forms its flows), the launcher
 says what it waits for through `on_phase`: the processes starting, the nodes
 the first data node has met, the microbatch slots its flows route, then
@@ -83,8 +84,11 @@ class LocalSwarm:
     expected_dead: set[str] = field(default_factory=set)  # killed on purpose: their exit is not an error
     drop_first_phase: bool = False  # every node loses the first copy of each phase signal (GWTF_DROP_FIRST_PHASE)
     extra_args: dict[str, list[str]] = field(default_factory=dict)  # node name -> more `join` flags
-    # node name -> command prefix, e.g. `ip netns exec NS` to start it in a network namespace (testing/netlab.py)
+    # node name -> command prefix, e.g. `echo` (a node so wrapped starts without the fork server)
     wrap: dict[str, list[str]] = field(default_factory=dict)
+    # node name -> the network namespace (`ip netns` name, testing/netlab.py) it runs in: a forked node enters it
+    # itself, a node started as a process through `ip netns exec NS`
+    netns: dict[str, str] = field(default_factory=dict)
     kills: list[dict] = field(default_factory=list)
     on_phase: Callable[[str], None] | None = None  # told what the launcher waits for while the swarm starts
     fork_server: bool = True  # fork the nodes from one process that imported what they need (zygote.py)
@@ -152,7 +156,10 @@ class LocalSwarm:
         sd.mkdir(parents=True, exist_ok=True)
         (sd / "addr").unlink(missing_ok=True)
         self.admit(sd, "data" if name.startswith("d") else "relay")
-        cmd = [*self.wrap.get(name, ()), *NODE_COMMAND, "join", "--run", str(self.run_path),
+        prefix = [*self.wrap.get(name, ())]
+        if name in self.netns and not (self.fork_server and not prefix):
+            prefix = ["ip", "netns", "exec", self.netns[name], *prefix]
+        cmd = [*prefix, *NODE_COMMAND, "join", "--run", str(self.run_path),
                "--state-dir", str(sd),
                "--name", name, "--log-level", self.log_level]
         if name.startswith("d"):
@@ -180,12 +187,13 @@ class LocalSwarm:
             env["GWTF_FAULT"] = self.faults[name]
             self.expected_dead.add(name)
         self._spawned += 1
-        if self.fork_server and not self.wrap.get(name):
+        if self.fork_server and not prefix:
             if self._zygote is None:
                 self._zygote = Zygote(FORK_SERVER_COMMAND)
             exits = self.workdir / ".exits"
             exits.mkdir(parents=True, exist_ok=True)
-            self.procs[name] = self._zygote.spawn(cmd[len(NODE_COMMAND):], env, sd / "node.log", exits / f"{name}.{self._spawned}")
+            self.procs[name] = self._zygote.spawn(cmd[len(NODE_COMMAND):], env, sd / "node.log",
+                                                  exits / f"{name}.{self._spawned}", netns=self.netns.get(name))
             return
         with open(sd / "node.log", "w") as log:
             self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

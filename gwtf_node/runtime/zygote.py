@@ -22,8 +22,9 @@ torch` in the same way).
 
 Protocol on the zygote's stdin / stdout, one JSON object per line: it says
 `{"ready": true}` once imported; each request `{"argv": [...], "env": {...},
-"log": PATH, "exit": PATH}` is answered `{"pid": N}` once the child is its own
-session.  The zygote reaps its children and writes each one's exit status, as
+"log": PATH, "exit": PATH}` (and `"netns": NAME` for a child that lives in
+the network namespace `/run/netns/NAME`, as under `ip netns exec`) is
+answered `{"pid": N}` once the child is its own session.  The zygote reaps its children and writes each one's exit status, as
 `Popen.returncode` gives it (negative: killed by that signal), to the request's
 `exit` file; `ZygoteChild` is the `Popen`-like handle the launcher keeps.  When
 its stdin closes (the launcher stopped or died) the zygote kills the children
@@ -124,9 +125,13 @@ class Zygote:
                               if not ready else f"the fork server exited ({self.proc.poll()})")
         return json.loads(line)
 
-    def spawn(self, argv: list[str], env: dict[str, str], log: Path, exit_path: Path) -> ZygoteChild:
+    def spawn(self, argv: list[str], env: dict[str, str], log: Path, exit_path: Path,
+              netns: str | None = None) -> ZygoteChild:
+        """Fork a child that runs `argv`; `netns`: the network namespace (`ip netns` name) it enters first."""
         exit_path.unlink(missing_ok=True)
         req = {"argv": list(argv), "env": dict(env), "log": str(log), "exit": str(exit_path)}
+        if netns is not None:
+            req["netns"] = str(netns)
         try:
             self.proc.stdin.write(json.dumps(req) + "\n")
             self.proc.stdin.flush()
@@ -157,6 +162,26 @@ class Zygote:
 Run = Callable[[list[str]], int | None]  # a command line's main: argv (without the program) -> exit status
 
 
+CLONE_NEWNET = 0x40000000  # <sched.h>
+
+
+def enter_netns(name: str) -> None:
+    """Move this (single-threaded, just forked) process into the network namespace `ip netns add NAME` made."""
+    fd = os.open(os.path.join("/run/netns", name), os.O_RDONLY)
+    try:
+        if hasattr(os, "setns"):  # Python 3.12+
+            os.setns(fd, CLONE_NEWNET)
+            return
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into network namespace {name}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
 def _child(run: Run, req: dict, told: int) -> None:
     """In the forked child: become the node by calling `run` with its arguments (never returns)."""
     code = 1
@@ -171,6 +196,8 @@ def _child(run: Run, req: dict, told: int) -> None:
         os.dup2(out, 2)
         os.close(out)
         os.close(null)
+        if req.get("netns"):
+            enter_netns(str(req["netns"]))
         os.environ.clear()
         os.environ.update(req["env"])
         sys.argv = ["gwtf-node", *req["argv"]]
