@@ -432,8 +432,7 @@ class LeaderMachine:
         """A RequestVote or a pre-vote: granted, refused, or ignored under a live promise (module docstring).
 
         Refusals.  A refused Vote carries only ``granted = False`` and the voter's
-        term: a reason enum would need an entry in codec._ENUMS, which this change
-        does not touch.
+        term, no reason (a reason would be a new enum of the wire, codec._ENUMS).
         """
         effects: list[Effect] = []
         promise = self._promise_s(msg.lease_s)
