@@ -23,8 +23,9 @@ calls of `TrainSim.run(..., until=...)` (tests drive the simulator with them):
   checked and loaded as joining.py does) and comes in once loaded.  With
   stage k empty it is a relay coming back with the stage's checkpoint
   (runtime/resume.py, `Source.OWN`: the state of an empty stage does not move,
-  so the checkpoint holds it): it comes in at once, ready from the run's
-  iteration.
+  so the checkpoint holds it): it comes in at once, ready from the iteration
+  in flight, or from the next one once the leader sent its BEGIN AGGREGATION
+  (the placement's start iteration, joining.py).
 
 The pause (`pause_empty`, the daemon's behaviour; off by default here, so
 that the runs that model a stage dead for good keep deferring, as the tests of
@@ -142,11 +143,13 @@ class ChurnDriver:
         self.net.loc[nid] = loc
         self.join_stats["asked"] += 1
         members = [p for p in self._known(stage) if p not in self.dead and p not in self.leaving]
-        if not members:  # the stage's checkpoint: ready from the iteration the run is in
+        # the iteration in flight, or the next once the leader sent its BEGIN AGGREGATION (joining.py)
+        start = max((self._placement_iteration(d) for d in self._live_data()), default=self._iteration_now())
+        if not members:  # the stage's checkpoint: ready from that iteration
             self.join_stats["placed"] += 1
             self.join_stats["loaded"] += 1
             self.join_stats["in"] += 1
-            self._add_node(nid, stage, cap, applied=self._iteration_now())
+            self._add_node(nid, stage, cap, applied=start)
             for d, pm in self.placement.items():
                 if d not in self.dead:
                     pm.add_member(nid, stage)
@@ -154,7 +157,6 @@ class ChurnDriver:
         jm = JoinerMachine(JoinerConfig(nid, cap, self._stage_costs(nid), link_costs=self._join_links(nid)))
         self.joiners[nid] = jm
         self._joiner_cap[nid] = cap
-        start = max((self._placement_iteration(d) for d in self._live_data()), default=self._iteration_now())
         src = min(members, key=lambda p: (self._rtt_ms(nid, p), p))
         a = Assignment(0, nid, stage, src, start)
         self._apply_join(nid, "joiner", jm.on_message(self.now, src, a))
