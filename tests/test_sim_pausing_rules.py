@@ -85,7 +85,14 @@ def _slowest(mb: float) -> float:
 S = len(STAGE_SIZES)
 ITERATION_S = (len(BASE.data) * MICROBATCHES * (2 * (S + 1) * _slowest(ACTIVATION_MB) + IDEAL_MB_S)
                + 2 * _slowest(max(gradient_mb(k) for k in range(S))) + OPTIMIZER_STEP_S + _slowest(STAGE_STATE_MB))
-BOUND = 2 * ITERATION_S + DETECT_S + ALLREDUCE_TIMEOUT_S + WAIT_BOUND_S + LEAVE_WAIT_S + 2 * RETRY_S
+LEAVE_WAITS = (LEAVE_WAIT_S, 600.0)  # the daemon's, and one long enough to finish an iteration of this setting
+
+
+def bound(leave_wait_s: float) -> float:
+    """BOUND (module docstring) with a leaving relay's wait `leave_wait_s`."""
+    return 2 * ITERATION_S + DETECT_S + ALLREDUCE_TIMEOUT_S + WAIT_BOUND_S + leave_wait_s + 2 * RETRY_S
+
+
 SEEN: dict = {"max_gap": 0.0}  # the longest gap in a quiet window (scripts read it)
 
 
@@ -111,6 +118,12 @@ class Recorder(T.TrainSim):
         super()._add_node(nid, stage, cap, applied)
 
 
+def _small(policy: str, leave_wait_s: float = LEAVE_WAIT_S) -> Recorder:
+    """The setting of the machine (module docstring), with a fresh copy of its network."""
+    s = Setting("pausing", dict(RELAYS), T.make_setting(SETTING, SEED).net, BASE.data)
+    return Recorder(s, policy, 0.0, SEED, rejoin=False, pause_empty=True, leave_wait_s=leave_wait_s)
+
+
 class PausingRules(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -119,10 +132,10 @@ class PausingRules(RuleBasedStateMachine):
         self.losing = 0  # phase frames still to lose
         self.lost_at = 0.0  # when the last one was lost
 
-    @initialize(policy=st.sampled_from(["swarm", "gwtf"]))
-    def start(self, policy: str) -> None:
-        s = Setting("pausing", dict(RELAYS), T.make_setting(SETTING, SEED).net, BASE.data)
-        self.sim = Recorder(s, policy, 0.0, SEED, rejoin=False, pause_empty=True)
+    @initialize(policy=st.sampled_from(["swarm", "gwtf"]), leave_wait_s=st.sampled_from(LEAVE_WAITS))
+    def start(self, policy: str, leave_wait_s: float) -> None:
+        self.sim = _small(policy, leave_wait_s)
+        self.bound = bound(leave_wait_s)
         self.sim.drop = self._drop
         self.sim.run(10**9, until=1.0)
         self.quiet_since = 0.0
@@ -152,8 +165,8 @@ class PausingRules(RuleBasedStateMachine):
             marks = [self.quiet_since] + [t for t, n, _, _ in s.opens if n == d and t >= self.quiet_since] + [s.now]
             gap = max(b - a for a, b in zip(marks, marks[1:]))
             SEEN["max_gap"] = max(SEEN["max_gap"], gap)
-            assert gap <= BOUND, (
-                f"{d} opened nothing for {gap:.0f} s (bound {BOUND:.0f} s) in a quiet window from "
+            assert gap <= self.bound, (
+                f"{d} opened nothing for {gap:.0f} s (bound {self.bound:.0f} s) in a quiet window from "
                 f"{self.quiet_since:.0f} s with every stage served: paused {s.paused.get(d)}, waits "
                 f"{ {n: ph.waiting(s.now) for n, ph in s.phases.items() if n not in s.dead and ph.waiting(s.now)} }")
 
@@ -215,7 +228,7 @@ class PausingRules(RuleBasedStateMachine):
         """The swarm is whole: run until every live data node opened one more iteration (BOUND + 1 s at most)."""
         s = self.sim
         want = {d: s.nodes[d].iteration + 1 for d in s._live_data()}
-        end = s.now + BOUND + 1.0
+        end = s.now + self.bound + 1.0
         while s.now < end and any(s.nodes[d].iteration < it for d, it in want.items() if d not in s.dead):
             self._run(min(end, s.now + 50.0))
 
@@ -269,3 +282,51 @@ class PausingRules(RuleBasedStateMachine):
 
 PausingRules.TestCase.settings = settings(max_examples=40, stateful_step_count=20, deadline=None)
 TestPausingRules = PausingRules.TestCase
+
+
+def test_an_empty_stage_pauses_the_run_until_a_relay_serves_it() -> None:
+    """Stage 2 loses one relay to a crash and the other to a leave: the data nodes finish the iteration in
+    flight, then pause (no idle iteration) and say for which stage; a relay back with the stage's checkpoint
+    makes them open at once, and the run trains on."""
+    sim = _small("swarm")
+    sim.run(10**9, until=300.0)
+    sim.crash_relay("s2r0")
+    sim.leave_relay("s2r1")
+    sim.run(10**9, until=5000.0)
+    assert [(t, r) for t, r in sim.left] and sim.left[0][1] == "s2r1"
+    assert set(sim.paused) == set(sim.data)
+    p = sim.paused["d0"]
+    assert p.stages == (2,) and sim.phases["d0"].iteration == p.iteration
+    opened = len(sim.opens)
+    sim.join_relay(2, BASE.net.loc["s2r0"])
+    assert not sim.paused and len(sim.opens) == opened + 2  # both data nodes opened at once
+    assert all(t == sim.now and it == p.iteration for t, _, it, _ in sim.opens[-2:])
+    sim.run(10**9, until=sim.now + 1500.0)
+    assert min(sim.nodes[d].iteration for d in sim.data) >= p.iteration + 2
+    assert [(d, it) for d, it, *_ in sim.pauses] == [("d0", p.iteration), ("d1", p.iteration)]
+
+
+def test_without_the_pause_the_run_goes_on_deferring() -> None:
+    """`pause_empty=False` (the simulator's default): the same empty stage, iterations keep opening."""
+    s = Setting("pausing", dict(RELAYS), T.make_setting(SETTING, SEED).net, BASE.data)
+    sim = Recorder(s, "swarm", 0.0, SEED, rejoin=False)
+    sim.run(10**9, until=300.0)
+    sim.crash_relay("s2r0")
+    sim.crash_relay("s2r1")
+    sim.run(10**9, until=8000.0)
+    assert not sim.paused and any(empty for *_, empty in sim.opens)
+
+
+def test_a_leaving_relay_finishes_its_iteration_and_its_aggregation() -> None:
+    """A relay that leaves in iteration t takes part in t's aggregation (its step applied), says Goodbye once
+    its CAN TAKE is sent, and is not named in any later aggregation."""
+    sim = _small("swarm", leave_wait_s=600.0)
+    sim.run(10**9, until=100.0)
+    t = sim.phases["s1r0"].applied
+    sim.leave_relay("s1r0")
+    assert sim.leaving == {"s1r0": t}
+    sim.run(10**9, until=2000.0)
+    assert ("s1r0", t) in sim.steps_done and "s1r0" in sim.dead and not sim.leaving
+    assert not any(("s1r0", i) in sim.steps_done for i in range(t + 1, t + 10))
+    later = [sim.phases["s1r1"].group(i, 1) for i in sorted(sim.phases["s1r1"].groups) if i > t]
+    assert later and all(g == {"s1r1"} for g in later)
