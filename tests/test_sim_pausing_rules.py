@@ -12,8 +12,11 @@ iteration in flight, then Goodbye), crashes (`crash_relay`: the others learn
 it DETECT_S later), phase frames are lost (their senders resend them), and
 time passes (`advance`; `into_aggregation` runs until an aggregation is under
 way, so that the churn also falls between BEGIN AGGREGATION and CAN TAKE;
-`settle` runs until every data node opened once more).  Both policies (GWTF's
-flow machines, SWARM) are drawn.
+`settle` runs until every data node opened once more).  Drawn at the start:
+the policy (GWTF's flow machines, or SWARM), how long a leaving relay waits for
+its last aggregation (the daemon's LEAVE_WAIT_S, or long enough to finish an
+iteration of this setting) and how late crashes are learned (the daemon's
+DETECT_S, or 60 s).
 
 Invariants, after every rule:
 
@@ -38,9 +41,9 @@ Invariants, after every rule:
 BOUND, from the setting and the protocol's deadlines (not measured):
 the iteration in flight when the window starts and the next one each take at
 most ITERATION_S, plus what the churn just before the window may still cost:
-DETECT_S (a crash is learned), ALLREDUCE_TIMEOUT_S (a round waits for a
+`detect_s` (a crash is learned), ALLREDUCE_TIMEOUT_S (a round waits for a
 named member that died before its part), WAIT_BOUND_S (a missing CAN TAKE is
-asked for again), LEAVE_WAIT_S (a leaving relay's last wait) and the
+asked for again), `leave_wait_s` (a leaving relay's last wait) and the
 retransmissions of RETRY_S.  ITERATION_S is the work of one iteration done
 one piece at a time: each of the D x M microbatches crosses 2 (S + 1) links
 at the slowest transfer of an activation between the setting's locations,
@@ -86,11 +89,12 @@ S = len(STAGE_SIZES)
 ITERATION_S = (len(BASE.data) * MICROBATCHES * (2 * (S + 1) * _slowest(ACTIVATION_MB) + IDEAL_MB_S)
                + 2 * _slowest(max(gradient_mb(k) for k in range(S))) + OPTIMIZER_STEP_S + _slowest(STAGE_STATE_MB))
 LEAVE_WAITS = (LEAVE_WAIT_S, 600.0)  # the daemon's, and one long enough to finish an iteration of this setting
+DETECTS = (DETECT_S, 60.0)  # the daemon's liveness check, and heartbeats or DHT entries expiring (a bench row)
 
 
-def bound(leave_wait_s: float) -> float:
-    """BOUND (module docstring) with a leaving relay's wait `leave_wait_s`."""
-    return 2 * ITERATION_S + DETECT_S + ALLREDUCE_TIMEOUT_S + WAIT_BOUND_S + leave_wait_s + 2 * RETRY_S
+def bound(leave_wait_s: float, detect_s: float) -> float:
+    """BOUND (module docstring) with a leaving relay's wait `leave_wait_s` and crashes learned `detect_s` late."""
+    return 2 * ITERATION_S + detect_s + ALLREDUCE_TIMEOUT_S + WAIT_BOUND_S + leave_wait_s + 2 * RETRY_S
 
 
 SEEN: dict = {"max_gap": 0.0}  # the longest gap in a quiet window (scripts read it)
@@ -118,10 +122,11 @@ class Recorder(T.TrainSim):
         super()._add_node(nid, stage, cap, applied)
 
 
-def _small(policy: str, leave_wait_s: float = LEAVE_WAIT_S) -> Recorder:
+def _small(policy: str, leave_wait_s: float = LEAVE_WAIT_S, detect_s: float = DETECT_S) -> Recorder:
     """The setting of the machine (module docstring), with a fresh copy of its network."""
     s = Setting("pausing", dict(RELAYS), T.make_setting(SETTING, SEED).net, BASE.data)
-    return Recorder(s, policy, 0.0, SEED, rejoin=False, pause_empty=True, leave_wait_s=leave_wait_s)
+    return Recorder(s, policy, 0.0, SEED, rejoin=False, pause_empty=True, leave_wait_s=leave_wait_s,
+                    detect_s=detect_s)
 
 
 class PausingRules(RuleBasedStateMachine):
@@ -132,10 +137,11 @@ class PausingRules(RuleBasedStateMachine):
         self.losing = 0  # phase frames still to lose
         self.lost_at = 0.0  # when the last one was lost
 
-    @initialize(policy=st.sampled_from(["swarm", "gwtf"]), leave_wait_s=st.sampled_from(LEAVE_WAITS))
-    def start(self, policy: str, leave_wait_s: float) -> None:
-        self.sim = _small(policy, leave_wait_s)
-        self.bound = bound(leave_wait_s)
+    @initialize(policy=st.sampled_from(["swarm", "gwtf"]), leave_wait_s=st.sampled_from(LEAVE_WAITS),
+                detect_s=st.sampled_from(DETECTS))
+    def start(self, policy: str, leave_wait_s: float, detect_s: float) -> None:
+        self.sim = _small(policy, leave_wait_s, detect_s)
+        self.bound = bound(leave_wait_s, detect_s)
         self.sim.drop = self._drop
         self.sim.run(10**9, until=1.0)
         self.quiet_since = 0.0
@@ -190,6 +196,16 @@ class PausingRules(RuleBasedStateMachine):
         self.sim.join_relay(stage, LOCS[loc])
         self._churned()
 
+    @precondition(lambda self: self.sim is not None and not self._whole())
+    @rule(loc=st.integers(0, len(LOCS) - 1))
+    def refill(self, loc: int) -> None:
+        """A relay joins every stage that has no live relay that stays (from its checkpoint if it is empty)."""
+        s = self.sim
+        for k in range(S):
+            if not any(s.stage[r] == k and r not in s.leaving for r in self._live()):
+                s.join_relay(k, LOCS[loc])
+        self._churned()
+
     @rule(i=st.integers(0, 30))
     def leave(self, i: int) -> None:
         cands = [r for r in self._live() if r not in self.sim.leaving]
@@ -203,6 +219,16 @@ class PausingRules(RuleBasedStateMachine):
         if cands:
             self.sim.crash_relay(cands[i % len(cands)])
             self._churned()
+
+    @rule(stage=st.integers(0, S - 1), leave=st.booleans())
+    def empty_a_stage(self, stage: int, leave: bool) -> None:
+        """Every live relay of `stage` leaves (or crashes) now: the stage is empty, the run pauses."""
+        for r in [r for r in self._live() if self.sim.stage[r] == stage]:
+            if leave:
+                self.sim.leave_relay(r)
+            else:
+                self.sim.crash_relay(r)
+        self._churned()
 
     @rule(n=st.integers(1, 6))
     def lose_phase_frames(self, n: int) -> None:

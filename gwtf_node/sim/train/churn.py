@@ -90,6 +90,7 @@ class ChurnDriver:
         if nid in self.dead or nid not in self.nodes:
             return
         self.dead.add(nid)
+        self.leaving.pop(nid, None)  # (a leaving relay may crash before its Goodbye)
         self.crashed_at[nid] = self.now
         self.crashes.append((self.now, nid))
         if self.trace is not None:
