@@ -10,7 +10,8 @@ collection, so a test module needs no marker of its own to be in its tier.
 The suite runs in two pytest-xdist workers (`-n 2 --dist loadgroup`, the
 README's test command): tests that share a fixture wider than one test (a
 module's swarm) get one `xdist_group`, so that they run in one worker and the
-fixture is set up once.
+fixture is set up once.  The slow tests are collected first, so that the fast
+ones fill the workers' last minutes.
 
 Hypothesis runs derandomized by default, so that CI is repeatable: the same
 examples every run.  Explore with fresh random examples locally:
@@ -23,6 +24,7 @@ from __future__ import annotations
 import inspect
 import os
 import types
+from pathlib import Path
 
 import pytest
 from hypothesis import given, is_hypothesis_test, settings
@@ -34,6 +36,7 @@ settings.register_profile("explore")
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 SWARM_STARTERS = (local.LocalSwarm, local.run_local)  # what makes a test multi-process
+TESTS_DIR = Path(__file__).resolve().parent
 
 
 def _code_objects(code: types.CodeType):
@@ -41,6 +44,12 @@ def _code_objects(code: types.CodeType):
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             yield from _code_objects(const)
+
+
+def _is_test_helper(func) -> bool:
+    """Whether `func` is defined in a module of tests/ (a shared helper such as restartutil's swarm builders)."""
+    path = getattr(getattr(func, "__code__", None), "co_filename", "")
+    return Path(path).resolve().parent == TESTS_DIR
 
 
 def uses_any(func, targets: tuple, namespace: dict, _seen: set | None = None) -> bool:
@@ -60,6 +69,9 @@ def uses_any(func, targets: tuple, namespace: dict, _seen: set | None = None) ->
                 return True
             if inspect.isfunction(obj) and obj.__module__ == namespace.get("__name__"):
                 if uses_any(obj, targets, namespace, seen):
+                    return True
+            elif inspect.isfunction(obj) and _is_test_helper(obj):  # a helper of tests/ (swarmutil, restartutil)
+                if uses_any(obj, targets, getattr(inspect.getmodule(obj), "__dict__", {}), seen):
                     return True
     return False
 
@@ -110,3 +122,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         shared = shared_fixtures(item)
         if shared and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(shared[0]))
+    # the slow tests first (stable: each tier keeps its order), so that the fast ones fill the workers' last
+    # minutes instead of one swarm running alone at the end
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
+from gwtf_node.runtime.local import FORK_SERVER_COMMAND
 from gwtf_node.runtime.zygote import Zygote
 
 pytestmark = pytest.mark.multiprocess
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.multiprocess
 
 @pytest.fixture(scope="module")
 def zygote():
-    z = Zygote()
+    z = Zygote(FORK_SERVER_COMMAND)
     try:
         yield z
     finally:
@@ -81,7 +82,7 @@ def test_a_node_is_its_own_session_and_its_signals_give_the_popen_statuses(zygot
 
 
 def test_closing_the_zygote_kills_what_it_started(tmp_path: Path) -> None:
-    z = Zygote()
+    z = Zygote(FORK_SERVER_COMMAND)
     try:
         child, _ = _node(tmp_path, z, "c")
     finally:

@@ -427,6 +427,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_init_run_parsers(sub)
 
+    j = _add_join_parser(sub)
+    add_config_parser(sub, j)
+    _add_local_parser(sub)
+    _add_leave_parser(sub)
+
+    add_status_parser(sub)
+
+    add_service_parser(sub, j)  # install-service: `join` as a systemd service (service.py)
+    return p
+
+
+def _add_join_parser(sub: Any) -> argparse.ArgumentParser:
+    """`join`: the daemon's flags, each also a config key and a GWTF_* variable (config.py); its parser."""
     j = sub.add_parser("join", help="start a long-lived node of a run")
     j.add_argument("--run", required=True, help="run manifest (gwtf-node init-run)")
     j.add_argument("--bootstrap", action="append", default=[], metavar="MULTIADDR",
@@ -495,8 +508,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a public node: relay connections between nodes behind different NAT routers (circuit "
                         "relay v2; nodes with only private addresses reserve a slot on the peers they dial)")
     j.set_defaults(func=configurable(j, cmd_join))  # last: every flag above is also a config key and GWTF_* variable
-    add_config_parser(sub, j)
+    return j
 
+
+def _add_local_parser(sub: Any) -> None:
+    """`local`: a whole swarm on loopback (runtime/local.py), or its centralized reference."""
     lo = sub.add_parser("local", help="a whole swarm of separate processes on loopback, training a small model")
     lo.add_argument("--data-nodes", type=_positive_int, default=1)
     lo.add_argument("--stages", type=_positive_int, default=2)
@@ -533,15 +549,13 @@ def build_parser() -> argparse.ArgumentParser:
     lo.add_argument("--json", action="store_true", help="one JSON object per iteration on stdout")
     lo.set_defaults(func=cmd_local)
 
+
+def _add_leave_parser(sub: Any) -> None:
+    """`leave`: make a running node leave, by its state directory."""
     lv = sub.add_parser("leave", help="make a running node leave gracefully (no work is wasted)")
     lv.add_argument("--state-dir", default="gwtf-state", help="the node's state directory")
     lv.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for it to be gone")
     lv.set_defaults(func=cmd_leave)
-
-    add_status_parser(sub)
-
-    add_service_parser(sub, j)  # install-service: `join` as a systemd service (service.py)
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:

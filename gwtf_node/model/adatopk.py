@@ -44,27 +44,8 @@ Choices where the paper is silent or where this system differs:
   gradients of the same parameters step after step; the tensors here are the
   activations of different microbatches, whose residuals do not belong to
   the next microbatch.
-
-* The gradient of a Top-K activation (`Gradients`, the manifest's
-  `train.compression_gradients`).  FusionLLM compresses the gradients with
-  Top-K of their own (`topk`): the receiver of a sparse activation computes
-  the gradient of its dense rebuild, keeps that gradient's largest elements
-  at the link's ratio, and the sender back-propagates them through every
-  element of its output, those it dropped included.  The default here
-  (`aligned`) sends the gradient at the indices of the activation it belongs
-  to: the elements the sender dropped never reached the receiver, so their
-  gradient through the sparsified link is zero, and the kept ones carry the
-  exact gradient.  Training then follows the exact gradient of the network
-  it evaluates (the forward pass with the Top-K in it), at the same k and
-  the same bytes as the activation.  On the benchmark's model (hidden 128,
-  1 data node, 2 stages, the ratios Equation 7 gives on geo12 with the data
-  node's links the slowest: 20x into stage 0, 18.8x out of the last stage,
-  the stage-to-stage link dense), centralized training with the Top-K at the
-  crossings (`scripts/bench_compression.py --centralized`, 100 iterations)
-  ends 29 % above the dense loss with `topk` gradients, which stop the
-  descent after about 40 iterations, and 0.7 % below it with `aligned`
-  ones (within 2 % from iteration 69 on; uniform Top-K at 10x: 1.6 %
-  below).  A gradient whose activation came dense follows the link's ratio.
+* The gradient of a Top-K activation: `Gradients` says how it travels back
+  and why `aligned` is the default.
 
 This module is pure Python (no torch): the manifest imports `Compression`.
 """
@@ -87,7 +68,27 @@ class Compression(str, enum.Enum):
 
 
 class Gradients(str, enum.Enum):
-    """The manifest's `train.compression_gradients`: how the gradient of a Top-K activation travels back."""
+    """The manifest's `train.compression_gradients`: how the gradient of a Top-K activation travels back.
+
+    FusionLLM compresses the gradients with Top-K of their own (`topk`): the receiver of a sparse activation computes
+    the gradient of its dense rebuild, keeps that gradient's largest elements
+    at the link's ratio, and the sender back-propagates them through every
+    element of its output, those it dropped included.  The default here
+    (`aligned`) sends the gradient at the indices of the activation it belongs
+    to: the elements the sender dropped never reached the receiver, so their
+    gradient through the sparsified link is zero, and the kept ones carry the
+    exact gradient.  Training then follows the exact gradient of the network
+    it evaluates (the forward pass with the Top-K in it), at the same k and
+    the same bytes as the activation.  On the benchmark's model (hidden 128,
+    1 data node, 2 stages, the ratios Equation 7 gives on geo12 with the data
+    node's links the slowest: 20x into stage 0, 18.8x out of the last stage,
+    the stage-to-stage link dense), centralized training with the Top-K at the
+    crossings (`scripts/bench_compression.py --centralized`, 100 iterations)
+    ends 29 % above the dense loss with `topk` gradients, which stop the
+    descent after about 40 iterations, and 0.7 % below it with `aligned`
+    ones (within 2 % from iteration 69 on; uniform Top-K at 10x: 1.6 %
+    below).  A gradient whose activation came dense follows the link's ratio.
+    """
 
     ALIGNED = "aligned"  # at the activation's own indices: the exact gradient through the sparsified link
     TOPK = "topk"  # its own Top-K at the link's ratio (FusionLLM)

@@ -221,72 +221,11 @@ class RunManifest:
         """Raise ManifestError on the first problem found."""
         if not isinstance(self.run_name, str) or not self.run_name:
             raise ManifestError("run_name must be a non-empty string")
-        m = self.model
-        if m.family not in FAMILIES:
-            raise ManifestError(f"model.family is {m.family!r}; use one of {', '.join(FAMILIES)}")
-        if not isinstance(m.config, dict):
-            raise ManifestError("model.config must be an object of HF config keyword arguments")
-        if m.weights is not None and (not isinstance(m.weights, str) or not m.weights):
-            raise ManifestError("model.weights must be a file path or null")
-        if m.weights_sha256 is not None:
-            if not m.weights:
-                raise ManifestError("model.weights_sha256 is set but model.weights is not: give both, or neither")
-            if not isinstance(m.weights_sha256, str) or len(m.weights_sha256) != 64 or \
-                    any(c not in "0123456789abcdef" for c in m.weights_sha256):
-                raise ManifestError(f"model.weights_sha256 is {m.weights_sha256!r}; give 64 lowercase hex digits "
-                                    "(the sha256 of the weights file)")
-        check_config(m.family, m.config)
-        dims = model_dims(m)
-        if dims.hidden % dims.heads:
-            raise ManifestError(
-                f"hidden size {dims.hidden} is not divisible by {dims.heads} attention heads: change one of them"
-            )
-        if dims.heads % dims.kv_heads:
-            raise ManifestError(f"model.config.num_key_value_heads {dims.kv_heads} does not divide the "
-                                f"{dims.heads} attention heads: grouped-query attention needs a divisor")
-        for key, value in m.config.items():
-            if (key.endswith("dropout") or key.endswith("pdrop")) and value not in (0, 0.0, None):
-                raise ManifestError(
-                    f"model.config.{key} = {value}: dropout is not supported (set it to 0.0); "
-                    "a recomputed stage must reproduce the same activations"
-                )
+        dims = _check_model(self.model)
         _check_stages(self.stages, dims.layers)
-        dt = self.data
-        for name in ("seq_len", "microbatch_size", "microbatches_per_iteration"):
-            v = getattr(dt, name)
-            if not _is_int(v) or v <= 0:
-                raise ManifestError(f"data.{name} is {v!r}; it must be a positive integer")
-        if dt.seq_len > dims.max_positions:
-            raise ManifestError(
-                f"data.seq_len {dt.seq_len} exceeds the model's {dims.max_positions} positions: "
-                "lower seq_len or raise max_position_embeddings / n_positions"
-            )
-        if not isinstance(dt.tokenizer, str) or not dt.tokenizer:
-            raise ManifestError("data.tokenizer must be \"bytes\" or the path of a tokenizer.json")
-        if dt.tokenizer == "bytes" and dims.vocab < BYTE_VOCAB:
-            raise ManifestError(f"vocab_size {dims.vocab} is below the byte tokenizer's {BYTE_VOCAB}")
-        if isinstance(dt.source, str):
-            if dt.source != "bundled":
-                raise ManifestError(f"data.source is {dt.source!r}; use \"bundled\" or a list of file paths")
-        elif isinstance(dt.source, list) and dt.source and all(isinstance(s, str) for s in dt.source):
-            for s in dt.source:
-                if not (s.endswith(".txt") or s.endswith(".jsonl")):
-                    raise ManifestError(f"data source {s!r} must be a .txt or .jsonl file")
-        else:
-            raise ManifestError("data.source must be \"bundled\" or a non-empty list of file paths")
+        _check_data(self.data, dims)
+        _check_train(self.train)
         t = self.train
-        if t.optimizer not in OPTIMIZERS:
-            raise ManifestError(f"train.optimizer is {t.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
-        for name in ("lr", "eps", "weight_decay", "momentum"):
-            v = getattr(t, name)
-            if not _is_number(v) or v < 0 or (name in ("lr", "eps") and v == 0):
-                raise ManifestError(f"train.{name} is {v!r}; it must be a finite number > 0 (>= 0 for decay/momentum)")
-        if len(t.betas) != 2 or not all(_is_number(b) and 0 <= b < 1 for b in t.betas):
-            raise ManifestError(f"train.betas is {t.betas!r}; give two numbers in [0, 1)")
-        if not _is_int(t.seed) or t.seed < 0:
-            raise ManifestError(f"train.seed is {t.seed!r}; it must be a non-negative integer")
-        _check_compression(t)
-        check_precision(t.precision, t.wire_dtype, ManifestError)
         for name in ("owner_public_key", "signature"):
             if not isinstance(getattr(self, name), str):
                 raise ManifestError(f"{name} is {getattr(self, name)!r}; it must be a string of hex digits (or absent)")
@@ -316,6 +255,82 @@ class RunManifest:
         for what, p in paths:
             if not self.resolve_path(p).is_file():
                 raise ManifestError(f"{what} file {p!r} not found (resolved to {self.resolve_path(p)})")
+
+
+def _check_model(m: ModelSpec) -> ModelDims:
+    """The model section: family, HF config, weights file and digest, head and layer counts; its dimensions."""
+    if m.family not in FAMILIES:
+        raise ManifestError(f"model.family is {m.family!r}; use one of {', '.join(FAMILIES)}")
+    if not isinstance(m.config, dict):
+        raise ManifestError("model.config must be an object of HF config keyword arguments")
+    if m.weights is not None and (not isinstance(m.weights, str) or not m.weights):
+        raise ManifestError("model.weights must be a file path or null")
+    if m.weights_sha256 is not None:
+        if not m.weights:
+            raise ManifestError("model.weights_sha256 is set but model.weights is not: give both, or neither")
+        if not isinstance(m.weights_sha256, str) or len(m.weights_sha256) != 64 or \
+                any(c not in "0123456789abcdef" for c in m.weights_sha256):
+            raise ManifestError(f"model.weights_sha256 is {m.weights_sha256!r}; give 64 lowercase hex digits "
+                                "(the sha256 of the weights file)")
+    check_config(m.family, m.config)
+    dims = model_dims(m)
+    if dims.hidden % dims.heads:
+        raise ManifestError(
+            f"hidden size {dims.hidden} is not divisible by {dims.heads} attention heads: change one of them"
+        )
+    if dims.heads % dims.kv_heads:
+        raise ManifestError(f"model.config.num_key_value_heads {dims.kv_heads} does not divide the "
+                            f"{dims.heads} attention heads: grouped-query attention needs a divisor")
+    for key, value in m.config.items():
+        if (key.endswith("dropout") or key.endswith("pdrop")) and value not in (0, 0.0, None):
+            raise ManifestError(
+                f"model.config.{key} = {value}: dropout is not supported (set it to 0.0); "
+                "a recomputed stage must reproduce the same activations"
+            )
+    return dims
+
+
+def _check_data(dt: DataSpec, dims: ModelDims) -> None:
+    """The data section: microbatch shape against the model's positions, tokenizer, sources."""
+    for name in ("seq_len", "microbatch_size", "microbatches_per_iteration"):
+        v = getattr(dt, name)
+        if not _is_int(v) or v <= 0:
+            raise ManifestError(f"data.{name} is {v!r}; it must be a positive integer")
+    if dt.seq_len > dims.max_positions:
+        raise ManifestError(
+            f"data.seq_len {dt.seq_len} exceeds the model's {dims.max_positions} positions: "
+            "lower seq_len or raise max_position_embeddings / n_positions"
+        )
+    if not isinstance(dt.tokenizer, str) or not dt.tokenizer:
+        raise ManifestError("data.tokenizer must be \"bytes\" or the path of a tokenizer.json")
+    if dt.tokenizer == "bytes" and dims.vocab < BYTE_VOCAB:
+        raise ManifestError(f"vocab_size {dims.vocab} is below the byte tokenizer's {BYTE_VOCAB}")
+    if isinstance(dt.source, str):
+        if dt.source != "bundled":
+            raise ManifestError(f"data.source is {dt.source!r}; use \"bundled\" or a list of file paths")
+    elif isinstance(dt.source, list) and dt.source and all(isinstance(s, str) for s in dt.source):
+        for s in dt.source:
+            if not (s.endswith(".txt") or s.endswith(".jsonl")):
+                raise ManifestError(f"data source {s!r} must be a .txt or .jsonl file")
+    else:
+        raise ManifestError("data.source must be \"bundled\" or a non-empty list of file paths")
+
+
+def _check_train(t: TrainSpec) -> None:
+    """The train section's optimizer, seed, compression and precision (the clipping norm is checked after the
+    signature fields, in `RunManifest.validate`)."""
+    if t.optimizer not in OPTIMIZERS:
+        raise ManifestError(f"train.optimizer is {t.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
+    for name in ("lr", "eps", "weight_decay", "momentum"):
+        v = getattr(t, name)
+        if not _is_number(v) or v < 0 or (name in ("lr", "eps") and v == 0):
+            raise ManifestError(f"train.{name} is {v!r}; it must be a finite number > 0 (>= 0 for decay/momentum)")
+    if len(t.betas) != 2 or not all(_is_number(b) and 0 <= b < 1 for b in t.betas):
+        raise ManifestError(f"train.betas is {t.betas!r}; give two numbers in [0, 1)")
+    if not _is_int(t.seed) or t.seed < 0:
+        raise ManifestError(f"train.seed is {t.seed!r}; it must be a non-negative integer")
+    _check_compression(t)
+    check_precision(t.precision, t.wire_dtype, ManifestError)
 
 
 def _check_stages(stages: Sequence[tuple[int, int]], n_layers: int) -> None:

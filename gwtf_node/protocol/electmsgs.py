@@ -16,7 +16,7 @@ class RequestVote:
     term: int
     pre: bool
     sent_at: float  # the sender's clock; echoed in the Vote, only the sender compares it
-    cfg_term: int = 0  # the candidate's voter set: the term of the leader it came from (leader.py "Voter set")
+    cfg_term: int = 0  # the candidate's voter set: the term of the leader it came from (voters.py "Voter set")
     cfg_version: int = 0  # ... and its version in that term; a voter grants only to a set at least as new
     lease_s: float = 0.0  # a grant promises no other vote for max(this, the voter's own lease floor)
 
@@ -33,12 +33,12 @@ class Vote:
 
 @dataclass(frozen=True, slots=True)
 class LeaderHeartbeat:
-    """The leader of `term` renews its lease and shares its voter set (leader.py "Voter set")."""
+    """The leader of `term` renews its lease and shares its voter set (voters.py "Voter set")."""
 
     term: int
     sent_at: float  # the leader's clock; echoed in the HeartbeatAck
     data_nodes: tuple[str, ...]  # the voters that may lead
-    witnesses: tuple[str, ...] = ()  # the voters that only vote (relays, leader.py "Witnesses")
+    witnesses: tuple[str, ...] = ()  # the voters that only vote (relays, voters.py "Two data nodes: witnesses")
     cfg_version: int = 0  # version of this voter set within `term` (one change per version)
     lease_s: float = 0.0  # an ack promises no other vote for max(this, the voter's own lease floor)
 

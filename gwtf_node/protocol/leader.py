@@ -11,7 +11,7 @@ only the election and the lease matter.
 Theory of operation
 -------------------
 *Voters* are the data nodes plus *witnesses* (relays that vote but never
-run, see "Two data nodes" below).  A quorum is a strict majority of the
+run, see voters.py).  A quorum is a strict majority of the
 voter set a node holds: ``len(voters) // 2 + 1``.
 
 Every grant is a *promise*.  A voter that votes for C, or acknowledges a
@@ -45,104 +45,12 @@ a node that was cut off keeps asking in pre-votes that nobody grants, so its
 term does not grow, and when the partition heals it simply follows the
 leader's heartbeats instead of deposing it with a higher term.
 
-Liveness bound.  Let the network be synchronous with one-way delay at most
-``delta``, a quorum of voters be live and connected, and the leader vanish
-(crash, or cut off from the quorum) at time t0.  Every follower received the
-last heartbeat by t0 + delta, so every promise to the old leader has ended by
-t0 + delta + lease_s, and the first follower's election timer fires by
-t0 + delta + et_max (et_max = ``election_timeout_s[1]``; the config enforces
-lease_s <= et_min, and with et_min >= lease_s + delta, as the defaults give for
-delta <= 0.5 s, the first pre-vote finds every promise ended).  A pre-vote
-round and a vote round take 2 delta each, so:
-
-    new leader acting by  t0 + delta + et_max + 4 delta
-
-unless two candidates fire within 4 delta of each other and split the votes;
-each split costs at most one more et_max + 4 delta, and happens with
-probability at most (voters - 1) * 4 delta / (et_max - et_min) per round
-(timeouts are drawn uniformly from ``election_timeout_s`` with the seeded
-RNG).  The old leader stops acting by t0 + lease' on its own clock, before
-anyone else can be elected.
-
-Two data nodes: witnesses.  With two voters the quorum is 2: if either
-crashes, or the two are partitioned, nobody can renew a lease.  Any rule that
-lets one side of a 2-node partition act alone (lowest id wins, the last
-leader keeps it) yields two leaders when the partition is symmetric or none
-when the favoured node is the one that crashed; a third vote is the only way
-out.  Hence *witnesses*: relays that vote and acknowledge heartbeats like any
-voter but never stand (``LeaderConfig.witness``: no election timer; a voter
-grants only to a data node of its set).  A witness persists the same state
-as a data node, so a restarted witness never votes twice in a term.  The
-leader chooses them (``voters.next_change``): while the set has exactly two
-data nodes, the admitted relay with the lowest peer id that is not gone
-joins as the one witness (2 of 3 tolerates one failure).  One data node has
-none (it is the only node that may lead: a witness would add a failure and
-no availability); three or more have none.
-
-Voter set.  The set (data nodes and witnesses) is Raft's configuration with
-single-server changes (Ongaro's thesis section 4.3), here without a log: the
-set itself plays the log.  Every node holds one ``VoterSet`` stamped
-``(term, version)``: the term of the leader it came from and its version in
-that term.  Rules:
-
-1. Only the acting leader changes the set, by one voter at a time, and only
-   once the current set is *committed*: a quorum of it acknowledged a
-   heartbeat carrying it in the leader's own term (``committed``).  On
-   winning, the leader restamps its set with its term (Raft's no-op entry),
-   so its first change waits for a quorum of its term's acknowledgements.
-2. Heartbeats carry the set; a follower adopts it when its stamp is newer
-   than its own (an older heartbeat of the same term arriving late changes
-   nothing), and persists it before acknowledging.
-3. Every node counts quorums in the newest set it holds; a voter grants a
-   vote or a pre-vote only to a candidate whose stamp (sent in RequestVote)
-   is not older than its own (Raft's up-to-date check).
-
-Why one leader at a time still holds: two sets that differ by one voter have
-intersecting majorities, so the lease argument above goes through whenever
-the leader's set and a candidate's are equal or adjacent.  They always are:
-a leader proposes version v + 1 only after v is committed in its term, so a
-quorum of v holds a stamp of that term; a candidate still holding an older
-set (v - 1, or one from an earlier term) needs a quorum of it, which meets
-that committed quorum (adjacent sets), and there a voter with the newer
-stamp refuses it (rule 3).  A set made by a leader of an earlier term that
-never got committed is overwritten by the next leader's (rule 2), and the
-no-op of rule 1 is exactly Raft's fix of the single-server change bug: a new
-leader cannot start a change that conflicts with an uncommitted one of a
-previous term, since it first commits its own term in the old set.  The
-leader's lease is counted over its current set; promises given under the
-previous set still count (a promise is a promise) and the two are adjacent.
-
-Removal.  A voter that said Goodbye (``voter_left``) or whose acks the
-leader has not heard for ``voter_gone_s`` (``voters.VOTER_GONE_S``, 30 s:
-longer than a daemon restart, many election timeouts) is removed, one at a
-time as above; the leader never removes itself.  Additions come before
-removals for data nodes (``add_data_node``: an admitted data node is known),
-and a gone voter is removed before a witness is trimmed, so a set still
-counting a dead data node keeps its witness.  A data node outside the set
-still receives the heartbeats: its acks mark it heard, and it is added back
-(a restarted data node with the same id rejoins this way); a voter removed
-as gone is not re-added until it is heard again.  A data node that starts
-later needs no list: it starts from the initial set, whose stamp (0, 0) no
-voter of a running set grants to, and the leader adds it.
-
-Leases from round trips.  A request carries the lease it asks for
-(``lease_s``); a voter promises ``max(asked, cfg.lease_s)`` and refuses a
-request asking more than ``cfg.max_lease_s``; it persists the longest promise
-it gave, and ``start`` honours it after a restart.  The leader counts each
-grant with the lease that request asked (unknown: the floor), so it may
-change its lease at any time (``set_lease``, sized by
-``voters.lease_for_rtts`` from measured round trips, never below
-``cfg.lease_s``); heartbeats and election timeouts scale with it.
-
-Refusals.  A refused Vote carries only ``granted = False`` and the voter's
-term: a reason enum would need an entry in codec._ENUMS, which this change
-does not touch.
-
-Restarts.  A restarted node must not forget a promise: ``start`` refuses all
-votes for the longest lease it ever promised, and a node that persisted
-``persistent_state()`` (term, vote, voter set) before sending each Vote or
-HeartbeatAck restores it with ``restore``; one that did not must use a fresh
-identity.
+The rest of the theory sits with the code it governs: the liveness bound
+with ``LeaderConfig`` (its timing constraints), leases sized from round
+trips with ``LeaderMachine.set_lease``, refusals with ``_on_request_vote``,
+restarts with ``LeaderMachine.restore``; the voter set (witnesses, its
+changes and why one leader at a time still holds) in voters.py, and removals
+from it with ``voters.next_change``.
 """
 
 from __future__ import annotations
@@ -169,9 +77,31 @@ class Role(enum.Enum):
 
 @dataclass(frozen=True)
 class LeaderConfig:
+    """The election's settings, checked on creation (the checks keep the bound below).
+
+    Liveness bound.  Let the network be synchronous with one-way delay at most
+    ``delta``, a quorum of voters be live and connected, and the leader vanish
+    (crash, or cut off from the quorum) at time t0.  Every follower received the
+    last heartbeat by t0 + delta, so every promise to the old leader has ended by
+    t0 + delta + lease_s, and the first follower's election timer fires by
+    t0 + delta + et_max (et_max = ``election_timeout_s[1]``; the config enforces
+    lease_s <= et_min, and with et_min >= lease_s + delta, as the defaults give for
+    delta <= 0.5 s, the first pre-vote finds every promise ended).  A pre-vote
+    round and a vote round take 2 delta each, so:
+
+        new leader acting by  t0 + delta + et_max + 4 delta
+
+    unless two candidates fire within 4 delta of each other and split the votes;
+    each split costs at most one more et_max + 4 delta, and happens with
+    probability at most (voters - 1) * 4 delta / (et_max - et_min) per round
+    (timeouts are drawn uniformly from ``election_timeout_s`` with the seeded
+    RNG).  The old leader stops acting by t0 + lease' on its own clock, before
+    anyone else can be elected.
+    """
+
     node_id: str
     data_nodes: tuple[str, ...]  # the initial voter set's data nodes (every data node starts from the same)
-    witnesses: tuple[str, ...] = ()  # the initial set's witnesses (vote but never run, see "Witnesses")
+    witnesses: tuple[str, ...] = ()  # the initial set's witnesses (vote, never run: voters.py)
     lease_s: float = 2.0  # the floor of every lease; a promise lasts at least this long
     election_timeout_s: tuple[float, float] = (2.5, 4.0)
     heartbeat_s: float = 0.5  # at a lease of lease_s; a longer lease spaces heartbeats in proportion
@@ -280,7 +210,14 @@ class LeaderMachine:
 
     @classmethod
     def restore(cls, cfg: LeaderConfig, rng: random.Random, saved: dict) -> "LeaderMachine":
-        """A machine from `persistent_state()` (raises ValueError/KeyError/TypeError on a malformed one)."""
+        """A machine from `persistent_state()` (raises ValueError/KeyError/TypeError on a malformed one).
+
+        Restarts.  A restarted node must not forget a promise: ``start`` refuses all
+        votes for the longest lease it ever promised, and a node that persisted
+        ``persistent_state()`` (term, vote, voter set) before sending each Vote or
+        HeartbeatAck restores it with ``restore``; one that did not must use a fresh
+        identity.
+        """
         vs = None  # a file of (term, vote) only: the initial voter set
         if "data" in saved:
             vs = VoterSet(frozenset(map(str, saved["data"])), frozenset(map(str, saved["witnesses"])),
@@ -297,7 +234,7 @@ class LeaderMachine:
 
     def add_data_node(self, node_id: str, now: float | None = None) -> None:
         """An admitted data node is known (its Hello): the leader adds it to the voter set (one change at a
-        time, "Voter set"); `now` counts as hearing from it."""
+        time, voters.py); `now` counts as hearing from it."""
         self.known_data.add(node_id)
         self.left.discard(node_id)
         if now is not None and self.role is Role.LEADER:
@@ -319,7 +256,17 @@ class LeaderMachine:
         self.forget(node_id)
 
     def set_lease(self, lease_s: float) -> None:
-        """The lease to ask for from now on (`voters.lease_for_rtts`), within [cfg.lease_s, cfg.max_lease_s]."""
+        """The lease to ask for from now on (`voters.lease_for_rtts`), within [cfg.lease_s, cfg.max_lease_s].
+
+        Leases from round trips.  A request carries the lease it asks for
+        (``lease_s``); a voter promises ``max(asked, cfg.lease_s)`` and refuses a
+        request asking more than ``cfg.max_lease_s``; it persists the longest promise
+        it gave, and ``start`` honours it after a restart.  The leader counts each
+        grant with the lease that request asked (unknown: the floor), so it may
+        change its lease at any time (``set_lease``, sized by
+        ``voters.lease_for_rtts`` from measured round trips, never below
+        ``cfg.lease_s``); heartbeats and election timeouts scale with it.
+        """
         self.lease_s = min(self.cfg.max_lease_s, max(self.cfg.lease_s, lease_s))
 
     def on_timer(self, now: float, key: str) -> list[Effect]:
@@ -424,7 +371,7 @@ class LeaderMachine:
         return [*(Send(v, hb) for v in sorted(targets) if v != self.id), SetTimer(HEARTBEAT_TIMER, now + period)]
 
     def _change_voters(self, now: float) -> None:
-        """One change of the voter set, once the current one is committed ("Voter set")."""
+        """One change of the voter set, once the current one is committed (voters.py "Voter set")."""
         gone = {n for n, t in self.last_heard.items() if now - t > self.cfg.voter_gone_s}
         change = next_change(self.cur, self.id, self.known_data, self.relays, self.left, gone)
         if change is None:
@@ -482,6 +429,12 @@ class LeaderMachine:
         return promise
 
     def _on_request_vote(self, now: float, sender: str, msg: RequestVote) -> list[Effect]:
+        """A RequestVote or a pre-vote: granted, refused, or ignored under a live promise (module docstring).
+
+        Refusals.  A refused Vote carries only ``granted = False`` and the voter's
+        term: a reason enum would need an entry in codec._ENUMS, which this change
+        does not touch.
+        """
         effects: list[Effect] = []
         promise = self._promise_s(msg.lease_s)
         if sender not in self.cur.data or msg.term <= self.term - (0 if msg.pre else 1) or promise is None \

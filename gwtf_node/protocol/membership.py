@@ -36,18 +36,8 @@ The leader (`MembershipMachine`, run by the data node while
    candidate's cheaper stage, lower index) and the paper's rank matching (the
    highest capacity to the most utilized stage, the second to the second).
    The search spends at most `placement_evaluations` evaluations per round.
-   A swarm forming from scratch (iteration 0, no member yet, at least one
-   candidate per stage, links told) is placed as a whole instead
-   (`swarmplace.place_new_swarm`: every candidate's stage by the flows its
-   links make possible, each data node's microbatches out and back to it),
-   every stage's state the manifest's initial weights.
-   In a round in which every known member of some stage was silent
-   (`silent_stages`) the candidates that could serve that stage are not
-   placed: its load is unknown and it has no source this round, so it would
-   lose them to a less utilized stage although it may be the bottleneck (a
-   relay whose report came after ``report_timeout_s``, e.g. on a busy
-   machine).  They wait for the next round; a member silent for
-   ``MAX_MISSED_ROUNDS`` rounds is forgotten, so the wait is bounded.
+   A swarm forming from scratch is placed as a whole instead (`_place`), and
+   the candidates of a stage that was silent wait (`silent_stages`).
 4. State source: a member of the stage that answered this round, reports
    that it serves, and is not a newcomer the leader placed and has not yet
    seen serving: never a node that is itself joining.  Among those the one
@@ -360,9 +350,10 @@ class MembershipMachine:
 
     def _place(self, members: list[Member], loads: dict[int, StageLoad], sources: dict[int, list[str]],
                links: dict[tuple[str, str], float], held: set[str]) -> list[tuple[Candidate, int, str]]:
-        """A swarm forming from scratch (no step yet, no member, a candidate for every stage) is placed as a
-        whole by the links its candidates told (`swarmplace.place_new_swarm`); any other round by
-        `place_by_search`."""
+        """A swarm forming from scratch (iteration 0, no member yet, at least one candidate per stage, links
+        told) is placed as a whole instead (`swarmplace.place_new_swarm`: every candidate's stage by the flows
+        its links make possible, each data node's microbatches out and back to it), every stage's state the
+        manifest's initial weights; any other round by `place_by_search`."""
         if self.iteration == 0 and not members and not held and self.cfg.swarm_evaluations > 0:
             cands = [self.waiting[n] for n in sorted(self.waiting)]
             stages = place_new_swarm(cands, {c.node: self.candidate_links.get(c.node, ()) for c in cands},
@@ -374,7 +365,16 @@ class MembershipMachine:
                                self.cfg.placement_evaluations, members=members, links=links)
 
     def silent_stages(self) -> list[int]:
-        """Stages with a known member queried in this round and no report from any of their members."""
+        """Stages with a known member queried in this round and no report from any of their members.
+
+        In a round in which every known member of some stage was silent
+        (`silent_stages`) the candidates that could serve that stage are not
+        placed: its load is unknown and it has no source this round, so it would
+        lose them to a less utilized stage although it may be the bottleneck (a
+        relay whose report came after ``report_timeout_s``, e.g. on a busy
+        machine).  They wait for the next round; a member silent for
+        ``MAX_MISSED_ROUNDS`` rounds is forgotten, so the wait is bounded.
+        """
         reported = {r.stage for r in self.reports.values()}
         return sorted({s for n, s in self.members.items() if n in self.queried and n not in self.reports}
                       - reported)

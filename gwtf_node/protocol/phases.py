@@ -20,23 +20,10 @@ step is applied, stage k once its step is applied and the members of stage
 k+1 said CanTake, and a data node opens t+1 (`OpenIteration`) once its own
 step is applied and the stage-0 members said CanTake.
 
-CAN TAKE waits for every downstream member the leader named
-(`CanTakeRule.ALL`, the default), minus those reported gone (`forget`).  The
-paper's sentence ("detects that a downstream peer has also finished", V-E)
-read literally is `CanTakeRule.ANY`: one downstream peer.  ANY lets a
-microbatch of t+1 reach a stage-(k+1) relay whose step of t is not applied
-yet: a relay that began t and is still stepping refuses it (`MbDeny`,
-recovery/), but one whose BEGIN is still on its way (a retransmission after
-a lost frame, a long link) takes it with the parameters of t-1 and trains the
-stage on a mix of two iterations.  ALL never does, and waiting for a crashed
-member costs at most the membership layer's detection time (the report makes
-`forget` drop it from the group).  Measured in the simulator
-(docs/bench_churn.md, "CAN TAKE rule", GWTF, 4 seeds x 10 iterations): at 0 %
-churn ANY saves 0.1-0.3 % of the time per microbatch (the relays of a stage
-end their step within the same all-reduce); at 10 % churn ALL is as fast or
-faster (homogeneous 0.380 against 0.409 min): under ANY a data node opens
-t+1 while a downstream relay still steps t, its microbatches are refused
-there and rerouted.  So ALL: never slower where it matters, and correct.
+The rest sits with the code it governs: the CAN TAKE rule and why ALL
+(`CanTakeRule`), a node whose parameters are not those of the iteration
+(`OutOfStep`), an empty stage (`Phases._past_empty`), who passes a signal on
+(`Phases`).
 
 Reliability
 -----------
@@ -58,39 +45,6 @@ it, sends it again to every data node and stage-0 relay (`front`), so a
 partially sent BEGIN is completed; receivers that had it acknowledge the
 duplicate.  A data node whose report reaches a leader that already began
 that iteration is sent the BEGIN again.
-
-A node checks that its parameters are those of the iteration it aggregates:
-`applied` counts the steps applied here (a joiner starts from the iteration
-whose stage state it downloaded).  BEGIN of t at a member with `applied != t`
-yields `OutOfStep(t, applied)` instead of a step: the driver resyncs the
-stage state; nobody waits for its CanTake only if the leader left it out, so
-the driver must resync quickly (the membership layer then reports it gone
-otherwise).
-
-An empty stage
---------------
-A stage whose group in BEGIN has no member (its last relay crashed or left,
-nobody took its place yet) passes BEGIN on to nobody, so the leader sends
-BEGIN itself to the members of the stage after it (`_past_empty`), when it
-opens the phase and again when the member it named is forgotten meanwhile;
-those relays step and pass BEGIN on as usual.  The empty stage takes no step
-in that iteration (its state stays that of the iteration before), and a data
-node whose stage-0 group is empty waits for no CAN TAKE.  Opening the next
-iteration with a stage still empty is the driver's decision (a data node
-does not: runtime/microbatches.py).
-
-Who passes a signal on
-----------------------
-BEGIN names each stage's members (`groups`), and that list, not only the
-peers a relay happens to know when BEGIN arrives, is where a relay passes it
-on: a stage-k relay sends BEGIN to every member BEGIN names for stage k+1
-as well as to the stage-(k+1) relays it knows, and CAN TAKE to every member
-named for stage k-1 (for stage 0: the data nodes BEGIN names) as well as to
-the peers it knows there.  Otherwise a relay that the leader already counts
-(its Hello reached the leader first: a newcomer) but whose Hello has not yet
-reached the stage before it gets no BEGIN, sends no CAN TAKE, and the stage
-before waits for it forever.  A copy to a peer not reachable yet is resent
-every `retry_s` like any other.
 
 No silent wait
 --------------
@@ -118,8 +72,29 @@ TIMER_PREFIX = "phase."
 
 
 class CanTakeRule(enum.Enum):
+    """Which downstream members a stage waits for before it sends CAN TAKE upstream.
+
+    CAN TAKE waits for every downstream member the leader named
+    (`CanTakeRule.ALL`, the default), minus those reported gone (`forget`).  The
+    paper's sentence ("detects that a downstream peer has also finished", V-E)
+    read literally is `CanTakeRule.ANY`: one downstream peer.  ANY lets a
+    microbatch of t+1 reach a stage-(k+1) relay whose step of t is not applied
+    yet: a relay that began t and is still stepping refuses it (`MbDeny`,
+    recovery/), but one whose BEGIN is still on its way (a retransmission after
+    a lost frame, a long link) takes it with the parameters of t-1 and trains the
+    stage on a mix of two iterations.  ALL never does, and waiting for a crashed
+    member costs at most the membership layer's detection time (the report makes
+    `forget` drop it from the group).  Measured in the simulator
+    (docs/bench_churn.md, "CAN TAKE rule", GWTF, 4 seeds x 10 iterations): at 0 %
+    churn ANY saves 0.1-0.3 % of the time per microbatch (the relays of a stage
+    end their step within the same all-reduce); at 10 % churn ALL is as fast or
+    faster (homogeneous 0.380 against 0.409 min): under ANY a data node opens
+    t+1 while a downstream relay still steps t, its microbatches are refused
+    there and rerouted.  So ALL: never slower where it matters, and correct.
+    """
+
     ALL = "all"  # wait for CanTake from every downstream member BEGIN named (minus the gone): the default
-    ANY = "any"  # one downstream member is enough (the paper's sentence read literally; see the module doc)
+    ANY = "any"  # one downstream member is enough (the paper's sentence read literally; see above)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +114,16 @@ class LeftOut:
 
 @dataclass(frozen=True, slots=True)
 class OutOfStep:
-    """BEGIN AGGREGATION of `iteration` came, but this node's parameters are those of `applied`: resync it."""
+    """BEGIN AGGREGATION of `iteration` came, but this node's parameters are those of `applied`: resync it.
+
+    A node checks that its parameters are those of the iteration it aggregates:
+    `applied` counts the steps applied here (a joiner starts from the iteration
+    whose stage state it downloaded).  BEGIN of t at a member with `applied != t`
+    yields `OutOfStep(t, applied)` instead of a step: the driver resyncs the
+    stage state; nobody waits for its CanTake only if the leader left it out, so
+    the driver must resync quickly (the membership layer then reports it gone
+    otherwise).
+    """
 
     iteration: int
     applied: int
@@ -182,6 +166,17 @@ class Phases(PhaseWaits):
     `applied` the number of steps this node's parameters hold (0 at the start
     of a run; a joiner: the iteration whose stage state it downloaded).
     Peers are given as the ids this node knows; the caller keeps them current.
+
+    Who passes a signal on.  BEGIN names each stage's members (`groups`), and that list, not only the
+    peers a relay happens to know when BEGIN arrives, is where a relay passes it
+    on: a stage-k relay sends BEGIN to every member BEGIN names for stage k+1
+    as well as to the stage-(k+1) relays it knows, and CAN TAKE to every member
+    named for stage k-1 (for stage 0: the data nodes BEGIN names) as well as to
+    the peers it knows there.  Otherwise a relay that the leader already counts
+    (its Hello reached the leader first: a newcomer) but whose Hello has not yet
+    reached the stage before it gets no BEGIN, sends no CAN TAKE, and the stage
+    before waits for it forever.  A copy to a peer not reachable yet is resent
+    every `retry_s` like any other.
     """
 
     def __init__(self, me: str, stage: int, last_stage: int, *, applied: int = 0, retry_s: float = RETRY_S,
@@ -364,8 +359,19 @@ class Phases(PhaseWaits):
         return eff
 
     def _past_empty(self, begin: BeginAggregation) -> set[str]:
-        """Members of the stages right after a stage with no member in `begin`'s groups (module doc, "An empty
-        stage"): no relay of the empty stage passes BEGIN on to them, so the leader sends it to them itself."""
+        """Members of the stages right after a stage with no member in `begin`'s groups: no relay of the empty
+        stage passes BEGIN on to them, so the leader sends it to them itself.
+
+        An empty stage.  A stage whose group in BEGIN has no member (its last relay crashed or left,
+        nobody took its place yet) passes BEGIN on to nobody, so the leader sends
+        BEGIN itself to the members of the stage after it (`_past_empty`), when it
+        opens the phase and again when the member it named is forgotten meanwhile;
+        those relays step and pass BEGIN on as usual.  The empty stage takes no step
+        in that iteration (its state stays that of the iteration before), and a data
+        node whose stage-0 group is empty waits for no CAN TAKE.  Opening the next
+        iteration with a stage still empty is the driver's decision (a data node
+        does not: runtime/microbatches.py).
+        """
         named = {g.stage: set(g.peers) - self.gone for g in begin.groups}
         out: set[str] = set()
         for k in sorted(named):

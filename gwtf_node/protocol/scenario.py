@@ -133,26 +133,11 @@ def _pair(value: Any, what: str, *, allow_zero: bool = True) -> tuple[float, flo
     return (v, v)
 
 
-def parse_scenario(obj: Any, *, activation_mb: float | None = None) -> Scenario:
-    """Check a decoded scenario and build a `Scenario`, or raise `ScenarioError`."""
-    if not isinstance(obj, Mapping):
-        raise ScenarioError("a scenario must be a JSON object with 'stages', 'nodes' and 'links'")
-    for key in ("stages", "nodes", "links"):
-        if key not in obj:
-            raise ScenarioError(f"the scenario has no '{key}' key")
-    stages = obj["stages"]
-    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
-        raise ScenarioError(f"'stages' must be a positive integer, got {stages!r}")
-    size = activation_mb if activation_mb is not None else obj.get("activation_mb", DEFAULT_ACTIVATION_MB)
-    size = _number(size, "'activation_mb'", allow_zero=True)
-    if not isinstance(obj["nodes"], list) or not obj["nodes"]:
-        raise ScenarioError("'nodes' must be a non-empty list")
-    if not isinstance(obj["links"], list):
-        raise ScenarioError("'links' must be a list")
-
+def _parse_nodes(raw_nodes: list, stages: int) -> list[NodeSpec]:
+    """The scenario's nodes: unique ids, roles, capacities, a relay's stage among `stages`, compute and memory."""
     nodes: list[NodeSpec] = []
     seen: set[str] = set()
-    for k, raw in enumerate(obj["nodes"]):
+    for k, raw in enumerate(raw_nodes):
         if not isinstance(raw, Mapping):
             raise ScenarioError(f"nodes[{k}] must be an object")
         nid = raw.get("id")
@@ -178,11 +163,15 @@ def parse_scenario(obj: Any, *, activation_mb: float | None = None) -> Scenario:
         if mem is not None:
             mem = _number(mem, f"node {nid!r}: 'memory_mb'")
         nodes.append(NodeSpec(nid, role, int(cap), stage, compute, mem))
-    by_id = {n.id: n for n in nodes}
+    return nodes
 
+
+def _parse_links(raw_links: list, by_id: Mapping[str, NodeSpec], size: float) -> list[LinkSpec]:
+    """The scenario's links between known nodes, each given its cost, or its latency and bandwidth (the cost then
+    comes from the cost model, for activations of `size` MB)."""
     links: list[LinkSpec] = []
     pairs: set[frozenset[str]] = set()
-    for k, raw in enumerate(obj["links"]):
+    for k, raw in enumerate(raw_links):
         if not isinstance(raw, Mapping):
             raise ScenarioError(f"links[{k}] must be an object")
         a, b = raw.get("a"), raw.get("b")
@@ -209,6 +198,30 @@ def parse_scenario(obj: Any, *, activation_mb: float | None = None) -> Scenario:
         else:
             raise ScenarioError(f"link {a!r} - {b!r} needs either 'cost' or both 'latency_ms' and 'bandwidth_mbps'")
         links.append(LinkSpec(a, b, cost, delay, bw))
+    return links
+
+
+def parse_scenario(obj: Any, *, activation_mb: float | None = None) -> Scenario:
+    """Check a decoded scenario and build a `Scenario`, or raise `ScenarioError`."""
+    if not isinstance(obj, Mapping):
+        raise ScenarioError("a scenario must be a JSON object with 'stages', 'nodes' and 'links'")
+    for key in ("stages", "nodes", "links"):
+        if key not in obj:
+            raise ScenarioError(f"the scenario has no '{key}' key")
+    stages = obj["stages"]
+    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+        raise ScenarioError(f"'stages' must be a positive integer, got {stages!r}")
+    size = activation_mb if activation_mb is not None else obj.get("activation_mb", DEFAULT_ACTIVATION_MB)
+    size = _number(size, "'activation_mb'", allow_zero=True)
+    if not isinstance(obj["nodes"], list) or not obj["nodes"]:
+        raise ScenarioError("'nodes' must be a non-empty list")
+    if not isinstance(obj["links"], list):
+        raise ScenarioError("'links' must be a list")
+
+    nodes = _parse_nodes(obj["nodes"], stages)
+    by_id = {n.id: n for n in nodes}
+
+    links = _parse_links(obj["links"], by_id, size)
 
     if not any(n.is_data for n in nodes):
         raise ScenarioError("the scenario has no data node")

@@ -1,10 +1,55 @@
 """The voter set of the leader election: who votes, how it changes, how long a lease lasts.
 
-Pure helpers of `leader.py` (read its "Voter set" section for the rules and
-why they are safe).  A voter set is the data nodes (they vote and may lead)
-plus *witnesses* (relays that vote but never stand).  Only the acting leader
-changes it, one voter per change (`next_change`); followers adopt the set the
-leader's heartbeats carry, stamped with the leader's term.
+Pure helpers of `leader.py`, whose docstring gives the election's theory;
+the voter set's part of it is here.
+
+Two data nodes: witnesses.  With two voters the quorum is 2: if either
+crashes, or the two are partitioned, nobody can renew a lease.  Any rule that
+lets one side of a 2-node partition act alone (lowest id wins, the last
+leader keeps it) yields two leaders when the partition is symmetric or none
+when the favoured node is the one that crashed; a third vote is the only way
+out.  Hence *witnesses*: relays that vote and acknowledge heartbeats like any
+voter but never stand (``LeaderConfig.witness``: no election timer; a voter
+grants only to a data node of its set).  A witness persists the same state
+as a data node, so a restarted witness never votes twice in a term.  The
+leader chooses them (``voters.next_change``): while the set has exactly two
+data nodes, the admitted relay with the lowest peer id that is not gone
+joins as the one witness (2 of 3 tolerates one failure).  One data node has
+none (it is the only node that may lead: a witness would add a failure and
+no availability); three or more have none.
+
+Voter set.  The set (data nodes and witnesses) is Raft's configuration with
+single-server changes (Ongaro's thesis section 4.3), here without a log: the
+set itself plays the log.  Every node holds one ``VoterSet`` stamped
+``(term, version)``: the term of the leader it came from and its version in
+that term.  Rules:
+
+1. Only the acting leader changes the set, by one voter at a time, and only
+   once the current set is *committed*: a quorum of it acknowledged a
+   heartbeat carrying it in the leader's own term (``committed``).  On
+   winning, the leader restamps its set with its term (Raft's no-op entry),
+   so its first change waits for a quorum of its term's acknowledgements.
+2. Heartbeats carry the set; a follower adopts it when its stamp is newer
+   than its own (an older heartbeat of the same term arriving late changes
+   nothing), and persists it before acknowledging.
+3. Every node counts quorums in the newest set it holds; a voter grants a
+   vote or a pre-vote only to a candidate whose stamp (sent in RequestVote)
+   is not older than its own (Raft's up-to-date check).
+
+Why one leader at a time still holds: two sets that differ by one voter have
+intersecting majorities, so the lease argument of leader.py goes through whenever
+the leader's set and a candidate's are equal or adjacent.  They always are:
+a leader proposes version v + 1 only after v is committed in its term, so a
+quorum of v holds a stamp of that term; a candidate still holding an older
+set (v - 1, or one from an earlier term) needs a quorum of it, which meets
+that committed quorum (adjacent sets), and there a voter with the newer
+stamp refuses it (rule 3).  A set made by a leader of an earlier term that
+never got committed is overwritten by the next leader's (rule 2), and the
+no-op of rule 1 is exactly Raft's fix of the single-server change bug: a new
+leader cannot start a change that conflicts with an uncommitted one of a
+previous term, since it first commits its own term in the old set.  The
+leader's lease is counted over its current set; promises given under the
+previous set still count (a promise is a promise) and the two are adjacent.
 """
 
 from __future__ import annotations
@@ -66,6 +111,19 @@ def next_change(cur: VoterSet, me: str, known_data: Iterable[str], relays: Itera
     that is not gone or left); drop a surplus witness (the highest id).  Adding before removing matters
     only for the data nodes; a gone voter is removed before witnesses are trimmed, so a set that still
     counts a dead data node keeps its witness.
+
+    Removal.  A voter that said Goodbye (``voter_left``) or whose acks the
+    leader has not heard for ``voter_gone_s`` (``voters.VOTER_GONE_S``, 30 s:
+    longer than a daemon restart, many election timeouts) is removed, one at a
+    time as above; the leader never removes itself.  Additions come before
+    removals for data nodes (``add_data_node``: an admitted data node is known),
+    and a gone voter is removed before a witness is trimmed, so a set still
+    counting a dead data node keeps its witness.  A data node outside the set
+    still receives the heartbeats: its acks mark it heard, and it is added back
+    (a restarted data node with the same id rejoins this way); a voter removed
+    as gone is not re-added until it is heard again.  A data node that starts
+    later needs no list: it starts from the initial set, whose stamp (0, 0) no
+    voter of a running set grants to, and the leader adds it.
     """
     left, gone = set(left), set(gone)
     out = (left | gone) - {me}

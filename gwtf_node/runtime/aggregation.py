@@ -47,13 +47,8 @@ gradient vector, the all-reduce, the optimizer step, the checkpoint, in
 seconds; also `aggregation_parts` in metrics.jsonl).  The torch work runs in
 the stage's worker thread and the all-reduce's tensor work in its own
 (allreduce.py), so the event loop answers pings throughout.  Two waits scale
-with what the node measured: the all-reduce's timeout is
-`max(ALLREDUCE_TIMEOUT_S, ALLREDUCE_FACTOR x the last all-reduce's duration)`
-(120 s, 4x: a large model over a slow link takes minutes), and the phase
-signals' retransmission period is `min(RETRY_CAP_S, max(pipeline RETRY_S,
-LocalStage.busiest_s))` (2 s to 30 s: a peer busy stepping for 20 s is not
-sent the same signal ten times, and a lost signal is still resent within
-30 s).
+with what the node measured: the all-reduce's timeout (`allreduce_timeout_s`)
+and the phase signals' retransmission period (`phase_retry_s`).
 
 A data node also keeps, per stage, the optimizer steps the stage's state
 holds in the run (`stage_steps`): the run's step, except that an iteration
@@ -90,7 +85,7 @@ log = logging.getLogger("gwtf.node")
 steps_log = logging.getLogger("gwtf.steps")  # the lines of every iteration: node.log only (runtime/logs.py)
 
 ALLREDUCE_TIMEOUT_S = 120.0  # the all-reduce timeout's floor ...
-ALLREDUCE_FACTOR = 4.0  # ... and its factor over the last all-reduce's duration (module doc)
+ALLREDUCE_FACTOR = 4.0  # ... and its factor over the last all-reduce's duration (allreduce_timeout_s)
 RETRY_CAP_S = 30.0  # the phase signals' retransmission period grows with the work measured, up to this
 GROUP_CHANGE_WAIT_S = 60.0
 LEADER_CHECK_S = 0.5  # a data node looks this often at who leads (a lease ends without an event)
@@ -498,7 +493,8 @@ class Aggregation:
             del self.reports[i]
 
     def allreduce_timeout_s(self) -> float:
-        """max(ALLREDUCE_TIMEOUT_S, ALLREDUCE_FACTOR x the last all-reduce's duration) (module doc)."""
+        """max(ALLREDUCE_TIMEOUT_S, ALLREDUCE_FACTOR x the last all-reduce's duration) (120 s, 4x: a large model
+        over a slow link takes minutes)."""
         return max(ALLREDUCE_TIMEOUT_S, ALLREDUCE_FACTOR * self.allreduce_s)
 
     async def on_chunk(self, peer: str, msg: m.AllReduceChunk, payload) -> None:
@@ -558,7 +554,9 @@ class Aggregation:
 
 
 def phase_retry_s(busiest_s: float) -> float:
-    """The phase signals' retransmission period: the longest work measured, within [pipeline RETRY_S, RETRY_CAP_S]."""
+    """The phase signals' retransmission period: the longest work measured (`LocalStage.busiest_s`), within
+    [pipeline RETRY_S, RETRY_CAP_S] (2 s to 30 s: a peer busy stepping for 20 s is not sent the same signal ten
+    times, and a lost signal is still resent within 30 s)."""
     from ..protocol.phases import RETRY_S
 
     return min(RETRY_CAP_S, max(RETRY_S, busiest_s))

@@ -104,6 +104,13 @@ class _Round:
         self.changed.set()
         self.changed = trio.Event()
 
+    def missing(self, phase: int, mine: int) -> list[str]:
+        """The peers whose chunks of `phase` this peer (owner of part `mine`) still waits for."""
+        group = self.group
+        if phase == REDUCE:
+            return [p for p in group if (REDUCE, mine, p) not in self.chunks]
+        return [group[i] for i in range(len(group)) if i != mine and (GATHER, i, group[i]) not in self.chunks]
+
 
 class AllReducer:
     """All-reduce rounds over a `Host`; hand it the AllReduceChunk frames with `on_chunk`."""
@@ -211,6 +218,18 @@ class AllReducer:
 
         Contributions an owner refuses (`max_count`: the most microbatches one may claim) are left out of
         their part; see the module docstring for how the result is scaled then."""
+        group = self._check_call(key, group, tensor)
+        started = time.perf_counter()
+        flat = tensor.detach().contiguous()
+        rnd, mine = self._start_round(key, group, flat, count)
+        result = torch.empty_like(flat)
+        my_count = await self._exchange(key, rnd, mine, flat, float(count), max_count, result, timeout)
+        out = await self._assemble(key, rnd, mine, my_count, result)
+        self._record(key, started, len(group), flat.numel())
+        return out
+
+    def _check_call(self, key: str, group: list[str], tensor: torch.Tensor) -> list[str]:
+        """The group, sorted by peer id, once this peer, the tensor and the key are fit for a round."""
         me = self.host.peer_id
         group = sorted(set(group))
         if me not in group:
@@ -219,8 +238,12 @@ class AllReducer:
             raise AllReduceError(f"all-reduce {key!r}: needs a 1-D float32 tensor, got {tensor.dtype} {tuple(tensor.shape)}")
         if key in self._done:
             raise AllReduceError(f"all-reduce {key!r} already ran on this peer: use a fresh key per round")
-        started = time.perf_counter()
-        flat = tensor.detach().contiguous()
+        return group
+
+    def _start_round(self, key: str, group: list[str], flat: torch.Tensor, count: float) -> tuple[_Round, int]:
+        """The round of `key` (with the chunks that came early and fit it) holding this peer's contribution to its
+        own part; and the index of that part."""
+        me = self.host.peer_id
         n, length = len(group), flat.numel()
         mine = group.index(me)
         rnd = self._rounds.get(key)
@@ -232,31 +255,18 @@ class AllReducer:
                 log.warning("all-reduce chunk refused: key %r part %d phase %d from %s: %s", key, part, phase, sender, why)
                 del rnd.chunks[(phase, part, sender)]
         rnd.chunks[(REDUCE, mine, me)] = (float(count), flat[slice(*part_bounds(length, n, mine))])
-        result = torch.empty_like(flat)
+        return rnd, mine
+
+    async def _exchange(self, key: str, rnd: _Round, mine: int, flat: torch.Tensor, count: float,
+                        max_count: float | None, result: torch.Tensor, timeout: float) -> float:
+        """Both phases, within `timeout`: send every other owner its part of `flat`, sum this peer's part into
+        `result` and send it on, wait for the others' summed parts; the count of this peer's part.  The round is
+        forgotten at the end, whatever happened."""
+        me, group, n = self.host.peer_id, rnd.group, len(rnd.group)
         total = [0.0]
 
-        def missing(phase: int) -> list[str]:
-            if phase == REDUCE:
-                return [p for p in group if (REDUCE, mine, p) not in rnd.chunks]
-            return [group[i] for i in range(n) if i != mine and (GATHER, i, group[i]) not in rnd.chunks]
-
-        async def reduce_and_gather(nursery: trio.Nursery) -> None:
-            while missing(REDUCE):
-                await rnd.changed.wait()
-            lo, hi = part_bounds(length, n, mine)
-            mine_in = [rnd.chunks[(REDUCE, mine, p)] for p in group]
-            norms = await self._in_thread(key, lambda: [float(torch.dot(t.double(), t.double())) for _c, t in mine_in])
-            contribs = [Contribution(p, c, sq, hi - lo) for p, (c, _t), sq in zip(group, mine_in, norms)]
-            verdict = self.guard.judge((lo, hi, length), contribs, max_count)
-            for p, why in sorted(verdict.refused.items()):
-                self.outliers_refused += 1
-                log.warning("all-reduce %r: contribution of %s to part %d refused: %s", key, p, mine, why)
-            accepted = [rnd.chunks[(REDUCE, mine, p)] for p in verdict.accepted(group)]
-            acc, cnt = await self._in_thread(key, _sum_in_order, accepted, hi - lo, result, (lo, hi))
-            total[0] = cnt
-            for p in group:
-                if p != me:
-                    nursery.start_soon(self._send_part, p, key, mine, GATHER, cnt, acc)
+        async def reduce_mine(nursery: trio.Nursery) -> None:
+            total[0] = await self._reduce_and_send(key, rnd, mine, max_count, result, nursery)
 
         try:
             with trio.fail_after(timeout):
@@ -264,13 +274,13 @@ class AllReducer:
                     for i, owner in enumerate(group):
                         if owner != me:
                             nursery.start_soon(
-                                self._send_part, owner, key, i, REDUCE, float(count), flat[slice(*part_bounds(length, n, i))]
+                                self._send_part, owner, key, i, REDUCE, count, flat[slice(*part_bounds(rnd.length, n, i))]
                             )
-                    nursery.start_soon(reduce_and_gather, nursery)
-                    while missing(GATHER):
+                    nursery.start_soon(reduce_mine, nursery)
+                    while rnd.missing(GATHER, mine):
                         await rnd.changed.wait()
         except trio.TooSlowError:
-            late_reduce, late_gather = missing(REDUCE), missing(GATHER)
+            late_reduce, late_gather = rnd.missing(REDUCE, mine), rnd.missing(GATHER, mine)
             who = sorted(set(late_reduce) | set(late_gather))
             raise AllReduceTimeout(
                 f"all-reduce {key!r} timed out after {timeout} s among {n} peers: "
@@ -279,14 +289,46 @@ class AllReducer:
                 who,
             ) from None
         finally:
-            self._rounds.pop(key, None)
-            self._done[key] = None
-            if len(self._work_s) > MAX_PENDING_KEYS:  # (rounds that failed, and late chunks' keys)
-                self._work_s.clear()
-            while len(self._done) > _DONE_KEYS_KEPT:
-                self._done.popitem(last=False)
+            self._forget(key)
+        return total[0]
 
-        counts = [total[0] if i == mine else rnd.chunks[(GATHER, i, group[i])][0] for i in range(n)]
+    async def _reduce_and_send(self, key: str, rnd: _Round, mine: int, max_count: float | None,
+                               result: torch.Tensor, nursery: trio.Nursery) -> float:
+        """The owner's work (steps 3 and 4 of the module docstring): once every contribution to its part is in, sum
+        those the guard accepts, in sorted-peer-id order, into `result`, and send the sum to every other peer;
+        the part's count."""
+        me, group, length = self.host.peer_id, rnd.group, rnd.length
+        while rnd.missing(REDUCE, mine):
+            await rnd.changed.wait()
+        lo, hi = part_bounds(length, len(group), mine)
+        mine_in = [rnd.chunks[(REDUCE, mine, p)] for p in group]
+        norms = await self._in_thread(key, lambda: [float(torch.dot(t.double(), t.double())) for _c, t in mine_in])
+        contribs = [Contribution(p, c, sq, hi - lo) for p, (c, _t), sq in zip(group, mine_in, norms)]
+        verdict = self.guard.judge((lo, hi, length), contribs, max_count)
+        for p, why in sorted(verdict.refused.items()):
+            self.outliers_refused += 1
+            log.warning("all-reduce %r: contribution of %s to part %d refused: %s", key, p, mine, why)
+        accepted = [rnd.chunks[(REDUCE, mine, p)] for p in verdict.accepted(group)]
+        acc, cnt = await self._in_thread(key, _sum_in_order, accepted, hi - lo, result, (lo, hi))
+        for p in group:
+            if p != me:
+                nursery.start_soon(self._send_part, p, key, mine, GATHER, cnt, acc)
+        return cnt
+
+    def _forget(self, key: str) -> None:
+        """The round of `key` is over: its late chunks are dropped from now on."""
+        self._rounds.pop(key, None)
+        self._done[key] = None
+        if len(self._work_s) > MAX_PENDING_KEYS:  # (rounds that failed, and late chunks' keys)
+            self._work_s.clear()
+        while len(self._done) > _DONE_KEYS_KEPT:
+            self._done.popitem(last=False)
+
+    async def _assemble(self, key: str, rnd: _Round, mine: int, my_count: float,
+                        result: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """The others' summed parts copied into `result` beside this peer's, scaled to their common count."""
+        group, length, n = rnd.group, rnd.length, len(rnd.group)
+        counts = [my_count if i == mine else rnd.chunks[(GATHER, i, group[i])][0] for i in range(n)]
 
         def assemble() -> tuple[torch.Tensor, float]:
             for i in range(n):
@@ -294,13 +336,15 @@ class AllReducer:
                     result[slice(*part_bounds(length, n, i))] = rnd.chunks[(GATHER, i, group[i])][1]
             return _common_count(result, counts, length, key)
 
-        out = await self._in_thread(key, assemble)
+        return await self._in_thread(key, assemble)
+
+    def _record(self, key: str, started: float, n: int, length: int) -> None:
+        """`last_round`, and the debug line, of the round of `key` that just summed."""
         work = self._work_s.pop(key, 0.0)
         self.last_round = {"key": key, "seconds": round(time.perf_counter() - started, 4),
                            "tensor_work_s": round(work, 4), "sent_mb": round(2 * (n - 1) / n * length * 4 / 1e6, 3)}
         log.debug("all-reduce %r among %d: %.2f s, of which %.2f s tensor work (checks, norms, sums) in the worker "
                  "thread; %.1f MB sent", key, n, self.last_round["seconds"], work, self.last_round["sent_mb"])
-        return out
 
 
 def _finite_tensor(payload) -> torch.Tensor | None:

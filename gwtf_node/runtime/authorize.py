@@ -27,25 +27,9 @@ Needs.DATA         an admitted data node: RequestVote (only data nodes
 Needs.VOTER        an admitted data node or relay: Vote and HeartbeatAck
                    (a relay chosen as a witness votes; the election machine
                    counts only the voters of its set, leader.py).
-Needs.LEADER       the leader of the message's term (`leader_of_term`):
-                   LeaderHeartbeat, Assignment, UtilizationQuery, and a
-                   BeginAggregation that a data node sends.  Only an
-                   admitted data node leads.  Of the term this node knows,
-                   only that term's leader (a data node: its election
-                   machine's; a relay: the leader it learned); of an older
-                   term, nobody (a LeaderHeartbeat aside: the election
-                   machine answers it, so that a stale leader steps down);
-                   of a newer term, any admitted data node, and this node
-                   learns the term (Raft: a new leader's message may
-                   overtake the news of its election; a relay learns the
-                   sender as that term's leader, `Authorizer.observe`).
-                   A data node that does not know who won its term (it
-                   restarted, or voted for another) takes that term's
-                   messages from any admitted data node.  The leader's
-                   driver stamps the term it led on every BEGIN it sends
-                   (aggregation.py); relays pass it on unchanged.  The
-                   voter list of a heartbeat is filtered to the data nodes
-                   admitted here (`admitted_voters`, leadership.py).
+Needs.LEADER       the leader of the message's term (`leader_of_term` has
+                   the rule): LeaderHeartbeat, Assignment, UtilizationQuery,
+                   and a BeginAggregation that a data node sends.
 Needs.UPSTREAM     BeginAggregation travels front to back: from the leader
                    (the rule above), at a data node from a relay placed in
                    a stage (the last stage passes it on; a stage left empty
@@ -135,7 +119,19 @@ def message_term(msg: object) -> int | None:
 
 
 def leader_of_term(msg: object, sender: str, snap: Snapshot) -> Refusal | None:
-    """Whether an admitted data node `sender` may send `msg` as the leader of the term it carries."""
+    """Whether an admitted data node `sender` may send `msg` as the leader of the term it carries.
+
+    Needs.LEADER (LeaderHeartbeat, Assignment, UtilizationQuery, and a BeginAggregation that a data node sends).
+    Only an admitted data node leads.  Of the term this node knows, only that term's leader (a data node: its
+    election machine's; a relay: the leader it learned); of an older term, nobody (a LeaderHeartbeat aside: the
+    election machine answers it, so that a stale leader steps down); of a newer term, any admitted data node,
+    and this node learns the term (Raft: a new leader's message may overtake the news of its election; a relay
+    learns the sender as that term's leader, `Authorizer.observe`).  A data node that does not know who won its
+    term (it restarted, or voted for another) takes that term's messages from any admitted data node.  The
+    leader's driver stamps the term it led on every BEGIN it sends (aggregation.py); relays pass it on
+    unchanged.  The voter list of a heartbeat is filtered to the data nodes admitted here (`admitted_voters`,
+    leadership.py).
+    """
     name, term = type(msg).__name__, message_term(msg)
     if term is None or snap.term is None or term > snap.term:
         return None  # this node follows no term yet, or a newer one: learn it (Raft)

@@ -46,40 +46,32 @@ API with versioned records.  How:
 
 from __future__ import annotations
 
-import errno
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import trio
-from libp2p import new_host
 from libp2p.abc import IHost, INetStream
-from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.exceptions import BaseLibp2pError
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import InvalidAddrError, PeerInfo, info_from_p2p_addr
-from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
-from libp2p.security.noise.transport import Transport as NoiseTransport
-from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
-from libp2p.stream_muxer.yamux.yamux import Yamux
 from multiaddr import Multiaddr
 
 from . import channel, conninfo, holepunch
-from .addresses import Endpoint, advertised, default_tensor_port, from_peer, interface_addresses
+from .addresses import Endpoint, default_tensor_port, from_peer
 from .addresses import is_loopback_host, listen_endpoints, parse_announce, usable_by
 from .channel import ChannelError, ChannelUnreachable, RawConn, SessionKeys, TensorSender
 from .dialback import DIALBACK_PROTOCOL_ID, serve as dialback_serve
 from .frames import DEFAULT_FRAME_TIMEOUT_S, DEFAULT_MAX_PAYLOAD_BYTES, FrameError, encode_header, read_frame
 from .hostdht import DHT_NAMESPACE, DHT_QUERY_TIMEOUT_S, HostDht, VersionedValidator, pack_record, unpack_record
-from .identity import load_or_create_identity
 from .limits import MAX_CTRL_STREAMS_PER_PEER, MAX_PENDING_SESSIONS_PER_PEER, ConnectionBound
 from .links import LinkShaper
 from .relay import Relaying, is_circuit, looks_natted, routable
-from .startup import PortInUse, StartupError, check_port_free
+from .hostlisten import check_listening, new_libp2p_host, open_tensor_listeners, probe_ports
 
 log = logging.getLogger("gwtf.transport")
 
@@ -526,74 +518,58 @@ async def open_host(
     announced = [parse_announce(a) for a in announce]
     tport = default_tensor_port(eps[0].port) if tensor_port is None else tensor_port
     tensor_hosts = list(dict.fromkeys(e.host for e in eps))
-    for e in eps:
-        check_port_free(e.host, e.port)
-    for h in tensor_hosts:
-        check_port_free(h, tport, "tensor channel port", "choose another --tensor-port")
-    interfaces = interface_addresses() if any(e.ip.is_unspecified for e in eps) else []
-
-    def advertise(candidates: list[Multiaddr]) -> list[Multiaddr]:
-        return [Multiaddr(a) for a in advertised([str(c) for c in candidates], announced, interfaces)]
-
-    key_pair = load_or_create_identity(Path(state_dir))
-    noise_key = create_new_x25519_key_pair()
-    lp = new_host(
-        key_pair=key_pair,
-        sec_opt={TProtocol(NOISE_PROTOCOL_ID): NoiseTransport(key_pair, noise_privkey=noise_key.private_key)},
-        muxer_opt={TProtocol(YAMUX_PROTOCOL_ID): Yamux},
-        addrs_factory=advertise,
-    )
+    probe_ports(eps, tensor_hosts, tport)
+    lp = new_libp2p_host(state_dir, eps, announced)
     links = links if links is not None else LinkShaper()
     async with lp.run(listen_addrs=[Multiaddr(e.multiaddr) for e in eps]), trio.open_nursery() as nursery:
-        if not lp.get_transport_addrs():  # py-libp2p logs a failed listen and runs on, listening on nothing
-            busy = next((e for e in eps if e.port), None)
-            if busy is not None:
-                raise PortInUse(busy.host, busy.port)  # taken between the probe and libp2p's bind
-            raise StartupError(f"libp2p could not listen on {', '.join(e.hostport for e in eps)} (see the log "
-                               "above): check --listen")
-        listeners: list[trio.SocketListener] = []
-        for h in tensor_hosts:
-            try:
-                listeners += await trio.open_tcp_listeners(tport, host=h)
-            except OSError as e:
-                if e.errno == errno.EADDRINUSE:
-                    raise PortInUse(h, tport, "tensor channel port", "choose another --tensor-port") from None
-                raise
-            tport = listeners[0].socket.getsockname()[1]  # (port 0: the others take the first one's number)
+        check_listening(lp, eps)
+        listeners, tport = await open_tensor_listeners(tensor_hosts, tport)
         told = announced[0].host if announced else eps[0].host
         host = Host(
             lp, nursery, Endpoint(told, tport).hostport,
             links=links, max_payload=max_payload, send_timeout=send_timeout,
             handshake_timeout=handshake_timeout, frame_timeout=frame_timeout,
         )
-        lp.get_network().register_notifee(ConnectionBound())
-        lp.set_stream_handler(CTRL_PROTOCOL_ID, host._on_ctrl_stream)
-        lp.set_stream_handler(PAYLOAD_PROTOCOL_ID, host._on_ctrl_stream)  # frames are frames: the same reader
-        lp.set_stream_handler(TENSOR_PROTOCOL_ID, host._on_tensor_handshake)
-        await nursery.start(trio.serve_listeners, host._on_tensor_conn, listeners)
-        links.attach(nursery)
+        await _serve(host, lp, nursery, listeners, links)
         try:
-            lp.set_stream_handler(DIALBACK_PROTOCOL_ID, dialback_serve)  # (answered by any node)
-            if relay_service or routable(host.addrs):  # serve as a relay, or reach peers (and be reached) through one
-                host.relaying = Relaying(lp, relay_service, on_addrs_changed=lambda: host.on_addrs_changed(),
-                                         on_upgraded=host.rehome_streams)
-                await nursery.start(host.relaying.run)
-            if dht:
-                host.dht = KadDHT(lp, DHTMode.SERVER)
-                host.dht.register_validator(DHT_NAMESPACE, VersionedValidator())
-            for addr in bootstrap:
-                try:
-                    await host.connect(addr)
-                except PeerUnreachable as e:
-                    log.warning("bootstrap peer unreachable: %s", e)
-            if dht:
-                await nursery.start(host.start_dht)
+            await _start_services(host, lp, nursery, relay_service=relay_service, dht=dht, bootstrap=bootstrap)
             yield host
         finally:
             links.detach()
             for sender in host._tensor_out.values():
                 sender.close()
             nursery.cancel_scope.cancel()
+
+
+async def _serve(host: Host, lp: IHost, nursery: trio.Nursery, listeners: list[trio.SocketListener],
+                 links: LinkShaper) -> None:
+    """Take incoming connections and streams: the gwtf protocols on libp2p, the tensor channel on `listeners`."""
+    lp.get_network().register_notifee(ConnectionBound())
+    lp.set_stream_handler(CTRL_PROTOCOL_ID, host._on_ctrl_stream)
+    lp.set_stream_handler(PAYLOAD_PROTOCOL_ID, host._on_ctrl_stream)  # frames are frames: the same reader
+    lp.set_stream_handler(TENSOR_PROTOCOL_ID, host._on_tensor_handshake)
+    await nursery.start(trio.serve_listeners, host._on_tensor_conn, listeners)
+    links.attach(nursery)
+
+
+async def _start_services(host: Host, lp: IHost, nursery: trio.Nursery, *, relay_service: bool, dht: bool,
+                          bootstrap: Iterable[str]) -> None:
+    """Dial-back answers, circuit relaying where it helps, the DHT, and the bootstrap peers dialled once."""
+    lp.set_stream_handler(DIALBACK_PROTOCOL_ID, dialback_serve)  # (answered by any node)
+    if relay_service or routable(host.addrs):  # serve as a relay, or reach peers (and be reached) through one
+        host.relaying = Relaying(lp, relay_service, on_addrs_changed=lambda: host.on_addrs_changed(),
+                                 on_upgraded=host.rehome_streams)
+        await nursery.start(host.relaying.run)
+    if dht:
+        host.dht = KadDHT(lp, DHTMode.SERVER)
+        host.dht.register_validator(DHT_NAMESPACE, VersionedValidator())
+    for addr in bootstrap:
+        try:
+            await host.connect(addr)
+        except PeerUnreachable as e:
+            log.warning("bootstrap peer unreachable: %s", e)
+    if dht:
+        await nursery.start(host.start_dht)
 
 
 __all__ = ["CTRL_PROTOCOL_ID", "DHT_NAMESPACE", "DHT_QUERY_TIMEOUT_S", "Host", "PAYLOAD_PROTOCOL_ID", "PeerUnreachable",

@@ -7,7 +7,7 @@ voter set granted its lease).  A relay runs the same machine as a *witness*
 started on the first RequestVote or LeaderHeartbeat of an admitted data node:
 with two data nodes the leader takes the admitted relay with the lowest peer
 id as the third voter, so the run keeps a leader when either data node dies
-(protocol/leader.py "Two data nodes: witnesses", "Voter set").  Every node's
+(protocol/voters.py "Two data nodes: witnesses", "Voter set").  Every node's
 `(term, vote, voter set, longest promise)` is saved in the state directory
 (`leader.json`) before any message leaves the node, so a restarted data node
 or witness cannot vote twice in a term.  The lease each node asks for is

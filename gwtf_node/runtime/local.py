@@ -49,6 +49,10 @@ from typing import Callable, Iterator, Sequence
 from .linkspec import resolve_links
 from .zygote import Zygote, ZygoteChild
 
+# the command line, as a process runs it: each node, and the fork server that forks nodes (cli/forkserver.py)
+NODE_COMMAND = (sys.executable, "-m", "gwtf_node.cli")
+FORK_SERVER_COMMAND = (sys.executable, "-m", "gwtf_node.cli.forkserver")
+
 
 class LocalError(RuntimeError):
     """The local swarm could not run; the message says why."""
@@ -148,7 +152,7 @@ class LocalSwarm:
         sd.mkdir(parents=True, exist_ok=True)
         (sd / "addr").unlink(missing_ok=True)
         self.admit(sd, "data" if name.startswith("d") else "relay")
-        cmd = [*self.wrap.get(name, ()), sys.executable, "-m", "gwtf_node.cli", "join", "--run", str(self.run_path),
+        cmd = [*self.wrap.get(name, ()), *NODE_COMMAND, "join", "--run", str(self.run_path),
                "--state-dir", str(sd),
                "--name", name, "--log-level", self.log_level]
         if name.startswith("d"):
@@ -178,10 +182,10 @@ class LocalSwarm:
         self._spawned += 1
         if self.fork_server and not self.wrap.get(name):
             if self._zygote is None:
-                self._zygote = Zygote()
+                self._zygote = Zygote(FORK_SERVER_COMMAND)
             exits = self.workdir / ".exits"
             exits.mkdir(parents=True, exist_ok=True)
-            self.procs[name] = self._zygote.spawn(cmd[3:], env, sd / "node.log", exits / f"{name}.{self._spawned}")
+            self.procs[name] = self._zygote.spawn(cmd[len(NODE_COMMAND):], env, sd / "node.log", exits / f"{name}.{self._spawned}")
             return
         with open(sd / "node.log", "w") as log:
             self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

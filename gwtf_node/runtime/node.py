@@ -2,30 +2,8 @@
 
 Theory of operation
 -------------------
-A node is a libp2p host (`host.py`: Noise, Yamux, Kademlia) and a set of
-components, each owning its state and handed its collaborators:
-
-==============  ===============================================================
-peers.py        who is in the run and where (PeerInfo), this node's own place
-liveness.py     Ping/Pong: round trips, and peers presumed dead after silence
-discovery.py    Hello / PeerList and the DHT records of the run
-bootstrap.py    reaching the swarm at start: retries with backoff, a refused Hello
-flows.py        link costs (Equation 1, LinkCost) and the flow machine (V-C)
-microbatches.py the recovery machine (V-D) with torch; tensors in tensorstore.py
-aggregation.py  the phase (V-E: BEGIN AGGREGATION, CAN TAKE), all-reduce, step,
-                checkpoints, metrics
-leadership.py   the election among data nodes, the leader's placement of joiners
-joining.py      a relay placed by the leader, state hand-over, leave, Goodbye
-resume.py       a relay back with a checkpoint: its own state, a download, or a wait
-data_resume.py  a data node restarted with its state directory: checkpoint, the run's step
-authorize.py    who may send what (each route's `Needs`, asked in `_on_frame`), revocation
-records.py      the signed DHT records (writer's signature, who may write which key)
-status.py       status.json, the dashboard's view: control.py socket, metrics.py, events.py
-==============  ===============================================================
-
-Beside them: `checkpoints.py` (the state directory's checkpoint files),
-`statedir.py` (the lock on the state directory) and `startup.py` (start-up
-errors: a port in use, why a node stopped by itself).
+A node is a libp2p host (`host.py`: Noise, Yamux, Kademlia) and a set of components, each owning its
+state and handed its collaborators (`Parts` names them and their modules).
 
 This module holds what they share: the host and the nursery, `routes` (routes.py: the
 one table from message type to the component that handles it), the one
@@ -159,7 +137,29 @@ class NodeOptions:
 
 @dataclass
 class Parts:
-    """The components of a running node (built once the host and the nursery exist)."""
+    """The components of a running node (built once the host and the nursery exist), a module each:
+
+    ==============  ===============================================================
+    peers.py        who is in the run and where (PeerInfo), this node's own place
+    liveness.py     Ping/Pong: round trips, and peers presumed dead after silence
+    discovery.py    Hello / PeerList and the DHT records of the run
+    bootstrap.py    reaching the swarm at start: retries with backoff, a refused Hello
+    flows.py        link costs (Equation 1, LinkCost) and the flow machine (V-C)
+    microbatches.py the recovery machine (V-D) with torch; tensors in tensorstore.py
+    aggregation.py  the phase (V-E: BEGIN AGGREGATION, CAN TAKE), all-reduce, step,
+                    checkpoints, metrics
+    leadership.py   the election among data nodes, the leader's placement of joiners
+    joining.py      a relay placed by the leader, state hand-over, leave, Goodbye
+    resume.py       a relay back with a checkpoint: its own state, a download, or a wait
+    data_resume.py  a data node restarted with its state directory: checkpoint, the run's step
+    authorize.py    who may send what (each route's `Needs`, asked in `_on_frame`), revocation
+    records.py      the signed DHT records (writer's signature, who may write which key)
+    status.py       status.json, the dashboard's view: control.py socket, metrics.py, events.py
+    ==============  ===============================================================
+
+    Beside them: `checkpoints.py` (the state directory's checkpoint files), `statedir.py` (the lock on the
+    state directory) and `startup.py` (start-up errors: a port in use, why a node stopped by itself).
+    """
 
     wire: Wire
     liveness: Liveness

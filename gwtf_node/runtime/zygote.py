@@ -7,8 +7,13 @@ against well under a second for the rest of its start).  `LocalSwarm`
 node of the swarm from it: the child makes itself a session leader (so that
 `os.killpg(pid, ...)` reaches it and only it), points its stdout and stderr at
 the node's log, takes the node's environment, and runs `gwtf-node` with the
-node's arguments (`gwtf_node.cli.main`), as the `python -m gwtf_node.cli`
-process it replaces would.
+node's arguments, as the `python -m gwtf_node.cli` process it replaces would.
+What a child runs is the zygote's parameter: `serve(run)` forks children
+that call `run(argv)`, and the command that starts the zygote process is the
+launcher's parameter (`Zygote(command)`).  The program that serves is
+`gwtf_node/cli/forkserver.py`: its imports are what the children find
+imported, and it hands `serve` the command line's `main`; this module imports
+nothing of the layers above it.
 
 The zygote imports only: it starts no event loop and never touches a GPU, so
 the children initialise CUDA, torch's thread pools and trio themselves, as a
@@ -27,7 +32,6 @@ still running and exits.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import select
@@ -37,6 +41,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Callable, Sequence
 
 READY_TIMEOUT_S = 120.0  # the imports of a zygote on a loaded machine
 SPAWN_TIMEOUT_S = 30.0
@@ -100,9 +105,10 @@ def _alive(pid: int) -> bool:
 class Zygote:
     """The launcher's end: starts the zygote process, asks it for children, stops it."""
 
-    def __init__(self, python: str = sys.executable) -> None:
+    def __init__(self, command: Sequence[str]) -> None:
+        """Start the zygote process with `command` (a program that calls `serve`, e.g. cli/forkserver.py)."""
         # its own session: a Ctrl-C at the launcher's terminal is the launcher's to handle (it stops the nodes)
-        self.proc = subprocess.Popen([python, "-m", "gwtf_node.runtime.zygote"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen(list(command), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=None, text=True, bufsize=1,
                                      start_new_session=True)
         reply = self._read(READY_TIMEOUT_S)
@@ -148,8 +154,11 @@ class Zygote:
 
 
 # ---------------------------------------------------------------------------------------------- the zygote's side
-def _child(req: dict, told: int) -> None:
-    """In the forked child: become the node (never returns)."""
+Run = Callable[[list[str]], int | None]  # a command line's main: argv (without the program) -> exit status
+
+
+def _child(run: Run, req: dict, told: int) -> None:
+    """In the forked child: become the node by calling `run` with its arguments (never returns)."""
     code = 1
     try:
         os.setsid()
@@ -165,9 +174,7 @@ def _child(req: dict, told: int) -> None:
         os.environ.clear()
         os.environ.update(req["env"])
         sys.argv = ["gwtf-node", *req["argv"]]
-        # the command line is this child's program, as `python -m gwtf_node.cli` is a process's (imported by name:
-        # the CLI imports the launcher, which imports this module)
-        code = importlib.import_module("gwtf_node.cli").main(req["argv"])
+        code = run(req["argv"])  # the command line is this child's program, as `python -m gwtf_node.cli` a process's
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:  # noqa: BLE001 - the node's log says what happened, the status that it failed
@@ -181,14 +188,10 @@ def _child(req: dict, told: int) -> None:
             os._exit(code if isinstance(code, int) else 1)
 
 
-PRELOAD = ("torch", "transformers.models.gpt2.modeling_gpt2", "transformers.models.llama.modeling_llama",
-           "transformers.masking_utils", "libp2p", "trio", "gwtf_node.cli", "gwtf_node.runtime.node",
-           "gwtf_node.model.stages")
+def serve(run: Run) -> int:
+    """Serve the launcher on stdin / stdout: fork a child that calls `run(argv)` for each request, until stdin closes.
 
-
-def _serve() -> int:
-    for name in PRELOAD:  # what every node imports first: done once, here
-        importlib.import_module(name)
+    What the children find imported is what the caller imported before calling (cli/forkserver.py)."""
     out = sys.stdout
     children: dict[int, Path] = {}
 
@@ -234,7 +237,7 @@ def _serve() -> int:
         pid = os.fork()
         if pid == 0:
             os.close(r)
-            _child({**req, "argv": argv}, w)
+            _child(run, {**req, "argv": argv}, w)
         os.close(w)
         select.select([r], [], [], SPAWN_TIMEOUT_S)  # it is its own session (or it died trying)
         os.close(r)
@@ -250,7 +253,3 @@ def _serve() -> int:
         reap()
         time.sleep(0.02)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_serve())

@@ -1,5 +1,49 @@
 """A data node's microbatches: launching along its units (own, lent, fastest first), the sink, parking and
-deferring, settling the iteration (module doc, "Lending", "Fastest unit first", "One wave").
+deferring (relay.py, "Forward pass"), settling the iteration.
+
+Lending (GWTF, `cfg.lend`; the simulator turns it on with the flow machines)
+----------------------------------------------------------------------------
+The flow machines place each data node's units first come, first served (on
+the heterogeneous Table II settings a maximum flow of 4 is often split 1 / 3),
+and a data node pushes its microbatches in waves on its own units, so the
+iteration lasts as many waves as the smallest share needs while the other
+data node's units sit idle once it is done.  With `lend`, unit by unit: a
+data node with nothing left to launch in the iteration (nothing waiting or
+parked) sends `Lend(iteration, hop)` to the other data nodes each time one of
+its microbatches completes, naming the stage-0 relay of the unit that freed;
+a receiver adds it to its own units at that relay for the iteration (so it
+launches there while its count allows; a unit lent to two data nodes may
+answer `MbDeny` to one of them, which then tries elsewhere or parks).  And a
+relay with no free unit of a microbatch's data node uses a free unit of
+another data node's flows before repairing locally (greedy), so the borrowed
+microbatch follows the idle flow's path.  Lent units end with the iteration
+(`_open` starts from the flows again).  Off by default; the daemon and the
+simulator turn it on for GWTF.
+
+Fastest unit first (GWTF, `cfg.fastest_unit`; on in the simulator and the daemon)
+---------------------------------------------------------------------------------
+The flows minimise the cost of the units, and a relay picks among its free
+units the cheapest link; but the data node launches a microbatch, and what
+matters to it is when the microbatch comes back.  A data node measures, per
+stage-0 relay, the launch -> final time of its microbatches through it
+(`rt`, an EWMA over those that needed no repair and no new attempt) and
+launches each new microbatch on the free unit (own or lent) with the lowest
+`rt` (a relay not measured yet counts as the data node's end-to-end
+estimate; ties by link cost).  It is not a makespan plan: round trips
+differ with the data node (a far data node's trips through the same unit are
+longer), and a data node holding a microbatch back for its own fast unit
+would lend that unit later (`--no-fastest-unit` in `sim train` measures it).
+
+One wave (`cfg.one_wave`, off by default; the simulator's `one_wave`)
+---------------------------------------------------------------------
+The paper's reading of an iteration (V-D: DENY "can continue recursively up
+to the source, which may defer the batch to the next iteration"): a data
+node launches at the opening of the iteration what its first hops take and
+defers the rest at once; a microbatch denied back to it is deferred instead
+of parked; a relay with no next hop with room answers `MbDeny` upstream at
+once instead of parking (a recovery chain or a repair order still parks: it
+carries a microbatch in its backward pass).  Each iteration offers the
+deferred microbatches first, topped up with new ones to `capacity`.
 """
 
 from __future__ import annotations

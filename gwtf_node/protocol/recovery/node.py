@@ -2,6 +2,41 @@
 
 The mechanisms live in the mixins it is made of, one file each: `routing.py`,
 `relay.py`, `data.py`, `rounds.py`, `neighbours.py` (see the package docstring).
+The aggregation phase meets the machine at the entry points here:
+
+Aggregation (V-E)
+-----------------
+The aggregation phase is `phases.Phases`, driven next to this machine by the
+same driver (daemon or simulator).  This machine tells the driver when a data
+node's iteration is settled (`IterationSettled`; `reported` holds the settled
+iterations), and the driver tells it when BEGIN AGGREGATION of an iteration
+arrived (`begin_aggregation`: a relay drops what is left of the iteration's
+microbatches and names the contributions that count), when the step is
+applied (`aggregation_done`) and when a data node opens the next iteration
+(`open_iteration`).  A relay that began iteration t and has not applied its
+step answers `MbDeny` to a microbatch of t+1 (its parameters are not t+1's
+yet) and sends `Room` once its step is applied.
+
+Contributions lost inside a crashed relay (the rule)
+----------------------------------------------------
+A relay accumulates the gradient of every microbatch whose backward it
+computed (`contrib[iteration]`, a set: one contribution per key and node).
+If it dies before its stage's all-reduce, those contributions die with it.
+Rule: the stage's update is the sum of the gradients the survivors hold
+divided by the number of microbatches they hold (`Compute.count`); the
+microbatch stays COMPLETED and is *not* re-queued (the other stages learnt
+from it; training them again would count it twice).  The driver counts these
+cases (`lost_contributions`).  A `Release` drops the released attempt's
+contributions (SWARM's restarted attempts, duplicate branches), so a
+microbatch contributes at most once per stage among the nodes the data node
+knows of.
+
+A data node that dies (`peer_gone`, `_data_node_gone`) takes its
+microbatches with it: relays drop them, and its contributions count only if
+the leader had its report, i.e. only if the BEGIN of their iteration names
+them (`orphaned`: a relay may hear of the death before or after the BEGIN
+that names them; either way the whole pipeline counts the same).  Its report
+to a leader that has not begun is dropped by `Phases.forget`.
 """
 
 from __future__ import annotations

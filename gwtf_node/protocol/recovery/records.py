@@ -10,7 +10,7 @@ from ..messages import (
     Room,
 )
 
-K_DEADLINE = 3.0  # hop deadline = K x expected + margin (see the module doc)
+K_DEADLINE = 3.0  # hop deadline = K x expected + margin (relay.py, "Forward pass")
 K_E2E = K_DEADLINE  # watchdog = K_E2E x expected end-to-end time + margin
 MARGIN_S = 2.0
 EWMA_ALPHA = 0.3
@@ -70,9 +70,9 @@ class RecoveryConfig:
     policy: str = "gwtf"
     swarm_assumed_capacity: int = 4  # SWARM: the memory it assumes every peer has
     act_on_gone: bool = True  # data node: `peer_gone` of a holder in the backward pass starts a round / restart
-    lend: bool = False  # GWTF: a finished data node's idle units serve the others (module doc, "Lending")
+    lend: bool = False  # GWTF: a finished data node's idle units serve the others (data.py, "Lending")
     fastest_unit: bool = False  # GWTF data node: launch on the free unit that brought microbatches back first
-    one_wave: bool = False  # an iteration is one wave: what finds no route is deferred (module doc, "One wave")
+    one_wave: bool = False  # an iteration is one wave: what finds no route is deferred (data.py, "One wave")
     k: float = K_DEADLINE
     margin_s: float = MARGIN_S
     max_rounds: int = MAX_ROUNDS
@@ -92,7 +92,7 @@ class RelayRecord:
     tried: set = field(default_factory=set)
     sent_at: float = 0.0
     ordered: bool = False  # executing a RepairOrder: my stash is the original forward's, keep it on failure
-    parked: bool = False  # no next hop with room: output (and any repair order) kept, retried (module doc)
+    parked: bool = False  # no next hop with room: output (and any repair order) kept, retried (relay.py)
 
 
 @dataclass

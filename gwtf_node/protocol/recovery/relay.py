@@ -1,5 +1,36 @@
 """A relay's side: taking a microbatch, handing it on along the flows or a recovery chain, answering probes and
-repair orders (module doc, "Forward pass" and "Backward pass, GWTF").
+repair orders (below, and rounds.py, "Backward pass, GWTF": what a relay executes there).
+
+Forward pass (both policies; V-D "as in SWARM")
+-----------------------------------------------
+A node that computed a stage sends `Complete` to the node it got the input
+from, hands its output to a next hop and keeps it (the stash) until the
+backward came back through it.  The hand-off waits for the next hop's
+`Complete`: deadline `now + K * est(peer) * (1 + my hand-offs to that peer
+still waiting) + MARGIN_S`, `est` an EWMA of measured hand-off -> Complete
+times initialised from the prior of `priors.py` (the link's transfer plus a
+compute allowance; the daemon and the simulator both use it).
+No `Complete` in time: the next hop is presumed dead, its units of flow move
+to live peers of its stage with room (local flow repair), and the output is
+resent from the stash to another next hop (GWTF: along the flows; SWARM:
+greedy).  A receiver without room answers `MbDeny`; a peer that sent
+`MbDeny` gets no new work until it sends `Room` (a relay sends `Room` to
+the peers it denied when a slot frees, when a next-stage peer sends it
+`Room` or joins, never while it has no live next-stage peer).  With no next
+hop that has room (or no live one at all), a relay *parks* the microbatch:
+it keeps its output, its slot and any repair order, and tries again on a
+`Room`, on a slot of its own freeing, on a next-stage joiner, or once after
+a deadline (K x its slowest next-stage estimate, if a peer is left); that
+retry failing, it sends `MbDeny` upstream and drops it (or, executing a
+repair order, reports `BackwardStuck`); recursively up to the data node,
+which parks it with its embedding output (a new attempt, the holders
+released, no recompute) while others are in flight and retries on every
+slot-freeing event (`_launch`), or defers it.  A data node whose recovery
+finds every live stage-0 relay full parks it the same way.
+Capacity counts microbatches whose activations
+a node holds (taken until its backward is computed); the gradient a node
+sent upstream is kept (one tensor, for recovery) until the microbatch is
+released or the iteration aggregates.
 """
 
 from __future__ import annotations

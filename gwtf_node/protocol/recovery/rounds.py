@@ -1,5 +1,58 @@
 """A data node's recovery decisions: its watchdog, GWTF's probe rounds and `_decide`, SWARM's restarts, giving an
-attempt up (module doc, "Backward pass" and "Bounded rounds").
+attempt up.
+
+Backward pass, GWTF (V-D)
+-------------------------
+The sink computes the loss and sends `Backward` to the last relay; each
+relay computes its backward, adds the microbatch to its contributions, sends
+`Complete` downstream and the gradient upstream, and waits for the upstream
+`Complete`; missing: `BackwardStuck` to the data node (the paper's "it
+notifies the data node").  The data node (on `BackwardStuck`, on its own
+hop deadline, or on its watchdog) runs a *round*: probe, then `_decide`:
+
+* g = the lowest stage whose holder has computed its backward (bwd, grad,
+  done), else the sink.  Stages below g still need their stashed activation.
+* A *bad* stage below g is one whose holder is dead or holds nothing.  For
+  each run a..b of bad stages, the live holder of stage a-1 (the data node
+  if a = 0) is ordered to send its stash (`Recover`) to a live node of stage
+  a chosen by its flows; that node recomputes stage a's forward, goes on to
+  stage a+1 the same way while it is bad, and at the first good stage sends
+  `Resume`: that node links its upstream to the recovering node and, if it
+  holds its gradient, resends it.  The order carries the holders after the
+  run up to the next bad stage (`rest`), so if the node to resume at died
+  meanwhile its stage is recomputed too and the chain resumes at the next
+  one.  A `Resume` is a control message answered at once: its deadline is
+  `probe_wait_s + margin_s`, and its answer is not a hand-off time sample.
+  The backward resumes from the stored
+  gradient: one stage forward recomputed per crashed stage, no pipeline
+  restart.
+* No bad stage: if stage g is computing, nothing to do; otherwise the
+  gradient from g to g-1 got lost in a crash race: g resends it (`Resume`).
+* Forward pass not at the sink yet: the highest live holder with a stash is
+  ordered to resend it onward (its next hop acknowledged, then died).
+
+Backward pass, SWARM (the paper's baseline)
+-------------------------------------------
+Greedy next hop (the cheapest live next-stage peer, SWARM's "closest node"),
+assuming every peer has `swarm_assumed_capacity` slots (SWARM assumes equal
+memory: a peer that has less answers `MbDeny` after the transfer); resend
+after a forward timeout (same deadline rule).  Relays do not report backward
+trouble (`BackwardStuck` is GWTF's); the data node detects a failed backward
+by its own timeouts (its hop deadline, its watchdog: `K_E2E` x the measured
+end-to-end time) and restarts the microbatch: a new attempt, `Release` of the
+old one everywhere, the whole pipeline recomputed from the embedding.  With
+`cfg.act_on_gone`, a data node told by the membership layer (`peer_gone`)
+that a holder of a microbatch in its backward pass is gone acts at once
+(SWARM: restart; GWTF: a round) instead of waiting for its timeouts; a
+microbatch whose forward was still on its way to the sink when the report came
+is acted on when its loss is computed (SWARM: restarted instead of sending the
+gradient down a path that cannot carry it).
+
+Bounded rounds
+--------------
+At most `MAX_ROUNDS` rounds (GWTF) or restarts (SWARM) per microbatch and
+iteration, then the data node gives the attempt up: `Release` to every
+holder, DEFERRED, pushed again next iteration.
 """
 
 from __future__ import annotations

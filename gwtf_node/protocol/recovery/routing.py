@@ -71,7 +71,7 @@ class Routing:
                 units[j] = units.get(j, 0) + n
         inflight = {j: self._inflight(j, d) for j in units}
         costs = self.next_peers
-        if self.is_data and fresh and self.cfg.fastest_unit:  # module doc, "Fastest unit first"
+        if self.is_data and fresh and self.cfg.fastest_unit:  # data.py, "Fastest unit first"
             costs = {j: (self.rt.get(j, self.e2e_est), self.next_peers.get(j, float("inf"))) for j in units}
         hop = pick_next_hop(units, inflight, costs, ok)
         if hop is not None:

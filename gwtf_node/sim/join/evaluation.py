@@ -1,5 +1,28 @@
 """The cost of a system after an assignment, B * C / F^2, by one min-cost max-flow LP (HiGHS), and the LP
-relaxation of the assignment itself (for the proved bounds of optimum.py)."""
+relaxation of the assignment itself (for the proved bounds of optimum.py).
+
+Routing and cost.  The routing of an assignment is the maximum flow at
+minimum total cost (what GWTF's flow algorithm converges to and what
+`baselines.optimal_routing` computes): F microbatches in flight, C the sum of
+their path costs.  With complete links between consecutive stages, F is the
+smallest stage capacity (every cut must cut a whole stage).  The cost of a
+system is the time to push a batch of B = BATCH_MICROBATCHES microbatches:
+
+    cost = (B / F) rounds x (C / F) mean path cost per round = B * C / F^2
+
+(equivalently B over the throughput F^2 / C that Little's law gives for F
+microbatches in flight with mean latency C / F).  More flow and cheaper
+flow both lower it; B cancels in improvement = (cost_now - cost_after) /
+cost_now, which is what Figure 5 plots.
+
+Intra-stage costs.  We read them as the cost for a node to talk to its own
+stage: on joining, the download of the stage's weights and optimizer state
+from a stage peer (V-B), later the within-stage aggregation.  They do not
+enter the routing, so they are not in `cost` (the steady-state figure of
+Figure 5).  Each policy reports `join_delay`, the largest intra-stage cost
+among the newcomers (downloads run in parallel; the new routing is usable
+when the slowest has its state), and our GWTF uses it to break ties.
+"""
 
 from __future__ import annotations
 

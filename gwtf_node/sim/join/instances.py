@@ -4,6 +4,29 @@ The package docstring (gwtf_node/sim/join/__init__.py) says how the paper's
 experiment is read; this module draws it: every number is floor(U(lo, hi)),
 a link's cost is drawn once per pair of machines, and phi is the largest
 inter-stage cost of a node for a stage.
+
+The system.  One data node d0 and 96 relays (97 nodes) spread over S stages,
+plus 20 candidates waiting to join (the paper's "97 nodes" are the running
+system: (N-1)/S relays per stage is 12 for S = 8 and 8 for S = 12; the 20
+candidates come on top).  Per Table IV, every number is floor(U(lo, hi)):
+
+| setting | S  | capacity | inter-stage cost | intra-stage cost      | relays per stage |
+|---------|----|----------|------------------|-----------------------|------------------|
+| 1       | 8  | U(1,20)  | U(1,100)         | phi + U(50,100)       | 12               |
+| 2       | 8  | U(1,20)  | U(20,100)        | phi + U(50,100)       | 12               |
+| 3       | 8  | U(1,5)   | U(1,100)         | phi + U(50,100)       | 12               |
+| 4       | 12 | U(1,20)  | U(1,100)         | phi + U(50,100)       | 8                |
+| 5*      | 8  | U(1,20)  | U(1,100)         | phi + U(50,100)       | random, >= 1 each    |
+
+Every relay links to every relay of the next stage, d0 to every relay of the
+first and the last stage (as in the flow tests).  A link is one physical pair
+of machines, so its cost is drawn once: a candidate has one cost to every
+existing node and to every other candidate, and uses those of its stage's
+neighbours (stages s-1 and s+1, d0 at the ends) wherever it is placed; that
+is what "each node knows its costs for each stage" means.  phi (Table IV) is
+the largest inter-stage cost of a node for the stage it is in or proposed for;
+its intra-stage cost for that stage is phi + floor(U(50,100)).  The data node's
+capacity is the total capacity of everyone: it is never the bottleneck.
 """
 
 from __future__ import annotations

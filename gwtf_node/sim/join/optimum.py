@@ -1,9 +1,25 @@
-"""How good the optimum can be: a proved bound from the LP relaxation, and the exact optimum by MILP."""
+"""How good the optimum can be: a proved bound from the LP relaxation, and the exact optimum by MILP.
+
+How far the true optimum can be (`optimal_bound` in the output).
+`optimum_bound` proves an UPPER bound on the optimal improvement: the LP
+relaxation of the assignment (a candidate may be spread fractionally over
+the stages, sum_s x[v, s] = 1, its copy in s carrying <= cap_v x[v, s]),
+solved for every possible max flow F, with the bottleneck stage imposed where
+it matters; ~60-500 LPs, 10-20 s an instance, so the bench reports it for
+every instance.  The true optimum lies between `optimal` and `optimal_bound`.
+`milp_optimum` closes the gap exactly (Dinkelbach iterations of a MILP with
+binary assignment, one-hot max flow and bottleneck indicators; exact on the
+test instances) but takes minutes per full instance: scripts/join_exact.py
+runs it on a sample (docs/bench_join_exact.md).  The bottleneck indicator
+matters: without it the MILP is valid but loose (an assignment routing fewer
+units than its max flow is cheaper per B*C/F^2).
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.sparse import coo_matrix, csc_matrix, hstack, vstack
@@ -82,12 +98,55 @@ def milp_optimum(inst: JoinInstance, model: FlowModel | None = None, incumbent: 
     seconds per solve with its best dual bound, so the bound is valid either way.
     Minutes per full-size instance: a spot check (scripts/join_exact.py), not the bench.
     """
-    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.optimize import milp
 
     model = model or FlowModel(inst)
-    cands, s_count = inst.candidates, inst.stages
     if incumbent is None:
         incumbent = policy_gwtf(inst, model)
+    p = _milp_problem(inst, model)
+    m, nc, s_count = len(model.edges), len(inst.candidates), inst.stages
+    best = tuple(incumbent)
+    best_cost = model.evaluate(best).cost
+    bound, solves = -math.inf, 0
+    for _ in range(rounds):
+        lam = best_cost / BATCH_MICROBATCHES
+        c = np.concatenate([model.e_cost, np.zeros(p.nx), -lam * p.ks ** 2, np.zeros(s_count)])
+        res = milp(c, constraints=p.constraints, integrality=p.integrality, bounds=p.bounds,
+                   options={"time_limit": time_limit, "disp": False})
+        solves += 1
+        dual = getattr(res, "mip_dual_bound", None)
+        if dual is None or not math.isfinite(dual):
+            dual = -math.inf
+        bound = max(bound, BATCH_MICROBATCHES * (lam + min(dual, 0.0) / p.f_lo ** 2))
+        if res.x is None or res.fun >= -1e-6:
+            break
+        x = res.x[m:m + p.nx].reshape(nc, s_count)
+        cand = tuple(int(np.argmax(x[k])) for k in range(nc))
+        cost = model.evaluate(cand).cost
+        if cost >= best_cost - 1e-9:
+            break
+        best, best_cost = cand, cost
+    bound = min(bound, best_cost)
+    return MilpResult(best, best_cost, bound, best_cost - bound <= 1e-6 * max(1.0, best_cost), solves)
+
+
+@dataclass(frozen=True)
+class _MilpProblem:
+    """The constraints of `milp_optimum`'s MILP (its objective depends on lam).  The variables, in order: the
+    edge flows, x[v, s] (`nx` of them), the one-hot z_k of F = ks[k], the bottleneck indicators b_s."""
+    ks: np.ndarray  # the possible max flows F: from f_lo to the largest one the relaxation can carry
+    f_lo: int  # F_now: candidates only add capacity
+    nx: int
+    constraints: Any  # scipy.optimize.LinearConstraint
+    integrality: np.ndarray
+    bounds: Any  # scipy.optimize.Bounds
+
+
+def _milp_problem(inst: JoinInstance, model: FlowModel) -> _MilpProblem:
+    """The constraint rows and the variables' bounds of the MILP (what each block means: `milp_optimum`)."""
+    from scipy.optimize import Bounds, LinearConstraint
+
+    cands, s_count = inst.candidates, inst.stages
     m, rows, nc = len(model.edges), model.A_in.shape[0], len(cands)
     nx = nc * s_count
     f_lo = min(inst.stage_caps())
@@ -126,27 +185,4 @@ def milp_optimum(inst: JoinInstance, model: FlowModel | None = None, incumbent: 
     hi = np.concatenate([cap_rhs, np.zeros(rows), [0.0, 1.0], np.ones(nc), big - relay_caps, [np.inf]])
     integrality = np.concatenate([np.zeros(m), np.ones(nx + nz + s_count)])
     upper = np.concatenate([np.full(m, np.inf), np.ones(nx + nz + s_count)])
-    best = tuple(incumbent)
-    best_cost = model.evaluate(best).cost
-    bound, solves = -math.inf, 0
-    for _ in range(rounds):
-        lam = best_cost / BATCH_MICROBATCHES
-        c = np.concatenate([model.e_cost, np.zeros(nx), -lam * ks ** 2, np.zeros(s_count)])
-        res = milp(c, constraints=LinearConstraint(a_all, lo, hi), integrality=integrality,
-                   bounds=Bounds(np.zeros(nv), upper), options={"time_limit": time_limit, "disp": False})
-        solves += 1
-        dual = getattr(res, "mip_dual_bound", None)
-        if dual is None or not math.isfinite(dual):
-            dual = -math.inf
-        bound = max(bound, BATCH_MICROBATCHES * (lam + min(dual, 0.0) / f_lo ** 2))
-        if res.x is None or res.fun >= -1e-6:
-            break
-        x = res.x[m:m + nx].reshape(nc, s_count)
-        cand = tuple(int(np.argmax(x[k])) for k in range(nc))
-        cost = model.evaluate(cand).cost
-        if cost >= best_cost - 1e-9:
-            break
-        best, best_cost = cand, cost
-    bound = min(bound, best_cost)
-    return MilpResult(best, best_cost, bound, best_cost - bound <= 1e-6 * max(1.0, best_cost), solves)
-
+    return _MilpProblem(ks, f_lo, nx, LinearConstraint(a_all, lo, hi), integrality, Bounds(np.zeros(nv), upper))

@@ -1,4 +1,52 @@
-"""The policies that choose the stages of the candidates (package docstring), and the best assignment found."""
+"""The policies that choose the stages of the candidates, and the best assignment found.
+
+The policies (a policy chooses the stages of the 20 candidates):
+
+- `gwtf_paper`: V-B as written.  Periods of up to S candidates: the leader
+  floods the utilization query (each stage: flows / capacity), takes the S
+  waiting candidates of highest capacity (ties: id) and gives the highest to
+  the most utilized stage, the second to the second, and so on; the next
+  period sees the capacities added.  Every microbatch crosses every stage, so
+  the flows are F everywhere and "most utilized" is "smallest capacity": it
+  is blind to link costs.
+- `waterfill`: protocol/membership.place:
+  highest capacity first, each to the most utilized stage re-evaluated after
+  every placement, so several candidates can go to one stage in a period
+  (capacity water-filling).  Better than `gwtf_paper` when one stage is far
+  behind (setting 5*).
+- `gwtf` (ours): the leader's stage search (protocol/placement.search_stages)
+  from `gwtf_paper` and `waterfill`, given the whole layered cost graph: each
+  node's link costs to the next stage and the candidates' links.  It
+  evaluates `cost` exactly (here with a HiGHS LP: the flow polytope is totally
+  unimodular; the protocol's pure-Python min-cost flow gives the same values)
+  and moves one candidate to another stage while that lowers `cost` (first
+  improvement, candidates in index order, at most GWTF_PASSES passes over the
+  20 x (S-1) moves, a few hundred evaluations).  Ties in `cost` go to the
+  lower join delay.
+  The lesson: the most utilized stage is not always the right place.  Pushing
+  F up to the last unit forces the extra microbatches through expensive
+  links; the refined assignment often stops the bottleneck lower (e.g. F 106
+  instead of 142) and spends the other candidates on stages where their links
+  are cheap, which lowers C/F^2 far more.  Never worse than either start.
+  `policy_gwtf(lp_starts=True)` adds a third start, the LP relaxation of the
+  assignment (optimum.py) rounded at flows around the best one found
+  (docs/bench_join_lpstarts.md has its figures and CPU time).
+- `leader`: the daemon's leader, run by its own code
+  (protocol/membership.place_by_search) on what the daemon reports to it:
+  stage capacities and each candidate's cost to each stage, no link costs
+  between members; the same search within its evaluation budget.
+- `capacity_first`: highest capacity first, dealt over the stages in index
+  order (rank r to stage r mod S).  `capacity_first_by_size`: the other
+  reading, each to the stage with the fewest nodes (same in settings 1-4).
+- `random`: each candidate to a uniformly random stage (seeded).
+- `optimal`: the assignment minimizing `cost`.  S^20 assignments are far too
+  many (8^20 ~ 1e18), so it is exhaustive only when S^n <= EXHAUSTIVE_LIMIT
+  (small test instances: `optimal_method` "exhaustive", exact).  Otherwise
+  `optimal_method` is "local-search": the best of the other policies'
+  answers, improved by the local search with moves *and* swaps of two
+  candidates, up to OPTIMAL_PASSES passes: an assignment, so its improvement
+  is a LOWER bound on the optimal one; never below any other policy.
+"""
 
 from __future__ import annotations
 

@@ -41,21 +41,8 @@ Choices where the paper leaves them open
   cluster" is applied per chain: within a pipeline, each cluster serves one
   connected run of stages.  Every stage gets one relay per pipeline (DT-FM's
   D_DP x D_PP = N), so relays = stages x data nodes.
-* Which run goes where (`assign_runs`).  Pipelines in data-node id order.
-  First, every data node whose own cluster still has a relay for every stage
-  gets its whole pipeline inside that cluster (no slow cut at all).  Then
-  each remaining pipeline is cut into runs greedily from stage 0: the next
-  run goes to the cluster, not used yet by this pipeline, with free relays
-  that can take the longest run (fewest cuts), ties broken by the estimated
-  cut from the previous run's cluster (its data node's for the first run;
-  plus the cut back to the data node when the run ends the chain), then by
-  cluster index.  A cluster-to-cluster cut is the median of the pair cuts
-  between their devices.  The data node's own cluster comes first when it has
-  free relays (its run then starts next to the data node).
-* Relays to stages within a cluster (`chain`): each run is chained from the
-  previous hop (the data node, or the last relay of the previous run) by
-  nearest neighbour: the free relay of the cluster with the cheapest cut
-  from the previous device takes the next stage (ties by index).
+* Which run of which pipeline goes to which cluster (`assign_runs`), and
+  which relay of a cluster takes which stage (`chain`): their docstrings.
 
 `opfence` returns the clusters, every pipeline's runs, the stage groups and
 pipelines, Eq. 3 per pipeline, and the CPU time of the whole scheduler
@@ -194,9 +181,22 @@ class _Cuts:
 
 def assign_runs(groups, home: dict[int, int], free: dict[int, int], stages: int, cuts: _Cuts,
                 ) -> dict[int, tuple[tuple[int, int, int], ...]]:
-    """Runs of stages per pipeline (module docstring): data node -> ((cluster, first, last), ...).
+    """Runs of stages per pipeline: data node -> ((cluster, first, last), ...).
 
-    `home[d]` the cluster of data node d, `free[k]` the relays of cluster k not yet given a stage."""
+    `home[d]` the cluster of data node d, `free[k]` the relays of cluster k not yet given a stage.
+
+    Pipelines in data-node id order.
+    First, every data node whose own cluster still has a relay for every stage
+    gets its whole pipeline inside that cluster (no slow cut at all).  Then
+    each remaining pipeline is cut into runs greedily from stage 0: the next
+    run goes to the cluster, not used yet by this pipeline, with free relays
+    that can take the longest run (fewest cuts), ties broken by the estimated
+    cut from the previous run's cluster (its data node's for the first run;
+    plus the cut back to the data node when the run ends the chain), then by
+    cluster index.  A cluster-to-cluster cut is the median of the pair cuts
+    between their devices.  The data node's own cluster comes first when it has
+    free relays (its run then starts next to the data node).
+    """
     free = dict(free)
     out: dict[int, tuple[tuple[int, int, int], ...]] = {}
     for d in sorted(home):  # whole pipelines inside the data node's own cluster
@@ -228,7 +228,12 @@ def assign_runs(groups, home: dict[int, int], free: dict[int, int], stages: int,
 
 def chain(runs: dict[int, tuple[tuple[int, int, int], ...]], groups, relays: set[int], cuts: _Cuts,
           stages: int) -> dict[int, list[int]]:
-    """Relays to stages within every cluster: nearest-neighbour chaining of each run (module docstring)."""
+    """Relays to stages within every cluster: nearest-neighbour chaining of each run.
+
+    Each run is chained from the previous hop (the data node, or the last relay of the previous run) by
+    nearest neighbour: the free relay of the cluster with the cheapest cut from the previous device takes the
+    next stage (ties by index).
+    """
     free = {k: sorted(set(g) & relays) for k, g in enumerate(groups)}
     out: dict[int, list[int]] = {}
     for d in sorted(runs):
