@@ -125,8 +125,9 @@ class Recorder(T.TrainSim):
 def _small(policy: str, leave_wait_s: float = LEAVE_WAIT_S, detect_s: float = DETECT_S) -> Recorder:
     """The setting of the machine (module docstring), with a fresh copy of its network."""
     s = Setting("pausing", dict(RELAYS), T.make_setting(SETTING, SEED).net, BASE.data)
-    return Recorder(s, policy, 0.0, SEED, rejoin=False, pause_empty=True, leave_wait_s=leave_wait_s,
-                    detect_s=detect_s)
+    sim = Recorder(s, policy, 0.0, SEED, rejoin=False, pause_empty=True, detect_s=detect_s)
+    sim.leave_wait_s = leave_wait_s
+    return sim
 
 
 class PausingRules(RuleBasedStateMachine):

@@ -15,8 +15,9 @@ calls of `TrainSim.run(..., until=...)` (tests drive the simulator with them):
   takes no microbatch (its microbatch machine denies them) and the leader
   leaves it out of the aggregation groups; it finishes that iteration's
   aggregation (its CAN TAKE sent) or waits `leave_wait_s` at most (the
-  daemon's LEAVE_WAIT_S), then says Goodbye: every node forgets it at once
-  (`Event.GONE` now, no detection delay), nothing it computed is lost.
+  daemon's LEAVE_WAIT_S; a test may set it on the simulator), then says
+  Goodbye: every node forgets it at once (`Event.GONE` now, no detection
+  delay), nothing it computed is lost.
 * `join_relay(k, loc)`: a relay started with `--stage k` at location `loc`.
   With a live member in stage k it downloads the stage state from the
   nearest one (`StageStateRequest` after the leader's placement iteration,
@@ -52,7 +53,7 @@ from ...protocol.messages import Assignment
 from .events import Event
 from .setting import BACKWARD_S, FORWARD_S, MICROBATCHES, REJOIN_S, STAGE_STATE_MB
 
-LEAVE_WAIT_S = 10.0  # the daemon's (runtime/joining.py): a leaving relay waits this long at most for its last aggregation
+LEAVE_WAIT_S = 10.0  # the daemon's (runtime/joining.py): a leaving relay's longest wait for its last aggregation
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,10 @@ class Pause:
 class ChurnDriver:
     """Part of `TrainSim` (driver.py): one mechanism of the simulator, see the module docstring."""
 
-    def _init_churn(self, pause_empty: bool, leave_wait_s: float) -> None:
+    def _init_churn(self, pause_empty: bool) -> None:
         self.pause_empty = pause_empty
-        self.leave_wait_s = leave_wait_s
+        self.leave_wait_s = LEAVE_WAIT_S  # a leaving relay's wait for its last aggregation (module docstring)
+        self._begun = False  # `run` started the machines
         self.paused: dict[str, Pause] = {}  # data node -> the iteration it does not open while a stage is empty
         self.pauses: list[tuple[str, int, float, float]] = []  # (data node, iteration, paused at, opened at)
         self.leaving: dict[str, int] = {}  # relay -> the iteration after which it leaves
@@ -113,6 +115,37 @@ class ChurnDriver:
             dl = STAGE_STATE_MB * 8.0 / min(self.net.link(p, nid)[1] for p in peers) if peers else 0.0
             self.pending_joins.append((self.now + REJOIN_S + dl, nid, stage, self.cap[nid]))
             self._push(self.now + REJOIN_S + dl, Event.JOIN, nid, None, None)
+
+    # ---------------------------------------------------------------- the run's start and its stops (`run`)
+    def _begin(self, until: float | None) -> int | None:
+        """Start the machines at the first call of `run`; with `until`, the token of the halt set at that time."""
+        if not self._begun:
+            self._begun = True
+            if self.machines:  # the flows form first; each data node opens iteration 0 once its own formed
+                for nid in sorted(self.nodes):
+                    if nid not in self.dead:
+                        self._apply_flow(nid, self._make_flow(nid, joined=False).start(self.now))
+                for nid in sorted(self.nodes):
+                    if nid not in self.data:
+                        self._started.add(nid)
+                        self._apply(nid, self.nodes[nid].start(self.now))
+            else:
+                for nid in sorted(self.nodes):
+                    self._apply(nid, self.nodes[nid].start(self.now))
+            for d in self.data:
+                self._leader_event(d, self.leaders[d].start(self.now))
+        if until is None:
+            return None
+        self._token += 1
+        self._push(until, Event.HALT, "", None, self._token)
+        return self._token
+
+    def _control(self, kind: Event, node: str, a, b, halt: int | None) -> bool:
+        """A HALT or LEAVE event: whether `run` stops here (its own halt)."""
+        if kind == Event.LEAVE:
+            self._leave_timeout(node, a)
+            return False
+        return halt is not None and b == halt
 
     # ---------------------------------------------------------------- hooks: a change at the current time
     def crash_relay(self, nid: str) -> None:

@@ -19,7 +19,7 @@ from ...protocol.recovery.priors import HOP_PRIOR_S, e2e_prior_s, hop_prior_s
 from ..engine import Simulator
 from .aggregation import AggregationDriver
 from .allreduce import AllReduceDriver
-from .churn import LEAVE_WAIT_S, ChurnDriver
+from .churn import ChurnDriver
 from .events import LEADER_MSGS, PHASE_MSGS, TENSOR_MSGS, Event
 from .flows import FlowDriver
 from .joining import JOIN_MSGS, JOININGS, JoinDriver
@@ -49,7 +49,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
     JoinRequest and a member's UtilizationReport carry their link costs, as the daemon's, and the leader's search
     routes over them; False: stage costs only); `spare_last` (True: churn spares the last live relay of a stage,
     `_spared`); `pause_empty` (False: a data node opens an iteration with a stage empty; True: it pauses, as the
-    daemon, churn.py), `leave_wait_s` (LEAVE_WAIT_S: a leaving relay's wait for its last aggregation, churn.py).
+    daemon, churn.py).
     `flow_cpu_s` sums the CPU time the flow machines took (GWTF's scheduler cost)."""
 
     machine_class = RecoveryNode  # every node's microbatch machine (a policy of its own may subclass it)
@@ -61,9 +61,8 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
                  gwtf_acts_on_gone: bool = True, routing: str = "machines", flow_options: dict | None = None,
                  lend: bool = True, one_wave: bool = False, detect_s: float = DETECT_S, fastest_unit: bool = True,
                  unpresume: bool = True, can_take: str = CanTakeRule.ALL.value, scheduler=None,
-                 priors: str = "links", joining: str = "machines", spare_last: bool = True,
-                 join_links: bool = True, phase_wait_bound_s: float | None = WAIT_BOUND_S,
-                 pause_empty: bool = False, leave_wait_s: float = LEAVE_WAIT_S) -> None:
+                 priors: str = "links", joining: str = "machines", spare_last: bool = True, pause_empty: bool = False,
+                 join_links: bool = True, phase_wait_bound_s: float | None = WAIT_BOUND_S) -> None:
         if routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {ROUTINGS}, not {routing!r}")
         if (routing == "dtfm") != (scheduler is not None):
@@ -108,10 +107,8 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         self.crashed_at: dict[str, float] = {}
         self.unpresume = unpresume
         self.can_take = CanTakeRule(can_take)
-        # a phase wait past this bound is resolved as the daemon resolves it (phasewaits.py); None: never
-        self.phase_wait_bound_s = phase_wait_bound_s
-        self._init_churn(pause_empty, leave_wait_s)  # churn.py: leaves, the pause of an empty stage
-        self._begun = False
+        self.phase_wait_bound_s = phase_wait_bound_s  # a wait past it is resolved as the daemon's (phasewaits.py)
+        self._init_churn(pause_empty)  # churn.py: leaves, the pause of an empty stage
         self.resyncs = 0
         self.elections = 0
         self.dropped = 0
@@ -414,25 +411,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
     def run(self, iterations: int, until: float | None = None) -> None:
         """Run until every live data node trained `iterations` (or nothing is left to happen); with `until`, stop
         at that virtual time at the latest (a later call goes on from there)."""
-        if not self._begun:
-            self._begun = True
-            if self.machines:  # the flows form first; each data node opens iteration 0 once its own formed
-                for nid in sorted(self.nodes):
-                    if nid not in self.dead:
-                        self._apply_flow(nid, self._make_flow(nid, joined=False).start(self.now))
-                for nid in sorted(self.nodes):
-                    if nid not in self.data:
-                        self._started.add(nid)
-                        self._apply(nid, self.nodes[nid].start(self.now))
-            else:
-                for nid in sorted(self.nodes):
-                    self._apply(nid, self.nodes[nid].start(self.now))
-            for d in self.data:
-                self._leader_event(d, self.leaders[d].start(self.now))
-        if until is not None:
-            self._token += 1
-            self._push(until, Event.HALT, "", None, self._token)
-            halt = self._token
+        halt = self._begin(until)  # (churn.py)
         limit = MAX_SIM_S_PER_ITERATION * (iterations + 1)
         while True:
             if all(self.nodes[d].iteration >= iterations for d in self._live_data()):
@@ -441,12 +420,9 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
             if event is None:
                 break
             t, kind, node, a, b = event
-            if kind == Event.HALT:
-                if until is not None and b == halt:
+            if kind == Event.HALT or kind == Event.LEAVE:
+                if self._control(kind, node, a, b, halt):
                     break
-                continue
-            if kind == Event.LEAVE:
-                self._leave_timeout(node, a)
                 continue
             if kind == Event.CRASH:
                 if a == "churn" and self._spared(node):
