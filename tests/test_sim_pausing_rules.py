@@ -307,7 +307,7 @@ class PausingRules(RuleBasedStateMachine):
                     assert (w.what, w.iteration) in ph.overdue_since, f"{n} waits silently: {w} at {s.now:.1f} s"
 
 
-PausingRules.TestCase.settings = settings(max_examples=40, stateful_step_count=20, deadline=None)
+PausingRules.TestCase.settings = settings(max_examples=30, stateful_step_count=20, deadline=None)
 TestPausingRules = PausingRules.TestCase
 
 
