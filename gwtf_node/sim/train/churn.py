@@ -247,7 +247,9 @@ class ChurnDriver:
     def _recheck_paused(self) -> None:
         """A relay came in: every paused data node whose stages are all served now opens its iteration."""
         for nid in sorted(self.paused):
-            p = self.paused[nid]
+            p = self.paused.get(nid)  # (an open below may bring joiners in, and this check runs again inside it)
+            if p is None:
+                continue
             if nid in self.dead:
                 del self.paused[nid]
             elif not self.empty_stages(p.iteration):
