@@ -29,8 +29,10 @@ class AggregationDriver:
         return (self._known(-1) if st == last else self._known(st + 1),
                 self._known(-1) if st == 0 else self._known(st - 1))
 
-    def _groups(self) -> dict[int, list[str]]:
-        return {k: self._known(k) for k in range(-1, self.S)}
+    def _groups(self, iteration: int) -> dict[int, list[str]]:
+        """Who takes part in each stage's aggregation of `iteration`: the known nodes, less the relays that leave
+        before it (churn.py)."""
+        return {k: [r for r in self._known(k) if self._ready_for(r, iteration)] for k in range(-1, self.S)}
 
     def _iteration_now(self) -> int:
         """The iteration the live data nodes are in (the newest one opened): a joiner's parameters are its."""
@@ -47,7 +49,7 @@ class AggregationDriver:
         eff: list = []
         for it in ph.pending_iterations():
             eff += ph.maybe_begin(self.now, it, leading=self._leading(nid), data_nodes=self._known(-1),
-                                  stage0=self._known(0), groups=self._groups())
+                                  stage0=self._known(0), groups=self._groups(it))
         return eff
 
     def _report_settled(self, nid: str, e: IterationSettled) -> None:
@@ -78,12 +80,14 @@ class AggregationDriver:
                     if t is OutOfStep:
                         self._allreduce_absent(nid, e.iteration)
                     self._resync(nid, e.iteration)
-            elif t is OpenIteration:
-                self._apply(nid, self.nodes[nid].open_iteration(self.now, e.iteration))
+            elif t is OpenIteration:  # (or a pause while a stage is empty, churn.py)
+                self._open_or_pause(nid, e.iteration)
             elif t is Overdue:  # the daemon logs it; its resolution comes as the Sends beside it
                 pass
             else:
                 raise TypeError(f"unknown effect {e!r} from {nid}'s aggregation phase")
+        if nid in self.leaving:  # its CAN TAKE of its last iteration may be sent: Goodbye (churn.py)
+            self._maybe_goodbye(nid)
 
     def _step_done(self, nid: str, it: int) -> None:
         self._apply(nid, self.nodes[nid].aggregation_done(self.now, it))
@@ -99,7 +103,7 @@ class AggregationDriver:
             eff = ph.on_ack(self.now, sender, msg)
         elif t is IterationDone:
             eff = ph.on_iteration_done(self.now, sender, msg, leading=self._leading(nid), data_nodes=self._known(-1),
-                                       stage0=self._known(0), groups=self._groups())
+                                       stage0=self._known(0), groups=self._groups(msg.iteration))
         elif t is BeginAggregation:
             eff = ph.on_begin(self.now, sender, msg, nxt)
         else:

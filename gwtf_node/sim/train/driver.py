@@ -19,18 +19,18 @@ from ...protocol.recovery.priors import HOP_PRIOR_S, e2e_prior_s, hop_prior_s
 from ..engine import Simulator
 from .aggregation import AggregationDriver
 from .allreduce import AllReduceDriver
+from .churn import ChurnDriver
 from .events import LEADER_MSGS, PHASE_MSGS, TENSOR_MSGS, Event
 from .flows import FlowDriver
 from .joining import JOIN_MSGS, JOININGS, JoinDriver
 from .report import IterStats, Reporting
 from .setting import (
-    ACTIVATION_MB, BACKWARD_S, DETECT_S, FLOW_OPTIONS, FORWARD_S,
-    IDEAL_MB_S, MAX_SIM_S_PER_ITERATION, MICROBATCHES, REJOIN_S, ROUTINGS, SILENCE_S, STAGE_SIZES,
-    PRIOR_RULES, STAGE_STATE_MB, SWARM_REACTIONS, Setting, compute_s, initial_flows,
+    ACTIVATION_MB, DETECT_S, FLOW_OPTIONS, IDEAL_MB_S, MAX_SIM_S_PER_ITERATION, MICROBATCHES, ROUTINGS,
+    SILENCE_S, STAGE_SIZES, PRIOR_RULES, SWARM_REACTIONS, Setting, compute_s, initial_flows,
 )
 
 
-class TrainSim(AggregationDriver, AllReduceDriver, FlowDriver, JoinDriver, Reporting):
+class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, JoinDriver, Reporting):
     """One Table II run in virtual time (module docstring).  Model switches, defaults in parentheses:
     `routing` ("machines": GWTF's flows by the flow machines; "oracle": the LP optimum installed globally),
     `reflow` (True; oracle only: re-install the optimum FLOW_CONVERGE_S after a change), `lend` (True; machines
@@ -48,7 +48,8 @@ class TrainSim(AggregationDriver, AllReduceDriver, FlowDriver, JoinDriver, Repor
     "restart": it comes back in its stage, `join_mid_iteration` says when); `join_links` (True: a joiner's
     JoinRequest and a member's UtilizationReport carry their link costs, as the daemon's, and the leader's search
     routes over them; False: stage costs only); `spare_last` (True: churn spares the last live relay of a stage,
-    `_spared`).
+    `_spared`); `pause_empty` (False: a data node opens an iteration with a stage empty; True: it pauses, as the
+    daemon, churn.py).
     `flow_cpu_s` sums the CPU time the flow machines took (GWTF's scheduler cost)."""
 
     machine_class = RecoveryNode  # every node's microbatch machine (a policy of its own may subclass it)
@@ -60,7 +61,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, FlowDriver, JoinDriver, Repor
                  gwtf_acts_on_gone: bool = True, routing: str = "machines", flow_options: dict | None = None,
                  lend: bool = True, one_wave: bool = False, detect_s: float = DETECT_S, fastest_unit: bool = True,
                  unpresume: bool = True, can_take: str = CanTakeRule.ALL.value, scheduler=None,
-                 priors: str = "links", joining: str = "machines", spare_last: bool = True,
+                 priors: str = "links", joining: str = "machines", spare_last: bool = True, pause_empty: bool = False,
                  join_links: bool = True, phase_wait_bound_s: float | None = WAIT_BOUND_S) -> None:
         if routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {ROUTINGS}, not {routing!r}")
@@ -106,8 +107,8 @@ class TrainSim(AggregationDriver, AllReduceDriver, FlowDriver, JoinDriver, Repor
         self.crashed_at: dict[str, float] = {}
         self.unpresume = unpresume
         self.can_take = CanTakeRule(can_take)
-        # a phase wait past this bound is resolved as the daemon resolves it (phasewaits.py); None: never
-        self.phase_wait_bound_s = phase_wait_bound_s
+        self.phase_wait_bound_s = phase_wait_bound_s  # a wait past it is resolved as the daemon's (phasewaits.py)
+        self._init_churn(pause_empty)  # churn.py: leaves, the pause of an empty stage
         self.resyncs = 0
         self.elections = 0
         self.dropped = 0
@@ -404,59 +405,13 @@ class TrainSim(AggregationDriver, AllReduceDriver, FlowDriver, JoinDriver, Repor
             self._unpresume(p)
             self._apply(p, rec.set_neighbours(self.now, rec.next_peers, {**rec.prev_peers, nid: cost(p, nid)},
                                               {}, {nid: self._prior(p, nid, True)}))
+        if self.paused:  # a relay for an empty stage: the paused data nodes may open (churn.py)
+            self._recheck_paused()
 
-    def _spared(self, nid: str) -> bool:
-        """`spare_last`: a churn crash of the last live relay of its stage is left out, as `gwtf-node local
-        --churn` spares a relay of every stage: after the first step a stage whose members all died has no state
-        a joiner could load (the daemon brings it back only from a relay's checkpoint)."""
-        if not self.spare_last or nid in self.dead or nid not in self.nodes or nid in self.data:
-            return False
-        if self._peers(self.stage[nid], nid):
-            return False
-        self.spared += 1
-        return True
-
-    def _crash(self, nid: str) -> None:
-        if nid in self.dead or nid not in self.nodes:
-            return
-        self.dead.add(nid)
-        self.crashed_at[nid] = self.now
-        self.crashes.append((self.now, nid))
-        if self.trace is not None:
-            self.trace.append(("crash", self.now, nid))
-        m = self.nodes[nid]
-        for it, keys in m.contrib.items():  # gradients held here die with the node
-            st = self._it(it)
-            st.lost_contrib += len(keys)
-            st.lost_contrib_s += len(keys) * (FORWARD_S + BACKWARD_S)
-        stage = self.stage[nid]
-        self._allreduce_crash(nid)  # its stage's round waits for the report if it had not done its part
-        self._schedule_reflow()
-        self._push(self.now + self.detect_s, Event.GONE, nid, None, None)
-        if nid in self.data:
-            self.data_crashed[nid] = self.nodes[nid].iteration
-        elif self.rejoin and self.joining == "machines":
-            self._push(self.now + REJOIN_S, Event.JOIN, nid, None, None)
-        elif self.rejoin:
-            peers = self._peers(stage, nid)
-            dl = STAGE_STATE_MB * 8.0 / min(self.net.link(p, nid)[1] for p in peers) if peers else 0.0
-            self.pending_joins.append((self.now + REJOIN_S + dl, nid, stage, self.cap[nid]))
-            self._push(self.now + REJOIN_S + dl, Event.JOIN, nid, None, None)
-
-    def run(self, iterations: int) -> None:
-        if self.machines:  # the flows form first; each data node opens iteration 0 once its own formed
-            for nid in sorted(self.nodes):
-                if nid not in self.dead:
-                    self._apply_flow(nid, self._make_flow(nid, joined=False).start(self.now))
-            for nid in sorted(self.nodes):
-                if nid not in self.data:
-                    self._started.add(nid)
-                    self._apply(nid, self.nodes[nid].start(self.now))
-        else:
-            for nid in sorted(self.nodes):
-                self._apply(nid, self.nodes[nid].start(self.now))
-        for d in self.data:
-            self._leader_event(d, self.leaders[d].start(self.now))
+    def run(self, iterations: int, until: float | None = None) -> None:
+        """Run until every live data node trained `iterations` (or nothing is left to happen); with `until`, stop
+        at that virtual time at the latest (a later call goes on from there)."""
+        halt = self._begin(until)  # (churn.py)
         limit = MAX_SIM_S_PER_ITERATION * (iterations + 1)
         while True:
             if all(self.nodes[d].iteration >= iterations for d in self._live_data()):
@@ -465,6 +420,10 @@ class TrainSim(AggregationDriver, AllReduceDriver, FlowDriver, JoinDriver, Repor
             if event is None:
                 break
             t, kind, node, a, b = event
+            if kind == Event.HALT or kind == Event.LEAVE:
+                if self._control(kind, node, a, b, halt):
+                    break
+                continue
             if kind == Event.CRASH:
                 if a == "churn" and self._spared(node):
                     continue

@@ -30,3 +30,5 @@ class Event(enum.IntEnum):
     JOIN_LOOKUP = 10  # joiner `node` looks the leader up in the DHT
     JOIN_TIMER = 11  # a timer of a joiner's or a leader's membership machine (a: (component, key), b: its version)
     STATE = 12  # a stage state reaches `node` (a: its steps, b: the source)
+    LEAVE = 13  # leaving relay `node` waited `leave_wait_s` for its last aggregation (a: that iteration; churn.py)
+    HALT = 14  # `TrainSim.run(until=...)` stops here (b: its token)

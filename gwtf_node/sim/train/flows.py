@@ -70,7 +70,10 @@ class FlowDriver:
         if flows_formed(placed, fm.cfg.capacity, quiet, self.now):
             self._started.add(nid)
             self.nodes[nid].set_flows(fm.out)
-            self._apply(nid, self.nodes[nid].start(self.now))
+            if nid in self.data and self.pause_empty:  # iteration 0 too waits for every stage (churn.py)
+                self._open_or_pause(nid, 0)
+            else:
+                self._apply(nid, self.nodes[nid].start(self.now))
 
     def _flow_gone(self, gone: str) -> None:
         """The membership layer reports `gone`: every live flow machine linked to it removes it (the daemon's
