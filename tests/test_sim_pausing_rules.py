@@ -335,9 +335,9 @@ def test_an_empty_stage_pauses_the_run_until_a_relay_serves_it() -> None:
 
 
 def test_without_the_pause_the_run_goes_on_deferring() -> None:
-    """`pause_empty=False` (the simulator's default): the same empty stage, iterations keep opening."""
+    """`pause_empty=False` (the older model, not the daemon's): the same empty stage, iterations keep opening."""
     s = Setting("pausing", dict(RELAYS), T.make_setting(SETTING, SEED).net, BASE.data)
-    sim = Recorder(s, "swarm", 0.0, SEED, rejoin=False)
+    sim = Recorder(s, "swarm", 0.0, SEED, rejoin=False, pause_empty=False)
     sim.run(10**9, until=300.0)
     sim.crash_relay("s2r0")
     sim.crash_relay("s2r1")

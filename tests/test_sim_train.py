@@ -38,7 +38,8 @@ def test_a_stage_dead_for_good_defers_quickly(policy: str) -> None:
     iteration, without stalling (found by Hypothesis: parked microbatches used to wait for six watchdog rounds
     per iteration and the run hit the simulator's time limit)."""
     s = T.make_setting("table2-homogeneous", 7)
-    sim = T.TrainSim(s, policy, 0.0, 7, crash_plan=[(0.0, "s1r0"), (0.0, "s1r1"), (0.0, "s1r2")], rejoin=False)
+    sim = T.TrainSim(s, policy, 0.0, 7, crash_plan=[(0.0, "s1r0"), (0.0, "s1r1"), (0.0, "s1r2")], rejoin=False,
+                     pause_empty=False)  # (the daemon pauses instead: tests/test_sim_pausing_rules.py)
     sim.run(4)
     rep = sim.report(4)
     assert rep["unfinished_iterations"] == 0 and rep["lost_microbatches"] == 0

@@ -28,9 +28,9 @@ calls of `TrainSim.run(..., until=...)` (tests drive the simulator with them):
   in flight, or from the next one once the leader sent its BEGIN AGGREGATION
   (the placement's start iteration, joining.py).
 
-The pause (`pause_empty`, the daemon's behaviour; off by default here, so
-that the runs that model a stage dead for good keep deferring, as the tests of
-that model expect): a data node whose aggregation phase opens iteration t
+The pause (`pause_empty`, on by default as in the daemon; off, a stage dead
+for good makes every iteration defer its microbatches, the older model that
+`tests/test_sim_train.py` still measures): a data node whose aggregation phase opens iteration t
 while some stage has no relay ready for t (`empty_stages`: members not
 reported gone, not leaving before t) does not open it (runtime/microbatches.py,
 `open_iteration`: every microbatch would be deferred at once, a busy loop of

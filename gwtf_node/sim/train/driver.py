@@ -48,8 +48,8 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
     "restart": it comes back in its stage, `join_mid_iteration` says when); `join_links` (True: a joiner's
     JoinRequest and a member's UtilizationReport carry their link costs, as the daemon's, and the leader's search
     routes over them; False: stage costs only); `spare_last` (True: churn spares the last live relay of a stage,
-    `_spared`); `pause_empty` (False: a data node opens an iteration with a stage empty; True: it pauses, as the
-    daemon, churn.py).
+    `_spared`); `pause_empty` (True, as the daemon: a data node does not open an iteration while a stage is empty,
+    churn.py; False: it opens it and every microbatch is deferred).
     `flow_cpu_s` sums the CPU time the flow machines took (GWTF's scheduler cost)."""
 
     machine_class = RecoveryNode  # every node's microbatch machine (a policy of its own may subclass it)
@@ -61,7 +61,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
                  gwtf_acts_on_gone: bool = True, routing: str = "machines", flow_options: dict | None = None,
                  lend: bool = True, one_wave: bool = False, detect_s: float = DETECT_S, fastest_unit: bool = True,
                  unpresume: bool = True, can_take: str = CanTakeRule.ALL.value, scheduler=None,
-                 priors: str = "links", joining: str = "machines", spare_last: bool = True, pause_empty: bool = False,
+                 priors: str = "links", joining: str = "machines", spare_last: bool = True, pause_empty: bool = True,
                  join_links: bool = True, phase_wait_bound_s: float | None = WAIT_BOUND_S) -> None:
         if routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {ROUTINGS}, not {routing!r}")
