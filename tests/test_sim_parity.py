@@ -59,18 +59,19 @@ def test_a_crashed_relay_rejoins_through_the_leaders_placement_at_the_bottleneck
 
 
 def test_a_stage_that_lost_every_member_after_the_first_step_takes_no_joiner() -> None:
-    """No member is left to hand its state over: the leader places the joiners elsewhere, and the iterations
-    defer their microbatches without stalling (the daemon brings such a stage back only from a checkpoint)."""
+    """No member is left to hand its state over: the leader places the joiners elsewhere.  In the model without
+    the pause (`pause_empty=False`) the iterations defer their microbatches without stalling; the daemon pauses
+    instead, until the stage comes back from a checkpoint (tests/test_sim_pausing_rules.py)."""
     s = T.make_setting("table2-homogeneous", 0)
     crash = [(200.0, r) for r in ("s2r0", "s2r1", "s2r2")]
-    sim = T.TrainSim(s, "gwtf", 0.0, 0, crash_plan=crash)
+    sim = T.TrainSim(s, "gwtf", 0.0, 0, crash_plan=crash, pause_empty=False)
     sim.run(3)
     rep = sim.report(3)
     assert rep["unfinished_iterations"] == 0 and rep["lost_microbatches"] == 0
     assert not [n for n in sim.nodes if sim.stage.get(n) == 2 and n not in sim.dead]
     assert rep["joining"]["in"] == 3 and rep["deferred_microbatches"] > 0
     # the older model restores the stage (with a state from nowhere): nothing deferred
-    sim2 = T.TrainSim(s, "gwtf", 0.0, 0, crash_plan=crash, joining="restart")
+    sim2 = T.TrainSim(s, "gwtf", 0.0, 0, crash_plan=crash, joining="restart", pause_empty=False)
     sim2.run(3)
     assert sim2.report(3)["deferred_microbatches"] == 0
 
