@@ -157,7 +157,8 @@ class LocalSwarm:
         (sd / "addr").unlink(missing_ok=True)
         self.admit(sd, "data" if name.startswith("d") else "relay")
         prefix = [*self.wrap.get(name, ())]
-        if name in self.netns and not (self.fork_server and not prefix):
+        forked = self.fork_server and not prefix  # (a forked node enters its namespace itself)
+        if name in self.netns and not forked:
             prefix = ["ip", "netns", "exec", self.netns[name], *prefix]
         cmd = [*prefix, *NODE_COMMAND, "join", "--run", str(self.run_path),
                "--state-dir", str(sd),
@@ -187,7 +188,7 @@ class LocalSwarm:
             env["GWTF_FAULT"] = self.faults[name]
             self.expected_dead.add(name)
         self._spawned += 1
-        if self.fork_server and not prefix:
+        if forked:
             if self._zygote is None:
                 self._zygote = Zygote(FORK_SERVER_COMMAND)
             exits = self.workdir / ".exits"
