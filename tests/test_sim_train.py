@@ -18,7 +18,7 @@ import pytest
 
 from gwtf_node.protocol.flow import FORMED_WAIT_S
 from gwtf_node.protocol.messages import Backward, Complete, Forward
-from gwtf_node.protocol.recovery import Compute, RecoveryConfig, RecoveryNode
+from gwtf_node.protocol.recovery import Compute, MbTimer, RecoveryConfig, RecoveryNode, TimerKind
 from gwtf_node.sim import train as T
 
 
@@ -115,7 +115,7 @@ def test_a_parked_relay_gives_up_once_its_deadline_passed() -> None:
     m.on_message(2.0, "n", Complete(*k1, 0))
     m.on_message(3.0, "p", Forward(*k2, ("d", "p"), None, 0))
     eff = m.on_compute_done(4.0, k2, "forward")
-    (timer,) = [e for e in eff if getattr(e, "key", "").startswith("fw:")]
+    (timer,) = [e for e in eff if isinstance(getattr(e, "key", None), MbTimer) and e.key.kind is TimerKind.FW]
     eff = m.on_timer(timer.deadline, timer.key)
     # one more try (n still holds k1): then the microbatch is denied upstream, as without parking
     assert [e.to for e in eff if type(getattr(e, "msg", None)).__name__ == "MbDeny"] == ["p"]

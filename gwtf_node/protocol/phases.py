@@ -31,7 +31,7 @@ Every phase signal (IterationDone to the leader, BEGIN front to back, CanTake
 back to front) is resent every `retry_s` until the receiver acknowledges it
 (`PhaseAck(kind, iteration)`), or until the receiver is forgotten
 (`forget`).  The deadline is held here: one timer per (signal, iteration),
-key `phase.<done|begin|can_take>.<iteration>`, handed to `on_timer`.  A
+key `PhaseTimer(kind, iteration)`, handed to `on_timer`.  A
 receiver acknowledges every copy and applies a signal once per iteration (a
 `Phases` instance serves one run, so the iteration names the (run,
 iteration) pair): a duplicate is acknowledged, never re-applied.
@@ -65,10 +65,9 @@ from typing import Iterable, Mapping
 
 from .effects import CancelTimer, Send, SetTimer
 from .messages import BeginAggregation, CanTake, CompletedSeqs, IterationDone, PhaseAck, PhaseKind, StageMembers
-from .phasewaits import WATCH_TIMER, Overdue, PhaseWaits, Wait  # noqa: F401 - Overdue, Wait: for the drivers
+from .phasewaits import WATCH_TIMER, Overdue, PhaseWaits, Wait, WaitKind, WatchTimer  # noqa: F401 - for the drivers
 
 RETRY_S = 2.0  # a phase signal not acknowledged within this is sent again
-TIMER_PREFIX = "phase."
 
 
 class CanTakeRule(enum.Enum):
@@ -136,6 +135,10 @@ class OpenIteration:
     iteration: int
 
 
+PhaseEffect = Send | SetTimer | CancelTimer | StartStep | OpenIteration | LeftOut | OutOfStep | Overdue
+"""Every effect `Phases` returns (`SetTimer`/`CancelTimer` keys: `PhaseTimer`, `WATCH_TIMER`)."""
+
+
 @dataclass
 class PhaseStats:
     resent: int = 0  # phase signals sent again after their deadline
@@ -145,18 +148,16 @@ class PhaseStats:
     overdue: int = 0  # waits that passed their bound
 
 
-def timer_key(kind: PhaseKind, iteration: int) -> str:
-    return f"{TIMER_PREFIX}{kind.name.lower()}.{iteration}"
+@dataclass(frozen=True, slots=True, order=True)
+class PhaseTimer:
+    """The retransmission deadline of the phase signal `kind` of `iteration` (a `SetTimer` key)."""
+
+    kind: PhaseKind
+    iteration: int
 
 
-def _parse_timer(key: str) -> tuple[PhaseKind, int] | None:
-    if not key.startswith(TIMER_PREFIX):
-        return None
-    name, _, it = key[len(TIMER_PREFIX):].rpartition(".")
-    try:
-        return PhaseKind[name.upper()], int(it)
-    except (KeyError, ValueError):
-        return None
+def timer_key(kind: PhaseKind, iteration: int) -> PhaseTimer:
+    return PhaseTimer(kind, iteration)
 
 
 class Phases(PhaseWaits):
@@ -209,7 +210,7 @@ class Phases(PhaseWaits):
         self.step_at: dict[int, float] = {}  # the step began (StartStep)
         self.stepped_at: dict[int, float] = {}  # the step was applied (then CAN TAKE is waited for)
         self.expected: dict[int, tuple[str, ...]] = {}  # leader: the data nodes whose reports it waits for
-        self.overdue_since: dict[tuple[str, int], float] = {}  # waits that passed their bound: when last handled
+        self.overdue_since: dict[tuple[WaitKind, int], float] = {}  # waits that passed their bound: when last handled
         self.watch_at: float | None = None  # the watch timer's deadline (None: not set)
 
     @property
@@ -236,15 +237,15 @@ class Phases(PhaseWaits):
         """The receiver has the signal: stop resending it there."""
         return self._drop_unacked(lambda k: k == (msg.kind, msg.iteration, sender))
 
-    def on_timer(self, now: float, key: str) -> list:
-        """A retransmission deadline: send again every copy of this signal not acknowledged yet."""
-        if key == WATCH_TIMER:
+    def on_timer(self, now: float, key: PhaseTimer | WatchTimer) -> list:
+        """A retransmission deadline: send again every copy of this signal not acknowledged yet (or the check of
+        the waits, `WATCH_TIMER`)."""
+        if isinstance(key, WatchTimer):
             self.watch_at = None
             return self.check_waits(now)
-        parsed = _parse_timer(key)
-        if parsed is None:
+        if not isinstance(key, PhaseTimer):
             return []
-        kind, it = parsed
+        kind, it = key.kind, key.iteration
         eff: list = []
         for (k, i, to), msg in sorted(self.unacked.items(), key=lambda kv: kv[0][2]):
             if (k, i) == (kind, it):

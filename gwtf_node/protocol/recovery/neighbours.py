@@ -111,7 +111,7 @@ class Neighbours:
         start clean, whatever their keys.  A next-stage peer back is a route
         again (as in `set_neighbours`)."""
         for keys in self.orphaned.values():  # its old incarnation's: a new one may send the same keys elsewhere
-            keys -= {k for k in keys if k[0] == peer}
+            keys -= {k for k in keys if k.data_node == peer}
         self.dead.discard(peer)
         self.gone.discard(peer)
         if data_node and peer not in self.cfg.data_nodes:
@@ -132,10 +132,10 @@ class Neighbours:
         death names them, one decided after does not; its report to the leader
         is `Phases.forget`'s)."""
         if not self.is_data:
-            for key in [k for k in self.mbs if k[0] == peer]:
+            for key in [k for k in self.mbs if k.data_node == peer]:
                 self._drop(key, eff)
             for it, keys in self.contrib.items():
                 if it not in self.begun:
-                    self.orphaned.setdefault(it, set()).update(k for k in keys if k[0] == peer)
-                    self.contrib[it] = {k for k in keys if k[0] != peer}
+                    self.orphaned.setdefault(it, set()).update(k for k in keys if k.data_node == peer)
+                    self.contrib[it] = {k for k in keys if k.data_node != peer}
         self.cfg = replace(self.cfg, data_nodes=tuple(d for d in self.cfg.data_nodes if d != peer))

@@ -49,7 +49,9 @@ from ..messages import Backward, BackwardStuck, Complete, Lend, MbDeny, Room
 from ..pipeline import Ledger
 from .data import DataSide
 from .neighbours import Neighbours
-from .records import MB_MESSAGES, POLICIES, Key, RecoveryConfig, RecoveryStats, parse_timer_suffix, timer_suffix
+from .records import (
+    MB_MESSAGES, POLICIES, ComputeKind, Key, MbTimer, Policy, RecoveryConfig, RecoveryStats, RelayPhase, TimerKind,
+)
 from .relay import RelaySide
 from .rounds import Rounds
 from .routing import Routing
@@ -62,12 +64,13 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         if cfg.policy not in POLICIES:
             raise ValueError(f"unknown policy {cfg.policy!r}")
         self.cfg = cfg
+        self.policy = Policy(cfg.policy)
         self.me = cfg.node_id
         self.rng = rng
         self.stage = cfg.stage
         self.is_data = cfg.stage < 0
         self.nstages = cfg.last_stage + 1
-        self.swarm = cfg.policy in ("swarm", "random")  # (random: SWARM's machinery, random next hops)
+        self.swarm = self.policy in (Policy.SWARM, Policy.RANDOM)  # (random: SWARM's machinery, random next hops)
         self.next_peers: dict[str, float] = dict(cfg.next_peers)
         self.prev_peers: dict[str, float] = dict(cfg.prev_peers)
         self.peer_cap: dict[str, int] = dict(cfg.peer_capacity)
@@ -127,54 +130,54 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
             return eff
         if t is MbDeny:
             self.full.add(sender)
-        key = (msg.data_node, msg.seq, msg.iteration)
+        key = Key(msg.data_node, msg.seq, msg.iteration)
         if self.is_data:
             self._data_message(now, sender, key, msg, eff)
         else:
             self._relay_message(now, sender, key, msg, eff)
         return eff
 
-    def on_timer(self, now: float, tkey: str) -> list:
+    def on_timer(self, now: float, tkey: MbTimer) -> list:
         eff: list = []
-        kind, _, rest = tkey.partition(":")
-        key = parse_timer_suffix(rest)
+        kind, key = tkey.kind, tkey.key
         m = self.mbs.get(key)
         if m is None:
             return eff
         if self.is_data:
             self._data_timer(now, kind, m, eff)
             return eff
-        if kind == "fw" and m.phase == "sending":
+        if kind is TimerKind.FW and m.phase is RelayPhase.SENDING:
             self.stats.reroutes += 1
             self._presume_dead(m.next)
             m.tried.add(m.next)
             self._route(now, m, eff)
-        elif kind == "fw" and m.parked:
+        elif kind is TimerKind.FW and m.parked:
             self.full.difference_update(self.next_peers)  # no Room came: offer it to them again, once
             m.tried = {""}
             self._route(now, m, eff)
-        elif kind == "bk" and m.phase == "grad" and not self.swarm:
-            eff.append(Send(key[0], BackwardStuck(*key, self.stage, m.attempt)))
+        elif kind is TimerKind.BK and m.phase is RelayPhase.GRAD and not self.swarm:
+            eff.append(Send(key.data_node, BackwardStuck(*key, self.stage, m.attempt)))
         return eff
 
-    def on_compute_done(self, now: float, key: tuple, kind: str) -> list:
+    def on_compute_done(self, now: float, key: Key | tuple, kind: ComputeKind | str) -> list:
         eff: list = []
         m = self.mbs.get(key)
         if m is None:
             return eff
+        key, kind = m.key, ComputeKind(kind)
         if self.is_data:
             self._data_compute_done(now, m, kind, eff)
             return eff
-        if m.phase == "fwd" and kind in ("forward", "recompute"):
+        if m.phase is RelayPhase.FWD and kind in (ComputeKind.FORWARD, ComputeKind.RECOMPUTE):
             eff.append(Send(m.prev, Complete(*key, m.attempt)))
             self._route(now, m, eff)
-        elif m.phase == "bwd" and kind == "backward":
-            self.contrib.setdefault(key[2], set()).add(key)
+        elif m.phase is RelayPhase.BWD and kind is ComputeKind.BACKWARD:
+            self.contrib.setdefault(key.iteration, set()).add(key)
             eff.append(Send(m.next, Complete(*key, m.attempt)))
             eff.append(Send(m.prev, Backward(*key, None, m.attempt)))
-            m.phase, m.sent_at = "grad", now
-            self._report(key, m.attempt, "grad", eff)  # backward progress: the data node's act_on_gone reads it
-            eff.append(SetTimer(f"bk:{timer_suffix(key)}", self._deadline(now, m.prev)))
+            m.phase, m.sent_at = RelayPhase.GRAD, now
+            self._report(key, m.attempt, RelayPhase.GRAD, eff)  # backward progress: the data node's act_on_gone reads it
+            eff.append(SetTimer(MbTimer(TimerKind.BK, key), self._deadline(now, m.prev)))
             self._room(eff)
             for r in [r for r in self.mbs.values() if r.parked]:  # my slot at my next hop freed
                 r.parked, r.tried = False, set()
@@ -213,7 +216,7 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         eff: list = []
         self.begun.add(it)
         if not self.is_data:
-            for key in [k for k in self.mbs if k[2] <= it]:
+            for key in [k for k in self.mbs if k.iteration <= it]:
                 self._drop(key, eff)
             self.full.clear()
             self.denied.clear()
@@ -221,7 +224,7 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         orphans = self.orphaned.pop(it, set())
         if completed is None:
             return eff, frozenset(held)
-        counted = frozenset(k for k in held | orphans if k[1] in completed.get(k[0], ()))
+        counted = frozenset(k for k in held | orphans if k.seq in completed.get(k.data_node, ()))
         self.stats.uncounted += len(held) - len(counted)
         return eff, counted
 
