@@ -218,26 +218,26 @@ class Phases(PhaseWaits):
         return self.stage < 0
 
     # ---- sending reliably ------------------------------------------------------
-    def _send(self, now: float, kind: PhaseKind, iteration: int, to: str, msg: object) -> list:
+    def _send(self, now: float, kind: PhaseKind, iteration: int, to: str, msg: object) -> list[PhaseEffect]:
         self.unacked[(kind, iteration, to)] = msg
         return [Send(to, msg), SetTimer(timer_key(kind, iteration), now + self.retry_s)]
 
-    def _ack(self, to: str, kind: PhaseKind, iteration: int) -> list:
+    def _ack(self, to: str, kind: PhaseKind, iteration: int) -> list[PhaseEffect]:
         return [] if to == self.me else [Send(to, PhaseAck(kind, iteration))]
 
-    def _drop_unacked(self, pred) -> list:
-        eff: list = []
+    def _drop_unacked(self, pred) -> list[PhaseEffect]:
+        eff: list[PhaseEffect] = []
         for k in [k for k in self.unacked if pred(k)]:
             del self.unacked[k]
             if not any(o[:2] == k[:2] for o in self.unacked):
                 eff.append(CancelTimer(timer_key(k[0], k[1])))
         return eff
 
-    def on_ack(self, now: float, sender: str, msg: PhaseAck) -> list:
+    def on_ack(self, now: float, sender: str, msg: PhaseAck) -> list[PhaseEffect]:
         """The receiver has the signal: stop resending it there."""
         return self._drop_unacked(lambda k: k == (msg.kind, msg.iteration, sender))
 
-    def on_timer(self, now: float, key: PhaseTimer | WatchTimer) -> list:
+    def on_timer(self, now: float, key: PhaseTimer | WatchTimer) -> list[PhaseEffect]:
         """A retransmission deadline: send again every copy of this signal not acknowledged yet (or the check of
         the waits, `WATCH_TIMER`)."""
         if isinstance(key, WatchTimer):
@@ -246,7 +246,7 @@ class Phases(PhaseWaits):
         if not isinstance(key, PhaseTimer):
             return []
         kind, it = key.kind, key.iteration
-        eff: list = []
+        eff: list[PhaseEffect] = []
         for (k, i, to), msg in sorted(self.unacked.items(), key=lambda kv: kv[0][2]):
             if (k, i) == (kind, it):
                 self.stats.resent += 1
@@ -256,7 +256,7 @@ class Phases(PhaseWaits):
         return eff
 
     # ---- data node: reporting --------------------------------------------------
-    def report_done(self, now: float, msg: IterationDone) -> list:
+    def report_done(self, now: float, msg: IterationDone) -> list[PhaseEffect]:
         """This data node's microbatches of `msg.iteration` are all settled: report them to the leader.
 
         At the leader itself the report is recorded here; the driver then calls
@@ -272,7 +272,7 @@ class Phases(PhaseWaits):
             return watch
         return self._send(now, PhaseKind.DONE, msg.iteration, self.leader, msg) + watch
 
-    def set_leader(self, now: float, leader: str | None, *, front: Iterable[str] = ()) -> list:
+    def set_leader(self, now: float, leader: str | None, *, front: Iterable[str] = ()) -> list[PhaseEffect]:
         """The election names `leader` (None: nobody acts now).  `front`: when this node leads, the data
         nodes and stage-0 relays it knows (where BEGIN goes).
 
@@ -307,7 +307,7 @@ class Phases(PhaseWaits):
     def on_iteration_done(
         self, now: float, sender: str, msg: IterationDone, *, leading: bool, data_nodes: Iterable[str],
         stage0: Iterable[str], groups: Mapping[int, Iterable[str]] | None = None,
-    ) -> list:
+    ) -> list[PhaseEffect]:
         """The leader collects IterationDone; with every data node heard, it opens the aggregation.
 
         Not leading: ignored and not acknowledged (the sender resends to
@@ -332,7 +332,7 @@ class Phases(PhaseWaits):
         return eff + self.maybe_begin(now, it, leading=leading, data_nodes=data_nodes, stage0=stage0, groups=groups)
 
     def maybe_begin(self, now: float, iteration: int, *, leading: bool, data_nodes: Iterable[str],
-                    stage0: Iterable[str], groups: Mapping[int, Iterable[str]] | None = None) -> list:
+                    stage0: Iterable[str], groups: Mapping[int, Iterable[str]] | None = None) -> list[PhaseEffect]:
         """BEGIN AGGREGATION of `iteration` if this node leads and every data node in `data_nodes` reported.
 
         The driver calls it after its own report and after a data node is
@@ -351,8 +351,8 @@ class Phases(PhaseWaits):
         self.front = tuple(sorted((set(dn) | set(stage0) | named0) - {self.me} - self.gone))
         return self._fan_out(now, begin, exclude=()) + self._apply_begin(now, begin, next_stage=())
 
-    def _fan_out(self, now: float, begin: BeginAggregation, exclude: Iterable[str]) -> list:
-        eff: list = []
+    def _fan_out(self, now: float, begin: BeginAggregation, exclude: Iterable[str]) -> list[PhaseEffect]:
+        eff: list[PhaseEffect] = []
         skip = set(exclude) | {self.me} | self.gone
         for to in sorted(set(self.front) | self._past_empty(begin)):
             if to not in skip:
@@ -403,7 +403,7 @@ class Phases(PhaseWaits):
         g = self.groups.get(iteration)
         return None if g is None else g.get(stage, set())
 
-    def on_begin(self, now: float, sender: str, msg: BeginAggregation, next_stage: Iterable[str]) -> list:
+    def on_begin(self, now: float, sender: str, msg: BeginAggregation, next_stage: Iterable[str]) -> list[PhaseEffect]:
         """BEGIN AGGREGATION arrived: acknowledge it; the first copy is passed on and starts the step.
 
         At the acting leader (a BEGIN handed over by a data node after a leader
@@ -416,7 +416,7 @@ class Phases(PhaseWaits):
             eff += self._fan_out(now, msg, exclude=(sender,))
         return eff + self._apply_begin(now, msg, next_stage)
 
-    def _apply_begin(self, now: float, msg: BeginAggregation, next_stage: Iterable[str]) -> list:
+    def _apply_begin(self, now: float, msg: BeginAggregation, next_stage: Iterable[str]) -> list[PhaseEffect]:
         """Pass BEGIN on once and start the step.
 
         A node that BEGIN's groups leave out of its stage (a newcomer whose
@@ -428,7 +428,7 @@ class Phases(PhaseWaits):
         self.begin_msgs[it] = msg
         if msg.groups:  # (a peer this node already knows to be gone stays out: BEGIN may be older news)
             self.groups[it] = {g.stage: set(g.peers) - self.gone for g in msg.groups}
-        eff: list = []
+        eff: list[PhaseEffect] = []
         if not self.is_data and self.stage < self.last_stage:
             named_next = self.groups.get(it, {}).get(self.stage + 1, set())
             for r in sorted((set(next_stage) | named_next) - self.gone - {self.me}):
@@ -445,12 +445,13 @@ class Phases(PhaseWaits):
         self.step_at.setdefault(it, now)
         return eff + self._watch(now)
 
-    def resynced(self, now: float, applied: int, next_stage: Iterable[str], prev_stage: Iterable[str]) -> list:
+    def resynced(self, now: float, applied: int, next_stage: Iterable[str],
+                 prev_stage: Iterable[str]) -> list[PhaseEffect]:
         """The driver loaded the stage state holding `applied` steps (after `LeftOut` / `OutOfStep`, the state
         after the step its stage peers applied): the iterations below `applied` that began here count as
         stepped, and their CAN TAKE goes on."""
         self.applied = max(self.applied, applied)
-        eff: list = []
+        eff: list[PhaseEffect] = []
         for it in sorted(i for i in self.begun if i < self.applied and i not in self.stepped):
             self.stepped.add(it)
             self.stepped_at.setdefault(it, now)
@@ -461,7 +462,7 @@ class Phases(PhaseWaits):
         """`peer` was forgotten and is back (a restarted node keeps its peer id): it is waited for again."""
         self.gone.discard(peer)
 
-    def forget(self, now: float, peer: str, next_stage: Iterable[str], prev_stage: Iterable[str]) -> list:
+    def forget(self, now: float, peer: str, next_stage: Iterable[str], prev_stage: Iterable[str]) -> list[PhaseEffect]:
         """`peer` crashed or left: nobody waits for it any more (section V-E with churn).
 
         It leaves every aggregation group and no signal is resent to it;
@@ -487,7 +488,8 @@ class Phases(PhaseWaits):
             eff += self._maybe_can_take(now, it, nxt, prv)
         return eff
 
-    def on_step_done(self, now: float, iteration: int, next_stage: Iterable[str], prev_stage: Iterable[str]) -> list:
+    def on_step_done(self, now: float, iteration: int, next_stage: Iterable[str],
+                     prev_stage: Iterable[str]) -> list[PhaseEffect]:
         self.stepped.add(iteration)
         self.stepped_at.setdefault(iteration, now)
         self.applied = max(self.applied, iteration + 1)
@@ -495,7 +497,7 @@ class Phases(PhaseWaits):
 
     def on_can_take(
         self, now: float, sender: str, msg: CanTake, next_stage: Iterable[str], prev_stage: Iterable[str]
-    ) -> list:
+    ) -> list[PhaseEffect]:
         eff = self._ack(sender, PhaseKind.CAN_TAKE, msg.iteration)
         if msg.iteration < self.floor:
             self.stats.duplicates += 1
@@ -518,7 +520,7 @@ class Phases(PhaseWaits):
         return downstream <= heard
 
     def _maybe_can_take(self, now: float, iteration: int, next_stage: Iterable[str],
-                        prev_stage: Iterable[str]) -> list:
+                        prev_stage: Iterable[str]) -> list[PhaseEffect]:
         if iteration not in self.stepped:
             return []
         if self.is_data:
@@ -537,7 +539,7 @@ class Phases(PhaseWaits):
         named_prev = self.groups.get(iteration, {}).get(self.stage - 1, set())
         self._prune(iteration)
         msg = CanTake(iteration, self.stage)
-        eff: list = []
+        eff: list[PhaseEffect] = []
         for p in sorted((set(prev_stage) | named_prev) - self.gone - {self.me}):
             eff += self._send(now, PhaseKind.CAN_TAKE, iteration, p, msg)
         return eff

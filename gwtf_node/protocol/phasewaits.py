@@ -28,7 +28,7 @@ import enum
 from dataclasses import dataclass
 from typing import Iterable
 
-from .effects import SetTimer
+from .effects import Send, SetTimer
 from .messages import PhaseKind
 
 
@@ -69,6 +69,10 @@ class Overdue:
     resolution: str = ""
 
 
+WaitEffect = Send | SetTimer | Overdue
+"""Every effect the check of the waits returns (a part of `phases.PhaseEffect`)."""
+
+
 class PhaseWaits:
     """The waits of `phases.Phases` (module doc)."""
 
@@ -106,7 +110,7 @@ class PhaseWaits:
                 out.append(Wait(WaitKind.CAN_TAKE, it, at, missing))
         return sorted(out, key=lambda w: (w.since, w.iteration, w.what))
 
-    def _watch(self, now: float) -> list:
+    def _watch(self, now: float) -> list[WaitEffect]:
         """Set the watch timer if a wait may pass its bound before it fires (none with `wait_bound_s` None)."""
         if self.wait_bound_s is None:
             return []
@@ -116,13 +120,13 @@ class PhaseWaits:
         self.watch_at = due
         return [SetTimer(WATCH_TIMER, due)]
 
-    def check_waits(self, now: float) -> list:
+    def check_waits(self, now: float) -> list[WaitEffect]:
         """The watch timer: every wait past `wait_bound_s` yields `Overdue` once and its resolution (module doc)
         again every bound; the timer is set again while anything is waited for."""
         if self.wait_bound_s is None:
             return []
         bound = self.wait_bound_s
-        eff: list = []
+        eff: list[WaitEffect] = []
         waits = self.waiting(now)
         live = {(w.what, w.iteration) for w in waits}
         self.overdue_since = {k: v for k, v in self.overdue_since.items() if k in live}
@@ -146,7 +150,7 @@ class PhaseWaits:
             eff.append(SetTimer(WATCH_TIMER, next_due))
         return eff
 
-    def _resolve(self, now: float, w: Wait) -> tuple[str, list]:
+    def _resolve(self, now: float, w: Wait) -> tuple[str, list[WaitEffect]]:
         if w.what is WaitKind.BEGIN:
             report = self.my_reports.get(w.iteration)
             if report is None or self.leader is None:
@@ -157,7 +161,7 @@ class PhaseWaits:
             begin = self.begin_msgs.get(w.iteration)
             if begin is None:
                 return "", []
-            eff: list = []
+            eff: list[WaitEffect] = []
             for p in w.peers:
                 eff += self._send(now, PhaseKind.BEGIN, w.iteration, p, begin)
             return "BEGIN AGGREGATION sent to them again", eff

@@ -52,15 +52,15 @@ from ..effects import CancelTimer, Send, SetTimer
 from ..messages import Backward, BackwardStuck, Complete, Forward, Lend, MbDeny, MbState, Recover, Release, Resume
 from ..pipeline import MbStatus, OpenIteration
 from .records import (
-    EWMA_ALPHA, Compute, ComputeKind, DataRecord, IterationSettled, Key, MbTimer, RelayPhase, Sink, Source, TimerKind,
-    ewma,
+    EWMA_ALPHA, Compute, ComputeKind, DataRecord, IterationSettled, Key, MbTimer, RecoveryEffect, RelayPhase, Sink,
+    Source, TimerKind, ewma,
 )
 
 
 class DataSide:
     """Part of `RecoveryNode` (node.py): one mechanism of the machine, see the module docstring."""
 
-    def _data_message(self, now: float, sender: str, key: Key, msg, eff: list) -> None:
+    def _data_message(self, now: float, sender: str, key: Key, msg, eff: list[RecoveryEffect]) -> None:
         t = type(msg)
         m: DataRecord | None = self.mbs.get(key)
         if m is None or msg.attempt != m.attempt:
@@ -134,7 +134,7 @@ class DataSide:
             if not self.swarm and not m.collecting and m.sink is not None and m.sink is not Sink.FINAL:
                 self._round(now, m, eff)
 
-    def _src_route(self, now: float, m: DataRecord, eff: list) -> None:
+    def _src_route(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         """Hand my embedding-side output (the stash) to a stage-0 relay: a Forward, or a Recover chain."""
         key, a = m.key, m.attempt
         m.parked = False
@@ -155,7 +155,7 @@ class DataSide:
             eff.append(Send(j, Forward(*key, (self.me,), None, a)))
         eff.append(SetTimer(MbTimer(TimerKind.FW, key), self._deadline(now, j)))
 
-    def _put_back(self, now: float, m: DataRecord, eff: list) -> None:
+    def _put_back(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         """No first hop for a microbatch in its forward pass: wait for a slot keeping my stash, or defer it."""
         key = m.key
         for p in sorted(m.holders):
@@ -181,12 +181,12 @@ class DataSide:
             self._defer(mm.key, eff)
         self._maybe_done(now, key.iteration, eff)
 
-    def _defer(self, key: Key, eff: list) -> None:
+    def _defer(self, key: Key, eff: list[RecoveryEffect]) -> None:
         self.stats.deferred += 1
         self.ledger.mark(key.iteration, key.seq, MbStatus.DEFERRED)
         self.carry.append(key.seq)
 
-    def _data_compute_done(self, now: float, m: DataRecord, kind: ComputeKind, eff: list) -> None:
+    def _data_compute_done(self, now: float, m: DataRecord, kind: ComputeKind, eff: list[RecoveryEffect]) -> None:
         key = m.key
         if kind is ComputeKind.FORWARD and m.src is Source.EMB:
             j = m.next
@@ -230,7 +230,7 @@ class DataSide:
             self._launch(now, eff)
             self._maybe_done(now, key.iteration, eff)
 
-    def _open(self, now: float, it: int, eff: list) -> None:
+    def _open(self, now: float, it: int, eff: list[RecoveryEffect]) -> None:
         self.iteration = it
         self.full.clear()  # every relay dropped its stashes in the aggregation: room again
         self.lent.clear()  # lent units were lent for the iteration before
@@ -245,7 +245,7 @@ class DataSide:
         self._launch(now, eff)
         self._maybe_done(now, it, eff)
 
-    def _launch(self, now: float, eff: list) -> None:
+    def _launch(self, now: float, eff: list[RecoveryEffect]) -> None:
         if not self.is_data:
             return
         it = self.iteration
@@ -274,7 +274,7 @@ class DataSide:
                 self._defer(Key(self.me, s, it), eff)
             self._maybe_done(now, it, eff)
 
-    def _lend(self, it: int, hop: str | None, eff: list) -> None:
+    def _lend(self, it: int, hop: str | None, eff: list[RecoveryEffect]) -> None:
         """Lending: a unit through `hop` freed and I have nothing left to launch in this iteration: lend it."""
         if not (self.cfg.lend and not self.swarm and hop is not None and it == self.iteration):
             return
@@ -285,7 +285,7 @@ class DataSide:
                 self.stats.lent += 1
                 eff.append(Send(d, Lend(it, hop)))
 
-    def _maybe_done(self, now: float, it: int, eff: list) -> None:
+    def _maybe_done(self, now: float, it: int, eff: list[RecoveryEffect]) -> None:
         if not self.is_data or it in self.reported or self.waiting:
             return
         if any(m.key.iteration == it for m in self.mbs.values()):

@@ -50,7 +50,8 @@ from ..pipeline import Ledger
 from .data import DataSide
 from .neighbours import Neighbours
 from .records import (
-    MB_MESSAGES, POLICIES, ComputeKind, Key, MbTimer, Policy, RecoveryConfig, RecoveryStats, RelayPhase, TimerKind,
+    MB_MESSAGES, POLICIES, ComputeKind, Key, MbTimer, Policy, RecoveryConfig, RecoveryEffect, RecoveryStats, RelayPhase,
+    TimerKind,
 )
 from .relay import RelaySide
 from .rounds import Rounds
@@ -99,14 +100,14 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         self.lent: dict[str, int] = {}  # lending: stage-0 relay -> units other data nodes lent me this iteration
         self.rt: dict[str, float] = {}  # data node: stage-0 relay -> EWMA of launch -> final time through it
 
-    def start(self, now: float) -> list:
-        eff: list = []
+    def start(self, now: float) -> list[RecoveryEffect]:
+        eff: list[RecoveryEffect] = []
         if self.is_data:
             self._open(now, 0, eff)
         return eff
 
-    def on_message(self, now: float, sender: str, msg) -> list:
-        eff: list = []
+    def on_message(self, now: float, sender: str, msg) -> list[RecoveryEffect]:
+        eff: list[RecoveryEffect] = []
         self.dead.discard(sender)
         self.gone.discard(sender)  # (a peer reported gone and heard from again, e.g. restarted with its id)
         t = type(msg)
@@ -137,8 +138,8 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
             self._relay_message(now, sender, key, msg, eff)
         return eff
 
-    def on_timer(self, now: float, tkey: MbTimer) -> list:
-        eff: list = []
+    def on_timer(self, now: float, tkey: MbTimer) -> list[RecoveryEffect]:
+        eff: list[RecoveryEffect] = []
         kind, key = tkey.kind, tkey.key
         m = self.mbs.get(key)
         if m is None:
@@ -159,8 +160,8 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
             eff.append(Send(key.data_node, BackwardStuck(*key, self.stage, m.attempt)))
         return eff
 
-    def on_compute_done(self, now: float, key: Key | tuple, kind: ComputeKind | str) -> list:
-        eff: list = []
+    def on_compute_done(self, now: float, key: Key | tuple, kind: ComputeKind | str) -> list[RecoveryEffect]:
+        eff: list[RecoveryEffect] = []
         m = self.mbs.get(key)
         if m is None:
             return eff
@@ -176,7 +177,7 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
             eff.append(Send(m.next, Complete(*key, m.attempt)))
             eff.append(Send(m.prev, Backward(*key, None, m.attempt)))
             m.phase, m.sent_at = RelayPhase.GRAD, now
-            self._report(key, m.attempt, RelayPhase.GRAD, eff)  # backward progress: the data node's act_on_gone reads it
+            self._report(key, m.attempt, RelayPhase.GRAD, eff)  # backward progress (the data node's act_on_gone)
             eff.append(SetTimer(MbTimer(TimerKind.BK, key), self._deadline(now, m.prev)))
             self._room(eff)
             for r in [r for r in self.mbs.values() if r.parked]:  # my slot at my next hop freed
@@ -189,14 +190,15 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         contribution would leave with it while its data node counts it completed)."""
         self.last_iteration = it
 
-    def open_iteration(self, now: float, it: int) -> list:
+    def open_iteration(self, now: float, it: int) -> list[RecoveryEffect]:
         """Data node: the previous iteration's steps are applied everywhere; push the microbatches of `it`."""
-        eff: list = []
+        eff: list[RecoveryEffect] = []
         self._open(now, it, eff)
         return eff
 
-    def begin_aggregation(self, now: float, it: int,
-                          completed: Mapping[str, Collection[int]] | None = None) -> tuple[list, frozenset]:
+    def begin_aggregation(
+            self, now: float, it: int, completed: Mapping[str, Collection[int]] | None = None,
+    ) -> tuple[list[RecoveryEffect], frozenset[Key]]:
         """Relay: BEGIN AGGREGATION of `it` arrived; drop what is left of its microbatches.
 
         Returns the effects and the contributions to count: the keys of `it`
@@ -213,7 +215,7 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         the BEGIN reached this stage's front before or after the death), so
         every stage counts them, whichever of the death and the BEGIN each
         relay heard first.  Without `completed` they never count."""
-        eff: list = []
+        eff: list[RecoveryEffect] = []
         self.begun.add(it)
         if not self.is_data:
             for key in [k for k in self.mbs if k.iteration <= it]:
@@ -228,9 +230,9 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         self.stats.uncounted += len(held) - len(counted)
         return eff, counted
 
-    def aggregation_done(self, now: float, it: int) -> list:
+    def aggregation_done(self, now: float, it: int) -> list[RecoveryEffect]:
         """The step of `it` is applied here: room again for the next iteration's microbatches."""
-        eff: list = []
+        eff: list[RecoveryEffect] = []
         self.stepped.add(it)
         self.contrib.pop(it, None)
         self.orphaned.pop(it, None)

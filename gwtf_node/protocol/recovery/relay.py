@@ -37,13 +37,13 @@ from __future__ import annotations
 
 from ..effects import CancelTimer, Send, SetTimer
 from ..messages import Backward, BackwardStuck, Complete, Forward, MbDeny, Probe, Recover, Release, RepairOrder, Resume
-from .records import Compute, ComputeKind, Key, MbTimer, RelayPhase, RelayRecord, TimerKind
+from .records import Compute, ComputeKind, Key, MbTimer, RecoveryEffect, RelayPhase, RelayRecord, TimerKind
 
 
 class RelaySide:
     """Part of `RecoveryNode` (node.py): one mechanism of the machine, see the module docstring."""
 
-    def _relay_message(self, now: float, sender: str, key: Key, msg, eff: list) -> None:
+    def _relay_message(self, now: float, sender: str, key: Key, msg, eff: list[RecoveryEffect]) -> None:
         t = type(msg)
         a = msg.attempt
         r: RelayRecord | None = self.mbs.get(key)
@@ -116,7 +116,8 @@ class RelaySide:
             self.stats.reroutes += 1
             self._route(now, r, eff)
 
-    def _on_take(self, now: float, sender: str, key: Key, msg, r: RelayRecord | None, eff: list) -> None:
+    def _on_take(self, now: float, sender: str, key: Key, msg, r: RelayRecord | None,
+                 eff: list[RecoveryEffect]) -> None:
         a = msg.attempt
         if r is not None:
             if a < r.attempt or (a == r.attempt and type(msg) is Forward):
@@ -138,7 +139,7 @@ class RelaySide:
         self._report(key, a, RelayPhase.REC if recover else RelayPhase.FWD, eff)
         eff.append(Compute(ComputeKind.RECOMPUTE if recover else ComputeKind.FORWARD, key))
 
-    def _route(self, now: float, r: RelayRecord, eff: list) -> None:
+    def _route(self, now: float, r: RelayRecord, eff: list[RecoveryEffect]) -> None:
         """Hand my stashed output on: along `rest` (a recovery chain) or the flows / greedy."""
         key, a = r.key, r.attempt
         r.parked = False

@@ -60,14 +60,15 @@ from __future__ import annotations
 from ..effects import CancelTimer, Send, SetTimer
 from ..messages import Backward, Probe, Release, RepairOrder, Resume
 from .records import (
-    BWD_STATES, FWD_STATES, K_E2E, Compute, ComputeKind, DataRecord, MbTimer, RelayPhase, Sink, Source, TimerKind,
+    BWD_STATES, FWD_STATES, K_E2E, Compute, ComputeKind, DataRecord, MbTimer, RecoveryEffect, RelayPhase, Sink, Source,
+    TimerKind,
 )
 
 
 class Rounds:
     """Part of `RecoveryNode` (node.py): one mechanism of the machine, see the module docstring."""
 
-    def _data_timer(self, now: float, kind: TimerKind, m: DataRecord, eff: list) -> None:
+    def _data_timer(self, now: float, kind: TimerKind, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         if kind is TimerKind.FW and m.src is Source.SENDING:
             self.stats.reroutes += 1
             self._presume_dead(m.next)
@@ -81,10 +82,10 @@ class Rounds:
         elif kind is TimerKind.PR and m.collecting:
             self._decide(now, m, eff)
 
-    def _arm_watchdog(self, now: float, m: DataRecord, eff: list) -> None:
+    def _arm_watchdog(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         eff.append(SetTimer(MbTimer(TimerKind.WD, m.key), now + K_E2E * self.e2e_est + self.cfg.margin_s))
 
-    def _trouble(self, now: float, m: DataRecord, eff: list) -> None:
+    def _trouble(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         """A microbatch is not progressing: GWTF runs a probe round, SWARM restarts it."""
         if m.sink is Sink.FINAL or m.src is Source.EMB:
             self._arm_watchdog(now, m, eff)
@@ -94,7 +95,7 @@ class Rounds:
         else:
             self._round(now, m, eff)
 
-    def _round(self, now: float, m: DataRecord, eff: list) -> None:
+    def _round(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         m.rounds += 1
         if m.rounds > self.cfg.max_rounds:
             self._give_up(now, m, eff)
@@ -106,7 +107,7 @@ class Rounds:
         eff.append(CancelTimer(MbTimer(TimerKind.WD, m.key)))
         eff.append(SetTimer(MbTimer(TimerKind.PR, m.key), now + self.cfg.probe_wait_s))
 
-    def _decide(self, now: float, m: DataRecord, eff: list) -> None:
+    def _decide(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         """The recovery decision, from the probe answers (see the module doc)."""
         m.collecting = False
         S = self.nstages
@@ -166,7 +167,7 @@ class Rounds:
             else:
                 eff.append(Send(m.path[lo - 1], RepairOrder(*key, a, rest)))
 
-    def _restart(self, now: float, m: DataRecord, eff: list) -> None:
+    def _restart(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         """SWARM: the whole pipeline again, from the embedding, as a new attempt."""
         m.rounds += 1
         if m.rounds > self.cfg.max_rounds:
@@ -183,12 +184,12 @@ class Rounds:
         eff.append(Compute(ComputeKind.FORWARD, m.key))
         self._arm_watchdog(now, m, eff)
 
-    def give_up_stranded(self, now: float) -> list:
+    def give_up_stranded(self, now: float) -> list[RecoveryEffect]:
         """A data node whose first stage has no live relay left (every next peer gone or presumed dead): each
         microbatch of it in flight whose backward has not passed that stage cannot complete (no relay holds or
         can recompute its stage-0 activation), so it is given up now (deferred to a later iteration) rather
         than after `max_rounds` probe rounds that cannot succeed.  The driver calls it after a peer is gone."""
-        eff: list = []
+        eff: list[RecoveryEffect] = []
         if not self.is_data or any(j not in self.gone and j not in self.dead for j in self.next_peers):
             return eff
         for m in [m for m in self.mbs.values() if isinstance(m, DataRecord) and m.sink is not Sink.FINAL]:
@@ -196,7 +197,7 @@ class Rounds:
                 self._give_up(now, m, eff)
         return eff
 
-    def _give_up(self, now: float, m: DataRecord, eff: list) -> None:
+    def _give_up(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         self.stats.gave_up += 1
         for p in sorted(m.holders):
             eff.append(Send(p, Release(*m.key, m.attempt)))

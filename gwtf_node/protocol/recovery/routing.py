@@ -5,7 +5,9 @@ from __future__ import annotations
 from ..effects import CancelTimer, Send
 from ..messages import MbDeny, MbState, Room
 from ..pipeline import pick_next_hop
-from .records import SLOT_PHASES, TIMERS, DataRecord, Key, MbTimer, Policy, RelayPhase, Source, ewma
+from .records import (
+    SLOT_PHASES, TIMERS, DataRecord, Key, MbTimer, Policy, RecoveryEffect, RelayPhase, Source, ewma,
+)
 
 
 class Routing:
@@ -107,11 +109,11 @@ class Routing:
                 p = cands[0][1]
                 units[p] = units.get(p, 0) + 1
 
-    def _cancel(self, key: Key, eff: list) -> None:
+    def _cancel(self, key: Key, eff: list[RecoveryEffect]) -> None:
         for t in TIMERS:
             eff.append(CancelTimer(MbTimer(t, key)))
 
-    def _room(self, eff: list) -> None:
+    def _room(self, eff: list[RecoveryEffect]) -> None:
         if self.denied and not self.is_data and (self.stage == self.cfg.last_stage or self._live_next()):
             free = self.cfg.capacity - self._slots_used()
             if free > 0:
@@ -119,16 +121,16 @@ class Routing:
                     eff.append(Send(p, Room(free)))
                 self.denied.clear()
 
-    def _drop(self, key: Key, eff: list) -> None:
+    def _drop(self, key: Key, eff: list[RecoveryEffect]) -> None:
         if self.mbs.pop(key, None) is None:
             return
         self._cancel(key, eff)
         self._room(eff)
 
-    def _deny(self, to: str, key: Key, attempt: int, eff: list) -> None:
+    def _deny(self, to: str, key: Key, attempt: int, eff: list[RecoveryEffect]) -> None:
         self.stats.denies_sent += 1
         self.denied.add(to)
         eff.append(Send(to, MbDeny(*key, attempt)))
 
-    def _report(self, key: Key, attempt: int, state: RelayPhase, eff: list) -> None:
+    def _report(self, key: Key, attempt: int, state: RelayPhase, eff: list[RecoveryEffect]) -> None:
         eff.append(Send(key.data_node, MbState(*key, attempt, self.stage, state.value)))
