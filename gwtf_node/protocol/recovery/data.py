@@ -61,12 +61,13 @@ class DataSide:
     """Part of `RecoveryNode` (node.py): one mechanism of the machine, see the module docstring."""
 
     def _data_message(self, now: float, sender: str, key: Key, msg, eff: list[RecoveryEffect]) -> None:
-        t = type(msg)
+        """A microbatch message at its data node, handed to its handler (`DATA_HANDLERS`, at the end of this
+        module) when it is of the attempt in flight."""
         m: DataRecord | None = self.mbs.get(key)
         if m is None or msg.attempt != m.attempt:
             if m is not None:
                 self.stats.stale += 1
-            if t is Forward or t is Recover:
+            if isinstance(msg, (Forward, Recover)):
                 # an attempt this node no longer runs: Complete stops the sender's hop deadline (a relay resending
                 # a repair to the sink would resend forever), and an abandoned attempt is released again (the
                 # Release sent when it was given up may have been lost)
@@ -74,65 +75,83 @@ class DataSide:
                 if (m is not None and msg.attempt < m.attempt) or (m is None and self._abandoned(key)):
                     eff.append(Send(sender, Release(*key, msg.attempt)))
             return
+        handler = DATA_HANDLERS.get(type(msg))
+        if handler is not None:
+            handler(self, now, sender, key, msg, m, eff)
+
+    def _on_state(self, now: float, sender: str, key: Key, msg: MbState, m: DataRecord,
+                  eff: list[RecoveryEffect]) -> None:
+        state = RelayPhase.parse(msg.state)  # (None: a word no phase has)
+        if state is not None and state is not RelayPhase.NONE:
+            m.holders.add(sender)
+            s = msg.stage
+            if 0 <= s < self.nstages and (state is RelayPhase.REC or m.path[s] is None):
+                m.path[s] = sender
+                m.bwd_done.discard(s)  # (a recovery recomputes the stage: its backward is to come)
+            if state in (RelayPhase.GRAD, RelayPhase.DONE) and 0 <= s < self.nstages and m.path[s] == sender:
+                m.bwd_done.add(s)
+        if m.collecting:
+            m.snapshot[sender] = state
+            wanted = {p for p in m.path if p is not None}
+            if wanted <= set(m.snapshot):
+                eff.append(CancelTimer(MbTimer(TimerKind.PR, key)))
+                self._decide(now, m, eff)
+
+    def _src_complete(self, now: float, sender: str, key: Key, msg: Complete, m: DataRecord,
+                      eff: list[RecoveryEffect]) -> None:
+        if m.src is Source.SENDING and sender == m.next:
+            eff.append(CancelTimer(MbTimer(TimerKind.FW, key)))
+            self._measure(sender, now - m.sent_at)
+            m.src, m.rest = Source.SENT, ()
+            m.tried.clear()
+        elif m.sink is Sink.GRAD and sender == m.path[-1]:
+            eff.append(CancelTimer(MbTimer(TimerKind.BK, key)))
+            self._measure(sender, now - m.sent_at)
+            m.sink = Sink.WAIT
+
+    def _src_deny(self, now: float, sender: str, key: Key, msg: MbDeny, m: DataRecord,
+                  eff: list[RecoveryEffect]) -> None:
+        if sender == m.next and (m.src is Source.SENDING or (m.src is Source.SENT and m.sink is None)):
+            eff.append(CancelTimer(MbTimer(TimerKind.FW, key)))
+            m.tried.add(sender)
+            self.stats.reroutes += 1
+            self._src_route(now, m, eff)
+
+    def _at_sink(self, now: float, sender: str, key: Key, msg: Forward, m: DataRecord,
+                 eff: list[RecoveryEffect]) -> None:
+        eff.append(Send(sender, Complete(*key, m.attempt)))
+        if m.sink is not None:
+            return
+        p = list(msg.path[1:])[: self.nstages]
+        m.path = p + [None] * (self.nstages - len(p))
+        m.holders.update(x for x in p)
+        m.sink = Sink.LOSS
+        eff.append(Compute(ComputeKind.LOSS, key))
+
+    def _sink_resume(self, now: float, sender: str, key: Key, msg: Resume, m: DataRecord,
+                     eff: list[RecoveryEffect]) -> None:
+        """A recovery chain replaced the last stage: resend the loss gradient to it."""
         a = m.attempt
-        if t is MbState:
-            state = RelayPhase.parse(msg.state)  # (None: a word no phase has)
-            if state is not None and state is not RelayPhase.NONE:
-                m.holders.add(sender)
-                s = msg.stage
-                if 0 <= s < self.nstages and (state is RelayPhase.REC or m.path[s] is None):
-                    m.path[s] = sender
-                    m.bwd_done.discard(s)  # (a recovery recomputes the stage: its backward is to come)
-                if state in (RelayPhase.GRAD, RelayPhase.DONE) and 0 <= s < self.nstages and m.path[s] == sender:
-                    m.bwd_done.add(s)
-            if m.collecting:
-                m.snapshot[sender] = state
-                wanted = {p for p in m.path if p is not None}
-                if wanted <= set(m.snapshot):
-                    eff.append(CancelTimer(MbTimer(TimerKind.PR, key)))
-                    self._decide(now, m, eff)
-        elif t is Complete:
-            if m.src is Source.SENDING and sender == m.next:
-                eff.append(CancelTimer(MbTimer(TimerKind.FW, key)))
-                self._measure(sender, now - m.sent_at)
-                m.src, m.rest = Source.SENT, ()
-                m.tried.clear()
-            elif m.sink is Sink.GRAD and sender == m.path[-1]:
-                eff.append(CancelTimer(MbTimer(TimerKind.BK, key)))
-                self._measure(sender, now - m.sent_at)
-                m.sink = Sink.WAIT
-        elif t is MbDeny:
-            if sender == m.next and (m.src is Source.SENDING or (m.src is Source.SENT and m.sink is None)):
-                eff.append(CancelTimer(MbTimer(TimerKind.FW, key)))
-                m.tried.add(sender)
-                self.stats.reroutes += 1
-                self._src_route(now, m, eff)
-        elif t is Forward:  # at the sink
-            eff.append(Send(sender, Complete(*key, a)))
-            if m.sink is not None:
-                return
-            p = list(msg.path[1:])[: self.nstages]
-            m.path = p + [None] * (self.nstages - len(p))
-            m.holders.update(x for x in p)
-            m.sink = Sink.LOSS
-            eff.append(Compute(ComputeKind.LOSS, key))
-        elif t is Resume:  # a recovery chain replaced the last stage: resend the loss gradient to it
-            newprev = msg.path[-1] if msg.path else sender
-            m.path[-1] = newprev
-            eff.append(Send(newprev, Complete(*key, a)))
-            if m.sink in (Sink.GRAD, Sink.WAIT):
-                self.stats.resends += 1
-                m.sink, m.sent_at = Sink.GRAD, now
-                eff.append(Send(newprev, Backward(*key, None, a)))
-                eff.append(SetTimer(MbTimer(TimerKind.BK, key), self._deadline(now, newprev)))
-        elif t is Backward:
-            if m.sink in (Sink.GRAD, Sink.WAIT):
-                eff.append(CancelTimer(MbTimer(TimerKind.BK, key)))
-                m.sink, m.final_from = Sink.FINAL, sender
-                eff.append(Compute(ComputeKind.FINAL, key))
-        elif t is BackwardStuck:
-            if not self.swarm and not m.collecting and m.sink is not None and m.sink is not Sink.FINAL:
-                self._round(now, m, eff)
+        newprev = msg.path[-1] if msg.path else sender
+        m.path[-1] = newprev
+        eff.append(Send(newprev, Complete(*key, a)))
+        if m.sink in (Sink.GRAD, Sink.WAIT):
+            self.stats.resends += 1
+            m.sink, m.sent_at = Sink.GRAD, now
+            eff.append(Send(newprev, Backward(*key, None, a)))
+            eff.append(SetTimer(MbTimer(TimerKind.BK, key), self._deadline(now, newprev)))
+
+    def _src_backward(self, now: float, sender: str, key: Key, msg: Backward, m: DataRecord,
+                      eff: list[RecoveryEffect]) -> None:
+        if m.sink in (Sink.GRAD, Sink.WAIT):
+            eff.append(CancelTimer(MbTimer(TimerKind.BK, key)))
+            m.sink, m.final_from = Sink.FINAL, sender
+            eff.append(Compute(ComputeKind.FINAL, key))
+
+    def _on_stuck(self, now: float, sender: str, key: Key, msg: BackwardStuck, m: DataRecord,
+                  eff: list[RecoveryEffect]) -> None:
+        if not self.swarm and not m.collecting and m.sink is not None and m.sink is not Sink.FINAL:
+            self._round(now, m, eff)
 
     def _src_route(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         """Hand my embedding-side output (the stash) to a stage-0 relay: a Forward, or a Recover chain."""
@@ -301,3 +320,16 @@ class DataSide:
         """The ledger entry of `key` (data node, seq, iteration) was deferred: its attempts were given up."""
         entries = self.ledger.entries.get(key.iteration, {})
         return entries.get(key.seq) is MbStatus.DEFERRED
+
+
+# Which handler takes which microbatch message of the attempt in flight at its data node; a type not here is
+# ignored (a message of another attempt: `_data_message`).
+DATA_HANDLERS = {
+    MbState: DataSide._on_state,
+    Complete: DataSide._src_complete,
+    MbDeny: DataSide._src_deny,
+    Forward: DataSide._at_sink,
+    Resume: DataSide._sink_resume,
+    Backward: DataSide._src_backward,
+    BackwardStuck: DataSide._on_stuck,
+}

@@ -2,6 +2,12 @@
 
 The mechanisms live in the mixins it is made of, one file each: `routing.py`,
 `relay.py`, `data.py`, `rounds.py`, `neighbours.py` (see the package docstring).
+Which handler takes which event is data, one table per side, each beside its
+handlers: by message type `NODE_HANDLERS` (here: the messages of no
+microbatch), `relay.RELAY_ANY_ATTEMPT`, `relay.RELAY_STALE`,
+`relay.RELAY_HANDLERS` and `data.DATA_HANDLERS`; by timer kind
+`relay.RELAY_TIMERS` and `rounds.DATA_TIMERS`.  A type or kind a table does not
+name is ignored by that side.
 The aggregation phase meets the machine at the entry points here:
 
 Aggregation (V-E)
@@ -45,7 +51,7 @@ import random
 from typing import Collection, Mapping
 
 from ..effects import Send, SetTimer
-from ..messages import Backward, BackwardStuck, Complete, Lend, MbDeny, Room
+from ..messages import Backward, Complete, Lend, MbDeny, Room
 from ..pipeline import Ledger
 from .data import DataSide
 from .neighbours import Neighbours
@@ -53,8 +59,8 @@ from .records import (
     MB_MESSAGES, POLICIES, ComputeKind, Key, MbTimer, Policy, RecoveryConfig, RecoveryEffect, RecoveryStats, RelayPhase,
     TimerKind,
 )
-from .relay import RelaySide
-from .rounds import Rounds
+from .relay import RELAY_TIMERS, RelaySide
+from .rounds import DATA_TIMERS, Rounds
 from .routing import Routing
 
 
@@ -113,30 +119,34 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         t = type(msg)
         if t not in MB_MESSAGES:
             raise TypeError(f"{t.__name__} is not a microbatch message: the driver routes it elsewhere")
-        if t in (Room, Lend):
-            if t is Lend:
-                if self.is_data and self.cfg.lend and not self.swarm and msg.iteration == self.iteration:
-                    self.lent[msg.hop] = self.lent.get(msg.hop, 0) + 1
-                    self.stats.borrowed += 1
-                    self._launch(now, eff)
-            else:
-                self.full.discard(sender)
-                if self.is_data:
-                    self._launch(now, eff)
-                else:  # a route again: retry parked repairs, and my upstream may send again (my Room)
-                    for r in [r for r in self.mbs.values() if r.parked]:
-                        r.parked, r.tried = False, set()
-                        self._route(now, r, eff)
-                    self._room(eff)
+        handler = NODE_HANDLERS.get(t)
+        if handler is not None:  # (of no microbatch)
+            handler(self, now, sender, msg, eff)
             return eff
         if t is MbDeny:
             self.full.add(sender)
         key = Key(msg.data_node, msg.seq, msg.iteration)
         if self.is_data:
-            self._data_message(now, sender, key, msg, eff)
+            self._data_message(now, sender, key, msg, eff)  # data.DATA_HANDLERS
         else:
-            self._relay_message(now, sender, key, msg, eff)
+            self._relay_message(now, sender, key, msg, eff)  # relay.RELAY_HANDLERS
         return eff
+
+    def _on_room(self, now: float, sender: str, msg: Room, eff: list[RecoveryEffect]) -> None:
+        self.full.discard(sender)
+        if self.is_data:
+            self._launch(now, eff)
+        else:  # a route again: retry parked repairs, and my upstream may send again (my Room)
+            for r in [r for r in self.mbs.values() if r.parked]:
+                r.parked, r.tried = False, set()
+                self._route(now, r, eff)
+            self._room(eff)
+
+    def _on_lend(self, now: float, sender: str, msg: Lend, eff: list[RecoveryEffect]) -> None:
+        if self.is_data and self.cfg.lend and not self.swarm and msg.iteration == self.iteration:
+            self.lent[msg.hop] = self.lent.get(msg.hop, 0) + 1
+            self.stats.borrowed += 1
+            self._launch(now, eff)
 
     def on_timer(self, now: float, tkey: MbTimer) -> list[RecoveryEffect]:
         eff: list[RecoveryEffect] = []
@@ -144,20 +154,9 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         m = self.mbs.get(key)
         if m is None:
             return eff
-        if self.is_data:
-            self._data_timer(now, kind, m, eff)
-            return eff
-        if kind is TimerKind.FW and m.phase is RelayPhase.SENDING:
-            self.stats.reroutes += 1
-            self._presume_dead(m.next)
-            m.tried.add(m.next)
-            self._route(now, m, eff)
-        elif kind is TimerKind.FW and m.parked:
-            self.full.difference_update(self.next_peers)  # no Room came: offer it to them again, once
-            m.tried = {""}
-            self._route(now, m, eff)
-        elif kind is TimerKind.BK and m.phase is RelayPhase.GRAD and not self.swarm:
-            eff.append(Send(key.data_node, BackwardStuck(*key, self.stage, m.attempt)))
+        handler = (DATA_TIMERS if self.is_data else RELAY_TIMERS).get(kind)
+        if handler is not None:
+            handler(self, now, m, eff)
         return eff
 
     def on_compute_done(self, now: float, key: Key | tuple, kind: ComputeKind | str) -> list[RecoveryEffect]:
@@ -238,3 +237,11 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         self.orphaned.pop(it, None)
         self._room(eff)
         return eff
+
+
+# The messages of no microbatch and their handlers; a microbatch's go to its side's table (`relay.RELAY_HANDLERS`
+# and the tables beside it, `data.DATA_HANDLERS`).
+NODE_HANDLERS = {
+    Room: RecoveryNode._on_room,
+    Lend: RecoveryNode._on_lend,
+}

@@ -44,77 +44,118 @@ class RelaySide:
     """Part of `RecoveryNode` (node.py): one mechanism of the machine, see the module docstring."""
 
     def _relay_message(self, now: float, sender: str, key: Key, msg, eff: list[RecoveryEffect]) -> None:
+        """A microbatch message at a relay, handed to its handler (`RELAY_HANDLERS`, at the end of this module)."""
         t = type(msg)
         a = msg.attempt
         r: RelayRecord | None = self.mbs.get(key)
-        if t is Forward or t is Recover:
-            self._on_take(now, sender, key, msg, r, eff)
-            return
-        if t is Probe:
-            self._report(key, a, RelayPhase.NONE if r is None or r.attempt > a else r.phase, eff)
-            if r is not None and r.attempt < a:
-                r.attempt = a
-            return
-        if t is Release:
-            if r is None or r.attempt <= a:
-                self.contrib.get(key.iteration, set()).discard(key)
-                self._drop(key, eff)
+        handler = RELAY_ANY_ATTEMPT.get(t)
+        if handler is not None:
+            handler(self, now, sender, key, msg, r, eff)
             return
         if r is None or a < r.attempt:
             if r is not None:
                 self.stats.stale += 1
-            if t is Resume:
-                eff.append(Send(sender, MbDeny(*key, a)))  # I hold nothing to resume from
-            elif t is RepairOrder:
-                self._report(key, a, RelayPhase.NONE, eff)
+            stale = RELAY_STALE.get(t)
+            if stale is not None:
+                stale(self, sender, key, msg, eff)
             return
         r.attempt = a
-        if t is Complete:
-            if r.phase == RelayPhase.SENDING and sender == r.next:
-                eff.append(CancelTimer(MbTimer(TimerKind.FW, key)))
-                if not (r.rest and r.rest[0] == sender):  # (the answer to a Resume is no hand-off time)
-                    self._measure(sender, now - r.sent_at)
-                r.phase, r.rest, r.ordered = RelayPhase.SENT, (), False
-                r.tried.clear()
-            elif r.phase == RelayPhase.GRAD and sender == r.prev:
-                eff.append(CancelTimer(MbTimer(TimerKind.BK, key)))
+        handler = RELAY_HANDLERS.get(t)
+        if handler is not None:
+            handler(self, now, sender, key, msg, r, eff)
+
+    def _on_probe(self, now: float, sender: str, key: Key, msg: Probe, r: RelayRecord | None,
+                  eff: list[RecoveryEffect]) -> None:
+        a = msg.attempt
+        self._report(key, a, RelayPhase.NONE if r is None or r.attempt > a else r.phase, eff)
+        if r is not None and r.attempt < a:
+            r.attempt = a
+
+    def _on_release(self, now: float, sender: str, key: Key, msg: Release, r: RelayRecord | None,
+                    eff: list[RecoveryEffect]) -> None:
+        if r is None or r.attempt <= msg.attempt:
+            self.contrib.get(key.iteration, set()).discard(key)
+            self._drop(key, eff)
+
+    def _stale_resume(self, sender: str, key: Key, msg: Resume, eff: list[RecoveryEffect]) -> None:
+        eff.append(Send(sender, MbDeny(*key, msg.attempt)))  # I hold nothing to resume from
+
+    def _stale_repair(self, sender: str, key: Key, msg: RepairOrder, eff: list[RecoveryEffect]) -> None:
+        self._report(key, msg.attempt, RelayPhase.NONE, eff)
+
+    def _on_complete(self, now: float, sender: str, key: Key, msg: Complete, r: RelayRecord,
+                     eff: list[RecoveryEffect]) -> None:
+        if r.phase is RelayPhase.SENDING and sender == r.next:
+            eff.append(CancelTimer(MbTimer(TimerKind.FW, key)))
+            if not (r.rest and r.rest[0] == sender):  # (the answer to a Resume is no hand-off time)
                 self._measure(sender, now - r.sent_at)
-                r.phase = RelayPhase.DONE
-        elif t is MbDeny:
-            # (also after its Complete: the next hop acknowledged, then found no route on and handed it back)
-            if r.phase in (RelayPhase.SENDING, RelayPhase.SENT) and sender == r.next:
-                eff.append(CancelTimer(MbTimer(TimerKind.FW, key)))
-                r.tried.add(sender)
-                self.stats.reroutes += 1
-                self._route(now, r, eff)
-        elif t is Backward:
-            if r.phase in (RelayPhase.SENT, RelayPhase.SENDING):
-                eff.append(CancelTimer(MbTimer(TimerKind.FW, key)))
-                r.next, r.phase, r.rest = sender, RelayPhase.BWD, ()
-                eff.append(Compute(ComputeKind.BACKWARD, key))
-        elif t is Resume:
-            # the sender recomputed the stage before me (or the data node asks me to resend): it is my upstream
-            newprev = msg.path[-1] if msg.path else sender
-            r.prev = newprev
-            eff.append(Send(newprev, Complete(*key, a)))
-            if r.phase in (RelayPhase.GRAD, RelayPhase.DONE):
-                self.stats.resends += 1
-                r.phase, r.sent_at = RelayPhase.GRAD, now
-                eff.append(Send(newprev, Backward(*key, None, a)))
-                eff.append(SetTimer(MbTimer(TimerKind.BK, key), self._deadline(now, newprev)))
-        elif t is RepairOrder:
-            if r.phase != RelayPhase.SENT:
-                self._report(key, a, r.phase, eff)  # (sending: my own deadline covers it)
-                return
-            r.ordered = True
-            if self.stage < self.cfg.last_stage:
-                self._presume_dead(r.next)
-            tried_before = r.tried
-            r.tried = {r.next} if r.next is not None and r.next not in self.cfg.data_nodes else set()
-            r.tried |= {""} & tried_before  # (a parked record's one deadline retry is spent)
-            r.rest = tuple(msg.rest)
+            r.phase, r.rest, r.ordered = RelayPhase.SENT, (), False
+            r.tried.clear()
+        elif r.phase is RelayPhase.GRAD and sender == r.prev:
+            eff.append(CancelTimer(MbTimer(TimerKind.BK, key)))
+            self._measure(sender, now - r.sent_at)
+            r.phase = RelayPhase.DONE
+
+    def _on_deny(self, now: float, sender: str, key: Key, msg: MbDeny, r: RelayRecord,
+                 eff: list[RecoveryEffect]) -> None:
+        # (also after its Complete: the next hop acknowledged, then found no route on and handed it back)
+        if r.phase in (RelayPhase.SENDING, RelayPhase.SENT) and sender == r.next:
+            eff.append(CancelTimer(MbTimer(TimerKind.FW, key)))
+            r.tried.add(sender)
             self.stats.reroutes += 1
             self._route(now, r, eff)
+
+    def _on_backward(self, now: float, sender: str, key: Key, msg: Backward, r: RelayRecord,
+                     eff: list[RecoveryEffect]) -> None:
+        if r.phase in (RelayPhase.SENT, RelayPhase.SENDING):
+            eff.append(CancelTimer(MbTimer(TimerKind.FW, key)))
+            r.next, r.phase, r.rest = sender, RelayPhase.BWD, ()
+            eff.append(Compute(ComputeKind.BACKWARD, key))
+
+    def _on_resume(self, now: float, sender: str, key: Key, msg: Resume, r: RelayRecord,
+                   eff: list[RecoveryEffect]) -> None:
+        # the sender recomputed the stage before me (or the data node asks me to resend): it is my upstream
+        a = msg.attempt
+        newprev = msg.path[-1] if msg.path else sender
+        r.prev = newprev
+        eff.append(Send(newprev, Complete(*key, a)))
+        if r.phase in (RelayPhase.GRAD, RelayPhase.DONE):
+            self.stats.resends += 1
+            r.phase, r.sent_at = RelayPhase.GRAD, now
+            eff.append(Send(newprev, Backward(*key, None, a)))
+            eff.append(SetTimer(MbTimer(TimerKind.BK, key), self._deadline(now, newprev)))
+
+    def _on_repair(self, now: float, sender: str, key: Key, msg: RepairOrder, r: RelayRecord,
+                   eff: list[RecoveryEffect]) -> None:
+        if r.phase is not RelayPhase.SENT:
+            self._report(key, msg.attempt, r.phase, eff)  # (sending: my own deadline covers it)
+            return
+        r.ordered = True
+        if self.stage < self.cfg.last_stage:
+            self._presume_dead(r.next)
+        tried_before = r.tried
+        r.tried = {r.next} if r.next is not None and r.next not in self.cfg.data_nodes else set()
+        r.tried |= {""} & tried_before  # (a parked record's one deadline retry is spent)
+        r.rest = tuple(msg.rest)
+        self.stats.reroutes += 1
+        self._route(now, r, eff)
+
+    def _fw_timer(self, now: float, r: RelayRecord, eff: list[RecoveryEffect]) -> None:
+        """A hand-off's deadline passed (the next hop is presumed dead), or a parked microbatch's retry is due."""
+        if r.phase is RelayPhase.SENDING:
+            self.stats.reroutes += 1
+            self._presume_dead(r.next)
+            r.tried.add(r.next)
+            self._route(now, r, eff)
+        elif r.parked:
+            self.full.difference_update(self.next_peers)  # no Room came: offer it to them again, once
+            r.tried = {""}
+            self._route(now, r, eff)
+
+    def _bk_timer(self, now: float, r: RelayRecord, eff: list[RecoveryEffect]) -> None:
+        """My gradient's hand-off upstream was not acknowledged in time: GWTF tells the data node."""
+        if r.phase is RelayPhase.GRAD and not self.swarm:
+            eff.append(Send(r.key.data_node, BackwardStuck(*r.key, self.stage, r.attempt)))
 
     def _on_take(self, now: float, sender: str, key: Key, msg, r: RelayRecord | None,
                  eff: list[RecoveryEffect]) -> None:
@@ -188,3 +229,31 @@ class RelaySide:
         else:
             eff.append(Send(j, Forward(*key, r.path, None, a)))
         eff.append(SetTimer(MbTimer(TimerKind.FW, key), self._deadline(now, j)))
+
+
+# Which handler takes which microbatch message at a relay.  Whatever its attempt: taking a microbatch (a newer
+# attempt replaces the record, an older one is stale: `_on_take`), a probe, a release.
+RELAY_ANY_ATTEMPT = {
+    Forward: RelaySide._on_take,
+    Recover: RelaySide._on_take,
+    Probe: RelaySide._on_probe,
+    Release: RelaySide._on_release,
+}
+# Of an attempt older than the record's, or of a microbatch not held (the stale answers; others are ignored).
+RELAY_STALE = {
+    Resume: RelaySide._stale_resume,
+    RepairOrder: RelaySide._stale_repair,
+}
+# Of the record's attempt, or a newer one (the record takes its attempt); a type not here is ignored.
+RELAY_HANDLERS = {
+    Complete: RelaySide._on_complete,
+    MbDeny: RelaySide._on_deny,
+    Backward: RelaySide._on_backward,
+    Resume: RelaySide._on_resume,
+    RepairOrder: RelaySide._on_repair,
+}
+# A relay's timers (the data node's: rounds.DATA_TIMERS).
+RELAY_TIMERS = {
+    TimerKind.FW: RelaySide._fw_timer,
+    TimerKind.BK: RelaySide._bk_timer,
+}

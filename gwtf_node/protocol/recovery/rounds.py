@@ -68,18 +68,26 @@ from .records import (
 class Rounds:
     """Part of `RecoveryNode` (node.py): one mechanism of the machine, see the module docstring."""
 
-    def _data_timer(self, now: float, kind: TimerKind, m: DataRecord, eff: list[RecoveryEffect]) -> None:
-        if kind is TimerKind.FW and m.src is Source.SENDING:
+    def _src_fw_timer(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
+        """The stage-0 relay did not acknowledge my embedding output in time: presumed dead, another one."""
+        if m.src is Source.SENDING:
             self.stats.reroutes += 1
             self._presume_dead(m.next)
             m.tried.add(m.next)
             self._src_route(now, m, eff)
-        elif kind is TimerKind.BK and m.sink is Sink.GRAD:
+
+    def _sink_bk_timer(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
+        """The last stage did not acknowledge the loss gradient in time."""
+        if m.sink is Sink.GRAD:
             self._trouble(now, m, eff)
-        elif kind is TimerKind.WD:
-            if m.sink is not Sink.FINAL and not m.collecting:
-                self._trouble(now, m, eff)
-        elif kind is TimerKind.PR and m.collecting:
+
+    def _watchdog(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
+        if m.sink is not Sink.FINAL and not m.collecting:
+            self._trouble(now, m, eff)
+
+    def _probes_due(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
+        """The probe answers are in, or whoever did not answer is dead: decide."""
+        if m.collecting:
             self._decide(now, m, eff)
 
     def _arm_watchdog(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
@@ -206,3 +214,12 @@ class Rounds:
         self._defer(m.key, eff)
         self._launch(now, eff)
         self._maybe_done(now, m.key.iteration, eff)
+
+
+# A data node's timers (a relay's: relay.RELAY_TIMERS).
+DATA_TIMERS = {
+    TimerKind.FW: Rounds._src_fw_timer,
+    TimerKind.BK: Rounds._sink_bk_timer,
+    TimerKind.WD: Rounds._watchdog,
+    TimerKind.PR: Rounds._probes_due,
+}
