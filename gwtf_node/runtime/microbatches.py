@@ -64,7 +64,9 @@ from ..model.tensors import sparse_indices
 from ..protocol import messages as m
 from ..protocol.effects import CancelTimer, SetTimer
 from ..protocol.pipeline import DataIteration, MbStatus, OpenIteration
-from ..protocol.recovery import MB_MESSAGES, Compute, ComputeKind, IterationSettled, RecoveryConfig, RecoveryNode
+from ..protocol.recovery import (
+    MB_MESSAGES, Compute, ComputeKind, IterationSettled, MbTimer, RecoveryConfig, RecoveryNode,
+)
 from ..protocol.recovery.priors import HOP_PRIOR_S, e2e_prior_s, hop_priors
 from .faults import Faults
 from .flows import Flows
@@ -276,7 +278,7 @@ class Microbatches:
             else:
                 await self.wire.send(peer, msg)
 
-    def on_timer(self, key: str) -> None:
+    def on_timer(self, key: MbTimer | str) -> None:
         if key == PAUSE_TIMER:
             self.recheck_paused()
             return
