@@ -35,7 +35,7 @@ def crash_when(sim: T.TrainSim, when, victim_of) -> None:
 
 def run(policy: str, when, victim_of=lambda nid, p: nid, setting="table2-homogeneous", seed=0):
     s = T.make_setting(setting, seed)
-    sim = T.TrainSim(s, policy, 0.0, seed)
+    sim = T.TrainSim(s, T.TrainSimOptions(policy=policy, churn=0.0, seed=seed))
     crash_when(sim, when, victim_of)
     sim.run(ITERS)
     return sim, sim.report(ITERS)
@@ -170,7 +170,7 @@ def check_exactly_once(sim: T.TrainSim, iters: int) -> None:
 def test_random_crash_schedules_lose_nothing(policy, setting, crashes, rejoin) -> None:
     iters = 4
     s = T.make_setting(setting, 3)
-    sim = T.TrainSim(s, policy, 0.0, 3, crash_plan=crashes, rejoin=rejoin)
+    sim = T.TrainSim(s, T.TrainSimOptions(policy=policy, churn=0.0, seed=3, crash_plan=crashes, rejoin=rejoin))
     sim.run(iters)
     rep = sim.report(iters)
     assert rep["unfinished_iterations"] == 0 and rep["lost_microbatches"] == 0
@@ -193,7 +193,7 @@ def test_simultaneous_crashes_of_consecutive_stages_are_repaired_without_restart
 
     sim_holder = {}
     s = T.make_setting("table2-homogeneous", 0)
-    sim = T.TrainSim(s, "gwtf", 0.0, 0)
+    sim = T.TrainSim(s, T.TrainSimOptions(policy="gwtf", churn=0.0, seed=0))
     sim_holder["sim"] = sim
     crash_when(sim, when, victims)
     sim.run(ITERS)
@@ -213,7 +213,7 @@ def test_leader_data_node_crash(policy: str, moment: str) -> None:
     nothing of theirs is lost, no iteration stalls."""
     iters = 4
     s = T.make_setting("table2-homogeneous", 0, data_nodes=3)
-    sim = T.TrainSim(s, policy, 0.0, 0)
+    sim = T.TrainSim(s, T.TrainSimOptions(policy=policy, churn=0.0, seed=0))
     when = {
         "forward": lambda n, e, p: sim._leading(n) and e == "done" and p[1] == "forward" and p[0][2] == 1,
         "loss": lambda n, e, p: sim._leading(n) and e == "done" and p[1] == "loss" and p[0][2] == 1,

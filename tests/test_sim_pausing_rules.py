@@ -126,7 +126,8 @@ class Recorder(T.TrainSim):
 def _small(policy: str, leave_wait_s: float = LEAVE_WAIT_S, detect_s: float = DETECT_S) -> Recorder:
     """The setting of the machine (module docstring), with a fresh copy of its network."""
     s = Setting("pausing", dict(RELAYS), T.make_setting(SETTING, SEED).net, BASE.data)
-    sim = Recorder(s, policy, 0.0, SEED, rejoin=False, pause_empty=True, detect_s=detect_s)
+    sim = Recorder(s, T.TrainSimOptions(policy=policy, churn=0.0, seed=SEED, rejoin=False, pause_empty=True,
+                                        detect_s=detect_s))
     sim.leave_wait_s = leave_wait_s
     return sim
 
@@ -337,7 +338,7 @@ def test_an_empty_stage_pauses_the_run_until_a_relay_serves_it() -> None:
 def test_without_the_pause_the_run_goes_on_deferring() -> None:
     """`pause_empty=False` (the older model, not the daemon's): the same empty stage, iterations keep opening."""
     s = Setting("pausing", dict(RELAYS), T.make_setting(SETTING, SEED).net, BASE.data)
-    sim = Recorder(s, "swarm", 0.0, SEED, rejoin=False, pause_empty=False)
+    sim = Recorder(s, T.TrainSimOptions(policy="swarm", churn=0.0, seed=SEED, rejoin=False, pause_empty=False))
     sim.run(10**9, until=300.0)
     sim.crash_relay("s2r0")
     sim.crash_relay("s2r1")

@@ -195,6 +195,7 @@ from __future__ import annotations
 import time
 
 from .driver import TrainSim
+from .options import TrainSimOptions
 from .joining import JOININGS
 from .events import LEADER_MSGS, PHASE_MSGS, TENSOR_MSGS, Event
 from .setting import (
@@ -222,8 +223,8 @@ TASKPOOL_POLICIES = ("taskpool",)
 def run_train(setting: str, policy: str, churn: float, iterations: int, seed: int, *, breakdown: bool = False,
               data_nodes: int | None = None, dtfm_options: dict | None = None, scheduler_cost: bool = False,
               **options) -> dict:
-    """One run; `options` are TrainSim's model switches (routing, reflow, lend, flow_options, detect,
-    join_mid_iteration, swarm_reacts_to, gwtf_acts_on_gone, unpresume, can_take, one_wave, ...: see TrainSim).
+    """One run; `options` are the other fields of `TrainSimOptions` (routing, reflow, lend, flow_options, detect,
+    join_mid_iteration, swarm_reacts_to, gwtf_acts_on_gone, unpresume, can_take, one_wave, ...: options.py).
     `data_nodes`: None for the setting's own number.  `routing="dtfm"`: DT-FM's scheduler (`sim/schedule/`,
     `dtfm_options`: its method, population, generations) arranges the setting first and the run follows its
     pipelines; the report gets `dtfm` (the schedule's cost and CPU time).  `placement="dtfm"`: the relays take
@@ -260,12 +261,13 @@ def run_train(setting: str, policy: str, churn: float, iterations: int, seed: in
         sched = dtfm_routing(s, seed, **(dtfm_options or {}))
         s = sched.setting
         options["scheduler"] = sched
+    opts = TrainSimOptions(policy=policy, churn=churn, seed=seed, **options)
     if policy in TASKPOOL_POLICIES:
         from .taskpool import TaskPoolSim
 
-        sim = TaskPoolSim(s, policy, churn, seed, **options)
+        sim = TaskPoolSim(s, opts)
     else:
-        sim = TrainSim(s, policy, churn, seed, **options)
+        sim = TrainSim(s, opts)
     if breakdown:
         sim.trace = []
     sim.run(iterations)

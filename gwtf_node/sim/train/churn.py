@@ -68,8 +68,7 @@ class Pause:
 class ChurnDriver:
     """Part of `TrainSim` (driver.py): one mechanism of the simulator, see the module docstring."""
 
-    def _init_churn(self, pause_empty: bool) -> None:
-        self.pause_empty = pause_empty
+    def _init_churn(self) -> None:
         self.leave_wait_s = LEAVE_WAIT_S  # a leaving relay's wait for its last aggregation (module docstring)
         self._begun = False  # `run` started the machines
         self.paused: dict[str, Pause] = {}  # data node -> the iteration it does not open while a stage is empty
@@ -81,7 +80,7 @@ class ChurnDriver:
         """`spare_last`: a churn crash of the last live relay of its stage is left out, as `gwtf-node local
         --churn` spares a relay of every stage: after the first step a stage whose members all died has no state
         a joiner could load (the daemon brings it back only from a relay's checkpoint)."""
-        if not self.spare_last or nid in self.dead or nid not in self.nodes or nid in self.data:
+        if not self.options.spare_last or nid in self.dead or nid not in self.nodes or nid in self.data:
             return False
         if self._peers(self.stage[nid], nid):
             return False
@@ -105,12 +104,12 @@ class ChurnDriver:
         stage = self.stage[nid]
         self._allreduce_crash(nid)  # its stage's round waits for the report if it had not done its part
         self._schedule_reflow()
-        self._push(self.now + self.detect_s, Event.GONE, nid, None, None)
+        self._push(self.now + self.options.detect_s, Event.GONE, nid, None, None)
         if nid in self.data:
             self.data_crashed[nid] = self.nodes[nid].iteration
-        elif self.rejoin and self.joining == "machines":
+        elif self.options.rejoin and self.options.joining == "machines":
             self._push(self.now + REJOIN_S, Event.JOIN, nid, None, None)
-        elif self.rejoin:
+        elif self.options.rejoin:
             peers = self._peers(stage, nid)
             dl = STAGE_STATE_MB * 8.0 / min(self.net.link(p, nid)[1] for p in peers) if peers else 0.0
             self.pending_joins.append((self.now + REJOIN_S + dl, nid, stage, self.cap[nid]))
@@ -234,7 +233,7 @@ class ChurnDriver:
 
     def _open_or_pause(self, nid: str, t: int) -> None:
         """The aggregation phase opens `t` at data node `nid`: open it, or pause while a stage is empty."""
-        if self.pause_empty and self.empty_stages(t):
+        if self.options.pause_empty and self.empty_stages(t):
             if self._ready_at_open and not self._aggregating():
                 self._ready_joiners_at_open()  # (they are ready for t: they may serve the empty stage)
             empty = self.empty_stages(t)

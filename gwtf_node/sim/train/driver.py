@@ -13,7 +13,6 @@ from ...protocol.effects import CancelTimer, Send, SetTimer
 from ...protocol.flow import FlowNode
 from ...protocol.leader import LeaderConfig, LeaderMachine
 from ...protocol.phases import CanTakeRule, OpenIteration, Phases
-from ...protocol.phasewaits import WAIT_BOUND_S
 from ...protocol.recovery import Compute, IterationSettled, RecoveryConfig, RecoveryNode
 from ...protocol.recovery.priors import HOP_PRIOR_S, e2e_prior_s, hop_prior_s
 from ..engine import Simulator
@@ -22,62 +21,25 @@ from .allreduce import AllReduceDriver
 from .churn import ChurnDriver
 from .events import LEADER_MSGS, PHASE_MSGS, TENSOR_MSGS, Event
 from .flows import FlowDriver
-from .joining import JOIN_MSGS, JOININGS, JoinDriver
+from .joining import JOIN_MSGS, JoinDriver
+from .options import TrainSimOptions
 from .report import IterStats, Reporting
 from .setting import (
-    ACTIVATION_MB, DETECT_S, FLOW_OPTIONS, IDEAL_MB_S, MAX_SIM_S_PER_ITERATION, MICROBATCHES, ROUTINGS,
-    SILENCE_S, STAGE_SIZES, PRIOR_RULES, SWARM_REACTIONS, Setting, compute_s, initial_flows,
+    ACTIVATION_MB, IDEAL_MB_S, MAX_SIM_S_PER_ITERATION, MICROBATCHES, SILENCE_S, STAGE_SIZES, Setting, compute_s,
+    initial_flows,
 )
 
 
 class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, JoinDriver, Reporting):
-    """One Table II run in virtual time (module docstring).  Model switches, defaults in parentheses:
-    `routing` ("machines": GWTF's flows by the flow machines; "oracle": the LP optimum installed globally),
-    `reflow` (True; oracle only: re-install the optimum FLOW_CONVERGE_S after a change), `lend` (True; machines
-    only: the lending of protocol/recovery/), `fastest_unit` (True; GWTF: "Fastest unit first" of protocol/recovery/), `flow_options` (FLOW_OPTIONS: FlowConfig fields of every flow machine),
-    `detect` (True: the membership layer), `join_mid_iteration` (True), `swarm_reacts_to` ("membership"),
-    `gwtf_acts_on_gone` (True), `unpresume` (True: a presumed-dead peer still heard is alive again),
-    `can_take` ("all": phases.CanTakeRule), `phase_wait_bound_s` (WAIT_BOUND_S: the daemon's bound of a phase
-    wait, after which it resends; None: never), `one_wave` (False: "One wave" of protocol/recovery/, the paper's one-wave iteration
-    with deferral, for both policies), `detect_s` (DETECT_S: how long after a crash the membership layer reports
-    it); `crash_plan` / `rejoin` (True) for scripted crashes; `flows`: fixed flows
-    (oracle-style, no machines); `routing="dtfm"` with `scheduler` (a `sim.schedule.routing.DtfmRouting` built on
-    this setting): DT-FM's static pipelines, recomputed `scheduler.delay_s` after each membership report;
-    `priors` ("links": the daemon's timing priors, protocol/recovery/priors.py; "modelled": `_prior`);
-    `joining` ("machines": a relay back after a crash joins through the leader's placement, joining.py;
-    "restart": it comes back in its stage, `join_mid_iteration` says when); `join_links` (True: a joiner's
-    JoinRequest and a member's UtilizationReport carry their link costs, as the daemon's, and the leader's search
-    routes over them; False: stage costs only); `spare_last` (True: churn spares the last live relay of a stage,
-    `_spared`); `pause_empty` (True, as the daemon: a data node does not open an iteration while a stage is empty,
-    churn.py; False: it opens it and every microbatch is deferred).
-    `flow_cpu_s` sums the CPU time the flow machines took (GWTF's scheduler cost)."""
+    """One Table II run in virtual time (module docstring), as `options` (a `TrainSimOptions`, options.py) say:
+    the policy, churn and seed, the scripted crashes, the model switches.  `flow_cpu_s` sums the CPU time the flow
+    machines took (GWTF's scheduler cost)."""
 
     machine_class = RecoveryNode  # every node's microbatch machine (a policy of its own may subclass it)
 
-    def __init__(self, setting: Setting, policy: str, churn: float, seed: int,
-                 crash_plan: list[tuple[float, str]] | None = None, rejoin: bool = True,
-                 flows: dict | None = None, reflow: bool = True, detect: bool = True,
-                 join_mid_iteration: bool = True, swarm_reacts_to: str = "membership",
-                 gwtf_acts_on_gone: bool = True, routing: str = "machines", flow_options: dict | None = None,
-                 lend: bool = True, one_wave: bool = False, detect_s: float = DETECT_S, fastest_unit: bool = True,
-                 unpresume: bool = True, can_take: str = CanTakeRule.ALL.value, scheduler=None,
-                 priors: str = "links", joining: str = "machines", spare_last: bool = True, pause_empty: bool = True,
-                 join_links: bool = True, phase_wait_bound_s: float | None = WAIT_BOUND_S) -> None:
-        if routing not in ROUTINGS:
-            raise ValueError(f"routing must be one of {ROUTINGS}, not {routing!r}")
-        if (routing == "dtfm") != (scheduler is not None):
-            raise ValueError("routing 'dtfm' runs DT-FM's schedule: pass scheduler= (sim.schedule.dtfm_routing), "
-                             "and only with that routing")
-        if routing == "dtfm" and policy != "gwtf":
-            raise ValueError(f"routing 'dtfm' executes a schedule with the gwtf microbatch machine, not {policy!r}")
-        if priors not in PRIOR_RULES:
-            raise ValueError(f"priors must be one of {PRIOR_RULES}, not {priors!r}")
-        self.priors = priors
-        if joining not in JOININGS:
-            raise ValueError(f"joining must be one of {JOININGS}, not {joining!r}")
-        self.joining = joining
-        self.join_links = join_links  # joiners and members tell the leader their link costs (joining.py)
-        self.spare_last = spare_last  # churn never kills the last live relay of a stage (`_spared`)
+    def __init__(self, setting: Setting, options: TrainSimOptions = TrainSimOptions()) -> None:
+        self.options = o = options.resolved()
+        policy, seed = o.policy, o.seed
         self.spared = 0
         self.joiners: dict = {}  # joining.py: joiner id -> its JoinerMachine, until it comes in
         self._joiner_cap: dict[str, int] = {}
@@ -91,13 +53,12 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         self._ready_at_open: list = []  # joiners ready during an aggregation: they come in at the next open
         self._rounds: dict = {}  # allreduce.py: (stage, iteration, group) -> Round
         self._absent: dict[tuple[int, int], set[str]] = {}  # (stage, iteration) -> named members that do not step
-        self.scheduler = scheduler
         self.flow_cpu_s = 0.0
         self.formation: dict = {}
-        self.setting, self.policy, self.churn, self.seed = setting, policy, churn, seed
+        self.setting = setting
         self.data: tuple[str, ...] = setting.data
-        self.rng = random.Random(f"train:{seed}:{policy}:{churn}")
-        self.crash_rng = random.Random(f"churn:{seed}:{churn}")  # same crash draws for both policies
+        self.rng = random.Random(f"train:{seed}:{policy}:{o.churn}")
+        self.crash_rng = random.Random(f"churn:{seed}:{o.churn}")  # same crash draws for both policies
         self.net = setting.net
         self.nodes: dict[str, RecoveryNode] = {}  # every node's microbatch machine
         self.phases: dict[str, Phases] = {}  # every node's aggregation phase
@@ -105,10 +66,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         self._leader_seen: dict[str, str | None] = {}  # data node -> the leader its Phases was last told of
         self.reported_gone: set[str] = set()  # nodes the membership layer reported gone (everyone learns at once)
         self.crashed_at: dict[str, float] = {}
-        self.unpresume = unpresume
-        self.can_take = CanTakeRule(can_take)
-        self.phase_wait_bound_s = phase_wait_bound_s  # a wait past it is resolved as the daemon's (phasewaits.py)
-        self._init_churn(pause_empty)  # churn.py: leaves, the pause of an empty stage
+        self._init_churn()  # churn.py: leaves, the pause of an empty stage
         self.resyncs = 0
         self.elections = 0
         self.dropped = 0
@@ -127,21 +85,13 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         self.pending_joins: list[tuple[float, str, int, int]] = []
         self.joins = 0
         self.crashes: list[tuple[float, str]] = []
-        self.crash_plan = sorted(crash_plan or [])
         self.data_crashed: dict[str, int] = {}  # a data node that crashed -> the iteration it was in
-        self.rejoin = rejoin
         self.last_iter_s = 600.0
         self.events = 0
         self.trace: list | None = None  # set to a list to record (kind, ...) tuples (module docstring)
         self._opened_once: set[int] = set()
-        self.reflow = reflow
-        self.detect = detect
-        self.detect_s = detect_s
-        self.join_mid_iteration = join_mid_iteration
-        if swarm_reacts_to not in SWARM_REACTIONS:
-            raise ValueError(f"swarm_reacts_to must be one of {SWARM_REACTIONS}, not {swarm_reacts_to!r}")
-        self.acts_on_gone = {"swarm": swarm_reacts_to == "membership", "random": swarm_reacts_to == "membership",
-                             "gwtf": gwtf_acts_on_gone, "taskpool": gwtf_acts_on_gone}[policy]
+        self.acts_on_gone = {"swarm": o.swarm_reacts_to == "membership", "random": o.swarm_reacts_to == "membership",
+                             "gwtf": o.gwtf_acts_on_gone, "taskpool": o.gwtf_acts_on_gone}[policy]
         self.reflows = 0
         self._lent = False
         self._flow_members = dict(setting.relays)
@@ -152,20 +102,14 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
             self.stage[r], self.cap[r] = s, c
         # GWTF's flows: the flow machines (`protocol/flow/`), run in this virtual time (module docstring), or the
         # optimum of the routing LP installed by an oracle (`routing="oracle"`, the model before the machines ran)
-        self.machines = policy == "gwtf" and routing == "machines" and flows is None
-        self.routing = routing if policy == "gwtf" else "greedy"
+        self.machines = o.machines
+        self.routing = o.routing if policy == "gwtf" else "greedy"
         if self.machines:
-            self.reflow = False
             self.flows = {}
         else:
-            if routing == "dtfm":
-                flows = scheduler.flows
+            flows = o.scheduler.flows if o.routing == "dtfm" else o.flows
             self.flows = flows if flows is not None else (initial_flows(setting) if policy == "gwtf" else {})
-        self.one_wave = one_wave
-        self.lend = lend and self.machines  # (the oracle lends by recomputing the flows without the finished one)
-        self.fastest_unit = fastest_unit
         self.fnodes: dict[str, FlowNode] = {}
-        self.flow_options = dict(FLOW_OPTIONS if flow_options is None else flow_options)  # FlowConfig fields
         self._ftv: dict = {}
         self._fstamp: dict[str, float] = {}
         self._started: set[str] = set()
@@ -175,12 +119,12 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         for d in self.data:
             self.leaders[d] = LeaderMachine(LeaderConfig(d, self.data), random.Random(f"{seed}:{d}:leader"))
             self._leader_seen[d] = None
-        for t, nid in self.crash_plan:
+        for t, nid in self.options.crash_plan:
             self._push(t, Event.CRASH, nid, None, None)
 
     def machine_policy(self) -> str:
         """The RecoveryConfig policy of the machines (a subclass running its own machine may differ)."""
-        return self.policy
+        return self.options.policy
 
     def _peers(self, stage: int, nid: str, live_only: bool = True) -> list[str]:
         return [r for r, s in self.stage.items() if s == stage and r != nid and r not in self.dead
@@ -191,7 +135,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         (protocol/recovery/priors.py: the link's transfer, d(a, b) without compute, plus a compute allowance), or
         with `priors="modelled"` the transfer plus `b`'s profiled compute times its capacity (what the simulator
         knows and a node does not)."""
-        if self.priors == "links":
+        if self.options.priors == "links":
             return hop_prior_s(self._flow_cost(a, b))
         sb = self.stage[b]
         c = compute_s(sb, ("final" if back else "loss") if sb < 0 else ("backward" if back else "forward"))
@@ -200,7 +144,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
     def _e2e_prior(self, nid: str, nxt: list[str]) -> float:
         """A data node's expected launch -> final backward time before it measured one (`_prior`'s two rules;
         "modelled": 2 (S + 1) mean hops of the data nodes to stage 0, plus the ideal compute of a microbatch)."""
-        if self.priors == "links":
+        if self.options.priors == "links":
             return e2e_prior_s(self.S, [self._flow_cost(nid, j) for j in nxt])
         if not hasattr(self, "_e2e"):
             hop = statistics.mean(self.net.transfer_s(a, b, ACTIVATION_MB) for a in self.data
@@ -223,17 +167,18 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
             node_id=nid, stage=stage, last_stage=S - 1, capacity=cap, data_nodes=self._live_data(),
             next_peers={j: cost(nid, j) for j in nxt}, prev_peers={j: cost(nid, j) for j in prv},
             peer_capacity={j: self.cap.get(j, MICROBATCHES) for j in nxt + prv}, prior_s=prior,
-            default_prior_s=HOP_PRIOR_S if self.priors == "links" else RecoveryConfig.default_prior_s,
+            default_prior_s=HOP_PRIOR_S if self.options.priors == "links" else RecoveryConfig.default_prior_s,
             e2e_prior_s=e2e, policy=self.machine_policy(),
-            swarm_assumed_capacity=MICROBATCHES, act_on_gone=self.acts_on_gone, lend=self.lend,
-            one_wave=self.one_wave, fastest_unit=self.fastest_unit)  # (SWARM: greedy, ignores it)
-        m = self.machine_class(cfg, random.Random(f"{self.seed}:{nid}"),
+            swarm_assumed_capacity=MICROBATCHES, act_on_gone=self.acts_on_gone, lend=self.options.lend,
+            one_wave=self.options.one_wave, fastest_unit=self.options.fastest_unit)  # (SWARM: greedy, ignores it)
+        m = self.machine_class(cfg, random.Random(f"{self.options.seed}:{nid}"),
                          first_seq=(self.data.index(nid) * 10**6 if nid in self.data else 0))
-        if self.policy == "gwtf" and nid in self.flows:
+        if self.options.policy == "gwtf" and nid in self.flows:
             m.set_flows(self.flows[nid])
         self.nodes[nid] = m
         self.phases[nid] = Phases(nid, stage, S - 1, applied=self._iteration_now() if applied is None else applied,
-                                  can_take=self.can_take, wait_bound_s=self.phase_wait_bound_s)
+                                  can_take=CanTakeRule(self.options.can_take),
+                                  wait_bound_s=self.options.phase_wait_bound_s)
         return m
 
     def _timer(self, versions: dict, kind: int, nid: str, e, component: str | None = None) -> None:
@@ -311,7 +256,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         """The daemon's liveness check: a peer the machine presumed dead that is still heard (alive, or
         crashed less than SILENCE_S ago) is alive again for it."""
         rec = self.nodes[nid]
-        if not self.unpresume or not rec.dead:
+        if not self.options.unpresume or not rec.dead:
             return
         for p in sorted(rec.dead - rec.gone):
             c = self.crashed_at.get(p)
@@ -339,10 +284,10 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         for _, old, stage, cap in ready:
             self._join(old, stage, cap)
         self._ready_joiners_at_open()
-        if self.routing == "dtfm" and self.reflow:  # a static schedule: recomputed only when joiners came in
+        if self.routing == "dtfm" and self.options.reflow:  # a static schedule: recomputed only when joiners came in
             if ready:
                 self._push(self.now + self._settle_s(), Event.REFLOW, "", None, None)
-        elif self.policy == "gwtf" and self.reflow:
+        elif self.options.policy == "gwtf" and self.options.reflow:
             # joiners ran the flow machines since their download finished: settled FLOW_CONVERGE_S after that
             settle = max((t for t, *_ in ready), default=-math.inf) + self._settle_s()
             if settle <= self.now:
@@ -351,11 +296,11 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
                 if self._lent:  # every data node has microbatches again: the flows shared by all of them
                     self._install(self._flow_members, self._live_data())
                 self._push(settle, Event.REFLOW, "", self._live_members(), None)
-        if self.churn > 0:
+        if self.options.churn > 0:
             for r in sorted(self.stage):
                 if r in self.data or r in self.dead:
                     continue
-                if self.crash_rng.random() < self.churn:
+                if self.crash_rng.random() < self.options.churn:
                     self._push(self.now + self.crash_rng.random() * self.last_iter_s, Event.CRASH, r, "churn", None)
 
     def _live_data(self) -> tuple[str, ...]:
@@ -364,14 +309,14 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
     def _join_now(self, old: str) -> None:
         """A joiner whose download finished joins at once while its stage's parameters are the iteration's:
         not while an aggregation is under way (then: at the next open, with the new parameters)."""
-        if not self.join_mid_iteration:
+        if not self.options.join_mid_iteration:
             return
         if self._aggregating():
             return
         for j in [j for j in self.pending_joins if j[1] == old]:
             self.pending_joins.remove(j)
             self._join(old, j[2], j[3])
-            if self.policy == "gwtf" and self.reflow:
+            if self.options.policy == "gwtf" and self.options.reflow:
                 self._push(self.now + self._settle_s(), Event.REFLOW, "", self._live_members(), None)
 
     def _join(self, old: str, stage: int, cap: int) -> None:
@@ -433,7 +378,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
                 self._on_reflow(a)
                 continue
             if kind == Event.JOIN:
-                if self.joining == "machines":  # the crashed relay's machine is back: it asks the leader
+                if self.options.joining == "machines":  # the crashed relay's machine is back: it asks the leader
                     self._restart_as_joiner(node)
                 else:  # a joiner's download finished: it serves the iteration in training now
                     self._join_now(node)
@@ -527,14 +472,14 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         self.reported_gone.add(gone)
         self._placement_gone(gone)
         self._source_gone(gone)
-        if self.detect and self.machines:
+        if self.options.detect and self.machines:
             self._flow_gone(gone)
         for nid in sorted(self.nodes):
             if nid in self.dead or nid == gone:
                 continue
             nxt, prv = self._next_prev(nid)
             self._apply_phase(nid, self.phases[nid].forget(self.now, gone, nxt, prv))
-            if self.detect:
+            if self.options.detect:
                 self._apply(nid, self.nodes[nid].peer_gone(self.now, gone))
                 if nid in self.data:  # as the daemon: with its first stage empty, what needs it is given up
                     self._apply(nid, self.nodes[nid].give_up_stranded(self.now))

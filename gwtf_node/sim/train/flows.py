@@ -36,8 +36,8 @@ class FlowDriver:
         cfg = FlowConfig(nid, st < 0, self.cap.get(nid, MICROBATCHES), tuple(self.data),
                          {j: self._flow_cost(nid, j) for j in sorted(nxt)},
                          {j: self._flow_cost(j, nid) for j in sorted(prv)}, peers, joined=joined,
-                         **self.flow_options)
-        fm = FlowNode(cfg, random.Random(f"{self.seed}:{nid}"))
+                         **self.options.flow_options)
+        fm = FlowNode(cfg, random.Random(f"{self.options.seed}:{nid}"))
         self.fnodes[nid] = fm
         self._fstamp[nid] = fm.stats.last_change
         return fm
@@ -70,7 +70,7 @@ class FlowDriver:
         if flows_formed(placed, fm.cfg.capacity, quiet, self.now):
             self._started.add(nid)
             self.nodes[nid].set_flows(fm.out)
-            if nid in self.data and self.pause_empty:  # iteration 0 too waits for every stage (churn.py)
+            if nid in self.data and self.options.pause_empty:  # iteration 0 too waits for every stage (churn.py)
                 self._open_or_pause(nid, 0)
             else:
                 self._apply(nid, self.nodes[nid].start(self.now))
@@ -112,17 +112,17 @@ class FlowDriver:
     def _settle_s(self) -> float:
         """How long after a change the new flows are in place: the flow machines' convergence (oracle), or
         DT-FM's recomputation (its CPU time)."""
-        return self.scheduler.delay_s if self.routing == "dtfm" else FLOW_CONVERGE_S
+        return self.options.scheduler.delay_s if self.routing == "dtfm" else FLOW_CONVERGE_S
 
     def _schedule_reflow(self, done: bool = False) -> None:
         """A change the flow machines see now (a crash, joiners, a data node done): they settle FLOW_CONVERGE_S
         later on what they saw now.  DT-FM's schedule: only a crash counts (not a data node done: a static
         schedule does not lend), recomputed once the membership layer reported it (`detect_s`)."""
-        if self.policy != "gwtf" or not self.reflow:
+        if self.options.policy != "gwtf" or not self.options.reflow:
             return
         if self.routing == "dtfm":
             if not done:
-                self._push(self.now + self.detect_s + self._settle_s(), Event.REFLOW, "", None, None)
+                self._push(self.now + self.options.detect_s + self._settle_s(), Event.REFLOW, "", None, None)
             return
         self._push(self.now + FLOW_CONVERGE_S, Event.REFLOW, "", self._live_members(), None)
 
@@ -147,7 +147,7 @@ class FlowDriver:
         if any(not any(s == k for s, _ in members.values()) for k in range(self.S)):
             return  # a stage with no relay: no flow at all; the nodes keep their local repairs
         if self.routing == "dtfm":
-            flows = self.scheduler.reflows(members, active, self.S)
+            flows = self.options.scheduler.reflows(members, active, self.S)
         else:
             flows = initial_flows(Setting(self.setting.name, members, self.net), active)
         self.reflows += 1

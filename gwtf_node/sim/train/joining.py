@@ -99,7 +99,7 @@ class JoinDriver:
     def _join_links(self, nid: str) -> tuple[tuple[str, float], ...]:
         """What a joiner tells the leader of its links (`JoinRequest.link_costs`, as `Joining.join`): the Equation
         1 cost of its link to each live node it measured (every data node and relay here), sorted by peer id."""
-        if not self.join_links:
+        if not self.options.join_links:
             return ()
         relays = {r for r in self.stage if r not in self.dead and r not in self.data and r != nid}
         peers = set(self._live_data()) | relays
@@ -109,7 +109,7 @@ class JoinDriver:
         """What a serving relay tells the leader of its links (`UtilizationReport.link_costs`, as
         `Joining.on_utilization_query`): the Equation 1 costs of its flow machine's links, by peer id."""
         fm = self.fnodes.get(nid)
-        if not self.join_links or fm is None:
+        if not self.options.join_links or fm is None:
             return ()
         return link_report({p: round(c, 3) for p, c in {**fm.cfg.prev_costs, **fm.cfg.next_costs}.items()})
 
@@ -275,7 +275,7 @@ class JoinDriver:
         for d, pm in self.placement.items():
             if d not in self.dead:
                 pm.add_member(nid, stage)
-        if self.policy == "gwtf" and self.reflow:  # oracle routing: the optimum with the joiner, once settled
+        if self.options.policy == "gwtf" and self.options.reflow:  # oracle routing: the optimum with the joiner, once settled
             self._push(self.now + self._settle_s(), Event.REFLOW, "", self._live_members(), None)
 
     def _ready_joiners_at_open(self) -> None:
@@ -315,7 +315,7 @@ class JoinDriver:
 
 def joining_report(sim) -> dict:
     rep = dict(sim.join_stats)
-    rep["stuck"] = sim._stuck_joiners() if sim.joining == "machines" else 0
+    rep["stuck"] = sim._stuck_joiners() if sim.options.joining == "machines" else 0
     rep["waiting"] = len(sim.joiners) - rep["stuck"]
     return rep
 

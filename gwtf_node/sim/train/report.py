@@ -128,7 +128,7 @@ class Reporting:
                 phase_stats[k] += getattr(ph.stats, k)
         phase_stats.update(elections=self.elections, resyncs=self.resyncs, dropped=self.dropped)
         return {
-            "setting": self.setting.name, "policy": self.policy, "churn": self.churn, "seed": self.seed,
+            "setting": self.setting.name, "policy": self.options.policy, "churn": self.options.churn, "seed": self.options.seed,
             "iterations": iterations,
             "time_per_microbatch_s": mean("time_per_microbatch_s"),
             "throughput_per_iteration": statistics.fmean([p["completed"] for p in per]) if per else 0.0,
