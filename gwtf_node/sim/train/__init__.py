@@ -197,7 +197,10 @@ import time
 from .driver import TrainSim
 from .options import TrainSimOptions
 from .joining import JOININGS
-from .events import LEADER_MSGS, PHASE_MSGS, TENSOR_MSGS, Event
+from .events import (
+    LEADER_MSGS, PHASE_MSGS, TENSOR_MSGS, ComputeDone, Crash, Deliver, EventQueue, FlowDeliver, FlowTimer, Gone, Halt,
+    JoinLookup, JoinTimer, LeaveWaited, MachineTimer, Reflow, Rejoin, SimEvent, StateArrives, StepRetry,
+)
 from .setting import (
     ACTIVATION_MB, ALLREDUCE_TIMEOUT_S, BACKWARD_S, DAEMON_DETECT_S, DATA_FINAL_S, DATA_FWD_S,
     DATA_LOSS_S, DATA_NODES, DETECT_S, FLOW_CONVERGE_S, FLOW_OPTIONS,

@@ -8,7 +8,7 @@ from ...protocol.effects import CancelTimer, Send, SetTimer
 from ...protocol.messages import BeginAggregation, IterationDone, PhaseAck
 from ...protocol.phases import LeftOut, OpenIteration, OutOfStep, Overdue, StartStep
 from ...protocol.recovery import IterationSettled
-from .events import Event
+from .events import MachineTimer
 
 
 class AggregationDriver:
@@ -68,7 +68,7 @@ class AggregationDriver:
             if t is Send:
                 self._send(nid, e)
             elif t is SetTimer or t is CancelTimer:
-                self._timer(self._tv, Event.TIMER, nid, e, "phase")
+                self._timer(self._tv, MachineTimer, nid, e, "phase")
             elif t is StartStep or t is LeftOut or t is OutOfStep:
                 rec = self.nodes[nid]
                 if e.iteration not in rec.begun:  # BEGIN reached this node: a relay drops what is left
@@ -117,7 +117,7 @@ class AggregationDriver:
             if t is Send:
                 self._send(nid, e)
             elif t is SetTimer or t is CancelTimer:
-                self._timer(self._tv, Event.TIMER, nid, e, "leader")
+                self._timer(self._tv, MachineTimer, nid, e, "leader")
             else:
                 raise TypeError(f"unknown effect {e!r} from {nid}'s election")
         lead = self.leaders[nid].leader(self.now)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .events import Event
+from .events import ComputeDone, StepRetry
 from .setting import ALLREDUCE_TIMEOUT_S, OPTIMIZER_STEP_S, gradient_mb
 
 
@@ -87,7 +87,7 @@ class AllReduceDriver:
             self._busy[j] = max(self._busy.get(j, 0.0), end)
             self._token += 1
             self._agg_pending[j] = (end, self._token, ("agg", rnd.iteration))
-            self._push(end, Event.DONE, j, ("aggregate", ("agg", rnd.iteration), end - start, start), self._token)
+            self._push(end, ComputeDone(j, "aggregate", ("agg", rnd.iteration), end - start, start, self._token))
 
     def _allreduce_crash(self, x: str) -> None:
         """`x` crashed: a round it had not done its part in is stuck (its members' steps wait for the report)."""
@@ -122,7 +122,7 @@ class AllReduceDriver:
         for key, rnd in sorted(self._rounds.items()):
             if rnd.stage == stage and rnd.iteration == it and nid in rnd.group and not rnd.finish and not rnd.stuck:
                 rnd.stuck = True
-                self._push(self.now + ALLREDUCE_TIMEOUT_S, Event.STEP_RETRY, "", key, None)
+                self._push(self.now + ALLREDUCE_TIMEOUT_S, StepRetry(key))
 
     def _allreduce_retry(self, key: tuple) -> None:
         rnd = self._rounds.pop(key, None)

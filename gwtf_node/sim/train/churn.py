@@ -1,7 +1,7 @@
 """Churn in virtual time: crashes, graceful leaves, relays joining a given stage, and the pause of an empty stage.
 
 Crashes (`_crash`): a relay's or a data node's machines stop; the
-membership layer reports it gone `detect_s` later (`Event.GONE`); with
+membership layer reports it gone `detect_s` later (`Gone`); with
 `rejoin` its machine comes back as a joiner (joining.py).  Churn spares the
 last live relay of a stage (`_spared`, `spare_last`).
 
@@ -16,7 +16,7 @@ calls of `TrainSim.run(..., until=...)` (tests drive the simulator with them):
   leaves it out of the aggregation groups; it finishes that iteration's
   aggregation (its CAN TAKE sent) or waits `leave_wait_s` at most (the
   daemon's LEAVE_WAIT_S; a test may set it on the simulator), then says
-  Goodbye: every node forgets it at once (`Event.GONE` now, no detection
+  Goodbye: every node forgets it at once (`Gone` now, no detection
   delay), nothing it computed is lost.
 * `join_relay(k, loc)`: a relay started with `--stage k` at location `loc`.
   With a live member in stage k it downloads the stage state from the
@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 from ...protocol.membership import JoinerConfig, JoinerMachine
 from ...protocol.messages import Assignment
-from .events import Event
+from .events import Gone, Halt, LeaveWaited, Rejoin
 from .setting import BACKWARD_S, FORWARD_S, MICROBATCHES, REJOIN_S, STAGE_STATE_MB
 
 LEAVE_WAIT_S = 10.0  # the daemon's (runtime/joining.py): a leaving relay's longest wait for its last aggregation
@@ -104,16 +104,16 @@ class ChurnDriver:
         stage = self.stage[nid]
         self._allreduce_crash(nid)  # its stage's round waits for the report if it had not done its part
         self._schedule_reflow()
-        self._push(self.now + self.options.detect_s, Event.GONE, nid, None, None)
+        self._push(self.now + self.options.detect_s, Gone(nid))
         if nid in self.data:
             self.data_crashed[nid] = self.nodes[nid].iteration
         elif self.options.rejoin and self.options.joining == "machines":
-            self._push(self.now + REJOIN_S, Event.JOIN, nid, None, None)
+            self._push(self.now + REJOIN_S, Rejoin(nid))
         elif self.options.rejoin:
             peers = self._peers(stage, nid)
             dl = STAGE_STATE_MB * 8.0 / min(self.net.link(p, nid)[1] for p in peers) if peers else 0.0
             self.pending_joins.append((self.now + REJOIN_S + dl, nid, stage, self.cap[nid]))
-            self._push(self.now + REJOIN_S + dl, Event.JOIN, nid, None, None)
+            self._push(self.now + REJOIN_S + dl, Rejoin(nid))
 
     # ---------------------------------------------------------------- the run's start and its stops (`run`)
     def _begin(self, until: float | None) -> int | None:
@@ -136,15 +136,8 @@ class ChurnDriver:
         if until is None:
             return None
         self._token += 1
-        self._push(until, Event.HALT, "", None, self._token)
+        self._push(until, Halt(self._token))
         return self._token
-
-    def _control(self, kind: Event, node: str, a, b, halt: int | None) -> bool:
-        """A HALT or LEAVE event: whether `run` stops here (its own halt)."""
-        if kind == Event.LEAVE:
-            self._leave_timeout(node, a)
-            return False
-        return halt is not None and b == halt
 
     # ---------------------------------------------------------------- hooks: a change at the current time
     def crash_relay(self, nid: str) -> None:
@@ -162,7 +155,7 @@ class ChurnDriver:
         t = self.phases[nid].applied  # the iteration in flight (or about to open): its last one
         self.leaving[nid] = t
         self.nodes[nid].leave_after(t)
-        self._push(self.now + self.leave_wait_s, Event.LEAVE, nid, t, None)
+        self._push(self.now + self.leave_wait_s, LeaveWaited(nid, t))
         self._maybe_goodbye(nid)
 
     def join_relay(self, stage: int, loc: str, cap: int = MICROBATCHES) -> str:
@@ -220,7 +213,7 @@ class ChurnDriver:
             self.trace.append(("left", self.now, nid))
         self._allreduce_crash(nid)
         self._schedule_reflow()
-        self._push(self.now, Event.GONE, nid, None, None)
+        self._push(self.now, Gone(nid))
 
     def _ready_for(self, nid: str, t: int) -> bool:
         """A relay counts for iteration `t`: not leaving before it (the daemon's `Peers.groups`)."""

@@ -15,11 +15,13 @@ from ...protocol.leader import LeaderConfig, LeaderMachine
 from ...protocol.phases import CanTakeRule, OpenIteration, Phases
 from ...protocol.recovery import Compute, IterationSettled, RecoveryConfig, RecoveryNode
 from ...protocol.recovery.priors import HOP_PRIOR_S, e2e_prior_s, hop_prior_s
-from ..engine import Simulator
 from .aggregation import AggregationDriver
 from .allreduce import AllReduceDriver
 from .churn import ChurnDriver
-from .events import LEADER_MSGS, PHASE_MSGS, TENSOR_MSGS, Event
+from .events import (
+    LEADER_MSGS, PHASE_MSGS, TENSOR_MSGS, ComputeDone, Crash, Deliver, EventQueue, FlowDeliver, FlowTimer, Gone,
+    Halt, JoinLookup, JoinTimer, LeaveWaited, MachineTimer, Reflow, Rejoin, SimEvent, StateArrives, StepRetry,
+)
 from .flows import FlowDriver
 from .joining import JOIN_MSGS, JoinDriver
 from .options import TrainSimOptions
@@ -75,7 +77,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         self.stage: dict[str, int] = {d: -1 for d in self.data}
         self.cap: dict[str, int] = {}
         self.dead: set[str] = set()
-        self.engine = Simulator(lambda a, b: None)  # the event queue and the clock (sim/engine.py)
+        self.queue = EventQueue()  # the events to come and the clock (events.py)
         self._tv: dict = {}
         self._busy: dict[str, float] = {}
         self._link_free: dict[tuple[str, str], float] = {}
@@ -120,7 +122,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
             self.leaders[d] = LeaderMachine(LeaderConfig(d, self.data), random.Random(f"{seed}:{d}:leader"))
             self._leader_seen[d] = None
         for t, nid in self.options.crash_plan:
-            self._push(t, Event.CRASH, nid, None, None)
+            self._push(t, Crash(nid))
 
     def machine_policy(self) -> str:
         """The RecoveryConfig policy of the machines (a subclass running its own machine may differ)."""
@@ -181,25 +183,25 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
                                   wait_bound_s=self.options.phase_wait_bound_s)
         return m
 
-    def _timer(self, versions: dict, kind: int, nid: str, e, component: str | None = None) -> None:
+    def _timer(self, versions: dict, event: type, nid: str, e, component: str | None = None) -> None:
         """SetTimer / CancelTimer of `nid` (of one of its machines, `component`): a new version of its key (a
-        pending firing of an older version is stale); SetTimer also schedules the firing."""
+        pending firing of an older version is stale); SetTimer also schedules the firing, an `event`."""
         key = e.key if component is None else (component, e.key)
         k = (nid, key)
         v = versions[k] = versions.get(k, 0) + 1
         if type(e) is SetTimer:
-            self._push(max(e.deadline, self.now), kind, nid, key, v)
+            self._push(max(e.deadline, self.now), event(nid, key, v))
 
     @property
     def now(self) -> float:
-        return self.engine.now
+        return self.queue.now
 
-    def _push(self, t: float, kind: Event, node: str, a, b) -> None:
-        self.engine.push(t, kind, node, a, b)
+    def _push(self, t: float, event: SimEvent) -> None:
+        self.queue.push(t, event)
 
     def crash_at(self, t: float, node: str) -> None:
         """Crash `node` at time `t` (tests and fault plans; `t` no earlier than `now`)."""
-        self._push(t, Event.CRASH, node, None, None)
+        self._push(t, Crash(node))
 
     def _it(self, it: int) -> IterStats:
         return self.iters.setdefault(it, IterStats())
@@ -228,7 +230,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
                 self.trace.append(("ctl", self.now, arrive, nid, e.to, type(m).__name__,
                                    (getattr(m, "data_node", None), getattr(m, "seq", None),
                                     getattr(m, "iteration", None)), getattr(m, "attempt", None)))
-        self._push(arrive, Event.MSG, e.to, nid, e.msg)
+        self._push(arrive, Deliver(e.to, nid, e.msg))
 
     def _apply(self, nid: str, effects: list) -> None:
         """The microbatch machine's effects."""
@@ -237,14 +239,14 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
             if t is Send:
                 self._send(nid, e)
             elif t is SetTimer or t is CancelTimer:
-                self._timer(self._tv, Event.TIMER, nid, e, "rec")
+                self._timer(self._tv, MachineTimer, nid, e, "rec")
             elif t is Compute:
                 dur = compute_s(self.stage[nid], e.kind)
                 start = max(self.now, self._busy.get(nid, 0.0))
                 end = start + dur
                 self._busy[nid] = end
                 self._token += 1
-                self._push(end, Event.DONE, nid, (e.kind, e.key, dur, start), self._token)
+                self._push(end, ComputeDone(nid, e.kind, e.key, dur, start, self._token))
             elif t is OpenIteration:
                 self._on_open(nid, e.iteration)
             elif t is IterationSettled:
@@ -286,7 +288,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         self._ready_joiners_at_open()
         if self.routing == "dtfm" and self.options.reflow:  # a static schedule: recomputed only when joiners came in
             if ready:
-                self._push(self.now + self._settle_s(), Event.REFLOW, "", None, None)
+                self._push(self.now + self._settle_s(), Reflow())
         elif self.options.policy == "gwtf" and self.options.reflow:
             # joiners ran the flow machines since their download finished: settled FLOW_CONVERGE_S after that
             settle = max((t for t, *_ in ready), default=-math.inf) + self._settle_s()
@@ -295,13 +297,13 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
             else:
                 if self._lent:  # every data node has microbatches again: the flows shared by all of them
                     self._install(self._flow_members, self._live_data())
-                self._push(settle, Event.REFLOW, "", self._live_members(), None)
+                self._push(settle, Reflow(self._live_members()))
         if self.options.churn > 0:
             for r in sorted(self.stage):
                 if r in self.data or r in self.dead:
                     continue
                 if self.crash_rng.random() < self.options.churn:
-                    self._push(self.now + self.crash_rng.random() * self.last_iter_s, Event.CRASH, r, "churn", None)
+                    self._push(self.now + self.crash_rng.random() * self.last_iter_s, Crash(r, churn=True))
 
     def _live_data(self) -> tuple[str, ...]:
         return tuple(d for d in self.data if d not in self.dead)
@@ -317,7 +319,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
             self.pending_joins.remove(j)
             self._join(old, j[2], j[3])
             if self.options.policy == "gwtf" and self.options.reflow:
-                self._push(self.now + self._settle_s(), Event.REFLOW, "", self._live_members(), None)
+                self._push(self.now + self._settle_s(), Reflow(self._live_members()))
 
     def _join(self, old: str, stage: int, cap: int) -> None:
         """`joining="restart"`: the relay is back in its stage (a new id)."""
@@ -358,112 +360,123 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         at that virtual time at the latest (a later call goes on from there)."""
         halt = self._begin(until)  # (churn.py)
         limit = MAX_SIM_S_PER_ITERATION * (iterations + 1)
-        while True:
-            if all(self.nodes[d].iteration >= iterations for d in self._live_data()):
+        handlers = {  # event type -> its handler; a handler that returns True ends the run
+            Deliver: self._on_deliver, MachineTimer: self._on_machine_timer, ComputeDone: self._on_compute_done,
+            FlowDeliver: self._on_flow_event, FlowTimer: self._on_flow_event,
+            Crash: self._on_crash, Gone: lambda ev: self._on_gone(ev.node),
+            Reflow: lambda ev: self._on_reflow(ev.members), Rejoin: self._on_rejoin,
+            JoinLookup: lambda ev: self._lookup_leader(ev.node), JoinTimer: self._on_join_timer,
+            StateArrives: lambda ev: self._state_arrived(ev.node, ev.source, ev.steps),
+            StepRetry: lambda ev: self._allreduce_retry(ev.key),
+            LeaveWaited: lambda ev: self._leave_timeout(ev.node, ev.iteration),
+            Halt: lambda ev: halt is not None and ev.token == halt,
+        }
+        while not all(self.nodes[d].iteration >= iterations for d in self._live_data()):
+            event = self.queue.pop(limit)
+            if event is None or handlers[type(event)](event):
                 break
-            event = self.engine.next_event(limit)
-            if event is None:
-                break
-            t, kind, node, a, b = event
-            if kind == Event.HALT or kind == Event.LEAVE:
-                if self._control(kind, node, a, b, halt):
-                    break
-                continue
-            if kind == Event.CRASH:
-                if a == "churn" and self._spared(node):
-                    continue
-                self._crash(node)
-                continue
-            if kind == Event.REFLOW:
-                self._on_reflow(a)
-                continue
-            if kind == Event.JOIN:
-                if self.options.joining == "machines":  # the crashed relay's machine is back: it asks the leader
-                    self._restart_as_joiner(node)
-                else:  # a joiner's download finished: it serves the iteration in training now
-                    self._join_now(node)
-                continue
-            if kind == Event.JOIN_LOOKUP:
-                self._lookup_leader(node)
-                continue
-            if kind == Event.JOIN_TIMER:
-                if self._tv.get((node, a)) == b:
-                    self._join_timer(node, a)
-                continue
-            if kind == Event.STATE:
-                self._state_arrived(node, b, a)
-                continue
-            if kind == Event.STEP_RETRY:
-                self._allreduce_retry(a)
-                continue
-            if kind == Event.MSG and type(b) in JOIN_MSGS:
-                self._join_message(node, a, b)
-                continue
-            if kind == Event.FLOW_MSG or kind == Event.FLOW_TIMER:
-                if node in self.dead:
-                    continue
-                fm = self.fnodes[node]
-                cpu0 = time.process_time()
-                if kind == Event.FLOW_MSG:
-                    eff = fm.on_message(t, a, b)
-                elif self._ftv.get((node, a)) == b:
-                    eff = fm.on_timer(t, a)
-                else:
-                    continue
-                self.flow_cpu_s += time.process_time() - cpu0  # a metric only: it decides nothing
-                self._apply_flow(node, eff)
-                self._sync_flows(node)
-                continue
-            if kind == Event.GONE:
-                self._on_gone(node)
-                continue
-            if node in self.dead:  # (a computation cut short by the crash is not counted)
-                continue
-            m = self.nodes[node]
-            self.events += 1
-            if kind == Event.MSG:
-                if self.observer is not None:
-                    self.observer(node, "msg", (a, b))
-                mt = type(b)
-                if mt in PHASE_MSGS:
-                    self._phase_message(node, a, b)
-                elif mt in LEADER_MSGS:
-                    if node in self.leaders:
-                        self._leader_event(node, self.leaders[node].on_message(t, a, b))
-                else:
-                    self._unpresume(node)
-                    self._apply(node, m.on_message(t, a, b))
-            elif kind == Event.TIMER:
-                if self._tv.get((node, a)) != b:
-                    continue
-                component, key = a
-                if component == "rec":
-                    self._unpresume(node)
-                    self._apply(node, m.on_timer(t, key))
-                elif component == "phase":
-                    self._apply_phase(node, self.phases[node].on_timer(t, key))
-                else:
-                    self._leader_event(node, self.leaders[node].on_timer(t, key))
-            else:
-                ckind, key, dur, start = a
-                if ckind == "aggregate":
-                    if not self._round_done(node, b):
-                        continue
-                else:
-                    self._it(key[2]).compute_s += dur
-                if self.trace is not None:
-                    self._trace_compute(node, m, ckind, key, dur, start)
-                if ckind == "aggregate":
-                    self._step_done(node, key[1])
-                else:
-                    self._unpresume(node)
-                    self._apply(node, m.on_compute_done(t, key, ckind))
-                if self.observer is not None:
-                    self.observer(node, "done", (key, ckind))
-            if node in self.data and (node, m.iteration) not in self._done_at and m.iteration in m.reported:
-                self._done_at[(node, m.iteration)] = t  # its microbatches of the iteration are all settled
-                if len(self._active()) > 0:
-                    self._schedule_reflow(done=True)
+
+    def _on_crash(self, ev: Crash) -> None:
+        if ev.churn and self._spared(ev.node):
+            return
+        self._crash(ev.node)
+
+    def _on_rejoin(self, ev: Rejoin) -> None:
+        if self.options.joining == "machines":  # the crashed relay's machine is back: it asks the leader
+            self._restart_as_joiner(ev.node)
+        else:  # a joiner's download finished: it serves the iteration in training now
+            self._join_now(ev.node)
+
+    def _on_join_timer(self, ev: JoinTimer) -> None:
+        if self._tv.get((ev.node, ev.key)) == ev.version:
+            self._join_timer(ev.node, ev.key)
+
+    def _on_flow_event(self, ev: FlowDeliver | FlowTimer) -> None:
+        node = ev.node
+        if node in self.dead:
+            return
+        fm = self.fnodes[node]
+        cpu0 = time.process_time()
+        if type(ev) is FlowDeliver:
+            eff = fm.on_message(self.now, ev.sender, ev.msg)
+        elif self._ftv.get((node, ev.key)) == ev.version:
+            eff = fm.on_timer(self.now, ev.key)
+        else:
+            return
+        self.flow_cpu_s += time.process_time() - cpu0  # a metric only: it decides nothing
+        self._apply_flow(node, eff)
+        self._sync_flows(node)
+
+    def _on_deliver(self, ev: Deliver) -> None:
+        """A message to `node`: to its joining, aggregation phase, election or microbatch machine."""
+        node, sender, msg = ev.node, ev.sender, ev.msg
+        mt = type(msg)
+        if mt in JOIN_MSGS:
+            self._join_message(node, sender, msg)
+            return
+        if node in self.dead:
+            return
+        m = self.nodes[node]
+        self.events += 1
+        if self.observer is not None:
+            self.observer(node, "msg", (sender, msg))
+        if mt in PHASE_MSGS:
+            self._phase_message(node, sender, msg)
+        elif mt in LEADER_MSGS:
+            if node in self.leaders:
+                self._leader_event(node, self.leaders[node].on_message(self.now, sender, msg))
+        else:
+            self._unpresume(node)
+            self._apply(node, m.on_message(self.now, sender, msg))
+        self._after_node_event(node, m)
+
+    def _on_machine_timer(self, ev: MachineTimer) -> None:
+        node = ev.node
+        if node in self.dead:
+            return
+        m = self.nodes[node]
+        self.events += 1
+        if self._tv.get((node, ev.key)) != ev.version:
+            return
+        component, key = ev.key
+        if component == "rec":
+            self._unpresume(node)
+            self._apply(node, m.on_timer(self.now, key))
+        elif component == "phase":
+            self._apply_phase(node, self.phases[node].on_timer(self.now, key))
+        else:
+            self._leader_event(node, self.leaders[node].on_timer(self.now, key))
+        self._after_node_event(node, m)
+
+    def _on_compute_done(self, ev: ComputeDone) -> None:
+        node = ev.node
+        if node in self.dead:  # (a computation cut short by the crash is not counted)
+            return
+        m = self.nodes[node]
+        self.events += 1
+        if ev.kind == "aggregate":
+            if not self._round_done(node, ev.token):
+                return
+        else:
+            self._it(ev.key[2]).compute_s += ev.seconds
+        if self.trace is not None:
+            self._trace_compute(node, m, ev.kind, ev.key, ev.seconds, ev.start)
+        if ev.kind == "aggregate":
+            self._step_done(node, ev.key[1])
+        else:
+            self._unpresume(node)
+            self._apply(node, m.on_compute_done(self.now, ev.key, ev.kind))
+        if self.observer is not None:
+            self.observer(node, "done", (ev.key, ev.kind))
+        self._after_node_event(node, m)
+
+    def _after_node_event(self, node: str, m) -> None:
+        """A data node whose microbatches of its iteration are all settled: the time is noted, and the flows
+        of the data nodes still at work may be recomputed."""
+        if node in self.data and (node, m.iteration) not in self._done_at and m.iteration in m.reported:
+            self._done_at[(node, m.iteration)] = self.now
+            if len(self._active()) > 0:
+                self._schedule_reflow(done=True)
 
     def _on_gone(self, gone: str) -> None:
         """The membership layer tells every live node that `gone` is gone.  The aggregation phase always

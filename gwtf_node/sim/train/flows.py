@@ -8,7 +8,7 @@ import random
 
 from ...protocol.effects import CancelTimer, Send, SetTimer
 from ...protocol.flow import FlowConfig, FlowNode, flows_formed
-from .events import Event
+from .events import FlowDeliver, FlowTimer, Reflow
 from .setting import (
     FLOW_CONVERGE_S, MICROBATCHES, Setting,
     initial_flows,
@@ -48,9 +48,9 @@ class FlowDriver:
             t = type(e)
             if t is Send:
                 self.flow_messages += 1
-                self._push(self.now + self.net.link(nid, e.to)[0] / 1000.0, Event.FLOW_MSG, e.to, nid, e.msg)
+                self._push(self.now + self.net.link(nid, e.to)[0] / 1000.0, FlowDeliver(e.to, nid, e.msg))
             elif t is SetTimer or t is CancelTimer:
-                self._timer(self._ftv, Event.FLOW_TIMER, nid, e)
+                self._timer(self._ftv, FlowTimer, nid, e)
             else:
                 raise TypeError(f"unknown flow effect {e!r} from {nid}")
 
@@ -122,9 +122,9 @@ class FlowDriver:
             return
         if self.routing == "dtfm":
             if not done:
-                self._push(self.now + self.options.detect_s + self._settle_s(), Event.REFLOW, "", None, None)
+                self._push(self.now + self.options.detect_s + self._settle_s(), Reflow())
             return
-        self._push(self.now + FLOW_CONVERGE_S, Event.REFLOW, "", self._live_members(), None)
+        self._push(self.now + FLOW_CONVERGE_S, Reflow(self._live_members()))
 
     def _active(self) -> tuple[str, ...]:
         """Data nodes with microbatches of their current iteration left (or already in the next one)."""

@@ -57,7 +57,7 @@ from ...protocol.membership import (
     INITIAL, JoinerConfig, JoinerMachine, MembershipConfig, MembershipMachine, link_report,
 )
 from ...protocol.messages import Assignment, JoinRequest, StageStateRequest, UtilizationQuery, UtilizationReport
-from .events import Event
+from .events import JoinLookup, JoinTimer, Reflow, StateArrives
 from .setting import STAGE_STATE_MB
 
 JOIN_MSGS = (JoinRequest, UtilizationQuery, UtilizationReport, Assignment, StageStateRequest)
@@ -121,7 +121,7 @@ class JoinDriver:
         lead = self._dht_leader if self._dht_leader not in self.reported_gone else None
         if lead is not None and lead != jm.leader:
             self._apply_join(nid, "joiner", jm.set_leader(self.now, lead))
-        self._push(self.now + LEADER_LOOKUP_S, Event.JOIN_LOOKUP, nid, None, None)
+        self._push(self.now + LEADER_LOOKUP_S, JoinLookup(nid))
 
     def _apply_join(self, nid: str, component: str, effects: list) -> None:
         """A joiner's or a leader's membership machine's effects: control messages and timers."""
@@ -132,7 +132,7 @@ class JoinDriver:
                     continue  # (sent by `_take_assignment`, as the daemon's `_fetch_state`)
                 self._send(nid, e)
             elif t is SetTimer or t is CancelTimer:
-                self._timer(self._tv, Event.JOIN_TIMER, nid, e, component)
+                self._timer(self._tv, JoinTimer, nid, e, component)
             else:
                 raise TypeError(f"unknown effect {e!r} from {nid}'s {component} machine")
 
@@ -223,7 +223,7 @@ class JoinDriver:
             start = max(self.now, self._link_free.get(link, 0.0))
             self._link_free[link] = start + dur - self.net.link(src, to)[0] / 1000.0
             arrive = start + dur + self._hash_checks_s(to, src, self.stage[src])
-            self._push(arrive, Event.STATE, to, steps, src)
+            self._push(arrive, StateArrives(to, steps, src))
         self._state_waits[src] = keep
 
     def _hash_checks_s(self, nid: str, src: str, stage: int) -> float:
@@ -276,7 +276,7 @@ class JoinDriver:
             if d not in self.dead:
                 pm.add_member(nid, stage)
         if self.options.policy == "gwtf" and self.options.reflow:  # oracle routing: the optimum with the joiner, once settled
-            self._push(self.now + self._settle_s(), Event.REFLOW, "", self._live_members(), None)
+            self._push(self.now + self._settle_s(), Reflow(self._live_members()))
 
     def _ready_joiners_at_open(self) -> None:
         ready, self._ready_at_open = self._ready_at_open, []
