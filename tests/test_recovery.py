@@ -46,7 +46,7 @@ def check_ledger(sim: T.TrainSim, rep: dict) -> None:
     assert rep["unfinished_iterations"] == 0
     assert rep["lost_microbatches"] == 0
     for d in T.DATA_NODES:
-        led = sim.nodes[d].ledger
+        led = sim.nodes[d].rec.ledger
         done = led.completed_everywhere()
         assert len(done) == len(set(done)), "a microbatch was trained twice"
         added: dict[int, int] = {}
@@ -151,7 +151,7 @@ def check_exactly_once(sim: T.TrainSim, iters: int) -> None:
     """Every ledger entry of a closed iteration is COMPLETED or DEFERRED; a deferred seq comes back in the
     next iteration; every seq is completed at most once; no microbatch record is left at its data node."""
     for d in T.DATA_NODES:
-        led = sim.nodes[d].ledger
+        led = sim.nodes[d].rec.ledger
         done = led.completed_everywhere()
         assert len(done) == len(set(done)), "a microbatch was trained twice"
         for it in range(iters):
@@ -160,7 +160,7 @@ def check_exactly_once(sim: T.TrainSim, iters: int) -> None:
                 assert status in (MbStatus.COMPLETED, MbStatus.DEFERRED), (d, it, seq, status)
                 if status is MbStatus.DEFERRED:
                     assert seq in led.entries.get(it + 1, {}), "a deferred microbatch was not pushed again"
-        assert not [k for k in sim.nodes[d].mbs if k[2] < iters], "a closed iteration left a record in flight"
+        assert not [k for k in sim.nodes[d].rec.mbs if k[2] < iters], "a closed iteration left a record in flight"
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -235,10 +235,10 @@ def test_leader_data_node_crash(policy: str, moment: str) -> None:
     rest = [d for d in sim.data if d != leader["id"]]
     assert any(sim._leading(d) for d in rest)
     for d in rest:
-        assert sim.nodes[d].iteration >= iters
+        assert sim.nodes[d].rec.iteration >= iters
         for it in range(iters):
-            c = sim.nodes[d].ledger.counts(it)
+            c = sim.nodes[d].rec.ledger.counts(it)
             assert c["pending"] == c["inflight"] == 0, (it, c)
-    for nid, m in sim.nodes.items():  # nobody still holds a microbatch of the dead data node
+    for nid, n in sim.nodes.items():  # nobody still holds a microbatch of the dead data node
         if nid not in sim.dead and relay(nid):
-            assert not [k for k in m.mbs if k[0] == leader["id"]], nid
+            assert not [k for k in n.rec.mbs if k[0] == leader["id"]], nid

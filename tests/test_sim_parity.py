@@ -24,11 +24,11 @@ def test_the_simulators_machines_start_from_the_daemons_priors(priors: str) -> N
     s = T.make_setting("table2-homogeneous", 0)
     sim = T.TrainSim(s, T.TrainSimOptions(policy="gwtf", churn=0.0, seed=0, priors=priors))
     relay, nxt = "s1r0", "s2r0"
-    rec = sim.nodes[relay]
+    rec = sim.nodes[relay].rec
     links = hop_prior_s(sim._flow_cost(relay, nxt))
     if priors == "links":
         assert rec.est[nxt] == links
-        d = sim.nodes["d0"]
+        d = sim.nodes["d0"].rec
         assert d.e2e_est == e2e_prior_s(len(T.STAGE_SIZES), [sim._flow_cost("d0", j) for j in d.next_peers])
     else:
         assert rec.est[nxt] != links
@@ -50,12 +50,12 @@ def test_a_crashed_relay_rejoins_through_the_leaders_placement_at_the_bottleneck
     joiners = sorted(n for n in sim.nodes if "~" in n)
     assert len(joiners) == 2 and all(sim.stage[j] == 2 for j in joiners)
     msgs = [(e[5], e[3], e[4]) for e in sim.trace if e[0] == "ctl"]
-    leader = next(d for d in T.DATA_NODES if sim.leaders[d].is_leader(sim.now))
+    leader = next(d for d in T.DATA_NODES if sim.nodes[d].leader.is_leader(sim.now))
     for j in joiners:
         assert ("JoinRequest", j, leader) in msgs
         assert ("Assignment", leader, j) in msgs
         assert ("StageStateRequest", j, "s2r2") in msgs  # the only member left is the source
-        assert sim.phases[j].applied >= 1  # the state after a step, never the one in flight
+        assert sim.nodes[j].phases.applied >= 1  # the state after a step, never the one in flight
     assert ("UtilizationReport", "s2r2", leader) in msgs
 
 

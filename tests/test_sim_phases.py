@@ -22,13 +22,13 @@ def check_ledgers(sim: T.TrainSim, rep: dict, survivors) -> None:
     assert rep["unfinished_iterations"] == 0, rep
     assert rep["lost_microbatches"] == 0, rep
     for d in survivors:
-        led = sim.nodes[d].ledger
+        led = sim.nodes[d].rec.ledger
         done = led.completed_everywhere()
         assert len(done) == len(set(done)), "a microbatch was trained twice"
         for it in range(ITERS):
             for seq, st in led.entries[it].items():
                 assert st in (MbStatus.COMPLETED, MbStatus.DEFERRED), (d, it, seq, st)
-        assert sim.nodes[d].iteration >= ITERS
+        assert sim.nodes[d].rec.iteration >= ITERS
 
 
 def leader_of(sim: T.TrainSim) -> str:

@@ -177,7 +177,7 @@ def test_gwtf_routes_on_the_flow_machines_flows() -> None:
     assert rep["lost_microbatches"] == 0 and rep["unfinished_iterations"] == 0
     assert sim.machines and sim.reflows == 0 and sim.flow_messages > 0
     for nid, fm in sim.fnodes.items():
-        assert {d: o for d, o in sim.nodes[nid].out.items() if o} == {d: o for d, o in fm.out.items() if o}, nid
+        assert {d: o for d, o in sim.nodes[nid].rec.out.items() if o} == {d: o for d, o in fm.out.items() if o}, nid
     placed = {d: sum(sim.fnodes[d].out[d].values()) for d in T.DATA_NODES}
     assert all(placed.values()) and sum(placed.values()) == 3  # this setting's maximum flow (as the LP finds it)
     first = {d: next(e for e in sim.iters[0].opened.items() if e[0] == d)[1] for d in T.DATA_NODES}
@@ -202,7 +202,7 @@ def test_the_flow_machines_rebuild_the_flows_through_a_crashed_relay() -> None:
             continue
         assert victim not in fm.cfg.next_costs and victim not in fm.cfg.prev_costs and victim not in fm.cfg.peers
         assert all(victim not in o for o in fm.out.values()), nid
-        assert all(victim not in o for o in sim.nodes[nid].out.values()), nid
+        assert all(victim not in o for o in sim.nodes[nid].rec.out.values()), nid
     joiner = next(n for n in sim.fnodes if n.startswith(victim + "~"))  # (placed by the leader: maybe elsewhere)
     k = sim.stage[joiner]
     before = [n for n in sim.fnodes if n not in sim.dead and sim.stage[n] == (k - 1 if k > 0 else -1)]

@@ -56,7 +56,7 @@ def test_the_ledger_loses_nothing_and_counts_nothing_twice_under_crashes(plan, r
                                               f"TrainSimOptions(policy='taskpool', seed={seed}, crash_plan={plan!r}, " \
                                               f"rejoin={rejoin}))"
     for it in range(3):  # every microbatch of an iteration is completed or deferred, each exactly once
-        counts = [sim.nodes[d].ledger.counts(it) for d in s.data]
+        counts = [sim.nodes[d].rec.ledger.counts(it) for d in s.data]
         assert sum(c["completed"] + c["deferred"] for c in counts) == sum(sum(c.values()) for c in counts)
 
 

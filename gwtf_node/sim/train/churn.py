@@ -96,7 +96,7 @@ class ChurnDriver:
         self.crashes.append((self.now, nid))
         if self.trace is not None:
             self.trace.append(("crash", self.now, nid))
-        m = self.nodes[nid]
+        m = self.nodes[nid].rec
         for it, keys in m.contrib.items():  # gradients held here die with the node
             st = self._it(it)
             st.lost_contrib += len(keys)
@@ -106,7 +106,7 @@ class ChurnDriver:
         self._schedule_reflow()
         self._push(self.now + self.options.detect_s, Gone(nid))
         if nid in self.data:
-            self.data_crashed[nid] = self.nodes[nid].iteration
+            self.data_crashed[nid] = self.nodes[nid].rec.iteration
         elif self.options.rejoin and self.options.joining == "machines":
             self._push(self.now + REJOIN_S, Rejoin(nid))
         elif self.options.rejoin:
@@ -127,12 +127,12 @@ class ChurnDriver:
                 for nid in sorted(self.nodes):
                     if nid not in self.data:
                         self._started.add(nid)
-                        self._apply(nid, self.nodes[nid].start(self.now))
+                        self._apply(nid, self.nodes[nid].rec.start(self.now))
             else:
                 for nid in sorted(self.nodes):
-                    self._apply(nid, self.nodes[nid].start(self.now))
+                    self._apply(nid, self.nodes[nid].rec.start(self.now))
             for d in self.data:
-                self._leader_event(d, self.leaders[d].start(self.now))
+                self._leader_event(d, self.nodes[d].leader.start(self.now))
         if until is None:
             return None
         self._token += 1
@@ -148,13 +148,13 @@ class ChurnDriver:
 
     def leave_relay(self, nid: str) -> None:
         """`nid` announces its graceful leave now (module docstring)."""
-        if nid in self.data or nid not in self.phases:
+        if nid in self.data or nid not in self.nodes:
             raise ValueError(f"{nid} is not a relay of the run")
         if nid in self.dead or nid in self.leaving:
             return
-        t = self.phases[nid].applied  # the iteration in flight (or about to open): its last one
+        t = self.nodes[nid].phases.applied  # the iteration in flight (or about to open): its last one
         self.leaving[nid] = t
-        self.nodes[nid].leave_after(t)
+        self.nodes[nid].rec.leave_after(t)
         self._push(self.now + self.leave_wait_s, LeaveWaited(nid, t))
         self._maybe_goodbye(nid)
 
@@ -195,7 +195,7 @@ class ChurnDriver:
         t = self.leaving.get(nid)
         if t is None or nid in self.dead:
             return
-        ph = self.phases[nid]
+        ph = self.nodes[nid].phases
         if max(ph.can_take_sent, default=-1) >= t or not self._live_data():
             self._goodbye(nid)
 
@@ -234,7 +234,7 @@ class ChurnDriver:
                 old = self.paused.get(nid)
                 self.paused[nid] = Pause(t, tuple(empty), old.since if old is not None else self.now)
                 return
-        self._apply(nid, self.nodes[nid].open_iteration(self.now, t))
+        self._apply(nid, self.nodes[nid].rec.open_iteration(self.now, t))
 
     def _recheck_paused(self) -> None:
         """A relay came in: every paused data node whose stages are all served now opens its iteration."""
@@ -247,4 +247,4 @@ class ChurnDriver:
             elif not self.empty_stages(p.iteration):
                 del self.paused[nid]
                 self.pauses.append((nid, p.iteration, p.since, self.now))
-                self._apply(nid, self.nodes[nid].open_iteration(self.now, p.iteration))
+                self._apply(nid, self.nodes[nid].rec.open_iteration(self.now, p.iteration))

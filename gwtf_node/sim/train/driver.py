@@ -24,6 +24,7 @@ from .events import (
 )
 from .flows import FlowDriver
 from .joining import JOIN_MSGS, JoinDriver
+from .node import SimNode
 from .options import TrainSimOptions
 from .report import IterStats, Reporting
 from .setting import (
@@ -62,10 +63,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         self.rng = random.Random(f"train:{seed}:{policy}:{o.churn}")
         self.crash_rng = random.Random(f"churn:{seed}:{o.churn}")  # same crash draws for both policies
         self.net = setting.net
-        self.nodes: dict[str, RecoveryNode] = {}  # every node's microbatch machine
-        self.phases: dict[str, Phases] = {}  # every node's aggregation phase
-        self.leaders: dict[str, LeaderMachine] = {}  # every data node's election
-        self._leader_seen: dict[str, str | None] = {}  # data node -> the leader its Phases was last told of
+        self.nodes: dict[str, SimNode] = {}  # every node, with its machines (node.py)
         self.reported_gone: set[str] = set()  # nodes the membership layer reported gone (everyone learns at once)
         self.crashed_at: dict[str, float] = {}
         self._init_churn()  # churn.py: leaves, the pause of an empty stage
@@ -79,7 +77,6 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         self.dead: set[str] = set()
         self.queue = EventQueue()  # the events to come and the clock (events.py)
         self._tv: dict = {}
-        self._busy: dict[str, float] = {}
         self._link_free: dict[tuple[str, str], float] = {}
         self._agg_pending: dict[str, tuple[float, int, tuple]] = {}
         self._token = 0
@@ -119,8 +116,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         for nid in list(self.data) + list(setting.relays):
             self._make(nid, self.stage[nid], self.cap.get(nid, MICROBATCHES))
         for d in self.data:
-            self.leaders[d] = LeaderMachine(LeaderConfig(d, self.data), random.Random(f"{seed}:{d}:leader"))
-            self._leader_seen[d] = None
+            self.nodes[d].leader = LeaderMachine(LeaderConfig(d, self.data), random.Random(f"{seed}:{d}:leader"))
         for t, nid in self.options.crash_plan:
             self._push(t, Crash(nid))
 
@@ -177,10 +173,9 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
                          first_seq=(self.data.index(nid) * 10**6 if nid in self.data else 0))
         if self.options.policy == "gwtf" and nid in self.flows:
             m.set_flows(self.flows[nid])
-        self.nodes[nid] = m
-        self.phases[nid] = Phases(nid, stage, S - 1, applied=self._iteration_now() if applied is None else applied,
-                                  can_take=CanTakeRule(self.options.can_take),
-                                  wait_bound_s=self.options.phase_wait_bound_s)
+        phases = Phases(nid, stage, S - 1, applied=self._iteration_now() if applied is None else applied,
+                        can_take=CanTakeRule(self.options.can_take), wait_bound_s=self.options.phase_wait_bound_s)
+        self.nodes[nid] = SimNode(nid, m, phases)
         return m
 
     def _timer(self, versions: dict, event: type, nid: str, e, component: str | None = None) -> None:
@@ -242,9 +237,9 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
                 self._timer(self._tv, MachineTimer, nid, e, "rec")
             elif t is Compute:
                 dur = compute_s(self.stage[nid], e.kind)
-                start = max(self.now, self._busy.get(nid, 0.0))
+                start = max(self.now, self.nodes[nid].busy_until)
                 end = start + dur
-                self._busy[nid] = end
+                self.nodes[nid].busy_until = end
                 self._token += 1
                 self._push(end, ComputeDone(nid, e.kind, e.key, dur, start, self._token))
             elif t is OpenIteration:
@@ -257,7 +252,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
     def _unpresume(self, nid: str) -> None:
         """The daemon's liveness check: a peer the machine presumed dead that is still heard (alive, or
         crashed less than SILENCE_S ago) is alive again for it."""
-        rec = self.nodes[nid]
+        rec = self.nodes[nid].rec
         if not self.options.unpresume or not rec.dead:
             return
         for p in sorted(rec.dead - rec.gone):
@@ -341,14 +336,14 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         prv = list(self._live_data()) if stage == 0 else self._peers(stage - 1, nid)
         nxt = list(self._live_data()) if stage == S - 1 else self._peers(stage + 1, nid)
         for p in prv:  # (discovery: the joiner is a next-stage peer of these, as the daemon's `_sync_rec`)
-            rec = self.nodes[p]
+            rec = self.nodes[p].rec
             self._unpresume(p)
             self._apply(p, rec.set_neighbours(self.now, {**rec.next_peers, nid: cost(p, nid)}, rec.prev_peers,
                                               {nid: cap}, self._prior(p, nid, False)))
         for p in nxt:
             if p in self.data and stage != S - 1:
                 continue
-            rec = self.nodes[p]
+            rec = self.nodes[p].rec
             self._unpresume(p)
             self._apply(p, rec.set_neighbours(self.now, rec.next_peers, {**rec.prev_peers, nid: cost(p, nid)},
                                               {}, {nid: self._prior(p, nid, True)}))
@@ -371,7 +366,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
             LeaveWaited: lambda ev: self._leave_timeout(ev.node, ev.iteration),
             Halt: lambda ev: halt is not None and ev.token == halt,
         }
-        while not all(self.nodes[d].iteration >= iterations for d in self._live_data()):
+        while not all(self.nodes[d].rec.iteration >= iterations for d in self._live_data()):
             event = self.queue.pop(limit)
             if event is None or handlers[type(event)](event):
                 break
@@ -416,15 +411,15 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
             return
         if node in self.dead:
             return
-        m = self.nodes[node]
+        m = self.nodes[node].rec
         self.events += 1
         if self.observer is not None:
             self.observer(node, "msg", (sender, msg))
         if mt in PHASE_MSGS:
             self._phase_message(node, sender, msg)
         elif mt in LEADER_MSGS:
-            if node in self.leaders:
-                self._leader_event(node, self.leaders[node].on_message(self.now, sender, msg))
+            if self.nodes[node].leader is not None:
+                self._leader_event(node, self.nodes[node].leader.on_message(self.now, sender, msg))
         else:
             self._unpresume(node)
             self._apply(node, m.on_message(self.now, sender, msg))
@@ -434,7 +429,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         node = ev.node
         if node in self.dead:
             return
-        m = self.nodes[node]
+        m = self.nodes[node].rec
         self.events += 1
         if self._tv.get((node, ev.key)) != ev.version:
             return
@@ -443,16 +438,16 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
             self._unpresume(node)
             self._apply(node, m.on_timer(self.now, key))
         elif component == "phase":
-            self._apply_phase(node, self.phases[node].on_timer(self.now, key))
+            self._apply_phase(node, self.nodes[node].phases.on_timer(self.now, key))
         else:
-            self._leader_event(node, self.leaders[node].on_timer(self.now, key))
+            self._leader_event(node, self.nodes[node].leader.on_timer(self.now, key))
         self._after_node_event(node, m)
 
     def _on_compute_done(self, ev: ComputeDone) -> None:
         node = ev.node
         if node in self.dead:  # (a computation cut short by the crash is not counted)
             return
-        m = self.nodes[node]
+        m = self.nodes[node].rec
         self.events += 1
         if ev.kind == "aggregate":
             if not self._round_done(node, ev.token):
@@ -491,11 +486,11 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
             if nid in self.dead or nid == gone:
                 continue
             nxt, prv = self._next_prev(nid)
-            self._apply_phase(nid, self.phases[nid].forget(self.now, gone, nxt, prv))
+            self._apply_phase(nid, self.nodes[nid].phases.forget(self.now, gone, nxt, prv))
             if self.options.detect:
-                self._apply(nid, self.nodes[nid].peer_gone(self.now, gone))
+                self._apply(nid, self.nodes[nid].rec.peer_gone(self.now, gone))
                 if nid in self.data:  # as the daemon: with its first stage empty, what needs it is given up
-                    self._apply(nid, self.nodes[nid].give_up_stranded(self.now))
+                    self._apply(nid, self.nodes[nid].rec.give_up_stranded(self.now))
         for d in self._live_data():
             if self._leading(d):
                 self._apply_phase(d, self._maybe_begin(d))

@@ -63,17 +63,17 @@ class FlowDriver:
             self._fstamp[nid] = fm.stats.last_change
         if nid in self._started:
             if changed:
-                self._apply(nid, self.nodes[nid].set_flows(fm.out, now=self.now))
+                self._apply(nid, self.nodes[nid].rec.set_flows(fm.out, now=self.now))
             return
         placed = sum(fm.out.get(nid, {}).values())
         quiet = self.now - fm.stats.last_change
         if flows_formed(placed, fm.cfg.capacity, quiet, self.now):
             self._started.add(nid)
-            self.nodes[nid].set_flows(fm.out)
+            self.nodes[nid].rec.set_flows(fm.out)
             if nid in self.data and self.options.pause_empty:  # iteration 0 too waits for every stage (churn.py)
                 self._open_or_pause(nid, 0)
             else:
-                self._apply(nid, self.nodes[nid].start(self.now))
+                self._apply(nid, self.nodes[nid].rec.start(self.now))
 
     def _flow_gone(self, gone: str) -> None:
         """The membership layer reports `gone`: every live flow machine linked to it removes it (the daemon's
@@ -128,16 +128,16 @@ class FlowDriver:
 
     def _active(self) -> tuple[str, ...]:
         """Data nodes with microbatches of their current iteration left (or already in the next one)."""
-        top = max(self.nodes[d].iteration for d in self._live_data())
+        top = max(self.nodes[d].rec.iteration for d in self._live_data())
         return tuple(d for d in self._live_data()
-                     if self.nodes[d].iteration < top or self.nodes[d].iteration not in self.nodes[d].reported)
+                     if self.nodes[d].rec.iteration < top or self.nodes[d].rec.iteration not in self.nodes[d].rec.reported)
 
     def _on_reflow(self, members: dict | None) -> None:
         if self.routing == "dtfm":  # the recomputation sees the members as they are when it completes
             self._install(self._live_members(), self._live_data())
             return
         active = self._active()
-        done_at = [self._done_at.get((d, self.nodes[d].iteration)) for d in self._live_data() if d not in active]
+        done_at = [self._done_at.get((d, self.nodes[d].rec.iteration)) for d in self._live_data() if d not in active]
         if any(t is None or t > self.now - FLOW_CONVERGE_S + 1e-9 for t in done_at):
             active = self._live_data() if done_at else active  # a data node's demand went to 0 too recently to be seen
         self._install(members, active)
@@ -155,4 +155,4 @@ class FlowDriver:
         self._lent = tuple(active) != self._live_data()
         for nid in sorted(self.nodes):
             if nid not in self.dead:
-                self._apply(nid, self.nodes[nid].set_flows(flows.get(nid, {}), now=self.now))
+                self._apply(nid, self.nodes[nid].rec.set_flows(flows.get(nid, {}), now=self.now))

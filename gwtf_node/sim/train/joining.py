@@ -202,7 +202,7 @@ class JoinDriver:
     # ---------------------------------------------------------------- the state hand-over
     def _state_request(self, src: str, to: str, stage: int, after: int) -> None:
         """`to` asks `src` for `stage`'s state with at least `after` steps: answered once `src` applied them."""
-        if src in self.dead or self.stage.get(src) != stage or src not in self.phases:
+        if src in self.dead or self.stage.get(src) != stage or src not in self.nodes:
             return  # (the daemon refuses it; the asker waits)
         self._state_waits.setdefault(src, []).append((to, after))
         self._serve_state(src)
@@ -212,7 +212,7 @@ class JoinDriver:
         waits = self._state_waits.get(src)
         if not waits or src in self.dead:
             return
-        steps = self.phases[src].applied
+        steps = self.nodes[src].phases.applied
         keep = []
         for to, after in waits:
             if steps < after:
@@ -241,8 +241,8 @@ class JoinDriver:
         it = self._resync_for.pop((nid, src), None)
         if it is not None and nid not in self.dead:
             nxt, prv = self._next_prev(nid)
-            self._apply(nid, self.nodes[nid].aggregation_done(self.now, it))
-            self._apply_phase(nid, self.phases[nid].resynced(self.now, steps, nxt, prv))
+            self._apply(nid, self.nodes[nid].rec.aggregation_done(self.now, it))
+            self._apply_phase(nid, self.nodes[nid].phases.resynced(self.now, steps, nxt, prv))
             self._serve_state(nid)
 
     def _state_loaded(self, nid: str, steps: int) -> None:
@@ -260,7 +260,7 @@ class JoinDriver:
         member of the stage's group (or a stage peer)."""
         self.resyncs += 1
         stage = self.stage[nid]
-        group = self.phases[nid].group(it, stage) or set()
+        group = self.nodes[nid].phases.group(it, stage) or set()
         sources = sorted(p for p in group if p != nid) or sorted(self._peers(stage, nid))
         if sources:
             self._send(nid, Send(sources[0], StageStateRequest(stage, it + 1)))
@@ -285,7 +285,7 @@ class JoinDriver:
 
     # ---------------------------------------------------------------- the leader
     def _placement_iteration(self, nid: str) -> int:
-        ph = self.phases[nid]
+        ph = self.nodes[nid].phases
         return max(ph.iteration, max(ph.begun, default=-1) + 1)
 
     def _leadership_changed(self, nid: str) -> None:
@@ -293,7 +293,7 @@ class JoinDriver:
         leading = self._leading(nid)
         if leading and nid not in self.placement:
             pm = MembershipMachine(MembershipConfig(nid, self.S, query_interval_s=QUERY_INTERVAL_S),
-                                   self.leaders[nid].term, self._placement_iteration(nid))
+                                   self.nodes[nid].leader.term, self._placement_iteration(nid))
             for r in sorted(self.nodes):
                 if r not in self.data and r not in self.dead and r not in self.reported_gone:
                     pm.add_member(r, self.stage[r])
