@@ -4,11 +4,10 @@ node, and the step on the compute queue.
 
 from __future__ import annotations
 
-from ...protocol.effects import CancelTimer, Send, SetTimer
 from ...protocol.messages import BeginAggregation, IterationDone, PhaseAck
-from ...protocol.phases import LeftOut, OpenIteration, OutOfStep, Overdue, StartStep
+from ...protocol.phases import LeftOut, OpenIteration, OutOfStep, StartStep
 from ...protocol.recovery import IterationSettled
-from .events import MachineTimer
+from .interpret import interpret
 
 
 class AggregationDriver:
@@ -63,32 +62,28 @@ class AggregationDriver:
         self._apply_phase(nid, eff)
 
     def _apply_phase(self, nid: str, effects: list) -> None:
-        """The aggregation phase's effects: control messages, its retransmission timers, the step."""
-        for e in effects:
-            t = type(e)
-            if t is Send:
-                self._send(nid, e)
-            elif t is SetTimer or t is CancelTimer:
-                self._timer(self._tv, MachineTimer, nid, e, "phase")
-            elif t is StartStep or t is LeftOut or t is OutOfStep:
-                rec = self.nodes[nid].rec
-                if e.iteration not in rec.begun:  # BEGIN reached this node: a relay drops what is left
-                    completed = self.nodes[nid].phases.completed_in(e.iteration)
-                    self._apply(nid, rec.begin_aggregation(self.now, e.iteration, completed)[0])
-                if t is StartStep:
-                    self._start_step(nid, e.iteration)
-                else:  # the stage state of the iteration after the step, from a stage peer (joining.py)
-                    if t is OutOfStep:
-                        self._allreduce_absent(nid, e.iteration)
-                    self._resync(nid, e.iteration)
-            elif t is OpenIteration:  # (or a pause while a stage is empty, churn.py)
-                self._open_or_pause(nid, e.iteration)
-            elif t is Overdue:  # the daemon logs it; its resolution comes as the Sends beside it
-                pass
-            else:
-                raise TypeError(f"unknown effect {e!r} from {nid}'s aggregation phase")
+        """The aggregation phase's effects (interpret.py): control messages, its retransmission timers, the
+        step."""
+        interpret(self, nid, "phase", effects)
         if nid in self.leaving:  # its CAN TAKE of its last iteration may be sent: Goodbye (churn.py)
             self._maybe_goodbye(nid)
+
+    def _phase_step(self, nid: str, e: StartStep | LeftOut | OutOfStep) -> None:
+        """BEGIN reached this node (a relay drops what is left of the iteration): it steps, or it takes the
+        stage state of the iteration after the step from a stage peer (joining.py)."""
+        rec = self.nodes[nid].rec
+        if e.iteration not in rec.begun:
+            completed = self.nodes[nid].phases.completed_in(e.iteration)
+            self._apply(nid, rec.begin_aggregation(self.now, e.iteration, completed)[0])
+        if type(e) is StartStep:
+            self._start_step(nid, e.iteration)
+        else:
+            if type(e) is OutOfStep:
+                self._allreduce_absent(nid, e.iteration)
+            self._resync(nid, e.iteration)
+
+    def _phase_opens(self, nid: str, e: OpenIteration) -> None:
+        self._open_or_pause(nid, e.iteration)
 
     def _step_done(self, nid: str, it: int) -> None:
         self._apply(nid, self.nodes[nid].rec.aggregation_done(self.now, it))
@@ -112,15 +107,9 @@ class AggregationDriver:
         self._apply_phase(nid, eff)
 
     def _leader_event(self, nid: str, effects: list) -> None:
-        """The election's effects; a change of the leader this data node knows goes to its Phases."""
-        for e in effects:
-            t = type(e)
-            if t is Send:
-                self._send(nid, e)
-            elif t is SetTimer or t is CancelTimer:
-                self._timer(self._tv, MachineTimer, nid, e, "leader")
-            else:
-                raise TypeError(f"unknown effect {e!r} from {nid}'s election")
+        """The election's effects (interpret.py); a change of the leader this data node knows goes to its
+        Phases."""
+        interpret(self, nid, "leader", effects)
         lead = self.nodes[nid].leader.leader(self.now)
         self._leadership_changed(nid)
         if lead == self.nodes[nid].leader_seen:

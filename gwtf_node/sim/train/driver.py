@@ -9,11 +9,11 @@ import random
 import statistics
 import time
 
-from ...protocol.effects import CancelTimer, Send, SetTimer
+from ...protocol.effects import Send, SetTimer
 from ...protocol.flow import FlowNode
 from ...protocol.leader import LeaderConfig, LeaderMachine
 from ...protocol.phases import CanTakeRule, OpenIteration, Phases
-from ...protocol.recovery import Compute, IterationSettled, RecoveryConfig, RecoveryNode
+from ...protocol.recovery import Compute, RecoveryConfig, RecoveryNode
 from ...protocol.recovery.priors import HOP_PRIOR_S, e2e_prior_s, hop_prior_s
 from .aggregation import AggregationDriver
 from .allreduce import AllReduceDriver
@@ -23,6 +23,7 @@ from .events import (
     Halt, JoinLookup, JoinTimer, LeaveWaited, MachineTimer, Reflow, Rejoin, SimEvent, StateArrives, StepRetry,
 )
 from .flows import FlowDriver
+from .interpret import interpret
 from .joining import JOIN_MSGS, JoinDriver
 from .node import SimNode
 from .options import TrainSimOptions
@@ -228,26 +229,21 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         self._push(arrive, Deliver(e.to, nid, e.msg))
 
     def _apply(self, nid: str, effects: list) -> None:
-        """The microbatch machine's effects."""
-        for e in effects:
-            t = type(e)
-            if t is Send:
-                self._send(nid, e)
-            elif t is SetTimer or t is CancelTimer:
-                self._timer(self._tv, MachineTimer, nid, e, "rec")
-            elif t is Compute:
-                dur = compute_s(self.stage[nid], e.kind)
-                start = max(self.now, self.nodes[nid].busy_until)
-                end = start + dur
-                self.nodes[nid].busy_until = end
-                self._token += 1
-                self._push(end, ComputeDone(nid, e.kind, e.key, dur, start, self._token))
-            elif t is OpenIteration:
-                self._on_open(nid, e.iteration)
-            elif t is IterationSettled:
-                self._report_settled(nid, e)
-            else:
-                raise TypeError(f"unknown effect {e!r} from {nid}'s microbatch machine")
+        """The microbatch machine's effects (interpret.py)."""
+        interpret(self, nid, "rec", effects)
+
+    def _start_compute(self, nid: str, e: Compute) -> None:
+        """A computation waits for the node's compute queue and takes its profiled time."""
+        n = self.nodes[nid]
+        dur = compute_s(self.stage[nid], e.kind)
+        start = max(self.now, n.busy_until)
+        end = start + dur
+        n.busy_until = end
+        self._token += 1
+        self._push(end, ComputeDone(nid, e.kind, e.key, dur, start, self._token))
+
+    def _rec_opens(self, nid: str, e: OpenIteration) -> None:
+        self._on_open(nid, e.iteration)
 
     def _unpresume(self, nid: str) -> None:
         """The daemon's liveness check: a peer the machine presumed dead that is still heard (alive, or

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import random
 
-from ...protocol.effects import CancelTimer, Send, SetTimer
+from ...protocol.effects import Send
 from ...protocol.flow import FlowConfig, FlowNode, flows_formed
-from .events import FlowDeliver, FlowTimer, Reflow
+from .events import FlowDeliver, Reflow
+from .interpret import interpret
 from .setting import (
     FLOW_CONVERGE_S, MICROBATCHES, Setting,
     initial_flows,
@@ -43,16 +44,12 @@ class FlowDriver:
         return fm
 
     def _apply_flow(self, nid: str, effects: list) -> None:
-        """A flow machine's effects: control messages (the link's latency) and its own timers."""
-        for e in effects:
-            t = type(e)
-            if t is Send:
-                self.flow_messages += 1
-                self._push(self.now + self.net.link(nid, e.to)[0] / 1000.0, FlowDeliver(e.to, nid, e.msg))
-            elif t is SetTimer or t is CancelTimer:
-                self._timer(self._ftv, FlowTimer, nid, e)
-            else:
-                raise TypeError(f"unknown flow effect {e!r} from {nid}")
+        """A flow machine's effects (interpret.py): control messages (the link's latency) and its own timers."""
+        interpret(self, nid, "flow", effects)
+
+    def _send_flow(self, nid: str, e: Send) -> None:
+        self.flow_messages += 1
+        self._push(self.now + self.net.link(nid, e.to)[0] / 1000.0, FlowDeliver(e.to, nid, e.msg))
 
     def _sync_flows(self, nid: str) -> None:
         """Hand the node's microbatch machine its flow machine's flows when they changed (as the daemon's

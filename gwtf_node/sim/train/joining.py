@@ -52,12 +52,13 @@ the first other member of its stage's group (`Joining.resync`).
 
 from __future__ import annotations
 
-from ...protocol.effects import CancelTimer, Send, SetTimer
+from ...protocol.effects import Send
 from ...protocol.membership import (
     INITIAL, JoinerConfig, JoinerMachine, MembershipConfig, MembershipMachine, link_report,
 )
 from ...protocol.messages import Assignment, JoinRequest, StageStateRequest, UtilizationQuery, UtilizationReport
-from .events import JoinLookup, JoinTimer, Reflow, StateArrives
+from .events import JoinLookup, Reflow, StateArrives
+from .interpret import interpret
 from .setting import STAGE_STATE_MB
 
 JOIN_MSGS = (JoinRequest, UtilizationQuery, UtilizationReport, Assignment, StageStateRequest)
@@ -124,17 +125,13 @@ class JoinDriver:
         self._push(self.now + LEADER_LOOKUP_S, JoinLookup(nid))
 
     def _apply_join(self, nid: str, component: str, effects: list) -> None:
-        """A joiner's or a leader's membership machine's effects: control messages and timers."""
-        for e in effects:
-            t = type(e)
-            if t is Send:
-                if component == "joiner" and type(e.msg) is StageStateRequest:
-                    continue  # (sent by `_take_assignment`, as the daemon's `_fetch_state`)
-                self._send(nid, e)
-            elif t is SetTimer or t is CancelTimer:
-                self._timer(self._tv, JoinTimer, nid, e, component)
-            else:
-                raise TypeError(f"unknown effect {e!r} from {nid}'s {component} machine")
+        """A joiner's or a leader's membership machine's effects (interpret.py): control messages and timers."""
+        interpret(self, nid, component, effects)
+
+    def _send_joiner(self, nid: str, e: Send) -> None:
+        if type(e.msg) is StageStateRequest:
+            return  # (sent by `_take_assignment`, as the daemon's `_fetch_state`)
+        self._send(nid, e)
 
     def _join_timer(self, nid: str, key: tuple) -> None:
         component, name = key
