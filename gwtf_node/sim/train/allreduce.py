@@ -52,6 +52,11 @@ class Round:
 class AllReduceDriver:
     """Part of `TrainSim` (driver.py): one mechanism of the simulator, see the module docstring."""
 
+    def _init_allreduce(self) -> None:
+        self._rounds: dict = {}  # allreduce.py: (stage, iteration, group) -> Round
+        self._absent: dict[tuple[int, int], set[str]] = {}  # (stage, iteration) -> named members that do not step
+        self._agg_pending: dict[str, tuple[float, int, tuple]] = {}
+
     def _step_group(self, nid: str, it: int) -> tuple[str, ...]:
         stage = self.stage[nid]
         named = self.nodes[nid].phases.group(it, stage)

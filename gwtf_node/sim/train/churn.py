@@ -69,6 +69,10 @@ class ChurnDriver:
     """Part of `TrainSim` (driver.py): one mechanism of the simulator, see the module docstring."""
 
     def _init_churn(self) -> None:
+        self.spared = 0
+        self.crashed_at: dict[str, float] = {}
+        self.crashes: list[tuple[float, str]] = []
+        self.data_crashed: dict[str, int] = {}  # a data node that crashed -> the iteration it was in
         self.leave_wait_s = LEAVE_WAIT_S  # a leaving relay's wait for its last aggregation (module docstring)
         self._begun = False  # `run` started the machines
         self.paused: dict[str, Pause] = {}  # data node -> the iteration it does not open while a stage is empty

@@ -1,6 +1,6 @@
-"""The training simulator's driver: `TrainSim` runs every node's machines in virtual time and executes their
-effects (see the package docstring).  The aggregation phase, the flows and the report are its mixins
-(`aggregation.py`, `flows.py`, `report.py`)."""
+"""The training simulator's driver: `TrainSim` holds the clock and the event queue, the network and the
+simulated nodes, and runs every node's machines in virtual time (see the package docstring).  Its
+mechanisms (churn, aggregation, all-reduce, flows, joining, the report) are the mixins of their modules."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import statistics
 import time
 
 from ...protocol.effects import Send, SetTimer
-from ...protocol.flow import FlowNode
 from ...protocol.leader import LeaderConfig, LeaderMachine
 from ...protocol.phases import CanTakeRule, OpenIteration, Phases
 from ...protocol.recovery import Compute, RecoveryConfig, RecoveryNode
@@ -30,12 +29,11 @@ from .options import TrainSimOptions
 from .report import IterStats, Reporting
 from .setting import (
     ACTIVATION_MB, IDEAL_MB_S, MAX_SIM_S_PER_ITERATION, MICROBATCHES, SILENCE_S, STAGE_SIZES, Setting, compute_s,
-    initial_flows,
 )
 
 
 class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, JoinDriver, Reporting):
-    """One Table II run in virtual time (module docstring), as `options` (a `TrainSimOptions`, options.py) say:
+    """One Table II run in virtual time (package docstring), as `options` (a `TrainSimOptions`, options.py) say:
     the policy, churn and seed, the scripted crashes, the model switches.  `flow_cpu_s` sums the CPU time the flow
     machines took (GWTF's scheduler cost)."""
 
@@ -44,21 +42,6 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
     def __init__(self, setting: Setting, options: TrainSimOptions = TrainSimOptions()) -> None:
         self.options = o = options.resolved()
         policy, seed = o.policy, o.seed
-        self.spared = 0
-        self.joiners: dict = {}  # joining.py: joiner id -> its JoinerMachine, until it comes in
-        self._joiner_cap: dict[str, int] = {}
-        self.joiner_count = 0
-        self.join_stats = {"asked": 0, "placed": 0, "loaded": 0, "in": 0}
-        self.placement: dict = {}  # acting leader -> its MembershipMachine
-        self._dht_leader: str | None = None  # the leader record in the DHT: the last data node that took office
-        self._state_waits: dict[str, list] = {}  # source -> state requests it holds (asker, steps)
-        self._join_source: dict[str, str] = {}  # placed joiner -> the member it asked for the stage state
-        self._resync_for: dict[tuple[str, str], int] = {}  # (node, source) -> the iteration it resyncs after
-        self._ready_at_open: list = []  # joiners ready during an aggregation: they come in at the next open
-        self._rounds: dict = {}  # allreduce.py: (stage, iteration, group) -> Round
-        self._absent: dict[tuple[int, int], set[str]] = {}  # (stage, iteration) -> named members that do not step
-        self.flow_cpu_s = 0.0
-        self.formation: dict = {}
         self.setting = setting
         self.data: tuple[str, ...] = setting.data
         self.rng = random.Random(f"train:{seed}:{policy}:{o.churn}")
@@ -66,9 +49,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         self.net = setting.net
         self.nodes: dict[str, SimNode] = {}  # every node, with its machines (node.py)
         self.reported_gone: set[str] = set()  # nodes the membership layer reported gone (everyone learns at once)
-        self.crashed_at: dict[str, float] = {}
         self._init_churn()  # churn.py: leaves, the pause of an empty stage
-        self.resyncs = 0
         self.elections = 0
         self.dropped = 0
         self.observer = None  # tests: called as observer(node, "msg", (sender, msg)) / (node, "done", (key, kind))
@@ -79,41 +60,22 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         self.queue = EventQueue()  # the events to come and the clock (events.py)
         self._tv: dict = {}
         self._link_free: dict[tuple[str, str], float] = {}
-        self._agg_pending: dict[str, tuple[float, int, tuple]] = {}
         self._token = 0
         self.iters: dict[int, IterStats] = {}
-        self.pending_joins: list[tuple[float, str, int, int]] = []
-        self.joins = 0
-        self.crashes: list[tuple[float, str]] = []
-        self.data_crashed: dict[str, int] = {}  # a data node that crashed -> the iteration it was in
         self.last_iter_s = 600.0
         self.events = 0
-        self.trace: list | None = None  # set to a list to record (kind, ...) tuples (module docstring)
+        self.trace: list | None = None  # set to a list to record (kind, ...) tuples (docs/sim_train.md, "Traces")
         self._opened_once: set[int] = set()
         self.acts_on_gone = {"swarm": o.swarm_reacts_to == "membership", "random": o.swarm_reacts_to == "membership",
                              "gwtf": o.gwtf_acts_on_gone, "taskpool": o.gwtf_acts_on_gone}[policy]
-        self.reflows = 0
-        self._lent = False
-        self._flow_members = dict(setting.relays)
         self._done_at: dict[tuple[str, int], float] = {}
         S = len(STAGE_SIZES)
         self.S = S
         for r, (s, c) in setting.relays.items():
             self.stage[r], self.cap[r] = s, c
-        # GWTF's flows: the flow machines (`protocol/flow/`), run in this virtual time (module docstring), or the
-        # optimum of the routing LP installed by an oracle (`routing="oracle"`, the model before the machines ran)
-        self.machines = o.machines
-        self.routing = o.routing if policy == "gwtf" else "greedy"
-        if self.machines:
-            self.flows = {}
-        else:
-            flows = o.scheduler.flows if o.routing == "dtfm" else o.flows
-            self.flows = flows if flows is not None else (initial_flows(setting) if policy == "gwtf" else {})
-        self.fnodes: dict[str, FlowNode] = {}
-        self._ftv: dict = {}
-        self._fstamp: dict[str, float] = {}
-        self._started: set[str] = set()
-        self.flow_messages = 0
+        self._init_flows()  # flows.py: the flow machines, or the flows an oracle installs
+        self._init_joining()  # joining.py: joiners, the leader's placement, stage states
+        self._init_allreduce()  # allreduce.py: the rounds of the step
         for nid in list(self.data) + list(setting.relays):
             self._make(nid, self.stage[nid], self.cap.get(nid, MICROBATCHES))
         for d in self.data:

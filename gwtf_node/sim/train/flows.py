@@ -19,6 +19,28 @@ from .setting import (
 class FlowDriver:
     """Part of `TrainSim` (driver.py): one mechanism of the simulator, see the module docstring."""
 
+    def _init_flows(self) -> None:
+        """GWTF's flows: the flow machines (`protocol/flow/`), run in this virtual time (docs/sim_train.md), or the
+        optimum of the routing LP installed by an oracle (`routing="oracle"`, the model before the machines ran)."""
+        o, setting = self.options, self.setting
+        self.machines = o.machines
+        self.routing = o.routing if o.policy == "gwtf" else "greedy"
+        if self.machines:
+            self.flows = {}
+        else:
+            flows = o.scheduler.flows if o.routing == "dtfm" else o.flows
+            self.flows = flows if flows is not None else (initial_flows(setting) if o.policy == "gwtf" else {})
+        self.fnodes: dict[str, FlowNode] = {}
+        self._ftv: dict = {}
+        self._fstamp: dict[str, float] = {}
+        self._started: set[str] = set()
+        self.flow_messages = 0
+        self.flow_cpu_s = 0.0
+        self.formation: dict = {}
+        self.reflows = 0
+        self._lent = False
+        self._flow_members = dict(setting.relays)
+
     def _flow_cost(self, a: str, b: str) -> float:
         """d(a, b) of Equation 1 (ms), as `parse_scenario` computes it for `_scenario`'s links."""
         return self.net.flow_cost(a, b)

@@ -70,6 +70,21 @@ LEADER_LOOKUP_S = 1.0  # a joiner looks the leader up this often until it is pla
 class JoinDriver:
     """Part of `TrainSim` (driver.py): one mechanism of the simulator, see the module docstring."""
 
+    def _init_joining(self) -> None:
+        self.joiners: dict = {}  # joining.py: joiner id -> its JoinerMachine, until it comes in
+        self._joiner_cap: dict[str, int] = {}
+        self.joiner_count = 0
+        self.join_stats = {"asked": 0, "placed": 0, "loaded": 0, "in": 0}
+        self.placement: dict = {}  # acting leader -> its MembershipMachine
+        self._dht_leader: str | None = None  # the leader record in the DHT: the last data node that took office
+        self._state_waits: dict[str, list] = {}  # source -> state requests it holds (asker, steps)
+        self._join_source: dict[str, str] = {}  # placed joiner -> the member it asked for the stage state
+        self._resync_for: dict[tuple[str, str], int] = {}  # (node, source) -> the iteration it resyncs after
+        self._ready_at_open: list = []  # joiners ready during an aggregation: they come in at the next open
+        self.pending_joins: list[tuple[float, str, int, int]] = []
+        self.joins = 0
+        self.resyncs = 0
+
     # ---------------------------------------------------------------- the joiner
     def _restart_as_joiner(self, old: str) -> None:
         """The machine of crashed relay `old` is back as a new node: it asks the leader for a stage."""
