@@ -54,7 +54,8 @@ class TrainSimOptions:
             raise ValueError("routing 'dtfm' runs DT-FM's schedule: pass scheduler= (sim.schedule.dtfm_routing), "
                              "and only with that routing")
         if self.routing == "dtfm" and self.policy != "gwtf":
-            raise ValueError(f"routing 'dtfm' executes a schedule with the gwtf microbatch machine, not {self.policy!r}")
+            raise ValueError("routing 'dtfm' executes a schedule with the gwtf microbatch machine, "
+                             f"not {self.policy!r}")
         if self.priors not in PRIOR_RULES:
             raise ValueError(f"priors must be one of {PRIOR_RULES}, not {self.priors!r}")
         if self.joining not in JOININGS:
