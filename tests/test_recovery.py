@@ -185,7 +185,7 @@ def test_simultaneous_crashes_of_consecutive_stages_are_repaired_without_restart
         return n == "d0" and e == "done" and p[1] == "loss" and p[0][2] == 1
 
     def victims(n, p):
-        path = sim_holder["sim"].nodes["d0"].mbs[p[0]].path
+        path = sim_holder["sim"].nodes["d0"].rec.mbs[p[0]].path
         fired["path"] = list(path)
         for v in path[1:3]:
             sim_holder["sim"].crash_at(sim_holder["sim"].now, v)
