@@ -22,6 +22,7 @@ from gwtf_node.protocol.recovery import (
 )
 from gwtf_node.sim import train as T
 from gwtf_node.sim.train import driver
+from gwtf_node.sim.train.options import TrainSimOptions
 
 RECOVERY_TYPES = typing.get_args(RecoveryEffect)
 PHASE_TYPES = typing.get_args(PhaseEffect)
@@ -85,7 +86,7 @@ def test_every_effect_and_state_is_of_its_machines_types(policy: str, monkeypatc
     s = T.make_setting("table2-homogeneous", 1)
     sim_class = type("CheckedTrainSim", (T.TrainSim,), {"machine_class": _checked(RecoveryNode, _check_recovery,
                                                                                     seen_rec)})
-    sim = sim_class(s, policy, 0.1, 1)
+    sim = sim_class(s, TrainSimOptions(policy=policy, churn=0.1, seed=1))
     sim.run(3)
     rep = sim.report(3)
     assert rep["lost_microbatches"] == 0
