@@ -3,7 +3,7 @@
 
 One invocation trains the same run three times, once per `train.compression`
 (`none`, `topk`, `adatopk`, same ratio r), each on a fresh local swarm of
-separate daemon processes (`gwtf_node/runtime/local.py`): 1 data node, 2
+separate daemon processes (`gwtf_node/runtime/local/swarm.py`): 1 data node, 2
 stages x 2 relays by default (`--stages`, `--relays-per-stage`), the links
 between them emulated from `gwtf_node/data/geo12-links.json` (nodes placed
 round-robin on its locations: d0 Australia, r0_0 Belgium, r0_1 Canada, r1_0
@@ -57,8 +57,8 @@ from gwtf_node.model.adatopk import (  # noqa: E402
 from gwtf_node.model.crossings import Crossings  # noqa: E402
 from gwtf_node.model.manifest import default_manifest, save_manifest  # noqa: E402
 from gwtf_node.model.reference import train_centralized  # noqa: E402
-from gwtf_node.runtime.linkspec import resolve_links  # noqa: E402
-from gwtf_node.runtime.local import LocalSwarm, run_local  # noqa: E402
+from gwtf_node.runtime.net.linkspec import resolve_links  # noqa: E402
+from gwtf_node.runtime.local.swarm import LocalSwarm, run_local  # noqa: E402
 
 LINKS = ROOT / "gwtf_node" / "data" / "geo12-links.json"
 METHODS = ("none", "topk", "adatopk")
@@ -94,7 +94,7 @@ def swarm_names(args: argparse.Namespace) -> list[str]:
 
 def chain_crossings(method: str, gradients: str, args: argparse.Namespace, workdir: Path) -> Crossings | None:
     """The Top-K of `method` at the crossings of the path d0 -> r0_0 -> ... -> d0, with the ratios the senders
-    of the swarm choose (`runtime/linkcompress.py`: Equation 7 over all the pipeline's links)."""
+    of the swarm choose (`runtime/node/linkcompress.py`: Equation 7 over all the pipeline's links)."""
     if method == "none":
         return None
     names = swarm_names(args)

@@ -58,7 +58,7 @@ def summary(nodes: list[tuple[str, str, int]], deg: dict[str, int]) -> dict:
 
 def measured(stages: int, per_stage: int, iterations: int) -> dict:
     from gwtf_node.model.manifest import default_manifest, save_manifest
-    from gwtf_node.runtime.local import LocalSwarm
+    from gwtf_node.runtime.local.swarm import LocalSwarm
 
     with tempfile.TemporaryDirectory(prefix="gwtf-fanout-") as tmp:
         work = Path(tmp)

@@ -6,7 +6,7 @@
 Runs a 4-node swarm (1 data node, 2 stages x 1 relay, the default llama
 manifest at seq_len 16) for `--iterations` with `LocalSwarm(fork_server=True)`
 (every node forked from one process that imported torch, the model classes
-and libp2p: runtime/zygote.py) and with `fork_server=False` (each node its own
+and libp2p: runtime/local/zygote.py) and with `fork_server=False` (each node its own
 `python -m gwtf_node.cli` process), alternating, each in a child process of
 its own so that its CPU is counted alone (the swarm's processes and the fork
 server are its descendants).  Prints each run's wall time and CPU time and
@@ -24,7 +24,7 @@ ONE = r"""
 import json, resource, sys, tempfile, time
 from pathlib import Path
 from gwtf_node.model.manifest import default_manifest, save_manifest
-from gwtf_node.runtime.local import LocalSwarm
+from gwtf_node.runtime.local.swarm import LocalSwarm
 fork, iterations = sys.argv[1] == "1", int(sys.argv[2])
 with tempfile.TemporaryDirectory() as d:
     d = Path(d); run = d / "run.json"

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gwtf_node.model.manifest import default_manifest, save_manifest  # noqa: E402
-from gwtf_node.runtime.local import LocalSwarm, run_local  # noqa: E402
+from gwtf_node.runtime.local.swarm import LocalSwarm, run_local  # noqa: E402
 from gwtf_node.testing.netlab import NetLab, lab_unavailable  # noqa: E402
 
 LINKS = ROOT / "gwtf_node" / "data" / "geo12-links.json"

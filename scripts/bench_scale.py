@@ -94,7 +94,7 @@ SETTINGS = {
 }
 DECLARED_BANDWIDTH_SCALE = 1000.0  # the links file's bandwidth over the physical one (module doc)
 STATUS_SETTLE_S = 2.5  # status.json is rewritten every second: wait for one written after the last step
-CALLS_PER_MICROBATCH = {"relay": 2, "data": 3}  # runtime/stage.py: stage calls of one microbatch
+CALLS_PER_MICROBATCH = {"relay": 2, "data": 3}  # runtime/node/stage.py: stage calls of one microbatch
 
 
 # ------------------------------------------------------------------ the bound
@@ -184,7 +184,7 @@ def parameter_counts(man) -> tuple[int, list[int]]:
 
 
 def allreduce_s(stage_params: list[int], stage_rates: list[list[float]]) -> float:
-    """The least time of an iteration's within-stage all-reduces (runtime/allreduce.py: each of n relays sends and
+    """The least time of an iteration's within-stage all-reduces (runtime/node/allreduce.py: each of n relays sends and
     receives 2(n-1)/n of its stage's float32 gradient through its own link; the stages reduce at once, the slowest
     member of the slowest stage binds)."""
     worst = 0.0
@@ -212,7 +212,7 @@ def memory_estimates(man, names: list[str], capacity: dict[str, int]) -> dict[st
 
 
 BASELINE_PROBE = """
-import resource, torch, gwtf_node.cli, gwtf_node.runtime.node, gwtf_node.model.stages
+import resource, torch, gwtf_node.cli, gwtf_node.runtime.node.node, gwtf_node.model.stages
 from transformers import GPT2LMHeadModel, LlamaForCausalLM
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 """
@@ -232,7 +232,7 @@ def node_rates(names: list[str], rates: list[float]) -> dict[str, float]:
 
 
 def links_file(names: list[str], rates: dict[str, float], lat: tuple[float, float], seed: int, path: Path) -> dict:
-    """A scenario links file (runtime/linkspec.py) of every pair: the seeded one-way latency, the declared
+    """A scenario links file (runtime/net/linkspec.py) of every pair: the seeded one-way latency, the declared
     bandwidth (module doc); returns {(a, b): latency_ms}."""
     rng = random.Random(f"bench-scale-latency:{seed}")
     links, latency = [], {}
@@ -377,7 +377,7 @@ class MemoryGuard:
 
 def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline: float) -> dict:
     from gwtf_node.model.manifest import save_manifest
-    from gwtf_node.runtime.local import LocalError, LocalSwarm
+    from gwtf_node.runtime.local.swarm import LocalError, LocalSwarm
     from gwtf_node.testing.netlab import NetLab
 
     man = manifest_for(setting, args)

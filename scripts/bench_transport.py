@@ -190,7 +190,7 @@ def bench_microbatch_overhead(iterations: int) -> list[dict]:
     import tempfile
 
     from gwtf_node.model.manifest import default_manifest, save_manifest
-    from gwtf_node.runtime.local import LocalSwarm, run_local
+    from gwtf_node.runtime.local.swarm import LocalSwarm, run_local
 
     configs = [
         ("demo (hidden 64, 4x64 tokens)", dict(hidden=64, seq_len=64, microbatch_size=4)),
@@ -252,7 +252,7 @@ async def role_tput_recv(args) -> None:
 
     import trio
 
-    from gwtf_node.runtime.host import open_host
+    from gwtf_node.runtime.net.host import open_host
 
     async with open_host(Path(args.state), dht=False) as host:
         async def on_frame(peer, envelope, payload):
@@ -309,7 +309,7 @@ async def role_tput_send(args) -> None:
 
     import trio
 
-    from gwtf_node.runtime.host import open_host
+    from gwtf_node.runtime.net.host import open_host
 
     peer = json.loads(args.peer)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -371,8 +371,8 @@ async def role_ar_gwtf(args) -> None:
     import trio
 
     from gwtf_node.protocol.codec import decode
-    from gwtf_node.runtime.allreduce import AllReducer
-    from gwtf_node.runtime.host import open_host
+    from gwtf_node.runtime.node.allreduce import AllReducer
+    from gwtf_node.runtime.net.host import open_host
 
     tensor = torch.randn(args.floats, generator=torch.Generator().manual_seed(1000 + args.rank))
     async with open_host(Path(args.state), dht=False) as host:

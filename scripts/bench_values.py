@@ -2,7 +2,7 @@
 """The cost of the value check on an activation frame: receiving it with and without the magnitude scan.
 
 Every frame that carries a float tensor is scanned for its largest finite
-magnitude before its route runs (runtime/values.py `Values.problem`, the
+magnitude before its route runs (runtime/trust/values.py `Values.problem`, the
 bound of protocol/bounds.py `check_magnitude`).  This measures, per
 activation of a few shapes (the default manifest's, GPT-2 small's and a
 larger one), the receiving path without the scan (`codec.decode` of the
@@ -33,7 +33,7 @@ import torch  # noqa: E402
 from gwtf_node.model.tensors import pack, unpack  # noqa: E402
 from gwtf_node.protocol import bounds, codec  # noqa: E402
 from gwtf_node.protocol import messages as m  # noqa: E402
-from gwtf_node.runtime.values import _max_abs  # noqa: E402
+from gwtf_node.runtime.trust.values import _max_abs  # noqa: E402
 
 SHAPES = ((2, 16, 64), (8, 512, 768), (4, 1024, 4096))  # default manifest, GPT-2 small, a 7B model's width
 _NP = {"float32": "<f4", "float16": "<f2"}

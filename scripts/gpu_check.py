@@ -191,7 +191,7 @@ def part2(args: argparse.Namespace, device: torch.device, ref: list[float]) -> b
     if missing:
         print(f"\n== part 2 skipped: {' and '.join(missing)} not importable here (the swarm needs them)")
         return True
-    from gwtf_node.runtime.local import LocalSwarm, run_local
+    from gwtf_node.runtime.local.swarm import LocalSwarm, run_local
 
     man = manifest(args, "bf16-mixed", "bf16")
     ok = True

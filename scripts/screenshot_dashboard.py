@@ -32,7 +32,7 @@ from rich.terminal_theme import MONOKAI
 from rich.text import Text
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
-from gwtf_node.runtime.local import LocalSwarm
+from gwtf_node.runtime.local.swarm import LocalSwarm
 
 FONT_DIR = Path(matplotlib.__file__).parent / "mpl-data" / "fonts" / "ttf"
 THEME = MONOKAI

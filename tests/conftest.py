@@ -2,7 +2,7 @@
 
 Tiers (tests/README.md): `property` for Hypothesis tests (`@given`, also
 inside the test function, and state machines), `multiprocess` for tests that start a swarm of daemon processes
-(through `gwtf_node.runtime.local`: `LocalSwarm`, `run_local`, or marked
+(through `gwtf_node.runtime.local.swarm`: `LocalSwarm`, `run_local`, or marked
 `multiprocess` by hand when it starts `gwtf-node join` processes itself), `unit` for
 the rest.  A multi-process test is also `slow`.  The markers are set here at
 collection, so a test module needs no marker of its own to be in its tier.
@@ -35,7 +35,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from hypothesis import given, is_hypothesis_test, settings  # noqa: E402
 
-from gwtf_node.runtime import local  # noqa: E402
+from gwtf_node.runtime.local import swarm as local  # noqa: E402
 
 if os.environ["OMP_NUM_THREADS"] == "1":
     torch.set_num_threads(1)

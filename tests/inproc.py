@@ -1,6 +1,6 @@
 """A swarm of daemons in the test's own process: `Node.run` tasks in one trio nursery, over real libp2p on loopback.
 
-What `LocalSwarm` (runtime/local.py) starts as `gwtf-node join` processes,
+What `LocalSwarm` (runtime/local/swarm.py) starts as `gwtf-node join` processes,
 started here as tasks: the same `Node` with the options the CLI would give
 it (the launcher's owner key signs the run and admits every node, through
 `LocalSwarm`'s own code), without a process, an import of torch and libp2p
@@ -20,8 +20,8 @@ from typing import AsyncIterator
 
 import trio
 
-from gwtf_node.runtime.local import LocalSwarm
-from gwtf_node.runtime.node import Node, NodeOptions
+from gwtf_node.runtime.local.swarm import LocalSwarm
+from gwtf_node.runtime.node.node import Node, NodeOptions
 
 from helpers import until
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import trio
 
-from gwtf_node.runtime.host import open_host
+from gwtf_node.runtime.net.host import open_host
 
 DEADLINE_S = 40
 PAYLOAD = bytes(range(256)) * 4096  # 1 MiB

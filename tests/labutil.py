@@ -35,7 +35,7 @@ def public_swarm(lab: NetLab, workdir, run, names: list[str], *, extra: dict[str
     lab's internet and listen on 0.0.0.0:4001; `extra`: more `join` flags by node name; the start-up and iteration
     waits bounded at 120 s (the fork server forks each node into its namespace).  Returns it and the lab node of each
     name."""
-    from gwtf_node.runtime.local import LocalSwarm
+    from gwtf_node.runtime.local.swarm import LocalSwarm
 
     where = {name: lab.public(name.replace("_", "")) for name in names}
     swarm = LocalSwarm(workdir, run, netns={name: node.ns for name, node in where.items()},

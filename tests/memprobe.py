@@ -75,7 +75,7 @@ def main() -> None:
     # the checkpoint after the step, as LocalStage.checkpoint writes it (the aggregation's largest piece on the CPU)
     import tempfile
 
-    from gwtf_node.runtime import checkpoints
+    from gwtf_node.runtime.node import checkpoints
 
     with tempfile.TemporaryDirectory() as tmp:
         state, digest, params = part.state_bytes(), part.state_hash(), part.param_vector()

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from gwtf_node.model.reference import build_chain, make_sources
-from gwtf_node.runtime.local import LocalSwarm
+from gwtf_node.runtime.local.swarm import LocalSwarm
 
 Key = tuple[int, int]  # (data node index, seq)
 
@@ -137,7 +137,7 @@ def common_checkpoint_params(workdir: Path, a: str, b: str):
     """(steps, params of a, params of b) at the most steps both state directories hold a checkpoint of."""
     import torch
 
-    from gwtf_node.runtime.checkpoints import listing
+    from gwtf_node.runtime.node.checkpoints import listing
 
     def by_steps(name: str) -> dict[int, Path]:
         return {int(p.stem.split("-")[1]): p for p in listing(workdir / name)}

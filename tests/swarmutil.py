@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import trio
 
-from gwtf_node.runtime.local import LocalSwarm
+from gwtf_node.runtime.local.swarm import LocalSwarm
 
 
 async def wait_for(pred: Callable[[], Any], timeout: float, what: str, swarm: LocalSwarm | None = None) -> Any:

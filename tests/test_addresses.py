@@ -1,10 +1,10 @@
-"""Listen and announce addresses, and which addresses a peer may be given (runtime/addresses.py)."""
+"""Listen and announce addresses, and which addresses a peer may be given (runtime/net/addresses.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gwtf_node.runtime.addresses import (
+from gwtf_node.runtime.net.addresses import (
     AddressError, Endpoint, default_tensor_port, expand, from_peer, listen_endpoints, parse_announce, parse_endpoint,
     usable_by,
 )
@@ -86,7 +86,7 @@ def test_a_peers_unspecified_address_becomes_where_it_came_from():
 
 
 def test_a_node_with_only_private_addresses_looks_natted():
-    from gwtf_node.runtime.relay import is_circuit, looks_natted
+    from gwtf_node.runtime.net.relay import is_circuit, looks_natted
 
     assert looks_natted([f"/ip4/10.1.0.2/tcp/4001/p2p/{PID}", f"/ip4/192.168.1.5/tcp/4001/p2p/{PID}"])
     assert looks_natted([f"/ip4/100.64.3.4/tcp/1/p2p/{PID}", f"/ip6/fd00::5/tcp/1/p2p/{PID}"])  # CGNAT, ULA

@@ -1,4 +1,4 @@
-"""Admission and role checks (runtime/authorize.py): pure tables first, then one hostile member in a real swarm.
+"""Admission and role checks (runtime/trust/authorize.py): pure tables first, then one hostile member in a real swarm.
 
 The swarm test: a swarm (1 data node, 2 relays, one placed by the leader;
 the daemons run as tasks of the test's process, tests/inproc.py) trains; a hostile member, admitted by the owner as a relay but placed in no
@@ -25,11 +25,11 @@ from gwtf_node.model.reference import train_centralized
 from gwtf_node.protocol import codec
 from gwtf_node.protocol import messages as m
 from gwtf_node.protocol.bounds import MAX_TERM_AHEAD
-from gwtf_node.runtime.authorize import Authorizer, Needs, Snapshot, decide
-from gwtf_node.runtime.host import PeerUnreachable, open_host
-from gwtf_node.runtime.peers import PeerInfo
-from gwtf_node.runtime.records import seal, key_pair_of
-from gwtf_node.runtime.wire import RefusalTracker
+from gwtf_node.runtime.trust.authorize import Authorizer, Needs, Snapshot, decide
+from gwtf_node.runtime.net.host import PeerUnreachable, open_host
+from gwtf_node.runtime.net.peers import PeerInfo
+from gwtf_node.runtime.trust.records import seal, key_pair_of
+from gwtf_node.runtime.net.wire import RefusalTracker
 
 from inproc import in_process_swarm
 from swarmutil import status, wait_for
@@ -105,7 +105,7 @@ class _Peers:
 async def test_a_relay_learns_a_new_term_from_its_leader_first_message_and_refuses_the_old_leader_after() -> None:
     """The race at an election: the new leader's message overtakes the news of its term.  It is taken (and
     the relay learns the term and its leader); the deposed leader's messages are refused from then on."""
-    from gwtf_node.runtime.leadership import Leadership
+    from gwtf_node.runtime.node.leadership import Leadership
 
     lead = Leadership.__new__(Leadership)  # only the relay's view of who leads (no election: a relay)
     lead.peers, lead.election, lead.known_leader, lead.known_term, lead.known_at = _Peers("relay", 0), None, None, \
@@ -137,7 +137,7 @@ async def test_a_data_node_takes_a_new_term_from_a_data_node_and_merges_only_adm
     the voter list it carries is filtered to the data nodes admitted here: a stranger listed there is no voter."""
     from types import SimpleNamespace
 
-    from gwtf_node.runtime.leadership import Leadership
+    from gwtf_node.runtime.node.leadership import Leadership
 
     class Peers(_Peers):
         name = "d0"
@@ -311,7 +311,7 @@ async def test_a_hostile_member_cannot_take_the_run_over(tmp_path: Path) -> None
 
 
 def test_a_peer_with_too_many_connections_loses_the_newest() -> None:
-    from gwtf_node.runtime.limits import ConnectionBound
+    from gwtf_node.runtime.net.limits import ConnectionBound
 
     class Conn:
         def __init__(self) -> None:

@@ -23,9 +23,9 @@ from gwtf_node.model.tensors import pack
 from gwtf_node.protocol import codec
 from gwtf_node.protocol import gwtf_pb2 as pb
 from gwtf_node.protocol import messages as m
-from gwtf_node.runtime.frames import HEADER
-from gwtf_node.runtime.host import CTRL_PROTOCOL_ID, open_host
-from gwtf_node.runtime.local import LocalSwarm
+from gwtf_node.runtime.net.frames import HEADER
+from gwtf_node.runtime.net.host import CTRL_PROTOCOL_ID, open_host
+from gwtf_node.runtime.local.swarm import LocalSwarm
 
 from swarmutil import log_text, wait_for, wait_records
 

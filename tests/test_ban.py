@@ -3,7 +3,7 @@
 Over the real wire, in one process: a relay daemon (`Node.run`, the code a
 `gwtf-node join` runs) and a hostile libp2p host written with the project's
 codec.  The hostile host sends frames the daemon refuses (a flow message
-before any Hello: UNKNOWN_PEER); at the ban limit (runtime/wire.py, here 5
+before any Hello: UNKNOWN_PEER); at the ban limit (runtime/net/wire.py, here 5
 refusals in a window, a ban of a few seconds instead of minutes) the daemon
 drops and disconnects it, reads its next frames no further than the ban check
 (counted BANNED, nothing else refused), sends it nothing; once the ban is
@@ -20,9 +20,9 @@ import trio
 from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.protocol import codec
 from gwtf_node.protocol import messages as m
-from gwtf_node.runtime.host import open_host
-from gwtf_node.runtime.node import Node, NodeOptions
-from gwtf_node.runtime.wire import RefusalTracker
+from gwtf_node.runtime.net.host import open_host
+from gwtf_node.runtime.node.node import Node, NodeOptions
+from gwtf_node.runtime.net.wire import RefusalTracker
 
 from helpers import until
 
@@ -88,10 +88,10 @@ async def test_frames_a_node_is_not_ready_for_do_not_ban_their_sender() -> None:
     data node for its Lends, and could not download its part from it)."""
     from types import SimpleNamespace
 
-    from gwtf_node.runtime.aggregation import Aggregation
-    from gwtf_node.runtime.microbatches import Microbatches
-    from gwtf_node.runtime.peers import Peers, Place
-    from gwtf_node.runtime.wire import FrameRefused, Wire
+    from gwtf_node.runtime.node.aggregation import Aggregation
+    from gwtf_node.runtime.node.microbatches import Microbatches
+    from gwtf_node.runtime.net.peers import Peers, Place
+    from gwtf_node.runtime.net.wire import FrameRefused, Wire
 
     refusals = []
     with pytest.raises(FrameRefused) as e:
@@ -120,8 +120,8 @@ async def test_frames_delivered_after_the_node_stopped_start_nothing() -> None:
     """The host delivers frames until it closes, after the node's nursery has ended: a handler's send then is
     dropped, not an error that takes the node's exit down (CI saw "Nursery is closed to new arrivals" from a
     BeginAggregation handled at exit)."""
-    from gwtf_node.runtime.peers import Peers, Place
-    from gwtf_node.runtime.wire import Wire
+    from gwtf_node.runtime.net.peers import Peers, Place
+    from gwtf_node.runtime.net.wire import Wire
 
     sent = []
 

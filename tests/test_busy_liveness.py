@@ -14,11 +14,11 @@ import pytest
 import trio
 
 from gwtf_node.protocol import messages as m
-from gwtf_node.runtime import liveness
-from gwtf_node.runtime.aggregation import RETRY_CAP_S, phase_retry_s
-from gwtf_node.runtime.liveness import Liveness, dead_after_s
-from gwtf_node.runtime.looplag import LoopLag
-from gwtf_node.runtime.peers import PeerInfo, Peers, Place
+from gwtf_node.runtime.node import liveness
+from gwtf_node.runtime.node.aggregation import RETRY_CAP_S, phase_retry_s
+from gwtf_node.runtime.node.liveness import Liveness, dead_after_s
+from gwtf_node.runtime.ops.looplag import LoopLag
+from gwtf_node.runtime.net.peers import PeerInfo, Peers, Place
 
 
 def test_the_deadline_is_the_floor_for_quick_work_and_scales_with_the_longest_work() -> None:
@@ -135,7 +135,7 @@ def test_a_checkpoint_holds_the_state_as_a_tensor_that_torch_writes_without_the_
     as `bytes` still reads the same."""
     import torch
 
-    from gwtf_node.runtime import checkpoints
+    from gwtf_node.runtime.node import checkpoints
 
     state = bytes(range(256)) * 4096
     path = checkpoints.write(tmp_path, run_id="r", role="relay", stage=0, steps=1, state=state, params_sha256="x",

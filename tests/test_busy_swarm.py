@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
-from gwtf_node.runtime import liveness
-from gwtf_node.runtime.local import LocalSwarm, run_local
+from gwtf_node.runtime.node import liveness
+from gwtf_node.runtime.local.swarm import LocalSwarm, run_local
 
 pytestmark = pytest.mark.slow
 ITERATIONS = 2

@@ -1,5 +1,5 @@
 """A node that cannot write its checkpoints says so at start-up in one line; one whose disk fills while it runs
-logs a WARNING and trains on (runtime/statedir.py check_writable, runtime/aggregation.py checkpoint)."""
+logs a WARNING and trains on (runtime/ops/statedir.py check_writable, runtime/node/aggregation.py checkpoint)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
-from gwtf_node.runtime.statedir import StateDirUnwritable, check_writable
+from gwtf_node.runtime.ops.statedir import StateDirUnwritable, check_writable
 
 
 def _join(tmp_path: Path, state: Path) -> subprocess.CompletedProcess:
@@ -41,8 +41,8 @@ def test_room_for_a_checkpoint_is_checked(tmp_path: Path) -> None:
 
 
 def test_a_failed_checkpoint_write_mid_run_is_a_warning(tmp_path: Path, caplog) -> None:
-    from gwtf_node.runtime.aggregation import Aggregation
-    from gwtf_node.runtime.stage import LocalStage
+    from gwtf_node.runtime.node.aggregation import Aggregation
+    from gwtf_node.runtime.node.stage import LocalStage
 
     man = default_manifest()
     stage = LocalStage(man, "relay", "cpu", 0, 1)
@@ -64,7 +64,7 @@ def test_a_failed_checkpoint_write_mid_run_is_a_warning(tmp_path: Path, caplog) 
 def test_a_full_disk_leaves_no_partial_checkpoint(tmp_path: Path) -> None:
     import torch
 
-    from gwtf_node.runtime import checkpoints
+    from gwtf_node.runtime.node import checkpoints
 
     mnt = tmp_path / "tiny"
     mnt.mkdir()

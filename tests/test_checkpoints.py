@@ -9,8 +9,8 @@ import torch
 
 from gwtf_node.model.manifest import default_manifest
 from gwtf_node.model.stages import build_stage
-from gwtf_node.runtime import checkpoints
-from gwtf_node.runtime.checkpoints import CheckpointError
+from gwtf_node.runtime.node import checkpoints
+from gwtf_node.runtime.node.checkpoints import CheckpointError
 
 
 def _stage():

@@ -21,8 +21,8 @@ from gwtf_node.model.crossings import Crossings
 from gwtf_node.model.tensors import TensorError, pack, pack_at, pack_topk, sparse_indices, unpack
 from gwtf_node.protocol import codec
 from gwtf_node.protocol import messages as m
-from gwtf_node.runtime.linkcompress import LinkCompression
-from gwtf_node.runtime.peers import PeerInfo, Peers, Place
+from gwtf_node.runtime.node.linkcompress import LinkCompression
+from gwtf_node.runtime.net.peers import PeerInfo, Peers, Place
 
 # ---- encode / decode ---------------------------------------------------------------------
 

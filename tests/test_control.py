@@ -1,6 +1,6 @@
 """The control socket in one process: the line protocol, its permissions, a long state directory, a stale socket.
 
-The server runs in a trio nursery as in a node (runtime/control.py `serve`)
+The server runs in a trio nursery as in a node (runtime/ops/control.py `serve`)
 with plain functions for `status` and `leave`; the blocking client of the
 command line talks to it from a worker thread.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from gwtf_node.runtime import control
+from gwtf_node.runtime.ops import control
 
 pytestmark = pytest.mark.trio
 

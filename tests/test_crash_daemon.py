@@ -30,7 +30,7 @@ import torch
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.model.reference import train_centralized
-from gwtf_node.runtime.local import LocalSwarm, run_local
+from gwtf_node.runtime.local.swarm import LocalSwarm, run_local
 
 pytestmark = pytest.mark.slow
 ITERATIONS = 3  # the crash is in iteration 0; two more show that training goes on

@@ -9,7 +9,7 @@ import pytest
 
 from gwtf_node.cli import main
 from gwtf_node.model.manifest import load_manifest
-from gwtf_node.runtime.linkspec import LinksError, load_links, resolve_links
+from gwtf_node.runtime.net.linkspec import LinksError, load_links, resolve_links
 
 GEO = Path(__file__).resolve().parents[1] / "gwtf_node" / "data" / "geo12-links.json"
 

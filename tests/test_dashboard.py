@@ -20,9 +20,9 @@ from rich.console import Console
 
 from gwtf_node.cli import main
 from gwtf_node.cli.status import render
-from gwtf_node.runtime.control import serve
-from gwtf_node.runtime.events import EventFeed, EventKind, EventLog, PeerSeen, short_id
-from gwtf_node.runtime.tally import Tally
+from gwtf_node.runtime.ops.control import serve
+from gwtf_node.runtime.ops.events import EventFeed, EventKind, EventLog, PeerSeen, short_id
+from gwtf_node.runtime.node.tally import Tally
 
 from ptyutil import run_in_pty
 
@@ -177,7 +177,7 @@ def test_views_hold_no_sentinels(name: str) -> None:
 
 def _volunteer_views() -> tuple[dict, dict]:
     """The stored views as a volunteer's swarm shows them: default names, long events, a relayed neighbour, this
-    node's reachability (runtime/status.py `_reachability`)."""
+    node's reachability (runtime/node/status.py `_reachability`)."""
     d0, r0 = _view("d0"), _view("r0_0")
     for v, name in ((d0, "data-qwmSBK"), (r0, "relay-M3uMoe")):
         v["node"]["name"] = name

@@ -23,8 +23,8 @@ import pytest
 import trio
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
-from gwtf_node.runtime.control import ask
-from gwtf_node.runtime.local import LocalSwarm
+from gwtf_node.runtime.ops.control import ask
+from gwtf_node.runtime.local.swarm import LocalSwarm
 
 from helpers import free_port
 from ptyutil import run_in_pty

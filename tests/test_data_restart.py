@@ -29,7 +29,7 @@ import torch
 import trio
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
-from gwtf_node.runtime.local import LocalSwarm
+from gwtf_node.runtime.local.swarm import LocalSwarm
 
 from restartutil import reference_run, two_data_nodes
 from swarmutil import log_text, status, wait_exit, wait_for, wait_records

@@ -1,6 +1,6 @@
 """The documentation names what exists: repository paths, `gwtf-node` subcommands and their flags.
 
-README.md and docs/*.md name files of the repository (`gwtf_node/runtime/node.py`,
+README.md and docs/*.md name files of the repository (`gwtf_node/runtime/node/node.py`,
 `scripts/bench_flow.py`, `docs/network.md`, ...) in backticks, in links and in
 prose.  Every such name that starts at a top-level directory of the repository
 (`gwtf_node/`, `scripts/`, `tests/`, `docs/`, `protos/`, `docker/`), or at a
@@ -171,7 +171,7 @@ def test_the_checks_can_fail() -> None:
     assert named_paths("see `gwtf_node/runtime/nope.py` and scripts/bench_flow.py.") == {
         "gwtf_node/runtime/nope.py", "scripts/bench_flow.py"}
     assert not resolve("gwtf_node/runtime/nope.py") and resolve("scripts/bench_flow.py")
-    assert resolve("runtime/node.py") and not resolve("protocol/recovery.py") and resolve("protocol/recovery/")
+    assert resolve("runtime/node/node.py") and not resolve("protocol/recovery.py") and resolve("protocol/recovery/")
     assert resolve("docs/bench_*.md") and not resolve("docs/nothing_*.md")
     assert resolve("protocol/membership.place") and not resolve("protocol/membership.no_such_function")
     assert unknown_bare_names("`cli.py` and `node.py`, `scripts/build_image.sh`") == {"cli.py"}

@@ -28,7 +28,7 @@ from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.protocol.effects import Send
 from gwtf_node.protocol.messages import BeginAggregation, IterationDone
 from gwtf_node.protocol.phases import OpenIteration, Phases, StartStep
-from gwtf_node.runtime.local import LocalSwarm
+from gwtf_node.runtime.local.swarm import LocalSwarm
 
 from restartutil import cpu_share, reference_losses, restart, stage_plan
 from swarmutil import log_text, status, wait_exit, wait_for, wait_records
@@ -137,7 +137,7 @@ async def test_restore_restarts_an_empty_stage_from_an_older_checkpoint(tmp_path
     import sys
 
     from gwtf_node.model.manifest import EmptyStage, RecoverySpec
-    from gwtf_node.runtime import checkpoints
+    from gwtf_node.runtime.node import checkpoints
 
     man = default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=M)
     man = dataclasses.replace(man, recovery=RecoverySpec(EmptyStage.RESTART_FROM_CHECKPOINT))

@@ -11,7 +11,7 @@ import socket
 import pytest
 import trio
 
-from gwtf_node.runtime.host import open_host
+from gwtf_node.runtime.net.host import open_host
 
 
 @pytest.mark.trio

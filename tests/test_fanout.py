@@ -28,7 +28,7 @@ import torch
 from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.model.reference import train_centralized
 from gwtf_node.protocol import fanout
-from gwtf_node.runtime.local import LocalSwarm
+from gwtf_node.runtime.local.swarm import LocalSwarm
 from swarmutil import fresh_statuses, log_digest, status
 
 MAX_ITERATIONS = 1000  # the run is stopped once the joiner serves and 3 more iterations settled

@@ -1,4 +1,4 @@
-"""A state hand-over checked against a quorum of the stage's members (runtime/handover.py), over the real wire.
+"""A state hand-over checked against a quorum of the stage's members (runtime/node/handover.py), over the real wire.
 
 In one process: relay daemons (`Node.run`) serving stage 0, one of them
 hostile (its weights were tampered with, so the state it serves and the hash
@@ -20,9 +20,9 @@ import torch
 import trio
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
-from gwtf_node.runtime import joining
-from gwtf_node.runtime.handover import next_source
-from gwtf_node.runtime.node import Node, NodeOptions
+from gwtf_node.runtime.node import joining
+from gwtf_node.runtime.node.handover import next_source
+from gwtf_node.runtime.node.node import Node, NodeOptions
 
 from helpers import until
 

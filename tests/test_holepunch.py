@@ -11,9 +11,9 @@ import pytest
 import trio
 import trio.testing
 
-from gwtf_node.runtime import conninfo
-from gwtf_node.runtime.holepunch import RETIRE_WAIT_S
-from gwtf_node.runtime.host import open_host
+from gwtf_node.runtime.net import conninfo
+from gwtf_node.runtime.net.holepunch import RETIRE_WAIT_S
+from gwtf_node.runtime.net.host import open_host
 
 
 class _Muxed:
@@ -96,7 +96,7 @@ async def test_only_the_end_with_the_smaller_peer_id_starts_a_hole_punch(tmp_pat
     from libp2p.crypto.ed25519 import create_new_key_pair
     from libp2p.peer.id import ID
 
-    from gwtf_node.runtime.holepunch import HolePunching
+    from gwtf_node.runtime.net.holepunch import HolePunching
 
     with trio.fail_after(30):
         async with open_host(tmp_path / "a", dht=False) as a:
@@ -121,7 +121,7 @@ def test_a_peer_whose_punches_were_spent_gets_another_round_later() -> None:
     from types import SimpleNamespace
     from unittest.mock import Mock
 
-    from gwtf_node.runtime import holepunch
+    from gwtf_node.runtime.net import holepunch
 
     hp = holepunch.HolePunching(Mock(), on_upgraded=None)
     spent = {"p": 3, "q": 1}  # (q: punches left, not touched)

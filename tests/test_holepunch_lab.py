@@ -4,7 +4,7 @@ Lab as in tests/test_swarm_lab.py: d0 public (the bootstrap and a circuit
 relay, `--relay-service`), the stage-0 relay behind home router A, the
 stage-1 relay behind home router B, both routers dropping unsolicited
 inbound.  The two homes first reach each other through d0's relay; both run
-DCUtR (gwtf_node/runtime/holepunch.py).
+DCUtR (gwtf_node/runtime/net/holepunch.py).
 
 * Routers that keep the source port: DCUtR upgrades the connection while
   the swarm starts and trains: "hole-punched" in both homes' status, both
@@ -36,8 +36,8 @@ from test_netlab import dial, serve
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.model.reference import train_centralized
-from gwtf_node.runtime.holepunch import RELAY_CLOSE_AFTER_S, RETRY_FIRST_S
-from gwtf_node.runtime.local import LocalSwarm
+from gwtf_node.runtime.net.holepunch import RELAY_CLOSE_AFTER_S, RETRY_FIRST_S
+from gwtf_node.runtime.local.swarm import LocalSwarm
 
 pytestmark = [pytest.mark.netlab, pytest.mark.multiprocess, pytest.mark.slow]
 lab = labutil.lab  # the fixture

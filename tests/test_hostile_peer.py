@@ -19,7 +19,7 @@ the reference clips the same way).
 
 Gradient poisoning (1 data node, 1 stage x 2 relays).  One relay's gradient
 is scaled by 1e6 before every all-reduce from iteration 3 on (fault
-injection, runtime/faults.py; if the flows give it no microbatch, it sends a
+injection, runtime/node/faults.py; if the flows give it no microbatch, it sends a
 made-up gradient all the same).  The part owners refuse the poisoned
 contribution (protocol/gradguard.py), both relays count it
 (`gradient_outlier`), the contributions it carried count as lost, and the
@@ -41,7 +41,7 @@ from gwtf_node.model.reference import train_centralized
 from gwtf_node.model.tensors import pack
 from gwtf_node.protocol import codec
 from gwtf_node.protocol import messages as m
-from gwtf_node.runtime.host import open_host
+from gwtf_node.runtime.net.host import open_host
 
 from helpers import until
 from inproc import in_process_swarm

@@ -16,9 +16,9 @@ import trio
 
 from gwtf_node.model.manifest import RunManifest, default_manifest, save_manifest
 from gwtf_node.model.reference import train_centralized
-from gwtf_node.runtime.host import open_host
-from gwtf_node.runtime.local import LocalSwarm
-from gwtf_node.runtime.records import RunRecords
+from gwtf_node.runtime.net.host import open_host
+from gwtf_node.runtime.local.swarm import LocalSwarm
+from gwtf_node.runtime.trust.records import RunRecords
 
 from swarmutil import wait_records
 

@@ -5,6 +5,8 @@ torch or numpy, and nothing from the layers above it.  A machine gets a seeded
 `random.Random` handed in, so `import random` is allowed there only to name
 that type: any other use of the module `random` reads the global RNG.
 `sim/` and `model/` must not reach up into `runtime/` or the command line.
+`runtime/` is five rooms in an order (its `__init__.py`): a room imports only
+from the rooms before it.
 
 The check reads the source with `ast` (nothing is imported), sees imports at
 any depth (also inside functions) and resolves relative imports.
@@ -115,6 +117,30 @@ def test_model_does_not_import_upper_layers(path: Path) -> None:
     assert not found, _report(path, found)
 
 
+RUNTIME_ROOMS = ("ops", "net", "trust", "node", "local")  # each imports only the rooms before it
+
+
+def test_runtime_is_its_rooms() -> None:
+    runtime = PKG / "runtime"
+    assert {p.name for p in runtime.glob("*.py")} == {"__init__.py"}, "a runtime module outside the rooms"
+    assert {p.name for p in runtime.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(RUNTIME_ROOMS)
+
+
+@pytest.mark.parametrize("room", RUNTIME_ROOMS)
+def test_a_room_imports_only_the_rooms_before_it(room: str) -> None:
+    above = tuple(f"gwtf_node.runtime.{r}" for r in RUNTIME_ROOMS[RUNTIME_ROOMS.index(room) + 1:])
+    for path in _files(f"runtime/{room}"):
+        found = violations(path.read_text(), package_of(path), (*above, "gwtf_node.cli"))
+        assert not found, _report(path, found)
+
+
+def test_the_room_check_flags_an_arrow_upwards() -> None:
+    above = ("gwtf_node.runtime.node.node", "gwtf_node.runtime.local.swarm")
+    assert violations("from ..node.flows import Flows", "gwtf_node.runtime.trust", above)
+    assert violations("from gwtf_node.runtime.local import swarm", "gwtf_node.runtime.trust", above)
+    assert violations("from ..net.peers import Peers", "gwtf_node.runtime.trust", above) == []
+
+
 # ---- the checker itself ---------------------------------------------------
 
 PROTO_PKG = "gwtf_node.protocol"
@@ -164,7 +190,7 @@ def test_checker_allows(source: str) -> None:
 def test_relative_imports_resolve_from_the_package() -> None:
     # from gwtf_node/sim/x.py, `..protocol` is allowed and `..runtime` is not
     assert violations("from ..protocol.scenario import Scenario", "gwtf_node.sim", SIM_FORBIDDEN) == []
-    assert violations("from ..runtime.host import Host", "gwtf_node.sim", SIM_FORBIDDEN)
+    assert violations("from ..runtime.net.host import Host", "gwtf_node.sim", SIM_FORBIDDEN)
     assert violations("from ...cli import main", "gwtf_node.sim.baselines", SIM_FORBIDDEN)
 
 

@@ -28,7 +28,7 @@ import pytest
 import trio
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
-from gwtf_node.runtime.local import LocalSwarm
+from gwtf_node.runtime.local.swarm import LocalSwarm
 
 from restartutil import reference_losses
 from swarmutil import log_text, status, wait_exit, wait_for, wait_records, wait_summed

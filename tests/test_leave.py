@@ -17,7 +17,7 @@ import trio
 from gwtf_node.cli import main
 from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.model.reference import train_centralized
-from gwtf_node.runtime.local import LocalSwarm
+from gwtf_node.runtime.local.swarm import LocalSwarm
 
 from swarmutil import wait_exit, wait_records
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gwtf_node.runtime import linkmeter
-from gwtf_node.runtime.linkmeter import LinkMeter, LinkSample, recost_threshold, smoothed_bandwidth
+from gwtf_node.runtime.node import linkmeter
+from gwtf_node.runtime.node.linkmeter import LinkMeter, LinkSample, recost_threshold, smoothed_bandwidth
 
 
 def test_recost_threshold_needs_half_and_20_ms() -> None:

@@ -17,7 +17,7 @@ import pytest
 from gwtf_node.cli.common import CliError
 from gwtf_node.cli.local import EXIT_INTERRUPTED, run_swarm
 from gwtf_node.model.manifest import default_manifest
-from gwtf_node.runtime import local as launcher
+from gwtf_node.runtime.local import swarm as launcher
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -28,7 +28,7 @@ def _record(i: int) -> dict:
 
 
 class ScriptedSwarm:
-    """Stands in for runtime.local.LocalSwarm: phases, then records, then maybe an interruption or error."""
+    """Stands in for runtime.local.swarm.LocalSwarm: phases, then records, then maybe an interruption or error."""
 
     def __init__(self, workdir: Path, iterations: int, fail: BaseException | None = None) -> None:
         self.workdir, self.iterations, self.fail = workdir, iterations, fail

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from gwtf_node.model.manifest import default_manifest, save_manifest
-from gwtf_node.runtime.local import LocalSwarm
+from gwtf_node.runtime.local.swarm import LocalSwarm
 
 def test_local_swarm_shares_the_cores_among_its_nodes(tmp_path: Path) -> None:
     save_manifest(default_manifest(stages=2), tmp_path / "run.json")

@@ -1,4 +1,4 @@
-"""Python warnings reach the node log once each, never a flood on stderr (runtime/logs.py WarningRouter)."""
+"""Python warnings reach the node log once each, never a flood on stderr (runtime/ops/logs.py WarningRouter)."""
 
 import subprocess
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 CODE = """
 import sys, warnings
 from pathlib import Path
-from gwtf_node.runtime.logs import setup_logging
+from gwtf_node.runtime.ops.logs import setup_logging
 setup = setup_logging(sys.argv[2], Path(sys.argv[1]))
 def deprecated_call():
     warnings.warn("`past_key_values` is deprecated", FutureWarning, stacklevel=1)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gwtf_node.runtime.logs import LOG_FORMAT, LibraryFilter, RepeatFilter, setup_logging
+from gwtf_node.runtime.ops.logs import LOG_FORMAT, LibraryFilter, RepeatFilter, setup_logging
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -194,8 +194,8 @@ def test_a_real_node_log_holds_our_lines_and_no_chatter(tmp_path: Path) -> None:
 
 def test_log_words_for_a_peer_place_and_a_forgotten_peer() -> None:
     """Peers are described in words (no internal stage numbers) and keep their names after they are forgotten."""
-    from gwtf_node.runtime.discovery import describe_place
-    from gwtf_node.runtime.peers import PeerInfo, Peers, Place
+    from gwtf_node.runtime.net.discovery import describe_place
+    from gwtf_node.runtime.net.peers import PeerInfo, Peers, Place
 
     assert describe_place("data", -1) == "data node"
     assert describe_place("relay", 2) == "relay of stage 2"
@@ -210,7 +210,7 @@ def test_log_words_for_a_peer_place_and_a_forgotten_peer() -> None:
 
 
 def test_a_refused_record_is_a_warning_once_per_reason(caplog) -> None:
-    from gwtf_node.runtime.records import RunRecords
+    from gwtf_node.runtime.trust.records import RunRecords
 
     counted: list[str] = []
     recs = RunRecords(host=None, run_id="run", owner_public_key="", on_refused=counted.append)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gwtf_node.runtime.metrics import MetricsServer
-from gwtf_node.runtime.status import NodeState
+from gwtf_node.runtime.ops.metrics import MetricsServer
+from gwtf_node.runtime.node.status import NodeState
 
 DATA = Path(__file__).parent / "data"
 

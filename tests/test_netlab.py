@@ -116,7 +116,7 @@ def test_everything_is_removed_also_on_failure():
 
 FORKED = """
 import socket, sys
-from gwtf_node.runtime.zygote import serve
+from gwtf_node.runtime.local.zygote import serve
 
 def run(argv):  # what each forked child does: dial argv[0]:5000 and write what it saw to argv[1]
     try:
@@ -135,7 +135,7 @@ sys.exit(serve(run))
 def test_a_child_of_the_fork_server_runs_in_its_namespace(lab, tmp_path):
     """LocalSwarm(netns=...) forks a lab node from the one fork server: the child enters the namespace itself
     (zygote.enter_netns), and from there reaches a public node as a process started by `ip netns exec` does."""
-    from gwtf_node.runtime.zygote import Zygote
+    from gwtf_node.runtime.local.zygote import Zygote
 
     pub, other = lab.public("p"), lab.public("q")
     srv = serve(lab, pub)

@@ -14,10 +14,10 @@ import trio.testing
 from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.protocol import messages as m
 from gwtf_node.protocol.effects import SetTimer
-from gwtf_node.runtime.node import Admit, Node, NodeOptions, Timers, routes
-from gwtf_node.runtime.peers import PeerInfo, Peers, Place
-from gwtf_node.runtime.tensorstore import Drop, Keep, Slot, TensorStore
-from gwtf_node.runtime.wire import Owner, UnknownEffect
+from gwtf_node.runtime.node.node import Admit, Node, NodeOptions, Timers, routes
+from gwtf_node.runtime.net.peers import PeerInfo, Peers, Place
+from gwtf_node.runtime.node.tensorstore import Drop, Keep, Slot, TensorStore
+from gwtf_node.runtime.net.wire import Owner, UnknownEffect
 
 NOT_RECEIVED = {m.ProbeAck}  # on the wire format, sent by no machine: refused as unexpected
 

@@ -1,10 +1,10 @@
-"""The dashboard's node state is what the node does now (runtime/status.py derive_state)."""
+"""The dashboard's node state is what the node does now (runtime/node/status.py derive_state)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gwtf_node.runtime.status import NodeState, derive_state
+from gwtf_node.runtime.node.status import NodeState, derive_state
 
 QUIET = dict(leaving=False, connecting=False, joining=False, paused=False, waiting_for_data=False, aggregating=False)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from types import SimpleNamespace
 
-from gwtf_node.runtime.microbatches import Microbatches
+from gwtf_node.runtime.node.microbatches import Microbatches
 
 
 def test_a_computation_off_its_iterations_step_is_logged_and_counted(caplog) -> None:

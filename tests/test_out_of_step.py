@@ -1,4 +1,4 @@
-"""A member that BEGIN AGGREGATION names while its state is out of step (runtime/aggregation.py `abstain`).
+"""A member that BEGIN AGGREGATION names while its state is out of step (runtime/node/aggregation.py `abstain`).
 
 In one process: d0, two relays of stage 0 and one of stage 1 (`Node.run`
 tasks over real libp2p).  Once r0_1 has applied the step of iteration 0, its

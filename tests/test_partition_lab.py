@@ -33,7 +33,7 @@ from swarmutil import log_digest, log_text, status
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.model.reference import train_centralized
-from gwtf_node.runtime import checkpoints
+from gwtf_node.runtime.node import checkpoints
 
 pytestmark = [pytest.mark.netlab, pytest.mark.multiprocess, pytest.mark.slow]
 lab = labutil.lab  # the fixture

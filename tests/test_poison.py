@@ -124,13 +124,13 @@ def test_a_part_clips_its_mean_gradient_before_the_step():
     assert float(step.norm()) == pytest.approx(clip, rel=1e-3)
 
 
-# ---- a state hand-over is checked against the stage's other members (runtime/handover.py) --------------------
+# ---- a state hand-over is checked against the stage's other members (runtime/node/handover.py) --------------------
 
 
 def test_the_hash_of_a_handed_over_state_is_the_parameter_hash_of_the_part():
     from gwtf_node.model.manifest import default_manifest
     from gwtf_node.model.stages import build_full_model, build_stage
-    from gwtf_node.runtime.handover import params_hash
+    from gwtf_node.runtime.node.handover import params_hash
 
     man = default_manifest()
     part = build_stage(man, "relay", 1, full=build_full_model(man))
@@ -140,7 +140,7 @@ def test_the_hash_of_a_handed_over_state_is_the_parameter_hash_of_the_part():
 
 
 def test_a_state_is_taken_when_the_members_that_vouch_for_it_outnumber_the_others():
-    from gwtf_node.runtime.handover import verdict
+    from gwtf_node.runtime.node.handover import verdict
 
     assert verdict(5, "h", {})[0]  # a stage of one member: the sender's word
     assert verdict(5, "h", {"a": (5, "h")})[0]

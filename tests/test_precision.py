@@ -135,8 +135,8 @@ def test_topk_of_bf16_keeps_more_elements_than_fp32_at_the_same_bytes() -> None:
 def test_adatopk_counts_bf16_values_in_its_overhead() -> None:
     """Equation 7's c is (2 + 4) / 2 = 3 on a bf16 wire: the slowest link gets 3r (fp32: 2r), a link twice as
     fast 1.5r, and the sender keeps k of a bf16 tensor at that ratio."""
-    from gwtf_node.runtime.linkcompress import LinkCompression
-    from gwtf_node.runtime.peers import PeerInfo, Peers, Place
+    from gwtf_node.runtime.node.linkcompress import LinkCompression
+    from gwtf_node.runtime.net.peers import PeerInfo, Peers, Place
 
     peers = Peers(me="A", name="r0_0", n_stages=2, place=Place(role="relay", stage=0, capacity=4))
     for pid, name, st in (("D", "d0", -1), ("C", "r1_0", 1)):
@@ -191,8 +191,8 @@ def test_fp32_parts_are_unchanged_by_the_casts() -> None:
 
 def test_runtime_unpack_accepts_the_runs_wire_dtype_only() -> None:
     from gwtf_node.protocol import messages as m
-    from gwtf_node.runtime.stage import LocalStage
-    from gwtf_node.runtime.wire import FrameRefused
+    from gwtf_node.runtime.node.stage import LocalStage
+    from gwtf_node.runtime.net.wire import FrameRefused
 
     man = small("bf16-mixed", "bf16")
     stage = LocalStage(man, "relay", "cpu", 0, 1)

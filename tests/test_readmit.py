@@ -38,11 +38,11 @@ from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.protocol import messages as m
 from gwtf_node.protocol.flow import FlowConfig, FlowNode
 from gwtf_node.protocol.recovery import Key, RecoveryConfig, RecoveryNode
-from gwtf_node.runtime.discovery import Discovery
-from gwtf_node.runtime.liveness import Liveness
-from gwtf_node.runtime.node import Node, NodeOptions, routes
-from gwtf_node.runtime.peers import AddressBook, Arrival, PeerInfo, Peers, Place, readmission_refusal
-from gwtf_node.runtime.wire import Wire
+from gwtf_node.runtime.net.discovery import Discovery
+from gwtf_node.runtime.node.liveness import Liveness
+from gwtf_node.runtime.node.node import Node, NodeOptions, routes
+from gwtf_node.runtime.net.peers import AddressBook, Arrival, PeerInfo, Peers, Place, readmission_refusal
+from gwtf_node.runtime.net.wire import Wire
 from gwtf_node.sim.engine import Simulator
 
 
@@ -349,7 +349,7 @@ def _data_peers(others: list[PeerInfo]) -> Peers:
 async def test_a_lone_data_node_takes_the_relays_step(relay_steps: int, steps_after: int, caplog) -> None:
     """Its checkpoint holds 5 steps.  Relays at 5: it resumes at 5.  Relays at 6 (it died after they stepped):
     it says it is 1 step behind and goes on from 6.  Relays behind: it keeps its step."""
-    from gwtf_node.runtime import data_resume
+    from gwtf_node.runtime.node import data_resume
 
     peers = _data_peers([PeerInfo("a", "relay", 0, steps=relay_steps), PeerInfo("b", "relay", 1, steps=relay_steps),
                          PeerInfo("j", "relay", 1, steps=9, joining=True)])  # (a joiner's steps do not count)
@@ -369,7 +369,7 @@ async def test_a_lone_data_node_takes_the_relays_step(relay_steps: int, steps_af
 
 @pytest.mark.trio
 async def test_a_data_node_back_among_others_downloads_the_data_part() -> None:
-    from gwtf_node.runtime import data_resume
+    from gwtf_node.runtime.node import data_resume
 
     peers = _data_peers([PeerInfo("d1", "data", -1, steps=8), PeerInfo("d2", "data", -1, steps=9),
                          PeerInfo("d3", "data", -1, steps=12, joining=True), PeerInfo("a", "relay", 0, steps=9)])
@@ -392,8 +392,8 @@ async def test_a_stage_peer_back_at_the_same_step_is_compared(tmp_path: Path, th
     back saying the same step.  r0 asks it for the hash of its part at that step.  With no round record to tell
     the copies apart, the one cut off fetches the other's (its stage stayed with the run) and a relay that kept
     its data node keeps its own (the peer, cut off, fetches it); the same hash changes nothing."""
-    from gwtf_node.runtime.cutcheck import CutCheck
-    from gwtf_node.runtime.wire import now
+    from gwtf_node.runtime.node.cutcheck import CutCheck
+    from gwtf_node.runtime.net.wire import now
 
     run = tmp_path / "run.json"
     save_manifest(default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=2), run)
@@ -442,7 +442,7 @@ async def test_a_step_summed_without_a_named_member_is_compared_with_it(tmp_path
     the round records where the copies parted: the copy that summed more contributions is kept, the other
     fetched."""
     from gwtf_node.protocol.roundcheck import RoundOf
-    from gwtf_node.runtime.cutcheck import CutCheck
+    from gwtf_node.runtime.node.cutcheck import CutCheck
 
     run = tmp_path / "run.json"
     save_manifest(default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=2), run)

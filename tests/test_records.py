@@ -1,4 +1,4 @@
-"""Signed DHT records (runtime/records.py): sealed by the writer's libp2p key, checked on read."""
+"""Signed DHT records (runtime/trust/records.py): sealed by the writer's libp2p key, checked on read."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from libp2p.crypto.ed25519 import create_new_key_pair
 
 from gwtf_node.model.certificates import issue_certificate, public_key_hex
-from gwtf_node.runtime.identity import peer_id_of
-from gwtf_node.runtime.records import RecordError, get_signed, open_record, read_record, seal
+from gwtf_node.runtime.net.identity import peer_id_of
+from gwtf_node.runtime.trust.records import RecordError, get_signed, open_record, read_record, seal
 
 RUN = "run1"
 NOW = 1_800_000_000.0
@@ -119,7 +119,7 @@ def test_a_forged_record_of_a_higher_version_hides_no_genuine_one(owner) -> None
 
 
 def test_a_provider_is_believed_only_with_its_own_signed_node_record(owner) -> None:
-    from gwtf_node.runtime.records import RunRecords, checked_provider
+    from gwtf_node.runtime.trust.records import RunRecords, checked_provider
 
     kp, other = _kp(1), _kp(2)
     me, them = peer_id_of(kp), peer_id_of(other)
@@ -141,7 +141,7 @@ def test_a_provider_is_believed_only_with_its_own_signed_node_record(owner) -> N
         with pytest.raises(RecordError, match=says):
             checked_provider(me, rec, run_id=RUN)
     # a record carries its expiry: one its writer stopped refreshing is not dialled (and is no forgery)
-    from gwtf_node.runtime.records import RecordExpired
+    from gwtf_node.runtime.trust.records import RecordExpired
 
     dated = node_record(kp, me, {"run_id": RUN, "addrs": [addr], "expires": 1000})
     assert checked_provider(me, dated, run_id=RUN, now=999.0) == [f"{addr}/p2p/{me}"]

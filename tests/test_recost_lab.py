@@ -3,7 +3,7 @@
 Lab (gwtf_node/testing/netlab.py): d0 and two relays per stage, each in its
 own namespace on the internet segment.  Once the flows formed, the uplink of
 the stage-0 relay that carries d0's units is capped at 0.5 Mbit/s (tbf, both
-directions).  d0 measures its links again every 10 s (runtime/linkmeter.py: a
+directions).  d0 measures its links again every 10 s (runtime/node/linkmeter.py: a
 round trip and a timed 256 KiB transfer); the link's cost jumps past the
 re-costing threshold and both ends re-form the flows over it
 (`FlowNode.recost`): d0's status then shows the new cost and its units on
@@ -33,7 +33,7 @@ from swarmutil import log_digest, status
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.model.reference import train_centralized
-from gwtf_node.runtime.linkmeter import recost_threshold
+from gwtf_node.runtime.node.linkmeter import recost_threshold
 
 pytestmark = [pytest.mark.netlab, pytest.mark.multiprocess, pytest.mark.slow]
 lab = labutil.lab  # the fixture

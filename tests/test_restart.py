@@ -1,4 +1,4 @@
-"""A relay restarted with its state directory comes back to its stage (runtime/resume.py).
+"""A relay restarted with its state directory comes back to its stage (runtime/node/resume.py).
 
 The multi-process test: 1 data node and 2 stages x 2 relays train, and one
 more relay joins with `--stage auto` (the leader places it in stage k, it
@@ -29,9 +29,9 @@ import pytest
 import trio
 
 from gwtf_node.model.manifest import EmptyStage, ManifestError, RunManifest, default_manifest, save_manifest
-from gwtf_node.runtime.control import ask
-from gwtf_node.runtime.local import LocalSwarm
-from gwtf_node.runtime.resume import Held, PeerAnswer, RunAnswer, Source, decide
+from gwtf_node.runtime.ops.control import ask
+from gwtf_node.runtime.local.swarm import LocalSwarm
+from gwtf_node.runtime.node.resume import Held, PeerAnswer, RunAnswer, Source, decide
 
 from restartutil import common_checkpoint_params, reference_losses, relay_logs, restart, stage_plan
 from swarmutil import log_text, status, wait_exit, wait_for, wait_records

@@ -1,4 +1,4 @@
-"""Telling systemd how the node is doing (runtime/sdnotify.py), over real AF_UNIX datagram sockets.
+"""Telling systemd how the node is doing (runtime/node/sdnotify.py), over real AF_UNIX datagram sockets.
 
 Unit tests: the `$NOTIFY_SOCKET` address forms (a path, `@` for the abstract
 namespace), the watchdog interval read from `$WATCHDOG_USEC` / `$WATCHDOG_PID`,
@@ -28,8 +28,8 @@ import trio
 import trio.testing
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
-from gwtf_node.runtime.identity import load_or_create_identity, peer_id_of
-from gwtf_node.runtime.sdnotify import Notifier, serve, socket_address, watchdog_interval_s
+from gwtf_node.runtime.net.identity import load_or_create_identity, peer_id_of
+from gwtf_node.runtime.node.sdnotify import Notifier, serve, socket_address, watchdog_interval_s
 
 START_S = 300.0  # a node process (torch and libp2p imports, model build, a peer's Hello) is ready within this
 # (a deadline for the two nodes together, started at once on a loaded machine: generous, never a speed check)

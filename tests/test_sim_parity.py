@@ -79,7 +79,7 @@ def test_a_stage_that_lost_every_member_after_the_first_step_takes_no_joiner() -
 
 
 def _round_ends(sim: T.TrainSim, members: list[str]) -> dict[str, float]:
-    """The owner-based all-reduce of runtime/allreduce.py over these members, all starting at 0, by hand."""
+    """The owner-based all-reduce of runtime/node/allreduce.py over these members, all starting at 0, by hand."""
     n = len(members)
     part = gradient_mb(sim.stage[members[0]]) / n
     sums = {i: max(sim.net.transfer_s(j, i, part) for j in members if j != i) for i in members}

@@ -414,7 +414,7 @@ def test_a_gone_report_during_the_forward_pass_is_acted_on_at_the_sink(act_on_go
 def test_daemon_detect_s_is_the_daemons_liveness_check() -> None:
     """DAEMON_DETECT_S models the daemon's liveness check: a peer silent for DEAD_AFTER_S is dead, pings every
     PING_EVERY_S, so a crash is known DEAD_AFTER_S to DEAD_AFTER_S + PING_EVERY_S after it."""
-    from gwtf_node.runtime import liveness
+    from gwtf_node.runtime.node import liveness
     assert T.DAEMON_DETECT_S == liveness.DEAD_AFTER_S + liveness.PING_EVERY_S
 
 
@@ -469,7 +469,7 @@ def test_the_published_geo_links_are_read_the_same_by_the_daemon_and_the_simulat
     import random
     from pathlib import Path
 
-    from gwtf_node.runtime.linkspec import resolve_links
+    from gwtf_node.runtime.net.linkspec import resolve_links
     from gwtf_node.sim.train.setting import make_net
 
     raw = json.loads((Path(__file__).resolve().parents[1] / "gwtf_node/data/geo12-links.json").read_text())

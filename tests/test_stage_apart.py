@@ -25,8 +25,8 @@ from swarmutil import log_text
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.model.reference import train_centralized
-from gwtf_node.runtime import checkpoints
-from gwtf_node.runtime.local import LocalSwarm, run_local
+from gwtf_node.runtime.node import checkpoints
+from gwtf_node.runtime.local.swarm import LocalSwarm, run_local
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""runtime/stage.py: a step and its count move together, and a state installed during an all-reduce is not stepped
+"""runtime/node/stage.py: a step and its count move together, and a state installed during an all-reduce is not stepped
 twice (its steps already hold the step the round was for)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
-from gwtf_node.runtime.node import Node, NodeOptions
+from gwtf_node.runtime.node.node import Node, NodeOptions
 
 
 def _stage(tmp_path: Path):

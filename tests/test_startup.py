@@ -35,13 +35,13 @@ import trio
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.protocol import messages as m
-from gwtf_node.runtime.bootstrap import Bootstrap, BootstrapState, backoff_s, dial_reason, one_line
-from gwtf_node.runtime.discovery import Discovery
-from gwtf_node.runtime.identity import load_or_create_identity, peer_id_of
-from gwtf_node.runtime.peers import Peers, Place
-from gwtf_node.runtime.startup import ExitKind, NodeExit, PortInUse, check_port_free, first_startup_error
-from gwtf_node.runtime.statedir import StateDirLocked, lock_state_dir
-from gwtf_node.runtime.wire import FrameRefused
+from gwtf_node.runtime.net.bootstrap import Bootstrap, BootstrapState, backoff_s, dial_reason, one_line
+from gwtf_node.runtime.net.discovery import Discovery
+from gwtf_node.runtime.net.identity import load_or_create_identity, peer_id_of
+from gwtf_node.runtime.net.peers import Peers, Place
+from gwtf_node.runtime.ops.startup import ExitKind, NodeExit, PortInUse, check_port_free, first_startup_error
+from gwtf_node.runtime.ops.statedir import StateDirLocked, lock_state_dir
+from gwtf_node.runtime.net.wire import FrameRefused
 
 from helpers import free_port
 
@@ -72,7 +72,7 @@ def test_a_state_directory_is_held_by_one_lock_at_a_time(tmp_path: Path) -> None
 
 def test_the_lock_dies_with_its_process(tmp_path: Path) -> None:
     """Another process holds it (its pid is named); after SIGKILL it is free at once."""
-    code = ("import sys, time\nfrom gwtf_node.runtime.statedir import lock_state_dir\n"
+    code = ("import sys, time\nfrom gwtf_node.runtime.ops.statedir import lock_state_dir\n"
             "lock = lock_state_dir(sys.argv[1])\nprint('locked', flush=True)\ntime.sleep(60)\n")
     child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "s")], stdout=subprocess.PIPE, text=True)
     try:

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 PROBE = """
 import json, time
-from gwtf_node.runtime.status import resources
+from gwtf_node.runtime.node.status import resources
 before = resources()
 # 200 MiB above the high-water mark so far (importing torch can peak above what stays resident), written: resident
 extra = int(before["peak_rss_mb"] - before["rss_mb"]) + 200

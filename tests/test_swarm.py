@@ -19,7 +19,7 @@ import torch
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.model.reference import train_centralized
-from gwtf_node.runtime.local import LocalSwarm, run_local
+from gwtf_node.runtime.local.swarm import LocalSwarm, run_local
 
 pytestmark = pytest.mark.slow
 

@@ -26,7 +26,7 @@ from swarmutil import log_digest, status
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.model.reference import train_centralized
-from gwtf_node.runtime.local import LocalSwarm
+from gwtf_node.runtime.local.swarm import LocalSwarm
 
 pytestmark = [pytest.mark.netlab, pytest.mark.multiprocess, pytest.mark.slow]
 lab = labutil.lab  # the fixture

@@ -21,12 +21,12 @@ import trio
 
 from gwtf_node.protocol.codec import decode, encode
 from gwtf_node.protocol.messages import AllReduceChunk, Ping, TensorHeader
-from gwtf_node.runtime import channel
-from gwtf_node.runtime.allreduce import AllReducer, AllReduceTimeout
-from gwtf_node.runtime.frames import FrameError, encode_header, read_frame
-from gwtf_node.runtime.host import CTRL_PROTOCOL_ID, TENSOR_PROTOCOL_ID, _libp2p_reader, open_host
-from gwtf_node.runtime.identity import IdentityError, key_path, load_or_create_identity, peer_id_of
-from gwtf_node.runtime.links import LinkShaper
+from gwtf_node.runtime.net import channel
+from gwtf_node.runtime.node.allreduce import AllReducer, AllReduceTimeout
+from gwtf_node.runtime.net.frames import FrameError, encode_header, read_frame
+from gwtf_node.runtime.net.host import CTRL_PROTOCOL_ID, TENSOR_PROTOCOL_ID, _libp2p_reader, open_host
+from gwtf_node.runtime.net.identity import IdentityError, key_path, load_or_create_identity, peer_id_of
+from gwtf_node.runtime.net.links import LinkShaper
 from helpers import until
 
 DEADLINE_S = 20

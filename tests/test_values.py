@@ -1,4 +1,4 @@
-"""The magnitude scan of a tensor frame (runtime/values.py): every float dtype, NaN and infinity left out, no copy."""
+"""The magnitude scan of a tensor frame (runtime/trust/values.py): every float dtype, NaN and infinity left out, no copy."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from gwtf_node.model.tensors import pack, pack_topk
 from gwtf_node.protocol import bounds
 from gwtf_node.protocol import messages as m
-from gwtf_node.runtime.values import Values, _max_abs
+from gwtf_node.runtime.trust.values import Values, _max_abs
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])

@@ -1,9 +1,9 @@
-"""A bootstrap address whose /p2p/ part is not the peer id of the node listening there (runtime/bootstrap.py).
+"""A bootstrap address whose /p2p/ part is not the peer id of the node listening there (runtime/net/bootstrap.py).
 
 Two real libp2p hosts in the test's process: the node dials the other's address with a third key's peer id.  The
 Noise handshake fails; the node says once, at ERROR, that the node there has another peer id and what to give
 instead, keeps its retries (the node the address names may come back there), and gives up with NO_BOOTSTRAP
-(`join` exits 3) naming the /p2p/ part.  libp2p's own "handshake failed" line is routine (runtime/logs.py).
+(`join` exits 3) naming the /p2p/ part.  libp2p's own "handshake failed" line is routine (runtime/ops/logs.py).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from types import SimpleNamespace
 import pytest
 import trio
 
-from gwtf_node.runtime.bootstrap import Bootstrap, BootstrapState, wrong_peer_id
-from gwtf_node.runtime.host import open_host
-from gwtf_node.runtime.identity import load_or_create_identity, peer_id_of
-from gwtf_node.runtime.logs import LibraryFilter
-from gwtf_node.runtime.peers import Peers, Place
-from gwtf_node.runtime.startup import ExitKind
+from gwtf_node.runtime.net.bootstrap import Bootstrap, BootstrapState, wrong_peer_id
+from gwtf_node.runtime.net.host import open_host
+from gwtf_node.runtime.net.identity import load_or_create_identity, peer_id_of
+from gwtf_node.runtime.ops.logs import LibraryFilter
+from gwtf_node.runtime.net.peers import Peers, Place
+from gwtf_node.runtime.ops.startup import ExitKind
 
 
 

@@ -1,5 +1,5 @@
 """What a volunteer types wrong gets one line that says what to fix (cli/common.py, cli/status.py,
-runtime/checkpoints.py)."""
+runtime/node/checkpoints.py)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def test_status_takes_state_dir_twice(tmp_path: Path, capsys) -> None:
 def test_a_checkpoint_holding_code_is_refused_without_torchs_advice(tmp_path: Path) -> None:
     import torch
 
-    from gwtf_node.runtime.checkpoints import CheckpointError, load
+    from gwtf_node.runtime.node.checkpoints import CheckpointError, load
 
     path = tmp_path / "ckpt.pt"
     torch.save({"format": "x", "what": Path("/")}, path)  # a pickled object, not a tensor or plain value
@@ -82,12 +82,12 @@ def test_leave_says_one_true_thing_by_signal(tmp_path: Path, capsys, role: str, 
 ])
 def test_leave_says_one_true_thing_over_the_socket(tmp_path: Path, capsys, graceful: bool, role: str,
                                                    words: str) -> None:
-    """The node's control socket answers the leave op (runtime/control.py): one line for what the node does."""
+    """The node's control socket answers the leave op (runtime/ops/control.py): one line for what the node does."""
     import threading
 
     import trio
 
-    from gwtf_node.runtime import control
+    from gwtf_node.runtime.ops import control
 
     sd = tmp_path / "d0"
     sd.mkdir()

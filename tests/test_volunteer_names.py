@@ -2,7 +2,7 @@
 log, its Hello (so its peers' logs, status and dashboard) and its own status.json.
 
 The swarm (1 data node, 1 relay, neither named) runs as tasks of the test's process (tests/inproc.py); a
-forgotten peer keeps its name on the dashboard (runtime/status.py `name_of`)."""
+forgotten peer keeps its name on the dashboard (runtime/node/status.py `name_of`)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pytest
 import trio
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
-from gwtf_node.runtime.events import default_name, short_id
-from gwtf_node.runtime.node import Node, NodeOptions
-from gwtf_node.runtime.peers import PeerInfo, Peers, Place
-from gwtf_node.runtime.status import name_of
+from gwtf_node.runtime.ops.events import default_name, short_id
+from gwtf_node.runtime.node.node import Node, NodeOptions
+from gwtf_node.runtime.net.peers import PeerInfo, Peers, Place
+from gwtf_node.runtime.node.status import name_of
 
 from helpers import until
 from inproc import InProcessSwarm

@@ -1,4 +1,4 @@
-"""Reachability as status.json and the dashboard say it (runtime/status.py `_reachability`).
+"""Reachability as status.json and the dashboard say it (runtime/node/status.py `_reachability`).
 
 A node started with `--announce ADDR` was told the address peers reach it at: it advertises only that address
 and reserves no relay slot (relay.py), so until a peer's dial-back says otherwise it is `public` on the basis
@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
-from gwtf_node.runtime.node import Node, NodeOptions
+from gwtf_node.runtime.node.node import Node, NodeOptions
 
 from helpers import until
 from inproc import InProcessSwarm

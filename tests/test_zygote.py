@@ -1,4 +1,4 @@
-"""The fork server of local swarms (runtime/zygote.py): children, their exit statuses, signals, its end.
+"""The fork server of local swarms (runtime/local/zygote.py): children, their exit statuses, signals, its end.
 
 Every child here is a real `gwtf-node` command forked from one zygote
 process; every wait is bounded, and the zygote is closed (its children
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
-from gwtf_node.runtime.local import FORK_SERVER_COMMAND
-from gwtf_node.runtime.zygote import Zygote
+from gwtf_node.runtime.local.swarm import FORK_SERVER_COMMAND
+from gwtf_node.runtime.local.zygote import Zygote
 
 pytestmark = pytest.mark.multiprocess
 

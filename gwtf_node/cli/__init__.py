@@ -5,7 +5,7 @@ print one line to stderr and exit with status 2; nothing here prints a
 traceback for them.  `join` also exits with 2 when its port or state
 directory is in use or a peer refuses it (another run.json, a stage the run
 does not have), and with 3 when no bootstrap peer answered within
-`--bootstrap-timeout` (runtime/startup.py, statedir.py, bootstrap.py).
+`--bootstrap-timeout` (runtime/ops/startup.py, statedir.py, bootstrap.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .sim import SIM_TRAIN_JSON_KEYS, add_sim_parsers, cmd_sim_join, cmd_sim_tra
 from .status import add_status_parser
 
 if TYPE_CHECKING:
-    from ..runtime.statedir import StateDirLock
+    from ..runtime.ops.statedir import StateDirLock
 
 __all__ = ["CliError", "EXIT_USAGE", "SIM_TRAIN_JSON_KEYS", "build_parser", "cmd_sim_join", "cmd_sim_train", "main", "run_policy",
            "sim_train_options", "_load_scenario", "_setup_logging"]
@@ -37,8 +37,8 @@ __all__ = ["CliError", "EXIT_USAGE", "SIM_TRAIN_JSON_KEYS", "build_parser", "cmd
 def cmd_join(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..runtime.startup import StartupError, check_port_free
-    from ..runtime.statedir import lock_state_dir
+    from ..runtime.ops.startup import StartupError, check_port_free
+    from ..runtime.ops.statedir import lock_state_dir
 
     if args.role == "data" and args.stage not in (None, "auto"):
         raise CliError("--stage applies to relays; data nodes host the embedding and the head")
@@ -61,10 +61,10 @@ def cmd_join(args: argparse.Namespace) -> int:
         if args.data_index >= args.data_nodes:
             raise CliError(f"--data-index {args.data_index} must be below --data-nodes {args.data_nodes}")
         if args.links:
-            from ..runtime.linkspec import load_links
+            from ..runtime.net.linkspec import load_links
             load_links(Path(args.links))
         if args.restore:
-            from ..runtime.checkpoints import CheckpointError, load as load_checkpoint
+            from ..runtime.node.checkpoints import CheckpointError, load as load_checkpoint
 
             try:
                 load_checkpoint(Path(args.restore), run_id=man.run_id)
@@ -118,8 +118,8 @@ def _checkpoint_bytes(man, counts, role: str, stage: int | None) -> int:
 def _check_listen(args: argparse.Namespace) -> None:
     """The listen endpoints and the tensor port are free (a one-line error otherwise); --listen and the older
     --host / --port are one or the other."""
-    from ..runtime.addresses import AddressError, default_tensor_port, listen_endpoints
-    from ..runtime.startup import check_port_free
+    from ..runtime.net.addresses import AddressError, default_tensor_port, listen_endpoints
+    from ..runtime.ops.startup import check_port_free
 
     if args.listen and (args.host != "127.0.0.1" or args.port != 0):
         raise CliError("give --listen, or the older --host / --port, not both (--host H --port P is --listen H:P)")
@@ -141,7 +141,7 @@ def _check_own_admission(args: argparse.Namespace, man) -> None:
     from pathlib import Path
 
     from ..model.certificates import CERTIFICATE_FILE, AdmissionError, check_certificate
-    from ..runtime.identity import IdentityError, load_or_create_identity, peer_id_of
+    from ..runtime.net.identity import IdentityError, load_or_create_identity, peer_id_of
 
     if args.revocations:
         from ..model.certificates import check_revocations
@@ -183,8 +183,8 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
 
     import trio
 
-    from ..runtime.node import NodeOptions, run_node
-    from ..runtime.startup import ExitKind, StartupError, first_startup_error
+    from ..runtime.node.node import NodeOptions, run_node
+    from ..runtime.ops.startup import ExitKind, StartupError, first_startup_error
 
     device = args.device
     if device == "auto":
@@ -201,7 +201,7 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
         torch.set_num_threads(args.torch_threads)
     capacity, man, counts = _capacity_that_fits(args, stage, device)
     try:  # the state and checkpoint directories take what the node will write (a part that fits its device)
-        from ..runtime.statedir import check_writable
+        from ..runtime.ops.statedir import check_writable
 
         check_writable(Path(args.state_dir), _checkpoint_bytes(man, counts, args.role, stage))
     except StartupError as e:
@@ -247,7 +247,7 @@ def _capacity_that_fits(args: argparse.Namespace, stage: int | None, device: str
 
     `--stage K` and data nodes: the part at `--capacity`, or the most microbatches (at most the run's demand per
     data node) that fit when it is 0.  `--stage auto`: some stage must fit one microbatch; which ones do, and
-    the capacity, are the joiner's to tell the leader (runtime/joining.py).
+    the capacity, are the joiner's to tell the leader (runtime/node/joining.py).
     """
     from ..model import memory
     from ..model.hfconfig import parameter_counts
@@ -300,7 +300,7 @@ def cmd_local(args: argparse.Namespace) -> int:
         save_manifest(man, run_path)
     except OSError as e:
         raise CliError(f"--workdir {workdir}: cannot write there ({e.strerror})") from None
-    from ..runtime.local import LocalError, LocalSwarm
+    from ..runtime.local.swarm import LocalError, LocalSwarm
 
     try:  # the launcher owns the run: it signs it and admits its nodes (a signed --run needs its owner key)
         swarm = LocalSwarm(workdir, run_path, args.data_nodes, len(man.stages), args.relays_per_stage,
@@ -311,7 +311,7 @@ def cmd_local(args: argparse.Namespace) -> int:
     except LocalError as e:
         raise CliError(str(e)) from None
     if args.links:
-        from ..runtime.linkspec import LinksError, resolve_links
+        from ..runtime.net.linkspec import LinksError, resolve_links
         try:  # the same check the swarm makes when it starts, before any process is spawned
             resolve_links(Path(args.links), swarm.names())
         except LinksError as e:
@@ -357,13 +357,13 @@ def _local_centralized(man, args) -> int:
 
 def cmd_leave(args: argparse.Namespace) -> int:
     """Ask the node of a state directory to leave gracefully and wait until it is gone: over its control socket
-    (runtime/control.py), or with SIGTERM to the pid of its status.json when it has none."""
+    (runtime/ops/control.py), or with SIGTERM to the pid of its status.json when it has none."""
     import os
     import signal
     import time
     from pathlib import Path
 
-    from ..runtime.control import ControlError, NoDaemon, ask
+    from ..runtime.ops.control import ControlError, NoDaemon, ask
 
     try:
         reply = ask(Path(args.state_dir), "leave")
@@ -512,7 +512,7 @@ def _add_join_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def _add_local_parser(sub: Any) -> None:
-    """`local`: a whole swarm on loopback (runtime/local.py), or its centralized reference."""
+    """`local`: a whole swarm on loopback (runtime/local/swarm.py), or its centralized reference."""
     lo = sub.add_parser("local", help="a whole swarm of separate processes on loopback, training a small model")
     lo.add_argument("--data-nodes", type=_positive_int, default=1)
     lo.add_argument("--stages", type=_positive_int, default=2)

@@ -92,7 +92,7 @@ def _ip_address(text: str) -> str:
 
 def _listen_addr(text: str) -> str:
     """A `--listen` address as a multiaddr (/ip4/H/tcp/P or /ip6/H/tcp/P), from a multiaddr or HOST:PORT."""
-    from ..runtime.addresses import AddressError, parse_endpoint
+    from ..runtime.net.addresses import AddressError, parse_endpoint
     try:
         return parse_endpoint(text, "--listen").multiaddr
     except AddressError as e:
@@ -101,7 +101,7 @@ def _listen_addr(text: str) -> str:
 
 def _announce_addr(text: str) -> str:
     """An `--announce` address as a multiaddr: a concrete host and port that peers can dial."""
-    from ..runtime.addresses import AddressError, parse_announce
+    from ..runtime.net.addresses import AddressError, parse_announce
     try:
         return parse_announce(text).multiaddr
     except AddressError as e:
@@ -169,7 +169,7 @@ def _load_scenario(path: str, activation_mb: float | None):
 
 def _manifest_error_types():
     from ..model.manifest import ManifestError
-    from ..runtime.linkspec import LinksError
+    from ..runtime.net.linkspec import LinksError
 
     return (ManifestError, LinksError)
 
@@ -189,7 +189,7 @@ def _first_manifest_error(exc: BaseException):
 
 
 def _setup_logging(level: str, state_dir=None, *, max_mb: float = 10.0, backups: int = 5):
-    """Log to stderr and, with a state directory, to its rotating node.log (runtime/logs.py)."""
-    from ..runtime.logs import setup_logging
+    """Log to stderr and, with a state directory, to its rotating node.log (runtime/ops/logs.py)."""
+    from ..runtime.ops.logs import setup_logging
 
     return setup_logging(level, state_dir, max_mb=max_mb, backups=backups)

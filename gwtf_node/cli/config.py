@@ -43,7 +43,7 @@ from .common import CliError, EXIT_USAGE, _churn, _nonneg_int, _port, _positive_
 CONFIG_FILE_NAME = "config.toml"
 ENV_PREFIX = "GWTF_"
 CONFIG_ENV = "GWTF_CONFIG"
-# GWTF_* variables that are not settings: fault injection of the test swarms (runtime/faults.py)
+# GWTF_* variables that are not settings: fault injection of the test swarms (runtime/node/faults.py)
 NOT_SETTINGS = frozenset({CONFIG_ENV, "GWTF_FAULT", "GWTF_DROP_FIRST_PHASE"})
 PATH_KEYS = frozenset({"run", "links", "restore", "state_dir"})  # relative to the config file's directory
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")

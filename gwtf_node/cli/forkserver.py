@@ -2,7 +2,7 @@
 
 It imports what every node imports first (torch, the model classes of
 transformers, libp2p, trio, the daemon and the stage executor), once, then
-serves the launcher (runtime/zygote.py `serve`): each child it forks runs the
+serves the launcher (runtime/local/zygote.py `serve`): each child it forks runs the
 command line's `main` with the node's arguments.  The imports below are the
 point of the module: a child finds them done.
 """
@@ -19,8 +19,8 @@ import transformers.models.llama.modeling_llama  # noqa: F401
 import trio  # noqa: F401
 
 from ..model import stages  # noqa: F401
-from ..runtime import node  # noqa: F401
-from ..runtime.zygote import serve
+from ..runtime.node import node  # noqa: F401
+from ..runtime.local.zygote import serve
 from . import main
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""What `gwtf-node local` shows and leaves behind while its swarm (runtime/local.py) runs.
+"""What `gwtf-node local` shows and leaves behind while its swarm (runtime/local/swarm.py) runs.
 
 * Where: the workdir is printed first, on stderr (also with `--json`, whose
   stdout carries only the per-iteration records), and again at the end, on an
@@ -33,7 +33,7 @@ def _err(text: str) -> None:
 
 def run_swarm(swarm, man, args: argparse.Namespace) -> int:
     """Run `swarm` (a runtime.local.LocalSwarm) for `args.iterations`, showing progress; the exit status."""
-    from ..runtime.local import LocalError, run_local
+    from ..runtime.local.swarm import LocalError, run_local
 
     workdir: Path = swarm.workdir
     _err(f"gwtf-node local: workdir {workdir}: {args.data_nodes} data node(s), {len(man.stages)} stages x "
@@ -99,7 +99,7 @@ def run_swarm(swarm, man, args: argparse.Namespace) -> int:
 
 
 def _keep_summary(workdir: Path, records: list[dict], man) -> list[Path]:
-    from ..runtime.local import write_summary
+    from ..runtime.local.swarm import write_summary
 
     try:
         return write_summary(workdir, records, f"gwtf-node local: {man.model.family} model, {len(man.stages)} stages")

@@ -118,8 +118,8 @@ def _publish(addr: str, run_id: str, value: str) -> None:
 
     import trio
 
-    from ..runtime.host import PeerUnreachable, open_host
-    from ..runtime.records import put_signed
+    from ..runtime.net.host import PeerUnreachable, open_host
+    from ..runtime.trust.records import put_signed
 
     if "/p2p/" not in addr:
         raise CliError(f"--publish-to {addr!r} must be a multiaddr ending in /p2p/<peer id>")
@@ -146,7 +146,7 @@ def _publish(addr: str, run_id: str, value: str) -> None:
 
 
 def cmd_peer_id(args: argparse.Namespace) -> int:
-    from ..runtime.identity import IdentityError, load_or_create_identity, peer_id_of
+    from ..runtime.net.identity import IdentityError, load_or_create_identity, peer_id_of
 
     try:
         print(peer_id_of(load_or_create_identity(Path(args.state_dir))))

@@ -5,7 +5,7 @@ by the `join` parser first, so a unit that cannot start is refused here and not
 in the journal.  What the unit says, and why:
 
 - `Type=notify`: systemd counts the node started when it says READY=1, that
-  is when it has joined the run (runtime/sdnotify.py); `WatchdogSec=` restarts
+  is when it has joined the run (runtime/node/sdnotify.py); `WatchdogSec=` restarts
   a node whose event loop stopped answering; STATUS= lines show in
   `systemctl status`.
 - `Restart=on-failure`, but not for exit status 2 (a bad flag or manifest, or
@@ -180,7 +180,7 @@ def _admission(joined: argparse.Namespace, man, state_dir: Path, *, create: bool
     import time
 
     from ..model.certificates import CERTIFICATE_FILE, AdmissionError, check_certificate
-    from ..runtime.identity import IdentityError, key_path, load_or_create_identity, peer_id_of
+    from ..runtime.net.identity import IdentityError, key_path, load_or_create_identity, peer_id_of
 
     role = joined.role
     given = getattr(joined, "certificate", None)

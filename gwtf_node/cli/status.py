@@ -1,7 +1,7 @@
 """`gwtf-node status`: the live dashboard of running nodes, read from their control sockets.
 
 Each node answers on the control socket of its state directory
-(runtime/control.py) with its view (runtime/status.py `view`).  `status`
+(runtime/ops/control.py) with its view (runtime/node/status.py `view`).  `status`
 asks the nodes of the given state directories (a node's own, or a directory
 holding several: a local swarm's workdir) and draws:
 
@@ -85,14 +85,14 @@ class Nodes:
     """Open control connections to the nodes of some state directories; `poll` asks each for its view."""
 
     def __init__(self, dirs: list[Path]) -> None:
-        from ..runtime.control import Client
+        from ..runtime.ops.control import Client
 
         self.dirs = dirs
         self.clients: dict[Path, Client | None] = {d: None for d in dirs}
         self.down: dict[Path, str] = {}
 
     def poll(self) -> list[tuple[Path, dict | None]]:
-        from ..runtime.control import Client, ControlError
+        from ..runtime.ops.control import Client, ControlError
 
         out = []
         for d in self.dirs:
@@ -272,7 +272,7 @@ def _reach_short(r: dict | None) -> str:
 
 
 def _reach_words(r: dict | None) -> str:
-    """This node's reachability in words (runtime/status.py `_reachability`); "" in a view without it."""
+    """This node's reachability in words (runtime/node/status.py `_reachability`); "" in a view without it."""
     if not r:
         return ""
     why = {"dial-back": f"a peer dialled it back{(': ' + r['checked_by_name']) if r.get('checked_by_name') else ''}"

@@ -36,7 +36,7 @@ Choices where the paper is silent or where this system differs:
   the bytes); such a link sends the dense tensor instead (`kept_count`).
 * FusionLLM's scheduler knows every link.  Here the sender of a tensor
   decides its ratio from the links it knows (the emulated or configured link
-  table, `runtime/linkcompress.py`); the receiver reads k from the header, so
+  table, `runtime/node/linkcompress.py`); the receiver reads k from the header, so
   nodes need not agree on the ratios for the tensors to decode.
 * No error feedback: FusionLLM sends the Top-K of each tensor and drops the
   rest (Figure 6, "other elements are left as 0"), and so does this module.

@@ -5,8 +5,8 @@ embedding into stage 0 (crossing 0), stage k's output into stage k + 1
 (crossing k + 1), the last stage's output into the head (crossing S); the
 gradients cross them backwards.  `Crossings` applies to the centralized chain
 (`reference.run_microbatch`) what the tensor channel does to those tensors
-in a run with `train.compression` (`runtime/linkcompress.py`,
-`runtime/microbatches.py`): the forward tensor of crossing i is rebuilt from
+in a run with `train.compression` (`runtime/node/linkcompress.py`,
+`runtime/node/microbatches.py`): the forward tensor of crossing i is rebuilt from
 its Top-K at `forward[i]`, and its gradient either at the activation's own
 indices (`Gradients.ALIGNED`) or from its own Top-K at `backward[i]`
 (`Gradients.TOPK`).  A ratio whose sparse payload would not be smaller than

@@ -109,7 +109,7 @@ class TrainSpec:
 
 class EmptyStage(str, enum.Enum):
     """What a relay does that comes back to a stage with no live member, holding a checkpoint older than the
-    stage's state in the run (`runtime/resume.py`)."""
+    stage's state in the run (`runtime/node/resume.py`)."""
 
     WAIT = "wait"  # wait for a node holding the stage's current state (the default: no training is lost)
     RESTART_FROM_CHECKPOINT = "restart_from_checkpoint"  # resume the stage from that checkpoint: steps are lost

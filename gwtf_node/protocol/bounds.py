@@ -9,7 +9,7 @@ another shape or dtype, an iteration number a billion ahead.  This module
 writes the range of every value down, once, as one check function per
 message type (`CHECKS`), and `check(msg, ctx)` returns the first `Problem`
 found, or None.  The daemon calls it for every decoded frame before the
-frame reaches its component (runtime/node.py `_on_frame`), refuses a frame
+frame reaches its component (runtime/node/node.py `_on_frame`), refuses a frame
 with a problem, and counts refusals per `Violation` code in status.json
 (`refused_values`).
 

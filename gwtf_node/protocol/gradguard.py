@@ -1,7 +1,7 @@
 """Outlier contributions to a stage's all-reduce: which ones a part's owner leaves out of the sum.
 
 Every member of a stage sends each part owner its slice of the gradient sum
-and its microbatch count (runtime/allreduce.py).  One member with a huge
+and its microbatch count (runtime/node/allreduce.py).  One member with a huge
 gradient (a bug, a bit flip, or a hostile member) would move every copy of
 the stage as far as it likes, since the update is the mean.  The owner of a
 part therefore judges each contribution to its part before summing: the

@@ -336,7 +336,7 @@ class LinkCost:
     unit's forward edge and its backward edge cancel), and with two different
     values they can stall short of the demand.  The downstream end adopts the
     upstream end's value (`FlowNode.set_cost`).  When the upstream end's
-    measurement moves past the re-costing threshold (`runtime/linkmeter.py`),
+    measurement moves past the re-costing threshold (`runtime/node/linkmeter.py`),
     `reform` is set and both ends re-form the flows over the link
     (`FlowNode.recost`)."""
 
@@ -543,7 +543,7 @@ class Assignment:
     start_iteration: int  # the newcomer serves from this iteration on
 
 
-# ---- start-up: a refused Hello is answered (runtime/bootstrap.py) ----------
+# ---- start-up: a refused Hello is answered (runtime/net/bootstrap.py) ----------
 
 
 @dataclass(frozen=True, slots=True)

@@ -371,7 +371,7 @@ class Phases(PhaseWaits):
         in that iteration (its state stays that of the iteration before), and a data
         node whose stage-0 group is empty waits for no CAN TAKE.  Opening the next
         iteration with a stage still empty is the driver's decision (a data node
-        does not: runtime/microbatches.py).
+        does not: runtime/node/microbatches.py).
         """
         named = {g.stage: set(g.peers) - self.gone for g in begin.groups}
         out: set[str] = set()

@@ -38,7 +38,7 @@ class WatchTimer:
 
 
 WATCH_TIMER = WatchTimer()
-WAIT_BOUND_S = 30.0  # the daemon's bound of a phase wait (runtime/waits.py: longer for a node whose work is long)
+WAIT_BOUND_S = 30.0  # the daemon's bound of a phase wait (runtime/node/waits.py: longer for a node whose work is long)
 
 
 class WaitKind(enum.StrEnum):

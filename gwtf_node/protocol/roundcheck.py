@@ -1,10 +1,10 @@
 """Stage copies that stepped apart: which copy every member keeps.
 
 The copies of a stage stay identical because every member of the stage's
-all-reduce adds the same sums in the same order (runtime/allreduce.py).  A
+all-reduce adds the same sums in the same order (runtime/node/allreduce.py).  A
 round that loses a member is redone among the survivors, and each member
 decides for itself who survived: a member it forgot since the round began
-stays out (runtime/aggregation.py).  Two members can therefore decide
+stays out (runtime/node/aggregation.py).  Two members can therefore decide
 differently: one forgot the other (presumed dead under load, a restart, a
 partition), or both forgot each other, and each sums a group of its own.
 Both step, and from that step on their parameters differ; every later
@@ -36,7 +36,7 @@ StageStateRequest) and `decide`s:
 * different hashes and no record that tells them apart (records older than
   `KEEP_ROUNDS` steps, a state restored from a checkpoint): the caller's
   fallback, which is `YIELD` for a node that was cut off from every data
-  node meanwhile (it was the one away from the run: runtime/cutcheck.py)
+  node meanwhile (it was the one away from the run: runtime/node/cutcheck.py)
   and `KEEP` otherwise.
 
 Pure: no I/O, clocks or randomness.

@@ -1,25 +1,27 @@
-"""The daemon's runtime (trio): the node and its components, network host, tensor channel, all-reduce.
+"""The daemon's runtime (trio, libp2p, torch), in five rooms.
 
-The node (`node.py`) and its components, each owning its state (see node.py):
-`peers`, `liveness`, `discovery`, `bootstrap`, `flows`, `microbatches` (with
-`tensorstore`), `aggregation`, `leadership`, `joining` (with `resume` for a
-relay back with a checkpoint), `data_resume`, `status`; `stage` holds this
-node's part of the model and the torch worker, `wire` what every component
-is handed (sending, tasks, refusals), `faults` the fault-injection hook,
-`checkpoints` the state directory's checkpoint files, `statedir` its lock,
-`startup` the start-up errors.
+Each room imports only from the rooms listed before it (and from protocol/,
+model/ and the libraries); `tests/test_layering.py` checks the arrows:
 
-Transport layer modules (each module's docstring has its design; figures are in
-docs/bench_transport.md):
+* `ops/`   - what an operator and the start-up touch, about no peer: start-up
+             errors and the state directory's lock (`startup`, `statedir`),
+             the control socket, metrics, the event log, logging, loop lag.
+* `net/`   - reaching peers: identity, addresses, the libp2p host and its
+             listening side and DHT, the tensor channel and its frames, link
+             emulation, the circuit relay, hole punching, dial-back, the peer
+             table (`peers`), discovery and bootstrap, and `wire` (what every
+             component is handed to send and refuse).
+* `trust/` - who may send what: certificates (`authorize`), the signed DHT
+             records, value checks on arriving frames.
+* `node/`  - the node (`node/node.py`) and its training components, each
+             owning its state: liveness, flows and link measurement,
+             microbatches with the stage's torch worker, aggregation and the
+             all-reduce, leadership, joining, resume, checkpoints, status and
+             sd_notify.
+* `local/` - a whole swarm of daemon processes on one machine (`swarm.py`,
+             `gwtf-node local`) and its fork server (`zygote.py`).
 
-* `identity`  - the node's Ed25519 key in the state directory (stable peer id)
-* `frames`    - length-prefixed envelope + raw payload frames, limits checked before reading
-* `host`      - py-libp2p host (Noise, Yamux, Kademlia) with `send` / `set_handler` / DHT
-* `channel`   - the fast tensor channel: X25519 over libp2p, AES-256-GCM over raw TCP
-* `links`     - user-space latency / bandwidth emulation per destination peer
-* `allreduce` - reduce-scatter + all-gather of a float32 vector within a stage
-
-`local` starts a whole swarm of daemon processes on one machine (`gwtf-node local`).
-Submodules are imported on demand (`from gwtf_node.runtime.host import open_host`)
-so that importing `gwtf_node.runtime` stays cheap and pulls in no libp2p.
+Submodules are imported on demand (`from gwtf_node.runtime.net.host import
+open_host`), so that importing `gwtf_node.runtime` stays cheap and pulls in no
+libp2p.  The transport's figures are in docs/bench_transport.md.
 """

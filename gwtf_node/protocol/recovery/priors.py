@@ -3,7 +3,7 @@
 A hand-off deadline is `K x est(peer) x (1 + waiting) + MARGIN_S` and the
 data node's watchdog `K_E2E x e2e_est + MARGIN_S` (module docstrings of relay.py
 and rounds.py); `est` and `e2e_est` are EWMAs of measured times, and these
-functions give their first values.  The daemon (`runtime/microbatches.py`)
+functions give their first values.  The daemon (`runtime/node/microbatches.py`)
 and the simulator (`sim/train/`) both call them, with what a node knows when
 its machine starts or a neighbour appears: the cost d(i, j) of Equation 1
 without compute (latency plus the transfer of one activation, in ms), which

@@ -1,6 +1,6 @@
 """The step of the aggregation phase in virtual time: the daemon's within-stage all-reduce, then the optimizer step.
 
-The all-reduce follows the daemon's algorithm (`runtime/allreduce.py`) on
+The all-reduce follows the daemon's algorithm (`runtime/node/allreduce.py`) on
 the simulator's links: owner-based reduce-scatter, then all-gather.  The
 members of a stage's group, sorted by id, cut the stage's gradient
 (`gradient_mb`) into n parts, part i owned by the i-th member; every member

@@ -9,7 +9,7 @@ The hooks below make one change at the current virtual time, between two
 calls of `TrainSim.run(..., until=...)` (tests drive the simulator with them):
 
 * `crash_relay(r)`: `r` crashes now (as a scripted crash: never spared).
-* `leave_relay(r)`: the daemon's graceful leave (runtime/joining.py,
+* `leave_relay(r)`: the daemon's graceful leave (runtime/node/joining.py,
   `Joining.leave`): `r` announces that it leaves after the iteration in flight
   (`leave_after` = the steps its state holds): from the next iteration on it
   takes no microbatch (its microbatch machine denies them) and the leader
@@ -23,7 +23,7 @@ calls of `TrainSim.run(..., until=...)` (tests drive the simulator with them):
   nearest one (`StageStateRequest` after the leader's placement iteration,
   checked and loaded as joining.py does) and comes in once loaded.  With
   stage k empty it is a relay coming back with the stage's checkpoint
-  (runtime/resume.py, `Source.OWN`: the state of an empty stage does not move,
+  (runtime/node/resume.py, `Source.OWN`: the state of an empty stage does not move,
   so the checkpoint holds it): it comes in at once, ready from the iteration
   in flight, or from the next one once the leader sent its BEGIN AGGREGATION
   (the placement's start iteration, joining.py).
@@ -32,7 +32,7 @@ The pause (`pause_empty`, on by default as in the daemon; off, a stage dead
 for good makes every iteration defer its microbatches, the older model that
 `tests/test_sim_train.py` still measures): a data node whose aggregation phase opens iteration t
 while some stage has no relay ready for t (`empty_stages`: members not
-reported gone, not leaving before t) does not open it (runtime/microbatches.py,
+reported gone, not leaving before t) does not open it (runtime/node/microbatches.py,
 `open_iteration`: every microbatch would be deferred at once, a busy loop of
 idle iterations).  It is paused (`paused`: the iteration, the empty stages,
 since when) until a relay comes in that serves the last empty stage; then it
@@ -53,7 +53,7 @@ from ...protocol.messages import Assignment
 from .events import Gone, Halt, LeaveWaited, Rejoin
 from .setting import BACKWARD_S, FORWARD_S, MICROBATCHES, REJOIN_S, STAGE_STATE_MB
 
-LEAVE_WAIT_S = 10.0  # the daemon's (runtime/joining.py): a leaving relay's longest wait for its last aggregation
+LEAVE_WAIT_S = 10.0  # the daemon's (runtime/node/joining.py): a leaving relay's longest wait for its last aggregation
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Joining in virtual time: a relay back after a crash goes through the daemon's joining (`runtime/joining.py`).
+"""Joining in virtual time: a relay back after a crash goes through the daemon's joining (`runtime/node/joining.py`).
 
 With `joining="machines"` (the default) every step is the daemon's, in its
 order, run by the pure machines of `protocol/membership.py` and
@@ -11,7 +11,7 @@ order, run by the pure machines of `protocol/membership.py` and
    the leader up in the DHT (the record the acting leader published when it
    took office) and sends `JoinRequest` to it.
 2. The acting leader (the data node `protocol/leader.py` elected) runs a
-   `MembershipMachine` while it leads, as `runtime/leadership.py`: created
+   `MembershipMachine` while it leads, as `runtime/node/leadership.py`: created
    when it takes office with the relays it knows as members, a round every
    QUERY_INTERVAL_S (`UtilizationQuery` to every member, a
    `UtilizationReport` back: flow units through the relay, its capacity,
@@ -63,8 +63,8 @@ from .setting import STAGE_STATE_MB
 
 JOIN_MSGS = (JoinRequest, UtilizationQuery, UtilizationReport, Assignment, StageStateRequest)
 JOININGS = ("machines", "restart")  # TrainSim's `joining`: the daemon's joining, or the simulator's older model
-QUERY_INTERVAL_S = 2.0  # the acting leader's utilization rounds (runtime/leadership.py)
-LEADER_LOOKUP_S = 1.0  # a joiner looks the leader up this often until it is placed (runtime/joining.py)
+QUERY_INTERVAL_S = 2.0  # the acting leader's utilization rounds (runtime/node/leadership.py)
+LEADER_LOOKUP_S = 1.0  # a joiner looks the leader up this often until it is placed (runtime/node/joining.py)
 
 
 class JoinDriver:
@@ -175,7 +175,7 @@ class JoinDriver:
         if nid in self.dead:
             return
         if t is UtilizationQuery:
-            if nid not in self.data:  # a serving relay reports (runtime/joining.py `on_utilization_query`)
+            if nid not in self.data:  # a serving relay reports (runtime/node/joining.py `on_utilization_query`)
                 self._send(nid, Send(sender, UtilizationReport(msg.query_id, self.stage[nid], self._units_through(nid),
                                                                self.cap[nid], True, self._member_links(nid))))
         elif t in (JoinRequest, UtilizationReport):

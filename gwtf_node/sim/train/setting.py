@@ -42,9 +42,9 @@ DATA_PARAMS = 2 * 32000 * 1024 + RELAY_PARAMS / 3
 # Adam over a relay stage reads and writes ~0.6 GB: ~5 ms on the paper's GPU (448 GB/s, shared by ~3.6 nodes); 0.1 s
 # bounds it generously, and the all-reduce's transfers (seconds) dominate anyway.
 OPTIMIZER_STEP_S = 0.1
-ALLREDUCE_TIMEOUT_S = 120.0  # the daemon's (runtime/aggregation.py): a round waits this long for a named member
+ALLREDUCE_TIMEOUT_S = 120.0  # the daemon's (runtime/node/aggregation.py): a round waits this long for a named member
 REJOIN_S = 60.0
-# membership: every node learns of a crash this long after it: the daemon's own liveness check (runtime/liveness.py:
+# membership: every node learns of a crash this long after it: the daemon's own liveness check (runtime/node/liveness.py:
 # pings every PING_EVERY_S = 1 s, dead after DEAD_AFTER_S = 6 s of silence; a test keeps them equal).  60 s
 # (heartbeats / DHT entries expiring) is a bench row.
 DAEMON_DETECT_S = 7.0

@@ -1,0 +1,123 @@
+"""Length-prefixed frames: one envelope plus the raw tensor bytes that follow it.
+
+Wire layout of one frame (all integers big-endian)::
+
+    +----------------+----------------+-------------------+------------------+
+    | envelope len   | payload len    | envelope          | payload          |
+    | 4 bytes (u32)  | 8 bytes (u64)  | (protobuf bytes)  | (raw tensor)     |
+    +----------------+----------------+-------------------+------------------+
+
+The envelope is one `gwtf.v1.Envelope` (see `protocol/codec.py`); the payload
+is empty for control messages and holds the `TensorHeader.nbytes` raw bytes
+of a tensor otherwise.  Keeping the payload outside protobuf avoids parsing
+and copying tens of megabytes through protobuf.
+
+Frames come from peers we do not trust, so the two lengths are checked
+*before* anything is read or allocated: the envelope against
+`codec.MAX_FRAME_BYTES` (1 MiB) and the payload against a per-host limit
+(`DEFAULT_MAX_PAYLOAD_BYTES`, 512 MiB).  A violation is a `FrameError`; the
+caller logs it and resets the stream.
+
+py-libp2p (0.8.1) reports a peer killed in the middle of a frame as a clean
+end of stream, so only the length prefix tells a
+truncated frame from a complete one: end of stream exactly at a frame
+boundary is a clean close (`read_frame` returns None), anywhere else it is a
+`FrameError`.  Waiting for the *first* byte of a frame is not bounded (an
+idle peer is fine; liveness is the protocol's business), but once a frame
+has started the rest must arrive within `frame_timeout` seconds, or the
+frame is refused: a hung sender cannot pin a reader forever.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from ...protocol.codec import MAX_FRAME_BYTES
+
+HEADER = struct.Struct(">IQ")  # envelope length, payload length
+HEADER_BYTES = HEADER.size  # 12
+DEFAULT_MAX_PAYLOAD_BYTES = 512 << 20  # largest tensor a peer may send us in one frame
+DEFAULT_FRAME_TIMEOUT_S = 60.0  # a started frame must be complete within this
+
+
+class FrameError(Exception):
+    """A peer sent bytes that are not a valid frame (the text says what and how big)."""
+
+
+# Reads up to n bytes; b"" means end of stream.
+ReadSome = Callable[[int], Awaitable[bytes]]
+
+
+def check_lengths(envelope_len: int, payload_len: int, max_payload: int) -> None:
+    if envelope_len == 0:
+        raise FrameError("frame has an empty envelope")
+    if envelope_len > MAX_FRAME_BYTES:
+        raise FrameError(f"envelope length {envelope_len} exceeds the {MAX_FRAME_BYTES}-byte limit")
+    if payload_len > max_payload:
+        raise FrameError(f"payload length {payload_len} exceeds this node's {max_payload}-byte limit")
+
+
+def encode_header(envelope_len: int, payload_len: int, max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES) -> bytes:
+    """The 12-byte prefix of a frame; raises ValueError for a frame our peers would refuse."""
+    try:
+        check_lengths(envelope_len, payload_len, max_payload)
+    except FrameError as e:
+        raise ValueError(f"cannot send this frame: {e}") from None
+    return HEADER.pack(envelope_len, payload_len)
+
+
+def encode_frame(envelope: bytes, payload: bytes | memoryview = b"") -> list[bytes | memoryview]:
+    """The pieces of one frame, in order (header, envelope, payload); nothing is copied."""
+    parts: list[bytes | memoryview] = [encode_header(len(envelope), len(payload)), envelope]
+    if len(payload):
+        parts.append(payload)
+    return parts
+
+
+def parse_header(header: bytes, max_payload: int) -> tuple[int, int]:
+    envelope_len, payload_len = HEADER.unpack(header)
+    check_lengths(envelope_len, payload_len, max_payload)
+    return envelope_len, payload_len
+
+
+async def read_exactly(read_some: ReadSome, n: int, what: str) -> bytearray:
+    """Exactly n bytes; a short read (end of stream) is a FrameError naming `what`."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        chunk = await read_some(n - got)
+        if not chunk:
+            raise FrameError(f"stream ended after {got} of {n} bytes of {what}: truncated frame")
+        view[got:got + len(chunk)] = chunk
+        got += len(chunk)
+    return buf
+
+
+async def read_frame(
+    read_some: ReadSome,
+    *,
+    max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    frame_timeout: float = DEFAULT_FRAME_TIMEOUT_S,
+) -> tuple[bytes, bytearray] | None:
+    """The next (envelope, payload) from a stream, or None at a clean end of stream.
+
+    Raises FrameError for a bad length, a truncated frame, or a frame whose
+    bytes do not all arrive within `frame_timeout` seconds of its first byte.
+    """
+    first = await read_some(HEADER_BYTES)
+    if not first:
+        return None
+    try:
+        with trio.fail_after(frame_timeout):
+            if len(first) < HEADER_BYTES:
+                first = bytes(first) + bytes(await read_exactly(read_some, HEADER_BYTES - len(first), "the header"))
+            envelope_len, payload_len = parse_header(first, max_payload)
+            envelope = bytes(await read_exactly(read_some, envelope_len, "the envelope"))
+            payload = await read_exactly(read_some, payload_len, "the payload") if payload_len else bytearray()
+    except trio.TooSlowError:
+        raise FrameError(f"frame not complete within {frame_timeout} s of its first byte") from None
+    return envelope, payload

@@ -1,0 +1,81 @@
+"""The listening side of a host's start (host.py `open_host`): ports, the libp2p host, the tensor listeners.
+
+A port given (not 0) that something already listens on raises `PortInUse`
+before anything starts (startup.py says why py-libp2p's SO_REUSEPORT needs
+this probe): `probe_ports`.  The libp2p host is pinned to Noise and Yamux,
+with the identity key of the state directory, and advertises the announced
+addresses, or the listen ones with 0.0.0.0 / :: expanded to this machine's
+interface addresses (addresses.py): `new_libp2p_host`.  py-libp2p logs a
+failed listen and runs on, listening on nothing: `check_listening` turns that
+into an error.  The tensor channel listens on the libp2p listen hosts, all on
+one port: `open_tensor_listeners`.
+"""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import trio
+from libp2p import new_host
+from libp2p.abc import IHost
+from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
+from libp2p.custom_types import TProtocol
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
+from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
+from libp2p.stream_muxer.yamux.yamux import Yamux
+from multiaddr import Multiaddr
+
+from .addresses import Endpoint, advertised, interface_addresses
+from .identity import load_or_create_identity
+from ..ops.startup import PortInUse, StartupError, check_port_free
+
+
+def probe_ports(eps: list[Endpoint], tensor_hosts: list[str], tensor_port: int) -> None:
+    """Raise `PortInUse` if a given port of the libp2p endpoints or of the tensor channel is taken."""
+    for e in eps:
+        check_port_free(e.host, e.port)
+    for h in tensor_hosts:
+        check_port_free(h, tensor_port, "tensor channel port", "choose another --tensor-port")
+
+
+def new_libp2p_host(state_dir: Path, eps: list[Endpoint], announced: list[Endpoint]) -> IHost:
+    """The libp2p host (not running yet) of the state directory's identity: Noise, Yamux, advertised addresses."""
+    interfaces = interface_addresses() if any(e.ip.is_unspecified for e in eps) else []
+
+    def advertise(candidates: list[Multiaddr]) -> list[Multiaddr]:
+        return [Multiaddr(a) for a in advertised([str(c) for c in candidates], announced, interfaces)]
+
+    key_pair = load_or_create_identity(Path(state_dir))
+    noise_key = create_new_x25519_key_pair()
+    return new_host(
+        key_pair=key_pair,
+        sec_opt={TProtocol(NOISE_PROTOCOL_ID): NoiseTransport(key_pair, noise_privkey=noise_key.private_key)},
+        muxer_opt={TProtocol(YAMUX_PROTOCOL_ID): Yamux},
+        addrs_factory=advertise,
+    )
+
+
+def check_listening(lp: IHost, eps: list[Endpoint]) -> None:
+    """Raise if the running libp2p host listens on no address (a port taken since the probe, or a bad address)."""
+    if not lp.get_transport_addrs():  # py-libp2p logs a failed listen and runs on, listening on nothing
+        busy = next((e for e in eps if e.port), None)
+        if busy is not None:
+            raise PortInUse(busy.host, busy.port)  # taken between the probe and libp2p's bind
+        raise StartupError(f"libp2p could not listen on {', '.join(e.hostport for e in eps)} (see the log "
+                           "above): check --listen")
+
+
+async def open_tensor_listeners(hosts: list[str], port: int) -> tuple[list[trio.SocketListener], int]:
+    """TCP listeners of the tensor channel on `hosts`, all on one port (`port`, or the first one's if 0); that port."""
+    listeners: list[trio.SocketListener] = []
+    for h in hosts:
+        try:
+            listeners += await trio.open_tcp_listeners(port, host=h)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise PortInUse(h, port, "tensor channel port", "choose another --tensor-port") from None
+            raise
+        port = listeners[0].socket.getsockname()[1]  # (port 0: the others take the first one's number)
+    return listeners, port

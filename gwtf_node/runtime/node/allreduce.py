@@ -1,0 +1,387 @@
+"""Within-stage all-reduce: the sum of a flat float32 vector over the relays of one stage.
+
+Used in the aggregation phase (GWTF section V-E): the relays of a stage sum
+their gradients (and their microbatch counts, so that each can divide by the
+total) and then apply the same optimizer step.  The invariant of DESIGN.md
+needs every relay to end with *bit-identical* sums, so the order of the float
+additions must not depend on who answered first.
+
+Algorithm (reduce-scatter, then all-gather; each peer sends and receives
+about 2(n-1)/n of the vector, the bandwidth-optimal schedule):
+
+1. `group` is sorted by peer id; the vector of length L is cut into n parts,
+   part i = [i*L//n, (i+1)*L//n), owned by group[i].
+2. Phase 1 (reduce): every peer sends part i of its vector to group[i], with
+   its own `count`.
+3. The owner, once it holds all n contributions, adds them in sorted-peer-id
+   order (`acc = c[g0].clone(); acc += c[g1]; ...`), and sums the counts the
+   same way.
+4. Phase 2 (gather): the owner sends its summed part, with the total count,
+   to every other peer.  Everybody copies the owner's bytes, so the result
+   is identical everywhere, the owner included.
+
+Chunks travel as `AllReduceChunk(key, part, phase, count, tensor)` frames
+with the raw float32 bytes as payload (the tensor channel).  They may arrive
+before `all_reduce(key, ...)` is called here (a faster peer): they are
+buffered per key (at most `MAX_PENDING_KEYS` keys; chunks of a finished key
+are dropped).  Each chunk is checked: dtype float32, 1-D, nbytes matching
+the payload and the part's length, finite values, sender in the group, the
+right owner for the phase, no duplicate; a bad chunk is logged on
+"gwtf.transport" and ignored (a peer that only sends bad chunks shows up in
+the timeout error).  A timeout raises `AllReduceTimeout` naming the peers
+whose parts are missing; an unreachable peer fails the round at once with
+`AllReduceError`.  Recovery (retry without the dead peer) is the caller's
+decision: it knows the stage membership.
+
+Threads.  Everything that touches a whole part runs in a worker thread
+(`trio.to_thread`, one at a time per `AllReducer`): copying a received payload
+and checking that it is finite, the squared norms the guard judges, the sum,
+and assembling the result.  A part of a large model is hundreds of MB; done in
+the event loop's thread, this work kept the node from answering its peers'
+pings for seconds (liveness.py, looplag.py).  The tensors are the round's own
+(a received buffer, the caller's vector, read only), so no stage lock is
+needed; the order of the additions is the same as in one thread.
+
+Outliers (protocol/gradguard.py): before summing its part, the owner judges
+every contribution to it (its count against `max_count`, the microbatches of
+the iteration, and its per-microbatch size against the recent ones) and sums
+only those it accepts; a refused one is logged and counted
+(`outliers_refused`).  Each part then carries its own count (the phase-2
+count), and where the counts of the parts differ every part is scaled to the
+smallest positive count before the result is returned, so that
+`result / count` is each part's mean over the contributions its owner
+accepted, with the same bits on every member.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+import trio
+
+from ...protocol.codec import encode
+from ...protocol.gradguard import Contribution, GradGuard
+from ...protocol.messages import AllReduceChunk, TensorHeader
+from ..net.host import Host, PeerUnreachable
+
+log = logging.getLogger("gwtf.transport")
+
+MAX_PENDING_KEYS = 64  # rounds buffered before all_reduce is called for them
+_DONE_KEYS_KEPT = 256  # finished rounds remembered, to drop their late chunks quietly
+REDUCE, GATHER = 1, 2  # AllReduceChunk.phase
+
+
+class AllReduceError(RuntimeError):
+    """An all-reduce round failed (a peer unreachable, a bad group)."""
+
+
+class AllReduceTimeout(AllReduceError):
+    """Some peers did not deliver their parts in time; `missing` lists them."""
+
+    def __init__(self, message: str, missing: list[str]) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
+def part_bounds(length: int, n: int, i: int) -> tuple[int, int]:
+    return i * length // n, (i + 1) * length // n
+
+
+@dataclass
+class _Round:
+    # (phase, part, sender) -> (count, tensor); early chunks are not yet length-checked
+    chunks: dict[tuple[int, int, str], tuple[float, torch.Tensor]] = field(default_factory=dict)
+    group: list[str] | None = None
+    length: int = 0
+    changed: trio.Event = field(default_factory=trio.Event)
+
+    def notify(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    def missing(self, phase: int, mine: int) -> list[str]:
+        """The peers whose chunks of `phase` this peer (owner of part `mine`) still waits for."""
+        group = self.group
+        if phase == REDUCE:
+            return [p for p in group if (REDUCE, mine, p) not in self.chunks]
+        return [group[i] for i in range(len(group)) if i != mine and (GATHER, i, group[i]) not in self.chunks]
+
+
+class AllReducer:
+    """All-reduce rounds over a `Host`; hand it the AllReduceChunk frames with `on_chunk`."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self._rounds: OrderedDict[str, _Round] = OrderedDict()
+        self._done: OrderedDict[str, None] = OrderedDict()
+        self.guard = GradGuard()  # judges the contributions to the parts this node owns
+        self.outliers_refused = 0  # contributions left out of a part's sum (status.json)
+        self.limiter = trio.CapacityLimiter(1)  # the whole-part tensor work, off the event loop (module doc)
+        self._work_s: dict[str, float] = {}  # round key -> seconds of tensor work in the worker thread so far
+        self.last_round: dict | None = None  # the last round that summed: key, seconds, tensor work, MB sent
+
+    async def _in_thread(self, key: str, fn, *args):
+        """`fn(*args)` in the worker thread; its time counts as tensor work of round `key`."""
+        def timed():
+            t0 = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                self._work_s[key] = self._work_s.get(key, 0.0) + time.perf_counter() - t0
+
+        return await trio.to_thread.run_sync(timed, limiter=self.limiter)
+
+    @staticmethod
+    def accepts(msg: object) -> bool:
+        return isinstance(msg, AllReduceChunk)
+
+    # ---- incoming ---------------------------------------------------------------
+
+    def _refuse(self, peer_id: str, msg: AllReduceChunk, why: str) -> None:
+        log.warning("all-reduce chunk refused: key %r part %d phase %d from %s: %s",
+                    msg.key, msg.part, msg.phase, peer_id, why)
+
+    def _check_fits(self, rnd: _Round, phase: int, part: int, sender: str, t: torch.Tensor) -> str | None:
+        """Why a chunk does not fit a started round (None if it does)."""
+        group = rnd.group
+        assert group is not None
+        n = len(group)
+        me = self.host.peer_id
+        if sender not in group:
+            return f"sender is not in the group {group}"
+        if not 0 <= part < n:
+            return f"part {part} out of range for a group of {n}"
+        if phase == REDUCE and group[part] != me:
+            return f"phase-1 part {part} belongs to {group[part]}, not to this peer"
+        if phase == GATHER and group[part] != sender:
+            return f"phase-2 part {part} must come from its owner {group[part]}"
+        lo, hi = part_bounds(rnd.length, n, part)
+        if t.numel() != hi - lo:
+            return f"part has {t.numel()} floats, expected {hi - lo}"
+        return None
+
+    async def on_chunk(self, peer_id: str, msg: AllReduceChunk, payload: bytes | bytearray | memoryview) -> None:
+        if msg.key in self._done:
+            log.debug("late all-reduce chunk for finished round %r from %s dropped", msg.key, peer_id)
+            return
+        h = msg.tensor
+        if h is None:
+            return self._refuse(peer_id, msg, "no tensor header")
+        if h.dtype != "float32":
+            return self._refuse(peer_id, msg, f"dtype {h.dtype!r}, expected float32")
+        if h.nbytes != len(payload) or h.nbytes % 4 or tuple(h.shape) != (h.nbytes // 4,):
+            return self._refuse(peer_id, msg, f"header {h} does not describe the {len(payload)} payload bytes")
+        if msg.phase not in (REDUCE, GATHER):
+            return self._refuse(peer_id, msg, f"unknown phase {msg.phase}")
+        if not math.isfinite(msg.count):
+            return self._refuse(peer_id, msg, f"count {msg.count} is not finite")
+        t = await self._in_thread(msg.key, _finite_tensor, payload)
+        if t is None:
+            return self._refuse(peer_id, msg, "tensor holds NaN or infinity")
+        if msg.key in self._done:  # (finished while the payload was checked)
+            return
+        rnd = self._rounds.get(msg.key)
+        if rnd is None:
+            if len(self._rounds) >= MAX_PENDING_KEYS:
+                return self._refuse(peer_id, msg, f"{MAX_PENDING_KEYS} rounds already pending")
+            rnd = self._rounds[msg.key] = _Round()
+        slot = (msg.phase, msg.part, peer_id)
+        if slot in rnd.chunks:
+            return self._refuse(peer_id, msg, "duplicate chunk")
+        if rnd.group is not None and (why := self._check_fits(rnd, msg.phase, msg.part, peer_id, t)):
+            return self._refuse(peer_id, msg, why)
+        rnd.chunks[slot] = (msg.count, t)
+        rnd.notify()
+
+    # ---- one round ----------------------------------------------------------------
+
+    async def _send_part(self, peer: str, key: str, part: int, phase: int, count: float, t: torch.Tensor) -> None:
+        t = t.contiguous()
+        data = memoryview(t.numpy()).cast("B") if t.numel() else b""
+        header = TensorHeader(dtype="float32", shape=(t.numel(),), nbytes=t.numel() * 4)
+        env = encode(self.host.peer_id, AllReduceChunk(key=key, part=part, phase=phase, count=count, tensor=header))
+        try:
+            await self.host.send(peer, env, data)
+        except PeerUnreachable as e:
+            raise AllReduceError(f"all-reduce {key!r}: cannot send part {part} (phase {phase}) to {peer}: {e}") from e
+
+    async def all_reduce(
+        self, key: str, group: list[str], tensor: torch.Tensor, count: float, timeout: float,
+        max_count: float | None = None,
+    ) -> tuple[torch.Tensor, float]:
+        """(sum of the group's tensors, sum of their counts); identical bits on every peer.
+
+        Contributions an owner refuses (`max_count`: the most microbatches one may claim) are left out of
+        their part; see the module docstring for how the result is scaled then."""
+        group = self._check_call(key, group, tensor)
+        started = time.perf_counter()
+        flat = tensor.detach().contiguous()
+        rnd, mine = self._start_round(key, group, flat, count)
+        result = torch.empty_like(flat)
+        my_count = await self._exchange(key, rnd, mine, flat, float(count), max_count, result, timeout)
+        out = await self._assemble(key, rnd, mine, my_count, result)
+        self._record(key, started, len(group), flat.numel())
+        return out
+
+    def _check_call(self, key: str, group: list[str], tensor: torch.Tensor) -> list[str]:
+        """The group, sorted by peer id, once this peer, the tensor and the key are fit for a round."""
+        me = self.host.peer_id
+        group = sorted(set(group))
+        if me not in group:
+            raise AllReduceError(f"all-reduce {key!r}: this peer {me} is not in the group {group}")
+        if tensor.dim() != 1 or tensor.dtype != torch.float32:
+            raise AllReduceError(f"all-reduce {key!r}: needs a 1-D float32 tensor, got {tensor.dtype} {tuple(tensor.shape)}")
+        if key in self._done:
+            raise AllReduceError(f"all-reduce {key!r} already ran on this peer: use a fresh key per round")
+        return group
+
+    def _start_round(self, key: str, group: list[str], flat: torch.Tensor, count: float) -> tuple[_Round, int]:
+        """The round of `key` (with the chunks that came early and fit it) holding this peer's contribution to its
+        own part; and the index of that part."""
+        me = self.host.peer_id
+        n, length = len(group), flat.numel()
+        mine = group.index(me)
+        rnd = self._rounds.get(key)
+        if rnd is None:
+            rnd = self._rounds[key] = _Round()
+        rnd.group, rnd.length = group, length
+        for (phase, part, sender), (_c, t) in list(rnd.chunks.items()):  # chunks that came early
+            if why := self._check_fits(rnd, phase, part, sender, t):
+                log.warning("all-reduce chunk refused: key %r part %d phase %d from %s: %s", key, part, phase, sender, why)
+                del rnd.chunks[(phase, part, sender)]
+        rnd.chunks[(REDUCE, mine, me)] = (float(count), flat[slice(*part_bounds(length, n, mine))])
+        return rnd, mine
+
+    async def _exchange(self, key: str, rnd: _Round, mine: int, flat: torch.Tensor, count: float,
+                        max_count: float | None, result: torch.Tensor, timeout: float) -> float:
+        """Both phases, within `timeout`: send every other owner its part of `flat`, sum this peer's part into
+        `result` and send it on, wait for the others' summed parts; the count of this peer's part.  The round is
+        forgotten at the end, whatever happened."""
+        me, group, n = self.host.peer_id, rnd.group, len(rnd.group)
+        total = [0.0]
+
+        async def reduce_mine(nursery: trio.Nursery) -> None:
+            total[0] = await self._reduce_and_send(key, rnd, mine, max_count, result, nursery)
+
+        try:
+            with trio.fail_after(timeout):
+                async with trio.open_nursery() as nursery:
+                    for i, owner in enumerate(group):
+                        if owner != me:
+                            nursery.start_soon(
+                                self._send_part, owner, key, i, REDUCE, count, flat[slice(*part_bounds(rnd.length, n, i))]
+                            )
+                    nursery.start_soon(reduce_mine, nursery)
+                    while rnd.missing(GATHER, mine):
+                        await rnd.changed.wait()
+        except trio.TooSlowError:
+            late_reduce, late_gather = rnd.missing(REDUCE, mine), rnd.missing(GATHER, mine)
+            who = sorted(set(late_reduce) | set(late_gather))
+            raise AllReduceTimeout(
+                f"all-reduce {key!r} timed out after {timeout} s among {n} peers: "
+                f"no phase-1 part from {late_reduce or 'nobody'}, "
+                f"no phase-2 (summed) part from {late_gather or 'nobody'}",
+                who,
+            ) from None
+        finally:
+            self._forget(key)
+        return total[0]
+
+    async def _reduce_and_send(self, key: str, rnd: _Round, mine: int, max_count: float | None,
+                               result: torch.Tensor, nursery: trio.Nursery) -> float:
+        """The owner's work (steps 3 and 4 of the module docstring): once every contribution to its part is in, sum
+        those the guard accepts, in sorted-peer-id order, into `result`, and send the sum to every other peer;
+        the part's count."""
+        me, group, length = self.host.peer_id, rnd.group, rnd.length
+        while rnd.missing(REDUCE, mine):
+            await rnd.changed.wait()
+        lo, hi = part_bounds(length, len(group), mine)
+        mine_in = [rnd.chunks[(REDUCE, mine, p)] for p in group]
+        norms = await self._in_thread(key, lambda: [float(torch.dot(t.double(), t.double())) for _c, t in mine_in])
+        contribs = [Contribution(p, c, sq, hi - lo) for p, (c, _t), sq in zip(group, mine_in, norms)]
+        verdict = self.guard.judge((lo, hi, length), contribs, max_count)
+        for p, why in sorted(verdict.refused.items()):
+            self.outliers_refused += 1
+            log.warning("all-reduce %r: contribution of %s to part %d refused: %s", key, p, mine, why)
+        accepted = [rnd.chunks[(REDUCE, mine, p)] for p in verdict.accepted(group)]
+        acc, cnt = await self._in_thread(key, _sum_in_order, accepted, hi - lo, result, (lo, hi))
+        for p in group:
+            if p != me:
+                nursery.start_soon(self._send_part, p, key, mine, GATHER, cnt, acc)
+        return cnt
+
+    def _forget(self, key: str) -> None:
+        """The round of `key` is over: its late chunks are dropped from now on."""
+        self._rounds.pop(key, None)
+        self._done[key] = None
+        if len(self._work_s) > MAX_PENDING_KEYS:  # (rounds that failed, and late chunks' keys)
+            self._work_s.clear()
+        while len(self._done) > _DONE_KEYS_KEPT:
+            self._done.popitem(last=False)
+
+    async def _assemble(self, key: str, rnd: _Round, mine: int, my_count: float,
+                        result: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """The others' summed parts copied into `result` beside this peer's, scaled to their common count."""
+        group, length, n = rnd.group, rnd.length, len(rnd.group)
+        counts = [my_count if i == mine else rnd.chunks[(GATHER, i, group[i])][0] for i in range(n)]
+
+        def assemble() -> tuple[torch.Tensor, float]:
+            for i in range(n):
+                if i != mine:
+                    result[slice(*part_bounds(length, n, i))] = rnd.chunks[(GATHER, i, group[i])][1]
+            return _common_count(result, counts, length, key)
+
+        return await self._in_thread(key, assemble)
+
+    def _record(self, key: str, started: float, n: int, length: int) -> None:
+        """`last_round`, and the debug line, of the round of `key` that just summed."""
+        work = self._work_s.pop(key, 0.0)
+        self.last_round = {"key": key, "seconds": round(time.perf_counter() - started, 4),
+                           "tensor_work_s": round(work, 4), "sent_mb": round(2 * (n - 1) / n * length * 4 / 1e6, 3)}
+        log.debug("all-reduce %r among %d: %.2f s, of which %.2f s tensor work (checks, norms, sums) in the worker "
+                 "thread; %.1f MB sent", key, n, self.last_round["seconds"], work, self.last_round["sent_mb"])
+
+
+def _finite_tensor(payload) -> torch.Tensor | None:
+    """The float32 tensor over (a copy of) `payload`, or None if it holds NaN or infinity; in a worker thread."""
+    buf = payload if isinstance(payload, bytearray) else bytearray(payload)
+    t = torch.frombuffer(buf, dtype=torch.float32) if len(buf) else torch.empty(0, dtype=torch.float32)
+    return t if bool(torch.isfinite(t).all()) else None
+
+
+def _sum_in_order(chunks: list[tuple[float, torch.Tensor]], length: int, result: torch.Tensor,
+                  bounds: tuple[int, int]) -> tuple[torch.Tensor, float]:
+    """The sum of the accepted contributions to this node's part, in sorted-peer order (the same additions on
+    every run), written into its place in `result`; with their count.  In a worker thread."""
+    acc, cnt = torch.zeros(length, dtype=torch.float32), 0.0
+    for i, (c, t) in enumerate(chunks):
+        acc = t.clone() if i == 0 else acc.add_(t)
+        cnt = c if i == 0 else cnt + c
+    result[slice(*bounds)] = acc
+    return acc, cnt
+
+
+def _common_count(result: torch.Tensor, counts: list[float], length: int, key: str) -> tuple[torch.Tensor, float]:
+    """(result, count) with one count for every part: the smallest positive part count, each part scaled to it
+    (a part whose owner refused contributions holds fewer); a part with count 0 holds no gradient."""
+    if len(set(counts)) == 1:
+        return result, counts[0]
+    positive = [c for c in counts if c > 0]
+    if not positive:
+        return result.zero_(), 0.0
+    common = min(positive)
+    log.warning("all-reduce %r: parts summed over different counts %s (contributions refused): each part "
+                "scaled to %g", key, counts, common)
+    n = len(counts)
+    for i, c in enumerate(counts):
+        part = result[slice(*part_bounds(length, n, i))]
+        if c <= 0:
+            part.zero_()
+        elif c != common:
+            part.mul_(common / c)
+    return result, common

@@ -1,0 +1,307 @@
+"""Link measurement and flow formation: the flow machine (`protocol/flow/`, section V-C) driven for real.
+
+Once the swarm has been quiet for `settle_s` and the node knows a peer on
+each side, `form` measures a round trip to each adjacent peer (Ping/Pong) and
+each link to a next-stage peer (`linkmeter.py`: round trip, a timed transfer,
+the compute times of both ends), computes the cost of each link with
+Equation 1 (a link declared with `--links` keeps its declared latency and
+bandwidth; the activation size of the run) and starts the flow machine.
+Frames for the flow machine that arrive before it exists wait in a queue.
+
+Both ends of a link use one cost: the upstream end's measurement, which it
+sends downstream (`LinkCost`); the downstream end adopts it (the flow
+machine's `set_cost`).  With each end's own round trip the flow machines
+could disagree on a link and stall with part of the demand unplaced.
+`remeasure_loop` measures every next-stage link again each
+`linkmeter.REMEASURE_EVERY_S`; a cost that moved past the threshold
+(`linkmeter.recost_threshold`) twice in a row, the same way, re-forms the
+flows over the link at both ends (`FlowNode.recost`, `LinkCost(reform=True)`).  The flow machine's messages
+to a peer go in order (one task per peer and batch of effects): the flow
+machine assumes FIFO links.
+
+A relay that becomes ready next to this node later (a newcomer placed by the
+leader, its Hello neither joining nor leaving, or a relay first heard of
+while the links were measured) is measured and added to the running flow
+machine (`add_neighbour`); a peer that crashed or left is
+removed (`remove_neighbour`) and the flow machines rebuild the flows through
+it.  A removed peer that comes back (a relay or a data node restarted with
+its state directory keeps its peer id) is added again the same way: the
+flow machine forgets that it was removed (`add_neighbour`), and a data node
+back is the previous stage of the stage-0 relays and the next stage of the
+last-stage relays.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from typing import Any, Callable
+
+import trio
+
+from ...protocol import messages as m
+from ...protocol.cost import link_cost
+from ...protocol.flow import FlowConfig, FlowNode, flows_formed
+from .linkmeter import REMEASURE_EVERY_S, LinkMeter, recost_threshold
+from .liveness import Liveness
+from ..net.peers import PeerInfo, Peers
+from .stage import LocalStage
+from ..net.wire import ApplyEffects, FrameRefused, Owner, Wire, now
+
+log = logging.getLogger("gwtf.node")
+
+DEFAULT_BANDWIDTH_MBPS = 1000.0  # assumed for a link whose bandwidth was neither declared nor measured
+FLOW_MSGS = (
+    m.CostAnnounce, m.RequestFlow, m.FlowReply, m.Deny, m.Withdraw, m.QueryFlows, m.FlowReport,
+    m.RequestChange, m.RequestRedirect, m.MoveReply, m.Reroute, m.LaunchBid, m.Relabel,
+    m.RelabelCost,
+)
+
+
+class Flows:
+    def __init__(self, wire: Wire, peers: Peers, liveness: Liveness, stage: LocalStage, effects: ApplyEffects,
+                 links_cfg: dict[tuple[str, str], tuple[float, float]], on_changed: Callable[[], None]) -> None:
+        self.wire = wire
+        self.peers = peers
+        self.liveness = liveness
+        self.stage = stage
+        self.effects = effects
+        self.links_cfg = links_cfg
+        self.on_changed = on_changed  # flows may have changed: the microbatch machine hears of it
+        self.machine: FlowNode | None = None
+        self.queue: list[tuple[str, Any]] = []
+        self.next_costs: dict[str, float] = {}
+        self.prev_costs: dict[str, float] = {}
+        # the cost the upstream end of each of our incoming flow links uses (LinkCost): ours, so both ends agree
+        self.agreed_costs: dict[str, float] = {}
+        self.link_costs_used: dict[str, dict[str, float]] = {"next": {}, "prev": {}}  # the last cost of every link
+        self.adding: set[str] = set()  # peers being added to the flow machine
+        self.meter = LinkMeter(wire, peers, liveness, stage)
+        self.recosts = 0  # links whose flows re-formed after a new measurement
+        self.moved: dict[str, int] = {}  # peer -> the way its link's cost moved past the threshold last time
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def started(self) -> bool:
+        return self.machine is not None
+
+    def out(self) -> dict[str, dict[str, int]]:
+        """Units of flow per data node and next hop (empty before the machine starts)."""
+        return {d: dict(v) for d, v in self.machine.out.items()} if self.machine else {}
+
+    def last_change(self) -> float | None:
+        return self.machine.stats.last_change if self.machine else None
+
+    def units_through(self) -> int:
+        """Units of flow through this node (a relay's utilization report)."""
+        return sum(sum(v.values()) for v in self.machine.inn.values()) if self.machine else 0
+
+    def _in_flow(self, peer: str) -> bool:
+        cfg = self.machine.cfg
+        return peer in cfg.next_costs or peer in cfg.prev_costs or peer in cfg.peers
+
+    # ------------------------------------------------------------------ formation
+    def declared(self, peer: str) -> tuple[float, float] | None:
+        """(latency ms, bandwidth Mbit/s) of the link to `peer` given by `--links`, if any."""
+        info = self.peers.get(peer)
+        return self.links_cfg.get((self.peers.name, info.name)) if info is not None else None
+
+    def link_cost(self, peer: str) -> float:
+        """Equation 1 for the link to `peer`: declared (`--links`), else measured (`linkmeter.py`), else from the
+        round trip alone and `DEFAULT_BANDWIDTH_MBPS`."""
+        size = self.stage.hidden_size_mb()
+        shaped = self.declared(peer)
+        if shaped is not None:
+            lat, bw = shaped
+            return round(link_cost(0.0, 0.0, lat, lat, bw, bw, size), 3)
+        measured = self.meter.cost(peer, size, DEFAULT_BANDWIDTH_MBPS)
+        if measured is not None:
+            return measured
+        lat = (self.peers.get(peer).rtt_ms or 1.0) / 2.0
+        return round(link_cost(0.0, 0.0, lat, lat, DEFAULT_BANDWIDTH_MBPS, DEFAULT_BANDWIDTH_MBPS, size), 3)
+
+    async def _measure(self, peer: str, next_side: bool) -> None:
+        """The round trip to `peer`; a next-stage link not declared is measured whole (`LinkMeter.sample`, whose
+        round trips give the same figure)."""
+        if next_side and self.declared(peer) is None:
+            s = await self.meter.sample(peer)
+            self.peers.set_rtt(peer, None if s is None else s.rtt_ms)
+        else:
+            self.peers.set_rtt(peer, await self.liveness.measure_rtt(peer))
+
+    async def form(self, nxt: list[str], prv: list[str], *, joined: bool) -> None:
+        """Measure the links to `nxt` and `prv`, start the flow machine, replay what waited for it.
+
+        `joined`: this node was placed by the leader, so flows may already exist around it."""
+        for pid in sorted(set(nxt) | set(prv)):
+            await self._measure(pid, pid in nxt and pid != self.wire.me)
+        me = self.wire.me
+        nxt = [p for p in nxt if p in self.peers or p == me]
+        prv = [p for p in prv if p in self.peers or p == me]
+        self.next_costs = {p: self.link_cost(p) for p in nxt}
+        self.prev_costs = {p: self.agreed_costs.get(p, self.link_cost(p)) for p in prv}
+        for p, c in sorted(self.next_costs.items()):
+            self.wire.post(p, m.LinkCost(c))
+        commodities = tuple(self.peers.data_nodes())
+        relay = self.peers.role == "relay"
+        cfg = FlowConfig(me, not relay, self.peers.capacity, commodities, self.next_costs, self.prev_costs,
+                         tuple(self.peers.ids("relay", self.peers.stage)) if relay else (), joined=joined)
+        seed = int.from_bytes(me.encode()[-8:], "big")
+        self.machine = FlowNode(cfg, random.Random(seed))
+        log.info("flow machine started: next %s prev %s", self._names(self.next_costs), self._names(self.prev_costs))
+        self.effects(Owner.FLOWS, self.machine.start(now()))
+        self._sync_costs()
+        queued, self.queue = self.queue, []
+        for peer, msg in queued:
+            c = getattr(msg, "commodity", None)  # (every flow message but CostAnnounce names a commodity)
+            if c is not None and c not in commodities:
+                continue
+            self.effects(Owner.FLOWS, self.machine.on_message(now(), peer, msg))
+        for info in self.peers.infos():  # a relay first heard of while the links were measured: as a newcomer
+            self.on_peer_hello(info)
+
+    async def wait_formed(self) -> None:
+        """A data node starts pushing once its demand is placed, or its flows stopped changing."""
+        start = now()
+        me = self.wire.me
+        while True:
+            placed = sum(self.machine.out[me].values())
+            quiet = now() - self.machine.stats.last_change
+            if flows_formed(placed, self.peers.capacity, quiet, now() - start):
+                log.info("flows formed: %d of %d units placed after %.1f s: %s", placed, self.peers.capacity,
+                         now() - start, self._names(dict(self.machine.out[me])))
+                return
+            await trio.sleep(0.1)
+
+    async def remeasure_loop(self) -> None:
+        """Measure every next-stage link again each `REMEASURE_EVERY_S`; re-form the flows over a link whose cost
+        moved past the threshold (module doc)."""
+        while True:
+            await trio.sleep(REMEASURE_EVERY_S)
+            if self.machine is None:
+                continue
+            for peer in sorted(self.machine.cfg.next_costs):
+                if self.declared(peer) is not None or peer not in self.peers:
+                    continue
+                if await self.meter.sample(peer) is None:
+                    continue
+                old = self.machine.cfg.next_costs.get(peer)
+                if old is None:
+                    continue
+                new = self.link_cost(peer)
+                way = recost_threshold(old, new)
+                if not way or self.moved.get(peer) != way:  # (once is not enough: module doc)
+                    self.moved[peer] = way
+                    continue
+                self.moved.pop(peer, None)
+                s = self.meter.samples[peer]
+                log.info("flows: link to %s re-costed %g -> %g ms (round trip %.1f ms, %s Mbit/s, compute %.1f / "
+                         "%.1f ms): its flows re-form", self.peers.who(peer), old, new, s.rtt_ms,
+                         "?" if s.bandwidth_mbps is None else f"{s.bandwidth_mbps:.1f}", self.stage.compute_ms(),
+                         s.peer_compute_ms)
+                self.recosts += 1
+                self.effects(Owner.FLOWS, self.machine.recost(now(), peer, new))
+                self._sync_costs()
+                self.on_changed()
+
+    def _sync_costs(self) -> None:
+        self.next_costs = dict(self.machine.cfg.next_costs)
+        self.prev_costs = dict(self.machine.cfg.prev_costs)
+        self.link_costs_used["next"].update(self.next_costs)  # (status.json: peers that left stay in it)
+        self.link_costs_used["prev"].update(self.prev_costs)
+
+    def _names(self, costs: dict[str, float]) -> str:
+        return ", ".join(f"{self.peers.who(p)}={c:g}" for p, c in sorted(costs.items()))
+
+    # ------------------------------------------------------------------ events
+    def on_message(self, peer: str, msg: Any) -> None:
+        if self.machine is None:
+            self.queue.append((peer, msg))
+            return
+        # the machine keeps what a newcomer says until it is told to add it (add_neighbour)
+        self.effects(Owner.FLOWS, self.machine.on_message(now(), peer, msg))
+        self.on_changed()
+
+    def on_timer(self, key: str) -> None:
+        if self.machine is not None:
+            self.effects(Owner.FLOWS, self.machine.on_timer(now(), key))
+
+    def on_link_cost(self, peer: str, msg: m.LinkCost) -> None:
+        """The upstream end of our link says which cost it uses: ours from now on (`LinkCost`)."""
+        if not math.isfinite(msg.cost) or msg.cost < 0:
+            raise FrameRefused(f"LinkCost {msg.cost!r}: a link cost is finite and >= 0")
+        info = self.peers.get(peer)
+        if info is not None and self.peers.stage is not None and self.peers.flow_side(info.stage) != "prev":
+            raise FrameRefused(f"LinkCost from {self.peers.who(peer)}, which is not upstream of this node")
+        self.agreed_costs[peer] = msg.cost
+        prev = self.machine.cfg.prev_costs if self.machine is not None else {}
+        if peer in prev and (msg.reform or prev[peer] != msg.cost):
+            log.log(logging.INFO if msg.reform else logging.DEBUG, "flows: link from %s costs %g (its measurement; "
+                    "mine was %g)%s", self.peers.who(peer), msg.cost, prev[peer],
+                    ": its flows re-form" if msg.reform else "")
+            self.effects(Owner.FLOWS, self.machine.on_message(now(), peer, msg))
+            self._sync_costs()
+            self.on_changed()
+
+    def peer_back(self, info: PeerInfo) -> None:
+        """A peer the node had forgotten is back: its flow messages are kept until its links are added again
+        (`FlowNode.peer_back`); a data node back starts its flows over (its flow machine is new):
+        every node forgets what it kept of that data node's waves and bids (`data_node_back`).  Its links are
+        added again by `on_peer_hello`."""
+        if self.machine is None:
+            return
+        self.machine.peer_back(now(), info.peer_id)
+        if info.role == "data":
+            self.effects(Owner.FLOWS, self.machine.data_node_back(now(), info.peer_id))
+
+    def on_peer_hello(self, info: PeerInfo) -> None:
+        """A peer ready next to us that the flow machine does not know (a newcomer, or a peer back after it was
+        removed: a restarted relay or data node): add it."""
+        if self.machine is None or info.joining or info.leaving or self._in_flow(info.peer_id):
+            return
+        sides = self._sides(info)
+        if sides:
+            self.wire.spawn(self._add_neighbour, info.peer_id, sides)
+
+    def _sides(self, info: PeerInfo) -> tuple[str, ...]:
+        """Where `info` sits for this node's flow machine: a relay by its stage; a data node (one of the machine's
+        commodities) is the previous stage of stage 0 and the next stage of the last stage (both in a one-stage
+        run)."""
+        if info.role == "relay":
+            side = self.peers.flow_side(info.stage) if info.stage >= 0 else None
+            return (side,) if side is not None else ()
+        if info.role != "data" or self.peers.role != "relay" or info.peer_id not in self.machine.cfg.commodities:
+            return ()  # (a data node this flow machine does not carry units of is no link of it)
+        last = self.peers.n_stages - 1
+        return (("prev",) if self.peers.stage == 0 else ()) + (("next",) if self.peers.stage == last else ())
+
+    async def _add_neighbour(self, peer: str, sides: tuple[str, ...]) -> None:
+        if peer in self.adding:
+            return
+        self.adding.add(peer)
+        try:
+            if sides != ("peer",):
+                await self._measure(peer, "next" in sides)
+            if peer not in self.peers or self._in_flow(peer):
+                return
+            for side in sides:
+                cost = self.link_cost(peer) if side != "peer" else 0.0
+                if side == "next":
+                    self.wire.post(peer, m.LinkCost(cost))
+                elif side == "prev":
+                    cost = self.agreed_costs.get(peer, cost)
+                log.info("flows: adding %s as %s neighbour (cost %g)", self.peers.who(peer), side, cost)
+                self.effects(Owner.FLOWS, self.machine.add_neighbour(now(), peer, cost, side))
+            self._sync_costs()
+            self.on_changed()
+        finally:
+            self.adding.discard(peer)
+
+    def on_peer_gone(self, peer: str) -> None:
+        self.agreed_costs.pop(peer, None)
+        self.meter.samples.pop(peer, None)
+        self.moved.pop(peer, None)
+        if self.machine is not None and self._in_flow(peer):
+            self.effects(Owner.FLOWS, self.machine.remove_neighbour(now(), peer))  # flows rebuilt around it
+            self._sync_costs()

@@ -1,0 +1,204 @@
+"""Liveness: who is alive is decided by our own messages, never by the DHT.
+
+Every node pings the peers it works with (its stage, the stages before and
+after, the data nodes) every `PING_EVERY_S` and presumes dead a peer it heard
+nothing from for longer than that peer's deadline (any frame counts, see
+`Peers.heard`).  A dead peer is handed to `on_dead`, which forgets it everywhere (routing, flow
+machine, aggregation groups, recovery machine, all-reduce in flight).  The
+simulator models this check with the same two constants (`sim/train/setting.py`,
+DAEMON_DETECT_S).
+
+Busy is not dead.  A node that computes, steps or writes a checkpoint does it
+in worker threads (stage.py, allreduce.py, checkpoints.py) and keeps
+answering on its event loop, but on a loaded machine its loop still runs late
+now and then (looplag.py measures it).  So the deadline of a peer scales with
+the work the nodes measured (`dead_after_s`):
+
+    deadline = max(DEAD_AFTER_S, BUSY_FACTOR x max(peer's work, own work))
+
+the peer's work being the compute per microbatch it tells in every Pong
+(`m.Pong.compute_ms`, Equation 1's c_j), and this node's own work the longest
+piece of work it measured (`LocalStage.busiest_s`: a microbatch's compute, an
+optimizer step, a checkpoint, an all-reduce): stage-mates and neighbours hold
+parts of about the same size, so what this node's step and checkpoint take
+is its best estimate of theirs.  The floor is DEAD_AFTER_S (6 s), the
+factor BUSY_FACTOR (2) and the ceiling MAX_DEADLINE_S (600 s); a model of a few MB works in milliseconds, so its
+deadline stays at the floor and a crash is found as quickly as ever.
+
+Silence is counted only while this node's own loop ran: when the check wakes
+late (its loop was held for more than `SELF_STALL_S` beyond its period),
+every peer's silence restarts from that moment (`resumed_at`), since frames
+that arrived meanwhile are still unread in the sockets.  Without it, a node
+whose loop stalled for 20 s presumed every peer dead the moment it woke.
+
+A peer presumed dead that is heard again says Hello (a restarted node keeps
+its peer id): `peer_back` takes it off the presumed-dead list and counts it
+as heard from now on; the node re-admits it everywhere (node.py).
+
+A relay with no live data node has nothing to do and would wait without a
+word: `loop` logs that it waits for a data node when that starts, then every
+`WAITING_LOG_EVERY_S`, and `waiting_for_data_since` (status.json) says since
+when.
+
+`exchange` sends one Ping (or a link meter's LinkProbe) and waits for its
+Pong; `measure_rtt` takes the best of three Ping/Pong round trips: the latency
+term of a link's cost (Equation 1) and a joiner's cost to each stage.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Callable
+
+import trio
+
+from ...protocol import messages as m
+from ..ops.looplag import LoopLag
+from ..net.peers import Peers
+from ..net.wire import Wire, now
+
+log = logging.getLogger("gwtf.node")
+
+PING_EVERY_S = 1.0
+DEAD_AFTER_S = 6.0  # the deadline's floor (module doc)
+BUSY_FACTOR = 2.0  # ... and its factor over the longest work measured
+MAX_DEADLINE_S = 600.0  # ... and its ceiling (a peer cannot buy itself a longer one by what it tells)
+SELF_STALL_S = 1.0  # the check woke this much later than its period: silence counts again from then
+PONG_WAIT_S = 5.0  # a round trip sample is given up after this long
+WAITING_LOG_EVERY_S = 30.0  # a relay with no live data node says so this often
+
+
+def dead_after_s(peer_work_s: float, own_work_s: float, *, floor_s: float = DEAD_AFTER_S,
+                 factor: float = BUSY_FACTOR) -> float:
+    """A peer's deadline: silent longer than this, it is presumed dead (module doc: floor, factor, the works)."""
+    return min(MAX_DEADLINE_S, max(floor_s, factor * max(peer_work_s, own_work_s, 0.0)))
+
+
+class Liveness:
+    def __init__(self, wire: Wire, peers: Peers, on_dead: Callable[[str], None],
+                 compute_ms: Callable[[], float] = lambda: 0.0, work_s: Callable[[], float] = lambda: 0.0) -> None:
+        self.wire = wire
+        self.peers = peers
+        self.on_dead = on_dead
+        self.compute_ms = compute_ms  # this node's compute per microbatch, told in each Pong (linkmeter.py)
+        self.work_s = work_s  # the longest piece of work this node measured (LocalStage.busiest_s)
+        self.peer_compute_ms: dict[str, float] = {}  # each peer's compute per microbatch, from its last Pong
+        self.resumed_at = float("-inf")  # when this node's loop last came back from a stall (trio clock)
+        self._last_check = 0.0  # when `check` last ran
+        self.pongs: dict[int, tuple[trio.Event, list]] = {}  # nonce -> (answered, [the Pong])
+        self.waiting_for_data_since: float | None = None  # a relay: no data node alive since then (trio clock)
+        self.data_back_at: float | None = None  # ... and when the last such wait ended
+        self.dead_at: dict[str, float] = {}  # peers presumed dead by this check (and not back since) -> when
+        self._waiting_logged_at: float | None = None
+        self.lag = LoopLag()  # this node's event-loop lag (looplag.py), probed while the check runs
+
+    @property
+    def crashed(self):
+        """The peers presumed dead by this check and not back since."""
+        return self.dead_at.keys()
+
+    async def loop(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.lag.loop)
+            await self._check_loop()
+
+    def deadline_s(self, peer: str) -> float:
+        """`peer`'s deadline now (`dead_after_s`)."""
+        return dead_after_s(self.peer_compute_ms.get(peer, 0.0) / 1000.0, self.work_s())
+
+    async def _check_loop(self) -> None:
+        self._last_check = now()
+        while True:
+            await trio.sleep(PING_EVERY_S)
+            self.check(now())
+
+    def check(self, t: float) -> None:
+        """One round of the check at time `t`: ping the quiet peers, presume dead those past their deadline."""
+        if t - self._last_check > PING_EVERY_S + SELF_STALL_S:
+            log.info("liveness check %.1f s late (this node's loop was held): silence counts from now",
+                     t - self._last_check - PING_EVERY_S)
+            self.resumed_at = t
+        self._last_check = t
+        self._check_data_nodes(t)
+        for pid in sorted(self.peers.watched()):
+            silent = self.peers.silent_for(pid, t)
+            deadline = self.deadline_s(pid)
+            if min(silent, t - self.resumed_at) > deadline:
+                self._presume_dead(pid, silent, deadline)
+            elif silent >= PING_EVERY_S:
+                self.wire.post(pid, m.Ping(random.getrandbits(63)))
+
+    def _presume_dead(self, peer: str, silent_s: float, deadline_s: float = DEAD_AFTER_S) -> None:
+        log.warning("peer %s presumed dead: silent for %.1f s (deadline %.1f s)", self.peers.who(peer), silent_s,
+                    deadline_s)
+        self.dead_at[peer] = now()
+        self.on_dead(peer)
+        self.wire.spawn(self.wire.disconnect, peer)  # (alive after all: the redial opens new connections)
+
+    def peer_back(self, peer: str) -> float | None:
+        """`peer` said Hello after it was forgotten: not presumed dead any more, heard now.  Returns when this
+        check presumed it dead (None: it did not, e.g. the peer left or forgot this node)."""
+        self.peers.heard(peer, now())
+        return self.dead_at.pop(peer, None)
+
+    def cut_off_since(self, t: float) -> bool:
+        """This relay was without any data node at some time since `t` (trio clock): it was the one cut off."""
+        return self.waiting_for_data_since is not None or (self.data_back_at is not None and self.data_back_at >= t)
+
+    def _check_data_nodes(self, t: float) -> None:
+        """A placed relay with no data node in its table waits for one: it says so, then every 30 s."""
+        if self.peers.role != "relay" or self.peers.stage is None or self.peers.data_nodes():
+            if self.waiting_for_data_since is not None:
+                log.info("a data node is back after %.0f s without one", t - self.waiting_for_data_since)
+                self.data_back_at = t
+            self.waiting_for_data_since = self._waiting_logged_at = None
+            return
+        if self.waiting_for_data_since is None:
+            self.waiting_for_data_since = t
+        if self._waiting_logged_at is None or t - self._waiting_logged_at >= WAITING_LOG_EVERY_S:
+            self._waiting_logged_at = t
+            log.warning("waiting for a data node: none alive for %.0f s (training resumes when one comes back)",
+                        t - self.waiting_for_data_since)
+
+    def recently_heard(self) -> list[str]:
+        """Peers that the check would not presume dead now."""
+        t = now()
+        return [p for p in self.peers.heard_within(float("inf"), t)
+                if self.peers.silent_for(p, t) < self.deadline_s(p)]
+
+    async def on_ping(self, peer: str, msg: m.Ping) -> None:
+        await self.wire.send(peer, m.Pong(msg.nonce, self.compute_ms()))
+
+    def on_pong(self, peer: str, msg: m.Pong) -> None:
+        self.peer_compute_ms[peer] = msg.compute_ms  # (finite and bounded: protocol/bounds.py)
+        waiting = self.pongs.get(msg.nonce)
+        if waiting is not None:
+            waiting[1].append(msg)
+            waiting[0].set()
+
+    async def exchange(self, peer: str, msg: m.Ping | m.LinkProbe, payload: bytes = b"",
+                       wait_s: float = PONG_WAIT_S) -> tuple[float, m.Pong] | None:
+        """Send `msg` (with `payload`) and wait for its Pong: (seconds it took, the Pong), or None."""
+        ev, box = trio.Event(), []
+        self.pongs[msg.nonce] = (ev, box)
+        try:
+            t0 = now()
+            if not await self.wire.send(peer, msg, payload):
+                return None
+            with trio.move_on_after(wait_s):
+                await ev.wait()
+                return now() - t0, box[0]
+            return None
+        finally:
+            self.pongs.pop(msg.nonce, None)
+
+    async def measure_rtt(self, peer: str, tries: int = 3) -> float | None:
+        """Best of `tries` round trips to `peer`, in ms (None: no answer)."""
+        samples = []
+        for _ in range(tries):
+            got = await self.exchange(peer, m.Ping(random.getrandbits(63)))
+            if got is None:
+                break
+            samples.append(got[0] * 1000.0)
+        return min(samples) if samples else None
