@@ -9,7 +9,7 @@ the targets (GWTF 40 % faster than SWARM at 10 % churn, a tenth of its
 wasted compute, nothing lost), puts the task pool of the hybrid parameter-server
 design beside them (`--policy taskpool`, gwtf_node/sim/train/taskpool.py), and
 measures how much the model's switches matter
-(`--no-sensitivity` to skip: TrainSim's options at 10% and 20% churn).
+(`--no-sensitivity` to skip: TrainSimOptions fields at 10% and 20% churn).
 Every policy sees the same setting and the same crash draws for a given seed
 (the churn RNG does not depend on the policy; the crash times follow each
 run's own iteration lengths).  Everything from a "## Reading" heading of an
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHURNS = (0.0, 0.1, 0.2)
 POLICIES = ("swarm", "gwtf", "taskpool")
 LABELS = {"swarm": "SWARM", "gwtf": "GWTF", "taskpool": "Task pool"}
-# (label, policies it changes, TrainSim options, the `gwtf-node sim train` flags that set them)
+# (label, policies it changes, TrainSimOptions fields, the `gwtf-node sim train` flags that set them)
 VARIANTS = (
     ("SWARM restarts only on its own timeouts (no membership reaction; the paper's baseline)", ("swarm",),
      {"swarm_reacts_to": "timeouts"}, "--swarm-reacts-to timeouts"),
@@ -123,7 +123,7 @@ def main() -> int:
         " --reuse docs/bench_churn.json" if reused else "")
     out = ["# Churn benchmark: Table II of the GWTF paper in the simulator\n",
            f"`nice -n 10 python scripts/bench_churn.py --iterations {args.iterations} --seeds {args.seeds}{flags}` "
-           f"({time.time() - t0:.0f} s). Setting, model and metrics: the docstring of `gwtf_node/sim/train/`; "
+           f"({time.time() - t0:.0f} s). Setting, model and metrics: docs/sim_train.md; "
            "protocol: `gwtf_node/protocol/recovery/`, `gwtf_node/protocol/phases.py`; task pool: "
            "`gwtf_node/sim/train/taskpool.py`. Mean ± std over seeds of each run's mean over its "
            "iterations. Times in minutes (time per microbatch, communication time per completed microbatch), "
@@ -196,7 +196,7 @@ def main() -> int:
                            + f" | {sum(b.values()):.2f} |")
     if not args.no_sensitivity:
         out += ["\n## Sensitivity to the model's switches\n",
-                "Each row changes one option of `TrainSim` (default in parentheses in its docstring) for the "
+                "Each row changes one field of `TrainSimOptions` (its default in gwtf_node/sim/train/options.py) for the "
                 "policies named, same seeds; the flag in the row is `gwtf-node sim train`'s (the defaults are the "
                 "daemon's behaviour); time per microbatch (min) / wasted compute (s / iteration), mean over "
                 "seeds, next to the default run above; the throughput (microbatches per iteration) where it is below 8.\n",

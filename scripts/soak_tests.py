@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run the multi-process and network-lab tiers of the test suite N times and count each test's failures.
 
-    python scripts/soak_tests.py [--runs 5] [--load 2] [--json] [-k EXPR] [-m EXPR] [-n 2] [PATH ...]
+    python scripts/soak_tests.py [--runs 5] [--load 2] [--json] [-k EXPR] [-m EXPR] [-n 3] [PATH ...]
 
 Theory of operation
 -------------------
@@ -220,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-m", dest="markers", default=DEFAULT_MARKERS,
                    help=f"pytest marker expression (default {DEFAULT_MARKERS!r})")
     p.add_argument("-k", default=None, help="pytest -k expression")
-    p.add_argument("-n", dest="workers", type=int, default=2,
-                   help="pytest-xdist workers, --dist loadgroup as CI (default 2; 0: no xdist)")
+    p.add_argument("-n", dest="workers", type=int, default=3,
+                   help="pytest-xdist workers, --dist loadgroup as CI (default 3; 0: no xdist)")
     p.add_argument("--timeout", type=float, default=2400.0, metavar="S", help="bound of one pytest run (default 2400)")
     p.add_argument("--json", action="store_true", help="one JSON object per test instead of the table")
     args = p.parse_args(argv)

@@ -5,6 +5,12 @@ package with `ast` and import nothing: `module_name` names a source file,
 `imports` lists what a module imports at any depth (also inside functions),
 relative imports resolved.
 
+Ports: `free_port` picks a port for a process started later, below the
+kernel's ephemeral range, so that no outgoing connection of another test
+takes it in the meantime (a port from `bind(("127.0.0.1", 0))` comes from that
+range, and a node importing torch on a loaded machine binds it many seconds
+after it was picked).
+
 Waiting: `until` polls a condition that no event signals, under a deadline
 (never a fixed sleep).
 """
@@ -12,6 +18,8 @@ Waiting: `until` polls a condition that no event signals, under a deadline
 from __future__ import annotations
 
 import ast
+import random
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +27,29 @@ import trio
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "gwtf_node"
+EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def free_port(count: int = 2) -> int:
+    """A port P such that P .. P+count-1 are free on every address (a node's tensor channel takes libp2p's + 1),
+    drawn below the kernel's ephemeral port range (where `connect` takes its local ports)."""
+    low = int(EPHEMERAL.read_text().split()[0]) if EPHEMERAL.exists() else 32768
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(max(1024, low - 16384), low - count)
+        held = []
+        try:
+            for p in range(port, port + count):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("0.0.0.0", p))
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+        return port
+    raise RuntimeError(f"no {count} free ports in a row below {low}")
 
 
 def source_files(under: Path = PKG) -> list[Path]:

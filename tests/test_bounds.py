@@ -152,7 +152,7 @@ def test_the_training_simulators_messages_stay_in_bounds(churn, seed):
     from gwtf_node.sim import train as T
 
     s = T.make_setting("table2-homogeneous", seed)
-    sim = T.TrainSim(s, "gwtf", churn, seed)
+    sim = T.TrainSim(s, T.TrainSimOptions(policy="gwtf", churn=churn, seed=seed))
     problems = []
 
     def observe(node, kind, what):

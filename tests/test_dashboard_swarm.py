@@ -14,7 +14,6 @@ says nobody runs there and exits 1.
 
 from __future__ import annotations
 
-import socket
 import stat
 import subprocess
 import sys
@@ -27,18 +26,13 @@ from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.runtime.control import ask
 from gwtf_node.runtime.local import LocalSwarm
 
+from helpers import free_port
 from ptyutil import run_in_pty
 from swarmutil import wait_exit, wait_for, wait_records
 from test_metrics import scrape, value
 
 pytestmark = [pytest.mark.slow, pytest.mark.trio]
 NODES = ("d0", "r0_0", "r1_0")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def test_dashboard_of_a_running_swarm(tmp_path: Path) -> None:

@@ -1,9 +1,11 @@
 """A relay that joins after a paused stage came back: the run trains on, and nothing waits silently.
 
 1 data node; stage 0: r0_0 and r0_2; stage 1: r1_0.  After 2 iterations r0_2
-leaves (`gwtf-node leave`); r0_0 kills itself with SIGKILL as its 40th
-backward starts (`GWTF_FAULT=backward:40`, so that the kill never falls
-between its all-reduce and its step): stage 0 is empty, the data node pauses
+leaves (`gwtf-node leave`); once it is gone, r0_0 is armed (a `fault` file
+in its state directory) to kill itself with SIGKILL as its next backward
+starts (so that the kill never falls between its all-reduce and its step,
+and never before r0_2 is gone, however long the leave takes on a loaded
+machine): stage 0 is empty, the data node pauses
 and says so in `waiting_for`.  r0_0 comes back with its state directory and
 the run resumes.  Then a new relay joins stage 1 (`--stage 1`, a fresh state
 directory): the leader may count it in the next aggregation before stage 0's
@@ -40,7 +42,7 @@ async def test_relay_joining_after_a_pause_trains_on(tmp_path: Path) -> None:
     run = tmp_path / "run.json"
     save_manifest(man, run)
     swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=1, iterations=100000,
-                       iteration_timeout_s=60, faults={"r0_0": "backward:40"}, log_level="DEBUG")
+                       iteration_timeout_s=60, log_level="DEBUG")
     try:
         await trio.to_thread.run_sync(swarm.start)
         swarm.add_relay("2", auto=False, stage=0)
@@ -49,6 +51,8 @@ async def test_relay_joining_after_a_pause_trains_on(tmp_path: Path) -> None:
         await trio.to_thread.run_sync(lambda: subprocess.run(leave, capture_output=True, timeout=60))
         assert await wait_exit(swarm, "r0_2", 30) == 0
         assert swarm.procs["r0_0"].poll() is None, "r0_0 died before r0_2 left"
+        swarm.expected_dead.add("r0_0")
+        (tmp_path / "r0_0" / "fault").write_text("backward:1")
         assert await wait_exit(swarm, "r0_0", 120) == -9, "the fault did not fire"
         paused = await wait_for(lambda: status(tmp_path, "d0").get("paused"), 60, "the data node pauses", swarm)
         assert paused["empty_stages"] == [0], paused

@@ -27,7 +27,7 @@ def test_two_stages_end_to_end() -> None:
     assert d["d0"].report_done(1.0, IterationDone(0, 4, 8.0)) == []
     assert d["d0"].maybe_begin(1.0, 0, leading=True, **ALL) == []
     eff = d["d1"].report_done(1.0, IterationDone(0, 4, 4.0))
-    assert [e.to for e in sends(eff, IterationDone)] == ["d0"] and SetTimer("phase.done.0", 3.0) in eff
+    assert [e.to for e in sends(eff, IterationDone)] == ["d0"] and SetTimer(timer_key(PhaseKind.DONE, 0), 3.0) in eff
     eff = d["d0"].on_iteration_done(1.1, "d1", IterationDone(0, 4, 4.0), leading=True, **ALL)
     assert sends(eff, PhaseAck) == [Send("d1", PhaseAck(PhaseKind.DONE, 0))]
     assert {e.to for e in sends(eff, BeginAggregation)} == {"d1", "a0", "a1"}
@@ -84,16 +84,16 @@ def test_a_signal_is_resent_on_its_deadline_until_acknowledged() -> None:
     eff = b0.on_step_done(1.0, 0, [], ["a0", "a1"])
     assert SetTimer(timer_key(PhaseKind.CAN_TAKE, 0), 1.0 + b0.retry_s) in eff
     assert b0.on_ack(1.5, "a0", PhaseAck(PhaseKind.CAN_TAKE, 0)) == []  # a1 still owes an ack
-    eff = b0.on_timer(3.0, "phase.can_take.0")
-    assert sends(eff) == [Send("a1", CanTake(0, 1))] and SetTimer("phase.can_take.0", 3.0 + b0.retry_s) in eff
-    assert b0.on_ack(3.1, "a1", PhaseAck(PhaseKind.CAN_TAKE, 0)) == [CancelTimer("phase.can_take.0")]
-    assert b0.on_timer(5.0, "phase.can_take.0") == [] and b0.stats.resent == 1
+    eff = b0.on_timer(3.0, timer_key(PhaseKind.CAN_TAKE, 0))
+    assert sends(eff) == [Send("a1", CanTake(0, 1))] and SetTimer(timer_key(PhaseKind.CAN_TAKE, 0), 3.0 + b0.retry_s) in eff
+    assert b0.on_ack(3.1, "a1", PhaseAck(PhaseKind.CAN_TAKE, 0)) == [CancelTimer(timer_key(PhaseKind.CAN_TAKE, 0))]
+    assert b0.on_timer(5.0, timer_key(PhaseKind.CAN_TAKE, 0)) == [] and b0.stats.resent == 1
     # a peer forgotten is not resent to either
     b1 = Phases("b1", 1, 1)
     b1.on_begin(0.0, "a0", BeginAggregation(0, 4), next_stage=[])
     b1.on_step_done(1.0, 0, [], ["a0"])
-    assert b1.forget(1.5, "a0", [], []) == [CancelTimer("phase.can_take.0")]
-    assert b1.on_timer(3.0, "phase.can_take.0") == []
+    assert b1.forget(1.5, "a0", [], []) == [CancelTimer(timer_key(PhaseKind.CAN_TAKE, 0))]
+    assert b1.on_timer(3.0, timer_key(PhaseKind.CAN_TAKE, 0)) == []
 
 
 def test_an_iteration_done_is_not_acknowledged_by_a_node_that_does_not_lead() -> None:
@@ -109,7 +109,7 @@ def test_a_report_goes_to_each_new_leader_and_a_begun_iteration_is_handed_over()
     eff = d1.set_leader(1.0, "d0")
     assert sends(eff) == [Send("d0", IterationDone(0, 3, 1.0))]
     eff = d1.set_leader(5.0, None)  # the old leader is gone: its copy is not resent any more
-    assert CancelTimer("phase.done.0") in eff and d1.on_timer(6.0, "phase.done.0") == []
+    assert CancelTimer(timer_key(PhaseKind.DONE, 0)) in eff and d1.on_timer(6.0, timer_key(PhaseKind.DONE, 0)) == []
     assert sends(d1.set_leader(7.0, "d2")) == [Send("d2", IterationDone(0, 3, 1.0))]
     # d1 then applied BEGIN of 0 from a leader that died before reaching d2: d1 hands it to the next leader
     begin = BeginAggregation(0, 6)

@@ -37,7 +37,7 @@ import trio.testing
 from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.protocol import messages as m
 from gwtf_node.protocol.flow import FlowConfig, FlowNode
-from gwtf_node.protocol.recovery import RecoveryConfig, RecoveryNode
+from gwtf_node.protocol.recovery import Key, RecoveryConfig, RecoveryNode
 from gwtf_node.runtime.discovery import Discovery
 from gwtf_node.runtime.liveness import Liveness
 from gwtf_node.runtime.node import Node, NodeOptions, routes
@@ -103,7 +103,7 @@ def test_a_data_node_back_starts_clean_at_a_relay() -> None:
     key = ("d0", 9, 2)
     eff = relay.on_message(0.0, "d0", m.Forward(*key, ("d0",), None, 0))
     assert key in relay.mbs and any(getattr(e, "kind", None) == "forward" for e in eff)
-    relay.contrib[2] = {("d0", 8, 2)}
+    relay.contrib[2] = {Key("d0", 8, 2)}
     relay.peer_gone(1.0, "d0")  # presumed dead: its microbatches and contributions die with it
     assert key not in relay.mbs and relay.contrib[2] == set() and "d0" not in relay.cfg.data_nodes
     relay.peer_back(2.0, "d0", data_node=True)

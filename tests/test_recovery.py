@@ -35,7 +35,7 @@ def crash_when(sim: T.TrainSim, when, victim_of) -> None:
 
 def run(policy: str, when, victim_of=lambda nid, p: nid, setting="table2-homogeneous", seed=0):
     s = T.make_setting(setting, seed)
-    sim = T.TrainSim(s, policy, 0.0, seed)
+    sim = T.TrainSim(s, T.TrainSimOptions(policy=policy, churn=0.0, seed=seed))
     crash_when(sim, when, victim_of)
     sim.run(ITERS)
     return sim, sim.report(ITERS)
@@ -46,7 +46,7 @@ def check_ledger(sim: T.TrainSim, rep: dict) -> None:
     assert rep["unfinished_iterations"] == 0
     assert rep["lost_microbatches"] == 0
     for d in T.DATA_NODES:
-        led = sim.nodes[d].ledger
+        led = sim.nodes[d].rec.ledger
         done = led.completed_everywhere()
         assert len(done) == len(set(done)), "a microbatch was trained twice"
         added: dict[int, int] = {}
@@ -151,7 +151,7 @@ def check_exactly_once(sim: T.TrainSim, iters: int) -> None:
     """Every ledger entry of a closed iteration is COMPLETED or DEFERRED; a deferred seq comes back in the
     next iteration; every seq is completed at most once; no microbatch record is left at its data node."""
     for d in T.DATA_NODES:
-        led = sim.nodes[d].ledger
+        led = sim.nodes[d].rec.ledger
         done = led.completed_everywhere()
         assert len(done) == len(set(done)), "a microbatch was trained twice"
         for it in range(iters):
@@ -160,7 +160,7 @@ def check_exactly_once(sim: T.TrainSim, iters: int) -> None:
                 assert status in (MbStatus.COMPLETED, MbStatus.DEFERRED), (d, it, seq, status)
                 if status is MbStatus.DEFERRED:
                     assert seq in led.entries.get(it + 1, {}), "a deferred microbatch was not pushed again"
-        assert not [k for k in sim.nodes[d].mbs if k[2] < iters], "a closed iteration left a record in flight"
+        assert not [k for k in sim.nodes[d].rec.mbs if k[2] < iters], "a closed iteration left a record in flight"
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -170,7 +170,7 @@ def check_exactly_once(sim: T.TrainSim, iters: int) -> None:
 def test_random_crash_schedules_lose_nothing(policy, setting, crashes, rejoin) -> None:
     iters = 4
     s = T.make_setting(setting, 3)
-    sim = T.TrainSim(s, policy, 0.0, 3, crash_plan=crashes, rejoin=rejoin)
+    sim = T.TrainSim(s, T.TrainSimOptions(policy=policy, churn=0.0, seed=3, crash_plan=crashes, rejoin=rejoin))
     sim.run(iters)
     rep = sim.report(iters)
     assert rep["unfinished_iterations"] == 0 and rep["lost_microbatches"] == 0
@@ -185,7 +185,7 @@ def test_simultaneous_crashes_of_consecutive_stages_are_repaired_without_restart
         return n == "d0" and e == "done" and p[1] == "loss" and p[0][2] == 1
 
     def victims(n, p):
-        path = sim_holder["sim"].nodes["d0"].mbs[p[0]].path
+        path = sim_holder["sim"].nodes["d0"].rec.mbs[p[0]].path
         fired["path"] = list(path)
         for v in path[1:3]:
             sim_holder["sim"].crash_at(sim_holder["sim"].now, v)
@@ -193,7 +193,7 @@ def test_simultaneous_crashes_of_consecutive_stages_are_repaired_without_restart
 
     sim_holder = {}
     s = T.make_setting("table2-homogeneous", 0)
-    sim = T.TrainSim(s, "gwtf", 0.0, 0)
+    sim = T.TrainSim(s, T.TrainSimOptions(policy="gwtf", churn=0.0, seed=0))
     sim_holder["sim"] = sim
     crash_when(sim, when, victims)
     sim.run(ITERS)
@@ -213,7 +213,7 @@ def test_leader_data_node_crash(policy: str, moment: str) -> None:
     nothing of theirs is lost, no iteration stalls."""
     iters = 4
     s = T.make_setting("table2-homogeneous", 0, data_nodes=3)
-    sim = T.TrainSim(s, policy, 0.0, 0)
+    sim = T.TrainSim(s, T.TrainSimOptions(policy=policy, churn=0.0, seed=0))
     when = {
         "forward": lambda n, e, p: sim._leading(n) and e == "done" and p[1] == "forward" and p[0][2] == 1,
         "loss": lambda n, e, p: sim._leading(n) and e == "done" and p[1] == "loss" and p[0][2] == 1,
@@ -235,10 +235,10 @@ def test_leader_data_node_crash(policy: str, moment: str) -> None:
     rest = [d for d in sim.data if d != leader["id"]]
     assert any(sim._leading(d) for d in rest)
     for d in rest:
-        assert sim.nodes[d].iteration >= iters
+        assert sim.nodes[d].rec.iteration >= iters
         for it in range(iters):
-            c = sim.nodes[d].ledger.counts(it)
+            c = sim.nodes[d].rec.ledger.counts(it)
             assert c["pending"] == c["inflight"] == 0, (it, c)
-    for nid, m in sim.nodes.items():  # nobody still holds a microbatch of the dead data node
+    for nid, n in sim.nodes.items():  # nobody still holds a microbatch of the dead data node
         if nid not in sim.dead and relay(nid):
-            assert not [k for k in m.mbs if k[0] == leader["id"]], nid
+            assert not [k for k in n.rec.mbs if k[0] == leader["id"]], nid

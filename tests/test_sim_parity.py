@@ -22,13 +22,13 @@ def test_priors_are_the_fixed_ones_on_loopback_and_grow_with_the_transfer() -> N
 @pytest.mark.parametrize("priors", T.PRIOR_RULES)
 def test_the_simulators_machines_start_from_the_daemons_priors(priors: str) -> None:
     s = T.make_setting("table2-homogeneous", 0)
-    sim = T.TrainSim(s, "gwtf", 0.0, 0, priors=priors)
+    sim = T.TrainSim(s, T.TrainSimOptions(policy="gwtf", churn=0.0, seed=0, priors=priors))
     relay, nxt = "s1r0", "s2r0"
-    rec = sim.nodes[relay]
+    rec = sim.nodes[relay].rec
     links = hop_prior_s(sim._flow_cost(relay, nxt))
     if priors == "links":
         assert rec.est[nxt] == links
-        d = sim.nodes["d0"]
+        d = sim.nodes["d0"].rec
         assert d.e2e_est == e2e_prior_s(len(T.STAGE_SIZES), [sim._flow_cost("d0", j) for j in d.next_peers])
     else:
         assert rec.est[nxt] != links
@@ -40,7 +40,8 @@ def test_a_crashed_relay_rejoins_through_the_leaders_placement_at_the_bottleneck
     and come in with that many steps applied.  (Told stage costs only: told link costs too, as by default, the
     search finds C / F^2 a hair lower with the second joiner in stage 1, 4437 against 4458.)"""
     s = T.make_setting("table2-homogeneous", 0)
-    sim = T.TrainSim(s, "gwtf", 0.0, 0, crash_plan=[(100.0, "s2r0"), (100.0, "s2r1")], join_links=False)
+    sim = T.TrainSim(s, T.TrainSimOptions(policy="gwtf", churn=0.0, seed=0, crash_plan=[(100.0, "s2r0"), (100.0, "s2r1")],
+                                         join_links=False))
     sim.trace = []
     sim.run(4)
     rep = sim.report(4)
@@ -49,12 +50,12 @@ def test_a_crashed_relay_rejoins_through_the_leaders_placement_at_the_bottleneck
     joiners = sorted(n for n in sim.nodes if "~" in n)
     assert len(joiners) == 2 and all(sim.stage[j] == 2 for j in joiners)
     msgs = [(e[5], e[3], e[4]) for e in sim.trace if e[0] == "ctl"]
-    leader = next(d for d in T.DATA_NODES if sim.leaders[d].is_leader(sim.now))
+    leader = next(d for d in T.DATA_NODES if sim.nodes[d].leader.is_leader(sim.now))
     for j in joiners:
         assert ("JoinRequest", j, leader) in msgs
         assert ("Assignment", leader, j) in msgs
         assert ("StageStateRequest", j, "s2r2") in msgs  # the only member left is the source
-        assert sim.phases[j].applied >= 1  # the state after a step, never the one in flight
+        assert sim.nodes[j].phases.applied >= 1  # the state after a step, never the one in flight
     assert ("UtilizationReport", "s2r2", leader) in msgs
 
 
@@ -64,14 +65,15 @@ def test_a_stage_that_lost_every_member_after_the_first_step_takes_no_joiner() -
     instead, until the stage comes back from a checkpoint (tests/test_sim_pausing_rules.py)."""
     s = T.make_setting("table2-homogeneous", 0)
     crash = [(200.0, r) for r in ("s2r0", "s2r1", "s2r2")]
-    sim = T.TrainSim(s, "gwtf", 0.0, 0, crash_plan=crash, pause_empty=False)
+    sim = T.TrainSim(s, T.TrainSimOptions(policy="gwtf", churn=0.0, seed=0, crash_plan=crash, pause_empty=False))
     sim.run(3)
     rep = sim.report(3)
     assert rep["unfinished_iterations"] == 0 and rep["lost_microbatches"] == 0
     assert not [n for n in sim.nodes if sim.stage.get(n) == 2 and n not in sim.dead]
     assert rep["joining"]["in"] == 3 and rep["deferred_microbatches"] > 0
     # the older model restores the stage (with a state from nowhere): nothing deferred
-    sim2 = T.TrainSim(s, "gwtf", 0.0, 0, crash_plan=crash, joining="restart", pause_empty=False)
+    sim2 = T.TrainSim(s, T.TrainSimOptions(policy="gwtf", churn=0.0, seed=0, crash_plan=crash, joining="restart",
+                                          pause_empty=False))
     sim2.run(3)
     assert sim2.report(3)["deferred_microbatches"] == 0
 
@@ -87,7 +89,7 @@ def _round_ends(sim: T.TrainSim, members: list[str]) -> dict[str, float]:
 
 def test_the_step_is_the_daemons_all_reduce_over_the_links() -> None:
     s = T.make_setting("table2-heterogeneous", 3)
-    sim = T.TrainSim(s, "gwtf", 0.0, 3)
+    sim = T.TrainSim(s, T.TrainSimOptions(policy="gwtf", churn=0.0, seed=3))
     group = sorted(r for r in s.relays if s.relays[r][0] == 1)
     for r in group[:-1]:
         sim._start_step(r, 0)
@@ -99,7 +101,7 @@ def test_the_step_is_the_daemons_all_reduce_over_the_links() -> None:
 
 def test_a_member_dead_before_its_part_makes_the_survivors_redo_the_round_at_the_report() -> None:
     s = T.make_setting("table2-heterogeneous", 3)
-    sim = T.TrainSim(s, "gwtf", 0.0, 3)
+    sim = T.TrainSim(s, T.TrainSimOptions(policy="gwtf", churn=0.0, seed=3))
     group = sorted(r for r in s.relays if s.relays[r][0] == 1)
     dead = group[0]
     for r in group[1:]:
@@ -129,7 +131,7 @@ def test_a_round_started_after_a_crash_it_did_not_hear_of_yet_is_redone_at_the_r
     """The dead member is still in the group (not reported yet) when the others start: they redo the round
     without it at the report (seed 1, heterogeneous, 20 %: the run used to stall there)."""
     s = T.make_setting("table2-heterogeneous", 3)
-    sim = T.TrainSim(s, "gwtf", 0.0, 3)
+    sim = T.TrainSim(s, T.TrainSimOptions(policy="gwtf", churn=0.0, seed=3))
     group = sorted(r for r in s.relays if s.relays[r][0] == 1)
     dead = group[0]
     sim._crash(dead)
@@ -154,7 +156,8 @@ def test_joiners_and_members_tell_the_leader_their_link_costs_as_the_daemon(join
             super()._send(nid, e)
 
     s = T.make_setting("table2-homogeneous", 0)
-    sim = Capture(s, "gwtf", 0.0, 0, crash_plan=[(100.0, "s2r0")], join_links=join_links)
+    sim = Capture(s, T.TrainSimOptions(policy="gwtf", churn=0.0, seed=0, crash_plan=[(100.0, "s2r0")],
+                                       join_links=join_links))
     sim.sent = []
     sim.run(3)
     assert sim.report(3)["joining"]["in"] == 1

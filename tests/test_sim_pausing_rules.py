@@ -126,7 +126,8 @@ class Recorder(T.TrainSim):
 def _small(policy: str, leave_wait_s: float = LEAVE_WAIT_S, detect_s: float = DETECT_S) -> Recorder:
     """The setting of the machine (module docstring), with a fresh copy of its network."""
     s = Setting("pausing", dict(RELAYS), T.make_setting(SETTING, SEED).net, BASE.data)
-    sim = Recorder(s, policy, 0.0, SEED, rejoin=False, pause_empty=True, detect_s=detect_s)
+    sim = Recorder(s, T.TrainSimOptions(policy=policy, churn=0.0, seed=SEED, rejoin=False, pause_empty=True,
+                                        detect_s=detect_s))
     sim.leave_wait_s = leave_wait_s
     return sim
 
@@ -176,7 +177,7 @@ class PausingRules(RuleBasedStateMachine):
             assert gap <= self.bound, (
                 f"{d} opened nothing for {gap:.0f} s (bound {self.bound:.0f} s) in a quiet window from "
                 f"{self.quiet_since:.0f} s with every stage served: paused {s.paused.get(d)}, waits "
-                f"{ {n: ph.waiting(s.now) for n, ph in s.phases.items() if n not in s.dead and ph.waiting(s.now)} }")
+                f"{ {n: x.phases.waiting(s.now) for n, x in s.nodes.items() if n not in s.dead and x.phases.waiting(s.now)} }")
 
     def _churned(self) -> None:
         self._check_window()
@@ -255,9 +256,9 @@ class PausingRules(RuleBasedStateMachine):
     def settle(self) -> None:
         """The swarm is whole: run until every live data node opened one more iteration (BOUND + 1 s at most)."""
         s = self.sim
-        want = {d: s.nodes[d].iteration + 1 for d in s._live_data()}
+        want = {d: s.nodes[d].rec.iteration + 1 for d in s._live_data()}
         end = s.now + self.bound + 1.0
-        while s.now < end and any(s.nodes[d].iteration < it for d, it in want.items() if d not in s.dead):
+        while s.now < end and any(s.nodes[d].rec.iteration < it for d, it in want.items() if d not in s.dead):
             self._run(min(end, s.now + 50.0))
 
     # ---- invariants ----------------------------------------------------------------------
@@ -270,11 +271,11 @@ class PausingRules(RuleBasedStateMachine):
             p = s.paused.get(d)
             if p is not None:
                 assert p.stages and s.empty_stages(p.iteration), f"{d} paused with every stage served: {p}"
-                assert s.phases[d].iteration == p.iteration, (d, p)
+                assert s.nodes[d].phases.iteration == p.iteration, (d, p)
                 assert not any(n == d and it == p.iteration for _, n, it, _ in s.opens), (d, p)
             else:
-                assert s.phases[d].iteration == s.nodes[d].iteration, (
-                    f"{d}: its phase opened {s.phases[d].iteration}, its microbatches are in {s.nodes[d].iteration}")
+                assert s.nodes[d].phases.iteration == s.nodes[d].rec.iteration, (
+                    f"{d}: its phase opened {s.nodes[d].phases.iteration}, its microbatches are in {s.nodes[d].rec.iteration}")
         for _, d, it, empty in s.opens:
             assert not empty, f"{d} opened iteration {it} with stage(s) {empty} empty"
 
@@ -286,10 +287,10 @@ class PausingRules(RuleBasedStateMachine):
         for d in s.data:
             its = [it for _, n, it, _ in s.opens if n == d]
             assert its == list(range(len(its))), f"{d} opened {its}"
-            led = s.nodes[d].ledger
+            led = s.nodes[d].rec.ledger
             done = led.completed_everywhere()
             assert len(done) == len(set(done)), f"{d}: a microbatch was trained twice"
-            for it in range(s.nodes[d].iteration):
+            for it in range(s.nodes[d].rec.iteration):
                 for seq, status in led.entries.get(it, {}).items():
                     assert status in (MbStatus.COMPLETED, MbStatus.DEFERRED), (d, it, seq, status)
         twice = [k for k, v in s.steps_done.items() if v > 1]
@@ -300,7 +301,7 @@ class PausingRules(RuleBasedStateMachine):
         s = self.sim
         if s is None:
             return
-        for n, ph in s.phases.items():
+        for n, ph in ((n, x.phases) for n, x in s.nodes.items()):
             if n in s.dead:
                 continue
             for w in ph.waiting(s.now):
@@ -324,20 +325,20 @@ def test_an_empty_stage_pauses_the_run_until_a_relay_serves_it() -> None:
     assert [(t, r) for t, r in sim.left] and sim.left[0][1] == "s2r1"
     assert set(sim.paused) == set(sim.data)
     p = sim.paused["d0"]
-    assert p.stages == (2,) and sim.phases["d0"].iteration == p.iteration
+    assert p.stages == (2,) and sim.nodes["d0"].phases.iteration == p.iteration
     opened = len(sim.opens)
     sim.join_relay(2, BASE.net.loc["s2r0"])
     assert not sim.paused and len(sim.opens) == opened + 2  # both data nodes opened at once
     assert all(t == sim.now and it == p.iteration for t, _, it, _ in sim.opens[-2:])
     sim.run(10**9, until=sim.now + 1500.0)
-    assert min(sim.nodes[d].iteration for d in sim.data) >= p.iteration + 2
+    assert min(sim.nodes[d].rec.iteration for d in sim.data) >= p.iteration + 2
     assert [(d, it) for d, it, *_ in sim.pauses] == [("d0", p.iteration), ("d1", p.iteration)]
 
 
 def test_without_the_pause_the_run_goes_on_deferring() -> None:
     """`pause_empty=False` (the older model, not the daemon's): the same empty stage, iterations keep opening."""
     s = Setting("pausing", dict(RELAYS), T.make_setting(SETTING, SEED).net, BASE.data)
-    sim = Recorder(s, "swarm", 0.0, SEED, rejoin=False, pause_empty=False)
+    sim = Recorder(s, T.TrainSimOptions(policy="swarm", churn=0.0, seed=SEED, rejoin=False, pause_empty=False))
     sim.run(10**9, until=300.0)
     sim.crash_relay("s2r0")
     sim.crash_relay("s2r1")
@@ -350,11 +351,11 @@ def test_a_leaving_relay_finishes_its_iteration_and_its_aggregation() -> None:
     its CAN TAKE is sent, and is not named in any later aggregation."""
     sim = _small("swarm", leave_wait_s=600.0)
     sim.run(10**9, until=100.0)
-    t = sim.phases["s1r0"].applied
+    t = sim.nodes["s1r0"].phases.applied
     sim.leave_relay("s1r0")
     assert sim.leaving == {"s1r0": t}
     sim.run(10**9, until=2000.0)
     assert ("s1r0", t) in sim.steps_done and "s1r0" in sim.dead and not sim.leaving
     assert not any(("s1r0", i) in sim.steps_done for i in range(t + 1, t + 10))
-    later = [sim.phases["s1r1"].group(i, 1) for i in sorted(sim.phases["s1r1"].groups) if i > t]
+    later = [sim.nodes["s1r1"].phases.group(i, 1) for i in sorted(sim.nodes["s1r1"].phases.groups) if i > t]
     assert later and all(g == {"s1r1"} for g in later)

@@ -22,13 +22,13 @@ def check_ledgers(sim: T.TrainSim, rep: dict, survivors) -> None:
     assert rep["unfinished_iterations"] == 0, rep
     assert rep["lost_microbatches"] == 0, rep
     for d in survivors:
-        led = sim.nodes[d].ledger
+        led = sim.nodes[d].rec.ledger
         done = led.completed_everywhere()
         assert len(done) == len(set(done)), "a microbatch was trained twice"
         for it in range(ITERS):
             for seq, st in led.entries[it].items():
                 assert st in (MbStatus.COMPLETED, MbStatus.DEFERRED), (d, it, seq, st)
-        assert sim.nodes[d].iteration >= ITERS
+        assert sim.nodes[d].rec.iteration >= ITERS
 
 
 def leader_of(sim: T.TrainSim) -> str:
@@ -42,7 +42,7 @@ def test_the_leader_dies_around_begin_aggregation(policy: str, moment: str) -> N
     node (a stage-0 relay, or a data node) and no other, then it dies; after: every copy is sent, then it
     dies.  The other two data nodes elect a leader, which completes (or decides again) the BEGIN."""
     s = T.make_setting("table2-homogeneous", 0, data_nodes=3)
-    sim = T.TrainSim(s, policy, 0.0, 0)
+    sim = T.TrainSim(s, T.TrainSimOptions(policy=policy, churn=0.0, seed=0))
     state: dict = {}
 
     def crash(nid: str) -> None:
@@ -90,7 +90,7 @@ def test_the_first_copy_of_every_phase_signal_is_lost(policy: str) -> None:
     """Every IterationDone, BEGIN AGGREGATION, CAN TAKE and PhaseAck is lost the first time it is sent on a
     link: the resends carry the phase, nothing stalls, nothing is lost."""
     s = T.make_setting("table2-heterogeneous", 1)
-    sim = T.TrainSim(s, policy, 0.1, 1)
+    sim = T.TrainSim(s, T.TrainSimOptions(policy=policy, churn=0.1, seed=1))
     seen: set = set()
 
     def drop(sender, to, msg):

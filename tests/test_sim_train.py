@@ -18,7 +18,7 @@ import pytest
 
 from gwtf_node.protocol.flow import FORMED_WAIT_S
 from gwtf_node.protocol.messages import Backward, Complete, Forward
-from gwtf_node.protocol.recovery import Compute, RecoveryConfig, RecoveryNode
+from gwtf_node.protocol.recovery import Compute, MbTimer, RecoveryConfig, RecoveryNode, TimerKind
 from gwtf_node.sim import train as T
 
 
@@ -38,8 +38,10 @@ def test_a_stage_dead_for_good_defers_quickly(policy: str) -> None:
     iteration, without stalling (found by Hypothesis: parked microbatches used to wait for six watchdog rounds
     per iteration and the run hit the simulator's time limit)."""
     s = T.make_setting("table2-homogeneous", 7)
-    sim = T.TrainSim(s, policy, 0.0, 7, crash_plan=[(0.0, "s1r0"), (0.0, "s1r1"), (0.0, "s1r2")], rejoin=False,
-                     pause_empty=False)  # (the daemon pauses instead: tests/test_sim_pausing_rules.py)
+    # (pause_empty=False: the daemon pauses instead, tests/test_sim_pausing_rules.py)
+    sim = T.TrainSim(s, T.TrainSimOptions(policy=policy, churn=0.0, seed=7,
+                                         crash_plan=[(0.0, "s1r0"), (0.0, "s1r1"), (0.0, "s1r2")], rejoin=False,
+                                         pause_empty=False))
     sim.run(4)
     rep = sim.report(4)
     assert rep["unfinished_iterations"] == 0 and rep["lost_microbatches"] == 0
@@ -52,16 +54,18 @@ def test_joiners_mid_iteration_save_a_stage_lost_mid_iteration(policy: str) -> N
     in it when their download finishes, the parked microbatches go on, nothing is deferred.  (The daemon's
     joining has no state to hand over then: test_sim_parity.py.)"""
     s = T.make_setting("table2-homogeneous", 0)
-    sim = T.TrainSim(s, policy, 0.0, 0, crash_plan=[(150.0, "s2r0"), (150.0, "s2r1"), (150.0, "s2r2")],
-                     joining="restart")
+    sim = T.TrainSim(s, T.TrainSimOptions(policy=policy, churn=0.0, seed=0,
+                                         crash_plan=[(150.0, "s2r0"), (150.0, "s2r1"), (150.0, "s2r2")],
+                                         joining="restart"))
     sim.run(4)
     rep = sim.report(4)
     assert rep["lost_microbatches"] == 0 and rep["deferred_microbatches"] == 0
     assert [p["completed"] for p in rep["per_iteration"]] == [8, 8, 8, 8]
     assert sim.joins == 3
     # the same crashes with joiners admitted only at the next open: the iteration's microbatches are deferred
-    sim2 = T.TrainSim(s, policy, 0.0, 0, crash_plan=[(150.0, "s2r0"), (150.0, "s2r1"), (150.0, "s2r2")],
-                      joining="restart", join_mid_iteration=False)
+    sim2 = T.TrainSim(s, T.TrainSimOptions(policy=policy, churn=0.0, seed=0,
+                                          crash_plan=[(150.0, "s2r0"), (150.0, "s2r1"), (150.0, "s2r2")],
+                                          joining="restart", join_mid_iteration=False))
     sim2.run(4)
     rep2 = sim2.report(4)
     assert rep2["lost_microbatches"] == 0 and rep2["deferred_microbatches"] > 0
@@ -71,7 +75,7 @@ def test_gwtf_data_node_never_recomputes_its_embedding_side() -> None:
     """A microbatch put back (no first hop with room) keeps the data node's output: one embedding forward per
     microbatch (it used to be recomputed at every relaunch)."""
     s = T.make_setting("table2-heterogeneous", 0)
-    sim = T.TrainSim(s, "gwtf", 0.1, 0)
+    sim = T.TrainSim(s, T.TrainSimOptions(policy="gwtf", churn=0.1, seed=0))
     sim.trace = []
     sim.run(25)
     fwd = collections.Counter(e[5] for e in sim.trace
@@ -115,7 +119,7 @@ def test_a_parked_relay_gives_up_once_its_deadline_passed() -> None:
     m.on_message(2.0, "n", Complete(*k1, 0))
     m.on_message(3.0, "p", Forward(*k2, ("d", "p"), None, 0))
     eff = m.on_compute_done(4.0, k2, "forward")
-    (timer,) = [e for e in eff if getattr(e, "key", "").startswith("fw:")]
+    (timer,) = [e for e in eff if isinstance(getattr(e, "key", None), MbTimer) and e.key.kind is TimerKind.FW]
     eff = m.on_timer(timer.deadline, timer.key)
     # one more try (n still holds k1): then the microbatch is denied upstream, as without parking
     assert [e.to for e in eff if type(getattr(e, "msg", None)).__name__ == "MbDeny"] == ["p"]
@@ -167,13 +171,13 @@ def test_gwtf_routes_on_the_flow_machines_flows() -> None:
     data nodes launch on the units their own machines placed, and every relay's microbatch machine holds its flow
     machine's flows."""
     s = T.make_setting("table2-heterogeneous", 2)
-    sim = T.TrainSim(s, "gwtf", 0.0, 2)
+    sim = T.TrainSim(s, T.TrainSimOptions(policy="gwtf", churn=0.0, seed=2))
     sim.run(3)
     rep = sim.report(3)
     assert rep["lost_microbatches"] == 0 and rep["unfinished_iterations"] == 0
     assert sim.machines and sim.reflows == 0 and sim.flow_messages > 0
     for nid, fm in sim.fnodes.items():
-        assert {d: o for d, o in sim.nodes[nid].out.items() if o} == {d: o for d, o in fm.out.items() if o}, nid
+        assert {d: o for d, o in sim.nodes[nid].rec.out.items() if o} == {d: o for d, o in fm.out.items() if o}, nid
     placed = {d: sum(sim.fnodes[d].out[d].values()) for d in T.DATA_NODES}
     assert all(placed.values()) and sum(placed.values()) == 3  # this setting's maximum flow (as the LP finds it)
     first = {d: next(e for e in sim.iters[0].opened.items() if e[0] == d)[1] for d in T.DATA_NODES}
@@ -185,11 +189,11 @@ def test_the_flow_machines_rebuild_the_flows_through_a_crashed_relay() -> None:
     re-form the flows with their own messages (Request Flow ...); no flow goes through it any more, the joiner that
     replaces it is added by its neighbours' machines, and no microbatch is lost."""
     s = T.make_setting("table2-homogeneous", 0)
-    probe = T.TrainSim(s, "gwtf", 0.0, 0)
+    probe = T.TrainSim(s, T.TrainSimOptions(policy="gwtf", churn=0.0, seed=0))
     probe.run(1)
     victim = next(r for r in sorted(probe.fnodes) if r.startswith("s2") and any(probe.fnodes[r].out.values()))
     s = T.make_setting("table2-homogeneous", 0)
-    sim = T.TrainSim(s, "gwtf", 0.0, 0, crash_plan=[(100.0, victim)])
+    sim = T.TrainSim(s, T.TrainSimOptions(policy="gwtf", churn=0.0, seed=0, crash_plan=[(100.0, victim)]))
     sim.run(4)
     rep = sim.report(4)
     assert rep["lost_microbatches"] == 0 and rep["unfinished_iterations"] == 0 and sim.joins == 1
@@ -198,7 +202,7 @@ def test_the_flow_machines_rebuild_the_flows_through_a_crashed_relay() -> None:
             continue
         assert victim not in fm.cfg.next_costs and victim not in fm.cfg.prev_costs and victim not in fm.cfg.peers
         assert all(victim not in o for o in fm.out.values()), nid
-        assert all(victim not in o for o in sim.nodes[nid].out.values()), nid
+        assert all(victim not in o for o in sim.nodes[nid].rec.out.values()), nid
     joiner = next(n for n in sim.fnodes if n.startswith(victim + "~"))  # (placed by the leader: maybe elsewhere)
     k = sim.stage[joiner]
     before = [n for n in sim.fnodes if n not in sim.dead and sim.stage[n] == (k - 1 if k > 0 else -1)]
@@ -211,7 +215,7 @@ def test_oracle_routing_is_kept_for_comparison() -> None:
     rep = T.run_train("table2-heterogeneous", "gwtf", 0.1, 6, 1, routing="oracle")
     assert rep["lost_microbatches"] == 0 and rep["unfinished_iterations"] == 0
     with pytest.raises(ValueError):
-        T.TrainSim(T.make_setting("table2-heterogeneous", 1), "gwtf", 0.1, 1, routing="best")
+        T.TrainSimOptions(policy="gwtf", churn=0.1, seed=1, routing="best")
 
 
 @pytest.mark.parametrize("routing", ["machines", "oracle"])

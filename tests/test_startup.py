@@ -43,6 +43,8 @@ from gwtf_node.runtime.startup import ExitKind, NodeExit, PortInUse, check_port_
 from gwtf_node.runtime.statedir import StateDirLocked, lock_state_dir
 from gwtf_node.runtime.wire import FrameRefused
 
+from helpers import free_port
+
 BOOTSTRAP_TIMEOUT_S = 5.0
 START_S = 60.0  # a node process (torch and libp2p imports, model build) is listening within this
 EXIT_MARGIN_S = 45.0  # process start-up and teardown around the bootstrap timeout, with five processes at once
@@ -88,12 +90,6 @@ def test_the_lock_dies_with_its_process(tmp_path: Path) -> None:
 
 
 # ---- the port probe ----------------------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_port_someone_listens_on_is_in_use() -> None:
@@ -300,15 +296,15 @@ def swarm(tmp_path_factory: pytest.TempPathFactory):
                                    microbatches_per_iteration=1), run)
     save_manifest(default_manifest(stages=1, layers=1, hidden=16, seq_len=8, microbatch_size=1,
                                    microbatches_per_iteration=1, seed=1), other_run)
-    port = _free_port()
+    port = free_port()
     procs: list[subprocess.Popen] = []
     plain = socket.socket()
     try:
         plain.bind(("127.0.0.1", 0))
         plain.listen()
-        late_port = _free_port()  # where d1 listens once the late relay has failed to reach it
+        late_port = free_port()  # where d1 listens once the late relay has failed to reach it
         late_addr = f"/ip4/127.0.0.1/tcp/{late_port}/p2p/{peer_id_of(load_or_create_identity(tmp / 'd1'))}"
-        nobody = late_addr.replace(f"/tcp/{late_port}/", f"/tcp/{_free_port()}/")  # nothing ever listens there
+        nobody = late_addr.replace(f"/tcp/{late_port}/", f"/tcp/{free_port()}/")  # nothing ever listens there
         relay = ("--role", "relay", "--stage", "0")
         d0, d0_err, _ = _join("d0", tmp / "d0", run, "--role", "data", "--name", "d0", "--port", str(port))
         late = _join("late", tmp / "late", run, *relay, "--bootstrap", late_addr, "--bootstrap-timeout", "120")

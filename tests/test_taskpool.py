@@ -47,15 +47,16 @@ RELAYS = [f"s{s}r{i}" for s, n in enumerate(T.STAGE_SIZES) for i in range(n)]
        st.booleans(), st.integers(0, 3))
 def test_the_ledger_loses_nothing_and_counts_nothing_twice_under_crashes(plan, rejoin: bool, seed: int) -> None:
     s = T.make_setting("table2-homogeneous", seed)
-    sim = TaskPoolSim(s, "taskpool", 0.0, seed, crash_plan=plan, rejoin=rejoin)
+    sim = TaskPoolSim(s, T.TrainSimOptions(policy="taskpool", churn=0.0, seed=seed, crash_plan=plan, rejoin=rejoin))
     sim.run(3)
     rep = sim.report(3)
     lost, deferred, twice = sim.ledger_check(3)
     assert lost == 0 and twice == 0 and rep["lost_microbatches"] == 0
     assert rep["unfinished_iterations"] == 0, f"replay: TaskPoolSim(make_setting('table2-homogeneous', {seed}), " \
-                                              f"'taskpool', 0.0, {seed}, crash_plan={plan!r}, rejoin={rejoin})"
+                                              f"TrainSimOptions(policy='taskpool', seed={seed}, crash_plan={plan!r}, " \
+                                              f"rejoin={rejoin}))"
     for it in range(3):  # every microbatch of an iteration is completed or deferred, each exactly once
-        counts = [sim.nodes[d].ledger.counts(it) for d in s.data]
+        counts = [sim.nodes[d].rec.ledger.counts(it) for d in s.data]
         assert sum(c["completed"] + c["deferred"] for c in counts) == sum(sum(c.values()) for c in counts)
 
 

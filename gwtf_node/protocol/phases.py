@@ -31,7 +31,7 @@ Every phase signal (IterationDone to the leader, BEGIN front to back, CanTake
 back to front) is resent every `retry_s` until the receiver acknowledges it
 (`PhaseAck(kind, iteration)`), or until the receiver is forgotten
 (`forget`).  The deadline is held here: one timer per (signal, iteration),
-key `phase.<done|begin|can_take>.<iteration>`, handed to `on_timer`.  A
+key `PhaseTimer(kind, iteration)`, handed to `on_timer`.  A
 receiver acknowledges every copy and applies a signal once per iteration (a
 `Phases` instance serves one run, so the iteration names the (run,
 iteration) pair): a duplicate is acknowledged, never re-applied.
@@ -65,10 +65,9 @@ from typing import Iterable, Mapping
 
 from .effects import CancelTimer, Send, SetTimer
 from .messages import BeginAggregation, CanTake, CompletedSeqs, IterationDone, PhaseAck, PhaseKind, StageMembers
-from .phasewaits import WATCH_TIMER, Overdue, PhaseWaits, Wait  # noqa: F401 - Overdue, Wait: for the drivers
+from .phasewaits import WATCH_TIMER, Overdue, PhaseWaits, Wait, WaitKind, WatchTimer  # noqa: F401 - for the drivers
 
 RETRY_S = 2.0  # a phase signal not acknowledged within this is sent again
-TIMER_PREFIX = "phase."
 
 
 class CanTakeRule(enum.Enum):
@@ -136,6 +135,10 @@ class OpenIteration:
     iteration: int
 
 
+PhaseEffect = Send | SetTimer | CancelTimer | StartStep | OpenIteration | LeftOut | OutOfStep | Overdue
+"""Every effect `Phases` returns (`SetTimer`/`CancelTimer` keys: `PhaseTimer`, `WATCH_TIMER`)."""
+
+
 @dataclass
 class PhaseStats:
     resent: int = 0  # phase signals sent again after their deadline
@@ -145,18 +148,16 @@ class PhaseStats:
     overdue: int = 0  # waits that passed their bound
 
 
-def timer_key(kind: PhaseKind, iteration: int) -> str:
-    return f"{TIMER_PREFIX}{kind.name.lower()}.{iteration}"
+@dataclass(frozen=True, slots=True, order=True)
+class PhaseTimer:
+    """The retransmission deadline of the phase signal `kind` of `iteration` (a `SetTimer` key)."""
+
+    kind: PhaseKind
+    iteration: int
 
 
-def _parse_timer(key: str) -> tuple[PhaseKind, int] | None:
-    if not key.startswith(TIMER_PREFIX):
-        return None
-    name, _, it = key[len(TIMER_PREFIX):].rpartition(".")
-    try:
-        return PhaseKind[name.upper()], int(it)
-    except (KeyError, ValueError):
-        return None
+def timer_key(kind: PhaseKind, iteration: int) -> PhaseTimer:
+    return PhaseTimer(kind, iteration)
 
 
 class Phases(PhaseWaits):
@@ -209,7 +210,7 @@ class Phases(PhaseWaits):
         self.step_at: dict[int, float] = {}  # the step began (StartStep)
         self.stepped_at: dict[int, float] = {}  # the step was applied (then CAN TAKE is waited for)
         self.expected: dict[int, tuple[str, ...]] = {}  # leader: the data nodes whose reports it waits for
-        self.overdue_since: dict[tuple[str, int], float] = {}  # waits that passed their bound: when last handled
+        self.overdue_since: dict[tuple[WaitKind, int], float] = {}  # waits that passed their bound: when last handled
         self.watch_at: float | None = None  # the watch timer's deadline (None: not set)
 
     @property
@@ -217,35 +218,35 @@ class Phases(PhaseWaits):
         return self.stage < 0
 
     # ---- sending reliably ------------------------------------------------------
-    def _send(self, now: float, kind: PhaseKind, iteration: int, to: str, msg: object) -> list:
+    def _send(self, now: float, kind: PhaseKind, iteration: int, to: str, msg: object) -> list[PhaseEffect]:
         self.unacked[(kind, iteration, to)] = msg
         return [Send(to, msg), SetTimer(timer_key(kind, iteration), now + self.retry_s)]
 
-    def _ack(self, to: str, kind: PhaseKind, iteration: int) -> list:
+    def _ack(self, to: str, kind: PhaseKind, iteration: int) -> list[PhaseEffect]:
         return [] if to == self.me else [Send(to, PhaseAck(kind, iteration))]
 
-    def _drop_unacked(self, pred) -> list:
-        eff: list = []
+    def _drop_unacked(self, pred) -> list[PhaseEffect]:
+        eff: list[PhaseEffect] = []
         for k in [k for k in self.unacked if pred(k)]:
             del self.unacked[k]
             if not any(o[:2] == k[:2] for o in self.unacked):
                 eff.append(CancelTimer(timer_key(k[0], k[1])))
         return eff
 
-    def on_ack(self, now: float, sender: str, msg: PhaseAck) -> list:
+    def on_ack(self, now: float, sender: str, msg: PhaseAck) -> list[PhaseEffect]:
         """The receiver has the signal: stop resending it there."""
         return self._drop_unacked(lambda k: k == (msg.kind, msg.iteration, sender))
 
-    def on_timer(self, now: float, key: str) -> list:
-        """A retransmission deadline: send again every copy of this signal not acknowledged yet."""
-        if key == WATCH_TIMER:
+    def on_timer(self, now: float, key: PhaseTimer | WatchTimer) -> list[PhaseEffect]:
+        """A retransmission deadline: send again every copy of this signal not acknowledged yet (or the check of
+        the waits, `WATCH_TIMER`)."""
+        if isinstance(key, WatchTimer):
             self.watch_at = None
             return self.check_waits(now)
-        parsed = _parse_timer(key)
-        if parsed is None:
+        if not isinstance(key, PhaseTimer):
             return []
-        kind, it = parsed
-        eff: list = []
+        kind, it = key.kind, key.iteration
+        eff: list[PhaseEffect] = []
         for (k, i, to), msg in sorted(self.unacked.items(), key=lambda kv: kv[0][2]):
             if (k, i) == (kind, it):
                 self.stats.resent += 1
@@ -255,7 +256,7 @@ class Phases(PhaseWaits):
         return eff
 
     # ---- data node: reporting --------------------------------------------------
-    def report_done(self, now: float, msg: IterationDone) -> list:
+    def report_done(self, now: float, msg: IterationDone) -> list[PhaseEffect]:
         """This data node's microbatches of `msg.iteration` are all settled: report them to the leader.
 
         At the leader itself the report is recorded here; the driver then calls
@@ -271,7 +272,7 @@ class Phases(PhaseWaits):
             return watch
         return self._send(now, PhaseKind.DONE, msg.iteration, self.leader, msg) + watch
 
-    def set_leader(self, now: float, leader: str | None, *, front: Iterable[str] = ()) -> list:
+    def set_leader(self, now: float, leader: str | None, *, front: Iterable[str] = ()) -> list[PhaseEffect]:
         """The election names `leader` (None: nobody acts now).  `front`: when this node leads, the data
         nodes and stage-0 relays it knows (where BEGIN goes).
 
@@ -306,7 +307,7 @@ class Phases(PhaseWaits):
     def on_iteration_done(
         self, now: float, sender: str, msg: IterationDone, *, leading: bool, data_nodes: Iterable[str],
         stage0: Iterable[str], groups: Mapping[int, Iterable[str]] | None = None,
-    ) -> list:
+    ) -> list[PhaseEffect]:
         """The leader collects IterationDone; with every data node heard, it opens the aggregation.
 
         Not leading: ignored and not acknowledged (the sender resends to
@@ -331,7 +332,7 @@ class Phases(PhaseWaits):
         return eff + self.maybe_begin(now, it, leading=leading, data_nodes=data_nodes, stage0=stage0, groups=groups)
 
     def maybe_begin(self, now: float, iteration: int, *, leading: bool, data_nodes: Iterable[str],
-                    stage0: Iterable[str], groups: Mapping[int, Iterable[str]] | None = None) -> list:
+                    stage0: Iterable[str], groups: Mapping[int, Iterable[str]] | None = None) -> list[PhaseEffect]:
         """BEGIN AGGREGATION of `iteration` if this node leads and every data node in `data_nodes` reported.
 
         The driver calls it after its own report and after a data node is
@@ -350,8 +351,8 @@ class Phases(PhaseWaits):
         self.front = tuple(sorted((set(dn) | set(stage0) | named0) - {self.me} - self.gone))
         return self._fan_out(now, begin, exclude=()) + self._apply_begin(now, begin, next_stage=())
 
-    def _fan_out(self, now: float, begin: BeginAggregation, exclude: Iterable[str]) -> list:
-        eff: list = []
+    def _fan_out(self, now: float, begin: BeginAggregation, exclude: Iterable[str]) -> list[PhaseEffect]:
+        eff: list[PhaseEffect] = []
         skip = set(exclude) | {self.me} | self.gone
         for to in sorted(set(self.front) | self._past_empty(begin)):
             if to not in skip:
@@ -402,7 +403,7 @@ class Phases(PhaseWaits):
         g = self.groups.get(iteration)
         return None if g is None else g.get(stage, set())
 
-    def on_begin(self, now: float, sender: str, msg: BeginAggregation, next_stage: Iterable[str]) -> list:
+    def on_begin(self, now: float, sender: str, msg: BeginAggregation, next_stage: Iterable[str]) -> list[PhaseEffect]:
         """BEGIN AGGREGATION arrived: acknowledge it; the first copy is passed on and starts the step.
 
         At the acting leader (a BEGIN handed over by a data node after a leader
@@ -415,7 +416,7 @@ class Phases(PhaseWaits):
             eff += self._fan_out(now, msg, exclude=(sender,))
         return eff + self._apply_begin(now, msg, next_stage)
 
-    def _apply_begin(self, now: float, msg: BeginAggregation, next_stage: Iterable[str]) -> list:
+    def _apply_begin(self, now: float, msg: BeginAggregation, next_stage: Iterable[str]) -> list[PhaseEffect]:
         """Pass BEGIN on once and start the step.
 
         A node that BEGIN's groups leave out of its stage (a newcomer whose
@@ -427,7 +428,7 @@ class Phases(PhaseWaits):
         self.begin_msgs[it] = msg
         if msg.groups:  # (a peer this node already knows to be gone stays out: BEGIN may be older news)
             self.groups[it] = {g.stage: set(g.peers) - self.gone for g in msg.groups}
-        eff: list = []
+        eff: list[PhaseEffect] = []
         if not self.is_data and self.stage < self.last_stage:
             named_next = self.groups.get(it, {}).get(self.stage + 1, set())
             for r in sorted((set(next_stage) | named_next) - self.gone - {self.me}):
@@ -444,12 +445,13 @@ class Phases(PhaseWaits):
         self.step_at.setdefault(it, now)
         return eff + self._watch(now)
 
-    def resynced(self, now: float, applied: int, next_stage: Iterable[str], prev_stage: Iterable[str]) -> list:
+    def resynced(self, now: float, applied: int, next_stage: Iterable[str],
+                 prev_stage: Iterable[str]) -> list[PhaseEffect]:
         """The driver loaded the stage state holding `applied` steps (after `LeftOut` / `OutOfStep`, the state
         after the step its stage peers applied): the iterations below `applied` that began here count as
         stepped, and their CAN TAKE goes on."""
         self.applied = max(self.applied, applied)
-        eff: list = []
+        eff: list[PhaseEffect] = []
         for it in sorted(i for i in self.begun if i < self.applied and i not in self.stepped):
             self.stepped.add(it)
             self.stepped_at.setdefault(it, now)
@@ -460,7 +462,7 @@ class Phases(PhaseWaits):
         """`peer` was forgotten and is back (a restarted node keeps its peer id): it is waited for again."""
         self.gone.discard(peer)
 
-    def forget(self, now: float, peer: str, next_stage: Iterable[str], prev_stage: Iterable[str]) -> list:
+    def forget(self, now: float, peer: str, next_stage: Iterable[str], prev_stage: Iterable[str]) -> list[PhaseEffect]:
         """`peer` crashed or left: nobody waits for it any more (section V-E with churn).
 
         It leaves every aggregation group and no signal is resent to it;
@@ -486,7 +488,8 @@ class Phases(PhaseWaits):
             eff += self._maybe_can_take(now, it, nxt, prv)
         return eff
 
-    def on_step_done(self, now: float, iteration: int, next_stage: Iterable[str], prev_stage: Iterable[str]) -> list:
+    def on_step_done(self, now: float, iteration: int, next_stage: Iterable[str],
+                     prev_stage: Iterable[str]) -> list[PhaseEffect]:
         self.stepped.add(iteration)
         self.stepped_at.setdefault(iteration, now)
         self.applied = max(self.applied, iteration + 1)
@@ -494,7 +497,7 @@ class Phases(PhaseWaits):
 
     def on_can_take(
         self, now: float, sender: str, msg: CanTake, next_stage: Iterable[str], prev_stage: Iterable[str]
-    ) -> list:
+    ) -> list[PhaseEffect]:
         eff = self._ack(sender, PhaseKind.CAN_TAKE, msg.iteration)
         if msg.iteration < self.floor:
             self.stats.duplicates += 1
@@ -517,7 +520,7 @@ class Phases(PhaseWaits):
         return downstream <= heard
 
     def _maybe_can_take(self, now: float, iteration: int, next_stage: Iterable[str],
-                        prev_stage: Iterable[str]) -> list:
+                        prev_stage: Iterable[str]) -> list[PhaseEffect]:
         if iteration not in self.stepped:
             return []
         if self.is_data:
@@ -536,7 +539,7 @@ class Phases(PhaseWaits):
         named_prev = self.groups.get(iteration, {}).get(self.stage - 1, set())
         self._prune(iteration)
         msg = CanTake(iteration, self.stage)
-        eff: list = []
+        eff: list[PhaseEffect] = []
         for p in sorted((set(prev_stage) | named_prev) - self.gone - {self.me}):
             eff += self._send(now, PhaseKind.CAN_TAKE, iteration, p, msg)
         return eff

@@ -24,22 +24,38 @@ of its own).
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Iterable
 
-from .effects import SetTimer
+from .effects import Send, SetTimer
 from .messages import PhaseKind
 
-WATCH_TIMER = "phase.watch"  # the check of the waits (`check_waits`)
+
+@dataclass(frozen=True, slots=True)
+class WatchTimer:
+    """The timer key of the check of the waits (`check_waits`): one per node, `WATCH_TIMER`."""
+
+
+WATCH_TIMER = WatchTimer()
 WAIT_BOUND_S = 30.0  # the daemon's bound of a phase wait (runtime/waits.py: longer for a node whose work is long)
+
+
+class WaitKind(enum.StrEnum):
+    """What a node of the phase waits for (its value is the word status.json and the logs show)."""
+
+    BEGIN = "begin"  # a data node's report waits for BEGIN AGGREGATION from the leader
+    REPORTS = "reports"  # the leader waits for the data nodes' reports
+    STEP = "step"  # a step in progress
+    CAN_TAKE = "can_take"  # a node whose step is applied waits for CAN TAKE from the members downstream
 
 
 @dataclass(frozen=True, slots=True)
 class Wait:
-    """Something this node waits for: `what` (begin | reports | step | can_take) of `iteration`, since `since`,
-    from the peers `peers` (empty: nobody in particular)."""
+    """Something this node waits for: `what` of `iteration`, since `since`, from the peers `peers` (empty: nobody
+    in particular)."""
 
-    what: str
+    what: WaitKind
     iteration: int
     since: float
     peers: tuple[str, ...] = ()
@@ -51,6 +67,10 @@ class Overdue:
 
     wait: Wait
     resolution: str = ""
+
+
+WaitEffect = Send | SetTimer | Overdue
+"""Every effect the check of the waits returns (a part of `phases.PhaseEffect`)."""
 
 
 class PhaseWaits:
@@ -71,26 +91,26 @@ class PhaseWaits:
         if self.is_data:
             for it, at in self.reported_at.items():
                 if it not in self.begun and self.leader is not None and self.leader != self.me:
-                    out.append(Wait("begin", it, at, (self.leader,)))
+                    out.append(Wait(WaitKind.BEGIN, it, at, (self.leader,)))
             if self.leader == self.me:
                 for it in self.pending_iterations():
                     reports = self.done_reports.get(it, {})
                     missing = tuple(d for d in self.expected.get(it, ()) if d not in reports and d not in self.gone)
                     if missing:
-                        out.append(Wait("reports", it, self.reported_at.get(it, now), missing))
+                        out.append(Wait(WaitKind.REPORTS, it, self.reported_at.get(it, now), missing))
         for it, at in self.step_at.items():
             if it not in self.stepped and it in self.begun:
-                out.append(Wait("step", it, at))
+                out.append(Wait(WaitKind.STEP, it, at))
         for it, at in self.stepped_at.items():
             done = it + 1 in self.opened if self.is_data else it in self.can_take_sent
             if done or (not self.is_data and self.stage == self.last_stage):
                 continue
             missing = self._downstream_missing(it)
             if missing:
-                out.append(Wait("can_take", it, at, missing))
+                out.append(Wait(WaitKind.CAN_TAKE, it, at, missing))
         return sorted(out, key=lambda w: (w.since, w.iteration, w.what))
 
-    def _watch(self, now: float) -> list:
+    def _watch(self, now: float) -> list[WaitEffect]:
         """Set the watch timer if a wait may pass its bound before it fires (none with `wait_bound_s` None)."""
         if self.wait_bound_s is None:
             return []
@@ -100,13 +120,13 @@ class PhaseWaits:
         self.watch_at = due
         return [SetTimer(WATCH_TIMER, due)]
 
-    def check_waits(self, now: float) -> list:
+    def check_waits(self, now: float) -> list[WaitEffect]:
         """The watch timer: every wait past `wait_bound_s` yields `Overdue` once and its resolution (module doc)
         again every bound; the timer is set again while anything is waited for."""
         if self.wait_bound_s is None:
             return []
         bound = self.wait_bound_s
-        eff: list = []
+        eff: list[WaitEffect] = []
         waits = self.waiting(now)
         live = {(w.what, w.iteration) for w in waits}
         self.overdue_since = {k: v for k, v in self.overdue_since.items() if k in live}
@@ -130,18 +150,18 @@ class PhaseWaits:
             eff.append(SetTimer(WATCH_TIMER, next_due))
         return eff
 
-    def _resolve(self, now: float, w: Wait) -> tuple[str, list]:
-        if w.what == "begin":
+    def _resolve(self, now: float, w: Wait) -> tuple[str, list[WaitEffect]]:
+        if w.what is WaitKind.BEGIN:
             report = self.my_reports.get(w.iteration)
             if report is None or self.leader is None:
                 return "", []
             return "report sent to the leader again", self._send(now, PhaseKind.DONE, w.iteration, self.leader,
                                                                  report)
-        if w.what == "can_take":
+        if w.what is WaitKind.CAN_TAKE:
             begin = self.begin_msgs.get(w.iteration)
             if begin is None:
                 return "", []
-            eff: list = []
+            eff: list[WaitEffect] = []
             for p in w.peers:
                 eff += self._send(now, PhaseKind.BEGIN, w.iteration, p, begin)
             return "BEGIN AGGREGATION sent to them again", eff

@@ -72,6 +72,7 @@ import trio
 
 from ..protocol import messages as m
 from ..protocol.effects import Send
+from ..protocol.phases import PhaseTimer, WatchTimer
 from ..protocol.pipeline import Phases, StartStep
 from ..protocol.roundcheck import RoundOf, from_records, to_records, trim
 from .faults import Faults
@@ -201,7 +202,7 @@ class Aggregation:
             raise FrameRefused(f"{type(msg).__name__} before this node has a stage", ban=False)
         return self.phases
 
-    def on_timer(self, key: str) -> None:
+    def on_timer(self, key: PhaseTimer | WatchTimer) -> None:
         if self.phases is not None:
             self._apply(self.phases.on_timer(now(), key))
 

@@ -64,7 +64,9 @@ from ..model.tensors import sparse_indices
 from ..protocol import messages as m
 from ..protocol.effects import CancelTimer, SetTimer
 from ..protocol.pipeline import DataIteration, MbStatus, OpenIteration
-from ..protocol.recovery import MB_MESSAGES, Compute, IterationSettled, RecoveryConfig, RecoveryNode
+from ..protocol.recovery import (
+    MB_MESSAGES, Compute, ComputeKind, IterationSettled, MbTimer, RecoveryConfig, RecoveryNode,
+)
 from ..protocol.recovery.priors import HOP_PRIOR_S, e2e_prior_s, hop_priors
 from .faults import Faults
 from .flows import Flows
@@ -87,8 +89,9 @@ PROBE_WAIT_S = 2.0
 PAUSE_CHECK_S = 1.0  # a paused data node looks again this often (and at every Hello)
 PAUSE_TIMER = "pause.check"
 PAUSE_FLOWS_WAIT_S = 10.0  # ... then waits this long at most for its flows to place a unit through the new relay
-IN_SLOT = {"forward": Slot.IN, "recompute": Slot.IN, "loss": Slot.IN, "backward": Slot.GRAD_IN,
-           "final": Slot.GRAD_IN}  # where the tensor of a message goes, by the computation it feeds
+IN_SLOT = {ComputeKind.FORWARD: Slot.IN, ComputeKind.RECOMPUTE: Slot.IN, ComputeKind.LOSS: Slot.IN,
+           ComputeKind.BACKWARD: Slot.GRAD_IN,
+           ComputeKind.FINAL: Slot.GRAD_IN}  # where the tensor of a message goes, by the computation it feeds
 
 
 @dataclass(frozen=True)
@@ -155,7 +158,7 @@ class Microbatches:
         out: dict[str, int] = {}
         if self.rec is not None and self.peers.role == "relay":
             for r in self.rec.mbs.values():
-                out[r.phase] = out.get(r.phase, 0) + 1
+                out[r.phase.value] = out.get(r.phase.value, 0) + 1
         return out
 
     # ------------------------------------------------------------------ the machine
@@ -275,7 +278,7 @@ class Microbatches:
             else:
                 await self.wire.send(peer, msg)
 
-    def on_timer(self, key: str) -> None:
+    def on_timer(self, key: MbTimer | str) -> None:
         if key == PAUSE_TIMER:
             self.recheck_paused()
             return
@@ -287,7 +290,7 @@ class Microbatches:
     def on_compute(self, e: Compute) -> None:
         self.wire.spawn(self._run_compute, e)
 
-    def _at_step(self, fn, key, kind: str):
+    def _at_step(self, fn, key, kind: ComputeKind):
         """`fn`, run in the worker after saying so if the part's parameters are not those of the microbatch's
         iteration (`applied_steps` must equal it: the step of the iteration before was applied, and not yet the
         step of this one), the condition of exactness; it still computes (the machine's rules decide)."""
@@ -305,27 +308,27 @@ class Microbatches:
         self.faults.point(kind)
         try:
             if self.peers.role == "relay":
-                if kind in ("forward", "recompute"):
+                if kind in (ComputeKind.FORWARD, ComputeKind.RECOMPUTE):
                     st.keep(key, Slot.OUT, await self.stage.compute(self._at_step(sm.forward, key, kind), key,
                                                                     _need(st, key, Slot.IN)))
-                elif kind == "backward":
+                elif kind is ComputeKind.BACKWARD:
                     st.keep(key, Slot.GRAD_OUT, await self.stage.compute(
                         self._at_step(functools.partial(sm.backward, hold=True), key, kind), key,
                         st.take(key, Slot.GRAD_IN)))
                 else:
                     return
             else:
-                if kind == "forward":
+                if kind is ComputeKind.FORWARD:
                     ids, tgt = self.stage.source.get(key[1])
                     st.keep(key, Slot.TARGET, tgt)
                     st.keep(key, Slot.OUT, await self.stage.compute(self._at_step(sm.embed, key, kind), key, ids))
-                elif kind == "loss":
+                elif kind is ComputeKind.LOSS:
                     loss, grad = await self.stage.compute(
                         self._at_step(functools.partial(sm.head_loss, hold=True), key, kind),
                         key, st.take(key, Slot.IN), _need(st, key, Slot.TARGET))
                     st.keep(key, Slot.LOSS, loss)
                     st.keep(key, Slot.GRAD_OUT, grad)
-                elif kind == "final":
+                elif kind is ComputeKind.FINAL:
                     def final(k, g):
                         sm.commit(k, count=False)  # the head gradients of a completed microbatch count
                         sm.embed_backward(k, g)
@@ -339,10 +342,10 @@ class Microbatches:
             return
         if self.rec is None:
             return
-        loss = st.get(key, Slot.LOSS) if kind == "final" else None
+        loss = st.get(key, Slot.LOSS) if kind is ComputeKind.FINAL else None
         self._sync()
         eff = self.rec.on_compute_done(now(), key, kind)
-        if kind == "final" and self.current is not None and key[2] == self.current.iteration:
+        if kind is ComputeKind.FINAL and self.current is not None and key[2] == self.current.iteration:
             if self.rec.ledger.status(key[2], key[1]) is MbStatus.COMPLETED and loss is not None:
                 self.current.done[key[1]] = loss
         self._apply(eff)

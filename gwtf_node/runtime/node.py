@@ -60,7 +60,7 @@ import trio
 
 from ..protocol import codec
 from ..protocol import messages as m
-from ..protocol.effects import CancelTimer, Send, SetTimer
+from ..protocol.effects import CancelTimer, Send, SetTimer, TimerKey
 from ..protocol.phases import LeftOut, OpenIteration, OutOfStep, Overdue, StartStep
 from ..protocol.recovery import Compute, IterationSettled
 from . import control, data_resume, waits
@@ -406,7 +406,7 @@ class Node:
         for peer, msgs in ordered.items():  # one task per peer, its messages in order
             self.parts.wire.spawn(self.ordered_senders[owner], peer, msgs)
 
-    def _fire(self, owner: Owner, key: str) -> None:
+    def _fire(self, owner: Owner, key: TimerKey) -> None:
         handler = self.timer_handlers.get(owner)
         if handler is None:
             raise UnknownEffect(f"a timer {key!r} of the {owner.value} machine is due: no component handles it")

@@ -6,22 +6,23 @@ from typing import Callable
 
 import trio
 
+from ..protocol.effects import TimerKey
 from .wire import Owner
 
 
 class Timers:
     """Deadlines keyed by (component, key); a timer set again under the same key replaces the earlier one."""
 
-    def __init__(self, fire: Callable[[Owner, str], None]) -> None:
+    def __init__(self, fire: Callable[[Owner, TimerKey], None]) -> None:
         self.fire = fire
-        self.deadlines: dict[tuple[Owner, str], float] = {}
+        self.deadlines: dict[tuple[Owner, TimerKey], float] = {}
         self.wake = trio.Event()
 
-    def set(self, key: tuple[Owner, str], deadline: float) -> None:
+    def set(self, key: tuple[Owner, TimerKey], deadline: float) -> None:
         self.deadlines[key] = deadline
         self.wake.set()
 
-    def cancel(self, key: tuple[Owner, str]) -> None:
+    def cancel(self, key: tuple[Owner, TimerKey]) -> None:
         self.deadlines.pop(key, None)
 
     async def loop(self) -> None:

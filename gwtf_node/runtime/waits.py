@@ -33,7 +33,7 @@ import logging
 import time
 from typing import Any
 
-from ..protocol.phasewaits import WAIT_BOUND_S, Overdue, Wait
+from ..protocol.phasewaits import WAIT_BOUND_S, Overdue, Wait, WaitKind
 from .wire import now
 
 log = logging.getLogger("gwtf.node")
@@ -52,19 +52,19 @@ def _wall(since: float, t: float) -> float:
 
 
 def phase_wait(w: Wait, t: float, who) -> dict:
-    return {"what": w.what, "iteration": w.iteration, "since": _wall(w.since, t), "seconds": round(t - w.since, 1),
-            "from": [who(p) for p in w.peers]}
+    return {"what": w.what.value, "iteration": w.iteration, "since": _wall(w.since, t),
+            "seconds": round(t - w.since, 1), "from": [who(p) for p in w.peers]}
 
 
 def describe(w: Wait, who) -> str:
     """One line: what the wait is for."""
     names = ", ".join(who(p) for p in w.peers)
     return {
-        "begin": f"iteration {w.iteration}: the report waits for BEGIN AGGREGATION from the leader {names}",
-        "reports": f"iteration {w.iteration}: the leader waits for the reports of {names}",
-        "step": f"iteration {w.iteration}: the step (all-reduce, optimizer step) is not applied yet",
-        "can_take": f"iteration {w.iteration}: the step is applied, CAN TAKE has not come from {names}",
-    }.get(w.what, f"iteration {w.iteration}: {w.what} {names}")
+        WaitKind.BEGIN: f"iteration {w.iteration}: the report waits for BEGIN AGGREGATION from the leader {names}",
+        WaitKind.REPORTS: f"iteration {w.iteration}: the leader waits for the reports of {names}",
+        WaitKind.STEP: f"iteration {w.iteration}: the step (all-reduce, optimizer step) is not applied yet",
+        WaitKind.CAN_TAKE: f"iteration {w.iteration}: the step is applied, CAN TAKE has not come from {names}",
+    }.get(w.what, f"iteration {w.iteration}: {w.what.value} {names}")
 
 
 def log_overdue(e: Overdue, who) -> None:

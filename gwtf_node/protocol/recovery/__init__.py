@@ -56,10 +56,12 @@ contributions lost inside a crashed relay and a data node that dies
 
 from .node import RecoveryNode
 from .records import (
-    EWMA_ALPHA, K_DEADLINE, K_E2E, MARGIN_S, MAX_ROUNDS, MB_MESSAGES, POLICIES, TIMERS, Compute, DataRecord,
-    IterationSettled, Key, RecoveryConfig, RecoveryStats, RelayRecord,
+    EWMA_ALPHA, K_DEADLINE, K_E2E, MARGIN_S, MAX_ROUNDS, MB_MESSAGES, POLICIES, TIMERS, Compute, ComputeKind,
+    DataRecord, IterationSettled, Key, MbTimer, Policy, RecoveryConfig, RecoveryEffect, RecoveryStats, RelayPhase,
+    RelayRecord, Sink, Source, TimerKind,
 )
 
 __all__ = ["EWMA_ALPHA", "K_DEADLINE", "K_E2E", "MARGIN_S", "MAX_ROUNDS", "MB_MESSAGES", "POLICIES", "TIMERS",
-           "Compute", "DataRecord", "IterationSettled", "Key", "RecoveryConfig", "RecoveryNode", "RecoveryStats",
-           "RelayRecord"]
+           "Compute", "ComputeKind", "DataRecord", "IterationSettled", "Key", "MbTimer", "Policy", "RecoveryConfig",
+           "RecoveryEffect", "RecoveryNode", "RecoveryStats", "RelayPhase", "RelayRecord", "Sink", "Source",
+           "TimerKind"]

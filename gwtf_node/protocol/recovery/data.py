@@ -51,19 +51,23 @@ from __future__ import annotations
 from ..effects import CancelTimer, Send, SetTimer
 from ..messages import Backward, BackwardStuck, Complete, Forward, Lend, MbDeny, MbState, Recover, Release, Resume
 from ..pipeline import MbStatus, OpenIteration
-from .records import EWMA_ALPHA, Compute, DataRecord, IterationSettled, Key, ewma, timer_suffix
+from .records import (
+    EWMA_ALPHA, Compute, ComputeKind, DataRecord, IterationSettled, Key, MbTimer, RecoveryEffect, RelayPhase, Sink,
+    Source, TimerKind, ewma,
+)
 
 
 class DataSide:
     """Part of `RecoveryNode` (node.py): one mechanism of the machine, see the module docstring."""
 
-    def _data_message(self, now: float, sender: str, key: Key, msg, eff: list) -> None:
-        t = type(msg)
+    def _data_message(self, now: float, sender: str, key: Key, msg, eff: list[RecoveryEffect]) -> None:
+        """A microbatch message at its data node, handed to its handler (`DATA_HANDLERS`, at the end of this
+        module) when it is of the attempt in flight."""
         m: DataRecord | None = self.mbs.get(key)
         if m is None or msg.attempt != m.attempt:
             if m is not None:
                 self.stats.stale += 1
-            if t is Forward or t is Recover:
+            if isinstance(msg, (Forward, Recover)):
                 # an attempt this node no longer runs: Complete stops the sender's hop deadline (a relay resending
                 # a repair to the sink would resend forever), and an abandoned attempt is released again (the
                 # Release sent when it was given up may have been lost)
@@ -71,66 +75,85 @@ class DataSide:
                 if (m is not None and msg.attempt < m.attempt) or (m is None and self._abandoned(key)):
                     eff.append(Send(sender, Release(*key, msg.attempt)))
             return
-        a = m.attempt
-        if t is MbState:
-            if msg.state in ("fwd", "rec", "sent", "sending", "bwd", "grad", "done"):
-                m.holders.add(sender)
-                s = msg.stage
-                if 0 <= s < self.nstages and (msg.state == "rec" or m.path[s] is None):
-                    m.path[s] = sender
-                    m.bwd_done.discard(s)  # (a recovery recomputes the stage: its backward is to come)
-                if msg.state in ("grad", "done") and 0 <= s < self.nstages and m.path[s] == sender:
-                    m.bwd_done.add(s)
-            if m.collecting:
-                m.snapshot[sender] = msg.state
-                wanted = {p for p in m.path if p is not None}
-                if wanted <= set(m.snapshot):
-                    eff.append(CancelTimer(f"pr:{timer_suffix(key)}"))
-                    self._decide(now, m, eff)
-        elif t is Complete:
-            if m.src == "sending" and sender == m.next:
-                eff.append(CancelTimer(f"fw:{timer_suffix(key)}"))
-                self._measure(sender, now - m.sent_at)
-                m.src, m.rest = "sent", ()
-                m.tried.clear()
-            elif m.sink == "grad" and sender == m.path[-1]:
-                eff.append(CancelTimer(f"bk:{timer_suffix(key)}"))
-                self._measure(sender, now - m.sent_at)
-                m.sink = "wait"
-        elif t is MbDeny:
-            if sender == m.next and (m.src == "sending" or (m.src == "sent" and m.sink is None)):
-                eff.append(CancelTimer(f"fw:{timer_suffix(key)}"))
-                m.tried.add(sender)
-                self.stats.reroutes += 1
-                self._src_route(now, m, eff)
-        elif t is Forward:  # at the sink
-            eff.append(Send(sender, Complete(*key, a)))
-            if m.sink is not None:
-                return
-            p = list(msg.path[1:])[: self.nstages]
-            m.path = p + [None] * (self.nstages - len(p))
-            m.holders.update(x for x in p)
-            m.sink = "loss"
-            eff.append(Compute("loss", key))
-        elif t is Resume:  # a recovery chain replaced the last stage: resend the loss gradient to it
-            newprev = msg.path[-1] if msg.path else sender
-            m.path[-1] = newprev
-            eff.append(Send(newprev, Complete(*key, a)))
-            if m.sink in ("grad", "wait"):
-                self.stats.resends += 1
-                m.sink, m.sent_at = "grad", now
-                eff.append(Send(newprev, Backward(*key, None, a)))
-                eff.append(SetTimer(f"bk:{timer_suffix(key)}", self._deadline(now, newprev)))
-        elif t is Backward:
-            if m.sink in ("grad", "wait"):
-                eff.append(CancelTimer(f"bk:{timer_suffix(key)}"))
-                m.sink, m.final_from = "final", sender
-                eff.append(Compute("final", key))
-        elif t is BackwardStuck:
-            if not self.swarm and not m.collecting and m.sink is not None and m.sink != "final":
-                self._round(now, m, eff)
+        handler = DATA_HANDLERS.get(type(msg))
+        if handler is not None:
+            handler(self, now, sender, key, msg, m, eff)
 
-    def _src_route(self, now: float, m: DataRecord, eff: list) -> None:
+    def _on_state(self, now: float, sender: str, key: Key, msg: MbState, m: DataRecord,
+                  eff: list[RecoveryEffect]) -> None:
+        state = RelayPhase.parse(msg.state)  # (None: a word no phase has)
+        if state is not None and state is not RelayPhase.NONE:
+            m.holders.add(sender)
+            s = msg.stage
+            if 0 <= s < self.nstages and (state is RelayPhase.REC or m.path[s] is None):
+                m.path[s] = sender
+                m.bwd_done.discard(s)  # (a recovery recomputes the stage: its backward is to come)
+            if state in (RelayPhase.GRAD, RelayPhase.DONE) and 0 <= s < self.nstages and m.path[s] == sender:
+                m.bwd_done.add(s)
+        if m.collecting:
+            m.snapshot[sender] = state
+            wanted = {p for p in m.path if p is not None}
+            if wanted <= set(m.snapshot):
+                eff.append(CancelTimer(MbTimer(TimerKind.PR, key)))
+                self._decide(now, m, eff)
+
+    def _src_complete(self, now: float, sender: str, key: Key, msg: Complete, m: DataRecord,
+                      eff: list[RecoveryEffect]) -> None:
+        if m.src is Source.SENDING and sender == m.next:
+            eff.append(CancelTimer(MbTimer(TimerKind.FW, key)))
+            self._measure(sender, now - m.sent_at)
+            m.src, m.rest = Source.SENT, ()
+            m.tried.clear()
+        elif m.sink is Sink.GRAD and sender == m.path[-1]:
+            eff.append(CancelTimer(MbTimer(TimerKind.BK, key)))
+            self._measure(sender, now - m.sent_at)
+            m.sink = Sink.WAIT
+
+    def _src_deny(self, now: float, sender: str, key: Key, msg: MbDeny, m: DataRecord,
+                  eff: list[RecoveryEffect]) -> None:
+        if sender == m.next and (m.src is Source.SENDING or (m.src is Source.SENT and m.sink is None)):
+            eff.append(CancelTimer(MbTimer(TimerKind.FW, key)))
+            m.tried.add(sender)
+            self.stats.reroutes += 1
+            self._src_route(now, m, eff)
+
+    def _at_sink(self, now: float, sender: str, key: Key, msg: Forward, m: DataRecord,
+                 eff: list[RecoveryEffect]) -> None:
+        eff.append(Send(sender, Complete(*key, m.attempt)))
+        if m.sink is not None:
+            return
+        p = list(msg.path[1:])[: self.nstages]
+        m.path = p + [None] * (self.nstages - len(p))
+        m.holders.update(x for x in p)
+        m.sink = Sink.LOSS
+        eff.append(Compute(ComputeKind.LOSS, key))
+
+    def _sink_resume(self, now: float, sender: str, key: Key, msg: Resume, m: DataRecord,
+                     eff: list[RecoveryEffect]) -> None:
+        """A recovery chain replaced the last stage: resend the loss gradient to it."""
+        a = m.attempt
+        newprev = msg.path[-1] if msg.path else sender
+        m.path[-1] = newprev
+        eff.append(Send(newprev, Complete(*key, a)))
+        if m.sink in (Sink.GRAD, Sink.WAIT):
+            self.stats.resends += 1
+            m.sink, m.sent_at = Sink.GRAD, now
+            eff.append(Send(newprev, Backward(*key, None, a)))
+            eff.append(SetTimer(MbTimer(TimerKind.BK, key), self._deadline(now, newprev)))
+
+    def _src_backward(self, now: float, sender: str, key: Key, msg: Backward, m: DataRecord,
+                      eff: list[RecoveryEffect]) -> None:
+        if m.sink in (Sink.GRAD, Sink.WAIT):
+            eff.append(CancelTimer(MbTimer(TimerKind.BK, key)))
+            m.sink, m.final_from = Sink.FINAL, sender
+            eff.append(Compute(ComputeKind.FINAL, key))
+
+    def _on_stuck(self, now: float, sender: str, key: Key, msg: BackwardStuck, m: DataRecord,
+                  eff: list[RecoveryEffect]) -> None:
+        if not self.swarm and not m.collecting and m.sink is not None and m.sink is not Sink.FINAL:
+            self._round(now, m, eff)
+
+    def _src_route(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         """Hand my embedding-side output (the stash) to a stage-0 relay: a Forward, or a Recover chain."""
         key, a = m.key, m.attempt
         m.parked = False
@@ -139,30 +162,30 @@ class DataSide:
             if m.sink is None:
                 self._put_back(now, m, eff)
             elif self._live_next():  # every live stage-0 relay is full: retried when a slot frees (`_launch`)
-                m.src, m.next, m.parked = "sent", None, True
+                m.src, m.next, m.parked = Source.SENT, None, True
             else:  # no stage-0 relay to recover through; the next round (or giving up) decides
-                m.src, m.rest = "sent", ()
+                m.src, m.rest = Source.SENT, ()
             return
-        m.next, m.src, m.sent_at = j, "sending", now
+        m.next, m.src, m.sent_at = j, Source.SENDING, now
         if m.rest:
             self.stats.recovers += 1
             eff.append(Send(j, Recover(*key, (self.me,), m.rest[1:], None, a)))
         else:
             eff.append(Send(j, Forward(*key, (self.me,), None, a)))
-        eff.append(SetTimer(f"fw:{timer_suffix(key)}", self._deadline(now, j)))
+        eff.append(SetTimer(MbTimer(TimerKind.FW, key), self._deadline(now, j)))
 
-    def _put_back(self, now: float, m: DataRecord, eff: list) -> None:
+    def _put_back(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         """No first hop for a microbatch in its forward pass: wait for a slot keeping my stash, or defer it."""
         key = m.key
         for p in sorted(m.holders):
             eff.append(Send(p, Release(*key, m.attempt)))
         self._cancel(key, eff)
         if not self.cfg.one_wave and any(
-                mm.key[2] == key[2] and not mm.parked for mm in self.mbs.values() if mm is not m):
+                mm.key.iteration == key.iteration and not mm.parked for mm in self.mbs.values() if mm is not m):
             # slots will free: park with my embedding output (no recompute), retried by `_launch`;
             # a new attempt, as the released holders' records are void
             m.attempt += 1
-            m.src, m.next, m.rest, m.tried, m.parked = "parked", None, (), set(), True
+            m.src, m.next, m.rest, m.tried, m.parked = Source.PARKED, None, (), set(), True
             m.path, m.holders, m.bwd_done, m.sink = [None] * self.nstages, set(), set(), None
             self._arm_watchdog(now, m, eff)
             return
@@ -170,33 +193,33 @@ class DataSide:
         self._defer(key, eff)
         for s in list(self.waiting):
             self.waiting.remove(s)
-            self._defer((self.me, s, key[2]), eff)
-        for mm in [mm for mm in self.mbs.values() if mm.key[2] == key[2] and mm.src == "parked"]:
+            self._defer(Key(self.me, s, key.iteration), eff)
+        for mm in [mm for mm in self.mbs.values() if mm.key.iteration == key.iteration and mm.src is Source.PARKED]:
             self._cancel(mm.key, eff)  # nothing else in flight will free a slot for them either
             del self.mbs[mm.key]
             self._defer(mm.key, eff)
-        self._maybe_done(now, key[2], eff)
+        self._maybe_done(now, key.iteration, eff)
 
-    def _defer(self, key: Key, eff: list) -> None:
+    def _defer(self, key: Key, eff: list[RecoveryEffect]) -> None:
         self.stats.deferred += 1
-        self.ledger.mark(key[2], key[1], MbStatus.DEFERRED)
-        self.carry.append(key[1])
+        self.ledger.mark(key.iteration, key.seq, MbStatus.DEFERRED)
+        self.carry.append(key.seq)
 
-    def _data_compute_done(self, now: float, m: DataRecord, kind: str, eff: list) -> None:
+    def _data_compute_done(self, now: float, m: DataRecord, kind: ComputeKind, eff: list[RecoveryEffect]) -> None:
         key = m.key
-        if kind == "forward" and m.src == "emb":
+        if kind is ComputeKind.FORWARD and m.src is Source.EMB:
             j = m.next
             if j is None or j in self.dead or j in self.full:
                 j = self._choose_next(self.me, set())
             if j is None:
                 self._put_back(now, m, eff)
                 return
-            m.next, m.src, m.sent_at = j, "sending", now
+            m.next, m.src, m.sent_at = j, Source.SENDING, now
             eff.append(Send(j, Forward(*key, (self.me,), None, m.attempt)))
-            eff.append(SetTimer(f"fw:{timer_suffix(key)}", self._deadline(now, j)))
-        elif kind == "loss" and m.sink == "loss":
+            eff.append(SetTimer(MbTimer(TimerKind.FW, key), self._deadline(now, j)))
+        elif kind is ComputeKind.LOSS and m.sink is Sink.LOSS:
             target = m.path[-1]
-            m.sink, m.sent_at = "grad", now
+            m.sink, m.sent_at = Sink.GRAD, now
             # a holder of the path reported gone while the forward was on its way here (`peer_gone` acts only on a
             # microbatch in its backward pass): act now, as the report would have, not on the watchdog
             gone = self.cfg.act_on_gone and self._gone_ahead(m, self.gone)
@@ -204,11 +227,11 @@ class DataSide:
                 self._trouble(now, m, eff)  # (restart: no gradient sent down a path that cannot carry it)
                 return
             eff.append(Send(target, Backward(*key, None, m.attempt)))
-            eff.append(SetTimer(f"bk:{timer_suffix(key)}", self._deadline(now, target)))
+            eff.append(SetTimer(MbTimer(TimerKind.BK, key), self._deadline(now, target)))
             self._arm_watchdog(now, m, eff)
             if gone:
                 self._trouble(now, m, eff)
-        elif kind == "final" and m.sink == "final":
+        elif kind is ComputeKind.FINAL and m.sink is Sink.FINAL:
             eff.append(Send(m.final_from or m.next, Complete(*key, m.attempt)))
             hop = m.path[0] if m.path[0] is not None else m.next  # the stage-0 relay of its unit
             if m.rounds == 0:
@@ -219,14 +242,14 @@ class DataSide:
             final = set(p for p in m.path if p is not None)
             for p in sorted(m.holders - final):
                 eff.append(Send(p, Release(*key, m.attempt)))
-            self.ledger.mark(key[2], key[1], MbStatus.COMPLETED)
+            self.ledger.mark(key.iteration, key.seq, MbStatus.COMPLETED)
             self._cancel(key, eff)
             del self.mbs[key]
-            self._lend(key[2], hop, eff)
+            self._lend(key.iteration, hop, eff)
             self._launch(now, eff)
-            self._maybe_done(now, key[2], eff)
+            self._maybe_done(now, key.iteration, eff)
 
-    def _open(self, now: float, it: int, eff: list) -> None:
+    def _open(self, now: float, it: int, eff: list[RecoveryEffect]) -> None:
         self.iteration = it
         self.full.clear()  # every relay dropped its stashes in the aggregation: room again
         self.lent.clear()  # lent units were lent for the iteration before
@@ -241,7 +264,7 @@ class DataSide:
         self._launch(now, eff)
         self._maybe_done(now, it, eff)
 
-    def _launch(self, now: float, eff: list) -> None:
+    def _launch(self, now: float, eff: list[RecoveryEffect]) -> None:
         if not self.is_data:
             return
         it = self.iteration
@@ -256,35 +279,35 @@ class DataSide:
             if j is None:
                 break
             seq = self.waiting.pop(0)
-            key = (self.me, seq, it)
+            key = Key(self.me, seq, it)
             self.ledger.mark(it, seq, MbStatus.INFLIGHT)
             m = DataRecord(key, next=j, path=[None] * self.nstages, launched_at=now)  # the slot is reserved
             self.mbs[key] = m
-            eff.append(Compute("forward", key))
+            eff.append(Compute(ComputeKind.FORWARD, key))
             self._arm_watchdog(now, m, eff)
-        if self.waiting and (self.cfg.one_wave or not any(m.key[2] == it for m in self.mbs.values())):
+        if self.waiting and (self.cfg.one_wave or not any(m.key.iteration == it for m in self.mbs.values())):
             # one wave: what the opening launch could not place; else: nothing in flight and no first hop to
             # take more.  Defer the rest
             for s in list(self.waiting):
                 self.waiting.remove(s)
-                self._defer((self.me, s, it), eff)
+                self._defer(Key(self.me, s, it), eff)
             self._maybe_done(now, it, eff)
 
-    def _lend(self, it: int, hop: str | None, eff: list) -> None:
+    def _lend(self, it: int, hop: str | None, eff: list[RecoveryEffect]) -> None:
         """Lending: a unit through `hop` freed and I have nothing left to launch in this iteration: lend it."""
         if not (self.cfg.lend and not self.swarm and hop is not None and it == self.iteration):
             return
-        if self.waiting or any(m.parked for m in self.mbs.values() if m.key[2] == it):
+        if self.waiting or any(m.parked for m in self.mbs.values() if m.key.iteration == it):
             return
         for d in self.cfg.data_nodes:
             if d != self.me and d not in self.dead:
                 self.stats.lent += 1
                 eff.append(Send(d, Lend(it, hop)))
 
-    def _maybe_done(self, now: float, it: int, eff: list) -> None:
+    def _maybe_done(self, now: float, it: int, eff: list[RecoveryEffect]) -> None:
         if not self.is_data or it in self.reported or self.waiting:
             return
-        if any(m.key[2] == it for m in self.mbs.values()):
+        if any(m.key.iteration == it for m in self.mbs.values()):
             return
         c = self.ledger.counts(it)
         if c["pending"] or c["inflight"]:
@@ -295,5 +318,18 @@ class DataSide:
 
     def _abandoned(self, key: Key) -> bool:
         """The ledger entry of `key` (data node, seq, iteration) was deferred: its attempts were given up."""
-        entries = self.ledger.entries.get(key[2], {})
-        return entries.get(key[1]) is MbStatus.DEFERRED
+        entries = self.ledger.entries.get(key.iteration, {})
+        return entries.get(key.seq) is MbStatus.DEFERRED
+
+
+# Which handler takes which microbatch message of the attempt in flight at its data node; a type not here is
+# ignored (a message of another attempt: `_data_message`).
+DATA_HANDLERS = {
+    MbState: DataSide._on_state,
+    Complete: DataSide._src_complete,
+    MbDeny: DataSide._src_deny,
+    Forward: DataSide._at_sink,
+    Resume: DataSide._sink_resume,
+    Backward: DataSide._src_backward,
+    BackwardStuck: DataSide._on_stuck,
+}

@@ -7,24 +7,25 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Mapping
 
+from .records import RecoveryEffect
 
 
 
 class Neighbours:
     """Part of `RecoveryNode` (node.py): one mechanism of the machine, see the module docstring."""
 
-    def set_flows(self, out: Mapping[str, Mapping[str, int]], now: float | None = None) -> list:
+    def set_flows(self, out: Mapping[str, Mapping[str, int]], now: float | None = None) -> list[RecoveryEffect]:
         """Flows (units per data node and next hop), e.g. from the flow machines.
 
         With `now` (new flows during training): a data node launches on units that became free."""
         self.out = {d: dict(o) for d, o in out.items()}
-        eff: list = []
+        eff: list[RecoveryEffect] = []
         if now is not None and self.is_data:
             self._launch(now, eff)
         return eff
 
     def set_neighbours(self, now: float, next_peers: Mapping[str, float], prev_peers: Mapping[str, float],
-                       peer_capacity: Mapping[str, int], prior_s: float | Mapping[str, float]) -> list:
+                       peer_capacity: Mapping[str, int], prior_s: float | Mapping[str, float]) -> list[RecoveryEffect]:
         """The driver's current neighbours: link cost to each next- and previous-stage peer.
 
         Replaces both maps; a next peer's capacity is taken from `peer_capacity`
@@ -46,13 +47,13 @@ class Neighbours:
             for j in self.prev_peers:
                 if j in prior_s:
                     self.est.setdefault(j, prior_s[j])
-        eff: list = []
+        eff: list[RecoveryEffect] = []
         if new_next:
             self.gone.difference_update(new_next)
             self._route_again(now, eff)
         return eff
 
-    def peer_alive(self, now: float, peer: str) -> list:
+    def peer_alive(self, now: float, peer: str) -> list[RecoveryEffect]:
         """The driver's liveness check still hears `peer`: if this machine presumed it dead on a hop deadline
         (and the membership layer did not report it gone), it is alive; a data node launches on it again.
 
@@ -61,12 +62,12 @@ class Neighbours:
         if peer not in self.dead or peer in self.gone:
             return []
         self.dead.discard(peer)
-        eff: list = []
+        eff: list[RecoveryEffect] = []
         if self.is_data:
             self._launch(now, eff)
         return eff
 
-    def _route_again(self, now: float, eff: list) -> None:
+    def _route_again(self, now: float, eff: list[RecoveryEffect]) -> None:
         """A next-stage peer appeared: launch (data node), or retry parked microbatches and send Room (relay)."""
         if self.is_data:
             self._launch(now, eff)
@@ -76,7 +77,7 @@ class Neighbours:
             self._route(now, r, eff)
         self._room(eff)
 
-    def peer_gone(self, now: float, peer: str) -> list:
+    def peer_gone(self, now: float, peer: str) -> list[RecoveryEffect]:
         """The driver's liveness check found `peer` dead (or it left): no more work goes to it.
 
         The microbatches it held are found by the usual means (hop deadlines,
@@ -88,7 +89,7 @@ class Neighbours:
         self._presume_dead(peer)
         self.dead.add(peer)
         self.gone.add(peer)
-        eff: list = []
+        eff: list[RecoveryEffect] = []
         if self.is_data:
             # a holder of a microbatch in its backward pass is gone before its stage's backward was computed
             # there: act now (GWTF: a round; SWARM: restart).  A stage the backward already passed needs nothing.
@@ -101,7 +102,7 @@ class Neighbours:
             self._data_node_gone(now, peer, eff)
         return eff
 
-    def peer_back(self, now: float, peer: str, *, data_node: bool) -> list:
+    def peer_back(self, now: float, peer: str, *, data_node: bool) -> list[RecoveryEffect]:
         """`peer`, reported gone, is back (a restarted node keeps its peer id): a new join of the same identity.
 
         It is neither dead nor gone here any more; a data node is one of the
@@ -111,17 +112,17 @@ class Neighbours:
         start clean, whatever their keys.  A next-stage peer back is a route
         again (as in `set_neighbours`)."""
         for keys in self.orphaned.values():  # its old incarnation's: a new one may send the same keys elsewhere
-            keys -= {k for k in keys if k[0] == peer}
+            keys -= {k for k in keys if k.data_node == peer}
         self.dead.discard(peer)
         self.gone.discard(peer)
         if data_node and peer not in self.cfg.data_nodes:
             self.cfg = replace(self.cfg, data_nodes=tuple(sorted(self.cfg.data_nodes + (peer,))))
-        eff: list = []
+        eff: list[RecoveryEffect] = []
         if peer in self.next_peers:
             self._route_again(now, eff)
         return eff
 
-    def _data_node_gone(self, now: float, peer: str, eff: list) -> None:
+    def _data_node_gone(self, now: float, peer: str, eff: list[RecoveryEffect]) -> None:
         """A data node died: its microbatches die with it (their owner and ledger are gone).
 
         Rule: none of its microbatches of an iteration not yet aggregated counts
@@ -132,10 +133,10 @@ class Neighbours:
         death names them, one decided after does not; its report to the leader
         is `Phases.forget`'s)."""
         if not self.is_data:
-            for key in [k for k in self.mbs if k[0] == peer]:
+            for key in [k for k in self.mbs if k.data_node == peer]:
                 self._drop(key, eff)
             for it, keys in self.contrib.items():
                 if it not in self.begun:
-                    self.orphaned.setdefault(it, set()).update(k for k in keys if k[0] == peer)
-                    self.contrib[it] = {k for k in keys if k[0] != peer}
+                    self.orphaned.setdefault(it, set()).update(k for k in keys if k.data_node == peer)
+                    self.contrib[it] = {k for k in keys if k.data_node != peer}
         self.cfg = replace(self.cfg, data_nodes=tuple(d for d in self.cfg.data_nodes if d != peer))

@@ -2,6 +2,12 @@
 
 The mechanisms live in the mixins it is made of, one file each: `routing.py`,
 `relay.py`, `data.py`, `rounds.py`, `neighbours.py` (see the package docstring).
+Which handler takes which event is data, one table per side, each beside its
+handlers: by message type `NODE_HANDLERS` (here: the messages of no
+microbatch), `relay.RELAY_ANY_ATTEMPT`, `relay.RELAY_STALE`,
+`relay.RELAY_HANDLERS` and `data.DATA_HANDLERS`; by timer kind
+`relay.RELAY_TIMERS` and `rounds.DATA_TIMERS`.  A type or kind a table does not
+name is ignored by that side.
 The aggregation phase meets the machine at the entry points here:
 
 Aggregation (V-E)
@@ -45,13 +51,16 @@ import random
 from typing import Collection, Mapping
 
 from ..effects import Send, SetTimer
-from ..messages import Backward, BackwardStuck, Complete, Lend, MbDeny, Room
+from ..messages import Backward, Complete, Lend, MbDeny, Room
 from ..pipeline import Ledger
 from .data import DataSide
 from .neighbours import Neighbours
-from .records import MB_MESSAGES, POLICIES, Key, RecoveryConfig, RecoveryStats, parse_timer_suffix, timer_suffix
-from .relay import RelaySide
-from .rounds import Rounds
+from .records import (
+    MB_MESSAGES, POLICIES, ComputeKind, Key, MbTimer, Policy, RecoveryConfig, RecoveryEffect, RecoveryStats, RelayPhase,
+    TimerKind,
+)
+from .relay import RELAY_TIMERS, RelaySide
+from .rounds import DATA_TIMERS, Rounds
 from .routing import Routing
 
 
@@ -62,12 +71,13 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         if cfg.policy not in POLICIES:
             raise ValueError(f"unknown policy {cfg.policy!r}")
         self.cfg = cfg
+        self.policy = Policy(cfg.policy)
         self.me = cfg.node_id
         self.rng = rng
         self.stage = cfg.stage
         self.is_data = cfg.stage < 0
         self.nstages = cfg.last_stage + 1
-        self.swarm = cfg.policy in ("swarm", "random")  # (random: SWARM's machinery, random next hops)
+        self.swarm = self.policy in (Policy.SWARM, Policy.RANDOM)  # (random: SWARM's machinery, random next hops)
         self.next_peers: dict[str, float] = dict(cfg.next_peers)
         self.prev_peers: dict[str, float] = dict(cfg.prev_peers)
         self.peer_cap: dict[str, int] = dict(cfg.peer_capacity)
@@ -96,85 +106,78 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         self.lent: dict[str, int] = {}  # lending: stage-0 relay -> units other data nodes lent me this iteration
         self.rt: dict[str, float] = {}  # data node: stage-0 relay -> EWMA of launch -> final time through it
 
-    def start(self, now: float) -> list:
-        eff: list = []
+    def start(self, now: float) -> list[RecoveryEffect]:
+        eff: list[RecoveryEffect] = []
         if self.is_data:
             self._open(now, 0, eff)
         return eff
 
-    def on_message(self, now: float, sender: str, msg) -> list:
-        eff: list = []
+    def on_message(self, now: float, sender: str, msg) -> list[RecoveryEffect]:
+        eff: list[RecoveryEffect] = []
         self.dead.discard(sender)
         self.gone.discard(sender)  # (a peer reported gone and heard from again, e.g. restarted with its id)
         t = type(msg)
         if t not in MB_MESSAGES:
             raise TypeError(f"{t.__name__} is not a microbatch message: the driver routes it elsewhere")
-        if t in (Room, Lend):
-            if t is Lend:
-                if self.is_data and self.cfg.lend and not self.swarm and msg.iteration == self.iteration:
-                    self.lent[msg.hop] = self.lent.get(msg.hop, 0) + 1
-                    self.stats.borrowed += 1
-                    self._launch(now, eff)
-            else:
-                self.full.discard(sender)
-                if self.is_data:
-                    self._launch(now, eff)
-                else:  # a route again: retry parked repairs, and my upstream may send again (my Room)
-                    for r in [r for r in self.mbs.values() if r.parked]:
-                        r.parked, r.tried = False, set()
-                        self._route(now, r, eff)
-                    self._room(eff)
+        handler = NODE_HANDLERS.get(t)
+        if handler is not None:  # (of no microbatch)
+            handler(self, now, sender, msg, eff)
             return eff
         if t is MbDeny:
             self.full.add(sender)
-        key = (msg.data_node, msg.seq, msg.iteration)
+        key = Key(msg.data_node, msg.seq, msg.iteration)
         if self.is_data:
-            self._data_message(now, sender, key, msg, eff)
+            self._data_message(now, sender, key, msg, eff)  # data.DATA_HANDLERS
         else:
-            self._relay_message(now, sender, key, msg, eff)
+            self._relay_message(now, sender, key, msg, eff)  # relay.RELAY_HANDLERS
         return eff
 
-    def on_timer(self, now: float, tkey: str) -> list:
-        eff: list = []
-        kind, _, rest = tkey.partition(":")
-        key = parse_timer_suffix(rest)
-        m = self.mbs.get(key)
-        if m is None:
-            return eff
+    def _on_room(self, now: float, sender: str, msg: Room, eff: list[RecoveryEffect]) -> None:
+        self.full.discard(sender)
         if self.is_data:
-            self._data_timer(now, kind, m, eff)
-            return eff
-        if kind == "fw" and m.phase == "sending":
-            self.stats.reroutes += 1
-            self._presume_dead(m.next)
-            m.tried.add(m.next)
-            self._route(now, m, eff)
-        elif kind == "fw" and m.parked:
-            self.full.difference_update(self.next_peers)  # no Room came: offer it to them again, once
-            m.tried = {""}
-            self._route(now, m, eff)
-        elif kind == "bk" and m.phase == "grad" and not self.swarm:
-            eff.append(Send(key[0], BackwardStuck(*key, self.stage, m.attempt)))
-        return eff
+            self._launch(now, eff)
+        else:  # a route again: retry parked repairs, and my upstream may send again (my Room)
+            for r in [r for r in self.mbs.values() if r.parked]:
+                r.parked, r.tried = False, set()
+                self._route(now, r, eff)
+            self._room(eff)
 
-    def on_compute_done(self, now: float, key: tuple, kind: str) -> list:
-        eff: list = []
+    def _on_lend(self, now: float, sender: str, msg: Lend, eff: list[RecoveryEffect]) -> None:
+        if self.is_data and self.cfg.lend and not self.swarm and msg.iteration == self.iteration:
+            self.lent[msg.hop] = self.lent.get(msg.hop, 0) + 1
+            self.stats.borrowed += 1
+            self._launch(now, eff)
+
+    def on_timer(self, now: float, tkey: MbTimer) -> list[RecoveryEffect]:
+        eff: list[RecoveryEffect] = []
+        kind, key = tkey.kind, tkey.key
         m = self.mbs.get(key)
         if m is None:
             return eff
+        handler = (DATA_TIMERS if self.is_data else RELAY_TIMERS).get(kind)
+        if handler is not None:
+            handler(self, now, m, eff)
+        return eff
+
+    def on_compute_done(self, now: float, key: Key | tuple, kind: ComputeKind | str) -> list[RecoveryEffect]:
+        eff: list[RecoveryEffect] = []
+        m = self.mbs.get(key)
+        if m is None:
+            return eff
+        key, kind = m.key, ComputeKind(kind)
         if self.is_data:
             self._data_compute_done(now, m, kind, eff)
             return eff
-        if m.phase == "fwd" and kind in ("forward", "recompute"):
+        if m.phase is RelayPhase.FWD and kind in (ComputeKind.FORWARD, ComputeKind.RECOMPUTE):
             eff.append(Send(m.prev, Complete(*key, m.attempt)))
             self._route(now, m, eff)
-        elif m.phase == "bwd" and kind == "backward":
-            self.contrib.setdefault(key[2], set()).add(key)
+        elif m.phase is RelayPhase.BWD and kind is ComputeKind.BACKWARD:
+            self.contrib.setdefault(key.iteration, set()).add(key)
             eff.append(Send(m.next, Complete(*key, m.attempt)))
             eff.append(Send(m.prev, Backward(*key, None, m.attempt)))
-            m.phase, m.sent_at = "grad", now
-            self._report(key, m.attempt, "grad", eff)  # backward progress: the data node's act_on_gone reads it
-            eff.append(SetTimer(f"bk:{timer_suffix(key)}", self._deadline(now, m.prev)))
+            m.phase, m.sent_at = RelayPhase.GRAD, now
+            self._report(key, m.attempt, RelayPhase.GRAD, eff)  # backward progress (the data node's act_on_gone)
+            eff.append(SetTimer(MbTimer(TimerKind.BK, key), self._deadline(now, m.prev)))
             self._room(eff)
             for r in [r for r in self.mbs.values() if r.parked]:  # my slot at my next hop freed
                 r.parked, r.tried = False, set()
@@ -186,14 +189,15 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         contribution would leave with it while its data node counts it completed)."""
         self.last_iteration = it
 
-    def open_iteration(self, now: float, it: int) -> list:
+    def open_iteration(self, now: float, it: int) -> list[RecoveryEffect]:
         """Data node: the previous iteration's steps are applied everywhere; push the microbatches of `it`."""
-        eff: list = []
+        eff: list[RecoveryEffect] = []
         self._open(now, it, eff)
         return eff
 
-    def begin_aggregation(self, now: float, it: int,
-                          completed: Mapping[str, Collection[int]] | None = None) -> tuple[list, frozenset]:
+    def begin_aggregation(
+            self, now: float, it: int, completed: Mapping[str, Collection[int]] | None = None,
+    ) -> tuple[list[RecoveryEffect], frozenset[Key]]:
         """Relay: BEGIN AGGREGATION of `it` arrived; drop what is left of its microbatches.
 
         Returns the effects and the contributions to count: the keys of `it`
@@ -210,10 +214,10 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         the BEGIN reached this stage's front before or after the death), so
         every stage counts them, whichever of the death and the BEGIN each
         relay heard first.  Without `completed` they never count."""
-        eff: list = []
+        eff: list[RecoveryEffect] = []
         self.begun.add(it)
         if not self.is_data:
-            for key in [k for k in self.mbs if k[2] <= it]:
+            for key in [k for k in self.mbs if k.iteration <= it]:
                 self._drop(key, eff)
             self.full.clear()
             self.denied.clear()
@@ -221,15 +225,23 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         orphans = self.orphaned.pop(it, set())
         if completed is None:
             return eff, frozenset(held)
-        counted = frozenset(k for k in held | orphans if k[1] in completed.get(k[0], ()))
+        counted = frozenset(k for k in held | orphans if k.seq in completed.get(k.data_node, ()))
         self.stats.uncounted += len(held) - len(counted)
         return eff, counted
 
-    def aggregation_done(self, now: float, it: int) -> list:
+    def aggregation_done(self, now: float, it: int) -> list[RecoveryEffect]:
         """The step of `it` is applied here: room again for the next iteration's microbatches."""
-        eff: list = []
+        eff: list[RecoveryEffect] = []
         self.stepped.add(it)
         self.contrib.pop(it, None)
         self.orphaned.pop(it, None)
         self._room(eff)
         return eff
+
+
+# The messages of no microbatch and their handlers; a microbatch's go to its side's table (`relay.RELAY_HANDLERS`
+# and the tables beside it, `data.DATA_HANDLERS`).
+NODE_HANDLERS = {
+    Room: RecoveryNode._on_room,
+    Lend: RecoveryNode._on_lend,
+}

@@ -1,46 +1,137 @@
-"""The recovery machine's records, configuration, effects and constants (see the package docstring)."""
+"""The recovery machine's records, configuration, effects and constants (see the package docstring).
+
+Every phase and kind the machine knows is an `enum.StrEnum`: its value is the
+word that crosses the wire (`MbState.state`), a command line (`policy`) or a
+log, so what leaves the machine is the same text as ever, and inside the
+machine nobody compares free strings.  A microbatch is named by `Key` (data
+node, seq, iteration: a `NamedTuple`, so a plain tuple of the same fields is
+the same key) and a timer by `MbTimer` (its kind and the microbatch's key).
+"""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
+from ..effects import CancelTimer, Send, SetTimer
 from ..messages import (
     Backward, BackwardStuck, Complete, Forward, Lend, MbDeny, MbState, Probe, Recover, Release, RepairOrder, Resume,
     Room,
 )
+from ..phases import OpenIteration
 
 K_DEADLINE = 3.0  # hop deadline = K x expected + margin (relay.py, "Forward pass")
 K_E2E = K_DEADLINE  # watchdog = K_E2E x expected end-to-end time + margin
 MARGIN_S = 2.0
 EWMA_ALPHA = 0.3
-# gwtf: flows and repair rounds; swarm: greedy nearest next hop with room, pipeline restarts (the baseline);
-# random: SWARM's recovery with the next hop drawn at random among the live peers with room (blind routing)
-POLICIES = ("gwtf", "swarm", "random")
 MAX_ROUNDS = 6  # per microbatch and iteration: GWTF probe rounds / SWARM restarts, then defer
 
-Key = tuple  # (data_node, seq, iteration)
-SLOT_PHASES = ("fwd", "sending", "sent", "bwd")  # a relay holds activations: it uses a slot
-FWD_STATES = ("fwd", "sending", "sent")
-BWD_STATES = ("bwd", "grad", "done")
-TIMERS = ("fw", "bk", "wd", "pr")
+
+class Policy(enum.StrEnum):
+    """How a node routes and recovers its microbatches."""
+
+    GWTF = "gwtf"  # flows and repair rounds
+    SWARM = "swarm"  # greedy nearest next hop with room, pipeline restarts (the baseline)
+    RANDOM = "random"  # SWARM's recovery with the next hop drawn at random among the live peers with room
+
+
+POLICIES = tuple(p.value for p in Policy)
+
+
+class RelayPhase(enum.StrEnum):
+    """Where a relay is with a microbatch: a `RelayRecord`'s phase, and what it reports (`MbState.state`).
+
+    A record is in one of FWD .. DONE; NONE (holds nothing of that attempt)
+    and REC (took a `Recover`: recomputing a stage after a crash) are only
+    reported."""
+
+    NONE = "none"
+    REC = "rec"
+    FWD = "fwd"  # computing the stage forward
+    SENDING = "sending"  # output handed to a next hop, its Complete awaited
+    SENT = "sent"  # the next hop acknowledged: the stash is kept for the backward
+    BWD = "bwd"  # computing the stage backward
+    GRAD = "grad"  # gradient sent upstream, its Complete awaited
+    DONE = "done"  # the upstream acknowledged the gradient
+
+    @classmethod
+    def parse(cls, word: str) -> RelayPhase | None:
+        """The phase a wire word names, None for a word no phase has."""
+        try:
+            return cls(word)
+        except ValueError:
+            return None
+
+
+class Source(enum.StrEnum):
+    """A data node's embedding side of a microbatch (`DataRecord.src`)."""
+
+    EMB = "emb"  # computing the embedding forward
+    SENDING = "sending"  # handed to a stage-0 relay, its Complete awaited
+    SENT = "sent"  # the stage-0 relay acknowledged
+    PARKED = "parked"  # no first hop had room: kept, launched again when a slot frees
+
+
+class Sink(enum.StrEnum):
+    """A data node's sink side of a microbatch (`DataRecord.sink`; None: the forward is not back yet)."""
+
+    LOSS = "loss"  # computing head + loss + their backward
+    GRAD = "grad"  # loss gradient sent to the last stage, its Complete awaited
+    WAIT = "wait"  # the last stage acknowledged: waiting for the backward to come back
+    FINAL = "final"  # computing the embedding-side backward
+
+
+class ComputeKind(enum.StrEnum):
+    """What a `Compute` runs."""
+
+    FORWARD = "forward"  # a relay's stage forward; at a data node the embedding side
+    RECOMPUTE = "recompute"  # a relay's stage forward redone from a stored activation after a crash
+    BACKWARD = "backward"  # a relay's stage backward
+    LOSS = "loss"  # data node, at the sink: head + loss + their backward
+    FINAL = "final"  # data node: the embedding-side backward
+
+
+class TimerKind(enum.StrEnum):
+    """The machine's timers, one of each kind per microbatch at most."""
+
+    FW = "fw"  # a hand-off's deadline (relay or data node), or a parked microbatch's retry
+    BK = "bk"  # a gradient hand-off's deadline
+    WD = "wd"  # the data node's watchdog
+    PR = "pr"  # the data node's wait for probe answers
+
+
+class Key(NamedTuple):
+    """A microbatch: its data node, its seq and the iteration it runs in."""
+
+    data_node: str
+    seq: int
+    iteration: int
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class MbTimer:
+    """A timer of the recovery machine: `SetTimer`/`CancelTimer` key, handed back to `on_timer` (ordered by kind,
+    then microbatch, so a driver may sort the timers it holds)."""
+
+    kind: TimerKind
+    key: Key
+
+
+SLOT_PHASES = frozenset({RelayPhase.FWD, RelayPhase.SENDING, RelayPhase.SENT, RelayPhase.BWD})  # holds activations
+FWD_STATES = frozenset({RelayPhase.FWD, RelayPhase.SENDING, RelayPhase.SENT})
+BWD_STATES = frozenset({RelayPhase.BWD, RelayPhase.GRAD, RelayPhase.DONE})
+TIMERS = tuple(TimerKind)
 MB_MESSAGES = (Forward, Backward, Complete, MbDeny, Probe, Recover, Resume, BackwardStuck, Room, Release, MbState,
                RepairOrder, Lend)
 
 
 @dataclass(frozen=True, slots=True)
 class Compute:
-    """Run a computation, then call `on_compute_done(now, key, kind)`.
+    """Run a computation (`ComputeKind`), then call `on_compute_done(now, key, kind)`."""
 
-    kind: "forward" (a relay's stage forward; at a data node the embedding
-    side), "recompute" (a relay's stage forward redone from a stored
-    activation after a crash), "backward" (a relay's stage backward), "loss"
-    (data node, at the sink: head + loss + their backward), "final" (data
-    node: the embedding-side backward).
-    """
-
-    kind: str
-    key: tuple
+    kind: ComputeKind
+    key: Key
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +142,10 @@ class IterationSettled:
     completed: int
     deferred: int
     completed_seqs: tuple[int, ...] = ()  # the seqs of the completed ones: only their gradients count
+
+
+RecoveryEffect = Send | SetTimer | CancelTimer | Compute | OpenIteration | IterationSettled
+"""Every effect `RecoveryNode` returns (`SetTimer`/`CancelTimer` keys: `MbTimer`)."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +162,7 @@ class RecoveryConfig:
     default_prior_s: float = 10.0
     e2e_prior_s: float = 60.0  # data node: expected launch -> final backward time
     probe_wait_s: float = 3.0  # data node: how long probe answers are awaited (control messages: latency only)
-    policy: str = "gwtf"
+    policy: Policy | str = Policy.GWTF  # (a str is read as a `Policy`; an unknown one is refused)
     swarm_assumed_capacity: int = 4  # SWARM: the memory it assumes every peer has
     act_on_gone: bool = True  # data node: `peer_gone` of a holder in the backward pass starts a round / restart
     lend: bool = False  # GWTF: a finished data node's idle units serve the others (data.py, "Lending")
@@ -86,10 +181,10 @@ class RelayRecord:
     attempt: int
     prev: str
     path: tuple[str, ...]  # the path up to me, me included
-    phase: str = "fwd"  # fwd | sending | sent | bwd | grad | done
+    phase: RelayPhase = RelayPhase.FWD
     next: str | None = None
     rest: tuple[str, ...] = ()  # recovery chain: the stages after me ("" = replace, else resume there)
-    tried: set = field(default_factory=set)
+    tried: set[str] = field(default_factory=set)  # next hops tried ("": the parked retry is spent)
     sent_at: float = 0.0
     ordered: bool = False  # executing a RepairOrder: my stash is the original forward's, keep it on failure
     parked: bool = False  # no next hop with room: output (and any repair order) kept, retried (relay.py)
@@ -101,21 +196,21 @@ class DataRecord:
 
     key: Key
     attempt: int = 0
-    src: str = "emb"  # the embedding side: emb (computing) | sending | sent
+    src: Source = Source.EMB
     next: str | None = None  # the stage-0 relay my stash went to
     rest: tuple[str, ...] = ()
-    tried: set = field(default_factory=set)
+    tried: set[str] = field(default_factory=set)
     sent_at: float = 0.0
-    sink: str | None = None  # None (forward not back yet) | loss | grad | wait | final
-    path: list = field(default_factory=list)  # stage -> holder (None: unknown)
-    holders: set = field(default_factory=set)  # every node that reported taking this attempt
+    sink: Sink | None = None  # None: the forward is not back yet
+    path: list[str | None] = field(default_factory=list)  # stage -> holder (None: unknown)
+    holders: set[str] = field(default_factory=set)  # every node that reported taking this attempt
     launched_at: float = 0.0
     rounds: int = 0
     collecting: bool = False
-    snapshot: dict = field(default_factory=dict)
+    snapshot: dict[str, RelayPhase | None] = field(default_factory=dict)  # probe answers (None: a word unknown)
     final_from: str | None = None  # the stage-0 relay the last backward came from
     parked: bool = False  # a recovery found every live stage-0 relay full: retried when a slot frees
-    bwd_done: set = field(default_factory=set)  # stages whose holder reported its backward computed (MbState grad)
+    bwd_done: set[int] = field(default_factory=set)  # stages whose holder reported its backward computed (MbState grad)
 
 
 @dataclass
@@ -135,17 +230,6 @@ class RecoveryStats:
     uncounted: int = 0  # relay: gradients held at BEGIN whose microbatch its data node did not complete
 
 
-def ewma(table: dict, k: str, sample: float) -> None:
+def ewma(table: dict[str, float], k: str, sample: float) -> None:
     e = table.get(k)
     table[k] = sample if e is None else (1 - EWMA_ALPHA) * e + EWMA_ALPHA * sample
-
-
-def timer_suffix(key: Key) -> str:
-    """The part of a timer key that names the microbatch: `fw:<timer_suffix>` etc."""
-    return f"{key[0]}|{key[1]}|{key[2]}"
-
-
-def parse_timer_suffix(s: str) -> Key:
-    """The microbatch key a timer key names (the inverse of `timer_suffix`)."""
-    d, seq, it = s.rsplit("|", 2)
-    return (d, int(seq), int(it))

@@ -37,96 +37,138 @@ from __future__ import annotations
 
 from ..effects import CancelTimer, Send, SetTimer
 from ..messages import Backward, BackwardStuck, Complete, Forward, MbDeny, Probe, Recover, Release, RepairOrder, Resume
-from .records import Compute, Key, RelayRecord, timer_suffix
+from .records import Compute, ComputeKind, Key, MbTimer, RecoveryEffect, RelayPhase, RelayRecord, TimerKind
 
 
 class RelaySide:
     """Part of `RecoveryNode` (node.py): one mechanism of the machine, see the module docstring."""
 
-    def _relay_message(self, now: float, sender: str, key: Key, msg, eff: list) -> None:
+    def _relay_message(self, now: float, sender: str, key: Key, msg, eff: list[RecoveryEffect]) -> None:
+        """A microbatch message at a relay, handed to its handler (`RELAY_HANDLERS`, at the end of this module)."""
         t = type(msg)
         a = msg.attempt
         r: RelayRecord | None = self.mbs.get(key)
-        if t is Forward or t is Recover:
-            self._on_take(now, sender, key, msg, r, eff)
-            return
-        if t is Probe:
-            self._report(key, a, "none" if r is None or r.attempt > a else r.phase, eff)
-            if r is not None and r.attempt < a:
-                r.attempt = a
-            return
-        if t is Release:
-            if r is None or r.attempt <= a:
-                self.contrib.get(key[2], set()).discard(key)
-                self._drop(key, eff)
+        handler = RELAY_ANY_ATTEMPT.get(t)
+        if handler is not None:
+            handler(self, now, sender, key, msg, r, eff)
             return
         if r is None or a < r.attempt:
             if r is not None:
                 self.stats.stale += 1
-            if t is Resume:
-                eff.append(Send(sender, MbDeny(*key, a)))  # I hold nothing to resume from
-            elif t is RepairOrder:
-                self._report(key, a, "none", eff)
+            stale = RELAY_STALE.get(t)
+            if stale is not None:
+                stale(self, sender, key, msg, eff)
             return
         r.attempt = a
-        if t is Complete:
-            if r.phase == "sending" and sender == r.next:
-                eff.append(CancelTimer(f"fw:{timer_suffix(key)}"))
-                if not (r.rest and r.rest[0] == sender):  # (the answer to a Resume is no hand-off time)
-                    self._measure(sender, now - r.sent_at)
-                r.phase, r.rest, r.ordered = "sent", (), False
-                r.tried.clear()
-            elif r.phase == "grad" and sender == r.prev:
-                eff.append(CancelTimer(f"bk:{timer_suffix(key)}"))
+        handler = RELAY_HANDLERS.get(t)
+        if handler is not None:
+            handler(self, now, sender, key, msg, r, eff)
+
+    def _on_probe(self, now: float, sender: str, key: Key, msg: Probe, r: RelayRecord | None,
+                  eff: list[RecoveryEffect]) -> None:
+        a = msg.attempt
+        self._report(key, a, RelayPhase.NONE if r is None or r.attempt > a else r.phase, eff)
+        if r is not None and r.attempt < a:
+            r.attempt = a
+
+    def _on_release(self, now: float, sender: str, key: Key, msg: Release, r: RelayRecord | None,
+                    eff: list[RecoveryEffect]) -> None:
+        if r is None or r.attempt <= msg.attempt:
+            self.contrib.get(key.iteration, set()).discard(key)
+            self._drop(key, eff)
+
+    def _stale_resume(self, sender: str, key: Key, msg: Resume, eff: list[RecoveryEffect]) -> None:
+        eff.append(Send(sender, MbDeny(*key, msg.attempt)))  # I hold nothing to resume from
+
+    def _stale_repair(self, sender: str, key: Key, msg: RepairOrder, eff: list[RecoveryEffect]) -> None:
+        self._report(key, msg.attempt, RelayPhase.NONE, eff)
+
+    def _on_complete(self, now: float, sender: str, key: Key, msg: Complete, r: RelayRecord,
+                     eff: list[RecoveryEffect]) -> None:
+        if r.phase is RelayPhase.SENDING and sender == r.next:
+            eff.append(CancelTimer(MbTimer(TimerKind.FW, key)))
+            if not (r.rest and r.rest[0] == sender):  # (the answer to a Resume is no hand-off time)
                 self._measure(sender, now - r.sent_at)
-                r.phase = "done"
-        elif t is MbDeny:
-            # (also after its Complete: the next hop acknowledged, then found no route on and handed it back)
-            if r.phase in ("sending", "sent") and sender == r.next:
-                eff.append(CancelTimer(f"fw:{timer_suffix(key)}"))
-                r.tried.add(sender)
-                self.stats.reroutes += 1
-                self._route(now, r, eff)
-        elif t is Backward:
-            if r.phase in ("sent", "sending"):
-                eff.append(CancelTimer(f"fw:{timer_suffix(key)}"))
-                r.next, r.phase, r.rest = sender, "bwd", ()
-                eff.append(Compute("backward", key))
-        elif t is Resume:
-            # the sender recomputed the stage before me (or the data node asks me to resend): it is my upstream
-            newprev = msg.path[-1] if msg.path else sender
-            r.prev = newprev
-            eff.append(Send(newprev, Complete(*key, a)))
-            if r.phase in ("grad", "done"):
-                self.stats.resends += 1
-                r.phase, r.sent_at = "grad", now
-                eff.append(Send(newprev, Backward(*key, None, a)))
-                eff.append(SetTimer(f"bk:{timer_suffix(key)}", self._deadline(now, newprev)))
-        elif t is RepairOrder:
-            if r.phase != "sent":
-                self._report(key, a, r.phase, eff)  # (sending: my own deadline covers it)
-                return
-            r.ordered = True
-            if self.stage < self.cfg.last_stage:
-                self._presume_dead(r.next)
-            tried_before = r.tried
-            r.tried = {r.next} if r.next is not None and r.next not in self.cfg.data_nodes else set()
-            r.tried |= {""} & tried_before  # (a parked record's one deadline retry is spent)
-            r.rest = tuple(msg.rest)
+            r.phase, r.rest, r.ordered = RelayPhase.SENT, (), False
+            r.tried.clear()
+        elif r.phase is RelayPhase.GRAD and sender == r.prev:
+            eff.append(CancelTimer(MbTimer(TimerKind.BK, key)))
+            self._measure(sender, now - r.sent_at)
+            r.phase = RelayPhase.DONE
+
+    def _on_deny(self, now: float, sender: str, key: Key, msg: MbDeny, r: RelayRecord,
+                 eff: list[RecoveryEffect]) -> None:
+        # (also after its Complete: the next hop acknowledged, then found no route on and handed it back)
+        if r.phase in (RelayPhase.SENDING, RelayPhase.SENT) and sender == r.next:
+            eff.append(CancelTimer(MbTimer(TimerKind.FW, key)))
+            r.tried.add(sender)
             self.stats.reroutes += 1
             self._route(now, r, eff)
 
-    def _on_take(self, now: float, sender: str, key: Key, msg, r: RelayRecord | None, eff: list) -> None:
+    def _on_backward(self, now: float, sender: str, key: Key, msg: Backward, r: RelayRecord,
+                     eff: list[RecoveryEffect]) -> None:
+        if r.phase in (RelayPhase.SENT, RelayPhase.SENDING):
+            eff.append(CancelTimer(MbTimer(TimerKind.FW, key)))
+            r.next, r.phase, r.rest = sender, RelayPhase.BWD, ()
+            eff.append(Compute(ComputeKind.BACKWARD, key))
+
+    def _on_resume(self, now: float, sender: str, key: Key, msg: Resume, r: RelayRecord,
+                   eff: list[RecoveryEffect]) -> None:
+        # the sender recomputed the stage before me (or the data node asks me to resend): it is my upstream
+        a = msg.attempt
+        newprev = msg.path[-1] if msg.path else sender
+        r.prev = newprev
+        eff.append(Send(newprev, Complete(*key, a)))
+        if r.phase in (RelayPhase.GRAD, RelayPhase.DONE):
+            self.stats.resends += 1
+            r.phase, r.sent_at = RelayPhase.GRAD, now
+            eff.append(Send(newprev, Backward(*key, None, a)))
+            eff.append(SetTimer(MbTimer(TimerKind.BK, key), self._deadline(now, newprev)))
+
+    def _on_repair(self, now: float, sender: str, key: Key, msg: RepairOrder, r: RelayRecord,
+                   eff: list[RecoveryEffect]) -> None:
+        if r.phase is not RelayPhase.SENT:
+            self._report(key, msg.attempt, r.phase, eff)  # (sending: my own deadline covers it)
+            return
+        r.ordered = True
+        if self.stage < self.cfg.last_stage:
+            self._presume_dead(r.next)
+        tried_before = r.tried
+        r.tried = {r.next} if r.next is not None and r.next not in self.cfg.data_nodes else set()
+        r.tried |= {""} & tried_before  # (a parked record's one deadline retry is spent)
+        r.rest = tuple(msg.rest)
+        self.stats.reroutes += 1
+        self._route(now, r, eff)
+
+    def _fw_timer(self, now: float, r: RelayRecord, eff: list[RecoveryEffect]) -> None:
+        """A hand-off's deadline passed (the next hop is presumed dead), or a parked microbatch's retry is due."""
+        if r.phase is RelayPhase.SENDING:
+            self.stats.reroutes += 1
+            self._presume_dead(r.next)
+            r.tried.add(r.next)
+            self._route(now, r, eff)
+        elif r.parked:
+            self.full.difference_update(self.next_peers)  # no Room came: offer it to them again, once
+            r.tried = {""}
+            self._route(now, r, eff)
+
+    def _bk_timer(self, now: float, r: RelayRecord, eff: list[RecoveryEffect]) -> None:
+        """My gradient's hand-off upstream was not acknowledged in time: GWTF tells the data node."""
+        if r.phase is RelayPhase.GRAD and not self.swarm:
+            eff.append(Send(r.key.data_node, BackwardStuck(*r.key, self.stage, r.attempt)))
+
+    def _on_take(self, now: float, sender: str, key: Key, msg, r: RelayRecord | None,
+                 eff: list[RecoveryEffect]) -> None:
         a = msg.attempt
         if r is not None:
             if a < r.attempt or (a == r.attempt and type(msg) is Forward):
                 # stale, or a second branch of the same attempt (an upstream presumed me dead): keep mine
                 self.stats.stale += 1
-                if r.phase != "fwd":
+                if r.phase != RelayPhase.FWD:
                     eff.append(Send(sender, Complete(*key, a)))
                 return
             if a > r.attempt:
-                self.contrib.get(key[2], set()).discard(key)  # the old attempt's gradient is not trained on
+                self.contrib.get(key.iteration, set()).discard(key)  # the old attempt's gradient is not trained on
             self._drop(key, eff)  # a newer attempt, or a repair the data node ordered: it supersedes mine
         aggregating = (msg.iteration - 1) in self.begun and (msg.iteration - 1) not in self.stepped
         leaving = self.last_iteration is not None and msg.iteration > self.last_iteration
@@ -135,22 +177,22 @@ class RelaySide:
             return
         recover = type(msg) is Recover
         self.mbs[key] = RelayRecord(key, a, sender, tuple(msg.path) + (self.me,), rest=tuple(msg.rest) if recover else ())
-        self._report(key, a, "rec" if recover else "fwd", eff)
-        eff.append(Compute("recompute" if recover else "forward", key))
+        self._report(key, a, RelayPhase.REC if recover else RelayPhase.FWD, eff)
+        eff.append(Compute(ComputeKind.RECOMPUTE if recover else ComputeKind.FORWARD, key))
 
-    def _route(self, now: float, r: RelayRecord, eff: list) -> None:
+    def _route(self, now: float, r: RelayRecord, eff: list[RecoveryEffect]) -> None:
         """Hand my stashed output on: along `rest` (a recovery chain) or the flows / greedy."""
         key, a = r.key, r.attempt
         r.parked = False
         recovering = bool(r.rest)
         if recovering and r.rest[0] != "" and not r.tried:
             j = r.rest[0]
-            r.next, r.phase, r.sent_at = j, "sending", now
+            r.next, r.phase, r.sent_at = j, RelayPhase.SENDING, now
             eff.append(Send(j, Resume(*key, r.path, r.rest[1:], None, a)))
             # a Resume is a control message answered at once (Complete): no tensor hand-off to wait for
-            eff.append(SetTimer(f"fw:{timer_suffix(key)}", now + self.cfg.probe_wait_s + self.cfg.margin_s))
+            eff.append(SetTimer(MbTimer(TimerKind.FW, key), now + self.cfg.probe_wait_s + self.cfg.margin_s))
             return
-        j = self._choose_next(key[0], r.tried)
+        j = self._choose_next(key.data_node, r.tried)
         if recovering and r.rest[0] != "" and j is not None and r.tried:
             # the node to resume at did not answer: it is dead too, so its stage is recomputed as well
             r.rest = ("",) + r.rest[1:]
@@ -160,30 +202,58 @@ class RelaySide:
                 # every live next-stage peer is full (or none is left): keep my output (and a repair order) and
                 # my slot; retried on a Room, a slot of mine freeing, a joiner of the next stage, or once on
                 # this timer (then: as below)
-                r.phase, r.next, r.parked = "sent", None, True
+                r.phase, r.next, r.parked = RelayPhase.SENT, None, True
                 r.tried.clear()
                 if r.ordered:
-                    self._report(key, a, "sent", eff)
+                    self._report(key, a, RelayPhase.SENT, eff)
                 peers = self._live_next() or list(self.next_peers)
                 wait = max((self.est.get(j, self.cfg.default_prior_s) for j in peers), default=self.cfg.default_prior_s)
-                eff.append(SetTimer(f"fw:{timer_suffix(key)}", now + self.cfg.k * wait + self.cfg.margin_s))
+                eff.append(SetTimer(MbTimer(TimerKind.FW, key), now + self.cfg.k * wait + self.cfg.margin_s))
                 return
             if r.ordered:
                 # I was ordered to repair and cannot: keep my stash, tell the data node (its next round decides)
-                r.phase, r.rest, r.ordered = "sent", (), False
+                r.phase, r.rest, r.ordered = RelayPhase.SENT, (), False
                 r.tried.clear()
-                self._report(key, a, "sent", eff)
-                eff.append(Send(key[0], BackwardStuck(*key, self.stage, a)))
+                self._report(key, a, RelayPhase.SENT, eff)
+                eff.append(Send(key.data_node, BackwardStuck(*key, self.stage, a)))
                 return
             prev = r.prev
             del self.mbs[key]  # no Room for this freed slot: I have no route, not just no room
             self._cancel(key, eff)
             self._deny(prev, key, a, eff)
             return
-        r.next, r.phase, r.sent_at = j, "sending", now
+        r.next, r.phase, r.sent_at = j, RelayPhase.SENDING, now
         if recovering:
             self.stats.recovers += 1
             eff.append(Send(j, Recover(*key, r.path, r.rest[1:], None, a)))
         else:
             eff.append(Send(j, Forward(*key, r.path, None, a)))
-        eff.append(SetTimer(f"fw:{timer_suffix(key)}", self._deadline(now, j)))
+        eff.append(SetTimer(MbTimer(TimerKind.FW, key), self._deadline(now, j)))
+
+
+# Which handler takes which microbatch message at a relay.  Whatever its attempt: taking a microbatch (a newer
+# attempt replaces the record, an older one is stale: `_on_take`), a probe, a release.
+RELAY_ANY_ATTEMPT = {
+    Forward: RelaySide._on_take,
+    Recover: RelaySide._on_take,
+    Probe: RelaySide._on_probe,
+    Release: RelaySide._on_release,
+}
+# Of an attempt older than the record's, or of a microbatch not held (the stale answers; others are ignored).
+RELAY_STALE = {
+    Resume: RelaySide._stale_resume,
+    RepairOrder: RelaySide._stale_repair,
+}
+# Of the record's attempt, or a newer one (the record takes its attempt); a type not here is ignored.
+RELAY_HANDLERS = {
+    Complete: RelaySide._on_complete,
+    MbDeny: RelaySide._on_deny,
+    Backward: RelaySide._on_backward,
+    Resume: RelaySide._on_resume,
+    RepairOrder: RelaySide._on_repair,
+}
+# A relay's timers (the data node's: rounds.DATA_TIMERS).
+RELAY_TIMERS = {
+    TimerKind.FW: RelaySide._fw_timer,
+    TimerKind.BK: RelaySide._bk_timer,
+}

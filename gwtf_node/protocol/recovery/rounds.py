@@ -59,32 +59,43 @@ from __future__ import annotations
 
 from ..effects import CancelTimer, Send, SetTimer
 from ..messages import Backward, Probe, Release, RepairOrder, Resume
-from .records import BWD_STATES, FWD_STATES, K_E2E, Compute, DataRecord, timer_suffix
+from .records import (
+    BWD_STATES, FWD_STATES, K_E2E, Compute, ComputeKind, DataRecord, MbTimer, RecoveryEffect, RelayPhase, Sink, Source,
+    TimerKind,
+)
 
 
 class Rounds:
     """Part of `RecoveryNode` (node.py): one mechanism of the machine, see the module docstring."""
 
-    def _data_timer(self, now: float, kind: str, m: DataRecord, eff: list) -> None:
-        if kind == "fw" and m.src == "sending":
+    def _src_fw_timer(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
+        """The stage-0 relay did not acknowledge my embedding output in time: presumed dead, another one."""
+        if m.src is Source.SENDING:
             self.stats.reroutes += 1
             self._presume_dead(m.next)
             m.tried.add(m.next)
             self._src_route(now, m, eff)
-        elif kind == "bk" and m.sink == "grad":
+
+    def _sink_bk_timer(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
+        """The last stage did not acknowledge the loss gradient in time."""
+        if m.sink is Sink.GRAD:
             self._trouble(now, m, eff)
-        elif kind == "wd":
-            if m.sink != "final" and not m.collecting:
-                self._trouble(now, m, eff)
-        elif kind == "pr" and m.collecting:
+
+    def _watchdog(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
+        if m.sink is not Sink.FINAL and not m.collecting:
+            self._trouble(now, m, eff)
+
+    def _probes_due(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
+        """The probe answers are in, or whoever did not answer is dead: decide."""
+        if m.collecting:
             self._decide(now, m, eff)
 
-    def _arm_watchdog(self, now: float, m: DataRecord, eff: list) -> None:
-        eff.append(SetTimer(f"wd:{timer_suffix(m.key)}", now + K_E2E * self.e2e_est + self.cfg.margin_s))
+    def _arm_watchdog(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
+        eff.append(SetTimer(MbTimer(TimerKind.WD, m.key), now + K_E2E * self.e2e_est + self.cfg.margin_s))
 
-    def _trouble(self, now: float, m: DataRecord, eff: list) -> None:
+    def _trouble(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         """A microbatch is not progressing: GWTF runs a probe round, SWARM restarts it."""
-        if m.sink == "final" or m.src == "emb":
+        if m.sink is Sink.FINAL or m.src is Source.EMB:
             self._arm_watchdog(now, m, eff)
             return
         if self.swarm:
@@ -92,7 +103,7 @@ class Rounds:
         else:
             self._round(now, m, eff)
 
-    def _round(self, now: float, m: DataRecord, eff: list) -> None:
+    def _round(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         m.rounds += 1
         if m.rounds > self.cfg.max_rounds:
             self._give_up(now, m, eff)
@@ -101,10 +112,10 @@ class Rounds:
         m.collecting, m.snapshot = True, {}
         for p in sorted({p for p in m.path if p is not None}):
             eff.append(Send(p, Probe(*m.key, tuple(x or "" for x in m.path), m.attempt)))
-        eff.append(CancelTimer(f"wd:{timer_suffix(m.key)}"))
-        eff.append(SetTimer(f"pr:{timer_suffix(m.key)}", now + self.cfg.probe_wait_s))
+        eff.append(CancelTimer(MbTimer(TimerKind.WD, m.key)))
+        eff.append(SetTimer(MbTimer(TimerKind.PR, m.key), now + self.cfg.probe_wait_s))
 
-    def _decide(self, now: float, m: DataRecord, eff: list) -> None:
+    def _decide(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         """The recovery decision, from the probe answers (see the module doc)."""
         m.collecting = False
         S = self.nstages
@@ -114,30 +125,30 @@ class Rounds:
         if m.sink is None:  # the forward has not reached the sink
             f = max((s for s in range(S) if st[s] in FWD_STATES), default=-1)
             if f < 0:
-                if m.src == "sent":
+                if m.src is Source.SENT:
                     self._presume_dead(m.next)
                     m.tried = {m.next}
                     self._src_route(now, m, eff)
-            elif st[f] == "sent":
+            elif st[f] is RelayPhase.SENT:
                 eff.append(Send(m.path[f], RepairOrder(*key, a, ())))
             return
-        if m.sink in ("loss", "final"):
+        if m.sink in (Sink.LOSS, Sink.FINAL):
             return  # computing here
         g = min((s for s in range(S) if st[s] in BWD_STATES), default=S)
-        if any(st[s] in ("fwd", "sending") for s in range(g)):
+        if any(st[s] in (RelayPhase.FWD, RelayPhase.SENDING) for s in range(g)):
             return  # a repair is under way
-        bad = [s for s in range(g) if st[s] != "sent"]
+        bad = [s for s in range(g) if st[s] is not RelayPhase.SENT]
         if not bad:
-            if g < S and st[g] == "bwd":
+            if g < S and st[g] is RelayPhase.BWD:
                 return
             if g == S:
-                if m.sink == "grad":
+                if m.sink is Sink.GRAD:
                     return  # my own hop deadline covers it
                 target = m.path[S - 1]
                 self.stats.resends += 1
-                m.sink, m.sent_at = "grad", now
+                m.sink, m.sent_at = Sink.GRAD, now
                 eff.append(Send(target, Backward(*key, None, a)))
-                eff.append(SetTimer(f"bk:{timer_suffix(key)}", self._deadline(now, target)))
+                eff.append(SetTimer(MbTimer(TimerKind.BK, key), self._deadline(now, target)))
             else:
                 newprev = m.path[g - 1] if g > 0 else self.me
                 eff.append(Send(m.path[g], Resume(*key, (newprev,), (), None, a)))
@@ -164,7 +175,7 @@ class Rounds:
             else:
                 eff.append(Send(m.path[lo - 1], RepairOrder(*key, a, rest)))
 
-    def _restart(self, now: float, m: DataRecord, eff: list) -> None:
+    def _restart(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         """SWARM: the whole pipeline again, from the embedding, as a new attempt."""
         m.rounds += 1
         if m.rounds > self.cfg.max_rounds:
@@ -175,26 +186,26 @@ class Rounds:
             eff.append(Send(p, Release(*m.key, m.attempt)))
         self._cancel(m.key, eff)
         m.attempt += 1
-        m.src, m.next, m.rest, m.tried, m.sink, m.parked = "emb", None, (), set(), None, False
+        m.src, m.next, m.rest, m.tried, m.sink, m.parked = Source.EMB, None, (), set(), None, False
         m.path, m.holders, m.bwd_done, m.collecting, m.snapshot = [None] * self.nstages, set(), set(), False, {}
         m.launched_at = now
-        eff.append(Compute("forward", m.key))
+        eff.append(Compute(ComputeKind.FORWARD, m.key))
         self._arm_watchdog(now, m, eff)
 
-    def give_up_stranded(self, now: float) -> list:
+    def give_up_stranded(self, now: float) -> list[RecoveryEffect]:
         """A data node whose first stage has no live relay left (every next peer gone or presumed dead): each
         microbatch of it in flight whose backward has not passed that stage cannot complete (no relay holds or
         can recompute its stage-0 activation), so it is given up now (deferred to a later iteration) rather
         than after `max_rounds` probe rounds that cannot succeed.  The driver calls it after a peer is gone."""
-        eff: list = []
+        eff: list[RecoveryEffect] = []
         if not self.is_data or any(j not in self.gone and j not in self.dead for j in self.next_peers):
             return eff
-        for m in [m for m in self.mbs.values() if isinstance(m, DataRecord) and m.sink != "final"]:
+        for m in [m for m in self.mbs.values() if isinstance(m, DataRecord) and m.sink is not Sink.FINAL]:
             if self.mbs.get(m.key) is m:
                 self._give_up(now, m, eff)
         return eff
 
-    def _give_up(self, now: float, m: DataRecord, eff: list) -> None:
+    def _give_up(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         self.stats.gave_up += 1
         for p in sorted(m.holders):
             eff.append(Send(p, Release(*m.key, m.attempt)))
@@ -202,4 +213,13 @@ class Rounds:
         del self.mbs[m.key]
         self._defer(m.key, eff)
         self._launch(now, eff)
-        self._maybe_done(now, m.key[2], eff)
+        self._maybe_done(now, m.key.iteration, eff)
+
+
+# A data node's timers (a relay's: relay.RELAY_TIMERS).
+DATA_TIMERS = {
+    TimerKind.FW: Rounds._src_fw_timer,
+    TimerKind.BK: Rounds._sink_bk_timer,
+    TimerKind.WD: Rounds._watchdog,
+    TimerKind.PR: Rounds._probes_due,
+}

@@ -5,7 +5,9 @@ from __future__ import annotations
 from ..effects import CancelTimer, Send
 from ..messages import MbDeny, MbState, Room
 from ..pipeline import pick_next_hop
-from .records import SLOT_PHASES, TIMERS, DataRecord, Key, ewma, timer_suffix
+from .records import (
+    SLOT_PHASES, TIMERS, DataRecord, Key, MbTimer, Policy, RecoveryEffect, RelayPhase, Source, ewma,
+)
 
 
 class Routing:
@@ -23,7 +25,7 @@ class Routing:
         """Microbatches whose activations I sent to j and j still holds (they occupy a unit / a slot)."""
         n = 0
         for m in self.mbs.values():
-            if m.next != j or (d is not None and m.key[0] != d):
+            if m.next != j or (d is not None and m.key.data_node != d):
                 continue
             if self.is_data or m.phase in SLOT_PHASES:
                 n += 1
@@ -31,8 +33,8 @@ class Routing:
 
     def _waiting_to(self, j: str) -> int:
         if self.is_data:
-            return sum(1 for m in self.mbs.values() if m.next == j and m.src == "sending")
-        return sum(1 for m in self.mbs.values() if m.next == j and m.phase == "sending")
+            return sum(1 for m in self.mbs.values() if m.next == j and m.src is Source.SENDING)
+        return sum(1 for m in self.mbs.values() if m.next == j and m.phase is RelayPhase.SENDING)
 
     def _deadline(self, now: float, j: str) -> float:
         e = self.est.get(j, self.cfg.default_prior_s)
@@ -55,7 +57,7 @@ class Routing:
                    if j not in self.full and j not in exclude and self._room_for(j))
         if not c:
             return None
-        return self.rng.choice(c)[1] if self.cfg.policy == "random" else c[0][1]
+        return self.rng.choice(c)[1] if self.policy is Policy.RANDOM else c[0][1]
 
     def _choose_next(self, d: str, exclude: set, *, fresh: bool = False) -> str | None:
         """Next hop for a microbatch of data node d; `fresh`: a new launch (flows only)."""
@@ -107,11 +109,11 @@ class Routing:
                 p = cands[0][1]
                 units[p] = units.get(p, 0) + 1
 
-    def _cancel(self, key: Key, eff: list) -> None:
+    def _cancel(self, key: Key, eff: list[RecoveryEffect]) -> None:
         for t in TIMERS:
-            eff.append(CancelTimer(f"{t}:{timer_suffix(key)}"))
+            eff.append(CancelTimer(MbTimer(t, key)))
 
-    def _room(self, eff: list) -> None:
+    def _room(self, eff: list[RecoveryEffect]) -> None:
         if self.denied and not self.is_data and (self.stage == self.cfg.last_stage or self._live_next()):
             free = self.cfg.capacity - self._slots_used()
             if free > 0:
@@ -119,16 +121,16 @@ class Routing:
                     eff.append(Send(p, Room(free)))
                 self.denied.clear()
 
-    def _drop(self, key: Key, eff: list) -> None:
+    def _drop(self, key: Key, eff: list[RecoveryEffect]) -> None:
         if self.mbs.pop(key, None) is None:
             return
         self._cancel(key, eff)
         self._room(eff)
 
-    def _deny(self, to: str, key: Key, attempt: int, eff: list) -> None:
+    def _deny(self, to: str, key: Key, attempt: int, eff: list[RecoveryEffect]) -> None:
         self.stats.denies_sent += 1
         self.denied.add(to)
         eff.append(Send(to, MbDeny(*key, attempt)))
 
-    def _report(self, key: Key, attempt: int, state: str, eff: list) -> None:
-        eff.append(Send(key[0], MbState(*key, attempt, self.stage, state)))
+    def _report(self, key: Key, attempt: int, state: RelayPhase, eff: list[RecoveryEffect]) -> None:
+        eff.append(Send(key.data_node, MbState(*key, attempt, self.stage, state.value)))

@@ -4,11 +4,10 @@ node, and the step on the compute queue.
 
 from __future__ import annotations
 
-from ...protocol.effects import CancelTimer, Send, SetTimer
 from ...protocol.messages import BeginAggregation, IterationDone, PhaseAck
-from ...protocol.phases import LeftOut, OpenIteration, OutOfStep, Overdue, StartStep
+from ...protocol.phases import LeftOut, OpenIteration, OutOfStep, StartStep
 from ...protocol.recovery import IterationSettled
-from .events import Event
+from .interpret import interpret
 
 
 class AggregationDriver:
@@ -36,16 +35,17 @@ class AggregationDriver:
 
     def _iteration_now(self) -> int:
         """The iteration the live data nodes are in (the newest one opened): a joiner's parameters are its."""
-        live = [self.phases[d].iteration for d in self.data if d in self.phases and d not in self.dead]
+        live = [self.nodes[d].phases.iteration for d in self.data if d in self.nodes and d not in self.dead]
         return max(live, default=0)
 
     def _leading(self, nid: str) -> bool:
-        lm = self.leaders.get(nid)
+        n = self.nodes.get(nid)
+        lm = None if n is None else n.leader
         return lm is not None and lm.is_leader(self.now)
 
     def _maybe_begin(self, nid: str) -> list:
         """The acting leader opens the aggregation of every iteration whose reports it holds."""
-        ph = self.phases[nid]
+        ph = self.nodes[nid].phases
         eff: list = []
         for it in ph.pending_iterations():
             eff += ph.maybe_begin(self.now, it, leading=self._leading(nid), data_nodes=self._known(-1),
@@ -54,7 +54,7 @@ class AggregationDriver:
 
     def _report_settled(self, nid: str, e: IterationSettled) -> None:
         """A data node's iteration is settled: its report goes to the leader (at the leader: maybe BEGIN)."""
-        ph = self.phases[nid]
+        ph = self.nodes[nid].phases
         eff = ph.report_done(self.now, IterationDone(e.iteration, e.completed, 0.0, e.deferred,
                                                      completed_seqs=e.completed_seqs))
         if self._leading(nid):
@@ -62,41 +62,37 @@ class AggregationDriver:
         self._apply_phase(nid, eff)
 
     def _apply_phase(self, nid: str, effects: list) -> None:
-        """The aggregation phase's effects: control messages, its retransmission timers, the step."""
-        for e in effects:
-            t = type(e)
-            if t is Send:
-                self._send(nid, e)
-            elif t is SetTimer or t is CancelTimer:
-                self._timer(self._tv, Event.TIMER, nid, e, "phase")
-            elif t is StartStep or t is LeftOut or t is OutOfStep:
-                rec = self.nodes[nid]
-                if e.iteration not in rec.begun:  # BEGIN reached this node: a relay drops what is left
-                    completed = self.phases[nid].completed_in(e.iteration)
-                    self._apply(nid, rec.begin_aggregation(self.now, e.iteration, completed)[0])
-                if t is StartStep:
-                    self._start_step(nid, e.iteration)
-                else:  # the stage state of the iteration after the step, from a stage peer (joining.py)
-                    if t is OutOfStep:
-                        self._allreduce_absent(nid, e.iteration)
-                    self._resync(nid, e.iteration)
-            elif t is OpenIteration:  # (or a pause while a stage is empty, churn.py)
-                self._open_or_pause(nid, e.iteration)
-            elif t is Overdue:  # the daemon logs it; its resolution comes as the Sends beside it
-                pass
-            else:
-                raise TypeError(f"unknown effect {e!r} from {nid}'s aggregation phase")
+        """The aggregation phase's effects (interpret.py): control messages, its retransmission timers, the
+        step."""
+        interpret(self, nid, "phase", effects)
         if nid in self.leaving:  # its CAN TAKE of its last iteration may be sent: Goodbye (churn.py)
             self._maybe_goodbye(nid)
 
+    def _phase_step(self, nid: str, e: StartStep | LeftOut | OutOfStep) -> None:
+        """BEGIN reached this node (a relay drops what is left of the iteration): it steps, or it takes the
+        stage state of the iteration after the step from a stage peer (joining.py)."""
+        rec = self.nodes[nid].rec
+        if e.iteration not in rec.begun:
+            completed = self.nodes[nid].phases.completed_in(e.iteration)
+            self._apply(nid, rec.begin_aggregation(self.now, e.iteration, completed)[0])
+        if type(e) is StartStep:
+            self._start_step(nid, e.iteration)
+        else:
+            if type(e) is OutOfStep:
+                self._allreduce_absent(nid, e.iteration)
+            self._resync(nid, e.iteration)
+
+    def _phase_opens(self, nid: str, e: OpenIteration) -> None:
+        self._open_or_pause(nid, e.iteration)
+
     def _step_done(self, nid: str, it: int) -> None:
-        self._apply(nid, self.nodes[nid].aggregation_done(self.now, it))
+        self._apply(nid, self.nodes[nid].rec.aggregation_done(self.now, it))
         nxt, prv = self._next_prev(nid)
-        self._apply_phase(nid, self.phases[nid].on_step_done(self.now, it, nxt, prv))
+        self._apply_phase(nid, self.nodes[nid].phases.on_step_done(self.now, it, nxt, prv))
         self._serve_state(nid)  # state requests that waited for this step
 
     def _phase_message(self, nid: str, sender: str, msg) -> None:
-        ph = self.phases[nid]
+        ph = self.nodes[nid].phases
         nxt, prv = self._next_prev(nid)
         t = type(msg)
         if t is PhaseAck:
@@ -111,28 +107,22 @@ class AggregationDriver:
         self._apply_phase(nid, eff)
 
     def _leader_event(self, nid: str, effects: list) -> None:
-        """The election's effects; a change of the leader this data node knows goes to its Phases."""
-        for e in effects:
-            t = type(e)
-            if t is Send:
-                self._send(nid, e)
-            elif t is SetTimer or t is CancelTimer:
-                self._timer(self._tv, Event.TIMER, nid, e, "leader")
-            else:
-                raise TypeError(f"unknown effect {e!r} from {nid}'s election")
-        lead = self.leaders[nid].leader(self.now)
+        """The election's effects (interpret.py); a change of the leader this data node knows goes to its
+        Phases."""
+        interpret(self, nid, "leader", effects)
+        lead = self.nodes[nid].leader.leader(self.now)
         self._leadership_changed(nid)
-        if lead == self._leader_seen[nid]:
+        if lead == self.nodes[nid].leader_seen:
             return
-        self._leader_seen[nid] = lead
+        self.nodes[nid].leader_seen = lead
         if lead == nid:
             self.elections += 1
         front = self._known(-1) + self._known(0)
-        eff = self.phases[nid].set_leader(self.now, lead, front=front)
+        eff = self.nodes[nid].phases.set_leader(self.now, lead, front=front)
         if lead == nid:
             eff += self._maybe_begin(nid)
         self._apply_phase(nid, eff)
 
     def _aggregating(self) -> bool:
         """An aggregation is under way: a live data node began its iteration's (until it opens the next)."""
-        return any(self.phases[d].iteration in self.phases[d].begun for d in self._live_data())
+        return any(self.nodes[d].phases.iteration in self.nodes[d].phases.begun for d in self._live_data())

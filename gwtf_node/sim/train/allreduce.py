@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .events import Event
+from .events import ComputeDone, StepRetry
 from .setting import ALLREDUCE_TIMEOUT_S, OPTIMIZER_STEP_S, gradient_mb
 
 
@@ -52,22 +52,27 @@ class Round:
 class AllReduceDriver:
     """Part of `TrainSim` (driver.py): one mechanism of the simulator, see the module docstring."""
 
+    def _init_allreduce(self) -> None:
+        self._rounds: dict = {}  # allreduce.py: (stage, iteration, group) -> Round
+        self._absent: dict[tuple[int, int], set[str]] = {}  # (stage, iteration) -> named members that do not step
+        self._agg_pending: dict[str, tuple[float, int, tuple]] = {}
+
     def _step_group(self, nid: str, it: int) -> tuple[str, ...]:
         stage = self.stage[nid]
-        named = self.phases[nid].group(it, stage)
+        named = self.nodes[nid].phases.group(it, stage)
         named = set(self._known(stage)) if named is None else named
         absent = self._absent.get((stage, it), set())
         return tuple(sorted(p for p in named | {nid} if p == nid or (p not in self.reported_gone and p not in absent)))
 
     def _start_step(self, nid: str, it: int, at: float | None = None) -> None:
         """`nid` starts the step of iteration `it`: it joins its group's round (its compute queue free)."""
-        start = max(self.now if at is None else at, self._busy.get(nid, 0.0))
+        start = max(self.now if at is None else at, self.nodes[nid].busy_until)
         key = (self.stage[nid], it, self._step_group(nid, it))
         rnd = self._rounds.get(key)
         if rnd is None:
             rnd = self._rounds[key] = Round(key[0], it, key[2])
         rnd.starts[nid] = start
-        self._busy[nid] = max(self._busy.get(nid, 0.0), start)
+        self.nodes[nid].busy_until = max(self.nodes[nid].busy_until, start)
         self._agg_pending[nid] = (start, None, ("agg", it))  # waiting for its round
         if len(rnd.starts) == len(rnd.group) and not rnd.stuck:
             self._finish_round(rnd)
@@ -84,10 +89,10 @@ class AllReduceDriver:
                                                      for i in g if i != j])
             end = rnd.finish[j] + OPTIMIZER_STEP_S
             start = rnd.starts[j]
-            self._busy[j] = max(self._busy.get(j, 0.0), end)
+            self.nodes[j].busy_until = max(self.nodes[j].busy_until, end)
             self._token += 1
             self._agg_pending[j] = (end, self._token, ("agg", rnd.iteration))
-            self._push(end, Event.DONE, j, ("aggregate", ("agg", rnd.iteration), end - start, start), self._token)
+            self._push(end, ComputeDone(j, "aggregate", ("agg", rnd.iteration), end - start, start, self._token))
 
     def _allreduce_crash(self, x: str) -> None:
         """`x` crashed: a round it had not done its part in is stuck (its members' steps wait for the report)."""
@@ -101,7 +106,7 @@ class AllReduceDriver:
                 pend = self._agg_pending.get(j)
                 if j != x and pend is not None and pend[2] == ("agg", rnd.iteration):
                     self._agg_pending[j] = (pend[0], None, pend[2])  # its DONE event is stale now
-                    self._busy[j] = rnd.starts.get(j, self.now)
+                    self.nodes[j].busy_until = rnd.starts.get(j, self.now)
 
     def _allreduce_gone(self, gone: str) -> None:
         """The membership layer reports `gone`: the members of a stuck round with it redo theirs without it."""
@@ -122,7 +127,7 @@ class AllReduceDriver:
         for key, rnd in sorted(self._rounds.items()):
             if rnd.stage == stage and rnd.iteration == it and nid in rnd.group and not rnd.finish and not rnd.stuck:
                 rnd.stuck = True
-                self._push(self.now + ALLREDUCE_TIMEOUT_S, Event.STEP_RETRY, "", key, None)
+                self._push(self.now + ALLREDUCE_TIMEOUT_S, StepRetry(key))
 
     def _allreduce_retry(self, key: tuple) -> None:
         rnd = self._rounds.pop(key, None)

@@ -1,7 +1,7 @@
 """Churn in virtual time: crashes, graceful leaves, relays joining a given stage, and the pause of an empty stage.
 
 Crashes (`_crash`): a relay's or a data node's machines stop; the
-membership layer reports it gone `detect_s` later (`Event.GONE`); with
+membership layer reports it gone `detect_s` later (`Gone`); with
 `rejoin` its machine comes back as a joiner (joining.py).  Churn spares the
 last live relay of a stage (`_spared`, `spare_last`).
 
@@ -16,7 +16,7 @@ calls of `TrainSim.run(..., until=...)` (tests drive the simulator with them):
   leaves it out of the aggregation groups; it finishes that iteration's
   aggregation (its CAN TAKE sent) or waits `leave_wait_s` at most (the
   daemon's LEAVE_WAIT_S; a test may set it on the simulator), then says
-  Goodbye: every node forgets it at once (`Event.GONE` now, no detection
+  Goodbye: every node forgets it at once (`Gone` now, no detection
   delay), nothing it computed is lost.
 * `join_relay(k, loc)`: a relay started with `--stage k` at location `loc`.
   With a live member in stage k it downloads the stage state from the
@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 from ...protocol.membership import JoinerConfig, JoinerMachine
 from ...protocol.messages import Assignment
-from .events import Event
+from .events import Gone, Halt, LeaveWaited, Rejoin
 from .setting import BACKWARD_S, FORWARD_S, MICROBATCHES, REJOIN_S, STAGE_STATE_MB
 
 LEAVE_WAIT_S = 10.0  # the daemon's (runtime/joining.py): a leaving relay's longest wait for its last aggregation
@@ -68,8 +68,11 @@ class Pause:
 class ChurnDriver:
     """Part of `TrainSim` (driver.py): one mechanism of the simulator, see the module docstring."""
 
-    def _init_churn(self, pause_empty: bool) -> None:
-        self.pause_empty = pause_empty
+    def _init_churn(self) -> None:
+        self.spared = 0
+        self.crashed_at: dict[str, float] = {}
+        self.crashes: list[tuple[float, str]] = []
+        self.data_crashed: dict[str, int] = {}  # a data node that crashed -> the iteration it was in
         self.leave_wait_s = LEAVE_WAIT_S  # a leaving relay's wait for its last aggregation (module docstring)
         self._begun = False  # `run` started the machines
         self.paused: dict[str, Pause] = {}  # data node -> the iteration it does not open while a stage is empty
@@ -81,7 +84,7 @@ class ChurnDriver:
         """`spare_last`: a churn crash of the last live relay of its stage is left out, as `gwtf-node local
         --churn` spares a relay of every stage: after the first step a stage whose members all died has no state
         a joiner could load (the daemon brings it back only from a relay's checkpoint)."""
-        if not self.spare_last or nid in self.dead or nid not in self.nodes or nid in self.data:
+        if not self.options.spare_last or nid in self.dead or nid not in self.nodes or nid in self.data:
             return False
         if self._peers(self.stage[nid], nid):
             return False
@@ -97,7 +100,7 @@ class ChurnDriver:
         self.crashes.append((self.now, nid))
         if self.trace is not None:
             self.trace.append(("crash", self.now, nid))
-        m = self.nodes[nid]
+        m = self.nodes[nid].rec
         for it, keys in m.contrib.items():  # gradients held here die with the node
             st = self._it(it)
             st.lost_contrib += len(keys)
@@ -105,16 +108,16 @@ class ChurnDriver:
         stage = self.stage[nid]
         self._allreduce_crash(nid)  # its stage's round waits for the report if it had not done its part
         self._schedule_reflow()
-        self._push(self.now + self.detect_s, Event.GONE, nid, None, None)
+        self._push(self.now + self.options.detect_s, Gone(nid))
         if nid in self.data:
-            self.data_crashed[nid] = self.nodes[nid].iteration
-        elif self.rejoin and self.joining == "machines":
-            self._push(self.now + REJOIN_S, Event.JOIN, nid, None, None)
-        elif self.rejoin:
+            self.data_crashed[nid] = self.nodes[nid].rec.iteration
+        elif self.options.rejoin and self.options.joining == "machines":
+            self._push(self.now + REJOIN_S, Rejoin(nid))
+        elif self.options.rejoin:
             peers = self._peers(stage, nid)
             dl = STAGE_STATE_MB * 8.0 / min(self.net.link(p, nid)[1] for p in peers) if peers else 0.0
             self.pending_joins.append((self.now + REJOIN_S + dl, nid, stage, self.cap[nid]))
-            self._push(self.now + REJOIN_S + dl, Event.JOIN, nid, None, None)
+            self._push(self.now + REJOIN_S + dl, Rejoin(nid))
 
     # ---------------------------------------------------------------- the run's start and its stops (`run`)
     def _begin(self, until: float | None) -> int | None:
@@ -128,24 +131,17 @@ class ChurnDriver:
                 for nid in sorted(self.nodes):
                     if nid not in self.data:
                         self._started.add(nid)
-                        self._apply(nid, self.nodes[nid].start(self.now))
+                        self._apply(nid, self.nodes[nid].rec.start(self.now))
             else:
                 for nid in sorted(self.nodes):
-                    self._apply(nid, self.nodes[nid].start(self.now))
+                    self._apply(nid, self.nodes[nid].rec.start(self.now))
             for d in self.data:
-                self._leader_event(d, self.leaders[d].start(self.now))
+                self._leader_event(d, self.nodes[d].leader.start(self.now))
         if until is None:
             return None
         self._token += 1
-        self._push(until, Event.HALT, "", None, self._token)
+        self._push(until, Halt(self._token))
         return self._token
-
-    def _control(self, kind: Event, node: str, a, b, halt: int | None) -> bool:
-        """A HALT or LEAVE event: whether `run` stops here (its own halt)."""
-        if kind == Event.LEAVE:
-            self._leave_timeout(node, a)
-            return False
-        return halt is not None and b == halt
 
     # ---------------------------------------------------------------- hooks: a change at the current time
     def crash_relay(self, nid: str) -> None:
@@ -156,14 +152,14 @@ class ChurnDriver:
 
     def leave_relay(self, nid: str) -> None:
         """`nid` announces its graceful leave now (module docstring)."""
-        if nid in self.data or nid not in self.phases:
+        if nid in self.data or nid not in self.nodes:
             raise ValueError(f"{nid} is not a relay of the run")
         if nid in self.dead or nid in self.leaving:
             return
-        t = self.phases[nid].applied  # the iteration in flight (or about to open): its last one
+        t = self.nodes[nid].phases.applied  # the iteration in flight (or about to open): its last one
         self.leaving[nid] = t
-        self.nodes[nid].leave_after(t)
-        self._push(self.now + self.leave_wait_s, Event.LEAVE, nid, t, None)
+        self.nodes[nid].rec.leave_after(t)
+        self._push(self.now + self.leave_wait_s, LeaveWaited(nid, t))
         self._maybe_goodbye(nid)
 
     def join_relay(self, stage: int, loc: str, cap: int = MICROBATCHES) -> str:
@@ -203,7 +199,7 @@ class ChurnDriver:
         t = self.leaving.get(nid)
         if t is None or nid in self.dead:
             return
-        ph = self.phases[nid]
+        ph = self.nodes[nid].phases
         if max(ph.can_take_sent, default=-1) >= t or not self._live_data():
             self._goodbye(nid)
 
@@ -221,7 +217,7 @@ class ChurnDriver:
             self.trace.append(("left", self.now, nid))
         self._allreduce_crash(nid)
         self._schedule_reflow()
-        self._push(self.now, Event.GONE, nid, None, None)
+        self._push(self.now, Gone(nid))
 
     def _ready_for(self, nid: str, t: int) -> bool:
         """A relay counts for iteration `t`: not leaving before it (the daemon's `Peers.groups`)."""
@@ -234,7 +230,7 @@ class ChurnDriver:
 
     def _open_or_pause(self, nid: str, t: int) -> None:
         """The aggregation phase opens `t` at data node `nid`: open it, or pause while a stage is empty."""
-        if self.pause_empty and self.empty_stages(t):
+        if self.options.pause_empty and self.empty_stages(t):
             if self._ready_at_open and not self._aggregating():
                 self._ready_joiners_at_open()  # (they are ready for t: they may serve the empty stage)
             empty = self.empty_stages(t)
@@ -242,7 +238,7 @@ class ChurnDriver:
                 old = self.paused.get(nid)
                 self.paused[nid] = Pause(t, tuple(empty), old.since if old is not None else self.now)
                 return
-        self._apply(nid, self.nodes[nid].open_iteration(self.now, t))
+        self._apply(nid, self.nodes[nid].rec.open_iteration(self.now, t))
 
     def _recheck_paused(self) -> None:
         """A relay came in: every paused data node whose stages are all served now opens its iteration."""
@@ -255,4 +251,4 @@ class ChurnDriver:
             elif not self.empty_stages(p.iteration):
                 del self.paused[nid]
                 self.pauses.append((nid, p.iteration, p.since, self.now))
-                self._apply(nid, self.nodes[nid].open_iteration(self.now, p.iteration))
+                self._apply(nid, self.nodes[nid].rec.open_iteration(self.now, p.iteration))

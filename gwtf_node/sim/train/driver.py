@@ -1,6 +1,6 @@
-"""The training simulator's driver: `TrainSim` runs every node's machines in virtual time and executes their
-effects (see the package docstring).  The aggregation phase, the flows and the report are its mixins
-(`aggregation.py`, `flows.py`, `report.py`)."""
+"""The training simulator's driver: `TrainSim` holds the clock and the event queue, the network and the
+simulated nodes, and runs every node's machines in virtual time (see the package docstring).  Its
+mechanisms (churn, aggregation, all-reduce, flows, joining, the report) are the mixins of their modules."""
 
 from __future__ import annotations
 
@@ -9,107 +9,47 @@ import random
 import statistics
 import time
 
-from ...protocol.effects import CancelTimer, Send, SetTimer
-from ...protocol.flow import FlowNode
+from ...protocol.effects import Send, SetTimer
 from ...protocol.leader import LeaderConfig, LeaderMachine
 from ...protocol.phases import CanTakeRule, OpenIteration, Phases
-from ...protocol.phasewaits import WAIT_BOUND_S
-from ...protocol.recovery import Compute, IterationSettled, RecoveryConfig, RecoveryNode
+from ...protocol.recovery import Compute, RecoveryConfig, RecoveryNode
 from ...protocol.recovery.priors import HOP_PRIOR_S, e2e_prior_s, hop_prior_s
-from ..engine import Simulator
 from .aggregation import AggregationDriver
 from .allreduce import AllReduceDriver
 from .churn import ChurnDriver
-from .events import LEADER_MSGS, PHASE_MSGS, TENSOR_MSGS, Event
+from .events import (
+    LEADER_MSGS, PHASE_MSGS, TENSOR_MSGS, ComputeDone, Crash, Deliver, EventQueue, FlowDeliver, FlowTimer, Gone,
+    Halt, JoinLookup, JoinTimer, LeaveWaited, MachineTimer, Reflow, Rejoin, SimEvent, StateArrives, StepRetry,
+)
 from .flows import FlowDriver
-from .joining import JOIN_MSGS, JOININGS, JoinDriver
+from .interpret import interpret
+from .joining import JOIN_MSGS, JoinDriver
+from .node import SimNode
+from .options import TrainSimOptions
 from .report import IterStats, Reporting
 from .setting import (
-    ACTIVATION_MB, DETECT_S, FLOW_OPTIONS, IDEAL_MB_S, MAX_SIM_S_PER_ITERATION, MICROBATCHES, ROUTINGS,
-    SILENCE_S, STAGE_SIZES, PRIOR_RULES, SWARM_REACTIONS, Setting, compute_s, initial_flows,
+    ACTIVATION_MB, IDEAL_MB_S, MAX_SIM_S_PER_ITERATION, MICROBATCHES, SILENCE_S, STAGE_SIZES, Setting, compute_s,
 )
 
 
 class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, JoinDriver, Reporting):
-    """One Table II run in virtual time (module docstring).  Model switches, defaults in parentheses:
-    `routing` ("machines": GWTF's flows by the flow machines; "oracle": the LP optimum installed globally),
-    `reflow` (True; oracle only: re-install the optimum FLOW_CONVERGE_S after a change), `lend` (True; machines
-    only: the lending of protocol/recovery/), `fastest_unit` (True; GWTF: "Fastest unit first" of protocol/recovery/), `flow_options` (FLOW_OPTIONS: FlowConfig fields of every flow machine),
-    `detect` (True: the membership layer), `join_mid_iteration` (True), `swarm_reacts_to` ("membership"),
-    `gwtf_acts_on_gone` (True), `unpresume` (True: a presumed-dead peer still heard is alive again),
-    `can_take` ("all": phases.CanTakeRule), `phase_wait_bound_s` (WAIT_BOUND_S: the daemon's bound of a phase
-    wait, after which it resends; None: never), `one_wave` (False: "One wave" of protocol/recovery/, the paper's one-wave iteration
-    with deferral, for both policies), `detect_s` (DETECT_S: how long after a crash the membership layer reports
-    it); `crash_plan` / `rejoin` (True) for scripted crashes; `flows`: fixed flows
-    (oracle-style, no machines); `routing="dtfm"` with `scheduler` (a `sim.schedule.routing.DtfmRouting` built on
-    this setting): DT-FM's static pipelines, recomputed `scheduler.delay_s` after each membership report;
-    `priors` ("links": the daemon's timing priors, protocol/recovery/priors.py; "modelled": `_prior`);
-    `joining` ("machines": a relay back after a crash joins through the leader's placement, joining.py;
-    "restart": it comes back in its stage, `join_mid_iteration` says when); `join_links` (True: a joiner's
-    JoinRequest and a member's UtilizationReport carry their link costs, as the daemon's, and the leader's search
-    routes over them; False: stage costs only); `spare_last` (True: churn spares the last live relay of a stage,
-    `_spared`); `pause_empty` (True, as the daemon: a data node does not open an iteration while a stage is empty,
-    churn.py; False: it opens it and every microbatch is deferred).
-    `flow_cpu_s` sums the CPU time the flow machines took (GWTF's scheduler cost)."""
+    """One Table II run in virtual time (package docstring), as `options` (a `TrainSimOptions`, options.py) say:
+    the policy, churn and seed, the scripted crashes, the model switches.  `flow_cpu_s` sums the CPU time the flow
+    machines took (GWTF's scheduler cost)."""
 
     machine_class = RecoveryNode  # every node's microbatch machine (a policy of its own may subclass it)
 
-    def __init__(self, setting: Setting, policy: str, churn: float, seed: int,
-                 crash_plan: list[tuple[float, str]] | None = None, rejoin: bool = True,
-                 flows: dict | None = None, reflow: bool = True, detect: bool = True,
-                 join_mid_iteration: bool = True, swarm_reacts_to: str = "membership",
-                 gwtf_acts_on_gone: bool = True, routing: str = "machines", flow_options: dict | None = None,
-                 lend: bool = True, one_wave: bool = False, detect_s: float = DETECT_S, fastest_unit: bool = True,
-                 unpresume: bool = True, can_take: str = CanTakeRule.ALL.value, scheduler=None,
-                 priors: str = "links", joining: str = "machines", spare_last: bool = True, pause_empty: bool = True,
-                 join_links: bool = True, phase_wait_bound_s: float | None = WAIT_BOUND_S) -> None:
-        if routing not in ROUTINGS:
-            raise ValueError(f"routing must be one of {ROUTINGS}, not {routing!r}")
-        if (routing == "dtfm") != (scheduler is not None):
-            raise ValueError("routing 'dtfm' runs DT-FM's schedule: pass scheduler= (sim.schedule.dtfm_routing), "
-                             "and only with that routing")
-        if routing == "dtfm" and policy != "gwtf":
-            raise ValueError(f"routing 'dtfm' executes a schedule with the gwtf microbatch machine, not {policy!r}")
-        if priors not in PRIOR_RULES:
-            raise ValueError(f"priors must be one of {PRIOR_RULES}, not {priors!r}")
-        self.priors = priors
-        if joining not in JOININGS:
-            raise ValueError(f"joining must be one of {JOININGS}, not {joining!r}")
-        self.joining = joining
-        self.join_links = join_links  # joiners and members tell the leader their link costs (joining.py)
-        self.spare_last = spare_last  # churn never kills the last live relay of a stage (`_spared`)
-        self.spared = 0
-        self.joiners: dict = {}  # joining.py: joiner id -> its JoinerMachine, until it comes in
-        self._joiner_cap: dict[str, int] = {}
-        self.joiner_count = 0
-        self.join_stats = {"asked": 0, "placed": 0, "loaded": 0, "in": 0}
-        self.placement: dict = {}  # acting leader -> its MembershipMachine
-        self._dht_leader: str | None = None  # the leader record in the DHT: the last data node that took office
-        self._state_waits: dict[str, list] = {}  # source -> state requests it holds (asker, steps)
-        self._join_source: dict[str, str] = {}  # placed joiner -> the member it asked for the stage state
-        self._resync_for: dict[tuple[str, str], int] = {}  # (node, source) -> the iteration it resyncs after
-        self._ready_at_open: list = []  # joiners ready during an aggregation: they come in at the next open
-        self._rounds: dict = {}  # allreduce.py: (stage, iteration, group) -> Round
-        self._absent: dict[tuple[int, int], set[str]] = {}  # (stage, iteration) -> named members that do not step
-        self.scheduler = scheduler
-        self.flow_cpu_s = 0.0
-        self.formation: dict = {}
-        self.setting, self.policy, self.churn, self.seed = setting, policy, churn, seed
+    def __init__(self, setting: Setting, options: TrainSimOptions = TrainSimOptions()) -> None:
+        self.options = o = options.resolved()
+        policy, seed = o.policy, o.seed
+        self.setting = setting
         self.data: tuple[str, ...] = setting.data
-        self.rng = random.Random(f"train:{seed}:{policy}:{churn}")
-        self.crash_rng = random.Random(f"churn:{seed}:{churn}")  # same crash draws for both policies
+        self.rng = random.Random(f"train:{seed}:{policy}:{o.churn}")
+        self.crash_rng = random.Random(f"churn:{seed}:{o.churn}")  # same crash draws for both policies
         self.net = setting.net
-        self.nodes: dict[str, RecoveryNode] = {}  # every node's microbatch machine
-        self.phases: dict[str, Phases] = {}  # every node's aggregation phase
-        self.leaders: dict[str, LeaderMachine] = {}  # every data node's election
-        self._leader_seen: dict[str, str | None] = {}  # data node -> the leader its Phases was last told of
+        self.nodes: dict[str, SimNode] = {}  # every node, with its machines (node.py)
         self.reported_gone: set[str] = set()  # nodes the membership layer reported gone (everyone learns at once)
-        self.crashed_at: dict[str, float] = {}
-        self.unpresume = unpresume
-        self.can_take = CanTakeRule(can_take)
-        self.phase_wait_bound_s = phase_wait_bound_s  # a wait past it is resolved as the daemon's (phasewaits.py)
-        self._init_churn(pause_empty)  # churn.py: leaves, the pause of an empty stage
-        self.resyncs = 0
+        self._init_churn()  # churn.py: leaves, the pause of an empty stage
         self.elections = 0
         self.dropped = 0
         self.observer = None  # tests: called as observer(node, "msg", (sender, msg)) / (node, "done", (key, kind))
@@ -117,70 +57,35 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         self.stage: dict[str, int] = {d: -1 for d in self.data}
         self.cap: dict[str, int] = {}
         self.dead: set[str] = set()
-        self.engine = Simulator(lambda a, b: None)  # the event queue and the clock (sim/engine.py)
+        self.queue = EventQueue()  # the events to come and the clock (events.py)
         self._tv: dict = {}
-        self._busy: dict[str, float] = {}
         self._link_free: dict[tuple[str, str], float] = {}
-        self._agg_pending: dict[str, tuple[float, int, tuple]] = {}
         self._token = 0
         self.iters: dict[int, IterStats] = {}
-        self.pending_joins: list[tuple[float, str, int, int]] = []
-        self.joins = 0
-        self.crashes: list[tuple[float, str]] = []
-        self.crash_plan = sorted(crash_plan or [])
-        self.data_crashed: dict[str, int] = {}  # a data node that crashed -> the iteration it was in
-        self.rejoin = rejoin
         self.last_iter_s = 600.0
         self.events = 0
-        self.trace: list | None = None  # set to a list to record (kind, ...) tuples (module docstring)
+        self.trace: list | None = None  # set to a list to record (kind, ...) tuples (docs/sim_train.md, "Traces")
         self._opened_once: set[int] = set()
-        self.reflow = reflow
-        self.detect = detect
-        self.detect_s = detect_s
-        self.join_mid_iteration = join_mid_iteration
-        if swarm_reacts_to not in SWARM_REACTIONS:
-            raise ValueError(f"swarm_reacts_to must be one of {SWARM_REACTIONS}, not {swarm_reacts_to!r}")
-        self.acts_on_gone = {"swarm": swarm_reacts_to == "membership", "random": swarm_reacts_to == "membership",
-                             "gwtf": gwtf_acts_on_gone, "taskpool": gwtf_acts_on_gone}[policy]
-        self.reflows = 0
-        self._lent = False
-        self._flow_members = dict(setting.relays)
+        self.acts_on_gone = {"swarm": o.swarm_reacts_to == "membership", "random": o.swarm_reacts_to == "membership",
+                             "gwtf": o.gwtf_acts_on_gone, "taskpool": o.gwtf_acts_on_gone}[policy]
         self._done_at: dict[tuple[str, int], float] = {}
         S = len(STAGE_SIZES)
         self.S = S
         for r, (s, c) in setting.relays.items():
             self.stage[r], self.cap[r] = s, c
-        # GWTF's flows: the flow machines (`protocol/flow/`), run in this virtual time (module docstring), or the
-        # optimum of the routing LP installed by an oracle (`routing="oracle"`, the model before the machines ran)
-        self.machines = policy == "gwtf" and routing == "machines" and flows is None
-        self.routing = routing if policy == "gwtf" else "greedy"
-        if self.machines:
-            self.reflow = False
-            self.flows = {}
-        else:
-            if routing == "dtfm":
-                flows = scheduler.flows
-            self.flows = flows if flows is not None else (initial_flows(setting) if policy == "gwtf" else {})
-        self.one_wave = one_wave
-        self.lend = lend and self.machines  # (the oracle lends by recomputing the flows without the finished one)
-        self.fastest_unit = fastest_unit
-        self.fnodes: dict[str, FlowNode] = {}
-        self.flow_options = dict(FLOW_OPTIONS if flow_options is None else flow_options)  # FlowConfig fields
-        self._ftv: dict = {}
-        self._fstamp: dict[str, float] = {}
-        self._started: set[str] = set()
-        self.flow_messages = 0
+        self._init_flows()  # flows.py: the flow machines, or the flows an oracle installs
+        self._init_joining()  # joining.py: joiners, the leader's placement, stage states
+        self._init_allreduce()  # allreduce.py: the rounds of the step
         for nid in list(self.data) + list(setting.relays):
             self._make(nid, self.stage[nid], self.cap.get(nid, MICROBATCHES))
         for d in self.data:
-            self.leaders[d] = LeaderMachine(LeaderConfig(d, self.data), random.Random(f"{seed}:{d}:leader"))
-            self._leader_seen[d] = None
-        for t, nid in self.crash_plan:
-            self._push(t, Event.CRASH, nid, None, None)
+            self.nodes[d].leader = LeaderMachine(LeaderConfig(d, self.data), random.Random(f"{seed}:{d}:leader"))
+        for t, nid in self.options.crash_plan:
+            self._push(t, Crash(nid))
 
     def machine_policy(self) -> str:
         """The RecoveryConfig policy of the machines (a subclass running its own machine may differ)."""
-        return self.policy
+        return self.options.policy
 
     def _peers(self, stage: int, nid: str, live_only: bool = True) -> list[str]:
         return [r for r, s in self.stage.items() if s == stage and r != nid and r not in self.dead
@@ -191,7 +96,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         (protocol/recovery/priors.py: the link's transfer, d(a, b) without compute, plus a compute allowance), or
         with `priors="modelled"` the transfer plus `b`'s profiled compute times its capacity (what the simulator
         knows and a node does not)."""
-        if self.priors == "links":
+        if self.options.priors == "links":
             return hop_prior_s(self._flow_cost(a, b))
         sb = self.stage[b]
         c = compute_s(sb, ("final" if back else "loss") if sb < 0 else ("backward" if back else "forward"))
@@ -200,7 +105,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
     def _e2e_prior(self, nid: str, nxt: list[str]) -> float:
         """A data node's expected launch -> final backward time before it measured one (`_prior`'s two rules;
         "modelled": 2 (S + 1) mean hops of the data nodes to stage 0, plus the ideal compute of a microbatch)."""
-        if self.priors == "links":
+        if self.options.priors == "links":
             return e2e_prior_s(self.S, [self._flow_cost(nid, j) for j in nxt])
         if not hasattr(self, "_e2e"):
             hop = statistics.mean(self.net.transfer_s(a, b, ACTIVATION_MB) for a in self.data
@@ -223,38 +128,38 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
             node_id=nid, stage=stage, last_stage=S - 1, capacity=cap, data_nodes=self._live_data(),
             next_peers={j: cost(nid, j) for j in nxt}, prev_peers={j: cost(nid, j) for j in prv},
             peer_capacity={j: self.cap.get(j, MICROBATCHES) for j in nxt + prv}, prior_s=prior,
-            default_prior_s=HOP_PRIOR_S if self.priors == "links" else RecoveryConfig.default_prior_s,
+            default_prior_s=HOP_PRIOR_S if self.options.priors == "links" else RecoveryConfig.default_prior_s,
             e2e_prior_s=e2e, policy=self.machine_policy(),
-            swarm_assumed_capacity=MICROBATCHES, act_on_gone=self.acts_on_gone, lend=self.lend,
-            one_wave=self.one_wave, fastest_unit=self.fastest_unit)  # (SWARM: greedy, ignores it)
-        m = self.machine_class(cfg, random.Random(f"{self.seed}:{nid}"),
+            swarm_assumed_capacity=MICROBATCHES, act_on_gone=self.acts_on_gone, lend=self.options.lend,
+            one_wave=self.options.one_wave, fastest_unit=self.options.fastest_unit)  # (SWARM: greedy, ignores it)
+        m = self.machine_class(cfg, random.Random(f"{self.options.seed}:{nid}"),
                          first_seq=(self.data.index(nid) * 10**6 if nid in self.data else 0))
-        if self.policy == "gwtf" and nid in self.flows:
+        if self.options.policy == "gwtf" and nid in self.flows:
             m.set_flows(self.flows[nid])
-        self.nodes[nid] = m
-        self.phases[nid] = Phases(nid, stage, S - 1, applied=self._iteration_now() if applied is None else applied,
-                                  can_take=self.can_take, wait_bound_s=self.phase_wait_bound_s)
+        phases = Phases(nid, stage, S - 1, applied=self._iteration_now() if applied is None else applied,
+                        can_take=CanTakeRule(self.options.can_take), wait_bound_s=self.options.phase_wait_bound_s)
+        self.nodes[nid] = SimNode(nid, m, phases)
         return m
 
-    def _timer(self, versions: dict, kind: int, nid: str, e, component: str | None = None) -> None:
+    def _timer(self, versions: dict, event: type, nid: str, e, component: str | None = None) -> None:
         """SetTimer / CancelTimer of `nid` (of one of its machines, `component`): a new version of its key (a
-        pending firing of an older version is stale); SetTimer also schedules the firing."""
+        pending firing of an older version is stale); SetTimer also schedules the firing, an `event`."""
         key = e.key if component is None else (component, e.key)
         k = (nid, key)
         v = versions[k] = versions.get(k, 0) + 1
         if type(e) is SetTimer:
-            self._push(max(e.deadline, self.now), kind, nid, key, v)
+            self._push(max(e.deadline, self.now), event(nid, key, v))
 
     @property
     def now(self) -> float:
-        return self.engine.now
+        return self.queue.now
 
-    def _push(self, t: float, kind: Event, node: str, a, b) -> None:
-        self.engine.push(t, kind, node, a, b)
+    def _push(self, t: float, event: SimEvent) -> None:
+        self.queue.push(t, event)
 
     def crash_at(self, t: float, node: str) -> None:
         """Crash `node` at time `t` (tests and fault plans; `t` no earlier than `now`)."""
-        self._push(t, Event.CRASH, node, None, None)
+        self._push(t, Crash(node))
 
     def _it(self, it: int) -> IterStats:
         return self.iters.setdefault(it, IterStats())
@@ -283,35 +188,30 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
                 self.trace.append(("ctl", self.now, arrive, nid, e.to, type(m).__name__,
                                    (getattr(m, "data_node", None), getattr(m, "seq", None),
                                     getattr(m, "iteration", None)), getattr(m, "attempt", None)))
-        self._push(arrive, Event.MSG, e.to, nid, e.msg)
+        self._push(arrive, Deliver(e.to, nid, e.msg))
 
     def _apply(self, nid: str, effects: list) -> None:
-        """The microbatch machine's effects."""
-        for e in effects:
-            t = type(e)
-            if t is Send:
-                self._send(nid, e)
-            elif t is SetTimer or t is CancelTimer:
-                self._timer(self._tv, Event.TIMER, nid, e, "rec")
-            elif t is Compute:
-                dur = compute_s(self.stage[nid], e.kind)
-                start = max(self.now, self._busy.get(nid, 0.0))
-                end = start + dur
-                self._busy[nid] = end
-                self._token += 1
-                self._push(end, Event.DONE, nid, (e.kind, e.key, dur, start), self._token)
-            elif t is OpenIteration:
-                self._on_open(nid, e.iteration)
-            elif t is IterationSettled:
-                self._report_settled(nid, e)
-            else:
-                raise TypeError(f"unknown effect {e!r} from {nid}'s microbatch machine")
+        """The microbatch machine's effects (interpret.py)."""
+        interpret(self, nid, "rec", effects)
+
+    def _start_compute(self, nid: str, e: Compute) -> None:
+        """A computation waits for the node's compute queue and takes its profiled time."""
+        n = self.nodes[nid]
+        dur = compute_s(self.stage[nid], e.kind)
+        start = max(self.now, n.busy_until)
+        end = start + dur
+        n.busy_until = end
+        self._token += 1
+        self._push(end, ComputeDone(nid, e.kind, e.key, dur, start, self._token))
+
+    def _rec_opens(self, nid: str, e: OpenIteration) -> None:
+        self._on_open(nid, e.iteration)
 
     def _unpresume(self, nid: str) -> None:
         """The daemon's liveness check: a peer the machine presumed dead that is still heard (alive, or
         crashed less than SILENCE_S ago) is alive again for it."""
-        rec = self.nodes[nid]
-        if not self.unpresume or not rec.dead:
+        rec = self.nodes[nid].rec
+        if not self.options.unpresume or not rec.dead:
             return
         for p in sorted(rec.dead - rec.gone):
             c = self.crashed_at.get(p)
@@ -339,10 +239,10 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         for _, old, stage, cap in ready:
             self._join(old, stage, cap)
         self._ready_joiners_at_open()
-        if self.routing == "dtfm" and self.reflow:  # a static schedule: recomputed only when joiners came in
+        if self.routing == "dtfm" and self.options.reflow:  # a static schedule: recomputed only when joiners came in
             if ready:
-                self._push(self.now + self._settle_s(), Event.REFLOW, "", None, None)
-        elif self.policy == "gwtf" and self.reflow:
+                self._push(self.now + self._settle_s(), Reflow())
+        elif self.options.policy == "gwtf" and self.options.reflow:
             # joiners ran the flow machines since their download finished: settled FLOW_CONVERGE_S after that
             settle = max((t for t, *_ in ready), default=-math.inf) + self._settle_s()
             if settle <= self.now:
@@ -350,13 +250,13 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
             else:
                 if self._lent:  # every data node has microbatches again: the flows shared by all of them
                     self._install(self._flow_members, self._live_data())
-                self._push(settle, Event.REFLOW, "", self._live_members(), None)
-        if self.churn > 0:
+                self._push(settle, Reflow(self._live_members()))
+        if self.options.churn > 0:
             for r in sorted(self.stage):
                 if r in self.data or r in self.dead:
                     continue
-                if self.crash_rng.random() < self.churn:
-                    self._push(self.now + self.crash_rng.random() * self.last_iter_s, Event.CRASH, r, "churn", None)
+                if self.crash_rng.random() < self.options.churn:
+                    self._push(self.now + self.crash_rng.random() * self.last_iter_s, Crash(r, churn=True))
 
     def _live_data(self) -> tuple[str, ...]:
         return tuple(d for d in self.data if d not in self.dead)
@@ -364,15 +264,15 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
     def _join_now(self, old: str) -> None:
         """A joiner whose download finished joins at once while its stage's parameters are the iteration's:
         not while an aggregation is under way (then: at the next open, with the new parameters)."""
-        if not self.join_mid_iteration:
+        if not self.options.join_mid_iteration:
             return
         if self._aggregating():
             return
         for j in [j for j in self.pending_joins if j[1] == old]:
             self.pending_joins.remove(j)
             self._join(old, j[2], j[3])
-            if self.policy == "gwtf" and self.reflow:
-                self._push(self.now + self._settle_s(), Event.REFLOW, "", self._live_members(), None)
+            if self.options.policy == "gwtf" and self.options.reflow:
+                self._push(self.now + self._settle_s(), Reflow(self._live_members()))
 
     def _join(self, old: str, stage: int, cap: int) -> None:
         """`joining="restart"`: the relay is back in its stage (a new id)."""
@@ -394,14 +294,14 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         prv = list(self._live_data()) if stage == 0 else self._peers(stage - 1, nid)
         nxt = list(self._live_data()) if stage == S - 1 else self._peers(stage + 1, nid)
         for p in prv:  # (discovery: the joiner is a next-stage peer of these, as the daemon's `_sync_rec`)
-            rec = self.nodes[p]
+            rec = self.nodes[p].rec
             self._unpresume(p)
             self._apply(p, rec.set_neighbours(self.now, {**rec.next_peers, nid: cost(p, nid)}, rec.prev_peers,
                                               {nid: cap}, self._prior(p, nid, False)))
         for p in nxt:
             if p in self.data and stage != S - 1:
                 continue
-            rec = self.nodes[p]
+            rec = self.nodes[p].rec
             self._unpresume(p)
             self._apply(p, rec.set_neighbours(self.now, rec.next_peers, {**rec.prev_peers, nid: cost(p, nid)},
                                               {}, {nid: self._prior(p, nid, True)}))
@@ -413,112 +313,123 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         at that virtual time at the latest (a later call goes on from there)."""
         halt = self._begin(until)  # (churn.py)
         limit = MAX_SIM_S_PER_ITERATION * (iterations + 1)
-        while True:
-            if all(self.nodes[d].iteration >= iterations for d in self._live_data()):
+        handlers = {  # event type -> its handler; a handler that returns True ends the run
+            Deliver: self._on_deliver, MachineTimer: self._on_machine_timer, ComputeDone: self._on_compute_done,
+            FlowDeliver: self._on_flow_event, FlowTimer: self._on_flow_event,
+            Crash: self._on_crash, Gone: lambda ev: self._on_gone(ev.node),
+            Reflow: lambda ev: self._on_reflow(ev.members), Rejoin: self._on_rejoin,
+            JoinLookup: lambda ev: self._lookup_leader(ev.node), JoinTimer: self._on_join_timer,
+            StateArrives: lambda ev: self._state_arrived(ev.node, ev.source, ev.steps),
+            StepRetry: lambda ev: self._allreduce_retry(ev.key),
+            LeaveWaited: lambda ev: self._leave_timeout(ev.node, ev.iteration),
+            Halt: lambda ev: halt is not None and ev.token == halt,
+        }
+        while not all(self.nodes[d].rec.iteration >= iterations for d in self._live_data()):
+            event = self.queue.pop(limit)
+            if event is None or handlers[type(event)](event):
                 break
-            event = self.engine.next_event(limit)
-            if event is None:
-                break
-            t, kind, node, a, b = event
-            if kind == Event.HALT or kind == Event.LEAVE:
-                if self._control(kind, node, a, b, halt):
-                    break
-                continue
-            if kind == Event.CRASH:
-                if a == "churn" and self._spared(node):
-                    continue
-                self._crash(node)
-                continue
-            if kind == Event.REFLOW:
-                self._on_reflow(a)
-                continue
-            if kind == Event.JOIN:
-                if self.joining == "machines":  # the crashed relay's machine is back: it asks the leader
-                    self._restart_as_joiner(node)
-                else:  # a joiner's download finished: it serves the iteration in training now
-                    self._join_now(node)
-                continue
-            if kind == Event.JOIN_LOOKUP:
-                self._lookup_leader(node)
-                continue
-            if kind == Event.JOIN_TIMER:
-                if self._tv.get((node, a)) == b:
-                    self._join_timer(node, a)
-                continue
-            if kind == Event.STATE:
-                self._state_arrived(node, b, a)
-                continue
-            if kind == Event.STEP_RETRY:
-                self._allreduce_retry(a)
-                continue
-            if kind == Event.MSG and type(b) in JOIN_MSGS:
-                self._join_message(node, a, b)
-                continue
-            if kind == Event.FLOW_MSG or kind == Event.FLOW_TIMER:
-                if node in self.dead:
-                    continue
-                fm = self.fnodes[node]
-                cpu0 = time.process_time()
-                if kind == Event.FLOW_MSG:
-                    eff = fm.on_message(t, a, b)
-                elif self._ftv.get((node, a)) == b:
-                    eff = fm.on_timer(t, a)
-                else:
-                    continue
-                self.flow_cpu_s += time.process_time() - cpu0  # a metric only: it decides nothing
-                self._apply_flow(node, eff)
-                self._sync_flows(node)
-                continue
-            if kind == Event.GONE:
-                self._on_gone(node)
-                continue
-            if node in self.dead:  # (a computation cut short by the crash is not counted)
-                continue
-            m = self.nodes[node]
-            self.events += 1
-            if kind == Event.MSG:
-                if self.observer is not None:
-                    self.observer(node, "msg", (a, b))
-                mt = type(b)
-                if mt in PHASE_MSGS:
-                    self._phase_message(node, a, b)
-                elif mt in LEADER_MSGS:
-                    if node in self.leaders:
-                        self._leader_event(node, self.leaders[node].on_message(t, a, b))
-                else:
-                    self._unpresume(node)
-                    self._apply(node, m.on_message(t, a, b))
-            elif kind == Event.TIMER:
-                if self._tv.get((node, a)) != b:
-                    continue
-                component, key = a
-                if component == "rec":
-                    self._unpresume(node)
-                    self._apply(node, m.on_timer(t, key))
-                elif component == "phase":
-                    self._apply_phase(node, self.phases[node].on_timer(t, key))
-                else:
-                    self._leader_event(node, self.leaders[node].on_timer(t, key))
-            else:
-                ckind, key, dur, start = a
-                if ckind == "aggregate":
-                    if not self._round_done(node, b):
-                        continue
-                else:
-                    self._it(key[2]).compute_s += dur
-                if self.trace is not None:
-                    self._trace_compute(node, m, ckind, key, dur, start)
-                if ckind == "aggregate":
-                    self._step_done(node, key[1])
-                else:
-                    self._unpresume(node)
-                    self._apply(node, m.on_compute_done(t, key, ckind))
-                if self.observer is not None:
-                    self.observer(node, "done", (key, ckind))
-            if node in self.data and (node, m.iteration) not in self._done_at and m.iteration in m.reported:
-                self._done_at[(node, m.iteration)] = t  # its microbatches of the iteration are all settled
-                if len(self._active()) > 0:
-                    self._schedule_reflow(done=True)
+
+    def _on_crash(self, ev: Crash) -> None:
+        if ev.churn and self._spared(ev.node):
+            return
+        self._crash(ev.node)
+
+    def _on_rejoin(self, ev: Rejoin) -> None:
+        if self.options.joining == "machines":  # the crashed relay's machine is back: it asks the leader
+            self._restart_as_joiner(ev.node)
+        else:  # a joiner's download finished: it serves the iteration in training now
+            self._join_now(ev.node)
+
+    def _on_join_timer(self, ev: JoinTimer) -> None:
+        if self._tv.get((ev.node, ev.key)) == ev.version:
+            self._join_timer(ev.node, ev.key)
+
+    def _on_flow_event(self, ev: FlowDeliver | FlowTimer) -> None:
+        node = ev.node
+        if node in self.dead:
+            return
+        fm = self.fnodes[node]
+        cpu0 = time.process_time()
+        if type(ev) is FlowDeliver:
+            eff = fm.on_message(self.now, ev.sender, ev.msg)
+        elif self._ftv.get((node, ev.key)) == ev.version:
+            eff = fm.on_timer(self.now, ev.key)
+        else:
+            return
+        self.flow_cpu_s += time.process_time() - cpu0  # a metric only: it decides nothing
+        self._apply_flow(node, eff)
+        self._sync_flows(node)
+
+    def _on_deliver(self, ev: Deliver) -> None:
+        """A message to `node`: to its joining, aggregation phase, election or microbatch machine."""
+        node, sender, msg = ev.node, ev.sender, ev.msg
+        mt = type(msg)
+        if mt in JOIN_MSGS:
+            self._join_message(node, sender, msg)
+            return
+        if node in self.dead:
+            return
+        m = self.nodes[node].rec
+        self.events += 1
+        if self.observer is not None:
+            self.observer(node, "msg", (sender, msg))
+        if mt in PHASE_MSGS:
+            self._phase_message(node, sender, msg)
+        elif mt in LEADER_MSGS:
+            if self.nodes[node].leader is not None:
+                self._leader_event(node, self.nodes[node].leader.on_message(self.now, sender, msg))
+        else:
+            self._unpresume(node)
+            self._apply(node, m.on_message(self.now, sender, msg))
+        self._after_node_event(node, m)
+
+    def _on_machine_timer(self, ev: MachineTimer) -> None:
+        node = ev.node
+        if node in self.dead:
+            return
+        m = self.nodes[node].rec
+        self.events += 1
+        if self._tv.get((node, ev.key)) != ev.version:
+            return
+        component, key = ev.key
+        if component == "rec":
+            self._unpresume(node)
+            self._apply(node, m.on_timer(self.now, key))
+        elif component == "phase":
+            self._apply_phase(node, self.nodes[node].phases.on_timer(self.now, key))
+        else:
+            self._leader_event(node, self.nodes[node].leader.on_timer(self.now, key))
+        self._after_node_event(node, m)
+
+    def _on_compute_done(self, ev: ComputeDone) -> None:
+        node = ev.node
+        if node in self.dead:  # (a computation cut short by the crash is not counted)
+            return
+        m = self.nodes[node].rec
+        self.events += 1
+        if ev.kind == "aggregate":
+            if not self._round_done(node, ev.token):
+                return
+        else:
+            self._it(ev.key[2]).compute_s += ev.seconds
+        if self.trace is not None:
+            self._trace_compute(node, m, ev.kind, ev.key, ev.seconds, ev.start)
+        if ev.kind == "aggregate":
+            self._step_done(node, ev.key[1])
+        else:
+            self._unpresume(node)
+            self._apply(node, m.on_compute_done(self.now, ev.key, ev.kind))
+        if self.observer is not None:
+            self.observer(node, "done", (ev.key, ev.kind))
+        self._after_node_event(node, m)
+
+    def _after_node_event(self, node: str, m) -> None:
+        """A data node whose microbatches of its iteration are all settled: the time is noted, and the flows
+        of the data nodes still at work may be recomputed."""
+        if node in self.data and (node, m.iteration) not in self._done_at and m.iteration in m.reported:
+            self._done_at[(node, m.iteration)] = self.now
+            if len(self._active()) > 0:
+                self._schedule_reflow(done=True)
 
     def _on_gone(self, gone: str) -> None:
         """The membership layer tells every live node that `gone` is gone.  The aggregation phase always
@@ -527,17 +438,17 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         self.reported_gone.add(gone)
         self._placement_gone(gone)
         self._source_gone(gone)
-        if self.detect and self.machines:
+        if self.options.detect and self.machines:
             self._flow_gone(gone)
         for nid in sorted(self.nodes):
             if nid in self.dead or nid == gone:
                 continue
             nxt, prv = self._next_prev(nid)
-            self._apply_phase(nid, self.phases[nid].forget(self.now, gone, nxt, prv))
-            if self.detect:
-                self._apply(nid, self.nodes[nid].peer_gone(self.now, gone))
+            self._apply_phase(nid, self.nodes[nid].phases.forget(self.now, gone, nxt, prv))
+            if self.options.detect:
+                self._apply(nid, self.nodes[nid].rec.peer_gone(self.now, gone))
                 if nid in self.data:  # as the daemon: with its first stage empty, what needs it is given up
-                    self._apply(nid, self.nodes[nid].give_up_stranded(self.now))
+                    self._apply(nid, self.nodes[nid].rec.give_up_stranded(self.now))
         for d in self._live_data():
             if self._leading(d):
                 self._apply_phase(d, self._maybe_begin(d))

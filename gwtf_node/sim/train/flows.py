@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import random
 
-from ...protocol.effects import CancelTimer, Send, SetTimer
+from ...protocol.effects import Send
 from ...protocol.flow import FlowConfig, FlowNode, flows_formed
-from .events import Event
+from .events import FlowDeliver, Reflow
+from .interpret import interpret
 from .setting import (
     FLOW_CONVERGE_S, MICROBATCHES, Setting,
     initial_flows,
@@ -17,6 +18,28 @@ from .setting import (
 
 class FlowDriver:
     """Part of `TrainSim` (driver.py): one mechanism of the simulator, see the module docstring."""
+
+    def _init_flows(self) -> None:
+        """GWTF's flows: the flow machines (`protocol/flow/`), run in this virtual time (docs/sim_train.md), or the
+        optimum of the routing LP installed by an oracle (`routing="oracle"`, the model before the machines ran)."""
+        o, setting = self.options, self.setting
+        self.machines = o.machines
+        self.routing = o.routing if o.policy == "gwtf" else "greedy"
+        if self.machines:
+            self.flows = {}
+        else:
+            flows = o.scheduler.flows if o.routing == "dtfm" else o.flows
+            self.flows = flows if flows is not None else (initial_flows(setting) if o.policy == "gwtf" else {})
+        self.fnodes: dict[str, FlowNode] = {}
+        self._ftv: dict = {}
+        self._fstamp: dict[str, float] = {}
+        self._started: set[str] = set()
+        self.flow_messages = 0
+        self.flow_cpu_s = 0.0
+        self.formation: dict = {}
+        self.reflows = 0
+        self._lent = False
+        self._flow_members = dict(setting.relays)
 
     def _flow_cost(self, a: str, b: str) -> float:
         """d(a, b) of Equation 1 (ms), as `parse_scenario` computes it for `_scenario`'s links."""
@@ -36,23 +59,19 @@ class FlowDriver:
         cfg = FlowConfig(nid, st < 0, self.cap.get(nid, MICROBATCHES), tuple(self.data),
                          {j: self._flow_cost(nid, j) for j in sorted(nxt)},
                          {j: self._flow_cost(j, nid) for j in sorted(prv)}, peers, joined=joined,
-                         **self.flow_options)
-        fm = FlowNode(cfg, random.Random(f"{self.seed}:{nid}"))
+                         **self.options.flow_options)
+        fm = FlowNode(cfg, random.Random(f"{self.options.seed}:{nid}"))
         self.fnodes[nid] = fm
         self._fstamp[nid] = fm.stats.last_change
         return fm
 
     def _apply_flow(self, nid: str, effects: list) -> None:
-        """A flow machine's effects: control messages (the link's latency) and its own timers."""
-        for e in effects:
-            t = type(e)
-            if t is Send:
-                self.flow_messages += 1
-                self._push(self.now + self.net.link(nid, e.to)[0] / 1000.0, Event.FLOW_MSG, e.to, nid, e.msg)
-            elif t is SetTimer or t is CancelTimer:
-                self._timer(self._ftv, Event.FLOW_TIMER, nid, e)
-            else:
-                raise TypeError(f"unknown flow effect {e!r} from {nid}")
+        """A flow machine's effects (interpret.py): control messages (the link's latency) and its own timers."""
+        interpret(self, nid, "flow", effects)
+
+    def _send_flow(self, nid: str, e: Send) -> None:
+        self.flow_messages += 1
+        self._push(self.now + self.net.link(nid, e.to)[0] / 1000.0, FlowDeliver(e.to, nid, e.msg))
 
     def _sync_flows(self, nid: str) -> None:
         """Hand the node's microbatch machine its flow machine's flows when they changed (as the daemon's
@@ -63,17 +82,17 @@ class FlowDriver:
             self._fstamp[nid] = fm.stats.last_change
         if nid in self._started:
             if changed:
-                self._apply(nid, self.nodes[nid].set_flows(fm.out, now=self.now))
+                self._apply(nid, self.nodes[nid].rec.set_flows(fm.out, now=self.now))
             return
         placed = sum(fm.out.get(nid, {}).values())
         quiet = self.now - fm.stats.last_change
         if flows_formed(placed, fm.cfg.capacity, quiet, self.now):
             self._started.add(nid)
-            self.nodes[nid].set_flows(fm.out)
-            if nid in self.data and self.pause_empty:  # iteration 0 too waits for every stage (churn.py)
+            self.nodes[nid].rec.set_flows(fm.out)
+            if nid in self.data and self.options.pause_empty:  # iteration 0 too waits for every stage (churn.py)
                 self._open_or_pause(nid, 0)
             else:
-                self._apply(nid, self.nodes[nid].start(self.now))
+                self._apply(nid, self.nodes[nid].rec.start(self.now))
 
     def _flow_gone(self, gone: str) -> None:
         """The membership layer reports `gone`: every live flow machine linked to it removes it (the daemon's
@@ -112,32 +131,32 @@ class FlowDriver:
     def _settle_s(self) -> float:
         """How long after a change the new flows are in place: the flow machines' convergence (oracle), or
         DT-FM's recomputation (its CPU time)."""
-        return self.scheduler.delay_s if self.routing == "dtfm" else FLOW_CONVERGE_S
+        return self.options.scheduler.delay_s if self.routing == "dtfm" else FLOW_CONVERGE_S
 
     def _schedule_reflow(self, done: bool = False) -> None:
         """A change the flow machines see now (a crash, joiners, a data node done): they settle FLOW_CONVERGE_S
         later on what they saw now.  DT-FM's schedule: only a crash counts (not a data node done: a static
         schedule does not lend), recomputed once the membership layer reported it (`detect_s`)."""
-        if self.policy != "gwtf" or not self.reflow:
+        if self.options.policy != "gwtf" or not self.options.reflow:
             return
         if self.routing == "dtfm":
             if not done:
-                self._push(self.now + self.detect_s + self._settle_s(), Event.REFLOW, "", None, None)
+                self._push(self.now + self.options.detect_s + self._settle_s(), Reflow())
             return
-        self._push(self.now + FLOW_CONVERGE_S, Event.REFLOW, "", self._live_members(), None)
+        self._push(self.now + FLOW_CONVERGE_S, Reflow(self._live_members()))
 
     def _active(self) -> tuple[str, ...]:
         """Data nodes with microbatches of their current iteration left (or already in the next one)."""
-        top = max(self.nodes[d].iteration for d in self._live_data())
+        top = max(self.nodes[d].rec.iteration for d in self._live_data())
         return tuple(d for d in self._live_data()
-                     if self.nodes[d].iteration < top or self.nodes[d].iteration not in self.nodes[d].reported)
+                     if self.nodes[d].rec.iteration < top or self.nodes[d].rec.iteration not in self.nodes[d].rec.reported)
 
     def _on_reflow(self, members: dict | None) -> None:
         if self.routing == "dtfm":  # the recomputation sees the members as they are when it completes
             self._install(self._live_members(), self._live_data())
             return
         active = self._active()
-        done_at = [self._done_at.get((d, self.nodes[d].iteration)) for d in self._live_data() if d not in active]
+        done_at = [self._done_at.get((d, self.nodes[d].rec.iteration)) for d in self._live_data() if d not in active]
         if any(t is None or t > self.now - FLOW_CONVERGE_S + 1e-9 for t in done_at):
             active = self._live_data() if done_at else active  # a data node's demand went to 0 too recently to be seen
         self._install(members, active)
@@ -147,7 +166,7 @@ class FlowDriver:
         if any(not any(s == k for s, _ in members.values()) for k in range(self.S)):
             return  # a stage with no relay: no flow at all; the nodes keep their local repairs
         if self.routing == "dtfm":
-            flows = self.scheduler.reflows(members, active, self.S)
+            flows = self.options.scheduler.reflows(members, active, self.S)
         else:
             flows = initial_flows(Setting(self.setting.name, members, self.net), active)
         self.reflows += 1
@@ -155,4 +174,4 @@ class FlowDriver:
         self._lent = tuple(active) != self._live_data()
         for nid in sorted(self.nodes):
             if nid not in self.dead:
-                self._apply(nid, self.nodes[nid].set_flows(flows.get(nid, {}), now=self.now))
+                self._apply(nid, self.nodes[nid].rec.set_flows(flows.get(nid, {}), now=self.now))

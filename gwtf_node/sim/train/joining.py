@@ -52,12 +52,13 @@ the first other member of its stage's group (`Joining.resync`).
 
 from __future__ import annotations
 
-from ...protocol.effects import CancelTimer, Send, SetTimer
+from ...protocol.effects import Send
 from ...protocol.membership import (
     INITIAL, JoinerConfig, JoinerMachine, MembershipConfig, MembershipMachine, link_report,
 )
 from ...protocol.messages import Assignment, JoinRequest, StageStateRequest, UtilizationQuery, UtilizationReport
-from .events import Event
+from .events import JoinLookup, Reflow, StateArrives
+from .interpret import interpret
 from .setting import STAGE_STATE_MB
 
 JOIN_MSGS = (JoinRequest, UtilizationQuery, UtilizationReport, Assignment, StageStateRequest)
@@ -68,6 +69,21 @@ LEADER_LOOKUP_S = 1.0  # a joiner looks the leader up this often until it is pla
 
 class JoinDriver:
     """Part of `TrainSim` (driver.py): one mechanism of the simulator, see the module docstring."""
+
+    def _init_joining(self) -> None:
+        self.joiners: dict = {}  # joining.py: joiner id -> its JoinerMachine, until it comes in
+        self._joiner_cap: dict[str, int] = {}
+        self.joiner_count = 0
+        self.join_stats = {"asked": 0, "placed": 0, "loaded": 0, "in": 0}
+        self.placement: dict = {}  # acting leader -> its MembershipMachine
+        self._dht_leader: str | None = None  # the leader record in the DHT: the last data node that took office
+        self._state_waits: dict[str, list] = {}  # source -> state requests it holds (asker, steps)
+        self._join_source: dict[str, str] = {}  # placed joiner -> the member it asked for the stage state
+        self._resync_for: dict[tuple[str, str], int] = {}  # (node, source) -> the iteration it resyncs after
+        self._ready_at_open: list = []  # joiners ready during an aggregation: they come in at the next open
+        self.pending_joins: list[tuple[float, str, int, int]] = []
+        self.joins = 0
+        self.resyncs = 0
 
     # ---------------------------------------------------------------- the joiner
     def _restart_as_joiner(self, old: str) -> None:
@@ -99,7 +115,7 @@ class JoinDriver:
     def _join_links(self, nid: str) -> tuple[tuple[str, float], ...]:
         """What a joiner tells the leader of its links (`JoinRequest.link_costs`, as `Joining.join`): the Equation
         1 cost of its link to each live node it measured (every data node and relay here), sorted by peer id."""
-        if not self.join_links:
+        if not self.options.join_links:
             return ()
         relays = {r for r in self.stage if r not in self.dead and r not in self.data and r != nid}
         peers = set(self._live_data()) | relays
@@ -109,7 +125,7 @@ class JoinDriver:
         """What a serving relay tells the leader of its links (`UtilizationReport.link_costs`, as
         `Joining.on_utilization_query`): the Equation 1 costs of its flow machine's links, by peer id."""
         fm = self.fnodes.get(nid)
-        if not self.join_links or fm is None:
+        if not self.options.join_links or fm is None:
             return ()
         return link_report({p: round(c, 3) for p, c in {**fm.cfg.prev_costs, **fm.cfg.next_costs}.items()})
 
@@ -121,20 +137,16 @@ class JoinDriver:
         lead = self._dht_leader if self._dht_leader not in self.reported_gone else None
         if lead is not None and lead != jm.leader:
             self._apply_join(nid, "joiner", jm.set_leader(self.now, lead))
-        self._push(self.now + LEADER_LOOKUP_S, Event.JOIN_LOOKUP, nid, None, None)
+        self._push(self.now + LEADER_LOOKUP_S, JoinLookup(nid))
 
     def _apply_join(self, nid: str, component: str, effects: list) -> None:
-        """A joiner's or a leader's membership machine's effects: control messages and timers."""
-        for e in effects:
-            t = type(e)
-            if t is Send:
-                if component == "joiner" and type(e.msg) is StageStateRequest:
-                    continue  # (sent by `_take_assignment`, as the daemon's `_fetch_state`)
-                self._send(nid, e)
-            elif t is SetTimer or t is CancelTimer:
-                self._timer(self._tv, Event.JOIN_TIMER, nid, e, component)
-            else:
-                raise TypeError(f"unknown effect {e!r} from {nid}'s {component} machine")
+        """A joiner's or a leader's membership machine's effects (interpret.py): control messages and timers."""
+        interpret(self, nid, component, effects)
+
+    def _send_joiner(self, nid: str, e: Send) -> None:
+        if type(e.msg) is StageStateRequest:
+            return  # (sent by `_take_assignment`, as the daemon's `_fetch_state`)
+        self._send(nid, e)
 
     def _join_timer(self, nid: str, key: tuple) -> None:
         component, name = key
@@ -202,7 +214,7 @@ class JoinDriver:
     # ---------------------------------------------------------------- the state hand-over
     def _state_request(self, src: str, to: str, stage: int, after: int) -> None:
         """`to` asks `src` for `stage`'s state with at least `after` steps: answered once `src` applied them."""
-        if src in self.dead or self.stage.get(src) != stage or src not in self.phases:
+        if src in self.dead or self.stage.get(src) != stage or src not in self.nodes:
             return  # (the daemon refuses it; the asker waits)
         self._state_waits.setdefault(src, []).append((to, after))
         self._serve_state(src)
@@ -212,7 +224,7 @@ class JoinDriver:
         waits = self._state_waits.get(src)
         if not waits or src in self.dead:
             return
-        steps = self.phases[src].applied
+        steps = self.nodes[src].phases.applied
         keep = []
         for to, after in waits:
             if steps < after:
@@ -223,7 +235,7 @@ class JoinDriver:
             start = max(self.now, self._link_free.get(link, 0.0))
             self._link_free[link] = start + dur - self.net.link(src, to)[0] / 1000.0
             arrive = start + dur + self._hash_checks_s(to, src, self.stage[src])
-            self._push(arrive, Event.STATE, to, steps, src)
+            self._push(arrive, StateArrives(to, steps, src))
         self._state_waits[src] = keep
 
     def _hash_checks_s(self, nid: str, src: str, stage: int) -> float:
@@ -241,8 +253,8 @@ class JoinDriver:
         it = self._resync_for.pop((nid, src), None)
         if it is not None and nid not in self.dead:
             nxt, prv = self._next_prev(nid)
-            self._apply(nid, self.nodes[nid].aggregation_done(self.now, it))
-            self._apply_phase(nid, self.phases[nid].resynced(self.now, steps, nxt, prv))
+            self._apply(nid, self.nodes[nid].rec.aggregation_done(self.now, it))
+            self._apply_phase(nid, self.nodes[nid].phases.resynced(self.now, steps, nxt, prv))
             self._serve_state(nid)
 
     def _state_loaded(self, nid: str, steps: int) -> None:
@@ -260,7 +272,7 @@ class JoinDriver:
         member of the stage's group (or a stage peer)."""
         self.resyncs += 1
         stage = self.stage[nid]
-        group = self.phases[nid].group(it, stage) or set()
+        group = self.nodes[nid].phases.group(it, stage) or set()
         sources = sorted(p for p in group if p != nid) or sorted(self._peers(stage, nid))
         if sources:
             self._send(nid, Send(sources[0], StageStateRequest(stage, it + 1)))
@@ -275,8 +287,8 @@ class JoinDriver:
         for d, pm in self.placement.items():
             if d not in self.dead:
                 pm.add_member(nid, stage)
-        if self.policy == "gwtf" and self.reflow:  # oracle routing: the optimum with the joiner, once settled
-            self._push(self.now + self._settle_s(), Event.REFLOW, "", self._live_members(), None)
+        if self.options.policy == "gwtf" and self.options.reflow:  # oracle routing: the optimum with the joiner, once settled
+            self._push(self.now + self._settle_s(), Reflow(self._live_members()))
 
     def _ready_joiners_at_open(self) -> None:
         ready, self._ready_at_open = self._ready_at_open, []
@@ -285,7 +297,7 @@ class JoinDriver:
 
     # ---------------------------------------------------------------- the leader
     def _placement_iteration(self, nid: str) -> int:
-        ph = self.phases[nid]
+        ph = self.nodes[nid].phases
         return max(ph.iteration, max(ph.begun, default=-1) + 1)
 
     def _leadership_changed(self, nid: str) -> None:
@@ -293,7 +305,7 @@ class JoinDriver:
         leading = self._leading(nid)
         if leading and nid not in self.placement:
             pm = MembershipMachine(MembershipConfig(nid, self.S, query_interval_s=QUERY_INTERVAL_S),
-                                   self.leaders[nid].term, self._placement_iteration(nid))
+                                   self.nodes[nid].leader.term, self._placement_iteration(nid))
             for r in sorted(self.nodes):
                 if r not in self.data and r not in self.dead and r not in self.reported_gone:
                     pm.add_member(r, self.stage[r])
@@ -315,7 +327,7 @@ class JoinDriver:
 
 def joining_report(sim) -> dict:
     rep = dict(sim.join_stats)
-    rep["stuck"] = sim._stuck_joiners() if sim.joining == "machines" else 0
+    rep["stuck"] = sim._stuck_joiners() if sim.options.joining == "machines" else 0
     rep["waiting"] = len(sim.joiners) - rep["stuck"]
     return rep
 

@@ -76,7 +76,7 @@ class Reporting:
         """(lost, deferred, completed twice) over the closed iterations."""
         lost = deferred = twice = 0
         for d in self.data:
-            led = self.nodes[d].ledger
+            led = self.nodes[d].rec.ledger
             for it, row in led.entries.items():
                 if it >= iterations or it >= self.data_crashed.get(d, math.inf):
                     continue  # (a crashed data node's open iteration died with it, its ledger too)
@@ -93,7 +93,7 @@ class Reporting:
         per = []
         for it in range(iterations):
             st = self.iters.get(it)
-            completed = sum(self.nodes[d].ledger.counts(it)["completed"] for d in self.data
+            completed = sum(self.nodes[d].rec.ledger.counts(it)["completed"] for d in self.data
                             if self.data_crashed.get(d, math.inf) > it)
             alive = [d for d in self.data if self.data_crashed.get(d, math.inf) > it]
             if st is None or any(d not in st.closed for d in alive):
@@ -119,16 +119,16 @@ class Reporting:
 
         stats = {k: 0 for k in ("reroutes", "denies_sent", "deferred", "probes", "recovers", "resends", "restarts",
                                 "gave_up", "presumed_dead", "stale")}
-        for m in self.nodes.values():
+        for n in self.nodes.values():
             for k in stats:
-                stats[k] += getattr(m.stats, k)
+                stats[k] += getattr(n.rec.stats, k)
         phase_stats = {"resent": 0, "duplicates": 0, "refused_not_leading": 0, "out_of_step": 0}
-        for ph in self.phases.values():
+        for n in self.nodes.values():
             for k in phase_stats:
-                phase_stats[k] += getattr(ph.stats, k)
+                phase_stats[k] += getattr(n.phases.stats, k)
         phase_stats.update(elections=self.elections, resyncs=self.resyncs, dropped=self.dropped)
         return {
-            "setting": self.setting.name, "policy": self.policy, "churn": self.churn, "seed": self.seed,
+            "setting": self.setting.name, "policy": self.options.policy, "churn": self.options.churn, "seed": self.options.seed,
             "iterations": iterations,
             "time_per_microbatch_s": mean("time_per_microbatch_s"),
             "throughput_per_iteration": statistics.fmean([p["completed"] for p in per]) if per else 0.0,

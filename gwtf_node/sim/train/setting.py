@@ -1,5 +1,5 @@
-"""The Table II setting: stages, relays and capacities, links, compute times, the optimal flows (the package
-docstring says what is modelled and why)."""
+"""The Table II setting: stages, relays and capacities, links, compute times, the optimal flows
+(docs/sim_train.md says what is modelled and why)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ ACTIVATION_MB = 8.0 * 1.048576 * 32  # 8 MiB x 32, in MB
 STAGE_STATE_MB = 38e6 * 4 * 3 / 1e6  # weights + Adam moments of 3 blocks, fp32 (RELAY_PARAMS below)
 PROFILE_FILE = Path(__file__).resolve().parents[2] / "data" / "stage_profile.json"  # scripts/profile_stages.py
 _RATIO = json.loads(PROFILE_FILE.read_text())["ratio_to_relay_forward"]
-FORWARD_S = 0.35  # the anchor: a relay stage's forward on the paper's GPU (module docstring)
+FORWARD_S = 0.35  # the anchor: a relay stage's forward on the paper's GPU (docs/sim_train.md)
 BACKWARD_S = FORWARD_S * _RATIO["relay_backward"]
 DATA_FWD_S = FORWARD_S * _RATIO["data_forward"]
 DATA_LOSS_S = FORWARD_S * _RATIO["data_loss"]
@@ -56,7 +56,7 @@ LINKS_FILE = Path(__file__).resolve().parents[2] / "data" / "geo12-links.json"  
 SILENCE_S = DAEMON_DETECT_S - 1.0  # the daemon's DEAD_AFTER_S: a peer silent this long is no longer heard
 PRIOR_RULES = ("links", "modelled")  # the recovery machines' timing priors: the daemon's rule, or TrainSim._prior's model
 ROUTINGS = ("machines", "oracle", "dtfm")  # dtfm: DT-FM's static schedule (`sim/schedule/`)
-SWARM_REACTIONS = ("membership", "timeouts")  # what makes a SWARM data node restart a microbatch (module docstring)
+SWARM_REACTIONS = ("membership", "timeouts")  # what makes a SWARM data node restart a microbatch (docs/sim_train.md)
 # The flow machines run with the defaults of protocol/flow/, as in the daemon: with two data nodes free-running labels with
 # ordered launches, relabelling and cross displacement.  (Before ordered launches coalesced free-running labels, they
 # fell into a CostAnnounce storm after some crash sequences, e.g. seed 1, homogeneous, 20% churn: 800k messages

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from ...protocol.recovery import RecoveryNode
 from .driver import TrainSim
+from .options import TrainSimOptions
 
 
 class TaskPoolNode(RecoveryNode):
@@ -77,12 +78,12 @@ class TaskPoolSim(TrainSim):
 
     machine_class = TaskPoolNode
 
-    def __init__(self, setting, policy: str, churn: float, seed: int, **options) -> None:
-        if policy != "taskpool":
-            raise ValueError(f"TaskPoolSim runs the task pool, not {policy!r}")
-        if options.get("routing", "machines") not in ("machines",) or options.get("flows") is not None:
+    def __init__(self, setting, options: TrainSimOptions) -> None:
+        if options.policy != "taskpool":
+            raise ValueError(f"TaskPoolSim runs the task pool, not {options.policy!r}")
+        if options.routing != "machines" or options.flows is not None:
             raise ValueError("the task pool has no flows: no routing or flows option applies")
-        super().__init__(setting, policy, churn, seed, **options)
+        super().__init__(setting, options)
         self.routing = "pool"
 
     def machine_policy(self) -> str:
