@@ -276,7 +276,9 @@ def _flow_reply(msg: m.FlowReply, ctx: Context) -> Problem | None:
 
 
 def _launch_bid(msg: m.LaunchBid, ctx: Context) -> Problem | None:
-    return _cost(msg.cost, "LaunchBid cost", negative_ok=True)  # the data node's OUT label: residual, either sign
+    return _cost(msg.cost, "LaunchBid cost", negative_ok=True) \
+        or _items(msg.feeds, "LaunchBid feeds") \
+        or _first(*(_strings(f.data_node, f.relay) for f in msg.feeds))  # cost: the OUT label, residual, either sign
 
 
 def _relabel_cost(msg: m.RelabelCost, ctx: Context) -> Problem | None:

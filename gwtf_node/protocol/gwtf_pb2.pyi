@@ -156,15 +156,25 @@ class Reroute(_message.Message):
     to: str
     def __init__(self, commodity: _Optional[str] = ..., to: _Optional[str] = ...) -> None: ...
 
+class BidFeed(_message.Message):
+    __slots__ = ("data_node", "relay")
+    DATA_NODE_FIELD_NUMBER: _ClassVar[int]
+    RELAY_FIELD_NUMBER: _ClassVar[int]
+    data_node: str
+    relay: str
+    def __init__(self, data_node: _Optional[str] = ..., relay: _Optional[str] = ...) -> None: ...
+
 class LaunchBid(_message.Message):
-    __slots__ = ("data_node", "seq", "cost")
+    __slots__ = ("data_node", "seq", "cost", "feeds")
     DATA_NODE_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     COST_FIELD_NUMBER: _ClassVar[int]
+    FEEDS_FIELD_NUMBER: _ClassVar[int]
     data_node: str
     seq: int
     cost: float
-    def __init__(self, data_node: _Optional[str] = ..., seq: _Optional[int] = ..., cost: _Optional[float] = ...) -> None: ...
+    feeds: _containers.RepeatedCompositeFieldContainer[BidFeed]
+    def __init__(self, data_node: _Optional[str] = ..., seq: _Optional[int] = ..., cost: _Optional[float] = ..., feeds: _Optional[_Iterable[_Union[BidFeed, _Mapping]]] = ...) -> None: ...
 
 class Relabel(_message.Message):
     __slots__ = ("from_commodity", "to_commodity")

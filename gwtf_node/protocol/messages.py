@@ -95,17 +95,34 @@ class Reroute:
 
 
 @dataclass(frozen=True, slots=True)
+class BidFeed:
+    """The sender of a LaunchBid takes `data_node`'s bids from `relay` only (the other relays keep them)."""
+
+    data_node: str
+    relay: str
+
+
+@dataclass(frozen=True, slots=True, repr=False)
 class LaunchBid:
     """Data node `data_node`'s next launch would cost `cost` (its OUT label; INF: it will not launch).
 
     Sent by a data node to its first-stage relays, which pass it on, once per
     `seq`, to their other data-node neighbours: with several data nodes the
-    cheapest launch goes first ("Ordered launches" in flow/bids.py).
+    cheapest launch goes first ("Ordered launches" in flow/bids.py).  `feeds`
+    names, per other data node, the one relay that passes that data node's
+    bids on to the sender (a data node not named: every relay does).
     """
 
     data_node: str
     seq: int
     cost: float
+    feeds: tuple[BidFeed, ...] = ()
+
+    def __repr__(self) -> str:  # without feeds as before they existed (traces hash the repr)
+        if not self.feeds:
+            return f"LaunchBid(data_node={self.data_node!r}, seq={self.seq!r}, cost={self.cost!r})"
+        return (f"LaunchBid(data_node={self.data_node!r}, seq={self.seq!r}, cost={self.cost!r}, "
+                f"feeds={self.feeds!r})")
 
 
 @dataclass(frozen=True, slots=True)

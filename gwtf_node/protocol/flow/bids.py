@@ -13,6 +13,18 @@ arrive); its bid is frozen while its launch is out, so the others wait for
 it.  A lower bid unchanged for `bid_patience_rounds` stops holding others back
 (its data node may be stuck or gone).  Bids go out at most every
 `path_announce_s` (a flapping OUT label).
+
+One copy per bid.  Two data nodes share many first-stage relays (all of them
+in Table VI), and each would pass every bid on: a data node would hear each
+bid once per shared relay.  So a data node picks, per other data node, the
+relay whose copy of its bids came first (`BidState.feeds`: the fastest path)
+and names it in its own bids (`LaunchBid.feeds`); a relay passes a bid on to a
+data node only when that data node named it for the bid's origin, or named no
+relay for it (at start, after a change, an older node: every relay passes it
+on, as before).  The choice rides on the bids the data node sends anyway (a
+bid of its own only for it would reset the others' patience).  A data node
+that loses its feed relay forgets the choice (`neighbour_removed`), which its
+next bid tells, and picks again from the copies that then come.
 """
 
 from __future__ import annotations
@@ -21,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..effects import Effect, Send, SetTimer
-from ..messages import INF, LaunchBid
+from ..messages import INF, BidFeed, LaunchBid
 from .state import EPS
 
 if TYPE_CHECKING:
@@ -37,6 +49,8 @@ class BidState:
     others: dict[str, tuple[int, float, float]] = field(default_factory=dict)  # data node: (seq, cost, heard at)
     seen_seq: dict[str, int] = field(default_factory=dict)  # relay: the newest seq passed on per data node
     seen_cost: dict[str, float] = field(default_factory=dict)  # relay: its cost (relabelling waits for all INF)
+    feeds: dict[str, str] = field(default_factory=dict)  # data node: origin -> the relay that passes its bids on
+    wants: dict[str, dict[str, str]] = field(default_factory=dict)  # relay: data node -> its `feeds`
 
 
 def update_bid(node: FlowNode, now: float, eff: list[Effect]) -> None:
@@ -58,10 +72,11 @@ def update_bid(node: FlowNode, now: float, eff: list[Effect]) -> None:
         eff.append(SetTimer("bid", node.bid.sent_at + node.cfg.path_announce_s))
         return
     node.bid.seq += 1
+    feeds = tuple(BidFeed(o, r) for o, r in sorted(node.bid.feeds.items()))
     node.bid.cost, node.bid.sent_at = cost, now
     if node.bid.first_at is None:
         node.bid.first_at = now
-    msg = LaunchBid(d, node.bid.seq, cost)
+    msg = LaunchBid(d, node.bid.seq, cost, feeds)
     for j in sorted(node.cfg.next_costs):
         eff.append(Send(j, msg))
 
@@ -92,19 +107,35 @@ def my_turn(node: FlowNode, now: float, eff: list[Effect]) -> bool:
 def on_launch_bid(node: FlowNode, now: float, sender: str, msg: LaunchBid, eff: list[Effect]) -> None:
     """A data node hears another's bid; a relay passes a bid on, once per seq, to its data-node neighbours."""
     origin = msg.data_node
-    if node.cfg.is_data:
+    cfg = node.cfg
+    if cfg.is_data:
+        if origin != cfg.node_id and origin not in node.bid.feeds and sender in cfg.next_costs:
+            node.bid.feeds[origin] = sender  # the first copy: its relay passes the origin's bids on from now on
         old = node.bid.others.get(origin)
-        if origin == node.cfg.node_id or (old is not None and msg.seq <= old[0]):
+        if origin == cfg.node_id or (old is not None and msg.seq <= old[0]):
             node.idle = True
             return
         node.bid.others[origin] = (msg.seq, msg.cost, now)
         return
     node.idle = True
+    if sender == origin:
+        node.bid.wants[origin] = {f.data_node: f.relay for f in msg.feeds}
     if msg.seq <= node.bid.seen_seq.get(origin, 0):
         return
     node.bid.seen_seq[origin] = msg.seq
     node.bid.seen_cost[origin] = msg.cost
-    cms = node.cfg.commodities
-    targets = {p for p in node.cfg.prev_costs if p in cms} | {j for j in node.cfg.next_costs if j in cms}
+    cms = cfg.commodities
+    me = cfg.node_id
+    targets = {p for p in cfg.prev_costs if p in cms} | {j for j in cfg.next_costs if j in cms}
+    wants = node.bid.wants
     for p in sorted(targets - {sender, origin}):
-        eff.append(Send(p, msg))
+        feed = wants.get(p, {}).get(origin)
+        if feed is None or feed == me:
+            eff.append(Send(p, msg))
+
+def neighbour_removed(node: FlowNode, peer: str) -> None:
+    """`peer` left: a data node forgets it as a feed (its next bid names none: every relay passes those bids
+    on until it picks again); a relay forgets a data node's feeds."""
+    node.bid.wants.pop(peer, None)
+    for o in [o for o, r in node.bid.feeds.items() if r == peer]:
+        del node.bid.feeds[o]

@@ -337,6 +337,7 @@ class FlowNode:
         self.bid.seen_seq.pop(d, None)
         self.bid.seen_cost.pop(d, None)
         self.bid.others.pop(d, None)
+        self.bid.wants.pop(d, None)
         self.relabelling.refused.pop(d, None)
         announce.refresh(self, (d,), eff)
         units.act(self, now, eff)
@@ -389,6 +390,7 @@ class FlowNode:
         cfg = self.cfg
         self.stash.pop(peer, None)
         self.bid.seen_cost.pop(peer, None)  # a data node gone: its last bid must not hold relabelling back
+        bids.neighbour_removed(self, peer)
         self.relabelling.refused.pop(peer, None)
         if peer not in cfg.next_costs and peer not in cfg.prev_costs and peer not in cfg.peers:
             return eff
