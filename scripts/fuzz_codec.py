@@ -17,7 +17,7 @@ printed with the input that caused it, and the exit status is 1.
     python scripts/fuzz_codec.py --inputs 100000 --seed 0
 
 prints, per message type, the inputs tried, how many decoded and how many
-were refused, then the number of escapes.  tests/test_fuzz_codec.py uses the
+were refused, then the number of escapes.  tests/protocol/test_fuzz_codec.py uses the
 same generators under Hypothesis.
 """
 

@@ -7,7 +7,12 @@ inside the test function, and state machines), `multiprocess` for tests that sta
 the rest.  A multi-process test is also `slow`.  The markers are set here at
 collection, so a test module needs no marker of its own to be in its tier.
 
-The suite runs in two pytest-xdist workers (`-n 2 --dist loadgroup`, the
+The tests sit in one directory per layer (protocol, model, sim, runtime,
+swarm, lab, repo) and share the helpers of the `support` package; the layer
+directories are on `sys.path`, so a test module may import a helper of a
+test module of another layer by its name.
+
+The suite runs in three pytest-xdist workers (`-n 3 --dist loadgroup`, the
 README's test command): tests that share a fixture wider than one test (a
 module's swarm) get one `xdist_group`, so that they run in one worker and the
 fixture is set up once.  The slow tests are collected first, so that the fast
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 import types
 from pathlib import Path
 
@@ -46,6 +52,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 SWARM_STARTERS = (local.LocalSwarm, local.run_local)  # what makes a test multi-process
 TESTS_DIR = Path(__file__).resolve().parent
+LAYER_DIRS = sorted(d for d in TESTS_DIR.iterdir() if d.is_dir() and any(d.glob("test_*.py")))
+sys.path[1:1] = [str(d) for d in LAYER_DIRS if str(d) not in sys.path]
 
 
 def _code_objects(code: types.CodeType):
@@ -56,9 +64,10 @@ def _code_objects(code: types.CodeType):
 
 
 def _is_test_helper(func) -> bool:
-    """Whether `func` is defined in a module of tests/ (a shared helper such as restartutil's swarm builders)."""
+    """Whether `func` is defined in a module under tests/ (a shared helper such as restartutil's swarm builders,
+    or a helper of another test module)."""
     path = getattr(getattr(func, "__code__", None), "co_filename", "")
-    return Path(path).resolve().parent == TESTS_DIR
+    return TESTS_DIR in Path(path).resolve().parents
 
 
 def uses_any(func, targets: tuple, namespace: dict, _seen: set | None = None) -> bool:

@@ -12,7 +12,7 @@ indices (`Gradients.ALIGNED`) or from its own Top-K at `backward[i]`
 (`Gradients.TOPK`).  A ratio whose sparse payload would not be smaller than
 the dense tensor leaves that crossing dense (`adatopk.kept_count`), as on the
 wire.  With the ratios the senders of a swarm chose, centralized training
-with these crossings is what that swarm computes (tests/test_compression_swarm.py),
+with these crossings is what that swarm computes (tests/swarm/test_compression_swarm.py),
 and it measures the loss of a compression rule without starting a swarm
 (`scripts/bench_compression.py --centralized`).  With a bf16 wire the
 tensors at the crossings are the bfloat16 ones the parts hand out

@@ -14,7 +14,7 @@ weights in float32 whatever the precision:
   summed vector and `.grad`, 8 P, and AdamW's temporaries,
   `step_temporaries`) and, on the CPU, the checkpoint (the state's bytes,
   parameters and optimizer state, and the parameter vector: 16 P with
-  AdamW, measured with tests/memprobe.py);
+  AdamW, measured with tests/support/memprobe.py);
 * optimizer state: AdamW's two moments (8 P), SGD's momentum buffer (4 P
   when momentum > 0, else nothing);
 * activations: every in-flight microbatch keeps the autograd graph of one
@@ -28,7 +28,7 @@ weights in float32 whatever the precision:
   storages saved for backward (`torch.autograd.graph.saved_tensors_hooks`,
   parameters left out) of one and two layers at eight shapes and three
   (B, T) pairs on the CPU (sdpa attention), and predict every one of them
-  exactly (tests/test_memory.py checks other shapes, GQA and Qwen2's biases).
+  exactly (tests/runtime/test_memory.py checks other shapes, GQA and Qwen2's biases).
   Under `bf16-mixed` (autocast to bfloat16 around the forward, measured
   with CPU autocast) a layer saves 30 H + 8 I + 4 KV + 4 heads + 8 bytes
   (LLaMA) or 20 H + 10 I + 4 heads + 16 (GPT-2) per token, *plus* the

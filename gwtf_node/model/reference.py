@@ -27,7 +27,7 @@ Precision (`precision.py`): the chain calls the very `StageModel` methods a
 node calls, and those cast what they hand out to the run's wire dtype and run
 their forward computations under the run's autocast, so the centralized
 chain meets the casts of a bf16 wire at the crossings, where the swarm's
-links are, and the same autocast (tests/test_precision_swarm.py: equal
+links are, and the same autocast (tests/swarm/test_precision_swarm.py: equal
 losses, and final parameters equal bit for bit).
 
 The loss of an iteration is the mean of its microbatch losses (each the mean

@@ -8,7 +8,7 @@ is exercised by the code that the daemon runs.
 
 Conversion is driven by the schema rather than written out per message: a
 dataclass and the proto message of the same name have the same field names
-(tests/test_protos.py checks it), and each field converts by its proto type.
+(tests/protocol/test_protos.py checks it), and each field converts by its proto type.
 Enums map by `_ENUMS` (proto `Outcome` is the Python `Reply`); a repeated
 `PeerCost` is a tuple of `(peer, cost)` pairs; a singular message field is
 optional (`None` when absent); a repeated field is a tuple.  Adding a field

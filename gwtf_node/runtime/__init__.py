@@ -1,7 +1,7 @@
 """The daemon's runtime (trio, libp2p, torch), in five rooms.
 
 Each room imports only from the rooms listed before it (and from protocol/,
-model/ and the libraries); `tests/test_layering.py` checks the arrows:
+model/ and the libraries); `tests/repo/test_layering.py` checks the arrows:
 
 * `ops/`   - what an operator and the start-up touch, about no peer: start-up
              errors and the state directory's lock (`startup`, `statedir`),

@@ -239,7 +239,7 @@ class FlowRun:
         return [o for o in sorted(self.nodes) if o != nid and _sides(self.scenario, o, nid)]
 
     def partition(self, nid: str, detect_s: float = 6.0) -> None:
-        """Cut `nid` off (the daemon's partition: tests/test_partition_lab.py): every message between it and the
+        """Cut `nid` off (the daemon's partition: tests/lab/test_partition_lab.py): every message between it and the
         others is lost from now on, also those in flight; `detect_s` later (the liveness check) it and every
         node linked to it remove each other.  It keeps running on its own."""
         self.cut.add(nid)

@@ -50,7 +50,7 @@ machines with their messages (units.py), never recomputed globally.
   again at the new cost (`remove_neighbour`, `add_neighbour`): the units on it
   are withdrawn downstream and re-routed upstream, the data node re-places
   them with a new wave, and the link is one candidate among the others at its
-  new cost.  Measured on settings 1 and 5 (`tests/test_flow_membership.py`):
+  new cost.  Measured on settings 1 and 5 (`tests/protocol/test_flow_membership.py`):
   the re-formed flows end within a few percent of the new optimum, where
   `set_cost` alone, or with the improvement moves after it, left 9-84 % above.
 

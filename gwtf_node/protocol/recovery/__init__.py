@@ -30,7 +30,7 @@ and answer.  Three rules make that safe:
    answers).  Every firing either sees progress, orders a repair, or, after
    `MAX_ROUNDS` rounds, gives the attempt up (DEFERRED).  So nothing is
    pending forever: no lost microbatch and no stalled iteration, whatever
-   the crash schedule (tests/test_recovery.py checks it over random
+   the crash schedule (tests/protocol/test_recovery.py checks it over random
    schedules with Hypothesis).
 3. *Recovery decisions are made by the data node, from a snapshot.*  Every
    relay that takes a microbatch tells its data node (`MbState`, a small

@@ -47,7 +47,7 @@ counted as BAD_RECORD, like any refused record).  Whoever answers the dial is
 then authenticated by Noise and admitted by the certificate in its Hello.
 
 Everything here is a pure function of its arguments (the time is handed in),
-tested without a network (tests/test_records.py).
+tested without a network (tests/runtime/test_records.py).
 """
 
 from __future__ import annotations

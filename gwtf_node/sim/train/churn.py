@@ -30,7 +30,7 @@ calls of `TrainSim.run(..., until=...)` (tests drive the simulator with them):
 
 The pause (`pause_empty`, on by default as in the daemon; off, a stage dead
 for good makes every iteration defer its microbatches, the older model that
-`tests/test_sim_train.py` still measures): a data node whose aggregation phase opens iteration t
+`tests/sim/test_sim_train.py` still measures): a data node whose aggregation phase opens iteration t
 while some stage has no relay ready for t (`empty_stages`: members not
 reported gone, not leaving before t) does not open it (runtime/node/microbatches.py,
 `open_iteration`: every microbatch would be deferred at once, a busy loop of

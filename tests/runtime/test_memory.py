@@ -1,0 +1,181 @@
+"""model/memory.py: a part's memory estimated from the manifest, against what autograd saves and against the
+measured peak of a real part; and `join`'s refusal of a part that does not fit its device."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gwtf_node.cli import main
+from gwtf_node.model import memory
+from gwtf_node.model.hfconfig import family_config, parameter_counts
+from gwtf_node.model.manifest import default_manifest, load_manifest
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBE = ROOT / "tests" / "support" / "memprobe.py"
+
+
+def _manifest(raw: dict, stages: int = 1, seq_len: int = 32, microbatch_size: int = 2):
+    family, config, _ = family_config(raw)
+    return default_manifest(family=family, config=config, stages=stages, seq_len=seq_len,
+                            microbatch_size=microbatch_size)
+
+
+LLAMA_GQA = {"model_type": "llama", "vocab_size": 300, "hidden_size": 96, "intermediate_size": 160,
+             "num_hidden_layers": 2, "num_attention_heads": 6, "num_key_value_heads": 2}
+GPT = {"model_type": "gpt2", "vocab_size": 300, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_inner": 200,
+       "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+QWEN2 = {**LLAMA_GQA, "model_type": "qwen2"}
+
+
+def _saved_bytes(raw: dict, layers: int, precision: str) -> tuple[int, object]:
+    """Bytes of the distinct storages autograd saves in one relay forward of a `layers`-layer model (parameters
+    left out), under CPU autocast to bfloat16 for bf16-mixed."""
+    from gwtf_node.model.stages import build_stage
+
+    key = "n_layer" if raw["model_type"] == "gpt2" else "num_hidden_layers"
+    man = _manifest({**raw, key: layers})
+    part = build_stage(man, "relay", 0)
+    params = {p.untyped_storage().data_ptr() for p in part.params}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in params:
+            saved[s.data_ptr()] = s.nbytes()
+        return t
+
+    x = torch.randn(man.data.microbatch_size, man.data.seq_len, man.dims.hidden)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+        part.forward("k", x)
+    return sum(saved.values()), man
+
+
+@pytest.mark.parametrize("raw", [LLAMA_GQA, GPT, QWEN2], ids=["llama-gqa", "gpt2", "qwen2"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_saved_bytes_per_layer_are_the_formula(raw: dict, precision: str) -> None:
+    """What one more layer adds to the saved tensors of a stage forward is `layer_bytes_per_token` per token
+    (+ under bf16-mixed the bfloat16 copy of the layer's weights that autocast saves): the calibration."""
+    one, _ = _saved_bytes(raw, 1, precision)
+    two, man = _saved_bytes(raw, 2, precision)
+    tokens = man.data.microbatch_size * man.data.seq_len
+    expect = tokens * memory.layer_bytes_per_token(man.model.family, man.model.config, precision)
+    if precision == "bf16-mixed":
+        expect += 2 * parameter_counts(man.model.family, man.model.config).layers[1]
+    if precision == "fp32":
+        assert two - one == expect
+    else:  # the bf16 coefficients were fitted at other shapes: within 1 % here
+        assert two - one == pytest.approx(expect, rel=0.01)
+
+
+def _probe(run: Path, role: str, stage: int, capacity: int) -> dict:
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, str(PROBE), str(run), role, str(stage), str(capacity)],
+                         capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("runs")
+    out = {}
+    for name, argv in {"llama-small": ["--hidden", "128", "--layers", "4", "--stages", "2"],
+                       "gpt-small": ["--family", "gpt", "--hidden", "128", "--layers", "4", "--stages", "2"],
+                       "llama-135m": ["--preset", "llama-135m", "--stages", "2"]}.items():
+        (d / name).mkdir()
+        out[name] = d / name / "run.json"
+        assert main(["init-run", "--out", str(out[name]), *argv]) == 0
+    return out
+
+
+@pytest.mark.parametrize("run, role, stage, capacity", [
+    ("llama-small", "relay", 0, 4),
+    ("llama-small", "data", 0, 4),
+    ("gpt-small", "relay", 1, 3),
+    ("llama-135m", "relay", 0, 2),  # 15 layers: 53.1M parameters
+    ("llama-135m", "data", 0, 2),  # the tied 49152 x 576 embedding and head: 28.3M
+])
+def test_estimate_within_25_percent_of_the_measured_peak(runs, run: str, role: str, stage: int,
+                                                         capacity: int) -> None:
+    """RSS growth of a process from before `build_stage` to the peak of `capacity` forwards, one backward and one
+    AdamW step (tests/support/memprobe.py), against `estimate(...).part_bytes`."""
+    r = _probe(runs[run], role, stage, capacity)
+    ratio = r["estimate"] / r["measured"]
+    print(f"{run} {r['part']} ({r['params']:,} parameters, capacity {capacity}): estimate "
+          f"{r['estimate'] / 2**20:.1f} MiB, measured {r['measured'] / 2**20:.1f} MiB, ratio {ratio:.3f}")
+    assert 0.75 <= ratio <= 1.25, r
+
+
+def test_capacity_that_fits() -> None:
+    man = load_manifest_of(["--preset", "llama-135m", "--stages", "3"])
+    counts = parameter_counts(man.model.family, man.model.config)
+    one = memory.estimate(man, "relay", 0, 1, counts)
+    assert memory.capacity_that_fits(man, "relay", 0, one.total - 1, 8, counts) == 0
+    assert memory.capacity_that_fits(man, "relay", 0, one.total, 8, counts) == 1
+    three = memory.estimate(man, "relay", 0, 3, counts).total
+    assert memory.capacity_that_fits(man, "relay", 0, three, 8, counts) == 3
+    assert memory.capacity_that_fits(man, "relay", 0, 1 << 50, 8, counts) == 8  # capped
+    assert memory.fit_error(man, "relay", 0, 3, "cpu", three, counts) is None
+    err = memory.fit_error(man, "relay", 0, 3, "cpu", three - 1, counts)
+    assert err.startswith("stage0 needs ") and "available RAM (MemAvailable)" in err and "\n" not in err
+
+
+def test_stage_capacities_leave_out_the_stages_that_do_not_fit(tmp_path: Path) -> None:
+    """Uneven stages: a device between the small stages' need and the large one's serves only the small ones
+    (a `--stage auto` joiner tells the leader +inf for the others)."""
+    from dataclasses import replace
+
+    man = load_manifest_of(["--preset", "llama-135m", "--stages", "3"])
+    man = replace(man, stages=[(0, 4), (4, 26), (26, 30)])
+    counts = parameter_counts(man.model.family, man.model.config)
+    small = max(memory.estimate(man, "relay", k, 1, counts).total for k in (0, 2))
+    assert memory.estimate(man, "relay", 1, 1, counts).total > small
+    assert set(memory.stage_capacities(man, small, 4, counts)) == {0, 2}
+
+
+def test_bf16_mixed_changes_the_activation_bytes() -> None:
+    cfg = family_config({**LLAMA_GQA, "hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9,
+                         "num_key_value_heads": 3})[1]
+    fp32 = memory.layer_bytes_per_token("llama", cfg, "fp32")
+    bf16 = memory.layer_bytes_per_token("llama", cfg, "bf16-mixed")
+    assert bf16 < fp32 and fp32 == 32 * 576 + 16 * 1536 + 8 * 192 + 4 * 9 + 8
+
+
+def load_manifest_of(argv: list[str]):
+    from gwtf_node.model.presets import preset_config
+
+    family, config, _ = family_config(preset_config(argv[1]))
+    return default_manifest(family=family, config=config, stages=int(argv[3]))
+
+
+@pytest.fixture(scope="module")
+def huge(tmp_path_factory) -> Path:
+    """2.5B parameters per stage (a very wide MLP): no stage fits this machine's 24 GiB, though a checkpoint's
+    rough size (12 h^2 per layer) fits the disk."""
+    d = tmp_path_factory.mktemp("huge")
+    cfg = d / "config.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "vocab_size": 4096, "hidden_size": 2048,
+                               "intermediate_size": 400_000, "num_hidden_layers": 2, "num_attention_heads": 16}))
+    assert main(["init-run", "--out", str(d / "run.json"), "--model-config", str(cfg), "--stages", "2",
+                 "--open-relays"]) == 0
+    return d / "run.json"
+
+
+@pytest.mark.parametrize("stage, expect", [("1", "stage1 needs "), ("auto", "no stage of the run fits")])
+def test_join_a_stage_that_does_not_fit_exits_2_at_start(huge: Path, tmp_path: Path, stage: str,
+                                                         expect: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "gwtf_node.cli", "join", "--run", str(huge), "--role", "relay",
+                          "--stage", stage, "--state-dir", str(tmp_path / "s"), "--device", "cpu"],
+                         capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert out.returncode == 2, out.stderr[-3000:]
+    lines = [ln for ln in out.stderr.strip().splitlines() if ln.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert expect in lines[0] and "MiB available RAM (MemAvailable)" in lines[0], lines[0]

@@ -1,0 +1,434 @@
+"""Transport layer on loopback: identity, frames, host send/receive, tensor channel, links, all-reduce, DHT.
+
+Real py-libp2p hosts in one trio process; every wait is bounded by a
+deadline (`fail_after`); hosts are closed by their `async with`.  Waiting
+for an effect that has no event of its own (a log line, a closed socket)
+polls under a deadline; timing assertions are lower bounds only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import struct
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+
+import pytest
+import torch
+import trio
+
+from gwtf_node.protocol.codec import decode, encode
+from gwtf_node.protocol.messages import AllReduceChunk, Ping, TensorHeader
+from gwtf_node.runtime.net import channel
+from gwtf_node.runtime.node.allreduce import AllReducer, AllReduceTimeout
+from gwtf_node.runtime.net.frames import FrameError, encode_header, read_frame
+from gwtf_node.runtime.net.host import CTRL_PROTOCOL_ID, TENSOR_PROTOCOL_ID, _libp2p_reader, open_host
+from gwtf_node.runtime.net.identity import IdentityError, key_path, load_or_create_identity, peer_id_of
+from gwtf_node.runtime.net.links import LinkShaper
+from support.helpers import until
+
+DEADLINE_S = 20
+
+
+class Inbox:
+    """Collects frames delivered to a host's handler."""
+
+    def __init__(self) -> None:
+        self.frames: list[tuple[str, bytes, bytes]] = []
+        self.changed = trio.Event()
+
+    async def handler(self, peer: str, envelope: bytes, payload) -> None:
+        self.frames.append((peer, envelope, bytes(payload)))
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def wait_for(self, n: int) -> None:
+        while len(self.frames) < n:
+            await self.changed.wait()
+
+
+async def closed_by_peer(conn: channel.RawConn) -> bool:
+    """True once the other end closed (FIN, or RST when it left our bytes unread)."""
+    try:
+        return await conn.recv_some(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+@asynccontextmanager
+async def hosts(tmp_path: Path, n: int, **kw):
+    async with AsyncExitStack() as stack:
+        first = await stack.enter_async_context(open_host(tmp_path / "h0", **kw))
+        out = [first]
+        for i in range(1, n):
+            out.append(await stack.enter_async_context(open_host(tmp_path / f"h{i}", bootstrap=first.addrs, **kw)))
+        yield out
+
+
+# ---- identity ----------------------------------------------------------------------
+
+
+def test_identity_persists_with_private_permissions(tmp_path):
+    a = load_or_create_identity(tmp_path / "state")
+    b = load_or_create_identity(tmp_path / "state")
+    assert peer_id_of(a) == peer_id_of(b)
+    assert stat.S_IMODE(os.stat(key_path(tmp_path / "state")).st_mode) == 0o600
+    assert peer_id_of(load_or_create_identity(tmp_path / "other")) != peer_id_of(a)
+
+
+def test_corrupt_identity_is_a_clear_error(tmp_path):
+    load_or_create_identity(tmp_path)
+    key_path(tmp_path).write_bytes(b"not a key")
+    with pytest.raises(IdentityError, match="corrupt"):
+        load_or_create_identity(tmp_path)
+
+
+@pytest.mark.trio
+async def test_restarted_host_keeps_peer_id(tmp_path):
+    async with open_host(tmp_path / "a", dht=False) as h:
+        first = h.peer_id
+    async with open_host(tmp_path / "a", dht=False) as h:
+        assert h.peer_id == first
+        assert all(a.endswith(f"/p2p/{first}") for a in h.addrs)
+
+
+# ---- frames --------------------------------------------------------------------------
+
+
+@pytest.mark.trio
+async def test_read_frame_limits_and_truncation():
+    def reader(data: bytes):
+        pos = [0]
+
+        async def read_some(n: int) -> bytes:
+            chunk = data[pos[0]:pos[0] + min(n, 5)]
+            pos[0] += len(chunk)
+            return chunk
+        return read_some
+
+    good = encode_header(3, 4) + b"env" + b"\x01\x02\x03\x04"
+    assert await read_frame(reader(good)) == (b"env", bytearray(b"\x01\x02\x03\x04"))
+    assert await read_frame(reader(b"")) is None
+    with pytest.raises(FrameError, match="exceeds"):
+        await read_frame(reader(struct.pack(">IQ", (1 << 20) + 1, 0)))
+    with pytest.raises(FrameError, match="exceeds"):
+        await read_frame(reader(struct.pack(">IQ", 3, 1 << 40)), max_payload=1 << 20)
+    with pytest.raises(FrameError, match="truncated"):
+        await read_frame(reader(good[:-1]))
+
+
+# ---- host ----------------------------------------------------------------------------
+
+
+@pytest.mark.trio
+async def test_control_frames_and_payload(tmp_path):
+    with trio.fail_after(DEADLINE_S):
+        async with hosts(tmp_path, 2, dht=False) as (a, b):
+            inbox = Inbox()
+            b.set_handler(inbox.handler)
+            payload = os.urandom(4 << 20)
+            await a.send(b.peer_id, encode(a.peer_id, Ping(nonce=1)))
+            await a.send(b.peer_id, encode(a.peer_id, Ping(nonce=2)), payload)
+            await a.send(b.peer_id, encode(a.peer_id, Ping(nonce=3)))
+            await inbox.wait_for(3)
+            by_nonce = {decode(env)[1].nonce: (peer, data) for peer, env, data in inbox.frames}
+            assert by_nonce[1] == (a.peer_id, b"")
+            assert by_nonce[2] == (a.peer_id, payload)
+            assert by_nonce[3] == (a.peer_id, b"")
+            # and back, on B's own outgoing stream and channel
+            back = Inbox()
+            a.set_handler(back.handler)
+            await b.send(a.peer_id, b"reply", payload[:1000])
+            await back.wait_for(1)
+            assert back.frames[0] == (b.peer_id, b"reply", payload[:1000])
+
+
+@pytest.mark.trio
+async def test_a_payload_send_cancelled_mid_frame_does_not_poison_the_next_frames(tmp_path):
+    """The caller gives up a big payload frame half-way (an all-reduce round cancelled because another member
+    died): the frames after it reach the peer intact, on a new tensor channel, and nothing is refused."""
+    with trio.fail_after(DEADLINE_S):
+        async with hosts(tmp_path, 2, dht=False) as (a, b):
+            inbox = Inbox()
+            b.set_handler(inbox.handler)
+            await a.send(b.peer_id, b"first", b"x" * 1000)  # the channel is open and carries frames
+            await inbox.wait_for(1)
+            assert a.payload_path(b.peer_id) == "channel"
+            big = bytes(128 << 20)
+            with trio.move_on_after(0.05) as scope:
+                await a.send(b.peer_id, b"big", big)
+            assert scope.cancelled_caught, "the big frame left before the cancel: make it bigger"
+            await a.send(b.peer_id, b"after", b"y" * 1000)
+            while not any(env == b"after" for _, env, _ in inbox.frames):
+                await inbox.changed.wait()
+            assert [env for _, env, _ in inbox.frames] == [b"first", b"after"]
+            assert inbox.frames[-1][2] == b"y" * 1000
+            assert b.stats["refused"] == 0
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize(
+    "bad, reason",
+    [
+        (struct.pack(">IQ", (1 << 20) + 1, 0), "exceeds"),  # oversized length prefix
+        (encode_header(100, 0) + b"x" * 10, "truncated"),  # sender dies mid-frame
+        (b"\xff" * 64, "exceeds"),  # garbage
+    ],
+)
+async def test_bad_control_frames_are_refused_and_host_keeps_working(tmp_path, caplog, bad, reason):
+    caplog.set_level(logging.WARNING, logger="gwtf.transport")
+    with trio.fail_after(DEADLINE_S):
+        async with hosts(tmp_path, 2, dht=False) as (a, b):
+            inbox = Inbox()
+            b.set_handler(inbox.handler)
+            await a.send(b.peer_id, b"first")  # connects
+            stream = await a.libp2p.new_stream(b.libp2p.get_id(), [CTRL_PROTOCOL_ID])
+            await stream.write(bad)
+            await stream.close()
+            await until(lambda: b.stats["refused"] >= 1, "refusal")
+            assert any(reason in r.getMessage() and "refused" in r.getMessage() for r in caplog.records)
+            await a.send(b.peer_id, b"after")
+            await a.send(b.peer_id, b"after-payload", b"\x07" * 100_000)
+            await inbox.wait_for(3)
+            assert [f[1] for f in inbox.frames] == [b"first", b"after", b"after-payload"]
+
+
+# ---- tensor channel ----------------------------------------------------------------------
+
+
+async def _manual_channel(a, b) -> tuple[channel.TensorSender, channel.SessionKeys]:
+    """A's end of a channel to B, opened by hand (so a test can write raw records on it)."""
+    await a.connect(b.addrs[0])
+    stream = await a.libp2p.new_stream(b.libp2p.get_id(), [TENSOR_PROTOCOL_ID])
+    keys, addr = await channel.initiate(lambda n: _libp2p_reader(stream, n), stream.write, a.peer_id, b.peer_id)
+    await stream.close()
+    return await channel.TensorSender.open(addr, keys, b.peer_id, timeout=5), keys
+
+
+@pytest.mark.trio
+async def test_channel_refuses_tampered_record(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="gwtf.transport")
+    with trio.fail_after(DEADLINE_S):
+        async with hosts(tmp_path, 2, dht=False) as (a, b):
+            inbox = Inbox()
+            b.set_handler(inbox.handler)
+            sender, _keys = await _manual_channel(a, b)
+            payload = memoryview(os.urandom(3 * channel.CHUNK_BYTES))
+            await sender.send_frame(encode_header(2, len(payload)), b"ok", payload)  # an honest frame
+            await inbox.wait_for(1)
+            # now a frame whose second payload record has one bit flipped
+            out = memoryview(sender._buf)
+            n = sender._sealer.seal_into(encode_header(3, len(payload)) + b"bad", out)
+            await sender.conn.send_all(bytes(out[:n]))
+            for i in range(3):
+                n = sender._sealer.seal_into(payload[i * channel.CHUNK_BYTES:(i + 1) * channel.CHUNK_BYTES], out)
+                rec = bytearray(out[:n])
+                if i == 1:
+                    rec[100] ^= 0x01
+                await sender.conn.send_all(rec)
+            await until(lambda: any("failed authentication" in r.getMessage() for r in caplog.records), "refusal")
+            assert [f[1] for f in inbox.frames] == [b"ok"]  # the tampered frame never reached the handler
+            assert await closed_by_peer(sender.conn)  # B closed the connection
+            sender.close()
+            await a.send(b.peer_id, b"still-fine", b"\x01" * 2_000_000)  # the host's own channel works
+            await inbox.wait_for(2)
+            assert inbox.frames[1][1:] == (b"still-fine", b"\x01" * 2_000_000)
+
+
+@pytest.mark.trio
+async def test_channel_refuses_connections_without_handshake(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="gwtf.transport")
+    with trio.fail_after(DEADLINE_S):
+        async with hosts(tmp_path, 2, dht=False, handshake_timeout=0.5) as (a, b):
+            host, _, port = b.tensor_addr.rpartition(":")
+            # 1. an unknown session id and garbage
+            conn = await channel.RawConn.connect(host, int(port))
+            await conn.send_all(os.urandom(200))
+            assert await closed_by_peer(conn)
+            conn.close()
+            # 2. connected, says nothing: dropped after the handshake timeout
+            conn = await channel.RawConn.connect(host, int(port))
+            assert await closed_by_peer(conn)
+            conn.close()
+            # 3. a session id can be used once only (replayed connection)
+            sender, keys = await _manual_channel(a, b)
+            conn = await channel.RawConn.connect(host, int(port))
+            await conn.send_all(keys.session_id + os.urandom(64))
+            assert await closed_by_peer(conn)
+            conn.close()
+            sender.close()
+            messages = [r.getMessage() for r in caplog.records]
+            assert sum("unknown or already used session id" in m for m in messages) == 2
+            assert any("not complete in time" in m for m in messages)
+            inbox = Inbox()
+            b.set_handler(inbox.handler)
+            await a.send(b.peer_id, b"works", b"\x02" * 10)
+            await inbox.wait_for(1)
+
+
+# ---- link shaping ------------------------------------------------------------------------
+
+
+@pytest.mark.trio
+async def test_a_payload_from_the_channel_says_how_long_it_took(tmp_path):
+    """The link meter folds the real traffic into a link's bandwidth (linkmeter.py `observe`): each payload off
+    the tensor channel carries the seconds from its frame's first byte to its last."""
+    with trio.fail_after(DEADLINE_S):
+        async with hosts(tmp_path, 2, dht=False) as (a, b):
+            got = []
+
+            async def handler(peer, envelope, payload):
+                got.append((len(payload), getattr(payload, "seconds", None)))
+            b.set_handler(handler)
+            await a.send(b.peer_id, b"big", os.urandom(8 << 20))
+            await until(lambda: got, "the payload delivered", DEADLINE_S)
+            size, seconds = got[0]
+            assert size == 8 << 20 and seconds is not None and 0 < seconds < DEADLINE_S
+
+
+@asynccontextmanager
+async def _warm_pair(tmp_path, links: LinkShaper):
+    """Host a (sending through `links`) connected to host b, whose frames land in the inbox yielded; one frame
+    already sent unshaped, so that stream and channel are open before a link is shaped."""
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(open_host(tmp_path / "a", dht=False, links=links))
+        b = await stack.enter_async_context(open_host(tmp_path / "b", dht=False, bootstrap=a.addrs))
+        await a.connect(b.addrs[0])
+        inbox = Inbox()
+        b.set_handler(inbox.handler)
+        await a.send(b.peer_id, b"warm-up", b"\x00" * 10)
+        await inbox.wait_for(1)
+        yield a, b, inbox
+
+
+@pytest.mark.trio
+async def test_link_shaper_adds_latency_and_bandwidth(tmp_path):
+    with trio.fail_after(DEADLINE_S):
+        links = LinkShaper()
+        async with _warm_pair(tmp_path, links) as (a, b, inbox):
+            links.set_link(b.peer_id, latency_ms=150, bandwidth_mbps=100)
+            t0 = trio.current_time()
+            await a.send(b.peer_id, b"ctrl")
+            await inbox.wait_for(2)
+            assert trio.current_time() - t0 >= 0.150
+            t0 = trio.current_time()
+            await a.send(b.peer_id, b"payload", b"\x00" * 2_500_000)  # 20 Mbit: >= 0.2 s at 100 Mbit/s
+            await inbox.wait_for(3)
+            assert trio.current_time() - t0 >= 0.150 + 0.2
+            assert [f[1] for f in inbox.frames] == [b"warm-up", b"ctrl", b"payload"]
+
+
+@pytest.mark.trio
+async def test_a_control_frame_is_not_held_behind_a_shaped_tensor(tmp_path):
+    """Control and tensor frames travel in lanes of their own (links.py): a ping sent while a large gradient
+    crosses a slow emulated link arrives first, as it would over a real uplink the two connections share."""
+    with trio.fail_after(DEADLINE_S):
+        links = LinkShaper()
+        async with _warm_pair(tmp_path, links) as (a, b, inbox):
+            links.set_link(b.peer_id, latency_ms=10, bandwidth_mbps=10)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(a.send, b.peer_id, b"gradient", b"\x00" * 2_500_000)  # 2 s at 10 Mbit/s
+                await trio.sleep(0.1)
+                await a.send(b.peer_id, b"ping")
+                await inbox.wait_for(3)
+            assert [f[1] for f in inbox.frames] == [b"warm-up", b"ping", b"gradient"]
+
+
+# ---- all-reduce ----------------------------------------------------------------------------
+
+
+def _reducer_handler(reducer: AllReducer):
+    async def handler(peer, envelope, payload):
+        _sender, msg = decode(envelope)
+        if reducer.accepts(msg):
+            await reducer.on_chunk(peer, msg, payload)
+    return handler
+
+
+@asynccontextmanager
+async def reducing_hosts(tmp_path: Path):
+    """Three connected hosts (no DHT), each with an `AllReducer` serving its chunks: yields (hosts, reducers)."""
+    async with hosts(tmp_path, 3, dht=False) as hs:
+        for h in hs[1:]:
+            await hs[0].connect(h.addrs[0])
+        await hs[1].connect(hs[2].addrs[0])
+        reducers = [AllReducer(h) for h in hs]
+        for h, r in zip(hs, reducers):
+            h.set_handler(_reducer_handler(r))
+        yield hs, reducers
+
+
+@pytest.mark.trio
+async def test_all_reduce_three_hosts_exact_and_identical(tmp_path):
+    with trio.fail_after(DEADLINE_S):
+        async with reducing_hosts(tmp_path) as (hs, reducers):
+            group = [h.peer_id for h in hs]
+            gen = torch.Generator().manual_seed(0)
+            tensors = {h.peer_id: torch.randn(1_000_003, generator=gen) for h in hs}
+            counts = {h.peer_id: float(i + 1) for i, h in enumerate(hs)}
+            results = {}
+
+            async def run(h, r, delay):
+                await trio.sleep(delay)  # staggered starts: early chunks get buffered
+                results[h.peer_id] = await r.all_reduce("s1/it1", group, tensors[h.peer_id], counts[h.peer_id], 10)
+
+            async with trio.open_nursery() as nursery:
+                for i, (h, r) in enumerate(zip(hs, reducers)):
+                    nursery.start_soon(run, h, r, 0.1 * i)
+            order = sorted(group)
+            expected = tensors[order[0]].clone()
+            for p in order[1:]:
+                expected += tensors[p]
+            for pid, (t, c) in results.items():
+                assert torch.equal(t, expected), pid
+                assert c == 6.0
+
+
+@pytest.mark.trio
+async def test_all_reduce_timeout_names_missing_peer_and_bad_chunks_refused(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="gwtf.transport")
+    with trio.fail_after(DEADLINE_S):
+        async with reducing_hosts(tmp_path) as (hs, reducers):
+            silent = hs[2].peer_id
+            bad = torch.tensor([float("nan")] * 4)
+            await reducers[0].on_chunk(
+                hs[1].peer_id,
+                AllReduceChunk("k", 0, 1, 1.0, TensorHeader("float32", (4,), 16)),
+                bytearray(bad.numpy().tobytes()),
+            )
+            assert any("NaN" in r.getMessage() for r in caplog.records)
+            group = [h.peer_id for h in hs]
+            errors: list[AllReduceTimeout] = []
+
+            async def run(r):
+                try:
+                    await r.all_reduce("k", group, torch.ones(10), 1.0, 1.0)
+                except AllReduceTimeout as e:
+                    errors.append(e)
+
+            async with trio.open_nursery() as nursery:  # hs[2] never takes part
+                nursery.start_soon(run, reducers[0])
+                nursery.start_soon(run, reducers[1])
+            assert len(errors) == 2
+            for e in errors:
+                assert silent in e.missing
+                assert silent in str(e)
+
+
+# ---- DHT -------------------------------------------------------------------------------------
+
+
+@pytest.mark.trio
+async def test_dht_versioned_record_highest_wins(tmp_path):
+    with trio.fail_after(DEADLINE_S * 2):
+        async with hosts(tmp_path, 3) as (a, b, c):
+            await a.dht_put("run/leader", b"old", version=5)
+            assert await c.dht_get_record("run/leader") == (5, b"old")
+            await b.dht_put("run/leader", b"new", version=7)
+            for h in (a, b, c):
+                assert await h.dht_get_record("run/leader") == (7, b"new")
+            await c.provide("stage/1")
+            providers = await a.find_providers("stage/1")
+            assert c.peer_id in [p for p, _addrs in providers]

@@ -1,0 +1,1 @@
+"""Helpers shared by the test modules of every layer (tests/README.md)."""

@@ -1,0 +1,120 @@
+"""Helpers shared by several test modules.
+
+Source checks (tests/repo/test_layering.py, tests/repo/test_structure.py) read the
+package with `ast` and import nothing: `module_name` names a source file,
+`imports` lists what a module imports at any depth (also inside functions),
+relative imports resolved.
+
+Ports: `free_port` picks a port for a process started later, below the
+kernel's ephemeral range, so that no outgoing connection of another test
+takes it in the meantime (a port from `bind(("127.0.0.1", 0))` comes from that
+range, and a node importing torch on a loaded machine binds it many seconds
+after it was picked).
+
+Waiting: `until` polls a condition that no event signals, under a deadline
+(never a fixed sleep).
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import trio
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "gwtf_node"
+EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def free_port(count: int = 2) -> int:
+    """A port P such that P .. P+count-1 are free on every address (a node's tensor channel takes libp2p's + 1),
+    drawn below the kernel's ephemeral port range (where `connect` takes its local ports)."""
+    low = int(EPHEMERAL.read_text().split()[0]) if EPHEMERAL.exists() else 32768
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(max(1024, low - 16384), low - count)
+        held = []
+        try:
+            for p in range(port, port + count):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("0.0.0.0", p))
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+        return port
+    raise RuntimeError(f"no {count} free ports in a row below {low}")
+
+
+def source_files(under: Path = PKG) -> list[Path]:
+    """Every Python source file below `under`, sorted."""
+    return sorted(under.rglob("*.py"))
+
+
+def module_name(path: Path) -> str:
+    """The dotted name of the module in `path` (a package's `__init__.py` is the package)."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_of(path: Path) -> str:
+    """The package that relative imports in `path` start from."""
+    return ".".join(path.relative_to(ROOT).parent.parts)
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the import nodes inside `if TYPE_CHECKING:` blocks (never executed: annotations only)."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and (
+                (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+                or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")):
+            for stmt in node.body:
+                skip.update(id(n) for n in ast.walk(stmt))
+    return skip
+
+
+def imports(tree: ast.AST, package: str, *, runtime_only: bool = False) -> Iterator[tuple[str, int, tuple[str, ...]]]:
+    """(module, line, names) of every import in `tree`, a module of `package`, at any depth.
+
+    `import a.b` gives ("a.b", line, ()); `from .x import y, z` in package p
+    gives ("p.x", line, ("y", "z")): each name may be an attribute of the
+    module or a submodule of it, the caller decides.  `runtime_only` leaves out
+    the imports under `if TYPE_CHECKING:` (for annotations, never executed).
+    """
+    skip = _type_checking_only(tree) if runtime_only else set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno, ()
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base_parts = parts[: len(parts) - (node.level - 1)]
+                base = ".".join(base_parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            yield base, node.lineno, tuple(alias.name for alias in node.names)
+
+
+async def until(cond, what: str, timeout: float | None = None, poll_s: float = 0.01):
+    """Poll `cond` until it returns something true and return that; for a condition no event signals.
+
+    Bounded by `timeout` seconds (then an AssertionError naming `what`), else by the caller's deadline."""
+    if timeout is None:
+        while not (value := cond()):
+            await trio.sleep(poll_s)
+        return value
+    try:
+        with trio.fail_after(timeout):
+            return await until(cond, what, poll_s=poll_s)
+    except trio.TooSlowError:
+        raise AssertionError(f"{what}: not within {timeout} s") from None
