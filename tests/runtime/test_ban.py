@@ -136,3 +136,30 @@ async def test_frames_delivered_after_the_node_stopped_start_nothing() -> None:
     wire.spawn(send, "P", "x")
     wire.post("P", "x")
     assert sent == []
+
+
+@pytest.mark.trio
+async def test_a_frame_handled_as_the_nursery_ends_starts_nothing() -> None:
+    """Between the node's nursery closing (cancelled: the node stops, or a part failed) and `closed` being set,
+    the host may still deliver a frame whose handler spawns a send: it is dropped and the wire closes, instead of
+    "Nursery is closed to new arrivals" ending the host.  A nursery that ended without being cancelled is a bug
+    of the caller: the error stands."""
+    from gwtf_node.runtime.net.peers import Peers, Place
+    from gwtf_node.runtime.net.wire import Wire
+
+    sent = []
+
+    async def send(peer, msg):
+        sent.append((peer, msg))
+
+    async with trio.open_nursery() as nursery:
+        wire = Wire("ME", None, nursery, Peers("ME", "me", 2, Place("data", -1, 4)))
+        nursery.cancel_scope.cancel()
+    assert not wire.closed
+    wire.spawn(send, "P", "x")
+    assert wire.closed and sent == []
+
+    async with trio.open_nursery() as nursery:
+        wire = Wire("ME", None, nursery, Peers("ME", "me", 2, Place("data", -1, 4)))
+    with pytest.raises(RuntimeError):
+        wire.spawn(send, "P", "x")

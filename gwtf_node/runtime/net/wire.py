@@ -116,7 +116,14 @@ class Wire:
         if self.closed:
             log.debug("node stopped: %s not started", getattr(fn, "__name__", fn))
             return
-        self.nursery.start_soon(fn, *args)
+        try:
+            self.nursery.start_soon(fn, *args)
+        except RuntimeError:  # the nursery closed before `closed` was set (a frame delivered as the node ends)
+            if self.nursery.cancel_scope.cancel_called:
+                self.closed = True
+                log.debug("node stopping: %s not started", getattr(fn, "__name__", fn))
+                return
+            raise
 
     async def send(self, peer: str, msg: m.Message, payload: bytes | memoryview = b"") -> bool:
         if self.bans.banned_until and self.is_banned(peer):
