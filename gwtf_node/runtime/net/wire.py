@@ -4,7 +4,11 @@
 `protocol.codec`, optional raw payload) to a peer through the host, never to
 a peer that is gone (except Hello and Goodbye), logs and counts refused
 frames (per `RefusalCode`: status.json "refused"), and starts tasks in the
-node's nursery.  A peer that keeps sending refused frames (`BAN_REFUSALS`
+node's nursery.  It counts what it sent, per message type and lane (`sent`:
+status.json "sent"): "ctrl" frames carry no payload (the host's control
+stream), "payload" frames a tensor or a probe's bytes; the bytes are the
+encoded envelope plus the payload (the host's few bytes of frame header
+aside).  A peer that keeps sending refused frames (`BAN_REFUSALS`
 within `BAN_WINDOW_S`) is disconnected and banned for `BAN_S`: its frames
 are dropped unread (counted as BANNED) and nothing is sent to it.  A send that fails is logged
 and reported as False: the protocol machines have their own deadlines for
@@ -111,6 +115,8 @@ class Wire:
         self.bans = RefusalTracker()
         self.on_ban: Callable[[str], None] = lambda peer: None  # the node treats a banned peer as gone
         self.closed = False  # the node's nursery has ended: frames still delivered by the host start nothing
+        # lane ("ctrl" | "payload") -> message type -> [frames, bytes] sent (module doc; status.json "sent")
+        self.sent: dict[str, dict[str, list[int]]] = {"ctrl": {}, "payload": {}}
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         if self.closed:
@@ -132,11 +138,23 @@ class Wire:
             log.debug("%s to %s, which is gone: not sent", type(msg).__name__, peer[:16])
             return False
         try:
-            await self.host.send(peer, codec.encode(self.me, msg), payload)
+            envelope = codec.encode(self.me, msg)
+            await self.host.send(peer, envelope, payload)
+            self.count_sent(type(msg).__name__, len(envelope), len(payload))
             return True
         except Exception as e:  # noqa: BLE001 - a dead or unreachable peer: logged, protocol deals with it
             log.warning("send %s to %s failed: %s", type(msg).__name__, self.peers.who(peer), e)
             return False
+
+    def count_sent(self, kind: str, envelope_bytes: int, payload_bytes: int) -> None:
+        """Count one frame sent: its lane by whether it has a payload, its bytes envelope plus payload."""
+        row = self.sent["payload" if payload_bytes else "ctrl"].setdefault(kind, [0, 0])
+        row[0] += 1
+        row[1] += envelope_bytes + payload_bytes
+
+    def sent_totals(self) -> dict[str, dict[str, list[int]]]:
+        """status.json "sent": a copy of the counters (lane -> message type -> [frames, bytes])."""
+        return {lane: {k: list(v) for k, v in sorted(rows.items())} for lane, rows in self.sent.items()}
 
     def post(self, peer: str, msg: m.Message) -> None:
         """Send in a task of its own (the caller does not wait)."""

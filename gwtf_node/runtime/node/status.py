@@ -140,6 +140,7 @@ class Status:
         return {
             "peer_id": self.wire.me, "name": self.peers.name, "role": place.role, "stage": place.stage,
             "run_id": self.run_id, "addrs": self.host.addrs, "refused_frames": self.wire.refused,
+            "sent": self.wire.sent_totals(),  # lane -> message type -> [frames, bytes] (wire.py)
             "compute_s": round(self.stage.compute_s, 6), "compute_calls": self.stage.compute_calls,
             "leader": self.leadership.leader(), "term": self.leadership.term(), "voters": self.leadership.voters(),
             "steps_applied": self.stage.applied_steps, "joining": place.joining, "leaving": place.leaving,
