@@ -85,6 +85,7 @@ DHT_ROUND_S = 2.0
 DHT_WAIT_S = 10.0
 PEER_LIST_DIALS = 256  # peers dialled for one PeerList (each once, with all its addresses)
 RELEASE_AFTER_S = 2.0  # a peer let go of is disconnected this long after (the Hello telling it our new stage first)
+HELLO_RETRY_S = (1.0, 2.0, 4.0, 8.0, 16.0)  # an answering Hello that could not be sent is sent again after these
 ADDRS_PER_PEER = 16  # addresses of one peer passed on and dialled (IPv4, IPv6, relays: a handful in practice)
 
 
@@ -330,7 +331,26 @@ class Discovery:
                           for a in p.addrs[:ADDRS_PER_PEER] if usable_by(a, local))
             reply.append(m.PeerList((tuple(self.host.addrs_for(sender)) + known)[:MAX_ITEMS]))
         if reply:
-            self.wire.spawn(self.wire.send_all, sender, reply)
+            self.wire.spawn(self._answer, sender, reply)
+
+    async def _answer(self, sender: str, reply: list[m.Message]) -> None:
+        """Send the answer to a Hello, in order.  Our Hello in it that could not be sent (the connection broke
+        under it: on a loaded machine a stream cannot always be opened) is sent again after each of
+        `HELLO_RETRY_S` while the peer is known and not gone; one never sent is forgotten (`hellos_sent`), so the
+        peer's next Hello is answered.  Without it the peer, which never heard our Hello, refuses every frame of
+        ours as from an unknown peer, while we wait for its phase signals: an aggregation that never ends."""
+        for msg in reply:
+            if await self.wire.send(sender, msg) or not isinstance(msg, m.Hello):
+                continue
+            for delay in HELLO_RETRY_S:
+                await trio.sleep(delay)
+                if sender not in self.peers or self.peers.is_gone(sender):
+                    return
+                if await self.wire.send(sender, self.hello(sender)):
+                    break
+            else:
+                self.hellos_sent.discard(sender)
+                return
 
     def _pass_on_addrs(self, sender: str, addrs: tuple[str, ...]) -> None:
         """`sender` can be reached at new addresses (through a relay it reserved on): tell the other peers, who

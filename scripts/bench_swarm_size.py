@@ -1,0 +1,439 @@
+#!/usr/bin/env python
+"""What each node of a real swarm pays for the swarm's size: connections, flow messages, control traffic, CPU.
+
+For each `--nodes N`, a local swarm of daemon processes on this machine
+(`gwtf-node local`'s launcher, runtime/local/swarm.py, its nodes forked from
+one fork server): `--data-nodes D` data nodes and `--stages S` stages of
+k = ceil((N - D) / S) relays each (so at least N processes), a tiny model
+(one layer of `--hidden` a stage), and k microbatches per data node per
+iteration: every relay carries D microbatches an iteration at every size,
+so what grows with N is the swarm, not a node's work.  The swarm forms its
+flows and trains `--warmup` + `--iterations` iterations; every loss must
+equal the centralized reference (model/reference.py, 1e-4 relative) and
+every iteration must settle D x k microbatches, else the exit status is 1.
+
+Per node, over the `--iterations` measured iterations (the window between
+two readings of every status.json and /proc, after the warmup), divided by
+the iterations of the window:
+
+* connections: the peers in its status.json (the peers it works with:
+  protocol/fanout.py), and of those the ones with a live libp2p connection;
+* flow messages: the frames of flow formation it sent (`FLOW_KINDS`: cost
+  announcements, flow requests and replies, changes, redirects, launch
+  bids, relabels, link costs), per iteration in the window and in all
+  until the first iteration ended (the flows' formation);
+* control traffic: the frames with no payload it sent and their bytes
+  (Wire's counters, status.json "sent": envelope bytes; the DHT's and
+  libp2p's own frames and the all-reduce's chunks are not in them), per
+  iteration and per second;
+* CPU outside compute: the CPU of its main thread, which runs the event
+  loop (the protocol, framing, encryption, status), from
+  /proc/<pid>/task/<pid>/stat (stage computations run in worker threads);
+  and the whole process' CPU minus its compute seconds (status.json
+  `resources.cpu_s` - `compute_s`, a cross-check: compute_s is wall time in
+  computations, which a loaded machine stretches);
+* memory: the proportional set size (PSS: pages shared with the fork server
+  and the other nodes counted in shares) and the private pages (USS), from
+  /proc/<pid>/smaps_rollup, and how much MemAvailable dropped per process.
+
+Between sizes the script waits for the previous swarm's processes to be
+gone.  A size that cannot start (MemAvailable under `--min-free-gib` while
+it runs, a node that exits, no progress within the deadlines) is reported
+as such with its reason, the swarm taken down, and the exit status is 1.
+
+    python scripts/bench_swarm_size.py --nodes 25 50 100 --json
+
+`--json` prints one object per size on stdout; the Markdown table goes to
+stderr.  Every process started is stopped on every exit path (SIGTERM, then
+SIGKILL; Ctrl-C and SIGTERM to this script included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+# message types of flow formation (protos/gwtf.proto, the flow section; LinkCost fixes a flow link's cost)
+FLOW_KINDS = frozenset({
+    "CostAnnounce", "RequestFlow", "FlowReply", "Deny", "Withdraw", "Reroute", "BidFeed", "LaunchBid", "Relabel",
+    "RelabelCost", "QueryFlows", "FlowReport", "RequestChange", "RequestRedirect", "MoveReply", "LinkCost",
+})
+REL_TOL = 1e-4  # the swarm tests' tolerance against the centralized reference (tests/swarm/test_swarm.py)
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class SizeFailed(RuntimeError):
+    """One size could not be measured; the message says why."""
+
+
+# ---------------------------------------------------------------- readings (pure but for /proc)
+
+def thread_cpu_s(pid: int, tid: int | None = None) -> float | None:
+    """utime + stime of one thread (the main thread by default) in seconds, None if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/task/{tid or pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat(5), after "pid (comm)"
+
+
+def memory_mb(pid: int) -> dict | None:
+    """PSS and USS (private clean + dirty) of a process in MiB, from smaps_rollup; None if it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return None
+    kb = {}
+    for line in text.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) >= 2 and parts[1].isdigit():
+            kb[parts[0].rstrip(":")] = int(parts[1])
+    return {"pss_mb": round(kb.get("Pss", 0) / 1024, 1),
+            "uss_mb": round((kb.get("Private_Clean", 0) + kb.get("Private_Dirty", 0)) / 1024, 1),
+            "rss_mb": round(kb.get("Rss", 0) / 1024, 1)}
+
+
+def mem_available_gib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 2**20
+    return math.nan
+
+
+def reading(status: dict, loop_cpu_s: float | None) -> dict:
+    """What the bench keeps of one node's status.json (plus its main thread's CPU read at the same moment)."""
+    sent = status.get("sent") or {"ctrl": {}, "payload": {}}
+    ctrl = sent.get("ctrl", {})
+    peers = status.get("peers") or {}
+    return {
+        "name": status["name"], "role": status["role"], "stage": status.get("stage"), "pid": status.get("pid"),
+        "time": status["time"], "iteration": status.get("iteration"),
+        "peers": len(peers), "connected": sum(1 for p in peers.values() if p.get("connection", "none") != "none"),
+        "ctrl_frames": sum(v[0] for v in ctrl.values()), "ctrl_bytes": sum(v[1] for v in ctrl.values()),
+        "flow_frames": sum(v[0] for k, v in ctrl.items() if k in FLOW_KINDS)
+        + sum(v[0] for k, v in sent.get("payload", {}).items() if k in FLOW_KINDS),
+        "payload_bytes": sum(v[1] for v in sent.get("payload", {}).values()),
+        "compute_s": float(status.get("compute_s") or 0.0),
+        "cpu_s": float((status.get("resources") or {}).get("cpu_s") or 0.0),
+        "loop_cpu_s": loop_cpu_s,
+        "ctrl": {k: v[0] for k, v in ctrl.items()},
+    }
+
+
+def per_node(before: dict, after: dict, iterations: int) -> dict:
+    """One node's figures between two readings, per iteration of the window: the iterations the node itself went
+    through between them (its status.json's `iteration`), else `iterations` (the leader's records)."""
+    own = (after.get("iteration") or 0) - (before.get("iteration") or 0)
+    iterations = own if own > 0 else iterations
+    d = {k: after[k] - before[k] for k in ("ctrl_frames", "ctrl_bytes", "flow_frames", "payload_bytes",
+                                           "compute_s", "cpu_s")}
+    secs = max(1e-9, after["time"] - before["time"])
+    loop = None
+    if after["loop_cpu_s"] is not None and before["loop_cpu_s"] is not None:
+        loop = after["loop_cpu_s"] - before["loop_cpu_s"]
+    return {
+        "name": after["name"], "role": after["role"], "stage": after["stage"], "iterations": iterations,
+        "seconds": round(secs, 2), "peers": after["peers"], "connected": after["connected"],
+        "ctrl_frames_per_it": round(d["ctrl_frames"] / iterations, 1),
+        "ctrl_bytes_per_it": round(d["ctrl_bytes"] / iterations),
+        "ctrl_bytes_per_s": round(d["ctrl_bytes"] / secs),
+        "flow_msgs_per_it": round(d["flow_frames"] / iterations, 2),
+        "payload_bytes_per_it": round(d["payload_bytes"] / iterations),
+        "loop_cpu_ms_per_it": None if loop is None else round(1000 * loop / iterations, 1),
+        "cpu_minus_compute_ms_per_it": round(1000 * (d["cpu_s"] - d["compute_s"]) / iterations, 1),
+        "compute_ms_per_it": round(1000 * d["compute_s"] / iterations, 1),
+        "ctrl_kinds_per_it": {k: round((n - before["ctrl"].get(k, 0)) / iterations, 2)
+                              for k, n in sorted(after["ctrl"].items()) if n > before["ctrl"].get(k, 0)},
+    }
+
+
+def _stats(values: list[float]) -> dict:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return {"mean": None, "max": None}
+    return {"mean": round(statistics.mean(vals), 1), "max": round(max(vals), 1)}
+
+
+def summarize(nodes: list[dict], formation: dict[str, int]) -> dict:
+    """Relays' and data nodes' figures: mean and max of each per-node figure, by role."""
+    out = {}
+    for role in ("relay", "data"):
+        rows = [n for n in nodes if n["role"] == role]
+        if not rows:
+            continue
+        keys = ("peers", "connected", "ctrl_frames_per_it", "ctrl_bytes_per_it", "ctrl_bytes_per_s",
+                "flow_msgs_per_it", "loop_cpu_ms_per_it", "cpu_minus_compute_ms_per_it", "compute_ms_per_it")
+        out[role] = {k: _stats([r[k] for r in rows]) for k in keys}
+        out[role]["flow_msgs_formation"] = _stats([formation.get(r["name"]) for r in rows])
+        kinds = sorted({k for r in rows for k in r["ctrl_kinds_per_it"]})
+        out[role]["ctrl_kinds_per_it"] = {k: round(statistics.mean(r["ctrl_kinds_per_it"].get(k, 0.0) for r in rows), 2)
+                                          for k in kinds}
+    return out
+
+
+def check_losses(records: list[dict], reference: list[float], microbatches: int) -> list[str]:
+    """What is wrong with the swarm's records against the centralized losses (empty: nothing)."""
+    bad = []
+    if [r["iteration"] for r in records] != list(range(len(reference))):
+        bad.append(f"iterations {[r['iteration'] for r in records]}, expected 0..{len(reference) - 1}")
+    for rec, want in zip(records, reference):
+        if rec["microbatches"] != microbatches:
+            bad.append(f"iteration {rec['iteration']}: {rec['microbatches']} microbatches, expected {microbatches}")
+        if not abs(rec["loss"] - want) <= REL_TOL * abs(want):
+            bad.append(f"iteration {rec['iteration']}: loss {rec['loss']:.6f}, centralized {want:.6f}")
+    return bad
+
+
+def fmt(v, unit: str = "") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float) and v >= 100:
+        v = round(v)
+    return f"{v}{unit}"
+
+
+def table(rows: list[dict]) -> str:
+    """The Markdown table of the measured sizes (one row per size; relays' figures as mean / max)."""
+    head = ("| nodes (D + S x k) | formed in | s / it | relay conns | data conns | relay flow msgs / it "
+            "(formation) | relay ctrl frames / it | relay ctrl bytes / it | ctrl bytes / s | relay loop CPU ms / it "
+            "| CPU - compute ms / it | PSS / USS MiB per node | losses |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        size = f"{r['nodes']} ({r['data_nodes']} + {r['stages']} x {r['relays_per_stage']})"
+        if r.get("error"):
+            lines.append(f"| {size} | failed: {r['error']} |" + " |" * (head.count("|") - 3))
+            continue
+        s, d = r["summary"]["relay"], r["summary"].get("data", {})
+        mm = lambda x: f"{fmt(x['mean'])} / {fmt(x['max'])}"  # noqa: E731
+        lines.append(
+            f"| {size} | {fmt(r['startup_s'], ' s')} | {fmt(r['seconds_per_iteration'])} | {mm(s['connected'])} | "
+            f"{fmt(d.get('connected', {}).get('max'))} | {mm(s['flow_msgs_per_it'])} "
+            f"({fmt(s['flow_msgs_formation']['mean'])}) | {mm(s['ctrl_frames_per_it'])} | "
+            f"{mm(s['ctrl_bytes_per_it'])} | {fmt(s['ctrl_bytes_per_s']['mean'])} | {mm(s['loop_cpu_ms_per_it'])} | "
+            f"{fmt(s['cpu_minus_compute_ms_per_it']['mean'])} | {fmt(r['memory']['pss_mb_mean'])} / "
+            f"{fmt(r['memory']['uss_mb_mean'])} | {'equal' if r['losses_equal'] else 'DIFFER'} |")
+    return "\n".join(lines)
+
+
+def flatness(rows: list[dict], key: str = "ctrl_bytes_per_it") -> float | None:
+    """The largest measured size's mean relay figure over the smallest's (1.0: flat)."""
+    ok = [r for r in rows if not r.get("error")]
+    if len(ok) < 2:
+        return None
+    first, last = ok[0]["summary"]["relay"][key]["mean"], ok[-1]["summary"]["relay"][key]["mean"]
+    return None if not first else round(last / first, 2)
+
+
+# ---------------------------------------------------------------- one swarm
+
+def read_statuses(swarm, names: list[str], deadline_s: float = 5.0) -> dict[str, dict]:
+    """Every node's status.json caught as it is rewritten (once a second), with its main thread's CPU read at that
+    moment: each node's counters, its iteration and its CPU then belong to one instant (a file not rewritten
+    within `deadline_s`, a node busy beyond it, is read as it is)."""
+    paths = {name: swarm.state_dir(name) / "status.json" for name in names}
+
+    def mtime(path: Path) -> int:
+        try:
+            return path.stat().st_mtime_ns
+        except OSError:
+            return 0
+
+    old = {name: mtime(p) for name, p in paths.items()}
+    out: dict[str, dict] = {}
+    end = time.monotonic() + deadline_s
+    while len(out) < len(names):
+        late = time.monotonic() >= end
+        for name in names:
+            if name in out or (not late and mtime(paths[name]) == old[name]):
+                continue
+            pid = swarm.procs[name].pid
+            loop_cpu = thread_cpu_s(pid)
+            try:
+                st = json.loads(paths[name].read_text())
+            except (OSError, json.JSONDecodeError):
+                if late and time.monotonic() > end + deadline_s:
+                    raise SizeFailed(f"node {name} has no readable status.json") from None
+                continue
+            out[name] = reading(st, loop_cpu)
+            out[name]["pid"] = pid
+            out[name]["loop_lag_max_s"] = (st.get("event_loop") or {}).get("max_lag_s")
+        time.sleep(0.02)
+    return out
+
+
+def run_size(n: int, a: argparse.Namespace, work: Path, say) -> dict:
+    """Start the swarm of at least `n` nodes, measure it (module doc), take it down; the size's object."""
+    from gwtf_node.model.manifest import default_manifest, save_manifest
+    from gwtf_node.model.reference import train_centralized
+    from gwtf_node.runtime.local.swarm import LocalError, LocalSwarm
+
+    d, s = a.data_nodes, a.stages
+    k = max(1, math.ceil((n - d) / s))
+    total = a.warmup + a.iterations
+    row = {"nodes_asked": n, "nodes": d + s * k, "data_nodes": d, "stages": s, "relays_per_stage": k,
+           "microbatches_per_iteration": d * k}
+    man = default_manifest(stages=s, layers=s, hidden=a.hidden, seq_len=16, microbatch_size=2,
+                           microbatches_per_iteration=k)
+    run = work / "run.json"
+    save_manifest(man, run)
+    swarm = LocalSwarm(work, run, data_nodes=d, stages=s, relays_per_stage=k, iterations=10**6,
+                       startup_timeout_s=a.startup_timeout, iteration_timeout_s=a.iteration_timeout,
+                       log_level=a.log_level)
+    avail0 = mem_available_gib()
+    row["mem_available_gib_before"] = round(avail0, 2)
+    low = avail0
+    t0 = time.monotonic()
+    formation = before = after = None
+    try:
+        say(f"{row['nodes']} nodes: starting ({d} data nodes, {s} stages x {k} relays)")
+        try:
+            swarm.start()
+        except LocalError as e:
+            raise SizeFailed(str(e).splitlines()[0]) from None
+        row["spawn_s"] = round(time.monotonic() - t0, 1)
+        names = swarm.names()
+        seen, last, told = 0, time.monotonic(), 0.0
+        while True:
+            try:
+                swarm._check_alive()
+            except LocalError as e:
+                raise SizeFailed(str(e).splitlines()[0]) from None
+            low = min(low, mem_available_gib())
+            if low < a.min_free_gib:
+                raise SizeFailed(f"MemAvailable fell to {low:.1f} GiB (< --min-free-gib {a.min_free_gib}) with "
+                                 f"{len(names)} nodes started")
+            recs = swarm.records()
+            if len(recs) > seen:
+                seen, last = len(recs), time.monotonic()
+            if seen and time.monotonic() - told >= 10:
+                told = time.monotonic()
+                say(f"{row['nodes']} nodes: iteration {recs[-1]['iteration']} loss {recs[-1]['loss']:.4f} "
+                    f"({recs[-1]['seconds']:.1f} s)")
+            if formation is None and seen >= 1:
+                row["startup_s"] = round(time.monotonic() - t0, 1)
+                formation = read_statuses(swarm, names)
+            if before is None and seen >= a.warmup:
+                before = read_statuses(swarm, names)
+                at, from_rec = time.monotonic(), len(swarm.records())
+            if before is not None and seen >= from_rec + a.iterations and time.monotonic() - at >= a.window:
+                after = read_statuses(swarm, names)
+                mem = {name: memory_mb(swarm.procs[name].pid) for name in names}
+                low = min(low, mem_available_gib())
+                break
+            limit = a.startup_timeout if seen == 0 else a.iteration_timeout
+            if time.monotonic() - last > limit:
+                raise SizeFailed(f"{'no iteration finished' if seen == 0 else 'no progress'} within {limit:.0f} s "
+                                 f"({seen} iterations done)")
+            time.sleep(0.5)
+        records = swarm.records()
+    finally:
+        say(f"{row['nodes']} nodes: stopping")
+        swarm.stop()
+    reference = train_centralized(man, len(records), data_nodes=d).losses
+    nodes = [per_node(before[name], after[name], len(records) - from_rec) for name in names]
+    for node in nodes:
+        node["loop_lag_max_s"] = after[node["name"]]["loop_lag_max_s"]
+    fm = {name: formation[name]["flow_frames"] for name in names}
+    mems = [m for m in mem.values() if m is not None]
+    bad = check_losses(records, reference, d * k)
+    row.update(
+        iterations=len(records), window_s=round(statistics.mean(nd["seconds"] for nd in nodes), 1),
+        window_iterations=round(statistics.mean(nd["iterations"] for nd in nodes), 1),
+        seconds_per_iteration=round(statistics.mean(r["seconds"] for r in records[a.warmup:]), 2),
+        losses=[round(r["loss"], 6) for r in records], centralized=[round(x, 6) for x in reference],
+        losses_equal=not bad, problems=bad,
+        summary=summarize(nodes, fm),
+        memory={"pss_mb_mean": round(statistics.mean(m["pss_mb"] for m in mems), 1),
+                "uss_mb_mean": round(statistics.mean(m["uss_mb"] for m in mems), 1),
+                "rss_mb_mean": round(statistics.mean(m["rss_mb"] for m in mems), 1),
+                "mem_available_drop_gib": round(avail0 - low, 2),
+                "drop_per_node_mb": round((avail0 - low) * 1024 / len(names), 1)},
+        loop_lag_max_s=max((nd["loop_lag_max_s"] or 0.0) for nd in nodes),
+        per_node=nodes)
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, nargs="+", default=[25, 50, 100], help="swarm sizes (at least so many)")
+    ap.add_argument("--stages", type=int, default=8)
+    ap.add_argument("--data-nodes", type=int, default=2)
+    ap.add_argument("--iterations", type=int, default=5, help="iterations measured at least, after the warmup")
+    ap.add_argument("--window", type=float, default=20.0, help="seconds measured at least, after the warmup")
+    ap.add_argument("--warmup", type=int, default=2, help="iterations before the measured window")
+    ap.add_argument("--hidden", type=int, default=32, help="the tiny model's width (a multiple of 4)")
+    ap.add_argument("--startup-timeout", type=float, default=600.0, help="seconds for the first iteration")
+    ap.add_argument("--iteration-timeout", type=float, default=300.0, help="seconds for each next iteration")
+    ap.add_argument("--min-free-gib", type=float, default=3.0,
+                    help="stop a size when MemAvailable falls under this (the machine is shared)")
+    ap.add_argument("--log-level", default="INFO")
+    ap.add_argument("--keep", action="store_true", help="keep each size's workdir (node logs)")
+    ap.add_argument("--json", action="store_true", help="one JSON object per size on stdout")
+    a = ap.parse_args()
+    problems = []
+    if a.data_nodes not in (1, 2, 3) or a.stages < 1 or a.iterations < 1 or a.warmup < 1:
+        problems.append("use --data-nodes 1..3, --stages >= 1, --iterations >= 1 and --warmup >= 1")
+    if any(n < a.data_nodes + a.stages for n in a.nodes):
+        problems.append(f"every --nodes must be at least --data-nodes + --stages ({a.data_nodes + a.stages})")
+    if a.hidden < 4 or a.hidden % 4:
+        problems.append("--hidden must be a positive multiple of 4")
+    if problems:
+        print(f"bench_swarm_size: {'; '.join(problems)}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+
+    def say(text: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+    def on_term(signum, frame):  # noqa: ARG001 - SIGTERM takes the same path as Ctrl-C: every swarm stopped
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    rows = []
+    try:
+        for n in a.nodes:
+            work = Path(tempfile.mkdtemp(prefix=f"gwtf-size{n}-"))
+            try:
+                row = run_size(n, a, work, say)
+            except SizeFailed as e:
+                row = {"nodes_asked": n, "nodes": a.data_nodes + a.stages * math.ceil((n - a.data_nodes) / a.stages),
+                       "data_nodes": a.data_nodes, "stages": a.stages,
+                       "relays_per_stage": math.ceil((n - a.data_nodes) / a.stages), "error": str(e)}
+                say(f"{row['nodes']} nodes: FAILED: {e} (workdir {work} kept)")
+                a.keep = True
+            finally:
+                if not a.keep:
+                    shutil.rmtree(work, ignore_errors=True)
+            rows.append(row)
+            if a.json:
+                print(json.dumps(row), flush=True)
+    except KeyboardInterrupt:
+        say("interrupted: the swarm is stopped")
+        return 130
+    print(table(rows), file=sys.stderr)
+    ratio = flatness(rows)
+    if ratio is not None:
+        print(f"relay control bytes per iteration, largest size / smallest: {ratio}x", file=sys.stderr)
+    failed = [r for r in rows if r.get("error") or not r.get("losses_equal")]
+    for r in failed:
+        print(f"size {r['nodes']}: {r.get('error') or '; '.join(r['problems'])}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
