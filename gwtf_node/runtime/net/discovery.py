@@ -19,7 +19,7 @@ on read, records.py): `run/<run id>` holds the manifest (put by data nodes),
 again when its stage or addresses change and every `RECORD_REFRESH_S`; a
 provider whose record expired, `RECORD_TTL_S` after it was written, is not
 dialled), `run/<run id>/revoked` the owner's revocation list
-(read every round: authorize.py drops the peers it names); provider records on
+(read every `REVOCATIONS_EVERY_S`: authorize.py drops the peers it names); provider records on
 `run/<run id>` (everyone), `run/<run id>/data` (data nodes) and
 `run/<run id>/stage/<k>` (relays) are how a node finds the peers it works
 with (`fanout.provider_keys`: a relay looks at the data nodes' key and its
@@ -81,7 +81,9 @@ RECORD_REFRESH_S = 600.0  # ... and is written again this often (a node gone for
 REDIAL_FIRST_S = 2.0  # a peer presumed dead is dialled again this long after, then at twice the interval each time
 REDIAL_MAX_S = 60.0  # ... up to once a minute
 REDIAL_FOR_S = 3600.0  # ... for an hour (a volunteer's machine may reboot; one gone for good costs a dial a minute)
-DHT_ROUND_S = 2.0
+DHT_ROUND_S = 2.0  # the discovery loop's period; its first provider lookups come this often (`loop`)
+DHT_ROUND_MAX_S = 32.0  # ... then, while they find no one new, at twice the interval each time, up to this
+REVOCATIONS_EVERY_S = 10.0  # the owner's revocation list is read this often
 DHT_WAIT_S = 10.0
 PEER_LIST_DIALS = 256  # peers dialled for one PeerList (each once, with all its addresses)
 RELEASE_AFTER_S = 2.0  # a peer let go of is disconnected this long after (the Hello telling it our new stage first)
@@ -145,16 +147,26 @@ class Discovery:
             log.warning("could not reach %s: %s", addr, e)
 
     async def loop(self) -> None:
-        """Publish our DHT records and look for peers of the run there."""
+        """Publish our DHT records and look for peers of the run there.
+
+        Every `DHT_ROUND_S` the loop looks whether this node's place or addresses changed (published again at
+        once); it asks the DHT for providers at the first rounds, and again after a wait that doubles with each
+        round that found no one new to dial, up to `DHT_ROUND_MAX_S` (back to `DHT_ROUND_S` when its place
+        changes or a round found someone); the owner's revocation list is read every `REVOCATIONS_EVERY_S`.  A
+        formed swarm is found by Hello and PeerList, and a newcomer finds its peers through its own lookups, so
+        the lookups of the members can slow down: each one is a walk over up to twenty peers, and a swarm whose
+        members all looked every two seconds spent most of its event loops' time answering them."""
         run_key = f"run/{self.run_id}"
         published: tuple | None = None
-        refresh_at = 0.0
+        refresh_at = providers_at = revocations_at = 0.0
+        wait = DHT_ROUND_S
         me = self.wire.me
         while True:
             if self.peers.ids_known():
                 role, stage = self.peers.role, self.peers.stage
                 mine = (role, stage, tuple(self.host.addrs))
-                if published != mine or now() >= refresh_at:
+                news = published != mine
+                if news or now() >= refresh_at:
                     try:
                         with trio.move_on_after(DHT_WAIT_S):
                             if role == "data":
@@ -168,12 +180,18 @@ class Discovery:
                             published, refresh_at = mine, now() + RECORD_REFRESH_S
                     except Exception as e:  # noqa: BLE001 - the DHT is best effort; retried next round
                         log.debug("DHT publish failed: %s", e)
-                try:
-                    with trio.move_on_after(DHT_WAIT_S):
-                        await self._dial_providers()
-                except Exception as e:  # noqa: BLE001
-                    log.debug("find_providers failed: %s", e)
-                await self._read_revocations(f"{run_key}/revoked")
+                if news or now() >= providers_at:
+                    dialled = 0
+                    try:
+                        with trio.move_on_after(DHT_WAIT_S):
+                            dialled = await self._dial_providers()
+                    except Exception as e:  # noqa: BLE001
+                        log.debug("find_providers failed: %s", e)
+                    wait = DHT_ROUND_S if news or dialled else min(DHT_ROUND_MAX_S, 2 * wait)
+                    providers_at = now() + wait
+                if now() >= revocations_at:
+                    await self._read_revocations(f"{run_key}/revoked")
+                    revocations_at = now() + REVOCATIONS_EVERY_S
             await trio.sleep(DHT_ROUND_S)
 
     def works_with(self, role: str, stage: int | None) -> bool:
@@ -185,10 +203,12 @@ class Discovery:
         known = len(self.peers.ids("relay", stage)) if stage is not None and stage >= 0 else 0
         return fanout.wants_sample(mine.role, mine.stage, role, stage, known)
 
-    async def _dial_providers(self) -> None:
+    async def _dial_providers(self) -> int:
         """Dial the peers this node works with that the DHT names and it does not know: the providers of the keys
         its place looks at, each at the addresses of its own signed node record, kept if that record's role and
-        stage are ones this node works with (a provider record outlives a node's move to another stage)."""
+        stage are ones this node works with (a provider record outlives a node's move to another stage).  The
+        number of peers dialled."""
+        dialled = 0
         me = self.wire.me
 
         def unknown(pid: str) -> bool:
@@ -200,6 +220,8 @@ class Discovery:
                 addrs = [a if "/p2p/" in a else f"{a}/p2p/{pid}" for a in addrs if usable_by(a, True)]
                 if addrs and unknown(pid) and self.works_with(role, stage):
                     self.wire.spawn(self.dial, *addrs)
+                    dialled += 1
+        return dialled
 
     def _knows_of(self, to: PeerInfo | None, info: PeerInfo) -> bool:
         """Whether peer `to` is told of `info` (a PeerList): when `to` works with it (`works_with` from `to`'s

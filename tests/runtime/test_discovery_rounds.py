@@ -1,0 +1,74 @@
+"""The discovery loop's DHT rounds (discovery.py `loop`): provider lookups every DHT_ROUND_S at first, then at
+twice the interval after each round that found no one new, up to DHT_ROUND_MAX_S, and at once again when the
+node's place changes or a round found someone; the revocation list every REVOCATIONS_EVERY_S."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import trio
+import trio.testing
+
+from gwtf_node.runtime.net import discovery as disc
+from gwtf_node.runtime.net.discovery import Discovery
+from gwtf_node.runtime.net.peers import PeerInfo, Peers, Place
+
+
+class _Records:
+    """A DHT that names a new provider at the lookups listed in `news` (by count), and no one otherwise."""
+
+    def __init__(self, news: set[int]) -> None:
+        self.news = news
+        self.lookups: list[tuple[float, str]] = []  # (time, key) of each provider lookup
+        self.reads: list[float] = []
+        self.puts = 0
+
+    async def put(self, key: str, value) -> None:
+        self.puts += 1
+
+    async def get(self, key: str):
+        self.reads.append(trio.current_time())
+
+    async def providers(self, key: str, unknown):
+        self.lookups.append((trio.current_time(), key))
+        n = len(self.lookups)
+        if n in self.news:
+            return [(f"NEW{n}", ["/ip4/127.0.0.1/tcp/9"], "relay", 0)]
+        return []
+
+
+@pytest.mark.trio
+async def test_lookups_slow_down_while_they_find_no_one(autojump_clock: trio.testing.MockClock) -> None:
+    records = _Records(news={6})  # (one key per round: a data node looks at the run key only)
+    dials: list[tuple[str, ...]] = []
+    async with trio.open_nursery() as nursery:
+        peers = Peers("ME", "d0", 2, Place("data", -1, 4))
+        peers.upsert(PeerInfo("P", "relay", 0, "r0"), 0.0)
+        wire = SimpleNamespace(me="ME", spawn=lambda fn, *a: dials.append(a))
+        host = SimpleNamespace(addrs=["/ip4/127.0.0.1/tcp/1"], provide=lambda key: trio.sleep(0),
+                               on_addrs_changed=None)
+        d = Discovery(wire, peers, host, SimpleNamespace(run_id="run", to_json=lambda: "{}"), {},
+                      on_peer_hello=lambda info: None, authorizer=SimpleNamespace(insecure=False), records=records)
+        nursery.start_soon(d.loop)
+        start = trio.current_time()
+        await trio.sleep(200)
+        moved_at = trio.current_time()
+        peers.place = Place("relay", 1, 4)  # placed elsewhere: published and looked up again at once
+        await trio.sleep(5)
+        nursery.cancel_scope.cancel()
+    times = [t - start for t, _ in records.lookups]
+    gaps = [round(b - a) for a, b in zip(times, times[1:])]
+    # the first rounds 2 s apart, then 4, 8, 16, 32; the 6th lookup found someone (dialled): 2 s again, then doubling
+    assert gaps[:6] == [2, 4, 8, 16, 32, 2] and gaps[6:10] == [4, 8, 16, 32], gaps
+    assert max(g for t, g in zip(times, gaps) if t < moved_at - start) == disc.DHT_ROUND_MAX_S
+    assert len(dials) == 1
+    # placed elsewhere: its new stage's keys looked up within one round
+    assert any(0 <= t - (moved_at - start) <= disc.DHT_ROUND_S for t in times), times
+    reads = [round(b - a) for a, b in zip(records.reads, records.reads[1:])]
+    assert set(reads) == {disc.REVOCATIONS_EVERY_S}, reads
+
+
+@pytest.fixture
+def autojump_clock() -> trio.testing.MockClock:
+    return trio.testing.MockClock(autojump_threshold=0)
