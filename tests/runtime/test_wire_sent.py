@@ -36,9 +36,21 @@ async def test_sent_counts_frames_and_bytes_per_lane_and_type() -> None:
         peers.forget("GONE")
         assert not await wire.send("GONE", m.Ping(5))  # not sent to a peer that is gone: not counted
     ping = len(codec.encode("ME", m.Ping(1)))
+    host.dht_ops = {"get": 2}  # (hostdht.py counts the DHT operations it started)
     assert wire.sent_totals() == {"ctrl": {"Ping": [2, len(host.frames[0][1]) + len(host.frames[1][1])]},
-                                  "payload": {"LinkProbe": [1, len(host.frames[2][1]) + 1000]}}
+                                  "payload": {"LinkProbe": [1, len(host.frames[2][1]) + 1000]}, "dht": {"get": 2}}
     assert wire.sent["ctrl"]["Ping"][1] == 2 * ping
     totals = wire.sent_totals()
     totals["ctrl"]["Ping"][0] = 99  # a copy: the status file's readers cannot change the counters
     assert wire.sent["ctrl"]["Ping"][0] == 2
+
+
+def test_the_host_counts_the_dht_operations_it_starts() -> None:
+    from gwtf_node.runtime.net.hostdht import HostDht
+
+    host = HostDht()
+    host.dht = None  # (a host opened without a DHT: the operation fails, and was started)
+    for op in (host.dht_get, host.find_providers, host.find_providers):
+        with pytest.raises(RuntimeError):
+            trio.run(op, "k")
+    assert host.dht_ops == {"get": 1, "find_providers": 2}

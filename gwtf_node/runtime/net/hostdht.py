@@ -7,7 +7,9 @@ the validator's `select` picks the highest version (ties: the larger
 bytes), so all holders converge.  `dht_get` asks the closest peers as well
 as the local store (py-libp2p's `get_value` answers from the local copy
 alone, which goes stale).  The DHT is for discovery; liveness is the
-protocol's business.  `HostDht` is a base class of `host.Host`, which sets
+protocol's business.  `dht_ops` counts the operations this host started, by
+kind (put, get, provide, find_providers: each a walk over the closest peers;
+status.json "sent" "dht").  `HostDht` is a base class of `host.Host`, which sets
 `libp2p` and `dht`.
 """
 
@@ -61,7 +63,10 @@ class HostDht:
     libp2p: IHost
     dht: KadDHT | None
 
-    def _require_dht(self) -> KadDHT:
+    def _require_dht(self, op: str | None = None) -> KadDHT:
+        if op is not None:
+            ops = self.__dict__.setdefault("dht_ops", {})
+            ops[op] = ops.get(op, 0) + 1
         if self.dht is None:
             raise RuntimeError("this host was opened with dht=False")
         return self.dht
@@ -72,7 +77,7 @@ class HostDht:
 
     async def dht_put(self, key: str, value: bytes, *, version: int | None = None) -> int:
         """Store `value` under `key` with `version` (default: now in ns, above any known one)."""
-        dht = self._require_dht()
+        dht = self._require_dht("put")
         if version is None:
             known = dht.value_store.get(self._dht_key(key).encode())
             floor = unpack_record(known.value)[0] + 1 if known is not None else 0
@@ -85,7 +90,7 @@ class HostDht:
                              accept: Callable[[int, bytes], bool] | None = None) -> tuple[int, bytes] | None:
         """(version, value) of the highest version held locally or by the closest peers; with `accept`, of the
         highest among those it accepts (records.py: a forged record of a higher version hides no genuine one)."""
-        dht = self._require_dht()
+        dht = self._require_dht("get")
         full = self._dht_key(key)
         kb = full.encode()
         validator = VersionedValidator()
@@ -135,12 +140,12 @@ class HostDht:
 
     async def provide(self, key: str) -> bool:
         with trio.fail_after(DHT_QUERY_TIMEOUT_S):
-            return await self._require_dht().provide(self._provider_key(key))
+            return await self._require_dht("provide").provide(self._provider_key(key))
 
     async def find_providers(self, key: str) -> list[tuple[str, list[str]]]:
         """Peers that announced `key` (deduplicated), with their addresses."""
         with trio.fail_after(DHT_QUERY_TIMEOUT_S):
-            infos = await self._require_dht().find_providers(self._provider_key(key))
+            infos = await self._require_dht("find_providers").find_providers(self._provider_key(key))
         out: dict[str, list[str]] = {}
         for info in infos:
             addrs = out.setdefault(info.peer_id.to_base58(), [])

@@ -153,8 +153,11 @@ class Wire:
         row[1] += envelope_bytes + payload_bytes
 
     def sent_totals(self) -> dict[str, dict[str, list[int]]]:
-        """status.json "sent": a copy of the counters (lane -> message type -> [frames, bytes])."""
-        return {lane: {k: list(v) for k, v in sorted(rows.items())} for lane, rows in self.sent.items()}
+        """status.json "sent": a copy of the counters (lane -> message type -> [frames, bytes]), and the DHT
+        operations the host started ("dht": kind -> count, hostdht.py), which travel on libp2p's streams."""
+        out: dict = {lane: {k: list(v) for k, v in sorted(rows.items())} for lane, rows in self.sent.items()}
+        out["dht"] = dict(sorted(getattr(self.host, "dht_ops", {}).items()))
+        return out
 
     def post(self, peer: str, msg: m.Message) -> None:
         """Send in a task of its own (the caller does not wait)."""
