@@ -1,0 +1,99 @@
+"""`scripts/bench_swarm_size.py`: what it reads from each node's status.json, the per-node figures over a window,
+the loss check against the centralized reference, the table; and one run at a tiny size (a multi-process test)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_swarm_size", ROOT / "scripts" / "bench_swarm_size.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _status(name: str, role: str, t: float, iteration: int, ctrl: dict, cpu: float, compute: float) -> dict:
+    return {"name": name, "role": role, "stage": 0 if role == "relay" else None, "pid": 1, "time": t,
+            "iteration": iteration, "compute_s": compute, "resources": {"cpu_s": cpu},
+            "peers": {"A": {"connection": "direct"}, "B": {"connection": "none"}, "C": {"connection": "relayed"}},
+            "sent": {"ctrl": ctrl, "payload": {"Forward": [9, 9000]}, "dht": {"get": 1}}}
+
+
+def test_per_node_figures_over_the_nodes_own_iterations() -> None:
+    b = _bench()
+    before = b.reading(_status("r0_0", "relay", 100.0, 3, {"Ping": [10, 700], "CostAnnounce": [4, 400]}, 2.0, 0.5),
+                       loop_cpu_s=1.0)
+    after = b.reading(_status("r0_0", "relay", 120.0, 13, {"Ping": [30, 2100], "CostAnnounce": [6, 600],
+                                                           "CanTake": [10, 500]}, 4.0, 1.5), loop_cpu_s=1.8)
+    assert (after["peers"], after["connected"]) == (3, 2)  # "none": known, not connected
+    assert (after["ctrl_frames"], after["ctrl_bytes"], after["flow_frames"]) == (46, 3200, 6)
+    fig = b.per_node(before, after, iterations=99)  # the node's own iterations win over the leader's count
+    assert fig["iterations"] == 10 and fig["seconds"] == 20.0
+    assert fig["ctrl_frames_per_it"] == 3.2 and fig["ctrl_bytes_per_it"] == 210 and fig["ctrl_bytes_per_s"] == 105
+    assert fig["flow_msgs_per_it"] == 0.2
+    assert fig["loop_cpu_ms_per_it"] == 80.0  # (1.8 - 1.0) s over 10 iterations
+    assert fig["cpu_minus_compute_ms_per_it"] == 100.0 and fig["compute_ms_per_it"] == 100.0
+    assert fig["ctrl_kinds_per_it"] == {"CanTake": 1.0, "CostAnnounce": 0.2, "Ping": 2.0}
+    same = b.per_node(before, b.reading(_status("r0_0", "relay", 121.0, 3, {}, 2.0, 0.5), None), iterations=4)
+    assert same["iterations"] == 4 and same["loop_cpu_ms_per_it"] is None  # no iteration of its own: the leader's
+    summary = b.summarize([fig, {**fig, "name": "r0_1", "ctrl_bytes_per_it": 410}], {"r0_0": 5, "r0_1": 7})
+    assert summary["relay"]["ctrl_bytes_per_it"] == {"mean": 310, "max": 410}
+    assert summary["relay"]["flow_msgs_formation"] == {"mean": 6, "max": 7} and "data" not in summary
+
+
+def test_losses_are_checked_against_the_reference_and_the_table_says_so() -> None:
+    b = _bench()
+    recs = [{"iteration": i, "loss": x, "microbatches": 6} for i, x in enumerate([5.5, 5.4, 5.3])]
+    assert b.check_losses(recs, [5.5, 5.4, 5.3], 6) == []
+    assert b.check_losses(recs, [5.5, 5.4, 5.2], 6) == ["iteration 2: loss 5.300000, centralized 5.200000"]
+    assert b.check_losses(recs[:2] + [{**recs[2], "microbatches": 5}], [5.5, 5.4, 5.3], 6) == [
+        "iteration 2: 5 microbatches, expected 6"]
+    assert b.check_losses(recs[1:], [5.4, 5.3], 6)[0].startswith("iterations [1, 2]")
+    fig = {k: {"mean": 1.0, "max": 2.0} for k in ("peers", "connected", "ctrl_frames_per_it", "ctrl_bytes_per_it",
+                                                     "ctrl_bytes_per_s", "flow_msgs_per_it", "loop_cpu_ms_per_it",
+                                                     "cpu_minus_compute_ms_per_it", "compute_ms_per_it",
+                                                     "flow_msgs_formation")}
+    row = {"nodes": 26, "data_nodes": 2, "stages": 8, "relays_per_stage": 3, "startup_s": 40.0,
+           "seconds_per_iteration": 1.5, "summary": {"relay": fig, "data": fig}, "losses_equal": True,
+           "memory": {"pss_mb_mean": 95.0, "uss_mb_mean": 60.0}}
+    big = {**row, "nodes": 106, "relays_per_stage": 13,
+           "summary": {"relay": {**fig, "ctrl_bytes_per_it": {"mean": 1.5, "max": 3.0}}}, "losses_equal": False}
+    failed = {"nodes": 210, "data_nodes": 2, "stages": 8, "relays_per_stage": 26, "error": "MemAvailable fell"}
+    text = b.table([row, big, failed])
+    lines = text.splitlines()
+    assert len(lines) == 5 and all(ln.count("|") == lines[0].count("|") for ln in lines), text
+    assert "| 26 (2 + 8 x 3) | 40.0 s |" in lines[2] and lines[2].endswith("| equal |")
+    assert lines[3].endswith("| DIFFER |") and "failed: MemAvailable fell" in lines[4]
+    assert b.flatness([row, big, failed]) == 1.5
+
+
+def test_bad_arguments_get_one_line() -> None:
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_swarm_size.py"), "--nodes", "5",
+                          "--stages", "8"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        "bench_swarm_size: every --nodes must be at least --data-nodes + --stages (10)"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_a_tiny_swarm_is_measured_and_trains_as_the_reference(tmp_path: Path) -> None:
+    """1 data node and 2 stages of 1 relay: the row of that size, its losses equal to the centralized ones."""
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_swarm_size.py"), "--nodes", "3",
+                          "--stages", "2", "--data-nodes", "1", "--warmup", "1", "--iterations", "2", "--window", "3",
+                          "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (row,) = [json.loads(line) for line in out.stdout.splitlines()]
+    assert row["nodes"] == 3 and row["losses_equal"] and row["losses"] == row["centralized"]
+    relays = [n for n in row["per_node"] if n["role"] == "relay"]
+    assert len(relays) == 2 and all(n["connected"] == 2 for n in relays)  # the data node and the other stage
+    assert all(n["iterations"] >= 1 and n["ctrl_frames_per_it"] > 0 for n in relays)
+    assert row["memory"]["pss_mb_mean"] > 0 and "| 3 (1 + 2 x 1) |" in out.stderr
