@@ -10,7 +10,9 @@ iteration: every relay carries D microbatches an iteration at every size,
 so what grows with N is the swarm, not a node's work.  The swarm forms its
 flows and trains `--warmup` + `--iterations` iterations; every loss must
 equal the centralized reference (model/reference.py, 1e-4 relative) and
-every iteration must settle D x k microbatches, else the exit status is 1.
+every iteration must settle D x k microbatches, else the exit status is 1
+(an iteration that settles fewer ends that size at once: its loss cannot be
+the reference's).
 
 Per node, over the `--iterations` measured iterations (the window between
 two readings of every status.json and /proc, after the warmup), divided by
@@ -36,10 +38,15 @@ the iterations of the window:
   and the other nodes counted in shares) and the private pages (USS), from
   /proc/<pid>/smaps_rollup, and how much MemAvailable dropped per process.
 
-Between sizes the script waits for the previous swarm's processes to be
-gone.  A size that cannot start (MemAvailable under `--min-free-gib` while
-it runs, a node that exits, no progress within the deadlines) is reported
-as such with its reason, the swarm taken down, and the exit status is 1.
+Beside them: the swarm's CPU since its start in cores (all its processes,
+/proc/<pid>/stat) against the cores the whole machine was busy (/proc/stat),
+since the machine may be shared.  Between sizes the script waits for the
+previous swarm's processes to be gone.  A size that fails (MemAvailable
+under `--min-free-gib` while it runs, a node that exits, no progress within
+the deadlines, an iteration short of microbatches) is reported with its
+reason and a diagnosis (the swarm's CPU, the "presumed dead" detections
+and unknown-peer refusals in the node logs, memory, what the first data
+node knew), the swarm taken down, and the exit status is 1.
 
     python scripts/bench_swarm_size.py --nodes 25 50 100 --json
 
@@ -103,6 +110,21 @@ def memory_mb(pid: int) -> dict | None:
     return {"pss_mb": round(kb.get("Pss", 0) / 1024, 1),
             "uss_mb": round((kb.get("Private_Clean", 0) + kb.get("Private_Dirty", 0)) / 1024, 1),
             "rss_mb": round(kb.get("Rss", 0) / 1024, 1)}
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """utime + stime of a whole process (all its threads) in seconds, None if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine spent busy (all cores, /proc/stat: everything but idle and iowait)."""
+    vals = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(vals[:8]) - vals[3] - vals[4]) / CLK_TCK
 
 
 def mem_available_gib() -> float:
@@ -208,7 +230,7 @@ def table(rows: list[dict]) -> str:
     """The Markdown table of the measured sizes (one row per size; relays' figures as mean / max)."""
     head = ("| nodes (D + S x k) | formed in | s / it | relay conns | data conns | relay flow msgs / it "
             "(formation) | relay ctrl frames / it | relay ctrl bytes / it | ctrl bytes / s | relay loop CPU ms / it "
-            "| CPU - compute ms / it | PSS / USS MiB per node | losses |")
+            "| CPU - compute ms / it | swarm CPU cores (machine busy) | PSS / USS MiB per node | losses |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         size = f"{r['nodes']} ({r['data_nodes']} + {r['stages']} x {r['relays_per_stage']})"
@@ -222,7 +244,8 @@ def table(rows: list[dict]) -> str:
             f"{fmt(d.get('connected', {}).get('max'))} | {mm(s['flow_msgs_per_it'])} "
             f"({fmt(s['flow_msgs_formation']['mean'])}) | {mm(s['ctrl_frames_per_it'])} | "
             f"{mm(s['ctrl_bytes_per_it'])} | {fmt(s['ctrl_bytes_per_s']['mean'])} | {mm(s['loop_cpu_ms_per_it'])} | "
-            f"{fmt(s['cpu_minus_compute_ms_per_it']['mean'])} | {fmt(r['memory']['pss_mb_mean'])} / "
+            f"{fmt(s['cpu_minus_compute_ms_per_it']['mean'])} | {fmt(r['cpu']['swarm_cores'])} "
+            f"({fmt(r['cpu']['machine_busy_cores'])}) | {fmt(r['memory']['pss_mb_mean'])} / "
             f"{fmt(r['memory']['uss_mb_mean'])} | {'equal' if r['losses_equal'] else 'DIFFER'} |")
     return "\n".join(lines)
 
@@ -273,6 +296,44 @@ def read_statuses(swarm, names: list[str], deadline_s: float = 5.0) -> dict[str,
     return out
 
 
+def cpu_share(swarm, names: list[str], t0: float, busy0: float) -> dict:
+    """The CPU the swarm's processes spent since they started, in cores, beside the machine's busy cores."""
+    spent = [process_cpu_s(swarm.procs[n].pid) for n in names if n in swarm.procs]
+    secs = max(1e-9, time.monotonic() - t0)
+    known = [c for c in spent if c is not None]
+    busy = (machine_busy_s() - busy0) / secs
+    return {"swarm_cores": round(sum(known) / secs, 2), "machine_busy_cores": round(busy, 2),
+            "per_node_ms_per_s": round(1000 * sum(known) / secs / max(1, len(known)), 1),
+            "seconds": round(secs, 1)}
+
+
+def diagnose(swarm, t0: float, busy0: float) -> dict:
+    """Why a size failed, from what the swarm left: its CPU against the machine's, the false crash detections and
+    refusals in the node logs, its memory, and what the first data node knew (peers met, slots routed)."""
+    names = [n for n in swarm.names() if n in swarm.procs]
+    out: dict = {"cpu": cpu_share(swarm, names, t0, busy0)}
+    dead = unknown = 0
+    for n in names:
+        try:
+            text = (swarm.state_dir(n) / "node.log").read_text(errors="replace")
+        except OSError:
+            continue
+        dead += text.count("presumed dead: silent")
+        unknown += text.count("(UNKNOWN_PEER)")
+    mems = [m for m in (memory_mb(swarm.procs[n].pid) for n in names) if m is not None]
+    out.update(presumed_dead_events=dead, unknown_peer_refusals=unknown,
+               pss_mb_mean=round(statistics.mean(m["pss_mb"] for m in mems), 1) if mems else None,
+               mem_available_gib=round(mem_available_gib(), 2))
+    try:
+        st = json.loads((swarm.state_dir("d0") / "status.json").read_text())
+        out["d0_peers"] = len(st.get("peers") or {})
+        out["d0_slots_routed"] = sum((st.get("flows") or {}).get(st.get("peer_id"), {}).values())
+        out["d0_loop_lag_max_s"] = (st.get("event_loop") or {}).get("max_lag_s")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        pass
+    return out
+
+
 def run_size(n: int, a: argparse.Namespace, work: Path, say) -> dict:
     """Start the swarm of at least `n` nodes, measure it (module doc), take it down; the size's object."""
     from gwtf_node.model.manifest import default_manifest, save_manifest
@@ -293,6 +354,7 @@ def run_size(n: int, a: argparse.Namespace, work: Path, say) -> dict:
                        log_level=a.log_level)
     avail0 = mem_available_gib()
     row["mem_available_gib_before"] = round(avail0, 2)
+    busy0 = machine_busy_s()
     low = avail0
     t0 = time.monotonic()
     formation = before = after = None
@@ -317,9 +379,14 @@ def run_size(n: int, a: argparse.Namespace, work: Path, say) -> dict:
             recs = swarm.records()
             if len(recs) > seen:
                 seen, last = len(recs), time.monotonic()
+                short = [r for r in recs if r["microbatches"] != d * k]
+                if short:  # (its loss is not the reference's: the size failed, no need to measure on)
+                    r = short[0]
+                    raise SizeFailed(f"iteration {r['iteration']} settled {r['microbatches']} of {d * k} "
+                                     f"microbatches (deferred {r.get('deferred')}, lost {r.get('lost')})")
             if seen and time.monotonic() - told >= 10:
                 told = time.monotonic()
-                say(f"{row['nodes']} nodes: iteration {recs[-1]['iteration']} loss {recs[-1]['loss']:.4f} "
+                say(f"{row['nodes']} nodes: iteration {recs[-1]['iteration']} loss {recs[-1]['loss']} "
                     f"({recs[-1]['seconds']:.1f} s)")
             if formation is None and seen >= 1:
                 row["startup_s"] = round(time.monotonic() - t0, 1)
@@ -338,6 +405,10 @@ def run_size(n: int, a: argparse.Namespace, work: Path, say) -> dict:
                                  f"({seen} iterations done)")
             time.sleep(0.5)
         records = swarm.records()
+        row["cpu"] = cpu_share(swarm, names, t0, busy0)
+    except SizeFailed as e:
+        e.diagnosis = diagnose(swarm, t0, busy0)
+        raise
     finally:
         say(f"{row['nodes']} nodes: stopping")
         swarm.stop()
@@ -413,8 +484,9 @@ def main() -> int:
             except SizeFailed as e:
                 row = {"nodes_asked": n, "nodes": a.data_nodes + a.stages * math.ceil((n - a.data_nodes) / a.stages),
                        "data_nodes": a.data_nodes, "stages": a.stages,
-                       "relays_per_stage": math.ceil((n - a.data_nodes) / a.stages), "error": str(e)}
-                say(f"{row['nodes']} nodes: FAILED: {e} (workdir {work} kept)")
+                       "relays_per_stage": math.ceil((n - a.data_nodes) / a.stages), "error": str(e),
+                       "diagnosis": getattr(e, "diagnosis", None)}
+                say(f"{row['nodes']} nodes: FAILED: {e} (workdir {work} kept); {json.dumps(row['diagnosis'])}")
                 a.keep = True
             finally:
                 if not a.keep:
