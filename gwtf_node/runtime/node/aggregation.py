@@ -389,6 +389,8 @@ class Aggregation:
                 return sum(1 for k in keys if model.commit(k))
 
             mine = await self.stage.run(commit)
+        t_wait = now()
+        await self.checkpointer.written()  # the checkpoint of the step before is on disk (checkpointer.py)
         t_grad = now()
         grad = self.faults.poison(await self.stage.run(model.grad_vector), e.iteration)
         t_ar = now()
@@ -424,8 +426,9 @@ class Aggregation:
         self.step_counts[e.iteration] = e.microbatches
         if self.checkpointer.due(e.iteration):
             await self.checkpointer.after_step(self.wire.spawn)
+        # the checkpoint: the state taken after this step, and the wait for the last one's file before the gradient
         self.parts = {"gradient": t_ar - t_grad, "all_reduce": t_step - t_ar, "step": t_ck - t_step,
-                      "checkpoint": now() - t_ck}
+                      "checkpoint": now() - t_ck + t_grad - t_wait}
         # one line per step (module doc "Logs"): at a relay the round that summed it and the contributions held here,
         # once they are in the stage's sum (what the tests rebuild the centralized reference from)
         took = f"aggregation {now() - t0:.2f} s: " + ", ".join(f"{k} {v:.2f}" for k, v in self.parts.items())

@@ -9,8 +9,9 @@ of seconds when every node of a local swarm writes hundreds of MB at once)
 while the next iteration runs.  The step is over, and the phase signals go
 on, once the state is taken, not once it is on disk: the next iteration's
 microbatches only read the parameters, and its step changes them after the
-state was taken.  One write at a time: a state is taken only once the write
-before it is done, so at most one is held besides the live part (what
+state was taken.  One write at a time: the next iteration's all-reduce
+starts once the write is done (`written`), so the state held for it
+overlaps the microbatches, never the all-reduce's buffers (what
 model/memory.py counts).
 
 A node that stops or leaves writes its last state at once (`write_now`,
@@ -62,12 +63,16 @@ class Checkpointer:
         """Take the state in the worker (after the write before it is done) and write it in the background through
         `spawn` (the node's nursery); the seconds the step waited for it."""
         t0 = time.perf_counter()
-        await self._idle.wait()
+        await self._idle.wait()  # (the all-reduce before waited for it: nothing in flight, but a write at a leave)
         taken = await self.stage.run(self.stage.take_state)
         if taken is not None:
             self._idle = trio.Event()
             spawn(self._write_in_background, taken)
         return time.perf_counter() - t0
+
+    async def written(self) -> None:
+        """Until the write in flight, if any, is done."""
+        await self._idle.wait()
 
     async def _write_in_background(self, taken: StateTaken) -> None:
         try:  # (a thread is not cancelled: a node that stops waits for its file, then writes its last state)
