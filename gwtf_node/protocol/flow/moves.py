@@ -130,7 +130,7 @@ def on_report(node: FlowNode, now: float, sender: str, rep: FlowReport, eff: lis
     best = None  # (delta, kind, d, a, b)
     for h in rep.outflows:  # Request Change: swap my j1 with the peer's j2
         d, j2 = h.commodity, h.peer
-        if j2 not in cfg.next_costs:
+        if j2 not in cfg.next_costs or d not in node.out:  # (a data node this node does not know, or forgot)
             continue
         for j1, n in sorted(node.out[d].items()):
             if n <= 0 or j1 == j2 or j1 not in peer_next:
@@ -143,7 +143,7 @@ def on_report(node: FlowNode, now: float, sender: str, rep: FlowReport, eff: lis
             if hi.peer not in cfg.prev_costs:
                 continue
             for ho in rep.outflows:
-                if ho.commodity != hi.commodity or ho.peer not in cfg.next_costs:
+                if ho.commodity != hi.commodity or ho.peer not in cfg.next_costs or ho.commodity not in node.out:
                     continue
                 delta = cfg.prev_costs[hi.peer] + cfg.next_costs[ho.peer] - hi.cost - ho.cost
                 if best is None or delta < best[0] - EPS:
