@@ -21,7 +21,9 @@ the peer's work being the compute per microbatch it tells in every Pong
 piece of work it measured (`LocalStage.busiest_s`: a microbatch's compute, an
 optimizer step, a checkpoint, an all-reduce): stage-mates and neighbours hold
 parts of about the same size, so what this node's step and checkpoint take
-is its best estimate of theirs.  The floor is DEAD_AFTER_S (6 s), the
+is its best estimate of theirs; so is the longest lag of its own event
+loop (looplag.py): on a machine with more daemons than cores every loop
+runs late alike.  The floor is DEAD_AFTER_S (6 s), the
 factor BUSY_FACTOR (2) and the ceiling MAX_DEADLINE_S (600 s); a model of a few MB works in milliseconds, so its
 deadline stays at the floor and a crash is found as quickly as ever.
 
@@ -104,8 +106,10 @@ class Liveness:
             await self._check_loop()
 
     def deadline_s(self, peer: str) -> float:
-        """`peer`'s deadline now (`dead_after_s`)."""
-        return dead_after_s(self.peer_compute_ms.get(peer, 0.0) / 1000.0, self.work_s())
+        """`peer`'s deadline now (`dead_after_s`); this node's own work counts its event loop's longest lag
+        (`lag.max_lag_s`): a machine whose loops run seconds late (more daemons than cores) answers pings as late,
+        and a peer's silence then is not its death."""
+        return dead_after_s(self.peer_compute_ms.get(peer, 0.0) / 1000.0, max(self.work_s(), self.lag.max_lag_s))
 
     async def _check_loop(self) -> None:
         self._last_check = now()
