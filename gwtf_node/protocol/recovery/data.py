@@ -66,7 +66,7 @@ class DataSide:
         m: DataRecord | None = self.mbs.get(key)
         if m is None or msg.attempt != m.attempt:
             if m is not None:
-                self.stats.stale += 1
+                self.stats.bump(stale=1)
             if isinstance(msg, (Forward, Recover)):
                 # an attempt this node no longer runs: Complete stops the sender's hop deadline (a relay resending
                 # a repair to the sink would resend forever), and an abandoned attempt is released again (the
@@ -114,7 +114,7 @@ class DataSide:
         if sender == m.next and (m.src is Source.SENDING or (m.src is Source.SENT and m.sink is None)):
             eff.append(CancelTimer(MbTimer(TimerKind.FW, key)))
             m.tried.add(sender)
-            self.stats.reroutes += 1
+            self.stats.bump(reroutes=1)
             self._src_route(now, m, eff)
 
     def _at_sink(self, now: float, sender: str, key: Key, msg: Forward, m: DataRecord,
@@ -136,7 +136,7 @@ class DataSide:
         m.path[-1] = newprev
         eff.append(Send(newprev, Complete(*key, a)))
         if m.sink in (Sink.GRAD, Sink.WAIT):
-            self.stats.resends += 1
+            self.stats.bump(resends=1)
             m.sink, m.sent_at = Sink.GRAD, now
             eff.append(Send(newprev, Backward(*key, None, a)))
             eff.append(SetTimer(MbTimer(TimerKind.BK, key), self._deadline(now, newprev)))
@@ -168,7 +168,7 @@ class DataSide:
             return
         m.next, m.src, m.sent_at = j, Source.SENDING, now
         if m.rest:
-            self.stats.recovers += 1
+            self.stats.bump(recovers=1)
             eff.append(Send(j, Recover(*key, (self.me,), m.rest[1:], None, a)))
         else:
             eff.append(Send(j, Forward(*key, (self.me,), None, a)))
@@ -201,7 +201,7 @@ class DataSide:
         self._maybe_done(now, key.iteration, eff)
 
     def _defer(self, key: Key, eff: list[RecoveryEffect]) -> None:
-        self.stats.deferred += 1
+        self.stats.bump(deferred=1)
         self.ledger.mark(key.iteration, key.seq, MbStatus.DEFERRED)
         self.carry.append(key.seq)
 
@@ -209,7 +209,7 @@ class DataSide:
         key = m.key
         if kind is ComputeKind.FORWARD and m.src is Source.EMB:
             j = m.next
-            if j is None or j in self.dead or j in self.full:
+            if j is None or j in self.peers.dead or j in self.full:
                 j = self._choose_next(self.me, set())
             if j is None:
                 self._put_back(now, m, eff)
@@ -222,7 +222,7 @@ class DataSide:
             m.sink, m.sent_at = Sink.GRAD, now
             # a holder of the path reported gone while the forward was on its way here (`peer_gone` acts only on a
             # microbatch in its backward pass): act now, as the report would have, not on the watchdog
-            gone = self.cfg.act_on_gone and self._gone_ahead(m, self.gone)
+            gone = self.cfg.act_on_gone and self._gone_ahead(m, self.peers.gone)
             if gone and self.swarm:
                 self._trouble(now, m, eff)  # (restart: no gradient sent down a path that cannot carry it)
                 return
@@ -251,7 +251,7 @@ class DataSide:
 
     def _open(self, now: float, it: int, eff: list[RecoveryEffect]) -> None:
         self.iteration = it
-        self.full.clear()  # every relay dropped its stashes in the aggregation: room again
+        self.peers.new_iteration(relay=False)  # every relay dropped its stashes in the aggregation: room again
         self.lent.clear()  # lent units were lent for the iteration before
         # one wave: the deferred first, topped up with new ones to `capacity` per iteration; else all of them
         fresh = max(0, self.cfg.capacity - len(self.carry)) if self.cfg.one_wave else self.cfg.capacity
@@ -301,7 +301,7 @@ class DataSide:
             return
         for d in self.cfg.data_nodes:
             if d != self.me and d not in self.dead:
-                self.stats.lent += 1
+                self.stats.bump(lent=1)
                 eff.append(Send(d, Lend(it, hop)))
 
     def _maybe_done(self, now: float, it: int, eff: list[RecoveryEffect]) -> None:

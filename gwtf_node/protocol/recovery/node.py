@@ -54,7 +54,7 @@ from ..effects import Send, SetTimer
 from ..messages import Backward, Complete, Lend, MbDeny, Room
 from ..pipeline import Ledger
 from .data import DataSide
-from .neighbours import Neighbours
+from .neighbours import Neighbours, Peers
 from .records import (
     MB_MESSAGES, POLICIES, ComputeKind, Key, MbTimer, Policy, RecoveryConfig, RecoveryEffect, RecoveryStats, RelayPhase,
     TimerKind,
@@ -78,16 +78,8 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         self.is_data = cfg.stage < 0
         self.nstages = cfg.last_stage + 1
         self.swarm = self.policy in (Policy.SWARM, Policy.RANDOM)  # (random: SWARM's machinery, random next hops)
-        self.next_peers: dict[str, float] = dict(cfg.next_peers)
-        self.prev_peers: dict[str, float] = dict(cfg.prev_peers)
-        self.peer_cap: dict[str, int] = dict(cfg.peer_capacity)
-        self.est: dict[str, float] = dict(cfg.prior_s)
-        self.dead: set[str] = set()
-        self.gone: set[str] = set()  # peers the membership layer reported gone (`peer_gone`)
-        self.full: set[str] = set()
-        self.denied: set[str] = set()  # peers I sent MbDeny to: they get Room when a slot frees
+        self.peers = Peers.of(cfg)  # the neighbours as this node sees them (neighbours.py)
         self.mbs: dict = {}  # relay: Key -> RelayRecord; data node: Key -> DataRecord
-        self.out: dict[str, dict[str, int]] = {}  # gwtf flows: data node -> next hop -> units
         self.contrib: dict[int, set[Key]] = {}
         self.orphaned: dict[int, set[Key]] = {}  # relay: contributions of data nodes gone before BEGIN (its rule)
         self.stats = RecoveryStats()
@@ -106,6 +98,17 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         self.lent: dict[str, int] = {}  # lending: stage-0 relay -> units other data nodes lent me this iteration
         self.rt: dict[str, float] = {}  # data node: stage-0 relay -> EWMA of launch -> final time through it
 
+    # Read-only views for the drivers, the simulator and the tests (the owner's objects, not copies).
+    next_peers = property(lambda self: self.peers.next_peers, doc="next-stage peer -> link cost")
+    prev_peers = property(lambda self: self.peers.prev_peers, doc="previous-stage peer -> link cost")
+    peer_cap = property(lambda self: self.peers.peer_cap, doc="next-stage peer -> capacity")
+    est = property(lambda self: self.peers.est, doc="peer -> EWMA of its hand-off time")
+    dead = property(lambda self: self.peers.dead, doc="peers presumed dead or gone")
+    gone = property(lambda self: self.peers.gone, doc="peers the membership layer reported gone")
+    full = property(lambda self: self.peers.full, doc="next peers that denied a microbatch")
+    denied = property(lambda self: self.peers.denied, doc="peers this node denied")
+    out = property(lambda self: self.peers.out, doc="the flows: data node -> next hop -> units")
+
     def start(self, now: float) -> list[RecoveryEffect]:
         eff: list[RecoveryEffect] = []
         if self.is_data:
@@ -114,8 +117,7 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
 
     def on_message(self, now: float, sender: str, msg) -> list[RecoveryEffect]:
         eff: list[RecoveryEffect] = []
-        self.dead.discard(sender)
-        self.gone.discard(sender)  # (a peer reported gone and heard from again, e.g. restarted with its id)
+        self.peers.heard(sender)  # (also a peer reported gone and heard from again, e.g. restarted with its id)
         t = type(msg)
         if t not in MB_MESSAGES:
             raise TypeError(f"{t.__name__} is not a microbatch message: the driver routes it elsewhere")
@@ -124,7 +126,7 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
             handler(self, now, sender, msg, eff)
             return eff
         if t is MbDeny:
-            self.full.add(sender)
+            self.peers.refused(sender)
         key = Key(msg.data_node, msg.seq, msg.iteration)
         if self.is_data:
             self._data_message(now, sender, key, msg, eff)  # data.DATA_HANDLERS
@@ -133,7 +135,7 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         return eff
 
     def _on_room(self, now: float, sender: str, msg: Room, eff: list[RecoveryEffect]) -> None:
-        self.full.discard(sender)
+        self.peers.has_room(sender)
         if self.is_data:
             self._launch(now, eff)
         else:  # a route again: retry parked repairs, and my upstream may send again (my Room)
@@ -145,7 +147,7 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
     def _on_lend(self, now: float, sender: str, msg: Lend, eff: list[RecoveryEffect]) -> None:
         if self.is_data and self.cfg.lend and not self.swarm and msg.iteration == self.iteration:
             self.lent[msg.hop] = self.lent.get(msg.hop, 0) + 1
-            self.stats.borrowed += 1
+            self.stats.bump(borrowed=1)
             self._launch(now, eff)
 
     def on_timer(self, now: float, tkey: MbTimer) -> list[RecoveryEffect]:
@@ -219,14 +221,13 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         if not self.is_data:
             for key in [k for k in self.mbs if k.iteration <= it]:
                 self._drop(key, eff)
-            self.full.clear()
-            self.denied.clear()
+            self.peers.new_iteration(relay=True)
         held = self.contrib.get(it, set())
         orphans = self.orphaned.pop(it, set())
         if completed is None:
             return eff, frozenset(held)
         counted = frozenset(k for k in held | orphans if k.seq in completed.get(k.data_node, ()))
-        self.stats.uncounted += len(held) - len(counted)
+        self.stats.bump(uncounted=len(held) - len(counted))
         return eff, counted
 
     def aggregation_done(self, now: float, it: int) -> list[RecoveryEffect]:

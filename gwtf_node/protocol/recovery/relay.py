@@ -54,7 +54,7 @@ class RelaySide:
             return
         if r is None or a < r.attempt:
             if r is not None:
-                self.stats.stale += 1
+                self.stats.bump(stale=1)
             stale = RELAY_STALE.get(t)
             if stale is not None:
                 stale(self, sender, key, msg, eff)
@@ -102,7 +102,7 @@ class RelaySide:
         if r.phase in (RelayPhase.SENDING, RelayPhase.SENT) and sender == r.next:
             eff.append(CancelTimer(MbTimer(TimerKind.FW, key)))
             r.tried.add(sender)
-            self.stats.reroutes += 1
+            self.stats.bump(reroutes=1)
             self._route(now, r, eff)
 
     def _on_backward(self, now: float, sender: str, key: Key, msg: Backward, r: RelayRecord,
@@ -120,7 +120,7 @@ class RelaySide:
         r.prev = newprev
         eff.append(Send(newprev, Complete(*key, a)))
         if r.phase in (RelayPhase.GRAD, RelayPhase.DONE):
-            self.stats.resends += 1
+            self.stats.bump(resends=1)
             r.phase, r.sent_at = RelayPhase.GRAD, now
             eff.append(Send(newprev, Backward(*key, None, a)))
             eff.append(SetTimer(MbTimer(TimerKind.BK, key), self._deadline(now, newprev)))
@@ -137,18 +137,18 @@ class RelaySide:
         r.tried = {r.next} if r.next is not None and r.next not in self.cfg.data_nodes else set()
         r.tried |= {""} & tried_before  # (a parked record's one deadline retry is spent)
         r.rest = tuple(msg.rest)
-        self.stats.reroutes += 1
+        self.stats.bump(reroutes=1)
         self._route(now, r, eff)
 
     def _fw_timer(self, now: float, r: RelayRecord, eff: list[RecoveryEffect]) -> None:
         """A hand-off's deadline passed (the next hop is presumed dead), or a parked microbatch's retry is due."""
         if r.phase is RelayPhase.SENDING:
-            self.stats.reroutes += 1
+            self.stats.bump(reroutes=1)
             self._presume_dead(r.next)
             r.tried.add(r.next)
             self._route(now, r, eff)
         elif r.parked:
-            self.full.difference_update(self.next_peers)  # no Room came: offer it to them again, once
+            self.peers.offer_again()  # no Room came: offer it to them again, once
             r.tried = {""}
             self._route(now, r, eff)
 
@@ -163,7 +163,7 @@ class RelaySide:
         if r is not None:
             if a < r.attempt or (a == r.attempt and type(msg) is Forward):
                 # stale, or a second branch of the same attempt (an upstream presumed me dead): keep mine
-                self.stats.stale += 1
+                self.stats.bump(stale=1)
                 if r.phase != RelayPhase.FWD:
                     eff.append(Send(sender, Complete(*key, a)))
                 return
@@ -206,8 +206,8 @@ class RelaySide:
                 r.tried.clear()
                 if r.ordered:
                     self._report(key, a, RelayPhase.SENT, eff)
-                peers = self._live_next() or list(self.next_peers)
-                wait = max((self.est.get(j, self.cfg.default_prior_s) for j in peers), default=self.cfg.default_prior_s)
+                peers = self._live_next() or list(self.peers.next_peers)
+                wait = max((self.peers.est.get(j, self.cfg.default_prior_s) for j in peers), default=self.cfg.default_prior_s)
                 eff.append(SetTimer(MbTimer(TimerKind.FW, key), now + self.cfg.k * wait + self.cfg.margin_s))
                 return
             if r.ordered:
@@ -224,7 +224,7 @@ class RelaySide:
             return
         r.next, r.phase, r.sent_at = j, RelayPhase.SENDING, now
         if recovering:
-            self.stats.recovers += 1
+            self.stats.bump(recovers=1)
             eff.append(Send(j, Recover(*key, r.path, r.rest[1:], None, a)))
         else:
             eff.append(Send(j, Forward(*key, r.path, None, a)))
