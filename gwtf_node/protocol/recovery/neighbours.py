@@ -8,7 +8,7 @@ changes it, the other mechanisms through its methods.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from .records import RecoveryConfig, RecoveryEffect, ewma
@@ -117,11 +117,11 @@ class Neighbours:
         self.peers.next_peers = dict(next_peers)
         self.peers.prev_peers = dict(prev_peers)
         per_peer = isinstance(prior_s, Mapping)
-        for j in self.next_peers:
+        for j in self.peers.next_peers:
             self.peers.peer_cap[j] = peer_capacity.get(j) or self.peers.peer_cap.get(j, 1)
             self.peers.est.setdefault(j, prior_s.get(j, self.cfg.default_prior_s) if per_peer else prior_s)
         if per_peer:
-            for j in self.prev_peers:
+            for j in self.peers.prev_peers:
                 if j in prior_s:
                     self.peers.est.setdefault(j, prior_s[j])
         eff: list[RecoveryEffect] = []
@@ -136,7 +136,7 @@ class Neighbours:
 
         Without this a data node that presumed its last stage-0 relay dead (slow while a peer left) would
         defer every microbatch from then on: it only un-presumes a peer that sends it something."""
-        if peer not in self.peers.dead or peer in self.gone:
+        if peer not in self.peers.dead or peer in self.peers.gone:
             return []
         self.peers.dead.discard(peer)
         eff: list[RecoveryEffect] = []
@@ -149,9 +149,7 @@ class Neighbours:
         if self.is_data:
             self._launch(now, eff)
             return
-        for r in [r for r in self.mbs.values() if r.parked]:
-            r.parked, r.tried = False, set()
-            self._route(now, r, eff)
+        self._retry_parked(now, eff)
         self._room(eff)
 
     def peer_gone(self, now: float, peer: str) -> list[RecoveryEffect]:
@@ -188,14 +186,12 @@ class Neighbours:
         contributions died with it), so the microbatches it sends from now on
         start clean, whatever their keys.  A next-stage peer back is a route
         again (as in `set_neighbours`)."""
-        for keys in self.orphaned.values():  # its old incarnation's: a new one may send the same keys elsewhere
-            keys -= {k for k in keys if k.data_node == peer}
-        self.peers.dead.discard(peer)
-        self.peers.gone.discard(peer)
+        self._unorphan(peer)  # its old incarnation's: a new one may send the same keys elsewhere
+        self.peers.heard(peer)
         if data_node and peer not in self.cfg.data_nodes:
-            self.cfg = replace(self.cfg, data_nodes=tuple(sorted(self.cfg.data_nodes + (peer,))))
+            self._set_data_nodes(tuple(sorted(self.cfg.data_nodes + (peer,))))
         eff: list[RecoveryEffect] = []
-        if peer in self.next_peers:
+        if peer in self.peers.next_peers:
             self._route_again(now, eff)
         return eff
 
@@ -212,8 +208,5 @@ class Neighbours:
         if not self.is_data:
             for key in [k for k in self.mbs if k.data_node == peer]:
                 self._drop(key, eff)
-            for it, keys in self.contrib.items():
-                if it not in self.begun:
-                    self.orphaned.setdefault(it, set()).update(k for k in keys if k.data_node == peer)
-                    self.contrib[it] = {k for k in keys if k.data_node != peer}
-        self.cfg = replace(self.cfg, data_nodes=tuple(d for d in self.cfg.data_nodes if d != peer))
+            self._orphan(peer)
+        self._set_data_nodes(tuple(d for d in self.cfg.data_nodes if d != peer))

@@ -74,7 +74,7 @@ class RelaySide:
     def _on_release(self, now: float, sender: str, key: Key, msg: Release, r: RelayRecord | None,
                     eff: list[RecoveryEffect]) -> None:
         if r is None or r.attempt <= msg.attempt:
-            self.contrib.get(key.iteration, set()).discard(key)
+            self._uncontribute(key)
             self._drop(key, eff)
 
     def _stale_resume(self, sender: str, key: Key, msg: Resume, eff: list[RecoveryEffect]) -> None:
@@ -168,7 +168,7 @@ class RelaySide:
                     eff.append(Send(sender, Complete(*key, a)))
                 return
             if a > r.attempt:
-                self.contrib.get(key.iteration, set()).discard(key)  # the old attempt's gradient is not trained on
+                self._uncontribute(key)  # the old attempt's gradient is not trained on
             self._drop(key, eff)  # a newer attempt, or a repair the data node ordered: it supersedes mine
         aggregating = (msg.iteration - 1) in self.begun and (msg.iteration - 1) not in self.stepped
         leaving = self.last_iteration is not None and msg.iteration > self.last_iteration
@@ -176,9 +176,30 @@ class RelaySide:
             self._deny(sender, key, a, eff)  # (aggregating: my parameters are not those of this iteration yet)
             return
         recover = type(msg) is Recover
-        self.mbs[key] = RelayRecord(key, a, sender, tuple(msg.path) + (self.me,), rest=tuple(msg.rest) if recover else ())
+        self._keep(RelayRecord(key, a, sender, tuple(msg.path) + (self.me,), rest=tuple(msg.rest) if recover else ()))
         self._report(key, a, RelayPhase.REC if recover else RelayPhase.FWD, eff)
         eff.append(Compute(ComputeKind.RECOMPUTE if recover else ComputeKind.FORWARD, key))
+
+    def _relay_compute_done(self, now: float, r: RelayRecord, kind: ComputeKind, eff: list[RecoveryEffect]) -> None:
+        key = r.key
+        if r.phase is RelayPhase.FWD and kind in (ComputeKind.FORWARD, ComputeKind.RECOMPUTE):
+            eff.append(Send(r.prev, Complete(*key, r.attempt)))
+            self._route(now, r, eff)
+        elif r.phase is RelayPhase.BWD and kind is ComputeKind.BACKWARD:
+            self._contribute(key)
+            eff.append(Send(r.next, Complete(*key, r.attempt)))
+            eff.append(Send(r.prev, Backward(*key, None, r.attempt)))
+            r.phase, r.sent_at = RelayPhase.GRAD, now
+            self._report(key, r.attempt, RelayPhase.GRAD, eff)  # backward progress (the data node's act_on_gone)
+            eff.append(SetTimer(MbTimer(TimerKind.BK, key), self._deadline(now, r.prev)))
+            self._room(eff)
+            self._retry_parked(now, eff)  # my slot at my next hop freed
+
+    def _retry_parked(self, now: float, eff: list[RecoveryEffect]) -> None:
+        """A route again (a Room, a slot freed at the next hop, a next peer back): the parked ones try again."""
+        for r in [r for r in self.mbs.values() if r.parked]:
+            r.parked, r.tried = False, set()
+            self._route(now, r, eff)
 
     def _route(self, now: float, r: RelayRecord, eff: list[RecoveryEffect]) -> None:
         """Hand my stashed output on: along `rest` (a recovery chain) or the flows / greedy."""
@@ -218,7 +239,7 @@ class RelaySide:
                 eff.append(Send(key.data_node, BackwardStuck(*key, self.stage, a)))
                 return
             prev = r.prev
-            del self.mbs[key]  # no Room for this freed slot: I have no route, not just no room
+            self._forget(key)  # no Room for this freed slot: I have no route, not just no room
             self._cancel(key, eff)
             self._deny(prev, key, a, eff)
             return

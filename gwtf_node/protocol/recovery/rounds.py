@@ -91,7 +91,7 @@ class Rounds:
             self._decide(now, m, eff)
 
     def _arm_watchdog(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
-        eff.append(SetTimer(MbTimer(TimerKind.WD, m.key), now + K_E2E * self.e2e_est + self.cfg.margin_s))
+        eff.append(SetTimer(MbTimer(TimerKind.WD, m.key), now + K_E2E * self.data.e2e_est + self.cfg.margin_s))
 
     def _trouble(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         """A microbatch is not progressing: GWTF runs a probe round, SWARM restarts it."""
@@ -210,7 +210,7 @@ class Rounds:
         for p in sorted(m.holders):
             eff.append(Send(p, Release(*m.key, m.attempt)))
         self._cancel(m.key, eff)
-        del self.mbs[m.key]
+        self._forget(m.key)
         self._defer(m.key, eff)
         self._launch(now, eff)
         self._maybe_done(now, m.key.iteration, eff)

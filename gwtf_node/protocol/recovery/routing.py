@@ -67,14 +67,14 @@ class Routing:
             return self._greedy(exclude)
         ok = [j for j in self._live_next() if j not in self.peers.full and j not in exclude]
         units = self.peers.out.get(d, {})
-        if self.is_data and self.lent:  # units lent to me (Lend) for this iteration
+        if self.is_data and self.data.lent:  # units lent to me (Lend) for this iteration
             units = dict(units)
-            for j, n in self.lent.items():
+            for j, n in self.data.lent.items():
                 units[j] = units.get(j, 0) + n
         inflight = {j: self._inflight(j, d) for j in units}
         costs = self.peers.next_peers
         if self.is_data and fresh and self.cfg.fastest_unit:  # data.py, "Fastest unit first"
-            costs = {j: (self.rt.get(j, self.e2e_est), self.peers.next_peers.get(j, float("inf"))) for j in units}
+            costs = {j: (self.data.rt.get(j, self.data.e2e_est), self.peers.next_peers.get(j, float("inf"))) for j in units}
         hop = pick_next_hop(units, inflight, costs, ok)
         if hop is not None:
             return hop
@@ -110,7 +110,7 @@ class Routing:
                 self.peers.room_told()
 
     def _drop(self, key: Key, eff: list[RecoveryEffect]) -> None:
-        if self.mbs.pop(key, None) is None:
+        if self._forget(key) is None:
             return
         self._cancel(key, eff)
         self._room(eff)
