@@ -19,7 +19,7 @@ follows is the one announced.
 
 Almost every message of a label wave is one next-stage IN label.  The four
 best candidates (forward / back, for OUT / IN) are cached with the state they
-were computed on (`FlowNode.cache`, `signature`), and such a label is folded in
+were computed on (`LabelState.cache`, `signature`), and such a label is folded in
 in O(1) (`fold_in`, and the fast path of `FlowNode.on_message`); `compute`
 scans every neighbour, and only the cheapest forward candidates' paths
 (`cheapest`).  An upstream OUT label recomputes only the back candidates
@@ -28,6 +28,8 @@ scans every neighbour, and only the cheapest forward candidates' paths
 A label of a newer wave (`Label.epoch`, see launches.py) clears the older
 labels of its commodity (`ingest`); a label from a sender that is not a
 neighbour yet is stashed and used when it is added (FlowNode.add_neighbour).
+`LabelState` holds all of them; only this module changes it (a new wave, a
+peer gone: `new_wave`, `drop_peer`, ...).
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ def compute(node: FlowNode, d: str) -> None:
     one last announced.
 
     The four best candidates (forward / back, for OUT / IN) are cached with
-    the state they were computed on (`FlowNode.cache`), so that a next-stage
+    the state they were computed on (`LabelState.cache`), so that a next-stage
     neighbour's IN label, by far the most frequent news, is folded in in
     O(1) by `fold_in` instead of a scan over every neighbour.
     """

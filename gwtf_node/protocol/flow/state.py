@@ -34,7 +34,7 @@ class Via(enum.Enum):
 class PendingKind(enum.Enum):
     """What a request awaiting its FlowReply was for."""
 
-    LAUNCH = "token"  # the unit this node routes now (one at a time: FlowNode.token_pending)
+    LAUNCH = "token"  # the unit this node routes now (one at a time: UnitState.token_pending)
     FORCED = "forced"  # a forced Request Flow: half of an agreed move or a retreat, never rejected for its cost
     WITHDRAW = "withdraw"  # a Withdraw: the downstream end takes a unit back
 

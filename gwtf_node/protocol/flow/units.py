@@ -1,8 +1,10 @@
 """Moving units: Request Flow, its reply, DENY, Reroute and Withdraw, and the node's rebalancing (section V-C).
 
 Each node keeps, per commodity, how many units it receives from each upstream
-peer (`FlowNode.inn`) and sends to each downstream peer (`FlowNode.out`); a
-relay holds at most `capacity` units.  The downstream end of a link owns the
+peer (`UnitState.inn`) and sends to each downstream peer (`UnitState.out`); a
+relay holds at most `capacity` units.  `UnitState` also holds the requests
+awaiting their reply; only this module changes it, the other mechanisms move
+units and place requests through its methods (`request`, `take_in`, ...).  The downstream end of a link owns the
 count of that link: every change is decided by the receiver (approve, Deny,
 Reroute, approve a Withdraw) and copied by the sender when the receiver's
 message arrives, so the two ends agree once messages are delivered (links
