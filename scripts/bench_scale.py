@@ -52,10 +52,18 @@ Figures per setting:
   (`compute_s_per_microbatch`), as is the CPU the swarm's processes used
   (`cores_used`: all their work, compute and the rest, per second).
   utilization = tokens_per_s / bound_tokens_per_s.
-  The bound leaves out the within-stage all-reduce, whose time depends on
-  the parameters, not the tokens; `iteration_bound_tokens_per_s` adds it
-  (each relay sends and receives 2(n-1)/n of its stage's float32 gradient
-  at its own rate) to the pipeline time of an iteration at the bound.
+  The bound leaves out what an iteration does once whatever its tokens:
+  the within-stage all-reduce and the optimizer step.
+  `iteration_bound_tokens_per_s` adds to the pipeline time of an iteration
+  at the bound the all-reduce at the links' rates (each relay sends and
+  receives 2(n-1)/n of its stage's gradient at its own rate, in the wire
+  dtype: float32, or bfloat16 with `bf16` on the wire) and
+  the steps (each part's gradient vector and AdamW update timed alone by
+  `calibrate`: the slowest, or all of them over the cores if more);
+  `iteration_utilization` = tokens_per_s / that.
+  `other_jobs_cores`: the CPU the machine's other processes used during the
+  window (/proc/stat less the swarm's own), in cores: the bound gives the
+  swarm all `--cores`, so a shared machine lowers the utilization.
 
     sudo python scripts/bench_scale.py [--hidden H --layers L | --preset NAME] [--iterations N] [--json]
 
@@ -74,7 +82,6 @@ import json
 import math
 import os
 import random
-import re
 import shutil
 import signal
 import subprocess
@@ -86,6 +93,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_scale_measure import (aggregation_breakdown, allreduce_s, calibrate, cpu_busy_s,  # noqa: E402
+                                 node_figures, read_text, swarm_bound)
 
 SETTINGS = {
     "fp32": {"precision": "fp32", "wire_dtype": "fp32", "compression": "none"},
@@ -94,50 +105,8 @@ SETTINGS = {
 }
 DECLARED_BANDWIDTH_SCALE = 1000.0  # the links file's bandwidth over the physical one (module doc)
 STATUS_SETTLE_S = 2.5  # status.json is rewritten every second: wait for one written after the last step
-CALLS_PER_MICROBATCH = {"relay": 2, "data": 3}  # runtime/node/stage.py: stage calls of one microbatch
 
 
-# ------------------------------------------------------------------ the bound
-def swarm_bound(status: dict[str, dict], window: dict[str, dict], rates: dict[str, float], cores: float,
-                part_cpu_s: dict[int, float]) -> dict:
-    """`throughput_bound` of the swarm: `status`, each node's status.json (its role and stage); `window`, what it
-    measured after iteration 0 (node -> {"microbatches", "sent_bytes", "cpu_s", "seconds"}, differences of two
-    status.json); `rates`, its uplink and downlink in Mbit/s; `part_cpu_s`, the CPU seconds one microbatch costs
-    each part computed alone (`calibrate`; -1: the data part).
-
-    A node handles at most 1 / its part's cost microbatches per second (one torch thread), and no more than its
-    link's rate over the bytes it sends per microbatch (it receives about as many: an activation of the same
-    shape, a gradient back); a unit of flow through it costs its part's CPU seconds, all nodes within `cores`."""
-    from gwtf_node.sim.bound import throughput_bound
-
-    stage_of, node_rate, cost = {}, {}, {}
-    per_mb_bytes = {}
-    for n, st in status.items():
-        stage_of[n] = -1 if st["role"] == "data" else st["stage"]
-        w = window[n]
-        per_mb_bytes[n] = w["sent_bytes"] / max(w["microbatches"], 1e-9)  # activations and gradients it sends
-        cost[n] = part_cpu_s[stage_of[n]]
-        compute = 1.0 / cost[n] if cost[n] > 0 else math.inf
-        nic = rates[n] * 1e6 / 8 / per_mb_bytes[n] if per_mb_bytes[n] > 0 else math.inf
-        node_rate[n] = min(compute, nic)
-    link_rate = {}
-    for a in status:
-        for b in status:
-            if a != b:
-                both = min(rates[a], rates[b]) * 1e6 / 8
-                # about half of what a node sends per microbatch is the activation forward, half the gradient
-                # back: a -> b carries a's activation, b -> a b's gradient, each direction at `both`
-                crossing = max(per_mb_bytes[a], per_mb_bytes[b]) / 2
-                link_rate[(a, b)] = both / crossing if crossing > 0 else math.inf
-    out = throughput_bound(stage_of, node_rate, link_rate, cost, cores)
-    out["node_rate"] = {n: round(v, 3) for n, v in sorted(node_rate.items())}
-    # the CPU the swarm's processes used, in cores, over the window: all of its work, the compute's and the rest
-    out["cores_used"] = round(sum(w["cpu_s"] for w in window.values()) / max(
-        max(w["seconds"] for w in window.values()), 1e-9), 3)
-    return out
-
-
-# ------------------------------------------------------------------ the run
 def manifest_for(setting: str, args: argparse.Namespace):
     """The run of one setting: the same model, data and seed in every setting, only `train`'s wire fields differ."""
     from gwtf_node.model.manifest import TrainSpec, default_manifest
@@ -181,18 +150,6 @@ def parameter_counts(man) -> tuple[int, list[int]]:
             per_layer[int(m[1])] = per_layer.get(int(m[1]), 0) + p.numel()
     return sum(p.numel() for p in model.parameters()), [sum(per_layer.get(i, 0) for i in range(a, b))
                                                          for a, b in man.stages]
-
-
-def allreduce_s(stage_params: list[int], stage_rates: list[list[float]]) -> float:
-    """The least time of an iteration's within-stage all-reduces (runtime/node/allreduce.py: each of n relays sends and
-    receives 2(n-1)/n of its stage's float32 gradient through its own link; the stages reduce at once, the slowest
-    member of the slowest stage binds)."""
-    worst = 0.0
-    for params, rates in zip(stage_params, stage_rates):
-        n = len(rates)
-        if n > 1:
-            worst = max(worst, 2 * (n - 1) / n * 4 * params * 8 / (min(rates) * 1e6))
-    return worst
 
 
 def memory_estimates(man, names: list[str], capacity: dict[str, int]) -> dict[str, dict | None]:
@@ -259,80 +216,6 @@ def tx_bytes(ns: str) -> int:
                          text=True, timeout=20)
     link = json.loads(out.stdout)[0]
     return int((link.get("stats64") or link["stats"])["tx"]["bytes"])
-
-
-AGGREGATION_LOG = re.compile(r"iteration (\d+): aggregation [\d.]+ s: (.*)$")
-
-
-def aggregation_breakdown(logs: list[Path], skip: int = 1) -> dict[str, float]:
-    """Mean seconds per phase of the relays' aggregations after iteration `skip - 1`, from their node.log lines
-    "iteration N: aggregation S s: gradient a, all_reduce b, step c, checkpoint d" (empty where none say so)."""
-    sums: dict[str, list[float]] = {}
-    for log in logs:
-        for line in read_text(log).splitlines():
-            m = AGGREGATION_LOG.search(line)
-            if m and int(m[1]) >= skip:
-                for part in m[2].split(","):
-                    key, _, val = part.strip().rpartition(" ")
-                    try:
-                        sums.setdefault(key, []).append(float(val))
-                    except ValueError:
-                        pass
-    return {k: round(sum(v) / len(v), 3) for k, v in sums.items()}
-
-
-def read_text(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
-
-
-def node_figures(st: dict) -> dict:
-    calls = CALLS_PER_MICROBATCH["data" if st["role"] == "data" else "relay"]
-    return {"microbatches": st["compute_calls"] / calls, "cpu_s": st["resources"]["cpu_s"],
-            "compute_s": st["compute_s"], "seconds": st["time"],
-            "sent_bytes": st["compression"]["sent_bytes"], "dense_bytes": st["compression"]["dense_bytes"]}
-
-
-CALIBRATE = """
-import json, sys, time, torch
-torch.set_num_threads(1)
-from gwtf_node.model.manifest import load_manifest
-from gwtf_node.model.stages import build_stage
-man = load_manifest(sys.argv[1], check_files=False)
-b, t, h, v = man.data.microbatch_size, man.data.seq_len, man.dims.hidden, man.dims.vocab
-g = torch.Generator().manual_seed(0)
-out = {}
-for k in [-1] + list(range(len(man.stages))):
-    part = build_stage(man, "data" if k < 0 else "relay", None if k < 0 else k)
-    spent = []
-    for i in range(3):
-        x, ids = torch.randn(b, t, h, generator=g), torch.randint(0, v, (b, t), generator=g)
-        t0 = time.process_time()
-        if k < 0:
-            part.embed(i, ids)
-            _, grad = part.head_loss(i, x, ids)
-            part.embed_backward(i, grad)
-        else:
-            part.forward(i, x)
-            part.backward(i, torch.randn(b, t, h, generator=g))
-        spent.append(time.process_time() - t0)
-    out[str(k)] = min(spent[1:])
-    del part
-print(json.dumps(out))
-"""
-
-
-def calibrate(run: Path) -> dict[int, float]:
-    """CPU seconds one microbatch costs each part (-1: the data part) computed alone on one thread: its forward
-    and backward (a data part's embedding, head and loss, embedding backward), the least of two after a warm-up.
-    In the swarm the nodes' compute times count the waiting for a core shared with the others; this does not."""
-    out = subprocess.run([sys.executable, "-c", CALIBRATE, str(run)], capture_output=True, text=True, timeout=900,
-                         cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
-    if out.returncode != 0:
-        raise SystemExit(f"bench_scale: calibrating the parts failed: {out.stderr.strip()[-500:]}")
-    return {int(k): v for k, v in json.loads(out.stdout.splitlines()[-1]).items()}
 
 
 def mem_available_mb() -> float | None:
@@ -411,8 +294,10 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
                           file=sys.stderr)
                     if rec["iteration"] == 0:
                         first = {n: read_status(swarm.state_dir(n)) for n in names}
+                        busy0 = cpu_busy_s()
                 time.sleep(STATUS_SETTLE_S)
             last = {n: read_status(swarm.state_dir(n)) for n in names}
+            busy1 = cpu_busy_s()
             sent_on_wire = {n: tx_bytes(node.ns) for n, node in where.items()}
         except KeyboardInterrupt:
             if guard.fired:
@@ -442,7 +327,10 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
     tokens = sum(r["microbatches"] for r in steady) * tokens_per_mb
     wall = records[-1]["time"] - records[0]["time"]
     pipeline = sum(r["pipeline_seconds"] for r in steady if r["pipeline_seconds"] == r["pipeline_seconds"])
-    part_cpu = calibrate(run)
+    part_cpu, step_cpu = calibrate(run)
+    # the machine's other jobs: the CPU all processes used over the window less the swarm's own
+    span = max(w["seconds"] for w in window.values())
+    other_cores = max(0.0, (busy1 - busy0) - sum(w["cpu_s"] for w in window.values())) / max(span, 1e-9)
     bound = swarm_bound(last, window, rates, args.cores, part_cpu)
     all_tokens = sum(r["microbatches"] for r in records) * tokens_per_mb
     sent = sum(node_figures(last[n])["sent_bytes"] for n in names)
@@ -451,9 +339,13 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
     bound_tps = bound["microbatches_per_s"] * tokens_per_mb
     params, stage_params = parameter_counts(man)
     reduce_s = allreduce_s(stage_params, [[rates[f"r{k}_{i}"] for i in range(args.relays_per_stage)]
-                                          for k in range(args.stages)])
+                                          for k in range(args.stages)],
+                           2 if SETTINGS[setting]["wire_dtype"] == "bf16" else 4)
+    # the steps run at once on every node after the all-reduce: the slowest alone, or all of them on the cores
+    node_steps = [step_cpu[-1 if n.startswith("d") else int(n[1:].split("_")[0])] for n in names]
+    step_s = max(max(node_steps), sum(node_steps) / args.cores)
     iter_bound_s = (args.microbatches / bound["microbatches_per_s"] if bound["microbatches_per_s"] else math.inf) \
-        + reduce_s
+        + reduce_s + step_s
     peak = {n: round(last[n]["resources"]["peak_rss_mb"] - baseline, 1) for n in names}
     relay_capacity = -(-args.microbatches // args.relays_per_stage)  # the launcher's default: the demand spread
     est = memory_estimates(man, names, {n: args.microbatches if n.startswith("d") else relay_capacity
@@ -463,8 +355,10 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
         "tokens_per_s": round(tps, 2), "bound_tokens_per_s": round(bound_tps, 2),
         "utilization": round(tps / bound_tps, 3) if bound_tps > 0 else None,
         # the bound with each iteration's all-reduce at the links' rates added to its pipeline time
-        "allreduce_bound_s": round(reduce_s, 3),
+        "allreduce_bound_s": round(reduce_s, 3), "step_bound_s": round(step_s, 3),
         "iteration_bound_tokens_per_s": round(args.microbatches * tokens_per_mb / iter_bound_s, 2),
+        "iteration_utilization": round(tps * iter_bound_s / (args.microbatches * tokens_per_mb), 3),
+        "other_jobs_cores": round(other_cores, 3),
         "pipeline_tokens_per_s": round(tokens / pipeline, 2) if pipeline > 0 else None,
         "bound_limited_by": bound["limited_by"], "bound_flow_only_tokens_per_s": round(
             bound["flow_only"] * tokens_per_mb, 2),
@@ -499,17 +393,18 @@ def table(results: list[dict], args: argparse.Namespace) -> str:
              f"{args.microbatch_size} x {args.seq_len} tokens per iteration, {args.iterations} iterations; uplinks "
              f"{'/'.join(f'{r:g}' for r in args.rates)} Mbit/s (tbf), one-way latency {args.latency_ms[0]:g}-"
              f"{args.latency_ms[1]:g} ms; {args.cores:g} cores shared", "",
-             "| setting | tokens/s | bound (limited by) | utilization | bound with all-reduce | utilization | "
-             "cores used | between iterations s | wire B/token | vs fp32 | all veth B/token | final loss | vs fp32 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| setting | tokens/s | bound (limited by) | utilization | bound with all-reduce and step | utilization | "
+             "cores used | other jobs' cores | between iterations s | wire B/token | vs fp32 | all veth B/token | "
+             "final loss | vs fp32 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     base = next((r for r in results if r["setting"] == "fp32"), None)
     for r in results:
         wire = f"{r['wire_bytes_per_token'] / base['wire_bytes_per_token']:.2f}x" if base else "-"
         loss = f"{(r['final_loss'] / base['final_loss'] - 1) * 100:+.2f} %" if base else "-"
         it = r["iteration_bound_tokens_per_s"]
         lines.append(f"| {r['setting']} | {r['tokens_per_s']:.1f} | {r['bound_tokens_per_s']:.1f} "
-                     f"({r['bound_limited_by']}) | {r['utilization']:.2f} | {it:.1f} | {r['tokens_per_s'] / it:.2f} | "
-                     f"{r['cores_used']:.2f} | {r['between_iterations_s']:.1f} | "
+                     f"({r['bound_limited_by']}) | {r['utilization']:.2f} | {it:.1f} | {r['iteration_utilization']:.2f} | "
+                     f"{r['cores_used']:.2f} | {r['other_jobs_cores']:.2f} | {r['between_iterations_s']:.1f} | "
                      f"{r['wire_bytes_per_token']:.0f} | {wire} | {r['lab_bytes_per_token']:.0f} | "
                      f"{r['final_loss']:.4f} | {loss} |")
     lines += ["", f"Memory per node: peak RSS less a process that only imported what a node imports "
@@ -538,7 +433,7 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--seq-len", type=int, default=32)
     p.add_argument("--microbatch-size", type=int, default=1)
-    p.add_argument("--microbatches", type=int, default=8, help="per iteration")
+    p.add_argument("--microbatches", type=int, default=32, help="per iteration")
     p.add_argument("--iterations", type=int, default=3)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--stages", type=int, default=4)

@@ -387,6 +387,52 @@ async def test_all_reduce_three_hosts_exact_and_identical(tmp_path):
 
 
 @pytest.mark.trio
+async def test_a_bfloat16_all_reduce_sends_half_and_is_identical_on_every_member(tmp_path, caplog):
+    """`wire="bfloat16"`: every contribution rounded once, summed in float32 in sorted-peer order, the sum rounded;
+    the same bits everywhere, half the bytes of float32; a float32 chunk in a bfloat16 round is refused."""
+    caplog.set_level(logging.WARNING, logger="gwtf.transport")
+    with trio.fail_after(DEADLINE_S):
+        async with reducing_hosts(tmp_path) as (hs, reducers):
+            group = [h.peer_id for h in hs]
+            gen = torch.Generator().manual_seed(1)
+            tensors = {h.peer_id: torch.randn(100_003, generator=gen) for h in hs}
+            results = {}
+
+            async def run(h, r, key, wire):
+                results[(key, h.peer_id)] = await r.all_reduce(key, group, tensors[h.peer_id], 1.0, 10, wire=wire)
+
+            for key, wire in (("bf", "bfloat16"), ("fp", "float32")):
+                async with trio.open_nursery() as nursery:
+                    for h, r in zip(hs, reducers):
+                        nursery.start_soon(run, h, r, key, wire)
+                sent = [r.last_round["sent_mb"] for r in reducers]
+                if wire == "bfloat16":
+                    bf_sent = sent
+                else:
+                    assert sent == pytest.approx([2 * b for b in bf_sent], rel=1e-2)
+            order = sorted(group)
+            expected = tensors[order[0]].bfloat16().float()
+            for p in order[1:]:
+                expected += tensors[p].bfloat16().float()
+            expected = expected.bfloat16().float()
+            exact = sum(tensors[p] for p in order)
+            for h in hs:
+                t, c = results[("bf", h.peer_id)]
+                assert torch.equal(t, expected), h.peer_id
+                assert c == 3.0
+                assert not torch.equal(t, results[("fp", h.peer_id)][0])  # (it did round)
+                assert float((t - exact).abs().max()) <= 0.05 * float(exact.abs().max())
+            # a float32 chunk for a bfloat16 round: refused once the round starts
+            await reducers[0].on_chunk(hs[1].peer_id, AllReduceChunk("mixed", 0, 1, 1.0, TensorHeader(
+                "float32", (4,), 16)), bytearray(torch.ones(4).numpy().tobytes()))
+            with pytest.raises(AllReduceTimeout):
+                await reducers[0].all_reduce("mixed", [hs[0].peer_id, hs[1].peer_id] if hs[0].peer_id < hs[1].peer_id
+                                             else [hs[1].peer_id, hs[0].peer_id], torch.ones(8), 1.0, 0.5,
+                                             wire="bfloat16")
+            assert any("dtype float32, the round's is bfloat16" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.trio
 async def test_all_reduce_timeout_names_missing_peer_and_bad_chunks_refused(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="gwtf.transport")
     with trio.fail_after(DEADLINE_S):

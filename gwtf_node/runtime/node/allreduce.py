@@ -21,10 +21,16 @@ about 2(n-1)/n of the vector, the bandwidth-optimal schedule):
    is identical everywhere, the owner included.
 
 Chunks travel as `AllReduceChunk(key, part, phase, count, tensor)` frames
-with the raw float32 bytes as payload (the tensor channel).  They may arrive
+with the raw bytes as payload (the tensor channel), in the round's wire
+dtype: float32, or bfloat16 (`wire="bfloat16"`, a run's `train.wire_dtype
+= bf16`: half the bytes).  In a bfloat16 round every contribution is rounded
+to bfloat16 once, the owner's own too, the owner adds them in float32 in the
+same order, and rounds the sum to bfloat16 before it sends it and before it
+keeps it: the result is still identical on every member, the owner
+included.  They may arrive
 before `all_reduce(key, ...)` is called here (a faster peer): they are
 buffered per key (at most `MAX_PENDING_KEYS` keys; chunks of a finished key
-are dropped).  Each chunk is checked: dtype float32, 1-D, nbytes matching
+are dropped).  Each chunk is checked: the round's dtype, 1-D, nbytes matching
 the payload and the part's length, finite values, sender in the group, the
 right owner for the phase, no duplicate; a bad chunk is logged on
 "gwtf.transport" and ignored (a peer that only sends bad chunks shows up in
@@ -74,6 +80,7 @@ log = logging.getLogger("gwtf.transport")
 MAX_PENDING_KEYS = 64  # rounds buffered before all_reduce is called for them
 _DONE_KEYS_KEPT = 256  # finished rounds remembered, to drop their late chunks quietly
 REDUCE, GATHER = 1, 2  # AllReduceChunk.phase
+WIRE_DTYPES = {"float32": (torch.float32, 4), "bfloat16": (torch.bfloat16, 2)}  # name -> (dtype, bytes per element)
 
 
 class AllReduceError(RuntimeError):
@@ -98,6 +105,8 @@ class _Round:
     chunks: dict[tuple[int, int, str], tuple[float, torch.Tensor]] = field(default_factory=dict)
     group: list[str] | None = None
     length: int = 0
+    wire: str = "float32"  # the dtype of the chunks on the wire (WIRE_DTYPES)
+    dtypes: dict[tuple[int, int, str], str] = field(default_factory=dict)  # the dtype each chunk came in
     changed: trio.Event = field(default_factory=trio.Event)
 
     def notify(self) -> None:
@@ -163,6 +172,8 @@ class AllReducer:
         lo, hi = part_bounds(rnd.length, n, part)
         if t.numel() != hi - lo:
             return f"part has {t.numel()} floats, expected {hi - lo}"
+        if sender != me and rnd.dtypes.get((phase, part, sender), rnd.wire) != rnd.wire:
+            return f"dtype {rnd.dtypes[(phase, part, sender)]}, the round's is {rnd.wire}"
         return None
 
     async def on_chunk(self, peer_id: str, msg: AllReduceChunk, payload: bytes | bytearray | memoryview) -> None:
@@ -172,15 +183,16 @@ class AllReducer:
         h = msg.tensor
         if h is None:
             return self._refuse(peer_id, msg, "no tensor header")
-        if h.dtype != "float32":
-            return self._refuse(peer_id, msg, f"dtype {h.dtype!r}, expected float32")
-        if h.nbytes != len(payload) or h.nbytes % 4 or tuple(h.shape) != (h.nbytes // 4,):
+        if h.dtype not in WIRE_DTYPES:
+            return self._refuse(peer_id, msg, f"dtype {h.dtype!r}, expected one of {', '.join(WIRE_DTYPES)}")
+        size = WIRE_DTYPES[h.dtype][1]
+        if h.nbytes != len(payload) or h.nbytes % size or tuple(h.shape) != (h.nbytes // size,):
             return self._refuse(peer_id, msg, f"header {h} does not describe the {len(payload)} payload bytes")
         if msg.phase not in (REDUCE, GATHER):
             return self._refuse(peer_id, msg, f"unknown phase {msg.phase}")
         if not math.isfinite(msg.count):
             return self._refuse(peer_id, msg, f"count {msg.count} is not finite")
-        t = await self._in_thread(msg.key, _finite_tensor, payload)
+        t = await self._in_thread(msg.key, _finite_tensor, payload, h.dtype)
         if t is None:
             return self._refuse(peer_id, msg, "tensor holds NaN or infinity")
         if msg.key in self._done:  # (finished while the payload was checked)
@@ -193,17 +205,25 @@ class AllReducer:
         slot = (msg.phase, msg.part, peer_id)
         if slot in rnd.chunks:
             return self._refuse(peer_id, msg, "duplicate chunk")
+        rnd.dtypes[slot] = h.dtype
         if rnd.group is not None and (why := self._check_fits(rnd, msg.phase, msg.part, peer_id, t)):
+            del rnd.dtypes[slot]
             return self._refuse(peer_id, msg, why)
         rnd.chunks[slot] = (msg.count, t)
         rnd.notify()
 
     # ---- one round ----------------------------------------------------------------
 
-    async def _send_part(self, peer: str, key: str, part: int, phase: int, count: float, t: torch.Tensor) -> None:
+    async def _send_part(self, peer: str, key: str, part: int, phase: int, count: float, t: torch.Tensor,
+                         wire: str = "float32") -> None:
+        """`t` to `peer` in the `wire` dtype (a bfloat16 round's parts are converted in the worker thread)."""
+        dtype, size = WIRE_DTYPES[wire]
+        if t.dtype != dtype:
+            t = await self._in_thread(key, t.to, dtype)
         t = t.contiguous()
-        data = memoryview(t.numpy()).cast("B") if t.numel() else b""
-        header = TensorHeader(dtype="float32", shape=(t.numel(),), nbytes=t.numel() * 4)
+        as_bytes = t.view(torch.int16) if dtype == torch.bfloat16 else t  # (numpy has no bfloat16)
+        data = memoryview(as_bytes.numpy()).cast("B") if t.numel() else b""
+        header = TensorHeader(dtype=wire, shape=(t.numel(),), nbytes=t.numel() * size)
         env = encode(self.host.peer_id, AllReduceChunk(key=key, part=part, phase=phase, count=count, tensor=header))
         try:
             await self.host.send(peer, env, data)
@@ -212,20 +232,25 @@ class AllReducer:
 
     async def all_reduce(
         self, key: str, group: list[str], tensor: torch.Tensor, count: float, timeout: float,
-        max_count: float | None = None,
+        max_count: float | None = None, wire: str = "float32",
     ) -> tuple[torch.Tensor, float]:
         """(sum of the group's tensors, sum of their counts); identical bits on every peer.
 
         Contributions an owner refuses (`max_count`: the most microbatches one may claim) are left out of
-        their part; see the module docstring for how the result is scaled then."""
+        their part; see the module docstring for how the result is scaled then.  `wire`: the dtype of the
+        chunks (WIRE_DTYPES; module doc)."""
         group = self._check_call(key, group, tensor)
+        if wire not in WIRE_DTYPES:
+            raise AllReduceError(f"all-reduce {key!r}: wire dtype {wire!r}, expected one of {', '.join(WIRE_DTYPES)}")
         started = time.perf_counter()
         flat = tensor.detach().contiguous()
-        rnd, mine = self._start_round(key, group, flat, count)
+        if wire != "float32":  # every contribution rounded once, this peer's too (module doc)
+            flat = await self._in_thread(key, _rounded, flat, WIRE_DTYPES[wire][0])
+        rnd, mine = self._start_round(key, group, flat, count, wire)
         result = torch.empty_like(flat)
         my_count = await self._exchange(key, rnd, mine, flat, float(count), max_count, result, timeout)
         out = await self._assemble(key, rnd, mine, my_count, result)
-        self._record(key, started, len(group), flat.numel())
+        self._record(key, started, len(group), flat.numel() * WIRE_DTYPES[wire][1])
         return out
 
     def _check_call(self, key: str, group: list[str], tensor: torch.Tensor) -> list[str]:
@@ -240,7 +265,8 @@ class AllReducer:
             raise AllReduceError(f"all-reduce {key!r} already ran on this peer: use a fresh key per round")
         return group
 
-    def _start_round(self, key: str, group: list[str], flat: torch.Tensor, count: float) -> tuple[_Round, int]:
+    def _start_round(self, key: str, group: list[str], flat: torch.Tensor, count: float,
+                     wire: str = "float32") -> tuple[_Round, int]:
         """The round of `key` (with the chunks that came early and fit it) holding this peer's contribution to its
         own part; and the index of that part."""
         me = self.host.peer_id
@@ -249,7 +275,7 @@ class AllReducer:
         rnd = self._rounds.get(key)
         if rnd is None:
             rnd = self._rounds[key] = _Round()
-        rnd.group, rnd.length = group, length
+        rnd.group, rnd.length, rnd.wire = group, length, wire
         for (phase, part, sender), (_c, t) in list(rnd.chunks.items()):  # chunks that came early
             if why := self._check_fits(rnd, phase, part, sender, t):
                 log.warning("all-reduce chunk refused: key %r part %d phase %d from %s: %s", key, part, phase, sender, why)
@@ -273,9 +299,8 @@ class AllReducer:
                 async with trio.open_nursery() as nursery:
                     for i, owner in enumerate(group):
                         if owner != me:
-                            nursery.start_soon(
-                                self._send_part, owner, key, i, REDUCE, count, flat[slice(*part_bounds(rnd.length, n, i))]
-                            )
+                            nursery.start_soon(self._send_part, owner, key, i, REDUCE, count,
+                                               flat[slice(*part_bounds(rnd.length, n, i))], rnd.wire)
                     nursery.start_soon(reduce_mine, nursery)
                     while rnd.missing(GATHER, mine):
                         await rnd.changed.wait()
@@ -309,10 +334,11 @@ class AllReducer:
             self.outliers_refused += 1
             log.warning("all-reduce %r: contribution of %s to part %d refused: %s", key, p, mine, why)
         accepted = [rnd.chunks[(REDUCE, mine, p)] for p in verdict.accepted(group)]
-        acc, cnt = await self._in_thread(key, _sum_in_order, accepted, hi - lo, result, (lo, hi))
+        acc, cnt = await self._in_thread(key, _sum_in_order, accepted, hi - lo, result, (lo, hi),
+                                         WIRE_DTYPES[rnd.wire][0])
         for p in group:
             if p != me:
-                nursery.start_soon(self._send_part, p, key, mine, GATHER, cnt, acc)
+                nursery.start_soon(self._send_part, p, key, mine, GATHER, cnt, acc, rnd.wire)
         return cnt
 
     def _forget(self, key: str) -> None:
@@ -338,30 +364,42 @@ class AllReducer:
 
         return await self._in_thread(key, assemble)
 
-    def _record(self, key: str, started: float, n: int, length: int) -> None:
-        """`last_round`, and the debug line, of the round of `key` that just summed."""
+    def _record(self, key: str, started: float, n: int, nbytes: int) -> None:
+        """`last_round`, and the debug line, of the round of `key` that just summed (`nbytes`: the vector's on the
+        wire)."""
         work = self._work_s.pop(key, 0.0)
         self.last_round = {"key": key, "seconds": round(time.perf_counter() - started, 4),
-                           "tensor_work_s": round(work, 4), "sent_mb": round(2 * (n - 1) / n * length * 4 / 1e6, 3)}
+                           "tensor_work_s": round(work, 4), "sent_mb": round(2 * (n - 1) / n * nbytes / 1e6, 3)}
         log.debug("all-reduce %r among %d: %.2f s, of which %.2f s tensor work (checks, norms, sums) in the worker "
                  "thread; %.1f MB sent", key, n, self.last_round["seconds"], work, self.last_round["sent_mb"])
 
 
-def _finite_tensor(payload) -> torch.Tensor | None:
-    """The float32 tensor over (a copy of) `payload`, or None if it holds NaN or infinity; in a worker thread."""
+def _finite_tensor(payload, dtype: str = "float32") -> torch.Tensor | None:
+    """The float32 tensor of (a copy of) `payload` in `dtype`, or None if it holds NaN or infinity; in a worker
+    thread."""
     buf = payload if isinstance(payload, bytearray) else bytearray(payload)
-    t = torch.frombuffer(buf, dtype=torch.float32) if len(buf) else torch.empty(0, dtype=torch.float32)
+    wire = WIRE_DTYPES[dtype][0]
+    t = torch.frombuffer(buf, dtype=wire) if len(buf) else torch.empty(0, dtype=wire)
+    t = t.float() if wire != torch.float32 else t
     return t if bool(torch.isfinite(t).all()) else None
 
 
+def _rounded(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`t` rounded to `dtype` and back to float32 (a new tensor)."""
+    return t.to(dtype).float()
+
+
 def _sum_in_order(chunks: list[tuple[float, torch.Tensor]], length: int, result: torch.Tensor,
-                  bounds: tuple[int, int]) -> tuple[torch.Tensor, float]:
+                  bounds: tuple[int, int], wire: torch.dtype = torch.float32) -> tuple[torch.Tensor, float]:
     """The sum of the accepted contributions to this node's part, in sorted-peer order (the same additions on
-    every run), written into its place in `result`; with their count.  In a worker thread."""
+    every run), rounded to the `wire` dtype as it is sent, written into its place in `result`; with their count.
+    In a worker thread."""
     acc, cnt = torch.zeros(length, dtype=torch.float32), 0.0
     for i, (c, t) in enumerate(chunks):
         acc = t.clone() if i == 0 else acc.add_(t)
         cnt = c if i == 0 else cnt + c
+    if wire != torch.float32:
+        acc = _rounded(acc, wire)
     result[slice(*bounds)] = acc
     return acc, cnt
 
