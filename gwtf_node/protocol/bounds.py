@@ -382,7 +382,9 @@ def _all_reduce_chunk(msg: m.AllReduceChunk, ctx: Context) -> Problem | None:
     if not (0 <= msg.count <= MAX_MICROBATCHES) or msg.count != int(msg.count):
         return Problem(Violation.COUNT_OUT_OF_RANGE, f"AllReduceChunk count {msg.count} is not a whole number in "
                                                      f"[0, {MAX_MICROBATCHES}]")
-    if p := _tensor(msg.tensor, "AllReduceChunk", dtypes=("float32",), shape=None):
+    # the run's wire dtype: its gradients cross the links in it too (runtime/node/allreduce.py)
+    dtypes = (ctx.hidden_dtype,) if ctx.hidden_dtype is not None else ("float32", "bfloat16")
+    if p := _tensor(msg.tensor, "AllReduceChunk", dtypes=dtypes, shape=None):
         return p
     if len(msg.tensor.shape) != 1:
         return Problem(Violation.TENSOR_SHAPE, f"AllReduceChunk tensor shape {tuple(msg.tensor.shape)}, expected 1-D")

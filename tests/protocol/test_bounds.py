@@ -63,6 +63,8 @@ REFUSED = [
     (m.AllReduceChunk("k", 0, 1, 1.5, m.TensorHeader("float32", (4,), 16)), Violation.COUNT_OUT_OF_RANGE),
     (m.AllReduceChunk("k", 0, 1, 1.0, m.TensorHeader("float32", (400,), 1600)), Violation.TENSOR_SHAPE),
     (m.AllReduceChunk("k", 0, 3, 1.0, m.TensorHeader("float32", (4,), 16)), Violation.COUNT_OUT_OF_RANGE),
+    # the run's wire dtype (float32 in CTX): a bfloat16 all-reduce chunk is another run's
+    (m.AllReduceChunk("k", 0, 1, 1.0, m.TensorHeader("bfloat16", (4,), 8)), Violation.TENSOR_DTYPE),
     (m.IterationDone(10, 2**30, 1.0), Violation.COUNT_OUT_OF_RANGE),
     (m.IterationDone(10, 2, float("inf")), Violation.COUNT_OUT_OF_RANGE),
     (m.FlowReport(1, 2**30, 0, (), (), ()), Violation.COUNT_OUT_OF_RANGE),
@@ -100,6 +102,13 @@ ACCEPTED = [
 @pytest.mark.parametrize("msg", ACCEPTED, ids=lambda x: type(x).__name__)
 def test_values_in_range_pass(msg):
     assert bounds.check(msg, CTX) is None
+
+
+def test_an_all_reduce_chunk_travels_in_the_runs_wire_dtype():
+    bf16 = Context(n_stages=2, iteration=10, hidden_shape=(2, 8, 16), hidden_dtype="bfloat16", grad_len=100)
+    assert bounds.check(m.AllReduceChunk("k", 0, 1, 1.0, m.TensorHeader("bfloat16", (4,), 8)), bf16) is None
+    assert bounds.check(m.AllReduceChunk("k", 0, 1, 1.0, m.TensorHeader("float32", (4,), 16)),
+                        bf16).code is Violation.TENSOR_DTYPE
 
 
 def test_an_empty_context_skips_the_relative_checks_and_keeps_the_absolute_ones():
