@@ -22,6 +22,12 @@ serialization is negligible, AdaTopK's ratios (which depend only on the
 ratios of the bandwidths) are the physical ones, and Equation 1's bandwidth
 term is understated by that factor.
 
+Checkpoints.  Each node checkpoints after every `--checkpoint-every`
+iterations (10 by default: for a 100M+ model a checkpoint is 0.3-0.5 GB
+per node, taken after the step and written in the background while the
+next iteration runs, runtime/node/checkpointer.py); a run shorter than that
+writes one as each node stops, after the measured window.
+
 Figures per setting:
 
 * tokens_per_s: tokens of iterations 1..N-1 over the wall time from the end
@@ -280,7 +286,8 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
                            iterations=args.iterations, links=workdir / "links-scenario.json", seed=args.seed,
                            netns={n: node.ns for n, node in where.items()},
                            fork_server=False,  # (each node its own process: the memory baseline is one such)
-                           extra_args={n: ["--listen", "0.0.0.0:4001", "--keep-checkpoints", "1"] for n in names})
+                           extra_args={n: ["--listen", "0.0.0.0:4001", "--keep-checkpoints", "1",
+                                           "--checkpoint-every", str(args.checkpoint_every)] for n in names})
         swarm.startup_timeout_s = args.startup_timeout
         swarm.iteration_timeout_s = args.iteration_timeout
         guard = MemoryGuard(swarm, args.min_available_mb)
@@ -443,6 +450,9 @@ def main() -> int:
     p.add_argument("--latency-ms", default="20-60", help="one-way latency range of a pair of nodes, LO-HI")
     p.add_argument("--cores", type=float, default=None, help="CPU cores the nodes share (default: this machine's)")
     p.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated subset of {','.join(SETTINGS)}")
+    p.add_argument("--checkpoint-every", type=int, default=10, metavar="N",
+                   help="each node checkpoints after every N-th iteration (join --checkpoint-every; default 10, as "
+                        "for a large model: a checkpoint of the 134.5M model's stages is 0.3-0.5 GB per node)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--min-available-mb", type=float, default=2048.0,
                    help="stop a setting when the machine's available memory falls below this")

@@ -149,7 +149,7 @@ def test_unit_not_launched_reaching_the_sink_does_not_presettle_the_next_launch(
     m.on_message(1.0, "Z", RequestFlow(7, D, 0.0))
     assert m.epoch[D] == e0 + 1 and m.launch.pending == 0 and m.inn[D] == {"Z": 1}
     # the launch in flight reaching the sink before its approval is back still counts (-1, then 0)
-    m.token_pending = True
+    m.units.token_pending = True
     m.on_message(2.0, "Z", RequestFlow(8, D, 0.0))
     assert m.launch.pending == -1
 

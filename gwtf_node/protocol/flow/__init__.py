@@ -20,6 +20,11 @@ shortest paths).  One module per mechanism:
 * moves.py: Request Change / Request Redirect with simulated annealing (`Annealer`);
 * node.py: `FlowNode`, the entry points and membership changes.
 
+Each mechanism owns its state, one dataclass (`LabelState`, `UnitState`,
+`WaveState`, ...) that `FlowNode` holds and that only the module defining it
+changes; the others read it or call that module's functions
+(tests/protocol/test_state_owners.py checks it).
+
 Measured quality and cost against the optimum: docs/bench_flow.md and
 docs/bench_flow_churn.md.
 """

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 from ..effects import Effect, Send, SetTimer
 from ..messages import INF, CostAnnounce, Label, Side
-from .state import EPS, cost_differs, costs_differ, stamped
+from .state import EPS, Batch, cost_differs, costs_differ, stamped
 
 if TYPE_CHECKING:
     from .node import FlowNode
@@ -60,6 +60,7 @@ class AnnounceState:
     window: float = 0.0  # ordered launches: the current coalescing window (`backoff`)
     flushed_at: float = -INF  # ... and the last flush
     recipients: dict[str, tuple] = field(default_factory=dict)  # commodity -> (config, sorted IN label recipients)
+    within: Batch | None = None  # during `refresh` of several commodities: what their computations share
 
 _new, _set_to, _set_msg = object.__new__, Send.to.__set__, Send.msg.__set__
 
@@ -97,23 +98,22 @@ def refresh(node: FlowNode, commodities, eff: list[Effect], force_to: dict[str, 
         # IN labels depend on the other commodities' labels and RelabelCosts (relabel.cross_in): all of them,
         # unless only next-stage IN labels of `commodities` changed (`narrow`); then those, and the ones whose
         # RelabelCosts changed since their last computation (`RelabelState.stale`)
-        stale = node.relabelling.stale
+        stale = node.relabelling.take_stale()
         if not narrow:
             commodities = cfg.commodities
         elif stale:
             want = stale.union(commodities)
             commodities = [d for d in cfg.commodities if d in want]
-        stale.clear()
     if len(commodities) == 1:
         for d in commodities:
             refresh_one(node, d, dn, folds, backs)
     else:
-        node.within = [None, {}]  # what the commodities' computations share (labels.compute, relabel.cross_in)
+        node.announcer.within = Batch()  # what the commodities' computations share (labels.compute, relabel.cross_in)
         try:
             for d in commodities:
                 refresh_one(node, d, dn, folds, backs)
         finally:
-            node.within = None
+            node.announcer.within = None
     if force_to:
         for d, peers in force_to.items():
             for p in peers:
@@ -146,32 +146,22 @@ def refresh(node: FlowNode, commodities, eff: list[Effect], force_to: dict[str, 
 
 def refresh_one(node: FlowNode, d: str, dn: str | None, folds, backs) -> None:
     """`refresh` of one commodity: its labels, the wave's floors, and whether they are news."""
-    cfg = node.cfg
     if dn is not None:
         if d != dn:
             return
-        old_out = node.my_out.get(d)
+        old_out = node.labels.my_out.get(d)
     fold = folds.get(d) if folds else None
     if fold is None or not all(node.fold_in_label(d, j) for j in fold) \
             or (backs and d in backs and not node.fold_out_label(d)):
         node.compute_label(d)
-    lab = node.my_in.get(d)
-    if lab is not None and lab.cost < node.wave.pot_in.get(d, INF):
-        node.wave.pot_in[d] = lab.cost
-    lab = node.my_out.get(d)
-    if lab is not None and lab.cost < node.wave.pot_out.get(d, INF):
-        node.wave.pot_out[d] = lab.cost
-        if d in node.wave.hold and node.wave.hold[d] != node.epoch[d]:
-            now = node.now
-            node.wave.quiet_at[d] = now + max(cfg.launch_settle_s, cfg.launch_quiet_factor
-                                          * (now - node.wave.heard_at.get(d, now)))
+    node.labels_lowered(d)
     if dn is not None:
-        new_out = node.my_out[d]
+        new_out = node.labels.my_out[d]
         if old_out is None or cost_differs(new_out, old_out):
             node.out_label_changed(new_out)
     if (dn is None or d == dn) and worth_announcing(node, d, _IN):
         node.announcer.dirty.add((d, _IN))
-    if node.out[d] and worth_announcing(node, d, _OUT):
+    if node.units.out[d] and worth_announcing(node, d, _OUT):
         node.announcer.dirty.add((d, _OUT))
 
 def backoff(node: FlowNode) -> float:
@@ -196,26 +186,26 @@ def flush_delay(node: FlowNode) -> float:
         if fl is None:
             continue
         f = fl[0] if side is _IN else fl[1]
-        lab = node.my_in.get(d) if side is _IN else node.my_out.get(d)
+        lab = node.labels.my_in.get(d) if side is _IN else node.labels.my_out.get(d)
         if lab is not None and lab.cost != INF and f != INF and lab.cost - f > gap:
             gap = lab.cost - f
     return min(k * gap, node.cfg.wave_order_cap_s)
 
 def cost_news(node: FlowNode, d: str, side: Side) -> bool:
-    lab = node.my_in.get(d) if side == Side.IN else node.my_out.get(d)
+    lab = node.labels.my_in.get(d) if side == Side.IN else node.labels.my_out.get(d)
     last = node.announcer.sent.get((d, side))
-    return lab is not None and (last is None or last[0] != node.epoch[d]
+    return lab is not None and (last is None or last[0] != node.labels.epoch[d]
                                 or costs_differ(lab.cost, last[1]))
 
 def worth_announcing(node: FlowNode, d: str, side: Side) -> bool:
-    lab = node.my_in.get(d) if side is _IN else node.my_out.get(d)
+    lab = node.labels.my_in.get(d) if side is _IN else node.labels.my_out.get(d)
     if lab is None or (lab.cost == INF and (node.waves or (d, side) not in node.announcer.sent)):
         return False
     last = node.announcer.sent.get((d, side))
     if not node.waves:  # free-running labels: every change, rises included
-        return last is None or last[0] != node.epoch[d] or costs_differ(lab.cost, last[1]) \
+        return last is None or last[0] != node.labels.epoch[d] or costs_differ(lab.cost, last[1]) \
             or lab.path != last[2]
-    if last is None or last[0] != node.epoch[d]:
+    if last is None or last[0] != node.labels.epoch[d]:
         return True
     return lab.cost < last[1] - EPS or (lab.cost <= last[1] + EPS and lab.path != last[2])
 
@@ -228,19 +218,19 @@ def flush(node: FlowNode, eff: list[Effect], rearm: bool = True) -> None:
         d, side = next(iter(node.announcer.dirty))
         node.announcer.dirty.clear()
         if worth_announcing(node, d, side):
-            lab = node.my_in[d] if side is _IN else node.my_out[d]
-            e = node.epoch[d]
+            lab = node.labels.my_in[d] if side is _IN else node.labels.my_out[d]
+            e = node.labels.epoch[d]
             node.announcer.sent[(d, side)] = (e, lab.cost, lab.path)
             msg = CostAnnounce((stamped(lab, e),))
-            send_all(eff, in_recipients(node, d) if side is _IN else sorted(node.out[d]), msg)
+            send_all(eff, in_recipients(node, d) if side is _IN else sorted(node.units.out[d]), msg)
         return
     outbox: dict[str, list[Label]] = {}
     sent_out: set[tuple[str, str]] = set()
     for d, side in sorted(node.announcer.dirty):
         if not worth_announcing(node, d, side):
             continue
-        lab = node.my_in[d] if side is _IN else node.my_out[d]
-        e = node.epoch[d]
+        lab = node.labels.my_in[d] if side is _IN else node.labels.my_out[d]
+        e = node.labels.epoch[d]
         node.announcer.sent[(d, side)] = (e, lab.cost, lab.path)
         w = stamped(lab, e)
         if side is _IN:
@@ -249,16 +239,16 @@ def flush(node: FlowNode, eff: list[Effect], rearm: bool = True) -> None:
                     continue  # another data node has no use for this commodity's labels
                 outbox.setdefault(p, []).append(w)
         else:
-            for j in node.out[d]:
+            for j in node.units.out[d]:
                 outbox.setdefault(j, []).append(w)
                 sent_out.add((j, d))
     node.announcer.dirty.clear()
     for p in sorted(node.announcer.force):
         for d in sorted(node.announcer.force[p]):
-            lab = node.my_out.get(d)
+            lab = node.labels.my_out.get(d)
             if (p, d) in sent_out or lab is None or lab.cost == INF:
                 continue
-            outbox.setdefault(p, []).append(stamped(lab, node.epoch[d]))
+            outbox.setdefault(p, []).append(stamped(lab, node.labels.epoch[d]))
     node.announcer.force.clear()
     made: dict[tuple[int, ...], CostAnnounce] = {}  # peers told the same labels share one message object
     for peer in sorted(outbox):
@@ -280,3 +270,13 @@ def in_recipients(node: FlowNode, d: str) -> list[str]:
 
 def refresh_all(node: FlowNode, eff: list[Effect], force_to=None) -> None:
     refresh(node, node.cfg.commodities, eff, force_to)
+
+
+def drop_peer(node: FlowNode, peer: str) -> None:
+    """`peer` is no neighbour any more: nothing is to be told to it."""
+    node.announcer.force.pop(peer, None)
+
+def forget(node: FlowNode, d: str) -> None:
+    """The data node of `d` restarted: what it was told of `d` is forgotten (its new waves count from 0)."""
+    for key in [k for k in node.announcer.sent if k[0] == d]:
+        del node.announcer.sent[key]

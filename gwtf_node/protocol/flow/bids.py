@@ -56,11 +56,11 @@ class BidState:
 def update_bid(node: FlowNode, now: float, eff: list[Effect]) -> None:
     """Ordered launches, data node: announce the cost of its next launch when it changed (frozen while a
     launch is out: the data node in flight keeps the lowest bid, so the others wait for it)."""
-    if node.token_pending or node.launch.pending > 0:
+    if node.units.token_pending or node.launch.pending > 0:
         return
     d = node.cfg.node_id
-    lab = node.my_out.get(d)
-    will_launch = node.dec_out.get(d) is not None and node.outflow_committed(d) < node.launch.demand
+    lab = node.labels.my_out.get(d)
+    will_launch = node.labels.dec_out.get(d) is not None and node.outflow_committed(d) < node.launch.demand
     cost = lab.cost if lab is not None and will_launch \
         else INF
     last = node.bid.cost
@@ -104,8 +104,9 @@ def my_turn(node: FlowNode, now: float, eff: list[Effect]) -> bool:
     eff.append(SetTimer("launch", wait))
     return False
 
-def on_launch_bid(node: FlowNode, now: float, sender: str, msg: LaunchBid, eff: list[Effect]) -> None:
-    """A data node hears another's bid; a relay passes a bid on, once per seq, to its data-node neighbours."""
+def on_launch_bid(node: FlowNode, now: float, sender: str, msg: LaunchBid, eff: list[Effect]) -> bool:
+    """A data node hears another's bid; a relay passes a bid on, once per seq, to its data-node neighbours.
+    True when the bid moves no unit here (a relay's always)."""
     origin = msg.data_node
     cfg = node.cfg
     if cfg.is_data:
@@ -113,15 +114,13 @@ def on_launch_bid(node: FlowNode, now: float, sender: str, msg: LaunchBid, eff: 
             node.bid.feeds[origin] = sender  # the first copy: its relay passes the origin's bids on from now on
         old = node.bid.others.get(origin)
         if origin == cfg.node_id or (old is not None and msg.seq <= old[0]):
-            node.idle = True
-            return
+            return True
         node.bid.others[origin] = (msg.seq, msg.cost, now)
-        return
-    node.idle = True
+        return False
     if sender == origin:
         node.bid.wants[origin] = {f.data_node: f.relay for f in msg.feeds}
     if msg.seq <= node.bid.seen_seq.get(origin, 0):
-        return
+        return True
     node.bid.seen_seq[origin] = msg.seq
     node.bid.seen_cost[origin] = msg.cost
     cms = cfg.commodities
@@ -132,10 +131,25 @@ def on_launch_bid(node: FlowNode, now: float, sender: str, msg: LaunchBid, eff: 
         feed = wants.get(p, {}).get(origin)
         if feed is None or feed == me:
             eff.append(Send(p, msg))
+    return True
 
 def neighbour_removed(node: FlowNode, peer: str) -> None:
     """`peer` left: a data node forgets it as a feed (its next bid names none: every relay passes those bids
-    on until it picks again); a relay forgets a data node's feeds."""
+    on until it picks again); a relay forgets a data node's feeds and its last bid (a data node gone must not
+    hold relabelling back)."""
+    node.bid.seen_cost.pop(peer, None)
     node.bid.wants.pop(peer, None)
     for o in [o for o, r in node.bid.feeds.items() if r == peer]:
         del node.bid.feeds[o]
+
+
+def launched(node: FlowNode) -> None:
+    """Data node: its launch is out; the next bid starts the wait again (`my_turn`)."""
+    node.bid.first_at = None
+
+
+def data_node_back(node: FlowNode, d: str) -> None:
+    """The data node `d` restarted: its bids count from the start again."""
+    b = node.bid
+    for table in (b.seen_seq, b.seen_cost, b.others, b.wants):
+        table.pop(d, None)

@@ -19,7 +19,7 @@ follows is the one announced.
 
 Almost every message of a label wave is one next-stage IN label.  The four
 best candidates (forward / back, for OUT / IN) are cached with the state they
-were computed on (`FlowNode.cache`, `signature`), and such a label is folded in
+were computed on (`LabelState.cache`, `signature`), and such a label is folded in
 in O(1) (`fold_in`, and the fast path of `FlowNode.on_message`); `compute`
 scans every neighbour, and only the cheapest forward candidates' paths
 (`cheapest`).  An upstream OUT label recomputes only the back candidates
@@ -28,21 +28,102 @@ scans every neighbour, and only the cheapest forward candidates' paths
 A label of a newer wave (`Label.epoch`, see launches.py) clears the older
 labels of its commodity (`ingest`); a label from a sender that is not a
 neighbour yet is stashed and used when it is added (FlowNode.add_neighbour).
+`LabelState` holds all of them; only this module changes it (a new wave, a
+peer gone: `new_wave`, `drop_peer`, ...).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..effects import Effect
 from ..messages import INF, CostAnnounce, Label, Side
 from . import announce, relabel, waves
+from .config import FlowConfig
 from .state import EPS, MAX_STASHED_SENDERS, Via, cheapest, choose, cost_of, label, pick
 
 if TYPE_CHECKING:
     from .node import FlowNode
 
 _IN, _OUT = Side.IN, Side.OUT  # a module global is read faster than an enum member (hot paths)
+
+
+@dataclass
+class LabelState:
+    """The neighbours' labels and this node's own, per commodity, and the wave they belong to."""
+
+    tag_in: str  # this node's sides in a label's residual path
+    tag_out: str
+    lin: dict[str, dict[str, Label]]  # next-stage IN labels
+    lout: dict[str, dict[str, Label]]  # previous-stage OUT labels
+    epoch: dict[str, int]  # the current label wave (launches.py)
+    my_in: dict[str, Label] = field(default_factory=dict)
+    my_out: dict[str, Label] = field(default_factory=dict)
+    dec_in: dict[str, tuple | None] = field(default_factory=dict)  # (Via, peer[, commodity]) behind my_in
+    dec_out: dict[str, tuple | None] = field(default_factory=dict)  # (Via, peer) behind my_out
+    cache: dict[str, tuple] = field(default_factory=dict)  # (signature, f_out, b_out, f_in, b_in, room): compute
+    stash: dict[str, dict[tuple[str, Side], Label]] = field(default_factory=dict)  # labels from not-yet neighbours
+
+    @classmethod
+    def of(cls, cfg: FlowConfig) -> LabelState:
+        cms = cfg.commodities
+        return cls(cfg.node_id + "+", cfg.node_id + "-", {d: {} for d in cms}, {d: {} for d in cms},
+                   {d: 0 for d in cms})
+
+
+def new_wave(node: FlowNode, d: str, epoch: int) -> None:
+    """Wave `epoch` of `d` begins here: the older labels of `d` are dropped."""
+    L = node.labels
+    L.epoch[d] = epoch
+    L.lin[d].clear()
+    L.lout[d].clear()
+    L.cache.pop(d, None)
+
+def data_node_back(node: FlowNode, d: str) -> None:
+    """The data node of `d` restarted: its waves count from the start again."""
+    new_wave(node, d, 0)
+
+def unstash(node: FlowNode, peer: str) -> None:
+    node.labels.stash.pop(peer, None)
+
+def drop_peer(node: FlowNode, peer: str) -> None:
+    """`peer` is no neighbour any more: its labels go."""
+    L = node.labels
+    for d in node.cfg.commodities:
+        L.lin[d].pop(peer, None)
+        L.lout[d].pop(peer, None)
+
+def unusable(node: FlowNode, d: str, j: str) -> None:
+    """`j` rejected a unit of `d` without telling its label: no route through it until it announces one."""
+    node.labels.lin[d][j] = Label(d, Side.IN, INF, ())
+
+def wave_label(node: FlowNode, sender: str, lab: Label) -> int | None:
+    """The bulk of a wave (`FlowNode.on_message`): one next-stage IN label of the current wave, most of which
+    change nothing here (what `on_announce` does, without its generality).  None when `lab` is not such a
+    label, else what `fold_in` returns (1: nothing changed)."""
+    L = node.labels
+    d = lab.commodity
+    lin = L.lin.get(d)
+    cfg = node.cfg
+    if lab.side is not _IN or lin is None or lab.epoch != L.epoch[d] or sender not in cfg.next_costs \
+            or sender in node.removed:
+        return None
+    lin[sender] = lab
+    # `fold_in`'s first test, inline: no news when `sender` is not the current choice and its candidate is no
+    # cheaper than the cached best forward ones (cache still valid)
+    cache = L.cache.get(d)
+    if cache is not None:
+        sig, f_out, _, f_in, _, room = cache
+        inn = node.units.inn
+        if len(inn) == 1 and sig[1] is cfg and sig[0] == L.epoch[d] and sig[2] == inn[d] \
+                and f_out is not None and f_out[1] != sender and (f_in is None or f_in[1] != sender):
+            if lab.cost == INF:
+                return 1
+            c = cfg.next_costs[sender] + lab.cost
+            if c >= f_out[0] - EPS and (not room or (f_in is not None and c >= f_in[0] - EPS)):
+                return 1
+    return fold_in(node, d, sender)
 
 def compute(node: FlowNode, d: str) -> None:
     """Recompute this node's IN and OUT labels of commodity `d` from its neighbours' labels.
@@ -53,32 +134,32 @@ def compute(node: FlowNode, d: str) -> None:
     one last announced.
 
     The four best candidates (forward / back, for OUT / IN) are cached with
-    the state they were computed on (`FlowNode.cache`), so that a next-stage
+    the state they were computed on (`LabelState.cache`), so that a next-stage
     neighbour's IN label, by far the most frequent news, is folded in in
     O(1) by `fold_in` instead of a scan over every neighbour.
     """
     cfg = node.cfg
-    tin, tout = node.tag_in, node.tag_out
-    prev_out, prev_in = node.dec_out.get(d), node.dec_in.get(d)
-    lin = node.lin[d]
+    tin, tout = node.labels.tag_in, node.labels.tag_out
+    prev_out, prev_in = node.labels.dec_out.get(d), node.labels.dec_in.get(d)
+    lin = node.labels.lin[d]
     if cfg.is_data:
         if d != cfg.node_id:
             return
         cands = [(c + lab.cost, j, lab) for j, c in cfg.next_costs.items()
                  if (lab := lin.get(j)) is not None and lab.cost != INF and tout not in lab.path]
         arg = pick(cands, prev_out[1] if prev_out else None)
-        node.cache[d] = (cache_signature(node, d), arg, None, None, None, False)
+        node.labels.cache[d] = (cache_signature(node, d), arg, None, None, None, False)
         decide_data(node, d, arg)
         return
     # The residual path behind a label must not revisit the side it starts from:
     # F for OUT starts at i-, F for IN at i+ then i-; B for IN at i+, B for OUT at i- then i+.
-    within = node.within
-    if within is None:
+    batch = node.announcer.within
+    if batch is None:
         room = node.used() < cfg.capacity
     else:  # inside `announce.refresh`: the inflows do not change between its commodities
-        room = within[0]
+        room = batch.room
         if room is None:
-            room = within[0] = node.used() < cfg.capacity
+            room = batch.keep_room(node.used() < cfg.capacity)
     # forward candidates by cost, so that only the cheapest are scanned for our tags (cheapest)
     fwd = sorted([(c + lab.cost, j, lab) for j, c in cfg.next_costs.items()
                   if (lab := lin.get(j)) is not None and lab.cost != INF], key=cost_of)
@@ -89,19 +170,19 @@ def compute(node: FlowNode, d: str) -> None:
     f_out = pick(fo, so if prev_out and prev_out[0] == Via.FORWARD else None)
     f_in = pick(fi, si if prev_in and prev_in[0] == Via.FORWARD else None)
     b_out, b_in = back_candidates(node, d)
-    node.cache[d] = (cache_signature(node, d), f_out, b_out, f_in, b_in, room)
+    node.labels.cache[d] = (cache_signature(node, d), f_out, b_out, f_in, b_in, room)
     decide(node, d, f_out, b_out, f_in, b_in)
 
 def back_candidates(node: FlowNode, d: str) -> tuple:
     """The best back candidates of `d` (hand a unit back upstream / displace one): from the upstream peers'
     OUT labels, for OUT and for IN (part of `compute`)."""
     cfg = node.cfg
-    tin, tout = node.tag_in, node.tag_out
-    lout = node.lout[d]
-    prev_out, prev_in = node.dec_out.get(d), node.dec_in.get(d)
+    tin, tout = node.labels.tag_in, node.labels.tag_out
+    lout = node.labels.lout[d]
+    prev_out, prev_in = node.labels.dec_out.get(d), node.labels.dec_in.get(d)
     bo: list = []
     bi: list = []
-    for p, n in node.inn[d].items():
+    for p, n in node.units.inn[d].items():
         lab = lout.get(p)
         if n <= 0 or lab is None or lab.cost == INF or tin in lab.path:
             continue
@@ -120,22 +201,22 @@ def fold_out(node: FlowNode, d: str) -> bool:
     (they do not depend on them; ties as in `fold_in`).  False (the caller runs `compute`) when the cache
     does not apply, and with free-running labels: there the tie-breaking of a full recomputation routes
     better in the worst case (several data nodes); with waves both decide the same."""
-    cache = node.cache.get(d)
+    cache = node.labels.cache.get(d)
     if node.cfg.is_data or not node.waves or cache is None or not signature_holds(node, d, cache[0]):
         return False
     sig, f_out, _, f_in, _, room = cache
     b_out, b_in = back_candidates(node, d)
-    node.cache[d] = (sig, f_out, b_out, f_in, b_in, room)
+    node.labels.cache[d] = (sig, f_out, b_out, f_in, b_in, room)
     decide(node, d, f_out, b_out, f_in, b_in)
     return True
 
 def signature(node: FlowNode, d: str) -> tuple:
     """The state the cached candidates of `d` depend on, besides the next-stage IN labels (the inflows of
     every commodity: they decide whether there is room)."""
-    inn = node.inn
+    inn = node.units.inn
     if len(inn) == 1:
-        return (node.epoch[d], node.cfg, dict(inn[d]))
-    return (node.epoch[d], node.cfg, tuple(dict(v) for v in inn.values()))
+        return (node.labels.epoch[d], node.cfg, dict(inn[d]))
+    return (node.labels.epoch[d], node.cfg, tuple(dict(v) for v in inn.values()))
 
 def cache_signature(node: FlowNode, d: str) -> tuple | None:
     """`signature`, or None where the cache is never read: with cross displacement `fold_in` does not apply (an
@@ -147,44 +228,47 @@ def cache_signature(node: FlowNode, d: str) -> tuple | None:
 def signature_holds(node: FlowNode, d: str, sig: tuple) -> bool:
     """`sig` (from `signature`) still describes the state: compared in place, without building a new one."""
     cfg = sig[1]
-    if sig[0] != node.epoch[d] or (cfg is not node.cfg and cfg != node.cfg):
+    if sig[0] != node.labels.epoch[d] or (cfg is not node.cfg and cfg != node.cfg):
         return False
-    inn = node.inn
+    inn = node.units.inn
     return sig[2] == (inn[d] if len(inn) == 1 else tuple(inn.values()))
 
 def decide_data(node: FlowNode, d: str, arg) -> None:
     if arg is None:
-        node.my_out[d], node.dec_out[d] = label(d, _OUT, INF, ()), None
+        node.labels.my_out[d], node.labels.dec_out[d] = label(d, _OUT, INF, ()), None
     else:
-        node.my_out[d] = label(d, Side.OUT, arg[0], (node.tag_out,) + arg[2].path)
-        node.dec_out[d] = (Via.FORWARD, arg[1])
-    node.my_in[d] = label(d, Side.IN, 0.0, (node.tag_in,))
+        node.labels.my_out[d] = label(d, Side.OUT, arg[0], (node.labels.tag_out,) + arg[2].path)
+        node.labels.dec_out[d] = (Via.FORWARD, arg[1])
+    node.labels.my_in[d] = label(d, Side.IN, 0.0, (node.labels.tag_in,))
 
 def decide(node: FlowNode, d: str, f_out, b_out, f_in, b_in) -> None:
-    prev_out, prev_in = node.dec_out.get(d), node.dec_in.get(d)
-    tin, tout = node.tag_in, node.tag_out
+    prev_out, prev_in = node.labels.dec_out.get(d), node.labels.dec_in.get(d)
+    tin, tout = node.labels.tag_in, node.labels.tag_out
     # OUT: forward the unit, or hand one back upstream (DENY)
     kind = choose(f_out, b_out, prev_out[0] if prev_out else None)
     if kind == Via.FORWARD:
-        node.my_out[d] = label(d, _OUT, f_out[0], (tout,) + f_out[2].path)
-        node.dec_out[d] = (Via.FORWARD, f_out[1])
+        node.labels.my_out[d] = label(d, _OUT, f_out[0], (tout,) + f_out[2].path)
+        node.labels.dec_out[d] = (Via.FORWARD, f_out[1])
     elif kind == Via.BACK:
-        node.my_out[d] = label(d, _OUT, b_out[0], (tout, tin) + b_out[2].path)
-        node.dec_out[d] = (Via.BACK, b_out[1])
+        node.labels.my_out[d] = label(d, _OUT, b_out[0], (tout, tin) + b_out[2].path)
+        node.labels.dec_out[d] = (Via.BACK, b_out[1])
     else:
-        node.my_out[d], node.dec_out[d] = label(d, _OUT, INF, ()), None
+        node.labels.my_out[d], node.labels.dec_out[d] = label(d, _OUT, INF, ()), None
     # IN: take the unit and forward it, or displace an upstream unit
     kind = choose(f_in, b_in, prev_in[0] if prev_in else None)
     if kind == Via.FORWARD:
-        node.my_in[d] = label(d, _IN, f_in[0], (tin, tout) + f_in[2].path)
-        node.dec_in[d] = (Via.FORWARD, f_in[1])
+        node.labels.my_in[d] = label(d, _IN, f_in[0], (tin, tout) + f_in[2].path)
+        node.labels.dec_in[d] = (Via.FORWARD, f_in[1])
     elif kind == Via.BACK:
-        node.my_in[d] = label(d, _IN, b_in[0], (tin,) + b_in[2].path)
-        node.dec_in[d] = (Via.BACK, b_in[1])
+        node.labels.my_in[d] = label(d, _IN, b_in[0], (tin,) + b_in[2].path)
+        node.labels.dec_in[d] = (Via.BACK, b_in[1])
     else:
-        node.my_in[d], node.dec_in[d] = label(d, _IN, INF, ()), None
+        node.labels.my_in[d], node.labels.dec_in[d] = label(d, _IN, INF, ()), None
     if node.cross:  # several data nodes: the IN label may take another data node's slot instead
-        relabel.cross_in(node, d)
+        best = relabel.cross_in(node, d)
+        if best is not None:
+            node.labels.my_in[d] = label(d, _IN, best[0], (tin,) + best[3].path)
+            node.labels.dec_in[d] = (Via.CROSS, best[1], best[2])
 
 def fold_in(node: FlowNode, d: str, j: str) -> int:
     """Fold next-stage neighbour `j`'s new IN label into the cached candidates of `d` (O(1)).
@@ -196,11 +280,11 @@ def fold_in(node: FlowNode, d: str, j: str) -> int:
     state changed since, or `j` was the best and got dearer or unusable;
     1 when nothing changes; 2 when the labels were recomputed from the cache.
     """
-    cache = node.cache.get(d)
+    cache = node.labels.cache.get(d)
     if cache is None or node.cross or not signature_holds(node, d, cache[0]):
         return 0
     _, f_out, b_out, f_in, b_in, room = cache
-    lab = node.lin[d][j]
+    lab = node.labels.lin[d][j]
     cfg = node.cfg
     if (f_out is None or f_out[1] != j) and (f_in is None or f_in[1] != j):
         # the common case, decided on the cost alone (before the path scans): `j` is not the current
@@ -215,8 +299,8 @@ def fold_in(node: FlowNode, d: str, j: str) -> int:
         ok_o = ok_i = False
         cand = None
     else:
-        ok_o = node.tag_out not in lab.path
-        ok_i = ok_o and cache[5] and node.tag_in not in lab.path
+        ok_o = node.labels.tag_out not in lab.path
+        ok_i = ok_o and cache[5] and node.labels.tag_in not in lab.path
         cand = (cfg.next_costs[j] + lab.cost, j, lab)
     if cfg.is_data:
         if f_out is not None and f_out[1] == j:
@@ -227,7 +311,7 @@ def fold_in(node: FlowNode, d: str, j: str) -> int:
             f_out = cand
         else:
             return 1  # nothing changes
-        node.cache[d] = (cache[0], f_out, None, None, None, False)
+        node.labels.cache[d] = (cache[0], f_out, None, None, None, False)
         decide_data(node, d, f_out)
         return 2
     changed = False
@@ -244,7 +328,7 @@ def fold_in(node: FlowNode, d: str, j: str) -> int:
     elif ok_i and (f_in is None or cand[0] < f_in[0] - EPS):
         f_in, changed = cand, True
     if changed:
-        node.cache[d] = (cache[0], f_out, b_out, f_in, b_in, room)
+        node.labels.cache[d] = (cache[0], f_out, b_out, f_in, b_in, room)
         decide(node, d, f_out, b_out, f_in, b_in)
         return 2
     return 1
@@ -252,33 +336,28 @@ def fold_in(node: FlowNode, d: str, j: str) -> int:
 def ingest(node: FlowNode, sender: str, wire: Label) -> bool:
     """Store a neighbour's label; a label of a newer wave clears that commodity's older ones."""
     d = wire.commodity
-    if d not in node.lin:
+    if d not in node.labels.lin:
         return False
     if sender not in (node.cfg.next_costs if wire.side == Side.IN else node.cfg.prev_costs):
         if sender not in node.removed and sender != node.cfg.node_id:
-            if sender not in node.stash and len(node.stash) >= MAX_STASHED_SENDERS:
-                node.stash.pop(next(iter(node.stash)))
-            node.stash.setdefault(sender, {})[(d, wire.side)] = wire
+            if sender not in node.labels.stash and len(node.labels.stash) >= MAX_STASHED_SENDERS:
+                node.labels.stash.pop(next(iter(node.labels.stash)))
+            node.labels.stash.setdefault(sender, {})[(d, wire.side)] = wire
         return False
     e, lab = wire.epoch, wire  # stored as received: the epoch field is only read here and re-stamped on send
-    cur = node.epoch[d]
+    cur = node.labels.epoch[d]
     if e < cur:
-        node.stats.ignored += 1
+        node.stats.ignore()
         return False
     if e > cur:
         if node.cfg.is_data and d == node.cfg.node_id:
             return False  # only the data node starts waves of its commodity
-        node.epoch[d] = e
-        node.lin[d].clear()
-        node.lout[d].clear()
-        node.cache.pop(d, None)
-        waves.next_wave(node, d)
-        node.wave.walk.pop(d, None)
-        node.wave.heard_at[d] = node.now
+        new_wave(node, d, e)
+        waves.heard_new_wave(node, d)
     if wire.side == Side.IN:
-        node.lin[d][sender] = lab
+        node.labels.lin[d][sender] = lab
     else:
-        node.lout[d][sender] = lab  # the cached back candidates are stale: the caller refreshes (_fold_out)
+        node.labels.lout[d][sender] = lab  # the cached back candidates are stale: the caller refreshes (_fold_out)
     return True
 
 def on_announce(node: FlowNode, now: float, sender: str, msg: CostAnnounce, eff: list[Effect]) -> None:
@@ -287,14 +366,13 @@ def on_announce(node: FlowNode, now: float, sender: str, msg: CostAnnounce, eff:
         # the common case (a wave): one next-stage IN label, folded in O(1); most change nothing here
         lab = labels[0]
         d = lab.commodity
-        e = node.epoch.get(d)
+        e = node.labels.epoch.get(d)
         if not ingest(node, sender, lab):
             return
         r = fold_in(node, d, sender)
         if r == 1:
-            node.idle = True  # no label moved: nothing for units.act to do
-            return
-        announce.refresh(node, (d,), eff, folds={d: []} if r == 2 else None, narrow=node.epoch[d] == e)
+            return True  # no label moved: nothing for units.act to do
+        announce.refresh(node, (d,), eff, folds={d: []} if r == 2 else None, narrow=node.labels.epoch[d] == e)
         return
     touched: dict[str, None] = {}
     folds: dict[str, list[str]] = {}
@@ -302,9 +380,9 @@ def on_announce(node: FlowNode, now: float, sender: str, msg: CostAnnounce, eff:
     new_wave = False
     for lab in msg.labels:
         d = lab.commodity
-        e = node.epoch.get(d)
+        e = node.labels.epoch.get(d)
         if ingest(node, sender, lab):
-            new_wave = new_wave or node.epoch[d] != e
+            new_wave = new_wave or node.labels.epoch[d] != e
             touched[d] = None
             if lab.side == Side.IN:
                 f = folds.setdefault(d, [])

@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING
 
 from ..effects import Effect, Send, SetTimer
 from ..messages import INF, Label, RequestFlow
-from . import announce, bids, waves
-from .state import EPS, MAX_REJECTS_BEFORE_WAIT, MAX_STUCK_WAVES, NO_LABEL, Pending, PendingKind, total
+from . import announce, bids, labels, waves
+from .state import EPS, MAX_REJECTS_BEFORE_WAIT, MAX_STUCK_WAVES, NO_LABEL, PendingKind, total
 
 if TYPE_CHECKING:
     from .node import FlowNode
@@ -70,12 +70,12 @@ def arm_stuck(node: FlowNode, now: float, eff: list[Effect]) -> None:
     """Data node: if the launched unit has not settled by then, start a new wave (it is held somewhere)."""
     launch = node.launch
     wave = (launch.first_out_at - launch.wave_started) if launch.first_out_at is not None else node.cfg.round_s
-    node.launch.stuck_wave = node.epoch[node.cfg.node_id]
+    node.launch.stuck_wave = node.labels.epoch[node.cfg.node_id]
     eff.append(SetTimer("stuck", now + node.cfg.launch_settle_s + 2 * wave))
 
 def maybe_stuck(node: FlowNode, now: float, eff: list[Effect]) -> None:
     d = node.cfg.node_id
-    if node.launch.stuck_wave == node.epoch[d] and (node.launch.pending > 0 or node.token_pending) \
+    if node.launch.stuck_wave == node.labels.epoch[d] and (node.launch.pending > 0 or node.units.token_pending) \
             and node.launch.stuck_waves < MAX_STUCK_WAVES:
         node.launch.stuck_waves += 1
         new_wave(node, now, eff)
@@ -84,10 +84,7 @@ def maybe_stuck(node: FlowNode, now: float, eff: list[Effect]) -> None:
 def new_wave(node: FlowNode, now: float, eff: list[Effect]) -> None:
     """Data node: start a label wave; every label of this commodity is recomputed from scratch."""
     d = node.cfg.node_id
-    node.epoch[d] += 1
-    node.lin[d].clear()
-    node.lout[d].clear()
-    node.cache.pop(d, None)
+    labels.new_wave(node, d, node.labels.epoch[d] + 1)
     waves.next_wave(node, d)
     node.launch.wave_launches = 0
     node.launch.wave_started = now
@@ -126,27 +123,27 @@ def maybe_lost_settlement(node: FlowNode, now: float, eff: list[Effect]) -> None
     signal, but also breaks the pairing of agreed moves, which re-forms worse flows under churn.)
     """
     d = node.cfg.node_id
-    if node.launch.pending <= 0 or node.token_pending or node.pending:
+    if node.launch.pending <= 0 or node.units.token_pending or node.units.pending:
         return
     if now - node.stats.last_change < node.cfg.retry_epoch_rounds * node.cfg.round_s:
         return
-    if total(node.inn[d]) >= total(node.out[d]):
+    if total(node.units.inn[d]) >= total(node.units.out[d]):
         settled(node, now, eff)
 
 def maybe_retry_wave(node: FlowNode, now: float, eff: list[Effect]) -> None:
     """Tick of a data node: start a new wave when stuck (a rejected launch, or no route while
     other data nodes may free capacity)."""
     d = node.cfg.node_id
-    if not node.waves or node.token_pending or node.launch.pending > 0 or total(node.out[d]) >= node.launch.demand:
+    if not node.waves or node.units.token_pending or node.launch.pending > 0 or total(node.units.out[d]) >= node.launch.demand:
         return
     if now - node.launch.wave_started < node.cfg.retry_epoch_rounds * node.cfg.round_s:
         return
-    lab = node.my_out.get(d, NO_LABEL)
+    lab = node.labels.my_out.get(d, NO_LABEL)
     # no route: with several data nodes others may free capacity; with one, a flow changed here since the
     # wave (a membership change elsewhere: a Withdraw reached the sink, a re-routed unit arrived) may have
     # opened a route that this wave's labels, which only fall, cannot show
     changed = node.stats.last_change > node.launch.wave_started + EPS
-    stuck = node.rejects_in_row > 0 or (lab.cost == INF and (len(node.cfg.commodities) > 1 or changed))
+    stuck = node.units.rejects_in_row > 0 or (lab.cost == INF and (len(node.cfg.commodities) > 1 or changed))
     if stuck:
         new_wave(node, now, eff)
 
@@ -154,12 +151,12 @@ def maybe_launch(node: FlowNode, now: float, eff: list[Effect]) -> None:
     d = node.cfg.node_id
     if node.ordered:
         bids.update_bid(node, now, eff)
-    if node.token_pending or node.launch.pending > 0:
+    if node.units.token_pending or node.launch.pending > 0:
         return
     # pending forced requests count (a Reroute of an agreed Redirect is on its way to the new first hop)
-    if node.outflow_committed(d) >= node.launch.demand or node.rejects_in_row >= MAX_REJECTS_BEFORE_WAIT:
+    if node.outflow_committed(d) >= node.launch.demand or node.units.rejects_in_row >= MAX_REJECTS_BEFORE_WAIT:
         return
-    dec = node.dec_out.get(d)
+    dec = node.labels.dec_out.get(d)
     if dec is None or node.launch.next_at == INF:
         return
     if now < node.launch.next_at:
@@ -168,11 +165,9 @@ def maybe_launch(node: FlowNode, now: float, eff: list[Effect]) -> None:
     if node.ordered:
         if not bids.my_turn(node, now, eff):
             return
-        node.bid.first_at = None
+        bids.launched(node)
     j = dec[1]
-    rid = node.new_id()
-    node.pending[rid] = Pending(PendingKind.LAUNCH, j, d)
-    node.token_pending = True
+    rid = node.units.request(PendingKind.LAUNCH, j, d)
     if node.waves:
         node.launch.wave_launches += 1
         if waves.walking(node):
@@ -180,7 +175,7 @@ def maybe_launch(node: FlowNode, now: float, eff: list[Effect]) -> None:
             arm_stuck(node, now, eff)
         node.launch.relaunch_at = node.launch.next_at  # restored if the launch is rejected
         node.launch.next_at = INF  # the next launch waits for the wave its settlement starts
-    eff.append(Send(j, RequestFlow(rid, d, node.lin[d][j].cost)))
+    eff.append(Send(j, RequestFlow(rid, d, node.labels.lin[d][j].cost)))
 
 def settled(node: FlowNode, now: float, eff: list[Effect], arrived: bool = False) -> None:
     """A data node's launched unit arrived or came back: a new wave, then the next unit.
@@ -198,18 +193,37 @@ def settled(node: FlowNode, now: float, eff: list[Effect], arrived: bool = False
     `maybe_lost_settlement` (which needs a launch outstanding) would not
     fire and, with waves, `LaunchState.next_at` would stay INF for good.
     """
-    launched = node.launch.pending > 0 or node.token_pending
+    launched = node.launch.pending > 0 or node.units.token_pending
     if node.launch.pending > 0:
         node.launch.pending -= 1
-    elif node.token_pending:
+    elif node.units.token_pending:
         node.launch.pending = -1  # the launch in flight reached the sink before its approval came back
     if node.waves:
         d = node.cfg.node_id
         if arrived and launched and waves.walking(node) and waves.tight(node, d) \
-                and node.outflow_committed(d) < node.launch.demand and node.wave.gave_up.get(d) != node.epoch[d]:
+                and node.outflow_committed(d) < node.launch.demand and node.wave.gave_up.get(d) != node.labels.epoch[d]:
             node.launch.next_at = now  # the wave still has a tight route: the next unit goes on it
             return
         new_wave(node, now, eff)
     else:
         node.launch.next_at = now + (node.cfg.ordered_settle_s if node.ordered else node.cfg.launch_settle_s)
         eff.append(SetTimer("launch", node.launch.next_at))
+
+def approved(node: FlowNode) -> None:
+    """Data node: the first hop approved its launch; the unit is on its way to the sink."""
+    node.launch.pending += 1
+
+def rejected(node: FlowNode) -> None:
+    """Data node with waves: the first hop rejected its launch; the launch waits as it did before it."""
+    if node.launch.next_at == INF:
+        node.launch.next_at = node.launch.relaunch_at
+
+def relaunch(node: FlowNode, now: float, at_once: bool = False) -> None:
+    """Data node: launch again from `now` on; unless `at_once`, only if it was waiting for a new wave (a first
+    hop lost: the unit out may have been with it)."""
+    if at_once or node.launch.next_at == INF:
+        node.launch.next_at = now
+
+def first_hop_lost(node: FlowNode) -> None:
+    """Data node: a first hop with its units went; the unit in flight may have been with it (no settlement)."""
+    node.launch.pending = 0

@@ -38,11 +38,11 @@ from typing import TYPE_CHECKING
 
 from ..effects import Effect, Send
 from ..messages import (
-    FlowReport, HopFlow, MoveReply, QueryFlows, Reply, RequestChange, RequestFlow, RequestRedirect, Reroute, Withdraw,
+    INF, FlowReport, HopFlow, MoveReply, QueryFlows, Reply, RequestChange, RequestFlow, RequestRedirect, Reroute, Withdraw,
 )
 from . import announce, units
 from .config import ALPHA_DEFAULT, T0_DEFAULT, T_MIN_DEFAULT
-from .state import EPS, Pending, PendingKind, take_one
+from .state import EPS, PendingKind
 
 if TYPE_CHECKING:
     from .node import FlowNode
@@ -92,13 +92,14 @@ class MoveState:
     annealer: Annealer
     current: Move | None = None  # the move proposed and not answered yet
     query_target: str | None = None  # the peer asked for its flows (its FlowReport is the one read)
+    change_until: float = -INF  # improvement moves after a membership change until then (`after_change`)
 
 
 def after_change(node: FlowNode, now: float) -> None:
     """A membership change (or this node joined): run moves for `change_improve_rounds`, annealing them from t0
     again with `anneal_after_change`."""
     cfg = node.cfg
-    node.change_moves_until = max(node.change_moves_until, now + cfg.change_improve_rounds * cfg.round_s)
+    node.moves.change_until = max(node.moves.change_until, now + cfg.change_improve_rounds * cfg.round_s)
     if cfg.anneal_after_change:
         node.moves.annealer.temperature = cfg.t0
 
@@ -112,10 +113,10 @@ def start_query(node: FlowNode, now: float, eff: list[Effect]) -> None:
 def on_query(node: FlowNode, now: float, sender: str, msg: QueryFlows, eff: list[Effect]) -> None:
     ins, outs = [], []
     for d in node.cfg.commodities:
-        for p, n in sorted(node.inn[d].items()):
+        for p, n in sorted(node.units.inn[d].items()):
             if n > 0:
                 ins.append(HopFlow(d, p, n, node.cfg.prev_costs[p]))
-        for j, n in sorted(node.out[d].items()):
+        for j, n in sorted(node.units.out[d].items()):
             if n > 0:
                 outs.append(HopFlow(d, j, n, node.cfg.next_costs[j]))
     eff.append(Send(sender, FlowReport(msg.query_id, node.cfg.capacity, node.used(), tuple(ins),
@@ -132,7 +133,7 @@ def on_report(node: FlowNode, now: float, sender: str, rep: FlowReport, eff: lis
         d, j2 = h.commodity, h.peer
         if j2 not in cfg.next_costs or d not in node.out:  # (a data node this node does not know, or forgot)
             continue
-        for j1, n in sorted(node.out[d].items()):
+        for j1, n in sorted(node.units.out[d].items()):
             if n <= 0 or j1 == j2 or j1 not in peer_next:
                 continue
             delta = cfg.next_costs[j2] + peer_next[j1] - cfg.next_costs[j1] - h.cost
@@ -153,11 +154,11 @@ def on_report(node: FlowNode, now: float, sender: str, rep: FlowReport, eff: lis
     delta, kind, d, a, b = best
     annealed = False
     if delta > 0:
-        annealing = node.cfg.anneal or (node.cfg.anneal_after_change and now < node.change_moves_until)
+        annealing = node.cfg.anneal or (node.cfg.anneal_after_change and now < node.moves.change_until)
         if not annealing or not node.moves.annealer.accepts_worse(delta, node.rng):
             return
         annealed = True
-        node.stats.anneal_accepts += 1
+        node.stats.anneal_accept()
     mid = node.new_id()
     node.moves.current = Move(mid, sender, kind, d, a, b, now + cfg.round_s)
     if kind == MoveKind.CHANGE:
@@ -175,7 +176,7 @@ def on_request_change(node: FlowNode, now: float, sender: str, msg: RequestChang
     if busy(node):
         eff.append(Send(sender, MoveReply(msg.move_id, Reply.BUSY)))
         return
-    if d not in node.out or node.out[d].get(j2, 0) <= 0:
+    if d not in node.units.out or node.units.out[d].get(j2, 0) <= 0:
         eff.append(Send(sender, MoveReply(msg.move_id, Reply.NO_SUCH_FLOW)))
         return
     if j1 not in cfg.next_costs:
@@ -193,38 +194,35 @@ def on_request_redirect(node: FlowNode, now: float, sender: str, msg: RequestRed
     if busy(node):
         eff.append(Send(sender, MoveReply(msg.move_id, Reply.BUSY)))
         return
-    if d not in node.inn or node.inn[d].get(p, 0) <= 0 or node.out[d].get(q, 0) <= 0:
+    if d not in node.units.inn or node.units.inn[d].get(p, 0) <= 0 or node.units.out[d].get(q, 0) <= 0:
         eff.append(Send(sender, MoveReply(msg.move_id, Reply.NO_SUCH_FLOW)))
         return
     mine = node.cfg.prev_costs[p] + node.cfg.next_costs[q]
     if msg.via_requester_cost - mine >= -EPS and not msg.temperature_accept:
         eff.append(Send(sender, MoveReply(msg.move_id, Reply.NOT_IMPROVING)))
         return
-    take_one(node.inn[d], p)
+    node.units.take_in(d, p)
     node.changed(now)
     eff.append(Send(p, Reroute(d, sender)))
-    rid = node.new_id()
-    node.pending[rid] = Pending(PendingKind.WITHDRAW, q, d)
+    rid = node.units.request(PendingKind.WITHDRAW, q, d)
     eff.append(Send(q, Withdraw(rid, d)))
-    node.grace_until = max(node.grace_until, now + node.cfg.balance_grace_s)
-    node.stats.moves_done += 1
+    node.units.grace(now + node.cfg.balance_grace_s)
+    node.stats.move_done()
     eff.append(Send(sender, MoveReply(msg.move_id, Reply.APPROVED)))
     announce.refresh_all(node, eff)
 
 def apply_swap(node: FlowNode, now: float, d: str, drop: str, add: str, eff: list[Effect]) -> None:
-    rid = node.new_id()
-    node.pending[rid] = Pending(PendingKind.WITHDRAW, drop, d)
+    rid = node.units.request(PendingKind.WITHDRAW, drop, d)
     eff.append(Send(drop, Withdraw(rid, d)))
-    rid = node.new_id()
-    node.pending[rid] = Pending(PendingKind.FORCED, add, d)
+    rid = node.units.request(PendingKind.FORCED, add, d)
     eff.append(Send(add, RequestFlow(rid, d, 0.0, forced=True)))
-    node.grace_until = max(node.grace_until, now + node.cfg.balance_grace_s)
-    node.stats.moves_done += 1
+    node.units.grace(now + node.cfg.balance_grace_s)
+    node.stats.move_done()
 
 def on_move_reply(node: FlowNode, now: float, sender: str, msg: MoveReply, eff: list[Effect]) -> None:
     mv = node.moves.current
     if mv is None or mv.move_id != msg.move_id:
-        node.stats.ignored += 1
+        node.stats.ignore()
         return
     node.moves.current = None
     if msg.outcome != Reply.APPROVED:
@@ -235,7 +233,21 @@ def on_move_reply(node: FlowNode, now: float, sender: str, msg: MoveReply, eff: 
         apply_swap(node, now, d, drop=mv.a, add=mv.b, eff=eff)
     else:
         # the peer reroutes prev's unit to us; we send it on to `next`
-        rid = node.new_id()
-        node.pending[rid] = Pending(PendingKind.FORCED, mv.b, d)
+        rid = node.units.request(PendingKind.FORCED, mv.b, d)
         eff.append(Send(mv.b, RequestFlow(rid, d, 0.0, forced=True)))
-        node.grace_until = max(node.grace_until, now + node.cfg.balance_grace_s)
+        node.units.grace(now + node.cfg.balance_grace_s)
+
+
+def expire(node: FlowNode, now: float) -> None:
+    """Tick: a move whose peer never answered within its round is given up."""
+    if node.moves.current is not None and now >= node.moves.current.deadline:
+        node.moves.current = None
+
+
+def neighbour_removed(node: FlowNode, peer: str) -> None:
+    """`peer` left: the query and the move open with it are dropped."""
+    if node.moves.query_target == peer:
+        node.moves.query_target = None
+    move = node.moves.current
+    if move is not None and peer in (move.peer, move.a, move.b):
+        node.moves.current = None

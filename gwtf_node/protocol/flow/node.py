@@ -67,90 +67,84 @@ from dataclasses import replace
 
 from ..effects import Effect, Send, SetTimer
 from ..messages import (
-    INF, CostAnnounce, Deny, FlowReply, FlowReport, Label, LaunchBid, LinkCost, MoveReply, QueryFlows, Relabel,
+    INF, CostAnnounce, Deny, FlowReply, FlowReport, LaunchBid, LinkCost, MoveReply, QueryFlows, Relabel,
     RelabelCost, RequestChange, RequestFlow, RequestRedirect, Reroute, Side, Withdraw,
 )
 from . import announce, bids, labels, launches, moves, relabel, units, waves
 from .announce import AnnounceState
 from .bids import BidState
 from .config import FlowConfig
+from .labels import LabelState
 from .launches import LaunchState
 from .moves import Annealer, MoveState
 from .relabel import RelabelState
-from .state import EPS, SIDES, FlowStats, Pending, PendingKind, total, stamped
+from .state import SIDES, FlowStats, PendingKind, total, stamped
+from .units import UnitState
 from .waves import WaveState
-
-_IN = Side.IN
 
 
 class FlowNode:
-    """One node's flow machine: handed `now`, an event and its seeded RNG, returns effects."""
+    """One node's flow machine: handed `now`, an event and its seeded RNG, returns effects.
+
+    It composes the mechanisms' state objects (each mutated only by its own module) and keeps the node's
+    links (`cfg`), the peers it removed and the time of the event being handled."""
 
     def __init__(self, config: FlowConfig, rng: random.Random) -> None:
         self.cfg = config
         self.rng = rng
-        me = config.node_id
-        self.tag_in, self.tag_out = me + "+", me + "-"  # this node in a label's residual path (labels.py)
-        # unit counts per commodity and peer (units.py)
-        self.inn: dict[str, dict[str, int]] = {d: {} for d in config.commodities}
-        self.out: dict[str, dict[str, int]] = {d: {} for d in config.commodities}
-        self.pending: dict[int, Pending] = {}  # requests awaiting their FlowReply, by request id
-        self.token_pending = False  # the unit this node routes now is out (one at a time)
-        self.rejects_in_row = 0
-        self.next_id = 1
-        self.grace_until = 0.0  # no rebalancing before this: the other half of a move may be on its way
-        self.noroute_since: dict[str, float] = {}  # an unpaired unit has had no route since then
-        self.change_moves_until = -INF  # improvement moves after a membership change until then (moves.py)
-        # labels (labels.py): the neighbours' and our own, per commodity
-        self.lin: dict[str, dict[str, Label]] = {d: {} for d in config.commodities}  # next-stage IN labels
-        self.lout: dict[str, dict[str, Label]] = {d: {} for d in config.commodities}  # previous-stage OUT labels
-        self.my_in: dict[str, Label] = {}
-        self.my_out: dict[str, Label] = {}
-        self.dec_in: dict[str, tuple | None] = {}  # (Via, peer[, commodity]) behind my_in
-        self.dec_out: dict[str, tuple | None] = {}  # (Via, peer) behind my_out
-        self.epoch: dict[str, int] = {d: 0 for d in config.commodities}  # the current label wave (launches.py)
-        self.cache: dict[str, tuple] = {}  # (state signature, f_out, b_out, f_in, b_in, room): labels.compute
-        self.stash: dict[str, dict[tuple[str, Side], Label]] = {}  # labels from not-yet neighbours
         self.data_prev = tuple(p for p in config.prev_costs if p in config.commodities)  # data nodes upstream
         self.removed: set[str] = set()  # peers removed (and not added again): their messages are ignored
         self.now = 0.0  # the time of the event being handled
-        self.idle = False  # set by a handler whose message changed nothing (on_message skips units.act)
         self.stats = FlowStats()
-        # the mechanisms' own state
-        self.announcer = AnnounceState()
-        self.wave = WaveState()
-        self.launch = LaunchState(demand=config.capacity if config.is_data else 0)
         self.waves = config.waves if config.waves is not None else len(config.commodities) <= 1
         self.ordered = not self.waves and (config.ordered_launches if config.ordered_launches is not None
                                            else len(config.commodities) > 1)
-        self.bid = BidState()
         self.relabel = len(config.commodities) > 1 if config.relabel is None else config.relabel
         self.cross = self.relabel and config.cross_displace
-        self.relabelling = RelabelState()
-        self.within: list | None = None  # during `announce.refresh` of several commodities: [room, {B: units of
-        # B that could be displaced}], computed once for all of them (labels.compute, relabel.cross_in)
-        self.moves = MoveState(Annealer(config.t0, config.alpha, config.t_min))
         self.improving = config.improve if config.improve is not None else len(config.commodities) > 1
+        # the mechanisms' own state, one object each
+        self.labels = LabelState.of(config)
+        self.units = UnitState.of(config)
+        self.announcer = AnnounceState()
+        self.wave = WaveState()
+        self.launch = LaunchState(demand=config.capacity if config.is_data else 0)
+        self.bid = BidState()
+        self.relabelling = RelabelState()
+        self.moves = MoveState(Annealer(config.t0, config.alpha, config.t_min))
+
+    # Read-only views for the drivers, the simulator and the tests (the owners' objects, not copies).
+    inn = property(lambda self: self.units.inn, doc="units received, per commodity and upstream peer")
+    out = property(lambda self: self.units.out, doc="units sent on, per commodity and downstream peer")
+    pending = property(lambda self: self.units.pending, doc="requests awaiting their FlowReply, by id")
+    token_pending = property(lambda self: self.units.token_pending, doc="the unit this node routes now is out")
+    grace_until = property(lambda self: self.units.grace_until, doc="no rebalancing before this")
+    lin = property(lambda self: self.labels.lin, doc="next-stage IN labels, per commodity and peer")
+    lout = property(lambda self: self.labels.lout, doc="previous-stage OUT labels, per commodity and peer")
+    my_in = property(lambda self: self.labels.my_in, doc="this node's IN label per commodity")
+    my_out = property(lambda self: self.labels.my_out, doc="this node's OUT label per commodity")
+    dec_in = property(lambda self: self.labels.dec_in, doc="the route behind `my_in`")
+    dec_out = property(lambda self: self.labels.dec_out, doc="the route behind `my_out`")
+    epoch = property(lambda self: self.labels.epoch, doc="the current label wave per commodity")
+    cache = property(lambda self: self.labels.cache, doc="the cached label candidates (labels.py)")
+    change_moves_until = property(lambda self: self.moves.change_until, doc="moves after a change until then")
 
     def new_id(self) -> int:
-        self.next_id += 1
-        return self.next_id
+        return self.units.new_id()
 
     def used(self) -> int:
         """Units this node receives, over every commodity (at most `capacity` for a relay)."""
         n = 0
-        for v in self.inn.values():
+        for v in self.units.inn.values():
             n += sum(v.values())
         return n
 
     def changed(self, now: float) -> None:
-        self.stats.flow_changes += 1
-        self.stats.last_change = now
+        self.stats.changed(now)
 
     def outflow_committed(self, d: str) -> int:
         """Units of `d` sent on, counting requests still out (a Request Flow as one more, a Withdraw as one less)."""
-        n = total(self.out[d])
-        for p in self.pending.values():
+        n = total(self.units.out[d])
+        for p in self.units.pending.values():
             if p.commodity == d:
                 n += 1 if p.kind != PendingKind.WITHDRAW else -1
         return n
@@ -159,10 +153,10 @@ class FlowNode:
         """Units held but not passed on (> 0) or passed on but not held (< 0)."""
         if self.cfg.is_data:
             return 0
-        return total(self.inn[d]) - self.outflow_committed(d)
+        return total(self.units.inn[d]) - self.outflow_committed(d)
 
-    # Calls against the modules' import order: labels, launches and units import announce and waves, so these
-    # two reach the mechanisms above them through the node (the package has no import cycle).
+    # Calls against the modules' import order: labels, launches, waves and units import announce, so announce
+    # reaches the mechanisms above it through the node (the package has no import cycle).
     def compute_label(self, d: str) -> None:
         labels.compute(self, d)
 
@@ -174,6 +168,9 @@ class FlowNode:
 
     def out_label_changed(self, lab) -> None:
         launches.out_changed(self, lab)
+
+    def labels_lowered(self, d: str) -> None:
+        waves.labels_lowered(self, d)
 
     def act_on_units(self, now: float, eff: list[Effect]) -> None:
         units.act(self, now, eff)
@@ -205,10 +202,9 @@ class FlowNode:
             if self.cfg.is_data:
                 launches.maybe_lost_settlement(self, now, eff)
                 launches.maybe_retry_wave(self, now, eff)
-            self.rejects_in_row = 0
-            if self.moves.current is not None and now >= self.moves.current.deadline:
-                self.moves.current = None  # the peer never answered: give up the move
-            if (self.improving or now < self.change_moves_until) and not self.cfg.is_data \
+            self.units.new_round()
+            moves.expire(self, now)  # a move whose peer never answered is given up
+            if (self.improving or now < self.moves.change_until) and not self.cfg.is_data \
                     and self.moves.current is None and units.quiet(self):
                 moves.start_query(self, now, eff)
             if self.relabel and not self.cfg.is_data and self.data_prev and self.moves.current is None \
@@ -222,29 +218,11 @@ class FlowNode:
         if type(msg) is CostAnnounce and len(msg.labels) == 1 and not self.cfg.is_data:
             # the bulk of a wave: one next-stage IN label of the current wave, most of which change nothing
             # here (what labels.on_announce does, without its generality)
-            lab = msg.labels[0]
-            d = lab.commodity
-            lin = self.lin.get(d)
-            cfg = self.cfg
-            if lab.side is _IN and lin is not None and lab.epoch == self.epoch[d] \
-                    and sender in cfg.next_costs and sender not in self.removed:
-                lin[sender] = lab
-                # `labels.fold_in`'s first test, inline: no news when `sender` is not the current choice and its
-                # candidate is no cheaper than the cached best forward ones (cache still valid)
-                cache = self.cache.get(d)
-                if cache is not None:
-                    sig, f_out, _, f_in, _, room = cache
-                    inn = self.inn
-                    if len(inn) == 1 and sig[1] is cfg and sig[0] == self.epoch[d] and sig[2] == inn[d] \
-                            and f_out is not None and f_out[1] != sender and (f_in is None or f_in[1] != sender):
-                        if lab.cost == INF:
-                            return []
-                        c = cfg.next_costs[sender] + lab.cost
-                        if c >= f_out[0] - EPS and (not room or (f_in is not None and c >= f_in[0] - EPS)):
-                            return []
-                r = labels.fold_in(self, d, sender)
+            r = labels.wave_label(self, sender, msg.labels[0])
+            if r is not None:
                 if r == 1:
                     return []
+                d = msg.labels[0].commodity
                 eff: list[Effect] = []
                 announce.refresh(self, (d,), eff, folds={d: []} if r == 2 else None, narrow=True)
                 units.act(self, now, eff)
@@ -254,12 +232,9 @@ class FlowNode:
         eff = []
         handler = HANDLERS.get(type(msg))
         if handler is None or sender in self.removed:
-            self.stats.ignored += 1  # unknown, or from a removed peer (sent before it was removed)
+            self.stats.ignore()  # unknown, or from a removed peer (sent before it was removed)
             return eff
-        handler(self, now, sender, msg, eff)
-        if self.idle:
-            self.idle = False
-        else:
+        if not handler(self, now, sender, msg, eff):  # (True: the message changed nothing)
             units.act(self, now, eff)
         return eff
 
@@ -290,17 +265,17 @@ class FlowNode:
         self.data_prev = tuple(p for p in self.cfg.prev_costs if p in self.cfg.commodities)
         touched: set[str] = set()
         want = Side.IN if side == "next" else Side.OUT
-        for (d, s_), wire in sorted(self.stash.get(peer, {}).items()):
+        for (d, s_), wire in sorted(self.labels.stash.get(peer, {}).items()):
             if s_ == want and labels.ingest(self, peer, wire):
                 touched.add(d)
         if side == "prev" and not known:
             # the newcomer needs our IN labels to route through us; they went out before it was there
             labs = []
             for d in cfg.commodities:
-                lab = self.my_in.get(d)
+                lab = self.labels.my_in.get(d)
                 if lab is None or lab.cost == INF or (peer in cfg.commodities and peer != d):
                     continue
-                labs.append(stamped(lab, self.epoch[d]))
+                labs.append(stamped(lab, self.labels.epoch[d]))
             if labs:
                 eff.append(Send(peer, CostAnnounce(tuple(labs))))
         announce.refresh_all(self, eff)
@@ -321,24 +296,14 @@ class FlowNode:
         "Membership changes").  Its units were unpaired when it was removed; nothing else of `d` is kept."""
         eff: list[Effect] = []
         self.now = now
-        if d not in self.epoch or d == self.cfg.node_id:
+        if d not in self.labels.epoch or d == self.cfg.node_id:
             return eff
-        self.epoch[d] = 0
         self.removed.discard(d)  # its labels are kept (`stash`) until it is linked again (`add_neighbour`)
-        self.lin[d].clear()
-        self.lout[d].clear()
-        self.cache.pop(d, None)
-        w = self.wave
-        for table in (w.pot_in, w.pot_out, w.floor, w.walk, w.walked, w.hold, w.gave_up, w.retreats, w.heard_at,
-                      w.quiet_at):
-            table.pop(d, None)
-        for key in [k for k in self.announcer.sent if k[0] == d]:
-            del self.announcer.sent[key]
-        self.bid.seen_seq.pop(d, None)
-        self.bid.seen_cost.pop(d, None)
-        self.bid.others.pop(d, None)
-        self.bid.wants.pop(d, None)
-        self.relabelling.refused.pop(d, None)
+        labels.data_node_back(self, d)
+        waves.forget(self, d)
+        announce.forget(self, d)
+        bids.data_node_back(self, d)
+        relabel.forget(self, d)
         announce.refresh(self, (d,), eff)
         units.act(self, now, eff)
         return eff
@@ -388,10 +353,9 @@ class FlowNode:
         eff: list[Effect] = []
         self.now = now
         cfg = self.cfg
-        self.stash.pop(peer, None)
-        self.bid.seen_cost.pop(peer, None)  # a data node gone: its last bid must not hold relabelling back
+        labels.unstash(self, peer)
         bids.neighbour_removed(self, peer)
-        self.relabelling.refused.pop(peer, None)
+        relabel.forget(self, peer)
         if peer not in cfg.next_costs and peer not in cfg.prev_costs and peer not in cfg.peers:
             return eff
         self.removed.add(peer)
@@ -400,36 +364,23 @@ class FlowNode:
                            prev_costs={p: c for p, c in cfg.prev_costs.items() if p != peer},
                            peers=tuple(p for p in cfg.peers if p != peer))
         self.data_prev = tuple(p for p in self.cfg.prev_costs if p in self.cfg.commodities)
-        lost_out = False
-        for d in cfg.commodities:
-            n_out = self.out[d].pop(peer, 0)
-            n_in = self.inn[d].pop(peer, 0)
-            lost_out = lost_out or n_out > 0
-            if n_out or n_in:
-                self.changed(now)
-            self.lin[d].pop(peer, None)
-            self.lout[d].pop(peer, None)
-        for rid in [rid for rid, p in self.pending.items() if p.peer == peer]:
-            if self.pending.pop(rid).kind == PendingKind.LAUNCH:
-                self.token_pending = False
-        self.announcer.force.pop(peer, None)
-        if self.moves.query_target == peer:
-            self.moves.query_target = None
-        move = self.moves.current
-        if move is not None and peer in (move.peer, move.a, move.b):
-            self.moves.current = None
+        lost_out, links = self.units.drop_peer(peer, cfg.commodities)
+        for _ in range(links):  # one flow change per commodity with units on the link
+            self.changed(now)
+        labels.drop_peer(self, peer)
+        announce.drop_peer(self, peer)
+        moves.neighbour_removed(self, peer)
         if not cfg.is_data:
             moves.after_change(self, now)
         if cfg.is_data:
-            d = cfg.node_id
             if lost_out:
-                self.launch.pending = 0  # the unit in flight may have been with it: no settlement will come
+                launches.first_hop_lost(self)  # the unit in flight may have been with it: no settlement will come
             if self.waves:
                 launches.new_wave(self, now, eff)  # labels rose: recompute them all (the demand is re-placed on it)
                 units.act(self, now, eff)
                 return eff
-            if lost_out and self.launch.next_at == INF:
-                self.launch.next_at = now
+            if lost_out:
+                launches.relaunch(self, now)
         announce.refresh_all(self, eff)
         units.act(self, now, eff)
         return eff

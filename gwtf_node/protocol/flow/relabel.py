@@ -50,9 +50,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..effects import Effect, Send, SetTimer
-from ..messages import INF, Deny, DenyReason, Label, Relabel, RelabelCost, Side, Withdraw
+from ..messages import INF, Deny, DenyReason, Label, Relabel, RelabelCost, Withdraw
 from . import announce
-from .state import EPS, Pending, PendingKind, Via, add_one, label, take_one
+from .state import EPS, PendingKind
 
 if TYPE_CHECKING:
     from .node import FlowNode
@@ -78,6 +78,11 @@ class RelabelState:
     stale: set[str] = field(default_factory=set)  # commodities B whose `best` of some (A, B) changed since B's
     # labels were last computed (announce.refresh: cross_in reads them)
 
+    def take_stale(self) -> set[str]:
+        """`stale`, handed to the refresh that recomputes those labels, and empty again."""
+        stale, self.stale = self.stale, set()
+        return stale
+
 
 def full(node: FlowNode, b: str) -> bool:
     """First-stage relay: data node `b` gave back a unit relabelled to it and has not bid since (at its demand)."""
@@ -94,10 +99,9 @@ def refused(node: FlowNode, b: str) -> None:
 def refuse(node: FlowNode, sender: str, eff: list[Effect]) -> None:
     """Data node: a relabel by first-stage relay `sender` put it over its demand; take that unit back."""
     me = node.cfg.node_id
-    if node.outflow_committed(me) <= node.launch.demand or node.out[me].get(sender, 0) <= 0:
+    if node.outflow_committed(me) <= node.launch.demand or node.units.out[me].get(sender, 0) <= 0:
         return
-    rid = node.new_id()
-    node.pending[rid] = Pending(PendingKind.WITHDRAW, sender, me)
+    rid = node.units.request(PendingKind.WITHDRAW, sender, me)
     eff.append(Send(sender, Withdraw(rid, me)))
 
 
@@ -112,26 +116,27 @@ def one_stage(node: FlowNode) -> bool:
     return cached[1]
 
 
-def cross_in(node: FlowNode, d: str) -> None:
+def cross_in(node: FlowNode, d: str) -> tuple | None:
     """Cross displacement: take a unit of `d`, displace a unit of another data node B from upstream p (p routes
-    it again: B's OUT label at p) and hand ours B's route from here on, relabelled to `d` (RelabelCost)."""
+    it again: B's OUT label at p) and hand ours B's route from here on, relabelled to `d` (RelabelCost).  The
+    crossing (cost, p, B, p's OUT label of B) when it is cheaper than the IN label of `d`, else None."""
     best = None
     if node.relabelling.crossed >= node.cfg.cross_limit or one_stage(node):
-        return
-    within = node.within
+        return None
+    batch = node.announcer.within
     for b, r in crossings(node, d):
-        units = within[1].get(b) if within is not None else None
+        units = batch.units.get(b) if batch is not None else None
         if units is None:
             units = displaceable(node, b)
-            if within is not None:
-                within[1][b] = units
+            if batch is not None:
+                batch.keep_units(b, units)
         for x, p, lab in units:
             c = x + r
             if best is None or c < best[0] - EPS:
                 best = (c, p, b, lab)
-    if best is not None and best[0] < node.my_in[d].cost - EPS:
-        node.my_in[d] = label(d, Side.IN, best[0], (node.tag_in,) + best[3].path)
-        node.dec_in[d] = (Via.CROSS, best[1], best[2])
+    if best is not None and best[0] < node.labels.my_in[d].cost - EPS:
+        return best
+    return None
 
 def crossings(node: FlowNode, d: str) -> list[tuple[str, float]]:
     """The data nodes B whose units, sent on from here, could become `d`'s, with that RelabelCost, in commodity
@@ -151,7 +156,7 @@ def crossings(node: FlowNode, d: str) -> list[tuple[str, float]]:
 def displaceable(node: FlowNode, b: str) -> list[tuple[float, str, Label]]:
     """The units of `b` received from upstream peers that could be displaced, as (OUT_b(p) - d(p, i), p, OUT
     label), by peer id (part of `cross_in`; the same for every commodity crossing into them)."""
-    tin, lout, inn, prev = node.tag_in, node.lout[b], node.inn[b], node.cfg.prev_costs
+    tin, lout, inn, prev = node.labels.tag_in, node.labels.lout[b], node.units.inn[b], node.cfg.prev_costs
     units = []
     for p in sorted(inn):
         lab = lout.get(p)
@@ -178,7 +183,7 @@ def relabel_costs(node: FlowNode, eff: list[Effect]) -> None:
     rs.cfg = cfg
     redo: set[str] = set()
     for a in cms:
-        outs = node.out[a]
+        outs = node.units.out[a]
         sent = tuple(j for j in sorted(outs) if outs[j] > 0)  # where units of `a` go from here
         if every or rs.sends.get(a) != sent:
             rs.sends[a] = sent
@@ -269,7 +274,7 @@ def maybe_relabel(node: FlowNode, now: float, eff: list[Effect]) -> None:
         return  # a data node will still launch: relabelling now would change the routes it is shown
     best, pick = -EPS, None
     for a in node.data_prev:
-        if node.inn[a].get(a, 0) <= 0:
+        if node.units.inn[a].get(a, 0) <= 0:
             continue
         for b in node.data_prev:
             if b == a or full(node, b):
@@ -284,8 +289,8 @@ def maybe_relabel(node: FlowNode, now: float, eff: list[Effect]) -> None:
         return
     a, b = pick
     node.relabelling.started += 1
-    take_one(node.inn[a], a)
-    add_one(node.inn[b], b)
+    node.units.take_in(a, a)
+    node.units.add_in(b, b)
     eff.append(Send(a, Relabel(a, b)))
     eff.append(Send(b, Relabel(a, b)))
     relabel_down(node, now, a, b, eff)
@@ -296,57 +301,69 @@ def relabel_down(node: FlowNode, now: float, a: str, b: str, eff: list[Effect]) 
     repaired like any other (Request Flow / Withdraw)."""
     cms = node.cfg.commodities
     _, j = node.relabelling.best.get((a, b), (INF, None))
-    if j is None or node.out[a].get(j, 0) <= 0:
-        j = next((k for k in sorted(node.out[a]) if node.out[a][k] > 0), None)
+    if j is None or node.units.out[a].get(j, 0) <= 0:
+        j = next((k for k in sorted(node.units.out[a]) if node.units.out[a][k] > 0), None)
     if j is not None:
-        take_one(node.out[a], j)
+        node.units.take_out(a, j)
         if j in cms:  # last stage: back to b instead of a
             if b in node.cfg.next_costs:
-                add_one(node.out[b], b)
+                node.units.add_out(b, b)
                 eff.append(Send(b, Relabel(a, b)))
             eff.append(Send(j, Relabel(a, b)))
         else:
-            add_one(node.out[b], j)
+            node.units.add_out(b, j)
             eff.append(Send(j, Relabel(a, b)))
     node.changed(now)
     announce.refresh_all(node, eff)
 
-def on_relabel(node: FlowNode, now: float, sender: str, msg: Relabel, eff: list[Effect]) -> None:
+def on_relabel(node: FlowNode, now: float, sender: str, msg: Relabel, eff: list[Effect]) -> bool:
+    """A Relabel: the unit on the link to `sender` changes commodity (True: none to change here)."""
     a, b = msg.from_commodity, msg.to_commodity
-    if a not in node.inn or b not in node.inn:
-        node.idle = True
-        return
+    if a not in node.units.inn or b not in node.units.inn:
+        return True
     if node.cfg.is_data:
         me = node.cfg.node_id
         if sender in node.cfg.next_costs:  # a first-stage relay: a unit we send it
             if a == me:
-                take_one(node.out[a], sender)
+                node.units.take_out(a, sender)
             if b == me:
-                add_one(node.out[b], sender)
+                node.units.add_out(b, sender)
                 refuse(node, sender, eff)
         elif sender in node.cfg.prev_costs:  # a last-stage relay: a unit it sends us
             if a == me:
-                take_one(node.inn[a], sender)
+                node.units.take_in(a, sender)
             if b == me:
-                add_one(node.inn[b], sender)
+                node.units.add_in(b, sender)
         node.changed(now)
         announce.refresh_all(node, eff)
-        return
-    if not take_one(node.inn[a], sender):
+        return False
+    if not node.units.take_in(a, sender):
         # The unit is not here any more: we handed it back (Deny) or it was relabelled meanwhile, and the
         # sender, crossing that, already counts it as `b`'s on this link.  Hand the `b` unit back so that both
         # ends agree (ignoring the Relabel would leave the two ends of the link counting differently).
-        node.stats.ignored += 1
+        node.stats.ignore()
         eff.append(Send(sender, Deny(b, DenyReason.NO_ROUTE)))
-        return
-    add_one(node.inn[b], sender)
+        return False
+    node.units.add_in(b, sender)
     relabel_down(node, now, a, b, eff)
+    return False
 
-def on_relabel_cost(node: FlowNode, now: float, sender: str, msg: RelabelCost, eff: list[Effect]) -> None:
-    node.idle = True  # only a first-stage relay's tick acts on these; others pass them on in _relabel_costs
+def on_relabel_cost(node: FlowNode, now: float, sender: str, msg: RelabelCost, eff: list[Effect]) -> bool:
+    """True: only a first-stage relay's tick acts on these; others pass them on in `relabel_costs`."""
     if sender not in node.cfg.next_costs:
-        return
+        return True
     key = (msg.from_commodity, msg.to_commodity)
     node.relabelling.heard.setdefault(key, {})[sender] = msg.cost
     node.relabelling.heard_new.add(key)
     relabel_costs(node, eff)
+    return True
+
+
+def crossed(node: FlowNode) -> None:
+    """A cross displacement was carried out here (units.on_request_flow)."""
+    node.relabelling.crossed += 1
+
+
+def forget(node: FlowNode, b: str) -> None:
+    """Data node `b` left or restarted: its refusal no longer holds relabelling back."""
+    node.relabelling.refused.pop(b, None)

@@ -1,9 +1,11 @@
 """Shared vocabulary of the flow machine: tolerances, limits, the kinds of route, request and step, and unit counts.
 
 A node counts, per commodity (the data node a unit returns to), the units it
-receives from each upstream peer (`FlowNode.inn`) and sends to each downstream
-peer (`FlowNode.out`), as plain `dict[str, int]`; `take_one`, `add_one` and
-`total` are the only arithmetic on them.
+receives from each upstream peer (`UnitState.inn`, units.py) and sends to each
+downstream peer (`UnitState.out`), as plain `dict[str, int]`; `take_one`,
+`add_one` and `total` are the only arithmetic on them.  `FlowStats` (the
+node's counters) and `Batch` (what one refresh of several commodities shares)
+are mutated only by their own methods.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ class Via(enum.Enum):
 class PendingKind(enum.Enum):
     """What a request awaiting its FlowReply was for."""
 
-    LAUNCH = "token"  # the unit this node routes now (one at a time: FlowNode.token_pending)
+    LAUNCH = "token"  # the unit this node routes now (one at a time: UnitState.token_pending)
     FORCED = "forced"  # a forced Request Flow: half of an agreed move or a retreat, never rejected for its cost
     WITHDRAW = "withdraw"  # a Withdraw: the downstream end takes a unit back
 
@@ -62,6 +64,41 @@ class FlowStats:
     moves_done: int = 0
     anneal_accepts: int = 0
     ignored: int = 0  # messages that no longer applied (stale)
+
+    def changed(self, now: float) -> None:
+        self.flow_changes += 1
+        self.last_change = now
+
+    def ignore(self) -> None:
+        self.ignored += 1
+
+    def reject(self) -> None:
+        self.rejects += 1
+
+    def move_done(self) -> None:
+        self.moves_done += 1
+
+    def anneal_accept(self) -> None:
+        self.anneal_accepts += 1
+
+
+class Batch:
+    """What the label computations of several commodities in one `announce.refresh` share (their inputs do not
+    change in between): whether the node has room (labels.compute), and per commodity B the units of B that
+    could be displaced (relabel.cross_in)."""
+
+    __slots__ = ("room", "units")
+
+    def __init__(self) -> None:
+        self.room: bool | None = None
+        self.units: dict[str, list] = {}
+
+    def keep_room(self, room: bool) -> bool:
+        self.room = room
+        return room
+
+    def keep_units(self, b: str, units: list) -> None:
+        self.units[b] = units
 
 
 def total(d: dict[str, int]) -> int:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 from ..effects import Effect, Send, SetTimer
 from ..messages import INF, CostAnnounce, Deny, DenyReason, FlowReply, Reply, RequestFlow
 from . import announce
-from .state import EPS, MAX_RETREATS_PER_WAVE, Pending, PendingKind, Step, add_one, take_one, stamped
+from .state import EPS, MAX_RETREATS_PER_WAVE, PendingKind, Step, stamped
 
 if TYPE_CHECKING:
     from .node import FlowNode
@@ -67,23 +67,58 @@ def walking(node: FlowNode) -> bool:
 def log_step(node: FlowNode, d: str, step: tuple) -> None:
     if walking(node):
         node.wave.walk.setdefault(d, []).append(step)
-        node.wave.walked[d] = node.epoch[d]
+        node.wave.walked[d] = node.labels.epoch[d]
 
 def next_wave(node: FlowNode, d: str) -> None:
     """A new wave of `d`: this wave's lowest labels become the floor the next one cannot go below."""
     node.wave.floor[d] = (node.wave.pot_in.pop(d, INF), node.wave.pot_out.pop(d, INF))
 
+def heard_new_wave(node: FlowNode, d: str) -> None:
+    """A label of a newer wave of `d` arrived (labels.ingest): its steps start again, and its time is kept."""
+    next_wave(node, d)
+    node.wave.walk.pop(d, None)
+    node.wave.heard_at[d] = node.now
+
+def labels_lowered(node: FlowNode, d: str) -> None:
+    """This node's labels of `d` were recomputed (announce.refresh): the wave's lowest ones are its potentials,
+    and a held unit waits for the labels of a new wave to be still (module doc)."""
+    w = node.wave
+    lab = node.labels.my_in.get(d)
+    if lab is not None and lab.cost < w.pot_in.get(d, INF):
+        w.pot_in[d] = lab.cost
+    lab = node.labels.my_out.get(d)
+    if lab is not None and lab.cost < w.pot_out.get(d, INF):
+        w.pot_out[d] = lab.cost
+        if d in w.hold and w.hold[d] != node.labels.epoch[d]:
+            now, cfg = node.now, node.cfg
+            w.quiet_at[d] = now + max(cfg.launch_settle_s, cfg.launch_quiet_factor * (now - w.heard_at.get(d, now)))
+
+def denied(node: FlowNode, d: str, sender: str, reason: DenyReason) -> None:
+    """A unit this node sent `sender` came back (Deny): the step it undoes, or a step of its own."""
+    walk = node.wave.walk.setdefault(d, [])
+    if reason == DenyReason.NO_ROUTE and walk and walk[-1] == (Step.FORWARD, sender):
+        walk.pop()  # the unit we handed `sender` retreated: it is ours to route again
+    else:
+        walk.append((Step.HANDED_BACK, sender))  # a unit handed back along a residual arc (a step, not a retreat)
+
+def forget(node: FlowNode, d: str) -> None:
+    """The data node of `d` restarted: nothing of its waves is kept."""
+    w = node.wave
+    for table in (w.pot_in, w.pot_out, w.floor, w.walk, w.walked, w.hold, w.gave_up, w.retreats, w.heard_at,
+                  w.quiet_at):
+        table.pop(d, None)
+
 def membership_changed(node: FlowNode) -> None:
     """A neighbour came or went: this wave's steps and potentials say nothing reliable any more; the
     old way (route on the labels at any cost) until the next wave."""
     for d in node.cfg.commodities:
-        node.wave.gave_up[d] = node.epoch[d]
+        node.wave.gave_up[d] = node.labels.epoch[d]
         node.wave.hold.pop(d, None)
         node.wave.walk.pop(d, None)
 
 def tight(node: FlowNode, d: str) -> bool:
     """Data node: its OUT label is still the wave's (the potential): a launch now is a shortest path."""
-    lab = node.my_out.get(d)
+    lab = node.labels.my_out.get(d)
     return lab is not None and lab.cost != INF and lab.cost <= node.wave.pot_out.get(d, INF) + EPS
 
 def gate(node: FlowNode, now: float, d: str, dec, eff: list[Effect]) -> bool:
@@ -95,7 +130,7 @@ def gate(node: FlowNode, now: float, d: str, dec, eff: list[Effect]) -> bool:
     and move it only once the labels of that wave have been still here for
     a while (as the data node waits before it launches)."""
     held = node.wave.hold.get(d)
-    e = node.epoch[d]
+    e = node.labels.epoch[d]
     if held is not None and held == e:
         # still no new wave (after a membership change nobody may start one): after a while, the old way
         until = node.wave.quiet_at.get(d, INF)
@@ -112,7 +147,7 @@ def gate(node: FlowNode, now: float, d: str, dec, eff: list[Effect]) -> bool:
                 eff.append(SetTimer("balance", qa))
             return True
         del node.wave.hold[d]
-    if dec is not None and node.my_out[d].cost <= node.wave.pot_out.get(d, INF) + EPS:
+    if dec is not None and node.labels.my_out[d].cost <= node.wave.pot_out.get(d, INF) + EPS:
         return False
     if node.wave.gave_up.get(d) == e:
         return False
@@ -141,8 +176,8 @@ def retreat(node: FlowNode, now: float, d: str, eff: list[Effect]) -> bool:
     walk = node.wave.walk.get(d)
     if walk and walk[-1][0] in (Step.IN, Step.HANDED_BACK):
         step = walk.pop()
-        if step[0] == Step.IN and node.inn[d].get(step[1], 0) > 0:
-            take_one(node.inn[d], step[1])
+        if step[0] == Step.IN and node.units.inn[d].get(step[1], 0) > 0:
+            node.units.take_in(d, step[1])
             node.changed(now)
             eff.append(Send(step[1], Deny(d, DenyReason.NO_ROUTE)))
             announce.refresh_all(node, eff)
@@ -150,11 +185,10 @@ def retreat(node: FlowNode, now: float, d: str, eff: list[Effect]) -> bool:
             return True
         if step[0] == Step.HANDED_BACK and step[1] in node.cfg.next_costs:
             # it handed us the unit along the residual arc of our OUT label: tell it that label rose
-            lab = node.my_out.get(d)
+            lab = node.labels.my_out.get(d)
             if lab is not None:
-                eff.append(Send(step[1], CostAnnounce((stamped(lab, node.epoch[d]),))))
-            rid = node.new_id()
-            node.pending[rid] = Pending(PendingKind.FORCED, step[1], d)
+                eff.append(Send(step[1], CostAnnounce((stamped(lab, node.labels.epoch[d]),))))
+            rid = node.units.request(PendingKind.FORCED, step[1], d)
             eff.append(Send(step[1], RequestFlow(rid, d, 0.0, forced=True)))
             return True
     # the last step here was a unit leaving (Step.FORWARD, Step.THROUGH, Step.BACK): the one we hold came otherwise, and
@@ -172,10 +206,10 @@ def walk_back(node: FlowNode, now: float, sender: str, msg: RequestFlow, eff: li
     if not ((top[0] == Step.THROUGH and top[2] == sender) or (top[0] == Step.BACK and top[1] == sender)):
         return False
     walk.pop()
-    add_one(node.inn[d], sender)
+    node.units.add_in(d, sender)
     node.changed(now)
     eff.append(Send(sender, FlowReply(msg.req_id, d, Reply.APPROVED, None)))
-    if top[0] == Step.THROUGH and take_one(node.inn[d], top[1]):
+    if top[0] == Step.THROUGH and node.units.take_in(d, top[1]):
         eff.append(Send(top[1], Deny(d, DenyReason.NO_ROUTE)))
     announce.refresh_all(node, eff)
     return True

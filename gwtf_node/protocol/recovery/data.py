@@ -48,13 +48,30 @@ deferred microbatches first, topped up with new ones to `capacity`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from ..effects import CancelTimer, Send, SetTimer
 from ..messages import Backward, BackwardStuck, Complete, Forward, Lend, MbDeny, MbState, Recover, Release, Resume
-from ..pipeline import MbStatus, OpenIteration
+from ..pipeline import Ledger, MbStatus, OpenIteration
 from .records import (
     EWMA_ALPHA, Compute, ComputeKind, DataRecord, IterationSettled, Key, MbTimer, RecoveryEffect, RelayPhase, Sink,
     Source, TimerKind, ewma,
 )
+
+
+@dataclass
+class DataState:
+    """A data node's iterations: what it launches, defers and settles (only this module changes it)."""
+
+    next_seq: int = 0  # the seq of the next new microbatch
+    e2e_est: float = 0.0  # EWMA of launch -> final time (the watchdog's scale)
+    ledger: Ledger = field(default_factory=Ledger)  # each microbatch's status per iteration
+    iteration: int = 0  # the iteration open here
+    waiting: list[int] = field(default_factory=list)  # its seqs not launched yet
+    carry: list[int] = field(default_factory=list)  # deferred seqs for the next iteration
+    reported: set[int] = field(default_factory=set)  # iterations settled (IterationSettled sent)
+    lent: dict[str, int] = field(default_factory=dict)  # stage-0 relay -> units other data nodes lent me this iteration
+    rt: dict[str, float] = field(default_factory=dict)  # stage-0 relay -> EWMA of launch -> final time through it
 
 
 class DataSide:
@@ -66,7 +83,7 @@ class DataSide:
         m: DataRecord | None = self.mbs.get(key)
         if m is None or msg.attempt != m.attempt:
             if m is not None:
-                self.stats.stale += 1
+                self.stats.bump(stale=1)
             if isinstance(msg, (Forward, Recover)):
                 # an attempt this node no longer runs: Complete stops the sender's hop deadline (a relay resending
                 # a repair to the sink would resend forever), and an abandoned attempt is released again (the
@@ -114,7 +131,7 @@ class DataSide:
         if sender == m.next and (m.src is Source.SENDING or (m.src is Source.SENT and m.sink is None)):
             eff.append(CancelTimer(MbTimer(TimerKind.FW, key)))
             m.tried.add(sender)
-            self.stats.reroutes += 1
+            self.stats.bump(reroutes=1)
             self._src_route(now, m, eff)
 
     def _at_sink(self, now: float, sender: str, key: Key, msg: Forward, m: DataRecord,
@@ -136,7 +153,7 @@ class DataSide:
         m.path[-1] = newprev
         eff.append(Send(newprev, Complete(*key, a)))
         if m.sink in (Sink.GRAD, Sink.WAIT):
-            self.stats.resends += 1
+            self.stats.bump(resends=1)
             m.sink, m.sent_at = Sink.GRAD, now
             eff.append(Send(newprev, Backward(*key, None, a)))
             eff.append(SetTimer(MbTimer(TimerKind.BK, key), self._deadline(now, newprev)))
@@ -168,7 +185,7 @@ class DataSide:
             return
         m.next, m.src, m.sent_at = j, Source.SENDING, now
         if m.rest:
-            self.stats.recovers += 1
+            self.stats.bump(recovers=1)
             eff.append(Send(j, Recover(*key, (self.me,), m.rest[1:], None, a)))
         else:
             eff.append(Send(j, Forward(*key, (self.me,), None, a)))
@@ -189,27 +206,33 @@ class DataSide:
             m.path, m.holders, m.bwd_done, m.sink = [None] * self.nstages, set(), set(), None
             self._arm_watchdog(now, m, eff)
             return
-        del self.mbs[key]
+        self._forget(key)
         self._defer(key, eff)
-        for s in list(self.waiting):
-            self.waiting.remove(s)
+        for s in list(self.data.waiting):
+            self.data.waiting.remove(s)
             self._defer(Key(self.me, s, key.iteration), eff)
         for mm in [mm for mm in self.mbs.values() if mm.key.iteration == key.iteration and mm.src is Source.PARKED]:
             self._cancel(mm.key, eff)  # nothing else in flight will free a slot for them either
-            del self.mbs[mm.key]
+            self._forget(mm.key)
             self._defer(mm.key, eff)
         self._maybe_done(now, key.iteration, eff)
 
+    def _on_lend(self, now: float, sender: str, msg: Lend, eff: list[RecoveryEffect]) -> None:
+        if self.is_data and self.cfg.lend and not self.swarm and msg.iteration == self.data.iteration:
+            self.data.lent[msg.hop] = self.data.lent.get(msg.hop, 0) + 1
+            self.stats.bump(borrowed=1)
+            self._launch(now, eff)
+
     def _defer(self, key: Key, eff: list[RecoveryEffect]) -> None:
-        self.stats.deferred += 1
-        self.ledger.mark(key.iteration, key.seq, MbStatus.DEFERRED)
-        self.carry.append(key.seq)
+        self.stats.bump(deferred=1)
+        self.data.ledger.mark(key.iteration, key.seq, MbStatus.DEFERRED)
+        self.data.carry.append(key.seq)
 
     def _data_compute_done(self, now: float, m: DataRecord, kind: ComputeKind, eff: list[RecoveryEffect]) -> None:
         key = m.key
         if kind is ComputeKind.FORWARD and m.src is Source.EMB:
             j = m.next
-            if j is None or j in self.dead or j in self.full:
+            if j is None or j in self.peers.dead or j in self.peers.full:
                 j = self._choose_next(self.me, set())
             if j is None:
                 self._put_back(now, m, eff)
@@ -222,7 +245,7 @@ class DataSide:
             m.sink, m.sent_at = Sink.GRAD, now
             # a holder of the path reported gone while the forward was on its way here (`peer_gone` acts only on a
             # microbatch in its backward pass): act now, as the report would have, not on the watchdog
-            gone = self.cfg.act_on_gone and self._gone_ahead(m, self.gone)
+            gone = self.cfg.act_on_gone and self._gone_ahead(m, self.peers.gone)
             if gone and self.swarm:
                 self._trouble(now, m, eff)  # (restart: no gradient sent down a path that cannot carry it)
                 return
@@ -235,31 +258,31 @@ class DataSide:
             eff.append(Send(m.final_from or m.next, Complete(*key, m.attempt)))
             hop = m.path[0] if m.path[0] is not None else m.next  # the stage-0 relay of its unit
             if m.rounds == 0:
-                self.e2e_est = (1 - EWMA_ALPHA) * self.e2e_est + EWMA_ALPHA * (now - m.launched_at)
+                self.data.e2e_est = (1 - EWMA_ALPHA) * self.data.e2e_est + EWMA_ALPHA * (now - m.launched_at)
                 if m.attempt == 0 and hop is not None:  # the round trip through this unit ("Fastest unit first")
-                    ewma(self.rt, hop, now - m.launched_at)
+                    ewma(self.data.rt, hop, now - m.launched_at)
             # every holder off the final path had a duplicate branch: release it (and its contribution)
             final = set(p for p in m.path if p is not None)
             for p in sorted(m.holders - final):
                 eff.append(Send(p, Release(*key, m.attempt)))
-            self.ledger.mark(key.iteration, key.seq, MbStatus.COMPLETED)
+            self.data.ledger.mark(key.iteration, key.seq, MbStatus.COMPLETED)
             self._cancel(key, eff)
-            del self.mbs[key]
+            self._forget(key)
             self._lend(key.iteration, hop, eff)
             self._launch(now, eff)
             self._maybe_done(now, key.iteration, eff)
 
     def _open(self, now: float, it: int, eff: list[RecoveryEffect]) -> None:
-        self.iteration = it
-        self.full.clear()  # every relay dropped its stashes in the aggregation: room again
-        self.lent.clear()  # lent units were lent for the iteration before
+        self.data.iteration = it
+        self.peers.new_iteration(relay=False)  # every relay dropped its stashes in the aggregation: room again
+        self.data.lent.clear()  # lent units were lent for the iteration before
         # one wave: the deferred first, topped up with new ones to `capacity` per iteration; else all of them
-        fresh = max(0, self.cfg.capacity - len(self.carry)) if self.cfg.one_wave else self.cfg.capacity
-        seqs = list(self.carry) + list(range(self.next_seq, self.next_seq + fresh))
-        self.next_seq += fresh
-        self.carry = []
-        self.ledger.add(it, seqs)
-        self.waiting = list(seqs)
+        fresh = max(0, self.cfg.capacity - len(self.data.carry)) if self.cfg.one_wave else self.cfg.capacity
+        seqs = list(self.data.carry) + list(range(self.data.next_seq, self.data.next_seq + fresh))
+        self.data.next_seq += fresh
+        self.data.carry = []
+        self.data.ledger.add(it, seqs)
+        self.data.waiting = list(seqs)
         eff.append(OpenIteration(it))
         self._launch(now, eff)
         self._maybe_done(now, it, eff)
@@ -267,58 +290,58 @@ class DataSide:
     def _launch(self, now: float, eff: list[RecoveryEffect]) -> None:
         if not self.is_data:
             return
-        it = self.iteration
-        if it in self.reported:
+        it = self.data.iteration
+        if it in self.data.reported:
             return
         for m in [m for m in self.mbs.values() if m.parked]:  # a slot may have freed: parked ones first
             if self.mbs.get(m.key) is m and m.parked:
                 m.parked, m.tried = False, set()
                 self._src_route(now, m, eff)
-        while self.waiting:
+        while self.data.waiting:
             j = self._choose_next(self.me, set(), fresh=True)
             if j is None:
                 break
-            seq = self.waiting.pop(0)
+            seq = self.data.waiting.pop(0)
             key = Key(self.me, seq, it)
-            self.ledger.mark(it, seq, MbStatus.INFLIGHT)
+            self.data.ledger.mark(it, seq, MbStatus.INFLIGHT)
             m = DataRecord(key, next=j, path=[None] * self.nstages, launched_at=now)  # the slot is reserved
-            self.mbs[key] = m
+            self._keep(m)
             eff.append(Compute(ComputeKind.FORWARD, key))
             self._arm_watchdog(now, m, eff)
-        if self.waiting and (self.cfg.one_wave or not any(m.key.iteration == it for m in self.mbs.values())):
+        if self.data.waiting and (self.cfg.one_wave or not any(m.key.iteration == it for m in self.mbs.values())):
             # one wave: what the opening launch could not place; else: nothing in flight and no first hop to
             # take more.  Defer the rest
-            for s in list(self.waiting):
-                self.waiting.remove(s)
+            for s in list(self.data.waiting):
+                self.data.waiting.remove(s)
                 self._defer(Key(self.me, s, it), eff)
             self._maybe_done(now, it, eff)
 
     def _lend(self, it: int, hop: str | None, eff: list[RecoveryEffect]) -> None:
         """Lending: a unit through `hop` freed and I have nothing left to launch in this iteration: lend it."""
-        if not (self.cfg.lend and not self.swarm and hop is not None and it == self.iteration):
+        if not (self.cfg.lend and not self.swarm and hop is not None and it == self.data.iteration):
             return
-        if self.waiting or any(m.parked for m in self.mbs.values() if m.key.iteration == it):
+        if self.data.waiting or any(m.parked for m in self.mbs.values() if m.key.iteration == it):
             return
         for d in self.cfg.data_nodes:
-            if d != self.me and d not in self.dead:
-                self.stats.lent += 1
+            if d != self.me and d not in self.peers.dead:
+                self.stats.bump(lent=1)
                 eff.append(Send(d, Lend(it, hop)))
 
     def _maybe_done(self, now: float, it: int, eff: list[RecoveryEffect]) -> None:
-        if not self.is_data or it in self.reported or self.waiting:
+        if not self.is_data or it in self.data.reported or self.data.waiting:
             return
         if any(m.key.iteration == it for m in self.mbs.values()):
             return
-        c = self.ledger.counts(it)
+        c = self.data.ledger.counts(it)
         if c["pending"] or c["inflight"]:
             return
-        self.reported.add(it)
-        done = tuple(sorted(s for s, st in self.ledger.entries.get(it, {}).items() if st is MbStatus.COMPLETED))
+        self.data.reported.add(it)
+        done = tuple(sorted(s for s, st in self.data.ledger.entries.get(it, {}).items() if st is MbStatus.COMPLETED))
         eff.append(IterationSettled(it, c["completed"], c["deferred"], done))
 
     def _abandoned(self, key: Key) -> bool:
         """The ledger entry of `key` (data node, seq, iteration) was deferred: its attempts were given up."""
-        entries = self.ledger.entries.get(key.iteration, {})
+        entries = self.data.ledger.entries.get(key.iteration, {})
         return entries.get(key.seq) is MbStatus.DEFERRED
 
 

@@ -1,13 +1,90 @@
 """What the driver tells the machine about its neighbours: flows, the current next and previous peers, a peer still
 heard, a peer gone.
+
+`Peers` is this node's view of them (links, capacities, hand-off estimates,
+who is dead, gone or full, whom it denied, and the flows); only this module
+changes it, the other mechanisms through its methods.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field
 from typing import Mapping
 
-from .records import RecoveryEffect
+from .records import RecoveryConfig, RecoveryEffect, ewma
+
+
+@dataclass
+class Peers:
+    """The neighbours as this machine sees them."""
+
+    next_peers: dict[str, float]  # next-stage peer -> link cost
+    prev_peers: dict[str, float]  # previous-stage peer -> link cost
+    peer_cap: dict[str, int]  # next-stage peer -> capacity (units)
+    est: dict[str, float]  # peer -> EWMA of its hand-off time
+    dead: set[str] = field(default_factory=set)  # presumed dead (a hop deadline) or gone
+    gone: set[str] = field(default_factory=set)  # peers the membership layer reported gone (`peer_gone`)
+    full: set[str] = field(default_factory=set)  # next peers that denied a microbatch (MbDeny) and sent no Room
+    denied: set[str] = field(default_factory=set)  # peers I sent MbDeny to: they get Room when a slot frees
+    out: dict[str, dict[str, int]] = field(default_factory=dict)  # gwtf flows: data node -> next hop -> units
+
+    @classmethod
+    def of(cls, cfg: RecoveryConfig) -> Peers:
+        return cls(dict(cfg.next_peers), dict(cfg.prev_peers), dict(cfg.peer_capacity), dict(cfg.prior_s))
+
+    def live_next(self) -> list[str]:
+        return [j for j in self.next_peers if j not in self.dead]
+
+    def heard(self, peer: str) -> None:
+        """A message from `peer`: it is alive (also one reported gone and back with its id)."""
+        self.dead.discard(peer)
+        self.gone.discard(peer)
+
+    def refused(self, peer: str) -> None:
+        self.full.add(peer)
+
+    def has_room(self, peer: str) -> None:
+        self.full.discard(peer)
+
+    def offer_again(self) -> None:
+        """No Room came: the next peers are offered work again, once."""
+        self.full.difference_update(self.next_peers)
+
+    def new_iteration(self, *, relay: bool) -> None:
+        """Every relay dropped its stashes (the aggregation): room again; a relay's denials are void."""
+        self.full.clear()
+        if relay:
+            self.denied.clear()
+
+    def deny(self, peer: str) -> None:
+        self.denied.add(peer)
+
+    def room_told(self) -> None:
+        self.denied.clear()
+
+    def measure(self, j: str, sample: float) -> None:
+        ewma(self.est, j, sample)
+
+    def repair_unit(self, d: str, hop: str) -> None:
+        """Local repair: `hop`, a live peer with room, takes a unit of data node `d`."""
+        units = self.out.setdefault(d, {})
+        units[hop] = units.get(hop, 0) + 1
+
+    def presume_dead(self, j: str, *, repair: bool) -> None:
+        """`j` missed a deadline: presumed dead; with `repair` its units move to live peers with room."""
+        self.dead.add(j)
+        if not repair:
+            return
+        for d, units in self.out.items():  # local flow repair: move the units to live peers with room
+            n = units.pop(j, 0)
+            for _ in range(n):
+                cands = sorted((self.next_peers[p], p) for p in self.live_next()
+                               if p not in self.full
+                               and sum(o.get(p, 0) for o in self.out.values()) < self.peer_cap.get(p, 1))
+                if not cands:
+                    break
+                p = cands[0][1]
+                units[p] = units.get(p, 0) + 1
 
 
 
@@ -18,7 +95,7 @@ class Neighbours:
         """Flows (units per data node and next hop), e.g. from the flow machines.
 
         With `now` (new flows during training): a data node launches on units that became free."""
-        self.out = {d: dict(o) for d, o in out.items()}
+        self.peers.out = {d: dict(o) for d, o in out.items()}
         eff: list[RecoveryEffect] = []
         if now is not None and self.is_data:
             self._launch(now, eff)
@@ -36,20 +113,20 @@ class Neighbours:
         not there before is a route again: a data node launches waiting
         microbatches, a relay retries its parked ones and sends `Room` to the
         peers it denied."""
-        new_next = [j for j in next_peers if j not in self.next_peers]
-        self.next_peers = dict(next_peers)
-        self.prev_peers = dict(prev_peers)
+        new_next = [j for j in next_peers if j not in self.peers.next_peers]
+        self.peers.next_peers = dict(next_peers)
+        self.peers.prev_peers = dict(prev_peers)
         per_peer = isinstance(prior_s, Mapping)
-        for j in self.next_peers:
-            self.peer_cap[j] = peer_capacity.get(j) or self.peer_cap.get(j, 1)
-            self.est.setdefault(j, prior_s.get(j, self.cfg.default_prior_s) if per_peer else prior_s)
+        for j in self.peers.next_peers:
+            self.peers.peer_cap[j] = peer_capacity.get(j) or self.peers.peer_cap.get(j, 1)
+            self.peers.est.setdefault(j, prior_s.get(j, self.cfg.default_prior_s) if per_peer else prior_s)
         if per_peer:
-            for j in self.prev_peers:
+            for j in self.peers.prev_peers:
                 if j in prior_s:
-                    self.est.setdefault(j, prior_s[j])
+                    self.peers.est.setdefault(j, prior_s[j])
         eff: list[RecoveryEffect] = []
         if new_next:
-            self.gone.difference_update(new_next)
+            self.peers.gone.difference_update(new_next)
             self._route_again(now, eff)
         return eff
 
@@ -59,9 +136,9 @@ class Neighbours:
 
         Without this a data node that presumed its last stage-0 relay dead (slow while a peer left) would
         defer every microbatch from then on: it only un-presumes a peer that sends it something."""
-        if peer not in self.dead or peer in self.gone:
+        if peer not in self.peers.dead or peer in self.peers.gone:
             return []
-        self.dead.discard(peer)
+        self.peers.dead.discard(peer)
         eff: list[RecoveryEffect] = []
         if self.is_data:
             self._launch(now, eff)
@@ -72,9 +149,7 @@ class Neighbours:
         if self.is_data:
             self._launch(now, eff)
             return
-        for r in [r for r in self.mbs.values() if r.parked]:
-            r.parked, r.tried = False, set()
-            self._route(now, r, eff)
+        self._retry_parked(now, eff)
         self._room(eff)
 
     def peer_gone(self, now: float, peer: str) -> list[RecoveryEffect]:
@@ -87,8 +162,8 @@ class Neighbours:
         SWARM restart), and on those still in their forward pass when their
         loss is computed (`_data_compute_done`)."""
         self._presume_dead(peer)
-        self.dead.add(peer)
-        self.gone.add(peer)
+        self.peers.dead.add(peer)
+        self.peers.gone.add(peer)
         eff: list[RecoveryEffect] = []
         if self.is_data:
             # a holder of a microbatch in its backward pass is gone before its stage's backward was computed
@@ -111,14 +186,12 @@ class Neighbours:
         contributions died with it), so the microbatches it sends from now on
         start clean, whatever their keys.  A next-stage peer back is a route
         again (as in `set_neighbours`)."""
-        for keys in self.orphaned.values():  # its old incarnation's: a new one may send the same keys elsewhere
-            keys -= {k for k in keys if k.data_node == peer}
-        self.dead.discard(peer)
-        self.gone.discard(peer)
+        self._unorphan(peer)  # its old incarnation's: a new one may send the same keys elsewhere
+        self.peers.heard(peer)
         if data_node and peer not in self.cfg.data_nodes:
-            self.cfg = replace(self.cfg, data_nodes=tuple(sorted(self.cfg.data_nodes + (peer,))))
+            self._set_data_nodes(tuple(sorted(self.cfg.data_nodes + (peer,))))
         eff: list[RecoveryEffect] = []
-        if peer in self.next_peers:
+        if peer in self.peers.next_peers:
             self._route_again(now, eff)
         return eff
 
@@ -135,8 +208,5 @@ class Neighbours:
         if not self.is_data:
             for key in [k for k in self.mbs if k.data_node == peer]:
                 self._drop(key, eff)
-            for it, keys in self.contrib.items():
-                if it not in self.begun:
-                    self.orphaned.setdefault(it, set()).update(k for k in keys if k.data_node == peer)
-                    self.contrib[it] = {k for k in keys if k.data_node != peer}
-        self.cfg = replace(self.cfg, data_nodes=tuple(d for d in self.cfg.data_nodes if d != peer))
+            self._orphan(peer)
+        self._set_data_nodes(tuple(d for d in self.cfg.data_nodes if d != peer))

@@ -48,16 +48,15 @@ to a leader that has not begun is dropped by `Phases.forget`.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Collection, Mapping
 
-from ..effects import Send, SetTimer
-from ..messages import Backward, Complete, Lend, MbDeny, Room
-from ..pipeline import Ledger
-from .data import DataSide
-from .neighbours import Neighbours
+from ..messages import Lend, MbDeny, Room
+from .data import DataSide, DataState
+from .neighbours import Neighbours, Peers
 from .records import (
-    MB_MESSAGES, POLICIES, ComputeKind, Key, MbTimer, Policy, RecoveryConfig, RecoveryEffect, RecoveryStats, RelayPhase,
-    TimerKind,
+    MB_MESSAGES, POLICIES, ComputeKind, DataRecord, Key, MbTimer, Policy, RecoveryConfig, RecoveryEffect, RecoveryStats,
+    RelayRecord,
 )
 from .relay import RELAY_TIMERS, RelaySide
 from .rounds import DATA_TIMERS, Rounds
@@ -78,16 +77,8 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         self.is_data = cfg.stage < 0
         self.nstages = cfg.last_stage + 1
         self.swarm = self.policy in (Policy.SWARM, Policy.RANDOM)  # (random: SWARM's machinery, random next hops)
-        self.next_peers: dict[str, float] = dict(cfg.next_peers)
-        self.prev_peers: dict[str, float] = dict(cfg.prev_peers)
-        self.peer_cap: dict[str, int] = dict(cfg.peer_capacity)
-        self.est: dict[str, float] = dict(cfg.prior_s)
-        self.dead: set[str] = set()
-        self.gone: set[str] = set()  # peers the membership layer reported gone (`peer_gone`)
-        self.full: set[str] = set()
-        self.denied: set[str] = set()  # peers I sent MbDeny to: they get Room when a slot frees
+        self.peers = Peers.of(cfg)  # the neighbours as this node sees them (neighbours.py)
         self.mbs: dict = {}  # relay: Key -> RelayRecord; data node: Key -> DataRecord
-        self.out: dict[str, dict[str, int]] = {}  # gwtf flows: data node -> next hop -> units
         self.contrib: dict[int, set[Key]] = {}
         self.orphaned: dict[int, set[Key]] = {}  # relay: contributions of data nodes gone before BEGIN (its rule)
         self.stats = RecoveryStats()
@@ -95,16 +86,58 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         self.begun: set[int] = set()
         self.stepped: set[int] = set()
         self.last_iteration: int | None = None  # relay leaving: the last iteration it takes microbatches of
-        # data node
-        self.ledger = Ledger()
-        self.iteration = 0
-        self.next_seq = first_seq
-        self.waiting: list[int] = []
-        self.carry: list[int] = []  # deferred seqs for the next iteration
-        self.e2e_est = cfg.e2e_prior_s
-        self.reported: set[int] = set()
-        self.lent: dict[str, int] = {}  # lending: stage-0 relay -> units other data nodes lent me this iteration
-        self.rt: dict[str, float] = {}  # data node: stage-0 relay -> EWMA of launch -> final time through it
+        self.data = DataState(next_seq=first_seq, e2e_est=cfg.e2e_prior_s)  # a data node's iterations (data.py)
+
+    # Read-only views for the drivers, the simulator and the tests (the owner's objects, not copies).
+    next_peers = property(lambda self: self.peers.next_peers, doc="next-stage peer -> link cost")
+    prev_peers = property(lambda self: self.peers.prev_peers, doc="previous-stage peer -> link cost")
+    peer_cap = property(lambda self: self.peers.peer_cap, doc="next-stage peer -> capacity")
+    est = property(lambda self: self.peers.est, doc="peer -> EWMA of its hand-off time")
+    dead = property(lambda self: self.peers.dead, doc="peers presumed dead or gone")
+    gone = property(lambda self: self.peers.gone, doc="peers the membership layer reported gone")
+    full = property(lambda self: self.peers.full, doc="next peers that denied a microbatch")
+    denied = property(lambda self: self.peers.denied, doc="peers this node denied")
+    out = property(lambda self: self.peers.out, doc="the flows: data node -> next hop -> units")
+    ledger = property(lambda self: self.data.ledger, doc="data node: each microbatch's status per iteration")
+    reported = property(lambda self: self.data.reported, doc="data node: the iterations settled (reported)")
+    waiting = property(lambda self: self.data.waiting, doc="data node: seqs of the iteration not launched yet")
+    carry = property(lambda self: self.data.carry, doc="data node: seqs deferred to the next iteration")
+    rt = property(lambda self: self.data.rt, doc="data node: stage-0 relay -> EWMA of its round trips")
+    iteration = property(lambda self: self.data.iteration, doc="data node: the iteration open here")
+    next_seq = property(lambda self: self.data.next_seq, doc="data node: the seq of its next new microbatch")
+    e2e_est = property(lambda self: self.data.e2e_est, doc="data node: EWMA of its microbatches' round trips")
+    lent = property(lambda self: self.data.lent, doc="data node: units lent to it this iteration, per relay")
+
+    # The node's own tables, changed here on behalf of the mechanisms (which read them directly).
+    def _keep(self, m: RelayRecord | DataRecord) -> None:
+        self.mbs[m.key] = m
+
+    def _forget(self, key: Key) -> RelayRecord | DataRecord | None:
+        return self.mbs.pop(key, None)
+
+    def _contribute(self, key: Key) -> None:
+        """Relay: it computed the backward of `key`; the gradient counts in its iteration (`begin_aggregation`)."""
+        self.contrib.setdefault(key.iteration, set()).add(key)
+
+    def _uncontribute(self, key: Key) -> None:
+        """Relay: the gradient of `key` it holds is void (a Release, or a new attempt)."""
+        self.contrib.get(key.iteration, set()).discard(key)
+
+    def _orphan(self, peer: str) -> None:
+        """Relay: data node `peer` died; its contributions of iterations not begun here count only if BEGIN names
+        them (`orphaned`, see the module doc)."""
+        for it, keys in self.contrib.items():
+            if it not in self.begun:
+                self.orphaned.setdefault(it, set()).update(k for k in keys if k.data_node == peer)
+                self.contrib[it] = {k for k in keys if k.data_node != peer}
+
+    def _unorphan(self, peer: str) -> None:
+        """`peer` is back: what its old incarnation left orphaned here is forgotten."""
+        for keys in self.orphaned.values():
+            keys -= {k for k in keys if k.data_node == peer}
+
+    def _set_data_nodes(self, nodes: tuple[str, ...]) -> None:
+        self.cfg = replace(self.cfg, data_nodes=nodes)
 
     def start(self, now: float) -> list[RecoveryEffect]:
         eff: list[RecoveryEffect] = []
@@ -114,8 +147,7 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
 
     def on_message(self, now: float, sender: str, msg) -> list[RecoveryEffect]:
         eff: list[RecoveryEffect] = []
-        self.dead.discard(sender)
-        self.gone.discard(sender)  # (a peer reported gone and heard from again, e.g. restarted with its id)
+        self.peers.heard(sender)  # (also a peer reported gone and heard from again, e.g. restarted with its id)
         t = type(msg)
         if t not in MB_MESSAGES:
             raise TypeError(f"{t.__name__} is not a microbatch message: the driver routes it elsewhere")
@@ -124,7 +156,7 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
             handler(self, now, sender, msg, eff)
             return eff
         if t is MbDeny:
-            self.full.add(sender)
+            self.peers.refused(sender)
         key = Key(msg.data_node, msg.seq, msg.iteration)
         if self.is_data:
             self._data_message(now, sender, key, msg, eff)  # data.DATA_HANDLERS
@@ -133,20 +165,12 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         return eff
 
     def _on_room(self, now: float, sender: str, msg: Room, eff: list[RecoveryEffect]) -> None:
-        self.full.discard(sender)
+        self.peers.has_room(sender)
         if self.is_data:
             self._launch(now, eff)
         else:  # a route again: retry parked repairs, and my upstream may send again (my Room)
-            for r in [r for r in self.mbs.values() if r.parked]:
-                r.parked, r.tried = False, set()
-                self._route(now, r, eff)
+            self._retry_parked(now, eff)
             self._room(eff)
-
-    def _on_lend(self, now: float, sender: str, msg: Lend, eff: list[RecoveryEffect]) -> None:
-        if self.is_data and self.cfg.lend and not self.swarm and msg.iteration == self.iteration:
-            self.lent[msg.hop] = self.lent.get(msg.hop, 0) + 1
-            self.stats.borrowed += 1
-            self._launch(now, eff)
 
     def on_timer(self, now: float, tkey: MbTimer) -> list[RecoveryEffect]:
         eff: list[RecoveryEffect] = []
@@ -164,24 +188,10 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         m = self.mbs.get(key)
         if m is None:
             return eff
-        key, kind = m.key, ComputeKind(kind)
         if self.is_data:
-            self._data_compute_done(now, m, kind, eff)
-            return eff
-        if m.phase is RelayPhase.FWD and kind in (ComputeKind.FORWARD, ComputeKind.RECOMPUTE):
-            eff.append(Send(m.prev, Complete(*key, m.attempt)))
-            self._route(now, m, eff)
-        elif m.phase is RelayPhase.BWD and kind is ComputeKind.BACKWARD:
-            self.contrib.setdefault(key.iteration, set()).add(key)
-            eff.append(Send(m.next, Complete(*key, m.attempt)))
-            eff.append(Send(m.prev, Backward(*key, None, m.attempt)))
-            m.phase, m.sent_at = RelayPhase.GRAD, now
-            self._report(key, m.attempt, RelayPhase.GRAD, eff)  # backward progress (the data node's act_on_gone)
-            eff.append(SetTimer(MbTimer(TimerKind.BK, key), self._deadline(now, m.prev)))
-            self._room(eff)
-            for r in [r for r in self.mbs.values() if r.parked]:  # my slot at my next hop freed
-                r.parked, r.tried = False, set()
-                self._route(now, r, eff)
+            self._data_compute_done(now, m, ComputeKind(kind), eff)
+        else:
+            self._relay_compute_done(now, m, ComputeKind(kind), eff)
         return eff
 
     def leave_after(self, it: int) -> None:
@@ -219,14 +229,13 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         if not self.is_data:
             for key in [k for k in self.mbs if k.iteration <= it]:
                 self._drop(key, eff)
-            self.full.clear()
-            self.denied.clear()
+            self.peers.new_iteration(relay=True)
         held = self.contrib.get(it, set())
         orphans = self.orphaned.pop(it, set())
         if completed is None:
             return eff, frozenset(held)
         counted = frozenset(k for k in held | orphans if k.seq in completed.get(k.data_node, ()))
-        self.stats.uncounted += len(held) - len(counted)
+        self.stats.bump(uncounted=len(held) - len(counted))
         return eff, counted
 
     def aggregation_done(self, now: float, it: int) -> list[RecoveryEffect]:
@@ -243,5 +252,5 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
 # and the tables beside it, `data.DATA_HANDLERS`).
 NODE_HANDLERS = {
     Room: RecoveryNode._on_room,
-    Lend: RecoveryNode._on_lend,
+    Lend: RecoveryNode._on_lend,  # (data.py)
 }

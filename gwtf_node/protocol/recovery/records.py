@@ -229,6 +229,11 @@ class RecoveryStats:
     stale: int = 0  # messages of an older attempt, ignored
     uncounted: int = 0  # relay: gradients held at BEGIN whose microbatch its data node did not complete
 
+    def bump(self, **counts: int) -> None:
+        """Add to the named counters (the machine's modules count through this)."""
+        for name, n in counts.items():
+            setattr(self, name, getattr(self, name) + n)
+
 
 def ewma(table: dict[str, float], k: str, sample: float) -> None:
     e = table.get(k)

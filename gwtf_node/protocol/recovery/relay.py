@@ -54,7 +54,7 @@ class RelaySide:
             return
         if r is None or a < r.attempt:
             if r is not None:
-                self.stats.stale += 1
+                self.stats.bump(stale=1)
             stale = RELAY_STALE.get(t)
             if stale is not None:
                 stale(self, sender, key, msg, eff)
@@ -74,7 +74,7 @@ class RelaySide:
     def _on_release(self, now: float, sender: str, key: Key, msg: Release, r: RelayRecord | None,
                     eff: list[RecoveryEffect]) -> None:
         if r is None or r.attempt <= msg.attempt:
-            self.contrib.get(key.iteration, set()).discard(key)
+            self._uncontribute(key)
             self._drop(key, eff)
 
     def _stale_resume(self, sender: str, key: Key, msg: Resume, eff: list[RecoveryEffect]) -> None:
@@ -102,7 +102,7 @@ class RelaySide:
         if r.phase in (RelayPhase.SENDING, RelayPhase.SENT) and sender == r.next:
             eff.append(CancelTimer(MbTimer(TimerKind.FW, key)))
             r.tried.add(sender)
-            self.stats.reroutes += 1
+            self.stats.bump(reroutes=1)
             self._route(now, r, eff)
 
     def _on_backward(self, now: float, sender: str, key: Key, msg: Backward, r: RelayRecord,
@@ -120,7 +120,7 @@ class RelaySide:
         r.prev = newprev
         eff.append(Send(newprev, Complete(*key, a)))
         if r.phase in (RelayPhase.GRAD, RelayPhase.DONE):
-            self.stats.resends += 1
+            self.stats.bump(resends=1)
             r.phase, r.sent_at = RelayPhase.GRAD, now
             eff.append(Send(newprev, Backward(*key, None, a)))
             eff.append(SetTimer(MbTimer(TimerKind.BK, key), self._deadline(now, newprev)))
@@ -137,18 +137,18 @@ class RelaySide:
         r.tried = {r.next} if r.next is not None and r.next not in self.cfg.data_nodes else set()
         r.tried |= {""} & tried_before  # (a parked record's one deadline retry is spent)
         r.rest = tuple(msg.rest)
-        self.stats.reroutes += 1
+        self.stats.bump(reroutes=1)
         self._route(now, r, eff)
 
     def _fw_timer(self, now: float, r: RelayRecord, eff: list[RecoveryEffect]) -> None:
         """A hand-off's deadline passed (the next hop is presumed dead), or a parked microbatch's retry is due."""
         if r.phase is RelayPhase.SENDING:
-            self.stats.reroutes += 1
+            self.stats.bump(reroutes=1)
             self._presume_dead(r.next)
             r.tried.add(r.next)
             self._route(now, r, eff)
         elif r.parked:
-            self.full.difference_update(self.next_peers)  # no Room came: offer it to them again, once
+            self.peers.offer_again()  # no Room came: offer it to them again, once
             r.tried = {""}
             self._route(now, r, eff)
 
@@ -163,12 +163,12 @@ class RelaySide:
         if r is not None:
             if a < r.attempt or (a == r.attempt and type(msg) is Forward):
                 # stale, or a second branch of the same attempt (an upstream presumed me dead): keep mine
-                self.stats.stale += 1
+                self.stats.bump(stale=1)
                 if r.phase != RelayPhase.FWD:
                     eff.append(Send(sender, Complete(*key, a)))
                 return
             if a > r.attempt:
-                self.contrib.get(key.iteration, set()).discard(key)  # the old attempt's gradient is not trained on
+                self._uncontribute(key)  # the old attempt's gradient is not trained on
             self._drop(key, eff)  # a newer attempt, or a repair the data node ordered: it supersedes mine
         aggregating = (msg.iteration - 1) in self.begun and (msg.iteration - 1) not in self.stepped
         leaving = self.last_iteration is not None and msg.iteration > self.last_iteration
@@ -176,9 +176,30 @@ class RelaySide:
             self._deny(sender, key, a, eff)  # (aggregating: my parameters are not those of this iteration yet)
             return
         recover = type(msg) is Recover
-        self.mbs[key] = RelayRecord(key, a, sender, tuple(msg.path) + (self.me,), rest=tuple(msg.rest) if recover else ())
+        self._keep(RelayRecord(key, a, sender, tuple(msg.path) + (self.me,), rest=tuple(msg.rest) if recover else ()))
         self._report(key, a, RelayPhase.REC if recover else RelayPhase.FWD, eff)
         eff.append(Compute(ComputeKind.RECOMPUTE if recover else ComputeKind.FORWARD, key))
+
+    def _relay_compute_done(self, now: float, r: RelayRecord, kind: ComputeKind, eff: list[RecoveryEffect]) -> None:
+        key = r.key
+        if r.phase is RelayPhase.FWD and kind in (ComputeKind.FORWARD, ComputeKind.RECOMPUTE):
+            eff.append(Send(r.prev, Complete(*key, r.attempt)))
+            self._route(now, r, eff)
+        elif r.phase is RelayPhase.BWD and kind is ComputeKind.BACKWARD:
+            self._contribute(key)
+            eff.append(Send(r.next, Complete(*key, r.attempt)))
+            eff.append(Send(r.prev, Backward(*key, None, r.attempt)))
+            r.phase, r.sent_at = RelayPhase.GRAD, now
+            self._report(key, r.attempt, RelayPhase.GRAD, eff)  # backward progress (the data node's act_on_gone)
+            eff.append(SetTimer(MbTimer(TimerKind.BK, key), self._deadline(now, r.prev)))
+            self._room(eff)
+            self._retry_parked(now, eff)  # my slot at my next hop freed
+
+    def _retry_parked(self, now: float, eff: list[RecoveryEffect]) -> None:
+        """A route again (a Room, a slot freed at the next hop, a next peer back): the parked ones try again."""
+        for r in [r for r in self.mbs.values() if r.parked]:
+            r.parked, r.tried = False, set()
+            self._route(now, r, eff)
 
     def _route(self, now: float, r: RelayRecord, eff: list[RecoveryEffect]) -> None:
         """Hand my stashed output on: along `rest` (a recovery chain) or the flows / greedy."""
@@ -206,8 +227,8 @@ class RelaySide:
                 r.tried.clear()
                 if r.ordered:
                     self._report(key, a, RelayPhase.SENT, eff)
-                peers = self._live_next() or list(self.next_peers)
-                wait = max((self.est.get(j, self.cfg.default_prior_s) for j in peers), default=self.cfg.default_prior_s)
+                peers = self._live_next() or list(self.peers.next_peers)
+                wait = max((self.peers.est.get(j, self.cfg.default_prior_s) for j in peers), default=self.cfg.default_prior_s)
                 eff.append(SetTimer(MbTimer(TimerKind.FW, key), now + self.cfg.k * wait + self.cfg.margin_s))
                 return
             if r.ordered:
@@ -218,13 +239,13 @@ class RelaySide:
                 eff.append(Send(key.data_node, BackwardStuck(*key, self.stage, a)))
                 return
             prev = r.prev
-            del self.mbs[key]  # no Room for this freed slot: I have no route, not just no room
+            self._forget(key)  # no Room for this freed slot: I have no route, not just no room
             self._cancel(key, eff)
             self._deny(prev, key, a, eff)
             return
         r.next, r.phase, r.sent_at = j, RelayPhase.SENDING, now
         if recovering:
-            self.stats.recovers += 1
+            self.stats.bump(recovers=1)
             eff.append(Send(j, Recover(*key, r.path, r.rest[1:], None, a)))
         else:
             eff.append(Send(j, Forward(*key, r.path, None, a)))

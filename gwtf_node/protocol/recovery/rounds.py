@@ -71,7 +71,7 @@ class Rounds:
     def _src_fw_timer(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         """The stage-0 relay did not acknowledge my embedding output in time: presumed dead, another one."""
         if m.src is Source.SENDING:
-            self.stats.reroutes += 1
+            self.stats.bump(reroutes=1)
             self._presume_dead(m.next)
             m.tried.add(m.next)
             self._src_route(now, m, eff)
@@ -91,7 +91,7 @@ class Rounds:
             self._decide(now, m, eff)
 
     def _arm_watchdog(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
-        eff.append(SetTimer(MbTimer(TimerKind.WD, m.key), now + K_E2E * self.e2e_est + self.cfg.margin_s))
+        eff.append(SetTimer(MbTimer(TimerKind.WD, m.key), now + K_E2E * self.data.e2e_est + self.cfg.margin_s))
 
     def _trouble(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         """A microbatch is not progressing: GWTF runs a probe round, SWARM restarts it."""
@@ -108,7 +108,7 @@ class Rounds:
         if m.rounds > self.cfg.max_rounds:
             self._give_up(now, m, eff)
             return
-        self.stats.probes += 1
+        self.stats.bump(probes=1)
         m.collecting, m.snapshot = True, {}
         for p in sorted({p for p in m.path if p is not None}):
             eff.append(Send(p, Probe(*m.key, tuple(x or "" for x in m.path), m.attempt)))
@@ -145,7 +145,7 @@ class Rounds:
                 if m.sink is Sink.GRAD:
                     return  # my own hop deadline covers it
                 target = m.path[S - 1]
-                self.stats.resends += 1
+                self.stats.bump(resends=1)
                 m.sink, m.sent_at = Sink.GRAD, now
                 eff.append(Send(target, Backward(*key, None, a)))
                 eff.append(SetTimer(MbTimer(TimerKind.BK, key), self._deadline(now, target)))
@@ -181,7 +181,7 @@ class Rounds:
         if m.rounds > self.cfg.max_rounds:
             self._give_up(now, m, eff)
             return
-        self.stats.restarts += 1
+        self.stats.bump(restarts=1)
         for p in sorted(m.holders):
             eff.append(Send(p, Release(*m.key, m.attempt)))
         self._cancel(m.key, eff)
@@ -198,7 +198,7 @@ class Rounds:
         can recompute its stage-0 activation), so it is given up now (deferred to a later iteration) rather
         than after `max_rounds` probe rounds that cannot succeed.  The driver calls it after a peer is gone."""
         eff: list[RecoveryEffect] = []
-        if not self.is_data or any(j not in self.gone and j not in self.dead for j in self.next_peers):
+        if not self.is_data or any(j not in self.peers.gone and j not in self.peers.dead for j in self.peers.next_peers):
             return eff
         for m in [m for m in self.mbs.values() if isinstance(m, DataRecord) and m.sink is not Sink.FINAL]:
             if self.mbs.get(m.key) is m:
@@ -206,11 +206,11 @@ class Rounds:
         return eff
 
     def _give_up(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
-        self.stats.gave_up += 1
+        self.stats.bump(gave_up=1)
         for p in sorted(m.holders):
             eff.append(Send(p, Release(*m.key, m.attempt)))
         self._cancel(m.key, eff)
-        del self.mbs[m.key]
+        self._forget(m.key)
         self._defer(m.key, eff)
         self._launch(now, eff)
         self._maybe_done(now, m.key.iteration, eff)

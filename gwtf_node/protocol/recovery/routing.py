@@ -6,7 +6,7 @@ from ..effects import CancelTimer, Send
 from ..messages import MbDeny, MbState, Room
 from ..pipeline import pick_next_hop
 from .records import (
-    SLOT_PHASES, TIMERS, DataRecord, Key, MbTimer, Policy, RecoveryEffect, RelayPhase, Source, ewma,
+    SLOT_PHASES, TIMERS, DataRecord, Key, MbTimer, Policy, RecoveryEffect, RelayPhase, Source,
 )
 
 
@@ -14,7 +14,7 @@ class Routing:
     """Part of `RecoveryNode` (node.py): one mechanism of the machine, see the module docstring."""
 
     def _live_next(self) -> list[str]:
-        return [j for j in self.next_peers if j not in self.dead]
+        return self.peers.live_next()
 
     def _slots_used(self) -> int:
         if self.is_data:
@@ -37,24 +37,24 @@ class Routing:
         return sum(1 for m in self.mbs.values() if m.next == j and m.phase is RelayPhase.SENDING)
 
     def _deadline(self, now: float, j: str) -> float:
-        e = self.est.get(j, self.cfg.default_prior_s)
+        e = self.peers.est.get(j, self.cfg.default_prior_s)
         return now + self.cfg.k * e * (1 + self._waiting_to(j)) + self.cfg.margin_s
 
     def _measure(self, j: str, sample: float) -> None:
-        ewma(self.est, j, sample)
+        self.peers.measure(j, sample)
 
     def _gone_ahead(self, m: DataRecord, gone: set) -> bool:
         """A holder of m's path in `gone` whose stage has not reported its backward: the backward cannot pass it."""
         return any(h in gone and s not in m.bwd_done for s, h in enumerate(m.path))
 
     def _room_for(self, j: str) -> bool:
-        cap = self.cfg.swarm_assumed_capacity if self.swarm else self.peer_cap.get(j, 1)
+        cap = self.cfg.swarm_assumed_capacity if self.swarm else self.peers.peer_cap.get(j, 1)
         return self._inflight(j) < cap
 
     def _greedy(self, exclude: set) -> str | None:
         """The cheapest live next peer with room (the `random` policy: one of them at random)."""
-        c = sorted((self.next_peers[j], j) for j in self._live_next()
-                   if j not in self.full and j not in exclude and self._room_for(j))
+        c = sorted((self.peers.next_peers[j], j) for j in self._live_next()
+                   if j not in self.peers.full and j not in exclude and self._room_for(j))
         if not c:
             return None
         return self.rng.choice(c)[1] if self.policy is Policy.RANDOM else c[0][1]
@@ -65,71 +65,59 @@ class Routing:
             return d
         if self.swarm:
             return self._greedy(exclude)
-        ok = [j for j in self._live_next() if j not in self.full and j not in exclude]
-        units = self.out.get(d, {})
-        if self.is_data and self.lent:  # units lent to me (Lend) for this iteration
+        ok = [j for j in self._live_next() if j not in self.peers.full and j not in exclude]
+        units = self.peers.out.get(d, {})
+        if self.is_data and self.data.lent:  # units lent to me (Lend) for this iteration
             units = dict(units)
-            for j, n in self.lent.items():
+            for j, n in self.data.lent.items():
                 units[j] = units.get(j, 0) + n
         inflight = {j: self._inflight(j, d) for j in units}
-        costs = self.next_peers
+        costs = self.peers.next_peers
         if self.is_data and fresh and self.cfg.fastest_unit:  # data.py, "Fastest unit first"
-            costs = {j: (self.rt.get(j, self.e2e_est), self.next_peers.get(j, float("inf"))) for j in units}
+            costs = {j: (self.data.rt.get(j, self.data.e2e_est), self.peers.next_peers.get(j, float("inf"))) for j in units}
         hop = pick_next_hop(units, inflight, costs, ok)
         if hop is not None:
             return hop
         if self.cfg.lend and not fresh:
-            for d2 in sorted(d2 for d2 in self.out if d2 != d):  # another data node's idle unit, before a repair
-                u2 = self.out[d2]
-                hop = pick_next_hop(u2, {j: self._inflight(j, d2) for j in u2}, self.next_peers, ok)
+            for d2 in sorted(d2 for d2 in self.peers.out if d2 != d):  # another data node's idle unit, before a repair
+                u2 = self.peers.out[d2]
+                hop = pick_next_hop(u2, {j: self._inflight(j, d2) for j in u2}, self.peers.next_peers, ok)
                 if hop is not None:
                     return hop
         if fresh and any(units.get(j, 0) > 0 for j in ok):
             return None  # the flows are busy: wait for a slot
         hop = self._greedy(exclude)  # local repair: a live peer with room takes a unit
         if hop is not None:
-            self.out.setdefault(d, {})[hop] = self.out.setdefault(d, {}).get(hop, 0) + 1
+            self.peers.repair_unit(d, hop)
         return hop
 
     def _presume_dead(self, j: str | None) -> None:
-        if j is None or j in self.dead or j in self.cfg.data_nodes:
+        if j is None or j in self.peers.dead or j in self.cfg.data_nodes:
             return
-        self.dead.add(j)
-        self.stats.presumed_dead += 1
-        if self.swarm:
-            return
-        for d, units in self.out.items():  # local flow repair: move the units to live peers with room
-            n = units.pop(j, 0)
-            for _ in range(n):
-                cands = sorted((self.next_peers[p], p) for p in self._live_next()
-                               if p not in self.full
-                               and sum(o.get(p, 0) for o in self.out.values()) < self.peer_cap.get(p, 1))
-                if not cands:
-                    break
-                p = cands[0][1]
-                units[p] = units.get(p, 0) + 1
+        self.peers.presume_dead(j, repair=not self.swarm)
+        self.stats.bump(presumed_dead=1)
 
     def _cancel(self, key: Key, eff: list[RecoveryEffect]) -> None:
         for t in TIMERS:
             eff.append(CancelTimer(MbTimer(t, key)))
 
     def _room(self, eff: list[RecoveryEffect]) -> None:
-        if self.denied and not self.is_data and (self.stage == self.cfg.last_stage or self._live_next()):
+        if self.peers.denied and not self.is_data and (self.stage == self.cfg.last_stage or self._live_next()):
             free = self.cfg.capacity - self._slots_used()
             if free > 0:
-                for p in sorted(self.denied):
+                for p in sorted(self.peers.denied):
                     eff.append(Send(p, Room(free)))
-                self.denied.clear()
+                self.peers.room_told()
 
     def _drop(self, key: Key, eff: list[RecoveryEffect]) -> None:
-        if self.mbs.pop(key, None) is None:
+        if self._forget(key) is None:
             return
         self._cancel(key, eff)
         self._room(eff)
 
     def _deny(self, to: str, key: Key, attempt: int, eff: list[RecoveryEffect]) -> None:
-        self.stats.denies_sent += 1
-        self.denied.add(to)
+        self.stats.bump(denies_sent=1)
+        self.peers.deny(to)
         eff.append(Send(to, MbDeny(*key, attempt)))
 
     def _report(self, key: Key, attempt: int, state: RelayPhase, eff: list[RecoveryEffect]) -> None:

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from ..net.linkspec import resolve_links
-from .zygote import Zygote, ZygoteChild
+from .zygote import Zygote, ZygoteChild, ZygoteError
 
 # the command line, as a process runs it: each node, and the fork server that forks nodes (cli/forkserver.py)
 NODE_COMMAND = (sys.executable, "-m", "gwtf_node.cli")
@@ -189,12 +189,16 @@ class LocalSwarm:
             self.expected_dead.add(name)
         self._spawned += 1
         if forked:
-            if self._zygote is None:
-                self._zygote = Zygote(FORK_SERVER_COMMAND)
             exits = self.workdir / ".exits"
             exits.mkdir(parents=True, exist_ok=True)
-            self.procs[name] = self._zygote.spawn(cmd[len(NODE_COMMAND):], env, sd / "node.log",
-                                                  exits / f"{name}.{self._spawned}", netns=self.netns.get(name))
+            try:
+                if self._zygote is None:
+                    self._zygote = Zygote(FORK_SERVER_COMMAND)
+                self.procs[name] = self._zygote.spawn(cmd[len(NODE_COMMAND):], env, sd / "node.log",
+                                                      exits / f"{name}.{self._spawned}", netns=self.netns.get(name))
+            except ZygoteError as e:
+                raise LocalError(f"could not start {name}: {e} (the fork server imports torch first: on a machine "
+                                 f"this busy, try again when it is less loaded)") from None
             return
         with open(sd / "node.log", "w") as log:
             self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

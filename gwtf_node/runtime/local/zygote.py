@@ -113,7 +113,11 @@ class Zygote:
         self.proc = subprocess.Popen(list(command), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=None, text=True, bufsize=1,
                                      start_new_session=True)
-        reply = self._read(READY_TIMEOUT_S)
+        try:
+            reply = self._read(READY_TIMEOUT_S)
+        except ZygoteError:
+            self.close()  # (no process is left behind)
+            raise
         if not reply.get("ready"):
             self.close()
             raise ZygoteError(f"the fork server did not start: {reply}")
