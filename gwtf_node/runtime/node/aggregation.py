@@ -72,7 +72,7 @@ import trio
 
 from ...protocol import messages as m
 from ...protocol.effects import Send
-from ...protocol.phases import PhaseTimer, WatchTimer
+from ...protocol.phases import LeftOut, OpenIteration, OutOfStep, Overdue, PhaseTimer, WatchTimer
 from ...protocol.pipeline import Phases, StartStep
 from ...protocol.roundcheck import RoundOf, from_records, to_records, trim
 from .faults import Faults
@@ -80,7 +80,9 @@ from .leadership import Leadership
 from .microbatches import Microbatches
 from ..net.peers import Peers
 from .stage import LocalStage
-from ..net.wire import ApplyEffects, FrameRefused, Owner, Wire, now
+from . import waits
+from .driver import Drivers, Owner
+from ..net.wire import FrameRefused, Wire, now
 
 log = logging.getLogger("gwtf.node")
 steps_log = logging.getLogger("gwtf.steps")  # the lines of every iteration: node.log only (runtime/ops/logs.py)
@@ -94,7 +96,7 @@ LEADER_CHECK_S = 0.5  # a data node looks this often at who leads (a lease ends 
 
 class Aggregation:
     def __init__(self, wire: Wire, peers: Peers, stage: LocalStage, microbatches: Microbatches,
-                 leadership: Leadership, allreducer: Any, effects: ApplyEffects, faults: Faults, *,
+                 leadership: Leadership, allreducer: Any, drivers: Drivers, faults: Faults, *,
                  state_dir: Path, checkpoint_every: int, checkpoint_keep: int = 3,
                  on_stepped: Callable[[int], None]) -> None:
         self.wire = wire
@@ -103,7 +105,10 @@ class Aggregation:
         self.microbatches = microbatches
         self.leadership = leadership
         self.allreducer = allreducer
-        self.effects = effects
+        self.driver = drivers.make(Owner.AGGREGATION, self.on_timer, send=self.send)
+        self.own = {StartStep: self.start_step, LeftOut: lambda e: self.on_left_out(e.iteration),
+                    OutOfStep: self._out_of_step, OpenIteration: self._opened,
+                    Overdue: lambda e: waits.log_overdue(e, peers.who)}  # the phase's own effects
         self.faults = faults
         self.state_dir = state_dir
         self.checkpoint_every = checkpoint_every
@@ -129,6 +134,9 @@ class Aggregation:
         self.allreduce_s = 0.0  # the last all-reduce round that summed, seconds (its waits included)
         self.rounds: dict[int, RoundOf] = {}  # a relay: steps -> how the step to them was summed (roundcheck.py)
         self.on_parted: Callable[[int, list[str], float], None] = lambda it, left_out, patience_s: None
+        # (events the node wires: the phase opened an iteration; this node is left out of, or behind, a step)
+        self.on_open: Callable[[int], None] = lambda iteration: None
+        self.on_left_out: Callable[[int], None] = lambda iteration: None
         self.parts: dict[str, float] = {}  # the last step's aggregation, piece by piece (module doc), seconds
 
     # ------------------------------------------------------------------ reading
@@ -195,7 +203,7 @@ class Aggregation:
             term = self.leadership.led_term
             effects = [Send(e.to, replace(e.msg, term=term))
                        if isinstance(e, Send) and isinstance(e.msg, m.BeginAggregation) else e for e in effects]
-        self.effects(Owner.AGGREGATION, effects)
+        self.driver.carry(effects, self.own)
 
     def _require_phases(self, msg: Any) -> Phases:
         if self.phases is None:
@@ -363,6 +371,15 @@ class Aggregation:
             await self._all_reduce_survivors(f"s{stage}/it{iteration}", group, zeros, 0.0)
         except Exception as e:  # noqa: BLE001 - the stage-mates then go on without it, as before
             log.warning("iteration %d: taking part with nothing failed: %s", iteration, e)
+
+    def _out_of_step(self, e: OutOfStep) -> None:
+        self.abstain(e.iteration)
+        self.on_left_out(e.iteration)
+
+    def _opened(self, e: OpenIteration) -> None:
+        """The phase's effect: CAN TAKE came back, a data node opens the next iteration (or pauses)."""
+        self.iteration_opened(e.iteration)
+        self.on_open(e.iteration)
 
     def start_step(self, e: StartStep) -> None:
         self.wire.spawn(self._step, e)

@@ -47,7 +47,8 @@ from .linkmeter import REMEASURE_EVERY_S, LinkMeter, recost_threshold
 from .liveness import Liveness
 from ..net.peers import PeerInfo, Peers
 from .stage import LocalStage
-from ..net.wire import ApplyEffects, FrameRefused, Owner, Wire, now
+from .driver import Drivers, Owner
+from ..net.wire import FrameRefused, Wire, now
 
 log = logging.getLogger("gwtf.node")
 
@@ -60,13 +61,13 @@ FLOW_MSGS = (
 
 
 class Flows:
-    def __init__(self, wire: Wire, peers: Peers, liveness: Liveness, stage: LocalStage, effects: ApplyEffects,
+    def __init__(self, wire: Wire, peers: Peers, liveness: Liveness, stage: LocalStage, drivers: Drivers,
                  links_cfg: dict[tuple[str, str], tuple[float, float]], on_changed: Callable[[], None]) -> None:
         self.wire = wire
         self.peers = peers
         self.liveness = liveness
         self.stage = stage
-        self.effects = effects
+        self.driver = drivers.make(Owner.FLOWS, self.on_timer, in_order=wire.send_all)  # (FIFO links)
         self.links_cfg = links_cfg
         self.on_changed = on_changed  # flows may have changed: the microbatch machine hears of it
         self.machine: FlowNode | None = None
@@ -150,14 +151,14 @@ class Flows:
         seed = int.from_bytes(me.encode()[-8:], "big")
         self.machine = FlowNode(cfg, random.Random(seed))
         log.info("flow machine started: next %s prev %s", self._names(self.next_costs), self._names(self.prev_costs))
-        self.effects(Owner.FLOWS, self.machine.start(now()))
+        self.driver.carry(self.machine.start(now()))
         self._sync_costs()
         queued, self.queue = self.queue, []
         for peer, msg in queued:
             c = getattr(msg, "commodity", None)  # (every flow message but CostAnnounce names a commodity)
             if c is not None and c not in commodities:
                 continue
-            self.effects(Owner.FLOWS, self.machine.on_message(now(), peer, msg))
+            self.driver.carry(self.machine.on_message(now(), peer, msg))
         for info in self.peers.infos():  # a relay first heard of while the links were measured: as a newcomer
             self.on_peer_hello(info)
 
@@ -201,7 +202,7 @@ class Flows:
                          "?" if s.bandwidth_mbps is None else f"{s.bandwidth_mbps:.1f}", self.stage.compute_ms(),
                          s.peer_compute_ms)
                 self.recosts += 1
-                self.effects(Owner.FLOWS, self.machine.recost(now(), peer, new))
+                self.driver.carry(self.machine.recost(now(), peer, new))
                 self._sync_costs()
                 self.on_changed()
 
@@ -220,12 +221,12 @@ class Flows:
             self.queue.append((peer, msg))
             return
         # the machine keeps what a newcomer says until it is told to add it (add_neighbour)
-        self.effects(Owner.FLOWS, self.machine.on_message(now(), peer, msg))
+        self.driver.carry(self.machine.on_message(now(), peer, msg))
         self.on_changed()
 
     def on_timer(self, key: str) -> None:
         if self.machine is not None:
-            self.effects(Owner.FLOWS, self.machine.on_timer(now(), key))
+            self.driver.carry(self.machine.on_timer(now(), key))
 
     def on_link_cost(self, peer: str, msg: m.LinkCost) -> None:
         """The upstream end of our link says which cost it uses: ours from now on (`LinkCost`)."""
@@ -240,7 +241,7 @@ class Flows:
             log.log(logging.INFO if msg.reform else logging.DEBUG, "flows: link from %s costs %g (its measurement; "
                     "mine was %g)%s", self.peers.who(peer), msg.cost, prev[peer],
                     ": its flows re-form" if msg.reform else "")
-            self.effects(Owner.FLOWS, self.machine.on_message(now(), peer, msg))
+            self.driver.carry(self.machine.on_message(now(), peer, msg))
             self._sync_costs()
             self.on_changed()
 
@@ -253,7 +254,7 @@ class Flows:
             return
         self.machine.peer_back(now(), info.peer_id)
         if info.role == "data":
-            self.effects(Owner.FLOWS, self.machine.data_node_back(now(), info.peer_id))
+            self.driver.carry(self.machine.data_node_back(now(), info.peer_id))
 
     def on_peer_hello(self, info: PeerInfo) -> None:
         """A peer ready next to us that the flow machine does not know (a newcomer, or a peer back after it was
@@ -292,7 +293,7 @@ class Flows:
                 elif side == "prev":
                     cost = self.agreed_costs.get(peer, cost)
                 log.info("flows: adding %s as %s neighbour (cost %g)", self.peers.who(peer), side, cost)
-                self.effects(Owner.FLOWS, self.machine.add_neighbour(now(), peer, cost, side))
+                self.driver.carry(self.machine.add_neighbour(now(), peer, cost, side))
             self._sync_costs()
             self.on_changed()
         finally:
@@ -303,5 +304,5 @@ class Flows:
         self.meter.samples.pop(peer, None)
         self.moved.pop(peer, None)
         if self.machine is not None and self._in_flow(peer):
-            self.effects(Owner.FLOWS, self.machine.remove_neighbour(now(), peer))  # flows rebuilt around it
+            self.driver.carry(self.machine.remove_neighbour(now(), peer))  # flows rebuilt around it
             self._sync_costs()

@@ -62,7 +62,6 @@ from typing import Any, Callable, Collection, Mapping
 from ...model.adatopk import INDEX_BYTES
 from ...model.tensors import sparse_indices
 from ...protocol import messages as m
-from ...protocol.effects import CancelTimer, SetTimer
 from ...protocol.pipeline import DataIteration, MbStatus, OpenIteration
 from ...protocol.recovery import (
     MB_MESSAGES, Compute, ComputeKind, IterationSettled, MbTimer, RecoveryConfig, RecoveryNode,
@@ -76,7 +75,8 @@ from ..net.peers import Peers
 from .stage import LocalStage
 from .tally import Tally
 from .tensorstore import Keep, Slot, TensorStore
-from ..net.wire import ApplyEffects, FrameRefused, Owner, Wire, now
+from .driver import Drivers, Owner
+from ..net.wire import FrameRefused, Wire, now
 
 log = logging.getLogger("gwtf.node")
 
@@ -107,14 +107,17 @@ class Pause:
 
 class Microbatches:
     def __init__(self, wire: Wire, peers: Peers, liveness: Liveness, flows: Flows, stage: LocalStage,
-                 effects: ApplyEffects, faults: Faults, *, policy: str, lend: bool, iterations: int,
+                 drivers: Drivers, faults: Faults, *, policy: str, lend: bool, iterations: int,
                  on_settled: Callable[[int], None], on_finished: Callable[[], None]) -> None:
         self.wire = wire
         self.peers = peers
         self.liveness = liveness
         self.flows = flows
         self.stage = stage
-        self.effects = effects
+        # the recovery machine's driver: a peer's messages in order, with their tensors; computations on torch
+        self.driver = drivers.make(Owner.MICROBATCHES, self.on_timer, in_order=self.send_in_order,
+                                   compute=self._run_compute)
+        self.own = {IterationSettled: self.on_settled, OpenIteration: self.on_opened}  # the machine's own effects
         self.faults = faults
         self.policy = policy
         self.lend = lend
@@ -210,8 +213,9 @@ class Microbatches:
             self._sync()
 
     def _apply(self, effects: list) -> None:
-        """The machine's effects to the node's interpreter; then the tensors of keys it forgot are dropped."""
-        self.effects(Owner.MICROBATCHES, effects)
+        """The machine's effects, carried out here (its driver and `own`); then the tensors of keys it forgot are
+        dropped."""
+        self.driver.carry(effects, self.own)
         self.store.apply(self.store.drops_beside(self.rec.mbs))
 
     def on_settled(self, e: IterationSettled) -> None:
@@ -287,9 +291,6 @@ class Microbatches:
             self._apply(self.rec.on_timer(now(), key))
 
     # ------------------------------------------------------------------ torch
-    def on_compute(self, e: Compute) -> None:
-        self.wire.spawn(self._run_compute, e)
-
     def _at_step(self, fn, key, kind: ComputeKind):
         """`fn`, run in the worker after saying so if the part's parameters are not those of the microbatch's
         iteration (`applied_steps` must equal it: the step of the iteration before was applied, and not yet the
@@ -378,7 +379,7 @@ class Microbatches:
                 self.paused = Pause(t, tuple(empty), since, wall)
                 log.warning("iteration %d not opened: stage %s has no live relay ready for it; the run is paused "
                             "until a relay with that stage's state joins", t, ", ".join(map(str, empty)))
-            self.effects(Owner.MICROBATCHES, [SetTimer(PAUSE_TIMER, now() + PAUSE_CHECK_S)])
+            self.driver.set_timer(PAUSE_TIMER, now() + PAUSE_CHECK_S)
             return
         if self.paused is not None:
             p = self.paused
@@ -387,12 +388,12 @@ class Microbatches:
             if not self._units_placed() and now() - p.served_at < PAUSE_FLOWS_WAIT_S:
                 # the flows through the stage's new relay are forming: without a unit placed every microbatch
                 # would be deferred at once
-                self.effects(Owner.MICROBATCHES, [SetTimer(PAUSE_TIMER, now() + PAUSE_CHECK_S / 4)])
+                self.driver.set_timer(PAUSE_TIMER, now() + PAUSE_CHECK_S / 4)
                 return
             log.info("stage %s has a ready relay again: opening iteration %d after a pause of %.1f s",
                      ", ".join(map(str, self.paused.stages)), t, now() - self.paused.since)
             self.paused = None
-            self.effects(Owner.MICROBATCHES, [CancelTimer(PAUSE_TIMER)])
+            self.driver.cancel_timer(PAUSE_TIMER)
         self._sync()
         eff = self.rec.open_iteration(now(), t)
         seqs = sorted(self.rec.ledger.entries.get(t, {}))
