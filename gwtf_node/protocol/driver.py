@@ -35,7 +35,7 @@ from .effects import CancelTimer, Send, SetTimer, TimerKey
 from .recovery import Compute
 
 
-class UnknownEffect(RuntimeError):
+class UnknownEffect(TypeError):
     """A machine returned an effect that neither its driver nor its component handles: a bug, never dropped."""
 
 
@@ -61,7 +61,7 @@ class Driver(Protocol):
 Handlers = Mapping[type, Callable[[Any], None]]  # effect type -> the component's handler of it
 
 
-def carry_out(driver: Driver, effects: list, own: Handlers | None = None, *, what: str = "machine") -> None:
+def carry_out(driver: Driver, effects: list, own: Handlers | None = None, *, what: str = "the machine") -> None:
     """Carry out `effects` in order: the common ones through `driver`, the others through `own` (the component's
     handlers); an effect that neither handles raises `UnknownEffect` (what came before it is done)."""
     try:
@@ -78,6 +78,6 @@ def carry_out(driver: Driver, effects: list, own: Handlers | None = None, *, wha
             elif t is Compute:
                 driver.compute(e)
             else:
-                raise UnknownEffect(f"the {what} returned {e!r}: no component handles it")
+                raise UnknownEffect(f"{what} returned {e!r}: no component handles it")
     finally:
         driver.flush()

@@ -93,7 +93,7 @@ class MachineDriver:
 
     def carry(self, effects: list, own: Handlers | None = None) -> None:
         """Carry out the machine's `effects`, those only the component knows through `own` (`carry_out`)."""
-        carry_out(self, effects, own, what=f"{self.owner.value} machine")
+        carry_out(self, effects, own, what=f"the {self.owner.value} machine")
 
     def send(self, to: str, msg: Any) -> None:
         if self._in_order is not None:
