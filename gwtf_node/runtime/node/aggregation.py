@@ -77,7 +77,7 @@ from ...protocol.pipeline import Phases, StartStep
 from ...protocol.roundcheck import RoundOf, from_records, to_records, trim
 from .faults import Faults
 from .leadership import Leadership
-from .microbatches import Microbatches
+from .microbatches import MicrobatchesView
 from ..net.peers import Peers
 from .stage import LocalStage
 from . import waits
@@ -95,14 +95,17 @@ LEADER_CHECK_S = 0.5  # a data node looks this often at who leads (a lease ends 
 
 
 class Aggregation:
-    def __init__(self, wire: Wire, peers: Peers, stage: LocalStage, microbatches: Microbatches,
+    def __init__(self, wire: Wire, peers: Peers, stage: LocalStage, microbatches: MicrobatchesView,
+                 begin_aggregation: Callable[[int, Any], frozenset], aggregation_done: Callable[[int], None],
                  leadership: Leadership, allreducer: Any, drivers: Drivers, faults: Faults, *,
                  state_dir: Path, checkpoint_every: int, checkpoint_keep: int = 3,
                  on_stepped: Callable[[int], None]) -> None:
         self.wire = wire
         self.peers = peers
         self.stage = stage
-        self.microbatches = microbatches
+        self.microbatches = microbatches  # read only: a data node's iteration in flight
+        self.begin_aggregation = begin_aggregation  # events to the microbatch machine: BEGIN came, ...
+        self.aggregation_done = aggregation_done  # ... the step is applied
         self.leadership = leadership
         self.allreducer = allreducer
         self.driver = drivers.make(Owner.AGGREGATION, self.on_timer, send=self.send)
@@ -140,6 +143,19 @@ class Aggregation:
         self.parts: dict[str, float] = {}  # the last step's aggregation, piece by piece (module doc), seconds
 
     # ------------------------------------------------------------------ reading
+    def has_phases(self) -> bool:
+        """This node takes part in the phase (it has a stage: `new_phases`)."""
+        return self.phases is not None
+
+    def aggregating(self) -> bool:
+        """An aggregation begun here and not stepped yet."""
+        ph = self.phases
+        return ph is not None and any(it not in ph.stepped for it in ph.begun)
+
+    def waiting(self, t: float) -> list:
+        """What the phase waits for at `t` (`Phases.waiting`: status.json's `waiting_for`)."""
+        return self.phases.waiting(t) if self.phases is not None else []
+
     def group(self, iteration: int, stage: int) -> set[str] | None:
         return self.phases.group(iteration, stage) if self.phases is not None else None
 
@@ -221,7 +237,7 @@ class Aggregation:
         ph = self._require_phases(msg)
         if msg.iteration not in ph.begun and msg.iteration >= ph.floor:
             completed = {c.data_node: frozenset(c.seqs) for c in msg.completed} if msg.completed else None
-            contrib = self.microbatches.begin_aggregation(msg.iteration, completed)
+            contrib = self.begin_aggregation(msg.iteration, completed)
             if self.peers.role == "relay" and self.microbatches.started:
                 named = [set(g.peers) for g in msg.groups if g.stage == -1]
                 if named:  # a data node that BEGIN leaves out died before it: its microbatches do not count
@@ -267,14 +283,11 @@ class Aggregation:
 
     def iteration_settled(self, iteration: int) -> None:
         """A data node's microbatches of `iteration` are all completed or deferred: report it to the leader."""
-        it = self.microbatches.current
-        if self.phases is None or it is None or it.iteration != iteration:
+        done = self.microbatches.report(iteration)
+        if self.phases is None or done is None:
             return
-        c = self.microbatches.counts(iteration)
-        done = m.IterationDone(iteration, len(it.done), it.loss_sum, c["deferred"], c["pending"] + c["inflight"],
-                               tuple(sorted(it.done)))
-        steps_log.info("iteration %d settled: completed %s, deferred %d", iteration, json.dumps(sorted(it.done)),
-                       c["deferred"])
+        steps_log.info("iteration %d settled: completed %s, deferred %d", iteration,
+                       json.dumps(list(done.completed_seqs)), done.deferred)
         self.my_reports = {i: r for i, r in self.my_reports.items() if i >= iteration - 1}
         self.my_reports[iteration] = done
         self.reports.setdefault(iteration, {})[self.wire.me] = done
@@ -396,8 +409,7 @@ class Aggregation:
             self.faults.point("aggregate_holding")
         model = self.stage.model
         if not relay:
-            cur = self.microbatches.current
-            mine = len(cur.done) if cur is not None and cur.iteration == e.iteration else 0
+            mine = self.microbatches.completed(e.iteration)
         else:
             def commit() -> int:
                 return sum(1 for k in keys if model.commit(k))
@@ -432,7 +444,7 @@ class Aggregation:
         await self.stage.run(self.stage.apply_step, total, count, e.iteration)
         del total  # (nor is the summed vector held through the checkpoint: model/memory.py counts it so)
         t_ck = now()
-        self.microbatches.aggregation_done(e.iteration)
+        self.aggregation_done(e.iteration)
         self.stage.steps_done()
         self.on_stepped(e.iteration)
         self.step_counts[e.iteration] = e.microbatches
@@ -487,7 +499,7 @@ class Aggregation:
             reports = {d: reports[d] for d in named if d in reports}
         completed = sum(r.completed for r in reports.values())
         loss_sum = sum(reports[d].loss_sum for d in sorted(reports))
-        seconds = now() - self.microbatches.iter_started
+        seconds = self.microbatches.seconds()
         data = self.stage.manifest.data
         rec = {
             "iteration": t,
@@ -500,7 +512,7 @@ class Aggregation:
             "seconds": round(seconds, 4),
             "aggregation_seconds": round(step_s, 4),
             "aggregation_parts": {k: round(v, 4) for k, v in self.parts.items()},
-            "pipeline_seconds": round(self.microbatches.pipeline_s.get(t, math.nan), 4),
+            "pipeline_seconds": round(self.microbatches.pipeline_seconds(t), 4),
             "relays": sum(len(v) for k, v in (ph.groups.get(t) or {}).items() if k >= 0),
             "time": time.time(),
         }
@@ -523,7 +535,7 @@ class Aggregation:
                                     max_count: float | None = None):
         """All-reduce among the members of `named` still alive, redone when one dies meanwhile: (sum, count, the key
         of the round that summed them, its members).  `on_round(key)` is called before each round."""
-        from .allreduce import AllReduceError
+        from .allreduce import AllReduceError, all_reduce_failure, leaf
 
         me = self.wire.me
         forgotten = dict(self._forgotten)
@@ -563,9 +575,9 @@ class Aggregation:
                     self.allreduce_s = now() - t0
                     return total, count, gkey, group
                 except Exception as e:  # noqa: BLE001 - AllReduceError, alone or in a nursery's group
-                    if not _all_reduce_failure(e, AllReduceError):
+                    if not all_reduce_failure(e, AllReduceError):
                         raise
-                    log.warning("all-reduce %s failed: %s", gkey, _leaf(e))
+                    log.warning("all-reduce %s failed: %s", gkey, leaf(e))
                 finally:
                     self._ar_scopes.pop(gkey, None)
             await trio.sleep(0.2)
@@ -579,19 +591,3 @@ def phase_retry_s(busiest_s: float) -> float:
 
     return min(RETRY_CAP_S, max(RETRY_S, busiest_s))
 
-
-def _leaves(e: BaseException):
-    if isinstance(e, BaseExceptionGroup):
-        for x in e.exceptions:
-            yield from _leaves(x)
-    else:
-        yield e
-
-
-def _all_reduce_failure(e: BaseException, kind: type) -> bool:
-    """True if `e` (maybe an exception group from a nursery) holds nothing but all-reduce failures."""
-    return all(isinstance(x, kind) for x in _leaves(e))
-
-
-def _leaf(e: BaseException) -> BaseException:
-    return next(iter(_leaves(e)), e)

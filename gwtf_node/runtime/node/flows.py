@@ -36,7 +36,8 @@ from __future__ import annotations
 import logging
 import math
 import random
-from typing import Any, Callable
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 import trio
 
@@ -90,6 +91,18 @@ class Flows:
     def out(self) -> dict[str, dict[str, int]]:
         """Units of flow per data node and next hop (empty before the machine starts)."""
         return {d: dict(v) for d, v in self.machine.out.items()} if self.machine else {}
+
+    def units_in(self) -> dict[str, dict[str, int]]:
+        """Units of flow per data node and previous hop (empty before the machine starts)."""
+        return {d: dict(v) for d, v in self.machine.inn.items()} if self.machine else {}
+
+    def units_from(self, peer: str) -> int:
+        """Units of flow `peer` hands this node now, over every data node (0 before the machine starts)."""
+        return sum(v.get(peer, 0) for v in self.machine.inn.values()) if self.machine else 0
+
+    def epochs(self) -> Mapping[str, int]:
+        """Each data node's flow epoch at this node's machine, read only (empty before the machine starts)."""
+        return MappingProxyType(self.machine.epoch) if self.machine else MappingProxyType({})
 
     def last_change(self) -> float | None:
         return self.machine.stats.last_change if self.machine else None

@@ -553,7 +553,7 @@ class Joining:
 
     # ---------------------------------------------------------------- leaving
     def can_leave_gracefully(self) -> bool:
-        return (self.peers.role == "relay" and self.peers.stage is not None and self.aggregation.phases is not None
+        return (self.peers.role == "relay" and self.peers.stage is not None and self.aggregation.has_phases()
                 and not self.peers.place.joining)
 
     async def leave(self) -> None:

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -105,6 +106,41 @@ class Pause:
     served_at: float | None = None  # when every stage had a ready relay again (the flows through it then form)
 
 
+class MicrobatchesView:
+    """What the aggregation reads of a data node's iteration in flight (`Microbatches`), read only: it never
+    holds the iteration itself."""
+
+    def __init__(self, mb: "Microbatches") -> None:
+        self._mb = mb
+
+    @property
+    def started(self) -> bool:
+        return self._mb.rec is not None
+
+    def report(self, t: int) -> m.IterationDone | None:
+        """This data node's report of iteration `t` (its completed microbatches, their loss, the ledger's deferred
+        and still pending ones), if `t` is the iteration in flight."""
+        mb, cur = self._mb, self._mb.current
+        if cur is None or cur.iteration != t:
+            return None
+        c = mb.counts(t)
+        return m.IterationDone(t, len(cur.done), cur.loss_sum, c["deferred"], c["pending"] + c["inflight"],
+                               tuple(sorted(cur.done)))
+
+    def completed(self, t: int) -> int:
+        """The microbatches of iteration `t` this data node completed (0 if `t` is not in flight)."""
+        cur = self._mb.current
+        return len(cur.done) if cur is not None and cur.iteration == t else 0
+
+    def seconds(self) -> float:
+        """Since the iteration in flight opened."""
+        return now() - self._mb.iter_started
+
+    def pipeline_seconds(self, t: int) -> float:
+        """Iteration `t`'s open to its last microbatch settled (NaN if it did not settle here)."""
+        return self._mb.pipeline_s.get(t, math.nan)
+
+
 class Microbatches:
     def __init__(self, wire: Wire, peers: Peers, liveness: Liveness, flows: Flows, stage: LocalStage,
                  drivers: Drivers, faults: Faults, *, policy: str, lend: bool, iterations: int,
@@ -135,6 +171,7 @@ class Microbatches:
         # the manifest's Top-K of tensors on slow links (train.compression): the ratio of each link we send on
         self.compression = LinkCompression(stage.manifest, peers, flows.links_cfg)
         self.tally = Tally(stage.key_compute_s)  # what the microbatches came to since start (the dashboard)
+        self.view = MicrobatchesView(self)  # what the aggregation reads
 
     # ------------------------------------------------------------------ reading
     @property

@@ -253,7 +253,8 @@ class Node:
         leadership = Leadership(wire, peers, host, drivers, o.state_dir, self.run_id,
                                 iteration_now=microbatches.iteration_now, on_change=self._leadership_changed,
                                 certificate=self.certificate, records=records, lease_s=o.lease_s)
-        aggregation = Aggregation(wire, peers, self.stage, microbatches, leadership, AllReducer(host), drivers,
+        aggregation = Aggregation(wire, peers, self.stage, microbatches.view, microbatches.begin_aggregation,
+                                  microbatches.aggregation_done, leadership, AllReducer(host), drivers,
                                   self.faults, state_dir=o.state_dir, checkpoint_every=o.checkpoint_every,
                                   checkpoint_keep=o.keep_checkpoints, on_stepped=self._stepped)
         joining = Joining(wire, peers, liveness, discovery, self.stage, flows, leadership, aggregation, drivers,
@@ -471,7 +472,7 @@ class Node:
                 continue
             if not self.stage.built:
                 continue  # a joiner is still building its stage
-            if p.aggregation.phases is None:
+            if not p.aggregation.has_phases():
                 if role == "data" and not (peers.next_stage_ids() and peers.prev_stage_ids()):
                     continue  # the run's step is the relays' and the other data nodes' (their Hellos say it)
                 p.aggregation.new_phases()

@@ -228,7 +228,7 @@ class Status:
         return name_of(self.peers, peer)
 
     def state(self) -> NodeState:
-        place, mb, ph = self.peers.place, self.microbatches, self.aggregation.phases
+        place, mb = self.peers.place, self.microbatches
         return derive_state(
             leaving=place.leaving,
             connecting=self.bootstrap is not None and self.bootstrap.state is not BootstrapState.CONNECTED,
@@ -236,8 +236,7 @@ class Status:
             paused=mb.paused is not None,
             waiting_for_data=place.role == "relay" and self.liveness.waiting_for_data_since is not None,
             # a phase begun and not stepped; or a data node whose microbatches are settled waits for the step
-            aggregating=(ph is not None and any(it not in ph.stepped for it in ph.begun))
-            or (mb.current is not None and mb.reported(mb.current.iteration)))
+            aggregating=self.aggregation.aggregating() or (mb.current is not None and mb.reported(mb.current.iteration)))
 
     def view(self) -> dict:
         """The dashboard's document (the module doc); JSON-ready."""
@@ -342,11 +341,9 @@ class Status:
         return out
 
     def _flows(self) -> list[dict]:
-        m = self.flows.machine
-        if m is None:
-            return []
         rows = []
-        for direction, table, costs in (("in", m.inn, self.flows.prev_costs), ("out", m.out, self.flows.next_costs)):
+        for direction, table, costs in (("in", self.flows.units_in(), self.flows.prev_costs),
+                                        ("out", self.flows.out(), self.flows.next_costs)):
             for d in sorted(table):
                 for hop, units in sorted(table[d].items()):
                     if units:
