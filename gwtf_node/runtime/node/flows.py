@@ -70,7 +70,7 @@ class Flows:
         self.stage = stage
         self.driver = drivers.make(Owner.FLOWS, self.on_timer, in_order=wire.send_all)  # (FIFO links)
         self.links_cfg = links_cfg
-        self.on_changed = on_changed  # flows may have changed: the microbatch machine hears of it
+        self.on_changed = on_changed  # the machine ran (its flows or link costs may differ): the microbatches hear
         self.machine: FlowNode | None = None
         self.queue: list[tuple[str, Any]] = []
         self.next_costs: dict[str, float] = {}
@@ -174,6 +174,7 @@ class Flows:
             self.driver.carry(self.machine.on_message(now(), peer, msg))
         for info in self.peers.infos():  # a relay first heard of while the links were measured: as a newcomer
             self.on_peer_hello(info)
+        self.on_changed()
 
     async def wait_formed(self) -> None:
         """A data node starts pushing once its demand is placed, or its flows stopped changing."""
@@ -240,6 +241,7 @@ class Flows:
     def on_timer(self, key: str) -> None:
         if self.machine is not None:
             self.driver.carry(self.machine.on_timer(now(), key))
+            self.on_changed()
 
     def on_link_cost(self, peer: str, msg: m.LinkCost) -> None:
         """The upstream end of our link says which cost it uses: ours from now on (`LinkCost`)."""
@@ -268,6 +270,7 @@ class Flows:
         self.machine.peer_back(now(), info.peer_id)
         if info.role == "data":
             self.driver.carry(self.machine.data_node_back(now(), info.peer_id))
+            self.on_changed()
 
     def on_peer_hello(self, info: PeerInfo) -> None:
         """A peer ready next to us that the flow machine does not know (a newcomer, or a peer back after it was
@@ -319,3 +322,4 @@ class Flows:
         if self.machine is not None and self._in_flow(peer):
             self.driver.carry(self.machine.remove_neighbour(now(), peer))  # flows rebuilt around it
             self._sync_costs()
+            self.on_changed()

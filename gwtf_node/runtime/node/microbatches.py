@@ -166,6 +166,8 @@ class Microbatches:
         self.iter_started = 0.0
         self.pipeline_s: dict[int, float] = {}  # iteration -> open to last microbatch settled
         self._flow_stamp: float | None = None  # the flow machine's last change the machine was told of
+        self._told: tuple | None = None  # the neighbours (next, previous, capacities) the machine was told last
+        self._presumed: set[str] = set()  # peers the machine presumes dead (not reported gone), as last seen
         self.paused: Pause | None = None  # a data node: the iteration it does not open while a stage is empty
         self.off_step = 0  # computations on parameters not of their microbatch's iteration (`_at_step`)
         # the manifest's Top-K of tensors on slow links (train.compression): the ratio of each link we send on
@@ -220,40 +222,68 @@ class Microbatches:
         seed = int.from_bytes(self.wire.me.encode()[-8:], "big")
         per_iteration = self.stage.manifest.data.microbatches_per_iteration
         self.rec = RecoveryNode(cfg, random.Random(seed), first_seq=0 if relay else first_iteration * per_iteration)
-        self._sync()
+        self.standing_changed()
+        self.flows_changed()
 
-    def _sync(self) -> None:
-        """Tell the machine who is alive, its current neighbours and, when they changed, the flows."""
-        rec, t, me = self.rec, now(), self.wire.me
-        # a peer the machine presumed dead on a hop deadline that the liveness check still hears is alive (the
-        # machine un-presumes by itself only a peer that sends it something: a data node that presumed its last
-        # stage-0 relay dead would defer every microbatch from then on)
-        eff: list = []
+    # ------------------------------------------------------------------ what the machine is told, when it changes
+    def standing_changed(self) -> None:
+        """This node's standing changed (`Peers.set_standing`): leaving after an iteration, or ready from one."""
+        if self.rec is None:
+            return
         if self.peers.place.leaving:
-            rec.leave_after(self.peers.place.leave_after)
-        for p in self.liveness.recently_heard():
-            eff += rec.peer_alive(t, p)
-        usable = self.peers.usable(self.iteration_now())
+            self.rec.leave_after(self.peers.place.leave_after)
+        self.neighbours_changed()
+
+    def neighbours_changed(self) -> None:
+        """The peers, their standing or capacity, the flows' link costs or the iteration changed: the machine is
+        told its neighbours (next hops that may take a microbatch of the iteration now) if they differ from
+        what it was told last."""
+        if self.rec is None:
+            return
+        me, usable = self.wire.me, self.peers.usable(self.iteration_now())
         nxt = {j: c for j, c in self.flows.next_costs.items() if j in usable or j == me}
         prv = {j: c for j, c in self.flows.prev_costs.items() if j in self.peers or j == me}
         caps = {j: self.peers.get(j).capacity for j in nxt if j in self.peers}
-        eff += rec.set_neighbours(t, nxt, prv, caps, hop_priors({**prv, **nxt}))
+        if (nxt, prv, caps) == self._told:
+            return
+        self._told = (nxt, prv, caps)
+        self._apply(self.rec.set_neighbours(now(), nxt, prv, caps, hop_priors({**prv, **nxt})))
+
+    def flows_changed(self) -> None:
+        """The flow machine ran (flows.py): its link costs and, when its flows changed, the flows."""
+        if self.rec is None:
+            return
+        self.neighbours_changed()
         stamp = self.flows.last_change()
         if self.policy == "gwtf" and stamp is not None and self._flow_stamp != stamp:
             self._flow_stamp = stamp
             # (a data node launches waiting microbatches on units that became free)
-            eff += rec.set_flows(self.flows.out(), t)
-        self._apply(eff)
+            self._apply(self.rec.set_flows(self.flows.out(), now()))
 
-    def flows_changed(self) -> None:
-        if self.rec is not None and self.peers.role == "data":
-            self._sync()
+    def peer_heard(self, peer: str) -> None:
+        """A frame of `peer` came: if the machine presumed it dead on a hop deadline, it is alive."""
+        if self.rec is not None and peer in self._presumed:
+            self._presumed.discard(peer)
+            self._apply(self.rec.peer_alive(now(), peer))
+
+    def _unpresume_heard(self) -> None:
+        """Peers the machine presumed dead on a hop deadline since it last did so that the liveness check still
+        hears are alive (it un-presumes by itself only a peer that sends it something: a data node that presumed
+        its last stage-0 relay dead would defer every microbatch from then on); the others are told alive when
+        they are heard again (`peer_heard`)."""
+        presumed = self.rec.dead - self.rec.gone
+        fresh, self._presumed = presumed - self._presumed, presumed
+        for p in sorted(fresh):
+            if self.liveness.hears(p):
+                self._presumed.discard(p)
+                self._apply(self.rec.peer_alive(now(), p))
 
     def _apply(self, effects: list) -> None:
         """The machine's effects, carried out here (its driver and `own`); then the tensors of keys it forgot are
         dropped."""
         self.driver.carry(effects, self.own)
         self.store.apply(self.store.drops_beside(self.rec.mbs))
+        self._unpresume_heard()
 
     def on_settled(self, e: IterationSettled) -> None:
         """The machine's effect: this data node's microbatches of an iteration are all completed or deferred."""
@@ -290,7 +320,6 @@ class Microbatches:
                 self.flows.meter.observe(peer, len(payload), getattr(payload, "seconds", None))
         elif getattr(msg, "tensor", None) is not None:
             raise FrameRefused(f"{type(msg).__name__} with a tensor it should not carry")
-        self._sync()
         eff = self.rec.on_message(now(), peer, msg)
         if tensor is not None:
             key = (msg.data_node, msg.seq, msg.iteration)
@@ -324,7 +353,6 @@ class Microbatches:
             self.recheck_paused()
             return
         if self.rec is not None:
-            self._sync()
             self._apply(self.rec.on_timer(now(), key))
 
     # ------------------------------------------------------------------ torch
@@ -381,7 +409,6 @@ class Microbatches:
         if self.rec is None:
             return
         loss = st.get(key, Slot.LOSS) if kind is ComputeKind.FINAL else None
-        self._sync()
         eff = self.rec.on_compute_done(now(), key, kind)
         if kind is ComputeKind.FINAL and self.current is not None and key[2] == self.current.iteration:
             if self.rec.ledger.status(key[2], key[1]) is MbStatus.COMPLETED and loss is not None:
@@ -431,13 +458,13 @@ class Microbatches:
                      ", ".join(map(str, self.paused.stages)), t, now() - self.paused.since)
             self.paused = None
             self.driver.cancel_timer(PAUSE_TIMER)
-        self._sync()
         eff = self.rec.open_iteration(now(), t)
         seqs = sorted(self.rec.ledger.entries.get(t, {}))
         self.current = DataIteration(t, seqs)
         self.current.waiting = []  # the recovery machine owns the microbatches
         self.iter_started = now()
         self._apply(eff)
+        self.neighbours_changed()  # (the iteration: next hops that leave before it are none any more)
 
     def _units_placed(self) -> bool:
         """This data node's flows place a unit on a relay of stage 0."""
@@ -467,19 +494,21 @@ class Microbatches:
         return contrib
 
     def aggregation_done(self, iteration: int) -> None:
+        """The step of `iteration` is applied here (a relay's iteration is its steps: its next hops may change)."""
         if self.rec is not None:
             self._apply(self.rec.aggregation_done(now(), iteration))
+            self.neighbours_changed()
 
     def peer_back(self, peer: str) -> None:
         """`peer` was reported gone and said Hello again: alive, and (a data node) one of the run's again."""
         if self.rec is not None:
             info = self.peers.get(peer)
             self._apply(self.rec.peer_back(now(), peer, data_node=info is not None and info.role == "data"))
-            self._sync()
+            self.neighbours_changed()
 
     def peer_gone(self, peer: str) -> None:
         if self.rec is not None:
-            self._sync()
+            self.neighbours_changed()
             self._apply(self.rec.peer_gone(now(), peer))
             if self.peers.role == "data":  # its first stage may be empty now: what needs it cannot complete
                 self._apply(self.rec.give_up_stranded(now()))

@@ -268,6 +268,7 @@ class Node:
                               timeout_s=o.bootstrap_timeout_s if o.bootstrap else 0.0, on_exit=self._exit)
         cutcheck = CutCheck(wire, peers, self.stage, liveness, joining, rounds=lambda: aggregation.rounds)
         aggregation.on_parted = cutcheck.parted
+        peers.on_standing = microbatches.standing_changed
         aggregation.on_open, aggregation.on_left_out = microbatches.open_iteration, joining.resync
         self.values = values = Values(wire, peers, self.stage, flows, microbatches, leadership, aggregation)
         status = Status(o.state_dir / "status.json", wire, host, peers, liveness, self.stage, flows, microbatches,
@@ -324,6 +325,7 @@ class Node:
         p.joining.catch_up(info)  # a peer far ahead: this node was cut off while the run stepped
         p.leadership.on_peer_hello(info)
         p.flows.on_peer_hello(info)
+        p.microbatches.neighbours_changed()  # (a newcomer, a capacity, a peer's standing)
         p.microbatches.recheck_paused()  # a relay ready for the stage the run waits for
 
     def _peer_gone(self, peer: str) -> None:
@@ -377,6 +379,7 @@ class Node:
         gone = self.peers.is_gone(peer)
         if not gone:
             self.peers.heard(peer, now())
+            self.parts.microbatches.peer_heard(peer)
         route = self.routes.get(type(msg))
         admit = route.admit if route is not None else Admit.KNOWN
         if admit is Admit.KNOWN or (admit is Admit.NOT_GONE and gone):
