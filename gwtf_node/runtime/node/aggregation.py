@@ -36,6 +36,13 @@ contributions accepted, as if the refused one had died with its relay.
 After the step: a checkpoint every `checkpoint_every` iterations, and the
 leader appends one JSON object per iteration to `metrics.jsonl`.
 
+Effects.  This component owns the phase machine and carries out its effects through its driver (driver.py:
+signals by `send`, through the fault points, BEGIN stamped with the term led; timers) and its own handlers:
+`StartStep` (the step), `OutOfStep` (`abstain`), `Overdue` (waits.py), and events the node wires: `LeftOut`
+and `OutOfStep` to `on_left_out` (joining.py resyncs), `OpenIteration` to `on_open` (the microbatches open
+it).  It reads the iteration in flight through `MicrobatchesView`, and tells the microbatch machine BEGIN
+and the step applied through the events it is handed (`begin_aggregation`, `aggregation_done`).
+
 Logs.  A relay logs one INFO line per step: the round that summed it, the
 contributions held here, and the time its parts took (logger `gwtf.steps`,
 like a data node's lines of each iteration: node.log only, not stderr).  What it announces

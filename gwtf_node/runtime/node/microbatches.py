@@ -4,13 +4,22 @@ Every node runs one `RecoveryNode`, the pure machine that the simulator runs
 in virtual time, for the lifecycle of its microbatches: launch, Forward /
 Complete / Backward along the flows, DENY, and crash recovery (hop deadlines,
 BackwardStuck, the data node's watchdog, Probe / MbState, RepairOrder,
-Recover / Resume, Release).  This component turns frames into machine
-events and the machine's effects into frames, timers and torch work.  The
-machine hears of everything through events: its neighbours and their
-capacities (`set_neighbours`), a peer presumed dead on a hop deadline that
-the liveness check still hears (`peer_alive`), the flows (`set_flows`, when
-the flow machine changed them), a peer gone (`peer_gone`), BEGIN AGGREGATION
-and the applied step (`begin_aggregation`, `aggregation_done`).
+Recover / Resume, Release).  This component owns the machine: it turns
+frames into machine events and carries out the machine's effects itself,
+through its driver (driver.py: a peer's messages in order, with their
+tensors, `send_in_order`; timers; `Compute` on torch, `_run_compute`) and its
+own handlers (`IterationSettled`, `OpenIteration`).  The machine hears of
+everything through events, when it changes, never re-synced before an event:
+its neighbours and their capacities (`set_neighbours`, on a Hello, a peer
+gone or back, the flows' link costs, the iteration opened or stepped:
+`neighbours_changed`, told only what differs), this node's standing
+(`leave_after`, `standing_changed`), a peer presumed dead on a hop deadline
+that the liveness check still hears (`peer_alive`: at once if the check hears
+it then, else at its next frame, `peer_heard`), the flows (`set_flows`, when
+the flow machine changed them: `flows_changed`), a peer gone (`peer_gone`),
+BEGIN AGGREGATION and the applied step (`begin_aggregation`,
+`aggregation_done`).  The aggregation reads the iteration in flight through
+`MicrobatchesView`, never this component's fields.
 
 The aggregation phase is `phases.Phases` (aggregation.py): when a data node's
 microbatches of an iteration are all completed or deferred the machine says

@@ -6,13 +6,14 @@ A node is a libp2p host (`host.py`: Noise, Yamux, Kademlia) and a set of compone
 state and handed its collaborators (`Parts` names them and their modules).
 
 This module holds what they share: the host and the nursery, `routes` (routes.py: the
-one table from message type to the component that handles it), the one
-interpreter of machine effects (`_apply`: it refuses an effect no component
-handles, loudly), and the timers, keyed by (component, key).  It also wires
-the components' events to each other (a peer gone, a peer's Hello, a peer
-back: a gone peer, or a known one with a new incarnation, is checked and
-taken back everywhere as a new join of the same identity, `_peer_back`) and
-runs the node's lifecycle:
+one table from message type to the component that handles it) and the machines'
+drivers with their timers (driver.py, `Drivers`: keyed by component).  Each
+component owns its machines and carries out their effects itself through its
+driver; no effect comes back here.  The node wires the components' events to
+each other (a peer gone, a peer's Hello, a peer back: a gone peer, or a known
+one with a new incarnation, is checked and taken back everywhere as a new join
+of the same identity, `_peer_back`; a frame heard; the phase opening an
+iteration; a step applied) and runs the node's lifecycle:
 
 1. *Discovery.*  The node locks its state directory (statedir.py), dials its
    bootstrap peers and the peers of its address book (`peers.json` in the
