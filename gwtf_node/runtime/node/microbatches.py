@@ -116,8 +116,8 @@ class Pause:
 
 
 class MicrobatchesView:
-    """What the aggregation reads of a data node's iteration in flight (`Microbatches`), read only: it never
-    holds the iteration itself."""
+    """What the aggregation and the status read of a data node's iteration in flight (`Microbatches`), read
+    only: they never hold the iteration itself."""
 
     def __init__(self, mb: "Microbatches") -> None:
         self._mb = mb
@@ -125,6 +125,11 @@ class MicrobatchesView:
     @property
     def started(self) -> bool:
         return self._mb.rec is not None
+
+    def in_flight(self) -> int | None:
+        """The data node's iteration in flight (None: none, or a relay)."""
+        cur = self._mb.current
+        return cur.iteration if cur is not None else None
 
     def report(self, t: int) -> m.IterationDone | None:
         """This data node's report of iteration `t` (its completed microbatches, their loss, the ledger's deferred
