@@ -9,12 +9,15 @@ weights in float32 whatever the precision:
 * parameters: 4 P bytes;
 * gradients: the float32 accumulators StageModel keeps (4 P);
 * the aggregation between iterations (`aggregation_bytes`, transient, when
-  no microbatch is held): the largest of the all-reduce (the gradient vector,
-  the result, the parts received and their wire bytes: 16 P), the step (the
-  summed vector and `.grad`, 8 P, and AdamW's temporaries,
-  `step_temporaries`) and, on the CPU, the checkpoint (the state's bytes,
+  no microbatch is held): the larger of the all-reduce (the gradient vector,
+  the result, the parts received and their wire bytes: 16 P) and the step
+  (the summed vector and `.grad`, 8 P, and AdamW's temporaries,
+  `step_temporaries`);
+* on the CPU, the checkpoint (`checkpoint_bytes`: the state's bytes,
   parameters and optimizer state, and the parameter vector: 16 P with
-  AdamW, measured with tests/support/memprobe.py);
+  AdamW), taken after a step and held while its file is written during the
+  next iteration's microbatches, until that iteration's all-reduce
+  (runtime/node/checkpointer.py); measured with tests/support/memprobe.py;
 * optimizer state: AdamW's two moments (8 P), SGD's momentum buffer (4 P
   when momentum > 0, else nothing);
 * activations: every in-flight microbatch keeps the autograd graph of one
@@ -45,8 +48,8 @@ weights in float32 whatever the precision:
 
 `estimate(manifest, role, stage, capacity)` adds these up; the peak is the
 resident state plus `capacity - 1` microbatches held plus the larger of the
-last one's backward (its activations and the parameter gradients) and the
-aggregation.  `fits` compares it with the free memory of the device
+last one's backward (its activations and the parameter gradients) with the
+checkpoint held, and the aggregation.  `fits` compares it with the free memory of the device
 (`torch.cuda.mem_get_info` on CUDA, MemAvailable of /proc/meminfo on the
 CPU) and `capacity_that_fits` is the largest capacity, at most the cap,
 whose estimate fits.  A test measures the peak of a real part (RSS growth
@@ -141,16 +144,21 @@ def step_temporaries(manifest: "RunManifest", params: int, largest: int, device:
 
 
 def aggregation_bytes(manifest: "RunManifest", params: int, largest: int, device: str) -> int:
-    """The aggregation's peak beyond the resident state, the largest of its three pieces (module doc):
-    the all-reduce (the gradient vector, the result, the parts received and their wire bytes: 16 P), the step
-    (the summed vector, `.grad` and the optimizer's temporaries) and, on the CPU, the checkpoint (the state's
-    bytes and the parameter vector)."""
-    allreduce = 16 * params
+    """The aggregation's peak beyond the resident state, the larger of its two pieces (module doc): the
+    all-reduce (the gradient vector, the result, the parts received and their wire bytes: 16 P) and the step (the
+    summed vector, `.grad` and the optimizer's temporaries)."""
     step = 8 * params + step_temporaries(manifest, params, largest, device)
-    if device.startswith("cuda"):  # (the all-reduce and the checkpoint are in host memory)
+    if device.startswith("cuda"):  # (the all-reduce is in host memory)
         return step
-    checkpoint = 4 * params + optimizer_bytes(manifest, params) + 4 * params
-    return max(allreduce, step, checkpoint)
+    return max(16 * params, step)
+
+
+def checkpoint_bytes(manifest: "RunManifest", params: int, device: str) -> int:
+    """The checkpoint's state held during the next iteration's microbatches: the state's bytes (parameters and
+    optimizer state) and the parameter vector; in host memory, so nothing on CUDA."""
+    if device.startswith("cuda"):
+        return 0
+    return 4 * params + optimizer_bytes(manifest, params) + 4 * params
 
 
 def estimate(manifest: "RunManifest", role: str, stage: int | None, capacity: int,
@@ -172,7 +180,8 @@ def estimate(manifest: "RunManifest", role: str, stage: int | None, capacity: in
         head = 4 * n + 3 * logits + 2 * hidden
         if precision == "bf16-mixed":
             head += logits // 2 + 2 * n  # bfloat16 logits and weight copy before the float32 loss
-        transient = max(head, aggregation_bytes(manifest, n, counts.data_largest, device) - per_mb)
+        transient = max(head + checkpoint_bytes(manifest, n, device),
+                        aggregation_bytes(manifest, n, counts.data_largest, device) - per_mb)
         name = "data"
     else:
         start, end = manifest.stages[stage]
@@ -182,8 +191,9 @@ def estimate(manifest: "RunManifest", role: str, stage: int | None, capacity: in
         per_mb = layers * per_layer + hidden  # the saved tensors and the stage output
         if precision == "bf16-mixed":
             per_mb += 2 * n  # autocast's bfloat16 weights, saved by every forward's graph
-        # a backward's parameter gradients, or the aggregation
-        transient = max(4 * n, aggregation_bytes(manifest, n, counts.layer_largest, device) - per_mb)
+        # a backward's parameter gradients with the checkpoint held, or the aggregation
+        transient = max(4 * n + checkpoint_bytes(manifest, n, device),
+                        aggregation_bytes(manifest, n, counts.layer_largest, device) - per_mb)
         name = f"stage{stage}"
     return MemoryEstimate(name, params=4 * n, gradients=4 * n, optimizer=optimizer_bytes(manifest, n),
                           per_microbatch=per_mb, capacity=capacity, transient=transient)

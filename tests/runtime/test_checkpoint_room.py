@@ -1,5 +1,5 @@
 """A node that cannot write its checkpoints says so at start-up in one line; one whose disk fills while it runs
-logs a WARNING and trains on (runtime/ops/statedir.py check_writable, runtime/node/aggregation.py checkpoint)."""
+logs a WARNING and trains on (runtime/ops/statedir.py check_writable, runtime/node/checkpointer.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -41,21 +40,21 @@ def test_room_for_a_checkpoint_is_checked(tmp_path: Path) -> None:
 
 
 def test_a_failed_checkpoint_write_mid_run_is_a_warning(tmp_path: Path, caplog) -> None:
-    from gwtf_node.runtime.node.aggregation import Aggregation
+    from gwtf_node.runtime.node.checkpointer import Checkpointer
     from gwtf_node.runtime.node.stage import LocalStage
 
     man = default_manifest()
     stage = LocalStage(man, "relay", "cpu", 0, 1)
     stage.build(0)
-    holder = SimpleNamespace(stage=stage, state_dir=tmp_path, peers=SimpleNamespace(stage=0), checkpoint_keep=3)
-    Aggregation.checkpoint(holder)  # the real method: a good write first
+    holder = Checkpointer(stage, tmp_path, lambda: 0, every=1, keep=3)
+    holder.write_now()  # a good write first
     good = sorted(os.listdir(tmp_path / "checkpoints"))
     assert len(good) == 1
     os.rename(tmp_path / "checkpoints", tmp_path / "kept")
     (tmp_path / "checkpoints").write_text("the directory is gone")  # as a full or broken disk would fail it
     stage.applied_steps += 1
     with caplog.at_level(logging.WARNING):
-        Aggregation.checkpoint(holder)  # no exception: the node trains on
+        holder.write_now()  # no exception: the node trains on
     assert any("could not write a checkpoint" in r.getMessage() for r in caplog.records)
     assert sorted(os.listdir(tmp_path / "kept")) == good  # the last good checkpoint is untouched
 

@@ -2,9 +2,11 @@
 
     python tests/support/memprobe.py RUN.json ROLE STAGE CAPACITY
 
-Prints one JSON object: the RSS growth from before the part is built to the peak of `CAPACITY` forwards, one
-backward, one optimizer step and the checkpoint after it (the peak is reset after `build_stage` with /proc/self/clear_refs, so the
-whole model that `build_stage` may build first and free does not count), and `memory.estimate`'s figures.
+Prints one JSON object: the RSS growth from before the part is built to the peak of an iteration and its
+optimizer step, then the checkpoint's state taken and held while `CAPACITY` forwards and one backward run, and
+its file written (as runtime/node/checkpointer.py does), and the next step; the peak is reset after
+`build_stage` with /proc/self/clear_refs, so the whole model that `build_stage` may build first and free does
+not count; and `memory.estimate`'s figures.
 MALLOC_MMAP_THRESHOLD_ is set low by the caller so that freed tensors leave the RSS at once.
 """
 
@@ -61,27 +63,39 @@ def main() -> None:
         f.write("5")  # resets VmHWM to the current RSS
     b, t, h = man.data.microbatch_size, man.data.seq_len, man.dims.hidden
     g = torch.Generator().manual_seed(0)
-    if role == "relay":
-        for k in range(capacity):
-            part.forward(k, torch.randn(b, t, h, generator=g))
-        part.backward(0, torch.randn(b, t, h, generator=g))
-    else:
-        ids = torch.randint(0, man.dims.vocab, (b, t), generator=g)
-        for k in range(capacity):
-            part.embed(k, ids)
-        _loss, grad = part.head_loss(0, torch.randn(b, t, h, generator=g), ids)
-        part.embed_backward(0, grad)
+    ids = torch.randint(0, man.dims.vocab, (b, t), generator=g)
+
+    def forwards(keys) -> None:
+        for k in keys:
+            if role == "relay":
+                part.forward(k, torch.randn(b, t, h, generator=g))
+            else:
+                part.embed(k, ids)
+
+    def backward(k: int) -> None:
+        if role == "relay":
+            part.backward(k, torch.randn(b, t, h, generator=g))
+        else:
+            _loss, grad = part.head_loss(k, torch.randn(b, t, h, generator=g), ids)
+            part.embed_backward(k, grad)
+
+    # an iteration, its step; the checkpoint's state taken after it and held (runtime/node/checkpointer.py) while
+    # the next iteration's `capacity` microbatches go forward and one backward, then its file written
+    forwards([0])
+    backward(0)
     part.apply_mean_grad(part.grad_vector(), 1)
-    # the checkpoint after the step, as LocalStage.checkpoint writes it (the aggregation's largest piece on the CPU)
     import tempfile
 
     from gwtf_node.runtime.node import checkpoints
 
+    state, digest, params = part.state_bytes(), part.state_hash(), part.param_vector()
+    forwards(range(1, capacity + 1))
+    backward(1)
     with tempfile.TemporaryDirectory() as tmp:
-        state, digest, params = part.state_bytes(), part.state_hash(), part.param_vector()
         checkpoints.write(tmp, run_id=man.run_id, role=role, stage=stage_arg, steps=1, state=state,
                           params_sha256=digest, params=params, keep=1)
         del state, params
+    part.apply_mean_grad(part.grad_vector(), 1)  # the next aggregation's step, the checkpoint's state released
     peak = _status("VmHWM")
     print(json.dumps({"part": est.part, "params": part.num_params, "measured": peak - base,
                       "built": built - base, "estimate": est.part_bytes, "per_microbatch": est.per_microbatch,

@@ -33,7 +33,8 @@ A contribution that a part owner refuses as an outlier (allreduce.py,
 protocol/gradguard.py) is counted there too: the part's mean is over the
 contributions accepted, as if the refused one had died with its relay.
 
-After the step: a checkpoint every `checkpoint_every` iterations, and the
+After the step: a checkpoint every `checkpoint_every` iterations, its state
+taken at once and written in the background (checkpointer.py), and the
 leader appends one JSON object per iteration to `metrics.jsonl`.
 
 Effects.  This component owns the phase machine and carries out its effects through its driver (driver.py:
@@ -50,7 +51,8 @@ before each round (the contributions it brings) is at DEBUG, with the
 all-reduce's and the checkpoint's own lines.
 
 Timing.  Each step logs what its aggregation was made of (`parts`: the
-gradient vector, the all-reduce, the optimizer step, the checkpoint, in
+gradient vector, the all-reduce, the optimizer step, the checkpoint's
+state taken (its file is written while the next iteration runs), in
 seconds; also `aggregation_parts` in metrics.jsonl).  The torch work runs in
 the stage's worker thread and the all-reduce's tensor work in its own
 (allreduce.py), so the event loop answers pings throughout.  Two waits scale
@@ -82,6 +84,7 @@ from ...protocol.effects import Send
 from ...protocol.phases import LeftOut, OpenIteration, OutOfStep, Overdue, PhaseTimer, WatchTimer
 from ...protocol.pipeline import Phases, StartStep
 from ...protocol.roundcheck import RoundOf, from_records, to_records, trim
+from .checkpointer import Checkpointer
 from .faults import Faults
 from .leadership import Leadership
 from .microbatches import MicrobatchesView
@@ -121,8 +124,8 @@ class Aggregation:
                     Overdue: lambda e: waits.log_overdue(e, peers.who)}  # the phase's own effects
         self.faults = faults
         self.state_dir = state_dir
-        self.checkpoint_every = checkpoint_every
-        self.checkpoint_keep = checkpoint_keep  # checkpoints kept in the state directory
+        self.checkpointer = Checkpointer(stage, state_dir, lambda: peers.stage, every=checkpoint_every,
+                                         keep=checkpoint_keep)
         self.on_stepped = on_stepped  # the step of an iteration is applied here
         self.phases: Phases | None = None  # once this node has a stage
         self.contrib_for: dict[int, frozenset] = {}  # a relay: iteration -> contributions held (from BEGIN)
@@ -422,6 +425,8 @@ class Aggregation:
                 return sum(1 for k in keys if model.commit(k))
 
             mine = await self.stage.run(commit)
+        t_wait = now()
+        await self.checkpointer.written()  # the checkpoint of the step before is on disk (checkpointer.py)
         t_grad = now()
         grad = self.faults.poison(await self.stage.run(model.grad_vector), e.iteration)
         t_ar = now()
@@ -455,10 +460,11 @@ class Aggregation:
         self.stage.steps_done()
         self.on_stepped(e.iteration)
         self.step_counts[e.iteration] = e.microbatches
-        if self.checkpoint_every and (e.iteration + 1) % self.checkpoint_every == 0:
-            await self.stage.run(self.checkpoint)
+        if self.checkpointer.due(e.iteration):
+            await self.checkpointer.after_step(self.wire.spawn)
+        # the checkpoint: the state taken after this step, and the wait for the last one's file before the gradient
         self.parts = {"gradient": t_ar - t_grad, "all_reduce": t_step - t_ar, "step": t_ck - t_step,
-                      "checkpoint": now() - t_ck}
+                      "checkpoint": now() - t_ck + t_grad - t_wait}
         # one line per step (module doc "Logs"): at a relay the round that summed it and the contributions held here,
         # once they are in the stage's sum (what the tests rebuild the centralized reference from)
         took = f"aggregation {now() - t0:.2f} s: " + ", ".join(f"{k} {v:.2f}" for k, v in self.parts.items())
@@ -477,16 +483,9 @@ class Aggregation:
                                              self.peers.prev_stage_ids()))
 
     def checkpoint(self) -> None:
-        """Save this node's part (parameters and optimizer state) with the steps applied to it (checkpoints.py).
-
-        A write that fails (a full disk, a directory made unwritable while the node runs) is a WARNING: the node
-        trains on, and its newest good checkpoint stays what a restart resumes from."""
-        try:
-            self.stage.checkpoint(self.state_dir, self.peers.stage, self.checkpoint_keep)
-        except OSError as e:
-            where = e.filename or self.state_dir
-            log.warning("could not write a checkpoint (%s: %s): training goes on; a restart resumes from the "
-                        "newest checkpoint written before", where, e.strerror or e)
+        """This node's part written now (parameters and optimizer state, with the steps applied to it), after a write
+        in flight: when the node leaves or stops (checkpointer.py)."""
+        self.checkpointer.write_now()
 
     def _record_metrics(self, t: int, step_s: float) -> None:
         """metrics.jsonl's record of iteration `t`, at the data node that opened its aggregation or leads when its

@@ -13,7 +13,7 @@ embedding backward), starting from a profile of one microbatch when the part
 is built (`StageModel.profile_ms`), 0 before.
 
 The work it measured.  `run` times each piece of work under its function's
-name (`work_s`: the last `apply_step`, `checkpoint`, `grad_vector`,
+name (`work_s`: the last `apply_step`, `take_state`, `grad_vector`,
 `snapshot`, ...); `note_work` records one timed elsewhere.  `busiest_s` is
 the longest of them and of the compute per microbatch: what liveness.py
 scales its peers' deadlines with, and aggregation.py its phase-signal
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -40,6 +40,16 @@ log = logging.getLogger("gwtf.node")
 
 CALLS_PER_MICROBATCH = {"relay": 2, "data": 3}
 CALL_EWMA_WEIGHT = 0.1  # a call's weight in the smoothed call time: about the last twenty calls count
+
+
+@dataclass(frozen=True)
+class StateTaken:
+    """A part's state at one moment: what a checkpoint file holds (checkpoints.py)."""
+
+    steps: int  # optimizer steps applied to it
+    state: bytes  # StageModel.state_bytes()
+    params_sha256: str  # StageModel.state_hash()
+    params: Any  # the flat parameter vector (a float32 tensor)
 
 
 class LocalStage:
@@ -174,18 +184,9 @@ class LocalStage:
     def snapshot(self) -> tuple[int, bytes]:
         return self.applied_steps, self.model.state_bytes()
 
-    def checkpoint(self, state_dir: Path, stage: int | None, keep: int) -> Path | None:
-        """Write a checkpoint of this part (`checkpoints.py`); in the worker thread, so the state is consistent."""
+    def take_state(self) -> StateTaken | None:
+        """This part's state as a checkpoint holds it (checkpointer.py); in the worker thread, so it is consistent."""
         if self.model is None:
             return None
-        from . import checkpoints
-
-        t0 = time.perf_counter()
-        state, params_sha256, params = self.model.state_bytes(), self.model.state_hash(), self.model.param_vector()
-        t1 = time.perf_counter()
-        path = checkpoints.write(state_dir, run_id=self.manifest.run_id, role=self.role,
-                                 stage=None if self.role == "data" else stage, steps=self.applied_steps,
-                                 state=state, params_sha256=params_sha256, params=params, keep=keep)
-        log.debug("checkpoint of %d steps: %.0f MB, state %.2f s, file %.2f s", self.applied_steps, len(state) / 1e6,
-                 t1 - t0, time.perf_counter() - t1)
-        return path
+        return StateTaken(self.applied_steps, self.model.state_bytes(), self.model.state_hash(),
+                          self.model.param_vector())
