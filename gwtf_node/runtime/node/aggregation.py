@@ -37,13 +37,6 @@ After the step: a checkpoint every `checkpoint_every` iterations, its state
 taken at once and written in the background (checkpointer.py), and the
 leader appends one JSON object per iteration to `metrics.jsonl`.
 
-Effects.  This component owns the phase machine and carries out its effects through its driver (driver.py:
-signals by `send`, through the fault points, BEGIN stamped with the term led; timers) and its own handlers:
-`StartStep` (the step), `OutOfStep` (`abstain`), `Overdue` (waits.py), and events the node wires: `LeftOut`
-and `OutOfStep` to `on_left_out` (joining.py resyncs), `OpenIteration` to `on_open` (the microbatches open
-it).  It reads the iteration in flight through `MicrobatchesView`, and tells the microbatch machine BEGIN
-and the step applied through the events it is handed (`begin_aggregation`, `aggregation_done`).
-
 Logs.  A relay logs one INFO line per step: the round that summed it, the
 contributions held here, and the time its parts took (logger `gwtf.steps`,
 like a data node's lines of each iteration: node.log only, not stderr).  What it announces
@@ -105,6 +98,13 @@ LEADER_CHECK_S = 0.5  # a data node looks this often at who leads (a lease ends 
 
 
 class Aggregation:
+    """The phase machine's owner: it carries out the phase's effects through its driver (driver.py: signals by
+    `send`, through the fault points, BEGIN stamped with the term led; timers) and its own handlers: `StartStep`
+    (the step), `OutOfStep` (`abstain`), `Overdue` (waits.py), and events the node wires: `LeftOut` and
+    `OutOfStep` to `on_left_out` (joining.py resyncs), `OpenIteration` to `on_open` (the microbatches open it).
+    It reads the iteration in flight through `MicrobatchesView`, and tells the microbatch machine BEGIN and the
+    step applied through the events it is handed (`begin_aggregation`, `aggregation_done`)."""
+
     def __init__(self, wire: Wire, peers: Peers, stage: LocalStage, microbatches: MicrobatchesView,
                  begin_aggregation: Callable[[int, Any], frozenset], aggregation_done: Callable[[int], None],
                  leadership: Leadership, allreducer: Any, drivers: Drivers, faults: Faults, *,
