@@ -30,6 +30,7 @@ from gwtf_node.runtime.net.host import PeerUnreachable, open_host
 from gwtf_node.runtime.net.peers import PeerInfo
 from gwtf_node.runtime.trust.records import seal, key_pair_of
 from gwtf_node.runtime.net.wire import RefusalTracker
+from gwtf_node.runtime.node.driver import Drivers
 
 from support.inproc import in_process_swarm
 from support.swarmutil import status, wait_for
@@ -151,9 +152,8 @@ async def test_a_data_node_takes_a_new_term_from_a_data_node_and_merges_only_adm
         def who(self, peer: str) -> str:
             return peer
 
-    sent: list = []
-    lead = Leadership(SimpleNamespace(me=D0, spawn=lambda *a: None), Peers("data", -1), None,
-                      lambda owner, effects: sent.extend(effects), tmp_path, "run1", lambda: 0, lambda: None)
+    wire = SimpleNamespace(me=D0, spawn=lambda *a: None, send=None)
+    lead = Leadership(wire, Peers("data", -1), None, Drivers(wire), tmp_path, "run1", lambda: 0, lambda: None)
     lead.start()
     assert lead.leader_of_term() == (None, 0)
     auth = Authorizer(run_id="run1", owner_public_key="", open_relays=True)

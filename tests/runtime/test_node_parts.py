@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import typing
-from pathlib import Path
 from types import SimpleNamespace
 from unittest.mock import Mock
 
@@ -11,13 +10,14 @@ import pytest
 import trio
 import trio.testing
 
-from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.protocol import messages as m
-from gwtf_node.protocol.effects import SetTimer
-from gwtf_node.runtime.node.node import Admit, Node, NodeOptions, Timers, routes
+from gwtf_node.protocol.effects import Send, SetTimer
+from gwtf_node.protocol.driver import UnknownEffect
+from gwtf_node.protocol.recovery import Compute, ComputeKind
+from gwtf_node.runtime.node.driver import Drivers, Owner, Timers
+from gwtf_node.runtime.node.node import Admit, routes
 from gwtf_node.runtime.net.peers import PeerInfo, Peers, Place
 from gwtf_node.runtime.node.tensorstore import Drop, Keep, Slot, TensorStore
-from gwtf_node.runtime.net.wire import Owner, UnknownEffect
 
 NOT_RECEIVED = {m.ProbeAck}  # on the wire format, sent by no machine: refused as unexpected
 
@@ -40,20 +40,59 @@ def test_every_message_type_has_one_route() -> None:
         m.Release, m.MbState, m.RepairOrder, m.Lend, m.AllReduceChunk, m.StageState, m.LinkProbe}
 
 
-def test_an_effect_no_component_handles_is_refused_loudly(tmp_path: Path) -> None:
-    run = tmp_path / "run.json"
-    save_manifest(default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=2), run)
-    node = Node(NodeOptions(run_path=run, role="relay", stage=0, state_dir=tmp_path / "s",
-                            insecure_unsigned=True))
+class _Wire:
+    """What a driver uses of the wire: tasks started, in order."""
+
+    def __init__(self) -> None:
+        self.spawned: list[tuple] = []
+
+    def spawn(self, fn, *args) -> None:
+        self.spawned.append((fn, *args))
+
+    async def send(self, peer, msg) -> bool:
+        return True
+
+
+def test_an_effect_no_component_handles_is_refused_loudly() -> None:
+    wire = _Wire()
+    drivers = Drivers(wire)
+    flows = drivers.make(Owner.FLOWS, lambda key: None)
 
     class Strange:
         pass
 
     with pytest.raises(UnknownEffect, match="flows machine returned"):
-        node._apply(Owner.FLOWS, [SetTimer("tick", 1.0), Strange()])
-    assert node.timers.deadlines == {(Owner.FLOWS, "tick"): 1.0}  # what came before it was done
+        flows.carry([SetTimer("tick", 1.0), Strange()])
+    assert drivers.timers.deadlines == {(Owner.FLOWS, "tick"): 1.0}  # what came before it was done
+    with pytest.raises(UnknownEffect, match="it has no worker"):  # only the microbatches' driver computes
+        flows.carry([Compute(ComputeKind.FORWARD, ("d", 0, 0))])
     with pytest.raises(UnknownEffect, match="no component handles it"):
-        node._fire(Owner.AGGREGATION, "x")
+        drivers.fire(Owner.AGGREGATION, "x")
+
+
+def test_a_component_carries_out_its_own_effects_in_order() -> None:
+    """Sends to one peer leave in one task, in order, after the batch; the component's own effects and its
+    computations are carried out where they stand; a due timer goes back to the component that set it."""
+    wire, seen, fired = _Wire(), [], []
+
+    async def in_order(peer, msgs) -> None:
+        pass
+
+    async def work(e) -> None:
+        pass
+
+    drivers = Drivers(wire)
+    mb = drivers.make(Owner.MICROBATCHES, fired.append, in_order=in_order, compute=work)
+    c = Compute(ComputeKind.FORWARD, ("d", 0, 0))
+    mb.carry([Send("a", 1), Send("b", 2), c, Send("a", 3), Strange2()], {Strange2: seen.append})
+    assert [type(x).__name__ for x in seen] == ["Strange2"]
+    assert wire.spawned == [(work, c), (in_order, "a", [1, 3]), (in_order, "b", [2])]
+    drivers.fire(Owner.MICROBATCHES, "tick")
+    assert fired == ["tick"]
+
+
+class Strange2:
+    pass
 
 
 @pytest.fixture

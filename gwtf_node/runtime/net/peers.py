@@ -39,6 +39,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 log = logging.getLogger("gwtf.node")
 
@@ -94,6 +95,8 @@ class Peers:
     former_names: dict[str, str] = field(default_factory=dict)  # forgotten peers' names, for the logs
     last_heard: dict[str, float] = field(default_factory=dict)
     last_change: float = 0.0  # when a peer last appeared or changed role or stage
+    # this node's standing changed (`set_standing`): the node wires it to the microbatch machine
+    on_standing: Callable[[], None] = field(default=lambda: None, repr=False, compare=False)
 
     # ------------------------------------------------------------------ own place
     @property
@@ -121,6 +124,7 @@ class Peers:
         p.ready_from = p.ready_from if ready_from is None else ready_from
         p.leaving = p.leaving if leaving is None else leaving
         p.leave_after = p.leave_after if leave_after is None else leave_after
+        self.on_standing()
 
     # ------------------------------------------------------------------ the table
     def __contains__(self, peer: str) -> bool:

@@ -13,14 +13,10 @@ within `BAN_WINDOW_S`) is disconnected and banned for `BAN_S`: its frames
 are dropped unread (counted as BANNED) and nothing is sent to it.  A send that fails is logged
 and reported as False: the protocol machines have their own deadlines for
 lost messages.
-
-`Owner` names the components whose machines set timers and return effects;
-the node keys its timers by (owner, key) and routes effects by owner.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 from typing import Any, Awaitable, Callable
 
@@ -80,24 +76,6 @@ class RefusalTracker:
             return True
         self.recent[peer] = times
         return False
-
-
-class UnknownEffect(RuntimeError):
-    """A machine returned an effect that no component handles: our own bug, never dropped silently."""
-
-
-class Owner(enum.Enum):
-    """The component a machine's effects and timers belong to."""
-
-    FLOWS = "flows"  # the flow machine (protocol/flow/)
-    MICROBATCHES = "microbatches"  # the recovery machine (protocol/recovery/)
-    AGGREGATION = "aggregation"  # the phases (protocol/phases.py)
-    LEADER = "leader"  # the election (protocol/leader.py)
-    PLACEMENT = "placement"  # the acting leader's placement of joiners (protocol/membership.py)
-    JOINER = "joiner"  # a --stage auto relay's joiner machine (protocol/membership.py)
-
-
-ApplyEffects = Callable[[Owner, list], None]
 
 
 def now() -> float:

@@ -74,16 +74,18 @@ import trio
 
 from ...protocol import messages as m
 from ...protocol.effects import Send
-from ...protocol.phases import PhaseTimer, WatchTimer
+from ...protocol.phases import LeftOut, OpenIteration, OutOfStep, Overdue, PhaseTimer, WatchTimer
 from ...protocol.pipeline import Phases, StartStep
 from ...protocol.roundcheck import RoundOf, from_records, to_records, trim
 from .checkpointer import Checkpointer
 from .faults import Faults
 from .leadership import Leadership
-from .microbatches import Microbatches
+from .microbatches import MicrobatchesView
 from ..net.peers import Peers
 from .stage import LocalStage
-from ..net.wire import ApplyEffects, FrameRefused, Owner, Wire, now
+from . import waits
+from .driver import Drivers, Owner
+from ..net.wire import FrameRefused, Wire, now
 
 log = logging.getLogger("gwtf.node")
 steps_log = logging.getLogger("gwtf.steps")  # the lines of every iteration: node.log only (runtime/ops/logs.py)
@@ -96,17 +98,30 @@ LEADER_CHECK_S = 0.5  # a data node looks this often at who leads (a lease ends 
 
 
 class Aggregation:
-    def __init__(self, wire: Wire, peers: Peers, stage: LocalStage, microbatches: Microbatches,
-                 leadership: Leadership, allreducer: Any, effects: ApplyEffects, faults: Faults, *,
+    """The phase machine's owner: it carries out the phase's effects through its driver (driver.py: signals by
+    `send`, through the fault points, BEGIN stamped with the term led; timers) and its own handlers: `StartStep`
+    (the step), `OutOfStep` (`abstain`), `Overdue` (waits.py), and events the node wires: `LeftOut` and
+    `OutOfStep` to `on_left_out` (joining.py resyncs), `OpenIteration` to `on_open` (the microbatches open it).
+    It reads the iteration in flight through `MicrobatchesView`, and tells the microbatch machine BEGIN and the
+    step applied through the events it is handed (`begin_aggregation`, `aggregation_done`)."""
+
+    def __init__(self, wire: Wire, peers: Peers, stage: LocalStage, microbatches: MicrobatchesView,
+                 begin_aggregation: Callable[[int, Any], frozenset], aggregation_done: Callable[[int], None],
+                 leadership: Leadership, allreducer: Any, drivers: Drivers, faults: Faults, *,
                  state_dir: Path, checkpoint_every: int, checkpoint_keep: int = 3,
                  on_stepped: Callable[[int], None]) -> None:
         self.wire = wire
         self.peers = peers
         self.stage = stage
-        self.microbatches = microbatches
+        self.microbatches = microbatches  # read only: a data node's iteration in flight
+        self.begin_aggregation = begin_aggregation  # events to the microbatch machine: BEGIN came, ...
+        self.aggregation_done = aggregation_done  # ... the step is applied
         self.leadership = leadership
         self.allreducer = allreducer
-        self.effects = effects
+        self.driver = drivers.make(Owner.AGGREGATION, self.on_timer, send=self.send)
+        self.own = {StartStep: self.start_step, LeftOut: lambda e: self.on_left_out(e.iteration),
+                    OutOfStep: self._out_of_step, OpenIteration: self._opened,
+                    Overdue: lambda e: waits.log_overdue(e, peers.who)}  # the phase's own effects
         self.faults = faults
         self.state_dir = state_dir
         self.checkpointer = Checkpointer(stage, state_dir, lambda: peers.stage, every=checkpoint_every,
@@ -132,9 +147,25 @@ class Aggregation:
         self.allreduce_s = 0.0  # the last all-reduce round that summed, seconds (its waits included)
         self.rounds: dict[int, RoundOf] = {}  # a relay: steps -> how the step to them was summed (roundcheck.py)
         self.on_parted: Callable[[int, list[str], float], None] = lambda it, left_out, patience_s: None
+        # (events the node wires: the phase opened an iteration; this node is left out of, or behind, a step)
+        self.on_open: Callable[[int], None] = lambda iteration: None
+        self.on_left_out: Callable[[int], None] = lambda iteration: None
         self.parts: dict[str, float] = {}  # the last step's aggregation, piece by piece (module doc), seconds
 
     # ------------------------------------------------------------------ reading
+    def has_phases(self) -> bool:
+        """This node takes part in the phase (it has a stage: `new_phases`)."""
+        return self.phases is not None
+
+    def aggregating(self) -> bool:
+        """An aggregation begun here and not stepped yet."""
+        ph = self.phases
+        return ph is not None and any(it not in ph.stepped for it in ph.begun)
+
+    def waiting(self, t: float) -> list:
+        """What the phase waits for at `t` (`Phases.waiting`: status.json's `waiting_for`)."""
+        return self.phases.waiting(t) if self.phases is not None else []
+
     def group(self, iteration: int, stage: int) -> set[str] | None:
         return self.phases.group(iteration, stage) if self.phases is not None else None
 
@@ -198,7 +229,7 @@ class Aggregation:
             term = self.leadership.led_term
             effects = [Send(e.to, replace(e.msg, term=term))
                        if isinstance(e, Send) and isinstance(e.msg, m.BeginAggregation) else e for e in effects]
-        self.effects(Owner.AGGREGATION, effects)
+        self.driver.carry(effects, self.own)
 
     def _require_phases(self, msg: Any) -> Phases:
         if self.phases is None:
@@ -216,7 +247,7 @@ class Aggregation:
         ph = self._require_phases(msg)
         if msg.iteration not in ph.begun and msg.iteration >= ph.floor:
             completed = {c.data_node: frozenset(c.seqs) for c in msg.completed} if msg.completed else None
-            contrib = self.microbatches.begin_aggregation(msg.iteration, completed)
+            contrib = self.begin_aggregation(msg.iteration, completed)
             if self.peers.role == "relay" and self.microbatches.started:
                 named = [set(g.peers) for g in msg.groups if g.stage == -1]
                 if named:  # a data node that BEGIN leaves out died before it: its microbatches do not count
@@ -262,14 +293,11 @@ class Aggregation:
 
     def iteration_settled(self, iteration: int) -> None:
         """A data node's microbatches of `iteration` are all completed or deferred: report it to the leader."""
-        it = self.microbatches.current
-        if self.phases is None or it is None or it.iteration != iteration:
+        done = self.microbatches.report(iteration)
+        if self.phases is None or done is None:
             return
-        c = self.microbatches.counts(iteration)
-        done = m.IterationDone(iteration, len(it.done), it.loss_sum, c["deferred"], c["pending"] + c["inflight"],
-                               tuple(sorted(it.done)))
-        steps_log.info("iteration %d settled: completed %s, deferred %d", iteration, json.dumps(sorted(it.done)),
-                       c["deferred"])
+        steps_log.info("iteration %d settled: completed %s, deferred %d", iteration,
+                       json.dumps(list(done.completed_seqs)), done.deferred)
         self.my_reports = {i: r for i, r in self.my_reports.items() if i >= iteration - 1}
         self.my_reports[iteration] = done
         self.reports.setdefault(iteration, {})[self.wire.me] = done
@@ -367,6 +395,15 @@ class Aggregation:
         except Exception as e:  # noqa: BLE001 - the stage-mates then go on without it, as before
             log.warning("iteration %d: taking part with nothing failed: %s", iteration, e)
 
+    def _out_of_step(self, e: OutOfStep) -> None:
+        self.abstain(e.iteration)
+        self.on_left_out(e.iteration)
+
+    def _opened(self, e: OpenIteration) -> None:
+        """The phase's effect: CAN TAKE came back, a data node opens the next iteration (or pauses)."""
+        self.iteration_opened(e.iteration)
+        self.on_open(e.iteration)
+
     def start_step(self, e: StartStep) -> None:
         self.wire.spawn(self._step, e)
 
@@ -382,8 +419,7 @@ class Aggregation:
             self.faults.point("aggregate_holding")
         model = self.stage.model
         if not relay:
-            cur = self.microbatches.current
-            mine = len(cur.done) if cur is not None and cur.iteration == e.iteration else 0
+            mine = self.microbatches.completed(e.iteration)
         else:
             def commit() -> int:
                 return sum(1 for k in keys if model.commit(k))
@@ -420,7 +456,7 @@ class Aggregation:
         await self.stage.run(self.stage.apply_step, total, count, e.iteration)
         del total  # (nor is the summed vector held through the checkpoint: model/memory.py counts it so)
         t_ck = now()
-        self.microbatches.aggregation_done(e.iteration)
+        self.aggregation_done(e.iteration)
         self.stage.steps_done()
         self.on_stepped(e.iteration)
         self.step_counts[e.iteration] = e.microbatches
@@ -474,7 +510,7 @@ class Aggregation:
             reports = {d: reports[d] for d in named if d in reports}
         completed = sum(r.completed for r in reports.values())
         loss_sum = sum(reports[d].loss_sum for d in sorted(reports))
-        seconds = now() - self.microbatches.iter_started
+        seconds = self.microbatches.seconds()
         data = self.stage.manifest.data
         rec = {
             "iteration": t,
@@ -487,7 +523,7 @@ class Aggregation:
             "seconds": round(seconds, 4),
             "aggregation_seconds": round(step_s, 4),
             "aggregation_parts": {k: round(v, 4) for k, v in self.parts.items()},
-            "pipeline_seconds": round(self.microbatches.pipeline_s.get(t, math.nan), 4),
+            "pipeline_seconds": round(self.microbatches.pipeline_seconds(t), 4),
             "relays": sum(len(v) for k, v in (ph.groups.get(t) or {}).items() if k >= 0),
             "time": time.time(),
         }
@@ -510,7 +546,7 @@ class Aggregation:
                                     max_count: float | None = None):
         """All-reduce among the members of `named` still alive, redone when one dies meanwhile: (sum, count, the key
         of the round that summed them, its members).  `on_round(key)` is called before each round."""
-        from .allreduce import AllReduceError
+        from .allreduce import AllReduceError, all_reduce_failure, leaf
 
         me = self.wire.me
         forgotten = dict(self._forgotten)
@@ -550,9 +586,9 @@ class Aggregation:
                     self.allreduce_s = now() - t0
                     return total, count, gkey, group
                 except Exception as e:  # noqa: BLE001 - AllReduceError, alone or in a nursery's group
-                    if not _all_reduce_failure(e, AllReduceError):
+                    if not all_reduce_failure(e, AllReduceError):
                         raise
-                    log.warning("all-reduce %s failed: %s", gkey, _leaf(e))
+                    log.warning("all-reduce %s failed: %s", gkey, leaf(e))
                 finally:
                     self._ar_scopes.pop(gkey, None)
             await trio.sleep(0.2)
@@ -566,19 +602,3 @@ def phase_retry_s(busiest_s: float) -> float:
 
     return min(RETRY_CAP_S, max(RETRY_S, busiest_s))
 
-
-def _leaves(e: BaseException):
-    if isinstance(e, BaseExceptionGroup):
-        for x in e.exceptions:
-            yield from _leaves(x)
-    else:
-        yield e
-
-
-def _all_reduce_failure(e: BaseException, kind: type) -> bool:
-    """True if `e` (maybe an exception group from a nursery) holds nothing but all-reduce failures."""
-    return all(isinstance(x, kind) for x in _leaves(e))
-
-
-def _leaf(e: BaseException) -> BaseException:
-    return next(iter(_leaves(e)), e)

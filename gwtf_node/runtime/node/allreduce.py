@@ -423,3 +423,21 @@ def _common_count(result: torch.Tensor, counts: list[float], length: int, key: s
         elif c != common:
             part.mul_(common / c)
     return result, common
+
+
+def _leaves(e: BaseException):
+    if isinstance(e, BaseExceptionGroup):
+        for x in e.exceptions:
+            yield from _leaves(x)
+    else:
+        yield e
+
+
+def all_reduce_failure(e: BaseException, kind: type) -> bool:
+    """True if `e` (maybe an exception group from a nursery) holds nothing but all-reduce failures."""
+    return all(isinstance(x, kind) for x in _leaves(e))
+
+
+def leaf(e: BaseException) -> BaseException:
+    """The first failure in `e` (maybe an exception group from a nursery)."""
+    return next(iter(_leaves(e)), e)

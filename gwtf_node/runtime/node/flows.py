@@ -36,7 +36,8 @@ from __future__ import annotations
 import logging
 import math
 import random
-from typing import Any, Callable
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 import trio
 
@@ -47,7 +48,8 @@ from .linkmeter import REMEASURE_EVERY_S, LinkMeter, recost_threshold
 from .liveness import Liveness
 from ..net.peers import PeerInfo, Peers
 from .stage import LocalStage
-from ..net.wire import ApplyEffects, FrameRefused, Owner, Wire, now
+from .driver import Drivers, Owner
+from ..net.wire import FrameRefused, Wire, now
 
 log = logging.getLogger("gwtf.node")
 
@@ -60,15 +62,15 @@ FLOW_MSGS = (
 
 
 class Flows:
-    def __init__(self, wire: Wire, peers: Peers, liveness: Liveness, stage: LocalStage, effects: ApplyEffects,
+    def __init__(self, wire: Wire, peers: Peers, liveness: Liveness, stage: LocalStage, drivers: Drivers,
                  links_cfg: dict[tuple[str, str], tuple[float, float]], on_changed: Callable[[], None]) -> None:
         self.wire = wire
         self.peers = peers
         self.liveness = liveness
         self.stage = stage
-        self.effects = effects
+        self.driver = drivers.make(Owner.FLOWS, self.on_timer, in_order=wire.send_all)  # (FIFO links)
         self.links_cfg = links_cfg
-        self.on_changed = on_changed  # flows may have changed: the microbatch machine hears of it
+        self.on_changed = on_changed  # the machine ran (its flows or link costs may differ): the microbatches hear
         self.machine: FlowNode | None = None
         self.queue: list[tuple[str, Any]] = []
         self.next_costs: dict[str, float] = {}
@@ -89,6 +91,18 @@ class Flows:
     def out(self) -> dict[str, dict[str, int]]:
         """Units of flow per data node and next hop (empty before the machine starts)."""
         return {d: dict(v) for d, v in self.machine.out.items()} if self.machine else {}
+
+    def units_in(self) -> dict[str, dict[str, int]]:
+        """Units of flow per data node and previous hop (empty before the machine starts)."""
+        return {d: dict(v) for d, v in self.machine.inn.items()} if self.machine else {}
+
+    def units_from(self, peer: str) -> int:
+        """Units of flow `peer` hands this node now, over every data node (0 before the machine starts)."""
+        return sum(v.get(peer, 0) for v in self.machine.inn.values()) if self.machine else 0
+
+    def epochs(self) -> Mapping[str, int]:
+        """Each data node's flow epoch at this node's machine, read only (empty before the machine starts)."""
+        return MappingProxyType(self.machine.epoch) if self.machine else MappingProxyType({})
 
     def last_change(self) -> float | None:
         return self.machine.stats.last_change if self.machine else None
@@ -150,16 +164,17 @@ class Flows:
         seed = int.from_bytes(me.encode()[-8:], "big")
         self.machine = FlowNode(cfg, random.Random(seed))
         log.info("flow machine started: next %s prev %s", self._names(self.next_costs), self._names(self.prev_costs))
-        self.effects(Owner.FLOWS, self.machine.start(now()))
+        self.driver.carry(self.machine.start(now()))
         self._sync_costs()
         queued, self.queue = self.queue, []
         for peer, msg in queued:
             c = getattr(msg, "commodity", None)  # (every flow message but CostAnnounce names a commodity)
             if c is not None and c not in commodities:
                 continue
-            self.effects(Owner.FLOWS, self.machine.on_message(now(), peer, msg))
+            self.driver.carry(self.machine.on_message(now(), peer, msg))
         for info in self.peers.infos():  # a relay first heard of while the links were measured: as a newcomer
             self.on_peer_hello(info)
+        self.on_changed()
 
     async def wait_formed(self) -> None:
         """A data node starts pushing once its demand is placed, or its flows stopped changing."""
@@ -201,7 +216,7 @@ class Flows:
                          "?" if s.bandwidth_mbps is None else f"{s.bandwidth_mbps:.1f}", self.stage.compute_ms(),
                          s.peer_compute_ms)
                 self.recosts += 1
-                self.effects(Owner.FLOWS, self.machine.recost(now(), peer, new))
+                self.driver.carry(self.machine.recost(now(), peer, new))
                 self._sync_costs()
                 self.on_changed()
 
@@ -220,12 +235,13 @@ class Flows:
             self.queue.append((peer, msg))
             return
         # the machine keeps what a newcomer says until it is told to add it (add_neighbour)
-        self.effects(Owner.FLOWS, self.machine.on_message(now(), peer, msg))
+        self.driver.carry(self.machine.on_message(now(), peer, msg))
         self.on_changed()
 
     def on_timer(self, key: str) -> None:
         if self.machine is not None:
-            self.effects(Owner.FLOWS, self.machine.on_timer(now(), key))
+            self.driver.carry(self.machine.on_timer(now(), key))
+            self.on_changed()
 
     def on_link_cost(self, peer: str, msg: m.LinkCost) -> None:
         """The upstream end of our link says which cost it uses: ours from now on (`LinkCost`)."""
@@ -240,7 +256,7 @@ class Flows:
             log.log(logging.INFO if msg.reform else logging.DEBUG, "flows: link from %s costs %g (its measurement; "
                     "mine was %g)%s", self.peers.who(peer), msg.cost, prev[peer],
                     ": its flows re-form" if msg.reform else "")
-            self.effects(Owner.FLOWS, self.machine.on_message(now(), peer, msg))
+            self.driver.carry(self.machine.on_message(now(), peer, msg))
             self._sync_costs()
             self.on_changed()
 
@@ -253,7 +269,8 @@ class Flows:
             return
         self.machine.peer_back(now(), info.peer_id)
         if info.role == "data":
-            self.effects(Owner.FLOWS, self.machine.data_node_back(now(), info.peer_id))
+            self.driver.carry(self.machine.data_node_back(now(), info.peer_id))
+            self.on_changed()
 
     def on_peer_hello(self, info: PeerInfo) -> None:
         """A peer ready next to us that the flow machine does not know (a newcomer, or a peer back after it was
@@ -292,7 +309,7 @@ class Flows:
                 elif side == "prev":
                     cost = self.agreed_costs.get(peer, cost)
                 log.info("flows: adding %s as %s neighbour (cost %g)", self.peers.who(peer), side, cost)
-                self.effects(Owner.FLOWS, self.machine.add_neighbour(now(), peer, cost, side))
+                self.driver.carry(self.machine.add_neighbour(now(), peer, cost, side))
             self._sync_costs()
             self.on_changed()
         finally:
@@ -303,5 +320,6 @@ class Flows:
         self.meter.samples.pop(peer, None)
         self.moved.pop(peer, None)
         if self.machine is not None and self._in_flow(peer):
-            self.effects(Owner.FLOWS, self.machine.remove_neighbour(now(), peer))  # flows rebuilt around it
+            self.driver.carry(self.machine.remove_neighbour(now(), peer))  # flows rebuilt around it
             self._sync_costs()
+            self.on_changed()

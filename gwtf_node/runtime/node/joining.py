@@ -51,7 +51,8 @@ from .leadership import Leadership
 from .liveness import Liveness
 from ..net.peers import PeerInfo, Peers
 from .stage import LocalStage
-from ..net.wire import ApplyEffects, FrameRefused, Owner, Wire, now
+from .driver import Drivers, Owner
+from ..net.wire import FrameRefused, Wire, now
 
 log = logging.getLogger("gwtf.node")
 
@@ -69,7 +70,7 @@ HASH_ANSWER_WAIT_S = 10.0  # a stage peer waits this long at most for the steps 
 
 class Joining:
     def __init__(self, wire: Wire, peers: Peers, liveness: Liveness, discovery: Discovery, stage: LocalStage,
-                 flows: Flows, leadership: Leadership, aggregation: Aggregation, effects: ApplyEffects,
+                 flows: Flows, leadership: Leadership, aggregation: Aggregation, drivers: Drivers,
                  host: Any, *, capacity_flag: int, data_nodes: int, on_gone: Callable[[str], None],
                  on_left: Callable[[], None], records: Any = None) -> None:
         self.wire = wire
@@ -81,7 +82,7 @@ class Joining:
         self.flows = flows
         self.leadership = leadership
         self.aggregation = aggregation
-        self.effects = effects
+        self.driver = drivers.make(Owner.JOINER, self.on_timer)  # the joiner machine's
         self.host = host
         self.capacity_flag = capacity_flag  # --capacity (0: measured)
         self.data_nodes = data_nodes  # --data-nodes: the demand a relay may have to hold
@@ -158,14 +159,14 @@ class Joining:
         self.peers.set_standing(joining=True)
         log.info("joining: capacity %d, stage costs %s; waiting for the leader's assignment",
                  cfg.capacity, cfg.stage_costs)
-        self.effects(Owner.JOINER, self.joiner.start(now()))
+        self.driver.carry(self.joiner.start(now()))
         while self.peers.stage is None:
             found = await self._find_leader()
             if found is not None and found[0] != self.leadership.known_leader:
                 self.leadership.learned_leader(*found)
             lead = self.leadership.known_leader
             if lead is not None and lead != self.joiner.leader:
-                self.effects(Owner.JOINER, self.joiner.set_leader(now(), lead))
+                self.driver.carry(self.joiner.set_leader(now(), lead))
             await trio.sleep(1.0)
 
     async def _find_leader(self) -> tuple[str, int] | None:
@@ -183,11 +184,11 @@ class Joining:
 
     def on_timer(self, key: str) -> None:
         if self.joiner is not None:
-            self.effects(Owner.JOINER, self.joiner.on_timer(now(), key))
+            self.driver.carry(self.joiner.on_timer(now(), key))
 
     def on_utilization_query(self, peer: str, msg: m.UtilizationQuery) -> None:
         if self.joiner is not None and self.peers.place.joining:
-            self.effects(Owner.JOINER, self.joiner.on_message(now(), peer, msg))
+            self.driver.carry(self.joiner.on_message(now(), peer, msg))
         elif self.peers.role == "relay" and self.peers.stage is not None:
             links = {**self.flows.prev_costs, **self.flows.next_costs}  # Eq. 1 costs of its flow links
             self.wire.post(peer, m.UtilizationReport(msg.query_id, self.peers.stage, self.flows.units_through(),
@@ -199,7 +200,7 @@ class Joining:
             return
         effects = self.joiner.on_message(now(), peer, msg)
         # the state request goes from _fetch_state, which asks again when it falls behind
-        self.effects(Owner.JOINER, [e for e in effects if not (isinstance(e, Send)
+        self.driver.carry([e for e in effects if not (isinstance(e, Send)
                                                               and isinstance(e.msg, m.StageStateRequest))])
         if self.joiner.assignment is not None:
             self.wire.spawn(self._take_assignment, self.joiner.assignment)
@@ -552,7 +553,7 @@ class Joining:
 
     # ---------------------------------------------------------------- leaving
     def can_leave_gracefully(self) -> bool:
-        return (self.peers.role == "relay" and self.peers.stage is not None and self.aggregation.phases is not None
+        return (self.peers.role == "relay" and self.peers.stage is not None and self.aggregation.has_phases()
                 and not self.peers.place.joining)
 
     async def leave(self) -> None:

@@ -55,7 +55,8 @@ from ...protocol.leader import LeaderConfig, LeaderMachine
 from ...protocol.voters import lease_for_rtts
 from ...protocol.membership import MembershipConfig, MembershipMachine
 from ..net.peers import PeerInfo, Peers
-from ..net.wire import ApplyEffects, Owner, Wire, now
+from .driver import Drivers, Owner
+from ..net.wire import Wire, now
 
 log = logging.getLogger("gwtf.node")
 
@@ -66,13 +67,14 @@ PUBLISH_WAIT_S = 10.0
 
 
 class Leadership:
-    def __init__(self, wire: Wire, peers: Peers, host: Any, effects: ApplyEffects, state_dir: Path, run_id: str,
+    def __init__(self, wire: Wire, peers: Peers, host: Any, drivers: Drivers, state_dir: Path, run_id: str,
                  iteration_now: Callable[[], int], on_change: Callable[[], None], certificate: bytes = b"",
                  records: Any = None, lease_s: float = 2.0) -> None:
         self.wire = wire
         self.peers = peers
         self.host = host
-        self.effects = effects
+        self.election_driver = drivers.make(Owner.LEADER, self.on_election_timer)
+        self.placement_driver = drivers.make(Owner.PLACEMENT, self.on_placement_timer)
         self.state_path = state_dir / "leader.json"
         self.run_id = run_id
         self.iteration_now = iteration_now
@@ -167,7 +169,7 @@ class Leadership:
             tmp.write_text(json.dumps(state))
             os.replace(tmp, self.state_path)
             self._persisted = state
-        self.effects(Owner.LEADER, effects)
+        self.election_driver.carry(effects)
         if self.peers.role != "data":
             return  # a witness: it votes, and learns who leads from the leader's messages (authorize.py)
         self._size_lease()
@@ -292,7 +294,7 @@ class Leadership:
                              "they told", machine.swarm_placed - before)
                 if machine is self.placement:
                     self.placement_view = (dict(machine.reports), dict(machine.members))
-                    self.effects(Owner.PLACEMENT, effects)
+                    self.placement_driver.carry(effects)
         finally:
             self._placement_busy = False
 

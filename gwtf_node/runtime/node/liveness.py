@@ -171,6 +171,12 @@ class Liveness:
         return [p for p in self.peers.heard_within(float("inf"), t)
                 if self.peers.silent_for(p, t) < self.deadline_s(p)]
 
+    def hears(self, peer: str) -> bool:
+        """`peer` is in the table, not gone, and the check would not presume it dead now."""
+        t = now()
+        return (peer in self.peers and not self.peers.is_gone(peer)
+                and t - self.peers.last_heard.get(peer, t) < self.deadline_s(peer))
+
     async def on_ping(self, peer: str, msg: m.Ping) -> None:
         await self.wire.send(peer, m.Pong(msg.nonce, self.compute_ms()))
 

@@ -4,13 +4,22 @@ Every node runs one `RecoveryNode`, the pure machine that the simulator runs
 in virtual time, for the lifecycle of its microbatches: launch, Forward /
 Complete / Backward along the flows, DENY, and crash recovery (hop deadlines,
 BackwardStuck, the data node's watchdog, Probe / MbState, RepairOrder,
-Recover / Resume, Release).  This component turns frames into machine
-events and the machine's effects into frames, timers and torch work.  The
-machine hears of everything through events: its neighbours and their
-capacities (`set_neighbours`), a peer presumed dead on a hop deadline that
-the liveness check still hears (`peer_alive`), the flows (`set_flows`, when
-the flow machine changed them), a peer gone (`peer_gone`), BEGIN AGGREGATION
-and the applied step (`begin_aggregation`, `aggregation_done`).
+Recover / Resume, Release).  This component owns the machine: it turns
+frames into machine events and carries out the machine's effects itself,
+through its driver (driver.py: a peer's messages in order, with their
+tensors, `send_in_order`; timers; `Compute` on torch, `_run_compute`) and its
+own handlers (`IterationSettled`, `OpenIteration`).  The machine hears of
+everything through events, when it changes, never re-synced before an event:
+its neighbours and their capacities (`set_neighbours`, on a Hello, a peer
+gone or back, the flows' link costs, the iteration opened or stepped:
+`neighbours_changed`, told only what differs), this node's standing
+(`leave_after`, `standing_changed`), a peer presumed dead on a hop deadline
+that the liveness check still hears (`peer_alive`: at once if the check hears
+it then, else at its next frame, `peer_heard`), the flows (`set_flows`, when
+the flow machine changed them: `flows_changed`), a peer gone (`peer_gone`),
+BEGIN AGGREGATION and the applied step (`begin_aggregation`,
+`aggregation_done`).  The aggregation reads the iteration in flight through
+`MicrobatchesView`, never this component's fields.
 
 The aggregation phase is `phases.Phases` (aggregation.py): when a data node's
 microbatches of an iteration are all completed or deferred the machine says
@@ -54,6 +63,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -62,7 +72,6 @@ from typing import Any, Callable, Collection, Mapping
 from ...model.adatopk import INDEX_BYTES
 from ...model.tensors import sparse_indices
 from ...protocol import messages as m
-from ...protocol.effects import CancelTimer, SetTimer
 from ...protocol.pipeline import DataIteration, MbStatus, OpenIteration
 from ...protocol.recovery import (
     MB_MESSAGES, Compute, ComputeKind, IterationSettled, MbTimer, RecoveryConfig, RecoveryNode,
@@ -76,7 +85,8 @@ from ..net.peers import Peers
 from .stage import LocalStage
 from .tally import Tally
 from .tensorstore import Keep, Slot, TensorStore
-from ..net.wire import ApplyEffects, FrameRefused, Owner, Wire, now
+from .driver import Drivers, Owner
+from ..net.wire import FrameRefused, Wire, now
 
 log = logging.getLogger("gwtf.node")
 
@@ -105,16 +115,59 @@ class Pause:
     served_at: float | None = None  # when every stage had a ready relay again (the flows through it then form)
 
 
+class MicrobatchesView:
+    """What the aggregation and the status read of a data node's iteration in flight (`Microbatches`), read
+    only: they never hold the iteration itself."""
+
+    def __init__(self, mb: "Microbatches") -> None:
+        self._mb = mb
+
+    @property
+    def started(self) -> bool:
+        return self._mb.rec is not None
+
+    def in_flight(self) -> int | None:
+        """The data node's iteration in flight (None: none, or a relay)."""
+        cur = self._mb.current
+        return cur.iteration if cur is not None else None
+
+    def report(self, t: int) -> m.IterationDone | None:
+        """This data node's report of iteration `t` (its completed microbatches, their loss, the ledger's deferred
+        and still pending ones), if `t` is the iteration in flight."""
+        mb, cur = self._mb, self._mb.current
+        if cur is None or cur.iteration != t:
+            return None
+        c = mb.counts(t)
+        return m.IterationDone(t, len(cur.done), cur.loss_sum, c["deferred"], c["pending"] + c["inflight"],
+                               tuple(sorted(cur.done)))
+
+    def completed(self, t: int) -> int:
+        """The microbatches of iteration `t` this data node completed (0 if `t` is not in flight)."""
+        cur = self._mb.current
+        return len(cur.done) if cur is not None and cur.iteration == t else 0
+
+    def seconds(self) -> float:
+        """Since the iteration in flight opened."""
+        return now() - self._mb.iter_started
+
+    def pipeline_seconds(self, t: int) -> float:
+        """Iteration `t`'s open to its last microbatch settled (NaN if it did not settle here)."""
+        return self._mb.pipeline_s.get(t, math.nan)
+
+
 class Microbatches:
     def __init__(self, wire: Wire, peers: Peers, liveness: Liveness, flows: Flows, stage: LocalStage,
-                 effects: ApplyEffects, faults: Faults, *, policy: str, lend: bool, iterations: int,
+                 drivers: Drivers, faults: Faults, *, policy: str, lend: bool, iterations: int,
                  on_settled: Callable[[int], None], on_finished: Callable[[], None]) -> None:
         self.wire = wire
         self.peers = peers
         self.liveness = liveness
         self.flows = flows
         self.stage = stage
-        self.effects = effects
+        # the recovery machine's driver: a peer's messages in order, with their tensors; computations on torch
+        self.driver = drivers.make(Owner.MICROBATCHES, self.on_timer, in_order=self.send_in_order,
+                                   compute=self._run_compute)
+        self.own = {IterationSettled: self.on_settled, OpenIteration: self.on_opened}  # the machine's own effects
         self.faults = faults
         self.policy = policy
         self.lend = lend
@@ -127,11 +180,14 @@ class Microbatches:
         self.iter_started = 0.0
         self.pipeline_s: dict[int, float] = {}  # iteration -> open to last microbatch settled
         self._flow_stamp: float | None = None  # the flow machine's last change the machine was told of
+        self._told: tuple | None = None  # the neighbours (next, previous, capacities) the machine was told last
+        self._presumed: set[str] = set()  # peers the machine presumes dead (not reported gone), as last seen
         self.paused: Pause | None = None  # a data node: the iteration it does not open while a stage is empty
         self.off_step = 0  # computations on parameters not of their microbatch's iteration (`_at_step`)
         # the manifest's Top-K of tensors on slow links (train.compression): the ratio of each link we send on
         self.compression = LinkCompression(stage.manifest, peers, flows.links_cfg)
         self.tally = Tally(stage.key_compute_s)  # what the microbatches came to since start (the dashboard)
+        self.view = MicrobatchesView(self)  # what the aggregation reads
 
     # ------------------------------------------------------------------ reading
     @property
@@ -180,39 +236,68 @@ class Microbatches:
         seed = int.from_bytes(self.wire.me.encode()[-8:], "big")
         per_iteration = self.stage.manifest.data.microbatches_per_iteration
         self.rec = RecoveryNode(cfg, random.Random(seed), first_seq=0 if relay else first_iteration * per_iteration)
-        self._sync()
+        self.standing_changed()
+        self.flows_changed()
 
-    def _sync(self) -> None:
-        """Tell the machine who is alive, its current neighbours and, when they changed, the flows."""
-        rec, t, me = self.rec, now(), self.wire.me
-        # a peer the machine presumed dead on a hop deadline that the liveness check still hears is alive (the
-        # machine un-presumes by itself only a peer that sends it something: a data node that presumed its last
-        # stage-0 relay dead would defer every microbatch from then on)
-        eff: list = []
+    # ------------------------------------------------------------------ what the machine is told, when it changes
+    def standing_changed(self) -> None:
+        """This node's standing changed (`Peers.set_standing`): leaving after an iteration, or ready from one."""
+        if self.rec is None:
+            return
         if self.peers.place.leaving:
-            rec.leave_after(self.peers.place.leave_after)
-        for p in self.liveness.recently_heard():
-            eff += rec.peer_alive(t, p)
-        usable = self.peers.usable(self.iteration_now())
+            self.rec.leave_after(self.peers.place.leave_after)
+        self.neighbours_changed()
+
+    def neighbours_changed(self) -> None:
+        """The peers, their standing or capacity, the flows' link costs or the iteration changed: the machine is
+        told its neighbours (next hops that may take a microbatch of the iteration now) if they differ from
+        what it was told last."""
+        if self.rec is None:
+            return
+        me, usable = self.wire.me, self.peers.usable(self.iteration_now())
         nxt = {j: c for j, c in self.flows.next_costs.items() if j in usable or j == me}
         prv = {j: c for j, c in self.flows.prev_costs.items() if j in self.peers or j == me}
         caps = {j: self.peers.get(j).capacity for j in nxt if j in self.peers}
-        eff += rec.set_neighbours(t, nxt, prv, caps, hop_priors({**prv, **nxt}))
+        if (nxt, prv, caps) == self._told:
+            return
+        self._told = (nxt, prv, caps)
+        self._apply(self.rec.set_neighbours(now(), nxt, prv, caps, hop_priors({**prv, **nxt})))
+
+    def flows_changed(self) -> None:
+        """The flow machine ran (flows.py): its link costs and, when its flows changed, the flows."""
+        if self.rec is None:
+            return
+        self.neighbours_changed()
         stamp = self.flows.last_change()
         if self.policy == "gwtf" and stamp is not None and self._flow_stamp != stamp:
             self._flow_stamp = stamp
             # (a data node launches waiting microbatches on units that became free)
-            eff += rec.set_flows(self.flows.out(), t)
-        self._apply(eff)
+            self._apply(self.rec.set_flows(self.flows.out(), now()))
 
-    def flows_changed(self) -> None:
-        if self.rec is not None and self.peers.role == "data":
-            self._sync()
+    def peer_heard(self, peer: str) -> None:
+        """A frame of `peer` came: if the machine presumed it dead on a hop deadline, it is alive."""
+        if self.rec is not None and peer in self._presumed:
+            self._presumed.discard(peer)
+            self._apply(self.rec.peer_alive(now(), peer))
+
+    def _unpresume_heard(self) -> None:
+        """Peers the machine presumed dead on a hop deadline since it last did so that the liveness check still
+        hears are alive (it un-presumes by itself only a peer that sends it something: a data node that presumed
+        its last stage-0 relay dead would defer every microbatch from then on); the others are told alive when
+        they are heard again (`peer_heard`)."""
+        presumed = self.rec.dead - self.rec.gone
+        fresh, self._presumed = presumed - self._presumed, presumed
+        for p in sorted(fresh):
+            if self.liveness.hears(p):
+                self._presumed.discard(p)
+                self._apply(self.rec.peer_alive(now(), p))
 
     def _apply(self, effects: list) -> None:
-        """The machine's effects to the node's interpreter; then the tensors of keys it forgot are dropped."""
-        self.effects(Owner.MICROBATCHES, effects)
+        """The machine's effects, carried out here (its driver and `own`); then the tensors of keys it forgot are
+        dropped."""
+        self.driver.carry(effects, self.own)
         self.store.apply(self.store.drops_beside(self.rec.mbs))
+        self._unpresume_heard()
 
     def on_settled(self, e: IterationSettled) -> None:
         """The machine's effect: this data node's microbatches of an iteration are all completed or deferred."""
@@ -249,7 +334,6 @@ class Microbatches:
                 self.flows.meter.observe(peer, len(payload), getattr(payload, "seconds", None))
         elif getattr(msg, "tensor", None) is not None:
             raise FrameRefused(f"{type(msg).__name__} with a tensor it should not carry")
-        self._sync()
         eff = self.rec.on_message(now(), peer, msg)
         if tensor is not None:
             key = (msg.data_node, msg.seq, msg.iteration)
@@ -283,13 +367,9 @@ class Microbatches:
             self.recheck_paused()
             return
         if self.rec is not None:
-            self._sync()
             self._apply(self.rec.on_timer(now(), key))
 
     # ------------------------------------------------------------------ torch
-    def on_compute(self, e: Compute) -> None:
-        self.wire.spawn(self._run_compute, e)
-
     def _at_step(self, fn, key, kind: ComputeKind):
         """`fn`, run in the worker after saying so if the part's parameters are not those of the microbatch's
         iteration (`applied_steps` must equal it: the step of the iteration before was applied, and not yet the
@@ -343,7 +423,6 @@ class Microbatches:
         if self.rec is None:
             return
         loss = st.get(key, Slot.LOSS) if kind is ComputeKind.FINAL else None
-        self._sync()
         eff = self.rec.on_compute_done(now(), key, kind)
         if kind is ComputeKind.FINAL and self.current is not None and key[2] == self.current.iteration:
             if self.rec.ledger.status(key[2], key[1]) is MbStatus.COMPLETED and loss is not None:
@@ -378,7 +457,7 @@ class Microbatches:
                 self.paused = Pause(t, tuple(empty), since, wall)
                 log.warning("iteration %d not opened: stage %s has no live relay ready for it; the run is paused "
                             "until a relay with that stage's state joins", t, ", ".join(map(str, empty)))
-            self.effects(Owner.MICROBATCHES, [SetTimer(PAUSE_TIMER, now() + PAUSE_CHECK_S)])
+            self.driver.set_timer(PAUSE_TIMER, now() + PAUSE_CHECK_S)
             return
         if self.paused is not None:
             p = self.paused
@@ -387,19 +466,19 @@ class Microbatches:
             if not self._units_placed() and now() - p.served_at < PAUSE_FLOWS_WAIT_S:
                 # the flows through the stage's new relay are forming: without a unit placed every microbatch
                 # would be deferred at once
-                self.effects(Owner.MICROBATCHES, [SetTimer(PAUSE_TIMER, now() + PAUSE_CHECK_S / 4)])
+                self.driver.set_timer(PAUSE_TIMER, now() + PAUSE_CHECK_S / 4)
                 return
             log.info("stage %s has a ready relay again: opening iteration %d after a pause of %.1f s",
                      ", ".join(map(str, self.paused.stages)), t, now() - self.paused.since)
             self.paused = None
-            self.effects(Owner.MICROBATCHES, [CancelTimer(PAUSE_TIMER)])
-        self._sync()
+            self.driver.cancel_timer(PAUSE_TIMER)
         eff = self.rec.open_iteration(now(), t)
         seqs = sorted(self.rec.ledger.entries.get(t, {}))
         self.current = DataIteration(t, seqs)
         self.current.waiting = []  # the recovery machine owns the microbatches
         self.iter_started = now()
         self._apply(eff)
+        self.neighbours_changed()  # (the iteration: next hops that leave before it are none any more)
 
     def _units_placed(self) -> bool:
         """This data node's flows place a unit on a relay of stage 0."""
@@ -429,19 +508,21 @@ class Microbatches:
         return contrib
 
     def aggregation_done(self, iteration: int) -> None:
+        """The step of `iteration` is applied here (a relay's iteration is its steps: its next hops may change)."""
         if self.rec is not None:
             self._apply(self.rec.aggregation_done(now(), iteration))
+            self.neighbours_changed()
 
     def peer_back(self, peer: str) -> None:
         """`peer` was reported gone and said Hello again: alive, and (a data node) one of the run's again."""
         if self.rec is not None:
             info = self.peers.get(peer)
             self._apply(self.rec.peer_back(now(), peer, data_node=info is not None and info.role == "data"))
-            self._sync()
+            self.neighbours_changed()
 
     def peer_gone(self, peer: str) -> None:
         if self.rec is not None:
-            self._sync()
+            self.neighbours_changed()
             self._apply(self.rec.peer_gone(now(), peer))
             if self.peers.role == "data":  # its first stage may be empty now: what needs it cannot complete
                 self._apply(self.rec.give_up_stranded(now()))

@@ -6,13 +6,14 @@ A node is a libp2p host (`host.py`: Noise, Yamux, Kademlia) and a set of compone
 state and handed its collaborators (`Parts` names them and their modules).
 
 This module holds what they share: the host and the nursery, `routes` (routes.py: the
-one table from message type to the component that handles it), the one
-interpreter of machine effects (`_apply`: it refuses an effect no component
-handles, loudly), and the timers, keyed by (component, key).  It also wires
-the components' events to each other (a peer gone, a peer's Hello, a peer
-back: a gone peer, or a known one with a new incarnation, is checked and
-taken back everywhere as a new join of the same identity, `_peer_back`) and
-runs the node's lifecycle:
+one table from message type to the component that handles it) and the machines'
+drivers with their timers (driver.py, `Drivers`: keyed by component).  Each
+component owns its machines and carries out their effects itself through its
+driver; no effect comes back here.  The node wires the components' events to
+each other (a peer gone, a peer's Hello, a peer back: a gone peer, or a known
+one with a new incarnation, is checked and taken back everywhere as a new join
+of the same identity, `_peer_back`; a frame heard; the phase opening an
+iteration; a step applied) and runs the node's lifecycle:
 
 1. *Discovery.*  The node locks its state directory (statedir.py), dials its
    bootstrap peers and the peers of its address book (`peers.json` in the
@@ -54,18 +55,16 @@ import secrets
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import trio
 
 from ...protocol import codec
 from ...protocol import messages as m
-from ...protocol.effects import CancelTimer, Send, SetTimer, TimerKey
-from ...protocol.phases import LeftOut, OpenIteration, OutOfStep, Overdue, StartStep
-from ...protocol.recovery import Compute, IterationSettled
 from ..ops import control
 from . import data_resume, waits
 from .aggregation import Aggregation
+from .driver import Drivers
 from ..trust.authorize import Authorizer, read_certificate
 from ..net.bootstrap import DEFAULT_TIMEOUT_S, Bootstrap
 from .cutcheck import CutCheck
@@ -88,8 +87,7 @@ from ..ops.startup import NodeExit, check_port_free
 from ..ops.statedir import StateDirLock, lock_state_dir
 from .status import Status
 from ..trust.values import Values
-from .timers import Timers
-from ..net.wire import FrameRefused, Owner, UnknownEffect, Wire, now
+from ..net.wire import FrameRefused, Wire, now
 
 log = logging.getLogger("gwtf.node")
 
@@ -192,7 +190,6 @@ class Node:
         self.book = AddressBook(opts.state_dir / "peers.json", self.run_id)
         self._returning: set[str] = set()  # peers back whose Hello is being taken (re-admitted in `_peer_hello`)
         self.resumed = False  # a data node that loaded its checkpoint (data_resume.py)
-        self.timers = Timers(self._fire)
         self.done_event = trio.Event()
         self.links_cfg: dict[tuple[str, str], tuple[float, float]] = {}
         self.parts: Parts | None = None
@@ -200,10 +197,7 @@ class Node:
         self.exit: NodeExit | None = None  # why the node stopped by itself before it joined (bootstrap.py)
         self.peers: Peers | None = None
         self.routes: dict[type, Route] = {}
-        self.timer_handlers: dict[Owner, Callable[[str], None]] = {}
-        self.effect_handlers: dict[tuple[Owner, type], Callable[[Any], None]] = {}
-        self.senders: dict[Owner, Callable[[str, Any], Awaitable[bool]]] = {}  # one message, one task
-        self.ordered_senders: dict[Owner, Callable[[str, list], Awaitable[None]]] = {}  # a peer's messages in order
+        self.drivers: Drivers | None = None  # the machines' drivers and their timers (driver.py), once assembled
         self.resume_from = self._checkpoint_to_resume()  # a relay coming back to its stage (resume.py)
 
     def _checkpoint_to_resume(self):
@@ -242,6 +236,7 @@ class Node:
         peers = Peers(host.peer_id, o.name, len(self.manifest.stages), place)
         self.peers = peers
         wire = Wire(host.peer_id, host, nursery, peers)
+        self.drivers = drivers = Drivers(wire)
         self.authorizer.on_revoked = wire.on_ban = self._drop_peer
         records = RunRecords(host, self.run_id, self.manifest.owner_public_key,
                              on_refused=lambda why: wire.count_refusal(m.RefusalCode.BAD_RECORD))
@@ -252,17 +247,18 @@ class Node:
                               applied_steps=lambda: self.stage.applied_steps, incarnation=self.incarnation,
                               on_peer_back=self._peer_back, certificate=self.certificate,
                               authorizer=self.authorizer, records=records)
-        flows = Flows(wire, peers, liveness, self.stage, self._apply, self.links_cfg, on_changed=self._flows_changed)
-        microbatches = Microbatches(wire, peers, liveness, flows, self.stage, self._apply, self.faults,
+        flows = Flows(wire, peers, liveness, self.stage, drivers, self.links_cfg, on_changed=self._flows_changed)
+        microbatches = Microbatches(wire, peers, liveness, flows, self.stage, drivers, self.faults,
                                     policy=o.policy, lend=o.lend, iterations=o.iterations,
                                     on_settled=self._iteration_settled, on_finished=self.done_event.set)
-        leadership = Leadership(wire, peers, host, self._apply, o.state_dir, self.run_id,
+        leadership = Leadership(wire, peers, host, drivers, o.state_dir, self.run_id,
                                 iteration_now=microbatches.iteration_now, on_change=self._leadership_changed,
                                 certificate=self.certificate, records=records, lease_s=o.lease_s)
-        aggregation = Aggregation(wire, peers, self.stage, microbatches, leadership, AllReducer(host), self._apply,
+        aggregation = Aggregation(wire, peers, self.stage, microbatches.view, microbatches.begin_aggregation,
+                                  microbatches.aggregation_done, leadership, AllReducer(host), drivers,
                                   self.faults, state_dir=o.state_dir, checkpoint_every=o.checkpoint_every,
                                   checkpoint_keep=o.keep_checkpoints, on_stepped=self._stepped)
-        joining = Joining(wire, peers, liveness, discovery, self.stage, flows, leadership, aggregation, self._apply,
+        joining = Joining(wire, peers, liveness, discovery, self.stage, flows, leadership, aggregation, drivers,
                           host, capacity_flag=o.capacity, data_nodes=o.data_nodes, on_gone=self._peer_gone,
                           on_left=self.stop, records=records)
         self.book.load()
@@ -273,6 +269,8 @@ class Node:
                               timeout_s=o.bootstrap_timeout_s if o.bootstrap else 0.0, on_exit=self._exit)
         cutcheck = CutCheck(wire, peers, self.stage, liveness, joining, rounds=lambda: aggregation.rounds)
         aggregation.on_parted = cutcheck.parted
+        peers.on_standing = microbatches.standing_changed
+        aggregation.on_open, aggregation.on_left_out = microbatches.open_iteration, joining.resync
         self.values = values = Values(wire, peers, self.stage, flows, microbatches, leadership, aggregation)
         status = Status(o.state_dir / "status.json", wire, host, peers, liveness, self.stage, flows, microbatches,
                         aggregation, leadership, run_id=self.run_id, policy=o.policy, bootstrap=bootstrap,
@@ -283,26 +281,6 @@ class Node:
         parts = Parts(wire, liveness, discovery, flows, microbatches, leadership, aggregation, joining, cutcheck,
                       status, bootstrap)
         self.routes = routes(parts)
-        self.timer_handlers = {
-            Owner.FLOWS: flows.on_timer,
-            Owner.MICROBATCHES: microbatches.on_timer,
-            Owner.LEADER: leadership.on_election_timer,
-            Owner.PLACEMENT: leadership.on_placement_timer,
-            Owner.JOINER: joining.on_timer,
-            Owner.AGGREGATION: aggregation.on_timer,
-        }
-        self.effect_handlers = {
-            (Owner.MICROBATCHES, Compute): microbatches.on_compute,
-            (Owner.MICROBATCHES, IterationSettled): microbatches.on_settled,
-            (Owner.MICROBATCHES, OpenIteration): microbatches.on_opened,
-            (Owner.AGGREGATION, StartStep): aggregation.start_step,
-            (Owner.AGGREGATION, LeftOut): lambda e: joining.resync(e.iteration),
-            (Owner.AGGREGATION, OutOfStep): lambda e: (aggregation.abstain(e.iteration), joining.resync(e.iteration)),
-            (Owner.AGGREGATION, OpenIteration): self._open_iteration,
-            (Owner.AGGREGATION, Overdue): lambda e: waits.log_overdue(e, peers.who),
-        }
-        self.senders = {Owner.AGGREGATION: aggregation.send}
-        self.ordered_senders = {Owner.MICROBATCHES: microbatches.send_in_order, Owner.FLOWS: wire.send_all}
         return parts
 
     # ------------------------------------------------------------------ events between components
@@ -348,6 +326,7 @@ class Node:
         p.joining.catch_up(info)  # a peer far ahead: this node was cut off while the run stepped
         p.leadership.on_peer_hello(info)
         p.flows.on_peer_hello(info)
+        p.microbatches.neighbours_changed()  # (a newcomer, a capacity, a peer's standing)
         p.microbatches.recheck_paused()  # a relay ready for the stage the run waits for
 
     def _peer_gone(self, peer: str) -> None:
@@ -369,10 +348,6 @@ class Node:
         if self.parts is not None:
             self.parts.wire.spawn(self.parts.wire.disconnect, peer)
 
-    def _open_iteration(self, e: OpenIteration) -> None:
-        self.parts.aggregation.iteration_opened(e.iteration)
-        self.parts.microbatches.open_iteration(e.iteration)
-
     def _flows_changed(self) -> None:
         self.parts.microbatches.flows_changed()
 
@@ -384,34 +359,6 @@ class Node:
 
     def _stepped(self, iteration: int) -> None:
         self.parts.joining.on_stepped(iteration)
-
-    # ------------------------------------------------------------------ effects and timers
-    def _apply(self, owner: Owner, effects: list) -> None:
-        """The one interpreter of machine effects: frames, timers, and the component's own effects."""
-        ordered: dict[str, list] = {}
-        for e in effects:
-            if isinstance(e, Send):
-                if owner in self.ordered_senders:
-                    ordered.setdefault(e.to, []).append(e.msg)
-                else:
-                    self.parts.wire.spawn(self.senders.get(owner, self.parts.wire.send), e.to, e.msg)
-            elif isinstance(e, SetTimer):
-                self.timers.set((owner, e.key), e.deadline)
-            elif isinstance(e, CancelTimer):
-                self.timers.cancel((owner, e.key))
-            else:
-                handler = self.effect_handlers.get((owner, type(e)))
-                if handler is None:
-                    raise UnknownEffect(f"the {owner.value} machine returned {e!r}: no component handles it")
-                handler(e)
-        for peer, msgs in ordered.items():  # one task per peer, its messages in order
-            self.parts.wire.spawn(self.ordered_senders[owner], peer, msgs)
-
-    def _fire(self, owner: Owner, key: TimerKey) -> None:
-        handler = self.timer_handlers.get(owner)
-        if handler is None:
-            raise UnknownEffect(f"a timer {key!r} of the {owner.value} machine is due: no component handles it")
-        handler(key)
 
     # ------------------------------------------------------------------ frames
     async def _on_frame(self, peer: str, envelope: bytes, payload) -> None:
@@ -433,6 +380,7 @@ class Node:
         gone = self.peers.is_gone(peer)
         if not gone:
             self.peers.heard(peer, now())
+            self.parts.microbatches.peer_heard(peer)
         route = self.routes.get(type(msg))
         admit = route.admit if route is not None else Admit.KNOWN
         if admit is Admit.KNOWN or (admit is Admit.NOT_GONE and gone):
@@ -492,7 +440,7 @@ class Node:
                 nursery.start_soon(p.discovery.loop)
                 nursery.start_soon(p.discovery.redial_loop, lambda: set(p.liveness.crashed),
                                    lambda pid: self.book.known.get(pid, []))
-                nursery.start_soon(self.timers.loop)
+                nursery.start_soon(self.drivers.timers.loop)
                 await nursery.start(p.status.serve, lambda: control.leave(self), self.opts.metrics_host,
                                     self.opts.metrics_port)  # status.json, the control socket, Prometheus
                 nursery.start_soon(self._formation)
@@ -528,7 +476,7 @@ class Node:
                 continue
             if not self.stage.built:
                 continue  # a joiner is still building its stage
-            if p.aggregation.phases is None:
+            if not p.aggregation.has_phases():
                 if role == "data" and not (peers.next_stage_ids() and peers.prev_stage_ids()):
                     continue  # the run's step is the relays' and the other data nodes' (their Hellos say it)
                 p.aggregation.new_phases()

@@ -134,7 +134,7 @@ class Status:
     # ------------------------------------------------------------------ status.json
     def snapshot(self) -> dict:
         place, mb, agg = self.peers.place, self.microbatches, self.aggregation
-        cur = mb.current
+        cur = mb.view.in_flight()
         waiting = self.liveness.waiting_for_data_since
         conns = connection_kinds(self.host)
         return {
@@ -159,8 +159,8 @@ class Status:
             "links_recosted": self.flows.recosts,
             "reachability": self._reachability(),
             "link_measurements": self.flows.meter.snapshot(),
-            "iteration": cur.iteration if cur else agg.last_iteration,
-            "ledger": mb.counts(cur.iteration) if cur else {},
+            "iteration": cur if cur is not None else agg.last_iteration,
+            "ledger": mb.counts(cur) if cur is not None else {},
             "policy": self.policy, "presumed_dead": sorted(self.liveness.crashed),
             # a relay with no live data node: seconds it has waited for one (None: not waiting)
             "waiting_for_data_node_s": None if waiting is None else round(now() - waiting, 1),
@@ -229,7 +229,7 @@ class Status:
         return name_of(self.peers, peer)
 
     def state(self) -> NodeState:
-        place, mb, ph = self.peers.place, self.microbatches, self.aggregation.phases
+        place, mb = self.peers.place, self.microbatches
         return derive_state(
             leaving=place.leaving,
             connecting=self.bootstrap is not None and self.bootstrap.state is not BootstrapState.CONNECTED,
@@ -237,8 +237,8 @@ class Status:
             paused=mb.paused is not None,
             waiting_for_data=place.role == "relay" and self.liveness.waiting_for_data_since is not None,
             # a phase begun and not stepped; or a data node whose microbatches are settled waits for the step
-            aggregating=(ph is not None and any(it not in ph.stepped for it in ph.begun))
-            or (mb.current is not None and mb.reported(mb.current.iteration)))
+            aggregating=self.aggregation.aggregating()
+            or ((cur := mb.view.in_flight()) is not None and mb.reported(cur)))
 
     def view(self) -> dict:
         """The dashboard's document (the module doc); JSON-ready."""
@@ -343,11 +343,9 @@ class Status:
         return out
 
     def _flows(self) -> list[dict]:
-        m = self.flows.machine
-        if m is None:
-            return []
         rows = []
-        for direction, table, costs in (("in", m.inn, self.flows.prev_costs), ("out", m.out, self.flows.next_costs)):
+        for direction, table, costs in (("in", self.flows.units_in(), self.flows.prev_costs),
+                                        ("out", self.flows.out(), self.flows.next_costs)):
             for d in sorted(table):
                 for hop, units in sorted(table[d].items()):
                     if units:
@@ -358,15 +356,15 @@ class Status:
 
     def _iteration(self, state: NodeState) -> dict:
         mb, agg = self.microbatches, self.aggregation
-        cur = mb.current
-        number = cur.iteration if cur is not None else (
+        cur = mb.view.in_flight()
+        number = cur if cur is not None else (
             agg.last_iteration + 1 if agg.last_iteration is not None else self.stage.applied_steps)
         phase = {NodeState.TRAINING: "microbatches", NodeState.AGGREGATING: "aggregation",
                  NodeState.PAUSED: "paused", NodeState.LEAVING: "leaving"}.get(state)
         return {"number": number if state not in (NodeState.CONNECTING, NodeState.JOINING) else None,
                 "phase": phase, "last_completed": agg.last_iteration, "steps_applied": self.stage.applied_steps,
-                "seconds": round(now() - mb.iter_started, 2) if cur is not None else None,
-                "ledger": mb.counts(cur.iteration) if cur is not None else None}
+                "seconds": round(mb.view.seconds(), 2) if cur is not None else None,
+                "ledger": mb.counts(cur) if cur is not None else None}
 
     def _run_record(self) -> dict | None:
         """The leader's last per-iteration record (metrics.jsonl), re-read only when the file grew."""

@@ -78,9 +78,7 @@ def waiting_for(peers: Any, aggregation: Any, microbatches: Any, joining: Any, l
     t = now()
     who = peers.who
     out: list[dict] = []
-    ph = aggregation.phases
-    if ph is not None:
-        out += [phase_wait(w, t, who) for w in ph.waiting(t)]
+    out += [phase_wait(w, t, who) for w in aggregation.waiting(t)]
     p = microbatches.paused
     if p is not None:
         out.append({"what": "paused_stage", "iteration": p.iteration, "since": p.since_wall,

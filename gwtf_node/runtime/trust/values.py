@@ -52,7 +52,6 @@ class Values:
     def context(self, sender: str) -> bounds.Context:
         peers, model = self.peers, self.stage.model
         info = peers.get(sender)
-        machine = self.flows.machine
         hidden_shape = hidden_dtype = grad_len = None
         if model is not None:
             from ...model.tensors import dtype_name
@@ -64,9 +63,9 @@ class Values:
             n_stages=peers.n_stages,
             iteration=self.microbatches.iteration_now() if placed else None,
             term=self.leadership.term(),
-            epochs=machine.epoch if machine is not None else {},
+            epochs=self.flows.epochs(),
             sender_capacity=info.capacity if info is not None else None,
-            units_from_sender=bounds.units_from(machine.inn, sender) if machine is not None else 0,
+            units_from_sender=self.flows.units_from(sender),
             hidden_shape=hidden_shape, hidden_dtype=hidden_dtype, grad_len=grad_len)
 
     def problem(self, sender: str, msg: Any, payload: Any = b"") -> bounds.Problem | None:

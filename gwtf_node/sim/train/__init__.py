@@ -15,7 +15,8 @@ switches, each defaulting to what the daemon does.
   handler its type names in one table.  A timer event carries the version of its key when it was set, so a
   timer set again or cancelled since fires as nothing.
 * Effects.  What a machine returns (send this message, set this timer, start this computation, open this
-  iteration, step) is carried out by the one interpreter of interpret.py, as the daemon's node has one.  A
+  iteration, step) is carried out through the simulator's `protocol.driver.Driver`, one `SimDriver` per
+  (node, machine) in interpret.py, as each of the daemon's components carries out its own.  A
   tensor message waits for its directed link (FIFO) and takes latency + size / bandwidth; a control message
   takes the link's latency; a computation waits for its node's compute queue and takes its profiled time.
 * Mechanisms.  The simulator's own models of what happens around the machines are kept by mechanism:

@@ -59,6 +59,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         self.dead: set[str] = set()
         self.queue = EventQueue()  # the events to come and the clock (events.py)
         self._tv: dict = {}
+        self.drivers: dict = {}  # (node, machine) -> its SimDriver (interpret.py)
         self._link_free: dict[tuple[str, str], float] = {}
         self._token = 0
         self.iters: dict[int, IterStats] = {}
