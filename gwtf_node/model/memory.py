@@ -20,6 +20,13 @@ weights in float32 whatever the precision:
   (runtime/node/checkpointer.py); measured with tests/support/memprobe.py;
 * optimizer state: AdamW's two moments (8 P), SGD's momentum buffer (4 P
   when momentum > 0, else nothing);
+* held gradients: a microbatch's parameter gradients are kept apart from
+  the accumulators, one float32 copy of the part's parameters (4 P) per
+  microbatch this node carried in the iteration, until the step counts it
+  (`StageModel.backward(hold=True)`, `commit`: crash recovery may give an
+  attempt up after its backward ran here).  This is the largest term of a
+  relay of a 100M+ model: a stage of 28M parameters holds 113 MB per
+  microbatch of its capacity;
 * activations: every in-flight microbatch keeps the autograd graph of one
   stage forward (`StageModel.forward` stashes it until the backward).  Per
   layer and per token, the tensors autograd saves are linear in the shapes:
@@ -39,8 +46,8 @@ weights in float32 whatever the precision:
   (2 bytes per parameter, per microbatch); at shapes other than the fitted
   ones these are within 1 %.  A relay also keeps the stage's
   output (B T H floats); the data part keeps the embedding output and the
-  input ids.  One microbatch's backward adds its parameter gradients (4 P)
-  and a layer's worth of activation gradients; the data part's head computes
+  input ids.  One microbatch's backward adds a layer's worth of activation
+  gradients besides the gradients it holds; the data part's head computes
   logits, their log-softmax and their gradient (3 x B T V floats) at once.
 * a fixed overhead per process (`OVERHEAD_BYTES`): the resident memory of a
   process that imported torch, transformers and the node's runtime, measured
@@ -175,9 +182,10 @@ def estimate(manifest: "RunManifest", role: str, stage: int | None, capacity: in
     hidden = 4 * tokens * s["H"]  # one [B, T, H] float32 tensor
     if role == "data":
         n = counts.data
-        per_mb = hidden + 8 * tokens  # the embedding output and the input ids
+        # the embedding output and the input ids; the head's parameter gradients, held apart until the step
+        per_mb = hidden + 8 * tokens + 4 * n
         logits = 4 * tokens * manifest.dims.vocab
-        head = 4 * n + 3 * logits + 2 * hidden
+        head = 3 * logits + 2 * hidden
         if precision == "bf16-mixed":
             head += logits // 2 + 2 * n  # bfloat16 logits and weight copy before the float32 loss
         transient = max(head + checkpoint_bytes(manifest, n, device),
@@ -188,11 +196,12 @@ def estimate(manifest: "RunManifest", role: str, stage: int | None, capacity: in
         n = counts.stage(start, end)
         layers = end - start
         per_layer = tokens * layer_bytes_per_token(fam, cfg, precision)
-        per_mb = layers * per_layer + hidden  # the saved tensors and the stage output
+        # the saved tensors and the stage output; the parameter gradients, held apart until the step
+        per_mb = layers * per_layer + hidden + 4 * n
         if precision == "bf16-mixed":
             per_mb += 2 * n  # autocast's bfloat16 weights, saved by every forward's graph
-        # a backward's parameter gradients with the checkpoint held, or the aggregation
-        transient = max(4 * n + checkpoint_bytes(manifest, n, device),
+        # the checkpoint held while the microbatches run, or the aggregation
+        transient = max(checkpoint_bytes(manifest, n, device),
                         aggregation_bytes(manifest, n, counts.layer_largest, device) - per_mb)
         name = f"stage{stage}"
     return MemoryEstimate(name, params=4 * n, gradients=4 * n, optimizer=optimizer_bytes(manifest, n),

@@ -3,8 +3,8 @@
     python tests/support/memprobe.py RUN.json ROLE STAGE CAPACITY
 
 Prints one JSON object: the RSS growth from before the part is built to the peak of an iteration and its
-optimizer step, then the checkpoint's state taken and held while `CAPACITY` forwards and one backward run, and
-its file written (as runtime/node/checkpointer.py does), and the next step; the peak is reset after
+optimizer step, then the checkpoint's state taken and held while `CAPACITY` forwards and their backwards run
+(each one's parameter gradients held apart until the step, as a node holds them), and its file written (as runtime/node/checkpointer.py does), and the next step; the peak is reset after
 `build_stage` with /proc/self/clear_refs, so the whole model that `build_stage` may build first and free does
 not count; and `memory.estimate`'s figures.
 MALLOC_MMAP_THRESHOLD_ is set low by the caller so that freed tensors leave the RSS at once.
@@ -72,30 +72,37 @@ def main() -> None:
             else:
                 part.embed(k, ids)
 
-    def backward(k: int) -> None:
+    def backward(k: int) -> None:  # its parameter gradients held apart until the step, as a node does
         if role == "relay":
-            part.backward(k, torch.randn(b, t, h, generator=g))
+            part.backward(k, torch.randn(b, t, h, generator=g), hold=True)
         else:
-            _loss, grad = part.head_loss(k, torch.randn(b, t, h, generator=g), ids)
+            _loss, grad = part.head_loss(k, torch.randn(b, t, h, generator=g), ids, hold=True)
             part.embed_backward(k, grad)
 
+    def step(keys) -> None:
+        for k in keys:
+            part.commit(k)
+        part.apply_mean_grad(part.grad_vector(), 1)
+
     # an iteration, its step; the checkpoint's state taken after it and held (runtime/node/checkpointer.py) while
-    # the next iteration's `capacity` microbatches go forward and one backward, then its file written
+    # the next iteration's `capacity` microbatches go forward, then back (all in flight at once, each one's
+    # gradients held), then its file written, and the step
     forwards([0])
     backward(0)
-    part.apply_mean_grad(part.grad_vector(), 1)
+    step([0])
     import tempfile
 
     from gwtf_node.runtime.node import checkpoints
 
     state, digest, params = part.state_bytes(), part.state_hash(), part.param_vector()
     forwards(range(1, capacity + 1))
-    backward(1)
+    for k in range(1, capacity + 1):
+        backward(k)
     with tempfile.TemporaryDirectory() as tmp:
         checkpoints.write(tmp, run_id=man.run_id, role=role, stage=stage_arg, steps=1, state=state,
                           params_sha256=digest, params=params, keep=1)
         del state, params
-    part.apply_mean_grad(part.grad_vector(), 1)  # the next aggregation's step, the checkpoint's state released
+    step(range(1, capacity + 1))  # the next aggregation's step, the checkpoint's state released
     peak = _status("VmHWM")
     print(json.dumps({"part": est.part, "params": part.num_params, "measured": peak - base,
                       "built": built - base, "estimate": est.part_bytes, "per_microbatch": est.per_microbatch,
