@@ -20,13 +20,10 @@ weights in float32 whatever the precision:
   (runtime/node/checkpointer.py); measured with tests/support/memprobe.py;
 * optimizer state: AdamW's two moments (8 P), SGD's momentum buffer (4 P
   when momentum > 0, else nothing);
-* held gradients: a microbatch's parameter gradients are kept apart from
-  the accumulators, one float32 copy of the part's parameters (4 P) per
-  microbatch this node carried in the iteration, until the step counts it
-  (`StageModel.backward(hold=True)`, `commit`: crash recovery may give an
-  attempt up after its backward ran here).  This is the largest term of a
-  relay of a 100M+ model: a stage of 28M parameters holds 113 MB per
-  microbatch of its capacity;
+* held gradients: each microbatch carried in the iteration keeps its
+  parameter gradients apart until the step counts it (4 P per microbatch,
+  `StageModel.backward(hold=True)`: crash recovery may give an attempt up
+  after its backward ran); the largest term of a 100M+ model's relay;
 * activations: every in-flight microbatch keeps the autograd graph of one
   stage forward (`StageModel.forward` stashes it until the backward).  Per
   layer and per token, the tensors autograd saves are linear in the shapes:
@@ -54,9 +51,8 @@ weights in float32 whatever the precision:
   on the CPU (the device's free memory is read after its context exists).
 
 `estimate(manifest, role, stage, capacity)` adds these up; the peak is the
-resident state plus `capacity - 1` microbatches held plus the larger of the
-last one's backward (its activations and the parameter gradients) with the
-checkpoint held, and the aggregation.  `fits` compares it with the free memory of the device
+resident state plus `capacity` microbatches held plus the larger of the
+checkpoint held and the aggregation.  `fits` compares it with the free memory of the device
 (`torch.cuda.mem_get_info` on CUDA, MemAvailable of /proc/meminfo on the
 CPU) and `capacity_that_fits` is the largest capacity, at most the cap,
 whose estimate fits.  A test measures the peak of a real part (RSS growth

@@ -482,11 +482,6 @@ class Aggregation:
         self._apply(self.phases.on_step_done(now(), e.iteration, self.peers.next_stage_ids(),
                                              self.peers.prev_stage_ids()))
 
-    def _wire(self) -> str:
-        """The all-reduce's dtype on the wire: the run's `train.wire_dtype` (allreduce.py)."""
-        wire = getattr(self.stage.manifest.train, "wire_dtype", "fp32")
-        return "bfloat16" if wire == "bf16" else "float32"
-
     def checkpoint(self) -> None:
         """This node's part written now (parameters and optimizer state, with the steps applied to it), after a write
         in flight: when the node leaves or stops (checkpointer.py)."""
@@ -546,7 +541,7 @@ class Aggregation:
                                     max_count: float | None = None):
         """All-reduce among the members of `named` still alive, redone when one dies meanwhile: (sum, count, the key
         of the round that summed them, its members).  `on_round(key)` is called before each round."""
-        from .allreduce import AllReduceError, all_reduce_failure, leaf
+        from .allreduce import RUN_WIRE, AllReduceError, all_reduce_failure, leaf
 
         me = self.wire.me
         forgotten = dict(self._forgotten)
@@ -582,7 +577,8 @@ class Aggregation:
                     t0 = now()
                     total, count = await self.allreducer.all_reduce(gkey, group, grad, mine,
                                                                     timeout=self.allreduce_timeout_s(),
-                                                                    max_count=max_count, wire=self._wire())
+                                                                    max_count=max_count,
+                                                                    wire=RUN_WIRE[self.stage.manifest.train.wire_dtype])
                     self.allreduce_s = now() - t0
                     return total, count, gkey, group
                 except Exception as e:  # noqa: BLE001 - AllReduceError, alone or in a nursery's group

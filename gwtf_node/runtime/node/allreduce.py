@@ -81,6 +81,7 @@ MAX_PENDING_KEYS = 64  # rounds buffered before all_reduce is called for them
 _DONE_KEYS_KEPT = 256  # finished rounds remembered, to drop their late chunks quietly
 REDUCE, GATHER = 1, 2  # AllReduceChunk.phase
 WIRE_DTYPES = {"float32": (torch.float32, 4), "bfloat16": (torch.bfloat16, 2)}  # name -> (dtype, bytes per element)
+RUN_WIRE = {"fp32": "float32", "bf16": "bfloat16"}  # a run's `train.wire_dtype` -> the all-reduce's wire dtype
 
 
 class AllReduceError(RuntimeError):
