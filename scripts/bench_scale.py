@@ -440,7 +440,7 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--seq-len", type=int, default=32)
     p.add_argument("--microbatch-size", type=int, default=1)
-    p.add_argument("--microbatches", type=int, default=32, help="per iteration")
+    p.add_argument("--microbatches", type=int, default=16, help="per iteration")
     p.add_argument("--iterations", type=int, default=3)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--stages", type=int, default=4)
