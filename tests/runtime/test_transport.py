@@ -422,13 +422,13 @@ async def test_a_bfloat16_all_reduce_sends_half_and_is_identical_on_every_member
                 assert c == 3.0
                 assert not torch.equal(t, results[("fp", h.peer_id)][0])  # (it did round)
                 assert float((t - exact).abs().max()) <= 0.05 * float(exact.abs().max())
-            # a float32 chunk for a bfloat16 round: refused once the round starts
-            await reducers[0].on_chunk(hs[1].peer_id, AllReduceChunk("mixed", 0, 1, 1.0, TensorHeader(
-                "float32", (4,), 16)), bytearray(torch.ones(4).numpy().tobytes()))
+            # a float32 chunk for a bfloat16 round: refused once the round starts (sent for the part hs[0] owns)
+            pair = sorted([hs[0].peer_id, hs[1].peer_id])
+            await reducers[0].on_chunk(hs[1].peer_id, AllReduceChunk("mixed", pair.index(hs[0].peer_id), 1, 1.0,
+                                                                     TensorHeader("float32", (4,), 16)),
+                                       bytearray(torch.ones(4).numpy().tobytes()))
             with pytest.raises(AllReduceTimeout):
-                await reducers[0].all_reduce("mixed", [hs[0].peer_id, hs[1].peer_id] if hs[0].peer_id < hs[1].peer_id
-                                             else [hs[1].peer_id, hs[0].peer_id], torch.ones(8), 1.0, 0.5,
-                                             wire="bfloat16")
+                await reducers[0].all_reduce("mixed", pair, torch.ones(8), 1.0, 0.5, wire="bfloat16")
             assert any("dtype float32, the round's is bfloat16" in r.getMessage() for r in caplog.records)
 
 
