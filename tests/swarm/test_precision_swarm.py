@@ -32,18 +32,23 @@ pytestmark = pytest.mark.slow
 ITERATIONS = 3
 
 
-@pytest.mark.parametrize("compression", ["none", "topk"])
-def test_bf16_swarm_equals_the_bf16_reference(tmp_path: Path, compression: str) -> None:
-    man = default_manifest(stages=2, seq_len=32, microbatch_size=2, microbatches_per_iteration=4,
-                           compression=compression, compression_ratio=4.0)
+def _bf16_swarm(tmp_path: Path, relays_per_stage: int, **manifest):
+    """A 2-stage run in bf16-mixed with bf16 on the wire, trained by a local swarm: (manifest, swarm, records)."""
+    man = default_manifest(stages=2, seq_len=32, microbatch_size=2, microbatches_per_iteration=4, **manifest)
     man = dataclasses.replace(man, train=dataclasses.replace(man.train, precision="bf16-mixed", wire_dtype="bf16"))
     man.validate(check_files=False)
     run = tmp_path / "run.json"
     save_manifest(man, run)
-    swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=1, iterations=ITERATIONS)
+    swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=relays_per_stage,
+                       iterations=ITERATIONS)
     swarm.startup_timeout_s = 120
     swarm.iteration_timeout_s = 120
-    records = run_local(swarm, lambda rec: None)
+    return man, swarm, run_local(swarm, lambda rec: None)
+
+
+@pytest.mark.parametrize("compression", ["none", "topk"])
+def test_bf16_swarm_equals_the_bf16_reference(tmp_path: Path, compression: str) -> None:
+    man, swarm, records = _bf16_swarm(tmp_path, 1, compression=compression, compression_ratio=4.0)
 
     crossings = Crossings.uniform(2, 4.0) if compression == "topk" else None
     ref = train_centralized(man, ITERATIONS, crossings=crossings)
@@ -72,15 +77,7 @@ def test_a_bf16_stage_of_two_relays_all_reduces_in_bf16_and_its_copies_stay_iden
     bytes of float32: runtime/node/allreduce.py) and no node refuses a chunk of it; both copies of each stage end
     with the same bits; the first loss is the reference's (no step yet) and the later ones stay within 1 % of it
     (the reference does not round the relays' sums)."""
-    man = default_manifest(stages=2, seq_len=32, microbatch_size=2, microbatches_per_iteration=4)
-    man = dataclasses.replace(man, train=dataclasses.replace(man.train, precision="bf16-mixed", wire_dtype="bf16"))
-    man.validate(check_files=False)
-    run = tmp_path / "run.json"
-    save_manifest(man, run)
-    swarm = LocalSwarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=2, iterations=ITERATIONS)
-    swarm.startup_timeout_s = 120
-    swarm.iteration_timeout_s = 120
-    records = run_local(swarm, lambda rec: None)
+    man, swarm, records = _bf16_swarm(tmp_path, 2)
 
     assert [r["microbatches"] for r in records] == [4] * ITERATIONS
     want = train_centralized(man, ITERATIONS).losses
