@@ -11,8 +11,11 @@ successive-shortest-path min-cost flow:
 * OUT = cost for this node to get rid of a unit it holds: forward it, or hand
   one back upstream (the paper's DENY).
 
-Labels carry the residual path behind them (side-tagged ids `id+` / `id-`); a
-node ignores a neighbour's label whose path already contains it, so the
+Labels carry the residual path behind them (side-tagged node tags `tag+` /
+`tag-`, `node_tag`: an id of up to 16 characters itself, a longer one, such as
+a 52-character libp2p peer id, an 11-character digest of it, so that a path of
+16 stages costs a few hundred bytes on the wire, not two kilobytes); a node
+ignores a neighbour's label whose path already contains it, so the
 distance-vector announcements cannot loop or count to infinity.  Ties keep the
 current choice (`pick`), so equal-cost routes cannot flap and the route a unit
 follows is the one announced.
@@ -34,6 +37,8 @@ peer gone: `new_wave`, `drop_peer`, ...).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -47,6 +52,16 @@ if TYPE_CHECKING:
     from .node import FlowNode
 
 _IN, _OUT = Side.IN, Side.OUT  # a module global is read faster than an enum member (hot paths)
+SHORT_ID = 16  # ids up to this long are their own tag (module doc)
+
+
+def node_tag(node_id: str) -> str:
+    """The tag of `node_id` in a residual path: itself when short, else 11 characters of its blake2b digest
+    (64 bits: a collision between two nodes of one swarm is out of reach)."""
+    if len(node_id) <= SHORT_ID:
+        return node_id
+    digest = hashlib.blake2b(node_id.encode(), digest_size=8).digest()
+    return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 
 @dataclass
@@ -68,7 +83,8 @@ class LabelState:
     @classmethod
     def of(cls, cfg: FlowConfig) -> LabelState:
         cms = cfg.commodities
-        return cls(cfg.node_id + "+", cfg.node_id + "-", {d: {} for d in cms}, {d: {} for d in cms},
+        tag = node_tag(cfg.node_id)
+        return cls(tag + "+", tag + "-", {d: {} for d in cms}, {d: {} for d in cms},
                    {d: 0 for d in cms})
 
 
