@@ -17,6 +17,7 @@ stages instance.
 
     python scripts/bench_flow.py                 # settings 1-6 x 10 seeds
     python scripts/bench_flow.py --settings 1 5 --seeds 3
+    python scripts/bench_flow.py --settings 5 6 --seeds 20 --first-seed 100   # held-out seeds
 """
 
 from __future__ import annotations
@@ -66,7 +67,10 @@ def bench_one(scenario, seed: int, rounds: int, moves: str = "default") -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--settings", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6])
-    ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--seeds", type=int, default=10,
+                    help="instances per setting: seeds first-seed ... first-seed + seeds - 1")
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="the first seed (held-out seeds for settings 5-6: 100, docs/bench_flow.md)")
     ap.add_argument("--rounds", type=int, default=120)
     ap.add_argument("--moves", choices=sorted(MOVES), default="default",
                     help="Request Change/Redirect: FlowConfig's default (on with several data nodes), off, greedy "
@@ -80,7 +84,7 @@ def main(argv=None) -> int:
     rows = []
     per_setting: dict[int, list[dict]] = {}
     for setting in args.settings:
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             r = bench_one(load_flow_setting(setting, seed), seed, args.rounds, moves)
             r.update(setting=setting, seed=seed)
             per_setting.setdefault(setting, []).append(r)
