@@ -72,9 +72,31 @@ async def test_a_silent_peer_is_presumed_dead_after_the_floor() -> None:
     peers.heard("D0", 0.0)
     for t in range(1, 7):
         lv.check(float(t))
-    assert dead == [] and lv.wire.pings.count("D0") == 6
+    assert dead == [] and lv.wire.pings.count("D0") == 5  # from 2 s of silence on: a third of its 6-s deadline
     lv.check(7.0)
     assert dead == ["D0"] and "D0" in lv.crashed
+
+
+@pytest.mark.trio
+async def test_a_peer_is_pinged_after_a_third_of_its_deadline_and_a_heard_one_not_at_all() -> None:
+    lv, peers, dead, work = _relay_with_a_data_node()
+    peers.heard("D0", 0.0)
+    lv.check(1.0)
+    lv.check(1.9)
+    assert lv.wire.pings == []  # heard 1.9 s ago: less than a third of 6 s
+    lv.check(2.0)
+    assert lv.wire.pings == ["D0"]
+    for t in (3.0, 4.0, 5.0):  # it answers each time: heard again, never pinged
+        peers.heard("D0", t - 0.5)
+        lv.check(t)
+    assert lv.wire.pings == ["D0"] and dead == []
+    work["s"] = 10.0  # a node whose work takes 10 s: its peers' deadline is 20 s, pinged after 6.7 s of silence
+    peers.heard("D0", 10.0)
+    for t in range(11, 17):
+        lv.check(float(t))
+    assert lv.wire.pings == ["D0"]
+    lv.check(17.0)
+    assert lv.wire.pings == ["D0", "D0"] and dead == []
 
 
 @pytest.mark.trio

@@ -412,8 +412,8 @@ def test_a_gone_report_during_the_forward_pass_is_acted_on_at_the_sink(act_on_go
 
 
 def test_daemon_detect_s_is_the_daemons_liveness_check() -> None:
-    """DAEMON_DETECT_S models the daemon's liveness check: a peer silent for DEAD_AFTER_S is dead, pings every
-    PING_EVERY_S, so a crash is known DEAD_AFTER_S to DEAD_AFTER_S + PING_EVERY_S after it."""
+    """DAEMON_DETECT_S models the daemon's liveness check: a peer silent for DEAD_AFTER_S is dead, the check runs
+    every PING_EVERY_S, so a crash is known DEAD_AFTER_S to DEAD_AFTER_S + PING_EVERY_S after it."""
     from gwtf_node.runtime.node import liveness
     assert T.DAEMON_DETECT_S == liveness.DEAD_AFTER_S + liveness.PING_EVERY_S
 

@@ -1,9 +1,15 @@
 """Liveness: who is alive is decided by our own messages, never by the DHT.
 
-Every node pings the peers it works with (its stage, the stages before and
-after, the data nodes) every `PING_EVERY_S` and presumes dead a peer it heard
-nothing from for longer than that peer's deadline (any frame counts, see
-`Peers.heard`).  A dead peer is handed to `on_dead`, which forgets it everywhere (routing, flow
+Every `PING_EVERY_S` a node looks at the peers it works with (its stage, the
+stages before and after, the data nodes): it pings a peer silent for a third
+of that peer's deadline (`PING_AFTER`: at least `PING_EVERY_S`; 2 s at the
+floor), and presumes dead a peer it heard nothing from for longer than the
+deadline (any frame counts, see `Peers.heard`).  A peer that sends anything
+(its microbatches, its own Ping) is not pinged, and the Ping of one side of a
+quiet pair is heard by the other, so a quiet pair exchanges one Ping and its
+Pong per third of a deadline: the frames a node spends on liveness grow with
+the peers it works with, and they are what a swarm of many daemons on few
+cores pays most for between its microbatches.  A dead peer is handed to `on_dead`, which forgets it everywhere (routing, flow
 machine, aggregation groups, recovery machine, all-reduce in flight).  The
 simulator models this check with the same two constants (`sim/train/setting.py`,
 DAEMON_DETECT_S).
@@ -62,7 +68,8 @@ from ..net.wire import Wire, now
 
 log = logging.getLogger("gwtf.node")
 
-PING_EVERY_S = 1.0
+PING_EVERY_S = 1.0  # the check's period
+PING_AFTER = 1.0 / 3.0  # a peer silent for this fraction of its deadline is pinged (module doc)
 DEAD_AFTER_S = 6.0  # the deadline's floor (module doc)
 BUSY_FACTOR = 2.0  # ... and its factor over the longest work measured
 MAX_DEADLINE_S = 600.0  # ... and its ceiling (a peer cannot buy itself a longer one by what it tells)
@@ -130,7 +137,7 @@ class Liveness:
             deadline = self.deadline_s(pid)
             if min(silent, t - self.resumed_at) > deadline:
                 self._presume_dead(pid, silent, deadline)
-            elif silent >= PING_EVERY_S:
+            elif silent >= max(PING_EVERY_S, PING_AFTER * deadline):
                 self.wire.post(pid, m.Ping(random.getrandbits(63)))
 
     def _presume_dead(self, peer: str, silent_s: float, deadline_s: float = DEAD_AFTER_S) -> None:

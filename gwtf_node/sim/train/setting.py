@@ -45,7 +45,7 @@ OPTIMIZER_STEP_S = 0.1
 ALLREDUCE_TIMEOUT_S = 120.0  # the daemon's (runtime/node/aggregation.py): a round waits this long for a named member
 REJOIN_S = 60.0
 # membership: every node learns of a crash this long after it: the daemon's own liveness check (runtime/node/liveness.py:
-# pings every PING_EVERY_S = 1 s, dead after DEAD_AFTER_S = 6 s of silence; a test keeps them equal).  60 s
+# a check every PING_EVERY_S = 1 s, dead after DEAD_AFTER_S = 6 s of silence; a test keeps them equal).  60 s
 # (heartbeats / DHT entries expiring) is a bench row.
 DAEMON_DETECT_S = 7.0
 DETECT_S = DAEMON_DETECT_S
