@@ -54,12 +54,14 @@ contributions lost inside a crashed relay and a data node that dies
 (node.py).
 """
 
+from .data import DataRecord
 from .node import RecoveryNode
 from .records import (
     EWMA_ALPHA, K_DEADLINE, K_E2E, MARGIN_S, MAX_ROUNDS, MB_MESSAGES, POLICIES, TIMERS, Compute, ComputeKind,
-    DataRecord, IterationSettled, Key, MbTimer, Policy, RecoveryConfig, RecoveryEffect, RecoveryStats, RelayPhase,
-    RelayRecord, Sink, Source, TimerKind,
+    IterationSettled, Key, MbTimer, Policy, RecoveryConfig, RecoveryEffect, RecoveryStats, RelayPhase, Sink, Source,
+    TimerKind,
 )
+from .relay import RelayRecord
 
 __all__ = ["EWMA_ALPHA", "K_DEADLINE", "K_E2E", "MARGIN_S", "MAX_ROUNDS", "MB_MESSAGES", "POLICIES", "TIMERS",
            "Compute", "ComputeKind", "DataRecord", "IterationSettled", "Key", "MbTimer", "Policy", "RecoveryConfig",
