@@ -1,6 +1,12 @@
 """A data node's microbatches: launching along its units (own, lent, fastest first), the sink, parking and
 deferring (relay.py, "Forward pass"), settling the iteration.
 
+`DataSide` owns a data node's records (`DataRecord`, written only here, but
+for each record's `RoundState`, which is rounds.py's) and its iterations
+(the ledger, what waits, what is carried over, the round-trip estimates).
+Its recovery rounds (rounds.py) change a record by asking it: `reroute`,
+`resend_loss_grad`, `restart`, `give_up`.
+
 Lending (GWTF, `cfg.lend`; the simulator turns it on with the flow machines)
 ----------------------------------------------------------------------------
 The flow machines place each data node's units first come, first served (on
@@ -17,7 +23,7 @@ answer `MbDeny` to one of them, which then tries elsewhere or parks).  And a
 relay with no free unit of a microbatch's data node uses a free unit of
 another data node's flows before repairing locally (greedy), so the borrowed
 microbatch follows the idle flow's path.  Lent units end with the iteration
-(`_open` starts from the flows again).  Off by default; the daemon and the
+(`open` starts from the flows again).  Off by default; the daemon and the
 simulator turn it on for GWTF.
 
 Fastest unit first (GWTF, `cfg.fastest_unit`; on in the simulator and the daemon)
@@ -201,7 +207,7 @@ class DataSide:
         if j is None:
             if m.sink is None:
                 self._put_back(node, now, m, eff)
-            elif node.routing.live_next(node):  # every live stage-0 relay is full: retried when a slot frees (`_launch`)
+            elif node.routing.live_next(node):  # every live stage-0 relay is full: retried when a slot frees (`launch`)
                 m.src, m.next, m.parked = Source.SENT, None, True
             else:  # no stage-0 relay to recover through; the next round (or giving up) decides
                 m.src, m.rest = Source.SENT, ()
@@ -264,7 +270,7 @@ class DataSide:
         cancel_timers(key, eff)
         if not node.cfg.one_wave and any(
                 mm.key.iteration == key.iteration and not mm.parked for mm in self.records.values() if mm is not m):
-            # slots will free: park with my embedding output (no recompute), retried by `_launch`;
+            # slots will free: park with my embedding output (no recompute), retried by `launch`;
             # a new attempt, as the released holders' records are void
             m.attempt += 1
             m.src, m.next, m.rest, m.tried, m.parked = Source.PARKED, None, (), set(), True
@@ -293,7 +299,8 @@ class DataSide:
         self.ledger.mark(key.iteration, key.seq, MbStatus.DEFERRED)
         self.carry.append(key.seq)
 
-    def compute_done(self, node: RecoveryNode, now: float, m: DataRecord, kind: ComputeKind, eff: list[RecoveryEffect]) -> None:
+    def compute_done(self, node: RecoveryNode, now: float, m: DataRecord, kind: ComputeKind,
+                     eff: list[RecoveryEffect]) -> None:
         key = m.key
         if kind is ComputeKind.FORWARD and m.src is Source.EMB:
             j = m.next

@@ -3,7 +3,12 @@ heard, a peer gone.
 
 `Peers` is this node's view of them (links, capacities, hand-off estimates,
 who is dead, gone or full, whom it denied, and the flows); only this module
-changes it, the other mechanisms through its methods.
+changes it, the other mechanisms through its methods.  The driver's events
+(`set_flows`, `set_neighbours`, `peer_alive`, `peer_gone`, `peer_back`) are
+the functions below, which `RecoveryNode` forwards: each changes `Peers`
+and asks the side this node is to act (a data node launches, a relay
+retries what it parked and offers `Room`, drops a dead data node's
+microbatches).
 """
 
 from __future__ import annotations

@@ -1,14 +1,26 @@
-"""The recovery machine: `RecoveryNode`, its state and its entry points (events in, effects out).
+"""The recovery machine: `RecoveryNode`, its entry points (events in, effects out) and what composes it.
 
-The mechanisms live in the mixins it is made of, one file each: `routing.py`,
-`relay.py`, `data.py`, `rounds.py`, `neighbours.py` (see the package docstring).
-Which handler takes which event is data, one table per side, each beside its
-handlers: by message type `NODE_HANDLERS` (here: the messages of no
-microbatch), `relay.RELAY_ANY_ATTEMPT`, `relay.RELAY_STALE`,
-`relay.RELAY_HANDLERS` and `data.DATA_HANDLERS`; by timer kind
-`relay.RELAY_TIMERS` and `rounds.DATA_TIMERS`.  A type or kind a table does not
-name is ignored by that side.
-The aggregation phase meets the machine at the entry points here:
+Theory of operation.  `RecoveryNode` inherits from nothing: it composes one
+object per mechanism, each the only writer of its state, and keeps the
+node's own fields (`cfg`, whose data nodes change as they come and go, the
+policy, the counters `stats`, changed through `RecoveryStats.bump`):
+`peers: Peers` (neighbours.py, which also holds the driver's neighbour
+events forwarded here), `routing: Routing` (routing.py: next hops and
+deadlines; `routing_class` names its class, which a policy of its own
+replaces), `relay: RelaySide` (relay.py: a relay's records and the
+contributions it holds), `data: DataSide` (data.py: a data node's records,
+ledger and iterations) and `rounds: Rounds` (rounds.py: a data node's
+recovery rounds, whose state is each record's `RoundState`).  A mechanism's
+method gets the node as its first argument: it reads the others' state
+through it and asks them for a change by calling their methods, never by
+writing their fields (`tests/protocol/test_state_owners.py` checks it).
+`mbs` is the records of the side this node is; the properties name the
+others' objects for the drivers and the tests.  Which handler takes which
+event is data, one table per side beside its handlers: by message type
+`relay.RELAY_ANY_ATTEMPT`, `relay.RELAY_STALE`, `relay.RELAY_HANDLERS`,
+`data.DATA_HANDLERS` (`Room` and `Lend`, of no microbatch, are taken here);
+by timer kind `relay.RELAY_TIMERS`, `data.DATA_TIMERS`,
+`rounds.ROUND_TIMERS`.  A type or kind a table does not name is ignored.
 
 Aggregation (V-E)
 -----------------
@@ -37,7 +49,7 @@ contributions (SWARM's restarted attempts, duplicate branches), so a
 microbatch contributes at most once per stage among the nodes the data node
 knows of.
 
-A data node that dies (`peer_gone`, `_data_node_gone`) takes its
+A data node that dies (`peer_gone`, `RelaySide.data_node_gone`) takes its
 microbatches with it: relays drop them, and its contributions count only if
 the leader had its report, i.e. only if the BEGIN of their iteration names
 them (`orphaned`: a relay may hear of the death before or after the BEGIN
@@ -55,7 +67,9 @@ from ..messages import Lend, MbDeny, Room
 from . import neighbours
 from .data import DATA_TIMERS, DataRecord, DataSide
 from .neighbours import Peers
-from .records import MB_MESSAGES, POLICIES, ComputeKind, Key, MbTimer, Policy, RecoveryConfig, RecoveryEffect, RecoveryStats
+from .records import (
+    MB_MESSAGES, POLICIES, ComputeKind, Key, MbTimer, Policy, RecoveryConfig, RecoveryEffect, RecoveryStats,
+)
 from .relay import RELAY_TIMERS, RelayRecord, RelaySide
 from .rounds import ROUND_TIMERS, Rounds
 from .routing import Routing

@@ -1,6 +1,10 @@
 """A relay's side: taking a microbatch, handing it on along the flows or a recovery chain, answering probes and
 repair orders (below, and rounds.py, "Backward pass, GWTF": what a relay executes there).
 
+`RelaySide` owns a relay's records (`RelayRecord`, written only here) and
+the contributions it holds for the aggregation (node.py); it reads the
+neighbours and asks `node.routing` for next hops and deadlines.
+
 Forward pass (both policies; V-D "as in SWARM")
 -----------------------------------------------
 A node that computed a stage sends `Complete` to the node it got the input
@@ -25,7 +29,7 @@ retry failing, it sends `MbDeny` upstream and drops it (or, executing a
 repair order, reports `BackwardStuck`); recursively up to the data node,
 which parks it with its embedding output (a new attempt, the holders
 released, no recompute) while others are in flight and retries on every
-slot-freeing event (`_launch`), or defers it.  A data node whose recovery
+slot-freeing event (`DataSide.launch`), or defers it.  A data node whose recovery
 finds every live stage-0 relay full parks it the same way.
 Capacity counts microbatches whose activations
 a node holds (taken until its backward is computed); the gradient a node
@@ -191,7 +195,8 @@ class RelaySide:
     def _stale_resume(self, node: RecoveryNode, sender: str, key: Key, msg: Resume, eff: list[RecoveryEffect]) -> None:
         eff.append(Send(sender, MbDeny(*key, msg.attempt)))  # I hold nothing to resume from
 
-    def _stale_repair(self, node: RecoveryNode, sender: str, key: Key, msg: RepairOrder, eff: list[RecoveryEffect]) -> None:
+    def _stale_repair(self, node: RecoveryNode, sender: str, key: Key, msg: RepairOrder,
+                      eff: list[RecoveryEffect]) -> None:
         self.report(node, key, msg.attempt, RelayPhase.NONE, eff)
 
     def _on_complete(self, node: RecoveryNode, now: float, sender: str, key: Key, msg: Complete, r: RelayRecord,
@@ -292,7 +297,8 @@ class RelaySide:
         self.report(node, key, a, RelayPhase.REC if recover else RelayPhase.FWD, eff)
         eff.append(Compute(ComputeKind.RECOMPUTE if recover else ComputeKind.FORWARD, key))
 
-    def compute_done(self, node: RecoveryNode, now: float, r: RelayRecord, kind: ComputeKind, eff: list[RecoveryEffect]) -> None:
+    def compute_done(self, node: RecoveryNode, now: float, r: RelayRecord, kind: ComputeKind,
+                     eff: list[RecoveryEffect]) -> None:
         key = r.key
         if r.phase is RelayPhase.FWD and kind in (ComputeKind.FORWARD, ComputeKind.RECOMPUTE):
             eff.append(Send(r.prev, Complete(*key, r.attempt)))
@@ -340,7 +346,8 @@ class RelaySide:
                 if r.ordered:
                     self.report(node, key, a, RelayPhase.SENT, eff)
                 peers = node.routing.live_next(node) or list(node.peers.next_peers)
-                wait = max((node.peers.est.get(j, node.cfg.default_prior_s) for j in peers), default=node.cfg.default_prior_s)
+                prior = node.cfg.default_prior_s
+                wait = max((node.peers.est.get(j, prior) for j in peers), default=prior)
                 eff.append(SetTimer(MbTimer(TimerKind.FW, key), now + node.cfg.k * wait + node.cfg.margin_s))
                 return
             if r.ordered:
@@ -385,7 +392,7 @@ RELAY_HANDLERS = {
     Resume: RelaySide._on_resume,
     RepairOrder: RelaySide._on_repair,
 }
-# A relay's timers (the data node's: rounds.DATA_TIMERS).
+# A relay's timers (the data node's: data.DATA_TIMERS and rounds.ROUND_TIMERS).
 RELAY_TIMERS = {
     TimerKind.FW: RelaySide._fw_timer,
     TimerKind.BK: RelaySide._bk_timer,

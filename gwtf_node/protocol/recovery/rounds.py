@@ -1,6 +1,10 @@
 """A data node's recovery decisions: its watchdog, GWTF's probe rounds and `_decide`, SWARM's restarts, giving an
 attempt up.
 
+`Rounds` decides; it changes only each record's `RoundState` (rounds so far,
+probes out, answers) and asks the data side for the rest (`DataSide.reroute`,
+`resend_loss_grad`, `restart`, `give_up`).
+
 Backward pass, GWTF (V-D)
 -------------------------
 The sink computes the loss and sends `Backward` to the last relay; each
