@@ -73,7 +73,8 @@ Figures per setting:
 
     sudo python scripts/bench_scale.py [--hidden H --layers L | --preset NAME] [--iterations N] [--json]
 
-`--json` prints one object per setting (the Markdown table on stderr).
+`--json` prints one object per setting (the Markdown table on stderr); `--reestimate FILE` runs nothing and
+prints the table of a saved `--json` output (the same flags) with this build's memory estimates.
 Every iteration must complete all its microbatches, else the script says so
 and exits 1.  The lab (namespaces, processes) is taken down on every exit
 path, Ctrl-C and SIGTERM included.
@@ -179,6 +180,24 @@ import resource, torch, gwtf_node.cli, gwtf_node.runtime.node.node, gwtf_node.mo
 from transformers import GPT2LMHeadModel, LlamaForCausalLM
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 """
+
+
+def capacities(names: list[str], args: argparse.Namespace) -> dict[str, int]:
+    """The launcher's default capacities: the data node carries the iteration, the relays share it."""
+    relay = -(-args.microbatches // args.relays_per_stage)
+    return {n: args.microbatches if n.startswith("d") else relay for n in names}
+
+
+def reestimate(path: Path, args: argparse.Namespace) -> list[dict]:
+    """The results saved in `path` (--json's lines, measured with the same flags), their memory estimates made
+    again by this build's model/memory.py; the measured peaks do not depend on it."""
+    results = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for r in results:
+        names = list(r["peak_memory_mb"])
+        est = memory_estimates(manifest_for(r["setting"], args), names, capacities(names, args))
+        r["estimated_memory_mb"] = {n: e["part_mb"] for n, e in est.items()}
+        r["estimated_total_mb"] = {n: e["total_mb"] for n, e in est.items()}
+    return results
 
 
 def baseline_rss_mb() -> float:
@@ -354,9 +373,7 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
     iter_bound_s = (args.microbatches / bound["microbatches_per_s"] if bound["microbatches_per_s"] else math.inf) \
         + reduce_s + step_s
     peak = {n: round(last[n]["resources"]["peak_rss_mb"] - baseline, 1) for n in names}
-    relay_capacity = -(-args.microbatches // args.relays_per_stage)  # the launcher's default: the demand spread
-    est = memory_estimates(man, names, {n: args.microbatches if n.startswith("d") else relay_capacity
-                                        for n in names})
+    est = memory_estimates(man, names, capacities(names, args))
     return {
         "setting": setting, **SETTINGS[setting], "params": params, "stage_params": stage_params,
         "tokens_per_s": round(tps, 2), "bound_tokens_per_s": round(bound_tps, 2),
@@ -460,6 +477,9 @@ def main() -> int:
     p.add_argument("--iteration-timeout", type=float, default=600.0)
     p.add_argument("--workdir", default=None)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--reestimate", metavar="FILE", default=None,
+                   help="run nothing: print the table of a saved --json output (same flags) with the memory "
+                        "estimates of this build")
     args = p.parse_args()
     from gwtf_node.testing.netlab import lab_unavailable
 
@@ -481,6 +501,14 @@ def main() -> int:
         print("bench_scale: --iterations must be at least 2 (iteration 0 is left out of the rates)", file=sys.stderr)
         return 2
     args.cores = args.cores or float(len(os.sched_getaffinity(0)))
+    if args.reestimate:
+        try:
+            print(table(reestimate(Path(args.reestimate), args), args))
+        except (OSError, ValueError, KeyError) as e:
+            print(f"bench_scale: --reestimate {args.reestimate}: not a saved --json output of this script ({e})",
+                  file=sys.stderr)
+            return 2
+        return 0
     why = lab_unavailable()
     if why is not None:
         print(f"bench_scale: the network lab cannot be made here: {why}", file=sys.stderr)

@@ -18,12 +18,12 @@ weights in float32 whatever the precision:
   AdamW), taken after a step and held while its file is written during the
   next iteration's microbatches, until that iteration's all-reduce
   (runtime/node/checkpointer.py); measured with tests/support/memprobe.py;
-* optimizer state: AdamW's two moments (8 P), SGD's momentum buffer (4 P
-  when momentum > 0, else nothing);
-* held gradients: each microbatch carried in the iteration keeps its
-  parameter gradients apart until the step counts it (4 P per microbatch,
+* optimizer state: AdamW's two moments (8 P), SGD's momentum (4 P or 0);
+* held gradients: from its backward to the step, each microbatch carried
+  in the iteration keeps its parameter gradients apart (4 P per microbatch,
   `StageModel.backward(hold=True)`: crash recovery may give an attempt up
-  after its backward ran); the largest term of a 100M+ model's relay;
+  after its backward ran); the backward frees its activations as it makes
+  them, so a microbatch holds one or the other (`per_unit`);
 * activations: every in-flight microbatch keeps the autograd graph of one
   stage forward (`StageModel.forward` stashes it until the backward).  Per
   layer and per token, the tensors autograd saves are linear in the shapes:
@@ -46,17 +46,17 @@ weights in float32 whatever the precision:
   input ids.  One microbatch's backward adds a layer's worth of activation
   gradients besides the gradients it holds; the data part's head computes
   logits, their log-softmax and their gradient (3 x B T V floats) at once.
-* a fixed overhead per process (`OVERHEAD_BYTES`): the resident memory of a
-  process that imported torch, transformers and the node's runtime, measured
-  on the CPU (the device's free memory is read after its context exists).
+* a fixed overhead per process (`OVERHEAD_BYTES`): torch, transformers and
+  the runtime imported (the device's free memory is read after its context).
 
-`estimate(manifest, role, stage, capacity)` adds these up; the peak is the
-resident state plus `capacity` microbatches held plus the larger of the
-checkpoint held and the aggregation.  `fits` compares it with the free memory of the device
-(`torch.cuda.mem_get_info` on CUDA, MemAvailable of /proc/meminfo on the
-CPU) and `capacity_that_fits` is the largest capacity, at most the cap,
-whose estimate fits.  A test measures the peak of a real part (RSS growth
-of a subprocess) against the estimate.
+`estimate(manifest, role, stage, capacity)` adds these up: the resident
+state plus the larger of the aggregation and the microbatches (`capacity`,
+what the node carries in an iteration, each holding `per_unit`) with the
+checkpoint held (and the data part's head).  `fits` compares it with the
+free memory of the device (`torch.cuda.mem_get_info` on CUDA, MemAvailable
+of /proc/meminfo on the CPU); `capacity_that_fits` is the largest capacity,
+at most the cap, whose estimate fits.  Tests measure the peak of a real part
+(RSS growth, or `torch.cuda.max_memory_allocated`) against the estimate.
 """
 
 from __future__ import annotations
@@ -81,21 +81,25 @@ class MemoryEstimate:
     params: int  # bytes of the float32 master weights
     gradients: int  # the float32 accumulators
     optimizer: int  # AdamW moments / SGD momentum
-    per_microbatch: int  # activations kept per in-flight microbatch
-    capacity: int  # in-flight microbatches
-    transient: int  # the larger of one backward and one step
+    per_microbatch: int  # what one microbatch keeps from its forward to its backward (activations)
+    held: int  # what one microbatch keeps from its backward to the step (its parameter gradients)
+    capacity: int  # microbatches the node carries in an iteration
+    transient: int  # beside the microbatches: the checkpoint's state held, the data part's head
+    aggregation: int  # the aggregation's peak beyond the resident state (no microbatch held then)
     overhead: int = OVERHEAD_BYTES
 
     @property
-    def activations(self) -> int:
-        return self.per_microbatch * self.capacity
+    def per_unit(self) -> int:
+        """What one more unit of capacity adds: a microbatch keeps its activations or its gradients, not both."""
+        return max(self.per_microbatch, self.held)
 
     @property
     def part_bytes(self) -> int:
-        """The part's own peak, without the process overhead: its resident state, `capacity - 1` microbatches held
-        while the last one's backward runs (its saved tensors are freed as its gradients are made), or a step."""
-        held = self.per_microbatch * max(0, self.capacity - 1)
-        return self.params + self.gradients + self.optimizer + held + max(self.per_microbatch, 0) + self.transient
+        """The part's own peak, without the process overhead: its resident state plus the larger of the
+        iteration's microbatches (`capacity - 1` of them each holding its activations or its gradients while the
+        last one's backward turns the one into the other) with the transient, and the aggregation."""
+        microbatches = self.per_unit * max(0, self.capacity - 1) + self.per_microbatch + self.held
+        return self.params + self.gradients + self.optimizer + max(microbatches + self.transient, self.aggregation)
 
     @property
     def total(self) -> int:
@@ -103,9 +107,10 @@ class MemoryEstimate:
 
     def describe(self) -> str:
         return (f"{self.part} needs {self.total / MIB:,.0f} MiB: parameters {self.params / MIB:,.0f}, gradients "
-                f"{self.gradients / MIB:,.0f}, optimizer {self.optimizer / MIB:,.0f}, activations "
-                f"{self.capacity} x {self.per_microbatch / MIB:,.1f}, backward/step {self.transient / MIB:,.0f}, "
-                f"process {self.overhead / MIB:,.0f}")
+                f"{self.gradients / MIB:,.0f}, optimizer {self.optimizer / MIB:,.0f}, microbatches "
+                f"{self.capacity} x {self.per_unit / MIB:,.1f} (activations {self.per_microbatch / MIB:,.1f} or "
+                f"held gradients {self.held / MIB:,.1f}), checkpoint/head {self.transient / MIB:,.0f}, aggregation "
+                f"{self.aggregation / MIB:,.0f}, process {self.overhead / MIB:,.0f}")
 
 
 def _shapes(family: str, config: dict) -> dict[str, int]:
@@ -178,30 +183,29 @@ def estimate(manifest: "RunManifest", role: str, stage: int | None, capacity: in
     hidden = 4 * tokens * s["H"]  # one [B, T, H] float32 tensor
     if role == "data":
         n = counts.data
-        # the embedding output and the input ids; the head's parameter gradients, held apart until the step
-        per_mb = hidden + 8 * tokens + 4 * n
+        per_mb = hidden + 8 * tokens  # the embedding output and the input ids
         logits = 4 * tokens * manifest.dims.vocab
         head = 3 * logits + 2 * hidden
         if precision == "bf16-mixed":
             head += logits // 2 + 2 * n  # bfloat16 logits and weight copy before the float32 loss
-        transient = max(head + checkpoint_bytes(manifest, n, device),
-                        aggregation_bytes(manifest, n, counts.data_largest, device) - per_mb)
+        transient = head + checkpoint_bytes(manifest, n, device)
+        aggregation = aggregation_bytes(manifest, n, counts.data_largest, device)
         name = "data"
     else:
         start, end = manifest.stages[stage]
         n = counts.stage(start, end)
         layers = end - start
         per_layer = tokens * layer_bytes_per_token(fam, cfg, precision)
-        # the saved tensors and the stage output; the parameter gradients, held apart until the step
-        per_mb = layers * per_layer + hidden + 4 * n
+        per_mb = layers * per_layer + hidden  # the saved tensors and the stage output
         if precision == "bf16-mixed":
             per_mb += 2 * n  # autocast's bfloat16 weights, saved by every forward's graph
-        # the checkpoint held while the microbatches run, or the aggregation
-        transient = max(checkpoint_bytes(manifest, n, device),
-                        aggregation_bytes(manifest, n, counts.layer_largest, device) - per_mb)
+        transient = checkpoint_bytes(manifest, n, device)
+        aggregation = aggregation_bytes(manifest, n, counts.layer_largest, device)
         name = f"stage{stage}"
+    # the parameter gradients each microbatch holds apart from its backward to the step
     return MemoryEstimate(name, params=4 * n, gradients=4 * n, optimizer=optimizer_bytes(manifest, n),
-                          per_microbatch=per_mb, capacity=capacity, transient=transient)
+                          per_microbatch=per_mb, held=4 * n, capacity=capacity, transient=transient,
+                          aggregation=aggregation)
 
 
 def free_bytes(device: str) -> int:
@@ -227,7 +231,7 @@ def capacity_that_fits(manifest: "RunManifest", role: str, stage: int | None, fr
     one = estimate(manifest, role, stage, 1, counts, device)
     if one.total > free:
         return 0
-    return max(1, min(cap, 1 + (free - one.total) // max(1, one.per_microbatch)))
+    return max(1, min(cap, 1 + (free - one.total) // max(1, one.per_unit)))
 
 
 def fit_error(manifest: "RunManifest", role: str, stage: int | None, capacity: int, device: str, free: int,
