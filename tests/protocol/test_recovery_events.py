@@ -49,7 +49,7 @@ def test_peer_alive_undoes_a_presumption_not_a_membership_report() -> None:
     m.set_flows({"d": {"a": 2}})
     eff = m.start(0.0)
     assert len([e for e in eff if type(e) is Compute]) == 2
-    m._presume_dead("a")  # a hop deadline presumed it dead
+    m.routing.presume_dead(m, "a")  # a hop deadline presumed it dead
     assert "a" in m.dead
     m.peer_alive(1.0, "a")
     assert "a" not in m.dead

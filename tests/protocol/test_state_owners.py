@@ -1,10 +1,16 @@
-"""State has one owner: a module of protocol/flow writes only the state objects it defines.
+"""State has one owner: a module of protocol/flow or protocol/recovery writes only the state objects it defines.
 
 The flow machine (`FlowNode`) composes one state object per mechanism
 (`LabelState` in labels.py, `UnitState` in units.py, ...), and the module that
 defines a state class is the only one that mutates its objects; the others
 read them or call that module's functions and that class's methods.  The
 composite's own fields (`cfg`, `removed`, ...) are written only by node.py.
+The recovery machine (`RecoveryNode`) is checked the same way: its mechanisms
+(`Peers`, `Routing`, `RelaySide`, `DataSide`, `Rounds`) and their records
+(`RelayRecord` in relay.py, `DataRecord` in data.py, a record's `RoundState`
+in rounds.py) each have one writing module.  A composite field's owner is
+the class it is built from (`C(...)`, `C.of(...)`) or the state class its
+annotation names (`self.routing: Routing = ...`).
 
 The check is static (AST): in every function of the package it follows the
 objects a write can reach, i.e. the composite (`self` in its class, a
@@ -48,12 +54,10 @@ def _annotation_name(ann: ast.expr | None) -> str | None:
     return None
 
 
-def package_of(sources: dict[str, str], composite: str, shared: dict[str, tuple[str, ...]] | None = None) -> Package:
-    """Ownership in a package given as {module name: source}: the state classes and the composite's fields.
-    `shared`: classes written by more than one module (class -> those modules)."""
+def package_of(sources: dict[str, str], composite: str) -> Package:
+    """Ownership in a package given as {module name: source}: the state classes and the composite's fields."""
     trees = {m: ast.parse(s) for m, s in sources.items()}
     classes = {n.name: m for m, t in trees.items() for n in t.body if isinstance(n, ast.ClassDef)}
-    classes.update({c: "+".join(ms) for c, ms in (shared or {}).items()})
     fields: dict[str, str] = {}
     mixins: set[str] = set()
     for node in trees["node"].body:
@@ -62,9 +66,10 @@ def package_of(sources: dict[str, str], composite: str, shared: dict[str, tuple[
         mixins = {b.id for b in node.bases if isinstance(b, ast.Name) and b.id in classes}
         for f in ast.walk(node):
             targets = f.targets if isinstance(f, ast.Assign) else [f.target] if isinstance(f, ast.AnnAssign) else []
+            ann = _annotation_name(f.annotation) if isinstance(f, ast.AnnAssign) else None
             for t in targets:
                 if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
-                    fields.setdefault(t.attr, _constructed_by(f.value, classes) or "node")
+                    fields.setdefault(t.attr, classes.get(ann or "") or _constructed_by(f.value, classes) or "node")
     return Package(classes, fields, composite, frozenset(mixins))
 
 
@@ -165,7 +170,7 @@ class _Checker(ast.NodeVisitor):
             who = "node"  # a field of the composite itself (binding a state object to it is composing)
         else:
             who = self.owner(target)
-        if who is not None and self.module not in who.split("+"):
+        if who is not None and who != self.module:
             self.errors.append(f"{self.module}.py:{line}: {ast.unparse(target)} belongs to {who}.py")
 
     def visit_Assign(self, node: ast.Assign) -> None:
@@ -212,8 +217,8 @@ class _Checker(ast.NodeVisitor):
             self.written(ast.Subscript(node.args[0], ast.Constant(0)), node.lineno)
 
 
-def violations(sources: dict[str, str], composite: str, shared: dict[str, tuple[str, ...]] | None = None) -> list[str]:
-    pkg = package_of(sources, composite, shared)
+def violations(sources: dict[str, str], composite: str) -> list[str]:
+    pkg = package_of(sources, composite)
     out: list[str] = []
     for module, src in sorted(sources.items()):
         c = _Checker(pkg, module)
@@ -231,10 +236,34 @@ def test_flow_modules_write_only_their_own_state():
 
 
 def test_recovery_modules_write_only_their_own_state():
-    # A microbatch's record is written by the side that holds it: a relay's by relay.py, a data node's by
-    # data.py and its recovery rounds (rounds.py).
-    shared = {"RelayRecord": ("relay",), "DataRecord": ("data", "rounds")}
-    assert violations(sources("recovery"), "RecoveryNode", shared) == []
+    # (a microbatch's record is written by the side that holds it: a relay's by relay.py, a data node's by
+    # data.py, its rounds' part, `RoundState`, by rounds.py)
+    src = sources("recovery")
+    pkg = package_of(src, "RecoveryNode")
+    assert not pkg.mixins
+    assert {f: pkg.fields[f] for f in ("peers", "routing", "relay", "data", "rounds", "cfg")} == {
+        "peers": "neighbours", "routing": "routing", "relay": "relay", "data": "data", "rounds": "rounds",
+        "cfg": "node"}
+    assert {c: pkg.classes[c] for c in ("RelayRecord", "DataRecord", "RoundState")} == {
+        "RelayRecord": "relay", "DataRecord": "data", "RoundState": "rounds"}
+    assert violations(src, "RecoveryNode") == []
+
+
+def test_the_check_sees_writes_into_another_recovery_modules_state():
+    src = sources("recovery")
+    bad = {
+        "rounds": "def f(node: RecoveryNode, m: DataRecord):\n    m.rest = ()\n    node.data.waiting.pop(0)\n",
+        "data": "def f(node: RecoveryNode):\n    node.relay.contrib.clear()\n    node.cfg = None\n",
+        "neighbours": "def f(node: RecoveryNode):\n    for r in node.relay.records.values():\n        r.parked = True\n",
+        "relay": "def f(node: RecoveryNode, m: DataRecord):\n    rs = m.round\n    rs.count += 1\n"
+                 "    node.peers.dead.add('x')\n",
+        "routing": "def f(node: RecoveryNode):\n    node.data.records[None] = 1\n",
+    }
+    found = violations({**src, **{m: src[m] + "\n\n" + s for m, s in bad.items()}}, "RecoveryNode")
+    assert len(found) == 8, found
+    assert any("rounds.py" in e and "data.py" in e for e in found)
+    ok = "def g(node: RecoveryNode, m: DataRecord):\n    m.rest = ()\n    node.data.waiting.pop(0)\n"
+    assert violations({**src, "data": src["data"] + "\n\n" + ok}, "RecoveryNode") == []
 
 
 def test_the_check_sees_writes_into_another_modules_state():

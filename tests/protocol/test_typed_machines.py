@@ -47,7 +47,7 @@ def _check_recovery(node: RecoveryNode, eff: list, seen: dict) -> None:
         else:
             assert isinstance(r, DataRecord) and type(r.src) is Source, r
             assert r.sink is None or type(r.sink) is Sink, r
-            assert all(v is None or type(v) is RelayPhase for v in r.snapshot.values()), r
+            assert all(v is None or type(v) is RelayPhase for v in r.round.snapshot.values()), r
 
 
 def _check_phase(ph: Phases, eff: list, seen: dict) -> None:

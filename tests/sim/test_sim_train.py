@@ -328,7 +328,7 @@ def test_one_wave_defers_what_the_opening_launch_cannot_place_and_offers_it_firs
     assert m.ledger.counts(0)["deferred"] == 2 and m.carry == [1, 2]
     _walk(m, ("d0", 0, 0), "a", 0.0, 2.1)  # the unit frees: nothing more is launched in this iteration
     assert m.ledger.status(0, 0) is MbStatus.COMPLETED and not m.mbs
-    m._open(10.0, 1, [])
+    m.open_iteration(10.0, 1)
     assert sorted(m.ledger.entries[1]) == [1, 2, 3]  # the two deferred, topped up with one new one
 
 
@@ -533,8 +533,8 @@ def test_the_random_policy_draws_next_hops_where_swarm_takes_the_nearest() -> No
         m = RecoveryNode(RecoveryConfig(node_id="d0", stage=-1, last_stage=1, capacity=4, data_nodes=("d0",),
                                         next_peers={"a": 1.0, "b": 5.0, "c": 9.0}, prev_peers={"z": 1.0},
                                         policy=policy), random.Random(3))
-        picks[policy] = [m._greedy(set()) for _ in range(40)]
-        assert m._greedy({"a", "b", "c"}) is None
+        picks[policy] = [m.routing.greedy(m, set()) for _ in range(40)]
+        assert m.routing.greedy(m, {"a", "b", "c"}) is None
     assert set(picks["swarm"]) == {"a"}
     assert set(picks["random"]) == {"a", "b", "c"}
     rep = T.run_train("table2-homogeneous", "random", 0.0, 3, 0)

@@ -23,13 +23,13 @@ def _relay(next_cost: dict[str, float], caps: dict[str, int]) -> TaskPoolNode:
 
 def test_the_pool_gives_the_task_to_a_free_node_whatever_its_link() -> None:
     node = _relay({"near": 1.0, "far": 500.0}, {"near": 1, "far": 3})
-    assert node._choose_next("d0", set()) == "far"  # 3 free slots beat the cheap link with 1
+    assert node.routing.choose_next(node, "d0", set()) == "far"  # 3 free slots beat the cheap link with 1
     node.full.add("far")  # it refused (MbDeny): skipped until it offers Room
-    assert node._choose_next("d0", set()) == "near"
-    assert node._choose_next("d0", {"near"}) is None  # no free node: the task waits in the pool (parks)
+    assert node.routing.choose_next(node, "d0", set()) == "near"
+    assert node.routing.choose_next(node, "d0", {"near"}) is None  # no free node: the task waits in the pool (parks)
     node.dead.add("far")
     node.full.clear()
-    assert node._choose_next("d0", set()) == "near"
+    assert node.routing.choose_next(node, "d0", set()) == "near"
 
 
 def test_the_task_pool_trains_every_microbatch_without_churn() -> None:

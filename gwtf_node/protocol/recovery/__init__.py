@@ -45,21 +45,25 @@ and answer.  Three rules make that safe:
 
 Where each mechanism is described
 ---------------------------------
-The machine is `RecoveryNode` (node.py), made of one mixin per mechanism, and
-each module's docstring tells its part: the forward pass, hand-off deadlines,
-denials and parking (relay.py); the backward pass and its recovery rounds,
-GWTF's and SWARM's, and their bound (rounds.py); lending, the fastest unit
-first and the one-wave iteration (data.py); the aggregation phase, the
-contributions lost inside a crashed relay and a data node that dies
-(node.py).
+The machine is `RecoveryNode` (node.py), which composes one object per
+mechanism, each the only writer of its state (node.py tells how), and each
+module's docstring tells its part: next hops and deadlines (routing.py);
+the neighbours and the driver's news of them (neighbours.py); the forward
+pass, hand-off deadlines, denials and parking (relay.py); the backward pass
+and its recovery rounds, GWTF's and SWARM's, and their bound (rounds.py);
+lending, the fastest unit first and the one-wave iteration (data.py); the
+aggregation phase, the contributions lost inside a crashed relay and a data
+node that dies (node.py).
 """
 
+from .data import DataRecord
 from .node import RecoveryNode
 from .records import (
     EWMA_ALPHA, K_DEADLINE, K_E2E, MARGIN_S, MAX_ROUNDS, MB_MESSAGES, POLICIES, TIMERS, Compute, ComputeKind,
-    DataRecord, IterationSettled, Key, MbTimer, Policy, RecoveryConfig, RecoveryEffect, RecoveryStats, RelayPhase,
-    RelayRecord, Sink, Source, TimerKind,
+    IterationSettled, Key, MbTimer, Policy, RecoveryConfig, RecoveryEffect, RecoveryStats, RelayPhase, Sink, Source,
+    TimerKind,
 )
+from .relay import RelayRecord
 
 __all__ = ["EWMA_ALPHA", "K_DEADLINE", "K_E2E", "MARGIN_S", "MAX_ROUNDS", "MB_MESSAGES", "POLICIES", "TIMERS",
            "Compute", "ComputeKind", "DataRecord", "IterationSettled", "Key", "MbTimer", "Policy", "RecoveryConfig",

@@ -3,15 +3,23 @@ heard, a peer gone.
 
 `Peers` is this node's view of them (links, capacities, hand-off estimates,
 who is dead, gone or full, whom it denied, and the flows); only this module
-changes it, the other mechanisms through its methods.
+changes it, the other mechanisms through its methods.  The driver's events
+(`set_flows`, `set_neighbours`, `peer_alive`, `peer_gone`, `peer_back`) are
+the functions below, which `RecoveryNode` forwards: each changes `Peers`
+and asks the side this node is to act (a data node launches, a relay
+retries what it parked and offers `Room`, drops a dead data node's
+microbatches).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from .records import RecoveryConfig, RecoveryEffect, ewma
+
+if TYPE_CHECKING:
+    from .node import RecoveryNode
 
 
 @dataclass
@@ -86,127 +94,137 @@ class Peers:
                 p = cands[0][1]
                 units[p] = units.get(p, 0) + 1
 
+    def set_flows(self, out: Mapping[str, Mapping[str, int]]) -> None:
+        self.out = {d: dict(o) for d, o in out.items()}
 
-
-class Neighbours:
-    """Part of `RecoveryNode` (node.py): one mechanism of the machine, see the module docstring."""
-
-    def set_flows(self, out: Mapping[str, Mapping[str, int]], now: float | None = None) -> list[RecoveryEffect]:
-        """Flows (units per data node and next hop), e.g. from the flow machines.
-
-        With `now` (new flows during training): a data node launches on units that became free."""
-        self.peers.out = {d: dict(o) for d, o in out.items()}
-        eff: list[RecoveryEffect] = []
-        if now is not None and self.is_data:
-            self._launch(now, eff)
-        return eff
-
-    def set_neighbours(self, now: float, next_peers: Mapping[str, float], prev_peers: Mapping[str, float],
-                       peer_capacity: Mapping[str, int], prior_s: float | Mapping[str, float]) -> list[RecoveryEffect]:
-        """The driver's current neighbours: link cost to each next- and previous-stage peer.
-
-        Replaces both maps; a next peer's capacity is taken from `peer_capacity`
-        (a capacity of 0 or a missing one keeps what was known, else 1); a new
-        next peer's hand-off estimate starts at `prior_s`: one value, or one per peer (priors.py), which
-        also starts the estimate of a previous peer it names (its backward hand-offs); a next peer it does not
-        name starts at `default_prior_s`.  A next peer that was
-        not there before is a route again: a data node launches waiting
-        microbatches, a relay retries its parked ones and sends `Room` to the
-        peers it denied."""
-        new_next = [j for j in next_peers if j not in self.peers.next_peers]
-        self.peers.next_peers = dict(next_peers)
-        self.peers.prev_peers = dict(prev_peers)
+    def set_links(self, next_peers: Mapping[str, float], prev_peers: Mapping[str, float],
+                  peer_capacity: Mapping[str, int], prior_s: float | Mapping[str, float],
+                  default_prior_s: float) -> list[str]:
+        """The current neighbours (`set_neighbours`); returns the next peers that were not there before."""
+        new_next = [j for j in next_peers if j not in self.next_peers]
+        self.next_peers = dict(next_peers)
+        self.prev_peers = dict(prev_peers)
         per_peer = isinstance(prior_s, Mapping)
-        for j in self.peers.next_peers:
-            self.peers.peer_cap[j] = peer_capacity.get(j) or self.peers.peer_cap.get(j, 1)
-            self.peers.est.setdefault(j, prior_s.get(j, self.cfg.default_prior_s) if per_peer else prior_s)
+        for j in self.next_peers:
+            self.peer_cap[j] = peer_capacity.get(j) or self.peer_cap.get(j, 1)
+            self.est.setdefault(j, prior_s.get(j, default_prior_s) if per_peer else prior_s)
         if per_peer:
-            for j in self.peers.prev_peers:
+            for j in self.prev_peers:
                 if j in prior_s:
-                    self.peers.est.setdefault(j, prior_s[j])
-        eff: list[RecoveryEffect] = []
+                    self.est.setdefault(j, prior_s[j])
         if new_next:
-            self.peers.gone.difference_update(new_next)
-            self._route_again(now, eff)
-        return eff
+            self.gone.difference_update(new_next)
+        return new_next
 
-    def peer_alive(self, now: float, peer: str) -> list[RecoveryEffect]:
-        """The driver's liveness check still hears `peer`: if this machine presumed it dead on a hop deadline
-        (and the membership layer did not report it gone), it is alive; a data node launches on it again.
+    def unpresume(self, peer: str) -> bool:
+        """`peer`, presumed dead on a hop deadline and not reported gone, is alive; False if nothing changed."""
+        if peer not in self.dead or peer in self.gone:
+            return False
+        self.dead.discard(peer)
+        return True
 
-        Without this a data node that presumed its last stage-0 relay dead (slow while a peer left) would
-        defer every microbatch from then on: it only un-presumes a peer that sends it something."""
-        if peer not in self.peers.dead or peer in self.peers.gone:
-            return []
-        self.peers.dead.discard(peer)
-        eff: list[RecoveryEffect] = []
-        if self.is_data:
-            self._launch(now, eff)
-        return eff
+    def reported_gone(self, peer: str) -> None:
+        self.dead.add(peer)
+        self.gone.add(peer)
 
-    def _route_again(self, now: float, eff: list[RecoveryEffect]) -> None:
-        """A next-stage peer appeared: launch (data node), or retry parked microbatches and send Room (relay)."""
-        if self.is_data:
-            self._launch(now, eff)
-            return
-        self._retry_parked(now, eff)
-        self._room(eff)
 
-    def peer_gone(self, now: float, peer: str) -> list[RecoveryEffect]:
-        """The driver's liveness check found `peer` dead (or it left): no more work goes to it.
+def set_flows(node: RecoveryNode, out: Mapping[str, Mapping[str, int]],
+              now: float | None = None) -> list[RecoveryEffect]:
+    """Flows (units per data node and next hop), e.g. from the flow machines.
 
-        The microbatches it held are found by the usual means (hop deadlines,
-        BackwardStuck, the data node's watchdog and probes); with
-        `cfg.act_on_gone` a data node also acts at once on those of its
-        microbatches in their backward pass that `peer` held (a round / a
-        SWARM restart), and on those still in their forward pass when their
-        loss is computed (`_data_compute_done`)."""
-        self._presume_dead(peer)
-        self.peers.dead.add(peer)
-        self.peers.gone.add(peer)
-        eff: list[RecoveryEffect] = []
-        if self.is_data:
-            # a holder of a microbatch in its backward pass is gone before its stage's backward was computed
-            # there: act now (GWTF: a round; SWARM: restart).  A stage the backward already passed needs nothing.
-            for m in [m for m in self.mbs.values() if self.cfg.act_on_gone and peer in m.holders
-                      and m.sink in ("grad", "wait") and self._gone_ahead(m, {peer})]:
-                if self.mbs.get(m.key) is m and not m.collecting and peer in m.holders:
-                    self._trouble(now, m, eff)
-            self._launch(now, eff)
-        if peer in self.cfg.data_nodes:
-            self._data_node_gone(now, peer, eff)
-        return eff
+    With `now` (new flows during training): a data node launches on units that became free."""
+    node.peers.set_flows(out)
+    eff: list[RecoveryEffect] = []
+    if now is not None and node.is_data:
+        node.data.launch(node, now, eff)
+    return eff
 
-    def peer_back(self, now: float, peer: str, *, data_node: bool) -> list[RecoveryEffect]:
-        """`peer`, reported gone, is back (a restarted node keeps its peer id): a new join of the same identity.
 
-        It is neither dead nor gone here any more; a data node is one of the
-        run's data nodes again.  Nothing of its old incarnation is left to
-        forget: `peer_gone` dropped it (a data node's microbatches and
-        contributions died with it), so the microbatches it sends from now on
-        start clean, whatever their keys.  A next-stage peer back is a route
-        again (as in `set_neighbours`)."""
-        self._unorphan(peer)  # its old incarnation's: a new one may send the same keys elsewhere
-        self.peers.heard(peer)
-        if data_node and peer not in self.cfg.data_nodes:
-            self._set_data_nodes(tuple(sorted(self.cfg.data_nodes + (peer,))))
-        eff: list[RecoveryEffect] = []
-        if peer in self.peers.next_peers:
-            self._route_again(now, eff)
-        return eff
+def set_neighbours(node: RecoveryNode, now: float, next_peers: Mapping[str, float], prev_peers: Mapping[str, float],
+                   peer_capacity: Mapping[str, int], prior_s: float | Mapping[str, float]) -> list[RecoveryEffect]:
+    """The driver's current neighbours: link cost to each next- and previous-stage peer.
 
-    def _data_node_gone(self, now: float, peer: str, eff: list[RecoveryEffect]) -> None:
-        """A data node died: its microbatches die with it (their owner and ledger are gone).
+    Replaces both maps; a next peer's capacity is taken from `peer_capacity`
+    (a capacity of 0 or a missing one keeps what was known, else 1); a new
+    next peer's hand-off estimate starts at `prior_s`: one value, or one per peer (priors.py), which
+    also starts the estimate of a previous peer it names (its backward hand-offs); a next peer it does not
+    name starts at `default_prior_s`.  A next peer that was
+    not there before is a route again: a data node launches waiting
+    microbatches, a relay retries its parked ones and sends `Room` to the
+    peers it denied."""
+    new_next = node.peers.set_links(next_peers, prev_peers, peer_capacity, prior_s, node.cfg.default_prior_s)
+    eff: list[RecoveryEffect] = []
+    if new_next:
+        route_again(node, now, eff)
+    return eff
 
-        Rule: none of its microbatches of an iteration not yet aggregated counts
-        anywhere (which of them completed died with it), unless the leader
-        had its report: relays drop its microbatches and set its contributions
-        of iterations not begun here apart (`orphaned`), which count only if
-        BEGIN names them (`begin_aggregation`: a BEGIN decided before the
-        death names them, one decided after does not; its report to the leader
-        is `Phases.forget`'s)."""
-        if not self.is_data:
-            for key in [k for k in self.mbs if k.data_node == peer]:
-                self._drop(key, eff)
-            self._orphan(peer)
-        self._set_data_nodes(tuple(d for d in self.cfg.data_nodes if d != peer))
+
+def peer_alive(node: RecoveryNode, now: float, peer: str) -> list[RecoveryEffect]:
+    """The driver's liveness check still hears `peer`: if this machine presumed it dead on a hop deadline
+    (and the membership layer did not report it gone), it is alive; a data node launches on it again.
+
+    Without this a data node that presumed its last stage-0 relay dead (slow while a peer left) would
+    defer every microbatch from then on: it only un-presumes a peer that sends it something."""
+    if not node.peers.unpresume(peer):
+        return []
+    eff: list[RecoveryEffect] = []
+    if node.is_data:
+        node.data.launch(node, now, eff)
+    return eff
+
+
+def route_again(node: RecoveryNode, now: float, eff: list[RecoveryEffect]) -> None:
+    """A next-stage peer appeared: launch (data node), or retry parked microbatches and send Room (relay)."""
+    if node.is_data:
+        node.data.launch(node, now, eff)
+        return
+    node.relay.retry_parked(node, now, eff)
+    node.relay.room(node, eff)
+
+
+def peer_gone(node: RecoveryNode, now: float, peer: str) -> list[RecoveryEffect]:
+    """The driver's liveness check found `peer` dead (or it left): no more work goes to it.
+
+    The microbatches it held are found by the usual means (hop deadlines,
+    BackwardStuck, the data node's watchdog and probes); with
+    `cfg.act_on_gone` a data node also acts at once on those of its
+    microbatches in their backward pass that `peer` held (a round / a
+    SWARM restart), and on those still in their forward pass when their
+    loss is computed (`DataSide.compute_done`).  A data node gone takes its
+    microbatches with it (`RelaySide.data_node_gone`, node.py's module doc)."""
+    node.routing.presume_dead(node, peer)
+    node.peers.reported_gone(peer)
+    eff: list[RecoveryEffect] = []
+    if node.is_data:
+        # a holder of a microbatch in its backward pass is gone before its stage's backward was computed
+        # there: act now (GWTF: a round; SWARM: restart).  A stage the backward already passed needs nothing.
+        records = node.data.records
+        for m in [m for m in records.values() if node.cfg.act_on_gone and peer in m.holders
+                  and m.sink in ("grad", "wait") and node.routing.gone_ahead(m, {peer})]:
+            if records.get(m.key) is m and not m.round.collecting and peer in m.holders:
+                node.rounds.trouble(node, now, m, eff)
+        node.data.launch(node, now, eff)
+    if peer in node.cfg.data_nodes:
+        if not node.is_data:
+            node.relay.data_node_gone(node, peer, eff)
+        node.set_data_nodes(tuple(d for d in node.cfg.data_nodes if d != peer))
+    return eff
+
+
+def peer_back(node: RecoveryNode, now: float, peer: str, *, data_node: bool) -> list[RecoveryEffect]:
+    """`peer`, reported gone, is back (a restarted node keeps its peer id): a new join of the same identity.
+
+    It is neither dead nor gone here any more; a data node is one of the
+    run's data nodes again.  Nothing of its old incarnation is left to
+    forget: `peer_gone` dropped it (a data node's microbatches and
+    contributions died with it), so the microbatches it sends from now on
+    start clean, whatever their keys.  A next-stage peer back is a route
+    again (as in `set_neighbours`)."""
+    node.relay.unorphan(peer)  # its old incarnation's: a new one may send the same keys elsewhere
+    node.peers.heard(peer)
+    if data_node and peer not in node.cfg.data_nodes:
+        node.set_data_nodes(tuple(sorted(node.cfg.data_nodes + (peer,))))
+    eff: list[RecoveryEffect] = []
+    if peer in node.peers.next_peers:
+        route_again(node, now, eff)
+    return eff

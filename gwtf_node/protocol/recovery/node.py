@@ -1,14 +1,26 @@
-"""The recovery machine: `RecoveryNode`, its state and its entry points (events in, effects out).
+"""The recovery machine: `RecoveryNode`, its entry points (events in, effects out) and what composes it.
 
-The mechanisms live in the mixins it is made of, one file each: `routing.py`,
-`relay.py`, `data.py`, `rounds.py`, `neighbours.py` (see the package docstring).
-Which handler takes which event is data, one table per side, each beside its
-handlers: by message type `NODE_HANDLERS` (here: the messages of no
-microbatch), `relay.RELAY_ANY_ATTEMPT`, `relay.RELAY_STALE`,
-`relay.RELAY_HANDLERS` and `data.DATA_HANDLERS`; by timer kind
-`relay.RELAY_TIMERS` and `rounds.DATA_TIMERS`.  A type or kind a table does not
-name is ignored by that side.
-The aggregation phase meets the machine at the entry points here:
+Theory of operation.  `RecoveryNode` inherits from nothing: it composes one
+object per mechanism, each the only writer of its state, and keeps the
+node's own fields (`cfg`, whose data nodes change as they come and go, the
+policy, the counters `stats`, changed through `RecoveryStats.bump`):
+`peers: Peers` (neighbours.py, which also holds the driver's neighbour
+events forwarded here), `routing: Routing` (routing.py: next hops and
+deadlines; `routing_class` names its class, which a policy of its own
+replaces), `relay: RelaySide` (relay.py: a relay's records and the
+contributions it holds), `data: DataSide` (data.py: a data node's records,
+ledger and iterations) and `rounds: Rounds` (rounds.py: a data node's
+recovery rounds, whose state is each record's `RoundState`).  A mechanism's
+method gets the node as its first argument: it reads the others' state
+through it and asks them for a change by calling their methods, never by
+writing their fields (`tests/protocol/test_state_owners.py` checks it).
+`mbs` is the records of the side this node is; the properties name the
+others' objects for the drivers and the tests.  Which handler takes which
+event is data, one table per side beside its handlers: by message type
+`relay.RELAY_ANY_ATTEMPT`, `relay.RELAY_STALE`, `relay.RELAY_HANDLERS`,
+`data.DATA_HANDLERS` (`Room` and `Lend`, of no microbatch, are taken here);
+by timer kind `relay.RELAY_TIMERS`, `data.DATA_TIMERS`,
+`rounds.ROUND_TIMERS`.  A type or kind a table does not name is ignored.
 
 Aggregation (V-E)
 -----------------
@@ -37,7 +49,7 @@ contributions (SWARM's restarted attempts, duplicate branches), so a
 microbatch contributes at most once per stage among the nodes the data node
 knows of.
 
-A data node that dies (`peer_gone`, `_data_node_gone`) takes its
+A data node that dies (`peer_gone`, `RelaySide.data_node_gone`) takes its
 microbatches with it: relays drop them, and its contributions count only if
 the leader had its report, i.e. only if the BEGIN of their iteration names
 them (`orphaned`: a relay may hear of the death before or after the BEGIN
@@ -52,19 +64,24 @@ from dataclasses import replace
 from typing import Collection, Mapping
 
 from ..messages import Lend, MbDeny, Room
-from .data import DataSide, DataState
-from .neighbours import Neighbours, Peers
+from . import neighbours
+from .data import DATA_TIMERS, DataRecord, DataSide
+from .neighbours import Peers
 from .records import (
-    MB_MESSAGES, POLICIES, ComputeKind, DataRecord, Key, MbTimer, Policy, RecoveryConfig, RecoveryEffect, RecoveryStats,
-    RelayRecord,
+    MB_MESSAGES, POLICIES, ComputeKind, Key, MbTimer, Policy, RecoveryConfig, RecoveryEffect, RecoveryStats,
 )
-from .relay import RELAY_TIMERS, RelaySide
-from .rounds import DATA_TIMERS, Rounds
+from .relay import RELAY_TIMERS, RelayRecord, RelaySide
+from .rounds import ROUND_TIMERS, Rounds
 from .routing import Routing
 
 
-class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
-    """One node's microbatch machine (a data node or a relay), pure: `now` and events in, effects out."""
+class RecoveryNode:
+    """One node's microbatch machine (a data node or a relay), pure: `now` and events in, effects out.
+
+    It composes the mechanisms (each the only writer of its state) and keeps the node's own fields: its
+    configuration (`cfg`, whose data nodes change as they come and go), its policy and its counters."""
+
+    routing_class: type[Routing] = Routing  # the next-hop rule (a policy of its own may replace it)
 
     def __init__(self, cfg: RecoveryConfig, rng: random.Random, *, first_seq: int = 0) -> None:
         if cfg.policy not in POLICIES:
@@ -72,23 +89,25 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         self.cfg = cfg
         self.policy = Policy(cfg.policy)
         self.me = cfg.node_id
-        self.rng = rng
         self.stage = cfg.stage
         self.is_data = cfg.stage < 0
         self.nstages = cfg.last_stage + 1
         self.swarm = self.policy in (Policy.SWARM, Policy.RANDOM)  # (random: SWARM's machinery, random next hops)
+        self.stats = RecoveryStats()  # (changed through its `bump`)
+        # the mechanisms, one object each
         self.peers = Peers.of(cfg)  # the neighbours as this node sees them (neighbours.py)
-        self.mbs: dict = {}  # relay: Key -> RelayRecord; data node: Key -> DataRecord
-        self.contrib: dict[int, set[Key]] = {}
-        self.orphaned: dict[int, set[Key]] = {}  # relay: contributions of data nodes gone before BEGIN (its rule)
-        self.stats = RecoveryStats()
-        # the aggregation phase, as the driver reports it (begin_aggregation, aggregation_done)
-        self.begun: set[int] = set()
-        self.stepped: set[int] = set()
-        self.last_iteration: int | None = None  # relay leaving: the last iteration it takes microbatches of
-        self.data = DataState(next_seq=first_seq, e2e_est=cfg.e2e_prior_s)  # a data node's iterations (data.py)
+        self.routing: Routing = self.routing_class(rng)  # next hops and deadlines (routing.py)
+        self.relay = RelaySide()  # a relay's microbatches and contributions (relay.py)
+        self.data = DataSide(next_seq=first_seq, e2e_est=cfg.e2e_prior_s)  # a data node's (data.py)
+        self.rounds = Rounds()  # a data node's recovery rounds (rounds.py)
 
-    # Read-only views for the drivers, the simulator and the tests (the owner's objects, not copies).
+    # Read-only views for the drivers, the simulator and the tests (the owners' objects, not copies).
+    @property
+    def mbs(self) -> dict[Key, RelayRecord] | dict[Key, DataRecord]:
+        """The microbatches this node holds: a relay's `RelayRecord`s, a data node's `DataRecord`s."""
+        return self.data.records if self.is_data else self.relay.records
+
+    rng = property(lambda self: self.routing.rng, doc="the node's seeded RNG (its next-hop draws)")
     next_peers = property(lambda self: self.peers.next_peers, doc="next-stage peer -> link cost")
     prev_peers = property(lambda self: self.peers.prev_peers, doc="previous-stage peer -> link cost")
     peer_cap = property(lambda self: self.peers.peer_cap, doc="next-stage peer -> capacity")
@@ -98,6 +117,11 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
     full = property(lambda self: self.peers.full, doc="next peers that denied a microbatch")
     denied = property(lambda self: self.peers.denied, doc="peers this node denied")
     out = property(lambda self: self.peers.out, doc="the flows: data node -> next hop -> units")
+    contrib = property(lambda self: self.relay.contrib, doc="relay: iteration -> contributions held")
+    orphaned = property(lambda self: self.relay.orphaned, doc="relay: contributions of data nodes gone")
+    begun = property(lambda self: self.relay.begun, doc="the iterations whose BEGIN AGGREGATION arrived")
+    stepped = property(lambda self: self.relay.stepped, doc="the iterations whose step is applied here")
+    last_iteration = property(lambda self: self.relay.last_iteration, doc="relay leaving: its last iteration")
     ledger = property(lambda self: self.data.ledger, doc="data node: each microbatch's status per iteration")
     reported = property(lambda self: self.data.reported, doc="data node: the iterations settled (reported)")
     waiting = property(lambda self: self.data.waiting, doc="data node: seqs of the iteration not launched yet")
@@ -108,41 +132,14 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
     e2e_est = property(lambda self: self.data.e2e_est, doc="data node: EWMA of its microbatches' round trips")
     lent = property(lambda self: self.data.lent, doc="data node: units lent to it this iteration, per relay")
 
-    # The node's own tables, changed here on behalf of the mechanisms (which read them directly).
-    def _keep(self, m: RelayRecord | DataRecord) -> None:
-        self.mbs[m.key] = m
-
-    def _forget(self, key: Key) -> RelayRecord | DataRecord | None:
-        return self.mbs.pop(key, None)
-
-    def _contribute(self, key: Key) -> None:
-        """Relay: it computed the backward of `key`; the gradient counts in its iteration (`begin_aggregation`)."""
-        self.contrib.setdefault(key.iteration, set()).add(key)
-
-    def _uncontribute(self, key: Key) -> None:
-        """Relay: the gradient of `key` it holds is void (a Release, or a new attempt)."""
-        self.contrib.get(key.iteration, set()).discard(key)
-
-    def _orphan(self, peer: str) -> None:
-        """Relay: data node `peer` died; its contributions of iterations not begun here count only if BEGIN names
-        them (`orphaned`, see the module doc)."""
-        for it, keys in self.contrib.items():
-            if it not in self.begun:
-                self.orphaned.setdefault(it, set()).update(k for k in keys if k.data_node == peer)
-                self.contrib[it] = {k for k in keys if k.data_node != peer}
-
-    def _unorphan(self, peer: str) -> None:
-        """`peer` is back: what its old incarnation left orphaned here is forgotten."""
-        for keys in self.orphaned.values():
-            keys -= {k for k in keys if k.data_node == peer}
-
-    def _set_data_nodes(self, nodes: tuple[str, ...]) -> None:
+    def set_data_nodes(self, nodes: tuple[str, ...]) -> None:
+        """The run's data nodes now (one gone, or back: neighbours.py)."""
         self.cfg = replace(self.cfg, data_nodes=nodes)
 
     def start(self, now: float) -> list[RecoveryEffect]:
         eff: list[RecoveryEffect] = []
         if self.is_data:
-            self._open(now, 0, eff)
+            self.data.open(self, now, 0, eff)
         return eff
 
     def on_message(self, now: float, sender: str, msg) -> list[RecoveryEffect]:
@@ -151,26 +148,28 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         t = type(msg)
         if t not in MB_MESSAGES:
             raise TypeError(f"{t.__name__} is not a microbatch message: the driver routes it elsewhere")
-        handler = NODE_HANDLERS.get(t)
-        if handler is not None:  # (of no microbatch)
-            handler(self, now, sender, msg, eff)
+        if t is Room:  # (of no microbatch)
+            self._on_room(now, sender, eff)
+            return eff
+        if t is Lend:
+            self.data.on_lend(self, now, sender, msg, eff)
             return eff
         if t is MbDeny:
             self.peers.refused(sender)
         key = Key(msg.data_node, msg.seq, msg.iteration)
         if self.is_data:
-            self._data_message(now, sender, key, msg, eff)  # data.DATA_HANDLERS
+            self.data.message(self, now, sender, key, msg, eff)  # data.DATA_HANDLERS
         else:
-            self._relay_message(now, sender, key, msg, eff)  # relay.RELAY_HANDLERS
+            self.relay.message(self, now, sender, key, msg, eff)  # relay.RELAY_HANDLERS
         return eff
 
-    def _on_room(self, now: float, sender: str, msg: Room, eff: list[RecoveryEffect]) -> None:
+    def _on_room(self, now: float, sender: str, eff: list[RecoveryEffect]) -> None:
         self.peers.has_room(sender)
         if self.is_data:
-            self._launch(now, eff)
+            self.data.launch(self, now, eff)
         else:  # a route again: retry parked repairs, and my upstream may send again (my Room)
-            self._retry_parked(now, eff)
-            self._room(eff)
+            self.relay.retry_parked(self, now, eff)
+            self.relay.room(self, eff)
 
     def on_timer(self, now: float, tkey: MbTimer) -> list[RecoveryEffect]:
         eff: list[RecoveryEffect] = []
@@ -178,9 +177,14 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         m = self.mbs.get(key)
         if m is None:
             return eff
-        handler = (DATA_TIMERS if self.is_data else RELAY_TIMERS).get(kind)
-        if handler is not None:
-            handler(self, now, m, eff)
+        if not self.is_data:
+            handler = RELAY_TIMERS.get(kind)
+            if handler is not None:
+                handler(self.relay, self, now, m, eff)
+        elif kind in DATA_TIMERS:
+            DATA_TIMERS[kind](self.data, self, now, m, eff)
+        elif kind in ROUND_TIMERS:
+            ROUND_TIMERS[kind](self.rounds, self, now, m, eff)
         return eff
 
     def on_compute_done(self, now: float, key: Key | tuple, kind: ComputeKind | str) -> list[RecoveryEffect]:
@@ -189,20 +193,42 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         if m is None:
             return eff
         if self.is_data:
-            self._data_compute_done(now, m, ComputeKind(kind), eff)
+            self.data.compute_done(self, now, m, ComputeKind(kind), eff)
         else:
-            self._relay_compute_done(now, m, ComputeKind(kind), eff)
+            self.relay.compute_done(self, now, m, ComputeKind(kind), eff)
         return eff
 
+    # The driver's news of the neighbours (neighbours.py).
+    def set_flows(self, out: Mapping[str, Mapping[str, int]], now: float | None = None) -> list[RecoveryEffect]:
+        return neighbours.set_flows(self, out, now)
+
+    def set_neighbours(self, now: float, next_peers: Mapping[str, float], prev_peers: Mapping[str, float],
+                       peer_capacity: Mapping[str, int], prior_s: float | Mapping[str, float]) -> list[RecoveryEffect]:
+        return neighbours.set_neighbours(self, now, next_peers, prev_peers, peer_capacity, prior_s)
+
+    def peer_alive(self, now: float, peer: str) -> list[RecoveryEffect]:
+        return neighbours.peer_alive(self, now, peer)
+
+    def peer_gone(self, now: float, peer: str) -> list[RecoveryEffect]:
+        return neighbours.peer_gone(self, now, peer)
+
+    def peer_back(self, now: float, peer: str, *, data_node: bool) -> list[RecoveryEffect]:
+        return neighbours.peer_back(self, now, peer, data_node=data_node)
+
+    def give_up_stranded(self, now: float) -> list[RecoveryEffect]:
+        """A data node with no live stage-0 relay left gives up what cannot complete (`Rounds.give_up_stranded`)."""
+        return self.rounds.give_up_stranded(self, now)
+
+    # The aggregation phase (see the module docstring).
     def leave_after(self, it: int) -> None:
         """Relay: it leaves once the aggregation of `it` is done; a microbatch of a later iteration is denied (its
         contribution would leave with it while its data node counts it completed)."""
-        self.last_iteration = it
+        self.relay.leave_after(it)
 
     def open_iteration(self, now: float, it: int) -> list[RecoveryEffect]:
         """Data node: the previous iteration's steps are applied everywhere; push the microbatches of `it`."""
         eff: list[RecoveryEffect] = []
-        self._open(now, it, eff)
+        self.data.open(self, now, it, eff)
         return eff
 
     def begin_aggregation(
@@ -225,32 +251,11 @@ class RecoveryNode(Routing, RelaySide, DataSide, Rounds, Neighbours):
         every stage counts them, whichever of the death and the BEGIN each
         relay heard first.  Without `completed` they never count."""
         eff: list[RecoveryEffect] = []
-        self.begun.add(it)
-        if not self.is_data:
-            for key in [k for k in self.mbs if k.iteration <= it]:
-                self._drop(key, eff)
-            self.peers.new_iteration(relay=True)
-        held = self.contrib.get(it, set())
-        orphans = self.orphaned.pop(it, set())
-        if completed is None:
-            return eff, frozenset(held)
-        counted = frozenset(k for k in held | orphans if k.seq in completed.get(k.data_node, ()))
-        self.stats.bump(uncounted=len(held) - len(counted))
+        counted = self.relay.begin(self, it, completed, eff)
         return eff, counted
 
     def aggregation_done(self, now: float, it: int) -> list[RecoveryEffect]:
         """The step of `it` is applied here: room again for the next iteration's microbatches."""
         eff: list[RecoveryEffect] = []
-        self.stepped.add(it)
-        self.contrib.pop(it, None)
-        self.orphaned.pop(it, None)
-        self._room(eff)
+        self.relay.stepped_at(self, it, eff)
         return eff
-
-
-# The messages of no microbatch and their handlers; a microbatch's go to its side's table (`relay.RELAY_HANDLERS`
-# and the tables beside it, `data.DATA_HANDLERS`).
-NODE_HANDLERS = {
-    Room: RecoveryNode._on_room,
-    Lend: RecoveryNode._on_lend,  # (data.py)
-}

@@ -174,46 +174,6 @@ class RecoveryConfig:
 
 
 @dataclass
-class RelayRecord:
-    """A relay's record of one microbatch (one attempt)."""
-
-    key: Key
-    attempt: int
-    prev: str
-    path: tuple[str, ...]  # the path up to me, me included
-    phase: RelayPhase = RelayPhase.FWD
-    next: str | None = None
-    rest: tuple[str, ...] = ()  # recovery chain: the stages after me ("" = replace, else resume there)
-    tried: set[str] = field(default_factory=set)  # next hops tried ("": the parked retry is spent)
-    sent_at: float = 0.0
-    ordered: bool = False  # executing a RepairOrder: my stash is the original forward's, keep it on failure
-    parked: bool = False  # no next hop with room: output (and any repair order) kept, retried (relay.py)
-
-
-@dataclass
-class DataRecord:
-    """A data node's record of one of its microbatches in flight."""
-
-    key: Key
-    attempt: int = 0
-    src: Source = Source.EMB
-    next: str | None = None  # the stage-0 relay my stash went to
-    rest: tuple[str, ...] = ()
-    tried: set[str] = field(default_factory=set)
-    sent_at: float = 0.0
-    sink: Sink | None = None  # None: the forward is not back yet
-    path: list[str | None] = field(default_factory=list)  # stage -> holder (None: unknown)
-    holders: set[str] = field(default_factory=set)  # every node that reported taking this attempt
-    launched_at: float = 0.0
-    rounds: int = 0
-    collecting: bool = False
-    snapshot: dict[str, RelayPhase | None] = field(default_factory=dict)  # probe answers (None: a word unknown)
-    final_from: str | None = None  # the stage-0 relay the last backward came from
-    parked: bool = False  # a recovery found every live stage-0 relay full: retried when a slot frees
-    bwd_done: set[int] = field(default_factory=set)  # stages whose holder reported its backward computed (MbState grad)
-
-
-@dataclass
 class RecoveryStats:
     reroutes: int = 0
     denies_sent: int = 0
@@ -233,6 +193,12 @@ class RecoveryStats:
         """Add to the named counters (the machine's modules count through this)."""
         for name, n in counts.items():
             setattr(self, name, getattr(self, name) + n)
+
+
+def cancel_timers(key: Key, eff: list[RecoveryEffect]) -> None:
+    """Cancel every timer of microbatch `key`."""
+    for t in TIMERS:
+        eff.append(CancelTimer(MbTimer(t, key)))
 
 
 def ewma(table: dict[str, float], k: str, sample: float) -> None:

@@ -1,6 +1,10 @@
 """A data node's recovery decisions: its watchdog, GWTF's probe rounds and `_decide`, SWARM's restarts, giving an
 attempt up.
 
+`Rounds` decides; it changes only each record's `RoundState` (rounds so far,
+probes out, answers) and asks the data side for the rest (`DataSide.reroute`,
+`resend_loss_grad`, `restart`, `give_up`).
+
 Backward pass, GWTF (V-D)
 -------------------------
 The sink computes the loss and sends `Backward` to the last relay; each
@@ -57,78 +61,92 @@ holder, DEFERRED, pushed again next iteration.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
 from ..effects import CancelTimer, Send, SetTimer
-from ..messages import Backward, Probe, Release, RepairOrder, Resume
-from .records import (
-    BWD_STATES, FWD_STATES, K_E2E, Compute, ComputeKind, DataRecord, MbTimer, RecoveryEffect, RelayPhase, Sink, Source,
-    TimerKind,
-)
+from ..messages import Probe, RepairOrder, Resume
+from .records import BWD_STATES, FWD_STATES, MbTimer, RecoveryEffect, RelayPhase, Sink, Source, TimerKind
+
+if TYPE_CHECKING:
+    from .data import DataRecord
+    from .node import RecoveryNode
+
+
+@dataclass
+class RoundState:
+    """One microbatch's recovery rounds (held by its `DataRecord`, changed only here)."""
+
+    count: int = 0  # rounds (GWTF) or restarts (SWARM) so far
+    collecting: bool = False  # probes out, answers awaited
+    snapshot: dict[str, RelayPhase | None] = field(default_factory=dict)  # probe answers (None: a word unknown)
 
 
 class Rounds:
-    """Part of `RecoveryNode` (node.py): one mechanism of the machine, see the module docstring."""
+    """A data node's recovery decisions (see the module docstring); its state is each record's `RoundState`."""
 
-    def _src_fw_timer(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
-        """The stage-0 relay did not acknowledge my embedding output in time: presumed dead, another one."""
-        if m.src is Source.SENDING:
-            self.stats.bump(reroutes=1)
-            self._presume_dead(m.next)
-            m.tried.add(m.next)
-            self._src_route(now, m, eff)
-
-    def _sink_bk_timer(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
+    def _sink_bk_timer(self, node: RecoveryNode, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         """The last stage did not acknowledge the loss gradient in time."""
         if m.sink is Sink.GRAD:
-            self._trouble(now, m, eff)
+            self.trouble(node, now, m, eff)
 
-    def _watchdog(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
-        if m.sink is not Sink.FINAL and not m.collecting:
-            self._trouble(now, m, eff)
+    def _watchdog(self, node: RecoveryNode, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
+        if m.sink is not Sink.FINAL and not m.round.collecting:
+            self.trouble(node, now, m, eff)
 
-    def _probes_due(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
+    def _probes_due(self, node: RecoveryNode, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         """The probe answers are in, or whoever did not answer is dead: decide."""
-        if m.collecting:
-            self._decide(now, m, eff)
+        if m.round.collecting:
+            self._decide(node, now, m, eff)
 
-    def _arm_watchdog(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
-        eff.append(SetTimer(MbTimer(TimerKind.WD, m.key), now + K_E2E * self.data.e2e_est + self.cfg.margin_s))
+    def answered(self, node: RecoveryNode, now: float, m: DataRecord, sender: str, state: RelayPhase | None,
+                 eff: list[RecoveryEffect]) -> None:
+        """`sender` answered (an `MbState`): while a round collects, its snapshot; every holder answered: decide."""
+        rs: RoundState = m.round
+        if rs.collecting:
+            rs.snapshot[sender] = state
+            wanted = {p for p in m.path if p is not None}
+            if wanted <= set(rs.snapshot):
+                eff.append(CancelTimer(MbTimer(TimerKind.PR, m.key)))
+                self._decide(node, now, m, eff)
 
-    def _trouble(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
+    def trouble(self, node: RecoveryNode, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         """A microbatch is not progressing: GWTF runs a probe round, SWARM restarts it."""
         if m.sink is Sink.FINAL or m.src is Source.EMB:
-            self._arm_watchdog(now, m, eff)
+            node.data.arm_watchdog(node, now, m, eff)
             return
-        if self.swarm:
-            self._restart(now, m, eff)
+        if node.swarm:
+            self._restart(node, now, m, eff)
         else:
-            self._round(now, m, eff)
+            self.round(node, now, m, eff)
 
-    def _round(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
-        m.rounds += 1
-        if m.rounds > self.cfg.max_rounds:
-            self._give_up(now, m, eff)
+    def round(self, node: RecoveryNode, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
+        rs: RoundState = m.round
+        rs.count += 1
+        if rs.count > node.cfg.max_rounds:
+            node.data.give_up(node, now, m, eff)
             return
-        self.stats.bump(probes=1)
-        m.collecting, m.snapshot = True, {}
+        node.stats.bump(probes=1)
+        rs.collecting, rs.snapshot = True, {}
         for p in sorted({p for p in m.path if p is not None}):
             eff.append(Send(p, Probe(*m.key, tuple(x or "" for x in m.path), m.attempt)))
         eff.append(CancelTimer(MbTimer(TimerKind.WD, m.key)))
-        eff.append(SetTimer(MbTimer(TimerKind.PR, m.key), now + self.cfg.probe_wait_s))
+        eff.append(SetTimer(MbTimer(TimerKind.PR, m.key), now + node.cfg.probe_wait_s))
 
-    def _decide(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
+    def _decide(self, node: RecoveryNode, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         """The recovery decision, from the probe answers (see the module doc)."""
-        m.collecting = False
-        S = self.nstages
-        st = [m.snapshot.get(p) if p is not None else None for p in m.path]
+        rs: RoundState = m.round
+        rs.collecting = False
+        S = node.nstages
+        st = [rs.snapshot.get(p) if p is not None else None for p in m.path]
         a, key = m.attempt, m.key
-        self._arm_watchdog(now, m, eff)
+        node.data.arm_watchdog(node, now, m, eff)
         if m.sink is None:  # the forward has not reached the sink
             f = max((s for s in range(S) if st[s] in FWD_STATES), default=-1)
             if f < 0:
                 if m.src is Source.SENT:
-                    self._presume_dead(m.next)
-                    m.tried = {m.next}
-                    self._src_route(now, m, eff)
+                    node.routing.presume_dead(node, m.next)
+                    node.data.reroute(node, now, m, {m.next}, None, eff)
             elif st[f] is RelayPhase.SENT:
                 eff.append(Send(m.path[f], RepairOrder(*key, a, ())))
             return
@@ -144,15 +162,17 @@ class Rounds:
             if g == S:
                 if m.sink is Sink.GRAD:
                     return  # my own hop deadline covers it
-                target = m.path[S - 1]
-                self.stats.bump(resends=1)
-                m.sink, m.sent_at = Sink.GRAD, now
-                eff.append(Send(target, Backward(*key, None, a)))
-                eff.append(SetTimer(MbTimer(TimerKind.BK, key), self._deadline(now, target)))
+                node.data.resend_loss_grad(node, now, m, m.path[S - 1], eff)
             else:
-                newprev = m.path[g - 1] if g > 0 else self.me
+                newprev = m.path[g - 1] if g > 0 else node.me
                 eff.append(Send(m.path[g], Resume(*key, (newprev,), (), None, a)))
             return
+        self._repair_runs(node, now, m, bad, eff)
+
+    def _repair_runs(self, node: RecoveryNode, now: float, m: DataRecord, bad: list[int],
+                     eff: list[RecoveryEffect]) -> None:
+        """Each run of bad stages is recomputed from the live holder before it (see the module doc)."""
+        S, a, key = node.nstages, m.attempt, m.key
         runs: list[list[int]] = []
         for s in bad:
             if runs and runs[-1][-1] == s - 1:
@@ -163,62 +183,45 @@ class Rounds:
             lo, hi = run[0], run[-1]
             # resume at the holder after the run; if it died meanwhile, at the one after it (and so on)
             end = min([s for s in bad if s > hi] + [s for s in range(hi + 1, S) if m.path[s] is None] + [S])
-            rest = ("",) * (hi - lo + 1) + tuple(m.path[hi + 1:end]) + ((self.me,) if end == S else ())
+            rest = ("",) * (hi - lo + 1) + tuple(m.path[hi + 1:end]) + ((node.me,) if end == S else ())
             if lo == 0:
                 # the stage-0 holder failed it; `m.next` may instead be a relay a Recover was offered to, which
                 # denied it (full, alive): presuming that one dead would leave no first hop to recover through
                 hop = m.path[0] if m.path[0] is not None else m.next
-                self._presume_dead(hop)
-                m.tried = {hop} if hop is not None else set()
-                m.rest = rest
-                self._src_route(now, m, eff)
+                node.routing.presume_dead(node, hop)
+                node.data.reroute(node, now, m, {hop} if hop is not None else set(), rest, eff)
             else:
                 eff.append(Send(m.path[lo - 1], RepairOrder(*key, a, rest)))
 
-    def _restart(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
+    def _restart(self, node: RecoveryNode, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         """SWARM: the whole pipeline again, from the embedding, as a new attempt."""
-        m.rounds += 1
-        if m.rounds > self.cfg.max_rounds:
-            self._give_up(now, m, eff)
+        rs: RoundState = m.round
+        rs.count += 1
+        if rs.count > node.cfg.max_rounds:
+            node.data.give_up(node, now, m, eff)
             return
-        self.stats.bump(restarts=1)
-        for p in sorted(m.holders):
-            eff.append(Send(p, Release(*m.key, m.attempt)))
-        self._cancel(m.key, eff)
-        m.attempt += 1
-        m.src, m.next, m.rest, m.tried, m.sink, m.parked = Source.EMB, None, (), set(), None, False
-        m.path, m.holders, m.bwd_done, m.collecting, m.snapshot = [None] * self.nstages, set(), set(), False, {}
-        m.launched_at = now
-        eff.append(Compute(ComputeKind.FORWARD, m.key))
-        self._arm_watchdog(now, m, eff)
+        node.stats.bump(restarts=1)
+        rs.collecting, rs.snapshot = False, {}
+        node.data.restart(node, now, m, eff)
 
-    def give_up_stranded(self, now: float) -> list[RecoveryEffect]:
+    def give_up_stranded(self, node: RecoveryNode, now: float) -> list[RecoveryEffect]:
         """A data node whose first stage has no live relay left (every next peer gone or presumed dead): each
         microbatch of it in flight whose backward has not passed that stage cannot complete (no relay holds or
         can recompute its stage-0 activation), so it is given up now (deferred to a later iteration) rather
         than after `max_rounds` probe rounds that cannot succeed.  The driver calls it after a peer is gone."""
         eff: list[RecoveryEffect] = []
-        if not self.is_data or any(j not in self.peers.gone and j not in self.peers.dead for j in self.peers.next_peers):
+        peers = node.peers
+        if not node.is_data or any(j not in peers.gone and j not in peers.dead for j in peers.next_peers):
             return eff
-        for m in [m for m in self.mbs.values() if isinstance(m, DataRecord) and m.sink is not Sink.FINAL]:
-            if self.mbs.get(m.key) is m:
-                self._give_up(now, m, eff)
+        records = node.data.records
+        for m in [m for m in records.values() if m.sink is not Sink.FINAL]:
+            if records.get(m.key) is m:
+                node.data.give_up(node, now, m, eff)
         return eff
 
-    def _give_up(self, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
-        self.stats.bump(gave_up=1)
-        for p in sorted(m.holders):
-            eff.append(Send(p, Release(*m.key, m.attempt)))
-        self._cancel(m.key, eff)
-        self._forget(m.key)
-        self._defer(m.key, eff)
-        self._launch(now, eff)
-        self._maybe_done(now, m.key.iteration, eff)
 
-
-# A data node's timers (a relay's: relay.RELAY_TIMERS).
-DATA_TIMERS = {
-    TimerKind.FW: Rounds._src_fw_timer,
+# A data node's timers of its rounds (its hop timer: data.DATA_TIMERS; a relay's: relay.RELAY_TIMERS).
+ROUND_TIMERS = {
     TimerKind.BK: Rounds._sink_bk_timer,
     TimerKind.WD: Rounds._watchdog,
     TimerKind.PR: Rounds._probes_due,

@@ -1,124 +1,113 @@
-"""Choosing next hops, deadlines, room and denials: the helpers every side of the machine uses."""
+"""Choosing next hops and hand-off deadlines: `Routing`, which every side of the machine asks.
+
+`Routing` owns the node's seeded RNG (the `random` policy draws a next hop
+with it) and nothing else: it reads the neighbours (`node.peers`, neighbours.py)
+and the records the node holds (`node.mbs`), and changes the neighbours only
+through their methods (a local flow repair, a peer presumed dead).  A policy
+with another next-hop rule subclasses it and overrides `choose_next` (the
+simulator's task pool, `sim/train/taskpool.py`, through
+`RecoveryNode.routing_class`).
+"""
 
 from __future__ import annotations
 
-from ..effects import CancelTimer, Send
-from ..messages import MbDeny, MbState, Room
+import random
+from typing import TYPE_CHECKING
+
 from ..pipeline import pick_next_hop
-from .records import (
-    SLOT_PHASES, TIMERS, DataRecord, Key, MbTimer, Policy, RecoveryEffect, RelayPhase, Source,
-)
+from .records import SLOT_PHASES, Policy, RelayPhase, Source
+
+if TYPE_CHECKING:
+    from .data import DataRecord
+    from .node import RecoveryNode
 
 
 class Routing:
-    """Part of `RecoveryNode` (node.py): one mechanism of the machine, see the module docstring."""
+    """The next-hop choice of one node (see the module docstring)."""
 
-    def _live_next(self) -> list[str]:
-        return self.peers.live_next()
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
 
-    def _slots_used(self) -> int:
-        if self.is_data:
+    def live_next(self, node: RecoveryNode) -> list[str]:
+        return node.peers.live_next()
+
+    def slots_used(self, node: RecoveryNode) -> int:
+        if node.is_data:
             return 0
-        return sum(1 for r in self.mbs.values() if r.phase in SLOT_PHASES)
+        return sum(1 for r in node.mbs.values() if r.phase in SLOT_PHASES)
 
-    def _inflight(self, j: str, d: str | None = None) -> int:
+    def inflight(self, node: RecoveryNode, j: str, d: str | None = None) -> int:
         """Microbatches whose activations I sent to j and j still holds (they occupy a unit / a slot)."""
         n = 0
-        for m in self.mbs.values():
+        for m in node.mbs.values():
             if m.next != j or (d is not None and m.key.data_node != d):
                 continue
-            if self.is_data or m.phase in SLOT_PHASES:
+            if node.is_data or m.phase in SLOT_PHASES:
                 n += 1
         return n
 
-    def _waiting_to(self, j: str) -> int:
-        if self.is_data:
-            return sum(1 for m in self.mbs.values() if m.next == j and m.src is Source.SENDING)
-        return sum(1 for m in self.mbs.values() if m.next == j and m.phase is RelayPhase.SENDING)
+    def waiting_to(self, node: RecoveryNode, j: str) -> int:
+        if node.is_data:
+            return sum(1 for m in node.mbs.values() if m.next == j and m.src is Source.SENDING)
+        return sum(1 for m in node.mbs.values() if m.next == j and m.phase is RelayPhase.SENDING)
 
-    def _deadline(self, now: float, j: str) -> float:
-        e = self.peers.est.get(j, self.cfg.default_prior_s)
-        return now + self.cfg.k * e * (1 + self._waiting_to(j)) + self.cfg.margin_s
+    def deadline(self, node: RecoveryNode, now: float, j: str) -> float:
+        e = node.peers.est.get(j, node.cfg.default_prior_s)
+        return now + node.cfg.k * e * (1 + self.waiting_to(node, j)) + node.cfg.margin_s
 
-    def _measure(self, j: str, sample: float) -> None:
-        self.peers.measure(j, sample)
-
-    def _gone_ahead(self, m: DataRecord, gone: set) -> bool:
+    @staticmethod
+    def gone_ahead(m: DataRecord, gone: set) -> bool:
         """A holder of m's path in `gone` whose stage has not reported its backward: the backward cannot pass it."""
         return any(h in gone and s not in m.bwd_done for s, h in enumerate(m.path))
 
-    def _room_for(self, j: str) -> bool:
-        cap = self.cfg.swarm_assumed_capacity if self.swarm else self.peers.peer_cap.get(j, 1)
-        return self._inflight(j) < cap
+    def room_for(self, node: RecoveryNode, j: str) -> bool:
+        cap = node.cfg.swarm_assumed_capacity if node.swarm else node.peers.peer_cap.get(j, 1)
+        return self.inflight(node, j) < cap
 
-    def _greedy(self, exclude: set) -> str | None:
+    def greedy(self, node: RecoveryNode, exclude: set) -> str | None:
         """The cheapest live next peer with room (the `random` policy: one of them at random)."""
-        c = sorted((self.peers.next_peers[j], j) for j in self._live_next()
-                   if j not in self.peers.full and j not in exclude and self._room_for(j))
+        c = sorted((node.peers.next_peers[j], j) for j in self.live_next(node)
+                   if j not in node.peers.full and j not in exclude and self.room_for(node, j))
         if not c:
             return None
-        return self.rng.choice(c)[1] if self.policy is Policy.RANDOM else c[0][1]
+        return self.rng.choice(c)[1] if node.policy is Policy.RANDOM else c[0][1]
 
-    def _choose_next(self, d: str, exclude: set, *, fresh: bool = False) -> str | None:
+    def choose_next(self, node: RecoveryNode, d: str, exclude: set, *, fresh: bool = False) -> str | None:
         """Next hop for a microbatch of data node d; `fresh`: a new launch (flows only)."""
-        if not self.is_data and self.stage == self.cfg.last_stage:
+        if not node.is_data and node.stage == node.cfg.last_stage:
             return d
-        if self.swarm:
-            return self._greedy(exclude)
-        ok = [j for j in self._live_next() if j not in self.peers.full and j not in exclude]
-        units = self.peers.out.get(d, {})
-        if self.is_data and self.data.lent:  # units lent to me (Lend) for this iteration
+        if node.swarm:
+            return self.greedy(node, exclude)
+        peers = node.peers
+        ok = [j for j in self.live_next(node) if j not in peers.full and j not in exclude]
+        units = peers.out.get(d, {})
+        if node.is_data and node.data.lent:  # units lent to me (Lend) for this iteration
             units = dict(units)
-            for j, n in self.data.lent.items():
+            for j, n in node.data.lent.items():
                 units[j] = units.get(j, 0) + n
-        inflight = {j: self._inflight(j, d) for j in units}
-        costs = self.peers.next_peers
-        if self.is_data and fresh and self.cfg.fastest_unit:  # data.py, "Fastest unit first"
-            costs = {j: (self.data.rt.get(j, self.data.e2e_est), self.peers.next_peers.get(j, float("inf"))) for j in units}
+        inflight = {j: self.inflight(node, j, d) for j in units}
+        costs = peers.next_peers
+        if node.is_data and fresh and node.cfg.fastest_unit:  # data.py, "Fastest unit first"
+            rt, e2e = node.data.rt, node.data.e2e_est
+            costs = {j: (rt.get(j, e2e), peers.next_peers.get(j, float("inf"))) for j in units}
         hop = pick_next_hop(units, inflight, costs, ok)
         if hop is not None:
             return hop
-        if self.cfg.lend and not fresh:
-            for d2 in sorted(d2 for d2 in self.peers.out if d2 != d):  # another data node's idle unit, before a repair
-                u2 = self.peers.out[d2]
-                hop = pick_next_hop(u2, {j: self._inflight(j, d2) for j in u2}, self.peers.next_peers, ok)
+        if node.cfg.lend and not fresh:
+            for d2 in sorted(d2 for d2 in peers.out if d2 != d):  # another data node's idle unit, before a repair
+                u2 = peers.out[d2]
+                hop = pick_next_hop(u2, {j: self.inflight(node, j, d2) for j in u2}, peers.next_peers, ok)
                 if hop is not None:
                     return hop
         if fresh and any(units.get(j, 0) > 0 for j in ok):
             return None  # the flows are busy: wait for a slot
-        hop = self._greedy(exclude)  # local repair: a live peer with room takes a unit
+        hop = self.greedy(node, exclude)  # local repair: a live peer with room takes a unit
         if hop is not None:
-            self.peers.repair_unit(d, hop)
+            peers.repair_unit(d, hop)
         return hop
 
-    def _presume_dead(self, j: str | None) -> None:
-        if j is None or j in self.peers.dead or j in self.cfg.data_nodes:
+    def presume_dead(self, node: RecoveryNode, j: str | None) -> None:
+        if j is None or j in node.peers.dead or j in node.cfg.data_nodes:
             return
-        self.peers.presume_dead(j, repair=not self.swarm)
-        self.stats.bump(presumed_dead=1)
-
-    def _cancel(self, key: Key, eff: list[RecoveryEffect]) -> None:
-        for t in TIMERS:
-            eff.append(CancelTimer(MbTimer(t, key)))
-
-    def _room(self, eff: list[RecoveryEffect]) -> None:
-        if self.peers.denied and not self.is_data and (self.stage == self.cfg.last_stage or self._live_next()):
-            free = self.cfg.capacity - self._slots_used()
-            if free > 0:
-                for p in sorted(self.peers.denied):
-                    eff.append(Send(p, Room(free)))
-                self.peers.room_told()
-
-    def _drop(self, key: Key, eff: list[RecoveryEffect]) -> None:
-        if self._forget(key) is None:
-            return
-        self._cancel(key, eff)
-        self._room(eff)
-
-    def _deny(self, to: str, key: Key, attempt: int, eff: list[RecoveryEffect]) -> None:
-        self.stats.bump(denies_sent=1)
-        self.peers.deny(to)
-        eff.append(Send(to, MbDeny(*key, attempt)))
-
-    def _report(self, key: Key, attempt: int, state: RelayPhase, eff: list[RecoveryEffect]) -> None:
-        eff.append(Send(key.data_node, MbState(*key, attempt, self.stage, state.value)))
+        node.peers.presume_dead(j, repair=not node.swarm)
+        node.stats.bump(presumed_dead=1)

@@ -44,7 +44,7 @@ import trio
 from ...protocol import messages as m
 from ...protocol.cost import link_cost
 from ...protocol.flow import FlowConfig, FlowNode, flows_formed
-from .linkmeter import REMEASURE_EVERY_S, LinkMeter, recost_threshold
+from .linkmeter import REMEASURE_EVERY_S, LinkMeter, LinkSample, recost_threshold
 from .liveness import Liveness
 from ..net.peers import PeerInfo, Peers
 from .stage import LocalStage
@@ -114,6 +114,23 @@ class Flows:
     def _in_flow(self, peer: str) -> bool:
         cfg = self.machine.cfg
         return peer in cfg.next_costs or peer in cfg.prev_costs or peer in cfg.peers
+
+    # Read-only accessors for the node's status (status.py reads none of this component's fields).
+    def link_costs(self) -> dict[str, dict[str, float]]:
+        """The last cost of every link, per side ("next", "prev"; peers that left stay in it): a copy."""
+        return {side: dict(costs) for side, costs in self.link_costs_used.items()}
+
+    def links_recosted(self) -> int:
+        """Links whose flows re-formed after a new measurement."""
+        return self.recosts
+
+    def link_measurements(self) -> dict[str, dict]:
+        """Each measured link (linkmeter.py), as status.json shows it."""
+        return self.meter.snapshot()
+
+    def link_sample(self, peer: str) -> LinkSample | None:
+        """The smoothed measurement of the link to `peer` (a next-stage link), if any."""
+        return self.meter.samples.get(peer)
 
     # ------------------------------------------------------------------ formation
     def declared(self, peer: str) -> tuple[float, float] | None:

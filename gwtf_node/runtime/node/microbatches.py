@@ -209,6 +209,26 @@ class Microbatches:
     def stats(self) -> dict:
         return dict(vars(self.rec.stats)) if self.rec is not None else {}
 
+    # Read-only accessors for the node's status (status.py reads none of this component's fields).
+    def is_paused(self) -> bool:
+        """A data node holds its next iteration back while a stage is empty (`paused_status`)."""
+        return self.paused is not None
+
+    def status_counters(self) -> dict:
+        """status.json's counters of the microbatches: the machine's (`recovery`), what this relay holds, the
+        computations on parameters not of their microbatch's iteration (a warning each; 0 in an exact run), Top-K
+        on the links (ratio per peer, bytes sent vs dense), and a data node's pause (`paused_status`)."""
+        return {"recovery": self.stats(), "holding": self.holding(), "computed_off_step": self.off_step,
+                "compression": self.compression.stats(), "paused": self.paused_status()}
+
+    def tally_json(self, role: str) -> dict:
+        """What the microbatches came to since start (tally.py), for the dashboard."""
+        return self.tally.to_json(role)
+
+    def losses(self) -> tuple[float | None, int | None, dict[int, float]]:
+        """A data node's last mean loss, the iteration it is of, and the recent ones by iteration (a copy)."""
+        return self.tally.last_loss, self.tally.last_iteration, dict(self.tally.losses)
+
     def holding(self) -> dict[str, int]:
         """Microbatches this relay holds, by phase (fwd/sending/sent: forward pass; bwd/grad/done: backward)."""
         out: dict[str, int] = {}

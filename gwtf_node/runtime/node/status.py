@@ -118,7 +118,6 @@ class Status:
         self.cut_checks = cut_checks  # a relay back from a cut at its stage's step: its parameters compared
         self.events = EventLog()  # recent events (events.py), fed by `observe`
         self.feed = EventFeed(self.events, self.name_of)
-        self.tally = microbatches.tally  # what the microbatches came to (tally.py)
         self.links_cfg = flows.links_cfg  # emulated links (--links): their latency and bandwidth
         self.started_at = time.time()
         self.latest_view: dict | None = None  # the view of the last round (metrics.py reads it from its thread)
@@ -148,7 +147,7 @@ class Status:
             "peers": {p.peer_id: {"name": p.name, "role": p.role, "stage": p.stage, "rtt_ms": p.rtt_ms,
                                   "connection": conns.get(p.peer_id, "none")} for p in self.peers.infos()},
             "flows": self.flows.out(),
-            "link_costs": self.flows.link_costs_used,
+            "link_costs": self.flows.link_costs(),
             "compute_ms_per_microbatch": round(self.stage.compute_ms(), 3),
             "event_loop": self.liveness.lag.snapshot(),  # how late the event loop ran (looplag.py)
             # the work measured here (stage.py), the last aggregation's parts, each watched peer's deadline
@@ -156,21 +155,16 @@ class Status:
             "aggregation_parts": {k: round(v, 3) for k, v in agg.parts.items()},
             "last_all_reduce": getattr(agg.allreducer, "last_round", None),  # its time, tensor work, MB sent
             "dead_after_s": {p: round(self.liveness.deadline_s(p), 1) for p in sorted(self.peers.watched())},
-            "links_recosted": self.flows.recosts,
+            "links_recosted": self.flows.links_recosted(),
             "reachability": self._reachability(),
-            "link_measurements": self.flows.meter.snapshot(),
+            "link_measurements": self.flows.link_measurements(),
             "iteration": cur if cur is not None else agg.last_iteration,
             "ledger": mb.counts(cur) if cur is not None else {},
             "policy": self.policy, "presumed_dead": sorted(self.liveness.crashed),
             # a relay with no live data node: seconds it has waited for one (None: not waiting)
             "waiting_for_data_node_s": None if waiting is None else round(now() - waiting, 1),
             "lost_contributions": {str(k): v for k, v in agg.lost_contributions.items()},
-            "recovery": mb.stats(),
-            "holding": mb.holding(),
-            # computations on parameters not of their microbatch's iteration (a warning each; 0 in an exact run)
-            "computed_off_step": mb.off_step,
-            "compression": mb.compression.stats(),  # Top-K on the links: ratio per peer, bytes sent vs dense
-            "paused": mb.paused_status(),  # a data node: the iteration it does not open while a stage is empty
+            **mb.status_counters(),  # recovery, holding, computed_off_step, compression, paused (microbatches.py)
             "resume": self.resume_status(),
             "waiting_for": self.waiting_for(),
             "cut_checks": self.cut_checks(),
@@ -234,7 +228,7 @@ class Status:
             leaving=place.leaving,
             connecting=self.bootstrap is not None and self.bootstrap.state is not BootstrapState.CONNECTED,
             joining=place.stage is None or place.joining or not mb.started,
-            paused=mb.paused is not None,
+            paused=mb.is_paused(),
             waiting_for_data=place.role == "relay" and self.liveness.waiting_for_data_since is not None,
             # a phase begun and not stepped; or a data node whose microbatches are settled waits for the step
             aggregating=self.aggregation.aggregating()
@@ -254,7 +248,7 @@ class Status:
             "flows": self._flows(),
             "iteration": self._iteration(state),
             "loss": self._loss(),
-            "microbatches": {**self.tally.to_json(self.peers.role), "holding": self.microbatches.holding(),
+            "microbatches": {**self.microbatches.tally_json(self.peers.role), "holding": self.microbatches.holding(),
                              "recovery": self.microbatches.stats(),
                              "lost_contributions": sum(self.aggregation.lost_contributions.values())},
             "neighbours": self._neighbours(),
@@ -385,10 +379,10 @@ class Status:
 
     def _loss(self) -> dict:
         run = self._run_record() if self.peers.role == "data" else None
-        return {"this_node": self.tally.last_loss, "this_node_iteration": self.tally.last_iteration
-                if self.peers.role == "data" else None,
+        last_loss, last_iteration, losses = self.microbatches.losses()
+        return {"this_node": last_loss, "this_node_iteration": last_iteration if self.peers.role == "data" else None,
                 "run": run.get("loss") if run else None, "run_iteration": run.get("iteration") if run else None,
-                "run_record": run, "recent": {str(k): v for k, v in sorted(self.tally.losses.items())}}
+                "run_record": run, "recent": {str(k): v for k, v in sorted(losses.items())}}
 
     def _reachability(self) -> dict:
         """Whether peers outside reach this node (dialback.py, relay.py): `public` (a peer dialled it back, or
@@ -429,7 +423,7 @@ class Status:
             shaped = self.links_cfg.get((self.peers.name, info.name)) if info.name else None
             side, cost = side_costs.get(pid, ("peer" if info.role == "relay" and info.stage == self.peers.stage
                                               else None, None))
-            sample = self.flows.meter.samples.get(pid)  # a next-stage link's measurement (linkmeter.py)
+            sample = self.flows.link_sample(pid)  # a next-stage link's measurement (linkmeter.py)
             rtt = sample.rtt_ms if sample is not None else info.rtt_ms
             bw = sample.bandwidth_mbps if sample is not None else None
             rows.append({

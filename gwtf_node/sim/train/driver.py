@@ -460,4 +460,4 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         if ckind == "final" and node in self.data:
             dm = getattr(m, "mbs", {}).get(key)
             if dm is not None:
-                self.trace.append(("path", self.now, key, tuple(dm.path), dm.attempt, dm.rounds))
+                self.trace.append(("path", self.now, key, tuple(dm.path), dm.attempt, dm.round.count))

@@ -34,7 +34,7 @@ So:
   the stage's forward and completes the backward from the gradient the next
   stage kept (`Resume`).  These are the repair rounds of GWTF's microbatch
   machine (protocol/recovery/, "Backward pass, GWTF"), so the machine is
-  GWTF's with its next-hop choice replaced (`TaskPoolNode._choose_next`); its
+  GWTF's with its next-hop choice replaced (`PoolRouting.choose_next`); its
   ledger (nothing lost, nothing completed twice) is the same.
 * Detection: the same as GWTF's (hop deadlines, the data node's watchdog and
   the membership layer's report, `gwtf_acts_on_gone`), so the column measures
@@ -50,27 +50,34 @@ microbatch is whole and the aggregation is the simulator's (all policies).
 from __future__ import annotations
 
 from ...protocol.recovery import RecoveryNode
+from ...protocol.recovery.routing import Routing
 from .driver import TrainSim
 from .options import TrainSimOptions
 
 
-class TaskPoolNode(RecoveryNode):
-    """GWTF's microbatch machine whose next hop comes from the stage's pool (module docstring)."""
+class PoolRouting(Routing):
+    """GWTF's next-hop choice replaced by the stage's pool (module docstring)."""
 
-    def _choose_next(self, d: str, exclude: set, *, fresh: bool = False) -> str | None:
-        if not self.is_data and self.stage == self.cfg.last_stage:
+    def choose_next(self, node: RecoveryNode, d: str, exclude: set, *, fresh: bool = False) -> str | None:
+        if not node.is_data and node.stage == node.cfg.last_stage:
             return d
         free = []
-        for j in self._live_next():
-            if j in self.full or j in exclude:
+        for j in self.live_next(node):
+            if j in node.full or j in exclude:
                 continue
-            room = self.peer_cap.get(j, 1) - self._inflight(j)
+            room = node.peer_cap.get(j, 1) - self.inflight(node, j)
             if room > 0:
                 free.append((room, j))
         if not free:
             return None
         most = max(r for r, _ in free)
         return self.rng.choice(sorted(j for r, j in free if r == most))
+
+
+class TaskPoolNode(RecoveryNode):
+    """GWTF's microbatch machine whose next hop comes from the stage's pool (`PoolRouting`)."""
+
+    routing_class = PoolRouting
 
 
 class TaskPoolSim(TrainSim):
