@@ -119,6 +119,26 @@ async def test_the_deadline_widens_with_the_work_this_node_measured_and_with_wha
     lv.check(19.0)
     assert dead == ["D0"]
 
+    lv, peers, dead, _work = _relay_with_a_data_node()
+    peers.heard("D0", 0.0)
+    lv.on_pong("D0", m.Pong(1, compute_ms=5.0, busy_ms=12_000.0))  # its event loop once ran 12 s late
+    for t in range(1, 25):
+        lv.check(float(t))
+    assert dead == [] and lv.deadline_s("D0") == 24.0
+    lv.check(25.0)
+    assert dead == ["D0"]
+
+
+def test_a_pong_tells_this_nodes_compute_and_its_longest_work_or_lag() -> None:
+    lv, _peers, _dead, work = _relay_with_a_data_node()
+    lv.compute_ms = lambda: 7.5
+    work["s"] = 3.0
+    assert lv.pong(42) == m.Pong(42, 7.5, 3000.0)
+    lv.lag.max_lag_s = 4.25  # the loop once woke 4.25 s late: longer than any work
+    assert lv.pong(43) == m.Pong(43, 7.5, 4250.0)
+    lv.lag.max_lag_s = 1e9  # bounded by the deadline's ceiling, as a receiver bounds it
+    assert lv.pong(44).busy_ms == liveness.MAX_DEADLINE_S * 1000.0
+
 
 @pytest.mark.trio
 async def test_silence_counts_only_while_this_nodes_own_loop_ran(caplog) -> None:

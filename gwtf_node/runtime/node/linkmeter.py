@@ -105,7 +105,7 @@ class LinkMeter:
     async def on_probe(self, peer: str, msg: m.LinkProbe, payload) -> None:
         if payload is not None and len(payload) > PROBE_MAX_BYTES:
             raise FrameRefused(f"LinkProbe of {len(payload)} bytes: at most {PROBE_MAX_BYTES}")
-        await self.wire.send(peer, m.Pong(msg.nonce, self.stage.compute_ms()))
+        await self.wire.send(peer, self.liveness.pong(msg.nonce))
 
     async def sample(self, peer: str) -> LinkSample | None:
         """Measure the link to `peer` once (the best of two round trips, one probe) and fold it into the smoothed

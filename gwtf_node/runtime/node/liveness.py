@@ -22,14 +22,17 @@ the work the nodes measured (`dead_after_s`):
 
     deadline = max(DEAD_AFTER_S, BUSY_FACTOR x max(peer's work, own work))
 
-the peer's work being the compute per microbatch it tells in every Pong
-(`m.Pong.compute_ms`, Equation 1's c_j), and this node's own work the longest
-piece of work it measured (`LocalStage.busiest_s`: a microbatch's compute, an
-optimizer step, a checkpoint, an all-reduce): stage-mates and neighbours hold
-parts of about the same size, so what this node's step and checkpoint take
-is its best estimate of theirs; so is the longest lag of its own event
-loop (looplag.py): on a machine with more daemons than cores every loop
-runs late alike.  The floor is DEAD_AFTER_S (6 s), the
+the peer's work being what it tells in every Pong: its compute per
+microbatch (`m.Pong.compute_ms`, Equation 1's c_j) and its own busiest
+(`m.Pong.busy_ms`: the longer of its longest work and its event loop's longest
+lag), and this node's own work the longest piece of work it measured
+(`LocalStage.busiest_s`: a microbatch's compute, an optimizer step, a
+checkpoint, an all-reduce) and the longest lag of its own event loop
+(looplag.py).  Stage-mates and neighbours hold parts of about the same size,
+so this node's own work is its estimate of theirs until they tell theirs; a
+data node, which computes the embedding and the head and answers every
+relay's control frames, runs later than the relays around it on a loaded
+machine, and its Pongs say so.  The floor is DEAD_AFTER_S (6 s), the
 factor BUSY_FACTOR (2) and the ceiling MAX_DEADLINE_S (600 s); a model of a few MB works in milliseconds, so its
 deadline stays at the floor and a crash is found as quickly as ever.
 
@@ -93,6 +96,7 @@ class Liveness:
         self.compute_ms = compute_ms  # this node's compute per microbatch, told in each Pong (linkmeter.py)
         self.work_s = work_s  # the longest piece of work this node measured (LocalStage.busiest_s)
         self.peer_compute_ms: dict[str, float] = {}  # each peer's compute per microbatch, from its last Pong
+        self.peer_busy_ms: dict[str, float] = {}  # each peer's longest work or loop lag, from its last Pong
         self.resumed_at = float("-inf")  # when this node's loop last came back from a stall (trio clock)
         self._last_check = 0.0  # when `check` last ran
         self.pongs: dict[int, tuple[trio.Event, list]] = {}  # nonce -> (answered, [the Pong])
@@ -116,7 +120,16 @@ class Liveness:
         """`peer`'s deadline now (`dead_after_s`); this node's own work counts its event loop's longest lag
         (`lag.max_lag_s`): a machine whose loops run seconds late (more daemons than cores) answers pings as late,
         and a peer's silence then is not its death."""
-        return dead_after_s(self.peer_compute_ms.get(peer, 0.0) / 1000.0, max(self.work_s(), self.lag.max_lag_s))
+        told = max(self.peer_compute_ms.get(peer, 0.0), self.peer_busy_ms.get(peer, 0.0)) / 1000.0
+        return dead_after_s(told, self.busy_s())
+
+    def busy_s(self) -> float:
+        """This node's longest work or event-loop lag (module doc), in seconds: told in every Pong."""
+        return max(self.work_s(), self.lag.max_lag_s)
+
+    def pong(self, nonce: int) -> m.Pong:
+        """The Pong answering `nonce` (a Ping's or a LinkProbe's): this node's compute and busiest work."""
+        return m.Pong(nonce, self.compute_ms(), round(min(self.busy_s(), MAX_DEADLINE_S) * 1000.0, 3))
 
     async def _check_loop(self) -> None:
         self._last_check = now()
@@ -185,10 +198,11 @@ class Liveness:
                 and t - self.peers.last_heard.get(peer, t) < self.deadline_s(peer))
 
     async def on_ping(self, peer: str, msg: m.Ping) -> None:
-        await self.wire.send(peer, m.Pong(msg.nonce, self.compute_ms()))
+        await self.wire.send(peer, self.pong(msg.nonce))
 
     def on_pong(self, peer: str, msg: m.Pong) -> None:
         self.peer_compute_ms[peer] = msg.compute_ms  # (finite and bounded: protocol/bounds.py)
+        self.peer_busy_ms[peer] = msg.busy_ms
         waiting = self.pongs.get(msg.nonce)
         if waiting is not None:
             waiting[1].append(msg)
