@@ -190,3 +190,41 @@ def test_a_checkpoint_holds_the_state_as_a_tensor_that_torch_writes_without_the_
     rec["state"] = state  # as written before
     torch.save(rec, path)
     assert checkpoints.load(path).state == state
+
+
+@pytest.mark.trio
+async def test_the_deadline_widens_with_the_round_trips_of_the_peers_pings(monkeypatch) -> None:
+    lv, peers, dead, _work = _relay_with_a_data_node()
+    clock = {"t": 0.0}
+    monkeypatch.setattr(liveness, "now", lambda: clock["t"])
+    peers.heard("D0", 0.0)
+    lv.check(1.0)
+    lv.check(2.0)  # silent for 2 s: pinged
+    assert lv.wire.pings == ["D0"] and lv.deadline_s("D0") == liveness.DEAD_AFTER_S
+    (nonce,) = lv.pinged["D0"]
+    lv.check(3.0)
+    lv.check(4.0)  # pinged again, each Ping timed
+    assert len(lv.pinged["D0"]) == 3
+    clock["t"] = 5.0  # its Pong comes 3 s later (a loaded machine): the first sample, rttvar half of it
+    lv.on_pong("D0", m.Pong(nonce))
+    assert lv.deadline_s("D0") == pytest.approx(liveness.RTT_FACTOR * (3.0 + 4 * 1.5))  # 27 s
+    peers.heard("D0", 5.0)
+    for t in range(5, 33):
+        lv.check(float(t))
+    assert dead == []  # 27 s of silence
+    lv.check(33.0)
+    assert dead == ["D0"] and "D0" not in lv.pinged  # a crash is still found, after the round trips' deadline
+    lv.on_pong("D0", m.Pong(12345))  # a Pong to no Ping of ours (a LinkProbe's, or forged): times nothing
+    assert lv.round_trips["D0"].srtt == 3.0
+
+
+def test_round_trips_are_smoothed_as_tcp_smooths_them() -> None:
+    r = liveness.RoundTrips(0.1)
+    assert (r.srtt, r.rttvar) == (0.1, 0.05)
+    r.add(0.1)
+    assert r.srtt == pytest.approx(0.1) and r.rttvar == pytest.approx(0.0375)
+    for _ in range(50):
+        r.add(0.1)
+    assert r.rto_s() == pytest.approx(0.1, abs=1e-6)  # a steady round trip: the deadline's floor rules
+    r.add(2.0)  # one round trip of 2 s: the timeout moves up by most of it at once (the variance)
+    assert 2.0 < r.rto_s() < 2.3

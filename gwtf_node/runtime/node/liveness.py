@@ -36,6 +36,18 @@ machine, and its Pongs say so.  The floor is DEAD_AFTER_S (6 s), the
 factor BUSY_FACTOR (2) and the ceiling MAX_DEADLINE_S (600 s); a model of a few MB works in milliseconds, so its
 deadline stays at the floor and a crash is found as quickly as ever.
 
+Slow is not dead either.  Each liveness Ping's round trip is timed (its
+nonce kept until its Pong, at most `PINGS_KEPT` per peer), and smoothed as
+TCP smooths its own (RFC 6298: `srtt`, `rttvar`, gains 1/8 and 1/4); a
+peer's deadline is at least `RTT_FACTOR` x its retransmission timeout
+(srtt + 4 x rttvar): a Ping goes after a third of the deadline, so its Pong
+has two thirds of it, two retransmission timeouts.  Round trips grow
+when the path or the peer is overloaded (a congested uplink; on a machine
+with more daemons than cores, where every frame waits for a core: loopback
+round trips of 0.3-4.5 s in a 50-daemon swarm on 2 cores, while each loop's
+own lag stayed under 2.1 s) and the deadline with them; a crash still goes
+silent, and is found after the deadline of the round trips seen before it.
+
 Silence is counted only while this node's own loop ran: when the check wakes
 late (its loop was held for more than `SELF_STALL_S` beyond its period),
 every peer's silence restarts from that moment (`resumed_at`), since frames
@@ -78,7 +90,26 @@ BUSY_FACTOR = 2.0  # ... and its factor over the longest work measured
 MAX_DEADLINE_S = 600.0  # ... and its ceiling (a peer cannot buy itself a longer one by what it tells)
 SELF_STALL_S = 1.0  # the check woke this much later than its period: silence counts again from then
 PONG_WAIT_S = 5.0  # a round trip sample is given up after this long
+RTT_FACTOR = 3.0  # a peer's deadline is at least this many of its retransmission timeouts (module doc)
+PINGS_KEPT = 8  # liveness Pings awaiting their Pong, kept per peer to time their round trips
 WAITING_LOG_EVERY_S = 30.0  # a relay with no live data node says so this often
+
+
+class RoundTrips:
+    """One peer's smoothed round trip (RFC 6298's srtt and rttvar, in seconds)."""
+
+    __slots__ = ("srtt", "rttvar")
+
+    def __init__(self, first_s: float) -> None:
+        self.srtt, self.rttvar = first_s, first_s / 2.0
+
+    def add(self, rtt_s: float) -> None:
+        self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt_s)
+        self.srtt = 0.875 * self.srtt + 0.125 * rtt_s
+
+    def rto_s(self) -> float:
+        """The retransmission timeout: srtt + 4 x rttvar."""
+        return self.srtt + 4.0 * self.rttvar
 
 
 def dead_after_s(peer_work_s: float, own_work_s: float, *, floor_s: float = DEAD_AFTER_S,
@@ -105,6 +136,8 @@ class Liveness:
         self.dead_at: dict[str, float] = {}  # peers presumed dead by this check (and not back since) -> when
         self._waiting_logged_at: float | None = None
         self.lag = LoopLag()  # this node's event-loop lag (looplag.py), probed while the check runs
+        self.round_trips: dict[str, RoundTrips] = {}  # each peer's smoothed liveness round trip (module doc)
+        self.pinged: dict[str, dict[int, float]] = {}  # peer -> its Pings awaiting a Pong: nonce -> sent at
 
     @property
     def crashed(self):
@@ -121,7 +154,9 @@ class Liveness:
         (`lag.max_lag_s`): a machine whose loops run seconds late (more daemons than cores) answers pings as late,
         and a peer's silence then is not its death."""
         told = max(self.peer_compute_ms.get(peer, 0.0), self.peer_busy_ms.get(peer, 0.0)) / 1000.0
-        return dead_after_s(told, self.busy_s())
+        rtts = self.round_trips.get(peer)
+        floor = DEAD_AFTER_S if rtts is None else max(DEAD_AFTER_S, RTT_FACTOR * rtts.rto_s())
+        return dead_after_s(told, self.busy_s(), floor_s=min(floor, MAX_DEADLINE_S))
 
     def busy_s(self) -> float:
         """This node's longest work or event-loop lag (module doc), in seconds: told in every Pong."""
@@ -145,18 +180,32 @@ class Liveness:
             self.resumed_at = t
         self._last_check = t
         self._check_data_nodes(t)
+        if len(self.round_trips) > len(self.peers.peers):  # (peers forgotten for good: their round trips go)
+            for pid in [p for p in self.round_trips if p not in self.peers.peers]:
+                self.round_trips.pop(pid)
+                self.pinged.pop(pid, None)
         for pid in sorted(self.peers.watched()):
             silent = self.peers.silent_for(pid, t)
             deadline = self.deadline_s(pid)
             if min(silent, t - self.resumed_at) > deadline:
                 self._presume_dead(pid, silent, deadline)
             elif silent >= max(PING_EVERY_S, PING_AFTER * deadline):
-                self.wire.post(pid, m.Ping(random.getrandbits(63)))
+                self._ping(pid, t)
+
+    def _ping(self, peer: str, t: float) -> None:
+        """Post a liveness Ping to `peer`, its nonce kept to time the round trip (module doc)."""
+        nonce = random.getrandbits(63)
+        out = self.pinged.setdefault(peer, {})
+        if len(out) >= PINGS_KEPT:
+            del out[min(out, key=out.__getitem__)]  # (the oldest: its Pong is lost, or late past any use)
+        out[nonce] = t
+        self.wire.post(peer, m.Ping(nonce))
 
     def _presume_dead(self, peer: str, silent_s: float, deadline_s: float = DEAD_AFTER_S) -> None:
         log.warning("peer %s presumed dead: silent for %.1f s (deadline %.1f s)", self.peers.who(peer), silent_s,
                     deadline_s)
         self.dead_at[peer] = now()
+        self.pinged.pop(peer, None)  # (its round trips are kept: the deadline it comes back to)
         self.on_dead(peer)
         self.wire.spawn(self.wire.disconnect, peer)  # (alive after all: the redial opens new connections)
 
@@ -203,6 +252,14 @@ class Liveness:
     def on_pong(self, peer: str, msg: m.Pong) -> None:
         self.peer_compute_ms[peer] = msg.compute_ms  # (finite and bounded: protocol/bounds.py)
         self.peer_busy_ms[peer] = msg.busy_ms
+        sent = self.pinged.get(peer, {}).pop(msg.nonce, None)
+        if sent is not None:
+            rtt = max(0.0, now() - sent)
+            rtts = self.round_trips.get(peer)
+            if rtts is None:
+                self.round_trips[peer] = RoundTrips(rtt)
+            else:
+                rtts.add(rtt)
         waiting = self.pongs.get(msg.nonce)
         if waiting is not None:
             waiting[1].append(msg)
