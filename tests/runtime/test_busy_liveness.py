@@ -216,6 +216,8 @@ async def test_the_deadline_widens_with_the_round_trips_of_the_peers_pings(monke
     assert dead == ["D0"] and "D0" not in lv.pinged  # a crash is still found, after the round trips' deadline
     lv.on_pong("D0", m.Pong(12345))  # a Pong to no Ping of ours (a LinkProbe's, or forged): times nothing
     assert lv.round_trips["D0"].srtt == 3.0
+    peers.peers["R1"] = PeerInfo("R1", role="relay", stage=0, name="r1")
+    assert lv.deadline_s("R1") == lv.deadline_s("D0")  # a peer not timed yet: the slowest timed peer's timeout
 
 
 def test_round_trips_are_smoothed_as_tcp_smooths_them() -> None:

@@ -47,6 +47,9 @@ with more daemons than cores, where every frame waits for a core: loopback
 round trips of 0.3-4.5 s in a 50-daemon swarm on 2 cores, while each loop's
 own lag stayed under 2.1 s) and the deadline with them; a crash still goes
 silent, and is found after the deadline of the round trips seen before it.
+A peer not timed yet (just met) gets the longest retransmission timeout of
+the peers timed: on a loaded machine the first Pongs of a data node that
+every relay greets at once come as late as any.
 
 Silence is counted only while this node's own loop ran: when the check wakes
 late (its loop was held for more than `SELF_STALL_S` beyond its period),
@@ -155,7 +158,8 @@ class Liveness:
         and a peer's silence then is not its death."""
         told = max(self.peer_compute_ms.get(peer, 0.0), self.peer_busy_ms.get(peer, 0.0)) / 1000.0
         rtts = self.round_trips.get(peer)
-        floor = DEAD_AFTER_S if rtts is None else max(DEAD_AFTER_S, RTT_FACTOR * rtts.rto_s())
+        rto = rtts.rto_s() if rtts is not None else max((r.rto_s() for r in self.round_trips.values()), default=0.0)
+        floor = max(DEAD_AFTER_S, RTT_FACTOR * rto)
         return dead_after_s(told, self.busy_s(), floor_s=min(floor, MAX_DEADLINE_S))
 
     def busy_s(self) -> float:
