@@ -2,73 +2,48 @@
 
 Every `PING_EVERY_S` a node looks at the peers it works with (its stage, the
 stages before and after, the data nodes): it pings a peer silent for a third
-of that peer's deadline (`PING_AFTER`: at least `PING_EVERY_S`; 2 s at the
-floor), and presumes dead a peer it heard nothing from for longer than the
-deadline (any frame counts, see `Peers.heard`).  A peer that sends anything
-(its microbatches, its own Ping) is not pinged, and the Ping of one side of a
-quiet pair is heard by the other, so a quiet pair exchanges one Ping and its
-Pong per third of a deadline: the frames a node spends on liveness grow with
-the peers it works with, and they are what a swarm of many daemons on few
-cores pays most for between its microbatches.  A dead peer is handed to `on_dead`, which forgets it everywhere (routing, flow
-machine, aggregation groups, recovery machine, all-reduce in flight).  The
-simulator models this check with the same two constants (`sim/train/setting.py`,
-DAEMON_DETECT_S).
+of that peer's deadline (`PING_AFTER`: at least `PING_EVERY_S`), and presumes
+dead a peer it heard nothing from for longer than the deadline (any frame
+counts, `Peers.heard`).  A peer that sends anything is not pinged, and one
+side's Ping is heard by the other, so a quiet pair exchanges one Ping and its
+Pong per third of a deadline.  A dead peer goes to `on_dead`, which forgets
+it everywhere (routing, flow machine, aggregation groups, recovery machine,
+all-reduce in flight).  The simulator models this check with the same two
+constants (`sim/train/setting.py`, DAEMON_DETECT_S).
 
-Busy is not dead.  A node that computes, steps or writes a checkpoint does it
-in worker threads (stage.py, allreduce.py, checkpoints.py) and keeps
-answering on its event loop, but on a loaded machine its loop still runs late
-now and then (looplag.py measures it).  So the deadline of a peer scales with
-the work the nodes measured (`dead_after_s`):
+Busy is not dead.  Compute, steps and checkpoint writes run in worker
+threads (stage.py, allreduce.py, checkpoints.py), but on a loaded machine a
+loop still runs late (looplag.py), so a deadline scales with the work measured
+(`dead_after_s`): max(DEAD_AFTER_S, BUSY_FACTOR x max(peer's work, own work)),
+the peer's work being what its Pongs tell (`compute_ms`, Equation 1's c_j, and
+`busy_ms`, its longest work or event-loop lag), this node's own its longest
+work (`LocalStage.busiest_s`: a compute, a step, a checkpoint, an all-reduce)
+or loop lag: stage-mates hold parts of about the same size.  Floor 6 s,
+factor 2, ceiling MAX_DEADLINE_S (600 s): a model of a few MB stays at the
+floor, and a crash is found as quickly as ever.
 
-    deadline = max(DEAD_AFTER_S, BUSY_FACTOR x max(peer's work, own work))
+Slow is not dead either.  Each liveness Ping's round trip is timed (at most
+`PINGS_KEPT` nonces per peer) and smoothed as TCP does (RFC 6298: srtt,
+rttvar, gains 1/8 and 1/4); a peer's deadline is at least `RTT_FACTOR` x its
+retransmission timeout (srtt + 4 x rttvar): a Ping goes after a third of the
+deadline, so its Pong has two timeouts.  Round trips grow when a path or a
+peer is overloaded (on a machine with more daemons than cores: loopback round
+trips of 0.3-4.5 s with 50 daemons on 2 cores, each loop's own lag under
+2.1 s), and the deadline with them.  A peer not timed yet gets the longest
+timeout of the peers timed (a data node that every relay greets at once
+answers its first Pings as late as any).
 
-the peer's work being what it tells in every Pong: its compute per
-microbatch (`m.Pong.compute_ms`, Equation 1's c_j) and its own busiest
-(`m.Pong.busy_ms`: the longer of its longest work and its event loop's longest
-lag), and this node's own work the longest piece of work it measured
-(`LocalStage.busiest_s`: a microbatch's compute, an optimizer step, a
-checkpoint, an all-reduce) and the longest lag of its own event loop
-(looplag.py).  Stage-mates and neighbours hold parts of about the same size,
-so this node's own work is its estimate of theirs until they tell theirs; a
-data node, which computes the embedding and the head and answers every
-relay's control frames, runs later than the relays around it on a loaded
-machine, and its Pongs say so.  The floor is DEAD_AFTER_S (6 s), the
-factor BUSY_FACTOR (2) and the ceiling MAX_DEADLINE_S (600 s); a model of a few MB works in milliseconds, so its
-deadline stays at the floor and a crash is found as quickly as ever.
-
-Slow is not dead either.  Each liveness Ping's round trip is timed (its
-nonce kept until its Pong, at most `PINGS_KEPT` per peer), and smoothed as
-TCP smooths its own (RFC 6298: `srtt`, `rttvar`, gains 1/8 and 1/4); a
-peer's deadline is at least `RTT_FACTOR` x its retransmission timeout
-(srtt + 4 x rttvar): a Ping goes after a third of the deadline, so its Pong
-has two thirds of it, two retransmission timeouts.  Round trips grow
-when the path or the peer is overloaded (a congested uplink; on a machine
-with more daemons than cores, where every frame waits for a core: loopback
-round trips of 0.3-4.5 s in a 50-daemon swarm on 2 cores, while each loop's
-own lag stayed under 2.1 s) and the deadline with them; a crash still goes
-silent, and is found after the deadline of the round trips seen before it.
-A peer not timed yet (just met) gets the longest retransmission timeout of
-the peers timed: on a loaded machine the first Pongs of a data node that
-every relay greets at once come as late as any.
-
-Silence is counted only while this node's own loop ran: when the check wakes
-late (its loop was held for more than `SELF_STALL_S` beyond its period),
-every peer's silence restarts from that moment (`resumed_at`), since frames
-that arrived meanwhile are still unread in the sockets.  Without it, a node
-whose loop stalled for 20 s presumed every peer dead the moment it woke.
+Silence counts only while this node's own loop ran: when the check wakes
+more than `SELF_STALL_S` late, every peer's silence restarts then
+(`resumed_at`): the frames that came meanwhile are unread in the sockets.
 
 A peer presumed dead that is heard again says Hello (a restarted node keeps
-its peer id): `peer_back` takes it off the presumed-dead list and counts it
-as heard from now on; the node re-admits it everywhere (node.py).
-
-A relay with no live data node has nothing to do and would wait without a
-word: `loop` logs that it waits for a data node when that starts, then every
-`WAITING_LOG_EVERY_S`, and `waiting_for_data_since` (status.json) says since
-when.
-
-`exchange` sends one Ping (or a link meter's LinkProbe) and waits for its
-Pong; `measure_rtt` takes the best of three Ping/Pong round trips: the latency
-term of a link's cost (Equation 1) and a joiner's cost to each stage.
+its peer id): `peer_back` takes it off the presumed-dead list; the node
+re-admits it everywhere (node.py).  A relay with no live data node says so
+when that starts and every `WAITING_LOG_EVERY_S` (`waiting_for_data_since`
+in status.json).  `exchange` sends one Ping (or a LinkProbe) and waits for
+its Pong; `measure_rtt` takes the best of three round trips (Equation 1's
+latency term, a joiner's cost to each stage).
 """
 
 from __future__ import annotations
