@@ -1,6 +1,7 @@
 """The discovery loop's DHT rounds (discovery.py `loop`): provider lookups every DHT_ROUND_S at first, then at
 twice the interval after each round that found no one new, up to DHT_ROUND_MAX_S, and at once again when the
-node's place changes or a round found someone; the revocation list every REVOCATIONS_EVERY_S."""
+node's place changes or a round found someone; the revocation list from the host's own DHT copy every round (when the
+copy changed) and over the network every REVOCATIONS_EVERY_S."""
 
 from __future__ import annotations
 
@@ -21,14 +22,15 @@ class _Records:
     def __init__(self, news: set[int]) -> None:
         self.news = news
         self.lookups: list[tuple[float, str]] = []  # (time, key) of each provider lookup
-        self.reads: list[float] = []
+        self.reads: list[float] = []  # network reads
+        self.local_reads: list[float] = []
         self.puts = 0
 
     async def put(self, key: str, value) -> None:
         self.puts += 1
 
-    async def get(self, key: str):
-        self.reads.append(trio.current_time())
+    async def get(self, key: str, local_only: bool = False):
+        (self.local_reads if local_only else self.reads).append(trio.current_time())
 
     async def providers(self, key: str, unknown):
         self.lookups.append((trio.current_time(), key))
@@ -46,13 +48,16 @@ async def test_lookups_slow_down_while_they_find_no_one(autojump_clock: trio.tes
         peers = Peers("ME", "d0", 2, Place("data", -1, 4))
         peers.upsert(PeerInfo("P", "relay", 0, "r0"), 0.0)
         wire = SimpleNamespace(me="ME", spawn=lambda fn, *a: dials.append(a))
+        copy = {"raw": None}  # this host's DHT copy of the revocation list
         host = SimpleNamespace(addrs=["/ip4/127.0.0.1/tcp/1"], provide=lambda key: trio.sleep(0),
-                               on_addrs_changed=None)
+                               on_addrs_changed=None, dht_local=lambda key: copy["raw"])
         d = Discovery(wire, peers, host, SimpleNamespace(run_id="run", to_json=lambda: "{}"), {},
                       on_peer_hello=lambda info: None, authorizer=SimpleNamespace(insecure=False), records=records)
         nursery.start_soon(d.loop)
         start = trio.current_time()
-        await trio.sleep(200)
+        await trio.sleep(100)
+        copy["raw"] = b"list 1"  # a revocation list stored here by a peer: read at the next round, once
+        await trio.sleep(900)
         moved_at = trio.current_time()
         peers.place = Place("relay", 1, 4)  # placed elsewhere: published and looked up again at once
         await trio.sleep(5)
@@ -60,13 +65,14 @@ async def test_lookups_slow_down_while_they_find_no_one(autojump_clock: trio.tes
     times = [t - start for t, _ in records.lookups]
     gaps = [round(b - a) for a, b in zip(times, times[1:])]
     # the first rounds 2 s apart, then 4, 8, 16, 32; the 6th lookup found someone (dialled): 2 s again, then doubling
-    assert gaps[:6] == [2, 4, 8, 16, 32, 2] and gaps[6:10] == [4, 8, 16, 32], gaps
+    assert gaps[:6] == [2, 4, 8, 16, 32, 2] and gaps[6:13] == [4, 8, 16, 32, 64, 128, 256], gaps
     assert max(g for t, g in zip(times, gaps) if t < moved_at - start) == disc.DHT_ROUND_MAX_S
     assert len(dials) == 1
     # placed elsewhere: its new stage's keys looked up within one round
     assert any(0 <= t - (moved_at - start) <= disc.DHT_ROUND_S for t in times), times
     reads = [round(b - a) for a, b in zip(records.reads, records.reads[1:])]
     assert set(reads) == {disc.REVOCATIONS_EVERY_S}, reads
+    assert len(records.local_reads) == 1 and 100 <= records.local_reads[0] - start <= 100 + disc.DHT_ROUND_S
 
 
 @pytest.fixture

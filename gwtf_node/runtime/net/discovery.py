@@ -19,7 +19,8 @@ on read, records.py): `run/<run id>` holds the manifest (put by data nodes),
 again when its stage or addresses change and every `RECORD_REFRESH_S`; a
 provider whose record expired, `RECORD_TTL_S` after it was written, is not
 dialled), `run/<run id>/revoked` the owner's revocation list
-(read every `REVOCATIONS_EVERY_S`: authorize.py drops the peers it names); provider records on
+(read from this host's own DHT copy every round and over the network every `REVOCATIONS_EVERY_S`: authorize.py
+drops the peers it names); provider records on
 `run/<run id>` (everyone), `run/<run id>/data` (data nodes) and
 `run/<run id>/stage/<k>` (relays) are how a node finds the peers it works
 with (`fanout.provider_keys`: a relay looks at the data nodes' key and its
@@ -82,8 +83,9 @@ REDIAL_FIRST_S = 2.0  # a peer presumed dead is dialled again this long after, t
 REDIAL_MAX_S = 60.0  # ... up to once a minute
 REDIAL_FOR_S = 3600.0  # ... for an hour (a volunteer's machine may reboot; one gone for good costs a dial a minute)
 DHT_ROUND_S = 2.0  # the discovery loop's period; its first provider lookups come this often (`loop`)
-DHT_ROUND_MAX_S = 32.0  # ... then, while they find no one new, at twice the interval each time, up to this
-REVOCATIONS_EVERY_S = 10.0  # the owner's revocation list is read this often
+DHT_ROUND_MAX_S = 256.0  # ... then, while they find no one new, at twice the interval each time, up to this
+REVOCATIONS_EVERY_S = 60.0  # the owner's revocation list is looked up over the network this often
+# (and in this host's own copy of the DHT every round: `loop`)
 DHT_WAIT_S = 10.0
 PEER_LIST_DIALS = 256  # peers dialled for one PeerList (each once, with all its addresses)
 RELEASE_AFTER_S = 2.0  # a peer let go of is disconnected this long after (the Hello telling it our new stage first)
@@ -113,6 +115,7 @@ class Discovery:
         self.certificate = certificate  # the owner's admission of this node, shown in every Hello
         self.authorizer = authorizer  # takes the owner's revocation lists (authorize.py)
         self.records = records  # signed DHT records (records.py); None: a test without a DHT
+        self._revocations_copy: bytes | None = None  # this host's DHT copy of the list at the last local read
         host.on_addrs_changed = self.hello_all  # a relay reservation gave us an address: tell everyone
         self._redialling: set[str] = set()  # peers being redialled (`redial_loop`: one redial per peer at a time)
 
@@ -152,10 +155,14 @@ class Discovery:
         Every `DHT_ROUND_S` the loop looks whether this node's place or addresses changed (published again at
         once); it asks the DHT for providers at the first rounds, and again after a wait that doubles with each
         round that found no one new to dial, up to `DHT_ROUND_MAX_S` (back to `DHT_ROUND_S` when its place
-        changes or a round found someone); the owner's revocation list is read every `REVOCATIONS_EVERY_S`.  A
-        formed swarm is found by Hello and PeerList, and a newcomer finds its peers through its own lookups, so
-        the lookups of the members can slow down: each one is a walk over up to twenty peers, and a swarm whose
-        members all looked every two seconds spent most of its event loops' time answering them."""
+        changes or a round found someone).  A formed swarm is found by Hello and PeerList, and a newcomer finds its
+        peers through its own lookups, so the lookups of the members can slow down: each one is a walk over up to
+        twenty peers, and a swarm whose members all looked every two seconds spent most of its event loops' time
+        answering them (with a ceiling of 32 s, the walks were still a quarter of a relay's loop CPU in a
+        26-daemon swarm).  The owner's revocation list is read every round from this host's own copy of the
+        DHT (no walk: `revoke --publish-to` stores it at the twenty peers closest to its key, which in a swarm
+        of up to twenty is everyone, and a walk that finds it refreshes the copy), and looked up over the
+        network every `REVOCATIONS_EVERY_S`."""
         run_key = f"run/{self.run_id}"
         published: tuple | None = None
         refresh_at = providers_at = revocations_at = 0.0
@@ -192,6 +199,8 @@ class Discovery:
                 if now() >= revocations_at:
                     await self._read_revocations(f"{run_key}/revoked")
                     revocations_at = now() + REVOCATIONS_EVERY_S
+                else:
+                    await self._read_revocations(f"{run_key}/revoked", local_only=True)
             await trio.sleep(DHT_ROUND_S)
 
     def works_with(self, role: str, stage: int | None) -> bool:
@@ -289,15 +298,21 @@ class Discovery:
         finally:
             self._redialling.discard(peer)
 
-    async def _read_revocations(self, key: str) -> None:
-        """The owner's revocation list from the DHT (anyone may store it: the owner's signature is checked)."""
+    async def _read_revocations(self, key: str, local_only: bool = False) -> None:
+        """The owner's revocation list from the DHT (anyone may store it: the owner's signature is checked);
+        `local_only`: from this host's own copy."""
         if self.authorizer is None or self.authorizer.insecure:
             return
         from ...model.certificates import AdmissionError
 
+        if local_only:  # (the same copy as at the last read: nothing to check again)
+            raw = getattr(self.host, "dht_local", lambda k: None)(key)
+            if raw is None or raw == self._revocations_copy:
+                return
+            self._revocations_copy = raw
         try:
             with trio.move_on_after(DHT_WAIT_S):
-                rec = await self.records.get(key)
+                rec = await self.records.get(key, local_only=local_only)
                 if rec is not None and isinstance(rec.value, str):
                     self.authorizer.take_revocations(rec.value.encode(), f"the DHT (written by {rec.writer[:16]})")
         except AdmissionError:

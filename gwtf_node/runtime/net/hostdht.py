@@ -86,11 +86,12 @@ class HostDht:
             await dht.put_value(self._dht_key(key), pack_record(version, value))
         return version
 
-    async def dht_get_record(self, key: str, *,
-                             accept: Callable[[int, bytes], bool] | None = None) -> tuple[int, bytes] | None:
+    async def dht_get_record(self, key: str, *, accept: Callable[[int, bytes], bool] | None = None,
+                             local_only: bool = False) -> tuple[int, bytes] | None:
         """(version, value) of the highest version held locally or by the closest peers; with `accept`, of the
-        highest among those it accepts (records.py: a forged record of a higher version hides no genuine one)."""
-        dht = self._require_dht("get")
+        highest among those it accepts (records.py: a forged record of a higher version hides no genuine one).
+        `local_only`: this host's own copy only (what peers stored here), no walk over the network."""
+        dht = self._require_dht(None if local_only else "get")
         full = self._dht_key(key)
         kb = full.encode()
         validator = VersionedValidator()
@@ -98,6 +99,9 @@ class HostDht:
         local = dht.value_store.get(kb)
         if local is not None:
             found.append(local.value)
+        if local_only:
+            found = [v for v in found if accept is None or accept(*unpack_record(v))]
+            return unpack_record(found[0]) if found else None
 
         async def ask(peer: ID) -> None:
             with trio.move_on_after(DHT_QUERY_TIMEOUT_S / 2):
@@ -129,6 +133,12 @@ class HostDht:
         if local is None or best != local.value:
             dht.value_store.put(kb, best)  # refresh our stale copy
         return unpack_record(best)
+
+    def dht_local(self, key: str) -> bytes | None:
+        """This host's own stored copy of `key` (the packed record, unchecked), if any."""
+        dht = self.dht
+        local = dht.value_store.get(self._dht_key(key).encode()) if dht is not None else None
+        return None if local is None else local.value
 
     async def dht_get(self, key: str) -> bytes | None:
         record = await self.dht_get_record(key)

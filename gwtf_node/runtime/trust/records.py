@@ -212,7 +212,7 @@ async def put_signed(host: Any, key: str, value: Any) -> int:
 
 
 async def get_signed(host: Any, key: str, *, run_id: str, owner_public_key: str,
-                     on_refused: Callable[[str], None]) -> SignedRecord | None:
+                     on_refused: Callable[[str], None], local_only: bool = False) -> SignedRecord | None:
     """The newest record under `key` whose writer may write it; each refused one is reported to `on_refused`.
 
     Forged records are filtered out before the versions are compared, so a
@@ -229,7 +229,8 @@ async def get_signed(host: Any, key: str, *, run_id: str, owner_public_key: str,
                 on_refused(str(e))
         return seen[data] is not None
 
-    found = await host.dht_get_record(key, accept=accept)
+    found = await (host.dht_get_record(key, accept=accept, local_only=True) if local_only
+                   else host.dht_get_record(key, accept=accept))
     if found is None:
         return None
     return seen.get(found[1]) or read_record(key, found[0], found[1], run_id=run_id,
@@ -271,9 +272,11 @@ class RunRecords:
     async def put(self, key: str, value: Any) -> int:
         return await put_signed(self.host, key, value)
 
-    async def get(self, key: str) -> SignedRecord | None:
+    async def get(self, key: str, *, local_only: bool = False) -> SignedRecord | None:
+        """The newest signed record under `key`, from the network's closest peers (`local_only`: from this
+        host's own copy)."""
         return await get_signed(self.host, key, run_id=self.run_id, owner_public_key=self.owner_public_key,
-                                on_refused=self._refused)
+                                on_refused=self._refused, local_only=local_only)
 
     async def providers(self, key: str, wanted: Callable[[str], bool] = lambda peer: True,
                         limit: int = MAX_PROVIDERS_CHECKED) -> list[tuple[str, list[str], str, int | None]]:
