@@ -23,7 +23,10 @@ costs per node at the least), and `changed_in_per_node`: per node, the
 announcements of the IN labels whose distance to the sink changed from one
 augmentation to the next, each to every previous-stage peer (what a scheme
 that re-announces only changed labels would send at the least), and
-`changed_in_per_node_pd` the same from one primal-dual wave to the next.
+`changed_in_per_node_pd` the same from one primal-dual wave to the next;
+`tight_in_per_node_pd` counts those only to the peers that choose the label
+(their OUT label is the link cost plus it): what they would send if each
+changed label reached only the peers it routes.
 
 `--receipts` classifies every label a node receives in a CostAnnounce by what
 it changed there (the node's IN and OUT labels and the choices behind them
@@ -146,9 +149,10 @@ def ssp_waves(sc) -> dict:
     g = _residual(sc)
     src, snk = ("s", "src"), ("s", "snk")
     pot: dict = collections.defaultdict(float)
-    costs, changed, before = [], [0, 0], [None, None]  # per augmentation, per primal-dual wave
-    peers = {n.id: sum(1 for m in sc.neighbours(n.id) if (sc.node(m).is_data and n.stage == 0)
-                       or (not sc.node(m).is_data and sc.node(m).stage == n.stage - 1))
+    costs, changed, useful, before = [], [0, 0], 0, [None, None]  # per augmentation, per primal-dual wave
+    d = sc.data_nodes[0].id
+    prevs = {n.id: [(src if m == d else ("o", m), link.cost) for m, link in sc.neighbours(n.id).items()
+                    if (m == d and n.stage == 0) or (m != d and sc.node(m).stage == n.stage - 1)]
              for n in sc.nodes if not n.is_data}
     while True:
         dist = _dijkstra(g, pot, src)
@@ -158,11 +162,18 @@ def ssp_waves(sc) -> dict:
         for u in list(g):
             pot[u] += min(dist.get(u, top), top)
         to_sink = _dijkstra(g, pot, snk, backward=True)
-        labels = {r: to_sink[("i", r)] + pot[snk] - pot[("i", r)] for r in peers if ("i", r) in to_sink}
+
+        def real(u):
+            return to_sink[u] + pot[snk] - pot[u] if u in to_sink else float("inf")
+
+        labels = {r: real(("i", r)) for r in prevs}
         cost = pot[snk] - pot[src]
         for k in (0, 1) if not costs or abs(cost - costs[-1]) > 1e-9 else (0,):
             old = before[k] or {}
-            changed[k] += sum(peers[r] for r, c in labels.items() if abs(c - old.get(r, float("inf"))) > 1e-9)
+            moved = [r for r, c in labels.items() if c != float("inf") and abs(c - old.get(r, float("inf"))) > 1e-9]
+            changed[k] += sum(len(prevs[r]) for r in moved)
+            if k == 1:  # told only to the peers that now choose it (a tight arc: cost + label = their OUT label)
+                useful += sum(1 for r in moved for p, c in prevs[r] if abs(c + labels[r] - real(p)) <= 1e-9)
             before[k] = labels
         costs.append(cost)
         v, prev = snk, _tree(g, pot, src, snk)
@@ -172,10 +183,11 @@ def ssp_waves(sc) -> dict:
             g[v][u][0] += 1
             v = u
     n = len(sc.nodes)
-    links = sum(peers.values())
+    links = sum(len(p) for p in prevs.values())
     return {"ssp_units": len(costs), "ssp_total_cost": round(sum(costs), 6),
             "pd_waves": len({round(c, 6) for c in costs}), "links_per_node": round(links / n, 1),
-            "changed_in_per_node": round(changed[0] / n, 1), "changed_in_per_node_pd": round(changed[1] / n, 1)}
+            "changed_in_per_node": round(changed[0] / n, 1), "changed_in_per_node_pd": round(changed[1] / n, 1),
+            "tight_in_per_node_pd": round(useful / n, 1)}
 
 
 def _tree(g, pot, src, snk) -> dict:

@@ -31,7 +31,7 @@ def test_ssp_bound_is_the_optimum_and_a_floor_of_the_waves(setting, seed):
     assert bound["ssp_units"] == opt.num_flows
     assert bound["ssp_total_cost"] == pytest.approx(opt.mean_cost * opt.num_flows)
     assert 1 <= bound["pd_waves"] <= bound["ssp_units"]
-    assert bound["changed_in_per_node_pd"] <= bound["changed_in_per_node"]
+    assert 0 < bound["tight_in_per_node_pd"] <= bound["changed_in_per_node_pd"] <= bound["changed_in_per_node"]
     assert bound["changed_in_per_node"] <= bound["ssp_units"] * bound["links_per_node"] + 1e-9
     run = run_gwtf(sc, seed=seed)
     assert run.num_flows == opt.num_flows
