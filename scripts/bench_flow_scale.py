@@ -13,6 +13,21 @@ wall time).
     python scripts/bench_flow_scale.py --relays 160 320 --json                  # one JSON object per size
     python scripts/bench_flow_scale.py --relays 160 320 --json --receipts       # + what each label changed
 
+`--bound` adds what successive shortest paths need, computed centrally
+(`ssp_waves`): the augmentations (`ssp_units`), the distinct shortest-path
+costs among them (`pd_waves`: the label waves of a primal-dual scheme, which
+augments every path of the same cost on one wave: a floor for any scheme that
+recomputes the labels once per augmentation cost), `links_per_node` (one
+announcement of every IN label to every previous-stage peer: what one wave
+costs per node at the least), and `changed_in_per_node`: per node, the
+announcements of the IN labels whose distance to the sink changed from one
+augmentation to the next, each to every previous-stage peer (what a scheme
+that re-announces only changed labels would send at the least), and
+`changed_in_per_node_pd` the same from one primal-dual wave to the next;
+`tight_in_per_node_pd` counts those only to the peers that choose the label
+(their OUT label is the link cost plus it): what they would send if each
+changed label reached only the peers it routes.
+
 `--receipts` classifies every label a node receives in a CostAnnounce by what
 it changed there (the node's IN and OUT labels and the choices behind them
 compared before and after the message): `nothing`, `in_only` (the IN label or
@@ -25,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import heapq
 import json
 import sys
 import time
@@ -79,6 +95,116 @@ class Receipts:
                 round(sum(self.per_label.values()) / n, 1) if n else 0.0}
 
 
+def _residual(sc):
+    """The layered scenario `sc` (one data node) as a residual network: node sides ("i"/"o", relay), the data
+    node's source side ("s", "src") and sink side ("s", "snk"); arc -> [capacity, cost]."""
+    (d,) = [n.id for n in sc.data_nodes]
+    last = sc.stages - 1
+    g: dict = collections.defaultdict(dict)
+
+    def arc(u, v, cap, cost):
+        g[u][v] = [cap, cost]
+        g[v].setdefault(u, [0, -cost])
+
+    for n in sc.nodes:
+        if not n.is_data:
+            arc(("i", n.id), ("o", n.id), n.capacity, 0.0)
+    for link in sc.links:
+        a, b = sorted((link.a, link.b), key=lambda x: -1 if x == d else sc.node(x).stage)
+        if a == d:
+            if sc.node(b).stage == 0:
+                arc(("s", "src"), ("i", b), 10 ** 9, link.cost)
+            if sc.node(b).stage == last:
+                arc(("o", b), ("s", "snk"), 10 ** 9, link.cost)
+        elif sc.node(b).stage == sc.node(a).stage + 1:
+            arc(("o", a), ("i", b), 10 ** 9, link.cost)
+    return g
+
+
+def _dijkstra(g, pot, start, backward=False):
+    """Reduced distances from `start` over the residual arcs (against them with `backward`)."""
+    dist, heap = {start: 0.0}, [(0.0, start)]
+    rev = None
+    if backward:
+        rev = collections.defaultdict(list)
+        for u, nbrs in g.items():
+            for v, (cap, cost) in nbrs.items():
+                if cap > 0:
+                    rev[v].append((u, cost))
+    while heap:
+        du, u = heapq.heappop(heap)
+        if du > dist[u]:
+            continue
+        steps = ((v, c) for v, (cap, c) in g[u].items() if cap > 0) if rev is None else rev[u]
+        for v, c in steps:
+            nd = du + (c + pot[u] - pot[v] if rev is None else c + pot[v] - pot[u])
+            if nd < dist.get(v, float("inf")) - 1e-9:
+                dist[v] = nd
+                heapq.heappush(heap, (nd, v))
+    return dist
+
+
+def ssp_waves(sc) -> dict:
+    """Successive shortest paths on `sc` (one data node), centrally: see the module doc (`--bound`)."""
+    g = _residual(sc)
+    src, snk = ("s", "src"), ("s", "snk")
+    pot: dict = collections.defaultdict(float)
+    costs, changed, useful, before = [], [0, 0], 0, [None, None]  # per augmentation, per primal-dual wave
+    d = sc.data_nodes[0].id
+    prevs = {n.id: [(src if m == d else ("o", m), link.cost) for m, link in sc.neighbours(n.id).items()
+                    if (m == d and n.stage == 0) or (m != d and sc.node(m).stage == n.stage - 1)]
+             for n in sc.nodes if not n.is_data}
+    while True:
+        dist = _dijkstra(g, pot, src)
+        if snk not in dist:
+            break
+        top = dist[snk]
+        for u in list(g):
+            pot[u] += min(dist.get(u, top), top)
+        to_sink = _dijkstra(g, pot, snk, backward=True)
+
+        def real(u):
+            return to_sink[u] + pot[snk] - pot[u] if u in to_sink else float("inf")
+
+        labels = {r: real(("i", r)) for r in prevs}
+        cost = pot[snk] - pot[src]
+        for k in (0, 1) if not costs or abs(cost - costs[-1]) > 1e-9 else (0,):
+            old = before[k] or {}
+            moved = [r for r, c in labels.items() if c != float("inf") and abs(c - old.get(r, float("inf"))) > 1e-9]
+            changed[k] += sum(len(prevs[r]) for r in moved)
+            if k == 1:  # told only to the peers that now choose it (a tight arc: cost + label = their OUT label)
+                useful += sum(1 for r in moved for p, c in prevs[r] if abs(c + labels[r] - real(p)) <= 1e-9)
+            before[k] = labels
+        costs.append(cost)
+        v, prev = snk, _tree(g, pot, src, snk)
+        while v != src:
+            u = prev[v]
+            g[u][v][0] -= 1
+            g[v][u][0] += 1
+            v = u
+    n = len(sc.nodes)
+    links = sum(len(p) for p in prevs.values())
+    return {"ssp_units": len(costs), "ssp_total_cost": round(sum(costs), 6),
+            "pd_waves": len({round(c, 6) for c in costs}), "links_per_node": round(links / n, 1),
+            "changed_in_per_node": round(changed[0] / n, 1), "changed_in_per_node_pd": round(changed[1] / n, 1),
+            "tight_in_per_node_pd": round(useful / n, 1)}
+
+
+def _tree(g, pot, src, snk) -> dict:
+    """A shortest path src -> snk over the tight residual arcs (reduced cost 0 after the potential update)."""
+    prev, stack, seen = {}, [src], {src}
+    while stack:
+        u = stack.pop()
+        if u == snk:
+            return prev
+        for v, (cap, c) in g[u].items():
+            if cap > 0 and v not in seen and abs(c + pot[u] - pot[v]) <= 1e-9:
+                seen.add(v)
+                prev[v] = u
+                stack.append(v)
+    raise AssertionError("no tight path after a shortest-path computation")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--relays", type=int, nargs="+", default=[160, 320, 1000])
@@ -88,9 +214,10 @@ def main(argv=None) -> int:
     ap.add_argument("--wall-limit", type=float, default=300.0, help="stop a run after this many seconds of wall time")
     ap.add_argument("--json", action="store_true", help="one JSON object per size instead of the table")
     ap.add_argument("--receipts", action="store_true", help="with --json: what each received label changed (doc)")
+    ap.add_argument("--bound", action="store_true", help="with --json: what successive shortest paths need (doc)")
     args = ap.parse_args(argv)
-    if args.receipts and not args.json:
-        ap.error("--receipts needs --json (the receipts are fields of the JSON object)")
+    if (args.receipts or args.bound) and not args.json:
+        ap.error("--receipts and --bound need --json (they are fields of the JSON object)")
     if not args.json:
         print("| relays x stages | flows / max flow | GWTF / optimum | converged round | rounds run | waves | messages "
               "| per node | CostAnnounce | wall s | CPU s | stopped by wall limit |")
@@ -117,7 +244,8 @@ def main(argv=None) -> int:
                               "inconsistent_links": g.extra["inconsistent_links"],
                               "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
                               "wall_limited": g.extra["wall_limited"],
-                              **({"receipts": rec.report()} if rec is not None else {})}), flush=True)
+                              **({"receipts": rec.report()} if rec is not None else {}),
+                              **(ssp_waves(sc) if args.bound else {})}), flush=True)
             continue
         print(f"| {n} x {args.stages} | {g.num_flows} / {o.num_flows} | {ratio:.4f} | {g.converged_round} "
               f"| {g.rounds} | {g.extra['waves']} | {g.messages} | {g.messages / len(sc.nodes):.0f} "
