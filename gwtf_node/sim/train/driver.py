@@ -235,8 +235,8 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
                 self._apply(nid, rec.peer_alive(self.now, p))
 
     def _neighbour_back(self, nid: str, peer: str) -> None:
-        """`peer` became a neighbour of `nid`: one `nid`'s machine had reported gone is dead and not gone there
-        now (`Peers.set_links`), so the liveness check looks at `nid` again (`_unpresume`)."""
+        """`peer` became a neighbour of `nid`: if `nid`'s machine knew it as gone, it is dead and no longer gone
+        there now (`Peers.set_links`), so the liveness check looks at `nid` again (`_unpresume`)."""
         if peer in self.nodes[nid].rec.dead:
             self.nodes[nid].presuming = True
 

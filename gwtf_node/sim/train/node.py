@@ -14,11 +14,11 @@ class SimNode:
     """A node of the simulated run (a data node or a relay), as the daemon's node holds its machines: the
     microbatch machine (`rec`), the aggregation phase (`phases`), a data node's election (`leader`, None on a
     relay), and when its compute queue is free (`busy_until`: its computations run one at a time, in the order
-    they were started).  `presuming` says that its microbatch machine may hold a peer presumed dead and not
-    reported gone, the only case in which the liveness check has anything to un-presume (`TrainSim._unpresume`):
+    they were started).  The stage each node serves is the run's directory (`TrainSim.stage`, crashed nodes
+    included), not a node's own.  `presuming` says that its microbatch machine may hold a peer presumed dead and
+    not reported gone, the only case in which the liveness check has anything to un-presume (`TrainSim._unpresume`):
     it is set when the machine's `presumed_dead` counter moved since `presumed_seen` (a hop deadline missed) or
-    when a peer reported gone comes back as a neighbour, and cleared when the check finds no such peer.  The stage each node serves is the run's directory (`TrainSim.stage`, crashed nodes
-    included), not a node's own."""
+    when a peer reported gone comes back as a neighbour, and cleared when the check finds no such peer."""
 
     id: str
     rec: RecoveryNode
