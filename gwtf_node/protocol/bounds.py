@@ -311,7 +311,8 @@ def _link_cost(msg: m.LinkCost, ctx: Context) -> Problem | None:
 
 
 def _pong(msg: m.Pong, ctx: Context) -> Problem | None:
-    return _cost(msg.compute_ms, "Pong compute time", infinite_ok=False)
+    return (_cost(msg.compute_ms, "Pong compute time", infinite_ok=False)
+            or _cost(msg.busy_ms, "Pong busy time", infinite_ok=False))
 
 
 def _hello(msg: m.Hello, ctx: Context) -> Problem | None:

@@ -455,12 +455,14 @@ class Ping(_message.Message):
     def __init__(self, nonce: _Optional[int] = ...) -> None: ...
 
 class Pong(_message.Message):
-    __slots__ = ("nonce", "compute_ms")
+    __slots__ = ("nonce", "compute_ms", "busy_ms")
     NONCE_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_MS_FIELD_NUMBER: _ClassVar[int]
     nonce: int
     compute_ms: float
-    def __init__(self, nonce: _Optional[int] = ..., compute_ms: _Optional[float] = ...) -> None: ...
+    busy_ms: float
+    def __init__(self, nonce: _Optional[int] = ..., compute_ms: _Optional[float] = ..., busy_ms: _Optional[float] = ...) -> None: ...
 
 class LinkProbe(_message.Message):
     __slots__ = ("nonce",)

@@ -119,6 +119,26 @@ async def test_the_deadline_widens_with_the_work_this_node_measured_and_with_wha
     lv.check(19.0)
     assert dead == ["D0"]
 
+    lv, peers, dead, _work = _relay_with_a_data_node()
+    peers.heard("D0", 0.0)
+    lv.on_pong("D0", m.Pong(1, compute_ms=5.0, busy_ms=12_000.0))  # its event loop once ran 12 s late
+    for t in range(1, 25):
+        lv.check(float(t))
+    assert dead == [] and lv.deadline_s("D0") == 24.0
+    lv.check(25.0)
+    assert dead == ["D0"]
+
+
+def test_a_pong_tells_this_nodes_compute_and_its_longest_work_or_lag() -> None:
+    lv, _peers, _dead, work = _relay_with_a_data_node()
+    lv.compute_ms = lambda: 7.5
+    work["s"] = 3.0
+    assert lv.pong(42) == m.Pong(42, 7.5, 3000.0)
+    lv.lag.max_lag_s = 4.25  # the loop once woke 4.25 s late: longer than any work
+    assert lv.pong(43) == m.Pong(43, 7.5, 4250.0)
+    lv.lag.max_lag_s = 1e9  # bounded by the deadline's ceiling, as a receiver bounds it
+    assert lv.pong(44).busy_ms == liveness.MAX_DEADLINE_S * 1000.0
+
 
 @pytest.mark.trio
 async def test_silence_counts_only_while_this_nodes_own_loop_ran(caplog) -> None:
@@ -170,3 +190,43 @@ def test_a_checkpoint_holds_the_state_as_a_tensor_that_torch_writes_without_the_
     rec["state"] = state  # as written before
     torch.save(rec, path)
     assert checkpoints.load(path).state == state
+
+
+@pytest.mark.trio
+async def test_the_deadline_widens_with_the_round_trips_of_the_peers_pings(monkeypatch) -> None:
+    lv, peers, dead, _work = _relay_with_a_data_node()
+    clock = {"t": 0.0}
+    monkeypatch.setattr(liveness, "now", lambda: clock["t"])
+    peers.heard("D0", 0.0)
+    lv.check(1.0)
+    lv.check(2.0)  # silent for 2 s: pinged
+    assert lv.wire.pings == ["D0"] and lv.deadline_s("D0") == liveness.DEAD_AFTER_S
+    (nonce,) = lv.pinged["D0"]
+    lv.check(3.0)
+    lv.check(4.0)  # pinged again, each Ping timed
+    assert len(lv.pinged["D0"]) == 3
+    clock["t"] = 5.0  # its Pong comes 3 s later (a loaded machine): the first sample, rttvar half of it
+    lv.on_pong("D0", m.Pong(nonce))
+    assert lv.deadline_s("D0") == pytest.approx(liveness.RTT_FACTOR * (3.0 + 4 * 1.5))  # 27 s
+    peers.heard("D0", 5.0)
+    for t in range(5, 33):
+        lv.check(float(t))
+    assert dead == []  # 27 s of silence
+    lv.check(33.0)
+    assert dead == ["D0"] and "D0" not in lv.pinged  # a crash is still found, after the round trips' deadline
+    lv.on_pong("D0", m.Pong(12345))  # a Pong to no Ping of ours (a LinkProbe's, or forged): times nothing
+    assert lv.round_trips["D0"].srtt == 3.0
+    peers.peers["R1"] = PeerInfo("R1", role="relay", stage=0, name="r1")
+    assert lv.deadline_s("R1") == lv.deadline_s("D0")  # a peer not timed yet: the slowest timed peer's timeout
+
+
+def test_round_trips_are_smoothed_as_tcp_smooths_them() -> None:
+    r = liveness.RoundTrips(0.1)
+    assert (r.srtt, r.rttvar) == (0.1, 0.05)
+    r.add(0.1)
+    assert r.srtt == pytest.approx(0.1) and r.rttvar == pytest.approx(0.0375)
+    for _ in range(50):
+        r.add(0.1)
+    assert r.rto_s() == pytest.approx(0.1, abs=1e-6)  # a steady round trip: the deadline's floor rules
+    r.add(2.0)  # one round trip of 2 s: the timeout moves up by most of it at once (the variance)
+    assert 2.0 < r.rto_s() < 2.3

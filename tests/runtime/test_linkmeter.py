@@ -44,3 +44,17 @@ def test_real_payloads_are_folded_into_a_measured_link() -> None:
     assert meter.samples["p"].bandwidth_mbps == pytest.approx(10.0, rel=0.01)  # the throttled link shows
     meter.observe("p", linkmeter.OBSERVE_MIN_BYTES, 0.0)  # instant: capped, not infinite
     assert meter.samples["p"].bandwidth_mbps < linkmeter.MAX_BANDWIDTH_MBPS
+
+
+def test_a_peer_on_this_machine_is_known_by_its_loopback_connection() -> None:
+    class Host:  # what `remote_host` says of each connection (conninfo.py): the IP it comes from
+        def remote_host(self, peer: str) -> str | None:
+            return {"here": "127.0.0.1", "here6": "::1", "away": "198.18.0.7"}.get(peer)
+
+    class Wire:
+        host = Host()
+
+    meter = LinkMeter(Wire(), None, None, None)
+    assert meter.on_this_machine("here") and meter.on_this_machine("here6")
+    assert not meter.on_this_machine("away")
+    assert not meter.on_this_machine("unknown")  # not connected: not known to be here, measured as any other

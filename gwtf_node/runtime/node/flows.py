@@ -13,7 +13,7 @@ sends downstream (`LinkCost`); the downstream end adopts it (the flow
 machine's `set_cost`).  With each end's own round trip the flow machines
 could disagree on a link and stall with part of the demand unplaced.
 `remeasure_loop` measures every next-stage link again each
-`linkmeter.REMEASURE_EVERY_S`; a cost that moved past the threshold
+`linkmeter.REMEASURE_EVERY_S` (not one to a peer on this machine: linkmeter.py); a cost that moved past the threshold
 (`linkmeter.recost_threshold`) twice in a row, the same way, re-forms the
 flows over the link at both ends (`FlowNode.recost`, `LinkCost(reform=True)`).  The flow machine's messages
 to a peer go in order (one task per peer and batch of effects): the flow
@@ -215,7 +215,7 @@ class Flows:
             if self.machine is None:
                 continue
             for peer in sorted(self.machine.cfg.next_costs):
-                if self.declared(peer) is not None or peer not in self.peers:
+                if self.declared(peer) is not None or peer not in self.peers or self.meter.on_this_machine(peer):
                     continue
                 if await self.meter.sample(peer) is None:
                     continue

@@ -29,7 +29,11 @@ again each `REMEASURE_EVERY_S` and re-forms the flows over a link whose cost
 moved by more than `recost_threshold` in two measurements in a row, the same
 way (`FlowNode.recost`; both ends agree through `LinkCost(reform=True)`): one
 slow probe or one slow computation on a busy machine moves no flow.  Links declared with `--links` (an
-emulated setting: the declared values are the truth) are not measured.
+emulated setting: the declared values are the truth) are not measured.  A link to a peer on this machine (its
+connection comes from loopback: a local swarm) is measured once, at formation, and not again
+(`on_this_machine`): its round trips and transfers time the machine's scheduling, not a link, and on a machine
+with more daemons than cores they swing by hundreds of milliseconds with the load (loopback round trips of
+100-1,262 ms in a 26-daemon swarm on 2 cores); re-forming flows on them is churn that loads the machine more.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from dataclasses import dataclass, replace
 from ...protocol import messages as m
 from ...protocol.cost import link_cost
 from .liveness import Liveness
+from ..net.addresses import is_loopback_host
 from ..net.peers import Peers
 from .stage import LocalStage
 from ..net.wire import FrameRefused, Wire
@@ -100,7 +105,7 @@ class LinkMeter:
     async def on_probe(self, peer: str, msg: m.LinkProbe, payload) -> None:
         if payload is not None and len(payload) > PROBE_MAX_BYTES:
             raise FrameRefused(f"LinkProbe of {len(payload)} bytes: at most {PROBE_MAX_BYTES}")
-        await self.wire.send(peer, m.Pong(msg.nonce, self.stage.compute_ms()))
+        await self.wire.send(peer, self.liveness.pong(msg.nonce))
 
     async def sample(self, peer: str) -> LinkSample | None:
         """Measure the link to `peer` once (the best of two round trips, one probe) and fold it into the smoothed
@@ -138,6 +143,12 @@ class LinkMeter:
         bw = min(nbytes * 8 / max(seconds, MIN_TRANSFER_S) / 1e6, MAX_BANDWIDTH_MBPS)
         self.samples[peer] = replace(s, bandwidth_mbps=smoothed_bandwidth(s.bandwidth_mbps, bw),
                                      observed=s.observed + 1)
+
+    def on_this_machine(self, peer: str) -> bool:
+        """Whether `peer`'s connection is known to come from loopback (module doc: not measured again)."""
+        remote = getattr(self.wire.host, "remote_host", None)
+        host = remote(peer) if remote is not None else None
+        return host is not None and is_loopback_host(host)
 
     def cost(self, peer: str, size_mb: float, default_bandwidth_mbps: float) -> float | None:
         """Equation 1 for the link to `peer` from its measurement (None: never measured)."""

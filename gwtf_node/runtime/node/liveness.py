@@ -2,55 +2,48 @@
 
 Every `PING_EVERY_S` a node looks at the peers it works with (its stage, the
 stages before and after, the data nodes): it pings a peer silent for a third
-of that peer's deadline (`PING_AFTER`: at least `PING_EVERY_S`; 2 s at the
-floor), and presumes dead a peer it heard nothing from for longer than the
-deadline (any frame counts, see `Peers.heard`).  A peer that sends anything
-(its microbatches, its own Ping) is not pinged, and the Ping of one side of a
-quiet pair is heard by the other, so a quiet pair exchanges one Ping and its
-Pong per third of a deadline: the frames a node spends on liveness grow with
-the peers it works with, and they are what a swarm of many daemons on few
-cores pays most for between its microbatches.  A dead peer is handed to `on_dead`, which forgets it everywhere (routing, flow
-machine, aggregation groups, recovery machine, all-reduce in flight).  The
-simulator models this check with the same two constants (`sim/train/setting.py`,
-DAEMON_DETECT_S).
+of that peer's deadline (`PING_AFTER`: at least `PING_EVERY_S`), and presumes
+dead a peer it heard nothing from for longer than the deadline (any frame
+counts, `Peers.heard`).  A peer that sends anything is not pinged, and one
+side's Ping is heard by the other, so a quiet pair exchanges one Ping and its
+Pong per third of a deadline.  A dead peer goes to `on_dead`, which forgets
+it everywhere (routing, flow machine, aggregation groups, recovery machine,
+all-reduce in flight).  The simulator models this check with the same two
+constants (`sim/train/setting.py`, DAEMON_DETECT_S).
 
-Busy is not dead.  A node that computes, steps or writes a checkpoint does it
-in worker threads (stage.py, allreduce.py, checkpoints.py) and keeps
-answering on its event loop, but on a loaded machine its loop still runs late
-now and then (looplag.py measures it).  So the deadline of a peer scales with
-the work the nodes measured (`dead_after_s`):
+Busy is not dead.  Compute, steps and checkpoint writes run in worker
+threads (stage.py, allreduce.py, checkpoints.py), but on a loaded machine a
+loop still runs late (looplag.py), so a deadline scales with the work measured
+(`dead_after_s`): max(DEAD_AFTER_S, BUSY_FACTOR x max(peer's work, own work)),
+the peer's work being what its Pongs tell (`compute_ms`, Equation 1's c_j, and
+`busy_ms`, its longest work or event-loop lag), this node's own its longest
+work (`LocalStage.busiest_s`: a compute, a step, a checkpoint, an all-reduce)
+or loop lag: stage-mates hold parts of about the same size.  Floor 6 s,
+factor 2, ceiling MAX_DEADLINE_S (600 s): a model of a few MB stays at the
+floor, and a crash is found as quickly as ever.
 
-    deadline = max(DEAD_AFTER_S, BUSY_FACTOR x max(peer's work, own work))
+Slow is not dead either.  Each liveness Ping's round trip is timed (at most
+`PINGS_KEPT` nonces per peer) and smoothed as TCP does (RFC 6298: srtt,
+rttvar, gains 1/8 and 1/4); a peer's deadline is at least `RTT_FACTOR` x its
+retransmission timeout (srtt + 4 x rttvar): a Ping goes after a third of the
+deadline, so its Pong has two timeouts.  Round trips grow when a path or a
+peer is overloaded (on a machine with more daemons than cores: loopback round
+trips of 0.3-4.5 s with 50 daemons on 2 cores, each loop's own lag under
+2.1 s), and the deadline with them.  A peer not timed yet gets the longest
+timeout of the peers timed (a data node that every relay greets at once
+answers its first Pings as late as any).
 
-the peer's work being the compute per microbatch it tells in every Pong
-(`m.Pong.compute_ms`, Equation 1's c_j), and this node's own work the longest
-piece of work it measured (`LocalStage.busiest_s`: a microbatch's compute, an
-optimizer step, a checkpoint, an all-reduce): stage-mates and neighbours hold
-parts of about the same size, so what this node's step and checkpoint take
-is its best estimate of theirs; so is the longest lag of its own event
-loop (looplag.py): on a machine with more daemons than cores every loop
-runs late alike.  The floor is DEAD_AFTER_S (6 s), the
-factor BUSY_FACTOR (2) and the ceiling MAX_DEADLINE_S (600 s); a model of a few MB works in milliseconds, so its
-deadline stays at the floor and a crash is found as quickly as ever.
-
-Silence is counted only while this node's own loop ran: when the check wakes
-late (its loop was held for more than `SELF_STALL_S` beyond its period),
-every peer's silence restarts from that moment (`resumed_at`), since frames
-that arrived meanwhile are still unread in the sockets.  Without it, a node
-whose loop stalled for 20 s presumed every peer dead the moment it woke.
+Silence counts only while this node's own loop ran: when the check wakes
+more than `SELF_STALL_S` late, every peer's silence restarts then
+(`resumed_at`): the frames that came meanwhile are unread in the sockets.
 
 A peer presumed dead that is heard again says Hello (a restarted node keeps
-its peer id): `peer_back` takes it off the presumed-dead list and counts it
-as heard from now on; the node re-admits it everywhere (node.py).
-
-A relay with no live data node has nothing to do and would wait without a
-word: `loop` logs that it waits for a data node when that starts, then every
-`WAITING_LOG_EVERY_S`, and `waiting_for_data_since` (status.json) says since
-when.
-
-`exchange` sends one Ping (or a link meter's LinkProbe) and waits for its
-Pong; `measure_rtt` takes the best of three Ping/Pong round trips: the latency
-term of a link's cost (Equation 1) and a joiner's cost to each stage.
+its peer id): `peer_back` takes it off the presumed-dead list; the node
+re-admits it everywhere (node.py).  A relay with no live data node says so
+when that starts and every `WAITING_LOG_EVERY_S` (`waiting_for_data_since`
+in status.json).  `exchange` sends one Ping (or a LinkProbe) and waits for
+its Pong; `measure_rtt` takes the best of three round trips (Equation 1's
+latency term, a joiner's cost to each stage).
 """
 
 from __future__ import annotations
@@ -76,7 +69,26 @@ BUSY_FACTOR = 2.0  # ... and its factor over the longest work measured
 MAX_DEADLINE_S = 600.0  # ... and its ceiling (a peer cannot buy itself a longer one by what it tells)
 SELF_STALL_S = 1.0  # the check woke this much later than its period: silence counts again from then
 PONG_WAIT_S = 5.0  # a round trip sample is given up after this long
+RTT_FACTOR = 3.0  # a peer's deadline is at least this many of its retransmission timeouts (module doc)
+PINGS_KEPT = 8  # liveness Pings awaiting their Pong, kept per peer to time their round trips
 WAITING_LOG_EVERY_S = 30.0  # a relay with no live data node says so this often
+
+
+class RoundTrips:
+    """One peer's smoothed round trip (RFC 6298's srtt and rttvar, in seconds)."""
+
+    __slots__ = ("srtt", "rttvar")
+
+    def __init__(self, first_s: float) -> None:
+        self.srtt, self.rttvar = first_s, first_s / 2.0
+
+    def add(self, rtt_s: float) -> None:
+        self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt_s)
+        self.srtt = 0.875 * self.srtt + 0.125 * rtt_s
+
+    def rto_s(self) -> float:
+        """The retransmission timeout: srtt + 4 x rttvar."""
+        return self.srtt + 4.0 * self.rttvar
 
 
 def dead_after_s(peer_work_s: float, own_work_s: float, *, floor_s: float = DEAD_AFTER_S,
@@ -94,6 +106,7 @@ class Liveness:
         self.compute_ms = compute_ms  # this node's compute per microbatch, told in each Pong (linkmeter.py)
         self.work_s = work_s  # the longest piece of work this node measured (LocalStage.busiest_s)
         self.peer_compute_ms: dict[str, float] = {}  # each peer's compute per microbatch, from its last Pong
+        self.peer_busy_ms: dict[str, float] = {}  # each peer's longest work or loop lag, from its last Pong
         self.resumed_at = float("-inf")  # when this node's loop last came back from a stall (trio clock)
         self._last_check = 0.0  # when `check` last ran
         self.pongs: dict[int, tuple[trio.Event, list]] = {}  # nonce -> (answered, [the Pong])
@@ -102,6 +115,8 @@ class Liveness:
         self.dead_at: dict[str, float] = {}  # peers presumed dead by this check (and not back since) -> when
         self._waiting_logged_at: float | None = None
         self.lag = LoopLag()  # this node's event-loop lag (looplag.py), probed while the check runs
+        self.round_trips: dict[str, RoundTrips] = {}  # each peer's smoothed liveness round trip (module doc)
+        self.pinged: dict[str, dict[int, float]] = {}  # peer -> its Pings awaiting a Pong: nonce -> sent at
 
     @property
     def crashed(self):
@@ -117,7 +132,19 @@ class Liveness:
         """`peer`'s deadline now (`dead_after_s`); this node's own work counts its event loop's longest lag
         (`lag.max_lag_s`): a machine whose loops run seconds late (more daemons than cores) answers pings as late,
         and a peer's silence then is not its death."""
-        return dead_after_s(self.peer_compute_ms.get(peer, 0.0) / 1000.0, max(self.work_s(), self.lag.max_lag_s))
+        told = max(self.peer_compute_ms.get(peer, 0.0), self.peer_busy_ms.get(peer, 0.0)) / 1000.0
+        rtts = self.round_trips.get(peer)
+        rto = rtts.rto_s() if rtts is not None else max((r.rto_s() for r in self.round_trips.values()), default=0.0)
+        floor = max(DEAD_AFTER_S, RTT_FACTOR * rto)
+        return dead_after_s(told, self.busy_s(), floor_s=min(floor, MAX_DEADLINE_S))
+
+    def busy_s(self) -> float:
+        """This node's longest work or event-loop lag (module doc), in seconds: told in every Pong."""
+        return max(self.work_s(), self.lag.max_lag_s)
+
+    def pong(self, nonce: int) -> m.Pong:
+        """The Pong answering `nonce` (a Ping's or a LinkProbe's): this node's compute and busiest work."""
+        return m.Pong(nonce, self.compute_ms(), round(min(self.busy_s(), MAX_DEADLINE_S) * 1000.0, 3))
 
     async def _check_loop(self) -> None:
         self._last_check = now()
@@ -133,18 +160,32 @@ class Liveness:
             self.resumed_at = t
         self._last_check = t
         self._check_data_nodes(t)
+        if len(self.round_trips) > len(self.peers.peers):  # (peers forgotten for good: their round trips go)
+            for pid in [p for p in self.round_trips if p not in self.peers.peers]:
+                self.round_trips.pop(pid)
+                self.pinged.pop(pid, None)
         for pid in sorted(self.peers.watched()):
             silent = self.peers.silent_for(pid, t)
             deadline = self.deadline_s(pid)
             if min(silent, t - self.resumed_at) > deadline:
                 self._presume_dead(pid, silent, deadline)
             elif silent >= max(PING_EVERY_S, PING_AFTER * deadline):
-                self.wire.post(pid, m.Ping(random.getrandbits(63)))
+                self._ping(pid, t)
+
+    def _ping(self, peer: str, t: float) -> None:
+        """Post a liveness Ping to `peer`, its nonce kept to time the round trip (module doc)."""
+        nonce = random.getrandbits(63)
+        out = self.pinged.setdefault(peer, {})
+        if len(out) >= PINGS_KEPT:
+            del out[min(out, key=out.__getitem__)]  # (the oldest: its Pong is lost, or late past any use)
+        out[nonce] = t
+        self.wire.post(peer, m.Ping(nonce))
 
     def _presume_dead(self, peer: str, silent_s: float, deadline_s: float = DEAD_AFTER_S) -> None:
         log.warning("peer %s presumed dead: silent for %.1f s (deadline %.1f s)", self.peers.who(peer), silent_s,
                     deadline_s)
         self.dead_at[peer] = now()
+        self.pinged.pop(peer, None)  # (its round trips are kept: the deadline it comes back to)
         self.on_dead(peer)
         self.wire.spawn(self.wire.disconnect, peer)  # (alive after all: the redial opens new connections)
 
@@ -186,10 +227,19 @@ class Liveness:
                 and t - self.peers.last_heard.get(peer, t) < self.deadline_s(peer))
 
     async def on_ping(self, peer: str, msg: m.Ping) -> None:
-        await self.wire.send(peer, m.Pong(msg.nonce, self.compute_ms()))
+        await self.wire.send(peer, self.pong(msg.nonce))
 
     def on_pong(self, peer: str, msg: m.Pong) -> None:
         self.peer_compute_ms[peer] = msg.compute_ms  # (finite and bounded: protocol/bounds.py)
+        self.peer_busy_ms[peer] = msg.busy_ms
+        sent = self.pinged.get(peer, {}).pop(msg.nonce, None)
+        if sent is not None:
+            rtt = max(0.0, now() - sent)
+            rtts = self.round_trips.get(peer)
+            if rtts is None:
+                self.round_trips[peer] = RoundTrips(rtt)
+            else:
+                rtts.add(rtt)
         waiting = self.pongs.get(msg.nonce)
         if waiting is not None:
             waiting[1].append(msg)
