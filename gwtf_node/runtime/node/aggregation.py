@@ -33,30 +33,24 @@ A contribution that a part owner refuses as an outlier (allreduce.py,
 protocol/gradguard.py) is counted there too: the part's mean is over the
 contributions accepted, as if the refused one had died with its relay.
 
-After the step: a checkpoint every `checkpoint_every` iterations, its state
-taken at once and written in the background (checkpointer.py), and the
-leader appends one JSON object per iteration to `metrics.jsonl`.
+After the step: a checkpoint every `checkpoint_every` iterations, its state taken at once and written in the
+background (checkpointer.py), and the leader appends one JSON object per iteration to `metrics.jsonl`.
 
-Logs.  A relay logs one INFO line per step: the round that summed it, the
-contributions held here, and the time its parts took (logger `gwtf.steps`,
-like a data node's lines of each iteration: node.log only, not stderr).  What it announces
-before each round (the contributions it brings) is at DEBUG, with the
-all-reduce's and the checkpoint's own lines.
+Logs.  A relay logs one INFO line per step: the round that summed it, the contributions held here, and the time its
+parts took (logger `gwtf.steps`, like a data node's lines of each iteration: node.log only, not stderr).  What it
+announces before each round (the contributions it brings) is at DEBUG, with the all-reduce's and the checkpoint's own
+lines.
 
-Timing.  Each step logs what its aggregation was made of (`parts`: the
-gradient vector, the all-reduce, the optimizer step, the checkpoint's
-state taken (its file is written while the next iteration runs), in
-seconds; also `aggregation_parts` in metrics.jsonl).  The torch work runs in
-the stage's worker thread and the all-reduce's tensor work in its own
-(allreduce.py), so the event loop answers pings throughout.  Two waits scale
-with what the node measured: the all-reduce's timeout (`allreduce_timeout_s`)
-and the phase signals' retransmission period (`phase_retry_s`).
+Timing.  Each step logs what its aggregation was made of (`parts`: the gradient vector, the all-reduce, the optimizer
+step, the checkpoint's state taken (its file is written while the next iteration runs), in seconds; also
+`aggregation_parts` in metrics.jsonl).  The torch work runs in the stage's worker thread and the all-reduce's tensor
+work in its own (allreduce.py), so the event loop answers pings throughout.  Two waits scale with what the node
+measured: the all-reduce's timeout (`allreduce_timeout_s`) and the phase signals' retransmission period
+(`phase_retry_s`).
 
-A data node also keeps, per stage, the optimizer steps the stage's state
-holds in the run (`stage_steps`): the run's step, except that an iteration
-whose aggregation found the stage with no member does not move it.  A relay
-that comes back to an empty stage compares its checkpoint with it
-(resume.py).
+A data node also keeps, per stage, the optimizer steps the stage's state holds in the run (`stage_steps`): the
+run's step, except that an iteration whose aggregation found the stage with no member does not move it.  A relay
+that comes back to an empty stage compares its checkpoint with it (resume.py).
 """
 
 from __future__ import annotations
@@ -74,12 +68,13 @@ import trio
 
 from ...protocol import messages as m
 from ...protocol.effects import Send
-from ...protocol.phases import LeftOut, OpenIteration, OutOfStep, Overdue, PhaseTimer, WatchTimer
+from ...protocol.phases import RETRY_S, LeftOut, OpenIteration, OutOfStep, Overdue, PhaseTimer, WatchTimer
 from ...protocol.pipeline import Phases, StartStep
 from ...protocol.roundcheck import RoundOf, from_records, to_records, trim
 from .checkpointer import Checkpointer
 from .faults import Faults
 from .leadership import Leadership
+from .snapshots import AggregationStatus
 from .microbatches import MicrobatchesView
 from ..net.peers import Peers
 from .stage import LocalStage
@@ -589,12 +584,16 @@ class Aggregation:
                     self._ar_scopes.pop(gkey, None)
             await trio.sleep(0.2)
 
+    def status(self) -> AggregationStatus:
+        """What the status shows of the aggregation (snapshots.py): copies, built now."""
+        last = getattr(self.allreducer, "last_round", None)
+        return AggregationStatus(self.aggregating(), self.last_iteration, dict(self.parts),
+                                 dict(last) if last is not None else None, dict(self.lost_contributions))
+
 
 def phase_retry_s(busiest_s: float) -> float:
     """The phase signals' retransmission period: the longest work measured (`LocalStage.busiest_s`), within
     [pipeline RETRY_S, RETRY_CAP_S] (2 s to 30 s: a peer busy stepping for 20 s is not sent the same signal ten
     times, and a lost signal is still resent within 30 s)."""
-    from ...protocol.phases import RETRY_S
-
     return min(RETRY_CAP_S, max(RETRY_S, busiest_s))
 

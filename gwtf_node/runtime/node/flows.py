@@ -50,6 +50,7 @@ from ..net.peers import PeerInfo, Peers
 from .stage import LocalStage
 from .driver import Drivers, Owner
 from ..net.wire import FrameRefused, Wire, now
+from .snapshots import FlowsStatus, LinkReading
 
 log = logging.getLogger("gwtf.node")
 
@@ -340,3 +341,10 @@ class Flows:
             self.driver.carry(self.machine.remove_neighbour(now(), peer))  # flows rebuilt around it
             self._sync_costs()
             self.on_changed()
+
+    def status(self) -> FlowsStatus:
+        """What the status shows of the flows and links (snapshots.py): copies, built now."""
+        samples = {p: LinkReading(s.rtt_ms, s.bandwidth_mbps, s.peer_compute_ms) for p, s in self.meter.samples.items()}
+        return FlowsStatus(self.out(), self.units_in(), self.units_through(), dict(self.prev_costs),
+                           dict(self.next_costs), self.link_costs(), self.links_recosted(), self.link_measurements(),
+                           samples, dict(self.links_cfg))

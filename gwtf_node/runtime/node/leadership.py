@@ -57,6 +57,7 @@ from ...protocol.membership import MembershipConfig, MembershipMachine
 from ..net.peers import PeerInfo, Peers
 from .driver import Drivers, Owner
 from ..net.wire import Wire, now
+from .snapshots import ElectionStatus, LeadershipStatus
 
 log = logging.getLogger("gwtf.node")
 
@@ -323,6 +324,17 @@ class Leadership:
         """The acting leader opens the aggregation of `iteration`: joiners are placed for the next one."""
         if self.placement is not None:
             self._placement_call(lambda pm: pm.set_iteration(iteration + 1) or [])
+
+    def status(self) -> LeadershipStatus:
+        """What the status shows of the election and the placement (snapshots.py): copies, built now."""
+        el, placing = self.election, self.is_leader() and self.placement is not None
+        election = None if el is None else ElectionStatus(
+            el.role.value, el.id in el.voters, el.cfg.witness, el.voted_for, el.quorum, tuple(sorted(el.voters)),
+            el.is_leader(now()), el.lease_end, el.promised_to, el.promise_until)
+        reports, members = self.placement_view if placing else ({}, {})
+        return LeadershipStatus(self.leader(), self.term(), self.is_leader(), self.voters(), self.known_at, election,
+                                placing, {n: (r.flows, r.capacity) for n, r in reports.items()}, frozenset(members))
+
 
 
 def _timings(lease_s: float) -> dict:

@@ -58,6 +58,7 @@ from ...protocol import messages as m
 from ..ops.looplag import LoopLag
 from ..net.peers import Peers
 from ..net.wire import Wire, now
+from .snapshots import LivenessStatus
 
 log = logging.getLogger("gwtf.node")
 
@@ -269,3 +270,9 @@ class Liveness:
                 break
             samples.append(got[0] * 1000.0)
         return min(samples) if samples else None
+
+    def status(self) -> LivenessStatus:
+        """What the status shows of liveness (snapshots.py): copies, built now."""
+        return LivenessStatus(frozenset(self.crashed), frozenset(self.recently_heard()),
+                              {p: self.deadline_s(p) for p in self.peers.watched()}, self.waiting_for_data_since,
+                              self.lag.snapshot())

@@ -87,6 +87,7 @@ from .tally import Tally
 from .tensorstore import Keep, Slot, TensorStore
 from .driver import Drivers, Owner
 from ..net.wire import FrameRefused, Wire, now
+from .snapshots import MicrobatchesStatus
 
 log = logging.getLogger("gwtf.node")
 
@@ -546,6 +547,17 @@ class Microbatches:
             self._apply(self.rec.peer_gone(now(), peer))
             if self.peers.role == "data":  # its first stage may be empty now: what needs it cannot complete
                 self._apply(self.rec.give_up_stranded(now()))
+
+    def status(self) -> MicrobatchesStatus:
+        """What the status shows of the microbatches (snapshots.py): copies, built now."""
+        cur = self.view.in_flight()
+        last_loss, last_iteration, losses = self.losses()
+        return MicrobatchesStatus(
+            self.started, cur, self.view.seconds() if cur is not None else None,
+            self.counts(cur) if cur is not None else None, cur is not None and self.reported(cur),
+            self.paused_status(), self.status_counters(), self.stats(), self.holding(),
+            self.tally_json(self.peers.role), last_loss, last_iteration, losses)
+
 
 
 def _need(store: TensorStore, key: tuple, slot: Slot) -> Any:

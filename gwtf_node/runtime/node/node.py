@@ -85,7 +85,7 @@ from .stage import LocalStage
 from ..net.addresses import listen_endpoints
 from ..ops.startup import NodeExit, check_port_free
 from ..ops.statedir import StateDirLock, lock_state_dir
-from .status import Status
+from .status import RunFacts, Status, StatusSources
 from ..trust.values import Values
 from ..net.wire import FrameRefused, Wire, now
 
@@ -272,12 +272,12 @@ class Node:
         peers.on_standing = microbatches.standing_changed
         aggregation.on_open, aggregation.on_left_out = microbatches.open_iteration, joining.resync
         self.values = values = Values(wire, peers, self.stage, flows, microbatches, leadership, aggregation)
-        status = Status(o.state_dir / "status.json", wire, host, peers, liveness, self.stage, flows, microbatches,
-                        aggregation, leadership, run_id=self.run_id, policy=o.policy, bootstrap=bootstrap,
-                        resume_status=lambda: joining.resume_status, refused_values=values.snapshot,
-                        cut_checks=lambda: cutcheck.checks, announced=bool(o.announce),
-                        security=lambda: self.authorizer.status(wire),
-                        waiting_for=lambda: waits.waiting_for(peers, aggregation, microbatches, joining, liveness))
+        status = Status(o.state_dir / "status.json", StatusSources(
+            wire, host, peers, liveness, self.stage, flows, microbatches, aggregation, leadership, bootstrap,
+            resume_status=lambda: joining.resume_status, cut_checks=lambda: cutcheck.checks,
+            refused_values=values.snapshot, security=lambda: self.authorizer.status(wire),
+            waiting_for=lambda: waits.waiting_for(peers, aggregation, microbatches, joining, liveness)),
+            RunFacts(self.run_id, o.policy, announced=bool(o.announce)))
         parts = Parts(wire, liveness, discovery, flows, microbatches, leadership, aggregation, joining, cutcheck,
                       status, bootstrap)
         self.routes = routes(parts)

@@ -35,6 +35,7 @@ from typing import Any
 import trio
 
 from ..net.wire import FrameRefused
+from .snapshots import StageStatus
 
 log = logging.getLogger("gwtf.node")
 
@@ -190,3 +191,8 @@ class LocalStage:
             return None
         return StateTaken(self.applied_steps, self.model.state_bytes(), self.model.state_hash(),
                           self.model.param_vector())
+
+    def status(self) -> StageStatus:
+        """What the status shows of this node's part (snapshots.py): copies, built now."""
+        return StageStatus(self.device, self.compute_s, self.compute_calls, self.compute_ms(), self.applied_steps,
+                           dict(self.work_s))

@@ -1,6 +1,12 @@
 """What this node is doing: status.json (rewritten every second) and the dashboard's view (the control socket).
 
-It reads every component and writes none.  Two documents come out of it:
+It writes no component, and reads none of their fields: it is handed the
+node's tables (the wire, the host, the peers, the bootstrap; `StatusSources`)
+and the components, and each round it takes one snapshot of each component,
+its `status()` (snapshots.py: frozen, plain data, built on the call), that
+all the round's parts share (`Snapshots`).  It is built from three things:
+the path of status.json, those sources, and the run's facts (`RunFacts`).
+Two documents come out of it:
 
 * `snapshot()`: status.json, the raw figures other tools and the tests read
   (place and standing, peers and their round trips, flows and link costs,
@@ -37,7 +43,8 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
 
 import trio
 
@@ -53,6 +60,8 @@ from .liveness import Liveness
 from .microbatches import Microbatches
 from ..net.peers import Peers
 from ..net.relay import looks_natted, routable
+from .snapshots import (AggregationStatus, FlowsStatus, LeadershipStatus, LivenessStatus, MicrobatchesStatus,
+                        StageStatus)
 from .stage import LocalStage
 from ..net.wire import Wire, now
 
@@ -92,87 +101,118 @@ def derive_state(*, leaving: bool, connecting: bool, joining: bool, paused: bool
     return NodeState.TRAINING
 
 
+@dataclass(frozen=True)
+class StatusSources:
+    """What the status reads.  The node's tables (`wire`, `host`, `peers`, `bootstrap`) through their own
+    accessors; the components through `status()` only, each a snapshot of plain data (snapshots.py); and what
+    other parts tell through callables: a relay back with a checkpoint, what it decided and why (resume.py), a
+    relay back from a cut at its stage's step, its parameters compared (cutcheck.py), frames refused per
+    value-bounds code (values.py), refusals per code, revoked and banned peers, an insecure run (authorize.py),
+    and what the node waits for now: what, since when, from whom (waits.py)."""
+
+    wire: Wire
+    host: Any
+    peers: Peers
+    liveness: Liveness
+    stage: LocalStage
+    flows: Flows
+    microbatches: Microbatches
+    aggregation: Aggregation
+    leadership: Leadership
+    bootstrap: Bootstrap | None = None  # how the node reaches the swarm at start
+    resume_status: Callable[[], dict | None] = lambda: None
+    cut_checks: Callable[[], list] = list
+    refused_values: Callable[[], dict[str, int]] = dict
+    security: Callable[[], dict] = dict
+    waiting_for: Callable[[], list] = list
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the node was started with that the status shows: the run, the routing policy, and whether it was
+    told the address peers reach it at (--announce)."""
+
+    run_id: str
+    policy: str
+    announced: bool = False
+
+
+class Snapshots(NamedTuple):
+    """One round's snapshots of the components (snapshots.py), read once and shared by the round's parts."""
+
+    stage: StageStatus
+    flows: FlowsStatus
+    liveness: LivenessStatus
+    aggregation: AggregationStatus
+    microbatches: MicrobatchesStatus
+    leadership: LeadershipStatus
+
+
 class Status:
-    def __init__(self, path: Path, wire: Wire, host: Any, peers: Peers, liveness: Liveness, stage: LocalStage,
-                 flows: Flows, microbatches: Microbatches, aggregation: Aggregation, leadership: Leadership, *,
-                 run_id: str, policy: str, bootstrap: Bootstrap | None = None,
-                 resume_status: Callable[[], dict | None] = lambda: None,
-                 cut_checks: Callable[[], list] = lambda: [],
-                 refused_values: Callable[[], dict[str, int]] = dict,
-                 security: Callable[[], dict] = dict,
-                 waiting_for: Callable[[], list] = list, announced: bool = False) -> None:
+    def __init__(self, path: Path, sources: StatusSources, run: RunFacts) -> None:
         self.path = path
-        self.wire = wire
-        self.host = host
-        self.peers = peers
-        self.liveness = liveness
-        self.stage = stage
-        self.flows = flows
-        self.microbatches = microbatches
-        self.aggregation = aggregation
-        self.leadership = leadership
-        self.run_id = run_id
-        self.policy = policy
-        self.bootstrap = bootstrap  # how the node reaches the swarm at start
-        self.resume_status = resume_status  # a relay back with a checkpoint: what it decided and why (resume.py)
-        self.cut_checks = cut_checks  # a relay back from a cut at its stage's step: its parameters compared
+        self.src = sources
+        self.wire, self.host, self.peers, self.bootstrap = sources.wire, sources.host, sources.peers, sources.bootstrap
+        self.run_id, self.policy, self.announced = run.run_id, run.policy, run.announced
         self.events = EventLog()  # recent events (events.py), fed by `observe`
         self.feed = EventFeed(self.events, self.name_of)
-        self.links_cfg = flows.links_cfg  # emulated links (--links): their latency and bandwidth
         self.started_at = time.time()
         self.latest_view: dict | None = None  # the view of the last round (metrics.py reads it from its thread)
         self._metrics_file = path.parent / "metrics.jsonl"
         self._record_cache: tuple[int, dict | None] = (-1, None)  # (metrics.jsonl size, its last record)
-        self._my_stage = peers.stage
-        self._reports: dict[str, Any] = {}  # the acting leader: each stage member's last UtilizationReport
-        self.refused_values = refused_values  # frames refused per value-bounds code (values.py)
-        self.security = security  # refusals per code, revoked and banned peers, an insecure run (authorize.py)
-        self.waiting_for = waiting_for  # what the node waits for now: what, since when, from whom (waits.py)
-        self.announced = announced  # started with --announce: told the address peers reach it at
+        self._my_stage = self.peers.stage
+        self._reports: dict[str, tuple[int, int]] = {}  # the acting leader: each member's last (flows, capacity)
+
+    def snapshots(self) -> Snapshots:
+        """Every component's `status()`, now."""
+        s = self.src
+        return Snapshots(s.stage.status(), s.flows.status(), s.liveness.status(), s.aggregation.status(),
+                         s.microbatches.status(), s.leadership.status())
 
     # ------------------------------------------------------------------ status.json
     def snapshot(self) -> dict:
-        place, mb, agg = self.peers.place, self.microbatches, self.aggregation
-        cur = mb.view.in_flight()
-        waiting = self.liveness.waiting_for_data_since
+        place, sn = self.peers.place, self.snapshots()
+        st, fl, lv, agg, mb, ld = sn
+        cur = mb.in_flight
+        waiting = lv.waiting_for_data_since
         conns = connection_kinds(self.host)
         return {
             "peer_id": self.wire.me, "name": self.peers.name, "role": place.role, "stage": place.stage,
             "run_id": self.run_id, "addrs": self.host.addrs, "refused_frames": self.wire.refused,
             "sent": self.wire.sent_totals(),  # lane -> message type -> [frames, bytes] (wire.py)
-            "compute_s": round(self.stage.compute_s, 6), "compute_calls": self.stage.compute_calls,
-            "leader": self.leadership.leader(), "term": self.leadership.term(), "voters": self.leadership.voters(),
-            "steps_applied": self.stage.applied_steps, "joining": place.joining, "leaving": place.leaving,
-            "state": self.state().value,
+            "compute_s": round(st.compute_s, 6), "compute_calls": st.compute_calls,
+            "leader": ld.leader, "term": ld.term, "voters": ld.voters,
+            "steps_applied": st.applied_steps, "joining": place.joining, "leaving": place.leaving,
+            "state": self._state(sn).value,
             "peers": {p.peer_id: {"name": p.name, "role": p.role, "stage": p.stage, "rtt_ms": p.rtt_ms,
                                   "connection": conns.get(p.peer_id, "none")} for p in self.peers.infos()},
-            "flows": self.flows.out(),
-            "link_costs": self.flows.link_costs(),
-            "compute_ms_per_microbatch": round(self.stage.compute_ms(), 3),
-            "event_loop": self.liveness.lag.snapshot(),  # how late the event loop ran (looplag.py)
+            "flows": fl.out,
+            "link_costs": fl.link_costs,
+            "compute_ms_per_microbatch": round(st.compute_ms, 3),
+            "event_loop": lv.event_loop,  # how late the event loop ran (looplag.py)
             # the work measured here (stage.py), the last aggregation's parts, each watched peer's deadline
-            "work_s": {k: round(v, 3) for k, v in self.stage.work_s.items()},
+            "work_s": {k: round(v, 3) for k, v in st.work_s.items()},
             "aggregation_parts": {k: round(v, 3) for k, v in agg.parts.items()},
-            "last_all_reduce": getattr(agg.allreducer, "last_round", None),  # its time, tensor work, MB sent
-            "dead_after_s": {p: round(self.liveness.deadline_s(p), 1) for p in sorted(self.peers.watched())},
-            "links_recosted": self.flows.links_recosted(),
+            "last_all_reduce": agg.last_all_reduce,  # its time, tensor work, MB sent
+            "dead_after_s": {p: round(d, 1) for p, d in sorted(lv.deadlines_s.items())},
+            "links_recosted": fl.links_recosted,
             "reachability": self._reachability(),
-            "link_measurements": self.flows.link_measurements(),
+            "link_measurements": fl.link_measurements,
             "iteration": cur if cur is not None else agg.last_iteration,
-            "ledger": mb.counts(cur) if cur is not None else {},
-            "policy": self.policy, "presumed_dead": sorted(self.liveness.crashed),
+            "ledger": mb.ledger if cur is not None else {},
+            "policy": self.policy, "presumed_dead": sorted(lv.presumed_dead),
             # a relay with no live data node: seconds it has waited for one (None: not waiting)
             "waiting_for_data_node_s": None if waiting is None else round(now() - waiting, 1),
             "lost_contributions": {str(k): v for k, v in agg.lost_contributions.items()},
-            **mb.status_counters(),  # recovery, holding, computed_off_step, compression, paused (microbatches.py)
-            "resume": self.resume_status(),
-            "waiting_for": self.waiting_for(),
-            "cut_checks": self.cut_checks(),
-            "refused_values": self.refused_values(),
-            "resources": resources(self.stage.device),  # peak memory and CPU seconds of this process
+            **mb.counters,  # recovery, holding, computed_off_step, compression, paused (microbatches.py)
+            "resume": self.src.resume_status(),
+            "waiting_for": self.src.waiting_for(),
+            "cut_checks": self.src.cut_checks(),
+            "refused_values": self.src.refused_values(),
+            "resources": resources(st.device),  # peak memory and CPU seconds of this process
             "pid": os.getpid(), "time": time.time(),
             "bootstrap": self.bootstrap.snapshot() if self.bootstrap is not None else None,
-        } | self.security()
+        } | self.src.security()
 
     def write(self) -> None:
         tmp = self.path.with_suffix(".tmp")
@@ -209,11 +249,11 @@ class Status:
 
     def observe(self) -> None:
         """Hand the event feed what it compares from round to round (events.py)."""
-        t = time.time()
+        t, sn = time.time(), self.snapshots()
         self.feed.peers_seen(t, {p.peer_id: PeerSeen(p.role, p.stage, p.leaving, p.incarnation)
-                                 for p in self.peers.infos()}, set(self.liveness.crashed))
-        self.feed.leader_seen(t, self.leadership.leader(), self.leadership.term())
-        self.feed.recovery_counters(t, self.microbatches.stats())
+                                 for p in self.peers.infos()}, set(sn.liveness.presumed_dead))
+        self.feed.leader_seen(t, sn.leadership.leader, sn.leadership.term)
+        self.feed.recovery_counters(t, sn.microbatches.recovery)
         if self.peers.stage is not None and self.peers.role == "relay" and self.peers.stage != self._my_stage:
             self.feed.me_placed(t, self.peers.stage)
         self._my_stage = self.peers.stage
@@ -223,60 +263,62 @@ class Status:
         return name_of(self.peers, peer)
 
     def state(self) -> NodeState:
-        place, mb = self.peers.place, self.microbatches
+        return self._state(self.snapshots())
+
+    def _state(self, sn: Snapshots) -> NodeState:
+        place, mb = self.peers.place, sn.microbatches
         return derive_state(
             leaving=place.leaving,
             connecting=self.bootstrap is not None and self.bootstrap.state is not BootstrapState.CONNECTED,
             joining=place.stage is None or place.joining or not mb.started,
-            paused=mb.is_paused(),
-            waiting_for_data=place.role == "relay" and self.liveness.waiting_for_data_since is not None,
+            paused=mb.paused is not None,
+            waiting_for_data=place.role == "relay" and sn.liveness.waiting_for_data_since is not None,
             # a phase begun and not stepped; or a data node whose microbatches are settled waits for the step
-            aggregating=self.aggregation.aggregating()
-            or ((cur := mb.view.in_flight()) is not None and mb.reported(cur)))
+            aggregating=sn.aggregation.aggregating or (mb.in_flight is not None and mb.settled))
 
     def view(self) -> dict:
         """The dashboard's document (the module doc); JSON-ready."""
-        state = self.state()
+        sn = self.snapshots()
+        state, mb = self._state(sn), sn.microbatches
         return {
             "schema": VIEW_SCHEMA,
             "time": time.time(),
-            "node": self._node(state),
-            "election": self._election(),
-            "stages": self._stages(),
+            "node": self._node(state, sn),
+            "election": self._election(sn),
+            "stages": self._stages(sn),
             "data_nodes": [{"peer_id": d, "name": self.name_of(d), "me": d == self.wire.me}
                            for d in self.peers.data_nodes()],
-            "flows": self._flows(),
-            "iteration": self._iteration(state),
-            "loss": self._loss(),
-            "microbatches": {**self.microbatches.tally_json(self.peers.role), "holding": self.microbatches.holding(),
-                             "recovery": self.microbatches.stats(),
-                             "lost_contributions": sum(self.aggregation.lost_contributions.values())},
-            "neighbours": self._neighbours(),
+            "flows": self._flows(sn.flows),
+            "iteration": self._iteration(state, sn),
+            "loss": self._loss(mb),
+            "microbatches": {**mb.tally, "holding": mb.holding, "recovery": mb.recovery,
+                             "lost_contributions": sum(sn.aggregation.lost_contributions.values())},
+            "neighbours": self._neighbours(sn),
             "events": [e.to_json() for e in self.events.recent(EVENTS_SHOWN)],
             "event_counts": {k.value: v for k, v in self.events.counts.items()},
-            "notes": self._notes(),
+            "notes": self._notes(sn),
         }
 
-    def _node(self, state: NodeState) -> dict:
+    def _node(self, state: NodeState, sn: Snapshots) -> dict:
         place = self.peers.place
         return {
             "peer_id": self.wire.me, "short_id": short_id(self.wire.me), "name": self.name_of(self.wire.me),
             "role": place.role, "stage": place.stage if place.role == "relay" else None,
             "capacity": place.capacity, "state": state.value, "run_id": self.run_id, "policy": self.policy,
             "addrs": self.host.addrs, "pid": os.getpid(), "uptime_s": round(time.time() - self.started_at, 1),
-            "steps_applied": self.stage.applied_steps, "compute_s": round(self.stage.compute_s, 4),
-            "refused_frames": self.wire.refused, "is_leader": self.leadership.is_leader(),
+            "steps_applied": sn.stage.applied_steps, "compute_s": round(sn.stage.compute_s, 4),
+            "refused_frames": self.wire.refused, "is_leader": sn.leadership.is_leader,
             "leave_after": place.leave_after if place.leaving else None,
             "reachability": self._reachability(),
         }
 
-    def _election(self) -> dict:
-        ld, t = self.leadership, now()
-        leader = ld.leader()
-        heard = set(self.liveness.recently_heard()) | {self.wire.me}
+    def _election(self, sn: Snapshots) -> dict:
+        ld, t = sn.leadership, now()
+        leader = ld.leader
+        heard = set(sn.liveness.recently_heard) | {self.wire.me}
         out: dict[str, Any] = {
-            "leader": leader, "leader_name": self.name_of(leader) if leader else None, "term": ld.term(),
-            "is_leader": ld.is_leader(),
+            "leader": leader, "leader_name": self.name_of(leader) if leader else None, "term": ld.term,
+            "is_leader": ld.is_leader,
             "recent": [e.to_json(self.name_of) for e in self.feed.recent_elections()],
         }
         el = ld.election
@@ -287,30 +329,29 @@ class Status:
                     "voters": [{"peer_id": d, "name": self.name_of(d), "reachable": d in heard, "me": False}
                                for d in self.peers.data_nodes()]}
             return out
-        if el.is_leader(t):
+        if el.leads:
             lease = el.lease_end - t
         elif leader is not None and el.promised_to == leader:
             lease = el.promise_until - t  # the follower's promise to the leader it follows
         else:
             lease = None
-        out |= {"role": el.role.value, "voter": el.id in el.voters, "witness": el.cfg.witness,
+        out |= {"role": el.role, "voter": el.voter, "witness": el.witness,
                 "voted_for": el.voted_for,
                 "voted_for_name": self.name_of(el.voted_for) if el.voted_for else None,
                 "lease_remaining_s": None if lease is None else round(max(0.0, lease), 2), "quorum": el.quorum,
                 "leader_heard_s_ago": None,
                 "voters": [{"peer_id": v, "name": self.name_of(v), "reachable": v in heard, "me": v == self.wire.me}
-                           for v in sorted(el.voters)]}
+                           for v in el.voters]}
         return out
 
-    def _stages(self) -> list[dict]:
+    def _stages(self, sn: Snapshots) -> list[dict]:
         """Each stage's members as this node knows them; flows and capacity from the leader's utilization
         reports when this node leads (protocol/membership.py), else only this relay's own."""
-        placement = self.leadership.placement if self.leadership.is_leader() else None
-        if placement is None:
+        ld = sn.leadership
+        if not ld.placing:
             self._reports = {}
         else:  # the newest report of each member (a round starts empty: the last round's stand until then)
-            reports, members = self.leadership.placement_view
-            self._reports = {n: r for n, r in {**self._reports, **reports}.items() if n in members}
+            self._reports = {n: r for n, r in {**self._reports, **ld.reports}.items() if n in ld.members}
         reports = self._reports
         out = []
         for k in range(self.peers.n_stages):
@@ -320,13 +361,13 @@ class Status:
                 r = reports.get(p.peer_id)
                 rows.append({"peer_id": p.peer_id, "name": self.name_of(p.peer_id),
                              "state": "leaving" if p.leaving else "joining" if p.joining else "serving",
-                             "flows": r.flows if r is not None else None,
-                             "capacity": r.capacity if r is not None else p.capacity, "me": False})
+                             "flows": r[0] if r is not None else None,
+                             "capacity": r[1] if r is not None else p.capacity, "me": False})
             if self.peers.role == "relay" and self.peers.stage == k:
                 place = self.peers.place
                 rows.append({"peer_id": self.wire.me, "name": self.name_of(self.wire.me),
                              "state": "leaving" if place.leaving else "joining" if place.joining else "serving",
-                             "flows": self.flows.units_through(), "capacity": place.capacity, "me": True})
+                             "flows": sn.flows.units_through, "capacity": place.capacity, "me": True})
                 rows.sort(key=lambda r: r["peer_id"])
             known = [r for r in rows if r["flows"] is not None and r["state"] == "serving"]
             cap = sum(r["capacity"] for r in known)
@@ -336,10 +377,9 @@ class Status:
                         "capacity": sum(r["capacity"] for r in rows)})
         return out
 
-    def _flows(self) -> list[dict]:
+    def _flows(self, fl: FlowsStatus) -> list[dict]:
         rows = []
-        for direction, table, costs in (("in", self.flows.units_in(), self.flows.prev_costs),
-                                        ("out", self.flows.out(), self.flows.next_costs)):
+        for direction, table, costs in (("in", fl.units_in, fl.prev_costs), ("out", fl.out, fl.next_costs)):
             for d in sorted(table):
                 for hop, units in sorted(table[d].items()):
                     if units:
@@ -348,17 +388,17 @@ class Status:
                                      "cost": costs.get(hop)})
         return rows
 
-    def _iteration(self, state: NodeState) -> dict:
-        mb, agg = self.microbatches, self.aggregation
-        cur = mb.view.in_flight()
+    def _iteration(self, state: NodeState, sn: Snapshots) -> dict:
+        mb, agg = sn.microbatches, sn.aggregation
+        cur = mb.in_flight
         number = cur if cur is not None else (
-            agg.last_iteration + 1 if agg.last_iteration is not None else self.stage.applied_steps)
+            agg.last_iteration + 1 if agg.last_iteration is not None else sn.stage.applied_steps)
         phase = {NodeState.TRAINING: "microbatches", NodeState.AGGREGATING: "aggregation",
                  NodeState.PAUSED: "paused", NodeState.LEAVING: "leaving"}.get(state)
         return {"number": number if state not in (NodeState.CONNECTING, NodeState.JOINING) else None,
-                "phase": phase, "last_completed": agg.last_iteration, "steps_applied": self.stage.applied_steps,
-                "seconds": round(mb.view.seconds(), 2) if cur is not None else None,
-                "ledger": mb.counts(cur) if cur is not None else None}
+                "phase": phase, "last_completed": agg.last_iteration, "steps_applied": sn.stage.applied_steps,
+                "seconds": round(mb.in_flight_s, 2) if cur is not None else None,
+                "ledger": mb.ledger if cur is not None else None}
 
     def _run_record(self) -> dict | None:
         """The leader's last per-iteration record (metrics.jsonl), re-read only when the file grew."""
@@ -377,9 +417,9 @@ class Status:
             self._record_cache = (size, rec)
         return self._record_cache[1]
 
-    def _loss(self) -> dict:
+    def _loss(self, mb: MicrobatchesStatus) -> dict:
         run = self._run_record() if self.peers.role == "data" else None
-        last_loss, last_iteration, losses = self.microbatches.losses()
+        last_loss, last_iteration, losses = mb.last_loss, mb.last_loss_iteration, mb.losses
         return {"this_node": last_loss, "this_node_iteration": last_iteration if self.peers.role == "data" else None,
                 "run": run.get("loss") if run else None, "run_iteration": run.get("iteration") if run else None,
                 "run_record": run, "recent": {str(k): v for k, v in sorted(losses.items())}}
@@ -410,20 +450,20 @@ class Status:
                 "relay_names": [self.name_of(p) for p in sorted(r.reserved)] if r is not None else [],
                 "hole_punch": punch.snapshot() if punch is not None else None}
 
-    def _neighbours(self) -> list[dict]:
+    def _neighbours(self, sn: Snapshots) -> list[dict]:
         conns = connection_kinds(self.host)
-        heard = set(self.liveness.recently_heard())
-        side_costs = {**{p: ("prev", c) for p, c in self.flows.prev_costs.items()},
-                      **{p: ("next", c) for p, c in self.flows.next_costs.items()}}
+        fl, heard = sn.flows, set(sn.liveness.recently_heard)
+        side_costs = {**{p: ("prev", c) for p, c in fl.prev_costs.items()},
+                      **{p: ("next", c) for p, c in fl.next_costs.items()}}
         rows = []
         for pid in sorted(self.peers.watched() | set(side_costs) - {self.wire.me}):
             info = self.peers.get(pid)
             if info is None:
                 continue
-            shaped = self.links_cfg.get((self.peers.name, info.name)) if info.name else None
+            shaped = fl.links.get((self.peers.name, info.name)) if info.name else None
             side, cost = side_costs.get(pid, ("peer" if info.role == "relay" and info.stage == self.peers.stage
                                               else None, None))
-            sample = self.flows.link_sample(pid)  # a next-stage link's measurement (linkmeter.py)
+            sample = fl.samples.get(pid)  # a next-stage link's measurement (linkmeter.py)
             rtt = sample.rtt_ms if sample is not None else info.rtt_ms
             bw = sample.bandwidth_mbps if sample is not None else None
             rows.append({
@@ -439,10 +479,10 @@ class Status:
             })
         return rows
 
-    def _notes(self) -> list[str]:
+    def _notes(self, sn: Snapshots) -> list[str]:
         """What the node waits for, one line each: an empty stage, its bootstrap peers, a data node, its state."""
         notes = []
-        paused = self.microbatches.paused_status()
+        paused = sn.microbatches.paused
         if paused:
             stages = ", ".join(str(k) for k in paused["empty_stages"])
             notes.append(f"paused for {paused['seconds']} s: stage {stages} has no relay ready; iteration "
@@ -453,10 +493,10 @@ class Status:
                 else ""
             last = f": {boot['last_error']}" if boot.get("last_error") else ""
             notes.append(f"bootstrap: {boot['state']}{detail}{last}")
-        waiting = self.liveness.waiting_for_data_since
+        waiting = sn.liveness.waiting_for_data_since
         if waiting is not None:
             notes.append(f"waiting for a data node for {now() - waiting:.0f} s")
-        resume = self.resume_status()
+        resume = self.src.resume_status()
         if resume and resume.get("decision") == "wait":
             notes.append(f"resume: waiting {resume.get('waiting_s')} s: {resume.get('reason')}")
         return notes

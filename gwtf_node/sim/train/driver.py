@@ -210,14 +210,35 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
 
     def _unpresume(self, nid: str) -> None:
         """The daemon's liveness check: a peer the machine presumed dead that is still heard (alive, or
-        crashed less than SILENCE_S ago) is alive again for it."""
-        rec = self.nodes[nid].rec
-        if not self.options.unpresume or not rec.dead:
+        crashed less than SILENCE_S ago) is alive again for it.
+
+        It looks only at a node that may presume a peer dead (`SimNode.presuming`): one whose machine presumed
+        a peer dead since it last looked (its `presumed_dead` counter moved: the only way a peer becomes dead
+        without being reported gone, besides a gone peer back as a neighbour, `_add_node`), until it finds
+        none left."""
+        n = self.nodes[nid]
+        if not self.options.unpresume:
             return
-        for p in sorted(rec.dead - rec.gone):
+        rec = n.rec
+        count = rec.stats.presumed_dead
+        if count != n.presumed_seen:
+            n.presumed_seen, n.presuming = count, True
+        if not n.presuming:
+            return
+        presumed = rec.dead - rec.gone
+        if not presumed:
+            n.presuming = False
+            return
+        for p in sorted(presumed):
             c = self.crashed_at.get(p)
             if c is None or self.now - c < SILENCE_S:
                 self._apply(nid, rec.peer_alive(self.now, p))
+
+    def _neighbour_back(self, nid: str, peer: str) -> None:
+        """`peer` became a neighbour of `nid`: if `nid`'s machine knew it as gone, it is dead and no longer gone
+        there now (`Peers.set_links`), so the liveness check looks at `nid` again (`_unpresume`)."""
+        if peer in self.nodes[nid].rec.dead:
+            self.nodes[nid].presuming = True
 
     def _on_open(self, nid: str, it: int) -> None:
         self._it(it).opened[nid] = self.now
@@ -299,6 +320,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
             self._unpresume(p)
             self._apply(p, rec.set_neighbours(self.now, {**rec.next_peers, nid: cost(p, nid)}, rec.prev_peers,
                                               {nid: cap}, self._prior(p, nid, False)))
+            self._neighbour_back(p, nid)
         for p in nxt:
             if p in self.data and stage != S - 1:
                 continue
@@ -306,6 +328,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
             self._unpresume(p)
             self._apply(p, rec.set_neighbours(self.now, rec.next_peers, {**rec.prev_peers, nid: cost(p, nid)},
                                               {}, {nid: self._prior(p, nid, True)}))
+            self._neighbour_back(p, nid)
         if self.paused:  # a relay for an empty stage: the paused data nodes may open (churn.py)
             self._recheck_paused()
 

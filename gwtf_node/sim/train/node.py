@@ -15,7 +15,10 @@ class SimNode:
     microbatch machine (`rec`), the aggregation phase (`phases`), a data node's election (`leader`, None on a
     relay), and when its compute queue is free (`busy_until`: its computations run one at a time, in the order
     they were started).  The stage each node serves is the run's directory (`TrainSim.stage`, crashed nodes
-    included), not a node's own."""
+    included), not a node's own.  `presuming` says that its microbatch machine may hold a peer presumed dead and
+    not reported gone, the only case in which the liveness check has anything to un-presume (`TrainSim._unpresume`):
+    it is set when the machine's `presumed_dead` counter moved since `presumed_seen` (a hop deadline missed) or
+    when a peer reported gone comes back as a neighbour, and cleared when the check finds no such peer."""
 
     id: str
     rec: RecoveryNode
@@ -23,3 +26,5 @@ class SimNode:
     leader: LeaderMachine | None = None
     leader_seen: str | None = None  # the leader its Phases was last told of (data nodes)
     busy_until: float = 0.0
+    presuming: bool = False  # its machine may hold a peer presumed dead, not gone (`TrainSim._unpresume`)
+    presumed_seen: int = 0  # the machine's `stats.presumed_dead` when the simulator last looked
