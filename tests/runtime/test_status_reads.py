@@ -17,6 +17,8 @@ import inspect
 import typing
 from pathlib import Path
 
+import pytest
+
 from gwtf_node.runtime.node import snapshots
 from gwtf_node.runtime.node.aggregation import Aggregation
 from gwtf_node.runtime.node.flows import Flows
@@ -109,3 +111,12 @@ def test_the_status_is_built_from_few_parts():
     params = list(inspect.signature(Status.__init__).parameters)
     assert params == ["self", "path", "sources", "run"]
     assert set(COMPONENTS) <= {f.name for f in dataclasses.fields(StatusSources)}
+
+
+def test_a_slow_status_round_waits_longer_so_that_it_takes_a_bounded_share_of_the_loop() -> None:
+    from gwtf_node.runtime.node import status
+
+    assert status.round_wait_s(0.0) == status.STATUS_EVERY_S == 1.0
+    assert status.round_wait_s(0.015) == 1.0  # a small node: every second, as ever
+    assert status.round_wait_s(0.04) == pytest.approx(2.0)  # 40 ms a round: every 2 s, 2 % of the loop
+    assert 0.5 / (status.round_wait_s(0.5) + 0.5) < 0.021  # a 0.5-s round: 2 % of the loop still
