@@ -1,35 +1,25 @@
 """Joining and leaving: a relay placed by the leader, stage-state hand-over, graceful leave, Goodbye.
 
-* **Joining** (section V-B).  A relay started with `--stage auto` runs the
-  pure `JoinerMachine`: it finds the leader (DHT record `run/<id>/leader`),
-  sends its capacity (the microbatches that fit its device's free memory in
-  every stage it can hold, model/memory.py) and its measured cost to each
-  stage, +inf for a stage whose part does not fit (the leader never places a
-  node where its cost is infinite: protocol/membership.py `choose_stage`); the leader's `MembershipMachine`
-  (leadership.py) queries the stages' utilization and answers with an
-  `Assignment(stage, download_from, start_iteration)`.  The newcomer builds
-  its stage, says Hello with `joining=True`, and asks `download_from` for its
-  state with `after = start_iteration`: the source answers once it has
-  applied that many optimizer steps, with the weights and optimizer state
-  and their SHA-256.  The newcomer checks the hash, loads the state, and says
-  Hello with `ready_from = steps applied`: it takes part in aggregations from
-  that iteration on, and the iteration in flight is not disturbed.  Its
-  neighbours add it to their running flow machines once its Hello says it is
-  ready (flows.py), and its own flow machine starts as `joined`.
-* **Falling behind.**  If a BEGIN AGGREGATION of an iteration this node
-  should have taken part in leaves it out (its Hello came too late), it
-  fetches the state again, after that step (`resync`).  A relay that was
-  cut off (a partition) while the run stepped learns it from the first Hello
-  after it is redialled (discovery.py), a stage peer's or a data node's
-  saying more than one aggregation more than its own state: it fetches the
-  state after those steps from a stage peer (`catch_up`) and takes part
-  again from the next iteration.
-* **Leaving** (V-B's counterpart, `leave`).  The relay announces `leaving`
-  with `leave_after` = the iteration in flight: from the next iteration on
-  nobody routes microbatches to it and the leader leaves it out of the
-  aggregation groups.  It finishes the microbatches it holds, takes part in
-  that iteration's aggregation (its gradients count), then says Goodbye: its
-  peers forget it and their flow machines rebuild the flows through it.
+* **Joining** (section V-B). A relay started with `--stage auto` runs the pure `JoinerMachine`: it finds the leader
+  (DHT record `run/<id>/leader`), sends its capacity (the microbatches that fit its device's free memory in every
+  stage it can hold, model/memory.py) and its measured cost to each stage, +inf for a stage whose part does not fit
+  (the leader never places a node where its cost is infinite: protocol/membership.py `choose_stage`); the leader's
+  `MembershipMachine` (leadership.py) queries the stages' utilization and answers with an `Assignment(stage,
+  download_from, start_iteration)`. The newcomer builds its stage, says Hello with `joining=True`, and asks
+  `download_from` for its state with `after = start_iteration`: the source answers once it has applied that many
+  optimizer steps, with the weights and optimizer state and their SHA-256. The newcomer checks the hash, loads the
+  state, and says Hello with `ready_from = steps applied`: it takes part in aggregations from that iteration on, and
+  the iteration in flight is not disturbed. Its neighbours add it to their running flow machines once its Hello says
+  it is ready (flows.py), and its own flow machine starts as `joined`.
+* **Falling behind.** If a BEGIN AGGREGATION of an iteration this node should have taken part in leaves it out (its
+  Hello came too late), it fetches the state again, after that step (`resync`). A relay that was cut off (a
+  partition) while the run stepped learns it from the first Hello after it is redialled (discovery.py), a stage
+  peer's or a data node's saying more than one aggregation more than its own state: it fetches the state after those
+  steps from a stage peer (`catch_up`) and takes part again from the next iteration.
+* **Leaving** (V-B's counterpart, `leave`). The relay announces `leaving` with `leave_after` = the iteration in
+  flight: from the next iteration on nobody routes microbatches to it and the leader leaves it out of the
+  aggregation groups. It finishes the microbatches it holds, takes part in that iteration's aggregation (its
+  gradients count), then says Goodbye: its peers forget it and their flow machines rebuild the flows through it.
 """
 
 from __future__ import annotations
@@ -53,6 +43,7 @@ from ..net.peers import PeerInfo, Peers
 from .stage import LocalStage
 from .driver import Drivers, Owner
 from ..net.wire import FrameRefused, Wire, now
+from .waits import resume_wait, wait_entry
 
 log = logging.getLogger("gwtf.node")
 
@@ -598,3 +589,11 @@ class Joining:
         log.info("%s left after iteration %d", info.name if info and info.name else peer[:16], msg.after_iteration)
         self.leadership.on_goodbye(peer)
         self.on_gone(peer)
+
+    def waits(self, t: float, who: Callable[[str], str]) -> list[dict]:
+        """status.json's `waiting_for` here: the stage's state download; a relay back with a checkpoint waiting."""
+        out = [] if self.fetch_since is None or self.state_loaded.is_set() else [wait_entry(
+            "stage_state", self.fetch_since, t, iteration=self.want_after, steps=self.want_after,
+            peers=[who(self.fetch_source)] if self.fetch_source else [])]
+        rs = self.resume_status if self.resuming else None
+        return out + ([resume_wait(rs)] if rs is not None and rs.get("decision") == "wait" else [])

@@ -56,6 +56,7 @@ import trio
 
 from ...protocol import messages as m
 from ..ops.looplag import LoopLag
+from .waits import wait_entry
 from ..net.peers import Peers
 from ..net.wire import Wire, now
 from .snapshots import LivenessStatus
@@ -270,6 +271,11 @@ class Liveness:
                 break
             samples.append(got[0] * 1000.0)
         return min(samples) if samples else None
+
+    def waits(self, t: float) -> list[dict]:
+        """status.json's `waiting_for` here: a relay with no live data node waits for one."""
+        since = self.waiting_for_data_since
+        return [] if since is None else [wait_entry("data_node", since, t)]
 
     def status(self) -> LivenessStatus:
         """What the status shows of liveness (snapshots.py): copies, built now."""

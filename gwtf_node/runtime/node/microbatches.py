@@ -548,6 +548,14 @@ class Microbatches:
             if self.peers.role == "data":  # its first stage may be empty now: what needs it cannot complete
                 self._apply(self.rec.give_up_stranded(now()))
 
+    def waits(self, t: float) -> list[dict]:
+        """status.json's `waiting_for` here: a data node holding its next iteration back while a stage is empty."""
+        p = self.paused
+        if p is None:
+            return []
+        return [{"what": "paused_stage", "iteration": p.iteration, "since": p.since_wall,
+                 "seconds": round(t - p.since, 1), "from": [], "stages": list(p.stages)}]
+
     def status(self) -> MicrobatchesStatus:
         """What the status shows of the microbatches (snapshots.py): copies, built now."""
         cur = self.view.in_flight()

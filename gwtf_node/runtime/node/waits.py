@@ -74,28 +74,23 @@ def log_overdue(e: Overdue, who) -> None:
 
 
 def waiting_for(peers: Any, aggregation: Any, microbatches: Any, joining: Any, liveness: Any) -> list[dict]:
-    """status.json's `waiting_for` (module doc)."""
+    """status.json's `waiting_for` (module doc): the phase's waits and what each component says it waits for."""
     t = now()
-    who = peers.who
-    out: list[dict] = []
-    out += [phase_wait(w, t, who) for w in aggregation.waiting(t)]
-    p = microbatches.paused
-    if p is not None:
-        out.append({"what": "paused_stage", "iteration": p.iteration, "since": p.since_wall,
-                    "seconds": round(t - p.since, 1), "from": [], "stages": list(p.stages)})
+    out = [phase_wait(w, t, peers.who) for w in aggregation.waiting(t)] + microbatches.waits(t) + liveness.waits(t)
     if joining is not None:
-        since = joining.fetch_since
-        if since is not None and not joining.state_loaded.is_set():
-            src, steps = joining.fetch_source, joining.want_after
-            out.append({"what": "stage_state", "iteration": steps, "since": _wall(since, t),
-                        "seconds": round(t - since, 1), "from": [who(src)] if src else [], "steps": steps})
-        rs = joining.resume_status
-        if joining.resuming and rs is not None and rs.get("decision") == "wait":
-            w = float(rs.get("waiting_s") or 0)
-            out.append({"what": "resume", "iteration": None, "since": round(time.time() - w, 3), "seconds": w,
-                        "from": [], "reason": rs.get("reason", "")})
-    since = getattr(liveness, "waiting_for_data_since", None)
-    if since is not None:
-        out.append({"what": "data_node", "iteration": None, "since": _wall(since, t), "seconds": round(t - since, 1),
-                    "from": []})
+        out += joining.waits(t, peers.who)
     return sorted(out, key=lambda d: d["since"])
+
+
+def wait_entry(what: str, since: float, t: float, *, iteration: int | None = None, peers: list[str] | None = None,
+               **more: Any) -> dict:
+    """One entry of `waiting_for`: `what` is waited for since `since` (trio clock; `t` now), from `peers`."""
+    return {"what": what, "iteration": iteration, "since": _wall(since, t), "seconds": round(t - since, 1),
+            "from": peers or [], **more}
+
+
+def resume_wait(rs: dict) -> dict:
+    """The `waiting_for` entry of a relay back with a checkpoint that waits (resume.py's `resume_status`)."""
+    w = float(rs.get("waiting_s") or 0)
+    return {"what": "resume", "iteration": None, "since": round(time.time() - w, 3), "seconds": w, "from": [],
+            "reason": rs.get("reason", "")}
