@@ -478,3 +478,29 @@ async def test_dht_versioned_record_highest_wins(tmp_path):
             await c.provide("stage/1")
             providers = await a.find_providers("stage/1")
             assert c.peer_id in [p for p, _addrs in providers]
+
+
+@pytest.mark.trio
+async def test_a_connection_that_opens_no_stream_is_closed_and_the_frame_goes_on_a_new_one(tmp_path):
+    """py-libp2p keeps a connection listed that opens no stream any more (closed under it, or refusing): the send
+    closes it and dials anew, instead of failing until liveness presumes the peer dead."""
+    from libp2p.peer.id import ID
+
+    with trio.fail_after(DEADLINE_S):
+        async with hosts(tmp_path, 2, dht=False) as (a, b):
+            inbox = Inbox()
+            a.set_handler(inbox.handler)
+            await b.send(a.peer_id, b"first")
+            await inbox.wait_for(1)
+            network = b.libp2p.get_network()
+            (conn,) = network.get_connections(ID.from_base58(a.peer_id))
+
+            async def refuses():
+                raise RuntimeError("this connection opens no stream")
+
+            conn.new_stream = refuses  # (what a connection broken under the swarm's table does)
+            await b._drop_stream(b._ctrl_out, a.peer_id)  # the next frame needs a new stream
+            await b.send(a.peer_id, b"second")
+            await inbox.wait_for(2)
+            assert [env for _, env, _ in inbox.frames] == [b"first", b"second"]
+            assert b.stats["stale_closed"] == 1 and conn not in network.get_connections(ID.from_base58(a.peer_id))

@@ -56,6 +56,7 @@ from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.exceptions import BaseLibp2pError
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+from libp2p.network.exceptions import SwarmException
 from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import InvalidAddrError, PeerInfo, info_from_p2p_addr
@@ -336,11 +337,34 @@ class Host(HostDht, conninfo.HostConnections):
             except _PEER_ERRORS as e:
                 last = e
                 await self._drop_stream(streams, peer_id)
+                if isinstance(e, SwarmException) and _attempt == 0:
+                    await self._close_stale_connections(peer_id)
             except BaseException:  # cancelled by the caller, maybe mid-frame: the next frame takes a new stream
                 with trio.CancelScope(shield=True):
                     await self._drop_stream(streams, peer_id)
                 raise
         raise PeerUnreachable(f"{what} to {peer_id} failed: {last!r}") from last
+
+    async def _close_stale_connections(self, peer_id: str) -> None:
+        """No stream opens on the connections libp2p holds to `peer_id` (closed but still listed: py-libp2p 0.8.1
+        dials only when it lists none; or each refused a stream): close them, so that the next attempt dials anew.
+        Without it the peer stays silent on this side until liveness presumes it dead (seen on loaded machines: a
+        data node whose loop ran at most 0.6 s late could not send its Pongs to a third of its relays)."""
+        network = self.libp2p.get_network()
+        pid = ID.from_base58(peer_id)
+        stale = list(network.get_connections(pid))
+        if stale:
+            self.stats["stale_closed"] = self.stats.get("stale_closed", 0) + len(stale)
+            log.info("connections to %s open no stream: %d closed, the next frame dials anew", peer_id, len(stale))
+        for conn in stale:
+            with trio.move_on_after(1):
+                try:
+                    await conn.close()
+                except Exception:  # noqa: BLE001 - it is going anyway
+                    pass
+        remaining = network.get_connections(pid)
+        if remaining and all(getattr(c, "is_closed", False) for c in remaining):
+            network.connections.pop(pid, None)  # (closed ones py-libp2p has not taken off its table yet)
 
     async def drop_streams(self, peer_id: str) -> None:
         """Close the tensor channel and the streams to `peer_id` (`Wire.disconnect` closes its connections)."""
