@@ -350,21 +350,16 @@ class Host(HostDht, conninfo.HostConnections):
         dials only when it lists none; or each refused a stream): close them, so that the next attempt dials anew.
         Without it the peer stays silent on this side until liveness presumes it dead (seen on loaded machines: a
         data node whose loop ran at most 0.6 s late could not send its Pongs to a third of its relays)."""
-        network = self.libp2p.get_network()
         pid = ID.from_base58(peer_id)
-        stale = list(network.get_connections(pid))
+        stale = len(self.libp2p.get_network().get_connections(pid))
         if stale:
-            self.stats["stale_closed"] = self.stats.get("stale_closed", 0) + len(stale)
-            log.info("connections to %s open no stream: %d closed, the next frame dials anew", peer_id, len(stale))
-        for conn in stale:
-            with trio.move_on_after(1):
-                try:
-                    await conn.close()
-                except Exception:  # noqa: BLE001 - it is going anyway
-                    pass
-        remaining = network.get_connections(pid)
-        if remaining and all(getattr(c, "is_closed", False) for c in remaining):
-            network.connections.pop(pid, None)  # (closed ones py-libp2p has not taken off its table yet)
+            self.stats["stale_closed"] = self.stats.get("stale_closed", 0) + stale
+            log.info("connections to %s open no stream: %d closed, the next frame dials anew", peer_id, stale)
+        with trio.move_on_after(5):
+            try:
+                await self.libp2p.disconnect(pid)  # (closes each and takes the peer off the swarm's table)
+            except Exception:  # noqa: BLE001 - they are going anyway
+                pass
 
     async def drop_streams(self, peer_id: str) -> None:
         """Close the tensor channel and the streams to `peer_id` (`Wire.disconnect` closes its connections)."""
