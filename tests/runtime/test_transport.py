@@ -387,6 +387,38 @@ async def test_all_reduce_three_hosts_exact_and_identical(tmp_path):
 
 
 @pytest.mark.trio
+async def test_a_chunk_whose_send_fails_is_sent_again_and_the_round_still_sums(tmp_path):
+    """A send that fails (a connection broken under a loaded machine) does not fail the round: the chunk goes
+    again until the round's timeout, and every member still ends with the same sum."""
+    from gwtf_node.runtime.net.host import PeerUnreachable
+
+    with trio.fail_after(DEADLINE_S):
+        async with reducing_hosts(tmp_path) as (hs, reducers):
+            group = [h.peer_id for h in hs]
+            tensors = {h.peer_id: torch.full((10,), float(i + 1)) for i, h in enumerate(hs)}
+            real_send, failures = hs[0].send, [2]
+
+            async def flaky_send(peer_id, envelope, payload=b"", **kw):
+                if peer_id == hs[1].peer_id and failures[0] > 0:
+                    failures[0] -= 1
+                    raise PeerUnreachable("payload frame failed: injected")
+                return await real_send(peer_id, envelope, payload, **kw)
+
+            hs[0].send = flaky_send
+            results = {}
+
+            async def run(h, r):
+                results[h.peer_id] = await r.all_reduce("s1/it1", group, tensors[h.peer_id], 1.0, 10)
+
+            async with trio.open_nursery() as nursery:
+                for h, r in zip(hs, reducers):
+                    nursery.start_soon(run, h, r)
+            assert failures == [0] and reducers[0].send_retries == 2
+            for t, c in results.values():
+                assert torch.equal(t, torch.full((10,), 6.0)) and c == 3.0
+
+
+@pytest.mark.trio
 async def test_a_bfloat16_all_reduce_sends_half_and_is_identical_on_every_member(tmp_path, caplog):
     """`wire="bfloat16"`: every contribution rounded once, summed in float32 in sorted-peer order, the sum rounded;
     the same bits everywhere, half the bytes of float32; a float32 chunk in a bfloat16 round is refused."""

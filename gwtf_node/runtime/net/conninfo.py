@@ -150,5 +150,16 @@ class HostConnections:
         return None
 
 
-__all__ = ["KINDS", "HostConnections", "best_kind", "connection_kind", "connections", "is_relayed", "kind_of",
+def causes(exc: BaseException, limit: int = 4) -> str:
+    """`exc` and what raised it, outermost first ("A('...') <- B('...')"): py-libp2p wraps why a stream did not
+    open ("Failed to create stream") around the connection's own error."""
+    chain: list[str] = []
+    e: BaseException | None = exc
+    while e is not None and len(chain) < limit:
+        chain.append(repr(e)[:200])
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+    return " <- ".join(chain)
+
+
+__all__ = ["KINDS", "HostConnections", "best_kind", "causes", "connection_kind", "connections", "is_relayed", "kind_of",
            "remote_host"]

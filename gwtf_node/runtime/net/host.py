@@ -343,7 +343,7 @@ class Host(HostDht, conninfo.HostConnections):
                 with trio.CancelScope(shield=True):
                     await self._drop_stream(streams, peer_id)
                 raise
-        raise PeerUnreachable(f"{what} to {peer_id} failed: {last!r}") from last
+        raise PeerUnreachable(f"{what} to {peer_id} failed: {conninfo.causes(last)}") from last
 
     async def _close_stale_connections(self, peer_id: str) -> None:
         """No stream opens on the connections libp2p holds to `peer_id` (closed but still listed: py-libp2p 0.8.1

@@ -35,9 +35,9 @@ the payload and the part's length, finite values, sender in the group, the
 right owner for the phase, no duplicate; a bad chunk is logged on
 "gwtf.transport" and ignored (a peer that only sends bad chunks shows up in
 the timeout error).  A timeout raises `AllReduceTimeout` naming the peers
-whose parts are missing; an unreachable peer fails the round at once with
-`AllReduceError`.  Recovery (retry without the dead peer) is the caller's
-decision: it knows the stage membership.
+whose parts are missing.  A chunk that cannot be sent is sent again until
+the round's timeout (`SEND_RETRY_FIRST_S`); a member that is gone is the
+caller's to see (liveness): it cancels the round and retries without it.
 
 Threads.  Everything that touches a whole part runs in a worker thread
 (`trio.to_thread`, one at a time per `AllReducer`): copying a received payload
@@ -77,6 +77,11 @@ from ..net.host import Host, PeerUnreachable
 
 log = logging.getLogger("gwtf.transport")
 
+# A chunk whose send fails (`PeerUnreachable`: a connection broken or refusing streams on a loaded machine) is
+# sent again after SEND_RETRY_FIRST_S, then twice as long each time up to SEND_RETRY_MAX_S, within the round's
+# timeout: a round given up on one lost frame would leave its members stepping apart.
+SEND_RETRY_FIRST_S = 0.5
+SEND_RETRY_MAX_S = 8.0
 MAX_PENDING_KEYS = 64  # rounds buffered before all_reduce is called for them
 _DONE_KEYS_KEPT = 256  # finished rounds remembered, to drop their late chunks quietly
 REDUCE, GATHER = 1, 2  # AllReduceChunk.phase
@@ -131,6 +136,7 @@ class AllReducer:
         self._done: OrderedDict[str, None] = OrderedDict()
         self.guard = GradGuard()  # judges the contributions to the parts this node owns
         self.outliers_refused = 0  # contributions left out of a part's sum (status.json)
+        self.send_retries = 0  # chunks sent again after a failed send (module doc)
         self.limiter = trio.CapacityLimiter(1)  # the whole-part tensor work, off the event loop (module doc)
         self._work_s: dict[str, float] = {}  # round key -> seconds of tensor work in the worker thread so far
         self.last_round: dict | None = None  # the last round that summed: key, seconds, tensor work, MB sent
@@ -226,10 +232,16 @@ class AllReducer:
         data = memoryview(as_bytes.numpy()).cast("B") if t.numel() else b""
         header = TensorHeader(dtype=wire, shape=(t.numel(),), nbytes=t.numel() * size)
         env = encode(self.host.peer_id, AllReduceChunk(key=key, part=part, phase=phase, count=count, tensor=header))
-        try:
-            await self.host.send(peer, env, data)
-        except PeerUnreachable as e:
-            raise AllReduceError(f"all-reduce {key!r}: cannot send part {part} (phase {phase}) to {peer}: {e}") from e
+        delay = SEND_RETRY_FIRST_S
+        while True:
+            try:
+                return await self.host.send(peer, env, data)
+            except PeerUnreachable as e:
+                self.send_retries += 1
+                log.warning("all-reduce %r: part %d (phase %d) to %s not sent (%s): sent again in %.1f s", key, part,
+                            phase, peer, e, delay)
+            await trio.sleep(delay)
+            delay = min(SEND_RETRY_MAX_S, 2 * delay)
 
     async def all_reduce(
         self, key: str, group: list[str], tensor: torch.Tensor, count: float, timeout: float,
