@@ -75,6 +75,41 @@ async def test_lookups_slow_down_while_they_find_no_one(autojump_clock: trio.tes
     assert len(records.local_reads) == 1 and 100 <= records.local_reads[0] - start <= 100 + disc.DHT_ROUND_S
 
 
+class _FailingRecords(_Records):
+    """A DHT whose puts fail (timed out on a loaded machine): each attempt's time is noted."""
+
+    def __init__(self) -> None:
+        super().__init__(news=set())
+        self.put_times: list[float] = []
+
+    async def put(self, key: str, value) -> None:
+        self.put_times.append(trio.current_time())
+        raise RuntimeError("no answer in time")
+
+
+@pytest.mark.trio
+async def test_a_publish_that_fails_is_tried_again_at_doubling_intervals(autojump_clock) -> None:
+    """A put that fails is not tried again every round (each try is a walk of the DHT), and the provider lookups
+    slow down as usual meanwhile: the record not published yet does not count as news every round."""
+    records = _FailingRecords()
+    async with trio.open_nursery() as nursery:
+        peers = Peers("ME", "r0", 2, Place("relay", 0, 4))
+        peers.upsert(PeerInfo("P", "data", -1, "d0"), 0.0)
+        host = SimpleNamespace(addrs=["/ip4/127.0.0.1/tcp/1"], provide=lambda key: trio.sleep(0),
+                               on_addrs_changed=None, dht_local=lambda key: None)
+        d = Discovery(SimpleNamespace(me="ME", spawn=lambda fn, *a: None), peers, host,
+                      SimpleNamespace(run_id="run", to_json=lambda: "{}"), {}, on_peer_hello=lambda info: None,
+                      authorizer=SimpleNamespace(insecure=False), records=records)
+        nursery.start_soon(d.loop)
+        start = trio.current_time()
+        await trio.sleep(600)
+        nursery.cancel_scope.cancel()
+    puts = [round(t - start) for t in records.put_times]
+    assert [b - a for a, b in zip(puts, puts[1:])][:7] == [2, 4, 8, 16, 32, 64, 128], puts
+    rounds = sorted({round(t - start) for t, _ in records.lookups})
+    assert [b - a for a, b in zip(rounds, rounds[1:])][:5] == [2, 4, 8, 16, 32], rounds
+
+
 @pytest.fixture
 def autojump_clock() -> trio.testing.MockClock:
     return trio.testing.MockClock(autojump_threshold=0)

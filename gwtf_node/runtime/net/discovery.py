@@ -17,6 +17,10 @@ version wins everywhere; see host.py; each signed by its writer and checked
 on read, records.py): `run/<run id>` holds the manifest (put by data nodes),
 `node/<peer id>` holds {name, role, stage, addrs, expires} (put by every node,
 again when its stage or addresses change and every `RECORD_REFRESH_S`; a
+publish that fails or times out is tried again after `DHT_ROUND_S`, then at
+twice the interval each time up to `DHT_ROUND_MAX_S`, and a change of place
+starts one provider lookup, not one a round until it is published: on a
+loaded machine puts time out, and every retry is a walk of the DHT; a
 provider whose record expired, `RECORD_TTL_S` after it was written, is not
 dialled), `run/<run id>/revoked` the owner's revocation list
 (read from this host's own DHT copy every round and over the network every `REVOCATIONS_EVERY_S`: authorize.py
@@ -165,15 +169,16 @@ class Discovery:
         network every `REVOCATIONS_EVERY_S`."""
         run_key = f"run/{self.run_id}"
         published: tuple | None = None
-        refresh_at = providers_at = revocations_at = 0.0
-        wait = DHT_ROUND_S
+        looked_for: tuple | None = None
+        refresh_at = providers_at = revocations_at = publish_at = 0.0
+        wait = publish_wait = DHT_ROUND_S
         me = self.wire.me
         while True:
             if self.peers.ids_known():
                 role, stage = self.peers.role, self.peers.stage
                 mine = (role, stage, tuple(self.host.addrs))
-                news = published != mine
-                if news or now() >= refresh_at:
+                if (published != mine or now() >= refresh_at) and now() >= publish_at:
+                    done = False
                     try:
                         with trio.move_on_after(DHT_WAIT_S):
                             if role == "data":
@@ -184,18 +189,22 @@ class Discovery:
                             await self.records.put(f"node/{me}", rec)
                             for key in fanout.provided_keys(self.run_id, role, stage):
                                 await self.host.provide(key)
-                            published, refresh_at = mine, now() + RECORD_REFRESH_S
-                    except Exception as e:  # noqa: BLE001 - the DHT is best effort; retried next round
+                            done = True
+                    except Exception as e:  # noqa: BLE001 - the DHT is best effort; retried
                         log.debug("DHT publish failed: %s", e)
-                if news or now() >= providers_at:
+                    if done:
+                        published, refresh_at, publish_wait = mine, now() + RECORD_REFRESH_S, DHT_ROUND_S
+                    else:  # failed or timed out: again after a wait that doubles (module doc)
+                        publish_at, publish_wait = now() + publish_wait, min(DHT_ROUND_MAX_S, 2 * publish_wait)
+                if looked_for != mine or now() >= providers_at:
                     dialled = 0
                     try:
                         with trio.move_on_after(DHT_WAIT_S):
                             dialled = await self._dial_providers()
                     except Exception as e:  # noqa: BLE001
                         log.debug("find_providers failed: %s", e)
-                    wait = DHT_ROUND_S if news or dialled else min(DHT_ROUND_MAX_S, 2 * wait)
-                    providers_at = now() + wait
+                    wait = DHT_ROUND_S if looked_for != mine or dialled else min(DHT_ROUND_MAX_S, 2 * wait)
+                    looked_for, providers_at = mine, now() + wait
                 if now() >= revocations_at:
                     await self._read_revocations(f"{run_key}/revoked")
                     revocations_at = now() + REVOCATIONS_EVERY_S
