@@ -165,6 +165,44 @@ async def test_a_data_node_takes_a_new_term_from_a_data_node_and_merges_only_adm
     assert auth.check(D0, m.LeaderHeartbeat(5, 0.0, ()), Needs.LEADER, lead.peers, lead).code is R.NOT_LEADER
 
 
+@pytest.mark.trio
+async def test_the_lease_is_sized_from_the_longer_of_a_voters_link_and_liveness_round_trips(tmp_path: Path) -> None:
+    """A voter on this machine has its link measured once, in milliseconds; on a machine whose cores are all
+    busy its liveness Pings take seconds.  The lease follows the longer measure (8 x 1.5 s), not the link's
+    (which leaves the floor of 2 s, shorter than the acknowledgements take)."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from gwtf_node.protocol.voters import LEASE_RTT_FACTOR
+    from gwtf_node.runtime.node.leadership import Leadership
+
+    class Peers(_Peers):
+        name = "d0"
+
+        def get(self, peer: str) -> PeerInfo | None:
+            info = INFO.get(peer)
+            return None if info is None else replace(info, rtt_ms=5.0)  # (the link: measured once, 5 ms)
+
+        def data_nodes(self) -> list[str]:
+            return [D0, D1]
+
+        def infos(self) -> list:
+            return []
+
+        def who(self, peer: str) -> str:
+            return peer
+
+    leases = {}
+    for loaded in (False, True):
+        wire = SimpleNamespace(me=D0, spawn=lambda *a: None, send=None)
+        lead = Leadership(wire, Peers("data", -1), None, Drivers(wire), tmp_path / str(loaded), "run1", lambda: 0,
+                          lambda: None, round_trip_s=lambda peer: 1.5 if loaded and peer == D1 else None)
+        lead.start()
+        lead._size_lease()
+        leases[loaded] = lead.election.lease_s
+    assert leases == {False: 2.0, True: pytest.approx(LEASE_RTT_FACTOR * 1.5)}
+
+
 def test_admission_by_certificate() -> None:
     owner = Ed25519PrivateKey.generate()
     clock = [1_800_000_000.0]

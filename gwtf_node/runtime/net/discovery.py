@@ -17,10 +17,6 @@ version wins everywhere; see host.py; each signed by its writer and checked
 on read, records.py): `run/<run id>` holds the manifest (put by data nodes),
 `node/<peer id>` holds {name, role, stage, addrs, expires} (put by every node,
 again when its stage or addresses change and every `RECORD_REFRESH_S`; a
-publish that fails or times out is tried again after `DHT_ROUND_S`, then at
-twice the interval each time up to `DHT_ROUND_MAX_S`, and a change of place
-starts one provider lookup, not one a round until it is published: on a
-loaded machine puts time out, and every retry is a walk of the DHT; a
 provider whose record expired, `RECORD_TTL_S` after it was written, is not
 dialled), `run/<run id>/revoked` the owner's revocation list
 (read from this host's own DHT copy every round and over the network every `REVOCATIONS_EVERY_S`: authorize.py
@@ -166,7 +162,10 @@ class Discovery:
         26-daemon swarm).  The owner's revocation list is read every round from this host's own copy of the
         DHT (no walk: `revoke --publish-to` stores it at the twenty peers closest to its key, which in a swarm
         of up to twenty is everyone, and a walk that finds it refreshes the copy), and looked up over the
-        network every `REVOCATIONS_EVERY_S`."""
+        network every `REVOCATIONS_EVERY_S`.  A publish that fails or times out is tried again after
+        `DHT_ROUND_S`, then at twice the interval each time up to `DHT_ROUND_MAX_S`, and a change of place starts
+        one provider lookup, not one a round until it is published: on a loaded machine puts time out, and every
+        retry is a walk of the DHT."""
         run_key = f"run/{self.run_id}"
         published: tuple | None = None
         looked_for: tuple | None = None

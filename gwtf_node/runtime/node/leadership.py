@@ -70,12 +70,15 @@ PUBLISH_WAIT_S = 10.0
 class Leadership:
     def __init__(self, wire: Wire, peers: Peers, host: Any, drivers: Drivers, state_dir: Path, run_id: str,
                  iteration_now: Callable[[], int], on_change: Callable[[], None], certificate: bytes = b"",
-                 records: Any = None, lease_s: float = 2.0) -> None:
+                 records: Any = None, lease_s: float = 2.0,
+                 round_trip_s: Callable[[str], float | None] = lambda peer: None) -> None:
         self.wire = wire
         self.peers = peers
         self.host = host
         self.election_driver = drivers.make(Owner.LEADER, self.on_election_timer)
         self.placement_driver = drivers.make(Owner.PLACEMENT, self.on_placement_timer)
+        self._published_term: int | None = None  # the term whose leader record this node last published
+        self.round_trip_s = round_trip_s  # a peer's smoothed round trip over the liveness Pings (liveness.py)
         self.state_path = state_dir / "leader.json"
         self.run_id = run_id
         self.iteration_now = iteration_now
@@ -188,7 +191,9 @@ class Leadership:
                     machine.add_member(p.peer_id, p.stage)
             self.placement = machine
             self._placement_call(lambda pm: pm.start(t))
-            self.wire.spawn(self._publish, self.election.term)
+            if self._published_term != self.election.term:  # (once a term: a lease that lapsed and came back
+                self._published_term = self.election.term   # is the same leader, and each put walks the DHT)
+                self.wire.spawn(self._publish, self.election.term)
         if not leading and self._was_leader:
             log.info("no longer leader (term %d)", self.election.term)
             self.placement = None
@@ -197,10 +202,19 @@ class Leadership:
         self.on_change()
 
     def _size_lease(self) -> None:
-        """The lease to ask for: from the round trips measured to the voters (peers.py), at least --lease."""
+        """The lease to ask for: from the round trips measured to the voters, at least --lease.  Of a voter's two
+        measures the longer counts: its link's (peers.py, measured when the link is costed: once, for a peer on
+        this machine) and the liveness Pings' smoothed round trip, which follows the load (on a machine whose
+        cores are all busy, loopback round trips of seconds; a lease sized from the link's milliseconds lapsed
+        before the acknowledgements came back, and the leader lost and won its term every few seconds)."""
         e = self.election
-        rtts = {p: info.rtt_ms / 1000 for p in e.cur.voters
-                if (info := self.peers.get(p)) is not None and info.rtt_ms is not None}
+        rtts: dict[str, float] = {}
+        for p in e.cur.voters:
+            info = self.peers.get(p)
+            measured = [x for x in (None if info is None or info.rtt_ms is None else info.rtt_ms / 1000,
+                                    self.round_trip_s(p)) if x is not None]
+            if measured:
+                rtts[p] = max(measured)
         e.set_lease(lease_for_rtts(rtts, e.cur.voters, self.wire.me, self.lease_floor_s, e.cfg.max_lease_s))
 
     async def _publish(self, term: int) -> None:

@@ -262,6 +262,11 @@ class Liveness:
         finally:
             self.pongs.pop(msg.nonce, None)
 
+    def round_trip_s(self, peer: str) -> float | None:
+        """`peer`'s smoothed round trip over the liveness Pings (RFC 6298's srtt), once one was timed."""
+        rtts = self.round_trips.get(peer)
+        return None if rtts is None else rtts.srtt
+
     async def measure_rtt(self, peer: str, tries: int = 3) -> float | None:
         """Best of `tries` round trips to `peer`, in ms (None: no answer)."""
         samples = []

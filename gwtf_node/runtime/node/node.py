@@ -253,7 +253,8 @@ class Node:
                                     on_settled=self._iteration_settled, on_finished=self.done_event.set)
         leadership = Leadership(wire, peers, host, drivers, o.state_dir, self.run_id,
                                 iteration_now=microbatches.iteration_now, on_change=self._leadership_changed,
-                                certificate=self.certificate, records=records, lease_s=o.lease_s)
+                                certificate=self.certificate, records=records, lease_s=o.lease_s,
+                                round_trip_s=liveness.round_trip_s)
         aggregation = Aggregation(wire, peers, self.stage, microbatches.view, microbatches.begin_aggregation,
                                   microbatches.aggregation_done, leadership, AllReducer(host), drivers,
                                   self.faults, state_dir=o.state_dir, checkpoint_every=o.checkpoint_every,
