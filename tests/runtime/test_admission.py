@@ -102,6 +102,21 @@ class _Peers:
         return INFO.get(peer)
 
 
+class _DataNodePeers(_Peers):
+    """The peer table of data node d0, which knows d0 and d1 as the run's data nodes."""
+
+    name = "d0"
+
+    def data_nodes(self) -> list[str]:
+        return [D0, D1]
+
+    def infos(self) -> list:
+        return []
+
+    def who(self, peer: str) -> str:
+        return peer
+
+
 @pytest.mark.trio
 async def test_a_relay_learns_a_new_term_from_its_leader_first_message_and_refuses_the_old_leader_after() -> None:
     """The race at an election: the new leader's message overtakes the news of its term.  It is taken (and
@@ -140,20 +155,8 @@ async def test_a_data_node_takes_a_new_term_from_a_data_node_and_merges_only_adm
 
     from gwtf_node.runtime.node.leadership import Leadership
 
-    class Peers(_Peers):
-        name = "d0"
-
-        def data_nodes(self) -> list[str]:
-            return [D0, D1]
-
-        def infos(self) -> list:
-            return []
-
-        def who(self, peer: str) -> str:
-            return peer
-
     wire = SimpleNamespace(me=D0, spawn=lambda *a: None, send=None)
-    lead = Leadership(wire, Peers("data", -1), None, Drivers(wire), tmp_path, "run1", lambda: 0, lambda: None)
+    lead = Leadership(wire, _DataNodePeers("data", -1), None, Drivers(wire), tmp_path, "run1", lambda: 0, lambda: None)
     lead.start()
     assert lead.leader_of_term() == (None, 0)
     auth = Authorizer(run_id="run1", owner_public_key="", open_relays=True)
@@ -176,21 +179,10 @@ async def test_the_lease_is_sized_from_the_longer_of_a_voters_link_and_liveness_
     from gwtf_node.protocol.voters import LEASE_RTT_FACTOR
     from gwtf_node.runtime.node.leadership import Leadership
 
-    class Peers(_Peers):
-        name = "d0"
-
+    class Peers(_DataNodePeers):
         def get(self, peer: str) -> PeerInfo | None:
             info = INFO.get(peer)
             return None if info is None else replace(info, rtt_ms=5.0)  # (the link: measured once, 5 ms)
-
-        def data_nodes(self) -> list[str]:
-            return [D0, D1]
-
-        def infos(self) -> list:
-            return []
-
-        def who(self, peer: str) -> str:
-            return peer
 
     leases = {}
     for loaded in (False, True):
