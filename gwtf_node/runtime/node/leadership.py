@@ -220,11 +220,15 @@ class Leadership:
     async def _publish(self, term: int) -> None:
         rec = {"peer_id": self.wire.me, "term": term, "name": self.peers.name,
                "certificate": self.certificate.decode()}
+        done = False
         try:
             with trio.move_on_after(PUBLISH_WAIT_S):
                 await self.records.put(f"run/{self.run_id}/leader", rec)
+                done = True
         except Exception as e:  # noqa: BLE001 - discovery is best effort
             log.debug("publishing the leader failed: %s", e)
+        if not done and self._published_term == term:
+            self._published_term = None  # (published again when this node next wins its lease)
 
     def learned_leader(self, peer: str, term: int | None = None) -> None:
         """A relay found the acting leader (the DHT record of a joiner's lookup, or a message of the leader's
