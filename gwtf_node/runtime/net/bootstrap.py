@@ -41,6 +41,7 @@ import trio
 from ...protocol import messages as m
 from .discovery import Discovery
 from .peers import Peers
+from .conninfo import exception_chain
 from .host import PeerUnreachable
 from ..ops.startup import ExitKind, NodeExit
 from .wire import Wire, now
@@ -80,26 +81,6 @@ def one_line(text: str, limit: int = REASON_MAX_CHARS) -> str:
 _MISMATCH = re.compile(r"remote_peer=(\w+), remote_peer_id_from_pubkey=(\w+)")
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
-    """`exc` and every exception inside it: causes, contexts and the members of exception groups."""
-    seen: set[int] = set()
-    chain: list[BaseException] = []
-
-    def walk(e: BaseException | None) -> None:
-        if e is None or id(e) in seen:
-            return
-        seen.add(id(e))
-        chain.append(e)
-        for sub in getattr(e, "exceptions", None) or getattr(e, "errors", None) or ():
-            if isinstance(sub, BaseException):
-                walk(sub)
-        walk(e.__cause__)
-        walk(e.__context__)
-
-    walk(exc)
-    return chain
-
-
 def wrong_peer_id(exc: BaseException) -> tuple[str, str] | None:
     """(the peer id the address names, the one the node there proved) when a dial failed because they differ.
 
@@ -108,7 +89,7 @@ def wrong_peer_id(exc: BaseException) -> tuple[str, str] | None:
     "handshake failed when upgrading to secure connection", with
     `PeerIDMismatchesPubkey` (naming both ids) deep in the chain.
     """
-    for e in _chain(exc):
+    for e in exception_chain(exc):
         if type(e).__name__ == "PeerIDMismatchesPubkey":
             found = _MISMATCH.search(str(e))
             if found:
@@ -129,7 +110,7 @@ def dial_reason(exc: BaseException, limit: int = 160) -> str:
     ids = wrong_peer_id(exc)
     if ids is not None:
         return f"the node there has peer id {ids[1]}, not the {ids[0]} of the address"
-    chain = _chain(exc)
+    chain = exception_chain(exc)
     for e in chain:
         if isinstance(e, OSError) and e.errno:
             return os.strerror(e.errno)  # "Connection refused", without the socket's own wording around it

@@ -150,16 +150,31 @@ class HostConnections:
         return None
 
 
+def exception_chain(exc: BaseException) -> list[BaseException]:
+    """`exc` and every exception inside it: causes, contexts and the members of exception groups."""
+    seen: set[int] = set()
+    chain: list[BaseException] = []
+
+    def walk(e: BaseException | None) -> None:
+        if e is None or id(e) in seen:
+            return
+        seen.add(id(e))
+        chain.append(e)
+        for sub in getattr(e, "exceptions", None) or getattr(e, "errors", None) or ():
+            if isinstance(sub, BaseException):
+                walk(sub)
+        walk(e.__cause__)
+        walk(e.__context__)
+
+    walk(exc)
+    return chain
+
+
 def causes(exc: BaseException, limit: int = 4) -> str:
     """`exc` and what raised it, outermost first ("A('...') <- B('...')"): py-libp2p wraps why a stream did not
     open ("Failed to create stream") around the connection's own error."""
-    chain: list[str] = []
-    e: BaseException | None = exc
-    while e is not None and len(chain) < limit:
-        chain.append(repr(e)[:200])
-        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
-    return " <- ".join(chain)
+    return " <- ".join(repr(e)[:200] for e in exception_chain(exc)[:limit])
 
 
-__all__ = ["KINDS", "HostConnections", "best_kind", "causes", "connection_kind", "connections", "is_relayed", "kind_of",
+__all__ = ["KINDS", "HostConnections", "best_kind", "causes", "exception_chain", "connection_kind", "connections", "is_relayed", "kind_of",
            "remote_host"]

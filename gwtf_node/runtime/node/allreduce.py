@@ -61,6 +61,7 @@ accepted, with the same bits on every member.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
@@ -73,6 +74,7 @@ import trio
 from ...protocol.codec import encode
 from ...protocol.gradguard import Contribution, GradGuard
 from ...protocol.messages import AllReduceChunk, TensorHeader
+from ..net.bootstrap import backoff_s
 from ..net.host import Host, PeerUnreachable
 
 log = logging.getLogger("gwtf.transport")
@@ -232,16 +234,15 @@ class AllReducer:
         data = memoryview(as_bytes.numpy()).cast("B") if t.numel() else b""
         header = TensorHeader(dtype=wire, shape=(t.numel(),), nbytes=t.numel() * size)
         env = encode(self.host.peer_id, AllReduceChunk(key=key, part=part, phase=phase, count=count, tensor=header))
-        delay = SEND_RETRY_FIRST_S
-        while True:
+        for attempt in itertools.count(1):
             try:
                 return await self.host.send(peer, env, data)
             except PeerUnreachable as e:
                 self.send_retries += 1
+                delay = backoff_s(attempt, SEND_RETRY_FIRST_S, SEND_RETRY_MAX_S)
                 log.warning("all-reduce %r: part %d (phase %d) to %s not sent (%s): sent again in %.1f s", key, part,
                             phase, peer, e, delay)
             await trio.sleep(delay)
-            delay = min(SEND_RETRY_MAX_S, 2 * delay)
 
     async def all_reduce(
         self, key: str, group: list[str], tensor: torch.Tensor, count: float, timeout: float,

@@ -88,6 +88,7 @@ from .tensorstore import Keep, Slot, TensorStore
 from .driver import Drivers, Owner
 from ..net.wire import FrameRefused, Wire, now
 from .snapshots import MicrobatchesStatus
+from .waits import wait_entry
 
 log = logging.getLogger("gwtf.node")
 
@@ -553,8 +554,7 @@ class Microbatches:
         p = self.paused
         if p is None:
             return []
-        return [{"what": "paused_stage", "iteration": p.iteration, "since": p.since_wall,
-                 "seconds": round(t - p.since, 1), "from": [], "stages": list(p.stages)}]
+        return [wait_entry("paused_stage", p.since, t, iteration=p.iteration, stages=list(p.stages))]
 
     def status(self) -> MicrobatchesStatus:
         """What the status shows of the microbatches (snapshots.py): copies, built now."""

@@ -52,8 +52,7 @@ def _wall(since: float, t: float) -> float:
 
 
 def phase_wait(w: Wait, t: float, who) -> dict:
-    return {"what": w.what.value, "iteration": w.iteration, "since": _wall(w.since, t),
-            "seconds": round(t - w.since, 1), "from": [who(p) for p in w.peers]}
+    return wait_entry(w.what.value, w.since, t, iteration=w.iteration, peers=[who(p) for p in w.peers])
 
 
 def describe(w: Wait, who) -> str:
