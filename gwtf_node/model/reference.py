@@ -103,17 +103,21 @@ def train_centralized(
     device: Any = "cpu",
     on_iteration: Callable[[int, float], None] | None = None,
     crossings: Crossings | None = None,
+    reverse: bool = False,
 ) -> CentralizedResult:
+    """Train `iterations` iterations centrally (module doc).  `reverse` runs each iteration's microbatches in
+    the reverse order: the same sums in another floating-point order, the gap any schedule of the same
+    computation may show (scripts/bench_swarm_size.py measures a swarm's losses against it)."""
     data, relays = build_chain(manifest, device)
     sources = make_sources(manifest, data_nodes)
     M = manifest.data.microbatches_per_iteration
     result = CentralizedResult()
     for t in range(iterations):
+        jobs = [(i, src, seq) for i, src in enumerate(sources) for seq in range(t * M, (t + 1) * M)]
         losses = []
-        for i, src in enumerate(sources):
-            for seq in range(t * M, (t + 1) * M):
-                x, y = src.get(seq)
-                losses.append(run_microbatch(data, relays, (i, seq), x, y, crossings))
+        for i, src, seq in reversed(jobs) if reverse else jobs:
+            x, y = src.get(seq)
+            losses.append(run_microbatch(data, relays, (i, seq), x, y, crossings))
         count = len(losses)
         for part in (data, *relays):
             part.apply_mean_grad(part.grad_vector(), count)

@@ -77,6 +77,39 @@ def test_losses_are_checked_against_the_reference_and_the_table_says_so() -> Non
     assert b.flatness([row, big, failed]) == 1.5
 
 
+def test_losses_are_compared_up_to_the_order_horizon() -> None:
+    b = _bench()
+    recs = [{"iteration": i, "loss": x, "microbatches": 6} for i, x in enumerate([5.5, 5.4, 5.3, 5.2])]
+    ref = [5.5, 5.4, 5.3, 5.1]
+    assert b.departs([5.5, 5.4, 5.302, 5.2], ref) == 2 and b.departs(ref, ref) is None
+    assert b.check_losses(recs, ref, 6, horizon=3) == []  # the reference in reverse order left 1e-6 at 3
+    assert b.check_losses(recs, ref, 6, horizon=4) == ["iteration 3: loss 5.200000, centralized 5.100000"]
+    row = {"losses_equal": True, "first_departure": 3, "order_horizon": 3}
+    assert b.verdict(row) == "equal to it 3 (order horizon; swarm leaves 1e-4 at 3)"
+    assert b.verdict({**row, "first_departure": None}) == "equal" and b.verdict({**row, "losses_equal": False}) == "DIFFER"
+
+
+def test_every_stage_sums_what_the_data_nodes_settled(tmp_path: Path) -> None:
+    b = _bench()
+    settled = ("x INFO gwtf.steps: iteration 0 settled: completed [0, 1], deferred 0\n"
+               "x INFO gwtf.steps: iteration 1 settled: completed [2, 3], deferred 0\n")
+    summed = ('x INFO gwtf.steps: iteration {t}: summed in round s{s}/it{t}/ab: contributions {keys}; aggregation 0.1 s\n')
+    logs = {"d0": ("data", settled),
+            "r0_0": ("relay", summed.format(t=0, s=0, keys='[["d0", 0]]') + summed.format(t=1, s=0, keys='[["d0", 2], ["d0", 3]]')),
+            "r0_1": ("relay", summed.format(t=0, s=0, keys='[["d0", 1]]') + summed.format(t=1, s=0, keys='[]')),
+            "r1_0": ("relay", summed.format(t=0, s=1, keys='[["d0", 0], ["d0", 1]]')
+                     + summed.format(t=1, s=1, keys='[["d0", 2]]'))}
+    assert b.check_ledger(logs, 2) == [
+        "iteration 1 stage 1: summed 1 of 2 settled microbatches (missing [('d0', 3)], not settled [], twice 0)"]
+    assert b.check_ledger({k: v for k, v in logs.items() if k != "r1_0"}, 2) == []
+    assert b.check_ledger({**logs, "r1_0": ("relay", summed.format(t=0, s=1, keys='[["d0", 0], ["d0", 1]]'))}, 2) == [
+        "iteration 1 stage 1: no relay logged its sum"]
+    (tmp_path / "node.log.2").write_text("a\n")
+    (tmp_path / "node.log.1").write_text("b\n")
+    (tmp_path / "node.log").write_text("c\n")
+    assert b.node_log(tmp_path) == "a\nb\nc\n"
+
+
 def test_bad_arguments_get_one_line() -> None:
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_swarm_size.py"), "--nodes", "5",
                           "--stages", "8"], capture_output=True, text=True, timeout=120, cwd=ROOT)
