@@ -93,6 +93,7 @@ class Peers:
     peers: dict[str, PeerInfo] = field(default_factory=dict)
     gone: set[str] = field(default_factory=set)  # crashed or said Goodbye, not back since
     former_names: dict[str, str] = field(default_factory=dict)  # forgotten peers' names, for the logs
+    former_incarnations: dict[str, int] = field(default_factory=dict)  # forgotten peers' incarnations (a return)
     last_heard: dict[str, float] = field(default_factory=dict)
     last_change: float = 0.0  # when a peer last appeared or changed role or stage
     # this node's standing changed (`set_standing`): the node wires it to the microbatch machine
@@ -170,6 +171,8 @@ class Peers:
         info = self.peers.pop(peer, None)
         if info is not None and info.name:
             self.former_names[peer] = info.name  # (logs keep calling it by its name: `who`)
+        if info is not None and info.incarnation:
+            self.former_incarnations[peer] = info.incarnation
         self.gone.add(peer)
         self.last_heard.pop(peer, None)
 

@@ -19,10 +19,9 @@ of the data nodes that BEGIN names (a data node that died before the leader
 opened the phase is left out by the leader, and so are its microbatches,
 even at a relay that has not yet noticed the death).
 If a member dies during the all-reduce, the round is cancelled and redone
-among the survivors (the round's key names its group, so peers only meet on
-the same group); a member forgotten since the all-reduce began (a crash found,
-or a restart: back within seconds with a new incarnation, its contributions
-gone with the old one) stays out of it even once it is back; the contributions that died with it are counted in
+among the survivors (regroup.py: the round's key names its group; a member
+presumed dead keeps its place for a grace, and one back with its incarnation
+was never dead); the contributions that died with a member are counted in
 `lost_contributions` (the survivors' mean: they are not trained again).
 Members decide who survived each for itself, so two of them can step in
 different rounds (each forgot the other): a relay records how each step was
@@ -55,7 +54,6 @@ that comes back to an empty stage compares its checkpoint with it (resume.py).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -80,6 +78,7 @@ from ..net.peers import Peers
 from .stage import LocalStage
 from . import waits
 from .driver import Drivers, Owner
+from .regroup import GROUP_CHANGE_WAIT_S, REJOIN_GRACE_S, Regroup
 from ..net.wire import FrameRefused, Wire, now
 
 log = logging.getLogger("gwtf.node")
@@ -88,7 +87,6 @@ steps_log = logging.getLogger("gwtf.steps")  # the lines of every iteration: nod
 ALLREDUCE_TIMEOUT_S = 120.0  # the all-reduce timeout's floor ...
 ALLREDUCE_FACTOR = 4.0  # ... and its factor over the last all-reduce's duration (allreduce_timeout_s)
 RETRY_CAP_S = 30.0  # the phase signals' retransmission period grows with the work measured, up to this
-GROUP_CHANGE_WAIT_S = 60.0
 LEADER_CHECK_S = 0.5  # a data node looks this often at who leads (a lease ends without an event)
 
 
@@ -133,8 +131,7 @@ class Aggregation:
         self.my_reports: dict[int, m.IterationDone] = {}
         self._leader: str | None = None  # the leader the phase was last handed
         self.last_iteration: int | None = None  # the last iteration whose step this node applied
-        self._ar_scopes: dict[str, tuple[set[str], trio.CancelScope]] = {}
-        self._forgotten: dict[str, int] = {}  # peer -> times it was forgotten (an all-reduce drops one forgotten since)
+        self.regroup = Regroup(wire.me, peers)  # who takes part in the rounds of the all-reduce (regroup.py)
         # a data node: stage -> the optimizer steps that stage's state holds in the run (an iteration whose
         # aggregation found the stage empty does not step it); `stage_steps`
         self.stage_held: dict[int, int] = {}
@@ -341,9 +338,13 @@ class Aggregation:
         if self.phases is not None:
             self.phases.peer_back(peer)
 
-    def forget(self, peer: str) -> None:
-        """`peer` crashed or left: nobody waits for its signals any more, none is resent to it."""
-        self._forgotten[peer] = self._forgotten.get(peer, 0) + 1
+    def returned(self, peer: str, *, same_incarnation: bool) -> None:
+        """A forgotten peer is back; with its incarnation it was alive throughout (regroup.py)."""
+        self.regroup.returned(peer, same_incarnation=same_incarnation)
+
+    def forget(self, peer: str, *, presumed: bool = False) -> None:
+        """`peer` crashed (`presumed` dead) or left: nobody waits for its signals any more, none is resent to it."""
+        self.regroup.forget(peer, presumed=presumed)
         if self.phases is not None:
             for it, reports in self.reports.items():  # as Phases: a dead data node's report does not count
                 if it not in self.phases.begun:
@@ -355,11 +356,7 @@ class Aggregation:
         if self.peers.role == "data" and self.phases is not None:
             for it in self.phases.pending_iterations():
                 self._maybe_begin(it)
-        for gkey, (group, scope) in list(self._ar_scopes.items()):
-            if peer in group:
-                log.info("all-reduce %s waits for %s, which is gone: redone among the survivors", gkey,
-                         self.peers.who(peer))
-                scope.cancel()
+        self.regroup.after_gone(peer, self.wire.spawn)
 
     def resynced(self, applied: int) -> None:
         """The stage state was installed with `applied` steps (a joiner, or after LeftOut / OutOfStep)."""
@@ -473,7 +470,8 @@ class Aggregation:
         self.last_iteration = e.iteration
         left_out = sorted(set(group) - set(members) - {self.wire.me})
         if relay and left_out:  # a member named may have stepped in a round of its own (cutcheck.py)
-            self.on_parted(e.iteration, left_out, self.allreduce_timeout_s() + GROUP_CHANGE_WAIT_S + RETRY_CAP_S)
+            self.on_parted(e.iteration, left_out, self.allreduce_timeout_s() + GROUP_CHANGE_WAIT_S + REJOIN_GRACE_S
+                            + RETRY_CAP_S)
         self._apply(self.phases.on_step_done(now(), e.iteration, self.peers.next_stage_ids(),
                                              self.peers.prev_stage_ids()))
 
@@ -534,55 +532,21 @@ class Aggregation:
     async def _all_reduce_survivors(self, base: str, named: list[str], grad, mine: float,
                                     on_round: Callable[[str], None] = lambda gkey: None,
                                     max_count: float | None = None):
-        """All-reduce among the members of `named` still alive, redone when one dies meanwhile: (sum, count, the key
-        of the round that summed them, its members).  `on_round(key)` is called before each round."""
-        from .allreduce import RUN_WIRE, AllReduceError, all_reduce_failure, leaf
+        """All-reduce among the members of `named` still alive, redone when one dies meanwhile (regroup.py): (sum,
+        count, the key of the round that summed them, its members).  `on_round(key)` is called before each round."""
+        from .allreduce import RUN_WIRE
 
-        me = self.wire.me
-        forgotten = dict(self._forgotten)
+        async def run_round(gkey: str, group: list[str]):
+            t0 = now()
+            out = await self.allreducer.all_reduce(gkey, group, grad, mine, timeout=self.allreduce_timeout_s(),
+                                                   max_count=max_count,
+                                                   wire=RUN_WIRE[self.stage.manifest.train.wire_dtype])
+            self.allreduce_s = now() - t0
+            return out
 
-        def alive() -> list[str]:  # (a member forgotten since, even if back: its contributions died, module doc)
-            return sorted(p for p in named if p == me or (p in self.peers and not self.peers.is_gone(p)
-                                                          and self._forgotten.get(p, 0) == forgotten.get(p, 0)))
-
-        tried: set[str] = set()
-        while True:
-            group = alive()
-            digest = hashlib.sha256(",".join(group).encode()).hexdigest()[:12]
-            gkey = f"{base}/{digest}"
-            if gkey in tried:
-                deadline = now() + GROUP_CHANGE_WAIT_S
-                while now() < deadline:
-                    await trio.sleep(0.2)
-                    if alive() != group:
-                        break
-                else:
-                    log.error("all-reduce %s failed again with the same group: stepping on this node's gradient only",
-                              base)
-                    on_round(f"{base}/alone")
-                    return grad, mine, f"{base}/alone", [me]
-                continue
-            tried.add(gkey)
-            on_round(gkey)
-            if len(group) == 1:
-                return grad, mine, gkey, group
-            with trio.CancelScope() as scope:
-                self._ar_scopes[gkey] = (set(group), scope)
-                try:
-                    t0 = now()
-                    total, count = await self.allreducer.all_reduce(gkey, group, grad, mine,
-                                                                    timeout=self.allreduce_timeout_s(),
-                                                                    max_count=max_count,
-                                                                    wire=RUN_WIRE[self.stage.manifest.train.wire_dtype])
-                    self.allreduce_s = now() - t0
-                    return total, count, gkey, group
-                except Exception as e:  # noqa: BLE001 - AllReduceError, alone or in a nursery's group
-                    if not all_reduce_failure(e, AllReduceError):
-                        raise
-                    log.warning("all-reduce %s failed: %s", gkey, leaf(e))
-                finally:
-                    self._ar_scopes.pop(gkey, None)
-            await trio.sleep(0.2)
+        result, gkey, group = await self.regroup.all_reduce(base, named, run_round, on_round)
+        total, count = result if result is not None else (grad, mine)
+        return total, count, gkey, group
 
     def status(self) -> AggregationStatus:
         """What the status shows of the aggregation (snapshots.py): copies, built now."""

@@ -188,7 +188,7 @@ class Node:
         self.faults = Faults.from_env(opts.state_dir)
         self.incarnation = secrets.randbits(63) | 1  # this process's (Hello): peers tell a restart by it
         self.book = AddressBook(opts.state_dir / "peers.json", self.run_id)
-        self._returning: set[str] = set()  # peers back whose Hello is being taken (re-admitted in `_peer_hello`)
+        self._returning: dict[str, bool] = {}  # peers back whose Hello is being taken (`_peer_hello`): as they were?
         self.resumed = False  # a data node that loaded its checkpoint (data_resume.py)
         self.done_event = trio.Event()
         self.links_cfg: dict[tuple[str, str], tuple[float, float]] = {}
@@ -242,7 +242,8 @@ class Node:
                              on_refused=lambda why: wire.count_refusal(m.RefusalCode.BAD_RECORD))
         from .allreduce import AllReducer
 
-        liveness = Liveness(wire, peers, self._peer_gone, self.stage.compute_ms, self.stage.busiest_s)
+        liveness = Liveness(wire, peers, lambda peer: self._peer_gone(peer, presumed=True), self.stage.compute_ms,
+                            self.stage.busiest_s)
         discovery = Discovery(wire, peers, host, self.manifest, self.links_cfg, on_peer_hello=self._peer_hello,
                               applied_steps=lambda: self.stage.applied_steps, incarnation=self.incarnation,
                               on_peer_back=self._peer_back, certificate=self.certificate,
@@ -307,10 +308,14 @@ class Node:
             self._peer_gone(info.peer_id)
         elif arrival is Arrival.FORGOT_US:
             log.warning("peer %s had presumed this node dead: forgetting it too, both start over", name)
-            self._peer_gone(info.peer_id)
+            self._peer_gone(info.peer_id, presumed=True)
+        # back as it was (a false death on either side): what it held is not lost (regroup.py)
+        same = arrival is Arrival.FORGOT_US or (
+            arrival is Arrival.BACK and bool(info.incarnation)
+            and info.incarnation == self.peers.former_incarnations.get(info.peer_id))
         log.info("peer %s is back (%s stage %d, %d steps, ready from iteration %d): taken back", name, info.role,
                  info.stage, info.steps, info.ready_from)
-        self._returning.add(info.peer_id)
+        self._returning[info.peer_id] = same
         return True
 
     def _peer_hello(self, info: PeerInfo) -> None:
@@ -318,7 +323,7 @@ class Node:
         p.bootstrap.on_peer_hello()
         self.book.note(info.peer_id, info.addrs)
         if info.peer_id in self._returning:
-            self._returning.discard(info.peer_id)
+            p.aggregation.returned(info.peer_id, same_incarnation=self._returning.pop(info.peer_id))
             dead_since = p.liveness.peer_back(info.peer_id)
             p.cutcheck.peer_back(info, dead_since)  # (a stage peer at this node's step: the parameters compared)
             p.microbatches.peer_back(info.peer_id)
@@ -330,14 +335,15 @@ class Node:
         p.microbatches.neighbours_changed()  # (a newcomer, a capacity, a peer's standing)
         p.microbatches.recheck_paused()  # a relay ready for the stage the run waits for
 
-    def _peer_gone(self, peer: str) -> None:
-        """A peer crashed or left: out of routing, flows, aggregation groups and the recovery machine."""
+    def _peer_gone(self, peer: str, *, presumed: bool = False) -> None:
+        """A peer crashed (`presumed` dead) or left: out of routing, flows, aggregation groups and the recovery
+        machine."""
         p = self.parts
         self.peers.forget(peer)
         p.discovery.peer_forgotten(peer)  # if it comes back, it is greeted again
         p.flows.on_peer_gone(peer)  # the flow machines rebuild the flows through it
         p.leadership.on_peer_gone(peer)
-        p.aggregation.forget(peer)
+        p.aggregation.forget(peer, presumed=presumed)
         p.microbatches.peer_gone(peer)
         p.aggregation.after_gone(peer)
 
