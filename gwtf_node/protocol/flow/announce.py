@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 
 from ..effects import Effect, Send, SetTimer
 from ..messages import INF, CostAnnounce, Label, Side
+from . import limits
 from .state import EPS, Batch, cost_differs, costs_differ, stamped
 
 if TYPE_CHECKING:
@@ -114,6 +115,9 @@ def refresh(node: FlowNode, commodities, eff: list[Effect], force_to: dict[str, 
                 refresh_one(node, d, dn, folds, backs)
         finally:
             node.announcer.within = None
+    if node.limited and not cfg.is_data:
+        for d in commodities:
+            limits.check(node, d, eff)
     if force_to:
         for d, peers in force_to.items():
             for p in peers:
@@ -199,9 +203,11 @@ def cost_news(node: FlowNode, d: str, side: Side) -> bool:
 
 def worth_announcing(node: FlowNode, d: str, side: Side) -> bool:
     lab = node.labels.my_in.get(d) if side is _IN else node.labels.my_out.get(d)
-    if lab is None or (lab.cost == INF and (node.waves or (d, side) not in node.announcer.sent)):
-        return False
     last = node.announcer.sent.get((d, side))
+    if lab is not None and lab.cost == INF and node.limited and side is _IN:
+        return last is None or last[0] != node.labels.epoch[d]  # a new wave, to the subscribed peers (limits.py)
+    if lab is None or (lab.cost == INF and (node.waves or last is None)):
+        return False
     if not node.waves:  # free-running labels: every change, rises included
         return last is None or last[0] != node.labels.epoch[d] or costs_differ(lab.cost, last[1]) \
             or lab.path != last[2]
@@ -222,7 +228,12 @@ def flush(node: FlowNode, eff: list[Effect], rearm: bool = True) -> None:
             e = node.labels.epoch[d]
             node.announcer.sent[(d, side)] = (e, lab.cost, lab.path)
             msg = CostAnnounce((stamped(lab, e),))
-            send_all(eff, in_recipients(node, d) if side is _IN else sorted(node.units.out[d]), msg)
+            if side is not _IN:
+                send_all(eff, sorted(node.units.out[d]), msg)
+            elif node.limited:
+                send_all(eff, limits.recipients(node, d, lab.cost, in_recipients(node, d)), msg)
+            else:
+                send_all(eff, in_recipients(node, d), msg)
         return
     outbox: dict[str, list[Label]] = {}
     sent_out: set[tuple[str, str]] = set()
@@ -237,6 +248,8 @@ def flush(node: FlowNode, eff: list[Effect], rearm: bool = True) -> None:
             for p in node.cfg.prev_costs:
                 if p in node.data_prev and p != d:
                     continue  # another data node has no use for this commodity's labels
+                if node.limited and not limits.allowed(node, d, p, lab.cost):
+                    continue
                 outbox.setdefault(p, []).append(w)
         else:
             for j in node.units.out[d]:

@@ -1,0 +1,211 @@
+"""Label limits: a relay's IN labels go only to the previous-stage peers whose choice they can change.
+
+Label waves (one data node) send every IN label to every previous-stage peer,
+and almost none of them changes anything there (docs/bench_flow.md, "Where
+the messages go").  A next-stage label L of peer i matters to relay p only
+while d(p, i) + L is below p's threshold b: its cheapest forward candidate
+(the OUT label's), or, with room, the IN label's, which is at least as high.
+So p tells i a *limit* (`LabelLimit`): i sends p its IN labels only below it.
+
+* A limit is b + `label_limit_slack` - d(p, i): a rise of b by up to the slack
+  needs no new limit.  p tells it when i sends a label that changes nothing
+  there (`useless`), and again only when the limit told is more than twice
+  the slack above that (labels within a wave fall, so p's threshold too).
+* Subscription: the peers behind p's forward candidates are told INF (`check`):
+  they send p every label, an unreachable one of a new wave included.  So every
+  relay hears every wave (the circular wait of an earlier attempt, where
+  the limits alone decided: docs/bench_flow.md): the last stage hears it from
+  the data node, which no relay limits, and a relay with a forward candidate
+  from the one behind it, which hears it by induction; a relay without one
+  (threshold INF) has told every peer it limited INF.
+* Raises: when p's threshold rises above d(p, i) + limit for some peer i
+  (its choice got dearer: a new wave, a rejection, room), p tells i the new
+  limit, and i answers with its current label if that is below the new limit
+  and was held back under the old one (`on_limit`).  So at the end of a wave
+  every label p does not hold costs at least its limit, which is at least
+  p's threshold minus the link: p decides what it would with every label.
+  Nothing assumes that labels never fall: a fall is news and goes to every
+  peer it is below the limit of.
+* A peer that never told a limit gets every finite label, as without limits;
+  the data node neither tells limits nor heeds them (its wave label reaches
+  every last-stage relay, and it hears every first-stage label).
+
+`LimitState` holds both sides: the limits this relay told its next-stage peers
+(`told`) and the ones its previous-stage peers told it (`heard`); only this
+module changes it.  Measured: docs/bench_flow.md, "Scale".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..effects import Effect, Send, SetTimer
+from ..messages import INF, CostAnnounce, Label, LabelLimit
+from .state import EPS, stamped
+
+if TYPE_CHECKING:
+    from .node import FlowNode
+
+
+@dataclass
+class LimitState:
+    told: dict[str, dict[str, float]] = field(default_factory=dict)  # commodity -> next-stage peer -> limit told
+    low: dict[str, float] = field(default_factory=dict)  # commodity -> least finite (limit + link cost) told
+    heard: dict[str, dict[str, float]] = field(default_factory=dict)  # commodity -> previous-stage peer -> limit
+    due: dict[str, float] = field(default_factory=dict)  # commodity -> when its raises are due ("limits" timer)
+    since: dict[str, float] = field(default_factory=dict)  # commodity -> since when its threshold is INF
+
+
+def allowed(node: FlowNode, d: str, peer: str, cost: float) -> bool:
+    """Sender side: `peer` is to hear our IN label of `d` at `cost` (module doc)."""
+    lim = node.limits.heard.get(d)
+    t = lim.get(peer) if lim else None
+    if t is None:
+        return cost != INF
+    return t == INF if cost == INF else cost < t
+
+
+def recipients(node: FlowNode, d: str, cost: float, peers) -> list[str]:
+    lim = node.limits.heard.get(d)
+    if not lim:
+        return [p for p in peers] if cost != INF else []
+    return [p for p in peers if allowed(node, d, p, cost)]
+
+
+def _threshold(node: FlowNode, d: str) -> tuple[float, tuple[str, ...]] | None:
+    """Receiver side: the threshold of `d` and the peers behind the forward candidates; None: no cache."""
+    cache = node.labels.cache.get(d)
+    if cache is None:
+        return None
+    _, f_out, _, f_in, _, room = cache
+    chosen = ()
+    if f_out is not None:
+        chosen = (f_out[1],)
+        if room and f_in is not None and f_in[1] != f_out[1]:
+            chosen += (f_in[1],)
+    if f_out is None or (room and f_in is None):
+        return INF, chosen
+    return (f_in[0] if room else f_out[0]), chosen
+
+
+def _tell(node: FlowNode, d: str, peer: str, limit: float, eff: list[Effect]) -> None:
+    node.limits.told.setdefault(d, {})[peer] = limit
+    if limit != INF:
+        c = limit + node.cfg.next_costs[peer]
+        if c < node.limits.low.get(d, INF):
+            node.limits.low[d] = c
+    eff.append(Send(peer, LabelLimit(d, limit)))
+
+
+def check(node: FlowNode, d: str, eff: list[Effect]) -> None:
+    """Receiver side, after this relay's labels of `d` were recomputed: subscribe to the peers behind the
+    forward candidates, and raise the limits that the threshold rose above (module doc)."""
+    th = None if node.cfg.is_data else _threshold(node, d)
+    if th is None:
+        return
+    b, chosen = th
+    if b == INF:
+        node.limits.since.setdefault(d, node.now)
+    else:
+        node.limits.since.pop(d, None)
+    told = node.limits.told.get(d)
+    data = node.cfg.commodities
+    for j in chosen:
+        if j not in data and (told is None or told.get(j) != INF):
+            _tell(node, d, j, INF, eff)
+    told = node.limits.told.get(d)
+    if not told or b <= node.limits.low.get(d, INF) + EPS:
+        return
+    wait = node.cfg.label_limit_wait_s if b != INF else node.cfg.label_limit_inf_wait_s
+    if wait > 0:  # labels fall within a wave: raise to where the threshold is once it had a moment to come down
+        due = node.limits.due
+        at = node.now + wait
+        if due.get(d, INF) > at:
+            due[d] = at
+            eff.append(SetTimer("limits", at))
+        return
+    raise_limits(node, d, b, eff)
+
+
+def on_timer(node: FlowNode, eff: list[Effect]) -> None:
+    """The raises `check` put off: to the threshold as it is now, if it is still above the limits."""
+    due = node.limits.due
+    for d in sorted(due):
+        if due[d] > node.now + 1e-9:
+            continue
+        del due[d]
+        th = _threshold(node, d)
+        if th is not None and th[0] > node.limits.low.get(d, INF) + EPS:
+            wait = node.cfg.label_limit_wait_s if th[0] != INF else node.cfg.label_limit_inf_wait_s
+            at = node.limits.since.get(d, node.now) + wait if th[0] == INF else node.now
+            if at > node.now + 1e-9:  # INF for less than its wait so far
+                due[d] = at
+                eff.append(SetTimer("limits", at))
+                continue
+            raise_limits(node, d, th[0], eff)
+
+
+def raise_limits(node: FlowNode, d: str, b: float, eff: list[Effect]) -> None:
+    """Tell every peer whose limit plus link cost is below the threshold `b` a new limit (module doc)."""
+    told = node.limits.told.get(d, {})
+    costs, slack = node.cfg.next_costs, node.cfg.label_limit_slack
+    low = INF
+    for i, t in sorted(told.items()):
+        if t == INF:
+            continue
+        c = costs.get(i)
+        if c is None:
+            continue
+        if t + c < b - EPS:
+            t = INF if b == INF else b + slack - c
+            node.limits.told[d][i] = t
+            eff.append(Send(i, LabelLimit(d, t)))
+        if t != INF and t + c < low:
+            low = t + c
+    node.limits.low[d] = low
+
+
+def useless(node: FlowNode, d: str, sender: str, lab: Label, eff: list[Effect]) -> None:
+    """Receiver side: `sender`'s label `lab` changed nothing here: limit it, unless the limit told holds."""
+    if sender in node.cfg.commodities or lab.cost == INF:
+        return
+    th = _threshold(node, d)
+    if th is None or th[0] == INF or sender in th[1]:
+        return
+    b = th[0]
+    c = node.cfg.next_costs.get(sender)
+    if c is None or lab.cost + c < b - EPS:
+        return
+    slack = node.cfg.label_limit_slack
+    want = b + slack - c
+    told = node.limits.told.get(d)
+    t = told.get(sender) if told else None
+    if t is None or t > want + slack + EPS:
+        _tell(node, d, sender, want, eff)
+
+
+def on_limit(node: FlowNode, now: float, sender: str, msg: LabelLimit, eff: list[Effect]) -> bool:
+    """Sender side: a previous-stage peer's limit.  A raise is answered with our IN label when it is below the new
+    limit and was held back under the old one.  True: no unit moved (nothing for units.act)."""
+    d = msg.commodity
+    if node.cfg.is_data or sender not in node.cfg.prev_costs or d not in node.labels.epoch \
+            or (sender in node.cfg.commodities and sender != d):
+        return True
+    lim = node.limits.heard.setdefault(d, {})
+    old = lim.get(sender)
+    lim[sender] = msg.cost
+    lab = node.labels.my_in.get(d)
+    if old is None or lab is None or lab.cost == INF or lab.cost < old or lab.cost >= msg.cost:
+        return True
+    if node.announcer.sent.get((d, lab.side), (None,))[0] != node.labels.epoch[d]:
+        return True  # not announced in this wave yet: it goes out with the next flush
+    eff.append(Send(sender, CostAnnounce((stamped(lab, node.labels.epoch[d]),))))
+    return True
+
+
+def drop_peer(node: FlowNode, peer: str) -> None:
+    """`peer` is no neighbour any more: its limits go, both ways."""
+    for table in (node.limits.told, node.limits.heard):
+        for lim in table.values():
+            lim.pop(peer, None)
