@@ -205,7 +205,7 @@ def worth_announcing(node: FlowNode, d: str, side: Side) -> bool:
     lab = node.labels.my_in.get(d) if side is _IN else node.labels.my_out.get(d)
     last = node.announcer.sent.get((d, side))
     if lab is not None and lab.cost == INF and node.limited and side is _IN:
-        return last is None or last[0] != node.labels.epoch[d]  # a new wave, to the subscribed peers (limits.py)
+        return last is None or last[0] != node.labels.epoch[d]  # a new wave, to the feeders (limits.py)
     if lab is None or (lab.cost == INF and (node.waves or last is None)):
         return False
     if not node.waves:  # free-running labels: every change, rises included
@@ -248,8 +248,11 @@ def flush(node: FlowNode, eff: list[Effect], rearm: bool = True) -> None:
             for p in node.cfg.prev_costs:
                 if p in node.data_prev and p != d:
                     continue  # another data node has no use for this commodity's labels
-                if node.limited and not limits.allowed(node, d, p, lab.cost):
-                    continue
+                if node.limited:
+                    if not limits.allowed(node, d, p, lab.cost):
+                        continue
+                    if lab.cost != INF:
+                        limits.gave(node, d, (p,), lab.cost)
                 outbox.setdefault(p, []).append(w)
         else:
             for j in node.units.out[d]:

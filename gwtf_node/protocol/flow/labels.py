@@ -396,9 +396,12 @@ def on_announce(node: FlowNode, now: float, sender: str, msg: CostAnnounce, eff:
     folds: dict[str, list[str]] = {}
     backs: set[str] = set()
     new_wave = False
+    limited = node.limited and not node.cfg.is_data and sender in node.cfg.next_costs
     for lab in msg.labels:
         d = lab.commodity
         e = node.labels.epoch.get(d)
+        if limited and lab.side is _IN and d in node.labels.epoch:
+            limits.note(node, d, sender, lab.cost)  # (single labels: FlowNode.on_message)
         if ingest(node, sender, lab):
             new_wave = new_wave or node.labels.epoch[d] != e
             touched[d] = None

@@ -41,36 +41,95 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..effects import Effect, Send, SetTimer
-from ..messages import INF, CostAnnounce, Label, LabelLimit
-from .state import EPS, stamped
+from ..messages import INF, CostAnnounce, Label, LabelLimit, Side
+from .state import EPS
 
 if TYPE_CHECKING:
     from .node import FlowNode
+
+
+FLOORS = True
 
 
 @dataclass
 class LimitState:
     told: dict[str, dict[str, float]] = field(default_factory=dict)  # commodity -> next-stage peer -> limit told
     low: dict[str, float] = field(default_factory=dict)  # commodity -> least finite (limit + link cost) told
+    seen: dict[str, dict[str, float]] = field(default_factory=dict)  # commodity -> next-stage peer -> the cost of
+    # its last IN label received: a floor of its label (it tells every fall below it)
     heard: dict[str, dict[str, float]] = field(default_factory=dict)  # commodity -> previous-stage peer -> limit
+    given: dict[str, dict[str, float]] = field(default_factory=dict)  # commodity -> previous-stage peer -> the cost
+    # of our last IN label it was sent (its floor of our label)
     due: dict[str, float] = field(default_factory=dict)  # commodity -> when its raises are due ("limits" timer)
     since: dict[str, float] = field(default_factory=dict)  # commodity -> since when its threshold is INF
+    last: dict[str, float] = field(default_factory=dict)  # commodity -> the last finite threshold
+    tries: dict[str, tuple[int, int]] = field(default_factory=dict)  # commodity -> (wave, raises while INF in it)
+    unreachable: dict[str, tuple[int, float]] = field(default_factory=dict)  # commodity -> (wave, when our
+    # unreachable IN label goes to the subscribed peers; INF: it went)
 
 
 def allowed(node: FlowNode, d: str, peer: str, cost: float) -> bool:
-    """Sender side: `peer` is to hear our IN label of `d` at `cost` (module doc)."""
+    """Sender side: `peer` is to hear our IN label of `d` at `cost`: below its limit, or below the floor it holds
+    of our label (module doc)."""
     lim = node.limits.heard.get(d)
     t = lim.get(peer) if lim else None
+    if cost == INF:  # a new wave: at once to the feeders (module doc), later to the subscribed peers (`late`)
+        return node.units.inn[d].get(peer, 0) > 0
     if t is None:
-        return cost != INF
-    return t == INF if cost == INF else cost < t
+        return True
+    if cost < t:
+        return True
+    if not FLOORS:
+        return False
+    g = node.limits.given.get(d)
+    f = g.get(peer) if g else None
+    return f is not None and cost < f - EPS
 
 
 def recipients(node: FlowNode, d: str, cost: float, peers) -> list[str]:
+    """The peers of `peers` that are to hear our IN label of `d` at `cost` (`allowed`), noted as told it."""
     lim = node.limits.heard.get(d)
-    if not lim:
-        return [p for p in peers] if cost != INF else []
-    return [p for p in peers if allowed(node, d, p, cost)]
+    if not lim and cost != INF:
+        out = [p for p in peers]
+    else:
+        out = [p for p in peers if allowed(node, d, p, cost)]
+    if cost != INF and out:
+        gave(node, d, out, cost)
+    return out
+
+
+def gave(node: FlowNode, d: str, peers, cost: float) -> None:
+    """Our IN label of `d` at `cost` went to `peers` (their floor of it)."""
+    g = node.limits.given.setdefault(d, {})
+    for p in peers:
+        g[p] = cost
+
+
+def note(node: FlowNode, d: str, sender: str, cost: float) -> None:
+    """Receiver side: an IN label of `d` at `cost` came from next-stage `sender` (a CostAnnounce): its floor.  An
+    unreachable label (a new wave) leaves the floor as it was (`gave` is not told of it either)."""
+    if cost == INF:
+        return
+    seen = node.limits.seen.get(d)
+    if seen is None:
+        seen = node.limits.seen[d] = {}
+    seen[sender] = cost
+    told = node.limits.told.get(d)
+    t = told.get(sender) if told else None
+    if t is not None and t != INF and cost < INF:
+        c = max(t, cost) + node.cfg.next_costs.get(sender, INF)
+        if c < node.limits.low.get(d, INF):
+            node.limits.low[d] = c
+
+
+def _floor(node: FlowNode, d: str, peer: str, t: float) -> float:
+    """What this relay knows of next-stage `peer`'s IN label of `d`: at least its limit `t` (it tells every label
+    below), and at least the last one it sent (it tells every fall below)."""
+    if not FLOORS:
+        return t
+    seen = node.limits.seen.get(d)
+    f = seen.get(peer) if seen else None
+    return t if f is None or f < t else f
 
 
 def _threshold(node: FlowNode, d: str) -> tuple[float, tuple[str, ...]] | None:
@@ -92,7 +151,7 @@ def _threshold(node: FlowNode, d: str) -> tuple[float, tuple[str, ...]] | None:
 def _tell(node: FlowNode, d: str, peer: str, limit: float, eff: list[Effect]) -> None:
     node.limits.told.setdefault(d, {})[peer] = limit
     if limit != INF:
-        c = limit + node.cfg.next_costs[peer]
+        c = _floor(node, d, peer, limit) + node.cfg.next_costs[peer]
         if c < node.limits.low.get(d, INF):
             node.limits.low[d] = c
     eff.append(Send(peer, LabelLimit(d, limit)))
@@ -101,7 +160,15 @@ def _tell(node: FlowNode, d: str, peer: str, limit: float, eff: list[Effect]) ->
 def check(node: FlowNode, d: str, eff: list[Effect]) -> None:
     """Receiver side, after this relay's labels of `d` were recomputed: subscribe to the peers behind the
     forward candidates, and raise the limits that the threshold rose above (module doc)."""
-    th = None if node.cfg.is_data else _threshold(node, d)
+    if node.cfg.is_data:
+        return
+    lab = node.labels.my_in.get(d)
+    e = node.labels.epoch[d]
+    if lab is not None and lab.cost == INF and node.limits.unreachable.get(d, (None,))[0] != e:
+        at = node.wave.heard_at.get(d, node.now) + node.cfg.label_limit_inf_wait_s
+        node.limits.unreachable[d] = (e, at)
+        eff.append(SetTimer("limits", max(at, node.now)))
+    th = _threshold(node, d)
     if th is None:
         return
     b, chosen = th
@@ -109,6 +176,7 @@ def check(node: FlowNode, d: str, eff: list[Effect]) -> None:
         node.limits.since.setdefault(d, node.now)
     else:
         node.limits.since.pop(d, None)
+        node.limits.last[d] = b
     told = node.limits.told.get(d)
     data = node.cfg.commodities
     for j in chosen:
@@ -128,8 +196,28 @@ def check(node: FlowNode, d: str, eff: list[Effect]) -> None:
     raise_limits(node, d, b, eff)
 
 
+def late(node: FlowNode, d: str, eff: list[Effect]) -> None:
+    """Our IN label of `d` stayed unreachable for `label_limit_inf_wait_s` of this wave: the subscribed peers that
+    are no feeders hear it now (they hear of the wave)."""
+    e, at = node.limits.unreachable[d]
+    lab = node.labels.my_in.get(d)
+    if e != node.labels.epoch[d] or at > node.now + 1e-9 or lab is None or lab.cost != INF:
+        return
+    node.limits.unreachable[d] = (e, INF)
+    heard = node.limits.heard.get(d, {})
+    inn = node.units.inn[d]
+    peers = [p for p in sorted(heard) if heard[p] == INF and p in node.cfg.prev_costs and inn.get(p, 0) <= 0]
+    if peers:
+        msg = CostAnnounce((Label(d, Side.IN, INF, (), e),))
+        for p in peers:
+            eff.append(Send(p, msg))
+
+
 def on_timer(node: FlowNode, eff: list[Effect]) -> None:
-    """The raises `check` put off: to the threshold as it is now, if it is still above the limits."""
+    """The raises `check` put off: to the threshold as it is now, if it is still above the limits; and the
+    unreachable labels due (`late`)."""
+    for d in sorted(node.limits.unreachable):
+        late(node, d, eff)
     due = node.limits.due
     for d in sorted(due):
         if due[d] > node.now + 1e-9:
@@ -143,7 +231,22 @@ def on_timer(node: FlowNode, eff: list[Effect]) -> None:
                 due[d] = at
                 eff.append(SetTimer("limits", at))
                 continue
-            raise_limits(node, d, th[0], eff)
+            raise_limits(node, d, _target(node, d, th[0]), eff)
+
+
+def _target(node: FlowNode, d: str, b: float) -> float:
+    """The threshold to raise the limits to: `b`, or while it is INF (no usable forward candidate, most
+    often at the start of a wave) the last finite one plus 4, 8, 16 x the slack, then INF."""
+    if b != INF or d not in node.limits.last:
+        return b
+    e = node.labels.epoch[d]
+    w, n = node.limits.tries.get(d, (e, 0))
+    n = n + 1 if w == e else 1
+    node.limits.tries[d] = (e, n)
+    if n > 3:
+        return INF
+    node.limits.since[d] = node.now  # the next try after another wait
+    return node.limits.last[d] + node.cfg.label_limit_slack * 2 ** (n + 1)
 
 
 def raise_limits(node: FlowNode, d: str, b: float, eff: list[Effect]) -> None:
@@ -157,12 +260,14 @@ def raise_limits(node: FlowNode, d: str, b: float, eff: list[Effect]) -> None:
         c = costs.get(i)
         if c is None:
             continue
-        if t + c < b - EPS:
+        f = _floor(node, d, i, t)
+        if f + c < b - EPS:
             t = INF if b == INF else b + slack - c
             node.limits.told[d][i] = t
             eff.append(Send(i, LabelLimit(d, t)))
-        if t != INF and t + c < low:
-            low = t + c
+            f = t
+        if t != INF and f + c < low:
+            low = f + c
     node.limits.low[d] = low
 
 
@@ -186,8 +291,9 @@ def useless(node: FlowNode, d: str, sender: str, lab: Label, eff: list[Effect]) 
 
 
 def on_limit(node: FlowNode, now: float, sender: str, msg: LabelLimit, eff: list[Effect]) -> bool:
-    """Sender side: a previous-stage peer's limit.  A raise is answered with our IN label when it is below the new
-    limit and was held back under the old one.  True: no unit moved (nothing for units.act)."""
+    """Sender side: a previous-stage peer's limit.  A raise is answered with the IN label we last announced in this
+    wave when it was held back under the old limit, whatever its cost: it is the peer's floor of our label from
+    then on (`allowed`).  True: no unit moved (nothing for units.act)."""
     d = msg.commodity
     if node.cfg.is_data or sender not in node.cfg.prev_costs or d not in node.labels.epoch \
             or (sender in node.cfg.commodities and sender != d):
@@ -195,17 +301,20 @@ def on_limit(node: FlowNode, now: float, sender: str, msg: LabelLimit, eff: list
     lim = node.limits.heard.setdefault(d, {})
     old = lim.get(sender)
     lim[sender] = msg.cost
-    lab = node.labels.my_in.get(d)
-    if old is None or lab is None or lab.cost == INF or lab.cost < old or lab.cost >= msg.cost:
+    last = node.announcer.sent.get((d, Side.IN))
+    e = node.labels.epoch[d]
+    if old is None or msg.cost <= old or last is None or last[0] != e or last[1] == INF or last[1] < old:
         return True
-    if node.announcer.sent.get((d, lab.side), (None,))[0] != node.labels.epoch[d]:
-        return True  # not announced in this wave yet: it goes out with the next flush
-    eff.append(Send(sender, CostAnnounce((stamped(lab, node.labels.epoch[d]),))))
+    g = node.limits.given.get(d)
+    if g is not None and g.get(sender) == last[1]:
+        return True  # it has it
+    gave(node, d, (sender,), last[1])
+    eff.append(Send(sender, CostAnnounce((Label(d, Side.IN, last[1], last[2], e),))))
     return True
 
 
 def drop_peer(node: FlowNode, peer: str) -> None:
     """`peer` is no neighbour any more: its limits go, both ways."""
-    for table in (node.limits.told, node.limits.heard):
+    for table in (node.limits.told, node.limits.heard, node.limits.seen, node.limits.given):
         for lim in table.values():
             lim.pop(peer, None)

@@ -223,6 +223,10 @@ class FlowNode:
         if type(msg) is CostAnnounce and len(msg.labels) == 1 and not self.cfg.is_data:
             # the bulk of a wave: one next-stage IN label of the current wave, most of which change nothing
             # here (what labels.on_announce does, without its generality)
+            if self.limited:
+                lab = msg.labels[0]
+                if lab.side is Side.IN and sender in self.cfg.next_costs:
+                    limits.note(self, lab.commodity, sender, lab.cost)
             r = labels.wave_label(self, sender, msg.labels[0])
             if r is not None:
                 d = msg.labels[0].commodity
@@ -283,6 +287,8 @@ class FlowNode:
                 if lab is None or lab.cost == INF or (peer in cfg.commodities and peer != d):
                     continue
                 labs.append(stamped(lab, self.labels.epoch[d]))
+                if self.limited:
+                    limits.gave(self, d, (peer,), lab.cost)
             if labs:
                 eff.append(Send(peer, CostAnnounce(tuple(labs))))
         announce.refresh_all(self, eff)
