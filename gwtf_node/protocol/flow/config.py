@@ -45,8 +45,7 @@ class FlowConfig:
     label_limits: bool | None = None  # waves: a relay's IN labels go only to the previous-stage peers whose choice
     # they can change (limits.py); None: with label waves
     label_limit_slack: float = 2.0  # ... a limit is the peer's threshold plus this, less the link's cost
-    label_limit_wait_s: float = 0.0  # ... a raise waits this long (the threshold may come down meanwhile)
-    label_limit_inf_wait_s: float = 1.0  # ... and a raise to INF (no forward candidate) this long
+    label_limit_step_s: float = 0.5  # ... without a usable forward candidate, the limits rise in steps this apart
     retry_epoch_rounds: float = 5.0  # several data nodes: a data node without a route starts a new wave this often
     joined: bool = False  # placed into a run whose flows already formed: run greedy moves at start (node.py)
     change_improve_rounds: float = 20.0  # rounds of Request Redirect/Change after joining / a membership change

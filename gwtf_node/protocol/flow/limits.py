@@ -60,19 +60,20 @@ class LimitState:
     heard: dict[str, dict[str, float]] = field(default_factory=dict)  # commodity -> previous-stage peer -> limit
     given: dict[str, dict[str, float]] = field(default_factory=dict)  # commodity -> previous-stage peer -> the cost
     # of our last IN label it was sent (its floor of our label)
-    due: dict[str, float] = field(default_factory=dict)  # commodity -> when its raises are due ("limits" timer)
-    since: dict[str, float] = field(default_factory=dict)  # commodity -> since when its threshold is INF
+    due: dict[str, float] = field(default_factory=dict)  # commodity -> when its next raise `step` is due
     last: dict[str, float] = field(default_factory=dict)  # commodity -> the last finite threshold
-    tries: dict[str, tuple[int, int]] = field(default_factory=dict)  # commodity -> (wave, raises while INF in it)
+    tries: dict[str, int] = field(default_factory=dict)  # commodity -> raise steps since the threshold was finite
     unreachable: dict[str, tuple[int, float]] = field(default_factory=dict)  # commodity -> (wave, when our
     # unreachable IN label goes to the subscribed peers; INF: it went)
 
 
-def allowed(node: FlowNode, d: str, peer: str, cost: float) -> bool:
+def allowed(node: FlowNode, d: str, peer: str, cost: float, rise: bool = False) -> bool:
     """Sender side: `peer` is to hear our IN label of `d` at `cost`: below its limit, or below the floor it holds
-    of our label (module doc)."""
+    of our label; a `rise` within a wave only a subscribed peer (module doc)."""
     lim = node.limits.heard.get(d)
     t = lim.get(peer) if lim else None
+    if rise:
+        return t == INF
     if cost == INF:  # a new wave: at once to the feeders (module doc), later to the subscribed peers (`late`)
         return node.units.inn[d].get(peer, 0) > 0
     if t is None:
@@ -86,13 +87,13 @@ def allowed(node: FlowNode, d: str, peer: str, cost: float) -> bool:
     return f is not None and cost < f - EPS
 
 
-def recipients(node: FlowNode, d: str, cost: float, peers) -> list[str]:
+def recipients(node: FlowNode, d: str, cost: float, peers, rise: bool = False) -> list[str]:
     """The peers of `peers` that are to hear our IN label of `d` at `cost` (`allowed`), noted as told it."""
     lim = node.limits.heard.get(d)
-    if not lim and cost != INF:
+    if not lim and cost != INF and not rise:
         out = [p for p in peers]
     else:
-        out = [p for p in peers if allowed(node, d, p, cost)]
+        out = [p for p in peers if allowed(node, d, p, cost, rise)]
     if cost != INF and out:
         gave(node, d, out, cost)
     return out
@@ -165,18 +166,16 @@ def check(node: FlowNode, d: str, eff: list[Effect]) -> None:
     lab = node.labels.my_in.get(d)
     e = node.labels.epoch[d]
     if lab is not None and lab.cost == INF and node.limits.unreachable.get(d, (None,))[0] != e:
-        at = node.wave.heard_at.get(d, node.now) + node.cfg.label_limit_inf_wait_s
+        at = node.wave.heard_at.get(d, node.now) + node.cfg.label_limit_step_s
         node.limits.unreachable[d] = (e, at)
         eff.append(SetTimer("limits", max(at, node.now)))
     th = _threshold(node, d)
     if th is None:
         return
     b, chosen = th
-    if b == INF:
-        node.limits.since.setdefault(d, node.now)
-    else:
-        node.limits.since.pop(d, None)
+    if b != INF:
         node.limits.last[d] = b
+        node.limits.tries.pop(d, None)
     told = node.limits.told.get(d)
     data = node.cfg.commodities
     for j in chosen:
@@ -185,15 +184,26 @@ def check(node: FlowNode, d: str, eff: list[Effect]) -> None:
     told = node.limits.told.get(d)
     if not told or b <= node.limits.low.get(d, INF) + EPS:
         return
-    wait = node.cfg.label_limit_wait_s if b != INF else node.cfg.label_limit_inf_wait_s
-    if wait > 0:  # labels fall within a wave: raise to where the threshold is once it had a moment to come down
-        due = node.limits.due
-        at = node.now + wait
-        if due.get(d, INF) > at:
-            due[d] = at
-            eff.append(SetTimer("limits", at))
+    if b != INF:
+        raise_limits(node, d, b, eff)
         return
-    raise_limits(node, d, b, eff)
+    if d not in node.limits.due:  # the next step after `label_limit_step_s` (the labels of a new wave may come)
+        node.limits.due[d] = node.now + node.cfg.label_limit_step_s
+        eff.append(SetTimer("limits", node.limits.due[d]))
+
+
+def step(node: FlowNode, d: str, eff: list[Effect]) -> None:
+    """No usable forward candidate (most often at the start of a wave, before the peers' labels came): raise the
+    limits to the last finite threshold plus 4, 8, 16 x the slack, one step every `label_limit_step_s` while
+    the threshold stays INF, then to INF.  Every peer raised answers with its label (`on_limit`)."""
+    n = node.limits.tries.get(d, 0) + 1  # (steps since the threshold was last finite, over waves)
+    node.limits.tries[d] = n
+    last = node.limits.last.get(d)
+    target = INF if n > 3 or last is None else last + node.cfg.label_limit_slack * 2 ** (n + 1)
+    raise_limits(node, d, target, eff)
+    if target != INF:
+        node.limits.due[d] = node.now + node.cfg.label_limit_step_s
+        eff.append(SetTimer("limits", node.limits.due[d]))
 
 
 def late(node: FlowNode, d: str, eff: list[Effect]) -> None:
@@ -214,8 +224,7 @@ def late(node: FlowNode, d: str, eff: list[Effect]) -> None:
 
 
 def on_timer(node: FlowNode, eff: list[Effect]) -> None:
-    """The raises `check` put off: to the threshold as it is now, if it is still above the limits; and the
-    unreachable labels due (`late`)."""
+    """The unreachable labels due (`late`), and the next raise `step` where the threshold is still INF."""
     for d in sorted(node.limits.unreachable):
         late(node, d, eff)
     due = node.limits.due
@@ -224,29 +233,8 @@ def on_timer(node: FlowNode, eff: list[Effect]) -> None:
             continue
         del due[d]
         th = _threshold(node, d)
-        if th is not None and th[0] > node.limits.low.get(d, INF) + EPS:
-            wait = node.cfg.label_limit_wait_s if th[0] != INF else node.cfg.label_limit_inf_wait_s
-            at = node.limits.since.get(d, node.now) + wait if th[0] == INF else node.now
-            if at > node.now + 1e-9:  # INF for less than its wait so far
-                due[d] = at
-                eff.append(SetTimer("limits", at))
-                continue
-            raise_limits(node, d, _target(node, d, th[0]), eff)
-
-
-def _target(node: FlowNode, d: str, b: float) -> float:
-    """The threshold to raise the limits to: `b`, or while it is INF (no usable forward candidate, most
-    often at the start of a wave) the last finite one plus 4, 8, 16 x the slack, then INF."""
-    if b != INF or d not in node.limits.last:
-        return b
-    e = node.labels.epoch[d]
-    w, n = node.limits.tries.get(d, (e, 0))
-    n = n + 1 if w == e else 1
-    node.limits.tries[d] = (e, n)
-    if n > 3:
-        return INF
-    node.limits.since[d] = node.now  # the next try after another wait
-    return node.limits.last[d] + node.cfg.label_limit_slack * 2 ** (n + 1)
+        if th is not None and th[0] == INF and node.limits.told.get(d):
+            step(node, d, eff)
 
 
 def raise_limits(node: FlowNode, d: str, b: float, eff: list[Effect]) -> None:
@@ -305,9 +293,6 @@ def on_limit(node: FlowNode, now: float, sender: str, msg: LabelLimit, eff: list
     e = node.labels.epoch[d]
     if old is None or msg.cost <= old or last is None or last[0] != e or last[1] == INF or last[1] < old:
         return True
-    g = node.limits.given.get(d)
-    if g is not None and g.get(sender) == last[1]:
-        return True  # it has it
     gave(node, d, (sender,), last[1])
     eff.append(Send(sender, CostAnnounce((Label(d, Side.IN, last[1], last[2], e),))))
     return True
