@@ -6,33 +6,41 @@ the messages go").  A next-stage label L of peer i matters to relay p only
 while d(p, i) + L is below p's threshold b: its cheapest forward candidate
 (the OUT label's), or, with room, the IN label's, which is at least as high.
 So p tells i a *limit* (`LabelLimit`): i sends p its IN labels only below it.
+Off by default (`FlowConfig.label_limits`; measured: docs/bench_flow.md).
 
-* A limit is b + `label_limit_slack` - d(p, i): a rise of b by up to the slack
-  needs no new limit.  p tells it when i sends a label that changes nothing
-  there (`useless`), and again only when the limit told is more than twice
-  the slack above that (labels within a wave fall, so p's threshold too).
-* Subscription: the peers behind p's forward candidates are told INF (`check`):
-  they send p every label, an unreachable one of a new wave included.  So every
-  relay hears every wave (the circular wait of an earlier attempt, where
-  the limits alone decided: docs/bench_flow.md): the last stage hears it from
-  the data node, which no relay limits, and a relay with a forward candidate
-  from the one behind it, which hears it by induction; a relay without one
-  (threshold INF) has told every peer it limited INF.
-* Raises: when p's threshold rises above d(p, i) + limit for some peer i
-  (its choice got dearer: a new wave, a rejection, room), p tells i the new
-  limit, and i answers with its current label if that is below the new limit
-  and was held back under the old one (`on_limit`).  So at the end of a wave
-  every label p does not hold costs at least its limit, which is at least
-  p's threshold minus the link: p decides what it would with every label.
-  Nothing assumes that labels never fall: a fall is news and goes to every
-  peer it is below the limit of.
-* A peer that never told a limit gets every finite label, as without limits;
-  the data node neither tells limits nor heeds them (its wave label reaches
-  every last-stage relay, and it hears every first-stage label).
+* A limit is b + `label_limit_slack` - d(p, i), told when i sends a label that
+  changes nothing at p (`useless`), again only when the one told is more than
+  twice the slack above that.  A peer never limited gets every finite label;
+  the data node neither tells limits nor heeds them.
+* Floors: i also tells p every fall below the last label p got from it, so
+  that label is a floor of i's (`_floor`); p raises only the limits whose
+  floor, plus the link, is below its threshold.
+* Subscription: the peers behind p's forward candidates are told INF (`check`)
+  and send p every label, a rise within a wave too (which goes to nobody
+  else: without it, p routes a unit on a label that rose, is rejected, and the
+  next wave can repeat it).
+* Raises: when p's threshold rises above a limited peer's floor plus the link
+  (its choice got dearer), p tells that peer b + slack - d(p, i), and the peer
+  answers with the label it announced in this wave if it held it back
+  (`on_limit`): at the end of a wave every label p does not hold costs at least
+  its floor, which is at least p's threshold less the link.  No usable forward
+  candidate (threshold INF, most often at the start of a wave, before the
+  peers' labels came): the limits rise in steps, to the last finite threshold
+  plus 4, 8, 16 x the slack, then INF, one every `label_limit_step_s` while it
+  stays INF (`step`), counted across waves (a wave restarted by the data
+  node's stuck timer must not start them again).
+* Every relay hears every wave (the circular wait of an earlier attempt:
+  docs/bench_flow.md): the last stage hears it from the data node; a relay
+  with a forward candidate from the subscribed peer behind it, which hears it
+  by induction; an unreachable IN label of a new wave goes at once to the
+  feeders (upstream peers holding units here: a full relay's IN label needs
+  their OUT labels, which they send once they hear the wave) and, if still
+  unreachable `label_limit_step_s` later, to the subscribed peers (`late`);
+  a relay without a candidate raises its limits to INF in the end.
 
-`LimitState` holds both sides: the limits this relay told its next-stage peers
-(`told`) and the ones its previous-stage peers told it (`heard`); only this
-module changes it.  Measured: docs/bench_flow.md, "Scale".
+`LimitState` holds both sides (what this relay told its next-stage peers and
+knows of their labels; what its previous-stage peers told it and got from it);
+only this module changes it.
 """
 
 from __future__ import annotations
@@ -48,9 +56,6 @@ if TYPE_CHECKING:
     from .node import FlowNode
 
 
-FLOORS = True
-
-
 @dataclass
 class LimitState:
     told: dict[str, dict[str, float]] = field(default_factory=dict)  # commodity -> next-stage peer -> limit told
@@ -58,8 +63,8 @@ class LimitState:
     seen: dict[str, dict[str, float]] = field(default_factory=dict)  # commodity -> next-stage peer -> the cost of
     # its last IN label received: a floor of its label (it tells every fall below it)
     heard: dict[str, dict[str, float]] = field(default_factory=dict)  # commodity -> previous-stage peer -> limit
-    given: dict[str, dict[str, float]] = field(default_factory=dict)  # commodity -> previous-stage peer -> the cost
-    # of our last IN label it was sent (its floor of our label)
+    given: dict[str, dict[str, tuple[float, int]]] = field(default_factory=dict)  # commodity -> previous-stage
+    # peer -> (cost, wave) of our last IN label it was sent (the cost: its floor of our label)
     due: dict[str, float] = field(default_factory=dict)  # commodity -> when its next raise `step` is due
     last: dict[str, float] = field(default_factory=dict)  # commodity -> the last finite threshold
     tries: dict[str, int] = field(default_factory=dict)  # commodity -> raise steps since the threshold was finite
@@ -80,11 +85,9 @@ def allowed(node: FlowNode, d: str, peer: str, cost: float, rise: bool = False) 
         return True
     if cost < t:
         return True
-    if not FLOORS:
-        return False
     g = node.limits.given.get(d)
     f = g.get(peer) if g else None
-    return f is not None and cost < f - EPS
+    return f is not None and cost < f[0] - EPS
 
 
 def recipients(node: FlowNode, d: str, cost: float, peers, rise: bool = False) -> list[str]:
@@ -100,10 +103,11 @@ def recipients(node: FlowNode, d: str, cost: float, peers, rise: bool = False) -
 
 
 def gave(node: FlowNode, d: str, peers, cost: float) -> None:
-    """Our IN label of `d` at `cost` went to `peers` (their floor of it)."""
+    """Our IN label of `d` at `cost`, of the current wave, went to `peers` (their floor of it)."""
     g = node.limits.given.setdefault(d, {})
+    e = node.labels.epoch[d]
     for p in peers:
-        g[p] = cost
+        g[p] = (cost, e)
 
 
 def note(node: FlowNode, d: str, sender: str, cost: float) -> None:
@@ -126,8 +130,6 @@ def note(node: FlowNode, d: str, sender: str, cost: float) -> None:
 def _floor(node: FlowNode, d: str, peer: str, t: float) -> float:
     """What this relay knows of next-stage `peer`'s IN label of `d`: at least its limit `t` (it tells every label
     below), and at least the last one it sent (it tells every fall below)."""
-    if not FLOORS:
-        return t
     seen = node.limits.seen.get(d)
     f = seen.get(peer) if seen else None
     return t if f is None or f < t else f
@@ -207,7 +209,7 @@ def step(node: FlowNode, d: str, eff: list[Effect]) -> None:
 
 
 def late(node: FlowNode, d: str, eff: list[Effect]) -> None:
-    """Our IN label of `d` stayed unreachable for `label_limit_inf_wait_s` of this wave: the subscribed peers that
+    """Our IN label of `d` stayed unreachable for `label_limit_step_s` of this wave: the subscribed peers that
     are no feeders hear it now (they hear of the wave)."""
     e, at = node.limits.unreachable[d]
     lab = node.labels.my_in.get(d)
@@ -293,6 +295,8 @@ def on_limit(node: FlowNode, now: float, sender: str, msg: LabelLimit, eff: list
     e = node.labels.epoch[d]
     if old is None or msg.cost <= old or last is None or last[0] != e or last[1] == INF or last[1] < old:
         return True
+    if node.limits.given.get(d, {}).get(sender) == (last[1], e):
+        return True  # it has it
     gave(node, d, (sender,), last[1])
     eff.append(Send(sender, CostAnnounce((Label(d, Side.IN, last[1], last[2], e),))))
     return True

@@ -103,7 +103,7 @@ class FlowNode:
         self.relabel = len(config.commodities) > 1 if config.relabel is None else config.relabel
         self.cross = self.relabel and config.cross_displace
         self.improving = config.improve if config.improve is not None else len(config.commodities) > 1
-        self.limited = self.waves and (config.label_limits if config.label_limits is not None else True)
+        self.limited = self.waves and config.label_limits
         # the mechanisms' own state, one object each
         self.labels = LabelState.of(config)
         self.units = UnitState.of(config)
