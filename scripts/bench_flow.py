@@ -43,8 +43,9 @@ MOVES = {"default": None, "off": {"improve": False}, "greedy": {"improve": True}
          "anneal": {"improve": True, "anneal": True}}
 
 
-def bench_one(scenario, seed: int, rounds: int, moves: str = "default") -> dict:
-    base = None if MOVES[moves] is None else FlowConfig("-", False, 0, (), {}, {}, **MOVES[moves])
+def bench_one(scenario, seed: int, rounds: int, moves: str = "default", label_limits: bool = False) -> dict:
+    base = None if MOVES[moves] is None and not label_limits else \
+        FlowConfig("-", False, 0, (), {}, {}, label_limits=label_limits, **(MOVES[moves] or {}))
     t = time.perf_counter()
     g = run_gwtf(scenario, seed=seed, rounds=rounds, base=base)
     wall = time.perf_counter() - t
@@ -77,6 +78,7 @@ def main(argv=None) -> int:
                          "all the time, or all the time with worse moves taken by annealing")
     ap.add_argument("--anneal", action="store_true", help="the same as --moves anneal")
     ap.add_argument("--scale", action="store_true", help="add 1,000 relays x 16 stages (one data node)")
+    ap.add_argument("--label-limits", action="store_true", help="FlowConfig.label_limits on (flow/limits.py)")
     ap.add_argument("--out", default="docs/bench_flow", help="path prefix of the .md and .png written")
     args = ap.parse_args(argv)
 
@@ -85,7 +87,7 @@ def main(argv=None) -> int:
     per_setting: dict[int, list[dict]] = {}
     for setting in args.settings:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
-            r = bench_one(load_flow_setting(setting, seed), seed, args.rounds, moves)
+            r = bench_one(load_flow_setting(setting, seed), seed, args.rounds, moves, args.label_limits)
             r.update(setting=setting, seed=seed)
             per_setting.setdefault(setting, []).append(r)
             print(f"setting {setting} seed {seed}: flows {r['flows']}/{r['max_flow']}  "
@@ -111,7 +113,7 @@ def main(argv=None) -> int:
             f"| {statistics.mean(r['wall_s'] for r in rs):.2f}, {max(r['wall_s'] for r in rs):.2f} |")
     if args.scale:
         sc = parse_scenario(generate_layered("scale-1000x16", FlowSetting(1, 1000, 16, (1, 3), (1, 20)), 0))
-        r = bench_one(sc, 0, args.rounds, moves)
+        r = bench_one(sc, 0, args.rounds, moves, args.label_limits)
         lines.append(
             f"| 1000 relays x 16 stages | 1 | {int(r['flows'] >= r['max_flow'])}/1 | {r['vs_opt']:.4f} "
             f"| {r['vs_swarm']:.4f} | {int(r['gwtf_mean'] < r['swarm_mean'])}/1 | {r['converged_round']} "

@@ -32,7 +32,7 @@ MOVES = {"off": {"improve": False}, "greedy": {"improve": True}, "anneal": {"imp
 
 
 def bench_one(setting: int | FlowSetting, seed: int, kill: float, joins: int, detect_s: float, rounds: int,
-              improve: str | None = None) -> dict:
+              improve: str | None = None, label_limits: bool = False) -> dict:
     """One churn run on Table V setting `setting`, or on a layered scenario of that FlowSetting."""
     if isinstance(setting, FlowSetting):
         fs = setting
@@ -42,7 +42,8 @@ def bench_one(setting: int | FlowSetting, seed: int, kill: float, joins: int, de
         fs = FLOW_SETTINGS[setting]
     ch = random_churn(sc, random.Random(10_000 + seed), kill, joins, fs.capacity, fs.link_cost, detect_s)
     t = time.perf_counter()
-    base = None if improve is None else FlowConfig("-", False, 0, (), {}, {}, **MOVES[improve])
+    base = None if improve is None and not label_limits else \
+        FlowConfig("-", False, 0, (), {}, {}, label_limits=label_limits, **MOVES.get(improve, {}))
     res = run_churn(sc, ch, seed=seed, rounds=rounds, base=base)
     wall = time.perf_counter() - t
     new = res.changed
@@ -70,6 +71,7 @@ def main(argv=None) -> int:
                          "capacities and link costs)")
     ap.add_argument("--moves", choices=sorted(MOVES), default=None,
                     help="Request Change/Redirect all the time: off, greedy, or with annealing (default: FlowConfig's)")
+    ap.add_argument("--label-limits", action="store_true", help="FlowConfig.label_limits on (flow/limits.py)")
     ap.add_argument("--out", default="docs/bench_flow_churn.md")
     ap.add_argument("--append", action="store_true", help="append the table to --out")
     args = ap.parse_args(argv)
@@ -82,7 +84,8 @@ def main(argv=None) -> int:
              f"(`python scripts/bench_flow_churn.py "
              f"{'--layered ' + ' '.join(map(str, args.layered)) if args.layered else '--settings ' + ' '.join(map(str, args.settings))} "
              f"--seeds {args.seeds} --kill {args.kill:g} --joins {args.joins}"
-             f"{'' if args.moves is None else ' --moves ' + args.moves}`)", "",
+             f"{'' if args.moves is None else ' --moves ' + args.moves}"
+             f"{' --label-limits' if args.label_limits else ''}`)", "",
              "| setting | instances | killed / joined (mean) | new max flow reached | GWTF / new optimum (mean, worst) "
              "| rounds to re-converge (mean, max) | messages after the churn (mean, per node) | inconsistent links |",
              "|---|---|---|---|---|---|---|---|"]
@@ -90,7 +93,7 @@ def main(argv=None) -> int:
         rs = []
         for seed in range(args.seeds):
             r = bench_one(setting, seed, args.kill, args.joins, args.detect, args.rounds,
-                          args.moves)
+                          args.moves, args.label_limits)
             rs.append(r)
             print(f"setting {setting} seed {seed}: {r['flows_before']} -> {r['flows']}/{r['max_flow']} "
                   f"cost/opt {r['vs_opt']:.4f} rounds {r['rounds']:.1f} msgs {r['messages']} {r['wall']:.1f}s",

@@ -12,6 +12,7 @@ wall time).
     nice -n 10 python scripts/bench_flow_scale.py --relays 1000 --wall-limit 600
     python scripts/bench_flow_scale.py --relays 160 320 --json                  # one JSON object per size
     python scripts/bench_flow_scale.py --relays 160 320 --json --receipts       # + what each label changed
+    python scripts/bench_flow_scale.py --relays 160 320 --json --label-limits   # with label limits (flow/limits.py)
 
 `--bound` adds what successive shortest paths need, computed centrally
 (`ssp_waves`): the augmentations (`ssp_units`), the distinct shortest-path
@@ -45,7 +46,7 @@ import json
 import sys
 import time
 
-from gwtf_node.protocol.flow import FlowNode
+from gwtf_node.protocol.flow import FlowConfig, FlowNode
 from gwtf_node.protocol.messages import CostAnnounce, Side
 from gwtf_node.protocol.scenario import parse_scenario
 from gwtf_node.sim.baselines import optimal_routing
@@ -212,6 +213,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=120)
     ap.add_argument("--wall-limit", type=float, default=300.0, help="stop a run after this many seconds of wall time")
+    ap.add_argument("--label-limits", action="store_true", help="FlowConfig.label_limits on (flow/limits.py)")
     ap.add_argument("--json", action="store_true", help="one JSON object per size instead of the table")
     ap.add_argument("--receipts", action="store_true", help="with --json: what each received label changed (doc)")
     ap.add_argument("--bound", action="store_true", help="with --json: what successive shortest paths need (doc)")
@@ -227,11 +229,12 @@ def main(argv=None) -> int:
                                              FlowSetting(1, n, args.stages, (1, 3), (1, 20)), args.seed))
         t, c = time.perf_counter(), time.process_time()
         rec = Receipts() if args.receipts else None
+        base = FlowConfig("-", False, 0, (), {}, {}, label_limits=True) if args.label_limits else None
         if rec is not None:
             with rec:
-                g = run_gwtf(sc, seed=args.seed, rounds=args.rounds, wall_limit_s=args.wall_limit)
+                g = run_gwtf(sc, seed=args.seed, rounds=args.rounds, wall_limit_s=args.wall_limit, base=base)
         else:
-            g = run_gwtf(sc, seed=args.seed, rounds=args.rounds, wall_limit_s=args.wall_limit)
+            g = run_gwtf(sc, seed=args.seed, rounds=args.rounds, wall_limit_s=args.wall_limit, base=base)
         wall, cpu = time.perf_counter() - t, time.process_time() - c
         o = optimal_routing(sc)
         ratio = g.mean_cost / o.mean_cost if o.mean_cost else 1.0

@@ -285,6 +285,11 @@ def _relabel_cost(msg: m.RelabelCost, ctx: Context) -> Problem | None:
     return _cost(msg.cost, "RelabelCost delta", negative_ok=True)  # a change of cost: either sign
 
 
+def _label_limit(msg: m.LabelLimit, ctx: Context) -> Problem | None:
+    # a label's cost less a link's, plus a slack: residual, so either sign; INF: every label
+    return _cost(msg.cost, "LabelLimit cost", negative_ok=True) or _strings(msg.commodity)
+
+
 def _hop(h: m.HopFlow, what: str) -> Problem | None:
     return _cost(h.cost, f"{what} cost") or _count(h.count, f"{what} count", MAX_CAPACITY)
 
@@ -495,6 +500,7 @@ CHECKS: dict[type, Callable[[Any, Context], Problem | None]] = {
     m.LaunchBid: _launch_bid,
     m.Relabel: _nothing,
     m.RelabelCost: _relabel_cost,
+    m.LabelLimit: _label_limit,
     m.Hello: _hello,
     m.PeerList: _peer_list,
     m.Forward: _forward,

@@ -194,6 +194,14 @@ class RelabelCost(_message.Message):
     cost: float
     def __init__(self, from_commodity: _Optional[str] = ..., to_commodity: _Optional[str] = ..., cost: _Optional[float] = ...) -> None: ...
 
+class LabelLimit(_message.Message):
+    __slots__ = ("commodity", "cost")
+    COMMODITY_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
+    commodity: str
+    cost: float
+    def __init__(self, commodity: _Optional[str] = ..., cost: _Optional[float] = ...) -> None: ...
+
 class HopFlow(_message.Message):
     __slots__ = ("commodity", "peer", "count", "cost")
     COMMODITY_FIELD_NUMBER: _ClassVar[int]
@@ -769,7 +777,7 @@ class Assignment(_message.Message):
     def __init__(self, term: _Optional[int] = ..., node: _Optional[str] = ..., stage: _Optional[int] = ..., download_from: _Optional[str] = ..., start_iteration: _Optional[int] = ...) -> None: ...
 
 class Envelope(_message.Message):
-    __slots__ = ("version", "sender", "cost_announce", "request_flow", "flow_reply", "deny", "withdraw", "query_flows", "flow_report", "request_change", "request_redirect", "move_reply", "reroute", "launch_bid", "relabel", "relabel_cost", "hello", "peer_list", "forward", "backward", "complete", "iteration_done", "begin_aggregation", "can_take", "phase_ack", "all_reduce_chunk", "ping", "pong", "stage_state_request", "stage_state", "goodbye", "mb_deny", "probe", "probe_ack", "recover", "resume", "backward_stuck", "room", "release", "mb_state", "repair_order", "lend", "link_cost", "link_probe", "request_vote", "vote", "leader_heartbeat", "heartbeat_ack", "join_request", "utilization_query", "utilization_report", "assignment", "refused")
+    __slots__ = ("version", "sender", "cost_announce", "request_flow", "flow_reply", "deny", "withdraw", "query_flows", "flow_report", "request_change", "request_redirect", "move_reply", "reroute", "launch_bid", "relabel", "relabel_cost", "label_limit", "hello", "peer_list", "forward", "backward", "complete", "iteration_done", "begin_aggregation", "can_take", "phase_ack", "all_reduce_chunk", "ping", "pong", "stage_state_request", "stage_state", "goodbye", "mb_deny", "probe", "probe_ack", "recover", "resume", "backward_stuck", "room", "release", "mb_state", "repair_order", "lend", "link_cost", "link_probe", "request_vote", "vote", "leader_heartbeat", "heartbeat_ack", "join_request", "utilization_query", "utilization_report", "assignment", "refused")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     COST_ANNOUNCE_FIELD_NUMBER: _ClassVar[int]
@@ -786,6 +794,7 @@ class Envelope(_message.Message):
     LAUNCH_BID_FIELD_NUMBER: _ClassVar[int]
     RELABEL_FIELD_NUMBER: _ClassVar[int]
     RELABEL_COST_FIELD_NUMBER: _ClassVar[int]
+    LABEL_LIMIT_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     PEER_LIST_FIELD_NUMBER: _ClassVar[int]
     FORWARD_FIELD_NUMBER: _ClassVar[int]
@@ -839,6 +848,7 @@ class Envelope(_message.Message):
     launch_bid: LaunchBid
     relabel: Relabel
     relabel_cost: RelabelCost
+    label_limit: LabelLimit
     hello: Hello
     peer_list: PeerList
     forward: Forward
@@ -876,7 +886,7 @@ class Envelope(_message.Message):
     utilization_report: UtilizationReport
     assignment: Assignment
     refused: Refused
-    def __init__(self, version: _Optional[int] = ..., sender: _Optional[str] = ..., cost_announce: _Optional[_Union[CostAnnounce, _Mapping]] = ..., request_flow: _Optional[_Union[RequestFlow, _Mapping]] = ..., flow_reply: _Optional[_Union[FlowReply, _Mapping]] = ..., deny: _Optional[_Union[Deny, _Mapping]] = ..., withdraw: _Optional[_Union[Withdraw, _Mapping]] = ..., query_flows: _Optional[_Union[QueryFlows, _Mapping]] = ..., flow_report: _Optional[_Union[FlowReport, _Mapping]] = ..., request_change: _Optional[_Union[RequestChange, _Mapping]] = ..., request_redirect: _Optional[_Union[RequestRedirect, _Mapping]] = ..., move_reply: _Optional[_Union[MoveReply, _Mapping]] = ..., reroute: _Optional[_Union[Reroute, _Mapping]] = ..., launch_bid: _Optional[_Union[LaunchBid, _Mapping]] = ..., relabel: _Optional[_Union[Relabel, _Mapping]] = ..., relabel_cost: _Optional[_Union[RelabelCost, _Mapping]] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., peer_list: _Optional[_Union[PeerList, _Mapping]] = ..., forward: _Optional[_Union[Forward, _Mapping]] = ..., backward: _Optional[_Union[Backward, _Mapping]] = ..., complete: _Optional[_Union[Complete, _Mapping]] = ..., iteration_done: _Optional[_Union[IterationDone, _Mapping]] = ..., begin_aggregation: _Optional[_Union[BeginAggregation, _Mapping]] = ..., can_take: _Optional[_Union[CanTake, _Mapping]] = ..., phase_ack: _Optional[_Union[PhaseAck, _Mapping]] = ..., all_reduce_chunk: _Optional[_Union[AllReduceChunk, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., stage_state_request: _Optional[_Union[StageStateRequest, _Mapping]] = ..., stage_state: _Optional[_Union[StageState, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., mb_deny: _Optional[_Union[MbDeny, _Mapping]] = ..., probe: _Optional[_Union[Probe, _Mapping]] = ..., probe_ack: _Optional[_Union[ProbeAck, _Mapping]] = ..., recover: _Optional[_Union[Recover, _Mapping]] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ..., backward_stuck: _Optional[_Union[BackwardStuck, _Mapping]] = ..., room: _Optional[_Union[Room, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., mb_state: _Optional[_Union[MbState, _Mapping]] = ..., repair_order: _Optional[_Union[RepairOrder, _Mapping]] = ..., lend: _Optional[_Union[Lend, _Mapping]] = ..., link_cost: _Optional[_Union[LinkCost, _Mapping]] = ..., link_probe: _Optional[_Union[LinkProbe, _Mapping]] = ..., request_vote: _Optional[_Union[RequestVote, _Mapping]] = ..., vote: _Optional[_Union[Vote, _Mapping]] = ..., leader_heartbeat: _Optional[_Union[LeaderHeartbeat, _Mapping]] = ..., heartbeat_ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ..., join_request: _Optional[_Union[JoinRequest, _Mapping]] = ..., utilization_query: _Optional[_Union[UtilizationQuery, _Mapping]] = ..., utilization_report: _Optional[_Union[UtilizationReport, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., refused: _Optional[_Union[Refused, _Mapping]] = ...) -> None: ...
+    def __init__(self, version: _Optional[int] = ..., sender: _Optional[str] = ..., cost_announce: _Optional[_Union[CostAnnounce, _Mapping]] = ..., request_flow: _Optional[_Union[RequestFlow, _Mapping]] = ..., flow_reply: _Optional[_Union[FlowReply, _Mapping]] = ..., deny: _Optional[_Union[Deny, _Mapping]] = ..., withdraw: _Optional[_Union[Withdraw, _Mapping]] = ..., query_flows: _Optional[_Union[QueryFlows, _Mapping]] = ..., flow_report: _Optional[_Union[FlowReport, _Mapping]] = ..., request_change: _Optional[_Union[RequestChange, _Mapping]] = ..., request_redirect: _Optional[_Union[RequestRedirect, _Mapping]] = ..., move_reply: _Optional[_Union[MoveReply, _Mapping]] = ..., reroute: _Optional[_Union[Reroute, _Mapping]] = ..., launch_bid: _Optional[_Union[LaunchBid, _Mapping]] = ..., relabel: _Optional[_Union[Relabel, _Mapping]] = ..., relabel_cost: _Optional[_Union[RelabelCost, _Mapping]] = ..., label_limit: _Optional[_Union[LabelLimit, _Mapping]] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., peer_list: _Optional[_Union[PeerList, _Mapping]] = ..., forward: _Optional[_Union[Forward, _Mapping]] = ..., backward: _Optional[_Union[Backward, _Mapping]] = ..., complete: _Optional[_Union[Complete, _Mapping]] = ..., iteration_done: _Optional[_Union[IterationDone, _Mapping]] = ..., begin_aggregation: _Optional[_Union[BeginAggregation, _Mapping]] = ..., can_take: _Optional[_Union[CanTake, _Mapping]] = ..., phase_ack: _Optional[_Union[PhaseAck, _Mapping]] = ..., all_reduce_chunk: _Optional[_Union[AllReduceChunk, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., stage_state_request: _Optional[_Union[StageStateRequest, _Mapping]] = ..., stage_state: _Optional[_Union[StageState, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., mb_deny: _Optional[_Union[MbDeny, _Mapping]] = ..., probe: _Optional[_Union[Probe, _Mapping]] = ..., probe_ack: _Optional[_Union[ProbeAck, _Mapping]] = ..., recover: _Optional[_Union[Recover, _Mapping]] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ..., backward_stuck: _Optional[_Union[BackwardStuck, _Mapping]] = ..., room: _Optional[_Union[Room, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., mb_state: _Optional[_Union[MbState, _Mapping]] = ..., repair_order: _Optional[_Union[RepairOrder, _Mapping]] = ..., lend: _Optional[_Union[Lend, _Mapping]] = ..., link_cost: _Optional[_Union[LinkCost, _Mapping]] = ..., link_probe: _Optional[_Union[LinkProbe, _Mapping]] = ..., request_vote: _Optional[_Union[RequestVote, _Mapping]] = ..., vote: _Optional[_Union[Vote, _Mapping]] = ..., leader_heartbeat: _Optional[_Union[LeaderHeartbeat, _Mapping]] = ..., heartbeat_ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ..., join_request: _Optional[_Union[JoinRequest, _Mapping]] = ..., utilization_query: _Optional[_Union[UtilizationQuery, _Mapping]] = ..., utilization_report: _Optional[_Union[UtilizationReport, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., refused: _Optional[_Union[Refused, _Mapping]] = ...) -> None: ...
 
 class Refused(_message.Message):
     __slots__ = ("code", "reason")

@@ -150,6 +150,15 @@ class RelabelCost:
 
 
 @dataclass(frozen=True, slots=True)
+class LabelLimit:
+    """Label waves: the sender need not hear the receiver's IN labels of `commodity` that cost `cost` or more
+    (they cannot change its choice); INF: every label, an unreachable one of a new wave too (flow/limits.py)."""
+
+    commodity: str
+    cost: float
+
+
+@dataclass(frozen=True, slots=True)
 class HopFlow:
     """One entry of a flow report: `count` units of `commodity` to/from `peer` at link cost `cost`."""
 
@@ -574,7 +583,7 @@ class Refused:
 
 Message = (
     CostAnnounce | RequestFlow | FlowReply | Deny | Withdraw | QueryFlows | FlowReport
-    | RequestChange | RequestRedirect | MoveReply | Reroute | LaunchBid | Relabel | RelabelCost
+    | RequestChange | RequestRedirect | MoveReply | Reroute | LaunchBid | Relabel | RelabelCost | LabelLimit
     | Hello | PeerList | Forward | Backward | Complete | IterationDone | BeginAggregation | CanTake | PhaseAck
     | AllReduceChunk | LinkCost | Ping | Pong | LinkProbe | StageStateRequest | StageState | Goodbye
     | MbDeny | Probe | ProbeAck | Recover | Resume | BackwardStuck | Room | Release | MbState | RepairOrder | Lend

@@ -24,6 +24,7 @@ from gwtf_node.protocol.messages import (
     FlowReport,
     HopFlow,
     Label,
+    LabelLimit,
     LaunchBid,
     MoveReply,
     QueryFlows,
@@ -70,6 +71,7 @@ STRATEGIES: dict[type, st.SearchStrategy] = {
     LaunchBid: st.builds(LaunchBid, data_node=ids, seq=u64, cost=costs),
     Relabel: st.builds(Relabel, from_commodity=ids, to_commodity=ids),
     RelabelCost: st.builds(RelabelCost, from_commodity=ids, to_commodity=ids, cost=costs),
+    LabelLimit: st.builds(LabelLimit, commodity=ids, cost=costs),
     QueryFlows: st.builds(QueryFlows, query_id=u64),
     FlowReport: st.builds(
         FlowReport,

@@ -12,6 +12,7 @@ shortest paths).  One module per mechanism:
 * state.py: the vocabulary (route, request and step kinds, unit counts);
 * labels.py: IN / OUT labels over the residual network, folded in in O(1);
 * announce.py: which labels go out, to whom and when (coalesced, Dijkstra order);
+* limits.py: label limits, IN labels only to the peers whose choice they can change (off by default);
 * units.py: Request Flow, DENY, Reroute, Withdraw, and rebalancing;
 * launches.py: the data node's launches, label waves, settlement;
 * waves.py: several units per wave, retreats, held units;

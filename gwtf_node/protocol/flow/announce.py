@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 
 from ..effects import Effect, Send, SetTimer
 from ..messages import INF, CostAnnounce, Label, Side
+from . import limits
 from .state import EPS, Batch, cost_differs, costs_differ, stamped
 
 if TYPE_CHECKING:
@@ -114,6 +115,9 @@ def refresh(node: FlowNode, commodities, eff: list[Effect], force_to: dict[str, 
                 refresh_one(node, d, dn, folds, backs)
         finally:
             node.announcer.within = None
+    if node.limited and not cfg.is_data:
+        for d in commodities:
+            limits.check(node, d, eff)
     if force_to:
         for d, peers in force_to.items():
             for p in peers:
@@ -199,14 +203,19 @@ def cost_news(node: FlowNode, d: str, side: Side) -> bool:
 
 def worth_announcing(node: FlowNode, d: str, side: Side) -> bool:
     lab = node.labels.my_in.get(d) if side is _IN else node.labels.my_out.get(d)
-    if lab is None or (lab.cost == INF and (node.waves or (d, side) not in node.announcer.sent)):
-        return False
     last = node.announcer.sent.get((d, side))
+    if lab is not None and lab.cost == INF and node.limited and side is _IN:
+        # a new wave, to the feeders; a rise, to the subscribed peers (limits.py)
+        return last is None or last[0] != node.labels.epoch[d] or last[1] != INF
+    if lab is None or (lab.cost == INF and (node.waves or last is None)):
+        return False
     if not node.waves:  # free-running labels: every change, rises included
         return last is None or last[0] != node.labels.epoch[d] or costs_differ(lab.cost, last[1]) \
             or lab.path != last[2]
     if last is None or last[0] != node.labels.epoch[d]:
         return True
+    if node.limited and side is _IN and lab.cost > last[1] + EPS:
+        return True  # a rise, to the subscribed peers (limits.py)
     return lab.cost < last[1] - EPS or (lab.cost <= last[1] + EPS and lab.path != last[2])
 
 def flush(node: FlowNode, eff: list[Effect], rearm: bool = True) -> None:
@@ -220,9 +229,15 @@ def flush(node: FlowNode, eff: list[Effect], rearm: bool = True) -> None:
         if worth_announcing(node, d, side):
             lab = node.labels.my_in[d] if side is _IN else node.labels.my_out[d]
             e = node.labels.epoch[d]
+            rise = rose(node, d, side, lab, e)
             node.announcer.sent[(d, side)] = (e, lab.cost, lab.path)
             msg = CostAnnounce((stamped(lab, e),))
-            send_all(eff, in_recipients(node, d) if side is _IN else sorted(node.units.out[d]), msg)
+            if side is not _IN:
+                send_all(eff, sorted(node.units.out[d]), msg)
+            elif node.limited:
+                send_all(eff, limits.recipients(node, d, lab.cost, in_recipients(node, d), rise), msg)
+            else:
+                send_all(eff, in_recipients(node, d), msg)
         return
     outbox: dict[str, list[Label]] = {}
     sent_out: set[tuple[str, str]] = set()
@@ -231,12 +246,18 @@ def flush(node: FlowNode, eff: list[Effect], rearm: bool = True) -> None:
             continue
         lab = node.labels.my_in[d] if side is _IN else node.labels.my_out[d]
         e = node.labels.epoch[d]
+        rise = rose(node, d, side, lab, e)
         node.announcer.sent[(d, side)] = (e, lab.cost, lab.path)
         w = stamped(lab, e)
         if side is _IN:
             for p in node.cfg.prev_costs:
                 if p in node.data_prev and p != d:
                     continue  # another data node has no use for this commodity's labels
+                if node.limited:
+                    if not limits.allowed(node, d, p, lab.cost, rise):
+                        continue
+                    if lab.cost != INF:
+                        limits.gave(node, d, (p,), lab.cost)
                 outbox.setdefault(p, []).append(w)
         else:
             for j in node.units.out[d]:
@@ -258,6 +279,14 @@ def flush(node: FlowNode, eff: list[Effect], rearm: bool = True) -> None:
         if msg is None:
             msg = made[key] = CostAnnounce(tuple(labs))
         eff.append(Send(peer, msg))
+
+def rose(node: FlowNode, d: str, side: Side, lab: Label, e: int) -> bool:
+    """Label limits: our IN label of `d` rose within wave `e` since it was last announced (to the subscribed
+    peers only: limits.py)."""
+    if not node.limited or side is not _IN:
+        return False
+    last = node.announcer.sent.get((d, side))
+    return last is not None and last[0] == e and lab.cost > last[1] + EPS
 
 def in_recipients(node: FlowNode, d: str) -> list[str]:
     """Who is told this node's IN label of `d`, sorted (see `flush`); cached per config."""

@@ -42,6 +42,11 @@ class FlowConfig:
     same_wave_launches: bool = True  # waves: launch again on a wave while it still has a tight route (waves.py)
     wave_order_s: float = 0.005  # waves: a label L above its previous wave's floor F goes out (L - F) x this later
     wave_order_cap_s: float = 0.2  # ... at most this much later
+    label_limits: bool = False  # label waves: a relay's IN labels go only to the previous-stage peers whose choice
+    # they can change (limits.py).  Off: exact, 9167 -> 3837 messages per node at 1000 x 16, but more messages
+    # than without on Table V settings 1, 2, 4 and slower re-formation after crashes (docs/bench_flow.md)
+    label_limit_slack: float = 2.0  # ... a limit is the peer's threshold plus this, less the link's cost
+    label_limit_step_s: float = 0.5  # ... without a usable forward candidate, the limits rise in steps this apart
     retry_epoch_rounds: float = 5.0  # several data nodes: a data node without a route starts a new wave this often
     joined: bool = False  # placed into a run whose flows already formed: run greedy moves at start (node.py)
     change_improve_rounds: float = 20.0  # rounds of Request Redirect/Change after joining / a membership change

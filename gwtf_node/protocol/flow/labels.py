@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 from ..effects import Effect
 from ..messages import INF, CostAnnounce, Label, Side
-from . import announce, relabel, waves
+from . import announce, limits, relabel, waves
 from .config import FlowConfig
 from .state import EPS, MAX_STASHED_SENDERS, Via, cheapest, choose, cost_of, label, pick
 
@@ -387,6 +387,8 @@ def on_announce(node: FlowNode, now: float, sender: str, msg: CostAnnounce, eff:
             return
         r = fold_in(node, d, sender)
         if r == 1:
+            if node.limited:
+                limits.useless(node, d, sender, lab, eff)
             return True  # no label moved: nothing for units.act to do
         announce.refresh(node, (d,), eff, folds={d: []} if r == 2 else None, narrow=node.labels.epoch[d] == e)
         return
@@ -394,9 +396,12 @@ def on_announce(node: FlowNode, now: float, sender: str, msg: CostAnnounce, eff:
     folds: dict[str, list[str]] = {}
     backs: set[str] = set()
     new_wave = False
+    limited = node.limited and not node.cfg.is_data and sender in node.cfg.next_costs
     for lab in msg.labels:
         d = lab.commodity
         e = node.labels.epoch.get(d)
+        if limited and lab.side is _IN and d in node.labels.epoch:
+            limits.note(node, d, sender, lab.cost)  # (single labels: FlowNode.on_message)
         if ingest(node, sender, lab):
             new_wave = new_wave or node.labels.epoch[d] != e
             touched[d] = None

@@ -67,15 +67,16 @@ from dataclasses import replace
 
 from ..effects import Effect, Send, SetTimer
 from ..messages import (
-    INF, CostAnnounce, Deny, FlowReply, FlowReport, LaunchBid, LinkCost, MoveReply, QueryFlows, Relabel,
+    INF, CostAnnounce, Deny, FlowReply, FlowReport, LabelLimit, LaunchBid, LinkCost, MoveReply, QueryFlows, Relabel,
     RelabelCost, RequestChange, RequestFlow, RequestRedirect, Reroute, Side, Withdraw,
 )
-from . import announce, bids, labels, launches, moves, relabel, units, waves
+from . import announce, bids, labels, launches, limits, moves, relabel, units, waves
 from .announce import AnnounceState
 from .bids import BidState
 from .config import FlowConfig
 from .labels import LabelState
 from .launches import LaunchState
+from .limits import LimitState
 from .moves import Annealer, MoveState
 from .relabel import RelabelState
 from .state import SIDES, FlowStats, PendingKind, total, stamped
@@ -102,6 +103,7 @@ class FlowNode:
         self.relabel = len(config.commodities) > 1 if config.relabel is None else config.relabel
         self.cross = self.relabel and config.cross_displace
         self.improving = config.improve if config.improve is not None else len(config.commodities) > 1
+        self.limited = self.waves and config.label_limits
         # the mechanisms' own state, one object each
         self.labels = LabelState.of(config)
         self.units = UnitState.of(config)
@@ -110,6 +112,7 @@ class FlowNode:
         self.launch = LaunchState(demand=config.capacity if config.is_data else 0)
         self.bid = BidState()
         self.relabelling = RelabelState()
+        self.limits = LimitState()
         self.moves = MoveState(Annealer(config.t0, config.alpha, config.t_min))
 
     # Read-only views for the drivers, the simulator and the tests (the owners' objects, not copies).
@@ -193,6 +196,8 @@ class FlowNode:
         self.now = now
         if key == "announce":
             announce.flush(self, eff)
+        if key == "limits":
+            limits.on_timer(self, eff)
         if key == "relabelcost":
             relabel.send_costs(self, eff)
         if key == "stuck" and self.cfg.is_data:
@@ -218,12 +223,18 @@ class FlowNode:
         if type(msg) is CostAnnounce and len(msg.labels) == 1 and not self.cfg.is_data:
             # the bulk of a wave: one next-stage IN label of the current wave, most of which change nothing
             # here (what labels.on_announce does, without its generality)
+            if self.limited:
+                lab = msg.labels[0]
+                if lab.side is Side.IN and sender in self.cfg.next_costs:
+                    limits.note(self, lab.commodity, sender, lab.cost)
             r = labels.wave_label(self, sender, msg.labels[0])
             if r is not None:
-                if r == 1:
-                    return []
                 d = msg.labels[0].commodity
                 eff: list[Effect] = []
+                if r == 1:
+                    if self.limited:
+                        limits.useless(self, d, sender, msg.labels[0], eff)
+                    return eff
                 announce.refresh(self, (d,), eff, folds={d: []} if r == 2 else None, narrow=True)
                 units.act(self, now, eff)
                 return eff
@@ -276,6 +287,8 @@ class FlowNode:
                 if lab is None or lab.cost == INF or (peer in cfg.commodities and peer != d):
                     continue
                 labs.append(stamped(lab, self.labels.epoch[d]))
+                if self.limited:
+                    limits.gave(self, d, (peer,), lab.cost)
             if labs:
                 eff.append(Send(peer, CostAnnounce(tuple(labs))))
         announce.refresh_all(self, eff)
@@ -369,6 +382,7 @@ class FlowNode:
             self.changed(now)
         labels.drop_peer(self, peer)
         announce.drop_peer(self, peer)
+        limits.drop_peer(self, peer)
         moves.neighbour_removed(self, peer)
         if not cfg.is_data:
             moves.after_change(self, now)
@@ -401,4 +415,5 @@ HANDLERS = {
     LaunchBid: bids.on_launch_bid,
     Relabel: relabel.on_relabel,
     RelabelCost: relabel.on_relabel_cost,
+    LabelLimit: limits.on_limit,
 }

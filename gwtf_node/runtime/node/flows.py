@@ -58,7 +58,7 @@ DEFAULT_BANDWIDTH_MBPS = 1000.0  # assumed for a link whose bandwidth was neithe
 FLOW_MSGS = (
     m.CostAnnounce, m.RequestFlow, m.FlowReply, m.Deny, m.Withdraw, m.QueryFlows, m.FlowReport,
     m.RequestChange, m.RequestRedirect, m.MoveReply, m.Reroute, m.LaunchBid, m.Relabel,
-    m.RelabelCost,
+    m.RelabelCost, m.LabelLimit,
 )
 
 
