@@ -419,6 +419,52 @@ async def test_a_chunk_whose_send_fails_is_sent_again_and_the_round_still_sums(t
 
 
 @pytest.mark.trio
+@pytest.mark.parametrize("lost", ["phase 1 to its owner", "the owner's sum to a member"])
+async def test_a_chunk_lost_after_its_send_is_asked_for_again(tmp_path, lost):
+    """A chunk that leaves but never arrives (its connection reset under it): the member still missing an owner's
+    sum sends that owner its part again, and an owner that already has it sends its sum again, so the round sums
+    within seconds instead of waiting out its timeout."""
+    from gwtf_node.protocol.codec import decode
+    from gwtf_node.runtime.node.allreduce import GATHER, REDUCE
+
+    with trio.fail_after(DEADLINE_S):
+        async with reducing_hosts(tmp_path) as (hs, reducers):
+            group = [h.peer_id for h in hs]
+            owner = sorted(group)[1]  # the owner of part 1
+            src, dst, phase = ((hs[0].peer_id if hs[0].peer_id != owner else hs[2].peer_id), owner, REDUCE) \
+                if lost.startswith("phase 1") else (owner, next(p for p in group if p != owner), GATHER)
+            sender = next(h for h in hs if h.peer_id == src)
+            real_send, dropped = sender.send, []
+
+            async def lossy_send(peer_id, envelope, payload=b"", **kw):
+                _s, msg = decode(envelope)
+                if peer_id == dst and msg.phase == phase and not dropped:
+                    dropped.append(msg.part)
+                    return None  # "sent": lost on the way
+                return await real_send(peer_id, envelope, payload, **kw)
+
+            sender.send = lossy_send
+            tensors = {h.peer_id: torch.full((12,), float(i + 1)) for i, h in enumerate(hs)}
+            for r in reducers:
+                r.resend_after_s = 0.5
+            results = {}
+
+            async def run(h, r):
+                results[h.peer_id] = await r.all_reduce("s1/it1", group, tensors[h.peer_id], 1.0, 30)
+
+            t0 = trio.current_time()
+            async with trio.open_nursery() as nursery:
+                for h, r in zip(hs, reducers):
+                    nursery.start_soon(run, h, r)
+            assert dropped and trio.current_time() - t0 < 10
+            for t, c in results.values():
+                assert torch.equal(t, torch.full((12,), 6.0)) and c == 3.0
+            assert sum(r.resends for r in reducers) >= 1
+            if phase == GATHER:
+                assert next(r for h, r in zip(hs, reducers) if h.peer_id == owner).answered_again >= 1
+
+
+@pytest.mark.trio
 async def test_a_bfloat16_all_reduce_sends_half_and_is_identical_on_every_member(tmp_path, caplog):
     """`wire="bfloat16"`: every contribution rounded once, summed in float32 in sorted-peer order, the sum rounded;
     the same bits everywhere, half the bytes of float32; a float32 chunk in a bfloat16 round is refused."""

@@ -212,8 +212,9 @@ class RecoveryNode:
     def peer_gone(self, now: float, peer: str) -> list[RecoveryEffect]:
         return neighbours.peer_gone(self, now, peer)
 
-    def peer_back(self, now: float, peer: str, *, data_node: bool) -> list[RecoveryEffect]:
-        return neighbours.peer_back(self, now, peer, data_node=data_node)
+    def peer_back(self, now: float, peer: str, *, data_node: bool,
+                  same_incarnation: bool = False) -> list[RecoveryEffect]:
+        return neighbours.peer_back(self, now, peer, data_node=data_node, same_incarnation=same_incarnation)
 
     def give_up_stranded(self, now: float) -> list[RecoveryEffect]:
         """A data node with no live stage-0 relay left gives up what cannot complete (`Rounds.give_up_stranded`)."""

@@ -39,6 +39,17 @@ whose parts are missing.  A chunk that cannot be sent is sent again until
 the round's timeout (`SEND_RETRY_FIRST_S`); a member that is gone is the
 caller's to see (liveness): it cancels the round and retries without it.
 
+A chunk can also be lost after its send returned (its connection reset
+under it on a loaded machine: py-libp2p then drops what it had buffered),
+and one lost chunk would hold the whole round to its timeout.  So a member
+still missing an owner's summed part `resend_after_s` (5 s, doubling to 20)
+after the round began sends that owner its phase-1 part again; an owner
+that already has it takes the copy as the question it is and sends its
+summed part again, also after the round ended for it: its summed part of
+the last round (4 P / n bytes for P parameters among n members) is kept
+until it starts the next round.  Duplicates are otherwise dropped quietly
+(`resends`, `answered_again` count them).
+
 Threads.  Everything that touches a whole part runs in a worker thread
 (`trio.to_thread`, one at a time per `AllReducer`): copying a received payload
 and checking that it is finite, the squared norms the guard judges, the sum,
@@ -86,6 +97,9 @@ SEND_RETRY_FIRST_S = 0.5
 SEND_RETRY_MAX_S = 8.0
 MAX_PENDING_KEYS = 64  # rounds buffered before all_reduce is called for them
 _DONE_KEYS_KEPT = 256  # finished rounds remembered, to drop their late chunks quietly
+RESEND_FIRST_S = 5.0  # a member missing an owner's sum this long sends it its part again (module doc) ...
+RESEND_MAX_S = 20.0  # ... doubling up to this
+ANSWER_AGAIN_TIMEOUT_S = 10.0  # one attempt to send a summed part again (the member asks again if it is lost)
 REDUCE, GATHER = 1, 2  # AllReduceChunk.phase
 WIRE_DTYPES = {"float32": (torch.float32, 4), "bfloat16": (torch.bfloat16, 2)}  # name -> (dtype, bytes per element)
 RUN_WIRE = {"fp32": "float32", "bf16": "bfloat16"}  # a run's `train.wire_dtype` -> the all-reduce's wire dtype
@@ -139,6 +153,10 @@ class AllReducer:
         self.guard = GradGuard()  # judges the contributions to the parts this node owns
         self.outliers_refused = 0  # contributions left out of a part's sum (status.json)
         self.send_retries = 0  # chunks sent again after a failed send (module doc)
+        self.resend_after_s = RESEND_FIRST_S
+        self.resends = 0  # phase-1 parts sent again because their owner's sum did not come (module doc)
+        self.answered_again = 0  # summed parts sent again to a member that asked by sending its part again
+        self._sums: dict[str, tuple] = {}  # key -> (group, part, count, sum, wire) of the last round (module doc)
         self.limiter = trio.CapacityLimiter(1)  # the whole-part tensor work, off the event loop (module doc)
         self._work_s: dict[str, float] = {}  # round key -> seconds of tensor work in the worker thread so far
         self.last_round: dict | None = None  # the last round that summed: key, seconds, tensor work, MB sent
@@ -188,6 +206,8 @@ class AllReducer:
     async def on_chunk(self, peer_id: str, msg: AllReduceChunk, payload: bytes | bytearray | memoryview) -> None:
         if msg.key in self._done:
             log.debug("late all-reduce chunk for finished round %r from %s dropped", msg.key, peer_id)
+            if msg.phase == REDUCE:
+                await self._answer_again(msg.key, peer_id)
             return
         h = msg.tensor
         if h is None:
@@ -212,8 +232,11 @@ class AllReducer:
                 return self._refuse(peer_id, msg, f"{MAX_PENDING_KEYS} rounds already pending")
             rnd = self._rounds[msg.key] = _Round()
         slot = (msg.phase, msg.part, peer_id)
-        if slot in rnd.chunks:
-            return self._refuse(peer_id, msg, "duplicate chunk")
+        if slot in rnd.chunks:  # sent again (module doc): a phase-1 copy asks for this owner's sum again
+            log.debug("all-reduce %r: part %d (phase %d) from %s again", msg.key, msg.part, msg.phase, peer_id)
+            if msg.phase == REDUCE:
+                await self._answer_again(msg.key, peer_id)
+            return
         rnd.dtypes[slot] = h.dtype
         if rnd.group is not None and (why := self._check_fits(rnd, msg.phase, msg.part, peer_id, t)):
             del rnd.dtypes[slot]
@@ -221,11 +244,41 @@ class AllReducer:
         rnd.chunks[slot] = (msg.count, t)
         rnd.notify()
 
+    async def _answer_again(self, key: str, peer: str) -> None:
+        """`peer` sent its part of `key` again: it lacks this owner's sum; one attempt to send it again."""
+        kept = self._sums.get(key)
+        if kept is None or peer not in kept[0] or peer == self.host.peer_id:
+            return
+        group, part, count, acc, wire = kept
+        self.answered_again += 1
+        log.info("all-reduce %r: %s asks again for part %d: sent again", key, peer, part)
+        with trio.move_on_after(ANSWER_AGAIN_TIMEOUT_S):
+            try:
+                await self._send_once(peer, key, part, GATHER, count, acc, wire)
+            except PeerUnreachable as e:
+                log.info("all-reduce %r: part %d not sent again to %s (%s): it asks again", key, part, peer, e)
+
+    async def _resend_missing(self, key: str, rnd: _Round, mine: int, flat: torch.Tensor, count: float,
+                              nursery: trio.Nursery) -> None:
+        """Send an owner whose sum has not come its part again, after `resend_after_s`, doubling (module doc)."""
+        n = len(rnd.group)
+        for attempt in itertools.count(1):
+            with trio.move_on_after(backoff_s(attempt, self.resend_after_s, RESEND_MAX_S)):
+                while rnd.missing(GATHER, mine):
+                    await rnd.changed.wait()
+                return
+            for owner in rnd.missing(GATHER, mine):
+                i = rnd.group.index(owner)
+                self.resends += 1
+                log.info("all-reduce %r: no sum of part %d from %s yet: its part sent again", key, i, owner)
+                nursery.start_soon(self._send_part, owner, key, i, REDUCE, count,
+                                   flat[slice(*part_bounds(rnd.length, n, i))], rnd.wire)
+
     # ---- one round ----------------------------------------------------------------
 
-    async def _send_part(self, peer: str, key: str, part: int, phase: int, count: float, t: torch.Tensor,
-                         wire: str = "float32") -> None:
-        """`t` to `peer` in the `wire` dtype (a bfloat16 round's parts are converted in the worker thread)."""
+    async def _chunk(self, key: str, part: int, phase: int, count: float, t: torch.Tensor, wire: str):
+        """The envelope and payload of `t` as a chunk in the `wire` dtype (a bfloat16 round's parts are converted in
+        the worker thread)."""
         dtype, size = WIRE_DTYPES[wire]
         if t.dtype != dtype:
             t = await self._in_thread(key, t.to, dtype)
@@ -234,6 +287,17 @@ class AllReducer:
         data = memoryview(as_bytes.numpy()).cast("B") if t.numel() else b""
         header = TensorHeader(dtype=wire, shape=(t.numel(),), nbytes=t.numel() * size)
         env = encode(self.host.peer_id, AllReduceChunk(key=key, part=part, phase=phase, count=count, tensor=header))
+        return env, data
+
+    async def _send_once(self, peer: str, key: str, part: int, phase: int, count: float, t: torch.Tensor,
+                         wire: str) -> None:
+        env, data = await self._chunk(key, part, phase, count, t, wire)
+        await self.host.send(peer, env, data)
+
+    async def _send_part(self, peer: str, key: str, part: int, phase: int, count: float, t: torch.Tensor,
+                         wire: str = "float32") -> None:
+        """`t` to `peer` in the `wire` dtype, sent again until it leaves (module doc)."""
+        env, data = await self._chunk(key, part, phase, count, t, wire)
         for attempt in itertools.count(1):
             try:
                 return await self.host.send(peer, env, data)
@@ -254,6 +318,7 @@ class AllReducer:
         their part; see the module docstring for how the result is scaled then.  `wire`: the dtype of the
         chunks (WIRE_DTYPES; module doc)."""
         group = self._check_call(key, group, tensor)
+        self._sums = {}  # (the last round's sum: its members have moved on)
         if wire not in WIRE_DTYPES:
             raise AllReduceError(f"all-reduce {key!r}: wire dtype {wire!r}, expected one of {', '.join(WIRE_DTYPES)}")
         started = time.perf_counter()
@@ -316,6 +381,7 @@ class AllReducer:
                             nursery.start_soon(self._send_part, owner, key, i, REDUCE, count,
                                                flat[slice(*part_bounds(rnd.length, n, i))], rnd.wire)
                     nursery.start_soon(reduce_mine, nursery)
+                    nursery.start_soon(self._resend_missing, key, rnd, mine, flat, count, nursery)
                     while rnd.missing(GATHER, mine):
                         await rnd.changed.wait()
         except trio.TooSlowError:
@@ -350,6 +416,7 @@ class AllReducer:
         accepted = [rnd.chunks[(REDUCE, mine, p)] for p in verdict.accepted(group)]
         acc, cnt = await self._in_thread(key, _sum_in_order, accepted, hi - lo, result, (lo, hi),
                                          WIRE_DTYPES[rnd.wire][0])
+        self._sums = {key: (list(group), mine, cnt, acc.clone(), rnd.wire)}  # (for a member that asks again)
         for p in group:
             if p != me:
                 nursery.start_soon(self._send_part, p, key, mine, GATHER, cnt, acc, rnd.wire)

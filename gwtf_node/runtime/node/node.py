@@ -323,10 +323,11 @@ class Node:
         p.bootstrap.on_peer_hello()
         self.book.note(info.peer_id, info.addrs)
         if info.peer_id in self._returning:
-            p.aggregation.returned(info.peer_id, same_incarnation=self._returning.pop(info.peer_id))
+            same = self._returning.pop(info.peer_id)  # back as it was: what it held did not die (regroup.py)
+            p.aggregation.returned(info.peer_id, same_incarnation=same)
             dead_since = p.liveness.peer_back(info.peer_id)
             p.cutcheck.peer_back(info, dead_since)  # (a stage peer at this node's step: the parameters compared)
-            p.microbatches.peer_back(info.peer_id)
+            p.microbatches.peer_back(info.peer_id, same_incarnation=same)
             p.flows.peer_back(info)
         p.aggregation.peer_back(info.peer_id)
         p.joining.catch_up(info)  # a peer far ahead: this node was cut off while the run stepped
