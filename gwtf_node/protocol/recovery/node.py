@@ -54,7 +54,9 @@ microbatches with it: relays drop them, and its contributions count only if
 the leader had its report, i.e. only if the BEGIN of their iteration names
 them (`orphaned`: a relay may hear of the death before or after the BEGIN
 that names them; either way the whole pipeline counts the same).  Its report
-to a leader that has not begun is dropped by `Phases.forget`.
+to a leader that has not begun is dropped by `Phases.forget`.  Back with its
+incarnation (the death was false), its orphaned contributions count again
+(`peer_back(..., same_incarnation=True)`).
 """
 
 from __future__ import annotations

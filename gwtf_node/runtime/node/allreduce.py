@@ -27,28 +27,17 @@ dtype: float32, or bfloat16 (`wire="bfloat16"`, a run's `train.wire_dtype
 to bfloat16 once, the owner's own too, the owner adds them in float32 in the
 same order, and rounds the sum to bfloat16 before it sends it and before it
 keeps it: the result is still identical on every member, the owner
-included.  They may arrive
-before `all_reduce(key, ...)` is called here (a faster peer): they are
-buffered per key (at most `MAX_PENDING_KEYS` keys; chunks of a finished key
+included.  They may arrive before `all_reduce(key, ...)` is called here (a
+faster peer): they are buffered per key (at most `MAX_PENDING_KEYS` keys; chunks of a finished key
 are dropped).  Each chunk is checked: the round's dtype, 1-D, nbytes matching
 the payload and the part's length, finite values, sender in the group, the
-right owner for the phase, no duplicate; a bad chunk is logged on
+right owner for the phase; a bad chunk is logged on
 "gwtf.transport" and ignored (a peer that only sends bad chunks shows up in
 the timeout error).  A timeout raises `AllReduceTimeout` naming the peers
 whose parts are missing.  A chunk that cannot be sent is sent again until
-the round's timeout (`SEND_RETRY_FIRST_S`); a member that is gone is the
-caller's to see (liveness): it cancels the round and retries without it.
-
-A chunk can also be lost after its send returned (its connection reset
-under it on a loaded machine: py-libp2p then drops what it had buffered),
-and one lost chunk would hold the whole round to its timeout.  So a member
-still missing an owner's summed part `resend_after_s` (5 s, doubling to 20)
-after the round began sends that owner its phase-1 part again; an owner
-that already has it takes the copy as the question it is and sends its
-summed part again, also after the round ended for it: its summed part of
-the last round (4 P / n bytes for P parameters among n members) is kept
-until it starts the next round.  Duplicates are otherwise dropped quietly
-(`resends`, `answered_again` count them).
+the round's timeout (`SEND_RETRY_FIRST_S`), one lost after its send is asked
+for again (`_resend_missing`); a member that is gone is the caller's to see
+(liveness): it cancels the round and retries without it.
 
 Threads.  Everything that touches a whole part runs in a worker thread
 (`trio.to_thread`, one at a time per `AllReducer`): copying a received payload
@@ -260,7 +249,15 @@ class AllReducer:
 
     async def _resend_missing(self, key: str, rnd: _Round, mine: int, flat: torch.Tensor, count: float,
                               nursery: trio.Nursery) -> None:
-        """Send an owner whose sum has not come its part again, after `resend_after_s`, doubling (module doc)."""
+        """Send an owner whose sum has not come its part again, after `resend_after_s`, doubling.
+
+        A chunk can be lost after its send returned (its connection reset under it on a loaded machine:
+        py-libp2p drops what it had buffered), and one lost chunk would hold the whole round to its timeout.
+        So a member still missing an owner's summed part `resend_after_s` (5 s, doubling to 20) after the
+        round began sends that owner its phase-1 part again; an owner that already has it takes the copy as
+        the question it is and sends its summed part again (`_answer_again`), also after the round ended for
+        it: its summed part of the last round (4 P / n bytes for P parameters among n members) is kept until
+        it starts the next round.  Duplicates are otherwise dropped quietly (`resends`, `answered_again`)."""
         n = len(rnd.group)
         for attempt in itertools.count(1):
             with trio.move_on_after(backoff_s(attempt, self.resend_after_s, RESEND_MAX_S)):
