@@ -131,20 +131,3 @@ def test_a_dead_data_nodes_contributions_count_only_when_begin_names_them() -> N
     m.peer_gone(1.0, "d")
     m.peer_back(1.5, "d", data_node=True)  # restarted: the old incarnation's gradients are not its
     assert m.begin_aggregation(2.0, 0, named)[1] == frozenset()
-
-
-def test_a_data_node_back_as_it_was_has_its_contributions_counted_again() -> None:
-    """A data node presumed dead while alive (a false death: the driver knows it is back with the same
-    incarnation): its contributions held here count as if it had never been gone, also for a BEGIN that does not
-    name its seqs the way an orphan needs (None: every contribution held counts)."""
-    keys = [("d", 0, 0), ("d", 1, 0)]
-    m = _relay_holding(keys)
-    m.peer_gone(1.0, "d")
-    m.peer_back(1.5, "d", data_node=True, same_incarnation=True)
-    assert m.contrib[0] == set(keys) and not m.orphaned.get(0)
-    assert m.begin_aggregation(2.0, 0, {"d": frozenset({0, 1})})[1] == frozenset(keys)
-
-    m = _relay_holding(keys)
-    m.peer_gone(1.0, "d")
-    m.peer_back(1.5, "d", data_node=True, same_incarnation=True)
-    assert m.begin_aggregation(2.0, 0, None)[1] == frozenset(keys)  # an orphan would not count here

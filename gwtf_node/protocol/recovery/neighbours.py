@@ -211,8 +211,7 @@ def peer_gone(node: RecoveryNode, now: float, peer: str) -> list[RecoveryEffect]
     return eff
 
 
-def peer_back(node: RecoveryNode, now: float, peer: str, *, data_node: bool,
-              same_incarnation: bool = False) -> list[RecoveryEffect]:
+def peer_back(node: RecoveryNode, now: float, peer: str, *, data_node: bool) -> list[RecoveryEffect]:
     """`peer`, reported gone, is back (a restarted node keeps its peer id): a new join of the same identity.
 
     It is neither dead nor gone here any more; a data node is one of the
@@ -220,19 +219,8 @@ def peer_back(node: RecoveryNode, now: float, peer: str, *, data_node: bool,
     forget: `peer_gone` dropped it (a data node's microbatches and
     contributions died with it), so the microbatches it sends from now on
     start clean, whatever their keys.  A next-stage peer back is a route
-    again (as in `set_neighbours`).
-
-    `same_incarnation`: the driver knows it is the same process (a false
-    death: this node presumed it dead, or it presumed this node dead, while
-    both computed on).  Its ledger did not start over, so its contributions
-    orphaned here count again (`RelaySide.restore`): each is of a
-    microbatch it still counts completed or will settle, and none was redone
-    elsewhere (a data node never relaunches a completed microbatch, and
-    what was in flight here was dropped)."""
-    if same_incarnation:
-        node.relay.restore(peer)
-    else:
-        node.relay.unorphan(peer)  # its old incarnation's: a new one may send the same keys elsewhere
+    again (as in `set_neighbours`)."""
+    node.relay.unorphan(peer)  # its old incarnation's: a new one may send the same keys elsewhere
     node.peers.heard(peer)
     if data_node and peer not in node.cfg.data_nodes:
         node.set_data_nodes(tuple(sorted(node.cfg.data_nodes + (peer,))))

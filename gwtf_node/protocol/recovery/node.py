@@ -54,9 +54,7 @@ microbatches with it: relays drop them, and its contributions count only if
 the leader had its report, i.e. only if the BEGIN of their iteration names
 them (`orphaned`: a relay may hear of the death before or after the BEGIN
 that names them; either way the whole pipeline counts the same).  Its report
-to a leader that has not begun is dropped by `Phases.forget`.  Back with its
-incarnation (the death was false), its orphaned contributions count again
-(`peer_back(..., same_incarnation=True)`).
+to a leader that has not begun is dropped by `Phases.forget`.
 """
 
 from __future__ import annotations
@@ -214,9 +212,8 @@ class RecoveryNode:
     def peer_gone(self, now: float, peer: str) -> list[RecoveryEffect]:
         return neighbours.peer_gone(self, now, peer)
 
-    def peer_back(self, now: float, peer: str, *, data_node: bool,
-                  same_incarnation: bool = False) -> list[RecoveryEffect]:
-        return neighbours.peer_back(self, now, peer, data_node=data_node, same_incarnation=same_incarnation)
+    def peer_back(self, now: float, peer: str, *, data_node: bool) -> list[RecoveryEffect]:
+        return neighbours.peer_back(self, now, peer, data_node=data_node)
 
     def give_up_stranded(self, now: float) -> list[RecoveryEffect]:
         """A data node with no live stage-0 relay left gives up what cannot complete (`Rounds.give_up_stranded`)."""

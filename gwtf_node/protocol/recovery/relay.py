@@ -106,13 +106,6 @@ class RelaySide:
                 self.orphaned.setdefault(it, set()).update(k for k in keys if k.data_node == peer)
                 self.contrib[it] = {k for k in keys if k.data_node != peer}
 
-    def restore(self, peer: str) -> None:
-        """`peer` is back as it was (`neighbours.peer_back`): what it left orphaned here counts again."""
-        for it, keys in self.orphaned.items():
-            back = {k for k in keys if k.data_node == peer}
-            self.contrib.setdefault(it, set()).update(back)
-            keys -= back
-
     def unorphan(self, peer: str) -> None:
         """`peer` is back: what its old incarnation left orphaned here is forgotten."""
         for keys in self.orphaned.values():

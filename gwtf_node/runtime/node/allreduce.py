@@ -86,7 +86,7 @@ SEND_RETRY_FIRST_S = 0.5
 SEND_RETRY_MAX_S = 8.0
 MAX_PENDING_KEYS = 64  # rounds buffered before all_reduce is called for them
 _DONE_KEYS_KEPT = 256  # finished rounds remembered, to drop their late chunks quietly
-RESEND_FIRST_S = 5.0  # a member missing an owner's sum this long sends it its part again (module doc) ...
+RESEND_FIRST_S = 10.0  # a member missing an owner's sum this long (or 2x the last round) resends its part ...
 RESEND_MAX_S = 20.0  # ... doubling up to this
 ANSWER_AGAIN_TIMEOUT_S = 10.0  # one attempt to send a summed part again (the member asks again if it is lost)
 REDUCE, GATHER = 1, 2  # AllReduceChunk.phase
@@ -253,14 +253,16 @@ class AllReducer:
 
         A chunk can be lost after its send returned (its connection reset under it on a loaded machine:
         py-libp2p drops what it had buffered), and one lost chunk would hold the whole round to its timeout.
-        So a member still missing an owner's summed part `resend_after_s` (5 s, doubling to 20) after the
-        round began sends that owner its phase-1 part again; an owner that already has it takes the copy as
-        the question it is and sends its summed part again (`_answer_again`), also after the round ended for
-        it: its summed part of the last round (4 P / n bytes for P parameters among n members) is kept until
-        it starts the next round.  Duplicates are otherwise dropped quietly (`resends`, `answered_again`)."""
+        So a member still missing an owner's summed part `resend_after_s` (10 s, or twice the last round's
+        duration; doubling to 20 s) after the round began sends that owner its phase-1 part again; an owner
+        that already has it takes the copy as the question it is and sends its summed part again
+        (`_answer_again`), also after the round ended for it: its summed part of the last round (4 P / n
+        bytes for P parameters among n members) is kept until it starts the next round.  Duplicates are
+        otherwise dropped quietly (`resends`, `answered_again`)."""
         n = len(rnd.group)
+        first = max(self.resend_after_s, 2 * (self.last_round or {}).get("seconds", 0.0))
         for attempt in itertools.count(1):
-            with trio.move_on_after(backoff_s(attempt, self.resend_after_s, RESEND_MAX_S)):
+            with trio.move_on_after(backoff_s(attempt, first, max(first, RESEND_MAX_S))):
                 while rnd.missing(GATHER, mine):
                     await rnd.changed.wait()
                 return

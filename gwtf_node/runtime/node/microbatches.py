@@ -535,13 +535,11 @@ class Microbatches:
             self._apply(self.rec.aggregation_done(now(), iteration))
             self.neighbours_changed()
 
-    def peer_back(self, peer: str, *, same_incarnation: bool = False) -> None:
-        """`peer` was reported gone and said Hello again: alive, and (a data node) one of the run's again; with
-        its incarnation (a false death) a data node's contributions held here count again."""
+    def peer_back(self, peer: str) -> None:
+        """`peer` was reported gone and said Hello again: alive, and (a data node) one of the run's again."""
         if self.rec is not None:
             info = self.peers.get(peer)
-            self._apply(self.rec.peer_back(now(), peer, data_node=info is not None and info.role == "data",
-                                           same_incarnation=same_incarnation))
+            self._apply(self.rec.peer_back(now(), peer, data_node=info is not None and info.role == "data"))
             self.neighbours_changed()
 
     def peer_gone(self, peer: str) -> None:
