@@ -36,6 +36,11 @@ class Rounds:
         return ("sum", len(group))
 
 
+async def _reduce(rg: Regroup, rounds: Rounds, out: list) -> None:
+    """The stage's all-reduce of BEGIN's group [ME, A, B]; its (result, key, group) appended to `out`."""
+    out.append(await rg.all_reduce("s0/it3", [ME, A, B], rounds.run_round))
+
+
 def _presume_dead(rg: Regroup, peer: str, nursery: trio.Nursery) -> None:
     """What the node does when liveness presumes `peer` dead (node.py `_peer_gone`)."""
     rg.peers.forget(peer)
@@ -54,9 +59,7 @@ def _back(rg: Regroup, peer: str, incarnation: int) -> None:
 async def test_a_member_back_as_it_was_within_the_grace_keeps_the_round(autojump_clock: trio.testing.MockClock) -> None:
     rg, rounds, out = _regroup(), Rounds(), []
     async with trio.open_nursery() as nursery:
-        async def reduce() -> None:
-            out.append(await rg.all_reduce("s0/it3", [ME, A, B], rounds.run_round))
-        nursery.start_soon(reduce)
+        nursery.start_soon(_reduce, rg, rounds, out)
         await trio.sleep(1.0)
         _presume_dead(rg, B, nursery)  # a false death: B computes on, its frames lost for a while
         await trio.sleep(REJOIN_GRACE_S / 2)
@@ -72,9 +75,7 @@ async def test_a_member_back_as_it_was_within_the_grace_keeps_the_round(autojump
 async def test_a_member_not_back_within_the_grace_is_left_out(autojump_clock: trio.testing.MockClock) -> None:
     rg, rounds, out = _regroup(), Rounds(), []
     async with trio.open_nursery() as nursery:
-        async def reduce() -> None:
-            out.append(await rg.all_reduce("s0/it3", [ME, A, B], rounds.run_round))
-        nursery.start_soon(reduce)
+        nursery.start_soon(_reduce, rg, rounds, out)
         await trio.sleep(1.0)
         t_dead = trio.current_time()
         _presume_dead(rg, B, nursery)
@@ -90,9 +91,7 @@ async def test_a_member_not_back_within_the_grace_is_left_out(autojump_clock: tr
 async def test_a_member_that_left_or_restarted_is_left_out_at_once(autojump_clock: trio.testing.MockClock) -> None:
     rg, rounds, out = _regroup(), Rounds(), []
     async with trio.open_nursery() as nursery:
-        async def reduce() -> None:
-            out.append(await rg.all_reduce("s0/it3", [ME, A, B], rounds.run_round))
-        nursery.start_soon(reduce)
+        nursery.start_soon(_reduce, rg, rounds, out)
         await trio.sleep(1.0)
         rg.peers.forget(B)  # B said Goodbye
         rg.forget(B, presumed=False)
@@ -115,9 +114,7 @@ async def test_a_round_waits_for_a_member_presumed_dead_just_before(autojump_clo
         _presume_dead(rg, B, nursery)  # shortly before BEGIN came: the other members did not notice
         await trio.sleep(2.0)
 
-        async def reduce() -> None:
-            out.append(await rg.all_reduce("s0/it3", [ME, A, B], rounds.run_round))
-        nursery.start_soon(reduce)
+        nursery.start_soon(_reduce, rg, rounds, out)
         await trio.sleep(3.0)
         assert rounds.groups == []  # waiting for B, up to the grace
         _back(rg, B, incarnation=7)
