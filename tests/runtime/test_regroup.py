@@ -6,6 +6,8 @@ cancelled), under trio's virtual clock."""
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+
 import pytest
 import trio
 import trio.testing
@@ -41,10 +43,21 @@ async def _reduce(rg: Regroup, rounds: Rounds, out: list) -> None:
     out.append(await rg.all_reduce("s0/it3", [ME, A, B], rounds.run_round))
 
 
-def _presume_dead(rg: Regroup, peer: str, nursery: trio.Nursery) -> None:
-    """What the node does when liveness presumes `peer` dead (node.py `_peer_gone`)."""
+@asynccontextmanager
+async def _round_in_flight():
+    """A regroup whose all-reduce of [ME, A, B] has been in flight for 1 s: (regroup, rounds, out, nursery)."""
+    rg, rounds, out = _regroup(), Rounds(), []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_reduce, rg, rounds, out)
+        await trio.sleep(1.0)
+        yield rg, rounds, out, nursery
+
+
+def _presume_dead(rg: Regroup, peer: str, nursery: trio.Nursery, presumed: bool = True) -> None:
+    """What the node does when liveness presumes `peer` dead, or (`presumed=False`) it says Goodbye
+    (node.py `_peer_gone`)."""
     rg.peers.forget(peer)
-    rg.forget(peer, presumed=True)
+    rg.forget(peer, presumed=presumed)
     rg.after_gone(peer, nursery.start_soon)
 
 
@@ -57,10 +70,7 @@ def _back(rg: Regroup, peer: str, incarnation: int) -> None:
 
 @pytest.mark.trio
 async def test_a_member_back_as_it_was_within_the_grace_keeps_the_round(autojump_clock: trio.testing.MockClock) -> None:
-    rg, rounds, out = _regroup(), Rounds(), []
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_reduce, rg, rounds, out)
-        await trio.sleep(1.0)
+    async with _round_in_flight() as (rg, rounds, out, nursery):
         _presume_dead(rg, B, nursery)  # a false death: B computes on, its frames lost for a while
         await trio.sleep(REJOIN_GRACE_S / 2)
         _back(rg, B, incarnation=7)
@@ -73,10 +83,7 @@ async def test_a_member_back_as_it_was_within_the_grace_keeps_the_round(autojump
 
 @pytest.mark.trio
 async def test_a_member_not_back_within_the_grace_is_left_out(autojump_clock: trio.testing.MockClock) -> None:
-    rg, rounds, out = _regroup(), Rounds(), []
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_reduce, rg, rounds, out)
-        await trio.sleep(1.0)
+    async with _round_in_flight() as (rg, rounds, out, nursery):
         t_dead = trio.current_time()
         _presume_dead(rg, B, nursery)
         while len(rounds.groups) < 2:
@@ -89,13 +96,8 @@ async def test_a_member_not_back_within_the_grace_is_left_out(autojump_clock: tr
 
 @pytest.mark.trio
 async def test_a_member_that_left_or_restarted_is_left_out_at_once(autojump_clock: trio.testing.MockClock) -> None:
-    rg, rounds, out = _regroup(), Rounds(), []
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_reduce, rg, rounds, out)
-        await trio.sleep(1.0)
-        rg.peers.forget(B)  # B said Goodbye
-        rg.forget(B, presumed=False)
-        rg.after_gone(B, nursery.start_soon)
+    async with _round_in_flight() as (rg, rounds, out, nursery):
+        _presume_dead(rg, B, nursery, presumed=False)  # B said Goodbye
         await trio.sleep(0.5)
         assert rounds.groups == [sorted([ME, A, B]), sorted([ME, A])]
         _presume_dead(rg, A, nursery)

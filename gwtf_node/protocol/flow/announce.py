@@ -214,7 +214,7 @@ def worth_announcing(node: FlowNode, d: str, side: Side) -> bool:
             or lab.path != last[2]
     if last is None or last[0] != node.labels.epoch[d]:
         return True
-    if node.limited and side is _IN and lab.cost > last[1] + EPS:
+    if rose(node, d, side, lab, node.labels.epoch[d]):
         return True  # a rise, to the subscribed peers (limits.py)
     return lab.cost < last[1] - EPS or (lab.cost <= last[1] + EPS and lab.path != last[2])
 
