@@ -86,8 +86,8 @@ SEND_RETRY_FIRST_S = 0.5
 SEND_RETRY_MAX_S = 8.0
 MAX_PENDING_KEYS = 64  # rounds buffered before all_reduce is called for them
 _DONE_KEYS_KEPT = 256  # finished rounds remembered, to drop their late chunks quietly
-RESEND_FIRST_S = 10.0  # a member missing an owner's sum this long (or 2x the last round) resends its part ...
-RESEND_MAX_S = 20.0  # ... doubling up to this
+RESEND_FIRST_S = 30.0  # a member missing an owner's sum this long (or 2x the last round) resends its part ...
+RESEND_MAX_S = 60.0  # ... doubling up to this
 ANSWER_AGAIN_TIMEOUT_S = 10.0  # one attempt to send a summed part again (the member asks again if it is lost)
 REDUCE, GATHER = 1, 2  # AllReduceChunk.phase
 WIRE_DTYPES = {"float32": (torch.float32, 4), "bfloat16": (torch.bfloat16, 2)}  # name -> (dtype, bytes per element)
@@ -253,8 +253,8 @@ class AllReducer:
 
         A chunk can be lost after its send returned (its connection reset under it on a loaded machine:
         py-libp2p drops what it had buffered), and one lost chunk would hold the whole round to its timeout.
-        So a member still missing an owner's summed part `resend_after_s` (10 s, or twice the last round's
-        duration; doubling to 20 s) after the round began sends that owner its phase-1 part again; an owner
+        So a member still missing an owner's summed part `resend_after_s` (30 s, or twice the last round's
+        duration; doubling to 60 s) after the round began sends that owner its phase-1 part again; an owner
         that already has it takes the copy as the question it is and sends its summed part again
         (`_answer_again`), also after the round ended for it: its summed part of the last round (4 P / n
         bytes for P parameters among n members) is kept until it starts the next round.  Duplicates are
