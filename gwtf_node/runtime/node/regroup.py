@@ -24,9 +24,10 @@ timeout (minutes), then stepping apart.  So:
   round is cancelled only if it is not back by then with its incarnation;
 * a member back with its incarnation counts as never forgotten, in the
   round in flight and in the next ones;
-* a round about to start waits, up to the same grace, for a named member
-  presumed dead shortly before, so that every member starts on BEGIN's
-  group when the death was false.
+* a round about to start waits, up to the same grace, for a member of
+  `named` presumed dead shortly before (the daemon hands it BEGIN's group
+  as `Phases.group` keeps it, which already drops the peers this node
+  holds gone: there the wait applies only to a death found after BEGIN).
 
 A crash costs the survivors at most `REJOIN_GRACE_S` more before they redo
 the round without the member.  When the views still differ (a member gone
