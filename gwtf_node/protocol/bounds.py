@@ -362,7 +362,16 @@ def _iteration_done(msg: m.IterationDone, ctx: Context) -> Problem | None:
     if len(msg.completed_seqs) > msg.completed:
         return Problem(Violation.COUNT_OUT_OF_RANGE, f"IterationDone names {len(msg.completed_seqs)} completed "
                                                      f"seqs for {msg.completed} completed microbatches")
-    return _items(msg.completed_seqs, "IterationDone completed seqs", MAX_SEQS)
+    return _items(msg.completed_seqs, "IterationDone completed seqs", MAX_SEQS) or _attempts(
+        msg.completed_seqs, msg.completed_attempts, "IterationDone")
+
+
+def _attempts(seqs: tuple, attempts: tuple, what: str) -> Problem | None:
+    """The attempts that completed `seqs`: none (any attempt counts) or one per seq."""
+    if attempts and len(attempts) != len(seqs):
+        return Problem(Violation.COUNT_OUT_OF_RANGE, f"{what} names {len(attempts)} attempts for {len(seqs)} "
+                                                     f"completed seqs (expected none or one per seq)")
+    return None
 
 
 def _begin(msg: m.BeginAggregation, ctx: Context) -> Problem | None:
@@ -373,6 +382,7 @@ def _begin(msg: m.BeginAggregation, ctx: Context) -> Problem | None:
                     for g in msg.groups),
                   _items(msg.completed, "BeginAggregation completed", MAX_ITEMS),
                   *(_strings(c.data_node) or _items(c.seqs, "a data node's completed seqs", MAX_SEQS)
+                    or _attempts(c.seqs, c.attempts, "BeginAggregation completed")
                     for c in msg.completed))
 
 

@@ -373,20 +373,22 @@ class Complete(_message.Message):
     def __init__(self, data_node: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class IterationDone(_message.Message):
-    __slots__ = ("iteration", "completed", "loss_sum", "deferred", "lost", "completed_seqs")
+    __slots__ = ("iteration", "completed", "loss_sum", "deferred", "lost", "completed_seqs", "completed_attempts")
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_FIELD_NUMBER: _ClassVar[int]
     LOSS_SUM_FIELD_NUMBER: _ClassVar[int]
     DEFERRED_FIELD_NUMBER: _ClassVar[int]
     LOST_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_SEQS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     iteration: int
     completed: int
     loss_sum: float
     deferred: int
     lost: int
     completed_seqs: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, iteration: _Optional[int] = ..., completed: _Optional[int] = ..., loss_sum: _Optional[float] = ..., deferred: _Optional[int] = ..., lost: _Optional[int] = ..., completed_seqs: _Optional[_Iterable[int]] = ...) -> None: ...
+    completed_attempts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, iteration: _Optional[int] = ..., completed: _Optional[int] = ..., loss_sum: _Optional[float] = ..., deferred: _Optional[int] = ..., lost: _Optional[int] = ..., completed_seqs: _Optional[_Iterable[int]] = ..., completed_attempts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BeginAggregation(_message.Message):
     __slots__ = ("iteration", "microbatches", "groups", "term", "completed")
@@ -403,12 +405,14 @@ class BeginAggregation(_message.Message):
     def __init__(self, iteration: _Optional[int] = ..., microbatches: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[StageMembers, _Mapping]]] = ..., term: _Optional[int] = ..., completed: _Optional[_Iterable[_Union[CompletedSeqs, _Mapping]]] = ...) -> None: ...
 
 class CompletedSeqs(_message.Message):
-    __slots__ = ("data_node", "seqs")
+    __slots__ = ("data_node", "seqs", "attempts")
     DATA_NODE_FIELD_NUMBER: _ClassVar[int]
     SEQS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     data_node: str
     seqs: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, data_node: _Optional[str] = ..., seqs: _Optional[_Iterable[int]] = ...) -> None: ...
+    attempts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, data_node: _Optional[str] = ..., seqs: _Optional[_Iterable[int]] = ..., attempts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StageMembers(_message.Message):
     __slots__ = ("stage", "peers")

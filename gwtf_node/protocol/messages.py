@@ -290,6 +290,7 @@ class IterationDone:
     deferred: int = 0  # given up in this iteration (crash recovery), pushed again in the next
     lost: int = 0  # neither completed nor deferred when reported (the ledger's invariant: 0)
     completed_seqs: tuple[int, ...] = ()  # the completed microbatches: only their gradients count
+    completed_attempts: tuple[int, ...] = ()  # the attempt that completed each of them (empty: any counts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,6 +312,7 @@ class StageMembers:
 class CompletedSeqs:
     data_node: str
     seqs: tuple[int, ...]
+    attempts: tuple[int, ...] = ()  # the attempt that completed each seq (empty: any attempt counts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,9 @@ Reliability
 Every phase signal (IterationDone to the leader, BEGIN front to back, CanTake
 back to front) is resent every `retry_s` until the receiver acknowledges it
 (`PhaseAck(kind, iteration)`), or until the receiver is forgotten
-(`forget`).  The deadline is held here: one timer per (signal, iteration),
+(`forget`: what it had not acknowledged is held back and sent again if it
+comes back, `peer_back`, as a node presumed dead while alive does).  The
+deadline is held here: one timer per (signal, iteration),
 key `PhaseTimer(kind, iteration)`, handed to `on_timer`.  A
 receiver acknowledges every copy and applies a signal once per iteration (a
 `Phases` instance serves one run, so the iteration names the (run,
@@ -160,6 +162,23 @@ def timer_key(kind: PhaseKind, iteration: int) -> PhaseTimer:
     return PhaseTimer(kind, iteration)
 
 
+def _completed(data_node: str, report: IterationDone) -> CompletedSeqs:
+    """A data node's completed seqs for BEGIN, with the attempt that completed each where its report names them."""
+    attempts = dict(zip(report.completed_seqs, report.completed_attempts))
+    seqs = tuple(sorted(set(report.completed_seqs)))
+    named = len(attempts) == len(seqs) and len(report.completed_attempts) == len(report.completed_seqs)
+    return CompletedSeqs(data_node, seqs, tuple(attempts[s] for s in seqs) if named else ())
+
+
+def completed_named(begin: BeginAggregation) -> dict[str, dict[int, int | None]] | None:
+    """The contributions BEGIN names: per data node, seq -> the attempt that completed it (None: any attempt);
+    None when BEGIN names none (count every contribution held)."""
+    if not begin.completed:
+        return None
+    return {c.data_node: dict(zip(c.seqs, c.attempts)) if len(c.attempts) == len(c.seqs)
+            else dict.fromkeys(c.seqs) for c in begin.completed}
+
+
 class Phases(PhaseWaits):
     """One node's view of the aggregation phase.
 
@@ -202,6 +221,7 @@ class Phases(PhaseWaits):
         self.groups: dict[int, dict[int, set[str]]] = {}  # iteration -> stage -> members (from BEGIN)
         self.gone: set[str] = set()  # peers forgotten (crashed, left): never waited for again
         self.unacked: dict[tuple[PhaseKind, int, str], object] = {}  # (signal, iteration, to) -> message
+        self.held_back: dict[str, dict[tuple[PhaseKind, int], object]] = {}  # forgotten peer -> its unacked signals
         self.floor = 0  # iterations below this are over here and forgotten (`_prune`): their signals are old news
         self.stats = PhaseStats()
         # the waits (module doc, "No silent wait"): iteration -> when it began here
@@ -345,7 +365,7 @@ class Phases(PhaseWaits):
             return []
         total = sum(reports[d].completed for d in dn)
         members = tuple(StageMembers(k, tuple(sorted(set(v)))) for k, v in sorted((groups or {}).items()))
-        completed = tuple(CompletedSeqs(d, tuple(sorted(set(reports[d].completed_seqs)))) for d in dn)
+        completed = tuple(_completed(d, reports[d]) for d in dn)
         begin = BeginAggregation(iteration, total, members, completed=completed)
         named0 = {p for g in members if g.stage == 0 for p in g.peers}
         self.front = tuple(sorted((set(dn) | set(stage0) | named0) - {self.me} - self.gone))
@@ -385,13 +405,11 @@ class Phases(PhaseWaits):
         reports = self.done_reports.get(iteration, {})
         return sum(r.completed for r in reports.values()), sum(r.loss_sum for r in reports.values())
 
-    def completed_in(self, iteration: int) -> dict[str, frozenset[int]] | None:
+    def completed_in(self, iteration: int) -> dict[str, dict[int, int | None]] | None:
         """Per data node, the seqs of `iteration` whose gradients count (the BEGIN applied here), or None when
-        that BEGIN names none (count every contribution held)."""
+        that BEGIN names none (count every contribution held): `completed_named(begin)`."""
         begin = self.begin_msgs.get(iteration)
-        if begin is None or not begin.completed:
-            return None
-        return {c.data_node: frozenset(c.seqs) for c in begin.completed}
+        return None if begin is None else completed_named(begin)
 
     def pending_iterations(self) -> list[int]:
         """Iterations with reports at this leader and no BEGIN yet."""
@@ -403,6 +421,14 @@ class Phases(PhaseWaits):
         g = self.groups.get(iteration)
         return None if g is None else g.get(stage, set())
 
+    def named_group(self, iteration: int, stage: int) -> tuple[str, ...] | None:
+        """The members of `stage` BEGIN of `iteration` named, as the leader sent them (`group` drops those this
+        node holds gone), if BEGIN named groups."""
+        begin = self.begin_msgs.get(iteration)
+        if begin is None or not begin.groups:
+            return None
+        return next((g.peers for g in begin.groups if g.stage == stage), ())
+
     def on_begin(self, now: float, sender: str, msg: BeginAggregation, next_stage: Iterable[str]) -> list[PhaseEffect]:
         """BEGIN AGGREGATION arrived: acknowledge it; the first copy is passed on and starts the step.
 
@@ -411,10 +437,20 @@ class Phases(PhaseWaits):
         eff = self._ack(sender, PhaseKind.BEGIN, msg.iteration)
         if msg.iteration in self.begun or msg.iteration < self.floor:
             self.stats.duplicates += 1
-            return eff
+            return eff + self._can_take_again(now, sender, msg.iteration)
         if self.is_data and self.leader == self.me:
             eff += self._fan_out(now, msg, exclude=(sender,))
         return eff + self._apply_begin(now, msg, next_stage)
+
+    def _can_take_again(self, now: float, sender: str, iteration: int) -> list[PhaseEffect]:
+        """A duplicate BEGIN from `sender` after this relay sent its CAN TAKE: the sender is upstream and asks for
+        the CAN TAKE it misses (`phasewaits.py`).  Resent while not acknowledged, also where this node held the
+        sender gone when it sent it (left out then, a false death) and where it was acknowledged already (lost
+        after the ack: the sender would not ask)."""
+        if self.is_data or iteration not in self.can_take_sent or sender == self.me:
+            return []
+        self.stats.resent += 1
+        return self._send(now, PhaseKind.CAN_TAKE, iteration, sender, CanTake(iteration, self.stage))
 
     def _apply_begin(self, now: float, msg: BeginAggregation, next_stage: Iterable[str]) -> list[PhaseEffect]:
         """Pass BEGIN on once and start the step.
@@ -458,9 +494,17 @@ class Phases(PhaseWaits):
             eff += self._maybe_can_take(now, it, next_stage, prev_stage)
         return eff + (self._watch(now) if eff else [])
 
-    def peer_back(self, peer: str) -> None:
-        """`peer` was forgotten and is back (a restarted node keeps its peer id): it is waited for again."""
+    def peer_back(self, now: float, peer: str) -> list[PhaseEffect]:
+        """`peer` was forgotten and is back (a restarted node keeps its peer id, a node presumed dead was alive):
+        it is waited for again, and the signals it had not acknowledged when it was forgotten go to it again (of
+        iterations not over here, a report only to the leader: a node presumed dead while the phase ran still
+        waits for them)."""
         self.gone.discard(peer)
+        eff: list[PhaseEffect] = []
+        for (kind, it), msg in sorted(self.held_back.pop(peer, {}).items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            if it >= self.floor and (kind is not PhaseKind.DONE or peer == self.leader):
+                eff += self._send(now, kind, it, peer, msg)
+        return eff
 
     def forget(self, now: float, peer: str, next_stage: Iterable[str], prev_stage: Iterable[str]) -> list[PhaseEffect]:
         """`peer` crashed or left: nobody waits for it any more (section V-E with churn).
@@ -471,6 +515,8 @@ class Phases(PhaseWaits):
         `pending_iterations()`: a dead data node's report is not waited for."""
         self.gone.add(peer)
         self.front = tuple(p for p in self.front if p != peer)
+        held = self.held_back.setdefault(peer, {})
+        held.update({(k, i): msg for (k, i, to), msg in self.unacked.items() if to == peer})
         eff = self._drop_unacked(lambda k: k[2] == peer)
         if self.is_data and self.leader == self.me:  # BEGIN named it; its stage is empty now: bridge the gap
             for it in sorted(self.begun):
@@ -554,3 +600,7 @@ class Phases(PhaseWaits):
                 del table[i]
         for s in (self.begun, self.stepped, self.can_take_sent, self.opened):
             s.difference_update({i for i in s if i < old})
+        for peer, held in list(self.held_back.items()):
+            self.held_back[peer] = {k: v for k, v in held.items() if k[1] >= old}
+            if not self.held_back[peer]:
+                del self.held_back[peer]

@@ -11,8 +11,8 @@ past its bound yields `Overdue` once (the driver logs it at WARNING with what
 it waits for) and, where a resolution exists, does it again every bound: a
 report waiting for BEGIN is sent to the leader again; a CAN TAKE that does
 not come is asked for by sending BEGIN again to the members it is missing
-from (a member that never had it steps; one that had it acknowledges, and
-its own CAN TAKE is resent until acknowledged).  A member that is gone is
+from (a member that never had it steps; one that had it acknowledges and,
+once it sent its CAN TAKE, sends it to the asker again, `Phases.on_begin`).  A member that is gone is
 dropped from the wait by `forget` (the membership layer's decision).  The
 leader waiting for reports and a step in progress have no resolution here:
 the data nodes resend their reports, the all-reduce has its own timeout.

@@ -4,7 +4,7 @@ retransmission until acknowledged, idempotence, leader changes, the step check."
 from __future__ import annotations
 
 from gwtf_node.protocol.effects import CancelTimer, Send, SetTimer
-from gwtf_node.protocol.messages import BeginAggregation, CanTake, IterationDone, PhaseAck, PhaseKind
+from gwtf_node.protocol.messages import BeginAggregation, CanTake, IterationDone, PhaseAck, PhaseKind, StageMembers
 from gwtf_node.protocol.phases import (
     CanTakeRule, LeftOut, OpenIteration, OutOfStep, Phases, StartStep, timer_key,
 )
@@ -173,3 +173,68 @@ def test_old_iterations_are_forgotten_and_their_signals_only_acknowledged() -> N
     assert min(a0.begun) >= 2 and a0.floor == 2
     assert a0.on_begin(50.0, "d0", BeginAggregation(0, 4), next_stage=["b0"]) == [
         Send("d0", PhaseAck(PhaseKind.BEGIN, 0))]
+
+
+def test_a_signal_held_back_from_a_peer_presumed_dead_goes_to_it_when_it_is_back() -> None:
+    """b0 presumed a0 dead before a0 acknowledged its CAN TAKE; a0 was alive (a false death) and is back: the
+    CAN TAKE goes to it again, or a0 would wait for it (and the iteration with it) until its own bound."""
+    b0 = Phases("b0", 1, 1)
+    b0.on_begin(0.0, "a0", BeginAggregation(0, 4), next_stage=[])
+    b0.on_step_done(1.0, 0, [], ["a0", "a1"])
+    b0.on_ack(1.1, "a1", PhaseAck(PhaseKind.CAN_TAKE, 0))
+    b0.forget(1.5, "a0", [], [])
+    assert b0.on_timer(3.0, timer_key(PhaseKind.CAN_TAKE, 0)) == []  # nothing resent to it while it is gone
+    eff = b0.peer_back(20.0, "a0")
+    assert sends(eff) == [Send("a0", CanTake(0, 1))] and SetTimer(timer_key(PhaseKind.CAN_TAKE, 0), 22.0) in eff
+    assert b0.peer_back(21.0, "a0") == []  # once
+    assert b0.on_ack(21.5, "a0", PhaseAck(PhaseKind.CAN_TAKE, 0)) == [CancelTimer(timer_key(PhaseKind.CAN_TAKE, 0))]
+    # a signal of an iteration over here is not sent again
+    b1 = Phases("b1", 1, 1)
+    b1.on_begin(0.0, "a0", BeginAggregation(0, 4), next_stage=[])
+    b1.on_step_done(1.0, 0, [], ["a0"])
+    b1.forget(1.5, "a0", [], [])
+    for it in (1, 2):
+        b1.on_begin(2.0 + it, "a1", BeginAggregation(it, 4), next_stage=[])
+        b1.on_step_done(2.5 + it, it, [], ["a1"])
+    assert sends(b1.peer_back(9.0, "a0")) == []
+
+
+def test_a_duplicate_begin_after_can_take_is_answered_with_can_take() -> None:
+    """a0 waits for b0's CAN TAKE and asks for it by sending BEGIN again (phasewaits.py); b0 sent it while it held
+    a0 gone (left out), or a0 lost it after acknowledging: b0 sends it again."""
+    b0 = Phases("b0", 1, 1)
+    b0.on_begin(0.0, "a0", BeginAggregation(0, 4), next_stage=[])
+    b0.forget(0.5, "a0", [], [])
+    assert sends(b0.on_step_done(1.0, 0, [], ["a0"]), CanTake) == []  # a0 held gone: left out
+    eff = b0.on_begin(40.0, "a0", BeginAggregation(0, 4), next_stage=[])
+    assert Send("a0", PhaseAck(PhaseKind.BEGIN, 0)) in eff and Send("a0", CanTake(0, 1)) in eff
+    assert not any(isinstance(e, StartStep) for e in eff)  # not applied again
+    # before its own CAN TAKE, a duplicate is only acknowledged
+    b1 = Phases("b1", 1, 1)
+    b1.on_begin(0.0, "a0", BeginAggregation(0, 4), next_stage=[])
+    assert b1.on_begin(1.0, "a0", BeginAggregation(0, 4), next_stage=[]) == [Send("a0", PhaseAck(PhaseKind.BEGIN, 0))]
+
+
+def test_begin_names_the_attempt_that_completed_each_microbatch() -> None:
+    """The leader's BEGIN carries each data node's completed seqs with the attempts its report names; a report
+    without attempts (any attempt counts) gives seqs alone."""
+    lead = Phases("d0", -1, 0)
+    lead.set_leader(0.0, "d0")
+    lead.report_done(0.0, IterationDone(0, 2, 1.0, 0, 0, (4, 3), (0, 2)))
+    eff = lead.on_iteration_done(0.1, "d1", IterationDone(0, 1, 1.0, 0, 0, (7,)), leading=True, **ALL)
+    msg = sends(eff, BeginAggregation)[0].msg
+    assert [(c.data_node, c.seqs, c.attempts) for c in msg.completed] == [("d0", (3, 4), (2, 0)), ("d1", (7,), ())]
+    assert lead.completed_in(0) == {"d0": {3: 2, 4: 0}, "d1": {7: None}}
+
+
+def test_named_group_is_begins_group_as_sent_and_group_drops_the_peers_held_gone() -> None:
+    """The all-reduce waits a grace for a member presumed dead just before BEGIN (runtime/node/regroup.py): it
+    reads the group as the leader sent it; the CAN TAKE waits read `group`, without the peers held gone."""
+    b0 = Phases("b0", 1, 1)
+    b0.forget(0.5, "b1", [], [])
+    groups = (StageMembers(0, ("a0",)), StageMembers(1, ("b0", "b1")))
+    b0.on_begin(1.0, "a0", BeginAggregation(0, 4, groups), next_stage=[])
+    assert b0.named_group(0, 1) == ("b0", "b1") and b0.group(0, 1) == {"b0"}
+    assert b0.named_group(0, 2) == () and b0.named_group(1, 1) is None
+    b0.on_begin(2.0, "a0", BeginAggregation(1, 4), next_stage=[])
+    assert b0.named_group(1, 1) is None  # BEGIN without groups

@@ -106,7 +106,8 @@ class RecoveryWire(RuleBasedStateMachine):
         self.gone_at: dict[str, float] = {}  # crashed relay -> when the others hear of it
         self.computing: list[tuple[str, Compute]] = []
         self.reported: dict[str, set[int]] = {}  # data node -> iterations it reported settled
-        self.completed_seqs: dict[tuple[str, int], frozenset[int]] = {}  # (data node, iteration) -> its report's
+        self.completed_seqs: dict[tuple[str, int], dict[int, int]] = {}  # (data node, iteration) -> its report's
+        # seqs -> the attempt that completed each (BEGIN names both: a relay counts only that attempt's gradient)
         self.iteration = 0  # the iteration the driver opened last
         self.aggregating = False  # BEGIN AGGREGATION of `iteration` reached the relays, the steps are not applied
         self.finished = False  # the last iteration is aggregated: nothing more to open
@@ -137,7 +138,8 @@ class RecoveryWire(RuleBasedStateMachine):
             elif type(e) is IterationSettled:  # the driver reports it to the leader (phases.Phases)
                 assert nid in self.data_nodes, (nid, e)
                 self.reported[nid].add(e.iteration)
-                self.completed_seqs[(nid, e.iteration)] = frozenset(e.completed_seqs)
+                assert len(e.completed_attempts) == len(e.completed_seqs), e
+                self.completed_seqs[(nid, e.iteration)] = dict(zip(e.completed_seqs, e.completed_attempts))
             elif type(e) is Compute:
                 self.computing.append((nid, e))
             elif type(e) is OpenIteration:

@@ -245,7 +245,7 @@ def test_a_settled_iteration_is_reported_once_as_an_effect() -> None:
     m.set_flows({"d0": {"a": 1}})
     m.start(0.0)
     eff = _walk(m, ("d0", 0, 0), "a", 0.0, 2.0)
-    assert [e for e in eff if type(e) is IterationSettled] == [IterationSettled(0, 1, 0, (0,))]
+    assert [e for e in eff if type(e) is IterationSettled] == [IterationSettled(0, 1, 0, (0,), (0,))]
     assert not [e for e in eff if hasattr(e, "msg") and type(e.msg) is IterationDone]
     assert 0 in m.reported
     with pytest.raises(TypeError):
@@ -515,6 +515,26 @@ def test_a_relay_counts_only_gradients_of_microbatches_its_data_node_completed()
     assert m.stats.uncounted == 1
     _, none = _relay_with_two_gradients().begin_aggregation(2.0, 0, {"d1": {0, 1}})
     assert none == frozenset()  # a data node BEGIN does not name (it died before BEGIN): none of its gradients
+
+
+def test_a_relay_counts_only_the_attempt_that_completed_the_microbatch() -> None:
+    """BEGIN names the attempt that completed each seq: a gradient this relay holds of an older attempt (its data
+    node restarted the microbatch through other holders and the Release to this one was lost) does not count,
+    or the stage would count the microbatch twice."""
+    m = _relay_with_two_gradients()  # both gradients of attempt 0
+    _, counted = m.begin_aggregation(2.0, 0, {"d0": {0: 1, 1: 0}})
+    assert counted == frozenset({("d0", 1, 0)}) and m.stats.uncounted == 1
+    _, counted = _relay_with_two_gradients().begin_aggregation(2.0, 0, {"d0": {0: None, 1: None}})
+    assert counted == frozenset({("d0", 0, 0), ("d0", 1, 0)})  # attempts not named: any attempt counts
+    # the same microbatch taken again in attempt 1 and its backward computed: attempt 1's gradient counts
+    m = _relay_with_two_gradients()
+    k = ("d0", 0, 0)
+    m.on_message(3.0, "d0", Forward(*k, ("d0",), None, 1))
+    m.on_compute_done(3.1, k, "forward")
+    m.on_message(3.5, "d0", Backward(*k, None, 1))
+    m.on_compute_done(3.6, k, "backward")
+    _, counted = m.begin_aggregation(4.0, 0, {"d0": {0: 1, 1: 0}})
+    assert counted == frozenset({("d0", 0, 0), ("d0", 1, 0)})
 
 
 def test_a_joiner_answered_by_a_gone_source_and_by_its_replacement_comes_in_once() -> None:

@@ -105,6 +105,7 @@ class DataSide:
         self.reported: set[int] = set()  # iterations settled (IterationSettled sent)
         self.lent: dict[str, int] = {}  # stage-0 relay -> units other data nodes lent me this iteration
         self.rt: dict[str, float] = {}  # stage-0 relay -> EWMA of launch -> final time through it
+        self.completed_by: dict[Key, int] = {}  # a completed microbatch -> the attempt that completed it
 
     def message(self, node: RecoveryNode, now: float, sender: str, key: Key, msg, eff: list[RecoveryEffect]) -> None:
         """A microbatch message at its data node, handed to its handler (`DATA_HANDLERS`, at the end of this
@@ -338,6 +339,7 @@ class DataSide:
             for p in sorted(m.holders - final):
                 eff.append(Send(p, Release(*key, m.attempt)))
             self.ledger.mark(key.iteration, key.seq, MbStatus.COMPLETED)
+            self.completed_by[key] = m.attempt
             cancel_timers(key, eff)
             self.records.pop(key, None)
             self._lend(node, key.iteration, hop, eff)
@@ -409,7 +411,9 @@ class DataSide:
             return
         self.reported.add(it)
         done = tuple(sorted(s for s, st in self.ledger.entries.get(it, {}).items() if st is MbStatus.COMPLETED))
-        eff.append(IterationSettled(it, c["completed"], c["deferred"], done))
+        attempts = tuple(self.completed_by.get(Key(node.me, s, it), 0) for s in done)
+        self.completed_by = {k: a for k, a in self.completed_by.items() if k.iteration > it}
+        eff.append(IterationSettled(it, c["completed"], c["deferred"], done, attempts))
 
     def _abandoned(self, node: RecoveryNode, key: Key) -> bool:
         """The ledger entry of `key` (data node, seq, iteration) was deferred: its attempts were given up."""

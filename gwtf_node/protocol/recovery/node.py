@@ -242,7 +242,12 @@ class RecoveryNode:
         microbatch is among them.  A gradient held for an attempt its data
         node deferred (the Release that would have dropped it was lost, or
         its holder was unknown to the data node) never counts: the
-        microbatch runs again in the next iteration and counts there.
+        microbatch runs again in the next iteration and counts there.  Where
+        BEGIN also names the attempt that completed each seq (a mapping seq
+        -> attempt per data node), a gradient of another attempt of that
+        microbatch does not count either: the data node restarted or parked
+        it and completed it through other holders, and the Release to this
+        one was lost (counted, the microbatch would count twice).
 
         The contributions of a data node reported gone before this BEGIN
         (`orphaned`) count only when BEGIN names their seqs: the leader

@@ -142,6 +142,7 @@ class IterationSettled:
     completed: int
     deferred: int
     completed_seqs: tuple[int, ...] = ()  # the seqs of the completed ones: only their gradients count
+    completed_attempts: tuple[int, ...] = ()  # the attempt that completed each (a relay counts only that one)
 
 
 RecoveryEffect = Send | SetTimer | CancelTimer | Compute | OpenIteration | IterationSettled

@@ -76,6 +76,7 @@ class RelaySide:
         self.records: dict[Key, RelayRecord] = {}
         self.contrib: dict[int, set[Key]] = {}  # iteration -> keys whose backward this relay computed
         self.orphaned: dict[int, set[Key]] = {}  # contributions of data nodes gone before BEGIN (node.py's rule)
+        self.attempt_of: dict[Key, int] = {}  # a contribution held -> the attempt whose backward computed it
         # the aggregation phase, as the driver reports it (begin_aggregation, aggregation_done)
         self.begun: set[int] = set()
         self.stepped: set[int] = set()
@@ -88,13 +89,16 @@ class RelaySide:
         cancel_timers(key, eff)
         self.room(node, eff)
 
-    def contribute(self, key: Key) -> None:
-        """It computed the backward of `key`; the gradient counts in its iteration (`begin_aggregation`)."""
+    def contribute(self, key: Key, attempt: int) -> None:
+        """It computed the backward of `key` in `attempt`; the gradient counts in its iteration if BEGIN names that
+        attempt (`begin_aggregation`)."""
         self.contrib.setdefault(key.iteration, set()).add(key)
+        self.attempt_of[key] = attempt
 
     def uncontribute(self, key: Key) -> None:
         """The gradient of `key` it holds is void (a Release, or a new attempt)."""
         self.contrib.get(key.iteration, set()).discard(key)
+        self.attempt_of.pop(key, None)
 
     def data_node_gone(self, node: RecoveryNode, peer: str, eff: list[RecoveryEffect]) -> None:
         """Data node `peer` died: its microbatches are dropped; its contributions of iterations not begun here
@@ -127,15 +131,25 @@ class RelaySide:
         orphans = self.orphaned.pop(it, set())
         if completed is None:
             return frozenset(held)
-        counted = frozenset(k for k in held | orphans if k.seq in completed.get(k.data_node, ()))
+        counted = frozenset(k for k in held | orphans if self._named(k, completed))
         node.stats.bump(uncounted=len(held) - len(counted))
         return counted
+
+    def _named(self, key: Key, completed: Mapping[str, Collection[int]]) -> bool:
+        """BEGIN names `key`'s microbatch among its data node's completed ones and, where it names the attempt that
+        completed it, that is the attempt whose gradient this relay holds."""
+        seqs = completed.get(key.data_node, ())
+        if key.seq not in seqs:
+            return False
+        want = seqs.get(key.seq) if isinstance(seqs, Mapping) else None
+        return want is None or self.attempt_of.get(key) == want
 
     def stepped_at(self, node: RecoveryNode, it: int, eff: list[RecoveryEffect]) -> None:
         """The step of `it` is applied here: room again for the next iteration's microbatches."""
         self.stepped.add(it)
         self.contrib.pop(it, None)
         self.orphaned.pop(it, None)
+        self.attempt_of = {k: a for k, a in self.attempt_of.items() if k.iteration > it}
         self.room(node, eff)
 
     # -- what it tells others
@@ -304,7 +318,7 @@ class RelaySide:
             eff.append(Send(r.prev, Complete(*key, r.attempt)))
             self._route(node, now, r, eff)
         elif r.phase is RelayPhase.BWD and kind is ComputeKind.BACKWARD:
-            self.contribute(key)
+            self.contribute(key, r.attempt)
             eff.append(Send(r.next, Complete(*key, r.attempt)))
             eff.append(Send(r.prev, Backward(*key, None, r.attempt)))
             r.phase, r.sent_at = RelayPhase.GRAD, now

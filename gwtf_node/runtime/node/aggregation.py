@@ -66,7 +66,9 @@ import trio
 
 from ...protocol import messages as m
 from ...protocol.effects import Send
-from ...protocol.phases import RETRY_S, LeftOut, OpenIteration, OutOfStep, Overdue, PhaseTimer, WatchTimer
+from ...protocol.phases import (
+    RETRY_S, LeftOut, OpenIteration, OutOfStep, Overdue, PhaseTimer, WatchTimer, completed_named,
+)
 from ...protocol.pipeline import Phases, StartStep
 from ...protocol.roundcheck import RoundOf, from_records, to_records, trim
 from .checkpointer import Checkpointer
@@ -238,7 +240,7 @@ class Aggregation:
     def on_begin(self, peer: str, msg: m.BeginAggregation) -> None:
         ph = self._require_phases(msg)
         if msg.iteration not in ph.begun and msg.iteration >= ph.floor:
-            completed = {c.data_node: frozenset(c.seqs) for c in msg.completed} if msg.completed else None
+            completed = completed_named(msg)
             contrib = self.begin_aggregation(msg.iteration, completed)
             if self.peers.role == "relay" and self.microbatches.started:
                 named = [set(g.peers) for g in msg.groups if g.stage == -1]
@@ -335,8 +337,8 @@ class Aggregation:
     # ------------------------------------------------------------------ peers
     def peer_back(self, peer: str) -> None:
         """A peer said Hello again after it was forgotten (a restart keeps its peer id)."""
-        if self.phases is not None:
-            self.phases.peer_back(peer)
+        if self.phases is not None:  # (the signals it missed while forgotten go to it again)
+            self._apply(self.phases.peer_back(now(), peer))
 
     def returned(self, peer: str, *, same_incarnation: bool) -> None:
         """A forgotten peer is back; with its incarnation it was alive throughout (regroup.py)."""
@@ -423,7 +425,7 @@ class Aggregation:
         grad = self.faults.poison(await self.stage.run(model.grad_vector), e.iteration)
         t_ar = now()
         stage = self.peers.stage
-        named = self.phases.group(e.iteration, stage)
+        named = self.phases.named_group(e.iteration, stage)  # (as sent: regroup.py waits for one presumed dead)
         group = sorted(named) if named is not None else self.peers.stage_group()
         held = json.dumps(sorted([self.peers.who(d), seq] for d, seq, _it in keys))
 

@@ -140,8 +140,11 @@ class MicrobatchesView:
         if cur is None or cur.iteration != t:
             return None
         c = mb.counts(t)
+        seqs = tuple(sorted(cur.done))
+        by = mb.completed_by.get(t, {})  # the attempt that completed each (a relay counts only that attempt's)
+        attempts = tuple(by[s] for s in seqs) if all(s in by for s in seqs) else ()
         return m.IterationDone(t, len(cur.done), cur.loss_sum, c["deferred"], c["pending"] + c["inflight"],
-                               tuple(sorted(cur.done)))
+                               seqs, attempts)
 
     def completed(self, t: int) -> int:
         """The microbatches of iteration `t` this data node completed (0 if `t` is not in flight)."""
@@ -181,6 +184,7 @@ class Microbatches:
         self.current: DataIteration | None = None  # a data node's iteration in flight
         self.iter_started = 0.0
         self.pipeline_s: dict[int, float] = {}  # iteration -> open to last microbatch settled
+        self.completed_by: dict[int, dict[int, int]] = {}  # the iteration settled last -> seq -> completing attempt
         self._flow_stamp: float | None = None  # the flow machine's last change the machine was told of
         self._told: tuple | None = None  # the neighbours (next, previous, capacities) the machine was told last
         self._presumed: set[str] = set()  # peers the machine presumes dead (not reported gone), as last seen
@@ -325,6 +329,7 @@ class Microbatches:
         """The machine's effect: this data node's microbatches of an iteration are all completed or deferred."""
         self.pipeline_s.setdefault(e.iteration, now() - self.iter_started)
         cur = self.current
+        self.completed_by = {e.iteration: dict(zip(e.completed_seqs, e.completed_attempts))}
         if cur is not None and cur.iteration == e.iteration:
             self.tally.data_settled(e.iteration, self.wire.me, self.counts(e.iteration), dict(cur.done))
         self.report_settled(e.iteration)

@@ -26,8 +26,8 @@ timeout (minutes), then stepping apart.  So:
   round in flight and in the next ones;
 * a round about to start waits, up to the same grace, for a member of
   `named` presumed dead shortly before (the daemon hands it BEGIN's group
-  as `Phases.group` keeps it, which already drops the peers this node
-  holds gone: there the wait applies only to a death found after BEGIN).
+  as the leader sent it, `Phases.named_group`, so also for one presumed
+  dead here just before BEGIN arrived).
 
 A crash costs the survivors at most `REJOIN_GRACE_S` more before they redo
 the round without the member.  When the views still differ (a member gone

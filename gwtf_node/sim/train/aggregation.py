@@ -56,7 +56,8 @@ class AggregationDriver:
         """A data node's iteration is settled: its report goes to the leader (at the leader: maybe BEGIN)."""
         ph = self.nodes[nid].phases
         eff = ph.report_done(self.now, IterationDone(e.iteration, e.completed, 0.0, e.deferred,
-                                                     completed_seqs=e.completed_seqs))
+                                                     completed_seqs=e.completed_seqs,
+                                                     completed_attempts=e.completed_attempts))
         if self._leading(nid):
             eff += self._maybe_begin(nid)
         self._apply_phase(nid, eff)
