@@ -40,6 +40,7 @@ from gwtf_node.protocol import messages as m
 MESSAGE_TYPES: list[type] = sorted(codec._BODY_FIELD, key=lambda c: c.__name__)
 _INT_RANGES = {
     FieldDescriptor.TYPE_UINT32: (0, (1 << 32) - 1),
+    FieldDescriptor.TYPE_FIXED32: (0, (1 << 32) - 1),
     FieldDescriptor.TYPE_UINT64: (0, (1 << 64) - 1),
     FieldDescriptor.TYPE_INT32: (-(1 << 31), (1 << 31) - 1),
     FieldDescriptor.TYPE_INT64: (-(1 << 63), (1 << 63) - 1),

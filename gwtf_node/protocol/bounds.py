@@ -342,7 +342,9 @@ def _forward(msg: m.Forward, ctx: Context) -> Problem | None:
 
 
 def _backward(msg: m.Backward, ctx: Context) -> Problem | None:
-    return _iteration(msg.iteration, ctx) or _hidden(msg.tensor, ctx, "Backward")
+    stages = ctx.n_stages if ctx.n_stages is not None else MAX_STAGES
+    return (_iteration(msg.iteration, ctx) or _hidden(msg.tensor, ctx, "Backward")
+            or _items(msg.chain, "Backward chain", stages) or _strings(*msg.chain))
 
 
 def _iteration_only(msg: Any, ctx: Context) -> Problem | None:
@@ -362,15 +364,22 @@ def _iteration_done(msg: m.IterationDone, ctx: Context) -> Problem | None:
     if len(msg.completed_seqs) > msg.completed:
         return Problem(Violation.COUNT_OUT_OF_RANGE, f"IterationDone names {len(msg.completed_seqs)} completed "
                                                      f"seqs for {msg.completed} completed microbatches")
-    return _items(msg.completed_seqs, "IterationDone completed seqs", MAX_SEQS) or _attempts(
-        msg.completed_seqs, msg.completed_attempts, "IterationDone")
+    return _items(msg.completed_seqs, "IterationDone completed seqs", MAX_SEQS) or _completions(
+        msg.completed_seqs, msg.completed_attempts, msg.completed_holders, ctx, "IterationDone")
 
 
-def _attempts(seqs: tuple, attempts: tuple, what: str) -> Problem | None:
-    """The attempts that completed `seqs`: none (any attempt counts) or one per seq."""
+def _completions(seqs: tuple, attempts: tuple, holders: tuple, ctx: Context, what: str) -> Problem | None:
+    """The attempts and holders that completed `seqs` (protocol/completions.py): none (any counts), or one
+    attempt per seq and one holder per seq and stage."""
     if attempts and len(attempts) != len(seqs):
         return Problem(Violation.COUNT_OUT_OF_RANGE, f"{what} names {len(attempts)} attempts for {len(seqs)} "
                                                      f"completed seqs (expected none or one per seq)")
+    stages = ctx.n_stages if ctx.n_stages is not None else None
+    if holders and (len(holders) % max(1, len(seqs)) or not seqs
+                    or (stages is not None and len(holders) != stages * len(seqs))
+                    or len(holders) > MAX_STAGES * len(seqs)):
+        return Problem(Violation.COUNT_OUT_OF_RANGE, f"{what} names {len(holders)} holders for {len(seqs)} "
+                                                     f"completed seqs (expected none or one per seq and stage)")
     return None
 
 
@@ -382,7 +391,7 @@ def _begin(msg: m.BeginAggregation, ctx: Context) -> Problem | None:
                     for g in msg.groups),
                   _items(msg.completed, "BeginAggregation completed", MAX_ITEMS),
                   *(_strings(c.data_node) or _items(c.seqs, "a data node's completed seqs", MAX_SEQS)
-                    or _attempts(c.seqs, c.attempts, "BeginAggregation completed")
+                    or _completions(c.seqs, c.attempts, c.holders, ctx, "BeginAggregation completed")
                     for c in msg.completed))
 
 

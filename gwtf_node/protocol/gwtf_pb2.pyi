@@ -347,18 +347,20 @@ class Forward(_message.Message):
     def __init__(self, data_node: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ..., path: _Optional[_Iterable[str]] = ..., tensor: _Optional[_Union[TensorHeader, _Mapping]] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class Backward(_message.Message):
-    __slots__ = ("data_node", "seq", "iteration", "tensor", "attempt")
+    __slots__ = ("data_node", "seq", "iteration", "tensor", "attempt", "chain")
     DATA_NODE_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     TENSOR_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_FIELD_NUMBER: _ClassVar[int]
     data_node: str
     seq: int
     iteration: int
     tensor: TensorHeader
     attempt: int
-    def __init__(self, data_node: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ..., tensor: _Optional[_Union[TensorHeader, _Mapping]] = ..., attempt: _Optional[int] = ...) -> None: ...
+    chain: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, data_node: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ..., tensor: _Optional[_Union[TensorHeader, _Mapping]] = ..., attempt: _Optional[int] = ..., chain: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Complete(_message.Message):
     __slots__ = ("data_node", "seq", "iteration", "attempt")
@@ -373,7 +375,7 @@ class Complete(_message.Message):
     def __init__(self, data_node: _Optional[str] = ..., seq: _Optional[int] = ..., iteration: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class IterationDone(_message.Message):
-    __slots__ = ("iteration", "completed", "loss_sum", "deferred", "lost", "completed_seqs", "completed_attempts")
+    __slots__ = ("iteration", "completed", "loss_sum", "deferred", "lost", "completed_seqs", "completed_attempts", "completed_holders")
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_FIELD_NUMBER: _ClassVar[int]
     LOSS_SUM_FIELD_NUMBER: _ClassVar[int]
@@ -381,6 +383,7 @@ class IterationDone(_message.Message):
     LOST_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_SEQS_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_HOLDERS_FIELD_NUMBER: _ClassVar[int]
     iteration: int
     completed: int
     loss_sum: float
@@ -388,7 +391,8 @@ class IterationDone(_message.Message):
     lost: int
     completed_seqs: _containers.RepeatedScalarFieldContainer[int]
     completed_attempts: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, iteration: _Optional[int] = ..., completed: _Optional[int] = ..., loss_sum: _Optional[float] = ..., deferred: _Optional[int] = ..., lost: _Optional[int] = ..., completed_seqs: _Optional[_Iterable[int]] = ..., completed_attempts: _Optional[_Iterable[int]] = ...) -> None: ...
+    completed_holders: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, iteration: _Optional[int] = ..., completed: _Optional[int] = ..., loss_sum: _Optional[float] = ..., deferred: _Optional[int] = ..., lost: _Optional[int] = ..., completed_seqs: _Optional[_Iterable[int]] = ..., completed_attempts: _Optional[_Iterable[int]] = ..., completed_holders: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BeginAggregation(_message.Message):
     __slots__ = ("iteration", "microbatches", "groups", "term", "completed")
@@ -405,14 +409,16 @@ class BeginAggregation(_message.Message):
     def __init__(self, iteration: _Optional[int] = ..., microbatches: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[StageMembers, _Mapping]]] = ..., term: _Optional[int] = ..., completed: _Optional[_Iterable[_Union[CompletedSeqs, _Mapping]]] = ...) -> None: ...
 
 class CompletedSeqs(_message.Message):
-    __slots__ = ("data_node", "seqs", "attempts")
+    __slots__ = ("data_node", "seqs", "attempts", "holders")
     DATA_NODE_FIELD_NUMBER: _ClassVar[int]
     SEQS_FIELD_NUMBER: _ClassVar[int]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
     data_node: str
     seqs: _containers.RepeatedScalarFieldContainer[int]
     attempts: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, data_node: _Optional[str] = ..., seqs: _Optional[_Iterable[int]] = ..., attempts: _Optional[_Iterable[int]] = ...) -> None: ...
+    holders: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, data_node: _Optional[str] = ..., seqs: _Optional[_Iterable[int]] = ..., attempts: _Optional[_Iterable[int]] = ..., holders: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StageMembers(_message.Message):
     __slots__ = ("stage", "peers")

@@ -272,6 +272,7 @@ class Backward:
     iteration: int
     tensor: TensorHeader | None
     attempt: int = 0  # the data node's attempt number of the microbatch (recovery/): older ones are stale
+    chain: tuple[str, ...] = ()  # the relays that computed this backward, the sender first (stage order)
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +292,7 @@ class IterationDone:
     lost: int = 0  # neither completed nor deferred when reported (the ledger's invariant: 0)
     completed_seqs: tuple[int, ...] = ()  # the completed microbatches: only their gradients count
     completed_attempts: tuple[int, ...] = ()  # the attempt that completed each of them (empty: any counts)
+    completed_holders: tuple[int, ...] = ()  # per completed seq, per stage: its holder's tag (0: unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,6 +315,7 @@ class CompletedSeqs:
     data_node: str
     seqs: tuple[int, ...]
     attempts: tuple[int, ...] = ()  # the attempt that completed each seq (empty: any attempt counts)
+    holders: tuple[int, ...] = ()  # per seq, per stage: the tag of the holder that counts it (0 / empty: any)
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,7 +66,8 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from .effects import CancelTimer, Send, SetTimer
-from .messages import BeginAggregation, CanTake, CompletedSeqs, IterationDone, PhaseAck, PhaseKind, StageMembers
+from .completions import Completion, completed_named, completed_seqs  # noqa: F401 - for the drivers
+from .messages import BeginAggregation, CanTake, IterationDone, PhaseAck, PhaseKind, StageMembers
 from .phasewaits import WATCH_TIMER, Overdue, PhaseWaits, Wait, WaitKind, WatchTimer  # noqa: F401 - for the drivers
 
 RETRY_S = 2.0  # a phase signal not acknowledged within this is sent again
@@ -160,23 +161,6 @@ class PhaseTimer:
 
 def timer_key(kind: PhaseKind, iteration: int) -> PhaseTimer:
     return PhaseTimer(kind, iteration)
-
-
-def _completed(data_node: str, report: IterationDone) -> CompletedSeqs:
-    """A data node's completed seqs for BEGIN, with the attempt that completed each where its report names them."""
-    attempts = dict(zip(report.completed_seqs, report.completed_attempts))
-    seqs = tuple(sorted(set(report.completed_seqs)))
-    named = len(attempts) == len(seqs) and len(report.completed_attempts) == len(report.completed_seqs)
-    return CompletedSeqs(data_node, seqs, tuple(attempts[s] for s in seqs) if named else ())
-
-
-def completed_named(begin: BeginAggregation) -> dict[str, dict[int, int | None]] | None:
-    """The contributions BEGIN names: per data node, seq -> the attempt that completed it (None: any attempt);
-    None when BEGIN names none (count every contribution held)."""
-    if not begin.completed:
-        return None
-    return {c.data_node: dict(zip(c.seqs, c.attempts)) if len(c.attempts) == len(c.seqs)
-            else dict.fromkeys(c.seqs) for c in begin.completed}
 
 
 class Phases(PhaseWaits):
@@ -365,7 +349,7 @@ class Phases(PhaseWaits):
             return []
         total = sum(reports[d].completed for d in dn)
         members = tuple(StageMembers(k, tuple(sorted(set(v)))) for k, v in sorted((groups or {}).items()))
-        completed = tuple(_completed(d, reports[d]) for d in dn)
+        completed = tuple(completed_seqs(d, reports[d]) for d in dn)
         begin = BeginAggregation(iteration, total, members, completed=completed)
         named0 = {p for g in members if g.stage == 0 for p in g.peers}
         self.front = tuple(sorted((set(dn) | set(stage0) | named0) - {self.me} - self.gone))
@@ -405,7 +389,7 @@ class Phases(PhaseWaits):
         reports = self.done_reports.get(iteration, {})
         return sum(r.completed for r in reports.values()), sum(r.loss_sum for r in reports.values())
 
-    def completed_in(self, iteration: int) -> dict[str, dict[int, int | None]] | None:
+    def completed_in(self, iteration: int) -> dict[str, dict[int, Completion]] | None:
         """Per data node, the seqs of `iteration` whose gradients count (the BEGIN applied here), or None when
         that BEGIN names none (count every contribution held): `completed_named(begin)`."""
         begin = self.begin_msgs.get(iteration)

@@ -69,6 +69,9 @@ REFUSED = [
     (m.IterationDone(10, 2, float("inf")), Violation.COUNT_OUT_OF_RANGE),
     (m.IterationDone(10, 2, 1.0, completed_seqs=(3, 4), completed_attempts=(0,)), Violation.COUNT_OUT_OF_RANGE),
     (m.BeginAggregation(10, 2, completed=(m.CompletedSeqs("d", (3, 4), (0, 1, 2)),)), Violation.COUNT_OUT_OF_RANGE),
+    # holders: one per seq and stage of the run (CTX: 2 stages)
+    (m.IterationDone(10, 2, 1.0, completed_seqs=(3, 4), completed_holders=(1, 2, 3)), Violation.COUNT_OUT_OF_RANGE),
+    (m.BeginAggregation(10, 2, completed=(m.CompletedSeqs("d", (3, 4), (), (7,) * 6),)), Violation.COUNT_OUT_OF_RANGE),
     (m.FlowReport(1, 2**30, 0, (), (), ()), Violation.COUNT_OUT_OF_RANGE),
     (m.PeerList(tuple("a" for _ in range(5000))), Violation.TOO_MANY),
     (m.Hello("r", "relay", 0, "x" * 5000, 1, ()), Violation.TOO_MANY),
@@ -94,7 +97,7 @@ ACCEPTED = [
     m.AllReduceChunk("k", 0, 2, 4.0, m.TensorHeader("float32", (100,), 400)),
     m.IterationDone(10, 4, 12.5, 1, 0),
     m.IterationDone(10, 2, 1.0, completed_seqs=(3, 4), completed_attempts=(0, 2)),
-    m.BeginAggregation(10, 2, completed=(m.CompletedSeqs("d", (3, 4), (0, 2)), m.CompletedSeqs("e", (1,)))),
+    m.BeginAggregation(10, 2, completed=(m.CompletedSeqs("d", (3, 4), (0, 2), (9,) * 4), m.CompletedSeqs("e", (1,)))),
     m.Assignment(4, "n", 1, "s", 11),
     m.StageStateRequest(-1, 11),  # a restarted data node asks another for the data nodes' part (data_resume.py)
     m.Ping(2**64 - 1),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from gwtf_node.protocol.effects import CancelTimer, Send, SetTimer
 from gwtf_node.protocol.messages import BeginAggregation, CanTake, IterationDone, PhaseAck, PhaseKind, StageMembers
 from gwtf_node.protocol.phases import (
-    CanTakeRule, LeftOut, OpenIteration, OutOfStep, Phases, StartStep, timer_key,
+    CanTakeRule, Completion, LeftOut, OpenIteration, OutOfStep, Phases, StartStep, timer_key,
 )
 
 ALL = dict(data_nodes=["d0", "d1"], stage0=["a0", "a1"])
@@ -224,7 +224,7 @@ def test_begin_names_the_attempt_that_completed_each_microbatch() -> None:
     eff = lead.on_iteration_done(0.1, "d1", IterationDone(0, 1, 1.0, 0, 0, (7,)), leading=True, **ALL)
     msg = sends(eff, BeginAggregation)[0].msg
     assert [(c.data_node, c.seqs, c.attempts) for c in msg.completed] == [("d0", (3, 4), (2, 0)), ("d1", (7,), ())]
-    assert lead.completed_in(0) == {"d0": {3: 2, 4: 0}, "d1": {7: None}}
+    assert lead.completed_in(0) == {"d0": {3: Completion(2), 4: Completion(0)}, "d1": {7: Completion()}}
 
 
 def test_named_group_is_begins_group_as_sent_and_group_drops_the_peers_held_gone() -> None:

@@ -37,6 +37,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from gwtf_node.protocol import codec
+from gwtf_node.protocol.completions import completed_named, completed_seqs
 from gwtf_node.protocol.effects import CancelTimer, Send, SetTimer
 from gwtf_node.protocol.messages import BeginAggregation, CanTake, IterationDone
 from gwtf_node.protocol.pipeline import MbStatus, OpenIteration
@@ -106,8 +107,9 @@ class RecoveryWire(RuleBasedStateMachine):
         self.gone_at: dict[str, float] = {}  # crashed relay -> when the others hear of it
         self.computing: list[tuple[str, Compute]] = []
         self.reported: dict[str, set[int]] = {}  # data node -> iterations it reported settled
-        self.completed_seqs: dict[tuple[str, int], dict[int, int]] = {}  # (data node, iteration) -> its report's
-        # seqs -> the attempt that completed each (BEGIN names both: a relay counts only that attempt's gradient)
+        # (data node, iteration) -> its report's seqs, each with the attempt and holders that completed it, as
+        # BEGIN names them (protocol/completions.py: a relay counts only that attempt's gradient, at its holder)
+        self.completed_seqs: dict[tuple[str, int], dict] = {}
         self.iteration = 0  # the iteration the driver opened last
         self.aggregating = False  # BEGIN AGGREGATION of `iteration` reached the relays, the steps are not applied
         self.finished = False  # the last iteration is aggregated: nothing more to open
@@ -139,7 +141,10 @@ class RecoveryWire(RuleBasedStateMachine):
                 assert nid in self.data_nodes, (nid, e)
                 self.reported[nid].add(e.iteration)
                 assert len(e.completed_attempts) == len(e.completed_seqs), e
-                self.completed_seqs[(nid, e.iteration)] = dict(zip(e.completed_seqs, e.completed_attempts))
+                report = IterationDone(e.iteration, e.completed, 0.0, e.deferred, 0, e.completed_seqs,
+                                       e.completed_attempts, e.completed_holders)
+                begin = BeginAggregation(e.iteration, e.completed, completed=(completed_seqs(nid, report),))
+                self.completed_seqs[(nid, e.iteration)] = completed_named(begin)[nid]
             elif type(e) is Compute:
                 self.computing.append((nid, e))
             elif type(e) is OpenIteration:
@@ -285,6 +290,11 @@ class RecoveryWire(RuleBasedStateMachine):
                         stage = self.nodes[r].cfg.stage
                         assert key not in counted.setdefault(stage, set()), f"stage {stage} counts {key} twice"
                         counted[stage].add(key)
+            for stage, names in enumerate(STAGES):  # with no relay of the stage crashed: each counted once
+                if not set(names) & self.dead:
+                    for d in self.data_nodes:
+                        for seq in completed[d]:
+                            assert (d, seq, it) in counted.get(stage, set()), f"stage {stage} misses {(d, seq, it)}"
 
     @precondition(lambda self: self.aggregating)
     @rule()

@@ -237,6 +237,7 @@ def _data(lend: bool) -> RecoveryNode:
 def test_a_settled_iteration_is_reported_once_as_an_effect() -> None:
     """The recovery machine tells its driver that a data node's iteration is settled (IterationSettled, once);
     it sends no aggregation message itself and refuses to be handed one."""
+    from gwtf_node.protocol.completions import holder_tag
     from gwtf_node.protocol.messages import IterationDone
     from gwtf_node.protocol.recovery import IterationSettled
     cfg = RecoveryConfig(node_id="d0", stage=-1, last_stage=0, capacity=1, data_nodes=("d0",),
@@ -245,7 +246,8 @@ def test_a_settled_iteration_is_reported_once_as_an_effect() -> None:
     m.set_flows({"d0": {"a": 1}})
     m.start(0.0)
     eff = _walk(m, ("d0", 0, 0), "a", 0.0, 2.0)
-    assert [e for e in eff if type(e) is IterationSettled] == [IterationSettled(0, 1, 0, (0,), (0,))]
+    settled = IterationSettled(0, 1, 0, (0,), (0,), (holder_tag("a"),))  # seq 0, attempt 0, through a
+    assert [e for e in eff if type(e) is IterationSettled] == [settled]
     assert not [e for e in eff if hasattr(e, "msg") and type(e.msg) is IterationDone]
     assert 0 in m.reported
     with pytest.raises(TypeError):
@@ -518,13 +520,15 @@ def test_a_relay_counts_only_gradients_of_microbatches_its_data_node_completed()
 
 
 def test_a_relay_counts_only_the_attempt_that_completed_the_microbatch() -> None:
+    from gwtf_node.protocol.completions import Completion
+
     """BEGIN names the attempt that completed each seq: a gradient this relay holds of an older attempt (its data
     node restarted the microbatch through other holders and the Release to this one was lost) does not count,
     or the stage would count the microbatch twice."""
     m = _relay_with_two_gradients()  # both gradients of attempt 0
-    _, counted = m.begin_aggregation(2.0, 0, {"d0": {0: 1, 1: 0}})
+    _, counted = m.begin_aggregation(2.0, 0, {"d0": {0: Completion(1), 1: Completion(0)}})
     assert counted == frozenset({("d0", 1, 0)}) and m.stats.uncounted == 1
-    _, counted = _relay_with_two_gradients().begin_aggregation(2.0, 0, {"d0": {0: None, 1: None}})
+    _, counted = _relay_with_two_gradients().begin_aggregation(2.0, 0, {"d0": {0: Completion(), 1: Completion()}})
     assert counted == frozenset({("d0", 0, 0), ("d0", 1, 0)})  # attempts not named: any attempt counts
     # the same microbatch taken again in attempt 1 and its backward computed: attempt 1's gradient counts
     m = _relay_with_two_gradients()
@@ -533,7 +537,7 @@ def test_a_relay_counts_only_the_attempt_that_completed_the_microbatch() -> None
     m.on_compute_done(3.1, k, "forward")
     m.on_message(3.5, "d0", Backward(*k, None, 1))
     m.on_compute_done(3.6, k, "backward")
-    _, counted = m.begin_aggregation(4.0, 0, {"d0": {0: 1, 1: 0}})
+    _, counted = m.begin_aggregation(4.0, 0, {"d0": {0: Completion(1), 1: Completion(0)}})
     assert counted == frozenset({("d0", 0, 0), ("d0", 1, 0)})
 
 

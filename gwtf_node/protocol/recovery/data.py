@@ -57,6 +57,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..completions import holder_tag
 from ..effects import CancelTimer, Send, SetTimer
 from ..messages import Backward, BackwardStuck, Complete, Forward, Lend, MbDeny, MbState, Recover, Release, Resume
 from ..pipeline import Ledger, MbStatus, OpenIteration
@@ -89,6 +90,7 @@ class DataRecord:
     final_from: str | None = None  # the stage-0 relay the last backward came from
     parked: bool = False  # a recovery found every live stage-0 relay full: retried when a slot frees
     bwd_done: set[int] = field(default_factory=set)  # stages whose holder reported its backward computed (MbState grad)
+    chain: tuple[str, ...] = ()  # the relays that computed the backward that came back (`Backward.chain`)
 
 
 class DataSide:
@@ -105,7 +107,8 @@ class DataSide:
         self.reported: set[int] = set()  # iterations settled (IterationSettled sent)
         self.lent: dict[str, int] = {}  # stage-0 relay -> units other data nodes lent me this iteration
         self.rt: dict[str, float] = {}  # stage-0 relay -> EWMA of launch -> final time through it
-        self.completed_by: dict[Key, int] = {}  # a completed microbatch -> the attempt that completed it
+        # a completed microbatch -> the attempt that completed it and its holders' tags (protocol/completions.py)
+        self.completed_by: dict[Key, tuple[int, tuple[int, ...]]] = {}
 
     def message(self, node: RecoveryNode, now: float, sender: str, key: Key, msg, eff: list[RecoveryEffect]) -> None:
         """A microbatch message at its data node, handed to its handler (`DATA_HANDLERS`, at the end of this
@@ -192,7 +195,7 @@ class DataSide:
                       eff: list[RecoveryEffect]) -> None:
         if m.sink in (Sink.GRAD, Sink.WAIT):
             eff.append(CancelTimer(MbTimer(TimerKind.BK, key)))
-            m.sink, m.final_from = Sink.FINAL, sender
+            m.sink, m.final_from, m.chain = Sink.FINAL, sender, tuple(msg.chain)
             eff.append(Compute(ComputeKind.FINAL, key))
 
     def _on_stuck(self, node: RecoveryNode, now: float, sender: str, key: Key, msg: BackwardStuck, m: DataRecord,
@@ -334,12 +337,14 @@ class DataSide:
                 self.e2e_est = (1 - EWMA_ALPHA) * self.e2e_est + EWMA_ALPHA * (now - m.launched_at)
                 if m.attempt == 0 and hop is not None:  # the round trip through this unit ("Fastest unit first")
                     ewma(self.rt, hop, now - m.launched_at)
-            # every holder off the final path had a duplicate branch: release it (and its contribution)
-            final = set(p for p in m.path if p is not None)
-            for p in sorted(m.holders - final):
+            # the relays whose backward came back are the path that completed it (a recovery ordered while the
+            # first path was alive may have taken `path`'s place in this record); every other holder had a
+            # duplicate branch: release it (and its contribution)
+            done = list(m.chain) if len(m.chain) == node.nstages else m.path
+            for p in sorted(m.holders - {p for p in done if p is not None}):
                 eff.append(Send(p, Release(*key, m.attempt)))
             self.ledger.mark(key.iteration, key.seq, MbStatus.COMPLETED)
-            self.completed_by[key] = m.attempt
+            self.completed_by[key] = (m.attempt, tuple(holder_tag(p) for p in done))
             cancel_timers(key, eff)
             self.records.pop(key, None)
             self._lend(node, key.iteration, hop, eff)
@@ -411,9 +416,12 @@ class DataSide:
             return
         self.reported.add(it)
         done = tuple(sorted(s for s, st in self.ledger.entries.get(it, {}).items() if st is MbStatus.COMPLETED))
-        attempts = tuple(self.completed_by.get(Key(node.me, s, it), 0) for s in done)
+        by = [self.completed_by.get(Key(node.me, s, it)) for s in done]
         self.completed_by = {k: a for k, a in self.completed_by.items() if k.iteration > it}
-        eff.append(IterationSettled(it, c["completed"], c["deferred"], done, attempts))
+        named = all(b is not None for b in by)  # (else none named: every holder counts, as before attempts)
+        eff.append(IterationSettled(it, c["completed"], c["deferred"], done,
+                                    tuple(b[0] for b in by) if named else (),
+                                    tuple(t for b in by for t in b[1]) if named else ()))
 
     def _abandoned(self, node: RecoveryNode, key: Key) -> bool:
         """The ledger entry of `key` (data node, seq, iteration) was deferred: its attempts were given up."""

@@ -143,6 +143,7 @@ class IterationSettled:
     deferred: int
     completed_seqs: tuple[int, ...] = ()  # the seqs of the completed ones: only their gradients count
     completed_attempts: tuple[int, ...] = ()  # the attempt that completed each (a relay counts only that one)
+    completed_holders: tuple[int, ...] = ()  # per completed seq, per stage: its holder's tag (completions.py)
 
 
 RecoveryEffect = Send | SetTimer | CancelTimer | Compute | OpenIteration | IterationSettled

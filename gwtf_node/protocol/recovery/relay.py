@@ -42,6 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Collection, Mapping
 
+from ..completions import counts
 from ..effects import CancelTimer, Send, SetTimer
 from ..messages import (
     Backward, BackwardStuck, Complete, Forward, MbDeny, MbState, Probe, Recover, Release, RepairOrder, Resume, Room,
@@ -67,6 +68,7 @@ class RelayRecord:
     sent_at: float = 0.0
     ordered: bool = False  # executing a RepairOrder: my stash is the original forward's, keep it on failure
     parked: bool = False  # no next hop with room: output (and any repair order) kept, retried (relay.py)
+    chain: tuple[str, ...] = ()  # the relays after me that computed the backward I got (`Backward.chain`)
 
 
 class RelaySide:
@@ -131,18 +133,14 @@ class RelaySide:
         orphans = self.orphaned.pop(it, set())
         if completed is None:
             return frozenset(held)
-        counted = frozenset(k for k in held | orphans if self._named(k, completed))
+        counted = frozenset(k for k in held | orphans if self._named(node, k, completed))
         node.stats.bump(uncounted=len(held) - len(counted))
         return counted
 
-    def _named(self, key: Key, completed: Mapping[str, Collection[int]]) -> bool:
-        """BEGIN names `key`'s microbatch among its data node's completed ones and, where it names the attempt that
-        completed it, that is the attempt whose gradient this relay holds."""
-        seqs = completed.get(key.data_node, ())
-        if key.seq not in seqs:
-            return False
-        want = seqs.get(key.seq) if isinstance(seqs, Mapping) else None
-        return want is None or self.attempt_of.get(key) == want
+    def _named(self, node: RecoveryNode, key: Key, completed: Mapping[str, Collection[int]]) -> bool:
+        """BEGIN names `key`'s microbatch and, where it names them, the attempt and this stage's holder that
+        completed it are this relay's gradient's (protocol/completions.py)."""
+        return counts(completed, key.data_node, key.seq, node.stage, node.me, self.attempt_of.get(key))
 
     def stepped_at(self, node: RecoveryNode, it: int, eff: list[RecoveryEffect]) -> None:
         """The step of `it` is applied here: room again for the next iteration's microbatches."""
@@ -239,7 +237,7 @@ class RelaySide:
                      eff: list[RecoveryEffect]) -> None:
         if r.phase in (RelayPhase.SENT, RelayPhase.SENDING):
             eff.append(CancelTimer(MbTimer(TimerKind.FW, key)))
-            r.next, r.phase, r.rest = sender, RelayPhase.BWD, ()
+            r.next, r.phase, r.rest, r.chain = sender, RelayPhase.BWD, (), tuple(msg.chain)
             eff.append(Compute(ComputeKind.BACKWARD, key))
 
     def _on_resume(self, node: RecoveryNode, now: float, sender: str, key: Key, msg: Resume, r: RelayRecord,
@@ -252,7 +250,7 @@ class RelaySide:
         if r.phase in (RelayPhase.GRAD, RelayPhase.DONE):
             node.stats.bump(resends=1)
             r.phase, r.sent_at = RelayPhase.GRAD, now
-            eff.append(Send(newprev, Backward(*key, None, a)))
+            eff.append(Send(newprev, Backward(*key, None, a, (node.me, *r.chain))))
             eff.append(SetTimer(MbTimer(TimerKind.BK, key), node.routing.deadline(node, now, newprev)))
 
     def _on_repair(self, node: RecoveryNode, now: float, sender: str, key: Key, msg: RepairOrder, r: RelayRecord,
@@ -320,7 +318,7 @@ class RelaySide:
         elif r.phase is RelayPhase.BWD and kind is ComputeKind.BACKWARD:
             self.contribute(key, r.attempt)
             eff.append(Send(r.next, Complete(*key, r.attempt)))
-            eff.append(Send(r.prev, Backward(*key, None, r.attempt)))
+            eff.append(Send(r.prev, Backward(*key, None, r.attempt, (node.me, *r.chain))))
             r.phase, r.sent_at = RelayPhase.GRAD, now
             self.report(node, key, r.attempt, RelayPhase.GRAD, eff)  # backward progress (the data node's act_on_gone)
             eff.append(SetTimer(MbTimer(TimerKind.BK, key), node.routing.deadline(node, now, r.prev)))

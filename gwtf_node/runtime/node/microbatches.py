@@ -141,10 +141,10 @@ class MicrobatchesView:
             return None
         c = mb.counts(t)
         seqs = tuple(sorted(cur.done))
-        by = mb.completed_by.get(t, {})  # the attempt that completed each (a relay counts only that attempt's)
-        attempts = tuple(by[s] for s in seqs) if all(s in by for s in seqs) else ()
-        return m.IterationDone(t, len(cur.done), cur.loss_sum, c["deferred"], c["pending"] + c["inflight"],
-                               seqs, attempts)
+        e = mb.settled  # the machine's report names the attempts and holders that completed them (completions.py)
+        named = e is not None and e.iteration == t and e.completed_seqs == seqs
+        return m.IterationDone(t, len(cur.done), cur.loss_sum, c["deferred"], c["pending"] + c["inflight"], seqs,
+                               e.completed_attempts if named else (), e.completed_holders if named else ())
 
     def completed(self, t: int) -> int:
         """The microbatches of iteration `t` this data node completed (0 if `t` is not in flight)."""
@@ -184,7 +184,7 @@ class Microbatches:
         self.current: DataIteration | None = None  # a data node's iteration in flight
         self.iter_started = 0.0
         self.pipeline_s: dict[int, float] = {}  # iteration -> open to last microbatch settled
-        self.completed_by: dict[int, dict[int, int]] = {}  # the iteration settled last -> seq -> completing attempt
+        self.settled: IterationSettled | None = None  # the machine's last settled iteration, as it reported it
         self._flow_stamp: float | None = None  # the flow machine's last change the machine was told of
         self._told: tuple | None = None  # the neighbours (next, previous, capacities) the machine was told last
         self._presumed: set[str] = set()  # peers the machine presumes dead (not reported gone), as last seen
@@ -329,7 +329,7 @@ class Microbatches:
         """The machine's effect: this data node's microbatches of an iteration are all completed or deferred."""
         self.pipeline_s.setdefault(e.iteration, now() - self.iter_started)
         cur = self.current
-        self.completed_by = {e.iteration: dict(zip(e.completed_seqs, e.completed_attempts))}
+        self.settled = e
         if cur is not None and cur.iteration == e.iteration:
             self.tally.data_settled(e.iteration, self.wire.me, self.counts(e.iteration), dict(cur.done))
         self.report_settled(e.iteration)

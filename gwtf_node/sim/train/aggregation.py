@@ -57,7 +57,8 @@ class AggregationDriver:
         ph = self.nodes[nid].phases
         eff = ph.report_done(self.now, IterationDone(e.iteration, e.completed, 0.0, e.deferred,
                                                      completed_seqs=e.completed_seqs,
-                                                     completed_attempts=e.completed_attempts))
+                                                     completed_attempts=e.completed_attempts,
+                                                     completed_holders=e.completed_holders))
         if self._leading(nid):
             eff += self._maybe_begin(nid)
         self._apply_phase(nid, eff)
