@@ -52,7 +52,8 @@ the ledger lives in memory.)
 Exactness.  A relay's backward keeps the microbatch's parameter gradients
 apart (`StageModel.backward(hold=True)`); at BEGIN AGGREGATION the machine
 names the contributions that count (backward computed here, attempt not
-released) and only those are added, in sorted key order.  A data node holds
+released, this relay its stage's holder on the path that completed it:
+protocol/completions.py) and only those are added, in sorted key order.  A data node holds
 the head gradients of a microbatch until its final backward.  The step
 divides the all-reduced sum by the all-reduced count of contributions, so
 with no crash every stage divides by the number of microbatches completed end
