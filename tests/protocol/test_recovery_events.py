@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+from gwtf_node.protocol.completions import Completion, holder_tag
 from gwtf_node.protocol.messages import Forward, MbDeny, Room
 from gwtf_node.protocol.recovery import Compute, RecoveryConfig, RecoveryNode
 
@@ -131,3 +132,13 @@ def test_a_dead_data_nodes_contributions_count_only_when_begin_names_them() -> N
     m.peer_gone(1.0, "d")
     m.peer_back(1.5, "d", data_node=True)  # restarted: the old incarnation's gradients are not its
     assert m.begin_aggregation(2.0, 0, named)[1] == frozenset()
+
+    m = _relay_holding(keys)
+    m.peer_gone(1.0, "d")
+    m.peer_back(1.5, "d", data_node=True, same=True)  # presumed dead while alive: what it names counts
+    assert m.begin_aggregation(2.0, 0, named)[1] == frozenset(keys)
+    m = _relay_holding(keys)
+    m.peer_gone(1.0, "d")
+    m.peer_back(1.5, "d", data_node=True, same=True)  # ... not what it redid through another relay
+    redone = {"d": {0: Completion(0, (holder_tag("x"),) * 4), 1: Completion(0, (holder_tag("r"),) * 4)}}
+    assert m.begin_aggregation(2.0, 0, redone)[1] == frozenset({("d", 1, 0)})

@@ -246,7 +246,7 @@ async def test_a_data_node_back_and_restarted_is_taken_back(tmp_path: Path) -> N
         await trio.testing.wait_all_tasks_blocked()
         assert "D0" in relay.peers and not relay.peers.is_gone("D0")
         assert relay.parts.liveness.crashed == set()
-        relay.parts.microbatches.peer_back.assert_called_with("D0")
+        relay.parts.microbatches.peer_back.assert_called_with("D0", same=False)  # a new process
         relay.parts.flows.peer_back.assert_called()
         assert relay.parts.discovery.host.noted[-1][0] == "D0"  # its new addresses, for dialling it again
         assert "R0" in back.peers  # the relay answered its Hello (it had greeted the old one)
@@ -304,7 +304,7 @@ async def test_a_peer_presumed_dead_that_is_still_there_is_redialled_and_taken_b
                 await trio.sleep(0.1)
         assert relay.parts.liveness.crashed == set() and "R0" in data.peers
         data.parts.microbatches.peer_gone.assert_called_with("R0")  # the data node forgot it too, then took it back
-        data.parts.microbatches.peer_back.assert_called_with("R0")
+        data.parts.microbatches.peer_back.assert_called_with("R0", same=True)  # (the same process)
         nursery.cancel_scope.cancel()
 
 

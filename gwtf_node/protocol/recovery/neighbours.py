@@ -211,16 +211,22 @@ def peer_gone(node: RecoveryNode, now: float, peer: str) -> list[RecoveryEffect]
     return eff
 
 
-def peer_back(node: RecoveryNode, now: float, peer: str, *, data_node: bool) -> list[RecoveryEffect]:
-    """`peer`, reported gone, is back (a restarted node keeps its peer id): a new join of the same identity.
+def peer_back(node: RecoveryNode, now: float, peer: str, *, data_node: bool, same: bool = False
+              ) -> list[RecoveryEffect]:
+    """`peer`, reported gone, is back (a restarted node keeps its peer id): a new join of the same identity, or
+    (`same`) the same process, presumed dead while it was alive.
 
     It is neither dead nor gone here any more; a data node is one of the
-    run's data nodes again.  Nothing of its old incarnation is left to
-    forget: `peer_gone` dropped it (a data node's microbatches and
-    contributions died with it), so the microbatches it sends from now on
-    start clean, whatever their keys.  A next-stage peer back is a route
-    again (as in `set_neighbours`)."""
-    node.relay.unorphan(peer)  # its old incarnation's: a new one may send the same keys elsewhere
+    run's data nodes again.  Nothing of a restarted node's old incarnation
+    is left: `peer_gone` dropped it (a data node's microbatches died with
+    it, its contributions held here are forgotten now), so the microbatches
+    it sends from now on start clean, whatever their keys.  A data node back
+    as it was keeps the contributions it left orphaned here: they count if
+    its report names them, as this relay's, through BEGIN (`relay.begin`;
+    protocol/completions.py: one it redid elsewhere names the other holder).
+    A next-stage peer back is a route again (as in `set_neighbours`)."""
+    if not same:
+        node.relay.unorphan(peer)  # its old incarnation's: a new one may send the same keys elsewhere
     node.peers.heard(peer)
     if data_node and peer not in node.cfg.data_nodes:
         node.set_data_nodes(tuple(sorted(node.cfg.data_nodes + (peer,))))

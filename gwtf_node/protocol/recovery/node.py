@@ -212,8 +212,8 @@ class RecoveryNode:
     def peer_gone(self, now: float, peer: str) -> list[RecoveryEffect]:
         return neighbours.peer_gone(self, now, peer)
 
-    def peer_back(self, now: float, peer: str, *, data_node: bool) -> list[RecoveryEffect]:
-        return neighbours.peer_back(self, now, peer, data_node=data_node)
+    def peer_back(self, now: float, peer: str, *, data_node: bool, same: bool = False) -> list[RecoveryEffect]:
+        return neighbours.peer_back(self, now, peer, data_node=data_node, same=same)
 
     def give_up_stranded(self, now: float) -> list[RecoveryEffect]:
         """A data node with no live stage-0 relay left gives up what cannot complete (`Rounds.give_up_stranded`)."""
@@ -243,11 +243,13 @@ class RecoveryNode:
         node deferred (the Release that would have dropped it was lost, or
         its holder was unknown to the data node) never counts: the
         microbatch runs again in the next iteration and counts there.  Where
-        BEGIN also names the attempt that completed each seq (a mapping seq
-        -> attempt per data node), a gradient of another attempt of that
-        microbatch does not count either: the data node restarted or parked
-        it and completed it through other holders, and the Release to this
-        one was lost (counted, the microbatch would count twice).
+        BEGIN also names the attempt that completed each seq and its holder
+        at each stage (seq -> `completions.Completion` per data node), a
+        gradient of another attempt, or held by another relay than the one
+        on the path whose backward came back, does not count either: the
+        data node restarted, parked or repaired the microbatch through other
+        holders, and the Release to this one was lost or it was presumed
+        dead while alive (counted, the microbatch would count twice).
 
         The contributions of a data node reported gone before this BEGIN
         (`orphaned`) count only when BEGIN names their seqs: the leader

@@ -541,11 +541,13 @@ class Microbatches:
             self._apply(self.rec.aggregation_done(now(), iteration))
             self.neighbours_changed()
 
-    def peer_back(self, peer: str) -> None:
-        """`peer` was reported gone and said Hello again: alive, and (a data node) one of the run's again."""
+    def peer_back(self, peer: str, *, same: bool = False) -> None:
+        """`peer` was reported gone and said Hello again: alive, and (a data node) one of the run's again; `same`:
+        with the incarnation it had (it was alive: the contributions it left orphaned here still count)."""
         if self.rec is not None:
             info = self.peers.get(peer)
-            self._apply(self.rec.peer_back(now(), peer, data_node=info is not None and info.role == "data"))
+            self._apply(self.rec.peer_back(now(), peer, data_node=info is not None and info.role == "data",
+                                           same=same))
             self.neighbours_changed()
 
     def peer_gone(self, peer: str) -> None:

@@ -327,8 +327,8 @@ class Node:
             p.aggregation.returned(info.peer_id, same_incarnation=same)
             dead_since = p.liveness.peer_back(info.peer_id)
             p.cutcheck.peer_back(info, dead_since)  # (a stage peer at this node's step: the parameters compared)
-            p.microbatches.peer_back(info.peer_id)  # (a data node's contributions held here stay orphaned: it
-            # may have redone their microbatches elsewhere while it held this node dead)
+            p.microbatches.peer_back(info.peer_id, same=same)  # (a data node's contributions held here count if
+            # its report names this relay as their holder: protocol/completions.py)
             p.flows.peer_back(info)
         p.aggregation.peer_back(info.peer_id)
         p.joining.catch_up(info)  # a peer far ahead: this node was cut off while the run stepped
