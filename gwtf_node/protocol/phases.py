@@ -68,7 +68,9 @@ from typing import Iterable, Mapping
 from .effects import CancelTimer, Send, SetTimer
 from .completions import Completion, completed_named, completed_seqs  # noqa: F401 - for the drivers
 from .messages import BeginAggregation, CanTake, IterationDone, PhaseAck, PhaseKind, StageMembers
-from .phasewaits import WATCH_TIMER, Overdue, PhaseWaits, Wait, WaitKind, WatchTimer  # noqa: F401 - for the drivers
+from .phasewaits import (  # noqa: F401 - for the drivers
+    WATCH_TIMER, Overdue, PhaseWaits, Wait, WaitKind, WatchTimer, begin_for,
+)
 
 RETRY_S = 2.0  # a phase signal not acknowledged within this is sent again
 
@@ -451,8 +453,9 @@ class Phases(PhaseWaits):
         eff: list[PhaseEffect] = []
         if not self.is_data and self.stage < self.last_stage:
             named_next = self.groups.get(it, {}).get(self.stage + 1, set())
+            out = begin_for(msg, self.stage + 1)
             for r in sorted((set(next_stage) | named_next) - self.gone - {self.me}):
-                eff += self._send(now, PhaseKind.BEGIN, it, r, msg)
+                eff += self._send(now, PhaseKind.BEGIN, it, r, out)
         mine = self.group(it, self.stage)
         if mine is not None and self.me not in mine:
             eff.append(LeftOut(it))

@@ -25,11 +25,11 @@ of its own).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 from .effects import Send, SetTimer
-from .messages import PhaseKind
+from .messages import BeginAggregation, PhaseKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +39,16 @@ class WatchTimer:
 
 WATCH_TIMER = WatchTimer()
 WAIT_BOUND_S = 30.0  # the daemon's bound of a phase wait (runtime/node/waits.py: longer for a node whose work is long)
+
+
+def begin_for(begin: BeginAggregation, stage: int) -> BeginAggregation:
+    """BEGIN as a relay passes it on to `stage`: without the groups of the stages before `stage - 1`, which
+    nobody from there on reads (a member reads its own stage's group, the one before it (whom it sends CAN
+    TAKE) and the ones after it (whom it passes BEGIN and waits for); the data nodes' group stays, a relay
+    counts only their microbatches).  So BEGIN shrinks as it travels instead of carrying every member of the
+    swarm to every relay."""
+    keep = tuple(g for g in begin.groups if g.stage == -1 or g.stage >= stage - 1)
+    return begin if len(keep) == len(begin.groups) else replace(begin, groups=keep)
 
 
 class WaitKind(enum.StrEnum):
@@ -162,7 +172,8 @@ class PhaseWaits:
             if begin is None:
                 return "", []
             eff: list[WaitEffect] = []
+            out = begin if self.is_data else begin_for(begin, self.stage + 1)
             for p in w.peers:
-                eff += self._send(now, PhaseKind.BEGIN, w.iteration, p, begin)
+                eff += self._send(now, PhaseKind.BEGIN, w.iteration, p, out)
             return "BEGIN AGGREGATION sent to them again", eff
         return "", []

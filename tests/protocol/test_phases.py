@@ -238,3 +238,27 @@ def test_named_group_is_begins_group_as_sent_and_group_drops_the_peers_held_gone
     assert b0.named_group(0, 2) == () and b0.named_group(1, 1) is None
     b0.on_begin(2.0, "a0", BeginAggregation(1, 4), next_stage=[])
     assert b0.named_group(1, 1) is None  # BEGIN without groups
+
+
+def test_begin_sheds_the_groups_of_the_stages_behind_as_it_travels() -> None:
+    """A relay passes BEGIN on without the groups of the stages before its own (the next stage's previous):
+    the size a relay sends stays with its neighbourhood, and each member still waits for exactly its next
+    stage's named members and sends CAN TAKE to its previous stage's."""
+    groups = tuple(StageMembers(k, (f"s{k}a", f"s{k}b")) for k in range(-1, 4))
+    r = {k: Phases(f"s{k}a", k, 3) for k in range(4)}
+    msg = BeginAggregation(0, 4, groups)
+    seen = []
+    for k in range(4):
+        eff = r[k].on_begin(0.1 * k, "x", msg, next_stage=[])
+        if k < 3:
+            out = sends(eff, BeginAggregation)
+            assert {e.to for e in out} == {f"s{k + 1}a", f"s{k + 1}b"}
+            msg = out[0].msg
+            seen.append(sorted(g.stage for g in msg.groups))
+    assert seen == [[-1, 0, 1, 2, 3], [-1, 1, 2, 3], [-1, 2, 3]]
+    assert r[3].group(0, 3) == {"s3a", "s3b"} and r[3].group(0, 2) == {"s2a", "s2b"}
+    eff = r[3].on_step_done(1.0, 0, next_stage=[], prev_stage=[])
+    assert {e.to for e in sends(eff, CanTake)} == {"s2a", "s2b"}  # (the named previous stage, from the shed BEGIN)
+    r[2].on_step_done(1.1, 0, next_stage=[], prev_stage=[])
+    assert sends(r[2].on_can_take(1.2, "s3a", CanTake(0, 3), [], []), CanTake) == []  # s3b named: waited for
+    assert {e.to for e in sends(r[2].on_can_take(1.3, "s3b", CanTake(0, 3), [], []), CanTake)} == {"s1a", "s1b"}

@@ -95,6 +95,23 @@ async def test_a_member_not_back_within_the_grace_is_left_out(autojump_clock: tr
 
 
 @pytest.mark.trio
+async def test_a_member_back_as_it_was_after_the_grace_is_taken_back_into_the_round(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """B comes back with its incarnation just after the grace: the round redone without it is redone again with
+    it (B, which held this node dead in turn, does the same on its side), not left to time out against B's."""
+    async with _round_in_flight() as (rg, rounds, out, nursery):
+        _presume_dead(rg, B, nursery)
+        while len(rounds.groups) < 2:
+            await trio.sleep(0.1)
+        await trio.sleep(1.0)
+        _back(rg, B, incarnation=7)
+        await trio.sleep(1.0)
+        rounds.finish.set()
+    assert rounds.groups == [sorted([ME, A, B]), sorted([ME, A]), sorted([ME, A, B])]
+    assert out[0][2] == sorted([ME, A, B]) and out[0][0] == ("sum", 3)
+
+
+@pytest.mark.trio
 async def test_a_member_that_left_or_restarted_is_left_out_at_once(autojump_clock: trio.testing.MockClock) -> None:
     async with _round_in_flight() as (rg, rounds, out, nursery):
         _presume_dead(rg, B, nursery, presumed=False)  # B said Goodbye

@@ -51,13 +51,12 @@ the ledger lives in memory.)
 
 Exactness.  A relay's backward keeps the microbatch's parameter gradients
 apart (`StageModel.backward(hold=True)`); at BEGIN AGGREGATION the machine
-names the contributions that count (backward computed here, attempt not
-released, this relay its stage's holder on the path that completed it:
-protocol/completions.py) and only those are added, in sorted key order.  A data node holds
-the head gradients of a microbatch until its final backward.  The step
-divides the all-reduced sum by the all-reduced count of contributions, so
-with no crash every stage divides by the number of microbatches completed end
-to end (the invariant), and after a crash by what the survivors hold.
+names the contributions that count (protocol/completions.py) and only
+those are added, in sorted key order.  A data node holds the head
+gradients of a microbatch until its final backward.  The step divides the
+all-reduced sum by the all-reduced count of contributions, so with no crash
+every stage divides by the number of microbatches completed end to end (the
+invariant), and after a crash by what the survivors hold.
 """
 
 from __future__ import annotations

@@ -23,7 +23,11 @@ timeout (minutes), then stepping apart.  So:
   banned) keeps its place in a round in flight for `REJOIN_GRACE_S`: the
   round is cancelled only if it is not back by then with its incarnation;
 * a member back with its incarnation counts as never forgotten, in the
-  round in flight and in the next ones;
+  round in flight and in the next ones; a round redone without it (it
+  came back after the grace) is redone again with it, as it does on its
+  side (a round cancelled for a member gone or back is not a failed
+  group: only a round that fails on its own waits GROUP_CHANGE_WAIT_S
+  before its group is tried again);
 * a round about to start waits, up to the same grace, for a member of
   `named` presumed dead shortly before (the daemon hands it BEGIN's group
   as the leader sent it, `Phases.named_group`, so also for one presumed
@@ -63,7 +67,8 @@ class Regroup:
         self.forgotten: dict[str, int] = {}  # peer -> times it was forgotten
         self.voided: dict[str, int] = {}  # peer -> its forgettings up to this count were false (back as it was)
         self.forgot_at: dict[str, float] = {}  # peer -> when it was last presumed dead
-        self.scopes: dict[str, tuple[set[str], trio.CancelScope]] = {}  # round key -> (its group, its scope)
+        # round key -> (its group, its scope, the members BEGIN named)
+        self.scopes: dict[str, tuple[set[str], trio.CancelScope, set[str]]] = {}
 
     # ------------------------------------------------------------------ news of the peers
     def forget(self, peer: str, *, presumed: bool) -> None:
@@ -79,11 +84,17 @@ class Regroup:
         if same_incarnation and peer in self.forgot_at:
             self.voided[peer] = self.forgotten.get(peer, 0)
             self.forgot_at.pop(peer, None)
+        if same_incarnation and self.is_back(peer):
+            for gkey, (group, scope, named) in list(self.scopes.items()):
+                if peer in named and peer not in group:
+                    log.info("all-reduce %s left out %s, which is back as it was: redone with it", gkey,
+                             self.peers.who(peer))
+                    scope.cancel()
 
     def after_gone(self, peer: str, spawn: Callable) -> None:
         """Cancel the rounds waiting for `peer`: at once if it left or restarted, after the grace if it is only
         presumed dead and not back as it was by then."""
-        for gkey, (group, scope) in list(self.scopes.items()):
+        for gkey, (group, scope, _named) in list(self.scopes.items()):
             if peer not in group:
                 continue
             if peer in self.forgot_at:
@@ -153,7 +164,7 @@ class Regroup:
             if len(group) == 1:
                 return None, gkey, group
             with trio.CancelScope() as scope:
-                self.scopes[gkey] = (set(group), scope)
+                self.scopes[gkey] = (set(group), scope, set(named))
                 try:
                     return await run_round(gkey, group), gkey, group
                 except Exception as e:  # noqa: BLE001 - AllReduceError, alone or in a nursery's group
@@ -162,4 +173,6 @@ class Regroup:
                     log.warning("all-reduce %s failed: %s", gkey, leaf(e))
                 finally:
                     self.scopes.pop(gkey, None)
+            if scope.cancelled_caught:  # cancelled for a member gone or back: not a failure of that group
+                tried.discard(gkey)
             await trio.sleep(POLL_S)
