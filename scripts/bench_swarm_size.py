@@ -236,7 +236,7 @@ def check_losses(records: list[dict], reference: list[float], microbatches: int,
 
 
 SETTLED = re.compile(r"iteration (\d+) settled: completed \[([^\]]*)\]")
-SUMMED = re.compile(r"iteration (\d+): summed in round s(\d+)/\S+ contributions (\[.*\]);")
+SUMMED = re.compile(r"iteration (\d+): summed in round (s(\d+)/\S+): contributions (\[.*\]);")
 
 
 def node_log(state_dir: Path) -> str:
@@ -246,10 +246,13 @@ def node_log(state_dir: Path) -> str:
 
 
 def check_ledger(logs: dict[str, tuple[str, str]], iterations: int) -> list[str]:
-    """Every stage of every iteration < `iterations` summed exactly the microbatches its data nodes settled:
-    `logs` maps a node's name to (role, its node.log); the problems (empty: none)."""
+    """Every stage of every iteration < `iterations` summed exactly the microbatches its data nodes settled, all
+    its relays in one round (relays that stepped in rounds of their own, or alone, hold different parameters
+    even when together they summed every microbatch): `logs` maps a node's name to (role, its node.log); the
+    problems (empty: none)."""
     settled: dict[int, set] = {}
     summed: dict[tuple[int, int], list] = {}
+    rounds: dict[tuple[int, int], set] = {}
     for name, (role, text) in logs.items():
         pattern = SETTLED if role == "data" else SUMMED
         for m in pattern.finditer(text):
@@ -257,8 +260,11 @@ def check_ledger(logs: dict[str, tuple[str, str]], iterations: int) -> list[str]
             if role == "data":
                 settled.setdefault(t, set()).update((name, int(q)) for q in m.group(2).replace(",", " ").split())
             else:
-                summed.setdefault((t, int(m.group(2))), []).extend(tuple(k) for k in json.loads(m.group(3)))
-    bad = []
+                summed.setdefault((t, int(m.group(3))), []).extend(tuple(k) for k in json.loads(m.group(4)))
+                rounds.setdefault((t, int(m.group(3))), set()).add(m.group(2) if not m.group(2).endswith("/alone")
+                                                                   else f"{m.group(2)} ({name})")
+    bad = [f"iteration {t} stage {stage}: its relays summed in {len(keys)} rounds ({', '.join(sorted(keys)[:3])})"
+           for (t, stage), keys in sorted(rounds.items()) if t < iterations and len(keys) > 1]
     for (t, stage), keys in sorted(summed.items()):
         want = settled.get(t, set())
         if t < iterations and (sorted(keys) != sorted(want)):

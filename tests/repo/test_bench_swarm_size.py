@@ -104,6 +104,12 @@ def test_every_stage_sums_what_the_data_nodes_settled(tmp_path: Path) -> None:
     assert b.check_ledger({k: v for k, v in logs.items() if k != "r1_0"}, 2) == []
     assert b.check_ledger({**logs, "r1_0": ("relay", summed.format(t=0, s=1, keys='[["d0", 0], ["d0", 1]]'))}, 2) == [
         "iteration 1 stage 1: no relay logged its sum"]
+    # every microbatch summed, but by two relays stepping alone: their copies of the stage differ
+    alone = 'x INFO gwtf.steps: iteration 0: summed in round s0/it0/alone: contributions {keys}; aggregation 0.1 s\n'
+    split = {**logs, "r0_0": ("relay", alone.format(keys='[["d0", 0]]') + summed.format(t=1, s=0, keys='[["d0", 2], ["d0", 3]]')),
+             "r0_1": ("relay", alone.format(keys='[["d0", 1]]') + summed.format(t=1, s=0, keys='[]'))}
+    assert b.check_ledger(split, 2)[0] == ("iteration 0 stage 0: its relays summed in 2 rounds (s0/it0/alone (r0_0), "
+                                           "s0/it0/alone (r0_1))")
     (tmp_path / "node.log.2").write_text("a\n")
     (tmp_path / "node.log.1").write_text("b\n")
     (tmp_path / "node.log").write_text("c\n")

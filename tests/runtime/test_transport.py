@@ -22,7 +22,7 @@ import trio
 from gwtf_node.protocol.codec import decode, encode
 from gwtf_node.protocol.messages import AllReduceChunk, Ping, TensorHeader
 from gwtf_node.runtime.net import channel
-from gwtf_node.runtime.node.allreduce import AllReducer, AllReduceTimeout
+from gwtf_node.runtime.node.allreduce import AllReduceError, AllReducer, AllReduceTimeout
 from gwtf_node.runtime.net.frames import FrameError, encode_header, read_frame
 from gwtf_node.runtime.net.host import CTRL_PROTOCOL_ID, TENSOR_PROTOCOL_ID, _libp2p_reader, open_host
 from gwtf_node.runtime.net.identity import IdentityError, key_path, load_or_create_identity, peer_id_of
@@ -462,6 +462,31 @@ async def test_a_chunk_lost_after_its_send_is_asked_for_again(tmp_path, lost):
             assert sum(r.resends for r in reducers) >= 1
             if phase == GATHER:
                 assert next(r for h, r in zip(hs, reducers) if h.peer_id == owner).answered_again >= 1
+
+
+@pytest.mark.trio
+async def test_a_cancelled_round_runs_again_under_its_key_with_what_came(tmp_path):
+    """A member's round is cancelled (regroup.py: a member presumed dead, then back as it was) and run again
+    under the same key: not refused as a finished key, and the chunks that came meanwhile still count."""
+    with trio.fail_after(DEADLINE_S):
+        async with reducing_hosts(tmp_path) as (hs, reducers):
+            group = [h.peer_id for h in hs]
+            tensors = {h.peer_id: torch.full((12,), float(i + 1)) for i, h in enumerate(hs)}
+            results = {}
+
+            async def run(h, r):
+                results[h.peer_id] = await r.all_reduce("s1/it1", group, tensors[h.peer_id], 1.0, 30)
+
+            with trio.move_on_after(0.5):  # hs[0] alone: its round waits, then is cancelled
+                await run(hs[0], reducers[0])
+            assert hs[0].peer_id not in results
+            async with trio.open_nursery() as nursery:
+                for h, r in zip(hs, reducers):
+                    nursery.start_soon(run, h, r)
+            for t, c in results.values():
+                assert torch.equal(t, torch.full((12,), 6.0)) and c == 3.0
+            with pytest.raises(AllReduceError, match="already ran"):  # a round that summed is not run again
+                await run(hs[0], reducers[0])
 
 
 @pytest.mark.trio

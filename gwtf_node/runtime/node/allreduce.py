@@ -365,7 +365,10 @@ class AllReducer:
                         max_count: float | None, result: torch.Tensor, timeout: float) -> float:
         """Both phases, within `timeout`: send every other owner its part of `flat`, sum this peer's part into
         `result` and send it on, wait for the others' summed parts; the count of this peer's part.  The round is
-        forgotten at the end, whatever happened."""
+        forgotten at the end (its late chunks dropped, its key not run again), unless it was cancelled: then
+        what came for it is kept, as chunks that come early are, for the same key run again (regroup.py redoes
+        a round cancelled for a member presumed dead with it once it is back: the same group, the same
+        contributions, so every chunk that came is still right)."""
         me, group, n = self.host.peer_id, rnd.group, len(rnd.group)
         total = [0.0]
 
@@ -384,6 +387,7 @@ class AllReducer:
                     while rnd.missing(GATHER, mine):
                         await rnd.changed.wait()
         except trio.TooSlowError:
+            self._forget(key)
             late_reduce, late_gather = rnd.missing(REDUCE, mine), rnd.missing(GATHER, mine)
             who = sorted(set(late_reduce) | set(late_gather))
             raise AllReduceTimeout(
@@ -392,8 +396,13 @@ class AllReducer:
                 f"no phase-2 (summed) part from {late_gather or 'nobody'}",
                 who,
             ) from None
-        finally:
-            self._forget(key)
+        except BaseException as e:
+            if all(isinstance(x, trio.Cancelled) for x in _leaves(e)):
+                self._rounds.move_to_end(key)  # (kept, as a pending round: `all_reduce` may run this key again)
+            else:
+                self._forget(key)
+            raise
+        self._forget(key)
         return total[0]
 
     async def _reduce_and_send(self, key: str, rnd: _Round, mine: int, max_count: float | None,
