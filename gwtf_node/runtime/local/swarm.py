@@ -2,8 +2,10 @@
 
 The launcher writes a run manifest (or uses the one given), starts the first
 data node, reads its listen address from its state directory, and starts the
-other data nodes and the relays with that address as their bootstrap peer:
-each is a real `gwtf-node join` process, so what runs here is what runs on
+other data nodes and the relays with that address as their bootstrap peer
+(and, from the `BOOTSTRAP_SPREAD_FROM`-th node on, two more of the nodes
+already listening, so that a large swarm does not wait on one node's Hello
+answers): each is a real `gwtf-node join` process, so what runs here is what runs on
 volunteers' machines, only on 127.0.0.1.  Progress comes from the leader's
 `metrics.jsonl`; every wait has a deadline, and the swarm is taken down on
 exit, error or Ctrl-C (SIGTERM, then SIGKILL for stragglers).
@@ -53,6 +55,7 @@ from .zygote import Zygote, ZygoteChild, ZygoteError
 # the command line, as a process runs it: each node, and the fork server that forks nodes (cli/forkserver.py)
 NODE_COMMAND = (sys.executable, "-m", "gwtf_node.cli")
 FORK_SERVER_COMMAND = (sys.executable, "-m", "gwtf_node.cli.forkserver")
+BOOTSTRAP_SPREAD_FROM = 32  # the nodes started after this many get two listening nodes' addresses beside d0's
 
 
 class LocalError(RuntimeError):
@@ -151,7 +154,20 @@ class LocalSwarm:
     def state_dir(self, name: str) -> Path:
         return self.workdir / name
 
-    def _spawn(self, name: str, bootstrap: str | None, links_file: Path | None) -> None:
+    def _listening(self, i: int) -> list[str]:
+        """Bootstrap addresses beside d0's for the i-th node started: two of the nodes already listening, from the
+        `BOOTSTRAP_SPREAD_FROM`-th node on (a node meeting a hundred others at once answers their Hellos late);
+        none in a network lab (`netns`: a node behind a NAT router is no address to dial)."""
+        if i < BOOTSTRAP_SPREAD_FROM or self.netns:
+            return []
+        addrs = []
+        for name in self.names()[1:i]:
+            path = self.state_dir(name) / "addr"
+            if path.exists() and (text := path.read_text().split()):
+                addrs.append(text[0])
+        return random.Random(i).sample(addrs, min(2, len(addrs)))
+
+    def _spawn(self, name: str, bootstrap: str | list[str] | None, links_file: Path | None) -> None:
         sd = self.state_dir(name)
         sd.mkdir(parents=True, exist_ok=True)
         (sd / "addr").unlink(missing_ok=True)
@@ -170,8 +186,8 @@ class LocalSwarm:
             cmd += ["--role", "relay", "--stage", "auto" if self.auto_stage else name[1:].split("_")[0]]
             if self.relay_capacity:
                 cmd += ["--capacity", str(self.relay_capacity)]
-        if bootstrap:
-            cmd += ["--bootstrap", bootstrap]
+        for addr in [bootstrap] if isinstance(bootstrap, str) else bootstrap or []:
+            cmd += ["--bootstrap", addr]
         if links_file is not None:
             cmd += ["--links", str(links_file)]
         cmd += ["--policy", self.policy]
@@ -245,8 +261,8 @@ class LocalSwarm:
         self._spawn(first, None, links_file)
         self._say("starting d0 (the others then dial its address)")
         boot = self._wait_addr(first)
-        for name in self.names()[1:]:
-            self._spawn(name, boot, links_file)
+        for i, name in enumerate(self.names()[1:], start=1):
+            self._spawn(name, [boot, *self._listening(i)], links_file)
             if self.auto_stage and name.startswith("r"):
                 self._say(f"{name} joins with --stage auto: waiting for its stage")
                 self._wait_stage(name)

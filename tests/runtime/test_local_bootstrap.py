@@ -1,0 +1,31 @@
+"""`gwtf-node local` spreads the bootstrap of a large swarm: from the `BOOTSTRAP_SPREAD_FROM`-th node on, each
+node also gets two nodes already listening, so that the first data node is not the only one answering a hundred
+Hellos (a 106-node swarm's relay gave up after 300 s without its answer)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gwtf_node.model.manifest import default_manifest, save_manifest
+from gwtf_node.runtime.local.swarm import BOOTSTRAP_SPREAD_FROM, LocalSwarm
+
+
+def test_the_nodes_started_later_get_listening_nodes_beside_d0(tmp_path: Path) -> None:
+    save_manifest(default_manifest(stages=8), tmp_path / "run.json")
+    swarm = LocalSwarm(tmp_path / "w", tmp_path / "run.json", data_nodes=2, stages=8, relays_per_stage=6,
+                       iterations=1, wrap={"r7_5": ["echo"]})
+    names = swarm.names()
+    for name in names[1:40]:  # the first 39 after d0 listen; the others have not written their address yet
+        swarm.state_dir(name).mkdir(parents=True)
+        (swarm.state_dir(name) / "addr").write_text(f"/ip4/127.0.0.1/tcp/{1000 + names.index(name)}/p2p/{name}\n")
+    assert swarm._listening(BOOTSTRAP_SPREAD_FROM - 1) == []
+    got = swarm._listening(45)
+    assert len(got) == 2 and len(set(got)) == 2 and all(a.split("/p2p/")[1] in names[1:40] for a in got)
+    assert swarm._listening(45) == got  # the same for the same node
+    swarm.workdir.mkdir(exist_ok=True)
+    swarm._spawn("r7_5", ["/ip4/127.0.0.1/tcp/1/p2p/d0", *got], None)  # `echo` writes its command line
+    swarm.procs["r7_5"].wait(timeout=30)
+    args = (swarm.state_dir("r7_5") / "node.log").read_text().split()
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--bootstrap"] == ["/ip4/127.0.0.1/tcp/1/p2p/d0", *got]
+    swarm.netns = {"d0": "ns0"}
+    assert swarm._listening(45) == []  # a network lab: the homes' addresses are not dialled
