@@ -45,7 +45,7 @@ MOVES = {"default": None, "off": {"improve": False}, "greedy": {"improve": True}
 
 def bench_one(scenario, seed: int, rounds: int, moves: str = "default", label_limits: bool = False,
               cycles: int | None = None) -> dict:
-    extra = {} if cycles is None else {"cycles": True, "cycle_trials": cycles}
+    extra = {} if cycles is None else {"cycles": cycles}
     base = None if MOVES[moves] is None and not label_limits and not extra else \
         FlowConfig("-", False, 0, (), {}, {}, label_limits=label_limits, **(MOVES[moves] or {}), **extra)
     t = time.perf_counter()
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     ap.add_argument("--scale", action="store_true", help="add 1,000 relays x 16 stages (one data node)")
     ap.add_argument("--label-limits", action="store_true", help="FlowConfig.label_limits on (flow/limits.py)")
     ap.add_argument("--cycles", type=int, default=None, metavar="TRIALS",
-                    help="FlowConfig.cycles on with this many cycle_trials (several data nodes, flow/cycles.py)")
+                    help="FlowConfig.cycles: on, with this many trials per data node (several data nodes, flow/cycles.py)")
     ap.add_argument("--out", default="docs/bench_flow", help="path prefix of the .md and .png written")
     args = ap.parse_args(argv)
 

@@ -25,9 +25,8 @@ DATA = ("d0", "d1")
 HOPS = ("r0", "r1")
 
 
-def _data(did: str = "d0", cycles: bool = True) -> FlowNode:
-    cfg = FlowConfig(did, True, 4, DATA, {r: 1.0 for r in HOPS}, {r: 1.0 for r in HOPS}, cycles=cycles,
-                     cycle_trials=1)
+def _data(did: str = "d0", cycles: int | None = 1) -> FlowNode:
+    cfg = FlowConfig(did, True, 4, DATA, {r: 1.0 for r in HOPS}, {r: 1.0 for r in HOPS}, cycles=cycles)
     m = FlowNode(cfg, random.Random(0))
     m.start(0.0)
     return m
@@ -61,12 +60,12 @@ def test_a_data_node_whose_flows_stand_announces_its_retire_label():
     # no cycle to launch and nothing to try: the phase ends, its normal OUT label (INF) goes out again
     eff = m.on_timer(9.0, "tick") + m.on_timer(9.5, "announce")
     assert not m.cycles.on and m.cycles.done and _out_labels(eff, "r0")[-1].cost == INF
-    off = _data(cycles=False)
+    off = _data(cycles=None)
     assert not _out_labels(_stand(off, 4.0), "r0") and not off.cycles.on
 
 
 def test_a_data_node_not_cycling_launches_on_no_label_ending_in_a_retire_label():
-    m = _data(cycles=True)
+    m = _data()
     e = m.epoch["d0"]
     steal = Label("d0", Side.IN, 3.0, ("r0+", "r0-", "d1~"), e)  # takes d1's unit, which d1 retires
     m.on_message(0.1, "r0", CostAnnounce((steal,)))
@@ -87,13 +86,13 @@ def _total(setting: int, seed: int, **kw):
 
 def test_a_trial_and_the_cycle_after_it_lower_the_cost_at_the_same_flow():
     off = _total(5, 3)
-    on = _total(5, 3, cycles=True, cycle_trials=3)
+    on = _total(5, 3, cycles=3)
     assert on.num_flows == off.num_flows
     assert on.mean_cost * on.num_flows < off.mean_cost * off.num_flows - 0.5
 
 
 def test_with_one_data_node_nothing_changes():
     off = _total(1, 0)
-    on = _total(1, 0, cycles=True, cycle_trials=3)
+    on = _total(1, 0, cycles=3)
     assert [dataclasses.astuple(f) for f in on.flows] == [dataclasses.astuple(f) for f in off.flows]
     assert on.messages == off.messages

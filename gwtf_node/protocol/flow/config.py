@@ -65,12 +65,9 @@ class FlowConfig:
     cross_limit: int = 1  # ... at most this many times per relay (stale labels can make them chase each other)
     ordered_settle_s: float = 1.0  # ordered launches: launch_settle_s for them (labels still before the next bid)
     bid_patience_rounds: float = 5.0  # ordered launches: a cheaper bid unchanged for this long no longer holds us back
-    cycles: bool = False  # several data nodes: once the flows stand, cycles through a data node (cycles.py).  Off:
-    # on the tuning seeds setting 6 1.0655 -> 1.0577 of the LP bound (worst 1.0949 -> 1.0918), setting 5 1.0243 ->
-    # 1.0236, for 2.5x the flow messages and 3x the rounds, far from closing the gap
-    cycle_quiet_rounds: float = 3.0  # ... the flows unchanged this long first
-    cycle_gain_min: float = 0.5  # ... a cycle gains more than this
-    cycle_trials: int = 2  # ... trials per data node (a cycle that costs more, then the cheapest cycle after it)
+    cycles: int | None = None  # several data nodes: once the flows stand, cycles through a data node, with this
+    # many trials per data node (cycles.py); None: off.  Off: with 2, setting 6 1.0655 -> 1.0577 of the LP bound
+    # on the tuning seeds, 1.0816 -> 1.0776 on seeds 200-219 (worst 1.1726 -> 1.1767), for 2.3x the flow messages
     t0: float = T0_DEFAULT  # annealing: initial temperature (moves.Annealer)
     alpha: float = ALPHA_DEFAULT  # ... cooling factor per accepted move
     t_min: float = T_MIN_DEFAULT  # ... below this no worse move is taken

@@ -11,12 +11,12 @@ data node's, back to its data node, which *retires* it (does not place it
 again).  The flow stays as large; its cost changes by the cycle's cost.
 
 A data node whose flows stand (no route, every other bid INF, no flow change
-for `cycle_quiet_rounds`) announces to its first hops, as its OUT label, the
+for QUIET_ROUNDS) announces to its first hops, as its OUT label, the
 *retire label*: cost 0, path (its tag with "~").  Labels then price cycles:
 its own OUT label becomes the cheapest cycle through it (0 when none gains: a
 unit launched to a first hop that hands it straight back).  It bids that cost
 (bids.py: the cheapest goes first, over all data nodes) when it gains more
-than `cycle_gain_min`, and launches it.
+than GAIN_MIN, and launches it.
 
 A data node not cycling ignores labels ending in a retire label (`usable`:
 they would take a unit from another data node, not add one), and a relay's
@@ -24,9 +24,9 @@ they would take a unit from another data node, not add one), and a relay's
 by relabel.cross_in): the limit is there for formation, where stale labels
 make crossings chase each other; a cycle goes when every label has settled.
 
-Trials (`cycle_trials`).  Measured on settings 5-6, negative cycles are rare
+Trials (`FlowConfig.cycles` of them).  Measured on settings 5-6, negative cycles are rare
 on the flows formed: single moves are exhausted.  So a data node with no
-cycle that gains launches, up to `cycle_trials` times, the cheapest cycle
+cycle that gains launches, up to `cycles` times, the cheapest cycle
 through a first hop not tried yet and carrying none of its units (a real
 detour, cost c > 0).  The reverse of that cycle then costs -c: the next
 cheapest cycle, over all data nodes, either undoes the trial or gains more,
@@ -34,7 +34,7 @@ so a trial never leaves the flows dearer on settled labels.
 
 The phase ends (the retire label withdrawn, normal labels again) when no
 data node has a cycle to launch (every bid INF, our own too) and nothing
-changed for `cycle_quiet_rounds`;
+changed for QUIET_ROUNDS;
 a membership change at the data node allows another phase.
 """
 
@@ -50,6 +50,9 @@ from .state import label
 
 if TYPE_CHECKING:
     from .node import FlowNode
+
+QUIET_ROUNDS = 3.0  # a phase starts (and ends) once the flows have not changed for this long
+GAIN_MIN = 0.5  # a cycle is launched when it gains more than this (link costs are whole numbers)
 
 
 @dataclass
@@ -71,18 +74,18 @@ def retiring(lab: Label) -> bool:
 
 def usable(node: FlowNode, lab: Label) -> bool:
     """Data node: a label it may launch on (a data node not cycling launches only real augmentations)."""
-    return node.cycles.on or not node.cfg.cycles or not retiring(lab)
+    return node.cycles.on or node.cfg.cycles is None or not retiring(lab)
 
 
 def tick(node: FlowNode, now: float, eff: list[Effect]) -> None:
     """Tick of a data node: start a phase when its flows stand, end it when it has no cycle left."""
     cfg = node.cfg
     cy = node.cycles
-    if not cfg.cycles or len(cfg.commodities) < 2 or cy.done:
+    if cfg.cycles is None or len(cfg.commodities) < 2 or cy.done:
         return
     if node.units.token_pending or node.launch.pending > 0 or node.units.pending:
         return
-    if now - node.stats.last_change < cfg.cycle_quiet_rounds * cfg.round_s:
+    if now - node.stats.last_change < QUIET_ROUNDS * cfg.round_s:
         return
     d = cfg.node_id
     if any(c != INF for _, c, _ in node.bid.others.values()):
@@ -121,9 +124,9 @@ def choice(node: FlowNode) -> tuple[float, str, bool] | None:
     cfg = node.cfg
     d = cfg.node_id
     dec = node.labels.dec_out.get(d)
-    if dec is not None and node.cycles.cost < -cfg.cycle_gain_min:
+    if dec is not None and node.cycles.cost < -GAIN_MIN:
         return node.cycles.cost, dec[1], False
-    if len(node.cycles.tried) >= cfg.cycle_trials:
+    if len(node.cycles.tried) >= (cfg.cycles or 0):
         return None
     best = None
     tout = node.labels.tag_out

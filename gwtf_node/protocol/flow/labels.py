@@ -256,7 +256,7 @@ def decide_data(node: FlowNode, d: str, arg) -> None:
     else:
         node.labels.my_out[d] = label(d, Side.OUT, arg[0], (node.labels.tag_out,) + arg[2].path)
         node.labels.dec_out[d] = (Via.FORWARD, arg[1])
-    if node.cfg.cycles and (lab := cycles.announced(node, d, INF if arg is None else arg[0])) is not None:
+    if node.cfg.cycles is not None and (lab := cycles.announced(node, d, INF if arg is None else arg[0])) is not None:
         node.labels.my_out[d] = lab  # its flows stand: the retire label (cycles.py)
     node.labels.my_in[d] = label(d, Side.IN, 0.0, (node.labels.tag_in,))
 

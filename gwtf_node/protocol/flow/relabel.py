@@ -122,7 +122,7 @@ def cross_in(node: FlowNode, d: str) -> tuple | None:
     crossing (cost, p, B, p's OUT label of B) when it is cheaper than the IN label of `d`, else None."""
     best = None
     spent = node.relabelling.crossed >= node.cfg.cross_limit
-    if (spent and not node.cfg.cycles) or one_stage(node):
+    if (spent and node.cfg.cycles is None) or one_stage(node):
         return None
     batch = node.announcer.within
     for b, r in crossings(node, d):
