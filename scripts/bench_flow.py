@@ -43,9 +43,11 @@ MOVES = {"default": None, "off": {"improve": False}, "greedy": {"improve": True}
          "anneal": {"improve": True, "anneal": True}}
 
 
-def bench_one(scenario, seed: int, rounds: int, moves: str = "default", label_limits: bool = False) -> dict:
-    base = None if MOVES[moves] is None and not label_limits else \
-        FlowConfig("-", False, 0, (), {}, {}, label_limits=label_limits, **(MOVES[moves] or {}))
+def bench_one(scenario, seed: int, rounds: int, moves: str = "default", label_limits: bool = False,
+              cycles: int | None = None) -> dict:
+    extra = {} if cycles is None else {"cycles": cycles}
+    base = None if MOVES[moves] is None and not label_limits and not extra else \
+        FlowConfig("-", False, 0, (), {}, {}, label_limits=label_limits, **(MOVES[moves] or {}), **extra)
     t = time.perf_counter()
     g = run_gwtf(scenario, seed=seed, rounds=rounds, base=base)
     wall = time.perf_counter() - t
@@ -79,6 +81,8 @@ def main(argv=None) -> int:
     ap.add_argument("--anneal", action="store_true", help="the same as --moves anneal")
     ap.add_argument("--scale", action="store_true", help="add 1,000 relays x 16 stages (one data node)")
     ap.add_argument("--label-limits", action="store_true", help="FlowConfig.label_limits on (flow/limits.py)")
+    ap.add_argument("--cycles", type=int, default=None, metavar="TRIALS",
+                    help="FlowConfig.cycles: on, with this many trials per data node (several data nodes, flow/cycles.py)")
     ap.add_argument("--out", default="docs/bench_flow", help="path prefix of the .md and .png written")
     args = ap.parse_args(argv)
 
@@ -87,7 +91,7 @@ def main(argv=None) -> int:
     per_setting: dict[int, list[dict]] = {}
     for setting in args.settings:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
-            r = bench_one(load_flow_setting(setting, seed), seed, args.rounds, moves, args.label_limits)
+            r = bench_one(load_flow_setting(setting, seed), seed, args.rounds, moves, args.label_limits, args.cycles)
             r.update(setting=setting, seed=seed)
             per_setting.setdefault(setting, []).append(r)
             print(f"setting {setting} seed {seed}: flows {r['flows']}/{r['max_flow']}  "

@@ -18,6 +18,7 @@ shortest paths).  One module per mechanism:
 * waves.py: several units per wave, retreats, held units;
 * bids.py: ordered launches across data nodes (`LaunchBid`);
 * relabel.py: relabelling and cross displacement across data nodes;
+* cycles.py: once the flows stand, cycles through a data node (exchanges across data nodes, off by default);
 * moves.py: Request Change / Request Redirect with simulated annealing (`Annealer`);
 * node.py: `FlowNode`, the entry points and membership changes.
 

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from ..effects import Effect, Send, SetTimer
 from ..messages import INF, BidFeed, LaunchBid
+from . import cycles
 from .state import EPS
 
 if TYPE_CHECKING:
@@ -63,6 +64,8 @@ def update_bid(node: FlowNode, now: float, eff: list[Effect]) -> None:
     will_launch = node.labels.dec_out.get(d) is not None and node.outflow_committed(d) < node.launch.demand
     cost = lab.cost if lab is not None and will_launch \
         else INF
+    if will_launch:
+        cost = cycles.bid_cost(node, cost)
     last = node.bid.cost
     if last is None and cost == INF:
         return  # an unknown bid and an infinite one mean the same to the others

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 from ..effects import Effect
 from ..messages import INF, CostAnnounce, Label, Side
-from . import announce, limits, relabel, waves
+from . import announce, cycles, limits, relabel, waves
 from .config import FlowConfig
 from .state import EPS, MAX_STASHED_SENDERS, Via, cheapest, choose, cost_of, label, pick
 
@@ -162,7 +162,8 @@ def compute(node: FlowNode, d: str) -> None:
         if d != cfg.node_id:
             return
         cands = [(c + lab.cost, j, lab) for j, c in cfg.next_costs.items()
-                 if (lab := lin.get(j)) is not None and lab.cost != INF and tout not in lab.path]
+                 if (lab := lin.get(j)) is not None and lab.cost != INF and tout not in lab.path
+                 and cycles.usable(node, lab)]
         arg = pick(cands, prev_out[1] if prev_out else None)
         node.labels.cache[d] = (cache_signature(node, d), arg, None, None, None, False)
         decide_data(node, d, arg)
@@ -255,6 +256,8 @@ def decide_data(node: FlowNode, d: str, arg) -> None:
     else:
         node.labels.my_out[d] = label(d, Side.OUT, arg[0], (node.labels.tag_out,) + arg[2].path)
         node.labels.dec_out[d] = (Via.FORWARD, arg[1])
+    if node.cfg.cycles is not None and (lab := cycles.announced(node, d, INF if arg is None else arg[0])) is not None:
+        node.labels.my_out[d] = lab  # its flows stand: the retire label (cycles.py)
     node.labels.my_in[d] = label(d, Side.IN, 0.0, (node.labels.tag_in,))
 
 def decide(node: FlowNode, d: str, f_out, b_out, f_in, b_in) -> None:
@@ -315,7 +318,7 @@ def fold_in(node: FlowNode, d: str, j: str) -> int:
         ok_o = ok_i = False
         cand = None
     else:
-        ok_o = node.labels.tag_out not in lab.path
+        ok_o = node.labels.tag_out not in lab.path and (not cfg.is_data or cycles.usable(node, lab))
         ok_i = ok_o and cache[5] and node.labels.tag_in not in lab.path
         cand = (cfg.next_costs[j] + lab.cost, j, lab)
     if cfg.is_data:

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 from ..effects import Effect, Send, SetTimer
 from ..messages import INF, Label, RequestFlow
-from . import announce, bids, labels, waves
+from . import announce, bids, cycles, labels, waves
 from .state import EPS, MAX_REJECTS_BEFORE_WAIT, MAX_STUCK_WAVES, NO_LABEL, PendingKind, total
 
 if TYPE_CHECKING:
@@ -157,7 +157,8 @@ def maybe_launch(node: FlowNode, now: float, eff: list[Effect]) -> None:
     if node.outflow_committed(d) >= node.launch.demand or node.units.rejects_in_row >= MAX_REJECTS_BEFORE_WAIT:
         return
     dec = node.labels.dec_out.get(d)
-    if dec is None or node.launch.next_at == INF:
+    ch = cycles.choice(node) if node.cycles.on else None
+    if dec is None or node.launch.next_at == INF or (node.cycles.on and ch is None):
         return
     if now < node.launch.next_at:
         eff.append(SetTimer("launch", node.launch.next_at))
@@ -167,6 +168,9 @@ def maybe_launch(node: FlowNode, now: float, eff: list[Effect]) -> None:
             return
         bids.launched(node)
     j = dec[1]
+    if ch is not None:
+        j = ch[1]
+        cycles.launching(node, j, ch[2])
     rid = node.units.request(PendingKind.LAUNCH, j, d)
     if node.waves:
         node.launch.wave_launches += 1

@@ -70,10 +70,11 @@ from ..messages import (
     INF, CostAnnounce, Deny, FlowReply, FlowReport, LabelLimit, LaunchBid, LinkCost, MoveReply, QueryFlows, Relabel,
     RelabelCost, RequestChange, RequestFlow, RequestRedirect, Reroute, Side, Withdraw,
 )
-from . import announce, bids, labels, launches, limits, moves, relabel, units, waves
+from . import announce, bids, cycles, labels, launches, limits, moves, relabel, units, waves
 from .announce import AnnounceState
 from .bids import BidState
 from .config import FlowConfig
+from .cycles import CycleState
 from .labels import LabelState
 from .launches import LaunchState
 from .limits import LimitState
@@ -111,6 +112,7 @@ class FlowNode:
         self.wave = WaveState()
         self.launch = LaunchState(demand=config.capacity if config.is_data else 0)
         self.bid = BidState()
+        self.cycles = CycleState()
         self.relabelling = RelabelState()
         self.limits = LimitState()
         self.moves = MoveState(Annealer(config.t0, config.alpha, config.t_min))
@@ -207,6 +209,7 @@ class FlowNode:
             if self.cfg.is_data:
                 launches.maybe_lost_settlement(self, now, eff)
                 launches.maybe_retry_wave(self, now, eff)
+                cycles.tick(self, now, eff)
             self.units.new_round()
             moves.expire(self, now)  # a move whose peer never answered is given up
             if (self.improving or now < self.moves.change_until) and not self.cfg.is_data \
@@ -262,6 +265,7 @@ class FlowNode:
             return eff
         self.removed.discard(peer)
         waves.membership_changed(self)
+        cycles.membership_changed(self)
         if side == "peer":
             if peer not in cfg.peers:
                 self.cfg = replace(cfg, peers=cfg.peers + (peer,))
@@ -373,6 +377,7 @@ class FlowNode:
             return eff
         self.removed.add(peer)
         waves.membership_changed(self)
+        cycles.membership_changed(self)
         self.cfg = replace(cfg, next_costs={p: c for p, c in cfg.next_costs.items() if p != peer},
                            prev_costs={p: c for p, c in cfg.prev_costs.items() if p != peer},
                            peers=tuple(p for p in cfg.peers if p != peer))

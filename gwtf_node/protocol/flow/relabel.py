@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING
 
 from ..effects import Effect, Send, SetTimer
 from ..messages import INF, Deny, DenyReason, Label, Relabel, RelabelCost, Withdraw
-from . import announce
+from . import announce, cycles
 from .state import EPS, PendingKind
 
 if TYPE_CHECKING:
@@ -121,7 +121,8 @@ def cross_in(node: FlowNode, d: str) -> tuple | None:
     it again: B's OUT label at p) and hand ours B's route from here on, relabelled to `d` (RelabelCost).  The
     crossing (cost, p, B, p's OUT label of B) when it is cheaper than the IN label of `d`, else None."""
     best = None
-    if node.relabelling.crossed >= node.cfg.cross_limit or one_stage(node):
+    spent = node.relabelling.crossed >= node.cfg.cross_limit
+    if (spent and node.cfg.cycles is None) or one_stage(node):
         return None
     batch = node.announcer.within
     for b, r in crossings(node, d):
@@ -131,6 +132,8 @@ def cross_in(node: FlowNode, d: str) -> tuple | None:
             if batch is not None:
                 batch.keep_units(b, units)
         for x, p, lab in units:
+            if spent and not cycles.retiring(lab):
+                continue
             c = x + r
             if best is None or c < best[0] - EPS:
                 best = (c, p, b, lab)
