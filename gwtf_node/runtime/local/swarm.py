@@ -55,7 +55,7 @@ from .zygote import Zygote, ZygoteChild, ZygoteError
 # the command line, as a process runs it: each node, and the fork server that forks nodes (cli/forkserver.py)
 NODE_COMMAND = (sys.executable, "-m", "gwtf_node.cli")
 FORK_SERVER_COMMAND = (sys.executable, "-m", "gwtf_node.cli.forkserver")
-BOOTSTRAP_SPREAD_FROM = 32  # the nodes started after this many get two listening nodes' addresses beside d0's
+BOOTSTRAP_SPREAD_FROM = 8  # the nodes started after this many get two listening nodes' addresses beside d0's
 
 
 class LocalError(RuntimeError):
