@@ -1,13 +1,14 @@
 """`gwtf-node local` spreads the bootstrap of a large swarm: from the `BOOTSTRAP_SPREAD_FROM`-th node on, each
-node also gets two nodes already listening, so that the first data node is not the only one answering a hundred
-Hellos (a 106-node swarm's relay gave up after 300 s without its answer)."""
+node also gets two nodes already listening that it works with, so that the first data node is not the only one
+answering a hundred Hellos (a 106-node swarm's relay gave up after 300 s without its answer), and a node of a stage
+far from its own does not ignore the Hello."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from gwtf_node.model.manifest import default_manifest, save_manifest
-from gwtf_node.runtime.local.swarm import BOOTSTRAP_SPREAD_FROM, LocalSwarm
+from gwtf_node.runtime.local.swarm import BOOTSTRAP_SPREAD_FROM, LocalSwarm, _near
 
 
 def test_the_nodes_started_later_get_listening_nodes_beside_d0(tmp_path: Path) -> None:
@@ -20,7 +21,8 @@ def test_the_nodes_started_later_get_listening_nodes_beside_d0(tmp_path: Path) -
         (swarm.state_dir(name) / "addr").write_text(f"/ip4/127.0.0.1/tcp/{1000 + names.index(name)}/p2p/{name}\n")
     assert swarm._listening(BOOTSTRAP_SPREAD_FROM - 1) == []
     got = swarm._listening(45)
-    assert len(got) == 2 and len(set(got)) == 2 and all(a.split("/p2p/")[1] in names[1:40] for a in got)
+    assert names[45] == "r7_1"  # (2 data nodes, then 6 relays a stage)
+    assert len(got) == 2 and len(set(got)) == 2 and all(a.split("/p2p/")[1] in {"d1", "r6_0", "r6_1"} for a in got)
     assert swarm._listening(45) == got  # the same for the same node
     swarm.workdir.mkdir(exist_ok=True)
     swarm._spawn("r7_5", ["/ip4/127.0.0.1/tcp/1/p2p/d0", *got], None)  # `echo` writes its command line
@@ -29,3 +31,10 @@ def test_the_nodes_started_later_get_listening_nodes_beside_d0(tmp_path: Path) -
     assert [args[i + 1] for i, a in enumerate(args) if a == "--bootstrap"] == ["/ip4/127.0.0.1/tcp/1/p2p/d0", *got]
     swarm.netns = {"d0": "ns0"}
     assert swarm._listening(45) == []  # a network lab: the homes' addresses are not dialled
+
+
+def test_near_is_who_works_with_whom():
+    assert _near("r3_0", "d1") and _near("d0", "r5_2") and _near("d0", "d1")
+    assert _near("r3_0", "r2_4") and _near("r3_0", "r3_1") and _near("r3_0", "r4_0")
+    assert not _near("r3_0", "r1_0") and not _near("r3_0", "r5_0")
+    assert _near("j0", "d0") and not _near("j0", "r0_0")  # a relay with --stage auto: placed later

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+from ...protocol import fanout
 from ..net.linkspec import resolve_links
 from .zygote import Zygote, ZygoteChild, ZygoteError
 
@@ -56,6 +57,17 @@ from .zygote import Zygote, ZygoteChild, ZygoteError
 NODE_COMMAND = (sys.executable, "-m", "gwtf_node.cli")
 FORK_SERVER_COMMAND = (sys.executable, "-m", "gwtf_node.cli.forkserver")
 BOOTSTRAP_SPREAD_FROM = 8  # the nodes started after this many get two listening nodes' addresses beside d0's
+
+
+def _near(name: str, other: str) -> bool:
+    """Whether the node named `name` works with `other` (protocol/fanout.py): a data node with everyone, a relay
+    `r<k>_<i>` with the relays of stages k-1..k+1; a relay started with --stage auto (j*, c*) is not placed yet."""
+    def place(n: str) -> tuple[str, int | None]:
+        if n.startswith("d"):
+            return "data", -1
+        head = n[1:].split("_", 1)[0]
+        return "relay", int(head) if n.startswith("r") and head.isdigit() else None
+    return fanout.works_with(*place(name), *place(other))
 
 
 class LocalError(RuntimeError):
@@ -155,15 +167,17 @@ class LocalSwarm:
         return self.workdir / name
 
     def _listening(self, i: int) -> list[str]:
-        """Bootstrap addresses beside d0's for the i-th node started: two of the nodes already listening, from the
-        `BOOTSTRAP_SPREAD_FROM`-th node on (a node meeting a hundred others at once answers their Hellos late);
-        none in a network lab (`netns`: a node behind a NAT router is no address to dial)."""
+        """Bootstrap addresses beside d0's for the i-th node started: two of the nodes already listening that it
+        works with (`_near`), from the `BOOTSTRAP_SPREAD_FROM`-th node on (a node meeting a hundred others at once
+        answers their Hellos late); none in a network lab (`netns`: a node behind a NAT router is no address to
+        dial)."""
         if i < BOOTSTRAP_SPREAD_FROM or self.netns:
             return []
+        names = self.names()
         addrs = []
-        for name in self.names()[1:i]:
+        for name in names[1:i]:
             path = self.state_dir(name) / "addr"
-            if path.exists() and (text := path.read_text().split()):
+            if _near(names[i], name) and path.exists() and (text := path.read_text().split()):
                 addrs.append(text[0])
         return random.Random(i).sample(addrs, min(2, len(addrs)))
 

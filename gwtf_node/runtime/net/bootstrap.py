@@ -194,8 +194,9 @@ class Bootstrap:
             reached = [a for a in self.addrs if a not in failures]
             if reached:
                 self.last_error = "reached, but no Hello came back"
-                log.warning("bootstrap %s reached but sent no Hello back: attempt %d", ", ".join(reached),
-                            self.attempts)
+                stats = getattr(self.host, "stats", {})
+                log.warning("bootstrap %s reached but sent no Hello back: attempt %d (%d frames received from any "
+                            "peer so far)", ", ".join(reached), self.attempts, stats.get("frames_in", 0))
             if self.deadline is not None and now() >= self.deadline:
                 self._give_up()
                 return

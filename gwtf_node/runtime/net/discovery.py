@@ -33,7 +33,9 @@ Bounded fan-out (protocol/fanout.py): a relay knows and dials only the data
 nodes and the relays of its own and the neighbouring stages; a peer tells it
 only of those (`_knows_of`); a relay of a stage it does not work with that
 says Hello is let go of (`release`: out of the table, not gone, so nothing
-presumes it dead or redials it; the connection closed), and a candidate lets
+presumes it dead or redials it; the connection closed) and answered with no
+Hello but a PeerList of the peers it works with (`_refer`: a node that
+bootstraps through a far relay meets its neighbours that way), and a candidate lets
 go of the relays of its sample that it does not work with once it is placed
 (`prune`).
 
@@ -91,6 +93,8 @@ PEER_LIST_DIALS = 256  # peers dialled for one PeerList (each once, with all its
 RELEASE_AFTER_S = 2.0  # a peer let go of is disconnected this long after (the Hello telling it our new stage first)
 HELLO_RETRY_S = (1.0, 2.0, 4.0, 8.0, 16.0)  # an answering Hello that could not be sent is sent again after these
 ADDRS_PER_PEER = 16  # addresses of one peer passed on and dialled (IPv4, IPv6, relays: a handful in practice)
+REFER_EVERY_S = 10.0  # a relay we do not work with that says Hello gets a PeerList of its neighbours this often
+REFER_KEPT = 1024  # referrals remembered before the old ones are forgotten
 
 
 class Discovery:
@@ -118,6 +122,7 @@ class Discovery:
         self._revocations_copy: bytes | None = None  # this host's DHT copy of the list at the last local read
         host.on_addrs_changed = self.hello_all  # a relay reservation gave us an address: tell everyone
         self._redialling: set[str] = set()  # peers being redialled (`redial_loop`: one redial per peer at a time)
+        self._referred: dict[str, float] = {}  # relays we do not work with -> when we last referred them (`_refer`)
 
     def hello(self, to: str, *, forgot_you: bool = False) -> m.Hello:
         """Our Hello to `to`, with the addresses it can use (host.addrs_for: no loopback to a remote peer)."""
@@ -345,6 +350,7 @@ class Discovery:
         if self._far(msg.role, msg.stage):
             if sender in self.peers:  # (a joiner of this node's sample, placed elsewhere; or a stale address book)
                 self.release(sender, msg.stage)
+            self._refer(sender, info)
             return
         arrival = self.peers.arrival(sender, msg.incarnation)
         if arrival is Arrival.SAME and msg.forgot_you:
@@ -377,6 +383,24 @@ class Discovery:
             reply.append(m.PeerList((tuple(self.host.addrs_for(sender)) + known)[:MAX_ITEMS]))
         if reply:
             self.wire.spawn(self._answer, sender, reply)
+
+    def _refer(self, sender: str, info: PeerInfo) -> None:
+        """A relay this node does not work with said Hello (it bootstraps through us, or its address book is
+        stale): no Hello back, but the addresses of the peers we know that it works with (the data nodes, the
+        relays next to its stage), so that it meets them and they answer; at most once per `REFER_EVERY_S`."""
+        t = now()
+        if t - self._referred.get(sender, -REFER_EVERY_S) < REFER_EVERY_S:
+            return
+        if len(self._referred) >= REFER_KEPT:  # (forget the referrals old enough to be made again)
+            self._referred = {p: at for p, at in self._referred.items() if t - at < REFER_EVERY_S}
+        self._referred[sender] = t
+        local = self.host.peer_is_local(sender)
+        known = tuple(a for p in self.peers.infos() if p.peer_id != sender and self._knows_of(info, p)
+                      for a in p.addrs[:ADDRS_PER_PEER] if usable_by(a, local))
+        if known:
+            log.debug("%s (stage %d) is not next to this node's stage: referred to %d addresses",
+                      info.name or sender[:12], info.stage, len(known))
+            self.wire.spawn(self._answer, sender, [m.PeerList(known[:MAX_ITEMS])])
 
     async def _answer(self, sender: str, reply: list[m.Message]) -> None:
         """Send the answer to a Hello, in order.  Our Hello in it that could not be sent (the connection broke

@@ -82,11 +82,11 @@ TENSOR_PROTOCOL_ID = TProtocol(channel.TENSOR_PROTOCOL_ID)
 PAYLOAD_PROTOCOL_ID = TProtocol("/gwtf/payload/1.0.0")
 INBOX_FRAMES = 1024  # frames queued per peer before its readers wait for the handler
 ADDR_TTL_S = 7 * 24 * 3600  # how long connect() keeps a peer's addresses (libp2p default: 120 s)
+ADDRS_CACHE_S = 1.0  # libp2p's advertised addresses are read again after this (`addrs`)
 DEFAULT_SEND_TIMEOUT_S = 30.0  # a send (dial, handshake, write) must finish within this
 DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0  # tensor-channel handshake, both halves
-# A tensor-channel dial not connected by then counts as blocked: a home router drops the SYN, so only a
-# timeout tells; a public peer answers within one round trip (well under a second even across the world).
-DIRECT_DIAL_TIMEOUT_S = 5.0
+DIRECT_DIAL_TIMEOUT_S = 5.0  # a tensor-channel dial not connected by then is blocked (a home router drops the SYN,
+# so only a timeout tells; a public peer answers within one round trip, well under a second across the world)
 DIRECT_RETRY_S = 300.0  # after a blocked dial, payloads to that peer go over libp2p this long before a new try
 LIBP2P_CHUNK_BYTES = 1 << 20  # payload bytes per Yamux write on the fallback path
 PRIVATE_DIAL_TIMEOUT_S = 3.0  # a private address of a peer with a relayed one: a LAN answers within this
@@ -151,6 +151,7 @@ class Host(HostDht, conninfo.HostConnections):
         self._direct_blocked_until: dict[str, float] = {}  # peer -> trio time to try its tensor channel again
         self.relaying: Relaying | None = None  # circuit relay v2 (relay.py): a relay service, or a NATed node
         self.on_addrs_changed: Callable[[], None] = lambda: None  # our advertised addresses changed (a reservation)
+        self._addrs_cache: tuple[float, list[str]] | None = None  # (when, libp2p's advertised addresses then)
         self._pending_sessions: dict[bytes, tuple[str, SessionKeys, float]] = {}
         self._ctrl_in: dict[str, int] = {}  # incoming control streams being read, per peer
         self.stats = {"frames_in": 0, "frames_out": 0, "bytes_out": 0, "bytes_in": 0, "refused": 0}
@@ -162,8 +163,12 @@ class Host(HostDht, conninfo.HostConnections):
         """The advertised addresses (announced, or listen addresses with 0.0.0.0/:: expanded; addresses.py); only
         the relayed ones once a dial-back said nobody reaches the others (relay.py)."""
         circuits = self.relaying.circuit_addrs if self.relaying else []
-        unreachable = circuits and self.relaying.reachable is False
-        return list(circuits) if unreachable else [str(a) for a in self.libp2p.get_addrs()] + circuits
+        if circuits and self.relaying.reachable is False:
+            return list(circuits)
+        t = trio.current_time()  # (libp2p parses every address at each read: 0.1 ms, once per peer in a Hello round)
+        if not self._addrs_cache or not self._addrs_cache[1] or t - self._addrs_cache[0] >= ADDRS_CACHE_S:
+            self._addrs_cache = (t, [str(a) for a in self.libp2p.get_addrs()])
+        return self._addrs_cache[1] + circuits
 
     def addrs_for(self, peer_id: str) -> list[str]:
         """The advertised addresses `peer_id` can use: loopback ones only for a peer on this machine."""

@@ -61,7 +61,7 @@ import trio
 
 from ...protocol import codec
 from ...protocol import messages as m
-from ..ops import control
+from ..ops import control, taskdump
 from . import data_resume, waits
 from .aggregation import Aggregation
 from .driver import Drivers
@@ -549,6 +549,7 @@ async def _run_locked(opts: NodeOptions) -> NodeExit | None:
                     return
 
             nursery.start_soon(watch)
+            await nursery.start(taskdump.answer_signals)  # kill -USR1: what every task waits on, to the log
             service = serve_from_env(ready=lambda: node_ready(node), status=lambda: node_status(node))
             if service is not None:  # started by systemd (Type=notify): READY, STATUS and watchdog pings
                 nursery.start_soon(service)
