@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from .effects import CancelTimer, Send, SetTimer
-from .completions import Completion, completed_named, completed_seqs  # noqa: F401 - for the drivers
+from .completions import Completion, completed_named, completed_seqs
 from .messages import BeginAggregation, CanTake, IterationDone, PhaseAck, PhaseKind, StageMembers
 from .phasewaits import (  # noqa: F401 - for the drivers
     WATCH_TIMER, Overdue, PhaseWaits, Wait, WaitKind, WatchTimer, begin_for,

@@ -66,9 +66,8 @@ import trio
 
 from ...protocol import messages as m
 from ...protocol.effects import Send
-from ...protocol.phases import (
-    RETRY_S, LeftOut, OpenIteration, OutOfStep, Overdue, PhaseTimer, WatchTimer, completed_named,
-)
+from ...protocol.completions import completed_named
+from ...protocol.phases import RETRY_S, LeftOut, OpenIteration, OutOfStep, Overdue, PhaseTimer, WatchTimer
 from ...protocol.pipeline import Phases, StartStep
 from ...protocol.roundcheck import RoundOf, from_records, to_records, trim
 from .checkpointer import Checkpointer
