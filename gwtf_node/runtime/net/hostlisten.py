@@ -9,11 +9,19 @@ interface addresses (addresses.py): `new_libp2p_host`.  py-libp2p logs a
 failed listen and runs on, listening on nothing: `check_listening` turns that
 into an error.  The tensor channel listens on the libp2p listen hosts, all on
 one port: `open_tensor_listeners`.
+
+Yamux as py-libp2p 0.8.1 ships it answers every read of a stream with a
+window update (`PY_YAMUX_RELEASE_ON_READ`, on by default): a control frame
+costs two writes, encrypted each.  `new_libp2p_host` turns it off, so a
+receiver grants window as yamux specifies, once half of it is used
+(`YAMUX_ENV`): a frame and its answer cost 0.785 x the CPU
+(`python scripts/bench_ctrl_frames.py`).
 """
 
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 
 import trio
@@ -40,8 +48,13 @@ def probe_ports(eps: list[Endpoint], tensor_hosts: list[str], tensor_port: int) 
         check_port_free(h, tensor_port, "tensor channel port", "choose another --tensor-port")
 
 
+YAMUX_ENV = {"PY_YAMUX_RELEASE_ON_READ": "0"}  # window updates once half the window is used (module doc)
+
+
 def new_libp2p_host(state_dir: Path, eps: list[Endpoint], announced: list[Endpoint]) -> IHost:
     """The libp2p host (not running yet) of the state directory's identity: Noise, Yamux, advertised addresses."""
+    for name, value in YAMUX_ENV.items():  # (read by yamux at each read; an operator's own setting wins)
+        os.environ.setdefault(name, value)
     interfaces = interface_addresses() if any(e.ip.is_unspecified for e in eps) else []
 
     def advertise(candidates: list[Multiaddr]) -> list[Multiaddr]:
