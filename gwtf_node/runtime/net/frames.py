@@ -26,6 +26,11 @@ boundary is a clean close (`read_frame` returns None), anywhere else it is a
 idle peer is fine; liveness is the protocol's business), but once a frame
 has started the rest must arrive within `frame_timeout` seconds, or the
 frame is refused: a hung sender cannot pin a reader forever.
+
+`Buffered` reads a stream in chunks of up to `READ_CHUNK_BYTES` and hands
+out what a frame asks for from them: a control frame (header, envelope) is
+one read of the stream, not two or three, and over yamux each read of a
+stream sends the peer a window update (hostlisten.py).
 """
 
 from __future__ import annotations
@@ -49,6 +54,27 @@ class FrameError(Exception):
 
 # Reads up to n bytes; b"" means end of stream.
 ReadSome = Callable[[int], Awaitable[bytes]]
+
+
+READ_CHUNK_BYTES = 64 << 10  # `Buffered` reads the stream in chunks of up to this
+
+
+class Buffered:
+    """A `ReadSome` over `read_some` that reads up to `READ_CHUNK_BYTES` at a time and keeps the rest."""
+
+    def __init__(self, read_some: ReadSome) -> None:
+        self._read_some = read_some
+        self._buf = b""
+        self._at = 0
+
+    async def __call__(self, n: int) -> bytes:
+        if self._at >= len(self._buf):
+            self._buf, self._at = await self._read_some(max(n, READ_CHUNK_BYTES)), 0
+            if not self._buf:
+                return b""
+        chunk = self._buf[self._at:self._at + n]
+        self._at += len(chunk)
+        return chunk
 
 
 def check_lengths(envelope_len: int, payload_len: int, max_payload: int) -> None:

@@ -67,7 +67,7 @@ from .addresses import Endpoint, default_tensor_port, from_peer
 from .addresses import is_loopback_host, listen_endpoints, parse_announce, usable_by
 from .channel import ChannelError, ChannelUnreachable, RawConn, SessionKeys, TensorSender
 from .dialback import DIALBACK_PROTOCOL_ID, serve as dialback_serve
-from .frames import DEFAULT_FRAME_TIMEOUT_S, DEFAULT_MAX_PAYLOAD_BYTES, FrameError, encode_header, read_frame
+from .frames import DEFAULT_FRAME_TIMEOUT_S, Buffered, DEFAULT_MAX_PAYLOAD_BYTES, FrameError, encode_header, read_frame
 from .hostdht import DHT_NAMESPACE, DHT_QUERY_TIMEOUT_S, HostDht, VersionedValidator, pack_record, unpack_record
 from .limits import MAX_CTRL_STREAMS_PER_PEER, MAX_PENDING_SESSIONS_PER_PEER, ConnectionBound
 from .links import LinkShaper
@@ -451,11 +451,10 @@ class Host(HostDht, conninfo.HostConnections):
                 del self._ctrl_in[peer]
 
     async def _read_ctrl_stream(self, peer: str, stream: INetStream) -> None:
+        reader = Buffered(lambda n: _libp2p_reader(stream, n))  # (a frame in one read of the stream, or fewer)
         try:
             while True:
-                frame = await read_frame(
-                    lambda n: _libp2p_reader(stream, n), max_payload=self.max_payload, frame_timeout=self.frame_timeout
-                )
+                frame = await read_frame(reader, max_payload=self.max_payload, frame_timeout=self.frame_timeout)
                 if frame is None:  # the peer closed its end: close ours (holepunch.retire waits for it)
                     return await _end(stream, reset=False)
                 await self._deliver(peer, *frame)

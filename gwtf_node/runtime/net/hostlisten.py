@@ -11,10 +11,11 @@ into an error.  The tensor channel listens on the libp2p listen hosts, all on
 one port: `open_tensor_listeners`.
 
 Yamux as py-libp2p 0.8.1 ships it answers every read of a stream with a
-window update (`PY_YAMUX_RELEASE_ON_READ`, on by default): a control frame
-costs two writes, encrypted each.  `new_libp2p_host` turns it off, so a
-receiver grants window as yamux specifies, once half of it is used
-(`YAMUX_ENV`): a frame and its answer cost 0.785 x the CPU
+window update (`PY_YAMUX_RELEASE_ON_READ`, on by default), each one an
+encrypted write.  `new_libp2p_host` turns that off (`YAMUX_ENV`: updates when
+its window hysteresis asks, about every other frame), and control frames are
+read in chunks (frames.py `Buffered`): 0.5 window updates per frame where
+there were 2, and 0.68 x the CPU per frame and its answer
 (`python scripts/bench_ctrl_frames.py`).
 """
 
