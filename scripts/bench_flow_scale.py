@@ -27,7 +27,10 @@ that re-announces only changed labels would send at the least), and
 `changed_in_per_node_pd` the same from one primal-dual wave to the next;
 `tight_in_per_node_pd` counts those only to the peers that choose the label
 (their OUT label is the link cost plus it): what they would send if each
-changed label reached only the peers it routes.
+changed label reached only the peers it routes.  `skewed_links_per_node_pd` counts, per node, the links (p, r)
+whose reduced cost rose from one primal-dual wave to the next (p's OUT label rose more than r's IN label; `_slack`:
+by more than the label limits' slack 2): a limit told against both ends' floors of the previous wave (reduced
+costs) would need telling again only there, if each end knew how far the other's floor rose.
 
 `--receipts` classifies every label a node receives in a CostAnnounce by what
 it changed there (the node's IN and OUT labels and the choices behind them
