@@ -70,92 +70,13 @@ class LimitState:
     tries: dict[str, int] = field(default_factory=dict)  # commodity -> raise steps since the threshold was finite
     unreachable: dict[str, tuple[int, float]] = field(default_factory=dict)  # commodity -> (wave, when our
     # unreachable IN label goes to the subscribed peers; INF: it went)
-    pot: dict[str, tuple[int, float, float]] = field(default_factory=dict)  # commodity -> (wave, its lowest
-    # finite IN label, its lowest finite threshold): the floors of the next wave (`track`)
-    floor: dict[str, tuple[float, float]] = field(default_factory=dict)  # commodity -> (IN floor, threshold
-    # floor): the lowest finite values of the last wave that had one (the potentials limits are reduced by)
-    at: dict[tuple[str, str, str], float] = field(default_factory=dict)  # (table, commodity, peer) -> the floor
-    # when that entry of told / seen / heard / given was set (`_rise`)
-
-
-def _base(node: FlowNode, d: str, k: int) -> float:
-    """Our floor of `d` now: k 0 the IN label's (sender side), 1 the threshold's (receiver side); INF: none."""
-    fl = node.limits.floor.get(d)
-    return INF if fl is None else fl[k]
-
-
-def _rise(node: FlowNode, d: str, k: int, table: str, peer: str) -> float:
-    """How far our floor (`_base`) rose since the entry `table` of `peer` was set: a limit, a floor or a label
-    told then holds this much higher now (reduced costs: module doc); 0 without floors, never below 0."""
-    then = node.limits.at.get((table, d, peer), INF)
-    now = _base(node, d, k)
-    if then == INF or now == INF or now <= then:
-        return 0.0
-    return now - then
-
-
-def _stamp(node: FlowNode, table: str, d: str, peer: str, k: int) -> None:
-    node.limits.at[(table, d, peer)] = _base(node, d, k)
-
-
-def _told(node: FlowNode, d: str, peer: str) -> float | None:
-    """Receiver side: the limit `peer` holds now, as far as we know (told, plus our threshold floor's rise)."""
-    told = node.limits.told.get(d)
-    t = told.get(peer) if told else None
-    if t is None or t == INF:
-        return t
-    return t + _rise(node, d, 1, "told", peer)
-
-
-def _heard(node: FlowNode, d: str, peer: str) -> float | None:
-    """Sender side: the limit previous-stage `peer` told us, plus our IN floor's rise since."""
-    lim = node.limits.heard.get(d)
-    t = lim.get(peer) if lim else None
-    if t is None or t == INF:
-        return t
-    return t + _rise(node, d, 0, "heard", peer)
-
-
-def track(node: FlowNode, d: str, b: float) -> None:
-    """After our labels of `d` were recomputed (threshold `b`): the lowest finite IN label and threshold of the
-    wave; the first recomputation in a new wave makes the last wave's the floors, and refreshes `low`."""
-    L = node.limits
-    e = node.labels.epoch[d]
-    pot = L.pot.get(d)
-    if pot is None or pot[0] != e:
-        if pot is not None:
-            fl = L.floor.get(d, (INF, INF))
-            L.floor[d] = (pot[1] if pot[1] != INF else fl[0], pot[2] if pot[2] != INF else fl[1])
-        pot = (e, INF, INF)
-        relow(node, d)
-    lab = node.labels.my_in.get(d)
-    c = INF if lab is None else lab.cost
-    if c < pot[1] or b < pot[2]:
-        L.pot[d] = (e, min(c, pot[1]), min(b, pot[2]))
-    else:
-        L.pot[d] = pot
-
-
-def relow(node: FlowNode, d: str) -> None:
-    """`low` of `d` again, from the limits as they hold now (the floors moved)."""
-    told = node.limits.told.get(d, {})
-    costs = node.cfg.next_costs
-    low = INF
-    for i in told:
-        t = _told(node, d, i)
-        c = costs.get(i)
-        if t == INF or c is None:
-            continue
-        f = _floor(node, d, i, t)
-        if f + c < low:
-            low = f + c
-    node.limits.low[d] = low
 
 
 def allowed(node: FlowNode, d: str, peer: str, cost: float, rise: bool = False) -> bool:
     """Sender side: `peer` is to hear our IN label of `d` at `cost`: below its limit, or below the floor it holds
     of our label; a `rise` within a wave only a subscribed peer (module doc)."""
-    t = _heard(node, d, peer)
+    lim = node.limits.heard.get(d)
+    t = lim.get(peer) if lim else None
     if rise:
         return t == INF
     if cost == INF:  # a new wave: at once to the feeders (module doc), later to the subscribed peers (`late`)
@@ -166,7 +87,7 @@ def allowed(node: FlowNode, d: str, peer: str, cost: float, rise: bool = False) 
         return True
     g = node.limits.given.get(d)
     f = g.get(peer) if g else None
-    return f is not None and cost < f[0] + _rise(node, d, 0, "given", peer) - EPS
+    return f is not None and cost < f[0] - EPS
 
 
 def recipients(node: FlowNode, d: str, cost: float, peers, rise: bool = False) -> list[str]:
@@ -187,7 +108,6 @@ def gave(node: FlowNode, d: str, peers, cost: float) -> None:
     e = node.labels.epoch[d]
     for p in peers:
         g[p] = (cost, e)
-        _stamp(node, "given", d, p, 0)
 
 
 def note(node: FlowNode, d: str, sender: str, cost: float) -> None:
@@ -199,8 +119,8 @@ def note(node: FlowNode, d: str, sender: str, cost: float) -> None:
     if seen is None:
         seen = node.limits.seen[d] = {}
     seen[sender] = cost
-    _stamp(node, "seen", d, sender, 1)
-    t = _told(node, d, sender)
+    told = node.limits.told.get(d)
+    t = told.get(sender) if told else None
     if t is not None and t != INF and cost < INF:
         c = max(t, cost) + node.cfg.next_costs.get(sender, INF)
         if c < node.limits.low.get(d, INF):
@@ -212,10 +132,7 @@ def _floor(node: FlowNode, d: str, peer: str, t: float) -> float:
     below), and at least the last one it sent (it tells every fall below)."""
     seen = node.limits.seen.get(d)
     f = seen.get(peer) if seen else None
-    if f is None:
-        return t
-    f += _rise(node, d, 1, "seen", peer)
-    return t if f < t else f
+    return t if f is None or f < t else f
 
 
 def _threshold(node: FlowNode, d: str) -> tuple[float, tuple[str, ...]] | None:
@@ -236,7 +153,6 @@ def _threshold(node: FlowNode, d: str) -> tuple[float, tuple[str, ...]] | None:
 
 def _tell(node: FlowNode, d: str, peer: str, limit: float, eff: list[Effect]) -> None:
     node.limits.told.setdefault(d, {})[peer] = limit
-    _stamp(node, "told", d, peer, 1)
     if limit != INF:
         c = _floor(node, d, peer, limit) + node.cfg.next_costs[peer]
         if c < node.limits.low.get(d, INF):
@@ -259,7 +175,6 @@ def check(node: FlowNode, d: str, eff: list[Effect]) -> None:
     if th is None:
         return
     b, chosen = th
-    track(node, d, b)
     if b != INF:
         node.limits.last[d] = b
         node.limits.tries.pop(d, None)
@@ -329,8 +244,7 @@ def raise_limits(node: FlowNode, d: str, b: float, eff: list[Effect]) -> None:
     told = node.limits.told.get(d, {})
     costs, slack = node.cfg.next_costs, node.cfg.label_limit_slack
     low = INF
-    for i in sorted(told):
-        t = _told(node, d, i)
+    for i, t in sorted(told.items()):
         if t == INF:
             continue
         c = costs.get(i)
@@ -340,7 +254,6 @@ def raise_limits(node: FlowNode, d: str, b: float, eff: list[Effect]) -> None:
         if f + c < b - EPS:
             t = INF if b == INF else b + slack - c
             node.limits.told[d][i] = t
-            _stamp(node, "told", d, i, 1)
             eff.append(Send(i, LabelLimit(d, t)))
             f = t
         if t != INF and f + c < low:
@@ -361,7 +274,8 @@ def useless(node: FlowNode, d: str, sender: str, lab: Label, eff: list[Effect]) 
         return
     slack = node.cfg.label_limit_slack
     want = b + slack - c
-    t = _told(node, d, sender)
+    told = node.limits.told.get(d)
+    t = told.get(sender) if told else None
     if t is None or t > want + slack + EPS:
         _tell(node, d, sender, want, eff)
 
@@ -375,9 +289,8 @@ def on_limit(node: FlowNode, now: float, sender: str, msg: LabelLimit, eff: list
             or (sender in node.cfg.commodities and sender != d):
         return True
     lim = node.limits.heard.setdefault(d, {})
-    old = _heard(node, d, sender)
+    old = lim.get(sender)
     lim[sender] = msg.cost
-    _stamp(node, "heard", d, sender, 0)
     last = node.announcer.sent.get((d, Side.IN))
     e = node.labels.epoch[d]
     if old is None or msg.cost <= old or last is None or last[0] != e or last[1] == INF or last[1] < old:
@@ -394,5 +307,3 @@ def drop_peer(node: FlowNode, peer: str) -> None:
     for table in (node.limits.told, node.limits.heard, node.limits.seen, node.limits.given):
         for lim in table.values():
             lim.pop(peer, None)
-    for key in [k for k in node.limits.at if k[2] == peer]:
-        del node.limits.at[key]
