@@ -27,7 +27,10 @@ that re-announces only changed labels would send at the least), and
 `changed_in_per_node_pd` the same from one primal-dual wave to the next;
 `tight_in_per_node_pd` counts those only to the peers that choose the label
 (their OUT label is the link cost plus it): what they would send if each
-changed label reached only the peers it routes.
+changed label reached only the peers it routes.  `skewed_links_per_node_pd` counts, per node, the links (p, r)
+whose reduced cost rose from one primal-dual wave to the next (p's OUT label rose more than r's IN label; `_slack`:
+by more than the label limits' slack 2): a limit told against both ends' floors of the previous wave (reduced
+costs) would need telling again only there, if each end knew how far the other's floor rose.
 
 `--receipts` classifies every label a node receives in a CostAnnounce by what
 it changed there (the node's IN and OUT labels and the choices behind them
@@ -151,6 +154,8 @@ def ssp_waves(sc) -> dict:
     src, snk = ("s", "src"), ("s", "snk")
     pot: dict = collections.defaultdict(float)
     costs, changed, useful, before = [], [0, 0], 0, [None, None]  # per augmentation, per primal-dual wave
+    skew = [0, 0]  # links whose reduced cost rose from one primal-dual wave to the next (by > 0, by > SLACK)
+    outs: dict = {}
     d = sc.data_nodes[0].id
     prevs = {n.id: [(src if m == d else ("o", m), link.cost) for m, link in sc.neighbours(n.id).items()
                     if (m == d and n.stage == 0) or (m != d and sc.node(m).stage == n.stage - 1)]
@@ -175,6 +180,9 @@ def ssp_waves(sc) -> dict:
             changed[k] += sum(len(prevs[r]) for r in moved)
             if k == 1:  # told only to the peers that now choose it (a tight arc: cost + label = their OUT label)
                 useful += sum(1 for r in moved for p, c in prevs[r] if abs(c + labels[r] - real(p)) <= 1e-9)
+                now_out = {p: real(p) for ps in prevs.values() for p, _ in ps if p != src}
+                _skew(skew, prevs, old, labels, outs, now_out)
+                outs = now_out
             before[k] = labels
         costs.append(cost)
         v, prev = snk, _tree(g, pot, src, snk)
@@ -188,7 +196,29 @@ def ssp_waves(sc) -> dict:
     return {"ssp_units": len(costs), "ssp_total_cost": round(sum(costs), 6),
             "pd_waves": len({round(c, 6) for c in costs}), "links_per_node": round(links / n, 1),
             "changed_in_per_node": round(changed[0] / n, 1), "changed_in_per_node_pd": round(changed[1] / n, 1),
-            "tight_in_per_node_pd": round(useful / n, 1)}
+            "tight_in_per_node_pd": round(useful / n, 1), "skewed_links_per_node_pd": round(skew[0] / n, 1),
+            "skewed_links_per_node_pd_slack": round(skew[1] / n, 1)}
+
+
+SLACK = 2.0  # FlowConfig.label_limit_slack
+
+
+def _skew(skew: list, prevs: dict, old_in: dict, new_in: dict, old_out: dict, new_out: dict) -> None:
+    """Count the links (p, r) whose reduced cost rose between two primal-dual waves: p's OUT label (its
+    threshold) rose more than r's IN label (by > 0, by > SLACK).  A limit told against the floors of the previous
+    wave (a reduced cost) holds on the other links; on these, the peer must hear of it (`--bound`, module doc)."""
+    inf = float("inf")
+    for r, ps in prevs.items():
+        a, b = old_in.get(r, inf), new_in.get(r, inf)
+        if inf in (a, b):
+            continue
+        for p, _ in ps:
+            x, y = old_out.get(p, inf), new_out.get(p, inf)
+            if inf in (x, y):
+                continue
+            rise = (y - x) - (b - a)
+            skew[0] += rise > 1e-9
+            skew[1] += rise > SLACK + 1e-9
 
 
 def _tree(g, pot, src, snk) -> dict:
