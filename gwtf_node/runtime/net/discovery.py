@@ -33,9 +33,8 @@ Bounded fan-out (protocol/fanout.py): a relay knows and dials only the data
 nodes and the relays of its own and the neighbouring stages; a peer tells it
 only of those (`_knows_of`); a relay of a stage it does not work with that
 says Hello is let go of (`release`: out of the table, not gone, so nothing
-presumes it dead or redials it; the connection closed) and answered with no
-Hello but a PeerList of the peers it works with (`_refer`: a node that
-bootstraps through a far relay meets its neighbours that way), and a candidate lets
+presumes it dead or redials it; the connection closed) and referred to its
+neighbours (`_refer`), and a candidate lets
 go of the relays of its sample that it does not work with once it is placed
 (`prune`).
 
