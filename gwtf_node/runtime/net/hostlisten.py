@@ -15,7 +15,7 @@ window update (`PY_YAMUX_RELEASE_ON_READ`, on by default), each one an
 encrypted write.  `new_libp2p_host` turns that off (`YAMUX_ENV`: updates when
 its window hysteresis asks, about every other frame), and control frames are
 read in chunks (frames.py `Buffered`): 0.5 window updates per frame where
-there were 2, and 0.68 x the CPU per frame and its answer
+there were 2, and 0.62 x the CPU per frame and its answer
 (`python scripts/bench_ctrl_frames.py`).
 """
 
