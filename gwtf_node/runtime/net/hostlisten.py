@@ -49,7 +49,7 @@ def probe_ports(eps: list[Endpoint], tensor_hosts: list[str], tensor_port: int) 
         check_port_free(h, tensor_port, "tensor channel port", "choose another --tensor-port")
 
 
-YAMUX_ENV = {"PY_YAMUX_RELEASE_ON_READ": "0"}  # window updates once half the window is used (module doc)
+YAMUX_ENV = {"PY_YAMUX_RELEASE_ON_READ": "0"}  # window updates when yamux's hysteresis asks (module doc)
 
 
 def new_libp2p_host(state_dir: Path, eps: list[Endpoint], announced: list[Endpoint]) -> IHost:

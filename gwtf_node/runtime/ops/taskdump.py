@@ -8,14 +8,14 @@ walks trio's task tree instead, from the root task through every nursery,
 and gives each task's chain of awaits down to the frame where it is
 suspended (`Task.iter_await_frames`), innermost last:
 
-    task gwtf_node.runtime.node.node._run_locked
-      task ...host.Host._read_ctrl_stream
-        await .../net/host.py:451 in _read_ctrl_stream
-        await .../libp2p/stream_muxer/yamux/yamux.py:... in read
+    task libp2p.network.connection.swarm_connection.SwarmConn._handle_muxed_stream
+      await libp2p/host/basic_host.py:1554 in _swarm_stream_handler
+      await gwtf_node/runtime/net/host.py:456 in _read_ctrl_stream
+      await libp2p/stream_muxer/yamux/yamux.py:1147 in read_stream
 
-`install(nursery)` starts the task that answers SIGUSR1 (the node does it
-at start); `dump()` returns the text, for tests and for callers that want
-it elsewhere.  The dump goes to the log at WARNING with one line per task
+`answer_signals` is the task that answers SIGUSR1 (the node starts it
+first, node.py `_run_locked`); `dump()` returns the text, for tests and for
+callers that want it elsewhere.  The dump goes to the log at WARNING with one line per task
 or frame; its length is bounded by `MAX_LINES` (a node with thousands of
 tasks says how many it left out).
 """
