@@ -34,9 +34,8 @@ nodes and the relays of its own and the neighbouring stages; a peer tells it
 only of those (`_knows_of`); a relay of a stage it does not work with that
 says Hello is let go of (`release`: out of the table, not gone, so nothing
 presumes it dead or redials it; the connection closed) and referred to its
-neighbours (`_refer`), and a candidate lets
-go of the relays of its sample that it does not work with once it is placed
-(`prune`).
+neighbours (`_refer`), and a candidate lets go of the relays of its sample
+that it does not work with once it is placed (`prune`).
 
 Addresses (addresses.py): a Hello carries the addresses the receiving peer
 can use (no loopback to a remote peer, never 0.0.0.0); a PeerList carries
