@@ -59,14 +59,17 @@ FORK_SERVER_COMMAND = (sys.executable, "-m", "gwtf_node.cli.forkserver")
 BOOTSTRAP_SPREAD_FROM = 8  # the nodes started after this many get two listening nodes' addresses beside d0's
 
 
+def _stage(name: str) -> int | None:
+    """The stage of the relay named `r<k>_<i>` (k); None for a data node and a relay started with --stage auto."""
+    head = name[1:].split("_", 1)[0]
+    return int(head) if name.startswith("r") and head.isdigit() else None
+
+
 def _near(name: str, other: str) -> bool:
     """Whether the node named `name` works with `other` (protocol/fanout.py): a data node with everyone, a relay
     `r<k>_<i>` with the relays of stages k-1..k+1; a relay started with --stage auto (j*, c*) is not placed yet."""
     def place(n: str) -> tuple[str, int | None]:
-        if n.startswith("d"):
-            return "data", -1
-        head = n[1:].split("_", 1)[0]
-        return "relay", int(head) if n.startswith("r") and head.isdigit() else None
+        return ("data", -1) if n.startswith("d") else ("relay", _stage(n))
     return fanout.works_with(*place(name), *place(other))
 
 
@@ -197,7 +200,7 @@ class LocalSwarm:
             cmd += ["--role", "data", "--data-index", name[1:], "--data-nodes", str(self.data_nodes),
                     "--iterations", str(self.iterations)]
         else:
-            cmd += ["--role", "relay", "--stage", "auto" if self.auto_stage else name[1:].split("_")[0]]
+            cmd += ["--role", "relay", "--stage", "auto" if self.auto_stage else str(_stage(name))]
             if self.relay_capacity:
                 cmd += ["--capacity", str(self.relay_capacity)]
         for addr in [bootstrap] if isinstance(bootstrap, str) else bootstrap or []:

@@ -375,12 +375,15 @@ class Discovery:
             if shaped is not None:
                 self.host.links.set_link(sender, *shaped)  # emulate the link: our sends to this peer
             log.info("peer %s: %s (%s)", msg.name or sender[:12], describe_place(msg.role, msg.stage), sender)
-            local = self.host.peer_is_local(sender)  # the usable addresses of the peers it works with
-            known = tuple(a for p in self.peers.infos() if p.peer_id != sender and self._knows_of(info, p)
-                          for a in p.addrs[:ADDRS_PER_PEER] if usable_by(a, local))
-            reply.append(m.PeerList((tuple(self.host.addrs_for(sender)) + known)[:MAX_ITEMS]))
+            reply.append(m.PeerList((tuple(self.host.addrs_for(sender)) + self._known_to(info))[:MAX_ITEMS]))
         if reply:
             self.wire.spawn(self._answer, sender, reply)
+
+    def _known_to(self, info: PeerInfo) -> tuple[str, ...]:
+        """The usable addresses of the peers we know that the peer of `info` is told of (`_knows_of`)."""
+        local = self.host.peer_is_local(info.peer_id)
+        return tuple(a for p in self.peers.infos() if p.peer_id != info.peer_id and self._knows_of(info, p)
+                     for a in p.addrs[:ADDRS_PER_PEER] if usable_by(a, local))
 
     def _refer(self, sender: str, info: PeerInfo) -> None:
         """A relay this node does not work with said Hello (it bootstraps through us, or its address book is
@@ -392,10 +395,7 @@ class Discovery:
         if len(self._referred) >= REFER_KEPT:  # (forget the referrals old enough to be made again)
             self._referred = {p: at for p, at in self._referred.items() if t - at < REFER_EVERY_S}
         self._referred[sender] = t
-        local = self.host.peer_is_local(sender)
-        known = tuple(a for p in self.peers.infos() if p.peer_id != sender and self._knows_of(info, p)
-                      for a in p.addrs[:ADDRS_PER_PEER] if usable_by(a, local))
-        if known:
+        if known := self._known_to(info):
             log.debug("%s (stage %d) is not next to this node's stage: referred to %d addresses",
                       info.name or sender[:12], info.stage, len(known))
             self.wire.spawn(self._answer, sender, [m.PeerList(known[:MAX_ITEMS])])

@@ -47,11 +47,11 @@ def _frames(task: trio.lowlevel.Task) -> list[str]:
 
 def _short(path: str) -> str:
     """`path` from its package on (.../site-packages/libp2p/x.py -> libp2p/x.py), else as given."""
-    for marker in ("site-packages" + os.sep, "gwtf_node" + os.sep):
-        i = path.rfind(marker)
-        if i >= 0:
-            return path[i + len(marker):] if marker.startswith("site") else path[i:]
-    return path
+    site = path.rfind("site-packages" + os.sep)
+    if site >= 0:
+        return path[site + len("site-packages" + os.sep):]
+    ours = path.rfind("gwtf_node" + os.sep)
+    return path[ours:] if ours >= 0 else path
 
 
 def dump(root: trio.lowlevel.Task | None = None) -> str:
