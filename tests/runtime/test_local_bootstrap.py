@@ -1,7 +1,8 @@
 """`gwtf-node local` spreads the bootstrap of a large swarm: from the `BOOTSTRAP_SPREAD_FROM`-th node on, each
-node also gets two nodes already listening that it works with, so that the first data node is not the only one
-answering a hundred Hellos (a 106-node swarm's relay gave up after 300 s without its answer), and a node of a stage
-far from its own does not ignore the Hello."""
+node bootstraps from two relays already listening that it works with, not from the first data node, so that the
+data nodes do not answer a hundred Hellos at once (a 106-node swarm's relay gave up after 300 s without d0's
+answer, a 100-node swarm's relay of the last stage without d0's and d1's), and a node of a stage far from its own
+does not ignore the Hello."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.runtime.local.swarm import BOOTSTRAP_SPREAD_FROM, LocalSwarm, _near
 
 
-def test_the_nodes_started_later_get_listening_nodes_beside_d0(tmp_path: Path) -> None:
+def test_the_nodes_started_later_bootstrap_from_listening_relays_they_work_with(tmp_path: Path) -> None:
     save_manifest(default_manifest(stages=8), tmp_path / "run.json")
     swarm = LocalSwarm(tmp_path / "w", tmp_path / "run.json", data_nodes=2, stages=8, relays_per_stage=6,
                        iterations=1, wrap={"r7_5": ["echo"]})
@@ -19,18 +20,21 @@ def test_the_nodes_started_later_get_listening_nodes_beside_d0(tmp_path: Path) -
     for name in names[1:40]:  # the first 39 after d0 listen; the others have not written their address yet
         swarm.state_dir(name).mkdir(parents=True)
         (swarm.state_dir(name) / "addr").write_text(f"/ip4/127.0.0.1/tcp/{1000 + names.index(name)}/p2p/{name}\n")
-    assert swarm._listening(BOOTSTRAP_SPREAD_FROM - 1) == []
-    got = swarm._listening(45)
-    assert names[45] == "r7_1"  # (2 data nodes, then 6 relays a stage)
-    assert len(got) == 2 and len(set(got)) == 2 and all(a.split("/p2p/")[1] in {"d1", "r6_0", "r6_1"} for a in got)
-    assert swarm._listening(45) == got  # the same for the same node
+    d0 = "/ip4/127.0.0.1/tcp/1/p2p/d0"
+    assert swarm._bootstrap(BOOTSTRAP_SPREAD_FROM - 1, d0) == [d0]
+    got = swarm._bootstrap(45, d0)
+    assert names[45] == "r7_1"  # (2 data nodes, then 6 relays a stage; r6_0 and r6_1 listen, d1 is no relay)
+    assert sorted(a.split("/p2p/")[1] for a in got) == ["r6_0", "r6_1"]
+    assert swarm._bootstrap(45, d0) == got  # the same for the same node
     swarm.workdir.mkdir(exist_ok=True)
-    swarm._spawn("r7_5", ["/ip4/127.0.0.1/tcp/1/p2p/d0", *got], None)  # `echo` writes its command line
+    swarm._spawn("r7_5", got, None)  # `echo` writes its command line
     swarm.procs["r7_5"].wait(timeout=30)
     args = (swarm.state_dir("r7_5") / "node.log").read_text().split()
-    assert [args[i + 1] for i, a in enumerate(args) if a == "--bootstrap"] == ["/ip4/127.0.0.1/tcp/1/p2p/d0", *got]
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--bootstrap"] == got
+    (swarm.state_dir("r6_1") / "addr").unlink()  # one relay near r7_1 listens: d0 beside it
+    assert [a.split("/p2p/")[1] for a in swarm._bootstrap(45, d0)] == ["d0", "r6_0"]
     swarm.netns = {"d0": "ns0"}
-    assert swarm._listening(45) == []  # a network lab: the homes' addresses are not dialled
+    assert swarm._bootstrap(45, d0) == [d0]  # a network lab: the homes' addresses are not dialled
 
 
 def test_near_is_who_works_with_whom():

@@ -3,9 +3,9 @@
 The launcher writes a run manifest (or uses the one given), starts the first
 data node, reads its listen address from its state directory, and starts the
 other data nodes and the relays with that address as their bootstrap peer
-(and, from the `BOOTSTRAP_SPREAD_FROM`-th node on, two more of the nodes
-already listening, so that a large swarm does not wait on one node's Hello
-answers): each is a real `gwtf-node join` process, so what runs here is what runs on
+(from the `BOOTSTRAP_SPREAD_FROM`-th node on, two relays already listening
+instead, so that a large swarm does not wait on one node's Hello answers):
+each is a real `gwtf-node join` process, so what runs here is what runs on
 volunteers' machines, only on 127.0.0.1.  Progress comes from the leader's
 `metrics.jsonl`; every wait has a deadline, and the swarm is taken down on
 exit, error or Ctrl-C (SIGTERM, then SIGKILL for stragglers).
@@ -56,7 +56,7 @@ from .zygote import Zygote, ZygoteChild, ZygoteError
 # the command line, as a process runs it: each node, and the fork server that forks nodes (cli/forkserver.py)
 NODE_COMMAND = (sys.executable, "-m", "gwtf_node.cli")
 FORK_SERVER_COMMAND = (sys.executable, "-m", "gwtf_node.cli.forkserver")
-BOOTSTRAP_SPREAD_FROM = 8  # the nodes started after this many get two listening nodes' addresses beside d0's
+BOOTSTRAP_SPREAD_FROM = 8  # the nodes started after this many bootstrap from two listening relays, not d0
 
 
 def _stage(name: str) -> int | None:
@@ -169,20 +169,22 @@ class LocalSwarm:
     def state_dir(self, name: str) -> Path:
         return self.workdir / name
 
-    def _listening(self, i: int) -> list[str]:
-        """Bootstrap addresses beside d0's for the i-th node started: two of the nodes already listening that it
-        works with (`_near`), from the `BOOTSTRAP_SPREAD_FROM`-th node on (a node meeting a hundred others at once
-        answers their Hellos late); none in a network lab (`netns`: a node behind a NAT router is no address to
-        dial)."""
+    def _bootstrap(self, i: int, d0: str) -> list[str]:
+        """The bootstrap addresses of the i-th node started: d0's for the first `BOOTSTRAP_SPREAD_FROM`, then two
+        relays already listening that it works with (`_near`; a data node works with everyone, and one meeting a
+        hundred others at once answers their Hellos late), d0's beside them while fewer than two listen; d0's
+        only in a network lab (`netns`: a node behind a NAT router is no address to dial).  A node learns of
+        the data nodes from the PeerList that answers its Hello."""
         if i < BOOTSTRAP_SPREAD_FROM or self.netns:
-            return []
+            return [d0]
         names = self.names()
         addrs = []
         for name in names[1:i]:
             path = self.state_dir(name) / "addr"
-            if _near(names[i], name) and path.exists() and (text := path.read_text().split()):
+            if name.startswith("r") and _near(names[i], name) and path.exists() and (text := path.read_text().split()):
                 addrs.append(text[0])
-        return random.Random(i).sample(addrs, min(2, len(addrs)))
+        picked = random.Random(i).sample(addrs, min(2, len(addrs)))
+        return picked if len(picked) == 2 else [d0, *picked]
 
     def _spawn(self, name: str, bootstrap: str | list[str] | None, links_file: Path | None) -> None:
         sd = self.state_dir(name)
@@ -279,7 +281,7 @@ class LocalSwarm:
         self._say("starting d0 (the others then dial its address)")
         boot = self._wait_addr(first)
         for i, name in enumerate(self.names()[1:], start=1):
-            self._spawn(name, [boot, *self._listening(i)], links_file)
+            self._spawn(name, self._bootstrap(i, boot), links_file)
             if self.auto_stage and name.startswith("r"):
                 self._say(f"{name} joins with --stage auto: waiting for its stage")
                 self._wait_stage(name)

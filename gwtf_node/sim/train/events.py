@@ -75,9 +75,10 @@ class Reflow(SimEvent):
 
 @dataclass(frozen=True, slots=True)
 class Gone(SimEvent):
-    """The membership layer reports `node` gone."""
+    """The membership layer reports `node` gone (`far`: a data node, to the relays of middle stages only)."""
 
     node: str
+    far: bool = False
 
 
 @dataclass(frozen=True, slots=True)
