@@ -420,7 +420,8 @@ def run_size(n: int, a: argparse.Namespace, work: Path, say) -> dict:
     save_manifest(man, run)
     swarm = LocalSwarm(work, run, data_nodes=d, stages=s, relays_per_stage=k, iterations=10**6,
                        startup_timeout_s=a.startup_timeout, iteration_timeout_s=a.iteration_timeout,
-                       log_level=a.log_level)
+                       log_level=a.log_level, relay_nice=a.relay_nice)
+    row["relay_nice"] = a.relay_nice
     avail0 = mem_available_gib()
     row["mem_available_gib_before"] = round(avail0, 2)
     busy0 = machine_busy_s()
@@ -522,6 +523,8 @@ def main() -> int:
     ap.add_argument("--iteration-timeout", type=float, default=300.0, help="seconds for each next iteration")
     ap.add_argument("--min-free-gib", type=float, default=3.0,
                     help="stop a size when MemAvailable falls under this (the machine is shared)")
+    ap.add_argument("--relay-nice", type=int, default=0,
+                    help="the relays' niceness (gwtf-node local --relay-nice): the data nodes' CPU share")
     ap.add_argument("--log-level", default="INFO")
     ap.add_argument("--keep", action="store_true", help="keep each size's workdir (node logs)")
     ap.add_argument("--json", action="store_true", help="one JSON object per size on stdout")

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from .common import (
     EXIT_NO_PEER, EXIT_USAGE, CliError, _announce_addr, _ip_address, _lease_seconds, _listen_addr, _load_scenario,
-    _manifest_error_types, _nonneg_int, _Parser, _port, _positive_int, _probability, _seconds, _setup_logging,
+    _manifest_error_types, _nonneg_int, _Parser, _port, _positive_int, _probability, _relay_nice, _seconds,
+    _setup_logging,
 )
 from .service import add_parser as add_service_parser
 from .common import _first_manifest_error
@@ -307,7 +308,8 @@ def cmd_local(args: argparse.Namespace) -> int:
                            args.iterations, links=Path(args.links) if args.links else None,
                            auto_stage=args.auto_stage, joiners=args.joiners, join_every_s=args.join_every,
                            policy=args.policy, churn=args.churn, seed=args.seed, relay_capacity=args.relay_capacity,
-                           owner_key=_local_owner_key(args.run), torch_threads=args.torch_threads)
+                           owner_key=_local_owner_key(args.run), torch_threads=args.torch_threads,
+                           relay_nice=args.relay_nice)
     except LocalError as e:
         raise CliError(str(e)) from None
     if args.links:
@@ -539,6 +541,9 @@ def _add_local_parser(sub: Any) -> None:
     lo.add_argument("--torch-threads", type=_nonneg_int, default=None, metavar="N",
                     help="torch's CPU threads per node (default: the cores shared among the nodes, at least 1; "
                          "0: torch's default in every node)")
+    lo.add_argument("--relay-nice", type=_relay_nice, default=0, metavar="N",
+                    help="the relays' niceness (0-19; default 0): with more nodes than cores, N > 0 gives the data "
+                         "nodes, who work with every node, a larger share of the CPU, as machines of their own would")
     lo.add_argument("--workdir", default=None,
                     help="where the nodes' state directories go (default: a new directory gwtf-local-* in the temp "
                          "directory); the run's iterations.jsonl and loss.png stay there")

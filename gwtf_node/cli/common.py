@@ -75,6 +75,13 @@ _positive_int = _int_at_least(1)
 _nonneg_int = _int_at_least(0)
 
 
+def _relay_nice(text: str) -> int:
+    v = _nonneg_int(text)
+    if v > 19:
+        raise argparse.ArgumentTypeError(f"must be a niceness in 0..19 (0: as the data nodes), got {v}")
+    return v
+
+
 def _port(text: str) -> int:
     v = _nonneg_int(text)
     if v > 65535:

@@ -45,6 +45,8 @@ def test_init_run_with_own_data(tmp_path: Path) -> None:
     (["join", "--run", "/no/such/run.json", "--role", "relay", "--stage", "0"], "run.json"),
     (["local", "--iterations", "0"], "at least 1"),
     (["local", "--links", "/no/such/links.json"], "no such file"),
+    (["local", "--relay-nice", "20"], "niceness in 0..19"),
+    (["local", "--relay-nice", "-1"], "at least 0"),
     (["join", "--run", "/no/such/run.json", "--role", "relay"], "run.json"),  # no --stage: auto, not a crash
     (["status", "--state-dir", "/no/such/dir"], "no such directory"),
 ])

@@ -39,7 +39,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _node(tmp_path: Path, zygote: Zygote, name: str):
+def _node(tmp_path: Path, zygote: Zygote, name: str, nice: int = 0):
     run = tmp_path / "run.json"
     if not run.exists():
         save_manifest(default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=2), run)
@@ -47,7 +47,7 @@ def _node(tmp_path: Path, zygote: Zygote, name: str):
     sd.mkdir()
     argv = ["join", "--run", str(run), "--state-dir", str(sd), "--role", "relay", "--stage", "0",
             "--insecure-unsigned", "--name", name]
-    child = zygote.spawn(argv, dict(os.environ), sd / "node.log", tmp_path / f"{name}.exit")
+    child = zygote.spawn(argv, dict(os.environ), sd / "node.log", tmp_path / f"{name}.exit", nice=nice)
     deadline = time.monotonic() + 60
     while not (sd / "addr").exists():
         assert child.poll() is None, (sd / "node.log").read_text()
@@ -79,6 +79,20 @@ def test_a_node_is_its_own_session_and_its_signals_give_the_popen_statuses(zygot
     other, _ = _node(tmp_path, zygote, "b")
     other.terminate()  # a graceful stop: the daemon's own SIGTERM handling
     assert other.wait(timeout=60) == 0, (tmp_path / "b" / "node.log").read_text()[-2000:]
+
+
+def test_a_node_runs_at_the_niceness_asked_in_every_thread(zygote, tmp_path: Path) -> None:
+    """`gwtf-node local --relay-nice` (LocalSwarm.relay_nice): the relays run at a higher niceness than the data
+    nodes, every thread of them (set in the forked child before it starts any)."""
+    child, _ = _node(tmp_path, zygote, "n", nice=5)
+    try:
+        base = os.getpriority(os.PRIO_PROCESS, 0)
+        nices = [int(Path(f"/proc/{child.pid}/task/{t}/stat").read_text().rsplit(")", 1)[1].split()[16])
+                 for t in os.listdir(f"/proc/{child.pid}/task")]
+        assert len(nices) > 1 and set(nices) == {min(19, base + 5)}, nices
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
 
 
 def test_closing_the_zygote_kills_what_it_started(tmp_path: Path) -> None:

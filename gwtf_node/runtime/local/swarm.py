@@ -101,6 +101,8 @@ class LocalSwarm:
     faults: dict[str, str] = field(default_factory=dict)  # node name -> GWTF_FAULT spec (fault injection)
     expected_dead: set[str] = field(default_factory=set)  # killed on purpose: their exit is not an error
     drop_first_phase: bool = False  # every node loses the first copy of each phase signal (GWTF_DROP_FIRST_PHASE)
+    bootstrap_wait_s: float = 30.0  # how long a node's start waits for the relays it bootstraps from to listen
+    relay_nice: int = 0  # the relays' niceness: >0 gives the data nodes, who work with everyone, a larger CPU share
     extra_args: dict[str, list[str]] = field(default_factory=dict)  # node name -> more `join` flags
     # node name -> command prefix, e.g. `echo` (a node so wrapped starts without the fork server)
     wrap: dict[str, list[str]] = field(default_factory=dict)
@@ -171,20 +173,30 @@ class LocalSwarm:
 
     def _bootstrap(self, i: int, d0: str) -> list[str]:
         """The bootstrap addresses of the i-th node started: d0's for the first `BOOTSTRAP_SPREAD_FROM`, then two
-        relays already listening that it works with (`_near`; a data node works with everyone, and one meeting a
-        hundred others at once answers their Hellos late), d0's beside them while fewer than two listen; d0's
-        only in a network lab (`netns`: a node behind a NAT router is no address to dial).  A node learns of
-        the data nodes from the PeerList that answers its Hello."""
+        relays started before it that it works with (`_near`; a data node works with everyone, and one meeting a
+        hundred others at once answers their Hellos late), each waited for until it listens (at most
+        `bootstrap_wait_s`), d0's beside them if fewer than two do; d0's only in a network lab (`netns`: a node
+        behind a NAT router is no address to dial).  A node learns of the data nodes from the PeerList that
+        answers its Hello."""
         if i < BOOTSTRAP_SPREAD_FROM or self.netns:
             return [d0]
         names = self.names()
-        addrs = []
-        for name in names[1:i]:
-            path = self.state_dir(name) / "addr"
-            if name.startswith("r") and _near(names[i], name) and path.exists() and (text := path.read_text().split()):
-                addrs.append(text[0])
-        picked = random.Random(i).sample(addrs, min(2, len(addrs)))
-        return picked if len(picked) == 2 else [d0, *picked]
+        near = [n for n in names[1:i] if n.startswith("r") and _near(names[i], n)]
+        addrs = [a for n in random.Random(i).sample(near, min(2, len(near)))
+                 if (a := self._listening(n, self.bootstrap_wait_s)) is not None]
+        return addrs if len(addrs) == 2 else [d0, *addrs]
+
+    def _listening(self, name: str, wait_s: float) -> str | None:
+        """`name`'s listen address once it wrote it, waiting at most `wait_s`; None if it did not by then."""
+        path = self.state_dir(name) / "addr"
+        deadline = time.monotonic() + wait_s
+        while True:
+            if path.exists() and (text := path.read_text().split()):
+                return text[0]
+            if time.monotonic() >= deadline:
+                return None
+            self._check_alive()
+            time.sleep(0.1)
 
     def _spawn(self, name: str, bootstrap: str | list[str] | None, links_file: Path | None) -> None:
         sd = self.state_dir(name)
@@ -230,14 +242,17 @@ class LocalSwarm:
                 if self._zygote is None:
                     self._zygote = Zygote(FORK_SERVER_COMMAND)
                 self.procs[name] = self._zygote.spawn(cmd[len(NODE_COMMAND):], env, sd / "node.log",
-                                                      exits / f"{name}.{self._spawned}", netns=self.netns.get(name))
+                                                      exits / f"{name}.{self._spawned}", netns=self.netns.get(name),
+                                                      nice=0 if name.startswith("d") else self.relay_nice)
             except ZygoteError as e:
                 raise LocalError(f"could not start {name}: {e} (the fork server imports torch first: on a machine "
                                  f"this busy, try again when it is less loaded)") from None
             return
         with open(sd / "node.log", "w") as log:
+            nice = 0 if name.startswith("d") else self.relay_nice
             self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                start_new_session=True, env=env)
+                                                start_new_session=True, env=env,
+                                                preexec_fn=(lambda: os.nice(nice)) if nice else None)
 
     def _wait_addr(self, name: str) -> str:
         path = self.state_dir(name) / "addr"

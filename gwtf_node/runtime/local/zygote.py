@@ -23,7 +23,8 @@ torch` in the same way).
 Protocol on the zygote's stdin / stdout, one JSON object per line: it says
 `{"ready": true}` once imported; each request `{"argv": [...], "env": {...},
 "log": PATH, "exit": PATH}` (and `"netns": NAME` for a child that lives in
-the network namespace `/run/netns/NAME`, as under `ip netns exec`) is
+the network namespace `/run/netns/NAME`, as under `ip netns exec`; `"nice":
+N` for one that runs at that niceness, as under `nice -n N`) is
 answered `{"pid": N}` once the child is its own session.  The zygote reaps its children and writes each one's exit status, as
 `Popen.returncode` gives it (negative: killed by that signal), to the request's
 `exit` file; `ZygoteChild` is the `Popen`-like handle the launcher keeps.  When
@@ -131,12 +132,15 @@ class Zygote:
         return json.loads(line)
 
     def spawn(self, argv: list[str], env: dict[str, str], log: Path, exit_path: Path,
-              netns: str | None = None) -> ZygoteChild:
-        """Fork a child that runs `argv`; `netns`: the network namespace (`ip netns` name) it enters first."""
+              netns: str | None = None, nice: int = 0) -> ZygoteChild:
+        """Fork a child that runs `argv`; `netns`: the network namespace (`ip netns` name) it enters first;
+        `nice`: added to its niceness before it starts a thread."""
         exit_path.unlink(missing_ok=True)
         req = {"argv": list(argv), "env": dict(env), "log": str(log), "exit": str(exit_path)}
         if netns is not None:
             req["netns"] = str(netns)
+        if nice:
+            req["nice"] = int(nice)
         try:
             self.proc.stdin.write(json.dumps(req) + "\n")
             self.proc.stdin.flush()
@@ -203,6 +207,8 @@ def _child(run: Run, req: dict, told: int) -> None:
         os.close(null)
         if req.get("netns"):
             enter_netns(str(req["netns"]))
+        if req.get("nice"):
+            os.nice(int(req["nice"]))  # (single-threaded still: every thread the node starts inherits it)
         os.environ.clear()
         os.environ.update(req["env"])
         sys.argv = ["gwtf-node", *req["argv"]]
