@@ -42,8 +42,8 @@ INFO = {D0: PeerInfo(D0, "data", -1), D1: PeerInfo(D1, "data", -1), R0: PeerInfo
         R1: PeerInfo(R1, "relay", 1), R2: PeerInfo(R2, "relay", 2), NEW: PeerInfo(NEW, "relay", -2)}
 
 
-def _code(needs: Needs, msg, sender: str, *, me=("relay", 1), leader=D0, term=3):
-    snap = Snapshot(me[0], me[1], 3, leader, term)
+def _code(needs: Needs, msg, sender: str, *, me=("relay", 1), leader=D0, term=3, begun=()):
+    snap = Snapshot(me[0], me[1], 3, leader, term, begun)
     r = decide(needs, msg, INFO[sender], snap)
     return None if r is None else r.code
 
@@ -84,6 +84,14 @@ def test_role_table() -> None:
     assert _code(Needs.UPSTREAM, m.BeginAggregation(0, 4, term=2), D0, me=("relay", 0)) is R.NOT_LEADER  # stale
     assert _code(Needs.UPSTREAM, m.BeginAggregation(0, 4, term=4), D1, me=("relay", 0)) is None  # a new term
     assert _code(Needs.UPSTREAM, begin, R2, me=("data", -1)) is None  # the last stage passes it on
+    # a copy of a BEGIN taken already, sent again by another data node to ask for its CAN TAKE: any admitted data
+    # node, of the term known or an older one (stamped by the leader that made it); never a relay, a newer term
+    # is news as ever, and an iteration not begun here still needs its leader
+    assert _code(Needs.UPSTREAM, begin, D1, me=("relay", 0), begun={0}) is None
+    assert _code(Needs.UPSTREAM, m.BeginAggregation(0, 4, term=2), D1, me=("relay", 0), begun={0}) is None
+    assert _code(Needs.UPSTREAM, m.BeginAggregation(1, 4, term=3), D1, me=("relay", 0), begun={0}) is R.NOT_LEADER
+    assert _code(Needs.UPSTREAM, begin, R2, me=("relay", 1), begun={0}) is R.NOT_LEADER
+    assert _code(Needs.UPSTREAM, begin, NEW, me=("relay", 1), begun={0}) is R.NOT_LEADER
     relabel = m.Relabel(D0, D1)
     assert _code(Needs.NEIGHBOUR, relabel, R0, me=("relay", 1)) is None
     assert _code(Needs.NEIGHBOUR, relabel, NEW, me=("relay", 1)) is R.NOT_NEIGHBOUR
@@ -137,6 +145,10 @@ async def test_a_relay_learns_a_new_term_from_its_leader_first_message_and_refus
     assert send(D0, m.UtilizationQuery(1, 3), Needs.LEADER)  # a relay that knew no leader learns D0, term 3
     assert lead.leader_of_term() == (D0, 3)
     assert not send(D1, m.BeginAggregation(5, 4, term=3), Needs.UPSTREAM)  # D1 does not lead term 3
+    auth.begun = lambda: {5}  # ... but once iteration 5 began here, D1's copy asks for a CAN TAKE: taken,
+    assert send(D1, m.BeginAggregation(5, 4, term=3), Needs.UPSTREAM)  # and D1 is not learned as term 3's leader
+    assert lead.leader_of_term() == (D0, 3)
+    auth.begun = lambda: ()
     assert send(D1, m.BeginAggregation(5, 4, term=4), Needs.UPSTREAM)  # D1 won term 4: its BEGIN came first
     assert lead.leader_of_term() == (D1, 4)
     assert not send(D0, m.Assignment(3, NEW, 0, R0, 6), Needs.LEADER)  # the deposed leader: stale
@@ -357,3 +369,24 @@ def test_a_peer_with_too_many_connections_loses_the_newest() -> None:
     for n in range(1, 6):
         trio.run(bound.connected, net, conns[n - 1])
     assert [c.closed for c in conns] == [False] * 4 + [True] and bound.closed == 1
+
+
+def test_a_data_node_stamps_the_term_it_led_only_on_the_begins_it_makes_or_hands_on_as_the_leader() -> None:
+    """A data node that is not the leader sends the leader's BEGIN again to ask for a CAN TAKE it misses: the copy
+    keeps the leader's term (stamped with its own last led term, 0 for a data node that never led, every relay of
+    the leader's term refused it, and the data node waited for CAN TAKE until the relays' own resend, 30-50 s an
+    iteration in a 50-node swarm after a leader change).  Its own BEGIN, and any it sends as the acting leader,
+    carry the term it led."""
+    from types import SimpleNamespace
+
+    from gwtf_node.runtime.node.aggregation import Aggregation
+
+    ag = Aggregation.__new__(Aggregation)
+    ag.leadership = SimpleNamespace(led_term=0, is_leader=lambda: False)
+    copy = m.BeginAggregation(4, 6, term=3)  # the leader's, as it came
+    assert ag._stamped(copy).term == 3
+    ag.leadership = SimpleNamespace(led_term=2, is_leader=lambda: False)  # a former leader
+    assert ag._stamped(m.BeginAggregation(4, 6)).term == 2  # its own BEGIN (the machine's, unstamped)
+    assert ag._stamped(copy).term == 3
+    ag.leadership = SimpleNamespace(led_term=5, is_leader=lambda: True)  # the acting leader hands on an old BEGIN
+    assert ag._stamped(copy).term == 5 and ag._stamped(m.BeginAggregation(4, 6)).term == 5

@@ -78,36 +78,6 @@ async def test_a_silent_peer_is_presumed_dead_after_the_floor() -> None:
 
 
 @pytest.mark.trio
-async def test_a_relay_of_a_middle_stage_watches_the_data_nodes_loosely_and_its_neighbours_closely() -> None:
-    """A relay of stage 1 of 4 exchanges no microbatch with the data nodes: their deadline's floor is
-    FAR_DEAD_AFTER_S (30 s), pinged every 10 s; its neighbours' stays DEAD_AFTER_S.  The first stage's relay
-    watches the data nodes closely (`_relay_with_a_data_node`, the tests above)."""
-    peers = Peers("R1", "r1", 4, Place("relay", 1, 2))
-    peers.peers["D0"] = PeerInfo("D0", role="data", stage=-1, name="d0")
-    peers.peers["R2"] = PeerInfo("R2", role="relay", stage=2, name="r2")
-    dead: list[str] = []
-    lv = Liveness(_Posts(), peers, dead.append)
-    assert peers.far("D0") and not peers.far("R2") and not peers.far("X")
-    assert lv.deadline_s("D0") == liveness.FAR_DEAD_AFTER_S and lv.deadline_s("R2") == liveness.DEAD_AFTER_S
-    peers.heard("D0", 0.0)
-    peers.heard("R2", 0.0)
-    for t in range(1, 10):
-        lv.check(float(t))
-    assert lv.wire.pings.count("D0") == 0 and lv.wire.pings.count("R2") == 5  # (from 2 s of silence on)
-    assert dead[0] == "R2" and "D0" not in dead  # (R2 silent past 6 s)
-    lv.check(10.0)
-    assert lv.wire.pings.count("D0") == 1
-    for t in range(11, 31):
-        lv.check(float(t))
-    assert "D0" not in dead and lv.wire.pings.count("D0") == 21  # (each check from 10 s of silence on)
-    lv.check(31.0)
-    assert "D0" in dead
-    first = Peers("R0", "r0", 4, Place("relay", 0, 2))
-    first.peers["D0"] = PeerInfo("D0", role="data", stage=-1, name="d0")
-    assert not first.far("D0")
-
-
-@pytest.mark.trio
 async def test_a_peer_is_pinged_after_a_third_of_its_deadline_and_a_heard_one_not_at_all() -> None:
     lv, peers, dead, work = _relay_with_a_data_node()
     peers.heard("D0", 0.0)

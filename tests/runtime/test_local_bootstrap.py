@@ -1,8 +1,8 @@
 """`gwtf-node local` spreads the bootstrap of a large swarm: from the `BOOTSTRAP_SPREAD_FROM`-th node on, each
-node bootstraps from two relays already listening that it works with, not from the first data node, so that the
-data nodes do not answer a hundred Hellos at once (a 106-node swarm's relay gave up after 300 s without d0's
-answer, a 100-node swarm's relay of the last stage without d0's and d1's), and a node of a stage far from its own
-does not ignore the Hello."""
+node also gets two relays already listening that it works with, so that the first data node is not the only one
+answering a hundred Hellos (a 106-node swarm's relay gave up after 300 s without its answer; a 100-node swarm's
+relay of the last stage without d0's and d1's, the two data nodes it had been given beside d0), and a node of a
+stage far from its own does not ignore the Hello."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.runtime.local.swarm import BOOTSTRAP_SPREAD_FROM, LocalSwarm, _near
 
 
-def test_the_nodes_started_later_bootstrap_from_listening_relays_they_work_with(tmp_path: Path) -> None:
+def test_the_nodes_started_later_get_listening_relays_they_work_with_beside_d0(tmp_path: Path) -> None:
     save_manifest(default_manifest(stages=8), tmp_path / "run.json")
     swarm = LocalSwarm(tmp_path / "w", tmp_path / "run.json", data_nodes=2, stages=8, relays_per_stage=6,
                        iterations=1, wrap={"r7_5": ["echo"]})
@@ -24,7 +24,8 @@ def test_the_nodes_started_later_bootstrap_from_listening_relays_they_work_with(
     assert swarm._bootstrap(BOOTSTRAP_SPREAD_FROM - 1, d0) == [d0]
     got = swarm._bootstrap(45, d0)
     assert names[45] == "r7_1"  # (2 data nodes, then 6 relays a stage; d1 is no relay)
-    assert len(got) == 2 and {a.split("/p2p/")[1] for a in got} <= {f"r6_{j}" for j in range(6)} | {"r7_0"}
+    assert len(got) == 3 and got[0] == d0
+    assert len(set(got)) == 3 and {a.split("/p2p/")[1] for a in got[1:]} <= {f"r6_{j}" for j in range(6)} | {"r7_0"}
     assert swarm._bootstrap(45, d0) == got  # the same for the same node
     swarm.workdir.mkdir(exist_ok=True)
     swarm._spawn("r7_5", got, None)  # `echo` writes its command line
@@ -32,9 +33,9 @@ def test_the_nodes_started_later_bootstrap_from_listening_relays_they_work_with(
     args = (swarm.state_dir("r7_5") / "node.log").read_text().split()
     assert [args[i + 1] for i, a in enumerate(args) if a == "--bootstrap"] == got
     swarm.bootstrap_wait_s = 0.0
-    first = got[0].split("/p2p/")[1]
-    (swarm.state_dir(first) / "addr").unlink()  # one of the two does not listen (in time): d0 beside the other
-    assert swarm._bootstrap(45, d0) == [d0, got[1]]
+    first = got[1].split("/p2p/")[1]
+    (swarm.state_dir(first) / "addr").unlink()  # one of the two does not listen (in time)
+    assert swarm._bootstrap(45, d0) == [d0, got[2]]
     swarm.netns = {"d0": "ns0"}
     assert swarm._bootstrap(45, d0) == [d0]  # a network lab: the homes' addresses are not dialled
 

@@ -3,8 +3,8 @@
 The launcher writes a run manifest (or uses the one given), starts the first
 data node, reads its listen address from its state directory, and starts the
 other data nodes and the relays with that address as their bootstrap peer
-(from the `BOOTSTRAP_SPREAD_FROM`-th node on, two relays already listening
-instead, so that a large swarm does not wait on one node's Hello answers):
+(and, from the `BOOTSTRAP_SPREAD_FROM`-th node on, two relays already
+listening, so that a large swarm does not wait on one node's Hello answers):
 each is a real `gwtf-node join` process, so what runs here is what runs on
 volunteers' machines, only on 127.0.0.1.  Progress comes from the leader's
 `metrics.jsonl`; every wait has a deadline, and the swarm is taken down on
@@ -56,7 +56,7 @@ from .zygote import Zygote, ZygoteChild, ZygoteError
 # the command line, as a process runs it: each node, and the fork server that forks nodes (cli/forkserver.py)
 NODE_COMMAND = (sys.executable, "-m", "gwtf_node.cli")
 FORK_SERVER_COMMAND = (sys.executable, "-m", "gwtf_node.cli.forkserver")
-BOOTSTRAP_SPREAD_FROM = 8  # the nodes started after this many bootstrap from two listening relays, not d0
+BOOTSTRAP_SPREAD_FROM = 8  # the nodes started after this many get two listening relays' addresses beside d0's
 
 
 def _stage(name: str) -> int | None:
@@ -172,19 +172,17 @@ class LocalSwarm:
         return self.workdir / name
 
     def _bootstrap(self, i: int, d0: str) -> list[str]:
-        """The bootstrap addresses of the i-th node started: d0's for the first `BOOTSTRAP_SPREAD_FROM`, then two
-        relays started before it that it works with (`_near`; a data node works with everyone, and one meeting a
-        hundred others at once answers their Hellos late), each waited for until it listens (at most
-        `bootstrap_wait_s`), d0's beside them if fewer than two do; d0's only in a network lab (`netns`: a node
-        behind a NAT router is no address to dial).  A node learns of the data nodes from the PeerList that
-        answers its Hello."""
+        """The bootstrap addresses of the i-th node started: d0's, and from the `BOOTSTRAP_SPREAD_FROM`-th on two
+        relays started before it that it works with (`_near`), each waited for until it listens (at most
+        `bootstrap_wait_s`): a node meeting a hundred others at once answers their Hellos late, a data node
+        works with everyone, and a relay of a stage far from the sender's does not answer its Hello.  d0's only
+        in a network lab (`netns`: a node behind a NAT router is no address to dial)."""
         if i < BOOTSTRAP_SPREAD_FROM or self.netns:
             return [d0]
         names = self.names()
         near = [n for n in names[1:i] if n.startswith("r") and _near(names[i], n)]
-        addrs = [a for n in random.Random(i).sample(near, min(2, len(near)))
-                 if (a := self._listening(n, self.bootstrap_wait_s)) is not None]
-        return addrs if len(addrs) == 2 else [d0, *addrs]
+        return [d0, *[a for n in random.Random(i).sample(near, min(2, len(near)))
+                      if (a := self._listening(n, self.bootstrap_wait_s)) is not None]]
 
     def _listening(self, name: str, wait_s: float) -> str | None:
         """`name`'s listen address once it wrote it, waiting at most `wait_s`; None if it did not by then."""

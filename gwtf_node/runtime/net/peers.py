@@ -251,13 +251,6 @@ class Peers:
         ids.discard(self.me)
         return {p for p in ids if p in self.peers}
 
-    def far(self, peer: str) -> bool:
-        """`peer` is a data node and this node a relay of a middle stage: they exchange no microbatch (its
-        liveness watch is the loose one, liveness.py `FAR_DEAD_AFTER_S`)."""
-        p = self.peers.get(peer)
-        return (self.role == "relay" and p is not None and p.role == "data" and self.stage is not None
-                and 0 < self.stage < self.n_stages - 1)
-
     def flow_side(self, stage: int) -> str | None:
         """Where a relay of `stage` sits for this node's flow machine: "next", "prev", "peer" or nowhere."""
         last = self.n_stages - 1

@@ -218,11 +218,18 @@ class Aggregation:
                              wait_bound_s=wait_bound_s(self.stage.busiest_s()))
 
     def _apply(self, effects: list) -> None:
-        if self.peers.role == "data":  # a data node sends BEGIN as a leader: it stamps the term it led
-            term = self.leadership.led_term
-            effects = [Send(e.to, replace(e.msg, term=term))
+        if self.peers.role == "data":  # BEGIN that a data node sends as the leader carries the term it led
+            effects = [Send(e.to, self._stamped(e.msg))
                        if isinstance(e, Send) and isinstance(e.msg, m.BeginAggregation) else e for e in effects]
         self.driver.carry(effects, self.own)
+
+    def _stamped(self, msg: m.BeginAggregation) -> m.BeginAggregation:
+        """BEGIN as this data node sends it: the term it led, on a BEGIN it made (term 0) or hands on as the
+        acting leader; the leader's own term on a copy of the leader's BEGIN that it sends again to ask for a
+        CAN TAKE (phasewaits.py; relays take that copy from any data node, authorize.py `duplicate_begin`)."""
+        if msg.term and not self.leadership.is_leader():
+            return msg
+        return replace(msg, term=self.leadership.led_term)
 
     def _require_phases(self, msg: Any) -> Phases:
         if self.phases is None:

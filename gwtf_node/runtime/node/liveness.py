@@ -22,15 +22,6 @@ or loop lag: stage-mates hold parts of about the same size.  Floor 6 s,
 factor 2, ceiling MAX_DEADLINE_S (600 s): a model of a few MB stays at the
 floor, and a crash is found as quickly as ever.
 
-Far is watched loosely.  A relay of a middle stage exchanges no microbatch
-with the data nodes (`Peers.far`): what their crash means to it (their
-microbatches it holds, their phase signals) can wait, so its deadline for
-them has the floor `FAR_DEAD_AFTER_S` (30 s) and it pings them every 10 s.
-A data node then answers the Pings of the relays of the first and last
-stages and a tenth as many of the others' (it works with everyone: with
-98 relays it answered 49 Pings a second, and its late Pongs made relays
-presume it dead and forget it, all of them greeting it again at once).
-
 Slow is not dead either.  Each liveness Ping's round trip is timed (at most
 `PINGS_KEPT` nonces per peer) and smoothed as TCP does (RFC 6298: srtt,
 rttvar, gains 1/8 and 1/4); a peer's deadline is at least `RTT_FACTOR` x its
@@ -75,7 +66,6 @@ log = logging.getLogger("gwtf.node")
 PING_EVERY_S = 1.0  # the check's period
 PING_AFTER = 1.0 / 3.0  # a peer silent for this fraction of its deadline is pinged (module doc)
 DEAD_AFTER_S = 6.0  # the deadline's floor (module doc)
-FAR_DEAD_AFTER_S = 30.0  # ... and a far data node's, watched by a relay of a middle stage (module doc)
 BUSY_FACTOR = 2.0  # ... and its factor over the longest work measured
 MAX_DEADLINE_S = 600.0  # ... and its ceiling (a peer cannot buy itself a longer one by what it tells)
 SELF_STALL_S = 1.0  # the check woke this much later than its period: silence counts again from then
@@ -146,7 +136,7 @@ class Liveness:
         told = max(self.peer_compute_ms.get(peer, 0.0), self.peer_busy_ms.get(peer, 0.0)) / 1000.0
         rtts = self.round_trips.get(peer)
         rto = rtts.rto_s() if rtts is not None else max((r.rto_s() for r in self.round_trips.values()), default=0.0)
-        floor = max(FAR_DEAD_AFTER_S if self.peers.far(peer) else DEAD_AFTER_S, RTT_FACTOR * rto)
+        floor = max(DEAD_AFTER_S, RTT_FACTOR * rto)
         return dead_after_s(told, self.busy_s(), floor_s=min(floor, MAX_DEADLINE_S))
 
     def busy_s(self) -> float:

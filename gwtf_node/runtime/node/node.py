@@ -256,6 +256,7 @@ class Node:
                                 iteration_now=microbatches.iteration_now, on_change=self._leadership_changed,
                                 certificate=self.certificate, records=records, lease_s=o.lease_s,
                                 round_trip_s=liveness.round_trip_s)
+        self.authorizer.begun = lambda: aggregation.phases.begun if aggregation.phases is not None else ()
         aggregation = Aggregation(wire, peers, self.stage, microbatches.view, microbatches.begin_aggregation,
                                   microbatches.aggregation_done, leadership, AllReducer(host), drivers,
                                   self.faults, state_dir=o.state_dir, checkpoint_every=o.checkpoint_every,

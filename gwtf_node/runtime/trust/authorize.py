@@ -29,7 +29,10 @@ Needs.VOTER        an admitted data node or relay: Vote and HeartbeatAck
                    counts only the voters of its set, leader.py).
 Needs.LEADER       the leader of the message's term (`leader_of_term` has
                    the rule): LeaderHeartbeat, Assignment, UtilizationQuery,
-                   and a BeginAggregation that a data node sends.
+                   and a BeginAggregation that a data node sends (a copy
+                   of one this node took already, of no newer term, from
+                   any admitted data node: it asks for the CAN TAKE that
+                   data node misses, `duplicate_begin`).
 Needs.UPSTREAM     BeginAggregation travels front to back: from the leader
                    (the rule above), at a data node from a relay placed in
                    a stage (the last stage passes it on; a stage left empty
@@ -54,7 +57,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Container
 
 from ...model.certificates import AdmissionError, Problem, RevocationList, check_certificate, check_revocations
 from ...protocol import messages as m
@@ -95,6 +98,7 @@ class Snapshot:
     leader: str | None  # the leader of `term` as far as this node knows (a data node: its election machine's;
     #                     a relay: the one it learned from the DHT or the leader's messages); None: unknown
     term: int | None  # the newest term this node knows; None: none yet
+    begun: Container[int] = ()  # the iterations whose BEGIN AGGREGATION this node took (phases.py `begun`)
 
 
 _PROBLEM_CODE = {
@@ -133,6 +137,8 @@ def leader_of_term(msg: object, sender: str, snap: Snapshot) -> Refusal | None:
     leadership.py).
     """
     name, term = type(msg).__name__, message_term(msg)
+    if duplicate_begin(msg, snap):
+        return None  # another data node asks for the CAN TAKE it misses: phases.py answers only that
     if term is None or snap.term is None or term > snap.term:
         return None  # this node follows no term yet, or a newer one: learn it (Raft)
     if term < snap.term:
@@ -144,6 +150,14 @@ def leader_of_term(msg: object, sender: str, snap: Snapshot) -> Refusal | None:
         return Refusal(RefusalCode.NOT_LEADER, f"{name} of term {term}, whose leader is {snap.leader[:16]}, "
                                                f"from another data node {sender[:16]}")
     return None
+
+
+def duplicate_begin(msg: object, snap: Snapshot) -> bool:
+    """A BEGIN AGGREGATION of an iteration this node took already, of no newer term: a copy that a data node
+    (not the leader, or the leader of an older term) sends again to ask for the CAN TAKE it misses
+    (phasewaits.py).  It starts nothing (phases.py answers it with the CAN TAKE only), so it needs no leader."""
+    return (isinstance(msg, m.BeginAggregation) and msg.iteration in snap.begun
+            and (snap.term is None or msg.term <= snap.term))
 
 
 def admitted_voters(listed: tuple[str, ...], is_admitted_data: Callable[[str], bool]) -> tuple[str, ...]:
@@ -212,6 +226,7 @@ class Authorizer:
         self.revocations_issued = -1
         self.on_revoked: Callable[[str], None] = lambda peer: None
         self._checked: dict[tuple[str, bytes, str], int] = {}  # (peer, certificate, role) -> expiry (0: none)
+        self.begun: Callable[[], Container[int]] = lambda: ()  # the iterations begun here (node.py wires it)
 
     @classmethod
     def of_run(cls, manifest, *, revocations: Path | None = None) -> "Authorizer":
@@ -290,15 +305,17 @@ class Authorizer:
         if needs is Needs.ADMISSION:
             return self.check_hello(peer, msg)
         leader, term = leadership.leader_of_term()
-        snap = Snapshot(peers.role, peers.stage, peers.n_stages, leader, term)
+        snap = Snapshot(peers.role, peers.stage, peers.n_stages, leader, term, self.begun())
         return decide(needs, msg, peers.get(peer), snap)
 
-    @staticmethod
-    def observe(peer: str, msg: object, needs: Needs, peers, leadership) -> None:
+    def observe(self, peer: str, msg: object, needs: Needs, peers, leadership) -> None:
         """A relay learns the leader of a term from the leader's messages it took (a data node learns terms in
-        its election machine): the message of a newer term makes the sender that term's leader."""
+        its election machine): the message of a newer term makes the sender that term's leader; a duplicate
+        BEGIN (`duplicate_begin`) teaches nothing."""
         term = message_term(msg)
         if term is None or peers.role != "relay" or needs not in (Needs.LEADER, Needs.UPSTREAM):
+            return
+        if isinstance(msg, m.BeginAggregation) and msg.iteration in self.begun():
             return
         sender = peers.get(peer)
         if sender is not None and sender.role == "data":

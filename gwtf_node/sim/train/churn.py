@@ -111,8 +111,6 @@ class ChurnDriver:
         self._push(self.now + self.options.detect_s, Gone(nid))
         if nid in self.data:
             self.data_crashed[nid] = self.nodes[nid].rec.iteration
-            if self.options.far_detect_s > self.options.detect_s:
-                self._push(self.now + self.options.far_detect_s, Gone(nid, far=True))
         elif self.options.rejoin and self.options.joining == "machines":
             self._push(self.now + REJOIN_S, Rejoin(nid))
         elif self.options.rejoin:

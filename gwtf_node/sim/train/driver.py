@@ -340,7 +340,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         handlers = {  # event type -> its handler; a handler that returns True ends the run
             Deliver: self._on_deliver, MachineTimer: self._on_machine_timer, ComputeDone: self._on_compute_done,
             FlowDeliver: self._on_flow_event, FlowTimer: self._on_flow_event,
-            Crash: self._on_crash, Gone: lambda ev: self._on_gone(ev.node, ev.far),
+            Crash: self._on_crash, Gone: lambda ev: self._on_gone(ev.node),
             Reflow: lambda ev: self._on_reflow(ev.members), Rejoin: self._on_rejoin,
             JoinLookup: lambda ev: self._lookup_leader(ev.node), JoinTimer: self._on_join_timer,
             StateArrives: lambda ev: self._state_arrived(ev.node, ev.source, ev.steps),
@@ -455,43 +455,28 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
             if len(self._active()) > 0:
                 self._schedule_reflow(done=True)
 
-    def _far(self, nid: str, gone: str) -> bool:
-        """`nid` is a relay of a middle stage and `gone` a data node: it learns of the crash `far_detect_s`
-        after it (the daemon's far watch, liveness.py)."""
-        return (gone in self.data and self.options.far_detect_s > self.options.detect_s
-                and 0 < self.stage[nid] < self.S - 1)
-
-    def _on_gone(self, gone: str, far: bool = False) -> None:
+    def _on_gone(self, gone: str) -> None:
         """The membership layer tells every live node that `gone` is gone.  The aggregation phase always
         hears it (the all-reduce needs the live group); the flow and microbatch machines only with `detect`
-        (without it they find crashes by their own timeouts).  A data node's crash reaches the relays of
-        middle stages later (`far`: only them, `_far`)."""
-        if far:
-            for nid in sorted(self.nodes):
-                if nid not in self.dead and self._far(nid, gone):
-                    self._forget(nid, gone)
-            return
+        (without it they find crashes by their own timeouts)."""
         self.reported_gone.add(gone)
         self._placement_gone(gone)
         self._source_gone(gone)
         if self.options.detect and self.machines:
             self._flow_gone(gone)
         for nid in sorted(self.nodes):
-            if nid not in self.dead and nid != gone and not self._far(nid, gone):
-                self._forget(nid, gone)
+            if nid in self.dead or nid == gone:
+                continue
+            nxt, prv = self._next_prev(nid)
+            self._apply_phase(nid, self.nodes[nid].phases.forget(self.now, gone, nxt, prv))
+            if self.options.detect:
+                self._apply(nid, self.nodes[nid].rec.peer_gone(self.now, gone))
+                if nid in self.data:  # as the daemon: with its first stage empty, what needs it is given up
+                    self._apply(nid, self.nodes[nid].rec.give_up_stranded(self.now))
         for d in self._live_data():
             if self._leading(d):
                 self._apply_phase(d, self._maybe_begin(d))
         self._allreduce_gone(gone)  # a round that waits for it is redone among the survivors
-
-    def _forget(self, nid: str, gone: str) -> None:
-        """`nid`'s phase machine, and with `detect` its microbatch machine, forget `gone`."""
-        nxt, prv = self._next_prev(nid)
-        self._apply_phase(nid, self.nodes[nid].phases.forget(self.now, gone, nxt, prv))
-        if self.options.detect:
-            self._apply(nid, self.nodes[nid].rec.peer_gone(self.now, gone))
-            if nid in self.data:  # as the daemon: with its first stage empty, what needs it is given up
-                self._apply(nid, self.nodes[nid].rec.give_up_stranded(self.now))
 
     def _trace_compute(self, node: str, m, ckind: str, key, dur: float, start: float) -> None:
         self.trace.append(("compute", start, self.now, node, ckind, key, dur))

@@ -75,10 +75,9 @@ class Reflow(SimEvent):
 
 @dataclass(frozen=True, slots=True)
 class Gone(SimEvent):
-    """The membership layer reports `node` gone (`far`: a data node, to the relays of middle stages only)."""
+    """The membership layer reports `node` gone."""
 
     node: str
-    far: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ...protocol.phases import CanTakeRule
 from ...protocol.phasewaits import WAIT_BOUND_S
 from .joining import JOININGS
-from .setting import DETECT_S, FAR_DETECT_S, FLOW_OPTIONS, PRIOR_RULES, ROUTINGS, SWARM_REACTIONS
+from .setting import DETECT_S, FLOW_OPTIONS, PRIOR_RULES, ROUTINGS, SWARM_REACTIONS
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,6 @@ class TrainSimOptions:
     lend: bool = True  # machines routing: the lending of protocol/recovery/
     one_wave: bool = False  # the paper's one-wave iteration with deferral ("One wave", protocol/recovery/)
     detect_s: float = DETECT_S  # how long after a crash the membership layer reports it
-    far_detect_s: float = FAR_DETECT_S  # ... a data node's crash to the relays of middle stages (the daemon's)
     fastest_unit: bool = True  # GWTF's "Fastest unit first" (protocol/recovery/)
     unpresume: bool = True  # a peer presumed dead that is still heard is alive again
     can_take: str = CanTakeRule.ALL.value  # phases.CanTakeRule
