@@ -101,7 +101,6 @@ class LocalSwarm:
     faults: dict[str, str] = field(default_factory=dict)  # node name -> GWTF_FAULT spec (fault injection)
     expected_dead: set[str] = field(default_factory=set)  # killed on purpose: their exit is not an error
     drop_first_phase: bool = False  # every node loses the first copy of each phase signal (GWTF_DROP_FIRST_PHASE)
-    bootstrap_wait_s: float = 30.0  # how long a node's start waits for the relays it bootstraps from to listen
     relay_nice: int = 0  # the relays' niceness: >0 gives the data nodes, who work with everyone, a larger CPU share
     extra_args: dict[str, list[str]] = field(default_factory=dict)  # node name -> more `join` flags
     # node name -> command prefix, e.g. `echo` (a node so wrapped starts without the fork server)
@@ -173,28 +172,19 @@ class LocalSwarm:
 
     def _bootstrap(self, i: int, d0: str) -> list[str]:
         """The bootstrap addresses of the i-th node started: d0's, and from the `BOOTSTRAP_SPREAD_FROM`-th on two
-        relays started before it that it works with (`_near`), each waited for until it listens (at most
-        `bootstrap_wait_s`): a node meeting a hundred others at once answers their Hellos late, a data node
-        works with everyone, and a relay of a stage far from the sender's does not answer its Hello.  d0's only
+        of the relays already listening that it works with (`_near`): a node meeting a hundred others at once
+        answers their Hellos late (a data node works with everyone: a relay of the last stage given d0 and d1
+        gave up after 300 s), and a relay of a stage far from the sender's does not answer its Hello.  d0's only
         in a network lab (`netns`: a node behind a NAT router is no address to dial)."""
         if i < BOOTSTRAP_SPREAD_FROM or self.netns:
             return [d0]
         names = self.names()
-        near = [n for n in names[1:i] if n.startswith("r") and _near(names[i], n)]
-        return [d0, *[a for n in random.Random(i).sample(near, min(2, len(near)))
-                      if (a := self._listening(n, self.bootstrap_wait_s)) is not None]]
-
-    def _listening(self, name: str, wait_s: float) -> str | None:
-        """`name`'s listen address once it wrote it, waiting at most `wait_s`; None if it did not by then."""
-        path = self.state_dir(name) / "addr"
-        deadline = time.monotonic() + wait_s
-        while True:
-            if path.exists() and (text := path.read_text().split()):
-                return text[0]
-            if time.monotonic() >= deadline:
-                return None
-            self._check_alive()
-            time.sleep(0.1)
+        addrs = []
+        for name in names[1:i]:
+            path = self.state_dir(name) / "addr"
+            if name.startswith("r") and _near(names[i], name) and path.exists() and (text := path.read_text().split()):
+                addrs.append(text[0])
+        return [d0, *random.Random(i).sample(addrs, min(2, len(addrs)))]
 
     def _spawn(self, name: str, bootstrap: str | list[str] | None, links_file: Path | None) -> None:
         sd = self.state_dir(name)
