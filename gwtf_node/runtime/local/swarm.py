@@ -56,6 +56,7 @@ from .zygote import Zygote, ZygoteChild, ZygoteError
 # the command line, as a process runs it: each node, and the fork server that forks nodes (cli/forkserver.py)
 NODE_COMMAND = (sys.executable, "-m", "gwtf_node.cli")
 FORK_SERVER_COMMAND = (sys.executable, "-m", "gwtf_node.cli.forkserver")
+REJOIN_AFTER_S = 2.0  # a relay killed by --churn comes back as a new --stage auto joiner this much later
 BOOTSTRAP_SPREAD_FROM = 8  # the nodes started after this many get two listening relays' addresses beside d0's
 
 
@@ -97,7 +98,6 @@ class LocalSwarm:
     policy: str = "gwtf"  # microbatch routing and recovery of every node: gwtf | swarm
     churn: float = 0.0  # per iteration, each serving relay is SIGKILLed with this probability (see `_churn`)
     seed: int = 0
-    rejoin_after_s: float = 2.0  # a killed relay comes back as a new --stage auto joiner this much later
     faults: dict[str, str] = field(default_factory=dict)  # node name -> GWTF_FAULT spec (fault injection)
     expected_dead: set[str] = field(default_factory=set)  # killed on purpose: their exit is not an error
     drop_first_phase: bool = False  # every node loses the first copy of each phase signal (GWTF_DROP_FIRST_PHASE)
@@ -445,7 +445,7 @@ class LocalSwarm:
                 continue
             self.kills.append({"node": name, "time": time.time(), "after_iteration": len(self.records()) - 1,
                                "holding": holding})
-            self._restarts.append(now + self.rejoin_after_s)
+            self._restarts.append(now + REJOIN_AFTER_S)
         for t in [t for t in self._restarts if t <= now]:
             self._restarts.remove(t)
             self.add_relay(f"c{len(self.kills)}_{len([n for n in self.procs if n.startswith('c')])}")
