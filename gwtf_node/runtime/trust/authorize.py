@@ -133,7 +133,8 @@ def leader_of_term(msg: object, sender: str, snap: Snapshot) -> Refusal | None:
     learns the sender as that term's leader, `Authorizer.observe`).  A data node that does not know who won its
     term (it restarted, or voted for another) takes that term's messages from any admitted data node.  The
     leader's driver stamps the term it led on every BEGIN it sends (aggregation.py); relays pass it on
-    unchanged.  The voter list of a heartbeat is filtered to the data nodes admitted here (`admitted_voters`,
+    unchanged; a copy of a BEGIN this node took already comes from any admitted data node (`duplicate_begin`).
+    The voter list of a heartbeat is filtered to the data nodes admitted here (`admitted_voters`,
     leadership.py).
     """
     name, term = type(msg).__name__, message_term(msg)
