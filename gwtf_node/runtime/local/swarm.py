@@ -223,6 +223,7 @@ class LocalSwarm:
             env["GWTF_FAULT"] = self.faults[name]
             self.expected_dead.add(name)
         self._spawned += 1
+        nice = 0 if name.startswith("d") else self.relay_nice
         if forked:
             exits = self.workdir / ".exits"
             exits.mkdir(parents=True, exist_ok=True)
@@ -231,13 +232,12 @@ class LocalSwarm:
                     self._zygote = Zygote(FORK_SERVER_COMMAND)
                 self.procs[name] = self._zygote.spawn(cmd[len(NODE_COMMAND):], env, sd / "node.log",
                                                       exits / f"{name}.{self._spawned}", netns=self.netns.get(name),
-                                                      nice=0 if name.startswith("d") else self.relay_nice)
+                                                      nice=nice)
             except ZygoteError as e:
                 raise LocalError(f"could not start {name}: {e} (the fork server imports torch first: on a machine "
                                  f"this busy, try again when it is less loaded)") from None
             return
         with open(sd / "node.log", "w") as log:
-            nice = 0 if name.startswith("d") else self.relay_nice
             self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                                 start_new_session=True, env=env,
                                                 preexec_fn=(lambda: os.nice(nice)) if nice else None)

@@ -256,11 +256,11 @@ class Node:
                                 iteration_now=microbatches.iteration_now, on_change=self._leadership_changed,
                                 certificate=self.certificate, records=records, lease_s=o.lease_s,
                                 round_trip_s=liveness.round_trip_s)
-        self.authorizer.begun = lambda: aggregation.phases.begun if aggregation.phases is not None else ()
         aggregation = Aggregation(wire, peers, self.stage, microbatches.view, microbatches.begin_aggregation,
                                   microbatches.aggregation_done, leadership, AllReducer(host), drivers,
                                   self.faults, state_dir=o.state_dir, checkpoint_every=o.checkpoint_every,
                                   checkpoint_keep=o.keep_checkpoints, on_stepped=self._stepped)
+        self.authorizer.begun = lambda: aggregation.phases.begun if aggregation.phases is not None else ()
         joining = Joining(wire, peers, liveness, discovery, self.stage, flows, leadership, aggregation, drivers,
                           host, capacity_flag=o.capacity, data_nodes=o.data_nodes, on_gone=self._peer_gone,
                           on_left=self.stop, records=records)

@@ -306,7 +306,8 @@ class Authorizer:
         if needs is Needs.ADMISSION:
             return self.check_hello(peer, msg)
         leader, term = leadership.leader_of_term()
-        snap = Snapshot(peers.role, peers.stage, peers.n_stages, leader, term, self.begun())
+        begun = self.begun() if isinstance(msg, m.BeginAggregation) else ()  # (only BEGIN asks: `duplicate_begin`)
+        snap = Snapshot(peers.role, peers.stage, peers.n_stages, leader, term, begun)
         return decide(needs, msg, peers.get(peer), snap)
 
     def observe(self, peer: str, msg: object, needs: Needs, peers, leadership) -> None:
