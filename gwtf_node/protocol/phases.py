@@ -165,12 +165,19 @@ def timer_key(kind: PhaseKind, iteration: int) -> PhaseTimer:
     return PhaseTimer(kind, iteration)
 
 
+NOT_READY = -1  # `Phases.applied` of a member whose state is not settled: out of step for every BEGIN
+
+
 class Phases(PhaseWaits):
     """One node's view of the aggregation phase.
 
     `stage` is the relay's stage, or -1 for a data node; `last_stage` is S-1;
     `applied` the number of steps this node's parameters hold (0 at the start
-    of a run; a joiner: the iteration whose stage state it downloaded).
+    of a run; a joiner: the iteration whose stage state it downloaded;
+    `NOT_READY`: a relay back with a checkpoint that has not yet settled which
+    state it holds, resume.py, so that a BEGIN naming it, sent by a leader
+    that has not yet heard its Hello, finds it out of step and it does not
+    step).
     Peers are given as the ids this node knows; the caller keeps them current.
 
     Who passes a signal on.  BEGIN names each stage's members (`groups`), and that list, not only the

@@ -6,7 +6,7 @@ from __future__ import annotations
 from gwtf_node.protocol.effects import CancelTimer, Send, SetTimer
 from gwtf_node.protocol.messages import BeginAggregation, CanTake, IterationDone, PhaseAck, PhaseKind, StageMembers
 from gwtf_node.protocol.phases import (
-    CanTakeRule, Completion, LeftOut, OpenIteration, OutOfStep, Phases, StartStep, timer_key,
+    NOT_READY, CanTakeRule, Completion, LeftOut, OpenIteration, OutOfStep, Phases, StartStep, timer_key,
 )
 
 ALL = dict(data_nodes=["d0", "d1"], stage0=["a0", "a1"])
@@ -262,3 +262,15 @@ def test_begin_sheds_the_groups_of_the_stages_behind_as_it_travels() -> None:
     r[2].on_step_done(1.1, 0, next_stage=[], prev_stage=[])
     assert sends(r[2].on_can_take(1.2, "s3a", CanTake(0, 3), [], []), CanTake) == []  # s3b named: waited for
     assert {e.to for e in sends(r[2].on_can_take(1.3, "s3b", CanTake(0, 3), [], []), CanTake)} == {"s1a", "s1b"}
+
+
+def test_a_member_not_ready_steps_in_no_iteration_until_resynced() -> None:
+    """A relay back with a checkpoint of 7 steps, before it settled its state: a BEGIN that names it finds it out
+    of step (no step; the driver sits it out); once resynced to 8 steps, iteration 7 counts as stepped."""
+    a0 = Phases("a0", 0, 1, applied=NOT_READY)
+    begin = BeginAggregation(7, 4, groups=(StageMembers(0, ("a0", "a1")),))
+    eff = a0.on_begin(0.0, "d0", begin, next_stage=["b0"])
+    assert OutOfStep(7, NOT_READY) in eff and not [e for e in eff if isinstance(e, StartStep)]
+    a0.resynced(1.0, 8, ["b0"], ["d0"])
+    assert 7 in a0.stepped and a0.applied == 8
+    assert StartStep(8, 4) in a0.on_begin(2.0, "d0", BeginAggregation(8, 4), next_stage=["b0"])

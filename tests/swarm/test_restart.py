@@ -55,6 +55,14 @@ def test_download_when_the_stage_peer_holds_another_state(peer: PeerAnswer) -> N
     assert (d.source, d.peer, d.steps) == (Source.DOWNLOAD, "p", peer.steps)
 
 
+def test_download_when_an_aggregation_named_it_while_it_decided() -> None:
+    """A BEGIN of iteration 7 named it before its Hello reached the leader: it sat that step out, so its state,
+    equal to the peer's when the peer answered, is one step behind the stage."""
+    d = decide(0, Held(7, "h7"), peer=PeerAnswer("p", 7, "h7"), run=None, want=8)
+    assert (d.source, d.peer, d.steps) == (Source.DOWNLOAD, "p", 8) and "iteration 7" in d.reason
+    assert decide(0, Held(7, "h7"), peer=PeerAnswer("p", 7, "h7"), run=None, want=7).source is Source.OWN
+
+
 def test_empty_stage_takes_a_checkpoint_of_the_stages_state() -> None:
     """The stage sat out iteration 7 (empty): its state holds 7 steps, the run goes on from iteration 8."""
     d = decide(0, Held(7, "h7"), peer=None, run=RunAnswer(stage_steps=7, run_steps=8))

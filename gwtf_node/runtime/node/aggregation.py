@@ -67,7 +67,7 @@ import trio
 from ...protocol import messages as m
 from ...protocol.effects import Send
 from ...protocol.completions import completed_named
-from ...protocol.phases import RETRY_S, LeftOut, OpenIteration, OutOfStep, Overdue, PhaseTimer, WatchTimer
+from ...protocol.phases import NOT_READY, RETRY_S, LeftOut, OpenIteration, OutOfStep, Overdue, PhaseTimer, WatchTimer
 from ...protocol.pipeline import Phases, StartStep
 from ...protocol.roundcheck import RoundOf, from_records, to_records, trim
 from .checkpointer import Checkpointer
@@ -209,12 +209,14 @@ class Aggregation:
                 self.stage_held.setdefault(k, self.stage_steps(k))
 
     # ------------------------------------------------------------------ the phase
-    def new_phases(self) -> None:
-        """This node has a stage now: it takes part in the phase from here on."""
+    def new_phases(self, *, ready: bool = True) -> None:
+        """This node has a stage now: it takes part in the phase from here on; not `ready`: its state is not
+        settled yet (a relay back with a checkpoint): a BEGIN naming it finds it out of step until `resynced`."""
         from .waits import wait_bound_s
 
         self.phases = Phases(self.wire.me, self.peers.stage, self.peers.n_stages - 1,
-                             applied=self.stage.applied_steps, retry_s=phase_retry_s(self.stage.busiest_s()),
+                             applied=self.stage.applied_steps if ready else NOT_READY,
+                             retry_s=phase_retry_s(self.stage.busiest_s()),
                              wait_bound_s=wait_bound_s(self.stage.busiest_s()))
 
     def _apply(self, effects: list) -> None:

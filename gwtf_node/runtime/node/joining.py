@@ -231,7 +231,7 @@ class Joining:
 
         self.resuming = True
         self._hash_of = (steps, params_sha256)
-        self.aggregation.new_phases()  # a BEGIN that leaves it out raises the steps a download must have
+        self.aggregation.new_phases(ready=False)  # a BEGIN leaving it out, or naming it, raises the steps it needs
         since, said = now(), ""
         self.resume_status = {"decision": "wait", "reason": "no data node known yet", "waiting_s": 0}
         while not [p for p in self.peers.data_nodes() if p != self.wire.me]:
@@ -273,7 +273,8 @@ class Joining:
             for p in ready:
                 ans = await self._ask(p, m.StageStateRequest(stage, held.steps, hash_only=True))
                 if ans is not None:
-                    return decide(stage, held, peer=PeerAnswer(p, ans.iteration, ans.params_sha256), run=None)
+                    return decide(stage, held, peer=PeerAnswer(p, ans.iteration, ans.params_sha256), run=None,
+                                  want=self.want_after)
             return Decision(Source.WAIT, reason=f"no answer from stage {stage}'s relays "
                                                 f"{', '.join(map(self.peers.who, ready))}")
         run = None

@@ -29,6 +29,11 @@ that), which state it takes (`decide`):
   says how many of that stage's steps are lost, and the others wait for it
   and download its state.
 
+Until it has decided, its state is settled for no iteration (`phases.NOT_READY`): a BEGIN AGGREGATION
+that names it (from a leader that has not yet heard its Hello: a relay killed and back within seconds) finds
+it out of step, so it takes part in its stage's all-reduce with nothing and does not step, and the state it
+then takes must hold that step (`want`: it downloads it even if its own state equalled its peer's).
+
 What is covered: a stage emptied by crashes or leaves, brought back by a
 relay with a checkpoint of the stage's current state (exact: the run goes on
 as if the stage had sat out the iterations it missed), or from an older
@@ -98,7 +103,7 @@ class Decision:
 
 def decide(stage: int, held: Held | None, *, peer: PeerAnswer | None, run: RunAnswer | None,
            empty_stage: EmptyStage = EmptyStage.WAIT, me: str = "",
-           rivals: dict[str, int] | None = None) -> Decision:
+           rivals: dict[str, int] | None = None, want: int = 0) -> Decision:
     """Which state a relay coming back to `stage` takes (module doc).
 
     `held`: its own state (None: no checkpoint); `peer`: a ready stage peer's
@@ -108,15 +113,20 @@ def decide(stage: int, held: Held | None, *, peer: PeerAnswer | None, run: RunAn
     (joining, not ready) and the steps their Hello says they hold, so that of
     several stale checkpoints the newest restarts the stage (ties: the lowest
     peer id, `me` being this node's) and the others then download from it.
+    `want`: the fewest steps its state must hold (a BEGIN AGGREGATION named it while it decided: it sat that
+    step out, so its own state, even one equal to the peer's when the peer answered, is behind).
     """
     if peer is not None:
-        if held is not None and held.steps == peer.steps and held.params_sha256 == peer.params_sha256:
+        if (held is not None and held.steps == peer.steps and held.params_sha256 == peer.params_sha256
+                and held.steps >= want):
             return Decision(Source.OWN, held.steps, reason=f"its state equals stage peer {peer.peer[:16]}'s "
                                                            f"after {held.steps} steps")
         why = ("no checkpoint" if held is None else
                f"checkpoint after {held.steps} steps, the stage peer has {peer.steps}" if held.steps != peer.steps
-               else f"checkpoint after {held.steps} steps has other parameters than the stage peer's")
-        return Decision(Source.DOWNLOAD, peer.steps, peer=peer.peer, reason=why)
+               else f"checkpoint after {held.steps} steps has other parameters than the stage peer's"
+               if held.params_sha256 != peer.params_sha256
+               else f"the aggregation of iteration {want - 1} named this node while it decided: it sat it out")
+        return Decision(Source.DOWNLOAD, max(peer.steps, want), peer=peer.peer, reason=why)
     if run is None:
         return Decision(Source.WAIT, reason=f"stage {stage} has no ready relay and no data node answered yet")
     if not run.stage_empty:
