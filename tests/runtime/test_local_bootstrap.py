@@ -1,5 +1,5 @@
 """`gwtf-node local` spreads the bootstrap of a large swarm: from the `BOOTSTRAP_SPREAD_FROM`-th node on, each
-node also gets two relays already listening that it works with, so that the first data node is not the only one
+node also gets two relays already listening, those it works with first, so that the first data node is not the only one
 answering a hundred Hellos (a 106-node swarm's relay gave up after 300 s without its answer; a 100-node swarm's
 relay of the last stage without d0's and d1's, the two data nodes it had been given beside d0), and a node of a
 stage far from its own does not ignore the Hello."""
@@ -35,7 +35,13 @@ def test_the_nodes_started_later_get_listening_relays_they_work_with_beside_d0(t
     for name in names[38:45]:  # one relay near r7_1 listens
         if name != "r6_0":
             (swarm.state_dir(name) / "addr").unlink()
-    assert swarm._bootstrap(45, d0) == [d0, "/ip4/127.0.0.1/tcp/1038/p2p/r6_0"]
+    got = swarm._bootstrap(45, d0)  # and another listening relay, which refers it to those it works with
+    assert got[:2] == [d0, "/ip4/127.0.0.1/tcp/1038/p2p/r6_0"] and len(got) == 3
+    assert got[2].split("/p2p/")[1] in {f"r{k}_{j}" for k in range(6) for j in range(6)}
+    for name in names[1:45]:  # no near relay listens: two others
+        (swarm.state_dir(name) / "addr").unlink(missing_ok=True)
+    (swarm.state_dir("r0_0") / "addr").write_text("/ip4/127.0.0.1/tcp/1002/p2p/r0_0\n")
+    assert swarm._bootstrap(45, d0) == [d0, "/ip4/127.0.0.1/tcp/1002/p2p/r0_0"]
     swarm.netns = {"d0": "ns0"}
     assert swarm._bootstrap(45, d0) == [d0]  # a network lab: the homes' addresses are not dialled
 

@@ -172,19 +172,23 @@ class LocalSwarm:
 
     def _bootstrap(self, i: int, d0: str) -> list[str]:
         """The bootstrap addresses of the i-th node started: d0's, and from the `BOOTSTRAP_SPREAD_FROM`-th on two
-        of the relays already listening that it works with (`_near`): a node meeting a hundred others at once
-        answers their Hellos late (a data node works with everyone: a relay of the last stage given d0 and d1
-        gave up after 300 s), and a relay of a stage far from the sender's does not answer its Hello.  d0's only
-        in a network lab (`netns`: a node behind a NAT router is no address to dial)."""
+        of the relays already listening, those it works with (`_near`) first: a node meeting a hundred others at
+        once answers their Hellos late (a data node works with everyone: a relay of the last stage given d0 and
+        d1 gave up after 300 s, and so did one given d0 alone because no relay near it listened yet).  A relay of
+        a stage far from the sender's answers its Hello with the peers it works with (discovery.py `_refer`).
+        d0's only in a network lab (`netns`: a node behind a NAT router is no address to dial)."""
         if i < BOOTSTRAP_SPREAD_FROM or self.netns:
             return [d0]
         names = self.names()
-        addrs = []
+        near: list[str] = []
+        far: list[str] = []
         for name in names[1:i]:
             path = self.state_dir(name) / "addr"
-            if name.startswith("r") and _near(names[i], name) and path.exists() and (text := path.read_text().split()):
-                addrs.append(text[0])
-        return [d0, *random.Random(i).sample(addrs, min(2, len(addrs)))]
+            if name.startswith("r") and path.exists() and (text := path.read_text().split()):
+                (near if _near(names[i], name) else far).append(text[0])
+        rng = random.Random(i)
+        picked = rng.sample(near, min(2, len(near)))
+        return [d0, *picked, *rng.sample(far, min(2 - len(picked), len(far)))]
 
     def _spawn(self, name: str, bootstrap: str | list[str] | None, links_file: Path | None) -> None:
         sd = self.state_dir(name)

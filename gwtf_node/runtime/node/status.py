@@ -224,7 +224,7 @@ class Status:
 
     def write(self) -> None:
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.snapshot(), indent=1))
+        tmp.write_text(json.dumps(self.snapshot(), separators=(",", ":")))  # (indented: the slower Python encoder)
         os.replace(tmp, self.path)
 
     async def serve(self, leave: Callable[[], dict], metrics_host: str, metrics_port: int | None, *,
