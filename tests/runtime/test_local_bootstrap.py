@@ -2,14 +2,18 @@
 node also gets two relays already listening, those it works with first, so that the first data node is not the only one
 answering a hundred Hellos (a 106-node swarm's relay gave up after 300 s without its answer; a 100-node swarm's
 relay of the last stage without d0's and d1's, the two data nodes it had been given beside d0), and a node of a
-stage far from its own does not ignore the Hello."""
+stage far from its own does not ignore the Hello.  A node is started once the node started `START_AHEAD` before it was
+accepted: a hundred nodes dialling at once left some unanswered."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
+
 from gwtf_node.model.manifest import default_manifest, save_manifest
-from gwtf_node.runtime.local.swarm import BOOTSTRAP_SPREAD_FROM, LocalSwarm, _near
+from gwtf_node.runtime.local.swarm import BOOTSTRAP_SPREAD_FROM, START_AHEAD, LocalError, LocalSwarm, _near
 
 
 def test_the_nodes_started_later_get_listening_relays_they_work_with_beside_d0(tmp_path: Path) -> None:
@@ -51,3 +55,19 @@ def test_near_is_who_works_with_whom():
     assert _near("r3_0", "r2_4") and _near("r3_0", "r3_1") and _near("r3_0", "r4_0")
     assert not _near("r3_0", "r1_0") and not _near("r3_0", "r5_0")
     assert _near("j0", "d0") and not _near("j0", "r0_0")  # a relay with --stage auto: placed later
+
+
+def test_a_node_is_started_once_the_one_started_twelve_before_was_accepted(tmp_path: Path) -> None:
+    save_manifest(default_manifest(stages=8), tmp_path / "run.json")
+    swarm = LocalSwarm(tmp_path / "w", tmp_path / "run.json", data_nodes=2, stages=8, relays_per_stage=6,
+                       iterations=1, startup_timeout_s=0.5)
+    status = swarm.state_dir("r0_3") / "status.json"
+    status.parent.mkdir(parents=True)
+    for boot in ({"state": "retrying"}, {}):
+        status.write_text(json.dumps({"bootstrap": boot}))
+        with pytest.raises(LocalError, match="r0_3 was not accepted by any peer within 0 s"):
+            swarm._wait_accepted("r0_3")
+    for boot in ({"state": "connected"}, None):  # (None: a node with no bootstrap address, d0)
+        status.write_text(json.dumps({"bootstrap": boot}))
+        swarm._wait_accepted("r0_3")
+    assert START_AHEAD >= BOOTSTRAP_SPREAD_FROM  # (a small swarm starts at once)

@@ -58,6 +58,7 @@ NODE_COMMAND = (sys.executable, "-m", "gwtf_node.cli")
 FORK_SERVER_COMMAND = (sys.executable, "-m", "gwtf_node.cli.forkserver")
 REJOIN_AFTER_S = 2.0  # a relay killed by --churn comes back as a new --stage auto joiner this much later
 BOOTSTRAP_SPREAD_FROM = 8  # the nodes started after this many get two listening relays' addresses beside d0's
+START_AHEAD = 12  # a node is started once the node started this many before it was accepted by a peer
 
 
 def _stage(name: str) -> int | None:
@@ -257,6 +258,23 @@ class LocalSwarm:
         raise LocalError(f"node {name} did not start listening within {self.startup_timeout_s:.0f} s "
                          f"(see {self.state_dir(name) / 'node.log'})")
 
+    def _wait_accepted(self, name: str) -> None:
+        """`name` was accepted by a peer (its status.json's bootstrap is connected): volunteers arrive over time,
+        and a hundred nodes dialling d0 at once left some unanswered for 300 s (they gave up)."""
+        path = self.state_dir(name) / "status.json"
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                boot = json.loads(path.read_text()).get("bootstrap")
+            except (OSError, ValueError):
+                boot = {}
+            if boot is None or (boot or {}).get("state") == "connected":
+                return
+            time.sleep(0.2)
+        raise LocalError(f"node {name} was not accepted by any peer within {self.startup_timeout_s:.0f} s "
+                         f"(see {self.state_dir(name) / 'node.log'})")
+
     def _check_alive(self) -> None:
         for name, p in self.procs.items():
             rc = p.poll()
@@ -287,7 +305,10 @@ class LocalSwarm:
         self._spawn(first, None, links_file)
         self._say("starting d0 (the others then dial its address)")
         boot = self._wait_addr(first)
-        for i, name in enumerate(self.names()[1:], start=1):
+        names = self.names()
+        for i, name in enumerate(names[1:], start=1):
+            if i > START_AHEAD:
+                self._wait_accepted(names[i - START_AHEAD])
             self._spawn(name, self._bootstrap(i, boot), links_file)
             if self.auto_stage and name.startswith("r"):
                 self._say(f"{name} joins with --stage auto: waiting for its stage")
