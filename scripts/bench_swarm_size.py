@@ -57,6 +57,10 @@ node knew), the swarm taken down, and the exit status is 1.
 
     python scripts/bench_swarm_size.py --nodes 25 50 100 --json
 
+`--links FILE` declares the links (emulated in user space and costed as
+declared, `gwtf-node local --links`): on one machine a loopback "link"
+measured under load times the machine's scheduling, not a link.
+
 `--json` prints one object per size on stdout; the Markdown table goes to
 stderr.  Every process started is stopped on every exit path (SIGTERM, then
 SIGKILL; Ctrl-C and SIGTERM to this script included).
@@ -420,8 +424,9 @@ def run_size(n: int, a: argparse.Namespace, work: Path, say) -> dict:
     save_manifest(man, run)
     swarm = LocalSwarm(work, run, data_nodes=d, stages=s, relays_per_stage=k, iterations=10**6,
                        startup_timeout_s=a.startup_timeout, iteration_timeout_s=a.iteration_timeout,
-                       log_level=a.log_level, relay_nice=a.relay_nice)
+                       log_level=a.log_level, relay_nice=a.relay_nice, links=a.links)
     row["relay_nice"] = a.relay_nice
+    row["links"] = None if a.links is None else str(a.links)
     avail0 = mem_available_gib()
     row["mem_available_gib_before"] = round(avail0, 2)
     busy0 = machine_busy_s()
@@ -523,6 +528,9 @@ def main() -> int:
     ap.add_argument("--iteration-timeout", type=float, default=300.0, help="seconds for each next iteration")
     ap.add_argument("--min-free-gib", type=float, default=3.0,
                     help="stop a size when MemAvailable falls under this (the machine is shared)")
+    ap.add_argument("--links", type=Path, default=None,
+                    help="links to emulate and cost as declared (gwtf-node local --links: a scenario or location "
+                         "file such as data/geo12-links.json), instead of measuring loopback")
     ap.add_argument("--relay-nice", type=int, default=0,
                     help="the relays' niceness (gwtf-node local --relay-nice): the data nodes' CPU share")
     ap.add_argument("--log-level", default="INFO")

@@ -548,6 +548,11 @@ async def test_all_reduce_timeout_names_missing_peer_and_bad_chunks_refused(tmp_
                 bytearray(bad.numpy().tobytes()),
             )
             assert any("NaN" in r.getMessage() for r in caplog.records)
+            big = torch.zeros(20_000)  # (over INLINE_CHECK_BYTES: checked in the worker thread)
+            big[12_345] = float("inf")
+            await reducers[0].on_chunk(hs[1].peer_id, AllReduceChunk("k", 0, 1, 1.0, TensorHeader(
+                "float32", (20_000,), 80_000)), bytearray(big.numpy().tobytes()))
+            assert sum("NaN" in r.getMessage() for r in caplog.records) == 2
             group = [h.peer_id for h in hs]
             errors: list[AllReduceTimeout] = []
 
