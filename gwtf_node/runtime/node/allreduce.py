@@ -28,10 +28,10 @@ to bfloat16 once, the owner's own too, the owner adds them in float32 in the
 same order, and rounds the sum to bfloat16 before it sends it and before it
 keeps it: the result is still identical on every member, the owner
 included.  They may arrive before `all_reduce(key, ...)` is called here (a
-faster peer): they are buffered per key (at most `MAX_PENDING_KEYS` keys; chunks of a finished key
-are dropped).  Each chunk is checked: the round's dtype, 1-D, nbytes matching
-the payload and the part's length, finite values, sender in the group, the
-right owner for the phase; a bad chunk is logged on
+faster peer): they are buffered per key (at most `MAX_PENDING_KEYS` keys;
+chunks of a finished key are dropped).  Each chunk is checked: the round's
+dtype, 1-D, nbytes matching the payload and the part's length, finite values,
+sender in the group, the right owner for the phase; a bad chunk is logged on
 "gwtf.transport" and ignored (a peer that only sends bad chunks shows up in
 the timeout error).  A timeout raises `AllReduceTimeout` naming the peers
 whose parts are missing.  A chunk that cannot be sent is sent again until
@@ -39,18 +39,13 @@ the round's timeout (`SEND_RETRY_FIRST_S`), one lost after its send is asked
 for again (`_resend_missing`); a member that is gone is the caller's to see
 (liveness): it cancels the round and retries without it.
 
-Threads.  Everything that touches a whole part runs in a worker thread
-(`trio.to_thread`, one at a time per `AllReducer`): copying a received payload
-and checking that it is finite, the squared norms the guard judges, the sum,
-and assembling the result.  A part of a large model is hundreds of MB; done in
-the event loop's thread, this work kept the node from answering its peers'
-pings for seconds (liveness.py, looplag.py).  The tensors are the round's own
-(a received buffer, the caller's vector, read only), so no stage lock is
-needed; the order of the additions is the same as in one thread.  A received
-payload under `INLINE_CHECK_BYTES` is copied and checked in the event loop:
-handing it to a thread and back costs more than the check (a tiny model's
-parts: in a 50-daemon swarm on 2 cores, 7 % of a relay's busy samples went
-to starting those hand-offs).
+Threads.  Everything that touches a whole part runs in a worker thread (`trio.to_thread`, one at a time per
+`AllReducer`): copying a received payload and checking that it is finite, the squared norms the guard judges,
+the sum, and assembling the result.  A part of a large model is hundreds of MB; done in the event loop's thread,
+this work kept the node from answering its peers' pings for seconds (liveness.py, looplag.py).  The tensors are
+the round's own (a received buffer, the caller's vector, read only), so no stage lock is needed; the order of
+the additions is the same as in one thread.  A received payload under `INLINE_CHECK_BYTES` is checked in the
+event loop instead.
 
 Outliers (protocol/gradguard.py): before summing its part, the owner judges
 every contribution to it (its count against `max_count`, the microbatches of
@@ -89,7 +84,10 @@ log = logging.getLogger("gwtf.transport")
 SEND_RETRY_FIRST_S = 0.5
 SEND_RETRY_MAX_S = 8.0
 MAX_PENDING_KEYS = 64  # rounds buffered before all_reduce is called for them
-INLINE_CHECK_BYTES = 64 * 1024  # a received payload under this is checked in the event loop (module doc)
+# a received payload under this is copied and checked in the event loop: handing it to a thread and back costs more
+# than the check (a tiny model's parts: in a 50-daemon swarm on 2 cores, 7 % of a relay's busy samples went to
+# starting those hand-offs)
+INLINE_CHECK_BYTES = 64 * 1024
 _DONE_KEYS_KEPT = 256  # finished rounds remembered, to drop their late chunks quietly
 RESEND_FIRST_S = 30.0  # a member missing an owner's sum this long (or 2x the last round) resends its part ...
 RESEND_MAX_S = 60.0  # ... doubling up to this
