@@ -206,6 +206,26 @@ async def test_the_lease_is_sized_from_the_longer_of_a_voters_link_and_liveness_
         leases[loaded] = lead.election.lease_s
     assert leases == {False: 2.0, True: pytest.approx(LEASE_RTT_FACTOR * 1.5)}
 
+    # a voter never pinged (two data nodes talk all the time): the round trips of its answers size the lease, a
+    # slower one at once, a faster one by an eighth of the difference; an echo of no request of ours is ignored
+    from gwtf_node.runtime.node import leadership as ld
+
+    lead = Leadership(wire, Peers("data", -1), None, Drivers(wire), tmp_path / "acks", "run1", lambda: 0,
+                      lambda: None)
+    lead.start()
+    clock = [100.0]
+    old_now, ld.now = ld.now, lambda: clock[0]
+    try:
+        lead.on_leader_msg(D1, m.HeartbeatAck(lead.election.term, 98.5, True))
+        lead.on_leader_msg(D1, m.HeartbeatAck(lead.election.term, -1e9, True))
+        assert lead.answer_rtt_s == {D1: 1.5}
+        lead._size_lease()
+        assert lead.election.lease_s == pytest.approx(LEASE_RTT_FACTOR * 1.5)
+        lead.on_leader_msg(D1, m.HeartbeatAck(lead.election.term, 99.9, True))
+        assert lead.answer_rtt_s[D1] == pytest.approx(1.5 - 1.4 / 8)
+    finally:
+        ld.now = old_now
+
 
 def test_admission_by_certificate() -> None:
     owner = Ed25519PrivateKey.generate()

@@ -98,6 +98,7 @@ class Leadership:
         self.records = records  # signed DHT records (records.py)
         self.admitted: dict[str, str] = {}  # peer -> the role its Hello was admitted as (kept when it is gone)
         self.lease_floor_s = lease_s  # --lease: the shortest lease (measured round trips may lengthen it)
+        self.answer_rtt_s: dict[str, float] = {}  # voter -> round trip of its Votes and HeartbeatAcks (`_answered`)
 
     # ------------------------------------------------------------------ reading
     @property
@@ -202,17 +203,18 @@ class Leadership:
         self.on_change()
 
     def _size_lease(self) -> None:
-        """The lease to ask for: from the round trips measured to the voters, at least --lease.  Of a voter's two
-        measures the longer counts: its link's (peers.py, measured when the link is costed: once, for a peer on
-        this machine) and the liveness Pings' smoothed round trip, which follows the load (on a machine whose
+        """The lease to ask for: from the round trips measured to the voters, at least --lease.  Of a voter's
+        measures the longest counts: its link's (peers.py, measured when the link is costed: once, for a peer on
+        this machine), the liveness Pings' smoothed round trip, which follows the load (on a machine whose
         cores are all busy, loopback round trips of seconds; a lease sized from the link's milliseconds lapsed
-        before the acknowledgements came back, and the leader lost and won its term every few seconds)."""
+        before the acknowledgements came back, and the leader lost and won its term every few seconds), and its
+        answers' to our votes and heartbeats (`_answered`: a voter we hear from all the time is never pinged)."""
         e = self.election
         rtts: dict[str, float] = {}
         for p in e.cur.voters:
             info = self.peers.get(p)
             measured = [x for x in (None if info is None or info.rtt_ms is None else info.rtt_ms / 1000,
-                                    self.round_trip_s(p)) if x is not None]
+                                    self.round_trip_s(p), self.answer_rtt_s.get(p)) if x is not None]
             if measured:
                 rtts[p] = max(measured)
         e.set_lease(lease_for_rtts(rtts, e.cur.voters, self.wire.me, self.lease_floor_s, e.cfg.max_lease_s))
@@ -259,7 +261,21 @@ class Leadership:
                 log.warning("leader %s lists %d voter(s) not admitted here in that role: not merged (%s)",
                             self.peers.who(peer), len(dropped), ", ".join(p[:16] for p in sorted(dropped)))
                 msg = replace(msg, data_nodes=kept, witnesses=kept_w)
+        if isinstance(msg, (m.HeartbeatAck, m.Vote)) and self.peers.role == "data":
+            self._answered(peer, now() - msg.sent_at)
         self._apply(self.election.on_message(now(), peer, msg))
+
+    def _answered(self, peer: str, rtt_s: float) -> None:
+        """A voter's answer echoed the `sent_at` of our request `rtt_s` ago: its round trip, which the lease is
+        sized from, rises at once and falls by an eighth of the difference per answer.  Two data nodes that talk
+        all the time send each other no liveness Ping, so without it the lease stayed at its floor (2 s), which
+        a loop held for seconds on a loaded machine could not renew: the leader won and lost its term about 15
+        times a minute while the other data node still held it for the leader."""
+        cap_s = self.election.cfg.max_lease_s if self.election is not None else 0.0
+        if not 0.0 <= rtt_s <= cap_s:
+            return  # (an echo of no request of ours, or older than any lease)
+        old = self.answer_rtt_s.get(peer)
+        self.answer_rtt_s[peer] = rtt_s if old is None else max(rtt_s, old + (rtt_s - old) / 8)
 
     def _admitted_data(self, peer: str) -> bool:
         """A peer this node knows as an admitted data node (its Hello passed authorize.py, also if it is gone
