@@ -6,8 +6,9 @@ other data nodes and the relays with that address as their bootstrap peer
 (and, from the `BOOTSTRAP_SPREAD_FROM`-th node on, two relays already
 listening, so that a large swarm does not wait on one node's Hello answers;
 a node is started once the one started `START_AHEAD` before it was
-accepted, as volunteers arrive over time): each is a real `gwtf-node join` process, so what runs here is what runs on
-volunteers' machines, only on 127.0.0.1.  Progress comes from the leader's
+accepted, as volunteers arrive over time): each is a real `gwtf-node join`
+process, so what runs here is what runs on volunteers' machines, only on
+127.0.0.1.  Progress comes from the leader's
 `metrics.jsonl`; every wait has a deadline, and the swarm is taken down on
 exit, error or Ctrl-C (SIGTERM, then SIGKILL for stragglers).
 
