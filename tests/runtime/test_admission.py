@@ -157,6 +157,9 @@ async def test_a_relay_learns_a_new_term_from_its_leader_first_message_and_refus
     assert not send(R1, m.UtilizationQuery(2, 9), Needs.LEADER)  # a relay never leads, whatever its term
     assert lead.leader_of_term() == (D1, 4)
     assert refused == [(D1, R.NOT_LEADER), (D0, R.NOT_LEADER), (D0, R.NOT_LEADER), (R1, R.NOT_LEADER)]
+    auth.begun = lambda: {7}  # a BEGIN of an iteration begun here, of a newer term: not a copy, it teaches the term
+    assert send(D0, m.BeginAggregation(7, 4, term=5), Needs.UPSTREAM)
+    assert lead.leader_of_term() == (D0, 5)
 
 
 @pytest.mark.trio

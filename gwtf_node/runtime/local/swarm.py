@@ -271,7 +271,7 @@ class LocalSwarm:
                 boot = json.loads(path.read_text()).get("bootstrap")
             except (OSError, ValueError):
                 boot = {}
-            if boot is None or (boot or {}).get("state") == "connected":
+            if boot is None or boot.get("state") == "connected":
                 return
             time.sleep(0.2)
         raise LocalError(f"node {name} was not accepted by any peer within {self.startup_timeout_s:.0f} s "

@@ -271,8 +271,7 @@ class Leadership:
         all the time send each other no liveness Ping, so without it the lease stayed at its floor (2 s), which
         a loop held for seconds on a loaded machine could not renew: the leader won and lost its term about 15
         times a minute while the other data node still held it for the leader."""
-        cap_s = self.election.cfg.max_lease_s if self.election is not None else 0.0
-        if not 0.0 <= rtt_s <= cap_s:
+        if not 0.0 <= rtt_s <= self.election.cfg.max_lease_s:
             return  # (an echo of no request of ours, or older than any lease)
         old = self.answer_rtt_s.get(peer)
         self.answer_rtt_s[peer] = rtt_s if old is None else max(rtt_s, old + (rtt_s - old) / 8)

@@ -305,10 +305,12 @@ class Authorizer:
         """The refusal of `msg` from `peer` by what its route `needs`, or None (node.py `_on_frame`)."""
         if needs is Needs.ADMISSION:
             return self.check_hello(peer, msg)
+        return decide(needs, msg, peers.get(peer), self._snapshot(msg, peers, leadership))
+
+    def _snapshot(self, msg: object, peers, leadership) -> Snapshot:
         leader, term = leadership.leader_of_term()
         begun = self.begun() if isinstance(msg, m.BeginAggregation) else ()  # (only BEGIN asks: `duplicate_begin`)
-        snap = Snapshot(peers.role, peers.stage, peers.n_stages, leader, term, begun)
-        return decide(needs, msg, peers.get(peer), snap)
+        return Snapshot(peers.role, peers.stage, peers.n_stages, leader, term, begun)
 
     def observe(self, peer: str, msg: object, needs: Needs, peers, leadership) -> None:
         """A relay learns the leader of a term from the leader's messages it took (a data node learns terms in
@@ -317,7 +319,7 @@ class Authorizer:
         term = message_term(msg)
         if term is None or peers.role != "relay" or needs not in (Needs.LEADER, Needs.UPSTREAM):
             return
-        if isinstance(msg, m.BeginAggregation) and msg.iteration in self.begun():
+        if isinstance(msg, m.BeginAggregation) and duplicate_begin(msg, self._snapshot(msg, peers, leadership)):
             return
         sender = peers.get(peer)
         if sender is not None and sender.role == "data":
