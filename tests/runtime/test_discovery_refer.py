@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import pytest
-
 from gwtf_node.protocol import messages as m
 from gwtf_node.runtime.net import discovery as disc
 from gwtf_node.runtime.net.discovery import Discovery
@@ -74,33 +72,3 @@ def test_referrals_remembered_are_bounded(monkeypatch):
         d.on_hello(f"FAR{i}", _hello(3, f"r3_{i}"))
     assert len(d._referred) <= 8
     assert len(spawned) == 50
-
-
-@pytest.mark.trio
-async def test_a_redial_keeps_the_connections_and_closes_them_only_when_it_fails() -> None:
-    """A peer presumed dead keeps its connections (liveness.py: a starved loop's silence, not a broken connection):
-    the redial's Hello goes over them; a redial that fails closes them, so that the next one dials anew."""
-    spawned: list = []
-    d = _relay_of_stage_0(spawned)
-    closed: list[str] = []
-    sent: list = []
-
-    async def disconnect(peer: str) -> None:
-        closed.append(peer)
-
-    async def send(peer: str, msg) -> bool:
-        sent.append((peer, type(msg).__name__))
-        return answers
-
-    async def connect(addr: str, *more: str) -> str:
-        return "A"
-
-    d.wire.disconnect, d.wire.send, d.host.connect = disconnect, send, connect
-    d.peers.forget("A")
-    d.peers.gone.add("A")  # (presumed dead)
-    answers = True
-    await d._redial("A", [_addr(2, "A")], True)
-    assert sent == [("A", "Hello")] and closed == []
-    answers = False
-    await d._redial("A", [_addr(2, "A")], False)
-    assert closed == ["A"] and not d._redialling

@@ -46,14 +46,17 @@ reservation, relay.py) is passed on to the others at once.
 With a links file (`--links`), the link to a named peer is shaped (latency,
 bandwidth) as soon as its Hello names it.
 
-A peer presumed dead is redialled (`redial_loop`: after 2 s, then backing off to once a minute, for an hour) at the
-addresses it last said Hello from (over the connections it kept; one that fails closes them): a peer cut off by a
-partition, or whose frames stalled longer than the liveness check waits, is greeted again once it can be reached,
-and comes back through the same Hello (BACK) as a restarted one.  Nothing else would bring it back: liveness pings
-only the peers it watches, and the frames of a gone peer are ignored.  A peer that left (Goodbye) is not redialled.
-The redial's Hello says `forgot_you`: a peer that had not presumed this node dead (one side of a stall noticed it,
-the other not) forgets it too and takes it back (Arrival.FORGOT_US, handled as a restart), so that both ends of
-every flow link and microbatch start over alike.
+A peer presumed dead is redialled (`redial_loop`: after 2 s, then backing off
+to once a minute, for an hour) at the addresses it last said Hello from: a
+peer cut off by a partition, or whose frames stalled longer than the
+liveness check waits, is greeted again once it can be reached, and comes
+back through the same Hello (BACK) as a restarted one.  Nothing else would
+bring it back: liveness pings only the peers it watches, and the frames of a
+gone peer are ignored.  A peer that left (Goodbye) is not redialled.  The
+redial's Hello says `forgot_you`: a peer that had not presumed this node dead
+(one side of a stall noticed it, the other not) forgets it too and takes it
+back (Arrival.FORGOT_US, handled as a restart), so that both ends of every
+flow link and microbatch start over alike.
 """
 
 from __future__ import annotations
@@ -303,7 +306,6 @@ class Discovery:
             await self.greet(*addrs, forgot_you=True)
         except Exception as e:  # noqa: BLE001 - unreachable for now: dialled again later
             log.debug("redial of %s failed: %s", self.peers.who(peer), e)
-            await self.wire.disconnect(peer)  # (after a partition its connections stall: the next dials anew)
         finally:
             self._redialling.discard(peer)
 

@@ -177,9 +177,8 @@ class Wire:
         return self.bans.is_banned(peer, now())
 
     async def disconnect(self, peer: str) -> None:
-        """Close every connection to `peer` (a banned or revoked peer; one presumed dead whose redial failed: after
-        a partition its connections stall in TCP's retransmission backoff, and redialled it comes back on new
-        ones)."""
+        """Close every connection to `peer` (a banned or revoked peer; one presumed dead: after a partition its
+        connections stall in TCP's retransmission backoff, and redialled it comes back on new ones)."""
         from libp2p.peer.id import ID
 
         lp = getattr(self.host, "libp2p", None)

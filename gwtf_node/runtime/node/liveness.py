@@ -37,13 +37,6 @@ Silence counts only while this node's own loop ran: when the check wakes
 more than `SELF_STALL_S` late, every peer's silence restarts then
 (`resumed_at`): the frames that came meanwhile are unread in the sockets.
 
-A peer presumed dead keeps its connections: the redial's Hello goes over
-them (discovery.py), and only a redial that fails closes them.  On a machine
-with more daemons than cores the silence is a starved loop's, not a broken
-connection's, and closing it made both ends handshake again, their other
-streams failing meanwhile (a 100-daemon swarm: a data node's Pongs to a
-third of its relays failed with broken pipes).
-
 A peer presumed dead that is heard again says Hello (a restarted node keeps
 its peer id): `peer_back` takes it off the presumed-dead list; the node
 re-admits it everywhere (node.py).  A relay with no live data node says so
@@ -194,7 +187,8 @@ class Liveness:
                     deadline_s)
         self.dead_at[peer] = now()
         self.pinged.pop(peer, None)  # (its round trips are kept: the deadline it comes back to)
-        self.on_dead(peer)  # (its connections are kept: the redial's Hello goes over them, discovery.py)
+        self.on_dead(peer)
+        self.wire.spawn(self.wire.disconnect, peer)  # (alive after all: the redial opens new connections)
 
     def peer_back(self, peer: str) -> float | None:
         """`peer` said Hello after it was forgotten: not presumed dead any more, heard now.  Returns when this
