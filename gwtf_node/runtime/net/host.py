@@ -72,7 +72,7 @@ from .hostdht import DHT_NAMESPACE, DHT_QUERY_TIMEOUT_S, HostDht, VersionedValid
 from .limits import MAX_CTRL_STREAMS_PER_PEER, MAX_PENDING_SESSIONS_PER_PEER, ConnectionBound
 from .links import LinkShaper
 from .relay import Relaying, is_circuit, looks_natted, routable
-from .hostlisten import check_listening, new_libp2p_host, open_tensor_listeners, probe_ports
+from .hostlisten import check_listening, new_libp2p_host, open_tensor_listeners, own_connections, probe_ports
 
 log = logging.getLogger("gwtf.transport")
 
@@ -546,6 +546,7 @@ async def open_host(
     links = links if links is not None else LinkShaper()
     async with lp.run(listen_addrs=[Multiaddr(e.multiaddr) for e in eps]), trio.open_nursery() as nursery:
         check_listening(lp, eps)
+        await own_connections(lp)
         listeners, tport = await open_tensor_listeners(tensor_hosts, tport)
         told = announced[0].host if announced else eps[0].host
         host = Host(

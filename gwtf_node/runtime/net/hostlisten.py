@@ -17,6 +17,19 @@ its window hysteresis asks, about every other frame), and control frames are
 read in chunks (frames.py `Buffered`): 0.5 window updates per frame where
 there were 2, and 0.62 x the CPU per frame and its answer
 (`python scripts/bench_ctrl_frames.py`).
+
+Whom a node dials is the daemon's choice (discovery.py, bounded fan-out),
+not py-libp2p's connection manager's.  As shipped, py-libp2p 0.8.1 dials
+peers of its peerstore on its own while a node holds fewer than 200
+connections (its AutoConnector: every 10-30 s and after each disconnect, up
+to 32 dials at a time; from a node without a public address, every peer with
+an address), prunes connections above 300 (its ConnectionPruner) and
+refuses them past 1,000 (its resource manager), where a data node works with
+every relay of the swarm.  `new_libp2p_host` raises the pruning mark and the
+limits to `MAX_CONNECTIONS`, and `own_connections` stops the AutoConnector
+once the host runs.  The DHT's walks still leave connections open to the
+peers they asked (status.json `connections`: 40-49 of the 49 other nodes of
+a 50-daemon swarm, against 19-21 in the node's table).
 """
 
 from __future__ import annotations
@@ -30,6 +43,8 @@ from libp2p import new_host
 from libp2p.abc import IHost
 from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
 from libp2p.custom_types import TProtocol
+from libp2p.network.config import ConnectionConfig
+from libp2p.rcmgr import ResourceLimits, new_resource_manager
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
@@ -49,6 +64,8 @@ def probe_ports(eps: list[Endpoint], tensor_hosts: list[str], tensor_port: int) 
         check_port_free(h, tensor_port, "tensor channel port", "choose another --tensor-port")
 
 
+MAX_CONNECTIONS = 16384  # py-libp2p's pruning mark and limits (module doc): above any swarm's fan-out
+MAX_STREAMS = 8 * MAX_CONNECTIONS  # ... streams open at once (control, payload, tensor handshakes, DHT)
 YAMUX_ENV = {"PY_YAMUX_RELEASE_ON_READ": "0"}  # window updates when yamux's hysteresis asks (module doc)
 
 
@@ -68,7 +85,22 @@ def new_libp2p_host(state_dir: Path, eps: list[Endpoint], announced: list[Endpoi
         sec_opt={TProtocol(NOISE_PROTOCOL_ID): NoiseTransport(key_pair, noise_privkey=noise_key.private_key)},
         muxer_opt={TProtocol(YAMUX_PROTOCOL_ID): Yamux},
         addrs_factory=advertise,
+        connection_config=connection_config(),
+        resource_manager=new_resource_manager(limits=ResourceLimits(max_connections=MAX_CONNECTIONS,
+                                                                    max_streams=MAX_STREAMS)),
     )
+
+
+def connection_config() -> ConnectionConfig:
+    """py-libp2p's connection manager with nothing to do (module doc): no floor to dial up to, no pruning below
+    `MAX_CONNECTIONS`."""
+    return ConnectionConfig(max_connections=MAX_CONNECTIONS, high_watermark=MAX_CONNECTIONS, low_watermark=0,
+                            min_connections=0)
+
+
+async def own_connections(lp: IHost) -> None:
+    """Stop py-libp2p's AutoConnector of the running host `lp` (module doc): it dials no peer of its own."""
+    await lp.get_network().auto_connector.stop()
 
 
 def check_listening(lp: IHost, eps: list[Endpoint]) -> None:

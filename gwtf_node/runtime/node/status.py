@@ -194,6 +194,7 @@ class Status:
             "state": self._state(sn).value,
             "peers": {p.peer_id: {"name": p.name, "role": p.role, "stage": p.stage, "rtt_ms": p.rtt_ms,
                                   "connection": conns.get(p.peer_id, "none")} for p in self.peers.infos()},
+            "connections": len(conns),  # peers with a libp2p connection, whether this node works with them or not
             "flows": fl.out,
             "link_costs": fl.link_costs,
             "compute_ms_per_microbatch": round(st.compute_ms, 3),
