@@ -110,6 +110,45 @@ async def test_a_publish_that_fails_is_tried_again_at_doubling_intervals(autojum
     assert [b - a for a, b in zip(rounds, rounds[1:])][:5] == [2, 4, 8, 16, 32], rounds
 
 
+class _SlowProvides(_Records):
+    """A DHT whose provides time out (a walk to twenty peers on a loaded machine) until the `ok_after`-th one."""
+
+    def __init__(self, ok_after: int) -> None:
+        super().__init__(news=set())
+        self.ok_after = ok_after
+        self.provides: list[str] = []
+
+    async def provide(self, key: str) -> None:
+        self.provides.append(key)
+        if len(self.provides) < self.ok_after:
+            await trio.sleep_forever()  # past DHT_WAIT_S
+
+
+@pytest.mark.trio
+async def test_a_publish_tried_again_starts_at_the_step_that_failed(autojump_clock) -> None:
+    """The node record stored once is not stored again by the retries of a publish whose provider records timed
+    out, and a provider key stored is not provided again; once everything is stored, nothing until the refresh."""
+    records = _SlowProvides(ok_after=3)
+    async with trio.open_nursery() as nursery:
+        peers = Peers("ME", "r0", 2, Place("relay", 1, 4))
+        peers.upsert(PeerInfo("P", "data", -1, "d0"), 0.0)
+        host = SimpleNamespace(addrs=["/ip4/127.0.0.1/tcp/1"], provide=records.provide,
+                               on_addrs_changed=None, dht_local=lambda key: None)
+        d = Discovery(SimpleNamespace(me="ME", spawn=lambda fn, *a: None), peers, host,
+                      SimpleNamespace(run_id="run", to_json=lambda: "{}"), {}, on_peer_hello=lambda info: None,
+                      authorizer=SimpleNamespace(insecure=False), records=records)
+        nursery.start_soon(d.loop)
+        await trio.sleep(disc.RECORD_REFRESH_S - 10)
+        keys = disc.fanout.provided_keys("run", "relay", 1)
+        assert len(keys) >= 2
+        assert records.puts == 1  # the node record, once
+        # two timed out, then each key once: the first key's retry, then the others
+        assert records.provides == [keys[0], keys[0]] + list(keys)
+        await trio.sleep(60)  # the refresh (RECORD_REFRESH_S after the publish ended) stores everything again
+        nursery.cancel_scope.cancel()
+    assert records.puts == 2 and records.provides[len(keys) + 2:] == list(keys)
+
+
 @pytest.fixture
 def autojump_clock() -> trio.testing.MockClock:
     return trio.testing.MockClock(autojump_threshold=0)
