@@ -27,6 +27,9 @@ the iterations of the window:
 
 * connections: the peers in its status.json (the peers it works with:
   protocol/fanout.py), and of those the ones with a live libp2p connection;
+  beside them, the peers it holds a libp2p connection to at all (status.json
+  `connections`: the DHT's walks leave theirs open) and the DHT operations
+  it started (`dht_ops`, since its start);
 * flow messages: the frames of flow formation it sent (`FLOW_KINDS`: cost
   announcements, flow requests and replies, changes, redirects, launch
   bids, relabels, link costs), per iteration in the window and in all
@@ -156,6 +159,8 @@ def reading(status: dict, loop_cpu_s: float | None) -> dict:
         "name": status["name"], "role": status["role"], "stage": status.get("stage"), "pid": status.get("pid"),
         "time": status["time"], "iteration": status.get("iteration"),
         "peers": len(peers), "connected": sum(1 for p in peers.values() if p.get("connection", "none") != "none"),
+        "libp2p": status.get("connections"),  # peers with a libp2p connection, in the table or not (DHT walks)
+        "dht_ops": sum((sent.get("dht") or {}).values()),  # DHT operations it started, since its start
         "ctrl_frames": sum(v[0] for v in ctrl.values()), "ctrl_bytes": sum(v[1] for v in ctrl.values()),
         "flow_frames": sum(v[0] for k, v in ctrl.items() if k in FLOW_KINDS)
         + sum(v[0] for k, v in sent.get("payload", {}).items() if k in FLOW_KINDS),
@@ -181,6 +186,7 @@ def per_node(before: dict, after: dict, iterations: int) -> dict:
     return {
         "name": after["name"], "role": after["role"], "stage": after["stage"], "iterations": iterations,
         "seconds": round(secs, 2), "peers": after["peers"], "connected": after["connected"],
+        "libp2p": after["libp2p"], "dht_ops": after["dht_ops"],
         "ctrl_frames_per_it": round(d["ctrl_frames"] / iterations, 1),
         "ctrl_bytes_per_it": round(d["ctrl_bytes"] / iterations),
         "ctrl_bytes_per_s": round(d["ctrl_bytes"] / secs),
@@ -208,8 +214,8 @@ def summarize(nodes: list[dict], formation: dict[str, int]) -> dict:
         rows = [n for n in nodes if n["role"] == role]
         if not rows:
             continue
-        keys = ("peers", "connected", "ctrl_frames_per_it", "ctrl_bytes_per_it", "ctrl_bytes_per_s",
-                "flow_msgs_per_it", "loop_cpu_ms_per_it", "cpu_minus_compute_ms_per_it", "compute_ms_per_it")
+        keys = ("peers", "connected", "libp2p", "dht_ops", "ctrl_frames_per_it", "ctrl_bytes_per_it",
+                "ctrl_bytes_per_s", "flow_msgs_per_it", "loop_cpu_ms_per_it", "cpu_minus_compute_ms_per_it", "compute_ms_per_it")
         out[role] = {k: _stats([r[k] for r in rows]) for k in keys}
         out[role]["flow_msgs_formation"] = _stats([formation.get(r["name"]) for r in rows])
         kinds = sorted({k for r in rows for k in r["ctrl_kinds_per_it"]})
@@ -293,7 +299,7 @@ def fmt(v, unit: str = "") -> str:
 
 def table(rows: list[dict]) -> str:
     """The Markdown table of the measured sizes (one row per size; relays' figures as mean / max)."""
-    head = ("| nodes (D + S x k) | formed in | s / it | relay conns | data conns | relay flow msgs / it "
+    head = ("| nodes (D + S x k) | formed in | s / it | relay conns (libp2p) | data conns | relay flow msgs / it "
             "(formation) | relay ctrl frames / it | relay ctrl bytes / it | ctrl bytes / s | relay loop CPU ms / it "
             "| CPU - compute ms / it | swarm CPU cores (machine busy) | PSS / USS MiB per node | losses |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -305,7 +311,8 @@ def table(rows: list[dict]) -> str:
         s, d = r["summary"]["relay"], r["summary"].get("data", {})
         mm = lambda x: f"{fmt(x['mean'])} / {fmt(x['max'])}"  # noqa: E731
         lines.append(
-            f"| {size} | {fmt(r['startup_s'], ' s')} | {fmt(r['seconds_per_iteration'])} | {mm(s['connected'])} | "
+            f"| {size} | {fmt(r['startup_s'], ' s')} | {fmt(r['seconds_per_iteration'])} | {mm(s['connected'])} "
+            f"({fmt(s.get('libp2p', {}).get('mean'))}) | "
             f"{fmt(d.get('connected', {}).get('max'))} | {mm(s['flow_msgs_per_it'])} "
             f"({fmt(s['flow_msgs_formation']['mean'])}) | {mm(s['ctrl_frames_per_it'])} | "
             f"{mm(s['ctrl_bytes_per_it'])} | {fmt(s['ctrl_bytes_per_s']['mean'])} | {mm(s['loop_cpu_ms_per_it'])} | "
