@@ -24,7 +24,7 @@ from gwtf_node.protocol.messages import AllReduceChunk, Ping, TensorHeader
 from gwtf_node.runtime.net import channel
 from gwtf_node.runtime.node.allreduce import AllReduceError, AllReducer, AllReduceTimeout
 from gwtf_node.runtime.net.frames import FrameError, encode_header, read_frame
-from gwtf_node.runtime.net.host import CTRL_PROTOCOL_ID, TENSOR_PROTOCOL_ID, _libp2p_reader, open_host
+from gwtf_node.runtime.net.host import CTRL_PROTOCOL_ID, TENSOR_PROTOCOL_ID, PeerUnreachable, _libp2p_reader, open_host
 from gwtf_node.runtime.net.identity import IdentityError, key_path, load_or_create_identity, peer_id_of
 from gwtf_node.runtime.net.links import LinkShaper
 from support.helpers import until
@@ -611,4 +611,40 @@ async def test_a_connection_that_opens_no_stream_is_closed_and_the_frame_goes_on
             await b.send(a.peer_id, b"second")
             await inbox.wait_for(2)
             assert [env for _, env, _ in inbox.frames] == [b"first", b"second"]
+            assert b.stats["stale_closed"] == 1 and conn not in network.get_connections(ID.from_base58(a.peer_id))
+
+
+@pytest.mark.trio
+async def test_a_connection_a_frame_came_in_on_recently_is_kept_when_no_stream_opens_on_it(tmp_path, monkeypatch):
+    """The peer talks to us on it: the connection works and the peer is slow (its stream negotiation timed out), so
+    the send fails without closing it (closing would fail the peer's frames in flight); once nothing came on it
+    for `ALIVE_S`, it is closed and the frame goes on a new one."""
+    from libp2p.peer.id import ID
+
+    import gwtf_node.runtime.net.host as host_mod
+
+    with trio.fail_after(DEADLINE_S):
+        async with hosts(tmp_path, 2, dht=False) as (a, b):
+            inbox_a, inbox_b = Inbox(), Inbox()
+            a.set_handler(inbox_a.handler)
+            b.set_handler(inbox_b.handler)
+            await b.send(a.peer_id, b"first")
+            await inbox_a.wait_for(1)
+            await a.send(b.peer_id, b"from a")  # on the same connection: b heard a frame on it just now
+            await inbox_b.wait_for(1)
+            network = b.libp2p.get_network()
+            (conn,) = network.get_connections(ID.from_base58(a.peer_id))
+
+            async def refuses():
+                raise RuntimeError("no stream opens in time")
+
+            conn.new_stream = refuses
+            await b._drop_stream(b._ctrl_out, a.peer_id)
+            with pytest.raises(PeerUnreachable):
+                await b.send(a.peer_id, b"second")
+            assert network.get_connections(ID.from_base58(a.peer_id)) == [conn] and "stale_closed" not in b.stats
+            monkeypatch.setattr(host_mod, "ALIVE_S", 0.0)  # nothing came on it since: closed, and a new one dialled
+            await b.send(a.peer_id, b"third")
+            await inbox_a.wait_for(2)
+            assert [env for _, env, _ in inbox_a.frames] == [b"first", b"third"]
             assert b.stats["stale_closed"] == 1 and conn not in network.get_connections(ID.from_base58(a.peer_id))

@@ -92,6 +92,7 @@ LIBP2P_CHUNK_BYTES = 1 << 20  # payload bytes per Yamux write on the fallback pa
 PRIVATE_DIAL_TIMEOUT_S = 3.0  # a private address of a peer with a relayed one: a LAN answers within this
 
 Handler = Callable[[str, bytes, "memoryview | bytes | bytearray"], Awaitable[None]]
+ALIVE_S = 10.0  # a control frame from a peer this recently: its connection is alive (`_close_stale_connections`)
 _PEER_ERRORS = (BaseLibp2pError, OSError, trio.BrokenResourceError, trio.ClosedResourceError,
                 ChannelError, trio.TooSlowError)
 
@@ -119,18 +120,8 @@ async def _libp2p_reader(stream: INetStream, n: int) -> bytes:
 class Host(HostDht, conninfo.HostConnections):
     """A running node host; build it with `open_host`."""
 
-    def __init__(
-        self,
-        libp2p_host: IHost,
-        nursery: trio.Nursery,
-        tensor_addr: str,
-        *,
-        links: LinkShaper,
-        max_payload: int,
-        send_timeout: float,
-        handshake_timeout: float,
-        frame_timeout: float,
-    ) -> None:
+    def __init__(self, libp2p_host: IHost, nursery: trio.Nursery, tensor_addr: str, *, links: LinkShaper,
+                 max_payload: int, send_timeout: float, handshake_timeout: float, frame_timeout: float) -> None:
         self.libp2p = libp2p_host
         self._nursery = nursery
         self.peer_id: str = libp2p_host.get_id().to_base58()
@@ -154,6 +145,7 @@ class Host(HostDht, conninfo.HostConnections):
         self._addrs_cache: tuple[float, list[str]] | None = None  # (when, libp2p's advertised addresses then)
         self._pending_sessions: dict[bytes, tuple[str, SessionKeys, float]] = {}
         self._ctrl_in: dict[str, int] = {}  # incoming control streams being read, per peer
+        self._heard_on: dict[int, float] = {}  # id of a libp2p connection -> trio time a control frame last came on it
         self.stats = {"frames_in": 0, "frames_out": 0, "bytes_out": 0, "bytes_in": 0, "refused": 0}
 
     # ---- identity and addresses ---------------------------------------------
@@ -352,16 +344,25 @@ class Host(HostDht, conninfo.HostConnections):
 
     async def _close_stale_connections(self, peer_id: str) -> None:
         """No stream opens on the connections libp2p holds to `peer_id` (closed but still listed: py-libp2p 0.8.1
-        dials only when it lists none; or each refused a stream): close them, so that the next attempt dials anew.
-        Without it the peer stays silent on this side until liveness presumes it dead (seen on loaded machines: a
-        data node whose loop ran at most 0.6 s late could not send its Pongs to a third of its relays)."""
+        dials only when it lists none; or each refused a stream): close them, so that the next attempt dials anew
+        (else the peer stays silent here until presumed dead: a data node whose loop ran 0.6 s late could not send
+        its Pongs to a third of its relays).  A connection a control frame came in on within `ALIVE_S` stays: it
+        works, the peer is slow, and closing it fails every frame in flight on it both ways (416 closes in a
+        100-daemon swarm, 49 of them relays closing their connection to the data node)."""
         pid = ID.from_base58(peer_id)
-        stale = len(self.libp2p.get_network().get_connections(pid))
+        t, heard = trio.current_time(), self._heard_on
+        self._heard_on = heard = {k: v for k, v in heard.items() if t - v < ALIVE_S}  # (the others are stale)
+        conns = self.libp2p.get_network().get_connections(pid)
+        stale = [c for c in conns if id(c.muxed_conn) not in heard]
         if stale:
-            self.stats["stale_closed"] = self.stats.get("stale_closed", 0) + stale
-            log.info("connections to %s open no stream: %d closed, the next frame dials anew", peer_id, stale)
+            self.stats["stale_closed"] = self.stats.get("stale_closed", 0) + len(stale)
+            log.info("connections to %s open no stream: %d closed, the next frame dials anew", peer_id, len(stale))
         with trio.move_on_after(5):
             try:
+                if len(stale) < len(conns):  # a live one stays
+                    for c in stale:
+                        await c.close()
+                    return
                 await self.libp2p.disconnect(pid)  # (closes each and takes the peer off the swarm's table)
             except Exception:  # noqa: BLE001 - they are going anyway
                 pass
@@ -457,6 +458,7 @@ class Host(HostDht, conninfo.HostConnections):
                 frame = await read_frame(reader, max_payload=self.max_payload, frame_timeout=self.frame_timeout)
                 if frame is None:  # the peer closed its end: close ours (holepunch.retire waits for it)
                     return await _end(stream, reset=False)
+                self._heard_on[id(stream.muxed_conn)] = trio.current_time()
                 await self._deliver(peer, *frame)
         except FrameError as e:
             self.stats["refused"] += 1
@@ -550,10 +552,8 @@ async def open_host(
         listeners, tport = await open_tensor_listeners(tensor_hosts, tport)
         told = announced[0].host if announced else eps[0].host
         host = Host(
-            lp, nursery, Endpoint(told, tport).hostport,
-            links=links, max_payload=max_payload, send_timeout=send_timeout,
-            handshake_timeout=handshake_timeout, frame_timeout=frame_timeout,
-        )
+            lp, nursery, Endpoint(told, tport).hostport, links=links, max_payload=max_payload,
+            send_timeout=send_timeout, handshake_timeout=handshake_timeout, frame_timeout=frame_timeout)
         await _serve(host, lp, nursery, listeners, links)
         try:
             await _start_services(host, lp, nursery, relay_service=relay_service, dht=dht, bootstrap=bootstrap)
