@@ -175,18 +175,19 @@ class Discovery:
         published: tuple | None = None
         looked_for: tuple | None = None
         refresh_at = providers_at = revocations_at = publish_at = 0.0
-        stored: dict = {}
+        stored: set[str] = set()  # the steps of the publish of `stored_for` done already: a retry skips them
+        stored_for: tuple | None = None
         wait = publish_wait = DHT_ROUND_S
         while True:
             if self.peers.ids_known():
                 role, stage = self.peers.role, self.peers.stage
                 mine = (role, stage, tuple(self.host.addrs))
                 if (published != mine or now() >= refresh_at) and now() >= publish_at:
-                    if stored.get("for") != mine:
-                        stored = {"for": mine}  # (what this publish stored already: a retry skips it)
+                    if stored_for != mine:
+                        stored_for, stored = mine, set()
                     if await self._publish(run_key, role, stage, stored):
                         published, refresh_at, publish_wait = mine, now() + RECORD_REFRESH_S, DHT_ROUND_S
-                        stored = {}  # (the refresh stores everything again)
+                        stored = set()  # (the refresh stores everything again)
                     else:  # failed or timed out: again after a wait that doubles (module doc)
                         publish_at, publish_wait = now() + publish_wait, min(DHT_ROUND_MAX_S, 2 * publish_wait)
                 if looked_for != mine or now() >= providers_at:
@@ -205,7 +206,7 @@ class Discovery:
                     await self._read_revocations(f"{run_key}/revoked", local_only=True)
             await trio.sleep(DHT_ROUND_S)
 
-    async def _publish(self, run_key: str, role: str, stage: int | None, stored: dict) -> bool:
+    async def _publish(self, run_key: str, role: str, stage: int | None, stored: set[str]) -> bool:
         """Store the run's manifest (a data node), this node's record and its provider records, each step within
         `DHT_WAIT_S`; the steps done are noted in `stored` and skipped when a publish that stopped at a later
         one is tried again (each step is a walk of the DHT; on a loaded machine puts time out).  Whether every
@@ -225,7 +226,7 @@ class Discovery:
             except Exception as e:  # noqa: BLE001 - the DHT is best effort; tried again (`loop`)
                 log.debug("DHT publish stopped at %s: %r", name, e)
                 return False
-            stored[name] = True
+            stored.add(name)
         return True
 
     def works_with(self, role: str, stage: int | None) -> bool:
