@@ -14,7 +14,9 @@ optimizer state hold on the device, plus the largest growth of
 temporaries); the process's overall peak too.
 
 Part 2, only where trio and libp2p import: a real swarm (`gwtf-node local`'s
-launcher, 1 data node, 2 stages x 1 relay, every node `join --device DEVICE`)
+launcher, 1 data node, 2 stages x `--swarm-relays` relays (1 by default;
+with 2 or more each stage's all-reduce sums device tensors), every node
+`join --device DEVICE`)
 trains the bf16 manifest; its losses are printed beside the CPU reference's,
 with tokens per second, and with the peak GPU memory of each node's process
 as `nvidia-smi` reports it (polled every 0.5 s; it includes the CUDA context), and the count of "presumed
@@ -36,7 +38,8 @@ the reference by more than `--tolerance` (relative; the CPU and the GPU run
 different kernels, so the device chain is close, not equal).
 
     python scripts/gpu_check.py [--device cuda|cpu] [--iterations 4] [--hidden 512] [--layers 8] [--no-swarm]
-                                [--memory-preset llama-135m|none] [--memory-stages 4] [--memory-capacity 4]
+                                [--swarm-relays 1] [--memory-preset llama-135m|none] [--memory-stages 4]
+                                [--memory-capacity 4]
 """
 
 from __future__ import annotations
@@ -232,7 +235,7 @@ def part2(args: argparse.Namespace, device: torch.device, man: RunManifest, ref:
         save_manifest(man, run)
         if owner is not None:
             shutil.copyfile(owner, Path(tmp) / "owner.key")
-        swarm = LocalSwarm(Path(tmp), run, data_nodes=1, stages=stages, relays_per_stage=1,
+        swarm = LocalSwarm(Path(tmp), run, data_nodes=1, stages=stages, relays_per_stage=args.swarm_relays,
                            iterations=args.iterations)
         swarm.extra_args = {name: ["--device", str(device)] for name in swarm.names()}
         swarm.fork_server = not args.no_fork_server
@@ -250,7 +253,8 @@ def part2(args: argparse.Namespace, device: torch.device, man: RunManifest, ref:
                     Path(args.logs).mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(log, Path(args.logs) / f"h{man.dims.hidden}-{man.train.precision}-{name}.log")
     print(f"\n== part 2: a swarm on {device} ({man.model.family}, {man.dims.hidden} hidden, "
-          f"{sum(e - s for s, e in man.stages)} layers; 1 data node, {stages} stages x 1 relay), "
+          f"{sum(e - s for s, e in man.stages)} layers; 1 data node, {stages} stages x {args.swarm_relays} "
+          f"relay{'s' if args.swarm_relays > 1 else ''}), "
           f"{man.train.precision} compute, {man.train.wire_dtype} wire")
     print(f"{'iteration':>9s} {where + ' reference':>14s} {'swarm':>14s} {'rel diff':>9s} {'tokens/s':>9s}")
     for rec, a in zip(records, ref):
@@ -326,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--swarm-preset", default="none",
                    help="also a swarm of this preset (fp32, then bf16-mixed) against the reference on the device")
     p.add_argument("--swarm-stages", type=int, default=4)
+    p.add_argument("--swarm-relays", type=int, default=1,
+                   help="relays per stage in the swarms (2 or more: the within-stage all-reduce runs on the device)")
     p.add_argument("--skip-chain", action="store_true", help="leave out part 1 (the chain against the CPU)")
     p.add_argument("--no-fork-server", action="store_true", help="start each swarm node as a fresh process")
     p.add_argument("--logs", default=None, help="a folder to copy the swarm's node logs into")
