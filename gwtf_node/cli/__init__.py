@@ -197,6 +197,11 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
         import torch
         if not torch.cuda.is_available():
             raise CliError(f"--device {device}: torch sees no CUDA device on this machine (use --device cpu)")
+    if device.startswith("cuda"):
+        import torch
+
+        from ..model.precision import fix_cublas_workspace
+        fix_cublas_workspace(torch.device(device))
     if args.torch_threads:
         import torch
         torch.set_num_threads(args.torch_threads)

@@ -32,7 +32,19 @@ defaults (a run id of a manifest without them is what it always was):
   accepts the wire dtype only.  Top-K composes: the kept values travel in
   the wire dtype, the indices in int32 (6 bytes per kept bfloat16 element,
   `adatopk.sparse_overhead`).  The within-stage all-reduce of gradients
-  stays float32.
+  travels in the wire dtype too (`runtime/node/allreduce.py`: each
+  contribution rounded to it once, summed in float32).
+
+On CUDA a node computes in worker threads while the centralized reference
+computes in its main thread; cuBLAS chooses its kernels with the workspace
+each thread's handle has, and a swarm of two relays per stage differed from
+the reference by one float32 ulp in a microbatch's loss.  A fixed workspace
+(`CUBLAS_WORKSPACE_CONFIG=:4096:8`, `fix_cublas_workspace`, unless the
+environment names one) set as `join` starts on CUDA makes that swarm equal
+to the reference on the same GPU, fp32 bit for bit (docs/gpu_check.md); set
+only when the part was built, it came too late.  Building a part for CUDA
+sets it too, for processes whose first CUDA work is that build (the
+reference, the scripts).
 
 fp32 with an fp32 wire is the exact setting of the invariant tests: every
 cast is then the identity.  This module is pure Python (torch is imported
@@ -43,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import os
 from typing import Any
 
 
@@ -82,6 +95,17 @@ def wire_torch_dtype(wire_dtype: str) -> Any:
     import torch
 
     return torch.bfloat16 if WireDtype(wire_dtype) is WireDtype.BF16 else torch.float32
+
+
+CUBLAS_WORKSPACE = ":4096:8"  # eight 4-MiB cuBLAS workspaces; torch's documented setting for repeatable kernels
+
+
+def fix_cublas_workspace(device: Any) -> None:
+    """On a CUDA `device` (a torch.device), a fixed cuBLAS workspace in this process's environment unless it
+    names one (module doc).  Call it before the process does anything on CUDA: later, what cuBLAS already
+    chose stays."""
+    if device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
 
 
 def autocast_supported(device: Any) -> bool:

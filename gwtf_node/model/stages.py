@@ -66,7 +66,7 @@ from torch import nn
 from .manifest import ManifestError, RunManifest
 from .materialize import build_full_model, build_parts  # noqa: F401  (build_full_model: re-exported)
 from .parts import DataPart, RelayPart  # noqa: F401  (re-exported)
-from .precision import compute_context, wire_torch_dtype
+from .precision import compute_context, fix_cublas_workspace, wire_torch_dtype
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -98,6 +98,7 @@ class StageModel:
         self.role = role
         self.stage = stage
         self.device = torch.device(device)
+        fix_cublas_workspace(self.device)
         self.module = module
         self.names = names  # HF names of `params`, in order (a tied parameter once, under its first name)
         self.params = list(module.parameters())  # deduplicated: GPT's tied wte/lm_head is one tensor

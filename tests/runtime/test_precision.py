@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -24,7 +25,7 @@ from gwtf_node import cli
 from gwtf_node.model.adatopk import kept_count
 from gwtf_node.model.crossings import Crossings
 from gwtf_node.model.manifest import ManifestError, RunManifest, default_manifest
-from gwtf_node.model.precision import compute_context, wire_bytes
+from gwtf_node.model.precision import CUBLAS_WORKSPACE, compute_context, fix_cublas_workspace, wire_bytes
 from gwtf_node.model.reference import build_chain, make_sources, train_centralized
 from gwtf_node.model.tensors import TensorError, pack, pack_at, pack_topk, sparse_indices, unpack
 
@@ -242,3 +243,14 @@ def test_cuda_chain_is_close_to_the_cpu_reference() -> None:
     sparse = train_centralized(man, 2, device="cuda", crossings=Crossings.uniform(2, 4.0)).losses
     assert all(math.isfinite(v) for v in sparse)
     assert compute_context("bf16-mixed", torch.device("cuda")) is not None
+
+
+def test_a_part_for_cuda_fixes_the_cublas_workspace_unless_one_is_set(monkeypatch) -> None:
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    fix_cublas_workspace(torch.device("cpu"))
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    fix_cublas_workspace(torch.device("cuda"))
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == CUBLAS_WORKSPACE
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    fix_cublas_workspace(torch.device("cuda:0"))
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
