@@ -81,6 +81,9 @@ MAX_ITEMS = 4096
 MAX_SEQS = 1 << 16
 # Characters of a string field (peer ids are ~52, multiaddrs ~100, a refusal's reason one line).
 MAX_STRING_CHARS = 2048
+# A revocation list passed on between nodes (about 70 bytes per revoked peer id): a longer one is read from
+# the DHT or a file only
+MAX_REVOCATIONS_BYTES = 1 << 18
 # Activations and their gradients travel as float tensors.  The hidden state of
 # a pre-norm transformer stays within a few hundred, gradients far below; a
 # finite value beyond 1e6 (float16 ends at 65504) is no training signal and
@@ -332,6 +335,13 @@ def _peer_list(msg: m.PeerList, ctx: Context) -> Problem | None:
     return _items(msg.addrs, "PeerList") or _strings(*msg.addrs)
 
 
+def _revocations(msg: m.Revocations, ctx: Context) -> Problem | None:
+    if not 0 < len(msg.signed) <= MAX_REVOCATIONS_BYTES:
+        return Problem(Violation.TOO_MANY, f"a revocation list of {len(msg.signed)} bytes, 1 to "
+                                           f"{MAX_REVOCATIONS_BYTES}")
+    return None
+
+
 def _path(path: tuple[str, ...], what: str) -> Problem | None:
     hi = 2 * MAX_STAGES + 2
     return _items(path, what, hi) or _strings(*path)
@@ -522,6 +532,7 @@ CHECKS: dict[type, Callable[[Any, Context], Problem | None]] = {
     m.LabelLimit: _label_limit,
     m.Hello: _hello,
     m.PeerList: _peer_list,
+    m.Revocations: _revocations,
     m.Forward: _forward,
     m.Backward: _backward,
     m.Complete: _iteration_only,

@@ -20,7 +20,7 @@ import enum
 from dataclasses import dataclass
 
 from .electmsgs import HeartbeatAck, LeaderHeartbeat, RequestVote, Vote  # noqa: F401 - re-exported (leader.py)
-from .refusals import RefusalCode  # noqa: F401 - re-exported: a Refused carries one
+from .refusals import RefusalCode, Revocations  # noqa: F401 - re-exported: a Refused carries one; trust messages
 from .replies import DenyReason, Reply, Side  # noqa: F401 - re-exported: flow messages carry them
 
 INF = float("inf")
@@ -590,7 +590,7 @@ Message = (
     CostAnnounce | RequestFlow | FlowReply | Deny | Withdraw | QueryFlows | FlowReport
     | RequestChange | RequestRedirect | MoveReply | Reroute | LaunchBid | Relabel | RelabelCost | LabelLimit
     | Hello | PeerList | Forward | Backward | Complete | IterationDone | BeginAggregation | CanTake | PhaseAck
-    | AllReduceChunk | LinkCost | Ping | Pong | LinkProbe | StageStateRequest | StageState | Goodbye
+    | AllReduceChunk | LinkCost | Ping | Pong | LinkProbe | StageStateRequest | StageState | Goodbye | Revocations
     | MbDeny | Probe | ProbeAck | Recover | Resume | BackwardStuck | Room | Release | MbState | RepairOrder | Lend
     | RequestVote | Vote | LeaderHeartbeat | HeartbeatAck
     | JoinRequest | UtilizationQuery | UtilizationReport | Assignment

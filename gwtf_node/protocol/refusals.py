@@ -1,12 +1,14 @@
-"""Why a node refused a frame: the codes a `Refused` answer carries and a node counts (status.json "refused").
+"""Why a node refused a frame: the codes a `Refused` answer carries and a node counts (status.json "refused");
+and `Revocations`, the run owner's list of peers no longer admitted, as nodes pass it on (trust/spread.py).
 
-Kept beside `messages.py` (which re-exports it) so that the message module stays within its size; each
+Kept beside `messages.py` (which re-exports both) so that the message module stays within its size; each
 value mirrors the proto enum `RefusalCode` and its comment.
 """
 
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 
 class RefusalCode(enum.IntEnum):
@@ -26,3 +28,8 @@ class RefusalCode(enum.IntEnum):
     UNKNOWN_PEER = 12  # "Say Hello first: I do not know you."
     BANNED = 13  # "You sent too many refused frames: disconnected and banned for a while."
     BAD_RECORD = 14  # "Your DHT record is not signed by a peer that may write its key."
+
+
+@dataclass(frozen=True, slots=True)
+class Revocations:
+    signed: bytes  # the run owner's signed revocation list (model/certificates.py RevocationList.to_bytes)

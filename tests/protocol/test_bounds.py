@@ -74,6 +74,8 @@ REFUSED = [
     (m.BeginAggregation(10, 2, completed=(m.CompletedSeqs("d", (3, 4), (), (7,) * 6),)), Violation.COUNT_OUT_OF_RANGE),
     (m.FlowReport(1, 2**30, 0, (), (), ()), Violation.COUNT_OUT_OF_RANGE),
     (m.PeerList(tuple("a" for _ in range(5000))), Violation.TOO_MANY),
+    (m.Revocations(b""), Violation.TOO_MANY),
+    (m.Revocations(b"x" * (bounds.MAX_REVOCATIONS_BYTES + 1)), Violation.TOO_MANY),
     (m.Hello("r", "relay", 0, "x" * 5000, 1, ()), Violation.TOO_MANY),
     (m.JoinRequest(1, (-1.0,)), Violation.NEGATIVE_COST),
 ]

@@ -110,6 +110,7 @@ STRATEGIES.update({
                        leaving=st.booleans(), leave_after=u64, forgot_you=st.booleans()),
     m.Goodbye: st.builds(m.Goodbye, after_iteration=u64),
     m.PeerList: st.builds(m.PeerList, addrs=small_tuples(ids)),
+    m.Revocations: st.builds(m.Revocations, signed=st.binary(min_size=1, max_size=256)),
     m.Forward: st.builds(m.Forward, data_node=ids, seq=u64, iteration=u64, path=small_tuples(ids),
                          tensor=st.none() | tensors),
     m.Backward: st.builds(m.Backward, data_node=ids, seq=u64, iteration=u64, tensor=st.none() | tensors),

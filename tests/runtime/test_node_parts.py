@@ -23,7 +23,8 @@ NOT_RECEIVED = {m.ProbeAck}  # on the wire format, sent by no machine: refused a
 
 
 def _parts() -> SimpleNamespace:
-    names = ("discovery", "liveness", "flows", "microbatches", "aggregation", "leadership", "joining", "bootstrap")
+    names = ("discovery", "liveness", "flows", "microbatches", "aggregation", "leadership", "joining", "bootstrap",
+             "spread")
     return SimpleNamespace(**{n: Mock(name=n) for n in names})
 
 
@@ -33,7 +34,7 @@ def test_every_message_type_has_one_route() -> None:
     assert set(table) == every - NOT_RECEIVED, sorted(t.__name__ for t in every ^ set(table))
     # only what must work before (or without) a Hello is taken from a peer that has not said one
     open_types = {t for t, r in table.items() if r.admit is not Admit.KNOWN}
-    assert open_types == {m.Hello, m.PeerList, m.Ping, m.Pong, m.LinkCost, m.Refused}
+    assert open_types == {m.Hello, m.PeerList, m.Revocations, m.Ping, m.Pong, m.LinkCost, m.Refused}
     # a frame with a tensor goes to a handler that takes the payload
     assert {t for t, r in table.items() if r.payload} == {
         m.Forward, m.Backward, m.Complete, m.MbDeny, m.Probe, m.Recover, m.Resume, m.BackwardStuck, m.Room,

@@ -19,8 +19,8 @@ on read, records.py): `run/<run id>` holds the manifest (put by data nodes),
 again when its stage or addresses change and every `RECORD_REFRESH_S`; a
 provider whose record expired, `RECORD_TTL_S` after it was written, is not
 dialled), `run/<run id>/revoked` the owner's revocation list
-(read from this host's own DHT copy every round and over the network every `REVOCATIONS_EVERY_S`: authorize.py
-drops the peers it names); provider records on
+(read from this host's own DHT copy every round and over the network every `REVOCATIONS_EVERY_S`, and passed
+on between peers, trust/spread.py; authorize.py drops the peers it names); provider records on
 `run/<run id>` (everyone), `run/<run id>/data` (data nodes) and
 `run/<run id>/stage/<k>` (relays) are how a node finds the peers it works
 with (`fanout.provider_keys`: a relay looks at the data nodes' key and its
@@ -84,7 +84,9 @@ REDIAL_MAX_S = 60.0  # ... up to once a minute
 REDIAL_FOR_S = 3600.0  # ... for an hour (a volunteer's machine may reboot; one gone for good costs a dial a minute)
 DHT_ROUND_S = 2.0  # the discovery loop's period; its first provider lookups come this often (`loop`)
 DHT_ROUND_MAX_S = 256.0  # ... then, while they find no one new, at twice the interval each time, up to this
-REVOCATIONS_EVERY_S = 60.0  # the owner's revocation list is looked up over the network this often
+# the owner's revocation list is looked up over the network this often: a newer list also comes from the peers,
+# each node passing on what it adopts (trust/spread.py), so this walk only covers a node cut off meanwhile
+REVOCATIONS_EVERY_S = 600.0
 # (and in this host's own copy of the DHT every round: `loop`)
 DHT_WAIT_S = 10.0
 PEER_LIST_DIALS = 256  # peers dialled for one PeerList (each once, with all its addresses)

@@ -66,6 +66,7 @@ from . import data_resume, waits
 from .aggregation import Aggregation
 from .driver import Drivers
 from ..trust.authorize import Authorizer, read_certificate
+from ..trust.spread import RevocationSpread
 from ..net.bootstrap import DEFAULT_TIMEOUT_S, Bootstrap
 from .cutcheck import CutCheck
 from ..net.discovery import Discovery
@@ -152,6 +153,7 @@ class Parts:
     resume.py       a relay back with a checkpoint: its own state, a download, or a wait
     data_resume.py  a data node restarted with its state directory: checkpoint, the run's step
     authorize.py    who may send what (each route's `Needs`, asked in `_on_frame`), revocation
+    spread.py       the owner's revocation list passed on to every peer (Revocations)
     records.py      the signed DHT records (writer's signature, who may write which key)
     status.py       status.json, the dashboard's view: control.py socket, metrics.py, events.py
     ==============  ===============================================================
@@ -171,6 +173,7 @@ class Parts:
     cutcheck: CutCheck
     status: Status
     bootstrap: Bootstrap
+    spread: RevocationSpread
 
 
 class Node:
@@ -282,7 +285,7 @@ class Node:
             waiting_for=lambda: waits.waiting_for(peers, aggregation, microbatches, joining, liveness)),
             RunFacts(self.run_id, o.policy, announced=bool(o.announce)))
         parts = Parts(wire, liveness, discovery, flows, microbatches, leadership, aggregation, joining, cutcheck,
-                      status, bootstrap)
+                      status, bootstrap, RevocationSpread(self.authorizer, wire, peers))
         self.routes = routes(parts)
         return parts
 
@@ -322,6 +325,7 @@ class Node:
     def _peer_hello(self, info: PeerInfo) -> None:
         p = self.parts
         p.bootstrap.on_peer_hello()
+        p.spread.on_peer_hello(info.peer_id)
         self.book.note(info.peer_id, info.addrs)
         if info.peer_id in self._returning:
             same = self._returning.pop(info.peer_id)  # back as it was: what it held did not die (regroup.py)
@@ -344,6 +348,7 @@ class Node:
         p = self.parts
         self.peers.forget(peer)
         p.discovery.peer_forgotten(peer)  # if it comes back, it is greeted again
+        p.spread.peer_forgotten(peer)  # (it may come back restarted, without the list)
         p.flows.on_peer_gone(peer)  # the flow machines rebuild the flows through it
         p.leadership.on_peer_gone(peer)
         p.aggregation.forget(peer, presumed=presumed)

@@ -47,6 +47,8 @@ def routes(p: Any) -> dict[type, Route]:
     table: dict[type, Route] = {
         m.Hello: Route("discovery", d.on_hello, Admit.ANYONE, needs=Needs.ADMISSION),
         m.PeerList: Route("discovery", d.on_peer_list, Admit.ANYONE),  # addresses only: harmless from anyone
+        # the run owner's signature is checked (spread.py): taken from anyone
+        m.Revocations: Route("spread", p.spread.on_revocations, Admit.ANYONE),
         m.Ping: Route("liveness", lv.on_ping, Admit.ANYONE),
         m.Pong: Route("liveness", lv.on_pong, Admit.ANYONE),  # (the link meter's too: Liveness.exchange)
         m.LinkProbe: Route("flows", f.meter.on_probe, payload=True),

@@ -225,7 +225,9 @@ class Authorizer:
         self.clock = clock  # wall clock: certificates expire at a wall time
         self.revoked: frozenset[str] = frozenset()
         self.revocations_issued = -1
+        self.revocations_raw: bytes | None = None  # the bytes of the list adopted (passed on as they came: spread.py)
         self.on_revoked: Callable[[str], None] = lambda peer: None
+        self.on_adopted: Callable[[str | None], None] = lambda source: None  # a newer list, from that peer or None
         self._checked: dict[tuple[str, bytes, str], int] = {}  # (peer, certificate, role) -> expiry (0: none)
         self.begun: Callable[[], Container[int]] = lambda: ()  # the iterations begun here (node.py wires it)
 
@@ -276,8 +278,9 @@ class Authorizer:
             return Refusal(RefusalCode.REVOKED, "the run owner revoked this peer's admission")
         return None
 
-    def take_revocations(self, raw: bytes, where: str) -> list[str]:
-        """Adopt the revocation list in `raw` if the owner signed it and it is newer; the peers newly revoked."""
+    def take_revocations(self, raw: bytes, where: str, source: str | None = None) -> list[str]:
+        """Adopt the revocation list in `raw` if the owner signed it and it is newer; the peers newly revoked.
+        `source`: the peer that sent it (spread.py passes a list on to every other peer)."""
         if self.insecure:
             log.warning("revocation list from %s ignored: this run has no owner key to check it", where)
             return []
@@ -291,11 +294,13 @@ class Authorizer:
         new = sorted(set(rl.peer_ids) - self.revoked)
         self.revoked = frozenset(rl.peer_ids)
         self.revocations_issued = rl.issued
+        self.revocations_raw = bytes(raw)
         if new:
             log.warning("the run owner revoked %d peer(s) (list from %s): %s", len(new), where,
                         ", ".join(p[:16] for p in new))
         for peer in new:
             self.on_revoked(peer)
+        self.on_adopted(source)
         return new
 
     def load_revocations_file(self, path: Path) -> None:
