@@ -10,8 +10,8 @@ frames.  Over yamux every read of a stream sends the peer a window update:
 * baseline: each frame read in two reads of the stream (header, envelope),
   `PY_YAMUX_RELEASE_ON_READ=1` (py-libp2p's default: an update after each);
 * the daemon: frames read from chunks of the stream (frames.py `Buffered`:
-  one read a frame, or fewer) and `PY_YAMUX_RELEASE_ON_READ=0`
-  (hostlisten.py: updates only when yamux's window hysteresis asks).
+  one read a frame, or fewer), `PY_YAMUX_RELEASE_ON_READ=0` and go-yamux's
+  rule (yamuxwin.py: an update once half the window was read).
 
 Each runs in its own process, alternating, `--repeats` times; the medians
 and their ratio are printed, with the window updates per frame.
@@ -40,10 +40,12 @@ async def _ping_pong(frames: int, baseline: bool) -> dict:
     from libp2p.stream_muxer.yamux.yamux import YamuxStream
 
     from gwtf_node.runtime.net import host as host_module
+    from gwtf_node.runtime.net import yamuxwin
     from gwtf_node.runtime.net.host import open_host
 
     if baseline:
         host_module.Buffered = lambda read_some: read_some  # each read of a frame a read of the stream
+        yamuxwin.install = lambda: False  # py-libp2p's own window updates
     updates = [0]
     send_window_update = YamuxStream.send_window_update
 

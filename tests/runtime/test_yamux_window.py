@@ -1,58 +1,88 @@
-"""Window updates of yamux per control frame: a frame is one read of the stream (frames.py `Buffered`), and yamux
-sends an update after a read only when its window hysteresis asks (hostlisten.py `YAMUX_ENV`), about every other
-frame; py-libp2p's default (an update after every read) stays the operator's to choose."""
+"""Yamux window updates as go-yamux sends them (yamuxwin.py): none until half the receive window was read."""
 
 from __future__ import annotations
 
-import os
+from pathlib import Path
 
 import pytest
 import trio
-from libp2p.stream_muxer.yamux.yamux import YamuxStream
+from libp2p.stream_muxer.yamux import yamux as Y
 
+from gwtf_node.runtime.net import yamuxwin
 from gwtf_node.runtime.net.host import open_host
 
 
-async def _window_updates(tmp_path, frames: int, monkeypatch) -> int:
+class _Conn:
+    def __init__(self) -> None:
+        self.stream_buffers: dict[int, bytearray] = {}
+        self.frames: list[bytes] = []  # the frames the stream wrote (window updates)
+
+    def rtt(self) -> float:
+        return 0.0
+
+    async def _write_frame(self, header: bytes) -> None:
+        self.frames.append(header)
+
+
+async def _arrive_and_read(stream: Y.YamuxStream, n: int, rule) -> None:
+    """`n` bytes arrive (the receive window shrinks, as Yamux.handle_incoming does) and the reader takes them."""
+    stream.recv_window -= n
+    await rule(stream, bytes_read=n)
+
+
+@pytest.mark.trio
+async def test_an_update_once_half_the_window_was_read_not_after_every_read() -> None:
+    conn = _Conn()
+    s = Y.YamuxStream(1, conn, True)
+    window = s.target_recv_window
+    read = 0
+    while read + 64 < window // 2:
+        await _arrive_and_read(s, 64, yamuxwin._go_window_update)
+        read += 64
+    assert conn.frames == []  # a control stream's small frames: no update yet
+    await _arrive_and_read(s, window // 2 - read, yamuxwin._go_window_update)
+    assert len(conn.frames) == 1  # half the window read: the window given back (and grown by auto-tuning)
+    assert s.recv_window >= window and s.target_recv_window >= window
+
+
+@pytest.mark.trio
+async def test_py_libp2p_0_8_1_alone_updates_after_every_small_read(monkeypatch) -> None:
+    """What yamuxwin.py replaces: with PY_YAMUX_RELEASE_ON_READ=0 (hostlisten.py) py-libp2p's own rule still answers
+    about every other small read with a window update (its "partial slack" branch)."""
+    yamuxwin.install()
+    own = yamuxwin._installed[0] if yamuxwin._installed else Y.YamuxStream._auto_tune_and_send_window_update
+    monkeypatch.setenv("PY_YAMUX_RELEASE_ON_READ", "0")
+    conn = _Conn()
+    s = Y.YamuxStream(1, conn, True)
+    for _ in range(50):
+        await _arrive_and_read(s, 64, own)
+    assert len(conn.frames) >= 20, f"py-libp2p sent {len(conn.frames)} updates for 50 reads: see yamuxwin.py"
+
+
+@pytest.mark.trio
+async def test_control_frames_between_two_hosts_cost_no_window_updates(tmp_path: Path, monkeypatch) -> None:
     updates = [0]
-    original = YamuxStream.send_window_update
+    send = Y.YamuxStream.send_window_update
 
     async def counted(self, increment, skip_lock=False):
         updates[0] += 1
-        return await original(self, increment, skip_lock=skip_lock)
+        return await send(self, increment, skip_lock=skip_lock)
 
-    monkeypatch.setattr(YamuxStream, "send_window_update", counted)
-    async with open_host(tmp_path / "a", dht=False) as a, \
-            open_host(tmp_path / "b", dht=False, bootstrap=a.addrs) as b:
-        got = [0]
+    monkeypatch.setattr(Y.YamuxStream, "send_window_update", counted)
+    with trio.fail_after(60):
+        async with open_host(tmp_path / "a", dht=False) as a, \
+                open_host(tmp_path / "b", dht=False, bootstrap=a.addrs) as b:
+            got = trio.Semaphore(0)
 
-        async def count(peer, envelope, payload):
-            got[0] += 1
+            async def count(peer: str, envelope: bytes, payload) -> None:
+                got.release()
 
-        b.set_handler(count)
-        with trio.fail_after(60):
-            await a.send(b.peer_id, b"first")
-            while got[0] < 1:
-                await trio.sleep(0.01)
+            b.set_handler(count)
+            await a.send(b.peer_id, b"x" * 64)
+            await got.acquire()
             updates[0] = 0
-            for _ in range(frames):
-                await a.send(b.peer_id, b"x" * 64)
-            while got[0] < frames + 1:
-                await trio.sleep(0.01)
-    return updates[0]
-
-
-@pytest.mark.trio
-async def test_small_frames_send_no_window_update_each(tmp_path, monkeypatch):
-    monkeypatch.delenv("PY_YAMUX_RELEASE_ON_READ", raising=False)
-    updates = await _window_updates(tmp_path, 200, monkeypatch)
-    assert os.environ["PY_YAMUX_RELEASE_ON_READ"] == "0"
-    assert updates <= 200 // 2 + 10, updates  # (unbuffered, py-libp2p's default: 400, two reads a frame)
-
-
-@pytest.mark.trio
-async def test_the_operators_setting_wins(tmp_path, monkeypatch):
-    monkeypatch.setenv("PY_YAMUX_RELEASE_ON_READ", "1")
-    updates = await _window_updates(tmp_path, 200, monkeypatch)
-    assert os.environ["PY_YAMUX_RELEASE_ON_READ"] == "1"
-    assert 200 <= updates <= 210, updates  # py-libp2p's default: one after every read, one read a frame
+            for _ in range(500):
+                await a.send(b.peer_id, b"y" * 100)
+            for _ in range(500):
+                await got.acquire()
+    assert updates[0] <= 2, updates[0]  # 500 frames of 100 bytes: under half a 256-KiB window

@@ -12,10 +12,10 @@ one port: `open_tensor_listeners`.
 
 Yamux as py-libp2p 0.8.1 ships it answers every read of a stream with a
 window update (`PY_YAMUX_RELEASE_ON_READ`, on by default), each one an
-encrypted write.  `new_libp2p_host` turns that off (`YAMUX_ENV`: updates when
-its window hysteresis asks, about every other frame), and control frames are
-read in chunks (frames.py `Buffered`): 0.5 window updates per frame where
-there were 2, and 0.62 x the CPU per frame and its answer
+encrypted write.  `new_libp2p_host` turns that off (`YAMUX_ENV`), installs
+go-yamux's rule (yamuxwin.py: an update once half the window was read), and
+control frames are read in chunks (frames.py `Buffered`): no window update
+per frame where there were 2, and 0.52 x the CPU per frame and its answer
 (`python scripts/bench_ctrl_frames.py`).
 
 Whom a node dials is the daemon's choice (discovery.py, bounded fan-out),
@@ -51,6 +51,7 @@ from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 from multiaddr import Multiaddr
 
+from . import yamuxwin
 from .addresses import Endpoint, advertised, interface_addresses
 from .identity import load_or_create_identity
 from ..ops.startup import PortInUse, StartupError, check_port_free
@@ -73,6 +74,7 @@ def new_libp2p_host(state_dir: Path, eps: list[Endpoint], announced: list[Endpoi
     """The libp2p host (not running yet) of the state directory's identity: Noise, Yamux, advertised addresses."""
     for name, value in YAMUX_ENV.items():  # (read by yamux at each read; an operator's own setting wins)
         os.environ.setdefault(name, value)
+    yamuxwin.install()
     interfaces = interface_addresses() if any(e.ip.is_unspecified for e in eps) else []
 
     def advertise(candidates: list[Multiaddr]) -> list[Multiaddr]:
