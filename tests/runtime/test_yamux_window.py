@@ -1,7 +1,10 @@
-"""Yamux window updates as go-yamux sends them (yamuxwin.py): none until half the receive window was read."""
+"""Yamux window updates as go-yamux sends them (yamuxwin.py): none until half the receive window was read, where
+py-libp2p's rule sent one after about every other read of a control stream; py-libp2p's release on read (an
+update after every read) stays the operator's to choose (`PY_YAMUX_RELEASE_ON_READ=1`)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -31,7 +34,9 @@ async def _arrive_and_read(stream: Y.YamuxStream, n: int, rule) -> None:
 
 
 @pytest.mark.trio
-async def test_an_update_once_half_the_window_was_read_not_after_every_read() -> None:
+async def test_an_update_once_half_the_window_was_read_not_after_every_read(monkeypatch) -> None:
+    monkeypatch.setenv("PY_YAMUX_RELEASE_ON_READ", "0")  # (hostlisten.py's setting)
+    yamuxwin.install()
     conn = _Conn()
     s = Y.YamuxStream(1, conn, True)
     window = s.target_recv_window
@@ -59,8 +64,8 @@ async def test_py_libp2p_0_8_1_alone_updates_after_every_small_read(monkeypatch)
     assert len(conn.frames) >= 20, f"py-libp2p sent {len(conn.frames)} updates for 50 reads: see yamuxwin.py"
 
 
-@pytest.mark.trio
-async def test_control_frames_between_two_hosts_cost_no_window_updates(tmp_path: Path, monkeypatch) -> None:
+async def _window_updates(tmp_path: Path, frames: int, monkeypatch) -> int:
+    """Window updates sent while `frames` control frames of 100 bytes go from one host to another."""
     updates = [0]
     send = Y.YamuxStream.send_window_update
 
@@ -81,8 +86,24 @@ async def test_control_frames_between_two_hosts_cost_no_window_updates(tmp_path:
             await a.send(b.peer_id, b"x" * 64)
             await got.acquire()
             updates[0] = 0
-            for _ in range(500):
+            for _ in range(frames):
                 await a.send(b.peer_id, b"y" * 100)
-            for _ in range(500):
+            for _ in range(frames):
                 await got.acquire()
-    assert updates[0] <= 2, updates[0]  # 500 frames of 100 bytes: under half a 256-KiB window
+    return updates[0]
+
+
+@pytest.mark.trio
+async def test_control_frames_between_two_hosts_cost_no_window_updates(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("PY_YAMUX_RELEASE_ON_READ", raising=False)
+    updates = await _window_updates(tmp_path, 500, monkeypatch)
+    assert os.environ["PY_YAMUX_RELEASE_ON_READ"] == "0"
+    assert updates <= 2, updates  # 500 frames of 100 bytes: under half a 256-KiB window
+
+
+@pytest.mark.trio
+async def test_the_operators_setting_wins(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PY_YAMUX_RELEASE_ON_READ", "1")
+    updates = await _window_updates(tmp_path, 200, monkeypatch)
+    assert os.environ["PY_YAMUX_RELEASE_ON_READ"] == "1"
+    assert 200 <= updates <= 210, updates  # py-libp2p's default: one after every read, one read a frame

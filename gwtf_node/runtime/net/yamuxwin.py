@@ -19,12 +19,15 @@ Measured with a Ping and its Pong over one connection (`python
 scripts/bench_ctrl_frames.py`): 0.5 window updates per frame before, none
 after the first two (the window's growth); 0.80 x the CPU per frame and its
 answer.  Installed only over py-libp2p 0.8.1's method, the one it was read
-from (`YAMUX_VERSION`); another version keeps its own.
+from (`YAMUX_VERSION`); another version keeps its own.  An operator who sets
+`PY_YAMUX_RELEASE_ON_READ=1` (py-libp2p's default, which hostlisten.py turns
+off unless set) gets py-libp2p's own rule, an update after every read.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from importlib import metadata
 
 log = logging.getLogger("gwtf.transport")
@@ -33,8 +36,16 @@ YAMUX_VERSION = "0.8.1"  # the py-libp2p whose YamuxStream this replaces a metho
 _installed: list = []  # the method replaced, once installed (tests compare against it)
 
 
+def _release_on_read() -> bool:
+    """Whether py-libp2p's release on read is asked for (`PY_YAMUX_RELEASE_ON_READ`, on unless 0/false/no)."""
+    return os.environ.get("PY_YAMUX_RELEASE_ON_READ", "1").upper() not in ("0", "FALSE", "NO")
+
+
 async def _go_window_update(self, *, bytes_read: int = 0) -> None:
-    """go-yamux's `sendWindowUpdate` for a `YamuxStream` after a read of `bytes_read` bytes (module doc)."""
+    """go-yamux's `sendWindowUpdate` for a `YamuxStream` after a read of `bytes_read` bytes (module doc); with
+    py-libp2p's release on read asked for (an operator's `PY_YAMUX_RELEASE_ON_READ=1`), py-libp2p's own rule."""
+    if _release_on_read() and _installed:
+        return await _installed[0](self, bytes_read=bytes_read)
     total = 0
     async with self.window_lock:
         buffered = len(self.conn.stream_buffers.get(self.stream_id, b""))
