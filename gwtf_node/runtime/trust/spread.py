@@ -37,7 +37,6 @@ class RevocationSpread:
         self.wire = wire
         self.peers = peers
         self._told: dict[str, int] = {}  # peer -> `issued` of the list sent to it or heard from it
-        self.received = 0  # lists that came from peers (status: how a list spread)
         authorizer.on_adopted = self._adopted
 
     @property
@@ -77,7 +76,6 @@ class RevocationSpread:
         if msg.signed == a.revocations_raw:  # the list held here: nothing to check again
             self._told[sender] = a.revocations_issued
             return
-        self.received += 1
         try:
             a.take_revocations(bytes(msg.signed), f"peer {self.peers.who(sender)}", source=sender)
         except AdmissionError as e:
