@@ -209,7 +209,7 @@ def _node(tmp_path: Path, run: Path, name: str, peer_id: str, role: str, stage: 
                           applied_steps=lambda: node.stage.applied_steps, incarnation=node.incarnation,
                           on_peer_back=node._peer_back)
     others = {n: Mock(name=n) for n in ("flows", "microbatches", "aggregation", "leadership", "joining", "cutcheck",
-                                        "status", "bootstrap")}
+                                        "status", "bootstrap", "spread")}
     node.parts = SimpleNamespace(wire=wire, liveness=liveness, discovery=discovery, **others)
     node.routes = routes(node.parts)
     net[peer_id] = node

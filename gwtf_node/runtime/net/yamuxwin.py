@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import os
-from importlib import metadata
 
 log = logging.getLogger("gwtf.transport")
 
@@ -59,11 +58,12 @@ async def _go_window_update(self, *, bytes_read: int = 0) -> None:
 
 def install() -> bool:
     """Replace py-libp2p's window-update rule with go-yamux's (module doc); whether it is in place."""
+    import libp2p
     from libp2p.stream_muxer.yamux.yamux import YamuxStream
 
     if _installed:
         return True
-    version = metadata.version("libp2p")
+    version = getattr(libp2p, "__version__", "?")
     if version != YAMUX_VERSION or not hasattr(YamuxStream, "_auto_tune_and_send_window_update"):
         log.debug("py-libp2p %s: its own yamux window updates kept (yamuxwin.py reads %s's)", version, YAMUX_VERSION)
         return False
