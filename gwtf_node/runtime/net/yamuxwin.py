@@ -9,10 +9,10 @@ bytes read since the last update reach half the window (`sendWindowUpdate`:
 it: with `PY_YAMUX_RELEASE_ON_READ=0` (hostlisten.py) about every other read
 of a control stream still answered with a window update (the branch gives
 back what was read twice, so the next read finds nothing to give), half an
-extra encrypted write per control frame each way.  `install` replaces the method with the go rule: the
-update (the window grown back to its target, and its auto-tuned growth) when
-the bytes read since the last one reach `_grow_threshold()` (half the target
-window), nothing otherwise.  A sender never waits on it: it may send a whole
+extra encrypted write per control frame each way.  `install` replaces the
+method with the go rule: the update (the window grown back to its target,
+and its auto-tuned growth) when the bytes read since the last one reach
+`_grow_threshold()` (half the target window), nothing otherwise.  A sender never waits on it: it may send a whole
 window before it blocks, and the reader's update comes once it read half.
 
 Measured with a Ping and its Pong over one connection (`python
