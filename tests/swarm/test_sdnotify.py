@@ -151,6 +151,30 @@ def _after_ready(got: list[dict[str, str]], key: str) -> int:
     return 0 if ready is None else sum(key in g for g in got[ready + 1:])
 
 
+def _start_both(tmp_path: Path, d_sock: socket.socket, r_sock: socket.socket) -> list[subprocess.Popen]:
+    """The data node and the relay, started at once: the data node's identity and port are known beforehand, and
+    the relay retries its bootstrap dial until the data node listens.  A port found free may be taken by another
+    test's process before the data node binds it (the node then exits saying so): started again on another."""
+    for _attempt in range(3):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        addr = f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer_id_of(load_or_create_identity(tmp_path / 'd0'))}"
+        procs = [_join(tmp_path, "d0", str(tmp_path / "d0.notify"), "--role", "data", "--port", str(port)),
+                 _join(tmp_path, "r1", f"@gwtf-r1-{os.getpid()}", "--role", "relay", "--stage", "0",
+                       "--bootstrap", addr)]
+        listening = time.monotonic() + START_S
+        while procs[0].poll() is None and not (tmp_path / "d0" / "addr").exists() and time.monotonic() < listening:
+            time.sleep(0.05)
+        if procs[0].poll() is None or "is in use" not in (tmp_path / "d0.err").read_text():
+            return procs
+        for p in procs:
+            p.kill()
+            p.wait(timeout=30)
+        _drain(d_sock), _drain(r_sock)  # (what the nodes of this attempt said)
+    raise AssertionError(f"the data node found its port in use three times: {(tmp_path / 'd0.err').read_text()}")
+
+
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_real_nodes_say_ready_when_joined_and_ping_the_watchdog(tmp_path: Path) -> None:
@@ -158,16 +182,9 @@ def test_real_nodes_say_ready_when_joined_and_ping_the_watchdog(tmp_path: Path) 
     d_sock, r_sock = _listener(str(tmp_path / "d0.notify")), _listener(f"\0gwtf-r1-{os.getpid()}")
     d_got: list[dict[str, str]] = []
     r_got: list[dict[str, str]] = []
-    # both start at once: the data node's identity and port are known beforehand, and the relay retries
-    # its bootstrap dial until the data node listens
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    addr = f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer_id_of(load_or_create_identity(tmp_path / 'd0'))}"
-    procs = [_join(tmp_path, "d0", str(tmp_path / "d0.notify"), "--role", "data", "--port", str(port)),
-             _join(tmp_path, "r1", f"@gwtf-r1-{os.getpid()}", "--role", "relay", "--stage", "0",
-                   "--bootstrap", addr)]
+    procs: list[subprocess.Popen] = []
     try:
+        procs = _start_both(tmp_path, d_sock, r_sock)
         deadline = time.monotonic() + START_S
         _until(d_sock, deadline, lambda g: _after_ready(g, "WATCHDOG") >= 2, "READY=1 and watchdog pings", d_got)
         ready = next(g for g in d_got if "READY" in g)
