@@ -171,7 +171,8 @@ def _start_both(tmp_path: Path, d_sock: socket.socket, r_sock: socket.socket) ->
         for p in procs:
             p.kill()
             p.wait(timeout=30)
-        _drain(d_sock), _drain(r_sock)  # (what the nodes of this attempt said)
+        for sock in (d_sock, r_sock):  # (what the nodes of this attempt said)
+            _drain(sock)
     raise AssertionError(f"the data node found its port in use three times: {(tmp_path / 'd0.err').read_text()}")
 
 
