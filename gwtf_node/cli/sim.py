@@ -19,6 +19,12 @@ def _positive_float(text: str) -> float:
     return v
 
 
+def _fan_out(text: str) -> int | None:
+    """`--phase-fan-out`: a count of parents, 0 for every member (None)."""
+    v = _nonneg_int(text)
+    return v or None
+
+
 def cmd_gen_flow(args: argparse.Namespace) -> int:
     from ..sim.scenarios import flow_setting_scenario
 
@@ -116,6 +122,8 @@ def cmd_sim_join(args: argparse.Namespace) -> int:
 
 
 def _add_train_parser(simsub) -> None:
+    from ..protocol.phasefan import FAN_OUT
+
     """`sim train`: every model switch of `sim.train.TrainSim` that a row of docs/bench_churn.md uses is a flag;
     the defaults are the daemon's behaviour."""
     from ..sim.train import DETECT_S, GEO12_SETTINGS, POLICIES, ROUTINGS, SETTINGS, SWARM_REACTIONS, TABLE6_SETTINGS
@@ -186,6 +194,9 @@ def _add_train_parser(simsub) -> None:
     t.add_argument("--can-take", choices=("all", "any"), default="all",
                    help="CAN TAKE after every downstream member of the aggregation (default) or after any one "
                         "(the paper's sentence read literally; protocol/phases.py)")
+    t.add_argument("--phase-fan-out", type=_fan_out, default=FAN_OUT, metavar="N",
+                   help=f"parents per stage member of BEGIN AGGREGATION and CAN TAKE (default {FAN_OUT}, the "
+                        "daemon's; 0: every member of the stage before, protocol/phasefan.py)")
     t.add_argument("--json", action="store_true", help="one JSON object with the means over the iterations")
     t.set_defaults(func=cmd_sim_train)
 
@@ -201,6 +212,7 @@ def sim_train_options(args: argparse.Namespace) -> dict:
                 one_wave=args.one_wave, swarm_reacts_to=args.swarm_reacts_to,
                 gwtf_acts_on_gone=args.gwtf_acts_on_gone, detect=args.detect, detect_s=args.detect_s,
                 unpresume=args.unpresume, join_mid_iteration=args.join_mid_iteration, can_take=args.can_take,
+                phase_fan_out=args.phase_fan_out,
                 joining=args.joining, priors=args.priors, spare_last=args.spare_last, join_links=args.join_links,
                 flow_options=_flow_options(args))
 

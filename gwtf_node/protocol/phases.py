@@ -2,28 +2,25 @@
 
 Theory of operation
 -------------------
-When a data node's microbatches of iteration t are all settled (completed or
-deferred: the recovery machine says so) it reports `IterationDone(t)` to the
-leader (`report_done`).  The leader (`protocol/leader.py` elects it; the
-driver says who leads through `set_leader` and whether this node acts as the
-leader now through `leading=`), once it holds the report of every live data
-node, decides BEGIN AGGREGATION: the number of microbatches completed end to
-end, per data node the seqs of those microbatches (`completed`: a relay counts
-a gradient it holds only when its microbatch is among them, so the gradient of
-an attempt its data node gave up never counts, even when the Release that
-would have dropped it was lost) and, per stage, the members that take part in
-the stage's all-reduce (`groups`).  BEGIN goes to every data node and to the stage-0 relays; each
-relay passes it to the relays of the next stage it knows (front to back).
-Every member steps (`StartStep`: all-reduce, optimizer step); `CanTake(t)`
-travels back to front: the last stage sends it to the stage before once its
-step is applied, stage k once its step is applied and the members of stage
-k+1 said CanTake, and a data node opens t+1 (`OpenIteration`) once its own
-step is applied and the stage-0 members said CanTake.
+When a data node's microbatches of iteration t are all settled (completed or deferred: the recovery
+machine says so) it reports `IterationDone(t)` to the leader (`report_done`).  The leader
+(`protocol/leader.py` elects it; the driver says who leads through `set_leader` and whether this
+node acts as the leader now through `leading=`), once it holds the report of every live data node,
+decides BEGIN AGGREGATION: the number of microbatches completed end to end, per data node the seqs
+of those microbatches (`completed`: a relay counts a gradient it holds only when its microbatch is
+among them, so the gradient of an attempt its data node gave up never counts, even when the Release
+that would have dropped it was lost) and, per stage, the members that take part in the stage's
+all-reduce (`groups`).  BEGIN goes to every data node and to the stage-0 relays; each relay passes
+it to its children in the next stage (phasefan.py: each member has two parents in the stage before).
+Every member steps (`StartStep`: all-reduce, optimizer step); `CanTake(t)` travels back to front:
+the last stage sends it to its parents once its step is applied, stage k once its step is applied
+and its children said CanTake, and a data node opens t+1 (`OpenIteration`) once its own step is
+applied and the stage-0 members said CanTake.
 
 The rest sits with the code it governs: the CAN TAKE rule and why ALL
 (`CanTakeRule`), a node whose parameters are not those of the iteration
 (`OutOfStep`), an empty stage (`Phases._past_empty`), who passes a signal on
-(`Phases`).
+(`Phases`, phasefan.py).
 
 Reliability
 -----------
@@ -68,6 +65,7 @@ from typing import Iterable, Mapping
 from .effects import CancelTimer, Send, SetTimer
 from .completions import Completion, completed_named, completed_seqs
 from .messages import BeginAggregation, CanTake, IterationDone, PhaseAck, PhaseKind, StageMembers
+from .phasefan import FAN_OUT, PhaseFan
 from .phasewaits import (  # noqa: F401 - for the drivers
     WATCH_TIMER, Overdue, PhaseWaits, Wait, WaitKind, WatchTimer, begin_for,
 )
@@ -151,6 +149,7 @@ class PhaseStats:
     refused_not_leading: int = 0  # IterationDone received while not the acting leader (the sender resends)
     out_of_step: int = 0  # BEGINs met with parameters of another iteration
     overdue: int = 0  # waits that passed their bound
+    signals: int = 0  # phase signals sent, acknowledgements included (a resend counts in `resent` instead)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -168,7 +167,7 @@ def timer_key(kind: PhaseKind, iteration: int) -> PhaseTimer:
 NOT_READY = -1  # `Phases.applied` of a member whose state is not settled: out of step for every BEGIN
 
 
-class Phases(PhaseWaits):
+class Phases(PhaseWaits, PhaseFan):
     """One node's view of the aggregation phase.
 
     `stage` is the relay's stage, or -1 for a data node; `last_stage` is S-1;
@@ -180,25 +179,25 @@ class Phases(PhaseWaits):
     step).
     Peers are given as the ids this node knows; the caller keeps them current.
 
-    Who passes a signal on.  BEGIN names each stage's members (`groups`), and that list, not only the
-    peers a relay happens to know when BEGIN arrives, is where a relay passes it
-    on: a stage-k relay sends BEGIN to every member BEGIN names for stage k+1
-    as well as to the stage-(k+1) relays it knows, and CAN TAKE to every member
-    named for stage k-1 (for stage 0: the data nodes BEGIN names) as well as to
-    the peers it knows there.  Otherwise a relay that the leader already counts
-    (its Hello reached the leader first: a newcomer) but whose Hello has not yet
-    reached the stage before it gets no BEGIN, sends no CAN TAKE, and the stage
-    before waits for it forever.  A copy to a peer not reachable yet is resent
-    every `retry_s` like any other.
+    Who passes a signal on.  BEGIN names each stage's members (`groups`), and that list, not only the peers a
+    relay happens to know when BEGIN arrives, says where it goes: a stage-k relay passes BEGIN to its children
+    among the members named for stage k+1 (`fan_out` parents each, phasefan.py; every member where `fan_out`
+    is None) and to the stage-(k+1) relays it knows that BEGIN does not name, and sends CAN TAKE to its parents
+    among the members named for stage k-1 (stage 0: to the data nodes BEGIN names).  Otherwise a relay that
+    the leader already counts (a newcomer whose Hello reached the leader first) but not the stage before gets
+    no BEGIN, and its parents wait for it forever.  A copy to a peer not reachable yet is resent every
+    `retry_s` like any other.
     """
 
     def __init__(self, me: str, stage: int, last_stage: int, *, applied: int = 0, retry_s: float = RETRY_S,
-                 can_take: CanTakeRule = CanTakeRule.ALL, wait_bound_s: float | None = None) -> None:
+                 can_take: CanTakeRule = CanTakeRule.ALL, wait_bound_s: float | None = None,
+                 fan_out: int | None = FAN_OUT) -> None:
         self.me = me
         self.stage = stage
         self.last_stage = last_stage
         self.retry_s = retry_s
         self.can_take_rule = can_take
+        self.fan_out = fan_out  # parents per member of a stage (phasefan.py); None: every member of the stage
         self.applied = applied
         self.iteration = applied  # data node: the iteration in progress
         self.leader: str | None = None
@@ -208,6 +207,8 @@ class Phases(PhaseWaits):
         self.stepped: set[int] = set()
         self.can_take_from: dict[int, set[str]] = {}
         self.can_take_sent: set[int] = set()
+        self.passed: dict[int, set[str]] = {}  # iteration -> the next-stage members this relay passed BEGIN to
+        self.can_take_to: dict[int, set[str]] = {}  # iteration -> the members this relay sent CAN TAKE to
         self.done_reports: dict[int, dict[str, IterationDone]] = {}  # leader: iteration -> data node -> report
         self.my_reports: dict[int, IterationDone] = {}  # data node: its own reports
         self.opened: set[int] = {applied}
@@ -217,9 +218,8 @@ class Phases(PhaseWaits):
         self.held_back: dict[str, dict[tuple[PhaseKind, int], object]] = {}  # forgotten peer -> its unacked signals
         self.floor = 0  # iterations below this are over here and forgotten (`_prune`): their signals are old news
         self.stats = PhaseStats()
-        # the waits (module doc, "No silent wait"): iteration -> when it began here
         self.wait_bound_s = wait_bound_s  # None: no watch timer, no Overdue (`waiting` still answers)
-        self.reported_at: dict[int, float] = {}  # data node: its report of the iteration was made
+        self.reported_at: dict[int, float] = {}  # the waits (module doc): data node: its report was made then
         self.step_at: dict[int, float] = {}  # the step began (StartStep)
         self.stepped_at: dict[int, float] = {}  # the step was applied (then CAN TAKE is waited for)
         self.expected: dict[int, tuple[str, ...]] = {}  # leader: the data nodes whose reports it waits for
@@ -233,9 +233,11 @@ class Phases(PhaseWaits):
     # ---- sending reliably ------------------------------------------------------
     def _send(self, now: float, kind: PhaseKind, iteration: int, to: str, msg: object) -> list[PhaseEffect]:
         self.unacked[(kind, iteration, to)] = msg
+        self.stats.signals += 1
         return [Send(to, msg), SetTimer(timer_key(kind, iteration), now + self.retry_s)]
 
     def _ack(self, to: str, kind: PhaseKind, iteration: int) -> list[PhaseEffect]:
+        self.stats.signals += to != self.me
         return [] if to == self.me else [Send(to, PhaseAck(kind, iteration))]
 
     def _drop_unacked(self, pred) -> list[PhaseEffect]:
@@ -376,15 +378,11 @@ class Phases(PhaseWaits):
         """Members of the stages right after a stage with no member in `begin`'s groups: no relay of the empty
         stage passes BEGIN on to them, so the leader sends it to them itself.
 
-        An empty stage.  A stage whose group in BEGIN has no member (its last relay crashed or left,
-        nobody took its place yet) passes BEGIN on to nobody, so the leader sends
-        BEGIN itself to the members of the stage after it (`_past_empty`), when it
-        opens the phase and again when the member it named is forgotten meanwhile;
-        those relays step and pass BEGIN on as usual.  The empty stage takes no step
-        in that iteration (its state stays that of the iteration before), and a data
-        node whose stage-0 group is empty waits for no CAN TAKE.  Opening the next
-        iteration with a stage still empty is the driver's decision (a data node
-        does not: runtime/node/microbatches.py).
+        An empty stage (its last relay crashed or left, nobody took its place yet) passes BEGIN on to nobody:
+        the leader sends it to the stage after, when it opens the phase and again when the member it named is
+        forgotten meanwhile; those relays step and pass BEGIN on as usual.  The empty stage takes no step in
+        that iteration, and a data node whose stage-0 group is empty waits for no CAN TAKE.  Opening the next
+        iteration with a stage still empty is the driver's decision (runtime/node/microbatches.py).
         """
         named = {g.stage: set(g.peers) - self.gone for g in begin.groups}
         out: set[str] = set()
@@ -460,9 +458,9 @@ class Phases(PhaseWaits):
         eff: list[PhaseEffect] = []
         if not self.is_data and self.stage < self.last_stage:
             named_next = self.groups.get(it, {}).get(self.stage + 1, set())
-            out = begin_for(msg, self.stage + 1)
-            for r in sorted((set(next_stage) | named_next) - self.gone - {self.me}):
-                eff += self._send(now, PhaseKind.BEGIN, it, r, out)
+            kids = self._children(it)  # (unnamed peers of the next stage, newcomers, get it from everyone)
+            eff += self._pass_begin(now, it, (set(next_stage) | named_next) if kids is None
+                                    else kids | (set(next_stage) - named_next))
         mine = self.group(it, self.stage)
         if mine is not None and self.me not in mine:
             eff.append(LeftOut(it))
@@ -523,6 +521,10 @@ class Phases(PhaseWaits):
         for g in self.groups.values():
             for members in g.values():
                 members.discard(peer)
+        for it in sorted(self.passed):  # the parents without it (phasefan.py): new children, new parents
+            eff += self._pass_begin(now, it, self._children(it) or ())
+        for it in sorted(self.can_take_to):
+            eff += self._tell_can_take(now, it, self._parents(it) or ())
         nxt, prv = list(next_stage), list(prev_stage)
         for it in sorted(self.stepped):
             eff += self._maybe_can_take(now, it, nxt, prv)
@@ -553,8 +555,9 @@ class Phases(PhaseWaits):
         heard = self.can_take_from.get(iteration, set())
         downstream = set(next_stage) - self.gone
         groups = self.groups.get(iteration)
-        if groups is not None:  # wait for exactly the members the leader named
-            downstream = groups.get(0 if self.is_data else self.stage + 1, set())
+        if groups is not None:  # wait for exactly the members the leader named (a relay: its children)
+            kids = None if self.is_data else self._children(iteration)
+            downstream = groups.get(0 if self.is_data else self.stage + 1, set()) if kids is None else kids
         if self.can_take_rule is CanTakeRule.ANY:
             return not downstream or bool(heard & downstream)
         return downstream <= heard
@@ -577,19 +580,16 @@ class Phases(PhaseWaits):
             return []
         self.can_take_sent.add(iteration)
         named_prev = self.groups.get(iteration, {}).get(self.stage - 1, set())
+        ups = self._parents(iteration)
         self._prune(iteration)
-        msg = CanTake(iteration, self.stage)
-        eff: list[PhaseEffect] = []
-        for p in sorted((set(prev_stage) | named_prev) - self.gone - {self.me}):
-            eff += self._send(now, PhaseKind.CAN_TAKE, iteration, p, msg)
-        return eff
+        return self._tell_can_take(now, iteration, (set(prev_stage) | named_prev) if ups is None else ups)
 
     def _prune(self, iteration: int) -> None:
         """Forget what iterations before `iteration - 1` needed (their signals may still be acknowledged)."""
         old = iteration - 1
         self.floor = max(self.floor, old)
         for table in (self.done_reports, self.can_take_from, self.groups, self.begin_msgs, self.reported_at,
-                      self.step_at, self.stepped_at, self.expected):
+                      self.step_at, self.stepped_at, self.expected, self.passed, self.can_take_to):
             for i in [i for i in table if i < old]:
                 del table[i]
         for s in (self.begun, self.stepped, self.can_take_sent, self.opened):

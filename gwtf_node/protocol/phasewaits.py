@@ -89,7 +89,10 @@ class PhaseWaits:
     def _downstream_missing(self, iteration: int, next_stage: Iterable[str] = ()) -> tuple[str, ...]:
         heard = self.can_take_from.get(iteration, set())
         groups = self.groups.get(iteration)
-        if groups is not None:
+        kids = None if self.is_data or groups is None else self._children(iteration)  # (phasefan.py)
+        if kids is not None:
+            downstream = kids
+        elif groups is not None:
             downstream = groups.get(0 if self.is_data else self.stage + 1, set())
         else:
             downstream = set(next_stage) - self.gone

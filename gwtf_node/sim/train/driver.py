@@ -138,7 +138,8 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         if self.options.policy == "gwtf" and nid in self.flows:
             m.set_flows(self.flows[nid])
         phases = Phases(nid, stage, S - 1, applied=self._iteration_now() if applied is None else applied,
-                        can_take=CanTakeRule(self.options.can_take), wait_bound_s=self.options.phase_wait_bound_s)
+                        can_take=CanTakeRule(self.options.can_take), wait_bound_s=self.options.phase_wait_bound_s,
+                        fan_out=self.options.phase_fan_out)
         self.nodes[nid] = SimNode(nid, m, phases)
         return m
 

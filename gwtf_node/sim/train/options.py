@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ...protocol.phasefan import FAN_OUT
 from ...protocol.phases import CanTakeRule
 from ...protocol.phasewaits import WAIT_BOUND_S
 from .joining import JOININGS
@@ -39,6 +40,7 @@ class TrainSimOptions:
     fastest_unit: bool = True  # GWTF's "Fastest unit first" (protocol/recovery/)
     unpresume: bool = True  # a peer presumed dead that is still heard is alive again
     can_take: str = CanTakeRule.ALL.value  # phases.CanTakeRule
+    phase_fan_out: int | None = FAN_OUT  # parents per stage member of the phase signals (phasefan.py; None: all)
     scheduler: object = None  # routing "dtfm": a `sim.schedule.routing.DtfmRouting` built on the setting
     priors: str = "links"  # "links": the daemon's timing priors (recovery/priors.py); "modelled": `TrainSim._prior`
     joining: str = "machines"  # "machines": a relay back joins through the leader; "restart": back in its stage
@@ -63,6 +65,8 @@ class TrainSimOptions:
         if self.swarm_reacts_to not in SWARM_REACTIONS:
             raise ValueError(f"swarm_reacts_to must be one of {SWARM_REACTIONS}, not {self.swarm_reacts_to!r}")
         CanTakeRule(self.can_take)  # (a ValueError naming the rule)
+        if self.phase_fan_out is not None and self.phase_fan_out < 1:
+            raise ValueError(f"phase_fan_out must be at least 1 (or None: every member), not {self.phase_fan_out}")
 
     @property
     def machines(self) -> bool:

@@ -122,7 +122,7 @@ class Reporting:
         for n in self.nodes.values():
             for k in stats:
                 stats[k] += getattr(n.rec.stats, k)
-        phase_stats = {"resent": 0, "duplicates": 0, "refused_not_leading": 0, "out_of_step": 0}
+        phase_stats = {"resent": 0, "duplicates": 0, "refused_not_leading": 0, "out_of_step": 0, "signals": 0}
         for n in self.nodes.values():
             for k in phase_stats:
                 phase_stats[k] += getattr(n.phases.stats, k)
