@@ -102,3 +102,41 @@ def test_the_checkpoint_after_every_nth_iteration() -> None:
     ck = Checkpointer(None, Path("."), lambda: 0, every=3)  # type: ignore[arg-type]
     assert [ck.due(i) for i in range(6)] == [False, False, True, False, False, True]
     assert not any(Checkpointer(None, Path("."), lambda: 0, every=0).due(i) for i in range(4))  # type: ignore
+
+
+@pytest.mark.trio
+async def test_on_a_gpu_the_all_reduce_does_not_wait_for_the_file_and_a_checkpoint_due_meanwhile_is_skipped(
+        tmp_path: Path, stage: LocalStage, monkeypatch) -> None:
+    """`overlap` (a GPU: the state taken in host memory, the all-reduce's buffers on the device), set by hand on this
+    CPU stage; on the CPU (the default here) the all-reduce waits for the file."""
+    assert not Checkpointer(stage, tmp_path, lambda: 0, every=1).overlap  # (cpu)
+    held = _HeldWrites(monkeypatch)
+    ck = Checkpointer(stage, tmp_path, lambda: 0, every=1, overlap=True)
+    cpu = Checkpointer(stage, tmp_path, lambda: 0, every=1)
+    _step(stage)
+    async with trio.open_nursery() as nursery:
+        await ck.after_step(nursery.start_soon)
+        await trio.to_thread.run_sync(held.started.wait, 30)
+        with trio.fail_after(5):
+            await ck.before_all_reduce()  # the write is held, the all-reduce goes on
+        _step(stage)
+        with trio.fail_after(5):
+            assert await ck.after_step(nursery.start_soon) == 0.0  # due, but the write before is in flight
+        assert ck.skipped == 1 and held.calls == [1]
+        cpu._idle = trio.Event()  # a CPU part with a write in flight: its all-reduce waits until the file is done
+        waited = trio.Event()
+
+        async def cpu_all_reduce() -> None:
+            await cpu.before_all_reduce()
+            waited.set()
+
+        nursery.start_soon(cpu_all_reduce)
+        await trio.sleep(0.2)
+        assert not waited.is_set()
+        cpu._idle.set()
+        held.release.set()
+    assert waited.is_set() and held.calls == [1] and ck.written_steps == 1
+    _step(stage)
+    async with trio.open_nursery() as nursery:  # nothing in flight: the next one due is taken and written
+        await ck.after_step(nursery.start_soon)
+    assert held.calls == [1, 3] and ck.written_steps == 3

@@ -428,7 +428,7 @@ class Aggregation:
 
             mine = await self.stage.run(commit)
         t_wait = now()
-        await self.checkpointer.written()  # the checkpoint of the step before is on disk (checkpointer.py)
+        await self.checkpointer.before_all_reduce()  # the checkpoint before is on disk on the CPU (checkpointer.py)
         t_grad = now()
         grad = self.faults.poison(await self.stage.run(model.grad_vector), e.iteration)
         t_ar = now()
