@@ -67,6 +67,39 @@ def _relay_with_a_data_node() -> tuple[Liveness, Peers, list[str], dict[str, flo
 
 
 @pytest.mark.trio
+async def test_a_relay_of_a_middle_stage_watches_a_data_node_loosely_and_its_stage_mates_as_ever() -> None:
+    """Stage 1 of 3: the data node gets the 30-s floor (a Ping after 10 s of silence), a relay of the stage before
+    the 6-s floor; relays of the first and last stages watch the data node as before."""
+    peers = Peers("R1", "r1", 3, Place("relay", 1, 4))
+    peers.peers["D0"] = PeerInfo("D0", role="data", stage=-1, name="d0")
+    peers.peers["A"] = PeerInfo("A", role="relay", stage=0, name="a")
+    dead: list[str] = []
+
+    def forget(peer: str) -> None:  # (as the node forgets a peer presumed dead)
+        dead.append(peer)
+        peers.peers.pop(peer)
+
+    lv = Liveness(_Posts(), peers, forget)
+    assert lv.deadline_s("D0") == liveness.LOOSE_DEAD_AFTER_S and lv.deadline_s("A") == liveness.DEAD_AFTER_S
+    peers.heard("D0", 0.0)
+    peers.heard("A", 0.0)
+    for t in range(1, 10):
+        lv.check(float(t))
+    assert "D0" not in lv.wire.pings and lv.wire.pings.count("A") == 5 and dead == ["A"]
+    lv.check(10.0)
+    assert lv.wire.pings.count("D0") == 1
+    for t in range(11, 31):
+        lv.check(float(t))
+    assert dead == ["A"]
+    lv.check(31.0)
+    assert dead == ["A", "D0"]
+    for stage in (0, 2):
+        edge = Peers("R", "r", 3, Place("relay", stage, 4))
+        edge.peers["D0"] = PeerInfo("D0", role="data", stage=-1, name="d0")
+        assert Liveness(_Posts(), edge, dead.append).deadline_s("D0") == liveness.DEAD_AFTER_S
+
+
+@pytest.mark.trio
 async def test_a_silent_peer_is_presumed_dead_after_the_floor() -> None:
     lv, peers, dead, _work = _relay_with_a_data_node()
     peers.heard("D0", 0.0)

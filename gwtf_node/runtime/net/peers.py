@@ -241,6 +241,13 @@ class Peers:
             return self.data_nodes()
         return sorted(self.ids("relay", self.stage) + [self.me])
 
+    def watches_loosely(self, pid: str) -> bool:
+        """`pid` is a data node and this node a relay of a middle stage: they work together only through the
+        stages between them, so its liveness check gives that peer the loose deadline (liveness.py)."""
+        p = self.peers.get(pid)
+        return (p is not None and p.role == "data" and self.role == "relay" and self.stage is not None
+                and 0 < self.stage < self.n_stages - 1)
+
     def watched(self) -> set[str]:
         """The peers this node works with: its stage, the stages before and after, the data nodes."""
         if self.stage is None:

@@ -8,8 +8,17 @@ counts, `Peers.heard`).  A peer that sends anything is not pinged, and one
 side's Ping is heard by the other, so a quiet pair exchanges one Ping and its
 Pong per third of a deadline.  A dead peer goes to `on_dead`, which forgets
 it everywhere (routing, flow machine, aggregation groups, recovery machine,
-all-reduce in flight).  The simulator models this check with the same two
-constants (`sim/train/setting.py`, DAEMON_DETECT_S).
+all-reduce in flight).  The simulator models this check with the same
+constants (`sim/train/setting.py`, DAEMON_DETECT_S and MIDDLE_DATA_DETECT_S).
+
+Every relay watches every data node, but only the relays of the first and
+last stages exchange microbatches with it: a relay of a middle stage gives a
+data node the loose floor `LOOSE_DEAD_AFTER_S` (30 s: a Ping every 10 s of
+silence instead of every 2 s), so that a data node answers a fifth of the
+Pings of a swarm's relays (at 100 daemons, 1 + 11 x 9, it answered 166-220
+Pongs an iteration).  A middle relay then presumes a dead data node dead up
+to 31 s after its crash (the first and last stages within 7 s), and forgets
+its microbatches then.
 
 Busy is not dead.  Compute, steps and checkpoint writes run in worker
 threads (stage.py, allreduce.py, checkpoints.py), but on a loaded machine a
@@ -66,6 +75,7 @@ log = logging.getLogger("gwtf.node")
 PING_EVERY_S = 1.0  # the check's period
 PING_AFTER = 1.0 / 3.0  # a peer silent for this fraction of its deadline is pinged (module doc)
 DEAD_AFTER_S = 6.0  # the deadline's floor (module doc)
+LOOSE_DEAD_AFTER_S = 30.0  # ... for a data node watched by a relay of a middle stage (module doc)
 BUSY_FACTOR = 2.0  # ... and its factor over the longest work measured
 MAX_DEADLINE_S = 600.0  # ... and its ceiling (a peer cannot buy itself a longer one by what it tells)
 SELF_STALL_S = 1.0  # the check woke this much later than its period: silence counts again from then
@@ -132,11 +142,12 @@ class Liveness:
     def deadline_s(self, peer: str) -> float:
         """`peer`'s deadline now (`dead_after_s`); this node's own work counts its event loop's longest lag
         (`lag.max_lag_s`): a machine whose loops run seconds late (more daemons than cores) answers pings as late,
-        and a peer's silence then is not its death."""
+        and a peer's silence then is not its death.  A data node watched by a relay of a middle stage has the
+        loose floor (module doc)."""
         told = max(self.peer_compute_ms.get(peer, 0.0), self.peer_busy_ms.get(peer, 0.0)) / 1000.0
         rtts = self.round_trips.get(peer)
         rto = rtts.rto_s() if rtts is not None else max((r.rto_s() for r in self.round_trips.values()), default=0.0)
-        floor = max(DEAD_AFTER_S, RTT_FACTOR * rto)
+        floor = max(LOOSE_DEAD_AFTER_S if self.peers.watches_loosely(peer) else DEAD_AFTER_S, RTT_FACTOR * rto)
         return dead_after_s(told, self.busy_s(), floor_s=min(floor, MAX_DEADLINE_S))
 
     def busy_s(self) -> float:

@@ -108,7 +108,12 @@ class ChurnDriver:
         stage = self.stage[nid]
         self._allreduce_crash(nid)  # its stage's round waits for the report if it had not done its part
         self._schedule_reflow()
-        self._push(self.now + self.options.detect_s, Gone(nid))
+        later: tuple[str, ...] = ()  # a data node's crash: the relays of middle stages learn of it later (liveness.py)
+        if nid in self.data and self.options.middle_data_detect_s > self.options.detect_s:
+            later = tuple(r for r, k in sorted(self.stage.items()) if r not in self.data and r not in self.dead
+                          and 0 < k < self.S - 1)
+            self._push(self.now + self.options.middle_data_detect_s, Gone(nid, later, late=True))
+        self._push(self.now + self.options.detect_s, Gone(nid, later))
         if nid in self.data:
             self.data_crashed[nid] = self.nodes[nid].rec.iteration
         elif self.options.rejoin and self.options.joining == "machines":

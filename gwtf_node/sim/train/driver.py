@@ -341,7 +341,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         handlers = {  # event type -> its handler; a handler that returns True ends the run
             Deliver: self._on_deliver, MachineTimer: self._on_machine_timer, ComputeDone: self._on_compute_done,
             FlowDeliver: self._on_flow_event, FlowTimer: self._on_flow_event,
-            Crash: self._on_crash, Gone: lambda ev: self._on_gone(ev.node),
+            Crash: self._on_crash, Gone: lambda ev: self._on_gone(ev.node, ev.later, ev.late),
             Reflow: lambda ev: self._on_reflow(ev.members), Rejoin: self._on_rejoin,
             JoinLookup: lambda ev: self._lookup_leader(ev.node), JoinTimer: self._on_join_timer,
             StateArrives: lambda ev: self._state_arrived(ev.node, ev.source, ev.steps),
@@ -456,17 +456,18 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
             if len(self._active()) > 0:
                 self._schedule_reflow(done=True)
 
-    def _on_gone(self, gone: str) -> None:
-        """The membership layer tells every live node that `gone` is gone.  The aggregation phase always
-        hears it (the all-reduce needs the live group); the flow and microbatch machines only with `detect`
-        (without it they find crashes by their own timeouts)."""
-        self.reported_gone.add(gone)
-        self._placement_gone(gone)
-        self._source_gone(gone)
-        if self.options.detect and self.machines:
-            self._flow_gone(gone)
+    def _on_gone(self, gone: str, later: tuple[str, ...] = (), late: bool = False) -> None:
+        """The membership layer tells every live node that `gone` is gone (but `later`; `late`: only `later`).
+        The aggregation phase always hears it (the all-reduce needs the live group); the flow and microbatch
+        machines only with `detect` (without it they find crashes by their own timeouts)."""
+        if not late:
+            self.reported_gone.add(gone)
+            self._placement_gone(gone)
+            self._source_gone(gone)
+            if self.options.detect and self.machines:
+                self._flow_gone(gone)
         for nid in sorted(self.nodes):
-            if nid in self.dead or nid == gone:
+            if nid in self.dead or nid == gone or (nid in later) != late:
                 continue
             nxt, prv = self._next_prev(nid)
             self._apply_phase(nid, self.nodes[nid].phases.forget(self.now, gone, nxt, prv))
@@ -474,6 +475,8 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
                 self._apply(nid, self.nodes[nid].rec.peer_gone(self.now, gone))
                 if nid in self.data:  # as the daemon: with its first stage empty, what needs it is given up
                     self._apply(nid, self.nodes[nid].rec.give_up_stranded(self.now))
+        if late:
+            return
         for d in self._live_data():
             if self._leading(d):
                 self._apply_phase(d, self._maybe_begin(d))

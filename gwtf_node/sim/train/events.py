@@ -75,9 +75,11 @@ class Reflow(SimEvent):
 
 @dataclass(frozen=True, slots=True)
 class Gone(SimEvent):
-    """The membership layer reports `node` gone."""
+    """The membership layer reports `node` gone: to every node but `later`, or (`late`) only to `later`."""
 
     node: str
+    later: tuple[str, ...] = ()  # nodes that learn of it later (a data node's crash, at relays of middle stages)
+    late: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from ...protocol.phasefan import FAN_OUT
 from ...protocol.phases import CanTakeRule
 from ...protocol.phasewaits import WAIT_BOUND_S
 from .joining import JOININGS
-from .setting import DETECT_S, FLOW_OPTIONS, PRIOR_RULES, ROUTINGS, SWARM_REACTIONS
+from .setting import DETECT_S, FLOW_OPTIONS, MIDDLE_DATA_DETECT_S, PRIOR_RULES, ROUTINGS, SWARM_REACTIONS
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class TrainSimOptions:
     lend: bool = True  # machines routing: the lending of protocol/recovery/
     one_wave: bool = False  # the paper's one-wave iteration with deferral ("One wave", protocol/recovery/)
     detect_s: float = DETECT_S  # how long after a crash the membership layer reports it
+    middle_data_detect_s: float = MIDDLE_DATA_DETECT_S  # ... a data node's to the relays of middle stages
     fastest_unit: bool = True  # GWTF's "Fastest unit first" (protocol/recovery/)
     unpresume: bool = True  # a peer presumed dead that is still heard is alive again
     can_take: str = CanTakeRule.ALL.value  # phases.CanTakeRule

@@ -49,6 +49,9 @@ REJOIN_S = 60.0
 # (heartbeats / DHT entries expiring) is a bench row.
 DAEMON_DETECT_S = 7.0
 DETECT_S = DAEMON_DETECT_S
+# a relay of a middle stage gives a data node the loose deadline (LOOSE_DEAD_AFTER_S = 30 s, liveness.py): it learns
+# of a data node's crash this long after it
+MIDDLE_DATA_DETECT_S = 31.0
 FLOW_CONVERGE_S = 60.0  # the flow machines settle this long after a change (paper: ~120 rounds, "roughly a minute")
 MAX_SIM_S_PER_ITERATION = 4 * 3600.0
 LINKS_FILE = Path(__file__).resolve().parents[2] / "data" / "geo12-links.json"  # shipped with the package
