@@ -28,9 +28,13 @@ from its other parent.  When a node forgets a peer (`Phases.forget`), the
 parents are computed again without it: a stage-k relay that has become a
 parent passes BEGIN to its new children and waits for their CAN TAKE, and a
 relay whose CAN TAKE went to a parent now gone sends it to the new one.  Where
-two nodes' views differ (one holds a peer gone that the other does not), a
-parent may wait for a child that does not count it as a parent: the wait's
-bound resolves it (`phasewaits.py`: BEGIN sent again asks for the CAN TAKE).
+two nodes' views differ (one holds a peer gone that the other does not: a
+false death on a loaded machine), a relay may be a parent by its own view and
+not by its child's: it passed the child BEGIN, so the child sends CAN TAKE to
+its parents and to every named member of the stage before that passed it
+BEGIN, and answers a BEGIN that comes after its CAN TAKE with it
+(`_can_take_again`).  A parent by its own view never waits for the bound of
+the waits (`phasewaits.py`), which at 100 daemons cost 30 s a stage.
 
 `fan_out=None` (`Phases`) passes BEGIN to every member of the next stage and
 CAN TAKE to every member of the stage before, as before groups had parents.
@@ -103,3 +107,12 @@ class PhaseFan:
             eff += self._send(now, PhaseKind.CAN_TAKE, it, p, CanTake(it, self.stage))
         return eff
 
+    def _can_take_again(self, now: float, sender: str, iteration: int) -> list[Send | SetTimer]:
+        """A duplicate BEGIN from `sender` after this relay sent its CAN TAKE: the sender is upstream and asks for
+        the CAN TAKE it misses (`phasewaits.py`).  Resent while not acknowledged, also where this node held the
+        sender gone when it sent it (left out then, a false death) and where it was acknowledged already (lost
+        after the ack: the sender would not ask)."""
+        if self.is_data or iteration not in self.can_take_sent or sender == self.me:
+            return []
+        self.stats.resent += 1
+        return self._send(now, PhaseKind.CAN_TAKE, iteration, sender, CanTake(iteration, self.stage))

@@ -209,6 +209,7 @@ class Phases(PhaseWaits, PhaseFan):
         self.can_take_sent: set[int] = set()
         self.passed: dict[int, set[str]] = {}  # iteration -> the next-stage members this relay passed BEGIN to
         self.can_take_to: dict[int, set[str]] = {}  # iteration -> the members this relay sent CAN TAKE to
+        self.begin_from: dict[int, set[str]] = {}  # iteration -> who passed this relay BEGIN (phasefan.py)
         self.done_reports: dict[int, dict[str, IterationDone]] = {}  # leader: iteration -> data node -> report
         self.my_reports: dict[int, IterationDone] = {}  # data node: its own reports
         self.opened: set[int] = {applied}
@@ -426,22 +427,13 @@ class Phases(PhaseWaits, PhaseFan):
         At the acting leader (a BEGIN handed over by a data node after a leader
         change) it also goes to the front again."""
         eff = self._ack(sender, PhaseKind.BEGIN, msg.iteration)
+        self.begin_from.setdefault(msg.iteration, set()).add(sender)
         if msg.iteration in self.begun or msg.iteration < self.floor:
             self.stats.duplicates += 1
             return eff + self._can_take_again(now, sender, msg.iteration)
         if self.is_data and self.leader == self.me:
             eff += self._fan_out(now, msg, exclude=(sender,))
         return eff + self._apply_begin(now, msg, next_stage)
-
-    def _can_take_again(self, now: float, sender: str, iteration: int) -> list[PhaseEffect]:
-        """A duplicate BEGIN from `sender` after this relay sent its CAN TAKE: the sender is upstream and asks for
-        the CAN TAKE it misses (`phasewaits.py`).  Resent while not acknowledged, also where this node held the
-        sender gone when it sent it (left out then, a false death) and where it was acknowledged already (lost
-        after the ack: the sender would not ask)."""
-        if self.is_data or iteration not in self.can_take_sent or sender == self.me:
-            return []
-        self.stats.resent += 1
-        return self._send(now, PhaseKind.CAN_TAKE, iteration, sender, CanTake(iteration, self.stage))
 
     def _apply_begin(self, now: float, msg: BeginAggregation, next_stage: Iterable[str]) -> list[PhaseEffect]:
         """Pass BEGIN on once and start the step.
@@ -580,16 +572,17 @@ class Phases(PhaseWaits, PhaseFan):
             return []
         self.can_take_sent.add(iteration)
         named_prev = self.groups.get(iteration, {}).get(self.stage - 1, set())
-        ups = self._parents(iteration)
+        ups = self._parents(iteration)  # (and whoever passed it BEGIN: a parent by its own view, phasefan.py)
         self._prune(iteration)
-        return self._tell_can_take(now, iteration, (set(prev_stage) | named_prev) if ups is None else ups)
+        return self._tell_can_take(now, iteration, (set(prev_stage) | named_prev) if ups is None
+                                   else ups | (self.begin_from.get(iteration, set()) & named_prev))
 
     def _prune(self, iteration: int) -> None:
         """Forget what iterations before `iteration - 1` needed (their signals may still be acknowledged)."""
         old = iteration - 1
         self.floor = max(self.floor, old)
         for table in (self.done_reports, self.can_take_from, self.groups, self.begin_msgs, self.reported_at,
-                      self.step_at, self.stepped_at, self.expected, self.passed, self.can_take_to):
+                      self.step_at, self.stepped_at, self.expected, self.passed, self.can_take_to, self.begin_from):
             for i in [i for i in table if i < old]:
                 del table[i]
         for s in (self.begun, self.stepped, self.can_take_sent, self.opened):

@@ -7,7 +7,7 @@ from collections import Counter
 
 from gwtf_node.protocol.effects import Send
 from gwtf_node.protocol.messages import BeginAggregation, CanTake, IterationDone, PhaseAck
-from gwtf_node.protocol.phasefan import FAN_OUT, children, parents
+from gwtf_node.protocol.phasefan import FAN_OUT, children, parents, rank
 from gwtf_node.protocol.phases import OpenIteration, Phases, StartStep
 
 STAGES, K = 3, 6  # three stages of six relays
@@ -167,3 +167,20 @@ def test_a_relay_waits_for_can_take_from_its_children_only() -> None:
     sw.step(r)
     [wait] = [w for w in sw.nodes[r].waiting(5.0) if w.what.value == "can_take"]
     assert set(wait.peers) == kids
+
+
+def test_a_relay_that_thinks_itself_a_parent_hears_the_childs_can_take() -> None:
+    """p holds a stage-mate x gone (a false death: x lives, and the child c does not hold it gone), so by p's view p
+    is one of c's parents and waits for c, while by c's view its parents are x and y: c's CAN TAKE goes to whoever
+    passed it BEGIN too, so p does not wait for the bound of the waits (none here: it would wait forever)."""
+    sw = Swarm()
+    stage1, stage2 = relay_ids(1), relay_ids(2)
+    c, (x, y, p) = next((c, tuple(sorted(stage1, key=lambda q: rank(c, q), reverse=True)[:3])) for c in stage2)
+    assert parents(c, stage1, FAN_OUT) == {x, y}
+    sw.begin()
+    sw.run(p, sw.nodes[p].forget(2.0, x, *sw.near(p)))  # at p alone
+    assert c in sw.nodes[p].passed[0] and sw.nodes[c].begin_from[0] >= {x, y, p}
+    for n in sorted(sw.stage, key=lambda n: -sw.stage[n]):
+        sw.step(n)
+    assert sw.opened
+    assert sw.nodes[c].can_take_to[0] == {x, y, p}
