@@ -418,15 +418,6 @@ async def test_a_chunk_whose_send_fails_is_sent_again_and_the_round_still_sums(t
                 assert torch.equal(t, torch.full((10,), 6.0)) and c == 3.0
 
 
-def test_a_small_part_is_sent_again_sooner_than_a_large_one() -> None:
-    from gwtf_node.runtime.node.allreduce import RESEND_FIRST_S, RESEND_MIN_S, resend_floor_s
-
-    assert resend_floor_s(4096) == pytest.approx(RESEND_MIN_S + 0.004096)  # a tiny model's part: after ~5 s
-    assert resend_floor_s(10e6) == pytest.approx(15.0)
-    assert resend_floor_s(56e6) == RESEND_FIRST_S  # a 28M stage's half in fp32: after 30 s, as ever
-    assert resend_floor_s(4096, first_s=0.5) == 0.5
-
-
 @pytest.mark.trio
 @pytest.mark.parametrize("lost", ["phase 1 to its owner", "the owner's sum to a member"])
 async def test_a_chunk_lost_after_its_send_is_asked_for_again(tmp_path, lost):

@@ -91,20 +91,10 @@ INLINE_CHECK_BYTES = 64 * 1024
 _DONE_KEYS_KEPT = 256  # finished rounds remembered, to drop their late chunks quietly
 RESEND_FIRST_S = 30.0  # a member missing an owner's sum this long (or 2x the last round) resends its part ...
 RESEND_MAX_S = 60.0  # ... doubling up to this
-RESEND_MIN_S = 5.0  # ... a small part sooner: after this plus its bytes at RESEND_BYTES_PER_S (`resend_floor_s`)
-RESEND_BYTES_PER_S = 1e6
 ANSWER_AGAIN_TIMEOUT_S = 10.0  # one attempt to send a summed part again (the member asks again if it is lost)
 REDUCE, GATHER = 1, 2  # AllReduceChunk.phase
 WIRE_DTYPES = {"float32": (torch.float32, 4), "bfloat16": (torch.bfloat16, 2)}  # name -> (dtype, bytes per element)
 RUN_WIRE = {"fp32": "float32", "bf16": "bfloat16"}  # a run's `train.wire_dtype` -> the all-reduce's wire dtype
-
-
-def resend_floor_s(part_bytes: float, first_s: float = RESEND_FIRST_S) -> float:
-    """How long a member waits for an owner's sum before it sends its part of `part_bytes` again (at least; twice
-    the last round when that is longer): RESEND_MIN_S plus the part at RESEND_BYTES_PER_S, at most `first_s`.  A
-    tiny model's part is sent again after 5 s instead of 30 (a round of a 100-daemon swarm waited 30 s for one
-    lost chunk), a part of 25 MB or more after 30 s as before."""
-    return min(first_s, RESEND_MIN_S + part_bytes / RESEND_BYTES_PER_S)
 
 
 class AllReduceError(RuntimeError):
@@ -267,18 +257,14 @@ class AllReducer:
 
         A chunk can be lost after its send returned (its connection reset under it on a loaded machine:
         py-libp2p drops what it had buffered), and one lost chunk would hold the whole round to its timeout.
-        So a member still missing an owner's summed part `resend_floor_s` (5 s plus a second per MB of its part,
-        at most `resend_after_s`, 30 s; or twice the last round's duration; doubling to 60 s) after the round
-        began sends that owner its phase-1 part again; an owner
+        So a member still missing an owner's summed part `resend_after_s` (30 s, or twice the last round's
+        duration; doubling to 60 s) after the round began sends that owner its phase-1 part again; an owner
         that already has it takes the copy as the question it is and sends its summed part again
         (`_answer_again`), also after the round ended for it: its summed part of the last round (4 P / n
         bytes for P parameters among n members) is kept until it starts the next round.  Duplicates are
         otherwise dropped quietly (`resends`, `answered_again`)."""
         n = len(rnd.group)
-        lo, hi = part_bounds(rnd.length, n, mine)
-        part_bytes = (hi - lo) * WIRE_DTYPES[rnd.wire][1]
-        last_s = (self.last_round or {}).get("seconds", 0.0)
-        first = max(resend_floor_s(part_bytes, self.resend_after_s), 2 * last_s)
+        first = max(self.resend_after_s, 2 * (self.last_round or {}).get("seconds", 0.0))
         for attempt in itertools.count(1):
             with trio.move_on_after(backoff_s(attempt, first, max(first, RESEND_MAX_S))):
                 while rnd.missing(GATHER, mine):
