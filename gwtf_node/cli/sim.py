@@ -122,10 +122,9 @@ def cmd_sim_join(args: argparse.Namespace) -> int:
 
 
 def _add_train_parser(simsub) -> None:
-    from ..protocol.phasefan import FAN_OUT
-
     """`sim train`: every model switch of `sim.train.TrainSim` that a row of docs/bench_churn.md uses is a flag;
     the defaults are the daemon's behaviour."""
+    from ..protocol.phasefan import FAN_OUT
     from ..sim.train import DETECT_S, GEO12_SETTINGS, POLICIES, ROUTINGS, SETTINGS, SWARM_REACTIONS, TABLE6_SETTINGS
 
     t = simsub.add_parser("train", help="training iterations with churn (Table II of the GWTF paper)")

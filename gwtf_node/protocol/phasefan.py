@@ -36,9 +36,9 @@ BEGIN, and answers a BEGIN that comes after its CAN TAKE with it
 (`_can_take_again`).  A parent by its own view never waits for the bound of
 the waits (`phasewaits.py`), which at 100 daemons cost 30 s a stage.
 
-`fan_out=None` (`Phases`) passes BEGIN to every member of the next stage and
-CAN TAKE to every member of the stage before, as before groups had parents.
-Pure: a hash of the ids, no randomness.
+`fan_out=None` (`Phases`; `gwtf-node sim train --phase-fan-out 0`) passes
+BEGIN to every member of the next stage and CAN TAKE to every member of the
+stage before.  Pure: a hash of the ids, no randomness.
 """
 
 from __future__ import annotations
