@@ -26,7 +26,7 @@ from gwtf_node.sim.train.setting import make_setting
 
 
 def one(setting: str, churn: float, iterations: int, seed: int, fan_out: int | None) -> dict:
-    r = run_train(setting, "gwtf", churn, iterations, seed, breakdown=True, phase_fan_out=fan_out)
+    r = run_train(setting, "gwtf", churn, iterations, seed, phase_fan_out=fan_out)
     ph = r["phases"]
     return {"signals": ph["signals"] + ph["resent"], "time_per_microbatch_s": r["time_per_microbatch_s"],
             "iterations": iterations, "lost": r["lost_microbatches"]}

@@ -74,6 +74,11 @@ class PhaseFan:
     """The part of `phases.Phases` that computes a relay's children and parents for an iteration and passes the
     phase signals to them (it reads and writes the phase's own tables: a base class, not a machine of its own)."""
 
+    @property
+    def can_take_sent(self):
+        """The iterations whose CAN TAKE this relay sent (the keys of `can_take_to`)."""
+        return self.can_take_to.keys()
+
     def _children(self, it: int) -> set[str] | None:
         """The members of the next stage this relay passes BEGIN of `it` to and waits for (phasefan.py); None
         where that is every member (no fan-out, no groups, or this relay is not in its stage's group)."""
@@ -82,13 +87,13 @@ class PhaseFan:
             return None
         return children(self.me, g[self.stage], g.get(self.stage + 1, ()), self.fan_out)
 
-    def _parents(self, it: int) -> set[str] | None:
+    def _parents(self, it: int) -> frozenset[str] | None:
         """The members of the stage before that this relay sends CAN TAKE of `it` to (phasefan.py); None where
         that is every member (no fan-out, no groups, or nobody of that stage is left in BEGIN's group)."""
         g = self.groups.get(it)
         if self.fan_out is None or g is None or self.stage <= 0 or not g.get(self.stage - 1):
             return None
-        return set(parents(self.me, g[self.stage - 1], self.fan_out))
+        return parents(self.me, g[self.stage - 1], self.fan_out)
 
     def _pass_begin(self, now: float, it: int, to: Iterable[str]) -> list[Send | SetTimer]:
         sent = self.passed.setdefault(it, set())

@@ -206,7 +206,6 @@ class Phases(PhaseWaits, PhaseFan):
         self.begin_msgs: dict[int, BeginAggregation] = {}  # iteration -> the BEGIN applied here
         self.stepped: set[int] = set()
         self.can_take_from: dict[int, set[str]] = {}
-        self.can_take_sent: set[int] = set()
         self.passed: dict[int, set[str]] = {}  # iteration -> the next-stage members this relay passed BEGIN to
         self.can_take_to: dict[int, set[str]] = {}  # iteration -> the members this relay sent CAN TAKE to
         self.begin_from: dict[int, set[str]] = {}  # iteration -> who passed this relay BEGIN (phasefan.py)
@@ -545,11 +544,7 @@ class Phases(PhaseWaits, PhaseFan):
 
     def _downstream_ready(self, iteration: int, next_stage: Iterable[str]) -> bool:
         heard = self.can_take_from.get(iteration, set())
-        downstream = set(next_stage) - self.gone
-        groups = self.groups.get(iteration)
-        if groups is not None:  # wait for exactly the members the leader named (a relay: its children)
-            kids = None if self.is_data else self._children(iteration)
-            downstream = groups.get(0 if self.is_data else self.stage + 1, set()) if kids is None else kids
+        downstream = self._downstream(iteration, next_stage)
         if self.can_take_rule is CanTakeRule.ANY:
             return not downstream or bool(heard & downstream)
         return downstream <= heard
@@ -570,7 +565,6 @@ class Phases(PhaseWaits, PhaseFan):
             return []
         if self.stage < self.last_stage and not self._downstream_ready(iteration, next_stage):
             return []
-        self.can_take_sent.add(iteration)
         named_prev = self.groups.get(iteration, {}).get(self.stage - 1, set())
         ups = self._parents(iteration)  # (and whoever passed it BEGIN: a parent by its own view, phasefan.py)
         self._prune(iteration)
@@ -585,7 +579,7 @@ class Phases(PhaseWaits, PhaseFan):
                       self.step_at, self.stepped_at, self.expected, self.passed, self.can_take_to, self.begin_from):
             for i in [i for i in table if i < old]:
                 del table[i]
-        for s in (self.begun, self.stepped, self.can_take_sent, self.opened):
+        for s in (self.begun, self.stepped, self.opened):
             s.difference_update({i for i in s if i < old})
         for peer, held in list(self.held_back.items()):
             self.held_back[peer] = {k: v for k, v in held.items() if k[1] >= old}

@@ -86,17 +86,18 @@ WaitEffect = Send | SetTimer | Overdue
 class PhaseWaits:
     """The waits of `phases.Phases` (module doc)."""
 
+    def _downstream(self, iteration: int, next_stage: Iterable[str] = ()) -> set[str]:
+        """Whose CAN TAKE of `iteration` this node waits for: with BEGIN's groups, the members the leader named
+        (a relay: its children among them, phasefan.py), else the next stage it knows."""
+        groups = self.groups.get(iteration)
+        if groups is None:
+            return set(next_stage) - self.gone
+        kids = None if self.is_data else self._children(iteration)
+        return groups.get(0 if self.is_data else self.stage + 1, set()) if kids is None else kids
+
     def _downstream_missing(self, iteration: int, next_stage: Iterable[str] = ()) -> tuple[str, ...]:
         heard = self.can_take_from.get(iteration, set())
-        groups = self.groups.get(iteration)
-        kids = None if self.is_data or groups is None else self._children(iteration)  # (phasefan.py)
-        if kids is not None:
-            downstream = kids
-        elif groups is not None:
-            downstream = groups.get(0 if self.is_data else self.stage + 1, set())
-        else:
-            downstream = set(next_stage) - self.gone
-        return tuple(sorted(downstream - heard - self.gone))
+        return tuple(sorted(self._downstream(iteration, next_stage) - heard - self.gone))
 
     def waiting(self, now: float) -> list[Wait]:
         """What this node's phase waits for now, the oldest first."""

@@ -99,9 +99,10 @@ async def test_one_write_at_a_time_and_the_last_state_after_the_one_in_flight(
 
 
 def test_the_checkpoint_after_every_nth_iteration() -> None:
-    ck = Checkpointer(None, Path("."), lambda: 0, every=3)  # type: ignore[arg-type]
+    ck = Checkpointer(None, Path("."), lambda: 0, every=3, overlap=False)  # type: ignore[arg-type]
     assert [ck.due(i) for i in range(6)] == [False, False, True, False, False, True]
-    assert not any(Checkpointer(None, Path("."), lambda: 0, every=0).due(i) for i in range(4))  # type: ignore
+    assert not any(Checkpointer(None, Path("."), lambda: 0, every=0, overlap=False).due(i)  # type: ignore
+                   for i in range(4))
 
 
 @pytest.mark.trio

@@ -33,6 +33,7 @@ log = logging.getLogger("gwtf.transport")
 
 YAMUX_VERSION = "0.8.1"  # the py-libp2p whose YamuxStream this replaces a method of (module doc)
 _installed: list = []  # the method replaced, once installed (tests compare against it)
+_library_rule = False  # py-libp2p's own rule asked for, as `install` last read it (not read again at each read)
 
 
 def _release_on_read() -> bool:
@@ -43,7 +44,7 @@ def _release_on_read() -> bool:
 async def _go_window_update(self, *, bytes_read: int = 0) -> None:
     """go-yamux's `sendWindowUpdate` for a `YamuxStream` after a read of `bytes_read` bytes (module doc); with
     py-libp2p's release on read asked for (an operator's `PY_YAMUX_RELEASE_ON_READ=1`), py-libp2p's own rule."""
-    if _release_on_read() and _installed:
+    if _library_rule and _installed:
         return await _installed[0](self, bytes_read=bytes_read)
     total = 0
     async with self.window_lock:
@@ -57,10 +58,13 @@ async def _go_window_update(self, *, bytes_read: int = 0) -> None:
 
 
 def install() -> bool:
-    """Replace py-libp2p's window-update rule with go-yamux's (module doc); whether it is in place."""
+    """Replace py-libp2p's window-update rule with go-yamux's (module doc); whether it is in place.  Each call (one
+    per host, hostlisten.py) reads `PY_YAMUX_RELEASE_ON_READ` again: the rule every later read follows."""
+    global _library_rule
     import libp2p
     from libp2p.stream_muxer.yamux.yamux import YamuxStream
 
+    _library_rule = _release_on_read()
     if _installed:
         return True
     version = getattr(libp2p, "__version__", "?")

@@ -61,7 +61,7 @@ class Checkpointer:
         self.written_steps: int | None = None  # the steps of the newest checkpoint written here
         self.last_write_s = 0.0  # how long the last write took (its file, after the state was taken)
         # (module doc) None: the part's device says: a GPU holds the all-reduce apart from the state taken
-        self.overlap = str(getattr(stage, "device", "cpu")).split(":")[0] != "cpu" if overlap is None else overlap
+        self.overlap = str(stage.device).split(":")[0] != "cpu" if overlap is None else overlap
         self.skipped = 0  # checkpoints skipped because the write before was still in flight (`overlap`)
 
     def due(self, iteration: int) -> bool:
