@@ -1,16 +1,18 @@
 """Liveness: who is alive is decided by our own messages, never by the DHT.
 
-Every `PING_EVERY_S` a node looks at the peers it works with (its stage, the stages before and after, the data
-nodes): it pings a peer silent for a third of that peer's deadline (`PING_AFTER`: at least `PING_EVERY_S`), and
-presumes dead a peer it heard nothing from for longer than the deadline (any frame counts, `Peers.heard`).  A peer
-that sends anything is not pinged, and one side's Ping is heard by the other: of a quiet pair, the lower id pings
-after a third of the deadline, the higher after half of it (only if the first Ping did not come), so the pair
-exchanges one Ping and its Pong per third.  A Ping whose Pong is due is sent again after another third (two tries
-before the deadline; one whose send failed, at the next check): on a loaded machine a Pong takes seconds, and a
-Ping at every check while one was due sent 2-4 per quiet peer and third.  A dead peer goes to `on_dead`, which
-forgets it everywhere (routing, flow machine, aggregation groups, recovery machine, all-reduce in flight).  The
-simulator models this check with the same constants (`sim/train/setting.py`, DAEMON_DETECT_S and
-MIDDLE_DATA_DETECT_S).
+Every `PING_EVERY_S` a node looks at the peers it works with (its stage, the
+stages before and after, the data nodes): it pings a peer silent for a third
+of that peer's deadline (`PING_AFTER`: at least `PING_EVERY_S`), and presumes
+dead a peer it heard nothing from for longer than the deadline (any frame
+counts, `Peers.heard`).  A peer that sends anything is not pinged, and one
+side's Ping is heard by the other, so a quiet pair exchanges one Ping and its
+Pong per third of a deadline.  A Ping whose Pong is still due is sent again
+only after another third (two tries before the deadline; one whose send
+failed, at the next check): on a loaded machine a Pong takes seconds, and a
+Ping at every check while it was due sent 2-4 per quiet peer and third.  A dead peer goes to `on_dead`, which forgets
+it everywhere (routing, flow machine, aggregation groups, recovery machine,
+all-reduce in flight).  The simulator models this check with the same
+constants (`sim/train/setting.py`, DAEMON_DETECT_S and MIDDLE_DATA_DETECT_S).
 
 Every relay watches every data node, but only the relays of the first and
 last stages exchange microbatches with it: a relay of a middle stage gives a
@@ -75,7 +77,6 @@ log = logging.getLogger("gwtf.node")
 
 PING_EVERY_S = 1.0  # the check's period
 PING_AFTER = 1.0 / 3.0  # a peer silent for this fraction of its deadline is pinged (module doc)
-PING_AFTER_HIGHER = 1.0 / 2.0  # ... by the peer of the pair with the higher id
 DEAD_AFTER_S = 6.0  # the deadline's floor (module doc)
 LOOSE_DEAD_AFTER_S = 30.0  # ... for a data node watched by a relay of a middle stage (module doc)
 BUSY_FACTOR = 2.0  # ... and its factor over the longest work measured
@@ -183,10 +184,7 @@ class Liveness:
             deadline = self.deadline_s(pid)
             if min(silent, t - self.resumed_at) > deadline:
                 self._presume_dead(pid, silent, deadline)
-                continue
-            every = max(PING_EVERY_S, PING_AFTER * deadline)  # (the higher id of a pair waits longer: module doc)
-            first = every if self.peers.me < pid else max(PING_EVERY_S, PING_AFTER_HIGHER * deadline)
-            if silent >= first and self._last_ping(pid) <= t - every:
+            elif silent >= (every := max(PING_EVERY_S, PING_AFTER * deadline)) and self._last_ping(pid) <= t - every:
                 self._ping(pid, t)
 
     def _last_ping(self, peer: str) -> float:
