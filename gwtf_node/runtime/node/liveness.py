@@ -7,9 +7,9 @@ dead a peer it heard nothing from for longer than the deadline (any frame
 counts, `Peers.heard`).  A peer that sends anything is not pinged, and one
 side's Ping is heard by the other, so a quiet pair exchanges one Ping and its
 Pong per third of a deadline.  A Ping whose Pong is still due is sent again
-only after another third (two tries before the deadline; one whose send
-failed, at the next check): on a loaded machine a Pong takes seconds, and a
-Ping at every check while it was due sent 2-4 per quiet peer and third.  A dead peer goes to `on_dead`, which forgets
+only after another third (two tries before the deadline): on a loaded
+machine a Pong takes seconds, and a Ping at every check while it was due sent
+2-4 per quiet peer and third.  A dead peer goes to `on_dead`, which forgets
 it everywhere (routing, flow machine, aggregation groups, recovery machine,
 all-reduce in flight).  The simulator models this check with the same
 constants (`sim/train/setting.py`, DAEMON_DETECT_S and MIDDLE_DATA_DETECT_S).
@@ -198,12 +198,7 @@ class Liveness:
         if len(out) >= PINGS_KEPT:
             del out[min(out, key=out.__getitem__)]  # (the oldest: its Pong is lost, or late past any use)
         out[nonce] = t
-        self.wire.spawn(self._send_ping, peer, nonce)
-
-    async def _send_ping(self, peer: str, nonce: int) -> None:
-        """Send one Ping; one whose send failed is no longer due, so the next check tries again (module doc)."""
-        if not await self.wire.send(peer, m.Ping(nonce)):
-            self.pinged.get(peer, {}).pop(nonce, None)
+        self.wire.post(peer, m.Ping(nonce))
 
     def _presume_dead(self, peer: str, silent_s: float, deadline_s: float = DEAD_AFTER_S) -> None:
         log.warning("peer %s presumed dead: silent for %.1f s (deadline %.1f s)", self.peers.who(peer), silent_s,
