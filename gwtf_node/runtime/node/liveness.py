@@ -6,10 +6,7 @@ of that peer's deadline (`PING_AFTER`: at least `PING_EVERY_S`), and presumes
 dead a peer it heard nothing from for longer than the deadline (any frame
 counts, `Peers.heard`).  A peer that sends anything is not pinged, and one
 side's Ping is heard by the other, so a quiet pair exchanges one Ping and its
-Pong per third of a deadline.  A Ping whose Pong is still due is sent again
-only after another third (two tries before the deadline): on a loaded
-machine a Pong takes seconds, and a Ping at every check while it was due sent
-2-4 per quiet peer and third.  A dead peer goes to `on_dead`, which forgets
+Pong per third of a deadline.  A dead peer goes to `on_dead`, which forgets
 it everywhere (routing, flow machine, aggregation groups, recovery machine,
 all-reduce in flight).  The simulator models this check with the same
 constants (`sim/train/setting.py`, DAEMON_DETECT_S and MIDDLE_DATA_DETECT_S).
@@ -184,12 +181,8 @@ class Liveness:
             deadline = self.deadline_s(pid)
             if min(silent, t - self.resumed_at) > deadline:
                 self._presume_dead(pid, silent, deadline)
-            elif silent >= (every := max(PING_EVERY_S, PING_AFTER * deadline)) and self._last_ping(pid) <= t - every:
+            elif silent >= max(PING_EVERY_S, PING_AFTER * deadline):
                 self._ping(pid, t)
-
-    def _last_ping(self, peer: str) -> float:
-        """When this check last pinged `peer` with its Pong still due (-inf: none due)."""
-        return max(self.pinged.get(peer, {}).values(), default=float("-inf"))
 
     def _ping(self, peer: str, t: float) -> None:
         """Post a liveness Ping to `peer`, its nonce kept to time the round trip (module doc)."""
