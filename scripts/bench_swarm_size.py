@@ -21,6 +21,12 @@ summation order"; a tiny model's reach 1e-6 after about 50 iterations and
 1e-4 after about 70), else the exit status is 1.  Past the horizon the
 ledger of contributions is the check that nothing was lost.
 
+Per iteration, two times: the pipeline's (`seconds_per_iteration`, the data
+node's records: from opening an iteration to its microbatches settled) and
+the whole iteration's (`window_seconds_per_iteration`: the window's seconds
+over its iterations, the aggregation and phase signals included; what the
+per-iteration figures below are divided by).
+
 Per node, over the `--iterations` measured iterations (the window between
 two readings of every status.json and /proc, after the warmup), divided by
 the iterations of the window:
@@ -299,7 +305,7 @@ def fmt(v, unit: str = "") -> str:
 
 def table(rows: list[dict]) -> str:
     """The Markdown table of the measured sizes (one row per size; relays' figures as mean / max)."""
-    head = ("| nodes (D + S x k) | formed in | s / it | relay conns (libp2p) | data conns | relay flow msgs / it "
+    head = ("| nodes (D + S x k) | formed in | pipeline s / it | window s / it | relay conns (libp2p) | data conns | relay flow msgs / it "
             "(formation) | relay ctrl frames / it | relay ctrl bytes / it | ctrl bytes / s | relay loop CPU ms / it "
             "| CPU - compute ms / it | swarm CPU cores (machine busy) | PSS / USS MiB per node | losses |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -311,7 +317,8 @@ def table(rows: list[dict]) -> str:
         s, d = r["summary"]["relay"], r["summary"].get("data", {})
         mm = lambda x: f"{fmt(x['mean'])} / {fmt(x['max'])}"  # noqa: E731
         lines.append(
-            f"| {size} | {fmt(r['startup_s'], ' s')} | {fmt(r['seconds_per_iteration'])} | {mm(s['connected'])} "
+            f"| {size} | {fmt(r['startup_s'], ' s')} | {fmt(r['seconds_per_iteration'])} | "
+            f"{fmt(r['window_seconds_per_iteration'])} | {mm(s['connected'])} "
             f"({fmt(s.get('libp2p', {}).get('mean'))}) | "
             f"{fmt(d.get('connected', {}).get('max'))} | {mm(s['flow_msgs_per_it'])} "
             f"({fmt(s['flow_msgs_formation']['mean'])}) | {mm(s['ctrl_frames_per_it'])} | "
@@ -508,6 +515,7 @@ def run_size(n: int, a: argparse.Namespace, work: Path, say) -> dict:
         iterations=len(records), window_s=round(statistics.mean(nd["seconds"] for nd in nodes), 1),
         window_iterations=round(statistics.mean(nd["iterations"] for nd in nodes), 1),
         seconds_per_iteration=round(statistics.mean(r["seconds"] for r in records[a.warmup:]), 2),
+        window_seconds_per_iteration=round(statistics.mean(nd["seconds"] / nd["iterations"] for nd in nodes), 2),
         losses=[round(r["loss"], 6) for r in records], centralized=[round(x, 6) for x in reference],
         losses_equal=not bad, problems=bad, order_horizon=horizon,
         first_departure=departs([r["loss"] for r in records], reference),

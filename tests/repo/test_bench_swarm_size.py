@@ -63,7 +63,8 @@ def test_losses_are_checked_against_the_reference_and_the_table_says_so() -> Non
                                                      "cpu_minus_compute_ms_per_it", "compute_ms_per_it",
                                                      "flow_msgs_formation")}
     row = {"nodes": 26, "data_nodes": 2, "stages": 8, "relays_per_stage": 3, "startup_s": 40.0,
-           "seconds_per_iteration": 1.5, "summary": {"relay": fig, "data": fig}, "losses_equal": True,
+           "seconds_per_iteration": 1.5, "window_seconds_per_iteration": 2.5, "summary": {"relay": fig, "data": fig},
+           "losses_equal": True,
            "memory": {"pss_mb_mean": 95.0, "uss_mb_mean": 60.0},
            "cpu": {"swarm_cores": 1.2, "machine_busy_cores": 1.9}}
     big = {**row, "nodes": 106, "relays_per_stage": 13,
@@ -72,7 +73,7 @@ def test_losses_are_checked_against_the_reference_and_the_table_says_so() -> Non
     text = b.table([row, big, failed])
     lines = text.splitlines()
     assert len(lines) == 5 and all(ln.count("|") == lines[0].count("|") for ln in lines), text
-    assert "| 26 (2 + 8 x 3) | 40.0 s |" in lines[2] and lines[2].endswith("| equal |")
+    assert "| 26 (2 + 8 x 3) | 40.0 s | 1.5 | 2.5 |" in lines[2] and lines[2].endswith("| equal |")
     assert "| 1.2 (1.9) | 95.0 / 60.0 |" in lines[2] and lines[3].endswith("| DIFFER |") and "failed: MemAvailable fell" in lines[4]
     assert b.flatness([row, big, failed]) == 1.5
 
@@ -136,4 +137,5 @@ def test_a_tiny_swarm_is_measured_and_trains_as_the_reference(tmp_path: Path) ->
     relays = [n for n in row["per_node"] if n["role"] == "relay"]
     assert len(relays) == 2 and all(n["connected"] == 2 for n in relays)  # the data node and the other stage
     assert all(n["iterations"] >= 1 and n["ctrl_frames_per_it"] > 0 for n in relays)
+    assert row["window_seconds_per_iteration"] >= 0.9 * row["seconds_per_iteration"] > 0  # (plus the aggregation)
     assert row["memory"]["pss_mb_mean"] > 0 and 0 < row["cpu"]["swarm_cores"] and "| 3 (1 + 2 x 1) |" in out.stderr
