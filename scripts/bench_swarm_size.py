@@ -305,9 +305,10 @@ def fmt(v, unit: str = "") -> str:
 
 def table(rows: list[dict]) -> str:
     """The Markdown table of the measured sizes (one row per size; relays' figures as mean / max)."""
-    head = ("| nodes (D + S x k) | formed in | pipeline s / it | window s / it | relay conns (libp2p) | data conns | relay flow msgs / it "
-            "(formation) | relay ctrl frames / it | relay ctrl bytes / it | ctrl bytes / s | relay loop CPU ms / it "
-            "| CPU - compute ms / it | swarm CPU cores (machine busy) | PSS / USS MiB per node | losses |")
+    head = ("| nodes (D + S x k) | formed in | pipeline s / it | window s / it | relay conns (libp2p) | data conns "
+            "| relay flow msgs / it (formation) | relay ctrl frames / it | relay ctrl bytes / it | ctrl bytes / s "
+            "| relay loop CPU ms / it | CPU - compute ms / it | swarm CPU cores (machine busy) "
+            "| PSS / USS MiB per node | losses |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         size = f"{r['nodes']} ({r['data_nodes']} + {r['stages']} x {r['relays_per_stage']})"
