@@ -61,8 +61,9 @@ previous swarm's processes to be gone.  A size that fails (MemAvailable
 under `--min-free-gib` while it runs, a node that exits, no progress within
 the deadlines, an iteration short of microbatches) is reported with its
 reason and a diagnosis (the swarm's CPU, the "presumed dead" detections
-and unknown-peer refusals in the node logs, memory, what the first data
-node knew), the swarm taken down, and the exit status is 1.
+in the node logs with the minute that had the most and how many had the
+liveness floor for deadline, unknown-peer refusals, memory, what the first
+data node knew), the swarm taken down, and the exit status is 1.
 
     python scripts/bench_swarm_size.py --nodes 25 50 100 --json
 
@@ -396,21 +397,40 @@ def cpu_share(swarm, names: list[str], t0: float, busy0: float) -> dict:
             "seconds": round(secs, 1)}
 
 
+DEAD_LINE = re.compile(r"^\S+ (\d\d:\d\d):\S+ WARNING gwtf\.node: peer \S+ presumed dead: silent for [\d.]+ s "
+                       r"\(deadline ([\d.]+) s\)", re.M)
+
+
+def dead_events(texts: list[str]) -> dict:
+    """The "presumed dead" detections in node logs: how many, the minute with the most (HH:MM) and how many fell
+    in it, and how many had the liveness floor for deadline (runtime/node/liveness.py DEAD_AFTER_S): a storm in
+    one minute at the floor is a saturated machine, not crashes."""
+    from gwtf_node.runtime.node.liveness import DEAD_AFTER_S
+
+    per_minute: dict[str, int] = {}
+    floor = 0
+    for text in texts:
+        for minute, deadline in DEAD_LINE.findall(text):
+            per_minute[minute] = per_minute.get(minute, 0) + 1
+            floor += float(deadline) == DEAD_AFTER_S
+    peak = max(sorted(per_minute), key=per_minute.__getitem__, default=None)
+    return {"presumed_dead_events": sum(per_minute.values()), "presumed_dead_peak_minute": peak,
+            "presumed_dead_in_peak_minute": per_minute.get(peak, 0), "presumed_dead_at_floor": floor}
+
+
 def diagnose(swarm, t0: float, busy0: float) -> dict:
     """Why a size failed, from what the swarm left: its CPU against the machine's, the false crash detections and
     refusals in the node logs, its memory, and what the first data node knew (peers met, slots routed)."""
     names = [n for n in swarm.names() if n in swarm.procs]
     out: dict = {"cpu": cpu_share(swarm, names, t0, busy0)}
-    dead = unknown = 0
+    texts = []
     for n in names:
         try:
-            text = (swarm.state_dir(n) / "node.log").read_text(errors="replace")
+            texts.append((swarm.state_dir(n) / "node.log").read_text(errors="replace"))
         except OSError:
             continue
-        dead += text.count("presumed dead: silent")
-        unknown += text.count("(UNKNOWN_PEER)")
     mems = [m for m in (memory_mb(swarm.procs[n].pid) for n in names) if m is not None]
-    out.update(presumed_dead_events=dead, unknown_peer_refusals=unknown,
+    out.update(dead_events(texts), unknown_peer_refusals=sum(t.count("(UNKNOWN_PEER)") for t in texts),
                pss_mb_mean=round(statistics.mean(m["pss_mb"] for m in mems), 1) if mems else None,
                mem_available_gib=round(mem_available_gib(), 2))
     try:

@@ -90,6 +90,18 @@ def test_losses_are_compared_up_to_the_order_horizon() -> None:
     assert b.verdict({**row, "first_departure": None}) == "equal" and b.verdict({**row, "losses_equal": False}) == "DIFFER"
 
 
+def test_a_failed_size_says_when_its_nodes_presumed_each_other_dead() -> None:
+    b = _bench()
+    line = "2026-11-30 05:{:02d}:{:02d},732 WARNING gwtf.node: peer r8_2 presumed dead: silent for 6.9 s (deadline {} s)"
+    a = "\n".join([line.format(3, 35, "6.0"), "2026-11-30 05:03:36,000 INFO gwtf.node: redialling r8_2, presumed dead",
+                   line.format(4, 1, "14.8")])
+    c = "\n".join([line.format(3, 59, "6.0"), line.format(2, 10, "7.7")])
+    assert b.dead_events([a, c]) == {"presumed_dead_events": 4, "presumed_dead_peak_minute": "05:03",
+                                     "presumed_dead_in_peak_minute": 2, "presumed_dead_at_floor": 2}
+    assert b.dead_events([]) == {"presumed_dead_events": 0, "presumed_dead_peak_minute": None,
+                                 "presumed_dead_in_peak_minute": 0, "presumed_dead_at_floor": 0}
+
+
 def test_every_stage_sums_what_the_data_nodes_settled(tmp_path: Path) -> None:
     b = _bench()
     settled = ("x INFO gwtf.steps: iteration 0 settled: completed [0, 1], deferred 0\n"
