@@ -423,12 +423,7 @@ def diagnose(swarm, t0: float, busy0: float) -> dict:
     refusals in the node logs, its memory, and what the first data node knew (peers met, slots routed)."""
     names = [n for n in swarm.names() if n in swarm.procs]
     out: dict = {"cpu": cpu_share(swarm, names, t0, busy0)}
-    texts = []
-    for n in names:
-        try:
-            texts.append((swarm.state_dir(n) / "node.log").read_text(errors="replace"))
-        except OSError:
-            continue
+    texts = [node_log(swarm.state_dir(n)) for n in names]
     mems = [m for m in (memory_mb(swarm.procs[n].pid) for n in names) if m is not None]
     out.update(dead_events(texts), unknown_peer_refusals=sum(t.count("(UNKNOWN_PEER)") for t in texts),
                pss_mb_mean=round(statistics.mean(m["pss_mb"] for m in mems), 1) if mems else None,

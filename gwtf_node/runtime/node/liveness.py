@@ -16,9 +16,9 @@ last stages exchange microbatches with it: a relay of a middle stage gives a
 data node the loose floor `LOOSE_DEAD_AFTER_S` (30 s: a Ping every 10 s of
 silence instead of every 2 s), so that a data node answers a fifth of those
 relays' Pings (at 100 daemons, 1 + 11 x 9, it answered 166-220 Pongs an
-iteration with every relay at 2 s).  A middle relay then presumes a dead data node dead up
-to 31 s after its crash (the first and last stages within 7 s), and forgets
-its microbatches then.
+iteration with every relay at 2 s).  A middle relay then presumes a dead
+data node dead up to 31 s after its crash (the first and last stages within
+7 s), and forgets its microbatches then.
 
 Busy is not dead.  Compute, steps and checkpoint writes run in worker
 threads (stage.py, allreduce.py, checkpoints.py), but on a loaded machine a
