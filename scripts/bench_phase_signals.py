@@ -7,11 +7,15 @@
 Runs `sim train` (GWTF, the flow machines, the aggregation phase of
 `protocol/phases.py` at every node) twice per setting, churn and seed, side by
 side: with the daemon's fan-out (`protocol/phasefan.py`, FAN_OUT parents per
-stage member) and with every member of the stage before (`phase_fan_out=None`).
-Prints, per setting and churn, the phase signals a node sends per iteration
-(BEGIN, CAN TAKE, IterationDone and their acknowledgements, resends included:
-`PhaseStats.signals + resent`), the relays per stage, and the time per
-microbatch of both, with the ratios fan-out / all.
+stage member) and with every member of the stage before (`phase_fan_out=None`),
+and a third time with the fan-out and every BEGIN's groups in full
+(`begin_groups="full"`, against the daemon's groups by digest,
+`protocol/phasegroups.py`).  Prints, per setting and churn, the phase signals a
+node sends per iteration (BEGIN, CAN TAKE, IterationDone and their
+acknowledgements, resends included: `PhaseStats.signals + resent`), the relays
+per stage, and the time per microbatch of both, with the ratios fan-out / all;
+and the peer ids BEGIN's groups carry per node per iteration (about 55 bytes
+each on the wire), by digest against in full.
 """
 
 from __future__ import annotations
@@ -25,11 +29,11 @@ from gwtf_node.sim.train import run_train
 from gwtf_node.sim.train.setting import make_setting
 
 
-def one(setting: str, churn: float, iterations: int, seed: int, fan_out: int | None) -> dict:
-    r = run_train(setting, "gwtf", churn, iterations, seed, phase_fan_out=fan_out)
+def one(setting: str, churn: float, iterations: int, seed: int, fan_out: int | None, groups: str = "digest") -> dict:
+    r = run_train(setting, "gwtf", churn, iterations, seed, phase_fan_out=fan_out, begin_groups=groups)
     ph = r["phases"]
     return {"signals": ph["signals"] + ph["resent"], "time_per_microbatch_s": r["time_per_microbatch_s"],
-            "iterations": iterations, "lost": r["lost_microbatches"]}
+            "iterations": iterations, "lost": r["lost_microbatches"], "group_ids": ph["group_ids_sent"]}
 
 
 def main(argv=None) -> int:
@@ -46,8 +50,8 @@ def main(argv=None) -> int:
         n_nodes = len(st.relays) + len(st.data)
         per_stage = len(st.relays) / len({stage for stage, _cap in st.relays.values()})
         for churn in args.churns:
-            runs = {k: [one(setting, churn, args.iterations, s, f) for s in range(args.seeds)]
-                    for k, f in (("fan", FAN_OUT), ("all", None))}
+            runs = {k: [one(setting, churn, args.iterations, s, f, g) for s in range(args.seeds)]
+                    for k, f, g in (("fan", FAN_OUT, "digest"), ("all", None, "digest"), ("full", FAN_OUT, "full"))}
             row = {"setting": setting, "churn": churn, "nodes": n_nodes, "relays_per_stage": per_stage,
                    "fan_out": FAN_OUT}
             for k, rs in runs.items():
@@ -55,21 +59,26 @@ def main(argv=None) -> int:
                     r["signals"] / n_nodes / r["iterations"] for r in rs)
                 row[f"{k}_time_per_microbatch_s"] = statistics.fmean(r["time_per_microbatch_s"] for r in rs)
                 row[f"{k}_lost"] = sum(r["lost"] for r in rs)
+                row[f"{k}_group_ids_per_node_it"] = statistics.fmean(
+                    r["group_ids"] / n_nodes / r["iterations"] for r in rs)
             row["signals_ratio"] = row["fan_signals_per_node_it"] / row["all_signals_per_node_it"]
             row["time_ratio"] = row["fan_time_per_microbatch_s"] / row["all_time_per_microbatch_s"]
+            row["group_ids_ratio"] = row["fan_group_ids_per_node_it"] / row["full_group_ids_per_node_it"]
             rows.append(row)
             if args.json:
                 print(json.dumps(row), flush=True)
     if not args.json:
         print(f"| setting | churn | nodes | relays / stage | phase signals / node / it, fan-out {FAN_OUT} | every member | ratio "
-              "| time / microbatch s, fan-out | every member | ratio |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              "| time / microbatch s, fan-out | every member | ratio | BEGIN group ids / node / it, by digest "
+              "| in full | ratio |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             print(f"| {r['setting']} | {r['churn']:.0%} | {r['nodes']} | {r['relays_per_stage']:.1f} "
                   f"| {r['fan_signals_per_node_it']:.1f} "
                   f"| {r['all_signals_per_node_it']:.1f} | {r['signals_ratio']:.2f} "
                   f"| {r['fan_time_per_microbatch_s']:.3f} | {r['all_time_per_microbatch_s']:.3f} "
-                  f"| {r['time_ratio']:.3f} |")
+                  f"| {r['time_ratio']:.3f} | {r['fan_group_ids_per_node_it']:.1f} "
+                  f"| {r['full_group_ids_per_node_it']:.1f} | {r['group_ids_ratio']:.2f} |")
     return 0
 
 

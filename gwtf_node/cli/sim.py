@@ -196,6 +196,9 @@ def _add_train_parser(simsub) -> None:
     t.add_argument("--phase-fan-out", type=_fan_out, default=FAN_OUT, metavar="N",
                    help=f"parents per stage member of BEGIN AGGREGATION and CAN TAKE (default {FAN_OUT}, the "
                         "daemon's; 0: every member of the stage before, protocol/phasefan.py)")
+    t.add_argument("--begin-groups", choices=("digest", "full"), default="digest",
+                   help="BEGIN AGGREGATION's groups sent in full once per receiver, then by a digest while they "
+                        "do not change (default, the daemon's), or in full every time (protocol/phasegroups.py)")
     t.add_argument("--json", action="store_true", help="one JSON object with the means over the iterations")
     t.set_defaults(func=cmd_sim_train)
 
@@ -211,7 +214,7 @@ def sim_train_options(args: argparse.Namespace) -> dict:
                 one_wave=args.one_wave, swarm_reacts_to=args.swarm_reacts_to,
                 gwtf_acts_on_gone=args.gwtf_acts_on_gone, detect=args.detect, detect_s=args.detect_s,
                 unpresume=args.unpresume, join_mid_iteration=args.join_mid_iteration, can_take=args.can_take,
-                phase_fan_out=args.phase_fan_out,
+                phase_fan_out=args.phase_fan_out, begin_groups=args.begin_groups,
                 joining=args.joining, priors=args.priors, spare_last=args.spare_last, join_links=args.join_links,
                 flow_options=_flow_options(args))
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from . import messages as m
+from .phasegroups import DIGEST_BYTES
 from .roundcheck import KEEP_ROUNDS
 
 # ---- bounds ---------------------------------------------------------------
@@ -398,6 +399,7 @@ def _begin(msg: m.BeginAggregation, ctx: Context) -> Problem | None:
                                                          MAX_MICROBATCHES),
                   _items(msg.groups, "BeginAggregation groups", MAX_STAGES + 1),
                   *(_stage(g.stage, ctx, "BeginAggregation group stage") or _items(g.peers, "a group")
+                    or _items(g.digest, "a group's digest (bytes)", DIGEST_BYTES)
                     for g in msg.groups),
                   _items(msg.completed, "BeginAggregation completed", MAX_ITEMS),
                   *(_strings(c.data_node) or _items(c.seqs, "a data node's completed seqs", MAX_SEQS)

@@ -36,6 +36,7 @@ class PhaseKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PHASE_KIND_DONE: _ClassVar[PhaseKind]
     PHASE_KIND_BEGIN: _ClassVar[PhaseKind]
     PHASE_KIND_CAN_TAKE: _ClassVar[PhaseKind]
+    PHASE_KIND_GROUPS: _ClassVar[PhaseKind]
 
 class RefusalCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -72,6 +73,7 @@ PHASE_KIND_UNSPECIFIED: PhaseKind
 PHASE_KIND_DONE: PhaseKind
 PHASE_KIND_BEGIN: PhaseKind
 PHASE_KIND_CAN_TAKE: PhaseKind
+PHASE_KIND_GROUPS: PhaseKind
 REFUSAL_CODE_UNSPECIFIED: RefusalCode
 REFUSAL_CODE_OTHER_RUN: RefusalCode
 REFUSAL_CODE_NO_SUCH_ROLE: RefusalCode
@@ -427,12 +429,14 @@ class CompletedSeqs(_message.Message):
     def __init__(self, data_node: _Optional[str] = ..., seqs: _Optional[_Iterable[int]] = ..., attempts: _Optional[_Iterable[int]] = ..., holders: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StageMembers(_message.Message):
-    __slots__ = ("stage", "peers")
+    __slots__ = ("stage", "peers", "digest")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
     stage: int
     peers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, stage: _Optional[int] = ..., peers: _Optional[_Iterable[str]] = ...) -> None: ...
+    digest: bytes
+    def __init__(self, stage: _Optional[int] = ..., peers: _Optional[_Iterable[str]] = ..., digest: _Optional[bytes] = ...) -> None: ...
 
 class CanTake(_message.Message):
     __slots__ = ("iteration", "stage")

@@ -308,6 +308,7 @@ class Lend:
 class StageMembers:
     stage: int
     peers: tuple[str, ...]
+    digest: bytes = b""  # peers left out: the digest of the group the receiver holds (phasegroups.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,6 +340,7 @@ class PhaseKind(enum.IntEnum):
     DONE = 1  # "I have your IterationDone of this iteration: stop resending it."
     BEGIN = 2  # "I have your BeginAggregation of this iteration: stop resending it."
     CAN_TAKE = 3  # "I have your CanTake of this iteration: stop resending it."
+    GROUPS = 4  # "Your BEGIN of this iteration named groups by a digest I do not hold: send them."
 
 
 @dataclass(frozen=True, slots=True)

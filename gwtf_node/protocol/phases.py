@@ -65,6 +65,7 @@ from typing import Iterable, Mapping
 from .effects import CancelTimer, Send, SetTimer
 from .completions import Completion, completed_named, completed_seqs
 from .messages import BeginAggregation, CanTake, IterationDone, PhaseAck, PhaseKind, StageMembers
+from .phasegroups import GroupDigests, by_digest
 from .phasefan import FAN_OUT, PhaseFan
 from .phasewaits import (  # noqa: F401 - for the drivers
     WATCH_TIMER, Overdue, PhaseWaits, Wait, WaitKind, WatchTimer, begin_for,
@@ -191,8 +192,9 @@ class Phases(PhaseWaits, PhaseFan):
 
     def __init__(self, me: str, stage: int, last_stage: int, *, applied: int = 0, retry_s: float = RETRY_S,
                  can_take: CanTakeRule = CanTakeRule.ALL, wait_bound_s: float | None = None,
-                 fan_out: int | None = FAN_OUT) -> None:
+                 fan_out: int | None = FAN_OUT, groups_by_digest: bool = True) -> None:
         self.me = me
+        self.digests = GroupDigests(groups_by_digest)  # BEGIN's groups sent once to each receiver (phasegroups.py)
         self.stage = stage
         self.last_stage = last_stage
         self.retry_s = retry_s
@@ -234,7 +236,7 @@ class Phases(PhaseWaits, PhaseFan):
     def _send(self, now: float, kind: PhaseKind, iteration: int, to: str, msg: object) -> list[PhaseEffect]:
         self.unacked[(kind, iteration, to)] = msg
         self.stats.signals += 1
-        return [Send(to, msg), SetTimer(timer_key(kind, iteration), now + self.retry_s)]
+        return [Send(to, self.digests.outgoing(to, msg)), SetTimer(timer_key(kind, iteration), now + self.retry_s)]
 
     def _ack(self, to: str, kind: PhaseKind, iteration: int) -> list[PhaseEffect]:
         self.stats.signals += to != self.me
@@ -249,7 +251,11 @@ class Phases(PhaseWaits, PhaseFan):
         return eff
 
     def on_ack(self, now: float, sender: str, msg: PhaseAck) -> list[PhaseEffect]:
-        """The receiver has the signal: stop resending it there."""
+        """The receiver has the signal: stop resending it there (or lacks the groups a BEGIN named by digest:
+        the full copy goes, phasegroups.py)."""
+        if msg.kind is PhaseKind.GROUPS:
+            return self.digests.missing(sender, self.unacked.get((PhaseKind.BEGIN, msg.iteration, sender)))
+        self.digests.acked(sender, self.unacked.get((msg.kind, msg.iteration, sender)))
         return self._drop_unacked(lambda k: k == (msg.kind, msg.iteration, sender))
 
     def on_timer(self, now: float, key: PhaseTimer | WatchTimer) -> list[PhaseEffect]:
@@ -265,7 +271,7 @@ class Phases(PhaseWaits, PhaseFan):
         for (k, i, to), msg in sorted(self.unacked.items(), key=lambda kv: kv[0][2]):
             if (k, i) == (kind, it):
                 self.stats.resent += 1
-                eff.append(Send(to, msg))
+                eff.append(Send(to, self.digests.outgoing(to, msg)))
         if eff:
             eff.append(SetTimer(key, now + self.retry_s))
         return eff
@@ -424,7 +430,12 @@ class Phases(PhaseWaits, PhaseFan):
         """BEGIN AGGREGATION arrived: acknowledge it; the first copy is passed on and starts the step.
 
         At the acting leader (a BEGIN handed over by a data node after a leader
-        change) it also goes to the front again."""
+        change) it also goes to the front again.  A new BEGIN naming groups by a
+        digest this node does not hold is asked for in full (phasegroups.py)."""
+        msg = self.digests.expand(msg)
+        if by_digest(msg) and msg.iteration not in self.begun and msg.iteration >= self.floor:
+            self.stats.signals += 1
+            return [Send(sender, PhaseAck(PhaseKind.GROUPS, msg.iteration))]
         eff = self._ack(sender, PhaseKind.BEGIN, msg.iteration)
         self.begin_from.setdefault(msg.iteration, set()).add(sender)
         if msg.iteration in self.begun or msg.iteration < self.floor:
@@ -483,6 +494,7 @@ class Phases(PhaseWaits, PhaseFan):
         iterations not over here, a report only to the leader: a node presumed dead while the phase ran still
         waits for them)."""
         self.gone.discard(peer)
+        self.digests.forget(peer)
         eff: list[PhaseEffect] = []
         for (kind, it), msg in sorted(self.held_back.pop(peer, {}).items(), key=lambda kv: (kv[0][1], kv[0][0])):
             if it >= self.floor and (kind is not PhaseKind.DONE or peer == self.leader):
@@ -497,6 +509,7 @@ class Phases(PhaseWaits, PhaseFan):
         on.  At the leader, the driver then calls `maybe_begin` for
         `pending_iterations()`: a dead data node's report is not waited for."""
         self.gone.add(peer)
+        self.digests.forget(peer)
         self.front = tuple(p for p in self.front if p != peer)
         held = self.held_back.setdefault(peer, {})
         held.update({(k, i): msg for (k, i, to), msg in self.unacked.items() if to == peer})

@@ -67,6 +67,7 @@ import trio
 from ...protocol import messages as m
 from ...protocol.effects import Send
 from ...protocol.completions import completed_named
+from ...protocol.phasegroups import by_digest
 from ...protocol.phases import NOT_READY, RETRY_S, LeftOut, OpenIteration, OutOfStep, Overdue, PhaseTimer, WatchTimer
 from ...protocol.pipeline import Phases, StartStep
 from ...protocol.roundcheck import RoundOf, from_records, to_records, trim
@@ -247,7 +248,8 @@ class Aggregation:
 
     def on_begin(self, peer: str, msg: m.BeginAggregation) -> None:
         ph = self._require_phases(msg)
-        if msg.iteration not in ph.begun and msg.iteration >= ph.floor:
+        msg = ph.digests.expand(msg)  # (groups named by digest: those this node holds, phasegroups.py)
+        if msg.iteration not in ph.begun and msg.iteration >= ph.floor and not by_digest(msg):
             completed = completed_named(msg)
             contrib = self.begin_aggregation(msg.iteration, completed)
             if self.peers.role == "relay" and self.microbatches.started:

@@ -139,7 +139,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
             m.set_flows(self.flows[nid])
         phases = Phases(nid, stage, S - 1, applied=self._iteration_now() if applied is None else applied,
                         can_take=CanTakeRule(self.options.can_take), wait_bound_s=self.options.phase_wait_bound_s,
-                        fan_out=self.options.phase_fan_out)
+                        fan_out=self.options.phase_fan_out, groups_by_digest=self.options.begin_groups == "digest")
         self.nodes[nid] = SimNode(nid, m, phases)
         return m
 

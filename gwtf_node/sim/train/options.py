@@ -42,6 +42,7 @@ class TrainSimOptions:
     unpresume: bool = True  # a peer presumed dead that is still heard is alive again
     can_take: str = CanTakeRule.ALL.value  # phases.CanTakeRule
     phase_fan_out: int | None = FAN_OUT  # parents per stage member of the phase signals (phasefan.py; None: all)
+    begin_groups: str = "digest"  # BEGIN's groups once per receiver, then by digest (phasegroups.py); "full": always
     scheduler: object = None  # routing "dtfm": a `sim.schedule.routing.DtfmRouting` built on the setting
     priors: str = "links"  # "links": the daemon's timing priors (recovery/priors.py); "modelled": `TrainSim._prior`
     joining: str = "machines"  # "machines": a relay back joins through the leader; "restart": back in its stage
@@ -66,6 +67,8 @@ class TrainSimOptions:
         if self.swarm_reacts_to not in SWARM_REACTIONS:
             raise ValueError(f"swarm_reacts_to must be one of {SWARM_REACTIONS}, not {self.swarm_reacts_to!r}")
         CanTakeRule(self.can_take)  # (a ValueError naming the rule)
+        if self.begin_groups not in ("digest", "full"):
+            raise ValueError(f"begin_groups must be 'digest' or 'full', not {self.begin_groups!r}")
         if self.phase_fan_out is not None and self.phase_fan_out < 1:
             raise ValueError(f"phase_fan_out must be at least 1 (or None: every member), not {self.phase_fan_out}")
 
