@@ -2,7 +2,11 @@
 
 Every frame on a stream is one `gwtf.v1.Envelope` (`protos/gwtf.proto`):
 a protocol version, the sender's peer id and a `oneof body` holding one
-message.  `encode` and `decode` are the only way the runtime turns messages
+message.  On a libp2p connection the sender is left empty (`encode("", msg)`):
+the connection's secure channel authenticates the peer, and 54 bytes of peer
+id would be most of a small frame (a Ping is 14 bytes without it, 68 with
+it); a receiver takes the authenticated peer for the sender, and refuses a
+frame whose non-empty sender names another.  `encode` and `decode` are the only way the runtime turns messages
 into bytes and back, and pair tests go through them too, so the wire format
 is exercised by the code that the daemon runs.
 
@@ -45,7 +49,7 @@ from . import gwtf_pb2 as pb
 from . import messages
 from .messages import DenyReason, Message, PhaseKind, RefusalCode, Reply, Side
 
-PROTOCOL_VERSION = 1  # Envelope.version this node sends and accepts
+PROTOCOL_VERSION = 2  # Envelope.version this node sends and accepts (2: the sender left out on a connection)
 # Largest Envelope accepted or sent.  Control messages are tens to hundreds of
 # bytes; a CostAnnounce or FlowReport of a busy node stays far below this.  The
 # limit bounds what a peer can make us allocate and parse; tensors never travel
@@ -101,7 +105,7 @@ def _fill(obj: Any, out: _PbMessage) -> None:
 
 
 def encode(sender: str, msg: Message) -> bytes:
-    """One Envelope frame carrying `msg` from `sender` (a peer id)."""
+    """One Envelope frame carrying `msg` from `sender` (a peer id; "": the connection says who)."""
     field = _BODY_FIELD.get(type(msg))
     if field is None:
         known = ", ".join(sorted(c.__name__ for c in _BODY_FIELD))
@@ -163,7 +167,7 @@ def _read(p: _PbMessage, where: str) -> Any:
 
 
 def decode(data: bytes) -> tuple[str, Message]:
-    """The sender and the message of one Envelope frame; `DecodeError` if it is not a valid one."""
+    """The sender ("" if left out) and the message of one Envelope frame; `DecodeError` if it is not a valid one."""
     if len(data) > MAX_FRAME_BYTES:
         raise DecodeError(f"frame of {len(data)} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")
     envelope = pb.Envelope()

@@ -308,9 +308,10 @@ def test_unknown_body_from_a_newer_peer() -> None:
         decode(_envelope() + unknown)
 
 
-def test_wrong_version() -> None:
-    data = pb.Envelope(version=2, sender="p", withdraw=pb.Withdraw(req_id=1, commodity="d0")).SerializeToString()
-    with pytest.raises(DecodeError, match="version 2"):
+@pytest.mark.parametrize("version", [1, 3])
+def test_wrong_version(version: int) -> None:
+    data = pb.Envelope(version=version, sender="p", withdraw=pb.Withdraw(req_id=1, commodity="d0")).SerializeToString()
+    with pytest.raises(DecodeError, match=f"version {version}, this node speaks version 2"):
         decode(data)
 
 

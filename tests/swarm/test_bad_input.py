@@ -4,7 +4,7 @@ A local swarm trains (1 data node, 2 stages x 1 relay, separate processes);
 an attacker host in the test process dials the stage-0 relay and sends:
 garbage bytes, an oversized length prefix, an envelope with an unknown
 message type, and Forwards whose tensor has the wrong shape, the wrong dtype
-or NaN values.  Each must be refused and logged by the relay, and the swarm
+or NaN values, and an envelope that names another peer as its sender.  Each must be refused and logged by the relay, and the swarm
 must go on training (more iterations complete after the attack).
 """
 
@@ -71,7 +71,7 @@ async def test_hostile_peer_is_refused_and_training_goes_on(tmp_path: Path) -> N
             await raw(HEADER.pack(1 << 31, 0))  # oversized length prefix
             junk = b"\x0a\xff\xff\xff\xff\x0f"  # a well-framed envelope that is not one (truncated field)
             await raw(HEADER.pack(len(junk), 0) + junk)
-            unknown = pb.Envelope(version=1, sender=evil.peer_id).SerializeToString() + b"\xfa\x06\x02hi"
+            unknown = pb.Envelope(version=codec.PROTOCOL_VERSION, sender=evil.peer_id).SerializeToString() + b"\xfa\x06\x02hi"
             await evil.send(target, unknown)  # an unknown message type (a field this node does not know)
             await evil.send(target, codec.encode(evil.peer_id, m.Hello(swarm.run_id, "data", -1, "evil", 1, (),
                                                                  certificate=cert)))
@@ -87,6 +87,7 @@ async def test_hostile_peer_is_refused_and_training_goes_on(tmp_path: Path) -> N
             bad[0, 0, 0] = float("nan")
             await forward(3, bad)  # NaN
             await evil.send(target, codec.encode(evil.peer_id, m.Lend(0, target)))  # a data node's message, to a relay
+            await evil.send(target, codec.encode(d0, m.LinkCost(1.0)))  # an envelope naming another sender
             await evil.send(target, codec.encode(evil.peer_id, m.LinkCost(float("inf"))))
             await evil.send(target, codec.encode(evil.peer_id, m.LinkCost(-1.0)))
             await wait_for(lambda: {"cost_out_of_range", "negative_cost"} <= set(refused_values()), 30,
@@ -102,6 +103,7 @@ async def test_hostile_peer_is_refused_and_training_goes_on(tmp_path: Path) -> N
         assert "no message body" in text, text
         assert "tensor refused" in text and "NaN" in text, text  # the tensor checks after the value bounds
         assert "Lend is from one data node to another" in text, text
+        assert "envelope claims sender" in text, text
         codes = refused_values()  # wrong shape, wrong dtype, an infinite and a negative link cost
         assert {"tensor_shape", "tensor_dtype", "cost_out_of_range", "negative_cost"} <= set(codes), codes
         swarm._check_alive()

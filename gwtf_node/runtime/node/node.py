@@ -385,7 +385,7 @@ class Node:
         except codec.DecodeError as e:
             wire.refuse(peer, str(e))
             return
-        if sender != peer:
+        if sender and sender != peer:  # (left out, the connection's authenticated peer is the sender: codec.py)
             wire.refuse(peer, f"envelope claims sender {sender[:16]}, the authenticated peer is {peer[:16]}")
             return
         if not self.authorizer.screen(peer, wire):  # a banned or revoked peer (counted there)
