@@ -34,7 +34,7 @@ from .effects import Send
 from .messages import BeginAggregation, StageMembers
 
 GROUPS_KEPT = 1024  # a receiver keeps this many groups by digest (the least recently used goes first)
-DIGEST_BYTES = 16  # BLAKE2b digest size of a group (bounds.py: a longer one is refused)
+DIGEST_BYTES = 8  # BLAKE2b digest size of a group (bounds.py: a longer one is refused)
 
 
 def group_digest(group: StageMembers) -> bytes:

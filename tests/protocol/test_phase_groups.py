@@ -162,7 +162,7 @@ def test_a_receiver_keeps_the_newest_groups_and_checks_the_stage() -> None:
 
 
 def test_the_digest_round_trips_and_an_oversized_one_is_refused() -> None:
-    begin = BeginAggregation(3, 2, (StageMembers(1, (), bytes(range(16))),))
+    begin = BeginAggregation(3, 2, (StageMembers(1, (), bytes(range(8))),))
     assert codec.decode(codec.encode("me", begin))[1] == begin
     ack = PhaseAck(PhaseKind.GROUPS, 3)
     assert codec.decode(codec.encode("me", ack))[1] == ack

@@ -39,7 +39,6 @@ with more daemons than cores they swing by hundreds of milliseconds with the loa
 from __future__ import annotations
 
 import logging
-import random
 from dataclasses import dataclass, replace
 
 from ...protocol import messages as m
@@ -113,7 +112,7 @@ class LinkMeter:
         rtt_ms = await self.liveness.measure_rtt(peer, tries=2)
         if rtt_ms is None:
             return None
-        got = await self.liveness.exchange(peer, m.LinkProbe(random.getrandbits(63)), bytes(PROBE_BYTES),
+        got = await self.liveness.exchange(peer, m.LinkProbe(self.liveness.new_nonce()), bytes(PROBE_BYTES),
                                            wait_s=PROBE_WAIT_S)
         old = self.samples.get(peer)
         bw = None

@@ -58,7 +58,6 @@ latency term, a joiner's cost to each stage).
 from __future__ import annotations
 
 import logging
-import random
 from typing import Callable
 
 import trio
@@ -128,6 +127,7 @@ class Liveness:
         self.lag = LoopLag()  # this node's event-loop lag (looplag.py), probed while the check runs
         self.round_trips: dict[str, RoundTrips] = {}  # each peer's smoothed liveness round trip (module doc)
         self.pinged: dict[str, dict[int, float]] = {}  # peer -> its Pings awaiting a Pong: nonce -> sent at
+        self._nonces = 0  # the last nonce given (`new_nonce`)
 
     @property
     def crashed(self):
@@ -186,12 +186,17 @@ class Liveness:
 
     def _ping(self, peer: str, t: float) -> None:
         """Post a liveness Ping to `peer`, its nonce kept to time the round trip (module doc)."""
-        nonce = random.getrandbits(63)
+        nonce = self.new_nonce()
         out = self.pinged.setdefault(peer, {})
         if len(out) >= PINGS_KEPT:
             del out[min(out, key=out.__getitem__)]  # (the oldest: its Pong is lost, or late past any use)
         out[nonce] = t
         self.wire.post(peer, m.Ping(nonce))
+
+    def new_nonce(self) -> int:
+        """A Ping's or LinkProbe's nonce: a counter, unique within this process and a byte or two on the wire."""
+        self._nonces += 1
+        return self._nonces
 
     def _presume_dead(self, peer: str, silent_s: float, deadline_s: float = DEAD_AFTER_S) -> None:
         log.warning("peer %s presumed dead: silent for %.1f s (deadline %.1f s)", self.peers.who(peer), silent_s,
@@ -282,7 +287,7 @@ class Liveness:
         """Best of `tries` round trips to `peer`, in ms (None: no answer)."""
         samples = []
         for _ in range(tries):
-            got = await self.exchange(peer, m.Ping(random.getrandbits(63)))
+            got = await self.exchange(peer, m.Ping(self.new_nonce()))
             if got is None:
                 break
             samples.append(got[0] * 1000.0)
