@@ -4,11 +4,11 @@ Every frame on a stream is one `gwtf.v1.Envelope` (`protos/gwtf.proto`):
 a protocol version, the sender's peer id and a `oneof body` holding one
 message.  On a libp2p connection the sender is left empty (`encode("", msg)`):
 the connection's secure channel authenticates the peer, and 54 bytes of peer
-id would be most of a small frame (a Ping is 14 bytes without it, 68 with
-it); a receiver takes the authenticated peer for the sender, and refuses a
-frame whose non-empty sender names another.  `encode` and `decode` are the only way the runtime turns messages
-into bytes and back, and pair tests go through them too, so the wire format
-is exercised by the code that the daemon runs.
+id would be most of a small frame (a Ping is 8 bytes without it); a receiver
+takes the authenticated peer for the sender, and refuses a frame whose
+non-empty sender names another.  `encode` and `decode` are the only way the
+runtime turns messages into bytes and back, and pair tests go through them
+too, so the wire format is exercised by the code that the daemon runs.
 
 Conversion is driven by the schema rather than written out per message: a
 dataclass and the proto message of the same name have the same field names
