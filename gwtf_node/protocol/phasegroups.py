@@ -71,18 +71,20 @@ class GroupDigests:
         """`msg` as it goes to `to`: a BEGIN's groups that `to` holds named by digest; anything else as it is."""
         if not isinstance(msg, BeginAggregation) or not msg.groups:
             return msg
-        held = self.held.get(to, frozenset()) if self.enabled else frozenset()
-        out = []
-        for g in msg.groups:
-            d = group_digest(g) if g.peers and held else b""
-            out.append(StageMembers(g.stage, (), digest=d) if d in held else g)
-        sent = sum(len(g.peers) for g in out)
-        self.stats.group_ids_sent += sent
-        if sent == sum(len(g.peers) for g in msg.groups):
+        held = self.held.get(to) if self.enabled else None
+        out = msg.groups if not held else tuple(self._named(g, held) for g in msg.groups)
+        self.stats.group_ids_sent += sum(len(g.peers) for g in out)
+        if out == msg.groups:
             self.stats.full += 1
             return msg
         self.stats.by_digest += 1
-        return replace(msg, groups=tuple(out))
+        return replace(msg, groups=out)
+
+    @staticmethod
+    def _named(g: StageMembers, held: frozenset[bytes]) -> StageMembers:
+        """`g` by its digest if the receiver holds it (an empty stage's group stays as it is)."""
+        d = group_digest(g) if g.peers else b""
+        return StageMembers(g.stage, (), digest=d) if d in held else g
 
     def acked(self, sender: str, msg: object) -> None:
         """`sender` acknowledged `msg` (the copy this node sends it, groups in full): it holds those groups."""

@@ -67,7 +67,6 @@ import trio
 from ...protocol import messages as m
 from ...protocol.effects import Send
 from ...protocol.completions import completed_named
-from ...protocol.phasegroups import by_digest
 from ...protocol.phases import NOT_READY, RETRY_S, LeftOut, OpenIteration, OutOfStep, Overdue, PhaseTimer, WatchTimer
 from ...protocol.pipeline import Phases, StartStep
 from ...protocol.roundcheck import RoundOf, from_records, to_records, trim
@@ -248,16 +247,17 @@ class Aggregation:
 
     def on_begin(self, peer: str, msg: m.BeginAggregation) -> None:
         ph = self._require_phases(msg)
-        msg = ph.digests.expand(msg)  # (groups named by digest: those this node holds, phasegroups.py)
-        if msg.iteration not in ph.begun and msg.iteration >= ph.floor and not by_digest(msg):
-            completed = completed_named(msg)
-            contrib = self.begin_aggregation(msg.iteration, completed)
+        fresh = msg.iteration not in ph.begun and msg.iteration >= ph.floor
+        eff = ph.on_begin(now(), peer, msg, self.peers.next_stage_ids())
+        begin = ph.begin_msgs.get(msg.iteration) if fresh else None  # (applied: groups by digest filled in)
+        if begin is not None:
+            contrib = self.begin_aggregation(begin.iteration, completed_named(begin))
             if self.peers.role == "relay" and self.microbatches.started:
-                named = [set(g.peers) for g in msg.groups if g.stage == -1]
+                named = [set(g.peers) for g in begin.groups if g.stage == -1]
                 if named:  # a data node that BEGIN leaves out died before it: its microbatches do not count
                     contrib = frozenset(k for k in contrib if k[0] in set.union(*named))
-                self.contrib_for[msg.iteration] = contrib
-        self._apply(ph.on_begin(now(), peer, msg, self.peers.next_stage_ids()))
+                self.contrib_for[begin.iteration] = contrib
+        self._apply(eff)
 
     def on_can_take(self, peer: str, msg: m.CanTake) -> None:
         ph = self._require_phases(msg)

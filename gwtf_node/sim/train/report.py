@@ -123,13 +123,12 @@ class Reporting:
             for k in stats:
                 stats[k] += getattr(n.rec.stats, k)
         phase_stats = {"resent": 0, "duplicates": 0, "refused_not_leading": 0, "out_of_step": 0, "signals": 0}
-        groups = {"group_ids_sent": 0, "by_digest": 0, "missing": 0}  # BEGIN's groups (protocol/phasegroups.py)
+        groups = {"group_ids_sent": "group_ids_sent", "groups_by_digest": "by_digest", "groups_missing": "missing"}
         for n in self.nodes.values():
             for k in phase_stats:
                 phase_stats[k] += getattr(n.phases.stats, k)
-            for k in groups:
-                groups[k] += getattr(n.phases.digests.stats, k)
-        phase_stats.update({f"groups_{k}" if k != "group_ids_sent" else k: v for k, v in groups.items()})
+        for k, stat in groups.items():  # BEGIN's groups (protocol/phasegroups.py)
+            phase_stats[k] = sum(getattr(n.phases.digests.stats, stat) for n in self.nodes.values())
         phase_stats.update(elections=self.elections, resyncs=self.resyncs, dropped=self.dropped)
         return {
             "setting": self.setting.name, "policy": self.options.policy, "churn": self.options.churn, "seed": self.options.seed,
