@@ -68,6 +68,8 @@ VARIANTS = (
      {"detect": False}, "--no-detect"),
     ("membership reports a crash 60 s after it (heartbeats / DHT entries expiring)", ("swarm", "gwtf"),
      {"detect_s": 60.0}, "--detect-s 60"),
+    ("a crashed relay's process closes its connections: the relays near it that do not work with it learn of it "
+     "in 7 s too", ("swarm", "gwtf"), {"idle_detect_s": 7.0}, "--idle-detect-s 7"),
 )
 KEYS = ("time_per_microbatch_s", "throughput_per_iteration", "communication_time_s", "wasted_compute_s",
         "lost_microbatches", "deferred_microbatches", "lost_contributions", "lost_contribution_compute_s",

@@ -125,7 +125,7 @@ def _add_train_parser(simsub) -> None:
     """`sim train`: every model switch of `sim.train.TrainSim` that a row of docs/bench_churn.md uses is a flag;
     the defaults are the daemon's behaviour."""
     from ..protocol.phasefan import FAN_OUT
-    from ..sim.train import DETECT_S, GEO12_SETTINGS, POLICIES, ROUTINGS, SETTINGS, SWARM_REACTIONS, TABLE6_SETTINGS
+    from ..sim.train import GEO12_SETTINGS, POLICIES, ROUTINGS, SETTINGS, TABLE6_SETTINGS
 
     t = simsub.add_parser("train", help="training iterations with churn (Table II of the GWTF paper)")
     t.add_argument("--setting", choices=SETTINGS + TABLE6_SETTINGS + GEO12_SETTINGS, default="table2-heterogeneous",
@@ -163,19 +163,7 @@ def _add_train_parser(simsub) -> None:
     t.add_argument("--one-wave", action="store_true",
                    help="an iteration is one wave: microbatches that find no route are deferred to the next "
                         "iteration instead of waiting for a slot (both policies; the paper's reading)")
-    t.add_argument("--swarm-reacts-to", choices=SWARM_REACTIONS, default="membership",
-                   help="what makes SWARM restart a microbatch in its backward pass: the membership layer's "
-                        "report of a crash (default), or only its own backward timeouts (the paper's baseline)")
-    t.add_argument("--gwtf-acts-on-gone", action=argparse.BooleanOptionalAction, default=True,
-                   help="GWTF's data node runs a repair round when the membership layer reports a holder gone "
-                        "(default, as the daemon), or waits for its relays' BackwardStuck")
-    t.add_argument("--no-detect", dest="detect", action="store_false",
-                   help="no membership layer for the microbatch and flow machines: crashes found by timeouts")
-    t.add_argument("--detect-s", type=_seconds, default=DETECT_S,
-                   help=f"the membership layer reports a crash this long after it (default {DETECT_S:g} s, the "
-                        "daemon's liveness check)")
-    t.add_argument("--no-unpresume", dest="unpresume", action="store_false",
-                   help="a peer presumed dead on a hop deadline stays dead even while still heard")
+    _add_membership_flags(t)
     t.add_argument("--join-at-open", dest="join_mid_iteration", action="store_false",
                    help="with --joining restart: joiners come in only when an iteration opens")
     t.add_argument("--joining", choices=("machines", "restart"), default="machines",
@@ -203,6 +191,29 @@ def _add_train_parser(simsub) -> None:
     t.set_defaults(func=cmd_sim_train)
 
 
+def _add_membership_flags(t) -> None:
+    """`sim train`'s flags of how crashes are learnt of and acted on (the defaults are the daemon's)."""
+    from ..sim.train import DETECT_S, IDLE_DETECT_S, SWARM_REACTIONS
+
+    t.add_argument("--swarm-reacts-to", choices=SWARM_REACTIONS, default="membership",
+                   help="what makes SWARM restart a microbatch in its backward pass: the membership layer's "
+                        "report of a crash (default), or only its own backward timeouts (the paper's baseline)")
+    t.add_argument("--gwtf-acts-on-gone", action=argparse.BooleanOptionalAction, default=True,
+                   help="GWTF's data node runs a repair round when the membership layer reports a holder gone "
+                        "(default, as the daemon), or waits for its relays' BackwardStuck")
+    t.add_argument("--no-detect", dest="detect", action="store_false",
+                   help="no membership layer for the microbatch and flow machines: crashes found by timeouts")
+    t.add_argument("--detect-s", type=_seconds, default=DETECT_S,
+                   help=f"the membership layer reports a crash this long after it (default {DETECT_S:g} s, the "
+                        "daemon's liveness check)")
+    t.add_argument("--idle-detect-s", type=_seconds, default=IDLE_DETECT_S,
+                   help=f"the relays near a crashed relay that do not work with it learn of it this long after it "
+                        f"(default {IDLE_DETECT_S:g} s: the daemon's loose watch, a machine gone without closing its "
+                        f"connections; {DETECT_S:g}: a process that ends and closes them)")
+    t.add_argument("--no-unpresume", dest="unpresume", action="store_false",
+                   help="a peer presumed dead on a hop deadline stays dead even while still heard")
+
+
 SIM_TRAIN_JSON_KEYS = ("time_per_microbatch_s", "throughput_per_iteration", "communication_time_s",
                        "wasted_compute_s", "lost_microbatches", "deferred_microbatches", "lost_contributions",
                        "unfinished_iterations", "crashes")
@@ -213,7 +224,7 @@ def sim_train_options(args: argparse.Namespace) -> dict:
     return dict(routing=args.routing, reflow=args.reflow, lend=args.lend, fastest_unit=args.fastest_unit,
                 one_wave=args.one_wave, swarm_reacts_to=args.swarm_reacts_to,
                 gwtf_acts_on_gone=args.gwtf_acts_on_gone, detect=args.detect, detect_s=args.detect_s,
-                unpresume=args.unpresume, join_mid_iteration=args.join_mid_iteration, can_take=args.can_take,
+                idle_detect_s=args.idle_detect_s, unpresume=args.unpresume, join_mid_iteration=args.join_mid_iteration, can_take=args.can_take,
                 phase_fan_out=args.phase_fan_out, begin_groups=args.begin_groups,
                 joining=args.joining, priors=args.priors, spare_last=args.spare_last, join_links=args.join_links,
                 flow_options=_flow_options(args))

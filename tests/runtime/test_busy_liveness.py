@@ -79,10 +79,11 @@ async def test_a_relay_of_a_middle_stage_watches_a_data_node_loosely_and_its_sta
         dead.append(peer)
         peers.peers.pop(peer)
 
-    lv = Liveness(_Posts(), peers, forget)
-    assert lv.deadline_s("D0") == liveness.LOOSE_DEAD_AFTER_S and lv.deadline_s("A") == liveness.DEAD_AFTER_S
+    lv = Liveness(_Posts(), peers, forget, at_work=lambda: {"A"})  # (A works with it: watched closely)
     peers.heard("D0", 0.0)
     peers.heard("A", 0.0)
+    lv.check(0.0)
+    assert lv.deadline_s("D0") == liveness.LOOSE_DEAD_AFTER_S and lv.deadline_s("A") == liveness.DEAD_AFTER_S
     for t in range(1, 10):
         lv.check(float(t))
     assert "D0" not in lv.wire.pings and lv.wire.pings.count("A") == 5 and dead == ["A"]
@@ -249,8 +250,8 @@ async def test_the_deadline_widens_with_the_round_trips_of_the_peers_pings(monke
     assert dead == ["D0"] and "D0" not in lv.pinged  # a crash is still found, after the round trips' deadline
     lv.on_pong("D0", m.Pong(12345))  # a Pong to no Ping of ours (a LinkProbe's, or forged): times nothing
     assert lv.round_trips["D0"].srtt == 3.0
-    peers.peers["R1"] = PeerInfo("R1", role="relay", stage=0, name="r1")
-    assert lv.deadline_s("R1") == lv.deadline_s("D0")  # a peer not timed yet: the slowest timed peer's timeout
+    peers.peers["D1"] = PeerInfo("D1", role="data", stage=-1, name="d1")
+    assert lv.deadline_s("D1") == lv.deadline_s("D0")  # a peer not timed yet: the slowest timed peer's timeout
 
 
 def test_round_trips_are_smoothed_as_tcp_smooths_them() -> None:

@@ -157,12 +157,13 @@ def test_runs_are_deterministic() -> None:
 def test_waste_breakdown_adds_up_to_the_reported_waste(policy: str) -> None:
     rep = T.run_train("table2-homogeneous", policy, 0.2, 10, 0, breakdown=True)
     assert sum(rep["waste_breakdown_s"].values()) == pytest.approx(rep["wasted_compute_s"], abs=1e-6)
-    if policy == "gwtf":  # no restart, no repeated work: mostly what died with crashed relays (and deferrals)
+    if policy == "gwtf":  # no restart: mostly what died with crashed relays (and deferrals)
         b = rep["waste_breakdown_s"]
-        assert b["repeated_on_path"] == b["data_node"] == 0.0
+        assert b["data_node"] == 0.0
         assert b["lost_in_crash"] > 0.0
-        # off the final path on a live relay: a second repair branch, sent when the first one's answer over a
-        # slow link came after the data node's deadline (one recompute in this run)
+        # a second repair branch, sent when the first one's answer over a slow link came after the data node's
+        # deadline: one stage's recompute and backward again in this run (of 10 iterations: seconds per iteration)
+        assert b["repeated_on_path"] <= (T.FORWARD_S + T.BACKWARD_S) / 10 + 1e-9, b
         assert b["off_path_live"] + b["off_path_crashed_later"] <= 0.1 * b["lost_in_crash"], b
 
 

@@ -8,12 +8,14 @@ never reached by an honest peer.  py-libp2p's resource manager
 in total only: its per-peer `ConnectionLimits` are not consulted by the swarm
 when a connection is added, so the per-peer bounds are ours (host.py applies
 the stream and session bounds; `ConnectionBound` the connection bound).
+`ConnectionLoss` tells the node when a peer's last connection closes.
 A peer that keeps sending refused frames is banned (wire.py).
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 import trio
 from libp2p.abc import INetConn, INetStream, INetwork, INotifee
@@ -52,6 +54,34 @@ class ConnectionBound(INotifee):
 
     async def disconnected(self, network: INetwork, conn: INetConn) -> None:
         pass
+
+    async def listen(self, network: INetwork, multiaddr: Multiaddr) -> None:
+        pass
+
+    async def listen_close(self, network: INetwork, multiaddr: Multiaddr) -> None:
+        pass
+
+
+class ConnectionLoss(INotifee):
+    """Tells `on_lost(peer id)` when a peer's last libp2p connection closes: a peer whose process ended closes its
+    connections, and its watchers then watch it closely (runtime/node/liveness.py, `connection_lost`)."""
+
+    def __init__(self, on_lost: Callable[[str], None]) -> None:
+        self.on_lost = on_lost
+
+    async def connected(self, network: INetwork, conn: INetConn) -> None:
+        pass
+
+    async def opened_stream(self, network: INetwork, stream: INetStream) -> None:
+        pass
+
+    async def closed_stream(self, network: INetwork, stream: INetStream) -> None:
+        pass
+
+    async def disconnected(self, network: INetwork, conn: INetConn) -> None:
+        peer = conn.muxed_conn.peer_id
+        if not network.get_connections(peer):
+            self.on_lost(peer.to_base58())
 
     async def listen(self, network: INetwork, multiaddr: Multiaddr) -> None:
         pass

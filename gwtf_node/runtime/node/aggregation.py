@@ -159,6 +159,17 @@ class Aggregation:
         """What the phase waits for at `t` (`Phases.waiting`: status.json's `waiting_for`)."""
         return self.phases.waiting(t) if self.phases is not None else []
 
+    def peers_at_work(self, t: float) -> set[str]:
+        """The peers the phase waits for at `t` and this node's stage-mates in the aggregations begun and not
+        stepped here (their all-reduce; liveness.py's `at_work`)."""
+        ph, stage = self.phases, self.peers.stage
+        if ph is None:
+            return set()
+        out = {p for w in ph.waiting(t) for p in w.peers}
+        for it in ph.begun - ph.stepped if stage is not None else ():
+            out |= ph.group(it, stage) or set()
+        return out
+
     def group(self, iteration: int, stage: int) -> set[str] | None:
         return self.phases.group(iteration, stage) if self.phases is not None else None
 

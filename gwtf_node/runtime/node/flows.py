@@ -108,6 +108,12 @@ class Flows:
     def last_change(self) -> float | None:
         return self.machine.stats.last_change if self.machine else None
 
+    def peers_with_units(self) -> set[str]:
+        """The next and previous hops of this node's flows (liveness.py's `at_work`)."""
+        if self.machine is None:
+            return set()
+        return {p for side in (self.machine.out, self.machine.inn) for v in side.values() for p, n in v.items() if n}
+
     def units_through(self) -> int:
         """Units of flow through this node (a relay's utilization report)."""
         return sum(sum(v.values()) for v in self.machine.inn.values()) if self.machine else 0

@@ -9,16 +9,25 @@ side's Ping is heard by the other, so a quiet pair exchanges one Ping and its
 Pong per third of a deadline.  A dead peer goes to `on_dead`, which forgets
 it everywhere (routing, flow machine, aggregation groups, recovery machine,
 all-reduce in flight).  The simulator models this check with the same
-constants (`sim/train/setting.py`, DAEMON_DETECT_S and MIDDLE_DATA_DETECT_S).
+constants (`sim/train/setting.py`, DAEMON_DETECT_S, MIDDLE_DATA_DETECT_S,
+IDLE_DETECT_S).
 
-Every relay watches every data node, but only the relays of the first and
-last stages exchange microbatches with it: a relay of a middle stage gives a
-data node the loose floor `LOOSE_DEAD_AFTER_S` (30 s: a Ping every 10 s of
-silence instead of every 2 s), so that a data node answers a fifth of those
-relays' Pings (at 100 daemons, 1 + 11 x 9, it answered 166-220 Pongs an
-iteration with every relay at 2 s).  A middle relay then presumes a dead
-data node dead up to 31 s after its crash (the first and last stages within
-7 s), and forgets its microbatches then.
+Watching follows the work (`loose`).  A relay watches another relay closely
+only while it works with it (`at_work`, asked once per check: the flows
+through this node, its microbatches in flight, the aggregation's groups and
+waits, node.py), or while its last connection to this node is closed and it
+was not heard since (`connection_lost`: a process that ends closes its
+connections).  The other relays of its stage and the stages next to it get
+the loose floor `LOOSE_DEAD_AFTER_S` (30 s: a Ping after 10 s of silence
+instead of 2 s), so that its Pings grow with its work, not with the relays
+per stage; so does a data node watched by a relay of a middle stage.  A peer
+watched closely from now is pinged at the next check, and its silence counts
+against the close deadline only from then (`close_since`).  A data node
+watches every relay closely (its leader names the aggregation's groups).  A
+crashed process is found within 7 s by every node connected to it; a machine
+that goes away without closing its connections (power, network), by the
+nodes working with it within 7 s, by the others within 31 s (the
+simulator's `idle_detect_s`, and `middle_data_detect_s` for a data node).
 
 Busy is not dead.  Compute, steps and checkpoint writes run in worker
 threads (stage.py, allreduce.py, checkpoints.py), but on a loaded machine a
@@ -31,16 +40,8 @@ or loop lag: stage-mates hold parts of about the same size.  Floor 6 s,
 factor 2, ceiling MAX_DEADLINE_S (600 s): a model of a few MB stays at the
 floor, and a crash is found as quickly as ever.
 
-Slow is not dead either.  Each liveness Ping's round trip is timed (at most
-`PINGS_KEPT` nonces per peer) and smoothed as TCP does (RFC 6298: srtt,
-rttvar, gains 1/8 and 1/4); a peer's deadline is at least `RTT_FACTOR` x its
-retransmission timeout (srtt + 4 x rttvar): a Ping goes after a third of the
-deadline, so its Pong has two timeouts.  Round trips grow when a path or a
-peer is overloaded (on a machine with more daemons than cores: loopback round
-trips of 0.3-4.5 s with 50 daemons on 2 cores, each loop's own lag under
-2.1 s), and the deadline with them.  A peer not timed yet gets the longest
-timeout of the peers timed (a data node that every relay greets at once
-answers its first Pings as late as any).
+Slow is not dead either: a peer's deadline grows with its round trips
+(`RoundTrips`).
 
 Silence counts only while this node's own loop ran: when the check wakes
 more than `SELF_STALL_S` late, every peer's silence restarts then
@@ -85,7 +86,16 @@ WAITING_LOG_EVERY_S = 30.0  # a relay with no live data node says so this often
 
 
 class RoundTrips:
-    """One peer's smoothed round trip (RFC 6298's srtt and rttvar, in seconds)."""
+    """One peer's smoothed round trip (RFC 6298's srtt and rttvar, in seconds).
+
+    Slow is not dead.  Each liveness Ping's round trip is timed (at most `PINGS_KEPT` nonces per peer) and smoothed
+    as TCP does (RFC 6298: srtt, rttvar, gains 1/8 and 1/4); a peer's deadline is at least `RTT_FACTOR` x its
+    retransmission timeout (srtt + 4 x rttvar): a Ping goes after a third of the deadline, so its Pong has two
+    timeouts.  Round trips grow when a path or a peer is overloaded (on a machine with more daemons than cores:
+    loopback round trips of 0.3-4.5 s with 50 daemons on 2 cores, each loop's own lag under 2.1 s), and the deadline
+    with them.  A peer not timed yet gets the longest timeout of the peers timed (a data node that every relay greets
+    at once answers its first Pings as late as any).
+    """
 
     __slots__ = ("srtt", "rttvar")
 
@@ -109,7 +119,8 @@ def dead_after_s(peer_work_s: float, own_work_s: float, *, floor_s: float = DEAD
 
 class Liveness:
     def __init__(self, wire: Wire, peers: Peers, on_dead: Callable[[str], None],
-                 compute_ms: Callable[[], float] = lambda: 0.0, work_s: Callable[[], float] = lambda: 0.0) -> None:
+                 compute_ms: Callable[[], float] = lambda: 0.0, work_s: Callable[[], float] = lambda: 0.0,
+                 at_work: Callable[[], set[str]] = set) -> None:
         self.wire = wire
         self.peers = peers
         self.on_dead = on_dead
@@ -128,6 +139,9 @@ class Liveness:
         self.round_trips: dict[str, RoundTrips] = {}  # each peer's smoothed liveness round trip (module doc)
         self.pinged: dict[str, dict[int, float]] = {}  # peer -> its Pings awaiting a Pong: nonce -> sent at
         self._nonces = 0  # the last nonce given (`new_nonce`)
+        self.at_work = at_work  # the peers this node works with now (module doc), asked once per check
+        self.close_since: dict[str, float] = {}  # relays watched closely (at work) at the last check -> since when
+        self.lost_at: dict[str, float] = {}  # peers whose last connection closed, not heard since -> when
 
     @property
     def crashed(self):
@@ -147,8 +161,35 @@ class Liveness:
         told = max(self.peer_compute_ms.get(peer, 0.0), self.peer_busy_ms.get(peer, 0.0)) / 1000.0
         rtts = self.round_trips.get(peer)
         rto = rtts.rto_s() if rtts is not None else max((r.rto_s() for r in self.round_trips.values()), default=0.0)
-        floor = max(LOOSE_DEAD_AFTER_S if self.peers.watches_loosely(peer) else DEAD_AFTER_S, RTT_FACTOR * rto)
+        floor = max(LOOSE_DEAD_AFTER_S if self.loose(peer) else DEAD_AFTER_S, RTT_FACTOR * rto)
         return dead_after_s(told, self.busy_s(), floor_s=min(floor, MAX_DEADLINE_S))
+
+    def loose(self, peer: str) -> bool:
+        """`peer` gets the loose floor (module doc): a data node watched by a relay of a middle stage (only the relays
+        of the first and last stages exchange microbatches with it: at 100 daemons, 1 + 11 x 9, a data node answered
+        166-220 Pongs an iteration with every relay at the close floor), or a relay watched by a relay that does not
+        work with it (as of the last check)."""
+        if self.peers.watches_loosely(peer):
+            return True
+        p = self.peers.get(peer)
+        return (self.peers.role == "relay" and p is not None and p.role == "relay"
+                and peer not in self.close_since)
+
+    def _watch_work(self, watched: set[str], t: float) -> None:
+        """Which relays are watched closely from this check on (`at_work`); one that comes to work now is
+        watched closely from `t` (`close_since`)."""
+        if self.peers.role != "relay":
+            self.close_since.clear()
+            return
+        heard = self.peers.last_heard
+        self.lost_at = {p: t0 for p, t0 in self.lost_at.items() if p in watched and heard.get(p, t0) <= t0}
+        working = (self.at_work() | self.lost_at.keys()) & watched
+        self.close_since = {p: self.close_since.get(p, t) for p in working}
+
+    def connection_lost(self, peer: str) -> None:
+        """`peer`'s last connection to this node closed (runtime/net/limits.py's `ConnectionLoss`): watched
+        closely until it is heard again (module doc)."""
+        self.lost_at[peer] = now()
 
     def busy_s(self) -> float:
         """This node's longest work or event-loop lag (module doc), in seconds: told in every Pong."""
@@ -176,10 +217,12 @@ class Liveness:
             for pid in [p for p in self.round_trips if p not in self.peers.peers]:
                 self.round_trips.pop(pid)
                 self.pinged.pop(pid, None)
-        for pid in sorted(self.peers.watched()):
+        watched = self.peers.watched()
+        self._watch_work(watched, t)
+        for pid in sorted(watched):
             silent = self.peers.silent_for(pid, t)
             deadline = self.deadline_s(pid)
-            if min(silent, t - self.resumed_at) > deadline:
+            if min(silent, t - max(self.resumed_at, self.close_since.get(pid, float("-inf")))) > deadline:
                 self._presume_dead(pid, silent, deadline)
             elif silent >= max(PING_EVERY_S, PING_AFTER * deadline):
                 self._ping(pid, t)

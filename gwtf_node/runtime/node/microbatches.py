@@ -556,6 +556,12 @@ class Microbatches:
             if self.peers.role == "data":  # its first stage may be empty now: what needs it cannot complete
                 self._apply(self.rec.give_up_stranded(now()))
 
+    def peers_in_flight(self) -> set[str]:
+        """The peers this node's microbatches in flight came from or went to (liveness.py's `at_work`)."""
+        if self.rec is None:
+            return set()
+        return {p for r in self.rec.mbs.values() for p in (getattr(r, "prev", None), r.next) if p}
+
     def waits(self, t: float) -> list[dict]:
         """status.json's `waiting_for` here: a data node holding its next iteration back while a stage is empty."""
         p = self.paused

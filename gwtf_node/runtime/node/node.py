@@ -77,6 +77,7 @@ from ..net.host import DHT_NAMESPACE
 from .joining import Joining
 from .leadership import Leadership
 from .liveness import Liveness
+from ..net.limits import ConnectionLoss
 from .microbatches import Microbatches
 from .routes import Admit, Route, routes
 from ..net.peers import AddressBook, Arrival, PeerInfo, Peers, Place, readmission_refusal
@@ -246,7 +247,8 @@ class Node:
         from .allreduce import AllReducer
 
         liveness = Liveness(wire, peers, lambda peer: self._peer_gone(peer, presumed=True), self.stage.compute_ms,
-                            self.stage.busiest_s)
+                            self.stage.busiest_s, at_work=self._at_work)
+        host.libp2p.get_network().register_notifee(ConnectionLoss(liveness.connection_lost))
         discovery = Discovery(wire, peers, host, self.manifest, self.links_cfg, on_peer_hello=self._peer_hello,
                               applied_steps=lambda: self.stage.applied_steps, incarnation=self.incarnation,
                               on_peer_back=self._peer_back, certificate=self.certificate,
@@ -354,6 +356,14 @@ class Node:
         p.aggregation.forget(peer, presumed=presumed)
         p.microbatches.peer_gone(peer)
         p.aggregation.after_gone(peer)
+
+    def _at_work(self) -> set[str]:
+        """The peers this node works with now: its flows, its microbatches in flight, its aggregation's groups
+        and waits (liveness.py watches them closely)."""
+        p = self.parts
+        if p is None:
+            return set()
+        return p.flows.peers_with_units() | p.microbatches.peers_in_flight() | p.aggregation.peers_at_work(now())
 
     def _drop_peer(self, peer: str) -> None:
         """A banned or revoked peer: gone everywhere, disconnected (its frames are refused from now on)."""

@@ -108,11 +108,15 @@ class ChurnDriver:
         stage = self.stage[nid]
         self._allreduce_crash(nid)  # its stage's round waits for the report if it had not done its part
         self._schedule_reflow()
-        later: tuple[str, ...] = ()  # a data node's crash: the relays of middle stages learn of it later (liveness.py)
+        later: tuple[str, ...] = ()  # who learns of it later, as the daemon's liveness check (liveness.py)
         if nid in self.data and self.options.middle_data_detect_s > self.options.detect_s:
             later = tuple(r for r, k in sorted(self.stage.items()) if r not in self.data and r not in self.dead
                           and 0 < k < self.S - 1)
             self._push(self.now + self.options.middle_data_detect_s, Gone(nid, later, late=True))
+        elif nid not in self.data and self.options.idle_detect_s > self.options.detect_s:
+            later = self._idle_watchers(nid)
+            self.idle_watchers[nid] = dict.fromkeys(later, False)
+            self._push(self.now + self.options.idle_detect_s, Gone(nid, later, late=True))
         self._push(self.now + self.options.detect_s, Gone(nid, later))
         if nid in self.data:
             self.data_crashed[nid] = self.nodes[nid].rec.iteration
@@ -123,6 +127,32 @@ class ChurnDriver:
             dl = STAGE_STATE_MB * 8.0 / min(self.net.link(p, nid)[1] for p in peers) if peers else 0.0
             self.pending_joins.append((self.now + REJOIN_S + dl, nid, stage, self.cap[nid]))
             self._push(self.now + REJOIN_S + dl, Rejoin(nid))
+
+    def _idle_watchers(self, nid: str) -> tuple[str, ...]:
+        """The live relays of relay `nid`'s stage and the stages next to it that do not work with it now: no flow
+        between them, no microbatch of one held by the other as its previous or next hop, no aggregation begun and
+        not stepped, or phase wait, that names it (the daemon's `at_work`, runtime/node/node.py)."""
+        k = self.stage[nid]
+        near = [r for r, s in sorted(self.stage.items()) if abs(s - k) <= 1 and r != nid and r not in self.data
+                and r not in self.dead]
+        work = {j for v in self.nodes[nid].rec.out.values() for j, u in v.items() if u}  # its next hops
+        return tuple(r for r in near if r not in work and not self._works_with(r, nid))
+
+    def _comes_to_work(self, r: str, nid: str) -> None:
+        """Relay `r` sends crashed relay `nid` a message or a unit of flow: if it was not told yet and watched `nid`
+        loosely, it watches it closely from now and learns of it DETECT_S later (liveness.py's `close_since`)."""
+        pending = self.idle_watchers.get(nid, {})
+        if pending.get(r) is False:
+            pending[r] = True
+            self._push(self.now + self.options.detect_s, Gone(nid, (r,), late=True))
+
+    def _works_with(self, r: str, nid: str) -> bool:
+        """Relay `r` works with `nid` now (`_idle_watchers`)."""
+        rec, ph, k = self.nodes[r].rec, self.nodes[r].phases, self.stage[r]
+        return (any(v.get(nid) for v in rec.out.values())
+                or any(nid in (getattr(x, "prev", None), x.next) for x in rec.mbs.values())
+                or any(nid in w.peers for w in ph.waiting(self.now))
+                or any(nid in (ph.group(it, k) or ()) for it in ph.begun - ph.stepped))
 
     # ---------------------------------------------------------------- the run's start and its stops (`run`)
     def _begin(self, until: float | None) -> int | None:

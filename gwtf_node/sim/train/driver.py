@@ -57,6 +57,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         self.stage: dict[str, int] = {d: -1 for d in self.data}
         self.cap: dict[str, int] = {}
         self.dead: set[str] = set()
+        self.idle_watchers: dict[str, dict[str, bool]] = {}  # a crashed relay -> relays near it not told (churn.py)
         self.queue = EventQueue()  # the events to come and the clock (events.py)
         self._tv: dict = {}
         self.drivers: dict = {}  # (node, machine) -> its SimDriver (interpret.py)
@@ -372,6 +373,9 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
     def _on_flow_event(self, ev: FlowDeliver | FlowTimer) -> None:
         node = ev.node
         if node in self.dead:
+            fm = self.fnodes.get(ev.sender) if type(ev) is FlowDeliver else None
+            if fm is not None and any(v.get(node) for v in fm.out.values()):
+                self._comes_to_work(ev.sender, node)  # (it moved a unit of flow to the dead relay)
             return
         fm = self.fnodes[node]
         cpu0 = time.process_time()
@@ -393,6 +397,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
             self._join_message(node, sender, msg)
             return
         if node in self.dead:
+            self._comes_to_work(sender, node)
             return
         m = self.nodes[node].rec
         self.events += 1
@@ -460,12 +465,14 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         """The membership layer tells every live node that `gone` is gone (but `later`; `late`: only `later`).
         The aggregation phase always hears it (the all-reduce needs the live group); the flow and microbatch
         machines only with `detect` (without it they find crashes by their own timeouts)."""
+        if late and gone in self.idle_watchers:  # (each told once: the first of its two reports)
+            later = tuple(n for n in later if self.idle_watchers[gone].pop(n, None) is not None)
         if not late:
             self.reported_gone.add(gone)
             self._placement_gone(gone)
             self._source_gone(gone)
             if self.options.detect and self.machines:
-                self._flow_gone(gone)
+                self._flow_gone(gone, later)
         for nid in sorted(self.nodes):
             if nid in self.dead or nid == gone or (nid in later) != late:
                 continue
@@ -476,6 +483,8 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
                 if nid in self.data:  # as the daemon: with its first stage empty, what needs it is given up
                     self._apply(nid, self.nodes[nid].rec.give_up_stranded(self.now))
         if late:
+            if self.options.detect and self.machines:
+                self._flow_gone(gone, later, late=True)
             return
         for d in self._live_data():
             if self._leading(d):

@@ -78,7 +78,7 @@ class Gone(SimEvent):
     """The membership layer reports `node` gone: to every node but `later`, or (`late`) only to `later`."""
 
     node: str
-    later: tuple[str, ...] = ()  # nodes that learn of it later (a data node's crash, at relays of middle stages)
+    later: tuple[str, ...] = ()  # nodes that learn of it later (churn.py's `_crash`)
     late: bool = False
 
 

@@ -94,11 +94,12 @@ class FlowDriver:
             else:
                 self._apply(nid, self.nodes[nid].rec.start(self.now))
 
-    def _flow_gone(self, gone: str) -> None:
+    def _flow_gone(self, gone: str, later: tuple[str, ...] = (), late: bool = False) -> None:
         """The membership layer reports `gone`: every live flow machine linked to it removes it (the daemon's
-        `_forget_peer`); the machines re-form the flows through it with their own messages."""
+        `_forget_peer`; but those in `later`, or with `late` only those); the machines re-form the flows through it
+        with their own messages."""
         for nid in sorted(self.fnodes):
-            if nid in self.dead or nid == gone:
+            if nid in self.dead or nid == gone or (nid in later) != late:
                 continue
             fm = self.fnodes[nid]
             c = fm.cfg

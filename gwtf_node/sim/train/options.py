@@ -14,7 +14,7 @@ from ...protocol.phasefan import FAN_OUT
 from ...protocol.phases import CanTakeRule
 from ...protocol.phasewaits import WAIT_BOUND_S
 from .joining import JOININGS
-from .setting import DETECT_S, FLOW_OPTIONS, MIDDLE_DATA_DETECT_S, PRIOR_RULES, ROUTINGS, SWARM_REACTIONS
+from .setting import DETECT_S, FLOW_OPTIONS, IDLE_DETECT_S, MIDDLE_DATA_DETECT_S, PRIOR_RULES, ROUTINGS, SWARM_REACTIONS
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class TrainSimOptions:
     one_wave: bool = False  # the paper's one-wave iteration with deferral ("One wave", protocol/recovery/)
     detect_s: float = DETECT_S  # how long after a crash the membership layer reports it
     middle_data_detect_s: float = MIDDLE_DATA_DETECT_S  # ... a data node's to the relays of middle stages
+    idle_detect_s: float = IDLE_DETECT_S  # ... a relay's to the relays near it that do not work with it (churn.py)
     fastest_unit: bool = True  # GWTF's "Fastest unit first" (protocol/recovery/)
     unpresume: bool = True  # a peer presumed dead that is still heard is alive again
     can_take: str = CanTakeRule.ALL.value  # phases.CanTakeRule

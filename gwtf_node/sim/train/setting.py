@@ -52,6 +52,9 @@ DETECT_S = DAEMON_DETECT_S
 # a relay of a middle stage gives a data node the loose deadline (LOOSE_DEAD_AFTER_S = 30 s, liveness.py): it learns
 # of a data node's crash this long after it
 MIDDLE_DATA_DETECT_S = 31.0
+# a relay watches the relays it does not work with loosely too (same deadline): those of its stage and the stages next
+# to it learn of a relay's crash this long after it, or DETECT_S after they send it a microbatch's message
+IDLE_DETECT_S = 31.0
 FLOW_CONVERGE_S = 60.0  # the flow machines settle this long after a change (paper: ~120 rounds, "roughly a minute")
 MAX_SIM_S_PER_ITERATION = 4 * 3600.0
 LINKS_FILE = Path(__file__).resolve().parents[2] / "data" / "geo12-links.json"  # shipped with the package
