@@ -103,7 +103,7 @@ async def test_an_answering_relay_at_work_stays_and_one_that_leaves_work_goes_ba
 
 
 @pytest.mark.trio
-async def test_a_data_node_watches_every_relay_closely_and_relays_watch_the_edge_data_node_as_ever() -> None:
+async def test_a_data_node_watches_the_relays_of_the_edge_stages_closely_and_they_watch_it_as_ever() -> None:
     lv, peers, dead, work = _relay(role="data", stage=-1)
     peers.peers["A"] = PeerInfo("A", role="relay", stage=0, name="a")
     peers.peers["C"] = PeerInfo("C", role="relay", stage=2, name="c")
@@ -125,8 +125,9 @@ async def test_a_relay_whose_connection_closed_is_watched_closely_until_it_is_he
     clock["t"] = 5.0
     lv.connection_lost("B")  # B's process ended: its connections closed
     lv.connection_lost("C")  # C's closed too, but C is alive: its Pong comes
+    lv.connection_lost("D")  # the data node's (watched loosely by this middle relay) closed: its process ended
     lv.check(5.0)
-    assert set(lv.wire.pings) == {"B", "C"} and lv.deadline_s("B") == liveness.DEAD_AFTER_S
+    assert set(lv.wire.pings) == {"B", "C", "D"} and lv.deadline_s("B") == lv.deadline_s("D") == liveness.DEAD_AFTER_S
     peers.heard("C", 5.5)
     for t in range(6, 11):
         lv.check(float(t))
@@ -134,4 +135,4 @@ async def test_a_relay_whose_connection_closed_is_watched_closely_until_it_is_he
     lv.check(11.0)
     assert dead == []  # watched closely for 6 s, no more yet
     lv.check(12.0)
-    assert dead == ["B"]
+    assert dead == ["B", "D"]
