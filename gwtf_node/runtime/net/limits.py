@@ -28,7 +28,29 @@ MAX_CTRL_STREAMS_PER_PEER = 4  # incoming control streams read at once per peer;
 MAX_PENDING_SESSIONS_PER_PEER = 4  # tensor-channel handshakes awaiting their connection per peer; the oldest goes
 
 
-class ConnectionBound(INotifee):
+class _Notifee(INotifee):
+    """A libp2p notifee that does nothing: a subclass overrides what it listens to."""
+
+    async def connected(self, network: INetwork, conn: INetConn) -> None:
+        pass
+
+    async def opened_stream(self, network: INetwork, stream: INetStream) -> None:
+        pass
+
+    async def closed_stream(self, network: INetwork, stream: INetStream) -> None:
+        pass
+
+    async def disconnected(self, network: INetwork, conn: INetConn) -> None:
+        pass
+
+    async def listen(self, network: INetwork, multiaddr: Multiaddr) -> None:
+        pass
+
+    async def listen_close(self, network: INetwork, multiaddr: Multiaddr) -> None:
+        pass
+
+
+class ConnectionBound(_Notifee):
     """Closes a peer's newest libp2p connection beyond `MAX_CONNECTIONS_PER_PEER`."""
 
     def __init__(self, limit: int = MAX_CONNECTIONS_PER_PEER) -> None:
@@ -46,45 +68,15 @@ class ConnectionBound(INotifee):
                 except Exception:  # noqa: BLE001 - the connection is going anyway
                     pass
 
-    async def opened_stream(self, network: INetwork, stream: INetStream) -> None:
-        pass
 
-    async def closed_stream(self, network: INetwork, stream: INetStream) -> None:
-        pass
-
-    async def disconnected(self, network: INetwork, conn: INetConn) -> None:
-        pass
-
-    async def listen(self, network: INetwork, multiaddr: Multiaddr) -> None:
-        pass
-
-    async def listen_close(self, network: INetwork, multiaddr: Multiaddr) -> None:
-        pass
-
-
-class ConnectionLoss(INotifee):
+class ConnectionLoss(_Notifee):
     """Tells `on_lost(peer id)` when a peer's last libp2p connection closes: a peer whose process ended closes its
     connections, and its watchers then watch it closely (runtime/node/liveness.py, `connection_lost`)."""
 
     def __init__(self, on_lost: Callable[[str], None]) -> None:
         self.on_lost = on_lost
 
-    async def connected(self, network: INetwork, conn: INetConn) -> None:
-        pass
-
-    async def opened_stream(self, network: INetwork, stream: INetStream) -> None:
-        pass
-
-    async def closed_stream(self, network: INetwork, stream: INetStream) -> None:
-        pass
-
     async def disconnected(self, network: INetwork, conn: INetConn) -> None:
         peer = conn.muxed_conn.peer_id
         if not network.get_connections(peer):
             self.on_lost(peer.to_base58())
-
-    async def listen(self, network: INetwork, multiaddr: Multiaddr) -> None:
-        pass
-
-    async def listen_close(self, network: INetwork, multiaddr: Multiaddr) -> None:
-        pass
