@@ -25,12 +25,11 @@ watched closely from now is pinged at the next check, and its silence counts
 against the close deadline only from then (`close_since`).  A data node
 watches the relays of the first and last stages closely, as before.  A
 crashed relay process is found within 7 s by every relay connected to it
-(a data node's closed connections do not bring the middle relays' Pings
-back: at 100 daemons on 2 cores a saturated data node's connections close
-and reopen, and 77 relays pinging it every 2 s stalled a run); a machine
-that goes away without closing its connections (power, network), by the
-nodes working with it within 7 s, by the others within 31 s (the
-simulator's `idle_detect_s`, and `middle_data_detect_s` for a data node).
+(not a data node by the middle relays: 77 relays pinging a saturated data
+node every 2 s is the likely cause of a 100-daemon stall); a machine that
+goes away without closing its connections (power, network), by the nodes
+working with it within 7 s, by the others within 31 s (the simulator's
+`idle_detect_s`, and `middle_data_detect_s` for a data node).
 
 Busy is not dead.  Compute, steps and checkpoint writes run in worker
 threads (stage.py, allreduce.py, checkpoints.py), but on a loaded machine a
