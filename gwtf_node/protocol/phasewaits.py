@@ -181,3 +181,13 @@ class PhaseWaits:
                 eff += self._send(now, PhaseKind.BEGIN, w.iteration, p, out)
             return "BEGIN AGGREGATION sent to them again", eff
         return "", []
+
+
+def peers_at_work(phases, t: float, stage: int | None) -> set[str]:
+    """The peers a node's aggregation phase (`phases.Phases`) works with at `t`: those its waits name, and its
+    stage's group in the aggregations begun and not stepped there (their all-reduce; the liveness check watches
+    them closely: runtime/node/liveness.py, and the simulator's `_idle_watchers`)."""
+    out = {p for w in phases.waiting(t) for p in w.peers}
+    for it in phases.begun - phases.stepped if stage is not None else ():
+        out |= phases.group(it, stage) or set()
+    return out

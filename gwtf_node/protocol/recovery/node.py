@@ -132,6 +132,11 @@ class RecoveryNode:
     e2e_est = property(lambda self: self.data.e2e_est, doc="data node: EWMA of its microbatches' round trips")
     lent = property(lambda self: self.data.lent, doc="data node: units lent to it this iteration, per relay")
 
+    def peers_in_flight(self) -> set[str]:
+        """The peers this node's microbatches came from or went to (a relay's records' `prev` and `next`, a data
+        node's `next`): the liveness check watches them closely."""
+        return {p for r in self.mbs.values() for p in (getattr(r, "prev", None), r.next) if p}
+
     def set_data_nodes(self, nodes: tuple[str, ...]) -> None:
         """The run's data nodes now (one gone, or back: neighbours.py)."""
         self.cfg = replace(self.cfg, data_nodes=nodes)

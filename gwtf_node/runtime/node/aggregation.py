@@ -68,6 +68,7 @@ from ...protocol import messages as m
 from ...protocol.effects import Send
 from ...protocol.completions import completed_named
 from ...protocol.phases import NOT_READY, RETRY_S, LeftOut, OpenIteration, OutOfStep, Overdue, PhaseTimer, WatchTimer
+from ...protocol.phasewaits import peers_at_work
 from ...protocol.pipeline import Phases, StartStep
 from ...protocol.roundcheck import RoundOf, from_records, to_records, trim
 from .checkpointer import Checkpointer
@@ -162,13 +163,7 @@ class Aggregation:
     def peers_at_work(self, t: float) -> set[str]:
         """The peers the phase waits for at `t` and this node's stage-mates in the aggregations begun and not
         stepped here (their all-reduce; liveness.py's `at_work`)."""
-        ph, stage = self.phases, self.peers.stage
-        if ph is None:
-            return set()
-        out = {p for w in ph.waiting(t) for p in w.peers}
-        for it in ph.begun - ph.stepped if stage is not None else ():
-            out |= ph.group(it, stage) or set()
-        return out
+        return peers_at_work(self.phases, t, self.peers.stage) if self.phases is not None else set()
 
     def group(self, iteration: int, stage: int) -> set[str] | None:
         return self.phases.group(iteration, stage) if self.phases is not None else None

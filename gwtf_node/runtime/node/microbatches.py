@@ -558,9 +558,7 @@ class Microbatches:
 
     def peers_in_flight(self) -> set[str]:
         """The peers this node's microbatches in flight came from or went to (liveness.py's `at_work`)."""
-        if self.rec is None:
-            return set()
-        return {p for r in self.rec.mbs.values() for p in (getattr(r, "prev", None), r.next) if p}
+        return self.rec.peers_in_flight() if self.rec is not None else set()
 
     def waits(self, t: float) -> list[dict]:
         """status.json's `waiting_for` here: a data node holding its next iteration back while a stage is empty."""

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 from ...protocol.membership import JoinerConfig, JoinerMachine
 from ...protocol.messages import Assignment
+from ...protocol.phasewaits import peers_at_work
 from .events import Gone, Halt, LeaveWaited, Rejoin
 from .setting import BACKWARD_S, FORWARD_S, MICROBATCHES, REJOIN_S, STAGE_STATE_MB
 
@@ -148,11 +149,9 @@ class ChurnDriver:
 
     def _works_with(self, r: str, nid: str) -> bool:
         """Relay `r` works with `nid` now (`_idle_watchers`)."""
-        rec, ph, k = self.nodes[r].rec, self.nodes[r].phases, self.stage[r]
-        return (any(v.get(nid) for v in rec.out.values())
-                or any(nid in (getattr(x, "prev", None), x.next) for x in rec.mbs.values())
-                or any(nid in w.peers for w in ph.waiting(self.now))
-                or any(nid in (ph.group(it, k) or ()) for it in ph.begun - ph.stepped))
+        rec = self.nodes[r].rec
+        return (any(v.get(nid) for v in rec.out.values()) or nid in rec.peers_in_flight()
+                or nid in peers_at_work(self.nodes[r].phases, self.now, self.stage[r]))
 
     # ---------------------------------------------------------------- the run's start and its stops (`run`)
     def _begin(self, until: float | None) -> int | None:
