@@ -193,7 +193,7 @@ def _add_train_parser(simsub) -> None:
 
 def _add_membership_flags(t) -> None:
     """`sim train`'s flags of how crashes are learnt of and acted on (the defaults are the daemon's)."""
-    from ..sim.train import DETECT_S, IDLE_DETECT_S, SWARM_REACTIONS
+    from ..sim.train import DETECT_S, IDLE_DETECT_S, LOOSE_S_PER_PEER, SWARM_REACTIONS
 
     t.add_argument("--swarm-reacts-to", choices=SWARM_REACTIONS, default="membership",
                    help="what makes SWARM restart a microbatch in its backward pass: the membership layer's "
@@ -210,6 +210,10 @@ def _add_membership_flags(t) -> None:
                    help=f"the relays near a crashed relay that do not work with it learn of it this long after it "
                         f"(default {IDLE_DETECT_S:g} s: the daemon's loose watch, a machine gone without closing its "
                         f"connections; {DETECT_S:g}: a process that ends and closes them)")
+    t.add_argument("--loose-per-peer-s", type=_seconds, default=LOOSE_S_PER_PEER,
+                   help=f"... or this many seconds per peer the watcher watches loosely, when more (default "
+                        f"{LOOSE_S_PER_PEER:g} s: the daemon's loose floor for more than 12 loose peers; 0: the "
+                        "floor whatever the swarm's size)")
     t.add_argument("--no-unpresume", dest="unpresume", action="store_false",
                    help="a peer presumed dead on a hop deadline stays dead even while still heard")
 
@@ -224,7 +228,9 @@ def sim_train_options(args: argparse.Namespace) -> dict:
     return dict(routing=args.routing, reflow=args.reflow, lend=args.lend, fastest_unit=args.fastest_unit,
                 one_wave=args.one_wave, swarm_reacts_to=args.swarm_reacts_to,
                 gwtf_acts_on_gone=args.gwtf_acts_on_gone, detect=args.detect, detect_s=args.detect_s,
-                idle_detect_s=args.idle_detect_s, unpresume=args.unpresume, join_mid_iteration=args.join_mid_iteration, can_take=args.can_take,
+                idle_detect_s=args.idle_detect_s,
+                loose_per_peer_s=args.loose_per_peer_s, unpresume=args.unpresume,
+                join_mid_iteration=args.join_mid_iteration, can_take=args.can_take,
                 phase_fan_out=args.phase_fan_out, begin_groups=args.begin_groups,
                 joining=args.joining, priors=args.priors, spare_last=args.spare_last, join_links=args.join_links,
                 flow_options=_flow_options(args))

@@ -137,3 +137,32 @@ async def test_a_relay_whose_connection_closed_is_watched_closely_until_it_is_he
     assert dead == []  # watched closely for 6 s, no more yet
     lv.check(12.0)
     assert dead == ["B"]
+
+
+@pytest.mark.trio
+async def test_the_loose_floor_grows_with_the_peers_watched_loosely_so_that_the_loose_pings_do_not() -> None:
+    lv, peers, dead, work = _relay()
+    lv.check(0.0)
+    assert lv.loose_peers == 4 and lv.deadline_s("B") == lv.deadline_s("D") == liveness.LOOSE_DEAD_AFTER_S
+    for i in range(21):  # a big swarm: 7 more relays in each of the three stages near this one
+        peers.peers[f"X{i}"] = PeerInfo(f"X{i}", role="relay", stage=i % 3, name=f"x{i}")
+        peers.heard(f"X{i}", 0.0)
+    work.add("A")  # ... one of which it works with: watched closely, not counted
+    lv.check(1.0)
+    assert lv.loose_peers == 24
+    assert lv.deadline_s("B") == lv.deadline_s("D") == pytest.approx(liveness.LOOSE_S_PER_PEER * 24)  # 60 s
+    assert lv.deadline_s("A") == liveness.DEAD_AFTER_S
+    assert liveness.loose_floor_s(12) == liveness.LOOSE_DEAD_AFTER_S  # up to 12 loose peers: the 30 s floor
+    for t in range(2, 19):
+        peers.heard("A", float(t))
+        lv.check(float(t))
+    assert set(lv.wire.pings) <= {"A"}  # no loose peer pinged after 18 s of silence (the 30 s floor pings after 10) ...
+    lv.check(20.0)
+    loose = sorted(p for p in lv.wire.pings if p != "A")  # (A, at work, is watched closely)
+    assert loose == sorted(["B", "C", "D", *(f"X{i}" for i in range(21))]) and dead == []
+    for t in range(21, 61):
+        peers.heard("A", float(t))
+        lv.check(float(t))
+    assert dead == []
+    lv.check(61.0)
+    assert sorted(dead) == sorted(["B", "C", "D", *(f"X{i}" for i in range(21))])

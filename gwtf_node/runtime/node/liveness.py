@@ -17,19 +17,19 @@ only while it works with it (`at_work`, asked once per check: the flows
 through this node, its microbatches in flight, the aggregation's groups and
 waits, node.py), or while its last connection to this node is closed and it
 was not heard since (`connection_lost`: a process that ends closes its
-connections).  The other relays of its stage and the stages next to it get
-the loose floor `LOOSE_DEAD_AFTER_S` (30 s: a Ping after 10 s of silence
-instead of 2 s), so that its Pings grow with its work, not with the relays
-per stage; so does a data node watched by a relay of a middle stage.  A peer
+connections).  The other relays of its stage and the stages next to it, and a
+data node watched from a middle stage (its microbatches' passes count as
+hearing it, microbatches.py), get the loose floor `loose_floor_s`: 30 s, or
+2.5 s per peer watched loosely when more than 12 (a Ping after a third), so
+that a node's Pings grow with its work, not with the relays per stage.  A peer
 watched closely from now is pinged at the next check, and its silence counts
 against the close deadline only from then (`close_since`).  A data node
-watches the relays of the first and last stages closely, as before.  A
-crashed relay process is found within 7 s by every relay connected to it
-(not a data node by the middle relays: 77 relays pinging a saturated data
-node every 2 s is the likely cause of a 100-daemon stall); a machine that
-goes away without closing its connections (power, network), by the nodes
-working with it within 7 s, by the others within 31 s (the simulator's
-`idle_detect_s`, and `middle_data_detect_s` for a data node).
+watches the first and last stages' relays closely.  A crashed relay process
+is found within 7 s by every relay connected to it (not a data node by the
+middle relays: 77 relays pinging a saturated data node every 2 s is the
+likely cause of a 100-daemon stall); a machine that goes away without closing
+its connections, by the nodes working with it within 7 s, by the others within
+the loose floor plus a second (the simulator's `idle_detect_s`, `middle_data_detect_s`).
 
 Busy is not dead.  Compute, steps and checkpoint writes run in worker
 threads (stage.py, allreduce.py, checkpoints.py), but on a loaded machine a
@@ -77,7 +77,8 @@ log = logging.getLogger("gwtf.node")
 PING_EVERY_S = 1.0  # the check's period
 PING_AFTER = 1.0 / 3.0  # a peer silent for this fraction of its deadline is pinged (module doc)
 DEAD_AFTER_S = 6.0  # the deadline's floor (module doc)
-LOOSE_DEAD_AFTER_S = 30.0  # ... for a data node watched by a relay of a middle stage (module doc)
+LOOSE_DEAD_AFTER_S = 30.0  # ... for a peer watched loosely (module doc) ...
+LOOSE_S_PER_PEER = 2.5  # ... or this many seconds per peer watched loosely, when more (`loose_floor_s`)
 BUSY_FACTOR = 2.0  # ... and its factor over the longest work measured
 MAX_DEADLINE_S = 600.0  # ... and its ceiling (a peer cannot buy itself a longer one by what it tells)
 SELF_STALL_S = 1.0  # the check woke this much later than its period: silence counts again from then
@@ -119,6 +120,13 @@ def dead_after_s(peer_work_s: float, own_work_s: float, *, floor_s: float = DEAD
     return min(MAX_DEADLINE_S, max(floor_s, factor * max(peer_work_s, own_work_s, 0.0)))
 
 
+def loose_floor_s(loose_peers: int) -> float:
+    """The deadline's floor of a peer watched loosely, when this node watches `loose_peers` peers loosely: it
+    pings each after a third of it, so its loose Pings stay under 3 / LOOSE_S_PER_PEER a second (1.2), however
+    many relays its stage and the stages next to it have (module doc)."""
+    return max(LOOSE_DEAD_AFTER_S, LOOSE_S_PER_PEER * loose_peers)
+
+
 class Liveness:
     def __init__(self, wire: Wire, peers: Peers, on_dead: Callable[[str], None],
                  compute_ms: Callable[[], float] = lambda: 0.0, work_s: Callable[[], float] = lambda: 0.0,
@@ -144,6 +152,7 @@ class Liveness:
         self.at_work = at_work  # the peers this node works with now (module doc), asked once per check
         self.close_since: dict[str, float] = {}  # relays watched closely (at work) at the last check -> since when
         self.lost_at: dict[str, float] = {}  # peers whose last connection closed, not heard since -> when
+        self.loose_peers = 0  # the peers watched loosely at the last check (`loose_floor_s`)
 
     @property
     def crashed(self):
@@ -163,7 +172,7 @@ class Liveness:
         told = max(self.peer_compute_ms.get(peer, 0.0), self.peer_busy_ms.get(peer, 0.0)) / 1000.0
         rtts = self.round_trips.get(peer)
         rto = rtts.rto_s() if rtts is not None else max((r.rto_s() for r in self.round_trips.values()), default=0.0)
-        floor = max(LOOSE_DEAD_AFTER_S if self.loose(peer) else DEAD_AFTER_S, RTT_FACTOR * rto)
+        floor = max(loose_floor_s(self.loose_peers) if self.loose(peer) else DEAD_AFTER_S, RTT_FACTOR * rto)
         return dead_after_s(told, self.busy_s(), floor_s=min(floor, MAX_DEADLINE_S))
 
     def loose(self, peer: str) -> bool:
@@ -221,6 +230,7 @@ class Liveness:
                 self.pinged.pop(pid, None)
         watched = self.peers.watched()
         self._watch_work(watched, t)
+        self.loose_peers = sum(1 for p in watched if self.loose(p))
         for pid in sorted(watched):
             silent = self.peers.silent_for(pid, t)
             deadline = self.deadline_s(pid)

@@ -36,7 +36,8 @@ indices (`model/adatopk.py`: the exact gradient of the sparsified pass).
 
 Tensors live in a `TensorStore`, per microbatch key: a received tensor is
 kept only if the machine takes the message (it asks for a computation on
-it), and every key the machine forgot is dropped after each event.
+it), and every key the machine forgot is dropped after each event.  A middle
+relay that takes a Forward or Backward hears its data node (`FRESH_MSGS`).
 
 Numbering.  A data node's microbatch is named by its seq, and
 `MicrobatchSource.get(seq)` is a pure function of it: iteration t offers the
@@ -45,9 +46,8 @@ microbatches_per_iteration), as `reference.train_centralized` trains on at
 t.  The machine counts fresh seqs on from the first iteration it opens, so
 `start(first_iteration)` hands it `first_seq = first_iteration * M`: a data
 node restarted at the run's step s pushes the microbatches of iteration s,
-not those of iteration 0.  (The deferred microbatches carried into the
-iteration in flight when a data node dies are not kept across the restart:
-the ledger lives in memory.)
+not those of iteration 0 (the deferred ones carried into the iteration in
+flight when it died are lost with the in-memory ledger).
 
 Exactness.  A relay's backward keeps the microbatch's parameter gradients
 apart (`StageModel.backward(hold=True)`); at BEGIN AGGREGATION the machine
@@ -95,6 +95,8 @@ log = logging.getLogger("gwtf.node")
 MB_MSGS = MB_MESSAGES  # what the recovery machine takes
 KEYED = tuple(t for t in MB_MSGS if t not in (m.Room, m.Lend))
 TENSOR_MSGS = (m.Forward, m.Recover, m.Backward)
+FRESH_MSGS = (m.Forward, m.Backward)  # a pass its data node started within a pipeline's time (a Recover may replay an
+# old one): taken at a middle relay, they count as hearing from the data node (liveness.py's loose watch of it)
 # (the timing priors, hand-off -> Complete and launch -> final backward before anything is measured, are the rule of
 # protocol/recovery/priors.py, which the simulator runs too: a compute allowance plus the link's transfer)
 PROBE_WAIT_S = 2.0
@@ -365,6 +367,8 @@ class Microbatches:
         if tensor is not None:
             key = (msg.data_node, msg.seq, msg.iteration)
             slots = [IN_SLOT[e.kind] for e in eff if isinstance(e, Compute) and e.key == key and e.kind in IN_SLOT]
+            if slots and isinstance(msg, FRESH_MSGS) and self.peers.watches_loosely(msg.data_node):
+                self.peers.heard(msg.data_node, now())  # its microbatch's pass, taken: the data node is at work
             self.store.apply([Keep(key, slot, tensor) for slot in slots])
             if Slot.IN in slots and self.compression.aligned:
                 self.store.keep(key, Slot.IN_KEPT, kept_at)

@@ -52,7 +52,7 @@ from ...protocol.membership import JoinerConfig, JoinerMachine
 from ...protocol.messages import Assignment
 from ...protocol.phasewaits import peers_at_work
 from .events import Gone, Halt, LeaveWaited, Rejoin
-from .setting import BACKWARD_S, FORWARD_S, MICROBATCHES, REJOIN_S, STAGE_STATE_MB
+from .setting import BACKWARD_S, FORWARD_S, MICROBATCHES, REJOIN_S, STAGE_STATE_MB, loose_detect_s
 
 LEAVE_WAIT_S = 10.0  # the daemon's (runtime/node/joining.py): a leaving relay's longest wait for its last aggregation
 
@@ -113,11 +113,11 @@ class ChurnDriver:
         if nid in self.data and self.options.middle_data_detect_s > self.options.detect_s:
             later = tuple(r for r, k in sorted(self.stage.items()) if r not in self.data and r not in self.dead
                           and 0 < k < self.S - 1)
-            self._push(self.now + self.options.middle_data_detect_s, Gone(nid, later, late=True))
+            self._tell_loose(nid, later, self.options.middle_data_detect_s)
         elif nid not in self.data and self.options.idle_detect_s > self.options.detect_s:
             later = self._idle_watchers(nid)
             self.idle_watchers[nid] = dict.fromkeys(later, False)
-            self._push(self.now + self.options.idle_detect_s, Gone(nid, later, late=True))
+            self._tell_loose(nid, later, self.options.idle_detect_s)
         self._push(self.now + self.options.detect_s, Gone(nid, later))
         if nid in self.data:
             self.data_crashed[nid] = self.nodes[nid].rec.iteration
@@ -128,6 +128,29 @@ class ChurnDriver:
             dl = STAGE_STATE_MB * 8.0 / min(self.net.link(p, nid)[1] for p in peers) if peers else 0.0
             self.pending_joins.append((self.now + REJOIN_S + dl, nid, stage, self.cap[nid]))
             self._push(self.now + REJOIN_S + dl, Rejoin(nid))
+
+    def _tell_loose(self, nid: str, watchers: tuple[str, ...], floor_s: float) -> None:
+        """Crashed `nid` is reported to each of `watchers`, which watched it loosely, after its loose deadline: the
+        floor, or longer for a watcher with many loose peers (setting.py's `loose_detect_s`)."""
+        when: dict[float, list[str]] = {}
+        for r in watchers:
+            when.setdefault(loose_detect_s(floor_s, self.options.loose_per_peer_s, self._loose_peers(r, nid)),
+                            []).append(r)
+        for delay, rs in sorted(when.items()):
+            self._push(self.now + delay, Gone(nid, tuple(rs), late=True))
+
+    def _loose_peers(self, r: str, nid: str) -> int:
+        """The peers relay `r` watched loosely when `nid` crashed (liveness.py's `loose_peers`): the relays of its
+        stage and the stages next to it, `nid` included, that it does not work with, and the data nodes if it is of
+        a middle stage."""
+        if not self.options.loose_per_peer_s:
+            return 0
+        k = self.stage[r]
+        data = len([d for d in self.data if d not in self.dead or d == nid]) if 0 < k < self.S - 1 else 0
+        near = [x for x, s in self.stage.items() if abs(s - k) <= 1 and x != r and x not in self.data
+                and (x not in self.dead or x == nid)]
+        return data + sum(1 for x in near if not self._works_with(r, x)
+                          and not any(v.get(r) for v in self.nodes[x].rec.out.values()))  # (nor x's units to r)
 
     def _idle_watchers(self, nid: str) -> tuple[str, ...]:
         """The live relays of relay `nid`'s stage and the stages next to it that do not work with it now: no flow

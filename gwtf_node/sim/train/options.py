@@ -14,7 +14,9 @@ from ...protocol.phasefan import FAN_OUT
 from ...protocol.phases import CanTakeRule
 from ...protocol.phasewaits import WAIT_BOUND_S
 from .joining import JOININGS
-from .setting import DETECT_S, FLOW_OPTIONS, IDLE_DETECT_S, MIDDLE_DATA_DETECT_S, PRIOR_RULES, ROUTINGS, SWARM_REACTIONS
+from .setting import (
+    DETECT_S, FLOW_OPTIONS, IDLE_DETECT_S, LOOSE_S_PER_PEER, MIDDLE_DATA_DETECT_S, PRIOR_RULES, ROUTINGS, SWARM_REACTIONS,
+)
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class TrainSimOptions:
     detect_s: float = DETECT_S  # how long after a crash the membership layer reports it
     middle_data_detect_s: float = MIDDLE_DATA_DETECT_S  # ... a data node's to the relays of middle stages
     idle_detect_s: float = IDLE_DETECT_S  # ... a relay's to the relays near it that do not work with it (churn.py)
+    loose_per_peer_s: float = LOOSE_S_PER_PEER  # ... both later for a watcher with many loose peers (0: never)
     fastest_unit: bool = True  # GWTF's "Fastest unit first" (protocol/recovery/)
     unpresume: bool = True  # a peer presumed dead that is still heard is alive again
     can_take: str = CanTakeRule.ALL.value  # phases.CanTakeRule

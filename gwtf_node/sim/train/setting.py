@@ -55,6 +55,15 @@ MIDDLE_DATA_DETECT_S = 31.0
 # a relay watches the relays it does not work with loosely too (same deadline): those of its stage and the stages next
 # to it learn of a relay's crash this long after it, or DETECT_S after they send it a microbatch's message
 IDLE_DETECT_S = 31.0
+# ... or, for a watcher that watches more than 12 peers loosely, 2.5 s per peer plus the check's second (liveness.py's
+# `loose_floor_s`: a node's loose Pings stay under 1.2 a second however many relays are near it)
+LOOSE_S_PER_PEER = 2.5
+
+
+def loose_detect_s(floor_s: float, per_peer_s: float, loose_peers: int) -> float:
+    """When a node that watches `loose_peers` peers loosely learns of a crash of one of them: the floor
+    (`idle_detect_s`, `middle_data_detect_s`), or `per_peer_s` per peer and the check's second when that is more."""
+    return max(floor_s, per_peer_s * loose_peers + DAEMON_DETECT_S - SILENCE_S)  # (per_peer_s 0: the floor)
 FLOW_CONVERGE_S = 60.0  # the flow machines settle this long after a change (paper: ~120 rounds, "roughly a minute")
 MAX_SIM_S_PER_ITERATION = 4 * 3600.0
 LINKS_FILE = Path(__file__).resolve().parents[2] / "data" / "geo12-links.json"  # shipped with the package
