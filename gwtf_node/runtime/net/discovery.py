@@ -94,7 +94,7 @@ RELEASE_AFTER_S = 2.0  # a peer let go of is disconnected this long after (the H
 HELLO_RETRY_S = (1.0, 2.0, 4.0, 8.0, 16.0)  # an answering Hello that could not be sent is sent again after these
 ADDRS_PER_PEER = 16  # addresses of one peer passed on and dialled (IPv4, IPv6, relays: a handful in practice)
 REFER_EVERY_S = 10.0  # a relay we do not work with that says Hello gets a PeerList of its neighbours this often
-REFER_KEPT = 1024  # referrals remembered before the old ones are forgotten
+REFER_KEPT = 1024  # referrals remembered before the old ones are forgotten (and Hellos asked for: `ask_hello`)
 
 
 class Discovery:
@@ -123,6 +123,7 @@ class Discovery:
         host.on_addrs_changed = self.hello_all  # a relay reservation gave us an address: tell everyone
         self._redialling: set[str] = set()  # peers being redialled (`redial_loop`: one redial per peer at a time)
         self._referred: dict[str, float] = {}  # relays we do not work with -> when we last referred them (`_refer`)
+        self._asked: dict[str, float] = {}  # unknown senders -> when we last asked them for a Hello (`ask_hello`)
 
     def hello(self, to: str, *, forgot_you: bool = False) -> m.Hello:
         """Our Hello to `to`, with the addresses it can use (host.addrs_for: no loopback to a remote peer)."""
@@ -401,6 +402,21 @@ class Discovery:
         local = self.host.peer_is_local(info.peer_id)
         return tuple(a for p in self.peers.infos() if p.peer_id != info.peer_id and self._knows_of(info, p)
                      for a in p.addrs[:ADDRS_PER_PEER] if usable_by(a, local))
+
+    def ask_hello(self, sender: str) -> None:
+        """A peer that never said Hello to this node sent it a frame (refused): its Hello was lost, while ours
+        reached it (a connection that broke under its answer on a loaded machine: seen with 100 daemons on 2
+        cores, a stage's all-reduce stalled 3 minutes on the frames refused), so it works with this node, which
+        refuses it.  Our Hello saying that we do not know it (`forgot_you`) makes it start over and say Hello back
+        (`on_hello`'s FORGOT_US); at most once per `REFER_EVERY_S` per peer."""
+        t = now()
+        if t - self._asked.get(sender, -REFER_EVERY_S) < REFER_EVERY_S:
+            return
+        if len(self._asked) >= REFER_KEPT:
+            self._asked = {p: at for p, at in self._asked.items() if t - at < REFER_EVERY_S}
+        self._asked[sender] = t
+        log.info("frames from %s, which has not said Hello: asking it for one", sender[:16])
+        self.wire.post(sender, self.hello(sender, forgot_you=True))
 
     def _refer(self, sender: str, info: PeerInfo) -> None:
         """A relay this node does not work with said Hello (it bootstraps through us, or its address book is

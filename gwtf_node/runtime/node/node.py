@@ -313,7 +313,8 @@ class Node:
             log.warning("peer %s restarted (a new incarnation): forgetting the old one", name)
             self._peer_gone(info.peer_id)
         elif arrival is Arrival.FORGOT_US:
-            log.warning("peer %s had presumed this node dead: forgetting it too, both start over", name)
+            log.warning("peer %s had presumed this node dead (or never got its Hello): forgetting it too, both start "
+                        "over", name)
             self._peer_gone(info.peer_id, presumed=True)
         # back as it was (a false death on either side): what it held is not lost (regroup.py)
         same = arrival is Arrival.FORGOT_US or (
@@ -415,6 +416,7 @@ class Node:
                 else:
                     wire.refuse(peer, f"{type(msg).__name__} from a peer that has not said Hello",
                                 m.RefusalCode.UNKNOWN_PEER)
+                    self.parts.discovery.ask_hello(peer)
                 return
         if route is not None and not self.authorizer.allow(peer, msg, route.needs, self.peers,
                                                            self.parts.leadership, wire):
