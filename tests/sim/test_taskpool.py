@@ -68,3 +68,16 @@ def test_cli_sim_train_runs_the_task_pool(capsys) -> None:
     assert out["lost_microbatches"] == 0 and out["throughput_per_iteration"] == 8.0
     assert cli.main(["sim", "train", "--policy", "taskpool", "--routing", "oracle", "--iterations", "1"]) != 0
     assert "has no flows" in capsys.readouterr().err
+
+
+def test_a_node_resyncing_from_a_stage_peer_that_crashes_asks_another_and_the_run_goes_on() -> None:
+    """Table II homogeneous, 10 % churn, seed 2: a relay of stage 0 (a relay back from a crash) is left out of
+    iteration 16's aggregation and asks the first member of its group for the state after that step; that member
+    crashes before it answers.  The node asks another member, as the daemon does (`Joining._fetch_state`'s
+    replacement source), and the data nodes, which wait for its CAN TAKE, go on (without it: every iteration from
+    16 on unfinished)."""
+    sim = TaskPoolSim(T.make_setting("table2-homogeneous", 2), T.TrainSimOptions(policy="taskpool", churn=0.1, seed=2))
+    sim.run(17)
+    assert sim.resyncs >= 1
+    assert all(sim.nodes[d].rec.iteration >= 17 for d in sim.data)
+    assert not any(src in sim.dead for (_nid, src) in sim._resync_for)

@@ -198,8 +198,18 @@ class JoinDriver:
         self._send(nid, Send(a.download_from, StageStateRequest(a.stage, a.start_iteration)))
 
     def _source_gone(self, gone: str) -> None:
-        """`gone` is reported gone: a joiner that waits for its state from it asks another ready member of the stage
-        (`Joining._replacement_source`: the nearest, never a joiner)."""
+        """`gone` is reported gone: a joiner, or a node resyncing after a step, that waits for its state from it asks
+        another ready member of the stage (`Joining._replacement_source`: the nearest, never a joiner)."""
+        for (nid, src), it in sorted(self._resync_for.items()):
+            if src != gone or nid in self.dead:
+                continue
+            stage = self.stage[nid]
+            alts = [p for p in self._known(stage) if p not in (gone, nid) and p not in self.dead]
+            if alts:
+                alt = min(alts, key=lambda p: (self._rtt_ms(nid, p), p))
+                del self._resync_for[(nid, src)]
+                self._resync_for[(nid, alt)] = it
+                self._send(nid, Send(alt, StageStateRequest(stage, it + 1)))
         for nid, src in sorted(self._join_source.items()):
             jm = self.joiners.get(nid)
             if src != gone or jm is None or jm.loaded:
