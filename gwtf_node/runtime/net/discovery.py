@@ -97,6 +97,18 @@ REFER_EVERY_S = 10.0  # a relay we do not work with that says Hello gets a PeerL
 REFER_KEPT = 1024  # referrals remembered before the old ones are forgotten (and Hellos asked for: `ask_hello`)
 
 
+def _due(book: dict[str, float], peer: str, t: float) -> bool:
+    """`peer` was not answered within `REFER_EVERY_S` of `t` in `book` (peer -> when): note `t` and say so; a book
+    of `REFER_KEPT` forgets the entries old enough to be made again."""
+    if t - book.get(peer, -REFER_EVERY_S) < REFER_EVERY_S:
+        return False
+    if len(book) >= REFER_KEPT:
+        for p in [p for p, at in book.items() if t - at >= REFER_EVERY_S]:
+            del book[p]
+    book[peer] = t
+    return True
+
+
 class Discovery:
     def __init__(self, wire: Wire, peers: Peers, host: Any, manifest: Any,
                  links_cfg: dict[tuple[str, str], tuple[float, float]],
@@ -409,12 +421,8 @@ class Discovery:
         cores, a stage's all-reduce stalled 3 minutes on the frames refused), so it works with this node, which
         refuses it.  Our Hello saying that we do not know it (`forgot_you`) makes it start over and say Hello back
         (`on_hello`'s FORGOT_US); at most once per `REFER_EVERY_S` per peer."""
-        t = now()
-        if t - self._asked.get(sender, -REFER_EVERY_S) < REFER_EVERY_S:
+        if not _due(self._asked, sender, now()):
             return
-        if len(self._asked) >= REFER_KEPT:
-            self._asked = {p: at for p, at in self._asked.items() if t - at < REFER_EVERY_S}
-        self._asked[sender] = t
         log.info("frames from %s, which has not said Hello: asking it for one", sender[:16])
         self.wire.post(sender, self.hello(sender, forgot_you=True))
 
@@ -422,12 +430,8 @@ class Discovery:
         """A relay this node does not work with said Hello (it bootstraps through us, or its address book is
         stale): no Hello back, but the addresses of the peers we know that it works with (the data nodes, the
         relays next to its stage), so that it meets them and they answer; at most once per `REFER_EVERY_S`."""
-        t = now()
-        if t - self._referred.get(sender, -REFER_EVERY_S) < REFER_EVERY_S:
+        if not _due(self._referred, sender, now()):
             return
-        if len(self._referred) >= REFER_KEPT:  # (forget the referrals old enough to be made again)
-            self._referred = {p: at for p, at in self._referred.items() if t - at < REFER_EVERY_S}
-        self._referred[sender] = t
         if known := self._known_to(info):
             log.debug("%s (stage %d) is not next to this node's stage: referred to %d addresses",
                       info.name or sender[:12], info.stage, len(known))

@@ -147,20 +147,31 @@ class ChurnDriver:
             return 0
         k = self.stage[r]
         data = len([d for d in self.data if d not in self.dead or d == nid]) if 0 < k < self.S - 1 else 0
-        near = [x for x, s in self.stage.items() if abs(s - k) <= 1 and x != r and x not in self.data
-                and (x not in self.dead or x == nid)]
-        return data + sum(1 for x in near if not self._works_with(r, x)
-                          and not any(v.get(r) for v in self.nodes[x].rec.out.values()))  # (nor x's units to r)
+        at = self._at_work(r)
+        return data + sum(1 for x in self._near(k, r, nid) if x not in at and r not in self._next_hops(x))
+
+    def _near(self, k: int, me: str, crashed: str) -> list[str]:
+        """The relays of stage `k` and the stages next to it but `me`: the live ones and `crashed`."""
+        return [x for x, s in sorted(self.stage.items()) if abs(s - k) <= 1 and x != me and x not in self.data
+                and (x not in self.dead or x == crashed)]
+
+    def _next_hops(self, x: str) -> set[str]:
+        """The next hops node `x`'s flows send units to."""
+        return {j for v in self.nodes[x].rec.out.values() for j, u in v.items() if u}
+
+    def _at_work(self, r: str) -> set[str]:
+        """The peers relay `r` works with now, as it sees them (the daemon's `at_work`, runtime/node/node.py, but
+        the previous hops of its flows): its next hops, its microbatches' previous and next hops, its aggregation's
+        waits and its stage's group in aggregations begun and not stepped."""
+        return (self._next_hops(r) | self.nodes[r].rec.peers_in_flight()
+                | peers_at_work(self.nodes[r].phases, self.now, self.stage[r]))
 
     def _idle_watchers(self, nid: str) -> tuple[str, ...]:
         """The live relays of relay `nid`'s stage and the stages next to it that do not work with it now: no flow
         between them, no microbatch of one held by the other as its previous or next hop, no aggregation begun and
         not stepped, or phase wait, that names it (the daemon's `at_work`, runtime/node/node.py)."""
-        k = self.stage[nid]
-        near = [r for r, s in sorted(self.stage.items()) if abs(s - k) <= 1 and r != nid and r not in self.data
-                and r not in self.dead]
-        work = {j for v in self.nodes[nid].rec.out.values() for j, u in v.items() if u}  # its next hops
-        return tuple(r for r in near if r not in work and not self._works_with(r, nid))
+        work = self._next_hops(nid)
+        return tuple(r for r in self._near(self.stage[nid], nid, nid) if r not in work and nid not in self._at_work(r))
 
     def _comes_to_work(self, r: str, nid: str) -> None:
         """Relay `r` sends crashed relay `nid` a message or a unit of flow: if it was not told yet and watched `nid`
@@ -170,12 +181,8 @@ class ChurnDriver:
             pending[r] = True
             self._push(self.now + self.options.detect_s, Gone(nid, (r,), late=True))
 
-    def _works_with(self, r: str, nid: str) -> bool:
-        """Relay `r` works with `nid` now (`_idle_watchers`)."""
-        rec = self.nodes[r].rec
-        return (any(v.get(nid) for v in rec.out.values()) or nid in rec.peers_in_flight()
-                or nid in peers_at_work(self.nodes[r].phases, self.now, self.stage[r]))
-
+        work = self._next_hops(nid)
+        return tuple(r for r in self._near(self.stage[nid], nid, nid) if r not in work and nid not in self._at_work(r))
     # ---------------------------------------------------------------- the run's start and its stops (`run`)
     def _begin(self, until: float | None) -> int | None:
         """Start the machines at the first call of `run`; with `until`, the token of the halt set at that time."""

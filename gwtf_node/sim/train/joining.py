@@ -201,25 +201,23 @@ class JoinDriver:
         """`gone` is reported gone: a joiner, or a node resyncing after a step, that waits for its state from it asks
         another ready member of the stage (`Joining._replacement_source`: the nearest, never a joiner)."""
         for (nid, src), it in sorted(self._resync_for.items()):
-            if src != gone or nid in self.dead:
-                continue
-            stage = self.stage[nid]
-            alts = [p for p in self._known(stage) if p not in (gone, nid) and p not in self.dead]
-            if alts:
-                alt = min(alts, key=lambda p: (self._rtt_ms(nid, p), p))
+            if src == gone and nid not in self.dead and (alt := self._replacement(nid, self.stage[nid], gone)):
                 del self._resync_for[(nid, src)]
                 self._resync_for[(nid, alt)] = it
-                self._send(nid, Send(alt, StageStateRequest(stage, it + 1)))
+                self._send(nid, Send(alt, StageStateRequest(self.stage[nid], it + 1)))
         for nid, src in sorted(self._join_source.items()):
             jm = self.joiners.get(nid)
             if src != gone or jm is None or jm.loaded:
                 continue
             a = jm.assignment
-            alts = [p for p in self._known(a.stage) if p != gone and p not in self.dead]
-            if alts:
-                alt = min(alts, key=lambda p: (self._rtt_ms(nid, p), p))
+            if alt := self._replacement(nid, a.stage, gone):
                 self._join_source[nid] = alt
                 self._send(nid, Send(alt, StageStateRequest(a.stage, a.start_iteration)))
+
+    def _replacement(self, nid: str, stage: int, gone: str) -> str | None:
+        """The stage member `nid` asks for the state instead of `gone`: the nearest live one (None: there is none)."""
+        alts = [p for p in self._known(stage) if p not in (gone, nid) and p not in self.dead]
+        return min(alts, key=lambda p: (self._rtt_ms(nid, p), p)) if alts else None
 
     # ---------------------------------------------------------------- the state hand-over
     def _state_request(self, src: str, to: str, stage: int, after: int) -> None:
