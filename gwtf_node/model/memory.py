@@ -169,6 +169,21 @@ def checkpoint_bytes(manifest: "RunManifest", params: int, device: str) -> int:
     return 4 * params + optimizer_bytes(manifest, params) + 4 * params
 
 
+STATE_FRAMING_BYTES = 16 << 20  # torch.save's records around a part's tensors (names, headers: under 1 MB measured)
+
+
+def largest_state_bytes(manifest: "RunManifest", counts: "ParamCounts | None" = None) -> int:
+    """A bound on the largest part's state as `StageModel.state_bytes()` holds it (float32 parameters and the
+    optimizer's state, 1/64 more and STATE_FRAMING_BYTES for the framing): the largest frame a member of this
+    run sends, to a newcomer taking over its part; the transport accepts frames this large (runtime/node/node.py)."""
+    from .hfconfig import parameter_counts
+
+    counts = counts or parameter_counts(manifest.model.family, manifest.model.config)
+    n = max([counts.data] + [counts.stage(start, end) for start, end in manifest.stages])
+    raw = 4 * n + optimizer_bytes(manifest, n)
+    return raw + raw // 64 + STATE_FRAMING_BYTES
+
+
 def estimate(manifest: "RunManifest", role: str, stage: int | None, capacity: int,
              counts: "ParamCounts | None" = None, device: str = "cpu") -> MemoryEstimate:
     """The memory of this node's part holding `capacity` microbatches at once, on `device`."""

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import socket
 import struct
@@ -68,7 +69,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ...protocol.codec import MAX_FRAME_BYTES
-from .frames import HEADER_BYTES, FrameError, ReadSome, parse_header, read_exactly
+from .frames import HEADER_BYTES, FrameError, ReadSome, frame_deadline_s, parse_header, read_exactly
 
 log = logging.getLogger("gwtf.transport")
 
@@ -317,8 +318,9 @@ class TensorSender:
                 raise
         return sender
 
-    async def send_frame(self, header: bytes, envelope: bytes, payload: memoryview) -> None:
-        """Sends one frame (header = frames.encode_header(...)); the caller holds `lock`."""
+    async def send_frame(self, header: bytes, envelope: bytes, payload: memoryview, stall_s: float = math.inf) -> None:
+        """Sends one frame (header = frames.encode_header(...)); the caller holds `lock`.  `trio.TooSlowError` when
+        one record of the payload does not leave within `stall_s` (the receiver stopped reading)."""
         out = memoryview(self._buf)
         head = header + envelope
         if len(head) + TAG_BYTES + 4 <= len(self._buf):
@@ -330,7 +332,8 @@ class TensorSender:
             await self.conn.send_all(big[:n])
         for off in range(0, len(payload), CHUNK_BYTES):
             n = self._sealer.seal_into(payload[off:off + CHUNK_BYTES], out)
-            await self.conn.send_all(out[:n])
+            with trio.fail_after(stall_s):
+                await self.conn.send_all(out[:n])
 
     def close(self) -> None:
         self.broken = True
@@ -391,7 +394,7 @@ async def serve_connection(
             if k == 0:
                 return  # clean close at a frame boundary
             started = trio.current_time()
-            with trio.fail_after(frame_timeout):
+            with trio.fail_after(frame_timeout) as whole:  # the header; then the payload's time too (frames.py)
                 if k < 4:
                     await conn.recv_into_exactly(memoryview(head)[k:], "a record length")
                 (n,) = _LEN.unpack(head)
@@ -407,14 +410,16 @@ async def serve_connection(
                     raise FrameError(f"header record holds {len(plain) - HEADER_BYTES} envelope bytes, "
                                      f"the header says {envelope_len}")
                 envelope = bytes(plain[HEADER_BYTES:])
+                whole.deadline = started + frame_deadline_s(frame_timeout, payload_len)
                 payload = TimedPayload(payload_len)
                 pview = memoryview(payload)
                 for off in range(0, payload_len, CHUNK_BYTES):
                     size = min(CHUNK_BYTES, payload_len - off)
-                    rn = await _recv_record_len(conn, CHUNK_BYTES + TAG_BYTES, "a payload")
-                    if rn != size + TAG_BYTES:
-                        raise FrameError(f"payload record of {rn} bytes, expected {size + TAG_BYTES}")
-                    await conn.recv_into_exactly(ct_view[:rn], "a payload record")
+                    with trio.fail_after(frame_timeout):  # every record: a sender that stopped is not waited for
+                        rn = await _recv_record_len(conn, CHUNK_BYTES + TAG_BYTES, "a payload")
+                        if rn != size + TAG_BYTES:
+                            raise FrameError(f"payload record of {rn} bytes, expected {size + TAG_BYTES}")
+                        await conn.recv_into_exactly(ct_view[:rn], "a payload record")
                     opener.open_into(ct_view[:rn], pview[off:off + size])
                 payload.seconds = trio.current_time() - started
             await deliver(peer, envelope, payload)

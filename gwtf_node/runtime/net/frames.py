@@ -24,8 +24,11 @@ truncated frame from a complete one: end of stream exactly at a frame
 boundary is a clean close (`read_frame` returns None), anywhere else it is a
 `FrameError`.  Waiting for the *first* byte of a frame is not bounded (an
 idle peer is fine; liveness is the protocol's business), but once a frame
-has started the rest must arrive within `frame_timeout` seconds, or the
-frame is refused: a hung sender cannot pin a reader forever.
+has started the rest must arrive within `frame_deadline_s(frame_timeout,
+payload bytes)`: `frame_timeout` seconds plus the payload at
+`MIN_PAYLOAD_BYTES_PER_S` (1 Mbit/s), or the frame is refused: a hung sender
+cannot pin a reader forever, and a stage's state or all-reduce part of
+hundreds of MB still crosses a home uplink (at 20 Mbit/s, 340 MB take 136 s).
 
 `Buffered` reads a stream in chunks of up to `READ_CHUNK_BYTES` and hands
 out what a frame asks for from them: a control frame (header, envelope) is
@@ -45,7 +48,14 @@ from ...protocol.codec import MAX_FRAME_BYTES
 HEADER = struct.Struct(">IQ")  # envelope length, payload length
 HEADER_BYTES = HEADER.size  # 12
 DEFAULT_MAX_PAYLOAD_BYTES = 512 << 20  # largest tensor a peer may send us in one frame
-DEFAULT_FRAME_TIMEOUT_S = 60.0  # a started frame must be complete within this
+DEFAULT_FRAME_TIMEOUT_S = 60.0  # a started frame must be complete within this, plus its payload's time at ...
+MIN_PAYLOAD_BYTES_PER_S = 125_000  # ... 1 Mbit/s (`frame_deadline_s`): the slowest link a frame is waited for
+
+
+def frame_deadline_s(timeout_s: float, payload_bytes: int) -> float:
+    """How long one frame of `payload_bytes` may take to send or to arrive: `timeout_s`, plus its payload at
+    MIN_PAYLOAD_BYTES_PER_S (module doc)."""
+    return timeout_s + payload_bytes / MIN_PAYLOAD_BYTES_PER_S
 
 
 class FrameError(Exception):
@@ -132,18 +142,22 @@ async def read_frame(
     """The next (envelope, payload) from a stream, or None at a clean end of stream.
 
     Raises FrameError for a bad length, a truncated frame, or a frame whose
-    bytes do not all arrive within `frame_timeout` seconds of its first byte.
+    bytes do not all arrive within `frame_deadline_s(frame_timeout, payload
+    bytes)` of its first byte.
     """
     first = await read_some(HEADER_BYTES)
     if not first:
         return None
+    limit = frame_timeout
     try:
-        with trio.fail_after(frame_timeout):
+        with trio.fail_after(frame_timeout) as scope:
             if len(first) < HEADER_BYTES:
                 first = bytes(first) + bytes(await read_exactly(read_some, HEADER_BYTES - len(first), "the header"))
             envelope_len, payload_len = parse_header(first, max_payload)
+            limit = frame_deadline_s(frame_timeout, payload_len)
+            scope.deadline += limit - frame_timeout
             envelope = bytes(await read_exactly(read_some, envelope_len, "the envelope"))
             payload = await read_exactly(read_some, payload_len, "the payload") if payload_len else bytearray()
     except trio.TooSlowError:
-        raise FrameError(f"frame not complete within {frame_timeout} s of its first byte") from None
+        raise FrameError(f"frame not complete within {limit:.0f} s of its first byte") from None
     return envelope, payload

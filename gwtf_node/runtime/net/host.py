@@ -15,9 +15,9 @@ API with versioned records.  How:
   AES-256-GCM: several times faster than
   Yamux (numbers in docs/bench_transport.md).  Order is FIFO per peer within
   each of the two kinds (control, payload); a control frame sent after a
-  payload frame may overtake it.  Each send is bounded by `send_timeout` and
-  fails with `PeerUnreachable`; a broken stream or channel is dropped and
-  reopened once before giving up.
+  payload frame may overtake it.  Each send is bounded by `send_timeout` (a payload frame: plus its bytes at 1
+  Mbit/s, each 1 MiB record within `send_timeout`: `frames.frame_deadline_s`) and fails with `PeerUnreachable`;
+  a broken stream or channel is dropped and reopened once before giving up.
 * Incoming: each libp2p stream and each channel connection is drained by
   its own task (Yamux resets a stream whose reader stalls for 5 s), which
   only parses frames and puts them on a per-peer queue
@@ -25,10 +25,9 @@ API with versioned records.  How:
   handler delays that peer's frames but never stalls a reader.  A frame
   that breaks the framing rules is logged on "gwtf.transport" and its
   stream reset (connection closed for the channel); the host carries on.
-* Traps of py-libp2p 0.8.1 handled: every read after a frame starts
-  has a deadline; `connect` lifts the 60 s negative dial cache before
-  dialling (a restarted peer can be redialled at once) and re-adds the
-  peer's addresses with a long TTL (libp2p keeps them 120 s only).
+* Traps of py-libp2p 0.8.1 handled: every read after a frame starts has a deadline; `connect` lifts the 60 s
+  negative dial cache before dialling (a restarted peer can be redialled at once) and re-adds the peer's
+  addresses with a long TTL (libp2p keeps them 120 s only).
 * Addresses (addresses.py): listen on several endpoints (`listen`), advertise
   the announced ones or the listen ones with 0.0.0.0/:: expanded; a peer's
   addresses are taken as usable from here (`note_addrs`), ours given as
@@ -40,8 +39,8 @@ API with versioned records.  How:
   because the NATed peer dialled out.  `connection_kind` and `payload_path`
   say which way a peer is reached.
 * DHT (hostdht.py): versioned records, the highest version wins.
-* Link shaping (`links.py`) applies to both kinds of frame: a shaped `send`
-  returns when the frame has departed, the write happens after the latency.
+* Link shaping (`links.py`) applies to both kinds of frame: a shaped `send` returns when the frame has departed,
+  the write happens after the latency.
 """
 
 from __future__ import annotations
@@ -62,7 +61,7 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import InvalidAddrError, PeerInfo, info_from_p2p_addr
 from multiaddr import Multiaddr
 
-from . import channel, conninfo, holepunch
+from . import channel, conninfo, frames, holepunch
 from .addresses import Endpoint, default_tensor_port, from_peer
 from .addresses import is_loopback_host, listen_endpoints, parse_announce, usable_by
 from .channel import ChannelError, ChannelUnreachable, RawConn, SessionKeys, TensorSender
@@ -277,11 +276,12 @@ class Host(HostDht, conninfo.HostConnections):
             for _attempt in range(2):
                 sender = self._tensor_out.get(peer_id)
                 try:
-                    with trio.fail_after(self.send_timeout):
+                    with trio.fail_after(self.send_timeout) as scope:
                         if sender is None:
                             sender = await self._open_channel(peer_id)
                             self._tensor_out[peer_id] = sender
-                        await sender.send_frame(header, envelope, payload)
+                        scope.deadline = trio.current_time() + frames.frame_deadline_s(self.send_timeout, len(payload))
+                        await sender.send_frame(header, envelope, payload, stall_s=self.send_timeout)
                     self._direct_blocked_until.pop(peer_id, None)
                     self.stats["frames_out"] += 1
                     self.stats["bytes_out"] += len(payload)
@@ -321,7 +321,7 @@ class Host(HostDht, conninfo.HostConnections):
         last: BaseException | None = None
         for _attempt in range(2):
             try:
-                with trio.fail_after(self.send_timeout):
+                with trio.fail_after(frames.frame_deadline_s(self.send_timeout, counted)):
                     stream = streams.get(peer_id)
                     if stream is None:
                         stream = await self._new_stream(peer_id, protocol)

@@ -229,6 +229,14 @@ class Node:
         return ck
 
     # ------------------------------------------------------------------ assembly
+    def _max_payload(self) -> int:
+        """The largest payload this node takes in one frame: the default, or the largest part's state of this run
+        (memory.py `largest_state_bytes`: a newcomer takes it in one frame) where that is larger."""
+        from ...model.memory import largest_state_bytes
+        from ..net.frames import DEFAULT_MAX_PAYLOAD_BYTES
+
+        return max(DEFAULT_MAX_PAYLOAD_BYTES, largest_state_bytes(self.manifest))
+
     def _assemble(self, host: Any, nursery: trio.Nursery) -> Parts:
         o = self.opts
         capacity = o.capacity or self.manifest.data.microbatches_per_iteration
@@ -452,7 +460,7 @@ class Node:
             self.resumed = await trio.to_thread.run_sync(data_resume.load_checkpoint, self.stage, self.opts.state_dir)
         async with open_host(self.opts.state_dir, self.opts.listen_host, self.opts.port, listen=self.opts.listen,
                              announce=self.opts.announce, tensor_port=self.opts.tensor_port,
-                             relay_service=self.opts.relay_service) as host:
+                             relay_service=self.opts.relay_service, max_payload=self._max_payload()) as host:
             async with trio.open_nursery() as nursery:
                 if host.dht is not None:  # holders keep only records their writers may write (records.py)
                     host.dht.register_validator(DHT_NAMESPACE, SignedRecordValidator(
