@@ -125,3 +125,42 @@ def test_a_parts_state_fits_the_largest_frame_the_run_accepts():
     family, config, _ = family_config(preset_config("llama-1b"))
     big = default_manifest(family=family, config=config, stages=4)
     assert memory.largest_state_bytes(big) > 4 * DEFAULT_MAX_PAYLOAD_BYTES
+
+
+@pytest.mark.trio
+async def test_an_all_reduce_over_a_slow_link_outlasts_its_timeout_while_bytes_move(tmp_path, slow_records):
+    """Parts of 8 MiB at 0.3 s a MiB: each phase takes ~2.4 s, the round ~5 s, against a timeout of 1.5 s that
+    counts from the last payload byte; no part is sent again while its bytes are still moving."""
+    from gwtf_node.runtime.node.allreduce import AllReducer
+
+    kw = dict(dht=False, send_timeout=5.0, frame_timeout=5.0)
+    with trio.fail_after(DEADLINE_S):
+        async with open_host(tmp_path / "a", **kw) as a, open_host(tmp_path / "b", bootstrap=a.addrs, **kw) as b:
+            reducers = {}
+            for h in (a, b):
+                r = reducers[h.peer_id] = AllReducer(h)
+                r.resend_after_s = 0.5
+
+                async def handler(peer, env, data, r=r):
+                    _s, msg = decode(env)
+                    if r.accepts(msg):
+                        await r.on_chunk(peer, msg, data)
+                h.set_handler(handler)
+            group = [a.peer_id, b.peer_id]
+            gen = torch.Generator().manual_seed(3)
+            tensors = {p: torch.randn(4 << 20, generator=gen) for p in group}
+            results = {}
+
+            async def run(h):
+                results[h.peer_id] = await reducers[h.peer_id].all_reduce("s0/it0", group, tensors[h.peer_id], 1.0,
+                                                                          timeout=1.5)
+
+            t0 = trio.current_time()
+            async with trio.open_nursery() as nursery:
+                for h in (a, b):
+                    nursery.start_soon(run, h)
+            assert trio.current_time() - t0 > 3.0  # (the round did outlast its timeout)
+            want = tensors[sorted(group)[0]] + tensors[sorted(group)[1]]
+            for t, c in results.values():
+                assert torch.equal(t, want) and c == 2.0
+            assert sum(r.resends for r in reducers.values()) == 0

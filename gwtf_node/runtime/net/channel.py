@@ -292,6 +292,7 @@ class TensorSender:
         self._buf = bytearray(4 + CHUNK_BYTES + TAG_BYTES)
         self.lock = trio.Lock()  # one frame at a time on the socket
         self.broken = False
+        self.moved: Callable[[], None] | None = None  # called as each payload record leaves (Host.payload_moved)
 
     @classmethod
     async def open(cls, tensor_addr: str, keys: SessionKeys, peer: str, timeout: float,
@@ -334,6 +335,8 @@ class TensorSender:
             n = self._sealer.seal_into(payload[off:off + CHUNK_BYTES], out)
             with trio.fail_after(stall_s):
                 await self.conn.send_all(out[:n])
+            if self.moved is not None:
+                self.moved()
 
     def close(self) -> None:
         self.broken = True
@@ -354,6 +357,22 @@ Deliver = Callable[[str, bytes, bytearray], Awaitable[None]]
 ClaimSession = Callable[[bytes], "tuple[str, SessionKeys] | None"]
 
 
+async def _recv_payload(conn: RawConn, opener: RecordOpener, ct_view: memoryview, pview: memoryview,
+                        record_timeout: float, moved: Callable[[], None] | None) -> None:
+    """A frame's payload records decrypted into `pview`, each within `record_timeout` (a sender that stopped is not
+    waited for); `moved()` after each."""
+    for off in range(0, len(pview), CHUNK_BYTES):
+        size = min(CHUNK_BYTES, len(pview) - off)
+        with trio.fail_after(record_timeout):
+            rn = await _recv_record_len(conn, CHUNK_BYTES + TAG_BYTES, "a payload")
+            if rn != size + TAG_BYTES:
+                raise FrameError(f"payload record of {rn} bytes, expected {size + TAG_BYTES}")
+            await conn.recv_into_exactly(ct_view[:rn], "a payload record")
+        opener.open_into(ct_view[:rn], pview[off:off + size])
+        if moved is not None:
+            moved()
+
+
 async def serve_connection(
     conn: RawConn,
     claim_session: ClaimSession,
@@ -362,8 +381,10 @@ async def serve_connection(
     max_payload: int,
     handshake_timeout: float,
     frame_timeout: float,
+    moved: Callable[[str], None] | None = None,
 ) -> None:
-    """Responder side of one channel connection: authenticate, then deliver frames until EOF.
+    """Responder side of one channel connection: authenticate, then deliver frames until EOF; `moved(peer)` as each
+    payload record comes.
 
     Every failure is logged and closes the connection; nothing is raised to
     the caller for a peer's misbehaviour.
@@ -412,15 +433,8 @@ async def serve_connection(
                 envelope = bytes(plain[HEADER_BYTES:])
                 whole.deadline = started + frame_deadline_s(frame_timeout, payload_len)
                 payload = TimedPayload(payload_len)
-                pview = memoryview(payload)
-                for off in range(0, payload_len, CHUNK_BYTES):
-                    size = min(CHUNK_BYTES, payload_len - off)
-                    with trio.fail_after(frame_timeout):  # every record: a sender that stopped is not waited for
-                        rn = await _recv_record_len(conn, CHUNK_BYTES + TAG_BYTES, "a payload")
-                        if rn != size + TAG_BYTES:
-                            raise FrameError(f"payload record of {rn} bytes, expected {size + TAG_BYTES}")
-                        await conn.recv_into_exactly(ct_view[:rn], "a payload record")
-                    opener.open_into(ct_view[:rn], pview[off:off + size])
+                await _recv_payload(conn, opener, ct_view, memoryview(payload), frame_timeout,
+                                    (lambda: moved(peer)) if moved is not None else None)
                 payload.seconds = trio.current_time() - started
             await deliver(peer, envelope, payload)
     except (ChannelError, FrameError) as e:

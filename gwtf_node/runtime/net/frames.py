@@ -119,8 +119,8 @@ def parse_header(header: bytes, max_payload: int) -> tuple[int, int]:
     return envelope_len, payload_len
 
 
-async def read_exactly(read_some: ReadSome, n: int, what: str) -> bytearray:
-    """Exactly n bytes; a short read (end of stream) is a FrameError naming `what`."""
+async def read_exactly(read_some: ReadSome, n: int, what: str, moved: Callable[[], None] | None = None) -> bytearray:
+    """Exactly n bytes; a short read (end of stream) is a FrameError naming `what`; `moved()` after each read."""
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
@@ -130,6 +130,8 @@ async def read_exactly(read_some: ReadSome, n: int, what: str) -> bytearray:
             raise FrameError(f"stream ended after {got} of {n} bytes of {what}: truncated frame")
         view[got:got + len(chunk)] = chunk
         got += len(chunk)
+        if moved is not None:
+            moved()
     return buf
 
 
@@ -138,8 +140,9 @@ async def read_frame(
     *,
     max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES,
     frame_timeout: float = DEFAULT_FRAME_TIMEOUT_S,
+    moved: Callable[[], None] | None = None,
 ) -> tuple[bytes, bytearray] | None:
-    """The next (envelope, payload) from a stream, or None at a clean end of stream.
+    """The next (envelope, payload) from a stream, or None at a clean end of stream; `moved()` as payload bytes come.
 
     Raises FrameError for a bad length, a truncated frame, or a frame whose
     bytes do not all arrive within `frame_deadline_s(frame_timeout, payload
@@ -157,7 +160,7 @@ async def read_frame(
             limit = frame_deadline_s(frame_timeout, payload_len)
             scope.deadline += limit - frame_timeout
             envelope = bytes(await read_exactly(read_some, envelope_len, "the envelope"))
-            payload = await read_exactly(read_some, payload_len, "the payload") if payload_len else bytearray()
+            payload = await read_exactly(read_some, payload_len, "the payload", moved) if payload_len else bytearray()
     except trio.TooSlowError:
         raise FrameError(f"frame not complete within {limit:.0f} s of its first byte") from None
     return envelope, payload

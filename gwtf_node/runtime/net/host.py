@@ -1,43 +1,34 @@
 """The node's network host: py-libp2p (Noise + Yamux + Kademlia) plus the fast tensor channel.
 
-What it offers the daemon (see `Host`): a peer id and addresses, `connect`,
-`send(peer, envelope, payload)` with one incoming handler, and a small DHT
-API with versioned records.  How:
+What it offers the daemon (see `Host`): a peer id and addresses, `connect`, `send(peer, envelope, payload)` with
+one incoming handler, and a small DHT API with versioned records.  How:
 
-* Security and multiplexing are pinned: the only security transport offered
-  is Noise (no plaintext, secio or TLS fallback) and the only muxer is Yamux
-  (py-libp2p's Mplex is slower still).  The identity is the Ed25519 key of the
-  state directory (`identity.py`), so a restarted node keeps its peer id.
-* Control frames (no payload) go on one long-lived libp2p stream per peer
-  and direction, protocol `/gwtf/ctrl/1.0.0`, framed by `frames.py`.
-  Frames with a payload go over the tensor channel (`channel.py`), keyed
-  through libp2p but moving bytes over a plain TCP socket with
-  AES-256-GCM: several times faster than
-  Yamux (numbers in docs/bench_transport.md).  Order is FIFO per peer within
-  each of the two kinds (control, payload); a control frame sent after a
-  payload frame may overtake it.  Each send is bounded by `send_timeout` (a payload frame: plus its bytes at 1
-  Mbit/s, each 1 MiB record within `send_timeout`: `frames.frame_deadline_s`) and fails with `PeerUnreachable`;
-  a broken stream or channel is dropped and reopened once before giving up.
-* Incoming: each libp2p stream and each channel connection is drained by
-  its own task (Yamux resets a stream whose reader stalls for 5 s), which
-  only parses frames and puts them on a per-peer queue
-  (`INBOX_FRAMES` deep); one task per peer calls the handler, so a slow
-  handler delays that peer's frames but never stalls a reader.  A frame
-  that breaks the framing rules is logged on "gwtf.transport" and its
-  stream reset (connection closed for the channel); the host carries on.
+* Security and multiplexing are pinned: the only security transport offered is Noise (no plaintext, secio or TLS
+  fallback) and the only muxer is Yamux (py-libp2p's Mplex is slower still).  The identity is the Ed25519 key of
+  the state directory (`identity.py`), so a restarted node keeps its peer id.
+* Control frames (no payload) go on one long-lived libp2p stream per peer and direction, protocol `/gwtf/ctrl/1.0.0`,
+  framed by `frames.py`. Frames with a payload go over the tensor channel (`channel.py`), keyed through libp2p but
+  moving bytes over a plain TCP socket with AES-256-GCM: several times faster than Yamux (numbers in
+  docs/bench_transport.md). Order is FIFO per peer within each of the two kinds (control, payload); a control frame
+  sent after a payload frame may overtake it. Each send is bounded by `send_timeout` (a payload frame: plus its bytes
+  at 1 Mbit/s, each 1 MiB record within `send_timeout`: `frames.frame_deadline_s`) and fails with `PeerUnreachable`;
+  a broken stream or channel is dropped and reopened once before giving up. `payload_moved` says when a payload
+  record last went to or came from each peer (the all-reduce tells a slow link from a silent peer by it).
+* Incoming: each libp2p stream and each channel connection is drained by its own task (Yamux resets a stream whose
+  reader stalls for 5 s), which only parses frames and puts them on a per-peer queue (`INBOX_FRAMES` deep); one
+  task per peer calls the handler, so a slow handler delays that peer's frames but never stalls a reader.  A frame
+  that breaks the framing rules is logged on "gwtf.transport" and its stream reset (connection closed for the
+  channel); the host carries on.
 * Traps of py-libp2p 0.8.1 handled: every read after a frame starts has a deadline; `connect` lifts the 60 s
   negative dial cache before dialling (a restarted peer can be redialled at once) and re-adds the peer's
   addresses with a long TTL (libp2p keeps them 120 s only).
-* Addresses (addresses.py): listen on several endpoints (`listen`), advertise
-  the announced ones or the listen ones with 0.0.0.0/:: expanded; a peer's
-  addresses are taken as usable from here (`note_addrs`), ours given as
+* Addresses (addresses.py): listen on several endpoints (`listen`), advertise the announced ones or the listen
+  ones with 0.0.0.0/:: expanded; a peer's addresses are taken as usable from here (`note_addrs`), ours given as
   usable by it (`addrs_for`: loopback only to a peer on this machine).
-* Behind NAT: a tensor channel that cannot be dialled within
-  `DIRECT_DIAL_TIMEOUT_S` (the peer's router drops the SYN) is replaced, for
-  `DIRECT_RETRY_S`, by one libp2p stream per peer (`/gwtf/payload/1.0.0`,
-  the same frames as the control stream) over the connection that exists
-  because the NATed peer dialled out.  `connection_kind` and `payload_path`
-  say which way a peer is reached.
+* Behind NAT: a tensor channel that cannot be dialled within `DIRECT_DIAL_TIMEOUT_S` (the peer's router drops the
+  SYN) is replaced, for `DIRECT_RETRY_S`, by one libp2p stream per peer (`/gwtf/payload/1.0.0`, the same frames as
+  the control stream) over the connection that exists because the NATed peer dialled out. `connection_kind` and
+  `payload_path` say which way a peer is reached.
 * DHT (hostdht.py): versioned records, the highest version wins.
 * Link shaping (`links.py`) applies to both kinds of frame: a shaped `send` returns when the frame has departed,
   the write happens after the latency.
@@ -146,6 +137,10 @@ class Host(HostDht, conninfo.HostConnections):
         self._ctrl_in: dict[str, int] = {}  # incoming control streams being read, per peer
         self._heard_on: dict[int, float] = {}  # id of a libp2p connection -> trio time a control frame last came on it
         self.stats = {"frames_in": 0, "frames_out": 0, "bytes_out": 0, "bytes_in": 0, "refused": 0}
+        self.payload_moved: dict[str, float] = {}  # peer -> trio time a payload record last went to or came from it
+
+    def _moved(self, peer_id: str) -> None:
+        self.payload_moved[peer_id] = trio.current_time()
 
     # ---- identity and addresses ---------------------------------------------
 
@@ -280,6 +275,7 @@ class Host(HostDht, conninfo.HostConnections):
                         if sender is None:
                             sender = await self._open_channel(peer_id)
                             self._tensor_out[peer_id] = sender
+                            sender.moved = lambda: self._moved(peer_id)
                         scope.deadline = trio.current_time() + frames.frame_deadline_s(self.send_timeout, len(payload))
                         await sender.send_frame(header, envelope, payload, stall_s=self.send_timeout)
                     self._direct_blocked_until.pop(peer_id, None)
@@ -328,6 +324,8 @@ class Host(HostDht, conninfo.HostConnections):
                         streams[peer_id] = stream
                     for part in parts():
                         await stream.write(part)
+                        if protocol == PAYLOAD_PROTOCOL_ID:
+                            self._moved(peer_id)
                 self.stats["frames_out"] += 1
                 self.stats["bytes_out"] += counted
                 return
@@ -455,7 +453,8 @@ class Host(HostDht, conninfo.HostConnections):
         reader = Buffered(lambda n: _libp2p_reader(stream, n))  # (a frame in one read of the stream, or fewer)
         try:
             while True:
-                frame = await read_frame(reader, max_payload=self.max_payload, frame_timeout=self.frame_timeout)
+                frame = await read_frame(reader, max_payload=self.max_payload, frame_timeout=self.frame_timeout,
+                                         moved=lambda: self._moved(peer))
                 if frame is None:  # the peer closed its end: close ours (holepunch.retire waits for it)
                     return await _end(stream, reset=False)
                 self._heard_on[id(stream.muxed_conn)] = trio.current_time()
@@ -505,6 +504,7 @@ class Host(HostDht, conninfo.HostConnections):
             max_payload=self.max_payload,
             handshake_timeout=self.handshake_timeout,
             frame_timeout=self.frame_timeout,
+            moved=self._moved,
         )
 
 @asynccontextmanager

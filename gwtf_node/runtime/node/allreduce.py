@@ -32,20 +32,20 @@ faster peer): they are buffered per key (at most `MAX_PENDING_KEYS` keys;
 chunks of a finished key are dropped).  Each chunk is checked: the round's
 dtype, 1-D, nbytes matching the payload and the part's length, finite values,
 sender in the group, the right owner for the phase; a bad chunk is logged on
-"gwtf.transport" and ignored (a peer that only sends bad chunks shows up in
-the timeout error).  A timeout raises `AllReduceTimeout` naming the peers
-whose parts are missing.  A chunk that cannot be sent is sent again until
-the round's timeout (`SEND_RETRY_FIRST_S`), one lost after its send is asked
-for again (`_resend_missing`); a member that is gone is the caller's to see
-(liveness): it cancels the round and retries without it.
+"gwtf.transport" and ignored (a peer that only sends bad chunks shows up in the timeout error).  A round times
+out `timeout` seconds after payload bytes last moved between this peer and another member (`Host.payload_moved`: a
+part of hundreds of MB on a home uplink takes minutes, and is not lost), raising `AllReduceTimeout` naming the
+peers whose parts are missing.  A chunk that cannot be sent is sent again until the round's timeout
+(`SEND_RETRY_FIRST_S`), one lost after its send is asked for again (`_resend_missing`: not while bytes move with
+its owner); a member that is gone is the caller's to see (liveness): it cancels the round and retries without it.
 
-Threads.  Everything that touches a whole part runs in a worker thread (`trio.to_thread`, one at a time per
-`AllReducer`): copying a received payload and checking that it is finite in the pass that takes the squared norm
-the guard judges (`_sq_norm`), the sum, and assembling the result.  A part of a large model is hundreds of MB; done in the event loop's thread,
-this work kept the node from answering its peers' pings for seconds (liveness.py, looplag.py).  The tensors are
-the round's own (a received buffer, the caller's vector, read only), so no stage lock is needed; the order of
-the additions is the same as in one thread.  A received payload under `INLINE_CHECK_BYTES` is checked in the
-event loop instead.
+Threads. Everything that touches a whole part runs in a worker thread (`trio.to_thread`, one at a time per
+`AllReducer`): copying a received payload and checking that it is finite in the pass that takes the squared norm the
+guard judges (`_sq_norm`), the sum, and assembling the result. A part of a large model is hundreds of MB; done in
+the event loop's thread, this work kept the node from answering its peers' pings for seconds (liveness.py,
+looplag.py). The tensors are the round's own (a received buffer, the caller's vector, read only), so no stage lock
+is needed; the order of the additions is the same as in one thread. A received payload under `INLINE_CHECK_BYTES` is
+checked in the event loop instead.
 
 Outliers (protocol/gradguard.py): before summing its part, the owner judges
 every contribution to it (its count against `max_count`, the microbatches of
@@ -88,6 +88,7 @@ MAX_PENDING_KEYS = 64  # rounds buffered before all_reduce is called for them
 # than the check (a tiny model's parts: in a 50-daemon swarm on 2 cores, 7 % of a relay's busy samples went to
 # starting those hand-offs)
 INLINE_CHECK_BYTES = 64 * 1024
+HOLD_CHECK_S = 1.0  # how often a round's deadline is moved to `timeout` after the last payload byte (module doc)
 NORM_ROW, NORM_BLOCK = 4096, 4096 * 256  # `_sq_norm`: float32 dot per row, float64 sum; bfloat16 widened per block
 _DONE_KEYS_KEPT = 256  # finished rounds remembered, to drop their late chunks quietly
 RESEND_FIRST_S = 30.0  # a member missing an owner's sum this long (or 2x the last round) resends its part ...
@@ -124,6 +125,7 @@ class _Round:
     dtypes: dict[tuple[int, int, str], str] = field(default_factory=dict)  # the dtype each chunk came in
     norms: dict[tuple[int, int, str], float] = field(default_factory=dict)  # squared norm of each chunk (checked)
     changed: trio.Event = field(default_factory=trio.Event)
+    sending: int = 0  # this peer's chunks of the round still being sent
 
     def notify(self) -> None:
         self.changed.set()
@@ -275,11 +277,13 @@ class AllReducer:
                     await rnd.changed.wait()
                 return
             for owner in rnd.missing(GATHER, mine):
+                if trio.current_time() - self._moved_at([owner]) < first:  # bytes move with it: slow, not lost
+                    continue
                 i = rnd.group.index(owner)
                 self.resends += 1
                 log.info("all-reduce %r: no sum of part %d from %s yet: its part sent again", key, i, owner)
-                nursery.start_soon(self._send_part, owner, key, i, REDUCE, count,
-                                   flat[slice(*part_bounds(rnd.length, n, i))], rnd.wire)
+                self._spawn_send(nursery, rnd, owner, key, i, REDUCE, count,
+                                 flat[slice(*part_bounds(rnd.length, n, i))])
 
     # ---- one round ----------------------------------------------------------------
 
@@ -302,18 +306,35 @@ class AllReducer:
         await self.host.send(peer, env, data)
 
     async def _send_part(self, peer: str, key: str, part: int, phase: int, count: float, t: torch.Tensor,
-                         wire: str = "float32") -> None:
-        """`t` to `peer` in the `wire` dtype, sent again until it leaves (module doc)."""
-        env, data = await self._chunk(key, part, phase, count, t, wire)
-        for attempt in itertools.count(1):
-            try:
-                return await self.host.send(peer, env, data)
-            except PeerUnreachable as e:
-                self.send_retries += 1
-                delay = backoff_s(attempt, SEND_RETRY_FIRST_S, SEND_RETRY_MAX_S)
-                log.warning("all-reduce %r: part %d (phase %d) to %s not sent (%s): sent again in %.1f s", key, part,
-                            phase, peer, e, delay)
-            await trio.sleep(delay)
+                         wire: str = "float32", rnd: _Round | None = None) -> None:
+        """`t` to `peer` in the `wire` dtype, sent again until it leaves (module doc); `rnd.sending` counted down at
+        the end (`_spawn_send` counted it up)."""
+        try:
+            env, data = await self._chunk(key, part, phase, count, t, wire)
+            for attempt in itertools.count(1):
+                try:
+                    return await self.host.send(peer, env, data)
+                except PeerUnreachable as e:
+                    self.send_retries += 1
+                    delay = backoff_s(attempt, SEND_RETRY_FIRST_S, SEND_RETRY_MAX_S)
+                    log.warning("all-reduce %r: part %d (phase %d) to %s not sent (%s): sent again in %.1f s", key,
+                                part, phase, peer, e, delay)
+                await trio.sleep(delay)
+        finally:
+            if rnd is not None:
+                rnd.sending -= 1
+                rnd.notify()
+
+    def _spawn_send(self, nursery: trio.Nursery, rnd: _Round, peer: str, key: str, part: int, phase: int,
+                    count: float, t: torch.Tensor) -> None:
+        """`_send_part` in `nursery`, counted in `rnd.sending` from now until it ends."""
+        rnd.sending += 1
+        nursery.start_soon(self._send_part, peer, key, part, phase, count, t, rnd.wire, rnd)
+
+    def _moved_at(self, peers: list[str]) -> float:
+        """When a payload record last went to or came from one of `peers` (trio time; -inf: never)."""
+        moved = self.host.payload_moved
+        return max((moved.get(p, -math.inf) for p in peers), default=-math.inf)
 
     async def all_reduce(
         self, key: str, group: list[str], tensor: torch.Tensor, count: float, timeout: float,
@@ -379,27 +400,41 @@ class AllReducer:
         contributions, so every chunk that came is still right)."""
         me, group, n = self.host.peer_id, rnd.group, len(rnd.group)
         total = [0.0]
+        deadline = trio.CancelScope(deadline=trio.current_time() + timeout)
+        reduced = trio.Event()
 
         async def reduce_mine(nursery: trio.Nursery) -> None:
             total[0] = await self._reduce_and_send(key, rnd, mine, max_count, result, nursery)
+            reduced.set()
+            rnd.notify()
+
+        async def hold() -> None:  # the deadline: `timeout` after payload bytes last moved with a member (module doc)
+            while True:
+                await trio.sleep(HOLD_CHECK_S)
+                deadline.deadline = max(deadline.deadline, self._moved_at([p for p in group if p != me]) + timeout)
 
         try:
-            with trio.fail_after(timeout):
+            with deadline:
                 async with trio.open_nursery() as nursery:
                     for i, owner in enumerate(group):
                         if owner != me:
-                            nursery.start_soon(self._send_part, owner, key, i, REDUCE, count,
-                                               flat[slice(*part_bounds(rnd.length, n, i))], rnd.wire)
+                            self._spawn_send(nursery, rnd, owner, key, i, REDUCE, count,
+                                             flat[slice(*part_bounds(rnd.length, n, i))])
                     nursery.start_soon(reduce_mine, nursery)
                     nursery.start_soon(self._resend_missing, key, rnd, mine, flat, count, nursery)
-                    while rnd.missing(GATHER, mine):
+                    nursery.start_soon(hold)
+                    while rnd.missing(GATHER, mine) or rnd.sending or not reduced.is_set():
                         await rnd.changed.wait()
+                    nursery.cancel_scope.cancel()  # (`hold`: everything came and went)
+            if deadline.cancelled_caught:
+                raise trio.TooSlowError
         except trio.TooSlowError:
             self._forget(key)
             late_reduce, late_gather = rnd.missing(REDUCE, mine), rnd.missing(GATHER, mine)
             who = sorted(set(late_reduce) | set(late_gather))
             raise AllReduceTimeout(
-                f"all-reduce {key!r} timed out after {timeout} s among {n} peers: "
+                f"all-reduce {key!r} timed out after {timeout} s without payload bytes from or to its "
+                f"{n - 1} other peers: "
                 f"no phase-1 part from {late_reduce or 'nobody'}, "
                 f"no phase-2 (summed) part from {late_gather or 'nobody'}",
                 who,
@@ -437,7 +472,7 @@ class AllReducer:
         self._sums = {key: (list(group), mine, cnt, acc, rnd.wire)}  # (for a member that asks again)
         for p in group:
             if p != me:
-                nursery.start_soon(self._send_part, p, key, mine, GATHER, cnt, acc, rnd.wire)
+                self._spawn_send(nursery, rnd, p, key, mine, GATHER, cnt, acc)
         return cnt
 
     def _forget(self, key: str) -> None:
