@@ -164,3 +164,49 @@ async def test_an_all_reduce_over_a_slow_link_outlasts_its_timeout_while_bytes_m
             for t, c in results.values():
                 assert torch.equal(t, want) and c == 2.0
             assert sum(r.resends for r in reducers.values()) == 0
+
+
+@pytest.mark.trio
+async def test_a_joiner_does_not_ask_again_for_a_state_still_arriving(tmp_path, slow_records, monkeypatch):
+    """A stage state of 19.7 MB at 0.3 s a MiB takes ~6 s to arrive, past the 2 s the joiner gives its source to
+    answer: it is asked for once."""
+    from gwtf_node.model.manifest import save_manifest
+    from gwtf_node.runtime.node import joining
+    from gwtf_node.runtime.node.node import Node, NodeOptions
+
+    from support.helpers import until
+
+    monkeypatch.setattr(joining, "STATE_WAIT_S", 2.0)
+    run = tmp_path / "run.json"
+    save_manifest(default_manifest(stages=1, hidden=320, layers=3, seq_len=16, microbatch_size=1), run)
+    nodes: dict[str, Node] = {}
+    with trio.fail_after(DEADLINE_S * 2):
+        async with trio.open_nursery() as nursery:
+            async def start(name: str, boot: str | None) -> Node:
+                node = nodes[name] = Node(NodeOptions(
+                    run_path=run, role="relay", stage=0, state_dir=tmp_path / name, name=name,
+                    bootstrap=[boot] if boot else [], insecure_unsigned=True, bootstrap_timeout_s=0, settle_s=0.2))
+                nursery.start_soon(node.run)
+                await until(lambda: node.parts is not None and (tmp_path / name / "addr").exists()
+                            and node.stage.built, f"{name} listens with its stage built")
+                return node
+
+            source = await start("source", None)
+            joiner = await start("joiner", (tmp_path / "source" / "addr").read_text().split()[0])
+            src_id = source.parts.wire.me
+            await until(lambda: src_id in joiner.peers.ids("relay", 0), "the joiner knows the source")
+            asked = []
+            serve = source.parts.joining._answer_state_request
+
+            async def counted(peer, msg):
+                asked.append(msg)
+                await serve(peer, msg)
+
+            source.parts.joining._answer_state_request = counted
+            t0 = trio.current_time()
+            nursery.start_soon(joiner.parts.joining.fetch_state, src_id, 0)
+            await until(lambda: asked and joiner.parts.joining.state_loaded.is_set(), "the state is loaded", 60)
+            assert trio.current_time() - t0 > 3.0  # (slower than the 2 s given to answer)
+            assert len(asked) == 1, asked
+            for node in nodes.values():
+                node.stop()

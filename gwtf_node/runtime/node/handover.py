@@ -77,3 +77,13 @@ def next_source(steps: int, digest: str, answers: dict[str, tuple[int, str]], tr
             fresh = [p for p in holders if p not in tried]
             return fresh[0] if fresh else None
     return None
+
+
+def replacement_source(peers, gone: str, me: str, tried: set[str]) -> str | None:
+    """Another member to take the state from in place of `gone`: a ready member of this node's role and stage
+    (`peers`: net/peers.py `Peers`; the nearest first), not `me`, not one whose state a quorum refused (`tried`);
+    None if there is none."""
+    cands = [p for p in peers.ids(peers.role, peers.stage)
+             if p not in (gone, me) and p not in tried and not peers.get(p).joining and not peers.get(p).leaving]
+    rtt = {p: peers.get(p).rtt_ms for p in cands}
+    return min(cands, key=lambda p: (rtt[p] is None, rtt[p] or 0.0, p), default=None)

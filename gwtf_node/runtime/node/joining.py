@@ -1,25 +1,25 @@
 """Joining and leaving: a relay placed by the leader, stage-state hand-over, graceful leave, Goodbye.
 
 * **Joining** (section V-B). A relay started with `--stage auto` runs the pure `JoinerMachine`: it finds the leader
-  (DHT record `run/<id>/leader`), sends its capacity (the microbatches that fit its device's free memory in every
-  stage it can hold, model/memory.py) and its measured cost to each stage, +inf for a stage whose part does not fit
-  (the leader never places a node where its cost is infinite: protocol/membership.py `choose_stage`); the leader's
+  (DHT record `run/<id>/leader`), sends its capacity (the microbatches that fit its device's free memory in every stage
+  it can hold, model/memory.py) and its measured cost to each stage, +inf for a stage whose part does not fit (the
+  leader never places a node where its cost is infinite: protocol/membership.py `choose_stage`); the leader's
   `MembershipMachine` (leadership.py) queries the stages' utilization and answers with an `Assignment(stage,
   download_from, start_iteration)`. The newcomer builds its stage, says Hello with `joining=True`, and asks
   `download_from` for its state with `after = start_iteration`: the source answers once it has applied that many
   optimizer steps, with the weights and optimizer state and their SHA-256. The newcomer checks the hash, loads the
   state, and says Hello with `ready_from = steps applied`: it takes part in aggregations from that iteration on, and
-  the iteration in flight is not disturbed. Its neighbours add it to their running flow machines once its Hello says
-  it is ready (flows.py), and its own flow machine starts as `joined`.
+  the iteration in flight is not disturbed. Its neighbours add it to their running flow machines once its Hello says it
+  is ready (flows.py), and its own flow machine starts as `joined`.
 * **Falling behind.** If a BEGIN AGGREGATION of an iteration this node should have taken part in leaves it out (its
-  Hello came too late), it fetches the state again, after that step (`resync`). A relay that was cut off (a
-  partition) while the run stepped learns it from the first Hello after it is redialled (discovery.py), a stage
-  peer's or a data node's saying more than one aggregation more than its own state: it fetches the state after those
-  steps from a stage peer (`catch_up`) and takes part again from the next iteration.
-* **Leaving** (V-B's counterpart, `leave`). The relay announces `leaving` with `leave_after` = the iteration in
-  flight: from the next iteration on nobody routes microbatches to it and the leader leaves it out of the
-  aggregation groups. It finishes the microbatches it holds, takes part in that iteration's aggregation (its
-  gradients count), then says Goodbye: its peers forget it and their flow machines rebuild the flows through it.
+  Hello came too late), it fetches the state again, after that step (`resync`). A relay that was cut off (a partition)
+  while the run stepped learns it from the first Hello after it is redialled (discovery.py), a stage peer's or a data
+  node's saying more than one aggregation more than its own state: it fetches the state after those steps from a stage
+  peer (`catch_up`) and takes part again from the next iteration.
+* **Leaving** (V-B's counterpart, `leave`). The relay announces `leaving` with `leave_after` = the iteration in flight:
+  from the next iteration on nobody routes microbatches to it and the leader leaves it out of the aggregation groups.
+  It finishes the microbatches it holds, takes part in that iteration's aggregation (its gradients count), then says
+  Goodbye: its peers forget it and their flow machines rebuild the flows through it.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ from ...protocol.effects import Send
 from ...protocol.membership import INITIAL, JoinerConfig, JoinerMachine, link_report
 from .aggregation import Aggregation
 from ..net.discovery import Discovery
+from ..net.frames import DEFAULT_FRAME_TIMEOUT_S
+from .handover import replacement_source
 from .flows import Flows
 from .leadership import Leadership
 from .liveness import Liveness
@@ -348,7 +350,7 @@ class Joining:
         fewer steps is refused, so the state it ends with is never behind an
         aggregation it missed.  A source that is gone (presumed dead, or it
         left) before it answered is replaced by another ready member of its
-        role and stage (`_replacement_source`); with none, the request goes
+        role and stage (handover.py `replacement_source`); with none, the request goes
         to it again once it is back.
         """
         if not self.peers.place.joining:  # (a joiner already said so: a second Hello could overtake the next)
@@ -362,14 +364,14 @@ class Joining:
         while not self.state_loaded.is_set():
             src = self.fetch_source
             if self.peers.is_gone(src):  # presumed dead, or it left, before it answered
-                alt = self._replacement_source(src)
+                alt = replacement_source(self.peers, src, self.wire.me, self._tried_sources)
                 if alt is None:
                     asked_from = None  # nobody else: ask it again as soon as it is back (its Hello)
                 else:
                     log.warning("state source %s is gone: asking %s", self.peers.who(src), self.peers.who(alt))
                     self.fetch_source = src = alt
             if not self.peers.is_gone(src) and (
-                    asked != self.want_after or asked_from != src or now() > self._ask_deadline):
+                    asked != self.want_after or asked_from != src or self._answer_overdue(src)):
                 if asked == self.want_after and asked_from == src:
                     log.warning("no state taken from %s yet: asking again", self.peers.who(src))
                 asked, asked_from = self.want_after, src
@@ -378,14 +380,10 @@ class Joining:
             with trio.move_on_after(0.2):
                 await self.state_loaded.wait()
 
-    def _replacement_source(self, gone: str) -> str | None:
-        """Another member to take the state from in place of `gone`: a ready member of the same role and stage (the
-        nearest first), not one whose state a quorum refused; None if there is none."""
-        cands = [p for p in self.peers.ids(self.peers.role, self.peers.stage)
-                 if p not in (gone, self.wire.me) and p not in self._tried_sources
-                 and not self.peers.get(p).joining and not self.peers.get(p).leaving]
-        rtt = {p: self.peers.get(p).rtt_ms for p in cands}
-        return min(cands, key=lambda p: (rtt[p] is None, rtt[p] or 0.0, p), default=None)
+    def _answer_overdue(self, src: str) -> bool:
+        """Asked STATE_WAIT_S ago, no payload byte from `src` for a frame timeout (a state of GBs takes minutes)."""
+        moved = getattr(self.host, "payload_moved", {}).get(src, -math.inf)
+        return now() > self._ask_deadline and now() - moved > DEFAULT_FRAME_TIMEOUT_S
 
     def on_state_request(self, peer: str, msg: m.StageStateRequest) -> None:
         # answered in its own task: it may wait for a step, and this peer's other frames (Pings) must not
@@ -509,7 +507,8 @@ class Joining:
             return
         if info.steps <= self.stage.applied_steps + 1:
             return
-        source = info.peer_id if info.role == "relay" else self._replacement_source(self.wire.me)
+        source = info.peer_id if info.role == "relay" else replacement_source(self.peers, self.wire.me, self.wire.me,
+                                                                              self._tried_sources)
         if source is None:
             return  # (no stage peer known yet: its own Hello brings it here again)
         log.warning("behind the run: %s has %d steps applied, this node %d (cut off while the run trained): "
