@@ -23,9 +23,10 @@ redo the round among themselves then (the daemon's `after_gone`: a round
 waiting for a gone peer is cancelled and redone with the live members of the
 named group).  A named member that does not step (its parameters are out of
 step: it resyncs instead) holds its round for the daemon's all-reduce
-timeout, ALLREDUCE_TIMEOUT_S; the round is then redone without it (the
-daemon retries the same group and, failing again, steps alone: that
-difference is this model's).
+timeout, ALLREDUCE_TIMEOUT_S, from the moment the round is stuck; the round
+is then redone without it (the daemon counts the timeout from the last
+payload byte that moved with a member, retries the same group and, failing
+again, steps alone: those differences are this model's).
 """
 
 from __future__ import annotations
