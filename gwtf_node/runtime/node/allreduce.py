@@ -125,7 +125,6 @@ class _Round:
     dtypes: dict[tuple[int, int, str], str] = field(default_factory=dict)  # the dtype each chunk came in
     norms: dict[tuple[int, int, str], float] = field(default_factory=dict)  # squared norm of each chunk (checked)
     changed: trio.Event = field(default_factory=trio.Event)
-    sending: int = 0  # this peer's chunks of the round still being sent
 
     def notify(self) -> None:
         self.changed.set()
@@ -282,8 +281,8 @@ class AllReducer:
                 i = rnd.group.index(owner)
                 self.resends += 1
                 log.info("all-reduce %r: no sum of part %d from %s yet: its part sent again", key, i, owner)
-                self._spawn_send(nursery, rnd, owner, key, i, REDUCE, count,
-                                 flat[slice(*part_bounds(rnd.length, n, i))])
+                nursery.start_soon(self._send_part, owner, key, i, REDUCE, count,
+                                   flat[slice(*part_bounds(rnd.length, n, i))], rnd.wire)
 
     # ---- one round ----------------------------------------------------------------
 
@@ -306,30 +305,18 @@ class AllReducer:
         await self.host.send(peer, env, data)
 
     async def _send_part(self, peer: str, key: str, part: int, phase: int, count: float, t: torch.Tensor,
-                         wire: str = "float32", rnd: _Round | None = None) -> None:
-        """`t` to `peer` in the `wire` dtype, sent again until it leaves (module doc); `rnd.sending` counted down at
-        the end (`_spawn_send` counted it up)."""
-        try:
-            env, data = await self._chunk(key, part, phase, count, t, wire)
-            for attempt in itertools.count(1):
-                try:
-                    return await self.host.send(peer, env, data)
-                except PeerUnreachable as e:
-                    self.send_retries += 1
-                    delay = backoff_s(attempt, SEND_RETRY_FIRST_S, SEND_RETRY_MAX_S)
-                    log.warning("all-reduce %r: part %d (phase %d) to %s not sent (%s): sent again in %.1f s", key,
-                                part, phase, peer, e, delay)
-                await trio.sleep(delay)
-        finally:
-            if rnd is not None:
-                rnd.sending -= 1
-                rnd.notify()
-
-    def _spawn_send(self, nursery: trio.Nursery, rnd: _Round, peer: str, key: str, part: int, phase: int,
-                    count: float, t: torch.Tensor) -> None:
-        """`_send_part` in `nursery`, counted in `rnd.sending` from now until it ends."""
-        rnd.sending += 1
-        nursery.start_soon(self._send_part, peer, key, part, phase, count, t, rnd.wire, rnd)
+                         wire: str = "float32") -> None:
+        """`t` to `peer` in the `wire` dtype, sent again until it leaves (module doc)."""
+        env, data = await self._chunk(key, part, phase, count, t, wire)
+        for attempt in itertools.count(1):
+            try:
+                return await self.host.send(peer, env, data)
+            except PeerUnreachable as e:
+                self.send_retries += 1
+                delay = backoff_s(attempt, SEND_RETRY_FIRST_S, SEND_RETRY_MAX_S)
+                log.warning("all-reduce %r: part %d (phase %d) to %s not sent (%s): sent again in %.1f s", key, part,
+                            phase, peer, e, delay)
+            await trio.sleep(delay)
 
     def _moved_at(self, peers: list[str]) -> float:
         """When a payload record last went to or came from one of `peers` (trio time; -inf: never)."""
@@ -401,12 +388,9 @@ class AllReducer:
         me, group, n = self.host.peer_id, rnd.group, len(rnd.group)
         total = [0.0]
         deadline = trio.CancelScope(deadline=trio.current_time() + timeout)
-        reduced = trio.Event()
 
         async def reduce_mine(nursery: trio.Nursery) -> None:
             total[0] = await self._reduce_and_send(key, rnd, mine, max_count, result, nursery)
-            reduced.set()
-            rnd.notify()
 
         async def hold() -> None:  # the deadline: `timeout` after payload bytes last moved with a member (module doc)
             while True:
@@ -415,17 +399,18 @@ class AllReducer:
 
         try:
             with deadline:
-                async with trio.open_nursery() as nursery:
-                    for i, owner in enumerate(group):
-                        if owner != me:
-                            self._spawn_send(nursery, rnd, owner, key, i, REDUCE, count,
-                                             flat[slice(*part_bounds(rnd.length, n, i))])
-                    nursery.start_soon(reduce_mine, nursery)
-                    nursery.start_soon(self._resend_missing, key, rnd, mine, flat, count, nursery)
-                    nursery.start_soon(hold)
-                    while rnd.missing(GATHER, mine) or rnd.sending or not reduced.is_set():
-                        await rnd.changed.wait()
-                    nursery.cancel_scope.cancel()  # (`hold`: everything came and went)
+                async with trio.open_nursery() as holding:
+                    holding.start_soon(hold)
+                    async with trio.open_nursery() as nursery:  # (ends when this peer's sum and sends are done too)
+                        for i, owner in enumerate(group):
+                            if owner != me:
+                                nursery.start_soon(self._send_part, owner, key, i, REDUCE, count,
+                                                   flat[slice(*part_bounds(rnd.length, n, i))], rnd.wire)
+                        nursery.start_soon(reduce_mine, nursery)
+                        nursery.start_soon(self._resend_missing, key, rnd, mine, flat, count, nursery)
+                        while rnd.missing(GATHER, mine):
+                            await rnd.changed.wait()
+                    holding.cancel_scope.cancel()
             if deadline.cancelled_caught:
                 raise trio.TooSlowError
         except trio.TooSlowError:
@@ -472,7 +457,7 @@ class AllReducer:
         self._sums = {key: (list(group), mine, cnt, acc, rnd.wire)}  # (for a member that asks again)
         for p in group:
             if p != me:
-                self._spawn_send(nursery, rnd, p, key, mine, GATHER, cnt, acc)
+                nursery.start_soon(self._send_part, p, key, mine, GATHER, cnt, acc, rnd.wire)
         return cnt
 
     def _forget(self, key: str) -> None:

@@ -181,8 +181,6 @@ class ChurnDriver:
             pending[r] = True
             self._push(self.now + self.options.detect_s, Gone(nid, (r,), late=True))
 
-        work = self._next_hops(nid)
-        return tuple(r for r in self._near(self.stage[nid], nid, nid) if r not in work and nid not in self._at_work(r))
     # ---------------------------------------------------------------- the run's start and its stops (`run`)
     def _begin(self, until: float | None) -> int | None:
         """Start the machines at the first call of `run`; with `until`, the token of the halt set at that time."""
