@@ -167,6 +167,33 @@ async def test_an_all_reduce_over_a_slow_link_outlasts_its_timeout_while_bytes_m
 
 
 @pytest.mark.trio
+async def test_a_member_that_never_sends_its_sum_ends_the_round_at_its_timeout(tmp_path, monkeypatch):
+    """The other member is alive, takes every part sent to it, and never runs the round (a restarted peer): the parts
+    sent to it again, every 0.6 s, do not hold the round past its 1.5-s timeout counted from the last byte it sent."""
+    from gwtf_node.runtime.node import allreduce
+    from gwtf_node.runtime.node.allreduce import AllReducer, AllReduceTimeout
+
+    monkeypatch.setattr(allreduce, "RESEND_MAX_S", 0.3)
+    async with open_host(tmp_path / "a", dht=False) as a, open_host(tmp_path / "b", bootstrap=a.addrs, dht=False) as b:
+        reducers = {h.peer_id: AllReducer(h) for h in (a, b)}
+        got = []
+        for h in (a, b):
+            async def handler(peer, env, data, r=reducers[h.peer_id]):
+                _s, msg = decode(env)
+                if r.accepts(msg):
+                    got.append(peer)
+                    await r.on_chunk(peer, msg, data)
+            h.set_handler(handler)
+        mine = reducers[a.peer_id]
+        mine.resend_after_s = 0.3
+        t0 = trio.current_time()
+        with trio.fail_after(15.0), pytest.raises(AllReduceTimeout) as e:
+            await mine.all_reduce("s0/it0", [a.peer_id, b.peer_id], torch.ones(1 << 16), 1.0, timeout=1.5)
+        assert e.value.missing == [b.peer_id] and mine.resends >= 2 and len(got) >= 3
+        assert trio.current_time() - t0 < 3.0  # (sending it again held the round for 3.9-6.9 s)
+
+
+@pytest.mark.trio
 async def test_a_joiner_does_not_ask_again_for_a_state_still_arriving(tmp_path, slow_records, monkeypatch):
     """A stage state of 19.7 MB at 0.3 s a MiB takes ~6 s to arrive, past the 2 s the joiner gives its source to
     answer: it is asked for once."""

@@ -13,7 +13,7 @@ one incoming handler, and a small DHT API with versioned records.  How:
   sent after a payload frame may overtake it. Each send is bounded by `send_timeout` (a payload frame: plus its bytes
   at 1 Mbit/s, each 1 MiB record within `send_timeout`: `frames.frame_deadline_s`) and fails with `PeerUnreachable`;
   a broken stream or channel is dropped and reopened once before giving up. `payload_moved` says when a payload
-  record last went to or came from each peer (the all-reduce tells a slow link from a silent peer by it).
+  record last came from and went to each peer (the all-reduce tells a slow link from a silent peer by it).
 * Incoming: each libp2p stream and each channel connection is drained by its own task (Yamux resets a stream whose
   reader stalls for 5 s), which only parses frames and puts them on a per-peer queue (`INBOX_FRAMES` deep); one
   task per peer calls the handler, so a slow handler delays that peer's frames but never stalls a reader.  A frame
@@ -137,10 +137,10 @@ class Host(HostDht, conninfo.HostConnections):
         self._ctrl_in: dict[str, int] = {}  # incoming control streams being read, per peer
         self._heard_on: dict[int, float] = {}  # id of a libp2p connection -> trio time a control frame last came on it
         self.stats = {"frames_in": 0, "frames_out": 0, "bytes_out": 0, "bytes_in": 0, "refused": 0}
-        self.payload_moved: dict[str, float] = {}  # peer -> trio time a payload record last went to or came from it
+        self.payload_moved: dict[tuple[str, bool], float] = {}  # (peer, came from it) -> trio time of a payload record
 
-    def _moved(self, peer_id: str) -> None:
-        self.payload_moved[peer_id] = trio.current_time()
+    def _moved(self, peer_id: str, came: bool = False) -> None:
+        self.payload_moved[peer_id, came] = trio.current_time()
 
     # ---- identity and addresses ---------------------------------------------
 
@@ -454,7 +454,7 @@ class Host(HostDht, conninfo.HostConnections):
         try:
             while True:
                 frame = await read_frame(reader, max_payload=self.max_payload, frame_timeout=self.frame_timeout,
-                                         moved=lambda: self._moved(peer))
+                                         moved=lambda: self._moved(peer, True))
                 if frame is None:  # the peer closed its end: close ours (holepunch.retire waits for it)
                     return await _end(stream, reset=False)
                 self._heard_on[id(stream.muxed_conn)] = trio.current_time()
@@ -504,7 +504,7 @@ class Host(HostDht, conninfo.HostConnections):
             max_payload=self.max_payload,
             handshake_timeout=self.handshake_timeout,
             frame_timeout=self.frame_timeout,
-            moved=self._moved,
+            moved=lambda peer: self._moved(peer, True),
         )
 
 @asynccontextmanager

@@ -33,9 +33,10 @@ chunks of a finished key are dropped).  Each chunk is checked: the round's
 dtype, 1-D, nbytes matching the payload and the part's length, finite values,
 sender in the group, the right owner for the phase; a bad chunk is logged on
 "gwtf.transport" and ignored (a peer that only sends bad chunks shows up in the timeout error).  A round times
-out `timeout` seconds after payload bytes last moved between this peer and another member (`Host.payload_moved`: a
-part of hundreds of MB on a home uplink takes minutes, and is not lost), raising `AllReduceTimeout` naming the
-peers whose parts are missing.  A chunk that cannot be sent is sent again until the round's timeout
+out `timeout` seconds after payload bytes last came from another member, or last went to one in this round's first
+sends (`Host.payload_moved`: a part of hundreds of MB on a home uplink takes minutes, and is not lost; the parts
+sent again are not counted, or a live member that never sends its sum would hold the round forever), raising
+`AllReduceTimeout` naming the peers whose parts are missing.  A chunk that cannot be sent is sent again until the round's timeout
 (`SEND_RETRY_FIRST_S`), one lost after its send is asked for again (`_resend_missing`: not while bytes move with
 its owner); a member that is gone is the caller's to see (liveness): it cancels the round and retries without it.
 
@@ -124,6 +125,7 @@ class _Round:
     wire: str = "float32"  # the dtype of the chunks on the wire (WIRE_DTYPES)
     dtypes: dict[tuple[int, int, str], str] = field(default_factory=dict)  # the dtype each chunk came in
     norms: dict[tuple[int, int, str], float] = field(default_factory=dict)  # squared norm of each chunk (checked)
+    sending: int = 0  # this round's first sends of a part still under way (not those sent again)
     changed: trio.Event = field(default_factory=trio.Event)
 
     def notify(self) -> None:
@@ -318,10 +320,19 @@ class AllReducer:
                             phase, peer, e, delay)
             await trio.sleep(delay)
 
-    def _moved_at(self, peers: list[str]) -> float:
-        """When a payload record last went to or came from one of `peers` (trio time; -inf: never)."""
+    async def _send_first(self, rnd: _Round, *args) -> None:
+        """`_send_part(*args)`, counted in `rnd.sending` while under way (the round's deadline follows its bytes)."""
+        rnd.sending += 1
+        try:
+            await self._send_part(*args)
+        finally:
+            rnd.sending -= 1
+
+    def _moved_at(self, peers: list[str], went: bool = True) -> float:
+        """When a payload record last came from one of `peers`, or went to one (`went`) (trio time; -inf: never)."""
         moved = self.host.payload_moved
-        return max((moved.get(p, -math.inf) for p in peers), default=-math.inf)
+        return max((moved.get((p, came), -math.inf) for p in peers for came in (True, False) if came or went),
+                   default=-math.inf)
 
     async def all_reduce(
         self, key: str, group: list[str], tensor: torch.Tensor, count: float, timeout: float,
@@ -395,7 +406,8 @@ class AllReducer:
         async def hold() -> None:  # the deadline: `timeout` after payload bytes last moved with a member (module doc)
             while True:
                 await trio.sleep(HOLD_CHECK_S)
-                deadline.deadline = max(deadline.deadline, self._moved_at([p for p in group if p != me]) + timeout)
+                moved = self._moved_at([p for p in group if p != me], went=rnd.sending > 0)
+                deadline.deadline = max(deadline.deadline, moved + timeout)
 
         try:
             with deadline:
@@ -404,7 +416,7 @@ class AllReducer:
                     async with trio.open_nursery() as nursery:  # (ends when this peer's sum and sends are done too)
                         for i, owner in enumerate(group):
                             if owner != me:
-                                nursery.start_soon(self._send_part, owner, key, i, REDUCE, count,
+                                nursery.start_soon(self._send_first, rnd, owner, key, i, REDUCE, count,
                                                    flat[slice(*part_bounds(rnd.length, n, i))], rnd.wire)
                         nursery.start_soon(reduce_mine, nursery)
                         nursery.start_soon(self._resend_missing, key, rnd, mine, flat, count, nursery)
@@ -457,7 +469,7 @@ class AllReducer:
         self._sums = {key: (list(group), mine, cnt, acc, rnd.wire)}  # (for a member that asks again)
         for p in group:
             if p != me:
-                nursery.start_soon(self._send_part, p, key, mine, GATHER, cnt, acc, rnd.wire)
+                nursery.start_soon(self._send_first, rnd, p, key, mine, GATHER, cnt, acc, rnd.wire)
         return cnt
 
     def _forget(self, key: str) -> None:

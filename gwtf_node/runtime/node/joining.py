@@ -382,7 +382,7 @@ class Joining:
 
     def _answer_overdue(self, src: str) -> bool:
         """Asked STATE_WAIT_S ago, no payload byte from `src` for a frame timeout (a state of GBs takes minutes)."""
-        moved = self.host.payload_moved.get(src, -math.inf)
+        moved = self.host.payload_moved.get((src, True), -math.inf)
         return now() > self._ask_deadline and now() - moved > DEFAULT_FRAME_TIMEOUT_S
 
     def on_state_request(self, peer: str, msg: m.StageStateRequest) -> None:
