@@ -67,6 +67,7 @@ from .manifest import ManifestError, RunManifest
 from .materialize import build_full_model, build_parts  # noqa: F401  (build_full_model: re-exported)
 from .parts import DataPart, RelayPart  # noqa: F401  (re-exported)
 from .precision import compute_context, fix_cublas_workspace, wire_torch_dtype
+from .tensors import BufferFile
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -353,10 +354,10 @@ class StageModel:
             torch.save(state, buf)
             return buf.getvalue()
 
-    def load_state_bytes(self, b: bytes) -> None:
+    def load_state_bytes(self, b: bytes | bytearray | memoryview) -> None:
         """Replace weights and optimizer state with `state_bytes()` of the same part of the same run."""
         try:
-            state = torch.load(io.BytesIO(b), map_location="cpu", weights_only=True)
+            state = torch.load(BufferFile(b), map_location="cpu", weights_only=True)
         except Exception as e:  # torch raises several unrelated types for a corrupt archive
             raise ValueError(f"stage state is not readable: {type(e).__name__}: {e}") from None
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:

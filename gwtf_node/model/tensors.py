@@ -39,6 +39,7 @@ platform (x86-64, arm64) is little-endian, and `pack` refuses otherwise.
 
 from __future__ import annotations
 
+import io
 import math
 import sys
 from typing import Sequence
@@ -112,6 +113,36 @@ def _pack_sparse(t: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) -> tupl
     header = TensorHeader(dtype=dtype_name(t.dtype), shape=tuple(int(s) for s in t.shape), nbytes=payload.nbytes,
                           sparse_kept=int(idx.numel()))
     return header, payload
+
+
+class BufferFile(io.RawIOBase):
+    """A read-only, seekable file over a buffer, without copying it (`io.BytesIO` copies a bytearray or
+    memoryview): `torch.load` of a stage state received or read whole (model/stages.py) allocates its tensors
+    once, not the state's bytes a second time."""
+
+    def __init__(self, buffer: bytes | bytearray | memoryview) -> None:
+        super().__init__()
+        self._view, self._pos = _byte_view(buffer), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, b) -> int:
+        n = max(0, min(len(b), len(self._view) - self._pos))
+        memoryview(b).cast("B")[:n] = self._view[self._pos:self._pos + n]
+        self._pos += n
+        return n
 
 
 def _byte_view(payload: bytes | bytearray | memoryview) -> memoryview:

@@ -512,3 +512,22 @@ def test_weights_from_a_local_file(suffix: str, tmp_path) -> None:
     bad = dataclasses.replace(loaded, model=dataclasses.replace(m.model, weights="bad.pt"))
     with pytest.raises(ManifestError, match="do not match model.config"):
         build_stage(bad, "relay", 0)
+
+
+def test_a_buffer_file_reads_a_state_without_copying_it():
+    """`BufferFile` is a seekable file over a bytearray or memoryview: `torch.load` reads a state through it as
+    through `io.BytesIO`, and its reads, seeks and end of file behave as a file's."""
+    import io
+
+    from gwtf_node.model.tensors import BufferFile
+
+    state = {"names": ["w"], "params": [torch.arange(1000, dtype=torch.float32)]}
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    raw = bytearray(buf.getvalue())
+    got = torch.load(BufferFile(memoryview(raw)), map_location="cpu", weights_only=True)
+    assert got["names"] == ["w"] and torch.equal(got["params"][0], state["params"][0])
+    f = BufferFile(b"abcdef")
+    assert f.read(2) == b"ab" and f.tell() == 2
+    assert f.seek(-1, io.SEEK_END) == 5 and f.read() == b"f" and f.read(3) == b""
+    assert f.seek(1) == 1 and f.seek(2, io.SEEK_CUR) == 3 and f.read(10) == b"def"

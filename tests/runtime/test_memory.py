@@ -132,6 +132,21 @@ def test_cuda_estimate_within_25_percent_of_max_memory_allocated(runs, run: str,
     assert 0.75 <= ratio <= 1.25, r
 
 
+def test_a_state_hand_over_takes_its_bytes_once_at_each_end(runs) -> None:
+    """A source sends its state's bytes as they are (no copy for the payload), and a newcomer checks and loads
+    them without a second copy of the state (tests/support/handoverprobe.py): the source grows by the state's
+    bytes, the newcomer's peak with the payload stays within its part's estimate (copies made both 2x)."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, str(PROBE.with_name("handoverprobe.py")), str(runs["llama-135m"]), "1"],
+                         capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    print(r)
+    assert r["source_growth"] <= 1.1 * r["state_bytes"], r
+    assert r["joiner_growth"] <= r["estimate"], r
+
+
 def test_capacity_that_fits() -> None:
     man = load_manifest_of(["--preset", "llama-135m", "--stages", "3"])
     counts = parameter_counts(man.model.family, man.model.config)

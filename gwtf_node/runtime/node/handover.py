@@ -24,20 +24,31 @@ loads nothing, says so in its log (and `Joining.handover`), and asks
 again after a while (joining.py `NO_QUORUM_RETRY_S`): the stage's members
 may have changed.  A majority of hostile members of one stage is out of scope
 (docs/security.md).
+
+Memory.  A stage's state is GBs on a large model (12 bytes a parameter with
+AdamW), so each end holds its bytes once: the source sends `state_bytes()`
+itself as the payload (`state_frame`), the newcomer checks the payload in
+place and reads it through a file over it (`received_state`,
+`model/tensors.py` `BufferFile`).  The source grows by the state's bytes
+while it sends; the newcomer's peak, payload included, stays within its
+part's estimate (model/memory.py; tests/runtime/test_memory.py measures
+both).  Both hashes run in the stage's worker thread: a state of GBs takes
+seconds to hash, and the event loop answers pings meanwhile.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 
 
-def params_hash(blob: bytes) -> str:
-    """`StageModel.state_hash()` of the parameters inside a `state_bytes()` blob (without loading it)."""
+def params_hash(blob: bytes | bytearray | memoryview) -> str:
+    """`StageModel.state_hash()` of the parameters inside a `state_bytes()` blob (without installing it)."""
     import torch
 
+    from ...model.tensors import BufferFile
+
     try:
-        state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+        state = torch.load(BufferFile(blob), map_location="cpu", weights_only=True)
         names, params = state["names"], state["params"]
     except Exception as e:  # noqa: BLE001 - torch raises several unrelated types for a corrupt archive
         from .checkpoints import load_error
@@ -46,8 +57,33 @@ def params_hash(blob: bytes) -> str:
     h = hashlib.sha256()
     for name, p in zip(names, params):
         h.update(name.encode() + b"\0")
-        h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
+        h.update(memoryview(p.detach().float().cpu().contiguous().numpy()).cast("B"))
     return h.hexdigest()
+
+
+def state_frame(msg, blob: bytes):
+    """`msg` (a `StageState`) with the SHA-256 and tensor header of `blob` (a `state_bytes()`), and the payload:
+    `blob` itself, not a copy (a stage's state is GBs on a large model).  In a worker thread (the hash)."""
+    from dataclasses import replace
+
+    from ...protocol.messages import TensorHeader
+
+    header = TensorHeader(dtype="uint8", shape=(len(blob),), nbytes=len(blob))
+    return replace(msg, sha256=hashlib.sha256(blob).hexdigest(), tensor=header), memoryview(blob)
+
+
+def received_state(msg, payload, max_bytes: int) -> memoryview:
+    """The state blob a `StageState` carries, once its header and SHA-256 hold: a view of `payload`, not a copy;
+    a ValueError says what is wrong.  In a worker thread (the hash)."""
+    from ...model.tensors import TensorError, unpack
+
+    try:
+        blob = memoryview(unpack(msg.tensor, payload, expect_dtype="uint8", max_bytes=max_bytes).numpy())
+    except TensorError as e:
+        raise ValueError(f"StageState tensor refused: {e}") from None
+    if hashlib.sha256(blob).hexdigest() != msg.sha256:
+        raise ValueError("StageState hash mismatch: the state was corrupted or tampered with")
+    return blob
 
 
 def verdict(steps: int, digest: str, answers: dict[str, tuple[int, str]]) -> tuple[bool, str]:

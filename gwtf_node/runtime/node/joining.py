@@ -24,7 +24,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from typing import Any, Callable
@@ -37,7 +36,7 @@ from ...protocol.membership import INITIAL, JoinerConfig, JoinerMachine, link_re
 from .aggregation import Aggregation
 from ..net.discovery import Discovery
 from ..net.frames import DEFAULT_FRAME_TIMEOUT_S
-from .handover import replacement_source
+from .handover import received_state, replacement_source, state_frame
 from .flows import Flows
 from .leadership import Leadership
 from .liveness import Liveness
@@ -408,18 +407,13 @@ class Joining:
             return
         await self.stage.wait_steps(msg.after, STATE_WAIT_S)
         steps, blob = await self.stage.run(self.stage.snapshot)
-        import torch
-
-        digest = hashlib.sha256(blob).hexdigest()
-        tensor = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+        msg, payload = await self.stage.run(state_frame, m.StageState(
+            self.peers.stage, steps, "", None, rounds=self.aggregation.round_records(steps)), blob)
         log.info("sending stage %d state (%d steps, %.1f MB) to %s", self.peers.stage, steps, len(blob) / 1e6,
                  self.peers.who(peer))
-        await self.wire.send_tensor(peer, m.StageState(self.peers.stage, steps, digest, None,
-                                                       rounds=self.aggregation.round_records(steps)), tensor)
+        await self.wire.send(peer, msg, payload)
 
     async def on_state(self, peer: str, msg: m.StageState, payload) -> None:
-        from ...model.tensors import TensorError, unpack
-
         if msg.tensor is None and not msg.sha256:
             self._on_answer(peer, msg)
             return
@@ -428,12 +422,9 @@ class Joining:
         if msg.iteration < self.want_after:
             raise FrameRefused(f"StageState after {msg.iteration} steps, asked for at least {self.want_after}")
         try:
-            t = unpack(msg.tensor, payload, expect_dtype="uint8", max_bytes=MAX_STATE_BYTES)
-        except TensorError as e:
-            raise FrameRefused(f"StageState tensor refused: {e}") from None
-        blob = t.numpy().tobytes()
-        if hashlib.sha256(blob).hexdigest() != msg.sha256:
-            raise FrameRefused("StageState hash mismatch: the state was corrupted or tampered with")
+            blob = await self.stage.run(received_state, msg, payload, MAX_STATE_BYTES)
+        except ValueError as e:
+            raise FrameRefused(str(e)) from None
         await self._check_with_members(peer, msg, blob)
         try:  # (the parameters and their steps together: a checkpoint never labels one with the other's steps)
             await self.stage.run(self.stage.install, blob, msg.iteration)
@@ -455,7 +446,7 @@ class Joining:
         self.discovery.hello_all()
         self.state_loaded.set()
 
-    async def _check_with_members(self, source: str, msg: m.StageState, blob: bytes) -> None:
+    async def _check_with_members(self, source: str, msg: m.StageState, blob: memoryview) -> None:
         """The stage's other ready members vouch for the downloaded state, or it is refused (handover.py)."""
         from .handover import next_source, params_hash, verdict
 
