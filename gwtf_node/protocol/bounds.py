@@ -90,6 +90,9 @@ MAX_REVOCATIONS_BYTES = 1 << 18
 # finite value beyond 1e6 (float16 ends at 65504) is no training signal and
 # would swamp a sum of gradients: refused like a NaN.
 MAX_TENSOR_ABS = 1e6
+# A stage's state (weights and optimizer state, runtime/node/statechunks.py): 16 GiB, a part of ~1.4B parameters
+# with AdamW, is more than a volunteer's stage holds.
+MAX_STATE_BYTES = 1 << 34
 # Dtypes that may carry activations, gradients and all-reduce parts.
 TENSOR_DTYPES = ("float32", "float16", "bfloat16", "float64")
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "uint8": 1, "int64": 8, "int32": 4,
@@ -158,6 +161,10 @@ def _count(value: int | float, what: str, hi: float) -> Problem | None:
     if not (0 <= value <= hi):
         return Problem(Violation.COUNT_OUT_OF_RANGE, f"{what} is {value}, outside [0, {hi:g}]")
     return None
+
+
+def _state_bytes(value: int, what: str) -> Problem | None:
+    return _count(value, what, MAX_STATE_BYTES)
 
 
 def _items(values: tuple, what: str, hi: int = MAX_ITEMS) -> Problem | None:
@@ -433,14 +440,16 @@ def _all_reduce_chunk(msg: m.AllReduceChunk, ctx: Context) -> Problem | None:
 
 def _stage_state_request(msg: m.StageStateRequest, ctx: Context) -> Problem | None:
     """A relay asks for its stage's state; a restarted data node for the data nodes' part (stage -1, data_resume.py)."""
-    return _stage(msg.stage, ctx, "StageStateRequest stage") or _iteration(msg.after, ctx, "after")
+    return _first(_stage(msg.stage, ctx, "StageStateRequest stage"), _iteration(msg.after, ctx, "after"),
+                  _strings(msg.sha256), _state_bytes(msg.offset, "StageStateRequest offset"))
 
 
 def _stage_state(msg: m.StageState, ctx: Context) -> Problem | None:
     return _first(_stage(msg.stage, ctx, "StageState stage"), _iteration(msg.iteration, ctx, "steps"),
                   _iteration(msg.run_steps, ctx, "run steps"), _strings(msg.sha256, msg.params_sha256),
                   _tensor(msg.tensor, "StageState", dtypes=("uint8",), shape=None, required=False),
-                  _items(msg.rounds, "StageState rounds", KEEP_ROUNDS),
+                  _items(msg.rounds, "StageState rounds", KEEP_ROUNDS), _state_bytes(msg.offset, "StageState offset"),
+                  _state_bytes(msg.total, "StageState total"),
                   *(_iteration(r.steps, ctx, "a round's steps") or _count(r.count, "a round's count", MAX_MICROBATCHES)
                     or _items(r.members, "a round's members") or _strings(*r.members) for r in msg.rounds))
 

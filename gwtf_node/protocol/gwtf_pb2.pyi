@@ -499,17 +499,21 @@ class LinkProbe(_message.Message):
     def __init__(self, nonce: _Optional[int] = ...) -> None: ...
 
 class StageStateRequest(_message.Message):
-    __slots__ = ("stage", "after", "hash_only")
+    __slots__ = ("stage", "after", "hash_only", "offset", "sha256")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     AFTER_FIELD_NUMBER: _ClassVar[int]
     HASH_ONLY_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
     stage: int
     after: int
     hash_only: bool
-    def __init__(self, stage: _Optional[int] = ..., after: _Optional[int] = ..., hash_only: bool = ...) -> None: ...
+    offset: int
+    sha256: str
+    def __init__(self, stage: _Optional[int] = ..., after: _Optional[int] = ..., hash_only: bool = ..., offset: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class StageState(_message.Message):
-    __slots__ = ("stage", "iteration", "sha256", "tensor", "params_sha256", "run_steps", "stage_empty", "rounds")
+    __slots__ = ("stage", "iteration", "sha256", "tensor", "params_sha256", "run_steps", "stage_empty", "rounds", "offset", "total")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
@@ -518,6 +522,8 @@ class StageState(_message.Message):
     RUN_STEPS_FIELD_NUMBER: _ClassVar[int]
     STAGE_EMPTY_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
     stage: int
     iteration: int
     sha256: str
@@ -526,7 +532,9 @@ class StageState(_message.Message):
     run_steps: int
     stage_empty: bool
     rounds: _containers.RepeatedCompositeFieldContainer[RoundRecord]
-    def __init__(self, stage: _Optional[int] = ..., iteration: _Optional[int] = ..., sha256: _Optional[str] = ..., tensor: _Optional[_Union[TensorHeader, _Mapping]] = ..., params_sha256: _Optional[str] = ..., run_steps: _Optional[int] = ..., stage_empty: bool = ..., rounds: _Optional[_Iterable[_Union[RoundRecord, _Mapping]]] = ...) -> None: ...
+    offset: int
+    total: int
+    def __init__(self, stage: _Optional[int] = ..., iteration: _Optional[int] = ..., sha256: _Optional[str] = ..., tensor: _Optional[_Union[TensorHeader, _Mapping]] = ..., params_sha256: _Optional[str] = ..., run_steps: _Optional[int] = ..., stage_empty: bool = ..., rounds: _Optional[_Iterable[_Union[RoundRecord, _Mapping]]] = ..., offset: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...
 
 class RoundRecord(_message.Message):
     __slots__ = ("steps", "count", "members")

@@ -20,6 +20,7 @@ import enum
 from dataclasses import dataclass
 
 from .electmsgs import HeartbeatAck, LeaderHeartbeat, RequestVote, Vote  # noqa: F401 - re-exported (leader.py)
+from .joinmsgs import Assignment, JoinRequest, UtilizationQuery, UtilizationReport  # noqa: F401 - re-exported
 from .refusals import RefusalCode, Revocations  # noqa: F401 - re-exported: a Refused carries one; trust messages
 from .replies import DenyReason, Reply, Side  # noqa: F401 - re-exported: flow messages carry them
 
@@ -401,6 +402,8 @@ class StageStateRequest:
     stage: int
     after: int = 0
     hash_only: bool = False  # the steps and parameter hash (a relay) or the stage's steps in the run (a data node)
+    offset: int = 0  # bytes of the state `sha256` already held: the source sends the rest if it sends that state
+    sha256: str = ""  # the state being resumed ("": none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,6 +425,8 @@ class StageState:
     run_steps: int = 0  # a data node's hash-only answer: the first iteration a state installed now takes part in
     stage_empty: bool = False  # a data node's hash-only answer: no relay of the stage is ready
     rounds: tuple[RoundRecord, ...] = ()  # a relay's answer: how its last steps were summed (roundcheck.py)
+    offset: int = 0  # where the bytes that follow go in the state (it comes in chunks: runtime/node/statechunks.py)
+    total: int = 0  # the state's bytes (0: the bytes that follow are the whole state)
 
 
 # ---- crash recovery of microbatches (section V-D; protocol/recovery/) ----
@@ -534,47 +539,6 @@ class RepairOrder:
     iteration: int
     attempt: int
     rest: tuple[str, ...]
-
-
-# ---- joining at the bottleneck (membership.py, section V-B) ----------------
-
-
-@dataclass(frozen=True, slots=True)
-class JoinRequest:
-    """A candidate asks the leader for a stage."""
-
-    capacity: int  # microbatches it can hold at a time
-    stage_costs: tuple[float, ...]  # measured cost to each relay stage, +inf: cannot serve it
-    link_costs: tuple[tuple[str, float], ...] = ()  # Eq. 1 cost of its link to each peer it measured
-
-
-@dataclass(frozen=True, slots=True)
-class UtilizationQuery:
-    """The leader's periodic utilization flood (one round)."""
-
-    query_id: int
-    term: int = 0  # the sender's leader term: a relay learns who leads, and in which term
-
-
-@dataclass(frozen=True, slots=True)
-class UtilizationReport:
-    query_id: int
-    stage: int
-    flows: int  # units of flow through the reporter
-    capacity: int
-    serving: bool  # False while the reporter is still joining (downloading its stage's state)
-    link_costs: tuple[tuple[str, float], ...] = ()  # Eq. 1 cost of its links to its flow neighbours
-
-
-@dataclass(frozen=True, slots=True)
-class Assignment:
-    """The leader of `term` places `node` in `stage`; sent to the node and to its state source."""
-
-    term: int
-    node: str
-    stage: int
-    download_from: str  # a live stage member that is not joining itself
-    start_iteration: int  # the newcomer serves from this iteration on
 
 
 # ---- start-up: a refused Hello is answered (runtime/net/bootstrap.py) ----------

@@ -3,13 +3,13 @@ process).
 
     python tests/support/handoverprobe.py RUN.json STAGE
 
-The source: relay STAGE built and stepped once (AdamW's moments exist), then the state it sends to a newcomer
-(`StageModel.state_bytes`, `handover.state_frame`) taken: the RSS growth over the state's bytes.  The newcomer:
-the same stage built as a joiner builds it, the payload as the transport delivers it (a bytearray), then what
-`Joining.on_state` does with it in its worker thread (`handover.received_state`, `params_hash` for the members'
-check, `load_state_bytes`): the RSS growth from before its build to that peak, against `memory.estimate`'s
-`part_bytes` of the part (capacity 1).  Prints one JSON object.  MALLOC_MMAP_THRESHOLD_ is set low by the caller
-so that freed buffers leave the RSS at once.
+The source: relay STAGE built and stepped once (AdamW's moments exist), then `statechunks.StateServer` answering a
+newcomer (its frames go to a wire that only counts them): the RSS growth over the state's bytes.  The newcomer:
+the same stage built as a joiner builds it, then each chunk as the transport delivers it (a bytearray, dropped
+once handled) through `statechunks.Download`, and what `Joining.on_state` does with the whole (`params_hash` for
+the members' check, `load_state_bytes`): the RSS growth from before its build to that peak, against
+`memory.estimate`'s `part_bytes` of the part (capacity 1).  Prints one JSON object.  MALLOC_MMAP_THRESHOLD_ is set
+low by the caller so that freed buffers leave the RSS at once.
 """
 
 from __future__ import annotations
@@ -21,8 +21,36 @@ import sys
 from memprobe import _Rss, _warm_up
 
 
+class _Stage:
+    """What StateServer asks of a node's stage: its steps, its snapshot, its worker thread (here: in line)."""
+
+    def __init__(self, part) -> None:
+        self.part, self.applied_steps = part, 1
+
+    def snapshot(self):
+        return self.applied_steps, self.part.state_bytes()
+
+    async def run(self, fn, *args):
+        return fn(*args)
+
+
+class _Wire:
+    """The frames sent to the newcomer: their messages and payloads (views of the source's state, not copies)."""
+
+    def __init__(self) -> None:
+        self.frames: list = []
+
+    async def send(self, peer, msg, payload=b"") -> bool:
+        self.frames.append((msg, payload))
+        return True
+
+    def spawn(self, fn, *args) -> None:
+        pass
+
+
 def main() -> None:
     import torch
+    import trio
 
     torch.set_num_threads(1)
     import transformers  # noqa: F401 - imported before the baseline, as in a node
@@ -30,8 +58,9 @@ def main() -> None:
     from gwtf_node.model import memory
     from gwtf_node.model.manifest import load_manifest
     from gwtf_node.model.stages import build_stage
-    from gwtf_node.protocol.messages import StageState
-    from gwtf_node.runtime.node.handover import params_hash, received_state, state_frame
+    from gwtf_node.protocol.messages import StageStateRequest
+    from gwtf_node.runtime.node.handover import params_hash
+    from gwtf_node.runtime.node.statechunks import Download, StateServer
 
     run, stage = sys.argv[1], int(sys.argv[2])
     man = load_manifest(run, check_files=False)
@@ -44,25 +73,34 @@ def main() -> None:
     for p in source.params:
         p.grad = None
     gc.collect()
+    wire = _Wire()
+    server = StateServer(_Stage(source), wire, lambda steps: ())
     base = meter.now()
     meter.reset()
-    msg, payload = state_frame(StageState(stage, 1, "", None), source.state_bytes())
+    trio.run(server.answer, "newcomer", StageStateRequest(stage), stage, "newcomer")
     sent = meter.peak() - base
-    size = payload.nbytes
-    data = bytearray(payload)  # (what the transport hands the newcomer: counted as the newcomer's)
-    del payload, source
+    size = sum(view.nbytes for _msg, view in wire.frames)
+    del source
     gc.collect()
-    base = meter.now() - len(data)
+    base = meter.now()
     joiner = build_stage(man, "relay", stage)
     gc.collect()
     meter.reset()
-    blob = received_state(msg, data, 1 << 34)
+    download = Download()
+
+    async def receive():
+        blob = None
+        for msg, view in wire.frames:  # each payload as the transport delivers it, one at a time
+            blob = await download.take(_Stage(None).run, "source", msg, bytearray(view), 1 << 34)
+        return blob
+
+    blob = trio.run(receive)
     params_hash(blob)
     joiner.load_state_bytes(blob)
     peak = meter.peak() - base
     est = memory.estimate(man, "relay", stage, 1)
-    print(json.dumps({"params": joiner.num_params, "state_bytes": size, "source_growth": sent,
-                      "joiner_growth": peak, "joiner_payload": len(data), "estimate": est.part_bytes}))
+    print(json.dumps({"params": joiner.num_params, "state_bytes": size, "chunks": len(wire.frames),
+                      "source_growth": sent, "joiner_growth": peak, "estimate": est.part_bytes}))
 
 
 if __name__ == "__main__":

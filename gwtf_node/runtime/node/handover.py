@@ -26,14 +26,15 @@ may have changed.  A majority of hostile members of one stage is out of scope
 (docs/security.md).
 
 Memory.  A stage's state is GBs on a large model (12 bytes a parameter with
-AdamW), so each end holds its bytes once: the source sends `state_bytes()`
-itself as the payload (`state_frame`), the newcomer checks the payload in
-place and reads it through a file over it (`received_state`,
-`model/tensors.py` `BufferFile`).  The source grows by the state's bytes
-while it sends; the newcomer's peak, payload included, stays within its
-part's estimate (model/memory.py; tests/runtime/test_memory.py measures
-both).  Both hashes run in the stage's worker thread: a state of GBs takes
-seconds to hash, and the event loop answers pings meanwhile.
+AdamW), so each end holds its bytes once: the source sends the bytes of
+`state_bytes()` themselves, in chunks (statechunks.py), the newcomer
+assembles them in one buffer, checks it in place and reads it through a
+file over it (`received_state`, `model/tensors.py` `BufferFile`).  The
+source grows by the state's bytes while it sends; the newcomer's peak,
+buffer included, stays within its part's estimate (model/memory.py;
+tests/runtime/test_memory.py measures both).  The hashes run in the stage's
+worker thread: a state of GBs takes seconds to hash, and the event loop
+answers pings meanwhile.
 """
 
 from __future__ import annotations
@@ -59,17 +60,6 @@ def params_hash(blob: bytes | bytearray | memoryview) -> str:
         h.update(name.encode() + b"\0")
         h.update(memoryview(p.detach().float().cpu().contiguous().numpy()).cast("B"))
     return h.hexdigest()
-
-
-def state_frame(msg, blob: bytes):
-    """`msg` (a `StageState`) with the SHA-256 and tensor header of `blob` (a `state_bytes()`), and the payload:
-    `blob` itself, not a copy (a stage's state is GBs on a large model).  In a worker thread (the hash)."""
-    from dataclasses import replace
-
-    from ...protocol.messages import TensorHeader
-
-    header = TensorHeader(dtype="uint8", shape=(len(blob),), nbytes=len(blob))
-    return replace(msg, sha256=hashlib.sha256(blob).hexdigest(), tensor=header), memoryview(blob)
 
 
 def received_state(msg, payload, max_bytes: int) -> memoryview:

@@ -31,17 +31,19 @@ from typing import Any, Callable
 import trio
 
 from ...protocol import messages as m
+from ...protocol.bounds import MAX_STATE_BYTES
 from ...protocol.effects import Send
 from ...protocol.membership import INITIAL, JoinerConfig, JoinerMachine, link_report
 from .aggregation import Aggregation
 from ..net.discovery import Discovery
 from ..net.frames import DEFAULT_FRAME_TIMEOUT_S
-from .handover import received_state, replacement_source, state_frame
+from .handover import replacement_source
 from .flows import Flows
 from .leadership import Leadership
 from .liveness import Liveness
 from ..net.peers import PeerInfo, Peers
 from .stage import LocalStage
+from .statechunks import Download, StateServer
 from .driver import Drivers, Owner
 from ..net.wire import FrameRefused, Wire, now
 from .waits import resume_wait, wait_entry
@@ -52,7 +54,6 @@ STATE_WAIT_S = 600.0  # how long a source waits for its own steps before answeri
 LEAVE_WAIT_S = 10.0  # a leaving relay waits at most this long for the aggregation of its last iteration
 GOODBYE_WAIT_S = 3.0
 LEADER_LOOKUP_S = 5.0
-MAX_STATE_BYTES = 1 << 34
 RESUME_POLL_S = 2.0  # a relay coming back that waits asks its peers again this often
 RESUME_SETTLE_S = 1.0  # ... and first gives the peers it learns of from a data node this long to say Hello
 HASH_ASK_S = 15.0  # ... and waits this long at most for a hash-only answer
@@ -96,6 +97,8 @@ class Joining:
         self._tried_sources: set[str] = set()  # members whose state the stage's quorum refused
         self.handover: dict | None = None  # the last downloaded state's check: source, steps, taken, why
         self.fetch_since: float | None = None  # the last state download began then (waits.py)
+        self.server = StateServer(stage, wire, aggregation.round_records)  # this node's state to newcomers
+        self.download = Download()  # the state this node downloads, in chunks
 
     @property
     def joined(self) -> bool:
@@ -375,14 +378,18 @@ class Joining:
                     log.warning("no state taken from %s yet: asking again", self.peers.who(src))
                 asked, asked_from = self.want_after, src
                 self._ask_deadline = now() + STATE_WAIT_S
-                await self.wire.send(src, m.StageStateRequest(self.peers.stage, asked))
+                offset, sha = self.download.resume(src)
+                if offset:
+                    log.info("resuming the state download at %.1f of %.1f MB", offset / 1e6, self.download.total / 1e6)
+                await self.wire.send(src, m.StageStateRequest(self.peers.stage, asked, offset=offset, sha256=sha))
             with trio.move_on_after(0.2):
                 await self.state_loaded.wait()
 
     def _answer_overdue(self, src: str) -> bool:
-        """Asked STATE_WAIT_S ago, no payload byte from `src` for a frame timeout (a state of GBs takes minutes)."""
+        """No payload byte from `src` for a frame timeout, asked STATE_WAIT_S ago or chunks of it already in (a
+        state of GBs takes minutes, and a source may wait for its steps first)."""
         moved = self.host.payload_moved.get((src, True), -math.inf)
-        return now() > self._ask_deadline and now() - moved > DEFAULT_FRAME_TIMEOUT_S
+        return (now() > self._ask_deadline or self.download.held > 0) and now() - moved > DEFAULT_FRAME_TIMEOUT_S
 
     def on_state_request(self, peer: str, msg: m.StageStateRequest) -> None:
         # answered in its own task: it may wait for a step, and this peer's other frames (Pings) must not
@@ -406,12 +413,7 @@ class Joining:
             await self._answer_hash_only(peer, msg)
             return
         await self.stage.wait_steps(msg.after, STATE_WAIT_S)
-        steps, blob = await self.stage.run(self.stage.snapshot)
-        msg, payload = await self.stage.run(state_frame, m.StageState(
-            self.peers.stage, steps, "", None, rounds=self.aggregation.round_records(steps)), blob)
-        log.info("sending stage %d state (%d steps, %.1f MB) to %s", self.peers.stage, steps, len(blob) / 1e6,
-                 self.peers.who(peer))
-        await self.wire.send(peer, msg, payload)
+        await self.server.answer(peer, msg, self.peers.stage, self.peers.who(peer))
 
     async def on_state(self, peer: str, msg: m.StageState, payload) -> None:
         if msg.tensor is None and not msg.sha256:
@@ -422,9 +424,11 @@ class Joining:
         if msg.iteration < self.want_after:
             raise FrameRefused(f"StageState after {msg.iteration} steps, asked for at least {self.want_after}")
         try:
-            blob = await self.stage.run(received_state, msg, payload, MAX_STATE_BYTES)
+            blob = await self.download.take(self.stage.run, peer, msg, payload, MAX_STATE_BYTES)
         except ValueError as e:
             raise FrameRefused(str(e)) from None
+        if blob is None:  # (more chunks to come: statechunks.py)
+            return
         await self._check_with_members(peer, msg, blob)
         try:  # (the parameters and their steps together: a checkpoint never labels one with the other's steps)
             await self.stage.run(self.stage.install, blob, msg.iteration)
@@ -583,8 +587,9 @@ class Joining:
 
     def waits(self, t: float, who: Callable[[str], str]) -> list[dict]:
         """status.json's `waiting_for` here: the stage's state download; a relay back with a checkpoint waiting."""
+        got = self.download.progress() or {"bytes": 0, "total": None}
         out = [] if self.fetch_since is None or self.state_loaded.is_set() else [wait_entry(
             "stage_state", self.fetch_since, t, iteration=self.want_after, steps=self.want_after,
-            peers=[who(self.fetch_source)] if self.fetch_source else [])]
+            peers=[who(self.fetch_source)] if self.fetch_source else [], bytes=got["bytes"], total=got["total"])]
         rs = self.resume_status if self.resuming else None
         return out + ([resume_wait(rs)] if rs is not None and rs.get("decision") == "wait" else [])

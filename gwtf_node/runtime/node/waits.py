@@ -14,7 +14,8 @@ wait of this node, each as {"what", "iteration", "since" (wall time),
 * `paused_stage` (a data node does not open an iteration: a stage has no
   relay ready for it; `stages` names them, runtime/node/microbatches.py);
 * `stage_state` (a relay downloads its stage's state from `from`, at least
-  `steps` steps; runtime/node/joining.py) and `resume` (a relay back with a
+  `steps` steps, `bytes` of its `total` in so far, None before the first
+  chunk; runtime/node/joining.py, statechunks.py) and `resume` (a relay back with a
   checkpoint waits before it decides which state to take; resume.py);
 * `data_node` (a relay with no live data node; liveness.py).
 

@@ -1,0 +1,137 @@
+"""A stage's state crosses in chunks, and a download broken off resumes where it stopped (statechunks.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+import trio
+
+from gwtf_node.model.manifest import default_manifest, save_manifest
+from gwtf_node.protocol import messages as m
+from gwtf_node.runtime.net import channel
+from gwtf_node.runtime.node.statechunks import Download
+
+DEADLINE_S = 120.0
+
+
+async def _inline(fn, *args):
+    return fn(*args)
+
+
+def _frames(blob: bytes, chunk: int, digest: str | None = None, steps: int = 3):
+    digest = digest or hashlib.sha256(blob).hexdigest()
+    for off in range(0, len(blob), chunk):
+        n = min(chunk, len(blob) - off)
+        yield (m.StageState(0, steps, digest, m.TensorHeader("uint8", (n,), n), offset=off, total=len(blob)),
+               bytearray(blob[off:off + n]))
+
+
+@pytest.mark.trio
+async def test_chunks_assemble_the_state_and_a_stray_chunk_changes_nothing():
+    blob = os.urandom(1 << 20)
+    frames = list(_frames(blob, 300_000))
+    d = Download()
+    assert d.resume("src") == (0, "") and d.progress() is None
+    assert await d.take(_inline, "src", *frames[0], 1 << 30) is None
+    assert d.resume("src") == (300_000, frames[0][0].sha256)
+    assert d.progress() == {"source": "src", "steps": 3, "bytes": 300_000, "total": 1 << 20}
+    # a chunk that does not continue the state (a cancelled stream's last one, or one of another state): dropped
+    assert await d.take(_inline, "src", *frames[2], 1 << 30) is None
+    stray = list(_frames(os.urandom(1 << 20), 300_000))[1]
+    assert await d.take(_inline, "src", *stray, 1 << 30) is None
+    assert d.held == 300_000
+    for msg, payload in frames[1:-1]:
+        assert await d.take(_inline, "src", msg, payload, 1 << 30) is None
+    got = await d.take(_inline, "src", *frames[-1], 1 << 30)
+    assert bytes(got) == blob and d.progress() is None and d.resume("src") == (0, "")
+
+
+@pytest.mark.trio
+async def test_a_bad_state_in_chunks_is_refused_and_a_new_one_starts_over():
+    blob = os.urandom(1 << 20)
+    bad = list(_frames(blob, 400_000, digest="0" * 64))
+    d = Download()
+    for msg, payload in bad[:-1]:
+        await d.take(_inline, "src", msg, payload, 1 << 30)
+    with pytest.raises(ValueError, match="hash mismatch"):
+        await d.take(_inline, "src", *bad[-1], 1 << 30)
+    good = list(_frames(blob, 400_000))
+    await d.take(_inline, "src", *bad[0], 1 << 30)
+    for msg, payload in good:  # (offset 0 of another state: it starts over)
+        got = await d.take(_inline, "src", msg, payload, 1 << 30)
+    assert bytes(got) == blob
+    with pytest.raises(ValueError, match="over the 1000000-byte limit"):
+        await d.take(_inline, "src", *good[0], 1_000_000)
+    msg, payload = good[0]
+    with pytest.raises(ValueError, match="ends past"):
+        await d.take(_inline, "src", msg, payload, 1 << 30)
+        await d.take(_inline, "src", m.StageState(0, 3, msg.sha256, m.TensorHeader("uint8", (900_000,), 900_000),
+                                                  offset=400_000, total=1 << 20), bytearray(900_000), 1 << 30)
+
+
+@pytest.mark.trio
+async def test_a_download_broken_off_resumes_where_it_stopped(tmp_path, monkeypatch):
+    """A 19.7-MB state in 1-MiB chunks; the channel stops moving after 8 records: the joiner asks again 2 s later
+    with what it holds, and the source sends the rest, not the whole."""
+    from gwtf_node.runtime.node import joining, statechunks
+    from gwtf_node.runtime.node.node import Node, NodeOptions
+
+    from support.helpers import until
+
+    monkeypatch.setattr(statechunks, "STATE_CHUNK_BYTES", 1 << 20)
+    monkeypatch.setattr(joining, "DEFAULT_FRAME_TIMEOUT_S", 2.0)
+    real = channel.RawConn.send_all
+    records = [0]
+
+    async def send_all(self, data):
+        if len(data) > 64 << 10:
+            records[0] += 1
+            if records[0] == 8:  # (once: the connection hangs, the source's next stream is a new one)
+                await trio.sleep_forever()
+        await real(self, data)
+
+    monkeypatch.setattr(channel.RawConn, "send_all", send_all)
+    run = tmp_path / "run.json"
+    save_manifest(default_manifest(stages=1, hidden=320, layers=3, seq_len=16, microbatch_size=1), run)
+    nodes: dict[str, Node] = {}
+    with trio.fail_after(DEADLINE_S):
+        async with trio.open_nursery() as nursery:
+            async def start(name: str, boot: str | None) -> Node:
+                node = nodes[name] = Node(NodeOptions(
+                    run_path=run, role="relay", stage=0, state_dir=tmp_path / name, name=name,
+                    bootstrap=[boot] if boot else [], insecure_unsigned=True, bootstrap_timeout_s=0, settle_s=0.2))
+                nursery.start_soon(node.run)
+                await until(lambda: node.parts is not None and (tmp_path / name / "addr").exists()
+                            and node.stage.built, f"{name} listens with its stage built")
+                return node
+
+            source = await start("source", None)
+            joiner = await start("joiner", (tmp_path / "source" / "addr").read_text().split()[0])
+            src_id = source.parts.wire.me
+            await until(lambda: src_id in joiner.peers.ids("relay", 0), "the joiner knows the source")
+            asked = []
+            serve = source.parts.joining._answer_state_request
+
+            async def counted(peer, msg):
+                asked.append(msg)
+                await serve(peer, msg)
+
+            source.parts.joining._answer_state_request = counted
+            records[0] = 0
+            nursery.start_soon(joiner.parts.joining.fetch_state, src_id, 0)
+            await until(lambda: joiner.parts.joining.download.held > 0, "the first chunks are in")
+            wait, = joiner.parts.joining.waits(trio.current_time(), str)
+            assert wait["what"] == "stage_state" and wait["bytes"] > 0 and wait["total"] > wait["bytes"], wait
+            await until(lambda: joiner.parts.joining.state_loaded.is_set(), "the state is loaded", 60)
+            state = len(source.stage.model.state_bytes())
+            assert [a.offset for a in asked][0] == 0 and len(asked) == 2, asked
+            assert 0 < asked[1].offset < state and asked[1].sha256 == hashlib.sha256(
+                source.stage.model.state_bytes()).hexdigest()
+            frames, sent = source.parts.wire.sent["payload"]["StageState"]
+            assert state <= sent < state + asked[1].offset, (state, sent, asked[1].offset)
+            assert frames > state >> 20
+            assert source.stage.model.state_hash() == joiner.stage.model.state_hash()
+            for node in nodes.values():
+                node.stop()
