@@ -71,6 +71,92 @@ async def test_a_bad_state_in_chunks_is_refused_and_a_new_one_starts_over():
                                                   offset=400_000, total=1 << 20), bytearray(900_000), 1 << 30)
 
 
+class _Stage:
+    """A stage as StateServer sees it: its steps and snapshot (a state of random bytes), its worker thread."""
+
+    def __init__(self, size: int) -> None:
+        self.applied_steps, self.size, self.snapshots = 2, size, 0
+        self.steps_changed = trio.Event()
+
+    async def wait_steps(self, at_least: int, timeout_s: float) -> None:
+        with trio.move_on_after(timeout_s):
+            while self.applied_steps < at_least:
+                await self.steps_changed.wait()
+
+    def snapshot(self):
+        self.snapshots += 1
+        return self.applied_steps, os.urandom(self.size)
+
+    async def run(self, fn, *args):
+        return fn(*args)
+
+
+class _Wire:
+    def __init__(self) -> None:
+        self.sent: list = []
+        self.hold: trio.Event | None = None  # set: every send waits for it
+        self.ok = True
+
+    async def send(self, peer, msg, payload=b""):
+        if self.hold is not None:
+            await self.hold.wait()
+        self.sent.append((peer, msg, bytes(payload)))
+        return self.ok
+
+    def spawn(self, fn, *args):
+        self.nursery.start_soon(fn, *args)
+
+
+@pytest.mark.trio
+async def test_a_source_sends_the_rest_of_the_state_a_newcomer_resumes(autojump_clock):
+    from gwtf_node.runtime.node.statechunks import StateServer
+
+    stage, wire = _Stage(1_000_000), _Wire()
+    async with trio.open_nursery() as nursery:
+        wire.nursery = nursery
+        server = StateServer(stage, wire, lambda steps: ())
+        server.chunk_bytes = 300_000
+        await server.answer("a", m.StageStateRequest(0), 0, "a", 1.0)
+        offsets = [(msg.offset, msg.total, msg.tensor.nbytes) for _p, msg, _b in wire.sent]
+        assert offsets == [(0, 10**6, 300_000), (300_000, 10**6, 300_000), (600_000, 10**6, 300_000),
+                           (900_000, 10**6, 100_000)]
+        blob = b"".join(b for _p, _m, b in wire.sent)
+        digest = hashlib.sha256(blob).hexdigest()
+        assert all(msg.sha256 == digest and msg.iteration == 2 for _p, msg, _b in wire.sent)
+        assert server.served is None  # (sent whole: nothing kept)
+        # a send that breaks off keeps the state for the newcomer's resumption, `keep_s`
+        wire.sent.clear()
+        wire.ok = False
+        await server.answer("a", m.StageStateRequest(0), 0, "a", 1.0)
+        digest = wire.sent[0][1].sha256
+        assert server.served is not None and len(wire.sent) == 1
+        wire.ok = True
+        wire.sent.clear()
+        await server.answer("a", m.StageStateRequest(0, offset=600_000, sha256=digest), 0, "a", 1.0)
+        assert [msg.offset for _p, msg, _b in wire.sent] == [600_000, 900_000] and stage.snapshots == 2
+        wire.sent.clear()
+        await server.answer("b", m.StageStateRequest(0, offset=600_000, sha256="f" * 64), 0, "b", 1.0)
+        assert [msg.offset for _p, msg, _b in wire.sent][0] == 0  # (another state: from the start)
+        wire.ok = False
+        await server.answer("c", m.StageStateRequest(0), 0, "c", 1.0)
+        assert server.served is not None
+        await trio.sleep(server.keep_s + 5)
+        assert server.served is None
+        # a newer request from the same newcomer cancels the send still going to it, and one still waiting for steps
+        wire.ok, wire.hold = True, trio.Event()
+        wire.sent.clear()
+        nursery.start_soon(server.answer, "a", m.StageStateRequest(0), 0, "a", 1.0)
+        await trio.sleep(1)
+        nursery.start_soon(server.answer, "a", m.StageStateRequest(0, after=5), 0, "a", 100.0)
+        await trio.sleep(1)
+        wire.hold.set()
+        await trio.sleep(1)
+        assert wire.sent == []  # (the first was cancelled; the second waits for 5 steps)
+        nursery.start_soon(server.answer, "a", m.StageStateRequest(0), 0, "a", 1.0)
+        await trio.sleep(1)
+        assert [msg.offset for _p, msg, _b in wire.sent] == [0, 300_000, 600_000, 900_000]
+
+
 @pytest.mark.trio
 async def test_a_download_broken_off_resumes_where_it_stopped(tmp_path, monkeypatch):
     """A 19.7-MB state in 1-MiB chunks; the channel stops moving after 8 records: the joiner asks again 2 s later

@@ -27,6 +27,9 @@ class _Stage:
     def __init__(self, part) -> None:
         self.part, self.applied_steps = part, 1
 
+    async def wait_steps(self, at_least, timeout_s) -> None:
+        pass
+
     def snapshot(self):
         return self.applied_steps, self.part.state_bytes()
 
@@ -77,7 +80,7 @@ def main() -> None:
     server = StateServer(_Stage(source), wire, lambda steps: ())
     base = meter.now()
     meter.reset()
-    trio.run(server.answer, "newcomer", StageStateRequest(stage), stage, "newcomer")
+    trio.run(server.answer, "newcomer", StageStateRequest(stage), stage, "newcomer", 0.0)
     sent = meter.peak() - base
     size = sum(view.nbytes for _msg, view in wire.frames)
     del source

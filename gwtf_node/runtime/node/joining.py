@@ -412,8 +412,7 @@ class Joining:
         if msg.hash_only:
             await self._answer_hash_only(peer, msg)
             return
-        await self.stage.wait_steps(msg.after, STATE_WAIT_S)
-        await self.server.answer(peer, msg, self.peers.stage, self.peers.who(peer))
+        await self.server.answer(peer, msg, self.peers.stage, self.peers.who(peer), STATE_WAIT_S)
 
     async def on_state(self, peer: str, msg: m.StageState, payload) -> None:
         if msg.tensor is None and not msg.sha256:
@@ -422,7 +421,8 @@ class Joining:
         if not self.peers.place.joining or msg.stage != self.peers.stage or msg.tensor is None:
             raise FrameRefused("StageState that this node did not ask for")
         if msg.iteration < self.want_after:
-            raise FrameRefused(f"StageState after {msg.iteration} steps, asked for at least {self.want_after}")
+            raise FrameRefused(f"StageState after {msg.iteration} steps, asked for at least {self.want_after}",
+                               ban=False)  # (the chunks of a state asked for before a resync: not the sender's fault)
         try:
             blob = await self.download.take(self.stage.run, peer, msg, payload, MAX_STATE_BYTES)
         except ValueError as e:

@@ -68,29 +68,35 @@ class StateServer:
         self.chunk_bytes = STATE_CHUNK_BYTES
         self.keep_s = SERVED_KEEP_S
 
-    async def answer(self, peer: str, msg: m.StageStateRequest, stage: int, who: str) -> None:
-        """Send `peer` the state (once the stage holds `msg.after` steps: the caller waited), from `msg.offset`
-        if it resumes the state this node sends, else whole; a newer request from `peer` cancels this one."""
+    async def answer(self, peer: str, msg: m.StageStateRequest, stage: int, who: str, wait_s: float) -> None:
+        """Send `peer` the state once the stage holds `msg.after` steps (at most `wait_s` from now), from
+        `msg.offset` if it resumes the state this node sends, else whole; a newer request from `peer` cancels
+        this one (also while it waits for the steps)."""
         old = self._streams.pop(peer, None)
         if old is not None:
             old.cancel()
         with trio.CancelScope() as scope:
             self._streams[peer] = scope
-            served = await self._state()
-            served.streams += 1
-            complete = False
             try:
-                complete = await self._send(peer, msg, stage, served, who)
+                await self.stage.wait_steps(msg.after, wait_s)
+                await self._stream(peer, msg, stage, await self._state(), who)
             finally:
-                served.streams -= 1
-                served.last_sent = trio.current_time()
                 if self._streams.get(peer) is scope:
                     del self._streams[peer]
-                if served.streams == 0 and self.served is served:
-                    if complete:
-                        self.served = None  # (the newcomer holds it all: nothing to resume)
-                    else:
-                        self.wire.spawn(self._forget_later, served)
+
+    async def _stream(self, peer: str, msg: m.StageStateRequest, stage: int, served: Served, who: str) -> None:
+        served.streams += 1
+        complete = False
+        try:
+            complete = await self._send(peer, msg, stage, served, who)
+        finally:
+            served.streams -= 1
+            served.last_sent = trio.current_time()
+            if served.streams == 0 and self.served is served:
+                if complete:
+                    self.served = None  # (the newcomer holds it all: nothing to resume)
+                else:
+                    self.wire.spawn(self._forget_later, served)
 
     async def _send(self, peer: str, msg: m.StageStateRequest, stage: int, served: Served, who: str) -> bool:
         total = len(served.blob)
