@@ -160,7 +160,7 @@ async def test_a_source_sends_the_rest_of_the_state_a_newcomer_resumes(autojump_
 @pytest.mark.trio
 async def test_a_download_broken_off_resumes_where_it_stopped(tmp_path, monkeypatch):
     """A 19.7-MB state in 1-MiB chunks; the channel stops moving after 8 records: the joiner asks again 2 s later
-    with what it holds, and the source sends the rest, not the whole."""
+    with what it holds, again 2 s after that when nothing came, and the source sends the rest, not the whole."""
     from gwtf_node.runtime.node import joining, statechunks
     from gwtf_node.runtime.node.node import Node, NodeOptions
 
@@ -200,9 +200,10 @@ async def test_a_download_broken_off_resumes_where_it_stopped(tmp_path, monkeypa
             asked = []
             serve = source.parts.joining._answer_state_request
 
-            async def counted(peer, msg):
-                asked.append(msg)
-                await serve(peer, msg)
+            async def counted(peer, msg):  # (the first request to resume goes unanswered: the joiner asks again)
+                asked.append((trio.current_time(), msg))
+                if len(asked) != 2:
+                    await serve(peer, msg)
 
             source.parts.joining._answer_state_request = counted
             records[0] = 0
@@ -212,11 +213,13 @@ async def test_a_download_broken_off_resumes_where_it_stopped(tmp_path, monkeypa
             assert wait["what"] == "stage_state" and wait["bytes"] > 0 and wait["total"] > wait["bytes"], wait
             await until(lambda: joiner.parts.joining.state_loaded.is_set(), "the state is loaded", 60)
             state = len(source.stage.model.state_bytes())
-            assert [a.offset for a in asked][0] == 0 and len(asked) == 2, asked
-            assert 0 < asked[1].offset < state and asked[1].sha256 == hashlib.sha256(
+            times, asked = [t for t, _ in asked], [a for _, a in asked]
+            assert [a.offset for a in asked][0] == 0 and len(asked) == 3, asked
+            assert times[2] - times[1] >= 2.0  # (a frame timeout after the last request, not at once)
+            assert 0 < asked[2].offset == asked[1].offset < state and asked[2].sha256 == hashlib.sha256(
                 source.stage.model.state_bytes()).hexdigest()
             frames, sent = source.parts.wire.sent["payload"]["StageState"]
-            assert state <= sent < state + asked[1].offset, (state, sent, asked[1].offset)
+            assert state <= sent < state + asked[2].offset, (state, sent, asked[2].offset)
             assert frames > state >> 20
             assert source.stage.model.state_hash() == joiner.stage.model.state_hash()
             for node in nodes.values():

@@ -386,10 +386,10 @@ class Joining:
                 await self.state_loaded.wait()
 
     def _answer_overdue(self, src: str) -> bool:
-        """No payload byte from `src` for a frame timeout, asked STATE_WAIT_S ago or chunks of it already in (a
-        state of GBs takes minutes, and a source may wait for its steps first)."""
-        moved = self.host.payload_moved.get((src, True), -math.inf)
-        return (now() > self._ask_deadline or self.download.held > 0) and now() - moved > DEFAULT_FRAME_TIMEOUT_S
+        """No payload byte from `src`, nor a request to it, for a frame timeout, and asked STATE_WAIT_S ago or
+        chunks of it already in (a state of GBs takes minutes, and a source may wait for its steps first)."""
+        quiet = max(self.host.payload_moved.get((src, True), -math.inf), self._ask_deadline - STATE_WAIT_S)
+        return (now() > self._ask_deadline or self.download.held > 0) and now() - quiet > DEFAULT_FRAME_TIMEOUT_S
 
     def on_state_request(self, peer: str, msg: m.StageStateRequest) -> None:
         # answered in its own task: it may wait for a step, and this peer's other frames (Pings) must not
