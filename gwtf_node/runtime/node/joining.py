@@ -7,9 +7,9 @@
   `MembershipMachine` (leadership.py) queries the stages' utilization and answers with an `Assignment(stage,
   download_from, start_iteration)`. The newcomer builds its stage, says Hello with `joining=True`, and asks
   `download_from` for its state with `after = start_iteration`: the source answers once it has applied that many
-  optimizer steps, with the weights and optimizer state and their SHA-256. The newcomer checks the hash, loads the
-  state, and says Hello with `ready_from = steps applied`: it takes part in aggregations from that iteration on, and
-  the iteration in flight is not disturbed. Its neighbours add it to their running flow machines once its Hello says it
+  optimizer steps, with the weights and optimizer state and their SHA-256, in chunks (statechunks.py). The newcomer
+  checks the hash, loads the state, and says Hello with `ready_from = steps applied`: it takes part in aggregations
+  from that iteration on, and the iteration in flight is not disturbed. Its neighbours add it to their running flow machines once its Hello says it
   is ready (flows.py), and its own flow machine starts as `joined`.
 * **Falling behind.** If a BEGIN AGGREGATION of an iteration this node should have taken part in leaves it out (its
   Hello came too late), it fetches the state again, after that step (`resync`). A relay that was cut off (a partition)
@@ -389,7 +389,8 @@ class Joining:
         """No payload byte from `src`, nor a request to it, for a frame timeout, and asked STATE_WAIT_S ago or
         chunks of it already in (a state of GBs takes minutes, and a source may wait for its steps first)."""
         quiet = max(self.host.payload_moved.get((src, True), -math.inf), self._ask_deadline - STATE_WAIT_S)
-        return (now() > self._ask_deadline or self.download.held > 0) and now() - quiet > DEFAULT_FRAME_TIMEOUT_S
+        begun = self.download.resume(src)[0] > 0
+        return (now() > self._ask_deadline or begun) and now() - quiet > DEFAULT_FRAME_TIMEOUT_S
 
     def on_state_request(self, peer: str, msg: m.StageStateRequest) -> None:
         # answered in its own task: it may wait for a step, and this peer's other frames (Pings) must not
@@ -432,6 +433,7 @@ class Joining:
         await self._check_with_members(peer, msg, blob)
         try:  # (the parameters and their steps together: a checkpoint never labels one with the other's steps)
             await self.stage.run(self.stage.install, blob, msg.iteration)
+            self.server.served = None  # (a state kept for a newcomer's resumption is not this one)
         except Exception as e:  # noqa: BLE001 - refuse a state that does not fit this stage, keep running
             raise FrameRefused(f"StageState does not load: {e}") from None
         self.aggregation.adopt_rounds(msg.rounds, msg.iteration)

@@ -1,0 +1,174 @@
+#!/usr/bin/env python
+"""A stage's state handed over a home uplink whose connection stops half-way: chunks resumed against one frame.
+
+Two relay daemons of one stage run in this process (`Node`, as the tests run them): a source holding the stage's
+state (its AdamW moments made by one step, so the state is 12 bytes a parameter) and a newcomer that downloads it
+(`Joining.fetch_state`), each on a state directory of its own, over loopback.  The tensor channel's sends are paced
+at `--rate-mbit` (each record of its payloads leaves after its bytes at that rate), and once `--cut-at` of the
+state has left, the connection stops moving for good (a send that never returns: a home router that dropped the
+connection's NAT mapping); the sender gives it up after its 30-s record stall, the newcomer asks again once no
+byte came for a frame timeout (60 s).  Side by side, in one run:
+
+    chunks      the daemon: 64-MiB chunks, the newcomer resumes with what it holds (runtime/node/statechunks.py)
+    one frame   the state in one frame (a chunk as large as the state): asked again, it comes again whole
+
+A download not yet begun is asked again only after STATE_WAIT_S (600 s: a source may wait for its steps); the
+bench sets it to `--state-wait-s` (120 s) for both, so the one-frame run is not dominated by that wait.  Prints per
+variant: seconds from the first request to the state loaded, MB the source sent, that over the state's bytes, the
+requests, and the ratios of chunks to one frame.
+
+    python scripts/bench_handover.py --preset llama-135m --stages 4 --stage 1 --rate-mbit 50 --cut-at 0.5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gwtf_node.runtime.net import channel  # noqa: E402
+from gwtf_node.runtime.node import joining  # noqa: E402
+
+VARIANTS = {"chunks": None, "one frame": 1 << 62}  # chunk bytes (None: the daemon's)
+
+
+class Link:
+    """The tensor channel's sends paced at `rate` bytes/s; the connection stops for good once `cut` bytes left."""
+
+    def __init__(self, rate_bps: float) -> None:
+        self.rate, self.cut, self.sent, self.cuts = rate_bps, None, 0, 0
+        self.real = channel.RawConn.send_all
+
+    def install(self) -> None:
+        link = self
+
+        async def send_all(conn, data) -> None:
+            if len(data) > 64 << 10:  # (a payload record; control frames pass)
+                if link.cut is not None and link.sent >= link.cut:
+                    link.cut, link.cuts = None, link.cuts + 1
+                    await trio.sleep_forever()
+                await trio.sleep(len(data) / link.rate)
+                link.sent += len(data)
+            await link.real(conn, data)
+
+        channel.RawConn.send_all = send_all
+
+
+async def _start(nursery, run: Path, stage: int, workdir: Path, name: str, boot: str | None):
+    from gwtf_node.runtime.node.node import Node, NodeOptions
+
+    node = Node(NodeOptions(run_path=run, role="relay", stage=stage, state_dir=workdir / name, name=name,
+                            bootstrap=[boot] if boot else [], insecure_unsigned=True, bootstrap_timeout_s=0,
+                            settle_s=0.2))
+    nursery.start_soon(node.run)
+    with trio.fail_after(300):
+        while not (node.parts is not None and (workdir / name / "addr").exists() and node.stage.built):
+            await trio.sleep(0.1)
+    return node
+
+
+def _step(part) -> None:
+    """One AdamW step of zero gradients: the state then holds the moments, as a trained stage's does."""
+    import torch
+
+    for p in part.params:
+        p.grad = torch.zeros_like(p)
+    part.optimizer.step()
+    for p in part.params:
+        p.grad = None
+
+
+async def _variant(run: Path, stage: int, workdir: Path, link: Link, chunk: int | None, cut_at: float) -> dict:
+    async with trio.open_nursery() as nursery:
+        source = await _start(nursery, run, stage, workdir, "source", None)
+        boot = (workdir / "source" / "addr").read_text().split()[0]
+        newcomer = await _start(nursery, run, stage, workdir, "newcomer", boot)
+        await source.stage.run(_step, source.stage.model)
+        size = len(await source.stage.run(source.stage.model.state_bytes))
+        src = source.parts.wire.me
+        with trio.fail_after(60):
+            while src not in newcomer.peers.ids("relay", stage):
+                await trio.sleep(0.1)
+        if chunk is not None:
+            source.parts.joining.server.chunk_bytes = chunk
+        asked = []
+        serve = source.parts.joining._answer_state_request
+
+        async def counted(peer, msg):
+            asked.append(msg.offset)
+            await serve(peer, msg)
+
+        source.parts.joining._answer_state_request = counted
+        link.sent, link.cut, link.cuts = 0, int(cut_at * size), 0
+        t0 = time.perf_counter()
+        nursery.start_soon(newcomer.parts.joining.fetch_state, src, 0)
+        with trio.fail_after(3600):
+            await newcomer.parts.joining.state_loaded.wait()
+        seconds = time.perf_counter() - t0
+        _frames, sent = source.parts.wire.sent["payload"]["StageState"]
+        same = source.stage.model.state_hash() == newcomer.stage.model.state_hash()
+        source.stop()
+        newcomer.stop()
+    return {"state_mb": size / 1e6, "seconds": seconds, "sent_mb": sent / 1e6, "sent_over_state": sent / size,
+            "requests": len(asked), "resumed_at_mb": [o / 1e6 for o in asked if o], "cuts": link.cuts,
+            "loaded_identical": same}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="llama-135m")
+    ap.add_argument("--stages", type=int, default=4)
+    ap.add_argument("--stage", type=int, default=1)
+    ap.add_argument("--rate-mbit", type=float, default=50.0)
+    ap.add_argument("--cut-at", type=float, default=0.5, help="fraction of the state sent when the connection stops")
+    ap.add_argument("--state-wait-s", type=float, default=120.0)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    if not 0 < a.cut_at < 1 or a.rate_mbit <= 0 or not 0 <= a.stage < a.stages:
+        ap.error("--cut-at must be in (0, 1), --rate-mbit positive, --stage one of the run's stages")
+    from gwtf_node.model.hfconfig import family_config
+    from gwtf_node.model.manifest import default_manifest, save_manifest
+    from gwtf_node.model.presets import preset_config
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    joining.STATE_WAIT_S = a.state_wait_s
+    link = Link(a.rate_mbit * 1e6 / 8)
+    link.install()
+    family, config, _ = family_config(preset_config(a.preset))
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="bench_handover.") as tmp:
+        for name, chunk in VARIANTS.items():
+            workdir = Path(tmp) / name.replace(" ", "_")
+            workdir.mkdir()
+            run = workdir / "run.json"
+            save_manifest(default_manifest(family=family, config=config, stages=a.stages, seq_len=32,
+                                           microbatch_size=1), run)
+            rows[name] = trio.run(_variant, run, a.stage, workdir, link, chunk, a.cut_at)
+    ours, base = rows["chunks"], rows["one frame"]
+    ratios = {"seconds": ours["seconds"] / base["seconds"], "sent_mb": ours["sent_mb"] / base["sent_mb"]}
+    if a.json:
+        print(json.dumps({"preset": a.preset, "stage": a.stage, "rate_mbit": a.rate_mbit, "cut_at": a.cut_at,
+                          "state_wait_s": a.state_wait_s, "variants": rows, "chunks_over_one_frame": ratios}))
+        return 0
+    print(f"{a.preset}, stage {a.stage} of {a.stages}: {ours['state_mb']:.1f} MB of state at {a.rate_mbit:g} Mbit/s, "
+          f"the connection stopping at {a.cut_at:.0%}")
+    print("| variant | seconds to loaded | MB sent | sent / state | requests | resumed at MB | identical |")
+    print("|---|---|---|---|---|---|---|")
+    for name, r in rows.items():
+        print(f"| {name} | {r['seconds']:.1f} | {r['sent_mb']:.1f} | {r['sent_over_state']:.2f} | {r['requests']} | "
+              f"{', '.join(f'{x:.1f}' for x in r['resumed_at_mb']) or '-'} | {r['loaded_identical']} |")
+    print(f"chunks / one frame: time {ratios['seconds']:.2f}x, bytes sent {ratios['sent_mb']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
