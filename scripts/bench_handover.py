@@ -1,21 +1,22 @@
 #!/usr/bin/env python
-"""A stage's state handed over a home uplink whose connection stops half-way: chunks resumed against one frame.
+"""A stage's state handed over a home uplink that goes down half-way: chunks resumed against one frame.
 
 Two relay daemons of one stage run in this process (`Node`, as the tests run them): a source holding the stage's
 state (its AdamW moments made by one step, so the state is 12 bytes a parameter) and a newcomer that downloads it
 (`Joining.fetch_state`), each on a state directory of its own, over loopback.  The tensor channel's sends are paced
 at `--rate-mbit` (each record of its payloads leaves after its bytes at that rate), and once `--cut-at` of the
-state has left, the connection stops moving for good (a send that never returns: a home router that dropped the
-connection's NAT mapping); the sender gives it up after its 30-s record stall, the newcomer asks again once no
-byte came for a frame timeout (60 s).  Side by side, in one run:
+state has left, the link moves no payload for `--down-s` seconds (a home router that restarts; the control
+messages still pass).  The sender gives a record up after its 30-s stall and once more on a new connection; the
+newcomer asks again once no byte came for a frame timeout (60 s).  Side by side, in one run:
 
     chunks      the daemon: 64-MiB chunks, the newcomer resumes with what it holds (runtime/node/statechunks.py)
     one frame   the state in one frame (a chunk as large as the state): asked again, it comes again whole
 
 A download not yet begun is asked again only after STATE_WAIT_S (600 s: a source may wait for its steps); the
 bench sets it to `--state-wait-s` (120 s) for both, so the one-frame run is not dominated by that wait.  Prints per
-variant: seconds from the first request to the state loaded, MB the source sent, that over the state's bytes, the
-requests, and the ratios of chunks to one frame.
+variant: seconds from the first request to the state loaded, MB that went on the link (every payload byte that
+left, also those of a frame cut off) and that over the state's bytes, MB in the frames that were sent whole, the
+requests (with the offsets of those that resumed), and the ratios of chunks to one frame.
 
     python scripts/bench_handover.py --preset llama-135m --stages 4 --stage 1 --rate-mbit 50 --cut-at 0.5
 """
@@ -42,10 +43,10 @@ VARIANTS = {"chunks": None, "one frame": 1 << 62}  # chunk bytes (None: the daem
 
 
 class Link:
-    """The tensor channel's sends paced at `rate` bytes/s; the connection stops for good once `cut` bytes left."""
+    """The tensor channel's sends paced at `rate` bytes/s; once `cut` bytes left, nothing moves for `down_s`."""
 
-    def __init__(self, rate_bps: float) -> None:
-        self.rate, self.cut, self.sent, self.cuts = rate_bps, None, 0, 0
+    def __init__(self, rate_bps: float, down_s: float) -> None:
+        self.rate, self.down_s, self.cut, self.sent, self.down_until = rate_bps, down_s, None, 0, 0.0
         self.real = channel.RawConn.send_all
 
     def install(self) -> None:
@@ -54,8 +55,8 @@ class Link:
         async def send_all(conn, data) -> None:
             if len(data) > 64 << 10:  # (a payload record; control frames pass)
                 if link.cut is not None and link.sent >= link.cut:
-                    link.cut, link.cuts = None, link.cuts + 1
-                    await trio.sleep_forever()
+                    link.cut, link.down_until = None, trio.current_time() + link.down_s
+                await trio.sleep_until(link.down_until)  # (the sender gives a record up after its 30-s stall)
                 await trio.sleep(len(data) / link.rate)
                 link.sent += len(data)
             await link.real(conn, data)
@@ -108,18 +109,20 @@ async def _variant(run: Path, stage: int, workdir: Path, link: Link, chunk: int 
             await serve(peer, msg)
 
         source.parts.joining._answer_state_request = counted
-        link.sent, link.cut, link.cuts = 0, int(cut_at * size), 0
+        link.sent, link.cut, link.down_until = 0, int(cut_at * size), 0.0
         t0 = time.perf_counter()
         nursery.start_soon(newcomer.parts.joining.fetch_state, src, 0)
         with trio.fail_after(3600):
-            await newcomer.parts.joining.state_loaded.wait()
+            while not (newcomer.parts.joining.state_loaded.is_set() and newcomer.parts.joining.fetch_since):
+                await trio.sleep(0.05)  # (fetch_state makes its event anew when it starts)
         seconds = time.perf_counter() - t0
         _frames, sent = source.parts.wire.sent["payload"]["StageState"]
         same = source.stage.model.state_hash() == newcomer.stage.model.state_hash()
         source.stop()
         newcomer.stop()
     return {"state_mb": size / 1e6, "seconds": seconds, "sent_mb": sent / 1e6, "sent_over_state": sent / size,
-            "requests": len(asked), "resumed_at_mb": [o / 1e6 for o in asked if o], "cuts": link.cuts,
+            "wire_mb": link.sent / 1e6, "wire_over_state": link.sent / size,
+            "requests": len(asked), "resumed_at_mb": [o / 1e6 for o in asked if o],
             "loaded_identical": same}
 
 
@@ -129,19 +132,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stages", type=int, default=4)
     ap.add_argument("--stage", type=int, default=1)
     ap.add_argument("--rate-mbit", type=float, default=50.0)
-    ap.add_argument("--cut-at", type=float, default=0.5, help="fraction of the state sent when the connection stops")
+    ap.add_argument("--cut-at", type=float, default=0.5, help="fraction of the state sent when the link goes down")
+    ap.add_argument("--down-s", type=float, default=90.0, help="seconds the link moves nothing from --cut-at on")
     ap.add_argument("--state-wait-s", type=float, default=120.0)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--verbose", action="store_true", help="the daemons' INFO log lines too")
     a = ap.parse_args(argv)
-    if not 0 < a.cut_at < 1 or a.rate_mbit <= 0 or not 0 <= a.stage < a.stages:
-        ap.error("--cut-at must be in (0, 1), --rate-mbit positive, --stage one of the run's stages")
+    if not 0 < a.cut_at < 1 or a.rate_mbit <= 0 or a.down_s < 0 or not 0 <= a.stage < a.stages:
+        ap.error("--cut-at must be in (0, 1), --rate-mbit positive, --down-s at least 0, --stage one of the run's "
+                 "stages")
     from gwtf_node.model.hfconfig import family_config
     from gwtf_node.model.manifest import default_manifest, save_manifest
     from gwtf_node.model.presets import preset_config
 
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(message)s")
     joining.STATE_WAIT_S = a.state_wait_s
-    link = Link(a.rate_mbit * 1e6 / 8)
+    link = Link(a.rate_mbit * 1e6 / 8, a.down_s)
     link.install()
     family, config, _ = family_config(preset_config(a.preset))
     rows = {}
@@ -154,19 +161,22 @@ def main(argv: list[str] | None = None) -> int:
                                            microbatch_size=1), run)
             rows[name] = trio.run(_variant, run, a.stage, workdir, link, chunk, a.cut_at)
     ours, base = rows["chunks"], rows["one frame"]
-    ratios = {"seconds": ours["seconds"] / base["seconds"], "sent_mb": ours["sent_mb"] / base["sent_mb"]}
+    ratios = {"seconds": ours["seconds"] / base["seconds"], "wire_mb": ours["wire_mb"] / base["wire_mb"]}
     if a.json:
         print(json.dumps({"preset": a.preset, "stage": a.stage, "rate_mbit": a.rate_mbit, "cut_at": a.cut_at,
+                          "down_s": a.down_s,
                           "state_wait_s": a.state_wait_s, "variants": rows, "chunks_over_one_frame": ratios}))
         return 0
     print(f"{a.preset}, stage {a.stage} of {a.stages}: {ours['state_mb']:.1f} MB of state at {a.rate_mbit:g} Mbit/s, "
-          f"the connection stopping at {a.cut_at:.0%}")
-    print("| variant | seconds to loaded | MB sent | sent / state | requests | resumed at MB | identical |")
-    print("|---|---|---|---|---|---|---|")
+          f"the link moving nothing for {a.down_s:g} s from {a.cut_at:.0%} of it on")
+    print("| variant | seconds to loaded | MB on the link | / state | MB in frames sent whole | requests | "
+          "resumed at MB | loaded = source |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
-        print(f"| {name} | {r['seconds']:.1f} | {r['sent_mb']:.1f} | {r['sent_over_state']:.2f} | {r['requests']} | "
-              f"{', '.join(f'{x:.1f}' for x in r['resumed_at_mb']) or '-'} | {r['loaded_identical']} |")
-    print(f"chunks / one frame: time {ratios['seconds']:.2f}x, bytes sent {ratios['sent_mb']:.2f}x")
+        print(f"| {name} | {r['seconds']:.1f} | {r['wire_mb']:.1f} | {r['wire_over_state']:.2f} | {r['sent_mb']:.1f} | "
+              f"{r['requests']} | {', '.join(f'{x:.1f}' for x in r['resumed_at_mb']) or '-'} | "
+              f"{r['loaded_identical']} |")
+    print(f"chunks / one frame: time {ratios['seconds']:.2f}x, bytes on the link {ratios['wire_mb']:.2f}x")
     return 0
 
 

@@ -199,9 +199,9 @@ async def test_a_joiner_does_not_ask_again_for_a_state_still_arriving(tmp_path, 
     answer: it is asked for once."""
     from gwtf_node.model.manifest import save_manifest
     from gwtf_node.runtime.node import joining
-    from gwtf_node.runtime.node.node import Node, NodeOptions
+    from gwtf_node.runtime.node.node import Node
 
-    from support.helpers import until
+    from support.helpers import start_relay, until
 
     monkeypatch.setattr(joining, "STATE_WAIT_S", 2.0)
     run = tmp_path / "run.json"
@@ -209,17 +209,10 @@ async def test_a_joiner_does_not_ask_again_for_a_state_still_arriving(tmp_path, 
     nodes: dict[str, Node] = {}
     with trio.fail_after(DEADLINE_S * 2):
         async with trio.open_nursery() as nursery:
-            async def start(name: str, boot: str | None) -> Node:
-                node = nodes[name] = Node(NodeOptions(
-                    run_path=run, role="relay", stage=0, state_dir=tmp_path / name, name=name,
-                    bootstrap=[boot] if boot else [], insecure_unsigned=True, bootstrap_timeout_s=0, settle_s=0.2))
-                nursery.start_soon(node.run)
-                await until(lambda: node.parts is not None and (tmp_path / name / "addr").exists()
-                            and node.stage.built, f"{name} listens with its stage built")
-                return node
 
-            source = await start("source", None)
-            joiner = await start("joiner", (tmp_path / "source" / "addr").read_text().split()[0])
+            nodes["source"] = source = await start_relay(nursery, run, tmp_path, "source")
+            nodes["joiner"] = joiner = await start_relay(nursery, run, tmp_path, "joiner",
+                                                         (tmp_path / "source" / "addr").read_text().split()[0])
             src_id = source.parts.wire.me
             await until(lambda: src_id in joiner.peers.ids("relay", 0), "the joiner knows the source")
             asked = []

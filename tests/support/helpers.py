@@ -118,3 +118,17 @@ async def until(cond, what: str, timeout: float | None = None, poll_s: float = 0
             return await until(cond, what, poll_s=poll_s)
     except trio.TooSlowError:
         raise AssertionError(f"{what}: not within {timeout} s") from None
+
+
+async def start_relay(nursery, run: Path, workdir: Path, name: str, boot: str | None = None, stage: int = 0):
+    """A relay daemon of `stage` in this process (`Node`, unsigned run), started in `nursery` on `workdir / name`,
+    returned once it listens with its stage built; `boot`: the address it dials."""
+    from gwtf_node.runtime.node.node import Node, NodeOptions
+
+    node = Node(NodeOptions(run_path=run, role="relay", stage=stage, state_dir=workdir / name, name=name,
+                            bootstrap=[boot] if boot else [], insecure_unsigned=True, bootstrap_timeout_s=0,
+                            settle_s=0.2))
+    nursery.start_soon(node.run)
+    await until(lambda: node.parts is not None and (workdir / name / "addr").exists() and node.stage.built,
+                f"{name} listens with its stage built")
+    return node
