@@ -32,43 +32,43 @@ def _frames(blob: bytes, chunk: int, digest: str | None = None, steps: int = 3):
 async def test_chunks_assemble_the_state_and_a_stray_chunk_changes_nothing():
     blob = os.urandom(1 << 20)
     frames = list(_frames(blob, 300_000))
-    d = Download()
-    assert d.resume("src") == (0, "") and d.progress() is None
-    assert await d.take(_inline, "src", *frames[0], 1 << 30) is None
-    assert d.resume("src") == (300_000, frames[0][0].sha256)
+    d = Download(lambda: 1 << 30)
+    assert d.resume() == (0, "") and d.progress() is None
+    assert await d.take(_inline, "src", *frames[0]) is None
+    assert d.resume() == (300_000, frames[0][0].sha256)
     assert d.progress() == {"source": "src", "steps": 3, "bytes": 300_000, "total": 1 << 20}
     # a chunk that does not continue the state (a cancelled stream's last one, or one of another state): dropped
-    assert await d.take(_inline, "src", *frames[2], 1 << 30) is None
+    assert await d.take(_inline, "src", *frames[2]) is None
     stray = list(_frames(os.urandom(1 << 20), 300_000))[1]
-    assert await d.take(_inline, "src", *stray, 1 << 30) is None
+    assert await d.take(_inline, "src", *stray) is None
     assert d.held == 300_000
     for msg, payload in frames[1:-1]:
-        assert await d.take(_inline, "src", msg, payload, 1 << 30) is None
-    got = await d.take(_inline, "src", *frames[-1], 1 << 30)
-    assert bytes(got) == blob and d.progress() is None and d.resume("src") == (0, "")
+        assert await d.take(_inline, "src", msg, payload) is None
+    got = await d.take(_inline, "src", *frames[-1])
+    assert bytes(got) == blob and d.progress() is None and d.resume() == (0, "")
 
 
 @pytest.mark.trio
 async def test_a_bad_state_in_chunks_is_refused_and_a_new_one_starts_over():
     blob = os.urandom(1 << 20)
     bad = list(_frames(blob, 400_000, digest="0" * 64))
-    d = Download()
+    d = Download(lambda: 1 << 30)
     for msg, payload in bad[:-1]:
-        await d.take(_inline, "src", msg, payload, 1 << 30)
+        await d.take(_inline, "src", msg, payload)
     with pytest.raises(ValueError, match="hash mismatch"):
-        await d.take(_inline, "src", *bad[-1], 1 << 30)
+        await d.take(_inline, "src", *bad[-1])
     good = list(_frames(blob, 400_000))
-    await d.take(_inline, "src", *bad[0], 1 << 30)
+    await d.take(_inline, "src", *bad[0])
     for msg, payload in good:  # (offset 0 of another state: it starts over)
-        got = await d.take(_inline, "src", msg, payload, 1 << 30)
+        got = await d.take(_inline, "src", msg, payload)
     assert bytes(got) == blob
-    with pytest.raises(ValueError, match="over the 1000000-byte limit"):
-        await d.take(_inline, "src", *good[0], 1_000_000)
+    with pytest.raises(ValueError, match="over the 1000000 bytes of this run's largest state"):
+        await Download(lambda: 1_000_000).take(_inline, "src", *good[0])
     msg, payload = good[0]
-    with pytest.raises(ValueError, match="ends past"):
-        await d.take(_inline, "src", msg, payload, 1 << 30)
+    assert await d.take(_inline, "src", msg, payload) is None
+    with pytest.raises(ValueError, match="ends past"):  # (checked before anything is allocated for it)
         await d.take(_inline, "src", m.StageState(0, 3, msg.sha256, m.TensorHeader("uint8", (900_000,), 900_000),
-                                                  offset=400_000, total=1 << 20), bytearray(900_000), 1 << 30)
+                                                  offset=400_000, total=1 << 20), bytearray(900_000))
 
 
 class _Stage:

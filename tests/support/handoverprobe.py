@@ -89,12 +89,12 @@ def main() -> None:
     joiner = build_stage(man, "relay", stage)
     gc.collect()
     meter.reset()
-    download = Download()
+    download = Download(lambda: 1 << 34)
 
     async def receive():
         blob = None
         for msg, view in wire.frames:  # each payload as the transport delivers it, one at a time
-            blob = await download.take(_Stage(None).run, "source", msg, bytearray(view), 1 << 34)
+            blob = await download.take(_Stage(None).run, "source", msg, bytearray(view))
         return blob
 
     blob = trio.run(receive)

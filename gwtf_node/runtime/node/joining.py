@@ -9,8 +9,8 @@
   `download_from` for its state with `after = start_iteration`: the source answers once it has applied that many
   optimizer steps, with the weights and optimizer state and their SHA-256, in chunks (statechunks.py). The newcomer
   checks the hash, loads the state, and says Hello with `ready_from = steps applied`: it takes part in aggregations
-  from that iteration on, and the iteration in flight is not disturbed. Its neighbours add it to their running flow machines once its Hello says it
-  is ready (flows.py), and its own flow machine starts as `joined`.
+  from that iteration on, and the iteration in flight is not disturbed. Its neighbours add it to their running flow
+  machines once its Hello says it is ready (flows.py), and its own flow machine starts as `joined`.
 * **Falling behind.** If a BEGIN AGGREGATION of an iteration this node should have taken part in leaves it out (its
   Hello came too late), it fetches the state again, after that step (`resync`). A relay that was cut off (a partition)
   while the run stepped learns it from the first Hello after it is redialled (discovery.py), a stage peer's or a data
@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import trio
 
+from ...model.memory import largest_state_bytes
 from ...protocol import messages as m
 from ...protocol.bounds import MAX_STATE_BYTES
 from ...protocol.effects import Send
@@ -98,7 +99,7 @@ class Joining:
         self.handover: dict | None = None  # the last downloaded state's check: source, steps, taken, why
         self.fetch_since: float | None = None  # the last state download began then (waits.py)
         self.server = StateServer(stage, wire, aggregation.round_records)  # this node's state to newcomers
-        self.download = Download()  # the state this node downloads, in chunks
+        self.download = Download(lambda: min(MAX_STATE_BYTES, largest_state_bytes(self.manifest)))  # in chunks
 
     @property
     def joined(self) -> bool:
@@ -378,7 +379,7 @@ class Joining:
                     log.warning("no state taken from %s yet: asking again", self.peers.who(src))
                 asked, asked_from = self.want_after, src
                 self._ask_deadline = now() + STATE_WAIT_S
-                offset, sha = self.download.resume(src)
+                offset, sha = self.download.resume()
                 if offset:
                     log.info("resuming the state download at %.1f of %.1f MB", offset / 1e6, self.download.total / 1e6)
                 await self.wire.send(src, m.StageStateRequest(self.peers.stage, asked, offset=offset, sha256=sha))
@@ -389,7 +390,7 @@ class Joining:
         """No payload byte from `src`, nor a request to it, for a frame timeout, and asked STATE_WAIT_S ago or
         chunks of it already in (a state of GBs takes minutes, and a source may wait for its steps first)."""
         quiet = max(self.host.payload_moved.get((src, True), -math.inf), self._ask_deadline - STATE_WAIT_S)
-        begun = self.download.resume(src)[0] > 0
+        begun = self.download.resume()[0] > 0
         return (now() > self._ask_deadline or begun) and now() - quiet > DEFAULT_FRAME_TIMEOUT_S
 
     def on_state_request(self, peer: str, msg: m.StageStateRequest) -> None:
@@ -425,7 +426,7 @@ class Joining:
             raise FrameRefused(f"StageState after {msg.iteration} steps, asked for at least {self.want_after}",
                                ban=False)  # (the chunks of a state asked for before a resync: not the sender's fault)
         try:
-            blob = await self.download.take(self.stage.run, peer, msg, payload, MAX_STATE_BYTES)
+            blob = await self.download.take(self.stage.run, peer, msg, payload)
         except ValueError as e:
             raise FrameRefused(str(e)) from None
         if blob is None:  # (more chunks to come: statechunks.py)

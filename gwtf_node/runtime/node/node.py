@@ -231,7 +231,8 @@ class Node:
     # ------------------------------------------------------------------ assembly
     def _max_payload(self) -> int:
         """The largest payload this node takes in one frame: the default, or the largest part's state of this run
-        (memory.py `largest_state_bytes`: a newcomer takes it in one frame) where that is larger."""
+        (memory.py `largest_state_bytes`) where that is larger: a bound on the run's frames (a state comes in
+        64-MiB chunks, statechunks.py; an all-reduce part is at most a stage's gradient, a third of its state)."""
         from ...model.memory import largest_state_bytes
         from ..net.frames import DEFAULT_MAX_PAYLOAD_BYTES
 

@@ -145,9 +145,12 @@ def _copy_into(buf: bytearray, offset: int, chunk) -> None:
 
 
 class Download:
-    """The newcomer's side: the chunks of one state assembled in order (module doc)."""
+    """The newcomer's side: the chunks of one state assembled in order (module doc).  `limit()`: the most bytes a
+    state of this run may have (model/memory.py `largest_state_bytes`), asked once: the buffer a first chunk makes
+    is that chunk's `total`, not its payload."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: Callable[[], int]) -> None:
+        self._limit, self.limit = limit, 0
         self.source: str | None = None
         self.digest = ""
         self.steps = 0
@@ -155,7 +158,7 @@ class Download:
         self.held = 0
         self._buf: bytearray | None = None
 
-    def resume(self, source: str) -> tuple[int, str]:
+    def resume(self) -> tuple[int, str]:
         """(offset, sha256) for a `StageStateRequest`: what is held of a state under way, else (0, "")."""
         if self._buf is not None and 0 < self.held < self.total:
             return self.held, self.digest
@@ -167,13 +170,16 @@ class Download:
             return None
         return {"source": self.source, "steps": self.steps, "bytes": self.held, "total": self.total}
 
-    async def take(self, run, peer: str, msg: m.StageState, payload, max_bytes: int) -> memoryview | None:
+    async def take(self, run, peer: str, msg: m.StageState, payload) -> memoryview | None:
         """The whole state once `msg` completes it (checked against its SHA-256), else None; a ValueError says
         what is wrong with a chunk.  `run`: the stage's worker thread (`LocalStage.run`)."""
-        n = msg.tensor.nbytes
+        self.limit = self.limit or self._limit()
+        n, max_bytes = msg.tensor.nbytes, self.limit
         total = msg.total or n
         if total > max_bytes:
-            raise ValueError(f"StageState of {total} bytes, over the {max_bytes}-byte limit")
+            raise ValueError(f"StageState of {total} bytes, over the {max_bytes} bytes of this run's largest state")
+        if msg.offset + n > total:
+            raise ValueError(f"StageState chunk of {n} bytes at {msg.offset} ends past the state's {total} bytes")
         if msg.offset == 0 and n == total:  # the whole state in one frame: checked where it lies
             self._buf = None
             return await run(received_state, msg, payload, max_bytes)
@@ -185,8 +191,6 @@ class Download:
             log.debug("StageState chunk at %d of %s dropped: not the next of the state under way", msg.offset,
                       msg.sha256[:12])
             return None
-        if msg.offset + n > total:
-            raise ValueError(f"StageState chunk of {n} bytes at {msg.offset} ends past the state's {total} bytes")
         from ...model.tensors import TensorError, unpack
 
         try:
