@@ -126,6 +126,7 @@ class _Round:
     dtypes: dict[tuple[int, int, str], str] = field(default_factory=dict)  # the dtype each chunk came in
     norms: dict[tuple[int, int, str], float] = field(default_factory=dict)  # squared norm of each chunk (checked)
     sending: int = 0  # this round's first sends of a part still under way (not those sent again)
+    sent_at: float = -math.inf  # ... and when the last of them ended (trio time)
     changed: trio.Event = field(default_factory=trio.Event)
 
     def notify(self) -> None:
@@ -327,6 +328,7 @@ class AllReducer:
             await self._send_part(*args)
         finally:
             rnd.sending -= 1
+            rnd.sent_at = trio.current_time()
 
     def _moved_at(self, peers: list[str], went: bool = True) -> float:
         """When a payload record last came from one of `peers`, or went to one (`went`) (trio time; -inf: never)."""
@@ -406,7 +408,7 @@ class AllReducer:
         async def hold() -> None:  # the deadline: `timeout` after payload bytes last moved with a member (module doc)
             while True:
                 await trio.sleep(HOLD_CHECK_S)
-                moved = self._moved_at([p for p in group if p != me], went=rnd.sending > 0)
+                moved = max(self._moved_at([p for p in group if p != me], went=rnd.sending > 0), rnd.sent_at)
                 deadline.deadline = max(deadline.deadline, moved + timeout)
 
         try:
