@@ -12,9 +12,8 @@ newcomer asks again once no byte came for a frame timeout (60 s).  Side by side,
     chunks      the daemon: 64-MiB chunks, the newcomer resumes with what it holds (runtime/node/statechunks.py)
     one frame   the state in one frame (a chunk as large as the state): asked again, it comes again whole
 
-A download not yet begun is asked again only after STATE_WAIT_S (600 s: a source may wait for its steps); the
-bench sets it to `--state-wait-s` (120 s) for both, so the one-frame run is not dominated by that wait.  Prints per
-variant: seconds from the first request to the state loaded, MB that went on the link (every payload byte that
+Both run with the daemon's timeouts (a download whose answer has begun is asked again a minute after its last
+byte).  Prints per variant: seconds from the first request to the state loaded, MB that went on the link (every payload byte that
 left, also those of a frame cut off) and that over the state's bytes, MB in the frames that were sent whole, the
 requests (with the offsets of those that resumed), and the ratios of chunks to one frame.
 
@@ -37,7 +36,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gwtf_node.runtime.net import channel  # noqa: E402
-from gwtf_node.runtime.node import joining  # noqa: E402
 
 VARIANTS = {"chunks": None, "one frame": 1 << 62}  # chunk bytes (None: the daemon's)
 
@@ -134,7 +132,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate-mbit", type=float, default=50.0)
     ap.add_argument("--cut-at", type=float, default=0.5, help="fraction of the state sent when the link goes down")
     ap.add_argument("--down-s", type=float, default=90.0, help="seconds the link moves nothing from --cut-at on")
-    ap.add_argument("--state-wait-s", type=float, default=120.0)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--verbose", action="store_true", help="the daemons' INFO log lines too")
     a = ap.parse_args(argv)
@@ -147,7 +144,6 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(message)s")
-    joining.STATE_WAIT_S = a.state_wait_s
     link = Link(a.rate_mbit * 1e6 / 8, a.down_s)
     link.install()
     family, config, _ = family_config(preset_config(a.preset))
@@ -165,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         print(json.dumps({"preset": a.preset, "stage": a.stage, "rate_mbit": a.rate_mbit, "cut_at": a.cut_at,
                           "down_s": a.down_s,
-                          "state_wait_s": a.state_wait_s, "variants": rows, "chunks_over_one_frame": ratios}))
+                          "variants": rows, "chunks_over_one_frame": ratios}))
         return 0
     print(f"{a.preset}, stage {a.stage} of {a.stages}: {ours['state_mb']:.1f} MB of state at {a.rate_mbit:g} Mbit/s, "
           f"the link moving nothing for {a.down_s:g} s from {a.cut_at:.0%} of it on")

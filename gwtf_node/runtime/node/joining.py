@@ -388,10 +388,10 @@ class Joining:
 
     def _answer_overdue(self, src: str) -> bool:
         """No payload byte from `src`, nor a request to it, for a frame timeout, and asked STATE_WAIT_S ago or
-        chunks of it already in (a state of GBs takes minutes, and a source may wait for its steps first)."""
-        quiet = max(self.host.payload_moved.get((src, True), -math.inf), self._ask_deadline - STATE_WAIT_S)
-        begun = self.download.resume()[0] > 0
-        return (now() > self._ask_deadline or begun) and now() - quiet > DEFAULT_FRAME_TIMEOUT_S
+        answered in this download (a state of GBs takes minutes, a source may wait for its steps before it answers)."""
+        asked, came = self._ask_deadline - STATE_WAIT_S, self.host.payload_moved.get((src, True), -math.inf)
+        begun = came > (self.fetch_since or math.inf)
+        return (now() > self._ask_deadline or begun) and now() - max(came, asked) > DEFAULT_FRAME_TIMEOUT_S
 
     def on_state_request(self, peer: str, msg: m.StageStateRequest) -> None:
         # answered in its own task: it may wait for a step, and this peer's other frames (Pings) must not
