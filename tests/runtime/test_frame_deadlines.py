@@ -197,24 +197,15 @@ async def test_a_member_that_never_sends_its_sum_ends_the_round_at_its_timeout(t
 async def test_a_joiner_does_not_ask_again_for_a_state_still_arriving(tmp_path, slow_records, monkeypatch):
     """A stage state of 19.7 MB at 0.3 s a MiB takes ~6 s to arrive, past the 2 s the joiner gives its source to
     answer: it is asked for once."""
-    from gwtf_node.model.manifest import save_manifest
     from gwtf_node.runtime.node import joining
-    from gwtf_node.runtime.node.node import Node
 
-    from support.helpers import start_relay, until
+    from support.helpers import start_source_and_joiner, until
 
     monkeypatch.setattr(joining, "STATE_WAIT_S", 2.0)
-    run = tmp_path / "run.json"
-    save_manifest(default_manifest(stages=1, hidden=320, layers=3, seq_len=16, microbatch_size=1), run)
-    nodes: dict[str, Node] = {}
     with trio.fail_after(DEADLINE_S * 2):
         async with trio.open_nursery() as nursery:
-
-            nodes["source"] = source = await start_relay(nursery, run, tmp_path, "source")
-            nodes["joiner"] = joiner = await start_relay(nursery, run, tmp_path, "joiner",
-                                                         (tmp_path / "source" / "addr").read_text().split()[0])
+            source, joiner = await start_source_and_joiner(nursery, tmp_path)
             src_id = source.parts.wire.me
-            await until(lambda: src_id in joiner.peers.ids("relay", 0), "the joiner knows the source")
             asked = []
             serve = source.parts.joining._answer_state_request
 
@@ -228,5 +219,5 @@ async def test_a_joiner_does_not_ask_again_for_a_state_still_arriving(tmp_path, 
             await until(lambda: asked and joiner.parts.joining.state_loaded.is_set(), "the state is loaded", 60)
             assert trio.current_time() - t0 > 3.0  # (slower than the 2 s given to answer)
             assert len(asked) == 1, asked
-            for node in nodes.values():
+            for node in (source, joiner):
                 node.stop()

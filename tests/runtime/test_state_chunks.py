@@ -8,7 +8,6 @@ import os
 import pytest
 import trio
 
-from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.protocol import messages as m
 from gwtf_node.runtime.net import channel
 from gwtf_node.runtime.node.statechunks import Download
@@ -165,9 +164,8 @@ async def test_a_download_broken_off_resumes_where_it_stopped(tmp_path, monkeypa
     again 2 s after that when nothing came, and the source sends the rest, not the whole (4-MiB chunks stalled at
     the second record: no chunk was in, the state comes from the start)."""
     from gwtf_node.runtime.node import joining, statechunks
-    from gwtf_node.runtime.node.node import Node
 
-    from support.helpers import start_relay, until
+    from support.helpers import start_source_and_joiner, until
 
     monkeypatch.setattr(statechunks, "STATE_CHUNK_BYTES", chunk_mib << 20)
     monkeypatch.setattr(joining, "DEFAULT_FRAME_TIMEOUT_S", 2.0)
@@ -182,17 +180,10 @@ async def test_a_download_broken_off_resumes_where_it_stopped(tmp_path, monkeypa
         await real(self, data)
 
     monkeypatch.setattr(channel.RawConn, "send_all", send_all)
-    run = tmp_path / "run.json"
-    save_manifest(default_manifest(stages=1, hidden=320, layers=3, seq_len=16, microbatch_size=1), run)
-    nodes: dict[str, Node] = {}
     with trio.fail_after(DEADLINE_S):
         async with trio.open_nursery() as nursery:
-
-            nodes["source"] = source = await start_relay(nursery, run, tmp_path, "source")
-            nodes["joiner"] = joiner = await start_relay(nursery, run, tmp_path, "joiner",
-                                                         (tmp_path / "source" / "addr").read_text().split()[0])
+            source, joiner = await start_source_and_joiner(nursery, tmp_path)
             src_id = source.parts.wire.me
-            await until(lambda: src_id in joiner.peers.ids("relay", 0), "the joiner knows the source")
             asked = []
             serve = source.parts.joining._answer_state_request
 
@@ -222,5 +213,5 @@ async def test_a_download_broken_off_resumes_where_it_stopped(tmp_path, monkeypa
                 assert state <= sent < state + asked[2].offset, (state, sent, asked[2].offset)
             assert frames > state // (chunk_mib << 20)
             assert source.stage.model.state_hash() == joiner.stage.model.state_hash()
-            for node in nodes.values():
+            for node in (source, joiner):
                 node.stop()

@@ -132,3 +132,16 @@ async def start_relay(nursery, run: Path, workdir: Path, name: str, boot: str | 
     await until(lambda: node.parts is not None and (workdir / name / "addr").exists() and node.stage.built,
                 f"{name} listens with its stage built")
     return node
+
+
+async def start_source_and_joiner(nursery, workdir: Path, hidden: int = 320, layers: int = 3):
+    """Two relays of a 1-stage unsigned run in this process (`start_relay`), the second dialling the first;
+    returned as (source, joiner) once the joiner knows the source."""
+    from gwtf_node.model.manifest import default_manifest, save_manifest
+
+    run = workdir / "run.json"
+    save_manifest(default_manifest(stages=1, hidden=hidden, layers=layers, seq_len=16, microbatch_size=1), run)
+    source = await start_relay(nursery, run, workdir, "source")
+    joiner = await start_relay(nursery, run, workdir, "joiner", (workdir / "source" / "addr").read_text().split()[0])
+    await until(lambda: source.parts.wire.me in joiner.peers.ids("relay", 0), "the joiner knows the source")
+    return source, joiner
