@@ -13,9 +13,9 @@ newcomer asks again once no byte came for a frame timeout (60 s).  Side by side,
     one frame   the state in one frame (a chunk as large as the state): asked again, it comes again whole
 
 Both run with the daemon's timeouts (a download whose answer has begun is asked again a minute after its last
-byte).  Prints per variant: seconds from the first request to the state loaded, MB that went on the link (every payload byte that
-left, also those of a frame cut off) and that over the state's bytes, MB in the frames that were sent whole, the
-requests (with the offsets of those that resumed), and the ratios of chunks to one frame.
+byte).  Prints per variant: seconds from the first request to the state loaded, MB that went on the link (every
+payload byte that left, also those of a frame cut off) and that over the state's bytes, MB in the frames that were
+sent whole, the requests (with the offsets of those that resumed), and the ratios of chunks to one frame.
 
     python scripts/bench_handover.py --preset llama-135m --stages 4 --stage 1 --rate-mbit 50 --cut-at 0.5
 """

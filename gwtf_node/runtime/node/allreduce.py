@@ -33,11 +33,11 @@ chunks of a finished key are dropped).  Each chunk is checked: the round's
 dtype, 1-D, nbytes matching the payload and the part's length, finite values,
 sender in the group, the right owner for the phase; a bad chunk is logged on
 "gwtf.transport" and ignored (a peer that only sends bad chunks shows up in the timeout error).  A round times
-out `timeout` seconds after payload bytes last came from another member, or last went to one in this round's first
-sends (`Host.payload_moved`: a part of hundreds of MB on a home uplink takes minutes, and is not lost; the parts
-sent again are not counted, or a live member that never sends its sum would hold the round forever), raising
-`AllReduceTimeout` naming the peers whose parts are missing.  A chunk that cannot be sent is sent again until the
-round's timeout (`SEND_RETRY_FIRST_S`), one lost after its send is asked for again (`_resend_missing`: not while bytes move with
+out `timeout` seconds after payload bytes last came from another member, or went to one in this round's first sends
+(`Host.payload_moved`: a part of hundreds of MB on a home uplink takes minutes, and is not lost; parts sent again do
+not count, or a live member that never sends its sum would hold the round forever), raising `AllReduceTimeout`
+naming the peers whose parts are missing.  A chunk that cannot be sent is sent again until the round's timeout
+(`SEND_RETRY_FIRST_S`), one lost after its send is asked for again (`_resend_missing`: not while bytes move with
 its owner); a member that is gone is the caller's to see (liveness): it cancels the round and retries without it.
 
 Threads. Everything that touches a whole part runs in a worker thread (`trio.to_thread`, one at a time per
