@@ -58,6 +58,7 @@ import math
 import os
 import socket
 import struct
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -173,11 +174,27 @@ class RecordOpener:
 # ---- raw socket helpers -----------------------------------------------------
 
 
+# A read of at least this many bytes asks the kernel to wake us only when all of them (up to RCVLOWAT_MAX) are in.
+RCVLOWAT_FROM = 64 * 1024
+RCVLOWAT_MAX = 512 * 1024
+_LOWAT_WORKS = sys.platform.startswith("linux")  # epoll honours SO_RCVLOWAT on TCP there
+
+
 class RawConn:
-    """A connected trio socket with exact-size reads into caller buffers."""
+    """A connected trio socket with exact-size reads into caller buffers.
+
+    Wake-ups.  A link shaped by a token bucket (a home uplink's router, `tc tbf`) hands the receiver one TCP
+    segment at a time, and a read that waits for readiness would wake once per 1.4-kB segment: about 20,000
+    wake-ups of the event loop for a 28-MB all-reduce part, each a task step of tens of microseconds.  A record
+    is useless until it is whole, so `recv_into_exactly` of a large record sets `SO_RCVLOWAT` to the bytes still
+    missing (at most `RCVLOWAT_MAX`): the kernel signals readiness only once that many are in, and the bytes
+    arrive no later than they would have.
+    """
 
     def __init__(self, sock: trio.socket.SocketType) -> None:
         self.sock = sock
+        self._lowat = 1  # the socket's SO_RCVLOWAT (the kernel's default)
+        self._lowat_ok = _LOWAT_WORKS and sock.type == socket.SOCK_STREAM
 
     @classmethod
     async def connect(cls, host: str, port: int) -> RawConn:
@@ -200,13 +217,28 @@ class RawConn:
         got = 0
         n = len(view)
         while got < n:
+            if self._lowat_ok:
+                self._set_lowat(min(n - got, RCVLOWAT_MAX) if n >= RCVLOWAT_FROM else 1)
             k = await self.sock.recv_into(view[got:], n - got)
             if k == 0:
                 raise FrameError(f"connection closed after {got} of {n} bytes of {what}: truncated")
             got += k
 
     async def recv_some(self, n: int) -> bytes:
+        if self._lowat_ok:
+            self._set_lowat(1)
         return await self.sock.recv(n)
+
+    def _set_lowat(self, want: int) -> None:
+        if want == self._lowat:
+            return
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
+        except OSError as e:  # a kernel that refuses it: plain reads, one wake-up per segment
+            log.debug("SO_RCVLOWAT %d refused (%s): reading without it", want, e)
+            self._lowat_ok = False
+            return
+        self._lowat = want
 
     def close(self) -> None:
         self.sock.close()
