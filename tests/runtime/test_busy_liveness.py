@@ -264,3 +264,32 @@ def test_round_trips_are_smoothed_as_tcp_smooths_them() -> None:
     assert r.rto_s() == pytest.approx(0.1, abs=1e-6)  # a steady round trip: the deadline's floor rules
     r.add(2.0)  # one round trip of 2 s: the timeout moves up by most of it at once (the variance)
     assert 2.0 < r.rto_s() < 2.3
+
+
+@pytest.mark.trio
+async def test_the_phase_waits_are_bounded_by_the_phase_work_measured_here_an_all_reduce_included(autojump_clock):
+    """Over a slow uplink an all-reduce takes minutes, and every wait of the phase spans one (a relay's step, a data
+    node's CAN TAKE): once a node measured it, its waits are not overdue at WAIT_BOUND_S (a WARNING every
+    iteration, BEGIN sent again to relays still summing), but at 10x what the phase took here."""
+    from types import SimpleNamespace
+
+    from gwtf_node.protocol.phases import OpenIteration, Phases
+    from gwtf_node.protocol.phasewaits import WAIT_BOUND_S
+    from gwtf_node.runtime.net.wire import now
+    from gwtf_node.runtime.node.aggregation import Aggregation
+
+    ag = Aggregation.__new__(Aggregation)
+    ag.stage = SimpleNamespace(busiest_s=lambda: 0.4)  # a microbatch's compute, a quick step
+    ag.phase_work_s, ag._stepped_at, ag.phases = {}, {}, None
+    ag.iteration_opened = ag.on_open = lambda it: None
+    assert ag.wait_bound_s() == WAIT_BOUND_S
+    ag.phases = Phases("d", -1, 1, wait_bound_s=ag.wait_bound_s())
+    ag._stepped_at = {4: now()}  # the data node's step of iteration 4 ...
+    await trio.sleep(95.0)  # ... and the relays' all-reduce over 10 Mbit/s
+    ag._opened(OpenIteration(5))  # CAN TAKE came back
+    assert ag.phase_work_s == {"can_take": pytest.approx(95.0)}
+    assert ag.phases.wait_bound_s == pytest.approx(950.0)  # the phase's bound follows it at once
+    ag._phase_work("aggregation", 120.0)  # a relay: its step with a 2-minute all-reduce
+    assert ag.wait_bound_s() == ag.phases.wait_bound_s == pytest.approx(1200.0)
+    ag.phase_work_s = {"aggregation": 1.0}  # a fast link again: the bound comes back down
+    assert ag.wait_bound_s() == WAIT_BOUND_S

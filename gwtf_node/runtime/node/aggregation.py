@@ -123,6 +123,10 @@ class Aggregation:
                                          keep=checkpoint_keep)
         self.on_stepped = on_stepped  # the step of an iteration is applied here
         self.phases: Phases | None = None  # once this node has a stage
+        # the phase's work here lately (s): "aggregation", a step from BEGIN on (its all-reduce too); "can_take", a data
+        # node's wait for CAN TAKE after its step (the relays' all-reduce): what bounds its waits (`wait_bound_s`)
+        self.phase_work_s: dict[str, float] = {}
+        self._stepped_at: dict[int, float] = {}  # a data node: iteration -> when its step was applied here
         self.contrib_for: dict[int, frozenset] = {}  # a relay: iteration -> contributions held (from BEGIN)
         self.step_counts: dict[int, int] = {}
         self.lost_contributions: dict[int, int] = {}
@@ -218,12 +222,22 @@ class Aggregation:
     def new_phases(self, *, ready: bool = True) -> None:
         """This node has a stage now: it takes part in the phase from here on; not `ready`: its state is not
         settled yet (a relay back with a checkpoint): a BEGIN naming it finds it out of step until `resynced`."""
-        from .waits import wait_bound_s
-
         self.phases = Phases(self.wire.me, self.peers.stage, self.peers.n_stages - 1,
                              applied=self.stage.applied_steps if ready else NOT_READY,
-                             retry_s=phase_retry_s(self.stage.busiest_s()),
-                             wait_bound_s=wait_bound_s(self.stage.busiest_s()))
+                             retry_s=phase_retry_s(self.stage.busiest_s()), wait_bound_s=self.wait_bound_s())
+
+    def wait_bound_s(self) -> float:
+        """The bound of the phase's waits (waits.py `wait_bound_s`) from the longest work measured here: a piece of
+        work of the stage, or the phase's own work lately (`phase_work_s`: over a slow uplink an all-reduce takes
+        minutes, and every wait of the phase spans one)."""
+        from .waits import wait_bound_s
+
+        return wait_bound_s(max([self.stage.busiest_s(), *self.phase_work_s.values()]))
+
+    def _phase_work(self, what: str, seconds: float) -> None:
+        self.phase_work_s[what] = seconds
+        if self.phases is not None:
+            self.phases.wait_bound_s = self.wait_bound_s()
 
     def _apply(self, effects: list) -> None:
         if self.peers.role == "data":  # BEGIN that a data node sends as the leader carries the term it led
@@ -411,6 +425,9 @@ class Aggregation:
 
     def _opened(self, e: OpenIteration) -> None:
         """The phase's effect: CAN TAKE came back, a data node opens the next iteration (or pauses)."""
+        stepped = self._stepped_at.pop(e.iteration - 1, None)
+        if stepped is not None:
+            self._phase_work("can_take", now() - stepped)
         self.iteration_opened(e.iteration)
         self.on_open(e.iteration)
 
@@ -483,6 +500,8 @@ class Aggregation:
         else:
             log.debug("iteration %d: %s", e.iteration, took)
         self.phases.retry_s = phase_retry_s(self.stage.busiest_s())
+        self._phase_work("aggregation", now() - t0)
+        self._stepped_at = {} if relay else {e.iteration: now()}
         if not relay and (self.leadership.leader() == self.wire.me or e.iteration in self.opened):
             self._record_metrics(e.iteration, now() - t0)
         self.last_iteration = e.iteration

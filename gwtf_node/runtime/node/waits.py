@@ -20,7 +20,8 @@ wait of this node, each as {"what", "iteration", "since" (wall time),
 * `data_node` (a relay with no live data node; liveness.py).
 
 The phase's waits are bounded (`wait_bound_s`: WAIT_BOUND_S, longer on a
-node whose measured work is long): one past it is logged once at
+node whose measured work is long, the phase's own included: a step with its
+all-reduce, a data node's wait for CAN TAKE; aggregation.py): one past it is logged once at
 WARNING with what it waits for, from whom and since when, and with what is
 done about it (`Overdue`: the report or BEGIN sent again); a paused stage
 and a relay waiting for a data node say so at WARNING when they begin
@@ -43,7 +44,7 @@ log = logging.getLogger("gwtf.node")
 
 def wait_bound_s(busiest_s: float) -> float:
     """The bound of a phase wait: WAIT_BOUND_S, or 10 times the longest work measured here if that is longer
-    (a large stage's step is not a stall)."""
+    (a large stage's step, an all-reduce over a slow uplink, are not a stall)."""
     return max(WAIT_BOUND_S, 10.0 * busiest_s)
 
 
