@@ -188,7 +188,8 @@ class RawConn:
     wake-ups of the event loop for a 28-MB all-reduce part, each a task step of tens of microseconds.  A record
     is useless until it is whole, so `recv_into_exactly` of a large record sets `SO_RCVLOWAT` to the bytes still
     missing (at most `RCVLOWAT_MAX`): the kernel signals readiness only once that many are in, and the bytes
-    arrive no later than they would have.
+    arrive no later than they would have.  It puts the default (1) back before it returns: every other read of the
+    socket (the wait for the next frame's header) must wake on the first byte.
     """
 
     def __init__(self, sock: trio.socket.SocketType) -> None:
@@ -216,17 +217,19 @@ class RawConn:
     async def recv_into_exactly(self, view: memoryview, what: str) -> None:
         got = 0
         n = len(view)
-        while got < n:
-            if self._lowat_ok:
-                self._set_lowat(min(n - got, RCVLOWAT_MAX) if n >= RCVLOWAT_FROM else 1)
-            k = await self.sock.recv_into(view[got:], n - got)
-            if k == 0:
-                raise FrameError(f"connection closed after {got} of {n} bytes of {what}: truncated")
-            got += k
+        try:
+            while got < n:
+                if self._lowat_ok and n >= RCVLOWAT_FROM:
+                    self._set_lowat(min(n - got, RCVLOWAT_MAX))
+                k = await self.sock.recv_into(view[got:], n - got)
+                if k == 0:
+                    raise FrameError(f"connection closed after {got} of {n} bytes of {what}: truncated")
+                got += k
+        finally:
+            if self._lowat != 1:  # (every other read of the socket, the wait for the next frame's, wakes on a byte)
+                self._set_lowat(1)
 
     async def recv_some(self, n: int) -> bytes:
-        if self._lowat_ok:
-            self._set_lowat(1)
         return await self.sock.recv(n)
 
     def _set_lowat(self, want: int) -> None:
