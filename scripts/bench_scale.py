@@ -22,6 +22,16 @@ serialization is negligible, AdaTopK's ratios (which depend only on the
 ratios of the bandwidths) are the physical ones, and Equation 1's bandwidth
 term is understated by that factor.
 
+CPU shares (`--cpu-shares`).  The nine nodes share the machine's cores,
+and the bound lets its flow share them as it needs: the data node computes
+every microbatch's embedding, head and loss, a relay its share of its stage.
+The kernel gives every node's session an equal share instead, which starves
+the data node, the pipeline's busiest.  With `flow` (the default) each
+node's process runs at the nice level that makes its CPU weight proportional
+to what its part costs an iteration (`calibrate`'s figures; about 1.25x a
+level), the busiest at 0, as machines of their own would be; with `equal`,
+every node at 0.
+
 Checkpoints.  Each node checkpoints after every `--checkpoint-every`
 iterations (10 by default: for a 100M+ model a checkpoint is 0.3-0.5 GB
 per node, taken after the step and written in the background while the
@@ -51,8 +61,8 @@ Figures per setting:
   flow through a node costs its part's CPU seconds per microbatch, and the
   flow's cost per second must fit in the cores (a min-cost flow, bisected
   on its value).  A part's compute rate and cost come from `calibrate`:
-  its forward and backward timed alone on one thread (CPU time) after
-  the swarm stops.  The nodes' own `compute_ms_per_microbatch` is wall
+  its forward and backward timed alone on one thread (CPU time) before
+  the swarm starts.  The nodes' own `compute_ms_per_microbatch` is wall
   time in the swarm, which counts the waiting for a core shared with eight
   other nodes (and whatever else the machine runs): it is reported beside
   (`compute_s_per_microbatch`), as is the CPU the swarm's processes used
@@ -102,8 +112,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_scale_measure import (aggregation_breakdown, allreduce_s, calibrate, cpu_busy_s,  # noqa: E402
-                                 node_figures, read_text, swarm_bound)
+from bench_scale_measure import (aggregation_breakdown, allreduce_s, apply_nice, calibrate, cpu_busy_s,  # noqa: E402
+                                 flow_nice, node_figures, read_text, swarm_bound)
 
 SETTINGS = {
     "fp32": {"precision": "fp32", "wire_dtype": "fp32", "compression": "none"},
@@ -297,6 +307,9 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
     links_file(names, rates, args.latency_ms, args.seed, workdir / "links-scenario.json")
     records, first, last = [], None, None
     tokens_per_mb = args.microbatch_size * args.seq_len
+    part_cpu, step_cpu = calibrate(run)  # (before the swarm: nothing else runs meanwhile)
+    nice = flow_nice(names, part_cpu, args.microbatches, args.relays_per_stage) if args.cpu_shares == "flow" \
+        else dict.fromkeys(names, 0)
     with NetLab() as lab:
         where = {n: lab.public(n.replace("_", "")) for n in names}
         for n, node in where.items():
@@ -313,6 +326,7 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
         try:
             with guard:
                 swarm.start()
+                apply_nice({n: p.pid for n, p in swarm.procs.items()}, nice)
                 for rec in swarm.iterations_done():
                     records.append(rec)
                     print(f"  {setting} iteration {rec['iteration']}: loss {rec['loss']:.4f}, {rec['microbatches']} "
@@ -353,7 +367,6 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
     tokens = sum(r["microbatches"] for r in steady) * tokens_per_mb
     wall = records[-1]["time"] - records[0]["time"]
     pipeline = sum(r["pipeline_seconds"] for r in steady if r["pipeline_seconds"] == r["pipeline_seconds"])
-    part_cpu, step_cpu = calibrate(run)
     # the machine's other jobs: the CPU all processes used over the window less the swarm's own
     span = max(w["seconds"] for w in window.values())
     other_cores = max(0.0, (busy1 - busy0) - sum(w["cpu_s"] for w in window.values())) / max(span, 1e-9)
@@ -402,7 +415,7 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
         "compute_s_per_microbatch": {n: round(w["compute_s"] / max(w["microbatches"], 1e-9), 3)
                                      for n, w in window.items()},
         "part_cpu_s_per_microbatch": {str(k): round(v, 4) for k, v in part_cpu.items()},
-        "cores_used": bound["cores_used"],
+        "cores_used": bound["cores_used"], "cpu_shares": args.cpu_shares, "nice": nice,
         "link_ratios": {n: last[n]["compression"]["link_ratios"] for n in names
                         if last[n]["compression"]["link_ratios"]},
         "rates_mbit": rates,
@@ -466,6 +479,9 @@ def main() -> int:
     p.add_argument("--rates", default="100,50", help="uplink Mbit/s, given round-robin to d0, r0_0, r0_1, ...")
     p.add_argument("--latency-ms", default="20-60", help="one-way latency range of a pair of nodes, LO-HI")
     p.add_argument("--cores", type=float, default=None, help="CPU cores the nodes share (default: this machine's)")
+    p.add_argument("--cpu-shares", choices=("flow", "equal"), default="flow",
+                   help="flow: each node's CPU weight (nice level) in proportion to what its part costs an iteration, "
+                        "as the bound shares the cores; equal: the kernel's equal shares of the nodes' sessions")
     p.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated subset of {','.join(SETTINGS)}")
     p.add_argument("--checkpoint-every", type=int, default=10, metavar="N",
                    help="each node checkpoints after every N-th iteration (join --checkpoint-every; default 10, as "

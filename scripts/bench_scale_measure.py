@@ -163,3 +163,32 @@ def cpu_busy_s() -> float:
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:]]
     return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+NICE_STEP = 1.25  # CFS: one nice level is about 1.25x the CPU weight
+
+
+def flow_nice(names: list[str], part_cpu: dict[int, float], microbatches: int, relays_per_stage: int) -> dict[str, int]:
+    """The nice level of each node that shares the cores as the bound's flow does: a node's CPU weight in
+    proportion to the CPU seconds its part costs an iteration (the data node every microbatch's embedding, head
+    and loss; a relay its share of its stage's), the busiest at nice 0."""
+    work = {n: microbatches * part_cpu[-1] if n.startswith("d") else
+            microbatches / relays_per_stage * part_cpu[int(n[1:].split("_")[0])] for n in names}
+    top = max(work.values())
+    return {n: min(19, max(0, round(math.log(top / max(w, 1e-9)) / math.log(NICE_STEP)))) for n, w in work.items()}
+
+
+def apply_nice(pids: dict[str, int], nice: dict[str, int]) -> None:
+    """Give each node's process its nice level: its autogroup's (a node runs in a session of its own, and with
+    autogroups the kernel shares the CPU between sessions, not threads) and every thread's (threads started later
+    take their creator's)."""
+    for n, pid in pids.items():
+        try:
+            Path(f"/proc/{pid}/autogroup").write_text(str(nice[n]))
+        except OSError:
+            pass  # no autogroups here: the threads' nice levels alone
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                os.setpriority(os.PRIO_PROCESS, int(tid), nice[n])
+            except OSError:
+                pass  # a thread that ended meanwhile
