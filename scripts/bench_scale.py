@@ -29,7 +29,7 @@ The kernel gives every node's session an equal share instead, which starves
 the data node, the pipeline's busiest.  With `flow` (the default) each
 node's process runs at the nice level that makes its CPU weight proportional
 to what its part costs an iteration (`calibrate`'s figures; about 1.25x a
-level), the busiest at 0, as machines of their own would be; with `equal`,
+level), the busiest at 0, as the bound assumes; with `equal`,
 every node at 0.
 
 Checkpoints.  Each node checkpoints after every `--checkpoint-every`

@@ -187,7 +187,11 @@ def apply_nice(pids: dict[str, int], nice: dict[str, int]) -> None:
             Path(f"/proc/{pid}/autogroup").write_text(str(nice[n]))
         except OSError:
             pass  # no autogroups here: the threads' nice levels alone
-        for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue  # a node that ended already: the swarm says so
+        for tid in tids:
             try:
                 os.setpriority(os.PRIO_PROCESS, int(tid), nice[n])
             except OSError:

@@ -21,12 +21,12 @@ wait of this node, each as {"what", "iteration", "since" (wall time),
 
 The phase's waits are bounded (`wait_bound_s`: WAIT_BOUND_S, longer on a
 node whose measured work is long, the phase's own included: a step with its
-all-reduce, a data node's wait for CAN TAKE; aggregation.py): one past it is logged once at
-WARNING with what it waits for, from whom and since when, and with what is
-done about it (`Overdue`: the report or BEGIN sent again); a paused stage
-and a relay waiting for a data node say so at WARNING when they begin
-(microbatches.py, liveness.py), a state download asks again when its
-source does not answer (joining.py).
+all-reduce, a data node's wait for CAN TAKE; aggregation.py): one past it is
+logged once at WARNING with what it waits for, from whom and since when,
+and with what is done about it (`Overdue`: the report or BEGIN sent again);
+a paused stage and a relay waiting for a data node say so at WARNING when
+they begin (microbatches.py, liveness.py), a state download asks again when
+its source does not answer (joining.py).
 """
 
 from __future__ import annotations
