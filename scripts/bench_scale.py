@@ -113,7 +113,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_scale_measure import (aggregation_breakdown, allreduce_s, apply_nice, calibrate, cpu_busy_s,  # noqa: E402
-                                 flow_nice, node_figures, read_text, swarm_bound)
+                                 flow_nice, node_figures, part_key, read_text, swarm_bound)
 
 SETTINGS = {
     "fp32": {"precision": "fp32", "wire_dtype": "fp32", "compression": "none"},
@@ -179,7 +179,8 @@ def memory_estimates(man, names: list[str], capacity: dict[str, int]) -> dict[st
         return {n: None for n in names}
     out = {}
     for n in names:
-        role, stage = ("data", None) if n.startswith("d") else ("relay", int(n[1:].split("_")[0]))
+        k = part_key(n)
+        role, stage = ("data", None) if k < 0 else ("relay", k)
         est = memory.estimate(man, role, stage, capacity[n])
         out[n] = {"part_mb": round(est.part_bytes / 2**20, 1), "total_mb": round(est.total / 2**20, 1)}
     return out
@@ -308,8 +309,7 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
     records, first, last = [], None, None
     tokens_per_mb = args.microbatch_size * args.seq_len
     part_cpu, step_cpu = calibrate(run)  # (before the swarm: nothing else runs meanwhile)
-    nice = flow_nice(names, part_cpu, args.microbatches, args.relays_per_stage) if args.cpu_shares == "flow" \
-        else dict.fromkeys(names, 0)
+    nice = flow_nice(part_cpu, capacities(names, args)) if args.cpu_shares == "flow" else dict.fromkeys(names, 0)
     with NetLab() as lab:
         where = {n: lab.public(n.replace("_", "")) for n in names}
         for n, node in where.items():
@@ -381,7 +381,7 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
                                           for k in range(args.stages)],
                            2 if SETTINGS[setting]["wire_dtype"] == "bf16" else 4)
     # the steps run at once on every node after the all-reduce: the slowest alone, or all of them on the cores
-    node_steps = [step_cpu[-1 if n.startswith("d") else int(n[1:].split("_")[0])] for n in names]
+    node_steps = [step_cpu[part_key(n)] for n in names]
     step_s = max(max(node_steps), sum(node_steps) / args.cores)
     iter_bound_s = (args.microbatches / bound["microbatches_per_s"] if bound["microbatches_per_s"] else math.inf) \
         + reduce_s + step_s

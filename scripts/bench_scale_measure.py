@@ -168,12 +168,17 @@ def cpu_busy_s() -> float:
 NICE_STEP = 1.25  # CFS: one nice level is about 1.25x the CPU weight
 
 
-def flow_nice(names: list[str], part_cpu: dict[int, float], microbatches: int, relays_per_stage: int) -> dict[str, int]:
+def part_key(name: str) -> int:
+    """The part a node of the bench computes, as `calibrate` keys it: -1 for a data node (d0), else its stage
+    (r<stage>_<i>)."""
+    return -1 if name.startswith("d") else int(name[1:].split("_")[0])
+
+
+def flow_nice(part_cpu: dict[int, float], capacity: dict[str, int]) -> dict[str, int]:
     """The nice level of each node that shares the cores as the bound's flow does: a node's CPU weight in
-    proportion to the CPU seconds its part costs an iteration (the data node every microbatch's embedding, head
-    and loss; a relay its share of its stage's), the busiest at nice 0."""
-    work = {n: microbatches * part_cpu[-1] if n.startswith("d") else
-            microbatches / relays_per_stage * part_cpu[int(n[1:].split("_")[0])] for n in names}
+    proportion to the CPU seconds its part costs an iteration (`capacity`: the microbatches it carries, the data
+    node every one, a relay its share of its stage's), the busiest at nice 0."""
+    work = {n: c * part_cpu[part_key(n)] for n, c in capacity.items()}
     top = max(work.values())
     return {n: min(19, max(0, round(math.log(top / max(w, 1e-9)) / math.log(NICE_STEP)))) for n, w in work.items()}
 

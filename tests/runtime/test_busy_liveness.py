@@ -280,11 +280,11 @@ async def test_the_phase_waits_are_bounded_by_the_phase_work_measured_here_an_al
 
     ag = Aggregation.__new__(Aggregation)
     ag.stage = SimpleNamespace(busiest_s=lambda: 0.4)  # a microbatch's compute, a quick step
-    ag.phase_work_s, ag._stepped_at, ag.phases = {}, {}, None
+    ag.phase_work_s, ag._stepped, ag.phases = {}, None, None
     ag.iteration_opened = ag.on_open = lambda it: None
     assert ag.wait_bound_s() == WAIT_BOUND_S
     ag.phases = Phases("d", -1, 1, wait_bound_s=ag.wait_bound_s())
-    ag._stepped_at = {4: now()}  # the data node's step of iteration 4 ...
+    ag._stepped = (4, now())  # the data node's step of iteration 4 ...
     await trio.sleep(95.0)  # ... and the relays' all-reduce over 10 Mbit/s
     ag._opened(OpenIteration(5))  # CAN TAKE came back
     assert ag.phase_work_s == {"can_take": pytest.approx(95.0)}

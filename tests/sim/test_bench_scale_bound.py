@@ -76,13 +76,13 @@ def test_swarm_bound_turns_measurements_into_capacities() -> None:
 
 def test_flow_shares_give_each_node_a_cpu_weight_in_proportion_to_its_parts_work() -> None:
     bench = _bench()
-    names = ["d0", "r0_0", "r0_1", "r1_0", "r1_1"]
+    carries = {"d0": 16, "r0_0": 8, "r0_1": 8, "r1_0": 8, "r1_1": 8}
     # the data node: 16 microbatches x 0.24 s; a relay: 8 x 0.12 (stage 0) or 8 x 0.06 (stage 1)
-    nice = bench.flow_nice(names, {-1: 0.24, 0: 0.12, 1: 0.06}, 16, 2)
+    nice = bench.flow_nice({-1: 0.24, 0: 0.12, 1: 0.06}, carries)
     assert nice["d0"] == 0  # the busiest
     assert nice["r0_0"] == nice["r0_1"] == 6  # 4x less work: 1.25^6 = 3.8
     assert nice["r1_0"] == nice["r1_1"] == 9  # 8x less: 1.25^9 = 7.5
-    assert bench.flow_nice(names, {-1: 1e-12, 0: 100.0, 1: 100.0}, 16, 2)["d0"] == 19  # within nice's range
+    assert bench.flow_nice({-1: 1e-12, 0: 100.0, 1: 100.0}, carries)["d0"] == 19  # within nice's range
 
 
 @pytest.mark.parametrize("argv, says", [(["--settings", "fp16"], "--settings fp16: use fp32, bf16, bf16+adatopk"),

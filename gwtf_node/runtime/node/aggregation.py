@@ -126,7 +126,7 @@ class Aggregation:
         # the phase's work here lately (s): "aggregation", a step from BEGIN on (its all-reduce too); "can_take", a data
         # node's wait for CAN TAKE after its step (the relays' all-reduce): what bounds its waits (`wait_bound_s`)
         self.phase_work_s: dict[str, float] = {}
-        self._stepped_at: dict[int, float] = {}  # a data node: iteration -> when its step was applied here
+        self._stepped: tuple[int, float] | None = None  # a data node: (iteration, when its step was applied here)
         self.contrib_for: dict[int, frozenset] = {}  # a relay: iteration -> contributions held (from BEGIN)
         self.step_counts: dict[int, int] = {}
         self.lost_contributions: dict[int, int] = {}
@@ -425,9 +425,9 @@ class Aggregation:
 
     def _opened(self, e: OpenIteration) -> None:
         """The phase's effect: CAN TAKE came back, a data node opens the next iteration (or pauses)."""
-        stepped = self._stepped_at.pop(e.iteration - 1, None)
-        if stepped is not None:
-            self._phase_work("can_take", now() - stepped)
+        if self._stepped is not None and self._stepped[0] == e.iteration - 1:
+            self._phase_work("can_take", now() - self._stepped[1])
+        self._stepped = None
         self.iteration_opened(e.iteration)
         self.on_open(e.iteration)
 
@@ -501,7 +501,7 @@ class Aggregation:
             log.debug("iteration %d: %s", e.iteration, took)
         self.phases.retry_s = phase_retry_s(self.stage.busiest_s())
         self._phase_work("aggregation", now() - t0)
-        self._stepped_at = {} if relay else {e.iteration: now()}
+        self._stepped = None if relay else (e.iteration, now())
         if not relay and (self.leadership.leader() == self.wire.me or e.iteration in self.opened):
             self._record_metrics(e.iteration, now() - t0)
         self.last_iteration = e.iteration
