@@ -141,3 +141,33 @@ async def test_on_a_gpu_the_all_reduce_does_not_wait_for_the_file_and_a_checkpoi
     async with trio.open_nursery() as nursery:  # nothing in flight: the next one due is taken and written
         await ck.after_step(nursery.start_soon)
     assert held.calls == [1, 3] and ck.written_steps == 3
+
+
+@pytest.mark.trio
+async def test_the_state_taken_is_freed_once_written_and_the_heap_trimmed_then_and_after_each_step(
+        tmp_path: Path, stage: LocalStage, monkeypatch) -> None:
+    """The checkpoint's state (hundreds of MB for a large stage) is let go once its file is written, and the heap's
+    free pages are given back then and after every step (ops/heap.py), so that a relay's RSS does not keep them."""
+    import weakref
+
+    from gwtf_node.runtime.node import stage as stagemod
+
+    trims: list[str] = []
+    monkeypatch.setattr(stagemod, "trim", lambda: trims.append("step"))
+    taken: list[weakref.ref] = []
+    monkeypatch.setattr(ckmod, "trim", lambda: trims.append(f"checkpoint, state freed: {taken[0]() is None}"))
+    real_write = ckmod.Checkpointer._write
+
+    def write(self, state):
+        taken.append(weakref.ref(state))
+        real_write(self, state)
+
+    monkeypatch.setattr(ckmod.Checkpointer, "_write", write)
+    ck = Checkpointer(stage, tmp_path, lambda: 0, every=1)
+    _step(stage)
+    assert trims == ["step"]
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(60):
+            await ck.after_step(nursery.start_soon)
+    # nothing holds the state taken once its file is written, when the heap is trimmed
+    assert trims == ["step", "checkpoint, state freed: True"] and ck.written_steps == 1

@@ -42,6 +42,7 @@ from typing import Callable
 import trio
 
 from . import checkpoints
+from ..ops.heap import trim
 from .stage import LocalStage, StateTaken
 
 log = logging.getLogger("gwtf.node")
@@ -80,7 +81,7 @@ class Checkpointer:
         taken = await self.stage.run(self.stage.take_state)
         if taken is not None:
             self._idle = trio.Event()
-            spawn(self._write_in_background, taken)
+            spawn(self._write_in_background, [taken])  # (in a list: the write frees it, module doc of ops/heap.py)
         return time.perf_counter() - t0
 
     async def before_all_reduce(self) -> None:
@@ -88,11 +89,16 @@ class Checkpointer:
         if not self.overlap:
             await self._idle.wait()
 
-    async def _write_in_background(self, taken: StateTaken) -> None:
+    async def _write_in_background(self, held: list[StateTaken]) -> None:
         try:  # (a thread is not cancelled: a node that stops waits for its file, then writes its last state)
-            await trio.to_thread.run_sync(self._write, taken)
+            await trio.to_thread.run_sync(self._write_and_free, held)
         finally:
             self._idle.set()
+
+    def _write_and_free(self, held: list[StateTaken]) -> None:
+        """`_write` the state `held` holds, then free it and give its pages back (ops/heap.py)."""
+        self._write(held.pop())
+        trim()
 
     def write_now(self) -> None:
         """The part's state now, written before this returns (after a write in flight); in the worker thread or when

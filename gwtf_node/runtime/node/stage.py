@@ -35,6 +35,7 @@ from typing import Any
 import trio
 
 from ..net.wire import FrameRefused
+from ..ops.heap import trim
 from .snapshots import StageStatus
 
 log = logging.getLogger("gwtf.node")
@@ -161,6 +162,7 @@ class LocalStage:
             return False
         self.model.apply_mean_grad(total, count)
         self.applied_steps = iteration + 1
+        trim()  # (the microbatches' held gradients and the step's temporaries are free now: ops/heap.py)
         return True
 
     def steps_done(self) -> None:
