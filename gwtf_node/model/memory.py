@@ -23,7 +23,9 @@ weights in float32 whatever the precision:
   in the iteration keeps its parameter gradients apart (4 P per microbatch,
   `StageModel.backward(hold=True)`: crash recovery may give an attempt up
   after its backward ran); the backward frees its activations as it makes
-  them, so a microbatch holds one or the other (`per_unit`);
+  them, so a microbatch holds one or the other (`per_unit`).  The data part holds a microbatch's head
+  gradients from its head to its final backward, the head weight's as its two factors (B T (V + H) values in
+  the compute dtype) where they are smaller than the V x H matrix (headgrad.py), multiplied out at the end;
 * activations: every in-flight microbatch keeps the autograd graph of one
   stage forward (`StageModel.forward` stashes it until the backward).  Per
   layer and per token, the tensors autograd saves are linear in the shapes:
@@ -31,11 +33,9 @@ weights in float32 whatever the precision:
   4 heads + 8 bytes in float32, a GPT-2 block 32 H + 20 I + 4 heads + 16
   (H hidden, I intermediate, KV = key/value heads x head dim; the 4 bytes
   per head are the attention's log-sum-exp, no T x T matrix is kept).
-  These coefficients were fitted, exactly, to the bytes of the distinct
-  storages saved for backward (`torch.autograd.graph.saved_tensors_hooks`,
-  parameters left out) of one and two layers at eight shapes and three
-  (B, T) pairs on the CPU (sdpa attention), and predict every one of them
-  exactly (tests/runtime/test_memory.py checks other shapes, GQA and Qwen2's biases).
+  Fitted exactly to the distinct storages saved for backward (`saved_tensors_hooks`, parameters left out)
+  of one and two layers at eight shapes and three (B, T) pairs on the CPU (sdpa attention), they predict
+  each of them exactly (tests/runtime/test_memory.py checks other shapes, GQA and Qwen2's biases).
   Under `bf16-mixed` (autocast to bfloat16 around the forward, measured
   with CPU autocast) a layer saves 30 H + 8 I + 4 KV + 4 heads + 8 bytes
   (LLaMA) or 20 H + 10 I + 4 heads + 16 (GPT-2) per token, *plus* the
@@ -199,11 +199,18 @@ def estimate(manifest: "RunManifest", role: str, stage: int | None, capacity: in
     if role == "data":
         n = counts.data
         per_mb = hidden + 8 * tokens  # the embedding output and the input ids
-        logits = 4 * tokens * manifest.dims.vocab
+        vocab, width = manifest.dims.vocab, s["H"]
+        logits = 4 * tokens * vocab
         head = 3 * logits + 2 * hidden
         if precision == "bf16-mixed":
             head += logits // 2 + 2 * n  # bfloat16 logits and weight copy before the float32 loss
-        transient = head + checkpoint_bytes(manifest, n, device)
+        # a microbatch in flight holds its head gradients (the final norm's, at most 2 H, and the head weight's as
+        # its factors where they are the smaller: headgrad.py), multiplied out when it completes; and its
+        # embedding output until then
+        weight = 4 * vocab * width
+        factors = (2 if precision == "bf16-mixed" else 4) * tokens * (vocab + width)
+        held = min(weight, factors) + 8 * width + per_mb
+        transient = max(head, weight if factors < weight else 0) + checkpoint_bytes(manifest, n, device)
         aggregation = aggregation_bytes(manifest, n, counts.data_largest, device)
         name = "data"
     else:
@@ -217,9 +224,9 @@ def estimate(manifest: "RunManifest", role: str, stage: int | None, capacity: in
         transient = checkpoint_bytes(manifest, n, device)
         aggregation = aggregation_bytes(manifest, n, counts.layer_largest, device)
         name = f"stage{stage}"
-    # the parameter gradients each microbatch holds apart from its backward to the step
+        held = 4 * n  # the parameter gradients each microbatch holds apart from its backward to the step
     return MemoryEstimate(name, params=4 * n, gradients=4 * n, optimizer=optimizer_bytes(manifest, n),
-                          per_microbatch=per_mb, held=4 * n, capacity=capacity, transient=transient,
+                          per_microbatch=per_mb, held=held, capacity=capacity, transient=transient,
                           aggregation=aggregation)
 
 

@@ -63,6 +63,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .headgrad import Factors, head_grads, materialized
 from .manifest import ManifestError, RunManifest
 from .materialize import build_full_model, build_parts  # noqa: F401  (build_full_model: re-exported)
 from .parts import DataPart, RelayPart  # noqa: F401  (re-exported)
@@ -263,16 +264,22 @@ class StageModel:
             raise ValueError(f"targets {tuple(targets.shape)} do not match hidden {tuple(hidden.shape)} of {key!r}")
         with self._lock:
             h = hidden.detach().to(self.device, self.dtype).requires_grad_(True)
-            with torch.enable_grad():
-                with self._compute():
-                    logits = self.module.head(h)  # [B, T, V]
-                loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.to(self.device).reshape(-1))
-            grads = torch.autograd.grad(loss, [h, *self.params], allow_unused=True)
-            if hold:
-                self._held[key] = [None if g is None else g.detach().float() for g in grads[1:]]
+            targets = targets.to(self.device)
+            split = head_grads(self.module, self.params, h, targets, self._compute)  # (headgrad.py)
+            if split is None:
+                with torch.enable_grad():
+                    with self._compute():
+                        logits = self.module.head(h)  # [B, T, V]
+                    loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+                g_h, *grads = torch.autograd.grad(loss, [h, *self.params], allow_unused=True)
             else:
-                self._accumulate(grads[1:], count=False)
-            return float(loss.detach()), grads[0].detach().to(self.wire_dtype)
+                loss, g_h, grads = split
+            if hold:  # (the head weight's gradient as its factors, multiplied out when counted: headgrad.py)
+                self._held[key] = [None if g is None else g if isinstance(g, Factors) else g.detach().float()
+                                   for g in grads]
+            else:
+                self._accumulate(tuple(grads), count=False)
+            return float(loss.detach()), g_h.detach().to(self.wire_dtype)
 
     def embed_backward(self, key: Hashable, grad_hidden0: torch.Tensor) -> None:
         """Add the embedding gradients of the stashed microbatch; this completes it on the data node."""
@@ -407,7 +414,7 @@ class StageModel:
     def _accumulate(self, grads: tuple[torch.Tensor | None, ...], count: bool = True) -> None:
         for a, g in zip(self._acc, grads):
             if g is not None:
-                a.add_(g.float())
+                a.add_(materialized(g))
         if count:
             self.accumulated += 1
 

@@ -1,0 +1,70 @@
+"""model/headgrad.py: the data part's head gradients, its weight's kept as two factors while a microbatch is in
+flight, are bit for bit what autograd computes for the whole head, and take a fraction of the memory."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gwtf_node.model.headgrad import Factors, materialized
+from gwtf_node.model.manifest import default_manifest
+from gwtf_node.model.stages import build_stage
+
+
+def _manifest(family: str, precision: str, hidden: int = 64):
+    m = default_manifest(family=family, stages=2, layers=2, hidden=hidden, seq_len=16, microbatch_size=2,
+                         microbatches_per_iteration=2)
+    wire = "bf16" if precision == "bf16-mixed" else "fp32"
+    return dataclasses.replace(m, train=dataclasses.replace(m.train, precision=precision, wire_dtype=wire))
+
+
+def _autograd_head(part, hidden, targets):
+    """The head as one autograd pass (what head_loss computed before its weight's gradient was factored)."""
+    h = hidden.detach().float().requires_grad_(True)
+    with torch.enable_grad():
+        with part._compute():
+            logits = part.module.head(h)
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    g_h, *grads = torch.autograd.grad(loss, [h, *part.params], allow_unused=True)
+    return float(loss.detach()), g_h.to(part.wire_dtype), grads
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+@pytest.mark.parametrize("family", ["llama", "gpt"])
+@pytest.mark.parametrize("hidden", [64, 16])  # factors smaller than the weight's gradient / larger (multiplied at once)
+def test_the_head_gradients_are_autograds_bit_for_bit_held_or_not(family, precision, hidden):
+    m = _manifest(family, precision, hidden)
+    part = build_stage(m, "data")
+    gen = torch.Generator().manual_seed(3)
+    hidden_t = torch.randn(2, 16, hidden, generator=gen)
+    targets = torch.randint(0, m.dims.vocab, (2, 16), generator=gen)
+    want_loss, want_g, want = _autograd_head(part, hidden_t, targets)
+
+    loss, g = part.head_loss("held", hidden_t, targets, hold=True)
+    assert loss == want_loss and torch.equal(g, want_g)
+    held = part._held["held"]
+    w = next(i for i, p in enumerate(part.params) if p is part.module.lm_head.weight)
+    assert isinstance(held[w], Factors) == (hidden == 64)
+    for got, ref in zip(held, want):
+        assert (got is None) == (ref is None) and (ref is None or torch.equal(materialized(got), ref.float()))
+
+    part.head_loss("at once", hidden_t, targets)  # not held: added to the accumulators at once
+    acc = part.grad_vector()
+    assert torch.equal(acc, torch.cat([(g if g is not None else torch.zeros_like(p)).float().reshape(-1)
+                                       for g, p in zip(want, part.params)]))
+    assert part.commit("held", count=False)
+    assert torch.equal(part.grad_vector(), acc + acc)
+
+
+def test_a_microbatch_in_flight_holds_the_factors_not_the_vocabulary_by_hidden_matrix():
+    m = _manifest("llama", "bf16-mixed", hidden=64)
+    part = build_stage(m, "data")
+    part.head_loss("k", torch.randn(2, 16, 64), torch.randint(0, m.dims.vocab, (2, 16)), hold=True)
+    held = part._held["k"]
+    factors = next(g for g in held if isinstance(g, Factors))
+    v, h = part.module.lm_head.weight.shape
+    assert factors.nbytes == 2 * 32 * (v + h)  # bfloat16 logits' gradient and head input, 32 tokens
+    assert factors.nbytes < 4 * v * h / 3
