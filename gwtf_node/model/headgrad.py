@@ -20,8 +20,8 @@ bfloat16 copy of the input, the result cast to float32): the same bits
 (tests/model/test_headgrad.py compares them with autograd's, in float32 and
 under autocast).  The loss, the input's gradient and the other parameters'
 gradients are autograd's, in two passes (the head, then the norm with the
-head input's gradient) whose operations are those of one pass.  A head that
-is not an `nn.Linear` is left to autograd whole (`head_grads` returns None).
+head input's gradient) whose operations are those of one pass.  Every family
+this project builds (families.py) has an `nn.Linear` head.
 """
 
 from __future__ import annotations
@@ -52,13 +52,13 @@ class Factors:
 
 
 def head_grads(module: nn.Module, params: list[nn.Parameter], h: torch.Tensor, targets: torch.Tensor,
-               compute: Callable) -> tuple[torch.Tensor, torch.Tensor, list] | None:
+               compute: Callable) -> tuple[torch.Tensor, torch.Tensor, list]:
     """(loss, gradient of `h`, parameter gradients in `params` order) of `module.lm_head(module.norm(h))` and its
     mean token cross-entropy against `targets`, the head weight's gradient a `Factors` where they are the smaller
-    (module doc); None when the head is not an `nn.Linear` whose weight is one of `params`."""
+    (module doc)."""
     head = module.lm_head
-    if not isinstance(head, nn.Linear) or not any(p is head.weight for p in params):
-        return None
+    if not isinstance(head, nn.Linear):
+        raise TypeError(f"the LM head is a {type(head).__name__}, not an nn.Linear")
     with torch.enable_grad():
         with compute():
             n = module.norm(h)

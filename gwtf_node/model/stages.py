@@ -63,7 +63,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .headgrad import Factors, head_grads, materialized
+from .headgrad import head_grads, materialized
 from .manifest import ManifestError, RunManifest
 from .materialize import build_full_model, build_parts  # noqa: F401  (build_full_model: re-exported)
 from .parts import DataPart, RelayPart  # noqa: F401  (re-exported)
@@ -264,19 +264,9 @@ class StageModel:
             raise ValueError(f"targets {tuple(targets.shape)} do not match hidden {tuple(hidden.shape)} of {key!r}")
         with self._lock:
             h = hidden.detach().to(self.device, self.dtype).requires_grad_(True)
-            targets = targets.to(self.device)
-            split = head_grads(self.module, self.params, h, targets, self._compute)  # (headgrad.py)
-            if split is None:
-                with torch.enable_grad():
-                    with self._compute():
-                        logits = self.module.head(h)  # [B, T, V]
-                    loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
-                g_h, *grads = torch.autograd.grad(loss, [h, *self.params], allow_unused=True)
-            else:
-                loss, g_h, grads = split
+            loss, g_h, grads = head_grads(self.module, self.params, h, targets.to(self.device), self._compute)
             if hold:  # (the head weight's gradient as its factors, multiplied out when counted: headgrad.py)
-                self._held[key] = [None if g is None else g if isinstance(g, Factors) else g.detach().float()
-                                   for g in grads]
+                self._held[key] = grads
             else:
                 self._accumulate(tuple(grads), count=False)
             return float(loss.detach()), g_h.detach().to(self.wire_dtype)
