@@ -37,17 +37,21 @@ from torch import nn
 @dataclass(frozen=True)
 class Factors:
     """A linear layer's weight gradient as its factors: `grad_out` [N, V] and `inp` [N, H] (the layer's input in the
-    dtype it computed in)."""
+    dtype it computed in).  `transposed`: the weight is stored [H, V] (GPT-2's Conv1D), its gradient `inp^T @
+    grad_out`."""
 
     grad_out: torch.Tensor
     inp: torch.Tensor
+    transposed: bool = False
 
     @property
     def nbytes(self) -> int:
         return self.grad_out.numel() * self.grad_out.element_size() + self.inp.numel() * self.inp.element_size()
 
     def product(self) -> torch.Tensor:
-        """The weight's gradient, float32 [V, H]: what autograd computes for it."""
+        """The weight's gradient in float32, [V, H] ([H, V] transposed): what autograd computes for it."""
+        if self.transposed:
+            return self.inp.t().mm(self.grad_out).float()
         return self.grad_out.t().mm(self.inp).float()
 
 

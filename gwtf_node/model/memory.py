@@ -20,9 +20,10 @@ weights in float32 whatever the precision:
   (runtime/node/checkpointer.py); measured with tests/support/memprobe.py;
 * optimizer state: AdamW's two moments (8 P), SGD's momentum (4 P or 0);
 * held gradients: from its backward to the step, each microbatch carried
-  in the iteration keeps its parameter gradients apart (4 P per microbatch,
-  `StageModel.backward(hold=True)`: crash recovery may give an attempt up
-  after its backward ran); the backward frees its activations as it makes
+  in the iteration keeps its parameter gradients apart
+  (`StageModel.backward(hold=True)`: crash recovery may give an attempt up
+  after its backward ran), its linear weights' as their factors where those
+  are the smaller (`linear_factors`), else 4 P; the backward frees its activations as it makes
   them, so a microbatch holds one or the other (`per_unit`).  The data part holds a microbatch's head
   gradients from its head to its final backward, the head weight's as its two factors (B T (V + H) values in
   the compute dtype) where they are smaller than the V x H matrix (headgrad.py), multiplied out at the end;
@@ -37,11 +38,11 @@ weights in float32 whatever the precision:
   of one and two layers at eight shapes and three (B, T) pairs on the CPU (sdpa attention), they predict
   each of them exactly (tests/runtime/test_memory.py checks other shapes, GQA and Qwen2's biases).
   Under `bf16-mixed` (autocast to bfloat16 around the forward, measured
-  with CPU autocast) a layer saves 30 H + 8 I + 4 KV + 4 heads + 8 bytes
-  (LLaMA) or 20 H + 10 I + 4 heads + 16 (GPT-2) per token, *plus* the
-  bfloat16 copy of the layer's weights that autocast makes per forward
-  (2 bytes per parameter, per microbatch); at shapes other than the fitted
-  ones these are within 1 %.  A relay also keeps the stage's
+  with CPU autocast) a layer saves 24 H + 8 I + 4 KV + 4 heads + 8 bytes
+  (LLaMA) or 20 H + 10 I + 4 heads + 16 (GPT-2) per token (at shapes other
+  than the fitted ones within 1 %), and the part keeps one bfloat16 copy of
+  its weights, made once per step (2 P; linearfactors.py).  The linear
+  layers' inputs count as saved (their factors' inputs).  A relay also keeps the stage's
   output (B T H floats); the data part keeps the embedding output and the
   input ids.  One microbatch's backward adds a layer's worth of activation
   gradients besides the gradients it holds; the data part's head computes
@@ -133,7 +134,20 @@ def layer_bytes_per_token(family: str, config: dict, precision: str = "fp32") ->
     bf16 = precision == "bf16-mixed"
     if family == "gpt":
         return (20 * h + 10 * i + 4 * heads + 16) if bf16 else (32 * h + 20 * i + 4 * heads + 16)
-    return (30 * h + 8 * i + 4 * kv + 4 * heads + 8) if bf16 else (32 * h + 16 * i + 8 * kv + 4 * heads + 8)
+    return (24 * h + 8 * i + 4 * kv + 4 * heads + 8) if bf16 else (32 * h + 16 * i + 8 * kv + 4 * heads + 8)
+
+
+def linear_factors(family: str, config: dict, precision: str = "fp32") -> tuple[int, int]:
+    """(bytes per token, parameters) of one decoder layer's linear weights as a held microbatch keeps their
+    gradients' factors (linearfactors.py): each layer's output gradient and each distinct input, in the compute
+    dtype; and the weights they stand for."""
+    s = _shapes(family, config)
+    h, i, kv = s["H"], s["I"], s["KV"]
+    size = 2 if precision == "bf16-mixed" else 4
+    if family == "gpt":  # c_attn, attn.c_proj, c_fc, mlp.c_proj; inputs ln_1, the heads merged, ln_2, the GELU
+        return size * ((5 * h + i) + (3 * h + i)), 4 * h * h + 2 * h * i
+    q = s["q"]  # q, k, v, o, gate, up, down; inputs the norm (q, k, v), the heads, the norm (gate, up), the product
+    return size * ((q + 2 * kv + 2 * h + 2 * i) + (2 * h + q + i)), 2 * h * q + 2 * h * kv + 3 * h * i
 
 
 def optimizer_bytes(manifest: "RunManifest", params: int) -> int:
@@ -219,12 +233,16 @@ def estimate(manifest: "RunManifest", role: str, stage: int | None, capacity: in
         layers = end - start
         per_layer = tokens * layer_bytes_per_token(fam, cfg, precision)
         per_mb = layers * per_layer + hidden  # the saved tensors and the stage output
-        if precision == "bf16-mixed":
-            per_mb += 2 * n  # autocast's bfloat16 weights, saved by every forward's graph
         transient = checkpoint_bytes(manifest, n, device)
+        if precision == "bf16-mixed":
+            transient += 2 * n  # the weights' bfloat16 copies, made once per step (linearfactors.py)
         aggregation = aggregation_bytes(manifest, n, counts.layer_largest, device)
         name = f"stage{stage}"
-        held = 4 * n  # the parameter gradients each microbatch holds apart from its backward to the step
+        # the parameter gradients each microbatch holds apart from its backward to the step: the linear
+        # weights' as their factors where those are the smaller (linearfactors.py)
+        per_token, weights = linear_factors(fam, cfg, precision)
+        factors = layers * tokens * per_token
+        held = factors + 4 * (n - layers * weights) if factors < 4 * layers * weights else 4 * n
     return MemoryEstimate(name, params=4 * n, gradients=4 * n, optimizer=optimizer_bytes(manifest, n),
                           per_microbatch=per_mb, held=held, capacity=capacity, transient=transient,
                           aggregation=aggregation)

@@ -63,7 +63,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .headgrad import head_grads, materialized
+from .headgrad import Factors, head_grads, materialized
+from .linearfactors import LinearFactors, Recording
 from .manifest import ManifestError, RunManifest
 from .materialize import build_full_model, build_parts  # noqa: F401  (build_full_model: re-exported)
 from .parts import DataPart, RelayPart  # noqa: F401  (re-exported)
@@ -88,6 +89,7 @@ def part_name(role: str, stage: int | None) -> str:
 class _Stash:
     inp: torch.Tensor | None  # relay: the stage input (a leaf with requires_grad); data: the input ids
     out: torch.Tensor  # the output, still attached to its graph
+    rec: Recording | None = None  # relay: the factored linear layers' inputs and outputs (linearfactors.py)
 
 
 class StageModel:
@@ -114,7 +116,9 @@ class StageModel:
         self.accumulated = 0  # microbatches whose backward was accumulated since the last step
         self.steps = 0
         self._stash: dict[Hashable, _Stash] = {}
-        self._held: dict[Hashable, list[torch.Tensor | None]] = {}  # per-microbatch parameter gradients, not yet counted
+        self._held: dict[Hashable, list] = {}  # per-microbatch parameter gradients (tensors, Factors), not yet counted
+        # a relay's linear weights' gradients come as their factors (linearfactors.py)
+        self._factors = LinearFactors(module, self.params) if role == "relay" else None
         self._lock = threading.RLock()
 
     @property
@@ -150,9 +154,9 @@ class StageModel:
         self._check_hidden(hidden, "forward input")
         with self._lock:
             x = hidden.detach().to(self.device, self.dtype).requires_grad_(True)
-            with torch.enable_grad(), self._compute():
+            with torch.enable_grad(), self._compute(), self._factors.recording() as rec:
                 y = self.module(x)
-            self._stash[key] = _Stash(inp=x, out=y)
+            self._stash[key] = _Stash(inp=x, out=y, rec=rec)
             return y.detach().to(self.wire_dtype)
 
     def backward(self, key: Hashable, grad_out: torch.Tensor, *, hold: bool = False) -> torch.Tensor:
@@ -160,21 +164,21 @@ class StageModel:
 
         `hold`: keep this microbatch's parameter gradients apart (`commit` adds
         them, `discard` forgets them) until it is known to count: crash
-        recovery may give an attempt up after its backward ran here.  Costs one
-        gradient copy per held microbatch.
+        recovery may give an attempt up after its backward ran here.  A held
+        microbatch keeps its linear weights' gradients as their factors, where
+        those are the smaller (linearfactors.py), the others as float32 copies.
         """
         self._require("relay", "backward")
         with self._lock:
             st = self._pop(key)
             self._check_hidden(grad_out, "gradient", like=st.out)
-            grads = torch.autograd.grad(
-                st.out, [st.inp, *self.params], grad_out.to(self.device, st.out.dtype), allow_unused=True
-            )
+            g_in, grads = self._factors.grads(st.rec, st.out, st.inp, self.params,
+                                              grad_out.to(self.device, st.out.dtype), hold=hold)
             if hold:
-                self._held[key] = [None if g is None else g.detach().float() for g in grads[1:]]
+                self._held[key] = [g if g is None or isinstance(g, Factors) else g.detach().float() for g in grads]
             else:
-                self._accumulate(grads[1:])
-            return grads[0].detach().to(self.wire_dtype)
+                self._accumulate(tuple(grads))
+            return g_in.detach().to(self.wire_dtype)
 
     def commit(self, key: Hashable, *, count: bool = True) -> bool:
         """Add the held gradients of `key` to the accumulators (see `backward(hold=True)`); False if none."""
@@ -283,8 +287,12 @@ class StageModel:
     # ---- aggregation ---------------------------------------------------------------
 
     def grad_vector(self) -> torch.Tensor:
-        """Sum of the parameter gradients since the last step: 1-D float32 on the CPU, params in `names` order."""
+        """Sum of the parameter gradients since the last step: 1-D float32 on the CPU, params in `names` order.
+        The aggregation begins here: a relay lets go of its weights' compute copies (linearfactors.py) until the
+        next forward."""
         with self._lock:
+            if self._factors is not None:
+                self._factors.forget_casts()
             return torch.cat([a.reshape(-1) for a in self._acc]).cpu()
 
     def apply_mean_grad(self, flat: torch.Tensor, count: int | float) -> int:
@@ -299,6 +307,8 @@ class StageModel:
         if flat.ndim != 1 or flat.numel() != self.num_params:
             raise ValueError(f"{self.name} has {self.num_params} parameters, got a gradient of shape {tuple(flat.shape)}")
         with self._lock:
+            if self._factors is not None:
+                self._factors.forget_casts()
             if count > 0:
                 flat = flat.to(self.device, torch.float32)
                 offset = 0
@@ -373,6 +383,8 @@ class StageModel:
                     p.copy_(t)
             self.optimizer.load_state_dict(state["optimizer"])
             self.steps = int(state["steps"])
+            if self._factors is not None:
+                self._factors.forget_casts()
             for a in self._acc:
                 a.zero_()
             self.accumulated = 0

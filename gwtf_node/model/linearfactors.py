@@ -1,0 +1,178 @@
+"""A relay's linear layers with their weight gradients kept as factors from the backward to the step.
+
+A relay holds each microbatch's parameter gradients apart from its backward
+to the step (`StageModel.backward(hold=True)`: crash recovery may give the
+attempt up meanwhile), and almost all of a decoder layer's parameters are the
+weights of its linear layers (nn.Linear; GPT-2's Conv1D).  A linear weight's
+gradient is one matrix product of two much smaller tensors: the gradient of
+the layer's output [N, out] and its input [N, in], N = B T tokens.  At 32
+tokens a 576 x 1536 projection's factors are 67k values against 885k, so a
+microbatch held as factors costs a tenth of its gradients.
+
+`LinearFactors` replaces the `forward` of each such layer of a part (the
+instance's, so parameter names stay those of the HF model).  Outside a
+`recording` a layer computes as before.  Inside one, it computes with a
+detached copy of its weight in the compute dtype (under autocast the
+bfloat16 cast autocast makes, cast once per weight and reused until the
+weight changes, where autocast made one per forward and every microbatch's
+graph kept its own; in float32 the weight itself) and its input cast as
+autocast casts it (a cast per layer, as autocast does: the input's gradient
+sums the layers' in float32), and notes the input and its output.  Layers
+reading one input one after the other (q, k and v; gate and up) note one cast
+of it.  So autograd computes no weight gradient: the
+backward (`grads`) asks autograd for the gradients of the stage input, of the
+other parameters (norms, biases) and of each noted output, and returns each
+linear weight's gradient as a `Factors` (headgrad.py), multiplied out when
+it is added (or at once where the factors take more memory than the weights:
+long sequences).
+
+The operations are those of the layer's own forward under autocast on the
+same operands, and `Factors.product` is the matrix product autograd computes
+for a weight (`mm_mat2_backward`: `dy^T @ x` for nn.Linear's transposed use,
+`x^T @ dy` for Conv1D), so activations, input gradients and every parameter
+gradient have the same bits (tests/model/test_linearfactors.py compares
+them with autograd's, per family, in float32 and under autocast).  A layer
+read twice in one forward would need the two products summed as autograd
+sums them: `grads` refuses it (no family here does).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .headgrad import Factors
+
+_local = threading.local()
+
+
+def _is_conv1d(m: nn.Module) -> bool:
+    """transformers' Conv1D (GPT-2): a linear layer whose weight is stored [in, out]."""
+    return type(m).__name__ == "Conv1D" and hasattr(m, "nf")
+
+
+@dataclass
+class Recording:
+    """What one forward of the part noted: per factored layer call (layer, the input as computed, its output)."""
+
+    owner: "LinearFactors"
+    calls: list = field(default_factory=list)
+    last: tuple | None = None  # (the last layer's input, its cast as noted), while the forward runs
+
+    def note(self, layer: nn.Module, x: torch.Tensor, xc: torch.Tensor, y: torch.Tensor) -> None:
+        if self.last is not None and self.last[0] is x:  # the same input as the layer before: one cast noted
+            xc = self.last[1]
+        self.last = (x, xc)
+        self.calls.append((layer, xc, y))
+
+
+class LinearFactors:
+    """The factored linear layers of one part (module doc)."""
+
+    def __init__(self, module: nn.Module, params: list[nn.Parameter]) -> None:
+        index = {id(p): i for i, p in enumerate(params)}
+        self.index: dict[int, int] = {}  # id(layer) -> the index of its weight in `params`
+        for sub in module.modules():
+            conv = _is_conv1d(sub)
+            if not (isinstance(sub, nn.Linear) or conv) or id(sub.weight) not in index:
+                continue
+            self.index[id(sub)] = index[id(sub.weight)]
+            method = self._forward_conv1d if conv else self._forward_linear
+            sub.forward = functools.partial(method, sub, sub.forward)
+        self.factored = frozenset(self.index.values())
+        self.weight_bytes = 4 * sum(params[i].numel() for i in self.factored)  # the float32 gradients they replace
+        self._casts: dict[int, tuple[int, torch.dtype, torch.Tensor]] = {}  # id(weight) -> (version, dtype, copy)
+
+    @contextmanager
+    def recording(self) -> Iterator[Recording]:
+        """Factored layers called in this thread inside the block compute as the module doc says and are noted."""
+        prev = getattr(_local, "rec", None)
+        _local.rec = rec = Recording(self)
+        try:
+            yield rec
+        finally:
+            _local.rec = prev
+            rec.last = None
+
+    def forget_casts(self) -> None:
+        """Let go of the weights' compute-dtype copies (they are made again from the weights on the next forward)."""
+        self._casts.clear()
+
+    @property
+    def cast_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for _v, _d, t in self._casts.values())
+
+    def grads(self, rec: Recording, out: torch.Tensor, inp: torch.Tensor, params: list[nn.Parameter],
+              grad_out: torch.Tensor, *, hold: bool) -> tuple[torch.Tensor, list]:
+        """(gradient of `inp`, the gradients of `params` in order) of `out` recorded in `rec` for `grad_out`; a
+        factored weight's a `Factors` where `hold` and the factors are smaller than the gradients, else float32."""
+        layers = [self.index[id(layer)] for layer, _x, _y in rec.calls]
+        if len(set(layers)) != len(layers):
+            raise RuntimeError("a factored linear layer ran twice in one forward: its gradient would be a sum")
+        rest = [i for i in range(len(params)) if i not in self.factored]
+        got = torch.autograd.grad(out, [inp, *(params[i] for i in rest), *(y for _l, _x, y in rec.calls)],
+                                  grad_out, allow_unused=True)
+        grads: list = [None] * len(params)
+        for i, g in zip(rest, got[1:1 + len(rest)]):
+            grads[i] = g
+        factors = []
+        for (layer, x, _y), i, dy in zip(rec.calls, layers, got[1 + len(rest):]):
+            if dy is not None:
+                grads[i] = Factors(dy.detach().reshape(-1, dy.shape[-1]), x.detach().reshape(-1, x.shape[-1]),
+                                   transposed=_is_conv1d(layer))
+                factors.append(grads[i])
+        if not hold or _distinct_bytes(factors) >= self.weight_bytes:
+            grads = [g.product() if isinstance(g, Factors) else g for g in grads]
+        return got[0], grads
+
+    # ---- the layers' forwards ----------------------------------------------------------------------------------
+
+    def _forward_linear(self, layer: nn.Linear, original, x: torch.Tensor) -> torch.Tensor:
+        rec = getattr(_local, "rec", None)
+        if rec is None or rec.owner is not self:
+            return original(x)
+        xc, w = self._operands(layer.weight, x)
+        y = F.linear(xc, w, layer.bias)
+        rec.note(layer, x, xc, y)
+        return y
+
+    def _forward_conv1d(self, layer: nn.Module, original, x: torch.Tensor) -> torch.Tensor:
+        rec = getattr(_local, "rec", None)
+        if rec is None or rec.owner is not self:
+            return original(x)
+        xc, w = self._operands(layer.weight, x)
+        y = torch.addmm(layer.bias, xc.view(-1, xc.size(-1)), w).view(x.size()[:-1] + (layer.nf,))
+        rec.note(layer, x, xc, y)
+        return y
+
+    def _operands(self, weight: nn.Parameter, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(`x` as autocast casts it, the weight detached in the compute dtype)."""
+        dev = x.device.type
+        dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+        if dtype is None or weight.dtype == dtype:
+            w = weight.detach()
+        else:
+            hit = self._casts.get(id(weight))
+            if hit is None or hit[0] != weight._version or hit[1] != dtype:
+                hit = (weight._version, dtype, weight.detach().to(dtype))
+                self._casts[id(weight)] = hit
+            w = hit[2]
+        if dtype is None or x.dtype in (dtype, torch.float64) or not x.is_floating_point():
+            return x, w
+        return x.to(dtype), w
+
+
+def _distinct_bytes(factors: list[Factors]) -> int:
+    """Bytes of the tensors the factors hold, each storage once (layers reading one input share its cast)."""
+    seen: dict[int, int] = {}
+    for f in factors:
+        for t in (f.grad_out, f.inp):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values())
