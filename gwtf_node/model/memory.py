@@ -19,13 +19,11 @@ weights in float32 whatever the precision:
   next iteration's microbatches, until that iteration's all-reduce
   (runtime/node/checkpointer.py); measured with tests/support/memprobe.py;
 * optimizer state: AdamW's two moments (8 P), SGD's momentum (4 P or 0);
-* held gradients: from its backward to the step, each microbatch carried
-  in the iteration keeps its parameter gradients apart
-  (`StageModel.backward(hold=True)`: crash recovery may give an attempt up
-  after its backward ran), its linear weights' as their factors where those
-  are the smaller (`linear_factors`), else 4 P; the backward frees its activations as it makes
-  them, so a microbatch holds one or the other (`per_unit`).  The data part holds a microbatch's head
-  gradients from its head to its final backward, the head weight's as its two factors (B T (V + H) values in
+* held gradients: from its backward to the step, each microbatch carried in the iteration keeps its parameter
+  gradients apart (`StageModel.backward(hold=True)`: crash recovery may give an attempt up after its backward
+  ran), its linear weights' as their factors where those are the smaller (`linear_factors`), else 4 P; the
+  backward frees its activations as it makes them, so a microbatch holds one or the other (`per_unit`).  The
+  data part holds a microbatch's head gradients from its head to its final backward, the head weight's as its two factors (B T (V + H) values in
   the compute dtype) where they are smaller than the V x H matrix (headgrad.py), multiplied out at the end;
 * activations: every in-flight microbatch keeps the autograd graph of one
   stage forward (`StageModel.forward` stashes it until the backward).  Per
@@ -41,9 +39,8 @@ weights in float32 whatever the precision:
   with CPU autocast) a layer saves 24 H + 8 I + 4 KV + 4 heads + 8 bytes
   (LLaMA) or 20 H + 10 I + 4 heads + 16 (GPT-2) per token (at shapes other
   than the fitted ones within 1 %), and the part keeps one bfloat16 copy of
-  its weights, made once per step (2 P; linearfactors.py).  The linear
-  layers' inputs count as saved (their factors' inputs).  A relay also keeps the stage's
-  output (B T H floats); the data part keeps the embedding output and the
+  its weights, made once per step (2 P; linearfactors.py); the linear layers' inputs count as saved (their factors'
+  inputs).  A relay also keeps the stage's output (B T H floats); the data part keeps the embedding output and the
   input ids.  One microbatch's backward adds a layer's worth of activation
   gradients besides the gradients it holds; the data part's head computes
   logits, their log-softmax and their gradient (3 x B T V floats) at once.
