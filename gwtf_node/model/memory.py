@@ -23,8 +23,9 @@ weights in float32 whatever the precision:
   gradients apart (`StageModel.backward(hold=True)`: crash recovery may give an attempt up after its backward
   ran), its linear weights' as their factors where those are the smaller (`linear_factors`), else 4 P; the
   backward frees its activations as it makes them, so a microbatch holds one or the other (`per_unit`).  The
-  data part holds a microbatch's head gradients from its head to its final backward, the head weight's as its two factors (B T (V + H) values in
-  the compute dtype) where they are smaller than the V x H matrix (headgrad.py), multiplied out at the end;
+  data part holds a microbatch's head gradients from its head to its final backward, the head weight's as its
+  two factors (B T (V + H) values in the compute dtype) where they are smaller than the V x H matrix
+  (headgrad.py), multiplied out at the end;
 * activations: every in-flight microbatch keeps the autograd graph of one
   stage forward (`StageModel.forward` stashes it until the backward).  Per
   layer and per token, the tensors autograd saves are linear in the shapes:
