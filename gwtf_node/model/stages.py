@@ -25,6 +25,10 @@ calls `torch.autograd.grad` for the stage input and the part's parameters and
 *adds* the parameter gradients to float32 accumulators owned by this object
 (not `.grad`), so a dropped microbatch (`drop`) contributes nothing and
 `grad_vector()` is exactly the sum over the microbatches that completed here.
+A relay's linear layers compute with their weights detached and hand their
+weights' gradients over as two factors each, multiplied out when they are
+added (`linearfactors.py`: the same bits as autograd's, a tenth of the memory
+for a held microbatch).
 The aggregation phase sums these vectors over the relays of a stage (and the
 data nodes), and every copy applies `apply_mean_grad(sum, count)`: `.grad`
 is set to sum/count, the optimizer steps, and accumulators and stash are

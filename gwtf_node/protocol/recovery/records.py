@@ -26,6 +26,7 @@ K_E2E = K_DEADLINE  # watchdog = K_E2E x expected end-to-end time + margin
 MARGIN_S = 2.0
 EWMA_ALPHA = 0.3
 MAX_ROUNDS = 6  # per microbatch and iteration: GWTF probe rounds / SWARM restarts, then defer
+MAX_WAITS = 24  # per microbatch and iteration: GWTF rounds that found it computing or queued (rounds.py)
 
 
 class Policy(enum.StrEnum):
@@ -173,6 +174,7 @@ class RecoveryConfig:
     k: float = K_DEADLINE
     margin_s: float = MARGIN_S
     max_rounds: int = MAX_ROUNDS
+    max_waits: int = MAX_WAITS
 
 
 @dataclass

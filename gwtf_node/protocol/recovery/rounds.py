@@ -54,9 +54,9 @@ gradient down a path that cannot carry it).
 
 Bounded rounds
 --------------
-At most `MAX_ROUNDS` rounds (GWTF) or restarts (SWARM) per microbatch and
-iteration, then the data node gives the attempt up: `Release` to every
-holder, DEFERRED, pushed again next iteration.
+At most `MAX_ROUNDS` rounds (GWTF) or restarts (SWARM) per microbatch and iteration, then the data node gives
+the attempt up: `Release` to every holder, DEFERRED, pushed again next iteration.  A GWTF round that finds the
+microbatch computing or queued at live nodes is a wait instead (`Rounds._waiting`, at most `MAX_WAITS`).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING
 
 from ..effects import CancelTimer, Send, SetTimer
 from ..messages import Probe, RepairOrder, Resume
-from .records import BWD_STATES, FWD_STATES, MbTimer, RecoveryEffect, RelayPhase, Sink, Source, TimerKind
+from .records import BWD_STATES, FWD_STATES, K_E2E, MbTimer, RecoveryEffect, RelayPhase, Sink, Source, TimerKind
 
 if TYPE_CHECKING:
     from .data import DataRecord
@@ -78,6 +78,7 @@ class RoundState:
     """One microbatch's recovery rounds (held by its `DataRecord`, changed only here)."""
 
     count: int = 0  # rounds (GWTF) or restarts (SWARM) so far
+    waits: int = 0  # GWTF rounds that found it computing or queued at live nodes (`Rounds._waiting`)
     collecting: bool = False  # probes out, answers awaited
     snapshot: dict[str, RelayPhase | None] = field(default_factory=dict)  # probe answers (None: a word unknown)
 
@@ -135,39 +136,61 @@ class Rounds:
 
     def _decide(self, node: RecoveryNode, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         """The recovery decision, from the probe answers (see the module doc)."""
+        m.round.collecting = False
+        node.data.arm_watchdog(node, now, m, eff)
+        if self._judge(node, now, m, eff):
+            self._waiting(node, now, m, eff)
+
+    def _waiting(self, node: RecoveryNode, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
+        """The round found the microbatch in the hands of live nodes, computing or queued behind others (busy is not
+        dead): the round does not count toward `max_rounds`, it is a wait, and each wait arms a longer watchdog
+        (the k-th: k + 1 times the usual); after `max_waits` waits the attempt is given up as after the rounds."""
         rs: RoundState = m.round
-        rs.collecting = False
+        rs.count -= 1
+        rs.waits += 1
+        if rs.waits > node.cfg.max_waits:
+            node.data.give_up(node, now, m, eff)
+            return
+        usual = K_E2E * node.data.e2e_est + node.cfg.margin_s
+        eff.append(SetTimer(MbTimer(TimerKind.WD, m.key), now + (1 + rs.waits) * usual))
+
+    def _judge(self, node: RecoveryNode, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> bool:
+        """The repairs the probe answers call for (see the module doc); True when there is none to make because
+        the microbatch is computing or queued at a live node."""
+        rs: RoundState = m.round
         S = node.nstages
         st = [rs.snapshot.get(p) if p is not None else None for p in m.path]
         a, key = m.attempt, m.key
-        node.data.arm_watchdog(node, now, m, eff)
         if m.sink is None:  # the forward has not reached the sink
             f = max((s for s in range(S) if st[s] in FWD_STATES), default=-1)
             if f < 0:
                 if m.src is Source.SENT:
                     node.routing.presume_dead(node, m.next)
                     node.data.reroute(node, now, m, {m.next}, None, eff)
-            elif st[f] is RelayPhase.SENT:
+                return False
+            if st[f] is RelayPhase.SENT:
                 eff.append(Send(m.path[f], RepairOrder(*key, a, ())))
-            return
+                return False
+            return True  # held at stage f: computing, queued, or being sent on
         if m.sink in (Sink.LOSS, Sink.FINAL):
-            return  # computing here
+            return True  # computing here
         g = min((s for s in range(S) if st[s] in BWD_STATES), default=S)
         if any(st[s] in (RelayPhase.FWD, RelayPhase.SENDING) for s in range(g)):
-            return  # a repair is under way
+            return True  # a repair is under way
         bad = [s for s in range(g) if st[s] is not RelayPhase.SENT]
         if not bad:
             if g < S and st[g] is RelayPhase.BWD:
-                return
+                return True  # its backward computing, or queued, at stage g
             if g == S:
                 if m.sink is Sink.GRAD:
-                    return  # my own hop deadline covers it
+                    return False  # my own hop deadline covers it
                 node.data.resend_loss_grad(node, now, m, m.path[S - 1], eff)
             else:
                 newprev = m.path[g - 1] if g > 0 else node.me
                 eff.append(Send(m.path[g], Resume(*key, (newprev,), (), None, a)))
-            return
+            return False
         self._repair_runs(node, now, m, bad, eff)
+        return False
 
     def _repair_runs(self, node: RecoveryNode, now: float, m: DataRecord, bad: list[int],
                      eff: list[RecoveryEffect]) -> None:

@@ -1,0 +1,100 @@
+"""Microbatches queued at a live relay are waited for, not given up (protocol/recovery/rounds.py, "Bounded rounds").
+
+One data node `d` and one stage of one relay `a0` (GWTF), `n` microbatches
+in the iteration, all handed to `a0` at once; `a0` computes one at a time,
+`compute_s` each, forward and backward, as a relay with hundreds of
+microbatches queued does.  The hop deadlines grow with the hand-offs still
+waiting (relay.py), but the data node's watchdog (3 x its end-to-end
+estimate + 2 s) fires many times for the microbatches at the back of the
+queue, and each round's probe finds them at `a0` (FWD): such a round
+repairs nothing and is a wait, not one of `max_rounds`.  A relay that holds
+a microbatch's backward and never computes it is given up after `max_waits`
+waits.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+
+import pytest
+
+from gwtf_node.protocol.effects import CancelTimer, Send, SetTimer
+from gwtf_node.protocol.recovery import Compute, IterationSettled, RecoveryConfig, RecoveryNode
+
+
+def _config(nid: str, n: int) -> RecoveryConfig:
+    common = dict(default_prior_s=1.0, e2e_prior_s=2.0, probe_wait_s=1.0, policy="gwtf", max_rounds=3,
+                  data_nodes=("d",), last_stage=0, capacity=n)
+    if nid == "d":
+        return RecoveryConfig(node_id="d", stage=-1, next_peers={"a0": 1.0}, prev_peers={"a0": 1.0},
+                              peer_capacity={"a0": n}, **common)
+    return RecoveryConfig(node_id=nid, stage=0, next_peers={"d": 1.0}, prev_peers={"d": 1.0}, peer_capacity={},
+                          **common)
+
+
+def _run(n: int, compute_s: float, never: int | None = None) -> tuple[RecoveryNode, IterationSettled]:
+    """Iteration 0 of `n` microbatches through a0, which computes one at a time (`compute_s` each) and never
+    computes the backward of seq `never`; (d, its settlement)."""
+    nodes = {nid: RecoveryNode(_config(nid, n), random.Random(0)) for nid in ("d", "a0")}
+    nodes["d"].set_flows({"d": {"a0": n}})
+    events: list = []  # (time, order, kind, payload)
+    order = itertools.count()
+    timers: dict = {}
+    settled: list = []
+    busy_until = 0.0  # a0's computations, one after the other
+
+    def apply(nid: str, now: float, effects: list) -> None:
+        nonlocal busy_until
+        for e in effects:
+            if isinstance(e, Send):
+                heapq.heappush(events, (now + 0.01, next(order), "msg", (nid, e.to, e.msg)))
+            elif isinstance(e, SetTimer):
+                timers[(nid, e.key)] = e.deadline
+                heapq.heappush(events, (e.deadline, next(order), "timer", (nid, e.key, e.deadline)))
+            elif isinstance(e, CancelTimer):
+                timers.pop((nid, e.key), None)
+            elif isinstance(e, Compute):
+                if nid == "a0":
+                    if e.key.seq == never and e.kind.name == "BACKWARD":
+                        continue
+                    busy_until = max(busy_until, now) + compute_s
+                    heapq.heappush(events, (busy_until, next(order), "compute", (nid, e)))
+                else:
+                    heapq.heappush(events, (now + 0.01, next(order), "compute", (nid, e)))
+            elif isinstance(e, IterationSettled):
+                settled.append(e)
+
+    apply("d", 0.0, nodes["d"].start(0.0))
+    while events and not settled:
+        now, _, kind, payload = heapq.heappop(events)
+        if now > 1e6:
+            break
+        if kind == "msg":
+            src, to, msg = payload
+            apply(to, now, nodes[to].on_message(now, src, msg))
+        elif kind == "compute":
+            nid, c = payload
+            apply(nid, now, nodes[nid].on_compute_done(now, c.key, c.kind))
+        elif timers.get(payload[:2]) == payload[2]:  # a timer still armed with this deadline
+            nid, key, _ = payload
+            del timers[(nid, key)]
+            apply(nid, now, nodes[nid].on_timer(now, key))
+    assert settled, "the iteration never settled"
+    return nodes["d"], settled[0]
+
+
+@pytest.mark.parametrize("n", [4, 40])
+def test_microbatches_queued_at_a_live_relay_all_complete(n: int) -> None:
+    d, done = _run(n, compute_s=1.0)
+    assert done.completed_seqs == tuple(range(n)) and done.deferred == 0
+    assert d.stats.gave_up == 0 and d.stats.reroutes == 0 and d.stats.recovers == 0
+    if n == 40:  # the back of the queue waited ~80 s against a watchdog of a few seconds: probed, waited for
+        assert d.stats.probes > 3 * 3
+
+
+def test_a_relay_that_never_computes_one_is_given_up_after_the_waits() -> None:
+    d, done = _run(4, compute_s=1.0, never=2)
+    assert done.completed_seqs == (0, 1, 3) and done.deferred == 1
+    assert d.stats.gave_up == 1 and d.stats.probes == d.cfg.max_waits + 1  # 24 waits, the 25th round gives up
