@@ -1,13 +1,15 @@
-"""A relay's linear layers with their weight gradients kept as factors from the backward to the step.
+"""A part's linear layers with their weight gradients kept as factors until they are counted.
 
-A relay holds each microbatch's parameter gradients apart from its backward
-to the step (`StageModel.backward(hold=True)`: crash recovery may give the
-attempt up meanwhile), and almost all of a decoder layer's parameters are the
-weights of its linear layers (nn.Linear; GPT-2's Conv1D).  A linear weight's
-gradient is one matrix product of two much smaller tensors: the gradient of
-the layer's output [N, out] and its input [N, in], N = B T tokens.  At 32
-tokens a 576 x 1536 projection's factors are 67k values against 885k, so a
-microbatch held as factors costs a tenth of its gradients.
+A node holds each microbatch's parameter gradients apart until it is known
+to count (`StageModel.backward(hold=True)`, `head_loss(hold=True)`: crash
+recovery may give the attempt up meanwhile).  Almost all of a decoder
+layer's parameters are the weights of its linear layers (nn.Linear; GPT-2's
+Conv1D), and the data part's largest is its LM head (vocabulary x hidden:
+113 MB for 49,152 x 576).  A linear weight's gradient is one matrix product
+of two much smaller tensors: the gradient of the layer's output [N, out] and
+its input [N, in], N = B T tokens.  At 32 tokens a 576 x 1536 projection's
+factors are 67k values against 885k, so a microbatch held as factors costs a
+tenth of its gradients.
 
 `LinearFactors` replaces the `forward` of each such layer of a part (the
 instance's, so parameter names stay those of the HF model).  Outside a
@@ -19,19 +21,20 @@ graph kept its own; in float32 the weight itself) and its input cast as
 autocast casts it (a cast per layer, as autocast does: the input's gradient
 sums the layers' in float32), and notes the input and its output.  Layers
 reading one input one after the other (q, k and v; gate and up) note one cast
-of it.  So autograd computes no weight gradient: the
-backward (`grads`) asks autograd for the gradients of the stage input, of the
-other parameters (norms, biases) and of each noted output, and returns each
-linear weight's gradient as a `Factors` (headgrad.py), multiplied out when
-it is added (or at once where the factors take more memory than the weights:
-long sequences).
+of it.  So autograd computes no weight gradient: the backward (`grads`) asks
+autograd for the gradients of the part's input, of the other parameters
+(norms, biases, embeddings) and of each noted output, and returns each
+linear weight's gradient as a `Factors`, multiplied out when it is added (or
+at once where the factors take more memory than the weights: long
+sequences).
 
 The operations are those of the layer's own forward under autocast on the
 same operands, and `Factors.product` is the matrix product autograd computes
 for a weight (`mm_mat2_backward`: `dy^T @ x` for nn.Linear's transposed use,
 `x^T @ dy` for Conv1D), so activations, input gradients and every parameter
-gradient have the same bits (tests/model/test_linearfactors.py compares
-them with autograd's, per family, in float32 and under autocast).  A layer
+gradient have the same bits (tests/model/test_linearfactors.py and
+test_headgrad.py compare them with autograd's, per family, in float32 and
+under autocast).  A layer
 read twice in one forward would need the two products summed as autograd
 sums them: `grads` refuses it (no family here does).
 """
@@ -48,9 +51,35 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .headgrad import Factors
-
 _local = threading.local()
+
+
+@dataclass(frozen=True)
+class Factors:
+    """A linear layer's weight gradient as its factors: `grad_out` [N, V] and `inp` [N, H] (the layer's input in the
+    dtype it computed in).  `transposed`: the weight is stored [H, V] (GPT-2's Conv1D), its gradient `inp^T @
+    grad_out`."""
+
+    grad_out: torch.Tensor
+    inp: torch.Tensor
+    transposed: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return self.grad_out.numel() * self.grad_out.element_size() + self.inp.numel() * self.inp.element_size()
+
+    def product(self) -> torch.Tensor:
+        """The weight's gradient in float32, [V, H] ([H, V] transposed): what autograd computes for it."""
+        if self.transposed:
+            return self.inp.t().mm(self.grad_out).float()
+        return self.grad_out.t().mm(self.inp).float()
+
+
+def materialized(g: torch.Tensor | Factors | None) -> torch.Tensor | None:
+    """A parameter gradient as float32, a `Factors` multiplied out."""
+    if g is None:
+        return None
+    return g.product() if isinstance(g, Factors) else g.float()
 
 
 def _is_conv1d(m: nn.Module) -> bool:
@@ -110,9 +139,10 @@ class LinearFactors:
         return sum(t.numel() * t.element_size() for _v, _d, t in self._casts.values())
 
     def grads(self, rec: Recording, out: torch.Tensor, inp: torch.Tensor, params: list[nn.Parameter],
-              grad_out: torch.Tensor, *, hold: bool) -> tuple[torch.Tensor, list]:
-        """(gradient of `inp`, the gradients of `params` in order) of `out` recorded in `rec` for `grad_out`; a
-        factored weight's a `Factors` where `hold` and the factors are smaller than the gradients, else float32."""
+              grad_out: torch.Tensor | None, *, hold: bool) -> tuple[torch.Tensor, list]:
+        """(gradient of `inp`, the gradients of `params` in order) of `out` recorded in `rec` for `grad_out` (None: a
+        scalar loss); a factored weight's a `Factors` where `hold` and the factors are smaller than the gradients,
+        else float32."""
         layers = [self.index[id(layer)] for layer, _x, _y in rec.calls]
         if len(set(layers)) != len(layers):
             raise RuntimeError("a factored linear layer ran twice in one forward: its gradient would be a sum")

@@ -25,7 +25,7 @@ weights in float32 whatever the precision:
   backward frees its activations as it makes them, so a microbatch holds one or the other (`per_unit`).  The
   data part holds a microbatch's head gradients from its head to its final backward, the head weight's as its
   two factors (B T (V + H) values in the compute dtype) where they are smaller than the V x H matrix
-  (headgrad.py), multiplied out at the end;
+  (linearfactors.py), multiplied out at the end;
 * activations: every in-flight microbatch keeps the autograd graph of one
   stage forward (`StageModel.forward` stashes it until the backward).  Per
   layer and per token, the tensors autograd saves are linear in the shapes:
@@ -217,7 +217,7 @@ def estimate(manifest: "RunManifest", role: str, stage: int | None, capacity: in
         if precision == "bf16-mixed":
             head += logits // 2 + 2 * n  # bfloat16 logits and weight copy before the float32 loss
         # a microbatch in flight holds its head gradients (the final norm's, at most 2 H, and the head weight's as
-        # its factors where they are the smaller: headgrad.py), multiplied out when it completes; and its
+        # its factors where they are the smaller: linearfactors.py), multiplied out when it completes; and its
         # embedding output until then
         weight = 4 * vocab * width
         factors = (2 if precision == "bf16-mixed" else 4) * tokens * (vocab + width)

@@ -25,10 +25,10 @@ calls `torch.autograd.grad` for the stage input and the part's parameters and
 *adds* the parameter gradients to float32 accumulators owned by this object
 (not `.grad`), so a dropped microbatch (`drop`) contributes nothing and
 `grad_vector()` is exactly the sum over the microbatches that completed here.
-A relay's linear layers compute with their weights detached and hand their
-weights' gradients over as two factors each, multiplied out when they are
-added (`linearfactors.py`: the same bits as autograd's, a tenth of the memory
-for a held microbatch).
+A part's linear layers (a relay's, the data part's LM head) compute with
+their weights detached and hand their weights' gradients over as two factors
+each, multiplied out when they are added (`linearfactors.py`: the same bits
+as autograd's, a tenth of the memory for a held microbatch).
 The aggregation phase sums these vectors over the relays of a stage (and the
 data nodes), and every copy applies `apply_mean_grad(sum, count)`: `.grad`
 is set to sum/count, the optimizer steps, and accumulators and stash are
@@ -67,8 +67,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .headgrad import Factors, head_grads, materialized
-from .linearfactors import LinearFactors, Recording
+from .linearfactors import Factors, LinearFactors, Recording, materialized
 from .manifest import ManifestError, RunManifest
 from .materialize import build_full_model, build_parts  # noqa: F401  (build_full_model: re-exported)
 from .parts import DataPart, RelayPart  # noqa: F401  (re-exported)
@@ -121,8 +120,7 @@ class StageModel:
         self.steps = 0
         self._stash: dict[Hashable, _Stash] = {}
         self._held: dict[Hashable, list] = {}  # per-microbatch parameter gradients (tensors, Factors), not yet counted
-        # a relay's linear weights' gradients come as their factors (linearfactors.py)
-        self._factors = LinearFactors(module, self.params) if role == "relay" else None
+        self._factors = LinearFactors(module, self.params)  # the linear weights' gradients as factors
         self._lock = threading.RLock()
 
     @property
@@ -272,8 +270,13 @@ class StageModel:
             raise ValueError(f"targets {tuple(targets.shape)} do not match hidden {tuple(hidden.shape)} of {key!r}")
         with self._lock:
             h = hidden.detach().to(self.device, self.dtype).requires_grad_(True)
-            loss, g_h, grads = head_grads(self.module, self.params, h, targets.to(self.device), self._compute)
-            if hold:  # (the head weight's gradient as its factors, multiplied out when counted: headgrad.py)
+            with torch.enable_grad():
+                with self._compute(), self._factors.recording() as rec:
+                    logits = self.module.head(h)  # [B, T, V]
+                loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                       targets.to(self.device).reshape(-1))
+            g_h, grads = self._factors.grads(rec, loss, h, self.params, None, hold=hold)
+            if hold:  # (the head weight's gradient as its factors, multiplied out when counted)
                 self._held[key] = grads
             else:
                 self._accumulate(tuple(grads), count=False)
@@ -292,11 +295,10 @@ class StageModel:
 
     def grad_vector(self) -> torch.Tensor:
         """Sum of the parameter gradients since the last step: 1-D float32 on the CPU, params in `names` order.
-        The aggregation begins here: a relay lets go of its weights' compute copies (linearfactors.py) until the
+        The aggregation begins here: the part lets go of its weights' compute copies (linearfactors.py) until the
         next forward."""
         with self._lock:
-            if self._factors is not None:
-                self._factors.forget_casts()
+            self._factors.forget_casts()
             return torch.cat([a.reshape(-1) for a in self._acc]).cpu()
 
     def apply_mean_grad(self, flat: torch.Tensor, count: int | float) -> int:
@@ -311,8 +313,7 @@ class StageModel:
         if flat.ndim != 1 or flat.numel() != self.num_params:
             raise ValueError(f"{self.name} has {self.num_params} parameters, got a gradient of shape {tuple(flat.shape)}")
         with self._lock:
-            if self._factors is not None:
-                self._factors.forget_casts()
+            self._factors.forget_casts()
             if count > 0:
                 flat = flat.to(self.device, torch.float32)
                 offset = 0
@@ -387,8 +388,7 @@ class StageModel:
                     p.copy_(t)
             self.optimizer.load_state_dict(state["optimizer"])
             self.steps = int(state["steps"])
-            if self._factors is not None:
-                self._factors.forget_casts()
+            self._factors.forget_casts()
             for a in self._acc:
                 a.zero_()
             self.accumulated = 0

@@ -1,5 +1,5 @@
-"""model/headgrad.py: the data part's head gradients, its weight's kept as two factors while a microbatch is in
-flight, are bit for bit what autograd computes for the whole head, and take a fraction of the memory."""
+"""model/linearfactors.py on the data part: its head gradients, its weight's kept as two factors while a microbatch
+is in flight, are bit for bit what autograd computes for the whole head, and take a fraction of the memory."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gwtf_node.model.headgrad import Factors, materialized
+from gwtf_node.model.linearfactors import Factors, materialized
 from gwtf_node.model.manifest import default_manifest
 from gwtf_node.model.stages import build_stage
 

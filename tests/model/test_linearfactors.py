@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from gwtf_node.model.headgrad import Factors, materialized
+from gwtf_node.model.linearfactors import Factors, materialized
 from gwtf_node.model.hfconfig import family_config
 from gwtf_node.model.manifest import default_manifest
 from gwtf_node.model.stages import build_stage

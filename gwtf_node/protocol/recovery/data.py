@@ -224,8 +224,11 @@ class DataSide:
             eff.append(Send(j, Forward(*key, (node.me,), None, a)))
         eff.append(SetTimer(MbTimer(TimerKind.FW, key), node.routing.deadline(node, now, j)))
 
-    def arm_watchdog(self, node: RecoveryNode, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
-        eff.append(SetTimer(MbTimer(TimerKind.WD, m.key), now + K_E2E * self.e2e_est + node.cfg.margin_s))
+    def arm_watchdog(self, node: RecoveryNode, now: float, m: DataRecord, eff: list[RecoveryEffect],
+                     scale: float = 1.0) -> None:
+        """`m`'s watchdog: `scale` x (K_E2E x the end-to-end estimate + margin) from now (a wait's is longer:
+        rounds.py)."""
+        eff.append(SetTimer(MbTimer(TimerKind.WD, m.key), now + scale * (K_E2E * self.e2e_est + node.cfg.margin_s)))
 
     def _src_fw_timer(self, node: RecoveryNode, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> None:
         """The stage-0 relay did not acknowledge my embedding output in time: presumed dead, another one."""

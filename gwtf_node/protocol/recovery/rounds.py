@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING
 
 from ..effects import CancelTimer, Send, SetTimer
 from ..messages import Probe, RepairOrder, Resume
-from .records import BWD_STATES, FWD_STATES, K_E2E, MbTimer, RecoveryEffect, RelayPhase, Sink, Source, TimerKind
+from .records import BWD_STATES, FWD_STATES, MbTimer, RecoveryEffect, RelayPhase, Sink, Source, TimerKind
 
 if TYPE_CHECKING:
     from .data import DataRecord
@@ -151,8 +151,7 @@ class Rounds:
         if rs.waits > node.cfg.max_waits:
             node.data.give_up(node, now, m, eff)
             return
-        usual = K_E2E * node.data.e2e_est + node.cfg.margin_s
-        eff.append(SetTimer(MbTimer(TimerKind.WD, m.key), now + (1 + rs.waits) * usual))
+        node.data.arm_watchdog(node, now, m, eff, scale=1 + rs.waits)
 
     def _judge(self, node: RecoveryNode, now: float, m: DataRecord, eff: list[RecoveryEffect]) -> bool:
         """The repairs the probe answers call for (see the module doc); True when there is none to make because
