@@ -26,7 +26,8 @@ autograd for the gradients of the part's input, of the other parameters
 (norms, biases, embeddings) and of each noted output, and returns each
 linear weight's gradient as a `Factors`, multiplied out when it is added (or
 at once where the factors take more memory than the weights: long
-sequences).
+sequences).  A relay adds what it holds at the aggregation (`add_all`):
+consecutive microbatches' factors concatenated into one product per chunk.
 
 The operations are those of the layer's own forward under autocast on the
 same operands, and `Factors.product` is the matrix product autograd computes
@@ -34,7 +35,8 @@ for a weight (`mm_mat2_backward`: `dy^T @ x` for nn.Linear's transposed use,
 `x^T @ dy` for Conv1D), so activations, input gradients and every parameter
 gradient have the same bits (tests/model/test_linearfactors.py and
 test_headgrad.py compare them with autograd's, per family, in float32 and
-under autocast).  A layer
+under autocast); a chunk's product sums its microbatches in another order,
+and the centralized reference adds its relays' microbatches the same way.  A layer
 read twice in one forward would need the two products summed as autograd
 sums them: `grads` refuses it (no family here does).
 """
@@ -73,6 +75,35 @@ class Factors:
         if self.transposed:
             return self.inp.t().mm(self.grad_out).float()
         return self.grad_out.t().mm(self.inp).float()
+
+
+def add_all(acc: torch.Tensor, grads: list) -> None:
+    """Add one parameter's gradients of several microbatches (`grads`, in order; tensors, `Factors` or None) to
+    `acc`: each tensor as it comes, a run of consecutive `Factors` concatenated along the tokens into one product
+    per chunk, a chunk as long as its concatenation stays within the product's float32 bytes (at least one).  One
+    product of many tokens is about twice as fast on a CPU as one per microbatch (scripts/bench_commit.py), and
+    a chunk rounds its sum once in the compute dtype where the products rounded each microbatch's.  The chunks
+    depend only on `grads`: the centralized reference, committing the same keys in the same order, computes the
+    same bits (model/reference.py)."""
+    run: list[Factors] = []
+
+    def flush() -> None:
+        if run:
+            f = run[0] if len(run) == 1 else Factors(torch.cat([r.grad_out for r in run]),
+                                                     torch.cat([r.inp for r in run]), run[0].transposed)
+            acc.add_(f.product())
+            run.clear()
+
+    for g in grads:
+        if not isinstance(g, Factors):
+            flush()
+            if g is not None:
+                acc.add_(g.float())
+            continue
+        if run and sum(r.nbytes for r in run) + g.nbytes > 4 * acc.numel():
+            flush()
+        run.append(g)
+    flush()
 
 
 def materialized(g: torch.Tensor | Factors | None) -> torch.Tensor | None:

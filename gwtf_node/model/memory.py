@@ -231,7 +231,9 @@ def estimate(manifest: "RunManifest", role: str, stage: int | None, capacity: in
         layers = end - start
         per_layer = tokens * layer_bytes_per_token(fam, cfg, precision)
         per_mb = layers * per_layer + hidden  # the saved tensors and the stage output
-        transient = checkpoint_bytes(manifest, n, device)
+        # the commit's product of one weight at a time (linearfactors.add_all: the factors concatenated, at most
+        # the product's float32 bytes, the product in the compute dtype and in float32)
+        transient = checkpoint_bytes(manifest, n, device) + 10 * counts.layer_largest
         if precision == "bf16-mixed":
             transient += 2 * n  # the weights' bfloat16 copies, made once per step (linearfactors.py)
         aggregation = aggregation_bytes(manifest, n, counts.layer_largest, device)

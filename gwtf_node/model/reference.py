@@ -13,6 +13,10 @@ uses, so that a swarm test can compare losses and final parameters with it:
   microbatches_per_iteration;
 * each microbatch goes data.embed -> relay 0 .. S-1 forward -> data.head_loss,
   then back through relay S-1 .. 0 backward -> data.embed_backward;
+* the relays hold each microbatch's gradients and add them at the end of the
+  iteration, in the order of the microbatches, as a relay node adds what it
+  holds (`StageModel.commit_many`: the factors of consecutive microbatches
+  multiplied out together);
 * every part then applies `apply_mean_grad(sum of its gradients over all
   microbatches of the iteration, count = data_nodes * M)`.  The data nodes
   all hold a copy of the same embedding and head, so one data part stands for
@@ -65,10 +69,11 @@ def build_chain(manifest: RunManifest, device: Any = "cpu") -> tuple[StageModel,
 
 def run_microbatch(
     data: StageModel, relays: list[StageModel], key: Any, input_ids: torch.Tensor, targets: torch.Tensor,
-    crossings: Crossings | None = None,
+    crossings: Crossings | None = None, hold: bool = False,
 ) -> float:
     """Forward and backward of one microbatch through the chain; returns its loss.  With `crossings`, the
-    tensors between the parts go through a compressed run's Top-K (`crossings.py`)."""
+    tensors between the parts go through a compressed run's Top-K (`crossings.py`).  `hold`: the relays hold
+    its gradients (`StageModel.backward(hold=True)`) until `commit_many`, as a relay node does."""
     forward_at = crossings.forward_at if crossings is not None else (lambda i, t: (t, None))
     backward_at = crossings.backward_at if crossings is not None else (lambda i, g, kept: g)
     kept = []
@@ -81,7 +86,7 @@ def run_microbatch(
     kept.append(idx)
     loss, g = data.head_loss(key, h, targets)
     for i in range(len(relays), 0, -1):
-        g = relays[i - 1].backward(key, backward_at(i, g, kept[i]))
+        g = relays[i - 1].backward(key, backward_at(i, g, kept[i]), hold=hold)
     data.embed_backward(key, backward_at(0, g, kept[0]))
     return loss
 
@@ -117,7 +122,9 @@ def train_centralized(
         losses = []
         for i, src, seq in reversed(jobs) if reverse else jobs:
             x, y = src.get(seq)
-            losses.append(run_microbatch(data, relays, (i, seq), x, y, crossings))
+            losses.append(run_microbatch(data, relays, (i, seq), x, y, crossings, hold=True))
+        for r in relays:
+            r.commit_many([(i, seq) for i, _src, seq in jobs])
         count = len(losses)
         for part in (data, *relays):
             part.apply_mean_grad(part.grad_vector(), count)

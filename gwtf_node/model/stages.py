@@ -67,7 +67,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .linearfactors import Factors, LinearFactors, Recording, materialized
+from .linearfactors import Factors, LinearFactors, Recording, add_all, materialized
 from .manifest import ManifestError, RunManifest
 from .materialize import build_full_model, build_parts  # noqa: F401  (build_full_model: re-exported)
 from .parts import DataPart, RelayPart  # noqa: F401  (re-exported)
@@ -190,6 +190,17 @@ class StageModel:
                 return False
             self._accumulate(tuple(grads), count=count)
             return True
+
+    def commit_many(self, keys: list) -> int:
+        """Add the held gradients of `keys`, in this order, to the accumulators: each parameter's as
+        `linearfactors.add_all` adds them (the factors of consecutive keys multiplied out together); returns how
+        many keys were held."""
+        with self._lock:
+            held = [self._held.pop(k) for k in keys if k in self._held]
+            for j, acc in enumerate(self._acc):
+                add_all(acc, [grads[j] for grads in held])
+            self.accumulated += len(held)
+            return len(held)
 
     def discard(self, key: Hashable) -> bool:
         """Forget the held gradients of `key` (its attempt does not count); False if none."""

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from gwtf_node.model.linearfactors import Factors, materialized
+from gwtf_node.model.linearfactors import Factors, add_all, materialized
 from gwtf_node.model.hfconfig import family_config
 from gwtf_node.model.manifest import default_manifest
 from gwtf_node.model.stages import build_stage
@@ -111,3 +111,48 @@ def test_a_layer_called_twice_in_one_forward_is_refused() -> None:
     part.forward("k", torch.randn(2, 8, part.hidden_size))
     with pytest.raises(RuntimeError, match="ran twice"):
         part.backward("k", torch.randn(2, 8, part.hidden_size), hold=True)
+
+
+def test_add_all_multiplies_runs_of_factors_out_in_chunks_within_the_products_bytes() -> None:
+    gen = torch.Generator().manual_seed(0)
+
+    def f(n: int) -> Factors:  # [n, 6] x [n, 4]: a product of 24 float32 (96 bytes); n tokens take 40 n bytes
+        return Factors(torch.randn(n, 6, generator=gen), torch.randn(n, 4, generator=gen))
+
+    def cat(*fs: Factors) -> torch.Tensor:
+        return Factors(torch.cat([x.grad_out for x in fs]), torch.cat([x.inp for x in fs])).product()
+
+    a, b, c, d, e = f(1), f(1), f(1), f(2), f(1)
+    t = torch.randn(6, 4, generator=gen)
+    acc = torch.zeros(6, 4)
+    add_all(acc, [a, b, None, c, d, t, e])  # (a, b) 80 bytes; c alone (c + d: 120 > 96); d; t; e
+    want = torch.zeros(6, 4)
+    for g in (cat(a, b), c.product(), d.product(), t, e.product()):
+        want.add_(g)
+    assert torch.equal(acc, want)
+    big = f(5)  # a single factor over the product's size is still multiplied out, alone
+    acc = torch.zeros(6, 4)
+    add_all(acc, [a, big, b])
+    assert torch.equal(acc, torch.zeros(6, 4).add_(a.product()).add_(big.product()).add_(b.product()))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_commit_many_adds_the_held_keys_in_order_and_skips_the_others(precision: str) -> None:
+    part = _part(LLAMA_GQA, precision)
+    gen = torch.Generator().manual_seed(1)
+    keys = [f"m{i}" for i in range(6)]
+    per_key = []
+    for k in keys:
+        x = torch.randn(2, 8, part.hidden_size, generator=gen)
+        dy = torch.randn(2, 8, part.hidden_size, generator=gen)
+        part.forward(k, x.to(part.wire_dtype))
+        part.backward(k, dy.to(part.wire_dtype), hold=True)
+        per_key.append([materialized(g) for g in part._held[k]])
+    part.discard("m5")
+    assert part.commit_many(["m4", "m0", "unknown", "m2", "m5"]) == 3
+    assert sorted(part.held) == ["m1", "m3"] and part.accumulated == 3
+    for j, acc in enumerate(part._acc):
+        want = sum(per_key[i][j] for i in (4, 0, 2) if per_key[i][j] is not None)
+        if isinstance(want, torch.Tensor):  # (the same sum; one product per chunk rounds it once)
+            err = float((acc - want).norm() / want.norm())
+            assert err < (4e-3 if precision == "bf16-mixed" else 1e-6), (j, err)

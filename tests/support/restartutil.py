@@ -85,9 +85,7 @@ def reference_run(man, data_nodes: int, plan):
             loss, g = data.head_loss(key, h, y, hold=True)
             for k in reversed(range(len(relays))):
                 g = relays[k].backward(key, g, hold=True)
-                if key in stage_keys.get(k, []):
-                    relays[k].commit(key)
-                else:
+                if key not in stage_keys.get(k, []):
                     relays[k].discard(key)
             if key in data_keys:
                 data.commit(key, count=False)
@@ -97,7 +95,8 @@ def reference_run(man, data_nodes: int, plan):
                 data.discard(key)
                 data.drop(key)
         data.apply_mean_grad(data.grad_vector(), len(data_keys))
-        for k, r in enumerate(relays):
+        for k, r in enumerate(relays):  # (in the order a relay adds what it holds: its keys sorted)
+            r.commit_many(stage_keys.get(k, []))
             r.apply_mean_grad(r.grad_vector(), len(stage_keys.get(k, [])))
         losses.append(sum(batch) / len(batch) if batch else None)
     return losses, [r.param_vector() for r in relays], data.param_vector()

@@ -448,10 +448,7 @@ class Aggregation:
         if not relay:
             mine = self.microbatches.completed(e.iteration)
         else:
-            def commit() -> int:
-                return sum(1 for k in keys if model.commit(k))
-
-            mine = await self.stage.run(commit)
+            mine = await self.stage.run(model.commit_many, keys)
         t_wait = now()
         await self.checkpointer.before_all_reduce()  # the checkpoint before is on disk on the CPU (checkpointer.py)
         t_grad = now()
