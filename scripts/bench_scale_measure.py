@@ -116,22 +116,28 @@ from gwtf_node.model.manifest import load_manifest
 from gwtf_node.model.stages import build_stage
 man = load_manifest(sys.argv[1], check_files=False)
 b, t, h, v = man.data.microbatch_size, man.data.seq_len, man.dims.hidden, man.dims.vocab
+n = int(sys.argv[2])
 g = torch.Generator().manual_seed(0)
 out = {}
 for k in [-1] + list(range(len(man.stages))):
     part = build_stage(man, "data" if k < 0 else "relay", None if k < 0 else k)
     spent = []
-    for i in range(3):
-        x, ids = torch.randn(b, t, h, generator=g), torch.randint(0, v, (b, t), generator=g)
+    for r in range(3):  # a warm-up, then the least of two
+        keys = [(r, i) for i in range(n)]
         t0 = time.process_time()
-        if k < 0:
-            part.embed(i, ids)
-            _, grad = part.head_loss(i, x, ids)
-            part.embed_backward(i, grad)
-        else:
-            part.forward(i, x)
-            part.backward(i, torch.randn(b, t, h, generator=g))
-        spent.append(time.process_time() - t0)
+        for key in keys:
+            x, ids = torch.randn(b, t, h, generator=g), torch.randint(0, v, (b, t), generator=g)
+            if k < 0:
+                part.embed(key, ids)
+                _, grad = part.head_loss(key, x, ids, hold=True)
+                part.count_held(key)
+                part.embed_backward(key, grad)
+            else:
+                part.forward(key, x)
+                part.backward(key, torch.randn(b, t, h, generator=g), hold=True)
+        if k >= 0:
+            part.commit_many(keys)
+        spent.append((time.process_time() - t0) / n)
     out[str(k)] = min(spent[1:])
     steps = []
     for i in range(2):  # the aggregation's own compute: the gradient vector and the optimizer step
@@ -143,13 +149,19 @@ for k in [-1] + list(range(len(man.stages))):
 print(json.dumps(out))
 """
 
+CALIBRATE_MICROBATCHES = 16  # held, then added together, as a relay adds what it holds
+
 
 def calibrate(run: Path) -> tuple[dict[int, float], dict[int, float]]:
-    """CPU seconds one microbatch costs each part (-1: the data part) computed alone on one thread: its forward
-    and backward (a data part's embedding, head and loss, embedding backward), the least of two after a warm-up;
-    and the CPU seconds of each part's step (its gradient vector and AdamW update), the least of two.
-    In the swarm the nodes' compute times count the waiting for a core shared with the others; this does not."""
-    out = subprocess.run([sys.executable, "-c", CALIBRATE, str(run)], capture_output=True, text=True, timeout=900,
+    """CPU seconds one microbatch costs each part (-1: the data part) computed alone on one thread, as a node
+    computes it: a relay's forward and backward holding its gradients and its share of adding
+    `CALIBRATE_MICROBATCHES` held microbatches together (`StageModel.commit_many`), a data part's embedding,
+    head and loss (the head's gradients held and counted) and embedding backward; per microbatch of
+    `CALIBRATE_MICROBATCHES`, the least of two after a warm-up.  And the CPU seconds of each part's step (its
+    gradient vector and AdamW update), the least of two.  In the swarm the nodes' compute times count the
+    waiting for a core shared with the others; this does not."""
+    out = subprocess.run([sys.executable, "-c", CALIBRATE, str(run), str(CALIBRATE_MICROBATCHES)],
+                         capture_output=True, text=True, timeout=900,
                          cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
     if out.returncode != 0:
         raise SystemExit(f"bench_scale: calibrating the parts failed: {out.stderr.strip()[-500:]}")

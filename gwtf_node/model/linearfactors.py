@@ -72,9 +72,13 @@ class Factors:
 
     def product(self) -> torch.Tensor:
         """The weight's gradient in float32, [V, H] ([H, V] transposed): what autograd computes for it."""
+        return self.computed().float()
+
+    def computed(self) -> torch.Tensor:
+        """The weight's gradient in the factors' dtype (the compute dtype), as autograd computes it."""
         if self.transposed:
-            return self.inp.t().mm(self.grad_out).float()
-        return self.grad_out.t().mm(self.inp).float()
+            return self.inp.t().mm(self.grad_out)
+        return self.grad_out.t().mm(self.inp)
 
 
 def add_all(acc: torch.Tensor, grads: list) -> None:
@@ -91,7 +95,7 @@ def add_all(acc: torch.Tensor, grads: list) -> None:
         if run:
             f = run[0] if len(run) == 1 else Factors(torch.cat([r.grad_out for r in run]),
                                                      torch.cat([r.inp for r in run]), run[0].transposed)
-            acc.add_(f.product())
+            acc.add_(f.computed())  # (added in float32 as it is read: no float32 copy of the product)
             run.clear()
 
     for g in grads:

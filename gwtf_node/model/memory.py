@@ -25,7 +25,7 @@ weights in float32 whatever the precision:
   backward frees its activations as it makes them, so a microbatch holds one or the other (`per_unit`).  The
   data part holds a microbatch's head gradients from its head to its final backward, the head weight's as its
   two factors (B T (V + H) values in the compute dtype) where they are smaller than the V x H matrix
-  (linearfactors.py), multiplied out at the end;
+  (linearfactors.py), multiplied out with other completed microbatches' (`StageModel.count_held`);
 * activations: every in-flight microbatch keeps the autograd graph of one
   stage forward (`StageModel.forward` stashes it until the backward).  Per
   layer and per token, the tensors autograd saves are linear in the shapes:
@@ -222,7 +222,11 @@ def estimate(manifest: "RunManifest", role: str, stage: int | None, capacity: in
         weight = 4 * vocab * width
         factors = (2 if precision == "bf16-mixed" else 4) * tokens * (vocab + width)
         held = min(weight, factors) + 8 * width + per_mb
-        transient = max(head, weight if factors < weight else 0) + checkpoint_bytes(manifest, n, device)
+        # the head factors of completed microbatches wait to be added together, up to half the weight's float32
+        # bytes (StageModel.count_held); then their concatenation and its product in the compute dtype
+        pending = weight // 2 if factors < weight else 0
+        flush = 2 * pending + (weight // 2 if precision == "bf16-mixed" else weight) if pending else 0
+        transient = max(head, flush) + pending + checkpoint_bytes(manifest, n, device)
         aggregation = aggregation_bytes(manifest, n, counts.data_largest, device)
         name = "data"
     else:
@@ -232,8 +236,8 @@ def estimate(manifest: "RunManifest", role: str, stage: int | None, capacity: in
         per_layer = tokens * layer_bytes_per_token(fam, cfg, precision)
         per_mb = layers * per_layer + hidden  # the saved tensors and the stage output
         # the commit's product of one weight at a time (linearfactors.add_all: the factors concatenated, at most
-        # the product's float32 bytes, the product in the compute dtype and in float32)
-        transient = checkpoint_bytes(manifest, n, device) + 10 * counts.layer_largest
+        # the product's float32 bytes, and the product in the compute dtype)
+        transient = checkpoint_bytes(manifest, n, device) + 8 * counts.layer_largest
         if precision == "bf16-mixed":
             transient += 2 * n  # the weights' bfloat16 copies, made once per step (linearfactors.py)
         aggregation = aggregation_bytes(manifest, n, counts.layer_largest, device)

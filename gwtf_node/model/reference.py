@@ -13,10 +13,11 @@ uses, so that a swarm test can compare losses and final parameters with it:
   microbatches_per_iteration;
 * each microbatch goes data.embed -> relay 0 .. S-1 forward -> data.head_loss,
   then back through relay S-1 .. 0 backward -> data.embed_backward;
-* the relays hold each microbatch's gradients and add them at the end of the
-  iteration, in the order of the microbatches, as a relay node adds what it
-  holds (`StageModel.commit_many`: the factors of consecutive microbatches
-  multiplied out together);
+* the parts hold each microbatch's gradients as the nodes do and add them in
+  the order of the microbatches: the relays at the end of the iteration
+  (`StageModel.commit_many`: the factors of consecutive microbatches
+  multiplied out together), the data part its head's as each microbatch
+  completes (`count_held`: in chunks of several);
 * every part then applies `apply_mean_grad(sum of its gradients over all
   microbatches of the iteration, count = data_nodes * M)`.  The data nodes
   all hold a copy of the same embedding and head, so one data part stands for
@@ -72,8 +73,9 @@ def run_microbatch(
     crossings: Crossings | None = None, hold: bool = False,
 ) -> float:
     """Forward and backward of one microbatch through the chain; returns its loss.  With `crossings`, the
-    tensors between the parts go through a compressed run's Top-K (`crossings.py`).  `hold`: the relays hold
-    its gradients (`StageModel.backward(hold=True)`) until `commit_many`, as a relay node does."""
+    tensors between the parts go through a compressed run's Top-K (`crossings.py`).  `hold`: the parts hold
+    its gradients as the nodes do, the relays until `commit_many`, the data part its head's until the microbatch
+    completes (`count_held`)."""
     forward_at = crossings.forward_at if crossings is not None else (lambda i, t: (t, None))
     backward_at = crossings.backward_at if crossings is not None else (lambda i, g, kept: g)
     kept = []
@@ -84,9 +86,11 @@ def run_microbatch(
         h = r.forward(key, h)
     h, idx = forward_at(len(relays), h)
     kept.append(idx)
-    loss, g = data.head_loss(key, h, targets)
+    loss, g = data.head_loss(key, h, targets, hold=hold)
     for i in range(len(relays), 0, -1):
         g = relays[i - 1].backward(key, backward_at(i, g, kept[i]), hold=hold)
+    if hold:
+        data.count_held(key)
     data.embed_backward(key, backward_at(0, g, kept[0]))
     return loss
 

@@ -120,6 +120,7 @@ class StageModel:
         self.steps = 0
         self._stash: dict[Hashable, _Stash] = {}
         self._held: dict[Hashable, list] = {}  # per-microbatch parameter gradients (tensors, Factors), not yet counted
+        self._counted: list[list] = []  # held gradients that count, not added yet (`count_held`)
         self._factors = LinearFactors(module, self.params)  # the linear weights' gradients as factors
         self._lock = threading.RLock()
 
@@ -164,7 +165,7 @@ class StageModel:
     def backward(self, key: Hashable, grad_out: torch.Tensor, *, hold: bool = False) -> torch.Tensor:
         """Gradient w.r.t. the stage input of the stashed microbatch; adds parameter gradients; frees the stash.
 
-        `hold`: keep this microbatch's parameter gradients apart (`commit` adds
+        `hold`: keep this microbatch's parameter gradients apart (`commit_many` adds
         them, `discard` forgets them) until it is known to count: crash
         recovery may give an attempt up after its backward ran here.  A held
         microbatch keeps its linear weights' gradients as their factors, where
@@ -201,6 +202,27 @@ class StageModel:
                 add_all(acc, [grads[j] for grads in held])
             self.accumulated += len(held)
             return len(held)
+
+    def count_held(self, key: Hashable) -> bool:
+        """The held gradients of `key` count, the microbatch not counted here (a data node's head gradients of a
+        microbatch that completed): they are added with those counted after them, a chunk (`add_all`) once their
+        factors reach half the float32 bytes of their weight's gradient, and at `grad_vector` at the latest;
+        False if none held."""
+        with self._lock:
+            grads = self._held.pop(key, None)
+            if grads is None:
+                return False
+            self._counted.append(grads)
+            for j in self._factors.factored:
+                if 2 * sum(g[j].nbytes for g in self._counted if isinstance(g[j], Factors)) >= 4 * self._acc[j].numel():
+                    self._add_counted()
+                    break
+            return True
+
+    def _add_counted(self) -> None:
+        for j, acc in enumerate(self._acc):
+            add_all(acc, [grads[j] for grads in self._counted])
+        self._counted.clear()
 
     def discard(self, key: Hashable) -> bool:
         """Forget the held gradients of `key` (its attempt does not count); False if none."""
@@ -272,8 +294,8 @@ class StageModel:
         """Mean token cross-entropy of the microbatch and its gradient w.r.t. `hidden`; adds head/norm gradients.
 
         Forward and backward of the head happen in this one call, nothing is
-        stashed.  `hold`: keep the head gradients apart until `commit(key,
-        count=False)` (the microbatch completed end to end) or `discard(key)`.
+        stashed.  `hold`: keep the head gradients apart until `count_held(key)`
+        (the microbatch completed end to end) or `discard(key)`.
         """
         self._require("data", "head_loss")
         self._check_hidden(hidden, "last-stage output")
@@ -309,6 +331,7 @@ class StageModel:
         The aggregation begins here: the part lets go of its weights' compute copies (linearfactors.py) until the
         next forward."""
         with self._lock:
+            self._add_counted()
             self._factors.forget_casts()
             return torch.cat([a.reshape(-1) for a in self._acc]).cpu()
 
@@ -340,6 +363,7 @@ class StageModel:
                 self.steps += 1
             for a in self._acc:
                 a.zero_()
+            self._counted.clear()  # (counted after the gradient vector was taken: as if added, then cleared)
             self.accumulated = 0
             dropped = len(self._stash)
             self._stash.clear()
@@ -402,6 +426,7 @@ class StageModel:
             self._factors.forget_casts()
             for a in self._acc:
                 a.zero_()
+            self._counted.clear()
             self.accumulated = 0
             self._stash.clear()
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gwtf_node.model.linearfactors import Factors, materialized
+from gwtf_node.model.linearfactors import Factors, add_all, materialized
 from gwtf_node.model.manifest import default_manifest
 from gwtf_node.model.stages import build_stage
 
@@ -68,3 +68,33 @@ def test_a_microbatch_in_flight_holds_the_factors_not_the_vocabulary_by_hidden_m
     v, h = part.module.lm_head.weight.shape
     assert factors.nbytes == 2 * 32 * (v + h)  # bfloat16 logits' gradient and head input, 32 tokens
     assert factors.nbytes < 4 * v * h / 3
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_counted_head_gradients_are_added_in_chunks_of_half_the_weights_bytes(precision):
+    m = _manifest("llama", precision, hidden=128)
+    part = build_stage(m, "data")
+    gen = torch.Generator().manual_seed(4)
+    w = next(i for i, p in enumerate(part.params) if p is part.module.lm_head.weight)
+    v, h = part.module.lm_head.weight.shape
+    per_mb = (2 if precision == "bf16-mixed" else 4) * 32 * (v + h)
+    chunk = -(-4 * v * h // (2 * per_mb))  # the microbatches whose factors reach half the float32 bytes
+    assert 2 <= chunk < 8, chunk
+    held = []
+    for i in range(chunk + 1):
+        part.head_loss(i, torch.randn(2, 16, 128, generator=gen), torch.randint(0, m.dims.vocab, (2, 16),
+                                                                                generator=gen), hold=True)
+        held.append(part._held[i][w])
+        assert part.count_held(i)
+        added = bool(part._acc[w].abs().sum() > 0)
+        assert added == (i >= chunk - 1), i  # nothing added until the chunk is full
+    assert not part.count_held(0)  # (counted once)
+    want = torch.zeros(v, h)
+    add_all(want, held[:chunk])
+    assert torch.equal(part._acc[w], want)
+    add_all(want, held[chunk:])
+    assert torch.equal(part.grad_vector()[sum(p.numel() for p in part.params[:w]):][:v * h].view(v, h), want)
+    part.head_loss("late", torch.randn(2, 16, 128), torch.randint(0, m.dims.vocab, (2, 16)), hold=True)
+    part.count_held("late")  # after the gradient vector was taken: cleared with the accumulators by the step
+    part.apply_mean_grad(torch.zeros(part.num_params), 1)
+    assert not part._counted and float(part.grad_vector().abs().sum()) == 0.0

@@ -88,7 +88,7 @@ def reference_run(man, data_nodes: int, plan):
                 if key not in stage_keys.get(k, []):
                     relays[k].discard(key)
             if key in data_keys:
-                data.commit(key, count=False)
+                data.count_held(key)
                 data.embed_backward(key, g)
                 batch.append(loss)
             else:

@@ -441,7 +441,7 @@ class Microbatches:
                     st.keep(key, Slot.GRAD_OUT, grad)
                 elif kind is ComputeKind.FINAL:
                     def final(k, g):
-                        sm.commit(k, count=False)  # the head gradients of a completed microbatch count
+                        sm.count_held(k)  # the head gradients of a completed microbatch count
                         sm.embed_backward(k, g)
 
                     await self.stage.compute(self._at_step(final, key, kind), key, st.take(key, Slot.GRAD_IN))
