@@ -61,8 +61,9 @@ Figures per setting:
   flow through a node costs its part's CPU seconds per microbatch, and the
   flow's cost per second must fit in the cores (a min-cost flow, bisected
   on its value).  A part's compute rate and cost come from `calibrate`:
-  its forward and backward timed alone on one thread (CPU time) before
-  the swarm starts.  The nodes' own `compute_ms_per_microbatch` is wall
+  what its node computes for a microbatch (a relay's gradients held and
+  added in chunks, the data node's head gradients in chunks) timed alone
+  on one thread (CPU time) before the swarm starts.  The nodes' own `compute_ms_per_microbatch` is wall
   time in the swarm, which counts the waiting for a core shared with eight
   other nodes (and whatever else the machine runs): it is reported beside
   (`compute_s_per_microbatch`), as is the CPU the swarm's processes used

@@ -225,7 +225,7 @@ def estimate(manifest: "RunManifest", role: str, stage: int | None, capacity: in
         # the head factors of completed microbatches wait to be added together, up to half the weight's float32
         # bytes (StageModel.count_held); then their concatenation and its product in the compute dtype
         pending = weight // 2 if factors < weight else 0
-        flush = 2 * pending + (weight // 2 if precision == "bf16-mixed" else weight) if pending else 0
+        flush = pending + (weight // 2 if precision == "bf16-mixed" else weight) if pending else 0
         transient = max(head, flush) + pending + checkpoint_bytes(manifest, n, device)
         aggregation = aggregation_bytes(manifest, n, counts.data_largest, device)
         name = "data"
