@@ -90,6 +90,7 @@ def add_all(acc: torch.Tensor, grads: list) -> None:
     depend only on `grads`: the centralized reference, committing the same keys in the same order, computes the
     same bits (model/reference.py)."""
     run: list[Factors] = []
+    size = [0]  # the run's bytes
 
     def flush() -> None:
         if run:
@@ -97,6 +98,7 @@ def add_all(acc: torch.Tensor, grads: list) -> None:
                                                      torch.cat([r.inp for r in run]), run[0].transposed)
             acc.add_(f.computed())  # (added in float32 as it is read: no float32 copy of the product)
             run.clear()
+            size[0] = 0
 
     for g in grads:
         if not isinstance(g, Factors):
@@ -104,9 +106,10 @@ def add_all(acc: torch.Tensor, grads: list) -> None:
             if g is not None:
                 acc.add_(g.float())
             continue
-        if run and sum(r.nbytes for r in run) + g.nbytes > 4 * acc.numel():
+        if run and size[0] + g.nbytes > 4 * acc.numel():
             flush()
         run.append(g)
+        size[0] += g.nbytes
     flush()
 
 

@@ -40,12 +40,12 @@ parts took (logger `gwtf.steps`, like a data node's lines of each iteration: nod
 announces before each round (the contributions it brings) is at DEBUG, with the all-reduce's and the checkpoint's own
 lines.
 
-Timing.  Each step logs what its aggregation was made of (`parts`: the gradient vector, the all-reduce, the optimizer
-step, the checkpoint's state taken (its file is written while the next iteration runs), in seconds; also
-`aggregation_parts` in metrics.jsonl).  The torch work runs in the stage's worker thread and the all-reduce's tensor
-work in its own (allreduce.py), so the event loop answers pings throughout.  Two waits scale with what the node
-measured: the all-reduce's timeout (`allreduce_timeout_s`) and the phase signals' retransmission period
-(`phase_retry_s`).
+Timing.  Each step logs what its aggregation was made of (`parts`: a relay's held gradients added (`commit`), the
+gradient vector, the all-reduce, the optimizer step, the checkpoint's state taken (its file is written while the
+next iteration runs), in seconds; also `aggregation_parts` in metrics.jsonl).  The torch work runs in the stage's
+worker thread and the all-reduce's tensor work in its own (allreduce.py), so the event loop answers pings
+throughout.  Two waits scale with what the node measured: the all-reduce's timeout (`allreduce_timeout_s`) and the
+phase signals' retransmission period (`phase_retry_s`).
 
 A data node also keeps, per stage, the optimizer steps the stage's state holds in the run (`stage_steps`): the
 run's step, except that an iteration whose aggregation found the stage with no member does not move it.  A relay
@@ -487,8 +487,8 @@ class Aggregation:
         if self.checkpointer.due(e.iteration):
             await self.checkpointer.after_step(self.wire.spawn)
         # the checkpoint: the state taken after this step, and the wait for the last one's file before the gradient
-        self.parts = {"gradient": t_ar - t_grad, "all_reduce": t_step - t_ar, "step": t_ck - t_step,
-                      "checkpoint": now() - t_ck + t_grad - t_wait}
+        self.parts = {"commit": t_wait - t0, "gradient": t_ar - t_grad, "all_reduce": t_step - t_ar,
+                      "step": t_ck - t_step, "checkpoint": now() - t_ck + t_grad - t_wait}
         # one line per step (module doc "Logs"): at a relay the round that summed it and the contributions held here,
         # once they are in the stage's sum (what the tests rebuild the centralized reference from)
         took = f"aggregation {now() - t0:.2f} s: " + ", ".join(f"{k} {v:.2f}" for k, v in self.parts.items())
