@@ -6,8 +6,8 @@ This script builds one relay stage of a model (`--preset`, e.g. llama-135m cut
 into `--stages` stages), runs `--microbatches` forwards and backwards holding
 them, and times, on the same held gradients, side by side:
 
-* per key: each microbatch's products added one after the other (`commit` per
-  key, what a relay did before `commit_many`);
+* per key: each microbatch's products, in float32, added one after the other
+  (what a relay did before `commit_many`);
 * chunked: `commit_many`, a run of consecutive microbatches' factors
   concatenated into one product per chunk (`linearfactors.add_all`).
 
@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from gwtf_node.model.hfconfig import family_config  # noqa: E402
+from gwtf_node.model.linearfactors import materialized  # noqa: E402
 from gwtf_node.model.manifest import default_manifest  # noqa: E402
 from gwtf_node.model.presets import PRESETS, preset_config  # noqa: E402
 from gwtf_node.model.stages import build_stage  # noqa: E402
@@ -63,9 +64,11 @@ def timed_sum(part, held: dict, chunked: bool) -> tuple[float, torch.Tensor]:
     t0 = time.perf_counter()
     if chunked:
         part.commit_many(keys)
-    else:
+    else:  # one microbatch after the other, each product in float32, then added (what a relay did before)
         for k in keys:
-            part.commit(k)
+            for acc, g in zip(part._acc, part._held.pop(k)):
+                if g is not None:
+                    acc.add_(materialized(g))
     return time.perf_counter() - t0, torch.cat([a.reshape(-1) for a in part._acc])
 
 

@@ -67,7 +67,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .linearfactors import Factors, LinearFactors, Recording, add_all, materialized
+from .linearfactors import Factors, LinearFactors, Recording, add_all
 from .manifest import ManifestError, RunManifest
 from .materialize import build_full_model, build_parts  # noqa: F401  (build_full_model: re-exported)
 from .parts import DataPart, RelayPart  # noqa: F401  (re-exported)
@@ -183,14 +183,9 @@ class StageModel:
                 self._accumulate(tuple(grads))
             return g_in.detach().to(self.wire_dtype)
 
-    def commit(self, key: Hashable, *, count: bool = True) -> bool:
+    def commit(self, key: Hashable) -> bool:
         """Add the held gradients of `key` to the accumulators (see `backward(hold=True)`); False if none."""
-        with self._lock:
-            grads = self._held.pop(key, None)
-            if grads is None:
-                return False
-            self._accumulate(tuple(grads), count=count)
-            return True
+        return self.commit_many([key]) == 1
 
     def commit_many(self, keys: list) -> int:
         """Add the held gradients of `keys`, in this order, to the accumulators: each parameter's as
@@ -198,8 +193,7 @@ class StageModel:
         many keys were held."""
         with self._lock:
             held = [self._held.pop(k) for k in keys if k in self._held]
-            for j, acc in enumerate(self._acc):
-                add_all(acc, [grads[j] for grads in held])
+            self._add(held)
             self.accumulated += len(held)
             return len(held)
 
@@ -213,15 +207,13 @@ class StageModel:
             if grads is None:
                 return False
             self._counted.append(grads)
-            for j in self._factors.factored:
-                if 2 * sum(g[j].nbytes for g in self._counted if isinstance(g[j], Factors)) >= 4 * self._acc[j].numel():
-                    self._add_counted()
-                    break
+            if any(2 * sum(g[j].nbytes for g in self._counted if isinstance(g[j], Factors)) >= 4 * self._acc[j].numel()
+                   for j in self._factors.factored):
+                self._add_counted()
             return True
 
     def _add_counted(self) -> None:
-        for j, acc in enumerate(self._acc):
-            add_all(acc, [grads[j] for grads in self._counted])
+        self._add(self._counted)
         self._counted.clear()
 
     def discard(self, key: Hashable) -> bool:
@@ -454,11 +446,14 @@ class StageModel:
             )
 
     def _accumulate(self, grads: tuple[torch.Tensor | None, ...], count: bool = True) -> None:
-        for a, g in zip(self._acc, grads):
-            if g is not None:
-                a.add_(materialized(g))
+        self._add([grads])
         if count:
             self.accumulated += 1
+
+    def _add(self, held: list) -> None:
+        """Add several microbatches' gradients (each a list in `params` order), each parameter's by `add_all`."""
+        for j, acc in enumerate(self._acc):
+            add_all(acc, [grads[j] for grads in held])
 
 
 def _make_optimizer(manifest: RunManifest, params: list[nn.Parameter]) -> torch.optim.Optimizer:

@@ -55,7 +55,7 @@ def test_the_head_gradients_are_autograds_bit_for_bit_held_or_not(family, precis
     acc = part.grad_vector()
     assert torch.equal(acc, torch.cat([(g if g is not None else torch.zeros_like(p)).float().reshape(-1)
                                        for g, p in zip(want, part.params)]))
-    assert part.commit("held", count=False)
+    assert part.count_held("held")
     assert torch.equal(part.grad_vector(), acc + acc)
 
 

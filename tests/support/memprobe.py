@@ -120,11 +120,11 @@ def main() -> None:
             part.backward(k, randn(), hold=True)
         else:
             _loss, grad = part.head_loss(k, randn(), ids, hold=True)
+            part.count_held(k)
             part.embed_backward(k, grad)
 
     def step(keys) -> None:
-        for k in keys:
-            part.commit(k)
+        part.commit_many(keys)
         part.apply_mean_grad(part.grad_vector(), 1)
 
     # an iteration, its step; the checkpoint's state taken after it and held (runtime/node/checkpointer.py) while
