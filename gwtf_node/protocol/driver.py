@@ -52,7 +52,8 @@ class Driver(Protocol):
         """Forget the timer set under `key`, if any."""
 
     def compute(self, e: Compute) -> None:
-        """Run the computation `e`, then hand the machine `on_compute_done(now, e.key, e.kind)`."""
+        """Run the computation `e`, then hand the machine `on_compute_done(now, e.key, e.kind)`, or
+        `on_compute_failed` where its inputs are gone."""
 
     def flush(self) -> None:
         """The end of a batch of effects: send the messages held to keep a peer's order."""

@@ -9,7 +9,9 @@ estimate + 2 s) fires many times for the microbatches at the back of the
 queue, and each round's probe finds them at `a0` (FWD): such a round
 repairs nothing and is a wait, not one of `max_rounds`.  A relay that holds
 a microbatch's backward and never computes it is given up after `max_waits`
-waits.
+waits; one whose backward cannot run (its stash gone: a stage state loaded
+over it) forgets the microbatch, and the data node's next round repairs it;
+a data node whose own computation of a microbatch cannot run defers it.
 """
 
 from __future__ import annotations
@@ -24,26 +26,30 @@ from gwtf_node.protocol.effects import CancelTimer, Send, SetTimer
 from gwtf_node.protocol.recovery import Compute, IterationSettled, RecoveryConfig, RecoveryNode
 
 
-def _config(nid: str, n: int) -> RecoveryConfig:
+def _config(nid: str, n: int, relays: tuple[str, ...] = ("a0",)) -> RecoveryConfig:
     common = dict(default_prior_s=1.0, e2e_prior_s=2.0, probe_wait_s=1.0, policy="gwtf", max_rounds=3,
                   data_nodes=("d",), last_stage=0, capacity=n)
     if nid == "d":
-        return RecoveryConfig(node_id="d", stage=-1, next_peers={"a0": 1.0}, prev_peers={"a0": 1.0},
-                              peer_capacity={"a0": n}, **common)
+        return RecoveryConfig(node_id="d", stage=-1, next_peers=dict.fromkeys(relays, 1.0),
+                              prev_peers=dict.fromkeys(relays, 1.0), peer_capacity=dict.fromkeys(relays, n), **common)
     return RecoveryConfig(node_id=nid, stage=0, next_peers={"d": 1.0}, prev_peers={"d": 1.0}, peer_capacity={},
                           **common)
 
 
-def _run(n: int, compute_s: float, never: int | None = None) -> tuple[RecoveryNode, IterationSettled]:
-    """Iteration 0 of `n` microbatches through a0, which computes one at a time (`compute_s` each) and never
-    computes the backward of seq `never`; (d, its settlement)."""
-    nodes = {nid: RecoveryNode(_config(nid, n), random.Random(0)) for nid in ("d", "a0")}
-    nodes["d"].set_flows({"d": {"a0": n}})
+def _run(n: int, compute_s: float, never: int | None = None, fail: tuple[str, str, int] | None = None,
+         relays: tuple[str, ...] = ("a0",)) -> tuple[RecoveryNode, IterationSettled, float]:
+    """Iteration 0 of `n` microbatches through the relays (a second one, a1, computes at once), a0 computing
+    one at a time (`compute_s` each); a0 never computes the backward of seq `never`, and `fail` = (node, kind,
+    seq): that node cannot run the first computation of that kind for that seq (the driver's
+    `on_compute_failed`); (d, its settlement, the time it settled)."""
+    nodes = {nid: RecoveryNode(_config(nid, n, relays), random.Random(0)) for nid in ("d", *relays)}
+    nodes["d"].set_flows({"d": {r: n // len(relays) for r in relays}})
     events: list = []  # (time, order, kind, payload)
     order = itertools.count()
     timers: dict = {}
     settled: list = []
     busy_until = 0.0  # a0's computations, one after the other
+    failed = set()
 
     def apply(nid: str, now: float, effects: list) -> None:
         nonlocal busy_until
@@ -76,18 +82,22 @@ def _run(n: int, compute_s: float, never: int | None = None) -> tuple[RecoveryNo
             apply(to, now, nodes[to].on_message(now, src, msg))
         elif kind == "compute":
             nid, c = payload
-            apply(nid, now, nodes[nid].on_compute_done(now, c.key, c.kind))
+            if fail is not None and (nid, c.kind.name, c.key.seq) == fail and fail not in failed:
+                failed.add(fail)
+                apply(nid, now, nodes[nid].on_compute_failed(now, c.key, c.kind))
+            else:
+                apply(nid, now, nodes[nid].on_compute_done(now, c.key, c.kind))
         elif timers.get(payload[:2]) == payload[2]:  # a timer still armed with this deadline
             nid, key, _ = payload
             del timers[(nid, key)]
             apply(nid, now, nodes[nid].on_timer(now, key))
     assert settled, "the iteration never settled"
-    return nodes["d"], settled[0]
+    return nodes["d"], settled[0], now
 
 
 @pytest.mark.parametrize("n", [4, 40])
 def test_microbatches_queued_at_a_live_relay_all_complete(n: int) -> None:
-    d, done = _run(n, compute_s=1.0)
+    d, done, _ = _run(n, compute_s=1.0)
     assert done.completed_seqs == tuple(range(n)) and done.deferred == 0
     assert d.stats.gave_up == 0 and d.stats.reroutes == 0 and d.stats.recovers == 0
     if n == 40:  # the back of the queue waited ~80 s against a watchdog of a few seconds: probed, waited for
@@ -95,6 +105,23 @@ def test_microbatches_queued_at_a_live_relay_all_complete(n: int) -> None:
 
 
 def test_a_relay_that_never_computes_one_is_given_up_after_the_waits() -> None:
-    d, done = _run(4, compute_s=1.0, never=2)
+    d, done, _ = _run(4, compute_s=1.0, never=2)
     assert done.completed_seqs == (0, 1, 3) and done.deferred == 1
     assert d.stats.gave_up == 1 and d.stats.probes == d.cfg.max_waits + 1  # 24 waits, the 25th round gives up
+
+
+def test_a_backward_that_cannot_run_is_repaired_at_the_next_round() -> None:
+    relays = ("a0", "a1")
+    d, done, at = _run(4, compute_s=1.0, fail=("a0", "BACKWARD", 0), relays=relays)
+    assert done.completed_seqs == (0, 1, 2, 3) and done.deferred == 0
+    # one round found it gone at a0 (NONE): recomputed through the other relay
+    assert d.stats.gave_up == 0 and d.stats.probes == 1 and d.stats.recovers == 1, d.stats
+    _, ref, ref_at = _run(4, compute_s=1.0, relays=relays)
+    assert ref.deferred == 0 and at < ref_at + 3 * 2.0 + 2.0 + 4.0, (at, ref_at)  # a watchdog later, not minutes
+
+
+@pytest.mark.parametrize("kind", ["FORWARD", "LOSS", "FINAL"])
+def test_a_data_nodes_computation_that_cannot_run_defers_the_microbatch(kind: str) -> None:
+    d, done, _ = _run(4, compute_s=1.0, fail=("d", kind, 1), relays=("a0", "a1"))
+    assert done.completed_seqs == (0, 2, 3) and done.deferred == 1
+    assert d.stats.gave_up == 1 and d.stats.probes == 0, d.stats

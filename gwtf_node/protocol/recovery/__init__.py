@@ -4,7 +4,9 @@ One `RecoveryNode` per node (data node or relay).  It is pure: it is handed
 `now`, the events (messages, timers, finished computations) and a seeded
 `random.Random`, and returns effects: `Send`, `SetTimer`, `CancelTimer` (see
 `effects.py`), `Compute` (run a stage computation, then call
-`on_compute_done`), `OpenIteration` (a data node opened an iteration) and
+`on_compute_done`, or `on_compute_failed` where its inputs are gone: a relay
+forgets the microbatch for its data node to repair, a data node defers it),
+`OpenIteration` (a data node opened an iteration) and
 `IterationSettled` (a data node's microbatches of an iteration are all
 completed or deferred: the driver reports it to the leader through
 `phases.Phases`).  The simulator (`sim/train/`)

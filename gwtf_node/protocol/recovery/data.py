@@ -354,6 +354,14 @@ class DataSide:
             self.launch(node, now, eff)
             self.maybe_done(node, now, key.iteration, eff)
 
+    def compute_failed(self, node: RecoveryNode, now: float, m: DataRecord, kind: ComputeKind,
+                       eff: list[RecoveryEffect]) -> None:
+        """The driver could not run `kind` for `m` (its input gone, or refused): the attempt is given up and the
+        microbatch deferred, where a record left computing would be waited for (rounds.py's waits)."""
+        if ((kind is ComputeKind.FORWARD and m.src is Source.EMB) or (kind is ComputeKind.LOSS and m.sink is Sink.LOSS)
+                or (kind is ComputeKind.FINAL and m.sink is Sink.FINAL)):
+            self.give_up(node, now, m, eff)
+
     def open(self, node: RecoveryNode, now: float, it: int, eff: list[RecoveryEffect]) -> None:
         self.iteration = it
         node.peers.new_iteration(relay=False)  # every relay dropped its stashes in the aggregation: room again

@@ -203,6 +203,17 @@ class RecoveryNode:
             self.relay.compute_done(self, now, m, ComputeKind(kind), eff)
         return eff
 
+    def on_compute_failed(self, now: float, key: Key | tuple, kind: ComputeKind | str) -> list[RecoveryEffect]:
+        """The driver could not run the `Compute` (its inputs gone): a relay forgets the microbatch, which its
+        data node repairs (`RelaySide.compute_failed`); a data node defers it (`DataSide.compute_failed`)."""
+        eff: list[RecoveryEffect] = []
+        m = self.mbs.get(key)
+        if m is not None and self.is_data:
+            self.data.compute_failed(self, now, m, ComputeKind(kind), eff)
+        elif m is not None:
+            self.relay.compute_failed(self, m, ComputeKind(kind), eff)
+        return eff
+
     # The driver's news of the neighbours (neighbours.py).
     def set_flows(self, out: Mapping[str, Mapping[str, int]], now: float | None = None) -> list[RecoveryEffect]:
         return neighbours.set_flows(self, out, now)

@@ -129,7 +129,8 @@ MB_MESSAGES = (Forward, Backward, Complete, MbDeny, Probe, Recover, Resume, Back
 
 @dataclass(frozen=True, slots=True)
 class Compute:
-    """Run a computation (`ComputeKind`), then call `on_compute_done(now, key, kind)`."""
+    """Run a computation (`ComputeKind`), then call `on_compute_done(now, key, kind)` (`on_compute_failed` where
+    its inputs are gone)."""
 
     kind: ComputeKind
     key: Key

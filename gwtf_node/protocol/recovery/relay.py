@@ -325,6 +325,16 @@ class RelaySide:
             self.room(node, eff)
             self.retry_parked(node, now, eff)  # my slot at my next hop freed
 
+    def compute_failed(self, node: RecoveryNode, r: RelayRecord, kind: ComputeKind,
+                       eff: list[RecoveryEffect]) -> None:
+        """The driver could not run `kind` for `r`: its input or its stashed activations are gone (a stage state
+        loaded over them, a release).  A computation of the record's phase is not to come, so the microbatch is
+        forgotten here: a probe finds it NONE and the data node repairs it, where a record left computing would
+        be waited for (rounds.py's waits)."""
+        fwd = r.phase is RelayPhase.FWD and kind in (ComputeKind.FORWARD, ComputeKind.RECOMPUTE)
+        if fwd or (r.phase is RelayPhase.BWD and kind is ComputeKind.BACKWARD):
+            self.drop(node, r.key, eff)
+
     def retry_parked(self, node: RecoveryNode, now: float, eff: list[RecoveryEffect]) -> None:
         """A route again (a Room, a slot freed at the next hop, a next peer back): the parked ones try again."""
         for r in [r for r in self.records.values() if r.parked]:

@@ -448,8 +448,12 @@ class Microbatches:
                 else:
                     return
         except (KeyError, ValueError, RuntimeError) as err:
-            # a record superseded meanwhile (a newer attempt, a release): the machine's deadlines cover it
+            # its inputs gone meanwhile (a release, a newer attempt, a stage state loaded over the stash): a relay's
+            # machine forgets the microbatch, which its data node then repairs; a data node's defers it
+            # (RecoveryNode.on_compute_failed)
             log.warning("%s of microbatch %s not computed: %s", kind, key[1], err)
+            if self.rec is not None:
+                self._apply(self.rec.on_compute_failed(now(), key, kind))
             return
         if self.rec is None:
             return
