@@ -50,7 +50,9 @@ Figures per setting:
 * final_loss: the last iteration's loss (the same microbatches everywhere).
 * peak_memory_mb: per node, its peak RSS (status.json `resources`) less that
   of a process that only imported what a node imports (`baseline_rss_mb`);
-  estimated_memory_mb: model/memory.py's estimate of its part.
+  estimated_memory_mb: model/memory.py's estimate of its part holding what
+  it carried (the data node the iteration's microbatches, a relay the most
+  it carried in one iteration: `carried_microbatches`, from its log).
 * bound_tokens_per_s (`gwtf_node/sim/bound.py`, `swarm_bound`): the
   maximum flow of microbatches per second through the stages, each node a
   split vertex whose capacity is the least of its compute rate and its
@@ -113,7 +115,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_scale_measure import (aggregation_breakdown, allreduce_s, apply_nice, calibrate, cpu_busy_s,  # noqa: E402
+from bench_scale_measure import (aggregation_breakdown, allreduce_s, apply_nice, calibrate, carried, cpu_busy_s,  # noqa: E402
                                  flow_nice, node_figures, part_key, read_text, swarm_bound)
 
 SETTINGS = {
@@ -194,10 +196,12 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 """
 
 
-def capacities(names: list[str], args: argparse.Namespace) -> dict[str, int]:
-    """The launcher's default capacities: the data node carries the iteration, the relays share it."""
+def capacities(names: list[str], args: argparse.Namespace, carried: dict | None = None) -> dict[str, int]:
+    """The microbatches each node carries in an iteration, what its estimate holds (model/memory.py): the data node
+    the iteration's; a relay the most it carried in one iteration (`carried`, from its log: the flows may send one
+    relay of a stage more than its share, and its held gradients grow with them), else its share."""
     relay = -(-args.microbatches // args.relays_per_stage)
-    return {n: args.microbatches if n.startswith("d") else relay for n in names}
+    return {n: args.microbatches if n.startswith("d") else (carried or {}).get(n) or relay for n in names}
 
 
 def reestimate(path: Path, args: argparse.Namespace) -> list[dict]:
@@ -206,7 +210,8 @@ def reestimate(path: Path, args: argparse.Namespace) -> list[dict]:
     results = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     for r in results:
         names = list(r["peak_memory_mb"])
-        est = memory_estimates(manifest_for(r["setting"], args), names, capacities(names, args))
+        est = memory_estimates(manifest_for(r["setting"], args), names,
+                               capacities(names, args, r.get("carried_microbatches")))
         r["estimated_memory_mb"] = {n: e["part_mb"] for n, e in est.items()}
         r["estimated_total_mb"] = {n: e["total_mb"] for n, e in est.items()}
     return results
@@ -387,7 +392,8 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
     iter_bound_s = (args.microbatches / bound["microbatches_per_s"] if bound["microbatches_per_s"] else math.inf) \
         + reduce_s + step_s
     peak = {n: round(last[n]["resources"]["peak_rss_mb"] - baseline, 1) for n in names}
-    est = memory_estimates(man, names, capacities(names, args))
+    most = {n: carried(workdir / n / "node.log") for n in names if n[0] == "r"}
+    est = memory_estimates(man, names, capacities(names, args, most))
     return {
         "setting": setting, **SETTINGS[setting], "params": params, "stage_params": stage_params,
         "tokens_per_s": round(tps, 2), "bound_tokens_per_s": round(bound_tps, 2),
@@ -411,7 +417,7 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
                                       / len(steady), 3),
         "peak_memory_mb": peak, "peak_rss_mb": {n: last[n]["resources"]["peak_rss_mb"] for n in names},
         "baseline_rss_mb": round(baseline, 1), "estimated_memory_mb": {n: e and e["part_mb"] for n, e in est.items()},
-        "estimated_total_mb": {n: e and e["total_mb"] for n, e in est.items()},
+        "estimated_total_mb": {n: e and e["total_mb"] for n, e in est.items()}, "carried_microbatches": most,
         "compute_ms_per_microbatch": {n: last[n]["compute_ms_per_microbatch"] for n in names},
         "compute_s_per_microbatch": {n: round(w["compute_s"] / max(w["microbatches"], 1e-9), 3)
                                      for n, w in window.items()},

@@ -95,6 +95,16 @@ def aggregation_breakdown(logs: list[Path], skip: int = 1) -> dict[str, float]:
     return {k: round(sum(v) / len(v), 3) for k, v in sums.items()}
 
 
+CONTRIBUTIONS_LOG = re.compile(r"iteration (\d+): summed in round \S+ contributions (\[.*?\]);")
+
+
+def carried(log: Path) -> int | None:
+    """The most microbatches a relay carried in one iteration (their gradients held to its step), from its node.log
+    lines "iteration N: summed in round R: contributions [[data node, seq], ...]"; None without one."""
+    counts = [len(json.loads(m[2])) for m in CONTRIBUTIONS_LOG.finditer(read_text(log))]
+    return max(counts, default=None)
+
+
 def read_text(path: Path) -> str:
     try:
         return path.read_text(errors="replace")
