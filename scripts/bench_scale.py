@@ -196,12 +196,12 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 """
 
 
-def capacities(names: list[str], args: argparse.Namespace, carried: dict | None = None) -> dict[str, int]:
+def capacities(names: list[str], args: argparse.Namespace, most: dict | None = None) -> dict[str, int]:
     """The microbatches each node carries in an iteration, what its estimate holds (model/memory.py): the data node
-    the iteration's; a relay the most it carried in one iteration (`carried`, from its log: the flows may send one
+    the iteration's; a relay the most it carried in one iteration (`most`, from its log: the flows may send one
     relay of a stage more than its share, and its held gradients grow with them), else its share."""
     relay = -(-args.microbatches // args.relays_per_stage)
-    return {n: args.microbatches if n.startswith("d") else (carried or {}).get(n) or relay for n in names}
+    return {n: args.microbatches if n.startswith("d") else (most or {}).get(n) or relay for n in names}
 
 
 def reestimate(path: Path, args: argparse.Namespace) -> list[dict]:
