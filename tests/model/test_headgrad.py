@@ -98,3 +98,38 @@ def test_counted_head_gradients_are_added_in_chunks_of_half_the_weights_bytes(pr
     part.count_held("late")  # after the gradient vector was taken: cleared with the accumulators by the step
     part.apply_mean_grad(torch.zeros(part.num_params), 1)
     assert not part._counted and float(part.grad_vector().abs().sum()) == 0.0
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt"])
+def test_the_embedding_gradient_is_its_microbatchs_rows(family):
+    """embed_backward adds the embedding's gradient as the microbatch's rows (sparse): autograd's dense gradient's
+    values (one microbatch: bit for bit), every other row of the table untouched, the modules left dense."""
+    m = _manifest(family, "fp32")
+    part = build_stage(m, "data")
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 40, (2, 16), generator=gen)
+    ids[1, 3] = ids[0, 7]  # a token twice in the microbatch
+    grad_h = torch.randn(2, 16, 64, generator=gen)
+    with torch.enable_grad():
+        want = torch.autograd.grad(part.module.embed(ids), part.params, grad_h, allow_unused=True)
+    part.embed("mb", ids)
+    nodes, seen = [part._stash["mb"].out.grad_fn], []
+    while nodes:  # the lookups the stashed graph records
+        fn = nodes.pop()
+        if fn is not None:
+            seen += [fn._saved_sparse] if type(fn).__name__ == "EmbeddingBackward0" else []
+            nodes += [f for f, _ in fn.next_functions]
+    assert seen and all(seen)
+    part.embed_backward("mb", grad_h)
+    embs = [mod for mod in part.module.modules() if isinstance(mod, torch.nn.Embedding)]
+    assert embs and not any(mod.sparse for mod in embs)
+    table = next(i for i, p in enumerate(part.params) if p is part.module.embed_tokens.weight)
+    assert want[table] is not None and not want[table].is_sparse
+    got = part.grad_vector()
+    ref = torch.cat([(g if g is not None else torch.zeros_like(p)).float().reshape(-1)
+                     for g, p in zip(want, part.params)])
+    assert torch.equal(got, ref)
+    rows = part._acc[table]
+    untouched = torch.ones(rows.shape[0], dtype=torch.bool)
+    untouched[ids.unique()] = False
+    assert rows[untouched].abs().sum() == 0 and rows[~untouched].abs().sum() > 0
