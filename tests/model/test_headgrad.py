@@ -1,5 +1,6 @@
 """model/linearfactors.py on the data part: its head gradients, its weight's kept as two factors while a microbatch
-is in flight, are bit for bit what autograd computes for the whole head, and take a fraction of the memory."""
+is in flight, are bit for bit what autograd computes for the whole head, and take a fraction of the memory; its
+embedding's gradient is the microbatch's rows (sparse), autograd's values."""
 
 from __future__ import annotations
 
