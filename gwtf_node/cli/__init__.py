@@ -220,7 +220,7 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
                        bootstrap=list(args.bootstrap), name=args.name or "", port=args.port,
                        listen_host=args.host, listen=list(args.listen), announce=list(args.announce),
                        tensor_port=args.tensor_port, relay_service=args.relay_service,
-                       capacity=capacity, iterations=args.iterations,
+                       capacity=capacity, capacity_measured=not args.capacity, iterations=args.iterations,
                        data_index=args.data_index, data_nodes=args.data_nodes,
                        links=Path(args.links) if args.links else None, policy=args.policy,
                        bootstrap_timeout_s=args.bootstrap_timeout,
@@ -462,8 +462,9 @@ def _add_join_parser(sub: Any) -> argparse.ArgumentParser:
                    help="stop (exit 3) if no bootstrap peer accepted this node by then; retries with backoff "
                         "until then (0: retry forever)")
     j.add_argument("--capacity", type=_nonneg_int, default=0,
-                   help="microbatches held per iteration (0: as many as fit the device's free memory, at most one "
-                        "data node's demand); a node whose part does not fit exits at start")
+                   help="microbatches a relay holds at once (0: as many as fit the device's free memory, at most "
+                        "one data node's demand, counting those whose gradients it holds to the step); a node whose "
+                        "part does not fit exits at start")
     j.add_argument("--iterations", type=_nonneg_int, default=0, help="data nodes: stop after N (0: forever)")
     j.add_argument("--data-index", type=_nonneg_int, default=0, help="data nodes: which shard of the data")
     j.add_argument("--data-nodes", type=_positive_int, default=1, help="data nodes of the run")

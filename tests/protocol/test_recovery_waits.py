@@ -11,7 +11,9 @@ repairs nothing and is a wait, not one of `max_rounds`.  A relay that holds
 a microbatch's backward and never computes it is given up after `max_waits`
 waits; one whose backward cannot run (its stash gone: a stage state loaded
 over it) forgets the microbatch, and the data node's next round repairs it;
-a data node whose own computation of a microbatch cannot run defers it.
+a data node whose own computation of a microbatch cannot run defers it.  A
+relay whose capacity counts the gradients it holds to the step carries no
+more than its capacity in an iteration.
 """
 
 from __future__ import annotations
@@ -26,24 +28,28 @@ from gwtf_node.protocol.effects import CancelTimer, Send, SetTimer
 from gwtf_node.protocol.recovery import Compute, IterationSettled, RecoveryConfig, RecoveryNode
 
 
-def _config(nid: str, n: int, relays: tuple[str, ...] = ("a0",)) -> RecoveryConfig:
+def _config(nid: str, n: int, relays: tuple[str, ...] = ("a0",), cap: int | None = None,
+            held_takes_room: bool = False) -> RecoveryConfig:
     common = dict(default_prior_s=1.0, e2e_prior_s=2.0, probe_wait_s=1.0, policy="gwtf", max_rounds=3,
-                  data_nodes=("d",), last_stage=0, capacity=n)
+                  data_nodes=("d",), last_stage=0)
     if nid == "d":
-        return RecoveryConfig(node_id="d", stage=-1, next_peers=dict.fromkeys(relays, 1.0),
-                              prev_peers=dict.fromkeys(relays, 1.0), peer_capacity=dict.fromkeys(relays, n), **common)
+        return RecoveryConfig(node_id="d", stage=-1, next_peers=dict.fromkeys(relays, 1.0), capacity=n,
+                              prev_peers=dict.fromkeys(relays, 1.0), peer_capacity=dict.fromkeys(relays, cap or n),
+                              **common)
     return RecoveryConfig(node_id=nid, stage=0, next_peers={"d": 1.0}, prev_peers={"d": 1.0}, peer_capacity={},
-                          **common)
+                          capacity=cap or n, held_takes_room=held_takes_room, **common)
 
 
 def _run(n: int, compute_s: float, never: int | None = None, fail: tuple[str, str, int] | None = None,
-         relays: tuple[str, ...] = ("a0",)) -> tuple[RecoveryNode, IterationSettled, float]:
+         relays: tuple[str, ...] = ("a0",), cap: int | None = None,
+         held_takes_room: bool = False) -> tuple[RecoveryNode, IterationSettled, float]:
     """Iteration 0 of `n` microbatches through the relays (a second one, a1, computes at once), a0 computing
     one at a time (`compute_s` each); a0 never computes the backward of seq `never`, and `fail` = (node, kind,
     seq): that node cannot run the first computation of that kind for that seq (the driver's
-    `on_compute_failed`); (d, its settlement, the time it settled)."""
-    nodes = {nid: RecoveryNode(_config(nid, n, relays), random.Random(0)) for nid in ("d", *relays)}
-    nodes["d"].set_flows({"d": {r: n // len(relays) for r in relays}})
+    `on_compute_failed`); each relay's capacity `cap` (default `n`); (d, its settlement, the time it settled)."""
+    nodes = {nid: RecoveryNode(_config(nid, n, relays, cap, held_takes_room), random.Random(0))
+             for nid in ("d", *relays)}
+    nodes["d"].set_flows({"d": {r: min(cap or n, n // len(relays)) for r in relays}})
     events: list = []  # (time, order, kind, payload)
     order = itertools.count()
     timers: dict = {}
@@ -125,3 +131,15 @@ def test_a_data_nodes_computation_that_cannot_run_defers_the_microbatch(kind: st
     d, done, _ = _run(4, compute_s=1.0, fail=("d", kind, 1), relays=("a0", "a1"))
     assert done.completed_seqs == (0, 2, 3) and done.deferred == 1
     assert d.stats.gave_up == 1 and d.stats.probes == 0, d.stats
+
+
+@pytest.mark.parametrize("held_takes_room", [False, True])
+def test_held_gradients_take_a_relays_room_where_its_capacity_is_its_memorys(held_takes_room: bool) -> None:
+    """A relay of capacity 1 holds the gradients of every microbatch it carried to the step: with
+    `held_takes_room` (its capacity is what fits its memory, each microbatch its activations or its gradients)
+    it carries 1 an iteration and the rest are deferred; without, a unit freed is filled again."""
+    d, done, _ = _run(6, compute_s=0.1, relays=("a0", "a1"), cap=1, held_takes_room=held_takes_room)
+    if held_takes_room:
+        assert len(done.completed_seqs) == 2 and done.deferred == 4, done
+    else:
+        assert done.completed_seqs == tuple(range(6)) and done.deferred == 0, done

@@ -32,9 +32,15 @@ class Routing:
         return node.peers.live_next()
 
     def slots_used(self, node: RecoveryNode) -> int:
+        """A relay's microbatches in flight (`SLOT_PHASES`), and with `held_takes_room` those whose gradients it
+        holds for an iteration whose aggregation has not begun."""
         if node.is_data:
             return 0
-        return sum(1 for r in node.mbs.values() if r.phase in SLOT_PHASES)
+        used = sum(1 for r in node.mbs.values() if r.phase in SLOT_PHASES)
+        if node.cfg.held_takes_room:
+            rs = node.relay
+            used += sum(len(keys) for it, keys in rs.contrib.items() if it not in rs.begun)
+        return used
 
     def inflight(self, node: RecoveryNode, j: str, d: str | None = None) -> int:
         """Microbatches whose activations I sent to j and j still holds (they occupy a unit / a slot)."""

@@ -116,6 +116,7 @@ class NodeOptions:
     tensor_port: int | None = None  # the tensor channel's port (None: the libp2p port + 1; addresses.py)
     relay_service: bool = False  # serve as a circuit relay for nodes behind NAT (relay.py)
     capacity: int = 0  # 0: a data node's microbatches per iteration; a relay the same unless placed (measured)
+    capacity_measured: bool = False  # no --capacity: what fits the device (the held gradients take room too)
     iterations: int = 0  # data nodes: stop after this many (0: run forever)
     data_index: int = 0
     data_nodes: int = 1
@@ -265,7 +266,8 @@ class Node:
         flows = Flows(wire, peers, liveness, self.stage, drivers, self.links_cfg, on_changed=self._flows_changed)
         microbatches = Microbatches(wire, peers, liveness, flows, self.stage, drivers, self.faults,
                                     policy=o.policy, lend=o.lend, iterations=o.iterations,
-                                    on_settled=self._iteration_settled, on_finished=self.done_event.set)
+                                    on_settled=self._iteration_settled, on_finished=self.done_event.set,
+                                    held_takes_room=o.capacity_measured or not o.capacity)
         leadership = Leadership(wire, peers, host, drivers, o.state_dir, self.run_id,
                                 iteration_now=microbatches.iteration_now, on_change=self._leadership_changed,
                                 certificate=self.certificate, records=records, lease_s=o.lease_s,
