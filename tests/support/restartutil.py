@@ -54,8 +54,11 @@ def stage_plan(workdir: Path, data_nodes: int, relays: dict[int, list[str]]) -> 
         summed: set[tuple[int, str]] = set()
         for r in names_k:
             text = relay_logs(workdir, r)
-            for it, gkey, keys in re.findall(r"iteration (\d+): round (\S+): contributions (\[.*\])", text):
-                announced.setdefault((int(it), gkey), []).extend((index[w], s) for w, s in json.loads(keys))
+            mine: dict[tuple[int, str], set[Key]] = {}  # (a round announced again, or the log's "repeated" line, once)
+            for it, gkey, keys in re.findall(r"iteration (\d+): round (\S+): contributions (\[.*?\]\])", text):
+                mine.setdefault((int(it), gkey), set()).update((index[w], s) for w, s in json.loads(keys))
+            for ig, keys in mine.items():
+                announced.setdefault(ig, []).extend(keys)
             summed |= {(int(it), gkey) for it, gkey in re.findall(r"iteration (\d+): summed in round ([^\s:]+)", text)}
         for it, gkey in summed:
             counted.setdefault(it, {}).setdefault(k, []).extend(announced.get((it, gkey), []))
