@@ -90,15 +90,16 @@ def add_all(acc: torch.Tensor, grads: list) -> None:
     depend only on `grads`: the centralized reference, committing the same keys in the same order, computes the
     same bits (model/reference.py)."""
     run: list[Factors] = []
-    size = [0]  # the run's bytes
+    size = 0  # the run's bytes
 
     def flush() -> None:
+        nonlocal size
         if run:
             f = run[0] if len(run) == 1 else Factors(torch.cat([r.grad_out for r in run]),
                                                      torch.cat([r.inp for r in run]), run[0].transposed)
             acc.add_(f.computed())  # (added in float32 as it is read: no float32 copy of the product)
             run.clear()
-            size[0] = 0
+            size = 0
 
     for g in grads:
         if not isinstance(g, Factors):
@@ -106,10 +107,10 @@ def add_all(acc: torch.Tensor, grads: list) -> None:
             if g is not None:
                 acc.add_(g.float())
             continue
-        if run and size[0] + g.nbytes > 4 * acc.numel():
+        if run and size + g.nbytes > 4 * acc.numel():
             flush()
         run.append(g)
-        size[0] += g.nbytes
+        size += g.nbytes
     flush()
 
 

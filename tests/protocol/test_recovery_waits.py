@@ -25,7 +25,7 @@ import random
 import pytest
 
 from gwtf_node.protocol.effects import CancelTimer, Send, SetTimer
-from gwtf_node.protocol.recovery import Compute, IterationSettled, RecoveryConfig, RecoveryNode
+from gwtf_node.protocol.recovery import Compute, IterationSettled, Key, RecoveryConfig, RecoveryNode
 
 
 def _config(nid: str, n: int, relays: tuple[str, ...] = ("a0",), cap: int | None = None,
@@ -143,3 +143,14 @@ def test_held_gradients_take_a_relays_room_where_its_capacity_is_its_memorys(hel
         assert len(done.completed_seqs) == 2 and done.deferred == 4, done
     else:
         assert done.completed_seqs == tuple(range(6)) and done.deferred == 0, done
+
+
+def test_held_gradients_of_an_iteration_never_aggregated_leave_with_a_later_step() -> None:
+    """A relay that held gradients of iteration 3 and took a downloaded state instead of aggregating it: its
+    step of iteration 5 drops them, as the part's step drops its held gradients, and their room is free again."""
+    a0 = RecoveryNode(_config("a0", 2, cap=2, held_takes_room=True), random.Random(0))
+    a0.relay.contribute(Key("d", 6, 3), 0)
+    a0.relay.contribute(Key("d", 10, 5), 0)
+    assert a0.routing.slots_used(a0) == 2
+    a0.aggregation_done(0.0, 5)
+    assert a0.contrib == {} and a0.routing.slots_used(a0) == 0

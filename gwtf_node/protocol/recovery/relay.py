@@ -143,10 +143,12 @@ class RelaySide:
         return counts(completed, key.data_node, key.seq, node.stage, node.me, self.attempt_of.get(key))
 
     def stepped_at(self, node: RecoveryNode, it: int, eff: list[RecoveryEffect]) -> None:
-        """The step of `it` is applied here: room again for the next iteration's microbatches."""
+        """The step of `it` is applied here: room again for the next iteration's microbatches.  The contributions
+        of `it` and of any earlier iteration it never aggregated (a state downloaded instead) are gone with the
+        step, as the part's held gradients are (`StageModel.apply_mean_grad`)."""
         self.stepped.add(it)
-        self.contrib.pop(it, None)
-        self.orphaned.pop(it, None)
+        self.contrib = {i: keys for i, keys in self.contrib.items() if i > it}
+        self.orphaned = {i: keys for i, keys in self.orphaned.items() if i > it}
         self.attempt_of = {k: a for k, a in self.attempt_of.items() if k.iteration > it}
         self.room(node, eff)
 
