@@ -83,6 +83,14 @@ Figures per setting:
   `other_jobs_cores`: the CPU the machine's other processes used during the
   window (/proc/stat less the swarm's own), in cores: the bound gives the
   swarm all `--cores`, so a shared machine lowers the utilization.
+* swarm_cpu_s_per_microbatch: per node, the CPU seconds a microbatch it
+  carried cost it in the swarm (`swarm_cpu`: its torch worker's compute, a
+  relay's products, the process outside torch) over the window, against
+  `calibrate`'s alone; `swarm_cpu_bound_tokens_per_s` is the same maximum
+  flow with these costs (`swarm_cpu_utilization` = tokens_per_s / it), and
+  `pipeline_cpu_bound_tokens_per_s` with compute and outside torch only,
+  against the pipeline's tokens/s (`pipeline_cpu_utilization`): how much
+  of the gap is the CPU a microbatch costs nine nodes sharing the cores.
 
     sudo python scripts/bench_scale.py [--hidden H --layers L | --preset NAME] [--iterations N] [--json]
 
@@ -116,7 +124,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_scale_measure import (aggregation_breakdown, allreduce_s, apply_nice, calibrate, carried, cpu_busy_s,  # noqa: E402
-                                 flow_nice, node_figures, part_key, read_text, swarm_bound)
+                                 flow_nice, node_figures, part_key, read_text, swarm_bound, swarm_cpu)
 
 SETTINGS = {
     "fp32": {"precision": "fp32", "wire_dtype": "fp32", "compression": "none"},
@@ -377,6 +385,10 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
     span = max(w["seconds"] for w in window.values())
     other_cores = max(0.0, (busy1 - busy0) - sum(w["cpu_s"] for w in window.values())) / max(span, 1e-9)
     bound = swarm_bound(last, window, rates, args.cores, part_cpu)
+    spent = swarm_cpu(window)  # what a microbatch cost each node in the swarm, against `calibrate`'s alone
+    own = {k: swarm_bound(last, window, rates, args.cores, part_cpu, {n: c[p] for n, c in spent.items()})
+           for k, p in (("all", "total"), ("pipeline", "pipeline"))}
+    own_tps = {k: b["microbatches_per_s"] * tokens_per_mb for k, b in own.items()}
     all_tokens = sum(r["microbatches"] for r in records) * tokens_per_mb
     sent = sum(node_figures(last[n])["sent_bytes"] for n in names)
     dense = sum(node_figures(last[n])["dense_bytes"] for n in names)
@@ -422,6 +434,12 @@ def run_setting(setting: str, args: argparse.Namespace, workdir: Path, baseline:
         "compute_s_per_microbatch": {n: round(w["compute_s"] / max(w["microbatches"], 1e-9), 3)
                                      for n, w in window.items()},
         "part_cpu_s_per_microbatch": {str(k): round(v, 4) for k, v in part_cpu.items()},
+        "swarm_cpu_s_per_microbatch": spent,
+        "swarm_cpu_bound_tokens_per_s": round(own_tps["all"], 2),
+        "swarm_cpu_utilization": round(tps / own_tps["all"], 3) if own_tps["all"] > 0 else None,
+        "pipeline_cpu_bound_tokens_per_s": round(own_tps["pipeline"], 2),
+        "pipeline_cpu_utilization": round(tokens / pipeline / own_tps["pipeline"], 3)
+        if pipeline > 0 and own_tps["pipeline"] > 0 else None,
         "cores_used": bound["cores_used"], "cpu_shares": args.cpu_shares, "nice": nice,
         "link_ratios": {n: last[n]["compression"]["link_ratios"] for n in names
                         if last[n]["compression"]["link_ratios"]},
@@ -451,6 +469,26 @@ def table(results: list[dict], args: argparse.Namespace) -> str:
                      f"{r['cores_used']:.2f} | {r['other_jobs_cores']:.2f} | {r['between_iterations_s']:.1f} | "
                      f"{r['wire_bytes_per_token']:.0f} | {wire} | {r['lab_bytes_per_token']:.0f} | "
                      f"{r['final_loss']:.4f} | {loss} |")
+    lines += ["", "CPU seconds a microbatch cost each part: alone on one thread (`calibrate`, the bound's) and in the "
+              "swarm (`swarm_cpu`, the mean of the part's nodes: its compute, the process outside torch and outside "
+              "the aggregations, a relay's products), and the bound at the swarm's costs (the pipeline's: without "
+              "the products).", "",
+              "| setting | part | alone | compute | outside torch | products | total | / alone | rest of the "
+              "aggregation |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        by_part: dict[int, list] = {}
+        for n, c in r.get("swarm_cpu_s_per_microbatch", {}).items():
+            by_part.setdefault(part_key(n), []).append(c)
+        for k, cs in sorted(by_part.items()):
+            mean = {p: sum(c[p] for c in cs) / len(cs) for p in cs[0]}
+            alone = r["part_cpu_s_per_microbatch"][str(k)]
+            lines.append(f"| {r['setting']} | {'data' if k < 0 else f'stage {k}'} | {alone:.4f} | "
+                         + " | ".join(f"{mean[p]:.4f}" for p in ("compute", "outside_torch", "products", "total"))
+                         + f" | {mean['total'] / alone:.2f} | {mean['aggregation_rest']:.4f} |")
+        if "swarm_cpu_bound_tokens_per_s" in r:
+            lines.append(f"| {r['setting']} | bound | {r['bound_tokens_per_s']:.1f} tokens/s | | | pipeline "
+                         f"{r['pipeline_cpu_bound_tokens_per_s']:.1f} (utilization {r['pipeline_cpu_utilization'] or 0:.2f}) "
+                         f"| {r['swarm_cpu_bound_tokens_per_s']:.1f} (utilization {r['swarm_cpu_utilization']:.2f}) | | |")
     lines += ["", f"Memory per node: peak RSS less a process that only imported what a node imports "
               f"({r0['baseline_rss_mb']:.0f} MiB), against model/memory.py's estimate of the part; and the raw peak "
               f"RSS against the estimate with its fixed process overhead.", "",

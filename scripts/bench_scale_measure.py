@@ -21,11 +21,12 @@ CALLS_PER_MICROBATCH = {"relay": 2, "data": 3}  # runtime/node/stage.py: stage c
 
 
 def swarm_bound(status: dict[str, dict], window: dict[str, dict], rates: dict[str, float], cores: float,
-                part_cpu_s: dict[int, float]) -> dict:
+                part_cpu_s: dict[int, float], node_cpu_s: dict[str, float] | None = None) -> dict:
     """`throughput_bound` of the swarm: `status`, each node's status.json (its role and stage); `window`, what it
     measured after iteration 0 (node -> {"microbatches", "sent_bytes", "cpu_s", "seconds"}, differences of two
     status.json); `rates`, its uplink and downlink in Mbit/s; `part_cpu_s`, the CPU seconds one microbatch costs
-    each part computed alone (`calibrate`; -1: the data part).
+    each part computed alone (`calibrate`; -1: the data part), or `node_cpu_s`, what each node spent per microbatch
+    in the swarm (`swarm_cpu`).
 
     A node handles at most 1 / its part's cost microbatches per second (one torch thread), and no more than its
     link's rate over the bytes it sends per microbatch (it receives about as many: an activation of the same
@@ -38,7 +39,7 @@ def swarm_bound(status: dict[str, dict], window: dict[str, dict], rates: dict[st
         stage_of[n] = -1 if st["role"] == "data" else st["stage"]
         w = window[n]
         per_mb_bytes[n] = w["sent_bytes"] / max(w["microbatches"], 1e-9)  # activations and gradients it sends
-        cost[n] = part_cpu_s[stage_of[n]]
+        cost[n] = node_cpu_s[n] if node_cpu_s is not None else part_cpu_s[stage_of[n]]
         compute = 1.0 / cost[n] if cost[n] > 0 else math.inf
         nic = rates[n] * 1e6 / 8 / per_mb_bytes[n] if per_mb_bytes[n] > 0 else math.inf
         node_rate[n] = min(compute, nic)
@@ -56,6 +57,26 @@ def swarm_bound(status: dict[str, dict], window: dict[str, dict], rates: dict[st
     # the CPU the swarm's processes used, in cores, over the window: all of its work, the compute's and the rest
     out["cores_used"] = round(sum(w["cpu_s"] for w in window.values()) / max(
         max(w["seconds"] for w in window.values()), 1e-9), 3)
+    return out
+
+
+def swarm_cpu(window: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """The CPU seconds each node spent per microbatch it carried over the window: `compute`, its torch worker inside
+    the microbatches' compute (status.json `compute_cpu_s`); `outside_torch`, the rest of the process's CPU outside
+    its aggregations (the event loop: frames, link emulation, flow and liveness messages); `products`, a relay's
+    weight gradients multiplied out from the held factors at the aggregation (its `commit_many` work); `pipeline`
+    (compute and outside torch) and `total` (the three).  What an aggregation costs beside its products (the
+    all-reduce's transfers and sums, the gradient vector, the step) is once per iteration, not per microbatch:
+    `aggregation_rest`, per microbatch, beside."""
+    out = {}
+    for n, w in window.items():
+        mb = max(w["microbatches"], 1e-9)
+        parts = {"compute": w["compute_cpu_s"] / mb, "products": w["products_cpu_s"] / mb,
+                 "outside_torch": max(0.0, w["cpu_s"] - w["aggregation_cpu_s"] - w["compute_cpu_s"]) / mb}
+        parts["pipeline"] = parts["compute"] + parts["outside_torch"]
+        parts["total"] = parts["pipeline"] + parts["products"]
+        parts["aggregation_rest"] = max(0.0, w["aggregation_cpu_s"] - w["products_cpu_s"]) / mb
+        out[n] = {k: round(v, 4) for k, v in parts.items()}
     return out
 
 
@@ -114,8 +135,11 @@ def read_text(path: Path) -> str:
 
 def node_figures(st: dict) -> dict:
     calls = CALLS_PER_MICROBATCH["data" if st["role"] == "data" else "relay"]
+    work = st.get("work_cpu_s", {})
     return {"microbatches": st["compute_calls"] / calls, "cpu_s": st["resources"]["cpu_s"],
-            "compute_s": st["compute_s"], "seconds": st["time"],
+            "compute_s": st["compute_s"], "seconds": st["time"], "compute_cpu_s": st.get("compute_cpu_s", 0.0),
+            "work_cpu_s": sum(work.values()), "products_cpu_s": work.get("commit_many", 0.0),
+            "aggregation_cpu_s": st.get("aggregation_cpu_s", 0.0),
             "sent_bytes": st["compression"]["sent_bytes"], "dense_bytes": st["compression"]["dense_bytes"]}
 
 

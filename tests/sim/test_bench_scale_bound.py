@@ -96,3 +96,23 @@ def test_bad_flags_get_one_line(argv: list[str], says: str) -> None:
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_scale.py"), *argv], capture_output=True,
                          text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr
+
+
+def test_swarm_cpu_splits_what_a_microbatch_cost_and_bounds_the_flow_with_it() -> None:
+    bench = _bench()
+    from bench_scale_measure import swarm_cpu
+
+    # 10 microbatches: compute 1 s, products 0.5 s of the aggregations' 2 s, the process 4 s in all
+    w = {"microbatches": 10.0, "cpu_s": 4.0, "compute_cpu_s": 1.0, "work_cpu_s": 1.5, "products_cpu_s": 0.5,
+         "aggregation_cpu_s": 2.0, "sent_bytes": 1.0, "seconds": 20.0}
+    got = swarm_cpu({"a": w})["a"]
+    assert got["compute"] == pytest.approx(0.1) and got["products"] == pytest.approx(0.05)
+    assert got["outside_torch"] == pytest.approx(0.1)  # 4 - 2 (aggregations) - 1 (compute), per microbatch
+    assert got["pipeline"] == pytest.approx(0.2) and got["total"] == pytest.approx(0.25)
+    assert got["aggregation_rest"] == pytest.approx(0.15)
+    status = {n: {"role": "data" if s < 0 else "relay", "stage": None if s < 0 else s} for n, s in STAGE.items()}
+    window = {n: {"microbatches": 10.0, "sent_bytes": 1.0, "cpu_s": 5.0, "seconds": 20.0} for n in STAGE}
+    part = {-1: 0.05, 0: 0.1, 1: 0.1}
+    # the nodes' own costs, twice the parts' alone: half the flow on 2 cores
+    own = bench.swarm_bound(status, window, {n: 1000.0 for n in STAGE}, 2.0, part, {n: 2 * CPU[n] for n in STAGE})
+    assert own["microbatches_per_s"] == pytest.approx(4.0, rel=1e-4) and own["limited_by"] == "cpu"

@@ -435,7 +435,7 @@ class Aggregation:
         self.wire.spawn(self._step, e)
 
     async def _step(self, e: StartStep) -> None:
-        t0 = now()
+        t0, cpu0 = now(), time.process_time()
         relay = self.peers.role == "relay"
         keys: list = []  # relay: the contributions the recovery machine names (backward computed here, attempt
         if relay:  # not released), as (data node, seq, iteration)
@@ -487,6 +487,7 @@ class Aggregation:
         if self.checkpointer.due(e.iteration):
             await self.checkpointer.after_step(self.wire.spawn)
         # the checkpoint: the state taken after this step, and the wait for the last one's file before the gradient
+        self.stage.aggregation_cpu_s += time.process_time() - cpu0  # (all threads: status.json)
         self.parts = {"commit": t_wait - t0, "gradient": t_ar - t_grad, "all_reduce": t_step - t_ar,
                       "step": t_ck - t_step, "checkpoint": now() - t_ck + t_grad - t_wait}
         # one line per step (module doc "Logs"): at a relay the round that summed it and the contributions held here,

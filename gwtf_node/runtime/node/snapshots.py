@@ -15,7 +15,7 @@ status reads these components through `status()` only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,9 @@ class StageStatus:
     compute_ms: float  # per microbatch (`LocalStage.compute_ms`)
     applied_steps: int
     work_s: dict[str, float]  # piece of work -> the seconds it took last
+    compute_cpu_s: float = 0.0  # the worker thread's CPU time inside the compute
+    work_cpu_s: dict[str, float] = field(default_factory=dict)  # piece of work -> its CPU time, all calls
+    aggregation_cpu_s: float = 0.0  # the process's CPU time in its aggregations (all threads)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,11 @@ while a stage computes.  `compute` counts the time spent inside stage
 forward/backward/embedding/head (`compute_s`, status.json), and per microbatch
 key (`key_compute_s`, emptied by tally.py into useful and wasted compute);
 `run` is for the rest (optimizer step, state snapshots, checkpoints).
+Both also count the worker thread's CPU time (`compute_cpu_s`, and
+`work_cpu_s` per piece of work over all its calls), and aggregation.py
+the process's CPU time in its aggregations (`aggregation_cpu_s`, all
+threads): where several nodes share a machine's cores, what their work
+costs there, beside its wall time that counts the waiting for a core.
 `compute_ms` is this node's compute per microbatch, Equation 1's c_i: the
 smoothed time of one call times the calls of one microbatch (a relay's
 forward and backward; a data node's embedding, head with its loss, and
@@ -65,6 +70,9 @@ class LocalStage:
         self.source = None  # data nodes: model.data.MicrobatchSource
         self.limiter = trio.CapacityLimiter(1)
         self.compute_s = 0.0  # time inside stage forward/backward/embed/head (not the optimizer step)
+        self.compute_cpu_s = 0.0  # the worker thread's CPU time inside them
+        self.work_cpu_s: dict[str, float] = {}  # piece of work -> the worker thread's CPU time in it, all calls
+        self.aggregation_cpu_s = 0.0  # the process's CPU time in its aggregations, all threads (aggregation.py)
         self.compute_calls = 0
         self.key_compute_s: dict[tuple, float] = {}  # microbatch key -> compute seconds not yet tallied (tally.py)
         self.applied_steps = 0  # optimizer steps applied to this node's part
@@ -93,12 +101,13 @@ class LocalStage:
         spent = [0.0]
 
         def timed():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 return fn(*args)
             finally:
                 spent[0] = time.perf_counter() - t0
                 self.compute_s += spent[0]
+                self.compute_cpu_s += time.thread_time() - c0
                 self.compute_calls += 1
 
         try:
@@ -117,11 +126,13 @@ class LocalStage:
     async def run(self, fn, *args):
         """Run torch work that is not stage compute (step, snapshot) in the worker thread; timed in `work_s`."""
         def timed():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
+            what = getattr(fn, "__name__", "work")
             try:
                 return fn(*args)
             finally:
-                self.note_work(getattr(fn, "__name__", "work"), time.perf_counter() - t0)
+                self.note_work(what, time.perf_counter() - t0)
+                self.work_cpu_s[what] = self.work_cpu_s.get(what, 0.0) + time.thread_time() - c0
 
         return await trio.to_thread.run_sync(timed, limiter=self.limiter)
 
@@ -197,4 +208,4 @@ class LocalStage:
     def status(self) -> StageStatus:
         """What the status shows of this node's part (snapshots.py): copies, built now."""
         return StageStatus(self.device, self.compute_s, self.compute_calls, self.compute_ms(), self.applied_steps,
-                           dict(self.work_s))
+                           dict(self.work_s), self.compute_cpu_s, dict(self.work_cpu_s), self.aggregation_cpu_s)

@@ -201,6 +201,9 @@ class Status:
             "event_loop": lv.event_loop,  # how late the event loop ran (looplag.py)
             # the work measured here (stage.py), the last aggregation's parts, each watched peer's deadline
             "work_s": {k: round(v, 3) for k, v in st.work_s.items()},
+            "compute_cpu_s": round(st.compute_cpu_s, 6),  # the torch worker's CPU time: compute, other work
+            "work_cpu_s": {k: round(v, 4) for k, v in st.work_cpu_s.items()},
+            "aggregation_cpu_s": round(st.aggregation_cpu_s, 4),  # the process's, all threads (aggregation.py)
             "aggregation_parts": {k: round(v, 3) for k, v in agg.parts.items()},
             "last_all_reduce": agg.last_all_reduce,  # its time, tensor work, MB sent
             "dead_after_s": {p: round(d, 1) for p, d in sorted(lv.deadlines_s.items())},
