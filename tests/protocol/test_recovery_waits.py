@@ -29,7 +29,7 @@ from gwtf_node.protocol.recovery import Compute, IterationSettled, Key, Recovery
 
 
 def _config(nid: str, n: int, relays: tuple[str, ...] = ("a0",), cap: int | None = None,
-            held_takes_room: bool = False) -> RecoveryConfig:
+            hold_limit: int = 0) -> RecoveryConfig:
     common = dict(default_prior_s=1.0, e2e_prior_s=2.0, probe_wait_s=1.0, policy="gwtf", max_rounds=3,
                   data_nodes=("d",), last_stage=0)
     if nid == "d":
@@ -37,17 +37,18 @@ def _config(nid: str, n: int, relays: tuple[str, ...] = ("a0",), cap: int | None
                               prev_peers=dict.fromkeys(relays, 1.0), peer_capacity=dict.fromkeys(relays, cap or n),
                               **common)
     return RecoveryConfig(node_id=nid, stage=0, next_peers={"d": 1.0}, prev_peers={"d": 1.0}, peer_capacity={},
-                          capacity=cap or n, held_takes_room=held_takes_room, **common)
+                          capacity=cap or n, hold_limit=hold_limit, **common)
 
 
 def _run(n: int, compute_s: float, never: int | None = None, fail: tuple[str, str, int] | None = None,
          relays: tuple[str, ...] = ("a0",), cap: int | None = None,
-         held_takes_room: bool = False) -> tuple[RecoveryNode, IterationSettled, float]:
+         hold_limit: int = 0) -> tuple[RecoveryNode, IterationSettled, float]:
     """Iteration 0 of `n` microbatches through the relays (a second one, a1, computes at once), a0 computing
     one at a time (`compute_s` each); a0 never computes the backward of seq `never`, and `fail` = (node, kind,
     seq): that node cannot run the first computation of that kind for that seq (the driver's
-    `on_compute_failed`); each relay's capacity `cap` (default `n`); (d, its settlement, the time it settled)."""
-    nodes = {nid: RecoveryNode(_config(nid, n, relays, cap, held_takes_room), random.Random(0))
+    `on_compute_failed`); each relay's capacity `cap` (default `n`) and `hold_limit`; (d, its settlement, the time
+    it settled)."""
+    nodes = {nid: RecoveryNode(_config(nid, n, relays, cap, hold_limit), random.Random(0))
              for nid in ("d", *relays)}
     nodes["d"].set_flows({"d": {r: min(cap or n, n // len(relays)) for r in relays}})
     events: list = []  # (time, order, kind, payload)
@@ -133,24 +134,34 @@ def test_a_data_nodes_computation_that_cannot_run_defers_the_microbatch(kind: st
     assert d.stats.gave_up == 1 and d.stats.probes == 0, d.stats
 
 
-@pytest.mark.parametrize("held_takes_room", [False, True])
-def test_held_gradients_take_a_relays_room_where_its_capacity_is_its_memorys(held_takes_room: bool) -> None:
-    """A relay of capacity 1 holds the gradients of every microbatch it carried to the step: with
-    `held_takes_room` (its capacity is what fits its memory, each microbatch its activations or its gradients)
-    it carries 1 an iteration and the rest are deferred; without, a unit freed is filled again."""
-    d, done, _ = _run(6, compute_s=0.1, relays=("a0", "a1"), cap=1, held_takes_room=held_takes_room)
-    if held_takes_room:
+@pytest.mark.parametrize("hold_limit", [0, 1])
+def test_held_gradients_take_a_relays_room_where_its_capacity_is_its_memorys(hold_limit: int) -> None:
+    """A relay of capacity 1 holds the gradients of every microbatch it carried to the step: with a `hold_limit`
+    of 1 (its capacity is what fits its memory, each microbatch its activations or its gradients) it carries 1
+    an iteration and the rest are deferred; without, a unit freed is filled again."""
+    d, done, _ = _run(6, compute_s=0.1, relays=("a0", "a1"), cap=1, hold_limit=hold_limit)
+    if hold_limit:
         assert len(done.completed_seqs) == 2 and done.deferred == 4, done
     else:
         assert done.completed_seqs == tuple(range(6)) and done.deferred == 0, done
 
 
+@pytest.mark.parametrize("hold_limit, carried", [(0, 12), (3, 3), (5, 5), (20, 12)])
+def test_a_hold_limit_bounds_what_a_relay_carries_in_an_iteration_beside_its_capacity_in_flight(
+        hold_limit: int, carried: int) -> None:
+    """A relay given `--capacity 2` and memory for `hold_limit` microbatches: at most 2 in flight at once, and
+    no more than `hold_limit` carried in the iteration (in flight, or their gradients held to the step); what it
+    cannot take goes through the other relay or is deferred."""
+    d, done, _ = _run(12, compute_s=0.1, relays=("a0",), cap=2, hold_limit=hold_limit)
+    assert len(done.completed_seqs) == carried and done.deferred == 12 - carried, done
+
+
 def test_held_gradients_of_an_iteration_never_aggregated_leave_with_a_later_step() -> None:
     """A relay that held gradients of iteration 3 and took a downloaded state instead of aggregating it: its
     step of iteration 5 drops them, as the part's step drops its held gradients, and their room is free again."""
-    a0 = RecoveryNode(_config("a0", 2, cap=2, held_takes_room=True), random.Random(0))
+    a0 = RecoveryNode(_config("a0", 2, cap=2, hold_limit=2), random.Random(0))
     a0.relay.contribute(Key("d", 6, 3), 0)
     a0.relay.contribute(Key("d", 10, 5), 0)
-    assert a0.routing.slots_used(a0) == 2
+    assert a0.routing.held(a0) == 2 and a0.routing.room_left(a0) == 0
     a0.aggregation_done(0.0, 5)
-    assert a0.contrib == {} and a0.routing.slots_used(a0) == 0
+    assert a0.contrib == {} and a0.routing.held(a0) == 0 and a0.routing.room_left(a0) == 2

@@ -15,7 +15,7 @@ import torch
 from gwtf_node.cli import main
 from gwtf_node.model import memory
 from gwtf_node.model.hfconfig import family_config, parameter_counts
-from gwtf_node.model.manifest import default_manifest
+from gwtf_node.model.manifest import default_manifest, load_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = ROOT / "tests" / "support" / "memprobe.py"
@@ -235,3 +235,30 @@ def test_join_a_stage_that_does_not_fit_exits_2_at_start(huge: Path, tmp_path: P
     lines = [ln for ln in out.stderr.strip().splitlines() if ln.startswith("error: ")]
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
     assert expect in lines[0] and "MiB available RAM (MemAvailable)" in lines[0], lines[0]
+
+
+def test_an_explicit_capacity_leaves_the_memory_to_bound_what_a_relay_holds(tmp_path: Path, monkeypatch) -> None:
+    """`join --capacity N --stage K`: N in flight, and a hold limit of what fits the device (up to the demand of
+    the run's data nodes), so that the microbatches whose gradients it holds to the step never outgrow its memory;
+    without --capacity both are what fits (at most one data node's demand)."""
+    import argparse
+
+    from gwtf_node.cli import CliError, _capacity_that_fits
+
+    run = tmp_path / "run.json"
+    assert main(["init-run", "--out", str(run), "--preset", "llama-135m", "--stages", "3", "--open-relays"]) == 0
+    man = load_manifest(run, check_files=False)
+    counts = parameter_counts(man.model.family, man.model.config)
+    m = man.data.microbatches_per_iteration
+    fits = m + 3  # memory for more than one data node's demand, less than two
+    monkeypatch.setattr(memory, "free_bytes", lambda device: memory.estimate(man, "relay", 1, fits, counts).total)
+
+    def caps(capacity: int, data_nodes: int = 2) -> tuple[int, int]:
+        args = argparse.Namespace(run=str(run), role="relay", capacity=capacity, data_nodes=data_nodes)
+        return _capacity_that_fits(args, 1, "cpu")[:2]
+
+    assert caps(2) == (2, fits)
+    assert caps(2, data_nodes=1) == (2, m)  # (at most the demand)
+    assert caps(0) == (m, m)  # what fits, at most one data node's demand
+    with pytest.raises(CliError, match="stage1 needs "):
+        caps(fits + 1)

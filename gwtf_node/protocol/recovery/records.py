@@ -172,9 +172,10 @@ class RecoveryConfig:
     lend: bool = False  # GWTF: a finished data node's idle units serve the others (data.py, "Lending")
     fastest_unit: bool = False  # GWTF data node: launch on the free unit that brought microbatches back first
     one_wave: bool = False  # an iteration is one wave: what finds no route is deferred (data.py, "One wave")
-    # a relay: the microbatches whose gradients it holds to the step take room as those in flight do (a capacity
-    # sized by memory, model/memory.py: `capacity` microbatches, each its activations or its held gradients)
-    held_takes_room: bool = False
+    # a relay: the most microbatches it holds at once, in flight or their gradients held to the step (what fits its
+    # memory, model/memory.py: each microbatch its activations or its held gradients); 0: `capacity` alone, on those
+    # in flight
+    hold_limit: int = 0
     k: float = K_DEADLINE
     margin_s: float = MARGIN_S
     max_rounds: int = MAX_ROUNDS

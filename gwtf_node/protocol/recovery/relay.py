@@ -157,7 +157,7 @@ class RelaySide:
         peers = node.peers
         if peers.denied and not node.is_data and (
                 node.stage == node.cfg.last_stage or node.routing.live_next(node)):
-            free = node.cfg.capacity - node.routing.slots_used(node)
+            free = node.routing.room_left(node)
             if free > 0:
                 for p in sorted(peers.denied):
                     eff.append(Send(p, Room(free)))
@@ -302,7 +302,7 @@ class RelaySide:
             self.drop(node, key, eff)  # a newer attempt, or a repair the data node ordered: it supersedes mine
         aggregating = (msg.iteration - 1) in self.begun and (msg.iteration - 1) not in self.stepped
         leaving = self.last_iteration is not None and msg.iteration > self.last_iteration
-        if msg.iteration in self.begun or aggregating or leaving or node.routing.slots_used(node) >= node.cfg.capacity:
+        if msg.iteration in self.begun or aggregating or leaving or node.routing.room_left(node) <= 0:
             self.deny(node, sender, key, a, eff)  # (aggregating: my parameters are not those of this iteration yet)
             return
         recover = type(msg) is Recover

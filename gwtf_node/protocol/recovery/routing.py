@@ -32,15 +32,20 @@ class Routing:
         return node.peers.live_next()
 
     def slots_used(self, node: RecoveryNode) -> int:
-        """A relay's microbatches in flight (`SLOT_PHASES`), and with `held_takes_room` those whose gradients it
-        holds for an iteration whose aggregation has not begun."""
-        if node.is_data:
-            return 0
-        used = sum(1 for r in node.mbs.values() if r.phase in SLOT_PHASES)
-        if node.cfg.held_takes_room:
-            rs = node.relay
-            used += sum(len(keys) for it, keys in rs.contrib.items() if it not in rs.begun)
-        return used
+        """A relay's microbatches in flight (`SLOT_PHASES`)."""
+        return 0 if node.is_data else sum(1 for r in node.mbs.values() if r.phase in SLOT_PHASES)
+
+    def held(self, node: RecoveryNode) -> int:
+        """The microbatches whose gradients a relay holds for an iteration whose aggregation has not begun."""
+        rs = node.relay
+        return 0 if node.is_data else sum(len(keys) for it, keys in rs.contrib.items() if it not in rs.begun)
+
+    def room_left(self, node: RecoveryNode) -> int:
+        """The microbatches a relay can still take: `capacity` less those in flight, and with a `hold_limit`, at
+        most it less those in flight and those whose gradients it holds."""
+        used = self.slots_used(node)
+        free = node.cfg.capacity - used
+        return min(free, node.cfg.hold_limit - used - self.held(node)) if node.cfg.hold_limit else free
 
     def inflight(self, node: RecoveryNode, j: str, d: str | None = None) -> int:
         """Microbatches whose activations I sent to j and j still holds (they occupy a unit / a slot)."""

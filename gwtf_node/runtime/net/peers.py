@@ -78,6 +78,9 @@ class Place:
     role: str  # "data" | "relay"
     stage: int | None  # -1: a data node; None: a relay waiting to be placed
     capacity: int
+    # a relay: the most microbatches it holds at once, in flight or their gradients held to the step (what fits its
+    # memory; 0: none known, `capacity` bounds those in flight)
+    hold_limit: int = 0
     joining: bool = False
     ready_from: int = 0
     leaving: bool = False
@@ -112,11 +115,15 @@ class Peers:
     def capacity(self) -> int:
         return self.place.capacity
 
-    def take_stage(self, stage: int) -> None:
+    def take_stage(self, stage: int, hold_limit: int | None = None) -> None:
         self.place.stage = stage
+        if hold_limit is not None:
+            self.place.hold_limit = hold_limit
 
-    def set_capacity(self, capacity: int) -> None:
+    def set_capacity(self, capacity: int, hold_limit: int | None = None) -> None:
         self.place.capacity = capacity
+        if hold_limit is not None:
+            self.place.hold_limit = hold_limit
 
     def set_standing(self, *, joining: bool | None = None, ready_from: int | None = None,
                      leaving: bool | None = None, leave_after: int | None = None) -> None:

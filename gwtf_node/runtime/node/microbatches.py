@@ -165,8 +165,7 @@ class MicrobatchesView:
 class Microbatches:
     def __init__(self, wire: Wire, peers: Peers, liveness: Liveness, flows: Flows, stage: LocalStage,
                  drivers: Drivers, faults: Faults, *, policy: str, lend: bool, iterations: int,
-                 on_settled: Callable[[int], None], on_finished: Callable[[], None],
-                 held_takes_room: bool = False) -> None:
+                 on_settled: Callable[[int], None], on_finished: Callable[[], None]) -> None:
         self.wire = wire
         self.peers = peers
         self.liveness = liveness
@@ -179,7 +178,6 @@ class Microbatches:
         self.faults = faults
         self.policy = policy
         self.lend = lend
-        self.held_takes_room = held_takes_room  # a relay whose capacity is what fits its memory (no --capacity)
         self.iterations = iterations  # data nodes: stop after this many (0: run forever)
         self.report_settled = on_settled  # a data node's microbatches of an iteration are settled: it reports them
         self.on_finished = on_finished  # a data node trained its iterations
@@ -263,7 +261,7 @@ class Microbatches:
             e2e_prior_s=e2e_prior_s(self.peers.n_stages, self.flows.next_costs.values()), probe_wait_s=PROBE_WAIT_S,
             policy=self.policy, swarm_assumed_capacity=max(1, cap),
             lend=self.lend and self.policy == "gwtf", fastest_unit=True,  # (SWARM: greedy, ignores it)
-            held_takes_room=relay and self.held_takes_room)
+            hold_limit=self.peers.place.hold_limit if relay else 0)
         seed = int.from_bytes(self.wire.me.encode()[-8:], "big")
         per_iteration = self.stage.manifest.data.microbatches_per_iteration
         self.rec = RecoveryNode(cfg, random.Random(seed), first_seq=0 if relay else first_iteration * per_iteration)

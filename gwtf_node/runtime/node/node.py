@@ -117,6 +117,7 @@ class NodeOptions:
     relay_service: bool = False  # serve as a circuit relay for nodes behind NAT (relay.py)
     capacity: int = 0  # 0: a data node's microbatches per iteration; a relay the same unless placed (measured)
     capacity_measured: bool = False  # no --capacity: what fits the device (the held gradients take room too)
+    hold_limit: int = 0  # an explicit --capacity: the microbatches that fit the device, in flight or held (0: unknown)
     iterations: int = 0  # data nodes: stop after this many (0: run forever)
     data_index: int = 0
     data_nodes: int = 1
@@ -246,6 +247,7 @@ class Node:
         # a data node restarted from a checkpoint is not counted in any aggregation until it settled the run's
         # step; a relay back with a checkpoint is not ready before resume.py says
         place = Place(o.role, -1 if o.role == "data" else ck.stage if ck is not None else o.stage, capacity,
+                      capacity if o.capacity_measured or not o.capacity else o.hold_limit,
                       joining=self.resumed if o.role == "data" else ck is not None)
         peers = Peers(host.peer_id, o.name, len(self.manifest.stages), place)
         self.peers = peers
@@ -266,8 +268,7 @@ class Node:
         flows = Flows(wire, peers, liveness, self.stage, drivers, self.links_cfg, on_changed=self._flows_changed)
         microbatches = Microbatches(wire, peers, liveness, flows, self.stage, drivers, self.faults,
                                     policy=o.policy, lend=o.lend, iterations=o.iterations,
-                                    on_settled=self._iteration_settled, on_finished=self.done_event.set,
-                                    held_takes_room=o.capacity_measured or not o.capacity)
+                                    on_settled=self._iteration_settled, on_finished=self.done_event.set)
         leadership = Leadership(wire, peers, host, drivers, o.state_dir, self.run_id,
                                 iteration_now=microbatches.iteration_now, on_change=self._leadership_changed,
                                 certificate=self.certificate, records=records, lease_s=o.lease_s,
