@@ -250,8 +250,8 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
 
 def _capacity_that_fits(args: argparse.Namespace, stage: int | None, device: str) -> tuple[int, int, Any, Any]:
     """The node's part fits its device (model/memory.py), else a one-line error giving the need and what is free;
-    returns the capacity and a relay's hold limit (what fits, where --capacity is given: Place.hold_limit), with the
-    manifest and its parameter counts (hfconfig.ParamCounts) read for it.
+    returns the capacity and a relay's hold limit (`memory.hold_limit`, 0 before it is placed), with the manifest
+    and its parameter counts (hfconfig.ParamCounts) read for it.
 
     `--stage K` and data nodes: the part at `--capacity`, or the most microbatches (at most the run's demand per
     data node) that fit when it is 0.  `--stage auto`: some stage must fit one microbatch; which ones do, and
@@ -275,12 +275,13 @@ def _capacity_that_fits(args: argparse.Namespace, stage: int | None, device: str
             raise CliError(memory.fit_error(man, "relay", smallest, 1, device, free, counts,
                                             fix="no stage of the run fits: use a larger device"))
         return args.capacity, 0, man, counts
-    demand = man.data.microbatches_per_iteration * (args.data_nodes if args.capacity else 1)  # (a hold limit's)
-    fits = memory.capacity_that_fits(man, args.role, stage, free, demand, counts, device) or 1
-    error = memory.fit_error(man, args.role, stage, cap if args.capacity else fits, device, free, counts)
+    if not args.capacity:
+        cap = memory.capacity_that_fits(man, args.role, stage, free, cap, counts, device) or 1
+    error = memory.fit_error(man, args.role, stage, cap, device, free, counts)
     if error:
         raise CliError(error)
-    return (args.capacity or fits if args.role == "relay" else args.capacity), max(fits, args.capacity), man, counts
+    hold = memory.hold_limit(man, stage, free, counts, device) if args.role == "relay" else 0
+    return (cap if args.role == "relay" else args.capacity), hold, man, counts
 
 
 def cmd_local(args: argparse.Namespace) -> int:
@@ -464,10 +465,9 @@ def _add_join_parser(sub: Any) -> argparse.ArgumentParser:
                    help="stop (exit 3) if no bootstrap peer accepted this node by then; retries with backoff "
                         "until then (0: retry forever)")
     j.add_argument("--capacity", type=_nonneg_int, default=0,
-                   help="microbatches a relay holds at once (0: as many as fit the device's free memory, at most "
-                        "one data node's demand, counting those whose gradients it holds to the step); N: at most N "
-                        "in flight, and with those whose gradients it holds, no more than fit the device; a node "
-                        "whose part does not fit exits at start")
+                   help="microbatches a relay has in flight at once (0: as many as fit the device's free memory, at "
+                        "most one data node's demand); with those whose gradients it holds to the step, never more "
+                        "than fit the device; a node whose part does not fit exits at start")
     j.add_argument("--iterations", type=_nonneg_int, default=0, help="data nodes: stop after N (0: forever)")
     j.add_argument("--data-index", type=_nonneg_int, default=0, help="data nodes: which shard of the data")
     j.add_argument("--data-nodes", type=_positive_int, default=1, help="data nodes of the run")

@@ -278,6 +278,13 @@ def capacity_that_fits(manifest: "RunManifest", role: str, stage: int | None, fr
     return max(1, min(cap, 1 + (free - one.total) // max(1, one.per_unit)))
 
 
+def hold_limit(manifest: "RunManifest", stage: int, free: int, counts: "ParamCounts | None" = None,
+               device: str = "cpu") -> int:
+    """The most microbatches a relay of `stage` holds within `free` bytes, in flight or their gradients held to the
+    step (each its activations or its held gradients: `capacity_that_fits` without a cap); 0 when not one fits."""
+    return capacity_that_fits(manifest, "relay", stage, free, 1 << 40, counts, device)
+
+
 def fit_error(manifest: "RunManifest", role: str, stage: int | None, capacity: int, device: str, free: int,
               counts: "ParamCounts | None" = None,
               fix: str = "join another stage, lower --capacity, or use a larger device") -> str | None:

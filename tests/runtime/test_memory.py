@@ -237,10 +237,10 @@ def test_join_a_stage_that_does_not_fit_exits_2_at_start(huge: Path, tmp_path: P
     assert expect in lines[0] and "MiB available RAM (MemAvailable)" in lines[0], lines[0]
 
 
-def test_an_explicit_capacity_leaves_the_memory_to_bound_what_a_relay_holds(tmp_path: Path, monkeypatch) -> None:
-    """`join --capacity N --stage K`: N in flight, and a hold limit of what fits the device (up to the demand of
-    the run's data nodes), so that the microbatches whose gradients it holds to the step never outgrow its memory;
-    without --capacity both are what fits (at most one data node's demand)."""
+def test_a_relay_holds_no_more_than_fit_its_device_whatever_its_capacity(tmp_path: Path, monkeypatch) -> None:
+    """`join --stage K`: the capacity (in flight) is --capacity, or what fits at most one data node's demand; the
+    hold limit (in flight and the microbatches whose gradients it holds to the step) is what fits the device,
+    uncapped, so that the flows may send a relay more than its capacity in an iteration but never more than fit."""
     import argparse
 
     from gwtf_node.cli import CliError, _capacity_that_fits
@@ -250,15 +250,17 @@ def test_an_explicit_capacity_leaves_the_memory_to_bound_what_a_relay_holds(tmp_
     man = load_manifest(run, check_files=False)
     counts = parameter_counts(man.model.family, man.model.config)
     m = man.data.microbatches_per_iteration
-    fits = m + 3  # memory for more than one data node's demand, less than two
-    monkeypatch.setattr(memory, "free_bytes", lambda device: memory.estimate(man, "relay", 1, fits, counts).total)
+    fits = m + 3  # memory for more than one data node's demand
+    free = memory.estimate(man, "relay", 1, fits, counts).total
+    monkeypatch.setattr(memory, "free_bytes", lambda device: free)
 
-    def caps(capacity: int, data_nodes: int = 2) -> tuple[int, int]:
-        args = argparse.Namespace(run=str(run), role="relay", capacity=capacity, data_nodes=data_nodes)
+    def caps(capacity: int) -> tuple[int, int]:
+        args = argparse.Namespace(run=str(run), role="relay", capacity=capacity)
         return _capacity_that_fits(args, 1, "cpu")[:2]
 
     assert caps(2) == (2, fits)
-    assert caps(2, data_nodes=1) == (2, m)  # (at most the demand)
-    assert caps(0) == (m, m)  # what fits, at most one data node's demand
+    assert caps(0) == (m, fits)
     with pytest.raises(CliError, match="stage1 needs "):
         caps(fits + 1)
+    assert memory.hold_limit(man, 1, free, counts) == fits
+    assert memory.hold_limit(man, 1, memory.estimate(man, "relay", 1, 1, counts).total - 1, counts) == 0

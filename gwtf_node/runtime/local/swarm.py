@@ -209,8 +209,7 @@ class LocalSwarm:
             cmd += ["--role", "data", "--data-index", name[1:], "--data-nodes", str(self.data_nodes),
                     "--iterations", str(self.iterations)]
         else:
-            cmd += ["--role", "relay", "--stage", "auto" if self.auto_stage else str(_stage(name)),
-                    "--data-nodes", str(self.data_nodes)]  # (the most a relay may hold: their demand)
+            cmd += ["--role", "relay", "--stage", "auto" if self.auto_stage else str(_stage(name))]
             if self.relay_capacity:
                 cmd += ["--capacity", str(self.relay_capacity)]
         for addr in [bootstrap] if isinstance(bootstrap, str) else bootstrap or []:

@@ -115,15 +115,11 @@ class Peers:
     def capacity(self) -> int:
         return self.place.capacity
 
-    def take_stage(self, stage: int, hold_limit: int | None = None) -> None:
-        self.place.stage = stage
-        if hold_limit is not None:
-            self.place.hold_limit = hold_limit
+    def take_stage(self, stage: int, hold_limit: int = 0) -> None:
+        self.place.stage, self.place.hold_limit = stage, hold_limit
 
-    def set_capacity(self, capacity: int, hold_limit: int | None = None) -> None:
+    def set_capacity(self, capacity: int) -> None:
         self.place.capacity = capacity
-        if hold_limit is not None:
-            self.place.hold_limit = hold_limit
 
     def set_standing(self, *, joining: bool | None = None, ready_from: int | None = None,
                      leaving: bool | None = None, leave_after: int | None = None) -> None:

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import trio
 
-from ...model.memory import largest_state_bytes
+from ...model.memory import free_bytes, hold_limit, largest_state_bytes
 from ...protocol import messages as m
 from ...protocol.bounds import MAX_STATE_BYTES
 from ...protocol.effects import Send
@@ -79,7 +79,6 @@ class Joining:
         self.driver = drivers.make(Owner.JOINER, self.on_timer)  # the joiner machine's
         self.host = host
         self.capacity_flag = capacity_flag  # --capacity (0: measured)
-        self.fits: dict[int, int] = {}  # the stages that fit this device: the microbatches that fit each (joining)
         self.data_nodes = data_nodes  # --data-nodes: the demand a relay may have to hold
         self.on_gone = on_gone  # a peer said Goodbye: forget it everywhere
         self.on_left = on_left  # this node left the run
@@ -109,12 +108,12 @@ class Joining:
 
     # ---------------------------------------------------------------- joining
     def _fitting_stages(self) -> dict[int, int]:
-        """The stages whose part fits this device's free memory, each with the microbatches that fit there, at most
-        the demand of the run's data nodes (model/memory.py); --capacity, when given, must fit as it is (and what fits
-        is the hold limit there: Place.hold_limit)."""
+        """The stages whose part fits this device's free memory, each with the capacity that fits there, at most
+        the demand of the run's data nodes (model/memory.py); --capacity, when given, must fit as it is."""
         from ...model import memory
 
-        cap, device = self.manifest.data.microbatches_per_iteration * self.data_nodes, str(self.stage.device)
+        cap = self.capacity_flag or self.manifest.data.microbatches_per_iteration * self.data_nodes
+        device = str(self.stage.device)
         fits = memory.stage_capacities(self.manifest, memory.free_bytes(device), cap, device=device)
         if self.capacity_flag:
             return {k: c for k, c in fits.items() if c >= self.capacity_flag}
@@ -151,8 +150,8 @@ class Joining:
             log.warning("joining: no stage of the run fits this device's free memory; waiting to be placed anyway")
         cfg = JoinerConfig(self.wire.me, self._measured_capacity(fits), self._stage_costs(fits or None),
                            link_costs=links)
-        self.peers.set_capacity(cfg.capacity, 0 if self.capacity_flag else cfg.capacity)
-        self.fits, self.joiner = fits, JoinerMachine(cfg)
+        self.peers.set_capacity(cfg.capacity)
+        self.joiner = JoinerMachine(cfg)
         self.peers.set_standing(joining=True)
         log.info("joining: capacity %d, stage costs %s; waiting for the leader's assignment",
                  cfg.capacity, cfg.stage_costs)
@@ -206,7 +205,8 @@ class Joining:
         log.info("assigned to stage %d by the leader (term %d); state from %s, serving from iteration %d",
                  a.stage, a.term, self.peers.who(a.download_from) if a.download_from != INITIAL
                  else "the run's initial weights", a.start_iteration)
-        self.peers.take_stage(a.stage, self.fits.get(a.stage, 0) if self.capacity_flag else None)
+        dev = str(self.stage.device)  # (what fits it now, before the part is built: Place.hold_limit)
+        self.peers.take_stage(a.stage, hold_limit(self.manifest, a.stage, free_bytes(dev), device=dev))
         self.peers.set_standing(joining=True)
         self.want_after = max(self.want_after, a.start_iteration)
         self.aggregation.new_phases()  # from now on a BEGIN that leaves us out raises `want_after`
