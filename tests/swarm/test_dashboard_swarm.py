@@ -59,6 +59,9 @@ async def test_dashboard_of_a_running_swarm(tmp_path: Path) -> None:
         d0, r0, r1 = v["d0"], v["r0_0"], v["r1_0"]
         assert (d0["node"]["role"], d0["node"]["stage"]) == ("data", None)
         assert [(x["node"]["role"], x["node"]["stage"]) for x in (r0, r1)] == [("relay", 0), ("relay", 1)]
+        # a relay's capacity is its --capacity (the demand here), what it holds at once what fits this machine
+        assert d0["node"]["hold_limit"] is None
+        assert all(x["node"]["capacity"] == 4 and x["node"]["hold_limit"] > 100 for x in (r0, r1)), (r0, r1)
         assert d0["election"]["leader"] == d0["node"]["peer_id"] and d0["node"]["is_leader"]
         assert d0["election"]["voters"] == [{"peer_id": d0["node"]["peer_id"], "name": "d0", "reachable": True,
                                              "me": True}]

@@ -116,7 +116,6 @@ class NodeOptions:
     tensor_port: int | None = None  # the tensor channel's port (None: the libp2p port + 1; addresses.py)
     relay_service: bool = False  # serve as a circuit relay for nodes behind NAT (relay.py)
     capacity: int = 0  # 0: a data node's microbatches per iteration; a relay the same unless placed (measured)
-    capacity_measured: bool = False  # no --capacity: what fits the device (the held gradients take room too)
     hold_limit: int = 0  # a relay: the microbatches that fit its device, in flight or held to the step (0: unknown)
     iterations: int = 0  # data nodes: stop after this many (0: run forever)
     data_index: int = 0
