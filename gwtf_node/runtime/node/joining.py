@@ -206,7 +206,7 @@ class Joining:
                  a.stage, a.term, self.peers.who(a.download_from) if a.download_from != INITIAL
                  else "the run's initial weights", a.start_iteration)
         dev = str(self.stage.device)  # (what fits it now, before the part is built: Place.hold_limit)
-        self.peers.take_stage(a.stage, hold_limit(self.manifest, a.stage, free_bytes(dev), device=dev))
+        self.peers.take_stage(a.stage, hold_limit(self.manifest, a.stage, free_bytes(dev), device=dev) or 1)
         self.peers.set_standing(joining=True)
         self.want_after = max(self.want_after, a.start_iteration)
         self.aggregation.new_phases()  # from now on a BEGIN that leaves us out raises `want_after`
