@@ -205,7 +205,7 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
     if args.torch_threads:
         import torch
         torch.set_num_threads(args.torch_threads)
-    capacity, hold_limit, man, counts = _capacity_that_fits(args, stage, device)
+    capacity, man, counts = _capacity_that_fits(args, stage, device)
     try:  # the state and checkpoint directories take what the node will write (a part that fits its device)
         from ..runtime.ops.statedir import check_writable
 
@@ -220,7 +220,7 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
                        bootstrap=list(args.bootstrap), name=args.name or "", port=args.port,
                        listen_host=args.host, listen=list(args.listen), announce=list(args.announce),
                        tensor_port=args.tensor_port, relay_service=args.relay_service,
-                       capacity=capacity, hold_limit=hold_limit, iterations=args.iterations,
+                       capacity=capacity, iterations=args.iterations,
                        data_index=args.data_index, data_nodes=args.data_nodes,
                        links=Path(args.links) if args.links else None, policy=args.policy,
                        bootstrap_timeout_s=args.bootstrap_timeout,
@@ -247,10 +247,9 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
     raise CliError(stopped.reason)
 
 
-def _capacity_that_fits(args: argparse.Namespace, stage: int | None, device: str) -> tuple[int, int, Any, Any]:
+def _capacity_that_fits(args: argparse.Namespace, stage: int | None, device: str) -> tuple[int, Any, Any]:
     """The node's part fits its device (model/memory.py), else a one-line error giving the need and what is free;
-    returns the capacity and a relay's hold limit (`memory.hold_limit`, 0 before it is placed), with the manifest
-    and its parameter counts (hfconfig.ParamCounts) read for it.
+    returns the capacity, with the manifest and its parameter counts (hfconfig.ParamCounts) read for it.
 
     `--stage K` and data nodes: the part at `--capacity`, or the most microbatches (at most the run's demand per
     data node) that fit when it is 0.  `--stage auto`: some stage must fit one microbatch; which ones do, and
@@ -273,14 +272,13 @@ def _capacity_that_fits(args: argparse.Namespace, stage: int | None, device: str
                            key=lambda k: memory.estimate(man, "relay", k, 1, counts, device).total)
             raise CliError(memory.fit_error(man, "relay", smallest, 1, device, free, counts,
                                             fix="no stage of the run fits: use a larger device"))
-        return args.capacity, 0, man, counts
+        return args.capacity, man, counts
     if not args.capacity:
         cap = memory.capacity_that_fits(man, args.role, stage, free, cap, counts, device) or 1
     error = memory.fit_error(man, args.role, stage, cap, device, free, counts)
     if error:
         raise CliError(error)
-    hold = memory.hold_limit(man, stage, free, counts, device) if args.role == "relay" else 0
-    return (cap if args.role == "relay" else args.capacity), hold, man, counts
+    return (cap if args.role == "relay" else args.capacity), man, counts
 
 
 def cmd_local(args: argparse.Namespace) -> int:

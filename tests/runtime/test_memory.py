@@ -240,10 +240,12 @@ def test_join_a_stage_that_does_not_fit_exits_2_at_start(huge: Path, tmp_path: P
 def test_a_relay_holds_no_more_than_fit_its_device_whatever_its_capacity(tmp_path: Path, monkeypatch) -> None:
     """`join --stage K`: the capacity (in flight) is --capacity, or what fits at most one data node's demand; the
     hold limit (in flight and the microbatches whose gradients it holds to the step) is what fits the device,
-    uncapped, so that the flows may send a relay more than its capacity in an iteration but never more than fit."""
+    uncapped, measured as the relay builds its part, so that the flows may send a relay more than its capacity in
+    an iteration but never more than fit."""
     import argparse
 
     from gwtf_node.cli import CliError, _capacity_that_fits
+    from gwtf_node.runtime.node.stage import LocalStage
 
     run = tmp_path / "run.json"
     assert main(["init-run", "--out", str(run), "--preset", "llama-135m", "--stages", "3", "--open-relays"]) == 0
@@ -256,7 +258,9 @@ def test_a_relay_holds_no_more_than_fit_its_device_whatever_its_capacity(tmp_pat
 
     def caps(capacity: int) -> tuple[int, int]:
         args = argparse.Namespace(run=str(run), role="relay", capacity=capacity)
-        return _capacity_that_fits(args, 1, "cpu")[:2]
+        relay = LocalStage(man, "relay", "cpu", 0, 1)
+        relay.build(1)
+        return _capacity_that_fits(args, 1, "cpu")[0], relay.hold_limit
 
     assert caps(2) == (2, fits)
     assert caps(0) == (m, fits)

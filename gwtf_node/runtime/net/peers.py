@@ -78,9 +78,6 @@ class Place:
     role: str  # "data" | "relay"
     stage: int | None  # -1: a data node; None: a relay waiting to be placed
     capacity: int
-    # a relay: the most microbatches it holds at once, in flight or their gradients held to the step (what fits its
-    # memory; 0: none known, `capacity` bounds those in flight)
-    hold_limit: int = 0
     joining: bool = False
     ready_from: int = 0
     leaving: bool = False
@@ -115,8 +112,8 @@ class Peers:
     def capacity(self) -> int:
         return self.place.capacity
 
-    def take_stage(self, stage: int, hold_limit: int = 0) -> None:
-        self.place.stage, self.place.hold_limit = stage, hold_limit
+    def take_stage(self, stage: int) -> None:
+        self.place.stage = stage
 
     def set_capacity(self, capacity: int) -> None:
         self.place.capacity = capacity

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import trio
 
-from ...model.memory import free_bytes, hold_limit, largest_state_bytes
+from ...model.memory import largest_state_bytes
 from ...protocol import messages as m
 from ...protocol.bounds import MAX_STATE_BYTES
 from ...protocol.effects import Send
@@ -205,8 +205,7 @@ class Joining:
         log.info("assigned to stage %d by the leader (term %d); state from %s, serving from iteration %d",
                  a.stage, a.term, self.peers.who(a.download_from) if a.download_from != INITIAL
                  else "the run's initial weights", a.start_iteration)
-        dev = str(self.stage.device)  # (what fits it now, before the part is built: Place.hold_limit)
-        self.peers.take_stage(a.stage, hold_limit(self.manifest, a.stage, free_bytes(dev), device=dev) or 1)
+        self.peers.take_stage(a.stage)
         self.peers.set_standing(joining=True)
         self.want_after = max(self.want_after, a.start_iteration)
         self.aggregation.new_phases()  # from now on a BEGIN that leaves us out raises `want_after`

@@ -261,7 +261,7 @@ class Microbatches:
             e2e_prior_s=e2e_prior_s(self.peers.n_stages, self.flows.next_costs.values()), probe_wait_s=PROBE_WAIT_S,
             policy=self.policy, swarm_assumed_capacity=max(1, cap),
             lend=self.lend and self.policy == "gwtf", fastest_unit=True,  # (SWARM: greedy, ignores it)
-            hold_limit=self.peers.place.hold_limit if relay else 0)
+            hold_limit=self.stage.hold_limit if relay else 0)
         seed = int.from_bytes(self.wire.me.encode()[-8:], "big")
         per_iteration = self.stage.manifest.data.microbatches_per_iteration
         self.rec = RecoveryNode(cfg, random.Random(seed), first_seq=0 if relay else first_iteration * per_iteration)

@@ -116,7 +116,6 @@ class NodeOptions:
     tensor_port: int | None = None  # the tensor channel's port (None: the libp2p port + 1; addresses.py)
     relay_service: bool = False  # serve as a circuit relay for nodes behind NAT (relay.py)
     capacity: int = 0  # 0: a data node's microbatches per iteration; a relay the same unless placed (measured)
-    hold_limit: int = 0  # a relay: the microbatches that fit its device, in flight or held to the step (0: unknown)
     iterations: int = 0  # data nodes: stop after this many (0: run forever)
     data_index: int = 0
     data_nodes: int = 1
@@ -246,7 +245,6 @@ class Node:
         # a data node restarted from a checkpoint is not counted in any aggregation until it settled the run's
         # step; a relay back with a checkpoint is not ready before resume.py says
         place = Place(o.role, -1 if o.role == "data" else ck.stage if ck is not None else o.stage, capacity,
-                      o.hold_limit,
                       joining=self.resumed if o.role == "data" else ck is not None)
         peers = Peers(host.peer_id, o.name, len(self.manifest.stages), place)
         self.peers = peers

@@ -31,6 +31,7 @@ class StageStatus:
     compute_cpu_s: float = 0.0  # the worker thread's CPU time inside the compute
     work_cpu_s: dict[str, float] = field(default_factory=dict)  # piece of work -> its CPU time, all calls
     aggregation_cpu_s: float = 0.0  # the process's CPU time in its aggregations (all threads)
+    hold_limit: int = 0  # a relay: the microbatches that fit its device, in flight or held (0: not built yet)
 
 
 @dataclass(frozen=True)

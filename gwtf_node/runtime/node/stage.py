@@ -73,6 +73,7 @@ class LocalStage:
         self.compute_cpu_s = 0.0  # the worker thread's CPU time inside them
         self.work_cpu_s: dict[str, float] = {}  # piece of work -> the worker thread's CPU time in it, all calls
         self.aggregation_cpu_s = 0.0  # the process's CPU time in its aggregations, all threads (aggregation.py)
+        self.hold_limit = 0  # a relay: the microbatches that fit its device, in flight or held to the step (`build`)
         self.compute_calls = 0
         self.key_compute_s: dict[tuple, float] = {}  # microbatch key -> compute seconds not yet tallied (tally.py)
         self.applied_steps = 0  # optimizer steps applied to this node's part
@@ -85,10 +86,16 @@ class LocalStage:
         return self.model is not None
 
     def build(self, stage: int | None) -> None:
-        """Build the part of `stage` (a data node: the embedding and the head); in the worker thread."""
+        """Build the part of `stage` (a data node: the embedding and the head); in the worker thread.  A relay first
+        measures its hold limit: the microbatches that fit its device's free memory now (`memory.hold_limit`, at
+        least the one it computes), in flight or their gradients held to the step."""
+        from ...model import memory
         from ...model.data import MicrobatchSource
         from ...model.stages import build_stage
 
+        if self.role == "relay":
+            dev = str(self.device)
+            self.hold_limit = max(1, memory.hold_limit(self.manifest, stage, memory.free_bytes(dev), device=dev))
         self.model = build_stage(self.manifest, self.role, None if self.role == "data" else stage, device=self.device)
         # Equation 1's c_i from the first link measurement on: a profile now, the real calls later
         self.call_ms = self.model.profile_ms() / CALLS_PER_MICROBATCH.get(self.role, 2)
@@ -208,4 +215,5 @@ class LocalStage:
     def status(self) -> StageStatus:
         """What the status shows of this node's part (snapshots.py): copies, built now."""
         return StageStatus(self.device, self.compute_s, self.compute_calls, self.compute_ms(), self.applied_steps,
-                           dict(self.work_s), self.compute_cpu_s, dict(self.work_cpu_s), self.aggregation_cpu_s)
+                           dict(self.work_s), self.compute_cpu_s, dict(self.work_cpu_s), self.aggregation_cpu_s,
+                           self.hold_limit)

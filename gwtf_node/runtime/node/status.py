@@ -319,7 +319,7 @@ class Status:
             "peer_id": self.wire.me, "short_id": short_id(self.wire.me), "name": self.name_of(self.wire.me),
             "role": place.role, "stage": place.stage if place.role == "relay" else None,
             "capacity": place.capacity, "state": state.value, "run_id": self.run_id, "policy": self.policy,
-            "hold_limit": place.hold_limit if place.role == "relay" else None,  # (0: none known)
+            "hold_limit": sn.stage.hold_limit if place.role == "relay" else None,  # (0: not built yet)
             "addrs": self.host.addrs, "pid": os.getpid(), "uptime_s": round(time.time() - self.started_at, 1),
             "steps_applied": sn.stage.applied_steps, "compute_s": round(sn.stage.compute_s, 4),
             "refused_frames": self.wire.refused, "is_leader": sn.leadership.is_leader,
