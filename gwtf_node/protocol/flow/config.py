@@ -43,7 +43,7 @@ class FlowConfig:
     wave_order_s: float = 0.005  # waves: a label L above its previous wave's floor F goes out (L - F) x this later
     wave_order_cap_s: float = 0.2  # ... at most this much later
     label_limits: bool = False  # label waves: a relay's IN labels go only to the previous-stage peers whose choice
-    # they can change (limits.py).  Off: exact, 9167 -> 3837 messages per node at 1000 x 16, but more messages
+    # they can change (limits.py).  Off: exact, 9167 -> 4420 messages per node at 1000 x 16, but more messages
     # than without on Table V settings 1, 2, 4 and slower re-formation after crashes (docs/bench_flow.md)
     label_limit_slack: float = 2.0  # ... a limit is the peer's threshold plus this, less the link's cost
     label_limit_step_s: float = 0.5  # ... without a usable forward candidate, the limits rise in steps this apart
