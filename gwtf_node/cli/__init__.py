@@ -251,8 +251,9 @@ def _capacity_that_fits(args: argparse.Namespace, stage: int | None, device: str
     """The node's part fits its device (model/memory.py), else a one-line error giving the need and what is free;
     returns the capacity, with the manifest and its parameter counts (hfconfig.ParamCounts) read for it.
 
-    `--stage K` and data nodes: the part at `--capacity`, or the most microbatches (at most the run's demand per
-    data node) that fit when it is 0.  `--stage auto`: some stage must fit one microbatch; which ones do, and
+    `--stage K` and data nodes: the part at `--capacity`, or the most microbatches that fit when it is 0, at most
+    the run's demand (a relay: microbatches per iteration x `--data-nodes`, as the joiner counts it; a data
+    node: its own).  `--stage auto`: some stage must fit one microbatch; which ones do, and
     the capacity, are the joiner's to tell the leader (runtime/node/joining.py).
     """
     from ..model import memory
@@ -265,7 +266,7 @@ def _capacity_that_fits(args: argparse.Namespace, stage: int | None, device: str
     except _manifest_error_types() as e:
         raise CliError(str(e)) from None
     free = memory.free_bytes(device)
-    cap = args.capacity or man.data.microbatches_per_iteration
+    cap = args.capacity or man.data.microbatches_per_iteration * (args.data_nodes if args.role == "relay" else 1)
     if args.role == "relay" and stage is None:
         if not memory.stage_capacities(man, free, 1, counts, device):
             smallest = min(range(man.num_stages),
@@ -463,7 +464,7 @@ def _add_join_parser(sub: Any) -> argparse.ArgumentParser:
                         "until then (0: retry forever)")
     j.add_argument("--capacity", type=_nonneg_int, default=0,
                    help="microbatches a relay has in flight at once (0: as many as fit the device's free memory, at "
-                        "most one data node's demand); with those whose gradients it holds to the step, never more "
+                        "most the run's demand: microbatches per iteration x --data-nodes); with those whose gradients it holds to the step, never more "
                         "than fit the device; a node whose part does not fit exits at start")
     j.add_argument("--iterations", type=_nonneg_int, default=0, help="data nodes: stop after N (0: forever)")
     j.add_argument("--data-index", type=_nonneg_int, default=0, help="data nodes: which shard of the data")
