@@ -31,6 +31,11 @@ changed label reached only the peers it routes.  `skewed_links_per_node_pd` coun
 whose reduced cost rose from one primal-dual wave to the next (p's OUT label rose more than r's IN label; `_slack`:
 by more than the label limits' slack 2): a limit told against both ends' floors of the previous wave (reduced
 costs) would need telling again only there, if each end knew how far the other's floor rose.
+`pruned_in_per_node_pd` counts, per primal-dual wave, the announcements (to every previous-stage peer) of the IN
+labels that rose by at most the data node's label: what a wave that stops once it reaches the data node (a
+Dijkstra from the sink over the costs reduced by the previous wave's labels) announces at the least; and
+`stage_rise_share_pd` is the share of the labels (finite in both waves) that rose by the rise most common in
+their stage: what a wave that tells each stage's usual rise once, and only the other labels, would leave.
 
 `--receipts` classifies every label a node receives in a CostAnnounce by what
 it changed there (the node's IN and OUT labels and the choices behind them
@@ -155,6 +160,9 @@ def ssp_waves(sc) -> dict:
     pot: dict = collections.defaultdict(float)
     costs, changed, useful, before = [], [0, 0], 0, [None, None]  # per augmentation, per primal-dual wave
     skew = [0, 0]  # links whose reduced cost rose from one primal-dual wave to the next (by > 0, by > SLACK)
+    rises = [0, 0, 0]  # IN labels across primal-dual waves: finite both times, rose by their stage's usual rise;
+    # announcements of those that rose by at most the data node's rise (`_rises`)
+    stage_of = {n.id: n.stage for n in sc.nodes if not n.is_data}
     outs: dict = {}
     d = sc.data_nodes[0].id
     prevs = {n.id: [(src if m == d else ("o", m), link.cost) for m, link in sc.neighbours(n.id).items()
@@ -180,6 +188,8 @@ def ssp_waves(sc) -> dict:
             changed[k] += sum(len(prevs[r]) for r in moved)
             if k == 1:  # told only to the peers that now choose it (a tight arc: cost + label = their OUT label)
                 useful += sum(1 for r in moved for p, c in prevs[r] if abs(c + labels[r] - real(p)) <= 1e-9)
+                if costs:
+                    _rises(rises, prevs, stage_of, old, labels, cost - costs[-1])
                 now_out = {p: real(p) for ps in prevs.values() for p, _ in ps if p != src}
                 _skew(skew, prevs, old, labels, outs, now_out)
                 outs = now_out
@@ -197,7 +207,28 @@ def ssp_waves(sc) -> dict:
             "pd_waves": len({round(c, 6) for c in costs}), "links_per_node": round(links / n, 1),
             "changed_in_per_node": round(changed[0] / n, 1), "changed_in_per_node_pd": round(changed[1] / n, 1),
             "tight_in_per_node_pd": round(useful / n, 1), "skewed_links_per_node_pd": round(skew[0] / n, 1),
-            "skewed_links_per_node_pd_slack": round(skew[1] / n, 1)}
+            "skewed_links_per_node_pd_slack": round(skew[1] / n, 1),
+            "pruned_in_per_node_pd": round(rises[2] / n, 1),
+            "stage_rise_share_pd": round(rises[1] / rises[0], 3) if rises[0] else None}
+
+
+def _rises(rises: list, prevs: dict, stage_of: dict, old_in: dict, new_in: dict, top: float) -> None:
+    """From one primal-dual wave to the next (the data node's label rose by `top`): count the IN labels finite both
+    times (`rises[0]`) and those that rose by the rise most common in their stage (`rises[1]`), and add the
+    announcements of the labels that rose by at most `top`, each to every previous-stage peer (`rises[2]`): a
+    Dijkstra from the sink over costs reduced by the previous wave's labels settles exactly those before it
+    reaches the data node, so a wave that stops there announces no fewer (`--bound`, module doc)."""
+    by_stage: dict = collections.defaultdict(list)
+    for r, b in new_in.items():
+        a = old_in.get(r, float("inf"))
+        if b != float("inf") and a != float("inf"):
+            by_stage[stage_of[r]].append(round(b - a, 6))
+        if b != float("inf") and b - a <= top + 1e-9:
+            rises[2] += len(prevs[r])
+    for got in by_stage.values():
+        usual = collections.Counter(got).most_common(1)[0][1]
+        rises[0] += len(got)
+        rises[1] += usual
 
 
 SLACK = 2.0  # FlowConfig.label_limit_slack
