@@ -13,6 +13,7 @@ wall time).
     python scripts/bench_flow_scale.py --relays 160 320 --json                  # one JSON object per size
     python scripts/bench_flow_scale.py --relays 160 320 --json --receipts       # + what each label changed
     python scripts/bench_flow_scale.py --relays 160 320 --json --label-limits   # with label limits (flow/limits.py)
+    python scripts/bench_flow_scale.py --relays 320 500 --wave-order-s 0.02 --launch-quiet-factor 2  # other knobs
 
 `--bound` adds what successive shortest paths need, computed centrally
 (`ssp_waves`): the augmentations (`ssp_units`), the distinct shortest-path
@@ -275,6 +276,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=120)
     ap.add_argument("--wall-limit", type=float, default=300.0, help="stop a run after this many seconds of wall time")
     ap.add_argument("--label-limits", action="store_true", help="FlowConfig.label_limits on (flow/limits.py)")
+    ap.add_argument("--wave-order-s", type=float, default=None, metavar="S",
+                    help="FlowConfig.wave_order_s (a label above its floor F goes out (L - F) x S later)")
+    ap.add_argument("--launch-quiet-factor", type=float, default=None, metavar="F",
+                    help="FlowConfig.launch_quiet_factor (the data node's wait before a launch, x the wave's time)")
     ap.add_argument("--json", action="store_true", help="one JSON object per size instead of the table")
     ap.add_argument("--receipts", action="store_true", help="with --json: what each received label changed (doc)")
     ap.add_argument("--bound", action="store_true", help="with --json: what successive shortest paths need (doc)")
@@ -290,7 +295,9 @@ def main(argv=None) -> int:
                                              FlowSetting(1, n, args.stages, (1, 3), (1, 20)), args.seed))
         t, c = time.perf_counter(), time.process_time()
         rec = Receipts() if args.receipts else None
-        base = FlowConfig("-", False, 0, (), {}, {}, label_limits=True) if args.label_limits else None
+        knobs = {k: v for k, v in (("label_limits", args.label_limits or None), ("wave_order_s", args.wave_order_s),
+                                   ("launch_quiet_factor", args.launch_quiet_factor)) if v is not None}
+        base = FlowConfig("-", False, 0, (), {}, {}, **knobs) if knobs else None
         if rec is not None:
             with rec:
                 g = run_gwtf(sc, seed=args.seed, rounds=args.rounds, wall_limit_s=args.wall_limit, base=base)
