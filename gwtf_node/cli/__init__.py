@@ -253,8 +253,8 @@ def _capacity_that_fits(args: argparse.Namespace, stage: int | None, device: str
 
     `--stage K` and data nodes: the part at `--capacity`, or the most microbatches that fit when it is 0, at most
     the run's demand (a relay: microbatches per iteration x `--data-nodes`, as the joiner counts it; a data
-    node: its own).  `--stage auto`: some stage must fit one microbatch; which ones do, and
-    the capacity, are the joiner's to tell the leader (runtime/node/joining.py).
+    node: its own).  `--stage auto`: some stage must fit one microbatch; which ones do, and the capacity, are the
+    joiner's to tell the leader (runtime/node/joining.py).
     """
     from ..model import memory
     from ..model.hfconfig import parameter_counts
@@ -464,8 +464,9 @@ def _add_join_parser(sub: Any) -> argparse.ArgumentParser:
                         "until then (0: retry forever)")
     j.add_argument("--capacity", type=_nonneg_int, default=0,
                    help="microbatches a relay has in flight at once (0: as many as fit the device's free memory, at "
-                        "most the run's demand: microbatches per iteration x --data-nodes); with those whose gradients it holds to the step, never more "
-                        "than fit the device; a node whose part does not fit exits at start")
+                        "most the run's demand: microbatches per iteration x --data-nodes); with those whose "
+                        "gradients it holds to the step, never more than fit the device; a node whose part does not "
+                        "fit exits at start")
     j.add_argument("--iterations", type=_nonneg_int, default=0, help="data nodes: stop after N (0: forever)")
     j.add_argument("--data-index", type=_nonneg_int, default=0, help="data nodes: which shard of the data")
     j.add_argument("--data-nodes", type=_positive_int, default=1, help="data nodes of the run")
