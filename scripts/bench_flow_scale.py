@@ -280,6 +280,8 @@ def main(argv=None) -> int:
                     help="FlowConfig.wave_order_s (a label above its floor F goes out (L - F) x S later)")
     ap.add_argument("--launch-quiet-factor", type=float, default=None, metavar="F",
                     help="FlowConfig.launch_quiet_factor (the data node's wait before a launch, x the wave's time)")
+    ap.add_argument("--announce-coalesce-s", type=float, default=None, metavar="S",
+                    help="FlowConfig.announce_coalesce_s (labels changed within this window go out together)")
     ap.add_argument("--json", action="store_true", help="one JSON object per size instead of the table")
     ap.add_argument("--receipts", action="store_true", help="with --json: what each received label changed (doc)")
     ap.add_argument("--bound", action="store_true", help="with --json: what successive shortest paths need (doc)")
@@ -296,7 +298,8 @@ def main(argv=None) -> int:
         t, c = time.perf_counter(), time.process_time()
         rec = Receipts() if args.receipts else None
         knobs = {k: v for k, v in (("label_limits", args.label_limits or None), ("wave_order_s", args.wave_order_s),
-                                   ("launch_quiet_factor", args.launch_quiet_factor)) if v is not None}
+                                   ("launch_quiet_factor", args.launch_quiet_factor),
+                                   ("announce_coalesce_s", args.announce_coalesce_s)) if v is not None}
         base = FlowConfig("-", False, 0, (), {}, {}, **knobs) if knobs else None
         if rec is not None:
             with rec:
