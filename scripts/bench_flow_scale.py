@@ -297,9 +297,10 @@ def main(argv=None) -> int:
                                              FlowSetting(1, n, args.stages, (1, 3), (1, 20)), args.seed))
         t, c = time.perf_counter(), time.process_time()
         rec = Receipts() if args.receipts else None
-        knobs = {k: v for k, v in (("label_limits", args.label_limits or None), ("wave_order_s", args.wave_order_s),
-                                   ("launch_quiet_factor", args.launch_quiet_factor),
-                                   ("announce_coalesce_s", args.announce_coalesce_s)) if v is not None}
+        knobs = {k: getattr(args, k) for k in ("wave_order_s", "launch_quiet_factor", "announce_coalesce_s")
+                 if getattr(args, k) is not None}
+        if args.label_limits:
+            knobs["label_limits"] = True
         base = FlowConfig("-", False, 0, (), {}, {}, **knobs) if knobs else None
         if rec is not None:
             with rec:

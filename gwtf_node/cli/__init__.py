@@ -266,7 +266,8 @@ def _capacity_that_fits(args: argparse.Namespace, stage: int | None, device: str
     except _manifest_error_types() as e:
         raise CliError(str(e)) from None
     free = memory.free_bytes(device)
-    cap = args.capacity or man.data.microbatches_per_iteration * (args.data_nodes if args.role == "relay" else 1)
+    cap = args.capacity or (memory.relay_demand(man, args.data_nodes) if args.role == "relay"
+                            else man.data.microbatches_per_iteration)
     if args.role == "relay" and stage is None:
         if not memory.stage_capacities(man, free, 1, counts, device):
             smallest = min(range(man.num_stages),

@@ -278,6 +278,12 @@ def capacity_that_fits(manifest: "RunManifest", role: str, stage: int | None, fr
     return max(1, min(cap, 1 + (free - one.total) // max(1, one.per_unit)))
 
 
+def relay_demand(manifest: "RunManifest", data_nodes: int) -> int:
+    """The most microbatches a relay may be sent at once, as a capacity's cap: the run's demand, microbatches per
+    iteration x its data nodes (`join --data-nodes`)."""
+    return manifest.data.microbatches_per_iteration * data_nodes
+
+
 def hold_limit(manifest: "RunManifest", stage: int, free: int, counts: "ParamCounts | None" = None,
                device: str = "cpu") -> int:
     """The most microbatches a relay of `stage` holds within `free` bytes, in flight or their gradients held to the

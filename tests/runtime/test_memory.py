@@ -239,10 +239,9 @@ def test_join_a_stage_that_does_not_fit_exits_2_at_start(huge: Path, tmp_path: P
 
 def test_a_relay_holds_no_more_than_fit_its_device_whatever_its_capacity(tmp_path: Path, monkeypatch) -> None:
     """`join --stage K`: the capacity (in flight) is --capacity, or what fits at most the run's demand (one data
-    node's times --data-nodes, as the joiner counts it); the
-    hold limit (in flight and the microbatches whose gradients it holds to the step) is what fits the device,
-    uncapped, measured as the relay builds its part, so that the flows may send a relay more than its capacity in
-    an iteration but never more than fit."""
+    node's times --data-nodes, as the joiner counts it); the hold limit (in flight and the microbatches whose
+    gradients it holds to the step) is what fits the device, uncapped, measured as the relay builds its part, so
+    that the flows may send a relay more than its capacity in an iteration but never more than fit."""
     import argparse
 
     from gwtf_node.cli import CliError, _capacity_that_fits
@@ -257,10 +256,11 @@ def test_a_relay_holds_no_more_than_fit_its_device_whatever_its_capacity(tmp_pat
     free = memory.estimate(man, "relay", 1, fits, counts).total
     monkeypatch.setattr(memory, "free_bytes", lambda device: free)
 
+    relay = LocalStage(man, "relay", "cpu", 0, 1)
+    relay.build(1)  # the hold limit does not depend on --capacity: measured once
+
     def caps(capacity: int, data_nodes: int = 1) -> tuple[int, int]:
         args = argparse.Namespace(run=str(run), role="relay", capacity=capacity, data_nodes=data_nodes)
-        relay = LocalStage(man, "relay", "cpu", 0, 1)
-        relay.build(1)
         return _capacity_that_fits(args, 1, "cpu")[0], relay.hold_limit
 
     assert caps(2) == (2, fits)

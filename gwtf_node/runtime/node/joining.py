@@ -112,7 +112,7 @@ class Joining:
         the demand of the run's data nodes (model/memory.py); --capacity, when given, must fit as it is."""
         from ...model import memory
 
-        cap = self.capacity_flag or self.manifest.data.microbatches_per_iteration * self.data_nodes
+        cap = self.capacity_flag or memory.relay_demand(self.manifest, self.data_nodes)
         device = str(self.stage.device)
         fits = memory.stage_capacities(self.manifest, memory.free_bytes(device), cap, device=device)
         if self.capacity_flag:
