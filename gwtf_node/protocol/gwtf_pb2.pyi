@@ -167,16 +167,18 @@ class BidFeed(_message.Message):
     def __init__(self, data_node: _Optional[str] = ..., relay: _Optional[str] = ...) -> None: ...
 
 class LaunchBid(_message.Message):
-    __slots__ = ("data_node", "seq", "cost", "feeds")
+    __slots__ = ("data_node", "seq", "cost", "feeds", "full")
     DATA_NODE_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     COST_FIELD_NUMBER: _ClassVar[int]
     FEEDS_FIELD_NUMBER: _ClassVar[int]
+    FULL_FIELD_NUMBER: _ClassVar[int]
     data_node: str
     seq: int
     cost: float
     feeds: _containers.RepeatedCompositeFieldContainer[BidFeed]
-    def __init__(self, data_node: _Optional[str] = ..., seq: _Optional[int] = ..., cost: _Optional[float] = ..., feeds: _Optional[_Iterable[_Union[BidFeed, _Mapping]]] = ...) -> None: ...
+    full: bool
+    def __init__(self, data_node: _Optional[str] = ..., seq: _Optional[int] = ..., cost: _Optional[float] = ..., feeds: _Optional[_Iterable[_Union[BidFeed, _Mapping]]] = ..., full: bool = ...) -> None: ...
 
 class Relabel(_message.Message):
     __slots__ = ("from_commodity", "to_commodity")

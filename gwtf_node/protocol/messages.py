@@ -111,19 +111,24 @@ class LaunchBid:
     `seq`, to their other data-node neighbours: with several data nodes the
     cheapest launch goes first ("Ordered launches" in flow/bids.py).  `feeds`
     names, per other data node, the one relay that passes that data node's
-    bids on to the sender (a data node not named: every relay does).
+    bids on to the sender (a data node not named: every relay does).  `full`:
+    the data node has placed its whole demand (its cost is INF), so no relay
+    relabels a unit into it ("Relabelling" in flow/relabel.py).
     """
 
     data_node: str
     seq: int
     cost: float
     feeds: tuple[BidFeed, ...] = ()
+    full: bool = False
 
-    def __repr__(self) -> str:  # without feeds as before they existed (traces hash the repr)
-        if not self.feeds:
-            return f"LaunchBid(data_node={self.data_node!r}, seq={self.seq!r}, cost={self.cost!r})"
-        return (f"LaunchBid(data_node={self.data_node!r}, seq={self.seq!r}, cost={self.cost!r}, "
-                f"feeds={self.feeds!r})")
+    def __repr__(self) -> str:  # without feeds and full as before they existed (traces hash the repr)
+        text = f"LaunchBid(data_node={self.data_node!r}, seq={self.seq!r}, cost={self.cost!r}"
+        if self.feeds:
+            text += f", feeds={self.feeds!r}"
+        if self.full:
+            text += ", full=True"
+        return text + ")"
 
 
 @dataclass(frozen=True, slots=True)

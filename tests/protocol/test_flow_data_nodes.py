@@ -11,9 +11,13 @@ demand is its capacity (the microbatches it pushes per iteration).
   back as gone), and once the flows settle each data node sends and receives
   exactly its demand and both ends of every link agree; so with one stage
   (a relay linked to both sides of each data node) and with three.
-* The machines alone: a data node at its demand that is handed one more unit
-  by a relabel takes it back (Withdraw to the relay that relabelled), and that
-  relay does not relabel into it again until the data node bids again.
+* The machines alone: a data node at its demand says so in its bid
+  (`LaunchBid.full`), and no relay relabels into it while its last bid says
+  so; one handed one more unit by a relabel on an older bid takes it back
+  (Withdraw to the relay that relabelled), and that relay does not relabel
+  into it again until the data node bids again.
+* Table VI at 36 nodes in the simulator (sim/train), where the data nodes ask
+  for more than the swarm carries: no data node takes back a relabelled unit.
 """
 
 from __future__ import annotations
@@ -151,3 +155,56 @@ def test_a_relay_does_not_relabel_into_a_data_node_that_gave_a_relabelled_unit_b
     first.on_message(2.1, "d1", LaunchBid("d1", 2, 9.0))  # d1 lost a unit and bids again ...
     first.on_message(2.2, "d1", LaunchBid("d1", 3, INF))  # ... and cannot place it: a relabel is welcome again
     assert sends(first.on_timer(3.0, "tick"), Relabel, "d1")
+
+
+def test_a_data_node_at_its_demand_says_so_in_its_bid() -> None:
+    m = FlowNode(FlowConfig("d1", True, 2, DATA, {"F": 2.0, "G": 1.0}, {"L": 3.0}), random.Random(0))
+    m.start(0.0)
+    m.out["d1"] = {"F": 1}  # one short, without a route: INF, not full
+    bids = [e.msg for e in m.on_timer(1.0, "tick") if isinstance(e, Send) and isinstance(e.msg, LaunchBid)]
+    assert not bids  # an INF bid that is not full is what the others assume already
+    m.out["d1"] = {"F": 1, "G": 1}  # its demand is placed
+    bids = [e for e in m.on_timer(2.0, "tick") if isinstance(e, Send) and isinstance(e.msg, LaunchBid)]
+    assert sorted(e.to for e in bids) == ["F", "G"] and all(e.msg.full and e.msg.cost == INF for e in bids)
+    assert not [e for e in m.on_timer(3.0, "tick") if isinstance(e, Send) and isinstance(e.msg, LaunchBid)]
+    m.out["d1"] = {"F": 1}  # a unit lost: not full any more, told although the cost stays INF
+    bids = [e.msg for e in m.on_timer(4.0, "tick") if isinstance(e, Send) and isinstance(e.msg, LaunchBid)]
+    assert bids and not any(b.full for b in bids) and bids[0].seq == 2
+
+
+def test_a_relay_does_not_relabel_into_a_data_node_whose_bid_says_it_is_full() -> None:
+    first = FlowNode(FlowConfig("F", False, 4, DATA, {"M": 1.0}, {"d0": 6.0, "d1": 2.0}), random.Random(0))
+    first.start(0.0)
+    first.inn["d0"]["d0"] = 2
+    first.out["d0"]["M"] = 2
+    first.on_message(0.5, "M", RelabelCost("d0", "d1", 1.0))  # d1's hops are 3 cheaper
+    first.on_message(0.6, "d0", LaunchBid("d0", 1, INF, full=True))
+    first.on_message(0.6, "d1", LaunchBid("d1", 1, INF, full=True))
+    assert not sends(first.on_timer(1.0, "tick"), Relabel)  # d1 is at its demand: a relabel would be given back
+    first.on_message(1.1, "d1", LaunchBid("d1", 2, INF))  # d1 lost a unit and has no route: welcome
+    assert sends(first.on_timer(2.0, "tick"), Relabel, "d1")
+
+
+def test_table6_no_data_node_takes_back_a_relabelled_unit() -> None:
+    from gwtf_node.sim.train import flows as F
+    from gwtf_node.sim.train import run_train
+
+    taken_back = []  # (data node, relay) of every Withdraw a data node sends a first-stage relay
+    full_bids = []
+    orig = F.FlowDriver._apply_flow
+
+    def spy(self, nid, effects):
+        for e in effects:
+            if type(e) is Send and nid in self.data and type(e.msg) is Withdraw:
+                taken_back.append((nid, e.to))
+            if type(e) is Send and nid in self.data and type(e.msg) is LaunchBid and e.msg.full:
+                full_bids.append(nid)
+        return orig(self, nid, effects)
+
+    F.FlowDriver._apply_flow = spy
+    try:
+        run_train("table6-x2", "gwtf", 0.0, 2, 0, placement="swarm")  # 24 units of demand, room for 24 ...
+    finally:
+        F.FlowDriver._apply_flow = orig
+    assert full_bids  # ... so the data nodes reach their demand and say so
+    assert not taken_back, taken_back

@@ -50,6 +50,8 @@ class BidState:
     others: dict[str, tuple[int, float, float]] = field(default_factory=dict)  # data node: (seq, cost, heard at)
     seen_seq: dict[str, int] = field(default_factory=dict)  # relay: the newest seq passed on per data node
     seen_cost: dict[str, float] = field(default_factory=dict)  # relay: its cost (relabelling waits for all INF)
+    seen_full: dict[str, bool] = field(default_factory=dict)  # relay: its `full` (no relabel into it while True)
+    full: bool = False  # data node: the `full` it last announced
     feeds: dict[str, str] = field(default_factory=dict)  # data node: origin -> the relay that passes its bids on
     wants: dict[str, dict[str, str]] = field(default_factory=dict)  # relay: data node -> its `feeds`
 
@@ -66,20 +68,21 @@ def update_bid(node: FlowNode, now: float, eff: list[Effect]) -> None:
         else INF
     if will_launch:
         cost = cycles.bid_cost(node, cost)
+    full = node.outflow_committed(d) >= node.launch.demand
     last = node.bid.cost
-    if last is None and cost == INF:
+    if last is None and cost == INF and not full:
         return  # an unknown bid and an infinite one mean the same to the others
-    if last is not None and abs(cost - last) <= EPS or (cost == INF and last == INF):
+    if full == node.bid.full and last is not None and (abs(cost - last) <= EPS or (cost == INF and last == INF)):
         return
     if now < node.bid.sent_at + node.cfg.path_announce_s:  # at most one bid per path_announce_s (labels may flap)
         eff.append(SetTimer("bid", node.bid.sent_at + node.cfg.path_announce_s))
         return
     node.bid.seq += 1
     feeds = tuple(BidFeed(o, r) for o, r in sorted(node.bid.feeds.items()))
-    node.bid.cost, node.bid.sent_at = cost, now
+    node.bid.cost, node.bid.sent_at, node.bid.full = cost, now, full
     if node.bid.first_at is None:
         node.bid.first_at = now
-    msg = LaunchBid(d, node.bid.seq, cost, feeds)
+    msg = LaunchBid(d, node.bid.seq, cost, feeds, full)
     for j in sorted(node.cfg.next_costs):
         eff.append(Send(j, msg))
 
@@ -126,6 +129,7 @@ def on_launch_bid(node: FlowNode, now: float, sender: str, msg: LaunchBid, eff: 
         return True
     node.bid.seen_seq[origin] = msg.seq
     node.bid.seen_cost[origin] = msg.cost
+    node.bid.seen_full[origin] = msg.full
     cms = cfg.commodities
     me = cfg.node_id
     targets = {p for p in cfg.prev_costs if p in cms} | {j for j in cfg.next_costs if j in cms}
@@ -141,6 +145,7 @@ def neighbour_removed(node: FlowNode, peer: str) -> None:
     on until it picks again); a relay forgets a data node's feeds and its last bid (a data node gone must not
     hold relabelling back)."""
     node.bid.seen_cost.pop(peer, None)
+    node.bid.seen_full.pop(peer, None)
     node.bid.wants.pop(peer, None)
     for o in [o for o, r in node.bid.feeds.items() if r == peer]:
         del node.bid.feeds[o]
@@ -154,5 +159,5 @@ def launched(node: FlowNode) -> None:
 def data_node_back(node: FlowNode, d: str) -> None:
     """The data node `d` restarted: its bids count from the start again."""
     b = node.bid
-    for table in (b.seen_seq, b.seen_cost, b.others, b.wants):
+    for table in (b.seen_seq, b.seen_cost, b.seen_full, b.others, b.wants):
         table.pop(d, None)

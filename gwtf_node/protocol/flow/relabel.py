@@ -21,14 +21,20 @@ most `relabel_limit` per relay: two relays can undo each other's relabels.
 
 A data node sends at most its demand (its capacity: "Data nodes start with
 unpaired flows matching their capacity", section V-C), and a relabel gives B
-one more unit, so it is only right while B is short of its demand.  The
-first-stage relay cannot know that (B's other units go through other relays,
-and B bids INF both when it is full and when it has no route), so B decides:
+one more unit, so it is only right while B is short of its demand.  B's
+other units go through other relays, so B tells: a data node at its demand
+bids INF with `LaunchBid.full`, and no relay relabels into it while its last
+bid says so (`full`).  Where the relay relabelled on an older bid, B decides:
 B at its demand takes the unit back at once (`refuse`: a Withdraw to the
 relay that relabelled; A, one short now, launches again, and the relay,
 withdrawing downstream in turn, makes room for it).  The relay then does not
 relabel into B again while B's bid is the one it had then (`refused`): a new
-bid from B says that B's units changed.
+bid from B says that B's units changed.  Without the flag (B's bid is INF
+both when it is full and when it has no route) each first-stage relay found
+each full data node by a refused relabel, and every refusal walked a
+Withdraw down the pipeline and back up as a launch, with a cascade of label
+announcements at each hop: in Table VI, where the data nodes ask for more
+than the swarm carries, this went on for the whole run (docs/bench_optimality.md).
 
 Cross displacement.  A relay's IN label of commodity A may also take the slot
 of a unit of another commodity B that it receives from upstream p: p routes
@@ -85,7 +91,10 @@ class RelabelState:
 
 
 def full(node: FlowNode, b: str) -> bool:
-    """First-stage relay: data node `b` gave back a unit relabelled to it and has not bid since (at its demand)."""
+    """First-stage relay: data node `b` is at its demand: its last bid says so (`LaunchBid.full`), or it gave
+    back a unit relabelled to it and has not bid since."""
+    if node.bid.seen_full.get(b, False):
+        return True
     seq = node.relabelling.refused.get(b)
     return seq is not None and seq == node.bid.seen_seq.get(b, 0)
 
