@@ -189,6 +189,18 @@ class Relabel(_message.Message):
     def __init__(self, from_commodity: _Optional[str] = ..., to_commodity: _Optional[str] = ...) -> None: ...
 
 class RelabelCost(_message.Message):
+    __slots__ = ("from_commodity", "to_commodity", "cost", "more")
+    FROM_COMMODITY_FIELD_NUMBER: _ClassVar[int]
+    TO_COMMODITY_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    from_commodity: str
+    to_commodity: str
+    cost: float
+    more: _containers.RepeatedCompositeFieldContainer[RelabelPair]
+    def __init__(self, from_commodity: _Optional[str] = ..., to_commodity: _Optional[str] = ..., cost: _Optional[float] = ..., more: _Optional[_Iterable[_Union[RelabelPair, _Mapping]]] = ...) -> None: ...
+
+class RelabelPair(_message.Message):
     __slots__ = ("from_commodity", "to_commodity", "cost")
     FROM_COMMODITY_FIELD_NUMBER: _ClassVar[int]
     TO_COMMODITY_FIELD_NUMBER: _ClassVar[int]

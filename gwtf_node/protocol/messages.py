@@ -146,13 +146,33 @@ class Relabel:
 
 
 @dataclass(frozen=True, slots=True)
-class RelabelCost:
-    """Relabelling one unit of `from_commodity` that the receiver sends to the sender changes the cost
-    downstream of the sender by `cost` (only the hop back to a data node changes; INF: not possible)."""
+class RelabelPair:
+    """One more pair of a `RelabelCost`, with the same meaning."""
 
     from_commodity: str
     to_commodity: str
     cost: float
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class RelabelCost:
+    """Relabelling one unit of `from_commodity` that the receiver sends to the sender changes the cost
+    downstream of the sender by `cost` (only the hop back to a data node changes; INF: not possible).
+    `more`: the other pairs that changed at the same time, in one message."""
+
+    from_commodity: str
+    to_commodity: str
+    cost: float
+    more: tuple[RelabelPair, ...] = ()
+
+    def __repr__(self) -> str:  # without `more` when empty, as before it existed (traces hash the repr)
+        text = f"RelabelCost(from_commodity={self.from_commodity!r}, to_commodity={self.to_commodity!r}, " \
+               f"cost={self.cost!r}"
+        return text + (f", more={self.more!r})" if self.more else ")")
+
+    def pairs(self) -> tuple[RelabelCost | RelabelPair, ...]:
+        """Every pair the message carries, itself first."""
+        return (self, *self.more) if self.more else (self,)
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,6 +78,8 @@ REFUSED = [
     (m.Revocations(b"x" * (bounds.MAX_REVOCATIONS_BYTES + 1)), Violation.TOO_MANY),
     (m.Hello("r", "relay", 0, "x" * 5000, 1, ()), Violation.TOO_MANY),
     (m.JoinRequest(1, (-1.0,)), Violation.NEGATIVE_COST),
+    (m.RelabelCost("a", "b", 1.0, (m.RelabelPair("a", "c", float("-inf")),)), Violation.COST_OUT_OF_RANGE),
+    (m.RelabelCost("a", "b", 1.0, tuple(m.RelabelPair("a", "c", 1.0) for _ in range(5000))), Violation.TOO_MANY),
 ]
 
 
@@ -92,6 +94,7 @@ ACCEPTED = [
     m.CostAnnounce((m.Label("d", m.Side.OUT, float("inf"), (), epoch=5 + 256),)),
     m.CostAnnounce((m.Label("e", m.Side.IN, 3.0, (), epoch=5000),)),  # a commodity whose waves this node has not seen
     m.RelabelCost("a", "b", -7.0),
+    m.RelabelCost("a", "b", -7.0, (m.RelabelPair("a", "c", 2.0), m.RelabelPair("b", "a", float("inf")))),
     m.Forward("d", 1, 11, ("d",), H),
     m.Forward("d", 1, 11, ("d",), m.TensorHeader("float32", (2, 8, 16), 64 * 8, sparse_kept=64)),  # Top-K
     m.Backward("d", 1, 3, H),  # old: stale, the machines ignore it

@@ -208,3 +208,25 @@ def test_table6_no_data_node_takes_back_a_relabelled_unit() -> None:
         F.FlowDriver._apply_flow = orig
     assert full_bids  # ... so the data nodes reach their demand and say so
     assert not taken_back, taken_back
+
+
+def test_the_relabel_costs_that_change_together_go_in_one_message_and_are_all_taken() -> None:
+    from gwtf_node.protocol.flow import relabel
+    from gwtf_node.protocol.messages import RelabelPair
+
+    three = ("d0", "d1", "d2")
+    last = FlowNode(FlowConfig("M", False, 4, three, {"d0": 5.0, "d1": 2.0, "d2": 4.0}, {"F": 1.0, "G": 1.0}),
+                    random.Random(0))
+    last.start(0.0)
+    last.out["d0"]["d0"] = 1  # a unit of d0 goes back to d0: relabelled, it would go to d1 (-3) or d2 (-1)
+    eff: list = []
+    relabel.relabel_costs(last, eff)
+    told = sends(eff, RelabelCost)
+    assert sorted(e.to for e in told) == ["F", "G"]  # one message to each previous-stage relay
+    assert {(p.from_commodity, p.to_commodity, p.cost) for p in told[0].msg.pairs()} == {
+        ("d0", "d1", -3.0), ("d0", "d2", -1.0)}
+    first = FlowNode(FlowConfig("F", False, 4, three, {"M": 1.0}, {d: 1.0 for d in three}), random.Random(0))
+    first.start(0.0)
+    first.on_message(1.0, "M", RelabelCost("d0", "d1", -3.0, (RelabelPair("d0", "d2", -1.0),
+                                                              RelabelPair("x", "d2", 0.0))))  # unknown: ignored
+    assert first.relabelling.heard == {("d0", "d1"): {"M": -3.0}, ("d0", "d2"): {"M": -1.0}}

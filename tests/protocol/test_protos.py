@@ -17,6 +17,7 @@ from gwtf_node.protocol import codec, messages
 from gwtf_node.protocol import gwtf_pb2 as pb
 from gwtf_node.protocol.codec import MAX_FRAME_BYTES, DecodeError, EncodeError, decode, encode
 from gwtf_node.protocol.messages import (
+    BidFeed,
     CostAnnounce,
     Deny,
     DenyReason,
@@ -34,6 +35,7 @@ from gwtf_node.protocol.messages import (
     RequestRedirect,
     Relabel,
     RelabelCost,
+    RelabelPair,
     Reroute,
     Side,
     Withdraw,
@@ -68,9 +70,11 @@ STRATEGIES: dict[type, st.SearchStrategy] = {
     Deny: st.builds(Deny, commodity=ids, reason=st.sampled_from(DenyReason)),
     Withdraw: st.builds(Withdraw, req_id=u64, commodity=ids),
     Reroute: st.builds(Reroute, commodity=ids, to=ids),
-    LaunchBid: st.builds(LaunchBid, data_node=ids, seq=u64, cost=costs),
+    LaunchBid: st.builds(LaunchBid, data_node=ids, seq=u64, cost=costs,
+                         feeds=small_tuples(st.builds(BidFeed, data_node=ids, relay=ids)), full=st.booleans()),
     Relabel: st.builds(Relabel, from_commodity=ids, to_commodity=ids),
-    RelabelCost: st.builds(RelabelCost, from_commodity=ids, to_commodity=ids, cost=costs),
+    RelabelCost: st.builds(RelabelCost, from_commodity=ids, to_commodity=ids, cost=costs,
+                           more=small_tuples(st.builds(RelabelPair, from_commodity=ids, to_commodity=ids, cost=costs))),
     LabelLimit: st.builds(LabelLimit, commodity=ids, cost=costs),
     QueryFlows: st.builds(QueryFlows, query_id=u64),
     FlowReport: st.builds(

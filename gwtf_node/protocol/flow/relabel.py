@@ -5,7 +5,8 @@ from and back to the data node, so a unit of A can become B's when B's hops
 are cheaper.  Every relay announces upstream, per pair (A, B), the cheapest
 change of the hop back when one unit of A it sends on becomes B's
 (`RelabelCost`, along the current flow: at the last stage d(i, B) - d(i, A),
-elsewhere the minimum over the next hops carrying A; `relabel_costs`); with
+elsewhere the minimum over the next hops carrying A; `relabel_costs`; the
+pairs that changed together go in one message, `RelabelCost.more`); with
 the backoff of the label announcements on (announce.py) in their window, and
 only when the value then differs from the one told (`send_costs`): sent at
 once beside backed-off labels, they flap between a value and INF as units
@@ -56,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..effects import Effect, Send, SetTimer
-from ..messages import INF, Deny, DenyReason, Label, Relabel, RelabelCost, Withdraw
+from ..messages import INF, Deny, DenyReason, Label, Relabel, RelabelCost, RelabelPair, Withdraw
 from . import announce, cycles
 from .state import EPS, PendingKind
 
@@ -253,11 +254,16 @@ def coalesced(node: FlowNode) -> bool:
     return node.ordered and node.cfg.coalesce_backoff_max_s > node.cfg.ordered_coalesce_s
 
 def tell(node: FlowNode, msgs: list[RelabelCost], eff: list[Effect]) -> None:
+    """The pairs that changed, in one RelabelCost to each previous-stage relay (`more`)."""
+    if not msgs:
+        return
+    first = msgs[0]
+    msg = first if len(msgs) == 1 else RelabelCost(first.from_commodity, first.to_commodity, first.cost, tuple(
+        RelabelPair(m.from_commodity, m.to_commodity, m.cost) for m in msgs[1:]))
     cms = node.cfg.commodities
     for p in sorted(node.cfg.prev_costs):
         if p not in cms:
-            for msg in msgs:
-                eff.append(Send(p, msg))
+            eff.append(Send(p, msg))
 
 def differs(cost: float, told: float | None) -> bool:
     """A RelabelCost worth telling: the first finite one, or one that moved (to or from INF included)."""
@@ -364,9 +370,12 @@ def on_relabel_cost(node: FlowNode, now: float, sender: str, msg: RelabelCost, e
     """True: only a first-stage relay's tick acts on these; others pass them on in `relabel_costs`."""
     if sender not in node.cfg.next_costs:
         return True
-    key = (msg.from_commodity, msg.to_commodity)
-    node.relabelling.heard.setdefault(key, {})[sender] = msg.cost
-    node.relabelling.heard_new.add(key)
+    cms = node.cfg.commodities
+    for pair in msg.pairs():
+        key = (pair.from_commodity, pair.to_commodity)
+        if key[0] in cms and key[1] in cms:
+            node.relabelling.heard.setdefault(key, {})[sender] = pair.cost
+            node.relabelling.heard_new.add(key)
     relabel_costs(node, eff)
     return True
 
