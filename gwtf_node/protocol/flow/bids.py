@@ -12,7 +12,9 @@ smaller id), `ordered_settle_s` after its first bid since its last launch
 arrive); its bid is frozen while its launch is out, so the others wait for
 it.  A lower bid unchanged for `bid_patience_rounds` stops holding others back
 (its data node may be stuck or gone).  Bids go out at most every
-`path_announce_s` (a flapping OUT label).
+`path_announce_s` (a flapping OUT label).  A data node at its demand bids INF
+with `full` (and bids again when that changes): relays do not relabel a unit
+into it (relabel.py).
 
 One copy per bid.  Two data nodes share many first-stage relays (all of them
 in Table VI), and each would pass every bid on: a data node would hear each

@@ -56,8 +56,9 @@ class FlowConfig:
     ordered_coalesce_s: float = 0.01  # ordered launches: free-running labels go out at most this often (0: at once)
     coalesce_backoff_max_s: float = 0.0  # ... and while they keep changing, twice as long after each flush that
     # came within twice the window of the previous one, up to this (announce.py; 0 or below the window: off).  Off:
-    # at 0.04 s it nearly halves the messages of Table VI at 36 and 72 nodes at the same time per microbatch, but
-    # the flows of `sim flow` setting 6 (4 data nodes, 8 stages) cost 3 % more (docs/bench_optimality.md)
+    # at 0.04 s it halves the messages of Table VI at 36 nodes and quarters them at 72 at about the same time per
+    # microbatch, but the flows of `sim flow` setting 6 (4 data nodes, 8 stages) cost 3 % more
+    # (docs/bench_optimality.md)
     relabel: bool | None = None  # several data nodes: first-stage relays turn a unit into another data node's when
     # that data node's first and last hops are cheaper (Relabel); None: on with several data nodes (relabel.py)
     relabel_limit: int = 4  # relabels a first-stage relay starts at most (two of them could undo each other's)
