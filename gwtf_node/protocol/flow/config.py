@@ -69,7 +69,7 @@ class FlowConfig:
     cycles: int | None = None  # several data nodes: once the flows stand, cycles through a data node, with this
     # many trials per data node (cycles.py); None: off.  Off: with 2, setting 6 1.0655 -> 1.0589 of the LP bound
     # on the tuning seeds 0-9 (seed 3 dearer), 1.0816 -> 1.0776 on seeds 200-219 (worst 1.1726 -> 1.1767), for
-    # 2.3-2.6x the flow messages: far from the bound (`python scripts/bench_flow.py --cycles 2`)
+    # 2.2-2.7x the flow messages: far from the bound (`python scripts/bench_flow.py --cycles 2`)
     t0: float = T0_DEFAULT  # annealing: initial temperature (moves.Annealer)
     alpha: float = ALPHA_DEFAULT  # ... cooling factor per accepted move
     t_min: float = T_MIN_DEFAULT  # ... below this no worse move is taken
