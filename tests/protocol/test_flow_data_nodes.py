@@ -139,12 +139,18 @@ def test_a_data_node_at_its_demand_takes_back_a_unit_relabelled_to_it() -> None:
     assert not sends(m.on_message(2.0, "F", Relabel("d0", "d1")), Withdraw) and m.out["d1"] == {"F": 1, "G": 1}
 
 
-def test_a_relay_does_not_relabel_into_a_data_node_that_gave_a_relabelled_unit_back() -> None:
+def _first_stage_relay_sending_d0() -> FlowNode:
+    """A first-stage relay F sending two units of d0 on to M, which tells it that d1's hops back are 3 cheaper."""
     first = FlowNode(FlowConfig("F", False, 4, DATA, {"M": 1.0}, {"d0": 6.0, "d1": 2.0}), random.Random(0))
     first.start(0.0)
     first.inn["d0"]["d0"] = 2
     first.out["d0"]["M"] = 2
     first.on_message(0.5, "M", RelabelCost("d0", "d1", 1.0))  # d1's hops are 3 cheaper
+    return first
+
+
+def test_a_relay_does_not_relabel_into_a_data_node_that_gave_a_relabelled_unit_back() -> None:
+    first = _first_stage_relay_sending_d0()
     first.on_message(0.6, "d1", LaunchBid("d1", 1, INF))
     assert sends(first.on_timer(1.0, "tick"), Relabel, "d1")
     eff = first.on_message(1.1, "d1", Withdraw(7, "d1"))  # d1 was at its demand: it takes the unit back
@@ -173,11 +179,7 @@ def test_a_data_node_at_its_demand_says_so_in_its_bid() -> None:
 
 
 def test_a_relay_does_not_relabel_into_a_data_node_whose_bid_says_it_is_full() -> None:
-    first = FlowNode(FlowConfig("F", False, 4, DATA, {"M": 1.0}, {"d0": 6.0, "d1": 2.0}), random.Random(0))
-    first.start(0.0)
-    first.inn["d0"]["d0"] = 2
-    first.out["d0"]["M"] = 2
-    first.on_message(0.5, "M", RelabelCost("d0", "d1", 1.0))  # d1's hops are 3 cheaper
+    first = _first_stage_relay_sending_d0()
     first.on_message(0.6, "d0", LaunchBid("d0", 1, INF, full=True))
     first.on_message(0.6, "d1", LaunchBid("d1", 1, INF, full=True))
     assert not sends(first.on_timer(1.0, "tick"), Relabel)  # d1 is at its demand: a relabel would be given back
