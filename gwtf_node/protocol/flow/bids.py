@@ -65,12 +65,11 @@ def update_bid(node: FlowNode, now: float, eff: list[Effect]) -> None:
         return
     d = node.cfg.node_id
     lab = node.labels.my_out.get(d)
-    will_launch = node.labels.dec_out.get(d) is not None and node.outflow_committed(d) < node.launch.demand
-    cost = lab.cost if lab is not None and will_launch \
-        else INF
+    full = node.outflow_committed(d) >= node.launch.demand
+    will_launch = node.labels.dec_out.get(d) is not None and not full
+    cost = lab.cost if lab is not None and will_launch else INF
     if will_launch:
         cost = cycles.bid_cost(node, cost)
-    full = node.outflow_committed(d) >= node.launch.demand
     last = node.bid.cost
     if last is None and cost == INF and not full:
         return  # an unknown bid and an infinite one mean the same to the others

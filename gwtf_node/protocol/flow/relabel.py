@@ -190,7 +190,7 @@ def relabel_costs(node: FlowNode, eff: list[Effect]) -> None:
     rs = node.relabelling
     later = coalesced(node)
     moved = False
-    changed: list[RelabelCost] = []
+    changed: list[tuple[str, str, float]] = []  # (A, B, cost) told now
     # only the pairs whose inputs changed: (A, *) when A's units go elsewhere, a pair heard of, all on a new config
     every = rs.cfg is not cfg
     rs.cfg = cfg
@@ -234,7 +234,7 @@ def relabel_costs(node: FlowNode, eff: list[Effect]) -> None:
             rs.best[key] = (best, arg)
             if not later and differs(best, rs.told.get(key)):
                 rs.told[key] = best
-                changed.append(RelabelCost(a, b, best))
+                changed.append((a, b, best))
     if later:
         if not moved:
             return
@@ -253,13 +253,11 @@ def coalesced(node: FlowNode) -> bool:
     """RelabelCosts go out with the label announcements' window: only with the backoff on (announce.backoff)."""
     return node.ordered and node.cfg.coalesce_backoff_max_s > node.cfg.ordered_coalesce_s
 
-def tell(node: FlowNode, msgs: list[RelabelCost], eff: list[Effect]) -> None:
-    """The pairs that changed, in one RelabelCost to each previous-stage relay (`more`)."""
-    if not msgs:
+def tell(node: FlowNode, pairs: list[tuple[str, str, float]], eff: list[Effect]) -> None:
+    """The (A, B, cost) pairs that changed, in one RelabelCost to each previous-stage relay (`more`)."""
+    if not pairs:
         return
-    first = msgs[0]
-    msg = first if len(msgs) == 1 else RelabelCost(first.from_commodity, first.to_commodity, first.cost, tuple(
-        RelabelPair(m.from_commodity, m.to_commodity, m.cost) for m in msgs[1:]))
+    msg = RelabelCost(*pairs[0], tuple(RelabelPair(*p) for p in pairs[1:]))
     cms = node.cfg.commodities
     for p in sorted(node.cfg.prev_costs):
         if p not in cms:
@@ -274,12 +272,12 @@ def differs(cost: float, told: float | None) -> bool:
 def send_costs(node: FlowNode, eff: list[Effect]) -> None:
     """The "relabelcost" timer: tell previous-stage relays the RelabelCosts that differ from what they were told."""
     node.relabelling.armed = False
-    changed: list[RelabelCost] = []
+    changed: list[tuple[str, str, float]] = []
     for key in sorted(node.relabelling.best):
         best = node.relabelling.best[key][0]
         if differs(best, node.relabelling.told.get(key)):
             node.relabelling.told[key] = best
-            changed.append(RelabelCost(key[0], key[1], best))
+            changed.append((key[0], key[1], best))
     tell(node, changed, eff)
 
 def maybe_relabel(node: FlowNode, now: float, eff: list[Effect]) -> None:
