@@ -26,16 +26,8 @@ wave races the others' units for shared capacity, so waves default to off there
 Stuck launches.  The data node starts a new wave when its launch has not
 settled in 2 x the wave's time + `launch_settle_s` (`arm_stuck`, "stuck"
 timer), up to MAX_STUCK_WAVES per launch (a large swarm needs many: a held
-unit moves only on a new wave).  A held unit goes on from where it was held
-on the new wave's labels: the first part of its route followed the old
-wave's tight arcs, the rest a shortest route from there, and the whole need
-not be a shortest augmenting path, so the flows it leaves need not be of
-minimum cost (at 1000 relays x 16 stages such a unit left a negative cycle,
-and every later launch came back: docs/bench_flow.md).  So once a launch
-needed a stuck wave the data node launches one unit per wave for the rest of
-the run (`one_per_wave`): each unit then follows the labels of a wave that
-started after the unit before it settled.  Units are counts, so a launched
-unit can cancel against a hole left by a removal and never reach the sink:
+unit moves only on a new wave).  Units are counts, so a launched unit can
+cancel against a hole left by a removal and never reach the sink:
 `maybe_lost_settlement` counts it as settled when every unit sent is back and
 nothing changed for `retry_epoch_rounds`.  A unit that reaches the data node
 without having been launched (re-routed after a removal) starts a wave but
@@ -72,7 +64,6 @@ class LaunchState:
     first_out_at: float | None = None  # when this wave first gave the data node an OUT label
     stuck_wave: int = -1  # the wave of the launch the "stuck" timer watches
     stuck_waves: int = 0  # waves started by the stuck timer for the current launch
-    one_per_wave: bool = False  # a launch needed a stuck wave: no more launches on the wave of the one before
 
 
 def arm_stuck(node: FlowNode, now: float, eff: list[Effect]) -> None:
@@ -213,9 +204,7 @@ def settled(node: FlowNode, now: float, eff: list[Effect], arrived: bool = False
         node.launch.pending = -1  # the launch in flight reached the sink before its approval came back
     if node.waves:
         d = node.cfg.node_id
-        if node.launch.stuck_waves > 0:
-            node.launch.one_per_wave = True  # a held unit: see the module doc ("Stuck launches")
-        if arrived and launched and waves.walking(node) and not node.launch.one_per_wave and waves.tight(node, d) \
+        if arrived and launched and waves.walking(node) and waves.tight(node, d) \
                 and node.outflow_committed(d) < node.launch.demand and node.wave.gave_up.get(d) != node.labels.epoch[d]:
             node.launch.next_at = now  # the wave still has a tight route: the next unit goes on it
             return

@@ -22,8 +22,7 @@ starts a new wave.  A unit that can neither go on nor retreat (its arrival is
 not the last step logged: undoing older steps would unwind settled units) is
 held; the data node starts a new wave when its launch does not settle
 (launches.py, "stuck"), and the held unit moves once the new wave's labels at
-its node have been still for a while (the data node then launches one unit
-per wave: the held unit's route need not be a shortest augmenting path).
+its node have been still for a while.
 
 A membership change makes the logged steps and the potentials meaningless: at
 that node the rest of the wave goes the old way, routing on the labels at any
