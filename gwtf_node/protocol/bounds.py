@@ -294,8 +294,8 @@ def _launch_bid(msg: m.LaunchBid, ctx: Context) -> Problem | None:
 
 def _relabel_cost(msg: m.RelabelCost, ctx: Context) -> Problem | None:
     return _items(msg.more, "RelabelCost more") \
-        or _first(*(_cost(x.cost, "RelabelCost delta", negative_ok=True) for x in msg.pairs())) \
-        or _first(*(_strings(x.from_commodity, x.to_commodity) for x in msg.more))  # a change of cost: either sign
+        or _first(*(_cost(x.cost, "RelabelCost delta", negative_ok=True)  # a change of cost: either sign
+                    or _strings(x.from_commodity, x.to_commodity) for x in msg.pairs()))
 
 
 def _label_limit(msg: m.LabelLimit, ctx: Context) -> Problem | None:

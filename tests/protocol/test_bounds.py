@@ -80,6 +80,7 @@ REFUSED = [
     (m.JoinRequest(1, (-1.0,)), Violation.NEGATIVE_COST),
     (m.RelabelCost("a", "b", 1.0, (m.RelabelPair("a", "c", float("-inf")),)), Violation.COST_OUT_OF_RANGE),
     (m.RelabelCost("a", "b", 1.0, tuple(m.RelabelPair("a", "c", 1.0) for _ in range(5000))), Violation.TOO_MANY),
+    (m.RelabelCost("a" * (bounds.MAX_STRING_CHARS + 1), "b", 1.0), Violation.TOO_MANY),
 ]
 
 

@@ -27,8 +27,8 @@ import random
 import pytest
 
 from gwtf_node.protocol.effects import Send
-from gwtf_node.protocol.flow import FlowConfig, FlowNode
-from gwtf_node.protocol.messages import INF, FlowReply, LaunchBid, Relabel, RelabelCost, Reply, Withdraw
+from gwtf_node.protocol.flow import FlowConfig, FlowNode, relabel
+from gwtf_node.protocol.messages import INF, FlowReply, LaunchBid, Relabel, RelabelCost, RelabelPair, Reply, Withdraw
 from gwtf_node.sim.engine import Simulator
 
 DATA = ("d0", "d1")
@@ -213,9 +213,6 @@ def test_table6_no_data_node_takes_back_a_relabelled_unit() -> None:
 
 
 def test_the_relabel_costs_that_change_together_go_in_one_message_and_are_all_taken() -> None:
-    from gwtf_node.protocol.flow import relabel
-    from gwtf_node.protocol.messages import RelabelPair
-
     three = ("d0", "d1", "d2")
     last = FlowNode(FlowConfig("M", False, 4, three, {"d0": 5.0, "d1": 2.0, "d2": 4.0}, {"F": 1.0, "G": 1.0}),
                     random.Random(0))
