@@ -8,7 +8,6 @@ event loop) whatever the machine's load.
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +72,30 @@ def test_a_corrupt_identity_key_is_one_line_at_join(tmp_path: Path) -> None:
                            "--state-dir", str(tmp_path / "d0")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "is corrupt" in proc.stderr
+
+
+def test_a_ctrl_c_that_python_wraps_is_still_one_line(monkeypatch, capsys) -> None:
+    """A Ctrl-C landing in `__set_name__` while an import defines a dataclass reaches us as a RuntimeError
+    caused by the KeyboardInterrupt (Python 3.11): still `interrupted`, 130; any other RuntimeError goes on."""
+    import gwtf_node.cli as cli
+    from gwtf_node.entry import main
+
+    class Field:
+        def __set_name__(self, owner, name):
+            raise KeyboardInterrupt
+
+    def importing(argv):
+        class Schedule:  # what an import does when the Ctrl-C lands in its dataclass definition
+            extra = Field()
+        return 0
+
+    monkeypatch.setattr(cli, "main", importing)
+    assert main(["join"]) == 130
+    assert capsys.readouterr().err == "interrupted\n"
+
+    def failing(argv):
+        raise RuntimeError("a real error")
+
+    monkeypatch.setattr(cli, "main", failing)
+    with pytest.raises(RuntimeError, match="a real error"):
+        main(["join"])
