@@ -76,7 +76,8 @@ def test_a_corrupt_identity_key_is_one_line_at_join(tmp_path: Path) -> None:
 
 def test_a_ctrl_c_that_python_wraps_is_still_one_line(monkeypatch, capsys) -> None:
     """A Ctrl-C landing in `__set_name__` while an import defines a dataclass reaches us as a RuntimeError
-    caused by the KeyboardInterrupt (Python 3.11): still `interrupted`, 130; any other RuntimeError goes on."""
+    caused by the KeyboardInterrupt (Python 3.11), and a nursery gathers one into an exception group: still
+    `interrupted`, 130; any other RuntimeError goes on."""
     import gwtf_node.cli as cli
     from gwtf_node.entry import main
 
@@ -90,6 +91,13 @@ def test_a_ctrl_c_that_python_wraps_is_still_one_line(monkeypatch, capsys) -> No
         return 0
 
     monkeypatch.setattr(cli, "main", importing)
+    assert main(["join"]) == 130
+    assert capsys.readouterr().err == "interrupted\n"
+
+    def gathered(argv):
+        raise BaseExceptionGroup("from a nursery", [KeyboardInterrupt()])
+
+    monkeypatch.setattr(cli, "main", gathered)
     assert main(["join"]) == 130
     assert capsys.readouterr().err == "interrupted\n"
 

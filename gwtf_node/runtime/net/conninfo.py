@@ -24,6 +24,7 @@ from libp2p.abc import IHost
 from libp2p.exceptions import BaseLibp2pError
 from libp2p.peer.id import ID
 
+from ...errors import exception_chain
 from .addresses import host_of, is_loopback_host
 
 
@@ -148,26 +149,6 @@ class HostConnections:
         if peer_id in self._payload_out or peer_id in self._direct_blocked_until:
             return "libp2p"
         return None
-
-
-def exception_chain(exc: BaseException) -> list[BaseException]:
-    """`exc` and every exception inside it: causes, contexts and the members of exception groups."""
-    seen: set[int] = set()
-    chain: list[BaseException] = []
-
-    def walk(e: BaseException | None) -> None:
-        if e is None or id(e) in seen:
-            return
-        seen.add(id(e))
-        chain.append(e)
-        for sub in getattr(e, "exceptions", None) or getattr(e, "errors", None) or ():
-            if isinstance(sub, BaseException):
-                walk(sub)
-        walk(e.__cause__)
-        walk(e.__context__)
-
-    walk(exc)
-    return chain
 
 
 def causes(exc: BaseException, limit: int = 4) -> str:
