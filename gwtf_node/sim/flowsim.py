@@ -83,7 +83,9 @@ def flow_configs(scenario: Scenario, base: FlowConfig | None = None) -> dict[str
 
 
 def extract_flows(scenario: Scenario, nodes: dict[str, FlowNode]) -> tuple[list[Flow], int]:
-    """Decompose the nodes' link counts into unit paths; also count links whose two ends disagree."""
+    """Decompose the nodes' link counts into unit paths from each data node back to it; also count links whose two
+    ends disagree.  A unit still on its way (a node holding more units than it sends on) leaves a chain that ends
+    early: the search backs out of it and goes on, so the complete paths behind it are all counted."""
     mismatched = 0
     for nid, m in nodes.items():
         for d, outs in m.out.items():
@@ -92,29 +94,41 @@ def extract_flows(scenario: Scenario, nodes: dict[str, FlowNode]) -> tuple[list[
                     mismatched += 1
     remaining = {nid: {d: dict(o) for d, o in m.out.items()} for nid, m in nodes.items()}
     flows: list[Flow] = []
-    s = scenario.stages
     for d in sorted(n.id for n in scenario.data_nodes):
-        while True:
-            path: list[str] = []
-            cur = d
-            ok = True
-            for _ in range(s):
-                outs = remaining[cur][d]
-                nxt = next((j for j in sorted(outs) if outs[j] > 0 and not nodes[j].cfg.is_data), None)
-                if nxt is None:
-                    ok = False
-                    break
-                outs[nxt] -= 1
-                path.append(nxt)
-                cur = nxt
-            if not ok:
-                break
-            if remaining[cur][d].get(d, 0) <= 0:
-                mismatched += 1
-                break
-            remaining[cur][d][d] -= 1
+        dead: set[tuple[str, int]] = set()  # (node, hops taken): no complete path on from there; links only go away
+        while (path := _unit_path(nodes, remaining, d, scenario.stages, dead)) is not None:
+            for a, b in zip((d, *path), (*path, d)):
+                remaining[a][d][b] -= 1
             flows.append(Flow(d, tuple(path), path_cost(scenario, d, tuple(path))))
     return flows, mismatched
+
+
+def _unit_path(nodes: dict[str, FlowNode], remaining: dict[str, dict[str, dict[str, int]]], d: str, stages: int,
+               dead: set[tuple[str, int]]) -> list[str] | None:
+    """A path d -> one relay per stage -> d over the links with units left (depth first, peers in name order)."""
+    path: list[str] = []
+    tried: list[list[str]] = []  # per depth: the peers still to try there
+
+    def options(cur: str, depth: int) -> list[str]:
+        outs = remaining[cur][d]
+        if depth == stages:
+            return [d] if outs.get(d, 0) > 0 else []
+        return [j for j in sorted(outs, reverse=True) if outs[j] > 0 and not nodes[j].cfg.is_data
+                and (j, depth + 1) not in dead]
+
+    tried.append(options(d, 0))
+    while tried:
+        if not tried[-1]:
+            tried.pop()
+            if path:
+                dead.add((path.pop(), len(tried)))
+            continue
+        nxt = tried[-1].pop()
+        if nxt == d:
+            return path
+        path.append(nxt)
+        tried.append(options(nxt, len(path)))
+    return None
 
 
 def run_gwtf(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowConfig | None = None,

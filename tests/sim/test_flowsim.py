@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gwtf_node.protocol.flow import FlowNode
 from gwtf_node.protocol.scenario import parse_scenario
 from gwtf_node.sim.baselines import optimal_routing, swarm_routing
-from gwtf_node.sim.flowsim import run_gwtf
+from gwtf_node.sim.flowsim import extract_flows, flow_configs, run_gwtf
 from gwtf_node.sim.result import path_cost
 from gwtf_node.sim.scenarios import load_flow_setting
 from gwtf_node.sim.validate import check_routing
+from support.scenarios import SMALL_TWO_STAGE
 
 DECCOM = Path(__file__).resolve().parents[1] / "data" / "deccom-flow-tests"
 
@@ -147,3 +150,26 @@ def test_sim_flow_trace_writes_every_delivered_message_in_order_and_replays_iden
         assert sender in nodes and receiver in nodes and msg.split("(", 1)[0] in {
             "CostAnnounce", "RequestFlow", "FlowReply", "Deny", "Reroute", "Withdraw", "LaunchBid"}
     assert main(["sim", "flow", "--scenario", str(sc), "--policy", "swarm", "--trace", str(tmp_path / "x")]) == 2
+
+
+def test_flows_behind_a_unit_still_on_its_way_are_all_counted():
+    """A unit at a0 that has not gone on yet leaves a chain d0 -> a0 that ends there; the complete paths through a1
+    and through a0's other unit are still decomposed, each once, with their costs."""
+    sc = parse_scenario(SMALL_TWO_STAGE)
+    nodes = {nid: FlowNode(cfg, random.Random(0)) for nid, cfg in flow_configs(sc).items()}
+
+    def link(a, b, n):
+        nodes[a].out["d0"][b] = n
+        nodes[b].inn["d0"][a] = n
+
+    link("d0", "a0", 2)  # two units at a0, one of them still on its way
+    link("a0", "b1", 1)
+    link("d0", "a1", 1)
+    link("a1", "b0", 1)
+    link("b0", "d0", 1)
+    link("b1", "d0", 1)
+    flows, mismatched = extract_flows(sc, nodes)
+    assert mismatched == 0
+    assert sorted((f.path, f.cost) for f in flows) == [(("a0", "b1"), 1 + 9 + 5), (("a1", "b0"), 6 + 3 + 1)]
+    nodes["b1"].inn["d0"]["a0"] = 2  # the two ends of a link disagree
+    assert extract_flows(sc, nodes)[1] == 1
