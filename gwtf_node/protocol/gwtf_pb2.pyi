@@ -91,18 +91,20 @@ REFUSAL_CODE_BANNED: RefusalCode
 REFUSAL_CODE_BAD_RECORD: RefusalCode
 
 class Label(_message.Message):
-    __slots__ = ("commodity", "side", "cost", "path", "epoch")
+    __slots__ = ("commodity", "side", "cost", "path", "epoch", "formation")
     COMMODITY_FIELD_NUMBER: _ClassVar[int]
     SIDE_FIELD_NUMBER: _ClassVar[int]
     COST_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    FORMATION_FIELD_NUMBER: _ClassVar[int]
     commodity: str
     side: Side
     cost: float
     path: _containers.RepeatedScalarFieldContainer[str]
     epoch: int
-    def __init__(self, commodity: _Optional[str] = ..., side: _Optional[_Union[Side, str]] = ..., cost: _Optional[float] = ..., path: _Optional[_Iterable[str]] = ..., epoch: _Optional[int] = ...) -> None: ...
+    formation: bool
+    def __init__(self, commodity: _Optional[str] = ..., side: _Optional[_Union[Side, str]] = ..., cost: _Optional[float] = ..., path: _Optional[_Iterable[str]] = ..., epoch: _Optional[int] = ..., formation: bool = ...) -> None: ...
 
 class CostAnnounce(_message.Message):
     __slots__ = ("labels",)

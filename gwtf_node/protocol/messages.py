@@ -34,6 +34,7 @@ class Label:
     cost: float
     path: tuple[str, ...]
     epoch: int = 0  # the label wave it belongs to (see flow/launches.py, "Label waves"); 0 with free-running labels
+    formation: bool = False  # a wave of a data node that lost no unit: units wait for still labels (flow/waves.py)
 
 
 @dataclass(frozen=True, slots=True)

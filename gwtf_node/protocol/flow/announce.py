@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 from ..effects import Effect, Send, SetTimer
 from ..messages import INF, CostAnnounce, Label, Side
 from . import limits
-from .state import EPS, Batch, cost_differs, costs_differ, stamped
+from .state import EPS, Batch, cost_differs, costs_differ, as_sent
 
 if TYPE_CHECKING:
     from .node import FlowNode
@@ -231,7 +231,7 @@ def flush(node: FlowNode, eff: list[Effect], rearm: bool = True) -> None:
             e = node.labels.epoch[d]
             rise = rose(node, d, side, lab, e)
             node.announcer.sent[(d, side)] = (e, lab.cost, lab.path)
-            msg = CostAnnounce((stamped(lab, e),))
+            msg = CostAnnounce((as_sent(node, lab, d),))
             if side is not _IN:
                 send_all(eff, sorted(node.units.out[d]), msg)
             elif node.limited:
@@ -248,7 +248,7 @@ def flush(node: FlowNode, eff: list[Effect], rearm: bool = True) -> None:
         e = node.labels.epoch[d]
         rise = rose(node, d, side, lab, e)
         node.announcer.sent[(d, side)] = (e, lab.cost, lab.path)
-        w = stamped(lab, e)
+        w = as_sent(node, lab, d)
         if side is _IN:
             for p in node.cfg.prev_costs:
                 if p in node.data_prev and p != d:
@@ -269,7 +269,7 @@ def flush(node: FlowNode, eff: list[Effect], rearm: bool = True) -> None:
             lab = node.labels.my_out.get(d)
             if (p, d) in sent_out or lab is None or lab.cost == INF:
                 continue
-            outbox.setdefault(p, []).append(stamped(lab, node.labels.epoch[d]))
+            outbox.setdefault(p, []).append(as_sent(node, lab, d))
     node.announcer.force.clear()
     made: dict[tuple[int, ...], CostAnnounce] = {}  # peers told the same labels share one message object
     for peer in sorted(outbox):

@@ -125,6 +125,8 @@ def wave_label(node: FlowNode, sender: str, lab: Label) -> int | None:
     if lab.side is not _IN or lin is None or lab.epoch != L.epoch[d] or sender not in cfg.next_costs \
             or sender in node.removed:
         return None
+    if not lab.formation:
+        waves.heard_unmarked(node, d, lab)
     lin[sender] = lab
     # `fold_in`'s first test, inline: no news when `sender` is not the current choice and its candidate is no
     # cheaper than the cached best forward ones (cache still valid)
@@ -372,7 +374,9 @@ def ingest(node: FlowNode, sender: str, wire: Label) -> bool:
         if node.cfg.is_data and d == node.cfg.node_id:
             return False  # only the data node starts waves of its commodity
         new_wave(node, d, e)
-        waves.heard_new_wave(node, d)
+        waves.heard_new_wave(node, d, wire)
+    elif not wire.formation:
+        waves.heard_unmarked(node, d, wire)
     if wire.side == Side.IN:
         node.labels.lin[d][sender] = lab
     else:

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 from ..effects import Effect, Send, SetTimer
 from ..messages import INF, Label, RequestFlow
 from . import announce, bids, cycles, labels, waves
-from .state import EPS, MAX_REJECTS_BEFORE_WAIT, MAX_STUCK_WAVES, NO_LABEL, PendingKind, total
+from .state import EPS, MAX_REJECTS_BEFORE_WAIT, MAX_STUCK_WAVES, NO_LABEL, PendingKind, marked, total
 
 if TYPE_CHECKING:
     from .node import FlowNode
@@ -64,6 +64,8 @@ class LaunchState:
     first_out_at: float | None = None  # when this wave first gave the data node an OUT label
     stuck_wave: int = -1  # the wave of the launch the "stuck" timer watches
     stuck_waves: int = 0  # waves started by the stuck timer for the current launch
+    launch_wave: int = -1  # the wave of the last launch
+    most_in: int = 0  # the most units the sink has held
 
 
 def arm_stuck(node: FlowNode, now: float, eff: list[Effect]) -> None:
@@ -85,6 +87,7 @@ def new_wave(node: FlowNode, now: float, eff: list[Effect]) -> None:
     """Data node: start a label wave; every label of this commodity is recomputed from scratch."""
     d = node.cfg.node_id
     labels.new_wave(node, d, node.labels.epoch[d] + 1)
+    waves.begin(node, d)
     waves.next_wave(node, d)
     node.launch.wave_launches = 0
     node.launch.wave_started = now
@@ -110,6 +113,20 @@ def out_changed(node: FlowNode, lab: Label) -> None:
     # wait that long: capped at `retry_epoch_rounds` (a wave of a static run takes well under a round)
     wave = min(node.launch.first_out_at - node.launch.wave_started, node.cfg.retry_epoch_rounds * node.cfg.round_s)
     node.launch.next_at = now + max(node.cfg.launch_settle_s, node.cfg.launch_quiet_factor * wave)
+
+def reform(node: FlowNode, now: float, eff: list[Effect]) -> None:
+    """Data node: a unit of its flows was lost or a neighbour came or went: from now on no formation waves; the
+    current one ends with a new, unmarked wave (waves.py, "Formation waves")."""
+    if node.waves and waves.reformed(node):
+        new_wave(node, now, eff)
+
+def note_sink(node: FlowNode, now: float, eff: list[Effect]) -> None:
+    """Tick of a data node: fewer units at its sink than it held (a Withdraw after a removal) is a loss."""
+    d = node.cfg.node_id
+    held = total(node.units.inn[d])
+    if held < node.launch.most_in:
+        reform(node, now, eff)
+    node.launch.most_in = max(node.launch.most_in, held)
 
 def maybe_lost_settlement(node: FlowNode, now: float, eff: list[Effect]) -> None:
     """Tick of a data node: a launched unit whose settlement will not come counts as settled.
@@ -174,6 +191,7 @@ def maybe_launch(node: FlowNode, now: float, eff: list[Effect]) -> None:
     rid = node.units.request(PendingKind.LAUNCH, j, d)
     if node.waves:
         node.launch.wave_launches += 1
+        node.launch.launch_wave = node.labels.epoch[d]
         if waves.walking(node):
             node.launch.stuck_waves = 0
             arm_stuck(node, now, eff)
@@ -206,7 +224,10 @@ def settled(node: FlowNode, now: float, eff: list[Effect], arrived: bool = False
         d = node.cfg.node_id
         if arrived and launched and waves.walking(node) and waves.tight(node, d) \
                 and node.outflow_committed(d) < node.launch.demand and node.wave.gave_up.get(d) != node.labels.epoch[d]:
-            node.launch.next_at = now  # the wave still has a tight route: the next unit goes on it
+            if node.launch.launch_wave == node.labels.epoch[d] or not marked(node, d):
+                node.launch.next_at = now  # the wave still has a tight route: the next unit goes on it
+            # else a new wave began while the unit was out: on a formation wave the next unit waits for the OUT
+            # label to be still (`out_changed`), as the relays wait (waves.py)
             return
         new_wave(node, now, eff)
     else:

@@ -80,7 +80,7 @@ from .launches import LaunchState
 from .limits import LimitState
 from .moves import Annealer, MoveState
 from .relabel import RelabelState
-from .state import SIDES, FlowStats, PendingKind, total, stamped
+from .state import SIDES, FlowStats, PendingKind, total, as_sent
 from .units import UnitState
 from .waves import WaveState
 
@@ -207,6 +207,7 @@ class FlowNode:
         if key == "tick":
             eff.append(SetTimer("tick", now + self.cfg.round_s))
             if self.cfg.is_data:
+                launches.note_sink(self, now, eff)
                 launches.maybe_lost_settlement(self, now, eff)
                 launches.maybe_retry_wave(self, now, eff)
                 cycles.tick(self, now, eff)
@@ -290,11 +291,13 @@ class FlowNode:
                 lab = self.labels.my_in.get(d)
                 if lab is None or lab.cost == INF or (peer in cfg.commodities and peer != d):
                     continue
-                labs.append(stamped(lab, self.labels.epoch[d]))
+                labs.append(as_sent(self, lab, d))
                 if self.limited:
                     limits.gave(self, d, (peer,), lab.cost)
             if labs:
                 eff.append(Send(peer, CostAnnounce(tuple(labs))))
+        if cfg.is_data:
+            launches.reform(self, now, eff)  # no more formation waves (waves.py)
         announce.refresh_all(self, eff)
         units.act(self, now, eff)
         return eff
@@ -377,6 +380,8 @@ class FlowNode:
             return eff
         self.removed.add(peer)
         waves.membership_changed(self)
+        if cfg.is_data:
+            waves.reformed(self)  # the wave it starts below is no formation wave
         cycles.membership_changed(self)
         self.cfg = replace(cfg, next_costs={p: c for p, c in cfg.next_costs.items() if p != peer},
                            prev_costs={p: c for p, c in cfg.prev_costs.items() if p != peer},

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..messages import INF, Label, Side
+
+if TYPE_CHECKING:
+    from .node import FlowNode
 
 EPS = 1e-9  # costs closer than this are equal
 MAX_REJECTS_BEFORE_WAIT = 4  # consecutive rejections before a unit waits for the next tick
@@ -134,11 +138,13 @@ def costs_differ(new: float, old: float) -> bool:
 
 
 _new = object.__new__
+_set_f = Label.formation.__set__
 _set_c, _set_s, _set_k, _set_p, _set_e = (Label.commodity.__set__, Label.side.__set__, Label.cost.__set__,
                                           Label.path.__set__, Label.epoch.__set__)
 
 
-def label(commodity: str, side: Side, cost: float, path: tuple[str, ...], epoch: int = 0) -> Label:
+def label(commodity: str, side: Side, cost: float, path: tuple[str, ...], epoch: int = 0,
+          formation: bool = False) -> Label:
     """`Label(...)` without the frozen dataclass's __init__ (a flow machine makes one per label it computes: 0.4
     against 0.6 microseconds here); the object is the same."""
     lab = _new(Label)
@@ -147,12 +153,24 @@ def label(commodity: str, side: Side, cost: float, path: tuple[str, ...], epoch:
     _set_k(lab, cost)
     _set_p(lab, path)
     _set_e(lab, epoch)
+    _set_f(lab, formation)
     return lab
 
 
-def stamped(lab: Label, epoch: int) -> Label:
-    """The label as sent: stamped with the epoch of its wave (`Label.epoch`)."""
-    return label(lab.commodity, lab.side, lab.cost, lab.path, epoch)
+def marked(node: FlowNode, d: str) -> bool:
+    """The node's current wave of `d` is a formation wave (waves.py)."""
+    return node.wave.formation.get(d) == node.labels.epoch[d]
+
+
+def stamped(lab: Label, epoch: int, formation: bool = False) -> Label:
+    """The label as sent: stamped with its wave (`Label.epoch`) and whether that is a formation wave here
+    (`Label.formation`, `marked`)."""
+    return label(lab.commodity, lab.side, lab.cost, lab.path, epoch, formation)
+
+
+def as_sent(node: FlowNode, lab: Label, d: str) -> Label:
+    """`lab`, a label of `d`, stamped as the node sends it now: its current wave, marked if a formation wave."""
+    return stamped(lab, node.labels.epoch[d], marked(node, d))
 
 
 def pick(cands: list, sticky: str | None):

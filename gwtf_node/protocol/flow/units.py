@@ -34,7 +34,7 @@ from ..effects import Effect, Send, SetTimer
 from ..messages import INF, Deny, DenyReason, FlowReply, Label, Reply, RequestFlow, Reroute, Side, Withdraw
 from . import announce, labels, launches, relabel, waves
 from .config import FlowConfig
-from .state import EPS, MAX_REJECTS_BEFORE_WAIT, NO_LABEL, Pending, PendingKind, Step, Via, add_one, take_one, stamped
+from .state import EPS, MAX_REJECTS_BEFORE_WAIT, NO_LABEL, Pending, PendingKind, Step, Via, add_one, take_one, as_sent
 
 if TYPE_CHECKING:
     from .node import FlowNode
@@ -215,18 +215,18 @@ def on_request_flow(node: FlowNode, now: float, sender: str, msg: RequestFlow, e
     lab = node.labels.my_in.get(d, NO_LABEL)
     if lab.cost == INF:
         node.stats.reject()
-        eff.append(Send(sender, FlowReply(msg.req_id, d, Reply.NO_CAPACITY, stamped(lab, node.labels.epoch[d]))))
+        eff.append(Send(sender, FlowReply(msg.req_id, d, Reply.NO_CAPACITY, as_sent(node, lab, d))))
         return
     if abs(lab.cost - msg.expected_cost) > EPS:
         node.stats.reject()
-        eff.append(Send(sender, FlowReply(msg.req_id, d, Reply.COST_CHANGED, stamped(lab, node.labels.epoch[d]))))
+        eff.append(Send(sender, FlowReply(msg.req_id, d, Reply.COST_CHANGED, as_sent(node, lab, d))))
         return
     dec = node.labels.dec_in[d]
     if dec is not None and dec[0] == Via.BACK and dec[1] == sender:
         # taking the unit would displace the requester's own unit: a no-op it must not retry
         node.stats.reject()
         eff.append(Send(sender, FlowReply(msg.req_id, d, Reply.NO_CAPACITY,
-                                       stamped(Label(d, Side.IN, INF, ()), node.labels.epoch[d]))))
+                                       as_sent(node, Label(d, Side.IN, INF, ()), d))))
         return
     add_one(node.units.inn[d], sender)
     node.changed(now)

@@ -29,6 +29,24 @@ that node the rest of the wave goes the old way, routing on the labels at any
 cost (`membership_changed`); so does a held unit after `retry_epoch_rounds`
 (nobody may start the wave it waits for), and every unit at a node that
 retreated more than MAX_RETREATS_PER_WAVE times in one wave.
+
+Formation waves (`FlowConfig.formation_waits`).  A label announced while the
+wave is still spreading can fall again, and a unit that moves on it takes a
+route that is not a shortest augmenting path: the flows then admit a negative
+cycle, every later wave's labels describe it, the path check leaves a node on
+it without a route, and launches retreat wave after wave (at 1000 x 16 the
+flows stall at 71-83 of 87-91 units: docs/bench_flow.md, "Scale").  So while
+the data node has lost no unit and seen no neighbour come or go, its waves
+are *formation waves* (`Label.formation`, stamped on every label of the
+wave): a relay moves a unit only once its OUT label has been still for
+`launch_quiet_factor` x the time since it heard the wave (at least
+`launch_settle_s`; `still_at`, `gate`).  After a crash the labels fall for
+seconds and such waits stack up, so re-formation moves units at once: a node
+that sees a membership change stamps the rest of the wave unmarked, a node
+that hears an unmarked label of the wave does the same (the news of a change
+travels with the labels it changes), and a data node that hears one, loses
+a unit at its sink or sees a neighbour come or go starts an unmarked wave and
+marks none again (launches.py `reform`).
 """
 
 from __future__ import annotations
@@ -37,9 +55,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..effects import Effect, Send, SetTimer
-from ..messages import INF, CostAnnounce, Deny, DenyReason, FlowReply, Reply, RequestFlow
+from ..messages import INF, CostAnnounce, Deny, DenyReason, FlowReply, Label, Reply, RequestFlow
 from . import announce
-from .state import EPS, MAX_RETREATS_PER_WAVE, PendingKind, Step, stamped
+from .state import EPS, MAX_RETREATS_PER_WAVE, PendingKind, Step, as_sent
 
 if TYPE_CHECKING:
     from .node import FlowNode
@@ -59,6 +77,9 @@ class WaveState:
     retreats: dict[str, tuple[int, int]] = field(default_factory=dict)  # (wave, retreats in it)
     heard_at: dict[str, float] = field(default_factory=dict)  # when this wave's first label arrived
     quiet_at: dict[str, float] = field(default_factory=dict)  # a held unit moves on after this
+    still_at: dict[str, float] = field(default_factory=dict)  # formation waves: units move on after this
+    formation: dict[str, int] = field(default_factory=dict)  # the current wave, while it is a formation wave
+    reformed: bool = False  # data node: it lost a unit or a neighbour came or went: it marks no wave any more
 
 
 def walking(node: FlowNode) -> bool:
@@ -73,11 +94,39 @@ def next_wave(node: FlowNode, d: str) -> None:
     """A new wave of `d`: this wave's lowest labels become the floor the next one cannot go below."""
     node.wave.floor[d] = (node.wave.pot_in.pop(d, INF), node.wave.pot_out.pop(d, INF))
 
-def heard_new_wave(node: FlowNode, d: str) -> None:
+def heard_new_wave(node: FlowNode, d: str, lab: Label) -> None:
     """A label of a newer wave of `d` arrived (labels.ingest): its steps start again, and its time is kept."""
     next_wave(node, d)
-    node.wave.walk.pop(d, None)
-    node.wave.heard_at[d] = node.now
+    w = node.wave
+    w.walk.pop(d, None)
+    w.heard_at[d] = node.now
+    w.still_at[d] = node.now + node.cfg.launch_settle_s
+    if lab.formation:
+        w.formation[d] = lab.epoch
+    else:
+        w.formation.pop(d, None)
+
+def heard_unmarked(node: FlowNode, d: str, lab: Label) -> None:
+    """A label of the current wave of `d` without the formation mark: the wave is not one here either (a
+    membership change upstream of it), and a data node marks no wave any more (module doc)."""
+    if node.wave.formation.get(d) == lab.epoch:
+        del node.wave.formation[d]
+        if node.cfg.is_data and d == node.cfg.node_id:
+            node.wave.reformed = True
+
+def begin(node: FlowNode, d: str) -> None:
+    """Data node: it started a wave of its commodity `d`; a formation wave unless it has reformed."""
+    if node.cfg.formation_waits and not node.wave.reformed:
+        node.wave.formation[d] = node.labels.epoch[d]
+    else:
+        node.wave.formation.pop(d, None)
+
+def reformed(node: FlowNode) -> bool:
+    """Data node: it lost a unit or a neighbour came or went (module doc); True the first time (with
+    formation waits): a new, unmarked wave is to end the formation wave, which the relays may still hold."""
+    was = node.wave.reformed
+    node.wave.reformed = True
+    return not was and node.cfg.formation_waits
 
 def labels_lowered(node: FlowNode, d: str) -> None:
     """This node's labels of `d` were recomputed (announce.refresh): the wave's lowest ones are its potentials,
@@ -89,9 +138,11 @@ def labels_lowered(node: FlowNode, d: str) -> None:
     lab = node.labels.my_out.get(d)
     if lab is not None and lab.cost < w.pot_out.get(d, INF):
         w.pot_out[d] = lab.cost
+        now, cfg = node.now, node.cfg
+        still = now + max(cfg.launch_settle_s, cfg.launch_quiet_factor * (now - w.heard_at.get(d, now)))
+        w.still_at[d] = still
         if d in w.hold and w.hold[d] != node.labels.epoch[d]:
-            now, cfg = node.now, node.cfg
-            w.quiet_at[d] = now + max(cfg.launch_settle_s, cfg.launch_quiet_factor * (now - w.heard_at.get(d, now)))
+            w.quiet_at[d] = still
 
 def denied(node: FlowNode, d: str, sender: str, reason: DenyReason) -> None:
     """A unit this node sent `sender` came back (Deny): the step it undoes, or a step of its own."""
@@ -105,7 +156,7 @@ def forget(node: FlowNode, d: str) -> None:
     """The data node of `d` restarted: nothing of its waves is kept."""
     w = node.wave
     for table in (w.pot_in, w.pot_out, w.floor, w.walk, w.walked, w.hold, w.gave_up, w.retreats, w.heard_at,
-                  w.quiet_at):
+                  w.quiet_at, w.still_at, w.formation):
         table.pop(d, None)
 
 def membership_changed(node: FlowNode) -> None:
@@ -113,6 +164,7 @@ def membership_changed(node: FlowNode) -> None:
     old way (route on the labels at any cost) until the next wave."""
     for d in node.cfg.commodities:
         node.wave.gave_up[d] = node.labels.epoch[d]
+        node.wave.formation.pop(d, None)  # the rest of this wave goes out unmarked (module doc)
         node.wave.hold.pop(d, None)
         node.wave.walk.pop(d, None)
 
@@ -128,9 +180,14 @@ def gate(node: FlowNode, now: float, d: str, dec, eff: list[Effect]) -> bool:
     (`retreat`); if that is not possible, hold the unit for the next wave
     (the data node starts one when its launch does not settle, "stuck"),
     and move it only once the labels of that wave have been still here for
-    a while (as the data node waits before it launches)."""
+    a while (as the data node waits before it launches).  On a formation
+    wave every unit waits for still labels first (module doc)."""
     held = node.wave.hold.get(d)
     e = node.labels.epoch[d]
+    still = node.wave.still_at.get(d, 0.0)
+    if now < still and node.wave.formation.get(d) == e and node.wave.gave_up.get(d) != e:
+        eff.append(SetTimer("balance", still))  # a formation wave whose labels here may still fall
+        return True
     if held is not None and held == e:
         # still no new wave (after a membership change nobody may start one): after a while, the old way
         until = node.wave.quiet_at.get(d, INF)
@@ -187,7 +244,7 @@ def retreat(node: FlowNode, now: float, d: str, eff: list[Effect]) -> bool:
             # it handed us the unit along the residual arc of our OUT label: tell it that label rose
             lab = node.labels.my_out.get(d)
             if lab is not None:
-                eff.append(Send(step[1], CostAnnounce((stamped(lab, node.labels.epoch[d]),))))
+                eff.append(Send(step[1], CostAnnounce((as_sent(node, lab, d),))))
             rid = node.units.request(PendingKind.FORCED, step[1], d)
             eff.append(Send(step[1], RequestFlow(rid, d, 0.0, forced=True)))
             return True

@@ -1,0 +1,151 @@
+"""Formation waves (flow/waves.py, "Formation waves"): while the data node has lost no unit and seen no neighbour
+come or go, its waves are marked on the wire (`Label.formation`) and a relay moves a unit only once its labels of
+the wave are still; a membership change, an unmarked label of the wave, or a loss at the sink ends that."""
+
+from __future__ import annotations
+
+import random
+
+from gwtf_node.protocol.codec import decode, encode
+from gwtf_node.protocol.effects import Send, SetTimer
+from gwtf_node.protocol.flow import FlowConfig, FlowNode
+from gwtf_node.protocol.messages import CostAnnounce, Label, RequestFlow, Side, Withdraw
+
+D = "d0"
+
+
+def relay(**extra) -> FlowNode:
+    cfg = FlowConfig("R", False, 1, (D,), {"N1": 3.0, "N2": 7.0}, {"P1": 2.0, "P2": 5.0}, peers=("S",), **extra)
+    m = FlowNode(cfg, random.Random(0))
+    m.start(0.0)
+    return m
+
+
+def data_node(**extra) -> tuple[FlowNode, list]:
+    m = FlowNode(FlowConfig(D, True, 2, (D,), {"A": 1.0}, {"Z": 1.0}, **extra), random.Random(0))
+    return m, m.start(0.0)
+
+
+def delivered(m: FlowNode, eff: list) -> list:
+    """`eff` and what the node sends when its pending announcement goes out (coalesced: `announce` timer)."""
+    due = timers(eff, "announce")
+    return eff + (m.on_timer(max(due), "announce") if due else [])
+
+
+def wave_label(node: str, cost: float, epoch: int = 1, formation: bool = True) -> Label:
+    return Label(D, Side.IN, cost, (node + "+", node + "-", D + "+"), epoch, formation)
+
+
+def announced(eff) -> list[Label]:
+    return [lab for e in eff if isinstance(e, Send) and isinstance(e.msg, CostAnnounce) for lab in e.msg.labels]
+
+
+def requests(eff, to: str) -> list[RequestFlow]:
+    return [e.msg for e in eff if isinstance(e, Send) and isinstance(e.msg, RequestFlow) and e.to == to]
+
+
+def timers(eff, key: str) -> list[float]:
+    return [e.deadline for e in eff if isinstance(e, SetTimer) and e.key == key]
+
+
+def test_the_mark_crosses_the_wire():
+    lab = wave_label("N1", 10.0)
+    assert decode(encode("R", CostAnnounce((lab,))))[1].labels[0].formation is True
+    assert decode(encode("R", CostAnnounce((wave_label("N1", 10.0, formation=False),))))[1].labels[0].formation \
+        is False
+
+
+def test_a_relay_moves_a_unit_of_a_formation_wave_once_its_labels_are_still():
+    m = relay()
+    labs = announced(delivered(m, m.on_message(0.10, "N1", CostAnnounce((wave_label("N1", 10.0),)))))
+    assert labs and all(lab.epoch == 1 and lab.formation for lab in labs)  # it passes the mark on
+    eff = m.on_message(0.15, "P1", RequestFlow(1, D, 13.0))
+    assert m.inn[D] == {"P1": 1} and not requests(eff, "N1")  # taken, but held: the labels may still fall
+    still = 0.10 + m.cfg.launch_settle_s
+    assert timers(eff, "balance") == [still]
+    assert not requests(m.on_timer(still - 0.01, "balance"), "N1")
+    fwd = requests(m.on_timer(still, "balance"), "N1")
+    assert [r.expected_cost for r in fwd] == [10.0]
+
+
+def test_a_later_fall_of_the_label_extends_the_wait():
+    m = relay()
+    m.on_message(0.10, "N2", CostAnnounce((wave_label("N2", 9.0),)))  # OUT 16 via N2
+    m.on_message(0.50, "N1", CostAnnounce((wave_label("N1", 10.0),)))  # OUT falls to 13 via N1, 0.4 s into the wave
+    eff = m.on_message(0.55, "P1", RequestFlow(1, D, 13.0))
+    assert not requests(eff, "N1") and timers(eff, "balance") == [0.50 + 0.40]  # launch_quiet_factor x 0.4 s
+    assert [r.expected_cost for r in requests(m.on_timer(0.90, "balance"), "N1")] == [10.0]
+
+
+def test_an_unmarked_wave_moves_units_at_once():
+    m = relay()
+    eff = delivered(m, m.on_message(0.10, "N1", CostAnnounce((wave_label("N1", 10.0, formation=False),))))
+    assert announced(eff) and not any(lab.formation for lab in announced(eff))
+    eff = m.on_message(0.15, "P1", RequestFlow(1, D, 13.0))
+    assert [r.expected_cost for r in requests(eff, "N1")] == [10.0]
+
+
+def test_without_formation_waits_nothing_is_held():
+    m = relay(formation_waits=False)  # (a relay follows the mark it hears; the data node does not set it)
+    d, eff = data_node(formation_waits=False)
+    assert announced(eff) and not any(lab.formation for lab in announced(eff))
+    m.on_message(0.10, "N1", CostAnnounce((wave_label("N1", 10.0, formation=False),)))
+    assert requests(m.on_message(0.15, "P1", RequestFlow(1, D, 13.0)), "N1")
+
+
+def test_an_unmarked_label_of_the_wave_ends_the_formation_here_and_travels_on():
+    m = relay()
+    delivered(m, m.on_message(0.10, "N2", CostAnnounce((wave_label("N2", 9.0),))))
+    # N1 saw a membership change: its label of the same wave comes unmarked, and lowers ours
+    labs = announced(delivered(m, m.on_message(0.20, "N1", CostAnnounce((wave_label("N1", 10.0, formation=False),)))))
+    assert labs and all(lab.epoch == 1 and not lab.formation for lab in labs)
+    # a newer formation wave is one again
+    labs = announced(delivered(m, m.on_message(1.0, "N1", CostAnnounce((wave_label("N1", 11.0, epoch=2),)))))
+    assert labs and all(lab.epoch == 2 and lab.formation for lab in labs)
+
+
+def test_a_unit_moves_at_once_once_the_wave_came_unmarked():
+    m = relay()
+    delivered(m, m.on_message(0.10, "N2", CostAnnounce((wave_label("N2", 9.0),))))
+    assert not requests(m.on_message(0.15, "P1", RequestFlow(1, D, 16.0)), "N2")  # held (formation wave)
+    eff = m.on_message(0.20, "N1", CostAnnounce((wave_label("N1", 10.0, formation=False),)))
+    eff += m.on_timer(0.20, "balance")
+    assert [r.expected_cost for r in requests(eff, "N1")] == [10.0]  # unmarked: on at once, on the lower label
+
+
+def test_a_membership_change_at_a_relay_ends_the_formation_of_the_wave():
+    m = relay()
+    delivered(m, m.on_message(0.10, "N1", CostAnnounce((wave_label("N1", 10.0),))))
+    m.add_neighbour(0.20, "N3", 1.0, "next")
+    # the newcomer's label of the wave, still marked, lowers ours: it goes out unmarked all the same
+    labs = announced(delivered(m, m.on_message(0.30, "N3", CostAnnounce((wave_label("N3", 10.0),)))))
+    assert labs and all(lab.epoch == 1 and not lab.formation for lab in labs)
+    assert [r.expected_cost for r in requests(m.on_message(0.35, "P1", RequestFlow(1, D, 11.0)), "N3")] == [10.0]
+
+
+def test_the_data_node_marks_its_waves_until_it_loses_a_unit():
+    m, eff = data_node()
+    e0 = m.epoch[D]
+    assert announced(eff) and all(lab.formation and lab.epoch == e0 for lab in announced(eff))
+    # a unit reaches the sink (a re-routed unit, not launched: a new wave, still a formation wave)
+    eff = delivered(m, m.on_message(1.0, "Z", RequestFlow(7, D, 0.0)))
+    assert m.inn[D] == {"Z": 1} and m.epoch[D] == e0 + 1
+    assert announced(eff) and all(lab.formation for lab in announced(eff))
+    m.on_timer(1.5, "tick")
+    # a Withdraw takes it back (a relay upstream was removed): at the next tick an unmarked wave, and no more marks
+    m.on_message(2.0, "Z", Withdraw(8, D))
+    assert m.inn[D] == {}
+    eff = delivered(m, m.on_timer(2.5, "tick"))
+    assert m.epoch[D] == e0 + 2 and announced(eff) and not any(lab.formation for lab in announced(eff))
+    m.on_message(3.0, "Z", RequestFlow(9, D, 0.0))
+    assert m.epoch[D] == e0 + 3 and not m.wave.formation
+
+
+def test_a_neighbour_of_the_data_node_coming_or_going_ends_its_formation_waves():
+    for change in ("add", "remove"):
+        m, _ = data_node()
+        e0 = m.epoch[D]
+        eff = delivered(m, m.add_neighbour(1.0, "B", 2.0, "next") if change == "add" else m.remove_neighbour(1.0, "A"))
+        assert m.epoch[D] == e0 + 1, change  # a new wave, unmarked
+        assert not any(lab.formation for lab in announced(eff)), change
+        assert not m.wave.formation
