@@ -32,7 +32,7 @@ MOVES = {"off": {"improve": False}, "greedy": {"improve": True}, "anneal": {"imp
 
 
 def bench_one(setting: int | FlowSetting, seed: int, kill: float, joins: int, detect_s: float, rounds: int,
-              improve: str | None = None, label_limits: bool = False) -> dict:
+              improve: str | None = None, label_limits: bool = False, formation_waits: bool = True) -> dict:
     """One churn run on Table V setting `setting`, or on a layered scenario of that FlowSetting."""
     if isinstance(setting, FlowSetting):
         fs = setting
@@ -42,8 +42,12 @@ def bench_one(setting: int | FlowSetting, seed: int, kill: float, joins: int, de
         fs = FLOW_SETTINGS[setting]
     ch = random_churn(sc, random.Random(10_000 + seed), kill, joins, fs.capacity, fs.link_cost, detect_s)
     t = time.perf_counter()
-    base = None if improve is None and not label_limits else \
-        FlowConfig("-", False, 0, (), {}, {}, label_limits=label_limits, **MOVES.get(improve, {}))
+    knobs = dict(MOVES.get(improve, {}))
+    if label_limits:
+        knobs["label_limits"] = True
+    if not formation_waits:
+        knobs["formation_waits"] = False
+    base = FlowConfig("-", False, 0, (), {}, {}, **knobs) if knobs else None
     res = run_churn(sc, ch, seed=seed, rounds=rounds, base=base)
     wall = time.perf_counter() - t
     new = res.changed
@@ -72,6 +76,8 @@ def main(argv=None) -> int:
     ap.add_argument("--moves", choices=sorted(MOVES), default=None,
                     help="Request Change/Redirect all the time: off, greedy, or with annealing (default: FlowConfig's)")
     ap.add_argument("--label-limits", action="store_true", help="FlowConfig.label_limits on (flow/limits.py)")
+    ap.add_argument("--no-formation-waits", action="store_true",
+                    help="FlowConfig.formation_waits off (flow/waves.py: units move on labels still spreading)")
     ap.add_argument("--out", default="docs/bench_flow_churn.md")
     ap.add_argument("--append", action="store_true", help="append the table to --out")
     args = ap.parse_args(argv)
@@ -85,7 +91,8 @@ def main(argv=None) -> int:
              f"{'--layered ' + ' '.join(map(str, args.layered)) if args.layered else '--settings ' + ' '.join(map(str, args.settings))} "
              f"--seeds {args.seeds} --kill {args.kill:g} --joins {args.joins}"
              f"{'' if args.moves is None else ' --moves ' + args.moves}"
-             f"{' --label-limits' if args.label_limits else ''}`)", "",
+             f"{' --label-limits' if args.label_limits else ''}"
+             f"{' --no-formation-waits' if args.no_formation_waits else ''}`)", "",
              "| setting | instances | killed / joined (mean) | new max flow reached | GWTF / new optimum (mean, worst) "
              "| rounds to re-converge (mean, max) | messages after the churn (mean, per node) | inconsistent links |",
              "|---|---|---|---|---|---|---|---|"]
@@ -93,7 +100,7 @@ def main(argv=None) -> int:
         rs = []
         for seed in range(args.seeds):
             r = bench_one(setting, seed, args.kill, args.joins, args.detect, args.rounds,
-                          args.moves, args.label_limits)
+                          args.moves, args.label_limits, not args.no_formation_waits)
             rs.append(r)
             print(f"setting {setting} seed {seed}: {r['flows_before']} -> {r['flows']}/{r['max_flow']} "
                   f"cost/opt {r['vs_opt']:.4f} rounds {r['rounds']:.1f} msgs {r['messages']} {r['wall']:.1f}s",

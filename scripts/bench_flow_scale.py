@@ -13,6 +13,7 @@ wall time).
     python scripts/bench_flow_scale.py --relays 160 320 --json                  # one JSON object per size
     python scripts/bench_flow_scale.py --relays 160 320 --json --receipts       # + what each label changed
     python scripts/bench_flow_scale.py --relays 160 320 --json --label-limits   # with label limits (flow/limits.py)
+    python scripts/bench_flow_scale.py --relays 1000 --seed 2 --no-formation-waits  # units move on unsettled labels
     python scripts/bench_flow_scale.py --relays 320 500 --wave-order-s 0.02 --launch-quiet-factor 2  # other knobs
 
 `--bound` adds what successive shortest paths need, computed centrally
@@ -276,6 +277,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=120)
     ap.add_argument("--wall-limit", type=float, default=300.0, help="stop a run after this many seconds of wall time")
     ap.add_argument("--label-limits", action="store_true", help="FlowConfig.label_limits on (flow/limits.py)")
+    ap.add_argument("--no-formation-waits", action="store_true",
+                    help="FlowConfig.formation_waits off (units move on labels of a wave still spreading: waves.py)")
     ap.add_argument("--wave-order-s", type=float, default=None, metavar="S",
                     help="FlowConfig.wave_order_s (a label above its floor F goes out (L - F) x S later)")
     ap.add_argument("--launch-quiet-factor", type=float, default=None, metavar="F",
@@ -301,6 +304,8 @@ def main(argv=None) -> int:
                  if getattr(args, k) is not None}
         if args.label_limits:
             knobs["label_limits"] = True
+        if args.no_formation_waits:
+            knobs["formation_waits"] = False
         base = FlowConfig("-", False, 0, (), {}, {}, **knobs) if knobs else None
         if rec is not None:
             with rec:

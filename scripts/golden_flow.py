@@ -20,9 +20,9 @@ line identical:
     python scripts/golden_flow.py --traces /tmp/traces                 # also keep the traces (to diff them)
 
 `scripts/golden_flow.sha256` holds the traces of the flow machines as they
-were before their split into a package (one module per mechanism); the
-current code reproduces every one.  `--moves-off` turns the improvement moves
-off explicitly (they are off by default).
+are; a change of behaviour rewrites it (`--write`), with the figures it
+changed in its commit.  `--moves-off` turns the improvement moves off
+explicitly (they are off by default).
 """
 
 from __future__ import annotations

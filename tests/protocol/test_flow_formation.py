@@ -127,18 +127,27 @@ def test_the_data_node_marks_its_waves_until_it_loses_a_unit():
     m, eff = data_node()
     e0 = m.epoch[D]
     assert announced(eff) and all(lab.formation and lab.epoch == e0 for lab in announced(eff))
-    # a unit reaches the sink (a re-routed unit, not launched: a new wave, still a formation wave)
+    # its launched unit reaches the sink: a new wave, still a formation wave
+    m.launch.pending = 1
     eff = delivered(m, m.on_message(1.0, "Z", RequestFlow(7, D, 0.0)))
-    assert m.inn[D] == {"Z": 1} and m.epoch[D] == e0 + 1
+    assert m.inn[D] == {"Z": 1} and m.epoch[D] == e0 + 1 and m.launch.pending == 0
     assert announced(eff) and all(lab.formation for lab in announced(eff))
     m.on_timer(1.5, "tick")
     # a Withdraw takes it back (a relay upstream was removed): at the next tick an unmarked wave, and no more marks
     m.on_message(2.0, "Z", Withdraw(8, D))
-    assert m.inn[D] == {}
+    assert m.inn[D] == {} and m.epoch[D] == e0 + 1
     eff = delivered(m, m.on_timer(2.5, "tick"))
     assert m.epoch[D] == e0 + 2 and announced(eff) and not any(lab.formation for lab in announced(eff))
+    m.launch.pending = 1
     m.on_message(3.0, "Z", RequestFlow(9, D, 0.0))
     assert m.epoch[D] == e0 + 3 and not m.wave.formation
+
+
+def test_a_unit_that_reaches_the_sink_unlaunched_ends_the_formation_waves():
+    m, _ = data_node()
+    e0 = m.epoch[D]
+    eff = delivered(m, m.on_message(1.0, "Z", RequestFlow(7, D, 0.0)))  # re-routed after a removal upstream
+    assert m.epoch[D] == e0 + 1 and announced(eff) and not any(lab.formation for lab in announced(eff))
 
 
 def test_a_neighbour_of_the_data_node_coming_or_going_ends_its_formation_waves():

@@ -8,7 +8,7 @@ are coalesced per node for `announce_coalesce_s` (latest value wins), and go
 out in Dijkstra order: distances never fall from one wave to the next
 (successive shortest paths), so the lowest labels of the previous wave are
 floors; a label L above its floor F is announced (L - F) x `wave_order_s`
-later (at most `wave_order_cap_s`), so that cheaper routes, which come the
+later (at most WAVE_ORDER_CAP_S), so that cheaper routes, which come the
 long way round through the residual back arcs, arrive before it is sent.
 
 Free-running labels (several data nodes) announce a changed cost at once
@@ -43,7 +43,9 @@ from typing import TYPE_CHECKING
 from ..effects import Effect, Send, SetTimer
 from ..messages import INF, CostAnnounce, Label, Side
 from . import limits
-from .state import EPS, Batch, cost_differs, costs_differ, as_sent
+from .state import EPS, Batch, as_sent, cost_differs, costs_differ
+
+WAVE_ORDER_CAP_S = 0.2  # a label of a wave goes out at most this much later than at once (module doc)
 
 if TYPE_CHECKING:
     from .node import FlowNode
@@ -193,7 +195,7 @@ def flush_delay(node: FlowNode) -> float:
         lab = node.labels.my_in.get(d) if side is _IN else node.labels.my_out.get(d)
         if lab is not None and lab.cost != INF and f != INF and lab.cost - f > gap:
             gap = lab.cost - f
-    return min(k * gap, node.cfg.wave_order_cap_s)
+    return min(k * gap, WAVE_ORDER_CAP_S)
 
 def cost_news(node: FlowNode, d: str, side: Side) -> bool:
     lab = node.labels.my_in.get(d) if side == Side.IN else node.labels.my_out.get(d)

@@ -44,7 +44,7 @@ class FlowConfig:
     # once the labels at its node are still (waves.py, "Formation waves").  Off: at 1000 x 16 the flows of seeds
     # 1-3 stall below the maximum (docs/bench_flow.md, "Scale")
     wave_order_s: float = 0.005  # waves: a label L above its previous wave's floor F goes out (L - F) x this later
-    wave_order_cap_s: float = 0.2  # ... at most this much later
+    # (at most announce.WAVE_ORDER_CAP_S later)
     label_limits: bool = False  # label waves: a relay's IN labels go only to the previous-stage peers whose choice
     # they can change (limits.py).  Off: exact, 9167 -> 4420 messages per node at 1000 x 16, but more messages
     # than without on Table V settings 1, 2, 4 and slower re-formation after crashes (docs/bench_flow.md)

@@ -80,7 +80,7 @@ from .launches import LaunchState
 from .limits import LimitState
 from .moves import Annealer, MoveState
 from .relabel import RelabelState
-from .state import SIDES, FlowStats, PendingKind, total, as_sent
+from .state import SIDES, FlowStats, PendingKind, as_sent, total
 from .units import UnitState
 from .waves import WaveState
 

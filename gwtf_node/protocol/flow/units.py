@@ -34,7 +34,7 @@ from ..effects import Effect, Send, SetTimer
 from ..messages import INF, Deny, DenyReason, FlowReply, Label, Reply, RequestFlow, Reroute, Side, Withdraw
 from . import announce, labels, launches, relabel, waves
 from .config import FlowConfig
-from .state import EPS, MAX_REJECTS_BEFORE_WAIT, NO_LABEL, Pending, PendingKind, Step, Via, add_one, take_one, as_sent
+from .state import EPS, MAX_REJECTS_BEFORE_WAIT, NO_LABEL, Pending, PendingKind, Step, Via, add_one, as_sent, take_one
 
 if TYPE_CHECKING:
     from .node import FlowNode

@@ -34,8 +34,9 @@ Formation waves (`FlowConfig.formation_waits`).  A label announced while the
 wave is still spreading can fall again, and a unit that moves on it takes a
 route that is not a shortest augmenting path: the flows then admit a negative
 cycle, every later wave's labels describe it, the path check leaves a node on
-it without a route, and launches retreat wave after wave (at 1000 x 16 the
-flows stall at 71-83 of 87-91 units: docs/bench_flow.md, "Scale").  So while
+it without a route, and launches retreat wave after wave (without formation
+waves the flows of 1000 x 16 seeds 1-3 stall at 71-83 of 87-91 units:
+docs/bench_flow.md, "Other seeds, and formation waves").  So while
 the data node has lost no unit and seen no neighbour come or go, its waves
 are *formation waves* (`Label.formation`, stamped on every label of the
 wave): a relay moves a unit only once its OUT label has been still for
@@ -45,8 +46,9 @@ seconds and such waits stack up, so re-formation moves units at once: a node
 that sees a membership change stamps the rest of the wave unmarked, a node
 that hears an unmarked label of the wave does the same (the news of a change
 travels with the labels it changes), and a data node that hears one, loses
-a unit at its sink or sees a neighbour come or go starts an unmarked wave and
-marks none again (launches.py `reform`).
+a unit at its sink (launches.py `note_sink`), receives one it did not launch
+(re-routed after a removal) or sees a neighbour come or go starts an unmarked
+wave and marks none again (`reformed`).
 """
 
 from __future__ import annotations
@@ -116,7 +118,7 @@ def heard_unmarked(node: FlowNode, d: str, lab: Label) -> None:
 
 def begin(node: FlowNode, d: str) -> None:
     """Data node: it started a wave of its commodity `d`; a formation wave unless it has reformed."""
-    if node.cfg.formation_waits and not node.wave.reformed:
+    if node.waves and node.cfg.formation_waits and not node.wave.reformed:
         node.wave.formation[d] = node.labels.epoch[d]
     else:
         node.wave.formation.pop(d, None)
