@@ -173,3 +173,16 @@ def test_flows_behind_a_unit_still_on_its_way_are_all_counted():
     assert sorted((f.path, f.cost) for f in flows) == [(("a0", "b1"), 1 + 9 + 5), (("a1", "b0"), 6 + 3 + 1)]
     nodes["b1"].inn["d0"]["a0"] = 2  # the two ends of a link disagree
     assert extract_flows(sc, nodes)[1] == 1
+
+
+def test_formation_waves_reach_the_optimum_where_units_on_unsettled_labels_stall():
+    """320 relays x 8 stages (bench_flow_scale's generator), seed 11: without formation waves
+    (`FlowConfig.formation_waits=False`) units move on labels of a wave still spreading and the flows stall at 50 of
+    the 55 units (measured once: 40 s, not run here); with them, the maximum flow at the optimum's cost."""
+    from gwtf_node.sim.baselines import max_flow_value
+    from gwtf_node.sim.scenarios import FlowSetting, generate_layered
+
+    sc = parse_scenario(generate_layered("scale-320x8", FlowSetting(1, 320, 8, (1, 3), (1, 20)), 11))
+    g = run_gwtf(sc, seed=11, rounds=120)
+    assert g.num_flows == max_flow_value(sc) == 55
+    assert g.total_cost == optimal_routing(sc).total_cost
