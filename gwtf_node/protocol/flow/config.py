@@ -42,7 +42,7 @@ class FlowConfig:
     same_wave_launches: bool = True  # waves: launch again on a wave while it still has a tight route (waves.py)
     formation_waits: bool = True  # waves: until the data node loses a unit or a neighbour, a unit moves on only
     # once the labels at its node are still (waves.py, "Formation waves").  Off: at 1000 x 16 the flows of seeds
-    # 1-3 stall below the maximum (docs/bench_flow.md, "Scale")
+    # 1-3 stall below the maximum (docs/bench_flow.md, "Other seeds, and formation waves")
     wave_order_s: float = 0.005  # waves: a label L above its previous wave's floor F goes out (L - F) x this later
     # (at most announce.WAVE_ORDER_CAP_S later)
     label_limits: bool = False  # label waves: a relay's IN labels go only to the previous-stage peers whose choice
