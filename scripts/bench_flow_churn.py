@@ -32,7 +32,8 @@ MOVES = {"off": {"improve": False}, "greedy": {"improve": True}, "anneal": {"imp
 
 
 def bench_one(setting: int | FlowSetting, seed: int, kill: float, joins: int, detect_s: float, rounds: int,
-              improve: str | None = None, label_limits: bool = False, formation_waits: bool = True) -> dict:
+              improve: str | None = None, label_limits: bool = False, formation_waits: bool = True,
+              announce_coalesce_s: float | None = None) -> dict:
     """One churn run on Table V setting `setting`, or on a layered scenario of that FlowSetting."""
     if isinstance(setting, FlowSetting):
         fs = setting
@@ -47,6 +48,8 @@ def bench_one(setting: int | FlowSetting, seed: int, kill: float, joins: int, de
         knobs["label_limits"] = True
     if not formation_waits:
         knobs["formation_waits"] = False
+    if announce_coalesce_s is not None:
+        knobs["announce_coalesce_s"] = announce_coalesce_s
     base = FlowConfig("-", False, 0, (), {}, {}, **knobs) if knobs else None
     res = run_churn(sc, ch, seed=seed, rounds=rounds, base=base)
     wall = time.perf_counter() - t
@@ -76,6 +79,8 @@ def main(argv=None) -> int:
     ap.add_argument("--moves", choices=sorted(MOVES), default=None,
                     help="Request Change/Redirect all the time: off, greedy, or with annealing (default: FlowConfig's)")
     ap.add_argument("--label-limits", action="store_true", help="FlowConfig.label_limits on (flow/limits.py)")
+    ap.add_argument("--announce-coalesce-s", type=float, default=None, metavar="S",
+                    help="FlowConfig.announce_coalesce_s (labels changed within this window go out together)")
     ap.add_argument("--no-formation-waits", action="store_true",
                     help="FlowConfig.formation_waits off (flow/waves.py: units move on labels still spreading)")
     ap.add_argument("--out", default="docs/bench_flow_churn.md")
@@ -92,7 +97,8 @@ def main(argv=None) -> int:
              f"--seeds {args.seeds} --kill {args.kill:g} --joins {args.joins}"
              f"{'' if args.moves is None else ' --moves ' + args.moves}"
              f"{' --label-limits' if args.label_limits else ''}"
-             f"{' --no-formation-waits' if args.no_formation_waits else ''}`)", "",
+             f"{' --no-formation-waits' if args.no_formation_waits else ''}"
+             f"{'' if args.announce_coalesce_s is None else f' --announce-coalesce-s {args.announce_coalesce_s:g}'}`)", "",
              "| setting | instances | killed / joined (mean) | new max flow reached | GWTF / new optimum (mean, worst) "
              "| rounds to re-converge (mean, max) | messages after the churn (mean, per node) | inconsistent links |",
              "|---|---|---|---|---|---|---|---|"]
@@ -100,7 +106,7 @@ def main(argv=None) -> int:
         rs = []
         for seed in range(args.seeds):
             r = bench_one(setting, seed, args.kill, args.joins, args.detect, args.rounds,
-                          args.moves, args.label_limits, not args.no_formation_waits)
+                          args.moves, args.label_limits, not args.no_formation_waits, args.announce_coalesce_s)
             rs.append(r)
             print(f"setting {setting} seed {seed}: {r['flows_before']} -> {r['flows']}/{r['max_flow']} "
                   f"cost/opt {r['vs_opt']:.4f} rounds {r['rounds']:.1f} msgs {r['messages']} {r['wall']:.1f}s",
