@@ -158,3 +158,13 @@ def test_a_neighbour_of_the_data_node_coming_or_going_ends_its_formation_waves()
         assert m.epoch[D] == e0 + 1, change  # a new wave, unmarked
         assert not any(lab.formation for lab in announced(eff)), change
         assert not m.wave.formation
+
+
+def test_a_fall_long_after_the_wave_holds_a_unit_no_longer_than_the_data_node_waits():
+    m = relay()
+    m.on_message(0.10, "N2", CostAnnounce((wave_label("N2", 9.0),)))
+    m.set_cost(60.0, "N1", 3.0)  # (no label of N1 yet: nothing changes)
+    m.on_message(60.0, "N1", CostAnnounce((wave_label("N1", 10.0),)))  # a fall a minute into the wave
+    eff = m.on_message(60.05, "P1", RequestFlow(1, D, 13.0))
+    cap = m.cfg.retry_epoch_rounds * m.cfg.round_s
+    assert not requests(eff, "N1") and timers(eff, "balance") == [60.0 + m.cfg.launch_quiet_factor * cap]

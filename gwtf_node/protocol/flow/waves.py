@@ -41,7 +41,8 @@ the data node has lost no unit and seen no neighbour come or go, its waves
 are *formation waves* (`Label.formation`, stamped on every label of the
 wave): a relay moves a unit only once its OUT label has been still for
 `launch_quiet_factor` x the time since it heard the wave (at least
-`launch_settle_s`; `still_at`, `gate`).  After a crash the labels fall for
+`launch_settle_s`, that time counted up to `retry_epoch_rounds` rounds;
+`still_at`, `gate`).  After a crash the labels fall for
 seconds and such waits stack up, so re-formation moves units at once: a node
 that sees a membership change stamps the rest of the wave unmarked, a node
 that hears an unmarked label of the wave does the same (the news of a change
@@ -141,10 +142,13 @@ def labels_lowered(node: FlowNode, d: str) -> None:
     if lab is not None and lab.cost < w.pot_out.get(d, INF):
         w.pot_out[d] = lab.cost
         now, cfg = node.now, node.cfg
-        still = now + max(cfg.launch_settle_s, cfg.launch_quiet_factor * (now - w.heard_at.get(d, now)))
-        w.still_at[d] = still
+        age = now - w.heard_at.get(d, now)
+        # a fall long after the wave came (a cost measured again) holds units no longer than the data node waits
+        # for a route that shows up late (launches.out_changed)
+        w.still_at[d] = now + max(cfg.launch_settle_s,
+                                  cfg.launch_quiet_factor * min(age, cfg.retry_epoch_rounds * cfg.round_s))
         if d in w.hold and w.hold[d] != node.labels.epoch[d]:
-            w.quiet_at[d] = still
+            w.quiet_at[d] = now + max(cfg.launch_settle_s, cfg.launch_quiet_factor * age)
 
 def denied(node: FlowNode, d: str, sender: str, reason: DenyReason) -> None:
     """A unit this node sent `sender` came back (Deny): the step it undoes, or a step of its own."""
