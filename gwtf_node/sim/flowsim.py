@@ -106,29 +106,20 @@ def extract_flows(scenario: Scenario, nodes: dict[str, FlowNode]) -> tuple[list[
 def _unit_path(nodes: dict[str, FlowNode], remaining: dict[str, dict[str, dict[str, int]]], d: str, stages: int,
                dead: set[tuple[str, int]]) -> list[str] | None:
     """A path d -> one relay per stage -> d over the links with units left (depth first, peers in name order)."""
-    path: list[str] = []
-    tried: list[list[str]] = []  # per depth: the peers still to try there
 
-    def options(cur: str, depth: int) -> list[str]:
+    def dfs(cur: str, depth: int) -> list[str] | None:
         outs = remaining[cur][d]
         if depth == stages:
-            return [d] if outs.get(d, 0) > 0 else []
-        return [j for j in sorted(outs, reverse=True) if outs[j] > 0 and not nodes[j].cfg.is_data
-                and (j, depth + 1) not in dead]
+            return [] if outs.get(d, 0) > 0 else None
+        for j in sorted(outs):
+            if outs[j] > 0 and not nodes[j].cfg.is_data and (j, depth + 1) not in dead:
+                rest = dfs(j, depth + 1)
+                if rest is not None:
+                    return [j, *rest]
+                dead.add((j, depth + 1))
+        return None
 
-    tried.append(options(d, 0))
-    while tried:
-        if not tried[-1]:
-            tried.pop()
-            if path:
-                dead.add((path.pop(), len(tried)))
-            continue
-        nxt = tried[-1].pop()
-        if nxt == d:
-            return path
-        path.append(nxt)
-        tried.append(options(nxt, len(path)))
-    return None
+    return dfs(d, 0)
 
 
 def run_gwtf(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowConfig | None = None,

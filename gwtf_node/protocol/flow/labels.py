@@ -125,7 +125,7 @@ def wave_label(node: FlowNode, sender: str, lab: Label) -> int | None:
     if lab.side is not _IN or lin is None or lab.epoch != L.epoch[d] or sender not in cfg.next_costs \
             or sender in node.removed:
         return None
-    if not lab.formation:
+    if not lab.formation and node.wave.formation:  # (empty unless a formation wave is on here)
         waves.heard_unmarked(node, d, lab)
     lin[sender] = lab
     # `fold_in`'s first test, inline: no news when `sender` is not the current choice and its candidate is no
@@ -375,7 +375,7 @@ def ingest(node: FlowNode, sender: str, wire: Label) -> bool:
             return False  # only the data node starts waves of its commodity
         new_wave(node, d, e)
         waves.heard_new_wave(node, d, wire)
-    elif not wire.formation:
+    elif not wire.formation and node.wave.formation:
         waves.heard_unmarked(node, d, wire)
     if wire.side == Side.IN:
         node.labels.lin[d][sender] = lab

@@ -141,13 +141,14 @@ def labels_lowered(node: FlowNode, d: str) -> None:
     lab = node.labels.my_out.get(d)
     if lab is not None and lab.cost < w.pot_out.get(d, INF):
         w.pot_out[d] = lab.cost
-        now, cfg = node.now, node.cfg
+        e, now, cfg = node.labels.epoch[d], node.now, node.cfg
         age = now - w.heard_at.get(d, now)
-        # a fall long after the wave came (a cost measured again) holds units no longer than the data node waits
-        # for a route that shows up late (launches.out_changed)
-        w.still_at[d] = now + max(cfg.launch_settle_s,
-                                  cfg.launch_quiet_factor * min(age, cfg.retry_epoch_rounds * cfg.round_s))
-        if d in w.hold and w.hold[d] != node.labels.epoch[d]:
+        if w.formation.get(d) == e:
+            # a fall long after the wave came (a cost measured again) holds units no longer than the data node waits
+            # for a route that shows up late (launches.out_changed)
+            w.still_at[d] = now + max(cfg.launch_settle_s,
+                                      cfg.launch_quiet_factor * min(age, cfg.retry_epoch_rounds * cfg.round_s))
+        if w.hold.get(d, e) != e:
             w.quiet_at[d] = now + max(cfg.launch_settle_s, cfg.launch_quiet_factor * age)
 
 def denied(node: FlowNode, d: str, sender: str, reason: DenyReason) -> None:
