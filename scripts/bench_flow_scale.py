@@ -38,6 +38,11 @@ labels that rose by at most the data node's label: what a wave that stops once i
 Dijkstra from the sink over the costs reduced by the previous wave's labels) announces at the least; and
 `stage_rise_share_pd` is the share of the labels (finite in both waves) that rose by the rise most common in
 their stage: what a wave that tells each stage's usual rise once, and only the other labels, would leave.
+`choosers_per_node` counts, per node, what labels without waves need at the least when a rise goes only to the
+peers that choose the label (`Choosers`): every label once to every peer, then per augmentation every fall to
+every peer, every rise to its choosers, a message to a new choice (and to the old one), and two (a request and
+its answer) for every candidate whose last known label made it look cheapest when it no longer was;
+`choosers_per_node_bcast4` the same when a label also goes to every peer once it rose by 4 since it last did.
 
 `--receipts` classifies every label a node receives in a CostAnnounce by what
 it changed there (the node's IN and OUT labels and the choices behind them
@@ -170,6 +175,7 @@ def ssp_waves(sc) -> dict:
     prevs = {n.id: [(src if m == d else ("o", m), link.cost) for m, link in sc.neighbours(n.id).items()
                     if (m == d and n.stage == 0) or (m != d and sc.node(m).stage == n.stage - 1)]
              for n in sc.nodes if not n.is_data}
+    choosers = (Choosers(prevs, float("inf")), Choosers(prevs, 4.0))
     while True:
         dist = _dijkstra(g, pot, src)
         if snk not in dist:
@@ -183,6 +189,8 @@ def ssp_waves(sc) -> dict:
             return to_sink[u] + pot[snk] - pot[u] if u in to_sink else float("inf")
 
         labels = {r: real(("i", r)) for r in prevs}
+        for ch in choosers:
+            ch.step(labels)
         cost = pot[snk] - pot[src]
         for k in (0, 1) if not costs or abs(cost - costs[-1]) > 1e-9 else (0,):
             old = before[k] or {}
@@ -211,7 +219,56 @@ def ssp_waves(sc) -> dict:
             "tight_in_per_node_pd": round(useful / n, 1), "skewed_links_per_node_pd": round(skew[0] / n, 1),
             "skewed_links_per_node_pd_slack": round(skew[1] / n, 1),
             "pruned_in_per_node_pd": round(rises[2] / n, 1),
-            "stage_rise_share_pd": round(rises[1] / rises[0], 3) if rises[0] else None}
+            "stage_rise_share_pd": round(rises[1] / rises[0], 3) if rises[0] else None,
+            "choosers_per_node": round(choosers[0].sent / n, 1),
+            "choosers_per_node_bcast4": round(choosers[1].sent / n, 1)}
+
+
+class Choosers:
+    """Labels without waves, a rise told only to the peers that choose the label (`--bound`, module doc).
+
+    Every peer's last known label of a next-stage relay is at most its label (a fall goes to every peer, a rise
+    to its choosers): a lower bound.  A peer whose cheapest candidate on those bounds is not known exactly asks
+    it (a request and the answer) until its cheapest is; it then tells a new choice (and the old one), which
+    sends it every later rise.  With `bcast` finite a label also goes to every peer once it rose by `bcast`
+    since it last did.  Counts the messages (`sent`) over the labels of each augmentation (`step`)."""
+
+    def __init__(self, prevs: dict, bcast: float) -> None:
+        self.prevs, self.bcast, self.sent = prevs, bcast, 0
+        self.nexts: dict = collections.defaultdict(list)  # previous-stage side -> [(relay, link cost)]
+        for r, ps in prevs.items():
+            for p, c in ps:
+                self.nexts[p].append((r, c))
+        self.known: dict = {}  # (peer, relay) -> the label the peer last heard
+        self.choice: dict = {}  # peer -> the relay it chooses
+        self.told: dict = {}  # relay -> its label when it last went to every peer
+
+    def step(self, labels: dict) -> None:
+        inf, known, choice = float("inf"), self.known, self.choice
+        for r, ps in self.prevs.items():
+            lab = labels[r]
+            wide = r not in self.told or (lab != inf and lab >= self.told[r] + self.bcast - 1e-9)
+            if wide:
+                self.told[r] = lab
+            for p, _ in ps:
+                k = known.get((p, r))
+                if k is None or lab < k - 1e-9 or (lab > k + 1e-9 and (wide or choice.get(p) == r)):
+                    self.sent += lab != inf
+                    known[(p, r)] = lab
+        for p, cands in self.nexts.items():
+            while True:
+                r, _ = min(cands, key=lambda rc: (rc[1] + known[(p, rc[0])], rc[0] != choice.get(p), rc[0]))
+                if known[(p, r)] == inf:
+                    choice.pop(p, None)
+                    break
+                if abs(known[(p, r)] - labels[r]) > 1e-9:
+                    self.sent += 2
+                    known[(p, r)] = labels[r]
+                    continue
+                if choice.get(p) != r:
+                    self.sent += 1 + (p in choice)
+                    choice[p] = r
+                break
 
 
 def _rises(rises: list, prevs: dict, stage_of: dict, old_in: dict, new_in: dict, top: float) -> None:

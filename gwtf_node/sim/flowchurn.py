@@ -13,6 +13,9 @@ they converge, then applies a `Churn`:
   `FlowNode.add_neighbour` `detect_s` later (the leader's placement reaching
   them).
 
+`run_trickle` lets relays join one by one while the flows form (a swarm whose
+volunteers come in over a minute), and reports the routing at the end.
+
 `FlowRun.partition` / `heal` cut a relay off (its messages lost both ways,
 each side removing the other once the liveness check would) and bring it
 back (each side taking the other back at once, adding the links after
@@ -301,3 +304,31 @@ def run_churn(scenario: Scenario, churn: Churn, seed: int = 0, rounds: int = 120
                        run.sim.stats.messages - msgs0)
     return ChurnResult(before, after, changed, t0, (last - t0) / r, run.sim.stats.messages - msgs0,
                        {"stuck": any(m.pending or m.token_pending for m in run.nodes.values())})
+
+
+def held_back(scenario: Scenario, late) -> Scenario:
+    """`scenario` without the relays `late` and their links (they join later: `run_trickle`)."""
+    gone = set(late)
+    return Scenario(scenario.name, scenario.stages, tuple(n for n in scenario.nodes if n.id not in gone),
+                    tuple(l for l in scenario.links if l.a not in gone and l.b not in gone), scenario.activation_mb)
+
+
+def run_trickle(scenario: Scenario, late, start_s: float = 2.0, every_s: float = 2.0, seed: int = 0,
+                rounds: int = 120, base: FlowConfig | None = None, detect_s: float = 0.5,
+                quiet_rounds: int = QUIET_ROUNDS_DEFAULT) -> RoutingResult:
+    """Relays that join while the flows form (a swarm whose volunteers come one by one): the machines of
+    `scenario` without the relays `late` start at 0; relay k of `late` joins at `start_s` + k x `every_s`, its
+    neighbours (those present) told `detect_s` later; then the machines run until the flows are quiet (at most
+    `rounds` rounds after the last join).  The routing is on `scenario` (everyone there at the end), with the
+    rounds from the start and the messages of the whole run."""
+    run = FlowRun(held_back(scenario, late), seed, base)
+    present = {n.id for n in run.scenario.nodes}
+    for k, nid in enumerate(late):
+        run.sim.run_until(start_s + k * every_s)
+        links = tuple(l for l in scenario.links if nid in (l.a, l.b) and (l.b if l.a == nid else l.a) in present)
+        run.apply(Churn((), (scenario.node(nid),), links, detect_s))
+        present.add(nid)
+    run.run_quiet(rounds, quiet_rounds)
+    r = run.round_s
+    return run.result(run.scenario, int(math.ceil(run.sim.now / r)), int(math.ceil(run.last_change() / r)),
+                      run.sim.stats.messages)

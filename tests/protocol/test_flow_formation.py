@@ -1,10 +1,13 @@
 """Formation waves (flow/waves.py, "Formation waves"): while the data node has lost no unit and seen no neighbour
-come or go, its waves are marked on the wire (`Label.formation`) and a relay moves a unit only once its labels of
-the wave are still; a membership change, an unmarked label of the wave, or a loss at the sink ends that."""
+go, its waves are marked on the wire (`Label.formation`) and a relay moves a unit only once its labels of the wave
+are still; a removal or a changed link cost, an unmarked label of the wave, or a loss at the sink ends that, and a
+newcomer joins the wave."""
 
 from __future__ import annotations
 
 import random
+
+import pytest
 
 from gwtf_node.protocol.codec import decode, encode
 from gwtf_node.protocol.effects import Send, SetTimer
@@ -113,14 +116,43 @@ def test_a_unit_moves_at_once_once_the_wave_came_unmarked():
     assert [r.expected_cost for r in requests(eff, "N1")] == [10.0]  # unmarked: on at once, on the lower label
 
 
-def test_a_membership_change_at_a_relay_ends_the_formation_of_the_wave():
+@pytest.mark.parametrize("change", ["remove", "recost"])
+def test_a_removal_or_a_changed_cost_at_a_relay_ends_the_formation_of_the_wave(change):
+    m = relay()
+    delivered(m, m.on_message(0.10, "N1", CostAnnounce((wave_label("N1", 10.0),))))
+    m.remove_neighbour(0.20, "N2") if change == "remove" else m.add_neighbour(0.20, "N2", 4.0, "next")
+    # N1's label of the wave, still marked, lowers ours: it goes out unmarked all the same
+    labs = announced(delivered(m, m.on_message(0.30, "N1", CostAnnounce((wave_label("N1", 8.0),)))))
+    assert labs and all(lab.epoch == 1 and not lab.formation for lab in labs)
+    assert [r.expected_cost for r in requests(m.on_message(0.35, "P1", RequestFlow(1, D, 11.0)), "N1")] == [8.0]
+
+
+def newcomer_sent_its_label() -> FlowNode:
     m = relay()
     delivered(m, m.on_message(0.10, "N1", CostAnnounce((wave_label("N1", 10.0),))))
     m.add_neighbour(0.20, "N3", 1.0, "next")
-    # the newcomer's label of the wave, still marked, lowers ours: it goes out unmarked all the same
-    labs = announced(delivered(m, m.on_message(0.30, "N3", CostAnnounce((wave_label("N3", 10.0),)))))
-    assert labs and all(lab.epoch == 1 and not lab.formation for lab in labs)
-    assert [r.expected_cost for r in requests(m.on_message(0.35, "P1", RequestFlow(1, D, 11.0)), "N3")] == [10.0]
+    delivered(m, m.on_message(0.30, "N3", CostAnnounce((wave_label("N3", 8.0),))))
+    return m
+
+
+def test_a_newcomers_label_waits_for_the_next_wave():
+    """A new neighbour during a formation wave: the wave stays one, and the newcomer's label of it waits (units
+    move on this wave's labels as computed without it); its label of the next wave counts at once."""
+    m = newcomer_sent_its_label()
+    assert m.wave.formation == {D: 1} and m.labels.my_in[D].cost == 13.0  # via N1: 3 + 10
+    labs = announced(delivered(m, m.on_message(0.50, "N3", CostAnnounce((wave_label("N3", 8.0, epoch=2),)))))
+    assert m.wave.formation == {D: 2} and not m.wave.deferred
+    assert {(lab.cost, lab.epoch, lab.formation) for lab in labs if lab.side is Side.IN} == {(9.0, 2, True)}
+
+
+def test_a_newcomers_label_counts_after_a_while_without_a_new_wave():
+    m = newcomer_sent_its_label()
+    wait = m.cfg.retry_epoch_rounds * m.cfg.round_s
+    m.on_timer(0.20 + wait - 0.01, "tick")
+    assert m.labels.my_in[D].cost == 13.0
+    labs = announced(delivered(m, m.on_timer(0.20 + wait, "tick")))
+    assert m.labels.my_in[D].cost == 9.0 and {lab.cost for lab in labs if lab.side is Side.IN} == {9.0}
+    assert m.wave.formation == {D: 1}
 
 
 def test_the_data_node_marks_its_waves_until_it_loses_a_unit():
@@ -150,14 +182,25 @@ def test_a_unit_that_reaches_the_sink_unlaunched_ends_the_formation_waves():
     assert m.epoch[D] == e0 + 1 and announced(eff) and not any(lab.formation for lab in announced(eff))
 
 
-def test_a_neighbour_of_the_data_node_coming_or_going_ends_its_formation_waves():
-    for change in ("add", "remove"):
-        m, _ = data_node()
-        e0 = m.epoch[D]
-        eff = delivered(m, m.add_neighbour(1.0, "B", 2.0, "next") if change == "add" else m.remove_neighbour(1.0, "A"))
-        assert m.epoch[D] == e0 + 1, change  # a new wave, unmarked
-        assert not any(lab.formation for lab in announced(eff)), change
-        assert not m.wave.formation
+@pytest.mark.parametrize("change", ["remove", "recost"])
+def test_a_neighbour_of_the_data_node_going_or_changing_cost_ends_its_formation_waves(change):
+    m, _ = data_node()
+    e0 = m.epoch[D]
+    eff = delivered(m, m.remove_neighbour(1.0, "A") if change == "remove" else m.add_neighbour(1.0, "A", 3.0, "next"))
+    assert m.epoch[D] == e0 + 1  # a new wave, unmarked
+    assert not any(lab.formation for lab in announced(eff))
+    assert not m.wave.formation and m.wave.reformed
+
+
+def test_a_newcomer_next_to_the_data_node_keeps_its_formation_waves():
+    m, _ = data_node()
+    e0 = m.epoch[D]
+    eff = delivered(m, m.add_neighbour(1.0, "Y", 2.0, "prev"))  # a last-stage relay joins: told the sink label
+    assert m.epoch[D] == e0 and m.wave.formation == {D: e0} and not m.wave.reformed
+    labs = [e.msg.labels for e in eff if isinstance(e, Send) and e.to == "Y" and isinstance(e.msg, CostAnnounce)]
+    assert labs and all(lab.formation and lab.epoch == e0 for ls in labs for lab in ls)
+    m.add_neighbour(1.5, "B", 2.0, "next")  # a first-stage relay joins: nothing launched yet, so it counts at once
+    assert m.epoch[D] == e0 and m.wave.formation == {D: e0} and not m.wave.deferred
 
 
 def test_a_fall_long_after_the_wave_holds_a_unit_no_longer_than_the_data_node_waits():

@@ -14,8 +14,8 @@ from gwtf_node.protocol.flow.state import Via
 from gwtf_node.protocol.messages import CostAnnounce, Deny, DenyReason, Label, RequestFlow, Side, Withdraw
 from gwtf_node.protocol.scenario import LinkSpec, NodeSpec, parse_scenario
 from gwtf_node.sim.baselines import max_flow_value, optimal_routing
-from gwtf_node.sim.flowchurn import Churn, FlowRun, random_churn, run_churn
-from gwtf_node.sim.scenarios import load_flow_setting
+from gwtf_node.sim.flowchurn import Churn, FlowRun, random_churn, run_churn, run_trickle
+from gwtf_node.sim.scenarios import FlowSetting, generate_layered, load_flow_setting
 from gwtf_node.sim.validate import check_routing
 
 D = "d0"
@@ -227,6 +227,19 @@ def test_several_data_nodes_kill_relays():
     for d in (n.id for n in new.data_nodes):  # every data node is served again
         assert any(f.data_node == d for f in res.after.flows)
     assert res.after.num_flows >= 0.9 * optimal_routing(new).extra.get("lp_max_flow", 0)
+
+
+@pytest.mark.parametrize("seed", [0, 2])
+def test_relays_that_join_while_the_flows_form_reach_the_optimum(seed):
+    """Six of 160 relays (8 stages) join one a second while the flows form (`run_trickle`): each newcomer joins
+    the next label wave, and the flows end at the maximum flow with the optimum's cost."""
+    sc = parse_scenario(generate_layered(f"t{seed}", FlowSetting(1, 160, 8, (1, 3), (1, 20)), seed))
+    late = random.Random(20_000 + seed).sample(sorted(r.id for r in sc.relays), 6)
+    res = run_trickle(sc, late, 1.0, 1.0, seed=seed, rounds=60)
+    check_routing(sc, res)
+    opt = optimal_routing(sc)
+    assert res.num_flows == opt.num_flows
+    assert res.mean_cost == pytest.approx(opt.mean_cost)
 
 
 def test_table_v_setting1_kill_reaches_new_max_flow():

@@ -80,3 +80,22 @@ def test_rises_count_the_usual_rise_per_stage_and_what_a_pruned_wave_announces()
     bound = b.ssp_waves(load_flow_setting(3, 0))
     assert 0 < bound["stage_rise_share_pd"] <= 1
     assert bound["tight_in_per_node_pd"] <= bound["pruned_in_per_node_pd"] <= bound["pd_waves"] * bound["links_per_node"]
+
+
+@pytest.mark.parametrize("bcast, sent", [(float("inf"), 9), (1.0, 8)])
+def test_choosers_count_rises_to_choosers_and_requests_for_stale_candidates(bcast, sent):
+    """`Choosers`: every label once to every peer, a rise only to the peer that chooses it (or, with `bcast`, to
+    every peer once it rose that much), and a request and its answer for a candidate whose stale label made it
+    look cheapest; the peer ends on the exact cheapest candidate and tells it (and the old choice)."""
+    ch = _bench().Choosers({"a": [("p", 1.0)], "b": [("p", 2.0)], "c": [("p", 5.0)]}, bcast)
+    ch.step({"a": 10.0, "b": 10.0, "c": 10.0})
+    assert (ch.sent, ch.choice) == (4, {"p": "a"})  # three labels, then p tells its choice a (1 + 10)
+    # a rises to 13 (p chooses it: told), b to 11 (told only with bcast 1), c stays: p's cheapest is b (2 + 11)
+    ch.step({"a": 13.0, "b": 11.0, "c": 10.0})
+    assert (ch.sent, ch.choice, ch.known[("p", "b")]) == (sent, {"p": "b"}, 11.0)
+
+
+def test_choosers_send_fewer_than_every_label_to_every_peer():
+    bound = _bench().ssp_waves(load_flow_setting(3, 0))
+    assert bound["links_per_node"] <= bound["choosers_per_node"] < bound["changed_in_per_node"]
+    assert bound["choosers_per_node_bcast4"] >= bound["links_per_node"]

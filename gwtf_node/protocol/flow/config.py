@@ -40,7 +40,7 @@ class FlowConfig:
     noroute_grace_s: float = 0.5  # a relay with an unpaired unit and no route waits this long before a DENY
     waves: bool | None = None  # label waves per augmentation; None: only with a single data node (launches.py)
     same_wave_launches: bool = True  # waves: launch again on a wave while it still has a tight route (waves.py)
-    formation_waits: bool = True  # waves: until the data node loses a unit or a neighbour, a unit moves on only
+    formation_waits: bool = True  # waves: until the data node loses a unit or a neighbour goes, a unit moves on only
     # once the labels at its node are still (waves.py, "Formation waves").  Off: at 1000 x 16 the flows of seeds
     # 1-3 stall below the maximum (docs/bench_flow.md, "Other seeds, and formation waves")
     wave_order_s: float = 0.005  # waves: a label L above its previous wave's floor F goes out (L - F) x this later

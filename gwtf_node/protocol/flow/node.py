@@ -18,9 +18,9 @@ machines with their messages (units.py), never recomputed globally.
   "prev" neighbour is sent this node's current IN labels (it joined after they
   were announced), stamped with the current wave; a label a newcomer sent
   before we were told about it is kept (`stash`, bounded) and used when it is
-  added.  Adding only lowers labels, which a wave allows, so a newcomer's
-  capacity shows up in the current wave.  A node placed into a run in flight
-  is started with `FlowConfig.joined`.
+  added.  A newcomer's capacity counts in the current wave (adding only lowers
+  labels), during formation in the next one (waves.py `defer`).  A node placed
+  into a run in flight is started with `FlowConfig.joined`.
 * `remove_neighbour(now, peer)`: `peer` crashed or left; it is forgotten on
   every side.  Units this node sent to it are unpaired again and re-routed
   along the OUT label (DENY upstream when there is no route); units it sent to
@@ -212,6 +212,9 @@ class FlowNode:
                 launches.maybe_retry_wave(self, now, eff)
                 cycles.tick(self, now, eff)
             self.units.new_round()
+            due = waves.undefer_due(self, now)
+            if due:
+                self._undefer(now, due, eff)
             moves.expire(self, now)  # a move whose peer never answered is given up
             if (self.improving or now < self.moves.change_until) and not self.cfg.is_data \
                     and self.moves.current is None and units.quiet(self):
@@ -265,7 +268,12 @@ class FlowNode:
         if peer == cfg.node_id:
             return eff
         self.removed.discard(peer)
-        waves.membership_changed(self)
+        known = peer in (cfg.peers if side == "peer" else cfg.next_costs if side == "next" else cfg.prev_costs)
+        grows = not known and waves.forming(self)  # a newcomer during formation: the next wave takes it in
+        if not grows:
+            waves.membership_changed(self)
+        elif side == "next":
+            waves.defer(self, peer)
         cycles.membership_changed(self)
         if side == "peer":
             if peer not in cfg.peers:
@@ -296,11 +304,21 @@ class FlowNode:
                     limits.gave(self, d, (peer,), lab.cost)
             if labs:
                 eff.append(Send(peer, CostAnnounce(tuple(labs))))
-        if cfg.is_data:
+        if cfg.is_data and not grows:
             launches.reform(self, now, eff)  # no more formation waves (waves.py)
         announce.refresh_all(self, eff)
         units.act(self, now, eff)
         return eff
+
+    def _undefer(self, now: float, peers: list[str], eff: list[Effect]) -> None:
+        """Newcomers whose labels waited for a new wave that did not come (waves.py `defer`): take in the labels
+        they sent meanwhile."""
+        for peer in peers:
+            for (d, s_), wire in sorted(self.labels.stash.get(peer, {}).items()):
+                if s_ == Side.IN:
+                    labels.ingest(self, peer, wire)
+        announce.refresh_all(self, eff)
+        units.act(self, now, eff)
 
     def peer_back(self, now: float, peer: str) -> None:
         """`peer`, removed, can be reached again (a partition healed, or it restarted): what it sends from now on
@@ -374,6 +392,7 @@ class FlowNode:
         self.now = now
         cfg = self.cfg
         labels.unstash(self, peer)
+        waves.undefer(self, peer)
         bids.neighbour_removed(self, peer)
         relabel.forget(self, peer)
         if peer not in cfg.next_costs and peer not in cfg.prev_costs and peer not in cfg.peers:

@@ -24,11 +24,11 @@ held; the data node starts a new wave when its launch does not settle
 (launches.py, "stuck"), and the held unit moves once the new wave's labels at
 its node have been still for a while.
 
-A membership change makes the logged steps and the potentials meaningless: at
-that node the rest of the wave goes the old way, routing on the labels at any
-cost (`membership_changed`); so does a held unit after `retry_epoch_rounds`
-(nobody may start the wave it waits for), and every unit at a node that
-retreated more than MAX_RETREATS_PER_WAVE times in one wave.
+A removal or a changed link cost makes the logged steps and the potentials
+meaningless: at that node the rest of the wave goes the old way, routing on
+the labels at any cost (`membership_changed`); so does a held unit after
+`retry_epoch_rounds` (nobody may start the wave it waits for), and every unit
+at a node that retreated more than MAX_RETREATS_PER_WAVE times in one wave.
 
 Formation waves (`FlowConfig.formation_waits`).  A label announced while the
 wave is still spreading can fall again, and a unit that moves on it takes a
@@ -37,19 +37,23 @@ cycle, every later wave's labels describe it, the path check leaves a node on
 it without a route, and launches retreat wave after wave (without formation
 waves the flows of 1000 x 16 seeds 1-3 stall at 71-83 of 87-91 units:
 docs/bench_flow.md, "Other seeds, and formation waves").  So while
-the data node has lost no unit and seen no neighbour come or go, its waves
+the data node has lost no unit and seen no neighbour go, its waves
 are *formation waves* (`Label.formation`, stamped on every label of the
 wave): a relay moves a unit only once its OUT label has been still for
 `launch_quiet_factor` x the time since it heard the wave (at least
 `launch_settle_s`, that time counted up to `retry_epoch_rounds` rounds;
 `still_at`, `gate`).  After a crash the labels fall for
 seconds and such waits stack up, so re-formation moves units at once: a node
-that sees a membership change stamps the rest of the wave unmarked, a node
-that hears an unmarked label of the wave does the same (the news of a change
-travels with the labels it changes), and a data node that hears one, loses
-a unit at its sink (launches.py `note_sink`), receives one it did not launch
-(re-routed after a removal) or sees a neighbour come or go starts an unmarked
-wave and marks none again (`reformed`).
+that sees a neighbour go or a link cost change stamps the rest of the wave
+unmarked, a node that hears an unmarked label of the wave does the same (the
+news of a change travels with the labels it changes), and a data node that
+hears one, loses a unit at its sink (launches.py `note_sink`), receives one it
+did not launch (re-routed after a removal) or sees a neighbour go or a cost
+change starts an unmarked wave and marks none again (`reformed`).  A newcomer
+keeps the formation: its labels count from the next wave on (`defer`; after
+`retry_epoch_rounds` rounds without one, at once), as a wave's units must move
+on labels of one graph (relays joining while the flows form stalled them when
+their labels joined the wave in flight: docs/bench_flow.md, "Relays that join").
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..effects import Effect, Send, SetTimer
-from ..messages import INF, CostAnnounce, Deny, DenyReason, FlowReply, Label, Reply, RequestFlow
+from ..messages import INF, CostAnnounce, Deny, DenyReason, FlowReply, Label, Reply, RequestFlow, Side
 from . import announce
 from .state import EPS, MAX_RETREATS_PER_WAVE, PendingKind, Step, as_sent
 
@@ -82,7 +86,10 @@ class WaveState:
     quiet_at: dict[str, float] = field(default_factory=dict)  # a held unit moves on after this
     still_at: dict[str, float] = field(default_factory=dict)  # formation waves: units move on after this
     formation: dict[str, int] = field(default_factory=dict)  # the current wave, while it is a formation wave
-    reformed: bool = False  # data node: it lost a unit or a neighbour came or went: it marks no wave any more
+    reformed: bool = False  # data node: it lost a unit, a neighbour went or a link cost changed: it marks no wave
+    # any more
+    deferred: dict[str, tuple[dict[str, int], float]] = field(default_factory=dict)  # next-stage newcomer ->
+    # (the wave per commodity when it came, until when its labels of that wave wait: `defer`)
 
 
 def walking(node: FlowNode) -> bool:
@@ -174,6 +181,40 @@ def membership_changed(node: FlowNode) -> None:
         node.wave.formation.pop(d, None)  # the rest of this wave goes out unmarked (module doc)
         node.wave.hold.pop(d, None)
         node.wave.walk.pop(d, None)
+
+def forming(node: FlowNode) -> bool:
+    """A formation wave is on here (at a data node: it marks its waves): a newcomer joins the next wave."""
+    return node.cfg.formation_waits and bool(node.wave.formation)
+
+def defer(node: FlowNode, peer: str) -> None:
+    """A next-stage newcomer during a formation wave: its labels of this wave wait (`labels.ingest` keeps them
+    aside) until the next wave, or `retry_epoch_rounds` rounds if none comes (`undefer_due`; module doc).  A data
+    node that has launched nothing yet takes them at once (no unit moves on this wave)."""
+    cfg = node.cfg
+    if cfg.is_data and not any(n > 0 for n in node.units.out[cfg.node_id].values()):
+        return
+    node.wave.deferred[peer] = ({d: node.labels.epoch[d] for d in cfg.commodities},
+                                node.now + cfg.retry_epoch_rounds * cfg.round_s)
+
+def deferred(node: FlowNode, sender: str, wire: Label) -> bool:
+    """`wire`, from `sender`, waits for the next wave (`defer`); a label of a newer wave ends the wait."""
+    ent = node.wave.deferred.get(sender)
+    if ent is None or wire.side is not Side.IN:
+        return False
+    if wire.epoch > ent[0].get(wire.commodity, -1):
+        del node.wave.deferred[sender]
+        return False
+    return node.now < ent[1]
+
+def undefer_due(node: FlowNode, now: float) -> list[str]:
+    """Tick: the newcomers whose wait is over without a new wave (their kept labels are to be taken in)."""
+    due = sorted(p for p, (_, until) in node.wave.deferred.items() if now >= until)
+    for p in due:
+        del node.wave.deferred[p]
+    return due
+
+def undefer(node: FlowNode, peer: str) -> None:
+    node.wave.deferred.pop(peer, None)
 
 def tight(node: FlowNode, d: str) -> bool:
     """Data node: its OUT label is still the wave's (the potential): a launch now is a shortest path."""

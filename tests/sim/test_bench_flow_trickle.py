@@ -1,0 +1,33 @@
+"""`scripts/bench_flow_trickle.py`: relays that join while the flows form, side by side with and without formation
+waves."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_flow_trickle", ROOT / "scripts" / "bench_flow_trickle.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_one_seed_reports_both_variants(capsys):
+    assert _bench().main(["--relays", "40", "--stages", "4", "--joins", "3", "--every", "1", "--seeds", "1",
+                          "--json"]) == 0
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert row["joins"] == 3 and row["max_flow"] > 0
+    for variant in ("gwtf", "no formation waves"):
+        assert 0 < row[variant]["flows"] <= row["max_flow"] and row[variant]["per_node"] > 0
+    assert row["gwtf"]["flows"] == row["max_flow"] and row["gwtf"]["vs_opt"] == 1.0
+
+
+def test_bad_arguments_exit_2(capsys):
+    assert _bench().main(["--relays", "4", "--stages", "8"]) == 2
+    assert _bench().main(["--joins", "400"]) == 2
+    assert "JOINS" in capsys.readouterr().err
