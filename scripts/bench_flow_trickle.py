@@ -3,9 +3,9 @@
 costs), J of them held back and joining one every E seconds from E on (`gwtf_node/sim/flowchurn.py`
 `run_trickle`): a swarm whose volunteers come in one by one while the flows form.
 
-Per seed, side by side on the same instance and joins: the flow machines as they are (a newcomer joins the next
-label wave: flow/waves.py, "Formation waves") and without formation waves (`formation_waits` off: units move on
-labels still spreading, as every wave did after a join before newcomers joined the next wave); the flows reached
+Per seed, side by side on the same instance and joins: the flow machines as they are (a newcomer keeps the
+formation waves going: flow/waves.py, "Formation waves") and without formation waves (`formation_waits` off: units
+move on labels still spreading, as formation goes on once a join ends the formation waves); the flows reached
 against the maximum flow, the mean cost against the optimum (networkx min-cost max-flow, everyone present), the
 round of the last flow change, and messages per node over the whole run.
 

@@ -128,16 +128,17 @@ def test_a_removal_or_a_changed_cost_at_a_relay_ends_the_formation_of_the_wave(c
 
 
 def newcomer_sent_its_label() -> FlowNode:
+    """N3's label of the wave came before this relay was told of the newcomer (kept aside), then it is added."""
     m = relay()
     delivered(m, m.on_message(0.10, "N1", CostAnnounce((wave_label("N1", 10.0),))))
-    m.add_neighbour(0.20, "N3", 1.0, "next")
-    delivered(m, m.on_message(0.30, "N3", CostAnnounce((wave_label("N3", 8.0),))))
+    m.on_message(0.15, "N3", CostAnnounce((wave_label("N3", 8.0),)))
+    delivered(m, m.add_neighbour(0.20, "N3", 1.0, "next"))
     return m
 
 
-def test_a_newcomers_label_waits_for_the_next_wave():
-    """A new neighbour during a formation wave: the wave stays one, and the newcomer's label of it waits (units
-    move on this wave's labels as computed without it); its label of the next wave counts at once."""
+def test_a_newcomers_earlier_label_waits_for_the_next_wave():
+    """A new neighbour during a formation wave: the wave stays one, and the label the newcomer sent before it was
+    added waits (units move on this wave's labels as computed without it); its label of the next wave counts."""
     m = newcomer_sent_its_label()
     assert m.wave.formation == {D: 1} and m.labels.my_in[D].cost == 13.0  # via N1: 3 + 10
     labs = announced(delivered(m, m.on_message(0.50, "N3", CostAnnounce((wave_label("N3", 8.0, epoch=2),)))))
@@ -145,7 +146,7 @@ def test_a_newcomers_label_waits_for_the_next_wave():
     assert {(lab.cost, lab.epoch, lab.formation) for lab in labs if lab.side is Side.IN} == {(9.0, 2, True)}
 
 
-def test_a_newcomers_label_counts_after_a_while_without_a_new_wave():
+def test_a_newcomers_earlier_label_counts_after_a_while_without_a_new_wave():
     m = newcomer_sent_its_label()
     wait = m.cfg.retry_epoch_rounds * m.cfg.round_s
     m.on_timer(0.20 + wait - 0.01, "tick")
@@ -153,6 +154,16 @@ def test_a_newcomers_label_counts_after_a_while_without_a_new_wave():
     labs = announced(delivered(m, m.on_timer(0.20 + wait, "tick")))
     assert m.labels.my_in[D].cost == 9.0 and {lab.cost for lab in labs if lab.side is Side.IN} == {9.0}
     assert m.wave.formation == {D: 1}
+
+
+def test_a_label_the_newcomer_sends_once_added_counts_as_a_fall_of_the_wave():
+    m = relay()
+    delivered(m, m.on_message(0.10, "N1", CostAnnounce((wave_label("N1", 10.0),))))
+    m.add_neighbour(0.20, "N3", 1.0, "next")
+    labs = announced(delivered(m, m.on_message(0.30, "N3", CostAnnounce((wave_label("N3", 8.0),)))))
+    assert m.labels.my_in[D].cost == 9.0 and {(lab.cost, lab.formation) for lab in labs} == {(9.0, True)}
+    eff = m.on_message(0.35, "P1", RequestFlow(1, D, 9.0))  # our IN label: 1 + 8, via the newcomer
+    assert not requests(eff, "N3") and timers(eff, "balance")  # held: a formation wave whose labels here just fell
 
 
 def test_the_data_node_marks_its_waves_until_it_loses_a_unit():

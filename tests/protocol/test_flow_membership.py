@@ -231,8 +231,8 @@ def test_several_data_nodes_kill_relays():
 
 @pytest.mark.parametrize("seed", [0, 2])
 def test_relays_that_join_while_the_flows_form_reach_the_optimum(seed):
-    """Six of 160 relays (8 stages) join one a second while the flows form (`run_trickle`): each newcomer joins
-    the next label wave, and the flows end at the maximum flow with the optimum's cost."""
+    """Six of 160 relays (8 stages) join one a second while the flows form (`run_trickle`): the formation waves
+    go on (waves.py `defer`), and the flows end at the maximum flow with the optimum's cost."""
     sc = parse_scenario(generate_layered(f"t{seed}", FlowSetting(1, 160, 8, (1, 3), (1, 20)), seed))
     late = random.Random(20_000 + seed).sample(sorted(r.id for r in sc.relays), 6)
     res = run_trickle(sc, late, 1.0, 1.0, seed=seed, rounds=60)

@@ -123,7 +123,7 @@ def wave_label(node: FlowNode, sender: str, lab: Label) -> int | None:
     lin = L.lin.get(d)
     cfg = node.cfg
     if lab.side is not _IN or lin is None or lab.epoch != L.epoch[d] or sender not in cfg.next_costs \
-            or sender in node.removed or sender in node.wave.deferred:
+            or sender in node.removed:
         return None
     if not lab.formation and node.wave.formation:  # (empty unless a formation wave is on here)
         waves.heard_unmarked(node, d, lab)
@@ -360,7 +360,7 @@ def ingest(node: FlowNode, sender: str, wire: Label) -> bool:
     if d not in node.labels.lin:
         return False
     if sender not in (node.cfg.next_costs if wire.side == Side.IN else node.cfg.prev_costs) \
-            or (node.wave.deferred and waves.deferred(node, sender, wire)):  # (a newcomer: the next wave)
+            or (node.wave.deferred and waves.deferred(node, sender, wire)):  # (a newcomer: waves.defer)
         if sender not in node.removed and sender != node.cfg.node_id:
             if sender not in node.labels.stash and len(node.labels.stash) >= MAX_STASHED_SENDERS:
                 node.labels.stash.pop(next(iter(node.labels.stash)))

@@ -18,9 +18,9 @@ machines with their messages (units.py), never recomputed globally.
   "prev" neighbour is sent this node's current IN labels (it joined after they
   were announced), stamped with the current wave; a label a newcomer sent
   before we were told about it is kept (`stash`, bounded) and used when it is
-  added.  A newcomer's capacity counts in the current wave (adding only lowers
-  labels), during formation in the next one (waves.py `defer`).  A node placed
-  into a run in flight is started with `FlowConfig.joined`.
+  added (during formation, at the next wave: waves.py `defer`).  Adding only
+  lowers labels, so a newcomer's capacity counts in the current wave.  A node
+  placed into a run in flight is started with `FlowConfig.joined`.
 * `remove_neighbour(now, peer)`: `peer` crashed or left; it is forgotten on
   every side.  Units this node sent to it are unpaired again and re-routed
   along the OUT label (DENY upstream when there is no route); units it sent to

@@ -50,10 +50,10 @@ news of a change travels with the labels it changes), and a data node that
 hears one, loses a unit at its sink (launches.py `note_sink`), receives one it
 did not launch (re-routed after a removal) or sees a neighbour go or a cost
 change starts an unmarked wave and marks none again (`reformed`).  A newcomer
-keeps the formation: its labels count from the next wave on (`defer`; after
-`retry_epoch_rounds` rounds without one, at once), as a wave's units must move
-on labels of one graph (relays joining while the flows form stalled them when
-their labels joined the wave in flight: docs/bench_flow.md, "Relays that join").
+keeps the formation (relays that joined while the flows formed stalled them
+when a join ended it: docs/bench_flow.md, "Relays that join"); the labels it
+sent before it was added wait for the next wave (`defer`), those it sends
+after count at once, as any fall within a wave.
 """
 
 from __future__ import annotations
@@ -183,13 +183,14 @@ def membership_changed(node: FlowNode) -> None:
         node.wave.walk.pop(d, None)
 
 def forming(node: FlowNode) -> bool:
-    """A formation wave is on here (at a data node: it marks its waves): a newcomer joins the next wave."""
+    """A formation wave is on here (at a data node: it marks its waves): a newcomer keeps it (`defer`)."""
     return node.cfg.formation_waits and bool(node.wave.formation)
 
 def defer(node: FlowNode, peer: str) -> None:
-    """A next-stage newcomer during a formation wave: its labels of this wave wait (`labels.ingest` keeps them
-    aside) until the next wave, or `retry_epoch_rounds` rounds if none comes (`undefer_due`; module doc).  A data
-    node that has launched nothing yet takes them at once (no unit moves on this wave)."""
+    """A next-stage newcomer during a formation wave: its labels that `labels.ingest` takes (those it sent before
+    it was added, kept in the stash) wait until its label of a newer wave, or `retry_epoch_rounds` rounds if none
+    comes (`undefer_due`); a label it sends now counts at once (`labels.wave_label`; module doc).  A data node that
+    has launched nothing yet takes them at once (no unit moves on this wave)."""
     cfg = node.cfg
     if cfg.is_data and not any(n > 0 for n in node.units.out[cfg.node_id].values()):
         return
