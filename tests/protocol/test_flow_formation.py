@@ -156,6 +156,14 @@ def test_a_newcomers_earlier_label_counts_after_a_while_without_a_new_wave():
     assert m.wave.formation == {D: 1}
 
 
+def test_the_earlier_label_does_not_replace_one_the_newcomer_sent_once_added():
+    m = newcomer_sent_its_label()  # its label 8 of the wave waits
+    delivered(m, m.on_message(0.30, "N3", CostAnnounce((wave_label("N3", 7.0),))))  # sent once added: counts
+    assert m.labels.my_in[D].cost == 8.0
+    delivered(m, m.on_timer(0.20 + m.cfg.retry_epoch_rounds * m.cfg.round_s, "tick"))  # the wait ends
+    assert m.labels.my_in[D].cost == 8.0 and not m.wave.deferred
+
+
 def test_a_label_the_newcomer_sends_once_added_counts_as_a_fall_of_the_wave():
     m = relay()
     delivered(m, m.on_message(0.10, "N1", CostAnnounce((wave_label("N1", 10.0),))))

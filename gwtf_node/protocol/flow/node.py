@@ -312,10 +312,11 @@ class FlowNode:
 
     def _undefer(self, now: float, peers: list[str], eff: list[Effect]) -> None:
         """Newcomers whose labels waited for a new wave that did not come (waves.py `defer`): take in the labels
-        they sent meanwhile."""
+        they sent before they were added, unless one they sent since (of that wave or a newer one) is held."""
         for peer in peers:
             for (d, s_), wire in sorted(self.labels.stash.get(peer, {}).items()):
-                if s_ == Side.IN:
+                held = self.labels.lin[d].get(peer) if d in self.labels.lin else None
+                if s_ == Side.IN and (held is None or held.epoch < wire.epoch):
                     labels.ingest(self, peer, wire)
         announce.refresh_all(self, eff)
         units.act(self, now, eff)
