@@ -269,7 +269,7 @@ class FlowNode:
             return eff
         self.removed.discard(peer)
         known = peer in (cfg.peers if side == "peer" else cfg.next_costs if side == "next" else cfg.prev_costs)
-        grows = not known and waves.forming(self)  # a newcomer during formation: the next wave takes it in
+        grows = not known and waves.forming(self)  # a newcomer during formation keeps it (waves.defer)
         if not grows:
             waves.membership_changed(self)
         elif side == "next":
@@ -283,7 +283,6 @@ class FlowNode:
         if side == "peer":
             return eff
         costs = dict(cfg.next_costs if side == "next" else cfg.prev_costs)
-        known = peer in costs
         costs[peer] = float(cost)
         self.cfg = replace(cfg, **{f"{side}_costs": costs})
         self.data_prev = tuple(p for p in self.cfg.prev_costs if p in self.cfg.commodities)
