@@ -63,6 +63,7 @@ import time
 
 from gwtf_node.protocol.flow import FlowConfig, FlowNode
 from gwtf_node.protocol.messages import CostAnnounce, Side
+from gwtf_node.protocol.neighbourhood import FLOW_NEIGHBOURS, bound_links
 from gwtf_node.protocol.scenario import parse_scenario
 from gwtf_node.sim.baselines import optimal_routing
 from gwtf_node.sim.flowsim import run_gwtf
@@ -342,6 +343,9 @@ def main(argv=None) -> int:
                     help="FlowConfig.launch_quiet_factor (the data node's wait before a launch, x the wave's time)")
     ap.add_argument("--announce-coalesce-s", type=float, default=None, metavar="S",
                     help="FlowConfig.announce_coalesce_s (labels changed within this window go out together)")
+    ap.add_argument("--neighbours", type=int, default=FLOW_NEIGHBOURS, metavar="K",
+                    help="each relay links to its K cheapest next-stage relays, as the daemon does "
+                         f"(protocol/neighbourhood.py; default {FLOW_NEIGHBOURS}; 0: every relay of the next stage)")
     ap.add_argument("--json", action="store_true", help="one JSON object per size instead of the table")
     ap.add_argument("--receipts", action="store_true", help="with --json: what each received label changed (doc)")
     ap.add_argument("--bound", action="store_true", help="with --json: what successive shortest paths need (doc)")
@@ -349,12 +353,14 @@ def main(argv=None) -> int:
     if (args.receipts or args.bound) and not args.json:
         ap.error("--receipts and --bound need --json (they are fields of the JSON object)")
     if not args.json:
-        print("| relays x stages | flows / max flow | GWTF / optimum | converged round | rounds run | waves | messages "
-              "| per node | CostAnnounce | wall s | CPU s | stopped by wall limit |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print("| relays x stages | flows / max flow | GWTF / optimum | optimum / optimum over every link "
+              "| converged round | rounds run | waves | messages | per node | CostAnnounce | wall s | CPU s "
+              "| stopped by wall limit |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in args.relays:
-        sc = parse_scenario(generate_layered(f"scale-{n}x{args.stages}",
-                                             FlowSetting(1, n, args.stages, (1, 3), (1, 20)), args.seed))
+        full = parse_scenario(generate_layered(f"scale-{n}x{args.stages}",
+                                               FlowSetting(1, n, args.stages, (1, 3), (1, 20)), args.seed))
+        sc = bound_links(full, args.neighbours)
         t, c = time.perf_counter(), time.process_time()
         rec = Receipts() if args.receipts else None
         knobs = {k: getattr(args, k) for k in ("wave_order_s", "launch_quiet_factor", "announce_coalesce_s")
@@ -366,15 +372,21 @@ def main(argv=None) -> int:
         base = FlowConfig("-", False, 0, (), {}, {}, **knobs) if knobs else None
         if rec is not None:
             with rec:
-                g = run_gwtf(sc, seed=args.seed, rounds=args.rounds, wall_limit_s=args.wall_limit, base=base)
+                g = run_gwtf(sc, seed=args.seed, rounds=args.rounds, wall_limit_s=args.wall_limit, base=base,
+                             neighbours=args.neighbours)
         else:
-            g = run_gwtf(sc, seed=args.seed, rounds=args.rounds, wall_limit_s=args.wall_limit, base=base)
+            g = run_gwtf(sc, seed=args.seed, rounds=args.rounds, wall_limit_s=args.wall_limit, base=base,
+                             neighbours=args.neighbours)
         wall, cpu = time.perf_counter() - t, time.process_time() - c
         o = optimal_routing(sc)
         ratio = g.mean_cost / o.mean_cost if o.mean_cost else 1.0
+        of = o if sc is full else optimal_routing(full)
+        price = o.mean_cost / of.mean_cost if of.mean_cost else 1.0
         if args.json:
-            print(json.dumps({"relays": n, "stages": args.stages, "flows": g.num_flows, "max_flow": o.num_flows,
-                              "cost_ratio": round(ratio, 6), "converged_round": g.converged_round,
+            print(json.dumps({"relays": n, "stages": args.stages, "neighbours": args.neighbours,
+                              "flows": g.num_flows, "max_flow": o.num_flows, "cost_ratio": round(ratio, 6),
+                              "max_flow_every_link": of.num_flows, "optimum_over_every_link": round(price, 6),
+                              "links": len(sc.links), "converged_round": g.converged_round,
                               "rounds": g.rounds, "waves": g.extra["waves"], "messages": g.messages,
                               "per_node": round(g.messages / len(sc.nodes), 1),
                               "messages_by_type": g.extra["messages_by_type"],
@@ -384,7 +396,7 @@ def main(argv=None) -> int:
                               **({"receipts": rec.report()} if rec is not None else {}),
                               **(ssp_waves(sc) if args.bound else {})}), flush=True)
             continue
-        print(f"| {n} x {args.stages} | {g.num_flows} / {o.num_flows} | {ratio:.4f} | {g.converged_round} "
+        print(f"| {n} x {args.stages} | {g.num_flows} / {o.num_flows} | {ratio:.4f} | {price:.4f} | {g.converged_round} "
               f"| {g.rounds} | {g.extra['waves']} | {g.messages} | {g.messages / len(sc.nodes):.0f} "
               f"| {g.extra['messages_by_type'].get('CostAnnounce', 0)} | {wall:.1f} | {cpu:.1f} "
               f"| {'yes' if g.extra['wall_limited'] else 'no'} |", flush=True)

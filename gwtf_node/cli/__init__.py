@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 from .common import (
     EXIT_NO_PEER, EXIT_USAGE, CliError, _announce_addr, _ip_address, _lease_seconds, _listen_addr, _load_scenario,
     _manifest_error_types, _nonneg_int, _Parser, _port, _positive_int, _probability, _relay_nice, _seconds,
-    _setup_logging,
+    _setup_logging, _first_manifest_error,
 )
+from ..protocol.neighbourhood import FLOW_NEIGHBOURS
 from .service import add_parser as add_service_parser
-from .common import _first_manifest_error
 from .config import add_config_parser, configurable
 from .initrun import add_init_run_parsers
 from .owner import add_owner_parsers
@@ -223,7 +223,7 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
                        capacity=capacity, iterations=args.iterations,
                        data_index=args.data_index, data_nodes=args.data_nodes,
                        links=Path(args.links) if args.links else None, policy=args.policy,
-                       bootstrap_timeout_s=args.bootstrap_timeout,
+                       bootstrap_timeout_s=args.bootstrap_timeout, flow_neighbours=args.flow_neighbours,
                        restore=Path(args.restore) if args.restore else None, keep_checkpoints=args.keep_checkpoints,
                        checkpoint_every=args.checkpoint_every,
                        metrics_port=args.metrics_port, metrics_host=args.metrics_host,
@@ -440,7 +440,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_parser(sub, j)
     _add_local_parser(sub)
     _add_leave_parser(sub)
-
     add_status_parser(sub)
 
     add_service_parser(sub, j)  # install-service: `join` as a systemd service (service.py)
@@ -472,6 +471,8 @@ def _add_join_parser(sub: Any) -> argparse.ArgumentParser:
     j.add_argument("--data-index", type=_nonneg_int, default=0, help="data nodes: which shard of the data")
     j.add_argument("--data-nodes", type=_positive_int, default=1, help="data nodes of the run")
     j.add_argument("--links", default=None, help="emulated links between named nodes (resolved links file)")
+    j.add_argument("--flow-neighbours", type=_nonneg_int, default=FLOW_NEIGHBOURS, metavar="K",
+                   help="relays: route through the K cheapest next-stage relays, linked to by cost (0: every one)")
     j.add_argument("--device", default="auto", help="torch device for the stage: auto (cuda if present), cpu, cuda, cuda:N")
     j.add_argument("--torch-threads", type=_nonneg_int, default=0, metavar="N",
                    help="CPU threads of torch's operators (0: torch's default, one per core; several nodes on one "

@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Any, TextIO
 
 from ..protocol.flow import FlowConfig, FlowNode
+from ..protocol.neighbourhood import FLOW_NEIGHBOURS, bound_links
 from ..protocol.scenario import Scenario
 from .engine import Simulator
 from .result import Flow, RoutingResult, path_cost
@@ -124,9 +125,11 @@ def _unit_path(nodes: dict[str, FlowNode], remaining: dict[str, dict[str, dict[s
 
 def run_gwtf(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowConfig | None = None,
              quiet_rounds: int = QUIET_ROUNDS_DEFAULT, wall_limit_s: float | None = None,
-             trace: TextIO | None = None) -> RoutingResult:
+             trace: TextIO | None = None, neighbours: int = FLOW_NEIGHBOURS) -> RoutingResult:
     """Run the flow machines; `wall_limit_s` (benchmarks only) stops early, marking `extra["wall_limited"]`;
-    `trace` receives every delivered message (`TracedMachine`)."""
+    `trace` receives every delivered message (`TracedMachine`).  Each relay links to its `neighbours` cheapest
+    next-stage relays, as the daemon does (protocol/neighbourhood.py; 0: every link of the scenario)."""
+    scenario = bound_links(scenario, neighbours)
     cfgs = flow_configs(scenario, base)
     round_s = next(iter(cfgs.values())).round_s
     sim = Simulator(lambda a, b: (lambda v: None if v is None else v * MS)(scenario.delay_ms(a, b)))

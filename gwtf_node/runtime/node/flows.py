@@ -44,6 +44,7 @@ import trio
 from ...protocol import messages as m
 from ...protocol.cost import link_cost
 from ...protocol.flow import FlowConfig, FlowNode, flows_formed
+from ...protocol.neighbourhood import FLOW_NEIGHBOURS, nearest, refill, takes_newcomer
 from .linkmeter import REMEASURE_EVERY_S, LinkMeter, LinkSample, recost_threshold
 from .liveness import Liveness
 from ..net.peers import PeerInfo, Peers
@@ -64,7 +65,8 @@ FLOW_MSGS = (
 
 class Flows:
     def __init__(self, wire: Wire, peers: Peers, liveness: Liveness, stage: LocalStage, drivers: Drivers,
-                 links_cfg: dict[tuple[str, str], tuple[float, float]], on_changed: Callable[[], None]) -> None:
+                 links_cfg: dict[tuple[str, str], tuple[float, float]], on_changed: Callable[[], None],
+                 neighbours: int = FLOW_NEIGHBOURS) -> None:
         self.wire = wire
         self.peers = peers
         self.liveness = liveness
@@ -83,6 +85,8 @@ class Flows:
         self.meter = LinkMeter(wire, peers, liveness, stage)
         self.recosts = 0  # links whose flows re-formed after a new measurement
         self.moved: dict[str, int] = {}  # peer -> the way its link's cost moved past the threshold last time
+        self.neighbours = neighbours  # next-stage relays this relay links to (neighbourhood.py; 0: all)
+        self.declined: set[str] = set()  # next-stage relays measured and not linked to (neighbourhood.py)
 
     # ------------------------------------------------------------------ reading
     @property
@@ -121,6 +125,21 @@ class Flows:
     def _in_flow(self, peer: str) -> bool:
         cfg = self.machine.cfg
         return peer in cfg.next_costs or peer in cfg.prev_costs or peer in cfg.peers
+
+    def _is_relay(self, peer: str) -> bool:
+        info = self.peers.get(peer)
+        return info is not None and info.role == "relay"
+
+    def _chose_us(self, peer: str) -> bool:
+        """Whether the previous-stage `peer` links to this node (neighbourhood.py): a data node, a relay that said so
+        (its `LinkCost`), or any relay while this node's stage is small enough for every relay to link to all of
+        it."""
+        if peer in self.agreed_costs or self.neighbours <= 0 or self.peers.role != "relay" or not self._is_relay(peer):
+            return True
+        return len(self.peers.ids("relay", self.peers.stage)) + 1 <= self.neighbours
+
+    def _next_relays(self) -> dict[str, float]:
+        return {p: c for p, c in self.machine.cfg.next_costs.items() if self._is_relay(p)}
 
     # Read-only accessors for the node's status (status.py reads none of this component's fields).
     def link_costs(self) -> dict[str, dict[str, float]]:
@@ -178,6 +197,13 @@ class Flows:
         nxt = [p for p in nxt if p in self.peers or p == me]
         prv = [p for p in prv if p in self.peers or p == me]
         self.next_costs = {p: self.link_cost(p) for p in nxt}
+        relays = {p: c for p, c in self.next_costs.items() if self._is_relay(p) and self.peers.role == "relay"}
+        kept = nearest(relays, self.neighbours)  # (a data node links to every first-stage relay)
+        self.declined = set(relays) - set(kept)
+        if self.declined:
+            log.info("flows: linking to the %d cheapest of %d next-stage relays", len(kept), len(relays))
+        self.next_costs = {p: c for p, c in self.next_costs.items() if p not in self.declined}
+        prv = [p for p in prv if self._chose_us(p)]
         self.prev_costs = {p: self.agreed_costs.get(p, self.link_cost(p)) for p in prv}
         for p, c in sorted(self.next_costs.items()):
             self.wire.post(p, m.LinkCost(c))
@@ -275,6 +301,10 @@ class Flows:
         if info is not None and self.peers.stage is not None and self.peers.flow_side(info.stage) != "prev":
             raise FrameRefused(f"LinkCost from {self.peers.who(peer)}, which is not upstream of this node")
         self.agreed_costs[peer] = msg.cost
+        if (self.machine is not None and info is not None and not info.joining and not info.leaving
+                and not self._in_flow(peer)):
+            self.wire.spawn(self._add_neighbour, peer, ("prev",))  # it links to us (neighbourhood.py)
+            return
         prev = self.machine.cfg.prev_costs if self.machine is not None else {}
         if peer in prev and (msg.reform or prev[peer] != msg.cost):
             log.log(logging.INFO if msg.reform else logging.DEBUG, "flows: link from %s costs %g (its measurement; "
@@ -302,6 +332,10 @@ class Flows:
         if self.machine is None or info.joining or info.leaving or self._in_flow(info.peer_id):
             return
         sides = self._sides(info)
+        if sides == ("prev",) and not self._chose_us(info.peer_id):
+            return  # a relay of a large stage before ours: added once its LinkCost says it links to us
+        if sides == ("next",) and info.peer_id in self.declined:
+            return  # measured at formation and not among the cheapest (`refill` may take it later)
         if sides:
             self.wire.spawn(self._add_neighbour, info.peer_id, sides)
 
@@ -328,7 +362,15 @@ class Flows:
                 return
             for side in sides:
                 cost = self.link_cost(peer) if side != "peer" else 0.0
+                kept = self._next_relays()
+                if side == "next" and self.peers.role == "relay" and not takes_newcomer(peer, cost, kept,
+                                                                                          self.neighbours):
+                    log.info("flows: not linking to %s (cost %g): %d cheaper next-stage relays linked",
+                             self.peers.who(peer), cost, len(kept))
+                    self.declined.add(peer)
+                    continue
                 if side == "next":
+                    self.declined.discard(peer)
                     self.wire.post(peer, m.LinkCost(cost))
                 elif side == "prev":
                     cost = self.agreed_costs.get(peer, cost)
@@ -343,10 +385,23 @@ class Flows:
         self.agreed_costs.pop(peer, None)
         self.meter.samples.pop(peer, None)
         self.moved.pop(peer, None)
+        self.declined.discard(peer)
         if self.machine is not None and self._in_flow(peer):
+            was_next = peer in self.machine.cfg.next_costs
             self.driver.carry(self.machine.remove_neighbour(now(), peer))  # flows rebuilt around it
             self._sync_costs()
             self.on_changed()
+            if was_next and self.peers.role == "relay":
+                self._refill()
+
+    def _refill(self) -> None:
+        """Link to the cheapest next-stage relays measured and not linked, up to the bound (neighbourhood.py)."""
+        known = {p: self.link_cost(p) for p in self.declined
+                 if (i := self.peers.get(p)) is not None and not i.joining and not i.leaving and i.rtt_ms is not None}
+        for p in sorted(refill(self._next_relays(), known, self.neighbours)):
+            log.info("flows: linking to %s in place of a next-stage relay gone", self.peers.who(p))
+            self.declined.discard(p)
+            self.wire.spawn(self._add_neighbour, p, ("next",))
 
     def status(self) -> FlowsStatus:
         """What the status shows of the flows and links (snapshots.py): copies, built now."""

@@ -61,6 +61,7 @@ import trio
 
 from ...protocol import codec
 from ...protocol import messages as m
+from ...protocol.neighbourhood import FLOW_NEIGHBOURS
 from ..ops import control, taskdump
 from . import data_resume, waits
 from .aggregation import Aggregation
@@ -120,6 +121,7 @@ class NodeOptions:
     data_index: int = 0
     data_nodes: int = 1
     links: Path | None = None  # scenario file shaping the links between named nodes
+    flow_neighbours: int = FLOW_NEIGHBOURS  # next-stage relays a relay links its flows to (0: all; neighbourhood.py)
     settle_s: float = 1.5
     device: str = "cpu"
     checkpoint_every: int = 1
@@ -262,7 +264,8 @@ class Node:
                               applied_steps=lambda: self.stage.applied_steps, incarnation=self.incarnation,
                               on_peer_back=self._peer_back, certificate=self.certificate,
                               authorizer=self.authorizer, records=records)
-        flows = Flows(wire, peers, liveness, self.stage, drivers, self.links_cfg, on_changed=self._flows_changed)
+        flows = Flows(wire, peers, liveness, self.stage, drivers, self.links_cfg, on_changed=self._flows_changed,
+                      neighbours=self.opts.flow_neighbours)
         microbatches = Microbatches(wire, peers, liveness, flows, self.stage, drivers, self.faults,
                                     policy=o.policy, lend=o.lend, iterations=o.iterations,
                                     on_settled=self._iteration_settled, on_finished=self.done_event.set)

@@ -1,0 +1,69 @@
+"""Bounded flow neighbourhoods: the next-stage relays a relay links its flows to.
+
+Every relay of a stage could link to every relay of the next one, and a flow
+machine tells each of its IN labels to every previous-stage neighbour, so a
+relay's flow messages grow with its stage's size: at 1000 relays x 16 stages
+(62 a stage) label waves send 6,829 messages per node.  A relay links instead
+to its `FLOW_NEIGHBOURS` cheapest next-stage relays (link cost, ties by id),
+and a relay of the next stage links back to the relays that chose it; data
+nodes keep a link to every first- and last-stage relay (the source and sink of
+every unit).  The same 1000 x 16 swarm then sends 1,117 messages per node, and
+its optimum costs 1.0000 x the optimum over every link (docs/bench_flow.md,
+"Bounded neighbourhoods").  A stage of at most `FLOW_NEIGHBOURS` relays is
+linked whole, as without the bound.
+
+Membership changes keep the bound loosely: a next-stage relay that arrives
+later is linked when it is among the cheapest `FLOW_NEIGHBOURS` of the links
+kept and itself (`takes_newcomer`: no link is dropped for it, so a joiner gets
+the flows it is cheap for), and a relay that loses next-stage links refills
+them from the cheapest relays it knows (`refill`).
+
+The daemon (runtime/node/flows.py) and the simulator (sim/flowsim.py,
+sim/flowchurn.py) both choose with these functions.  Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+from .scenario import Scenario
+
+FLOW_NEIGHBOURS = 10  # next-stage relays a relay links to (0: every one)
+
+
+def nearest(costs: Mapping[str, float], k: int = FLOW_NEIGHBOURS) -> dict[str, float]:
+    """The `k` cheapest of `costs` (peer -> link cost; ties by peer id), all of them with `k` <= 0."""
+    if k <= 0 or len(costs) <= k:
+        return dict(costs)
+    return dict(sorted(costs.items(), key=lambda pc: (pc[1], pc[0]))[:k])
+
+
+def takes_newcomer(peer: str, cost: float, kept: Mapping[str, float], k: int = FLOW_NEIGHBOURS) -> bool:
+    """Whether a relay that keeps next-stage links `kept` links to a next-stage relay `peer` that arrived since."""
+    return peer in kept or peer in nearest({**kept, peer: cost}, k)
+
+
+def refill(kept: Iterable[str], candidates: Mapping[str, float], k: int = FLOW_NEIGHBOURS) -> dict[str, float]:
+    """The next-stage relays to link to now (peer -> cost): the cheapest `candidates` not kept, up to `k` links."""
+    kept = set(kept)
+    if k <= 0:
+        return {p: c for p, c in candidates.items() if p not in kept}
+    room = k - len(kept)
+    if room <= 0:
+        return {}
+    return nearest({p: c for p, c in candidates.items() if p not in kept}, room)
+
+
+def bound_links(scenario: Scenario, k: int = FLOW_NEIGHBOURS) -> Scenario:
+    """`scenario` with the relay-to-relay links no relay chose dropped (a link of stages s, s+1 stays when the
+    stage-s relay chose it: `nearest` of its next-stage links); data nodes' links all stay.  The scenario itself
+    when no link goes."""
+    drop = set()
+    for r in scenario.relays:
+        nxt = {p: l.cost for p, l in scenario.neighbours(r.id).items()
+               if not scenario.node(p).is_data and scenario.node(p).stage == r.stage + 1}
+        drop.update((r.id, p) for p in set(nxt) - set(nearest(nxt, k)))
+    if not drop:
+        return scenario
+    links = tuple(l for l in scenario.links if (l.a, l.b) not in drop and (l.b, l.a) not in drop)
+    return Scenario(scenario.name, scenario.stages, scenario.nodes, links, scenario.activation_mb)
