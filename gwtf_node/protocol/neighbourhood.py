@@ -1,16 +1,16 @@
-"""Bounded flow neighbourhoods: the next-stage relays a relay links its flows to.
+"""Bounded flow neighbourhoods: the adjacent-stage relays a relay links its flows to.
 
 Every relay of a stage could link to every relay of the next one, and a flow
 machine tells each of its IN labels to every previous-stage neighbour, so a
 relay's flow messages grow with its stage's size: at 1000 relays x 16 stages
 (62 a stage) label waves send 6,829 messages per node.  A relay links instead
-to its `FLOW_NEIGHBOURS` cheapest next-stage relays (link cost, ties by id),
-and a relay of the next stage links back to the relays that chose it; data
-nodes keep a link to every first- and last-stage relay (the source and sink of
-every unit).  The same 1000 x 16 swarm then sends 1,117 messages per node, and
-its optimum costs 1.0000 x the optimum over every link (docs/bench_flow.md,
-"Bounded neighbourhoods").  A stage of at most `FLOW_NEIGHBOURS` relays is
-linked whole, as without the bound.
+to its `FLOW_NEIGHBOURS` cheapest next-stage relays and to its
+`FLOW_NEIGHBOURS` cheapest previous-stage relays (link cost, ties by id); a
+link either end chose is a link of both (so no relay is left without one on
+either side).  Data nodes keep a link to every first- and last-stage relay
+(the source and sink of every unit).  A stage of at most `FLOW_NEIGHBOURS`
+relays is linked whole, as without the bound.  docs/bench_flow.md, "Bounded
+neighbourhoods", has what it saves and what it costs.
 
 Membership changes keep the bound loosely: a next-stage relay that arrives
 later is linked when it is among the cheapest `FLOW_NEIGHBOURS` of the links
@@ -19,7 +19,8 @@ the flows it is cheap for), and a relay that loses next-stage links refills
 them from the cheapest relays it knows (`refill`).
 
 The daemon (runtime/node/flows.py) and the simulator (sim/flowsim.py,
-sim/flowchurn.py) both choose with these functions.  Pure: no I/O.
+sim/flowchurn.py, sim/train/flows.py) both choose with these functions.
+Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -55,15 +56,17 @@ def refill(kept: Iterable[str], candidates: Mapping[str, float], k: int = FLOW_N
 
 
 def bound_links(scenario: Scenario, k: int = FLOW_NEIGHBOURS) -> Scenario:
-    """`scenario` with the relay-to-relay links no relay chose dropped (a link of stages s, s+1 stays when the
-    stage-s relay chose it: `nearest` of its next-stage links); data nodes' links all stay.  The scenario itself
-    when no link goes."""
-    drop = set()
+    """`scenario` with the relay-to-relay links neither end chose dropped (`nearest` of each relay's next-stage
+    links and of its previous-stage links); data nodes' links all stay.  The scenario itself when no link goes."""
+    chosen = set()
     for r in scenario.relays:
-        nxt = {p: l.cost for p, l in scenario.neighbours(r.id).items()
-               if not scenario.node(p).is_data and scenario.node(p).stage == r.stage + 1}
-        drop.update((r.id, p) for p in set(nxt) - set(nearest(nxt, k)))
-    if not drop:
+        for step in (1, -1):
+            side = {p: l.cost for p, l in scenario.neighbours(r.id).items()
+                    if not scenario.node(p).is_data and scenario.node(p).stage == r.stage + step}
+            chosen.update((r.id, p) if step == 1 else (p, r.id) for p in nearest(side, k))
+    links = tuple(l for l in scenario.links if scenario.node(l.a).is_data or scenario.node(l.b).is_data
+                  or scenario.node(l.a).stage == scenario.node(l.b).stage
+                  or (l.a, l.b) in chosen or (l.b, l.a) in chosen)
+    if len(links) == len(scenario.links):
         return scenario
-    links = tuple(l for l in scenario.links if (l.a, l.b) not in drop and (l.b, l.a) not in drop)
     return Scenario(scenario.name, scenario.stages, scenario.nodes, links, scenario.activation_mb)

@@ -203,7 +203,9 @@ class Flows:
         if self.declined:
             log.info("flows: linking to the %d cheapest of %d next-stage relays", len(kept), len(relays))
         self.next_costs = {p: c for p, c in self.next_costs.items() if p not in self.declined}
-        prv = [p for p in prv if self._chose_us(p)]
+        mine = nearest({p: self.agreed_costs.get(p, self.link_cost(p)) for p in prv
+                        if self._is_relay(p) and self.peers.role == "relay"}, self.neighbours)
+        prv = [p for p in prv if p in mine or self._chose_us(p)]  # (our labels tell those we chose: `_linked_by`)
         self.prev_costs = {p: self.agreed_costs.get(p, self.link_cost(p)) for p in prv}
         for p, c in sorted(self.next_costs.items()):
             self.wire.post(p, m.LinkCost(c))
@@ -221,6 +223,7 @@ class Flows:
             c = getattr(msg, "commodity", None)  # (every flow message but CostAnnounce names a commodity)
             if c is not None and c not in commodities:
                 continue
+            self._linked_by(peer)
             self.driver.carry(self.machine.on_message(now(), peer, msg))
         for info in self.peers.infos():  # a relay first heard of while the links were measured: as a newcomer
             self.on_peer_hello(info)
@@ -284,9 +287,18 @@ class Flows:
         if self.machine is None:
             self.queue.append((peer, msg))
             return
+        self._linked_by(peer)
         # the machine keeps what a newcomer says until it is told to add it (add_neighbour)
         self.driver.carry(self.machine.on_message(now(), peer, msg))
         self.on_changed()
+
+    def _linked_by(self, peer: str) -> None:
+        """A next-stage relay this node did not link to sends it flow messages: that relay chose this node among its
+        cheapest previous-stage relays, so the link is one of both (neighbourhood.py)."""
+        if peer in self.declined:
+            self.declined.discard(peer)
+            log.info("flows: %s links to this node: linking to it", self.peers.who(peer))
+            self.wire.spawn(self._add_neighbour, peer, ("next",), True)
 
     def on_timer(self, key: str) -> None:
         if self.machine is not None:
@@ -351,7 +363,9 @@ class Flows:
         last = self.peers.n_stages - 1
         return (("prev",) if self.peers.stage == 0 else ()) + (("next",) if self.peers.stage == last else ())
 
-    async def _add_neighbour(self, peer: str, sides: tuple[str, ...]) -> None:
+    async def _add_neighbour(self, peer: str, sides: tuple[str, ...], chosen: bool = False) -> None:
+        """Measure the link to `peer` and add it to the flow machine on `sides`; a next-stage relay only within the
+        bound (`takes_newcomer`) unless it is `chosen` (it links to us, or it refills the bound)."""
         if peer in self.adding:
             return
         self.adding.add(peer)
@@ -363,7 +377,7 @@ class Flows:
             for side in sides:
                 cost = self.link_cost(peer) if side != "peer" else 0.0
                 kept = self._next_relays()
-                if side == "next" and self.peers.role == "relay" and not takes_newcomer(peer, cost, kept,
+                if side == "next" and self.peers.role == "relay" and not chosen and not takes_newcomer(peer, cost, kept,
                                                                                           self.neighbours):
                     log.info("flows: not linking to %s (cost %g): %d cheaper next-stage relays linked",
                              self.peers.who(peer), cost, len(kept))
@@ -401,7 +415,7 @@ class Flows:
         for p in sorted(refill(self._next_relays(), known, self.neighbours)):
             log.info("flows: linking to %s in place of a next-stage relay gone", self.peers.who(p))
             self.declined.discard(p)
-            self.wire.spawn(self._add_neighbour, p, ("next",))
+            self.wire.spawn(self._add_neighbour, p, ("next",), True)
 
     def status(self) -> FlowsStatus:
         """What the status shows of the flows and links (snapshots.py): copies, built now."""
