@@ -22,7 +22,8 @@ from pathlib import Path
 
 from gwtf_node.protocol.flow import FlowConfig
 from gwtf_node.sim.baselines import max_flow_value, optimal_routing
-from gwtf_node.sim.flowchurn import random_churn, run_churn
+from gwtf_node.protocol.neighbourhood import FLOW_NEIGHBOURS
+from gwtf_node.sim.flowchurn import changed_scenario, random_churn, run_churn
 from gwtf_node.protocol.scenario import parse_scenario
 from gwtf_node.sim.scenarios import FLOW_SETTINGS, FlowSetting, generate_layered, load_flow_setting
 from gwtf_node.sim.validate import check_routing
@@ -33,7 +34,7 @@ MOVES = {"off": {"improve": False}, "greedy": {"improve": True}, "anneal": {"imp
 
 def bench_one(setting: int | FlowSetting, seed: int, kill: float, joins: int, detect_s: float, rounds: int,
               improve: str | None = None, label_limits: bool = False, formation_waits: bool = True,
-              announce_coalesce_s: float | None = None) -> dict:
+              announce_coalesce_s: float | None = None, neighbours: int = FLOW_NEIGHBOURS) -> dict:
     """One churn run on Table V setting `setting`, or on a layered scenario of that FlowSetting."""
     if isinstance(setting, FlowSetting):
         fs = setting
@@ -51,9 +52,11 @@ def bench_one(setting: int | FlowSetting, seed: int, kill: float, joins: int, de
     if announce_coalesce_s is not None:
         knobs["announce_coalesce_s"] = announce_coalesce_s
     base = FlowConfig("-", False, 0, (), {}, {}, **knobs) if knobs else None
-    res = run_churn(sc, ch, seed=seed, rounds=rounds, base=base)
+    res = run_churn(sc, ch, seed=seed, rounds=rounds, base=base, neighbours=neighbours)
     wall = time.perf_counter() - t
-    new = res.changed
+    new = res.changed  # the flow links after the churn (protocol/neighbourhood.py)
+    every = changed_scenario(sc, ch)
+    o_every = None if len(every.links) == len(new.links) else optimal_routing(every, seed=seed)
     check_routing(new, res.after)
     o = optimal_routing(new, seed=seed)
     opt_mean = o.extra.get("lp_bound_mean_cost", o.mean_cost)
@@ -62,7 +65,10 @@ def bench_one(setting: int | FlowSetting, seed: int, kill: float, joins: int, de
             "vs_opt": res.after.mean_cost / opt_mean if opt_mean else 1.0,
             "rounds": res.reconverge_rounds, "messages": res.messages_after,
             "msgs_per_node": res.messages_after / len(new.nodes), "killed": len(ch.kill), "joined": len(ch.join),
-            "inconsistent": res.after.extra["inconsistent_links"], "wall": wall}
+            "inconsistent": res.after.extra["inconsistent_links"], "wall": wall,
+            "vs_opt_every_link": res.after.mean_cost / (opt_mean if o_every is None else
+                                                        o_every.extra.get("lp_bound_mean_cost", o_every.mean_cost)),
+            "max_flow_every_link": mf if o_every is None else max_flow_value(every)}
 
 
 def main(argv=None) -> int:
@@ -83,6 +89,9 @@ def main(argv=None) -> int:
                     help="FlowConfig.announce_coalesce_s (labels changed within this window go out together)")
     ap.add_argument("--no-formation-waits", action="store_true",
                     help="FlowConfig.formation_waits off (flow/waves.py: units move on labels still spreading)")
+    ap.add_argument("--neighbours", type=int, default=FLOW_NEIGHBOURS, metavar="K",
+                    help="each relay links to its K cheapest next- and previous-stage relays, as the daemon does "
+                         "(protocol/neighbourhood.py; 0: every link)")
     ap.add_argument("--out", default="docs/bench_flow_churn.md")
     ap.add_argument("--append", action="store_true", help="append the table to --out")
     args = ap.parse_args(argv)
@@ -98,15 +107,18 @@ def main(argv=None) -> int:
              f"{'' if args.moves is None else ' --moves ' + args.moves}"
              f"{' --label-limits' if args.label_limits else ''}"
              f"{' --no-formation-waits' if args.no_formation_waits else ''}"
+             f"{'' if args.neighbours == FLOW_NEIGHBOURS else f' --neighbours {args.neighbours}'}"
              f"{'' if args.announce_coalesce_s is None else f' --announce-coalesce-s {args.announce_coalesce_s:g}'}`)", "",
              "| setting | instances | killed / joined (mean) | new max flow reached | GWTF / new optimum (mean, worst) "
-             "| rounds to re-converge (mean, max) | messages after the churn (mean, per node) | inconsistent links |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| rounds to re-converge (mean, max) | messages after the churn (mean, per node) | inconsistent links "
+             "| over every link: max flow reached, GWTF / optimum (mean, worst) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for setting in args.settings:
         rs = []
         for seed in range(args.seeds):
             r = bench_one(setting, seed, args.kill, args.joins, args.detect, args.rounds,
-                          args.moves, args.label_limits, not args.no_formation_waits, args.announce_coalesce_s)
+                          args.moves, args.label_limits, not args.no_formation_waits, args.announce_coalesce_s,
+                          args.neighbours)
             rs.append(r)
             print(f"setting {setting} seed {seed}: {r['flows_before']} -> {r['flows']}/{r['max_flow']} "
                   f"cost/opt {r['vs_opt']:.4f} rounds {r['rounds']:.1f} msgs {r['messages']} {r['wall']:.1f}s",
@@ -119,7 +131,8 @@ def main(argv=None) -> int:
             f"{statistics.mean(r['vs_opt'] for r in rs):.4f}, {max(r['vs_opt'] for r in rs):.4f} | "
             f"{statistics.mean(r['rounds'] for r in rs):.1f}, {max(r['rounds'] for r in rs):.1f} | "
             f"{statistics.mean(r['messages'] for r in rs):.0f}, {statistics.mean(r['msgs_per_node'] for r in rs):.0f} | "
-            f"{sum(r['inconsistent'] for r in rs)} |")
+            f"{sum(r['inconsistent'] for r in rs)} | {sum(r['flows'] >= r['max_flow_every_link'] for r in rs)}/{len(rs)}, "
+            f"{statistics.mean(r['vs_opt_every_link'] for r in rs):.4f}, {max(r['vs_opt_every_link'] for r in rs):.4f} |")
     text = "\n".join(lines) + "\n"
     print(text)
     out = Path(args.out)

@@ -38,6 +38,7 @@ from typing import TextIO
 
 from ..protocol.effects import Send
 from ..protocol.flow import FlowConfig, FlowNode
+from ..protocol.neighbourhood import FLOW_NEIGHBOURS, bound_links, nearest, refill, takes_newcomer
 from ..protocol.scenario import LinkSpec, NodeSpec, Scenario
 from .engine import Simulator
 from .flowsim import MS, QUIET_ROUNDS_DEFAULT, TracedMachine, extract_flows, flow_configs
@@ -157,7 +158,10 @@ class FlowRun:
     """The flow machines of a scenario in one simulator, with membership changes applied on the fly."""
 
     def __init__(self, scenario: Scenario, seed: int = 0, base: FlowConfig | None = None,
-                 trace: TextIO | None = None) -> None:
+                 trace: TextIO | None = None, neighbours: int = FLOW_NEIGHBOURS) -> None:
+        self.physical = scenario  # every link; `scenario` holds the flow links (neighbourhood.py)
+        self.k = neighbours
+        scenario = bound_links(scenario, neighbours)
         self.scenario = scenario
         self.trace = trace  # receives every delivered message (flowsim.TracedMachine)
         self.seed = seed
@@ -202,8 +206,44 @@ class FlowRun:
             effects = _uncut(nid, effects, self.cut)
         self.sim._apply(nid, effects)  # effects of a call made from outside an event handler
 
+    def _relays(self, sc: Scenario, nid: str, step: int) -> dict[str, float]:
+        """`nid`'s links in `sc` to relays of the stage `step` after its own (-1: before)."""
+        st = sc.node(nid).stage
+        return {p: l.cost for p, l in sc.neighbours(nid).items()
+                if not sc.node(p).is_data and sc.node(p).stage == st + step}
+
+    def _bounded(self, churn: Churn) -> tuple[Churn, list[tuple[str, str, LinkSpec]]]:
+        """`churn` with the joiners' links cut to those the daemon keeps (each joiner's cheapest on each side, and
+        those whose previous-stage end takes it: `takes_newcomer`), and the links survivors add in place of
+        next-stage relays killed (`refill`)."""
+        phys = changed_scenario(self.physical, churn)
+        if self.k <= 0:
+            return churn, []
+        flow = changed_scenario(self.scenario, replace(churn, join=(), join_links=()))
+        joined = {n.id for n in churn.join}
+        chosen: set[tuple[str, str]] = set()  # (upstream, downstream)
+        for n in churn.join:
+            chosen.update((n.id, b) for b in nearest(self._relays(phys, n.id, 1), self.k))
+            chosen.update((a, n.id) for a in nearest(self._relays(phys, n.id, -1), self.k))
+            for a, c in self._relays(phys, n.id, -1).items():
+                if a not in joined and takes_newcomer(n.id, c, self._relays(flow, a, 1), self.k):
+                    chosen.add((a, n.id))
+        relay = lambda x: not phys.node(x).is_data  # noqa: E731
+        links = tuple(l for l in churn.join_links if not (relay(l.a) and relay(l.b))
+                      or phys.node(l.a).stage == phys.node(l.b).stage or (l.a, l.b) in chosen or (l.b, l.a) in chosen)
+        refills = []
+        for r in sorted(x.id for x in flow.relays):
+            lost = set(self._relays(self.scenario, r, 1)) & set(churn.kill)
+            if lost:
+                kept = self._relays(flow, r, 1)
+                cands = {p: c for p, c in self._relays(phys, r, 1).items() if p not in joined}
+                refills += [(r, p, phys.neighbours(r)[p]) for p in sorted(refill(kept, cands, self.k))]
+        self.physical = phys
+        return replace(churn, join_links=links + tuple(link for _r, _p, link in refills)), refills
+
     def apply(self, churn: Churn) -> Scenario:
         """Crash / start the nodes now; schedule the neighbours' add/remove `detect_s` later (run to it)."""
+        churn, refills = self._bounded(churn)
         new = changed_scenario(self.scenario, churn)
         old = self.scenario
         self.known.append(new)
@@ -232,6 +272,9 @@ class FlowRun:
                 for side in _sides(new, nid, j):
                     cost = new.cost(nid, j) if side != "peer" else 0.0
                     self._call(nid, m.add_neighbour(now, j, cost, side))
+        for r, p, link in refills:  # a survivor's link in place of a next-stage relay killed
+            self._call(r, self.nodes[r].add_neighbour(now, p, link.cost, "next"))
+            self._call(p, self.nodes[p].add_neighbour(now, r, link.cost, "prev"))
         for nid in churn.kill:
             self.nodes.pop(nid)
         self.scenario = new
@@ -288,10 +331,12 @@ class FlowRun:
 
 def run_churn(scenario: Scenario, churn: Churn, seed: int = 0, rounds: int = 120,
               base: FlowConfig | None = None, quiet_rounds: int = QUIET_ROUNDS_DEFAULT,
-              trace: TextIO | None = None) -> ChurnResult:
+              trace: TextIO | None = None, neighbours: int = FLOW_NEIGHBOURS) -> ChurnResult:
     """Converge, apply `churn`, converge again (each phase at most `rounds` rounds); `trace` receives every
-    delivered message."""
-    run = FlowRun(scenario, seed, base, trace)
+    delivered message.  The routing before is on the flow links of `scenario` (`bound_links`), the one after on
+    `changed`: the flow links after the churn (`FlowRun._bounded`)."""
+    run = FlowRun(scenario, seed, base, trace, neighbours)
+    scenario = run.scenario
     run.run_quiet(rounds, quiet_rounds)
     r = run.round_s
     before = run.result(scenario, int(math.ceil(run.sim.now / r)), int(math.ceil(run.last_change() / r)),
@@ -315,13 +360,13 @@ def held_back(scenario: Scenario, late) -> Scenario:
 
 def run_trickle(scenario: Scenario, late, start_s: float = 2.0, every_s: float = 2.0, seed: int = 0,
                 rounds: int = 120, base: FlowConfig | None = None, detect_s: float = 0.5,
-                quiet_rounds: int = QUIET_ROUNDS_DEFAULT) -> RoutingResult:
+                quiet_rounds: int = QUIET_ROUNDS_DEFAULT, neighbours: int = FLOW_NEIGHBOURS) -> RoutingResult:
     """Relays that join while the flows form (a swarm whose volunteers come one by one): the machines of
     `scenario` without the relays `late` start at 0; relay k of `late` joins at `start_s` + k x `every_s`, its
     neighbours (those present) told `detect_s` later; then the machines run until the flows are quiet (at most
     `rounds` rounds after the last join).  The routing is on `scenario` (everyone there at the end), with the
     rounds from the start and the messages of the whole run."""
-    run = FlowRun(held_back(scenario, late), seed, base)
+    run = FlowRun(held_back(scenario, late), seed, base, neighbours=neighbours)
     present = {n.id for n in run.scenario.nodes}
     for k, nid in enumerate(late):
         run.sim.run_until(start_s + k * every_s)

@@ -265,7 +265,7 @@ class Node:
                               on_peer_back=self._peer_back, certificate=self.certificate,
                               authorizer=self.authorizer, records=records)
         flows = Flows(wire, peers, liveness, self.stage, drivers, self.links_cfg, on_changed=self._flows_changed,
-                      neighbours=self.opts.flow_neighbours)
+                      neighbours=self.opts.flow_neighbours if self.opts.policy == "gwtf" else 0)  # (SWARM: all)
         microbatches = Microbatches(wire, peers, liveness, flows, self.stage, drivers, self.faults,
                                     policy=o.policy, lend=o.lend, iterations=o.iterations,
                                     on_settled=self._iteration_settled, on_finished=self.done_event.set)

@@ -119,10 +119,12 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         S = self.S
         if stage < 0:
             nxt, prv = self._peers(0, nid), self._peers(S - 1, nid)
-        else:
-            nxt = list(self._live_data()) if stage == S - 1 else self._peers(stage + 1, nid)
-            prv = list(self._live_data()) if stage == 0 else self._peers(stage - 1, nid)
-        cost = lambda a, b: self.net.transfer_s(a, b, ACTIVATION_MB) + self.net.transfer_s(b, a, ACTIVATION_MB)  # noqa: E731
+        else:  # (the daemon's microbatches use its flow links: `_flow_linked`)
+            nxt = [j for j in (list(self._live_data()) if stage == S - 1 else self._peers(stage + 1, nid))
+                   if self._flow_linked(nid, j)]
+            prv = [j for j in (list(self._live_data()) if stage == 0 else self._peers(stage - 1, nid))
+                   if self._flow_linked(j, nid)]
+        cost = self._mb_cost
         prior = {j: self._prior(nid, j, False) for j in nxt}
         prior.update({j: self._prior(nid, j, True) for j in prv})
         e2e = self._e2e_prior(nid, nxt) if stage < 0 else 0.0
@@ -236,6 +238,26 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
             if c is None or self.now - c < SILENCE_S:
                 self._apply(nid, rec.peer_alive(self.now, p))
 
+    def _mb_cost(self, a: str, b: str) -> float:
+        """The microbatch machines' cost of a link: the activation's transfer both ways."""
+        return self.net.transfer_s(a, b, ACTIVATION_MB) + self.net.transfer_s(b, a, ACTIVATION_MB)
+
+    def _mb_link(self, a: str, b: str, cap: int | None = None, sides: tuple[str, ...] = ("up", "down")) -> None:
+        """A flow link from `a` to the next-stage `b` came (the daemon's `_sync_rec`): `a`'s microbatch machine takes
+        `b` as a next hop (capacity `cap`, or `b`'s) on side "up", `b`'s takes `a` as a previous hop on "down"."""
+        for side in sides:
+            p, q = (a, b) if side == "up" else (b, a)
+            rec = self.nodes[p].rec
+            self._unpresume(p)
+            if side == "up":
+                self._apply(p, rec.set_neighbours(self.now, {**rec.next_peers, q: self._mb_cost(p, q)}, rec.prev_peers,
+                                                  {q: self.cap.get(q, MICROBATCHES) if cap is None else cap},
+                                                  self._prior(p, q, False)))
+            else:
+                self._apply(p, rec.set_neighbours(self.now, rec.next_peers, {**rec.prev_peers, q: self._mb_cost(p, q)},
+                                                  {}, {q: self._prior(p, q, True)}))
+            self._neighbour_back(p, q)
+
     def _neighbour_back(self, nid: str, peer: str) -> None:
         """`peer` became a neighbour of `nid`: if `nid`'s machine knew it as gone, it is dead and no longer gone
         there now (`Peers.set_links`), so the liveness check looks at `nid` again (`_unpresume`)."""
@@ -309,28 +331,21 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         """A joiner comes in: its machines start and its neighbours take it (discovery: its Hello)."""
         self.joins += 1
         self.stage[nid], self.cap[nid] = stage, cap
+        self._link_joiner(nid)
         self._make(nid, stage, cap, applied)
         if self.machines:
             self._started.add(nid)
             self._flow_joined(nid)
-        cost = lambda a, b: self.net.transfer_s(a, b, ACTIVATION_MB) + self.net.transfer_s(b, a, ACTIVATION_MB)  # noqa: E731
         S = self.S
         prv = list(self._live_data()) if stage == 0 else self._peers(stage - 1, nid)
         nxt = list(self._live_data()) if stage == S - 1 else self._peers(stage + 1, nid)
         for p in prv:  # (discovery: the joiner is a next-stage peer of these, as the daemon's `_sync_rec`)
-            rec = self.nodes[p].rec
-            self._unpresume(p)
-            self._apply(p, rec.set_neighbours(self.now, {**rec.next_peers, nid: cost(p, nid)}, rec.prev_peers,
-                                              {nid: cap}, self._prior(p, nid, False)))
-            self._neighbour_back(p, nid)
+            if self._flow_linked(p, nid):
+                self._mb_link(p, nid, cap, ("up",))
         for p in nxt:
-            if p in self.data and stage != S - 1:
+            if (p in self.data and stage != S - 1) or not self._flow_linked(nid, p):
                 continue
-            rec = self.nodes[p].rec
-            self._unpresume(p)
-            self._apply(p, rec.set_neighbours(self.now, rec.next_peers, {**rec.prev_peers, nid: cost(p, nid)},
-                                              {}, {nid: self._prior(p, nid, True)}))
-            self._neighbour_back(p, nid)
+            self._mb_link(nid, p, sides=("down",))
         if self.paused:  # a relay for an empty stage: the paused data nodes may open (churn.py)
             self._recheck_paused()
 

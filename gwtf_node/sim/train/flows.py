@@ -8,6 +8,7 @@ import random
 
 from ...protocol.effects import Send
 from ...protocol.flow import FlowConfig, FlowNode, flows_formed
+from ...protocol.neighbourhood import nearest, refill, takes_newcomer
 from .events import FlowDeliver, Reflow
 from .interpret import interpret
 from .setting import (
@@ -40,6 +41,50 @@ class FlowDriver:
         self.reflows = 0
         self._lent = False
         self._flow_members = dict(setting.relays)
+        self._k = o.flow_neighbours if self.machines and o.policy == "gwtf" else 0
+        self._flinks: set[tuple[str, str]] | None = None  # (upstream, downstream) relay links; None: every one
+        if self._k > 0:
+            self._flinks = set()
+            for r in sorted(setting.relays):
+                self._flinks |= self._chosen(r)
+
+    def _relays_beside(self, nid: str, step: int) -> dict[str, float]:
+        """The live relays of the stage `step` after `nid`'s (-1: before), by the cost of the flow link."""
+        st = self.stage[nid] + step
+        if st < 0 or st >= self.S:
+            return {}
+        return {j: (self._flow_cost(nid, j) if step > 0 else self._flow_cost(j, nid)) for j in self._peers(st, nid)}
+
+    def _chosen(self, nid: str) -> set[tuple[str, str]]:
+        """The links relay `nid` chooses (neighbourhood.py): its cheapest next- and previous-stage relays."""
+        return ({(nid, j) for j in nearest(self._relays_beside(nid, 1), self._k)}
+                | {(j, nid) for j in nearest(self._relays_beside(nid, -1), self._k)})
+
+    def _flow_linked(self, a: str, b: str) -> bool:
+        """Whether `a` and the next-stage `b` are linked (the daemon's flow links, which its microbatches use)."""
+        return self._flinks is None or a in self.data or b in self.data or (a, b) in self._flinks
+
+    def _link_joiner(self, nid: str) -> None:
+        """A joiner's links: its own choice, and the previous-stage relays that take it (`takes_newcomer`)."""
+        if self._flinks is None:
+            return
+        self._flinks |= self._chosen(nid)
+        for a, c in self._relays_beside(nid, -1).items():
+            kept = {j: x for j, x in self._relays_beside(a, 1).items() if (a, j) in self._flinks and j != nid}
+            if takes_newcomer(nid, c, kept, self._k):
+                self._flinks.add((a, nid))
+
+    def _refill(self, nid: str) -> None:
+        """`nid` lost a next-stage relay: it links to the cheapest others up to the bound, both machines of both
+        ends told (the daemon's `Flows._refill`, its LinkCost adding the link downstream)."""
+        fm = self.fnodes[nid]
+        kept = [j for j in fm.cfg.next_costs if j not in self.data]
+        for p in sorted(refill(kept, self._relays_beside(nid, 1), self._k)):
+            self._flinks.add((nid, p))
+            cost = self._flow_cost(nid, p)
+            self._apply_flow(nid, fm.add_neighbour(self.now, p, cost, "next"))
+            self._apply_flow(p, self.fnodes[p].add_neighbour(self.now, nid, cost, "prev"))
+            self._mb_link(nid, p)
 
     def _flow_cost(self, a: str, b: str) -> float:
         """d(a, b) of Equation 1 (ms), as `parse_scenario` computes it for `_scenario`'s links."""
@@ -53,8 +98,8 @@ class FlowDriver:
         if st < 0:
             nxt, prv, peers = self._peers(0, nid), self._peers(S - 1, nid), ()
         else:
-            nxt = list(data) if st == S - 1 else self._peers(st + 1, nid)
-            prv = list(data) if st == 0 else self._peers(st - 1, nid)
+            nxt = [j for j in (list(data) if st == S - 1 else self._peers(st + 1, nid)) if self._flow_linked(nid, j)]
+            prv = [j for j in (list(data) if st == 0 else self._peers(st - 1, nid)) if self._flow_linked(j, nid)]
             peers = tuple(sorted(self._peers(st, nid)))
         cfg = FlowConfig(nid, st < 0, self.cap.get(nid, MICROBATCHES), tuple(self.data),
                          {j: self._flow_cost(nid, j) for j in sorted(nxt)},
@@ -105,6 +150,8 @@ class FlowDriver:
             c = fm.cfg
             if gone in c.next_costs or gone in c.prev_costs or gone in c.peers:
                 self._apply_flow(nid, fm.remove_neighbour(self.now, gone))
+                if self._flinks is not None and gone in c.next_costs and nid not in self.data:
+                    self._refill(nid)
                 self._sync_flows(nid)
 
     def _flow_joined(self, nid: str) -> None:

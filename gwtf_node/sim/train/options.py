@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ...protocol.neighbourhood import FLOW_NEIGHBOURS
 from ...protocol.phasefan import FAN_OUT
 from ...protocol.phases import CanTakeRule
 from ...protocol.phasewaits import WAIT_BOUND_S
@@ -36,6 +37,9 @@ class TrainSimOptions:
     gwtf_acts_on_gone: bool = True  # a GWTF (or task pool) machine acts on the membership layer's report
     routing: str = "machines"  # "machines": GWTF's flow machines; "oracle": the LP optimum; "dtfm": DT-FM's
     flow_options: dict | None = None  # FlowConfig fields of every flow machine (None: FLOW_OPTIONS)
+    # GWTF's flow machines: each relay's flow (and microbatch) links go to its K cheapest next- and previous-stage
+    # relays, as the daemon's (protocol/neighbourhood.py; 0: every relay of the adjacent stages)
+    flow_neighbours: int = FLOW_NEIGHBOURS
     lend: bool = True  # machines routing: the lending of protocol/recovery/
     one_wave: bool = False  # the paper's one-wave iteration with deferral ("One wave", protocol/recovery/)
     detect_s: float = DETECT_S  # how long after a crash the membership layer reports it
