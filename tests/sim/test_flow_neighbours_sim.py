@@ -61,15 +61,14 @@ def test_churn_refills_lost_next_stage_links_and_takes_joiners_by_the_rule():
             mine = nearest({p: c for p, c in phys.items() if new.has(p) and not new.node(p).is_data
                             and new.node(p).stage == n.stage + 1}, k)
             assert set(mine) <= set(m.cfg.next_costs)
-        for a in m.cfg.prev_costs:
-            if new.node(a).is_data or a in joined:
-                continue
+        phys = {l.b if l.a == n.id else l.a: l.cost for l in ch.join_links if n.id in (l.a, l.b)}
+        prv = {p: c for p, c in phys.items() if new.has(p) and not new.node(p).is_data
+               and new.node(p).stage == n.stage - 1}
+        for a, cost in ((a, c) for a, c in prv.items() if a not in joined):
             kept_before = {p: c for p, c in before[a].items() if p not in ch.kill and not new.node(p).is_data}
-            cost = new.cost(a, n.id)
-            prv = {p: l.cost for p, l in new.neighbours(n.id).items()
-                   if not new.node(p).is_data and new.node(p).stage == n.stage - 1}
-            assert takes_newcomer(n.id, cost, kept_before, k) or a in nearest(prv, k) or \
-                n.id not in kept_before, (a, n.id)
+            want = takes_newcomer(n.id, cost, kept_before, k) or a in nearest(prv, k)
+            assert (a in m.cfg.prev_costs) == want, (a, n.id, want)
+            assert (n.id in run.nodes[a].cfg.next_costs) == want, (a, n.id, want)
     res = run.result(new, 0, 0, 0)
     check_routing(new, res)
     assert res.extra["inconsistent_links"] == 0
