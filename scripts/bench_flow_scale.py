@@ -344,8 +344,8 @@ def main(argv=None) -> int:
     ap.add_argument("--announce-coalesce-s", type=float, default=None, metavar="S",
                     help="FlowConfig.announce_coalesce_s (labels changed within this window go out together)")
     ap.add_argument("--neighbours", type=int, default=FLOW_NEIGHBOURS, metavar="K",
-                    help="each relay links to its K cheapest next-stage relays, as the daemon does "
-                         f"(protocol/neighbourhood.py; default {FLOW_NEIGHBOURS}; 0: every relay of the next stage)")
+                    help="bound each relay's flow links to K (the daemon's --flow-neighbours K: "
+                         f"protocol/neighbourhood.py; default {FLOW_NEIGHBOURS}, the daemon's: every link)")
     ap.add_argument("--json", action="store_true", help="one JSON object per size instead of the table")
     ap.add_argument("--receipts", action="store_true", help="with --json: what each received label changed (doc)")
     ap.add_argument("--bound", action="store_true", help="with --json: what successive shortest paths need (doc)")

@@ -1,25 +1,30 @@
-"""Bounded flow neighbourhoods: the adjacent-stage relays a relay links its flows to.
+"""Bounded flow neighbourhoods: the adjacent-stage relays a relay links its flows to (off by default).
 
-Every relay of a stage could link to every relay of the next one, and a flow
+Every relay of a stage can link to every relay of the next one, and a flow
 machine tells each of its IN labels to every previous-stage neighbour, so a
 relay's flow messages grow with its stage's size: at 1000 relays x 16 stages
-(62 a stage) label waves send 6,829 messages per node.  A relay links instead
-to its `FLOW_NEIGHBOURS` cheapest next-stage relays and to its
-`FLOW_NEIGHBOURS` cheapest previous-stage relays (link cost, ties by id); a
-link either end chose is a link of both (so no relay is left without one on
-either side).  Data nodes keep a link to every first- and last-stage relay
-(the source and sink of every unit).  A stage of at most `FLOW_NEIGHBOURS`
-relays is linked whole, as without the bound.  docs/bench_flow.md, "Bounded
-neighbourhoods", has what it saves and what it costs.
+(62 a stage) label waves send 6,829 messages per node.  With a bound K
+(`gwtf-node join --flow-neighbours K`, the simulators' `neighbours`), a relay
+links to its K cheapest next-stage relays and to its K cheapest
+previous-stage relays (link cost, ties by id); a link either end chose is a
+link of both (so no relay is left without one on either side).  Data nodes
+keep a link to every first- and last-stage relay (the source and sink of
+every unit), and a stage of at most K relays is linked whole.
+
+With K = 10 the same 1000 x 16 swarm sends 1,429 messages per node, and its
+links carry the maximum flow at the cost of the optimum over every link; but
+the flow machines reach that optimum on 7 of 8 seeds (seed 2: 1.0092), and
+Table VI at 144 nodes takes longer a microbatch (docs/bench_flow.md,
+"Bounded neighbourhoods").  So the default is every link (`FLOW_NEIGHBOURS`).
 
 Membership changes keep the bound loosely: a next-stage relay that arrives
-later is linked when it is among the cheapest `FLOW_NEIGHBOURS` of the links
-kept and itself (`takes_newcomer`: no link is dropped for it, so a joiner gets
-the flows it is cheap for), and a relay that loses next-stage links refills
-them from the cheapest relays it knows (`refill`).
+later is linked when it is among the cheapest K of the links kept and itself
+(`takes_newcomer`: no link is dropped for it, so a joiner gets the flows it
+is cheap for), and a relay that loses next-stage links refills them from the
+cheapest relays it knows (`refill`).
 
-The daemon (runtime/node/flows.py) and the simulator (sim/flowsim.py,
-sim/flowchurn.py, sim/train/flows.py) both choose with these functions.
+The daemon (runtime/node/flows.py) and the simulators (sim/flowsim.py,
+sim/flowchurn.py, sim/train/flows.py) all choose with these functions.
 Pure: no I/O.
 """
 
@@ -29,22 +34,22 @@ from typing import Iterable, Mapping
 
 from .scenario import Scenario
 
-FLOW_NEIGHBOURS = 10  # next-stage relays a relay links to (0: every one)
+FLOW_NEIGHBOURS = 0  # the default bound: 0, every relay of the adjacent stages
 
 
-def nearest(costs: Mapping[str, float], k: int = FLOW_NEIGHBOURS) -> dict[str, float]:
+def nearest(costs: Mapping[str, float], k: int) -> dict[str, float]:
     """The `k` cheapest of `costs` (peer -> link cost; ties by peer id), all of them with `k` <= 0."""
     if k <= 0 or len(costs) <= k:
         return dict(costs)
     return dict(sorted(costs.items(), key=lambda pc: (pc[1], pc[0]))[:k])
 
 
-def takes_newcomer(peer: str, cost: float, kept: Mapping[str, float], k: int = FLOW_NEIGHBOURS) -> bool:
+def takes_newcomer(peer: str, cost: float, kept: Mapping[str, float], k: int) -> bool:
     """Whether a relay that keeps next-stage links `kept` links to a next-stage relay `peer` that arrived since."""
     return peer in kept or peer in nearest({**kept, peer: cost}, k)
 
 
-def refill(kept: Iterable[str], candidates: Mapping[str, float], k: int = FLOW_NEIGHBOURS) -> dict[str, float]:
+def refill(kept: Iterable[str], candidates: Mapping[str, float], k: int) -> dict[str, float]:
     """The next-stage relays to link to now (peer -> cost): the cheapest `candidates` not kept, up to `k` links."""
     kept = set(kept)
     if k <= 0:
@@ -55,7 +60,7 @@ def refill(kept: Iterable[str], candidates: Mapping[str, float], k: int = FLOW_N
     return nearest({p: c for p, c in candidates.items() if p not in kept}, room)
 
 
-def bound_links(scenario: Scenario, k: int = FLOW_NEIGHBOURS) -> Scenario:
+def bound_links(scenario: Scenario, k: int) -> Scenario:
     """`scenario` with the relay-to-relay links neither end chose dropped (`nearest` of each relay's next-stage
     links and of its previous-stage links); data nodes' links all stay.  The scenario itself when no link goes."""
     chosen = set()

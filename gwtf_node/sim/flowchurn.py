@@ -364,8 +364,19 @@ def run_trickle(scenario: Scenario, late, start_s: float = 2.0, every_s: float =
     """Relays that join while the flows form (a swarm whose volunteers come one by one): the machines of
     `scenario` without the relays `late` start at 0; relay k of `late` joins at `start_s` + k x `every_s`, its
     neighbours (those present) told `detect_s` later; then the machines run until the flows are quiet (at most
-    `rounds` rounds after the last join).  The routing is on `scenario` (everyone there at the end), with the
-    rounds from the start and the messages of the whole run."""
+    `rounds` rounds after the last join).  The routing is on the flow links at the end (everyone there, each
+    relay's links as the daemon's: `FlowRun._bounded`), with the rounds from the start and the messages of the
+    whole run."""
+    run = trickle(scenario, late, start_s, every_s, seed, rounds, base, detect_s, quiet_rounds, neighbours)
+    r = run.round_s
+    return run.result(run.scenario, int(math.ceil(run.sim.now / r)), int(math.ceil(run.last_change() / r)),
+                      run.sim.stats.messages)
+
+
+def trickle(scenario: Scenario, late, start_s: float = 2.0, every_s: float = 2.0, seed: int = 0,
+            rounds: int = 120, base: FlowConfig | None = None, detect_s: float = 0.5,
+            quiet_rounds: int = QUIET_ROUNDS_DEFAULT, neighbours: int = FLOW_NEIGHBOURS) -> FlowRun:
+    """`run_trickle`'s run, once the flows are quiet: its `scenario` holds the flow links at the end."""
     run = FlowRun(held_back(scenario, late), seed, base, neighbours=neighbours)
     present = {n.id for n in run.scenario.nodes}
     for k, nid in enumerate(late):
@@ -374,6 +385,4 @@ def run_trickle(scenario: Scenario, late, start_s: float = 2.0, every_s: float =
         run.apply(Churn((), (scenario.node(nid),), links, detect_s))
         present.add(nid)
     run.run_quiet(rounds, quiet_rounds)
-    r = run.round_s
-    return run.result(run.scenario, int(math.ceil(run.sim.now / r)), int(math.ceil(run.last_change() / r)),
-                      run.sim.stats.messages)
+    return run

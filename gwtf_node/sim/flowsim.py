@@ -127,8 +127,9 @@ def run_gwtf(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowCon
              quiet_rounds: int = QUIET_ROUNDS_DEFAULT, wall_limit_s: float | None = None,
              trace: TextIO | None = None, neighbours: int = FLOW_NEIGHBOURS) -> RoutingResult:
     """Run the flow machines; `wall_limit_s` (benchmarks only) stops early, marking `extra["wall_limited"]`;
-    `trace` receives every delivered message (`TracedMachine`).  Each relay links to its `neighbours` cheapest
-    next-stage relays, as the daemon does (protocol/neighbourhood.py; 0: every link of the scenario)."""
+    `trace` receives every delivered message (`TracedMachine`).  `neighbours` K > 0 bounds each relay's links as
+    the daemon's `--flow-neighbours K` (protocol/neighbourhood.py); the default 0, as the daemon's, keeps every
+    link of the scenario."""
     scenario = bound_links(scenario, neighbours)
     cfgs = flow_configs(scenario, base)
     round_s = next(iter(cfgs.values())).round_s

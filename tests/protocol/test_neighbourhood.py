@@ -52,18 +52,21 @@ def test_bound_links_keeps_what_either_end_chose_and_every_data_node_link():
     assert bound_links(sc, 0) is sc and bound_links(sc, 20) is sc  # a stage within the bound is linked whole
 
 
-def test_table_v_settings_are_within_the_default_bound():
-    """Every Table V setting has at most FLOW_NEIGHBOURS relays a stage: the bound changes none of them."""
+def test_table_v_settings_are_within_a_bound_of_10_and_the_default_is_every_link():
+    """Every Table V setting has at most 10 relays a stage: a bound of 10 changes none of them; the default bound
+    (every link) changes no scenario."""
     for setting in range(1, 7):
         sc = load_flow_setting(setting, 0)
-        assert bound_links(sc) is sc, setting
+        assert bound_links(sc, 10) is sc, setting
+    dense = parse_scenario(generate_layered("t", FlowSetting(1, 60, 3, (1, 3), (1, 20)), 0))
+    assert FLOW_NEIGHBOURS == 0 and bound_links(dense, FLOW_NEIGHBOURS) is dense
 
 
 def test_the_bound_keeps_the_optimum_of_a_dense_swarm():
-    """320 relays x 16 stages (20 a stage, every relay linked to every relay of the next stage): the links the
-    bound keeps carry the same maximum flow at the same cost."""
+    """320 relays x 16 stages (20 a stage, every relay linked to every relay of the next stage): the links a bound
+    of 10 keeps carry the same maximum flow at the same cost."""
     sc = parse_scenario(generate_layered("t", FlowSetting(1, 320, 16, (1, 3), (1, 20)), 0))
-    b = bound_links(sc, FLOW_NEIGHBOURS)
+    b = bound_links(sc, 10)
     assert len(b.links) < 0.6 * len(sc.links)
     full, kept = optimal_routing(sc), optimal_routing(b)
     assert kept.num_flows == full.num_flows
