@@ -29,6 +29,13 @@ its state directory keeps its peer id) is added again the same way: the
 flow machine forgets that it was removed (`add_neighbour`), and a data node
 back is the previous stage of the stage-0 relays and the next stage of the
 last-stage relays.
+
+With `--flow-neighbours K` (protocol/neighbourhood.py; off by default) a
+relay links to its K cheapest next-stage relays (`LinkCost` tells them) and
+its K cheapest previous-stage relays (its labels tell them: `_linked_by`), and
+takes the relays that chose it (`_chose_us`, `on_link_cost`); one measured and
+not linked is `declined`, linked later if it chooses us or a next-stage link
+goes (`_refill`).
 """
 
 from __future__ import annotations
@@ -313,8 +320,8 @@ class Flows:
         if info is not None and self.peers.stage is not None and self.peers.flow_side(info.stage) != "prev":
             raise FrameRefused(f"LinkCost from {self.peers.who(peer)}, which is not upstream of this node")
         self.agreed_costs[peer] = msg.cost
-        if (self.machine is not None and info is not None and not info.joining and not info.leaving
-                and not self._in_flow(peer)):
+        if (self.neighbours > 0 and self.machine is not None and info is not None and not info.joining
+                and not info.leaving and not self._in_flow(peer)):
             self.wire.spawn(self._add_neighbour, peer, ("prev",))  # it links to us (neighbourhood.py)
             return
         prev = self.machine.cfg.prev_costs if self.machine is not None else {}
