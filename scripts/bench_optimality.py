@@ -90,11 +90,12 @@ def _mean(vals) -> float:
 
 
 def run_one(scale: int, churn: float, seed: int, iterations: int, dtfm_opts: dict,
-            systems: tuple[str, ...] = SYSTEMS, family: str = "table6") -> dict:
+            systems: tuple[str, ...] = SYSTEMS, family: str = "table6", flow_neighbours: int = 0) -> dict:
     setting = f"{family}-x{scale}"
     out = {}
+    fk = {"flow_neighbours": flow_neighbours} if flow_neighbours else {}  # GWTF's flow machines (neighbourhood.py)
     if "gwtf" in systems:
-        g = run_train(setting, "gwtf", churn, iterations, seed, scheduler_cost=True)
+        g = run_train(setting, "gwtf", churn, iterations, seed, scheduler_cost=True, **fk)
         form = g["flow_formation"]
         out["gwtf"] = {"time_per_microbatch_s": g["time_per_microbatch_s"],
                        "throughput_per_iteration": g["throughput_per_iteration"],
@@ -103,19 +104,19 @@ def run_one(scale: int, churn: float, seed: int, iterations: int, dtfm_opts: dic
                        "formation_messages": form.get("flow_messages", math.nan),
                        "lost_microbatches": g["lost_microbatches"], "crashes": g["crashes"]}
     if "gwtf_swarm" in systems:
-        w = run_train(setting, "gwtf", churn, iterations, seed, placement="swarm", scheduler_cost=True)
+        w = run_train(setting, "gwtf", churn, iterations, seed, placement="swarm", scheduler_cost=True, **fk)
         place_cpu = w["placement_cpu_s"]
         out["gwtf_swarm"] = {"time_per_microbatch_s": w["time_per_microbatch_s"],
                              "throughput_per_iteration": w["throughput_per_iteration"], "placement_cpu_s": place_cpu,
                              "scheduler_cpu_s": place_cpu + w["flow_cpu_s"], "flow_messages": w["flow_messages"],
                              "lost_microbatches": w["lost_microbatches"], "crashes": w["crashes"]}
     if "gwtf_placed" in systems:
-        p = run_train(setting, "gwtf", churn, iterations, seed, placement="dtfm", dtfm_options=dict(dtfm_opts))
+        p = run_train(setting, "gwtf", churn, iterations, seed, placement="dtfm", dtfm_options=dict(dtfm_opts), **fk)
         out["gwtf_placed"] = {"time_per_microbatch_s": p["time_per_microbatch_s"],
                               "throughput_per_iteration": p["throughput_per_iteration"],
                               "lost_microbatches": p["lost_microbatches"], "crashes": p["crashes"]}
     if "gwtf_opfence" in systems:
-        o = run_train(setting, "gwtf", churn, iterations, seed, placement="opfence", scheduler_cost=True)
+        o = run_train(setting, "gwtf", churn, iterations, seed, placement="opfence", scheduler_cost=True, **fk)
         out["gwtf_opfence"] = {"time_per_microbatch_s": o["time_per_microbatch_s"],
                                "throughput_per_iteration": o["throughput_per_iteration"],
                                "placement_cpu_s": o["placement_cpu_s"],
@@ -158,6 +159,9 @@ def main() -> int:
     ap.add_argument("--iterations", type=int, default=5)
     ap.add_argument("--generations", type=int, default=GENERATIONS, help="DT-FM's genetic algorithm")
     ap.add_argument("--population", type=int, default=POPULATION, help="DT-FM's genetic algorithm")
+    ap.add_argument("--flow-neighbours", type=int, default=0, metavar="K",
+                    help="GWTF's flow machines link each relay to its K cheapest relays of each adjacent stage "
+                         "(protocol/neighbourhood.py; 0, the daemon's default: every one)")
     ap.add_argument("--json", action="store_true", help="one JSON object per setting and churn level, no docs")
     ap.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
                     help="run only these (with --json: the docs table needs all of them)")
@@ -179,7 +183,8 @@ def main() -> int:
     rows = []
     for family, scale in ((f, k) for f in args.setting for k in args.scales):
         for churn in args.churns:
-            runs = [run_one(scale, churn, s, args.iterations, dtfm_opts, tuple(args.systems), family)
+            runs = [run_one(scale, churn, s, args.iterations, dtfm_opts, tuple(args.systems), family,
+                            args.flow_neighbours)
                     for s in range(args.seeds)]
             row = {"setting": f"{family}-x{scale}", "nodes": 18 * scale, "churn": churn, "seeds": args.seeds,
                    "iterations": args.iterations}
