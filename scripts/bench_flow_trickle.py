@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import statistics
 import sys
@@ -45,8 +44,7 @@ def bench_one(relays: int, stages: int, seed: int, joins: int, every: float, rou
         t = time.perf_counter()
         base = FlowConfig("-", False, 0, (), {}, {}, **knobs) if knobs else None
         run = trickle(sc, late, every, every, seed=seed, rounds=rounds, base=base, neighbours=neighbours)
-        r = run.round_s
-        g = run.result(run.scenario, 0, int(math.ceil(run.last_change() / r)), run.sim.stats.messages)
+        g = run.routing()
         check_routing(run.scenario, g)
         o = opt if len(run.scenario.links) == len(sc.links) else optimal_routing(run.scenario)
         out.setdefault("max_flow_links", {})[name] = o.num_flows

@@ -61,18 +61,37 @@ def refill(kept: Iterable[str], candidates: Mapping[str, float], k: int) -> dict
     return nearest({p: c for p, c in candidates.items() if p not in kept}, room)
 
 
+def chosen(relay: str, nxt: Mapping[str, float], prv: Mapping[str, float], k: int) -> set[tuple[str, str]]:
+    """The links `relay` chooses, as (upstream, downstream): its `k` cheapest of `nxt` (next-stage relays -> link
+    cost) and of `prv` (previous-stage relays)."""
+    return {(relay, b) for b in nearest(nxt, k)} | {(a, relay) for a in nearest(prv, k)}
+
+
+def joiner_links(joiner: str, nxt: Mapping[str, float], prv: Mapping[str, float],
+                 kept_next: Mapping[str, Mapping[str, float]], k: int) -> set[tuple[str, str]]:
+    """The links of a relay that arrives later: those it chooses, and those of the previous-stage relays that take
+    it (`takes_newcomer` over `kept_next[a]`, the next-stage links relay `a` keeps; a relay missing from
+    `kept_next`, another newcomer, links by its own choice alone)."""
+    return chosen(joiner, nxt, prv, k) | {(a, joiner) for a, c in prv.items()
+                                          if a in kept_next and takes_newcomer(joiner, c, kept_next[a], k)}
+
+
+def adjacent_relays(scenario: Scenario, nid: str, step: int) -> dict[str, float]:
+    """`nid`'s links in `scenario` to the relays of the stage `step` after its own (-1: before), by link cost."""
+    st = scenario.node(nid).stage
+    return {p: l.cost for p, l in scenario.neighbours(nid).items()
+            if not scenario.node(p).is_data and scenario.node(p).stage == st + step}
+
+
 def bound_links(scenario: Scenario, k: int) -> Scenario:
-    """`scenario` with the relay-to-relay links neither end chose dropped (`nearest` of each relay's next-stage
-    links and of its previous-stage links); data nodes' links all stay.  The scenario itself when no link goes."""
-    chosen = set()
+    """`scenario` with the relay-to-relay links neither end chose dropped (`chosen`); data nodes' links all stay.
+    The scenario itself when no link goes."""
+    keep = set()
     for r in scenario.relays:
-        for step in (1, -1):
-            side = {p: l.cost for p, l in scenario.neighbours(r.id).items()
-                    if not scenario.node(p).is_data and scenario.node(p).stage == r.stage + step}
-            chosen.update((r.id, p) if step == 1 else (p, r.id) for p in nearest(side, k))
+        keep |= chosen(r.id, adjacent_relays(scenario, r.id, 1), adjacent_relays(scenario, r.id, -1), k)
     links = tuple(l for l in scenario.links if scenario.node(l.a).is_data or scenario.node(l.b).is_data
                   or scenario.node(l.a).stage == scenario.node(l.b).stage
-                  or (l.a, l.b) in chosen or (l.b, l.a) in chosen)
+                  or (l.a, l.b) in keep or (l.b, l.a) in keep)
     if len(links) == len(scenario.links):
         return scenario
     return Scenario(scenario.name, scenario.stages, scenario.nodes, links, scenario.activation_mb)

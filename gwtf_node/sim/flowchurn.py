@@ -38,7 +38,7 @@ from typing import TextIO
 
 from ..protocol.effects import Send
 from ..protocol.flow import FlowConfig, FlowNode
-from ..protocol.neighbourhood import FLOW_NEIGHBOURS, bound_links, nearest, refill, takes_newcomer
+from ..protocol.neighbourhood import FLOW_NEIGHBOURS, adjacent_relays, bound_links, joiner_links, refill
 from ..protocol.scenario import LinkSpec, NodeSpec, Scenario
 from .engine import Simulator
 from .flowsim import MS, QUIET_ROUNDS_DEFAULT, TracedMachine, extract_flows, flow_configs
@@ -206,37 +206,29 @@ class FlowRun:
             effects = _uncut(nid, effects, self.cut)
         self.sim._apply(nid, effects)  # effects of a call made from outside an event handler
 
-    def _relays(self, sc: Scenario, nid: str, step: int) -> dict[str, float]:
-        """`nid`'s links in `sc` to relays of the stage `step` after its own (-1: before)."""
-        st = sc.node(nid).stage
-        return {p: l.cost for p, l in sc.neighbours(nid).items()
-                if not sc.node(p).is_data and sc.node(p).stage == st + step}
-
     def _bounded(self, churn: Churn) -> tuple[Churn, list[tuple[str, str, LinkSpec]]]:
         """`churn` with the joiners' links cut to those the daemon keeps (each joiner's cheapest on each side, and
         those whose previous-stage end takes it: `takes_newcomer`), and the links survivors add in place of
         next-stage relays killed (`refill`)."""
-        phys = changed_scenario(self.physical, churn)
         if self.k <= 0:
             return churn, []
+        phys = changed_scenario(self.physical, churn)
         flow = changed_scenario(self.scenario, replace(churn, join=(), join_links=()))
         joined = {n.id for n in churn.join}
         chosen: set[tuple[str, str]] = set()  # (upstream, downstream)
         for n in churn.join:
-            chosen.update((n.id, b) for b in nearest(self._relays(phys, n.id, 1), self.k))
-            chosen.update((a, n.id) for a in nearest(self._relays(phys, n.id, -1), self.k))
-            for a, c in self._relays(phys, n.id, -1).items():
-                if a not in joined and takes_newcomer(n.id, c, self._relays(flow, a, 1), self.k):
-                    chosen.add((a, n.id))
+            prv = adjacent_relays(phys, n.id, -1)
+            kept = {a: adjacent_relays(flow, a, 1) for a in prv if a not in joined}
+            chosen |= joiner_links(n.id, adjacent_relays(phys, n.id, 1), prv, kept, self.k)
         relay = lambda x: not phys.node(x).is_data  # noqa: E731
         links = tuple(l for l in churn.join_links if not (relay(l.a) and relay(l.b))
                       or phys.node(l.a).stage == phys.node(l.b).stage or (l.a, l.b) in chosen or (l.b, l.a) in chosen)
         refills = []
         for r in sorted(x.id for x in flow.relays):
-            lost = set(self._relays(self.scenario, r, 1)) & set(churn.kill)
+            lost = set(adjacent_relays(self.scenario, r, 1)) & set(churn.kill)
             if lost:
-                kept = self._relays(flow, r, 1)
-                cands = {p: c for p, c in self._relays(phys, r, 1).items() if p not in joined}
+                kept = adjacent_relays(flow, r, 1)
+                cands = {p: c for p, c in adjacent_relays(phys, r, 1).items() if p not in joined}
                 refills += [(r, p, phys.neighbours(r)[p]) for p in sorted(refill(kept, cands, self.k))]
         self.physical = phys
         return replace(churn, join_links=links + tuple(link for _r, _p, link in refills)), refills
@@ -321,6 +313,12 @@ class FlowRun:
             self._call(a, self.nodes[a].add_neighbour(t, b, cost, side))
         self.settle_from = now
 
+    def routing(self) -> RoutingResult:
+        """The routing on the flow links now, with the rounds and messages since the start."""
+        r = self.round_s
+        return self.result(self.scenario, int(math.ceil(self.sim.now / r)), int(math.ceil(self.last_change() / r)),
+                           self.sim.stats.messages)
+
     def result(self, scenario: Scenario, rounds: int, converged: int, messages: int) -> RoutingResult:
         flows, mismatched = extract_flows(scenario, self.nodes)
         extra = {"inconsistent_links": mismatched,
@@ -367,10 +365,8 @@ def run_trickle(scenario: Scenario, late, start_s: float = 2.0, every_s: float =
     `rounds` rounds after the last join).  The routing is on the flow links at the end (everyone there, each
     relay's links as the daemon's: `FlowRun._bounded`), with the rounds from the start and the messages of the
     whole run."""
-    run = trickle(scenario, late, start_s, every_s, seed, rounds, base, detect_s, quiet_rounds, neighbours)
-    r = run.round_s
-    return run.result(run.scenario, int(math.ceil(run.sim.now / r)), int(math.ceil(run.last_change() / r)),
-                      run.sim.stats.messages)
+    return trickle(scenario, late, start_s, every_s, seed, rounds, base, detect_s, quiet_rounds,
+                   neighbours).routing()
 
 
 def trickle(scenario: Scenario, late, start_s: float = 2.0, every_s: float = 2.0, seed: int = 0,

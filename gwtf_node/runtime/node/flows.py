@@ -383,11 +383,10 @@ class Flows:
                 return
             for side in sides:
                 cost = self.link_cost(peer) if side != "peer" else 0.0
-                kept = self._next_relays()
-                if side == "next" and self.peers.role == "relay" and not chosen and not takes_newcomer(peer, cost, kept,
-                                                                                          self.neighbours):
+                if side == "next" and self.peers.role == "relay" and not chosen \
+                        and not takes_newcomer(peer, cost, self._next_relays(), self.neighbours):
                     log.info("flows: not linking to %s (cost %g): %d cheaper next-stage relays linked",
-                             self.peers.who(peer), cost, len(kept))
+                             self.peers.who(peer), cost, len(self._next_relays()))
                     self.declined.add(peer)
                     continue
                 if side == "next":

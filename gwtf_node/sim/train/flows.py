@@ -8,7 +8,7 @@ import random
 
 from ...protocol.effects import Send
 from ...protocol.flow import FlowConfig, FlowNode, flows_formed
-from ...protocol.neighbourhood import nearest, refill, takes_newcomer
+from ...protocol.neighbourhood import chosen, joiner_links, refill
 from .events import FlowDeliver, Reflow
 from .interpret import interpret
 from .setting import (
@@ -46,7 +46,7 @@ class FlowDriver:
         if self._k > 0:
             self._flinks = set()
             for r in sorted(setting.relays):
-                self._flinks |= self._chosen(r)
+                self._flinks |= chosen(r, self._relays_beside(r, 1), self._relays_beside(r, -1), self._k)
 
     def _relays_beside(self, nid: str, step: int) -> dict[str, float]:
         """The live relays of the stage `step` after `nid`'s (-1: before), by the cost of the flow link."""
@@ -54,11 +54,6 @@ class FlowDriver:
         if st < 0 or st >= self.S:
             return {}
         return {j: (self._flow_cost(nid, j) if step > 0 else self._flow_cost(j, nid)) for j in self._peers(st, nid)}
-
-    def _chosen(self, nid: str) -> set[tuple[str, str]]:
-        """The links relay `nid` chooses (neighbourhood.py): its cheapest next- and previous-stage relays."""
-        return ({(nid, j) for j in nearest(self._relays_beside(nid, 1), self._k)}
-                | {(j, nid) for j in nearest(self._relays_beside(nid, -1), self._k)})
 
     def _flow_linked(self, a: str, b: str) -> bool:
         """Whether `a` and the next-stage `b` are linked (the daemon's flow links, which its microbatches use)."""
@@ -68,11 +63,10 @@ class FlowDriver:
         """A joiner's links: its own choice, and the previous-stage relays that take it (`takes_newcomer`)."""
         if self._flinks is None:
             return
-        self._flinks |= self._chosen(nid)
-        for a, c in self._relays_beside(nid, -1).items():
-            kept = {j: x for j, x in self._relays_beside(a, 1).items() if (a, j) in self._flinks and j != nid}
-            if takes_newcomer(nid, c, kept, self._k):
-                self._flinks.add((a, nid))
+        prv = self._relays_beside(nid, -1)
+        kept = {a: {j: x for j, x in self._relays_beside(a, 1).items() if (a, j) in self._flinks and j != nid}
+                for a in prv}
+        self._flinks |= joiner_links(nid, self._relays_beside(nid, 1), prv, kept, self._k)
 
     def _refill(self, nid: str) -> None:
         """`nid` lost a next-stage relay: it links to the cheapest others up to the bound, both machines of both
