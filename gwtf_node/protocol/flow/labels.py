@@ -103,6 +103,14 @@ def data_node_back(node: FlowNode, d: str) -> None:
 def unstash(node: FlowNode, peer: str) -> None:
     node.labels.stash.pop(peer, None)
 
+def take_stashed(node: FlowNode, peer: str, side: Side, only_newer: bool = False) -> None:
+    """Take in the `side` labels `peer` sent before it was added (the stash; `ingest`); with `only_newer`, only those
+    of a newer wave than the label of `peer` held now."""
+    for (d, s_), wire in sorted(node.labels.stash.get(peer, {}).items()):
+        held = node.labels.lin[d].get(peer) if only_newer and d in node.labels.lin else None
+        if s_ == side and (held is None or held.epoch < wire.epoch):
+            ingest(node, peer, wire)
+
 def drop_peer(node: FlowNode, peer: str) -> None:
     """`peer` is no neighbour any more: its labels go."""
     L = node.labels

@@ -286,11 +286,7 @@ class FlowNode:
         costs[peer] = float(cost)
         self.cfg = replace(cfg, **{f"{side}_costs": costs})
         self.data_prev = tuple(p for p in self.cfg.prev_costs if p in self.cfg.commodities)
-        touched: set[str] = set()
-        want = Side.IN if side == "next" else Side.OUT
-        for (d, s_), wire in sorted(self.labels.stash.get(peer, {}).items()):
-            if s_ == want and labels.ingest(self, peer, wire):
-                touched.add(d)
+        labels.take_stashed(self, peer, Side.IN if side == "next" else Side.OUT)
         if side == "prev" and not known:
             # the newcomer needs our IN labels to route through us; they went out before it was there
             labs = []
@@ -313,10 +309,7 @@ class FlowNode:
         """Newcomers whose labels waited for a new wave that did not come (waves.py `defer`): take in the labels
         they sent before they were added, unless one they sent since (of that wave or a newer one) is held."""
         for peer in peers:
-            for (d, s_), wire in sorted(self.labels.stash.get(peer, {}).items()):
-                held = self.labels.lin[d].get(peer) if d in self.labels.lin else None
-                if s_ == Side.IN and (held is None or held.epoch < wire.epoch):
-                    labels.ingest(self, peer, wire)
+            labels.take_stashed(self, peer, Side.IN, only_newer=True)
         announce.refresh_all(self, eff)
         units.act(self, now, eff)
 
