@@ -31,7 +31,19 @@ cancel against a hole left by a removal and never reach the sink:
 `maybe_lost_settlement` counts it as settled when every unit sent is back and
 nothing changed for `retry_epoch_rounds`.  A unit that reaches the data node
 without having been launched (re-routed after a removal) starts a wave but
-settles no launch unless one is outstanding (`settled`).  With one commodity
+settles no launch unless one is outstanding (`settled`).
+
+Recall waves.  A launch on a wave's stale labels can go out after the
+maximum flow is placed: the unit explores tight steps and is held where it
+can neither go on nor retreat, taking capacity the placed units would use.
+When a wave begun after the launch gives the data node no route (its OUT
+label INF), no augmenting path exists, and none from the unit either (it is
+reachable from the data node), so the stuck timer starts a *recall wave*
+(`recall_due`): the data node's OUT label is the retire label of cycles.py
+(cost 0), the relays' OUT labels then price the way back to it over the
+residual network, and the unit follows them home along a cheapest way back,
+which keeps the flows at their cost (the reverse of its tight steps is one).
+Its return (a Deny at the data node) ends the recall.  With one commodity
 and no route, the data node starts a new wave when a flow changed at it since
 the last one (`maybe_retry_wave`): removals raise labels, which a wave does not
 announce.
@@ -66,26 +78,44 @@ class LaunchState:
     stuck_waves: int = 0  # waves started by the stuck timer for the current launch
     launch_wave: int = -1  # the wave of the last launch
     most_in: int = 0  # the most units the sink has held
+    recall: bool = False  # the current wave is a recall wave (`recall_due`)
+    recalls: int = 0  # recall waves started
 
 
 def arm_stuck(node: FlowNode, now: float, eff: list[Effect]) -> None:
     """Data node: if the launched unit has not settled by then, start a new wave (it is held somewhere)."""
-    launch = node.launch
-    wave = (launch.first_out_at - launch.wave_started) if launch.first_out_at is not None else node.cfg.round_s
+    launch, cfg = node.launch, node.cfg
+    wave = (launch.first_out_at - launch.wave_started) if launch.first_out_at is not None else cfg.round_s
+    if launch.recall:  # the unit comes back hop by hop, each relay waiting for still labels
+        wave = cfg.retry_epoch_rounds * cfg.round_s / 2
     node.launch.stuck_wave = node.labels.epoch[node.cfg.node_id]
-    eff.append(SetTimer("stuck", now + node.cfg.launch_settle_s + 2 * wave))
+    eff.append(SetTimer("stuck", now + cfg.launch_settle_s + 2 * wave))
 
 def maybe_stuck(node: FlowNode, now: float, eff: list[Effect]) -> None:
     d = node.cfg.node_id
     if node.launch.stuck_wave == node.labels.epoch[d] and (node.launch.pending > 0 or node.units.token_pending) \
             and node.launch.stuck_waves < MAX_STUCK_WAVES:
         node.launch.stuck_waves += 1
-        new_wave(node, now, eff)
+        new_wave(node, now, eff, recall=recall_due(node))
         arm_stuck(node, now, eff)
 
-def new_wave(node: FlowNode, now: float, eff: list[Effect]) -> None:
-    """Data node: start a label wave; every label of this commodity is recomputed from scratch."""
+def recall_due(node: FlowNode) -> bool:
+    """Data node, its launch stuck: a wave begun after the launch shows no augmenting path (its OUT label INF),
+    so the unit out has none either (it is reachable from the data node): it is to come back (a recall wave).
+    Not with improvement moves on all the time: annealed moves leave flows a return priced on the labels does not
+    keep at their cost (Table V settings 1 and 3 with annealing: 2-6 dearer with recalls)."""
     d = node.cfg.node_id
+    return (len(node.cfg.commodities) == 1 and not node.improving and node.launch.pending > 0
+            and not node.units.token_pending
+            and node.launch.launch_wave < node.labels.epoch[d]
+            and (node.launch.recall or node.labels.my_out.get(d, NO_LABEL).cost == INF))
+
+def new_wave(node: FlowNode, now: float, eff: list[Effect], recall: bool = False) -> None:
+    """Data node: start a label wave; every label of this commodity is recomputed from scratch; on a recall wave
+    its OUT label is the retire label (module doc)."""
+    d = node.cfg.node_id
+    node.launch.recall = recall
+    node.launch.recalls += recall
     labels.new_wave(node, d, node.labels.epoch[d] + 1)
     waves.begin(node, d)
     waves.next_wave(node, d)
