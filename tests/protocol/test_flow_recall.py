@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from gwtf_node.protocol.effects import Send, SetTimer
 from gwtf_node.protocol.flow import FlowConfig, FlowNode, launches
 from gwtf_node.protocol.messages import INF, CostAnnounce, Deny, DenyReason, FlowReply, Label, Reply, RequestFlow, Side
@@ -63,7 +65,7 @@ def test_a_stuck_launch_without_an_augmenting_path_starts_a_recall_wave():
     n.run_to(5.0)
     assert n.m.labels.epoch[D] == 3 and n.m.launch.recall
     # the retire label goes to the first hop: a unit handed back to the data node costs 0 from there, so the
-    # relays' OUT labels price the way back and the unit follows them home
+    # relays' OUT labels price the way back, cheaper than any way on, and the unit follows them home
     (lab,) = [lab for lab in n.labels_to("A", 2.0) if lab.side is Side.OUT]
     assert lab.cost == 0.0 and lab.epoch == 3 and lab.path == (D + "~",)
     # the next stuck timer waits longer on a recall wave: the unit comes back hop by hop
@@ -100,3 +102,29 @@ def test_several_data_nodes_never_recall():
     m.launch.pending, m.launch.launch_wave = 1, 0
     m.labels.epoch[D] = 1
     assert not launches.recall_due(m)
+
+
+def test_the_retire_label_waits_until_the_recall_wave_has_reached_the_data_node():
+    n = stuck_launch()
+    n.run_to(2.95)  # the recall wave began at 2.9; the last wave that gave an OUT label took 0.1 s
+    assert n.m.launch.recall and not n.m.launch.retire
+    assert not [lab for lab in n.labels_to("A", 2.0) if lab.side is Side.OUT and lab.cost == 0.0]
+    n.run_to(3.05)
+    assert n.m.launch.retire and [lab for lab in n.labels_to("A", 2.0) if lab.side is Side.OUT and lab.cost == 0.0]
+
+
+def test_a_launch_after_a_recall_waits_twice_as_long_before_a_new_wave():
+    n = stuck_launch()
+    n.run_to(5.0)
+    n.deliver(6.0, "A", Deny(D, DenyReason.NO_ROUTE))
+    assert n.m.launch.backoff == 1
+    e = n.m.labels.epoch[D]
+    n.deliver(6.1, "A", CostAnnounce((Label(D, Side.IN, 12.0, ("A+", "A-", "Z+", "Z-", D + "+"), e, True),)))
+    n.run_to(6.5)
+    launched_at = [t for t, s in n.sent if isinstance(s.msg, RequestFlow)][-1]
+    assert launched_at > 6.1
+    # the first launch (0.3 s) had its stuck timer at 0.7: launch_settle_s + twice the wave's 0.1 s; this one waits
+    # twice that wave time again
+    assert n.timers["stuck"] - launched_at == pytest.approx(n.m.cfg.launch_settle_s + 2 * 2 * 0.1)
+    n.deliver(6.6, "Z", RequestFlow(9, D, 0.0))  # the unit reaches the sink: no more backoff
+    assert n.m.launch.backoff == 0

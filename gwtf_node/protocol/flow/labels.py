@@ -268,7 +268,7 @@ def decide_data(node: FlowNode, d: str, arg) -> None:
         node.labels.dec_out[d] = (Via.FORWARD, arg[1])
     if node.cfg.cycles is not None and (lab := cycles.announced(node, d, INF if arg is None else arg[0])) is not None:
         node.labels.my_out[d] = lab  # its flows stand: the retire label (cycles.py)
-    if node.launch.recall:
+    if node.launch.retire:
         node.labels.my_out[d] = label(d, Side.OUT, 0.0, (cycles.retire_tag(node),))  # launches.recall_due
     node.labels.my_in[d] = label(d, Side.IN, 0.0, (node.labels.tag_in,))
 

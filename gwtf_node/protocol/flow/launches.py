@@ -37,13 +37,17 @@ Recall waves.  A launch on a wave's stale labels can go out after the
 maximum flow is placed: the unit explores tight steps and is held where it
 can neither go on nor retreat, taking capacity the placed units would use.
 When a wave begun after the launch gives the data node no route (its OUT
-label INF), no augmenting path exists, and none from the unit either (it is
-reachable from the data node), so the stuck timer starts a *recall wave*
-(`recall_due`): the data node's OUT label is the retire label of cycles.py
-(cost 0), the relays' OUT labels then price the way back to it over the
-residual network, and the unit follows them home along a cheapest way back,
-which keeps the flows at their cost (the reverse of its tight steps is one).
-Its return (a Deny at the data node) ends the recall.  With one commodity
+label INF), the stuck timer starts a *recall wave* (`recall_due`): once the
+wave has reached the data node (the time its last wave took, `open_recall`)
+its OUT label falls to the retire label of cycles.py (cost 0), so the relays'
+OUT labels price the cheapest way back to it over the residual network, which
+undoes the launch at no cost to the flows (the reverse of its tight steps is
+such a way: successive shortest paths then go on from the flows as they
+were).  The unit's return (a Deny at the data node) or arrival ends the
+recall, and each launch waits twice as long for its stuck timer per recall
+since a unit last reached the sink (`backoff`): relays hold units until their
+labels are still, and a stuck timer that restarts the waves faster than that
+holds them for good.  With one commodity
 and no route, the data node starts a new wave when a flow changed at it since
 the last one (`maybe_retry_wave`): removals raise labels, which a wave does not
 announce.
@@ -62,6 +66,8 @@ from .state import EPS, MAX_REJECTS_BEFORE_WAIT, MAX_STUCK_WAVES, NO_LABEL, Pend
 if TYPE_CHECKING:
     from .node import FlowNode
 
+MAX_BACKOFF = 4  # a launch's stuck timer waits at most 2 ** this x twice the wave's time (`LaunchState.backoff`)
+
 
 @dataclass
 class LaunchState:
@@ -79,15 +85,19 @@ class LaunchState:
     launch_wave: int = -1  # the wave of the last launch
     most_in: int = 0  # the most units the sink has held
     recall: bool = False  # the current wave is a recall wave (`recall_due`)
+    retire: bool = False  # ... and its retire label is out (`open_recall`)
     recalls: int = 0  # recall waves started
+    backoff: int = 0  # recalls since a unit last reached the sink: the stuck timer waits 2 ** this x longer
+    wave_s: float | None = None  # the time the last wave that gave the data node an OUT label took to reach it
 
 
 def arm_stuck(node: FlowNode, now: float, eff: list[Effect]) -> None:
     """Data node: if the launched unit has not settled by then, start a new wave (it is held somewhere)."""
     launch, cfg = node.launch, node.cfg
     wave = (launch.first_out_at - launch.wave_started) if launch.first_out_at is not None else cfg.round_s
+    wave *= 2 ** min(launch.backoff, MAX_BACKOFF)
     if launch.recall:  # the unit comes back hop by hop, each relay waiting for still labels
-        wave = cfg.retry_epoch_rounds * cfg.round_s / 2
+        wave = max(wave, cfg.retry_epoch_rounds * cfg.round_s / 2)
     node.launch.stuck_wave = node.labels.epoch[node.cfg.node_id]
     eff.append(SetTimer("stuck", now + cfg.launch_settle_s + 2 * wave))
 
@@ -100,9 +110,8 @@ def maybe_stuck(node: FlowNode, now: float, eff: list[Effect]) -> None:
         arm_stuck(node, now, eff)
 
 def recall_due(node: FlowNode) -> bool:
-    """Data node, its launch stuck: a wave begun after the launch shows no augmenting path (its OUT label INF),
-    so the unit out has none either (it is reachable from the data node): it is to come back (a recall wave).
-    Not with improvement moves on all the time: annealed moves leave flows a return priced on the labels does not
+    """Data node, its launch stuck: a wave begun after the launch shows it no route (its OUT label INF): the unit
+    out goes on to the sink if it can, else it comes back (a recall wave, module doc).  Not with improvement moves on all the time: annealed moves leave flows a return priced on the labels does not
     keep at their cost (Table V settings 1 and 3 with annealing: 2-6 dearer with recalls)."""
     d = node.cfg.node_id
     return (len(node.cfg.commodities) == 1 and not node.improving and node.launch.pending > 0
@@ -110,12 +119,22 @@ def recall_due(node: FlowNode) -> bool:
             and node.launch.launch_wave < node.labels.epoch[d]
             and (node.launch.recall or node.labels.my_out.get(d, NO_LABEL).cost == INF))
 
+def open_recall(node: FlowNode, now: float, eff: list[Effect]) -> None:
+    """Data node: the labels of its recall wave have reached it (the time its last wave took): out goes its
+    retire label, a fall within the wave that travels downstream (module doc)."""
+    if node.launch.recall and not node.launch.retire:
+        node.launch.retire = True
+        announce.refresh(node, [node.cfg.node_id], eff)
+
 def new_wave(node: FlowNode, now: float, eff: list[Effect], recall: bool = False) -> None:
     """Data node: start a label wave; every label of this commodity is recomputed from scratch; on a recall wave
     its OUT label is the retire label (module doc)."""
     d = node.cfg.node_id
-    node.launch.recall = recall
+    node.launch.recall, node.launch.retire = recall, False
     node.launch.recalls += recall
+    if recall:
+        wait = node.launch.wave_s if node.launch.wave_s is not None else node.cfg.round_s
+        eff.append(SetTimer("recall", now + wait))
     labels.new_wave(node, d, node.labels.epoch[d] + 1)
     waves.begin(node, d)
     waves.next_wave(node, d)
@@ -139,6 +158,8 @@ def out_changed(node: FlowNode, lab: Label) -> None:
         return
     if node.launch.first_out_at is None:
         node.launch.first_out_at = now
+        if not node.launch.recall:
+            node.launch.wave_s = now - node.launch.wave_started
     # the time the wave took; a route that shows up long after (a node joined) does not make the data node
     # wait that long: capped at `retry_epoch_rounds` (a wave of a static run takes well under a round)
     wave = min(node.launch.first_out_at - node.launch.wave_started, node.cfg.retry_epoch_rounds * node.cfg.round_s)
@@ -253,6 +274,10 @@ def settled(node: FlowNode, now: float, eff: list[Effect], arrived: bool = False
         node.launch.pending -= 1
     elif node.units.token_pending:
         node.launch.pending = -1  # the launch in flight reached the sink before its approval came back
+    if arrived:
+        node.launch.backoff = 0
+    elif node.launch.recall and launched:
+        node.launch.backoff += 1  # the recall brought it back: the next launch waits longer (module doc)
     if node.waves:
         d = node.cfg.node_id
         if arrived and not launched:
