@@ -11,12 +11,11 @@ link of both (so no relay is left without one on either side).  Data nodes
 keep a link to every first- and last-stage relay (the source and sink of
 every unit), and a stage of at most K relays is linked whole.
 
-With K = 10 the same 1000 x 16 swarm sends 1,429 messages per node, and its
-links carry the maximum flow at the cost of the optimum over every link; but
-the flow machines reach that optimum on 7 of 8 seeds (seed 2: 1.0092), and
-Table VI at 144 nodes takes 1.0586 s a microbatch against 1.0032 with every
-link (docs/bench_flow.md, "Bounded neighbourhoods").  So the default is every
-link (`FLOW_NEIGHBOURS`).
+With K = 10 the same 1000 x 16 swarm sends 1,408-1,564 messages per node
+(seeds 0-7), and the flow machines reach the optimum over every link on each
+of them; but Table VI at 144 nodes (24 data nodes) takes 1.0586 s a
+microbatch against 1.0032 with every link (docs/bench_flow.md, "Bounded
+neighbourhoods").  So the default is every link (`FLOW_NEIGHBOURS`).
 
 Membership changes keep the bound loosely: a next-stage relay that arrives
 later is linked when it is among the cheapest K of the links kept and itself

@@ -111,8 +111,9 @@ def maybe_stuck(node: FlowNode, now: float, eff: list[Effect]) -> None:
 
 def recall_due(node: FlowNode) -> bool:
     """Data node, its launch stuck: a wave begun after the launch shows it no route (its OUT label INF): the unit
-    out goes on to the sink if it can, else it comes back (a recall wave, module doc).  Not with improvement moves on all the time: annealed moves leave flows a return priced on the labels does not
-    keep at their cost (Table V settings 1 and 3 with annealing: 2-6 dearer with recalls)."""
+    out is to come back (a recall wave, module doc).  Not with improvement moves on all the time: annealed moves
+    leave flows whose labels do not price the way back at no cost (Table V settings 1 and 3 with annealing, the
+    five instances that recall: 2 cheaper on one, 7 and 14 dearer on two, the same on two)."""
     d = node.cfg.node_id
     return (len(node.cfg.commodities) == 1 and not node.improving and node.launch.pending > 0
             and not node.units.token_pending
@@ -128,7 +129,7 @@ def open_recall(node: FlowNode, now: float, eff: list[Effect]) -> None:
 
 def new_wave(node: FlowNode, now: float, eff: list[Effect], recall: bool = False) -> None:
     """Data node: start a label wave; every label of this commodity is recomputed from scratch; on a recall wave
-    its OUT label is the retire label (module doc)."""
+    its OUT label falls to the retire label once the wave has reached it (`open_recall`, module doc)."""
     d = node.cfg.node_id
     node.launch.recall, node.launch.retire = recall, False
     node.launch.recalls += recall
