@@ -1,5 +1,6 @@
-"""Bounded flow neighbourhoods in the simulators (protocol/neighbourhood.py): the flow simulator, churn with
-refills and joiners, and the training simulator, whose microbatch machines use the flow links as the daemon's do."""
+"""Bounded flow neighbourhoods in the simulators (protocol/neighbourhood.py): the flow simulator (a recall wave
+included), churn with refills and joiners, and the training simulator, whose microbatch machines use the flow
+links as the daemon's do."""
 
 from __future__ import annotations
 
@@ -96,3 +97,15 @@ def test_training_simulator_routes_microbatches_over_the_flow_links():
     assert linked_fewer > 0
     # s0r2 linked to s1r0 alone; s1r0 crashed, and s0r2 links to s1r2 in its place (`_refill`), as its microbatches
     assert sim.fnodes["s0r2"].cfg.next_costs.keys() == {"s1r2"}
+
+
+def test_a_launch_with_no_augmenting_path_is_recalled_and_the_flows_stay_exact():
+    # 500 x 16 at K = 10, seed 1: a launch after the maximum flow is held in the network; a recall wave brings it
+    # home (flow/launches.py).  Without recall waves this instance ends at 1.0017 of the optimum.
+    sc = bound_links(parse_scenario(generate_layered("x-500x16", FlowSetting(1, 500, 16, (1, 3), (1, 20)), 1)), 10)
+    g = run_gwtf(sc, seed=1, neighbours=10)
+    opt = optimal_routing(sc)
+    assert g.extra.get("recalls", 0) >= 1
+    assert g.num_flows == opt.num_flows
+    assert abs(g.mean_cost - opt.mean_cost) < 1e-9, g.mean_cost / opt.mean_cost
+    assert g.extra["inconsistent_links"] == 0
