@@ -164,7 +164,7 @@ def run_gwtf(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowCon
              "moves": sum(m.stats.moves_done for m in nodes.values()),
              "waves": sum(m.epoch[nid] for nid, m in nodes.items() if m.cfg.is_data and m.waves),
              "messages_by_type": dict(sorted(sim.stats.messages_by_type.items()))}
-    recalls = sum(m.launch.recalls for m in nodes.values() if m.cfg.is_data)
+    recalls = sum(m.stats.recalls for m in nodes.values())
     if recalls:
         extra["recalls"] = recalls  # recall waves (flow/launches.py), reported where there were any
     return RoutingResult(scenario.name, "gwtf", seed, flows, rounds=done, converged_round=converged,

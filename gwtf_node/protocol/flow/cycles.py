@@ -68,6 +68,12 @@ def retire_tag(node: FlowNode) -> str:
     return node.labels.tag_out[:-1] + "~"
 
 
+def retire_label(node: FlowNode, d: str) -> Label:
+    """The data node's retire label: a unit handed back to it costs 0 and is not placed again (also a recall
+    wave's, launches.py)."""
+    return label(d, Side.OUT, 0.0, (retire_tag(node),))
+
+
 def retiring(lab: Label) -> bool:
     """The label's route ends by handing a unit back to a data node that retires it."""
     return any(t[-1:] == "~" for t in lab.path)
@@ -117,7 +123,7 @@ def announced(node: FlowNode, d: str, cost: float) -> Label | None:
     if not node.cycles.on:
         return None
     node.cycles.cost = cost
-    return label(d, Side.OUT, 0.0, (retire_tag(node),))
+    return retire_label(node, d)
 
 
 def choice(node: FlowNode) -> tuple[float, str, bool] | None:

@@ -269,7 +269,7 @@ def decide_data(node: FlowNode, d: str, arg) -> None:
     if node.cfg.cycles is not None and (lab := cycles.announced(node, d, INF if arg is None else arg[0])) is not None:
         node.labels.my_out[d] = lab  # its flows stand: the retire label (cycles.py)
     if node.launch.retire:
-        node.labels.my_out[d] = label(d, Side.OUT, 0.0, (cycles.retire_tag(node),))  # launches.recall_due
+        node.labels.my_out[d] = cycles.retire_label(node, d)  # a recall wave (launches.py)
     node.labels.my_in[d] = label(d, Side.IN, 0.0, (node.labels.tag_in,))
 
 def decide(node: FlowNode, d: str, f_out, b_out, f_in, b_in) -> None:

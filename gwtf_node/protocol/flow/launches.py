@@ -86,7 +86,6 @@ class LaunchState:
     most_in: int = 0  # the most units the sink has held
     recall: bool = False  # the current wave is a recall wave (`recall_due`)
     retire: bool = False  # ... and its retire label is out (`open_recall`)
-    recalls: int = 0  # recall waves started
     backoff: int = 0  # recalls since a unit last reached the sink: the stuck timer waits 2 ** this x longer
     wave_s: float | None = None  # the time the last wave that gave the data node an OUT label took to reach it
 
@@ -120,7 +119,7 @@ def recall_due(node: FlowNode) -> bool:
             and node.launch.launch_wave < node.labels.epoch[d]
             and (node.launch.recall or node.labels.my_out.get(d, NO_LABEL).cost == INF))
 
-def open_recall(node: FlowNode, now: float, eff: list[Effect]) -> None:
+def open_recall(node: FlowNode, eff: list[Effect]) -> None:
     """Data node: the labels of its recall wave have reached it (the time its last wave took): out goes its
     retire label, a fall within the wave that travels downstream (module doc)."""
     if node.launch.recall and not node.launch.retire:
@@ -132,8 +131,8 @@ def new_wave(node: FlowNode, now: float, eff: list[Effect], recall: bool = False
     its OUT label falls to the retire label once the wave has reached it (`open_recall`, module doc)."""
     d = node.cfg.node_id
     node.launch.recall, node.launch.retire = recall, False
-    node.launch.recalls += recall
     if recall:
+        node.stats.recall()
         wait = node.launch.wave_s if node.launch.wave_s is not None else node.cfg.round_s
         eff.append(SetTimer("recall", now + wait))
     labels.new_wave(node, d, node.labels.epoch[d] + 1)

@@ -205,7 +205,7 @@ class FlowNode:
         if key == "stuck" and self.cfg.is_data:
             launches.maybe_stuck(self, now, eff)
         if key == "recall" and self.cfg.is_data:
-            launches.open_recall(self, now, eff)
+            launches.open_recall(self, eff)
         if key == "tick":
             eff.append(SetTimer("tick", now + self.cfg.round_s))
             if self.cfg.is_data:

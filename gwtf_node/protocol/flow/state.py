@@ -68,6 +68,7 @@ class FlowStats:
     moves_done: int = 0
     anneal_accepts: int = 0
     ignored: int = 0  # messages that no longer applied (stale)
+    recalls: int = 0  # data node: recall waves started (launches.py)
 
     def changed(self, now: float) -> None:
         self.flow_changes += 1
@@ -84,6 +85,9 @@ class FlowStats:
 
     def anneal_accept(self) -> None:
         self.anneal_accepts += 1
+
+    def recall(self) -> None:
+        self.recalls += 1
 
 
 class Batch:

@@ -384,9 +384,9 @@ class Flows:
             for side in sides:
                 cost = self.link_cost(peer) if side != "peer" else 0.0
                 if side == "next" and self.peers.role == "relay" and not chosen \
-                        and not takes_newcomer(peer, cost, self._next_relays(), self.neighbours):
+                        and not takes_newcomer(peer, cost, kept := self._next_relays(), self.neighbours):
                     log.info("flows: not linking to %s (cost %g): %d cheaper next-stage relays linked",
-                             self.peers.who(peer), cost, len(self._next_relays()))
+                             self.peers.who(peer), cost, len(kept))
                     self.declined.add(peer)
                     continue
                 if side == "next":
