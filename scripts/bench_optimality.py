@@ -3,7 +3,7 @@
 swarm grows, with and without churn.
 
     nice -n 10 python scripts/bench_optimality.py [--setting table6|geo12] [--scales 1 2 4 8] [--seeds 3]
-        [--iterations 5] [--json]
+        [--iterations 5] [--json [--first-seed N]]
 
 Setting (`sim.train.make_table6`): 3 x K data nodes and 3 x K relays in each
 of the 5 relay stages (the paper's 6 stages counting the data nodes'), every
@@ -73,6 +73,7 @@ import sys
 import time
 from pathlib import Path
 
+from gwtf_node.protocol.neighbourhood import FLOW_NEIGHBOURS
 from gwtf_node.sim.schedule import GENERATIONS, POPULATION
 from gwtf_node.sim.train import run_train
 
@@ -90,10 +91,10 @@ def _mean(vals) -> float:
 
 
 def run_one(scale: int, churn: float, seed: int, iterations: int, dtfm_opts: dict,
-            systems: tuple[str, ...] = SYSTEMS, family: str = "table6", flow_neighbours: int = 0) -> dict:
+            systems: tuple[str, ...] = SYSTEMS, family: str = "table6", flow_neighbours: int = FLOW_NEIGHBOURS) -> dict:
     setting = f"{family}-x{scale}"
     out = {}
-    fk = {"flow_neighbours": flow_neighbours} if flow_neighbours else {}  # GWTF's flow machines (neighbourhood.py)
+    fk = {"flow_neighbours": flow_neighbours}  # GWTF's flow machines (neighbourhood.py)
     if "gwtf" in systems:
         g = run_train(setting, "gwtf", churn, iterations, seed, scheduler_cost=True, **fk)
         form = g["flow_formation"]
@@ -156,12 +157,14 @@ def main() -> int:
                     help="swarm sizes, times the paper's 18 nodes (default 1; 2 takes minutes, 4 and 8 long)")
     ap.add_argument("--churns", type=float, nargs="+", default=[0.0, 0.1])
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="run seeds FIRST_SEED .. FIRST_SEED + SEEDS - 1 (held-out seeds; with --json only)")
     ap.add_argument("--iterations", type=int, default=5)
     ap.add_argument("--generations", type=int, default=GENERATIONS, help="DT-FM's genetic algorithm")
     ap.add_argument("--population", type=int, default=POPULATION, help="DT-FM's genetic algorithm")
-    ap.add_argument("--flow-neighbours", type=int, default=0, metavar="K",
+    ap.add_argument("--flow-neighbours", type=int, default=FLOW_NEIGHBOURS, metavar="K",
                     help="GWTF's flow machines link each relay to its K cheapest relays of each adjacent stage "
-                         "(protocol/neighbourhood.py; 0, the daemon's default: every one)")
+                         f"(protocol/neighbourhood.py; default {FLOW_NEIGHBOURS}, the daemon's; 0: every one)")
     ap.add_argument("--json", action="store_true", help="one JSON object per setting and churn level, no docs")
     ap.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
                     help="run only these (with --json: the docs table needs all of them)")
@@ -171,6 +174,8 @@ def main() -> int:
     args = ap.parse_args()
     if set(args.systems) != set(SYSTEMS) and not args.json and not args.scenario_out:
         ap.error("--systems runs a subset of the systems: add --json (the docs table shows all of them)")
+    if args.first_seed and not args.json:
+        ap.error("--first-seed runs other seeds than the docs table's: add --json")
     if args.scenario_out:
         from gwtf_node.sim.schedule.problems import setting_scenario
         from gwtf_node.sim.train import make_setting
@@ -185,8 +190,9 @@ def main() -> int:
         for churn in args.churns:
             runs = [run_one(scale, churn, s, args.iterations, dtfm_opts, tuple(args.systems), family,
                             args.flow_neighbours)
-                    for s in range(args.seeds)]
+                    for s in range(args.first_seed, args.first_seed + args.seeds)]
             row = {"setting": f"{family}-x{scale}", "nodes": 18 * scale, "churn": churn, "seeds": args.seeds,
+                   "first_seed": args.first_seed,
                    "iterations": args.iterations}
             for sysname in (s for s in SYSTEMS if s in args.systems):
                 row[sysname] = {k: _mean([r[sysname][k] for r in runs]) for k in runs[0][sysname]}
