@@ -91,7 +91,7 @@ def main(argv=None) -> int:
                     help="FlowConfig.formation_waits off (flow/waves.py: units move on labels still spreading)")
     ap.add_argument("--neighbours", type=int, default=FLOW_NEIGHBOURS, metavar="K",
                     help="bound each relay's flow links to K (the daemon's --flow-neighbours K: "
-                         f"protocol/neighbourhood.py; default {FLOW_NEIGHBOURS}, the daemon's; 0: every link)")
+                         f"protocol/neighbourhood.py; default {FLOW_NEIGHBOURS}, the daemon's: every link)")
     ap.add_argument("--out", default="docs/bench_flow_churn.md")
     ap.add_argument("--append", action="store_true", help="append the table to --out")
     args = ap.parse_args(argv)

@@ -345,7 +345,7 @@ def main(argv=None) -> int:
                     help="FlowConfig.announce_coalesce_s (labels changed within this window go out together)")
     ap.add_argument("--neighbours", type=int, default=FLOW_NEIGHBOURS, metavar="K",
                     help="bound each relay's flow links to K (the daemon's --flow-neighbours K: "
-                         f"protocol/neighbourhood.py; default {FLOW_NEIGHBOURS}, the daemon's; 0: every link)")
+                         f"protocol/neighbourhood.py; default {FLOW_NEIGHBOURS}, the daemon's: every link)")
     ap.add_argument("--json", action="store_true", help="one JSON object per size instead of the table")
     ap.add_argument("--receipts", action="store_true", help="with --json: what each received label changed (doc)")
     ap.add_argument("--bound", action="store_true", help="with --json: what successive shortest paths need (doc)")

@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=120, help="at most this many rounds after the last join")
     ap.add_argument("--neighbours", type=int, default=FLOW_NEIGHBOURS, metavar="K",
                     help="bound each relay's flow links to K (the daemon's --flow-neighbours K: "
-                         f"protocol/neighbourhood.py; default {FLOW_NEIGHBOURS}, the daemon's; 0: every link)")
+                         f"protocol/neighbourhood.py; default {FLOW_NEIGHBOURS}, the daemon's: every link)")
     ap.add_argument("--json", action="store_true", help="one JSON object per seed instead of the table")
     args = ap.parse_args(argv)
     if args.relays < args.stages or args.stages < 1 or not 0 <= args.joins <= args.relays - args.stages \

@@ -472,8 +472,8 @@ def _add_join_parser(sub: Any) -> argparse.ArgumentParser:
     j.add_argument("--data-nodes", type=_positive_int, default=1, help="data nodes of the run")
     j.add_argument("--links", default=None, help="emulated links between named nodes (resolved links file)")
     j.add_argument("--flow-neighbours", type=_nonneg_int, default=FLOW_NEIGHBOURS, metavar="K",
-                   help=f"relays: link the flows to the K cheapest relays of each adjacent stage and to those that "
-                        f"chose this one (default {FLOW_NEIGHBOURS}; 0: every one; docs/bench_flow.md, \"Bounded neighbourhoods\")")
+                   help="relays: link the flows to the K cheapest relays of each adjacent stage, and to those that chose "
+                        "this one (0, the default: to every one; docs/bench_flow.md, \"Bounded neighbourhoods\")")
     j.add_argument("--device", default="auto", help="torch device for the stage: auto (cuda if present), cpu, cuda, cuda:N")
     j.add_argument("--torch-threads", type=_nonneg_int, default=0, metavar="N",
                    help="CPU threads of torch's operators (0: torch's default, one per core; several nodes on one "

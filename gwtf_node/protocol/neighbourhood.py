@@ -1,23 +1,22 @@
-"""Bounded flow neighbourhoods: the adjacent-stage relays a relay links its flows to (10 by default).
+"""Bounded flow neighbourhoods: the adjacent-stage relays a relay links its flows to (off by default).
 
 Every relay of a stage can link to every relay of the next one, and a flow
 machine tells each of its IN labels to every previous-stage neighbour, so a
 relay's flow messages grow with its stage's size: at 1000 relays x 16 stages
-(62 a stage) label waves over every link send 6,829 messages per node.  With
-a bound K (`gwtf-node join --flow-neighbours K`, the simulators' `neighbours`;
-0: every link), a relay links to its K cheapest next-stage relays and to its
-K cheapest previous-stage relays (link cost, ties by id); a link either end
-chose is a link of both (so no relay is left without one on either side).
-Data nodes keep a link to every first- and last-stage relay (the source and
-sink of every unit), and a stage of at most K relays is linked whole.
+(62 a stage) label waves send 6,829 messages per node.  With a bound K
+(`gwtf-node join --flow-neighbours K`, the simulators' `neighbours`), a relay
+links to its K cheapest next-stage relays and to its K cheapest
+previous-stage relays (link cost, ties by id); a link either end chose is a
+link of both (so no relay is left without one on either side).  Data nodes
+keep a link to every first- and last-stage relay (the source and sink of
+every unit), and a stage of at most K relays is linked whole.
 
-The default K = 10 (`FLOW_NEIGHBOURS`) sends 1,408-1,564 messages per node at
-1000 x 16 (seeds 0-7), exact with the maximum flow on each; after crashes and
-with relays joining it re-forms and places as many flows as every link does,
-at a third to two thirds of the messages; Table VI at 144 nodes (24 data
-nodes, 24 relays a stage) takes 1.0668 s a microbatch on average over seeds
-0-4 against 1.0689 with every link, at 0.48 x the flow messages, but seed 0
-alone 1.0586 against 1.0032 (docs/bench_flow.md, "Bounded neighbourhoods").
+With K = 10 the same 1000 x 16 swarm sends 1,408-1,564 messages per node
+(seeds 0-7), and the flow machines reach the optimum over every link on each
+of them; but Table VI at 144 nodes (24 data nodes) takes 1.0586 s a
+microbatch against 1.0032 with every link (seeds 0-4 on average as fast),
+and 100 daemons with it stalled in stage 8's all-reduce (docs/bench_flow.md,
+"Bounded neighbourhoods").  So the default is every link (`FLOW_NEIGHBOURS`).
 
 Membership changes keep the bound loosely: a next-stage relay that arrives
 later is linked when it is among the cheapest K of the links kept and itself
@@ -36,7 +35,7 @@ from typing import Iterable, Mapping
 
 from .scenario import Scenario
 
-FLOW_NEIGHBOURS = 10  # the default bound (0: every relay of the adjacent stages)
+FLOW_NEIGHBOURS = 0  # the default bound: 0, every relay of the adjacent stages
 
 
 def nearest(costs: Mapping[str, float], k: int) -> dict[str, float]:

@@ -30,7 +30,7 @@ flow machine forgets that it was removed (`add_neighbour`), and a data node
 back is the previous stage of the stage-0 relays and the next stage of the
 last-stage relays.
 
-With `--flow-neighbours K` (protocol/neighbourhood.py; 10 by default, 0: every link) a
+With `--flow-neighbours K` (protocol/neighbourhood.py; off by default) a
 relay links to its K cheapest next-stage relays (`LinkCost` tells them) and
 its K cheapest previous-stage relays (its labels tell them: `_linked_by`), and
 takes the relays that chose it (`_chose_us`, `on_link_cost`); one measured and

@@ -38,7 +38,7 @@ class TrainSimOptions:
     routing: str = "machines"  # "machines": GWTF's flow machines; "oracle": the LP optimum; "dtfm": DT-FM's
     flow_options: dict | None = None  # FlowConfig fields of every flow machine (None: FLOW_OPTIONS)
     # GWTF's flow machines: a bound K > 0 on each relay's flow (and so microbatch) links, as the daemon's
-    # `--flow-neighbours K` (protocol/neighbourhood.py; the default is the daemon's); 0: every relay of the adjacent stages
+    # `--flow-neighbours K` (protocol/neighbourhood.py); 0, the daemon's default: every relay of the adjacent stages
     flow_neighbours: int = FLOW_NEIGHBOURS
     lend: bool = True  # machines routing: the lending of protocol/recovery/
     one_wave: bool = False  # the paper's one-wave iteration with deferral ("One wave", protocol/recovery/)
