@@ -65,7 +65,7 @@ in the node logs with the minute that had the most and how many had the
 liveness floor for deadline, unknown-peer refusals, memory, what the first
 data node knew), the swarm taken down, and the exit status is 1.
 
-    python scripts/bench_swarm_size.py --nodes 25 50 100 --json
+    python scripts/bench_swarm_size.py --nodes 25 50 100 --json     # [--flow-neighbours K]: the daemons' bound
 
 `--links FILE` declares the links (emulated in user space and costed as
 declared, `gwtf-node local --links`): on one machine a loopback "link"
@@ -455,6 +455,9 @@ def run_size(n: int, a: argparse.Namespace, work: Path, say) -> dict:
     swarm = LocalSwarm(work, run, data_nodes=d, stages=s, relays_per_stage=k, iterations=10**6,
                        startup_timeout_s=a.startup_timeout, iteration_timeout_s=a.iteration_timeout,
                        log_level=a.log_level, relay_nice=a.relay_nice, links=a.links)
+    if a.flow_neighbours is not None:  # every node's `join --flow-neighbours K` (protocol/neighbourhood.py)
+        swarm.extra_args = {name: ["--flow-neighbours", str(a.flow_neighbours)] for name in swarm.names()}
+    row["flow_neighbours"] = a.flow_neighbours
     row["relay_nice"] = a.relay_nice
     row["links"] = None if a.links is None else str(a.links)
     avail0 = mem_available_gib()
@@ -564,11 +567,15 @@ def main() -> int:
                          "file such as data/geo12-links.json), instead of measuring loopback")
     ap.add_argument("--relay-nice", type=int, default=0,
                     help="the relays' niceness (gwtf-node local --relay-nice): the data nodes' CPU share")
+    ap.add_argument("--flow-neighbours", type=int, default=None, metavar="K",
+                    help="the daemons' --flow-neighbours K (0: every link; default: the daemons' default)")
     ap.add_argument("--log-level", default="INFO")
     ap.add_argument("--keep", action="store_true", help="keep each size's workdir (node logs)")
     ap.add_argument("--json", action="store_true", help="one JSON object per size on stdout")
     a = ap.parse_args()
     problems = []
+    if a.flow_neighbours is not None and a.flow_neighbours < 0:
+        problems.append("use --flow-neighbours >= 0")
     if a.data_nodes not in (1, 2, 3) or a.stages < 1 or a.iterations < 1 or a.warmup < 1:
         problems.append("use --data-nodes 1..3, --stages >= 1, --iterations >= 1 and --warmup >= 1")
     if any(n < a.data_nodes + a.stages for n in a.nodes):

@@ -134,18 +134,23 @@ def test_bad_arguments_get_one_line() -> None:
                           "--stages", "8"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
         "bench_swarm_size: every --nodes must be at least --data-nodes + --stages (10)"]
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_swarm_size.py"), "--flow-neighbours", "-1"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == ["bench_swarm_size: use --flow-neighbours >= 0"]
 
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_a_tiny_swarm_is_measured_and_trains_as_the_reference(tmp_path: Path) -> None:
-    """1 data node and 2 stages of 1 relay: the row of that size, its losses equal to the centralized ones."""
+    """1 data node and 2 stages of 1 relay: the row of that size, its losses equal to the centralized ones (the
+    daemons given `--flow-neighbours 1`: a stage of one relay is linked whole)."""
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_swarm_size.py"), "--nodes", "3",
                           "--stages", "2", "--data-nodes", "1", "--warmup", "1", "--iterations", "2", "--window", "3",
-                          "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+                          "--flow-neighbours", "1", "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     (row,) = [json.loads(line) for line in out.stdout.splitlines()]
     assert row["nodes"] == 3 and row["losses_equal"] and row["losses"] == row["centralized"]
+    assert row["flow_neighbours"] == 1
     relays = [n for n in row["per_node"] if n["role"] == "relay"]
     assert len(relays) == 2 and all(n["connected"] == 2 for n in relays)  # the data node and the other stage
     assert all(n["iterations"] >= 1 and n["ctrl_frames_per_it"] > 0 for n in relays)
