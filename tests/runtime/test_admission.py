@@ -33,7 +33,7 @@ from gwtf_node.runtime.net.wire import RefusalTracker
 from gwtf_node.runtime.node.driver import Drivers
 
 from support.inproc import in_process_swarm
-from support.swarmutil import status, wait_for
+from support.swarmutil import assert_losses, status, wait_for
 
 R = m.RefusalCode
 DEADLINE_S = 400
@@ -371,7 +371,7 @@ async def test_a_hostile_member_cannot_take_the_run_over(tmp_path: Path) -> None
         await swarm.wait_records(after + 1, 120)  # training goes on
     records = swarm.records()
     ref = train_centralized(man, len(records))
-    assert [r["loss"] for r in records] == pytest.approx(ref.losses, rel=1e-4)
+    assert_losses(records, ref.losses)
     assert all(status(tmp_path, n).get("insecure_unsigned") is False for n in ("d0", "r0_0", "r1_0"))
 
 

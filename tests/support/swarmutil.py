@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import pytest
 import trio
 
 from gwtf_node.runtime.local.swarm import LocalSwarm
@@ -108,3 +109,15 @@ def log_digest(workdir: Path, names, limit: int = 1500) -> str:
     out.sort()
     text = " | ".join(out)
     return text if len(text) <= limit else "…" + text[-limit:]
+
+
+def assert_losses(records: list[dict], want: list[float], rel: float = 1e-4) -> None:
+    """Every record's loss equals the centralized reference's; on a difference, the first differing record whole
+    (its completed / lost / deferred microbatches and its timing say whether a microbatch was given up there)."""
+    assert len(records) == len(want), (len(records), len(want))
+    for i, (r, loss) in enumerate(zip(records, want)):
+        if r["loss"] != pytest.approx(loss, rel=rel):
+            off = sum(x["loss"] != pytest.approx(y, rel=rel) for x, y in zip(records, want))
+            raise AssertionError(f"{off} of {len(records)} losses differ from the reference, the first at index {i}: "
+                                 f"{r['loss']} against {loss}; its record: {json.dumps(r)}; the one before: "
+                                 f"{json.dumps(records[i - 1]) if i else None}")

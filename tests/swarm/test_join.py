@@ -20,7 +20,7 @@ from gwtf_node.runtime.net.host import open_host
 from gwtf_node.runtime.local.swarm import LocalSwarm
 from gwtf_node.runtime.trust.records import RunRecords
 
-from support.swarmutil import wait_records
+from support.swarmutil import assert_losses, wait_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.trio]
 
@@ -39,7 +39,7 @@ async def test_auto_stage_and_dht_discovery(tmp_path: Path) -> None:
         # and it is real training: the losses are the centralized reference's
         ref = train_centralized(man, 2)
         recs = swarm.records()[:2]
-        assert [r["loss"] for r in recs] == pytest.approx(ref.losses, rel=1e-4)
+        assert_losses(recs, ref.losses)
 
         boot = (tmp_path / "d0" / "addr").read_text().split()[0]
         ids = {n: json.loads((tmp_path / n / "status.json").read_text())["peer_id"] for n in ("d0", "r0_0", "r1_0")}

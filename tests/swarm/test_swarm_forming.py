@@ -22,7 +22,7 @@ from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.model.reference import train_centralized
 from gwtf_node.runtime.local.swarm import LocalSwarm
 
-from support.swarmutil import log_text, wait_records
+from support.swarmutil import assert_losses, log_text, wait_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.trio]
 ITERATIONS = 4
@@ -54,4 +54,4 @@ async def test_relays_started_together_are_placed_as_a_whole(tmp_path: Path) -> 
     assert sum(1 for r in RELAYS if "state from the run's initial weights" in log_text(tmp_path, r)) >= placed[0]
     assert set(stages.values()) == {0, 1}, stages
     ref = train_centralized(man, ITERATIONS)
-    assert [r["loss"] for r in swarm.records()[:ITERATIONS]] == pytest.approx(ref.losses, rel=1e-4)
+    assert_losses(swarm.records()[:ITERATIONS], ref.losses)
