@@ -115,9 +115,9 @@ def assert_losses(records: list[dict], want: list[float], rel: float = 1e-4) -> 
     """Every record's loss equals the centralized reference's; on a difference, the first differing record whole
     (its completed / lost / deferred microbatches and its timing say whether a microbatch was given up there)."""
     assert len(records) == len(want), (len(records), len(want))
-    for i, (r, loss) in enumerate(zip(records, want)):
-        if r["loss"] != pytest.approx(loss, rel=rel):
-            off = sum(x["loss"] != pytest.approx(y, rel=rel) for x, y in zip(records, want))
-            raise AssertionError(f"{off} of {len(records)} losses differ from the reference, the first at index {i}: "
-                                 f"{r['loss']} against {loss}; its record: {json.dumps(r)}; the one before: "
-                                 f"{json.dumps(records[i - 1]) if i else None}")
+    off = [i for i, (r, loss) in enumerate(zip(records, want)) if r["loss"] != pytest.approx(loss, rel=rel)]
+    if off:
+        i = off[0]
+        raise AssertionError(f"{len(off)} of {len(records)} losses differ from the reference, the first at index {i}: "
+                             f"{records[i]['loss']} against {want[i]}; its record: {json.dumps(records[i])}; the one "
+                             f"before: {json.dumps(records[i - 1]) if i else None}")
