@@ -11,7 +11,7 @@ wall time).
     nice -n 10 python scripts/bench_flow_scale.py                       # 160, 320, 1000 relays x 16 stages
     nice -n 10 python scripts/bench_flow_scale.py --relays 1000 --wall-limit 600
     python scripts/bench_flow_scale.py --relays 160 320 --json                  # one JSON object per size
-    python scripts/bench_flow_scale.py --relays 160 320 --json --receipts       # + what each label changed
+    python scripts/bench_flow_scale.py --relays 160 320 --json --receipts       # + what each label changed, why it went out
     python scripts/bench_flow_scale.py --relays 160 320 --json --label-limits   # with label limits (flow/limits.py)
     python scripts/bench_flow_scale.py --relays 1000 --seed 2 --no-formation-waits  # units move on unsettled labels
     python scripts/bench_flow_scale.py --relays 320 500 --wave-order-s 0.02 --launch-quiet-factor 2  # other knobs
@@ -49,7 +49,10 @@ it changed there (the node's IN and OUT labels and the choices behind them
 compared before and after the message): `nothing`, `in_only` (the IN label or
 its choice, not the OUT label) or `out` (the OUT label or its choice); and
 counts the IN labels received per (sender, wave): how many previous-stage
-peers x announcements one label of one wave costs.
+peers x announcements one label of one wave costs.  Its `sent_per_node` splits
+the labels told by why they went out (once per recipient, per node): `in_wave` /
+`out_wave` the first IN / OUT label of a wave, `*_fall` a fall within the wave,
+`*_route` a new route at the same cost (announce.py).
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ import json
 import sys
 import time
 
-from gwtf_node.protocol.flow import FlowConfig, FlowNode
+from gwtf_node.protocol.flow import FlowConfig, FlowNode, announce
 from gwtf_node.protocol.messages import CostAnnounce, Side
 from gwtf_node.protocol.neighbourhood import FLOW_NEIGHBOURS, bound_links
 from gwtf_node.protocol.scenario import parse_scenario
@@ -71,17 +74,34 @@ from gwtf_node.sim.scenarios import FlowSetting, generate_layered
 
 
 class Receipts:
-    """What the labels of each CostAnnounce changed at their receiver (`--receipts`): wraps
-    `FlowNode.on_message` in this process while it is in force (a context manager)."""
+    """What the labels of each CostAnnounce changed at their receiver, and why each went out (`--receipts`):
+    wraps `FlowNode.on_message` and `announce.flush` in this process while it is in force (a context manager)."""
 
     def __init__(self) -> None:
         self.counts: collections.Counter = collections.Counter()
         self.per_label: collections.Counter = collections.Counter()  # (sender, commodity, wave) -> IN labels
-        self._orig = None
+        self.sent: collections.Counter = collections.Counter()  # "in_wave" ... -> labels told, once per recipient
+        self._orig = self._orig_flush = None
 
     def __enter__(self) -> "Receipts":
         self._orig = orig = FlowNode.on_message
-        counts, per_label = self.counts, self.per_label
+        self._orig_flush = orig_flush = announce.flush
+        counts, per_label, sent = self.counts, self.per_label, self.sent
+
+        def flush(node, eff, rearm=True):
+            # a label told is one whose last-told entry changed: the first of its wave, a fall within the wave,
+            # or a new route at the same cost (announce.worth_announcing), to every recipient of its side
+            before = {k: node.announcer.sent.get(k) for k in node.announcer.dirty}
+            orig_flush(node, eff, rearm)
+            for (d, side), last in before.items():
+                now = node.announcer.sent.get((d, side))
+                if now is None or now == last:
+                    continue
+                why = "wave" if last is None or last[0] != now[0] else "fall" if now[1] < last[1] - 1e-9 else "route"
+                told = len(announce.in_recipients(node, d)) if side is Side.IN else len(node.units.out[d])
+                sent[f"{'in' if side is Side.IN else 'out'}_{why}"] += told
+
+        announce.flush = flush
 
         def on_message(node, now, sender, msg):
             if type(msg) is not CostAnnounce:
@@ -105,11 +125,13 @@ class Receipts:
 
     def __exit__(self, *exc) -> None:
         FlowNode.on_message = self._orig
+        announce.flush = self._orig_flush
 
-    def report(self) -> dict:
+    def report(self, nodes: int) -> dict:
         n = len(self.per_label)
         return {**dict(sorted(self.counts.items())), "in_labels_per_label_wave":
-                round(sum(self.per_label.values()) / n, 1) if n else 0.0}
+                round(sum(self.per_label.values()) / n, 1) if n else 0.0,
+                "sent_per_node": {k: round(v / nodes, 1) for k, v in sorted(self.sent.items())}}
 
 
 def _residual(sc):
@@ -394,7 +416,7 @@ def main(argv=None) -> int:
                               "inconsistent_links": g.extra["inconsistent_links"],
                               "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
                               "wall_limited": g.extra["wall_limited"],
-                              **({"receipts": rec.report()} if rec is not None else {}),
+                              **({"receipts": rec.report(len(sc.nodes))} if rec is not None else {}),
                               **(ssp_waves(sc) if args.bound else {})}), flush=True)
             continue
         print(f"| {n} x {args.stages} | {g.num_flows} / {o.num_flows} | {ratio:.4f} | {price:.4f} | {g.converged_round} "

@@ -99,3 +99,24 @@ def test_choosers_send_fewer_than_every_label_to_every_peer():
     bound = _bench().ssp_waves(load_flow_setting(3, 0))
     assert bound["links_per_node"] <= bound["choosers_per_node"] < bound["changed_in_per_node"]
     assert bound["choosers_per_node_bcast4"] >= bound["links_per_node"]
+
+
+def test_receipts_split_the_labels_told_by_why_they_went_out():
+    """`--receipts`' `sent_per_node`: every IN label of a wave goes first to every previous-stage peer (so `in_wave`
+    is at least a wave's links for each wave a relay took part in), falls and same-cost routes after it; the split
+    counts each CostAnnounce label once per recipient, so it is at most what the machines sent, and all of it where
+    every label goes out through the flush (the wrapping is undone on exit)."""
+    from gwtf_node.protocol.flow import announce
+
+    b = _bench()
+    sc = load_flow_setting(1, 0)
+    flush = announce.flush
+    with b.Receipts() as rec:
+        run = run_gwtf(sc, seed=0)
+    assert announce.flush is flush
+    split = rec.report(len(sc.nodes))["sent_per_node"]
+    assert set(split) <= {f"{s}_{w}" for s in ("in", "out") for w in ("wave", "fall", "route")}
+    assert split["in_wave"] > 0 and split["in_fall"] > 0 and split["out_wave"] > 0
+    told = sum(split.values()) * len(sc.nodes)
+    labels = run.extra["messages_by_type"]["CostAnnounce"]
+    assert 0.9 * labels <= told <= labels + 0.05 * len(sc.nodes) * len(split)  # each key rounded to 0.1 a node
