@@ -52,7 +52,9 @@ counts the IN labels received per (sender, wave): how many previous-stage
 peers x announcements one label of one wave costs.  Its `sent_per_node` splits
 the labels told by why they went out (once per recipient, per node): `in_wave` /
 `out_wave` the first IN / OUT label of a wave, `*_fall` a fall within the wave,
-`*_route` a new route at the same cost (announce.py).
+`*_route` a new route at the same cost (announce.py); an IN label counts every
+previous-stage peer, so with `--label-limits` (which hold some back) the split
+is an upper bound.
 """
 
 from __future__ import annotations

@@ -102,10 +102,10 @@ def test_choosers_send_fewer_than_every_label_to_every_peer():
 
 
 def test_receipts_split_the_labels_told_by_why_they_went_out():
-    """`--receipts`' `sent_per_node`: every IN label of a wave goes first to every previous-stage peer (so `in_wave`
-    is at least a wave's links for each wave a relay took part in), falls and same-cost routes after it; the split
-    counts each CostAnnounce label once per recipient, so it is at most what the machines sent, and all of it where
-    every label goes out through the flush (the wrapping is undone on exit)."""
+    """`--receipts`' `sent_per_node`: the labels the flush tells, once per recipient, split into the first of a wave,
+    falls within it and new routes at the same cost.  With one commodity a CostAnnounce carries one label, so the
+    split adds up to the CostAnnounces sent (but the few that go out other than through the flush, within the
+    rounding); the wrapping is undone on exit."""
     from gwtf_node.protocol.flow import announce
 
     b = _bench()
