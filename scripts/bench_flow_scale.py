@@ -37,7 +37,10 @@ costs) would need telling again only there, if each end knew how far the other's
 labels that rose by at most the data node's label: what a wave that stops once it reaches the data node (a
 Dijkstra from the sink over the costs reduced by the previous wave's labels) announces at the least; and
 `stage_rise_share_pd` is the share of the labels (finite in both waves) that rose by the rise most common in
-their stage: what a wave that tells each stage's usual rise once, and only the other labels, would leave.
+their stage: what a wave that tells each stage's usual rise once, and only the other labels, would leave;
+`stage_shift_per_node_pd` what such a scheme sends at the least, per node: every label once to every peer, then
+per primal-dual wave one message per relay (the stages' usual rises) and every label that rose otherwise (or
+became reachable or unreachable) to every previous-stage peer.
 `choosers_per_node` counts, per node, what labels without waves need at the least when a rise goes only to the
 peers that choose the label (`Choosers`): every label once to every peer, then per augmentation every fall to
 every peer, every rise to its choosers, a message to a new choice (and to the old one), and two (a request and
@@ -192,8 +195,8 @@ def ssp_waves(sc) -> dict:
     pot: dict = collections.defaultdict(float)
     costs, changed, useful, before = [], [0, 0], 0, [None, None]  # per augmentation, per primal-dual wave
     skew = [0, 0]  # links whose reduced cost rose from one primal-dual wave to the next (by > 0, by > SLACK)
-    rises = [0, 0, 0]  # IN labels across primal-dual waves: finite both times, rose by their stage's usual rise;
-    # announcements of those that rose by at most the data node's rise (`_rises`)
+    rises = [0, 0, 0, 0]  # IN labels across primal-dual waves: finite both times, rose by their stage's usual rise;
+    # announcements of those that rose by at most the data node's rise, of those that rose otherwise (`_rises`)
     stage_of = {n.id: n.stage for n in sc.nodes if not n.is_data}
     outs: dict = {}
     d = sc.data_nodes[0].id
@@ -238,13 +241,15 @@ def ssp_waves(sc) -> dict:
             v = u
     n = len(sc.nodes)
     links = sum(len(p) for p in prevs.values())
+    pd = len({round(c, 6) for c in costs})
     return {"ssp_units": len(costs), "ssp_total_cost": round(sum(costs), 6),
-            "pd_waves": len({round(c, 6) for c in costs}), "links_per_node": round(links / n, 1),
+            "pd_waves": pd, "links_per_node": round(links / n, 1),
             "changed_in_per_node": round(changed[0] / n, 1), "changed_in_per_node_pd": round(changed[1] / n, 1),
             "tight_in_per_node_pd": round(useful / n, 1), "skewed_links_per_node_pd": round(skew[0] / n, 1),
             "skewed_links_per_node_pd_slack": round(skew[1] / n, 1),
             "pruned_in_per_node_pd": round(rises[2] / n, 1),
             "stage_rise_share_pd": round(rises[1] / rises[0], 3) if rises[0] else None,
+            "stage_shift_per_node_pd": round((links + rises[3] + (pd - 1) * len(prevs)) / n, 1),
             "choosers_per_node": round(choosers[0].sent / n, 1),
             "choosers_per_node_bcast4": round(choosers[1].sent / n, 1)}
 
@@ -301,18 +306,24 @@ def _rises(rises: list, prevs: dict, stage_of: dict, old_in: dict, new_in: dict,
     times (`rises[0]`) and those that rose by the rise most common in their stage (`rises[1]`), and add the
     announcements of the labels that rose by at most `top`, each to every previous-stage peer (`rises[2]`): a
     Dijkstra from the sink over costs reduced by the previous wave's labels settles exactly those before it
-    reaches the data node, so a wave that stops there announces no fewer (`--bound`, module doc)."""
+    reaches the data node, so a wave that stops there announces no fewer (`--bound`, module doc); and the
+    announcements, to every previous-stage peer, of the labels that did not rise by their stage's most common
+    rise, a label that became reachable or unreachable included (`rises[3]`: what a wave that tells each stage's
+    usual rise once leaves to tell)."""
     by_stage: dict = collections.defaultdict(list)
+    inf = float("inf")
     for r, b in new_in.items():
-        a = old_in.get(r, float("inf"))
-        if b != float("inf") and a != float("inf"):
-            by_stage[stage_of[r]].append(round(b - a, 6))
-        if b != float("inf") and b - a <= top + 1e-9:
+        a = old_in.get(r, inf)
+        by_stage[stage_of[r]].append((r, round(b - a, 6) if b != inf and a != inf else None, a != b))
+        if b != inf and b - a <= top + 1e-9:
             rises[2] += len(prevs[r])
     for got in by_stage.values():
-        usual = collections.Counter(got).most_common(1)[0][1]
-        rises[0] += len(got)
-        rises[1] += usual
+        common = collections.Counter(x for _, x, _ in got if x is not None).most_common(1)
+        if common:
+            rises[0] += sum(1 for _, x, _ in got if x is not None)
+            rises[1] += common[0][1]
+        usual = common[0][0] if common else None
+        rises[3] += sum(len(prevs[r]) for r, x, moved in got if (x != usual if x is not None else moved))
 
 
 SLACK = 2.0  # FlowConfig.label_limit_slack

@@ -63,22 +63,26 @@ def test_skewed_links_count_the_links_whose_reduced_cost_rises():
 
 
 def test_rises_count_the_usual_rise_per_stage_and_what_a_pruned_wave_announces():
-    """`_rises`: per stage the labels that rose by the stage's most common rise, and the announcements (to every
+    """`_rises`: per stage the labels that rose by the stage's most common rise, the announcements (to every
     previous-stage peer) of the labels that rose by at most the data node's rise, a label newly reachable
-    included; an unreachable one is neither."""
+    included (an unreachable one is not), and those of the labels that did not rise by their stage's usual rise
+    (one that became reachable or unreachable included)."""
     b = _bench()
     inf = float("inf")
     stage_of = {"a": 0, "b": 0, "c": 0, "x": 1, "y": 1, "z": 1}
     prevs = {r: [(("o", "p"), 1.0)] * (2 if stage_of[r] == 0 else 3) for r in stage_of}
     old = {"a": 5.0, "b": 6.0, "c": 7.0, "x": 2.0, "y": 3.0, "z": inf}
     new = {"a": 7.0, "b": 8.0, "c": 12.0, "x": 2.0, "y": inf, "z": 4.0}
-    rises = [0, 0, 0]
+    rises = [0, 0, 0, 0]
     b._rises(rises, prevs, stage_of, old, new, top=2.0)
     # stage 0: rises 2, 2, 5 (usual 2: two of three); stage 1: x rose by 0 (one of one; y and z are not finite
-    # both times).  Announced: a, b (rose by 2 <= 2: 2 peers each), x (0: 3 peers), z (newly reachable: 3 peers)
-    assert rises == [4, 3, 2 + 2 + 3 + 3]
+    # both times).  Announced: a, b (rose by 2 <= 2: 2 peers each), x (0: 3 peers), z (newly reachable: 3 peers).
+    # Not by the usual rise: c (2 peers), y (now unreachable: 3 peers), z (newly reachable: 3 peers)
+    assert rises == [4, 3, 2 + 2 + 3 + 3, 2 + 3 + 3]
     bound = b.ssp_waves(load_flow_setting(3, 0))
     assert 0 < bound["stage_rise_share_pd"] <= 1
+    assert bound["links_per_node"] < bound["stage_shift_per_node_pd"] \
+        <= bound["links_per_node"] + (bound["pd_waves"] - 1) * (1 + bound["links_per_node"]) + 0.2  # (rounded)
     assert bound["tight_in_per_node_pd"] <= bound["pruned_in_per_node_pd"] <= bound["pd_waves"] * bound["links_per_node"]
 
 
