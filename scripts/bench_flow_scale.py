@@ -314,16 +314,16 @@ def _rises(rises: list, prevs: dict, stage_of: dict, old_in: dict, new_in: dict,
     inf = float("inf")
     for r, b in new_in.items():
         a = old_in.get(r, inf)
-        by_stage[stage_of[r]].append((r, round(b - a, 6) if b != inf and a != inf else None, a != b))
+        rise = round(b - a, 6) if inf not in (a, b) else None  # None: not finite both times
+        by_stage[stage_of[r]].append((rise, a != b, len(prevs[r])))
         if b != inf and b - a <= top + 1e-9:
             rises[2] += len(prevs[r])
     for got in by_stage.values():
-        common = collections.Counter(x for _, x, _ in got if x is not None).most_common(1)
-        if common:
-            rises[0] += sum(1 for _, x, _ in got if x is not None)
-            rises[1] += common[0][1]
-        usual = common[0][0] if common else None
-        rises[3] += sum(len(prevs[r]) for r, x, moved in got if (x != usual if x is not None else moved))
+        finite = [x for x, _, _ in got if x is not None]
+        usual, n_usual = collections.Counter(finite).most_common(1)[0] if finite else (None, 0)
+        rises[0] += len(finite)
+        rises[1] += n_usual
+        rises[3] += sum(peers for x, moved, peers in got if (moved if x is None else x != usual))
 
 
 SLACK = 2.0  # FlowConfig.label_limit_slack
