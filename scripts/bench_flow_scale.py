@@ -40,7 +40,8 @@ Dijkstra from the sink over the costs reduced by the previous wave's labels) ann
 their stage: what a wave that tells each stage's usual rise once, and only the other labels, would leave;
 `stage_shift_per_node_pd` what such a scheme sends at the least, per node: every label once to every peer, then
 per primal-dual wave one message per relay (the stages' usual rises) and every label that rose otherwise (or
-became reachable or unreachable) to every previous-stage peer.
+became reachable or unreachable) to every previous-stage peer; `truncated_per_node_pd` (and its IN and OUT parts)
+for a wave that stops strictly below the data node's rise, silent where a label rose by exactly that (`_truncated`).
 `choosers_per_node` counts, per node, what labels without waves need at the least when a rise goes only to the
 peers that choose the label (`Choosers`): every label once to every peer, then per augmentation every fall to
 every peer, every rise to its choosers, a message to a new choice (and to the old one), and two (a request and
@@ -195,6 +196,7 @@ def ssp_waves(sc) -> dict:
     pot: dict = collections.defaultdict(float)
     costs, changed, useful, before = [], [0, 0], 0, [None, None]  # per augmentation, per primal-dual wave
     skew = [0, 0]  # links whose reduced cost rose from one primal-dual wave to the next (by > 0, by > SLACK)
+    trunc = [0, 0]  # what a wave that stops below the data node's rise announces: IN labels, OUT labels
     rises = [0, 0, 0, 0]  # IN labels across primal-dual waves: finite both times, rose by their stage's usual rise;
     # announcements of those that rose by at most the data node's rise, of those that rose otherwise (`_rises`)
     stage_of = {n.id: n.stage for n in sc.nodes if not n.is_data}
@@ -230,6 +232,8 @@ def ssp_waves(sc) -> dict:
                     _rises(rises, prevs, stage_of, old, labels, cost - costs[-1])
                 now_out = {p: real(p) for ps in prevs.values() for p, _ in ps if p != src}
                 _skew(skew, prevs, old, labels, outs, now_out)
+                if costs:
+                    _truncated(trunc, g, prevs, (old, labels), (outs, now_out), cost - costs[-1])
                 outs = now_out
             before[k] = labels
         costs.append(cost)
@@ -250,6 +254,8 @@ def ssp_waves(sc) -> dict:
             "pruned_in_per_node_pd": round(rises[2] / n, 1),
             "stage_rise_share_pd": round(rises[1] / rises[0], 3) if rises[0] else None,
             "stage_shift_per_node_pd": round((links + rises[3] + (pd - 1) * len(prevs)) / n, 1),
+            "truncated_in_per_node_pd": round(trunc[0] / n, 1), "truncated_out_per_node_pd": round(trunc[1] / n, 1),
+            "truncated_per_node_pd": round((links + trunc[0] + trunc[1] + (pd - 1) * (n - 1)) / n, 1),
             "choosers_per_node": round(choosers[0].sent / n, 1),
             "choosers_per_node_bcast4": round(choosers[1].sent / n, 1)}
 
@@ -324,6 +330,33 @@ def _rises(rises: list, prevs: dict, stage_of: dict, old_in: dict, new_in: dict,
         rises[0] += len(finite)
         rises[1] += n_usual
         rises[3] += sum(peers for x, moved, peers in got if (moved if x is None else x != usual))
+
+
+def _truncated(trunc: list, g: dict, prevs: dict, ins: tuple, outs: tuple, top: float) -> None:
+    """What a primal-dual wave that stops strictly below the data node's rise `top` announces (`--bound`).
+
+    The wave is a Dijkstra from the sink over the costs reduced by the previous wave's labels, spread in order
+    of the reduced distance (a label goes out once the wave's clock has passed its rise).  Once it reaches the
+    data node (whose label rose by `top`) the data node tells every node `top` along a tree (one message per
+    node), and every label not announced by then rises by `top`: the potential update of successive shortest
+    paths, pi' = pi + min(d, top), keeps every reduced cost at 0 or more, so the labels that rose by `top`
+    exactly (a tie with the data node) need no message.  Counts, from one wave to the next, the announcements
+    of the IN labels that rose by less than `top` (an unchanged one included) or became reachable or
+    unreachable, each to every previous-stage peer (`trunc[0]`), and of the OUT labels that did, each to the
+    next-stage relays the node sends units to, the only ones that route over its OUT label (`trunc[1]`).  A floor,
+    not a scheme: a node that stays silent because it rose by exactly `top` cannot be told from one left without
+    a route, which also rises by `top` (docs/bench_flow.md, "Bounded neighbourhoods")."""
+    inf = float("inf")
+    (old_in, new_in), (old_out, new_out) = ins, outs
+
+    def told(a: float, b: float) -> bool:
+        return (a == inf) != (b == inf) or (a != inf and b - a < top - 1e-9)
+
+    for r, ps in prevs.items():
+        trunc[0] += len(ps) * told(old_in.get(r, inf), new_in.get(r, inf))
+    for p, b in new_out.items():
+        if told(old_out.get(p, inf), b):
+            trunc[1] += sum(1 for v in g[p] if v[0] == "i" and v[1] != p[1] and g[v][p][0] > 0)
 
 
 SLACK = 2.0  # FlowConfig.label_limit_slack

@@ -86,6 +86,34 @@ def test_rises_count_the_usual_rise_per_stage_and_what_a_pruned_wave_announces()
     assert bound["tight_in_per_node_pd"] <= bound["pruned_in_per_node_pd"] <= bound["pd_waves"] * bound["links_per_node"]
 
 
+def test_truncated_counts_labels_that_rose_less_than_the_data_node():
+    """`_truncated`: an IN label that rose by less than the data node's rise (an unchanged one included), or became
+    reachable or unreachable, goes to every previous-stage peer; one that rose by the data node's rise exactly or
+    more needs no message; an OUT label that rose by less goes to the next-stage relays its node sends units to."""
+    b = _bench()
+    inf = float("inf")
+    prevs = {"a": [(("o", "p"), 1.0)] * 2, "b": [(("o", "p"), 1.0)] * 3, "c": [(("o", "p"), 1.0)] * 4,
+             "x": [(("o", "q"), 1.0)] * 5, "y": [(("o", "q"), 1.0)] * 6}
+    old = {"a": 5.0, "b": 6.0, "c": 7.0, "x": 2.0, "y": inf}
+    new = {"a": 5.0, "b": 9.0, "c": 8.0, "x": inf, "y": 4.0}
+    # p sends units to a and b (the reverse arcs i-side > p hold capacity), not to c; its own i-side does not count
+    g = {("o", "p"): {("i", "a"): [0, 3.0], ("i", "b"): [0, 3.0], ("i", "c"): [1, 3.0], ("i", "p"): [0, 0.0]},
+         ("i", "a"): {("o", "p"): [1, -3.0]}, ("i", "b"): {("o", "p"): [1, -3.0]}, ("i", "c"): {("o", "p"): [0, -3.0]},
+         ("i", "p"): {("o", "p"): [1, 0.0]}}
+    trunc = [0, 0]
+    b._truncated(trunc, g, prevs, (old, new), ({("o", "p"): 10.0}, {("o", "p"): 12.0}), top=3.0)
+    # a unchanged (2 peers), c rose by 1 < 3 (4), x now unreachable (5), y newly reachable (6); b rose by 3: silent.
+    # p's OUT label rose by 2 < 3: to a and b
+    assert trunc == [2 + 4 + 5 + 6, 2]
+    b._truncated(trunc, g, prevs, (new, new), ({("o", "p"): 12.0}, {("o", "p"): 15.0}), top=3.0)
+    assert trunc == [17 + 2 + 3 + 4 + 6, 2]  # every finite IN label unchanged: told; x unreachable both times: not
+    bound = b.ssp_waves(load_flow_setting(3, 0))
+    assert bound["truncated_in_per_node_pd"] <= (bound["pd_waves"] - 1) * bound["links_per_node"] + 0.1
+    assert bound["truncated_per_node_pd"] == pytest.approx(
+        bound["links_per_node"] + bound["truncated_in_per_node_pd"] + bound["truncated_out_per_node_pd"]
+        + (bound["pd_waves"] - 1) * (1 - 1 / 41), abs=0.2)  # 41 nodes: one message a node but the data node's
+
+
 @pytest.mark.parametrize("bcast, sent", [(float("inf"), 9), (1.0, 8)])
 def test_choosers_count_rises_to_choosers_and_requests_for_stale_candidates(bcast, sent):
     """`Choosers`: every label once to every peer, a rise only to the peer that chooses it (or, with `bcast`, to
