@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""Several data nodes formed as one commodity, centrally: a balanced circulation, suffix swaps, exchanges.
+
+What a formation that first routes the units as one commodity would reach on
+settings 5-6 of Table V, computed centrally (networkx), against the
+multi-commodity LP bound.  Three steps, each reported:
+
+1. *Balanced circulation* (`circulation`): a min-cost flow in which a unit
+   leaves some data node and comes back to any data node (the relays' paths
+   know no commodity), every data node taking back as many units as it sent
+   (an arc from each data node's sink side to its source side, cost -10^5, so
+   the circulation carries the maximum flow at the least cost).  A relaxation:
+   a unit may end at another data node than the one it left.
+2. *Suffix swaps* (`swap_suffixes`): while a unit A ends at another data node
+   than it left, take a unit B that leaves the data node A ends at and ends
+   elsewhere, and swap their paths, each with its last hop, after the stage
+   where that costs least (the pair that costs least first): B then ends where
+   it left, and A where B ended.  The balance makes such a B exist; every relay
+   keeps its units, so capacities hold.
+3. *Exchanges* (`exchange`): two units swap their paths after some stage, each
+   then taken by the data node cheapest for its first and last hops (the
+   diag_flow_multi.py move), while one gains, until none does.
+
+With `--gwtf` it also runs the flow machines (`run_gwtf`, the default
+`FlowConfig`) and applies step 3 to their flows: whether the start or the
+exchanges make the difference.
+
+    python scripts/diag_flow_circulation.py --settings 5 6 --seeds 20 --first-seed 200
+    python scripts/diag_flow_circulation.py --settings 6 --seeds 10 --gwtf
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import sys
+
+import networkx as nx
+
+from gwtf_node.protocol.scenario import Scenario, parse_scenario
+from gwtf_node.sim.baselines import max_flow_value, optimal_routing
+from gwtf_node.sim.flowsim import run_gwtf
+from gwtf_node.sim.scenarios import flow_setting_scenario
+
+CLOSE = -10 ** 5  # a unit back at a data node: the circulation carries as many as it can first
+
+Unit = list  # [data node it leaves, [relay per stage], data node it ends at]
+
+
+def link_costs(sc: Scenario) -> dict:
+    cost = {}
+    for link in sc.links:
+        cost[(link.a, link.b)] = cost[(link.b, link.a)] = link.cost
+    return cost
+
+
+def unit_cost(cost: dict, unit: Unit) -> float:
+    start, path, end = unit
+    return cost[(start, path[0])] + sum(cost[(a, b)] for a, b in zip(path, path[1:])) + cost[(path[-1], end)]
+
+
+def circulation(sc: Scenario) -> list[Unit]:
+    """Step 1: the units of a min-cost balanced circulation through the data nodes (module doc)."""
+    flows = max_flow_value(sc)
+    last = sc.stages - 1
+    g = nx.DiGraph()
+    for node in sc.nodes:
+        if not node.is_data:
+            g.add_edge(("i", node.id), ("o", node.id), capacity=node.capacity, weight=0)
+    for link in sc.links:
+        for a, b in ((link.a, link.b), (link.b, link.a)):
+            na, nb = sc.node(a), sc.node(b)
+            if na.is_data and not nb.is_data and nb.stage == 0:
+                g.add_edge(("src", a), ("i", b), capacity=flows, weight=int(link.cost))
+            elif nb.is_data and not na.is_data and na.stage == last:
+                g.add_edge(("o", a), ("snk", b), capacity=flows, weight=int(link.cost))
+            elif not (na.is_data or nb.is_data) and nb.stage == na.stage + 1:
+                g.add_edge(("o", a), ("i", b), capacity=flows, weight=int(link.cost))
+    data = sorted(n.id for n in sc.data_nodes)
+    for d in data:
+        g.add_edge(("snk", d), ("src", d), capacity=flows, weight=CLOSE)
+    left = {u: dict(vs) for u, vs in nx.min_cost_flow(g).items()}
+    units = []
+    for d in data:
+        while any(f > 0 and v[0] == "i" for v, f in left[("src", d)].items()):
+            u, path = ("src", d), []
+            while u[0] != "snk":
+                v = next(v for v, f in left[u].items() if f > 0 and v[0] != "src")
+                left[u][v] -= 1
+                if v[0] == "i":
+                    path.append(v[1])
+                u = v
+            units.append([d, path, u[1]])
+    return units
+
+
+def swap_suffixes(cost: dict, units: list[Unit], stages: int) -> None:
+    """Step 2, in place: until every unit ends where it left (module doc)."""
+    while True:
+        best = None
+        for a in (u for u in units if u[0] != u[2]):
+            for b in (u for u in units if u is not a and u[0] == a[2] and u[2] != u[0]):
+                for j in range(1, stages):
+                    a2, b2 = [a[0], a[1][:j] + b[1][j:], b[2]], [b[0], b[1][:j] + a[1][j:], a[2]]
+                    gain = unit_cost(cost, a) + unit_cost(cost, b) - unit_cost(cost, a2) - unit_cost(cost, b2)
+                    if best is None or gain > best[0]:
+                        best = (gain, a, b, a2, b2)
+        if best is None:
+            return
+        _, a, b, a2, b2 = best
+        a[:], b[:] = a2, b2
+
+
+def exchange(cost: dict, units: list[Unit], data: list[str], stages: int) -> int:
+    """Step 3, in place: pairwise exchanges while one gains; returns how many were made."""
+
+    def cheapest(path: list[str]) -> Unit:
+        return min(([d, path, d] for d in data), key=lambda u: unit_cost(cost, u))
+
+    units[:] = [cheapest(u[1]) for u in units]
+    made, gained = 0, True
+    while gained:
+        gained = False
+        for a, b in itertools.combinations(units, 2):
+            for j in range(1, stages):
+                a2, b2 = cheapest(a[1][:j] + b[1][j:]), cheapest(b[1][:j] + a[1][j:])
+                if unit_cost(cost, a2) + unit_cost(cost, b2) < unit_cost(cost, a) + unit_cost(cost, b) - 1e-9:
+                    a[:], b[:] = a2, b2
+                    made, gained = made + 1, True
+                    break
+    return made
+
+
+def one(setting: int, seed: int, gwtf: bool) -> dict:
+    sc = parse_scenario(flow_setting_scenario(setting, seed))
+    cost, data = link_costs(sc), sorted(n.id for n in sc.data_nodes)
+    lp = optimal_routing(sc, seed=seed).extra["lp_bound_total_cost"]
+    units = circulation(sc)
+    row = {"setting": setting, "seed": seed, "units": len(units), "crossed": sum(u[0] != u[2] for u in units),
+           "circulation": sum(unit_cost(cost, u) for u in units) / lp}
+    swap_suffixes(cost, units, sc.stages)
+    row["swapped"] = sum(unit_cost(cost, u) for u in units) / lp
+    row["exchanges"] = exchange(cost, units, data, sc.stages)
+    row["exchanged"] = sum(unit_cost(cost, u) for u in units) / lp
+    if gwtf:
+        g = run_gwtf(sc, seed=seed)
+        mine = [[f.data_node, list(f.path), f.data_node] for f in g.flows]
+        row["gwtf_units"], row["gwtf"] = len(mine), sum(unit_cost(cost, u) for u in mine) / lp
+        exchange(cost, mine, data, sc.stages)
+        row["gwtf_exchanged"] = sum(unit_cost(cost, u) for u in mine) / lp
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--settings", type=int, nargs="+", default=[5, 6])
+    ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--gwtf", action="store_true", help="also the flow machines' flows, and them after exchanges")
+    args = ap.parse_args(argv)
+    if any(s not in (5, 6) for s in args.settings):
+        print("diag_flow_circulation.py: --settings takes 5 and/or 6 (the settings with several data nodes)",
+              file=sys.stderr)
+        return 2
+    cols = ["circulation", "swapped", "exchanged"] + (["gwtf", "gwtf_exchanged"] if args.gwtf else [])
+    print("| setting | seed | units | units that end elsewhere | " + " | ".join(c + " / LP" for c in cols)
+          + " | exchanges |")
+    print("|---" * (len(cols) + 5) + "|")
+    for setting in args.settings:
+        rows = []
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            r = one(setting, seed, args.gwtf)
+            rows.append(r)
+            print(f"| {setting} | {seed} | {r['units']} | {r['crossed']} | "
+                  + " | ".join(f"{r[c]:.4f}" for c in cols) + f" | {r['exchanges']} |", flush=True)
+        print(f"| {setting} | mean (worst) | | | "
+              + " | ".join(f"{statistics.mean(r[c] for r in rows):.4f} ({max(r[c] for r in rows):.4f})"
+                           for c in cols) + " | |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

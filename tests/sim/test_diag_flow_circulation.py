@@ -1,0 +1,68 @@
+"""`scripts/diag_flow_circulation.py`: the balanced circulation carries the maximum flow at no more than the
+multi-commodity LP bound (a relaxation: a unit may end at another data node), suffix swaps make every unit end
+where it left without moving a unit off a relay, and exchanges never raise the cost."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from gwtf_node.protocol.scenario import parse_scenario
+from gwtf_node.sim.baselines import max_flow_value, optimal_routing
+from gwtf_node.sim.scenarios import flow_setting_scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _diag():
+    path = ROOT / "scripts" / "diag_flow_circulation.py"
+    spec = importlib.util.spec_from_file_location("diag_flow_circulation", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_suffix_swap_sends_each_unit_home_with_its_partners_last_hop():
+    diag = _diag()
+    cost = {}
+    for (a, b), c in {("d0", "x0"): 1, ("d0", "y0"): 9, ("d1", "x0"): 9, ("d1", "y0"): 1, ("x0", "x1"): 1,
+                      ("x0", "y1"): 2, ("y0", "y1"): 1, ("y0", "x1"): 3, ("x1", "d0"): 9, ("x1", "d1"): 1,
+                      ("y1", "d0"): 1, ("y1", "d1"): 9}.items():
+        cost[(a, b)] = cost[(b, a)] = c
+    units = [["d0", ["x0", "x1"], "d1"], ["d1", ["y0", "y1"], "d0"]]  # each ends at the other data node
+    assert [diag.unit_cost(cost, u) for u in units] == [3, 3]
+    diag.swap_suffixes(cost, units, stages=2)
+    assert sorted(map(str, units)) == sorted(map(str, [["d0", ["x0", "y1"], "d0"], ["d1", ["y0", "x1"], "d1"]]))
+    assert sum(diag.unit_cost(cost, u) for u in units) == (1 + 2 + 1) + (1 + 3 + 1)
+    assert diag.exchange(cost, units, ["d0", "d1"], stages=2) == 0  # swapping back would end away from home
+
+
+@pytest.mark.parametrize("setting, seed", [(5, 0), (6, 0)])
+def test_circulation_then_swaps_then_exchanges_on_a_flow_setting(setting, seed):
+    diag = _diag()
+    sc = parse_scenario(flow_setting_scenario(setting, seed))
+    cost, data = diag.link_costs(sc), sorted(n.id for n in sc.data_nodes)
+    lp = optimal_routing(sc, seed=seed).extra["lp_bound_total_cost"]
+    units = diag.circulation(sc)
+    assert len(units) == max_flow_value(sc)
+    used = Counter(r for u in units for r in u[1])
+    assert all(used[n.id] <= n.capacity for n in sc.nodes if not n.is_data)
+    assert Counter(u[0] for u in units) == Counter(u[2] for u in units)  # balanced
+    relaxed = sum(diag.unit_cost(cost, u) for u in units)
+    assert relaxed <= lp + 1e-6
+    diag.swap_suffixes(cost, units, sc.stages)
+    assert all(u[0] == u[2] for u in units)
+    assert Counter(r for u in units for r in u[1]) == used
+    swapped = sum(diag.unit_cost(cost, u) for u in units)
+    assert swapped >= lp - 1e-6  # an integral multi-commodity routing
+    diag.exchange(cost, units, data, sc.stages)
+    assert all(u[0] == u[2] for u in units) and Counter(r for u in units for r in u[1]) == used
+    assert lp - 1e-6 <= sum(diag.unit_cost(cost, u) for u in units) <= swapped
+
+
+def test_settings_without_several_data_nodes_are_refused(capsys):
+    assert _diag().main(["--settings", "3"]) == 2
+    assert "--settings takes 5 and/or 6" in capsys.readouterr().err
