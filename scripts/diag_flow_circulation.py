@@ -21,17 +21,22 @@ multi-commodity LP bound.  Three steps, each reported:
    then taken by the data node cheapest for its first and last hops (the
    diag_flow_multi.py move), while one gains, until none does.
 
+`--start handoff` makes step 1 a sequence of shortest paths instead (`handoff`): what a formation that adds
+one unit at a time, and hands a unit that came home to the wrong data node on, would start from.
+
 With `--gwtf` it also runs the flow machines (`run_gwtf`, the default
 `FlowConfig`) and applies step 3 to their flows: whether the start or the
 exchanges make the difference.
 
     python scripts/diag_flow_circulation.py --settings 5 6 --seeds 20 --first-seed 200
     python scripts/diag_flow_circulation.py --settings 6 --seeds 10 --gwtf
+    python scripts/diag_flow_circulation.py --settings 5 6 --seeds 20 --first-seed 100 --start handoff
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import statistics
 import sys
@@ -43,6 +48,7 @@ from gwtf_node.sim.baselines import max_flow_value, optimal_routing
 from gwtf_node.sim.flowsim import run_gwtf
 from gwtf_node.sim.scenarios import flow_setting_scenario
 
+INF = float("inf")
 CLOSE = -10 ** 5  # a unit back at a data node: the circulation carries as many as it can first
 
 Unit = list  # [data node it leaves, [relay per stage], data node it ends at]
@@ -60,34 +66,127 @@ def unit_cost(cost: dict, unit: Unit) -> float:
     return cost[(start, path[0])] + sum(cost[(a, b)] for a, b in zip(path, path[1:])) + cost[(path[-1], end)]
 
 
-def circulation(sc: Scenario) -> list[Unit]:
-    """Step 1: the units of a min-cost balanced circulation through the data nodes (module doc)."""
-    flows = max_flow_value(sc)
+def _arcs(sc: Scenario, cap: int):
+    """(tail, head, capacity, cost) of the network one commodity runs on: each relay's two sides ("i" > "o",
+    its capacity), a data node's source side ("src") to stage 0, the last stage to its sink side ("snk"), one
+    stage to the next (capacity `cap`)."""
     last = sc.stages - 1
-    g = nx.DiGraph()
     for node in sc.nodes:
         if not node.is_data:
-            g.add_edge(("i", node.id), ("o", node.id), capacity=node.capacity, weight=0)
+            yield ("i", node.id), ("o", node.id), node.capacity, 0
     for link in sc.links:
         for a, b in ((link.a, link.b), (link.b, link.a)):
             na, nb = sc.node(a), sc.node(b)
             if na.is_data and not nb.is_data and nb.stage == 0:
-                g.add_edge(("src", a), ("i", b), capacity=flows, weight=int(link.cost))
+                yield ("src", a), ("i", b), cap, int(link.cost)
             elif nb.is_data and not na.is_data and na.stage == last:
-                g.add_edge(("o", a), ("snk", b), capacity=flows, weight=int(link.cost))
+                yield ("o", a), ("snk", b), cap, int(link.cost)
             elif not (na.is_data or nb.is_data) and nb.stage == na.stage + 1:
-                g.add_edge(("o", a), ("i", b), capacity=flows, weight=int(link.cost))
-    data = sorted(n.id for n in sc.data_nodes)
+                yield ("o", a), ("i", b), cap, int(link.cost)
+
+
+def circulation(sc: Scenario) -> list[Unit]:
+    """Step 1: the units of a min-cost balanced circulation through the data nodes (module doc)."""
+    flows, data = max_flow_value(sc), sorted(n.id for n in sc.data_nodes)
+    g = nx.DiGraph()
+    for u, v, cap, c in _arcs(sc, flows):
+        g.add_edge(u, v, capacity=cap, weight=c)
     for d in data:
         g.add_edge(("snk", d), ("src", d), capacity=flows, weight=CLOSE)
-    left = {u: dict(vs) for u, vs in nx.min_cost_flow(g).items()}
+    flow = collections.Counter({(u, v): f for u, vs in nx.min_cost_flow(g).items() for v, f in vs.items()
+                                if u[0] != "snk"})
+    return _decompose(flow, data)
+
+
+def _bellman_ford(res: dict, sources: list) -> tuple[dict | None, dict | None]:
+    """Distances from `sources` over the residual arcs that have capacity (some cost less than 0), and the
+    predecessor of each node reached (None, None where a cycle of negative cost is in reach); a path passes
+    through no data node other than where it starts and ends."""
+    dist, pred = {u: INF for u in res}, {}
+    for u in sources:
+        dist[u] = 0.0
+    for _ in range(len(res)):
+        changed = False
+        for u, arcs in res.items():
+            if dist[u] < INF and u[0] != "snk" and (u[0] != "src" or u in sources):  # data nodes end a path
+                for v, (cap, c) in arcs.items():
+                    if cap > 0 and v[0] != "src" and dist[u] + c < dist[v] - 1e-9:
+                        dist[v], pred[v], changed = dist[u] + c, u, True
+        if not changed:
+            return dist, pred
+    return None, None  # still falling after as many rounds as nodes: a cycle of negative cost
+
+
+def _push(res: dict, flow: collections.Counter, u, v) -> None:
+    """One unit over the residual arc u > v: along a link, or back over a unit's step (undone)."""
+    res[u][v][0] -= 1
+    res[v][u][0] += 1
+    if flow[(v, u)] > 0:
+        flow[(v, u)] -= 1
+    else:
+        flow[(u, v)] += 1
+
+
+def _cancel_cycles(res: dict, flow: collections.Counter) -> None:
+    """Push a unit round every cycle of negative cost until none is left (what Request Change and Redirect do
+    in the flow machines); no data node sends or takes back a unit more or less."""
+    while True:
+        g = nx.DiGraph()
+        for u, arcs in res.items():
+            for v, (cap, c) in arcs.items():
+                if cap > 0:
+                    g.add_edge(u, v, weight=c)
+        g.add_edges_from(("root", u, {"weight": 0}) for u in list(g))  # every cycle reachable
+        try:
+            cycle = nx.find_negative_cycle(g, "root")
+        except nx.NetworkXError:
+            return
+        for u, v in zip(cycle, cycle[1:]):
+            _push(res, flow, u, v)
+
+
+def handoff(sc: Scenario) -> list[Unit]:
+    """Step 1 as a sequence of shortest paths (`--start handoff`): while no data node holds a unit it did not
+    send, the cheapest path from any data node to any data node carries a new unit; a data node that holds one
+    sends a unit on along its cheapest path to a data node that sent more than it took back.  Ends when no
+    path is left, not always balanced (a unit still away from home is then given to its cheapest data node)."""
+    data, res = sorted(n.id for n in sc.data_nodes), collections.defaultdict(dict)
+    for u, v, cap, c in _arcs(sc, 10 ** 6):
+        res[u][v] = [cap, c]
+        res[v].setdefault(u, [0, -c])
+    held, flow = dict.fromkeys(data, 0), collections.Counter()
+    while True:
+        holder = next((d for d in data if held[d] > 0), None)
+        dist, pred = _bellman_ford(res, [("src", holder)] if holder else [("src", d) for d in data])
+        if dist is None:
+            _cancel_cycles(res, flow)
+            continue
+        end = min((("snk", d) for d in data if holder is None or held[d] < 0), key=lambda t: dist[t])
+        if dist[end] == INF:
+            break
+        v, path = end, [end]
+        while v[0] != "src":
+            v = pred[v]
+            path.append(v)
+        for u, w in zip(path[::-1], path[-2::-1]):
+            _push(res, flow, u, w)
+        held[v[1]] -= 1
+        held[end[1]] += 1
+    return _decompose(flow, data)
+
+
+def _decompose(flow: collections.Counter, data: list[str]) -> list[Unit]:
+    out = collections.defaultdict(collections.Counter)
+    for (u, v), f in flow.items():
+        if f > 0:
+            out[u][v] += f
     units = []
     for d in data:
-        while any(f > 0 and v[0] == "i" for v, f in left[("src", d)].items()):
+        while any(v[0] == "i" and f > 0 for v, f in out[("src", d)].items()):
             u, path = ("src", d), []
             while u[0] != "snk":
-                v = next(v for v, f in left[u].items() if f > 0 and v[0] != "src")
-                left[u][v] -= 1
+                v = next(v for v, f in out[u].items() if f > 0)
+                out[u][v] -= 1
                 if v[0] == "i":
                     path.append(v[1])
                 u = v
@@ -132,14 +231,17 @@ def exchange(cost: dict, units: list[Unit], data: list[str], stages: int) -> int
     return made
 
 
-def one(setting: int, seed: int, gwtf: bool) -> dict:
+def one(setting: int, seed: int, gwtf: bool, start: str = "circulation") -> dict:
     sc = parse_scenario(flow_setting_scenario(setting, seed))
     cost, data = link_costs(sc), sorted(n.id for n in sc.data_nodes)
     lp = optimal_routing(sc, seed=seed).extra["lp_bound_total_cost"]
-    units = circulation(sc)
+    units = circulation(sc) if start == "circulation" else handoff(sc)
     row = {"setting": setting, "seed": seed, "units": len(units), "crossed": sum(u[0] != u[2] for u in units),
            "circulation": sum(unit_cost(cost, u) for u in units) / lp}
     swap_suffixes(cost, units, sc.stages)
+    row["away"] = sum(u[0] != u[2] for u in units)  # unbalanced (`handoff`): each to its cheapest data node
+    units[:] = [u if u[0] == u[2] else min(([d, u[1], d] for d in data), key=lambda x: unit_cost(cost, x))
+                for u in units]
     row["swapped"] = sum(unit_cost(cost, u) for u in units) / lp
     row["exchanges"] = exchange(cost, units, data, sc.stages)
     row["exchanged"] = sum(unit_cost(cost, u) for u in units) / lp
@@ -158,6 +260,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--gwtf", action="store_true", help="also the flow machines' flows, and them after exchanges")
+    ap.add_argument("--start", choices=["circulation", "handoff"], default="circulation",
+                    help="step 1: the min-cost balanced circulation, or shortest paths with a hand-off (module doc)")
     args = ap.parse_args(argv)
     if any(s not in (5, 6) for s in args.settings):
         print("diag_flow_circulation.py: --settings takes 5 and/or 6 (the settings with several data nodes)",
@@ -165,18 +269,18 @@ def main(argv=None) -> int:
         return 2
     cols = ["circulation", "swapped", "exchanged"] + (["gwtf", "gwtf_exchanged"] if args.gwtf else [])
     print("| setting | seed | units | units that end elsewhere | " + " | ".join(c + " / LP" for c in cols)
-          + " | exchanges |")
-    print("|---" * (len(cols) + 5) + "|")
+          + " | units still away after the swaps | exchanges |")
+    print("|---" * (len(cols) + 6) + "|")
     for setting in args.settings:
         rows = []
         for seed in range(args.first_seed, args.first_seed + args.seeds):
-            r = one(setting, seed, args.gwtf)
+            r = one(setting, seed, args.gwtf, args.start)
             rows.append(r)
             print(f"| {setting} | {seed} | {r['units']} | {r['crossed']} | "
-                  + " | ".join(f"{r[c]:.4f}" for c in cols) + f" | {r['exchanges']} |", flush=True)
+                  + " | ".join(f"{r[c]:.4f}" for c in cols) + f" | {r['away']} | {r['exchanges']} |", flush=True)
         print(f"| {setting} | mean (worst) | | | "
               + " | ".join(f"{statistics.mean(r[c] for r in rows):.4f} ({max(r[c] for r in rows):.4f})"
-                           for c in cols) + " | |", flush=True)
+                           for c in cols) + " | | |", flush=True)
     return 0
 
 

@@ -63,6 +63,24 @@ def test_circulation_then_swaps_then_exchanges_on_a_flow_setting(setting, seed):
     assert lp - 1e-6 <= sum(diag.unit_cost(cost, u) for u in units) <= swapped
 
 
+@pytest.mark.parametrize("setting, seed", [(5, 0), (6, 0)])
+def test_handoff_routes_the_maximum_flow_within_capacity_and_sends_on_what_came_home_elsewhere(setting, seed):
+    """`handoff`: as many units as the maximum flow, every relay within its capacity, each unit a path from a
+    data node through every stage to a data node; it costs no less than the balanced circulation (an optimum of
+    a relaxation of what it computes)."""
+    diag = _diag()
+    sc = parse_scenario(flow_setting_scenario(setting, seed))
+    cost = diag.link_costs(sc)
+    units = diag.handoff(sc)
+    assert len(units) == max_flow_value(sc)
+    used = Counter(r for u in units for r in u[1])
+    assert all(used[n.id] <= n.capacity for n in sc.nodes if not n.is_data)
+    assert all([sc.node(r).stage for r in u[1]] == list(range(sc.stages)) for u in units)
+    best = sum(diag.unit_cost(cost, u) for u in diag.circulation(sc))
+    away = Counter(u[0] for u in units) - Counter(u[2] for u in units)
+    assert sum(diag.unit_cost(cost, u) for u in units) >= best - 1e-6 or sum(away.values()) > 0
+
+
 def test_settings_without_several_data_nodes_are_refused(capsys):
     assert _diag().main(["--settings", "3"]) == 2
     assert "--settings takes 5 and/or 6" in capsys.readouterr().err
