@@ -8,7 +8,7 @@ multi-commodity LP bound.  Three steps, each reported:
 1. *Balanced circulation* (`circulation`): a min-cost flow in which a unit
    leaves some data node and comes back to any data node (the relays' paths
    know no commodity), every data node taking back as many units as it sent
-   (an arc from each data node's sink side to its source side, cost -10^5, so
+   (an arc from each data node's sink side to its source side, cost -10^9, so
    the circulation carries the maximum flow at the least cost).  A relaxation:
    a unit may end at another data node than the one it left.
 2. *Suffix swaps* (`swap_suffixes`): while a unit A ends at another data node
@@ -44,53 +44,38 @@ import sys
 import networkx as nx
 
 from gwtf_node.protocol.scenario import Scenario, parse_scenario
-from gwtf_node.sim.baselines import max_flow_value, optimal_routing
+from gwtf_node.sim.baselines import SUPER, flow_network, max_flow_value, optimal_routing
 from gwtf_node.sim.flowsim import run_gwtf
+from gwtf_node.sim.result import path_cost
 from gwtf_node.sim.scenarios import flow_setting_scenario
 
 INF = float("inf")
-CLOSE = -10 ** 5  # a unit back at a data node: the circulation carries as many as it can first
+CLOSE = -10 ** 9  # a unit back at a data node (costs are x COST_SCALE): the circulation carries all it can first
+UNBOUNDED = 10 ** 6  # a link's capacity (flow_network gives it none)
 
 Unit = list  # [data node it leaves, [relay per stage], data node it ends at]
 
 
-def link_costs(sc: Scenario) -> dict:
-    cost = {}
-    for link in sc.links:
-        cost[(link.a, link.b)] = cost[(link.b, link.a)] = link.cost
-    return cost
+def unit_cost(sc: Scenario, unit: Unit) -> float:
+    hops = (unit[0], *unit[1], unit[2])
+    return sum(sc.cost(a, b) for a, b in zip(hops, hops[1:]))
 
 
-def unit_cost(cost: dict, unit: Unit) -> float:
-    start, path, end = unit
-    return cost[(start, path[0])] + sum(cost[(a, b)] for a, b in zip(path, path[1:])) + cost[(path[-1], end)]
+def home(sc: Scenario, path: list[str], data: list[str]) -> Unit:
+    """`path` as a unit of the data node cheapest for its first and last hops (relabelling)."""
+    return min(([d, path, d] for d in data), key=lambda u: path_cost(sc, u[0], u[1]))
 
 
-def _arcs(sc: Scenario, cap: int):
-    """(tail, head, capacity, cost) of the network one commodity runs on: each relay's two sides ("i" > "o",
-    its capacity), a data node's source side ("src") to stage 0, the last stage to its sink side ("snk"), one
-    stage to the next (capacity `cap`)."""
-    last = sc.stages - 1
-    for node in sc.nodes:
-        if not node.is_data:
-            yield ("i", node.id), ("o", node.id), node.capacity, 0
-    for link in sc.links:
-        for a, b in ((link.a, link.b), (link.b, link.a)):
-            na, nb = sc.node(a), sc.node(b)
-            if na.is_data and not nb.is_data and nb.stage == 0:
-                yield ("src", a), ("i", b), cap, int(link.cost)
-            elif nb.is_data and not na.is_data and na.stage == last:
-                yield ("o", a), ("snk", b), cap, int(link.cost)
-            elif not (na.is_data or nb.is_data) and nb.stage == na.stage + 1:
-                yield ("o", a), ("i", b), cap, int(link.cost)
+def _network(sc: Scenario) -> nx.DiGraph:
+    """`flow_network` without its super-source and super-sink: the arcs one commodity runs on."""
+    g = flow_network(sc)
+    g.remove_nodes_from(SUPER)
+    return g
 
 
 def circulation(sc: Scenario) -> list[Unit]:
     """Step 1: the units of a min-cost balanced circulation through the data nodes (module doc)."""
-    flows, data = max_flow_value(sc), sorted(n.id for n in sc.data_nodes)
-    g = nx.DiGraph()
-    for u, v, cap, c in _arcs(sc, flows):
-        g.add_edge(u, v, capacity=cap, weight=c)
+    flows, data, g = max_flow_value(sc), sorted(n.id for n in sc.data_nodes), _network(sc)
     for d in data:
         g.add_edge(("snk", d), ("src", d), capacity=flows, weight=CLOSE)
     flow = collections.Counter({(u, v): f for u, vs in nx.min_cost_flow(g).items() for v, f in vs.items()
@@ -151,9 +136,9 @@ def handoff(sc: Scenario) -> list[Unit]:
     sends a unit on along its cheapest path to a data node that sent more than it took back.  Ends when no
     path is left, not always balanced (a unit still away from home is then given to its cheapest data node)."""
     data, res = sorted(n.id for n in sc.data_nodes), collections.defaultdict(dict)
-    for u, v, cap, c in _arcs(sc, 10 ** 6):
-        res[u][v] = [cap, c]
-        res[v].setdefault(u, [0, -c])
+    for u, v, arc in _network(sc).edges(data=True):
+        res[u][v] = [arc.get("capacity", UNBOUNDED), arc["weight"]]
+        res[v].setdefault(u, [0, -arc["weight"]])
     held, flow = dict.fromkeys(data, 0), collections.Counter()
     while True:
         holder = next((d for d in data if held[d] > 0), None)
@@ -182,27 +167,28 @@ def _decompose(flow: collections.Counter, data: list[str]) -> list[Unit]:
             out[u][v] += f
     units = []
     for d in data:
-        while any(v[0] == "i" and f > 0 for v, f in out[("src", d)].items()):
+        while any(v[0] == "in" and f > 0 for v, f in out[("src", d)].items()):
             u, path = ("src", d), []
             while u[0] != "snk":
                 v = next(v for v, f in out[u].items() if f > 0)
                 out[u][v] -= 1
-                if v[0] == "i":
+                if v[0] == "in":
                     path.append(v[1])
                 u = v
             units.append([d, path, u[1]])
     return units
 
 
-def swap_suffixes(cost: dict, units: list[Unit], stages: int) -> None:
+def swap_suffixes(sc: Scenario, units: list[Unit]) -> None:
     """Step 2, in place: until every unit ends where it left (module doc)."""
     while True:
         best = None
         for a in (u for u in units if u[0] != u[2]):
             for b in (u for u in units if u is not a and u[0] == a[2] and u[2] != u[0]):
-                for j in range(1, stages):
+                now = unit_cost(sc, a) + unit_cost(sc, b)
+                for j in range(1, sc.stages):
                     a2, b2 = [a[0], a[1][:j] + b[1][j:], b[2]], [b[0], b[1][:j] + a[1][j:], a[2]]
-                    gain = unit_cost(cost, a) + unit_cost(cost, b) - unit_cost(cost, a2) - unit_cost(cost, b2)
+                    gain = now - unit_cost(sc, a2) - unit_cost(sc, b2)
                     if best is None or gain > best[0]:
                         best = (gain, a, b, a2, b2)
         if best is None:
@@ -211,20 +197,18 @@ def swap_suffixes(cost: dict, units: list[Unit], stages: int) -> None:
         a[:], b[:] = a2, b2
 
 
-def exchange(cost: dict, units: list[Unit], data: list[str], stages: int) -> int:
-    """Step 3, in place: pairwise exchanges while one gains; returns how many were made."""
-
-    def cheapest(path: list[str]) -> Unit:
-        return min(([d, path, d] for d in data), key=lambda u: unit_cost(cost, u))
-
-    units[:] = [cheapest(u[1]) for u in units]
+def exchange(sc: Scenario, units: list[Unit], data: list[str]) -> int:
+    """Step 3, in place: every unit to its cheapest data node, then pairwise exchanges while one gains; returns
+    how many were made."""
+    units[:] = [home(sc, u[1], data) for u in units]
     made, gained = 0, True
     while gained:
         gained = False
         for a, b in itertools.combinations(units, 2):
-            for j in range(1, stages):
-                a2, b2 = cheapest(a[1][:j] + b[1][j:]), cheapest(b[1][:j] + a[1][j:])
-                if unit_cost(cost, a2) + unit_cost(cost, b2) < unit_cost(cost, a) + unit_cost(cost, b) - 1e-9:
+            now = unit_cost(sc, a) + unit_cost(sc, b)
+            for j in range(1, sc.stages):
+                a2, b2 = home(sc, a[1][:j] + b[1][j:], data), home(sc, b[1][:j] + a[1][j:], data)
+                if unit_cost(sc, a2) + unit_cost(sc, b2) < now - 1e-9:
                     a[:], b[:] = a2, b2
                     made, gained = made + 1, True
                     break
@@ -233,24 +217,26 @@ def exchange(cost: dict, units: list[Unit], data: list[str], stages: int) -> int
 
 def one(setting: int, seed: int, gwtf: bool, start: str = "circulation") -> dict:
     sc = parse_scenario(flow_setting_scenario(setting, seed))
-    cost, data = link_costs(sc), sorted(n.id for n in sc.data_nodes)
+    data = sorted(n.id for n in sc.data_nodes)
     lp = optimal_routing(sc, seed=seed).extra["lp_bound_total_cost"]
+
+    def ratio(units: list[Unit]) -> float:
+        return sum(unit_cost(sc, u) for u in units) / lp
+
     units = circulation(sc) if start == "circulation" else handoff(sc)
     row = {"setting": setting, "seed": seed, "units": len(units), "crossed": sum(u[0] != u[2] for u in units),
-           "circulation": sum(unit_cost(cost, u) for u in units) / lp}
-    swap_suffixes(cost, units, sc.stages)
+           "circulation": ratio(units)}
+    swap_suffixes(sc, units)
     row["away"] = sum(u[0] != u[2] for u in units)  # unbalanced (`handoff`): each to its cheapest data node
-    units[:] = [u if u[0] == u[2] else min(([d, u[1], d] for d in data), key=lambda x: unit_cost(cost, x))
-                for u in units]
-    row["swapped"] = sum(unit_cost(cost, u) for u in units) / lp
-    row["exchanges"] = exchange(cost, units, data, sc.stages)
-    row["exchanged"] = sum(unit_cost(cost, u) for u in units) / lp
+    units[:] = [u if u[0] == u[2] else home(sc, u[1], data) for u in units]
+    row["swapped"] = ratio(units)
+    row["exchanges"] = exchange(sc, units, data)
+    row["exchanged"] = ratio(units)
     if gwtf:
-        g = run_gwtf(sc, seed=seed)
-        mine = [[f.data_node, list(f.path), f.data_node] for f in g.flows]
-        row["gwtf_units"], row["gwtf"] = len(mine), sum(unit_cost(cost, u) for u in mine) / lp
-        exchange(cost, mine, data, sc.stages)
-        row["gwtf_exchanged"] = sum(unit_cost(cost, u) for u in mine) / lp
+        mine = [[f.data_node, list(f.path), f.data_node] for f in run_gwtf(sc, seed=seed).flows]
+        row["gwtf_units"], row["gwtf"] = len(mine), ratio(mine)
+        exchange(sc, mine, data)
+        row["gwtf_exchanged"] = ratio(mine)
     return row
 
 

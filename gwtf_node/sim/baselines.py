@@ -142,6 +142,16 @@ def _flow_graph(lay: _Layered, limit: int | None = None) -> nx.DiGraph:
     return g
 
 
+def flow_network(scenario: Scenario) -> nx.DiGraph:
+    """The node-split graph over every data node (merged commodities): `("src", d)` > `("in", r)` > `("out", r)`
+    > `("snk", d)`, link costs x COST_SCALE as `weight`, relay and data-node capacities as `capacity` (none on a
+    link: unbounded), from a super-source to a super-sink (`SUPER`)."""
+    return _flow_graph(_layered(scenario))
+
+
+SUPER = (_SRC, _SNK)
+
+
 def max_flow_value(scenario: Scenario) -> int:
     """Single-commodity maximum flow: exact with one data node, an upper bound otherwise.
 
