@@ -106,4 +106,6 @@ async def test_the_operators_setting_wins(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("PY_YAMUX_RELEASE_ON_READ", "1")
     updates = await _window_updates(tmp_path, 200, monkeypatch)
     assert os.environ["PY_YAMUX_RELEASE_ON_READ"] == "1"
-    assert 200 <= updates <= 210, updates  # py-libp2p's default: one after every read, one read a frame
+    # py-libp2p's release on read: one update after every read, a read a frame or, on a loaded machine, two frames
+    # that arrived together (199 seen); with go-yamux's rule the same 200 frames cost at most 2 (above)
+    assert 100 <= updates <= 210, updates
