@@ -18,6 +18,7 @@ stages instance.
     python scripts/bench_flow.py                 # settings 1-6 x 10 seeds
     python scripts/bench_flow.py --settings 1 5 --seeds 3
     python scripts/bench_flow.py --settings 5 6 --seeds 20 --first-seed 100   # held-out seeds
+    python scripts/bench_flow.py --settings 5 6 --seeds 20 --first-seed 200 --pooled --out /tmp/pooled
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from gwtf_node.protocol.flow import FlowConfig
 from gwtf_node.protocol.scenario import parse_scenario
 from gwtf_node.sim.baselines import optimal_routing, swarm_routing
 from gwtf_node.sim.flowsim import run_gwtf
+from gwtf_node.sim.pooled import run_pooled
 from gwtf_node.sim.scenarios import FlowSetting, generate_layered, load_flow_setting
 from gwtf_node.sim.validate import check_routing
 
@@ -44,12 +46,15 @@ MOVES = {"default": None, "off": {"improve": False}, "greedy": {"improve": True}
 
 
 def bench_one(scenario, seed: int, rounds: int, moves: str = "default", label_limits: bool = False,
-              cycles: int | None = None) -> dict:
+              cycles: int | None = None, pooled: bool = False) -> dict:
     extra = {} if cycles is None else {"cycles": cycles}
     base = None if MOVES[moves] is None and not label_limits and not extra else \
         FlowConfig("-", False, 0, (), {}, {}, label_limits=label_limits, **(MOVES[moves] or {}), **extra)
     t = time.perf_counter()
-    g = run_gwtf(scenario, seed=seed, rounds=rounds, base=base)
+    if pooled and len(scenario.data_nodes) > 1:
+        g = run_pooled(scenario, seed=seed, rounds=rounds, base=base)
+    else:
+        g = run_gwtf(scenario, seed=seed, rounds=rounds, base=base)
     wall = time.perf_counter() - t
     check_routing(scenario, g)
     o = optimal_routing(scenario, seed=seed)
@@ -63,7 +68,7 @@ def bench_one(scenario, seed: int, rounds: int, moves: str = "default", label_li
         "vs_swarm": g.mean_cost / s.mean_cost if s.mean_cost else 1.0,
         "converged_round": g.converged_round, "rounds": g.rounds,
         "msgs_per_node": g.messages / len(scenario.nodes), "wall_s": wall,
-        "inconsistent": g.extra["inconsistent_links"],
+        "inconsistent": g.extra.get("inconsistent_links", g.extra.get("unrouted_relays")),
     }
 
 
@@ -83,6 +88,8 @@ def main(argv=None) -> int:
     ap.add_argument("--label-limits", action="store_true", help="FlowConfig.label_limits on (flow/limits.py)")
     ap.add_argument("--cycles", type=int, default=None, metavar="TRIALS",
                     help="FlowConfig.cycles: on, with this many trials per data node (several data nodes, flow/cycles.py)")
+    ap.add_argument("--pooled", action="store_true",
+                    help="several data nodes: pooled formation, then homing (sim/pooled.py, protocol/flow/pool.py)")
     ap.add_argument("--out", default="docs/bench_flow", help="path prefix of the .md and .png written")
     args = ap.parse_args(argv)
 
@@ -91,7 +98,8 @@ def main(argv=None) -> int:
     per_setting: dict[int, list[dict]] = {}
     for setting in args.settings:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
-            r = bench_one(load_flow_setting(setting, seed), seed, args.rounds, moves, args.label_limits, args.cycles)
+            r = bench_one(load_flow_setting(setting, seed), seed, args.rounds, moves, args.label_limits, args.cycles,
+                          args.pooled)
             r.update(setting=setting, seed=seed)
             per_setting.setdefault(setting, []).append(r)
             print(f"setting {setting} seed {seed}: flows {r['flows']}/{r['max_flow']}  "

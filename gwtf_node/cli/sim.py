@@ -33,9 +33,15 @@ def cmd_gen_flow(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_policy(scenario, policy: str, seed: int, rounds: int, anneal: bool = False, trace=None):
+def run_policy(scenario, policy: str, seed: int, rounds: int, anneal: bool = False, trace=None,
+               pooled: bool = False):
     """Route a scenario with one policy; shared by the CLI and the benchmark.  `trace` (gwtf): a text file
-    that receives every delivered message, one line each (time, sender, receiver, message)."""
+    that receives every delivered message, one line each (time, sender, receiver, message); `pooled` (gwtf,
+    several data nodes): pooled formation, then homing (sim/pooled.py)."""
+    if policy == "gwtf" and pooled and len(scenario.data_nodes) > 1:
+        from ..sim.pooled import run_pooled
+
+        return run_pooled(scenario, seed=seed, rounds=rounds)
     if policy == "gwtf":
         from ..protocol.flow import FlowConfig
         from ..sim.flowsim import run_gwtf
@@ -68,8 +74,11 @@ def cmd_flow(args: argparse.Namespace) -> int:
     scenario = _load_scenario(args.scenario, args.activation_mb)
     if args.trace is not None and args.policy != "gwtf":
         raise CliError(f"--trace records the flow machines' messages: it needs --policy gwtf, not {args.policy}")
+    if args.pooled and (args.policy != "gwtf" or args.trace is not None or args.anneal):
+        raise CliError("--pooled is a formation of the flow machines: it needs --policy gwtf, without --trace "
+                       "and --anneal")
     if args.trace is None:
-        res = run_policy(scenario, args.policy, args.seed, args.rounds, anneal=args.anneal)
+        res = run_policy(scenario, args.policy, args.seed, args.rounds, anneal=args.anneal, pooled=args.pooled)
     else:
         try:
             with open(args.trace, "w", encoding="utf-8") as trace:
@@ -387,6 +396,9 @@ def add_sim_parsers(sub) -> None:
     f.add_argument("--anneal", action="store_true",
                    help="gwtf: run Request Change/Redirect all the time and take worse moves by simulated annealing "
                         "(T0 1.7, alpha 0.95; off by default: it raises the cost, docs/bench_flow.md)")
+    f.add_argument("--pooled", action="store_true",
+                   help="gwtf with several data nodes: form the units as one commodity, then send each home "
+                        "(suffix swaps, exchanges: docs/bench_flow.md, 'Pooled formation')")
     f.add_argument("--json", action="store_true", help="print the JSON of specs/scenario.md")
     f.add_argument("--trace", metavar="FILE", default=None,
                    help="gwtf: write every delivered message, in order, to FILE (time sender receiver message)")

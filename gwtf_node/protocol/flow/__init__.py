@@ -20,7 +20,9 @@ shortest paths).  One module per mechanism:
 * relabel.py: relabelling and cross displacement across data nodes;
 * cycles.py: once the flows stand, cycles through a data node (exchanges across data nodes, off by default);
 * moves.py: Request Change / Request Redirect with simulated annealing (`Annealer`);
-* node.py: `FlowNode`, the entry points and membership changes.
+* node.py: `FlowNode`, the entry points and membership changes;
+* pool.py: pooled formation, several data nodes' units formed as one commodity (`PoolMachine` around each
+  `FlowNode`), then sent home (homing.py: suffix swaps and exchanges over the units' paths).
 
 Each mechanism owns its state, one dataclass (`LabelState`, `UnitState`,
 `WaveState`, ...) that `FlowNode` holds and that only the module defining it

@@ -180,6 +180,12 @@ class FlowNode:
     def act_on_units(self, now: float, eff: list[Effect]) -> None:
         units.act(self, now, eff)
 
+    def adopt(self, inn: dict[str, dict[str, int]], out: dict[str, dict[str, int]]) -> None:
+        """Before `start`: hold the units another formation placed (pooled formation's homing, pool.py) instead of
+        none; the labels are computed over them at `start`, and the data node launches only what they leave of its
+        demand."""
+        self.units.adopt(inn, out)
+
     def start(self, now: float) -> list[Effect]:
         eff: list[Effect] = []
         self.now = now

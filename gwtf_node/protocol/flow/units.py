@@ -81,6 +81,13 @@ class UnitState:
     def take_out(self, d: str, j: str) -> bool:
         return take_one(self.out[d], j)
 
+    def adopt(self, inn: dict[str, dict[str, int]], out: dict[str, dict[str, int]]) -> None:
+        """Start from units placed by another formation (pooled formation's homing, pool.py): per commodity, the
+        units received from each upstream peer and sent on to each downstream peer."""
+        for d in self.inn:
+            self.inn[d] = {p: n for p, n in inn.get(d, {}).items() if n > 0}
+            self.out[d] = {j: n for j, n in out.get(d, {}).items() if n > 0}
+
     def grace(self, until: float) -> None:
         """No rebalancing before `until` (the other half of a move may be on its way)."""
         if until > self.grace_until:

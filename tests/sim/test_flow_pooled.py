@@ -1,0 +1,150 @@
+"""Pooled formation and homing in the simulator (sim/pooled.py, protocol/flow/pool.py)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gwtf_node.protocol.flow import FlowNode
+from gwtf_node.protocol.flow.pool import PoolMachine
+from gwtf_node.protocol.homingmsgs import CostReply, TraceUnit
+from gwtf_node.sim.baselines import optimal_routing
+from gwtf_node.sim.engine import Simulator
+from gwtf_node.sim.flowsim import MS, extract_flows, flow_configs
+from gwtf_node.sim.pooled import POOL_ID, handover, installed_flows, pool_configs, pooled_scenario, run_pooled, sink_of
+from gwtf_node.sim.scenarios import load_flow_setting
+from gwtf_node.sim.validate import check_routing
+
+
+def ratio(sc, res, seed):
+    o = optimal_routing(sc, seed=seed)
+    return sum(f.cost for f in res.flows) / o.extra.get("lp_bound_total_cost", o.total_cost), o
+
+
+@pytest.mark.parametrize("setting, seed", [(5, 0), (6, 209)])
+def test_several_data_nodes_end_home_within_8_percent_of_the_lp_bound(setting, seed):
+    sc = load_flow_setting(setting, seed)
+    res = run_pooled(sc, seed=seed)
+    check_routing(sc, res)  # every unit from its data node back to it, capacities held
+    r, o = ratio(sc, res, seed)
+    assert res.extra["homed"] and res.extra["unrouted_relays"] == 0
+    assert res.num_flows == round(o.extra["lp_max_flow"])
+    assert res.extra["traced"] == res.num_flows
+    assert r <= 1.08, r
+
+
+def test_with_one_data_node_pooled_formation_is_the_optimum():
+    sc = load_flow_setting(1, 3)
+    res = run_pooled(sc, seed=3)
+    o = optimal_routing(sc, seed=3)
+    check_routing(sc, res)
+    assert res.num_flows == o.num_flows
+    assert sum(f.cost for f in res.flows) == pytest.approx(o.total_cost)
+    assert res.extra["crossed"] == 0 and res.extra["swaps"] == 0
+
+
+class DropFirst:
+    """A machine that loses the first message of type `kind` delivered to it."""
+
+    def __init__(self, machine, kind):
+        self.machine, self.kind, self.dropped = machine, kind, 0
+
+    def start(self, now):
+        return self.machine.start(now)
+
+    def on_timer(self, now, key):
+        return self.machine.on_timer(now, key)
+
+    def on_message(self, now, sender, msg):
+        if type(msg) is self.kind and not self.dropped:
+            self.dropped += 1
+            return []
+        return self.machine.on_message(now, sender, msg)
+
+
+@pytest.mark.parametrize("victim, kind", [("pool", TraceUnit), ("pool", CostReply)])
+def test_a_lost_trace_or_reply_times_the_round_out_and_the_next_one_homes(victim, kind):
+    sc = load_flow_setting(5, 0)
+    net = pooled_scenario(sc)
+    cfgs, pcfgs = flow_configs(net), pool_configs(sc)
+    sim = Simulator(lambda a, b: (lambda v: None if v is None else v * MS)(net.delay_ms(a, b)))
+    machines = {nid: PoolMachine(FlowNode(cfgs[nid], random.Random(f"0:{nid}")), pcfgs[nid]) for nid in cfgs}
+    lossy = DropFirst(machines[victim], kind)
+    for nid in sorted(machines):
+        sim.add(nid, lossy if nid == victim else machines[nid])
+    sim.start_all()
+    sim.run_until(200.0, stop=lambda now: machines[POOL_ID].homed, check_every_s=1.0)
+    assert lossy.dropped == 1
+    assert machines[POOL_ID].homed and machines[POOL_ID].stats.rounds == 2
+    flows, left = installed_flows(sc, machines)
+    check_routing(sc, flows)
+    assert left == 0 and len(flows) == round(optimal_routing(sc, seed=0).extra["lp_max_flow"])
+
+
+def test_messages_of_an_old_round_or_from_a_peer_not_asked_change_nothing():
+    sc = load_flow_setting(5, 0)
+    res = run_pooled(sc, seed=0)
+    assert res.extra["homed"]
+    net = pooled_scenario(sc)
+    cfg = flow_configs(net)[POOL_ID]
+    pool = PoolMachine(FlowNode(cfg, random.Random(0)), pool_configs(sc)[POOL_ID])
+    pool.start(0.0)
+    assert pool.on_message(1.0, "r0", CostReply(0, (("x", 1.0),))) == []
+    assert pool.on_message(1.0, sink_of("d0"), TraceUnit(5, "d0", ("a",), "d0")) == []
+    assert not pool.homed and pool.costs == {} and pool.tokens == []
+
+
+def test_sim_flow_pooled_prints_the_homed_flows_and_refuses_other_policies(tmp_path, capsys):
+    import json
+
+    from gwtf_node.cli import main
+    from gwtf_node.sim.scenarios import flow_setting_scenario
+
+    sc = tmp_path / "s5.json"
+    sc.write_text(json.dumps(flow_setting_scenario(5, 0)))
+    assert main(["sim", "flow", "--scenario", str(sc), "--seed", "0", "--pooled", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert res["policy"] == "gwtf" and res["formation"] == "pooled" and res["homed"]
+    assert all(f["path"] and f["data_node"] in ("d0", "d1") for f in res["flows"])
+    check_routing(load_flow_setting(5, 0), run_pooled(load_flow_setting(5, 0), seed=0))
+    assert main(["sim", "flow", "--scenario", str(sc), "--policy", "swarm", "--pooled"]) == 2
+    assert "--pooled" in capsys.readouterr().err
+
+
+def test_the_per_data_node_machines_run_on_from_the_homed_units_and_keep_them():
+    sc = load_flow_setting(6, 201)
+    homed = run_pooled(sc, seed=201)
+    on = run_pooled(sc, seed=201, continue_rounds=40)
+    check_routing(sc, on)
+    assert on.extra["inconsistent_links"] == 0 and on.extra["continued_messages"] > 0
+    assert sorted((f.data_node, f.path) for f in on.flows) == sorted((f.data_node, f.path) for f in homed.flows)
+
+
+def test_after_the_handover_a_crashed_relay_s_units_are_placed_again():
+    sc = load_flow_setting(5, 0)
+    net = pooled_scenario(sc)
+    cfgs, pcfgs = flow_configs(net), pool_configs(sc)
+    sim = Simulator(lambda a, b: (lambda v: None if v is None else v * MS)(net.delay_ms(a, b)))
+    machines = {nid: PoolMachine(FlowNode(cfgs[nid], random.Random(f"0:{nid}")), pcfgs[nid]) for nid in cfgs}
+    for nid in sorted(machines):
+        sim.add(nid, machines[nid])
+    sim.start_all()
+    sim.run_until(200.0, stop=lambda now: machines[POOL_ID].homed, check_every_s=1.0)
+    nodes = handover(sc, machines)
+    after = Simulator(lambda a, b: (lambda v: None if v is None else v * MS)(sc.delay_ms(a, b)))
+    for nid in sorted(nodes):
+        after.add(nid, nodes[nid])
+    after.start_all()
+    after.run_until(10.0)
+    victim = next(r for r in sorted(nodes) if not nodes[r].cfg.is_data and any(nodes[r].out[d] for d in nodes[r].out))
+    after.kill(victim)
+    for nid in sorted(set(nodes[victim].cfg.next_costs) | set(nodes[victim].cfg.prev_costs)):
+        after._apply(nid, nodes[nid].remove_neighbour(after.now, victim))
+    after.run_until(120.0)
+    rest = [f for f in extract_flows(sc, nodes)[0]]
+    assert all(victim not in f.path for f in rest)
+    without = sc.__class__(sc.name, sc.stages, tuple(n for n in sc.nodes if n.id != victim),
+                           tuple(l for l in sc.links if victim not in (l.a, l.b)))
+    check_routing(without, rest)
+    assert len(rest) == round(optimal_routing(without, seed=0).extra["lp_max_flow"])
