@@ -19,8 +19,9 @@ by the pool once its flows are still (`PoolConfig.quiet_s`):
    sent; each relay adds itself and passes it on along a unit of its own not
    traced in this round; the sink side adds where it ended and hands it to the
    pool.
-   The pool starts once its flows are formed: no launch out and a wave begun
-   `quiet_s` ago that gives it no route (`_formed`).
+   The pool starts once its flows are formed: no launch out, and the whole
+   demand placed or a wave begun `quiet_s` ago that gives it no route
+   (`_formed`).
 2. `CostQuery` to every relay on a traced path: its link costs to the relays
    the other units use at the next stage (at the first stage, to every data
    node's source side; at the last, to every sink side); `CostReply`.
@@ -189,11 +190,13 @@ class PoolMachine:
         return eff
 
     def _formed(self, now: float) -> bool:
-        """The pool's flows are formed: no launch out, and its current wave, begun `quiet_s` ago or more, gives it
-        no route (the maximum flow), its flows unchanged as long."""
+        """The pool's flows are formed: no launch out, its flows unchanged for `quiet_s`, and either the whole
+        demand placed or its current wave, begun `quiet_s` ago or more, giving it no route (the maximum flow)."""
         m, quiet = self.inner, self.pcfg.quiet_s
         if m.pending or m.token_pending or m.launch.pending > 0 or now - m.stats.last_change < quiet:
             return False
+        if sum(m.out[self.commodity].values()) >= m.launch.demand:
+            return True  # every data node's whole demand placed
         label = m.my_out.get(self.commodity)
         return now - m.launch.wave_started >= quiet and (label is None or label.cost == INF)
 
