@@ -37,7 +37,6 @@ __all__ = ["CliError", "EXIT_USAGE", "SIM_TRAIN_JSON_KEYS", "build_parser", "cmd
 
 def cmd_join(args: argparse.Namespace) -> int:
     from pathlib import Path
-
     from ..runtime.ops.startup import StartupError, check_port_free
     from ..runtime.ops.statedir import lock_state_dir
 
@@ -50,12 +49,10 @@ def cmd_join(args: argparse.Namespace) -> int:
         except ValueError:
             raise CliError(f"--stage must be 'auto' or a stage number, got {args.stage!r}") from None
     try:
-        from ..model.manifest import load_manifest, verify_manifest
+        from ..model.manifest import load_manifest, require_signed, verify_manifest
 
         man = load_manifest(args.run, check_files=args.role == "data")  # relays hold no data
         verify_manifest(man)  # signed by its owner, before the node starts
-        from ..model.manifest import require_signed
-
         require_signed(man, insecure_unsigned=args.insecure_unsigned)
         if stage is not None and not 0 <= stage < len(man.stages):
             raise CliError(f"--stage {stage} is outside the run's stages 0..{len(man.stages) - 1}")
@@ -224,6 +221,7 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
                        data_index=args.data_index, data_nodes=args.data_nodes,
                        links=Path(args.links) if args.links else None, policy=args.policy,
                        bootstrap_timeout_s=args.bootstrap_timeout, flow_neighbours=args.flow_neighbours,
+                       pooled_formation=args.pooled_formation,
                        restore=Path(args.restore) if args.restore else None, keep_checkpoints=args.keep_checkpoints,
                        checkpoint_every=args.checkpoint_every,
                        metrics_port=args.metrics_port, metrics_host=args.metrics_host,
@@ -474,6 +472,8 @@ def _add_join_parser(sub: Any) -> argparse.ArgumentParser:
     j.add_argument("--flow-neighbours", type=_nonneg_int, default=FLOW_NEIGHBOURS, metavar="K",
                    help="relays: link the flows to the K cheapest relays of each adjacent stage, and to those that chose "
                         "this one (0, the default: to every one; docs/bench_flow.md, \"Bounded neighbourhoods\")")
+    j.add_argument("--pooled-formation", action="store_true", help="several data nodes: form the flows as one "
+                   "commodity, then send each unit home (docs/bench_flow.md, \"Pooled formation\"); set on every node")
     j.add_argument("--device", default="auto", help="torch device for the stage: auto (cuda if present), cpu, cuda, cuda:N")
     j.add_argument("--torch-threads", type=_nonneg_int, default=0, metavar="N",
                    help="CPU threads of torch's operators (0: torch's default, one per core; several nodes on one "

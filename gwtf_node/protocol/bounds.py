@@ -527,60 +527,39 @@ def _refused(msg: m.Refused, ctx: Context) -> Problem | None:
     return _strings(msg.reason)
 
 
+def _homing(msg: Any, ctx: Context) -> Problem | None:
+    """A message of pooled formation (flow/pool.py): its lists and strings bounded, its costs and counts in range."""
+    t = type(msg)
+    if t is m.TraceUnit:
+        return _first(_items(msg.path, "path"), _strings(msg.origin, msg.end, *msg.path))
+    if t is m.CostQuery:
+        return _first(_items(msg.peers, "peers"), _strings(*msg.peers))
+    if t is m.CostReply:
+        costs = (_cost(c, "a link's cost", infinite_ok=False) for _, c in msg.costs)
+        return _first(_items(msg.costs, "costs"), *costs)
+    if t is m.Install:
+        counts = (_count(r.count, "a route's units", MAX_CAPACITY) for r in msg.routes)
+        return _first(_items(msg.routes, "routes"), *counts)
+    return _strings(msg.role, msg.sender_role)  # PoolFrame (its frame is checked as it is read: runtime pooling.py)
+
+
+# (Deny: a commodity and an enum, which the codec checks)
 CHECKS: dict[type, Callable[[Any, Context], Problem | None]] = {
-    m.CostAnnounce: _cost_announce,
-    m.RequestFlow: _request_flow,
-    m.FlowReply: _flow_reply,
-    m.Deny: _nothing,  # a commodity and an enum (the codec checks it)
-    m.Withdraw: _nothing,
-    m.QueryFlows: _nothing,
-    m.FlowReport: _flow_report,
-    m.RequestChange: _request_change,
-    m.RequestRedirect: _request_redirect,
-    m.MoveReply: _nothing,
-    m.Reroute: _nothing,
-    m.LaunchBid: _launch_bid,
-    m.Relabel: _nothing,
-    m.RelabelCost: _relabel_cost,
-    m.LabelLimit: _label_limit,
-    m.Hello: _hello,
-    m.PeerList: _peer_list,
-    m.Revocations: _revocations,
-    m.Forward: _forward,
-    m.Backward: _backward,
-    m.Complete: _iteration_only,
-    m.IterationDone: _iteration_done,
-    m.BeginAggregation: _begin,
-    m.CanTake: _can_take,
-    m.PhaseAck: _iteration_only,
-    m.AllReduceChunk: _all_reduce_chunk,
-    m.LinkCost: _link_cost,
-    m.Ping: _nothing,
-    m.Pong: _pong,
-    m.LinkProbe: _nothing,
-    m.StageStateRequest: _stage_state_request,
-    m.StageState: _stage_state,
-    m.Goodbye: _goodbye,
-    m.MbDeny: _iteration_only,
-    m.Probe: _probe,
-    m.ProbeAck: _iteration_only,
-    m.Recover: _recover,
-    m.Resume: _resume,
-    m.BackwardStuck: _backward_stuck,
-    m.Room: _room,
-    m.Release: _iteration_only,
-    m.MbState: _mb_state,
-    m.RepairOrder: _repair_order,
-    m.Lend: _iteration_only,
-    m.RequestVote: _term_only,
-    m.Vote: _term_only,
-    m.LeaderHeartbeat: _heartbeat,
-    m.HeartbeatAck: _term_only,
-    m.JoinRequest: _join_request,
-    m.UtilizationQuery: _nothing,
-    m.UtilizationReport: _utilization_report,
-    m.Assignment: _assignment,
-    m.Refused: _refused,
+    m.CostAnnounce: _cost_announce, m.RequestFlow: _request_flow, m.FlowReply: _flow_reply, m.Deny: _nothing,
+    m.Withdraw: _nothing, m.QueryFlows: _nothing, m.FlowReport: _flow_report, m.RequestChange: _request_change,
+    m.RequestRedirect: _request_redirect, m.MoveReply: _nothing, m.Reroute: _nothing, m.LaunchBid: _launch_bid,
+    m.Relabel: _nothing, m.RelabelCost: _relabel_cost, m.LabelLimit: _label_limit, m.Hello: _hello,
+    m.PeerList: _peer_list, m.Revocations: _revocations, m.Forward: _forward, m.Backward: _backward,
+    m.Complete: _iteration_only, m.IterationDone: _iteration_done, m.BeginAggregation: _begin, m.CanTake: _can_take,
+    m.PhaseAck: _iteration_only, m.AllReduceChunk: _all_reduce_chunk, m.LinkCost: _link_cost, m.Ping: _nothing,
+    m.Pong: _pong, m.LinkProbe: _nothing, m.StageStateRequest: _stage_state_request, m.StageState: _stage_state,
+    m.Goodbye: _goodbye, m.MbDeny: _iteration_only, m.Probe: _probe, m.ProbeAck: _iteration_only, m.Recover: _recover,
+    m.Resume: _resume, m.BackwardStuck: _backward_stuck, m.Room: _room, m.Release: _iteration_only,
+    m.MbState: _mb_state, m.RepairOrder: _repair_order, m.Lend: _iteration_only, m.RequestVote: _term_only,
+    m.Vote: _term_only, m.LeaderHeartbeat: _heartbeat, m.HeartbeatAck: _term_only, m.JoinRequest: _join_request,
+    m.UtilizationQuery: _nothing, m.UtilizationReport: _utilization_report, m.Assignment: _assignment,
+    m.Refused: _refused, m.HomingStart: _nothing, m.TraceUnit: _homing, m.CostQuery: _homing, m.CostReply: _homing,
+    m.Install: _homing, m.PoolFrame: _homing,
 }
 
 

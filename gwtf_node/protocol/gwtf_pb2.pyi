@@ -820,8 +820,72 @@ class Assignment(_message.Message):
     start_iteration: int
     def __init__(self, term: _Optional[int] = ..., node: _Optional[str] = ..., stage: _Optional[int] = ..., download_from: _Optional[str] = ..., start_iteration: _Optional[int] = ...) -> None: ...
 
+class HomingStart(_message.Message):
+    __slots__ = ("round",)
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    def __init__(self, round: _Optional[int] = ...) -> None: ...
+
+class TraceUnit(_message.Message):
+    __slots__ = ("round", "origin", "path", "end")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    origin: str
+    path: _containers.RepeatedScalarFieldContainer[str]
+    end: str
+    def __init__(self, round: _Optional[int] = ..., origin: _Optional[str] = ..., path: _Optional[_Iterable[str]] = ..., end: _Optional[str] = ...) -> None: ...
+
+class CostQuery(_message.Message):
+    __slots__ = ("round", "peers")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    peers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, round: _Optional[int] = ..., peers: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CostReply(_message.Message):
+    __slots__ = ("round", "costs")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    COSTS_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    costs: _containers.RepeatedCompositeFieldContainer[PeerCost]
+    def __init__(self, round: _Optional[int] = ..., costs: _Optional[_Iterable[_Union[PeerCost, _Mapping]]] = ...) -> None: ...
+
+class Route(_message.Message):
+    __slots__ = ("commodity", "prev", "next", "count")
+    COMMODITY_FIELD_NUMBER: _ClassVar[int]
+    PREV_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    commodity: str
+    prev: str
+    next: str
+    count: int
+    def __init__(self, commodity: _Optional[str] = ..., prev: _Optional[str] = ..., next: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+
+class Install(_message.Message):
+    __slots__ = ("round", "routes")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    routes: _containers.RepeatedCompositeFieldContainer[Route]
+    def __init__(self, round: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[Route, _Mapping]]] = ...) -> None: ...
+
+class PoolFrame(_message.Message):
+    __slots__ = ("role", "sender_role", "frame")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    SENDER_ROLE_FIELD_NUMBER: _ClassVar[int]
+    FRAME_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    sender_role: str
+    frame: bytes
+    def __init__(self, role: _Optional[str] = ..., sender_role: _Optional[str] = ..., frame: _Optional[bytes] = ...) -> None: ...
+
 class Envelope(_message.Message):
-    __slots__ = ("version", "sender", "cost_announce", "request_flow", "flow_reply", "deny", "withdraw", "query_flows", "flow_report", "request_change", "request_redirect", "move_reply", "reroute", "launch_bid", "relabel", "relabel_cost", "label_limit", "hello", "peer_list", "forward", "backward", "complete", "iteration_done", "begin_aggregation", "can_take", "phase_ack", "all_reduce_chunk", "ping", "pong", "stage_state_request", "stage_state", "goodbye", "revocations", "mb_deny", "probe", "probe_ack", "recover", "resume", "backward_stuck", "room", "release", "mb_state", "repair_order", "lend", "link_cost", "link_probe", "request_vote", "vote", "leader_heartbeat", "heartbeat_ack", "join_request", "utilization_query", "utilization_report", "assignment", "refused")
+    __slots__ = ("version", "sender", "cost_announce", "request_flow", "flow_reply", "deny", "withdraw", "query_flows", "flow_report", "request_change", "request_redirect", "move_reply", "reroute", "launch_bid", "relabel", "relabel_cost", "label_limit", "hello", "peer_list", "forward", "backward", "complete", "iteration_done", "begin_aggregation", "can_take", "phase_ack", "all_reduce_chunk", "ping", "pong", "stage_state_request", "stage_state", "goodbye", "revocations", "mb_deny", "probe", "probe_ack", "recover", "resume", "backward_stuck", "room", "release", "mb_state", "repair_order", "lend", "link_cost", "link_probe", "request_vote", "vote", "leader_heartbeat", "heartbeat_ack", "join_request", "utilization_query", "utilization_report", "assignment", "homing_start", "trace_unit", "cost_query", "cost_reply", "install", "pool_frame", "refused")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     COST_ANNOUNCE_FIELD_NUMBER: _ClassVar[int]
@@ -876,6 +940,12 @@ class Envelope(_message.Message):
     UTILIZATION_QUERY_FIELD_NUMBER: _ClassVar[int]
     UTILIZATION_REPORT_FIELD_NUMBER: _ClassVar[int]
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    HOMING_START_FIELD_NUMBER: _ClassVar[int]
+    TRACE_UNIT_FIELD_NUMBER: _ClassVar[int]
+    COST_QUERY_FIELD_NUMBER: _ClassVar[int]
+    COST_REPLY_FIELD_NUMBER: _ClassVar[int]
+    INSTALL_FIELD_NUMBER: _ClassVar[int]
+    POOL_FRAME_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     version: int
     sender: str
@@ -931,8 +1001,14 @@ class Envelope(_message.Message):
     utilization_query: UtilizationQuery
     utilization_report: UtilizationReport
     assignment: Assignment
+    homing_start: HomingStart
+    trace_unit: TraceUnit
+    cost_query: CostQuery
+    cost_reply: CostReply
+    install: Install
+    pool_frame: PoolFrame
     refused: Refused
-    def __init__(self, version: _Optional[int] = ..., sender: _Optional[str] = ..., cost_announce: _Optional[_Union[CostAnnounce, _Mapping]] = ..., request_flow: _Optional[_Union[RequestFlow, _Mapping]] = ..., flow_reply: _Optional[_Union[FlowReply, _Mapping]] = ..., deny: _Optional[_Union[Deny, _Mapping]] = ..., withdraw: _Optional[_Union[Withdraw, _Mapping]] = ..., query_flows: _Optional[_Union[QueryFlows, _Mapping]] = ..., flow_report: _Optional[_Union[FlowReport, _Mapping]] = ..., request_change: _Optional[_Union[RequestChange, _Mapping]] = ..., request_redirect: _Optional[_Union[RequestRedirect, _Mapping]] = ..., move_reply: _Optional[_Union[MoveReply, _Mapping]] = ..., reroute: _Optional[_Union[Reroute, _Mapping]] = ..., launch_bid: _Optional[_Union[LaunchBid, _Mapping]] = ..., relabel: _Optional[_Union[Relabel, _Mapping]] = ..., relabel_cost: _Optional[_Union[RelabelCost, _Mapping]] = ..., label_limit: _Optional[_Union[LabelLimit, _Mapping]] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., peer_list: _Optional[_Union[PeerList, _Mapping]] = ..., forward: _Optional[_Union[Forward, _Mapping]] = ..., backward: _Optional[_Union[Backward, _Mapping]] = ..., complete: _Optional[_Union[Complete, _Mapping]] = ..., iteration_done: _Optional[_Union[IterationDone, _Mapping]] = ..., begin_aggregation: _Optional[_Union[BeginAggregation, _Mapping]] = ..., can_take: _Optional[_Union[CanTake, _Mapping]] = ..., phase_ack: _Optional[_Union[PhaseAck, _Mapping]] = ..., all_reduce_chunk: _Optional[_Union[AllReduceChunk, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., stage_state_request: _Optional[_Union[StageStateRequest, _Mapping]] = ..., stage_state: _Optional[_Union[StageState, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., revocations: _Optional[_Union[Revocations, _Mapping]] = ..., mb_deny: _Optional[_Union[MbDeny, _Mapping]] = ..., probe: _Optional[_Union[Probe, _Mapping]] = ..., probe_ack: _Optional[_Union[ProbeAck, _Mapping]] = ..., recover: _Optional[_Union[Recover, _Mapping]] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ..., backward_stuck: _Optional[_Union[BackwardStuck, _Mapping]] = ..., room: _Optional[_Union[Room, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., mb_state: _Optional[_Union[MbState, _Mapping]] = ..., repair_order: _Optional[_Union[RepairOrder, _Mapping]] = ..., lend: _Optional[_Union[Lend, _Mapping]] = ..., link_cost: _Optional[_Union[LinkCost, _Mapping]] = ..., link_probe: _Optional[_Union[LinkProbe, _Mapping]] = ..., request_vote: _Optional[_Union[RequestVote, _Mapping]] = ..., vote: _Optional[_Union[Vote, _Mapping]] = ..., leader_heartbeat: _Optional[_Union[LeaderHeartbeat, _Mapping]] = ..., heartbeat_ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ..., join_request: _Optional[_Union[JoinRequest, _Mapping]] = ..., utilization_query: _Optional[_Union[UtilizationQuery, _Mapping]] = ..., utilization_report: _Optional[_Union[UtilizationReport, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., refused: _Optional[_Union[Refused, _Mapping]] = ...) -> None: ...
+    def __init__(self, version: _Optional[int] = ..., sender: _Optional[str] = ..., cost_announce: _Optional[_Union[CostAnnounce, _Mapping]] = ..., request_flow: _Optional[_Union[RequestFlow, _Mapping]] = ..., flow_reply: _Optional[_Union[FlowReply, _Mapping]] = ..., deny: _Optional[_Union[Deny, _Mapping]] = ..., withdraw: _Optional[_Union[Withdraw, _Mapping]] = ..., query_flows: _Optional[_Union[QueryFlows, _Mapping]] = ..., flow_report: _Optional[_Union[FlowReport, _Mapping]] = ..., request_change: _Optional[_Union[RequestChange, _Mapping]] = ..., request_redirect: _Optional[_Union[RequestRedirect, _Mapping]] = ..., move_reply: _Optional[_Union[MoveReply, _Mapping]] = ..., reroute: _Optional[_Union[Reroute, _Mapping]] = ..., launch_bid: _Optional[_Union[LaunchBid, _Mapping]] = ..., relabel: _Optional[_Union[Relabel, _Mapping]] = ..., relabel_cost: _Optional[_Union[RelabelCost, _Mapping]] = ..., label_limit: _Optional[_Union[LabelLimit, _Mapping]] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., peer_list: _Optional[_Union[PeerList, _Mapping]] = ..., forward: _Optional[_Union[Forward, _Mapping]] = ..., backward: _Optional[_Union[Backward, _Mapping]] = ..., complete: _Optional[_Union[Complete, _Mapping]] = ..., iteration_done: _Optional[_Union[IterationDone, _Mapping]] = ..., begin_aggregation: _Optional[_Union[BeginAggregation, _Mapping]] = ..., can_take: _Optional[_Union[CanTake, _Mapping]] = ..., phase_ack: _Optional[_Union[PhaseAck, _Mapping]] = ..., all_reduce_chunk: _Optional[_Union[AllReduceChunk, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., stage_state_request: _Optional[_Union[StageStateRequest, _Mapping]] = ..., stage_state: _Optional[_Union[StageState, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., revocations: _Optional[_Union[Revocations, _Mapping]] = ..., mb_deny: _Optional[_Union[MbDeny, _Mapping]] = ..., probe: _Optional[_Union[Probe, _Mapping]] = ..., probe_ack: _Optional[_Union[ProbeAck, _Mapping]] = ..., recover: _Optional[_Union[Recover, _Mapping]] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ..., backward_stuck: _Optional[_Union[BackwardStuck, _Mapping]] = ..., room: _Optional[_Union[Room, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., mb_state: _Optional[_Union[MbState, _Mapping]] = ..., repair_order: _Optional[_Union[RepairOrder, _Mapping]] = ..., lend: _Optional[_Union[Lend, _Mapping]] = ..., link_cost: _Optional[_Union[LinkCost, _Mapping]] = ..., link_probe: _Optional[_Union[LinkProbe, _Mapping]] = ..., request_vote: _Optional[_Union[RequestVote, _Mapping]] = ..., vote: _Optional[_Union[Vote, _Mapping]] = ..., leader_heartbeat: _Optional[_Union[LeaderHeartbeat, _Mapping]] = ..., heartbeat_ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ..., join_request: _Optional[_Union[JoinRequest, _Mapping]] = ..., utilization_query: _Optional[_Union[UtilizationQuery, _Mapping]] = ..., utilization_report: _Optional[_Union[UtilizationReport, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., homing_start: _Optional[_Union[HomingStart, _Mapping]] = ..., trace_unit: _Optional[_Union[TraceUnit, _Mapping]] = ..., cost_query: _Optional[_Union[CostQuery, _Mapping]] = ..., cost_reply: _Optional[_Union[CostReply, _Mapping]] = ..., install: _Optional[_Union[Install, _Mapping]] = ..., pool_frame: _Optional[_Union[PoolFrame, _Mapping]] = ..., refused: _Optional[_Union[Refused, _Mapping]] = ...) -> None: ...
 
 class Refused(_message.Message):
     __slots__ = ("code", "reason")

@@ -57,3 +57,15 @@ class Install:
 
     round: int
     routes: tuple[Route, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolFrame:
+    """A message between the machines of pooled formation, which a node hosts several of (a data node its source
+    side, its sink side and maybe the pool; a relay one): `frame` is an encoded Envelope holding a flow or homing
+    message from the sender's `sender_role` to the receiver's `role` ("" for a relay, else "src", "snk",
+    "pool")."""
+
+    role: str
+    sender_role: str
+    frame: bytes

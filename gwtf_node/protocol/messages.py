@@ -20,6 +20,7 @@ import enum
 from dataclasses import dataclass
 
 from .electmsgs import HeartbeatAck, LeaderHeartbeat, RequestVote, Vote  # noqa: F401 - re-exported (leader.py)
+from .homingmsgs import CostQuery, CostReply, HomingStart, Install, PoolFrame, Route, TraceUnit  # noqa: F401 - re-exported
 from .joinmsgs import Assignment, JoinRequest, UtilizationQuery, UtilizationReport  # noqa: F401 - re-exported
 from .refusals import RefusalCode, Revocations  # noqa: F401 - re-exported: a Refused carries one; trust messages
 from .replies import DenyReason, Reply, Side  # noqa: F401 - re-exported: flow messages carry them
@@ -586,5 +587,6 @@ Message = (
     | MbDeny | Probe | ProbeAck | Recover | Resume | BackwardStuck | Room | Release | MbState | RepairOrder | Lend
     | RequestVote | Vote | LeaderHeartbeat | HeartbeatAck
     | JoinRequest | UtilizationQuery | UtilizationReport | Assignment
+    | HomingStart | TraceUnit | CostQuery | CostReply | Install | PoolFrame
     | Refused
 )

@@ -167,6 +167,15 @@ STRATEGIES.update({
     m.Assignment: st.builds(m.Assignment, term=u64, node=ids, stage=i32, download_from=ids,
                             start_iteration=u64),
 })
+STRATEGIES.update({  # pooled formation's homing (flow/pool.py)
+    m.HomingStart: st.builds(m.HomingStart, round=u32),
+    m.TraceUnit: st.builds(m.TraceUnit, round=u32, origin=ids, path=small_tuples(ids), end=ids),
+    m.CostQuery: st.builds(m.CostQuery, round=u32, peers=small_tuples(ids)),
+    m.CostReply: st.builds(m.CostReply, round=u32, costs=small_tuples(st.tuples(ids, costs))),
+    m.Install: st.builds(m.Install, round=u32, routes=small_tuples(
+        st.builds(m.Route, commodity=ids, prev=ids, next=ids, count=u32))),
+    m.PoolFrame: st.builds(m.PoolFrame, role=ids, sender_role=ids, frame=st.binary(max_size=64)),
+})
 STRATEGIES.update({  # start-up: the answer to a refused Hello
     m.Refused: st.builds(m.Refused, code=st.sampled_from(m.RefusalCode), reason=ids),
 })

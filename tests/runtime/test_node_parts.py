@@ -20,6 +20,8 @@ from gwtf_node.runtime.net.peers import PeerInfo, Peers, Place
 from gwtf_node.runtime.node.tensorstore import Drop, Keep, Slot, TensorStore
 
 NOT_RECEIVED = {m.ProbeAck}  # on the wire format, sent by no machine: refused as unexpected
+# pooled formation's homing messages travel inside a PoolFrame only (pooling.py): a bare one is refused as unexpected
+NOT_RECEIVED |= {m.HomingStart, m.TraceUnit, m.CostQuery, m.CostReply, m.Install}
 
 
 def _parts() -> SimpleNamespace:

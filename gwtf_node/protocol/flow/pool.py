@@ -27,9 +27,10 @@ by the pool once its flows are still (`PoolConfig.quiet_s`):
    node's source side; at the last, to every sink side); `CostReply`.
 3. The pool computes the homed units (`homing.home_units`: suffix swaps, units
    still away to the data node cheapest for them, exchanges) and sends each
-   node on a homed path its routes per data node (`Install`).  From then on a
-   node's `inn` / `out` are the installed per-data-node counts, and its flow
-   machine takes no more messages.
+   node on a homed path its routes per data node (`Install`; an empty one to
+   every other node on a traced path and every data node's side).  From then
+   on a node's `inn` / `out` are the installed per-data-node counts, and its
+   flow machine takes no more messages.
 
 A round not done in `round_timeout_s` (a token or a reply lost) is started
 again, at most `max_rounds` times.  Pure: the driver hands in `now`.
@@ -246,8 +247,9 @@ class PoolMachine:
             for side, key in ((sides[d], (d, d, path[0])), (sinks[d], (d, path[-1], d))):
                 counts.setdefault(side, {})[key] = counts.setdefault(side, {}).get(key, 0) + 1
         eff: list[Effect] = []
-        for node in sorted(counts):
-            routes = tuple(Route(d, p, n, c) for (d, p, n), c in sorted(counts[node].items()))
+        told = set(counts) | {r for u in self.tokens for r in u[1]} | set(self.pcfg.sources) | set(self.pcfg.sinks)
+        for node in sorted(told):  # (every node that held pooled units, so that each knows homing is over)
+            routes = tuple(Route(d, p, n, c) for (d, p, n), c in sorted(counts.get(node, {}).items()))
             eff.append(Send(node, Install(self.round, routes)))
         self.installed = {}
         self.stats.traced, self.stats.homed_at, self.stats.steps = len(self.tokens), now, steps

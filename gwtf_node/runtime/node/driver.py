@@ -37,6 +37,7 @@ class Owner(enum.Enum):
     """The machine a driver carries out effects of, and whose timers it keys."""
 
     FLOWS = "flows"  # the flow machine (protocol/flow/)
+    POOLING = "pooling"  # pooled formation's machines (protocol/flow/pool.py, pooling.py)
     MICROBATCHES = "microbatches"  # the recovery machine (protocol/recovery/)
     AGGREGATION = "aggregation"  # the phases (protocol/phases.py)
     LEADER = "leader"  # the election (protocol/leader.py)

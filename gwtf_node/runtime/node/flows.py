@@ -52,6 +52,7 @@ from ...protocol import messages as m
 from ...protocol.cost import link_cost
 from ...protocol.flow import FlowConfig, FlowNode, flows_formed
 from ...protocol.neighbourhood import FLOW_NEIGHBOURS, nearest, refill, takes_newcomer
+from .pooling import Pooling, pooled_machines
 from .linkmeter import REMEASURE_EVERY_S, LinkMeter, LinkSample, recost_threshold
 from .liveness import Liveness
 from ..net.peers import PeerInfo, Peers
@@ -73,8 +74,12 @@ FLOW_MSGS = (
 class Flows:
     def __init__(self, wire: Wire, peers: Peers, liveness: Liveness, stage: LocalStage, drivers: Drivers,
                  links_cfg: dict[tuple[str, str], tuple[float, float]], on_changed: Callable[[], None],
-                 neighbours: int = FLOW_NEIGHBOURS) -> None:
+                 neighbours: int = FLOW_NEIGHBOURS, pooled: bool = False) -> None:
         self.wire = wire
+        self.drivers = drivers
+        self.pooled = pooled  # several data nodes form their flows pooled first (pooling.py)
+        self.pooling: Pooling | None = None
+        self.pool_queue: list[tuple[str, m.PoolFrame]] = []  # PoolFrames that came before the pooled machines
         self.peers = peers
         self.liveness = liveness
         self.stage = stage
@@ -216,12 +221,48 @@ class Flows:
         self.prev_costs = {p: self.agreed_costs.get(p, self.link_cost(p)) for p in prv}
         for p, c in sorted(self.next_costs.items()):
             self.wire.post(p, m.LinkCost(c))
-        commodities = tuple(self.peers.data_nodes())
+        if self.pooled and len(self.peers.data_nodes()) > 1 and not joined:
+            self._start_pooling()
+        else:
+            self._start_machine(joined, {}, {})
+
+    def _config(self, joined: bool) -> FlowConfig:
         relay = self.peers.role == "relay"
-        cfg = FlowConfig(me, not relay, self.peers.capacity, commodities, self.next_costs, self.prev_costs,
-                         tuple(self.peers.ids("relay", self.peers.stage)) if relay else (), joined=joined)
-        seed = int.from_bytes(me.encode()[-8:], "big")
-        self.machine = FlowNode(cfg, random.Random(seed))
+        return FlowConfig(self.wire.me, not relay, self.peers.capacity, tuple(self.peers.data_nodes()),
+                          self.next_costs, self.prev_costs,
+                          tuple(self.peers.ids("relay", self.peers.stage)) if relay else (), joined=joined)
+
+    def _start_pooling(self) -> None:
+        """Pooled formation first (pooling.py); the flow machine starts once this node hands over."""
+        me, data = self.wire.me, sorted(self.peers.data_nodes())
+        demand = {d: self.peers.capacity if d == me else self.peers.get(d).capacity for d in data}
+        relay = self.peers.role == "relay"
+        machines = pooled_machines(me, relay, self.peers.capacity, data, demand, dict(self.next_costs),
+                                   dict(self.prev_costs), tuple(self.peers.ids("relay", self.peers.stage)) if relay
+                                   else (), lambda nid: random.Random(int.from_bytes(nid.encode()[-8:], "big")))
+        self.pooling = Pooling(self.wire, self.drivers, machines, self._hand_over)
+        self.pooling.start()
+        queued, self.pool_queue = self.pool_queue, []
+        for peer, msg in queued:
+            try:
+                self.on_pool_frame(peer, msg)
+            except FrameRefused as e:
+                log.info("PoolFrame from %s that waited for pooled formation refused: %s", self.peers.who(peer), e)
+
+    def _hand_over(self) -> None:
+        """Pooled formation is over at this node: its flow machine starts with the units homing installed here
+        (those over links still linked)."""
+        inn, out = self.pooling.installed()
+        inn = {d: {p: n for p, n in v.items() if p in self.prev_costs and n > 0} for d, v in inn.items()}
+        out = {d: {p: n for p, n in v.items() if p in self.next_costs and n > 0} for d, v in out.items()}
+        self._start_machine(False, inn, out)
+
+    def _start_machine(self, joined: bool, inn: dict, out: dict) -> None:
+        """Start the flow machine (holding `inn` / `out`, pooled formation's units), replay what waited for it."""
+        commodities = tuple(self.peers.data_nodes())
+        seed = int.from_bytes(self.wire.me.encode()[-8:], "big")
+        self.machine = FlowNode(self._config(joined), random.Random(seed))
+        self.machine.adopt(inn, out)
         log.info("flow machine started: next %s prev %s", self._names(self.next_costs), self._names(self.prev_costs))
         self.driver.carry(self.machine.start(now()))
         self._sync_costs()
@@ -241,6 +282,9 @@ class Flows:
         start = now()
         me = self.wire.me
         while True:
+            if self.machine is None:  # (pooled formation: until this node hands over)
+                await trio.sleep(0.1)
+                continue
             placed = sum(self.machine.out[me].values())
             quiet = now() - self.machine.stats.last_change
             if flows_formed(placed, self.peers.capacity, quiet, now() - start):
@@ -293,11 +337,24 @@ class Flows:
     def on_message(self, peer: str, msg: Any) -> None:
         if self.machine is None:
             self.queue.append((peer, msg))
+            if self.pooling is not None and not self.pooling.holds_units():
+                self.pooling.hand_over(f"{self.peers.who(peer)} handed over, and no pooled units are here")
             return
         self._linked_by(peer)
         # the machine keeps what a newcomer says until it is told to add it (add_neighbour)
         self.driver.carry(self.machine.on_message(now(), peer, msg))
         self.on_changed()
+
+    def on_pool_frame(self, peer: str, msg: m.PoolFrame) -> None:
+        """A message of pooled formation (pooling.py): one arriving before this node's pooled machines start waits for
+        them; one arriving once this node handed over (or when it forms no pooled flows) is late: ignored."""
+        if self.pooling is None and self.machine is None and self.pooled:
+            self.pool_queue.append((peer, msg))
+            return
+        if self.pooling is None or self.pooling.done:
+            log.debug("PoolFrame from %s after pooled formation: ignored", self.peers.who(peer))
+            return
+        self.pooling.on_frame(peer, msg, FLOW_MSGS)
 
     def _linked_by(self, peer: str) -> None:
         """A next-stage relay this node did not link to sends it flow messages: that relay chose this node among its
@@ -320,6 +377,11 @@ class Flows:
         if info is not None and self.peers.stage is not None and self.peers.flow_side(info.stage) != "prev":
             raise FrameRefused(f"LinkCost from {self.peers.who(peer)}, which is not upstream of this node")
         self.agreed_costs[peer] = msg.cost
+        if self.pooling is not None and self.machine is None:
+            if peer in self.prev_costs:
+                self.prev_costs[peer] = msg.cost
+            self.pooling.on_link_cost(peer, msg)
+            return
         if (self.neighbours > 0 and self.machine is not None and info is not None and not info.joining
                 and not info.leaving and not self._in_flow(peer)):
             self.wire.spawn(self._add_neighbour, peer, ("prev",))  # it links to us (neighbourhood.py)
@@ -406,6 +468,10 @@ class Flows:
         self.meter.samples.pop(peer, None)
         self.moved.pop(peer, None)
         self.declined.discard(peer)
+        if self.pooling is not None and self.machine is None:
+            self.next_costs.pop(peer, None)
+            self.prev_costs.pop(peer, None)
+            self.pooling.peer_gone(peer)
         if self.machine is not None and self._in_flow(peer):
             was_next = peer in self.machine.cfg.next_costs
             self.driver.carry(self.machine.remove_neighbour(now(), peer))  # flows rebuilt around it

@@ -53,6 +53,7 @@ def routes(p: Any) -> dict[type, Route]:
         m.Pong: Route("liveness", lv.on_pong, Admit.ANYONE),  # (the link meter's too: Liveness.exchange)
         m.LinkProbe: Route("flows", f.meter.on_probe, payload=True),
         m.LinkCost: Route("flows", f.on_link_cost, Admit.NOT_GONE),  # may overtake the sender's Hello
+        m.PoolFrame: Route("flows", f.on_pool_frame),  # pooled formation: its checks are pooling.py's
         m.AllReduceChunk: Route("aggregation", ag.on_chunk, payload=True),
         m.IterationDone: Route("aggregation", ag.on_iteration_done, needs=Needs.DATA),
         m.BeginAggregation: Route("aggregation", ag.on_begin, needs=Needs.UPSTREAM),

@@ -1,0 +1,239 @@
+"""Pooled formation in the daemon: the machines of `protocol/flow/pool.py` this node hosts, their frames, and when
+the node hands over to its per-data-node flow machine.
+
+With `--pooled-formation` and several data nodes, a node that forms its flows
+at the start of a run (not one the leader placed later) runs pooled formation
+first: a relay one pooled machine, a data node two (its source side and its
+sink side) and the first data node by peer id the pool as well.  A machine's
+id is its node's peer id with its role: `<peer>/src`, `<peer>/snk`,
+`<peer>/pool`; a relay's is its peer id.  Their messages travel as
+`PoolFrame`s (the receiving role, the sending role, the encoded flow or homing
+message), read here with the codec and the value bounds like any frame, in
+order per peer and batch (the flow machines assume FIFO links); a message
+between two machines of this node goes to the other at once.  Only the pool
+sends `HomingStart`, `CostQuery` and `Install`; a flow message comes from a
+peer the receiving machine links to.
+
+`Flows.form` gives the pooled machines the links it measured (`pooled_machines`):
+a relay's link to a data node becomes its link to that data node's source side
+(stage 0) or sink side (last stage); a data node's links to the stage-0 relays
+are its source side's, to the last-stage relays its sink side's; the pool links
+to every side at no cost.
+
+The node hands over once each of its machines holds what homing installed
+(`Install`), or when it holds no pooled units and a flow message of a
+per-data-node machine arrives (a neighbour handed over already: `Flows`), or
+`GIVE_UP_S` after the start with what it has (nothing where homing did not
+reach it): `installed` are the units its per-data-node machine adopts.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from ...protocol import bounds, codec
+from ...protocol import messages as m
+from ...protocol.driver import UnknownEffect, carry_out
+from ...protocol.flow import FlowConfig, FlowNode
+from ...protocol.flow.pool import POOL, RELAY, SINK, SOURCE, PoolConfig, PoolMachine
+from ..net.wire import FrameRefused, Wire, now
+from .driver import Drivers, Owner
+
+log = logging.getLogger("gwtf.node")
+
+ROLES = ("", "src", "snk", "pool")  # a relay's machine, a data node's source side, its sink side, the pool
+HOMING_MSGS = (m.HomingStart, m.TraceUnit, m.CostQuery, m.CostReply, m.Install)
+FROM_POOL = (m.HomingStart, m.CostQuery, m.Install)
+GIVE_UP_S = 300.0  # a node not handed over this long after pooled formation began hands over with what it has
+GIVE_UP = "give up"  # its timer key
+
+
+def role_id(peer: str, role: str) -> str:
+    return f"{peer}/{role}" if role else peer
+
+
+def split_id(nid: str) -> tuple[str, str]:
+    """(peer id, role) of a pooled machine's id (a peer id holds no "/")."""
+    peer, _, role = nid.partition("/")
+    return peer, role
+
+
+def pooled_machines(me: str, relay: bool, capacity: int, data: list[str], demand: dict[str, int],
+                    next_costs: dict[str, float], prev_costs: dict[str, float], stage_peers: tuple[str, ...],
+                    rng: Callable[[str], Any]) -> dict[str, PoolMachine]:
+    """This node's pooled machines by role, over the links `Flows.form` measured (module doc); `data`: the run's
+    data nodes sorted (the pool is the first one's), `demand`: each one's units, `rng(id)`: a machine's random."""
+    pool = role_id(data[0], "pool")
+
+    def sides(costs: dict[str, float], role: str) -> dict[str, float]:
+        return {role_id(p, role) if p in data else p: c for p, c in costs.items()}
+
+    def machine(cfg: FlowConfig, pcfg: PoolConfig) -> PoolMachine:
+        return PoolMachine(FlowNode(cfg, rng(cfg.node_id)), pcfg)
+
+    if relay:
+        cfg = FlowConfig(me, False, capacity, (pool,), sides(next_costs, "snk"), sides(prev_costs, "src"), stage_peers)
+        return {"": machine(cfg, PoolConfig(RELAY))}
+    others = tuple(d for d in data if d != me)
+    out = {
+        "src": machine(FlowConfig(role_id(me, "src"), False, demand[me], (pool,), dict(next_costs), {pool: 0.0},
+                                  tuple(role_id(d, "src") for d in others)), PoolConfig(SOURCE, me)),
+        "snk": machine(FlowConfig(role_id(me, "snk"), False, demand[me], (pool,), {pool: 0.0}, dict(prev_costs),
+                                  tuple(role_id(d, "snk") for d in others)), PoolConfig(SINK, me)),
+    }
+    if me == data[0]:
+        srcs, snks = {role_id(d, "src"): d for d in data}, {role_id(d, "snk"): d for d in data}
+        cfg = FlowConfig(pool, True, sum(demand.values()), (pool,), dict.fromkeys(srcs, 0.0), dict.fromkeys(snks, 0.0))
+        out["pool"] = machine(cfg, PoolConfig(POOL, me, srcs, snks, dict(demand)))
+    return out
+
+
+class _RoleOut:
+    """The `protocol.driver.Driver` of one pooled machine: its sends become `PoolFrame`s (or go to a machine of
+    this node), its timers are keyed by its role."""
+
+    def __init__(self, pooling: Pooling, role: str) -> None:
+        self.pooling, self.role = pooling, role
+
+    def send(self, to: str, msg: Any) -> None:
+        self.pooling.route(self.role, to, msg)
+
+    def set_timer(self, key: Any, deadline: float) -> None:
+        self.pooling.timers.set_timer((self.role, key), deadline)
+
+    def cancel_timer(self, key: Any) -> None:
+        self.pooling.timers.cancel_timer((self.role, key))
+
+    def compute(self, e: Any) -> None:
+        raise UnknownEffect(f"a pooled flow machine returned {e!r}: it has no worker")
+
+    def flush(self) -> None:
+        pass  # (`Pooling.carry` sends what its machines said once they are done)
+
+
+class Pooling:
+    """This node's pooled machines, driven (module doc); `on_done` is called once the node hands over."""
+
+    def __init__(self, wire: Wire, drivers: Drivers, machines: dict[str, PoolMachine],
+                 on_done: Callable[[], None]) -> None:
+        self.wire, self.machines, self.on_done = wire, machines, on_done
+        self.me = wire.me
+        self.timers = drivers.make(Owner.POOLING, self._on_timer)
+        self.pool_id = next(iter(machines.values())).commodity
+        self.held: dict[str, list] = {}  # peer -> PoolFrames, in order
+        self.local: list[tuple[str, str, Any]] = []  # (role, sender id, message) for a machine of this node
+        self.done = False
+
+    def start(self) -> None:
+        log.info("pooled formation: %s (pool %s)", ", ".join(role_id("this node", r) for r in sorted(self.machines)),
+                 self.pool_id[:16])
+        for role in sorted(self.machines):
+            self.carry(role, self.machines[role].start(now()))
+        self.timers.set_timer(GIVE_UP, now() + GIVE_UP_S)
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def homed(self) -> bool:
+        return all(pm.homed for pm in self.machines.values())
+
+    def holds_units(self) -> bool:
+        """Whether a machine of this node holds pooled units (homing will tell it where they go)."""
+        return any(n for pm in self.machines.values() if not pm.homed
+                   for side in (pm.inner.inn, pm.inner.out) for v in side.values() for n in v.values())
+
+    def installed(self) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
+        """The per-data-node units homing installed here: (inn, out) as `FlowNode.adopt` takes them."""
+        if "" in self.machines:
+            pm = self.machines[""]
+            return (pm.inn, pm.out) if pm.homed else ({}, {})
+        src, snk = self.machines["src"], self.machines["snk"]
+        return (snk.inn if snk.homed else {}), (src.out if src.homed else {})
+
+    # ------------------------------------------------------------------ driving
+    def carry(self, role: str, effects: list) -> None:
+        """Carry out a machine's effects, then what they start at this node's other machines; send; hand over
+        once done."""
+        carry_out(_RoleOut(self, role), effects, what=f"the pooled {role or 'relay'} machine")
+        while self.local:
+            to, sender, msg = self.local.pop(0)
+            carry_out(_RoleOut(self, to), self.machines[to].on_message(now(), sender, msg),
+                      what=f"the pooled {to or 'relay'} machine")
+        held, self.held = self.held, {}
+        for peer, frames in held.items():
+            self.wire.spawn(self.wire.send_all, peer, frames)
+        if self.homed:
+            self.hand_over("homing installed its units")
+
+    def route(self, role: str, to: str, msg: Any) -> None:
+        peer, to_role = split_id(to)
+        if peer == self.me:
+            if to_role in self.machines:
+                self.local.append((to_role, role_id(self.me, role), msg))
+            return
+        self.held.setdefault(peer, []).append(m.PoolFrame(to_role, role, codec.encode("", msg)))
+
+    def hand_over(self, why: str) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.timers.cancel_timer(GIVE_UP)  # (the machines' timers still due find it done)
+        log.info("pooled formation over (%s): %d units installed here", why,
+                 sum(n for v in self.installed()[1].values() for n in v.values()))
+        self.on_done()
+
+    def _on_timer(self, key: Any) -> None:
+        if self.done:
+            return
+        if key == GIVE_UP:
+            log.warning("pooled formation: not handed over %g s after it began: handing over with what homing "
+                        "installed here", GIVE_UP_S)
+            self.hand_over("gave up")
+            return
+        role, k = key
+        if role in self.machines:
+            self.carry(role, self.machines[role].on_timer(now(), k))
+
+    # ------------------------------------------------------------------ events
+    def on_frame(self, peer: str, f: m.PoolFrame, flow_msgs: tuple[type, ...]) -> None:
+        """A `PoolFrame`: checked (module doc), then to the machine of its role."""
+        pm = self.machines.get(f.role)
+        if pm is None:
+            raise FrameRefused(f"PoolFrame for role {f.role!r}: this node hosts "
+                               f"{', '.join(repr(r) for r in sorted(self.machines))}")
+        if f.sender_role not in ROLES:
+            raise FrameRefused(f"PoolFrame from role {f.sender_role!r}: the roles are {ROLES}")
+        try:
+            _, msg = codec.decode(f.frame)
+        except codec.DecodeError as e:
+            raise FrameRefused(f"PoolFrame holds no valid frame: {e}") from None
+        if not isinstance(msg, HOMING_MSGS + flow_msgs):
+            raise FrameRefused(f"a PoolFrame holds a flow or homing message, not a {type(msg).__name__}")
+        problem = bounds.check(msg, bounds.Context())
+        if problem is not None:
+            raise FrameRefused(f"PoolFrame's {type(msg).__name__}: {problem}")
+        sender = role_id(peer, f.sender_role)
+        if isinstance(msg, FROM_POOL) and sender != self.pool_id:
+            raise FrameRefused(f"{type(msg).__name__} from {sender[:24]}: only the pool sends it")
+        cfg = pm.cfg
+        if isinstance(msg, flow_msgs) and sender not in cfg.next_costs and sender not in cfg.prev_costs \
+                and sender not in cfg.peers:
+            raise FrameRefused(f"pooled {type(msg).__name__} from {sender[:24]}, which is no link of "
+                               f"{role_id('this node', f.role)}")
+        if not self.done:
+            self.carry(f.role, pm.on_message(now(), sender, msg))
+
+    def on_link_cost(self, peer: str, msg: m.LinkCost) -> None:
+        """The upstream end of a link says its cost: the pooled machine linked to it takes it (as `Flows`)."""
+        for role, pm in sorted(self.machines.items()):
+            for nid in (peer, role_id(peer, "src")):
+                if not pm.homed and pm.cfg.prev_costs.get(nid, msg.cost) != msg.cost:
+                    self.carry(role, pm.inner.on_message(now(), nid, msg))
+
+    def peer_gone(self, peer: str) -> None:
+        """A peer crashed or left: each pooled machine linked to it (or to one of its sides) drops the link."""
+        for role, pm in sorted(self.machines.items()):
+            cfg = pm.cfg
+            for nid in [n for n in (*cfg.next_costs, *cfg.prev_costs, *cfg.peers) if split_id(n)[0] == peer]:
+                if not pm.homed:
+                    self.carry(role, pm.inner.remove_neighbour(now(), nid))

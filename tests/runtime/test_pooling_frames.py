@@ -1,0 +1,90 @@
+"""A node's pooled machines take only well-formed PoolFrames for a role it hosts (runtime/node/pooling.py).
+
+A relay of a run with data nodes A and B: its pooled machine links to both
+source sides; a frame for a role it does not host, from a role that does not
+exist, holding bytes that are no frame, a message that is neither a flow nor a
+homing message, a homing order not from the pool, a flow message from no link,
+or a value out of bounds is refused (the daemon logs and counts it, and goes
+on); the pool's Install hands the node over with the installed units.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gwtf_node.protocol import codec
+from gwtf_node.protocol import messages as m
+from gwtf_node.runtime.net.wire import FrameRefused
+from gwtf_node.runtime.node.driver import Drivers
+from gwtf_node.runtime.node.flows import FLOW_MSGS
+from gwtf_node.runtime.node.pooling import Pooling, pooled_machines
+
+pytestmark = pytest.mark.trio
+
+
+class _Wire:
+    me = "R"
+
+    def __init__(self) -> None:
+        self.spawned: list[tuple] = []
+
+    def spawn(self, fn, *args) -> None:
+        self.spawned.append((fn.__name__, *args))
+
+    async def send(self, peer, msg) -> bool:
+        return True
+
+    async def send_all(self, peer, msgs) -> None:
+        pass
+
+
+def _relay() -> tuple[Pooling, list]:
+    done: list = []
+    machines = pooled_machines("R", True, 2, ["A", "B"], {"A": 2, "B": 2}, {"S": 1.0}, {"A": 1.0, "B": 2.0}, (),
+                               lambda nid: random.Random(0))
+    wire = _Wire()
+    p = Pooling(wire, Drivers(wire), machines, lambda: done.append(True))
+    p.start()
+    return p, done
+
+
+def _frame(msg, role: str = "", sender_role: str = "") -> m.PoolFrame:
+    return m.PoolFrame(role, sender_role, codec.encode("", msg))
+
+
+async def test_the_relays_machine_links_to_the_data_nodes_sides() -> None:
+    p, _ = _relay()
+    cfg = p.machines[""].cfg
+    assert p.pool_id == "A/pool" and cfg.commodities == ("A/pool",)
+    assert dict(cfg.prev_costs) == {"A/src": 1.0, "B/src": 2.0} and dict(cfg.next_costs) == {"S": 1.0}
+    data = pooled_machines("A", False, 2, ["A", "B"], {"A": 2, "B": 3}, {"R": 1.0}, {"S": 1.0}, (),
+                           lambda nid: random.Random(0))
+    assert sorted(data) == ["pool", "snk", "src"]
+    assert data["pool"].inner.cfg.capacity == 5 and set(data["pool"].cfg.next_costs) == {"A/src", "B/src"}
+    assert dict(data["src"].cfg.next_costs) == {"R": 1.0} and set(data["snk"].cfg.next_costs) == {"A/pool"}
+
+
+@pytest.mark.parametrize("peer, frame, why", [
+    ("A", _frame(m.HomingStart(1), role="snk", sender_role="pool"), "role 'snk'"),
+    ("A", _frame(m.HomingStart(1), sender_role="boss"), "from role 'boss'"),
+    ("A", m.PoolFrame("", "src", b"\x01\x02garbage"), "no valid frame"),
+    ("A", _frame(m.Ping(1), sender_role="src"), "not a Ping"),
+    ("B", _frame(m.Install(1, ()), sender_role="src"), "only the pool"),
+    ("Z", _frame(m.RequestFlow(1, "A/pool", 1.0), sender_role=""), "no link"),
+    ("A", _frame(m.CostReply(1, (("S", -5.0),)), sender_role="pool"), "negative_cost"),
+])
+async def test_bad_pool_frames_are_refused(peer: str, frame: m.PoolFrame, why: str) -> None:
+    p, done = _relay()
+    with pytest.raises(FrameRefused, match=why):
+        p.on_frame(peer, frame, FLOW_MSGS)
+    assert not done and not p.done
+
+
+async def test_the_pools_install_hands_the_node_over() -> None:
+    p, done = _relay()
+    routes = (m.Route("A", "A", "S", 1), m.Route("B", "B", "S", 1))
+    p.on_frame("A", _frame(m.Install(1, routes), sender_role="pool"), FLOW_MSGS)
+    assert done == [True] and p.done
+    assert p.installed() == ({"A": {"A": 1}, "B": {"B": 1}}, {"A": {"S": 1}, "B": {"S": 1}})

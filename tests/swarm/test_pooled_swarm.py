@@ -1,0 +1,48 @@
+"""Pooled formation in the daemon (runtime/node/pooling.py): two data nodes form their flows as one commodity,
+home them and hand over; training then computes what centralized training computes.
+
+2 data nodes and 2 stages x 2 relays, every node with `pooled_formation`, in
+one process over real libp2p on loopback (support/inproc.py).  Every node
+hands over after homing installed its units (its log says so), each data
+node's flow machine starts holding its whole demand (the units homing
+installed there), and every loss equals the centralized reference.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from gwtf_node.model.manifest import default_manifest, save_manifest
+from gwtf_node.model.reference import train_centralized
+
+from support.inproc import in_process_swarm
+
+pytestmark = [pytest.mark.slow, pytest.mark.trio]
+ITERATIONS = 2
+M = 2  # microbatches per data node and iteration
+
+
+async def test_pooled_formation_hands_over_and_trains_exactly(tmp_path: Path, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="gwtf.node")
+    man = default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=M)
+    run = tmp_path / "run.json"
+    save_manifest(man, run)
+    async with in_process_swarm(tmp_path, run, data_nodes=2, stages=2, relays_per_stage=2, iterations=ITERATIONS,
+                                options={"pooled_formation": True}) as swarm:
+        await swarm.start()
+        records = await swarm.wait_records(ITERATIONS, 180)
+        flows = {name: node.parts.flows for name, node in swarm.nodes.items()}
+        placed = {name: sum(f.out().get(swarm.peer_id(name), {}).values()) for name, f in flows.items()
+                  if name.startswith("d")}
+    text = caplog.text
+    assert text.count("pooled formation over (homing installed its units)") == len(swarm.names()), text[-3000:]
+    assert "gave up" not in text
+    assert placed == {"d0": M, "d1": M}, placed
+    ref = train_centralized(man, ITERATIONS, data_nodes=2)
+    assert [r["iteration"] for r in records[:ITERATIONS]] == list(range(ITERATIONS))
+    for rec, loss in zip(records, ref.losses):
+        assert rec["microbatches"] == 2 * M and rec["lost"] == 0, rec
+        assert rec["loss"] == pytest.approx(loss, rel=1e-4), (rec, loss)
