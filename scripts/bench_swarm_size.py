@@ -67,6 +67,12 @@ data node knew), the swarm taken down, and the exit status is 1.
 
     python scripts/bench_swarm_size.py --nodes 25 50 100 --json     # [--flow-neighbours K]: the daemons' bound
 
+`--pooled-formation` starts every daemon with it (several data nodes form
+their flows pooled, then homed: runtime/node/pooling.py); `flow_cost_formed`
+and `flow_cost` are the cost of the swarm's flows at the first iteration and
+at the end (each node's units per next hop times that link's cost, from
+status.json), to set side by side with a run without it.
+
 `--links FILE` declares the links (emulated in user space and costed as
 declared, `gwtf-node local --links`): on one machine a loopback "link"
 measured under load times the machine's scheduling, not a link.
@@ -98,6 +104,7 @@ sys.path.insert(0, str(ROOT))
 FLOW_KINDS = frozenset({
     "CostAnnounce", "RequestFlow", "FlowReply", "Deny", "Withdraw", "Reroute", "BidFeed", "LaunchBid", "Relabel",
     "RelabelCost", "QueryFlows", "FlowReport", "RequestChange", "RequestRedirect", "MoveReply", "LinkCost",
+    "PoolFrame",  # pooled formation's flow and homing messages (--pooled-formation)
 })
 REL_TOL = 1e-4  # the swarm tests' tolerance against the centralized reference (tests/swarm/test_swarm.py)
 ORDER_TOL = 1e-6  # the order horizon: where summation order alone starts to show (module doc)
@@ -177,6 +184,16 @@ def reading(status: dict, loop_cpu_s: float | None) -> dict:
         "loop_cpu_s": loop_cpu_s,
         "ctrl": {k: v[0] for k, v in ctrl.items()},
     }
+
+
+def flow_cost(statuses: dict[str, dict]) -> float:
+    """The cost of the swarm's flows: each node's units to each next hop times the cost of that link (its
+    status.json `flows` and `link_costs`), summed: the units' path costs, Equation 1 per link."""
+    total = 0.0
+    for st in statuses.values():
+        costs = (st.get("link_costs") or {}).get("next", {})
+        total += sum(n * costs.get(p, 0.0) for per in (st.get("flows") or {}).values() for p, n in per.items())
+    return round(total, 3)
 
 
 def per_node(before: dict, after: dict, iterations: int) -> dict:
@@ -458,6 +475,10 @@ def run_size(n: int, a: argparse.Namespace, work: Path, say) -> dict:
     if a.flow_neighbours is not None:  # every node's `join --flow-neighbours K` (protocol/neighbourhood.py)
         swarm.extra_args = {name: ["--flow-neighbours", str(a.flow_neighbours)] for name in swarm.names()}
     row["flow_neighbours"] = a.flow_neighbours
+    if a.pooled_formation:  # every node's `join --pooled-formation` (runtime/node/pooling.py)
+        for name in swarm.names():
+            swarm.extra_args.setdefault(name, []).append("--pooled-formation")
+    row["pooled_formation"] = a.pooled_formation
     row["relay_nice"] = a.relay_nice
     row["links"] = None if a.links is None else str(a.links)
     avail0 = mem_available_gib()
@@ -538,7 +559,7 @@ def run_size(n: int, a: argparse.Namespace, work: Path, say) -> dict:
         losses=[round(r["loss"], 6) for r in records], centralized=[round(x, 6) for x in reference],
         losses_equal=not bad, problems=bad, order_horizon=horizon,
         first_departure=departs([r["loss"] for r in records], reference),
-        summary=summarize(nodes, fm),
+        summary=summarize(nodes, fm), flow_cost_formed=flow_cost(formation), flow_cost=flow_cost(after),
         memory={"pss_mb_mean": round(statistics.mean(m["pss_mb"] for m in mems), 1),
                 "uss_mb_mean": round(statistics.mean(m["uss_mb"] for m in mems), 1),
                 "rss_mb_mean": round(statistics.mean(m["rss_mb"] for m in mems), 1),
@@ -569,6 +590,8 @@ def main() -> int:
                     help="the relays' niceness (gwtf-node local --relay-nice): the data nodes' CPU share")
     ap.add_argument("--flow-neighbours", type=int, default=None, metavar="K",
                     help="the daemons' --flow-neighbours K (0: every link; default: the daemons' default)")
+    ap.add_argument("--pooled-formation", action="store_true",
+                    help="the daemons' --pooled-formation (several data nodes: pooled, then homed)")
     ap.add_argument("--log-level", default="INFO")
     ap.add_argument("--keep", action="store_true", help="keep each size's workdir (node logs)")
     ap.add_argument("--json", action="store_true", help="one JSON object per size on stdout")
