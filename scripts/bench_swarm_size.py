@@ -71,7 +71,8 @@ data node knew), the swarm taken down, and the exit status is 1.
 their flows pooled, then homed: runtime/node/pooling.py); `flow_cost_formed`
 and `flow_cost` are the cost of the swarm's flows at the first iteration and
 at the end (each node's units per next hop times that link's cost, from
-status.json), to set side by side with a run without it.
+status.json) with the units the data nodes placed, to set side by side with a
+run without it.
 
 `--links FILE` declares the links (emulated in user space and costed as
 declared, `gwtf-node local --links`): on one machine a loopback "link"
@@ -182,18 +183,23 @@ def reading(status: dict, loop_cpu_s: float | None) -> dict:
         "compute_s": float(status.get("compute_s") or 0.0),
         "cpu_s": float((status.get("resources") or {}).get("cpu_s") or 0.0),
         "loop_cpu_s": loop_cpu_s,
+        "out_cost": out_cost(status),
+        "out_units": sum(n for per in (status.get("flows") or {}).values() for n in per.values()),
         "ctrl": {k: v[0] for k, v in ctrl.items()},
     }
 
 
-def flow_cost(statuses: dict[str, dict]) -> float:
-    """The cost of the swarm's flows: each node's units to each next hop times the cost of that link (its
-    status.json `flows` and `link_costs`), summed: the units' path costs, Equation 1 per link."""
-    total = 0.0
-    for st in statuses.values():
-        costs = (st.get("link_costs") or {}).get("next", {})
-        total += sum(n * costs.get(p, 0.0) for per in (st.get("flows") or {}).values() for p, n in per.items())
-    return round(total, 3)
+def out_cost(status: dict) -> float:
+    """What a node's flows cost on its next links: its units to each next hop times the cost of that link
+    (status.json `flows` and `link_costs`); summed over the swarm, the units' path costs (Equation 1 per link)."""
+    costs = (status.get("link_costs") or {}).get("next", {})
+    return sum(n * costs.get(p, 0.0) for per in (status.get("flows") or {}).values() for p, n in per.items())
+
+
+def flow_cost(readings: dict[str, dict]) -> dict:
+    """The swarm's flows: their cost (`out_cost` summed) and the units the data nodes have placed."""
+    return {"cost": round(sum(r["out_cost"] for r in readings.values()), 3),
+            "units": sum(r["out_units"] for r in readings.values() if r["role"] == "data")}
 
 
 def per_node(before: dict, after: dict, iterations: int) -> dict:
