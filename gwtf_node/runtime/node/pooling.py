@@ -8,8 +8,9 @@ sink side) and the first data node by peer id the pool as well.  A machine's
 id is its node's peer id with its role: `<peer>/src`, `<peer>/snk`,
 `<peer>/pool`; a relay's is its peer id.  Their messages travel as
 `PoolFrame`s (the receiving role, the sending role, the encoded flow or homing
-message), read here with the codec and the value bounds like any frame, in
-order per peer and batch (the flow machines assume FIFO links); a message
+message), read here with the codec and the value bounds like any frame, sent
+in order per peer by one task at a time (the flow machines assume FIFO
+links); a message
 between two machines of this node goes to the other at once.  Only the pool
 sends `HomingStart`, `CostQuery` and `Install`; a flow message comes from a
 peer the receiving machine links to.
@@ -36,6 +37,7 @@ from ...protocol import bounds, codec
 from ...protocol import messages as m
 from ...protocol.driver import UnknownEffect, carry_out
 from ...protocol.flow import FlowConfig, FlowNode
+from ...protocol.flow.homing import unit_cost
 from ...protocol.flow.pool import POOL, RELAY, SINK, SOURCE, PoolConfig, PoolMachine
 from ..net.wire import FrameRefused, Wire, now
 from .driver import Drivers, Owner
@@ -121,7 +123,9 @@ class Pooling:
         self.me = wire.me
         self.timers = drivers.make(Owner.POOLING, self._on_timer)
         self.pool_id = next(iter(machines.values())).commodity
-        self.held: dict[str, list] = {}  # peer -> PoolFrames, in order
+        self.held: dict[str, list] = {}  # peer -> PoolFrames of this event, in order
+        self.outbox: dict[str, list] = {}  # peer -> PoolFrames not sent yet, in order (`_drain`)
+        self.sending: set[str] = set()  # peers a `_drain` task sends to now
         self.local: list[tuple[str, str, Any]] = []  # (role, sender id, message) for a machine of this node
         self.done = False
 
@@ -161,9 +165,20 @@ class Pooling:
                       what=f"the pooled {to or 'relay'} machine")
         held, self.held = self.held, {}
         for peer, frames in held.items():
-            self.wire.spawn(self.wire.send_all, peer, frames)
+            self.outbox.setdefault(peer, []).extend(frames)
+            if peer not in self.sending:
+                self.sending.add(peer)
+                self.wire.spawn(self._drain, peer)
         if self.homed:
             self.hand_over("homing installed its units")
+
+    async def _drain(self, peer: str) -> None:
+        """Send `peer`'s frames in the order its machines said them, one task per peer at a time (FIFO links)."""
+        try:
+            while self.outbox.get(peer):
+                await self.wire.send(peer, self.outbox[peer].pop(0))
+        finally:
+            self.sending.discard(peer)
 
     def route(self, role: str, to: str, msg: Any) -> None:
         peer, to_role = split_id(to)
@@ -180,6 +195,13 @@ class Pooling:
         self.timers.cancel_timer(GIVE_UP)  # (the machines' timers still due find it done)
         log.info("pooled formation over (%s): %d units installed here", why,
                  sum(n for v in self.installed()[1].values() for n in v.values()))
+        pool = self.machines.get("pool")
+        if pool is not None and pool.homed:
+            st = pool.stats
+            cost = lambda u: unit_cost(lambda a, b: pool.costs.get((a, b)), u)  # noqa: E731
+            log.info("homing: %d units traced (%d ended at another data node), their links cost %.1f pooled and "
+                     "%.1f homed (%s)", st.traced, sum(u[0] != u[2] for u in st.pooled),
+                     sum(cost(u) for u in st.pooled), sum(cost(u) for u in st.homed), st.steps)
         self.on_done()
 
     def _on_timer(self, key: Any) -> None:
