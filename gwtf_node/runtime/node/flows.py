@@ -71,6 +71,11 @@ FLOW_MSGS = (
 )
 
 
+def _seed(node_id: str) -> int:
+    """A flow machine's random seed: the last bytes of its id (a peer id, or a pooled machine's)."""
+    return int.from_bytes(node_id.encode()[-8:], "big")
+
+
 class Flows:
     def __init__(self, wire: Wire, peers: Peers, liveness: Liveness, stage: LocalStage, drivers: Drivers,
                  links_cfg: dict[tuple[str, str], tuple[float, float]], on_changed: Callable[[], None],
@@ -239,7 +244,7 @@ class Flows:
         relay = self.peers.role == "relay"
         machines = pooled_machines(me, relay, self.peers.capacity, data, demand, dict(self.next_costs),
                                    dict(self.prev_costs), tuple(self.peers.ids("relay", self.peers.stage)) if relay
-                                   else (), lambda nid: random.Random(int.from_bytes(nid.encode()[-8:], "big")))
+                                   else (), lambda nid: random.Random(_seed(nid)))
         self.pooling = Pooling(self.wire, self.drivers, machines, self._hand_over)
         self.pooling.start()
         queued, self.pool_queue = self.pool_queue, []
@@ -260,8 +265,7 @@ class Flows:
     def _start_machine(self, joined: bool, inn: dict, out: dict) -> None:
         """Start the flow machine (holding `inn` / `out`, pooled formation's units), replay what waited for it."""
         commodities = tuple(self.peers.data_nodes())
-        seed = int.from_bytes(self.wire.me.encode()[-8:], "big")
-        self.machine = FlowNode(self._config(joined), random.Random(seed))
+        self.machine = FlowNode(self._config(joined), random.Random(_seed(self.wire.me)))
         self.machine.adopt(inn, out)
         log.info("flow machine started: next %s prev %s", self._names(self.next_costs), self._names(self.prev_costs))
         self.driver.carry(self.machine.start(now()))

@@ -111,7 +111,7 @@ class _RoleOut:
         raise UnknownEffect(f"a pooled flow machine returned {e!r}: it has no worker")
 
     def flush(self) -> None:
-        pass  # (`Pooling.carry` sends what its machines said once they are done)
+        pass  # (`Pooling.carry` starts the sending once its machines are done)
 
 
 class Pooling:
@@ -123,7 +123,6 @@ class Pooling:
         self.me = wire.me
         self.timers = drivers.make(Owner.POOLING, self._on_timer)
         self.pool_id = next(iter(machines.values())).commodity
-        self.held: dict[str, list] = {}  # peer -> PoolFrames of this event, in order
         self.outbox: dict[str, list] = {}  # peer -> PoolFrames not sent yet, in order (`_drain`)
         self.sending: set[str] = set()  # peers a `_drain` task sends to now
         self.local: list[tuple[str, str, Any]] = []  # (role, sender id, message) for a machine of this node
@@ -163,12 +162,9 @@ class Pooling:
             to, sender, msg = self.local.pop(0)
             carry_out(_RoleOut(self, to), self.machines[to].on_message(now(), sender, msg),
                       what=f"the pooled {to or 'relay'} machine")
-        held, self.held = self.held, {}
-        for peer, frames in held.items():
-            self.outbox.setdefault(peer, []).extend(frames)
-            if peer not in self.sending:
-                self.sending.add(peer)
-                self.wire.spawn(self._drain, peer)
+        for peer in [p for p, frames in self.outbox.items() if frames and p not in self.sending]:
+            self.sending.add(peer)
+            self.wire.spawn(self._drain, peer)
         if self.homed:
             self.hand_over("homing installed its units")
 
@@ -186,7 +182,7 @@ class Pooling:
             if to_role in self.machines:
                 self.local.append((to_role, role_id(self.me, role), msg))
             return
-        self.held.setdefault(peer, []).append(m.PoolFrame(to_role, role, codec.encode("", msg)))
+        self.outbox.setdefault(peer, []).append(m.PoolFrame(to_role, role, codec.encode("", msg)))
 
     def hand_over(self, why: str) -> None:
         if self.done:
