@@ -7,8 +7,11 @@ Each component owns its machines and carries out their effects itself,
 and its own handlers for the effects only it knows; nothing goes out to the
 node and back.  A driver sends through the wire, one task per message, or,
 for a machine whose messages to a peer must keep their order (the recovery
-and flow machines), one task per peer and batch (`in_order`: the batch ends
-with `flush`).  A component may send through a function of its own (the
+and flow machines), in batches (`in_order`: the batch ends with `flush`):
+one task per peer and batch, or, where the machine assumes FIFO links (`fifo`:
+the flow machines), through an `Outbox`, which sends a peer's batches in the
+order they were flushed, one task per peer at a time (trio may start two tasks
+in either order).  A component may send through a function of its own (the
 aggregation stamps BEGIN with the term it leads, the microbatches attach the
 tensors).  `compute` starts the component's worker as a task: only the
 microbatches' driver has one.
@@ -80,17 +83,44 @@ Send1 = Callable[[str, Any], Awaitable[Any]]  # one message to one peer
 SendBatch = Callable[[str, list], Awaitable[Any]]  # a peer's messages, in order
 
 
+class Outbox:
+    """Messages to each peer sent in the order they were put, by one task per peer at a time (FIFO links)."""
+
+    def __init__(self, wire: Wire, send_batch: SendBatch) -> None:
+        self.wire, self._send = wire, send_batch
+        self.queued: dict[str, list] = {}  # peer -> messages not handed to the wire yet, in order
+        self.sending: set[str] = set()  # peers a `_drain` task sends to now
+
+    def put(self, peer: str, msgs: list) -> None:
+        """Queue `msgs` to `peer` after what is queued there; `start` sends them."""
+        self.queued.setdefault(peer, []).extend(msgs)
+
+    def start(self) -> None:
+        """A sending task for every peer with queued messages and none sending to it yet."""
+        for peer in [p for p, msgs in self.queued.items() if msgs and p not in self.sending]:
+            self.sending.add(peer)
+            self.wire.spawn(self._drain, peer)
+
+    async def _drain(self, peer: str) -> None:
+        try:
+            while self.queued.get(peer):
+                await self._send(peer, self.queued.pop(peer))
+        finally:
+            self.sending.discard(peer)
+
+
 class MachineDriver:
     """The `protocol.driver.Driver` of one machine of the daemon (module docstring)."""
 
     def __init__(self, wire: Wire, timers: Timers, owner: Owner, on_timer: Callable[[TimerKey], None], *,
-                 send: Send1 | None = None, in_order: SendBatch | None = None,
+                 send: Send1 | None = None, in_order: SendBatch | None = None, fifo: bool = False,
                  compute: Callable[[Compute], Awaitable[None]] | None = None) -> None:
         self.wire, self.timers, self.owner, self.on_timer = wire, timers, owner, on_timer
         self._send = send if send is not None else wire.send
         self._in_order = in_order
         self._compute = compute
         self._held: dict[str, list] = {}  # peer -> messages held until `flush` (in_order)
+        self.outbox = Outbox(wire, in_order) if fifo and in_order is not None else None
 
     def carry(self, effects: list, own: Handlers | None = None) -> None:
         """Carry out the machine's `effects`, those only the component knows through `own` (`carry_out`)."""
@@ -115,7 +145,12 @@ class MachineDriver:
 
     def flush(self) -> None:
         held, self._held = self._held, {}
-        for peer, msgs in held.items():  # one task per peer, its messages in order
+        if self.outbox is not None:  # a peer's batches in order, one task per peer at a time
+            for peer, msgs in held.items():
+                self.outbox.put(peer, msgs)
+            self.outbox.start()
+            return
+        for peer, msgs in held.items():  # one task per peer and batch, its messages in order
             self.wire.spawn(self._in_order, peer, msgs)
 
 

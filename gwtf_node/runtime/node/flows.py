@@ -88,7 +88,7 @@ class Flows:
         self.peers = peers
         self.liveness = liveness
         self.stage = stage
-        self.driver = drivers.make(Owner.FLOWS, self.on_timer, in_order=wire.send_all)  # (FIFO links)
+        self.driver = drivers.make(Owner.FLOWS, self.on_timer, in_order=wire.send_all, fifo=True)
         self.links_cfg = links_cfg
         self.on_changed = on_changed  # the machine ran (its flows or link costs may differ): the microbatches hear
         self.machine: FlowNode | None = None

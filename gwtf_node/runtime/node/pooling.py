@@ -9,9 +9,8 @@ id is its node's peer id with its role: `<peer>/src`, `<peer>/snk`,
 `<peer>/pool`; a relay's is its peer id.  Their messages travel as
 `PoolFrame`s (the receiving role, the sending role, the encoded flow or homing
 message), read here with the codec and the value bounds like any frame, sent
-in order per peer by one task at a time (the flow machines assume FIFO
-links); a message
-between two machines of this node goes to the other at once.  Only the pool
+through an `Outbox` (driver.py: in order per peer, the flow machines assume
+FIFO links); a message between two machines of this node goes to the other at once.  Only the pool
 sends `HomingStart`, `CostQuery` and `Install`; a flow message comes from a
 peer the receiving machine links to.
 
@@ -40,7 +39,7 @@ from ...protocol.flow import FlowConfig, FlowNode
 from ...protocol.flow.homing import unit_cost
 from ...protocol.flow.pool import POOL, RELAY, SINK, SOURCE, PoolConfig, PoolMachine
 from ..net.wire import FrameRefused, Wire, now
-from .driver import Drivers, Owner
+from .driver import Drivers, Outbox, Owner
 
 log = logging.getLogger("gwtf.node")
 
@@ -123,8 +122,7 @@ class Pooling:
         self.me = wire.me
         self.timers = drivers.make(Owner.POOLING, self._on_timer)
         self.pool_id = next(iter(machines.values())).commodity
-        self.outbox: dict[str, list] = {}  # peer -> PoolFrames not sent yet, in order (`_drain`)
-        self.sending: set[str] = set()  # peers a `_drain` task sends to now
+        self.outbox = Outbox(wire, wire.send_all)  # PoolFrames to each peer, in order (FIFO links)
         self.local: list[tuple[str, str, Any]] = []  # (role, sender id, message) for a machine of this node
         self.done = False
 
@@ -162,19 +160,9 @@ class Pooling:
             to, sender, msg = self.local.pop(0)
             carry_out(_RoleOut(self, to), self.machines[to].on_message(now(), sender, msg),
                       what=f"the pooled {to or 'relay'} machine")
-        for peer in [p for p, frames in self.outbox.items() if frames and p not in self.sending]:
-            self.sending.add(peer)
-            self.wire.spawn(self._drain, peer)
+        self.outbox.start()
         if self.homed:
             self.hand_over("homing installed its units")
-
-    async def _drain(self, peer: str) -> None:
-        """Send `peer`'s frames in the order its machines said them, one task per peer at a time (FIFO links)."""
-        try:
-            while self.outbox.get(peer):
-                await self.wire.send(peer, self.outbox[peer].pop(0))
-        finally:
-            self.sending.discard(peer)
 
     def route(self, role: str, to: str, msg: Any) -> None:
         peer, to_role = split_id(to)
@@ -182,7 +170,7 @@ class Pooling:
             if to_role in self.machines:
                 self.local.append((to_role, role_id(self.me, role), msg))
             return
-        self.outbox.setdefault(peer, []).append(m.PoolFrame(to_role, role, codec.encode("", msg)))
+        self.outbox.put(peer, [m.PoolFrame(to_role, role, codec.encode("", msg))])
 
     def hand_over(self, why: str) -> None:
         if self.done:
