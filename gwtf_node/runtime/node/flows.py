@@ -140,6 +140,8 @@ class Flows:
         return sum(sum(v.values()) for v in self.machine.inn.values()) if self.machine else 0
 
     def _in_flow(self, peer: str) -> bool:
+        if self.machine is None:  # (pooled formation: its machines' links)
+            return self.pooling is not None and self.pooling.linked(peer)
         cfg = self.machine.cfg
         return peer in cfg.next_costs or peer in cfg.prev_costs or peer in cfg.peers
 
@@ -156,7 +158,8 @@ class Flows:
         return len(self.peers.ids("relay", self.peers.stage)) + 1 <= self.neighbours
 
     def _next_relays(self) -> dict[str, float]:
-        return {p: c for p, c in self.machine.cfg.next_costs.items() if self._is_relay(p)}
+        costs = self.machine.cfg.next_costs if self.machine is not None else self.next_costs
+        return {p: c for p, c in costs.items() if self._is_relay(p)}
 
     # Read-only accessors for the node's status (status.py reads none of this component's fields).
     def link_costs(self) -> dict[str, dict[str, float]]:
@@ -245,7 +248,7 @@ class Flows:
         machines = pooled_machines(me, relay, self.peers.capacity, data, demand, dict(self.next_costs),
                                    dict(self.prev_costs), tuple(self.peers.ids("relay", self.peers.stage)) if relay
                                    else (), lambda nid: random.Random(_seed(nid)))
-        self.pooling = Pooling(self.wire, self.drivers, machines, self._hand_over)
+        self.pooling = Pooling(self.wire, self.drivers, machines, self._hand_over, tuple(data))
         self.pooling.start()
         queued, self.pool_queue = self.pool_queue, []
         for peer, msg in queued:
@@ -253,6 +256,8 @@ class Flows:
                 self.on_pool_frame(peer, msg)
             except FrameRefused as e:
                 log.info("PoolFrame from %s that waited for pooled formation refused: %s", self.peers.who(peer), e)
+        for info in self.peers.infos():  # a relay first heard of while the links were measured: as a newcomer
+            self.on_peer_hello(info)
 
     def _hand_over(self) -> None:
         """Pooled formation is over at this node: its flow machine starts with the units homing installed here
@@ -329,8 +334,9 @@ class Flows:
                 self.on_changed()
 
     def _sync_costs(self) -> None:
-        self.next_costs = dict(self.machine.cfg.next_costs)
-        self.prev_costs = dict(self.machine.cfg.prev_costs)
+        if self.machine is not None:  # (pooled formation keeps `next_costs` / `prev_costs` itself)
+            self.next_costs = dict(self.machine.cfg.next_costs)
+            self.prev_costs = dict(self.machine.cfg.prev_costs)
         self.link_costs_used["next"].update(self.next_costs)  # (status.json: peers that left stay in it)
         self.link_costs_used["prev"].update(self.prev_costs)
 
@@ -381,12 +387,11 @@ class Flows:
         if info is not None and self.peers.stage is not None and self.peers.flow_side(info.stage) != "prev":
             raise FrameRefused(f"LinkCost from {self.peers.who(peer)}, which is not upstream of this node")
         self.agreed_costs[peer] = msg.cost
-        if self.pooling is not None and self.machine is None:
-            if peer in self.prev_costs:
-                self.prev_costs[peer] = msg.cost
+        if self.pooling is not None and self.machine is None and peer in self.prev_costs:
+            self.prev_costs[peer] = msg.cost
             self.pooling.on_link_cost(peer, msg)
             return
-        if (self.neighbours > 0 and self.machine is not None and info is not None and not info.joining
+        if (self.neighbours > 0 and self._adds_links() and info is not None and not info.joining
                 and not info.leaving and not self._in_flow(peer)):
             self.wire.spawn(self._add_neighbour, peer, ("prev",))  # it links to us (neighbourhood.py)
             return
@@ -414,7 +419,7 @@ class Flows:
     def on_peer_hello(self, info: PeerInfo) -> None:
         """A peer ready next to us that the flow machine does not know (a newcomer, or a peer back after it was
         removed: a restarted relay or data node): add it."""
-        if self.machine is None or info.joining or info.leaving or self._in_flow(info.peer_id):
+        if not self._adds_links() or info.joining or info.leaving or self._in_flow(info.peer_id):
             return
         sides = self._sides(info)
         if sides == ("prev",) and not self._chose_us(info.peer_id):
@@ -431,7 +436,8 @@ class Flows:
         if info.role == "relay":
             side = self.peers.flow_side(info.stage) if info.stage >= 0 else None
             return (side,) if side is not None else ()
-        if info.role != "data" or self.peers.role != "relay" or info.peer_id not in self.machine.cfg.commodities:
+        data = self.machine.cfg.commodities if self.machine is not None else self.pooling.data
+        if info.role != "data" or self.peers.role != "relay" or info.peer_id not in data:
             return ()  # (a data node this flow machine does not carry units of is no link of it)
         last = self.peers.n_stages - 1
         return (("prev",) if self.peers.stage == 0 else ()) + (("next",) if self.peers.stage == last else ())
@@ -460,12 +466,28 @@ class Flows:
                     self.wire.post(peer, m.LinkCost(cost))
                 elif side == "prev":
                     cost = self.agreed_costs.get(peer, cost)
-                log.info("flows: adding %s as %s neighbour (cost %g)", self.peers.who(peer), side, cost)
-                self.driver.carry(self.machine.add_neighbour(now(), peer, cost, side))
+                log.info("flows: adding %s as %s neighbour (cost %g)%s", self.peers.who(peer), side, cost,
+                         "" if self.machine is not None else " to pooled formation")
+                self._add_link(peer, cost, side)
             self._sync_costs()
             self.on_changed()
         finally:
             self.adding.discard(peer)
+
+    def _adds_links(self) -> bool:
+        """Whether a newcomer is added now: to the flow machine, or to pooled formation's machines until the
+        node hands over (then the flow machine's start adds what they did not have)."""
+        return self.machine is not None or (self.pooling is not None and not self.pooling.done)
+
+    def _add_link(self, peer: str, cost: float, side: str) -> None:
+        if self.machine is not None:
+            self.driver.carry(self.machine.add_neighbour(now(), peer, cost, side))
+        elif self.pooling is not None and not self.pooling.done:
+            if side != "peer":
+                (self.next_costs if side == "next" else self.prev_costs)[peer] = cost
+            self.pooling.add_neighbour(peer, cost, side)
+            self.link_costs_used["next"].update(self.next_costs)
+            self.link_costs_used["prev"].update(self.prev_costs)
 
     def on_peer_gone(self, peer: str) -> None:
         self.agreed_costs.pop(peer, None)

@@ -117,8 +117,9 @@ class Pooling:
     """This node's pooled machines, driven (module doc); `on_done` is called once the node hands over."""
 
     def __init__(self, wire: Wire, drivers: Drivers, machines: dict[str, PoolMachine],
-                 on_done: Callable[[], None]) -> None:
+                 on_done: Callable[[], None], data: tuple[str, ...] = ()) -> None:
         self.wire, self.machines, self.on_done = wire, machines, on_done
+        self.data = set(data)  # the run's data nodes (their sides are the pooled machines' links to them)
         self.me = wire.me
         self.timers = drivers.make(Owner.POOLING, self._on_timer)
         self.pool_id = next(iter(machines.values())).commodity
@@ -142,6 +143,11 @@ class Pooling:
         """Whether a machine of this node holds pooled units (homing will tell it where they go)."""
         return any(n for pm in self.machines.values() if not pm.homed
                    for side in (pm.inner.inn, pm.inner.out) for v in side.values() for n in v.values())
+
+    def linked(self, peer: str) -> bool:
+        """Whether a pooled machine of this node links to `peer` (or to one of its sides) on any side."""
+        return any(split_id(n)[0] == peer for pm in self.machines.values()
+                   for n in (*pm.cfg.next_costs, *pm.cfg.prev_costs, *pm.cfg.peers))
 
     def installed(self) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
         """The per-data-node units homing installed here: (inn, out) as `FlowNode.adopt` takes them."""
@@ -221,12 +227,7 @@ class Pooling:
         sender = role_id(peer, f.sender_role)
         if isinstance(msg, FROM_POOL) and sender != self.pool_id:
             raise FrameRefused(f"{type(msg).__name__} from {sender[:24]}: only the pool sends it")
-        cfg = pm.cfg
-        if isinstance(msg, flow_msgs) and sender not in cfg.next_costs and sender not in cfg.prev_costs \
-                and sender not in cfg.peers:
-            raise FrameRefused(f"pooled {type(msg).__name__} from {sender[:24]}, which is no link of "
-                               f"{role_id('this node', f.role)}")
-        if not self.done:
+        if not self.done:  # (a flow message from no link yet: the machine keeps its labels, refuses its requests)
             self.carry(f.role, pm.on_message(now(), sender, msg))
 
     def on_link_cost(self, peer: str, msg: m.LinkCost) -> None:
@@ -235,6 +236,20 @@ class Pooling:
             for nid in (peer, role_id(peer, "src")):
                 if not pm.homed and pm.cfg.prev_costs.get(nid, msg.cost) != msg.cost:
                     self.carry(role, pm.inner.on_message(now(), nid, msg))
+
+    def add_neighbour(self, peer: str, cost: float, side: str) -> None:
+        """A peer heard of after pooled formation began, measured: the machines it is a link of add it (a data
+        node as its source side before stage 0, its sink side after the last stage), as `Flows` adds it to
+        the flow machine."""
+        for role, pm in sorted(self.machines.items()):
+            if pm.homed:
+                continue
+            nid = peer
+            if role == "" and peer in self.data:
+                nid = role_id(peer, "src" if side == "prev" else "snk")
+            elif (role, side) not in (("", "next"), ("", "prev"), ("", "peer"), ("src", "next"), ("snk", "prev")):
+                continue
+            self.carry(role, pm.inner.add_neighbour(now(), nid, cost, side))
 
     def peer_gone(self, peer: str) -> None:
         """A peer crashed or left: each pooled machine linked to it (or to one of its sides) drops the link."""
