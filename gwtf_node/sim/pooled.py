@@ -122,12 +122,40 @@ def handover(sc: Scenario, machines: dict[str, PoolMachine], seed: int = 0,
     return nodes
 
 
+def _crash(sim: Simulator, sc: Scenario, net: Scenario, machines: dict[str, PoolMachine], kill: tuple[str, ...],
+           detect_s: float) -> tuple[Scenario, Scenario]:
+    """`kill` crash now; `detect_s` later every machine linked to one drops it (`FlowNode.remove_neighbour`); the
+    scenario and the pooled network without them."""
+    t0 = sim.now
+    for nid in kill:
+        sim.kill(nid)
+    sim.run_until(t0 + detect_s)
+    now = sim.now = t0 + detect_s
+    for nid, pm in sorted(machines.items()):
+        if nid in kill:
+            continue
+        for dead in kill:
+            if dead in pm.cfg.next_costs or dead in pm.cfg.prev_costs or dead in pm.cfg.peers:
+                sim._apply(nid, pm.inner.remove_neighbour(now, dead))  # (a call from outside an event handler)
+    for nid in kill:
+        machines.pop(nid)
+
+    def without(s: Scenario) -> Scenario:
+        return replace(s, nodes=tuple(n for n in s.nodes if n.id not in kill),
+                       links=tuple(l for l in s.links if l.a not in kill and l.b not in kill))
+    return without(sc), without(net)
+
+
 def run_pooled(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowConfig | None = None,
-               neighbours: int = FLOW_NEIGHBOURS, continue_rounds: int = 0) -> RoutingResult:
+               neighbours: int = FLOW_NEIGHBOURS, continue_rounds: int = 0, kill: tuple[str, ...] = (),
+               kill_at_s: float = 0.0, detect_s: float = 2.0) -> RoutingResult:
     """Pooled formation and homing in the simulator (module doc); `extra` reports the pooled units' cost
     (`pooled_cost`, before homing), how many ended at another data node (`crossed`), homing's steps.  With
     `continue_rounds`, the per-data-node machines then run on from the homed units for that many rounds
-    (`handover`), and the flows are theirs (`extra["continued_messages"]`)."""
+    (`handover`), and the flows are theirs (`extra["continued_messages"]`).  `kill`: relays that crash at
+    `kill_at_s` while the flows form (unless homing is over by then); every machine linked to one drops the link
+    `detect_s` later, as the daemon's `Pooling.peer_gone` does; the flows are read over the scenario without
+    them."""
     scenario = bound_links(scenario, neighbours)
     net = pooled_scenario(scenario)
     cfgs, pcfgs = flow_configs(net, base), pool_configs(scenario)
@@ -139,11 +167,14 @@ def run_pooled(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowC
         sim.add(nid, machines[nid])
     sim.start_all()
     pool = machines[POOL_ID]
+    if kill:
+        sim.run_until(kill_at_s, stop=lambda now: pool.homed, check_every_s=round_s)
+        scenario, net = _crash(sim, scenario, net, machines, kill, detect_s)
     sim.run_until(rounds * round_s, stop=lambda now: pool.homed, check_every_s=round_s)
     flows, unrouted = installed_flows(scenario, machines)
     st = pool.stats
-    extra = {"formation": "pooled", "homed": pool.homed, "homing_rounds": st.rounds, "traced": st.traced,
-             "unrouted_relays": unrouted, "inconsistent_links": unrouted,
+    extra = {"formation": "pooled", "homed": pool.homed, "homed_at": st.homed_at, "homing_rounds": st.rounds,
+             "traced": st.traced, "unrouted_relays": unrouted, "inconsistent_links": unrouted,
              "pooled_cost": sum(unit_cost(scenario.cost, u) for u in st.pooled),
              "crossed": sum(u[0] != u[2] for u in st.pooled), **st.steps,
              "messages_by_type": dict(sorted(sim.stats.messages_by_type.items()))}

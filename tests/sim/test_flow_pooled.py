@@ -148,3 +148,26 @@ def test_after_the_handover_a_crashed_relay_s_units_are_placed_again():
                            tuple(l for l in sc.links if victim not in (l.a, l.b)))
     check_routing(without, rest)
     assert len(rest) == round(optimal_routing(without, seed=0).extra["lp_max_flow"])
+
+
+@pytest.mark.parametrize("setting, seed", [(5, 0), (6, 201)])
+def test_a_relay_that_crashes_while_the_flows_form_is_routed_around(setting, seed):
+    sc = load_flow_setting(setting, seed)
+    calm = run_pooled(sc, seed=seed)
+    used = sorted({r for f in calm.flows for r in f.path})
+    victim = used[len(used) // 2]  # a relay the flows formed without churn use
+    res = run_pooled(sc, seed=seed, kill=(victim,), kill_at_s=0.6 * calm.extra["homed_at"])
+    after = _without(sc, victim)
+    check_routing(after, res)
+    assert res.extra["homed"] and res.extra["unrouted_relays"] == 0
+    assert all(victim not in f.path for f in res.flows)
+    r, o = ratio(after, res, seed)
+    assert res.num_flows == round(o.extra["lp_max_flow"]), (res.num_flows, o.extra["lp_max_flow"])
+    assert r <= 1.35, r  # re-formed after a crash, not exact: as the flow machines re-form (bench_flow_churn.py)
+
+
+def _without(sc, victim):
+    from dataclasses import replace
+
+    return replace(sc, nodes=tuple(n for n in sc.nodes if n.id != victim),
+                   links=tuple(l for l in sc.links if victim not in (l.a, l.b)))

@@ -20,8 +20,9 @@ by the pool once its flows are still (`PoolConfig.quiet_s`):
    traced in this round; the sink side adds where it ended and hands it to the
    pool.
    The pool starts once its flows are formed: no launch out, and the whole
-   demand placed or a wave begun `quiet_s` ago that gives it no route
-   (`_formed`).
+   demand placed or a wave begun `no_route_s` ago (and twice as long as the
+   last wave with a route took) that gives it no route, twice: the first
+   time the pool starts a wave from scratch (`_formed`).
 2. `CostQuery` to every relay on a traced path: its link costs to the relays
    the other units use at the next stage (at the first stage, to every data
    node's source side; at the last, to every sink side); `CostReply`.
@@ -44,11 +45,13 @@ from typing import Mapping
 from ..effects import Effect, Send, SetTimer
 from ..messages import INF
 from ..homingmsgs import CostQuery, CostReply, HomingStart, Install, Route, TraceUnit
+from . import launches
 from .homing import Unit, home_units
 from .node import FlowNode
 
 RELAY, SOURCE, SINK, POOL = "relay", "source", "sink", "pool"
 TICK = ("pool", "tick")  # the pool's timer key (the flow machine's are strings)
+PLACED, NO_ROUTE = "placed", "no route"  # why the pool's flows count as formed (`PoolMachine._formed`)
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class PoolConfig:
     sinks: Mapping[str, str] = field(default_factory=dict)  # POOL: each sink side's id -> its data node
     demand: Mapping[str, int] = field(default_factory=dict)  # POOL: each data node's demand
     quiet_s: float = 3.0  # POOL: homing starts once its flows are formed and still this long (`_formed`)
+    no_route_s: float = 10.0  # POOL: ... or once a wave has given it no route this long (`_formed`)
     round_timeout_s: float = 10.0  # POOL: a homing round not done by then starts again
     max_rounds: int = 3
     tick_s: float = 0.5
@@ -90,6 +94,7 @@ class PoolMachine:
         self.costs: dict[tuple[str, str], float] = {}
         self.waiting: set[str] = set()  # POOL: relays asked and not answered
         self.deadline = 0.0
+        self.confirm_epoch = -1  # POOL: the wave it started from scratch when a wave first gave it no route
 
     cfg = property(lambda self: self.inner.cfg)
     homed = property(lambda self: self.installed is not None)
@@ -179,7 +184,14 @@ class PoolMachine:
             return eff[:0]
         running = self.stats.rounds > 0 and now < self.deadline
         m = self.inner
-        if running or not self._formed(now):
+        formed = self._formed(now)
+        if running or not formed:
+            return eff
+        epoch = m.labels.epoch[self.commodity]
+        if formed == NO_ROUTE and self.confirm_epoch != epoch:  # a wave from scratch first (`_formed`)
+            m.now = now
+            launches.new_wave(m, now, eff)
+            self.confirm_epoch = m.labels.epoch[self.commodity]
             return eff
         self.stats.rounds += 1
         self.round += 1
@@ -190,16 +202,22 @@ class PoolMachine:
         eff += [Send(p, HomingStart(self.round)) for p in sorted(sent)]
         return eff
 
-    def _formed(self, now: float) -> bool:
+    def _formed(self, now: float) -> str:
         """The pool's flows are formed: no launch out, its flows unchanged for `quiet_s`, and either the whole
-        demand placed or its current wave, begun `quiet_s` ago or more, giving it no route (the maximum flow)."""
+        demand placed or its current wave giving it no route (the maximum flow) although it began `no_route_s` ago
+        or more, and twice the time the last wave that gave it a route took to reach it: a loaded daemon's waves
+        take seconds, and relays that start late add links that lower the labels within the wave.  The first time
+        a wave gives it no route, the pool starts a wave from scratch (`_tick`): labels a relay kept from before its
+        links were complete, or deferred, are recomputed; only if that wave gives no route either are the flows the
+        maximum flow (`NO_ROUTE`).  Returns "" (not formed), `PLACED` or `NO_ROUTE`."""
         m, quiet = self.inner, self.pcfg.quiet_s
         if m.pending or m.token_pending or m.launch.pending > 0 or now - m.stats.last_change < quiet:
-            return False
+            return ""
         if sum(m.out[self.commodity].values()) >= m.launch.demand:
-            return True  # every data node's whole demand placed
+            return PLACED  # every data node's whole demand placed
         label = m.my_out.get(self.commodity)
-        return now - m.launch.wave_started >= quiet and (label is None or label.cost == INF)
+        waited = max(quiet, self.pcfg.no_route_s, 2 * (m.launch.wave_s or 0.0))
+        return NO_ROUTE if now - m.launch.wave_started >= waited and (label is None or label.cost == INF) else ""
 
     def _collect(self, now: float, msg: TraceUnit) -> list[Effect]:
         if msg.round != self.round or self.homed or len(self.tokens) >= self.expected:

@@ -85,6 +85,7 @@ class Flows:
         self.pooled = pooled  # several data nodes form their flows pooled first (pooling.py)
         self.pooling: Pooling | None = None
         self.pool_queue: list[tuple[str, m.PoolFrame]] = []  # PoolFrames that came before the pooled machines
+        self.undecided = False  # a relay with pooled formation that knew one data node when its links were measured
         self.peers = peers
         self.liveness = liveness
         self.stage = stage
@@ -231,6 +232,9 @@ class Flows:
             self.wire.post(p, m.LinkCost(c))
         if self.pooled and len(self.peers.data_nodes()) > 1 and not joined:
             self._start_pooling()
+        elif self.pooled and not joined and self.peers.role == "relay":
+            self.undecided = True  # one data node known: wait for a second one, or a neighbour's flow message
+            log.info("pooled formation: one data node known: waiting for another, or a neighbour's flow message")
         else:
             self._start_machine(joined, {}, {})
 
@@ -347,7 +351,11 @@ class Flows:
     def on_message(self, peer: str, msg: Any) -> None:
         if self.machine is None:
             self.queue.append((peer, msg))
-            if self.pooling is not None and not self.pooling.holds_units():
+            if self.undecided:  # a neighbour forms its flows per data node: so does this relay
+                self.undecided = False
+                log.info("pooled formation: %s forms its flows per data node: so does this node", self.peers.who(peer))
+                self._start_machine(False, {}, {})
+            elif self.pooling is not None and not self.pooling.holds_units():
                 self.pooling.hand_over(f"{self.peers.who(peer)} handed over, and no pooled units are here")
             return
         self._linked_by(peer)
@@ -419,6 +427,10 @@ class Flows:
     def on_peer_hello(self, info: PeerInfo) -> None:
         """A peer ready next to us that the flow machine does not know (a newcomer, or a peer back after it was
         removed: a restarted relay or data node): add it."""
+        if self.undecided and info.role == "data" and len(self.peers.data_nodes()) > 1:
+            self.undecided = False  # a second data node: pooled formation after all
+            self._start_pooling()
+            return
         if not self._adds_links() or info.joining or info.leaving or self._in_flow(info.peer_id):
             return
         sides = self._sides(info)
