@@ -174,7 +174,7 @@ def run_pooled(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowC
     flows, unrouted = installed_flows(scenario, machines)
     st = pool.stats
     extra = {"formation": "pooled", "homed": pool.homed, "homed_at": st.homed_at, "homing_rounds": st.rounds,
-             "traced": st.traced, "unrouted_relays": unrouted, "inconsistent_links": unrouted,
+             "traced": st.traced, "held": st.held, "unrouted_relays": unrouted, "inconsistent_links": unrouted,
              "pooled_cost": sum(unit_cost(scenario.cost, u) for u in st.pooled),
              "crossed": sum(u[0] != u[2] for u in st.pooled), **st.steps,
              "messages_by_type": dict(sorted(sim.stats.messages_by_type.items()))}

@@ -171,3 +171,17 @@ def _without(sc, victim):
 
     return replace(sc, nodes=tuple(n for n in sc.nodes if n.id != victim),
                    links=tuple(l for l in sc.links if victim not in (l.a, l.b)))
+
+
+@pytest.mark.slow
+def test_a_unit_held_on_its_way_is_left_out_and_the_rest_homed():
+    # Table VI x8 (24 data nodes, 5 stages of 24 relays): a relay holds the pool's last launched unit, waiting for
+    # still labels while the stuck timer's waves keep coming; the pool homes the rest once its flows stood still
+    from gwtf_node.sim.baselines import max_flow_value
+    from gwtf_node.sim.train.setting import flow_scenario, make_table6
+
+    sc = flow_scenario(make_table6(8, 0))
+    res = run_pooled(sc, seed=0, rounds=300)
+    check_routing(sc, res)
+    assert res.extra["homed"] and res.extra["held"] == 1 and res.extra["unrouted_relays"] == 0
+    assert res.num_flows == res.extra["traced"] and res.num_flows >= 0.9 * max_flow_value(sc)

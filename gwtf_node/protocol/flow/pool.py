@@ -18,7 +18,9 @@ by the pool once its flows are still (`PoolConfig.quiet_s`):
 1. `HomingStart` to every source side, which sends one `TraceUnit` per unit it
    sent; each relay adds itself and passes it on along a unit of its own not
    traced in this round; the sink side adds where it ended and hands it to the
-   pool.
+   pool.  A unit held on its way (a relay, or the source side, with no unit of
+   its own left to follow) goes to the pool ended nowhere: homing leaves it
+   out.
    The pool starts once its flows are formed: no launch out, and the whole
    demand placed or a wave begun `no_route_s` ago (and twice as long as the
    last wave with a route took) that gives it no route, twice: the first
@@ -51,7 +53,7 @@ from .node import FlowNode
 
 RELAY, SOURCE, SINK, POOL = "relay", "source", "sink", "pool"
 TICK = ("pool", "tick")  # the pool's timer key (the flow machine's are strings)
-PLACED, NO_ROUTE = "placed", "no route"  # why the pool's flows count as formed (`PoolMachine._formed`)
+PLACED, NO_ROUTE, STALLED = "placed", "no route", "stalled"  # why the pool's flows count as formed (`_formed`)
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class PoolConfig:
     demand: Mapping[str, int] = field(default_factory=dict)  # POOL: each data node's demand
     quiet_s: float = 3.0  # POOL: homing starts once its flows are formed and still this long (`_formed`)
     no_route_s: float = 10.0  # POOL: ... or once a wave has given it no route this long (`_formed`)
+    stall_s: float = 60.0  # POOL: ... or once a launch has been out this long with its flows unchanged (`_formed`)
     round_timeout_s: float = 10.0  # POOL: a homing round not done by then starts again
     max_rounds: int = 3
     tick_s: float = 0.5
@@ -72,6 +75,7 @@ class PoolConfig:
 class HomingStats:
     rounds: int = 0
     traced: int = 0  # units traced in the round that homed them
+    held: int = 0  # units of that round held on their way (a relay with no unit of its own left to follow)
     queries: int = 0
     homed_at: float | None = None
     steps: dict = field(default_factory=dict)  # homing.home_units' counts
@@ -90,6 +94,7 @@ class PoolMachine:
         self.installed: dict[str, dict[str, dict[str, int]]] | None = None  # per data node: "inn"/"out" counts
         self.stats = HomingStats()
         self.tokens: list[Unit] = []  # POOL: this round's traced units
+        self.held: list[Unit] = []  # POOL: this round's units held on their way (no data node reached: "")
         self.expected = 0
         self.costs: dict[tuple[str, str], float] = {}
         self.waiting: set[str] = set()  # POOL: relays asked and not answered
@@ -141,7 +146,8 @@ class PoolMachine:
         eff: list[Effect] = []
         for peer, n in sorted(self.inner.out[self.commodity].items()):
             eff += [Send(peer, TraceUnit(msg.round, self.pcfg.data_node, ())) for _ in range(n)]
-        return eff
+        held = sum(self.inner.inn[self.commodity].values()) - sum(self.inner.out[self.commodity].values())
+        return eff + [Send(self.commodity, TraceUnit(msg.round, self.pcfg.data_node, ())) for _ in range(held)]
 
     def _on_trace(self, now: float, msg: TraceUnit) -> list[Effect]:
         if self.pcfg.role == SINK:
@@ -153,8 +159,8 @@ class PoolMachine:
         if msg.round > self.round:
             self.round, self.slots = msg.round, {p: n for p, n in self.inner.out[self.commodity].items() if n > 0}
         peer = next((p for p in sorted(self.slots) if self.slots[p] > 0), None)
-        if peer is None:
-            return []  # more units traced through here than it sends on: the pool's round times out
+        if peer is None:  # a unit held here (a launch on its way): to the pool, ended nowhere
+            return [Send(self.commodity, TraceUnit(msg.round, msg.origin, (*msg.path, self.inner.cfg.node_id)))]
         self.slots[peer] -= 1
         return [Send(peer, TraceUnit(msg.round, msg.origin, (*msg.path, self.inner.cfg.node_id)))]
 
@@ -196,7 +202,7 @@ class PoolMachine:
         self.stats.rounds += 1
         self.round += 1
         self.deadline = now + self.pcfg.round_timeout_s
-        self.tokens, self.costs, self.waiting = [], {}, set()
+        self.tokens, self.held, self.costs, self.waiting = [], [], {}, set()
         sent = {p: n for p, n in m.out[self.commodity].items() if n > 0}
         self.expected = sum(sent.values())
         eff += [Send(p, HomingStart(self.round)) for p in sorted(sent)]
@@ -209,10 +215,15 @@ class PoolMachine:
         take seconds, and relays that start late add links that lower the labels within the wave.  The first time
         a wave gives it no route, the pool starts a wave from scratch (`_tick`): labels a relay kept from before its
         links were complete, or deferred, are recomputed; only if that wave gives no route either are the flows the
-        maximum flow (`NO_ROUTE`).  Returns "" (not formed), `PLACED` or `NO_ROUTE`."""
+        maximum flow (`NO_ROUTE`).  A launch out while its flows have not changed for `stall_s` is a unit held on
+        its way (a relay waiting for still labels while new waves keep coming): the flows are homed without it
+        (`STALLED`; the relay that holds it sends its trace to the pool ended nowhere, and the Install leaves it
+        out).  Returns "" (not formed), `PLACED`, `NO_ROUTE` or `STALLED`."""
         m, quiet = self.inner, self.pcfg.quiet_s
-        if m.pending or m.token_pending or m.launch.pending > 0 or now - m.stats.last_change < quiet:
+        if m.pending or m.token_pending or now - m.stats.last_change < quiet:
             return ""
+        if m.launch.pending > 0:
+            return STALLED if now - m.stats.last_change >= self.pcfg.stall_s else ""
         if sum(m.out[self.commodity].values()) >= m.launch.demand:
             return PLACED  # every data node's whole demand placed
         label = m.my_out.get(self.commodity)
@@ -220,11 +231,13 @@ class PoolMachine:
         return NO_ROUTE if now - m.launch.wave_started >= waited and (label is None or label.cost == INF) else ""
 
     def _collect(self, now: float, msg: TraceUnit) -> list[Effect]:
-        if msg.round != self.round or self.homed or len(self.tokens) >= self.expected:
+        if msg.round != self.round or self.homed or len(self.tokens) + len(self.held) >= self.expected:
             return []
-        self.tokens.append((msg.origin, msg.path, msg.end))
-        if len(self.tokens) < self.expected:
+        (self.tokens if msg.end else self.held).append((msg.origin, msg.path, msg.end))
+        if len(self.tokens) + len(self.held) < self.expected:
             return []
+        if not self.tokens:
+            return self._install(now)
         stages = max(len(u[1]) for u in self.tokens)
         used = [sorted({u[1][k] for u in self.tokens if len(u[1]) == stages}) for k in range(stages)]
         eff: list[Effect] = []
@@ -265,11 +278,13 @@ class PoolMachine:
             for side, key in ((sides[d], (d, d, path[0])), (sinks[d], (d, path[-1], d))):
                 counts.setdefault(side, {})[key] = counts.setdefault(side, {}).get(key, 0) + 1
         eff: list[Effect] = []
-        told = set(counts) | {r for u in self.tokens for r in u[1]} | set(self.pcfg.sources) | set(self.pcfg.sinks)
+        told = set(counts) | {r for u in (*self.tokens, *self.held) for r in u[1]} | set(self.pcfg.sources) \
+            | set(self.pcfg.sinks)
         for node in sorted(told):  # (every node that held pooled units, so that each knows homing is over)
             routes = tuple(Route(d, p, n, c) for (d, p, n), c in sorted(counts.get(node, {}).items()))
             eff.append(Send(node, Install(self.round, routes)))
         self.installed = {}
-        self.stats.traced, self.stats.homed_at, self.stats.steps = len(self.tokens), now, steps
+        self.stats.traced, self.stats.held = len(self.tokens), len(self.held)
+        self.stats.homed_at, self.stats.steps = now, steps
         self.stats.pooled, self.stats.homed = tuple(self.tokens), tuple(homed)
         return eff

@@ -189,9 +189,10 @@ class Pooling:
         if pool is not None and pool.homed:
             st = pool.stats
             cost = lambda u: unit_cost(lambda a, b: pool.costs.get((a, b)), u)  # noqa: E731
-            log.info("homing: %d units traced (%d ended at another data node), their links cost %.1f pooled and "
-                     "%.1f homed (%s)", st.traced, sum(u[0] != u[2] for u in st.pooled),
-                     sum(cost(u) for u in st.pooled), sum(cost(u) for u in st.homed), st.steps)
+            log.info("homing: %d units traced (%d ended at another data node, %d held on their way and left out), "
+                     "their links cost %.1f pooled and %.1f homed (%s)", st.traced,
+                     sum(u[0] != u[2] for u in st.pooled), st.held, sum(cost(u) for u in st.pooled),
+                     sum(cost(u) for u in st.homed), st.steps)
         self.on_done()
 
     def _on_timer(self, key: Any) -> None:

@@ -248,7 +248,9 @@ def swarm_placement(setting: Setting, max_evaluations: int | None = None) -> Set
     return restage(setting, [sorted(r for r, k in stages.items() if k == s) for s in range(S)])[0]
 
 
-def _scenario(setting: Setting, data_capacity: int | dict = MICROBATCHES):
+def flow_scenario(setting: Setting, data_capacity: int | dict = MICROBATCHES):
+    """The setting as a flow scenario: each data node with `data_capacity` units, linked to the first and last
+    relay stages, each relay to the relays of the next stage."""
     caps = data_capacity if isinstance(data_capacity, dict) else {d: data_capacity for d in setting.data}
     nodes = [{"id": d, "role": "data", "capacity": caps.get(d, 0)} for d in setting.data]
     nodes += [{"id": r, "role": "relay", "stage": s, "capacity": c} for r, (s, c) in setting.relays.items()]
@@ -284,9 +286,9 @@ def initial_flows(setting: Setting, active: tuple[str, ...] | None = None) -> di
         active = setting.data
     if not active:
         return {}
-    total = max_flow_value(_scenario(setting, {d: MICROBATCHES for d in active}))
+    total = max_flow_value(flow_scenario(setting, {d: MICROBATCHES for d in active}))
     share = max(1, min(MICROBATCHES, -(-total // len(active))))
-    res = optimal_routing(_scenario(setting, {d: share for d in active}))
+    res = optimal_routing(flow_scenario(setting, {d: share for d in active}))
     out: dict[str, dict[str, dict[str, int]]] = {}
     for f in res.flows:
         hops = (f.data_node, *f.path, f.data_node)
