@@ -84,3 +84,11 @@ async def test_a_joined_relay_or_no_pooled_formation_starts_the_flow_machine() -
     flows.pooled = False
     await flows.form([], [], joined=False)
     assert flows.machine is not None and flows.pooling is None
+
+
+async def test_a_peer_gone_while_the_relay_waits_is_no_link_of_what_it_starts() -> None:
+    flows, peers = _relay("A")
+    await flows.form([], [], joined=False)
+    flows.prev_costs["P"] = 1.0  # (as measured when its links were)
+    flows.on_peer_gone("P")
+    assert "P" not in flows.prev_costs and flows.undecided

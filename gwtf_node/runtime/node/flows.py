@@ -16,8 +16,7 @@ could disagree on a link and stall with part of the demand unplaced.
 `linkmeter.REMEASURE_EVERY_S` (not one to a peer on this machine: linkmeter.py); a cost that moved past the threshold
 (`linkmeter.recost_threshold`) twice in a row, the same way, re-forms the
 flows over the link at both ends (`FlowNode.recost`, `LinkCost(reform=True)`).  The flow machine's messages
-to a peer go in order (one task per peer and batch of effects): the flow
-machine assumes FIFO links.
+to a peer go in order (driver.py `Outbox`: one task per peer at a time): the flow machine assumes FIFO links.
 
 A relay that becomes ready next to this node later (a newcomer placed by the
 leader, its Hello neither joining nor leaving, or a relay first heard of
@@ -36,6 +35,12 @@ its K cheapest previous-stage relays (its labels tell them: `_linked_by`), and
 takes the relays that chose it (`_chose_us`, `on_link_cost`); one measured and
 not linked is `declined`, linked later if it chooses us or a next-stage link
 goes (`_refill`).
+
+With `--pooled-formation` and several data nodes known, pooled formation's
+machines run first (pooling.py) and newcomers are added to them the same way;
+the flow machine starts when the node hands over.  A relay that knows one data
+node when its links are measured waits (`undecided`): a second data node's
+Hello starts pooled formation, a neighbour's flow message the flow machine.
 """
 
 from __future__ import annotations
@@ -506,10 +511,11 @@ class Flows:
         self.meter.samples.pop(peer, None)
         self.moved.pop(peer, None)
         self.declined.discard(peer)
-        if self.pooling is not None and self.machine is None:
+        if self.machine is None:  # (pooled formation, or a relay waiting to know how it forms)
             self.next_costs.pop(peer, None)
             self.prev_costs.pop(peer, None)
-            self.pooling.peer_gone(peer)
+            if self.pooling is not None:
+                self.pooling.peer_gone(peer)
         if self.machine is not None and self._in_flow(peer):
             was_next = peer in self.machine.cfg.next_costs
             self.driver.carry(self.machine.remove_neighbour(now(), peer))  # flows rebuilt around it
