@@ -24,6 +24,7 @@ from ..protocol.flow.pool import POOL, RELAY, SINK, SOURCE, PoolConfig, PoolMach
 from ..protocol.neighbourhood import FLOW_NEIGHBOURS, bound_links
 from ..protocol.scenario import ROLE_DATA, LinkSpec, NodeSpec, Scenario
 from .engine import Simulator
+from .flowchurn import Churn, changed_scenario
 from .flowsim import MS, extract_flows, flow_configs
 from .result import Flow, RoutingResult, path_cost
 
@@ -139,11 +140,8 @@ def _crash(sim: Simulator, sc: Scenario, net: Scenario, machines: dict[str, Pool
                 sim._apply(nid, pm.inner.remove_neighbour(now, dead))  # (a call from outside an event handler)
     for nid in kill:
         machines.pop(nid)
-
-    def without(s: Scenario) -> Scenario:
-        return replace(s, nodes=tuple(n for n in s.nodes if n.id not in kill),
-                       links=tuple(l for l in s.links if l.a not in kill and l.b not in kill))
-    return without(sc), without(net)
+    churn = Churn(kill=kill)
+    return changed_scenario(sc, churn), changed_scenario(net, churn)
 
 
 def run_pooled(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowConfig | None = None,

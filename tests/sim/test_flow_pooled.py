@@ -11,6 +11,7 @@ from gwtf_node.protocol.flow.pool import PoolMachine
 from gwtf_node.protocol.homingmsgs import CostReply, TraceUnit
 from gwtf_node.sim.baselines import optimal_routing
 from gwtf_node.sim.engine import Simulator
+from gwtf_node.sim.flowchurn import Churn, changed_scenario
 from gwtf_node.sim.flowsim import MS, extract_flows, flow_configs
 from gwtf_node.sim.pooled import POOL_ID, handover, installed_flows, pool_configs, pooled_scenario, run_pooled, sink_of
 from gwtf_node.sim.scenarios import load_flow_setting
@@ -157,20 +158,13 @@ def test_a_relay_that_crashes_while_the_flows_form_is_routed_around(setting, see
     used = sorted({r for f in calm.flows for r in f.path})
     victim = used[len(used) // 2]  # a relay the flows formed without churn use
     res = run_pooled(sc, seed=seed, kill=(victim,), kill_at_s=0.6 * calm.extra["homed_at"])
-    after = _without(sc, victim)
+    after = changed_scenario(sc, Churn(kill=(victim,)))
     check_routing(after, res)
     assert res.extra["homed"] and res.extra["unrouted_relays"] == 0
     assert all(victim not in f.path for f in res.flows)
     r, o = ratio(after, res, seed)
     assert res.num_flows == round(o.extra["lp_max_flow"]), (res.num_flows, o.extra["lp_max_flow"])
     assert r <= 1.35, r  # re-formed after a crash, not exact: as the flow machines re-form (bench_flow_churn.py)
-
-
-def _without(sc, victim):
-    from dataclasses import replace
-
-    return replace(sc, nodes=tuple(n for n in sc.nodes if n.id != victim),
-                   links=tuple(l for l in sc.links if victim not in (l.a, l.b)))
 
 
 @pytest.mark.slow

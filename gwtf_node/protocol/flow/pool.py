@@ -159,10 +159,11 @@ class PoolMachine:
         if msg.round > self.round:
             self.round, self.slots = msg.round, {p: n for p, n in self.inner.out[self.commodity].items() if n > 0}
         peer = next((p for p in sorted(self.slots) if self.slots[p] > 0), None)
-        if peer is None:  # a unit held here (a launch on its way): to the pool, ended nowhere
-            return [Send(self.commodity, TraceUnit(msg.round, msg.origin, (*msg.path, self.inner.cfg.node_id)))]
-        self.slots[peer] -= 1
-        return [Send(peer, TraceUnit(msg.round, msg.origin, (*msg.path, self.inner.cfg.node_id)))]
+        if peer is not None:
+            self.slots[peer] -= 1
+        # (no unit of its own left to follow: one held here, a launch on its way, goes to the pool ended nowhere)
+        to = self.commodity if peer is None else peer
+        return [Send(to, TraceUnit(msg.round, msg.origin, (*msg.path, self.inner.cfg.node_id)))]
 
     def _on_query(self, sender: str, msg: CostQuery) -> list[Effect]:
         links = {**self.inner.cfg.prev_costs, **self.inner.cfg.next_costs}
@@ -193,8 +194,7 @@ class PoolMachine:
         formed = self._formed(now)
         if running or not formed:
             return eff
-        epoch = m.labels.epoch[self.commodity]
-        if formed == NO_ROUTE and self.confirm_epoch != epoch:  # a wave from scratch first (`_formed`)
+        if formed == NO_ROUTE and self.confirm_epoch != m.labels.epoch[self.commodity]:  # a wave from scratch first
             m.now = now
             launches.new_wave(m, now, eff)
             self.confirm_epoch = m.labels.epoch[self.commodity]
@@ -234,7 +234,7 @@ class PoolMachine:
         if msg.round != self.round or self.homed or len(self.tokens) + len(self.held) >= self.expected:
             return []
         (self.tokens if msg.end else self.held).append((msg.origin, msg.path, msg.end))
-        if len(self.tokens) + len(self.held) < self.expected:
+        if len(self.tokens) + len(self.held) < self.expected:  # (a unit held on its way counts: it is traced)
             return []
         if not self.tokens:
             return self._install(now)

@@ -502,9 +502,7 @@ class Flows:
         elif self.pooling is not None and not self.pooling.done:
             if side != "peer":
                 (self.next_costs if side == "next" else self.prev_costs)[peer] = cost
-            self.pooling.add_neighbour(peer, cost, side)
-            self.link_costs_used["next"].update(self.next_costs)
-            self.link_costs_used["prev"].update(self.prev_costs)
+            self.pooling.add_neighbour(peer, cost, side)  # (`_sync_costs` then shows the link in status.json)
 
     def on_peer_gone(self, peer: str) -> None:
         self.agreed_costs.pop(peer, None)

@@ -44,6 +44,7 @@ from .driver import Drivers, Outbox, Owner
 log = logging.getLogger("gwtf.node")
 
 ROLES = ("", "src", "snk", "pool")  # a relay's machine, a data node's source side, its sink side, the pool
+ROLE_SIDES = {"": ("next", "prev", "peer"), "src": ("next",), "snk": ("prev",), "pool": ()}  # links a peer makes
 HOMING_MSGS = (m.HomingStart, m.TraceUnit, m.CostQuery, m.CostReply, m.Install)
 FROM_POOL = (m.HomingStart, m.CostQuery, m.Install)
 GIVE_UP_S = 300.0  # a node not handed over this long after pooled formation began hands over with what it has
@@ -117,7 +118,7 @@ class Pooling:
     """This node's pooled machines, driven (module doc); `on_done` is called once the node hands over."""
 
     def __init__(self, wire: Wire, drivers: Drivers, machines: dict[str, PoolMachine],
-                 on_done: Callable[[], None], data: tuple[str, ...] = ()) -> None:
+                 on_done: Callable[[], None], data: tuple[str, ...]) -> None:
         self.wire, self.machines, self.on_done = wire, machines, on_done
         self.data = set(data)  # the run's data nodes (their sides are the pooled machines' links to them)
         self.me = wire.me
@@ -243,13 +244,9 @@ class Pooling:
         node as its source side before stage 0, its sink side after the last stage), as `Flows` adds it to
         the flow machine."""
         for role, pm in sorted(self.machines.items()):
-            if pm.homed:
+            if pm.homed or side not in ROLE_SIDES[role]:
                 continue
-            nid = peer
-            if role == "" and peer in self.data:
-                nid = role_id(peer, "src" if side == "prev" else "snk")
-            elif (role, side) not in (("", "next"), ("", "prev"), ("", "peer"), ("src", "next"), ("snk", "prev")):
-                continue
+            nid = role_id(peer, "src" if side == "prev" else "snk") if role == "" and peer in self.data else peer
             self.carry(role, pm.inner.add_neighbour(now(), nid, cost, side))
 
     def peer_gone(self, peer: str) -> None:
