@@ -91,10 +91,11 @@ def _mean(vals) -> float:
 
 
 def run_one(scale: int, churn: float, seed: int, iterations: int, dtfm_opts: dict,
-            systems: tuple[str, ...] = SYSTEMS, family: str = "table6", flow_neighbours: int = FLOW_NEIGHBOURS) -> dict:
+            systems: tuple[str, ...] = SYSTEMS, family: str = "table6", flow_neighbours: int = FLOW_NEIGHBOURS,
+            pooled: bool = False) -> dict:
     setting = f"{family}-x{scale}"
     out = {}
-    fk = {"flow_neighbours": flow_neighbours}  # GWTF's flow machines (neighbourhood.py)
+    fk = {"flow_neighbours": flow_neighbours, "pooled_formation": pooled}  # GWTF's flow machines (neighbourhood.py)
     if "gwtf" in systems:
         g = run_train(setting, "gwtf", churn, iterations, seed, scheduler_cost=True, **fk)
         form = g["flow_formation"]
@@ -110,6 +111,7 @@ def run_one(scale: int, churn: float, seed: int, iterations: int, dtfm_opts: dic
         out["gwtf_swarm"] = {"time_per_microbatch_s": w["time_per_microbatch_s"],
                              "throughput_per_iteration": w["throughput_per_iteration"], "placement_cpu_s": place_cpu,
                              "scheduler_cpu_s": place_cpu + w["flow_cpu_s"], "flow_messages": w["flow_messages"],
+                             "formed_s": w["flow_formation"].get("formed_s", math.nan),
                              "lost_microbatches": w["lost_microbatches"], "crashes": w["crashes"]}
     if "gwtf_placed" in systems:
         p = run_train(setting, "gwtf", churn, iterations, seed, placement="dtfm", dtfm_options=dict(dtfm_opts), **fk)
@@ -165,6 +167,9 @@ def main() -> int:
     ap.add_argument("--flow-neighbours", type=int, default=FLOW_NEIGHBOURS, metavar="K",
                     help="GWTF's flow machines link each relay to its K cheapest relays of each adjacent stage "
                          f"(protocol/neighbourhood.py; default {FLOW_NEIGHBOURS}, the daemon's; 0: every one)")
+    ap.add_argument("--pooled-formation", action="store_true",
+                    help="GWTF's flow machines form the flows of several data nodes as one commodity first, then "
+                         "send each unit home (sim/train/pooling.py; the daemon's join --pooled-formation, off)")
     ap.add_argument("--json", action="store_true", help="one JSON object per setting and churn level, no docs")
     ap.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS),
                     help="run only these (with --json: the docs table needs all of them)")
@@ -189,7 +194,7 @@ def main() -> int:
     for family, scale in ((f, k) for f in args.setting for k in args.scales):
         for churn in args.churns:
             runs = [run_one(scale, churn, s, args.iterations, dtfm_opts, tuple(args.systems), family,
-                            args.flow_neighbours)
+                            args.flow_neighbours, args.pooled_formation)
                     for s in range(args.first_seed, args.first_seed + args.seeds)]
             row = {"setting": f"{family}-x{scale}", "nodes": 18 * scale, "churn": churn, "seeds": args.seeds,
                    "first_seed": args.first_seed,

@@ -80,6 +80,25 @@ def test_a_later_fall_of_the_label_extends_the_wait():
     assert [r.expected_cost for r in requests(m.on_timer(0.90, "balance"), "N1")] == [10.0]
 
 
+@pytest.mark.parametrize("improve, cut", [(False, True), (True, True), (False, False)])
+def test_a_unit_whose_wait_a_new_wave_cut_short_waits_less_at_the_previous_waves_lowest_label(improve, cut):
+    # successive shortest paths: a label never falls below the previous wave's lowest; a unit held for still labels
+    # when a new wave comes (the data node's stuck timer) waits only launch_settle_s once its label falls to that
+    # lowest; not with improvement moves on (distances may fall from wave to wave), nor for a unit that came later
+    m = relay(improve=improve)
+    m.on_message(0.10, "N2", CostAnnounce((wave_label("N2", 9.0),)))
+    m.on_message(0.50, "N1", CostAnnounce((wave_label("N1", 10.0),)))  # wave 1's lowest OUT label: 13
+    if cut:
+        assert timers(m.on_message(0.55, "P1", RequestFlow(1, D, 13.0)), "balance") == [pytest.approx(0.90)]
+    m.on_message(0.70, "N2", CostAnnounce((wave_label("N2", 9.0, epoch=2),)))  # wave 2 (OUT 16), the unit held
+    if not cut:
+        m.on_message(0.75, "P1", RequestFlow(1, D, 16.0))
+    eff = m.on_message(1.10, "N1", CostAnnounce((wave_label("N1", 10.0, epoch=2),)))  # falls to 13, 0.4 s in
+    wait = m.cfg.launch_settle_s if cut and not improve else 0.40
+    assert m.inn[D] == {"P1": 1} and not requests(eff, "N1") and timers(eff, "balance") == [pytest.approx(1.10 + wait)]
+    assert [r.expected_cost for r in requests(m.on_timer(timers(eff, "balance")[0], "balance"), "N1")] == [10.0]
+
+
 def test_an_unmarked_wave_moves_units_at_once():
     m = relay()
     eff = delivered(m, m.on_message(0.10, "N1", CostAnnounce((wave_label("N1", 10.0, formation=False),))))

@@ -22,7 +22,8 @@ from gwtf_node.protocol import messages as m
 from gwtf_node.runtime.net.wire import FrameRefused
 from gwtf_node.runtime.node.driver import Drivers
 from gwtf_node.runtime.node.flows import FLOW_MSGS
-from gwtf_node.runtime.node.pooling import Pooling, pooled_machines, split_id
+from gwtf_node.protocol.flow.poolnodes import pooled_machines, split_id
+from gwtf_node.runtime.node.pooling import Pooling
 
 pytestmark = pytest.mark.trio
 

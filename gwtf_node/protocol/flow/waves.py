@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING
 from ..effects import Effect, Send, SetTimer
 from ..messages import INF, CostAnnounce, Deny, DenyReason, FlowReply, Label, Reply, RequestFlow, Side
 from . import announce
-from .state import EPS, MAX_RETREATS_PER_WAVE, PendingKind, Step, as_sent
+from .state import EPS, MAX_RETREATS_PER_WAVE, PendingKind, Step, as_sent, total
 
 if TYPE_CHECKING:
     from .node import FlowNode
@@ -86,6 +86,7 @@ class WaveState:
     quiet_at: dict[str, float] = field(default_factory=dict)  # a held unit moves on after this
     still_at: dict[str, float] = field(default_factory=dict)  # formation waves: units move on after this
     formation: dict[str, int] = field(default_factory=dict)  # the current wave, while it is a formation wave
+    cut: dict[str, bool] = field(default_factory=dict)  # a new wave came while a unit here waited for still labels
     reformed: bool = False  # data node: it lost a unit, a neighbour went or a link cost changed: it marks no wave
     # any more
     deferred: dict[str, tuple[dict[str, int], float]] = field(default_factory=dict)  # next-stage newcomer ->
@@ -109,6 +110,8 @@ def heard_new_wave(node: FlowNode, d: str, lab: Label) -> None:
     next_wave(node, d)
     w = node.wave
     w.walk.pop(d, None)
+    w.cut[d] = (d in w.formation and node.now < w.still_at.get(d, 0.0) and not node.cfg.is_data
+                and total(node.units.inn[d]) > total(node.units.out[d]))
     w.heard_at[d] = node.now
     w.still_at[d] = node.now + node.cfg.launch_settle_s
     if lab.formation:
@@ -152,9 +155,13 @@ def labels_lowered(node: FlowNode, d: str) -> None:
         age = now - w.heard_at.get(d, now)
         if w.formation.get(d) == e:
             # a fall long after the wave came (a cost measured again) holds units no longer than the data node waits
-            # for a route that shows up late (launches.out_changed)
-            w.still_at[d] = now + max(cfg.launch_settle_s,
-                                      cfg.launch_quiet_factor * min(age, cfg.retry_epoch_rounds * cfg.round_s))
+            # for a route that shows up late (launches.out_changed); a unit whose wait the wave cut short (`cut`)
+            # waits `launch_settle_s` after a fall to the previous wave's lowest OUT label (module doc)
+            wait = cfg.launch_quiet_factor * min(age, cfg.retry_epoch_rounds * cfg.round_s)
+            floor = w.floor.get(d, (INF, INF))[1]
+            if w.cut.get(d) and not node.improving and floor != INF and lab.cost <= floor + EPS:
+                wait = 0.0
+            w.still_at[d] = now + max(cfg.launch_settle_s, wait)
         if w.hold.get(d, e) != e:
             w.quiet_at[d] = now + max(cfg.launch_settle_s, cfg.launch_quiet_factor * age)
 
@@ -170,7 +177,7 @@ def forget(node: FlowNode, d: str) -> None:
     """The data node of `d` restarted: nothing of its waves is kept."""
     w = node.wave
     for table in (w.pot_in, w.pot_out, w.floor, w.walk, w.walked, w.hold, w.gave_up, w.retreats, w.heard_at,
-                  w.quiet_at, w.still_at, w.formation):
+                  w.quiet_at, w.still_at, w.formation, w.cut):
         table.pop(d, None)
 
 def membership_changed(node: FlowNode) -> None:

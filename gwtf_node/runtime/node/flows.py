@@ -57,7 +57,8 @@ from ...protocol import messages as m
 from ...protocol.cost import link_cost
 from ...protocol.flow import FlowConfig, FlowNode, flows_formed
 from ...protocol.neighbourhood import FLOW_NEIGHBOURS, nearest, refill, takes_newcomer
-from .pooling import Pooling, pooled_machines
+from ...protocol.flow.poolnodes import pooled_machines
+from .pooling import Pooling
 from .linkmeter import REMEASURE_EVERY_S, LinkMeter, LinkSample, recost_threshold
 from .liveness import Liveness
 from ..net.peers import PeerInfo, Peers

@@ -3,10 +3,9 @@ the node hands over to its per-data-node flow machine.
 
 With `--pooled-formation` and several data nodes, a node that forms its flows
 at the start of a run (not one the leader placed later) runs pooled formation
-first: a relay one pooled machine, a data node two (its source side and its
-sink side) and the first data node by peer id the pool as well.  A machine's
-id is its node's peer id with its role: `<peer>/src`, `<peer>/snk`,
-`<peer>/pool`; a relay's is its peer id.  Their messages travel as
+first: the machines `protocol/flow/poolnodes.py` gives it (a relay one, a data
+node its source and sink sides, the first data node by peer id the pool as
+well; ids `<peer>/src`, `<peer>/snk`, `<peer>/pool`).  Their messages travel as
 `PoolFrame`s (the receiving role, the sending role, the encoded flow or homing
 message), read here with the codec and the value bounds like any frame, sent
 through an `Outbox` (driver.py: in order per peer, the flow machines assume
@@ -14,11 +13,7 @@ FIFO links); a message between two machines of this node goes to the other at on
 sends `HomingStart`, `CostQuery` and `Install`; a flow message comes from a
 peer the receiving machine links to.
 
-`Flows.form` gives the pooled machines the links it measured (`pooled_machines`):
-a relay's link to a data node becomes its link to that data node's source side
-(stage 0) or sink side (last stage); a data node's links to the stage-0 relays
-are its source side's, to the last-stage relays its sink side's; the pool links
-to every side at no cost.
+`Flows.form` gives the pooled machines the links it measured (`pooled_machines`).
 
 The node hands over once each of its machines holds what homing installed
 (`Install`), or when it holds no pooled units and a flow message of a
@@ -35,60 +30,18 @@ from typing import Any, Callable
 from ...protocol import bounds, codec
 from ...protocol import messages as m
 from ...protocol.driver import UnknownEffect, carry_out
-from ...protocol.flow import FlowConfig, FlowNode
 from ...protocol.flow.homing import unit_cost
-from ...protocol.flow.pool import POOL, RELAY, SINK, SOURCE, PoolConfig, PoolMachine
+from ...protocol.flow.pool import PoolMachine
+from ...protocol.flow.poolnodes import ROLE_SIDES, ROLES, role_id, split_id
 from ..net.wire import FrameRefused, Wire, now
 from .driver import Drivers, Outbox, Owner
 
 log = logging.getLogger("gwtf.node")
 
-ROLES = ("", "src", "snk", "pool")  # a relay's machine, a data node's source side, its sink side, the pool
-ROLE_SIDES = {"": ("next", "prev", "peer"), "src": ("next",), "snk": ("prev",), "pool": ()}  # links a peer makes
 HOMING_MSGS = (m.HomingStart, m.TraceUnit, m.CostQuery, m.CostReply, m.Install)
 FROM_POOL = (m.HomingStart, m.CostQuery, m.Install)
 GIVE_UP_S = 300.0  # a node not handed over this long after pooled formation began hands over with what it has
 GIVE_UP = "give up"  # its timer key
-
-
-def role_id(peer: str, role: str) -> str:
-    return f"{peer}/{role}" if role else peer
-
-
-def split_id(nid: str) -> tuple[str, str]:
-    """(peer id, role) of a pooled machine's id (a peer id holds no "/")."""
-    peer, _, role = nid.partition("/")
-    return peer, role
-
-
-def pooled_machines(me: str, relay: bool, capacity: int, data: list[str], demand: dict[str, int],
-                    next_costs: dict[str, float], prev_costs: dict[str, float], stage_peers: tuple[str, ...],
-                    rng: Callable[[str], Any]) -> dict[str, PoolMachine]:
-    """This node's pooled machines by role, over the links `Flows.form` measured (module doc); `data`: the run's
-    data nodes sorted (the pool is the first one's), `demand`: each one's units, `rng(id)`: a machine's random."""
-    pool = role_id(data[0], "pool")
-
-    def sides(costs: dict[str, float], role: str) -> dict[str, float]:
-        return {role_id(p, role) if p in data else p: c for p, c in costs.items()}
-
-    def machine(cfg: FlowConfig, pcfg: PoolConfig) -> PoolMachine:
-        return PoolMachine(FlowNode(cfg, rng(cfg.node_id)), pcfg)
-
-    if relay:
-        cfg = FlowConfig(me, False, capacity, (pool,), sides(next_costs, "snk"), sides(prev_costs, "src"), stage_peers)
-        return {"": machine(cfg, PoolConfig(RELAY))}
-    others = tuple(d for d in data if d != me)
-    out = {
-        "src": machine(FlowConfig(role_id(me, "src"), False, demand[me], (pool,), dict(next_costs), {pool: 0.0},
-                                  tuple(role_id(d, "src") for d in others)), PoolConfig(SOURCE, me)),
-        "snk": machine(FlowConfig(role_id(me, "snk"), False, demand[me], (pool,), {pool: 0.0}, dict(prev_costs),
-                                  tuple(role_id(d, "snk") for d in others)), PoolConfig(SINK, me)),
-    }
-    if me == data[0]:
-        srcs, snks = {role_id(d, "src"): d for d in data}, {role_id(d, "snk"): d for d in data}
-        cfg = FlowConfig(pool, True, sum(demand.values()), (pool,), dict.fromkeys(srcs, 0.0), dict.fromkeys(snks, 0.0))
-        out["pool"] = machine(cfg, PoolConfig(POOL, me, srcs, snks, dict(demand)))
-    return out
 
 
 class _RoleOut:

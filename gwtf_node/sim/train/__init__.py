@@ -119,6 +119,8 @@ def run_train(setting: str, policy: str, churn: float, iterations: int, seed: in
     if scheduler_cost:
         rep["flow_cpu_s"] = sim.flow_cpu_s
         rep["flow_formation"] = dict(sim.formation)
+        if sim.options.pooled_formation:
+            rep["flow_formation"]["pooled"] = dict(sim.pool_stats)
         if placement in ("swarm", "opfence"):
             rep["placement_cpu_s"] = placement_cpu_s
     if sched is not None:

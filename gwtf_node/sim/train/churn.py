@@ -187,8 +187,10 @@ class ChurnDriver:
         if not self._begun:
             self._begun = True
             if self.machines:  # the flows form first; each data node opens iteration 0 once its own formed
+                if self._pooling_starts():
+                    self._start_pooling()  # (pooling.py: each node's flow machine starts once it hands over)
                 for nid in sorted(self.nodes):
-                    if nid not in self.dead:
+                    if nid not in self.dead and nid not in self.pooled:
                         self._apply_flow(nid, self._make_flow(nid, joined=False).start(self.now))
                 for nid in sorted(self.nodes):
                     if nid not in self.data:

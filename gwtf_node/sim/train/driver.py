@@ -19,9 +19,11 @@ from .allreduce import AllReduceDriver
 from .churn import ChurnDriver
 from .events import (
     LEADER_MSGS, PHASE_MSGS, TENSOR_MSGS, ComputeDone, Crash, Deliver, EventQueue, FlowDeliver, FlowTimer, Gone,
-    Halt, JoinLookup, JoinTimer, LeaveWaited, MachineTimer, Reflow, Rejoin, SimEvent, StateArrives, StepRetry,
+    Halt, JoinLookup, JoinTimer, LeaveWaited, MachineTimer, PoolDeliver, PoolTimer, Reflow, Rejoin, SimEvent,
+    StateArrives, StepRetry,
 )
 from .flows import FlowDriver
+from .pooling import PoolDriver
 from .interpret import interpret
 from .joining import JOIN_MSGS, JoinDriver
 from .node import SimNode
@@ -32,7 +34,7 @@ from .setting import (
 )
 
 
-class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, JoinDriver, Reporting):
+class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, JoinDriver, PoolDriver, Reporting):
     """One Table II run in virtual time (package docstring), as `options` (a `TrainSimOptions`, options.py) say:
     the policy, churn and seed, the scripted crashes, the model switches.  `flow_cpu_s` sums the CPU time the flow
     machines took (GWTF's scheduler cost)."""
@@ -76,6 +78,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         for r, (s, c) in setting.relays.items():
             self.stage[r], self.cap[r] = s, c
         self._init_flows()  # flows.py: the flow machines, or the flows an oracle installs
+        self._init_pooling()  # pooling.py: pooled formation first (`pooled_formation`)
         self._init_joining()  # joining.py: joiners, the leader's placement, stage states
         self._init_allreduce()  # allreduce.py: the rounds of the step
         for nid in list(self.data) + list(setting.relays):
@@ -357,6 +360,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         handlers = {  # event type -> its handler; a handler that returns True ends the run
             Deliver: self._on_deliver, MachineTimer: self._on_machine_timer, ComputeDone: self._on_compute_done,
             FlowDeliver: self._on_flow_event, FlowTimer: self._on_flow_event,
+            PoolDeliver: self._on_pool_event, PoolTimer: self._on_pool_event,
             Crash: self._on_crash, Gone: lambda ev: self._on_gone(ev.node, ev.later, ev.late),
             Reflow: lambda ev: self._on_reflow(ev.members), Rejoin: self._on_rejoin,
             JoinLookup: lambda ev: self._lookup_leader(ev.node), JoinTimer: self._on_join_timer,
@@ -391,6 +395,8 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
             fm = self.fnodes.get(ev.sender) if type(ev) is FlowDeliver else None
             if fm is not None and any(v.get(node) for v in fm.out.values()):
                 self._comes_to_work(ev.sender, node)  # (it moved a unit of flow to the dead relay)
+            return
+        if type(ev) is FlowDeliver and self.pooled and self._flow_to_pooling(ev):
             return
         fm = self.fnodes[node]
         cpu0 = time.process_time()

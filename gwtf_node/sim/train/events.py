@@ -108,6 +108,25 @@ class FlowTimer(SimEvent):
 
 
 @dataclass(frozen=True, slots=True)
+class PoolDeliver(SimEvent):
+    """A pooled machine's message reaches machine `role` of `node` (pooling.py)."""
+
+    node: str
+    role: str
+    sender: str  # the sending machine's id (poolnodes.py)
+    msg: Any
+
+
+@dataclass(frozen=True, slots=True)
+class PoolTimer(SimEvent):
+    """A pooled machine's timer: `key` is ((POOLED, role), the machine's key)."""
+
+    node: str
+    key: Any
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
 class StepRetry(SimEvent):
     """An all-reduce round waited ALLREDUCE_TIMEOUT_S for a named member that does not step."""
 

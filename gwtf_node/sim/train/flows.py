@@ -77,7 +77,10 @@ class FlowDriver:
             self._flinks.add((nid, p))
             cost = self._flow_cost(nid, p)
             self._apply_flow(nid, fm.add_neighbour(self.now, p, cost, "next"))
-            self._apply_flow(p, self.fnodes[p].add_neighbour(self.now, nid, cost, "prev"))
+            if p in self.pooled:
+                self._pool_add(p, nid, cost, "prev")  # (pooled formation: pooling.py)
+            else:
+                self._apply_flow(p, self.fnodes[p].add_neighbour(self.now, nid, cost, "prev"))
             self._mb_link(nid, p)
 
     def _flow_cost(self, a: str, b: str) -> float:
@@ -85,8 +88,15 @@ class FlowDriver:
         return self.net.flow_cost(a, b)
 
     def _make_flow(self, nid: str, joined: bool) -> FlowNode:
-        """A flow machine with what discovery gives `nid` now: its links to the live adjacent stages (data nodes
-        for the first / last stage), its live same-stage relays, the data nodes (as `flowsim.flow_configs`)."""
+        """A flow machine with `_flow_config`."""
+        fm = FlowNode(self._flow_config(nid, joined), random.Random(f"{self.options.seed}:{nid}"))
+        self.fnodes[nid] = fm
+        self._fstamp[nid] = fm.stats.last_change
+        return fm
+
+    def _flow_config(self, nid: str, joined: bool) -> FlowConfig:
+        """What discovery gives `nid` now: its links to the live adjacent stages (data nodes for the first / last
+        stage), its live same-stage relays, the data nodes (as `flowsim.flow_configs`)."""
         S, st = self.S, self.stage[nid]
         data = self._live_data()
         if st < 0:
@@ -95,14 +105,10 @@ class FlowDriver:
             nxt = [j for j in (list(data) if st == S - 1 else self._peers(st + 1, nid)) if self._flow_linked(nid, j)]
             prv = [j for j in (list(data) if st == 0 else self._peers(st - 1, nid)) if self._flow_linked(j, nid)]
             peers = tuple(sorted(self._peers(st, nid)))
-        cfg = FlowConfig(nid, st < 0, self.cap.get(nid, MICROBATCHES), tuple(self.data),
-                         {j: self._flow_cost(nid, j) for j in sorted(nxt)},
-                         {j: self._flow_cost(j, nid) for j in sorted(prv)}, peers, joined=joined,
-                         **self.options.flow_options)
-        fm = FlowNode(cfg, random.Random(f"{self.options.seed}:{nid}"))
-        self.fnodes[nid] = fm
-        self._fstamp[nid] = fm.stats.last_change
-        return fm
+        return FlowConfig(nid, st < 0, self.cap.get(nid, MICROBATCHES), tuple(self.data),
+                          {j: self._flow_cost(nid, j) for j in sorted(nxt)},
+                          {j: self._flow_cost(j, nid) for j in sorted(prv)}, peers, joined=joined,
+                          **self.options.flow_options)
 
     def _apply_flow(self, nid: str, effects: list) -> None:
         """A flow machine's effects (interpret.py): control messages (the link's latency) and its own timers."""
@@ -136,7 +142,9 @@ class FlowDriver:
     def _flow_gone(self, gone: str, later: tuple[str, ...] = (), late: bool = False) -> None:
         """The membership layer reports `gone`: every live flow machine linked to it removes it (the daemon's
         `_forget_peer`; but those in `later`, or with `late` only those); the machines re-form the flows through it
-        with their own messages."""
+        with their own messages.  Pooled machines drop theirs at once (pooling.py)."""
+        if self.pooled and not late:
+            self._pool_gone(gone)
         for nid in sorted(self.fnodes):
             if nid in self.dead or nid == gone or (nid in later) != late:
                 continue
@@ -155,7 +163,7 @@ class FlowDriver:
         self._apply_flow(nid, fm.start(self.now))
         for j in sorted(set(fm.cfg.prev_costs) | set(fm.cfg.next_costs) | set(fm.cfg.peers)):
             other = self.fnodes.get(j)
-            if other is None or j in self.dead:
+            if (other is None and j not in self.pooled) or j in self.dead:
                 continue
             if j in fm.cfg.prev_costs:
                 side, cost = "next", fm.cfg.prev_costs[j]
@@ -163,6 +171,9 @@ class FlowDriver:
                 side, cost = "prev", fm.cfg.next_costs[j]
             else:
                 side, cost = "peer", 0.0
+            if other is None:
+                self._pool_add(j, nid, cost, side)  # (pooled formation: pooling.py)
+                continue
             self._apply_flow(j, other.add_neighbour(self.now, nid, cost, side))
             self._sync_flows(j)
         self._sync_flows(nid)

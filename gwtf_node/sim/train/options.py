@@ -40,6 +40,8 @@ class TrainSimOptions:
     # GWTF's flow machines: a bound K > 0 on each relay's flow (and so microbatch) links, as the daemon's
     # `--flow-neighbours K` (protocol/neighbourhood.py); 0, the daemon's default: every relay of the adjacent stages
     flow_neighbours: int = FLOW_NEIGHBOURS
+    # several data nodes form their flows pooled first (pooling.py), as the daemon's `--pooled-formation` (off)
+    pooled_formation: bool = False
     lend: bool = True  # machines routing: the lending of protocol/recovery/
     one_wave: bool = False  # the paper's one-wave iteration with deferral ("One wave", protocol/recovery/)
     detect_s: float = DETECT_S  # how long after a crash the membership layer reports it
