@@ -20,6 +20,7 @@ from .pool import POOL, RELAY, SINK, SOURCE, PoolConfig, PoolMachine
 
 ROLES = ("", "src", "snk", "pool")  # a relay's machine, a data node's source side, its sink side, the pool
 ROLE_SIDES = {"": ("next", "prev", "peer"), "src": ("next",), "snk": ("prev",), "pool": ()}  # links a peer makes
+GIVE_UP_S = 300.0  # a node not handed over this long after pooled formation began hands over with what it has
 
 
 def role_id(peer: str, role: str) -> str:

@@ -42,7 +42,10 @@ are *formation waves* (`Label.formation`, stamped on every label of the
 wave): a relay moves a unit only once its OUT label has been still for
 `launch_quiet_factor` x the time since it heard the wave (at least
 `launch_settle_s`, that time counted up to `retry_epoch_rounds` rounds;
-`still_at`, `gate`).  After a crash the labels fall for
+`still_at`, `gate`); a unit whose wait a new wave cut short (`cut`: the stuck
+timer's waves came faster than its labels stood still) waits `launch_settle_s`
+once its OUT label falls to the previous wave's lowest, below which successive
+shortest paths (no improvement moves) never go.  After a crash the labels fall for
 seconds and such waits stack up, so re-formation moves units at once: a node
 that sees a neighbour go or a link cost change stamps the rest of the wave
 unmarked, a node that hears an unmarked label of the wave does the same (the

@@ -32,7 +32,7 @@ from ...protocol import messages as m
 from ...protocol.driver import UnknownEffect, carry_out
 from ...protocol.flow.homing import unit_cost
 from ...protocol.flow.pool import PoolMachine
-from ...protocol.flow.poolnodes import ROLE_SIDES, ROLES, role_id, split_id
+from ...protocol.flow.poolnodes import GIVE_UP_S, ROLE_SIDES, ROLES, role_id, split_id
 from ..net.wire import FrameRefused, Wire, now
 from .driver import Drivers, Outbox, Owner
 
@@ -40,7 +40,6 @@ log = logging.getLogger("gwtf.node")
 
 HOMING_MSGS = (m.HomingStart, m.TraceUnit, m.CostQuery, m.CostReply, m.Install)
 FROM_POOL = (m.HomingStart, m.CostQuery, m.Install)
-GIVE_UP_S = 300.0  # a node not handed over this long after pooled formation began hands over with what it has
 GIVE_UP = "give up"  # its timer key
 
 

@@ -26,11 +26,10 @@ import time
 from ...protocol.driver import UnknownEffect, carry_out
 from ...protocol.effects import CancelTimer, SetTimer
 from ...protocol.flow.pool import PoolMachine
-from ...protocol.flow.poolnodes import ROLE_SIDES, pooled_machines, role_id, split_id
+from ...protocol.flow.poolnodes import GIVE_UP_S, ROLE_SIDES, pooled_machines, role_id, split_id
 from .events import FlowDeliver, PoolDeliver, PoolTimer
 from .setting import MICROBATCHES
 
-GIVE_UP_S = 300.0  # as the daemon's (runtime/node/pooling.py)
 GIVE_UP = "give up"
 POOLED = "pooled"  # the component part of a pooled machine's timer key
 
