@@ -7,7 +7,8 @@ its node's id with its role: `<node>/src`, `<node>/snk`, `<node>/pool`; a
 relay's is its node's id.  A relay's link to a data node becomes its link to
 that data node's source side (stage 0) or sink side (last stage); a data
 node's links to the stage-0 relays are its source side's, to the last-stage
-relays its sink side's; the pool links to every side at no cost.  Pure.
+relays its sink side's; the pool links to every side at no cost.  Also what both
+do with a node's machines: add or drop a peer, and read what homing installed.  Pure.
 """
 
 from __future__ import annotations
@@ -61,3 +62,48 @@ def pooled_machines(me: str, relay: bool, capacity: int, data: list[str], demand
         cfg = FlowConfig(pool, True, sum(demand.values()), (pool,), dict.fromkeys(srcs, 0.0), dict.fromkeys(snks, 0.0))
         out["pool"] = machine(cfg, PoolConfig(POOL, me, srcs, snks, dict(demand)))
     return out
+
+
+Machines = dict[str, PoolMachine]  # a node's pooled machines by role
+Counts = dict[str, dict[str, dict[str, int]]]  # per data node, per peer: units (`FlowNode.inn` / `out`)
+
+
+def holds_units(machines: Machines) -> bool:
+    """Whether a machine of the node holds pooled units (homing will tell it where they go)."""
+    return any(n for pm in machines.values() if not pm.homed
+               for side in (pm.inner.inn, pm.inner.out) for v in side.values() for n in v.values())
+
+
+def installed(machines: Machines) -> tuple[Counts, Counts]:
+    """The per-data-node units homing installed at the node: (inn, out) as `FlowNode.adopt` takes them."""
+    if "" in machines:
+        pm = machines[""]
+        return (pm.inn, pm.out) if pm.homed else ({}, {})
+    src, snk = machines["src"], machines["snk"]
+    return (snk.inn if snk.homed else {}), (src.out if src.homed else {})
+
+
+def over_links(counts: Counts, costs: dict[str, float]) -> Counts:
+    """The units of `counts` over the links in `costs` (those the node's flow machine still has)."""
+    return {d: {p: n for p, n in v.items() if p in costs and n > 0} for d, v in counts.items()}
+
+
+def add_peer(machines: Machines, now: float, peer: str, cost: float, side: str, data):
+    """A peer heard of after pooled formation began: each machine it is a link of by `side` adds it (a data node
+    as its source side before stage 0, its sink side after the last stage); yields (role, effects), each to be
+    carried out before the next machine adds it."""
+    for role, pm in sorted(machines.items()):
+        if pm.homed or side not in ROLE_SIDES[role]:
+            continue
+        nid = role_id(peer, "src" if side == "prev" else "snk") if role == "" and peer in data else peer
+        yield role, pm.inner.add_neighbour(now, nid, cost, side)
+
+
+def drop_peer(machines: Machines, now: float, peer: str):
+    """A peer crashed or left: each machine not homed drops its links to the peer's machines; yields (role,
+    effects) as `add_peer`."""
+    for role, pm in sorted(machines.items()):
+        cfg = pm.cfg
+        for nid in [n for n in (*cfg.next_costs, *cfg.prev_costs, *cfg.peers) if split_id(n)[0] == peer]:
+            if not pm.homed:
+                yield role, pm.inner.remove_neighbour(now, nid)

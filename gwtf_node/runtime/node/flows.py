@@ -57,7 +57,7 @@ from ...protocol import messages as m
 from ...protocol.cost import link_cost
 from ...protocol.flow import FlowConfig, FlowNode, flows_formed
 from ...protocol.neighbourhood import FLOW_NEIGHBOURS, nearest, refill, takes_newcomer
-from ...protocol.flow.poolnodes import pooled_machines
+from ...protocol.flow.poolnodes import over_links, pooled_machines
 from .pooling import Pooling
 from .linkmeter import REMEASURE_EVERY_S, LinkMeter, LinkSample, recost_threshold
 from .liveness import Liveness
@@ -273,9 +273,7 @@ class Flows:
         """Pooled formation is over at this node: its flow machine starts with the units homing installed here
         (those over links still linked)."""
         inn, out = self.pooling.installed()
-        inn = {d: {p: n for p, n in v.items() if p in self.prev_costs and n > 0} for d, v in inn.items()}
-        out = {d: {p: n for p, n in v.items() if p in self.next_costs and n > 0} for d, v in out.items()}
-        self._start_machine(False, inn, out)
+        self._start_machine(False, over_links(inn, self.prev_costs), over_links(out, self.next_costs))
 
     def _start_machine(self, joined: bool, inn: dict, out: dict) -> None:
         """Start the flow machine (holding `inn` / `out`, pooled formation's units), replay what waited for it."""

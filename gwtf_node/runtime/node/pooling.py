@@ -32,7 +32,9 @@ from ...protocol import messages as m
 from ...protocol.driver import UnknownEffect, carry_out
 from ...protocol.flow.homing import unit_cost
 from ...protocol.flow.pool import PoolMachine
-from ...protocol.flow.poolnodes import GIVE_UP_S, ROLE_SIDES, ROLES, role_id, split_id
+from ...protocol.flow.poolnodes import (
+    GIVE_UP_S, ROLES, Counts, add_peer, drop_peer, holds_units, installed, role_id, split_id,
+)
 from ..net.wire import FrameRefused, Wire, now
 from .driver import Drivers, Outbox, Owner
 
@@ -93,22 +95,15 @@ class Pooling:
         return all(pm.homed for pm in self.machines.values())
 
     def holds_units(self) -> bool:
-        """Whether a machine of this node holds pooled units (homing will tell it where they go)."""
-        return any(n for pm in self.machines.values() if not pm.homed
-                   for side in (pm.inner.inn, pm.inner.out) for v in side.values() for n in v.values())
+        return holds_units(self.machines)
 
     def linked(self, peer: str) -> bool:
         """Whether a pooled machine of this node links to `peer` (or to one of its sides) on any side."""
         return any(split_id(n)[0] == peer for pm in self.machines.values()
                    for n in (*pm.cfg.next_costs, *pm.cfg.prev_costs, *pm.cfg.peers))
 
-    def installed(self) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
-        """The per-data-node units homing installed here: (inn, out) as `FlowNode.adopt` takes them."""
-        if "" in self.machines:
-            pm = self.machines[""]
-            return (pm.inn, pm.out) if pm.homed else ({}, {})
-        src, snk = self.machines["src"], self.machines["snk"]
-        return (snk.inn if snk.homed else {}), (src.out if src.homed else {})
+    def installed(self) -> tuple[Counts, Counts]:
+        return installed(self.machines)
 
     # ------------------------------------------------------------------ driving
     def carry(self, role: str, effects: list) -> None:
@@ -195,16 +190,10 @@ class Pooling:
         """A peer heard of after pooled formation began, measured: the machines it is a link of add it (a data
         node as its source side before stage 0, its sink side after the last stage), as `Flows` adds it to
         the flow machine."""
-        for role, pm in sorted(self.machines.items()):
-            if pm.homed or side not in ROLE_SIDES[role]:
-                continue
-            nid = role_id(peer, "src" if side == "prev" else "snk") if role == "" and peer in self.data else peer
-            self.carry(role, pm.inner.add_neighbour(now(), nid, cost, side))
+        for role, eff in add_peer(self.machines, now(), peer, cost, side, self.data):
+            self.carry(role, eff)
 
     def peer_gone(self, peer: str) -> None:
         """A peer crashed or left: each pooled machine linked to it (or to one of its sides) drops the link."""
-        for role, pm in sorted(self.machines.items()):
-            cfg = pm.cfg
-            for nid in [n for n in (*cfg.next_costs, *cfg.prev_costs, *cfg.peers) if split_id(n)[0] == peer]:
-                if not pm.homed:
-                    self.carry(role, pm.inner.remove_neighbour(now(), nid))
+        for role, eff in drop_peer(self.machines, now(), peer):
+            self.carry(role, eff)

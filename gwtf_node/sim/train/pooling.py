@@ -15,7 +15,7 @@ has (`FlowNode.adopt`) and runs on as any other; a data node opens iteration
 0 once its flows are formed (`FlowDriver._sync_flows`).  A crash reported
 while the flows are pooled drops the links of every pooled machine to the
 crashed node's machines; a joiner forms per data node, and the pooled
-machines of its neighbours add it (`Pooling.add_neighbour`, `Pooling.peer_gone`).
+machines of its neighbours add it (poolnodes.py `drop_peer`, `add_peer`, as the daemon's `Pooling`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ import time
 from ...protocol.driver import UnknownEffect, carry_out
 from ...protocol.effects import CancelTimer, SetTimer
 from ...protocol.flow.pool import PoolMachine
-from ...protocol.flow.poolnodes import GIVE_UP_S, ROLE_SIDES, pooled_machines, role_id, split_id
+from ...protocol.flow.poolnodes import (
+    GIVE_UP_S, add_peer, drop_peer, holds_units, installed, over_links, pooled_machines, role_id, split_id,
+)
 from .events import FlowDeliver, PoolDeliver, PoolTimer
 from .setting import MICROBATCHES
 
@@ -115,17 +117,12 @@ class PoolDriver:
         if all(pm.homed for pm in machines.values()):
             self._hand_over(node)
 
-    def _pool_holds(self, nid: str) -> bool:
-        """Whether a pooled machine of `nid` holds pooled units (homing will tell it where they go)."""
-        return any(n for pm in self.pooled[nid].values() if not pm.homed
-                   for side in (pm.inner.inn, pm.inner.out) for v in side.values() for n in v.values())
-
     def _flow_to_pooling(self, ev: FlowDeliver) -> bool:
         """A per-data-node flow message for a node still pooled: it waits for the hand-over, or starts it when
         the node holds no pooled units (module doc).  False: not such a node."""
         if ev.node not in self.pooled:
             return False
-        if self._pool_holds(ev.node):
+        if holds_units(self.pooled[ev.node]):
             self._pool_queue.setdefault(ev.node, []).append((ev.sender, ev.msg))
             return True
         self._hand_over(ev.node)
@@ -135,20 +132,13 @@ class PoolDriver:
         """`nid`'s flow machine starts with the units homing installed here over links it has (as the daemon's
         `Flows._hand_over`), and the messages that waited for it."""
         machines = self.pooled.pop(nid)
-        if "" in machines:
-            pm = machines[""]
-            inn, out = (pm.inn, pm.out) if pm.homed else ({}, {})
-        else:
-            src, snk = machines["src"], machines["snk"]
-            inn, out = (snk.inn if snk.homed else {}), (src.out if src.homed else {})
+        inn, out = installed(machines)
         pool = machines.get("pool")
         if pool is not None and pool.homed:
             st = pool.stats
             self.pool_stats = {"homed_s": self.now, "traced": st.traced, "held": st.held}
         fm = self._make_flow(nid, joined=False)
-        inn = {d: {p: n for p, n in v.items() if p in fm.cfg.prev_costs and n > 0} for d, v in inn.items()}
-        out = {d: {p: n for p, n in v.items() if p in fm.cfg.next_costs and n > 0} for d, v in out.items()}
-        fm.adopt(inn, out)
+        fm.adopt(over_links(inn, fm.cfg.prev_costs), over_links(out, fm.cfg.next_costs))
         self._fstamp.pop(nid, None)  # (its microbatch machine gets these flows: `_sync_flows`)
         self._apply_flow(nid, fm.start(self.now))
         for sender, msg in self._pool_queue.pop(nid, []):
@@ -161,17 +151,11 @@ class PoolDriver:
         for nid in sorted(self.pooled):
             if nid in self.dead:
                 continue
-            for role, pm in sorted(self.pooled[nid].items()):
-                cfg = pm.cfg
-                for vid in [n for n in (*cfg.next_costs, *cfg.prev_costs, *cfg.peers) if split_id(n)[0] == gone]:
-                    if not pm.homed:
-                        self._pool_carry(nid, role, pm.inner.remove_neighbour(self.now, vid))
+            for role, eff in drop_peer(self.pooled[nid], self.now, gone):
+                self._pool_carry(nid, role, eff)
 
     def _pool_add(self, nid: str, peer: str, cost: float, side: str) -> None:
         """A joiner `peer` is a link of pooled node `nid`: its machines that link by `side` add it (a data node as
         its source side before stage 0, its sink side after the last stage)."""
-        for role, pm in sorted(self.pooled[nid].items()):
-            if pm.homed or side not in ROLE_SIDES[role]:
-                continue
-            vid = role_id(peer, "src" if side == "prev" else "snk") if role == "" and peer in self.data else peer
-            self._pool_carry(nid, role, pm.inner.add_neighbour(self.now, vid, cost, side))
+        for role, eff in add_peer(self.pooled[nid], self.now, peer, cost, side, self.data):
+            self._pool_carry(nid, role, eff)
