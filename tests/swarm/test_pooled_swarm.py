@@ -18,6 +18,7 @@ import pytest
 from gwtf_node.model.manifest import default_manifest, save_manifest
 from gwtf_node.model.reference import train_centralized
 
+from support.helpers import until
 from support.inproc import in_process_swarm
 
 pytestmark = [pytest.mark.slow, pytest.mark.trio]
@@ -46,3 +47,37 @@ async def test_pooled_formation_hands_over_and_trains_exactly(tmp_path: Path, ca
     for rec, loss in zip(records, ref.losses):
         assert rec["microbatches"] == 2 * M and rec["lost"] == 0, rec
         assert rec["loss"] == pytest.approx(loss, rel=1e-4), (rec, loss)
+
+
+async def test_a_relay_crashing_while_the_flows_form_pooled_is_dropped_and_the_swarm_trains_exactly(
+        tmp_path: Path, caplog) -> None:
+    """A relay that holds pooled units stops before homing is done (its connections close, it says nothing): its
+    neighbours drop it from their pooled machines, the flows form over the relays left, and training is exact."""
+    caplog.set_level(logging.INFO, logger="gwtf.node")
+    man = default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=M)
+    run = tmp_path / "run.json"
+    save_manifest(man, run)
+    async with in_process_swarm(tmp_path, run, data_nodes=2, stages=2, relays_per_stage=3, iterations=ITERATIONS,
+                                options={"pooled_formation": True}) as swarm:
+        await swarm.start()
+
+        def holding() -> str | None:
+            for name, node in swarm.nodes.items():
+                pooling = node.parts.flows.pooling
+                if name.startswith("r") and pooling is not None and not pooling.done and pooling.holds_units():
+                    return name
+            return None
+
+        victim = await until(holding, "a relay holds pooled units", 60, poll_s=0.005)
+        swarm.nodes[victim].stop()
+        records = await swarm.wait_records(ITERATIONS, 240)
+        alive = [n for n in swarm.names() if n != victim]
+        done = {n: swarm.nodes[n].parts.flows.pooling.done for n in alive}
+    text = caplog.text
+    assert all(done.values()), done
+    assert "gave up" not in text, text[-3000:]
+    ref = train_centralized(man, ITERATIONS, data_nodes=2)
+    assert [r["iteration"] for r in records[:ITERATIONS]] == list(range(ITERATIONS))
+    for rec, loss in zip(records, ref.losses):
+        assert rec["microbatches"] == 2 * M and rec["lost"] == 0, (victim, rec)
+        assert rec["loss"] == pytest.approx(loss, rel=1e-4), (victim, rec, loss)
