@@ -80,6 +80,19 @@ def test_a_later_fall_of_the_label_extends_the_wait():
     assert [r.expected_cost for r in requests(m.on_timer(0.90, "balance"), "N1")] == [10.0]
 
 
+def test_a_unit_waits_at_least_as_long_as_the_previous_waves_labels_fell_here():
+    # over slow links a wave's labels fall for seconds after the first arrives (tests/sim/test_flow_delays.py): the
+    # first label of the next wave is no more final than the first of this one was
+    m = relay()
+    m.on_message(0.10, "N2", CostAnnounce((wave_label("N2", 9.0),)))
+    m.on_message(0.50, "N1", CostAnnounce((wave_label("N1", 10.0),)))  # wave 1 falls here for 0.4 s
+    m.on_message(1.00, "N1", CostAnnounce((wave_label("N1", 10.0, epoch=2),)))  # wave 2: OUT 13 at once
+    eff = m.on_message(1.05, "P1", RequestFlow(1, D, 13.0))
+    assert not requests(eff, "N1") and timers(eff, "balance") == [pytest.approx(1.00 + 0.40)]  # not 1.0 + 0.2
+    assert not requests(m.on_timer(1.30, "balance"), "N1")
+    assert [r.expected_cost for r in requests(m.on_timer(1.40, "balance"), "N1")] == [10.0]
+
+
 @pytest.mark.parametrize("improve, cut", [(False, True), (True, True), (False, False)])
 def test_a_unit_whose_wait_a_new_wave_cut_short_waits_less_at_the_previous_waves_lowest_label(improve, cut):
     # successive shortest paths: a label never falls below the previous wave's lowest; a unit held for still labels

@@ -128,3 +128,26 @@ def test_a_launch_after_a_recall_waits_twice_as_long_before_a_new_wave():
     assert n.timers["stuck"] - launched_at == pytest.approx(n.m.cfg.launch_settle_s + 2 * 2 * 0.1)
     n.deliver(6.6, "Z", RequestFlow(9, D, 0.0))  # the unit reaches the sink: no more backoff
     assert n.m.launch.backoff == 0
+
+
+def test_each_stuck_wave_of_one_launch_with_a_route_waits_twice_as_long_as_the_one_before():
+    # a relay holds a unit until its labels of the wave are still; stuck waves that come faster than that hold it
+    # for good (tests/sim/test_flow_delays.py): so the stuck timer backs off while the launch does not settle
+    n = DataNode()
+    n.deliver(0.1, "A", CostAnnounce((Label(D, Side.IN, 10.0, ("A+", "A-", "Z+", "Z-", D + "+"), 1, True),)))
+    n.run_to(0.5)
+    n.deliver(0.5, "A", FlowReply(n.launched().req_id, D, Reply.APPROVED, None))
+    waits = []
+    for _ in range(7):
+        e = n.m.labels.epoch[D]
+        at = n.timers["stuck"]
+        n.run_to(at)
+        assert n.m.labels.epoch[D] == e + 1 and not n.m.launch.recall  # a new wave, with a route: no recall
+        n.deliver(at + 0.1, "A", CostAnnounce((Label(D, Side.IN, 10.0, ("A+", "A-", "Z+", "Z-", D + "+"), e + 1,
+                                                     True),)))
+        waits.append(n.timers["stuck"] - at - n.m.cfg.launch_settle_s)
+    # twice a round (the new wave's time is not known yet when the timer is set), doubled per stuck wave after the
+    # first, up to 2 ** MAX_BACKOFF
+    assert waits == pytest.approx([2.0, 4.0, 8.0, 16.0, 32.0, 32.0, 32.0])
+    n.deliver(n.timers["stuck"] - 0.1, "Z", RequestFlow(9, D, 0.0))  # the unit reaches the sink
+    assert n.m.launch.pending == 0

@@ -26,7 +26,12 @@ wave races the others' units for shared capacity, so waves default to off there
 Stuck launches.  The data node starts a new wave when its launch has not
 settled in 2 x the wave's time + `launch_settle_s` (`arm_stuck`, "stuck"
 timer), up to MAX_STUCK_WAVES per launch (a large swarm needs many: a held
-unit moves only on a new wave).  Units are counts, so a launched unit can
+unit moves only on a new wave).  From the second stuck wave on that the data
+node starts with a route of its own (`LaunchState.held_waves`: the unit is
+held where the labels have not been still long enough), each waits twice as
+long as the one before, up to 2 ** MAX_BACKOFF: over links of hundreds of
+milliseconds a wave's labels fall for seconds, and waves that came faster
+than that held units for good (tests/sim/test_flow_delays.py).  Units are counts, so a launched unit can
 cancel against a hole left by a removal and never reach the sink:
 `maybe_lost_settlement` counts it as settled when every unit sent is back and
 nothing changed for `retry_epoch_rounds`.  A unit that reaches the data node
@@ -82,6 +87,7 @@ class LaunchState:
     first_out_at: float | None = None  # when this wave first gave the data node an OUT label
     stuck_wave: int = -1  # the wave of the launch the "stuck" timer watches
     stuck_waves: int = 0  # waves started by the stuck timer for the current launch
+    held_waves: int = 0  # ... of them, those started while the data node had a route (the unit held for still labels)
     launch_wave: int = -1  # the wave of the last launch
     most_in: int = 0  # the most units the sink has held
     recall: bool = False  # the current wave is a recall wave (`recall_due`)
@@ -94,7 +100,7 @@ def arm_stuck(node: FlowNode, now: float, eff: list[Effect]) -> None:
     """Data node: if the launched unit has not settled by then, start a new wave (it is held somewhere)."""
     launch, cfg = node.launch, node.cfg
     wave = (launch.first_out_at - launch.wave_started) if launch.first_out_at is not None else cfg.round_s
-    wave *= 2 ** min(launch.backoff, MAX_BACKOFF)
+    wave *= 2 ** min(launch.backoff + max(0, launch.held_waves - 1), MAX_BACKOFF)
     if launch.recall:  # the unit comes back hop by hop, each relay waiting for still labels
         wave = max(wave, cfg.retry_epoch_rounds * cfg.round_s / 2)
     node.launch.stuck_wave = node.labels.epoch[node.cfg.node_id]
@@ -105,6 +111,8 @@ def maybe_stuck(node: FlowNode, now: float, eff: list[Effect]) -> None:
     if node.launch.stuck_wave == node.labels.epoch[d] and (node.launch.pending > 0 or node.units.token_pending) \
             and node.launch.stuck_waves < MAX_STUCK_WAVES:
         node.launch.stuck_waves += 1
+        if node.labels.my_out.get(d, NO_LABEL).cost != INF:
+            node.launch.held_waves += 1  # a route, yet no settlement: the unit waits for still labels (`backoff`)
         new_wave(node, now, eff, recall=recall_due(node))
         arm_stuck(node, now, eff)
 
@@ -247,7 +255,7 @@ def maybe_launch(node: FlowNode, now: float, eff: list[Effect]) -> None:
         node.launch.wave_launches += 1
         node.launch.launch_wave = node.labels.epoch[d]
         if waves.walking(node):
-            node.launch.stuck_waves = 0
+            node.launch.stuck_waves = node.launch.held_waves = 0
             arm_stuck(node, now, eff)
         node.launch.relaunch_at = node.launch.next_at  # restored if the launch is rejected
         node.launch.next_at = INF  # the next launch waits for the wave its settlement starts

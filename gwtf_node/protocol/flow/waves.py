@@ -3,12 +3,11 @@
 The labels of a settled wave are exact distances to the sink, i.e.
 potentials pi with every residual arc's reduced cost c(u, v) + pi(v) - pi(u)
 >= 0; a unit that moves only along *tight* arcs (reduced cost 0) follows a
-shortest augmenting path, and afterwards pi is still feasible (the reverse of
-a tight arc is tight).  So after a unit reaches the sink the data node
-launches the next one at once, without a new wave, while its OUT label still
-has the wave's value (`tight`); a node keeps, as its potential, the lowest OUT
-label of the wave (`WaveState.pot_out`) and sends a unit on only while its OUT
-label is still that (`gate`).
+shortest augmenting path, and pi stays feasible (a tight arc's reverse is
+tight).  So after a unit reaches the sink the data node launches the next
+one at once, without a new wave, while its OUT label still has the wave's
+value (`tight`); a node keeps, as its potential, the lowest OUT label of the
+wave (`WaveState.pot_out`), and sends a unit on only while its OUT label is still that (`gate`).
 
 Labels only rise within a wave and rises are not announced, so a unit may find
 its route gone (a relay filled up, a Request Flow rejected with a dearer
@@ -42,22 +41,23 @@ are *formation waves* (`Label.formation`, stamped on every label of the
 wave): a relay moves a unit only once its OUT label has been still for
 `launch_quiet_factor` x the time since it heard the wave (at least
 `launch_settle_s`, that time counted up to `retry_epoch_rounds` rounds;
-`still_at`, `gate`); a unit whose wait a new wave cut short (`cut`: the stuck
-timer's waves came faster than its labels stood still) waits `launch_settle_s`
-once its OUT label falls to the previous wave's lowest, below which successive
-shortest paths (no improvement moves) never go.  After a crash the labels fall for
-seconds and such waits stack up, so re-formation moves units at once: a node
-that sees a neighbour go or a link cost change stamps the rest of the wave
-unmarked, a node that hears an unmarked label of the wave does the same (the
-news of a change travels with the labels it changes), and a data node that
-hears one, loses a unit at its sink (launches.py `note_sink`), receives one it
-did not launch (re-routed after a removal) or sees a neighbour go or a cost
-change starts an unmarked wave and marks none again (`reformed`).  A newcomer
-keeps the formation (relays that joined while the flows formed stalled them
-when a join ended it: docs/bench_flow.md, "Relays that join"); the labels it
-sent before it was added wait for the next wave (`defer`), those it sends
-after count at once, as any fall within a wave.
-"""
+`still_at`, `gate`), nor before the previous wave's labels stopped falling
+here (`span`: over slow links they fall for seconds, and units moved on the
+first were rejected wave after wave: tests/sim/test_flow_delays.py); a unit
+whose wait a new wave cut short (`cut`: the stuck timer's waves came faster
+than its labels stood still) waits `launch_settle_s` once its OUT label falls
+to the previous wave's lowest, below which successive shortest paths (no
+improvement moves) never go.  After a crash the labels fall for seconds and
+such waits stack up, so re-formation moves units at once: a node that sees a
+neighbour go or a link cost change stamps the rest of the wave unmarked, a
+node that hears an unmarked label of the wave does the same (the news of a
+change travels with the labels it changes), and a data node that hears one,
+loses a unit at its sink (launches.py `note_sink`), receives one it did not
+launch (re-routed after a removal) or sees a neighbour go or a cost change
+starts an unmarked wave and marks none again (`reformed`).  A newcomer keeps
+the formation (joins that ended it stalled the flows: docs/bench_flow.md,
+"Relays that join"); its labels from before it was added wait for the next
+wave (`defer`), later ones count at once."""
 
 from __future__ import annotations
 
@@ -88,6 +88,9 @@ class WaveState:
     heard_at: dict[str, float] = field(default_factory=dict)  # when this wave's first label arrived
     quiet_at: dict[str, float] = field(default_factory=dict)  # a held unit moves on after this
     still_at: dict[str, float] = field(default_factory=dict)  # formation waves: units move on after this
+    fell_at: dict[str, float] = field(default_factory=dict)  # the last fall of the OUT label in this wave
+    span: dict[str, float] = field(default_factory=dict)  # the previous wave here: from its first label to its
+    # OUT label's last fall
     formation: dict[str, int] = field(default_factory=dict)  # the current wave, while it is a formation wave
     cut: dict[str, bool] = field(default_factory=dict)  # a new wave came while a unit here waited for still labels
     reformed: bool = False  # data node: it lost a unit, a neighbour went or a link cost changed: it marks no wave
@@ -115,8 +118,11 @@ def heard_new_wave(node: FlowNode, d: str, lab: Label) -> None:
     w.walk.pop(d, None)
     w.cut[d] = (d in w.formation and node.now < w.still_at.get(d, 0.0) and not node.cfg.is_data
                 and total(node.units.inn[d]) > total(node.units.out[d]))
+    heard, fell = w.heard_at.get(d), w.fell_at.pop(d, None)
+    if heard is not None and fell is not None and fell >= heard:
+        w.span[d] = fell - heard
     w.heard_at[d] = node.now
-    w.still_at[d] = node.now + node.cfg.launch_settle_s
+    w.still_at[d] = node.now + max(node.cfg.launch_settle_s, node.cfg.launch_quiet_factor * w.span.get(d, 0.0))
     if lab.formation:
         w.formation[d] = lab.epoch
     else:
@@ -155,6 +161,7 @@ def labels_lowered(node: FlowNode, d: str) -> None:
     if lab is not None and lab.cost < w.pot_out.get(d, INF):
         w.pot_out[d] = lab.cost
         e, now, cfg = node.labels.epoch[d], node.now, node.cfg
+        w.fell_at[d] = now
         age = now - w.heard_at.get(d, now)
         if w.formation.get(d) == e:
             # a fall long after the wave came (a cost measured again) holds units no longer than the data node waits
@@ -163,8 +170,10 @@ def labels_lowered(node: FlowNode, d: str) -> None:
             wait = cfg.launch_quiet_factor * min(age, cfg.retry_epoch_rounds * cfg.round_s)
             floor = w.floor.get(d, (INF, INF))[1]
             if w.cut.get(d) and not node.improving and floor != INF and lab.cost <= floor + EPS:
-                wait = 0.0
-            w.still_at[d] = now + max(cfg.launch_settle_s, wait)
+                w.still_at[d] = now + cfg.launch_settle_s
+            else:  # and not before the previous wave's labels here had stopped falling (`span`)
+                w.still_at[d] = max(now + max(cfg.launch_settle_s, wait),
+                                    w.heard_at.get(d, now) + cfg.launch_quiet_factor * w.span.get(d, 0.0))
         if w.hold.get(d, e) != e:
             w.quiet_at[d] = now + max(cfg.launch_settle_s, cfg.launch_quiet_factor * age)
 
@@ -180,7 +189,7 @@ def forget(node: FlowNode, d: str) -> None:
     """The data node of `d` restarted: nothing of its waves is kept."""
     w = node.wave
     for table in (w.pot_in, w.pot_out, w.floor, w.walk, w.walked, w.hold, w.gave_up, w.retreats, w.heard_at,
-                  w.quiet_at, w.still_at, w.formation, w.cut):
+                  w.quiet_at, w.still_at, w.formation, w.cut, w.fell_at, w.span):
         table.pop(d, None)
 
 def membership_changed(node: FlowNode) -> None:
