@@ -120,7 +120,7 @@ def heard_new_wave(node: FlowNode, d: str, lab: Label) -> None:
                 and total(node.units.inn[d]) > total(node.units.out[d]))
     heard, fell = w.heard_at.get(d), w.fell_at.pop(d, None)
     if heard is not None and fell is not None and fell >= heard:
-        w.span[d] = fell - heard
+        w.span[d] = min(fell - heard, node.cfg.retry_epoch_rounds * node.cfg.round_s)  # (as `labels_lowered`)
     w.heard_at[d] = node.now
     w.still_at[d] = node.now + max(node.cfg.launch_settle_s, node.cfg.launch_quiet_factor * w.span.get(d, 0.0))
     if lab.formation:
