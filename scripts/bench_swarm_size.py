@@ -8,7 +8,9 @@ k = ceil((N - D) / S) relays each (so at least N processes), a tiny model
 (one layer of `--hidden` a stage), and k microbatches per data node per
 iteration: every relay carries D microbatches an iteration at every size,
 so what grows with N is the swarm, not a node's work.  The swarm forms its
-flows and trains `--warmup` + `--iterations` iterations; every iteration
+flows and trains `--warmup` + `--iterations` iterations (with `--until-formed
+S`, the window starts after the warmup only once the data nodes' flows hold
+their whole demand, at most S seconds later: `formed_s`); every iteration
 must settle D x k microbatches (one that settles fewer ends that size at
 once: its loss cannot be the reference's), every stage must sum exactly the
 microbatches its data nodes settled (the node logs: "settled: completed"
@@ -501,7 +503,7 @@ def run_size(n: int, a: argparse.Namespace, work: Path, say) -> dict:
             raise SizeFailed(str(e).splitlines()[0]) from None
         row["spawn_s"] = round(time.monotonic() - t0, 1)
         names = swarm.names()
-        seen, last, told = 0, time.monotonic(), 0.0
+        seen, last, told, checked, warm_at = 0, time.monotonic(), 0.0, 0.0, None
         while True:
             try:
                 swarm._check_alive()
@@ -526,7 +528,14 @@ def run_size(n: int, a: argparse.Namespace, work: Path, say) -> dict:
             if formation is None and seen >= 1:
                 row["startup_s"] = round(time.monotonic() - t0, 1)
                 formation = read_statuses(swarm, names)
-            if before is None and seen >= a.warmup:
+            if before is None and seen >= a.warmup and a.until_formed > 0 and "formed_s" not in row:
+                warm_at = warm_at or time.monotonic()
+                if time.monotonic() - checked >= 5:  # (every status.json read: not at every turn)
+                    checked = time.monotonic()
+                    row["units_placed"] = flow_cost(read_statuses(swarm, names))["units"]
+                    if row["units_placed"] >= d * k or time.monotonic() - warm_at > a.until_formed:
+                        row["formed_s"] = round(time.monotonic() - t0, 1) if row["units_placed"] >= d * k else None
+            if before is None and seen >= a.warmup and (a.until_formed <= 0 or "formed_s" in row):
                 before = read_statuses(swarm, names)
                 at, from_rec = time.monotonic(), len(swarm.records())
             if before is not None and seen >= from_rec + a.iterations and time.monotonic() - at >= a.window:
@@ -584,6 +593,9 @@ def main() -> int:
     ap.add_argument("--iterations", type=int, default=5, help="iterations measured at least, after the warmup")
     ap.add_argument("--window", type=float, default=20.0, help="seconds measured at least, after the warmup")
     ap.add_argument("--warmup", type=int, default=2, help="iterations before the measured window")
+    ap.add_argument("--until-formed", type=float, default=0.0, metavar="S",
+                    help="after the warmup, start the window only once the data nodes' flows hold their whole "
+                         "demand, or S seconds have passed (formed_s: the time from the start, None if not)")
     ap.add_argument("--hidden", type=int, default=32, help="the tiny model's width (a multiple of 4)")
     ap.add_argument("--startup-timeout", type=float, default=600.0, help="seconds for the first iteration")
     ap.add_argument("--iteration-timeout", type=float, default=300.0, help="seconds for each next iteration")

@@ -26,12 +26,13 @@ wave races the others' units for shared capacity, so waves default to off there
 Stuck launches.  The data node starts a new wave when its launch has not
 settled in 2 x the wave's time + `launch_settle_s` (`arm_stuck`, "stuck"
 timer), up to MAX_STUCK_WAVES per launch (a large swarm needs many: a held
-unit moves only on a new wave).  From the second stuck wave on that the data
-node starts with a route of its own (`LaunchState.held_waves`: the unit is
-held where the labels have not been still long enough), each waits twice as
-long as the one before, up to 2 ** MAX_BACKOFF: over links of hundreds of
-milliseconds a wave's labels fall for seconds, and waves that came faster
-than that held units for good (tests/sim/test_flow_delays.py).  Units are counts, so a launched unit can
+unit moves only on a new wave).  From the second stuck wave on that ends a
+formation wave (waves.py) with a route at the data node
+(`LaunchState.held_waves`: the unit is held where the labels have not been
+still long enough), each waits twice as long as the one before, up to 2 **
+MAX_BACKOFF: over links of hundreds of milliseconds a wave's labels fall for
+seconds, and waves that came faster than that held units for good
+(tests/sim/test_flow_delays.py).  Units are counts, so a launched unit can
 cancel against a hole left by a removal and never reach the sink:
 `maybe_lost_settlement` counts it as settled when every unit sent is back and
 nothing changed for `retry_epoch_rounds`.  A unit that reaches the data node
@@ -111,8 +112,8 @@ def maybe_stuck(node: FlowNode, now: float, eff: list[Effect]) -> None:
     if node.launch.stuck_wave == node.labels.epoch[d] and (node.launch.pending > 0 or node.units.token_pending) \
             and node.launch.stuck_waves < MAX_STUCK_WAVES:
         node.launch.stuck_waves += 1
-        if node.labels.my_out.get(d, NO_LABEL).cost != INF:
-            node.launch.held_waves += 1  # a route, yet no settlement: the unit waits for still labels (`backoff`)
+        if marked(node, d) and node.labels.my_out.get(d, NO_LABEL).cost != INF:
+            node.launch.held_waves += 1  # a route, yet no settlement: the unit waits for still labels (module doc)
         new_wave(node, now, eff, recall=recall_due(node))
         arm_stuck(node, now, eff)
 
