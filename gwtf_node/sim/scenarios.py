@@ -84,3 +84,18 @@ def flow_setting_scenario(setting: int, seed: int) -> dict:
 
 def load_flow_setting(setting: int, seed: int) -> Scenario:
     return parse_scenario(flow_setting_scenario(setting, seed))
+
+
+def delayed_layered(stages: int, per_stage: int, delay_ms: tuple[float, float] | None, seed: int) -> Scenario:
+    """One data node and `stages` x `per_stage` relays of capacity 1 (the shape of a daemon swarm's one data node
+    with `per_stage` microbatches an iteration), link costs as setting 1's (1-20); each link's one-way delays
+    drawn from U(`delay_ms`) with `random.Random(seed)`, unrelated to its cost (a loaded host's event loops), or,
+    with None, equal to its cost in milliseconds as in every generated scenario."""
+    raw = generate_layered(f"delayed-{stages}x{per_stage}-s{seed}",
+                           FlowSetting(1, stages * per_stage, stages, (1, 2), (1, 20)), seed)
+    raw["nodes"][0]["capacity"] = per_stage
+    if delay_ms is not None:
+        rng = random.Random(seed)
+        for link in raw["links"]:
+            link["latency_ms"] = [rng.uniform(*delay_ms), rng.uniform(*delay_ms)]
+    return parse_scenario(raw)

@@ -8,27 +8,11 @@ launch waits twice as long as the one before (flow/launches.py, `arm_stuck`)."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
-from gwtf_node.protocol.scenario import parse_scenario
 from gwtf_node.sim.baselines import optimal_routing
 from gwtf_node.sim.flowsim import run_gwtf
-from gwtf_node.sim.scenarios import FlowSetting, generate_layered
-
-
-def slow_layered(stages: int, per_stage: int, delay_ms: tuple[float, float], seed: int):
-    """1 data node + `stages` x `per_stage` relays of capacity 1 (the shape of a daemon swarm's one data node
-    with k microbatches); each link's one-way delays drawn from `delay_ms`, its cost from setting 1's 1-20."""
-    raw = generate_layered("slow", FlowSetting(1, stages * per_stage, stages, (1, 2), (1, 20)), seed)
-    rng = random.Random(seed)
-    for n in raw["nodes"]:
-        if n["role"] == "data":
-            n["capacity"] = per_stage
-    for link in raw["links"]:
-        link["latency_ms"] = [rng.uniform(*delay_ms), rng.uniform(*delay_ms)]
-    return parse_scenario(raw)
+from gwtf_node.sim.scenarios import delayed_layered
 
 
 @pytest.mark.parametrize("stages, per_stage, delay_ms, seed", [
@@ -36,7 +20,7 @@ def slow_layered(stages: int, per_stage: int, delay_ms: tuple[float, float], see
     (5, 11, (100.0, 1000.0), 1),
 ])
 def test_flows_form_exactly_over_links_of_seconds_of_delay(stages, per_stage, delay_ms, seed):
-    sc = slow_layered(stages, per_stage, delay_ms, seed)
+    sc = delayed_layered(stages, per_stage, delay_ms, seed)
     res = run_gwtf(sc, seed=seed, rounds=300, quiet_rounds=60)
     best = optimal_routing(sc, seed)
     assert best.num_flows == per_stage
