@@ -80,7 +80,7 @@ from .launches import LaunchState
 from .limits import LimitState
 from .moves import Annealer, MoveState
 from .relabel import RelabelState
-from .state import SIDES, FlowStats, PendingKind, as_sent, total
+from .state import SIDES, FlowStats, PendingKind, as_sent, marked, total
 from .units import UnitState
 from .waves import WaveState
 
@@ -159,6 +159,30 @@ class FlowNode:
         if self.cfg.is_data:
             return 0
         return total(self.units.inn[d]) - self.outflow_committed(d)
+
+    def progress(self) -> dict:
+        """What the machine waits for, for an operator (the daemon's status.json `flow_machine`): per commodity its
+        wave, its OUT label's cost (None: no route), whether the wave is a formation wave here, a unit held for a new
+        wave, and the seconds until a unit may move on (waves.py `gate`; counted from the machine's last event); at
+        a data node with waves also its launches: units placed of its demand, a launch out, the next launch's wait
+        (None: a new wave first), the stuck waves of the launch out, whether it re-formed."""
+        now, w = self.now, self.wave
+
+        def left(t: float) -> float | None:
+            return None if t == INF else round(max(0.0, t - now), 3)
+
+        out: dict = {}
+        for d in self.cfg.commodities:
+            lab = self.labels.my_out.get(d)
+            out[d] = {"wave": self.labels.epoch[d], "out_cost": None if lab is None or lab.cost == INF else lab.cost,
+                      "formation": marked(self, d), "held": d in w.hold, "moves_in_s": left(w.still_at.get(d, 0.0))}
+        if self.cfg.is_data and self.waves:
+            d, la = self.cfg.node_id, self.launch
+            out[d]["launches"] = {"demand": la.demand, "placed": total(self.units.out[d]),
+                                  "out": max(la.pending, 0) + int(self.units.token_pending),
+                                  "next_in_s": left(la.next_at), "stuck_waves": la.stuck_waves, "recall": la.recall,
+                                  "reformed": w.reformed}
+        return out
 
     # Calls against the modules' import order: labels, launches, waves and units import announce, so announce
     # reaches the mechanisms above it through the node (the package has no import cycle).

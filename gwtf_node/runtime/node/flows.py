@@ -535,4 +535,4 @@ class Flows:
         samples = {p: LinkReading(s.rtt_ms, s.bandwidth_mbps, s.peer_compute_ms) for p, s in self.meter.samples.items()}
         return FlowsStatus(self.out(), self.units_in(), self.units_through(), dict(self.prev_costs),
                            dict(self.next_costs), self.link_costs(), self.links_recosted(), self.link_measurements(),
-                           samples, dict(self.links_cfg))
+                           samples, dict(self.links_cfg), self.machine.progress() if self.machine else {})

@@ -57,6 +57,7 @@ class FlowsStatus:
     link_measurements: dict[str, dict]  # status.json's form (linkmeter.py)
     samples: dict[str, LinkReading]  # the measured (next-stage) links
     links: dict[tuple[str, str], tuple[float, float]]  # emulated links (--links): (name, name) -> (ms, Mbit/s)
+    machine: dict = field(default_factory=dict)  # what the flow machine waits for (`FlowNode.progress`), per data node
 
 
 @dataclass(frozen=True)

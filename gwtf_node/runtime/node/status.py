@@ -196,6 +196,7 @@ class Status:
                                   "connection": conns.get(p.peer_id, "none")} for p in self.peers.infos()},
             "connections": len(conns),  # peers with a libp2p connection, whether this node works with them or not
             "flows": fl.out,
+            "flow_machine": fl.machine,  # per data node: its wave here, what a unit waits for (FlowNode.progress)
             "link_costs": fl.link_costs,
             "compute_ms_per_microbatch": round(st.compute_ms, 3),
             "event_loop": lv.event_loop,  # how late the event loop ran (looplag.py)
