@@ -214,15 +214,23 @@ class Flows:
         else:
             self.peers.set_rtt(peer, await self.liveness.measure_rtt(peer))
 
-    async def form(self, nxt: list[str], prv: list[str], *, joined: bool) -> None:
-        """Measure the links to `nxt` and `prv`, start the flow machine, replay what waited for it.
+    async def form(self, nxt: list[str], prv: list[str], *, joined: bool) -> bool:
+        """Measure the links to `nxt` and `prv`, start the flow machine, replay what waited for it; False, with
+        nothing started, when every peer of a side went while the links were measured (presumed dead: a last-stage
+        relay whose data node was, for a few seconds, started a machine with no commodity and never carried a
+        unit; the caller measures again once the swarm is quiet).
 
         `joined`: this node was placed by the leader, so flows may already exist around it."""
         for pid in sorted(set(nxt) | set(prv)):
             await self._measure(pid, pid in nxt and pid != self.wire.me)
         me = self.wire.me
+        asked = bool(nxt), bool(prv)
         nxt = [p for p in nxt if p in self.peers or p == me]
         prv = [p for p in prv if p in self.peers or p == me]
+        if (asked[0] and not nxt) or (asked[1] and not prv):
+            log.info("flows: every %s peer went while the links were measured: measuring again once the swarm is "
+                     "quiet", "next-stage" if asked[0] and not nxt else "previous-stage")
+            return False
         self.next_costs = {p: self.link_cost(p) for p in nxt}
         relays = {p: c for p, c in self.next_costs.items() if self._is_relay(p) and self.peers.role == "relay"}
         kept = nearest(relays, self.neighbours)  # (a data node links to every first-stage relay)
@@ -243,6 +251,7 @@ class Flows:
             log.info("pooled formation: one data node known: waiting for another, or a neighbour's flow message")
         else:
             self._start_machine(joined, {}, {})
+        return True
 
     def _config(self, joined: bool) -> FlowConfig:
         relay = self.peers.role == "relay"

@@ -525,9 +525,9 @@ class Node:
                     if self.resumed:
                         await data_resume.take_run_step(peers, self.stage, p.joining, p.aggregation, p.discovery)
             nxt, prv = peers.next_stage_ids(), peers.prev_stage_ids()
-            if nxt and prv and (role != "data" or p.leadership.started):
+            if nxt and prv and (role != "data" or p.leadership.started) \
+                    and await p.flows.form(nxt, prv, joined=p.joining.joined):
                 break
-        await p.flows.form(nxt, prv, joined=p.joining.joined)
         if role == "data":
             await p.flows.wait_formed()
         first = self.stage.applied_steps  # the run's step: 0, or where a restarted data node resumes

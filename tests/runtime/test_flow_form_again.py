@@ -1,0 +1,73 @@
+"""Flow formation when a side goes while its links are measured (runtime/node/flows.py `form`): a last-stage relay
+whose data node was presumed dead for a few seconds then started a flow machine with no commodity, and the swarm's
+flows never placed a unit through it; now it starts nothing and measures again once the swarm is quiet."""
+
+from __future__ import annotations
+
+import pytest
+
+from gwtf_node.runtime.net.peers import PeerInfo, Peers, Place
+from gwtf_node.runtime.node.driver import Drivers
+from gwtf_node.runtime.node.flows import Flows
+
+pytestmark = pytest.mark.trio
+
+
+class _Wire:
+    me = "R"
+
+    def __init__(self) -> None:
+        self.posted: list[tuple] = []
+
+    def spawn(self, fn, *args) -> None:
+        pass
+
+    def post(self, peer, msg) -> None:
+        self.posted.append((peer, msg))
+
+    async def send(self, peer, msg) -> bool:
+        return True
+
+    async def send_all(self, peer, msgs) -> None:
+        pass
+
+
+class _Stage:
+    def hidden_size_mb(self) -> float:
+        return 0.01
+
+
+def _last_stage_relay() -> tuple[Flows, Peers, list[str]]:
+    """A relay of the last of 2 stages: its next side is data node D, its previous side relay P.  Measuring a
+    link takes no time here; measuring D's finds it gone when `gone` names it (presumed dead meanwhile)."""
+    peers = Peers("R", "r1_0", 2, Place("relay", 1, 2))
+    peers.peers["D"] = PeerInfo("D", "data", -1, "d0", 2)
+    peers.peers["P"] = PeerInfo("P", "relay", 0, "r0_0", 2)
+    flows = Flows(_Wire(), peers, None, _Stage(), Drivers(_Wire()), {}, lambda: None)
+    gone: list[str] = []
+
+    async def measure(peer: str, next_side: bool) -> None:
+        if peer in gone:
+            peers.peers.pop(peer, None)
+        elif peer in peers.peers:
+            peers.set_rtt(peer, 5.0)
+
+    flows._measure = measure
+    return flows, peers, gone
+
+
+async def test_a_data_node_gone_while_measured_starts_no_machine_and_the_next_formation_carries_it() -> None:
+    flows, peers, gone = _last_stage_relay()
+    gone.append("D")
+    assert await flows.form(["D"], ["P"], joined=False) is False
+    assert flows.machine is None  # not a machine without the data node's commodity
+    gone.clear()
+    peers.peers["D"] = PeerInfo("D", "data", -1, "d0", 2)  # back: its Hello
+    assert await flows.form(["D"], ["P"], joined=False) is True
+    assert flows.machine is not None and flows.machine.cfg.commodities == ("D",)
+    assert set(flows.machine.cfg.next_costs) == {"D"} and set(flows.machine.cfg.prev_costs) == {"P"}
+
+
+async def test_a_side_still_there_starts_the_machine_at_once() -> None:
+    flows, _, _ = _last_stage_relay()
+    assert await flows.form(["D"], ["P"], joined=False) is True and flows.machine is not None
