@@ -71,3 +71,13 @@ async def test_a_data_node_gone_while_measured_starts_no_machine_and_the_next_fo
 async def test_a_side_still_there_starts_the_machine_at_once() -> None:
     flows, _, _ = _last_stage_relay()
     assert await flows.form(["D"], ["P"], joined=False) is True and flows.machine is not None
+
+
+async def test_a_relay_that_knows_no_data_node_yet_starts_no_machine() -> None:
+    # a middle relay measured its links before the data node's Hello came: its machine had no commodity
+    flows, peers, _ = _last_stage_relay()
+    peers.peers.pop("D")
+    peers.peers["N"] = PeerInfo("N", "relay", 1, "r1_1", 2)  # (a next side without a data node)
+    assert await flows.form(["N"], ["P"], joined=False) is False and flows.machine is None
+    peers.peers["D"] = PeerInfo("D", "data", -1, "d0", 2)
+    assert await flows.form(["D"], ["P"], joined=False) is True and flows.machine.cfg.commodities == ("D",)

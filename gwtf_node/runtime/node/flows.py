@@ -1,7 +1,8 @@
 """Link measurement and flow formation: the flow machine (`protocol/flow/`, section V-C) driven for real.
 
 Once the swarm has been quiet for `settle_s` and the node knows a peer on
-each side, `form` measures a round trip to each adjacent peer (Ping/Pong) and
+each side (a relay: and a data node, else its machine would carry no units;
+a side gone while measured is measured again), `form` measures a round trip to each adjacent peer (Ping/Pong) and
 each link to a next-stage peer (`linkmeter.py`: round trip, a timed transfer,
 the compute times of both ends), computes the cost of each link with
 Equation 1 (a link declared with `--links` keeps its declared latency and
@@ -218,7 +219,8 @@ class Flows:
         """Measure the links to `nxt` and `prv`, start the flow machine, replay what waited for it; False, with
         nothing started, when every peer of a side went while the links were measured (presumed dead: a last-stage
         relay whose data node was, for a few seconds, started a machine with no commodity and never carried a
-        unit; the caller measures again once the swarm is quiet).
+        unit), or when a relay knows no data node (not heard of yet: the same); the caller measures again once the
+        swarm is quiet.
 
         `joined`: this node was placed by the leader, so flows may already exist around it."""
         for pid in sorted(set(nxt) | set(prv)):
@@ -230,6 +232,10 @@ class Flows:
         if (asked[0] and not nxt) or (asked[1] and not prv):
             log.info("flows: every %s peer went while the links were measured: measuring again once the swarm is "
                      "quiet", "next-stage" if asked[0] and not nxt else "previous-stage")
+            return False
+        if self.peers.role == "relay" and not self.peers.data_nodes():
+            log.info("flows: no data node known (not heard of yet, or presumed dead): measuring again once the swarm "
+                     "is quiet")  # (a machine started now would carry no data node's units, ever)
             return False
         self.next_costs = {p: self.link_cost(p) for p in nxt}
         relays = {p: c for p, c in self.next_costs.items() if self._is_relay(p) and self.peers.role == "relay"}
