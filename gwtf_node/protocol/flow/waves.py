@@ -122,11 +122,17 @@ def heard_new_wave(node: FlowNode, d: str, lab: Label) -> None:
     if heard is not None and fell is not None and fell >= heard:
         w.span[d] = min(fell - heard, node.cfg.retry_epoch_rounds * node.cfg.round_s)  # (as `labels_lowered`)
     w.heard_at[d] = node.now
-    w.still_at[d] = node.now + max(node.cfg.launch_settle_s, node.cfg.launch_quiet_factor * w.span.get(d, 0.0))
+    w.still_at[d] = max(node.now + node.cfg.launch_settle_s, span_over(node, d))
     if lab.formation:
         w.formation[d] = lab.epoch
     else:
         w.formation.pop(d, None)
+
+def span_over(node: FlowNode, d: str) -> float:
+    """When the previous wave's labels of `d` had stopped falling here, counted from this wave's first label
+    (`WaveState.span`, x `launch_quiet_factor`): a unit of a formation wave moves on no earlier (module doc)."""
+    w = node.wave
+    return w.heard_at.get(d, node.now) + node.cfg.launch_quiet_factor * w.span.get(d, 0.0)
 
 def heard_unmarked(node: FlowNode, d: str, lab: Label) -> None:
     """A label of the current wave of `d` without the formation mark: the wave is not one here either (a
@@ -171,9 +177,8 @@ def labels_lowered(node: FlowNode, d: str) -> None:
             floor = w.floor.get(d, (INF, INF))[1]
             if w.cut.get(d) and not node.improving and floor != INF and lab.cost <= floor + EPS:
                 w.still_at[d] = now + cfg.launch_settle_s
-            else:  # and not before the previous wave's labels here had stopped falling (`span`)
-                w.still_at[d] = max(now + max(cfg.launch_settle_s, wait),
-                                    w.heard_at.get(d, now) + cfg.launch_quiet_factor * w.span.get(d, 0.0))
+            else:
+                w.still_at[d] = max(now + max(cfg.launch_settle_s, wait), span_over(node, d))
         if w.hold.get(d, e) != e:
             w.quiet_at[d] = now + max(cfg.launch_settle_s, cfg.launch_quiet_factor * age)
 

@@ -2,11 +2,12 @@
 
 Once the swarm has been quiet for `settle_s` and the node knows a peer on
 each side (a relay: and a data node, else its machine would carry no units;
-a side gone while measured is measured again), `form` measures a round trip to each adjacent peer (Ping/Pong) and
-each link to a next-stage peer (`linkmeter.py`: round trip, a timed transfer,
-the compute times of both ends), computes the cost of each link with
-Equation 1 (a link declared with `--links` keeps its declared latency and
-bandwidth; the activation size of the run) and starts the flow machine.
+a side gone while measured is measured again), `form` measures a round trip
+to each adjacent peer (Ping/Pong) and each link to a next-stage peer
+(`linkmeter.py`: round trip, a timed transfer, the compute times of both
+ends), computes the cost of each link with Equation 1 (a link declared
+with `--links` keeps its declared latency and bandwidth; the activation size
+of the run) and starts the flow machine.
 Frames for the flow machine that arrive before it exists wait in a queue.
 
 Both ends of a link use one cost: the upstream end's measurement, which it
@@ -226,13 +227,15 @@ class Flows:
         for pid in sorted(set(nxt) | set(prv)):
             await self._measure(pid, pid in nxt and pid != self.wire.me)
         me = self.wire.me
-        asked = bool(nxt), bool(prv)
-        nxt = [p for p in nxt if p in self.peers or p == me]
-        prv = [p for p in prv if p in self.peers or p == me]
-        if (asked[0] and not nxt) or (asked[1] and not prv):
+        kept_nxt = [p for p in nxt if p in self.peers or p == me]
+        kept_prv = [p for p in prv if p in self.peers or p == me]
+        gone = [side for side, asked, kept in (("next-stage", nxt, kept_nxt), ("previous-stage", prv, kept_prv))
+                if asked and not kept]
+        if gone:
             log.info("flows: every %s peer went while the links were measured: measuring again once the swarm is "
-                     "quiet", "next-stage" if asked[0] and not nxt else "previous-stage")
+                     "quiet", gone[0])
             return False
+        nxt, prv = kept_nxt, kept_prv
         if self.peers.role == "relay" and not self.peers.data_nodes():
             log.info("flows: no data node known (not heard of yet, or presumed dead): measuring again once the swarm "
                      "is quiet")  # (a machine started now would carry no data node's units, ever)

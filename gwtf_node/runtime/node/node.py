@@ -525,8 +525,8 @@ class Node:
                     if self.resumed:
                         await data_resume.take_run_step(peers, self.stage, p.joining, p.aggregation, p.discovery)
             nxt, prv = peers.next_stage_ids(), peers.prev_stage_ids()
-            if nxt and prv and (role != "data" or p.leadership.started) \
-                    and await p.flows.form(nxt, prv, joined=p.joining.joined):
+            ready = p.leadership.started if role == "data" else bool(peers.data_nodes())  # (flows.py `form`)
+            if nxt and prv and ready and await p.flows.form(nxt, prv, joined=p.joining.joined):
                 break
         if role == "data":
             await p.flows.wait_formed()
