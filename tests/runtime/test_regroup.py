@@ -127,6 +127,24 @@ async def test_a_member_that_left_or_restarted_is_left_out_at_once(autojump_cloc
 
 
 @pytest.mark.trio
+async def test_a_restarted_member_that_forgot_us_stays_out_of_the_round(autojump_clock: trio.testing.MockClock) -> None:
+    """B restarts while the round is in flight; its new incarnation never got our Hello, so both ends forget each
+    other once more and take each other back as they are (node.py, FORGOT_US).  That second forgetting was false;
+    the restart was not: B's contributions died with its old process, and the round stays among the survivors
+    (as its stage-mates that did not see the second forgetting redo it)."""
+    async with _round_in_flight() as (rg, rounds, out, nursery):
+        _presume_dead(rg, B, nursery, presumed=False)  # B restarted: the old incarnation forgotten at once
+        _back(rg, B, incarnation=8)
+        await trio.sleep(0.5)
+        _presume_dead(rg, B, nursery)  # it forgot us: forgotten again, presumed ...
+        _back(rg, B, incarnation=8)  # ... and back as it is now
+        await trio.sleep(REJOIN_GRACE_S)
+        rounds.finish.set()
+    assert rounds.groups == [sorted([ME, A, B]), sorted([ME, A])] and out[0][2] == sorted([ME, A])
+    assert rg.alive([ME, A, B], dict(rg.forgotten)) == sorted([ME, A, B])  # the next iteration's rounds: B is in
+
+
+@pytest.mark.trio
 async def test_a_round_waits_for_a_member_presumed_dead_just_before(autojump_clock: trio.testing.MockClock) -> None:
     rg, rounds, out = _regroup(), Rounds(), []
     async with trio.open_nursery() as nursery:

@@ -34,7 +34,7 @@ from gwtf_node.runtime.local.swarm import LocalSwarm
 from gwtf_node.runtime.node.resume import Held, PeerAnswer, RunAnswer, Source, decide
 
 from support.restartutil import common_checkpoint_params, reference_losses, relay_logs, restart, stage_plan
-from support.swarmutil import log_text, status, wait_exit, wait_for, wait_records
+from support.swarmutil import log_digest, log_text, status, wait_exit, wait_for, wait_records
 
 M = 2  # microbatches per iteration
 # a relay back from a restart aggregates again within this (a bound on the wait, not a speed target): usually within
@@ -148,6 +148,23 @@ def _training(workdir: Path, names: list[str]) -> bool:
     return len({v["steps_applied"] for v in nodes.values()}) == 1 and nodes["d0"]["state"] == "training"
 
 
+def _waits(workdir: Path, name: str) -> str:
+    try:
+        st = status(workdir, name)
+    except Exception as e:  # noqa: BLE001 - a diagnostic of a failure: whatever can be read
+        return f"unreadable ({e})"
+    keys = ("state", "steps_applied", "joining", "flows", "waiting_for", "resume", "iteration", "presumed_dead")
+    return json.dumps({k: st.get(k) for k in keys}, default=str)[:1500]
+
+
+def _since_restart(workdir: Path, name: str, limit: int = 4000) -> str:
+    text = log_text(workdir, name)
+    text = text[text.rfind("\n", 0, max(0, text.rfind("resuming from checkpoint"))) + 1:]
+    lines = [ln[11:23] + " " + ln.split(": ", 1)[-1][:200] for ln in text.splitlines() if " DEBUG " not in ln]
+    out = " | ".join(lines)
+    return out if len(out) <= limit else out[:limit // 2] + " … " + out[-limit // 2:]
+
+
 async def _kill_and_restart(swarm: LocalSwarm, workdir: Path, name: str, *, auto: bool) -> None:
     """SIGKILL `name`, start it again; it aggregates again within BACK_WITHIN_S."""
     swarm.expected_dead.add(name)
@@ -155,8 +172,13 @@ async def _kill_and_restart(swarm: LocalSwarm, workdir: Path, name: str, *, auto
     assert await wait_exit(swarm, name, 10) == -9
     restart(swarm, name, auto=auto)
     await trio.to_thread.run_sync(swarm._wait_addr, name)  # (starting Python and torch is not the node's doing)
-    await wait_for(lambda: re.search(r"iteration \d+: summed in round", log_text(workdir, name)), BACK_WITHIN_S,
-                   f"{name} aggregates again", swarm)
+    try:
+        await wait_for(lambda: re.search(r"iteration \d+: summed in round", log_text(workdir, name)), BACK_WITHIN_S,
+                       f"{name} aggregates again", swarm)
+    except AssertionError as e:  # (CI prints a failing test's message whole: what the node and the stage waited on)
+        raise AssertionError(f"{e}; {name}'s status: {_waits(workdir, name)}; its log since the restart: "
+                             f"{_since_restart(workdir, name)}; the others: "
+                             f"{log_digest(workdir, [n for n in swarm.names() if n != name], 2500)}") from None
     log = log_text(workdir, name)
     assert "resuming from checkpoint" in log and "joining: capacity" not in log, log[-3000:]
     assert re.search(r"resume: (downloading|stage \d+ from its own checkpoint)", log), log[-3000:]

@@ -4,7 +4,9 @@ A stage's all-reduce runs among the members BEGIN AGGREGATION named that
 this node holds alive; the round's key names its group (a digest of the
 sorted peer ids), so peers only meet on the same group.  If a member dies
 meanwhile, the round is cancelled and redone among the survivors; a member
-that restarted (a new incarnation) stays out even once it is back: its
+that restarted (a new incarnation) stays out even once it is back, and also
+when its new incarnation, which never got this node's Hello, is forgotten
+and taken back once more as it is (a false forgetting after a true one): its
 contributions died with the old process, and are counted in
 `lost_contributions` (the survivors' mean: they are not trained again).
 
@@ -67,8 +69,9 @@ class Regroup:
         self.forgotten: dict[str, int] = {}  # peer -> times it was forgotten
         self.voided: dict[str, int] = {}  # peer -> its forgettings up to this count were false (back as it was)
         self.forgot_at: dict[str, float] = {}  # peer -> when it was last presumed dead
-        # round key -> (its group, its scope, the members BEGIN named)
-        self.scopes: dict[str, tuple[set[str], trio.CancelScope, set[str]]] = {}
+        self.real: dict[str, int] = {}  # peer -> its forgettings up to this count include a true one (left, restarted)
+        # round key -> (its group, its scope, the members BEGIN named, `forgotten` when the all-reduce began)
+        self.scopes: dict[str, tuple[set[str], trio.CancelScope, set[str], dict[str, int]]] = {}
 
     # ------------------------------------------------------------------ news of the peers
     def forget(self, peer: str, *, presumed: bool) -> None:
@@ -78,6 +81,7 @@ class Regroup:
             self.forgot_at[peer] = now()
         else:
             self.forgot_at.pop(peer, None)
+            self.real[peer] = self.forgotten[peer]
 
     def returned(self, peer: str, *, same_incarnation: bool) -> None:
         """`peer` is back; with its incarnation, it held on to its contributions: its forgettings are void."""
@@ -85,8 +89,8 @@ class Regroup:
             self.voided[peer] = self.forgotten.get(peer, 0)
             self.forgot_at.pop(peer, None)
         if same_incarnation and self.is_back(peer):
-            for gkey, (group, scope, named) in list(self.scopes.items()):
-                if peer in named and peer not in group:
+            for gkey, (group, scope, named, since) in list(self.scopes.items()):
+                if peer in named and peer not in group and self._held_through(peer, since):
                     log.info("all-reduce %s left out %s, which is back as it was: redone with it", gkey,
                              self.peers.who(peer))
                     scope.cancel()
@@ -94,7 +98,7 @@ class Regroup:
     def after_gone(self, peer: str, spawn: Callable) -> None:
         """Cancel the rounds waiting for `peer`: at once if it left or restarted, after the grace if it is only
         presumed dead and not back as it was by then."""
-        for gkey, (group, scope, _named) in list(self.scopes.items()):
+        for gkey, (group, scope, _named, _since) in list(self.scopes.items()):
             if peer not in group:
                 continue
             if peer in self.forgot_at:
@@ -112,16 +116,22 @@ class Regroup:
             scope.cancel()
 
     def is_back(self, peer: str) -> bool:
-        """`peer` is known alive and every forgetting of it was false."""
+        """`peer` is known alive and every forgetting of it since the last true one (it left or restarted) was
+        false."""
         return (peer in self.peers and not self.peers.is_gone(peer)
                 and self.voided.get(peer, -1) == self.forgotten.get(peer, 0))
+
+    def _held_through(self, peer: str, since: dict[str, int]) -> bool:
+        """No true forgetting of `peer` since `since`: what it held then did not die (a restart's new incarnation
+        that forgot us, and was forgotten and taken back as it is, is void only from that restart on)."""
+        return self.real.get(peer, 0) <= since.get(peer, 0)
 
     def alive(self, named: list[str], since: dict[str, int]) -> list[str]:
         """The members of `named` this node holds alive and not forgotten since `since` (a copy of `forgotten`)
         unless falsely."""
         return sorted(p for p in named if p == self.me or (
             p in self.peers and not self.peers.is_gone(p)
-            and (self.forgotten.get(p, 0) == since.get(p, 0) or self.is_back(p))))
+            and (self.forgotten.get(p, 0) == since.get(p, 0) or (self.is_back(p) and self._held_through(p, since)))))
 
     async def wait_for_presumed(self, named: list[str], since: dict[str, int]) -> None:
         """Before a round: wait, up to the grace since each was presumed dead, for named members that are."""
@@ -164,7 +174,7 @@ class Regroup:
             if len(group) == 1:
                 return None, gkey, group
             with trio.CancelScope() as scope:
-                self.scopes[gkey] = (set(group), scope, set(named))
+                self.scopes[gkey] = (set(group), scope, set(named), since)
                 try:
                     return await run_round(gkey, group), gkey, group
                 except Exception as e:  # noqa: BLE001 - AllReduceError, alone or in a nursery's group
