@@ -615,6 +615,39 @@ async def test_a_connection_that_opens_no_stream_is_closed_and_the_frame_goes_on
 
 
 @pytest.mark.trio
+async def test_a_connection_whose_stream_negotiation_goes_unanswered_is_closed_and_the_frame_goes_on_a_new_one(
+        tmp_path):
+    """The peer no longer reads a connection (it dropped it under load) that libp2p still lists: a stream opens on
+    it, but its protocol negotiation times out (`StreamFailure`).  The send closes it and dials anew; before, every
+    frame to that peer failed so, 10 s each, and the peer, never hearing this node, kept it presumed dead."""
+    from libp2p.peer.id import ID
+    from libp2p.protocol_muxer.exceptions import MultiselectClientError
+
+    with trio.fail_after(DEADLINE_S):
+        async with hosts(tmp_path, 2, dht=False) as (a, b):
+            inbox = Inbox()
+            a.set_handler(inbox.handler)
+            await b.send(a.peer_id, b"first")
+            await inbox.wait_for(1)
+            network = b.libp2p.get_network()
+            (conn,) = network.get_connections(ID.from_base58(a.peer_id))
+            client = b.libp2p.multiselect_client
+            select = client.select_one_of
+
+            async def unanswered(protocols, communicator, timeout=None):
+                if communicator.read_writer.muxed_conn is conn.muxed_conn:
+                    raise MultiselectClientError("response timed out after 10s")
+                return await select(protocols, communicator, timeout)
+
+            client.select_one_of = unanswered
+            await b._drop_stream(b._ctrl_out, a.peer_id)  # the next frame needs a new stream
+            await b.send(a.peer_id, b"second")
+            await inbox.wait_for(2)
+            assert [env for _, env, _ in inbox.frames] == [b"first", b"second"]
+            assert b.stats["stale_closed"] == 1 and conn not in network.get_connections(ID.from_base58(a.peer_id))
+
+
+@pytest.mark.trio
 async def test_a_connection_a_frame_came_in_on_recently_is_kept_when_no_stream_opens_on_it(tmp_path, monkeypatch):
     """The peer talks to us on it: the connection works and the peer is slow (its stream negotiation timed out), so
     the send fails without closing it (closing would fail the peer's frames in flight); once nothing came on it

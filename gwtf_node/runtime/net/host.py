@@ -45,6 +45,7 @@ import trio
 from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.exceptions import BaseLibp2pError
+from libp2p.host.exceptions import StreamFailure
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.network.exceptions import SwarmException
 from libp2p.network.stream.exceptions import StreamEOF
@@ -332,7 +333,8 @@ class Host(HostDht, conninfo.HostConnections):
             except _PEER_ERRORS as e:
                 last = e
                 await self._drop_stream(streams, peer_id)
-                if isinstance(e, SwarmException) and _attempt == 0:
+                # no stream opened, or its protocol negotiation went unanswered (StreamFailure): maybe a stale one
+                if isinstance(e, (SwarmException, StreamFailure)) and _attempt == 0:
                     await self._close_stale_connections(peer_id)
             except BaseException:  # cancelled by the caller, maybe mid-frame: the next frame takes a new stream
                 with trio.CancelScope(shield=True):
@@ -342,7 +344,9 @@ class Host(HostDht, conninfo.HostConnections):
 
     async def _close_stale_connections(self, peer_id: str) -> None:
         """No stream opens on the connections libp2p holds to `peer_id` (closed but still listed: py-libp2p 0.8.1
-        dials only when it lists none; or each refused a stream): close them, so that the next attempt dials anew
+        dials only when it lists none; or each refused a stream, or left its protocol negotiation unanswered for
+        its timeout: a connection the peer no longer reads, which fails every frame on it, 10 s each, for as long
+        as it is listed): close them, so that the next attempt dials anew
         (else the peer stays silent here until presumed dead: a data node whose loop ran 0.6 s late could not send
         its Pongs to a third of its relays).  A connection a control frame came in on within `ALIVE_S` stays: it
         works, the peer is slow, and closing it fails every frame in flight on it both ways (416 closes in a
