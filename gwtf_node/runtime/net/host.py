@@ -333,8 +333,7 @@ class Host(HostDht, conninfo.HostConnections):
             except _PEER_ERRORS as e:
                 last = e
                 await self._drop_stream(streams, peer_id)
-                # no stream opened, or its protocol negotiation went unanswered (StreamFailure): maybe a stale one
-                if isinstance(e, (SwarmException, StreamFailure)) and _attempt == 0:
+                if isinstance(e, (SwarmException, StreamFailure)) and _attempt == 0:  # (see the next method)
                     await self._close_stale_connections(peer_id)
             except BaseException:  # cancelled by the caller, maybe mid-frame: the next frame takes a new stream
                 with trio.CancelScope(shield=True):
@@ -343,14 +342,11 @@ class Host(HostDht, conninfo.HostConnections):
         raise PeerUnreachable(f"{what} to {peer_id} failed: {conninfo.causes(last)}") from last
 
     async def _close_stale_connections(self, peer_id: str) -> None:
-        """No stream opens on the connections libp2p holds to `peer_id` (closed but still listed: py-libp2p 0.8.1
-        dials only when it lists none; or each refused a stream, or left its protocol negotiation unanswered for
-        its timeout: a connection the peer no longer reads, which fails every frame on it, 10 s each, for as long
-        as it is listed): close them, so that the next attempt dials anew
-        (else the peer stays silent here until presumed dead: a data node whose loop ran 0.6 s late could not send
-        its Pongs to a third of its relays).  A connection a control frame came in on within `ALIVE_S` stays: it
-        works, the peer is slow, and closing it fails every frame in flight on it both ways (416 closes in a
-        100-daemon swarm, 49 of them relays closing their connection to the data node)."""
+        """Close the connections libp2p holds to `peer_id` that open no stream (closed but still listed: py-libp2p
+        0.8.1 dials only when it lists none; or refusing streams, or leaving their negotiation unanswered 10 s), so
+        that the next attempt dials anew, instead of failing until the peer presumes this node dead.  One a control
+        frame came in on within `ALIVE_S` stays: it works, the peer is slow, and closing it fails every frame in
+        flight on it both ways (416 closes in a 100-daemon swarm, 49 of them relays' connections to the data node)."""
         pid = ID.from_base58(peer_id)
         t, heard = trio.current_time(), self._heard_on
         self._heard_on = heard = {k: v for k, v in heard.items() if t - v < ALIVE_S}  # (the others are stale)
