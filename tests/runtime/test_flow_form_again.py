@@ -10,26 +10,9 @@ from gwtf_node.runtime.net.peers import PeerInfo, Peers, Place
 from gwtf_node.runtime.node.driver import Drivers
 from gwtf_node.runtime.node.flows import Flows
 
+from support.helpers import RecordingWire
+
 pytestmark = pytest.mark.trio
-
-
-class _Wire:
-    me = "R"
-
-    def __init__(self) -> None:
-        self.posted: list[tuple] = []
-
-    def spawn(self, fn, *args) -> None:
-        pass
-
-    def post(self, peer, msg) -> None:
-        self.posted.append((peer, msg))
-
-    async def send(self, peer, msg) -> bool:
-        return True
-
-    async def send_all(self, peer, msgs) -> None:
-        pass
 
 
 class _Stage:
@@ -43,7 +26,7 @@ def _last_stage_relay() -> tuple[Flows, Peers, list[str]]:
     peers = Peers("R", "r1_0", 2, Place("relay", 1, 2))
     peers.peers["D"] = PeerInfo("D", "data", -1, "d0", 2)
     peers.peers["P"] = PeerInfo("P", "relay", 0, "r0_0", 2)
-    flows = Flows(_Wire(), peers, None, _Stage(), Drivers(_Wire()), {}, lambda: None)
+    flows = Flows(RecordingWire(), peers, None, _Stage(), Drivers(RecordingWire()), {}, lambda: None)
     gone: list[str] = []
 
     async def measure(peer: str, next_side: bool) -> None:

@@ -11,27 +11,9 @@ from gwtf_node.runtime.net.peers import PeerInfo, Peers, Place
 from gwtf_node.runtime.node.driver import Drivers
 from gwtf_node.runtime.node.flows import Flows
 
+from support.helpers import RecordingWire
+
 pytestmark = pytest.mark.trio
-
-
-class _Wire:
-    me = "R"
-
-    def __init__(self) -> None:
-        self.spawned: list[tuple] = []
-        self.posted: list[tuple] = []
-
-    def spawn(self, fn, *args) -> None:
-        self.spawned.append((fn.__name__, *args))
-
-    def post(self, peer, msg) -> None:
-        self.posted.append((peer, msg))
-
-    async def send(self, peer, msg) -> bool:
-        return True
-
-    async def send_all(self, peer, msgs) -> None:
-        pass
 
 
 def _relay(*data: str) -> tuple[Flows, Peers]:
@@ -40,7 +22,7 @@ def _relay(*data: str) -> tuple[Flows, Peers]:
     for d in data:
         peers.peers[d] = PeerInfo(d, "data", -1, d, 2)
     peers.peers["P"] = PeerInfo("P", "relay", 0, "r0_0", 2)
-    wire = _Wire()
+    wire = RecordingWire()
     flows = Flows(wire, peers, None, None, Drivers(wire), {}, lambda: None, pooled=True)
     return flows, peers
 

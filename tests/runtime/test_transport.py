@@ -588,6 +588,18 @@ async def test_dht_versioned_record_highest_wins(tmp_path):
             assert c.peer_id in [p for p, _addrs in providers]
 
 
+async def _first_frame(a, b, inbox: Inbox):
+    """`b` sends `a` a first frame, which `inbox` receives: `b`'s network and its one connection to `a`."""
+    from libp2p.peer.id import ID
+
+    a.set_handler(inbox.handler)
+    await b.send(a.peer_id, b"first")
+    await inbox.wait_for(1)
+    network = b.libp2p.get_network()
+    (conn,) = network.get_connections(ID.from_base58(a.peer_id))
+    return network, conn
+
+
 @pytest.mark.trio
 async def test_a_connection_that_opens_no_stream_is_closed_and_the_frame_goes_on_a_new_one(tmp_path):
     """py-libp2p keeps a connection listed that opens no stream any more (closed under it, or refusing): the send
@@ -597,11 +609,7 @@ async def test_a_connection_that_opens_no_stream_is_closed_and_the_frame_goes_on
     with trio.fail_after(DEADLINE_S):
         async with hosts(tmp_path, 2, dht=False) as (a, b):
             inbox = Inbox()
-            a.set_handler(inbox.handler)
-            await b.send(a.peer_id, b"first")
-            await inbox.wait_for(1)
-            network = b.libp2p.get_network()
-            (conn,) = network.get_connections(ID.from_base58(a.peer_id))
+            network, conn = await _first_frame(a, b, inbox)
 
             async def refuses():
                 raise RuntimeError("this connection opens no stream")
@@ -626,11 +634,7 @@ async def test_a_connection_whose_stream_negotiation_goes_unanswered_is_closed_a
     with trio.fail_after(DEADLINE_S):
         async with hosts(tmp_path, 2, dht=False) as (a, b):
             inbox = Inbox()
-            a.set_handler(inbox.handler)
-            await b.send(a.peer_id, b"first")
-            await inbox.wait_for(1)
-            network = b.libp2p.get_network()
-            (conn,) = network.get_connections(ID.from_base58(a.peer_id))
+            network, conn = await _first_frame(a, b, inbox)
             client = b.libp2p.multiselect_client
             select = client.select_one_of
 

@@ -13,6 +13,9 @@ after it was picked).
 
 Waiting: `until` polls a condition that no event signals, under a deadline
 (never a fixed sleep).
+
+A node's parts without a network: `RecordingWire` stands for the daemon's
+`Wire` (runtime/net/wire.py), recording what is spawned and posted.
 """
 
 from __future__ import annotations
@@ -145,3 +148,25 @@ async def start_source_and_joiner(nursery, workdir: Path, hidden: int = 320, lay
     joiner = await start_relay(nursery, run, workdir, "joiner", (workdir / "source" / "addr").read_text().split()[0])
     await until(lambda: source.parts.wire.me in joiner.peers.ids("relay", 0), "the joiner knows the source")
     return source, joiner
+
+
+class RecordingWire:
+    """The daemon's `Wire` for a component tested alone: what it spawns and posts is recorded, sends succeed."""
+
+    me = "R"
+
+    def __init__(self) -> None:
+        self.spawned: list[tuple] = []
+        self.posted: list[tuple] = []
+
+    def spawn(self, fn, *args) -> None:
+        self.spawned.append((fn.__name__, *args))
+
+    def post(self, peer, msg) -> None:
+        self.posted.append((peer, msg))
+
+    async def send(self, peer, msg) -> bool:
+        return True
+
+    async def send_all(self, peer, msgs) -> None:
+        pass

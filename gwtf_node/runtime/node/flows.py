@@ -227,15 +227,13 @@ class Flows:
         for pid in sorted(set(nxt) | set(prv)):
             await self._measure(pid, pid in nxt and pid != self.wire.me)
         me = self.wire.me
-        kept_nxt = [p for p in nxt if p in self.peers or p == me]
-        kept_prv = [p for p in prv if p in self.peers or p == me]
-        gone = [side for side, asked, kept in (("next-stage", nxt, kept_nxt), ("previous-stage", prv, kept_prv))
-                if asked and not kept]
-        if gone:
-            log.info("flows: every %s peer went while the links were measured: measuring again once the swarm is "
-                     "quiet", gone[0])
-            return False
-        nxt, prv = kept_nxt, kept_prv
+        asked = {"next-stage": nxt, "previous-stage": prv}
+        nxt, prv = ([p for p in side if p in self.peers or p == me] for side in (nxt, prv))
+        for side, kept in (("next-stage", nxt), ("previous-stage", prv)):
+            if asked[side] and not kept:
+                log.info("flows: every %s peer went while the links were measured: measuring again once the swarm "
+                         "is quiet", side)
+                return False
         if self.peers.role == "relay" and not self.peers.data_nodes():
             log.info("flows: no data node known (not heard of yet, or presumed dead): measuring again once the swarm "
                      "is quiet")  # (a machine started now would carry no data node's units, ever)

@@ -88,9 +88,9 @@ class Regroup:
         if same_incarnation and peer in self.forgot_at:
             self.voided[peer] = self.forgotten.get(peer, 0)
             self.forgot_at.pop(peer, None)
-        if same_incarnation and self.is_back(peer):
+        if same_incarnation:
             for gkey, (group, scope, named, since) in list(self.scopes.items()):
-                if peer in named and peer not in group and self._held_through(peer, since):
+                if peer in named and peer not in group and self._back_for(peer, since):
                     log.info("all-reduce %s left out %s, which is back as it was: redone with it", gkey,
                              self.peers.who(peer))
                     scope.cancel()
@@ -121,17 +121,18 @@ class Regroup:
         return (peer in self.peers and not self.peers.is_gone(peer)
                 and self.voided.get(peer, -1) == self.forgotten.get(peer, 0))
 
-    def _held_through(self, peer: str, since: dict[str, int]) -> bool:
-        """No true forgetting of `peer` since `since`: what it held then did not die (a restart's new incarnation
-        that forgot us, and was forgotten and taken back as it is, is void only from that restart on)."""
-        return self.real.get(peer, 0) <= since.get(peer, 0)
+    def _back_for(self, peer: str, since: dict[str, int]) -> bool:
+        """`peer` is back as it was, and no true forgetting of it came since `since`: what it held then did not
+        die (a restart's new incarnation that forgot us, and was forgotten and taken back as it is, is back only
+        for the rounds begun after that restart)."""
+        return self.is_back(peer) and self.real.get(peer, 0) <= since.get(peer, 0)
 
     def alive(self, named: list[str], since: dict[str, int]) -> list[str]:
         """The members of `named` this node holds alive and not forgotten since `since` (a copy of `forgotten`)
         unless falsely."""
         return sorted(p for p in named if p == self.me or (
             p in self.peers and not self.peers.is_gone(p)
-            and (self.forgotten.get(p, 0) == since.get(p, 0) or (self.is_back(p) and self._held_through(p, since)))))
+            and (self.forgotten.get(p, 0) == since.get(p, 0) or self._back_for(p, since))))
 
     async def wait_for_presumed(self, named: list[str], since: dict[str, int]) -> None:
         """Before a round: wait, up to the grace since each was presumed dead, for named members that are."""
