@@ -20,6 +20,7 @@ from .common import (
     _manifest_error_types, _nonneg_int, _Parser, _port, _positive_int, _probability, _relay_nice, _seconds,
     _setup_logging, _first_manifest_error,
 )
+from .. import ctrlc
 from ..protocol.neighbourhood import FLOW_NEIGHBOURS
 from .service import add_parser as add_service_parser
 from .config import add_config_parser, configurable
@@ -180,7 +181,6 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
     from pathlib import Path
 
     import trio
-
     from ..runtime.node.node import NodeOptions, run_node
     from ..runtime.ops.startup import ExitKind, StartupError, first_startup_error
 
@@ -223,13 +223,13 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
                        bootstrap_timeout_s=args.bootstrap_timeout, flow_neighbours=args.flow_neighbours,
                        pooled_formation=args.pooled_formation,
                        restore=Path(args.restore) if args.restore else None, keep_checkpoints=args.keep_checkpoints,
-                       checkpoint_every=args.checkpoint_every,
-                       metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+                       checkpoint_every=args.checkpoint_every, metrics_port=args.metrics_port,
+                       metrics_host=args.metrics_host, insecure_unsigned=args.insecure_unsigned,
                        certificate=Path(args.certificate) if args.certificate else None,
-                       insecure_unsigned=args.insecure_unsigned,
                        revocations=Path(args.revocations) if args.revocations else None, lease_s=args.lease)
-    try:
-        stopped = trio.run(run_node, opts, lock)
+    ctrlc.hand_over()  # a Ctrl-C that came while the node was set up stops it here; trio's handling from now on
+    try:  # (at the main task's next checkpoint: never inside a callback where the interrupt would be lost)
+        stopped = trio.run(run_node, opts, lock, restrict_keyboard_interrupt_to_checkpoints=True)
     except BaseException as e:  # trio wraps what a nursery's body raises in exception groups: look inside
         failure = first_startup_error(e) or _first_manifest_error(e)
         if failure is None:

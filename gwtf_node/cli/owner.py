@@ -15,6 +15,7 @@ import argparse
 import time
 from pathlib import Path
 
+from .. import ctrlc
 from .common import CliError, _manifest_error_types
 
 PUBLISH_ATTEMPTS = 3  # each bounded by host.DHT_QUERY_TIMEOUT_S: a busy swarm answers a store late
@@ -142,7 +143,8 @@ def _publish(addr: str, run_id: str, value: str) -> None:
                                            f"{PUBLISH_ATTEMPTS} attempts; give the file to the nodes "
                                            "(--revocations) or try again") from None
 
-    trio.run(go)
+    ctrlc.hand_over()
+    trio.run(go, restrict_keyboard_interrupt_to_checkpoints=True)
 
 
 def cmd_peer_id(args: argparse.Namespace) -> int:

@@ -44,6 +44,59 @@ def test_ctrl_c_at_any_moment_of_join_is_one_line(tmp_path: Path, delay: float) 
         assert err.strip().splitlines()[-1].endswith("interrupted"), err
 
 
+SWALLOWED = """
+import os, signal, sys, weakref
+signal.signal(signal.SIGINT, signal.default_int_handler)
+import gwtf_node.cli as cli
+from gwtf_node.entry import main
+real = cli.main
+
+
+class Doomed:
+    pass
+
+
+def swallowed(_):  # as the import system's module locks do at the end of every import
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(10000):  # the handler runs here, and Python prints and drops what a weakref callback raises
+        pass
+
+
+def command(argv):
+    doomed = Doomed()
+    ref = weakref.ref(doomed, swallowed)
+    del doomed
+    assert ref() is None
+    return real(argv)
+
+
+cli.main = command
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("command", ["join", "sim"])
+def test_a_ctrl_c_that_python_swallowed_still_stops_the_command(tmp_path: Path, command: str) -> None:
+    """The Ctrl-C lands in a weakref callback ("Exception ignored in ..."): `join` does not start its node, and a
+    command that runs to its end exits 130 all the same."""
+    run = tmp_path / "run.json"
+    save_manifest(default_manifest(), run)
+    argv = (["join", "--run", str(run), "--role", "data", "--state-dir", str(tmp_path / "d0"), "--insecure-unsigned"]
+            if command == "join" else ["sim", "gen-flow", "--setting", "1", "--seed", "3"])
+    proc = subprocess.Popen([sys.executable, "-c", SWALLOWED, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        out, err = proc.communicate(timeout=90)  # (a node that started anyway runs until killed)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert "Exception ignored" in err, err  # the interrupt was swallowed where it landed
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert err.strip().splitlines()[-1] == "interrupted", err
+    assert not (tmp_path / "d0" / "node.log").exists() or "listening" not in (tmp_path / "d0" / "node.log").read_text()
+
+
 def test_a_closed_pipe_ends_the_output_quietly() -> None:
     """`gwtf-node ... | head -1`: the reader leaves; no BrokenPipeError traceback."""
     proc = subprocess.run(f"{sys.executable} -m gwtf_node sim gen-flow --setting 1 --seed 3 | head -c 10",
