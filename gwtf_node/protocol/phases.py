@@ -151,6 +151,7 @@ class PhaseStats:
     out_of_step: int = 0  # BEGINs met with parameters of another iteration
     overdue: int = 0  # waits that passed their bound
     signals: int = 0  # phase signals sent, acknowledgements included (a resend counts in `resent` instead)
+    steps: int = 0  # steps applied here after an all-reduce (`on_step_done`; a state loaded instead does not count)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -251,8 +252,7 @@ class Phases(PhaseWaits, PhaseFan):
         return eff
 
     def on_ack(self, now: float, sender: str, msg: PhaseAck) -> list[PhaseEffect]:
-        """The receiver has the signal: stop resending it there (or lacks the groups a BEGIN named by digest:
-        the full copy goes, phasegroups.py)."""
+        """The receiver has the signal: stop resending it there (or lacks the groups a BEGIN named: all go)."""
         if msg.kind is PhaseKind.GROUPS:
             return self.digests.missing(sender, self.unacked.get((PhaseKind.BEGIN, msg.iteration, sender)))
         self.digests.acked(sender, self.unacked.get((msg.kind, msg.iteration, sender)))
@@ -280,8 +280,7 @@ class Phases(PhaseWaits, PhaseFan):
     def report_done(self, now: float, msg: IterationDone) -> list[PhaseEffect]:
         """This data node's microbatches of `msg.iteration` are all settled: report them to the leader.
 
-        At the leader itself the report is recorded here; the driver then calls
-        `maybe_begin`."""
+        At the leader itself the report is recorded here; the driver then calls `maybe_begin`."""
         self.my_reports = {i: r for i, r in self.my_reports.items() if i >= msg.iteration - 1}
         self.my_reports[msg.iteration] = msg
         self.reported_at.setdefault(msg.iteration, now)
@@ -536,6 +535,7 @@ class Phases(PhaseWaits, PhaseFan):
 
     def on_step_done(self, now: float, iteration: int, next_stage: Iterable[str],
                      prev_stage: Iterable[str]) -> list[PhaseEffect]:
+        self.stats.steps += iteration not in self.stepped
         self.stepped.add(iteration)
         self.stepped_at.setdefault(iteration, now)
         self.applied = max(self.applied, iteration + 1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from gwtf_node.protocol.effects import Send, SetTimer
 from gwtf_node.protocol.messages import IterationDone
 from gwtf_node.protocol.phases import WATCH_TIMER, OpenIteration, Overdue, Phases, StartStep, Wait
+from gwtf_node.protocol.phasewaits import peers_at_work
 
 GROUPS = {-1: ["d"], 0: ["r0"], 1: ["r1", "r3"]}
 
@@ -91,3 +92,44 @@ def test_a_report_waits_for_begin_from_the_leader() -> None:
     eff = d.on_timer(7.0, WATCH_TIMER)
     assert any(isinstance(e, Overdue) for e in eff)
     assert any(isinstance(e, Send) and isinstance(e.msg, IterationDone) and e.to == "d" for e in eff)
+
+
+def _aggregate(nodes: dict[str, Phases], iteration: int, t: float, step: bool) -> list:
+    """The data node reports `iteration` and begins its aggregation; the relays step at once (`step`) or hold their
+    steps (returned)."""
+    d = nodes["d"]
+    eff = d.report_done(t, IterationDone(iteration, 2, 4.0, 0, 0, (10, 11)))
+    eff += d.maybe_begin(t, iteration, leading=True, data_nodes=["d"], stage0=["r0"], groups=GROUPS)
+    if step:
+        return _run(nodes, eff, "d", t)
+    held: list = []
+    queue = [("d", e) for e in eff]
+    while queue:
+        src, e = queue.pop(0)
+        if isinstance(e, Send):
+            ph, kind = nodes[e.to], type(e.msg).__name__
+            if kind == "BeginAggregation":
+                queue += [(e.to, x) for x in ph.on_begin(t, src, e.msg, NEXT[e.to])]
+        elif isinstance(e, StartStep):
+            held.append((src, e))
+    return held
+
+
+def test_a_stage_mate_is_at_work_in_an_aggregation_only_once_the_node_has_stepped_after_one() -> None:
+    """`peers_at_work` (what the liveness check watches closely): the first aggregation's stage group is left out,
+    the next one's is in, as long as its all-reduce runs (begun, not stepped)."""
+    nodes = _swarm()
+    held = _aggregate(nodes, 5, 0.0, step=False)
+    assert {src for src, _ in held} == {"d", "r0", "r1", "r3"}
+    assert nodes["r1"].group(5, 1) == {"r1", "r3"}  # the all-reduce's group: r3 works with r1 ...
+    assert "r3" not in peers_at_work(nodes["r1"], 1.0, 1)  # ... but r1 has never stepped: watched loosely
+    other = []
+    for src, e in held:
+        other += _run(nodes, nodes[src].on_step_done(2.0, e.iteration, NEXT[src], PREV[src]), src, 2.0)
+    assert any(isinstance(e, OpenIteration) and e.iteration == 6 for _, e in other), other
+    assert nodes["r1"].stats.steps == 1 and "r3" not in peers_at_work(nodes["r1"], 3.0, 1)  # (stepped: not at work)
+    nodes["r1"].on_step_done(3.0, 5, NEXT["r1"], PREV["r1"])  # (a step told twice counts once)
+    assert nodes["r1"].stats.steps == 1
+    _aggregate(nodes, 6, 4.0, step=False)
+    assert "r3" in peers_at_work(nodes["r1"], 5.0, 1)  # its second aggregation: watched closely
+    assert "r1" in peers_at_work(nodes["r3"], 5.0, 1)

@@ -15,9 +15,10 @@ IDLE_DETECT_S).
 Watching follows the work (`loose`).  A relay watches another relay closely
 only while it works with it (`at_work`, asked once per check: the flows
 through this node, its microbatches in flight, the aggregation's groups and
-waits, node.py), or while its last connection to this node is closed and it
-was not heard since (`connection_lost`: a process that ends closes its
-connections).  The other relays of its stage and the stages next to it, and a
+waits, node.py; a relay's stage-mates from its second aggregation on,
+protocol/phasewaits.py `peers_at_work`), or while its last connection to
+this node is closed and it was not heard since (`connection_lost`: a process
+that ends closes its connections).  The other relays of its stage and the stages next to it, and a
 data node watched from a middle stage (its microbatches' passes count as
 hearing it, microbatches.py), get the loose floor `loose_floor_s`: 30 s, or
 2.5 s per peer watched loosely when more than 12 (a Ping after a third), so

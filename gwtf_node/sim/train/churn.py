@@ -162,7 +162,8 @@ class ChurnDriver:
     def _at_work(self, r: str) -> set[str]:
         """The peers relay `r` works with now, as it sees them (the daemon's `at_work`, runtime/node/node.py, but
         the previous hops of its flows): its next hops, its microbatches' previous and next hops, its aggregation's
-        waits and its stage's group in aggregations begun and not stepped."""
+        waits and its stage's group in aggregations begun and not stepped, from its second aggregation on
+        (protocol/phasewaits.py)."""
         return (self._next_hops(r) | self.nodes[r].rec.peers_in_flight()
                 | peers_at_work(self.nodes[r].phases, self.now, self.stage[r]))
 
