@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from gwtf_node.runtime.node.driver import MachineDriver, Outbox, Owner, Timers
+from gwtf_node.runtime.node.driver import RESEND_FIRST_S, RESEND_MAX_S, MachineDriver, Outbox, Owner, Timers
 
 pytestmark = pytest.mark.trio
 
@@ -63,3 +63,56 @@ async def test_fifo_driver_sends_batches_in_flush_order():
 async def test_driver_without_fifo_sends_each_batch_in_a_task_of_its_own():
     # the case `fifo` exists for: two batches to one peer, each in a task of its own, reach the wire reordered
     assert await _flush_two_batches(fifo=False) == ["second", "slow"]
+
+
+class _Peers:
+    def __init__(self) -> None:
+        self.gone: set[str] = set()
+
+    def is_gone(self, peer: str) -> bool:
+        return peer in self.gone
+
+
+def _failing(sent: list, fail: dict[str, int]):
+    """A batch sender whose send of message `m` fails the first `fail[m]` times; how many of a batch went."""
+    async def send_batch(peer: str, msgs: list) -> int:
+        for i, msg in enumerate(msgs):
+            if fail.get(msg, 0) > 0:
+                fail[msg] -= 1
+                return i
+            sent.append((peer, msg))
+        return len(msgs)
+    return send_batch
+
+
+async def test_outbox_sends_what_failed_again_in_order(autojump_clock):
+    sent: list = []
+    async with trio.open_nursery() as nursery:
+        wire = _Wire(nursery)
+        wire.peers = _Peers()
+        box = Outbox(wire, _failing(sent, {"a2": 3}))
+        box.put("a", ["a1", "a2", "a3"])
+        box.start()
+        await trio.sleep(0.1)
+        box.put("a", ["a4"])  # (queued behind what failed)
+        box.start()
+    assert [msg for _, msg in sent] == ["a1", "a2", "a3", "a4"]
+    assert box.resent == 2 + 3 + 3  # a2 and a3 the first time, with a4 behind them the next two
+    assert trio.current_time() >= RESEND_FIRST_S * (1 + 2 + 4)  # (backing off: 0.5, 1, 2 s)
+
+
+async def test_outbox_drops_the_queue_of_a_peer_that_is_gone(autojump_clock):
+    sent: list = []
+    async with trio.open_nursery() as nursery:
+        wire = _Wire(nursery)
+        wire.peers = _Peers()
+        box = Outbox(wire, _failing(sent, {"a1": 1000}))
+        box.put("a", ["a1", "a2"])
+        box.put("b", ["b1"])
+        box.start()
+        await trio.sleep(30.0)
+        assert "a" in box.sending and sent == [("b", "b1")]  # a's first message keeps failing: sent again ...
+        wire.peers.gone.add("a")  # ... until the peer is presumed dead
+        await trio.sleep(RESEND_MAX_S + 1)
+        assert "a" not in box.sending and "a" not in box.queued
+    assert sent == [("b", "b1")]

@@ -12,7 +12,8 @@ aside).  A peer that keeps sending refused frames (`BAN_REFUSALS`
 within `BAN_WINDOW_S`) is disconnected and banned for `BAN_S`: its frames
 are dropped unread (counted as BANNED) and nothing is sent to it.  A send that fails is logged
 and reported as False: the protocol machines have their own deadlines for
-lost messages.
+lost messages, and those that assume FIFO links (the flow machines) have
+theirs sent again (`send_in_order`, driver.py's `Outbox`).
 """
 
 from __future__ import annotations
@@ -144,6 +145,14 @@ class Wire:
     async def send_all(self, peer: str, msgs: list) -> None:
         for msg in msgs:  # in order: a Hello before what depends on it
             await self.send(peer, msg)
+
+    async def send_in_order(self, peer: str, msgs: list) -> int:
+        """Send `msgs` in order up to the first that fails; how many went (driver.py's `Outbox` sends the rest
+        again: a machine that assumes FIFO links loses no message to a connection that failed)."""
+        for i, msg in enumerate(msgs):
+            if not await self.send(peer, msg):
+                return i
+        return len(msgs)
 
     async def send_tensor(self, peer: str, msg: Any, tensor, *, kept: int | None = None, at=None) -> bool:
         """`msg` with `tensor` after it: dense, its Top-K of `kept` elements, or its elements at the indices `at`

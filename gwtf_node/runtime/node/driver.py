@@ -80,16 +80,28 @@ class Timers:
 
 
 Send1 = Callable[[str, Any], Awaitable[Any]]  # one message to one peer
-SendBatch = Callable[[str, list], Awaitable[Any]]  # a peer's messages, in order
+SendBatch = Callable[[str, list], Awaitable[Any]]  # a peer's messages, in order (Outbox: how many went)
+
+
+RESEND_FIRST_S = 0.5  # an `Outbox` sends what failed again after this long, ...
+RESEND_MAX_S = 8.0  # ... twice as long after each failure in a row, up to this
 
 
 class Outbox:
-    """Messages to each peer sent in the order they were put, by one task per peer at a time (FIFO links)."""
+    """Messages to each peer sent in the order they were put, by one task per peer at a time (FIFO links).
+
+    Reliable as well as in order: `send_batch` returns how many of a batch went out before the first that failed
+    (None: all), and the rest go again at the head of the peer's queue after `RESEND_FIRST_S`, doubling up to
+    `RESEND_MAX_S` while sends keep failing (a connection that failed: the next send dials anew), until the peer
+    is gone (presumed dead or left: the machine forgets it, and its queue is dropped).  At 100 daemons on two
+    cores, 27 label announcements and 7 link costs failed to send; a flow machine that misses one routes on a
+    label that is no longer true, and the flows stopped at 6 of 11 units."""
 
     def __init__(self, wire: Wire, send_batch: SendBatch) -> None:
         self.wire, self._send = wire, send_batch
         self.queued: dict[str, list] = {}  # peer -> messages not handed to the wire yet, in order
         self.sending: set[str] = set()  # peers a `_drain` task sends to now
+        self.resent = 0  # messages sent again after a send failed
 
     def put(self, peer: str, msgs: list) -> None:
         """Queue `msgs` to `peer` after what is queued there; `start` sends them."""
@@ -102,9 +114,21 @@ class Outbox:
             self.wire.spawn(self._drain, peer)
 
     async def _drain(self, peer: str) -> None:
+        wait = RESEND_FIRST_S
         try:
             while self.queued.get(peer):
-                await self._send(peer, self.queued.pop(peer))
+                batch = self.queued.pop(peer)
+                went = await self._send(peer, batch)
+                if went is None or went >= len(batch):
+                    wait = RESEND_FIRST_S
+                    continue
+                if self.wire.peers.is_gone(peer):
+                    self.queued.pop(peer, None)
+                    return
+                self.queued[peer] = batch[went:] + self.queued.get(peer, [])
+                self.resent += len(batch) - went
+                await trio.sleep(wait)
+                wait = min(2.0 * wait, RESEND_MAX_S)
         finally:
             self.sending.discard(peer)
 

@@ -97,7 +97,7 @@ class Flows:
         self.peers = peers
         self.liveness = liveness
         self.stage = stage
-        self.driver = drivers.make(Owner.FLOWS, self.on_timer, in_order=wire.send_all, fifo=True)
+        self.driver = drivers.make(Owner.FLOWS, self.on_timer, in_order=wire.send_in_order, fifo=True)
         self.links_cfg = links_cfg
         self.on_changed = on_changed  # the machine ran (its flows or link costs may differ): the microbatches hear
         self.machine: FlowNode | None = None
@@ -250,7 +250,8 @@ class Flows:
         prv = [p for p in prv if p in mine or self._chose_us(p)]  # (our labels tell those we chose: `_linked_by`)
         self.prev_costs = {p: self.agreed_costs.get(p, self.link_cost(p)) for p in prv}
         for p, c in sorted(self.next_costs.items()):
-            self.wire.post(p, m.LinkCost(c))
+            self.driver.send(p, m.LinkCost(c))  # (through the outbox: before the labels, sent again if it fails)
+        self.driver.flush()
         if self.pooled and len(self.peers.data_nodes()) > 1 and not joined:
             self._start_pooling()
         elif self.pooled and not joined and self.peers.role == "relay":
@@ -495,7 +496,8 @@ class Flows:
                     continue
                 if side == "next":
                     self.declined.discard(peer)
-                    self.wire.post(peer, m.LinkCost(cost))
+                    self.driver.send(peer, m.LinkCost(cost))
+                    self.driver.flush()
                 elif side == "prev":
                     cost = self.agreed_costs.get(peer, cost)
                 log.info("flows: adding %s as %s neighbour (cost %g)%s", self.peers.who(peer), side, cost,

@@ -78,7 +78,7 @@ class Pooling:
         self.me = wire.me
         self.timers = drivers.make(Owner.POOLING, self._on_timer)
         self.pool_id = next(iter(machines.values())).commodity
-        self.outbox = Outbox(wire, wire.send_all)  # PoolFrames to each peer, in order (FIFO links)
+        self.outbox = Outbox(wire, wire.send_in_order)  # PoolFrames to each peer, in order (FIFO links)
         self.local: list[tuple[str, str, Any]] = []  # (role, sender id, message) for a machine of this node
         self.done = False
 
