@@ -93,9 +93,9 @@ class Outbox:
     Reliable as well as in order: `send_batch` returns how many of a batch went out before the first that failed
     (None: all), and the rest go again at the head of the peer's queue after `RESEND_FIRST_S`, doubling up to
     `RESEND_MAX_S` while sends keep failing (a connection that failed: the next send dials anew), until the peer
-    is gone (presumed dead or left: the machine forgets it, and its queue is dropped).  At 100 daemons on two
-    cores, 27 label announcements and 7 link costs failed to send; a flow machine that misses one routes on a
-    label that is no longer true, and the flows stopped at 6 of 11 units."""
+    is gone (presumed dead or left: the machine forgets it, and its queue is dropped).  In one run of 100 daemons
+    on two cores, 27 label announcements and 7 link costs failed to send; a flow machine that misses one keeps a
+    label or a cost that is no longer true."""
 
     def __init__(self, wire: Wire, send_batch: SendBatch) -> None:
         self.wire, self._send = wire, send_batch
