@@ -90,6 +90,26 @@ def test_a_leaving_relay_denies_microbatches_of_iterations_after_its_last() -> N
     assert last in m.mbs and [e for e in eff if type(e) is Compute] == [Compute("forward", last)]
 
 
+def test_a_relay_whose_parameters_hold_other_steps_denies_the_microbatch_until_they_are_the_iterations() -> None:
+    """An aggregation left the relay out (the data node presumed it dead for a while): its part holds 13 steps
+    when a microbatch of iteration 14 comes.  Its gradient would be summed nowhere (the stage's all-reduce leaves
+    an out-of-step member's contributions out) while the data node counts the microbatch: DENY."""
+    m = relay()
+    m.parameters_at(13)
+    k = ("d", 154, 14)
+    eff = m.on_message(0.0, "p", Forward(*k, ("d", "p"), None, 0))
+    assert [(e.to, e.msg) for e in eff if type(getattr(e, "msg", None)) is MbDeny] == [("p", MbDeny(*k, 0))]
+    assert k not in m.mbs and not [e for e in eff if type(e) is Compute]
+    m.parameters_at(14)  # the state after the step it missed, installed
+    eff = m.on_message(1.0, "p", Forward(*k, ("d", "p"), None, 1))
+    assert k in m.mbs and [e for e in eff if type(e) is Compute] == [Compute("forward", k)]
+    m.begin_aggregation(2.0, 14, None)
+    m.aggregation_done(3.0, 14)  # its own step: 15 from now on, without the driver telling it
+    assert m.relay.applied == 15
+    eff = m.on_message(4.0, "p", Forward("d", 170, 15, ("d", "p"), None, 0))
+    assert [e for e in eff if type(e) is Compute] == [Compute("forward", ("d", 170, 15))]
+
+
 def _relay_holding(keys) -> RecoveryNode:
     """A relay whose backward of `keys` ran here (forward from p, to n, backward from n)."""
     from gwtf_node.protocol.messages import Backward

@@ -33,7 +33,9 @@ microbatches and names the contributions that count), when the step is
 applied (`aggregation_done`) and when a data node opens the next iteration
 (`open_iteration`).  A relay that began iteration t and has not applied its
 step answers `MbDeny` to a microbatch of t+1 (its parameters are not t+1's
-yet) and sends `Room` once its step is applied.
+yet) and sends `Room` once its step is applied; so does a relay whose part
+holds other steps than the microbatch's iteration (`parameters_at`: an
+aggregation left it out).
 
 Contributions lost inside a crashed relay (the rule)
 ----------------------------------------------------
@@ -276,6 +278,14 @@ class RecoveryNode:
         eff: list[RecoveryEffect] = []
         counted = self.relay.begin(self, it, completed, eff)
         return eff, counted
+
+    def parameters_at(self, applied: int) -> None:
+        """A relay's part holds `applied` steps now (the driver tells it before each message): it takes a
+        microbatch only of iteration `applied`.  A relay that an aggregation left out (presumed dead by the data
+        node for a while, say) still holds the steps before it, and a gradient it computed for the next iteration
+        would be summed nowhere (its stage's all-reduce leaves an out-of-step member's contributions out) while
+        the data node counts the microbatch: DENY routes it to a relay whose parameters are the iteration's."""
+        self.relay.parameters_at(applied)
 
     def aggregation_done(self, now: float, it: int) -> list[RecoveryEffect]:
         """The step of `it` is applied here: room again for the next iteration's microbatches."""

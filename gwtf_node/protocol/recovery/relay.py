@@ -83,6 +83,7 @@ class RelaySide:
         self.begun: set[int] = set()
         self.stepped: set[int] = set()
         self.last_iteration: int | None = None  # leaving: the last iteration it takes microbatches of
+        self.applied: int | None = None  # the steps its part's parameters hold, as the driver tells (`parameters_at`)
 
     # -- its records and contributions
     def drop(self, node: RecoveryNode, key: Key, eff: list[RecoveryEffect]) -> None:
@@ -117,6 +118,10 @@ class RelaySide:
         for keys in self.orphaned.values():
             keys -= {k for k in keys if k.data_node == peer}
 
+    def parameters_at(self, applied: int) -> None:
+        """Its part holds `applied` steps now (`RecoveryNode.parameters_at`)."""
+        self.applied = applied
+
     def leave_after(self, it: int) -> None:
         self.last_iteration = it
 
@@ -147,6 +152,8 @@ class RelaySide:
         of `it` and of any earlier iteration it never aggregated (a state downloaded instead) are gone with the
         step, as the part's held gradients are (`StageModel.apply_mean_grad`)."""
         self.stepped.add(it)
+        if self.applied is not None:
+            self.applied = max(self.applied, it + 1)
         self.contrib = {i: keys for i, keys in self.contrib.items() if i > it}
         self.orphaned = {i: keys for i, keys in self.orphaned.items() if i > it}
         self.attempt_of = {k: a for k, a in self.attempt_of.items() if k.iteration > it}
@@ -302,8 +309,9 @@ class RelaySide:
             self.drop(node, key, eff)  # a newer attempt, or a repair the data node ordered: it supersedes mine
         aggregating = (msg.iteration - 1) in self.begun and (msg.iteration - 1) not in self.stepped
         leaving = self.last_iteration is not None and msg.iteration > self.last_iteration
-        if msg.iteration in self.begun or aggregating or leaving or node.routing.room_left(node) <= 0:
-            self.deny(node, sender, key, a, eff)  # (aggregating: my parameters are not those of this iteration yet)
+        off_step = self.applied is not None and self.applied != msg.iteration  # (left out of a step: behind)
+        if msg.iteration in self.begun or aggregating or off_step or leaving or node.routing.room_left(node) <= 0:
+            self.deny(node, sender, key, a, eff)  # (aggregating, off step: my parameters are not this iteration's)
             return
         recover = type(msg) is Recover
         self.records[key] = RelayRecord(key, a, sender, tuple(msg.path) + (node.me,),

@@ -364,6 +364,8 @@ class Microbatches:
                 self.flows.meter.observe(peer, len(payload), getattr(payload, "seconds", None))
         elif getattr(msg, "tensor", None) is not None:
             raise FrameRefused(f"{type(msg).__name__} with a tensor it should not carry")
+        if self.peers.role == "relay":
+            self.rec.parameters_at(self.stage.applied_steps)
         eff = self.rec.on_message(now(), peer, msg)
         if tensor is not None:
             key = (msg.data_node, msg.seq, msg.iteration)

@@ -431,6 +431,9 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
                 self._leader_event(node, self.nodes[node].leader.on_message(self.now, sender, msg))
         else:
             self._unpresume(node)
+            ph = self.nodes[node].phases
+            if node not in self.data and ph is not None and ph.applied >= 0:  # (the daemon: its part's steps)
+                m.parameters_at(ph.applied)
             self._apply(node, m.on_message(self.now, sender, msg))
         self._after_node_event(node, m)
 
