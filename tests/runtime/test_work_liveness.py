@@ -166,3 +166,22 @@ async def test_the_loose_floor_grows_with_the_peers_watched_loosely_so_that_the_
     assert dead == []
     lv.check(61.0)
     assert sorted(dead) == sorted(["B", "C", "D", *(f"X{i}" for i in range(21))])
+
+
+@pytest.mark.trio
+async def test_a_relay_whose_connection_opened_again_is_watched_loosely_again(monkeypatch) -> None:
+    """A connection that closed while both ends live (closed as stale by a busy end, reset under load): once a new
+    one opens (its process answered the handshake), the peer is no longer watched closely for the lost one."""
+    clock = {"t": 0.0}
+    monkeypatch.setattr(liveness, "now", lambda: clock["t"])
+    lv, peers, dead, work = _relay()
+    lv.check(0.0)
+    clock["t"] = 1.0
+    lv.connection_lost("B")
+    lv.connection_lost("C")
+    lv.check(1.0)
+    assert lv.deadline_s("B") == lv.deadline_s("C") == liveness.DEAD_AFTER_S
+    lv.connection_back("C")  # a dial to C succeeded; B's process is gone: a dial to it is refused
+    for t in range(2, 9):
+        lv.check(float(t))
+    assert dead == ["B"] and lv.deadline_s("C") == liveness.LOOSE_DEAD_AFTER_S

@@ -71,10 +71,16 @@ class ConnectionBound(_Notifee):
 
 class ConnectionLoss(_Notifee):
     """Tells `on_lost(peer id)` when a peer's last libp2p connection closes: a peer whose process ended closes its
-    connections, and its watchers then watch it closely (runtime/node/liveness.py, `connection_lost`)."""
+    connections, and its watchers then watch it closely (runtime/node/liveness.py, `connection_lost`); and
+    `on_back(peer id)` when a connection to it opens again (its process answered a handshake: it lives)."""
 
-    def __init__(self, on_lost: Callable[[str], None]) -> None:
+    def __init__(self, on_lost: Callable[[str], None], on_back: Callable[[str], None] | None = None) -> None:
         self.on_lost = on_lost
+        self.on_back = on_back
+
+    async def connected(self, network: INetwork, conn: INetConn) -> None:
+        if self.on_back is not None:
+            self.on_back(conn.muxed_conn.peer_id.to_base58())
 
     async def disconnected(self, network: INetwork, conn: INetConn) -> None:
         peer = conn.muxed_conn.peer_id

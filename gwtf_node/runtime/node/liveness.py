@@ -9,16 +9,16 @@ side's Ping is heard by the other, so a quiet pair exchanges one Ping and its
 Pong per third of a deadline.  A dead peer goes to `on_dead`, which forgets
 it everywhere (routing, flow machine, aggregation groups, recovery machine,
 all-reduce in flight).  The simulator models this check with the same
-constants (`sim/train/setting.py`, DAEMON_DETECT_S, MIDDLE_DATA_DETECT_S,
-IDLE_DETECT_S).
+constants (`sim/train/setting.py`, DAEMON_DETECT_S and the others).
 
 Watching follows the work (`loose`).  A relay watches another relay closely
 only while it works with it (`at_work`, asked once per check: the flows
 through this node, its microbatches in flight, the aggregation's groups and
 waits, node.py; a relay's stage-mates from its second aggregation on,
 protocol/phasewaits.py `peers_at_work`), or while its last connection to
-this node is closed and it was not heard since (`connection_lost`: a process
-that ends closes its connections).  The other relays of its stage and the stages next to it, and a
+this node is closed, not opened again and it was not heard since
+(`connection_lost`, `connection_back`: a process that ends closes its
+connections, and a dial to it is refused).  The other relays of its stage and the stages next to it, and a
 data node watched from a middle stage (its microbatches' passes count as
 hearing it, microbatches.py), get the loose floor `loose_floor_s`: 30 s, or
 2.5 s per peer watched loosely when more than 12 (a Ping after a third), so
@@ -202,6 +202,13 @@ class Liveness:
         """`peer`'s last connection to this node closed (runtime/net/limits.py's `ConnectionLoss`): watched
         closely until it is heard again (module doc)."""
         self.lost_at[peer] = now()
+
+    def connection_back(self, peer: str) -> None:
+        """A libp2p connection to `peer` opened again (either side dialled, and its process answered the handshake:
+        it lives): no longer watched closely for its lost one.  A connection also closes while both ends live (one
+        closed as stale by a busy end, host.py; one reset under load), and a live peer watched closely then on a
+        saturated machine misses the close deadline."""
+        self.lost_at.pop(peer, None)
 
     def busy_s(self) -> float:
         """This node's longest work or event-loop lag (module doc), in seconds: told in every Pong."""

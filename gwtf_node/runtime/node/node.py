@@ -260,7 +260,7 @@ class Node:
 
         liveness = Liveness(wire, peers, lambda peer: self._peer_gone(peer, presumed=True), self.stage.compute_ms,
                             self.stage.busiest_s, at_work=self._at_work)
-        host.libp2p.get_network().register_notifee(ConnectionLoss(liveness.connection_lost))
+        host.libp2p.get_network().register_notifee(ConnectionLoss(liveness.connection_lost, liveness.connection_back))
         discovery = Discovery(wire, peers, host, self.manifest, self.links_cfg, on_peer_hello=self._peer_hello,
                               applied_steps=lambda: self.stage.applied_steps, incarnation=self.incarnation,
                               on_peer_back=self._peer_back, certificate=self.certificate,
