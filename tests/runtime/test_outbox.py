@@ -85,12 +85,17 @@ def _failing(sent: list, fail: dict[str, int]):
     return send_batch
 
 
+def _failing_box(nursery: trio.Nursery, sent: list, fail: dict[str, int]) -> tuple[Outbox, _Peers]:
+    """An outbox whose sends of message `m` fail the first `fail[m]` times (`_failing`), and its wire's peers."""
+    wire = _Wire(nursery)
+    wire.peers = _Peers()
+    return Outbox(wire, _failing(sent, fail)), wire.peers
+
+
 async def test_outbox_sends_what_failed_again_in_order(autojump_clock):
     sent: list = []
     async with trio.open_nursery() as nursery:
-        wire = _Wire(nursery)
-        wire.peers = _Peers()
-        box = Outbox(wire, _failing(sent, {"a2": 3}))
+        box, _peers = _failing_box(nursery, sent, {"a2": 3})
         box.put("a", ["a1", "a2", "a3"])
         box.start()
         await trio.sleep(0.1)
@@ -104,15 +109,13 @@ async def test_outbox_sends_what_failed_again_in_order(autojump_clock):
 async def test_outbox_drops_the_queue_of_a_peer_that_is_gone(autojump_clock):
     sent: list = []
     async with trio.open_nursery() as nursery:
-        wire = _Wire(nursery)
-        wire.peers = _Peers()
-        box = Outbox(wire, _failing(sent, {"a1": 1000}))
+        box, peers = _failing_box(nursery, sent, {"a1": 1000})
         box.put("a", ["a1", "a2"])
         box.put("b", ["b1"])
         box.start()
         await trio.sleep(30.0)
         assert "a" in box.sending and sent == [("b", "b1")]  # a's first message keeps failing: sent again ...
-        wire.peers.gone.add("a")  # ... until the peer is presumed dead
+        peers.gone.add("a")  # ... until the peer is presumed dead
         await trio.sleep(RESEND_MAX_S + 1)
         assert "a" not in box.sending and "a" not in box.queued
     assert sent == [("b", "b1")]
