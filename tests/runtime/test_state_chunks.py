@@ -203,7 +203,8 @@ async def test_a_download_broken_off_resumes_where_it_stopped(tmp_path, monkeypa
             state = len(source.stage.model.state_bytes())
             times, asked = [t for t, _ in asked], [a for _, a in asked]
             assert [a.offset for a in asked][0] == 0 and len(asked) == 3, asked
-            assert times[2] - times[1] >= 2.0  # (a frame timeout after the last request, not at once)
+            # a frame timeout (2 s) after the last request, not at once (times of arrival: the two frames' trips differ)
+            assert times[2] - times[1] >= 1.9, times
             frames, sent = source.parts.wire.sent["payload"]["StageState"]
             if chunk_mib == 4:
                 assert asked[2].offset == 0 and state <= sent < state + 4096  # (the envelopes: ~100 bytes a frame)
