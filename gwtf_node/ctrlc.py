@@ -26,15 +26,12 @@ def on_ctrl_c(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def install() -> bool:
+def install() -> None:
     """Handle SIGINT with `on_ctrl_c` where Python's default handler has it: in the main thread, and not where
-    SIGINT is ignored (elsewhere nothing changes); whether it was installed."""
-    if threading.current_thread() is not threading.main_thread():
-        return False
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        return False
-    signal.signal(signal.SIGINT, on_ctrl_c)
-    return True
+    SIGINT is ignored (elsewhere nothing changes)."""
+    if threading.current_thread() is threading.main_thread() \
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, on_ctrl_c)
 
 
 def came() -> bool:

@@ -24,34 +24,16 @@ from gwtf_node.runtime.node.driver import Drivers
 from gwtf_node.runtime.node.flows import FLOW_MSGS
 from gwtf_node.protocol.flow.poolnodes import pooled_machines, split_id
 from gwtf_node.runtime.node.pooling import Pooling
+from support.helpers import RecordingWire
 
 pytestmark = pytest.mark.trio
-
-
-class _Wire:
-    me = "R"
-
-    def __init__(self) -> None:
-        self.spawned: list[tuple] = []
-
-    def spawn(self, fn, *args) -> None:
-        self.spawned.append((fn.__name__, *args))
-
-    async def send(self, peer, msg) -> bool:
-        return True
-
-    async def send_all(self, peer, msgs) -> None:
-        pass
-
-    async def send_in_order(self, peer, msgs) -> int:
-        return len(msgs)
 
 
 def _relay() -> tuple[Pooling, list]:
     done: list = []
     machines = pooled_machines("R", True, 2, ["A", "B"], {"A": 2, "B": 2}, {"S": 1.0}, {"A": 1.0, "B": 2.0}, (),
                                lambda nid: random.Random(0))
-    wire = _Wire()
+    wire = RecordingWire()
     p = Pooling(wire, Drivers(wire), machines, lambda: done.append(True), ("A", "B"))
     p.start()
     return p, done

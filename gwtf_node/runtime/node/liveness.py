@@ -18,9 +18,9 @@ waits, node.py; a relay's stage-mates from its second aggregation on,
 protocol/phasewaits.py `peers_at_work`), or while its last connection to
 this node is closed, not opened again and it was not heard since
 (`connection_lost`, `connection_back`: a process that ends closes its
-connections, and a dial to it is refused).  The other relays of its stage and the stages next to it, and a
-data node watched from a middle stage (its microbatches' passes count as
-hearing it, microbatches.py), get the loose floor `loose_floor_s`: 30 s, or
+connections, and a dial to it is refused).  The other relays of its stage
+and the stages next to it, and a data node watched from a middle stage (its
+microbatches' passes count as hearing it, microbatches.py), get the loose floor `loose_floor_s`: 30 s, or
 2.5 s per peer watched loosely when more than 12 (a Ping after a third), so
 that a node's Pings grow with its work, not with the relays per stage.  A peer
 watched closely from now is pinged at the next check, and its silence counts
