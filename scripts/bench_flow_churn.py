@@ -34,7 +34,8 @@ MOVES = {"off": {"improve": False}, "greedy": {"improve": True}, "anneal": {"imp
 
 def bench_one(setting: int | FlowSetting, seed: int, kill: float, joins: int, detect_s: float, rounds: int,
               improve: str | None = None, label_limits: bool = False, formation_waits: bool = True,
-              announce_coalesce_s: float | None = None, neighbours: int = FLOW_NEIGHBOURS) -> dict:
+              announce_coalesce_s: float | None = None, neighbours: int = FLOW_NEIGHBOURS,
+              free_back: bool = True) -> dict:
     """One churn run on Table V setting `setting`, or on a layered scenario of that FlowSetting."""
     if isinstance(setting, FlowSetting):
         fs = setting
@@ -51,6 +52,8 @@ def bench_one(setting: int | FlowSetting, seed: int, kill: float, joins: int, de
         knobs["formation_waits"] = False
     if announce_coalesce_s is not None:
         knobs["announce_coalesce_s"] = announce_coalesce_s
+    if not free_back:
+        knobs["reform_free_back"] = False
     base = FlowConfig("-", False, 0, (), {}, {}, **knobs) if knobs else None
     res = run_churn(sc, ch, seed=seed, rounds=rounds, base=base, neighbours=neighbours)
     wall = time.perf_counter() - t
@@ -89,6 +92,9 @@ def main(argv=None) -> int:
                     help="FlowConfig.announce_coalesce_s (labels changed within this window go out together)")
     ap.add_argument("--no-formation-waits", action="store_true",
                     help="FlowConfig.formation_waits off (flow/waves.py: units move on labels still spreading)")
+    ap.add_argument("--no-reform-free-back", action="store_true",
+                    help="FlowConfig.reform_free_back off (flow/labels.py: after the churn a hand-back costs minus "
+                         "its link's cost, as in formation)")
     ap.add_argument("--neighbours", type=int, default=FLOW_NEIGHBOURS, metavar="K",
                     help="bound each relay's flow links to K (the daemon's --flow-neighbours K: "
                          f"protocol/neighbourhood.py; default {FLOW_NEIGHBOURS}, the daemon's: every link)")
@@ -107,6 +113,7 @@ def main(argv=None) -> int:
              f"{'' if args.moves is None else ' --moves ' + args.moves}"
              f"{' --label-limits' if args.label_limits else ''}"
              f"{' --no-formation-waits' if args.no_formation_waits else ''}"
+             f"{' --no-reform-free-back' if args.no_reform_free_back else ''}"
              f"{'' if args.neighbours == FLOW_NEIGHBOURS else f' --neighbours {args.neighbours}'}"
              f"{'' if args.announce_coalesce_s is None else f' --announce-coalesce-s {args.announce_coalesce_s:g}'}`)", "",
              "| setting | instances | killed / joined (mean) | new max flow reached | GWTF / new optimum (mean, worst) "
@@ -118,7 +125,7 @@ def main(argv=None) -> int:
         for seed in range(args.seeds):
             r = bench_one(setting, seed, args.kill, args.joins, args.detect, args.rounds,
                           args.moves, args.label_limits, not args.no_formation_waits, args.announce_coalesce_s,
-                          args.neighbours)
+                          args.neighbours, not args.no_reform_free_back)
             rs.append(r)
             print(f"setting {setting} seed {seed}: {r['flows_before']} -> {r['flows']}/{r['max_flow']} "
                   f"cost/opt {r['vs_opt']:.4f} rounds {r['rounds']:.1f} msgs {r['messages']} {r['wall']:.1f}s",

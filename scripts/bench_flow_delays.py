@@ -22,19 +22,8 @@ import sys
 
 from gwtf_node.sim.baselines import optimal_routing
 from gwtf_node.sim.flowsim import run_gwtf
-from gwtf_node.sim.scenarios import delayed_layered
+from gwtf_node.sim.scenarios import delayed_layered, parse_delay_range
 
-
-def parse_range(text: str) -> tuple[float, float] | None:
-    if text == "none":
-        return None
-    try:
-        lo, hi = (float(x) for x in text.split("-"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a delay range as LO-HI in milliseconds, or none") from None
-    if not 0 <= lo <= hi:
-        raise argparse.ArgumentTypeError(f"{text!r}: need 0 <= LO <= HI")
-    return lo, hi
 
 
 def bench_one(stages: int, per_stage: int, delay_ms, seed: int, rounds: int) -> dict:
@@ -53,7 +42,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stages", type=int, default=9)
     ap.add_argument("--per-stage", type=int, default=11, help="relays a stage (k), and the data node's demand")
-    ap.add_argument("--delays", type=parse_range, nargs="+",
+    ap.add_argument("--delays", type=parse_delay_range, nargs="+",
                     default=[None, (50.0, 200.0), (100.0, 1000.0), (200.0, 3000.0)], metavar="LO-HI")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--first-seed", type=int, default=0)

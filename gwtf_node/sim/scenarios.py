@@ -11,6 +11,7 @@ never to be the bottleneck.
 
 from __future__ import annotations
 
+import argparse
 import math
 import random
 from dataclasses import dataclass
@@ -99,3 +100,17 @@ def delayed_layered(stages: int, per_stage: int, delay_ms: tuple[float, float] |
         for link in raw["links"]:
             link["latency_ms"] = [rng.uniform(*delay_ms), rng.uniform(*delay_ms)]
     return parse_scenario(raw)
+
+
+def parse_delay_range(text: str) -> tuple[float, float] | None:
+    """A `--delays` argument of the benchmarks over `delayed_layered`: "LO-HI" in milliseconds, or "none" (delays
+    equal to the links' costs); `argparse.ArgumentTypeError` with what to give otherwise."""
+    if text == "none":
+        return None
+    try:
+        lo, hi = (float(x) for x in text.split("-"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a delay range as LO-HI in milliseconds, or none") from None
+    if not 0 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"{text!r}: need 0 <= LO <= HI")
+    return lo, hi

@@ -134,6 +134,33 @@ def test_full_relay_displaces_upstream_unit():
     assert m.inn[D] == {"P2": 1} and m.used() == 1
 
 
+def _holding_in_wave(formation: bool, **kw):
+    """R in wave 1 of d0 (a formation wave or not) carries one unit P1 -> R -> N1 and hears P1's OUT label 4."""
+    m = relay(capacity=1, displace=True, **kw)
+    wave = lambda lab: Label(lab.commodity, lab.side, lab.cost, lab.path, 1, formation)  # noqa: E731
+    m.on_message(0.1, "N1", CostAnnounce((wave(in_label("N1", 10.0)),)))
+    eff = m.on_message(5.0, "P1", RequestFlow(1, D, 13.0))  # (long after the wave: its labels are still)
+    m.on_message(5.1, "N1", FlowReply(one(eff, RequestFlow, "N1").msg.req_id, D, Reply.APPROVED, None))
+    assert m.out[D] == {"N1": 1} and m.inn[D] == {"P1": 1}
+    m.on_message(5.2, "P1", CostAnnounce((wave(Label(D, Side.OUT, 4.0, ("P1-", "Q+", "Q-", D + "+"))),)))
+    return m
+
+
+def test_a_hand_back_costs_minus_its_link_in_a_formation_wave_and_nothing_once_the_flows_re_form():
+    """Displacing P1's unit costs P1's OUT label less d(P1, R) = 2 on a formation wave (the residual backward edge
+    of successive shortest paths); on a wave after a removal or a cost change (unmarked: flow/waves.py) it costs
+    P1's OUT label alone, so that no label falls below 0 around a negative cycle that the changed flows may hold
+    (labels.py `back_candidates`; docs/bench_flow.md, "Flaps: relays presumed dead and taken back")."""
+    m = _holding_in_wave(formation=True)
+    assert m.my_in[D].cost == 2.0 and m.dec_in[D] == (Via.BACK, "P1")
+    assert m.my_out[D].cost == 2.0 and m.dec_out[D] == (Via.BACK, "P1")
+    m = _holding_in_wave(formation=False)
+    assert m.my_in[D].cost == 4.0 and m.dec_in[D] == (Via.BACK, "P1")
+    assert m.my_out[D].cost == 4.0 and m.dec_out[D] == (Via.BACK, "P1")  # (forwarding via N1 costs 13)
+    m = _holding_in_wave(formation=False, reform_free_back=False)  # the option off: as on a formation wave
+    assert m.my_in[D].cost == 2.0 and m.my_out[D].cost == 2.0
+
+
 def test_upstream_out_label_recomputes_only_the_back_candidates(monkeypatch):
     from gwtf_node.protocol.flow import labels as label_module
     m = settled_relay(capacity=1, displace=True)
@@ -472,7 +499,7 @@ def test_requester_proposes_an_improving_change_and_carries_it_out_when_approved
     eff = m.on_message(2.2, "S", MoveReply(req.move_id, Reply.APPROVED))
     assert one(eff, Withdraw, "N1") and one(eff, RequestFlow, "N2").msg.forced
     assert m.moves.current is None and m.stats.moves_done == 1
-    assert m.moves.annealer.temperature == t0 * m.cfg.alpha  # cooled after an accepted move
+    assert m.moves.annealer.temperature == t0 * m.cfg.cooling[0]  # cooled after an accepted move
     assert m.grace_until > 2.2  # the other half of the swap may still be on its way
 
 

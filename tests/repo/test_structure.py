@@ -44,7 +44,7 @@ MAX_DOCSTRING_LINES = 60
 SHAPE_ALLOWED: dict[tuple[str, str, str], int] = {
     # the flow machine's module docstring (protocol/flow/)
     ("gwtf_node/protocol/flow/node.py", "docstring", "module"): 61,
-    # every knob of the flow machine's mechanisms, `cycles` the 41st (one knob per mechanism left to split off)
+    # every knob of the flow machine's mechanisms (one knob per mechanism left to split off)
     ("gwtf_node/protocol/flow/config.py", "class", "FlowConfig"): 41,
 }
 

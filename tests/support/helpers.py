@@ -16,6 +16,9 @@ Waiting: `until` polls a condition that no event signals, under a deadline
 
 A node's parts without a network: `RecordingWire` stands for the daemon's
 `Wire` (runtime/net/wire.py), recording what is spawned and posted.
+
+Benchmarks: `load_script` imports a script of scripts/ (not a package) so that
+a test calls its functions.
 """
 
 from __future__ import annotations
@@ -173,3 +176,13 @@ class RecordingWire:
 
     async def send_in_order(self, peer, msgs) -> int:
         return len(msgs)
+
+
+def load_script(name: str):
+    """The module of `scripts/<name>.py`, loaded from its file (scripts/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[2] / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

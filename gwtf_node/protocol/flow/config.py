@@ -43,6 +43,9 @@ class FlowConfig:
     formation_waits: bool = True  # waves: until the data node loses a unit or a neighbour goes, a unit moves on only
     # once the labels at its node are still (waves.py, "Formation waves").  Off: at 1000 x 16 the flows of seeds
     # 1-3 stall below the maximum (docs/bench_flow.md, "Other seeds, and formation waves")
+    reform_free_back: bool = True  # waves, after a removal or a cost change: handing a unit back costs 0 (labels.py).
+    # Off: the flows left by a change can hold a negative cycle, the labels fall around it, and re-formation after
+    # flaps or crashes misses the maximum flow (docs/bench_flow.md, "Flaps")
     wave_order_s: float = 0.005  # waves: a label L above its previous wave's floor F goes out (L - F) x this later
     # (at most announce.WAVE_ORDER_CAP_S later)
     label_limits: bool = False  # label waves: a relay's IN labels go only to the previous-stage peers whose choice
@@ -74,8 +77,8 @@ class FlowConfig:
     # on the tuning seeds 0-9 (seed 3 dearer), 1.0816 -> 1.0776 on seeds 200-219 (worst 1.1726 -> 1.1767), for
     # 2.2-2.7x the flow messages: far from the bound (`python scripts/bench_flow.py --cycles 2`)
     t0: float = T0_DEFAULT  # annealing: initial temperature (moves.Annealer)
-    alpha: float = ALPHA_DEFAULT  # ... cooling factor per accepted move
-    t_min: float = T_MIN_DEFAULT  # ... below this no worse move is taken
+    cooling: tuple[float, float] = (ALPHA_DEFAULT, T_MIN_DEFAULT)  # ... the factor per accepted move, and the
+    # temperature below which no worse move is taken
 
 
 FORMED_QUIET_S = 3.0  # a data node starts pushing once its flows have not changed for this long (some placed)

@@ -11,6 +11,17 @@ successive-shortest-path min-cost flow:
 * OUT = cost for this node to get rid of a unit it holds: forward it, or hand
   one back upstream (the paper's DENY).
 
+A hand-back costs -d(p, i) on formation waves (waves.py): flows formed by
+successive shortest paths hold no negative cycle, so the labels are the exact
+distances and the flows the cheapest.  A removal or a cost change can leave
+flows that do hold one, and on the waves after it (unmarked) a hand-back costs
+0 (`FlowConfig.reform_free_back`, `back_candidates`): every arc then costs
+at least 0, so no label falls below 0 around such a cycle (where the loop check
+alone let the labels of a wave fall for minutes, path after path, and the
+waves replay a launch that fails at the same hop: docs/bench_flow.md, "Flaps").
+Successive shortest paths over those costs still reach the maximum flow; the
+cost is what the improvement moves after a change (moves.py) work on.
+
 Labels carry the residual path behind them (side-tagged node tags `tag+` /
 `tag-`, `node_tag`: an id of up to 16 characters itself, a longer one, such as
 a 52-character libp2p peer id, an 11-character digest of it, so that a path of
@@ -46,7 +57,7 @@ from ..effects import Effect
 from ..messages import INF, CostAnnounce, Label, Side
 from . import announce, cycles, limits, relabel, waves
 from .config import FlowConfig
-from .state import EPS, MAX_STASHED_SENDERS, Via, cheapest, choose, cost_of, label, pick
+from .state import EPS, MAX_STASHED_SENDERS, Via, cheapest, choose, cost_of, label, marked, pick
 
 if TYPE_CHECKING:
     from .node import FlowNode
@@ -209,11 +220,13 @@ def back_candidates(node: FlowNode, d: str) -> tuple:
     prev_out, prev_in = node.labels.dec_out.get(d), node.labels.dec_in.get(d)
     bo: list = []
     bi: list = []
+    free = cfg.reform_free_back and node.waves and cfg.formation_waits and node.labels.epoch[d] > 0 \
+        and not marked(node, d)
     for p, n in node.units.inn[d].items():
         lab = lout.get(p)
         if n <= 0 or lab is None or lab.cost == INF or tin in lab.path:
             continue
-        cand = (lab.cost - cfg.prev_costs[p], p, lab)
+        cand = (lab.cost if free else lab.cost - cfg.prev_costs[p], p, lab)
         if cfg.displace:
             bi.append(cand)
         if tout not in lab.path:

@@ -115,7 +115,7 @@ class FlowNode:
         self.cycles = CycleState()
         self.relabelling = RelabelState()
         self.limits = LimitState()
-        self.moves = MoveState(Annealer(config.t0, config.alpha, config.t_min))
+        self.moves = MoveState(Annealer(config.t0, *config.cooling))
 
     # Read-only views for the drivers, the simulator and the tests (the owners' objects, not copies).
     inn = property(lambda self: self.units.inn, doc="units received, per commodity and upstream peer")
