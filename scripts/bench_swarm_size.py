@@ -74,7 +74,8 @@ their flows pooled, then homed: runtime/node/pooling.py); `flow_cost_formed`
 and `flow_cost` are the cost of the swarm's flows at the first iteration and
 at the end (each node's units per next hop times that link's cost, from
 status.json) with the units the data nodes placed, to set side by side with a
-run without it.
+run without it, and `negative_labels`, the nodes whose OUT label is below 0
+(only a negative cycle of the flows gives one: docs/bench_flow.md, "Flaps").
 
 `--links FILE` declares the links (emulated in user space and costed as
 declared, `gwtf-node local --links`): on one machine a loopback "link"
@@ -187,6 +188,8 @@ def reading(status: dict, loop_cpu_s: float | None) -> dict:
         "loop_cpu_s": loop_cpu_s,
         "out_cost": out_cost(status),
         "out_units": sum(n for per in (status.get("flows") or {}).values() for n in per.values()),
+        "out_label": min((m["out_cost"] for m in (status.get("flow_machine") or {}).values()
+                          if m.get("out_cost") is not None), default=None),
         "ctrl": {k: v[0] for k, v in ctrl.items()},
     }
 
@@ -199,9 +202,12 @@ def out_cost(status: dict) -> float:
 
 
 def flow_cost(readings: dict[str, dict]) -> dict:
-    """The swarm's flows: their cost (`out_cost` summed) and the units the data nodes have placed."""
+    """The swarm's flows: their cost (`out_cost` summed), the units the data nodes have placed, and the nodes whose
+    OUT label (status.json `flow_machine`) is below 0: with link costs above 0 only a negative cycle of the flows
+    gives one (docs/bench_flow.md, "Flaps")."""
     return {"cost": round(sum(r["out_cost"] for r in readings.values()), 3),
-            "units": sum(r["out_units"] for r in readings.values() if r["role"] == "data")}
+            "units": sum(r["out_units"] for r in readings.values() if r["role"] == "data"),
+            "negative_labels": sum(1 for r in readings.values() if (r.get("out_label") or 0.0) < 0)}
 
 
 def per_node(before: dict, after: dict, iterations: int) -> dict:
