@@ -36,8 +36,6 @@ from gwtf_node.sim.flowchurn import FlowRun
 from gwtf_node.sim.flowsim import extract_flows
 from gwtf_node.sim.scenarios import delayed_layered, parse_delay_range
 
-INF = float("inf")
-
 
 
 def flap_run(stages: int, per_stage: int, delay_ms, seed: int, flaps: int, gap_s: float, detect_s: float,

@@ -3,7 +3,6 @@ the loss check against the centralized reference, the table; and one run at a ti
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -11,14 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from support.helpers import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_swarm_size", ROOT / "scripts" / "bench_swarm_size.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench_swarm_size")
 
 
 def _status(name: str, role: str, t: float, iteration: int, ctrl: dict, cpu: float, compute: float) -> dict:

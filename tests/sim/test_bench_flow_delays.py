@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from support.helpers import load_script
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_flow_delays", ROOT / "scripts" / "bench_flow_delays.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench_flow_delays")
 
 
 def test_each_range_against_the_optimum(capsys):

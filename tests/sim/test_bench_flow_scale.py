@@ -4,23 +4,17 @@ waves of a primal-dual scheme, which docs/bench_flow.md quotes as the floor of t
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from gwtf_node.sim.baselines import optimal_routing
 from gwtf_node.sim.flowsim import run_gwtf
 from gwtf_node.sim.scenarios import load_flow_setting
 
-ROOT = Path(__file__).resolve().parents[2]
+from support.helpers import load_script
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_flow_scale", ROOT / "scripts" / "bench_flow_scale.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench_flow_scale")
 
 
 @pytest.mark.parametrize("setting, seed", [(1, 0), (3, 0), (3, 1)])

@@ -3,18 +3,13 @@ waves."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from support.helpers import load_script
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_flow_trickle", ROOT / "scripts" / "bench_flow_trickle.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench_flow_trickle")
 
 
 def test_one_seed_reports_both_variants(capsys):

@@ -3,7 +3,6 @@ stages, with the CPU the nodes share as a budget on it, on a hand-made swarm who
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
@@ -11,14 +10,13 @@ import pytest
 
 from gwtf_node.sim.bound import throughput_bound
 
+from support.helpers import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_scale", ROOT / "scripts" / "bench_scale.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench_scale")
 
 
 # d0 (20 microbatches/s) -> stage 0: a (10/s), b (5/s) -> stage 1: c (10/s), e (10/s) -> d0

@@ -4,9 +4,7 @@ where it left without moving a unit off a relay, and exchanges never raise the c
 
 from __future__ import annotations
 
-import importlib.util
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -14,15 +12,11 @@ from gwtf_node.protocol.scenario import parse_scenario
 from gwtf_node.sim.baselines import max_flow_value, optimal_routing
 from gwtf_node.sim.scenarios import flow_setting_scenario
 
-ROOT = Path(__file__).resolve().parents[2]
+from support.helpers import load_script
 
 
 def _diag():
-    path = ROOT / "scripts" / "diag_flow_circulation.py"
-    spec = importlib.util.spec_from_file_location("diag_flow_circulation", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("diag_flow_circulation")
 
 
 def test_a_suffix_swap_sends_each_unit_home_with_its_partners_last_hop():

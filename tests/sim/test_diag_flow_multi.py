@@ -5,22 +5,16 @@ whole gap.  When the flow machines change on this instance, the figures of docs/
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 from gwtf_node.protocol.scenario import parse_scenario
 from gwtf_node.sim.baselines import optimal_routing
 from gwtf_node.sim.flowsim import run_gwtf
 from gwtf_node.sim.scenarios import flow_setting_scenario
 
-ROOT = Path(__file__).resolve().parents[2]
+from support.helpers import load_script
 
 
 def _diag():
-    spec = importlib.util.spec_from_file_location("diag_flow_multi", ROOT / "scripts" / "diag_flow_multi.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("diag_flow_multi")
 
 
 def test_setting5_seed0_is_a_local_optimum_that_a_joint_reroute_of_both_data_nodes_closes():

@@ -15,7 +15,7 @@ A hand-back costs -d(p, i) on formation waves (waves.py): flows formed by
 successive shortest paths hold no negative cycle, so the labels are the exact
 distances and the flows the cheapest.  A removal or a cost change can leave
 flows that do hold one, and on the waves after it (unmarked) a hand-back costs
-0 (`FlowConfig.reform_free_back`, `back_candidates`): every arc then costs
+0 (`FlowConfig.reform_free_back`, waves.py `free_back`): every arc then costs
 at least 0, so no label falls below 0 around such a cycle (where the loop check
 alone let the labels of a wave fall for minutes, path after path, and the
 waves replay a launch that fails at the same hop: docs/bench_flow.md, "Flaps").
@@ -57,7 +57,7 @@ from ..effects import Effect
 from ..messages import INF, CostAnnounce, Label, Side
 from . import announce, cycles, limits, relabel, waves
 from .config import FlowConfig
-from .state import EPS, MAX_STASHED_SENDERS, Via, cheapest, choose, cost_of, label, marked, pick
+from .state import EPS, MAX_STASHED_SENDERS, Via, cheapest, choose, cost_of, label, pick
 
 if TYPE_CHECKING:
     from .node import FlowNode
@@ -220,8 +220,7 @@ def back_candidates(node: FlowNode, d: str) -> tuple:
     prev_out, prev_in = node.labels.dec_out.get(d), node.labels.dec_in.get(d)
     bo: list = []
     bi: list = []
-    free = cfg.reform_free_back and node.waves and cfg.formation_waits and node.labels.epoch[d] > 0 \
-        and not marked(node, d)
+    free = waves.free_back(node, d)
     for p, n in node.units.inn[d].items():
         lab = lout.get(p)
         if n <= 0 or lab is None or lab.cost == INF or tin in lab.path:

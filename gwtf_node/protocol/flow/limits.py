@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 
 from ..effects import Effect, Send, SetTimer
 from ..messages import INF, CostAnnounce, Label, LabelLimit, Side
-from .state import EPS, marked
+from .state import EPS, as_sent
 
 if TYPE_CHECKING:
     from .node import FlowNode
@@ -220,7 +220,7 @@ def late(node: FlowNode, d: str, eff: list[Effect]) -> None:
     inn = node.units.inn[d]
     peers = [p for p in sorted(heard) if heard[p] == INF and p in node.cfg.prev_costs and inn.get(p, 0) <= 0]
     if peers:
-        msg = CostAnnounce((Label(d, Side.IN, INF, (), e, marked(node, d)),))
+        msg = CostAnnounce((as_sent(node, Label(d, Side.IN, INF, ()), d),))
         for p in peers:
             eff.append(Send(p, msg))
 
@@ -298,7 +298,7 @@ def on_limit(node: FlowNode, now: float, sender: str, msg: LabelLimit, eff: list
     if node.limits.given.get(d, {}).get(sender) == (last[1], e):
         return True  # it has it
     gave(node, d, (sender,), last[1])
-    eff.append(Send(sender, CostAnnounce((Label(d, Side.IN, last[1], last[2], e, marked(node, d)),))))
+    eff.append(Send(sender, CostAnnounce((as_sent(node, Label(d, Side.IN, last[1], last[2]), d),))))
     return True
 
 

@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING
 from ..effects import Effect, Send, SetTimer
 from ..messages import INF, CostAnnounce, Deny, DenyReason, FlowReply, Label, Reply, RequestFlow, Side
 from . import announce
-from .state import EPS, MAX_RETREATS_PER_WAVE, PendingKind, Step, as_sent, total
+from .state import EPS, MAX_RETREATS_PER_WAVE, PendingKind, Step, as_sent, marked, total
 
 if TYPE_CHECKING:
     from .node import FlowNode
@@ -155,6 +155,13 @@ def reformed(node: FlowNode) -> bool:
     was = node.wave.reformed
     node.wave.reformed = True
     return not was and node.cfg.formation_waits
+
+def free_back(node: FlowNode, d: str) -> bool:
+    """A hand-back of `d` costs 0 here (labels.py `back_candidates`): the current wave is one after a removal or
+    a cost change (unmarked, with formation waits on) and `FlowConfig.reform_free_back` is on."""
+    cfg = node.cfg
+    return cfg.reform_free_back and node.waves and cfg.formation_waits and node.labels.epoch[d] > 0 \
+        and not marked(node, d)
 
 def labels_lowered(node: FlowNode, d: str) -> None:
     """This node's labels of `d` were recomputed (announce.refresh): the wave's lowest ones are its potentials,
