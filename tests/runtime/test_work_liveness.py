@@ -1,6 +1,6 @@
 """Watching follows the work (runtime/node/liveness.py): a relay watches the relays it works with closely (a Ping
 after 2 s of silence, dead after 6 s) and the other relays of its stage and the stages next to it loosely (10 s,
-30 s); one that comes to work is pinged at once and has the close deadline only from then."""
+30 s); one that comes to work has its silence counted, for the Ping and the close deadline, only from then."""
 
 from __future__ import annotations
 
@@ -70,19 +70,41 @@ async def test_relays_it_does_not_work_with_are_pinged_after_10_s_of_silence_and
 
 
 @pytest.mark.trio
-async def test_a_relay_that_comes_to_work_is_pinged_at_once_and_has_the_close_deadline_only_from_then() -> None:
+async def test_a_relay_that_comes_to_work_is_pinged_after_a_close_third_and_has_the_close_deadline_only_from_then() -> None:
     lv, peers, dead, work = _relay()
     for t in range(0, 9):
         lv.check(float(t))
     assert lv.wire.pings == [] and dead == []
     work.add("C")  # a microbatch goes to C now, which has been silent for 9 s (a loose third: not yet pinged)
     lv.check(9.0)
-    assert lv.wire.pings == ["C"] and lv.deadline_s("C") == liveness.DEAD_AFTER_S and dead == []
-    for t in range(10, 16):
+    assert lv.wire.pings == [] and lv.deadline_s("C") == liveness.DEAD_AFTER_S and dead == []
+    lv.check(10.0)
+    assert "C" not in lv.wire.pings  # watched closely for 1 s: its silence counts from then, for the Ping too
+    lv.check(11.0)
+    assert lv.wire.pings.count("C") == 1  # a third of the close deadline
+    for t in range(12, 16):
         lv.check(float(t))
     assert dead == []  # silent 15 s, but watched closely only for 6
     lv.check(16.0)
     assert dead == ["C"]
+
+
+@pytest.mark.trio
+async def test_stage_mates_heard_in_an_aggregation_are_not_pinged_at_its_start() -> None:
+    """An aggregation's group is watched closely from its start (phasewaits.py `peers_at_work`); stage-mates silent
+    since the last aggregation are heard in its all-reduce within moments, so none gets a Ping."""
+    lv, peers, dead, work = _relay()
+    for t in range(0, 20):
+        lv.check(float(t))
+    work.add("B")  # the aggregation begins: B, silent for 20 s, is watched closely
+    before = len(lv.wire.pings)
+    lv.check(20.0)
+    peers.heard("B", 21.5)  # its all-reduce chunk
+    for t in range(21, 23):
+        lv.check(float(t))
+    work.clear()  # stepped
+    lv.check(23.0)
+    assert "B" not in lv.wire.pings[before:] and dead == []
 
 
 @pytest.mark.trio

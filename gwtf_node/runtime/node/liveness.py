@@ -2,7 +2,9 @@
 
 Every `PING_EVERY_S` a node looks at the peers it works with (its stage, the
 stages before and after, the data nodes): it pings a peer silent for a third
-of that peer's deadline (`PING_AFTER`: at least `PING_EVERY_S`), and presumes
+of that peer's deadline (`PING_AFTER`: at least `PING_EVERY_S`), again a third
+later while it does not answer (not every check: a saturated data node that
+answers late got a Ping a second from each of 77 relays), and presumes
 dead a peer it heard nothing from for longer than the deadline (any frame
 counts, `Peers.heard`).  A peer that sends anything is not pinged, and one
 side's Ping is heard by the other, so a quiet pair exchanges one Ping and its
@@ -11,26 +13,21 @@ it everywhere (routing, flow machine, aggregation groups, recovery machine,
 all-reduce in flight).  The simulator models this check with the same
 constants (`sim/train/setting.py`, DAEMON_DETECT_S and the others).
 
-Watching follows the work (`loose`).  A relay watches another relay closely
-only while it works with it (`at_work`, asked once per check: the flows
-through this node, its microbatches in flight, the aggregation's groups and
-waits, node.py; a relay's stage-mates from its second aggregation on,
-protocol/phasewaits.py `peers_at_work`), or while its last connection to
-this node is closed, not opened again and it was not heard since
-(`connection_lost`, `connection_back`: a process that ends closes its
-connections, and a dial to it is refused).  The other relays of its stage
-and the stages next to it, and a data node watched from a middle stage (its
-microbatches' passes count as hearing it, microbatches.py), get the loose floor `loose_floor_s`: 30 s, or
-2.5 s per peer watched loosely when more than 12 (a Ping after a third), so
-that a node's Pings grow with its work, not with the relays per stage.  A peer
-watched closely from now is pinged at the next check, and its silence counts
-against the close deadline only from then (`close_since`).  A data node
-watches the first and last stages' relays closely.  A crashed relay process
-is found within 7 s by every relay connected to it (not a data node by the
-middle relays: 77 relays pinging a saturated data node every 2 s is the
-likely cause of a 100-daemon stall); a machine that goes away without closing
-its connections, by the nodes working with it within 7 s, by the others within
-the loose floor plus a second (the simulator's `idle_detect_s`, `middle_data_detect_s`).
+Watching follows the work (`loose`).  A relay watches another relay closely only while it works with it (`at_work`,
+asked once per check: the flows through this node, its microbatches in flight, the aggregation's groups and waits,
+node.py; a relay's stage-mates from its second aggregation on, protocol/phasewaits.py `peers_at_work`), or while its
+last connection to this node is closed, not opened again and it was not heard since (`connection_lost`,
+`connection_back`: a process that ends closes its connections, and a dial to it is refused).  The other relays of
+its stage and the stages next to it, and a data node watched from a middle stage (its microbatches' passes count as
+hearing it, microbatches.py), get the loose floor `loose_floor_s`: 30 s, or 2.5 s per peer watched loosely when more
+than 12 (a Ping after a third), so that a node's Pings grow with its work, not with the relays per stage.  A peer
+watched closely from now has its silence counted, for its Ping as for the close deadline, only from then
+(`close_since`): an aggregation's stage-mates, silent since the last one, are heard in its all-reduce, not pinged at
+its start (one whose connection closed is pinged at once).  A data node watches the first and last stages' relays
+closely.  A crashed relay process is found within 7 s by every relay connected to it (not a data node by the middle
+relays: 77 relays pinging a saturated data node every 2 s is the likely cause of a 100-daemon stall); a machine that
+goes away without closing its connections, by the nodes working with it within 7 s, by the others within the loose
+floor plus a second (the simulator's `idle_detect_s`, `middle_data_detect_s`).
 
 Busy is not dead.  Compute, steps and checkpoint writes run in worker
 threads (stage.py, allreduce.py, checkpoints.py), but on a loaded machine a
@@ -242,9 +239,13 @@ class Liveness:
         for pid in sorted(watched):
             silent = self.peers.silent_for(pid, t)
             deadline = self.deadline_s(pid)
-            if min(silent, t - max(self.resumed_at, self.close_since.get(pid, float("-inf")))) > deadline:
+            since = self.close_since.get(pid, float("-inf"))
+            if min(silent, t - max(self.resumed_at, since)) > deadline:
                 self._presume_dead(pid, silent, deadline)
-            elif silent >= max(PING_EVERY_S, PING_AFTER * deadline):
+                continue
+            gap = max(PING_EVERY_S, PING_AFTER * deadline)
+            last_ping = max(self.pinged.get(pid, {}).values(), default=float("-inf"))  # (one unanswered)
+            if (silent if pid in self.lost_at else min(silent, t - since)) >= gap and t - last_ping >= gap:
                 self._ping(pid, t)
 
     def _ping(self, peer: str, t: float) -> None:
