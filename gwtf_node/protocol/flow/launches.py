@@ -251,7 +251,7 @@ def maybe_launch(node: FlowNode, now: float, eff: list[Effect]) -> None:
     if ch is not None:
         j = ch[1]
         cycles.launching(node, j, ch[2])
-    rid = node.units.request(PendingKind.LAUNCH, j, d)
+    rid = node.units.request(PendingKind.LAUNCH, j, d, node.labels.lin[d][j].cost)
     if node.waves:
         node.launch.wave_launches += 1
         node.launch.launch_wave = node.labels.epoch[d]

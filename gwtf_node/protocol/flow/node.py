@@ -248,6 +248,7 @@ class FlowNode:
             if due:
                 self._undefer(now, due, eff)
             moves.expire(self, now)  # a move whose peer never answered is given up
+            units.retry_due(self, now, eff)
             if (self.improving or now < self.moves.change_until) and not self.cfg.is_data \
                     and self.moves.current is None and units.quiet(self):
                 moves.start_query(self, now, eff)
@@ -284,8 +285,13 @@ class FlowNode:
         if handler is None or sender in self.removed:
             self.stats.ignore()  # unknown, or from a removed peer (sent before it was removed)
             return eff
+        request = type(msg) is RequestFlow or type(msg) is Withdraw
+        if request and (again := units.answer_again(self, sender, msg)) is not None:
+            return again  # a request sent again: its reply was lost (units.py `retry_due`)
         if not handler(self, now, sender, msg, eff):  # (True: the message changed nothing)
             units.act(self, now, eff)
+        if request:
+            units.note_answer(self, sender, msg, eff)
         return eff
 
     def add_neighbour(self, now: float, peer: str, cost: float, side: str) -> list[Effect]:

@@ -24,6 +24,8 @@ MAX_REJECTS_BEFORE_WAIT = 4  # consecutive rejections before a unit waits for th
 MAX_STUCK_WAVES = 1000  # waves the stuck timer may start for one launch (a large wave needs many: see launches.py)
 MAX_RETREATS_PER_WAVE = 16  # same-wave launches: more retreats at one node in one wave is a loop (see waves.gate)
 MAX_STASHED_SENDERS = 256  # labels kept from senders that are not (yet) neighbours (see FlowNode.add_neighbour)
+REQUEST_RETRY_S = 20.0  # a request without its FlowReply is sent again this long after (units.py `retry_due`)
+ANSWERS_KEPT = 16  # FlowReplies kept per sender, sent again to a request sent again (units.py `answer_again`)
 SIDES = ("next", "prev", "peer")  # how a neighbour is linked (FlowNode.add_neighbour)
 
 
@@ -58,6 +60,16 @@ class Pending:
     kind: PendingKind
     peer: str
     commodity: str
+    cost: float = 0.0  # a launch's expected cost (what its Request Flow said)
+    at: float | None = None  # when it was (last) sent, as of the tick after (units.py `retry_due`)
+
+    def due(self, now: float) -> bool:
+        """Whether to send the request again at `now`: `REQUEST_RETRY_S` after it went (timed from the first call)."""
+        if self.at is None or now - self.at < REQUEST_RETRY_S:
+            self.at = now if self.at is None else self.at
+            return False
+        self.at = now
+        return True
 
 
 @dataclass

@@ -34,7 +34,8 @@ from ..effects import Effect, Send, SetTimer
 from ..messages import INF, Deny, DenyReason, FlowReply, Label, Reply, RequestFlow, Reroute, Side, Withdraw
 from . import announce, labels, launches, relabel, waves
 from .config import FlowConfig
-from .state import EPS, MAX_REJECTS_BEFORE_WAIT, NO_LABEL, Pending, PendingKind, Step, Via, add_one, as_sent, take_one
+from .state import (ANSWERS_KEPT, EPS, MAX_REJECTS_BEFORE_WAIT, NO_LABEL, Pending, PendingKind, Step, Via, add_one,
+                    as_sent, take_one)
 
 if TYPE_CHECKING:
     from .node import FlowNode
@@ -52,6 +53,7 @@ class UnitState:
     next_id: int = 1  # the last request / query / move id handed out
     grace_until: float = 0.0  # no rebalancing before this: the other half of a move may be on its way
     noroute_since: dict[str, float] = field(default_factory=dict)  # an unpaired unit has had no route since then
+    answered: dict[str, dict[int, FlowReply]] = field(default_factory=dict)  # per sender: its last requests' replies
 
     @classmethod
     def of(cls, cfg: FlowConfig) -> UnitState:
@@ -61,10 +63,10 @@ class UnitState:
         self.next_id += 1
         return self.next_id
 
-    def request(self, kind: PendingKind, peer: str, d: str) -> int:
+    def request(self, kind: PendingKind, peer: str, d: str, cost: float = 0.0) -> int:
         """A request to `peer` about a unit of `d` (Request Flow or Withdraw) awaits its FlowReply: its id."""
         rid = self.new_id()
-        self.pending[rid] = Pending(kind, peer, d)
+        self.pending[rid] = Pending(kind, peer, d, cost)
         if kind is PendingKind.LAUNCH:
             self.token_pending = True
         return rid
@@ -108,7 +110,37 @@ class UnitState:
         for rid in [rid for rid, p in self.pending.items() if p.peer == peer]:
             if self.pending.pop(rid).kind == PendingKind.LAUNCH:
                 self.token_pending = False
+        self.answered.pop(peer, None)  # (a peer that comes back may have restarted: its request ids too)
         return lost_out, links
+
+
+def retry_due(node: FlowNode, now: float, eff: list[Effect]) -> None:
+    """Send again each request whose FlowReply has not come `REQUEST_RETRY_S` after it went (timed from the tick
+    after).  Links are FIFO and reliable in the model, but a daemon's frame can be lost with its connection, and a
+    node whose request is never answered holds its unit for good.  The receiver answers a request it has answered
+    already with the same reply (`answer_again`), so a request sent twice moves no unit twice."""
+    for rid, p in node.units.pending.items():
+        if p.due(now):
+            msg = Withdraw(rid, p.commodity) if p.kind is PendingKind.WITHDRAW else \
+                RequestFlow(rid, p.commodity, p.cost, forced=p.kind is PendingKind.FORCED)
+            eff.append(Send(p.peer, msg))
+
+
+def answer_again(node: FlowNode, sender: str, msg: RequestFlow | Withdraw) -> list[Effect] | None:
+    """The reply already given to `sender`'s request `msg` (sent again: `retry_due`), or None."""
+    reply = node.units.answered.get(sender, {}).get(msg.req_id)
+    return None if reply is None else [Send(sender, reply)]
+
+
+def note_answer(node: FlowNode, sender: str, msg: RequestFlow | Withdraw, eff: list[Effect]) -> None:
+    """Keep the FlowReply this node gave `sender`'s request (the last `ANSWERS_KEPT` per sender)."""
+    for e in eff:
+        if type(e) is Send and e.to == sender and type(e.msg) is FlowReply and e.msg.req_id == msg.req_id:
+            kept = node.units.answered.setdefault(sender, {})
+            kept[msg.req_id] = e.msg
+            if len(kept) > ANSWERS_KEPT:
+                del kept[next(iter(kept))]
+            return
 
 
 def quiet(node: FlowNode) -> bool:
@@ -162,8 +194,9 @@ def dispatch(node: FlowNode, now: float, d: str, eff: list[Effect]) -> None:
     node.units.noroute_since.pop(d, None)
     kind, peer = dec
     if kind == Via.FORWARD:
-        rid = node.units.request(PendingKind.LAUNCH, peer, d)
-        eff.append(Send(peer, RequestFlow(rid, d, node.labels.lin[d][peer].cost)))
+        cost = node.labels.lin[d][peer].cost
+        rid = node.units.request(PendingKind.LAUNCH, peer, d, cost)
+        eff.append(Send(peer, RequestFlow(rid, d, cost)))
     else:
         take_one(node.units.inn[d], peer)
         node.changed(now)
