@@ -74,8 +74,10 @@ their flows pooled, then homed: runtime/node/pooling.py); `flow_cost_formed`
 and `flow_cost` are the cost of the swarm's flows at the first iteration and
 at the end (each node's units per next hop times that link's cost, from
 status.json) with the units the data nodes placed, to set side by side with a
-run without it, and `negative_labels`, the nodes whose OUT label is below 0
-(only a negative cycle of the flows gives one: docs/bench_flow.md, "Flaps").
+run without it, `negative_labels`, the nodes whose OUT label is below 0
+(only a negative cycle of the flows gives one: docs/bench_flow.md, "Flaps"),
+and `requests_sent_again`, the flow requests the nodes sent again so far, their
+reply lost (protocol/flow/units.py `retry_due`).
 
 `--links FILE` declares the links (emulated in user space and costed as
 declared, `gwtf-node local --links`): on one machine a loopback "link"
@@ -190,6 +192,7 @@ def reading(status: dict, loop_cpu_s: float | None) -> dict:
         "out_units": sum(n for per in (status.get("flows") or {}).values() for n in per.values()),
         "out_label": min((m["out_cost"] for m in (status.get("flow_machine") or {}).values()
                           if m.get("out_cost") is not None), default=None),
+        "sent_again": max((m.get("sent_again", 0) for m in (status.get("flow_machine") or {}).values()), default=0),
         "ctrl": {k: v[0] for k, v in ctrl.items()},
     }
 
@@ -202,12 +205,13 @@ def out_cost(status: dict) -> float:
 
 
 def flow_cost(readings: dict[str, dict]) -> dict:
-    """The swarm's flows: their cost (`out_cost` summed), the units the data nodes have placed, and the nodes whose
+    """The swarm's flows: their cost (`out_cost` summed), the units the data nodes have placed, the nodes whose
     OUT label (status.json `flow_machine`) is below 0: with link costs above 0 only a negative cycle of the flows
-    gives one (docs/bench_flow.md, "Flaps")."""
+    gives one (docs/bench_flow.md, "Flaps"), and the flow requests sent again (their reply lost)."""
     return {"cost": round(sum(r["out_cost"] for r in readings.values()), 3),
             "units": sum(r["out_units"] for r in readings.values() if r["role"] == "data"),
-            "negative_labels": sum(1 for r in readings.values() if (r.get("out_label") or 0.0) < 0)}
+            "negative_labels": sum(1 for r in readings.values() if (r.get("out_label") or 0.0) < 0),
+            "requests_sent_again": sum(r.get("sent_again", 0) for r in readings.values())}
 
 
 def per_node(before: dict, after: dict, iterations: int) -> dict:

@@ -44,6 +44,7 @@ def test_a_request_flow_without_its_reply_is_sent_again_with_its_id_and_cost():
     assert sends(ticks(m, 1.0, 1.0 + REQUEST_RETRY_S - 2 * m.cfg.round_s), RequestFlow) == []
     again = sends(ticks(m, 1.0 + REQUEST_RETRY_S, 1.0 + REQUEST_RETRY_S + 2 * m.cfg.round_s), RequestFlow)
     assert [s.msg for s in again] == [req.msg] and again[0].to == "N2"
+    assert m.progress()[D]["sent_again"] == 1  # (status.json's `flow_machine`)
     m.on_message(30.0, "N2", FlowReply(req.msg.req_id, D, Reply.APPROVED, None))
     assert m.out[D] == {"N2": 1} and not m.token_pending
     assert sends(ticks(m, 30.0, 30.0 + 2 * REQUEST_RETRY_S), RequestFlow) == []  # answered: never again
@@ -67,7 +68,7 @@ def test_a_request_flow_answered_already_gets_the_same_reply_and_moves_no_unit_t
     (first,) = sends(eff, FlowReply, "P1")
     assert first.msg.outcome is Reply.APPROVED and m.inn[D] == {"P1": 1}
     assert m.on_message(21.0, "P1", RequestFlow(7, D, 0.0, forced=True)) == [Send("P1", first.msg)]
-    assert m.inn[D] == {"P1": 1}
+    assert m.inn[D] == {"P1": 1} and m.progress()[D]["answered_again"] == 1
     (other,) = sends(m.on_message(22.0, "P1", RequestFlow(8, D, 0.0, forced=True)), FlowReply, "P1")
     assert other.msg.req_id == 8 and m.inn[D] == {"P1": 2}  # a new request is a new request
 

@@ -48,6 +48,17 @@ def test_per_node_figures_over_the_nodes_own_iterations() -> None:
     assert summary["relay"]["flow_msgs_formation"] == {"mean": 6, "max": 7} and "data" not in summary
 
 
+def test_the_flows_reading_counts_negative_labels_and_requests_sent_again() -> None:
+    bench = _bench()
+    a = _status("r0", "relay", 1.0, 3, {}, 1.0, 0.5)
+    a["flow_machine"] = {"d0": {"out_cost": -2.0, "sent_again": 3}}
+    b = _status("d0", "data", 1.0, 3, {}, 1.0, 0.5)
+    b["flow_machine"] = {"d0": {"out_cost": 7.0, "sent_again": 1}}
+    b["flows"] = {"d0": {"r0": 1}}
+    got = bench.flow_cost({"r0": bench.reading(a, None), "d0": bench.reading(b, None)})
+    assert (got["units"], got["negative_labels"], got["requests_sent_again"]) == (1, 1, 4)
+
+
 def test_losses_are_checked_against_the_reference_and_the_table_says_so() -> None:
     b = _bench()
     recs = [{"iteration": i, "loss": x, "microbatches": 6} for i, x in enumerate([5.5, 5.4, 5.3])]

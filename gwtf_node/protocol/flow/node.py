@@ -165,7 +165,9 @@ class FlowNode:
         wave, its OUT label's cost (None: no route), whether the wave is a formation wave here, a unit held for a new
         wave, and the seconds until a unit may move on (waves.py `gate`; counted from the machine's last event); at
         a data node with waves also its launches: units placed of its demand, a launch out, the next launch's wait
-        (None: a new wave first), the stuck waves of the launch out, whether it re-formed."""
+        (None: a new wave first), the stuck waves of the launch out, whether it re-formed.  `sent_again` and
+        `answered_again` count this node's requests sent again and requests it answered again (units.py
+        `retry_due`; the node's, in every commodity's entry)."""
         now, w = self.now, self.wave
 
         def left(t: float) -> float | None:
@@ -175,7 +177,8 @@ class FlowNode:
         for d in self.cfg.commodities:
             lab = self.labels.my_out.get(d)
             out[d] = {"wave": self.labels.epoch[d], "out_cost": None if lab is None or lab.cost == INF else lab.cost,
-                      "formation": marked(self, d), "held": d in w.hold, "moves_in_s": left(w.still_at.get(d, 0.0))}
+                      "formation": marked(self, d), "held": d in w.hold, "moves_in_s": left(w.still_at.get(d, 0.0)),
+                      "sent_again": self.stats.sent_again, "answered_again": self.stats.answered_again}
         if self.cfg.is_data and self.waves:
             d, la = self.cfg.node_id, self.launch
             out[d]["launches"] = {"demand": la.demand, "placed": total(self.units.out[d]),

@@ -81,6 +81,8 @@ class FlowStats:
     anneal_accepts: int = 0
     ignored: int = 0  # messages that no longer applied (stale)
     recalls: int = 0  # data node: recall waves started (launches.py)
+    sent_again: int = 0  # requests sent again, their FlowReply not come (units.py `retry_due`)
+    answered_again: int = 0  # requests answered already, answered again with the same reply (`answer_again`)
 
     def changed(self, now: float) -> None:
         self.flow_changes += 1
@@ -100,6 +102,12 @@ class FlowStats:
 
     def recall(self) -> None:
         self.recalls += 1
+
+    def resend(self) -> None:
+        self.sent_again += 1
+
+    def answer_again(self) -> None:
+        self.answered_again += 1
 
 
 class Batch:

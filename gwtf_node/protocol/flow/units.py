@@ -124,12 +124,16 @@ def retry_due(node: FlowNode, now: float, eff: list[Effect]) -> None:
             msg = Withdraw(rid, p.commodity) if p.kind is PendingKind.WITHDRAW else \
                 RequestFlow(rid, p.commodity, p.cost, forced=p.kind is PendingKind.FORCED)
             eff.append(Send(p.peer, msg))
+            node.stats.resend()
 
 
 def answer_again(node: FlowNode, sender: str, msg: RequestFlow | Withdraw) -> list[Effect] | None:
     """The reply already given to `sender`'s request `msg` (sent again: `retry_due`), or None."""
     reply = node.units.answered.get(sender, {}).get(msg.req_id)
-    return None if reply is None else [Send(sender, reply)]
+    if reply is None:
+        return None
+    node.stats.answer_again()
+    return [Send(sender, reply)]
 
 
 def note_answer(node: FlowNode, sender: str, msg: RequestFlow | Withdraw, eff: list[Effect]) -> None:
