@@ -23,6 +23,11 @@ dearest downstream route (`withdraw_one`); a node over capacity hands
 its dearest inflow back (`shed_one`).  Nodes wait `balance_grace_s` before
 acting on an imbalance a move created, so that the matching half of the move
 can arrive, and `noroute_grace_s` before handing back a unit with no route.
+
+A request without its FlowReply is sent again every `REQUEST_RETRY_S`, and
+a receiver answers a request it answered already with the same reply
+(`retry_due`, `answer_again`): a daemon's frame can be lost with its
+connection, and the relay whose request it was would hold its unit for good.
 """
 
 from __future__ import annotations

@@ -2,9 +2,7 @@
 
 Every `PING_EVERY_S` a node looks at the peers it works with (its stage, the
 stages before and after, the data nodes): it pings a peer silent for a third
-of that peer's deadline (`PING_AFTER`: at least `PING_EVERY_S`), again a third
-later while it does not answer (not every check: a saturated data node that
-answers late got a Ping a second from each of 77 relays), and presumes
+of that peer's deadline (`PING_AFTER`: at least `PING_EVERY_S`), and presumes
 dead a peer it heard nothing from for longer than the deadline (any frame
 counts, `Peers.heard`).  A peer that sends anything is not pinged, and one
 side's Ping is heard by the other, so a quiet pair exchanges one Ping and its
@@ -242,10 +240,8 @@ class Liveness:
             since = self.close_since.get(pid, float("-inf"))
             if min(silent, t - max(self.resumed_at, since)) > deadline:
                 self._presume_dead(pid, silent, deadline)
-                continue
-            gap = max(PING_EVERY_S, PING_AFTER * deadline)
-            last_ping = max(self.pinged.get(pid, {}).values(), default=float("-inf"))  # (one unanswered)
-            if (silent if pid in self.lost_at else min(silent, t - since)) >= gap and t - last_ping >= gap:
+            elif (silent if pid in self.lost_at else min(silent, t - since)) >= max(PING_EVERY_S,
+                                                                                   PING_AFTER * deadline):
                 self._ping(pid, t)
 
     def _ping(self, peer: str, t: float) -> None:
