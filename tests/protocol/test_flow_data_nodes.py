@@ -30,6 +30,7 @@ from gwtf_node.protocol.effects import Send
 from gwtf_node.protocol.flow import FlowConfig, FlowNode, relabel
 from gwtf_node.protocol.messages import INF, FlowReply, LaunchBid, Relabel, RelabelCost, RelabelPair, Reply, Withdraw
 from gwtf_node.sim.engine import Simulator
+from support.helpers import sends
 
 DATA = ("d0", "d1")
 DEMAND = 4
@@ -121,8 +122,6 @@ def test_one_or_three_stages_each_data_node_gets_its_demand(stages: int) -> None
 
 
 # ---------------------------------------------------------------------------------------------- the machines alone
-def sends(eff, typ, to=None):
-    return [e for e in eff if isinstance(e, Send) and isinstance(e.msg, typ) and (to is None or e.to == to)]
 
 
 def test_a_data_node_at_its_demand_takes_back_a_unit_relabelled_to_it() -> None:

@@ -18,6 +18,7 @@ from gwtf_node.protocol.scenario import parse_scenario
 from gwtf_node.sim.baselines import optimal_routing
 from gwtf_node.sim.flowsim import extract_flows, flow_configs
 from gwtf_node.sim.validate import check_routing
+from support.helpers import sends
 from support.scenarios import SMALL_TWO_STAGE
 
 D = "d0"
@@ -35,11 +36,6 @@ def relay(capacity=1, displace=True, node_id="R", same_wave_launches=True, **ext
 
 def in_label(node, cost, path=None):
     return Label(D, Side.IN, cost, tuple(path) if path is not None else (node + "+", node + "-", D + "+"))
-
-
-def sends(eff, typ=None, to=None):
-    return [e for e in eff if isinstance(e, Send) and (typ is None or isinstance(e.msg, typ))
-            and (to is None or e.to == to)]
 
 
 def one(eff, typ, to=None):

@@ -8,7 +8,6 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gwtf_node.protocol.effects import Send
 from gwtf_node.protocol.flow import FlowConfig, FlowNode
 from gwtf_node.protocol.flow.state import Via
 from gwtf_node.protocol.messages import CostAnnounce, Deny, DenyReason, Label, RequestFlow, Side, Withdraw
@@ -17,19 +16,9 @@ from gwtf_node.sim.baselines import max_flow_value, optimal_routing
 from gwtf_node.sim.flowchurn import Churn, FlowRun, random_churn, run_churn, run_trickle
 from gwtf_node.sim.scenarios import FlowSetting, generate_layered, load_flow_setting
 from gwtf_node.sim.validate import check_routing
+from support.helpers import flow_relay as relay, sends
 
 D = "d0"
-
-
-def sends(eff, cls, to=None):
-    return [e for e in eff if isinstance(e, Send) and isinstance(e.msg, cls) and (to is None or e.to == to)]
-
-
-def relay(cap=2, nxt=None, prv=None, peers=()):
-    cfg = FlowConfig("R", False, cap, (D,), nxt or {"N1": 1.0}, prv or {"P1": 1.0}, peers)
-    m = FlowNode(cfg, random.Random(0))
-    m.start(0.0)
-    return m
 
 
 # ------------------------------------------------------------------ the machine alone

@@ -4,25 +4,12 @@ Request Flow is never answered holds its unit for good."""
 
 from __future__ import annotations
 
-import random
-
 from gwtf_node.protocol.effects import Send
-from gwtf_node.protocol.flow import FlowConfig, FlowNode
 from gwtf_node.protocol.flow.state import REQUEST_RETRY_S
 from gwtf_node.protocol.messages import CostAnnounce, FlowReply, Label, Reply, RequestFlow, Side, Withdraw
+from support.helpers import flow_relay as relay, sends
 
 D = "d0"
-
-
-def sends(eff, cls, to=None):
-    return [e for e in eff if isinstance(e, Send) and isinstance(e.msg, cls) and (to is None or e.to == to)]
-
-
-def relay(nxt=None, prv=None):
-    cfg = FlowConfig("R", False, 2, (D,), nxt or {"N1": 1.0}, prv or {"P1": 1.0}, ())
-    m = FlowNode(cfg, random.Random(0))
-    m.start(0.0)
-    return m
 
 
 def ticks(m, t0: float, t1: float) -> list:

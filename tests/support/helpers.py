@@ -19,6 +19,9 @@ A node's parts without a network: `RecordingWire` stands for the daemon's
 
 Benchmarks: `load_script` imports a script of scripts/ (not a package) so that
 a test calls its functions.
+
+Flow machines alone: `flow_relay` is a started relay of one data node's flows,
+`sends` picks the messages of a type (and to a peer) out of its effects.
 """
 
 from __future__ import annotations
@@ -186,3 +189,22 @@ def load_script(name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def flow_relay(cap: int = 2, nxt: dict | None = None, prv: dict | None = None, peers: tuple = ()):
+    """A started flow machine of relay "R" for data node "d0": capacity `cap`, next-stage links `nxt` (N1 at 1),
+    previous-stage links `prv` (P1 at 1), same-stage `peers`."""
+    from gwtf_node.protocol.flow import FlowConfig, FlowNode
+
+    m = FlowNode(FlowConfig("R", False, cap, ("d0",), nxt or {"N1": 1.0}, prv or {"P1": 1.0}, peers),
+                 random.Random(0))
+    m.start(0.0)
+    return m
+
+
+def sends(eff, typ=None, to: str | None = None) -> list:
+    """The `Send` effects in `eff` of a message of type `typ` (any: None), to `to` (any: None)."""
+    from gwtf_node.protocol.effects import Send
+
+    return [e for e in eff if isinstance(e, Send) and (typ is None or isinstance(e.msg, typ))
+            and (to is None or e.to == to)]

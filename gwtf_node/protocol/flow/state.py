@@ -65,8 +65,10 @@ class Pending:
 
     def due(self, now: float) -> bool:
         """Whether to send the request again at `now`: `REQUEST_RETRY_S` after it went (timed from the first call)."""
-        if self.at is None or now - self.at < REQUEST_RETRY_S:
-            self.at = now if self.at is None else self.at
+        if self.at is None:
+            self.at = now
+            return False
+        if now - self.at < REQUEST_RETRY_S:
             return False
         self.at = now
         return True

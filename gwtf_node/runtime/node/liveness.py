@@ -240,8 +240,9 @@ class Liveness:
             since = self.close_since.get(pid, float("-inf"))
             if min(silent, t - max(self.resumed_at, since)) > deadline:
                 self._presume_dead(pid, silent, deadline)
-            elif (silent if pid in self.lost_at else min(silent, t - since)) >= max(PING_EVERY_S,
-                                                                                   PING_AFTER * deadline):
+                continue
+            quiet = silent if pid in self.lost_at else min(silent, t - since)  # (module doc: from `close_since`)
+            if quiet >= max(PING_EVERY_S, PING_AFTER * deadline):
                 self._ping(pid, t)
 
     def _ping(self, peer: str, t: float) -> None:
