@@ -1,7 +1,8 @@
 """The discovery loop's DHT rounds (discovery.py `loop`): provider lookups every DHT_ROUND_S at first, then at
 twice the interval after each round that found no one new, up to DHT_ROUND_MAX_S, and at once again when the
 node's place changes or a round found someone; the revocation list from the host's own DHT copy every round (when the
-copy changed) and over the network every REVOCATIONS_EVERY_S."""
+copy changed) and over the network every REVOCATIONS_EVERY_S; each of those waits drawn within `spread_by` of its value
+(exact here with `spread_by=0.0`, spread in the last test)."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ async def test_lookups_slow_down_while_they_find_no_one(autojump_clock: trio.tes
         host = SimpleNamespace(addrs=["/ip4/127.0.0.1/tcp/1"], provide=lambda key: trio.sleep(0),
                                on_addrs_changed=None, dht_local=lambda key: copy["raw"])
         d = Discovery(wire, peers, host, SimpleNamespace(run_id="run", to_json=lambda: "{}"), {},
-                      on_peer_hello=lambda info: None, authorizer=SimpleNamespace(insecure=False), records=records)
+                      on_peer_hello=lambda info: None, authorizer=SimpleNamespace(insecure=False), records=records, spread_by=0.0)
         nursery.start_soon(d.loop)
         start = trio.current_time()
         await trio.sleep(100)
@@ -99,7 +100,7 @@ async def test_a_publish_that_fails_is_tried_again_at_doubling_intervals(autojum
                                on_addrs_changed=None, dht_local=lambda key: None)
         d = Discovery(SimpleNamespace(me="ME", spawn=lambda fn, *a: None), peers, host,
                       SimpleNamespace(run_id="run", to_json=lambda: "{}"), {}, on_peer_hello=lambda info: None,
-                      authorizer=SimpleNamespace(insecure=False), records=records)
+                      authorizer=SimpleNamespace(insecure=False), records=records, spread_by=0.0)
         nursery.start_soon(d.loop)
         start = trio.current_time()
         await trio.sleep(600)
@@ -136,7 +137,7 @@ async def test_a_publish_tried_again_starts_at_the_step_that_failed(autojump_clo
                                on_addrs_changed=None, dht_local=lambda key: None)
         d = Discovery(SimpleNamespace(me="ME", spawn=lambda fn, *a: None), peers, host,
                       SimpleNamespace(run_id="run", to_json=lambda: "{}"), {}, on_peer_hello=lambda info: None,
-                      authorizer=SimpleNamespace(insecure=False), records=records)
+                      authorizer=SimpleNamespace(insecure=False), records=records, spread_by=0.0)
         nursery.start_soon(d.loop)
         await trio.sleep(disc.RECORD_REFRESH_S - 10)
         keys = disc.fanout.provided_keys("run", "relay", 1)
@@ -147,6 +148,35 @@ async def test_a_publish_tried_again_starts_at_the_step_that_failed(autojump_clo
         await trio.sleep(60)  # the refresh (RECORD_REFRESH_S after the publish ended) stores everything again
         nursery.cancel_scope.cancel()
     assert records.puts == 2 and records.provides[len(keys) + 2:] == list(keys)
+
+
+@pytest.mark.trio
+async def test_the_waits_of_nodes_started_together_are_spread(autojump_clock) -> None:
+    """Two nodes started at the same moment (the default `spread_by`): their network reads of the revocation list
+    and their record refreshes come at different moments, each wait within PERIOD_SPREAD of its period."""
+    nodes = []
+    async with trio.open_nursery() as nursery:
+        for i in range(2):
+            records = _Records(news=set())
+            peers = Peers(f"ME{i}", f"r{i}", 2, Place("relay", 0, 4))
+            peers.upsert(PeerInfo("P", "data", -1, "d0"), 0.0)
+            host = SimpleNamespace(addrs=["/ip4/127.0.0.1/tcp/1"], provide=lambda key: trio.sleep(0),
+                                   on_addrs_changed=None, dht_local=lambda key: None)
+            d = Discovery(SimpleNamespace(me=f"ME{i}", spawn=lambda fn, *a: None), peers, host,
+                          SimpleNamespace(run_id="run", to_json=lambda: "{}"), {}, on_peer_hello=lambda info: None,
+                          authorizer=SimpleNamespace(insecure=False), records=records)
+            nodes.append(records)
+            nursery.start_soon(d.loop)
+        await trio.sleep(3 * disc.REVOCATIONS_EVERY_S)
+        nursery.cancel_scope.cancel()
+    lo, hi = 1 - disc.PERIOD_SPREAD, 1 + disc.PERIOD_SPREAD
+    gaps = [[b - a for a, b in zip(r.reads, r.reads[1:])] for r in nodes]
+    for g in gaps:
+        assert g and all(lo * disc.REVOCATIONS_EVERY_S - disc.DHT_ROUND_S <= x
+                         <= hi * disc.REVOCATIONS_EVERY_S + disc.DHT_ROUND_S for x in g), g
+    assert nodes[0].reads[1:] != nodes[1].reads[1:], gaps
+    assert all(r.puts >= 2 for r in nodes)  # refreshed, each at its own moment
+    assert gaps[0] != gaps[1]
 
 
 @pytest.fixture

@@ -59,14 +59,14 @@ async def test_relay_joining_after_a_pause_trains_on(tmp_path: Path) -> None:
         waits = await wait_for(lambda: status(tmp_path, "d0").get("waiting_for"), 10, "d0 says it waits", swarm)
         assert any(w["what"] == "paused_stage" and w["stages"] == [0] for w in waits), waits
         restart(swarm, "r0_0")
-        n = len(await wait_records(swarm, len(swarm.records()) + 3, 90))
-        swarm.add_relay("3", auto=False, stage=1)
         try:
+            n = len(await wait_records(swarm, len(swarm.records()) + 3, 90))
+            swarm.add_relay("3", auto=False, stage=1)
             await wait_records(swarm, n + 4, 90)
         except AssertionError as e:
             waits = {name: status(tmp_path, name).get("waiting_for") for name in swarm.procs}
             raise AssertionError(f"{e}; waiting_for: {waits}\n"
-                                 f"{log_digest(tmp_path, ['d0', 'r0_0', 'r1_0', 'r1_3'])}") from None
+                                 f"{log_digest(tmp_path, list(swarm.procs))}") from None
         for name in ("d0", "r0_0", "r1_0", "r1_3"):  # (r1_3 may still be starting on a loaded machine)
             await wait_for(lambda: isinstance(status(tmp_path, name).get("waiting_for"), list), 120,
                            f"{name}'s status.json saying what it waits for", swarm)

@@ -62,6 +62,7 @@ flow link and microbatch start over alike.
 from __future__ import annotations
 
 import logging
+import random
 import time
 from typing import Any, Callable
 
@@ -72,6 +73,7 @@ from ...protocol import messages as m
 from ...protocol.bounds import MAX_ITEMS
 from .addresses import usable_by
 from .host import PeerUnreachable
+from .hostdht import PERIOD_SPREAD, spread
 from .peers import Arrival, PeerInfo, Peers
 from .wire import FrameRefused, Wire, now
 
@@ -115,7 +117,8 @@ class Discovery:
                  on_peer_hello: Callable[[PeerInfo], None], applied_steps: Callable[[], int] = lambda: 0,
                  incarnation: int = 0,
                  on_peer_back: Callable[[PeerInfo, Arrival], bool] = lambda info, arrival: True,
-                 certificate: bytes = b"", authorizer: Any = None, records: Any = None) -> None:
+                 certificate: bytes = b"", authorizer: Any = None, records: Any = None,
+                 spread_by: float = PERIOD_SPREAD) -> None:
         self.wire = wire
         self.peers = peers
         self.host = host
@@ -131,6 +134,8 @@ class Discovery:
         self.certificate = certificate  # the owner's admission of this node, shown in every Hello
         self.authorizer = authorizer  # takes the owner's revocation lists (authorize.py)
         self.records = records  # signed DHT records (records.py); None: a test without a DHT
+        self.spread_by = spread_by  # the loop's waits drawn within this share of their value (`loop`)
+        self._rng = random.Random()
         self._revocations_copy: bytes | None = None  # this host's DHT copy of the list at the last local read
         host.on_addrs_changed = self.hello_all  # a relay reservation gave us an address: tell everyone
         self._redialling: set[str] = set()  # peers being redialled (`redial_loop`: one redial per peer at a time)
@@ -185,7 +190,9 @@ class Discovery:
         one provider lookup, not one a round until it is published: on a loaded machine puts time out, and every
         retry is a walk of the DHT.  A retry starts at the step that failed (`_publish`: manifest, node record,
         provider records; 7-8 puts and 5-6 provides per node in the first four minutes of a 50-daemon swarm when
-        each retry did every step again)."""
+        each retry did every step again).  Each of these waits (the refresh, the lookups', the network read's) is
+        drawn within `spread_by` of its value (hostdht.py `spread`): daemons started together do not walk the
+        DHT together every period."""
         run_key = f"run/{self.run_id}"
         published: tuple | None = None
         looked_for: tuple | None = None
@@ -201,7 +208,8 @@ class Discovery:
                     if stored_for != mine:
                         stored_for, stored = mine, set()
                     if await self._publish(run_key, role, stage, stored):
-                        published, refresh_at, publish_wait = mine, now() + RECORD_REFRESH_S, DHT_ROUND_S
+                        published, publish_wait = mine, DHT_ROUND_S
+                        refresh_at = now() + spread(RECORD_REFRESH_S, self._rng, self.spread_by)
                         stored = set()  # (the refresh stores everything again)
                     else:  # failed or timed out: again after a wait that doubles (module doc)
                         publish_at, publish_wait = now() + publish_wait, min(DHT_ROUND_MAX_S, 2 * publish_wait)
@@ -213,10 +221,10 @@ class Discovery:
                     except Exception as e:  # noqa: BLE001
                         log.debug("find_providers failed: %s", e)
                     wait = DHT_ROUND_S if looked_for != mine or dialled else min(DHT_ROUND_MAX_S, 2 * wait)
-                    looked_for, providers_at = mine, now() + wait
+                    looked_for, providers_at = mine, now() + spread(wait, self._rng, self.spread_by)
                 if now() >= revocations_at:
                     await self._read_revocations(f"{run_key}/revoked")
-                    revocations_at = now() + REVOCATIONS_EVERY_S
+                    revocations_at = now() + spread(REVOCATIONS_EVERY_S, self._rng, self.spread_by)
                 else:
                     await self._read_revocations(f"{run_key}/revoked", local_only=True)
             await trio.sleep(DHT_ROUND_S)

@@ -59,7 +59,7 @@ from .addresses import is_loopback_host, listen_endpoints, parse_announce, usabl
 from .channel import ChannelError, ChannelUnreachable, RawConn, SessionKeys, TensorSender
 from .dialback import DIALBACK_PROTOCOL_ID, serve as dialback_serve
 from .frames import DEFAULT_FRAME_TIMEOUT_S, Buffered, DEFAULT_MAX_PAYLOAD_BYTES, FrameError, encode_header, read_frame
-from .hostdht import DHT_NAMESPACE, DHT_QUERY_TIMEOUT_S, HostDht, VersionedValidator, pack_record, unpack_record
+from .hostdht import DHT_NAMESPACE, DHT_QUERY_TIMEOUT_S, HostDht, SpreadDHT, VersionedValidator, pack_record, unpack_record
 from .limits import MAX_CTRL_STREAMS_PER_PEER, MAX_PENDING_SESSIONS_PER_PEER, ConnectionBound
 from .links import LinkShaper
 from .relay import Relaying, is_circuit, looks_natted, routable
@@ -585,7 +585,7 @@ async def _start_services(host: Host, lp: IHost, nursery: trio.Nursery, *, relay
                                  on_upgraded=host.rehome_streams)
         await nursery.start(host.relaying.run)
     if dht:
-        host.dht = KadDHT(lp, DHTMode.SERVER)
+        host.dht = SpreadDHT(lp, DHTMode.SERVER)
         host.dht.register_validator(DHT_NAMESPACE, VersionedValidator())
     for addr in bootstrap:
         try:

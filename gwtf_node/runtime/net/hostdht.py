@@ -1,7 +1,9 @@
 """The host's DHT half: versioned records and provider records over py-libp2p's Kademlia.
 
-`KadDHT` in server mode, started after the bootstrap peers are connected
-(its first routing-table refresh runs at start).  Records live under the
+`KadDHT` in server mode (`SpreadDHT`), started after the bootstrap peers are
+connected (its first routing-table refresh runs at start, the next ones
+`ROUTING_TABLE_REFRESH_INTERVAL`, 600 s, apart give or take `PERIOD_SPREAD`
+drawn each time: `spread`).  Records live under the
 namespace "gwtf" and carry an 8-byte big-endian version before the value;
 the validator's `select` picks the highest version (ties: the larger
 bytes), so all holders converge.  `dht_get` asks the closest peers as well
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import random
 import struct
 import time
 from collections.abc import Callable
@@ -24,7 +27,7 @@ from collections.abc import Callable
 import trio
 from libp2p.abc import IHost
 from libp2p.exceptions import BaseLibp2pError
-from libp2p.kad_dht.kad_dht import KadDHT
+from libp2p.kad_dht.kad_dht import ROUTING_TABLE_REFRESH_INTERVAL, KadDHT
 from libp2p.peer.id import ID
 from libp2p.records.validator import Validator
 from libp2p.tools.anyio_service import background_trio_service
@@ -35,6 +38,40 @@ DHT_NAMESPACE = "gwtf"
 DHT_QUERY_TIMEOUT_S = 10.0  # bound on one dht_get / dht_put / find_providers
 _VERSION = struct.Struct(">Q")
 _PEER_ERRORS = (BaseLibp2pError, OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError)
+# a periodic DHT chore (a refresh, a republish: walks over twenty peers each) waits its period times a factor drawn
+# from [1 - PERIOD_SPREAD, 1 + PERIOD_SPREAD] each time (`spread`)
+PERIOD_SPREAD = 0.25
+
+
+def spread(period: float, rng: random.Random, by: float = PERIOD_SPREAD) -> float:
+    """`period` times a factor drawn from [1 - by, 1 + by].  Daemons started together (a local swarm, a host
+    that restarts many) would otherwise walk the DHT at the same moments every period: 100 daemons on 2 cores
+    started within 3 minutes refreshed together 600 s after their start, and the iteration running then took
+    100-160 s instead of 2-19."""
+    return period * rng.uniform(1.0 - by, 1.0 + by)
+
+
+class SpreadDHT(KadDHT):
+    """py-libp2p's KadDHT whose maintenance runs `spread` apart.  py-libp2p 0.8.1's `_run_main_loop` runs its
+    maintenance (a routing-table refresh: a walk for its own id and one per non-empty bucket; the republish
+    and the expiry of stored records) at start and then every `ROUTING_TABLE_REFRESH_INTERVAL` exactly; this
+    loop does the same steps, at start and then `spread` apart (`tests/runtime/test_dht_spread.py` checks the
+    steps against py-libp2p's loop)."""
+
+    spread_rng: random.Random | None = None  # None: a generator of its own (a test hands a seeded one)
+
+    async def _run_main_loop(self) -> None:
+        rng = self.spread_rng or random.Random()
+        while self.manager.is_running:
+            try:
+                await self.refresh_routing_table()
+                await self.provider_store._republish_provider_records()
+                await self.value_store._republish_records(self.peer_routing)
+                self.value_store.cleanup_expired()
+                self.provider_store.cleanup_expired()
+            except Exception as e:  # noqa: BLE001 - as py-libp2p's loop: maintenance is tried again next time
+                log.warning("DHT maintenance failed: %r", e)
+            await trio.sleep(spread(ROUTING_TABLE_REFRESH_INTERVAL, rng))
 
 
 class VersionedValidator(Validator):
@@ -182,4 +219,5 @@ class HostDht:
             await trio.sleep_forever()
 
 
-__all__ = ["DHT_NAMESPACE", "DHT_QUERY_TIMEOUT_S", "HostDht", "VersionedValidator", "pack_record", "unpack_record"]
+__all__ = ["DHT_NAMESPACE", "DHT_QUERY_TIMEOUT_S", "HostDht", "PERIOD_SPREAD", "SpreadDHT", "VersionedValidator",
+           "pack_record", "spread", "unpack_record"]
