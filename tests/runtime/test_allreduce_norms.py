@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from gwtf_node.runtime.node.allreduce import NORM_BLOCK, NORM_ROW, _checked, _sq_norm
+from gwtf_node.runtime.node.chunkcheck import NORM_BLOCK, NORM_ROW, checked_chunk, sq_norm
 
 
 def _exact(t: torch.Tensor) -> float:
@@ -17,7 +17,7 @@ def _exact(t: torch.Tensor) -> float:
 @pytest.mark.parametrize("n", [0, 1, NORM_ROW - 1, NORM_ROW * 3 + 7, NORM_BLOCK * 2 + NORM_ROW + 5])
 def test_the_squared_norm_matches_a_float64_dot(dtype, n):
     t = (torch.randn(n, generator=torch.Generator().manual_seed(n)) * 1e-3).to(dtype)
-    got, want = _sq_norm(t), _exact(t)
+    got, want = sq_norm(t), _exact(t)
     assert got == pytest.approx(want, rel=1e-6, abs=0.0)  # float32 dots of NORM_ROW values: ~1e-7 apiece
 
 
@@ -26,19 +26,19 @@ def test_nan_and_infinity_are_found_anywhere_and_huge_finite_values_are_not_mist
         for where in (0, NORM_ROW, NORM_BLOCK + 3, 2 * NORM_BLOCK + NORM_ROW + 1):
             t = torch.ones(2 * NORM_BLOCK + NORM_ROW + 2)
             t[where] = bad
-            assert _sq_norm(t) is None, (bad, where)
-            assert _sq_norm(t.bfloat16()) is None, (bad, where)
+            assert sq_norm(t) is None, (bad, where)
+            assert sq_norm(t.bfloat16()) is None, (bad, where)
     t = torch.ones(NORM_ROW * 2)
     t[7] = 3e19  # its square is past float32's range; the value itself is finite
-    assert math.isfinite(_sq_norm(t)) and _sq_norm(t) == pytest.approx(_exact(t), rel=1e-12)
+    assert math.isfinite(sq_norm(t)) and sq_norm(t) == pytest.approx(_exact(t), rel=1e-12)
 
 
 def test_a_bfloat16_chunk_is_kept_in_its_wire_dtype_with_its_norm():
     t = torch.randn(NORM_ROW + 3).bfloat16()
-    got = _checked(bytearray(t.view(torch.int16).numpy().tobytes()), "bfloat16")
+    got = checked_chunk(bytearray(t.view(torch.int16).numpy().tobytes()), torch.bfloat16)
     assert got is not None
     chunk, sq = got
     assert chunk.dtype == torch.bfloat16 and torch.equal(chunk, t)
     assert sq == pytest.approx(_exact(t), rel=1e-6)
     t[5] = float("nan")
-    assert _checked(t.view(torch.int16).numpy().tobytes(), "bfloat16") is None
+    assert checked_chunk(t.view(torch.int16).numpy().tobytes(), torch.bfloat16) is None

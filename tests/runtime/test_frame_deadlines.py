@@ -198,6 +198,42 @@ async def test_a_member_that_never_sends_its_sum_ends_the_round_at_its_timeout(t
 
 
 @pytest.mark.trio
+async def test_two_rounds_of_a_split_stage_do_not_hold_each_other_open(tmp_path, monkeypatch):
+    """Two members whose views of the stage differ run two rounds of one stage and iteration (other group digests):
+    each sends its parts to the other every 0.3 s, and the other's parts, once its own round has run its resend
+    wait, move no deadline of this one: both end at their timeout (they held each other open for good, each
+    resend a payload from a member)."""
+    from gwtf_node.runtime.node import allreduce
+    from gwtf_node.runtime.node.allreduce import AllReducer, AllReduceTimeout
+
+    monkeypatch.setattr(allreduce, "RESEND_MAX_S", 0.3)
+    async with open_host(tmp_path / "a", dht=False) as a, open_host(tmp_path / "b", bootstrap=a.addrs, dht=False) as b:
+        reducers = {h.peer_id: AllReducer(h) for h in (a, b)}
+        for h in (a, b):
+            async def handler(peer, env, data, r=reducers[h.peer_id]):
+                _s, msg = decode(env)
+                if r.accepts(msg):
+                    await r.on_chunk(peer, msg, data)
+            h.set_handler(handler)
+            reducers[h.peer_id].resend_after_s = 0.3
+        group = [a.peer_id, b.peer_id]
+        ended = {}
+
+        async def run(h, key):
+            t0 = trio.current_time()
+            with pytest.raises(AllReduceTimeout):
+                await reducers[h.peer_id].all_reduce(key, group, torch.ones(1 << 16), 1.0, timeout=2.0)
+            ended[h.peer_id] = trio.current_time() - t0
+
+        with trio.fail_after(20.0):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run, a, "s0/it0/aaaa")
+                nursery.start_soon(run, b, "s0/it0/bbbb")
+        assert sorted(ended) == sorted(group) and max(ended.values()) < 6.0, ended
+        assert all(r.resends >= 2 for r in reducers.values())  # (each resent its parts into the other's round)
+
+
+@pytest.mark.trio
 async def test_a_joiner_does_not_ask_again_for_a_state_still_arriving(tmp_path, slow_records, monkeypatch):
     """A stage state of 19.7 MB at 0.3 s a MiB takes ~6 s to arrive, past the 2 s the joiner gives its source to
     answer: it is asked for once."""

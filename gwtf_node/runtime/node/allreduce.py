@@ -20,29 +20,28 @@ about 2(n-1)/n of the vector, the bandwidth-optimal schedule):
    to every other peer.  Everybody copies the owner's bytes, so the result
    is identical everywhere, the owner included.
 
-Chunks travel as `AllReduceChunk(key, part, phase, count, tensor)` frames
-with the raw bytes as payload (the tensor channel), in the round's wire
-dtype: float32, or bfloat16 (`wire="bfloat16"`, a run's `train.wire_dtype
-= bf16`: half the bytes).  In a bfloat16 round every contribution is rounded
-to bfloat16 once, the owner's own too, the owner adds them in float32 in the
-same order, and rounds the sum to bfloat16 before it sends it and before it
-keeps it: the result is still identical on every member, the owner
-included.  They may arrive before `all_reduce(key, ...)` is called here (a
-faster peer): they are buffered per key (at most `MAX_PENDING_KEYS` keys;
-chunks of a finished key are dropped).  Each chunk is checked: the round's
-dtype, 1-D, nbytes matching the payload and the part's length, finite values,
-sender in the group, the right owner for the phase; a bad chunk is logged on
-"gwtf.transport" and ignored (a peer that only sends bad chunks shows up in the timeout error).  A round times
-out `timeout` seconds after payload bytes last came from another member, or went to one in this round's first sends
-(`Host.payload_moved`: a part of hundreds of MB on a home uplink takes minutes, and is not lost; parts sent again do
-not count, or a live member that never sends its sum would hold the round forever), raising `AllReduceTimeout`
-naming the peers whose parts are missing.  A chunk that cannot be sent is sent again until the round's timeout
-(`SEND_RETRY_FIRST_S`), one lost after its send is asked for again (`_resend_missing`: not while bytes move with
-its owner); a member that is gone is the caller's to see (liveness): it cancels the round and retries without it.
+Chunks travel as `AllReduceChunk(key, part, phase, count, tensor)` frames with the raw bytes as payload (the tensor
+channel), in the round's wire dtype: float32, or bfloat16 (`wire="bfloat16"`, a run's `train.wire_dtype = bf16`: half
+the bytes). In a bfloat16 round every contribution is rounded to bfloat16 once, the owner's own too, the owner adds
+them in float32 in the same order, and rounds the sum to bfloat16 before it sends it and before it keeps it: the
+result is still identical on every member, the owner included. They may arrive before `all_reduce(key, ...)` is called
+here (a faster peer): they are buffered per key (at most `MAX_PENDING_KEYS` keys; chunks of a finished key are
+dropped). Each chunk is checked: the round's dtype, 1-D, nbytes matching the payload and the part's length, finite
+values, sender in the group, the right owner for the phase; a bad chunk is logged on "gwtf.transport" and ignored (a
+peer that only sends bad chunks shows up in the timeout error). A round times out `timeout` seconds after payload
+bytes last came from another member, or went to one in this round's first sends (`Host.payload_moved`: a part of
+hundreds of MB on a home uplink takes minutes, and is not lost; parts sent again do not count, or a live member that
+never sends its sum would hold the round forever), raising `AllReduceTimeout` naming the peers whose parts are
+missing. A member whose chunks come for another round of the same stage and iteration (another group: its view of who
+is alive differs) once this round has run its resend wait is in that round: its bytes are that round's, and hold this
+one no longer (`_elsewhere`; otherwise two rounds of a split stage, each resending its parts to the other, held each
+other open for good). A chunk that cannot be sent is sent again until the round's timeout (`SEND_RETRY_FIRST_S`), one
+lost after its send is asked for again (`_resend_missing`: not while bytes move with its owner); a member that is gone
+is the caller's to see (liveness): it cancels the round and retries without it.
 
 Threads. Everything that touches a whole part runs in a worker thread (`trio.to_thread`, one at a time per
 `AllReducer`): copying a received payload and checking that it is finite in the pass that takes the squared norm the
-guard judges (`_sq_norm`), the sum, and assembling the result. A part of a large model is hundreds of MB; done in
+guard judges (chunkcheck.py), the sum, and assembling the result. A part of a large model is hundreds of MB; done in
 the event loop's thread, this work kept the node from answering its peers' pings for seconds (liveness.py,
 looplag.py). The tensors are the round's own (a received buffer, the caller's vector, read only), so no stage lock
 is needed; the order of the additions is the same as in one thread. A received payload under `INLINE_CHECK_BYTES` is
@@ -76,6 +75,7 @@ from ...protocol.gradguard import Contribution, GradGuard
 from ...protocol.messages import AllReduceChunk, TensorHeader
 from ..net.bootstrap import backoff_s
 from ..net.host import Host, PeerUnreachable
+from .chunkcheck import checked_chunk, sq_norm
 
 log = logging.getLogger("gwtf.transport")
 
@@ -90,7 +90,6 @@ MAX_PENDING_KEYS = 64  # rounds buffered before all_reduce is called for them
 # starting those hand-offs)
 INLINE_CHECK_BYTES = 64 * 1024
 HOLD_CHECK_S = 1.0  # how often a round's deadline is moved to `timeout` after the last payload byte (module doc)
-NORM_ROW, NORM_BLOCK = 4096, 4096 * 256  # `_sq_norm`: float32 dot per row, float64 sum; bfloat16 widened per block
 _DONE_KEYS_KEPT = 256  # finished rounds remembered, to drop their late chunks quietly
 RESEND_FIRST_S = 30.0  # a member missing an owner's sum this long (or 2x the last round) resends its part ...
 RESEND_MAX_S = 60.0  # ... doubling up to this
@@ -158,6 +157,7 @@ class AllReducer:
         self.limiter = trio.CapacityLimiter(1)  # the whole-part tensor work, off the event loop (module doc)
         self._work_s: dict[str, float] = {}  # round key -> seconds of tensor work in the worker thread so far
         self.last_round: dict | None = None  # the last round that summed: key, seconds, tensor work, MB sent
+        self._last_chunk: dict[str, tuple[str, float]] = {}  # peer -> (key, trio time) of its last chunk here
 
     async def _in_thread(self, key: str, fn, *args):
         """`fn(*args)` in the worker thread; its time counts as tensor work of round `key`."""
@@ -202,6 +202,7 @@ class AllReducer:
         return None
 
     async def on_chunk(self, peer_id: str, msg: AllReduceChunk, payload: bytes | bytearray | memoryview) -> None:
+        self._last_chunk[peer_id] = (msg.key, trio.current_time())
         if msg.key in self._done:
             log.debug("late all-reduce chunk for finished round %r from %s dropped", msg.key, peer_id)
             if msg.phase == REDUCE:
@@ -219,8 +220,9 @@ class AllReducer:
             return self._refuse(peer_id, msg, f"unknown phase {msg.phase}")
         if not math.isfinite(msg.count):
             return self._refuse(peer_id, msg, f"count {msg.count} is not finite")
-        checked = (_checked(payload, h.dtype) if len(payload) < INLINE_CHECK_BYTES
-                   else await self._in_thread(msg.key, _checked, payload, h.dtype))
+        wire = WIRE_DTYPES[h.dtype][0]
+        checked = (checked_chunk(payload, wire) if len(payload) < INLINE_CHECK_BYTES
+                   else await self._in_thread(msg.key, checked_chunk, payload, wire))
         if checked is None:
             return self._refuse(peer_id, msg, "tensor holds NaN or infinity")
         t, sq = checked
@@ -272,7 +274,7 @@ class AllReducer:
         bytes for P parameters among n members) is kept until it starts the next round.  Duplicates are
         otherwise dropped quietly (`resends`, `answered_again`)."""
         n = len(rnd.group)
-        first = max(self.resend_after_s, 2 * (self.last_round or {}).get("seconds", 0.0))
+        first = self._resend_wait()
         for attempt in itertools.count(1):
             with trio.move_on_after(backoff_s(attempt, first, max(first, RESEND_MAX_S))):
                 while rnd.missing(GATHER, mine):
@@ -330,11 +332,22 @@ class AllReducer:
             rnd.sending -= 1
             rnd.sent_at = trio.current_time()
 
-    def _moved_at(self, peers: list[str], went: bool = True) -> float:
-        """When a payload record last came from one of `peers`, or went to one (`went`) (trio time; -inf: never)."""
+    def _moved_at(self, peers: list[str], went: bool = True, came: bool = True) -> float:
+        """When a payload record last came from one of `peers` (`came`), or went to one (`went`) (trio time; -inf:
+        never)."""
         moved = self.host.payload_moved
-        return max((moved.get((p, came), -math.inf) for p in peers for came in (True, False) if came or went),
+        return max((moved.get((p, c), -math.inf) for p in peers for c in (True, False) if (came if c else went)),
                    default=-math.inf)
+
+    def _resend_wait(self) -> float:
+        return max(self.resend_after_s, 2 * (self.last_round or {}).get("seconds", 0.0))
+
+    def _elsewhere(self, peer: str, key: str, since: float) -> bool:
+        """`peer`'s last chunk here is for another round of `key`'s stage and iteration (the keys differ in their
+        group digest only, regroup.py), and came `since` or later: it runs that round (module doc)."""
+        last = self._last_chunk.get(peer)
+        return (last is not None and last[0] != key and last[1] >= since
+                and last[0].rpartition("/")[0] == key.rpartition("/")[0])
 
     async def all_reduce(
         self, key: str, group: list[str], tensor: torch.Tensor, count: float, timeout: float,
@@ -405,10 +418,16 @@ class AllReducer:
         async def reduce_mine(nursery: trio.Nursery) -> None:
             total[0] = await self._reduce_and_send(key, rnd, mine, max_count, result, nursery)
 
+        # a member's chunks of another round that come once this one has waited its resend wait are that round's
+        settled = trio.current_time() + self._resend_wait()
+
         async def hold() -> None:  # the deadline: `timeout` after payload bytes last moved with a member (module doc)
             while True:
                 await trio.sleep(HOLD_CHECK_S)
-                moved = max(self._moved_at([p for p in group if p != me], went=rnd.sending > 0), rnd.sent_at)
+                others = [p for p in group if p != me]
+                away = [p for p in others if self._elsewhere(p, key, settled)]
+                moved = max(self._moved_at([p for p in others if p not in away], went=rnd.sending > 0),
+                            self._moved_at(away, went=rnd.sending > 0, came=False), rnd.sent_at)
                 deadline.deadline = max(deadline.deadline, moved + timeout)
 
         try:
@@ -457,8 +476,8 @@ class AllReducer:
             await rnd.changed.wait()
         lo, hi = part_bounds(length, len(group), mine)
         mine_in = [rnd.chunks[(REDUCE, mine, p)] for p in group]
-        if (REDUCE, mine, me) not in rnd.norms:  # (a received chunk's norm comes with its check: `_checked`)
-            rnd.norms[(REDUCE, mine, me)] = await self._in_thread(key, _sq_norm, rnd.chunks[(REDUCE, mine, me)][1])
+        if (REDUCE, mine, me) not in rnd.norms:  # (a received chunk's norm comes with its check)
+            rnd.norms[(REDUCE, mine, me)] = await self._in_thread(key, sq_norm, rnd.chunks[(REDUCE, mine, me)][1])
         norms = [rnd.norms[(REDUCE, mine, p)] for p in group]
         contribs = [Contribution(p, c, sq, hi - lo) for p, (c, _t), sq in zip(group, mine_in, norms)]
         verdict = self.guard.judge((lo, hi, length), contribs, max_count)
@@ -505,41 +524,6 @@ class AllReducer:
                            "tensor_work_s": round(work, 4), "sent_mb": round(2 * (n - 1) / n * nbytes / 1e6, 3)}
         log.debug("all-reduce %r among %d: %.2f s, of which %.2f s tensor work (checks, norms, sums) in the worker "
                  "thread; %.1f MB sent", key, n, self.last_round["seconds"], work, self.last_round["sent_mb"])
-
-
-def _checked(payload, dtype: str = "float32") -> tuple[torch.Tensor, float] | None:
-    """The tensor of (a copy of) `payload` in `dtype` (the wire's: a bfloat16 chunk stays bfloat16) and its squared
-    norm, or None if it holds NaN or infinity; in a worker thread unless it is small."""
-    buf = payload if isinstance(payload, bytearray) else bytearray(payload)
-    wire = WIRE_DTYPES[dtype][0]
-    t = torch.frombuffer(buf, dtype=wire) if len(buf) else torch.empty(0, dtype=wire)
-    sq = _sq_norm(t)
-    return None if sq is None else (t, sq)
-
-
-def _sq_norm(t: torch.Tensor) -> float | None:
-    """The squared L2 norm of 1-D `t` (float32 or bfloat16), or None if `t` holds NaN or infinity.
-
-    Rows of NORM_ROW elements are dotted in float32 and summed in float64: relative error under 1e-6 against a
-    float64 dot (about 1e-9 over millions of values), at 1/30 of its time for float32 (no float64 copy); bfloat16
-    is widened a block at a time.
-    One pass also checks finiteness: the sum is finite only if every value is; where it is not, an
-    `isfinite` pass tells a NaN or infinity from squares past float32's range (then the float64 dot)."""
-    total = 0.0
-    for lo in range(0, t.numel(), NORM_BLOCK):
-        b = t[lo:lo + NORM_BLOCK].float()  # (a view of float32)
-        whole = b.numel() // NORM_ROW * NORM_ROW
-        if whole:
-            rows = b[:whole].view(-1, NORM_ROW)
-            total += float(torch.linalg.vecdot(rows, rows).sum(dtype=torch.float64))
-        if whole < b.numel():
-            total += float(torch.dot(b[whole:], b[whole:]))
-    if math.isfinite(total):
-        return total
-    if not bool(torch.isfinite(t).all()):
-        return None
-    wide = t.double()
-    return float(torch.dot(wide, wide))
 
 
 def _sum_in_order(chunks: list[tuple[float, torch.Tensor]], length: int, result: torch.Tensor,
