@@ -45,7 +45,7 @@ async def test_maintenance_runs_at_start_then_spread_apart(autojump_clock) -> No
 
     store = SimpleNamespace(_republish_provider_records=nothing, _republish_records=nothing, cleanup_expired=lambda: 0)
     fake = SimpleNamespace(manager=SimpleNamespace(is_running=True), refresh_routing_table=refresh,
-                           provider_store=store, value_store=store, peer_routing=None, spread_rng=random.Random(1))
+                           provider_store=store, value_store=store, peer_routing=None)
     start = trio.current_time()
     with trio.move_on_after(10 * ROUTING_TABLE_REFRESH_INTERVAL):
         await SpreadDHT._run_main_loop(fake)

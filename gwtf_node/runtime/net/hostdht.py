@@ -58,10 +58,8 @@ class SpreadDHT(KadDHT):
     loop does the same steps, at start and then `spread` apart (`tests/runtime/test_dht_spread.py` checks the
     steps against py-libp2p's loop)."""
 
-    spread_rng: random.Random | None = None  # None: a generator of its own (a test hands a seeded one)
-
     async def _run_main_loop(self) -> None:
-        rng = self.spread_rng or random.Random()
+        rng = random.Random()
         while self.manager.is_running:
             try:
                 await self.refresh_routing_table()

@@ -420,14 +420,14 @@ class AllReducer:
 
         # a member's chunks of another round that come once this one has waited its resend wait are that round's
         settled = trio.current_time() + self._resend_wait()
+        others = [p for p in group if p != me]
 
         async def hold() -> None:  # the deadline: `timeout` after payload bytes last moved with a member (module doc)
             while True:
                 await trio.sleep(HOLD_CHECK_S)
-                others = [p for p in group if p != me]
-                away = [p for p in others if self._elsewhere(p, key, settled)]
-                moved = max(self._moved_at([p for p in others if p not in away], went=rnd.sending > 0),
-                            self._moved_at(away, went=rnd.sending > 0, came=False), rnd.sent_at)
+                here = [p for p in others if not self._elsewhere(p, key, settled)]
+                moved = max(self._moved_at(others, went=rnd.sending > 0, came=False), self._moved_at(here, went=False),
+                            rnd.sent_at)
                 deadline.deadline = max(deadline.deadline, moved + timeout)
 
         try:
