@@ -210,8 +210,14 @@ class FlowNode:
     def adopt(self, inn: dict[str, dict[str, int]], out: dict[str, dict[str, int]]) -> None:
         """Before `start`: hold the units another formation placed (pooled formation's homing, pool.py) instead of
         none; the labels are computed over them at `start`, and the data node launches only what they leave of its
-        demand."""
+        demand.  Those units are a maximum flow (the pool's) but no successive-shortest-path result of any one
+        commodity, so their residual network may hold a negative cycle: the data node marks no wave (as after a
+        removal: a hand-back costs 0, waves.py `free_back`) and a relay crosses no more (relabel.py `adopted`)."""
         self.units.adopt(inn, out)
+        if self.cfg.is_data:
+            self.wave.reformed = True
+        else:
+            relabel.adopted(self)
 
     def start(self, now: float) -> list[Effect]:
         eff: list[Effect] = []

@@ -44,7 +44,8 @@ the B unit's route from here on, relabelled (RelabelCost of (B, A)): cost
 OUT_B(p) - d(p, i) + R(B -> A), a multi-commodity augmenting path
 (`cross_in`, `Via.CROSS`).  Carried out with the messages of relabelling (Deny
 DISPLACED to p, Relabel down the route).  At most `cross_limit` per relay:
-more let stale labels chase units around.
+more let stale labels chase units around; none at a relay that holds the
+units pooled formation homed (`adopted`).
 
 A relay of a one-stage run, linked to both sides of each data node, does
 neither (`one_stage`): a data node would count its Relabels on the wrong side
@@ -150,6 +151,15 @@ def cross_in(node: FlowNode, d: str) -> tuple | None:
     if best is not None and best[0] < node.labels.my_in[d].cost - EPS:
         return best
     return None
+
+def adopted(node: FlowNode) -> None:
+    """Relay: it holds units another formation placed (`FlowNode.adopt`): it crosses no more, as if `cross_limit`
+    were spent.  Those units are a maximum flow already (the pool's), so a crossing adds none; and they are no
+    successive-shortest-path result of any one commodity, so crossing labels can go round a negative cycle, which
+    the path check cuts at a different place each time: last-stage relays announced two routes of one cost in
+    turn, 8,000 announcements a second for as long as the run went (Table VI x8 seed 3,
+    docs/bench_optimality.md)."""
+    node.relabelling.crossed = max(node.relabelling.crossed, node.cfg.cross_limit)
 
 def crossings(node: FlowNode, d: str) -> list[tuple[str, float]]:
     """The data nodes B whose units, sent on from here, could become `d`'s, with that RelabelCost, in commodity
