@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import random
 
-from gwtf_node.protocol.flow.homing import exchange, home_units, place_away, swap_suffixes, unit_cost
+from gwtf_node.protocol.flow.homing import Loads, exchange, home_units, place_away, spread, swap_suffixes, unit_cost
 
 
 def table(costs: dict[tuple[str, str], float]):
@@ -85,3 +85,35 @@ def test_random_instances_keep_capacities_and_demand_and_end_home():
         if len(homed) == len(units):  # no unit dropped: every relay keeps as many units at each stage
             assert per_stage(homed) == per_stage(units)
         assert steps["swaps"] + steps["placed_away"] >= sum(u[0] != u[2] for u in units) // 2
+        raw = [(u[0], u[1], u[0]) for u in units if unit_cost(table(c), (u[0], u[1], u[0])) < float("inf")]
+        if raw:  # step 4 alone, from units as they left: the slowest gets no slower, every relay keeps its units
+            kept, before = list(raw), max(Loads(list(raw), table(c)).load)
+            spread(raw, table(c))
+            assert max(Loads(raw, table(c)).load) <= before and per_stage(raw) == per_stage(kept)
+            assert sum(unit_cost(table(c), u) for u in raw) <= sum(unit_cost(table(c), u) for u in kept) + 1e-9
+            assert sorted(u[0] for u in raw) == sorted(u[0] for u in kept) and all(u[0] == u[2] for u in raw)
+
+
+def test_units_that_share_a_slow_link_are_spread_where_the_cost_is_the_same():
+    # A's two units both cross x1 -> x2 (10) and wait for each other there; swapping one's last stage with B's
+    # unit costs as much (no exchange gains) and leaves no slow link shared
+    c = {("A", "x1"): 1, ("x1", "x2"): 10, ("x2", "A"): 1, ("B", "y1"): 1, ("y1", "y2"): 1, ("y2", "B"): 1,
+         ("x1", "y2"): 10, ("y2", "A"): 1, ("y1", "x2"): 1, ("x2", "B"): 1}
+    units = [("A", ("x1", "x2"), "A"), ("A", ("x1", "x2"), "A"), ("B", ("y1", "y2"), "B")]
+    assert max(Loads(list(units), table(c)).load) == 24
+    homed, steps = home_units(units, table(c), {"A": 2, "B": 1})
+    assert steps["exchanges"] == 0 and steps["spread"] == 1
+    assert sorted(homed) == [("A", ("x1", "x2"), "A"), ("A", ("x1", "y2"), "A"), ("B", ("y1", "x2"), "B")]
+    assert max(Loads(homed, table(c)).load) == 13
+    assert sum(unit_cost(table(c), u) for u in homed) == sum(unit_cost(table(c), u) for u in units)
+
+
+def test_spreading_stops_where_no_swap_makes_the_slowest_unit_faster_at_no_higher_cost():
+    dearer = {("A", "x1"): 1, ("x1", "x2"): 10, ("x2", "A"): 1, ("B", "y1"): 1, ("y1", "y2"): 1, ("y2", "B"): 1,
+              ("x1", "y2"): 12, ("y2", "A"): 1, ("y1", "x2"): 1, ("x2", "B"): 1}
+    units = [("A", ("x1", "x2"), "A"), ("A", ("x1", "x2"), "A"), ("B", ("y1", "y2"), "B")]
+    assert spread(units, table(dearer)) == 0  # the swap above, at 2 more: not made
+    c = {("A", "x1"): 1, ("x1", "x2"): 10, ("x2", "A"): 1, ("B", "y1"): 1, ("y1", "y2"): 1, ("y2", "B"): 1}
+    units = [("A", ("x1", "x2"), "A"), ("B", ("y1", "y2"), "B")]  # no link across: nothing to swap
+    assert spread(units, table(c)) == 0 and units == [("A", ("x1", "x2"), "A"), ("B", ("y1", "y2"), "B")]
+    assert spread([], table(c)) == 0

@@ -29,7 +29,7 @@ by the pool once its flows are still (`PoolConfig.quiet_s`):
    the other units use at the next stage (at the first stage, to every data
    node's source side; at the last, to every sink side); `CostReply`.
 3. The pool computes the homed units (`homing.home_units`: suffix swaps, units
-   still away to the data node cheapest for them, exchanges) and sends each
+   still away to the data node cheapest for them, exchanges, spreading) and sends each
    node on a homed path its routes per data node (`Install`; an empty one to
    every other node on a traced path and every data node's side).  From then
    on a node's `inn` / `out` are the installed per-data-node counts, and its
