@@ -401,7 +401,7 @@ def add_sim_parsers(sub) -> None:
                         "(T0 1.7, alpha 0.95; off by default: it raises the cost, docs/bench_flow.md)")
     f.add_argument("--pooled", action="store_true",
                    help="gwtf with several data nodes: form the units as one commodity, then send each home "
-                        "(suffix swaps, exchanges: docs/bench_flow.md, 'Pooled formation')")
+                        "(suffix swaps, exchanges, spreading: docs/bench_flow.md, 'Pooled formation')")
     f.add_argument("--json", action="store_true", help="print the JSON of specs/scenario.md")
     f.add_argument("--trace", metavar="FILE", default=None,
                    help="gwtf: write every delivered message, in order, to FILE (time sender receiver message)")

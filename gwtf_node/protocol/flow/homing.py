@@ -3,7 +3,7 @@
 Formed as one commodity, a unit leaves some data node and ends at whichever
 data node was cheapest for the relays' paths; several data nodes need every
 unit to end where it left.  `home_units` repairs that over the units' paths
-and the costs of the links between the relays they use, in three steps:
+and the costs of the links between the relays they use, in four steps:
 
 1. *Suffix swaps*: while a unit A ends at another data node d' than it left, a
    unit B that leaves d' and ends elsewhere swaps with A everything after the

@@ -215,7 +215,7 @@ class FlowNode:
         removal: a hand-back costs 0, waves.py `free_back`) and a relay crosses no more (relabel.py `adopted`)."""
         self.units.adopt(inn, out)
         if self.cfg.is_data:
-            self.wave.reformed = True
+            waves.reformed(self)  # (its first wave, at `start`, is unmarked)
         else:
             relabel.adopted(self)
 
