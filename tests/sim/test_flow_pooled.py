@@ -122,8 +122,8 @@ def test_the_per_data_node_machines_run_on_from_the_homed_units_and_keep_them():
     assert sorted((f.data_node, f.path) for f in on.flows) == sorted((f.data_node, f.path) for f in homed.flows)
 
 
-def test_after_the_handover_a_crashed_relay_s_units_are_placed_again():
-    sc = load_flow_setting(5, 0)
+def _homed(sc, until_s: float) -> dict[str, PoolMachine]:
+    """The pooled machines of `sc`, run until the pool has homed the units (at most `until_s`)."""
     net = pooled_scenario(sc)
     cfgs, pcfgs = flow_configs(net), pool_configs(sc)
     sim = Simulator(lambda a, b: (lambda v: None if v is None else v * MS)(net.delay_ms(a, b)))
@@ -131,12 +131,23 @@ def test_after_the_handover_a_crashed_relay_s_units_are_placed_again():
     for nid in sorted(machines):
         sim.add(nid, machines[nid])
     sim.start_all()
-    sim.run_until(200.0, stop=lambda now: machines[POOL_ID].homed, check_every_s=1.0)
-    nodes = handover(sc, machines)
+    sim.run_until(until_s, stop=lambda now: machines[POOL_ID].homed, check_every_s=1.0)
+    return machines
+
+
+def _started(sc, nodes: dict[str, FlowNode]) -> Simulator:
+    """A simulator of `sc` that runs the per-data-node machines `handover` gave, started."""
     after = Simulator(lambda a, b: (lambda v: None if v is None else v * MS)(sc.delay_ms(a, b)))
     for nid in sorted(nodes):
         after.add(nid, nodes[nid])
     after.start_all()
+    return after
+
+
+def test_after_the_handover_a_crashed_relay_s_units_are_placed_again():
+    sc = load_flow_setting(5, 0)
+    nodes = handover(sc, _homed(sc, 200.0))
+    after = _started(sc, nodes)
     after.run_until(10.0)
     victim = next(r for r in sorted(nodes) if not nodes[r].cfg.is_data and any(nodes[r].out[d] for d in nodes[r].out))
     after.kill(victim)
@@ -209,20 +220,10 @@ def test_after_the_handover_of_table6_x8_seed_3_the_labels_settle():
     from gwtf_node.sim.train.setting import flow_scenario, make_table6, swarm_placement
 
     sc = flow_scenario(swarm_placement(make_table6(8, 3)))
-    net = pooled_scenario(sc)
-    cfgs, pcfgs = flow_configs(net), pool_configs(sc)
-    sim = Simulator(lambda a, b: (lambda v: None if v is None else v * MS)(net.delay_ms(a, b)))
-    machines = {nid: PoolMachine(FlowNode(cfgs[nid], random.Random(f"0:{nid}")), pcfgs[nid]) for nid in cfgs}
-    for nid in sorted(machines):
-        sim.add(nid, machines[nid])
-    sim.start_all()
-    sim.run_until(300.0, stop=lambda now: machines[POOL_ID].homed, check_every_s=1.0)
+    machines = _homed(sc, 300.0)
     homed = installed_flows(sc, machines)[0]
     nodes = handover(sc, machines)
-    after = Simulator(lambda a, b: (lambda v: None if v is None else v * MS)(sc.delay_ms(a, b)))
-    for nid in sorted(nodes):
-        after.add(nid, nodes[nid])
-    after.start_all()
+    after = _started(sc, nodes)
     limit = 60_000  # (17,032 in all here; the flap sent about 8,000 a second)
     after.run_until(20.0, stop=lambda now: after.stats.messages > limit, check_every_s=0.5)
     settled = after.stats.messages

@@ -42,11 +42,16 @@ INF = float("inf")
 GAIN_EPS = 1e-9  # an exchange must lower the cost by more than this (float noise cannot loop)
 
 
+def hops(unit: Unit) -> list[tuple[str, str]]:
+    """The links `unit` crosses, from the data node it leaves to the one it ends at."""
+    h = (unit[0], *unit[1], unit[2])
+    return list(zip(h, h[1:]))
+
+
 def unit_cost(cost: CostFn, unit: Unit) -> float:
     """The cost of `unit`'s hops, INF where one of its links is unknown."""
-    hops = (unit[0], *unit[1], unit[2])
     total = 0.0
-    for a, b in zip(hops, hops[1:]):
+    for a, b in hops(unit):
         c = cost(a, b)
         if c is None:
             return INF
@@ -152,12 +157,6 @@ def exchange(units: list[Unit], cost: CostFn, demand: Mapping[str, int], max_pas
     return made
 
 
-def hops(unit: Unit) -> list[tuple[str, str]]:
-    """The links `unit` crosses, from the data node it leaves to the one it ends at."""
-    h = (unit[0], *unit[1], unit[2])
-    return list(zip(h, h[1:]))
-
-
 class Loads:
     """Step 4's bookkeeping: the units on each link, and each unit's load (its links' cost x units on them)."""
 
@@ -217,15 +216,17 @@ def spread(units: list[Unit], cost: CostFn, max_moves: int = 200) -> int:
         top = max(loads.load)
         i = loads.load.index(top)
         a, best = units[i], None
+        ca = unit_cost(cost, a)
         for k, b in enumerate(units):
             if k == i:
                 continue
+            now = ca + unit_cost(cost, b)
             for i0, j in _segments(len(a[1]), True):
                 pa, pb = a[1][:i0] + b[1][i0:j] + a[1][j:], b[1][:i0] + a[1][i0:j] + b[1][j:]
                 if pa == a[1]:
                     continue
                 a2, b2 = (a[0], pa, a[0]), (b[0], pb, b[0])
-                if unit_cost(cost, a2) + unit_cost(cost, b2) > unit_cost(cost, a) + unit_cost(cost, b) + GAIN_EPS:
+                if unit_cost(cost, a2) + unit_cost(cost, b2) > now + GAIN_EPS:
                     continue  # (the units' cost stays as steps 1-3 left it)
                 key = loads.trial(i, k, a2, b2)
                 if key[0] < top - GAIN_EPS and (best is None or key < best[0]):

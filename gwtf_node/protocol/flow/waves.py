@@ -150,8 +150,9 @@ def begin(node: FlowNode, d: str) -> None:
         node.wave.formation.pop(d, None)
 
 def reformed(node: FlowNode) -> bool:
-    """Data node: it lost a unit or a neighbour came or went (module doc); True the first time (with
-    formation waits): a new, unmarked wave is to end the formation wave, which the relays may still hold."""
+    """Data node: it lost a unit, a neighbour came or went (module doc) or it adopted units another formation
+    placed (`FlowNode.adopt`); True the first time (with formation waits): a new, unmarked wave is to end the
+    formation wave, which the relays may still hold."""
     was = node.wave.reformed
     node.wave.reformed = True
     return not was and node.cfg.formation_waits
