@@ -117,3 +117,16 @@ def test_spreading_stops_where_no_swap_makes_the_slowest_unit_faster_at_no_highe
     units = [("A", ("x1", "x2"), "A"), ("B", ("y1", "y2"), "B")]  # no link across: nothing to swap
     assert spread(units, table(c)) == 0 and units == [("A", ("x1", "x2"), "A"), ("B", ("y1", "y2"), "B")]
     assert spread([], table(c)) == 0
+
+
+def test_spreading_prices_swaps_around_a_unit_over_an_unknown_link():
+    # x2 -> A is unknown (INF): the slowest unit is then one on it, and a swap that takes it off x2 -> A changes
+    # that link's count, which another unit (z) shares; its load stays INF, and the step does not fail
+    c = {("A", "x1"): 1, ("x1", "x2"): 1, ("A", "z1"): 1, ("z1", "x2"): 1, ("B", "y1"): 1, ("y1", "y2"): 1,
+         ("y2", "B"): 1, ("x1", "y2"): 1, ("y1", "x2"): 1, ("x2", "B"): 1, ("y2", "A"): 1, ("A", "y1"): 1,
+         ("B", "x1"): 1}
+    units = [("A", ("x1", "x2"), "A"), ("B", ("y1", "y2"), "B"), ("A", ("z1", "x2"), "A")]
+    kept = list(units)
+    spread(units, table(c))
+    assert per_stage(units) == per_stage(kept) and all(u[0] == u[2] for u in units)
+    assert sorted(u[0] for u in units) == sorted(u[0] for u in kept)
