@@ -185,8 +185,19 @@ def _crossings(cost: CostFn, pa: tuple[str, ...], pb: tuple[str, ...]) -> list[f
     return g
 
 
+def _end_floors(cost: CostFn, data: Sequence[str], unit: Unit) -> tuple[float, float, float]:
+    """Over every data node: the cheapest first and last hops of `unit`'s path, its cheapest first hop, its
+    cheapest last hop (floors of `_homed_ends` whatever the room)."""
+    first, last = unit[1][0], unit[1][-1]
+    ins = [c for c in (cost(d, first) for d in data) if c is not None]
+    outs = [c for c in (cost(last, d) for d in data) if c is not None]
+    return (min((_hop_pair(cost, d, first, last) for d in data), default=INF), min(ins, default=INF),
+            min(outs, default=INF))
+
+
 def _worth_trying(cost: CostFn, a: Unit, b: Unit, now: float, room: Mapping[str, int],
-                  segs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+                  segs: list[tuple[int, int]], floors: Mapping[Unit, tuple[float, float, float]] | None = None,
+                  ) -> list[tuple[int, int]]:
     """The stage ranges of `segs` whose exchange could lower `now` (a and b's summed cost) by more than GAIN_EPS:
     a lower bound on each range's cost after, from the links at its two boundaries and the cheapest end hops
     among `homes`, with a margin for float rounding; every range where a unit's cost is unknown."""
@@ -196,12 +207,18 @@ def _worth_trying(cost: CostFn, a: Unit, b: Unit, now: float, room: Mapping[str,
     stages = len(pa)
     g = _crossings(cost, pa, pb)
     inner = now - cost(a[0], pa[0]) - cost(pa[-1], a[2]) - cost(b[0], pb[0]) - cost(pb[-1], b[2])
-    own = _homed_ends(cost, room, (pa[0], pa[-1]), (pb[0], pb[-1]))
-    swapped = _homed_ends(cost, room, (pb[0], pa[-1]), (pa[0], pb[-1]))
     below = now - GAIN_EPS + ROUNDING * (1.0 + abs(now))
     two = sorted(g[1:stages])[:2]
-    floor = min(swapped + two[0], own + sum(two) if len(two) == 2 else INF) if two else INF
-    if inner + floor >= below:
+    if not two:
+        return []
+    if floors is not None:  # (first with each unit's floors over every data node: no room looked at)
+        fa, fb = floors[a], floors[b]
+        rough = min(fb[1] + fa[2] + fa[1] + fb[2] + two[0], fa[0] + fb[0] + sum(two) if len(two) == 2 else INF)
+        if inner + rough >= below:
+            return []
+    own = _homed_ends(cost, room, (pa[0], pa[-1]), (pb[0], pb[-1]))
+    swapped = _homed_ends(cost, room, (pb[0], pa[-1]), (pa[0], pb[-1]))
+    if inner + min(swapped + two[0], own + sum(two) if len(two) == 2 else INF) >= below:
         return []
     return [(i0, j) for i0, j in segs
             if inner + g[i0] + g[j] + (swapped if i0 == 0 or j == stages else own) < below]
@@ -218,6 +235,7 @@ def exchange(units: list[Unit], cost: CostFn, demand: Mapping[str, int], max_pas
     costs = [unit_cost(cost, u) for u in units]
     ver, room_ver = [0] * len(units), 0
     settled: dict[tuple[int, int], tuple[int, int, int]] = {}  # a pair that gained nothing, as it was then
+    floors: dict[Unit, tuple[float, float, float]] = {}  # `_end_floors` per unit
     made = 0
     for _ in range(max_passes):
         gained = False
@@ -230,7 +248,10 @@ def exchange(units: list[Unit], cost: CostFn, demand: Mapping[str, int], max_pas
             free = {d: n for d, n in room.items() if n > 0 or d in (a[0], b[0])}
             free[a[0]] += 1
             free[b[0]] += 1
-            for i0, j in _worth_trying(cost, a, b, now, {d: n for d, n in free.items() if n > 0}, segs):
+            for x in (a, b):
+                if x not in floors:
+                    floors[x] = _end_floors(cost, data, x)
+            for i0, j in _worth_trying(cost, a, b, now, {d: n for d, n in free.items() if n > 0}, segs, floors):
                 pa, pb = a[1][:i0] + b[1][i0:j] + a[1][j:], b[1][:i0] + a[1][i0:j] + b[1][j:]
                 room[a[0]] += 1
                 room[b[0]] += 1
