@@ -58,9 +58,14 @@ def hops(unit: Unit) -> list[tuple[str, str]]:
 
 def unit_cost(cost: CostFn, unit: Unit) -> float:
     """The cost of `unit`'s hops, INF where one of its links is unknown."""
+    return _sum_known(cost, hops(unit))
+
+
+def _sum_known(cost: CostFn, links: Sequence[tuple[str, str]]) -> float:
+    """The summed cost of `links`, INF where one of them is unknown."""
     total = 0.0
-    for a, b in hops(unit):
-        c = cost(a, b)
+    for x, y in links:
+        c = cost(x, y)
         if c is None:
             return INF
         total += c
@@ -195,33 +200,47 @@ def _end_floors(cost: CostFn, data: Sequence[str], unit: Unit) -> tuple[float, f
             min(outs, default=INF))
 
 
-def _worth_trying(cost: CostFn, a: Unit, b: Unit, now: float, room: Mapping[str, int],
-                  segs: list[tuple[int, int]], floors: Mapping[Unit, tuple[float, float, float]] | None = None,
-                  ) -> list[tuple[int, int]]:
+def _least(g: list[float], ends: tuple[float, float, float]) -> float:
+    """The least of g[i0] + g[j] plus the ends' term over every stage range but the whole path; `ends` are the
+    end hops' costs (head: ranges from stage 0, tail: ranges to the last stage, own: the others)."""
+    stages = len(g) - 1
+    two = sorted(g[1:stages])[:2]
+    head, tail, own = ends
+    return min(min(head, tail) + two[0] if two else INF, own + two[0] + two[1] if len(two) == 2 else INF)
+
+
+def _ranges_below(g: list[float], inner: float, ends: tuple[float, float, float], below: float,
+                  segs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The ranges of `segs` whose bound (`inner` + the crossings `g` at their boundaries + the ends' term) is
+    below `below`."""
+    if inner + _least(g, ends) >= below:
+        return []
+    head, tail, own = ends
+    stages = len(g) - 1
+    return [(i0, j) for i0, j in segs
+            if inner + g[i0] + g[j] + (head if i0 == 0 else tail if j == stages else own) < below]
+
+
+def _worth_trying(cost: CostFn, a: Unit, b: Unit, now: float, room: Mapping[str, int], segs: list[tuple[int, int]],
+                  floors: Callable[[Unit], tuple[float, float, float]]) -> list[tuple[int, int]]:
     """The stage ranges of `segs` whose exchange could lower `now` (a and b's summed cost) by more than GAIN_EPS:
     a lower bound on each range's cost after, from the links at its two boundaries and the cheapest end hops
-    among `homes`, with a margin for float rounding; every range where a unit's cost is unknown."""
+    (first each unit's `floors` over every data node, then the data nodes with room once a and b give theirs
+    up), with a margin for float rounding; every range where a unit's cost is unknown."""
     if now == INF:
         return segs
     pa, pb = a[1], b[1]
-    stages = len(pa)
     g = _crossings(cost, pa, pb)
     inner = now - cost(a[0], pa[0]) - cost(pa[-1], a[2]) - cost(b[0], pb[0]) - cost(pb[-1], b[2])
     below = now - GAIN_EPS + ROUNDING * (1.0 + abs(now))
-    two = sorted(g[1:stages])[:2]
-    if not two:
+    fa, fb = floors(a), floors(b)
+    rough = fb[1] + fa[2] + fa[1] + fb[2]
+    if inner + _least(g, (rough, rough, fa[0] + fb[0])) >= below:
         return []
-    if floors is not None:  # (first with each unit's floors over every data node: no room looked at)
-        fa, fb = floors[a], floors[b]
-        rough = min(fb[1] + fa[2] + fa[1] + fb[2] + two[0], fa[0] + fb[0] + sum(two) if len(two) == 2 else INF)
-        if inner + rough >= below:
-            return []
-    own = _homed_ends(cost, room, (pa[0], pa[-1]), (pb[0], pb[-1]))
-    swapped = _homed_ends(cost, room, (pb[0], pa[-1]), (pa[0], pb[-1]))
-    if inner + min(swapped + two[0], own + sum(two) if len(two) == 2 else INF) >= below:
-        return []
-    return [(i0, j) for i0, j in segs
-            if inner + g[i0] + g[j] + (swapped if i0 == 0 or j == stages else own) < below]
+    free = {d: m for d, n in room.items() if (m := n + (d == a[0]) + (d == b[0])) > 0}
+    own = _homed_ends(cost, free, (pa[0], pa[-1]), (pb[0], pb[-1]))
+    swapped = _homed_ends(cost, free, (pb[0], pa[-1]), (pa[0], pb[-1]))
+    return _ranges_below(g, inner, (swapped, swapped, own), below, segs)
 
 
 def exchange(units: list[Unit], cost: CostFn, demand: Mapping[str, int], max_passes: int = 50,
@@ -236,6 +255,12 @@ def exchange(units: list[Unit], cost: CostFn, demand: Mapping[str, int], max_pas
     ver, room_ver = [0] * len(units), 0
     settled: dict[tuple[int, int], tuple[int, int, int]] = {}  # a pair that gained nothing, as it was then
     floors: dict[Unit, tuple[float, float, float]] = {}  # `_end_floors` per unit
+
+    def floors_of(unit: Unit) -> tuple[float, float, float]:
+        if unit not in floors:
+            floors[unit] = _end_floors(cost, data, unit)
+        return floors[unit]
+
     made = 0
     for _ in range(max_passes):
         gained = False
@@ -245,13 +270,7 @@ def exchange(units: list[Unit], cost: CostFn, demand: Mapping[str, int], max_pas
             settled[i, k] = (ver[i], ver[k], room_ver)
             a, b = units[i], units[k]
             now = costs[i] + costs[k]
-            free = {d: n for d, n in room.items() if n > 0 or d in (a[0], b[0])}
-            free[a[0]] += 1
-            free[b[0]] += 1
-            for x in (a, b):
-                if x not in floors:
-                    floors[x] = _end_floors(cost, data, x)
-            for i0, j in _worth_trying(cost, a, b, now, {d: n for d, n in free.items() if n > 0}, segs, floors):
+            for i0, j in _worth_trying(cost, a, b, now, room, segs, floors_of):
                 pa, pb = a[1][:i0] + b[1][i0:j] + a[1][j:], b[1][:i0] + a[1][i0:j] + b[1][j:]
                 room[a[0]] += 1
                 room[b[0]] += 1
@@ -315,7 +334,7 @@ class Loads:
                 for u in self.on.get(link, ()):
                     if u not in (i, k):
                         new[u] = new.get(u, self.load[u]) + c * n
-        top = max(new.values(), default=-INF)
+        top = max(new.values())
         for u in self.order:  # (the highest load that does not change)
             if u not in new:
                 top = max(top, self.load[u])
@@ -344,28 +363,11 @@ def _spread_trials(cost: CostFn, a: Unit, b: Unit, now: float,
     if now == INF:
         return segs
     pa, pb, ha, hb = a[1], b[1], a[0], b[0]
-    stages = len(pa)
-    g = _crossings(cost, pa, pb)
     own = cost(ha, pa[0]) + cost(pa[-1], ha) + cost(hb, pb[0]) + cost(pb[-1], hb)
     head = _sum_known(cost, ((ha, pb[0]), (pa[-1], ha), (hb, pa[0]), (pb[-1], hb)))
     tail = _sum_known(cost, ((ha, pa[0]), (pb[-1], ha), (hb, pb[0]), (pa[-1], hb)))
-    inner, limit = now - own, now + GAIN_EPS + ROUNDING * (1.0 + abs(now))
-    two = sorted(g[1:stages])[:2]
-    floor = min(min(head, tail) + two[0], own + sum(two) if len(two) == 2 else INF) if two else INF
-    if inner + floor > limit:
-        return []
-    return [(i0, j) for i0, j in segs
-            if inner + g[i0] + g[j] + (head if i0 == 0 else tail if j == stages else own) <= limit]
-
-
-def _sum_known(cost: CostFn, links: Sequence[tuple[str, str]]) -> float:
-    total = 0.0
-    for x, y in links:
-        c = cost(x, y)
-        if c is None:
-            return INF
-        total += c
-    return total
+    below = now + GAIN_EPS + 2 * ROUNDING * (1.0 + abs(now))  # (strictly below: one rounding margin more)
+    return _ranges_below(_crossings(cost, pa, pb), now - own, (head, tail, own), below, segs)
 
 
 def spread(units: list[Unit], cost: CostFn, max_moves: int = 200) -> int:
