@@ -23,9 +23,18 @@ The IN and OUT sides of a relay, and the data node's source and sink, are one ma
 counted.  The order is the sequential FIFO order, so the counts are a floor for the distributed version, as the
 `--bound` columns of `bench_flow_scale.py` are for label waves.
 
+`--distributed` runs the distributed version instead: one `ScalingMachine` a node in the simulator
+(sim/engine.py, message delays the links'), asynchronous, with lazy prices as above.  The data node runs the
+phases: it tells every node each phase's epsilon (`Phase`), a node that hears of a phase first from a push
+starts it then, and a phase ends when all of its credit is back at the data node (Huang's weight throwing: a
+node's credit rides on the pushes and refusals it sends, and a node that sends nothing hands it back in a
+`Credit`); `Done` tells every node that the flows are final.  Every message is counted, and `formed_s` is the
+virtual time of the last phase's end, next to the flow machines' converged time (`--machines`).
+
     python scripts/bench_cost_scaling.py                                  # 160, 320, 1000 relays, K = 10
     python scripts/bench_cost_scaling.py --relays 160 1000 --machines     # with the flow machines side by side
     python scripts/bench_cost_scaling.py --relays 160 1000 --neighbours 0 --eager --json
+    python scripts/bench_cost_scaling.py --distributed --machines         # the machines in the simulator
 """
 
 from __future__ import annotations
@@ -35,20 +44,23 @@ import collections
 import json
 import sys
 import time
+from dataclasses import dataclass, replace
+from fractions import Fraction
 
+from gwtf_node.protocol.effects import Send
+from gwtf_node.protocol.flow import FlowConfig
 from gwtf_node.protocol.neighbourhood import bound_links
 from gwtf_node.protocol.scenario import Scenario, parse_scenario
 from gwtf_node.sim.baselines import optimal_routing
+from gwtf_node.sim.engine import Simulator
 from gwtf_node.sim.flowsim import run_gwtf
 from gwtf_node.sim.scenarios import FlowSetting, generate_layered
-
-SOURCE, SINK = ("d", "source"), ("d", "sink")
-
 
 def circulation(sc: Scenario) -> tuple[dict, tuple]:
     """`sc` (one data node) as a circulation network: arc -> [capacity, integer cost], every arc with its
     reverse (capacity 0); and the arc sink -> source whose flow is the units placed."""
     (data,) = [n.id for n in sc.data_nodes]
+    source, sink = ("source", data), ("sink", data)
     cap = {n.id: n.capacity for n in sc.relays}
     stage = {n.id: n.stage for n in sc.relays}
     arcs: dict = {}
@@ -67,21 +79,22 @@ def circulation(sc: Scenario) -> tuple[dict, tuple]:
         if ends[0] == data:
             r = ends[1]
             if stage[r] == 0:
-                arc(SOURCE, ("in", r), cap[r], link.cost)
+                arc(source, ("in", r), cap[r], link.cost)
             if stage[r] == sc.stages - 1:
-                arc(("out", r), SINK, cap[r], link.cost)
+                arc(("out", r), sink, cap[r], link.cost)
         elif stage[ends[1]] == stage[ends[0]] + 1:
             arc(("out", ends[0]), ("in", ends[1]), min(cap[ends[0]], cap[ends[1]]), link.cost)
         else:
             continue
         top = max(top, int(link.cost))
-    back = (SINK, SOURCE)
-    arc(SINK, SOURCE, sum(c for (u, _), (c, _) in arcs.items() if u == SOURCE), -(1 + (sc.stages + 1) * top))
+    back = (sink, source)
+    arc(sink, source, sum(c for (u, _), (c, _) in arcs.items() if u == source), -(1 + (sc.stages + 1) * top))
     return arcs, back
 
 
-def machine(side: tuple) -> object:
-    return side[1] if side[0] in ("in", "out") else "data node"
+def machine(side: tuple) -> str:
+    """The node a side belongs to: a relay's IN and OUT sides, the data node's source and sink."""
+    return side[1]
 
 
 def cost_scaling(sc: Scenario, factor: int = 2, eager: bool = False) -> dict:
@@ -154,6 +167,196 @@ def cost_scaling(sc: Scenario, factor: int = 2, eager: bool = False) -> dict:
             "relabels_per_node": round(count["relabels"] / machines, 1)}
 
 
+# --- distributed: one machine a node in the simulator (`--distributed`) ------------------------------------------
+
+
+@dataclass(frozen=True)
+class Phase:  # the data node to every machine: refine with this epsilon; and a share of the phase's credit
+    number: int
+    eps: int
+    credit: Fraction
+
+
+@dataclass(frozen=True)
+class Push:  # `amount` along the residual arc tail -> head, at the tail's price
+    tail: tuple
+    head: tuple
+    amount: int
+    price: int
+    phase: int  # a machine that hears of a phase first from a push or refusal starts it then
+    eps: int
+    credit: Fraction
+
+
+@dataclass(frozen=True)
+class Refuse:  # the push came on a stale price: the amount goes back, with the head's price
+    tail: tuple
+    head: tuple
+    amount: int
+    price: int
+    phase: int
+    eps: int
+    credit: Fraction
+
+
+@dataclass(frozen=True)
+class Credit:  # a machine with nothing left to do hands its credit back to the data node
+    credit: Fraction
+
+
+@dataclass(frozen=True)
+class Done:  # the data node to every machine: the last phase ended, the flows are final
+    phases: int
+
+
+class ScalingMachine:
+    """One node's sides, their prices and the residual arcs they are the tail of; the data node also runs the
+    phases and collects the credit (Huang's weight throwing: a phase ends when all of it is back)."""
+
+    def __init__(self, node_id: str, arcs: dict, data: str, factor: int) -> None:
+        self.id, self.data, self.factor = node_id, data, factor
+        self.sides = {u for u, _ in arcs if machine(u) == node_id}
+        alpha = len({u for u, _ in arcs}) + 1
+        self.cap = {a: c for a, (c, _) in arcs.items() if a[0] in self.sides}
+        self.cost = {a: k * alpha for a, (_, k) in arcs.items() if a[0] in self.sides}
+        self.adj: dict = collections.defaultdict(list)
+        for u, v in self.cap:
+            self.adj[u].append(v)
+        self.price = dict.fromkeys(self.sides, 0)
+        self.excess = dict.fromkeys(self.sides, 0)
+        self.heard: dict = {}  # (own side, foreign side) -> the foreign side's price as last heard
+        self.eps, self.credit, self.returned, self.phase = 0, Fraction(0), Fraction(0), 0
+        self.done = None  # the virtual time of Done
+        if node_id == data:
+            self.eps = max(abs(k) for k in self.cost.values()) if self.cost else 1
+            self.peers = sorted({machine(u) for u, _ in arcs} - {node_id})
+
+    def known(self, u, v) -> int:
+        return self.price[v] if v in self.sides else self.heard.get((u, v), 0)
+
+    def start(self, now: float) -> list:
+        return self._next_phase(now) if self.id == self.data else []
+
+    def on_timer(self, now: float, key: str) -> list:
+        return []
+
+    def on_message(self, now: float, sender: str, msg) -> list:
+        self.credit += msg.credit if not isinstance(msg, Done) else 0
+        if isinstance(msg, Done):
+            self.done = now
+            return []
+        if isinstance(msg, Credit):
+            return self._settle(now, [])
+        out = []
+        number, eps = (msg.number, msg.eps) if isinstance(msg, Phase) else (msg.phase, msg.eps)
+        if number > self.phase:  # a new phase: saturate every arc of negative reduced cost
+            self.eps, self.phase = eps, number
+            out = self._saturate()
+        if isinstance(msg, Push):
+            self.heard[(msg.head, msg.tail)] = msg.price
+            if -self.cost[(msg.head, msg.tail)] + msg.price - self.price[msg.head] >= 0:
+                out.append(Refuse(msg.tail, msg.head, msg.amount, self.price[msg.head], self.phase, self.eps,
+                                  Fraction(0)))
+            else:
+                self.cap[(msg.head, msg.tail)] += msg.amount
+                self.excess[msg.head] += msg.amount
+        elif isinstance(msg, Refuse):
+            self.heard[(msg.tail, msg.head)] = msg.price
+            self.cap[(msg.tail, msg.head)] += msg.amount
+            self.excess[msg.tail] += msg.amount
+        return self._settle(now, out + self._discharge())
+
+    def _move(self, u, v, amount: int, out: list) -> None:
+        self.cap[(u, v)] -= amount
+        self.excess[u] -= amount
+        if v in self.sides:
+            self.cap[(v, u)] += amount
+            self.excess[v] += amount
+        else:
+            out.append(Push(u, v, amount, self.price[u], self.phase, self.eps, Fraction(0)))
+
+    def _saturate(self) -> list:
+        out: list = []
+        for (u, v), c in list(self.cap.items()):
+            if c > 0 and self.cost[(u, v)] + self.price[u] - self.known(u, v) < 0:
+                self._move(u, v, c, out)
+        return out
+
+    def _discharge(self) -> list:
+        out: list = []
+        busy = [u for u in self.sides if self.excess[u] > 0]
+        while busy:
+            u = busy.pop()
+            while self.excess[u] > 0:
+                ok = [v for v in self.adj[u] if self.cap[(u, v)] > 0
+                      and self.cost[(u, v)] + self.price[u] - self.known(u, v) < 0]
+                if not ok:  # relabel on the prices it knows
+                    self.price[u] = max(self.known(u, v) - self.cost[(u, v)]
+                                        for v in self.adj[u] if self.cap[(u, v)] > 0) - self.eps
+                    continue
+                for v in ok:
+                    self._move(u, v, min(self.excess[u], self.cap[(u, v)]), out)
+                    if v in self.sides and self.excess[v] > 0:
+                        busy.append(v)
+                    if self.excess[u] == 0:
+                        break
+        return out
+
+    def _settle(self, now: float, out: list) -> list:
+        """Send `out` with this machine's credit split over it; with nothing to send, hand the credit back."""
+        if self.id == self.data:  # the data node keeps what it holds and counts what came back
+            self.returned += self.credit if not out else 0
+            self.credit = self.credit if out else Fraction(0)
+        sends = []
+        for m in out:
+            share = self.credit / len(out)
+            sends.append(Send(machine(m.head if isinstance(m, Push) else m.tail), replace(m, credit=share)))
+        if out:
+            self.credit = Fraction(0)
+        elif self.credit and self.id != self.data:
+            sends.append(Send(self.data, Credit(self.credit)))
+            self.credit = Fraction(0)
+        if self.id == self.data and self.returned == 1:
+            return sends + self._next_phase(now)
+        return sends
+
+    def _next_phase(self, now: float) -> list:
+        if self.eps <= 1 and self.phase:
+            self.done = now
+            return [Send(p, Done(self.phase)) for p in self.peers]
+        self.eps, self.phase, self.returned = max(1, self.eps // self.factor), self.phase + 1, Fraction(0)
+        share = Fraction(1, len(self.peers) + 1)
+        self.credit = share
+        sends = [Send(p, Phase(self.phase, self.eps, share)) for p in self.peers]
+        return sends + self._settle(now, self._saturate() + self._discharge())
+
+
+def distributed(sc: Scenario, factor: int = 2) -> dict:
+    """Cost scaling by one `ScalingMachine` a node in the simulator (message delays: the links'); what it placed,
+    its cost, the messages by type and the virtual time the flows were final."""
+    arcs, back = circulation(sc)
+    (data,) = [n.id for n in sc.data_nodes]
+    sim = Simulator(lambda a, b: (lambda v: None if v is None else v * 1e-3)(sc.delay_ms(a, b)))
+    nodes = {n.id: ScalingMachine(n.id, arcs, data, factor) for n in sc.nodes}
+    for nid in sorted(nodes):
+        sim.add(nid, nodes[nid])
+    sim.start_all()
+    sim.run_until(float("inf"))
+    flow = {}
+    for m in nodes.values():
+        flow.update({a: arcs[a][0] - c for a, c in m.cap.items() if arcs[a][0] > 0})
+    units = flow[back]
+    total = sum(f * arcs[a][1] for a, f in flow.items() if a != back)
+    price = {u: p for m in nodes.values() for u, p in m.price.items()}
+    certified = all(m.cost[a] + price[a[0]] - price[a[1]] >= -1 for m in nodes.values() for a, c in m.cap.items() if c)
+    n, by_type = len(nodes), sim.stats.messages_by_type
+    return {"units": units, "total_cost": total, "certified": certified, "phases": nodes[data].phase,
+            "messages": sim.stats.messages, "per_node": round(sim.stats.messages / n, 1),
+            "refused_per_node": round(by_type.get("Refuse", 0) / n, 1), "formed_s": None if nodes[data].done is None else round(nodes[data].done, 1),
+            "by_type": dict(sorted(by_type.items())),
+            "by_type_per_node": {k: round(v / n, 1) for k, v in sorted(by_type.items())}}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--relays", type=int, nargs="+", default=[160, 320, 1000])
@@ -163,28 +366,36 @@ def main(argv=None) -> int:
                     help="bound each relay's flow links to K (protocol/neighbourhood.py; 0: every link)")
     ap.add_argument("--factor", type=int, default=2, help="epsilon is divided by this each phase")
     ap.add_argument("--eager", action="store_true", help="every relabel tells every neighbouring machine")
+    ap.add_argument("--distributed", action="store_true",
+                    help="run one machine a node in the simulator (`ScalingMachine`) instead of the central count")
     ap.add_argument("--machines", action="store_true", help="also run the flow machines (label waves) side by side")
     ap.add_argument("--json", action="store_true", help="one JSON object per size instead of the table")
     args = ap.parse_args(argv)
     if args.factor < 2:
         ap.error("--factor must be at least 2")
+    if args.distributed and args.eager:
+        ap.error("--eager is a central count; the machines of --distributed tell prices lazily")
     if not args.json:
         print("| relays x stages | units / max flow | cost / optimum | phases | per node | refused per node "
-              "| flow machines per node | cost scaling / flow machines |")
-        print("|---|---|---|---|---|---|---|---|")
+              "| flow machines per node | cost scaling / flow machines | formed s (flow machines) |")
+        print("|---|---|---|---|---|---|---|---|---|")
     first = None
     for n in args.relays:
         sc = bound_links(parse_scenario(generate_layered(
             f"scale-{n}x{args.stages}", FlowSetting(1, n, args.stages, (1, 3), (1, 20)), args.seed)), args.neighbours)
         opt = optimal_routing(sc)
         t = time.process_time()
-        got = cost_scaling(sc, args.factor, args.eager)
+        if args.distributed:
+            got = distributed(sc, args.factor)
+        else:
+            got = cost_scaling(sc, args.factor, args.eager)
         got["cpu_s"] = round(time.process_time() - t, 1)
         got["cost_ratio"] = round(got["total_cost"] / (opt.mean_cost * opt.num_flows), 6) if opt.num_flows else 1.0
         waves = None
         if args.machines:
             g = run_gwtf(sc, seed=args.seed, neighbours=args.neighbours)
             waves = round(g.messages / len(sc.nodes), 1)
+            got["machines_converged_s"] = g.converged_round * FlowConfig.round_s
         first = first or (got["per_node"], waves)
         row = {"relays": n, "stages": args.stages, "neighbours": args.neighbours, "factor": args.factor,
                "eager": args.eager, "max_flow": opt.num_flows, **got, "machines_per_node": waves,
@@ -197,7 +408,7 @@ def main(argv=None) -> int:
         machines = f"{waves} ({row['machines_growth']:.2f} x)" if waves else "-"
         print(f"| {n} x {args.stages} | {got['units']} / {opt.num_flows} | {got['cost_ratio']:.4f} | {got['phases']} "
               f"| {got['per_node']:.1f} ({row['growth']:.2f} x) | {got['refused_per_node']:.1f} | {machines} "
-              f"| {vs} |", flush=True)
+              f"| {vs} | {got.get('formed_s') or '-'} ({got.get('machines_converged_s') or '-'}) |", flush=True)
     return 0
 
 

@@ -65,3 +65,27 @@ def test_non_integer_costs_are_refused_with_a_message():
                    sc.activation_mb)
     with pytest.raises(SystemExit, match="integer link costs"):
         _bench().cost_scaling(odd)
+
+
+@pytest.mark.parametrize("relays, stages, seed, k, factor", [(24, 4, 0, 0, 2), (40, 5, 1, 3, 2), (64, 8, 2, 4, 5)])
+def test_machines_in_the_simulator_reach_the_min_cost_maximum_flow(relays, stages, seed, k, factor):
+    sc = _layered(relays, stages, seed, k)
+    got = _bench().distributed(sc, factor)
+    opt = optimal_routing(sc)
+    assert got["units"] == opt.num_flows > 0
+    assert got["total_cost"] == pytest.approx(opt.mean_cost * opt.num_flows)
+    assert got["certified"]
+    assert got["formed_s"] is not None and got["formed_s"] > 0
+    by_type = got["by_type"]
+    assert by_type["Phase"] == got["phases"] * (len(sc.nodes) - 1)  # the data node tells each phase to every node
+    assert by_type["Done"] == len(sc.nodes) - 1
+    assert sum(by_type.values()) == got["messages"]
+
+
+@pytest.mark.parametrize("setting", [1, 2, 3, 4])
+def test_machines_in_the_simulator_on_table_v_settings(setting):
+    sc = load_flow_setting(setting, 1)
+    got = _bench().distributed(sc)
+    opt = optimal_routing(sc)
+    assert (got["units"], got["total_cost"]) == (opt.num_flows, pytest.approx(opt.mean_cost * opt.num_flows))
+    assert got["certified"]

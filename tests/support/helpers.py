@@ -184,9 +184,11 @@ class RecordingWire:
 def load_script(name: str):
     """The module of `scripts/<name>.py`, loaded from its file (scripts/ is not a package)."""
     import importlib.util
+    import sys
 
     spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[2] / "scripts" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
