@@ -92,12 +92,20 @@ def circulation(sc: Scenario) -> tuple[dict, tuple]:
     return arcs, back
 
 
+def opening(arcs: dict, alpha: int, first_eps: int | None, factor: int) -> int:
+    """The epsilon before the first phase (which divides it by `factor`): `first_eps` link-cost units, by default
+    the largest link cost, on the scaled costs.  Refine starts by saturating every arc of negative reduced cost,
+    so it needs no epsilon-optimal start, and the circulation arc's -M (larger than any path) is left out."""
+    top = first_eps or max((k for c, k in arcs.values() if c > 0 and k > 0), default=1)
+    return top * alpha * factor
+
+
 def machine(side: tuple) -> str:
     """The node a side belongs to: a relay's IN and OUT sides, the data node's source and sink."""
     return side[1]
 
 
-def cost_scaling(sc: Scenario, factor: int = 2, eager: bool = False) -> dict:
+def cost_scaling(sc: Scenario, factor: int = 2, eager: bool = False, first_eps: int | None = None) -> dict:
     """Min-cost maximum flow of `sc` by cost scaling (module doc); what it placed, its cost, and the messages."""
     arcs, back = circulation(sc)
     adj = collections.defaultdict(list)
@@ -132,7 +140,7 @@ def cost_scaling(sc: Scenario, factor: int = 2, eager: bool = False) -> dict:
     def admissible(u):
         return [v for v in adj[u] if cap[(u, v)] > 0 and cost[(u, v)] + price[u] - known(u, v) < 0]
 
-    eps, phases = max(abs(c) for c in cost.values()), 0
+    eps, phases = opening(arcs, alpha, first_eps, factor), 0
     while eps > 1:
         eps, phases = max(1, eps // factor), phases + 1
         for (u, v) in list(cost):
@@ -213,7 +221,7 @@ class ScalingMachine:
     """One node's sides, their prices and the residual arcs they are the tail of; the data node also runs the
     phases and collects the credit (Huang's weight throwing: a phase ends when all of it is back)."""
 
-    def __init__(self, node_id: str, arcs: dict, data: str, factor: int) -> None:
+    def __init__(self, node_id: str, arcs: dict, data: str, factor: int, first_eps: int | None = None) -> None:
         self.id, self.data, self.factor = node_id, data, factor
         self.sides = {u for u, _ in arcs if machine(u) == node_id}
         alpha = len({u for u, _ in arcs}) + 1
@@ -228,7 +236,7 @@ class ScalingMachine:
         self.eps, self.credit, self.returned, self.phase = 0, Fraction(0), Fraction(0), 0
         self.done = None  # the virtual time of Done
         if node_id == data:
-            self.eps = max(abs(k) for k in self.cost.values()) if self.cost else 1
+            self.eps = opening(arcs, alpha, first_eps, factor)
             self.peers = sorted({machine(u) for u, _ in arcs} - {node_id})
 
     def known(self, u, v) -> int:
@@ -264,6 +272,10 @@ class ScalingMachine:
             self.heard[(msg.tail, msg.head)] = msg.price
             self.cap[(msg.tail, msg.head)] += msg.amount
             self.excess[msg.tail] += msg.amount
+            if self.cost[(msg.tail, msg.head)] + self.price[msg.tail] - msg.price < 0:
+                # the tail relabelled while its push was out, past an arc it had saturated: the arc is
+                # admissible now, and left residual it could break epsilon-optimality, so it goes out again
+                self._move(msg.tail, msg.head, msg.amount, out)
         return self._settle(now, out + self._discharge())
 
     def _move(self, u, v, amount: int, out: list) -> None:
@@ -331,13 +343,13 @@ class ScalingMachine:
         return sends + self._settle(now, self._saturate() + self._discharge())
 
 
-def distributed(sc: Scenario, factor: int = 2) -> dict:
+def distributed(sc: Scenario, factor: int = 2, first_eps: int | None = None) -> dict:
     """Cost scaling by one `ScalingMachine` a node in the simulator (message delays: the links'); what it placed,
     its cost, the messages by type and the virtual time the flows were final."""
     arcs, back = circulation(sc)
     (data,) = [n.id for n in sc.data_nodes]
     sim = Simulator(lambda a, b: (lambda v: None if v is None else v * 1e-3)(sc.delay_ms(a, b)))
-    nodes = {n.id: ScalingMachine(n.id, arcs, data, factor) for n in sc.nodes}
+    nodes = {n.id: ScalingMachine(n.id, arcs, data, factor, first_eps) for n in sc.nodes}
     for nid in sorted(nodes):
         sim.add(nid, nodes[nid])
     sim.start_all()
@@ -365,6 +377,8 @@ def main(argv=None) -> int:
     ap.add_argument("--neighbours", type=int, default=10, metavar="K",
                     help="bound each relay's flow links to K (protocol/neighbourhood.py; 0: every link)")
     ap.add_argument("--factor", type=int, default=2, help="epsilon is divided by this each phase")
+    ap.add_argument("--first-eps", type=int, default=None, metavar="E",
+                    help="the first phase's epsilon, in link-cost units (default: the largest link cost)")
     ap.add_argument("--eager", action="store_true", help="every relabel tells every neighbouring machine")
     ap.add_argument("--distributed", action="store_true",
                     help="run one machine a node in the simulator (`ScalingMachine`) instead of the central count")
@@ -373,6 +387,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.factor < 2:
         ap.error("--factor must be at least 2")
+    if args.first_eps is not None and args.first_eps < 1:
+        ap.error("--first-eps must be at least 1")
     if args.distributed and args.eager:
         ap.error("--eager is a central count; the machines of --distributed tell prices lazily")
     if not args.json:
@@ -386,9 +402,9 @@ def main(argv=None) -> int:
         opt = optimal_routing(sc)
         t = time.process_time()
         if args.distributed:
-            got = distributed(sc, args.factor)
+            got = distributed(sc, args.factor, args.first_eps)
         else:
-            got = cost_scaling(sc, args.factor, args.eager)
+            got = cost_scaling(sc, args.factor, args.eager, args.first_eps)
         got["cpu_s"] = round(time.process_time() - t, 1)
         got["cost_ratio"] = round(got["total_cost"] / (opt.mean_cost * opt.num_flows), 6) if opt.num_flows else 1.0
         waves = None
@@ -398,6 +414,7 @@ def main(argv=None) -> int:
             got["machines_converged_s"] = g.converged_round * FlowConfig.round_s
         first = first or (got["per_node"], waves)
         row = {"relays": n, "stages": args.stages, "neighbours": args.neighbours, "factor": args.factor,
+               "first_eps": args.first_eps,
                "eager": args.eager, "max_flow": opt.num_flows, **got, "machines_per_node": waves,
                "growth": round(got["per_node"] / first[0], 2),
                "machines_growth": round(waves / first[1], 2) if waves else None}
