@@ -24,7 +24,9 @@ counted.  The order is the sequential FIFO order, so the counts are a floor for 
 `--bound` columns of `bench_flow_scale.py` are for label waves.
 
 `--distributed` runs the distributed version instead: one `ScalingMachine` a node in the simulator
-(sim/engine.py, message delays the links'), asynchronous, with lazy prices as above.  The data node runs the
+(sim/engine.py, message delays the links'), asynchronous, with lazy prices as above (`--eager`, or
+`--eager-phases N` for the first N phases: a relabel's price also goes to every neighbouring machine in a
+`Price`, which sets no work going and so carries no credit).  The data node runs the
 phases: it tells every node each phase's epsilon (`Phase`), a node that hears of a phase first from a push
 starts it then, and a phase ends when all of its credit is back at the data node (Huang's weight throwing: a
 node's credit rides on the pushes and refusals it sends, and a node that sends nothing hands it back in a
@@ -217,12 +219,20 @@ class Done:  # the data node to every machine: the last phase ended, the flows a
     phases: int
 
 
+@dataclass(frozen=True)
+class Price:  # eager prices (`eager_phases`): a side's new price, told to every neighbouring machine after a relabel
+    side: tuple
+    price: int
+
+
 class ScalingMachine:
     """One node's sides, their prices and the residual arcs they are the tail of; the data node also runs the
     phases and collects the credit (Huang's weight throwing: a phase ends when all of it is back)."""
 
-    def __init__(self, node_id: str, arcs: dict, data: str, factor: int, first_eps: int | None = None) -> None:
-        self.id, self.data, self.factor = node_id, data, factor
+    def __init__(self, node_id: str, arcs: dict, data: str, factor: int, first_eps: int | None = None,
+                 eager_phases: int = 0) -> None:
+        self.id, self.data, self.factor, self.eager_phases = node_id, data, factor, eager_phases
+        self.relabelled: set = set()  # sides whose new price goes out with this handler's messages (eager phases)
         self.sides = {u for u, _ in arcs if machine(u) == node_id}
         alpha = len({u for u, _ in arcs}) + 1
         self.cap = {a: c for a, (c, _) in arcs.items() if a[0] in self.sides}
@@ -249,6 +259,11 @@ class ScalingMachine:
         return []
 
     def on_message(self, now: float, sender: str, msg) -> list:
+        if isinstance(msg, Price):  # no work comes of it, so it carries no credit
+            for own in self.sides:
+                if (own, msg.side) in self.cap and self.heard.get((own, msg.side), 0) > msg.price:
+                    self.heard[(own, msg.side)] = msg.price
+            return []
         self.credit += msg.credit if not isinstance(msg, Done) else 0
         if isinstance(msg, Done):
             self.done = now
@@ -305,6 +320,8 @@ class ScalingMachine:
                 if not ok:  # relabel on the prices it knows
                     self.price[u] = max(self.known(u, v) - self.cost[(u, v)]
                                         for v in self.adj[u] if self.cap[(u, v)] > 0) - self.eps
+                    if self.phase <= self.eager_phases:
+                        self.relabelled.add(u)
                     continue
                 for v in ok:
                     self._move(u, v, min(self.excess[u], self.cap[(u, v)]), out)
@@ -328,6 +345,9 @@ class ScalingMachine:
         elif self.credit and self.id != self.data:
             sends.append(Send(self.data, Credit(self.credit)))
             self.credit = Fraction(0)
+        for u in sorted(self.relabelled):
+            sends += [Send(m, Price(u, self.price[u])) for m in sorted({machine(v) for v in self.adj[u]} - {self.id})]
+        self.relabelled.clear()
         if self.id == self.data and self.returned == 1:
             return sends + self._next_phase(now)
         return sends
@@ -343,13 +363,13 @@ class ScalingMachine:
         return sends + self._settle(now, self._saturate() + self._discharge())
 
 
-def distributed(sc: Scenario, factor: int = 2, first_eps: int | None = None) -> dict:
+def distributed(sc: Scenario, factor: int = 2, first_eps: int | None = None, eager_phases: int = 0) -> dict:
     """Cost scaling by one `ScalingMachine` a node in the simulator (message delays: the links'); what it placed,
     its cost, the messages by type and the virtual time the flows were final."""
     arcs, back = circulation(sc)
     (data,) = [n.id for n in sc.data_nodes]
     sim = Simulator(lambda a, b: (lambda v: None if v is None else v * 1e-3)(sc.delay_ms(a, b)))
-    nodes = {n.id: ScalingMachine(n.id, arcs, data, factor, first_eps) for n in sc.nodes}
+    nodes = {n.id: ScalingMachine(n.id, arcs, data, factor, first_eps, eager_phases) for n in sc.nodes}
     for nid in sorted(nodes):
         sim.add(nid, nodes[nid])
     sim.start_all()
@@ -380,6 +400,8 @@ def main(argv=None) -> int:
     ap.add_argument("--first-eps", type=int, default=None, metavar="E",
                     help="the first phase's epsilon, in link-cost units (default: the largest link cost)")
     ap.add_argument("--eager", action="store_true", help="every relabel tells every neighbouring machine")
+    ap.add_argument("--eager-phases", type=int, default=0, metavar="N",
+                    help="--distributed: a relabel in phases 1-N tells every neighbouring machine (`Price`)")
     ap.add_argument("--distributed", action="store_true",
                     help="run one machine a node in the simulator (`ScalingMachine`) instead of the central count")
     ap.add_argument("--machines", action="store_true", help="also run the flow machines (label waves) side by side")
@@ -389,8 +411,8 @@ def main(argv=None) -> int:
         ap.error("--factor must be at least 2")
     if args.first_eps is not None and args.first_eps < 1:
         ap.error("--first-eps must be at least 1")
-    if args.distributed and args.eager:
-        ap.error("--eager is a central count; the machines of --distributed tell prices lazily")
+    if args.eager_phases and not args.distributed:
+        ap.error("--eager-phases is for --distributed (the central count's --eager tells every relabel)")
     if not args.json:
         print("| relays x stages | units / max flow | cost / optimum | phases | per node | refused per node "
               "| flow machines per node | cost scaling / flow machines | formed s (flow machines) |")
@@ -402,7 +424,7 @@ def main(argv=None) -> int:
         opt = optimal_routing(sc)
         t = time.process_time()
         if args.distributed:
-            got = distributed(sc, args.factor, args.first_eps)
+            got = distributed(sc, args.factor, args.first_eps, 10 ** 6 if args.eager else args.eager_phases)
         else:
             got = cost_scaling(sc, args.factor, args.eager, args.first_eps)
         got["cpu_s"] = round(time.process_time() - t, 1)
@@ -414,7 +436,7 @@ def main(argv=None) -> int:
             got["machines_converged_s"] = g.converged_round * FlowConfig.round_s
         first = first or (got["per_node"], waves)
         row = {"relays": n, "stages": args.stages, "neighbours": args.neighbours, "factor": args.factor,
-               "first_eps": args.first_eps,
+               "first_eps": args.first_eps, "eager_phases": args.eager_phases,
                "eager": args.eager, "max_flow": opt.num_flows, **got, "machines_per_node": waves,
                "growth": round(got["per_node"] / first[0], 2),
                "machines_growth": round(waves / first[1], 2) if waves else None}

@@ -92,3 +92,13 @@ def test_machines_in_the_simulator_on_table_v_settings(setting):
     opt = optimal_routing(sc)
     assert (got["units"], got["total_cost"]) == (opt.num_flows, pytest.approx(opt.mean_cost * opt.num_flows))
     assert got["certified"]
+
+
+def test_eager_prices_in_the_simulator_trade_messages_for_refusals():
+    sc = _layered(64, 8, 2, 4)
+    lazy, eager = _bench().distributed(sc), _bench().distributed(sc, eager_phases=10 ** 6)
+    assert eager["certified"] and (eager["units"], eager["total_cost"]) == (lazy["units"], lazy["total_cost"])
+    assert "Price" not in lazy["by_type"] and eager["by_type"]["Price"] > 0
+    assert eager["by_type"].get("Refuse", 0) < lazy["by_type"]["Refuse"]
+    first = _bench().distributed(sc, eager_phases=1)
+    assert first["certified"] and 0 < first["by_type"]["Price"] < eager["by_type"]["Price"]
