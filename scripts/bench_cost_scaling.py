@@ -31,7 +31,9 @@ phases: it tells every node each phase's epsilon (`Phase`), a node that hears of
 starts it then, and a phase ends when all of its credit is back at the data node (Huang's weight throwing: a
 node's credit rides on the pushes and refusals it sends, and a node that sends nothing hands it back in a
 `Credit`); `Done` tells every node that the flows are final.  Every message is counted, and `formed_s` is the
-virtual time of the last phase's end, next to the flow machines' converged time (`--machines`).
+virtual time of the last phase's end, next to the flow machines' converged time (`--machines`); the JSON's
+`per_phase` gives each phase's epsilon in link-cost units, its virtual seconds, and the messages received while
+the receiver was in it.
 
     python scripts/bench_cost_scaling.py                                  # 160, 320, 1000 relays, K = 10
     python scripts/bench_cost_scaling.py --relays 160 1000 --machines     # with the flow machines side by side
@@ -233,6 +235,8 @@ class ScalingMachine:
                  eager_phases: int = 0) -> None:
         self.id, self.data, self.factor, self.eager_phases = node_id, data, factor, eager_phases
         self.relabelled: set = set()  # sides whose new price goes out with this handler's messages (eager phases)
+        self.received: collections.Counter = collections.Counter()  # (phase, message type) -> messages received
+        self.started: list = []  # the data node: the virtual time each phase started
         self.sides = {u for u, _ in arcs if machine(u) == node_id}
         alpha = len({u for u, _ in arcs}) + 1
         self.cap = {a: c for a, (c, _) in arcs.items() if a[0] in self.sides}
@@ -259,6 +263,7 @@ class ScalingMachine:
         return []
 
     def on_message(self, now: float, sender: str, msg) -> list:
+        self.received[(self.phase, type(msg).__name__)] += 1
         if isinstance(msg, Price):  # no work comes of it, so it carries no credit
             for own in self.sides:
                 if (own, msg.side) in self.cap and self.heard.get((own, msg.side), 0) > msg.price:
@@ -357,6 +362,7 @@ class ScalingMachine:
             self.done = now
             return [Send(p, Done(self.phase)) for p in self.peers]
         self.eps, self.phase, self.returned = max(1, self.eps // self.factor), self.phase + 1, Fraction(0)
+        self.started.append((now, self.eps))
         share = Fraction(1, len(self.peers) + 1)
         self.credit = share
         sends = [Send(p, Phase(self.phase, self.eps, share)) for p in self.peers]
@@ -382,10 +388,16 @@ def distributed(sc: Scenario, factor: int = 2, first_eps: int | None = None, eag
     price = {u: p for m in nodes.values() for u, p in m.price.items()}
     certified = all(m.cost[a] + price[a[0]] - price[a[1]] >= -1 for m in nodes.values() for a, c in m.cap.items() if c)
     n, by_type = len(nodes), sim.stats.messages_by_type
+    received = sum((m.received for m in nodes.values()), collections.Counter())
+    alpha = len({u for u, _ in arcs}) + 1
+    ends = [t for t, _ in nodes[data].started[1:]] + [nodes[data].done]
+    per_phase = [{"eps": round(e / alpha, 3), "s": round(end - t, 1),
+                  "received": {k: v for (p, k), v in sorted(received.items()) if p == i}}
+                 for i, ((t, e), end) in enumerate(zip(nodes[data].started, ends), 1) if end is not None]
     return {"units": units, "total_cost": total, "certified": certified, "phases": nodes[data].phase,
             "messages": sim.stats.messages, "per_node": round(sim.stats.messages / n, 1),
             "refused_per_node": round(by_type.get("Refuse", 0) / n, 1), "formed_s": None if nodes[data].done is None else round(nodes[data].done, 1),
-            "by_type": dict(sorted(by_type.items())),
+            "by_type": dict(sorted(by_type.items())), "per_phase": per_phase,
             "by_type_per_node": {k: round(v / n, 1) for k, v in sorted(by_type.items())}}
 
 

@@ -83,6 +83,10 @@ def test_machines_in_the_simulator_reach_the_min_cost_maximum_flow(relays, stage
     assert by_type["Phase"] == got["phases"] * (len(sc.nodes) - 1)  # the data node tells each phase to every node
     assert by_type["Done"] == len(sc.nodes) - 1
     assert sum(by_type.values()) == got["messages"]
+    phases = got["per_phase"]
+    assert len(phases) == got["phases"] and phases[-1]["eps"] < 1 / len(sc.nodes)  # exact: below 1 / sides
+    assert sum(p["s"] for p in phases) == pytest.approx(got["formed_s"], abs=0.1 * len(phases))
+    assert sum(sum(p["received"].values()) for p in phases) <= got["messages"]  # not those before a first phase
 
 
 @pytest.mark.parametrize("setting", [1, 2, 3, 4])
