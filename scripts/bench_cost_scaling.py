@@ -9,8 +9,10 @@ send at the least, next to what the flow machines send on the same instance (`--
 
 * the network: a relay is an IN side and an OUT side joined by an arc of its capacity; a link (previous-stage
   OUT -> next-stage IN, the data node's source -> first stage, last stage -> its sink) carries at most the
-  smaller capacity of its relays; an arc sink -> source of cost -M (M above any path's cost) makes the
-  min-cost circulation the min-cost maximum flow.  Link costs must be integers (setting 1's are 1-20); they are
+  smaller capacity of its relays; an arc sink -> source of cost -M makes the min-cost circulation the min-cost
+  maximum flow as long as no augmenting path costs M or more.  M is 1 + (stages + 1) x the largest link cost,
+  above any path's own cost; a rerouting chain could cost more, so the units are always checked against the
+  maximum flow (`max_flow`, networkx; equal on every instance measured).  Link costs must be integers (setting 1's are 1-20); they are
   scaled by the number of sides + 1, so the last phase (epsilon 1) leaves the flows exactly optimal;
 * a push across machines is one message and carries the sender's price.  With lazy prices (the default) a
   relabel tells nobody: a machine pushes on the prices it last heard, and a push that the receiver finds not
@@ -60,6 +62,7 @@ from gwtf_node.sim.engine import Simulator
 from gwtf_node.sim.flowsim import run_gwtf
 from gwtf_node.sim.scenarios import FlowSetting, generate_layered
 
+
 def circulation(sc: Scenario) -> tuple[dict, tuple]:
     """`sc` (one data node) as a circulation network: arc -> [capacity, integer cost], every arc with its
     reverse (capacity 0); and the arc sink -> source whose flow is the units placed."""
@@ -99,7 +102,7 @@ def circulation(sc: Scenario) -> tuple[dict, tuple]:
 def opening(arcs: dict, alpha: int, first_eps: int | None, factor: int) -> int:
     """The epsilon before the first phase (which divides it by `factor`): `first_eps` link-cost units, by default
     the largest link cost, on the scaled costs.  Refine starts by saturating every arc of negative reduced cost,
-    so it needs no epsilon-optimal start, and the circulation arc's -M (larger than any path) is left out."""
+    so it needs no epsilon-optimal start, and the circulation arc's -M is left out."""
     top = first_eps or max((k for c, k in arcs.values() if c > 0 and k > 0), default=1)
     return top * alpha * factor
 
@@ -172,7 +175,7 @@ def cost_scaling(sc: Scenario, factor: int = 2, eager: bool = False, first_eps: 
     certified = all(cost[a] + price[a[0]] - price[a[1]] >= -1 for a in cost if cap[a] > 0)
     sent = count["pushes"] + count["refused"] + count["price_tells"] + 2 * machines * phases
     units = arcs[back][0] - cap[back]
-    total = sum((arcs[a][0] - cap[a]) * c for a, (k, c) in arcs.items() if k > 0 and a != back)
+    total = sum((full - cap[a]) * c for a, (full, c) in arcs.items() if full > 0 and a != back)
     return {"units": units, "total_cost": total, "certified": certified, "phases": phases, "messages": sent,
             "per_node": round(sent / machines, 1), "refused_per_node": round(count["refused"] / machines, 1),
             "pushes_per_node": round(count["pushes"] / machines, 1),
