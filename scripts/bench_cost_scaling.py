@@ -59,7 +59,7 @@ from gwtf_node.protocol.neighbourhood import bound_links
 from gwtf_node.protocol.scenario import Scenario, parse_scenario
 from gwtf_node.sim.baselines import optimal_routing
 from gwtf_node.sim.engine import Simulator
-from gwtf_node.sim.flowsim import run_gwtf
+from gwtf_node.sim.flowsim import link_delays, run_gwtf
 from gwtf_node.sim.scenarios import FlowSetting, generate_layered
 
 
@@ -234,27 +234,26 @@ class ScalingMachine:
     """One node's sides, their prices and the residual arcs they are the tail of; the data node also runs the
     phases and collects the credit (Huang's weight throwing: a phase ends when all of it is back)."""
 
-    def __init__(self, node_id: str, arcs: dict, data: str, factor: int, first_eps: int | None = None,
-                 eager_phases: int = 0) -> None:
+    def __init__(self, node_id: str, own: dict, alpha: int, data: str, factor: int, eager_phases: int = 0,
+                 eps: int = 0, peers: tuple = ()) -> None:
+        """`own`: the arcs whose tail is one of this node's sides (arc -> [capacity, cost]), costs scaled by
+        `alpha`; the data node also gets the epsilon before the first phase and every other node (`peers`)."""
         self.id, self.data, self.factor, self.eager_phases = node_id, data, factor, eager_phases
         self.relabelled: set = set()  # sides whose new price goes out with this handler's messages (eager phases)
         self.received: collections.Counter = collections.Counter()  # (phase, message type) -> messages received
         self.started: list = []  # the data node: the virtual time each phase started
-        self.sides = {u for u, _ in arcs if machine(u) == node_id}
-        alpha = len({u for u, _ in arcs}) + 1
-        self.cap = {a: c for a, (c, _) in arcs.items() if a[0] in self.sides}
-        self.cost = {a: k * alpha for a, (_, k) in arcs.items() if a[0] in self.sides}
+        self.sides = {u for u, _ in own}
+        self.cap = {a: c for a, (c, _) in own.items()}
+        self.cost = {a: k * alpha for a, (_, k) in own.items()}
         self.adj: dict = collections.defaultdict(list)
         for u, v in self.cap:
             self.adj[u].append(v)
         self.price = dict.fromkeys(self.sides, 0)
         self.excess = dict.fromkeys(self.sides, 0)
         self.heard: dict = {}  # (own side, foreign side) -> the foreign side's price as last heard
-        self.eps, self.credit, self.returned, self.phase = 0, Fraction(0), Fraction(0), 0
+        self.eps, self.peers = eps, peers
+        self.credit, self.returned, self.phase = Fraction(0), Fraction(0), 0
         self.done = None  # the virtual time of Done
-        if node_id == data:
-            self.eps = opening(arcs, alpha, first_eps, factor)
-            self.peers = sorted({machine(u) for u, _ in arcs} - {node_id})
 
     def known(self, u, v) -> int:
         return self.price[v] if v in self.sides else self.heard.get((u, v), 0)
@@ -272,10 +271,10 @@ class ScalingMachine:
                 if (own, msg.side) in self.cap and self.heard.get((own, msg.side), 0) > msg.price:
                     self.heard[(own, msg.side)] = msg.price
             return []
-        self.credit += msg.credit if not isinstance(msg, Done) else 0
         if isinstance(msg, Done):
             self.done = now
             return []
+        self.credit += msg.credit
         if isinstance(msg, Credit):
             return self._settle(now, [])
         out = []
@@ -340,19 +339,15 @@ class ScalingMachine:
         return out
 
     def _settle(self, now: float, out: list) -> list:
-        """Send `out` with this machine's credit split over it; with nothing to send, hand the credit back."""
-        if self.id == self.data:  # the data node keeps what it holds and counts what came back
-            self.returned += self.credit if not out else 0
-            self.credit = self.credit if out else Fraction(0)
-        sends = []
-        for m in out:
-            share = self.credit / len(out)
-            sends.append(Send(machine(m.head if isinstance(m, Push) else m.tail), replace(m, credit=share)))
-        if out:
-            self.credit = Fraction(0)
-        elif self.credit and self.id != self.data:
-            sends.append(Send(self.data, Credit(self.credit)))
-            self.credit = Fraction(0)
+        """Send `out` with this machine's credit split over it; with nothing to send, hand the credit back (the
+        data node counts it as returned)."""
+        share = self.credit / len(out) if out else self.credit
+        sends = [Send(machine(m.head if isinstance(m, Push) else m.tail), replace(m, credit=share)) for m in out]
+        if not out and self.id == self.data:
+            self.returned += share
+        elif not out and share:
+            sends.append(Send(self.data, Credit(share)))
+        self.credit = Fraction(0)
         for u in sorted(self.relabelled):
             sends += [Send(m, Price(u, self.price[u])) for m in sorted({machine(v) for v in self.adj[u]} - {self.id})]
         self.relabelled.clear()
@@ -377,8 +372,14 @@ def distributed(sc: Scenario, factor: int = 2, first_eps: int | None = None, eag
     its cost, the messages by type and the virtual time the flows were final."""
     arcs, back = circulation(sc)
     (data,) = [n.id for n in sc.data_nodes]
-    sim = Simulator(lambda a, b: (lambda v: None if v is None else v * 1e-3)(sc.delay_ms(a, b)))
-    nodes = {n.id: ScalingMachine(n.id, arcs, data, factor, first_eps, eager_phases) for n in sc.nodes}
+    sim = Simulator(link_delays(sc))
+    alpha = len({u for u, _ in arcs}) + 1
+    own: dict = collections.defaultdict(dict)  # each node's arcs, by the machine of their tail
+    for a, arc in arcs.items():
+        own[machine(a[0])][a] = arc
+    nodes = {n.id: ScalingMachine(n.id, own[n.id], alpha, data, factor, eager_phases) for n in sc.nodes}
+    nodes[data] = ScalingMachine(data, own[data], alpha, data, factor, eager_phases,
+                                 opening(arcs, alpha, first_eps, factor), tuple(sorted(set(nodes) - {data})))
     for nid in sorted(nodes):
         sim.add(nid, nodes[nid])
     sim.start_all()
@@ -392,7 +393,6 @@ def distributed(sc: Scenario, factor: int = 2, first_eps: int | None = None, eag
     certified = all(m.cost[a] + price[a[0]] - price[a[1]] >= -1 for m in nodes.values() for a, c in m.cap.items() if c)
     n, by_type = len(nodes), sim.stats.messages_by_type
     received = sum((m.received for m in nodes.values()), collections.Counter())
-    alpha = len({u for u, _ in arcs}) + 1
     ends = [t for t, _ in nodes[data].started[1:]] + [nodes[data].done]
     per_phase = [{"eps": round(e / alpha, 3), "s": round(end - t, 1),
                   "received": {k: v for (p, k), v in sorted(received.items()) if p == i}}

@@ -30,6 +30,15 @@ QUIET_ROUNDS_DEFAULT = 15  # no flow changed for this long: converged, stop earl
 MS = 1e-3
 
 
+def link_delays(scenario: Scenario):
+    """The simulator's delay function over `scenario`'s links: a link's one-way delay in seconds, None where
+    there is no link (the simulator's fallback delay)."""
+    def delay_s(a: str, b: str) -> float | None:
+        v = scenario.delay_ms(a, b)
+        return None if v is None else v * MS
+    return delay_s
+
+
 class TracedMachine:
     """A flow machine that writes every message delivered to it, in delivery order, to `out` (one line:
     time, sender, receiver, repr of the message) before handling it; used by `sim flow --trace` and by
@@ -133,7 +142,7 @@ def run_gwtf(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowCon
     scenario = bound_links(scenario, neighbours)
     cfgs = flow_configs(scenario, base)
     round_s = next(iter(cfgs.values())).round_s
-    sim = Simulator(lambda a, b: (lambda v: None if v is None else v * MS)(scenario.delay_ms(a, b)))
+    sim = Simulator(link_delays(scenario))
     nodes: dict[str, FlowNode] = {}
     for nid in sorted(cfgs):
         m = FlowNode(cfgs[nid], random.Random(f"{seed}:{nid}"))

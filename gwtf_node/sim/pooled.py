@@ -25,7 +25,7 @@ from ..protocol.neighbourhood import FLOW_NEIGHBOURS, bound_links
 from ..protocol.scenario import ROLE_DATA, LinkSpec, NodeSpec, Scenario
 from .engine import Simulator
 from .flowchurn import Churn, changed_scenario
-from .flowsim import MS, extract_flows, flow_configs
+from .flowsim import extract_flows, flow_configs, link_delays
 from .result import Flow, RoutingResult, path_cost
 
 POOL_ID = "pool"
@@ -158,7 +158,7 @@ def run_pooled(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowC
     net = pooled_scenario(scenario)
     cfgs, pcfgs = flow_configs(net, base), pool_configs(scenario)
     round_s = cfgs[POOL_ID].round_s
-    sim = Simulator(lambda a, b: (lambda v: None if v is None else v * MS)(net.delay_ms(a, b)))
+    sim = Simulator(link_delays(net))
     machines: dict[str, PoolMachine] = {}
     for nid in sorted(cfgs):
         machines[nid] = PoolMachine(FlowNode(cfgs[nid], random.Random(f"{seed}:{nid}")), pcfgs[nid])
@@ -179,7 +179,7 @@ def run_pooled(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowC
     messages = sim.stats.messages
     if continue_rounds > 0:
         nodes = handover(scenario, machines, seed, base)
-        after = Simulator(lambda a, b: (lambda v: None if v is None else v * MS)(scenario.delay_ms(a, b)))
+        after = Simulator(link_delays(scenario))
         for nid in sorted(nodes):
             after.add(nid, nodes[nid])
         after.start_all()
