@@ -50,10 +50,8 @@ import collections
 import json
 import sys
 import time
-from dataclasses import dataclass, replace
-from fractions import Fraction
 
-from gwtf_node.protocol.effects import Send
+from gwtf_node.protocol.flow.scaling import ScalingMachine, node_of
 from gwtf_node.protocol.flow import FlowConfig
 from gwtf_node.protocol.neighbourhood import bound_links
 from gwtf_node.protocol.scenario import Scenario, parse_scenario
@@ -107,11 +105,6 @@ def opening(arcs: dict, alpha: int, first_eps: int | None, factor: int) -> int:
     return top * alpha * factor
 
 
-def machine(side: tuple) -> str:
-    """The node a side belongs to: a relay's IN and OUT sides, the data node's source and sink."""
-    return side[1]
-
-
 def cost_scaling(sc: Scenario, factor: int = 2, eager: bool = False, first_eps: int | None = None) -> dict:
     """Min-cost maximum flow of `sc` by cost scaling (module doc); what it placed, its cost, and the messages."""
     arcs, back = circulation(sc)
@@ -123,15 +116,15 @@ def cost_scaling(sc: Scenario, factor: int = 2, eager: bool = False, first_eps: 
     cap = {a: c for a, (c, _) in arcs.items()}
     price = dict.fromkeys(adj, 0)
     heard: dict = {}  # (side, neighbour side) -> the neighbour's price as the side's machine last heard it
-    told = {u: {machine(v) for v in adj[u]} - {machine(u)} for u in adj}
+    told = {u: {node_of(v) for v in adj[u]} - {node_of(u)} for u in adj}
     excess: dict = collections.defaultdict(int)
     count = collections.Counter()
 
     def known(u, v):
-        return price[v] if eager or machine(u) == machine(v) else heard.get((u, v), 0)
+        return price[v] if eager or node_of(u) == node_of(v) else heard.get((u, v), 0)
 
     def push(u, v, amount) -> bool:
-        if machine(u) != machine(v):
+        if node_of(u) != node_of(v):
             count["pushes"] += 1
             heard[(v, u)] = price[u]
             if cost[(u, v)] + price[u] - price[v] >= 0:  # stale price: refused, with the receiver's price
@@ -170,7 +163,7 @@ def cost_scaling(sc: Scenario, factor: int = 2, eager: bool = False, first_eps: 
                     count["relabels"] += 1
                     if eager:
                         count["price_tells"] += len(told[u])
-    machines = len({machine(u) for u in adj})
+    machines = len({node_of(u) for u in adj})
     # the certificate: every residual arc's reduced cost at least -1 (epsilon 1 on costs scaled by alpha)
     certified = all(cost[a] + price[a[0]] - price[a[1]] >= -1 for a in cost if cap[a] > 0)
     sent = count["pushes"] + count["refused"] + count["price_tells"] + 2 * machines * phases
@@ -185,188 +178,6 @@ def cost_scaling(sc: Scenario, factor: int = 2, eager: bool = False, first_eps: 
 # --- distributed: one machine a node in the simulator (`--distributed`) ------------------------------------------
 
 
-@dataclass(frozen=True)
-class Phase:  # the data node to every machine: refine with this epsilon; and a share of the phase's credit
-    number: int
-    eps: int
-    credit: Fraction
-
-
-@dataclass(frozen=True)
-class Push:  # `amount` along the residual arc tail -> head, at the tail's price
-    tail: tuple
-    head: tuple
-    amount: int
-    price: int
-    phase: int  # a machine that hears of a phase first from a push or refusal starts it then
-    eps: int
-    credit: Fraction
-
-
-@dataclass(frozen=True)
-class Refuse:  # the push came on a stale price: the amount goes back, with the head's price
-    tail: tuple
-    head: tuple
-    amount: int
-    price: int
-    phase: int
-    eps: int
-    credit: Fraction
-
-
-@dataclass(frozen=True)
-class Credit:  # a machine with nothing left to do hands its credit back to the data node
-    credit: Fraction
-
-
-@dataclass(frozen=True)
-class Done:  # the data node to every machine: the last phase ended, the flows are final
-    phases: int
-
-
-@dataclass(frozen=True)
-class Price:  # eager prices (`eager_phases`): a side's new price, told to every neighbouring machine after a relabel
-    side: tuple
-    price: int
-
-
-class ScalingMachine:
-    """One node's sides, their prices and the residual arcs they are the tail of; the data node also runs the
-    phases and collects the credit (Huang's weight throwing: a phase ends when all of it is back)."""
-
-    def __init__(self, node_id: str, own: dict, alpha: int, data: str, factor: int, eager_phases: int = 0,
-                 eps: int = 0, peers: tuple = ()) -> None:
-        """`own`: the arcs whose tail is one of this node's sides (arc -> [capacity, cost]), costs scaled by
-        `alpha`; the data node also gets the epsilon before the first phase and every other node (`peers`)."""
-        self.id, self.data, self.factor, self.eager_phases = node_id, data, factor, eager_phases
-        self.relabelled: set = set()  # sides whose new price goes out with this handler's messages (eager phases)
-        self.received: collections.Counter = collections.Counter()  # (phase, message type) -> messages received
-        self.started: list = []  # the data node: the virtual time each phase started
-        self.sides = {u for u, _ in own}
-        self.cap = {a: c for a, (c, _) in own.items()}
-        self.cost = {a: k * alpha for a, (_, k) in own.items()}
-        self.adj: dict = collections.defaultdict(list)
-        for u, v in self.cap:
-            self.adj[u].append(v)
-        self.price = dict.fromkeys(self.sides, 0)
-        self.excess = dict.fromkeys(self.sides, 0)
-        self.heard: dict = {}  # (own side, foreign side) -> the foreign side's price as last heard
-        self.eps, self.peers = eps, peers
-        self.credit, self.returned, self.phase = Fraction(0), Fraction(0), 0
-        self.done = None  # the virtual time of Done
-
-    def known(self, u, v) -> int:
-        return self.price[v] if v in self.sides else self.heard.get((u, v), 0)
-
-    def start(self, now: float) -> list:
-        return self._next_phase(now) if self.id == self.data else []
-
-    def on_timer(self, now: float, key: str) -> list:
-        return []
-
-    def on_message(self, now: float, sender: str, msg) -> list:
-        self.received[(self.phase, type(msg).__name__)] += 1
-        if isinstance(msg, Price):  # no work comes of it, so it carries no credit
-            for own in self.sides:
-                if (own, msg.side) in self.cap and self.heard.get((own, msg.side), 0) > msg.price:
-                    self.heard[(own, msg.side)] = msg.price
-            return []
-        if isinstance(msg, Done):
-            self.done = now
-            return []
-        self.credit += msg.credit
-        if isinstance(msg, Credit):
-            return self._settle(now, [])
-        out = []
-        number, eps = (msg.number, msg.eps) if isinstance(msg, Phase) else (msg.phase, msg.eps)
-        if number > self.phase:  # a new phase: saturate every arc of negative reduced cost
-            self.eps, self.phase = eps, number
-            out = self._saturate()
-        if isinstance(msg, Push):
-            self.heard[(msg.head, msg.tail)] = msg.price
-            if -self.cost[(msg.head, msg.tail)] + msg.price - self.price[msg.head] >= 0:
-                out.append(Refuse(msg.tail, msg.head, msg.amount, self.price[msg.head], self.phase, self.eps,
-                                  Fraction(0)))
-            else:
-                self.cap[(msg.head, msg.tail)] += msg.amount
-                self.excess[msg.head] += msg.amount
-        elif isinstance(msg, Refuse):
-            self.heard[(msg.tail, msg.head)] = msg.price
-            self.cap[(msg.tail, msg.head)] += msg.amount
-            self.excess[msg.tail] += msg.amount
-            if self.cost[(msg.tail, msg.head)] + self.price[msg.tail] - msg.price < 0:
-                # the tail relabelled while its push was out, past an arc it had saturated: the arc is
-                # admissible now, and left residual it could break epsilon-optimality, so it goes out again
-                self._move(msg.tail, msg.head, msg.amount, out)
-        return self._settle(now, out + self._discharge())
-
-    def _move(self, u, v, amount: int, out: list) -> None:
-        self.cap[(u, v)] -= amount
-        self.excess[u] -= amount
-        if v in self.sides:
-            self.cap[(v, u)] += amount
-            self.excess[v] += amount
-        else:
-            out.append(Push(u, v, amount, self.price[u], self.phase, self.eps, Fraction(0)))
-
-    def _saturate(self) -> list:
-        out: list = []
-        for (u, v), c in list(self.cap.items()):
-            if c > 0 and self.cost[(u, v)] + self.price[u] - self.known(u, v) < 0:
-                self._move(u, v, c, out)
-        return out
-
-    def _discharge(self) -> list:
-        out: list = []
-        busy = [u for u in self.sides if self.excess[u] > 0]
-        while busy:
-            u = busy.pop()
-            while self.excess[u] > 0:
-                ok = [v for v in self.adj[u] if self.cap[(u, v)] > 0
-                      and self.cost[(u, v)] + self.price[u] - self.known(u, v) < 0]
-                if not ok:  # relabel on the prices it knows
-                    self.price[u] = max(self.known(u, v) - self.cost[(u, v)]
-                                        for v in self.adj[u] if self.cap[(u, v)] > 0) - self.eps
-                    if self.phase <= self.eager_phases:
-                        self.relabelled.add(u)
-                    continue
-                for v in ok:
-                    self._move(u, v, min(self.excess[u], self.cap[(u, v)]), out)
-                    if v in self.sides and self.excess[v] > 0:
-                        busy.append(v)
-                    if self.excess[u] == 0:
-                        break
-        return out
-
-    def _settle(self, now: float, out: list) -> list:
-        """Send `out` with this machine's credit split over it; with nothing to send, hand the credit back (the
-        data node counts it as returned)."""
-        share = self.credit / len(out) if out else self.credit
-        sends = [Send(machine(m.head if isinstance(m, Push) else m.tail), replace(m, credit=share)) for m in out]
-        if not out and self.id == self.data:
-            self.returned += share
-        elif not out and share:
-            sends.append(Send(self.data, Credit(share)))
-        self.credit = Fraction(0)
-        for u in sorted(self.relabelled):
-            sends += [Send(m, Price(u, self.price[u])) for m in sorted({machine(v) for v in self.adj[u]} - {self.id})]
-        self.relabelled.clear()
-        if self.id == self.data and self.returned == 1:
-            return sends + self._next_phase(now)
-        return sends
-
-    def _next_phase(self, now: float) -> list:
-        if self.eps <= 1 and self.phase:
-            self.done = now
-            return [Send(p, Done(self.phase)) for p in self.peers]
-        self.eps, self.phase, self.returned = max(1, self.eps // self.factor), self.phase + 1, Fraction(0)
-        self.started.append((now, self.eps))
-        share = Fraction(1, len(self.peers) + 1)
-        self.credit = share
-        sends = [Send(p, Phase(self.phase, self.eps, share)) for p in self.peers]
-        return sends + self._settle(now, self._saturate() + self._discharge())
-
-
 def distributed(sc: Scenario, factor: int = 2, first_eps: int | None = None, eager_phases: int = 0) -> dict:
     """Cost scaling by one `ScalingMachine` a node in the simulator (message delays: the links'); what it placed,
     its cost, the messages by type and the virtual time the flows were final."""
@@ -376,7 +187,7 @@ def distributed(sc: Scenario, factor: int = 2, first_eps: int | None = None, eag
     alpha = len({u for u, _ in arcs}) + 1
     own: dict = collections.defaultdict(dict)  # each node's arcs, by the machine of their tail
     for a, arc in arcs.items():
-        own[machine(a[0])][a] = arc
+        own[node_of(a[0])][a] = arc
     nodes = {n.id: ScalingMachine(n.id, own[n.id], alpha, data, factor, eager_phases) for n in sc.nodes}
     nodes[data] = ScalingMachine(data, own[data], alpha, data, factor, eager_phases,
                                  opening(arcs, alpha, first_eps, factor), tuple(sorted(set(nodes) - {data})))
@@ -391,8 +202,12 @@ def distributed(sc: Scenario, factor: int = 2, first_eps: int | None = None, eag
     total = sum(f * arcs[a][1] for a, f in flow.items() if a != back)
     price = {u: p for m in nodes.values() for u, p in m.price.items()}
     certified = all(m.cost[a] + price[a[0]] - price[a[1]] >= -1 for m in nodes.values() for a, c in m.cap.items() if c)
-    n, by_type = len(nodes), sim.stats.messages_by_type
-    received = sum((m.received for m in nodes.values()), collections.Counter())
+    n = len(nodes)
+    by_type = {k.removeprefix("Scale"): v for k, v in sim.stats.messages_by_type.items()}
+    received: collections.Counter = collections.Counter()
+    for m in nodes.values():
+        for (p, k), v in m.received.items():
+            received[(p, k.removeprefix("Scale"))] += v
     ends = [t for t, _ in nodes[data].started[1:]] + [nodes[data].done]
     per_phase = [{"eps": round(e / alpha, 3), "s": round(end - t, 1),
                   "received": {k: v for (p, k), v in sorted(received.items()) if p == i}}

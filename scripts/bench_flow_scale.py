@@ -15,6 +15,11 @@ wall time).
     python scripts/bench_flow_scale.py --relays 160 320 --json --label-limits   # with label limits (flow/limits.py)
     python scripts/bench_flow_scale.py --relays 1000 --seed 2 --no-formation-waits  # units move on unsettled labels
     python scripts/bench_flow_scale.py --relays 320 500 --wave-order-s 0.02 --launch-quiet-factor 2  # other knobs
+    python scripts/bench_flow_scale.py --neighbours 10 --formation scaling --json  # formed by cost scaling first
+
+`--formation scaling` forms the flows by cost scaling (protocol/flow/scaling.py) and hands them to the flow
+machines, which then run `--rounds` more rounds; the JSON adds `formed_s` (the virtual time the last node got its
+flows) and `scaling_phases`, and `converged_round` counts from the start, formation included.
 
 `--bound` adds what successive shortest paths need, computed centrally
 (`ssp_waves`): the augmentations (`ssp_units`), the distinct shortest-path
@@ -414,6 +419,8 @@ def main(argv=None) -> int:
     ap.add_argument("--neighbours", type=int, default=FLOW_NEIGHBOURS, metavar="K",
                     help="bound each relay's flow links to K (the daemon's --flow-neighbours K: "
                          f"protocol/neighbourhood.py; default {FLOW_NEIGHBOURS}, the daemon's: every link)")
+    ap.add_argument("--formation", choices=("waves", "scaling"), default="waves",
+                    help="form the flows by label waves (the daemon's) or by cost scaling first (flow/scaling.py)")
     ap.add_argument("--json", action="store_true", help="one JSON object per size instead of the table")
     ap.add_argument("--receipts", action="store_true", help="with --json: what each received label changed (doc)")
     ap.add_argument("--bound", action="store_true", help="with --json: what successive shortest paths need (doc)")
@@ -441,17 +448,19 @@ def main(argv=None) -> int:
         if rec is not None:
             with rec:
                 g = run_gwtf(sc, seed=args.seed, rounds=args.rounds, wall_limit_s=args.wall_limit, base=base,
-                             neighbours=args.neighbours)
+                             neighbours=args.neighbours, formation=args.formation)
         else:
             g = run_gwtf(sc, seed=args.seed, rounds=args.rounds, wall_limit_s=args.wall_limit, base=base,
-                             neighbours=args.neighbours)
+                         neighbours=args.neighbours, formation=args.formation)
         wall, cpu = time.perf_counter() - t, time.process_time() - c
         o = optimal_routing(sc)
         ratio = g.mean_cost / o.mean_cost if o.mean_cost else 1.0
         of = o if sc is full else optimal_routing(full)
         price = o.mean_cost / of.mean_cost if of.mean_cost else 1.0
         if args.json:
+            scaled = {k: g.extra[k] for k in ("formed_s", "scaling_phases") if k in g.extra}
             print(json.dumps({"relays": n, "stages": args.stages, "neighbours": args.neighbours,
+                              "formation": args.formation, **scaled,
                               "flows": g.num_flows, "max_flow": o.num_flows, "cost_ratio": round(ratio, 6),
                               "max_flow_every_link": of.num_flows, "optimum_over_every_link": round(price, 6),
                               "links": len(sc.links), "converged_round": g.converged_round,

@@ -41,7 +41,7 @@ from ..protocol.flow import FlowConfig, FlowNode
 from ..protocol.neighbourhood import FLOW_NEIGHBOURS, adjacent_relays, bound_links, joiner_links, refill
 from ..protocol.scenario import LinkSpec, NodeSpec, Scenario
 from .engine import Simulator
-from .flowsim import MS, QUIET_ROUNDS_DEFAULT, TracedMachine, extract_flows, flow_configs
+from .flowsim import MS, QUIET_ROUNDS_DEFAULT, TracedMachine, extract_flows, flow_configs, scaled_nodes
 from .result import RoutingResult
 
 
@@ -158,7 +158,9 @@ class FlowRun:
     """The flow machines of a scenario in one simulator, with membership changes applied on the fly."""
 
     def __init__(self, scenario: Scenario, seed: int = 0, base: FlowConfig | None = None,
-                 trace: TextIO | None = None, neighbours: int = FLOW_NEIGHBOURS) -> None:
+                 trace: TextIO | None = None, neighbours: int = FLOW_NEIGHBOURS, formation: str = "waves") -> None:
+        """`formation` "scaling": the flows are formed by cost scaling first (flowsim.run_gwtf); a relay that
+        crashes or joins before every node has its flows calls formation off (protocol/flow/scaling.py)."""
         self.physical = scenario  # every link; `scenario` holds the flow links (neighbourhood.py)
         self.k = neighbours
         scenario = bound_links(scenario, neighbours)
@@ -170,11 +172,12 @@ class FlowRun:
         self.sim = Simulator(self._delay)
         cfgs = flow_configs(scenario, base)
         self.round_s = next(iter(cfgs.values())).round_s
-        self.nodes: dict[str, FlowNode] = {}
+        self.nodes = {nid: FlowNode(cfgs[nid], random.Random(f"{seed}:{nid}")) for nid in sorted(cfgs)}
+        if formation not in ("waves", "scaling"):
+            raise ValueError(f"formation is 'waves' or 'scaling', not {formation!r}")
+        self.hosts = scaled_nodes(scenario, cfgs, self.nodes) if formation == "scaling" else {}
         for nid in sorted(cfgs):
-            m = FlowNode(cfgs[nid], random.Random(f"{seed}:{nid}"))
-            self.nodes[nid] = m
-            self.sim.add(nid, self._traced(nid, m))
+            self.sim.add(nid, self._traced(nid, self.hosts.get(nid, self.nodes[nid])))
         self.sim.start_all()
         self.settle_from = 0.0
         self.cut: set[str] = set()  # nodes partitioned from the others (`partition`)
@@ -190,16 +193,33 @@ class FlowRun:
                     return v * MS
         return None
 
+    def member(self, nid: str):
+        """The machine that takes `nid`'s membership calls: its scaled formation's host, or its flow machine."""
+        return self.hosts.get(nid) or self.nodes[nid]
+
+    def formed(self) -> float | None:
+        """With scaled formation, the time the last node got its flows (None before); 0 without."""
+        hosts = [h for nid, h in self.hosts.items() if nid in self.nodes]
+        return None if any(h.handed is None for h in hosts) else max((h.handed for h in hosts), default=0.0)
+
     def last_change(self) -> float:
-        return max(m.stats.last_change for m in self.nodes.values())
+        return max([m.stats.last_change for m in self.nodes.values()] + [self.formed() or 0.0])
 
     def run_quiet(self, rounds: float, quiet_rounds: int = QUIET_ROUNDS_DEFAULT) -> None:
-        """Run until no flow changed for `quiet_rounds` rounds (after `settle_from`), at most `rounds` more."""
+        """Run until no flow changed for `quiet_rounds` rounds (after `settle_from`), at most `rounds` more (with
+        scaled formation: until every node has its flows, then at most `rounds` more)."""
+        start = self.sim.now
+
         def quiet(now: float) -> bool:
+            if self.hosts:
+                formed = self.formed()
+                if formed is None or now >= max(formed, start) + rounds * self.round_s:
+                    return formed is not None
             if now - max(self.last_change(), self.settle_from) < quiet_rounds * self.round_s:
                 return False
             return all(not m.pending and not m.token_pending for m in self.nodes.values())
-        self.sim.run_until(self.sim.now + rounds * self.round_s, stop=quiet, check_every_s=self.round_s)
+        end = math.inf if self.hosts else self.sim.now + rounds * self.round_s
+        self.sim.run_until(end, stop=quiet, check_every_s=self.round_s)
 
     def _call(self, nid: str, effects: list) -> None:
         if self.cut:
@@ -254,19 +274,19 @@ class FlowRun:
         for nid in sorted(self.nodes):
             if nid in churn.kill:
                 continue
-            m = self.nodes[nid]
+            m, member = self.nodes[nid], self.member(nid)
             for dead in churn.kill:
                 if old.cost(nid, dead) is not None or dead in m.cfg.peers:
-                    self._call(nid, m.remove_neighbour(now, dead))
+                    self._call(nid, member.remove_neighbour(now, dead))
             if nid in joined:
                 continue
             for j in sorted(joined):
                 for side in _sides(new, nid, j):
                     cost = new.cost(nid, j) if side != "peer" else 0.0
-                    self._call(nid, m.add_neighbour(now, j, cost, side))
+                    self._call(nid, member.add_neighbour(now, j, cost, side))
         for r, p, link in refills:  # a survivor's link in place of a next-stage relay killed
-            self._call(r, self.nodes[r].add_neighbour(now, p, link.cost, "next"))
-            self._call(p, self.nodes[p].add_neighbour(now, r, link.cost, "prev"))
+            self._call(r, self.member(r).add_neighbour(now, p, link.cost, "next"))
+            self._call(p, self.member(p).add_neighbour(now, r, link.cost, "prev"))
         for nid in churn.kill:
             self.nodes.pop(nid)
         self.scenario = new
@@ -329,11 +349,11 @@ class FlowRun:
 
 def run_churn(scenario: Scenario, churn: Churn, seed: int = 0, rounds: int = 120,
               base: FlowConfig | None = None, quiet_rounds: int = QUIET_ROUNDS_DEFAULT,
-              trace: TextIO | None = None, neighbours: int = FLOW_NEIGHBOURS) -> ChurnResult:
+              trace: TextIO | None = None, neighbours: int = FLOW_NEIGHBOURS, formation: str = "waves") -> ChurnResult:
     """Converge, apply `churn`, converge again (each phase at most `rounds` rounds); `trace` receives every
-    delivered message.  The routing before is on the flow links of `scenario` (`bound_links`), the one after on
+    delivered message; `formation` as `FlowRun`'s.  The routing before is on the flow links of `scenario` (`bound_links`), the one after on
     `changed`: the flow links after the churn (`FlowRun._bounded`)."""
-    run = FlowRun(scenario, seed, base, trace, neighbours)
+    run = FlowRun(scenario, seed, base, trace, neighbours, formation)
     scenario = run.scenario
     run.run_quiet(rounds, quiet_rounds)
     r = run.round_s
@@ -358,7 +378,8 @@ def held_back(scenario: Scenario, late) -> Scenario:
 
 def run_trickle(scenario: Scenario, late, start_s: float = 2.0, every_s: float = 2.0, seed: int = 0,
                 rounds: int = 120, base: FlowConfig | None = None, detect_s: float = 0.5,
-                quiet_rounds: int = QUIET_ROUNDS_DEFAULT, neighbours: int = FLOW_NEIGHBOURS) -> RoutingResult:
+                quiet_rounds: int = QUIET_ROUNDS_DEFAULT, neighbours: int = FLOW_NEIGHBOURS,
+                formation: str = "waves") -> RoutingResult:
     """Relays that join while the flows form (a swarm whose volunteers come one by one): the machines of
     `scenario` without the relays `late` start at 0; relay k of `late` joins at `start_s` + k x `every_s`, its
     neighbours (those present) told `detect_s` later; then the machines run until the flows are quiet (at most
@@ -366,14 +387,15 @@ def run_trickle(scenario: Scenario, late, start_s: float = 2.0, every_s: float =
     relay's links as the daemon's: `FlowRun._bounded`), with the rounds from the start and the messages of the
     whole run."""
     return trickle(scenario, late, start_s, every_s, seed, rounds, base, detect_s, quiet_rounds,
-                   neighbours).routing()
+                   neighbours, formation).routing()
 
 
 def trickle(scenario: Scenario, late, start_s: float = 2.0, every_s: float = 2.0, seed: int = 0,
             rounds: int = 120, base: FlowConfig | None = None, detect_s: float = 0.5,
-            quiet_rounds: int = QUIET_ROUNDS_DEFAULT, neighbours: int = FLOW_NEIGHBOURS) -> FlowRun:
+            quiet_rounds: int = QUIET_ROUNDS_DEFAULT, neighbours: int = FLOW_NEIGHBOURS,
+            formation: str = "waves") -> FlowRun:
     """`run_trickle`'s run, once the flows are quiet: its `scenario` holds the flow links at the end."""
-    run = FlowRun(held_back(scenario, late), seed, base, neighbours=neighbours)
+    run = FlowRun(held_back(scenario, late), seed, base, neighbours=neighbours, formation=formation)
     present = {n.id for n in run.scenario.nodes}
     for k, nid in enumerate(late):
         run.sim.run_until(start_s + k * every_s)

@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Any, TextIO
 
 from ..protocol.flow import FlowConfig, FlowNode
+from ..protocol.flow.scaling import ScaledNode, ScalingMachine, own_arcs
 from ..protocol.neighbourhood import FLOW_NEIGHBOURS, bound_links
 from ..protocol.scenario import Scenario
 from .engine import Simulator
@@ -132,26 +133,56 @@ def _unit_path(nodes: dict[str, FlowNode], remaining: dict[str, dict[str, dict[s
     return dfs(d, 0)
 
 
+def scaled_nodes(scenario: Scenario, cfgs: dict[str, FlowConfig], nodes: dict[str, FlowNode],
+                 factor: int = 2) -> dict[str, ScaledNode]:
+    """Each node's flow machine behind scaled formation (protocol/flow/scaling.py), one data node: costs scaled by
+    one more than the sides, the arc sink -> source of cost -(1 + (stages + 1) x the largest link cost), and the
+    first phase's epsilon the largest link cost."""
+    (data,) = [n.id for n in scenario.data_nodes]
+    top = max((int(k) for c in cfgs.values() for k in c.next_costs.values()), default=1)
+    bound = 1 + (scenario.stages + 1) * top
+    alpha = 2 * len(cfgs) + 1
+    peers = tuple(sorted(set(cfgs) - {data}))
+    caps = {n.id: n.capacity for n in scenario.nodes}
+    hosts = {}
+    for nid, cfg in cfgs.items():
+        lead = nid == data
+        near = {p: caps[p] for p in (*cfg.next_costs, *cfg.prev_costs)}
+        scaling = ScalingMachine(nid, own_arcs(cfg, bound, near), alpha, data, factor, eps=top * alpha * factor if lead else 0,
+                                 peers=peers if lead else ())
+        hosts[nid] = ScaledNode(nodes[nid], scaling)
+    return hosts
+
+
 def run_gwtf(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowConfig | None = None,
              quiet_rounds: int = QUIET_ROUNDS_DEFAULT, wall_limit_s: float | None = None,
-             trace: TextIO | None = None, neighbours: int = FLOW_NEIGHBOURS) -> RoutingResult:
+             trace: TextIO | None = None, neighbours: int = FLOW_NEIGHBOURS, formation: str = "waves") -> RoutingResult:
     """Run the flow machines; `wall_limit_s` (benchmarks only) stops early, marking `extra["wall_limited"]`;
     `trace` receives every delivered message (`TracedMachine`).  `neighbours` K > 0 bounds each relay's links as
     the daemon's `--flow-neighbours K` (protocol/neighbourhood.py); the default 0, as the daemon's, keeps every
-    link of the scenario."""
+    link of the scenario.  `formation` "scaling" forms the flows by cost scaling first (`scaled_nodes`; one data
+    node, integer link costs; the daemon forms them with label waves, the default "waves"): the run goes on
+    until every node has its flows and then for at most `rounds` rounds, and `extra["formed_s"]` is the time the
+    last node got them."""
     scenario = bound_links(scenario, neighbours)
     cfgs = flow_configs(scenario, base)
     round_s = next(iter(cfgs.values())).round_s
     sim = Simulator(link_delays(scenario))
-    nodes: dict[str, FlowNode] = {}
+    nodes = {nid: FlowNode(cfgs[nid], random.Random(f"{seed}:{nid}")) for nid in sorted(cfgs)}
+    if formation not in ("waves", "scaling"):
+        raise ValueError(f"formation is 'waves' or 'scaling', not {formation!r}")
+    hosts = scaled_nodes(scenario, cfgs, nodes) if formation == "scaling" else {}
     for nid in sorted(cfgs):
-        m = FlowNode(cfgs[nid], random.Random(f"{seed}:{nid}"))
-        nodes[nid] = m
+        m = hosts.get(nid, nodes[nid])
         sim.add(nid, m if trace is None else TracedMachine(nid, m, trace))
     sim.start_all()
 
+    def formed() -> float | None:
+        return None if any(h.handed is None for h in hosts.values()) else max((h.handed for h in hosts.values()),
+                                                                            default=0.0)
+
     def last_change() -> float:
-        return max(m.stats.last_change for m in nodes.values())
+        return max([m.stats.last_change for m in nodes.values()] + [formed() or 0.0])
 
     t_wall = time.perf_counter()
     limited = []
@@ -160,19 +191,24 @@ def run_gwtf(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowCon
         if wall_limit_s is not None and time.perf_counter() - t_wall > wall_limit_s:
             limited.append(now)
             return True
+        if hosts and (formed() is None or now >= formed() + rounds * round_s):
+            return formed() is not None
         if now - last_change() < quiet_rounds * round_s:
             return False
         return all(not m.pending and not m.token_pending for m in nodes.values())
 
-    sim.run_until(rounds * round_s, stop=quiet, check_every_s=round_s)
+    sim.run_until(math.inf if hosts else rounds * round_s, stop=quiet, check_every_s=round_s)
     flows, mismatched = extract_flows(scenario, nodes)
-    done = min(rounds, int(math.ceil(sim.now / round_s)))
+    done = int(math.ceil(sim.now / round_s)) if hosts else min(rounds, int(math.ceil(sim.now / round_s)))
     converged = int(math.ceil(last_change() / round_s))
     extra = {"inconsistent_links": mismatched,
              "wall_limited": bool(limited),
              "moves": sum(m.stats.moves_done for m in nodes.values()),
              "waves": sum(m.epoch[nid] for nid, m in nodes.items() if m.cfg.is_data and m.waves),
              "messages_by_type": dict(sorted(sim.stats.messages_by_type.items()))}
+    if hosts:
+        extra.update(formation="scaling", formed_s=formed(), scaling_phases=hosts[scenario.data_nodes[0].id].scaling.phase,
+                     held_dropped=sum(h.dropped for h in hosts.values()))
     recalls = sum(m.stats.recalls for m in nodes.values())
     if recalls:
         extra["recalls"] = recalls  # recall waves (flow/launches.py), reported where there were any

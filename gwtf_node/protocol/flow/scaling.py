@@ -1,0 +1,332 @@
+"""Scaled formation: the flows of one data node formed by cost scaling, then handed to the flow machines.
+
+Label waves recompute every label once per augmentation cost, so a node's
+messages grow with the units of the swarm (docs/bench_flow.md).  Goldberg and
+Tarjan's cost scaling has no such waves: it runs log(largest cost x sides)
+phases of `refine` (push/relabel on the min-cost circulation), and inside a
+phase only nodes with excess work.  `ScalingMachine` is one node's part of
+it, asynchronous, with lazy prices:
+
+* the network (`own_arcs`): a relay is an IN side and an OUT side joined by
+  its capacity; a link is an arc OUT -> next IN (the data node's `source` ->
+  a first-stage IN, a last-stage OUT -> its `sink`) of the smaller
+  capacity of its ends and the link's integer cost, each with its residual reverse at the head;
+  the arc sink -> source of cost -`bound` (above any augmenting path's cost)
+  makes the min-cost circulation the min-cost maximum flow.  Costs are
+  scaled by `alpha` (more than the number of sides), so the last phase
+  (epsilon 1) leaves the flows exactly optimal;
+* a push across nodes is one `ScalePush` carrying the tail's price.  A
+  relabel tells nobody (unless `eager_phases`): a node pushes on the prices it
+  last heard, and a push the head finds not admissible is refused with its
+  price (`ScaleRefuse`).  A push refused after its tail relabelled past the
+  arc is admissible by more than epsilon and goes out again at once;
+* the data node runs the phases: `ScalePhase` to every node, and a phase ends
+  when all of its credit is back (Huang's weight throwing: credit rides on
+  pushes and refusals, and a node that sends nothing returns it in a
+  `ScaleCredit`); `ScaleDone` ends the last.
+
+`ScaledNode` hosts a node's `FlowNode` behind its `ScalingMachine`: at
+`ScaleDone` the machine's flows become the flow machine's units
+(`FlowNode.adopt`), which then starts and handles membership changes as after
+any formation; flow messages that come before are held until then.  One data
+node only.  A neighbour that leaves during formation would keep its credit
+(the phase would never end) and its flows: the node that loses it tells the
+data node (`ScaleAbort`), which tells every node, and each hands over with no
+units: the flow machines form the flows from nothing with label waves.  A
+node that hears nothing of formation for `GIVE_UP_S` (the data node left)
+does the same.  Membership changes reach the flow machine at once (it is not
+started: it only records its links); a node that joins during formation is
+not part of it and joins the flows after the handover.  Scaled formation is a
+simulator option (sim/flowsim.py `run_gwtf(formation="scaling")`,
+sim/flowchurn.py, scripts/bench_flow_scale.py `--formation`).  Pure: the
+driver hands in `now`.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import replace
+from fractions import Fraction
+
+from ..effects import Effect, Send, SetTimer
+from ..scalemsgs import (
+    SCALE_MESSAGES, ScaleAbort, ScaleCredit, ScaleDone, ScalePhase, ScalePrice, ScalePush, ScaleRefuse,
+)
+from .config import FlowConfig
+from .node import FlowNode
+
+MAX_HELD = 4096  # flow messages held before handover; more are dropped (counted in `ScaledNode.dropped`)
+GIVE_UP_S = 900.0  # a node that hears nothing of formation this long hands over with no units (the data node left)
+GIVE_UP = ("scaling", "give up")  # the host's timer key (the flow machine's are strings)
+
+
+def node_of(side: tuple) -> str:
+    """The node a side belongs to: a relay's IN and OUT sides, the data node's source and sink."""
+    return side[1]
+
+
+def own_arcs(cfg: FlowConfig, bound: int, caps: dict[str, int] | None = None) -> dict:
+    """The residual arcs whose tail is one of `cfg`'s node's sides, arc -> [capacity, integer cost] (module doc);
+    `bound`: the cost of the arc sink -> source, negated.  `caps`: the neighbours' capacities where known; a link
+    carries at most the smaller of its ends' (more would only be pushed back).  Link costs must be integers."""
+    me, cap = cfg.node_id, cfg.capacity
+    caps = caps or {}
+    if len(cfg.commodities) != 1:
+        raise ValueError(f"scaled formation takes one data node, not {len(cfg.commodities)}")
+    arcs: dict = {}
+
+    def cost(peer: str, costs: dict) -> int:
+        k = costs[peer]
+        if k != int(k):
+            raise ValueError(f"scaled formation needs integer link costs: {k} on {me} - {peer}")
+        return int(k)
+
+    data = set(cfg.commodities)
+    if cfg.is_data:
+        src, snk = ("source", me), ("sink", me)
+        arcs[(snk, src)], arcs[(src, snk)] = [cap, -bound], [0, bound]
+        for j in cfg.next_costs:
+            arcs[(src, ("in", j))] = [min(cap, caps.get(j, cap)), cost(j, cfg.next_costs)]
+        for p in cfg.prev_costs:
+            arcs[(snk, ("out", p))] = [0, -cost(p, cfg.prev_costs)]
+        return arcs
+    inn, out = ("in", me), ("out", me)
+    arcs[(inn, out)], arcs[(out, inn)] = [cap, 0], [0, 0]
+    for j in cfg.next_costs:
+        arcs[(out, ("sink", j) if j in data else ("in", j))] = [min(cap, caps.get(j, cap)), cost(j, cfg.next_costs)]
+    for p in cfg.prev_costs:
+        arcs[(inn, ("source", p) if p in data else ("out", p))] = [0, -cost(p, cfg.prev_costs)]
+    return arcs
+
+
+class ScalingMachine:
+    """One node's sides, their prices and the residual arcs they are the tail of; the data node also runs the
+    phases and collects the credit."""
+
+    def __init__(self, node_id: str, own: dict, alpha: int, data: str, factor: int = 2, eager_phases: int = 0,
+                 eps: int = 0, peers: tuple = ()) -> None:
+        """`own`: the arcs whose tail is one of this node's sides (arc -> [capacity, cost]), costs scaled here by
+        `alpha`; the data node also gets the epsilon before its first phase (divided by `factor` for it) and
+        every other node (`peers`)."""
+        self.id, self.data, self.factor, self.eager_phases = node_id, data, factor, eager_phases
+        self.relabelled: set = set()  # sides whose new price goes out with this handler's messages (eager phases)
+        self.received: collections.Counter = collections.Counter()  # (phase, message type) -> messages received
+        self.started: list = []  # the data node: (time, epsilon) of each phase's start
+        self.sides = {u for u, _ in own}
+        self.given = {a: c for a, (c, _) in own.items()}
+        self.cap = dict(self.given)
+        self.cost = {a: k * alpha for a, (_, k) in own.items()}
+        self.adj: dict = collections.defaultdict(list)
+        for u, v in self.cap:
+            self.adj[u].append(v)
+        self.price = dict.fromkeys(self.sides, 0)
+        self.excess = dict.fromkeys(self.sides, 0)
+        self.heard: dict = {}  # (own side, foreign side) -> the foreign side's price as last heard
+        self.eps, self.peers = eps, peers
+        self.credit, self.returned, self.phase = Fraction(0), Fraction(0), 0
+        self.done: float | None = None  # the time of ScaleDone
+
+    def known(self, u, v) -> int:
+        return self.price[v] if v in self.sides else self.heard.get((u, v), 0)
+
+    def start(self, now: float) -> list[Effect]:
+        return self._next_phase(now) if self.id == self.data else []
+
+    def on_message(self, now: float, sender: str, msg) -> list[Effect]:
+        self.received[(self.phase, type(msg).__name__)] += 1
+        if isinstance(msg, ScalePrice):
+            for own in self.sides:
+                if (own, msg.side) in self.cap and self.heard.get((own, msg.side), 0) > msg.price:
+                    self.heard[(own, msg.side)] = msg.price
+            return []
+        if isinstance(msg, ScaleDone):
+            self.done = now
+            return []
+        self.credit += msg.credit
+        if isinstance(msg, ScaleCredit):
+            return self._settle(now, [])
+        out: list = []
+        number = msg.number if isinstance(msg, ScalePhase) else msg.phase
+        if number > self.phase:  # a new phase: saturate every arc of negative reduced cost
+            self.eps, self.phase = msg.eps, number
+            out = self._saturate()
+        if isinstance(msg, ScalePush):
+            self.heard[(msg.head, msg.tail)] = msg.price
+            if -self.cost[(msg.head, msg.tail)] + msg.price - self.price[msg.head] >= 0:
+                out.append(ScaleRefuse(msg.tail, msg.head, msg.amount, self.price[msg.head], self.phase, self.eps,
+                                       Fraction(0)))
+            else:
+                self.cap[(msg.head, msg.tail)] += msg.amount
+                self.excess[msg.head] += msg.amount
+        elif isinstance(msg, ScaleRefuse):
+            self.heard[(msg.tail, msg.head)] = msg.price
+            self.cap[(msg.tail, msg.head)] += msg.amount
+            self.excess[msg.tail] += msg.amount
+            if self.cost[(msg.tail, msg.head)] + self.price[msg.tail] - msg.price < 0:
+                # the tail relabelled while its push was out, past an arc it had saturated: the arc is
+                # admissible now, and left residual it could break epsilon-optimality, so it goes out again
+                self._move(msg.tail, msg.head, msg.amount, out)
+        return self._settle(now, out + self._discharge())
+
+    def flows(self) -> dict:
+        """The flow on each arc of positive given capacity (its tail is this node's)."""
+        return {a: c - self.cap[a] for a, c in self.given.items() if c > 0}
+
+    def units(self) -> tuple[dict, dict]:
+        """(inn, out): the units received from each upstream node and sent to each downstream node, the flow
+        machine's counts (`FlowNode.adopt`, per commodity: this formation's data node)."""
+        inn: dict = collections.Counter()
+        out: dict = collections.Counter()
+        for (u, v), c in self.given.items():
+            if node_of(v) == self.id:
+                continue
+            if c > 0:
+                out[node_of(v)] += c - self.cap[(u, v)]
+            else:
+                inn[node_of(v)] += self.cap[(u, v)]
+        return {self.data: +inn}, {self.data: +out}
+
+    def _move(self, u, v, amount: int, out: list) -> None:
+        self.cap[(u, v)] -= amount
+        self.excess[u] -= amount
+        if v in self.sides:
+            self.cap[(v, u)] += amount
+            self.excess[v] += amount
+        else:
+            out.append(ScalePush(u, v, amount, self.price[u], self.phase, self.eps, Fraction(0)))
+
+    def _saturate(self) -> list:
+        out: list = []
+        for (u, v), c in list(self.cap.items()):
+            if c > 0 and self.cost[(u, v)] + self.price[u] - self.known(u, v) < 0:
+                self._move(u, v, c, out)
+        return out
+
+    def _discharge(self) -> list:
+        out: list = []
+        busy = [u for u in self.sides if self.excess[u] > 0]
+        while busy:
+            u = busy.pop()
+            while self.excess[u] > 0:
+                ok = [v for v in self.adj[u] if self.cap[(u, v)] > 0
+                      and self.cost[(u, v)] + self.price[u] - self.known(u, v) < 0]
+                if not ok:  # relabel on the prices it knows
+                    self.price[u] = max(self.known(u, v) - self.cost[(u, v)]
+                                        for v in self.adj[u] if self.cap[(u, v)] > 0) - self.eps
+                    if self.phase <= self.eager_phases:
+                        self.relabelled.add(u)
+                    continue
+                for v in ok:
+                    self._move(u, v, min(self.excess[u], self.cap[(u, v)]), out)
+                    if v in self.sides and self.excess[v] > 0:
+                        busy.append(v)
+                    if self.excess[u] == 0:
+                        break
+        return out
+
+    def _settle(self, now: float, out: list) -> list[Effect]:
+        """Send `out` with this node's credit split over it; with nothing to send, hand the credit back (the data
+        node counts it as returned)."""
+        share = self.credit / len(out) if out else self.credit
+        sends = [Send(node_of(m.head if isinstance(m, ScalePush) else m.tail), replace(m, credit=share))
+                 for m in out]
+        if not out and self.id == self.data:
+            self.returned += share
+        elif not out and share:
+            sends.append(Send(self.data, ScaleCredit(share)))
+        self.credit = Fraction(0)
+        for u in sorted(self.relabelled):
+            sends += [Send(m, ScalePrice(u, self.price[u]))
+                      for m in sorted({node_of(v) for v in self.adj[u]} - {self.id})]
+        self.relabelled.clear()
+        if self.id == self.data and self.returned == 1:
+            return sends + self._next_phase(now)
+        return sends
+
+    def _next_phase(self, now: float) -> list[Effect]:
+        if self.eps <= 1 and self.phase:
+            self.done = now
+            return [Send(p, ScaleDone(self.phase)) for p in self.peers]
+        self.eps, self.phase, self.returned = max(1, self.eps // self.factor), self.phase + 1, Fraction(0)
+        self.started.append((now, self.eps))
+        share = Fraction(1, len(self.peers) + 1)
+        self.credit = share
+        sends = [Send(p, ScalePhase(self.phase, self.eps, share)) for p in self.peers]
+        return sends + self._settle(now, self._saturate() + self._discharge())
+
+
+class ScaledNode:
+    """A node's flow machine behind its scaled formation (module doc): the simulator's machine for the node, with
+    the flow machine's membership calls."""
+
+    def __init__(self, flow: FlowNode, scaling: ScalingMachine) -> None:
+        self.flow, self.scaling = flow, scaling
+        self.handed: float | None = None  # the time the flows (or none, `aborted`) went to the flow machine
+        self.aborted = False
+        self.held: list = []  # (sender, flow message) that came before
+        self.dropped = 0
+        self.heard = 0.0  # the time of the last formation message
+
+    def start(self, now: float) -> list[Effect]:
+        self.heard = now
+        return self._after(now, self.scaling.start(now) + [SetTimer(GIVE_UP, now + GIVE_UP_S)])
+
+    def on_timer(self, now: float, key) -> list[Effect]:
+        if key != GIVE_UP:
+            return self.flow.on_timer(now, key) if self.handed is not None else []
+        if self.handed is not None:
+            return []
+        if now - self.heard < GIVE_UP_S:
+            return [SetTimer(GIVE_UP, self.heard + GIVE_UP_S)]
+        return self._abort(now, "nothing heard of formation", False)
+
+    def on_message(self, now: float, sender: str, msg) -> list[Effect]:
+        if isinstance(msg, SCALE_MESSAGES):
+            if self.handed is not None:
+                return []  # (formation is over: nothing of it can change the flows now)
+            self.heard = now
+            if isinstance(msg, ScaleAbort):
+                return self._abort(now, msg.reason, False)
+            return self._after(now, self.scaling.on_message(now, sender, msg))
+        if self.handed is not None:
+            return self.flow.on_message(now, sender, msg)
+        if len(self.held) < MAX_HELD:
+            self.held.append((sender, msg))
+        else:
+            self.dropped += 1
+        return []
+
+    def add_neighbour(self, now: float, peer: str, cost: float, side: str) -> list[Effect]:
+        return self.flow.add_neighbour(now, peer, cost, side)
+
+    def remove_neighbour(self, now: float, peer: str) -> list[Effect]:
+        eff = self.flow.remove_neighbour(now, peer)
+        if self.handed is None:
+            eff += self._abort(now, f"{peer} left during formation", True)
+        return eff
+
+    def _abort(self, now: float, reason: str, seen: bool) -> list[Effect]:
+        """Formation is off (module doc): the data node tells every node, a relay that saw why (`seen`) tells the
+        data node; either way this node hands over with no units."""
+        scaling = self.scaling
+        if scaling.id == scaling.data:
+            eff: list[Effect] = [Send(p, ScaleAbort(reason)) for p in scaling.peers]
+        else:
+            eff = [Send(scaling.data, ScaleAbort(reason))] if seen else []
+        self.aborted = True
+        return self._hand_over(now, eff)
+
+    def _after(self, now: float, eff: list[Effect]) -> list[Effect]:
+        """`eff`, and the handover once the formation is done."""
+        if self.scaling.done is None or self.handed is not None:
+            return eff
+        self.flow.adopt(*self.scaling.units())
+        return self._hand_over(now, eff)
+
+    def _hand_over(self, now: float, eff: list[Effect]) -> list[Effect]:
+        self.handed = now
+        eff = eff + self.flow.start(now)
+        held, self.held = self.held, []
+        for sender, msg in held:
+            eff += self.flow.on_message(now, sender, msg)
+        return eff

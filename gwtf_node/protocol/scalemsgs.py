@@ -1,0 +1,85 @@
+"""Messages of scaled formation: Goldberg-Tarjan cost scaling by one machine a node (flow/scaling.py).
+
+A *side* is `(kind, node)`: a relay's `in` and `out` sides, a data node's
+`source` and `sink`.  A push moves `amount` along the residual arc
+`tail -> head` and carries the tail's price; `phase` and `eps` let a node that
+hears of a phase first from a push start it then.  `credit` is the share of
+the phase's credit the message carries (Huang's weight throwing: the phase
+ends when all of it is back at the data node).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+Side = tuple[str, str]  # (kind, node id): kind "in" / "out" for a relay, "source" / "sink" for the data node
+
+
+@dataclass(frozen=True, slots=True)
+class ScalePhase:
+    """The data node to every node: refine with this epsilon; and a share of the phase's credit."""
+
+    number: int
+    eps: int
+    credit: Fraction
+
+
+@dataclass(frozen=True, slots=True)
+class ScalePush:
+    """`amount` along the residual arc tail -> head, at the tail's price."""
+
+    tail: Side
+    head: Side
+    amount: int
+    price: int
+    phase: int
+    eps: int
+    credit: Fraction
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleRefuse:
+    """The push came on a stale price (not admissible at the head): the amount goes back, with the head's price."""
+
+    tail: Side
+    head: Side
+    amount: int
+    price: int
+    phase: int
+    eps: int
+    credit: Fraction
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleCredit:
+    """A node with nothing left to do in the phase hands its credit back to the data node."""
+
+    credit: Fraction
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleDone:
+    """The data node to every node: the last phase ended, the flows are final."""
+
+    phases: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScalePrice:
+    """Eager prices (the first `eager_phases` phases): a side's new price, told to every neighbouring node after a
+    relabel.  No work comes of it, so it carries no credit."""
+
+    side: Side
+    price: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleAbort:
+    """A node whose neighbour left during formation, to the data node; then the data node to every node: formation
+    is off, the flow machines form the flows from nothing (label waves)."""
+
+    reason: str
+
+
+SCALE_MESSAGES = (ScalePhase, ScalePush, ScaleRefuse, ScaleCredit, ScaleDone, ScalePrice, ScaleAbort)
