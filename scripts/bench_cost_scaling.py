@@ -188,8 +188,8 @@ def distributed(sc: Scenario, factor: int = 2, first_eps: int | None = None, eag
     own: dict = collections.defaultdict(dict)  # each node's arcs, by the machine of their tail
     for a, arc in arcs.items():
         own[node_of(a[0])][a] = arc
-    nodes = {n.id: ScalingMachine(n.id, own[n.id], alpha, data, factor, eager_phases) for n in sc.nodes}
-    nodes[data] = ScalingMachine(data, own[data], alpha, data, factor, eager_phases,
+    nodes = {n.id: ScalingMachine(n.id, own[n.id], data, factor, eager_phases, alpha) for n in sc.nodes}
+    nodes[data] = ScalingMachine(data, own[data], data, factor, eager_phases, alpha,
                                  opening(arcs, alpha, first_eps, factor), tuple(sorted(set(nodes) - {data})))
     for nid in sorted(nodes):
         sim.add(nid, nodes[nid])

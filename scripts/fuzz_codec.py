@@ -44,6 +44,7 @@ _INT_RANGES = {
     FieldDescriptor.TYPE_UINT64: (0, (1 << 64) - 1),
     FieldDescriptor.TYPE_INT32: (-(1 << 31), (1 << 31) - 1),
     FieldDescriptor.TYPE_INT64: (-(1 << 63), (1 << 63) - 1),
+    FieldDescriptor.TYPE_SINT64: (-(1 << 63), (1 << 63) - 1),
 }
 _SPECIAL_FLOATS = (0.0, -0.0, 1.0, -1.0, float("inf"), float("-inf"), 1e308, -1e308, 5e-324, 1e7, -1e7, 1e6 + 1)
 _WORDS = ("", "data", "relay", "float32", "float16", "uint8", "bfloat16", "int64", "s0/it1", "x" * 300,

@@ -15,11 +15,9 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .common import (
-    EXIT_NO_PEER, EXIT_USAGE, CliError, _announce_addr, _ip_address, _lease_seconds, _listen_addr, _load_scenario,
-    _manifest_error_types, _nonneg_int, _Parser, _port, _positive_int, _probability, _relay_nice, _seconds,
-    _setup_logging, _first_manifest_error,
-)
+from .common import (EXIT_NO_PEER, EXIT_USAGE, CliError, _announce_addr, _first_manifest_error, _ip_address,
+                     _lease_seconds, _listen_addr, _load_scenario, _manifest_error_types, _nonneg_int, _Parser, _port,
+                     _positive_int, _probability, _relay_nice, _seconds, _setup_logging)
 from .. import ctrlc
 from ..protocol.neighbourhood import FLOW_NEIGHBOURS
 from .service import add_parser as add_service_parser
@@ -32,8 +30,8 @@ from .status import add_status_parser
 if TYPE_CHECKING:
     from ..runtime.ops.statedir import StateDirLock
 
-__all__ = ["CliError", "EXIT_USAGE", "SIM_TRAIN_JSON_KEYS", "build_parser", "cmd_sim_join", "cmd_sim_train", "main", "run_policy",
-           "sim_train_options", "_load_scenario", "_setup_logging"]
+__all__ = ["CliError", "EXIT_USAGE", "SIM_TRAIN_JSON_KEYS", "build_parser", "cmd_sim_join", "cmd_sim_train", "main",
+           "run_policy", "sim_train_options", "_load_scenario", "_setup_logging"]
 
 
 def cmd_join(args: argparse.Namespace) -> int:
@@ -221,7 +219,7 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
                        data_index=args.data_index, data_nodes=args.data_nodes,
                        links=Path(args.links) if args.links else None, policy=args.policy,
                        bootstrap_timeout_s=args.bootstrap_timeout, flow_neighbours=args.flow_neighbours,
-                       pooled_formation=args.pooled_formation,
+                       pooled_formation=args.pooled_formation, scaled_formation=args.scaled_formation,
                        restore=Path(args.restore) if args.restore else None, keep_checkpoints=args.keep_checkpoints,
                        checkpoint_every=args.checkpoint_every, metrics_port=args.metrics_port,
                        metrics_host=args.metrics_host, insecure_unsigned=args.insecure_unsigned,
@@ -474,6 +472,8 @@ def _add_join_parser(sub: Any) -> argparse.ArgumentParser:
                         "this one (0, the default: to every one; docs/bench_flow.md, \"Bounded neighbourhoods\")")
     j.add_argument("--pooled-formation", action="store_true", help="several data nodes: form the flows as one "
                    "commodity, then send each unit home (docs/bench_flow.md, \"Pooled formation\"); set on every node")
+    j.add_argument("--scaled-formation", action="store_true", help="one data node: form the flows by cost scaling "
+                   "before the flow machines take them (docs/bench_flow.md, \"Scaled formation\"); set on every node")
     j.add_argument("--device", default="auto", help="torch device for the stage: auto (cuda if present), cpu, cuda, cuda:N")
     j.add_argument("--torch-threads", type=_nonneg_int, default=0, metavar="N",
                    help="CPU threads of torch's operators (0: torch's default, one per core; several nodes on one "

@@ -36,6 +36,7 @@ from typing import Any, Callable, Mapping
 from . import messages as m
 from .phasegroups import DIGEST_BYTES
 from .roundcheck import KEEP_ROUNDS
+from .scalemsgs import SCALE_MESSAGES, SIDE_KINDS
 
 # ---- bounds ---------------------------------------------------------------
 
@@ -75,6 +76,9 @@ MAX_STAGES = 1 << 12
 # A microbatch's loss is a mean token cross-entropy: log(vocab) at the start
 # (ln 2^20 ~ 14); a sum over MAX_MICROBATCHES of them stays below this.
 MAX_LOSS_SUM = 1e8
+# Prices, epsilons and cost factors of scaled formation (integers: link costs x alpha x the path length) and
+# its phases (log2 of the first epsilon)
+MAX_SCALE_VALUE, MAX_SCALE_PHASES = 1 << 62, 128
 # Entries of a repeated field (paths, groups, labels, peer lists, flow reports).
 MAX_ITEMS = 4096
 # Seqs of completed microbatches one data node reports for one iteration (IterationDone, BeginAggregation):
@@ -543,6 +547,24 @@ def _homing(msg: Any, ctx: Context) -> Problem | None:
     return _strings(msg.role, msg.sender_role)  # PoolFrame (its frame is checked as it is read: runtime pooling.py)
 
 
+def _scaling(msg: Any, ctx: Context) -> Problem | None:
+    """A message of scaled formation (flow/scaling.py): the kinds of its sides, units, prices, epsilons and phases
+    in range, and a credit that is a fraction in [0, 1]."""
+    for f in ("tail", "head", "side"):
+        if getattr(msg, f, "in") not in SIDE_KINDS:
+            return Problem(Violation.COUNT_OUT_OF_RANGE, f"a side's kind is {getattr(msg, f)[:20]!r}, not one of "
+                                                         f"{SIDE_KINDS}")
+    big = (_count(abs(getattr(msg, f, 0)), f, MAX_SCALE_VALUE) for f in ("price", "eps", "alpha"))
+    credit = getattr(msg, "credit", "0")
+    num, _, den = credit.partition("/")
+    if not (len(credit) <= 512 and credit.isascii() and num.isdigit() and (den.isdigit() or not _)
+            and int(num) <= int(den or 1) != 0):
+        return Problem(Violation.COUNT_OUT_OF_RANGE, f"credit {credit[:40]!r} is no fraction n/d in [0, 1]")
+    return _first(_strings(getattr(msg, "reason", "")), *big,
+                  _count(getattr(msg, "amount", 0), "a push's units", MAX_CAPACITY),
+                  _count(getattr(msg, "number", getattr(msg, "phase", 0)), "a phase", MAX_SCALE_PHASES))
+
+
 # (Deny: a commodity and an enum, which the codec checks)
 CHECKS: dict[type, Callable[[Any, Context], Problem | None]] = {
     m.CostAnnounce: _cost_announce, m.RequestFlow: _request_flow, m.FlowReply: _flow_reply, m.Deny: _nothing,
@@ -559,7 +581,7 @@ CHECKS: dict[type, Callable[[Any, Context], Problem | None]] = {
     m.Vote: _term_only, m.LeaderHeartbeat: _heartbeat, m.HeartbeatAck: _term_only, m.JoinRequest: _join_request,
     m.UtilizationQuery: _nothing, m.UtilizationReport: _utilization_report, m.Assignment: _assignment,
     m.Refused: _refused, m.HomingStart: _nothing, m.TraceUnit: _homing, m.CostQuery: _homing, m.CostReply: _homing,
-    m.Install: _homing, m.PoolFrame: _homing,
+    m.Install: _homing, m.PoolFrame: _homing, **dict.fromkeys(SCALE_MESSAGES, _scaling),
 }
 
 

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 
 from .electmsgs import HeartbeatAck, LeaderHeartbeat, RequestVote, Vote  # noqa: F401 - re-exported (leader.py)
 from .homingmsgs import CostQuery, CostReply, HomingStart, Install, PoolFrame, Route, TraceUnit  # noqa: F401 - re-exported
+from .scalemsgs import (  # noqa: F401 - re-exported
+    ScaleAbort, ScaleCredit, ScaleDone, ScalePhase, ScalePrice, ScalePush, ScaleRefuse,
+)
 from .joinmsgs import Assignment, JoinRequest, UtilizationQuery, UtilizationReport  # noqa: F401 - re-exported
 from .refusals import RefusalCode, Revocations  # noqa: F401 - re-exported: a Refused carries one; trust messages
 from .replies import DenyReason, Reply, Side  # noqa: F401 - re-exported: flow messages carry them
@@ -588,5 +591,6 @@ Message = (
     | RequestVote | Vote | LeaderHeartbeat | HeartbeatAck
     | JoinRequest | UtilizationQuery | UtilizationReport | Assignment
     | HomingStart | TraceUnit | CostQuery | CostReply | Install | PoolFrame
+    | ScalePhase | ScalePush | ScaleRefuse | ScaleCredit | ScaleDone | ScalePrice | ScaleAbort
     | Refused
 )

@@ -2,18 +2,20 @@
 
 A *side* is `(kind, node)`: a relay's `in` and `out` sides, a data node's
 `source` and `sink`.  A push moves `amount` along the residual arc
-`tail -> head` and carries the tail's price; `phase` and `eps` let a node that
+`tail -> head` and carries the tail's price; a message names the kinds of its
+sides only (the sender's and the receiver's nodes are the others); `phase` and `eps` let a node that
 hears of a phase first from a push start it then.  `credit` is the share of
-the phase's credit the message carries (Huang's weight throwing: the phase
-ends when all of it is back at the data node).
+the phase's credit the message carries, an exact fraction written "n/d" (Huang's
+weight throwing: the phase ends when all of it is back at the data node);
+`ScalePhase` also carries `alpha`, the factor every node scales its link costs
+by.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from fractions import Fraction
 
-Side = tuple[str, str]  # (kind, node id): kind "in" / "out" for a relay, "source" / "sink" for the data node
+SIDE_KINDS = ("in", "out", "source", "sink")
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,40 +24,41 @@ class ScalePhase:
 
     number: int
     eps: int
-    credit: Fraction
+    credit: str
+    alpha: int
 
 
 @dataclass(frozen=True, slots=True)
 class ScalePush:
     """`amount` along the residual arc tail -> head, at the tail's price."""
 
-    tail: Side
-    head: Side
+    tail: str  # the kind of the tail side (at the sender of a push, at the receiver of a refusal)
+    head: str
     amount: int
     price: int
     phase: int
     eps: int
-    credit: Fraction
+    credit: str
 
 
 @dataclass(frozen=True, slots=True)
 class ScaleRefuse:
     """The push came on a stale price (not admissible at the head): the amount goes back, with the head's price."""
 
-    tail: Side
-    head: Side
+    tail: str  # the kind of the tail side (at the sender of a push, at the receiver of a refusal)
+    head: str
     amount: int
     price: int
     phase: int
     eps: int
-    credit: Fraction
+    credit: str
 
 
 @dataclass(frozen=True, slots=True)
 class ScaleCredit:
     """A node with nothing left to do in the phase hands its credit back to the data node."""
 
-    credit: Fraction
+    credit: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +73,7 @@ class ScalePrice:
     """Eager prices (the first `eager_phases` phases): a side's new price, told to every neighbouring node after a
     relabel.  No work comes of it, so it carries no credit."""
 
-    side: Side
+    side: str  # a side of the sender
     price: int
 
 

@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any, TextIO
 
 from ..protocol.flow import FlowConfig, FlowNode
-from ..protocol.flow.scaling import ScaledNode, ScalingMachine, own_arcs
+from ..protocol.flow.scaling import ScaledNode, machine_for
 from ..protocol.neighbourhood import FLOW_NEIGHBOURS, bound_links
 from ..protocol.scenario import Scenario
 from .engine import Simulator
@@ -135,22 +135,15 @@ def _unit_path(nodes: dict[str, FlowNode], remaining: dict[str, dict[str, dict[s
 
 def scaled_nodes(scenario: Scenario, cfgs: dict[str, FlowConfig], nodes: dict[str, FlowNode],
                  factor: int = 2) -> dict[str, ScaledNode]:
-    """Each node's flow machine behind scaled formation (protocol/flow/scaling.py), one data node: costs scaled by
-    one more than the sides, the arc sink -> source of cost -(1 + (stages + 1) x the largest link cost), and the
-    first phase's epsilon the largest link cost."""
+    """Each node's flow machine behind scaled formation (protocol/flow/scaling.py `machine_for`, as the daemon
+    builds it), one data node, which knows every other node."""
     (data,) = [n.id for n in scenario.data_nodes]
-    top = max((int(k) for c in cfgs.values() for k in c.next_costs.values()), default=1)
-    bound = 1 + (scenario.stages + 1) * top
-    alpha = 2 * len(cfgs) + 1
     peers = tuple(sorted(set(cfgs) - {data}))
     caps = {n.id: n.capacity for n in scenario.nodes}
     hosts = {}
     for nid, cfg in cfgs.items():
-        lead = nid == data
         near = {p: caps[p] for p in (*cfg.next_costs, *cfg.prev_costs)}
-        scaling = ScalingMachine(nid, own_arcs(cfg, bound, near), alpha, data, factor, eps=top * alpha * factor if lead else 0,
-                                 peers=peers if lead else ())
-        hosts[nid] = ScaledNode(nodes[nid], scaling)
+        hosts[nid] = ScaledNode(nodes[nid], machine_for(cfg, near, peers, scenario.stages, factor))
     return hosts
 
 

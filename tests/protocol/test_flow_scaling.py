@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
-from fractions import Fraction
 
 import pytest
 
@@ -14,7 +13,7 @@ from gwtf_node.protocol.flow.scaling import ScaledNode, ScalingMachine, own_arcs
 from gwtf_node.protocol.messages import CostAnnounce, Label, Side
 from gwtf_node.protocol.neighbourhood import bound_links
 from gwtf_node.protocol.effects import Send, SetTimer
-from gwtf_node.protocol.scalemsgs import ScaleAbort, ScaleDone, ScalePhase
+from gwtf_node.protocol.scalemsgs import ScaleAbort, ScaleCredit, ScaleDone, ScalePhase, ScalePush
 from gwtf_node.protocol.scenario import parse_scenario
 from gwtf_node.sim.baselines import optimal_routing
 from gwtf_node.sim.flowsim import flow_configs, run_gwtf
@@ -91,7 +90,7 @@ def test_own_arcs_refuse_what_cost_scaling_cannot_form():
 
 def test_flow_messages_before_the_handover_are_held_then_handled():
     cfg = FlowConfig("r", False, 2, ("d",), {"d": 3.0}, {"d": 4.0}, ())
-    host = ScaledNode(FlowNode(cfg, random.Random(0)), ScalingMachine("r", own_arcs(cfg, 50), 5, "d"))
+    host = ScaledNode(FlowNode(cfg, random.Random(0)), ScalingMachine("r", own_arcs(cfg, 50), "d"))
     assert len(host.start(0.0)) == 1 and host.on_timer(0.5, "tick") == []  # (its give-up timer)
     label = CostAnnounce((Label("d", Side.IN, 7.0, ("d",), 1),))
     assert host.on_message(1.0, "d", label) == []
@@ -143,10 +142,30 @@ def test_a_relay_that_crashes_after_formation_is_repaired_by_the_flow_machines()
 def test_a_node_that_hears_nothing_of_formation_gives_up_and_starts_its_flow_machine():
     from gwtf_node.protocol.flow.scaling import GIVE_UP, GIVE_UP_S
     cfg = FlowConfig("r", False, 2, ("d",), {"d": 3.0}, {"d": 4.0}, ())
-    host = ScaledNode(FlowNode(cfg, random.Random(0)), ScalingMachine("r", own_arcs(cfg, 50), 5, "d"))
+    host = ScaledNode(FlowNode(cfg, random.Random(0)), ScalingMachine("r", own_arcs(cfg, 50), "d"))
     assert host.start(0.0) == [SetTimer(GIVE_UP, GIVE_UP_S)]
-    host.on_message(100.0, "d", ScalePhase(1, 4, Fraction(1, 2)))  # heard at 100 s: the deadline moves
+    host.on_message(100.0, "d", ScalePhase(1, 4, "1/2", 5))  # heard at 100 s: the deadline moves
     assert host.on_timer(GIVE_UP_S, GIVE_UP) == [SetTimer(GIVE_UP, 100.0 + GIVE_UP_S)]
     eff = host.on_timer(100.0 + GIVE_UP_S, GIVE_UP)
     assert host.aborted and host.handed == 100.0 + GIVE_UP_S
     assert not any(isinstance(e, Send) and isinstance(e.msg, ScaleAbort) for e in eff)  # it saw no one leave
+
+
+def test_formation_messages_that_fit_no_arc_of_the_node_are_dropped_and_counted():
+    cfg = FlowConfig("r", False, 2, ("d",), {"d": 3.0}, {"d": 4.0}, ())
+    machine = ScalingMachine("r", own_arcs(cfg, 50), "d")
+    host = ScaledNode(FlowNode(cfg, random.Random(0)), machine)
+    host.start(0.0)
+    assert host.on_message(1.0, "d", ScalePhase(1, 40, "1/2", 5))  # the data node's phase: the relay saturates
+    before = dict(machine.cap)
+    bad = [("x", ScalePush("out", "in", 1, 0, 1, 40, "0")),  # from a node it has no link to
+           ("d", ScalePush("out", "in", 1, 0, 1, 40, "0")),  # the data node has no OUT side
+           ("d", ScalePush("source", "in", 0, 0, 1, 40, "0")),  # no units
+           ("x", ScalePhase(2, 20, "1/2", 5)),  # phases come from the data node only
+           ("d", ScaleCredit("1/2")),  # credit goes to the data node only
+           ("x", ScaleAbort("x says so"))]  # and so does calling formation off
+    for sender, msg in bad:
+        assert host.on_message(2.0, sender, msg) == []
+    assert machine.ignored == len(bad) and machine.cap == before and host.handed is None
+    host.on_message(3.0, "d", ScalePush("source", "in", 1, -10**6, 1, 40, "1/2"))  # a push it takes
+    assert machine.ignored == len(bad) and machine.cap != before

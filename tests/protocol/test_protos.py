@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gwtf_node.protocol.scalemsgs import SIDE_KINDS
 from gwtf_node.protocol import codec, messages
 from gwtf_node.protocol import gwtf_pb2 as pb
 from gwtf_node.protocol.codec import MAX_FRAME_BYTES, DecodeError, EncodeError, decode, encode
@@ -175,6 +176,20 @@ STRATEGIES.update({  # pooled formation's homing (flow/pool.py)
     m.Install: st.builds(m.Install, round=u32, routes=small_tuples(
         st.builds(m.Route, commodity=ids, prev=ids, next=ids, count=u32))),
     m.PoolFrame: st.builds(m.PoolFrame, role=ids, sender_role=ids, frame=st.binary(max_size=64)),
+})
+kinds = st.sampled_from(SIDE_KINDS)
+credits = st.builds(lambda n, d: f"{min(n, d)}/{d}", st.integers(0, 2**70), st.integers(1, 2**70)) | st.just("1")
+prices = st.integers(-2**62, 2**62)
+STRATEGIES.update({  # scaled formation (flow/scaling.py)
+    m.ScalePhase: st.builds(m.ScalePhase, number=u32, eps=u64, credit=credits, alpha=u64),
+    m.ScalePush: st.builds(m.ScalePush, tail=kinds, head=kinds, amount=u32, price=prices, phase=u32, eps=u64,
+                           credit=credits),
+    m.ScaleRefuse: st.builds(m.ScaleRefuse, tail=kinds, head=kinds, amount=u32, price=prices, phase=u32, eps=u64,
+                             credit=credits),
+    m.ScaleCredit: st.builds(m.ScaleCredit, credit=credits),
+    m.ScaleDone: st.builds(m.ScaleDone, phases=u32),
+    m.ScalePrice: st.builds(m.ScalePrice, side=kinds, price=prices),
+    m.ScaleAbort: st.builds(m.ScaleAbort, reason=ids),
 })
 STRATEGIES.update({  # start-up: the answer to a refused Hello
     m.Refused: st.builds(m.Refused, code=st.sampled_from(m.RefusalCode), reason=ids),

@@ -57,7 +57,10 @@ from .node import FlowNode
 
 MAX_HELD = 4096  # flow messages held before handover; more are dropped (counted in `ScaledNode.dropped`)
 GIVE_UP_S = 900.0  # a node that hears nothing of formation this long hands over with no units (the data node left)
-GIVE_UP = ("scaling", "give up")  # the host's timer key (the flow machine's are strings)
+GIVE_UP = ("scaling", "give up")  # the formation's timer key (the flow machine's are strings)
+COST_QUANTUM_MS = 0.1  # the daemon's link costs (ms) in whole units of this for cost scaling (`quantized`)
+BOUND_MARGIN = 2  # how much dearer than the data node's own links a path's links may be (`leading`)
+FORMED, ABORTED = "formed", "aborted"  # how a scaled formation ended (`ScaledFormation.over`)
 
 
 def node_of(side: tuple) -> str:
@@ -99,32 +102,71 @@ def own_arcs(cfg: FlowConfig, bound: int, caps: dict[str, int] | None = None) ->
     return arcs
 
 
+def leading(cfg: FlowConfig, nodes: int, stages: int, factor: int = 2) -> tuple[int, int, int]:
+    """What the data node (`cfg`) opens formation with, from what it knows: (`alpha`, `bound`, the epsilon before
+    the first phase).  `alpha` is one more than the sides of `nodes` nodes (with room for as many again that
+    it does not know of); the largest link cost `top` is its own links' (the others' are not known to it), and
+    `bound` = 1 + (stages + 1) x `BOUND_MARGIN` x `top`: a path of links dearer than its own is still cheaper
+    than the arc sink -> source is dear.  The first phase's epsilon is `top`."""
+    top = max((int(k) for k in (*cfg.next_costs.values(), *cfg.prev_costs.values())), default=1) or 1
+    alpha = 4 * nodes + 1
+    return alpha, 1 + (stages + 1) * BOUND_MARGIN * top, top * alpha * factor
+
+
+def quantized(cfg: FlowConfig, quantum: float = COST_QUANTUM_MS) -> FlowConfig:
+    """`cfg` with its link costs in whole `quantum`s: cost scaling takes integers, the daemon measures ms."""
+    def whole(costs: dict) -> dict:
+        return {p: int(round(c / quantum)) for p, c in costs.items()}
+    return replace(cfg, next_costs=whole(cfg.next_costs), prev_costs=whole(cfg.prev_costs))
+
+
+def machine_for(cfg: FlowConfig, caps: dict[str, int], peers: tuple[str, ...], stages: int,
+                factor: int = 2) -> ScalingMachine:
+    """A node's scaling machine over its links (`cfg`, integer costs; `caps` its neighbours' capacities), as the
+    daemon and the simulator build it.  The data node opens formation (`leading`) and runs its phases with
+    `peers`, every other node it knows of; the others learn the cost factor from the first phase."""
+    data = cfg.commodities[0] if cfg.commodities else ""
+    if not cfg.is_data:
+        return ScalingMachine(cfg.node_id, own_arcs(cfg, 0, caps), data, factor)
+    alpha, bound, eps = leading(cfg, len(peers) + 1, stages, factor)
+    return ScalingMachine(cfg.node_id, own_arcs(cfg, bound, caps), data, factor, alpha=alpha, eps=eps, peers=peers)
+
+
 class ScalingMachine:
     """One node's sides, their prices and the residual arcs they are the tail of; the data node also runs the
     phases and collects the credit."""
 
-    def __init__(self, node_id: str, own: dict, alpha: int, data: str, factor: int = 2, eager_phases: int = 0,
-                 eps: int = 0, peers: tuple = ()) -> None:
-        """`own`: the arcs whose tail is one of this node's sides (arc -> [capacity, cost]), costs scaled here by
-        `alpha`; the data node also gets the epsilon before its first phase (divided by `factor` for it) and
-        every other node (`peers`)."""
+    def __init__(self, node_id: str, own: dict, data: str, factor: int = 2, eager_phases: int = 0,
+                 alpha: int | None = None, eps: int = 0, peers: tuple = ()) -> None:
+        """`own`: the arcs whose tail is one of this node's sides (arc -> [capacity, cost]); their costs are scaled
+        by `alpha`, the data node's, here or at the first `ScalePhase`.  The data node also gets the epsilon
+        before its first phase (divided by `factor` for it) and every other node (`peers`)."""
         self.id, self.data, self.factor, self.eager_phases = node_id, data, factor, eager_phases
         self.relabelled: set = set()  # sides whose new price goes out with this handler's messages (eager phases)
         self.received: collections.Counter = collections.Counter()  # (phase, message type) -> messages received
         self.started: list = []  # the data node: (time, epsilon) of each phase's start
         self.sides = {u for u, _ in own}
         self.given = {a: c for a, (c, _) in own.items()}
+        self.raw = {a: k for a, (_, k) in own.items()}
         self.cap = dict(self.given)
-        self.cost = {a: k * alpha for a, (_, k) in own.items()}
+        self.cost: dict = {}
+        self.alpha: int | None = None
+        if alpha is not None:
+            self.scale(alpha)
         self.adj: dict = collections.defaultdict(list)
         for u, v in self.cap:
             self.adj[u].append(v)
         self.price = dict.fromkeys(self.sides, 0)
         self.excess = dict.fromkeys(self.sides, 0)
         self.heard: dict = {}  # (own side, foreign side) -> the foreign side's price as last heard
-        self.eps, self.peers = eps, peers
+        self.eps, self.peers = eps, tuple(peers)
         self.credit, self.returned, self.phase = Fraction(0), Fraction(0), 0
         self.done: float | None = None  # the time of ScaleDone
+        self.ignored = 0  # messages that name no arc of this node, or come from a node that may not send them
+
+    def scale(self, alpha: int) -> None:
+        self.alpha = alpha
+        self.cost = {a: k * alpha for a, k in self.raw.items()}
 
     def known(self, u, v) -> int:
         return self.price[v] if v in self.sides else self.heard.get((u, v), 0)
@@ -132,17 +174,36 @@ class ScalingMachine:
     def start(self, now: float) -> list[Effect]:
         return self._next_phase(now) if self.id == self.data else []
 
+    def fits(self, sender: str, msg) -> bool:
+        """Whether `msg` from `sender` is one this node can take: a push or refusal over one of its arcs from the
+        node at the arc's other end, the phases, their end and the credit only between the data node and the
+        others."""
+        if isinstance(msg, ScalePush):
+            return ((msg.head, self.id), (msg.tail, sender)) in self.cap and msg.amount > 0
+        if isinstance(msg, ScaleRefuse):
+            return ((msg.tail, self.id), (msg.head, sender)) in self.cap and msg.amount > 0
+        if isinstance(msg, (ScalePhase, ScaleDone)):
+            return sender == self.data
+        if isinstance(msg, ScaleCredit):
+            return self.id == self.data
+        if isinstance(msg, ScaleAbort):
+            return sender == self.data or self.id == self.data
+        return True
+
     def on_message(self, now: float, sender: str, msg) -> list[Effect]:
+        """A formation message (`fits` checked; `alpha` known: flow/scaling.py's `ScaledFormation` holds the others
+        until the first `ScalePhase`)."""
         self.received[(self.phase, type(msg).__name__)] += 1
         if isinstance(msg, ScalePrice):
+            side = (msg.side, sender)
             for own in self.sides:
-                if (own, msg.side) in self.cap and self.heard.get((own, msg.side), 0) > msg.price:
-                    self.heard[(own, msg.side)] = msg.price
+                if (own, side) in self.cap and self.heard.get((own, side), 0) > msg.price:
+                    self.heard[(own, side)] = msg.price
             return []
         if isinstance(msg, ScaleDone):
             self.done = now
             return []
-        self.credit += msg.credit
+        self.credit += Fraction(msg.credit)
         if isinstance(msg, ScaleCredit):
             return self._settle(now, [])
         out: list = []
@@ -151,21 +212,23 @@ class ScalingMachine:
             self.eps, self.phase = msg.eps, number
             out = self._saturate()
         if isinstance(msg, ScalePush):
-            self.heard[(msg.head, msg.tail)] = msg.price
-            if -self.cost[(msg.head, msg.tail)] + msg.price - self.price[msg.head] >= 0:
-                out.append(ScaleRefuse(msg.tail, msg.head, msg.amount, self.price[msg.head], self.phase, self.eps,
-                                       Fraction(0)))
+            tail, head = (msg.tail, sender), (msg.head, self.id)
+            self.heard[(head, tail)] = msg.price
+            if -self.cost[(head, tail)] + msg.price - self.price[head] >= 0:
+                out.append((sender, ScaleRefuse(msg.tail, msg.head, msg.amount, self.price[head], self.phase,
+                                                self.eps, "0")))
             else:
-                self.cap[(msg.head, msg.tail)] += msg.amount
-                self.excess[msg.head] += msg.amount
+                self.cap[(head, tail)] += msg.amount
+                self.excess[head] += msg.amount
         elif isinstance(msg, ScaleRefuse):
-            self.heard[(msg.tail, msg.head)] = msg.price
-            self.cap[(msg.tail, msg.head)] += msg.amount
-            self.excess[msg.tail] += msg.amount
-            if self.cost[(msg.tail, msg.head)] + self.price[msg.tail] - msg.price < 0:
+            tail, head = (msg.tail, self.id), (msg.head, sender)
+            self.heard[(tail, head)] = msg.price
+            self.cap[(tail, head)] += msg.amount
+            self.excess[tail] += msg.amount
+            if self.cost[(tail, head)] + self.price[tail] - msg.price < 0:
                 # the tail relabelled while its push was out, past an arc it had saturated: the arc is
                 # admissible now, and left residual it could break epsilon-optimality, so it goes out again
-                self._move(msg.tail, msg.head, msg.amount, out)
+                self._move(tail, head, msg.amount, out)
         return self._settle(now, out + self._discharge())
 
     def flows(self) -> dict:
@@ -184,7 +247,7 @@ class ScalingMachine:
                 out[node_of(v)] += c - self.cap[(u, v)]
             else:
                 inn[node_of(v)] += self.cap[(u, v)]
-        return {self.data: +inn}, {self.data: +out}
+        return {self.data: dict(+inn)}, {self.data: dict(+out)}
 
     def _move(self, u, v, amount: int, out: list) -> None:
         self.cap[(u, v)] -= amount
@@ -193,7 +256,7 @@ class ScalingMachine:
             self.cap[(v, u)] += amount
             self.excess[v] += amount
         else:
-            out.append(ScalePush(u, v, amount, self.price[u], self.phase, self.eps, Fraction(0)))
+            out.append((node_of(v), ScalePush(u[0], v[0], amount, self.price[u], self.phase, self.eps, "0")))
 
     def _saturate(self) -> list:
         out: list = []
@@ -225,18 +288,17 @@ class ScalingMachine:
         return out
 
     def _settle(self, now: float, out: list) -> list[Effect]:
-        """Send `out` with this node's credit split over it; with nothing to send, hand the credit back (the data
-        node counts it as returned)."""
+        """Send `out` ((node, message) pairs) with this node's credit split over it; with nothing to send, hand the
+        credit back (the data node counts it as returned)."""
         share = self.credit / len(out) if out else self.credit
-        sends = [Send(node_of(m.head if isinstance(m, ScalePush) else m.tail), replace(m, credit=share))
-                 for m in out]
+        sends = [Send(to, replace(m, credit=str(share))) for to, m in out]
         if not out and self.id == self.data:
             self.returned += share
         elif not out and share:
-            sends.append(Send(self.data, ScaleCredit(share)))
+            sends.append(Send(self.data, ScaleCredit(str(share))))
         self.credit = Fraction(0)
         for u in sorted(self.relabelled):
-            sends += [Send(m, ScalePrice(u, self.price[u]))
+            sends += [Send(m, ScalePrice(u[0], self.price[u]))
                       for m in sorted({node_of(v) for v in self.adj[u]} - {self.id})]
         self.relabelled.clear()
         if self.id == self.data and self.returned == 1:
@@ -251,8 +313,76 @@ class ScalingMachine:
         self.started.append((now, self.eps))
         share = Fraction(1, len(self.peers) + 1)
         self.credit = share
-        sends = [Send(p, ScalePhase(self.phase, self.eps, share)) for p in self.peers]
+        sends = [Send(p, ScalePhase(self.phase, self.eps, str(share), self.alpha)) for p in self.peers]
         return sends + self._settle(now, self._saturate() + self._discharge())
+
+
+class ScaledFormation:
+    """A node's scaled formation with its end (module doc): the machine, the messages held until the first
+    `ScalePhase` says how costs scale, the call to abort and the give-up deadline.  `over` is None while it
+    runs, then "formed" or "aborted"; `units()` are then what the flow machine adopts."""
+
+    def __init__(self, scaling: ScalingMachine) -> None:
+        self.scaling = scaling
+        self.over: str | None = None
+        self.why = ""
+        self.early: list = []  # (sender, message) that came before the first ScalePhase
+        self.heard = 0.0  # the time of the last formation message
+
+    def start(self, now: float) -> list[Effect]:
+        self.heard = now
+        return self._check(now, self.scaling.start(now)) + [SetTimer(GIVE_UP, now + GIVE_UP_S)]
+
+    def on_timer(self, now: float) -> list[Effect]:
+        if self.over is not None:
+            return []
+        if now - self.heard < GIVE_UP_S:
+            return [SetTimer(GIVE_UP, self.heard + GIVE_UP_S)]
+        return self._abort(now, f"nothing heard of formation for {GIVE_UP_S:g} s", False)
+
+    def on_message(self, now: float, sender: str, msg) -> list[Effect]:
+        """A formation message; one that does not fit this node (`ScalingMachine.fits`) is counted and dropped."""
+        if self.over is not None:
+            return []  # (formation is over: nothing of it can change the flows now)
+        sc = self.scaling
+        if not sc.fits(sender, msg):
+            sc.ignored += 1
+            return []
+        self.heard = now
+        if sc.id == sc.data and sender not in sc.peers:
+            sc.peers += (sender,)  # a node it did not know of takes part: it hears of the next phases and the end
+        if isinstance(msg, ScaleAbort):
+            return self._abort(now, msg.reason, False)
+        if sc.alpha is None and not isinstance(msg, ScaleDone):
+            if not isinstance(msg, ScalePhase):
+                self.early.append((sender, msg))
+                return []
+            sc.scale(msg.alpha)
+            eff = sc.on_message(now, sender, msg)
+            early, self.early = self.early, []
+            for s, m in early:
+                eff += sc.on_message(now, s, m)
+            return self._check(now, eff)
+        return self._check(now, sc.on_message(now, sender, msg))
+
+    def neighbour_left(self, now: float, peer: str) -> list[Effect]:
+        return [] if self.over is not None else self._abort(now, f"{peer} left during formation", True)
+
+    def units(self) -> tuple[dict, dict]:
+        return self.scaling.units() if self.over == FORMED else ({}, {})
+
+    def _check(self, now: float, eff: list[Effect]) -> list[Effect]:
+        if self.over is None and self.scaling.done is not None:
+            self.over = FORMED
+        return eff
+
+    def _abort(self, now: float, reason: str, seen: bool) -> list[Effect]:
+        """Formation is off: the data node tells every node, a relay that saw why (`seen`) tells the data node."""
+        sc = self.scaling
+        self.over, self.why = ABORTED, reason
+        if sc.id == sc.data:
+            return [Send(p, ScaleAbort(reason)) for p in sc.peers]
+        return [Send(sc.data, ScaleAbort(reason))] if seen else []
 
 
 class ScaledNode:
@@ -260,34 +390,27 @@ class ScaledNode:
     the flow machine's membership calls."""
 
     def __init__(self, flow: FlowNode, scaling: ScalingMachine) -> None:
-        self.flow, self.scaling = flow, scaling
-        self.handed: float | None = None  # the time the flows (or none, `aborted`) went to the flow machine
-        self.aborted = False
+        self.flow, self.formation = flow, ScaledFormation(scaling)
+        self.scaling = scaling
+        self.handed: float | None = None  # the time the flows (or none, when aborted) went to the flow machine
         self.held: list = []  # (sender, flow message) that came before
         self.dropped = 0
-        self.heard = 0.0  # the time of the last formation message
+
+    @property
+    def aborted(self) -> bool:
+        return self.formation.over == ABORTED
 
     def start(self, now: float) -> list[Effect]:
-        self.heard = now
-        return self._after(now, self.scaling.start(now) + [SetTimer(GIVE_UP, now + GIVE_UP_S)])
+        return self._after(now, self.formation.start(now))
 
     def on_timer(self, now: float, key) -> list[Effect]:
-        if key != GIVE_UP:
-            return self.flow.on_timer(now, key) if self.handed is not None else []
-        if self.handed is not None:
-            return []
-        if now - self.heard < GIVE_UP_S:
-            return [SetTimer(GIVE_UP, self.heard + GIVE_UP_S)]
-        return self._abort(now, "nothing heard of formation", False)
+        if key == GIVE_UP:
+            return self._after(now, self.formation.on_timer(now))
+        return self.flow.on_timer(now, key) if self.handed is not None else []
 
     def on_message(self, now: float, sender: str, msg) -> list[Effect]:
         if isinstance(msg, SCALE_MESSAGES):
-            if self.handed is not None:
-                return []  # (formation is over: nothing of it can change the flows now)
-            self.heard = now
-            if isinstance(msg, ScaleAbort):
-                return self._abort(now, msg.reason, False)
-            return self._after(now, self.scaling.on_message(now, sender, msg))
+            return self._after(now, self.formation.on_message(now, sender, msg))
         if self.handed is not None:
             return self.flow.on_message(now, sender, msg)
         if len(self.held) < MAX_HELD:
@@ -301,30 +424,15 @@ class ScaledNode:
 
     def remove_neighbour(self, now: float, peer: str) -> list[Effect]:
         eff = self.flow.remove_neighbour(now, peer)
-        if self.handed is None:
-            eff += self._abort(now, f"{peer} left during formation", True)
-        return eff
-
-    def _abort(self, now: float, reason: str, seen: bool) -> list[Effect]:
-        """Formation is off (module doc): the data node tells every node, a relay that saw why (`seen`) tells the
-        data node; either way this node hands over with no units."""
-        scaling = self.scaling
-        if scaling.id == scaling.data:
-            eff: list[Effect] = [Send(p, ScaleAbort(reason)) for p in scaling.peers]
-        else:
-            eff = [Send(scaling.data, ScaleAbort(reason))] if seen else []
-        self.aborted = True
-        return self._hand_over(now, eff)
+        return eff + self._after(now, self.formation.neighbour_left(now, peer))
 
     def _after(self, now: float, eff: list[Effect]) -> list[Effect]:
-        """`eff`, and the handover once the formation is done."""
-        if self.scaling.done is None or self.handed is not None:
+        """`eff`, and the handover once formation is over: the flow machine adopts its units and starts, and
+        takes the flow messages held."""
+        if self.formation.over is None or self.handed is not None:
             return eff
-        self.flow.adopt(*self.scaling.units())
-        return self._hand_over(now, eff)
-
-    def _hand_over(self, now: float, eff: list[Effect]) -> list[Effect]:
         self.handed = now
+        self.flow.adopt(*self.formation.units())
         eff = eff + self.flow.start(now)
         held, self.held = self.held, []
         for sender, msg in held:

@@ -38,6 +38,10 @@ takes the relays that chose it (`_chose_us`, `on_link_cost`); one measured and
 not linked is `declined`, linked later if it chooses us or a next-stage link
 goes (`_refill`).
 
+With `--scaled-formation` and one data node, scaled formation (cost scaling,
+scaledformation.py) forms the flows first and the flow machine starts holding
+them; its frames that come before it starts wait in `scale_queue`.
+
 With `--pooled-formation` and several data nodes known, pooled formation's
 machines run first (pooling.py) and newcomers are added to them the same way;
 the flow machine starts when the node hands over.  A relay that knows one data
@@ -60,7 +64,9 @@ from ...protocol.cost import link_cost
 from ...protocol.flow import FlowConfig, FlowNode, flows_formed
 from ...protocol.neighbourhood import FLOW_NEIGHBOURS, nearest, refill, takes_newcomer
 from ...protocol.flow.poolnodes import over_links, pooled_machines
+from ...protocol.flow.scaling import MAX_HELD, machine_for, quantized
 from .pooling import Pooling
+from .scaledformation import Scaling
 from .linkmeter import REMEASURE_EVERY_S, LinkMeter, LinkSample, recost_threshold
 from .liveness import Liveness
 from ..net.peers import PeerInfo, Peers
@@ -87,8 +93,11 @@ def _seed(node_id: str) -> int:
 class Flows:
     def __init__(self, wire: Wire, peers: Peers, liveness: Liveness, stage: LocalStage, drivers: Drivers,
                  links_cfg: dict[tuple[str, str], tuple[float, float]], on_changed: Callable[[], None],
-                 neighbours: int = FLOW_NEIGHBOURS, pooled: bool = False) -> None:
+                 neighbours: int = FLOW_NEIGHBOURS, pooled: bool = False, scaled: bool = False) -> None:
         self.wire = wire
+        self.scaled = scaled  # one data node: the flows are formed by cost scaling first (scaledformation.py)
+        self.scaling: Scaling | None = None
+        self.scale_queue: list[tuple[str, Any]] = []  # its messages that came before it started here
         self.drivers = drivers
         self.pooled = pooled  # several data nodes form their flows pooled first (pooling.py)
         self.pooling: Pooling | None = None
@@ -252,7 +261,9 @@ class Flows:
         for p, c in sorted(self.next_costs.items()):
             self.driver.send(p, m.LinkCost(c))  # (through the outbox: before the labels, sent again if it fails)
         self.driver.flush()
-        if self.pooled and len(self.peers.data_nodes()) > 1 and not joined:
+        if self.scaled and len(self.peers.data_nodes()) == 1 and not joined:
+            self._start_scaling()
+        elif self.pooled and len(self.peers.data_nodes()) > 1 and not joined:
             self._start_pooling()
         elif self.pooled and not joined and self.peers.role == "relay":
             self.undecided = True  # one data node known: wait for a second one, or a neighbour's flow message
@@ -285,6 +296,18 @@ class Flows:
                 log.info("PoolFrame from %s that waited for pooled formation refused: %s", self.peers.who(peer), e)
         for info in self.peers.infos():  # a relay first heard of while the links were measured: as a newcomer
             self.on_peer_hello(info)
+
+    def _start_scaling(self) -> None:
+        """Scaled formation first (scaledformation.py); the flow machine starts once it is over."""
+        cfg = quantized(self._config(False))
+        caps = {p: i.capacity for p in (*cfg.next_costs, *cfg.prev_costs) if (i := self.peers.get(p)) is not None}
+        peers = tuple(sorted(i.peer_id for i in self.peers.infos() if i.peer_id != self.wire.me))
+        machine = machine_for(cfg, caps, peers, self.peers.n_stages)
+        self.scaling = Scaling(self.wire, self.drivers, machine, lambda inn, out: self._start_machine(False, inn, out))
+        self.scaling.start()
+        queued, self.scale_queue = self.scale_queue, []
+        for peer, msg in queued:
+            self.scaling.on_message(peer, msg)
 
     def _hand_over(self) -> None:
         """Pooled formation is over at this node: its flow machine starts with the units homing installed here
@@ -394,6 +417,13 @@ class Flows:
             log.debug("PoolFrame from %s after pooled formation: ignored", self.peers.who(peer))
             return
         self.pooling.on_frame(peer, msg, FLOW_MSGS)
+
+    def on_scale_message(self, peer: str, msg: Any) -> None:
+        """A message of scaled formation (scaledformation.py): one arriving before it starts here waits for it."""
+        if self.scaling is not None:
+            self.scaling.on_message(peer, msg)
+        elif self.machine is None and self.scaled and len(self.scale_queue) < MAX_HELD:
+            self.scale_queue.append((peer, msg))
 
     def _linked_by(self, peer: str) -> None:
         """A next-stage relay this node did not link to sends it flow messages: that relay chose this node among its
@@ -531,6 +561,8 @@ class Flows:
             self.prev_costs.pop(peer, None)
             if self.pooling is not None:
                 self.pooling.peer_gone(peer)
+            if self.scaling is not None:
+                self.scaling.peer_gone(peer)
         if self.machine is not None and self._in_flow(peer):
             was_next = peer in self.machine.cfg.next_costs
             self.driver.carry(self.machine.remove_neighbour(now(), peer))  # flows rebuilt around it

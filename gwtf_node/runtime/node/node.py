@@ -123,6 +123,7 @@ class NodeOptions:
     links: Path | None = None  # scenario file shaping the links between named nodes
     flow_neighbours: int = FLOW_NEIGHBOURS  # next-stage relays a relay links its flows to (0: all; neighbourhood.py)
     pooled_formation: bool = False  # several data nodes: form the flows pooled, then home them (pooling.py)
+    scaled_formation: bool = False  # one data node: form the flows by cost scaling first (scaledformation.py)
     settle_s: float = 1.5
     device: str = "cpu"
     checkpoint_every: int = 1
@@ -267,7 +268,8 @@ class Node:
                               authorizer=self.authorizer, records=records)
         flows = Flows(wire, peers, liveness, self.stage, drivers, self.links_cfg, on_changed=self._flows_changed,
                       neighbours=self.opts.flow_neighbours if self.opts.policy == "gwtf" else 0,  # (SWARM: all)
-                      pooled=self.opts.pooled_formation and self.opts.policy == "gwtf")
+                      pooled=self.opts.pooled_formation and self.opts.policy == "gwtf",
+                      scaled=self.opts.scaled_formation and self.opts.policy == "gwtf")
         microbatches = Microbatches(wire, peers, liveness, flows, self.stage, drivers, self.faults,
                                     policy=o.policy, lend=o.lend, iterations=o.iterations,
                                     on_settled=self._iteration_settled, on_finished=self.done_event.set)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ...protocol import messages as m
+from ...protocol.scalemsgs import SCALE_MESSAGES
 from ..trust.authorize import Needs
 from .flows import FLOW_MSGS
 from .leadership import LEADER_MSGS, PLACEMENT_MSGS
@@ -54,6 +55,7 @@ def routes(p: Any) -> dict[type, Route]:
         m.LinkProbe: Route("flows", f.meter.on_probe, payload=True),
         m.LinkCost: Route("flows", f.on_link_cost, Admit.NOT_GONE),  # may overtake the sender's Hello
         m.PoolFrame: Route("flows", f.on_pool_frame),  # pooled formation: its checks are pooling.py's
+        **{t: Route("flows", f.on_scale_message) for t in SCALE_MESSAGES},  # scaled formation (scaledformation.py)
         m.AllReduceChunk: Route("aggregation", ag.on_chunk, payload=True),
         m.IterationDone: Route("aggregation", ag.on_iteration_done, needs=Needs.DATA),
         m.BeginAggregation: Route("aggregation", ag.on_begin, needs=Needs.UPSTREAM),

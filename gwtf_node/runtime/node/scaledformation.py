@@ -1,0 +1,81 @@
+"""Scaled formation in the daemon: the cost-scaling machine of `protocol/flow/scaling.py` this node hosts before its
+flow machine, its frames, and the handover.
+
+With `--scaled-formation` and one data node, a node that forms its flows at
+the start of a run (not one the leader placed later) runs scaled formation
+first, over the links `Flows.form` measured: their costs in whole
+`COST_QUANTUM_MS` (cost scaling takes integers), each link's capacity the
+smaller of its ends' (the peers' Hellos).  The data node opens it with every
+peer it knows of (`machine_for`); the others learn how costs scale from its
+first `ScalePhase`.  Its messages travel as frames of their own (codec.py,
+value bounds in bounds.py), through an `Outbox` (driver.py: in order per
+peer); a message that names no arc of this node, or comes from a node that
+may not send it, is dropped and counted (`ScalingMachine.ignored`).
+
+The node hands over when formation is over (`ScaledFormation.over`): with the
+units it formed (`ScaleDone`), or with none when it was called off (a
+neighbour left: `ScaleAbort`) or nothing of it came for `GIVE_UP_S`; `Flows`
+then starts the flow machine holding them, and the flow messages that waited
+for it are replayed.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from ...protocol.flow.scaling import ABORTED, ScaledFormation, ScalingMachine
+from ..net.wire import Wire, now
+from .driver import Drivers, Owner
+
+log = logging.getLogger("gwtf.node")
+
+
+class Scaling:
+    """This node's scaled formation, driven (module doc); `on_done(inn, out)` is called once it is over."""
+
+    def __init__(self, wire: Wire, drivers: Drivers, machine: ScalingMachine,
+                 on_done: Callable[[dict, dict], None]) -> None:
+        self.machine = machine
+        self.formation = ScaledFormation(machine)
+        self.on_done = on_done
+        self.driver = drivers.make(Owner.SCALING, self._on_timer, in_order=wire.send_in_order, fifo=True)
+        self.done = False
+        self.linked = {v[1] for _, v in machine.given} - {machine.id}  # the nodes at the other end of its arcs
+
+    def start(self) -> None:
+        lead = self.machine.id == self.machine.data
+        log.info("scaled formation: %s", f"opening it with {len(self.machine.peers)} nodes (cost factor "
+                 f"{self.machine.alpha}, first epsilon {self.machine.eps})" if lead else "waiting for its first phase")
+        self._carry(self.formation.start(now()))
+
+    def on_message(self, peer: str, msg: Any) -> None:
+        if self.done:
+            log.debug("%s after scaled formation: ignored", type(msg).__name__)
+            return
+        self._carry(self.formation.on_message(now(), peer, msg))
+
+    def peer_gone(self, peer: str) -> None:
+        """A peer crashed or left: formation is called off if it was a neighbour (its credit and flows are lost)."""
+        if not self.done and peer in self.linked:
+            self._carry(self.formation.neighbour_left(now(), peer))
+
+    def _on_timer(self, key: Any) -> None:
+        if not self.done:
+            self._carry(self.formation.on_timer(now()))
+
+    def _carry(self, effects: list) -> None:
+        self.driver.carry(effects)
+        self.driver.flush()
+        if self.done or self.formation.over is None:
+            return
+        self.done = True
+        inn, out = self.formation.units()
+        if self.formation.over == ABORTED:
+            log.warning("scaled formation called off (%s): the flow machine forms the flows from nothing",
+                        self.formation.why)
+        else:
+            log.info("scaled formation over after %d phases: %d units in, %d out here (%d messages ignored)",
+                     self.machine.phase, sum(inn.get(self.machine.data, {}).values()),
+                     sum(out.get(self.machine.data, {}).values()), self.machine.ignored)
+        self.on_done(inn, out)
