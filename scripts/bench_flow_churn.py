@@ -35,7 +35,7 @@ MOVES = {"off": {"improve": False}, "greedy": {"improve": True}, "anneal": {"imp
 def bench_one(setting: int | FlowSetting, seed: int, kill: float, joins: int, detect_s: float, rounds: int,
               improve: str | None = None, label_limits: bool = False, formation_waits: bool = True,
               announce_coalesce_s: float | None = None, neighbours: int = FLOW_NEIGHBOURS,
-              free_back: bool = True) -> dict:
+              free_back: bool = True, formation: str = "waves") -> dict:
     """One churn run on Table V setting `setting`, or on a layered scenario of that FlowSetting."""
     if isinstance(setting, FlowSetting):
         fs = setting
@@ -55,7 +55,7 @@ def bench_one(setting: int | FlowSetting, seed: int, kill: float, joins: int, de
     if not free_back:
         knobs["reform_free_back"] = False
     base = FlowConfig("-", False, 0, (), {}, {}, **knobs) if knobs else None
-    res = run_churn(sc, ch, seed=seed, rounds=rounds, base=base, neighbours=neighbours)
+    res = run_churn(sc, ch, seed=seed, rounds=rounds, base=base, neighbours=neighbours, formation=formation)
     wall = time.perf_counter() - t
     new = res.changed  # the flow links after the churn (protocol/neighbourhood.py)
     every = changed_scenario(sc, ch)
@@ -98,6 +98,9 @@ def main(argv=None) -> int:
     ap.add_argument("--neighbours", type=int, default=FLOW_NEIGHBOURS, metavar="K",
                     help="bound each relay's flow links to K (the daemon's --flow-neighbours K: "
                          f"protocol/neighbourhood.py; default {FLOW_NEIGHBOURS}, the daemon's: every link)")
+    ap.add_argument("--formation", choices=("waves", "scaling"), default="waves",
+                    help="form the flows before the churn by label waves (the daemon's default) or by cost scaling "
+                         "(join --scaled-formation: protocol/flow/scaling.py)")
     ap.add_argument("--out", default="docs/bench_flow_churn.md")
     ap.add_argument("--append", action="store_true", help="append the table to --out")
     args = ap.parse_args(argv)
@@ -115,6 +118,7 @@ def main(argv=None) -> int:
              f"{' --no-formation-waits' if args.no_formation_waits else ''}"
              f"{' --no-reform-free-back' if args.no_reform_free_back else ''}"
              f"{'' if args.neighbours == FLOW_NEIGHBOURS else f' --neighbours {args.neighbours}'}"
+             f"{'' if args.formation == 'waves' else f' --formation {args.formation}'}"
              f"{'' if args.announce_coalesce_s is None else f' --announce-coalesce-s {args.announce_coalesce_s:g}'}`)", "",
              "| setting | instances | killed / joined (mean) | new max flow reached | GWTF / new optimum (mean, worst) "
              "| rounds to re-converge (mean, max) | messages after the churn (mean, per node) | inconsistent links "
@@ -125,7 +129,7 @@ def main(argv=None) -> int:
         for seed in range(args.seeds):
             r = bench_one(setting, seed, args.kill, args.joins, args.detect, args.rounds,
                           args.moves, args.label_limits, not args.no_formation_waits, args.announce_coalesce_s,
-                          args.neighbours, not args.no_reform_free_back)
+                          args.neighbours, not args.no_reform_free_back, args.formation)
             rs.append(r)
             print(f"setting {setting} seed {seed}: {r['flows_before']} -> {r['flows']}/{r['max_flow']} "
                   f"cost/opt {r['vs_opt']:.4f} rounds {r['rounds']:.1f} msgs {r['messages']} {r['wall']:.1f}s",

@@ -31,19 +31,21 @@ from gwtf_node.sim.scenarios import FlowSetting, generate_layered
 from gwtf_node.sim.validate import check_routing
 
 VARIANTS = {"gwtf": {}, "no formation waves": {"formation_waits": False}}
+SCALED = "scaled formation"  # `--scaled`: the flows formed by cost scaling first (protocol/flow/scaling.py)
 
 
 def bench_one(relays: int, stages: int, seed: int, joins: int, every: float, rounds: int,
-              neighbours: int = FLOW_NEIGHBOURS) -> dict:
+              neighbours: int = FLOW_NEIGHBOURS, scaled: bool = False) -> dict:
     sc = parse_scenario(generate_layered(f"trickle-{relays}x{stages}-s{seed}",
                                          FlowSetting(1, relays, stages, (1, 3), (1, 20)), seed))
     late = random.Random(20_000 + seed).sample(sorted(r.id for r in sc.relays), joins)
     opt = optimal_routing(sc)
     out = {"relays": relays, "stages": stages, "seed": seed, "joins": joins, "max_flow": opt.num_flows}
-    for name, knobs in VARIANTS.items():
+    for name, knobs in (VARIANTS | ({SCALED: {}} if scaled else {})).items():
         t = time.perf_counter()
         base = FlowConfig("-", False, 0, (), {}, {}, **knobs) if knobs else None
-        run = trickle(sc, late, every, every, seed=seed, rounds=rounds, base=base, neighbours=neighbours)
+        run = trickle(sc, late, every, every, seed=seed, rounds=rounds, base=base, neighbours=neighbours,
+                      formation="scaling" if name == SCALED else "waves")
         g = run.routing()
         check_routing(run.scenario, g)
         o = opt if len(run.scenario.links) == len(sc.links) else optimal_routing(run.scenario)
@@ -67,6 +69,8 @@ def main(argv=None) -> int:
     ap.add_argument("--neighbours", type=int, default=FLOW_NEIGHBOURS, metavar="K",
                     help="bound each relay's flow links to K (the daemon's --flow-neighbours K: "
                          f"protocol/neighbourhood.py; default {FLOW_NEIGHBOURS}, the daemon's: every link)")
+    ap.add_argument("--scaled", action="store_true",
+                    help=f"also `{SCALED}`: the flows formed by cost scaling first, the joiners added after it")
     ap.add_argument("--json", action="store_true", help="one JSON object per seed instead of the table")
     args = ap.parse_args(argv)
     if args.relays < args.stages or args.stages < 1 or not 0 <= args.joins <= args.relays - args.stages \
@@ -74,28 +78,30 @@ def main(argv=None) -> int:
         print("need RELAYS >= STAGES >= 1, 0 <= JOINS <= RELAYS - STAGES and --every > 0", file=sys.stderr)
         return 2
     rows = []
+    variants = list(VARIANTS) + ([SCALED] if args.scaled else [])
     if not args.json:
         print(f"`python scripts/bench_flow_trickle.py --relays {args.relays} --stages {args.stages} --joins "
               f"{args.joins} --every {args.every:g} --seeds {args.seeds} --first-seed {args.first_seed}"
-              f"{f' --neighbours {args.neighbours}' if args.neighbours != FLOW_NEIGHBOURS else ''}`\n")
+              f"{f' --neighbours {args.neighbours}' if args.neighbours != FLOW_NEIGHBOURS else ''}"
+              f"{' --scaled' if args.scaled else ''}`\n")
         print("| seed | max flow | " + " | ".join(f"{v}: flows, GWTF / optimum, converged round, per node"
-                                                   for v in VARIANTS) + " |")
-        print("|---|---|" + "---|" * len(VARIANTS))
+                                                   for v in variants) + " |")
+        print("|---|---|" + "---|" * len(variants))
     for seed in range(args.first_seed, args.first_seed + args.seeds):
-        r = bench_one(args.relays, args.stages, seed, args.joins, args.every, args.rounds, args.neighbours)
+        r = bench_one(args.relays, args.stages, seed, args.joins, args.every, args.rounds, args.neighbours, args.scaled)
         rows.append(r)
         if args.json:
             print(json.dumps(r), flush=True)
             continue
         print(f"| {seed} | {r['max_flow']} | " + " | ".join(
             f"{r[v]['flows']}, {r[v]['vs_opt']:.4f}, {r[v]['converged_round']}, {r[v]['per_node']:.0f}"
-            for v in VARIANTS) + " |", flush=True)
+            for v in variants) + " |", flush=True)
     if not args.json:
-        for v in VARIANTS:
+        for v in variants:
             print(f"\n{v}: max flow reached {sum(r[v]['flows'] >= r['max_flow_links'][v] for r in rows)}/{len(rows)} "
                   f"(over every link {sum(r[v]['flows'] >= r['max_flow'] for r in rows)}/{len(rows)}), "
                   f"messages per node (mean) {statistics.mean(r[v]['per_node'] for r in rows):.0f}", end="")
-        a, b = VARIANTS
+        a, b = list(VARIANTS)
         ratio = statistics.mean(r[a]["per_node"] for r in rows) / statistics.mean(r[b]["per_node"] for r in rows)
         print(f"\nmessages per node, {a} / {b}: {ratio:.3f}")
     return 0

@@ -70,7 +70,9 @@ data node knew), the swarm taken down, and the exit status is 1.
     python scripts/bench_swarm_size.py --nodes 25 50 100 --json     # [--flow-neighbours K]: the daemons' bound
 
 `--pooled-formation` starts every daemon with it (several data nodes form
-their flows pooled, then homed: runtime/node/pooling.py); `flow_cost_formed`
+their flows pooled, then homed: runtime/node/pooling.py), and so does
+`--scaled-formation` (one data node: its flows formed by cost scaling first,
+runtime/node/scaledformation.py; its frames count as flow messages); `flow_cost_formed`
 and `flow_cost` are the cost of the swarm's flows at the first iteration and
 at the end (each node's units per next hop times that link's cost, from
 status.json) with the units the data nodes placed, to set side by side with a
@@ -111,6 +113,7 @@ FLOW_KINDS = frozenset({
     "CostAnnounce", "RequestFlow", "FlowReply", "Deny", "Withdraw", "Reroute", "BidFeed", "LaunchBid", "Relabel",
     "RelabelCost", "QueryFlows", "FlowReport", "RequestChange", "RequestRedirect", "MoveReply", "LinkCost",
     "PoolFrame",  # pooled formation's flow and homing messages (--pooled-formation)
+    "ScalePhase", "ScalePush", "ScaleRefuse", "ScaleCredit", "ScaleDone", "ScalePrice", "ScaleAbort",  # scaled
 })
 REL_TOL = 1e-4  # the swarm tests' tolerance against the centralized reference (tests/swarm/test_swarm.py)
 ORDER_TOL = 1e-6  # the order horizon: where summation order alone starts to show (module doc)
@@ -497,6 +500,10 @@ def run_size(n: int, a: argparse.Namespace, work: Path, say) -> dict:
         for name in swarm.names():
             swarm.extra_args.setdefault(name, []).append("--pooled-formation")
     row["pooled_formation"] = a.pooled_formation
+    if a.scaled_formation:  # every node's `join --scaled-formation` (runtime/node/scaledformation.py)
+        for name in swarm.names():
+            swarm.extra_args.setdefault(name, []).append("--scaled-formation")
+    row["scaled_formation"] = a.scaled_formation
     row["relay_nice"] = a.relay_nice
     row["links"] = None if a.links is None else str(a.links)
     avail0 = mem_available_gib()
@@ -620,6 +627,8 @@ def main() -> int:
                     help="the daemons' --flow-neighbours K (0: every link; default: the daemons' default)")
     ap.add_argument("--pooled-formation", action="store_true",
                     help="the daemons' --pooled-formation (several data nodes: pooled, then homed)")
+    ap.add_argument("--scaled-formation", action="store_true",
+                    help="the daemons' --scaled-formation (one data node: cost scaling, then the flow machines)")
     ap.add_argument("--log-level", default="INFO")
     ap.add_argument("--keep", action="store_true", help="keep each size's workdir (node logs)")
     ap.add_argument("--json", action="store_true", help="one JSON object per size on stdout")

@@ -34,10 +34,11 @@ def cmd_gen_flow(args: argparse.Namespace) -> int:
 
 
 def run_policy(scenario, policy: str, seed: int, rounds: int, anneal: bool = False, trace=None,
-               pooled: bool = False):
+               pooled: bool = False, scaled: bool = False):
     """Route a scenario with one policy; shared by the CLI and the benchmark.  `trace` (gwtf): a text file
     that receives every delivered message, one line each (time, sender, receiver, message); `pooled` (gwtf,
-    several data nodes): pooled formation, then homing (sim/pooled.py)."""
+    several data nodes): pooled formation, then homing (sim/pooled.py); `scaled` (gwtf, one data node): scaled
+    formation first (protocol/flow/scaling.py)."""
     if policy == "gwtf" and pooled and len(scenario.data_nodes) > 1:
         from ..sim.pooled import run_pooled
 
@@ -47,7 +48,8 @@ def run_policy(scenario, policy: str, seed: int, rounds: int, anneal: bool = Fal
         from ..sim.flowsim import run_gwtf
 
         base = FlowConfig("-", False, 0, (), {}, {}, improve=True, anneal=True) if anneal else None
-        return run_gwtf(scenario, seed=seed, rounds=rounds, base=base, trace=trace)
+        return run_gwtf(scenario, seed=seed, rounds=rounds, base=base, trace=trace,
+                        formation="scaling" if scaled else "waves")
     from ..sim.baselines import optimal_routing, swarm_routing
 
     if policy == "swarm":
@@ -77,12 +79,20 @@ def cmd_flow(args: argparse.Namespace) -> int:
     if args.pooled and (args.policy != "gwtf" or args.trace is not None or args.anneal):
         raise CliError("--pooled is a formation of the flow machines: it needs --policy gwtf, without --trace "
                        "and --anneal")
+    if args.scaled and (args.policy != "gwtf" or args.pooled or len(scenario.data_nodes) != 1):
+        raise CliError(f"--scaled forms one data node's flows with the flow machines: it needs --policy gwtf, no "
+                       f"--pooled and one data node (this scenario has {len(scenario.data_nodes)})")
     if args.trace is None:
-        res = run_policy(scenario, args.policy, args.seed, args.rounds, anneal=args.anneal, pooled=args.pooled)
+        try:
+            res = run_policy(scenario, args.policy, args.seed, args.rounds, anneal=args.anneal, pooled=args.pooled,
+                             scaled=args.scaled)
+        except ValueError as e:  # (own_arcs: cost scaling takes integer link costs)
+            raise CliError(f"--scaled: {e}") from None
     else:
         try:
             with open(args.trace, "w", encoding="utf-8") as trace:
-                res = run_policy(scenario, args.policy, args.seed, args.rounds, anneal=args.anneal, trace=trace)
+                res = run_policy(scenario, args.policy, args.seed, args.rounds, anneal=args.anneal, trace=trace,
+                                 scaled=args.scaled)
         except OSError as e:
             raise CliError(f"cannot write the trace file {args.trace!r}: {e.strerror}") from None
     if args.json:
@@ -402,6 +412,9 @@ def add_sim_parsers(sub) -> None:
     f.add_argument("--pooled", action="store_true",
                    help="gwtf with several data nodes: form the units as one commodity, then send each home "
                         "(suffix swaps, exchanges, spreading: docs/bench_flow.md, 'Pooled formation')")
+    f.add_argument("--scaled", action="store_true",
+                   help="gwtf with one data node: form the flows by cost scaling first, then hand them to the flow "
+                        "machines (integer link costs; docs/bench_flow.md, 'Scaled formation')")
     f.add_argument("--json", action="store_true", help="print the JSON of specs/scenario.md")
     f.add_argument("--trace", metavar="FILE", default=None,
                    help="gwtf: write every delivered message, in order, to FILE (time sender receiver message)")

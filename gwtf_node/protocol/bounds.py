@@ -554,7 +554,7 @@ def _scaling(msg: Any, ctx: Context) -> Problem | None:
         if getattr(msg, f, "in") not in SIDE_KINDS:
             return Problem(Violation.COUNT_OUT_OF_RANGE, f"a side's kind is {getattr(msg, f)[:20]!r}, not one of "
                                                          f"{SIDE_KINDS}")
-    big = (_count(abs(getattr(msg, f, 0)), f, MAX_SCALE_VALUE) for f in ("price", "eps", "alpha"))
+    big = (_count(abs(getattr(msg, f, 0)), f, MAX_SCALE_VALUE) for f in ("price", "eps", "alpha", "cost"))
     credit = getattr(msg, "credit", "0")
     num, _, den = credit.partition("/")
     if not (len(credit) <= 512 and credit.isascii() and num.isdigit() and (den.isdigit() or not _)

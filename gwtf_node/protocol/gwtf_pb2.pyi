@@ -897,7 +897,7 @@ class ScalePhase(_message.Message):
     def __init__(self, number: _Optional[int] = ..., eps: _Optional[int] = ..., credit: _Optional[str] = ..., alpha: _Optional[int] = ...) -> None: ...
 
 class ScalePush(_message.Message):
-    __slots__ = ("tail", "head", "amount", "price", "phase", "eps", "credit")
+    __slots__ = ("tail", "head", "amount", "price", "phase", "eps", "credit", "cost")
     TAIL_FIELD_NUMBER: _ClassVar[int]
     HEAD_FIELD_NUMBER: _ClassVar[int]
     AMOUNT_FIELD_NUMBER: _ClassVar[int]
@@ -905,6 +905,7 @@ class ScalePush(_message.Message):
     PHASE_FIELD_NUMBER: _ClassVar[int]
     EPS_FIELD_NUMBER: _ClassVar[int]
     CREDIT_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
     tail: str
     head: str
     amount: int
@@ -912,10 +913,11 @@ class ScalePush(_message.Message):
     phase: int
     eps: int
     credit: str
-    def __init__(self, tail: _Optional[str] = ..., head: _Optional[str] = ..., amount: _Optional[int] = ..., price: _Optional[int] = ..., phase: _Optional[int] = ..., eps: _Optional[int] = ..., credit: _Optional[str] = ...) -> None: ...
+    cost: int
+    def __init__(self, tail: _Optional[str] = ..., head: _Optional[str] = ..., amount: _Optional[int] = ..., price: _Optional[int] = ..., phase: _Optional[int] = ..., eps: _Optional[int] = ..., credit: _Optional[str] = ..., cost: _Optional[int] = ...) -> None: ...
 
 class ScaleRefuse(_message.Message):
-    __slots__ = ("tail", "head", "amount", "price", "phase", "eps", "credit")
+    __slots__ = ("tail", "head", "amount", "price", "phase", "eps", "credit", "gone", "cost")
     TAIL_FIELD_NUMBER: _ClassVar[int]
     HEAD_FIELD_NUMBER: _ClassVar[int]
     AMOUNT_FIELD_NUMBER: _ClassVar[int]
@@ -923,6 +925,8 @@ class ScaleRefuse(_message.Message):
     PHASE_FIELD_NUMBER: _ClassVar[int]
     EPS_FIELD_NUMBER: _ClassVar[int]
     CREDIT_FIELD_NUMBER: _ClassVar[int]
+    GONE_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
     tail: str
     head: str
     amount: int
@@ -930,7 +934,9 @@ class ScaleRefuse(_message.Message):
     phase: int
     eps: int
     credit: str
-    def __init__(self, tail: _Optional[str] = ..., head: _Optional[str] = ..., amount: _Optional[int] = ..., price: _Optional[int] = ..., phase: _Optional[int] = ..., eps: _Optional[int] = ..., credit: _Optional[str] = ...) -> None: ...
+    gone: bool
+    cost: int
+    def __init__(self, tail: _Optional[str] = ..., head: _Optional[str] = ..., amount: _Optional[int] = ..., price: _Optional[int] = ..., phase: _Optional[int] = ..., eps: _Optional[int] = ..., credit: _Optional[str] = ..., gone: bool = ..., cost: _Optional[int] = ...) -> None: ...
 
 class ScaleCredit(_message.Message):
     __slots__ = ("credit",)

@@ -8,7 +8,10 @@ hears of a phase first from a push start it then.  `credit` is the share of
 the phase's credit the message carries, an exact fraction written "n/d" (Huang's
 weight throwing: the phase ends when all of it is back at the data node);
 `ScalePhase` also carries `alpha`, the factor every node scales its link costs
-by.
+by.  A push or refusal from a link's upstream end carries the link's cost as
+that end holds it, and the downstream end takes it: both ends must price the
+link alike (a push one end finds admissible and the other not would go back
+and forth for ever), and the daemon's two ends may have measured it apart.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SIDE_KINDS = ("in", "out", "source", "sink")
+UPSTREAM = ("out", "source")  # the kinds of a link's upstream side: a message from it carries the link's cost
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,11 +43,14 @@ class ScalePush:
     phase: int
     eps: int
     credit: str
+    cost: int = 0  # from the link's upstream end: the link's cost, which the downstream end takes (`LINK_COST`)
 
 
 @dataclass(frozen=True, slots=True)
 class ScaleRefuse:
-    """The push came on a stale price (not admissible at the head): the amount goes back, with the head's price."""
+    """The push came on a stale price (not admissible at the head): the amount goes back, with the head's price;
+    or (`gone`) over a link the head does not have (it measured its links without the tail's): the tail drops
+    the arc."""
 
     tail: str  # the kind of the tail side (at the sender of a push, at the receiver of a refusal)
     head: str
@@ -52,6 +59,8 @@ class ScaleRefuse:
     phase: int
     eps: int
     credit: str
+    gone: bool = False
+    cost: int = 0  # as ScalePush's
 
 
 @dataclass(frozen=True, slots=True)

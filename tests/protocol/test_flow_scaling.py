@@ -13,7 +13,7 @@ from gwtf_node.protocol.flow.scaling import ScaledNode, ScalingMachine, own_arcs
 from gwtf_node.protocol.messages import CostAnnounce, Label, Side
 from gwtf_node.protocol.neighbourhood import bound_links
 from gwtf_node.protocol.effects import Send, SetTimer
-from gwtf_node.protocol.scalemsgs import ScaleAbort, ScaleCredit, ScaleDone, ScalePhase, ScalePush
+from gwtf_node.protocol.scalemsgs import ScaleAbort, ScaleCredit, ScaleDone, ScalePhase, ScalePush, ScaleRefuse
 from gwtf_node.protocol.scenario import parse_scenario
 from gwtf_node.sim.baselines import optimal_routing
 from gwtf_node.sim.flowsim import flow_configs, run_gwtf
@@ -158,9 +158,11 @@ def test_formation_messages_that_fit_no_arc_of_the_node_are_dropped_and_counted(
     host.start(0.0)
     assert host.on_message(1.0, "d", ScalePhase(1, 40, "1/2", 5))  # the data node's phase: the relay saturates
     before = dict(machine.cap)
-    bad = [("x", ScalePush("out", "in", 1, 0, 1, 40, "0")),  # from a node it has no link to
-           ("d", ScalePush("out", "in", 1, 0, 1, 40, "0")),  # the data node has no OUT side
-           ("d", ScalePush("source", "in", 0, 0, 1, 40, "0")),  # no units
+    declined = [("x", ScalePush("out", "in", 1, 0, 1, 40, "0")),  # from a node it has no link to
+                ("d", ScalePush("out", "in", 1, 0, 1, 40, "0"))]  # the data node has no OUT side
+    for sender, msg in declined:  # the units go back, the sender drops the arc (the credit, none here, goes on)
+        assert host.on_message(2.0, sender, msg) == [Send(sender, ScaleRefuse("out", "in", 1, 0, 1, 40, "0", True))]
+    bad = [("d", ScalePush("source", "in", 0, 0, 1, 40, "0")),  # no units
            ("x", ScalePhase(2, 20, "1/2", 5)),  # phases come from the data node only
            ("d", ScaleCredit("1/2")),  # credit goes to the data node only
            ("x", ScaleAbort("x says so"))]  # and so does calling formation off
@@ -169,3 +171,110 @@ def test_formation_messages_that_fit_no_arc_of_the_node_are_dropped_and_counted(
     assert machine.ignored == len(bad) and machine.cap == before and host.handed is None
     host.on_message(3.0, "d", ScalePush("source", "in", 1, -10**6, 1, 40, "1/2"))  # a push it takes
     assert machine.ignored == len(bad) and machine.cap != before
+
+
+def test_sim_flow_scaled_prints_the_flows_and_refuses_what_it_cannot_form(tmp_path, capsys):
+    import json
+
+    from gwtf_node.cli import main
+    from gwtf_node.sim.scenarios import flow_setting_scenario
+
+    one, two, frac = tmp_path / "s1.json", tmp_path / "s5.json", tmp_path / "s1f.json"
+    one.write_text(json.dumps(flow_setting_scenario(1, 0)))
+    two.write_text(json.dumps(flow_setting_scenario(5, 0)))
+    doc = flow_setting_scenario(1, 0)
+    doc["links"][0]["cost"] = 2.5
+    frac.write_text(json.dumps(doc))
+    assert main(["sim", "flow", "--scenario", str(one), "--scaled", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out.splitlines()[-1])
+    opt = optimal_routing(load_flow_setting(1, 0))
+    assert len(res["flows"]) == opt.num_flows and res["formation"] == "scaling"
+    for path, why in ((two, "one data node (this scenario has 2)"), (frac, "integer link costs: 2.5")):
+        assert main(["sim", "flow", "--scenario", str(path), "--scaled"]) == 2
+        assert why in capsys.readouterr().err
+    assert main(["sim", "flow", "--scenario", str(one), "--scaled", "--policy", "swarm"]) == 2
+
+
+def test_only_a_neighbour_at_the_other_end_of_an_arc_calls_formation_off():
+    cfg = FlowConfig("r", False, 2, ("d",), {"d": 3.0}, {"d": 4.0}, ("p",))
+    host = ScaledNode(FlowNode(cfg, random.Random(0)), ScalingMachine("r", own_arcs(cfg, 50), "d"))
+    host.start(0.0)
+    host.remove_neighbour(1.0, "p")  # a same-stage peer: no arc of formation leads to it
+    assert host.handed is None and not host.aborted
+    eff = host.remove_neighbour(2.0, "d")
+    assert host.aborted and host.handed == 2.0
+    assert Send("d", ScaleAbort("d left during formation")) in eff
+
+
+def test_a_push_over_a_link_the_head_does_not_have_is_declined_and_formation_ends_exact():
+    """The daemon's nodes measure their links at their own times, so a relay may link to a next-stage relay that
+    does not link back: that relay declines the pushes (`ScaleRefuse(gone=True)`), the tail drops the arc, the
+    credit goes on, and the flows are the optimum without the link."""
+    from gwtf_node.protocol.scenario import Scenario
+    from gwtf_node.sim.flowsim import extract_flows
+
+    sc = _layered(40, 4, 1)
+    cfgs = flow_configs(sc)
+    opt_before = optimal_routing(sc)
+    used = {(a, b) for f in opt_before.flows for a, b in zip(f.path, f.path[1:])}
+    tail, head = sorted(used)[0]  # a link the optimum uses: its pushes come early
+    cfgs[head] = replace(cfgs[head], prev_costs={p: c for p, c in cfgs[head].prev_costs.items() if p != tail})
+    hosts, sim, _ = _scaled_run(sc, cfgs)
+    nodes = {nid: h.flow for nid, h in hosts.items()}
+    assert all(h.handed is not None and not h.aborted for h in hosts.values())
+    assert hosts[tail].scaling.given[(("out", tail), ("in", head))] == 0  # the arc went
+    assert sim.stats.messages_by_type.get("ScaleRefuse", 0) > 0
+    cut = Scenario(sc.name, sc.stages, sc.nodes, tuple(l for l in sc.links if {l.a, l.b} != {tail, head}),
+                   sc.activation_mb)
+    flows, mismatched = extract_flows(cut, nodes)
+    opt = optimal_routing(cut)
+    assert mismatched == 0 and len(flows) == opt.num_flows
+    assert sum(f.cost for f in flows) == pytest.approx(opt.mean_cost * opt.num_flows)
+
+
+def _scaled_run(sc, cfgs, until_s: float = 3600.0):
+    from gwtf_node.sim.engine import Simulator
+    from gwtf_node.sim.flowsim import extract_flows, link_delays, scaled_nodes
+
+    nodes = {nid: FlowNode(cfg, random.Random(nid)) for nid, cfg in cfgs.items()}
+    hosts = scaled_nodes(sc, cfgs, nodes)
+    sim = Simulator(link_delays(sc))
+    for nid in sorted(hosts):
+        sim.add(nid, hosts[nid])
+    sim.start_all()
+    sim.run_until(until_s, stop=lambda now: all(h.handed is not None for h in hosts.values()))
+    return hosts, sim, extract_flows(sc, nodes)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_downstream_end_takes_the_upstream_ends_link_cost(seed):
+    """The daemon's two ends of a link may measure it apart (the downstream end's own round trip, before the
+    upstream end's LinkCost): with each end pricing the link its own way a refused push would go back and forth
+    for ever.  Pushes and refusals from the upstream end carry its cost, and the flows are the optimum at it."""
+    sc = _layered(40, 5, seed, 3)
+    cfgs = flow_configs(sc)
+    for nid, cfg in list(cfgs.items()):
+        if not cfg.is_data:  # every relay measured its upstream links 7 dearer, or 5 cheaper
+            cfgs[nid] = replace(cfg, prev_costs={p: max(0, c + (7 if sum(map(ord, p)) % 2 else -5))
+                                                 for p, c in cfg.prev_costs.items()})
+    hosts, sim, (flows, mismatched) = _scaled_run(sc, cfgs)
+    assert all(h.handed is not None and not h.aborted for h in hosts.values())
+    opt = optimal_routing(sc)
+    assert mismatched == 0 and len(flows) == opt.num_flows
+    assert sum(f.cost for f in flows) == pytest.approx(opt.mean_cost * opt.num_flows)
+
+
+def test_the_data_node_calls_formation_off_when_it_hears_nothing_for_a_while():
+    """Credit lost (a message, or a node the data node cannot see) would stall formation for ever: the data node
+    that hears nothing for STALL_S calls it off, and every node forms its flows with label waves."""
+    from gwtf_node.protocol.flow.scaling import GIVE_UP, STALL_S, machine_for
+
+    cfg = FlowConfig("d", True, 2, ("d",), {"r": 3.0}, {"r": 4.0}, ())
+    host = ScaledNode(FlowNode(cfg, random.Random(0)), machine_for(cfg, {"r": 2}, ("r",), 1))
+    eff = host.start(0.0)
+    assert Send("r", ScalePhase(1, host.scaling.eps, "1/2", host.scaling.alpha)) in eff
+    assert SetTimer(GIVE_UP, STALL_S) in eff
+    eff = host.on_timer(STALL_S, GIVE_UP)  # the relay never answered
+    assert host.aborted and host.handed == STALL_S
+    (abort,) = [e for e in eff if isinstance(e, Send) and isinstance(e.msg, ScaleAbort)]
+    assert abort.to == "r" and "phase 1" in abort.msg.reason

@@ -183,9 +183,9 @@ prices = st.integers(-2**62, 2**62)
 STRATEGIES.update({  # scaled formation (flow/scaling.py)
     m.ScalePhase: st.builds(m.ScalePhase, number=u32, eps=u64, credit=credits, alpha=u64),
     m.ScalePush: st.builds(m.ScalePush, tail=kinds, head=kinds, amount=u32, price=prices, phase=u32, eps=u64,
-                           credit=credits),
+                           credit=credits, cost=u32),
     m.ScaleRefuse: st.builds(m.ScaleRefuse, tail=kinds, head=kinds, amount=u32, price=prices, phase=u32, eps=u64,
-                             credit=credits),
+                             credit=credits, gone=st.booleans(), cost=u32),
     m.ScaleCredit: st.builds(m.ScaleCredit, credit=credits),
     m.ScaleDone: st.builds(m.ScaleDone, phases=u32),
     m.ScalePrice: st.builds(m.ScalePrice, side=kinds, price=prices),

@@ -187,3 +187,32 @@ async def test_a_failed_group_is_tried_again_only_after_a_wait(autojump_clock: t
     result, gkey, group = await rg.all_reduce("s0/it3", [ME, A, B], run_round)
     assert groups == [sorted([ME, A, B])] and group == [ME] and gkey == "s0/it3/alone" and result is None
     assert trio.current_time() - t[0] >= GROUP_CHANGE_WAIT_S
+
+
+@pytest.mark.trio
+async def test_a_named_member_not_heard_of_yet_is_waited_for(autojump_clock: trio.testing.MockClock) -> None:
+    """BEGIN names a stage-mate whose Hello has not come yet (a swarm whose flows formed fast): the round waits
+    for it up to the grace, so that every member sums in the same group."""
+    rg, rounds, out = _regroup(), Rounds(), []
+    rg.peers.forget(B)  # (never heard of: not in the registry, and not forgotten by the regroup)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_reduce, rg, rounds, out)
+        await trio.sleep(REJOIN_GRACE_S / 3)
+        assert rounds.groups == []  # waiting for B
+        rg.peers.upsert(PeerInfo(B, "relay", 0, name="r0_2", incarnation=7), trio.current_time())
+        await trio.sleep(1.0)
+        rounds.finish.set()
+    (result, gkey, group), = out
+    assert rounds.groups == [sorted([ME, A, B])] and result == ("sum", 3)
+
+
+@pytest.mark.trio
+async def test_a_named_member_never_heard_of_is_left_out_after_the_grace(autojump_clock: trio.testing.MockClock):
+    rg, rounds, out = _regroup(), Rounds(), []
+    rg.peers.forget(B)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_reduce, rg, rounds, out)
+        await trio.sleep(REJOIN_GRACE_S + 1.0)
+        rounds.finish.set()
+    (result, gkey, group), = out
+    assert rounds.groups == [sorted([ME, A])] and result == ("sum", 2)

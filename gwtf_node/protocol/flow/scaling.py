@@ -10,8 +10,8 @@ it, asynchronous, with lazy prices:
 * the network (`own_arcs`): a relay is an IN side and an OUT side joined by
   its capacity; a link is an arc OUT -> next IN (the data node's `source` ->
   a first-stage IN, a last-stage OUT -> its `sink`) of the smaller
-  capacity of its ends and the link's integer cost, each with its residual reverse at the head;
-  the arc sink -> source of cost -`bound` (above any augmenting path's cost)
+  capacity of its ends and the link's integer cost, each with its residual
+  reverse at the head; the arc sink -> source of cost -`bound` (above any augmenting path's cost)
   makes the min-cost circulation the min-cost maximum flow.  Costs are
   scaled by `alpha` (more than the number of sides), so the last phase
   (epsilon 1) leaves the flows exactly optimal;
@@ -25,20 +25,22 @@ it, asynchronous, with lazy prices:
   pushes and refusals, and a node that sends nothing returns it in a
   `ScaleCredit`); `ScaleDone` ends the last.
 
-`ScaledNode` hosts a node's `FlowNode` behind its `ScalingMachine`: at
-`ScaleDone` the machine's flows become the flow machine's units
-(`FlowNode.adopt`), which then starts and handles membership changes as after
-any formation; flow messages that come before are held until then.  One data
-node only.  A neighbour that leaves during formation would keep its credit
-(the phase would never end) and its flows: the node that loses it tells the
-data node (`ScaleAbort`), which tells every node, and each hands over with no
-units: the flow machines form the flows from nothing with label waves.  A
-node that hears nothing of formation for `GIVE_UP_S` (the data node left)
-does the same.  Membership changes reach the flow machine at once (it is not
-started: it only records its links); a node that joins during formation is
-not part of it and joins the flows after the handover.  Scaled formation is a
-simulator option (sim/flowsim.py `run_gwtf(formation="scaling")`,
-sim/flowchurn.py, scripts/bench_flow_scale.py `--formation`).  Pure: the
+`ScaledFormation` runs a node's machine to its end: at `ScaleDone` the
+machine's flows become the flow machine's units (`FlowNode.adopt`), which
+then starts and handles membership changes as after any formation.  One data
+node only; it opens formation from what it knows (`leading`, `machine_for`).
+A neighbour that leaves during formation would keep its credit (the phase
+would never end) and its flows: the node that loses it tells the data node
+(`ScaleAbort`), which tells every node, and each hands over with no units:
+the flow machines form the flows from nothing with label waves.  A node that
+hears nothing of formation for `GIVE_UP_S` (the data node left) does the
+same, and the data node calls it off when it hears nothing for `STALL_S`
+(credit lost with a message or a node it cannot see).  A node that joins during formation is not part of it and joins the
+flows after the handover.  `ScaledNode` hosts formation and flow machine in
+the simulator (sim/flowsim.py `run_gwtf(formation="scaling")`,
+sim/flowchurn.py, scripts/bench_flow_scale.py `--formation`), holding the
+flow messages that come before the handover; the daemon's is
+runtime/node/scaledformation.py (`join --scaled-formation`).  Pure: the
 driver hands in `now`.
 """
 
@@ -50,13 +52,14 @@ from fractions import Fraction
 
 from ..effects import Effect, Send, SetTimer
 from ..scalemsgs import (
-    SCALE_MESSAGES, ScaleAbort, ScaleCredit, ScaleDone, ScalePhase, ScalePrice, ScalePush, ScaleRefuse,
+    SCALE_MESSAGES, UPSTREAM, ScaleAbort, ScaleCredit, ScaleDone, ScalePhase, ScalePrice, ScalePush, ScaleRefuse,
 )
 from .config import FlowConfig
 from .node import FlowNode
 
 MAX_HELD = 4096  # flow messages held before handover; more are dropped (counted in `ScaledNode.dropped`)
 GIVE_UP_S = 900.0  # a node that hears nothing of formation this long hands over with no units (the data node left)
+STALL_S = 120.0  # the data node that hears nothing this long calls formation off (credit lost: a message, a node)
 GIVE_UP = ("scaling", "give up")  # the formation's timer key (the flow machine's are strings)
 COST_QUANTUM_MS = 0.1  # the daemon's link costs (ms) in whole units of this for cost scaling (`quantized`)
 BOUND_MARGIN = 2  # how much dearer than the data node's own links a path's links may be (`leading`)
@@ -214,21 +217,41 @@ class ScalingMachine:
         if isinstance(msg, ScalePush):
             tail, head = (msg.tail, sender), (msg.head, self.id)
             self.heard[(head, tail)] = msg.price
+            if msg.tail in UPSTREAM:
+                self._link_cost((head, tail), msg.cost)
             if -self.cost[(head, tail)] + msg.price - self.price[head] >= 0:
                 out.append((sender, ScaleRefuse(msg.tail, msg.head, msg.amount, self.price[head], self.phase,
-                                                self.eps, "0")))
+                                                self.eps, "0", cost=self._upstream_cost(head, tail))))
             else:
                 self.cap[(head, tail)] += msg.amount
                 self.excess[head] += msg.amount
+        elif isinstance(msg, ScaleRefuse) and msg.gone:  # the head has no such link: the arc goes
+            tail, head = (msg.tail, self.id), (msg.head, sender)
+            self.excess[tail] += msg.amount
+            self.cap[(tail, head)] = self.given[(tail, head)] = 0
         elif isinstance(msg, ScaleRefuse):
             tail, head = (msg.tail, self.id), (msg.head, sender)
             self.heard[(tail, head)] = msg.price
+            if msg.head in UPSTREAM:
+                self._link_cost((tail, head), msg.cost)
             self.cap[(tail, head)] += msg.amount
             self.excess[tail] += msg.amount
             if self.cost[(tail, head)] + self.price[tail] - msg.price < 0:
                 # the tail relabelled while its push was out, past an arc it had saturated: the arc is
                 # admissible now, and left residual it could break epsilon-optimality, so it goes out again
                 self._move(tail, head, msg.amount, out)
+        return self._settle(now, out + self._discharge())
+
+    def decline(self, now: float, sender: str, msg: ScalePush) -> list[Effect]:
+        """A push over a link this node does not have (its links were measured without the sender's: the daemon's
+        nodes measure theirs at their own times): the units go back, the sender drops the arc, and the push's
+        credit goes on with the refusal."""
+        self.credit += Fraction(msg.credit)
+        out: list = []
+        if msg.phase > self.phase:
+            self.eps, self.phase = msg.eps, msg.phase
+            out = self._saturate()
+        out.append((sender, ScaleRefuse(msg.tail, msg.head, msg.amount, 0, self.phase, self.eps, "0", True)))
         return self._settle(now, out + self._discharge())
 
     def flows(self) -> dict:
@@ -256,7 +279,17 @@ class ScalingMachine:
             self.cap[(v, u)] += amount
             self.excess[v] += amount
         else:
-            out.append((node_of(v), ScalePush(u[0], v[0], amount, self.price[u], self.phase, self.eps, "0")))
+            out.append((node_of(v), ScalePush(u[0], v[0], amount, self.price[u], self.phase, self.eps, "0",
+                                              self._upstream_cost(u, v))))
+
+    def _upstream_cost(self, u, v) -> int:
+        """The link's cost a message from side `u` to `v` carries: the link's, where `u` is its upstream end."""
+        return self.raw[(u, v)] if u[0] in UPSTREAM else 0
+
+    def _link_cost(self, arc, cost: int) -> None:
+        """The upstream end holds the link at `cost`: so does this end, on its residual arc `arc` (the reverse)."""
+        self.raw[arc] = -cost
+        self.cost[arc] = -cost * self.alpha
 
     def _saturate(self) -> list:
         out: list = []
@@ -328,24 +361,51 @@ class ScaledFormation:
         self.why = ""
         self.early: list = []  # (sender, message) that came before the first ScalePhase
         self.heard = 0.0  # the time of the last formation message
+        self.linked = {node_of(v) for _, v in scaling.given} - {scaling.id}  # the nodes at its arcs' other ends
+
+    @property
+    def limit_s(self) -> float:
+        return STALL_S if self.scaling.id == self.scaling.data else GIVE_UP_S
 
     def start(self, now: float) -> list[Effect]:
         self.heard = now
-        return self._check(now, self.scaling.start(now)) + [SetTimer(GIVE_UP, now + GIVE_UP_S)]
+        return self._check(now, self.scaling.start(now)) + [SetTimer(GIVE_UP, now + self.limit_s)]
 
     def on_timer(self, now: float) -> list[Effect]:
         if self.over is not None:
             return []
-        if now - self.heard < GIVE_UP_S:
-            return [SetTimer(GIVE_UP, self.heard + GIVE_UP_S)]
-        return self._abort(now, f"nothing heard of formation for {GIVE_UP_S:g} s", False)
+        if now - self.heard < self.limit_s:
+            return [SetTimer(GIVE_UP, self.heard + self.limit_s)]
+        sc = self.scaling
+        return self._abort(now, f"nothing heard of formation for {self.limit_s:g} s (phase {sc.phase}, "
+                                f"{1 - sc.returned if sc.id == sc.data else sc.credit} of its credit away)", False)
 
     def on_message(self, now: float, sender: str, msg) -> list[Effect]:
-        """A formation message; one that does not fit this node (`ScalingMachine.fits`) is counted and dropped."""
+        """A formation message: held until the first `ScalePhase` says how costs scale; one that does not fit this
+        node (`ScalingMachine.fits`) is counted and dropped, but a push over a link this node does not have is
+        declined (`ScalingMachine.decline`: its credit goes on)."""
         if self.over is not None:
             return []  # (formation is over: nothing of it can change the flows now)
         sc = self.scaling
+        if sc.alpha is None and not isinstance(msg, (ScalePhase, ScaleDone, ScaleAbort)):
+            if len(self.early) < MAX_HELD:
+                self.early.append((sender, msg))
+            else:
+                sc.ignored += 1
+            return []
+        eff = self._take(now, sender, msg)
+        if isinstance(msg, ScalePhase) and self.early:
+            early, self.early = self.early, []
+            for s, m in early:
+                eff += self._take(now, s, m)
+        return self._check(now, eff)
+
+    def _take(self, now: float, sender: str, msg) -> list[Effect]:
+        sc = self.scaling
         if not sc.fits(sender, msg):
+            if isinstance(msg, ScalePush) and msg.amount > 0 and self.over is None:
+                self.heard = now
+                return sc.decline(now, sender, msg)
             sc.ignored += 1
             return []
         self.heard = now
@@ -353,20 +413,16 @@ class ScaledFormation:
             sc.peers += (sender,)  # a node it did not know of takes part: it hears of the next phases and the end
         if isinstance(msg, ScaleAbort):
             return self._abort(now, msg.reason, False)
-        if sc.alpha is None and not isinstance(msg, ScaleDone):
-            if not isinstance(msg, ScalePhase):
-                self.early.append((sender, msg))
-                return []
+        if isinstance(msg, ScalePhase) and sc.alpha is None:
             sc.scale(msg.alpha)
-            eff = sc.on_message(now, sender, msg)
-            early, self.early = self.early, []
-            for s, m in early:
-                eff += sc.on_message(now, s, m)
-            return self._check(now, eff)
-        return self._check(now, sc.on_message(now, sender, msg))
+        return sc.on_message(now, sender, msg)
 
     def neighbour_left(self, now: float, peer: str) -> list[Effect]:
-        return [] if self.over is not None else self._abort(now, f"{peer} left during formation", True)
+        """`peer` crashed or left: formation is called off if it is at the other end of one of this node's arcs
+        (its credit and its flows are lost)."""
+        if self.over is not None or peer not in self.linked:
+            return []
+        return self._abort(now, f"{peer} left during formation", True)
 
     def units(self) -> tuple[dict, dict]:
         return self.scaling.units() if self.over == FORMED else ({}, {})

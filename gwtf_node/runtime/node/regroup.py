@@ -33,7 +33,8 @@ timeout (minutes), then stepping apart.  So:
 * a round about to start waits, up to the same grace, for a member of
   `named` presumed dead shortly before (the daemon hands it BEGIN's group
   as the leader sent it, `Phases.named_group`, so also for one presumed
-  dead here just before BEGIN arrived).
+  dead here just before BEGIN arrived), and for one this node has not heard
+  of yet (its Hello on the way).
 
 A crash costs the survivors at most `REJOIN_GRACE_S` more before they redo
 the round without the member.  When the views still differ (a member gone
@@ -135,9 +136,13 @@ class Regroup:
             and (self.forgotten.get(p, 0) == since.get(p, 0) or self._back_for(p, since))))
 
     async def wait_for_presumed(self, named: list[str], since: dict[str, int]) -> None:
-        """Before a round: wait, up to the grace since each was presumed dead, for named members that are."""
+        """Before a round: wait, up to the grace since each was presumed dead, for named members that are; and up
+        to the grace from now for named members this node has not heard of yet (their Hello on its way: a swarm
+        whose flows formed before every relay had met its stage-mates)."""
+        start = now()
         while True:
             pending = [self.forgot_at[p] for p in named if p in self.forgot_at and p not in self.alive(named, since)]
+            pending += [start for p in named if p != self.me and p not in self.peers and p not in self.forgotten]
             ends = [t + REJOIN_GRACE_S for t in pending if t + REJOIN_GRACE_S > now()]
             if not ends:
                 return

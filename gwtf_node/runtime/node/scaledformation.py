@@ -41,7 +41,7 @@ class Scaling:
         self.on_done = on_done
         self.driver = drivers.make(Owner.SCALING, self._on_timer, in_order=wire.send_in_order, fifo=True)
         self.done = False
-        self.linked = {v[1] for _, v in machine.given} - {machine.id}  # the nodes at the other end of its arcs
+        self.phase = 0  # the data node: the last phase it logged
 
     def start(self) -> None:
         lead = self.machine.id == self.machine.data
@@ -56,8 +56,8 @@ class Scaling:
         self._carry(self.formation.on_message(now(), peer, msg))
 
     def peer_gone(self, peer: str) -> None:
-        """A peer crashed or left: formation is called off if it was a neighbour (its credit and flows are lost)."""
-        if not self.done and peer in self.linked:
+        """A peer crashed or left: formation is called off if it was a neighbour (`ScaledFormation.neighbour_left`)."""
+        if not self.done:
             self._carry(self.formation.neighbour_left(now(), peer))
 
     def _on_timer(self, key: Any) -> None:
@@ -67,13 +67,19 @@ class Scaling:
     def _carry(self, effects: list) -> None:
         self.driver.carry(effects)
         self.driver.flush()
+        m = self.machine
+        if m.id == m.data and m.phase != self.phase and m.done is None and self.formation.over is None:
+            self.phase = m.phase
+            log.info("scaled formation: phase %d (epsilon %d)", m.phase, m.eps)
         if self.done or self.formation.over is None:
             return
         self.done = True
         inn, out = self.formation.units()
         if self.formation.over == ABORTED:
-            log.warning("scaled formation called off (%s): the flow machine forms the flows from nothing",
-                        self.formation.why)
+            log.warning("scaled formation called off (%s; here: phase %d, %s credit held, %d messages held "
+                        "for the first phase, %d ignored): the flow machine forms the flows from nothing",
+                        self.formation.why, self.machine.phase, self.machine.credit, len(self.formation.early),
+                        self.machine.ignored)
         else:
             log.info("scaled formation over after %d phases: %d units in, %d out here (%d messages ignored)",
                      self.machine.phase, sum(inn.get(self.machine.data, {}).values()),
