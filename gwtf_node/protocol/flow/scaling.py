@@ -59,7 +59,7 @@ from .node import FlowNode
 
 MAX_HELD = 4096  # flow messages held before handover; more are dropped (counted in `ScaledNode.dropped`)
 GIVE_UP_S = 900.0  # a node that hears nothing of formation this long hands over with no units (the data node left)
-STALL_S = 120.0  # the data node that hears nothing this long calls formation off (credit lost: a message, a node)
+STALL_S = 600.0  # the data node that hears nothing this long calls formation off (credit lost: a message, a node)
 GIVE_UP = ("scaling", "give up")  # the formation's timer key (the flow machine's are strings)
 COST_QUANTUM_MS = 0.1  # the daemon's link costs (ms) in whole units of this for cost scaling (`quantized`)
 BOUND_MARGIN = 2  # how much dearer than the data node's own links a path's links may be (`leading`)
