@@ -14,9 +14,11 @@ may not send it, is dropped and counted (`ScalingMachine.ignored`).
 
 The node hands over when formation is over (`ScaledFormation.over`): with the
 units it formed (`ScaleDone`), or with none when it was called off (a
-neighbour left: `ScaleAbort`) or nothing of it came for `GIVE_UP_S`; `Flows`
-then starts the flow machine holding them, and the flow messages that waited
-for it are replayed.
+neighbour left: `ScaleAbort`; the data node heard nothing of it for
+`STALL_S`) or nothing of it came for `GIVE_UP_S`; `Flows` then starts the
+flow machine holding them, and the flow messages that waited for it are
+replayed.  A frame lost in flight (a libp2p connection reset) loses its
+credit: the phase then ends only by `STALL_S` (frames are not acknowledged).
 """
 
 from __future__ import annotations
