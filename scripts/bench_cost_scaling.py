@@ -197,7 +197,7 @@ def distributed(sc: Scenario, factor: int = 2, first_eps: int | None = None, eag
     sim.run_until(float("inf"))
     flow = {}
     for m in nodes.values():
-        flow.update({a: arcs[a][0] - c for a, c in m.cap.items() if arcs[a][0] > 0})
+        flow.update(m.flows())
     units = flow[back]
     total = sum(f * arcs[a][1] for a, f in flow.items() if a != back)
     price = {u: p for m in nodes.values() for u, p in m.price.items()}

@@ -184,8 +184,9 @@ def run_gwtf(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowCon
         if wall_limit_s is not None and time.perf_counter() - t_wall > wall_limit_s:
             limited.append(now)
             return True
-        if hosts and (formed() is None or now >= formed() + rounds * round_s):
-            return formed() is not None
+        done = formed() if hosts else None
+        if hosts and (done is None or now >= done + rounds * round_s):
+            return done is not None
         if now - last_change() < quiet_rounds * round_s:
             return False
         return all(not m.pending and not m.token_pending for m in nodes.values())

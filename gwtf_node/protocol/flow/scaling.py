@@ -209,11 +209,7 @@ class ScalingMachine:
         self.credit += Fraction(msg.credit)
         if isinstance(msg, ScaleCredit):
             return self._settle(now, [])
-        out: list = []
-        number = msg.number if isinstance(msg, ScalePhase) else msg.phase
-        if number > self.phase:  # a new phase: saturate every arc of negative reduced cost
-            self.eps, self.phase = msg.eps, number
-            out = self._saturate()
+        out = self._enter(msg.number if isinstance(msg, ScalePhase) else msg.phase, msg.eps)
         if isinstance(msg, ScalePush):
             tail, head = (msg.tail, sender), (msg.head, self.id)
             self.heard[(head, tail)] = msg.price
@@ -247,10 +243,7 @@ class ScalingMachine:
         nodes measure theirs at their own times): the units go back, the sender drops the arc, and the push's
         credit goes on with the refusal."""
         self.credit += Fraction(msg.credit)
-        out: list = []
-        if msg.phase > self.phase:
-            self.eps, self.phase = msg.eps, msg.phase
-            out = self._saturate()
+        out = self._enter(msg.phase, msg.eps)
         out.append((sender, ScaleRefuse(msg.tail, msg.head, msg.amount, 0, self.phase, self.eps, "0", True)))
         return self._settle(now, out + self._discharge())
 
@@ -281,6 +274,14 @@ class ScalingMachine:
         else:
             out.append((node_of(v), ScalePush(u[0], v[0], amount, self.price[u], self.phase, self.eps, "0",
                                               self._upstream_cost(u, v))))
+
+    def _enter(self, number: int, eps: int) -> list:
+        """A message of phase `number`: a phase this node had not started starts now, saturating every arc of
+        negative reduced cost (its pushes returned)."""
+        if number <= self.phase:
+            return []
+        self.eps, self.phase = eps, number
+        return self._saturate()
 
     def _upstream_cost(self, u, v) -> int:
         """The link's cost a message from side `u` to `v` carries: the link's, where `u` is its upstream end."""
@@ -447,10 +448,13 @@ class ScaledNode:
 
     def __init__(self, flow: FlowNode, scaling: ScalingMachine) -> None:
         self.flow, self.formation = flow, ScaledFormation(scaling)
-        self.scaling = scaling
         self.handed: float | None = None  # the time the flows (or none, when aborted) went to the flow machine
         self.held: list = []  # (sender, flow message) that came before
         self.dropped = 0
+
+    @property
+    def scaling(self) -> ScalingMachine:
+        return self.formation.scaling
 
     @property
     def aborted(self) -> bool:

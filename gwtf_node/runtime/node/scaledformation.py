@@ -38,12 +38,15 @@ class Scaling:
 
     def __init__(self, wire: Wire, drivers: Drivers, machine: ScalingMachine,
                  on_done: Callable[[dict, dict], None]) -> None:
-        self.machine = machine
         self.formation = ScaledFormation(machine)
         self.on_done = on_done
         self.driver = drivers.make(Owner.SCALING, self._on_timer, in_order=wire.send_in_order, fifo=True)
         self.done = False
         self.phase = 0  # the data node: the last phase it logged
+
+    @property
+    def machine(self) -> ScalingMachine:
+        return self.formation.scaling
 
     def start(self) -> None:
         lead = self.machine.id == self.machine.data
