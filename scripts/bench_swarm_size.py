@@ -108,12 +108,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from gwtf_node.protocol.scalemsgs import SCALE_MESSAGES  # noqa: E402 - after the path is set
+
 # message types of flow formation (protos/gwtf.proto, the flow section; LinkCost fixes a flow link's cost)
 FLOW_KINDS = frozenset({
     "CostAnnounce", "RequestFlow", "FlowReply", "Deny", "Withdraw", "Reroute", "BidFeed", "LaunchBid", "Relabel",
     "RelabelCost", "QueryFlows", "FlowReport", "RequestChange", "RequestRedirect", "MoveReply", "LinkCost",
     "PoolFrame",  # pooled formation's flow and homing messages (--pooled-formation)
-    "ScalePhase", "ScalePush", "ScaleRefuse", "ScaleCredit", "ScaleDone", "ScalePrice", "ScaleAbort",  # scaled
+    *(t.__name__ for t in SCALE_MESSAGES),  # scaled formation's (--scaled-formation)
 })
 REL_TOL = 1e-4  # the swarm tests' tolerance against the centralized reference (tests/swarm/test_swarm.py)
 ORDER_TOL = 1e-6  # the order horizon: where summation order alone starts to show (module doc)

@@ -548,19 +548,20 @@ def _homing(msg: Any, ctx: Context) -> Problem | None:
 
 
 def _scaling(msg: Any, ctx: Context) -> Problem | None:
-    """A message of scaled formation (flow/scaling.py): the kinds of its sides, units, prices, epsilons and phases
-    in range, and a credit that is a fraction in [0, 1]."""
+    """A message of scaled formation (flow/scaling.py): the kinds of its sides, units, prices, epsilons, phases and
+    the numbers asked for again in range, and a credit that is a fraction in [0, 1]."""
     for f in ("tail", "head", "side"):
         if getattr(msg, f, "in") not in SIDE_KINDS:
             return Problem(Violation.COUNT_OUT_OF_RANGE, f"a side's kind is {getattr(msg, f)[:20]!r}, not one of "
                                                          f"{SIDE_KINDS}")
+    seqs = getattr(msg, "seqs", ())  # (ScaleNack's; numbers fit uint32 on the wire)
     big = (_count(abs(getattr(msg, f, 0)), f, MAX_SCALE_VALUE) for f in ("price", "eps", "alpha", "cost"))
     credit = getattr(msg, "credit", "0")
     num, _, den = credit.partition("/")
     if not (len(credit) <= 512 and credit.isascii() and num.isdigit() and (den.isdigit() or not _)
             and int(num) <= int(den or 1) != 0):
         return Problem(Violation.COUNT_OUT_OF_RANGE, f"credit {credit[:40]!r} is no fraction n/d in [0, 1]")
-    return _first(_strings(getattr(msg, "reason", "")), *big,
+    return _first(_items(seqs, "seqs"), _strings(getattr(msg, "reason", "")), *big,
                   _count(getattr(msg, "amount", 0), "a push's units", MAX_CAPACITY),
                   _count(getattr(msg, "number", getattr(msg, "phase", 0)), "a phase", MAX_SCALE_PHASES))
 

@@ -885,19 +885,23 @@ class PoolFrame(_message.Message):
     def __init__(self, role: _Optional[str] = ..., sender_role: _Optional[str] = ..., frame: _Optional[bytes] = ...) -> None: ...
 
 class ScalePhase(_message.Message):
-    __slots__ = ("number", "eps", "credit", "alpha")
+    __slots__ = ("number", "eps", "credit", "alpha", "seq", "ack")
     NUMBER_FIELD_NUMBER: _ClassVar[int]
     EPS_FIELD_NUMBER: _ClassVar[int]
     CREDIT_FIELD_NUMBER: _ClassVar[int]
     ALPHA_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
     number: int
     eps: int
     credit: str
     alpha: int
-    def __init__(self, number: _Optional[int] = ..., eps: _Optional[int] = ..., credit: _Optional[str] = ..., alpha: _Optional[int] = ...) -> None: ...
+    seq: int
+    ack: int
+    def __init__(self, number: _Optional[int] = ..., eps: _Optional[int] = ..., credit: _Optional[str] = ..., alpha: _Optional[int] = ..., seq: _Optional[int] = ..., ack: _Optional[int] = ...) -> None: ...
 
 class ScalePush(_message.Message):
-    __slots__ = ("tail", "head", "amount", "price", "phase", "eps", "credit", "cost")
+    __slots__ = ("tail", "head", "amount", "price", "phase", "eps", "credit", "cost", "seq", "ack")
     TAIL_FIELD_NUMBER: _ClassVar[int]
     HEAD_FIELD_NUMBER: _ClassVar[int]
     AMOUNT_FIELD_NUMBER: _ClassVar[int]
@@ -906,6 +910,8 @@ class ScalePush(_message.Message):
     EPS_FIELD_NUMBER: _ClassVar[int]
     CREDIT_FIELD_NUMBER: _ClassVar[int]
     COST_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
     tail: str
     head: str
     amount: int
@@ -914,10 +920,12 @@ class ScalePush(_message.Message):
     eps: int
     credit: str
     cost: int
-    def __init__(self, tail: _Optional[str] = ..., head: _Optional[str] = ..., amount: _Optional[int] = ..., price: _Optional[int] = ..., phase: _Optional[int] = ..., eps: _Optional[int] = ..., credit: _Optional[str] = ..., cost: _Optional[int] = ...) -> None: ...
+    seq: int
+    ack: int
+    def __init__(self, tail: _Optional[str] = ..., head: _Optional[str] = ..., amount: _Optional[int] = ..., price: _Optional[int] = ..., phase: _Optional[int] = ..., eps: _Optional[int] = ..., credit: _Optional[str] = ..., cost: _Optional[int] = ..., seq: _Optional[int] = ..., ack: _Optional[int] = ...) -> None: ...
 
 class ScaleRefuse(_message.Message):
-    __slots__ = ("tail", "head", "amount", "price", "phase", "eps", "credit", "gone", "cost")
+    __slots__ = ("tail", "head", "amount", "price", "phase", "eps", "credit", "gone", "cost", "seq", "ack")
     TAIL_FIELD_NUMBER: _ClassVar[int]
     HEAD_FIELD_NUMBER: _ClassVar[int]
     AMOUNT_FIELD_NUMBER: _ClassVar[int]
@@ -927,6 +935,8 @@ class ScaleRefuse(_message.Message):
     CREDIT_FIELD_NUMBER: _ClassVar[int]
     GONE_FIELD_NUMBER: _ClassVar[int]
     COST_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
     tail: str
     head: str
     amount: int
@@ -936,19 +946,29 @@ class ScaleRefuse(_message.Message):
     credit: str
     gone: bool
     cost: int
-    def __init__(self, tail: _Optional[str] = ..., head: _Optional[str] = ..., amount: _Optional[int] = ..., price: _Optional[int] = ..., phase: _Optional[int] = ..., eps: _Optional[int] = ..., credit: _Optional[str] = ..., gone: bool = ..., cost: _Optional[int] = ...) -> None: ...
+    seq: int
+    ack: int
+    def __init__(self, tail: _Optional[str] = ..., head: _Optional[str] = ..., amount: _Optional[int] = ..., price: _Optional[int] = ..., phase: _Optional[int] = ..., eps: _Optional[int] = ..., credit: _Optional[str] = ..., gone: bool = ..., cost: _Optional[int] = ..., seq: _Optional[int] = ..., ack: _Optional[int] = ...) -> None: ...
 
 class ScaleCredit(_message.Message):
-    __slots__ = ("credit",)
+    __slots__ = ("credit", "seq", "ack")
     CREDIT_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
     credit: str
-    def __init__(self, credit: _Optional[str] = ...) -> None: ...
+    seq: int
+    ack: int
+    def __init__(self, credit: _Optional[str] = ..., seq: _Optional[int] = ..., ack: _Optional[int] = ...) -> None: ...
 
 class ScaleDone(_message.Message):
-    __slots__ = ("phases",)
+    __slots__ = ("phases", "seq", "ack")
     PHASES_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
     phases: int
-    def __init__(self, phases: _Optional[int] = ...) -> None: ...
+    seq: int
+    ack: int
+    def __init__(self, phases: _Optional[int] = ..., seq: _Optional[int] = ..., ack: _Optional[int] = ...) -> None: ...
 
 class ScalePrice(_message.Message):
     __slots__ = ("side", "price")
@@ -959,13 +979,31 @@ class ScalePrice(_message.Message):
     def __init__(self, side: _Optional[str] = ..., price: _Optional[int] = ...) -> None: ...
 
 class ScaleAbort(_message.Message):
-    __slots__ = ("reason",)
+    __slots__ = ("reason", "seq", "ack")
     REASON_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
     reason: str
-    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+    seq: int
+    ack: int
+    def __init__(self, reason: _Optional[str] = ..., seq: _Optional[int] = ..., ack: _Optional[int] = ...) -> None: ...
+
+class ScaleNack(_message.Message):
+    __slots__ = ("seqs",)
+    SEQS_FIELD_NUMBER: _ClassVar[int]
+    seqs: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, seqs: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ScaleProbe(_message.Message):
+    __slots__ = ("phase", "last")
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    phase: int
+    last: int
+    def __init__(self, phase: _Optional[int] = ..., last: _Optional[int] = ...) -> None: ...
 
 class Envelope(_message.Message):
-    __slots__ = ("version", "sender", "cost_announce", "request_flow", "flow_reply", "deny", "withdraw", "query_flows", "flow_report", "request_change", "request_redirect", "move_reply", "reroute", "launch_bid", "relabel", "relabel_cost", "label_limit", "hello", "peer_list", "forward", "backward", "complete", "iteration_done", "begin_aggregation", "can_take", "phase_ack", "all_reduce_chunk", "ping", "pong", "stage_state_request", "stage_state", "goodbye", "revocations", "mb_deny", "probe", "probe_ack", "recover", "resume", "backward_stuck", "room", "release", "mb_state", "repair_order", "lend", "link_cost", "link_probe", "request_vote", "vote", "leader_heartbeat", "heartbeat_ack", "join_request", "utilization_query", "utilization_report", "assignment", "homing_start", "trace_unit", "cost_query", "cost_reply", "install", "pool_frame", "scale_phase", "scale_push", "scale_refuse", "scale_credit", "scale_done", "scale_price", "scale_abort", "refused")
+    __slots__ = ("version", "sender", "cost_announce", "request_flow", "flow_reply", "deny", "withdraw", "query_flows", "flow_report", "request_change", "request_redirect", "move_reply", "reroute", "launch_bid", "relabel", "relabel_cost", "label_limit", "hello", "peer_list", "forward", "backward", "complete", "iteration_done", "begin_aggregation", "can_take", "phase_ack", "all_reduce_chunk", "ping", "pong", "stage_state_request", "stage_state", "goodbye", "revocations", "mb_deny", "probe", "probe_ack", "recover", "resume", "backward_stuck", "room", "release", "mb_state", "repair_order", "lend", "link_cost", "link_probe", "request_vote", "vote", "leader_heartbeat", "heartbeat_ack", "join_request", "utilization_query", "utilization_report", "assignment", "homing_start", "trace_unit", "cost_query", "cost_reply", "install", "pool_frame", "scale_phase", "scale_push", "scale_refuse", "scale_credit", "scale_done", "scale_price", "scale_abort", "scale_nack", "scale_probe", "refused")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     COST_ANNOUNCE_FIELD_NUMBER: _ClassVar[int]
@@ -1033,6 +1071,8 @@ class Envelope(_message.Message):
     SCALE_DONE_FIELD_NUMBER: _ClassVar[int]
     SCALE_PRICE_FIELD_NUMBER: _ClassVar[int]
     SCALE_ABORT_FIELD_NUMBER: _ClassVar[int]
+    SCALE_NACK_FIELD_NUMBER: _ClassVar[int]
+    SCALE_PROBE_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     version: int
     sender: str
@@ -1101,8 +1141,10 @@ class Envelope(_message.Message):
     scale_done: ScaleDone
     scale_price: ScalePrice
     scale_abort: ScaleAbort
+    scale_nack: ScaleNack
+    scale_probe: ScaleProbe
     refused: Refused
-    def __init__(self, version: _Optional[int] = ..., sender: _Optional[str] = ..., cost_announce: _Optional[_Union[CostAnnounce, _Mapping]] = ..., request_flow: _Optional[_Union[RequestFlow, _Mapping]] = ..., flow_reply: _Optional[_Union[FlowReply, _Mapping]] = ..., deny: _Optional[_Union[Deny, _Mapping]] = ..., withdraw: _Optional[_Union[Withdraw, _Mapping]] = ..., query_flows: _Optional[_Union[QueryFlows, _Mapping]] = ..., flow_report: _Optional[_Union[FlowReport, _Mapping]] = ..., request_change: _Optional[_Union[RequestChange, _Mapping]] = ..., request_redirect: _Optional[_Union[RequestRedirect, _Mapping]] = ..., move_reply: _Optional[_Union[MoveReply, _Mapping]] = ..., reroute: _Optional[_Union[Reroute, _Mapping]] = ..., launch_bid: _Optional[_Union[LaunchBid, _Mapping]] = ..., relabel: _Optional[_Union[Relabel, _Mapping]] = ..., relabel_cost: _Optional[_Union[RelabelCost, _Mapping]] = ..., label_limit: _Optional[_Union[LabelLimit, _Mapping]] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., peer_list: _Optional[_Union[PeerList, _Mapping]] = ..., forward: _Optional[_Union[Forward, _Mapping]] = ..., backward: _Optional[_Union[Backward, _Mapping]] = ..., complete: _Optional[_Union[Complete, _Mapping]] = ..., iteration_done: _Optional[_Union[IterationDone, _Mapping]] = ..., begin_aggregation: _Optional[_Union[BeginAggregation, _Mapping]] = ..., can_take: _Optional[_Union[CanTake, _Mapping]] = ..., phase_ack: _Optional[_Union[PhaseAck, _Mapping]] = ..., all_reduce_chunk: _Optional[_Union[AllReduceChunk, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., stage_state_request: _Optional[_Union[StageStateRequest, _Mapping]] = ..., stage_state: _Optional[_Union[StageState, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., revocations: _Optional[_Union[Revocations, _Mapping]] = ..., mb_deny: _Optional[_Union[MbDeny, _Mapping]] = ..., probe: _Optional[_Union[Probe, _Mapping]] = ..., probe_ack: _Optional[_Union[ProbeAck, _Mapping]] = ..., recover: _Optional[_Union[Recover, _Mapping]] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ..., backward_stuck: _Optional[_Union[BackwardStuck, _Mapping]] = ..., room: _Optional[_Union[Room, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., mb_state: _Optional[_Union[MbState, _Mapping]] = ..., repair_order: _Optional[_Union[RepairOrder, _Mapping]] = ..., lend: _Optional[_Union[Lend, _Mapping]] = ..., link_cost: _Optional[_Union[LinkCost, _Mapping]] = ..., link_probe: _Optional[_Union[LinkProbe, _Mapping]] = ..., request_vote: _Optional[_Union[RequestVote, _Mapping]] = ..., vote: _Optional[_Union[Vote, _Mapping]] = ..., leader_heartbeat: _Optional[_Union[LeaderHeartbeat, _Mapping]] = ..., heartbeat_ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ..., join_request: _Optional[_Union[JoinRequest, _Mapping]] = ..., utilization_query: _Optional[_Union[UtilizationQuery, _Mapping]] = ..., utilization_report: _Optional[_Union[UtilizationReport, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., homing_start: _Optional[_Union[HomingStart, _Mapping]] = ..., trace_unit: _Optional[_Union[TraceUnit, _Mapping]] = ..., cost_query: _Optional[_Union[CostQuery, _Mapping]] = ..., cost_reply: _Optional[_Union[CostReply, _Mapping]] = ..., install: _Optional[_Union[Install, _Mapping]] = ..., pool_frame: _Optional[_Union[PoolFrame, _Mapping]] = ..., scale_phase: _Optional[_Union[ScalePhase, _Mapping]] = ..., scale_push: _Optional[_Union[ScalePush, _Mapping]] = ..., scale_refuse: _Optional[_Union[ScaleRefuse, _Mapping]] = ..., scale_credit: _Optional[_Union[ScaleCredit, _Mapping]] = ..., scale_done: _Optional[_Union[ScaleDone, _Mapping]] = ..., scale_price: _Optional[_Union[ScalePrice, _Mapping]] = ..., scale_abort: _Optional[_Union[ScaleAbort, _Mapping]] = ..., refused: _Optional[_Union[Refused, _Mapping]] = ...) -> None: ...
+    def __init__(self, version: _Optional[int] = ..., sender: _Optional[str] = ..., cost_announce: _Optional[_Union[CostAnnounce, _Mapping]] = ..., request_flow: _Optional[_Union[RequestFlow, _Mapping]] = ..., flow_reply: _Optional[_Union[FlowReply, _Mapping]] = ..., deny: _Optional[_Union[Deny, _Mapping]] = ..., withdraw: _Optional[_Union[Withdraw, _Mapping]] = ..., query_flows: _Optional[_Union[QueryFlows, _Mapping]] = ..., flow_report: _Optional[_Union[FlowReport, _Mapping]] = ..., request_change: _Optional[_Union[RequestChange, _Mapping]] = ..., request_redirect: _Optional[_Union[RequestRedirect, _Mapping]] = ..., move_reply: _Optional[_Union[MoveReply, _Mapping]] = ..., reroute: _Optional[_Union[Reroute, _Mapping]] = ..., launch_bid: _Optional[_Union[LaunchBid, _Mapping]] = ..., relabel: _Optional[_Union[Relabel, _Mapping]] = ..., relabel_cost: _Optional[_Union[RelabelCost, _Mapping]] = ..., label_limit: _Optional[_Union[LabelLimit, _Mapping]] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., peer_list: _Optional[_Union[PeerList, _Mapping]] = ..., forward: _Optional[_Union[Forward, _Mapping]] = ..., backward: _Optional[_Union[Backward, _Mapping]] = ..., complete: _Optional[_Union[Complete, _Mapping]] = ..., iteration_done: _Optional[_Union[IterationDone, _Mapping]] = ..., begin_aggregation: _Optional[_Union[BeginAggregation, _Mapping]] = ..., can_take: _Optional[_Union[CanTake, _Mapping]] = ..., phase_ack: _Optional[_Union[PhaseAck, _Mapping]] = ..., all_reduce_chunk: _Optional[_Union[AllReduceChunk, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., pong: _Optional[_Union[Pong, _Mapping]] = ..., stage_state_request: _Optional[_Union[StageStateRequest, _Mapping]] = ..., stage_state: _Optional[_Union[StageState, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., revocations: _Optional[_Union[Revocations, _Mapping]] = ..., mb_deny: _Optional[_Union[MbDeny, _Mapping]] = ..., probe: _Optional[_Union[Probe, _Mapping]] = ..., probe_ack: _Optional[_Union[ProbeAck, _Mapping]] = ..., recover: _Optional[_Union[Recover, _Mapping]] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ..., backward_stuck: _Optional[_Union[BackwardStuck, _Mapping]] = ..., room: _Optional[_Union[Room, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., mb_state: _Optional[_Union[MbState, _Mapping]] = ..., repair_order: _Optional[_Union[RepairOrder, _Mapping]] = ..., lend: _Optional[_Union[Lend, _Mapping]] = ..., link_cost: _Optional[_Union[LinkCost, _Mapping]] = ..., link_probe: _Optional[_Union[LinkProbe, _Mapping]] = ..., request_vote: _Optional[_Union[RequestVote, _Mapping]] = ..., vote: _Optional[_Union[Vote, _Mapping]] = ..., leader_heartbeat: _Optional[_Union[LeaderHeartbeat, _Mapping]] = ..., heartbeat_ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ..., join_request: _Optional[_Union[JoinRequest, _Mapping]] = ..., utilization_query: _Optional[_Union[UtilizationQuery, _Mapping]] = ..., utilization_report: _Optional[_Union[UtilizationReport, _Mapping]] = ..., assignment: _Optional[_Union[Assignment, _Mapping]] = ..., homing_start: _Optional[_Union[HomingStart, _Mapping]] = ..., trace_unit: _Optional[_Union[TraceUnit, _Mapping]] = ..., cost_query: _Optional[_Union[CostQuery, _Mapping]] = ..., cost_reply: _Optional[_Union[CostReply, _Mapping]] = ..., install: _Optional[_Union[Install, _Mapping]] = ..., pool_frame: _Optional[_Union[PoolFrame, _Mapping]] = ..., scale_phase: _Optional[_Union[ScalePhase, _Mapping]] = ..., scale_push: _Optional[_Union[ScalePush, _Mapping]] = ..., scale_refuse: _Optional[_Union[ScaleRefuse, _Mapping]] = ..., scale_credit: _Optional[_Union[ScaleCredit, _Mapping]] = ..., scale_done: _Optional[_Union[ScaleDone, _Mapping]] = ..., scale_price: _Optional[_Union[ScalePrice, _Mapping]] = ..., scale_abort: _Optional[_Union[ScaleAbort, _Mapping]] = ..., scale_nack: _Optional[_Union[ScaleNack, _Mapping]] = ..., scale_probe: _Optional[_Union[ScaleProbe, _Mapping]] = ..., refused: _Optional[_Union[Refused, _Mapping]] = ...) -> None: ...
 
 class Refused(_message.Message):
     __slots__ = ("code", "reason")

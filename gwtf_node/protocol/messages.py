@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from .electmsgs import HeartbeatAck, LeaderHeartbeat, RequestVote, Vote  # noqa: F401 - re-exported (leader.py)
 from .homingmsgs import CostQuery, CostReply, HomingStart, Install, PoolFrame, Route, TraceUnit  # noqa: F401 - re-exported
 from .scalemsgs import (  # noqa: F401 - re-exported
-    ScaleAbort, ScaleCredit, ScaleDone, ScalePhase, ScalePrice, ScalePush, ScaleRefuse,
+    ScaleAbort, ScaleCredit, ScaleDone, ScaleNack, ScalePhase, ScalePrice, ScaleProbe, ScalePush, ScaleRefuse,
 )
 from .joinmsgs import Assignment, JoinRequest, UtilizationQuery, UtilizationReport  # noqa: F401 - re-exported
 from .refusals import RefusalCode, Revocations  # noqa: F401 - re-exported: a Refused carries one; trust messages
@@ -591,6 +591,6 @@ Message = (
     | RequestVote | Vote | LeaderHeartbeat | HeartbeatAck
     | JoinRequest | UtilizationQuery | UtilizationReport | Assignment
     | HomingStart | TraceUnit | CostQuery | CostReply | Install | PoolFrame
-    | ScalePhase | ScalePush | ScaleRefuse | ScaleCredit | ScaleDone | ScalePrice | ScaleAbort
+    | ScalePhase | ScalePush | ScaleRefuse | ScaleCredit | ScaleDone | ScalePrice | ScaleAbort | ScaleNack | ScaleProbe
     | Refused
 )

@@ -12,6 +12,11 @@ by.  A push or refusal from a link's upstream end carries the link's cost as
 that end holds it, and the downstream end takes it: both ends must price the
 link alike (a push one end finds admissible and the other not would go back
 and forth for ever), and the daemon's two ends may have measured it apart.
+
+`seq` numbers what a node sends one peer (from 1; 0: unnumbered), so that the
+receiver takes each message once and asks for a lost one (`ScaleNack`,
+`ScaleProbe`); `ack` says up to which number the sender took the receiver's
+(flow/resend.py).
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ class ScalePhase:
     eps: int
     credit: str
     alpha: int
+    seq: int = 0
+    ack: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +51,8 @@ class ScalePush:
     eps: int
     credit: str
     cost: int = 0  # from the link's upstream end: the link's cost, which the downstream end takes (`LINK_COST`)
+    seq: int = 0
+    ack: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +70,8 @@ class ScaleRefuse:
     credit: str
     gone: bool = False
     cost: int = 0  # as ScalePush's
+    seq: int = 0
+    ack: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +79,8 @@ class ScaleCredit:
     """A node with nothing left to do in the phase hands its credit back to the data node."""
 
     credit: str
+    seq: int = 0
+    ack: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +88,8 @@ class ScaleDone:
     """The data node to every node: the last phase ended, the flows are final."""
 
     phases: int
+    seq: int = 0
+    ack: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +107,26 @@ class ScaleAbort:
     is off, the flow machines form the flows from nothing (label waves)."""
 
     reason: str
+    seq: int = 0
+    ack: int = 0
 
 
-SCALE_MESSAGES = (ScalePhase, ScalePush, ScaleRefuse, ScaleCredit, ScaleDone, ScalePrice, ScaleAbort)
+@dataclass(frozen=True, slots=True)
+class ScaleNack:
+    """The receiver of `seqs` never got them (a later one came): send them again."""
+
+    seqs: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleProbe:
+    """A node that heard nothing of formation for a while: send your last message again (and, from the data node,
+    to every peer): a lost one arrives, one that came is taken once."""
+
+    phase: int
+    last: int  # the numbered messages the sender has sent the receiver: it asks for those it lacks
+
+
+SCALE_MESSAGES = (ScalePhase, ScalePush, ScaleRefuse, ScaleCredit, ScaleDone, ScalePrice, ScaleAbort, ScaleNack,
+                  ScaleProbe)
+NUMBERED = (ScalePhase, ScalePush, ScaleRefuse, ScaleCredit, ScaleDone, ScaleAbort)  # carry `seq` (flow/resend.py)

@@ -12,6 +12,10 @@ Nodes without a listed link (same-stage peers in the flow tests of Table V,
 which list training links only) still exchange control messages over the
 internet; they use `fallback_delay_s`.
 
+`lose(sender, receiver, msg)`, where given, loses the messages it is true
+for (counted in `SimStats.lost`): a link that drops a frame, as a libp2p
+connection reset does; by default none is lost.
+
 A driver with its own kinds of events (the training simulator, `sim/train/`:
 tensor transfers on FIFO links, compute queues, crashes, joins) uses the same
 queue and clock through `push` and `next_event` and interprets each event
@@ -41,11 +45,14 @@ class SimStats:
     messages: int = 0
     messages_by_type: dict[str, int] = field(default_factory=dict)
     events: int = 0
+    lost: int = 0  # messages `lose` dropped
 
 
 class Simulator:
-    def __init__(self, delay_s: Callable[[str, str], float | None], fallback_delay_s: float = 0.01) -> None:
+    def __init__(self, delay_s: Callable[[str, str], float | None], fallback_delay_s: float = 0.01,
+                 lose: Callable[[str, str, Any], bool] | None = None) -> None:
         self.delay_s = delay_s
+        self.lose = lose
         self.fallback_delay_s = fallback_delay_s
         self.machines: dict[str, Machine] = {}
         self.dead: set[str] = set()
@@ -176,6 +183,7 @@ class Simulator:
         machines = self.machines
         stats = self.stats
         apply = self._apply
+        lose = self.lose
         while heap and heap[0][0] <= t_end:
             t, _, kind, node, a, b = pop(heap)
             if stop is not None and t >= next_check:
@@ -196,12 +204,18 @@ class Simulator:
                         self.now = t
                     if to in dead:
                         continue
+                    if lose is not None and lose(a, to, b):
+                        stats.lost += 1
+                        continue
                     stats.events += 1
                     effects = machines[to].on_message(t, a, b)
                     if effects:
                         apply(to, effects)
                 continue
             if node in dead:
+                continue
+            if kind == _MSG and lose is not None and lose(a, node, b):
+                stats.lost += 1
                 continue
             m = machines[node]
             stats.events += 1

@@ -23,6 +23,7 @@ from typing import Any, TextIO
 from ..protocol.flow import FlowConfig, FlowNode
 from ..protocol.flow.scaling import ScaledNode, machine_for
 from ..protocol.neighbourhood import FLOW_NEIGHBOURS, bound_links
+from ..protocol.scalemsgs import SCALE_MESSAGES
 from ..protocol.scenario import Scenario
 from .engine import Simulator
 from .result import Flow, RoutingResult, path_cost
@@ -149,18 +150,22 @@ def scaled_nodes(scenario: Scenario, cfgs: dict[str, FlowConfig], nodes: dict[st
 
 def run_gwtf(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowConfig | None = None,
              quiet_rounds: int = QUIET_ROUNDS_DEFAULT, wall_limit_s: float | None = None,
-             trace: TextIO | None = None, neighbours: int = FLOW_NEIGHBOURS, formation: str = "waves") -> RoutingResult:
+             trace: TextIO | None = None, neighbours: int = FLOW_NEIGHBOURS, formation: str = "waves",
+             scale_loss: float = 0.0) -> RoutingResult:
     """Run the flow machines; `wall_limit_s` (benchmarks only) stops early, marking `extra["wall_limited"]`;
     `trace` receives every delivered message (`TracedMachine`).  `neighbours` K > 0 bounds each relay's links as
     the daemon's `--flow-neighbours K` (protocol/neighbourhood.py); the default 0, as the daemon's, keeps every
     link of the scenario.  `formation` "scaling" forms the flows by cost scaling first (`scaled_nodes`; one data
     node, integer link costs; the daemon forms them with label waves, the default "waves"): the run goes on
     until every node has its flows and then for at most `rounds` rounds, and `extra["formed_s"]` is the time the
-    last node got them."""
+    last node got them.  `scale_loss` loses that fraction of formation's messages (seeded; the daemon's links
+    lose one in a libp2p connection reset), which formation sends again (flow/resend.py)."""
     scenario = bound_links(scenario, neighbours)
     cfgs = flow_configs(scenario, base)
     round_s = next(iter(cfgs.values())).round_s
-    sim = Simulator(link_delays(scenario))
+    drop = random.Random(f"{seed}:loss")
+    sim = Simulator(link_delays(scenario), lose=(lambda _a, _b, msg: isinstance(msg, SCALE_MESSAGES)
+                                                 and drop.random() < scale_loss) if scale_loss else None)
     nodes = {nid: FlowNode(cfgs[nid], random.Random(f"{seed}:{nid}")) for nid in sorted(cfgs)}
     if formation not in ("waves", "scaling"):
         raise ValueError(f"formation is 'waves' or 'scaling', not {formation!r}")
@@ -202,7 +207,10 @@ def run_gwtf(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowCon
              "messages_by_type": dict(sorted(sim.stats.messages_by_type.items()))}
     if hosts:
         extra.update(formation="scaling", formed_s=formed(), scaling_phases=hosts[scenario.data_nodes[0].id].scaling.phase,
-                     held_dropped=sum(h.dropped for h in hosts.values()))
+                     held_dropped=sum(h.dropped for h in hosts.values()), scaled_over=sorted(
+                         {h.formation.over for h in hosts.values()}), lost=sim.stats.lost,
+                     resent=sum(h.formation.resend.resent for h in hosts.values()),
+                     duplicates=sum(h.formation.resend.duplicates for h in hosts.values()))
     recalls = sum(m.stats.recalls for m in nodes.values())
     if recalls:
         extra["recalls"] = recalls  # recall waves (flow/launches.py), reported where there were any

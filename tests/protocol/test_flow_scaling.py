@@ -13,7 +13,9 @@ from gwtf_node.protocol.flow.scaling import ScaledNode, ScalingMachine, own_arcs
 from gwtf_node.protocol.messages import CostAnnounce, Label, Side
 from gwtf_node.protocol.neighbourhood import bound_links
 from gwtf_node.protocol.effects import Send, SetTimer
-from gwtf_node.protocol.scalemsgs import ScaleAbort, ScaleCredit, ScaleDone, ScalePhase, ScalePush, ScaleRefuse
+from gwtf_node.protocol.scalemsgs import (
+    ScaleAbort, ScaleCredit, ScaleDone, ScaleNack, ScalePhase, ScaleProbe, ScalePush, ScaleRefuse,
+)
 from gwtf_node.protocol.scenario import parse_scenario
 from gwtf_node.sim.baselines import optimal_routing
 from gwtf_node.sim.flowsim import flow_configs, run_gwtf
@@ -144,7 +146,7 @@ def test_a_node_that_hears_nothing_of_formation_gives_up_and_starts_its_flow_mac
     cfg = FlowConfig("r", False, 2, ("d",), {"d": 3.0}, {"d": 4.0}, ())
     host = ScaledNode(FlowNode(cfg, random.Random(0)), ScalingMachine("r", own_arcs(cfg, 50), "d"))
     assert host.start(0.0) == [SetTimer(GIVE_UP, GIVE_UP_S)]
-    host.on_message(100.0, "d", ScalePhase(1, 4, "1/2", 5))  # heard at 100 s: the deadline moves
+    host.on_message(100.0, "d", ScalePhase(1, 4, "1/2", 5, seq=1))  # heard at 100 s: the deadline moves
     assert host.on_timer(GIVE_UP_S, GIVE_UP) == [SetTimer(GIVE_UP, 100.0 + GIVE_UP_S)]
     eff = host.on_timer(100.0 + GIVE_UP_S, GIVE_UP)
     assert host.aborted and host.handed == 100.0 + GIVE_UP_S
@@ -161,7 +163,8 @@ def test_formation_messages_that_fit_no_arc_of_the_node_are_dropped_and_counted(
     declined = [("x", ScalePush("out", "in", 1, 0, 1, 40, "0")),  # from a node it has no link to
                 ("d", ScalePush("out", "in", 1, 0, 1, 40, "0"))]  # the data node has no OUT side
     for sender, msg in declined:  # the units go back, the sender drops the arc (the credit, none here, goes on)
-        assert host.on_message(2.0, sender, msg) == [Send(sender, ScaleRefuse("out", "in", 1, 0, 1, 40, "0", True))]
+        (refusal,) = host.on_message(2.0, sender, msg)
+        assert refusal.to == sender and replace(refusal.msg, seq=0) == ScaleRefuse("out", "in", 1, 0, 1, 40, "0", True)
     bad = [("d", ScalePush("source", "in", 0, 0, 1, 40, "0")),  # no units
            ("x", ScalePhase(2, 20, "1/2", 5)),  # phases come from the data node only
            ("d", ScaleCredit("1/2")),  # credit goes to the data node only
@@ -203,7 +206,7 @@ def test_only_a_neighbour_at_the_other_end_of_an_arc_calls_formation_off():
     assert host.handed is None and not host.aborted
     eff = host.remove_neighbour(2.0, "d")
     assert host.aborted and host.handed == 2.0
-    assert Send("d", ScaleAbort("d left during formation")) in eff
+    assert Send("d", ScaleAbort("d left during formation", seq=1)) in eff
 
 
 def test_a_push_over_a_link_the_head_does_not_have_is_declined_and_formation_ends_exact():
@@ -272,9 +275,93 @@ def test_the_data_node_calls_formation_off_when_it_hears_nothing_for_a_while():
     cfg = FlowConfig("d", True, 2, ("d",), {"r": 3.0}, {"r": 4.0}, ())
     host = ScaledNode(FlowNode(cfg, random.Random(0)), machine_for(cfg, {"r": 2}, ("r",), 1))
     eff = host.start(0.0)
-    assert Send("r", ScalePhase(1, host.scaling.eps, "1/2", host.scaling.alpha)) in eff
-    assert SetTimer(GIVE_UP, STALL_S) in eff
-    eff = host.on_timer(STALL_S, GIVE_UP)  # the relay never answered
-    assert host.aborted and host.handed == STALL_S
+    assert Send("r", ScalePhase(1, host.scaling.eps, "1/2", host.scaling.alpha, seq=1)) in eff
+    sent = sum(isinstance(e, Send) and e.to == "r" for e in eff)  # the phase, and pushes over the source's arc
+    probes, t = 0, next(e.deadline for e in eff if isinstance(e, SetTimer))
+    while not host.aborted:  # the relay never answers, not even the probes
+        eff = host.on_timer(t, GIVE_UP)
+        probes += sum(isinstance(e, Send) and e.to == "r" and e.msg == ScaleProbe(1, sent) for e in eff)
+        t = next((e.deadline for e in eff if isinstance(e, SetTimer)), t)
+    assert host.handed == STALL_S and probes == 16  # at 10, 30 s, then every 40 s up to 590 s
+    assert SetTimer(GIVE_UP, STALL_S + 10.0) in eff  # then it probes for the relay's acknowledgement of the end
     (abort,) = [e for e in eff if isinstance(e, Send) and isinstance(e.msg, ScaleAbort)]
     assert abort.to == "r" and "phase 1" in abort.msg.reason
+
+
+@pytest.mark.parametrize("relays, stages, seed, loss", [(40, 5, 1, 0.005), (64, 8, 2, 0.01)])
+def test_formation_over_links_that_lose_messages_sends_them_again_and_ends_exact(relays, stages, seed, loss):
+    """Each lost message of formation (a lost push loses units and credit: the phase would never end) is sent again
+    (flow/resend.py), each taken once: formation ends formed, not called off, and exact."""
+    sc = _layered(relays, stages, seed, 4)
+    got = run_gwtf(sc, seed=seed, formation="scaling", scale_loss=loss)
+    _exact(sc, got)
+    assert got.extra["scaled_over"] == ["formed"] and got.extra["lost"] > 0
+    assert got.extra["resent"] >= got.extra["lost"] // 2 and got.extra["messages_by_type"]["ScaleNack"] > 0
+    lossless = run_gwtf(sc, seed=seed, formation="scaling")
+    assert lossless.extra["lost"] == lossless.extra["resent"] == lossless.extra["duplicates"] == 0
+
+
+def test_resender_numbers_takes_once_and_asks_for_gaps():
+    from gwtf_node.protocol.flow.resend import MAX_AHEAD, RENACK_S, Resender
+
+    a, b = Resender(), Resender()
+    sent = a.number([Send("b", ScaleCredit(f"1/{n}")) for n in range(1, 6)] + [SetTimer("k", 1.0)])
+    assert [e.msg.seq for e in sent[:5]] == [1, 2, 3, 4, 5] and sent[5] == SetTimer("k", 1.0)
+    assert a.number(sent[:1]) == sent[:1]  # one sent again keeps its number
+    assert b.take(0.0, "a", 1) == (True, [])
+    assert b.take(0.0, "a", 1) == (False, []) and b.duplicates == 1
+    assert b.take(1.0, "a", 4) == (True, [Send("a", ScaleNack((2, 3)))])  # 2 and 3 were lost
+    assert b.take(2.0, "a", 5) == (True, [])  # asked for less than RENACK_S ago
+    assert b.take(1.0 + RENACK_S, "a", 5)[0] is False
+    again = a.nacked("b", ScaleNack((2, 3, 99)))  # (99 was never sent)
+    assert [e.msg for e in again] == [sent[1].msg, sent[2].msg] and a.resent == 2
+    assert [b.take(9.0, "a", e.msg.seq)[0] for e in again] == [True, True] and b.upto["a"] == 5
+    assert b.take(9.0, "a", 5 + MAX_AHEAD + 1) == (False, []) and b.refused == 1
+    # a probe says how many it sent: the last one lost leaves no gap behind it, the probe shows it
+    assert b.probed(10.0, "a", ScaleProbe(0, 6), "d", "b") == [Send("a", ScaleNack((6,)))]
+    # probed by the data node, a node sends its last message again to every peer it sent one
+    c = Resender()
+    c.number([Send("x", ScaleCredit("1")), Send("d", ScaleCredit("1/2")), Send("d", ScaleCredit("1/3"))])
+    assert [(e.to, e.msg.seq) for e in c.probed(0.0, "d", ScaleProbe(3, 0), "d", "c")] == [("d", 2), ("x", 1)]
+    assert [(e.to, e.msg.seq) for e in c.probed(0.0, "x", ScaleProbe(3, 0), "d", "c")] == [("x", 1)]
+    assert c.probe(("x", "y"), 3) == [Send("x", ScaleProbe(3, 1)), Send("y", ScaleProbe(3, 0))]
+
+
+def test_the_data_node_makes_sure_every_node_hears_of_the_end():
+    """The data node's ScaleDone to a relay is lost: the formed data node probes the relay, which has not
+    acknowledged it, the relay asks for it, and acknowledges it; then the data node stops probing."""
+    from gwtf_node.protocol.flow.scaling import GIVE_UP, machine_for
+
+    cfg = FlowConfig("d", True, 2, ("d",), {"r": 3.0}, {"r": 4.0}, ())
+    data = ScaledNode(FlowNode(cfg, random.Random(0)), machine_for(cfg, {"r": 2}, ("r",), 1))
+    rcfg = FlowConfig("r", False, 2, ("d",), {"d": 3.0}, {"d": 4.0}, ())
+    relay = ScaledNode(FlowNode(rcfg, random.Random(0)), ScalingMachine("r", own_arcs(rcfg, 0), "d"))
+
+    def sends(eff, to):
+        return [e.msg for e in eff if isinstance(e, Send) and e.to == to]
+
+    to_relay, t, lost = sends(data.start(0.0), "r"), 0.0, []
+    relay.start(0.0)
+    while to_relay:  # in flight, in order; the ScaleDone is lost
+        t += 0.01
+        to_data = []
+        for msg in to_relay:
+            if isinstance(msg, ScaleDone):
+                lost.append(msg)
+            else:
+                to_data += sends(relay.on_message(t, "d", msg), "d")
+        to_relay = [m for msg in to_data for m in sends(data.on_message(t, "r", msg), "r")]
+    assert data.handed is not None and relay.handed is None and len(lost) == 1
+    eff = data.on_timer(t + 10.0, GIVE_UP)
+    (probe,) = sends(eff, "r")
+    assert probe == ScaleProbe(data.scaling.phase, lost[0].seq) and SetTimer(GIVE_UP, t + 30.0) in eff
+    answer = sends(relay.on_message(t + 10.0, "d", probe), "d")  # (and its own last, if not acknowledged)
+    (nack,) = [m for m in answer if isinstance(m, ScaleNack)]
+    assert nack == ScaleNack((lost[0].seq,)) and all(data.on_message(t + 10.0, "r", m) == [] for m in answer[1:])
+    (again,) = sends(data.on_message(t + 10.0, "r", nack), "r")
+    assert replace(again, ack=0) == replace(lost[0], ack=0)
+    (ack,) = sends(relay.on_message(t + 10.0, "d", again), "d")
+    assert relay.handed == t + 10.0 and not relay.aborted and isinstance(ack, ScaleCredit)
+    sent_r = data.formation.units()[1]["d"]["r"]
+    assert sent_r > 0 and relay.formation.units() == ({"d": {"d": sent_r}}, {"d": {"d": sent_r}})
+    assert data.on_message(t + 10.0, "r", ack) == [] and data.on_timer(t + 30.0, GIVE_UP) == []  # acknowledged

@@ -181,15 +181,17 @@ kinds = st.sampled_from(SIDE_KINDS)
 credits = st.builds(lambda n, d: f"{min(n, d)}/{d}", st.integers(0, 2**70), st.integers(1, 2**70)) | st.just("1")
 prices = st.integers(-2**62, 2**62)
 STRATEGIES.update({  # scaled formation (flow/scaling.py)
-    m.ScalePhase: st.builds(m.ScalePhase, number=u32, eps=u64, credit=credits, alpha=u64),
+    m.ScalePhase: st.builds(m.ScalePhase, number=u32, eps=u64, credit=credits, alpha=u64, seq=u32, ack=u32),
     m.ScalePush: st.builds(m.ScalePush, tail=kinds, head=kinds, amount=u32, price=prices, phase=u32, eps=u64,
-                           credit=credits, cost=u32),
+                           credit=credits, cost=u32, seq=u32, ack=u32),
     m.ScaleRefuse: st.builds(m.ScaleRefuse, tail=kinds, head=kinds, amount=u32, price=prices, phase=u32, eps=u64,
-                             credit=credits, gone=st.booleans(), cost=u32),
-    m.ScaleCredit: st.builds(m.ScaleCredit, credit=credits),
-    m.ScaleDone: st.builds(m.ScaleDone, phases=u32),
+                             credit=credits, gone=st.booleans(), cost=u32, seq=u32, ack=u32),
+    m.ScaleCredit: st.builds(m.ScaleCredit, credit=credits, seq=u32, ack=u32),
+    m.ScaleDone: st.builds(m.ScaleDone, phases=u32, seq=u32, ack=u32),
     m.ScalePrice: st.builds(m.ScalePrice, side=kinds, price=prices),
-    m.ScaleAbort: st.builds(m.ScaleAbort, reason=ids),
+    m.ScaleAbort: st.builds(m.ScaleAbort, reason=ids, seq=u32, ack=u32),
+    m.ScaleNack: st.builds(m.ScaleNack, seqs=small_tuples(u32)),
+    m.ScaleProbe: st.builds(m.ScaleProbe, phase=u32, last=u32),
 })
 STRATEGIES.update({  # start-up: the answer to a refused Hello
     m.Refused: st.builds(m.Refused, code=st.sampled_from(m.RefusalCode), reason=ids),

@@ -7,7 +7,9 @@ hands over after the last phase (its log says so), the data node's flow
 machine starts holding its whole demand, and every loss equals the
 centralized reference.  With 3 relays a stage and one of them stopped while
 formation runs, its neighbours call formation off, the flow machines form the
-flows over the relays left, and training is as exact."""
+flows over the relays left, and training is as exact.  With every node losing
+frames of formation on purpose (`GWTF_DROP_SCALE`), they are asked for and sent
+again, and formation ends as without loss."""
 
 from __future__ import annotations
 
@@ -82,3 +84,22 @@ async def test_a_relay_crashing_while_the_flows_form_scaled_calls_it_off_and_the
     assert all(done.values()), done
     assert "scaled formation called off" in text, text[-3000:]
     _assert_exact(man, records, victim)
+
+
+async def test_scaled_formation_frames_lost_are_sent_again_and_formation_ends_as_without_loss(
+        tmp_path: Path, caplog, monkeypatch) -> None:
+    caplog.set_level(logging.INFO, logger="gwtf.node")
+    monkeypatch.setenv("GWTF_DROP_SCALE", "25")  # every node loses every 25th numbered frame it sends, once
+    man, swarm_cm = _scaled_swarm(tmp_path, 2)
+    async with swarm_cm as swarm:
+        await swarm.start()
+        records = await swarm.wait_records(ITERATIONS, 240)
+        resend = {n: node.parts.flows.scaling.formation.resend for n, node in swarm.nodes.items()}
+        placed = sum(swarm.nodes["d0"].parts.flows.out().get(swarm.peer_id("d0"), {}).values())
+    text = caplog.text
+    lost = text.count("fault injection GWTF_DROP_SCALE")
+    assert lost >= 2, text[-3000:]
+    assert sum(r.resent for r in resend.values()) >= lost, {n: r.resent for n, r in resend.items()}
+    assert text.count("scaled formation over after") == len(swarm.names()), text[-3000:]
+    assert "called off" not in text and placed == M, placed
+    _assert_exact(man, records)

@@ -35,7 +35,9 @@ would never end) and its flows: the node that loses it tells the data node
 the flow machines form the flows from nothing with label waves.  A node that
 hears nothing of formation for `GIVE_UP_S` (the data node left) does the
 same, and the data node calls it off when it hears nothing for `STALL_S`
-(credit lost with a message or a node it cannot see).  A node that joins during formation is not part of it and joins the
+(credit lost with a node it cannot see).  A lost message is sent again
+(`Resender`, flow/resend.py: numbered messages, gaps asked for, probes after
+a silence), and a duplicate is taken once.  A node that joins during formation is not part of it and joins the
 flows after the handover.  `ScaledNode` hosts formation and flow machine in
 the simulator (sim/flowsim.py `run_gwtf(formation="scaling")`,
 sim/flowchurn.py, scripts/bench_flow_scale.py `--formation`), holding the
@@ -47,15 +49,18 @@ driver hands in `now`.
 from __future__ import annotations
 
 import collections
+import math
 from dataclasses import replace
 from fractions import Fraction
 
 from ..effects import Effect, Send, SetTimer
 from ..scalemsgs import (
-    SCALE_MESSAGES, UPSTREAM, ScaleAbort, ScaleCredit, ScaleDone, ScalePhase, ScalePrice, ScalePush, ScaleRefuse,
+    SCALE_MESSAGES, UPSTREAM, ScaleAbort, ScaleCredit, ScaleDone, ScaleNack, ScalePhase, ScalePrice, ScaleProbe,
+    ScalePush, ScaleRefuse,
 )
 from .config import FlowConfig
 from .node import FlowNode
+from .resend import DATA_PROBE_S, PROBE_DOUBLINGS, Resender
 
 MAX_HELD = 4096  # flow messages held before handover; more are dropped (counted in `ScaledNode.dropped`)
 GIVE_UP_S = 900.0  # a node that hears nothing of formation this long hands over with no units (the data node left)
@@ -353,90 +358,150 @@ class ScalingMachine:
 
 class ScaledFormation:
     """A node's scaled formation with its end (module doc): the machine, the messages held until the first
-    `ScalePhase` says how costs scale, the call to abort and the give-up deadline.  `over` is None while it
-    runs, then "formed" or "aborted"; `units()` are then what the flow machine adopts."""
+    `ScalePhase` says how costs scale, the call to abort and the give-up deadline; its messages numbered, each
+    taken once, a lost one sent again (`Resender`, flow/resend.py).  `over` is None while it runs, then "formed"
+    or "aborted"; `units()` are then what the flow machine adopts."""
 
     def __init__(self, scaling: ScalingMachine) -> None:
         self.scaling = scaling
         self.over: str | None = None
         self.why = ""
         self.early: list = []  # (sender, message) that came before the first ScalePhase
-        self.heard = 0.0  # the time of the last formation message
+        self.heard = 0.0  # the time of the last new formation message
+        self.probes = 0  # probes sent since then
+        self.quiet = 0.0  # the longest silence that ended without a probe
+        self.probe_at = 0.0  # when it probes next
+        self.over_at = 0.0  # when formation ended here
+        self.resend = Resender()
         self.linked = {node_of(v) for _, v in scaling.given} - {scaling.id}  # the nodes at its arcs' other ends
 
     @property
     def limit_s(self) -> float:
         return STALL_S if self.scaling.id == self.scaling.data else GIVE_UP_S
 
+    @property
+    def lead(self) -> bool:
+        return self.scaling.id == self.scaling.data
+
+    def _probe_after(self, now: float) -> None:
+        """The data node's next probe (flow/resend.py), if nothing new comes before: after `DATA_PROBE_S`, or twice
+        the longest silence that ended without one (formation's own pace) if longer; the interval doubles."""
+        base = max(DATA_PROBE_S, 2 * self.quiet)
+        self.probe_at = now + base * 2 ** min(self.probes, PROBE_DOUBLINGS) if self.lead else math.inf
+
     def start(self, now: float) -> list[Effect]:
         self.heard = now
-        return self._check(now, self.scaling.start(now)) + [SetTimer(GIVE_UP, now + self.limit_s)]
+        self._hear(now)
+        eff = self.resend.number(self._check(now, self.scaling.start(now)))
+        return eff + [SetTimer(GIVE_UP, min(self.probe_at, now + self.limit_s))]
 
     def on_timer(self, now: float) -> list[Effect]:
-        if self.over is not None:
-            return []
-        if now - self.heard < self.limit_s:
-            return [SetTimer(GIVE_UP, self.heard + self.limit_s)]
         sc = self.scaling
-        return self._abort(now, f"nothing heard of formation for {self.limit_s:g} s (phase {sc.phase}, "
-                                f"{1 - sc.returned if sc.id == sc.data else sc.credit} of its credit away)", False)
+        if self.over is not None:
+            return self._confirm(now)
+        if now - self.heard >= self.limit_s:
+            eff = self.resend.number(self._abort(
+                now, f"nothing heard of formation for {self.limit_s:g} s (phase {sc.phase}, "
+                     f"{1 - sc.returned if self.lead else sc.credit} of its credit away)", False))
+            return eff + ([SetTimer(GIVE_UP, self.probe_at)] if self.lead else [])
+        eff: list[Effect] = []
+        if now >= self.probe_at:
+            self.probes += 1
+            self._probe_after(now)
+            eff = self.resend.probe(sc.peers, sc.phase)
+        return eff + [SetTimer(GIVE_UP, min(self.probe_at, self.heard + self.limit_s))]
+
+    def _confirm(self, now: float) -> list[Effect]:
+        """Formation over, the data node probes every node that has not acknowledged its end (`ScaleDone`,
+        `ScaleAbort`: each node answers it) until it does, for at most `GIVE_UP_S`."""
+        waiting = self.resend.unacked(self.scaling.peers)
+        if not self.lead or not waiting or now - self.over_at >= GIVE_UP_S:
+            return []
+        eff: list[Effect] = []
+        if now >= self.probe_at:
+            self.probes += 1
+            self._probe_after(now)
+            eff = self.resend.probe(waiting, self.scaling.phase)
+        return eff + [SetTimer(GIVE_UP, self.probe_at)]
 
     def on_message(self, now: float, sender: str, msg) -> list[Effect]:
-        """A formation message: held until the first `ScalePhase` says how costs scale; one that does not fit this
-        node (`ScalingMachine.fits`) is counted and dropped, but a push over a link this node does not have is
-        declined (`ScalingMachine.decline`: its credit goes on)."""
+        """A formation message: a numbered one taken once (`Resender.take`); held until the first `ScalePhase`
+        says how costs scale; one that does not fit this node (`ScalingMachine.fits`) is counted and dropped, but
+        a push over a link this node does not have is declined (`ScalingMachine.decline`: its credit goes on).
+        Asked for its messages again (`ScaleNack`, `ScaleProbe`), it sends them, also once it is over."""
+        sc = self.scaling
+        if isinstance(msg, ScaleNack):
+            return self.resend.nacked(sender, msg)
+        if isinstance(msg, ScaleProbe):
+            return self.resend.probed(now, sender, msg, sc.data, sc.id)
+        eff: list[Effect] = []
+        if getattr(msg, "seq", 0):
+            new, eff = self.resend.take(now, sender, msg.seq, msg.ack)
+            if not new:
+                return eff
         if self.over is not None:
             return []  # (formation is over: nothing of it can change the flows now)
-        sc = self.scaling
         if sc.alpha is None and not isinstance(msg, (ScalePhase, ScaleDone, ScaleAbort)):
             if len(self.early) < MAX_HELD:
                 self.early.append((sender, msg))
             else:
                 sc.ignored += 1
-            return []
-        eff = self._take(now, sender, msg)
+            return eff
+        eff += self._take(now, sender, msg)
         if isinstance(msg, ScalePhase) and self.early:
             early, self.early = self.early, []
             for s, m in early:
                 eff += self._take(now, s, m)
-        return self._check(now, eff)
+        return self.resend.number(self._check(now, eff))
 
     def _take(self, now: float, sender: str, msg) -> list[Effect]:
         sc = self.scaling
         if not sc.fits(sender, msg):
             if isinstance(msg, ScalePush) and msg.amount > 0 and self.over is None:
-                self.heard = now
+                self._hear(now)
                 return sc.decline(now, sender, msg)
             sc.ignored += 1
             return []
-        self.heard = now
+        self._hear(now)
         if sc.id == sc.data and sender not in sc.peers:
             sc.peers += (sender,)  # a node it did not know of takes part: it hears of the next phases and the end
-        if isinstance(msg, ScaleAbort):
-            return self._abort(now, msg.reason, False)
+        if isinstance(msg, (ScaleDone, ScaleAbort)) and not self.lead:  # acknowledged (`_confirm`)
+            end = self._abort(now, msg.reason, False) if isinstance(msg, ScaleAbort) else sc.on_message(now, sender, msg)
+            return end + [Send(sc.data, ScaleCredit("0"))]
         if isinstance(msg, ScalePhase) and sc.alpha is None:
             sc.scale(msg.alpha)
         return sc.on_message(now, sender, msg)
+
+    def _hear(self, now: float) -> None:
+        if not self.probes:
+            self.quiet = max(self.quiet, now - self.heard)
+        self.heard, self.probes = now, 0
+        self._probe_after(now)
 
     def neighbour_left(self, now: float, peer: str) -> list[Effect]:
         """`peer` crashed or left: formation is called off if it is at the other end of one of this node's arcs
         (its credit and its flows are lost)."""
         if self.over is not None or peer not in self.linked:
             return []
-        return self._abort(now, f"{peer} left during formation", True)
+        return self.resend.number(self._abort(now, f"{peer} left during formation", True))
 
     def units(self) -> tuple[dict, dict]:
         return self.scaling.units() if self.over == FORMED else ({}, {})
 
     def _check(self, now: float, eff: list[Effect]) -> list[Effect]:
         if self.over is None and self.scaling.done is not None:
-            self.over = FORMED
+            self._end(now, FORMED)
         return eff
+
+    def _end(self, now: float, how: str) -> None:
+        self.over, self.over_at, self.probes = how, now, 0
+        self._probe_after(now)
 
     def _abort(self, now: float, reason: str, seen: bool) -> list[Effect]:
         """Formation is off: the data node tells every node, a relay that saw why (`seen`) tells the data node."""
         sc = self.scaling
-        self.over, self.why = ABORTED, reason
+        self.why = reason
+        self._end(now, ABORTED)
         if sc.id == sc.data:
             return [Send(p, ScaleAbort(reason)) for p in sc.peers]
         return [Send(sc.data, ScaleAbort(reason))] if seen else []

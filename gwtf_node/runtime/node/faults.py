@@ -13,6 +13,10 @@ and each BEGIN AGGREGATION frame sent (begin_sent).
 node sends (per kind, iteration and destination): the aggregation phase must
 recover by retransmission.
 
+`GWTF_DROP_SCALE=N` loses every N-th numbered frame of scaled formation
+this node sends, the first time it goes (a copy sent again goes): formation
+must recover by asking for it (protocol/flow/resend.py).
+
 `GWTF_POISON_GRAD=SCALE@ITERATION` (or a file `poison` holding
 `SCALE@ITERATION` in the state directory when the node starts: one node of a
 local swarm) multiplies this node's gradient by SCALE before every all-reduce
@@ -53,6 +57,8 @@ class Faults:
     arm_path: Path | None = None  # a file whose KIND:N arms the fault at run time
     drop_first_phase: bool = False
     dropped: set[tuple[str, int, str]] = field(default_factory=set)
+    drop_scale: int = 0  # GWTF_DROP_SCALE: every N-th numbered frame of scaled formation is lost the first time
+    scale_sent: set[tuple[str, int]] = field(default_factory=set)  # (destination, seq) sent once
     poison_scale: float = 1.0  # GWTF_POISON_GRAD: the gradient is multiplied by this before the all-reduce ...
     poison_from: int = 0  # ... from this iteration on
     busy_step_s: float = 0.0  # GWTF_BUSY_STEP: seconds of extra work in each optimizer step
@@ -61,7 +67,8 @@ class Faults:
     @classmethod
     def from_env(cls, state_dir: Path | None = None) -> "Faults":
         f = cls(arm_path=None if state_dir is None else state_dir / "fault",
-                drop_first_phase=os.environ.get("GWTF_DROP_FIRST_PHASE", "") == "1")
+                drop_first_phase=os.environ.get("GWTF_DROP_FIRST_PHASE", "") == "1",
+                drop_scale=int(os.environ.get("GWTF_DROP_SCALE", "") or 0))
         f.arm(os.environ.get("GWTF_FAULT", ""))
         poison = os.environ.get("GWTF_POISON_GRAD", "")
         if state_dir is not None and (state_dir / "poison").exists():
@@ -124,6 +131,18 @@ class Faults:
             for h in logging.getLogger().handlers:
                 h.flush()
             os.kill(os.getpid(), signal.SIGKILL)
+
+    def lose_scale(self, to: str, msg) -> bool:
+        """True if this frame of scaled formation is to be lost (GWTF_DROP_SCALE): the first copy of every N-th
+        numbered one."""
+        seq = getattr(msg, "seq", 0)
+        if not self.drop_scale or not seq or (to, seq) in self.scale_sent:
+            return False
+        self.scale_sent.add((to, seq))
+        if len(self.scale_sent) % self.drop_scale:
+            return False
+        log.info("fault injection GWTF_DROP_SCALE: %s %d to %s lost", type(msg).__name__, seq, to[:16])
+        return True
 
     def lose_first(self, kind: str, iteration: int, to: str) -> bool:
         """True if this phase signal is to be lost: the first copy of (kind, iteration, destination)."""

@@ -66,6 +66,7 @@ from ...protocol.neighbourhood import FLOW_NEIGHBOURS, nearest, refill, takes_ne
 from ...protocol.flow.poolnodes import over_links, pooled_machines
 from ...protocol.flow.scaling import MAX_HELD, machine_for, quantized
 from .pooling import Pooling
+from .faults import Faults
 from .scaledformation import Scaling
 from .linkmeter import REMEASURE_EVERY_S, LinkMeter, LinkSample, recost_threshold
 from .liveness import Liveness
@@ -93,8 +94,10 @@ def _seed(node_id: str) -> int:
 class Flows:
     def __init__(self, wire: Wire, peers: Peers, liveness: Liveness, stage: LocalStage, drivers: Drivers,
                  links_cfg: dict[tuple[str, str], tuple[float, float]], on_changed: Callable[[], None],
-                 neighbours: int = FLOW_NEIGHBOURS, pooled: bool = False, scaled: bool = False) -> None:
+                 neighbours: int = FLOW_NEIGHBOURS, pooled: bool = False, scaled: bool = False,
+                 faults: Faults | None = None) -> None:
         self.wire = wire
+        self.faults = faults
         self.scaled = scaled  # one data node: the flows are formed by cost scaling first (scaledformation.py)
         self.scaling: Scaling | None = None
         self.scale_queue: list[tuple[str, Any]] = []  # its messages that came before it started here
@@ -303,7 +306,8 @@ class Flows:
         caps = {p: i.capacity for p in (*cfg.next_costs, *cfg.prev_costs) if (i := self.peers.get(p)) is not None}
         peers = tuple(sorted(i.peer_id for i in self.peers.infos() if i.peer_id != self.wire.me))
         machine = machine_for(cfg, caps, peers, self.peers.n_stages)
-        self.scaling = Scaling(self.wire, self.drivers, machine, lambda inn, out: self._start_machine(False, inn, out))
+        self.scaling = Scaling(self.wire, self.drivers, machine, lambda inn, out: self._start_machine(False, inn, out),
+                               self.faults)
         self.scaling.start()
         queued, self.scale_queue = self.scale_queue, []
         for peer, msg in queued:

@@ -269,7 +269,7 @@ class Node:
         flows = Flows(wire, peers, liveness, self.stage, drivers, self.links_cfg, on_changed=self._flows_changed,
                       neighbours=self.opts.flow_neighbours if self.opts.policy == "gwtf" else 0,  # (SWARM: all)
                       pooled=self.opts.pooled_formation and self.opts.policy == "gwtf",
-                      scaled=self.opts.scaled_formation and self.opts.policy == "gwtf")
+                      scaled=self.opts.scaled_formation and self.opts.policy == "gwtf", faults=self.faults)
         microbatches = Microbatches(wire, peers, liveness, flows, self.stage, drivers, self.faults,
                                     policy=o.policy, lend=o.lend, iterations=o.iterations,
                                     on_settled=self._iteration_settled, on_finished=self.done_event.set)

@@ -17,8 +17,10 @@ units it formed (`ScaleDone`), or with none when it was called off (a
 neighbour left: `ScaleAbort`; the data node heard nothing of it for
 `STALL_S`) or nothing of it came for `GIVE_UP_S`; `Flows` then starts the
 flow machine holding them, and the flow messages that waited for it are
-replayed.  A frame lost in flight (a libp2p connection reset) loses its
-credit: the phase then ends only by `STALL_S` (frames are not acknowledged).
+replayed.  A frame lost in flight (a libp2p connection reset) is asked for
+again and sent again (protocol/flow/resend.py: numbered frames, gaps and
+probes), also after this node's formation is over; `GWTF_DROP_SCALE` (faults.py)
+loses frames on purpose.
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
+from ...protocol.effects import Send
+from ...protocol.scalemsgs import ScaleNack, ScaleProbe
 from ...protocol.flow.scaling import ABORTED, ScaledFormation, ScalingMachine
 from ..net.wire import Wire, now
 from .driver import Drivers, Owner
+from .faults import Faults
 
 log = logging.getLogger("gwtf.node")
 
@@ -37,8 +42,9 @@ class Scaling:
     """This node's scaled formation, driven (module doc); `on_done(inn, out)` is called once it is over."""
 
     def __init__(self, wire: Wire, drivers: Drivers, machine: ScalingMachine,
-                 on_done: Callable[[dict, dict], None]) -> None:
+                 on_done: Callable[[dict, dict], None], faults: Faults | None = None) -> None:
         self.formation = ScaledFormation(machine)
+        self.faults = faults or Faults()
         self.on_done = on_done
         self.driver = drivers.make(Owner.SCALING, self._on_timer, in_order=wire.send_in_order, fifo=True)
         self.done = False
@@ -55,9 +61,7 @@ class Scaling:
         self._carry(self.formation.start(now()))
 
     def on_message(self, peer: str, msg: Any) -> None:
-        if self.done:
-            log.debug("%s after scaled formation: ignored", type(msg).__name__)
-            return
+        """A frame of formation; after it is over, one asking for frames again is answered, the others ignored."""
         self._carry(self.formation.on_message(now(), peer, msg))
 
     def peer_gone(self, peer: str) -> None:
@@ -70,7 +74,14 @@ class Scaling:
             self._carry(self.formation.on_timer(now()))
 
     def _carry(self, effects: list) -> None:
-        self.driver.carry(effects)
+        probes = sum(isinstance(e, Send) and isinstance(e.msg, ScaleProbe) for e in effects)
+        if probes:
+            log.info("scaled formation: nothing new for %.1f s (phase %d): %d nodes probed for frames lost",
+                     now() - self.formation.heard, self.machine.phase, probes)
+        for e in effects:
+            if isinstance(e, Send) and isinstance(e.msg, ScaleNack):
+                log.info("scaled formation: frames %s from %s lost: asked for again", list(e.msg.seqs)[:8], e.to[:16])
+        self.driver.carry([e for e in effects if not (isinstance(e, Send) and self.faults.lose_scale(e.to, e.msg))])
         self.driver.flush()
         m = self.machine
         if m.id == m.data and m.phase != self.phase and m.done is None and self.formation.over is None:
