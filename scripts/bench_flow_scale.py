@@ -16,10 +16,13 @@ wall time).
     python scripts/bench_flow_scale.py --relays 1000 --seed 2 --no-formation-waits  # units move on unsettled labels
     python scripts/bench_flow_scale.py --relays 320 500 --wave-order-s 0.02 --launch-quiet-factor 2  # other knobs
     python scripts/bench_flow_scale.py --neighbours 10 --formation scaling --json  # formed by cost scaling first
+    python scripts/bench_flow_scale.py --relays 160 --neighbours 10 --formation scaling --scale-loss 0.01 --json
 
 `--formation scaling` forms the flows by cost scaling (protocol/flow/scaling.py) and hands them to the flow
 machines, which then run `--rounds` more rounds; the JSON adds `formed_s` (the virtual time the last node got its
-flows) and `scaling_phases`, and `converged_round` counts from the start, formation included.
+flows) and `scaling_phases`, and `converged_round` counts from the start, formation included.  `--scale-loss P`
+loses that fraction of formation's messages (seeded), which it sends again (flow/resend.py); the JSON adds
+how formation ended (`scaled_over`) and the messages `lost`, `resent` and taken twice (`duplicates`).
 
 `--bound` adds what successive shortest paths need, computed centrally
 (`ssp_waves`): the augmentations (`ssp_units`), the distinct shortest-path
@@ -421,10 +424,14 @@ def main(argv=None) -> int:
                          f"protocol/neighbourhood.py; default {FLOW_NEIGHBOURS}, the daemon's: every link)")
     ap.add_argument("--formation", choices=("waves", "scaling"), default="waves",
                     help="form the flows by label waves (the daemon's) or by cost scaling first (flow/scaling.py)")
+    ap.add_argument("--scale-loss", type=float, default=0.0, metavar="P",
+                    help="with --formation scaling: lose this fraction of formation's messages (seeded)")
     ap.add_argument("--json", action="store_true", help="one JSON object per size instead of the table")
     ap.add_argument("--receipts", action="store_true", help="with --json: what each received label changed (doc)")
     ap.add_argument("--bound", action="store_true", help="with --json: what successive shortest paths need (doc)")
     args = ap.parse_args(argv)
+    if not 0 <= args.scale_loss < 1 or (args.scale_loss and args.formation != "scaling"):
+        ap.error(f"--scale-loss takes a fraction in [0, 1) with --formation scaling, not {args.scale_loss}")
     if (args.receipts or args.bound) and not args.json:
         ap.error("--receipts and --bound need --json (they are fields of the JSON object)")
     if not args.json:
@@ -448,17 +455,18 @@ def main(argv=None) -> int:
         if rec is not None:
             with rec:
                 g = run_gwtf(sc, seed=args.seed, rounds=args.rounds, wall_limit_s=args.wall_limit, base=base,
-                             neighbours=args.neighbours, formation=args.formation)
+                             neighbours=args.neighbours, formation=args.formation, scale_loss=args.scale_loss)
         else:
             g = run_gwtf(sc, seed=args.seed, rounds=args.rounds, wall_limit_s=args.wall_limit, base=base,
-                         neighbours=args.neighbours, formation=args.formation)
+                         neighbours=args.neighbours, formation=args.formation, scale_loss=args.scale_loss)
         wall, cpu = time.perf_counter() - t, time.process_time() - c
         o = optimal_routing(sc)
         ratio = g.mean_cost / o.mean_cost if o.mean_cost else 1.0
         of = o if sc is full else optimal_routing(full)
         price = o.mean_cost / of.mean_cost if of.mean_cost else 1.0
         if args.json:
-            scaled = {k: g.extra[k] for k in ("formed_s", "scaling_phases") if k in g.extra}
+            scaled = {k: g.extra[k] for k in ("formed_s", "scaling_phases", "scaled_over", "lost", "resent",
+                                              "duplicates") if k in g.extra}
             print(json.dumps({"relays": n, "stages": args.stages, "neighbours": args.neighbours,
                               "formation": args.formation, **scaled,
                               "flows": g.num_flows, "max_flow": o.num_flows, "cost_ratio": round(ratio, 6),

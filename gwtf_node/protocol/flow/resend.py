@@ -12,7 +12,8 @@ have come is sent again on a probe:
 * a gap (7 after 5) means 6 was lost: the receiver asks for it
   (`ScaleNack`), again after `RENACK_S` while it is missing;
 * the last message to a peer leaves no gap behind it, so the data node,
-  hearing nothing new of formation for `DATA_PROBE_S`, probes every node
+  hearing nothing new of formation for `DATA_PROBE_S` (or `QUIET_FACTOR` x
+  the longest silence formation's own pace gave it), probes every node
   (`ScaleProbe`, carrying how many it sent the receiver: the receiver asks
   for what it lacks), the interval doubling while nothing new comes, at most
   `PROBE_DOUBLINGS` times (losses during the work a probe restarts need the
@@ -37,6 +38,7 @@ from ..scalemsgs import NUMBERED, ScaleNack, ScaleProbe
 
 RENACK_S = 5.0  # a message asked for and still missing is asked for again after this long
 DATA_PROBE_S = 10.0  # the data node probes every peer after hearing nothing new of formation this long
+QUIET_FACTOR = 4  # ... or after this many times the longest silence that ended without a probe, if longer
 PROBE_DOUBLINGS = 2  # the interval between probes doubles while nothing new comes, at most this many times
 MAX_NACK = 256  # numbers one ScaleNack asks for (more: the next one)
 MAX_AHEAD = 1 << 16  # a number this far beyond the last one taken in order is refused (no gap that long is real)

@@ -60,7 +60,7 @@ from ..scalemsgs import (
 )
 from .config import FlowConfig
 from .node import FlowNode
-from .resend import DATA_PROBE_S, PROBE_DOUBLINGS, Resender
+from .resend import DATA_PROBE_S, PROBE_DOUBLINGS, QUIET_FACTOR, Resender
 
 MAX_HELD = 4096  # flow messages held before handover; more are dropped (counted in `ScaledNode.dropped`)
 GIVE_UP_S = 900.0  # a node that hears nothing of formation this long hands over with no units (the data node left)
@@ -384,9 +384,10 @@ class ScaledFormation:
         return self.scaling.id == self.scaling.data
 
     def _probe_after(self, now: float) -> None:
-        """The data node's next probe (flow/resend.py), if nothing new comes before: after `DATA_PROBE_S`, or twice
-        the longest silence that ended without one (formation's own pace) if longer; the interval doubles."""
-        base = max(DATA_PROBE_S, 2 * self.quiet)
+        """The data node's next probe (flow/resend.py), if nothing new comes before: after `DATA_PROBE_S`, or
+        `QUIET_FACTOR` x the longest silence that ended without one (formation's own pace) if longer; the interval
+        doubles."""
+        base = max(DATA_PROBE_S, QUIET_FACTOR * self.quiet)
         self.probe_at = now + base * 2 ** min(self.probes, PROBE_DOUBLINGS) if self.lead else math.inf
 
     def start(self, now: float) -> list[Effect]:
