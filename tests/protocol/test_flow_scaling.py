@@ -355,9 +355,10 @@ def test_the_data_node_makes_sure_every_node_hears_of_the_end():
     eff = data.on_timer(t + 10.0, GIVE_UP)
     (probe,) = sends(eff, "r")
     assert probe == ScaleProbe(data.scaling.phase, lost[0].seq) and SetTimer(GIVE_UP, t + 30.0) in eff
-    answer = sends(relay.on_message(t + 10.0, "d", probe), "d")  # (and its own last, if not acknowledged)
+    # (and its own last, if not acknowledged; and, having taken something since, a probe that says work goes on)
+    answer = sends(relay.on_message(t + 10.0, "d", probe), "d")
     (nack,) = [m for m in answer if isinstance(m, ScaleNack)]
-    assert nack == ScaleNack((lost[0].seq,)) and all(data.on_message(t + 10.0, "r", m) == [] for m in answer[1:])
+    assert nack == ScaleNack((lost[0].seq,))
     (again,) = sends(data.on_message(t + 10.0, "r", nack), "r")
     assert replace(again, ack=0) == replace(lost[0], ack=0)
     (ack,) = sends(relay.on_message(t + 10.0, "d", again), "d")
@@ -365,3 +366,26 @@ def test_the_data_node_makes_sure_every_node_hears_of_the_end():
     sent_r = data.formation.units()[1]["d"]["r"]
     assert sent_r > 0 and relay.formation.units() == ({"d": {"d": sent_r}}, {"d": {"d": sent_r}})
     assert data.on_message(t + 10.0, "r", ack) == [] and data.on_timer(t + 30.0, GIVE_UP) == []  # acknowledged
+
+
+def test_work_the_data_node_cannot_see_keeps_it_from_calling_formation_off():
+    """A relay that took something new since the data node's last probe answers it: the data node hears nothing
+    new itself (a long chain of pushes elsewhere), but does not call formation off while work goes on."""
+    from gwtf_node.protocol.flow.scaling import GIVE_UP, STALL_S, machine_for
+
+    cfg = FlowConfig("d", True, 2, ("d",), {"r": 3.0}, {"r": 4.0}, ())
+    host = ScaledNode(FlowNode(cfg, random.Random(0)), machine_for(cfg, {"r": 2}, ("r",), 1))
+    host.start(0.0)
+    host.on_message(STALL_S - 10.0, "r", ScaleProbe(1, 0))  # the relay's answer to a probe: work goes on
+    t = STALL_S
+    while not host.aborted:  # it goes on probing, and calls formation off STALL_S after the relay's answer
+        t = next(e.deadline for e in host.on_timer(t, GIVE_UP) if isinstance(e, SetTimer))
+    assert host.handed == 2 * STALL_S - 10.0
+
+    rcfg = FlowConfig("r", False, 2, ("d",), {"d": 3.0}, {"d": 4.0}, ())
+    relay = ScaledNode(FlowNode(rcfg, random.Random(0)), ScalingMachine("r", own_arcs(rcfg, 0), "d"))
+    relay.start(0.0)
+    assert not any(isinstance(e.msg, ScaleProbe) for e in relay.on_message(1.0, "d", ScaleProbe(0, 0)))  # idle
+    relay.on_message(2.0, "d", ScalePhase(1, 4, "1/2", 5, seq=1))
+    answer = [e for e in relay.on_message(3.0, "d", ScaleProbe(1, 1)) if isinstance(e.msg, ScaleProbe)]
+    assert [e.to for e in answer] == ["d"] and relay.formation.heard == 3.0

@@ -64,6 +64,7 @@ from .resend import DATA_PROBE_S, PROBE_DOUBLINGS, QUIET_FACTOR, Resender
 
 MAX_HELD = 4096  # flow messages held before handover; more are dropped (counted in `ScaledNode.dropped`)
 GIVE_UP_S = 900.0  # a node that hears nothing of formation this long hands over with no units (the data node left)
+PROBES_BEFORE_STALL = 10  # the data node probes at least this often before a stall calls formation off
 STALL_S = 600.0  # the data node that hears nothing this long calls formation off (credit lost: a message, a node)
 GIVE_UP = ("scaling", "give up")  # the formation's timer key (the flow machine's are strings)
 COST_QUANTUM_MS = 0.1  # the daemon's link costs (ms) in whole units of this for cost scaling (`quantized`)
@@ -370,6 +371,8 @@ class ScaledFormation:
         self.heard = 0.0  # the time of the last new formation message
         self.probes = 0  # probes sent since then
         self.quiet = 0.0  # the longest silence that ended without a probe
+        self.took = False  # a relay: took something new since the data node's last probe
+        self.working = 0.0  # the data node: when a relay last said it took something new (`_probed`)
         self.probe_at = 0.0  # when it probes next
         self.over_at = 0.0  # when formation ended here
         self.resend = Resender()
@@ -386,9 +389,9 @@ class ScaledFormation:
     def _probe_after(self, now: float) -> None:
         """The data node's next probe (flow/resend.py), if nothing new comes before: after `DATA_PROBE_S`, or
         `QUIET_FACTOR` x the longest silence that ended without one (formation's own pace) if longer; the interval
-        doubles."""
-        base = max(DATA_PROBE_S, QUIET_FACTOR * self.quiet)
-        self.probe_at = now + base * 2 ** min(self.probes, PROBE_DOUBLINGS) if self.lead else math.inf
+        doubles, up to a `PROBES_BEFORE_STALL`th of `STALL_S`."""
+        wait = max(DATA_PROBE_S, QUIET_FACTOR * self.quiet) * 2 ** min(self.probes, PROBE_DOUBLINGS)
+        self.probe_at = now + min(wait, STALL_S / PROBES_BEFORE_STALL) if self.lead else math.inf
 
     def start(self, now: float) -> list[Effect]:
         self.heard = now
@@ -400,7 +403,7 @@ class ScaledFormation:
         sc = self.scaling
         if self.over is not None:
             return self._confirm(now)
-        if now - self.heard >= self.limit_s:
+        if now - max(self.heard, self.working) >= self.limit_s:
             eff = self.resend.number(self._abort(
                 now, f"nothing heard of formation for {self.limit_s:g} s (phase {sc.phase}, "
                      f"{1 - sc.returned if self.lead else sc.credit} of its credit away)", False))
@@ -410,7 +413,7 @@ class ScaledFormation:
             self.probes += 1
             self._probe_after(now)
             eff = self.resend.probe(sc.peers, sc.phase)
-        return eff + [SetTimer(GIVE_UP, min(self.probe_at, self.heard + self.limit_s))]
+        return eff + [SetTimer(GIVE_UP, min(self.probe_at, max(self.heard, self.working) + self.limit_s))]
 
     def _confirm(self, now: float) -> list[Effect]:
         """Formation over, the data node probes every node that has not acknowledged its end (`ScaleDone`,
@@ -434,12 +437,13 @@ class ScaledFormation:
         if isinstance(msg, ScaleNack):
             return self.resend.nacked(sender, msg)
         if isinstance(msg, ScaleProbe):
-            return self.resend.probed(now, sender, msg, sc.data, sc.id)
+            return self._probed(now, sender, msg)
         eff: list[Effect] = []
         if getattr(msg, "seq", 0):
             new, eff = self.resend.take(now, sender, msg.seq, msg.ack)
             if not new:
                 return eff
+            self.took = True
         if self.over is not None:
             return []  # (formation is over: nothing of it can change the flows now)
         if sc.alpha is None and not isinstance(msg, (ScalePhase, ScaleDone, ScaleAbort)):
@@ -454,6 +458,21 @@ class ScaledFormation:
             for s, m in early:
                 eff += self._take(now, s, m)
         return self.resend.number(self._check(now, eff))
+
+    def _probed(self, now: float, sender: str, probe: ScaleProbe) -> list[Effect]:
+        """A probe (flow/resend.py).  The data node's tells a relay the data node is there (it gives up only when it
+        is not, `GIVE_UP_S`), and a relay that took something new since the last one answers it: work goes on
+        where the data node cannot see it (a long chain of pushes, each loss in it waiting for a probe), and the
+        data node does not call formation off while it does."""
+        sc, eff = self.scaling, self.resend.probed(now, sender, probe, self.scaling.data, self.scaling.id)
+        if sender == sc.data and not self.lead:
+            self.heard = now
+            if self.took and self.over is None:
+                eff.append(Send(sc.data, ScaleProbe(sc.phase, len(self.resend.sent.get(sc.data, ())))))
+            self.took = False
+        elif self.lead:
+            self.working = now
+        return eff
 
     def _take(self, now: float, sender: str, msg) -> list[Effect]:
         sc = self.scaling
