@@ -389,3 +389,25 @@ def test_work_the_data_node_cannot_see_keeps_it_from_calling_formation_off():
     relay.on_message(2.0, "d", ScalePhase(1, 4, "1/2", 5, seq=1))
     answer = [e for e in relay.on_message(3.0, "d", ScaleProbe(1, 1)) if isinstance(e.msg, ScaleProbe)]
     assert [e.to for e in answer] == ["d"] and relay.formation.heard == 3.0
+
+
+def test_a_node_that_comes_after_formation_is_told_and_starts_its_flow_machine():
+    """A relay the data node hears of after formation is over was not part of it: the data node tells it so, and it
+    starts its flow machine at once (with no units) instead of waiting for a first phase for GIVE_UP_S."""
+    from gwtf_node.protocol.flow.scaling import GIVE_UP, STALL_S, machine_for
+
+    cfg = FlowConfig("d", True, 2, ("d",), {"r": 3.0}, {"r": 4.0}, ())
+    data = ScaledNode(FlowNode(cfg, random.Random(0)), machine_for(cfg, {"r": 2}, ("r",), 1))
+    data.start(0.0)
+    t = STALL_S
+    while not data.aborted:
+        t = next(e.deadline for e in data.on_timer(t, GIVE_UP) if isinstance(e, SetTimer))
+    assert data.formation.late(t, "r") == [] and data.formation.late(t, "d") == []  # part of it; itself
+    sends = [e for e in data.formation.late(t, "x") if isinstance(e, Send)]
+    assert [(e.to, type(e.msg), e.msg.seq) for e in sends] == [("x", ScaleAbort, 1)]
+    assert data.formation.late(t, "x") == []  # told once (then probed for until it acknowledges)
+    xcfg = FlowConfig("x", False, 2, ("d",), {"d": 3.0}, {"d": 4.0}, ())
+    late = ScaledNode(FlowNode(xcfg, random.Random(0)), ScalingMachine("x", own_arcs(xcfg, 0), "d"))
+    late.start(t)
+    (ack,) = [e for e in late.on_message(t + 1.0, "d", sends[0].msg) if isinstance(e, Send) and e.to == "d"]
+    assert late.handed == t + 1.0 and late.formation.units() == ({}, {}) and isinstance(ack.msg, ScaleCredit)

@@ -498,6 +498,19 @@ class ScaledFormation:
         self.heard, self.probes = now, 0
         self._probe_after(now)
 
+    def late(self, now: float, peer: str) -> list[Effect]:
+        """The data node hears of `peer` after its formation is over, and `peer` was not part of it: it tells it so
+        (`ScaleAbort`, probed for until acknowledged), and `peer` starts its flow machine with no units instead of
+        waiting for a first phase until `GIVE_UP_S`."""
+        sc = self.scaling
+        if not self.lead or self.over is None or peer in sc.peers or peer == sc.id:
+            return []
+        sc.peers += (peer,)
+        self.probes = 0
+        self._probe_after(now)
+        reason = "formation was over before this node took part"
+        return self.resend.number([Send(peer, ScaleAbort(reason))]) + [SetTimer(GIVE_UP, self.probe_at)]
+
     def neighbour_left(self, now: float, peer: str) -> list[Effect]:
         """`peer` crashed or left: formation is called off if it is at the other end of one of this node's arcs
         (its credit and its flows are lost)."""

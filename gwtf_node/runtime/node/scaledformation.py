@@ -49,6 +49,7 @@ class Scaling:
         self.driver = drivers.make(Owner.SCALING, self._on_timer, in_order=wire.send_in_order, fifo=True)
         self.done = False
         self.phase = 0  # the data node: the last phase it logged
+        self.heard_of: set[str] = set()  # the data node: peers whose Hello came while formation ran
 
     @property
     def machine(self) -> ScalingMachine:
@@ -63,6 +64,17 @@ class Scaling:
     def on_message(self, peer: str, msg: Any) -> None:
         """A frame of formation; after it is over, one asking for frames again is answered, the others ignored."""
         self._carry(self.formation.on_message(now(), peer, msg))
+
+    def late(self, peer: str) -> None:
+        """The data node hears of a peer (its Hello) that may have come after its formation began: once formation
+        is over, one that was not part of it is told (`ScaledFormation.late`)."""
+        if not self.done:
+            self.heard_of.add(peer)
+            return
+        eff = self.formation.late(now(), peer)
+        if eff:
+            log.info("scaled formation: %s came after it was over: told to start its flow machine", peer[:16])
+            self._carry(eff)
 
     def peer_gone(self, peer: str) -> None:
         """A peer crashed or left: formation is called off if it was a neighbour (`ScaledFormation.neighbour_left`)."""
@@ -101,3 +113,5 @@ class Scaling:
                      self.machine.phase, sum(inn.get(self.machine.data, {}).values()),
                      sum(out.get(self.machine.data, {}).values()), self.machine.ignored)
         self.on_done(inn, out)
+        for peer in sorted(self.heard_of):
+            self.late(peer)
