@@ -20,7 +20,9 @@ flow machine holding them, and the flow messages that waited for it are
 replayed.  A frame lost in flight (a libp2p connection reset) is asked for
 again and sent again (protocol/flow/resend.py: numbered frames, gaps and
 probes), also after this node's formation is over; `GWTF_DROP_SCALE` (faults.py)
-loses frames on purpose.
+loses frames on purpose.  The data node tells a node it hears of after
+formation began, and that was not part of it, that formation is over
+(`ScaledFormation.late`): it starts its flow machine at once.
 """
 
 from __future__ import annotations
