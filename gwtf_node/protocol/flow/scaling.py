@@ -468,7 +468,7 @@ class ScaledFormation:
         if sender == sc.data and not self.lead:
             self.heard = now
             if self.took and self.over is None:
-                eff.append(Send(sc.data, ScaleProbe(sc.phase, len(self.resend.sent.get(sc.data, ())))))
+                eff = eff + [Send(sc.data, ScaleProbe(sc.phase, len(self.resend.sent.get(sc.data, ()))))]
             self.took = False
         elif self.lead:
             self.working = now
