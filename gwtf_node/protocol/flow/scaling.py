@@ -380,7 +380,7 @@ class ScaledFormation:
 
     @property
     def limit_s(self) -> float:
-        return STALL_S if self.scaling.id == self.scaling.data else GIVE_UP_S
+        return STALL_S if self.lead else GIVE_UP_S
 
     @property
     def lead(self) -> bool:
@@ -408,12 +408,16 @@ class ScaledFormation:
                 now, f"nothing heard of formation for {self.limit_s:g} s (phase {sc.phase}, "
                      f"{1 - sc.returned if self.lead else sc.credit} of its credit away)", False))
             return eff + ([SetTimer(GIVE_UP, self.probe_at)] if self.lead else [])
-        eff: list[Effect] = []
-        if now >= self.probe_at:
-            self.probes += 1
-            self._probe_after(now)
-            eff = self.resend.probe(sc.peers, sc.phase)
+        eff = self._probe(now, sc.peers)
         return eff + [SetTimer(GIVE_UP, min(self.probe_at, max(self.heard, self.working) + self.limit_s))]
+
+    def _probe(self, now: float, to) -> list[Effect]:
+        """The data node's probe of `to`, if it is due (flow/resend.py)."""
+        if now < self.probe_at:
+            return []
+        self.probes += 1
+        self._probe_after(now)
+        return self.resend.probe(to, self.scaling.phase)
 
     def _confirm(self, now: float) -> list[Effect]:
         """Formation over, the data node probes every node that has not acknowledged its end (`ScaleDone`,
@@ -421,11 +425,7 @@ class ScaledFormation:
         waiting = self.resend.unacked(self.scaling.peers)
         if not self.lead or not waiting or now - self.over_at >= GIVE_UP_S:
             return []
-        eff: list[Effect] = []
-        if now >= self.probe_at:
-            self.probes += 1
-            self._probe_after(now)
-            eff = self.resend.probe(waiting, self.scaling.phase)
+        eff = self._probe(now, waiting)
         return eff + [SetTimer(GIVE_UP, self.probe_at)]
 
     def on_message(self, now: float, sender: str, msg) -> list[Effect]:
