@@ -67,7 +67,7 @@ from ...protocol.flow.poolnodes import over_links, pooled_machines
 from ...protocol.flow.scaling import MAX_HELD, machine_for, quantized
 from .pooling import Pooling
 from .faults import Faults
-from .scaledformation import Scaling
+from .scaledformation import Scaling, measure_whole
 from .linkmeter import REMEASURE_EVERY_S, LinkMeter, LinkSample, recost_threshold
 from .liveness import Liveness
 from ..net.peers import PeerInfo, Peers
@@ -236,9 +236,9 @@ class Flows:
         swarm is quiet.
 
         `joined`: this node was placed by the leader, so flows may already exist around it."""
-        for pid in sorted(set(nxt) | set(prv)):
-            await self._measure(pid, pid in nxt and pid != self.wire.me)
         me = self.wire.me
+        nxt, prv = await measure_whole(self._measure, me, nxt, prv, (self.peers.next_stage_ids,
+                                       self.peers.prev_stage_ids) if self.scaled and not joined else None)
         asked = {"next-stage": nxt, "previous-stage": prv}
         nxt, prv = ([p for p in side if p in self.peers or p == me] for side in (nxt, prv))
         for side, kept in (("next-stage", nxt), ("previous-stage", prv)):

@@ -28,7 +28,7 @@ formation began, and that was not part of it, that formation is over
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from ...protocol.effects import Send
 from ...protocol.scalemsgs import ScaleNack, ScaleProbe
@@ -38,6 +38,33 @@ from .driver import Drivers, Owner
 from .faults import Faults
 
 log = logging.getLogger("gwtf.node")
+
+WHOLE_ROUNDS = 4  # rounds of measuring the links of peers heard of while the links were measured
+
+
+async def measure_whole(measure: Callable[[str, bool], Awaitable[None]], me: str, nxt: list[str], prv: list[str],
+                        known: tuple[Callable[[], list[str]], Callable[[], list[str]]] | None
+                        ) -> tuple[list[str], list[str]]:
+    """Measure the links to `nxt` and `prv` (`measure(peer, next_side)`); with `known` (the next- and
+    previous-stage peers known now: scaled formation, whose arcs are those of its opening), then the links of
+    the peers heard of meanwhile, until none is new (at most WHOLE_ROUNDS rounds).  A peer whose Hello came while
+    the links were measured is then an arc of formation, not a link the flow machines add after it: on 55
+    daemons the data node opened formation with 5 of its 6 last-stage relays measured."""
+    nxt, prv = list(nxt), list(prv)
+    todo = sorted(set(nxt) | set(prv))
+    for r in range(WHOLE_ROUNDS):
+        for pid in todo:
+            await measure(pid, pid in nxt and pid != me)
+        if known is None or r == WHOLE_ROUNDS - 1:
+            break  # (one heard of later is added by the flow machines, as after formation)
+        new = [p for p in known[0]() if p not in nxt], [p for p in known[1]() if p not in prv]
+        if not new[0] and not new[1]:
+            break
+        log.info("scaled formation: %d peers heard of while the links were measured: measuring them too",
+                 len(set(new[0]) | set(new[1])))
+        nxt, prv = nxt + new[0], prv + new[1]
+        todo = sorted(set(new[0]) | set(new[1]))
+    return nxt, prv
 
 
 class Scaling:
