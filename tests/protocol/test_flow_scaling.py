@@ -411,3 +411,20 @@ def test_a_node_that_comes_after_formation_is_told_and_starts_its_flow_machine()
     late.start(t)
     (ack,) = [e for e in late.on_message(t + 1.0, "d", sends[0].msg) if isinstance(e, Send) and e.to == "d"]
     assert late.handed == t + 1.0 and late.formation.units() == ({}, {}) and isinstance(ack.msg, ScaleCredit)
+
+
+def test_a_relay_that_calls_formation_off_makes_the_data_node_tell_every_node():
+    """A relay that saw a neighbour leave tells the data node (`ScaleAbort`); the data node calls formation off and
+    tells every node (in the daemon also when the relay's word came before the data node opened formation: it is
+    held, flows.py `scale_queue`, and taken once formation opens)."""
+    from gwtf_node.protocol.flow.scaling import machine_for
+
+    cfg = FlowConfig("d", True, 2, ("d",), {"r": 3.0, "q": 5.0}, {"r": 4.0, "q": 6.0}, ())
+    host = ScaledNode(FlowNode(cfg, random.Random(0)), machine_for(cfg, {"r": 2, "q": 1}, ("q", "r"), 1))
+    host.start(1.0)
+    eff = host.on_message(2.0, "r", ScaleAbort("x left during formation", seq=1))
+    assert host.aborted and host.handed == 2.0
+    told = [e for e in eff if isinstance(e, Send) and isinstance(e.msg, ScaleAbort)]
+    assert sorted(e.to for e in told) == ["q", "r"] and all(e.msg.reason.startswith("r: x left") for e in told)
+    again = host.on_message(3.0, "q", ScaleAbort("y left during formation", seq=1))
+    assert not any(isinstance(e, Send) and isinstance(e.msg, ScaleAbort) for e in again)  # over: told once

@@ -485,6 +485,8 @@ class ScaledFormation:
         self._hear(now)
         if sc.id == sc.data and sender not in sc.peers:
             sc.peers += (sender,)  # a node it did not know of takes part: it hears of the next phases and the end
+        if isinstance(msg, ScaleAbort) and self.lead:  # a relay saw a neighbour leave: every node is told
+            return self._abort(now, f"{sender}: {msg.reason}", False)
         if isinstance(msg, (ScaleDone, ScaleAbort)) and not self.lead:  # acknowledged (`_confirm`)
             end = self._abort(now, msg.reason, False) if isinstance(msg, ScaleAbort) else sc.on_message(now, sender, msg)
             return end + [Send(sc.data, ScaleCredit("0"))]
