@@ -21,7 +21,8 @@ from dataclasses import replace
 from typing import Any, TextIO
 
 from ..protocol.flow import FlowConfig, FlowNode
-from ..protocol.flow.scaling import ScaledNode, machine_for
+from ..protocol.flow.scaled import ScaledNode
+from ..protocol.flow.scaling import machine_for
 from ..protocol.neighbourhood import FLOW_NEIGHBOURS, bound_links
 from ..protocol.scalemsgs import SCALE_MESSAGES
 from ..protocol.scenario import Scenario

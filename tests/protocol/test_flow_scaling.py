@@ -9,7 +9,8 @@ from dataclasses import replace
 import pytest
 
 from gwtf_node.protocol.flow import FlowConfig, FlowNode
-from gwtf_node.protocol.flow.scaling import ScaledNode, ScalingMachine, own_arcs
+from gwtf_node.protocol.flow.scaled import ScaledNode
+from gwtf_node.protocol.flow.scaling import ScalingMachine, own_arcs
 from gwtf_node.protocol.messages import CostAnnounce, Label, Side
 from gwtf_node.protocol.neighbourhood import bound_links
 from gwtf_node.protocol.effects import Send, SetTimer
@@ -94,6 +95,7 @@ def test_flow_messages_before_the_handover_are_held_then_handled():
     cfg = FlowConfig("r", False, 2, ("d",), {"d": 3.0}, {"d": 4.0}, ())
     host = ScaledNode(FlowNode(cfg, random.Random(0)), ScalingMachine("r", own_arcs(cfg, 50), "d"))
     assert len(host.start(0.0)) == 1 and host.on_timer(0.5, "tick") == []  # (its give-up timer)
+    host.on_message(0.8, "d", ScalePhase(1, 100, "1/2", 4, seq=1))  # (before a first phase it would hand over)
     label = CostAnnounce((Label("d", Side.IN, 7.0, ("d",), 1),))
     assert host.on_message(1.0, "d", label) == []
     assert host.held == [("d", label)] and host.handed is None
@@ -142,7 +144,7 @@ def test_a_relay_that_crashes_after_formation_is_repaired_by_the_flow_machines()
 
 
 def test_a_node_that_hears_nothing_of_formation_gives_up_and_starts_its_flow_machine():
-    from gwtf_node.protocol.flow.scaling import GIVE_UP, GIVE_UP_S
+    from gwtf_node.protocol.flow.scaled import GIVE_UP, GIVE_UP_S
     cfg = FlowConfig("r", False, 2, ("d",), {"d": 3.0}, {"d": 4.0}, ())
     host = ScaledNode(FlowNode(cfg, random.Random(0)), ScalingMachine("r", own_arcs(cfg, 50), "d"))
     assert host.start(0.0) == [SetTimer(GIVE_UP, GIVE_UP_S)]
@@ -198,14 +200,23 @@ def test_sim_flow_scaled_prints_the_flows_and_refuses_what_it_cannot_form(tmp_pa
     assert main(["sim", "flow", "--scenario", str(one), "--scaled", "--policy", "swarm"]) == 2
 
 
-def test_only_a_neighbour_at_the_other_end_of_an_arc_calls_formation_off():
+def test_only_a_neighbour_at_the_other_end_of_an_arc_that_stays_away_calls_formation_off():
+    """A neighbour presumed dead calls formation off when it is not back within LEFT_GRACE_S (a false death on a
+    busy host is); a same-stage peer, at the end of no arc, never does."""
+    from gwtf_node.protocol.flow.scaled import GIVE_UP, LEFT_GRACE_S
+
     cfg = FlowConfig("r", False, 2, ("d",), {"d": 3.0}, {"d": 4.0}, ("p",))
     host = ScaledNode(FlowNode(cfg, random.Random(0)), ScalingMachine("r", own_arcs(cfg, 50), "d"))
     host.start(0.0)
-    host.remove_neighbour(1.0, "p")  # a same-stage peer: no arc of formation leads to it
+    assert host.remove_neighbour(1.0, "p") == []  # a same-stage peer: no arc of formation leads to it
     assert host.handed is None and not host.aborted
-    eff = host.remove_neighbour(2.0, "d")
-    assert host.aborted and host.handed == 2.0
+    assert host.remove_neighbour(2.0, "d") == [SetTimer(GIVE_UP, 2.0 + LEFT_GRACE_S)]
+    host.add_neighbour(10.0, "d", 3.0, "next")  # back (its Hello): formation goes on
+    assert host.on_timer(2.0 + LEFT_GRACE_S, GIVE_UP) != [] and not host.aborted
+    host.remove_neighbour(40.0, "d")
+    assert host.on_timer(40.0 + LEFT_GRACE_S - 1.0, GIVE_UP) and not host.aborted
+    eff = host.on_timer(40.0 + LEFT_GRACE_S, GIVE_UP)
+    assert host.aborted and host.handed == 40.0 + LEFT_GRACE_S
     assert Send("d", ScaleAbort("d left during formation", seq=1)) in eff
 
 
@@ -270,7 +281,8 @@ def test_the_downstream_end_takes_the_upstream_ends_link_cost(seed):
 def test_the_data_node_calls_formation_off_when_it_hears_nothing_for_a_while():
     """Credit lost (a message, or a node the data node cannot see) would stall formation for ever: the data node
     that hears nothing for STALL_S calls it off, and every node forms its flows with label waves."""
-    from gwtf_node.protocol.flow.scaling import GIVE_UP, STALL_S, machine_for
+    from gwtf_node.protocol.flow.scaled import GIVE_UP, STALL_S
+    from gwtf_node.protocol.flow.scaling import machine_for
 
     cfg = FlowConfig("d", True, 2, ("d",), {"r": 3.0}, {"r": 4.0}, ())
     host = ScaledNode(FlowNode(cfg, random.Random(0)), machine_for(cfg, {"r": 2}, ("r",), 1))
@@ -330,7 +342,8 @@ def test_resender_numbers_takes_once_and_asks_for_gaps():
 def test_the_data_node_makes_sure_every_node_hears_of_the_end():
     """The data node's ScaleDone to a relay is lost: the formed data node probes the relay, which has not
     acknowledged it, the relay asks for it, and acknowledges it; then the data node stops probing."""
-    from gwtf_node.protocol.flow.scaling import GIVE_UP, machine_for
+    from gwtf_node.protocol.flow.scaled import GIVE_UP
+    from gwtf_node.protocol.flow.scaling import machine_for
 
     cfg = FlowConfig("d", True, 2, ("d",), {"r": 3.0}, {"r": 4.0}, ())
     data = ScaledNode(FlowNode(cfg, random.Random(0)), machine_for(cfg, {"r": 2}, ("r",), 1))
@@ -371,7 +384,8 @@ def test_the_data_node_makes_sure_every_node_hears_of_the_end():
 def test_work_the_data_node_cannot_see_keeps_it_from_calling_formation_off():
     """A relay that took something new since the data node's last probe answers it: the data node hears nothing
     new itself (a long chain of pushes elsewhere), but does not call formation off while work goes on."""
-    from gwtf_node.protocol.flow.scaling import GIVE_UP, STALL_S, machine_for
+    from gwtf_node.protocol.flow.scaled import GIVE_UP, STALL_S
+    from gwtf_node.protocol.flow.scaling import machine_for
 
     cfg = FlowConfig("d", True, 2, ("d",), {"r": 3.0}, {"r": 4.0}, ())
     host = ScaledNode(FlowNode(cfg, random.Random(0)), machine_for(cfg, {"r": 2}, ("r",), 1))
@@ -394,7 +408,8 @@ def test_work_the_data_node_cannot_see_keeps_it_from_calling_formation_off():
 def test_a_node_that_comes_after_formation_is_told_and_starts_its_flow_machine():
     """A relay the data node hears of after formation is over was not part of it: the data node tells it so, and it
     starts its flow machine at once (with no units) instead of waiting for a first phase for GIVE_UP_S."""
-    from gwtf_node.protocol.flow.scaling import GIVE_UP, STALL_S, machine_for
+    from gwtf_node.protocol.flow.scaled import GIVE_UP, STALL_S
+    from gwtf_node.protocol.flow.scaling import machine_for
 
     cfg = FlowConfig("d", True, 2, ("d",), {"r": 3.0}, {"r": 4.0}, ())
     data = ScaledNode(FlowNode(cfg, random.Random(0)), machine_for(cfg, {"r": 2}, ("r",), 1))
@@ -428,3 +443,27 @@ def test_a_relay_that_calls_formation_off_makes_the_data_node_tell_every_node():
     assert sorted(e.to for e in told) == ["q", "r"] and all(e.msg.reason.startswith("r: x left") for e in told)
     again = host.on_message(3.0, "q", ScaleAbort("y left during formation", seq=1))
     assert not any(isinstance(e, Send) and isinstance(e.msg, ScaleAbort) for e in again)  # over: told once
+
+
+def test_a_relay_that_gets_flow_messages_before_a_first_phase_starts_its_flow_machine_at_once():
+    """Its neighbours form their flows without scaled formation (several data nodes): a relay that gets a flow
+    message before any phase hands over with no units at once and takes the message; after a first phase a flow
+    message changes nothing of formation (it is held for the handover)."""
+    rcfg = FlowConfig("r", False, 2, ("d",), {"d": 3.0}, {"d": 4.0}, ())
+    label = CostAnnounce((Label("d", Side.IN, 7.0, ("d",), 1),))
+    relay = ScaledNode(FlowNode(rcfg, random.Random(0)), ScalingMachine("r", own_arcs(rcfg, 0), "d"))
+    relay.start(0.0)
+    relay.on_message(2.0, "d", label)
+    assert relay.handed == 2.0 and relay.aborted and relay.formation.units() == ({}, {}) and relay.held == []
+    assert "d forms its flows without scaled formation" in relay.formation.why
+    assert relay.flow.labels.lin["d"]["d"].cost == 7.0  # the flow machine took the message
+
+    from gwtf_node.protocol.flow.scaling import machine_for
+    dcfg = FlowConfig("d", True, 2, ("d",), {"r": 3.0}, {"r": 4.0}, ())
+    data = ScaledNode(FlowNode(dcfg, random.Random(0)), machine_for(dcfg, {"r": 2}, ("r",), 1))
+    phase = next(e.msg for e in data.start(0.0) if isinstance(e, Send) and isinstance(e.msg, ScalePhase))
+    relay = ScaledNode(FlowNode(rcfg, random.Random(0)), ScalingMachine("r", own_arcs(rcfg, 0), "d"))
+    relay.start(0.0)
+    relay.on_message(1.0, "d", phase)
+    relay.on_message(2.0, "d", label)
+    assert relay.handed is None and relay.held == [("d", label)]

@@ -64,3 +64,24 @@ async def test_a_relay_that_knows_no_data_node_yet_starts_no_machine() -> None:
     assert await flows.form(["N"], ["P"], joined=False) is False and flows.machine is None
     peers.peers["D"] = PeerInfo("D", "data", -1, "d0", 2)
     assert await flows.form(["D"], ["P"], joined=False) is True and flows.machine.cfg.commodities == ("D",)
+
+
+async def test_a_relay_whose_scaled_formation_ends_while_its_data_node_is_presumed_dead_keeps_its_commodity() -> None:
+    """Scaled formation ended at a relay (here: a neighbour's flow message before any phase) while its data node
+    was presumed dead: its flow machine carries that data node's units all the same, and links to it again when
+    its Hello comes back (a machine with no commodity never carried a unit: 55 daemons, 5 of 6 units)."""
+    from gwtf_node.protocol.messages import CostAnnounce, Label, Side
+
+    flows, peers, _ = _last_stage_relay()
+    flows.scaled = True
+    assert await flows.form(["D"], ["P"], joined=False) is True
+    assert flows.scaling is not None and flows.machine is None  # waiting for the data node's first phase
+    info = peers.peers["D"]
+    peers.forget("D")
+    flows.on_peer_gone("D")  # presumed dead
+    flows.on_message("P", CostAnnounce((Label("D", Side.OUT, 7.0, ("P",), 1),)))
+    assert flows.machine is not None and flows.machine.cfg.commodities == ("D",)
+    assert "D" not in flows.machine.cfg.next_costs
+    peers.peers["D"] = info  # back: its Hello
+    flows.on_peer_hello(info)
+    assert ("_add_neighbour", "D", ("next",)) in flows.wire.spawned  # measured, then added to the flow machine

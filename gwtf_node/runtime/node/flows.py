@@ -64,7 +64,8 @@ from ...protocol.cost import link_cost
 from ...protocol.flow import FlowConfig, FlowNode, flows_formed
 from ...protocol.neighbourhood import FLOW_NEIGHBOURS, nearest, refill, takes_newcomer
 from ...protocol.flow.poolnodes import over_links, pooled_machines
-from ...protocol.flow.scaling import MAX_HELD, machine_for, quantized
+from ...protocol.flow.scaled import MAX_HELD
+from ...protocol.flow.scaling import machine_for, quantized
 from .pooling import Pooling
 from .faults import Faults
 from .scaledformation import Scaling, measure_whole
@@ -152,9 +153,8 @@ class Flows:
 
     def peers_with_units(self) -> set[str]:
         """The next and previous hops of this node's flows (liveness.py's `at_work`)."""
-        if self.machine is None:
-            return set()
-        return {p for side in (self.machine.out, self.machine.inn) for v in side.values() for p, n in v.items() if n}
+        sides = (self.machine.out, self.machine.inn) if self.machine is not None else ()
+        return {p for side in sides for v in side.values() for p, n in v.items() if n}
 
     def units_through(self) -> int:
         """Units of flow through this node (a relay's utilization report)."""
@@ -275,9 +275,13 @@ class Flows:
             self._start_machine(joined, {}, {})
         return True
 
+    def _commodities(self) -> tuple[str, ...]:
+        """The data nodes known, and scaled formation's even if presumed dead now (it comes back: `_sides`)."""
+        return tuple(dict.fromkeys([*self.peers.data_nodes(), *([self.scaling.machine.data] if self.scaling else [])]))
+
     def _config(self, joined: bool) -> FlowConfig:
         relay = self.peers.role == "relay"
-        return FlowConfig(self.wire.me, not relay, self.peers.capacity, tuple(self.peers.data_nodes()),
+        return FlowConfig(self.wire.me, not relay, self.peers.capacity, self._commodities(),
                           self.next_costs, self.prev_costs,
                           tuple(self.peers.ids("relay", self.peers.stage)) if relay else (), joined=joined)
 
@@ -321,7 +325,7 @@ class Flows:
 
     def _start_machine(self, joined: bool, inn: dict, out: dict) -> None:
         """Start the flow machine (holding `inn` / `out`, pooled formation's units), replay what waited for it."""
-        commodities = tuple(self.peers.data_nodes())
+        commodities = self._commodities()
         self.machine = FlowNode(self._config(joined), random.Random(_seed(self.wire.me)))
         self.machine.adopt(inn, out)
         log.info("flow machine started: next %s prev %s", self._names(self.next_costs), self._names(self.prev_costs))
@@ -399,7 +403,9 @@ class Flows:
     def on_message(self, peer: str, msg: Any) -> None:
         if self.machine is None:
             self.queue.append((peer, msg))
-            if self.undecided:  # a neighbour forms its flows per data node: so does this relay
+            if self.scaling is not None:
+                self.scaling.flow_message(peer)  # before a first phase: no scaled formation here (scaled.py)
+            elif self.undecided:  # a neighbour forms its flows per data node: so does this relay
                 self.undecided = False
                 log.info("pooled formation: %s forms its flows per data node: so does this node", self.peers.who(peer))
                 self._start_machine(False, {}, {})

@@ -32,7 +32,8 @@ from typing import Any, Awaitable, Callable
 
 from ...protocol.effects import Send
 from ...protocol.scalemsgs import ScaleNack, ScaleProbe
-from ...protocol.flow.scaling import ABORTED, ScaledFormation, ScalingMachine
+from ...protocol.flow.scaled import ABORTED, ScaledFormation
+from ...protocol.flow.scaling import ScalingMachine
 from ..net.wire import Wire, now
 from .driver import Drivers, Owner
 from .faults import Faults
@@ -96,7 +97,9 @@ class Scaling:
 
     def late(self, peer: str) -> None:
         """The data node hears of a peer (its Hello) that may have come after its formation began: once formation
-        is over, one that was not part of it is told (`ScaledFormation.late`)."""
+        is over, one that was not part of it is told (`ScaledFormation.late`).  Any node: a neighbour presumed dead
+        that is back does not call formation off (`ScaledFormation.neighbour_back`)."""
+        self.formation.neighbour_back(peer)
         if not self.done:
             self.heard_of.add(peer)
             return
@@ -104,6 +107,11 @@ class Scaling:
         if eff:
             log.info("scaled formation: %s came after it was over: told to start its flow machine", peer[:16])
             self._carry(eff)
+
+    def flow_message(self, peer: str) -> None:
+        """A flow message came before the flow machine started (`ScaledFormation.flow_message`)."""
+        if not self.done:
+            self._carry(self.formation.flow_message(now(), peer))
 
     def peer_gone(self, peer: str) -> None:
         """A peer crashed or left: formation is called off if it was a neighbour (`ScaledFormation.neighbour_left`)."""
