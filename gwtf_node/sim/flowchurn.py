@@ -160,7 +160,7 @@ class FlowRun:
     def __init__(self, scenario: Scenario, seed: int = 0, base: FlowConfig | None = None,
                  trace: TextIO | None = None, neighbours: int = FLOW_NEIGHBOURS, formation: str = "waves") -> None:
         """`formation` "scaling": the flows are formed by cost scaling first (flowsim.run_gwtf); a relay that
-        crashes or joins before every node has its flows calls formation off (protocol/flow/scaling.py)."""
+        crashes or joins before every node has its flows calls formation off (protocol/flow/scaled.py)."""
         self.physical = scenario  # every link; `scenario` holds the flow links (neighbourhood.py)
         self.k = neighbours
         scenario = bound_links(scenario, neighbours)

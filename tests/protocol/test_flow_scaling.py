@@ -208,6 +208,7 @@ def test_only_a_neighbour_at_the_other_end_of_an_arc_that_stays_away_calls_forma
     cfg = FlowConfig("r", False, 2, ("d",), {"d": 3.0}, {"d": 4.0}, ("p",))
     host = ScaledNode(FlowNode(cfg, random.Random(0)), ScalingMachine("r", own_arcs(cfg, 50), "d"))
     host.start(0.0)
+    host.on_message(0.5, "d", ScalePhase(1, 100, "1/2", 4, seq=1))  # (before it, no grace runs: the next test)
     assert host.remove_neighbour(1.0, "p") == []  # a same-stage peer: no arc of formation leads to it
     assert host.handed is None and not host.aborted
     assert host.remove_neighbour(2.0, "d") == [SetTimer(GIVE_UP, 2.0 + LEFT_GRACE_S)]
@@ -217,7 +218,28 @@ def test_only_a_neighbour_at_the_other_end_of_an_arc_that_stays_away_calls_forma
     assert host.on_timer(40.0 + LEFT_GRACE_S - 1.0, GIVE_UP) and not host.aborted
     eff = host.on_timer(40.0 + LEFT_GRACE_S, GIVE_UP)
     assert host.aborted and host.handed == 40.0 + LEFT_GRACE_S
-    assert Send("d", ScaleAbort("d left during formation", seq=1)) in eff
+    assert Send("d", ScaleAbort("d left during formation", seq=2, ack=1)) in eff  # (its credit was seq 1)
+    left = ScaledNode(FlowNode(cfg, random.Random(0)), ScalingMachine("r", own_arcs(cfg, 50), "d"))
+    left.start(0.0)
+    eff = left.formation.neighbour_left(2.0, "d", presumed=False)  # it left (Goodbye), or restarted: no grace
+    assert left.formation.over is not None and Send("d", ScaleAbort("d left during formation", seq=1)) in eff
+
+
+def test_a_relays_grace_for_a_neighbour_presumed_dead_starts_at_its_first_phase():
+    """Before a first phase nothing of formation has passed: a neighbour presumed dead then (a data node busy at
+    the opening) has its grace from the first phase on."""
+    from gwtf_node.protocol.flow.scaled import GIVE_UP, LEFT_GRACE_S
+
+    cfg = FlowConfig("r", False, 2, ("d",), {"d": 3.0}, {"d": 4.0}, ())
+    host = ScaledNode(FlowNode(cfg, random.Random(0)), ScalingMachine("r", own_arcs(cfg, 50), "d"))
+    host.start(0.0)
+    host.remove_neighbour(1.0, "d")
+    host.on_timer(1.0 + 5 * LEFT_GRACE_S, GIVE_UP)
+    assert not host.aborted  # no phase yet: no grace running
+    eff = host.on_message(300.0, "d", ScalePhase(1, 100, "1/2", 4, seq=1))
+    assert SetTimer(GIVE_UP, 300.0 + LEFT_GRACE_S) in eff
+    host.on_timer(300.0 + LEFT_GRACE_S, GIVE_UP)
+    assert host.aborted and "d left during formation" in host.formation.why
 
 
 def test_a_push_over_a_link_the_head_does_not_have_is_declined_and_formation_ends_exact():

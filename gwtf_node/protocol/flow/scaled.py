@@ -40,7 +40,7 @@ GIVE_UP_S = 900.0  # a node that hears nothing of formation this long hands over
 PROBES_BEFORE_STALL = 10  # the data node probes at least this often before a stall calls formation off
 STALL_S = 600.0  # the data node that hears nothing this long calls formation off (credit lost: a message, a node)
 GIVE_UP = ("scaling", "give up")  # the formation's timer key (the flow machine's are strings)
-LEFT_GRACE_S = 30.0  # a neighbour presumed dead that is back within this long does not call formation off
+LEFT_GRACE_S = 60.0  # a neighbour presumed dead that is back within this long does not call formation off
 FORMED, ABORTED = "formed", "aborted"  # how a scaled formation ended (`ScaledFormation.over`)
 
 
@@ -146,11 +146,15 @@ class ScaledFormation:
             else:
                 sc.ignored += 1
             return eff
+        first = sc.alpha is None
         eff += self._take(now, sender, msg)
         if isinstance(msg, ScalePhase) and self.early:
             early, self.early = self.early, []
             for s, m in early:
                 eff += self._take(now, s, m)
+        if first and self.gone:  # neighbours presumed dead before formation reached this node: their grace starts
+            self.gone = dict.fromkeys(self.gone, now + LEFT_GRACE_S)
+            eff.append(self._wake())
         return self.resend.number(self._check(now, eff))
 
     def _probed(self, now: float, sender: str, probe: ScaleProbe) -> list[Effect]:
@@ -216,13 +220,17 @@ class ScaledFormation:
         reason = "formation was over before this node took part"
         return self.resend.number([Send(peer, ScaleAbort(reason))]) + [SetTimer(GIVE_UP, self.probe_at)]
 
-    def neighbour_left(self, now: float, peer: str) -> list[Effect]:
-        """`peer` crashed or left (presumed dead): formation is called off if it is at the other end of one of this
-        node's arcs (its credit and its flows are lost) and is not back within `LEFT_GRACE_S` (a false death on a
-        busy host: what was lost meanwhile is sent again, flow/resend.py)."""
+    def neighbour_left(self, now: float, peer: str, presumed: bool = True) -> list[Effect]:
+        """`peer` crashed (`presumed` dead) or left: formation is called off if it is at the other end of one of
+        this node's arcs (its credit and its flows are lost); a crashed one that is back within `LEFT_GRACE_S` (a
+        false death on a busy host: what was lost meanwhile is sent again, flow/resend.py) does not call it off.
+        A relay's grace starts at its first phase: before, nothing of formation has passed (a data node busy
+        measuring 54 links at the opening was presumed dead by its relays for 60 s)."""
         if self.over is not None or peer not in self.linked:
             return []
-        self.gone.setdefault(peer, now + LEFT_GRACE_S)
+        if not presumed:
+            return self.resend.number(self._abort(now, f"{peer} left during formation", True))
+        self.gone.setdefault(peer, now + LEFT_GRACE_S if self.scaling.alpha is not None else math.inf)
         return [self._wake()]
 
     def neighbour_back(self, peer: str) -> None:

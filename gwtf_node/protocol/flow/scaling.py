@@ -171,7 +171,7 @@ class ScalingMachine:
         return True
 
     def on_message(self, now: float, sender: str, msg) -> list[Effect]:
-        """A formation message (`fits` checked; `alpha` known: flow/scaling.py's `ScaledFormation` holds the others
+        """A formation message (`fits` checked; `alpha` known: flow/scaled.py's `ScaledFormation` holds the others
         until the first `ScalePhase`)."""
         self.received[(self.phase, type(msg).__name__)] += 1
         if isinstance(msg, ScalePrice):

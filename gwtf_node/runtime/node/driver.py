@@ -41,7 +41,7 @@ class Owner(enum.Enum):
 
     FLOWS = "flows"  # the flow machine (protocol/flow/)
     POOLING = "pooling"  # pooled formation's machines (protocol/flow/pool.py, pooling.py)
-    SCALING = "scaling"  # scaled formation's machine (protocol/flow/scaling.py, scaledformation.py)
+    SCALING = "scaling"  # scaled formation's machine (protocol/flow/scaling.py, scaled.py; scaledformation.py)
     MICROBATCHES = "microbatches"  # the recovery machine (protocol/recovery/)
     AGGREGATION = "aggregation"  # the phases (protocol/phases.py)
     LEADER = "leader"  # the election (protocol/leader.py)

@@ -563,7 +563,7 @@ class Flows:
                 (self.next_costs if side == "next" else self.prev_costs)[peer] = cost
             self.pooling.add_neighbour(peer, cost, side)  # (`_sync_costs` then shows the link in status.json)
 
-    def on_peer_gone(self, peer: str) -> None:
+    def on_peer_gone(self, peer: str, presumed: bool = True) -> None:
         self.agreed_costs.pop(peer, None)
         self.meter.samples.pop(peer, None)
         self.moved.pop(peer, None)
@@ -574,7 +574,7 @@ class Flows:
             if self.pooling is not None:
                 self.pooling.peer_gone(peer)
             if self.scaling is not None:
-                self.scaling.peer_gone(peer)
+                self.scaling.peer_gone(peer, presumed)
         if self.machine is not None and self._in_flow(peer):
             was_next = peer in self.machine.cfg.next_costs
             self.driver.carry(self.machine.remove_neighbour(now(), peer))  # flows rebuilt around it

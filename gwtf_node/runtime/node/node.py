@@ -368,7 +368,7 @@ class Node:
         self.peers.forget(peer)
         p.discovery.peer_forgotten(peer)  # if it comes back, it is greeted again
         p.spread.peer_forgotten(peer)  # (it may come back restarted, without the list)
-        p.flows.on_peer_gone(peer)  # the flow machines rebuild the flows through it
+        p.flows.on_peer_gone(peer, presumed)  # the flow machines rebuild the flows through it
         p.leadership.on_peer_gone(peer)
         p.aggregation.forget(peer, presumed=presumed)
         p.microbatches.peer_gone(peer)

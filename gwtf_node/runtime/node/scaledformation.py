@@ -113,10 +113,11 @@ class Scaling:
         if not self.done:
             self._carry(self.formation.flow_message(now(), peer))
 
-    def peer_gone(self, peer: str) -> None:
-        """A peer crashed or left: formation is called off if it was a neighbour (`ScaledFormation.neighbour_left`)."""
+    def peer_gone(self, peer: str, presumed: bool) -> None:
+        """A peer crashed (`presumed` dead) or left: formation is called off if it was a neighbour, a crashed one
+        not back within a grace (`ScaledFormation.neighbour_left`)."""
         if not self.done:
-            self._carry(self.formation.neighbour_left(now(), peer))
+            self._carry(self.formation.neighbour_left(now(), peer, presumed))
 
     def _on_timer(self, key: Any) -> None:
         if not self.done:
