@@ -359,12 +359,6 @@ def test_resender_numbers_takes_once_and_asks_for_gaps():
     assert [(e.to, e.msg.seq) for e in c.probed(0.0, "d", ScaleProbe(3, 0), "d", "c")] == [("d", 2), ("x", 1)]
     assert [(e.to, e.msg.seq) for e in c.probed(0.0, "x", ScaleProbe(3, 0), "d", "c")] == [("x", 1)]
     assert c.probe(("x", "y"), 3) == [Send("x", ScaleProbe(3, 1)), Send("y", ScaleProbe(3, 0))]
-    # each last message goes again on probes at most PROBE_RESENDS (2) times: a peer that never answers
-    # acknowledges nothing, and every probe would send it again
-    assert [(e.to, e.msg.seq) for e in c.probed(1.0, "d", ScaleProbe(3, 0), "d", "c")] == [("d", 2)]
-    assert c.probed(2.0, "d", ScaleProbe(3, 0), "d", "c") == []
-    c.number([Send("x", ScaleCredit("1/4"))])  # a new last message to x: it may go again
-    assert [(e.to, e.msg.seq) for e in c.probed(3.0, "d", ScaleProbe(3, 0), "d", "c")] == [("x", 2)]
 
 
 def test_the_data_node_makes_sure_every_node_hears_of_the_end():

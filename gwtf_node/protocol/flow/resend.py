@@ -18,10 +18,8 @@ have come is sent again on a probe:
   for what it lacks), the interval doubling while nothing new comes, at most
   `PROBE_DOUBLINGS` times (losses during the work a probe restarts need the
   next one soon).  A node probed sends its last message again to every peer
-  that has not acknowledged it, each message at most `PROBE_RESENDS` times
-  (a receiver that sends nothing back acknowledges nothing: at 1000 x 16 over
-  every link, 1.73 M messages went again on probes, every one a duplicate):
-  a lost one arrives, one that came is a duplicate, dropped and counted.  Once formation is over the data node
+  that has not acknowledged it: a lost one arrives, one that came is a
+  duplicate, dropped and counted.  Once formation is over the data node
   probes the nodes that have not acknowledged its end until they do (each
   answers `ScaleDone` and `ScaleAbort` with an empty `ScaleCredit`).
 
@@ -42,7 +40,6 @@ RENACK_S = 5.0  # a message asked for and still missing is asked for again after
 DATA_PROBE_S = 10.0  # the data node probes every peer after hearing nothing new of formation this long
 QUIET_FACTOR = 4  # ... or after this many times the longest silence that ended without a probe, if longer
 PROBE_DOUBLINGS = 2  # the interval between probes doubles while nothing new comes, at most this many times
-PROBE_RESENDS = 2  # a node probed sends a peer its last message again at most this many times
 MAX_NACK = 256  # numbers one ScaleNack asks for (more: the next one)
 MAX_AHEAD = 1 << 16  # a number this far beyond the last one taken in order is refused (no gap that long is real)
 
@@ -56,7 +53,6 @@ class Resender:
         self.ahead: dict[str, set[int]] = {}  # peer -> numbers taken beyond `upto`
         self.acked: dict[str, int] = {}  # peer -> it took every message sent it up to this number
         self.asked: dict[tuple[str, int], float] = {}  # (peer, missing number) -> when it was last asked for
-        self.reprobed: dict[str, tuple[int, int]] = {}  # peer -> (number, times) sent again on probes
         self.duplicates = self.resent = self.refused = 0
 
     def number(self, effects: list[Effect]) -> list[Effect]:
@@ -94,14 +90,8 @@ class Resender:
         peer the last message again where it is not acknowledged."""
         last = min(probe.last, self.upto.get(sender, 0) + MAX_AHEAD)
         eff = self._ask(now, sender, last + 1)
-        again = []
-        for p in self.unacked(sorted(self.sent) if sender == data and me != data else [sender]):
-            last, times = self.reprobed.get(p, (0, 0))
-            times = times + 1 if last == len(self.sent[p]) else 1
-            if times <= PROBE_RESENDS:
-                self.reprobed[p] = (len(self.sent[p]), times)
-                again.append((p, [len(self.sent[p])]))
-        return eff + self._again(again)
+        peers = self.unacked(sorted(self.sent) if sender == data and me != data else [sender])
+        return eff + self._again((p, [len(self.sent[p])]) for p in peers)
 
     def unacked(self, peers) -> list[str]:
         """Those of `peers` that have not acknowledged the last message sent them."""
