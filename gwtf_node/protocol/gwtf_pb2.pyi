@@ -989,10 +989,12 @@ class ScaleAbort(_message.Message):
     def __init__(self, reason: _Optional[str] = ..., seq: _Optional[int] = ..., ack: _Optional[int] = ...) -> None: ...
 
 class ScaleNack(_message.Message):
-    __slots__ = ("seqs",)
+    __slots__ = ("seqs", "ack")
     SEQS_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
     seqs: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, seqs: _Optional[_Iterable[int]] = ...) -> None: ...
+    ack: int
+    def __init__(self, seqs: _Optional[_Iterable[int]] = ..., ack: _Optional[int] = ...) -> None: ...
 
 class ScaleProbe(_message.Message):
     __slots__ = ("phase", "last")

@@ -113,9 +113,11 @@ class ScaleAbort:
 
 @dataclass(frozen=True, slots=True)
 class ScaleNack:
-    """The receiver of `seqs` never got them (a later one came): send them again."""
+    """The receiver of `seqs` never got them (a later one came): send them again.  With none, the receiver got a
+    message twice: `ack` says how far it took the sender's (so that probes send them no more, flow/resend.py)."""
 
     seqs: tuple[int, ...]
+    ack: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -343,7 +343,7 @@ def test_resender_numbers_takes_once_and_asks_for_gaps():
     assert [e.msg.seq for e in sent[:5]] == [1, 2, 3, 4, 5] and sent[5] == SetTimer("k", 1.0)
     assert a.number(sent[:1]) == sent[:1]  # one sent again keeps its number
     assert b.take(0.0, "a", 1) == (True, [])
-    assert b.take(0.0, "a", 1) == (False, []) and b.duplicates == 1
+    assert b.take(0.0, "a", 1) == (False, [Send("a", ScaleNack((), ack=1))]) and b.duplicates == 1  # acknowledged
     assert b.take(1.0, "a", 4) == (True, [Send("a", ScaleNack((2, 3)))])  # 2 and 3 were lost
     assert b.take(2.0, "a", 5) == (True, [])  # asked for less than RENACK_S ago
     assert b.take(1.0 + RENACK_S, "a", 5)[0] is False
@@ -359,6 +359,12 @@ def test_resender_numbers_takes_once_and_asks_for_gaps():
     assert [(e.to, e.msg.seq) for e in c.probed(0.0, "d", ScaleProbe(3, 0), "d", "c")] == [("d", 2), ("x", 1)]
     assert [(e.to, e.msg.seq) for e in c.probed(0.0, "x", ScaleProbe(3, 0), "d", "c")] == [("x", 1)]
     assert c.probe(("x", "y"), 3) == [Send("x", ScaleProbe(3, 1)), Send("y", ScaleProbe(3, 0))]
+    # a peer that got it twice says how far it took them: probes send it no more
+    x = Resender()
+    assert x.take(0.0, "c", 1) == (True, [])
+    (ack,) = x.take(0.0, "c", 1)[1]
+    assert c.nacked("x", ack.msg) == [] and c.acked["x"] == 1
+    assert [(e.to, e.msg.seq) for e in c.probed(1.0, "d", ScaleProbe(3, 0), "d", "c")] == [("d", 2)]
 
 
 def test_the_data_node_makes_sure_every_node_hears_of_the_end():

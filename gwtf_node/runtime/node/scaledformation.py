@@ -129,7 +129,7 @@ class Scaling:
             log.info("scaled formation: nothing new for %.1f s (phase %d): %d nodes probed for frames lost",
                      now() - self.formation.heard, self.machine.phase, probes)
         for e in effects:
-            if isinstance(e, Send) and isinstance(e.msg, ScaleNack):
+            if isinstance(e, Send) and isinstance(e.msg, ScaleNack) and e.msg.seqs:  # (none: a duplicate's ack)
                 log.info("scaled formation: frames %s from %s lost: asked for again", list(e.msg.seqs)[:8], e.to[:16])
         self.driver.carry([e for e in effects if not (isinstance(e, Send) and self.faults.lose_scale(e.to, e.msg))])
         self.driver.flush()
