@@ -18,9 +18,6 @@ def _run(known_later: dict[str, list[str]], scaled: bool, nxt=("a",), prv=("b",)
         measured.append((peer, next_side))
         heard.extend(known_later.get(peer, []))
 
-    def known(prefix):
-        return lambda: sorted({*nxt, *prv, *heard} - ({*prv} if prefix == "n" else {*nxt}))
-
     def side(prefix):
         base = list(nxt) if prefix == "n" else list(prv)
         return lambda: base + [p for p in heard if p.startswith(prefix) and p not in base]

@@ -74,7 +74,7 @@ class Resender:
         """Whether the message numbered `seq` from `sender` is new (take it) or not (a duplicate, or too far
         ahead); and the `ScaleNack` for what is missing before it.  `ack`: the sender took this node's messages up
         to this number."""
-        self.acked[sender] = max(self.acked.get(sender, 0), min(ack, len(self.sent.get(sender, ()))))
+        self._acked(sender, ack)
         upto, ahead = self.upto.get(sender, 0), self.ahead.setdefault(sender, set())
         if seq <= upto or seq in ahead or seq > upto + MAX_AHEAD:
             dup = seq <= upto or seq in ahead
@@ -103,8 +103,12 @@ class Resender:
 
     def nacked(self, sender: str, nack: ScaleNack) -> list[Effect]:
         """`sender` lacks these: send them again; it took this node's messages up to `ack`."""
-        self.acked[sender] = max(self.acked.get(sender, 0), min(nack.ack, len(self.sent.get(sender, ()))))
+        self._acked(sender, nack.ack)
         return self._again([(sender, nack.seqs)])
+
+    def _acked(self, peer: str, ack: int) -> None:
+        """`peer` took this node's messages up to `ack` (at most what was sent it)."""
+        self.acked[peer] = max(self.acked.get(peer, 0), min(ack, len(self.sent.get(peer, ()))))
 
     def probe(self, to: tuple[str, ...], phase: int) -> list[Effect]:
         return [Send(p, ScaleProbe(phase, len(self.sent.get(p, ())))) for p in to]

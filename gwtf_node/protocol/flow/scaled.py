@@ -97,13 +97,15 @@ class ScaledFormation:
         if self.over is not None:
             return self._confirm(now)
         left = sorted(p for p, t in self.gone.items() if t <= now)
-        if left or now - max(self.heard, self.working) >= self.limit_s:
-            why = (f"{left[0]} left during formation" if left else f"nothing heard of formation for "
-                   f"{self.limit_s:g} s (phase {sc.phase}, {1 - sc.returned if self.lead else sc.credit} of its "
-                   f"credit away)")
-            eff = self.resend.number(self._abort(now, why, bool(left)))
-            return eff + ([SetTimer(GIVE_UP, self.probe_at)] if self.lead else [])
-        return self._probe(now, sc.peers) + [self._wake()]
+        if left:
+            eff = self._left(now, left[0])
+        elif now - max(self.heard, self.working) >= self.limit_s:
+            eff = self.resend.number(self._abort(
+                now, f"nothing heard of formation for {self.limit_s:g} s (phase {sc.phase}, "
+                     f"{1 - sc.returned if self.lead else sc.credit} of its credit away)", False))
+        else:
+            return self._probe(now, sc.peers) + [self._wake()]
+        return eff + ([SetTimer(GIVE_UP, self.probe_at)] if self.lead else [])
 
     def _probe(self, now: float, to) -> list[Effect]:
         """The data node's probe of `to`, if it is due (flow/resend.py)."""
@@ -229,9 +231,13 @@ class ScaledFormation:
         if self.over is not None or peer not in self.linked:
             return []
         if not presumed:
-            return self.resend.number(self._abort(now, f"{peer} left during formation", True))
+            return self._left(now, peer)
         self.gone.setdefault(peer, now + LEFT_GRACE_S if self.scaling.alpha is not None else math.inf)
         return [self._wake()]
+
+    def _left(self, now: float, peer: str) -> list[Effect]:
+        """Neighbour `peer` is gone for good: formation is off, and the data node hears why."""
+        return self.resend.number(self._abort(now, f"{peer} left during formation", True))
 
     def neighbour_back(self, peer: str) -> None:
         """`peer`, presumed dead, is back (its Hello): its leaving no longer calls formation off."""

@@ -489,7 +489,7 @@ class Flows:
         """A peer ready next to us that the flow machine does not know (a newcomer, or a peer back after it was
         removed: a restarted relay or data node): add it."""
         if self.scaling is not None:
-            self.scaling.late(info.peer_id)  # the data node: one that came after scaled formation began
+            self.scaling.hello(info.peer_id)  # (a neighbour back; at the data node, one that came late)
         if self.undecided and info.role == "data" and len(self.peers.data_nodes()) > 1:
             self.undecided = False  # a second data node: pooled formation after all
             self._start_pooling()

@@ -79,7 +79,6 @@ class Scaling:
         self.driver = drivers.make(Owner.SCALING, self._on_timer, in_order=wire.send_in_order, fifo=True)
         self.done = False
         self.phase = 0  # the data node: the last phase it logged
-        self.heard_of: set[str] = set()  # the data node: peers whose Hello came while formation ran
 
     @property
     def machine(self) -> ScalingMachine:
@@ -95,13 +94,12 @@ class Scaling:
         """A frame of formation; after it is over, one asking for frames again is answered, the others ignored."""
         self._carry(self.formation.on_message(now(), peer, msg))
 
-    def late(self, peer: str) -> None:
-        """The data node hears of a peer (its Hello) that may have come after its formation began: once formation
-        is over, one that was not part of it is told (`ScaledFormation.late`).  Any node: a neighbour presumed dead
-        that is back does not call formation off (`ScaledFormation.neighbour_back`)."""
+    def hello(self, peer: str) -> None:
+        """A peer's Hello: a neighbour presumed dead that is back does not call formation off
+        (`ScaledFormation.neighbour_back`); once formation is over, the data node tells one that was not part of it
+        (`ScaledFormation.late`; the flow machine's start replays every peer's Hello, those heard of meanwhile too)."""
         self.formation.neighbour_back(peer)
         if not self.done:
-            self.heard_of.add(peer)
             return
         eff = self.formation.late(now(), peer)
         if eff:
@@ -151,5 +149,3 @@ class Scaling:
                      self.machine.phase, sum(inn.get(self.machine.data, {}).values()),
                      sum(out.get(self.machine.data, {}).values()), self.machine.ignored)
         self.on_done(inn, out)
-        for peer in sorted(self.heard_of):
-            self.late(peer)
