@@ -40,7 +40,8 @@ that it does not work with once it is placed (`prune`).
 Addresses (addresses.py): a Hello carries the addresses the receiving peer
 can use (no loopback to a remote peer, never 0.0.0.0); a PeerList carries
 every usable address of every peer the receiver works with, and it dials each new
-peer once with all of them; a peer whose addresses change (a relay
+peer with all of them (again at backed-off intervals while a greeting fails and the
+peer stays unknown: `dial`); a peer whose addresses change (a relay
 reservation, relay.py) is passed on to the others at once.
 
 With a links file (`--links`), the link to a named peer is shaped (latency,
@@ -94,6 +95,7 @@ DHT_WAIT_S = 10.0
 PEER_LIST_DIALS = 256  # peers dialled for one PeerList (each once, with all its addresses)
 RELEASE_AFTER_S = 2.0  # a peer let go of is disconnected this long after (the Hello telling it our new stage first)
 HELLO_RETRY_S = (1.0, 2.0, 4.0, 8.0, 16.0)  # an answering Hello that could not be sent is sent again after these
+DIAL_RETRY_S = (2.0, 4.0, 8.0, 16.0, 32.0)  # a greeting of a peer named to us that failed is tried again after these
 ADDRS_PER_PEER = 16  # addresses of one peer passed on and dialled (IPv4, IPv6, relays: a handful in practice)
 REFER_EVERY_S = 10.0  # a relay we do not work with that says Hello gets a PeerList of its neighbours this often
 REFER_KEPT = 1024  # referrals remembered before the old ones are forgotten (and Hellos asked for: `ask_hello`)
@@ -141,6 +143,7 @@ class Discovery:
         self._redialling: set[str] = set()  # peers being redialled (`redial_loop`: one redial per peer at a time)
         self._referred: dict[str, float] = {}  # relays we do not work with -> when we last referred them (`_refer`)
         self._asked: dict[str, float] = {}  # unknown senders -> when we last asked them for a Hello (`ask_hello`)
+        self._retrying: set[str] = set()  # peers whose greeting failed and waits to be tried again (`dial`)
 
     def hello(self, to: str, *, forgot_you: bool = False) -> m.Hello:
         """Our Hello to `to`, with the addresses it can use (host.addrs_for: no loopback to a remote peer)."""
@@ -167,10 +170,28 @@ class Discovery:
         return pid
 
     async def dial(self, addr: str, *more: str) -> None:
-        try:
-            await self.greet(addr, *more)
-        except Exception as e:  # noqa: BLE001 - any dial failure is logged, discovery retries
-            log.warning("could not reach %s: %s", addr, e)
+        """Greet the peer of a PeerList or a provider record; a greeting that fails is tried again after each of
+        `DIAL_RETRY_S` while the peer is still unknown here (one retrying task per peer).  A connection that
+        broke under the Hello (a peer's old connection to a restarted node with the same id) is no reason to
+        wait for the DHT's next lookup, which may not name the peer again: a relay back with its state directory
+        waited 150 s for a stage peer it had dialled once, that dial having failed."""
+        pid = addr.rsplit("/p2p/", 1)[-1] if "/p2p/" in addr else ""
+        for delay in (0.0, *DIAL_RETRY_S):
+            if delay:
+                if not pid or pid in self._retrying:
+                    return
+                self._retrying.add(pid)
+                try:
+                    await trio.sleep(delay)
+                finally:
+                    self._retrying.discard(pid)
+                if pid in self.peers or self.peers.is_gone(pid):
+                    return  # (met meanwhile; a peer presumed dead is `redial_loop`'s)
+            try:
+                await self.greet(addr, *more)
+                return
+            except Exception as e:  # noqa: BLE001 - any dial failure is logged and tried again
+                (log.debug if delay else log.warning)("could not reach %s: %s", addr, e)
 
     async def loop(self) -> None:
         """Publish our DHT records and look for peers of the run there.
@@ -432,7 +453,15 @@ class Discovery:
         if not _due(self._asked, sender, now()):
             return
         log.info("frames from %s, which has not said Hello: asking it for one", sender[:16])
-        self.wire.post(sender, self.hello(sender, forgot_you=True))
+        self.wire.spawn(self._ask_hello, sender)
+
+    async def _ask_hello(self, sender: str) -> None:
+        """Our Hello saying `forgot_you`, sent again after each of `HELLO_RETRY_S` while it could not be sent and
+        the peer has not said Hello meanwhile (a lost request leaves the two refusing each other)."""
+        for delay in (0.0, *HELLO_RETRY_S):
+            await trio.sleep(delay)
+            if sender in self.peers or await self.wire.send(sender, self.hello(sender, forgot_you=True)):
+                return
 
     def _refer(self, sender: str, info: PeerInfo) -> None:
         """A relay this node does not work with said Hello (it bootstraps through us, or its address book is
