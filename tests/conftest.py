@@ -36,6 +36,9 @@ from pathlib import Path
 # OpenMP threads spin waiting for each other when a core is taken (a tiny model's step costs 30x the CPU under
 # load with 2 threads).  Set before torch starts its pool; the daemons a test starts inherit it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# A handler's fault (anything but FrameRefused) is raised in the tests, in-process nodes and the daemons a test
+# starts alike (they inherit it): a daemon only logs it and runs on (runtime/node/routes.py `handler_fault`).
+os.environ.setdefault("GWTF_RAISE_HANDLER_FAULTS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -91,6 +91,7 @@ class Wire:
         self.peers = peers
         self.refused = 0
         self.refused_by: dict[str, int] = {}  # RefusalCode name -> refused frames (status.json "refused")
+        self.handler_faults: dict[str, int] = {}  # message type -> frames whose handling failed here (routes.py)
         self.bans = RefusalTracker()
         self.on_ban: Callable[[str], None] = lambda peer: None  # the node treats a banned peer as gone
         self.closed = False  # the node's nursery has ended: frames still delivered by the host start nothing

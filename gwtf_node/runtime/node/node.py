@@ -80,7 +80,7 @@ from .leadership import Leadership
 from .liveness import Liveness
 from ..net.limits import ConnectionLoss
 from .microbatches import Microbatches
-from .routes import Admit, Route, routes
+from .routes import Admit, Route, handler_fault, routes
 from ..net.peers import AddressBook, Arrival, PeerInfo, Peers, Place, readmission_refusal
 from .sdnotify import node_ready, node_status, serve_from_env
 from ..trust.records import RunRecords, SignedRecordValidator
@@ -445,6 +445,8 @@ class Node:
                 await res
         except FrameRefused as e:
             wire.refuse(peer, str(e), e.code, ban=e.ban)
+        except Exception:  # noqa: BLE001 - a fault of this node: logged, counted, the node runs on (routes.py)
+            handler_fault(route.component, msg, self.peers.who(peer), wire.handler_faults)
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:

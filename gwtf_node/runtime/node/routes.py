@@ -5,11 +5,18 @@ its handler, whether the sender must have said Hello (`Admit`), whether the
 handler takes the frame's raw payload (a tensor), and what the sender must
 be (`Needs`, checked by authorize.py before the handler runs).  `Node` builds
 the table once from its parts and `Node._on_frame` reads it for every frame.
+
+A handler refuses a frame by raising `FrameRefused` (the peer is told why).
+Anything else it raises is a fault of this node, not of the peer
+(`handler_fault`): logged with its traceback, counted (status.json
+`handler_faults`), the frame dropped, and the node runs on.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -19,6 +26,10 @@ from ..trust.authorize import Needs
 from .flows import FLOW_MSGS
 from .leadership import LEADER_MSGS, PLACEMENT_MSGS
 from .microbatches import MB_MSGS
+
+log = logging.getLogger("gwtf.node")
+
+RAISE_FAULTS_ENV = "GWTF_RAISE_HANDLER_FAULTS"  # set (the tests): a handler's fault is raised, not only logged
 
 
 class Admit(enum.Enum):
@@ -75,3 +86,16 @@ def routes(p: Any) -> dict[type, Route]:
     table |= {t: Route("leadership", ld.on_leader_msg, needs=election_needs.get(t, Needs.VOTER)) for t in LEADER_MSGS}
     table |= {t: Route("leadership", ld.on_placement_msg) for t in PLACEMENT_MSGS}
     return table
+
+
+def handler_fault(component: str, msg: Any, who: str, faults: dict[str, int]) -> None:
+    """Called in the `except` of a handler that raised something other than `FrameRefused`: the node's state did
+    not expect the frame (a bug here, not the peer's doing).  Logged with its traceback, counted by message type in
+    `faults`, the frame dropped; the node runs on (a data node that stopped on one stopped the whole run's
+    training).  With `RAISE_FAULTS_ENV` set the fault is raised again, so that a test sees it."""
+    if os.environ.get(RAISE_FAULTS_ENV):
+        raise  # noqa: PLE0704 - re-raises the handled exception (called in an except block)
+    kind = type(msg).__name__
+    faults[kind] = faults.get(kind, 0) + 1
+    log.exception("%s from %s: its handling in %s failed (a fault of this node): the frame is dropped, the node "
+                  "runs on", kind, who, component)

@@ -187,6 +187,7 @@ class Status:
         return {
             "peer_id": self.wire.me, "name": self.peers.name, "role": place.role, "stage": place.stage,
             "run_id": self.run_id, "addrs": self.host.addrs, "refused_frames": self.wire.refused,
+            "handler_faults": dict(self.wire.handler_faults),  # message type -> frames whose handling failed here
             "sent": self.wire.sent_totals(),  # lane -> message type -> [frames, bytes] (wire.py)
             "compute_s": round(st.compute_s, 6), "compute_calls": st.compute_calls,
             "leader": ld.leader, "term": ld.term, "voters": ld.voters,
@@ -324,6 +325,7 @@ class Status:
             "addrs": self.host.addrs, "pid": os.getpid(), "uptime_s": round(time.time() - self.started_at, 1),
             "steps_applied": sn.stage.applied_steps, "compute_s": round(sn.stage.compute_s, 4),
             "refused_frames": self.wire.refused, "is_leader": sn.leadership.is_leader,
+            "handler_faults": sum(self.wire.handler_faults.values()),  # frames whose handling failed here (routes.py)
             "leave_after": place.leave_after if place.leaving else None,
             "reachability": self._reachability(),
         }

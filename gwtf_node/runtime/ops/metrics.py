@@ -76,6 +76,8 @@ def _node(v: dict, states: list[str]) -> Iterable[Metric]:
                               value=n["compute_s"])
     yield CounterMetricFamily("gwtf_refused_frames", "Frames from peers refused (malformed, unexpected)",
                               value=n["refused_frames"])
+    yield CounterMetricFamily("gwtf_handler_faults", "Frames whose handling failed on a fault of this node (logged "
+                              "with its traceback; the node runs on)", value=n.get("handler_faults", 0))
     it = v["iteration"]
     if it["number"] is not None:
         yield GaugeMetricFamily("gwtf_iteration", "The iteration in flight (or about to open)", value=it["number"])
