@@ -40,9 +40,8 @@ that it does not work with once it is placed (`prune`).
 Addresses (addresses.py): a Hello carries the addresses the receiving peer
 can use (no loopback to a remote peer, never 0.0.0.0); a PeerList carries
 every usable address of every peer the receiver works with, and it dials each new
-peer with all of them (again at backed-off intervals while a greeting fails and the
-peer stays unknown: `dial`); a peer whose addresses change (a relay
-reservation, relay.py) is passed on to the others at once.
+peer with all of them (again, backing off, while the greeting fails: `dial`); a
+peer whose addresses change (relay.py) is passed on to the others at once.
 
 With a links file (`--links`), the link to a named peer is shaped (latency,
 bandwidth) as soon as its Hello names it.
