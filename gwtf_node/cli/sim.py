@@ -175,6 +175,9 @@ def _add_train_parser(simsub) -> None:
     t.add_argument("--pooled-formation", action="store_true",
                    help="several data nodes: form the flows as one commodity first, then send each unit home (as "
                         "the daemon's join --pooled-formation; off by default, as there)")
+    t.add_argument("--scaled-formation", action="store_true",
+                   help="one data node: form the flows by cost scaling first, then hand them to the flow machines "
+                        "(as the daemon's join --scaled-formation; off by default, as there)")
     t.add_argument("--flow-moves", choices=("off", "greedy", "anneal"), default="off",
                    help="GWTF's flow machines run Request Change / Request Redirect all the time: off (default, as "
                         "the daemon), greedy (moves that lower the cost), anneal (also worse moves, annealed)")
@@ -255,7 +258,8 @@ def sim_train_options(args: argparse.Namespace) -> dict:
                 join_mid_iteration=args.join_mid_iteration, can_take=args.can_take,
                 phase_fan_out=args.phase_fan_out, begin_groups=args.begin_groups,
                 joining=args.joining, priors=args.priors, spare_last=args.spare_last, join_links=args.join_links,
-                flow_options=_flow_options(args), pooled_formation=args.pooled_formation)
+                flow_options=_flow_options(args), pooled_formation=args.pooled_formation,
+                scaled_formation=args.scaled_formation)
 
 
 def _flow_options(args: argparse.Namespace) -> dict | None:

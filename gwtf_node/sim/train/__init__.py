@@ -22,7 +22,8 @@ switches, each defaulting to what the daemon does.
 * Mechanisms.  The simulator's own models of what happens around the machines are kept by mechanism:
   churn.py (crashes, leaves, the pause while a stage is empty), aggregation.py (the phase and the
   election), allreduce.py (the step's within-stage all-reduce), flows.py (flow machines, or an oracle's or
-  DT-FM's flows), joining.py (joiners, stage states), report.py (the metrics).  taskpool.py is a third
+  DT-FM's flows; pooled and scaled formation first: pooling.py, scaled.py), joining.py (joiners, stage
+  states), report.py (the metrics).  taskpool.py is a third
   recovery policy (the hybrid design's task pool).
 * Determinism.  Every RNG is seeded from the options; the same options give the same run, bit for bit
   (scripts/golden_train.py checks the reports of a matrix of runs against stored hashes).
@@ -121,6 +122,8 @@ def run_train(setting: str, policy: str, churn: float, iterations: int, seed: in
         rep["flow_formation"] = dict(sim.formation)
         if sim.options.pooled_formation:
             rep["flow_formation"]["pooled"] = dict(sim.pool_stats)
+        if sim.options.scaled_formation:
+            rep["flow_formation"]["scaled"] = sim.scaled_stats()
         if placement in ("swarm", "opfence"):
             rep["placement_cpu_s"] = placement_cpu_s
     if sched is not None:

@@ -190,8 +190,10 @@ class ChurnDriver:
             if self.machines:  # the flows form first; each data node opens iteration 0 once its own formed
                 if self._pooling_starts():
                     self._start_pooling()  # (pooling.py: each node's flow machine starts once it hands over)
+                elif self._scaling_starts():
+                    self._start_scaled()  # (scaled.py: each node's flow machine starts once formation is over)
                 for nid in sorted(self.nodes):
-                    if nid not in self.dead and nid not in self.pooled:
+                    if nid not in self.dead and nid not in self.pooled and nid not in self.scaled:
                         self._apply_flow(nid, self._make_flow(nid, joined=False).start(self.now))
                 for nid in sorted(self.nodes):
                     if nid not in self.data:

@@ -24,6 +24,7 @@ from .events import (
 )
 from .flows import FlowDriver
 from .pooling import PoolDriver
+from .scaled import ScaledDriver
 from .interpret import interpret
 from .joining import JOIN_MSGS, JoinDriver
 from .node import SimNode
@@ -34,7 +35,8 @@ from .setting import (
 )
 
 
-class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, JoinDriver, PoolDriver, Reporting):
+class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, JoinDriver, PoolDriver, ScaledDriver,
+               Reporting):
     """One Table II run in virtual time (package docstring), as `options` (a `TrainSimOptions`, options.py) say:
     the policy, churn and seed, the scripted crashes, the model switches.  `flow_cpu_s` sums the CPU time the flow
     machines took (GWTF's scheduler cost)."""
@@ -79,6 +81,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
             self.stage[r], self.cap[r] = s, c
         self._init_flows()  # flows.py: the flow machines, or the flows an oracle installs
         self._init_pooling()  # pooling.py: pooled formation first (`pooled_formation`)
+        self._init_scaled()  # scaled.py: scaled formation first (`scaled_formation`)
         self._init_joining()  # joining.py: joiners, the leader's placement, stage states
         self._init_allreduce()  # allreduce.py: the rounds of the step
         for nid in list(self.data) + list(setting.relays):
@@ -398,7 +401,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
             return
         if type(ev) is FlowDeliver and self.pooled and self._flow_to_pooling(ev):
             return
-        fm = self.fnodes[node]
+        fm = self._flow_member(node)  # (its scaled formation's host while it has one: scaled.py)
         cpu0 = time.process_time()
         if type(ev) is FlowDeliver:
             eff = fm.on_message(self.now, ev.sender, ev.msg)
@@ -407,7 +410,7 @@ class TrainSim(AggregationDriver, AllReduceDriver, ChurnDriver, FlowDriver, Join
         else:
             return
         self.flow_cpu_s += time.process_time() - cpu0  # a metric only: it decides nothing
-        self._apply_flow(node, eff)
+        self._scaled_effects(node, eff)
         self._sync_flows(node)
 
     def _on_deliver(self, ev: Deliver) -> None:

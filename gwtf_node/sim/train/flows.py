@@ -76,11 +76,11 @@ class FlowDriver:
         for p in sorted(refill(kept, self._relays_beside(nid, 1), self._k)):
             self._flinks.add((nid, p))
             cost = self._flow_cost(nid, p)
-            self._apply_flow(nid, fm.add_neighbour(self.now, p, cost, "next"))
+            self._scaled_effects(nid, self._flow_member(nid).add_neighbour(self.now, p, cost, "next"))
             if p in self.pooled:
                 self._pool_add(p, nid, cost, "prev")  # (pooled formation: pooling.py)
             else:
-                self._apply_flow(p, self.fnodes[p].add_neighbour(self.now, nid, cost, "prev"))
+                self._scaled_effects(p, self._flow_member(p).add_neighbour(self.now, nid, cost, "prev"))
             self._mb_link(nid, p)
 
     def _flow_cost(self, a: str, b: str) -> float:
@@ -120,7 +120,10 @@ class FlowDriver:
 
     def _sync_flows(self, nid: str) -> None:
         """Hand the node's microbatch machine its flow machine's flows when they changed (as the daemon's
-        `_sync_rec`); a data node opens iteration 0 once its flows formed (as the daemon's `_wait_flows`)."""
+        `_sync_rec`); a data node opens iteration 0 once its flows formed (as the daemon's `_wait_flows`).  A node
+        whose scaled formation runs has no flows yet (scaled.py; the daemon starts its flow machine at the end)."""
+        if self._forming(nid):
+            return
         fm = self.fnodes[nid]
         changed = fm.stats.last_change != self._fstamp.get(nid)
         if changed:
@@ -151,7 +154,7 @@ class FlowDriver:
             fm = self.fnodes[nid]
             c = fm.cfg
             if gone in c.next_costs or gone in c.prev_costs or gone in c.peers:
-                self._apply_flow(nid, fm.remove_neighbour(self.now, gone))
+                self._scaled_effects(nid, self._flow_member(nid).remove_neighbour(self.now, gone))
                 if self._flinks is not None and gone in c.next_costs and nid not in self.data:
                     self._refill(nid)
                 self._sync_flows(nid)
@@ -159,6 +162,7 @@ class FlowDriver:
     def _flow_joined(self, nid: str) -> None:
         """A joiner starts its flow machine (`FlowConfig.joined`); its neighbours add it (the daemon's
         `_add_flow_neighbour`)."""
+        self._scaled_joined(nid)  # (scaled.py: a joiner forms with the flow machines)
         fm = self._make_flow(nid, joined=True)
         self._apply_flow(nid, fm.start(self.now))
         for j in sorted(set(fm.cfg.prev_costs) | set(fm.cfg.next_costs) | set(fm.cfg.peers)):
@@ -174,7 +178,7 @@ class FlowDriver:
             if other is None:
                 self._pool_add(j, nid, cost, side)  # (pooled formation: pooling.py)
                 continue
-            self._apply_flow(j, other.add_neighbour(self.now, nid, cost, side))
+            self._scaled_effects(j, self._flow_member(j).add_neighbour(self.now, nid, cost, side))
             self._sync_flows(j)
         self._sync_flows(nid)
 

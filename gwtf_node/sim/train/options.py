@@ -42,6 +42,8 @@ class TrainSimOptions:
     flow_neighbours: int = FLOW_NEIGHBOURS
     # several data nodes form their flows pooled first (pooling.py), as the daemon's `--pooled-formation` (off)
     pooled_formation: bool = False
+    # one data node forms its flows by cost scaling first (scaled.py), as the daemon's `--scaled-formation` (off)
+    scaled_formation: bool = False
     lend: bool = True  # machines routing: the lending of protocol/recovery/
     one_wave: bool = False  # the paper's one-wave iteration with deferral ("One wave", protocol/recovery/)
     detect_s: float = DETECT_S  # how long after a crash the membership layer reports it
