@@ -59,3 +59,10 @@ async def test_in_the_tests_a_handler_fault_is_raised(tmp_path: Path, monkeypatc
             await relay._on_frame("D0", codec.encode("", m.LinkCost(3.5)), b"")  # (as the host delivers a frame)
         nursery.cancel_scope.cancel()
     assert relay.parts.wire.handler_faults == {}
+
+
+def test_the_variable_is_no_setting_of_the_cli() -> None:
+    """The tests set it for every daemon they start: `join` does not warn of it as an unknown setting."""
+    from gwtf_node.cli.config import NOT_SETTINGS
+
+    assert RAISE_FAULTS_ENV in NOT_SETTINGS
