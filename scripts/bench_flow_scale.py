@@ -83,6 +83,7 @@ from gwtf_node.protocol.messages import CostAnnounce, Side
 from gwtf_node.protocol.neighbourhood import FLOW_NEIGHBOURS, bound_links
 from gwtf_node.protocol.scenario import parse_scenario
 from gwtf_node.sim.baselines import optimal_routing
+from gwtf_node.protocol.flow.scaling import EAGER_PHASES
 from gwtf_node.sim.flowsim import run_gwtf
 from gwtf_node.sim.scenarios import FlowSetting, generate_layered
 
@@ -426,6 +427,9 @@ def main(argv=None) -> int:
                     help="form the flows by label waves (the daemon's) or by cost scaling first (flow/scaling.py)")
     ap.add_argument("--scale-loss", type=float, default=0.0, metavar="P",
                     help="with --formation scaling: lose this fraction of formation's messages (seeded)")
+    ap.add_argument("--eager-phases", type=int, default=EAGER_PHASES, metavar="N",
+                    help="with --formation scaling: the first N phases tell their relabels (ScalePrice; default "
+                         f"{EAGER_PHASES}, the daemon's; 0: none)")
     ap.add_argument("--json", action="store_true", help="one JSON object per size instead of the table")
     ap.add_argument("--receipts", action="store_true", help="with --json: what each received label changed (doc)")
     ap.add_argument("--bound", action="store_true", help="with --json: what successive shortest paths need (doc)")
@@ -455,10 +459,12 @@ def main(argv=None) -> int:
         if rec is not None:
             with rec:
                 g = run_gwtf(sc, seed=args.seed, rounds=args.rounds, wall_limit_s=args.wall_limit, base=base,
-                             neighbours=args.neighbours, formation=args.formation, scale_loss=args.scale_loss)
+                             neighbours=args.neighbours, formation=args.formation, scale_loss=args.scale_loss,
+                             eager_phases=args.eager_phases)
         else:
             g = run_gwtf(sc, seed=args.seed, rounds=args.rounds, wall_limit_s=args.wall_limit, base=base,
-                         neighbours=args.neighbours, formation=args.formation, scale_loss=args.scale_loss)
+                         neighbours=args.neighbours, formation=args.formation, scale_loss=args.scale_loss,
+                         eager_phases=args.eager_phases)
         wall, cpu = time.perf_counter() - t, time.process_time() - c
         o = optimal_routing(sc)
         ratio = g.mean_cost / o.mean_cost if o.mean_cost else 1.0
@@ -469,6 +475,7 @@ def main(argv=None) -> int:
                                               "duplicates") if k in g.extra}
             print(json.dumps({"relays": n, "stages": args.stages, "neighbours": args.neighbours,
                               "formation": args.formation, **scaled,
+                              **({"eager_phases": args.eager_phases} if args.formation == "scaling" else {}),
                               "flows": g.num_flows, "max_flow": o.num_flows, "cost_ratio": round(ratio, 6),
                               "max_flow_every_link": of.num_flows, "optimum_over_every_link": round(price, 6),
                               "links": len(sc.links), "converged_round": g.converged_round,

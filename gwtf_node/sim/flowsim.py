@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 from ..protocol.flow import FlowConfig, FlowNode
 from ..protocol.flow.scaled import ScaledNode
-from ..protocol.flow.scaling import machine_for
+from ..protocol.flow.scaling import EAGER_PHASES, machine_for
 from ..protocol.neighbourhood import FLOW_NEIGHBOURS, bound_links
 from ..protocol.scalemsgs import SCALE_MESSAGES
 from ..protocol.scenario import Scenario
@@ -136,7 +136,7 @@ def _unit_path(nodes: dict[str, FlowNode], remaining: dict[str, dict[str, dict[s
 
 
 def scaled_nodes(scenario: Scenario, cfgs: dict[str, FlowConfig], nodes: dict[str, FlowNode],
-                 factor: int = 2) -> dict[str, ScaledNode]:
+                 factor: int = 2, eager_phases: int = EAGER_PHASES) -> dict[str, ScaledNode]:
     """Each node's flow machine behind scaled formation (protocol/flow/scaling.py `machine_for`, as the daemon
     builds it), one data node, which knows every other node."""
     (data,) = [n.id for n in scenario.data_nodes]
@@ -145,14 +145,14 @@ def scaled_nodes(scenario: Scenario, cfgs: dict[str, FlowConfig], nodes: dict[st
     hosts = {}
     for nid, cfg in cfgs.items():
         near = {p: caps[p] for p in (*cfg.next_costs, *cfg.prev_costs)}
-        hosts[nid] = ScaledNode(nodes[nid], machine_for(cfg, near, peers, scenario.stages, factor))
+        hosts[nid] = ScaledNode(nodes[nid], machine_for(cfg, near, peers, scenario.stages, factor, eager_phases))
     return hosts
 
 
 def run_gwtf(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowConfig | None = None,
              quiet_rounds: int = QUIET_ROUNDS_DEFAULT, wall_limit_s: float | None = None,
              trace: TextIO | None = None, neighbours: int = FLOW_NEIGHBOURS, formation: str = "waves",
-             scale_loss: float = 0.0) -> RoutingResult:
+             scale_loss: float = 0.0, eager_phases: int = EAGER_PHASES) -> RoutingResult:
     """Run the flow machines; `wall_limit_s` (benchmarks only) stops early, marking `extra["wall_limited"]`;
     `trace` receives every delivered message (`TracedMachine`).  `neighbours` K > 0 bounds each relay's links as
     the daemon's `--flow-neighbours K` (protocol/neighbourhood.py); the default 0, as the daemon's, keeps every
@@ -160,7 +160,8 @@ def run_gwtf(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowCon
     node, integer link costs; the daemon forms them with label waves, the default "waves"): the run goes on
     until every node has its flows and then for at most `rounds` rounds, and `extra["formed_s"]` is the time the
     last node got them.  `scale_loss` loses that fraction of formation's messages (seeded; the daemon's links
-    lose one in a libp2p connection reset), which formation sends again (flow/resend.py)."""
+    lose one in a libp2p connection reset), which formation sends again (flow/resend.py); `eager_phases`: the
+    phases whose relabels are told (the daemon's `EAGER_PHASES`, flow/scaling.py)."""
     scenario = bound_links(scenario, neighbours)
     cfgs = flow_configs(scenario, base)
     round_s = next(iter(cfgs.values())).round_s
@@ -170,7 +171,7 @@ def run_gwtf(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowCon
     nodes = {nid: FlowNode(cfgs[nid], random.Random(f"{seed}:{nid}")) for nid in sorted(cfgs)}
     if formation not in ("waves", "scaling"):
         raise ValueError(f"formation is 'waves' or 'scaling', not {formation!r}")
-    hosts = scaled_nodes(scenario, cfgs, nodes) if formation == "scaling" else {}
+    hosts = scaled_nodes(scenario, cfgs, nodes, eager_phases=eager_phases) if formation == "scaling" else {}
     for nid in sorted(cfgs):
         m = hosts.get(nid, nodes[nid])
         sim.add(nid, m if trace is None else TracedMachine(nid, m, trace))
