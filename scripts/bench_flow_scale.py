@@ -73,17 +73,18 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import heapq
 import json
 import sys
 import time
 
 from gwtf_node.protocol.flow import FlowConfig, FlowNode, announce
+from gwtf_node.protocol.flow.scaling import EAGER_PHASES
 from gwtf_node.protocol.messages import CostAnnounce, Side
 from gwtf_node.protocol.neighbourhood import FLOW_NEIGHBOURS, bound_links
 from gwtf_node.protocol.scenario import parse_scenario
 from gwtf_node.sim.baselines import optimal_routing
-from gwtf_node.protocol.flow.scaling import EAGER_PHASES
 from gwtf_node.sim.flowsim import run_gwtf
 from gwtf_node.sim.scenarios import FlowSetting, generate_layered
 
@@ -456,12 +457,7 @@ def main(argv=None) -> int:
         if args.no_formation_waits:
             knobs["formation_waits"] = False
         base = FlowConfig("-", False, 0, (), {}, {}, **knobs) if knobs else None
-        if rec is not None:
-            with rec:
-                g = run_gwtf(sc, seed=args.seed, rounds=args.rounds, wall_limit_s=args.wall_limit, base=base,
-                             neighbours=args.neighbours, formation=args.formation, scale_loss=args.scale_loss,
-                             eager_phases=args.eager_phases)
-        else:
+        with rec if rec is not None else contextlib.nullcontext():
             g = run_gwtf(sc, seed=args.seed, rounds=args.rounds, wall_limit_s=args.wall_limit, base=base,
                          neighbours=args.neighbours, formation=args.formation, scale_loss=args.scale_loss,
                          eager_phases=args.eager_phases)

@@ -16,19 +16,18 @@ from gwtf_node.runtime.net.host import PeerUnreachable
 from gwtf_node.runtime.net.peers import Peers, Place
 from gwtf_node.runtime.net.wire import Wire
 
+import test_hello_answer as hello_answer
+
 ADDR = "/ip4/127.0.0.1/tcp/2/p2p/P"
 
 
-class _Host:
-    """Connects, but the first `fail` frames to a peer fail (a connection that broke under them)."""
+class _Host(hello_answer._Host):
+    """The Hello tests' host (the first `fail` frames fail), which connects, and notes when each frame went."""
 
     def __init__(self, fail: int) -> None:
-        self.fail = fail
+        super().__init__(fail)
         self.tries = 0
         self.got: list[tuple[float, str, str, bool]] = []  # (when, peer, message type, forgot_you) delivered
-        self.relaying = None
-        self.tensor_addr = ""
-        self.addrs: list[str] = []
 
     async def connect(self, addr: str, *more: str) -> str:
         return addr.rsplit("/p2p/", 1)[-1]
@@ -39,17 +38,6 @@ class _Host:
             raise PeerUnreachable(f"control frame to {peer} failed: SwarmException('No valid connections')")
         msg = codec.decode(envelope)[1]
         self.got.append((trio.current_time(), peer, type(msg).__name__, getattr(msg, "forgot_you", False)))
-
-    def addrs_for(self, peer: str) -> list[str]:
-        return ["/ip4/127.0.0.1/tcp/1/p2p/ME"]
-
-    def usable_addrs(self, peer: str, addrs):
-        return list(addrs)
-
-    def peer_is_local(self, peer: str) -> bool:
-        return True
-
-    links = SimpleNamespace(set_link=lambda *a: None)
 
 
 def _discovery(host: _Host, nursery: trio.Nursery) -> Discovery:
