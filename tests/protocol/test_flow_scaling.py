@@ -10,7 +10,7 @@ import pytest
 
 from gwtf_node.protocol.flow import FlowConfig, FlowNode
 from gwtf_node.protocol.flow.scaled import ScaledNode
-from gwtf_node.protocol.flow.scaling import ScalingMachine, own_arcs
+from gwtf_node.protocol.flow.scaling import EAGER_PHASES, ScalingMachine, own_arcs
 from gwtf_node.protocol.messages import CostAnnounce, Label, Side
 from gwtf_node.protocol.neighbourhood import bound_links
 from gwtf_node.protocol.effects import Send, SetTimer
@@ -47,15 +47,32 @@ def test_scaled_formation_forms_the_min_cost_maximum_flow(relays, stages, seed, 
     assert by_type["ScalePhase"] == got.extra["scaling_phases"] * (len(sc.nodes) - 1)
 
 
-def test_the_first_phase_tells_its_relabels_and_forms_as_exactly():
-    """`EAGER_PHASES` = 1: the relabels of the first phase go to the neighbours (`ScalePrice`), the later phases'
-    do not; with none told (`eager_phases=0`) formation ends on the same flows, later."""
+def test_every_phase_tells_its_relabels_and_forms_as_exactly():
+    """`EAGER_PHASES`: the relabels of every phase go to the neighbours (`ScalePrice`); with the first phase's alone
+    told (`eager_phases=1`), or none (`eager_phases=0`), formation ends on the same flows, later."""
     sc = _layered(64, 8, 2, 4)
-    told, lazy = run_gwtf(sc, seed=2, formation="scaling"), run_gwtf(sc, seed=2, formation="scaling", eager_phases=0)
-    _exact(sc, told)
-    _exact(sc, lazy)
-    assert told.extra["messages_by_type"]["ScalePrice"] > 0 and "ScalePrice" not in lazy.extra["messages_by_type"]
-    assert told.extra["formed_s"] < lazy.extra["formed_s"]
+    told, first, lazy = (run_gwtf(sc, seed=2, formation="scaling", eager_phases=n) for n in (EAGER_PHASES, 1, 0))
+    for got in (told, first, lazy):
+        _exact(sc, got)
+    prices = [got.extra["messages_by_type"].get("ScalePrice", 0) for got in (told, first, lazy)]
+    assert prices[0] > prices[1] > prices[2] == 0
+    assert told.extra["formed_s"] < first.extra["formed_s"] < lazy.extra["formed_s"]
+
+
+def test_a_relabel_is_told_only_to_the_nodes_that_can_push_to_the_side():
+    """`tells`: a side's price goes where the reverse arc has room (a link into the side not full, a link out of
+    it carrying flow); the others push to the side only after it pushes to them, with its price."""
+    cfg = FlowConfig("r", False, 2, ("d",), {"c": 3.0}, {"a": 4.0, "b": 5.0}, ())
+    own = own_arcs(cfg, 0, {"a": 1, "b": 2, "c": 2})
+    inn, out = ("in", "r"), ("out", "r")
+    assert own[(inn, ("out", "a"))] == [0, -4, 1] and own[(out, ("in", "c"))] == [2, 3]
+    m = ScalingMachine("r", own, "d")
+    assert m.tells(inn, ("out", "a")) and m.tells(inn, ("out", "b"))  # no flow yet: both links have room
+    assert not m.tells(out, ("in", "c"))  # nothing sent to c: c has no arc back to r
+    m.cap[(inn, ("out", "a"))] = 1  # a sends r its link's whole capacity, b one of two
+    m.cap[(inn, ("out", "b"))] = 1
+    m.cap[(out, ("in", "c"))] = 1  # r sends c one unit
+    assert not m.tells(inn, ("out", "a")) and m.tells(inn, ("out", "b")) and m.tells(out, ("in", "c"))
 
 
 @pytest.mark.parametrize("setting", [1, 3])
@@ -96,10 +113,10 @@ def test_own_arcs_refuse_what_cost_scaling_cannot_form():
     arcs = own_arcs(relay, 100)
     assert arcs[(("in", relay.node_id), ("out", relay.node_id))] == [relay.capacity, 0]
     inn, out = ("in", relay.node_id), ("out", relay.node_id)
-    assert all(c == 0 for (u, v), (c, _) in arcs.items() if u == inn and v != out)  # residual reverses: empty
+    assert all(arc[0] == 0 for (u, v), arc in arcs.items() if u == inn and v != out)  # residual reverses: empty
     assert {v[1] for (u, v) in arcs if u == out and v != inn} == set(relay.next_costs)
     small = {p: 1 for p in relay.next_costs}
-    assert all(c == 1 for (u, v), (c, _) in own_arcs(relay, 100, small).items() if u == out and v != inn)
+    assert all(arc[0] == 1 for (u, v), arc in own_arcs(relay, 100, small).items() if u == out and v != inn)
 
 
 def test_flow_messages_before_the_handover_are_held_then_handled():

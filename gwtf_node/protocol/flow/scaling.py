@@ -15,12 +15,16 @@ it, asynchronous, with lazy prices:
   makes the min-cost circulation the min-cost maximum flow.  Costs are
   scaled by `alpha` (more than the number of sides), so the last phase
   (epsilon 1) leaves the flows exactly optimal;
-* a push across nodes is one `ScalePush` carrying the tail's price.  After
-  the first `EAGER_PHASES` phases (`machine_for`), whose relabels go to the
-  neighbours in a `ScalePrice`, a relabel tells nobody: a node pushes on the
-  prices it last heard, and a push the head finds not admissible is refused
-  with its price (`ScaleRefuse`).  A push refused after its tail relabelled past the
-  arc is admissible by more than epsilon and goes out again at once;
+* a phase starts by saturating the arcs whose reduced cost is below minus
+  its epsilon (the flows are then epsilon-optimal; the arcs within epsilon
+  of 0 keep their flow);
+* a push across nodes is one `ScalePush` carrying the tail's price, and a
+  relabel goes in a `ScalePrice` to the neighbouring nodes that can push to
+  the side (`tells`: the reverse arc has room), in every phase
+  (`EAGER_PHASES`); a node pushes on the prices it last heard, and a push
+  the head finds not admissible is refused with its price (`ScaleRefuse`).
+  A push refused after its tail relabelled past the arc is admissible by
+  more than epsilon and goes out again at once;
 * the data node runs the phases: `ScalePhase` to every node, and a phase ends
   when all of its credit is back (Huang's weight throwing: credit rides on
   pushes and refusals, and a node that sends nothing returns it in a
@@ -42,10 +46,11 @@ from .config import FlowConfig
 
 COST_QUANTUM_MS = 0.1  # the daemon's link costs (ms) in whole units of this for cost scaling (`quantized`)
 BOUND_MARGIN = 2  # how much dearer than the data node's own links a path's links may be (`leading`)
-# the first phase's relabels are told to the neighbours (`ScalePrice`): it starts the flow from nothing, its prices
-# fall fast, and pushes on prices heard late were refused 8,273 times for 11,276 at 160 x 16; told, formation there
-# ends in 71.4 s instead of 148.6 at 1.5 % more messages (seed 0; docs/bench_flow.md, "Scaled formation")
-EAGER_PHASES = 1
+# the phases whose relabels are told (`ScalePrice`), every phase: prices heard late make pushes that are refused
+# (8,273 refusals for 11,276 pushes in the first phase at 160 x 16 when none is told), and chains of refusals make
+# the phases long; told in every phase, formation ends 2.5-3.3 x sooner than with the first phase's told alone
+# (docs/bench_flow.md, "Scaled formation")
+EAGER_PHASES = 64  # more than any formation's phases (the logarithm of the largest cost x alpha)
 
 
 def node_of(side: tuple) -> str:
@@ -54,7 +59,8 @@ def node_of(side: tuple) -> str:
 
 
 def own_arcs(cfg: FlowConfig, bound: int, caps: dict[str, int] | None = None) -> dict:
-    """The residual arcs whose tail is one of `cfg`'s node's sides, arc -> [capacity, integer cost] (module doc);
+    """The residual arcs whose tail is one of `cfg`'s node's sides, arc -> [capacity, integer cost] (module doc),
+    a link's reverse arc with the link's capacity third (what the upstream end holds: `ScalingMachine.tells`);
     `bound`: the cost of the arc sink -> source, negated.  `caps`: the neighbours' capacities where known; a link
     carries at most the smaller of its ends' (more would only be pushed back).  Link costs must be integers."""
     me, cap = cfg.node_id, cfg.capacity
@@ -76,14 +82,15 @@ def own_arcs(cfg: FlowConfig, bound: int, caps: dict[str, int] | None = None) ->
         for j in cfg.next_costs:
             arcs[(src, ("in", j))] = [min(cap, caps.get(j, cap)), cost(j, cfg.next_costs)]
         for p in cfg.prev_costs:
-            arcs[(snk, ("out", p))] = [0, -cost(p, cfg.prev_costs)]
+            arcs[(snk, ("out", p))] = [0, -cost(p, cfg.prev_costs), min(cap, caps.get(p, cap))]
         return arcs
     inn, out = ("in", me), ("out", me)
     arcs[(inn, out)], arcs[(out, inn)] = [cap, 0], [0, 0]
     for j in cfg.next_costs:
         arcs[(out, ("sink", j) if j in data else ("in", j))] = [min(cap, caps.get(j, cap)), cost(j, cfg.next_costs)]
     for p in cfg.prev_costs:
-        arcs[(inn, ("source", p) if p in data else ("out", p))] = [0, -cost(p, cfg.prev_costs)]
+        arcs[(inn, ("source", p) if p in data else ("out", p))] = [0, -cost(p, cfg.prev_costs),
+                                                                   min(cap, caps.get(p, cap))]
     return arcs
 
 
@@ -133,8 +140,9 @@ class ScalingMachine:
         self.received: collections.Counter = collections.Counter()  # (phase, message type) -> messages received
         self.started: list = []  # the data node: (time, epsilon) of each phase's start
         self.sides = {u for u, _ in own}
-        self.given = {a: c for a, (c, _) in own.items()}
-        self.raw = {a: k for a, (_, k) in own.items()}
+        self.given = {a: arc[0] for a, arc in own.items()}
+        self.raw = {a: arc[1] for a, arc in own.items()}
+        self.room = {a: arc[2] for a, arc in own.items() if len(arc) > 2}  # a reverse arc -> its link's capacity
         self.cap = dict(self.given)
         self.cost: dict = {}
         self.alpha: int | None = None
@@ -208,7 +216,7 @@ class ScalingMachine:
         elif isinstance(msg, ScaleRefuse) and msg.gone:  # the head has no such link: the arc goes
             tail, head = (msg.tail, self.id), (msg.head, sender)
             self.excess[tail] += msg.amount
-            self.cap[(tail, head)] = self.given[(tail, head)] = 0
+            self.cap[(tail, head)] = self.given[(tail, head)] = self.room[(tail, head)] = 0
         elif isinstance(msg, ScaleRefuse):
             tail, head = (msg.tail, self.id), (msg.head, sender)
             self.heard[(tail, head)] = msg.price
@@ -230,6 +238,14 @@ class ScalingMachine:
         out = self._enter(msg.phase, msg.eps)
         out.append((sender, ScaleRefuse(msg.tail, msg.head, msg.amount, 0, self.phase, self.eps, "0", True)))
         return self._settle(now, out + self._discharge())
+
+    def tells(self, u, v) -> bool:
+        """Whether side `u`'s new price goes to `v`'s node: only where `v` has a residual arc to `u`, the reverse
+        of a link `u` sends flow on, or a link into `u` with room left (one whose room is not known, always).  Over
+        any other arc `v` never pushes to `u` before `u` pushes to it, and that push carries `u`'s price."""
+        if self.given[(u, v)] > 0:
+            return self.cap[(u, v)] < self.given[(u, v)]
+        return (u, v) not in self.room or self.cap[(u, v)] < self.room[(u, v)]
 
     def flows(self) -> dict:
         """The flow on each arc of positive given capacity (its tail is this node's)."""
@@ -279,7 +295,7 @@ class ScalingMachine:
     def _saturate(self) -> list:
         out: list = []
         for (u, v), c in list(self.cap.items()):
-            if c > 0 and self.cost[(u, v)] + self.price[u] - self.known(u, v) < 0:
+            if c > 0 and self.cost[(u, v)] + self.price[u] - self.known(u, v) < -self.eps:
                 self._move(u, v, c, out)
         return out
 
@@ -317,7 +333,7 @@ class ScalingMachine:
         self.credit = Fraction(0)
         for u in sorted(self.relabelled):
             sends += [Send(m, ScalePrice(u[0], self.price[u]))
-                      for m in sorted({node_of(v) for v in self.adj[u]} - {self.id})]
+                      for m in sorted({node_of(v) for v in self.adj[u] if self.tells(u, v)} - {self.id})]
         self.relabelled.clear()
         if self.id == self.data and self.returned == 1:
             return sends + self._next_phase(now)
