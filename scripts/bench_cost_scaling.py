@@ -27,8 +27,8 @@ counted.  The order is the sequential FIFO order, so the counts are a floor for 
 
 `--distributed` runs the distributed version instead: one `ScalingMachine` a node in the simulator
 (sim/engine.py, message delays the links'), asynchronous, with lazy prices as above (`--eager`, or
-`--eager-phases N` for the first N phases: a relabel's price also goes to every neighbouring machine in a
-`Price`, which sets no work going and so carries no credit).  The data node runs the
+`--eager-phases N` for the first N phases: a relabel's price also goes to the neighbouring machines that can push
+to the side in a `Price`, which sets no work going and so carries no credit).  The data node runs the
 phases: it tells every node each phase's epsilon (`Phase`), a node that hears of a phase first from a push
 starts it then, and a phase ends when all of its credit is back at the data node (Huang's weight throwing: a
 node's credit rides on the pushes and refusals it sends, and a node that sends nothing hands it back in a
@@ -229,9 +229,12 @@ def main(argv=None) -> int:
     ap.add_argument("--factor", type=int, default=2, help="epsilon is divided by this each phase")
     ap.add_argument("--first-eps", type=int, default=None, metavar="E",
                     help="the first phase's epsilon, in link-cost units (default: the largest link cost)")
-    ap.add_argument("--eager", action="store_true", help="every relabel tells every neighbouring machine")
+    ap.add_argument("--eager", action="store_true",
+                    help="every relabel tells its price (the central count: to every neighbouring machine; "
+                         "--distributed: to those that can push to the side)")
     ap.add_argument("--eager-phases", type=int, default=0, metavar="N",
-                    help="--distributed: a relabel in phases 1-N tells every neighbouring machine (`Price`)")
+                    help="--distributed: a relabel in phases 1-N tells the neighbouring machines that can "
+                         "push to the side (`Price`)")
     ap.add_argument("--distributed", action="store_true",
                     help="run one machine a node in the simulator (`ScalingMachine`) instead of the central count")
     ap.add_argument("--machines", action="store_true", help="also run the flow machines (label waves) side by side")

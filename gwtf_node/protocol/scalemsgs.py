@@ -94,8 +94,9 @@ class ScaleDone:
 
 @dataclass(frozen=True, slots=True)
 class ScalePrice:
-    """Eager prices (the first `eager_phases` phases): a side's new price, told to every neighbouring node after a
-    relabel.  No work comes of it, so it carries no credit."""
+    """Eager prices (the first `eager_phases` phases, every phase by default): a side's new price, told after a
+    relabel to the neighbouring nodes that can push to the side (`ScalingMachine.tells`).  No work comes of it, so
+    it carries no credit."""
 
     side: str  # a side of the sender
     price: int
