@@ -499,14 +499,16 @@ class Ping(_message.Message):
     def __init__(self, nonce: _Optional[int] = ...) -> None: ...
 
 class Pong(_message.Message):
-    __slots__ = ("nonce", "compute_ms", "busy_ms")
+    __slots__ = ("nonce", "compute_ms", "busy_ms", "incarnation")
     NONCE_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
     BUSY_MS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     nonce: int
     compute_ms: float
     busy_ms: float
-    def __init__(self, nonce: _Optional[int] = ..., compute_ms: _Optional[float] = ..., busy_ms: _Optional[float] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, nonce: _Optional[int] = ..., compute_ms: _Optional[float] = ..., busy_ms: _Optional[float] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class LinkProbe(_message.Message):
     __slots__ = ("nonce",)

@@ -418,6 +418,7 @@ class Pong:
     nonce: int
     compute_ms: float = 0.0  # the responder's compute per microbatch (Equation 1's c_j; 0: not measured yet)
     busy_ms: float = 0.0  # the responder's longest work or event-loop lag (its liveness deadline's share; 0: none)
+    incarnation: int = 0  # the responder's (its Hello's; 0: not told): another than its Hello said is a restart
 
 
 @dataclass(frozen=True, slots=True)

@@ -204,7 +204,7 @@ def _node(tmp_path: Path, run: Path, name: str, peer_id: str, role: str, stage: 
     peers = Peers(peer_id, name, 2, Place(role, -1 if role == "data" else stage, 4))
     node.peers = peers
     wire = Wire(peer_id, host, nursery, peers)
-    liveness = Liveness(wire, peers, on_dead=node._peer_gone)
+    liveness = Liveness(wire, peers, on_dead=node._peer_gone, incarnation=node.incarnation)
     discovery = Discovery(wire, peers, host, node.manifest, {}, on_peer_hello=node._peer_hello,
                           applied_steps=lambda: node.stage.applied_steps, incarnation=node.incarnation,
                           on_peer_back=node._peer_back)

@@ -454,12 +454,26 @@ class Discovery:
         log.info("frames from %s, which has not said Hello: asking it for one", sender[:16])
         self.wire.spawn(self._ask_hello, sender)
 
-    async def _ask_hello(self, sender: str) -> None:
+    def ask_restarted(self, peer: str) -> None:
+        """`peer` answered a Ping from another incarnation than its Hello's (liveness.py `other_incarnation`): it
+        restarted, and its new Hello did not reach this node, so its old process looks alive.  Our Hello, saying
+        that we do not know it, gets the new one's Hello back, which `on_hello` takes in as a restart; at most once
+        per `REFER_EVERY_S` per peer."""
+        info = self.peers.get(peer)
+        if info is None or not _due(self._asked, peer, now()):
+            return
+        log.info("%s answers from a new incarnation that has not said Hello: asking it for one", peer[:16])
+        self.wire.spawn(self._ask_hello, peer, info.incarnation)
+
+    async def _ask_hello(self, sender: str, old: int = 0) -> None:
         """Our Hello saying `forgot_you`, sent again after each of `HELLO_RETRY_S` while it could not be sent and
-        the peer has not said Hello meanwhile (a lost request leaves the two refusing each other)."""
+        the peer has not said Hello meanwhile (a lost request leaves the two refusing each other); `old`: the
+        incarnation of the Hello this node holds, which the peer's next Hello replaces (0: it holds none)."""
         for delay in (0.0, *HELLO_RETRY_S):
             await trio.sleep(delay)
-            if sender in self.peers or await self.wire.send(sender, self.hello(sender, forgot_you=True)):
+            info = self.peers.get(sender)
+            said = info is not None and (not old or info.incarnation != old)
+            if said or await self.wire.send(sender, self.hello(sender, forgot_you=True)):
                 return
 
     def _refer(self, sender: str, info: PeerInfo) -> None:

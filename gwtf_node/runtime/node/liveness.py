@@ -47,11 +47,15 @@ more than `SELF_STALL_S` late, every peer's silence restarts then
 
 A peer presumed dead that is heard again says Hello (a restarted node keeps
 its peer id): `peer_back` takes it off the presumed-dead list; the node
-re-admits it everywhere (node.py).  A relay with no live data node says so
-when that starts and every `WAITING_LOG_EVERY_S` (`waiting_for_data_since`
-in status.json).  `exchange` sends one Ping (or a LinkProbe) and waits for
-its Pong; `measure_rtt` takes the best of three round trips (Equation 1's
-latency term, a joiner's cost to each stage).
+re-admits it everywhere (node.py).  A restarted one whose Hello did not
+reach this node answers its Pings all the same: a Pong says its incarnation,
+and one from another than the Hello's is not heard (the old process is found
+dead in time) and asks for the new one's Hello (`Discovery.ask_restarted`).
+A relay with no live data node says so when that starts and every
+`WAITING_LOG_EVERY_S` (`waiting_for_data_since` in status.json).  `exchange`
+sends one Ping (or a LinkProbe) and waits for its Pong; `measure_rtt` takes
+the best of three round trips (Equation 1's latency term, a joiner's cost to
+each stage).
 """
 
 from __future__ import annotations
@@ -126,8 +130,9 @@ def loose_floor_s(loose_peers: int) -> float:
 class Liveness:
     def __init__(self, wire: Wire, peers: Peers, on_dead: Callable[[str], None],
                  compute_ms: Callable[[], float] = lambda: 0.0, work_s: Callable[[], float] = lambda: 0.0,
-                 at_work: Callable[[], set[str]] = set) -> None:
+                 at_work: Callable[[], set[str]] = set, incarnation: int = 0) -> None:
         self.wire = wire
+        self.incarnation = incarnation  # this process's (its Hello's), told in each Pong
         self.peers = peers
         self.on_dead = on_dead
         self.compute_ms = compute_ms  # this node's compute per microbatch, told in each Pong (linkmeter.py)
@@ -211,7 +216,14 @@ class Liveness:
 
     def pong(self, nonce: int) -> m.Pong:
         """The Pong answering `nonce` (a Ping's or a LinkProbe's): this node's compute and busiest work."""
-        return m.Pong(nonce, self.compute_ms(), round(min(self.busy_s(), MAX_DEADLINE_S) * 1000.0, 3))
+        return m.Pong(nonce, self.compute_ms(), round(min(self.busy_s(), MAX_DEADLINE_S) * 1000.0, 3),
+                      self.incarnation)
+
+    def other_incarnation(self, peer: str, msg: m.Pong) -> bool:
+        """`msg` comes from another process than the one whose Hello this node holds for `peer`: the peer
+        restarted with its peer id and its new Hello did not reach this node (module doc)."""
+        info = self.peers.get(peer)
+        return bool(msg.incarnation and info is not None and info.incarnation and msg.incarnation != info.incarnation)
 
     async def _check_loop(self) -> None:
         self._last_check = now()

@@ -260,7 +260,7 @@ class Node:
         from .allreduce import AllReducer
 
         liveness = Liveness(wire, peers, lambda peer: self._peer_gone(peer, presumed=True), self.stage.compute_ms,
-                            self.stage.busiest_s, at_work=self._at_work)
+                            self.stage.busiest_s, at_work=self._at_work, incarnation=self.incarnation)
         host.libp2p.get_network().register_notifee(ConnectionLoss(liveness.connection_lost, liveness.connection_back))
         discovery = Discovery(wire, peers, host, self.manifest, self.links_cfg, on_peer_hello=self._peer_hello,
                               applied_steps=lambda: self.stage.applied_steps, incarnation=self.incarnation,
@@ -418,6 +418,9 @@ class Node:
         if not self.authorizer.screen(peer, wire):  # a banned or revoked peer (counted there)
             return
         if self.values is not None and self.values.refused(peer, msg, payload):  # out of bounds (bounds.py)
+            return
+        if isinstance(msg, m.Pong) and self.parts.liveness.other_incarnation(peer, msg):
+            self.parts.discovery.ask_restarted(peer)  # (not heard: the process this node knows is not this one)
             return
         gone = self.peers.is_gone(peer)
         if not gone:
