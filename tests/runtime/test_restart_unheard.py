@@ -35,27 +35,32 @@ def _info(peer: str, incarnation: int) -> PeerInfo:
     return PeerInfo(peer, "relay", 1, "r1", 4, (), None, incarnation=incarnation)
 
 
-@pytest.mark.trio
-async def test_a_restarted_peer_that_answers_pings_is_asked_for_its_hello_and_taken_back(tmp_path: Path) -> None:
+async def _met(tmp_path: Path, nursery: trio.Nursery, net: dict):
+    """A relay and a data node that said Hello to each other; the relay's authorizer sees no leader yet."""
     run = tmp_path / "run.json"
     save_manifest(default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=2), run)
+    relay = _node(tmp_path, run, "r0", "R0", "relay", 0, net, nursery)
+    data = _node(tmp_path, run, "d0", "D0", "data", None, net, nursery)
+    await data.parts.discovery.dial(relay.parts.discovery.host.addrs[0])
+    await trio.testing.wait_all_tasks_blocked()
+    relay.parts.leadership.leader_of_term.return_value = (None, 0)
+    assert relay.peers.get("D0").incarnation == data.incarnation
+    relay.peers.heard("D0", 100.0)
+    return run, relay, data
+
+
+@pytest.mark.trio
+async def test_a_restarted_peer_that_answers_pings_is_asked_for_its_hello_and_taken_back(tmp_path: Path) -> None:
     net: dict = {}
     async with trio.open_nursery() as nursery:
-        relay = _node(tmp_path, run, "r0", "R0", "relay", 0, net, nursery)
-        data = _node(tmp_path, run, "d0", "D0", "data", None, net, nursery)
-        await data.parts.discovery.dial(relay.parts.discovery.host.addrs[0])
-        await trio.testing.wait_all_tasks_blocked()
-        assert relay.peers.get("D0").incarnation == data.incarnation
-
+        run, relay, data = await _met(tmp_path, nursery, net)
         # the data node restarts with its peer id; its Hello to the relay is lost (it never dials the relay)
         del net["D0"]
         again = _node(tmp_path, run, "d0", "D0", "data", None, net, nursery)
-        for n in (relay, again):
-            n.parts.leadership.leader_of_term.return_value = (None, 0)  # (the authorizer asks: no leader yet)
+        again.parts.leadership.leader_of_term.return_value = (None, 0)
         assert again.incarnation != data.incarnation and "R0" not in again.peers
-        relay.peers.heard("D0", 100.0)
-        with trio.move_on_after(5):  # (the exchange waits for a Pong it does not take)
-            assert await relay.parts.liveness.exchange("D0", m.Ping(relay.parts.liveness.new_nonce())) is None
+        ping = m.Ping(relay.parts.liveness.new_nonce())
+        assert await relay.parts.liveness.exchange("D0", ping, wait_s=0.5) is None  # (its Pong is not taken)
         await trio.testing.wait_all_tasks_blocked()
         relay.parts.microbatches.peer_gone.assert_called_once_with("D0")  # the old incarnation forgotten first
         assert relay.peers.get("D0").incarnation == again.incarnation and "R0" in again.peers
@@ -66,16 +71,9 @@ async def test_a_restarted_peer_that_answers_pings_is_asked_for_its_hello_and_ta
 
 @pytest.mark.trio
 async def test_a_pong_from_another_process_is_not_heard_while_its_hello_cannot_be_had(tmp_path: Path) -> None:
-    run = tmp_path / "run.json"
-    save_manifest(default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=2), run)
     net: dict = {}
     async with trio.open_nursery() as nursery:
-        relay = _node(tmp_path, run, "r0", "R0", "relay", 0, net, nursery)
-        data = _node(tmp_path, run, "d0", "D0", "data", None, net, nursery)
-        await data.parts.discovery.dial(relay.parts.discovery.host.addrs[0])
-        await trio.testing.wait_all_tasks_blocked()
-        relay.parts.leadership.leader_of_term.return_value = (None, 0)  # (the authorizer asks: no leader yet)
-        relay.peers.heard("D0", 100.0)
+        _run, relay, data = await _met(tmp_path, nursery, net)
         asked: list[str] = []
         relay.parts.discovery.ask_restarted = asked.append
         await relay._on_frame("D0", _encoded(m.Pong(3, incarnation=data.incarnation + 2)), b"")
