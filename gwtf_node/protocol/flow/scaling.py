@@ -48,8 +48,8 @@ COST_QUANTUM_MS = 0.1  # the daemon's link costs (ms) in whole units of this for
 BOUND_MARGIN = 2  # how much dearer than the data node's own links a path's links may be (`leading`)
 # the phases whose relabels are told (`ScalePrice`), every phase: prices heard late make pushes that are refused
 # (8,273 refusals for 11,276 pushes in the first phase at 160 x 16 when none is told), and chains of refusals make
-# the phases long; told in every phase, formation ends 2.5-3.3 x sooner than with the first phase's told alone
-# (docs/bench_flow.md, "Scaled formation")
+# the phases long; told in every phase, formation at 160 / 1000 x 16 ends 2.9 / 3.3 x sooner than with the first
+# phase's told alone, for 1.5 / 1.4 x the messages (seed 0; docs/bench_flow.md, "Scaled formation")
 EAGER_PHASES = 64  # more than any formation's phases (the logarithm of the largest cost x alpha)
 
 
