@@ -38,15 +38,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from ..runtime.node.faults import ENV_VARS as FAULT_ENV_VARS
 from .common import CliError, EXIT_USAGE, _churn, _nonneg_int, _port, _positive_int, _probability, _seconds
 
 CONFIG_FILE_NAME = "config.toml"
 ENV_PREFIX = "GWTF_"
 CONFIG_ENV = "GWTF_CONFIG"
-# GWTF_* variables that are not settings: fault injection of the test swarms (runtime/node/faults.py), and the
-# tests' wish to see a handler's fault raised (runtime/node/routes.py RAISE_FAULTS_ENV)
-NOT_SETTINGS = frozenset({CONFIG_ENV, "GWTF_FAULT", "GWTF_DROP_FIRST_PHASE", "GWTF_DROP_SCALE",
-                          "GWTF_RAISE_HANDLER_FAULTS"})
+# GWTF_* variables that are not settings: those of the test swarms (fault injection, a handler's fault raised)
+NOT_SETTINGS = frozenset({CONFIG_ENV, *FAULT_ENV_VARS})
 PATH_KEYS = frozenset({"run", "links", "restore", "state_dir"})  # relative to the config file's directory
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 

@@ -62,7 +62,10 @@ async def test_in_the_tests_a_handler_fault_is_raised(tmp_path: Path, monkeypatc
 
 
 def test_the_variable_is_no_setting_of_the_cli() -> None:
-    """The tests set it for every daemon they start: `join` does not warn of it as an unknown setting."""
+    """The tests set it for every daemon they start: `join` does not warn of it as an unknown setting, nor of the
+    fault injection's variables."""
     from gwtf_node.cli.config import NOT_SETTINGS
+    from gwtf_node.runtime.node.faults import ENV_VARS
 
     assert RAISE_FAULTS_ENV in NOT_SETTINGS
+    assert {"GWTF_POISON_GRAD", "GWTF_BUSY_STEP", "GWTF_ALONE_AT"} <= set(ENV_VARS) <= NOT_SETTINGS

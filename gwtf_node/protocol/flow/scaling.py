@@ -75,22 +75,24 @@ def own_arcs(cfg: FlowConfig, bound: int, caps: dict[str, int] | None = None) ->
             raise ValueError(f"scaled formation needs integer link costs: {k} on {me} - {peer}")
         return int(k)
 
+    def room(peer: str) -> int:  # the link's capacity: the smaller of its ends'
+        return min(cap, caps.get(peer, cap))
+
     data = set(cfg.commodities)
     if cfg.is_data:
         src, snk = ("source", me), ("sink", me)
         arcs[(snk, src)], arcs[(src, snk)] = [cap, -bound], [0, bound]
         for j in cfg.next_costs:
-            arcs[(src, ("in", j))] = [min(cap, caps.get(j, cap)), cost(j, cfg.next_costs)]
+            arcs[(src, ("in", j))] = [room(j), cost(j, cfg.next_costs)]
         for p in cfg.prev_costs:
-            arcs[(snk, ("out", p))] = [0, -cost(p, cfg.prev_costs), min(cap, caps.get(p, cap))]
+            arcs[(snk, ("out", p))] = [0, -cost(p, cfg.prev_costs), room(p)]
         return arcs
     inn, out = ("in", me), ("out", me)
     arcs[(inn, out)], arcs[(out, inn)] = [cap, 0], [0, 0]
     for j in cfg.next_costs:
-        arcs[(out, ("sink", j) if j in data else ("in", j))] = [min(cap, caps.get(j, cap)), cost(j, cfg.next_costs)]
+        arcs[(out, ("sink", j) if j in data else ("in", j))] = [room(j), cost(j, cfg.next_costs)]
     for p in cfg.prev_costs:
-        arcs[(inn, ("source", p) if p in data else ("out", p))] = [0, -cost(p, cfg.prev_costs),
-                                                                   min(cap, caps.get(p, cap))]
+        arcs[(inn, ("source", p) if p in data else ("out", p))] = [0, -cost(p, cfg.prev_costs), room(p)]
     return arcs
 
 
@@ -216,7 +218,7 @@ class ScalingMachine:
         elif isinstance(msg, ScaleRefuse) and msg.gone:  # the head has no such link: the arc goes
             tail, head = (msg.tail, self.id), (msg.head, sender)
             self.excess[tail] += msg.amount
-            self.cap[(tail, head)] = self.given[(tail, head)] = self.room[(tail, head)] = 0
+            self.cap[(tail, head)] = self.given[(tail, head)] = self.room[(tail, head)] = 0  # (nothing told over it)
         elif isinstance(msg, ScaleRefuse):
             tail, head = (msg.tail, self.id), (msg.head, sender)
             self.heard[(tail, head)] = msg.price

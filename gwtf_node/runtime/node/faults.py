@@ -47,6 +47,11 @@ from pathlib import Path
 
 log = logging.getLogger("gwtf.node")
 
+RAISE_FAULTS_ENV = "GWTF_RAISE_HANDLER_FAULTS"  # set (the tests): a handler's fault is raised, not logged only (routes)
+# this module's variables and RAISE_FAULTS_ENV: the test swarms', none a setting of the CLI (cli/config.py NOT_SETTINGS)
+ENV_VARS = ("GWTF_FAULT", "GWTF_DROP_FIRST_PHASE", "GWTF_DROP_SCALE", "GWTF_POISON_GRAD", "GWTF_BUSY_STEP",
+            "GWTF_ALONE_AT", RAISE_FAULTS_ENV)
+
 
 @dataclass
 class Faults:

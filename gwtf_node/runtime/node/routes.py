@@ -23,13 +23,13 @@ from typing import Any, Callable
 from ...protocol import messages as m
 from ...protocol.scalemsgs import SCALE_MESSAGES
 from ..trust.authorize import Needs
+from .faults import RAISE_FAULTS_ENV
 from .flows import FLOW_MSGS
 from .leadership import LEADER_MSGS, PLACEMENT_MSGS
 from .microbatches import MB_MSGS
 
 log = logging.getLogger("gwtf.node")
 
-RAISE_FAULTS_ENV = "GWTF_RAISE_HANDLER_FAULTS"  # set (the tests): a handler's fault is raised, not only logged
 
 
 class Admit(enum.Enum):
