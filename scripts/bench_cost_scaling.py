@@ -264,7 +264,7 @@ def main(argv=None) -> int:
         got["cost_ratio"] = round(got["total_cost"] / (opt.mean_cost * opt.num_flows), 6) if opt.num_flows else 1.0
         waves = None
         if args.machines:
-            g = run_gwtf(sc, seed=args.seed, neighbours=args.neighbours)
+            g = run_gwtf(sc, seed=args.seed, neighbours=args.neighbours, formation="waves")  # (the flow machines' waves)
             waves = round(g.messages / len(sc.nodes), 1)
             got["machines_converged_s"] = g.converged_round * FlowConfig.round_s
         first = first or (got["per_node"], waves)

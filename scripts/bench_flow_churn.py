@@ -22,8 +22,8 @@ from pathlib import Path
 
 from gwtf_node.protocol.flow import FlowConfig
 from gwtf_node.sim.baselines import max_flow_value, optimal_routing
-from gwtf_node.protocol.neighbourhood import FLOW_NEIGHBOURS
 from gwtf_node.sim.flowchurn import changed_scenario, random_churn, run_churn
+from gwtf_node.sim.flowsim import add_flow_choice
 from gwtf_node.protocol.scenario import parse_scenario
 from gwtf_node.sim.scenarios import FLOW_SETTINGS, FlowSetting, generate_layered, load_flow_setting
 from gwtf_node.sim.validate import check_routing
@@ -34,8 +34,8 @@ MOVES = {"off": {"improve": False}, "greedy": {"improve": True}, "anneal": {"imp
 
 def bench_one(setting: int | FlowSetting, seed: int, kill: float, joins: int, detect_s: float, rounds: int,
               improve: str | None = None, label_limits: bool = False, formation_waits: bool = True,
-              announce_coalesce_s: float | None = None, neighbours: int = FLOW_NEIGHBOURS,
-              free_back: bool = True, formation: str = "waves") -> dict:
+              announce_coalesce_s: float | None = None, neighbours: int | None = None,
+              free_back: bool = True, formation: str = "auto") -> dict:
     """One churn run on Table V setting `setting`, or on a layered scenario of that FlowSetting."""
     if isinstance(setting, FlowSetting):
         fs = setting
@@ -95,12 +95,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-reform-free-back", action="store_true",
                     help="FlowConfig.reform_free_back off (flow/labels.py: after the churn a hand-back costs minus "
                          "its link's cost, as in formation)")
-    ap.add_argument("--neighbours", type=int, default=FLOW_NEIGHBOURS, metavar="K",
-                    help="bound each relay's flow links to K (the daemon's --flow-neighbours K: "
-                         f"protocol/neighbourhood.py; default {FLOW_NEIGHBOURS}, the daemon's: every link)")
-    ap.add_argument("--formation", choices=("waves", "scaling"), default="waves",
-                    help="form the flows before the churn by label waves (the daemon's default) or by cost scaling "
-                         "(join --scaled-formation: protocol/flow/scaling.py)")
+    add_flow_choice(ap)  # (the formation before the churn)
     ap.add_argument("--out", default="docs/bench_flow_churn.md")
     ap.add_argument("--append", action="store_true", help="append the table to --out")
     args = ap.parse_args(argv)
@@ -117,8 +112,8 @@ def main(argv=None) -> int:
              f"{' --label-limits' if args.label_limits else ''}"
              f"{' --no-formation-waits' if args.no_formation_waits else ''}"
              f"{' --no-reform-free-back' if args.no_reform_free_back else ''}"
-             f"{'' if args.neighbours == FLOW_NEIGHBOURS else f' --neighbours {args.neighbours}'}"
-             f"{'' if args.formation == 'waves' else f' --formation {args.formation}'}"
+             f"{'' if args.neighbours is None else f' --neighbours {args.neighbours}'}"
+             f"{'' if args.formation == 'auto' else f' --formation {args.formation}'}"
              f"{'' if args.announce_coalesce_s is None else f' --announce-coalesce-s {args.announce_coalesce_s:g}'}`)", "",
              "| setting | instances | killed / joined (mean) | new max flow reached | GWTF / new optimum (mean, worst) "
              "| rounds to re-converge (mean, max) | messages after the churn (mean, per node) | inconsistent links "

@@ -8,7 +8,8 @@ in milliseconds, as in every generated scenario), the way a loaded host's event 
 messages whatever the links cost (`sim/scenarios.py` `delayed_layered`).  Per range and seed: the flows placed
 against the maximum flow, their cost against the optimum (networkx min-cost max-flow), the round of the last
 flow change and the messages per node, over `--rounds` rounds with no early stop (a wave over slow links can
-be quiet for many rounds and still place units).
+be quiet for many rounds and still place units).  Label waves over every link, what it measures: at 11 relays
+a stage the daemon forms by cost scaling over K = 10 links (protocol/neighbourhood.py, auto).
 
     python scripts/bench_flow_delays.py                      # 9 x 11, seeds 0-2, none 50-200 100-1000 200-3000
     python scripts/bench_flow_delays.py --stages 5 --per-stage 11 --delays 50-200 --seeds 5 --json
@@ -28,7 +29,7 @@ from gwtf_node.sim.scenarios import delayed_layered, parse_delay_range
 
 def bench_one(stages: int, per_stage: int, delay_ms, seed: int, rounds: int) -> dict:
     sc = delayed_layered(stages, per_stage, delay_ms, seed)
-    res = run_gwtf(sc, seed=seed, rounds=rounds, quiet_rounds=rounds)
+    res = run_gwtf(sc, seed=seed, rounds=rounds, quiet_rounds=rounds, formation="waves", neighbours=0)
     opt = optimal_routing(sc, seed)
     return {"stages": stages, "per_stage": per_stage, "seed": seed,
             "delay_ms": "none" if delay_ms is None else f"{delay_ms[0]:g}-{delay_ms[1]:g}",

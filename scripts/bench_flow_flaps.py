@@ -17,6 +17,9 @@ random relays `--gap` seconds apart (each detected after `--detect` s, as the li
 * negative: relays whose OUT label is below 0 at the end (the flows hold a negative cycle: with link costs > 0 a
   distance to the sink below 0 exists only through one).
 
+The flows are formed by label waves over every link, as they are measured here (at 11 relays a stage the daemon
+forms them by cost scaling over K = 10 links: protocol/neighbourhood.py, auto).
+
     python scripts/bench_flow_flaps.py                         # 9 x 11, 50-200 ms, 6 flaps 3 s apart, seeds 0-4
     python scripts/bench_flow_flaps.py --delays 100-1000 --flaps 10 --seeds 3 --json
 """
@@ -44,7 +47,7 @@ def flap_run(stages: int, per_stage: int, delay_ms, seed: int, flaps: int, gap_s
     sc = delayed_layered(stages, per_stage, delay_ms, seed)
     base = None if free_back else FlowConfig("-", False, 0, (), {}, {}, reform_free_back=False)
     t = time.perf_counter()
-    run = FlowRun(sc, seed, base=base)
+    run = FlowRun(sc, seed, base=base, formation="waves", neighbours=0)
     run.run_quiet(600)
     d = sc.data_nodes[0].id
     formed = len(extract_flows(run.scenario, run.nodes)[0])

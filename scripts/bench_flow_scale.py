@@ -15,10 +15,13 @@ wall time).
     python scripts/bench_flow_scale.py --relays 160 320 --json --label-limits   # with label limits (flow/limits.py)
     python scripts/bench_flow_scale.py --relays 1000 --seed 2 --no-formation-waits  # units move on unsettled labels
     python scripts/bench_flow_scale.py --relays 320 500 --wave-order-s 0.02 --launch-quiet-factor 2  # other knobs
-    python scripts/bench_flow_scale.py --neighbours 10 --formation scaling --json  # formed by cost scaling first
-    python scripts/bench_flow_scale.py --relays 160 --neighbours 10 --formation scaling --scale-loss 0.01 --json
+    python scripts/bench_flow_scale.py --formation waves --neighbours 0 --json  # label waves over every link
+    python scripts/bench_flow_scale.py --relays 160 --scale-loss 0.01 --json   # formation loses 1 % of its messages
 
-`--formation scaling` forms the flows by cost scaling (protocol/flow/scaling.py) and hands them to the flow
+By default each size runs as the daemon would form it (protocol/neighbourhood.py `auto_choice`): with at least 10
+relays a stage, scaled formation over K = 10 links (`--formation scaling --neighbours 10`).  `--formation waves`
+forms the flows by label waves alone and `--neighbours K` bounds the links to K (0: every link).  Scaled formation
+(protocol/flow/scaling.py) forms the flows by cost scaling and hands them to the flow
 machines, which then run `--rounds` more rounds; the JSON adds `formed_s` (the virtual time the last node got its
 flows) and `scaling_phases`, and `converged_round` counts from the start, formation included.  `--scale-loss P`
 loses that fraction of formation's messages (seeded), which it sends again (flow/resend.py); the JSON adds
@@ -82,10 +85,10 @@ import time
 from gwtf_node.protocol.flow import FlowConfig, FlowNode, announce
 from gwtf_node.protocol.flow.scaling import EAGER_PHASES
 from gwtf_node.protocol.messages import CostAnnounce, Side
-from gwtf_node.protocol.neighbourhood import FLOW_NEIGHBOURS, bound_links
+from gwtf_node.protocol.neighbourhood import auto_choice, bound_links
 from gwtf_node.protocol.scenario import parse_scenario
 from gwtf_node.sim.baselines import optimal_routing
-from gwtf_node.sim.flowsim import run_gwtf
+from gwtf_node.sim.flowsim import add_flow_choice, run_gwtf
 from gwtf_node.sim.scenarios import FlowSetting, generate_layered
 
 
@@ -421,11 +424,7 @@ def main(argv=None) -> int:
                     help="FlowConfig.launch_quiet_factor (the data node's wait before a launch, x the wave's time)")
     ap.add_argument("--announce-coalesce-s", type=float, default=None, metavar="S",
                     help="FlowConfig.announce_coalesce_s (labels changed within this window go out together)")
-    ap.add_argument("--neighbours", type=int, default=FLOW_NEIGHBOURS, metavar="K",
-                    help="bound each relay's flow links to K (the daemon's --flow-neighbours K: "
-                         f"protocol/neighbourhood.py; default {FLOW_NEIGHBOURS}, the daemon's: every link)")
-    ap.add_argument("--formation", choices=("waves", "scaling"), default="waves",
-                    help="form the flows by label waves (the daemon's) or by cost scaling first (flow/scaling.py)")
+    add_flow_choice(ap)
     ap.add_argument("--scale-loss", type=float, default=0.0, metavar="P",
                     help="with --formation scaling: lose this fraction of formation's messages (seeded)")
     ap.add_argument("--eager-phases", type=int, default=EAGER_PHASES, metavar="N",
@@ -435,8 +434,8 @@ def main(argv=None) -> int:
     ap.add_argument("--receipts", action="store_true", help="with --json: what each received label changed (doc)")
     ap.add_argument("--bound", action="store_true", help="with --json: what successive shortest paths need (doc)")
     args = ap.parse_args(argv)
-    if not 0 <= args.scale_loss < 1 or (args.scale_loss and args.formation != "scaling"):
-        ap.error(f"--scale-loss takes a fraction in [0, 1) with --formation scaling, not {args.scale_loss}")
+    if not 0 <= args.scale_loss < 1 or (args.scale_loss and args.formation == "waves"):
+        ap.error(f"--scale-loss takes a fraction in [0, 1) with scaled formation, not {args.scale_loss}")
     if (args.receipts or args.bound) and not args.json:
         ap.error("--receipts and --bound need --json (they are fields of the JSON object)")
     if not args.json:
@@ -447,7 +446,10 @@ def main(argv=None) -> int:
     for n in args.relays:
         full = parse_scenario(generate_layered(f"scale-{n}x{args.stages}",
                                                FlowSetting(1, n, args.stages, (1, 3), (1, 20)), args.seed))
-        sc = bound_links(full, args.neighbours)
+        formation, k = auto_choice(full, args.formation, args.neighbours)
+        if args.scale_loss and formation != "scaling":
+            ap.error(f"--scale-loss needs scaled formation: {n} relays x {args.stages} stages form by label waves")
+        sc = bound_links(full, k)
         t, c = time.perf_counter(), time.process_time()
         rec = Receipts() if args.receipts else None
         knobs = {k: getattr(args, k) for k in ("wave_order_s", "launch_quiet_factor", "announce_coalesce_s")
@@ -459,7 +461,7 @@ def main(argv=None) -> int:
         base = FlowConfig("-", False, 0, (), {}, {}, **knobs) if knobs else None
         with rec if rec is not None else contextlib.nullcontext():
             g = run_gwtf(sc, seed=args.seed, rounds=args.rounds, wall_limit_s=args.wall_limit, base=base,
-                         neighbours=args.neighbours, formation=args.formation, scale_loss=args.scale_loss,
+                         neighbours=k, formation=formation, scale_loss=args.scale_loss,
                          eager_phases=args.eager_phases)
         wall, cpu = time.perf_counter() - t, time.process_time() - c
         o = optimal_routing(sc)
@@ -469,9 +471,9 @@ def main(argv=None) -> int:
         if args.json:
             scaled = {k: g.extra[k] for k in ("formed_s", "scaling_phases", "scaled_over", "lost", "resent",
                                               "duplicates") if k in g.extra}
-            print(json.dumps({"relays": n, "stages": args.stages, "neighbours": args.neighbours,
-                              "formation": args.formation, **scaled,
-                              **({"eager_phases": args.eager_phases} if args.formation == "scaling" else {}),
+            print(json.dumps({"relays": n, "stages": args.stages, "neighbours": k,
+                              "formation": formation, **scaled,
+                              **({"eager_phases": args.eager_phases} if formation == "scaling" else {}),
                               "flows": g.num_flows, "max_flow": o.num_flows, "cost_ratio": round(ratio, 6),
                               "max_flow_every_link": of.num_flows, "optimum_over_every_link": round(price, 6),
                               "links": len(sc.links), "converged_round": g.converged_round,

@@ -68,7 +68,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=120, help="at most this many rounds after the last join")
     ap.add_argument("--neighbours", type=int, default=FLOW_NEIGHBOURS, metavar="K",
                     help="bound each relay's flow links to K (the daemon's --flow-neighbours K: "
-                         f"protocol/neighbourhood.py; default {FLOW_NEIGHBOURS}, the daemon's: every link)")
+                         f"protocol/neighbourhood.py; default {FLOW_NEIGHBOURS}: every link, what the variants "
+                         "compare; the daemon's auto bounds a swarm this wide to 10)")
     ap.add_argument("--scaled", action="store_true",
                     help=f"also `{SCALED}`: the flows formed by cost scaling first, the joiners added after it")
     ap.add_argument("--json", action="store_true", help="one JSON object per seed instead of the table")

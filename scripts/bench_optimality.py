@@ -73,7 +73,6 @@ import sys
 import time
 from pathlib import Path
 
-from gwtf_node.protocol.neighbourhood import FLOW_NEIGHBOURS
 from gwtf_node.sim.schedule import GENERATIONS, POPULATION
 from gwtf_node.sim.train import run_train
 
@@ -91,7 +90,7 @@ def _mean(vals) -> float:
 
 
 def run_one(scale: int, churn: float, seed: int, iterations: int, dtfm_opts: dict,
-            systems: tuple[str, ...] = SYSTEMS, family: str = "table6", flow_neighbours: int = FLOW_NEIGHBOURS,
+            systems: tuple[str, ...] = SYSTEMS, family: str = "table6", flow_neighbours: int | None = None,
             pooled: bool = False) -> dict:
     setting = f"{family}-x{scale}"
     out = {}
@@ -164,9 +163,9 @@ def main() -> int:
     ap.add_argument("--iterations", type=int, default=5)
     ap.add_argument("--generations", type=int, default=GENERATIONS, help="DT-FM's genetic algorithm")
     ap.add_argument("--population", type=int, default=POPULATION, help="DT-FM's genetic algorithm")
-    ap.add_argument("--flow-neighbours", type=int, default=FLOW_NEIGHBOURS, metavar="K",
+    ap.add_argument("--flow-neighbours", type=int, default=None, metavar="K",
                     help="GWTF's flow machines link each relay to its K cheapest relays of each adjacent stage "
-                         f"(protocol/neighbourhood.py; default {FLOW_NEIGHBOURS}, the daemon's; 0: every one)")
+                         "(protocol/neighbourhood.py; 0: every one; default auto, the daemon's)")
     ap.add_argument("--pooled-formation", action="store_true",
                     help="GWTF's flow machines form the flows of several data nodes as one commodity first, then "
                          "send each unit home (sim/train/pooling.py; the daemon's join --pooled-formation, off)")

@@ -502,10 +502,11 @@ def run_size(n: int, a: argparse.Namespace, work: Path, say) -> dict:
         for name in swarm.names():
             swarm.extra_args.setdefault(name, []).append("--pooled-formation")
     row["pooled_formation"] = a.pooled_formation
-    if a.scaled_formation:  # every node's `join --scaled-formation` (runtime/node/scaledformation.py)
-        for name in swarm.names():
-            swarm.extra_args.setdefault(name, []).append("--scaled-formation")
-    row["scaled_formation"] = a.scaled_formation
+    for flag in ("scaled_formation", "waves_formation"):  # every node's `join --scaled-formation` / `--waves-...`
+        if getattr(a, flag):
+            for name in swarm.names():
+                swarm.extra_args.setdefault(name, []).append("--" + flag.replace("_", "-"))
+        row[flag] = getattr(a, flag)
     row["relay_nice"] = a.relay_nice
     row["links"] = None if a.links is None else str(a.links)
     avail0 = mem_available_gib()
@@ -631,6 +632,8 @@ def main() -> int:
                     help="the daemons' --pooled-formation (several data nodes: pooled, then homed)")
     ap.add_argument("--scaled-formation", action="store_true",
                     help="the daemons' --scaled-formation (one data node: cost scaling, then the flow machines)")
+    ap.add_argument("--waves-formation", action="store_true",
+                    help="the daemons' --waves-formation (label waves alone; default: auto, the daemons' default)")
     ap.add_argument("--log-level", default="INFO")
     ap.add_argument("--keep", action="store_true", help="keep each size's workdir (node logs)")
     ap.add_argument("--json", action="store_true", help="one JSON object per size on stdout")
@@ -638,6 +641,8 @@ def main() -> int:
     problems = []
     if a.flow_neighbours is not None and a.flow_neighbours < 0:
         problems.append("use --flow-neighbours >= 0")
+    if a.scaled_formation and a.waves_formation:
+        problems.append("give --scaled-formation or --waves-formation, not both")
     if a.data_nodes not in (1, 2, 3) or a.stages < 1 or a.iterations < 1 or a.warmup < 1:
         problems.append("use --data-nodes 1..3, --stages >= 1, --iterations >= 1 and --warmup >= 1")
     if any(n < a.data_nodes + a.stages for n in a.nodes):

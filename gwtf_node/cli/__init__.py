@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from .common import (EXIT_NO_PEER, EXIT_USAGE, CliError, _announce_addr, _first_manifest_error, _ip_address,
                      _lease_seconds, _listen_addr, _load_scenario, _manifest_error_types, _nonneg_int, _Parser, _port,
-                     _positive_int, _probability, _relay_nice, _seconds, _setup_logging)
+                     _positive_int, _probability, _relay_nice, _scaled_formation, _seconds, _setup_logging)
 from .. import ctrlc
-from ..protocol.neighbourhood import FLOW_NEIGHBOURS
 from .service import add_parser as add_service_parser
 from .config import add_config_parser, configurable
 from .initrun import add_init_run_parsers
@@ -41,6 +40,7 @@ def cmd_join(args: argparse.Namespace) -> int:
 
     if args.role == "data" and args.stage not in (None, "auto"):
         raise CliError("--stage applies to relays; data nodes host the embedding and the head")
+    _scaled_formation(args)  # contradicting formations: refused before anything starts
     stage = None
     if args.role == "relay" and args.stage not in (None, "auto"):  # no --stage: the leader places it
         try:
@@ -219,7 +219,7 @@ def _run_join(args: argparse.Namespace, stage: int | None, lock: StateDirLock) -
                        data_index=args.data_index, data_nodes=args.data_nodes,
                        links=Path(args.links) if args.links else None, policy=args.policy,
                        bootstrap_timeout_s=args.bootstrap_timeout, flow_neighbours=args.flow_neighbours,
-                       pooled_formation=args.pooled_formation, scaled_formation=args.scaled_formation,
+                       pooled_formation=args.pooled_formation, scaled_formation=_scaled_formation(args),
                        restore=Path(args.restore) if args.restore else None, keep_checkpoints=args.keep_checkpoints,
                        checkpoint_every=args.checkpoint_every, metrics_port=args.metrics_port,
                        metrics_host=args.metrics_host, insecure_unsigned=args.insecure_unsigned,
@@ -456,8 +456,7 @@ def _add_join_parser(sub: Any) -> argparse.ArgumentParser:
                    help="address to listen on (the older form of --listen HOST:PORT)")
     j.add_argument("--port", type=_port, default=0, help="TCP port to listen on (0: any free port)")
     j.add_argument("--bootstrap-timeout", type=_seconds, default=300.0, metavar="SECONDS",
-                   help="stop (exit 3) if no bootstrap peer accepted this node by then; retries with backoff "
-                        "until then (0: retry forever)")
+                   help="stop (exit 3) if no bootstrap peer accepted this node by then; retries until then (0: forever)")
     j.add_argument("--capacity", type=_nonneg_int, default=0,
                    help="microbatches a relay has in flight at once (0: as many as fit the device's free memory, at "
                         "most the run's demand: microbatches per iteration x --data-nodes); with those whose "
@@ -467,13 +466,14 @@ def _add_join_parser(sub: Any) -> argparse.ArgumentParser:
     j.add_argument("--data-index", type=_nonneg_int, default=0, help="data nodes: which shard of the data")
     j.add_argument("--data-nodes", type=_positive_int, default=1, help="data nodes of the run")
     j.add_argument("--links", default=None, help="emulated links between named nodes (resolved links file)")
-    j.add_argument("--flow-neighbours", type=_nonneg_int, default=FLOW_NEIGHBOURS, metavar="K",
-                   help="relays: link the flows to the K cheapest relays of each adjacent stage, and to those that chose "
-                        "this one (0, the default: to every one; docs/bench_flow.md, \"Bounded neighbourhoods\")")
+    j.add_argument("--flow-neighbours", type=_nonneg_int, default=None, metavar="K",
+                   help="relays: link the flows to the K cheapest relays of each adjacent stage and to those that chose "
+                        "this one (0: every one; default auto: 10 with one data node and >= 10 relays a stage, else 0)")
     j.add_argument("--pooled-formation", action="store_true", help="several data nodes: form the flows as one "
                    "commodity, then send each unit home (docs/bench_flow.md, \"Pooled formation\"); set on every node")
     j.add_argument("--scaled-formation", action="store_true", help="one data node: form the flows by cost scaling "
-                   "before the flow machines take them (docs/bench_flow.md, \"Scaled formation\"); set on every node")
+                   "first (default auto: with >= 10 relays a stage; docs/bench_flow.md, \"Auto\"); set on every node")
+    j.add_argument("--waves-formation", action="store_true", help="form the flows by label waves alone; set on every node")
     j.add_argument("--device", default="auto", help="torch device for the stage: auto (cuda if present), cpu, cuda, cuda:N")
     j.add_argument("--torch-threads", type=_nonneg_int, default=0, metavar="N",
                    help="CPU threads of torch's operators (0: torch's default, one per core; several nodes on one "

@@ -115,6 +115,13 @@ def _announce_addr(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e).removeprefix(f"--announce {text.strip()!r}: ")) from None
 
 
+def _scaled_formation(args: argparse.Namespace) -> bool | None:
+    """`join --scaled-formation` True, `--waves-formation` False, neither None (auto: protocol/neighbourhood.py)."""
+    if args.scaled_formation and args.waves_formation:
+        raise CliError("--scaled-formation and --waves-formation contradict each other: give one, or neither for auto")
+    return True if args.scaled_formation else False if args.waves_formation else None
+
+
 def _probability(text: str) -> float:
     try:
         v = float(text)

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .common import CliError, _Parser, _churn, _load_scenario, _nonneg_int, _positive_int, _seconds
+from .common import CliError, _Parser, _churn, _load_scenario, _nonneg_int, _positive_int, _scaled_formation, _seconds
 
 
 def _positive_float(text: str) -> float:
@@ -34,11 +34,11 @@ def cmd_gen_flow(args: argparse.Namespace) -> int:
 
 
 def run_policy(scenario, policy: str, seed: int, rounds: int, anneal: bool = False, trace=None,
-               pooled: bool = False, scaled: bool = False):
+               pooled: bool = False, scaled: bool | None = None):
     """Route a scenario with one policy; shared by the CLI and the benchmark.  `trace` (gwtf): a text file
     that receives every delivered message, one line each (time, sender, receiver, message); `pooled` (gwtf,
     several data nodes): pooled formation, then homing (sim/pooled.py); `scaled` (gwtf, one data node): scaled
-    formation first (protocol/flow/scaling.py)."""
+    formation first (protocol/flow/scaling.py), False label waves alone, None auto's choice (neighbourhood.py)."""
     if policy == "gwtf" and pooled and len(scenario.data_nodes) > 1:
         from ..sim.pooled import run_pooled
 
@@ -49,7 +49,7 @@ def run_policy(scenario, policy: str, seed: int, rounds: int, anneal: bool = Fal
 
         base = FlowConfig("-", False, 0, (), {}, {}, improve=True, anneal=True) if anneal else None
         return run_gwtf(scenario, seed=seed, rounds=rounds, base=base, trace=trace,
-                        formation="scaling" if scaled else "waves")
+                        formation={None: "auto", True: "scaling", False: "waves"}[scaled])
     from ..sim.baselines import optimal_routing, swarm_routing
 
     if policy == "swarm":
@@ -82,17 +82,20 @@ def cmd_flow(args: argparse.Namespace) -> int:
     if args.scaled and (args.policy != "gwtf" or args.pooled or len(scenario.data_nodes) != 1):
         raise CliError(f"--scaled forms one data node's flows with the flow machines: it needs --policy gwtf, no "
                        f"--pooled and one data node (this scenario has {len(scenario.data_nodes)})")
+    if args.scaled and args.waves:
+        raise CliError("--scaled and --waves contradict each other: give one, or neither for auto")
+    scaled = True if args.scaled else False if args.waves else None
     if args.trace is None:
         try:
             res = run_policy(scenario, args.policy, args.seed, args.rounds, anneal=args.anneal, pooled=args.pooled,
-                             scaled=args.scaled)
+                             scaled=scaled)
         except ValueError as e:  # (own_arcs: cost scaling takes integer link costs)
             raise CliError(f"--scaled: {e}") from None
     else:
         try:
             with open(args.trace, "w", encoding="utf-8") as trace:
                 res = run_policy(scenario, args.policy, args.seed, args.rounds, anneal=args.anneal, trace=trace,
-                                 scaled=args.scaled)
+                                 scaled=scaled)
         except OSError as e:
             raise CliError(f"cannot write the trace file {args.trace!r}: {e.strerror}") from None
     if args.json:
@@ -177,7 +180,9 @@ def _add_train_parser(simsub) -> None:
                         "the daemon's join --pooled-formation; off by default, as there)")
     t.add_argument("--scaled-formation", action="store_true",
                    help="one data node: form the flows by cost scaling first, then hand them to the flow machines "
-                        "(as the daemon's join --scaled-formation; off by default, as there)")
+                        "(as the daemon's join --scaled-formation; default auto, as there)")
+    t.add_argument("--waves-formation", action="store_true",
+                   help="form the flows by label waves alone, also where auto would scale them (as the daemon's)")
     t.add_argument("--flow-moves", choices=("off", "greedy", "anneal"), default="off",
                    help="GWTF's flow machines run Request Change / Request Redirect all the time: off (default, as "
                         "the daemon), greedy (moves that lower the cost), anneal (also worse moves, annealed)")
@@ -259,7 +264,7 @@ def sim_train_options(args: argparse.Namespace) -> dict:
                 phase_fan_out=args.phase_fan_out, begin_groups=args.begin_groups,
                 joining=args.joining, priors=args.priors, spare_last=args.spare_last, join_links=args.join_links,
                 flow_options=_flow_options(args), pooled_formation=args.pooled_formation,
-                scaled_formation=args.scaled_formation)
+                scaled_formation=_scaled_formation(args))
 
 
 def _flow_options(args: argparse.Namespace) -> dict | None:
@@ -418,7 +423,9 @@ def add_sim_parsers(sub) -> None:
                         "(suffix swaps, exchanges, spreading: docs/bench_flow.md, 'Pooled formation')")
     f.add_argument("--scaled", action="store_true",
                    help="gwtf with one data node: form the flows by cost scaling first, then hand them to the flow "
-                        "machines (integer link costs; docs/bench_flow.md, 'Scaled formation')")
+                        "machines (default auto, as the daemon's: docs/bench_flow.md, 'Auto')")
+    f.add_argument("--waves", action="store_true", help="gwtf: form the flows by label waves alone, also where auto "
+                   "would scale them (as the daemon's join --waves-formation)")
     f.add_argument("--json", action="store_true", help="print the JSON of specs/scenario.md")
     f.add_argument("--trace", metavar="FILE", default=None,
                    help="gwtf: write every delivered message, in order, to FILE (time sender receiver message)")

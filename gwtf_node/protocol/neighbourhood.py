@@ -1,4 +1,4 @@
-"""Bounded flow neighbourhoods: the adjacent-stage relays a relay links its flows to (off by default).
+"""Bounded flow neighbourhoods: the adjacent-stage relays a relay links its flows to, and auto's choice of them.
 
 Every relay of a stage can link to every relay of the next one, and a flow
 machine tells each of its IN labels to every previous-stage neighbour, so a
@@ -16,7 +16,22 @@ With K = 10 the same 1000 x 16 swarm sends 1,408-1,564 messages per node
 of them; but Table VI at 144 nodes (24 data nodes) takes 1.0586 s a
 microbatch against 1.0032 with every link (seeds 0-4 on average as fast),
 and 100 daemons with it stalled in stage 8's all-reduce (docs/bench_flow.md,
-"Bounded neighbourhoods").  So the default is every link (`FLOW_NEIGHBOURS`).
+"Bounded neighbourhoods").  So several data nodes keep every link (`FLOW_NEIGHBOURS`).
+
+Auto (`wide`, `auto_flows`; the daemon's default, `--flow-neighbours` and
+`--scaled-formation` not given, and the simulators'): a swarm of one data
+node and at least `SCALED_WIDTH` relays a stage on average bounds its links
+to `SCALED_NEIGHBOURS` and forms its flows by cost scaling first
+(flow/scaled.py); any other keeps every link and forms them with label
+waves.  The waves' messages per node grow with a stage's width (272 / 1,293 /
+6,829 at 10 / 20 / 62 relays a stage, 16 stages), those of scaled formation
+over K = 10 stay within 1.6-2.6 x of each other from 10 to 62 (630-765 /
+648-865 / 1,251-1,655, seeds 0-3).  From 10 a stage auto takes that bound
+on growth, though at 10 a stage the waves send 2.3-2.9 x fewer
+(docs/bench_flow.md, "Auto").  A relay decides on half the width (`wide(...,
+relay=True)`): one that waits for a scaled formation the data node does not
+open falls back to the waves at its first flow message, but one that does not
+wait would stall a formation that is opened.
 
 Membership changes keep the bound loosely: a next-stage relay that arrives
 later is linked when it is among the cheapest K of the links kept and itself
@@ -35,7 +50,36 @@ from typing import Iterable, Mapping
 
 from .scenario import Scenario
 
-FLOW_NEIGHBOURS = 0  # the default bound: 0, every relay of the adjacent stages
+FLOW_NEIGHBOURS = 0  # the bound of a swarm auto does not bound: 0, every relay of the adjacent stages
+SCALED_WIDTH = 10  # auto: one data node and this many relays a stage on average: scaled formation over K links
+SCALED_NEIGHBOURS = 10  # auto's K there
+
+
+def wide(data_nodes: int, relays: int, stages: int, *, relay: bool = False) -> bool:
+    """Auto's choice for a node that knows `data_nodes` data nodes and `relays` relays of `stages` stages: whether
+    the swarm bounds its links and forms its flows by cost scaling (module doc).  A `relay` takes half the width:
+    one that waits for scaled formation falls back at its first flow message, one that does not would stall it."""
+    need = SCALED_WIDTH * stages / (2 if relay else 1)
+    return data_nodes == 1 and stages > 0 and relays >= need
+
+
+def auto_flows(scaled: bool | None, neighbours: int | None, is_wide: bool) -> tuple[bool, int]:
+    """(scaled formation, K) for the options given (None: auto) in a swarm that is `wide` or not."""
+    k = (SCALED_NEIGHBOURS if is_wide else FLOW_NEIGHBOURS) if neighbours is None else neighbours
+    return (is_wide if scaled is None else scaled), k
+
+
+FORMATIONS = ("auto", "waves", "scaling")  # the simulators' `formation`
+
+
+def auto_choice(scenario: Scenario, formation: str = "auto", neighbours: int | None = None) -> tuple[str, int]:
+    """The simulators' `formation` and `neighbours` (None: auto) for `scenario`: what every node of the daemon
+    chooses that knows it whole (`auto_flows`); ("waves" or "scaling", K)."""
+    if formation not in FORMATIONS:
+        raise ValueError(f"formation is one of {', '.join(FORMATIONS)}, not {formation!r}")
+    is_wide = wide(len(scenario.data_nodes), len(scenario.relays), scenario.stages)
+    scaled, k = auto_flows({"auto": None, "waves": False, "scaling": True}[formation], neighbours, is_wide)
+    return ("scaling" if scaled else "waves"), k
 
 
 def nearest(costs: Mapping[str, float], k: int) -> dict[str, float]:

@@ -38,7 +38,7 @@ from typing import TextIO
 
 from ..protocol.effects import Send
 from ..protocol.flow import FlowConfig, FlowNode
-from ..protocol.neighbourhood import FLOW_NEIGHBOURS, adjacent_relays, bound_links, joiner_links, refill
+from ..protocol.neighbourhood import adjacent_relays, auto_choice, bound_links, joiner_links, refill
 from ..protocol.scenario import LinkSpec, NodeSpec, Scenario
 from .engine import Simulator
 from .flowsim import MS, QUIET_ROUNDS_DEFAULT, TracedMachine, extract_flows, flow_configs, scaled_nodes
@@ -158,10 +158,11 @@ class FlowRun:
     """The flow machines of a scenario in one simulator, with membership changes applied on the fly."""
 
     def __init__(self, scenario: Scenario, seed: int = 0, base: FlowConfig | None = None,
-                 trace: TextIO | None = None, neighbours: int = FLOW_NEIGHBOURS, formation: str = "waves") -> None:
-        """`formation` "scaling": the flows are formed by cost scaling first (flowsim.run_gwtf); a relay that
-        crashes or joins before every node has its flows calls formation off (protocol/flow/scaled.py)."""
+                 trace: TextIO | None = None, neighbours: int | None = None, formation: str = "auto") -> None:
+        """`formation` and `neighbours` as flowsim.run_gwtf's (default: auto's choice); with scaled formation a
+        relay that crashes or joins before every node has its flows calls formation off (protocol/flow/scaled.py)."""
         self.physical = scenario  # every link; `scenario` holds the flow links (neighbourhood.py)
+        formation, neighbours = auto_choice(scenario, formation, neighbours)  # (the daemon's defaults: auto)
         self.k = neighbours
         scenario = bound_links(scenario, neighbours)
         self.scenario = scenario
@@ -173,8 +174,6 @@ class FlowRun:
         cfgs = flow_configs(scenario, base)
         self.round_s = next(iter(cfgs.values())).round_s
         self.nodes = {nid: FlowNode(cfgs[nid], random.Random(f"{seed}:{nid}")) for nid in sorted(cfgs)}
-        if formation not in ("waves", "scaling"):
-            raise ValueError(f"formation is 'waves' or 'scaling', not {formation!r}")
         self.hosts = scaled_nodes(scenario, cfgs, self.nodes) if formation == "scaling" else {}
         for nid in sorted(cfgs):
             self.sim.add(nid, self._traced(nid, self.hosts.get(nid, self.nodes[nid])))
@@ -349,7 +348,7 @@ class FlowRun:
 
 def run_churn(scenario: Scenario, churn: Churn, seed: int = 0, rounds: int = 120,
               base: FlowConfig | None = None, quiet_rounds: int = QUIET_ROUNDS_DEFAULT,
-              trace: TextIO | None = None, neighbours: int = FLOW_NEIGHBOURS, formation: str = "waves") -> ChurnResult:
+              trace: TextIO | None = None, neighbours: int | None = None, formation: str = "auto") -> ChurnResult:
     """Converge, apply `churn`, converge again (each phase at most `rounds` rounds); `trace` receives every
     delivered message; `formation` as `FlowRun`'s.  The routing before is on the flow links of `scenario` (`bound_links`), the one after on
     `changed`: the flow links after the churn (`FlowRun._bounded`)."""
@@ -378,8 +377,8 @@ def held_back(scenario: Scenario, late) -> Scenario:
 
 def run_trickle(scenario: Scenario, late, start_s: float = 2.0, every_s: float = 2.0, seed: int = 0,
                 rounds: int = 120, base: FlowConfig | None = None, detect_s: float = 0.5,
-                quiet_rounds: int = QUIET_ROUNDS_DEFAULT, neighbours: int = FLOW_NEIGHBOURS,
-                formation: str = "waves") -> RoutingResult:
+                quiet_rounds: int = QUIET_ROUNDS_DEFAULT, neighbours: int | None = None,
+                formation: str = "auto") -> RoutingResult:
     """Relays that join while the flows form (a swarm whose volunteers come one by one): the machines of
     `scenario` without the relays `late` start at 0; relay k of `late` joins at `start_s` + k x `every_s`, its
     neighbours (those present) told `detect_s` later; then the machines run until the flows are quiet (at most
@@ -392,8 +391,8 @@ def run_trickle(scenario: Scenario, late, start_s: float = 2.0, every_s: float =
 
 def trickle(scenario: Scenario, late, start_s: float = 2.0, every_s: float = 2.0, seed: int = 0,
             rounds: int = 120, base: FlowConfig | None = None, detect_s: float = 0.5,
-            quiet_rounds: int = QUIET_ROUNDS_DEFAULT, neighbours: int = FLOW_NEIGHBOURS,
-            formation: str = "waves") -> FlowRun:
+            quiet_rounds: int = QUIET_ROUNDS_DEFAULT, neighbours: int | None = None,
+            formation: str = "auto") -> FlowRun:
     """`run_trickle`'s run, once the flows are quiet: its `scenario` holds the flow links at the end."""
     run = FlowRun(held_back(scenario, late), seed, base, neighbours=neighbours, formation=formation)
     present = {n.id for n in run.scenario.nodes}

@@ -22,8 +22,8 @@ from typing import Any, TextIO
 
 from ..protocol.flow import FlowConfig, FlowNode
 from ..protocol.flow.scaled import ScaledNode
-from ..protocol.flow.scaling import EAGER_PHASES, machine_for
-from ..protocol.neighbourhood import FLOW_NEIGHBOURS, bound_links
+from ..protocol.flow.scaling import EAGER_PHASES, machine_for, quantized
+from ..protocol.neighbourhood import FORMATIONS, auto_choice, bound_links
 from ..protocol.scalemsgs import SCALE_MESSAGES
 from ..protocol.scenario import Scenario
 from .engine import Simulator
@@ -135,15 +135,29 @@ def _unit_path(nodes: dict[str, FlowNode], remaining: dict[str, dict[str, dict[s
     return dfs(d, 0)
 
 
+def add_flow_choice(ap) -> None:
+    """The benchmarks' `--neighbours K` and `--formation` (`run_gwtf`'s `neighbours` and `formation`) on the
+    argparse parser `ap`, auto by default as the daemon's."""
+    ap.add_argument("--neighbours", type=int, default=None, metavar="K",
+                    help="bound each relay's flow links to K, 0: every link (the daemon's --flow-neighbours K: "
+                         "protocol/neighbourhood.py; default auto, the daemon's)")
+    ap.add_argument("--formation", choices=FORMATIONS, default="auto",
+                    help="form the flows by label waves or by cost scaling first (flow/scaling.py); default auto, "
+                         "the daemon's (neighbourhood.py `auto_choice`)")
+
+
 def scaled_nodes(scenario: Scenario, cfgs: dict[str, FlowConfig], nodes: dict[str, FlowNode],
                  factor: int = 2, eager_phases: int = EAGER_PHASES) -> dict[str, ScaledNode]:
     """Each node's flow machine behind scaled formation (protocol/flow/scaling.py `machine_for`, as the daemon
-    builds it), one data node, which knows every other node."""
+    builds it), one data node, which knows every other node.  Integer link costs are taken as they are, others in
+    whole `COST_QUANTUM_MS` (`quantized`, as the daemon's)."""
     (data,) = [n.id for n in scenario.data_nodes]
     peers = tuple(sorted(set(cfgs) - {data}))
     caps = {n.id: n.capacity for n in scenario.nodes}
+    whole = all(float(link.cost).is_integer() for link in scenario.links)
     hosts = {}
     for nid, cfg in cfgs.items():
+        cfg = cfg if whole else quantized(cfg)
         near = {p: caps[p] for p in (*cfg.next_costs, *cfg.prev_costs)}
         hosts[nid] = ScaledNode(nodes[nid], machine_for(cfg, near, peers, scenario.stages, factor, eager_phases))
     return hosts
@@ -151,17 +165,18 @@ def scaled_nodes(scenario: Scenario, cfgs: dict[str, FlowConfig], nodes: dict[st
 
 def run_gwtf(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowConfig | None = None,
              quiet_rounds: int = QUIET_ROUNDS_DEFAULT, wall_limit_s: float | None = None,
-             trace: TextIO | None = None, neighbours: int = FLOW_NEIGHBOURS, formation: str = "waves",
+             trace: TextIO | None = None, neighbours: int | None = None, formation: str = "auto",
              scale_loss: float = 0.0, eager_phases: int = EAGER_PHASES) -> RoutingResult:
     """Run the flow machines; `wall_limit_s` (benchmarks only) stops early, marking `extra["wall_limited"]`;
     `trace` receives every delivered message (`TracedMachine`).  `neighbours` K > 0 bounds each relay's links as
-    the daemon's `--flow-neighbours K` (protocol/neighbourhood.py); the default 0, as the daemon's, keeps every
-    link of the scenario.  `formation` "scaling" forms the flows by cost scaling first (`scaled_nodes`; one data
-    node, integer link costs; the daemon forms them with label waves, the default "waves"): the run goes on
-    until every node has its flows and then for at most `rounds` rounds, and `extra["formed_s"]` is the time the
-    last node got them.  `scale_loss` loses that fraction of formation's messages (seeded; the daemon's links
+    the daemon's `--flow-neighbours K` (protocol/neighbourhood.py), 0 keeps every link of the scenario.
+    `formation` "scaling" forms the flows by cost scaling first (`scaled_nodes`; one data node, integer link
+    costs), "waves" with label waves alone; the defaults, as the daemon's, are auto's choice (neighbourhood.py
+    `auto_choice`).  With scaled formation the run goes on until every node has its flows and then for at most
+    `rounds` rounds, and `extra["formed_s"]` is the time the last node got them.  `scale_loss` loses that fraction of formation's messages (seeded; the daemon's links
     lose one in a libp2p connection reset), which formation sends again (flow/resend.py); `eager_phases`: the
     phases whose relabels are told (the daemon's `EAGER_PHASES`, flow/scaling.py)."""
+    formation, neighbours = auto_choice(scenario, formation, neighbours)
     scenario = bound_links(scenario, neighbours)
     cfgs = flow_configs(scenario, base)
     round_s = next(iter(cfgs.values())).round_s
@@ -169,8 +184,6 @@ def run_gwtf(scenario: Scenario, seed: int = 0, rounds: int = 120, base: FlowCon
     sim = Simulator(link_delays(scenario), lose=(lambda _a, _b, msg: isinstance(msg, SCALE_MESSAGES)
                                                  and drop.random() < scale_loss) if scale_loss else None)
     nodes = {nid: FlowNode(cfgs[nid], random.Random(f"{seed}:{nid}")) for nid in sorted(cfgs)}
-    if formation not in ("waves", "scaling"):
-        raise ValueError(f"formation is 'waves' or 'scaling', not {formation!r}")
     hosts = scaled_nodes(scenario, cfgs, nodes, eager_phases=eager_phases) if formation == "scaling" else {}
     for nid in sorted(cfgs):
         m = hosts.get(nid, nodes[nid])

@@ -134,7 +134,7 @@ def test_an_unreachable_label_of_a_new_wave_goes_to_the_feeders_at_once():
 def _layered(limits: bool) -> tuple[float, int, int, float]:
     sc = parse_scenario(generate_layered("scale-160x16", FlowSetting(1, 160, 16, (1, 3), (1, 20)), 0))
     base = FlowConfig("-", False, 0, (), {}, {}, label_limits=limits)
-    g = run_gwtf(sc, seed=0, rounds=120, base=base)
+    g = run_gwtf(sc, seed=0, rounds=120, base=base, formation="waves", neighbours=0)  # (label waves)
     o = optimal_routing(sc)
     return g.mean_cost / o.mean_cost, g.num_flows, o.num_flows, g.messages / len(sc.nodes)
 

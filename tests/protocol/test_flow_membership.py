@@ -224,7 +224,7 @@ def test_relays_that_join_while_the_flows_form_reach_the_optimum(seed):
     go on (waves.py `defer`), and the flows end at the maximum flow with the optimum's cost."""
     sc = parse_scenario(generate_layered(f"t{seed}", FlowSetting(1, 160, 8, (1, 3), (1, 20)), seed))
     late = random.Random(20_000 + seed).sample(sorted(r.id for r in sc.relays), 6)
-    res = run_trickle(sc, late, 1.0, 1.0, seed=seed, rounds=60)
+    res = run_trickle(sc, late, 1.0, 1.0, seed=seed, rounds=60, formation="waves", neighbours=0)
     check_routing(sc, res)
     opt = optimal_routing(sc)
     assert res.num_flows == opt.num_flows

@@ -206,7 +206,7 @@ def test_formation_messages_that_fit_no_arc_of_the_node_are_dropped_and_counted(
     assert machine.ignored == len(bad) and machine.cap != before
 
 
-def test_sim_flow_scaled_prints_the_flows_and_refuses_what_it_cannot_form(tmp_path, capsys):
+def test_sim_flow_scaled_prints_the_flows_and_refuses_what_it_cannot_form_or_a_contradiction(tmp_path, capsys):
     import json
 
     from gwtf_node.cli import main
@@ -222,10 +222,15 @@ def test_sim_flow_scaled_prints_the_flows_and_refuses_what_it_cannot_form(tmp_pa
     res = json.loads(capsys.readouterr().out.splitlines()[-1])
     opt = optimal_routing(load_flow_setting(1, 0))
     assert len(res["flows"]) == opt.num_flows and res["formation"] == "scaling"
-    for path, why in ((two, "one data node (this scenario has 2)"), (frac, "integer link costs: 2.5")):
-        assert main(["sim", "flow", "--scenario", str(path), "--scaled"]) == 2
-        assert why in capsys.readouterr().err
+    assert main(["sim", "flow", "--scenario", str(two), "--scaled"]) == 2
+    assert "one data node (this scenario has 2)" in capsys.readouterr().err
     assert main(["sim", "flow", "--scenario", str(one), "--scaled", "--policy", "swarm"]) == 2
+    assert main(["sim", "flow", "--scenario", str(one), "--scaled", "--waves"]) == 2
+    assert "--scaled and --waves contradict each other" in capsys.readouterr().err
+    # a fractional link cost is taken in whole COST_QUANTUM_MS, as the daemon takes its measured costs
+    assert main(["sim", "flow", "--scenario", str(frac), "--scaled", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert res["formation"] == "scaling" and len(res["flows"]) == opt.num_flows
 
 
 def test_only_a_neighbour_at_the_other_end_of_an_arc_that_stays_away_calls_formation_off():

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from gwtf_node.protocol.neighbourhood import FLOW_NEIGHBOURS, bound_links, nearest, refill, takes_newcomer
+import pytest
+
+from gwtf_node.protocol.neighbourhood import (FLOW_NEIGHBOURS, SCALED_NEIGHBOURS, auto_choice, auto_flows, bound_links,
+                                            nearest, refill, takes_newcomer, wide)
 from gwtf_node.protocol.scenario import parse_scenario
 from gwtf_node.sim.baselines import optimal_routing
 from gwtf_node.sim.scenarios import FlowSetting, generate_layered, load_flow_setting
@@ -71,3 +74,24 @@ def test_the_bound_keeps_the_optimum_of_a_dense_swarm():
     full, kept = optimal_routing(sc), optimal_routing(b)
     assert kept.num_flows == full.num_flows
     assert kept.mean_cost <= full.mean_cost * 1.001
+
+
+def test_auto_scales_one_data_node_from_ten_relays_a_stage_and_bounds_its_links():
+    assert wide(1, 160, 16) and not wide(1, 159, 16) and not wide(2, 1000, 16) and not wide(0, 1000, 16)
+    assert wide(1, 80, 16, relay=True) and not wide(1, 79, 16, relay=True)  # a relay waits from half the width
+    assert auto_flows(None, None, True) == (True, SCALED_NEIGHBOURS)
+    assert auto_flows(None, None, False) == (False, FLOW_NEIGHBOURS)
+    assert auto_flows(False, None, True) == (False, SCALED_NEIGHBOURS)  # the bound follows the width alone
+    assert auto_flows(True, 0, False) == (True, 0)  # given: as given
+
+
+def test_the_simulators_choose_what_a_daemon_that_knows_the_scenario_chooses():
+    narrow = load_flow_setting(1, 0)  # 40 relays, 8 stages
+    assert auto_choice(narrow) == ("waves", FLOW_NEIGHBOURS)
+    width10 = parse_scenario(generate_layered("w", FlowSetting(1, 160, 16, (1, 3), (1, 20)), 0))
+    assert auto_choice(width10) == ("scaling", SCALED_NEIGHBOURS)
+    assert auto_choice(width10, "waves") == ("waves", SCALED_NEIGHBOURS)
+    assert auto_choice(width10, "auto", 0) == ("scaling", 0)
+    assert auto_choice(load_flow_setting(6, 0)) == ("waves", FLOW_NEIGHBOURS)  # several data nodes
+    with pytest.raises(ValueError, match="formation is one of"):
+        auto_choice(narrow, "label")

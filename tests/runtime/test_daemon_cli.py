@@ -69,7 +69,8 @@ def test_join_checks_stage_and_bootstrap(tmp_path: Path, capsys) -> None:
     for argv, needle in [(["--bootstrap", "/ip4/127.0.0.1/tcp/1/p2p/xyz"], "not a valid multiaddr"),
                          (["--port", "70000"], "0..65535"),
                          (["--host", "not-an-ip"], "IPv4 or IPv6"),
-                         (["--state-dir", "/proc/no-such-dir/x"], "cannot create")]:
+                         (["--state-dir", "/proc/no-such-dir/x"], "cannot create"),
+                         (["--scaled-formation", "--waves-formation"], "contradict each other")]:
         assert needle in _one_line_error(capsys, ["join", "--run", str(run), "--role", "relay", *argv])
     assert "outside the run's stages" in _one_line_error(
         capsys, ["join", "--run", str(run), "--role", "relay", "--stage", "7"])

@@ -73,7 +73,7 @@ async def test_a_relay_whose_scaled_formation_ends_while_its_data_node_is_presum
     from gwtf_node.protocol.messages import CostAnnounce, Label, Side
 
     flows, peers, _ = _last_stage_relay()
-    flows.scaled = True
+    flows.options = (True, None)  # (join --scaled-formation)
     assert await flows.form(["D"], ["P"], joined=False) is True
     assert flows.scaling is not None and flows.machine is None  # waiting for the data node's first phase
     info = peers.peers["D"]

@@ -103,7 +103,7 @@ def test_a_launch_with_no_augmenting_path_is_recalled_and_the_flows_stay_exact()
     # 500 x 16 at K = 10, seed 1: a launch after the maximum flow is held in the network; a recall wave brings it
     # home (flow/launches.py).  Without recall waves this instance ends at 1.0017 of the optimum.
     sc = bound_links(parse_scenario(generate_layered("x-500x16", FlowSetting(1, 500, 16, (1, 3), (1, 20)), 1)), 10)
-    g = run_gwtf(sc, seed=1, neighbours=10)
+    g = run_gwtf(sc, seed=1, neighbours=10, formation="waves")
     opt = optimal_routing(sc)
     assert g.extra.get("recalls", 0) >= 1
     assert g.num_flows == opt.num_flows

@@ -30,10 +30,16 @@ def cost(sim: TrainSim) -> tuple[int, float]:
     return units, total
 
 
-def test_the_daemons_default_forms_with_label_waves():
-    assert TrainSimOptions().scaled_formation is False
-    sim = run(False, iterations=1)
-    assert not sim.scaled and not sim.scaled_stats()
+def run_default(setting: str = SETTING, iterations: int = 1) -> TrainSim:
+    sim = TrainSim(make_setting(setting, 0, 1), TrainSimOptions(seed=0))
+    sim.run(iterations)
+    return sim
+
+
+def test_the_daemons_default_is_auto_and_a_narrow_swarm_forms_with_label_waves():
+    assert TrainSimOptions().scaled_formation is None and TrainSimOptions().flow_neighbours is None
+    for sim in (run(False, iterations=1), run_default()):  # (fewer than 10 relays a stage: auto forms by waves)
+        assert not sim.scaled and not sim.scaled_stats() and sim._k == 0
 
 
 @pytest.mark.parametrize("seed", [0, 1])

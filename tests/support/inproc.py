@@ -32,13 +32,15 @@ class InProcessSwarm:
     """1 or more data nodes and `stages` x `relays_per_stage` relays as `Node` tasks of one nursery."""
 
     def __init__(self, workdir: Path, run: Path, nursery: trio.Nursery, *, data_nodes: int = 1, stages: int,
-                 relays_per_stage: int, iterations: int, options: dict | None = None) -> None:
+                 relays_per_stage: int, iterations: int, options: dict | None = None,
+                 node_options: dict[str, dict] | None = None) -> None:
         self.owner = LocalSwarm(workdir, run, data_nodes, stages, relays_per_stage, iterations)  # signs, admits
         self.workdir, self.run, self.nursery = workdir, run, nursery
         self.run_id = self.owner.run_id
         self.data_nodes, self.stages, self.relays_per_stage = data_nodes, stages, relays_per_stage
         self.iterations = iterations
         self.options = dict(options or {})  # more NodeOptions of every node
+        self.node_options = dict(node_options or {})  # name -> NodeOptions of that node, over `options`
         self.nodes: dict[str, Node] = {}
         from gwtf_node.model.manifest import load_manifest
 
@@ -69,7 +71,8 @@ class InProcessSwarm:
                            stage=None if data or auto else int(name[1:].split("_")[0]), state_dir=sd, name=name,
                            bootstrap=[boot] if boot else [], data_index=int(name[1:]) if data else 0,
                            data_nodes=self.data_nodes, iterations=self.iterations if data else 0,
-                           capacity=0 if data else self.relay_capacity, **self.options)
+                           capacity=0 if data else self.relay_capacity,
+                           **{**self.options, **self.node_options.get(name, {})})
         node = Node(opts)
         self.nodes[name] = node
         self.nursery.start_soon(node.run)

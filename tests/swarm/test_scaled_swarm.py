@@ -29,12 +29,13 @@ ITERATIONS = 2
 M = 4  # microbatches per iteration
 
 
-def _scaled_swarm(tmp_path: Path, relays_per_stage: int):
+def _scaled_swarm(tmp_path: Path, relays_per_stage: int, data_scaled: bool = True):
     man = default_manifest(stages=2, seq_len=16, microbatch_size=2, microbatches_per_iteration=M)
     run = tmp_path / "run.json"
     save_manifest(man, run)
     return man, in_process_swarm(tmp_path, run, data_nodes=1, stages=2, relays_per_stage=relays_per_stage,
-                                 iterations=ITERATIONS, options={"scaled_formation": True})
+                                 iterations=ITERATIONS, options={"scaled_formation": True},
+                                 node_options={"d0": {"scaled_formation": data_scaled}})
 
 
 def _assert_exact(man, records: list[dict], *why) -> None:
@@ -58,6 +59,23 @@ async def test_scaled_formation_hands_over_and_trains_exactly(tmp_path: Path, ca
     assert text.count("scaled formation over after") == len(swarm.names()), text[-3000:]
     assert "called off" not in text and set(ignored.values()) == {0}, ignored
     assert placed == M, placed
+    _assert_exact(man, records)
+
+
+async def test_relays_that_wait_for_a_formation_the_data_node_does_not_open_form_by_waves_and_train_exactly(
+        tmp_path: Path, caplog) -> None:
+    """Auto's relays decide on half the width (protocol/neighbourhood.py `wide`): where the data node forms by label
+    waves, each relay waiting for scaled formation hands over at its first flow message."""
+    caplog.set_level(logging.INFO, logger="gwtf.node")
+    man, swarm_cm = _scaled_swarm(tmp_path, 2, data_scaled=False)
+    async with swarm_cm as swarm:
+        await swarm.start()
+        records = await swarm.wait_records(ITERATIONS, 180)
+        relays = [n for n in swarm.names() if n.startswith("r")]
+        done = {n: swarm.nodes[n].parts.flows.scaling.done for n in relays}
+        assert swarm.nodes["d0"].parts.flows.scaling is None
+    assert all(done.values()), done
+    assert caplog.text.count("forms its flows without scaled formation") >= len(relays), caplog.text[-3000:]
     _assert_exact(man, records)
 
 

@@ -1,52 +1,40 @@
 """Link measurement and flow formation: the flow machine (`protocol/flow/`, section V-C) driven for real.
 
-Once the swarm has been quiet for `settle_s` and the node knows a peer on
-each side (a relay: and a data node, else its machine would carry no units;
-a side gone while measured is measured again), `form` measures a round trip
-to each adjacent peer (Ping/Pong) and each link to a next-stage peer
-(`linkmeter.py`: round trip, a timed transfer, the compute times of both
-ends), computes the cost of each link with Equation 1 (a link declared
-with `--links` keeps its declared latency and bandwidth; the activation size
-of the run) and starts the flow machine.
-Frames for the flow machine that arrive before it exists wait in a queue.
+Once the swarm has been quiet for `settle_s` and the node knows a peer on each side (a relay: and a data node, else
+its machine would carry no units; a side gone while measured is measured again), `form` measures a round trip to each
+adjacent peer (Ping/Pong) and each link to a next-stage peer (`linkmeter.py`: round trip, a timed transfer, the
+compute times of both ends), computes the cost of each link with Equation 1 (a link declared with `--links` keeps its
+declared latency and bandwidth; the activation size of the run) and starts the flow machine. Frames for the flow
+machine that arrive before it exists wait in a queue.
 
-Both ends of a link use one cost: the upstream end's measurement, which it
-sends downstream (`LinkCost`); the downstream end adopts it (the flow
-machine's `set_cost`).  With each end's own round trip the flow machines
-could disagree on a link and stall with part of the demand unplaced.
-`remeasure_loop` measures every next-stage link again each
-`linkmeter.REMEASURE_EVERY_S` (not one to a peer on this machine: linkmeter.py); a cost that moved past the threshold
-(`linkmeter.recost_threshold`) twice in a row, the same way, re-forms the
-flows over the link at both ends (`FlowNode.recost`, `LinkCost(reform=True)`).  The flow machine's messages
-to a peer go in order (driver.py `Outbox`: one task per peer at a time): the flow machine assumes FIFO links.
+Both ends of a link use one cost: the upstream end's measurement, which it sends downstream (`LinkCost`); the
+downstream end adopts it (the flow machine's `set_cost`). With each end's own round trip the flow machines could
+disagree on a link and stall with part of the demand unplaced. `remeasure_loop` measures every next-stage link again
+each `linkmeter.REMEASURE_EVERY_S` (not one to a peer on this machine: linkmeter.py); a cost that moved past the
+threshold (`linkmeter.recost_threshold`) twice in a row, the same way, re-forms the flows over the link at both ends
+(`FlowNode.recost`, `LinkCost(reform=True)`). The flow machine's messages to a peer go in order (driver.py `Outbox`:
+one task per peer at a time): the flow machine assumes FIFO links.
 
-A relay that becomes ready next to this node later (a newcomer placed by the
-leader, its Hello neither joining nor leaving, or a relay first heard of
-while the links were measured) is measured and added to the running flow
-machine (`add_neighbour`); a peer that crashed or left is
-removed (`remove_neighbour`) and the flow machines rebuild the flows through
-it.  A removed peer that comes back (a relay or a data node restarted with
-its state directory keeps its peer id) is added again the same way: the
-flow machine forgets that it was removed (`add_neighbour`), and a data node
-back is the previous stage of the stage-0 relays and the next stage of the
-last-stage relays.
+A relay that becomes ready next to this node later (a newcomer placed by the leader, its Hello neither joining nor
+leaving, or a relay first heard of while the links were measured) is measured and added to the running flow machine
+(`add_neighbour`); a peer that crashed or left is removed (`remove_neighbour`) and the flow machines rebuild the
+flows through it. A removed peer that comes back (a relay or a data node restarted with its state directory keeps its
+peer id) is added again the same way: the flow machine forgets that it was removed (`add_neighbour`), and a data node
+back is the previous stage of the stage-0 relays and the next stage of the last-stage relays.
 
-With `--flow-neighbours K` (protocol/neighbourhood.py; off by default) a
-relay links to its K cheapest next-stage relays (`LinkCost` tells them) and
-its K cheapest previous-stage relays (its labels tell them: `_linked_by`), and
-takes the relays that chose it (`_chose_us`, `on_link_cost`); one measured and
-not linked is `declined`, linked later if it chooses us or a next-stage link
-goes (`_refill`).
+With a bound K (`--flow-neighbours K`, or auto's choice, which `_choose` makes as the links are measured:
+protocol/neighbourhood.py `auto_flows`) a relay links to its K cheapest next-stage relays (`LinkCost` tells them) and
+its K cheapest previous-stage relays (its labels tell them: `_linked_by`), and takes the relays that chose it
+(`_chose_us`, `on_link_cost`); one measured and not linked is `declined`, linked later if it chooses us or a
+next-stage link goes (`_refill`).
 
-With `--scaled-formation` and one data node, scaled formation (cost scaling,
-scaledformation.py) forms the flows first and the flow machine starts holding
-them; its frames that come before it starts wait in `scale_queue`.
+With scaled formation (`--scaled-formation`, or auto's choice) and one data node, cost scaling (scaledformation.py)
+forms the flows first and the flow machine starts holding them; its frames that come early wait in `scale_queue`.
 
-With `--pooled-formation` and several data nodes known, pooled formation's
-machines run first (pooling.py) and newcomers are added to them the same way;
-the flow machine starts when the node hands over.  A relay that knows one data
-node when its links are measured waits (`undecided`): a second data node's
-Hello starts pooled formation, a neighbour's flow message the flow machine.
+With `--pooled-formation` and several data nodes known, pooled formation's machines run first (pooling.py) and
+newcomers are added to them the same way; the flow machine starts when the node hands over. A relay that knows one
+data node when its links are measured waits (`undecided`): a second data node's Hello starts pooled formation, a
+neighbour's flow message the flow machine.
 """
 
 from __future__ import annotations
@@ -62,7 +50,7 @@ import trio
 from ...protocol import messages as m
 from ...protocol.cost import link_cost
 from ...protocol.flow import FlowConfig, FlowNode, flows_formed
-from ...protocol.neighbourhood import FLOW_NEIGHBOURS, nearest, refill, takes_newcomer
+from ...protocol.neighbourhood import FLOW_NEIGHBOURS, auto_flows, nearest, refill, takes_newcomer, wide
 from ...protocol.flow.poolnodes import over_links, pooled_machines
 from ...protocol.flow.scaled import MAX_HELD
 from ...protocol.flow.scaling import machine_for, quantized
@@ -95,11 +83,12 @@ def _seed(node_id: str) -> int:
 class Flows:
     def __init__(self, wire: Wire, peers: Peers, liveness: Liveness, stage: LocalStage, drivers: Drivers,
                  links_cfg: dict[tuple[str, str], tuple[float, float]], on_changed: Callable[[], None],
-                 neighbours: int = FLOW_NEIGHBOURS, pooled: bool = False, scaled: bool = False,
+                 neighbours: int | None = None, pooled: bool = False, scaled: bool | None = None,
                  faults: Faults | None = None) -> None:
         self.wire = wire
         self.faults = faults
-        self.scaled = scaled  # one data node: the flows are formed by cost scaling first (scaledformation.py)
+        self.options = scaled, neighbours  # as given (None: auto, neighbourhood.py `auto_flows`): chosen at `form`
+        self.scaled = bool(scaled)  # one data node: the flows are formed by cost scaling first (scaledformation.py)
         self.scaling: Scaling | None = None
         self.scale_queue: list[tuple[str, Any]] = []  # its messages that came before it started here
         self.drivers = drivers
@@ -124,7 +113,7 @@ class Flows:
         self.meter = LinkMeter(wire, peers, liveness, stage)
         self.recosts = 0  # links whose flows re-formed after a new measurement
         self.moved: dict[str, int] = {}  # peer -> the way its link's cost moved past the threshold last time
-        self.neighbours = neighbours  # next-stage relays this relay links to (neighbourhood.py; 0: all)
+        self.neighbours = FLOW_NEIGHBOURS if neighbours is None else neighbours  # next-stage relays linked to (0: all)
         self.declined: set[str] = set()  # next-stage relays measured and not linked to (neighbourhood.py)
 
     # ------------------------------------------------------------------ reading
@@ -237,6 +226,7 @@ class Flows:
 
         `joined`: this node was placed by the leader, so flows may already exist around it."""
         me = self.wire.me
+        self._choose()
         nxt, prv = await measure_whole(self._measure, me, nxt, prv, (self.peers.next_stage_ids,
                                        self.peers.prev_stage_ids) if self.scaled and not joined else None)
         asked = {"next-stage": nxt, "previous-stage": prv}
@@ -275,6 +265,15 @@ class Flows:
             self._start_machine(joined, {}, {})
         return True
 
+    def _choose(self) -> None:
+        """Scaled formation and the bound K: as given, or auto's choice from the swarm known now (`wide`)."""
+        relay, n = self.peers.role == "relay", self.peers.n_stages
+        known = len(self.peers.ids("relay")) + relay
+        self.scaled, self.neighbours = auto_flows(*self.options, wide(len(self.peers.data_nodes()), known, n,
+                                                                      relay=relay))
+        log.info("flows: %s formation, K = %d (0: every link; %d relays of %d stages known)",
+                 "scaled" if self.scaled else "label-wave", self.neighbours, known, n)
+
     def _commodities(self) -> tuple[str, ...]:
         """The data nodes known, and scaled formation's even if presumed dead now (it comes back: `_sides`)."""
         return tuple(dict.fromkeys([*self.peers.data_nodes(), *([self.scaling.machine.data] if self.scaling else [])]))
@@ -309,13 +308,14 @@ class Flows:
         cfg = quantized(self._config(False))
         caps = {p: i.capacity for p in (*cfg.next_costs, *cfg.prev_costs) if (i := self.peers.get(p)) is not None}
         peers = tuple(sorted(i.peer_id for i in self.peers.infos() if i.peer_id != self.wire.me))
-        machine = machine_for(cfg, caps, peers, self.peers.n_stages)
-        self.scaling = Scaling(self.wire, self.drivers, machine, lambda inn, out: self._start_machine(False, inn, out),
-                               self.faults)
+        self.scaling = Scaling(self.wire, self.drivers, machine_for(cfg, caps, peers, self.peers.n_stages),
+                               lambda inn, out: self._start_machine(False, inn, out), self.faults)
         self.scaling.start()
         queued, self.scale_queue = self.scale_queue, []
         for peer, msg in queued:
             self.scaling.on_message(peer, msg)
+        for peer, _ in self.queue[:1]:  # a flow message came while the links were measured: no formation around
+            self.scaling.flow_message(peer)
 
     def _hand_over(self) -> None:
         """Pooled formation is over at this node: its flow machine starts with the units homing installed here
@@ -432,7 +432,7 @@ class Flows:
         """A message of scaled formation (scaledformation.py): one arriving before it starts here waits for it."""
         if self.scaling is not None:
             self.scaling.on_message(peer, msg)
-        elif self.machine is None and self.scaled and len(self.scale_queue) < MAX_HELD:
+        elif self.machine is None and self.options[0] is not False and len(self.scale_queue) < MAX_HELD:
             self.scale_queue.append((peer, msg))
 
     def _linked_by(self, peer: str) -> None:

@@ -61,7 +61,6 @@ import trio
 
 from ...protocol import codec
 from ...protocol import messages as m
-from ...protocol.neighbourhood import FLOW_NEIGHBOURS
 from ..ops import control, taskdump
 from . import data_resume, waits
 from .aggregation import Aggregation
@@ -121,9 +120,9 @@ class NodeOptions:
     data_index: int = 0
     data_nodes: int = 1
     links: Path | None = None  # scenario file shaping the links between named nodes
-    flow_neighbours: int = FLOW_NEIGHBOURS  # next-stage relays a relay links its flows to (0: all; neighbourhood.py)
+    flow_neighbours: int | None = None  # next-stage relays a relay links its flows to (0: all; None: auto)
     pooled_formation: bool = False  # several data nodes: form the flows pooled, then home them (pooling.py)
-    scaled_formation: bool = False  # one data node: form the flows by cost scaling first (scaledformation.py)
+    scaled_formation: bool | None = None  # one data node: form the flows by cost scaling first (None: auto)
     settle_s: float = 1.5
     device: str = "cpu"
     checkpoint_every: int = 1
@@ -269,7 +268,7 @@ class Node:
         flows = Flows(wire, peers, liveness, self.stage, drivers, self.links_cfg, on_changed=self._flows_changed,
                       neighbours=self.opts.flow_neighbours if self.opts.policy == "gwtf" else 0,  # (SWARM: all)
                       pooled=self.opts.pooled_formation and self.opts.policy == "gwtf",
-                      scaled=self.opts.scaled_formation and self.opts.policy == "gwtf", faults=self.faults)
+                      scaled=self.opts.scaled_formation if self.opts.policy == "gwtf" else False, faults=self.faults)
         microbatches = Microbatches(wire, peers, liveness, flows, self.stage, drivers, self.faults,
                                     policy=o.policy, lend=o.lend, iterations=o.iterations,
                                     on_settled=self._iteration_settled, on_finished=self.done_event.set)

@@ -122,7 +122,7 @@ def run_train(setting: str, policy: str, churn: float, iterations: int, seed: in
         rep["flow_formation"] = dict(sim.formation)
         if sim.options.pooled_formation:
             rep["flow_formation"]["pooled"] = dict(sim.pool_stats)
-        if sim.options.scaled_formation:
+        if sim._scaled:
             rep["flow_formation"]["scaled"] = sim.scaled_stats()
         if placement in ("swarm", "opfence"):
             rep["placement_cpu_s"] = placement_cpu_s

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ...protocol.neighbourhood import FLOW_NEIGHBOURS
 from ...protocol.phasefan import FAN_OUT
 from ...protocol.phases import CanTakeRule
 from ...protocol.phasewaits import WAIT_BOUND_S
@@ -38,12 +37,14 @@ class TrainSimOptions:
     routing: str = "machines"  # "machines": GWTF's flow machines; "oracle": the LP optimum; "dtfm": DT-FM's
     flow_options: dict | None = None  # FlowConfig fields of every flow machine (None: FLOW_OPTIONS)
     # GWTF's flow machines: a bound K > 0 on each relay's flow (and so microbatch) links, as the daemon's
-    # `--flow-neighbours K` (protocol/neighbourhood.py); 0, the daemon's default: every relay of the adjacent stages
-    flow_neighbours: int = FLOW_NEIGHBOURS
+    # `--flow-neighbours K` (protocol/neighbourhood.py); 0: every relay of the adjacent stages; None, the daemon's
+    # default: auto's choice (`auto_flows`)
+    flow_neighbours: int | None = None
     # several data nodes form their flows pooled first (pooling.py), as the daemon's `--pooled-formation` (off)
     pooled_formation: bool = False
-    # one data node forms its flows by cost scaling first (scaled.py), as the daemon's `--scaled-formation` (off)
-    scaled_formation: bool = False
+    # one data node forms its flows by cost scaling first (scaled.py), as the daemon's `--scaled-formation`
+    # (True) and `--waves-formation` (False); None, the default: auto's choice
+    scaled_formation: bool | None = None
     lend: bool = True  # machines routing: the lending of protocol/recovery/
     one_wave: bool = False  # the paper's one-wave iteration with deferral ("One wave", protocol/recovery/)
     detect_s: float = DETECT_S  # how long after a crash the membership layer reports it

@@ -1,4 +1,4 @@
-"""Scaled formation in the training simulator (`TrainSimOptions.scaled_formation`; the daemon's
+"""Scaled formation in the training simulator (`TrainSimOptions.scaled_formation`, or auto's choice; the daemon's
 `join --scaled-formation`, runtime/node/scaledformation.py).
 
 With the option and one data node, every node at the run's start builds the
@@ -35,7 +35,7 @@ class ScaledDriver:
         self._handed: set[str] = set()  # nodes whose flow machine took formation's units (`_scaled_effects`)
 
     def _scaling_starts(self) -> bool:
-        return bool(self.options.scaled_formation and self.machines and len(self._live_data()) == 1)
+        return bool(self._scaled and self.machines and len(self._live_data()) == 1)
 
     def _start_scaled(self) -> None:
         """Every live node's formation starts (module doc)."""

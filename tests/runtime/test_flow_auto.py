@@ -1,0 +1,91 @@
+"""Auto's choice in the daemon (runtime/node/flows.py `_choose`, protocol/neighbourhood.py `wide`): with
+`--scaled-formation` and `--flow-neighbours` not given, a node that forms its flows at the start of a run picks
+scaled formation over K = 10 links where it knows one data node and a wide swarm (a relay: at least half of 10
+relays a stage), and label waves over every link otherwise; given options stay as given."""
+
+from __future__ import annotations
+
+import pytest
+
+from gwtf_node.protocol.neighbourhood import SCALED_NEIGHBOURS
+from gwtf_node.protocol.scalemsgs import ScalePhase
+from gwtf_node.runtime.net.peers import PeerInfo, Peers, Place
+from gwtf_node.runtime.node.driver import Drivers
+from gwtf_node.runtime.node.flows import Flows
+
+from support.helpers import RecordingWire
+
+pytestmark = pytest.mark.trio
+
+
+class _Stage:
+    def hidden_size_mb(self) -> float:
+        return 0.01
+
+
+def _relay(others: int, data: int = 1, **opts) -> Flows:
+    """Relay R of the last of 2 stages that knows `data` data nodes and `others` more relays of each stage (P0...
+    before it, N1... beside it)."""
+    peers = Peers("R", "r1_0", 2, Place("relay", 1, 2))
+    for i in range(data):
+        peers.peers[f"D{i}"] = PeerInfo(f"D{i}", "data", -1, f"d{i}", 2)
+    for i in range(others):
+        peers.peers[f"P{i}"] = PeerInfo(f"P{i}", "relay", 0, f"r0_{i}", 2)
+        peers.peers[f"N{i}"] = PeerInfo(f"N{i}", "relay", 1, f"r1_{i + 1}", 2)
+    flows = Flows(RecordingWire(), peers, None, _Stage(), Drivers(RecordingWire()), {}, lambda: None, **opts)
+
+    async def measure(peer: str, next_side: bool) -> None:
+        peers.set_rtt(peer, 5.0)
+
+    flows._measure = measure
+    return flows
+
+
+async def _form(flows: Flows) -> Flows:
+    prv = sorted(p for p in flows.peers.ids("relay", 0))
+    assert await flows.form(sorted(flows.peers.data_nodes()), prv, joined=False) is True
+    return flows
+
+
+async def test_a_relay_of_a_narrow_swarm_forms_by_label_waves_over_every_link() -> None:
+    flows = await _form(_relay(3))  # 7 relays of 2 stages
+    assert flows.machine is not None and flows.scaling is None and flows.neighbours == 0
+
+
+async def test_a_relay_that_knows_half_the_width_waits_for_scaled_formation_over_k_links() -> None:
+    flows = await _form(_relay(5))  # 11 relays of 2 stages: at least 5 a stage
+    assert flows.scaling is not None and flows.machine is None and flows.neighbours == SCALED_NEIGHBOURS
+    flows.on_scale_message("D0", ScalePhase(1, 1, "1/2", 2))  # taken by its formation, not held
+    assert not flows.scale_queue
+
+
+async def test_given_options_stay_and_several_data_nodes_keep_the_waves() -> None:
+    waves = await _form(_relay(12, scaled=False))
+    assert waves.machine is not None and waves.scaling is None and waves.neighbours == SCALED_NEIGHBOURS
+    every = await _form(_relay(12, neighbours=0))
+    assert every.scaling is not None and every.neighbours == 0
+    two = await _form(_relay(12, data=2))
+    assert two.machine is not None and two.scaling is None and two.neighbours == 0
+
+
+async def test_a_scale_message_before_the_links_are_measured_waits_for_auto_s_choice() -> None:
+    auto, waves = _relay(5), _relay(5, scaled=False)
+    for f in (auto, waves):
+        f.on_scale_message("D0", ScalePhase(1, 1, "1/2", 2))
+    assert len(auto.scale_queue) == 1 and not waves.scale_queue  # (waves given: never scaled here)
+    await _form(auto)
+    assert not auto.scale_queue and auto.scaling is not None
+
+
+async def test_a_flow_message_that_came_while_the_links_were_measured_ends_the_wait_at_once() -> None:
+    """The data node formed by label waves and a neighbour's flow message came before this relay's links were
+    measured: it does not wait for a first phase (until GIVE_UP_S) but starts its flow machine and takes the
+    message (a swarm on a loaded host: stage 0 waited while stage 1 trained nothing)."""
+    from gwtf_node.protocol.messages import CostAnnounce, Label, Side
+
+    flows = _relay(5)
+    msg = CostAnnounce((Label("D0", Side.OUT, 7.0, ("N0",), 1),))
+    flows.on_message("N0", msg)
+    assert flows.machine is None and flows.queue == [("N0", msg)]
+    await _form(flows)
+    assert flows.scaling is not None and flows.scaling.done and flows.machine is not None and not flows.queue
