@@ -1,7 +1,8 @@
 """Scaled formation in the daemon: the cost-scaling machine of `protocol/flow/scaling.py` this node hosts before its
 flow machine, its frames, and the handover.
 
-With `--scaled-formation` and one data node, a node that forms its flows at
+With `--scaled-formation`, or auto's choice (protocol/neighbourhood.py: at
+least 10 relays a stage), and one data node, a node that forms its flows at
 the start of a run (not one the leader placed later) runs scaled formation
 first, over the links `Flows.form` measured: their costs in whole
 `COST_QUANTUM_MS` (cost scaling takes integers), each link's capacity the

@@ -1,8 +1,8 @@
 """Scaled formation in the training simulator (`TrainSimOptions.scaled_formation`, or auto's choice; the daemon's
 `join --scaled-formation`, runtime/node/scaledformation.py).
 
-With the option and one data node, every node at the run's start builds the
-scaling machine that `protocol/flow/scaling.py` `machine_for` gives it over
+With the option (or auto's choice, as the daemon's: at least 10 relays a stage) and one data node, every node at
+the run's start builds the scaling machine that `protocol/flow/scaling.py` `machine_for` gives it over
 the links its flow machine has (`FlowDriver._flow_config`, costs in whole
 `COST_QUANTUM_MS`, as the daemon's `quantized`; the data node with every
 other live node as its peers), behind a `protocol/flow/scaled.py`
