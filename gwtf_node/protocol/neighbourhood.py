@@ -56,9 +56,10 @@ SCALED_NEIGHBOURS = 10  # auto's K there
 
 
 def wide(data_nodes: int, relays: int, stages: int, *, relay: bool = False) -> bool:
-    """Auto's choice for a node that knows `data_nodes` data nodes and `relays` relays of `stages` stages: whether
-    the swarm bounds its links and forms its flows by cost scaling (module doc).  A `relay` takes half the width:
-    one that waits for scaled formation falls back at its first flow message, one that does not would stall it."""
+    """Auto's choice for a node that knows `data_nodes` data nodes and `relays` relays in `stages` stages (a relay
+    knows its own and the adjacent stages' relays, a data node every one): whether the swarm bounds its links and
+    forms its flows by cost scaling (module doc).  A `relay` takes half the width: one that waits for scaled
+    formation falls back at its first flow message, one that does not would stall it."""
     need = SCALED_WIDTH * stages / (2 if relay else 1)
     return data_nodes == 1 and stages > 0 and relays >= need
 

@@ -89,3 +89,20 @@ async def test_a_flow_message_that_came_while_the_links_were_measured_ends_the_w
     assert flows.machine is None and flows.queue == [("N0", msg)]
     await _form(flows)
     assert flows.scaling is not None and flows.scaling.done and flows.machine is not None and not flows.queue
+
+
+async def test_a_relay_judges_the_width_by_the_stages_it_knows() -> None:
+    """A relay of a 9-stage swarm knows the relays of its own and the adjacent stages (55 daemons: 3-18 of 54 when
+    they formed): 11 a stage there waits for scaled formation, though 32 relays are fewer than half of 9 x 10."""
+    peers = Peers("R", "r1_0", 9, Place("relay", 1, 2))
+    peers.peers["D0"] = PeerInfo("D0", "data", -1, "d0", 2)
+    for st in (0, 1, 2):
+        for i in range(11 - (st == 1)):
+            peers.peers[f"S{st}_{i}"] = PeerInfo(f"S{st}_{i}", "relay", st, f"r{st}_{i + 1}", 2)
+    flows = Flows(RecordingWire(), peers, None, _Stage(), Drivers(RecordingWire()), {}, lambda: None)
+    flows._choose()
+    assert flows.scaled and flows.neighbours == SCALED_NEIGHBOURS
+    for i in range(4, 11):  # 4 a stage known beside its own stage's: too narrow to wait
+        peers.peers.pop(f"S0_{i}"), peers.peers.pop(f"S2_{i}"), peers.peers.pop(f"S1_{i - 1}", None)
+    flows._choose()
+    assert not flows.scaled and flows.neighbours == 0

@@ -266,13 +266,13 @@ class Flows:
         return True
 
     def _choose(self) -> None:
-        """Scaled formation and the bound K: as given, or auto's choice from the swarm known now (`wide`)."""
-        relay, n = self.peers.role == "relay", self.peers.n_stages
-        known = len(self.peers.ids("relay")) + relay
-        self.scaled, self.neighbours = auto_flows(*self.options, wide(len(self.peers.data_nodes()), known, n,
-                                                                      relay=relay))
+        """Scaled formation and the bound K: as given, or auto's choice (`wide`) from the relays known now by stage."""
+        relay = self.peers.role == "relay"
+        st = [i.stage for i in self.peers.infos() if i.role == "relay" and i.stage >= 0] + [self.peers.stage] * relay
+        is_wide = wide(len(self.peers.data_nodes()), len(st), len(set(st)), relay=relay)
+        self.scaled, self.neighbours = auto_flows(*self.options, is_wide)
         log.info("flows: %s formation, K = %d (0: every link; %d relays of %d stages known)",
-                 "scaled" if self.scaled else "label-wave", self.neighbours, known, n)
+                 "scaled" if self.scaled else "label-wave", self.neighbours, len(st), len(set(st)))
 
     def _commodities(self) -> tuple[str, ...]:
         """The data nodes known, and scaled formation's even if presumed dead now (it comes back: `_sides`)."""
