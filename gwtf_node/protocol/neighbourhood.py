@@ -28,10 +28,13 @@ waves.  The waves' messages per node grow with a stage's width (272 / 1,293 /
 over K = 10 stay within 1.6-2.6 x of each other from 10 to 62 (630-765 /
 648-865 / 1,251-1,655, seeds 0-3).  From 10 a stage auto takes that bound
 on growth, though at 10 a stage the waves send 2.3-2.9 x fewer
-(docs/bench_flow.md, "Auto").  A relay decides on half the width (`wide(...,
-relay=True)`): one that waits for a scaled formation the data node does not
-open falls back to the waves at its first flow message, but one that does not
-wait would stall a formation that is opened.
+(docs/bench_flow.md, "Auto").  A node judges the width by the relays it knows
+and the stages they are in; the data node decides once it has measured its
+links, and a relay that knows one data node waits for scaled formation, as it
+knows only the adjacent stages: one that waits for a formation the data node
+does not open falls back to the waves at its first flow message, but one
+that does not wait would stall a formation that is opened.  A relay bounds
+its links from half the width (`wide(..., half=True)`).
 
 Membership changes keep the bound loosely: a next-stage relay that arrives
 later is linked when it is among the cheapest K of the links kept and itself
@@ -55,12 +58,12 @@ SCALED_WIDTH = 10  # auto: one data node and this many relays a stage on average
 SCALED_NEIGHBOURS = 10  # auto's K there
 
 
-def wide(data_nodes: int, relays: int, stages: int, *, relay: bool = False) -> bool:
+def wide(data_nodes: int, relays: int, stages: int, *, half: bool = False) -> bool:
     """Auto's choice for a node that knows `data_nodes` data nodes and `relays` relays in `stages` stages (a relay
-    knows its own and the adjacent stages' relays, a data node every one): whether the swarm bounds its links and
-    forms its flows by cost scaling (module doc).  A `relay` takes half the width: one that waits for scaled
-    formation falls back at its first flow message, one that does not would stall it."""
-    need = SCALED_WIDTH * stages / (2 if relay else 1)
+    knows its own and the adjacent stages' relays, a data node every one, once it has measured its links): whether
+    the swarm bounds its links and forms its flows by cost scaling (module doc).  `half` the width: a relay's bound,
+    and whether the data node measures its links as for scaled formation before it decides."""
+    need = SCALED_WIDTH * stages / (2 if half else 1)
     return data_nodes == 1 and stages > 0 and relays >= need
 
 
@@ -68,6 +71,14 @@ def auto_flows(scaled: bool | None, neighbours: int | None, is_wide: bool) -> tu
     """(scaled formation, K) for the options given (None: auto) in a swarm that is `wide` or not."""
     k = (SCALED_NEIGHBOURS if is_wide else FLOW_NEIGHBOURS) if neighbours is None else neighbours
     return (is_wide if scaled is None else scaled), k
+
+
+def auto_whole(scaled: bool | None, neighbours: int | None, data_nodes: int, relays: int,
+               stages: int) -> tuple[bool, int]:
+    """(scaled formation, K) where every node knows the swarm whole (the simulators): the formation the data node
+    chooses, the bound a relay chooses (from half the width)."""
+    return (auto_flows(scaled, neighbours, wide(data_nodes, relays, stages))[0],
+            auto_flows(scaled, neighbours, wide(data_nodes, relays, stages, half=True))[1])
 
 
 FORMATIONS = ("auto", "waves", "scaling")  # the simulators' `formation`
@@ -78,8 +89,8 @@ def auto_choice(scenario: Scenario, formation: str = "auto", neighbours: int | N
     chooses that knows it whole (`auto_flows`); ("waves" or "scaling", K)."""
     if formation not in FORMATIONS:
         raise ValueError(f"formation is one of {', '.join(FORMATIONS)}, not {formation!r}")
-    is_wide = wide(len(scenario.data_nodes), len(scenario.relays), scenario.stages)
-    scaled, k = auto_flows({"auto": None, "waves": False, "scaling": True}[formation], neighbours, is_wide)
+    scaled, k = auto_whole({"auto": None, "waves": False, "scaling": True}[formation], neighbours,
+                           len(scenario.data_nodes), len(scenario.relays), scenario.stages)
     return ("scaling" if scaled else "waves"), k
 
 

@@ -78,7 +78,7 @@ def test_the_bound_keeps_the_optimum_of_a_dense_swarm():
 
 def test_auto_scales_one_data_node_from_ten_relays_a_stage_and_bounds_its_links():
     assert wide(1, 160, 16) and not wide(1, 159, 16) and not wide(2, 1000, 16) and not wide(0, 1000, 16)
-    assert wide(1, 80, 16, relay=True) and not wide(1, 79, 16, relay=True)  # a relay waits from half the width
+    assert wide(1, 80, 16, half=True) and not wide(1, 79, 16, half=True)  # half the width: a relay's bound
     assert auto_flows(None, None, True) == (True, SCALED_NEIGHBOURS)
     assert auto_flows(None, None, False) == (False, FLOW_NEIGHBOURS)
     assert auto_flows(False, None, True) == (False, SCALED_NEIGHBOURS)  # the bound follows the width alone
@@ -86,8 +86,9 @@ def test_auto_scales_one_data_node_from_ten_relays_a_stage_and_bounds_its_links(
 
 
 def test_the_simulators_choose_what_a_daemon_that_knows_the_scenario_chooses():
-    narrow = load_flow_setting(1, 0)  # 40 relays, 8 stages
-    assert auto_choice(narrow) == ("waves", FLOW_NEIGHBOURS)
+    narrow = load_flow_setting(1, 0)  # 40 relays, 8 stages: a relay bounds (no stage is wider than 10)
+    assert auto_choice(narrow) == ("waves", SCALED_NEIGHBOURS)
+    assert auto_choice(load_flow_setting(2, 0)) == ("waves", FLOW_NEIGHBOURS)  # 40 relays, 10 stages
     width10 = parse_scenario(generate_layered("w", FlowSetting(1, 160, 16, (1, 3), (1, 20)), 0))
     assert auto_choice(width10) == ("scaling", SCALED_NEIGHBOURS)
     assert auto_choice(width10, "waves") == ("waves", SCALED_NEIGHBOURS)

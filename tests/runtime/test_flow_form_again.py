@@ -26,7 +26,8 @@ def _last_stage_relay() -> tuple[Flows, Peers, list[str]]:
     peers = Peers("R", "r1_0", 2, Place("relay", 1, 2))
     peers.peers["D"] = PeerInfo("D", "data", -1, "d0", 2)
     peers.peers["P"] = PeerInfo("P", "relay", 0, "r0_0", 2)
-    flows = Flows(RecordingWire(), peers, None, _Stage(), Drivers(RecordingWire()), {}, lambda: None)
+    flows = Flows(RecordingWire(), peers, None, _Stage(), Drivers(RecordingWire()), {}, lambda: None,
+                  scaled=False)  # (label waves: auto would wait for the data node's choice)
     gone: list[str] = []
 
     async def measure(peer: str, next_side: bool) -> None:

@@ -68,11 +68,9 @@ from .snapshots import FlowsStatus, LinkReading
 log = logging.getLogger("gwtf.node")
 
 DEFAULT_BANDWIDTH_MBPS = 1000.0  # assumed for a link whose bandwidth was neither declared nor measured
-FLOW_MSGS = (
-    m.CostAnnounce, m.RequestFlow, m.FlowReply, m.Deny, m.Withdraw, m.QueryFlows, m.FlowReport,
-    m.RequestChange, m.RequestRedirect, m.MoveReply, m.Reroute, m.LaunchBid, m.Relabel,
-    m.RelabelCost, m.LabelLimit,
-)
+FLOW_MSGS = (m.CostAnnounce, m.RequestFlow, m.FlowReply, m.Deny, m.Withdraw, m.QueryFlows, m.FlowReport,
+             m.RequestChange, m.RequestRedirect, m.MoveReply, m.Reroute, m.LaunchBid, m.Relabel, m.RelabelCost,
+             m.LabelLimit)
 
 
 def _seed(node_id: str) -> int:
@@ -222,13 +220,12 @@ class Flows:
         nothing started, when every peer of a side went while the links were measured (presumed dead: a last-stage
         relay whose data node was, for a few seconds, started a machine with no commodity and never carried a
         unit), or when a relay knows no data node (not heard of yet: the same); the caller measures again once the
-        swarm is quiet.
-
-        `joined`: this node was placed by the leader, so flows may already exist around it."""
+        swarm is quiet.  `joined`: this node was placed by the leader, so flows may already exist around it."""
         me = self.wire.me
-        self._choose()
+        self._choose(False)
         nxt, prv = await measure_whole(self._measure, me, nxt, prv, (self.peers.next_stage_ids,
                                        self.peers.prev_stage_ids) if self.scaled and not joined else None)
+        self._choose(True)
         asked = {"next-stage": nxt, "previous-stage": prv}
         nxt, prv = ([p for p in side if p in self.peers or p == me] for side in (nxt, prv))
         for side, kept in (("next-stage", nxt), ("previous-stage", prv)):
@@ -265,14 +262,16 @@ class Flows:
             self._start_machine(joined, {}, {})
         return True
 
-    def _choose(self) -> None:
-        """Scaled formation and the bound K: as given, or auto's choice (`wide`) from the relays known now by stage."""
-        relay = self.peers.role == "relay"
+    def _choose(self, final: bool) -> None:
+        """Scaled formation and K, as given or auto's (`wide`; the data node's is `final`, after measuring)."""
+        relay, data = self.peers.role == "relay", len(self.peers.data_nodes())
         st = [i.stage for i in self.peers.infos() if i.role == "relay" and i.stage >= 0] + [self.peers.stage] * relay
-        is_wide = wide(len(self.peers.data_nodes()), len(st), len(set(st)), relay=relay)
+        is_wide = wide(data, len(st), len(set(st)), half=relay or not final)
         self.scaled, self.neighbours = auto_flows(*self.options, is_wide)
-        log.info("flows: %s formation, K = %d (0: every link; %d relays of %d stages known)",
-                 "scaled" if self.scaled else "label-wave", self.neighbours, len(st), len(set(st)))
+        self.scaled |= relay and self.options[0] is None and data == 1 and not self.pooled  # (the data node decides)
+        if final:
+            log.info("flows: %s formation, K = %d (0: every link; %d relays of %d stages known)",
+                     "scaled" if self.scaled else "label-wave", self.neighbours, len(st), len(set(st)))
 
     def _commodities(self) -> tuple[str, ...]:
         """The data nodes known, and scaled formation's even if presumed dead now (it comes back: `_sides`)."""

@@ -8,7 +8,7 @@ import random
 
 from ...protocol.effects import Send
 from ...protocol.flow import FlowConfig, FlowNode, flows_formed
-from ...protocol.neighbourhood import auto_flows, chosen, joiner_links, refill, wide
+from ...protocol.neighbourhood import auto_whole, chosen, joiner_links, refill
 from .events import FlowDeliver, Reflow
 from .interpret import interpret
 from .setting import (
@@ -42,8 +42,8 @@ class FlowDriver:
         self._lent = False
         self._flow_members = dict(setting.relays)
         # scaled formation and the bound K: as given, or auto's choice (neighbourhood.py), as the daemon's
-        self._scaled, self._k = auto_flows(o.scaled_formation, o.flow_neighbours,
-                                           wide(len(setting.data), len(setting.relays), self.S))
+        self._scaled, self._k = auto_whole(o.scaled_formation, o.flow_neighbours, len(setting.data),
+                                           len(setting.relays), self.S)
         if not (self.machines and o.policy == "gwtf"):
             self._scaled, self._k = False, 0
         self._flinks: set[tuple[str, str]] | None = None  # (upstream, downstream) relay links; None: every one
