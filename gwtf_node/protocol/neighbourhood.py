@@ -20,10 +20,11 @@ and 100 daemons with it stalled in stage 8's all-reduce (docs/bench_flow.md,
 
 Auto (`wide`, `auto_flows`; the daemon's default, `--flow-neighbours` and
 `--scaled-formation` not given, and the simulators'): a swarm of one data
-node and at least `SCALED_WIDTH` relays a stage on average bounds its links
-to `SCALED_NEIGHBOURS` and forms its flows by cost scaling first
-(flow/scaled.py); any other keeps every link and forms them with label
-waves.  The waves' messages per node grow with a stage's width (272 / 1,293 /
+node and at least `SCALED_WIDTH` relays a stage on average forms its flows
+by cost scaling first (flow/scaled.py), any other with label waves; one data
+node's relays bound their links to `SCALED_NEIGHBOURS` from half that width
+(a stage of at most 10 relays stays linked whole), and several data nodes
+keep every link.  The waves' messages per node grow with a stage's width (272 / 1,293 /
 6,829 at 10 / 20 / 62 relays a stage, 16 stages), those of scaled formation
 over K = 10 stay within 1.6-2.6 x of each other from 10 to 62 (630-765 /
 648-865 / 1,251-1,655, seeds 0-3).  From 10 a stage auto takes that bound
