@@ -112,8 +112,14 @@ async def test_scaled_formation_frames_lost_are_sent_again_and_formation_ends_as
     async with swarm_cm as swarm:
         await swarm.start()
         records = await swarm.wait_records(ITERATIONS, 240)
+        # a lost ScaleDone is probed for: its relay may end formation after the iterations (over its sibling)
+        await until(lambda: all(n.parts.flows.scaling.done for n in swarm.nodes.values()), "every node's formation "
+                    "over", 120, poll_s=0.1)
+        d0 = swarm.nodes["d0"].parts.flows
+        await until(lambda: sum(d0.out().get(swarm.peer_id("d0"), {}).values()) == M, "the data node's demand placed",
+                    60, poll_s=0.1)
         resend = {n: node.parts.flows.scaling.formation.resend for n, node in swarm.nodes.items()}
-        placed = sum(swarm.nodes["d0"].parts.flows.out().get(swarm.peer_id("d0"), {}).values())
+        placed = sum(d0.out().get(swarm.peer_id("d0"), {}).values())
     text = caplog.text
     lost = text.count("fault injection GWTF_DROP_SCALE")
     assert lost >= 2, text[-3000:]
