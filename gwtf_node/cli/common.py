@@ -115,11 +115,15 @@ def _announce_addr(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e).removeprefix(f"--announce {text.strip()!r}: ")) from None
 
 
-def _scaled_formation(args: argparse.Namespace) -> bool | None:
-    """`join --scaled-formation` True, `--waves-formation` False, neither None (auto: protocol/neighbourhood.py)."""
-    if args.scaled_formation and args.waves_formation:
-        raise CliError("--scaled-formation and --waves-formation contradict each other: give one, or neither for auto")
-    return True if args.scaled_formation else False if args.waves_formation else None
+def _scaled_formation(args: argparse.Namespace, scaled: str = "scaled_formation",
+                      waves: str = "waves_formation") -> bool | None:
+    """`--scaled-formation` (the flag of dest `scaled`) True, `--waves-formation` False, neither None (auto:
+    protocol/neighbourhood.py); both: a CliError."""
+    on, off = getattr(args, scaled), getattr(args, waves)
+    if on and off:
+        flags = (f"--{d.replace('_', '-')}" for d in (scaled, waves))
+        raise CliError("{} and {} contradict each other: give one, or neither for auto".format(*flags))
+    return True if on else False if off else None
 
 
 def _probability(text: str) -> float:

@@ -82,9 +82,7 @@ def cmd_flow(args: argparse.Namespace) -> int:
     if args.scaled and (args.policy != "gwtf" or args.pooled or len(scenario.data_nodes) != 1):
         raise CliError(f"--scaled forms one data node's flows with the flow machines: it needs --policy gwtf, no "
                        f"--pooled and one data node (this scenario has {len(scenario.data_nodes)})")
-    if args.scaled and args.waves:
-        raise CliError("--scaled and --waves contradict each other: give one, or neither for auto")
-    scaled = True if args.scaled else False if args.waves else None
+    scaled = _scaled_formation(args, "scaled", "waves")
     if args.trace is None:
         try:
             res = run_policy(scenario, args.policy, args.seed, args.rounds, anneal=args.anneal, pooled=args.pooled,
